@@ -1,0 +1,29 @@
+"""Health and identity."""
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from fleetd import __version__
+from fleetd.auth import ANY_ROLE, current_principal, require
+from fleetd.schemas.tokens import HealthSchema, WhoamiSchema
+
+blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health and identity")
+
+
+@blp.route("/health")
+class Health(MethodView):
+    @blp.doc(security=[])
+    @blp.response(200, HealthSchema)
+    def get(self):
+        """Liveness of fleetd itself; needs no token."""
+        return {"status": "ok", "version": __version__}
+
+
+@blp.route("/whoami")
+class Whoami(MethodView):
+    @require(*ANY_ROLE)
+    @blp.response(200, WhoamiSchema)
+    def get(self):
+        """Who the presented token belongs to, and its role."""
+        p = current_principal()
+        return {"principal": p.label, "role": p.role, "team": p.team, "node_id": p.node_id}

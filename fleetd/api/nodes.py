@@ -1,0 +1,111 @@
+"""Nodes: inventory, state and admin actions."""
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from fleetd.auth import ADMIN, SUBMITTER, require
+from fleetd.runtime import current_runtime
+from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema, NodeDrainSchema, NodePageSchema, NodeQuerySchema, NodeSchema
+from fleetd.services import nodes
+
+blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")
+
+
+def _live(node_list):
+    """Overlay the in-memory last heartbeat, which is newer than the stored one."""
+    liveness = current_runtime().liveness
+    for node in node_list:
+        seen = liveness.get(node.id)
+        if seen is not None:
+            node.last_heartbeat_at = seen.at
+    return node_list
+
+
+def _now():
+    return current_runtime().clock.now()
+
+
+@blp.route("")
+class Nodes(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(NodeQuerySchema, location="query")
+    @blp.response(200, NodePageSchema)
+    def get(self, query):
+        """List nodes, optionally of one fleet or status."""
+        items, next_cursor = nodes.list_nodes(query["limit"], query["cursor"], query["fleet"], query["status"])
+        return {"items": _live(items), "next_cursor": next_cursor}
+
+
+@blp.route("/<string:node_id>")
+class NodeById(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, NodeSchema)
+    def get(self, node_id):
+        """One node with its GPUs."""
+        return _live([nodes.get_node(node_id)])[0]
+
+    @require(ADMIN)
+    @blp.response(204)
+    def delete(self, node_id):
+        """Forget a node; 409 while tasks run on it."""
+        rt = current_runtime()
+        nodes.delete_node(_now(), node_id, rt.liveness.active_tasks(node_id))
+        rt.liveness.forget(node_id)
+
+
+@blp.route("/<string:node_id>/cordon")
+class NodeCordon(MethodView):
+    @require(ADMIN)
+    @blp.response(200, NodeSchema)
+    def post(self, node_id):
+        """Stop new placements on a node."""
+        return _live([nodes.cordon_node(_now(), node_id)])[0]
+
+
+@blp.route("/<string:node_id>/uncordon")
+class NodeUncordon(MethodView):
+    @require(ADMIN)
+    @blp.response(200, NodeSchema)
+    def post(self, node_id):
+        """Allow placements on a cordoned node again."""
+        return _live([nodes.uncordon_node(_now(), node_id)])[0]
+
+
+@blp.route("/<string:node_id>/drain")
+class NodeDrain(MethodView):
+    @require(ADMIN)
+    @blp.arguments(NodeDrainSchema)
+    @blp.response(200, NodeSchema)
+    def post(self, body, node_id):
+        """Drain a node: no new work; running tasks may finish until the deadline."""
+        active = current_runtime().liveness.active_tasks(node_id)
+        return _live([nodes.drain_node(_now(), node_id, body["reason"], body["deadline_seconds"], active)])[0]
+
+
+@blp.route("/<string:node_id>/undrain")
+class NodeUndrain(MethodView):
+    @require(ADMIN)
+    @blp.response(200, NodeSchema)
+    def post(self, node_id):
+        """End a drain; the node takes work again."""
+        return _live([nodes.undrain_node(_now(), node_id)])[0]
+
+
+@blp.route("/<string:node_id>/revoke")
+class NodeRevoke(MethodView):
+    @require(ADMIN)
+    @blp.response(200, NodeSchema)
+    def post(self, node_id):
+        """Revoke a node: its session token stops working and its agent stops all work."""
+        return _live([nodes.revoke_node(_now(), node_id)])[0]
+
+
+@blp.route("/<string:node_id>/events")
+class NodeEvents(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(EventQuerySchema, location="query")
+    @blp.response(200, EventPageSchema)
+    def get(self, query, node_id):
+        """A node's events, oldest first; `after` is an event id."""
+        items, next_cursor = nodes.list_node_events(node_id, query["limit"], query["cursor"], query["after"])
+        return {"items": items, "next_cursor": next_cursor}

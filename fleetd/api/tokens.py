@@ -1,0 +1,41 @@
+"""API tokens."""
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from fleetd.auth import ADMIN, require
+from fleetd.runtime import current_runtime
+from fleetd.schemas.common import PageQuerySchema
+from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema
+from fleetd.services import tokens
+
+blp = Blueprint("tokens", __name__, url_prefix="/api/v1/tokens", description="API tokens")
+
+
+@blp.route("")
+class Tokens(MethodView):
+    @require(ADMIN)
+    @blp.arguments(PageQuerySchema, location="query")
+    @blp.response(200, TokenPageSchema)
+    def get(self, query):
+        """List API tokens; secrets are never shown."""
+        items, next_cursor = tokens.list_api_tokens(query["limit"], query["cursor"])
+        return {"items": items, "next_cursor": next_cursor}
+
+    @require(ADMIN)
+    @blp.arguments(TokenCreateSchema)
+    @blp.response(201, TokenCreatedSchema)
+    def post(self, body):
+        """Create an API token; the secret is in this response only."""
+        row, token = tokens.create_api_token(current_runtime().clock.now(), **body)
+        row.token = token
+        return row
+
+
+@blp.route("/<string:token_id>")
+class TokenById(MethodView):
+    @require(ADMIN)
+    @blp.response(204)
+    def delete(self, token_id):
+        """Revoke an API token; it stops working at once."""
+        tokens.revoke_api_token(current_runtime().clock.now(), token_id)

@@ -1,0 +1,106 @@
+"""The application factory: settings, database, API, authentication, error handling."""
+
+import logging
+
+import swagger_ui_bundle
+from flask import Flask, g, request, send_from_directory
+from flask_smorest import Api
+
+from fleetd import __version__
+from fleetd.api import BLUEPRINTS
+from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
+from fleetd.auth import resolve_token
+from fleetd.background import TaskRunner
+from fleetd.db import bind, database, open_database
+from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
+from fleetd.runtime import Runtime, current_runtime
+from fleetd.schemas.common import ErrorSchema
+from fleetd.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Endpoints that need no token (API.md, Conventions).
+PUBLIC_ENDPOINTS = frozenset(
+    {"health.Health", "api-docs.openapi_json", "api-docs.openapi_swagger_ui", "swagger_assets"}
+)
+HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
+
+
+class FleetApi(Api):
+    """flask-smorest's Api, with every error rendered as the fleetd envelope."""
+
+    ERROR_SCHEMA = ErrorSchema
+
+    def handle_http_exception(self, error):
+        return handle_error(error)
+
+
+def create_app(settings=None, clock=None, db=None):
+    """Build the app. Background tasks are registered but only `fleetd serve` starts them."""
+    settings = settings or Settings.load()
+    app = Flask("fleetd")
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        API_TITLE="fleetd",
+        API_VERSION=__version__,
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/api",
+        OPENAPI_JSON_PATH="openapi.json",
+        OPENAPI_SWAGGER_UI_PATH="/docs",
+        OPENAPI_SWAGGER_UI_URL="/api/docs/assets/",
+        API_SPEC_OPTIONS={
+            "security": [{"bearerAuth": []}],
+            "components": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
+            "info": {"description": "The fleetd REST API, v1. Errors always use the error envelope."},
+        },
+    )
+    bind(db or open_database(settings.database_url, settings.sqlite_synchronous))
+    rt = Runtime.build(settings, clock)
+    app.extensions["fleetd"] = rt
+
+    api = FleetApi(app)
+    for blueprint in BLUEPRINTS:
+        api.register_blueprint(blueprint)
+    app.register_error_handler(FleetdError, handle_error)
+    app.register_error_handler(Exception, handle_error)
+
+    @app.route("/api/docs/assets/<path:filename>", endpoint="swagger_assets")
+    def swagger_assets(filename):
+        """Swagger UI's files, served locally so the docs work offline."""
+        return send_from_directory(swagger_ui_bundle.swagger_ui_path, filename)
+
+    app.before_request(_authenticate)
+    app.teardown_request(_close_db)
+    rt.tasks = TaskRunner(app, rt)
+    return app
+
+
+def _authenticate():
+    """Check the protocol header and the bearer token of every non-public route."""
+    endpoint = request.endpoint
+    if endpoint is None or endpoint in PUBLIC_ENDPOINTS:
+        return
+    if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
+        raise ProtocolMismatch(
+            f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
+            {"supported": [PROTOCOL_VERSION]},
+        )
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+    rt = current_runtime()
+    address = request.remote_addr or "unknown"
+    now = rt.clock.monotonic()
+    rt.limiter.check(address, now)
+    try:
+        g.principal = resolve_token(token.strip(), rt.clock.now(), allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT)
+    except Unauthorized as exc:
+        rt.limiter.record(address, now)
+        exc.headers.setdefault("WWW-Authenticate", "Bearer")
+        raise
+
+
+def _close_db(exc):
+    if not database.is_closed():
+        database.close()

@@ -1,0 +1,166 @@
+"""Tokens (creation, hashing, verification), principals, roles and the checks views use."""
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+
+from flask import g
+
+from fleetd.errors import Forbidden, RateLimited, Unauthorized
+from fleetd.models import ApiToken, JoinToken, Node, NodeStatus, Role, new_id
+
+API_PREFIX = "fla_"
+JOIN_PREFIX = "flj_"
+NODE_PREFIX = "fln_"
+
+# Roles as views name them: the three API token roles, then node sessions and join tokens.
+ADMIN = Role.ADMIN.value
+SUBMITTER = Role.SUBMITTER.value
+METRICS = Role.METRICS.value
+NODE = "node"
+JOIN = "join"
+ANY_ROLE = (ADMIN, SUBMITTER, METRICS, NODE, JOIN)
+
+_TOKEN_RE = re.compile(r"^(fla_|flj_|fln_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
+
+
+def hash_token(token):
+    """SHA-256 hex digest: the only form in which a token is stored."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def make_token(prefix):
+    """A new (id, token) pair: <prefix><id>.<secret>, with 256 random bits of secret."""
+    token_id = new_id()
+    return token_id, f"{prefix}{token_id}.{secrets.token_urlsafe(32)}"
+
+
+def _matches(token, stored_hash):
+    """Constant-time comparison of a presented token with a stored hash."""
+    return stored_hash is not None and hmac.compare_digest(hash_token(token), stored_hash)
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """Who is calling: an API token, a node session or a join token."""
+
+    kind: str  # "api", "node" or "join"
+    id: str
+    role: str
+    name: str = ""
+    team: str = None
+    node_id: str = None
+    fleet: str = None
+
+    @property
+    def label(self):
+        """The principal as whoami shows it, e.g. token:ci-bot or node:<id>."""
+        if self.kind == "api":
+            return f"token:{self.name}"
+        if self.kind == "node":
+            return f"node:{self.node_id}"
+        return f"join-token:{self.id}"
+
+
+def resolve_token(token, now, allow_revoked_node=False):
+    """Return the Principal for a bearer token, or raise Unauthorized."""
+    match = _TOKEN_RE.match(token or "")
+    if not match:
+        raise Unauthorized("malformed or unknown token")
+    prefix, token_id, _ = match.groups()
+    if prefix == API_PREFIX:
+        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        if row is None or not _matches(token, row.token_hash):
+            raise Unauthorized("malformed or unknown token")
+        if row.revoked_at is not None:
+            raise Unauthorized("token revoked")
+        if row.expires_at is not None and row.expires_at <= now:
+            raise Unauthorized("token expired")
+        return Principal("api", row.id, row.role, name=row.name, team=row.team)
+    if prefix == NODE_PREFIX:
+        node = Node.get_or_none(Node.session_id == token_id)
+        if node is None or not _matches(token, node.session_hash):
+            raise Unauthorized("malformed or unknown token")
+        if node.status == NodeStatus.REVOKED.value and not allow_revoked_node:
+            raise Unauthorized("node revoked")
+        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id)
+    row = JoinToken.get_or_none(JoinToken.id == token_id)
+    if row is None or not _matches(token, row.token_hash):
+        raise Unauthorized("malformed or unknown token")
+    if row.revoked:
+        raise Unauthorized("join token revoked")
+    if row.expires_at <= now:
+        raise Unauthorized("join token expired")
+    if row.max_uses is not None and row.uses >= row.max_uses:
+        raise Unauthorized("join token used up")
+    return Principal("join", row.id, JOIN, fleet=row.fleet_id)
+
+
+class FailureLimiter:
+    """Counts failed authentications per client address in a sliding window."""
+
+    def __init__(self, limit, window_seconds, max_addresses=100_000):
+        self.limit = limit
+        self.window = window_seconds
+        self.max_addresses = max_addresses
+        self._failures = {}
+        self._lock = threading.Lock()
+
+    def check(self, address, now):
+        """Raise RateLimited while this address is over its failure budget."""
+        with self._lock:
+            times = self._failures.get(address)
+            if not times:
+                return
+            while times and times[0] <= now - self.window:
+                times.popleft()
+            if len(times) >= self.limit:
+                raise RateLimited(
+                    "too many failed authentications from this address", retry_after=times[0] + self.window - now
+                )
+
+    def record(self, address, now):
+        """Note one failed authentication from this address."""
+        with self._lock:
+            if address not in self._failures and len(self._failures) >= self.max_addresses:
+                self._prune(now)
+            times = self._failures.setdefault(address, collections.deque())
+            times.append(now)
+            while len(times) > self.limit:
+                times.popleft()
+
+    def _prune(self, now):
+        stale = [a for a, t in self._failures.items() if not t or t[-1] <= now - self.window]
+        for address in stale:
+            del self._failures[address]
+        if len(self._failures) >= self.max_addresses:
+            self._failures.clear()
+
+
+def current_principal():
+    """The authenticated principal of this request."""
+    return g.principal
+
+
+def require(*roles):
+    """Allow a view method only to principals whose role is one of `roles`."""
+
+    def decorator(view):
+        @functools.wraps(view)
+        def wrapper(*args, **kwargs):
+            principal = g.get("principal")
+            if principal is None:
+                raise Unauthorized("authentication required")
+            if principal.role not in roles:
+                raise Forbidden(f"role {principal.role!r} may not do this")
+            return view(*args, **kwargs)
+
+        wrapper.required_roles = roles
+        return wrapper
+
+    return decorator

@@ -1,0 +1,124 @@
+"""Periodic background tasks: one module each, registered here, run by APScheduler."""
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+
+from fleetd.background import drains, liveness_sweep, token_cleanup
+from fleetd.errors import Conflict, NotFound
+
+log = logging.getLogger(__name__)
+
+# The registry: (module, the setting that holds its interval in seconds).
+REGISTRY = [
+    (liveness_sweep, "liveness_sweep_seconds"),
+    (drains, "drain_check_seconds"),
+    (token_cleanup, "token_cleanup_seconds"),
+]
+
+
+@dataclasses.dataclass
+class TaskRecord:
+    """What is known about one background task's runs."""
+
+    name: str
+    description: str
+    interval_seconds: float
+    func: object
+    last_started_at: object = None
+    last_finished_at: object = None
+    last_status: str = None  # "ok", "error" or "running"
+    last_result: object = None
+    last_error: str = None
+    next_run_at: object = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class TaskRunner:
+    """Runs registered tasks on demand or on a schedule, never two runs of one task at once."""
+
+    def __init__(self, app, rt):
+        self.app = app
+        self.rt = rt
+        self.records = {}
+        for module, setting in REGISTRY:
+            self.records[module.NAME] = TaskRecord(
+                name=module.NAME,
+                description=module.DESCRIPTION,
+                interval_seconds=float(getattr(rt.settings, setting)),
+                func=module.run,
+            )
+        self.scheduler = None
+
+    def list(self):
+        """All task records, in registry order."""
+        self._refresh_next_runs()
+        return list(self.records.values())
+
+    def get(self, name):
+        """One task record; NotFound for an unknown name."""
+        record = self.records.get(name)
+        if record is None:
+            raise NotFound(f"background task {name!r} not found", {"known": sorted(self.records)})
+        self._refresh_next_runs()
+        return record
+
+    def run(self, name, wait=True):
+        """Run a task now in this thread; Conflict if it is already running."""
+        record = self.get(name)
+        if not record.lock.acquire(blocking=wait):
+            raise Conflict(f"background task {name!r} is already running")
+        try:
+            record.last_started_at = self.rt.clock.now()
+            record.last_status = "running"
+            try:
+                with self.app.app_context():
+                    from fleetd.db import database
+
+                    with database.connection_context():
+                        record.last_result = record.func(self.rt)
+                record.last_status, record.last_error = "ok", None
+            except Exception as exc:  # a failed run is recorded and retried next interval
+                log.exception("background task %s failed", name)
+                record.last_status, record.last_error = "error", f"{type(exc).__name__}: {exc}"
+            record.last_finished_at = self.rt.clock.now()
+        finally:
+            record.lock.release()
+        self._refresh_next_runs()
+        return record
+
+    def _scheduled(self, name):
+        try:
+            self.run(name, wait=False)
+        except Conflict:
+            log.info("background task %s still running; skipped this interval", name)
+
+    def start(self, scheduler):
+        """Register every task with an APScheduler scheduler and start it."""
+        self.scheduler = scheduler
+        for record in self.records.values():
+            scheduler.add_job(
+                self._scheduled,
+                "interval",
+                args=[record.name],
+                id=record.name,
+                seconds=record.interval_seconds,
+                max_instances=1,
+                coalesce=True,
+            )
+        scheduler.start()
+
+    def shutdown(self):
+        """Stop scheduling; waits for running tasks to finish."""
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=True)
+            self.scheduler = None
+
+    def _refresh_next_runs(self):
+        if self.scheduler is None:
+            return
+        for record in self.records.values():
+            job = self.scheduler.get_job(record.name)
+            if job is not None and job.next_run_time is not None:
+                record.next_run_at = job.next_run_time.astimezone(dt.timezone.utc).replace(tzinfo=None)

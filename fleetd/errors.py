@@ -1,0 +1,126 @@
+"""The FleetdError hierarchy and the one handler that renders every error as the API envelope."""
+
+import logging
+
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+
+class FleetdError(Exception):
+    """An error with an HTTP status and a stable code from API.md."""
+
+    http_status = 500
+    code = "internal"
+
+    def __init__(self, message, details=None, headers=None):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+
+class InvalidRequest(FleetdError):
+    http_status, code = 400, "invalid_request"
+
+
+class ProtocolMismatch(FleetdError):
+    http_status, code = 400, "protocol_mismatch"
+
+
+class Unauthorized(FleetdError):
+    http_status, code = 401, "unauthorized"
+
+
+class Forbidden(FleetdError):
+    http_status, code = 403, "forbidden"
+
+
+class NotFound(FleetdError):
+    http_status, code = 404, "not_found"
+
+
+class Conflict(FleetdError):
+    http_status, code = 409, "conflict"
+
+
+class PayloadTooLarge(FleetdError):
+    http_status, code = 413, "payload_too_large"
+
+
+class RateLimited(FleetdError):
+    http_status, code = 429, "rate_limited"
+
+    def __init__(self, message, retry_after):
+        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after + 0.999)))})
+
+
+class Unavailable(FleetdError):
+    http_status, code = 503, "unavailable"
+
+
+class Timeout(FleetdError):
+    http_status, code = 504, "timeout"
+
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "invalid_request",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "invalid_request",
+    422: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+def envelope(code, message, details=None):
+    """The JSON body of every error response."""
+    body = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+def _from_http_exception(error):
+    """Translate a werkzeug/webargs HTTPException into (status, body, headers)."""
+    status = error.code or 500
+    # webargs validation failures arrive as 422 with the messages in error.data.
+    data = getattr(error, "data", None) or {}
+    messages = data.get("messages")
+    if status == 422:
+        status = 400
+    if status >= 500:
+        return 500, envelope("internal", "internal server error"), {}
+    code = _HTTP_CODES.get(status, "invalid_request")
+    message = error.description if isinstance(error.description, str) else error.name
+    details = {"fields": messages} if messages else None
+    if messages:
+        message = "the request did not validate"
+    headers = {}
+    if status == 405 and error.valid_methods:
+        headers["Allow"] = ", ".join(error.valid_methods)
+        details = {"allowed_methods": list(error.valid_methods)}
+    return status, envelope(code, message, details), headers
+
+
+def handle_error(error):
+    """Render any exception as the error envelope; unexpected ones are logged, never shown."""
+    if isinstance(error, FleetdError):
+        status = error.http_status
+        body = envelope(error.code, error.message, error.details)
+        headers = error.headers
+    elif isinstance(error, HTTPException):
+        original = getattr(error, "original_exception", None)
+        if error.code == 500 and original is not None:
+            log.error("unhandled error", exc_info=original)
+        status, body, headers = _from_http_exception(error)
+    else:
+        log.error("unhandled error", exc_info=error)
+        status, body, headers = 500, envelope("internal", "internal server error"), {}
+    return body, status, headers

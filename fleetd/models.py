@@ -1,0 +1,174 @@
+"""Peewee models and status enums. Times are naive UTC; ids are opaque strings."""
+
+import enum
+import json
+import os
+import time
+
+import peewee
+
+from fleetd.db import database
+
+
+def new_id():
+    """A 20-hex-character id that sorts by creation time (ms) and is unguessable enough."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(4).hex()}"
+
+
+class JSONText(peewee.TextField):
+    """JSON stored as text, so SQLite and PostgreSQL behave the same."""
+
+    def db_value(self, value):
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+    def python_value(self, value):
+        return None if value is None else json.loads(value)
+
+
+class Role(str, enum.Enum):
+    """Roles of API tokens (API.md, Roles)."""
+
+    ADMIN = "admin"
+    SUBMITTER = "submitter"
+    METRICS = "metrics"
+
+
+class NodeStatus(str, enum.Enum):
+    """Node states (DESIGN.md, States)."""
+
+    PENDING = "pending"
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    LOST = "lost"
+    REVOKED = "revoked"
+
+    def can_cordon(self):
+        return self is NodeStatus.READY
+
+    def can_uncordon(self):
+        return self is NodeStatus.CORDONED
+
+    def can_drain(self):
+        return self in (NodeStatus.READY, NodeStatus.CORDONED)
+
+    def can_undrain(self):
+        return self in (NodeStatus.DRAINING, NodeStatus.DRAINED)
+
+    def is_schedulable(self):
+        return self is NodeStatus.READY
+
+
+class BaseModel(peewee.Model):
+    class Meta:
+        database = database
+        legacy_table_names = False
+
+
+class ApiToken(BaseModel):
+    """An API token (fla_<id>.<secret>); only the SHA-256 of the whole token is kept."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    name = peewee.CharField(max_length=200)
+    role = peewee.CharField(max_length=20)
+    team = peewee.CharField(max_length=200, null=True)
+    token_hash = peewee.CharField(max_length=64)
+    created_at = peewee.DateTimeField()
+    expires_at = peewee.DateTimeField(null=True, index=True)
+    revoked_at = peewee.DateTimeField(null=True)
+    last_used_at = peewee.DateTimeField(null=True)
+
+
+class Fleet(BaseModel):
+    """A named group of nodes that share join tokens and defaults."""
+
+    name = peewee.CharField(primary_key=True, max_length=63)
+    description = peewee.TextField(default="")
+    labels = JSONText(default=dict)
+    created_at = peewee.DateTimeField()
+
+
+class JoinToken(BaseModel):
+    """A join token (flj_<id>.<secret>) that admits hosts into one fleet."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    fleet = peewee.ForeignKeyField(Fleet, backref="join_tokens", on_delete="CASCADE", column_name="fleet")
+    token_hash = peewee.CharField(max_length=64)
+    description = peewee.TextField(default="")
+    created_at = peewee.DateTimeField()
+    expires_at = peewee.DateTimeField(index=True)
+    max_uses = peewee.IntegerField(null=True)
+    uses = peewee.IntegerField(default=0)
+    revoked = peewee.BooleanField(default=False)
+    created_by = peewee.CharField(max_length=200, default="")
+
+
+class Node(BaseModel):
+    """An enrolled host. Its session token is fln_<session_id>.<secret>."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    fleet = peewee.ForeignKeyField(Fleet, backref="nodes", on_delete="RESTRICT", column_name="fleet")
+    machine_id = peewee.CharField(max_length=128, unique=True)
+    hostname = peewee.CharField(max_length=255)
+    address = peewee.CharField(max_length=255, default="")
+    labels = JSONText(default=dict)
+    agent_version = peewee.CharField(max_length=64, default="")
+    status = peewee.CharField(max_length=16, index=True)
+    status_reason = peewee.TextField(default="")
+    status_before_lost = peewee.CharField(max_length=16, null=True)
+    registered_at = peewee.DateTimeField()
+    last_heartbeat_at = peewee.DateTimeField(null=True)
+    drain_reason = peewee.TextField(null=True)
+    drain_deadline = peewee.DateTimeField(null=True)
+    drain_started_at = peewee.DateTimeField(null=True)
+    cpu_count = peewee.IntegerField(default=0)
+    memory_bytes = peewee.BigIntegerField(default=0)
+    session_id = peewee.CharField(max_length=32, null=True, unique=True)
+    session_hash = peewee.CharField(max_length=64, null=True)
+    join_token_id = peewee.CharField(max_length=32, null=True)
+
+
+class Gpu(BaseModel):
+    """One GPU of a node, as its agent last reported it."""
+
+    node = peewee.ForeignKeyField(Node, backref="gpus", on_delete="CASCADE", column_name="node")
+    uuid = peewee.CharField(max_length=128)
+    index = peewee.IntegerField()
+    vendor = peewee.CharField(max_length=32, default="nvidia")
+    model = peewee.CharField(max_length=128)
+    memory_total_bytes = peewee.BigIntegerField()
+    numa_node = peewee.IntegerField(null=True)
+    max_tflops = peewee.FloatField(null=True)
+    healthy = peewee.BooleanField(default=True)
+    health_reason = peewee.TextField(default="")
+    mig_mode = peewee.CharField(max_length=16, null=True)
+
+    class Meta:
+        indexes = ((("node", "uuid"), True),)
+
+
+class Event(BaseModel):
+    """An audit record of a state change, with its reason."""
+
+    id = peewee.AutoField()
+    at = peewee.DateTimeField()
+    kind = peewee.CharField(max_length=64)
+    subject_type = peewee.CharField(max_length=16)
+    subject_id = peewee.CharField(max_length=64)
+    from_status = peewee.CharField(max_length=16, null=True)
+    to_status = peewee.CharField(max_length=16, null=True)
+    reason = peewee.TextField(default="")
+
+    class Meta:
+        indexes = ((("subject_type", "subject_id", "id"), False),)
+
+
+class Setting(BaseModel):
+    """Small key/value facts about this installation (for example: first admin token issued)."""
+
+    key = peewee.CharField(primary_key=True, max_length=64)
+    value = peewee.TextField()
+
+
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting]

@@ -1,0 +1,35 @@
+"""The per-process state that services need besides the database."""
+
+import dataclasses
+
+from flask import current_app
+
+from fleetd.auth import FailureLimiter
+from fleetd.clock import Clock
+from fleetd.liveness import LivenessTracker
+
+
+@dataclasses.dataclass
+class Runtime:
+    """Settings, clock and the in-memory trackers of one fleetd process."""
+
+    settings: object
+    clock: Clock
+    liveness: LivenessTracker
+    limiter: FailureLimiter
+    tasks: object = None  # background.TaskRunner, set by create_app
+
+    @classmethod
+    def build(cls, settings, clock=None):
+        """Create the runtime for these settings."""
+        clock = clock or Clock()
+        liveness = LivenessTracker(
+            clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace
+        )
+        limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds)
+        return cls(settings, clock, liveness, limiter)
+
+
+def current_runtime():
+    """The Runtime of the running application."""
+    return current_app.extensions["fleetd"]

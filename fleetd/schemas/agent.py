@@ -1,0 +1,74 @@
+"""Schemas of the agent protocol."""
+
+from marshmallow import Schema, fields, validate
+
+from fleetd.schemas.common import Int, Labels, Text
+from fleetd.schemas.nodes import DrainSchema
+
+MACHINE_ID = validate.Regexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
+
+
+class GpuReportSchema(Schema):
+    uuid = Text(required=True, min_length=1, max_length=128)
+    index = Int(required=True, maximum=1023)
+    vendor = Text(max_length=32, load_default="nvidia")
+    model = Text(required=True, max_length=128)
+    memory_total_bytes = Int(required=True)
+    numa_node = Int(maximum=1023, load_default=None, allow_none=True)
+    max_tflops = fields.Float(load_default=None, allow_none=True, validate=validate.Range(min=0, max=1e7))
+    healthy = fields.Boolean(load_default=True)
+    health_reason = Text(max_length=500, load_default="")
+    mig_mode = Text(max_length=16, load_default=None, allow_none=True)
+
+
+def _unique_uuids(gpus):
+    uuids = [g["uuid"] for g in gpus]
+    if len(uuids) != len(set(uuids)):
+        raise validate.ValidationError("GPU uuids must be unique")
+
+
+GpuList = lambda **kw: fields.List(  # noqa: E731 - one definition for register and heartbeat
+    fields.Nested(GpuReportSchema), validate=[validate.Length(max=64), _unique_uuids], **kw
+)
+
+
+class ReportedResourcesSchema(Schema):
+    cpu_count = Int(required=True, maximum=1_000_000)
+    memory_bytes = Int(required=True)
+
+
+class RegisterSchema(Schema):
+    hostname = Text(required=True, min_length=1, max_length=255)
+    machine_id = fields.String(required=True, validate=MACHINE_ID)
+    agent_version = Text(required=True, max_length=64)
+    address = Text(required=True, max_length=255)
+    labels = Labels(load_default=dict)
+    resources = fields.Nested(ReportedResourcesSchema, required=True)
+    gpus = GpuList(required=True)
+
+
+class RegisteredSchema(Schema):
+    node_id = fields.String()
+    fleet = fields.String()
+    session_token = fields.String(metadata={"description": "The node's secret; shown only in this response."})
+    heartbeat_interval_seconds = fields.Integer()
+
+
+class TaskReportSchema(Schema):
+    id = Text(required=True, min_length=1, max_length=64)
+    epoch = Int(required=True)
+    state = Text(required=True, max_length=32)
+
+
+class HeartbeatSchema(Schema):
+    gpus = GpuList(load_default=None, allow_none=True)
+    metrics = fields.Dict(load_default=None, allow_none=True)
+    tasks = fields.List(fields.Nested(TaskReportSchema), validate=validate.Length(max=1024), load_default=list)
+
+
+class HeartbeatReplySchema(Schema):
+    status = fields.String()
+    drain = fields.Nested(DrainSchema, allow_none=True)
+    revoked = fields.Boolean()
+    cancel = fields.List(fields.String())
+    heartbeat_interval_seconds = fields.Integer()

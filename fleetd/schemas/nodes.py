@@ -1,0 +1,84 @@
+"""Schemas of nodes, GPUs and events."""
+
+from marshmallow import Schema, fields, validate
+
+from fleetd.models import NodeStatus
+from fleetd.services.nodes import drain_info
+from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
+
+
+class GpuSchema(Schema):
+    uuid = fields.String()
+    index = fields.Integer()
+    vendor = fields.String()
+    model = fields.String()
+    memory_total_bytes = fields.Integer()
+    numa_node = fields.Integer(allow_none=True)
+    max_tflops = fields.Float(allow_none=True)
+    healthy = fields.Boolean()
+    health_reason = fields.String()
+    mig_mode = fields.String(allow_none=True)
+
+
+class DrainSchema(Schema):
+    reason = fields.String()
+    deadline = Time()
+    started_at = Time()
+
+
+class ResourcesSchema(Schema):
+    cpu_count = fields.Integer()
+    memory_bytes = fields.Integer()
+
+
+class NodeSchema(Schema):
+    id = fields.String()
+    fleet = fields.String(attribute="fleet_id")
+    hostname = fields.String()
+    address = fields.String()
+    status = fields.String()
+    status_reason = fields.String()
+    labels = fields.Dict()
+    agent_version = fields.String()
+    registered_at = Time()
+    last_heartbeat_at = Time()
+    drain = fields.Method("_drain")
+    resources = fields.Method("_resources")
+    gpus = fields.List(fields.Nested(GpuSchema), attribute="gpu_list")
+
+    def _drain(self, node):
+        drain = drain_info(node)
+        return None if drain is None else DrainSchema().dump(drain)
+
+    def _resources(self, node):
+        return {"cpu_count": node.cpu_count, "memory_bytes": node.memory_bytes}
+
+
+NodePageSchema = page_schema(NodeSchema, "NodePage")
+
+
+class NodeQuerySchema(PageQuerySchema):
+    fleet = Text(max_length=63, load_default=None)
+    status = fields.String(validate=validate.OneOf([s.value for s in NodeStatus]), load_default=None)
+
+
+class NodeDrainSchema(Schema):
+    reason = Text(required=True, min_length=1, max_length=500)
+    deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
+
+
+class EventSchema(Schema):
+    id = fields.Function(lambda e: str(e.id))
+    at = Time()
+    kind = fields.String()
+    subject = fields.Function(lambda e: f"{e.subject_type}/{e.subject_id}")
+    from_status = fields.String(allow_none=True)
+    to_status = fields.String(allow_none=True)
+    reason = fields.String()
+
+
+EventPageSchema = page_schema(EventSchema, "EventPage")
+
+
+class EventQuerySchema(PageQuerySchema):
+    after = fields.Integer(strict=False, validate=validate.Range(min=0, max=2**62), load_default=None)

@@ -1,0 +1,43 @@
+"""Schemas of API tokens and identity."""
+
+from marshmallow import Schema, fields, validate
+
+from fleetd.models import Role
+from fleetd.schemas.common import Int, Text, Time, page_schema
+
+
+class TokenCreateSchema(Schema):
+    name = Text(required=True, min_length=1, max_length=200)
+    role = fields.String(required=True, validate=validate.OneOf([r.value for r in Role]))
+    team = Text(max_length=200, load_default=None, allow_none=True)
+    expires_in_seconds = Int(minimum=60, maximum=10 * 365 * 86400, load_default=None, allow_none=True)
+
+
+class TokenSchema(Schema):
+    id = fields.String()
+    name = fields.String()
+    role = fields.String()
+    team = fields.String(allow_none=True)
+    created_at = Time()
+    expires_at = Time()
+    revoked_at = Time()
+    revoked = fields.Function(lambda t: t.revoked_at is not None)
+
+
+class TokenCreatedSchema(TokenSchema):
+    token = fields.String(metadata={"description": "The secret; shown only in this response."})
+
+
+TokenPageSchema = page_schema(TokenSchema, "TokenPage")
+
+
+class WhoamiSchema(Schema):
+    principal = fields.String()
+    role = fields.String()
+    team = fields.String(allow_none=True)
+    node_id = fields.String(allow_none=True)
+
+
+class HealthSchema(Schema):
+    status = fields.String()
+    version = fields.String()

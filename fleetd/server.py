@@ -1,0 +1,76 @@
+"""`fleetd serve`: the API on gevent's WSGI server, background tasks, graceful shutdown."""
+
+import datetime as dt
+import logging
+import signal
+
+import gevent
+import gevent.event
+import gevent.pool
+from apscheduler.schedulers.gevent import GeventScheduler
+from gevent.pywsgi import LoggingLogAdapter, WSGIServer
+
+from fleetd import create_app
+from fleetd.db import open_database, upgrade
+
+log = logging.getLogger("fleetd")
+
+
+def parse_bind(bind):
+    """'HOST:PORT' (IPv6 as [::1]:8080) -> (host, port)."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"bind must be HOST:PORT, got {bind!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(settings, ready_callback=None):
+    """Run until SIGTERM or SIGINT; in-flight requests get shutdown_timeout_seconds to finish."""
+    host, port = parse_bind(settings.bind)
+    db = open_database(settings.database_url, settings.sqlite_synchronous)
+    applied = upgrade(db)
+    if applied:
+        log.info("applied migrations: %s", ", ".join(applied))
+    app = create_app(settings, db=db)
+    rt = app.extensions["fleetd"]
+
+    # One greenlet per connection: thousands of agents may wait in long polls at once.
+    server = WSGIServer(
+        (host, port),
+        app,
+        spawn=gevent.pool.Pool(settings.max_connections),
+        log=LoggingLogAdapter(logging.getLogger("fleetd.access"), logging.DEBUG),
+        error_log=LoggingLogAdapter(logging.getLogger("fleetd.http"), logging.ERROR),
+    )
+    stop = gevent.event.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop.set)
+    server.start()
+    rt.tasks.start(GeventScheduler(timezone=dt.timezone.utc))
+    url = f"http://{settings.bind.rpartition(':')[0] or host}:{server.server_port}"
+    log.info("fleetd %s listening on %s (database %s)", _version(), url, _redact(settings.database_url))
+    if ready_callback:
+        ready_callback(url)
+    stop.wait()
+    log.info("shutting down: no new connections; waiting up to %ss for requests", settings.shutdown_timeout_seconds)
+    server.stop(timeout=settings.shutdown_timeout_seconds)
+    rt.tasks.shutdown()
+    if not db.is_closed():
+        db.close()
+    log.info("stopped")
+
+
+def _version():
+    from fleetd import __version__
+
+    return __version__
+
+
+def _redact(url):
+    """The database URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        return f"{scheme}{sep}{user}:***@{host}"
+    return url

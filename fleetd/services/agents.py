@@ -1,0 +1,116 @@
+"""The agent protocol: register, heartbeat, deregister."""
+
+from fleetd.auth import NODE_PREFIX, hash_token, make_token
+from fleetd.db import write_transaction
+from fleetd.errors import Unauthorized
+from fleetd.models import JoinToken, Node, NodeStatus, new_id
+from fleetd.services.events import record_event
+from fleetd.services.fleets import consume_join_token
+from fleetd.services.nodes import drain_info, find_node, replace_gpus, settle_drain, switch_node_status
+
+S = NodeStatus
+
+
+def register_node(rt, join_token_id, info):
+    """Admit a host with a join token; the same machine_id gets its old node and a new session.
+
+    Returns (node, session_token).
+    """
+    now = rt.clock.now()
+    session_id, session_token = make_token(NODE_PREFIX)
+    fields = dict(
+        hostname=info["hostname"],
+        address=info.get("address") or "",
+        labels=info.get("labels") or {},
+        agent_version=info.get("agent_version") or "",
+        cpu_count=info["resources"]["cpu_count"],
+        memory_bytes=info["resources"]["memory_bytes"],
+        session_id=session_id,
+        session_hash=hash_token(session_token),
+        join_token_id=join_token_id,
+    )
+    with write_transaction():
+        token = JoinToken.get_or_none(JoinToken.id == join_token_id)
+        if token is None or not consume_join_token(now, join_token_id):
+            raise Unauthorized("join token expired, revoked or used up")
+        node = Node.get_or_none(Node.machine_id == info["machine_id"])
+        if node is None:
+            node = Node.create(
+                id=new_id(),
+                fleet=token.fleet_id,
+                machine_id=info["machine_id"],
+                status=S.PENDING.value,
+                status_reason="registered; waiting for the first heartbeat",
+                registered_at=now,
+                **fields,
+            )
+            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}", None, S.PENDING.value)
+        else:
+            moved = node.fleet_id != token.fleet_id
+            reason = f"re-registered by {fields['hostname']}; previous session invalidated"
+            if moved:
+                reason += f"; moved from fleet {node.fleet_id} to {token.fleet_id}"
+            for name, value in fields.items():
+                setattr(node, name, value)
+            node.fleet = token.fleet_id
+            node.save()
+            record_event(now, "node.registered", "node", node.id, reason, node.status, node.status)
+            if node.status == S.REVOKED.value:
+                switch_node_status(node, S.PENDING, "re-enrolled with a new join token", now)
+        replace_gpus(node, info.get("gpus") or [], now)
+    rt.liveness.touch(node.id)
+    return node, session_token
+
+
+def tasks_to_cancel(node, reported):
+    """Reported tasks the node must stop. The control plane leases no task to a node yet, so a
+    task it reports is unknown here and must not keep running; a revoked node stops everything."""
+    return [t["id"] for t in reported]
+
+
+def heartbeat(rt, node_id, body):
+    """Renew liveness in memory; touch the database only when something changed."""
+    now = rt.clock.now()
+    node = find_node(node_id)
+    if node is None:
+        raise Unauthorized("node no longer exists")
+    reported = body.get("tasks") or []
+    if node.status == S.REVOKED.value:
+        rt.liveness.forget(node.id)
+        return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported]}
+    rt.liveness.touch(node.id, reported, body.get("metrics"))
+    active = rt.liveness.active_tasks(node.id)
+    gpus = body.get("gpus")
+    if gpus is not None or node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
+        with write_transaction():
+            node = find_node(node_id)
+            if gpus is not None:
+                replace_gpus(node, gpus, now)
+            if node.status == S.PENDING.value:
+                switch_node_status(node, S.READY, "first heartbeat", now)
+            elif node.status == S.LOST.value:
+                back_to = node.status_before_lost or S.READY.value
+                if back_to == S.PENDING.value:
+                    back_to = S.READY.value
+                switch_node_status(node, back_to, "heartbeats resumed", now)
+            settle_drain(node, now, active)
+    return {
+        "status": node.status,
+        "drain": drain_info(node),
+        "revoked": False,
+        "cancel": tasks_to_cancel(node, reported),
+    }
+
+
+def deregister_node(rt, node_id):
+    """Graceful leave: the session ends and the node is marked lost at once, not after a TTL."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = find_node(node_id)
+        if node is None:
+            raise Unauthorized("node no longer exists")
+        node.session_id = node.session_hash = None
+        node.save()
+        if S(node.status) in (S.PENDING, S.READY, S.CORDONED, S.DRAINING, S.DRAINED):
+            switch_node_status(node, S.LOST, "agent deregistered (graceful leave)", now)
+    rt.liveness.forget(node_id)

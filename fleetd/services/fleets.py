@@ -1,0 +1,120 @@
+"""Fleets and their join tokens."""
+
+import datetime as dt
+
+import peewee
+
+from fleetd.auth import JOIN_PREFIX, hash_token, make_token
+from fleetd.db import write_transaction
+from fleetd.errors import Conflict, NotFound
+from fleetd.models import Fleet, Gpu, JoinToken, Node
+from fleetd.services.pagination import paginate
+
+
+def _with_counts(query):
+    node_count = Node.select(peewee.fn.COUNT(Node.id)).where(Node.fleet == Fleet.name)
+    gpu_count = Gpu.select(peewee.fn.COUNT(Gpu.id)).join(Node).where(Node.fleet == Fleet.name)
+    return query.select_extend(node_count.alias("node_count"), gpu_count.alias("gpu_count"))
+
+
+def list_fleets(limit, cursor=None):
+    """One page of fleets by name, with node and GPU counts."""
+    return paginate(_with_counts(Fleet.select()), Fleet.name, limit, cursor)
+
+
+def get_fleet(name):
+    """A fleet with its counts; NotFound if there is none."""
+    fleet = _with_counts(Fleet.select()).where(Fleet.name == name).first()
+    if fleet is None:
+        raise NotFound(f"fleet {name!r} not found")
+    return fleet
+
+
+def create_fleet(now, name, description="", labels=None):
+    """Create a fleet; Conflict if the name is taken."""
+    try:
+        with write_transaction():
+            if Fleet.get_or_none(Fleet.name == name) is not None:
+                raise Conflict(f"fleet {name!r} already exists")
+            Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now)
+    except peewee.IntegrityError:
+        raise Conflict(f"fleet {name!r} already exists") from None
+    return get_fleet(name)
+
+
+def update_fleet(name, changes):
+    """Change a fleet's description and/or labels."""
+    with write_transaction():
+        fleet = Fleet.get_or_none(Fleet.name == name)
+        if fleet is None:
+            raise NotFound(f"fleet {name!r} not found")
+        for field in ("description", "labels"):
+            if field in changes:
+                setattr(fleet, field, changes[field])
+        fleet.save()
+    return get_fleet(name)
+
+
+def delete_fleet(name):
+    """Delete a fleet and its join tokens; Conflict while nodes are enrolled in it."""
+    with write_transaction():
+        fleet = Fleet.get_or_none(Fleet.name == name)
+        if fleet is None:
+            raise NotFound(f"fleet {name!r} not found")
+        enrolled = Node.select().where(Node.fleet == name).count()
+        if enrolled:
+            raise Conflict(f"fleet {name!r} still has {enrolled} enrolled node(s)", {"node_count": enrolled})
+        JoinToken.delete().where(JoinToken.fleet == name).execute()
+        fleet.delete_instance()
+
+
+def create_join_token(now, fleet_name, ttl_seconds, max_uses=None, description="", created_by=""):
+    """Mint a join token for a fleet; returns (row, token)."""
+    token_id, token = make_token(JOIN_PREFIX)
+    with write_transaction():
+        if Fleet.get_or_none(Fleet.name == fleet_name) is None:
+            raise NotFound(f"fleet {fleet_name!r} not found")
+        row = JoinToken.create(
+            id=token_id,
+            fleet=fleet_name,
+            token_hash=hash_token(token),
+            description=description or "",
+            created_at=now,
+            expires_at=now + dt.timedelta(seconds=ttl_seconds),
+            max_uses=max_uses,
+            created_by=created_by,
+        )
+    return row, token
+
+
+def list_join_tokens(fleet_name, limit, cursor=None):
+    """One page of a fleet's join tokens, without secrets."""
+    get_fleet(fleet_name)
+    return paginate(JoinToken.select().where(JoinToken.fleet == fleet_name), JoinToken.id, limit, cursor)
+
+
+def revoke_join_token(token_id):
+    """Revoke a join token; hosts can no longer use it."""
+    with write_transaction():
+        updated = JoinToken.update(revoked=True).where(JoinToken.id == token_id).execute()
+    if not updated:
+        raise NotFound(f"join token {token_id} not found")
+
+
+def consume_join_token(now, token_id):
+    """Use a join token once, atomically; False when it is expired, revoked or used up.
+
+    Call inside the registration transaction: the conditional UPDATE is what makes a
+    single-use token admit exactly one host however many try at once.
+    """
+    updated = (
+        JoinToken.update(uses=JoinToken.uses + 1)
+        .where(
+            (JoinToken.id == token_id)
+            & (JoinToken.revoked == False)  # noqa: E712 - SQL expression
+            & (JoinToken.expires_at > now)
+            & (JoinToken.max_uses.is_null() | (JoinToken.uses < JoinToken.max_uses))
+        )
+        .execute()
+    )
+    return updated == 1

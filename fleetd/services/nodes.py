@@ -1,0 +1,234 @@
+"""Nodes: the state machine, admin actions (cordon, drain, revoke, delete) and inventory."""
+
+import datetime as dt
+
+from fleetd.db import write_transaction
+from fleetd.errors import Conflict, NotFound
+from fleetd.models import Gpu, Node, NodeStatus
+from fleetd.models import Event
+from fleetd.services.events import list_events, record_event
+from fleetd.services.pagination import paginate
+
+S = NodeStatus
+
+# Allowed transitions (DESIGN.md, States). Lost and revoked are reachable from anywhere live.
+_LIVE = {S.PENDING, S.READY, S.CORDONED, S.DRAINING, S.DRAINED}
+TRANSITIONS = {
+    S.PENDING: {S.READY, S.LOST, S.REVOKED},
+    S.READY: {S.CORDONED, S.DRAINING, S.LOST, S.REVOKED},
+    S.CORDONED: {S.READY, S.DRAINING, S.LOST, S.REVOKED},
+    S.DRAINING: {S.DRAINED, S.READY, S.LOST, S.REVOKED},
+    S.DRAINED: {S.READY, S.LOST, S.REVOKED},
+    S.LOST: _LIVE | {S.REVOKED},
+    S.REVOKED: {S.PENDING},
+}
+LIVE_STATUSES = frozenset(_LIVE)
+
+GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
+
+
+def switch_node_status(node, to_status, reason, now):
+    """The one way a node changes state: checks the transition, saves, records an Event."""
+    from_status = S(node.status)
+    to_status = S(to_status)
+    if to_status not in TRANSITIONS[from_status]:
+        raise Conflict(
+            f"node {node.id} cannot go from {from_status.value} to {to_status.value}",
+            {"status": from_status.value},
+        )
+    node.status = to_status.value
+    node.status_reason = reason
+    node.status_before_lost = from_status.value if to_status is S.LOST else None
+    node.save()
+    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value)
+    return node
+
+
+def list_nodes(limit, cursor=None, fleet=None, status=None):
+    """One page of nodes (oldest first), optionally of one fleet and/or status."""
+    query = Node.select()
+    if fleet:
+        query = query.where(Node.fleet == fleet)
+    if status:
+        query = query.where(Node.status == status)
+    rows, next_cursor = paginate(query, Node.id, limit, cursor)
+    _attach_gpus(rows)
+    return rows, next_cursor
+
+
+def _attach_gpus(nodes):
+    """Load the GPUs of these nodes in one query."""
+    by_id = {n.id: n for n in nodes}
+    for node in nodes:
+        node.gpu_list = []
+    if by_id:
+        for gpu in Gpu.select().where(Gpu.node.in_(list(by_id))).order_by(Gpu.node, Gpu.index):
+            by_id[gpu.node_id].gpu_list.append(gpu)
+
+
+def drain_info(node):
+    """The drain of a node as the API shows it, or None."""
+    if node.drain_started_at is None:
+        return None
+    return {"reason": node.drain_reason, "deadline": node.drain_deadline, "started_at": node.drain_started_at}
+
+
+def find_node(node_id):
+    """The node with this id, or None."""
+    return Node.get_or_none(Node.id == node_id)
+
+
+def get_node(node_id):
+    """The node with this id and its GPUs; NotFound if there is none."""
+    node = find_node(node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found")
+    _attach_gpus([node])
+    return node
+
+
+def _locked_node(node_id):
+    node = find_node(node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found")
+    return node
+
+
+def _refuse_if_lost(node, action):
+    if node.status == S.LOST.value:
+        raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
+
+
+def cordon_node(now, node_id, reason="cordoned by admin"):
+    """Stop new placements on a ready node."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "cordon")
+        if node.status != S.CORDONED.value:
+            switch_node_status(node, S.CORDONED, reason, now)
+    return get_node(node_id)
+
+
+def uncordon_node(now, node_id, reason="uncordoned by admin"):
+    """Allow placements on a cordoned node again."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "uncordon")
+        if node.status != S.READY.value:
+            if not S(node.status).can_uncordon():
+                raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
+            switch_node_status(node, S.READY, reason, now)
+    return get_node(node_id)
+
+
+def drain_node(now, node_id, reason, deadline_seconds, active_tasks):
+    """Stop placements now; the node becomes drained when its tasks are done or the deadline passes."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "drain")
+        if node.status in (S.DRAINING.value, S.DRAINED.value):
+            raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
+        node.drain_reason = reason
+        node.drain_started_at = now
+        node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
+        switch_node_status(node, S.DRAINING, f"drain: {reason}", now)
+        settle_drain(node, now, active_tasks)
+    return get_node(node_id)
+
+
+def settle_drain(node, now, active_tasks):
+    """Finish a drain whose node runs nothing any more, or whose deadline has passed."""
+    if node.status != S.DRAINING.value:
+        return False
+    if not active_tasks:
+        switch_node_status(node, S.DRAINED, "drain complete: no running tasks", now)
+        return True
+    if node.drain_deadline is not None and node.drain_deadline <= now:
+        switch_node_status(
+            node, S.DRAINED, f"drain deadline passed; {len(active_tasks)} task(s) told to stop", now
+        )
+        return True
+    return False
+
+
+def undrain_node(now, node_id, reason="undrained by admin"):
+    """End a drain; the node takes work again."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "undrain")
+        if not S(node.status).can_undrain():
+            raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
+        node.drain_reason = node.drain_deadline = node.drain_started_at = None
+        switch_node_status(node, S.READY, reason, now)
+    return get_node(node_id)
+
+
+def revoke_node(now, node_id, reason="revoked by admin"):
+    """Revoke a node: its session stops working and its agent is told to stop all work."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        if node.status != S.REVOKED.value:
+            node.drain_reason = node.drain_deadline = node.drain_started_at = None
+            switch_node_status(node, S.REVOKED, reason, now)
+    return get_node(node_id)
+
+
+def delete_node(now, node_id, active_tasks):
+    """Forget a node and its GPUs; Conflict while it still runs tasks."""
+    with write_transaction():
+        node = _locked_node(node_id)
+        if active_tasks and node.status != S.LOST.value:
+            raise Conflict(
+                f"node {node_id} still runs {len(active_tasks)} task(s); drain it first",
+                {"tasks": active_tasks[:100]},
+            )
+        Gpu.delete().where(Gpu.node == node_id).execute()
+        node.delete_instance()
+        record_event(now, "node.deleted", "node", node_id, "deleted by admin", node.status, None)
+
+
+def replace_gpus(node, gpus, now):
+    """Store a node's reported GPU inventory; records an Event when it changed. Returns True if so."""
+    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in Gpu.select().where(Gpu.node == node.id)}
+    reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
+    if current == reported:
+        return False
+    Gpu.delete().where(Gpu.node == node.id).execute()
+    if reported:
+        Gpu.insert_many([dict(fields, node=node.id, uuid=uuid) for uuid, fields in reported.items()]).execute()
+    unhealthy = sorted(u for u, f in reported.items() if not f["healthy"])
+    reason = f"GPU inventory: {len(reported)} GPU(s) (was {len(current)})"
+    if unhealthy:
+        reason += f", unhealthy: {', '.join(unhealthy)}"
+    record_event(now, "node.gpus", "node", node.id, reason)
+    return True
+
+
+def mark_node_lost(now, node_id, silent_seconds):
+    """Declare a live node lost after missed heartbeats; no-op if it is no longer live."""
+    with write_transaction():
+        node = find_node(node_id)
+        if node is None or S(node.status) not in LIVE_STATUSES:
+            return False
+        switch_node_status(node, S.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
+    return True
+
+
+def record_heartbeat_times(times):
+    """Persist last-heartbeat times in one transaction ({node_id: datetime})."""
+    if not times:
+        return 0
+    with write_transaction():
+        for node_id, at in times.items():
+            Node.update(last_heartbeat_at=at).where(Node.id == node_id).execute()
+    return len(times)
+
+
+def list_node_events(node_id, limit, cursor=None, after=None):
+    """A node's events (kept after the node is deleted); NotFound for an id never seen."""
+    rows, next_cursor = list_events("node", node_id, limit, cursor, after)
+    if not rows and find_node(node_id) is None:
+        seen = Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)).exists()
+        if not seen:
+            raise NotFound(f"node {node_id} not found")
+    return rows, next_cursor

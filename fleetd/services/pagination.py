@@ -1,0 +1,35 @@
+"""Keyset pagination done by the database: ORDER BY key, LIMIT n+1, opaque cursors."""
+
+import base64
+import binascii
+import json
+
+from fleetd.errors import InvalidRequest
+
+
+def encode_cursor(key):
+    """Opaque cursor for the last key of a page."""
+    return base64.urlsafe_b64encode(json.dumps([key]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor):
+    """The key inside a cursor; InvalidRequest if it is not one of ours."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        (key,) = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+    except (ValueError, TypeError, UnicodeError, binascii.Error):
+        raise InvalidRequest("invalid cursor", {"cursor": cursor[:100]}) from None
+    if not isinstance(key, (str, int)) or isinstance(key, bool):
+        raise InvalidRequest("invalid cursor", {"cursor": cursor[:100]})
+    return key
+
+
+def paginate(query, key_field, limit, cursor=None):
+    """One page of `query` ordered by `key_field`: (rows, next_cursor or None)."""
+    if cursor:
+        query = query.where(key_field > decode_cursor(cursor))
+    rows = list(query.order_by(key_field).limit(limit + 1))
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, encode_cursor(getattr(rows[-1], key_field.name))

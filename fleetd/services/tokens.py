@@ -1,0 +1,75 @@
+"""API tokens: create, list, revoke; and the first admin token of a new installation."""
+
+import datetime as dt
+
+from fleetd.auth import API_PREFIX, hash_token, make_token
+from fleetd.db import write_transaction
+from fleetd.errors import NotFound
+from fleetd.models import ApiToken, JoinToken, Role, Setting
+from fleetd.services.pagination import paginate
+
+FIRST_ADMIN_KEY = "first_admin_token_issued"
+
+
+def create_api_token(now, name, role, team=None, expires_in_seconds=None):
+    """Create a token; returns (row, token). The token is never stored or shown again."""
+    token_id, token = make_token(API_PREFIX)
+    expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
+    with write_transaction():
+        row = ApiToken.create(
+            id=token_id,
+            name=name,
+            role=Role(role).value,
+            team=team,
+            token_hash=hash_token(token),
+            created_at=now,
+            expires_at=expires_at,
+        )
+    return row, token
+
+
+def list_api_tokens(limit, cursor=None):
+    """One page of tokens, oldest first, without secrets."""
+    return paginate(ApiToken.select(), ApiToken.id, limit, cursor)
+
+
+def revoke_api_token(now, token_id):
+    """Revoke a token; it stops working at once. Revoking twice is harmless."""
+    with write_transaction():
+        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        if row.revoked_at is None:
+            row.revoked_at = now
+            row.save()
+    return row
+
+
+def issue_first_admin_token(now):
+    """Create the first admin token of this database once; None if it was issued before."""
+    token_id, token = make_token(API_PREFIX)
+    with write_transaction():
+        if Setting.get_or_none(Setting.key == FIRST_ADMIN_KEY) is not None:
+            return None
+        ApiToken.create(
+            id=token_id,
+            name="admin",
+            role=Role.ADMIN.value,
+            token_hash=hash_token(token),
+            created_at=now,
+        )
+        Setting.create(key=FIRST_ADMIN_KEY, value=token_id)
+    return token
+
+
+def delete_expired_tokens(now, retention_seconds):
+    """Delete API and join tokens that expired or were revoked more than `retention_seconds` ago."""
+    cutoff = now - dt.timedelta(seconds=retention_seconds)
+    with write_transaction():
+        api = (
+            ApiToken.delete()
+            .where((ApiToken.expires_at < cutoff) | (ApiToken.revoked_at < cutoff))
+            .execute()
+        )
+        join = JoinToken.delete().where(JoinToken.expires_at < cutoff).execute()
+    return {"api_tokens": api, "join_tokens": join}

@@ -1,0 +1,76 @@
+"""Settings: defaults, then an optional TOML file (FLEETD_CONFIG), then FLEETD_* environment."""
+
+import dataclasses
+import os
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+DEFAULT_DATA_DIR = "/var/lib/fleetd"
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything fleetd can be configured with; every field has a FLEETD_<NAME> variable."""
+
+    data_dir: str = DEFAULT_DATA_DIR
+    db_url: str = ""  # empty: sqlite:///<data_dir>/fleetd.db
+    bind: str = "127.0.0.1:8080"
+    public_url: str = ""  # how agents reach fleetd; empty: the URL of the request
+    sqlite_synchronous: str = "FULL"
+    heartbeat_interval_seconds: int = 10
+    node_ttl_seconds: float = 30.0
+    node_grace_seconds: float = 10.0
+    failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
+    max_body_bytes: int = 1024 * 1024
+    auth_failure_limit: int = 20  # failed authentications per client address ...
+    auth_failure_window_seconds: float = 60.0  # ... within this window, then 429
+    token_retention_seconds: int = 86400  # keep expired tokens listed this long
+    liveness_sweep_seconds: float = 5.0
+    token_cleanup_seconds: float = 3600.0
+    drain_check_seconds: float = 5.0
+    shutdown_timeout_seconds: float = 10.0
+    max_connections: int = 10000
+
+    @property
+    def database_url(self):
+        """The database URL, defaulting to SQLite in the data directory."""
+        return self.db_url or "sqlite:///" + os.path.join(os.path.abspath(self.data_dir), "fleetd.db")
+
+    @property
+    def failover_grace(self):
+        """Seconds after start-up before any node may be declared lost."""
+        if self.failover_grace_seconds < 0:
+            return 2 * self.node_ttl_seconds
+        return self.failover_grace_seconds
+
+    @classmethod
+    def load(cls, environ=None, **overrides):
+        """Build settings from FLEETD_CONFIG (TOML), FLEETD_* variables and explicit overrides."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        path = environ.get("FLEETD_CONFIG")
+        if path:
+            with open(path, "rb") as fh:
+                values.update(tomllib.load(fh))
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, field in fields.items():
+            raw = environ.get("FLEETD_" + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError("unknown setting(s): " + ", ".join(unknown))
+        converted = {}
+        for name, raw in values.items():
+            kind = type(fields[name].default)
+            try:
+                converted[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"setting {name} must be {kind.__name__}, got {raw!r}") from None
+        return cls(**converted)
