@@ -103,6 +103,7 @@ class TaskRunner:
                 "interval",
                 args=[record.name],
                 id=record.name,
+                name=record.name,
                 seconds=record.interval_seconds,
                 max_instances=1,
                 coalesce=True,

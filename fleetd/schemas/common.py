@@ -29,8 +29,8 @@ class Text(fields.String):
 class Int(fields.Integer):
     """A strict integer (no strings, no floats) within the range of a database BIGINT."""
 
-    def __init__(self, *, minimum=0, maximum=MAX_INT, **kwargs):
-        super().__init__(strict=True, validate=validate.Range(min=minimum, max=maximum), **kwargs)
+    def __init__(self, *, minimum=0, maximum=MAX_INT, strict=True, **kwargs):
+        super().__init__(strict=strict, validate=validate.Range(min=minimum, max=maximum), **kwargs)
 
 
 class Time(fields.Field):
@@ -56,7 +56,7 @@ def Labels(**kwargs):
 class PageQuerySchema(Schema):
     """?limit= and ?cursor= of every list."""
 
-    limit = Int(minimum=1, maximum=1000, load_default=100)
+    limit = Int(minimum=1, maximum=1000, load_default=100, strict=False)  # query strings are text
     cursor = Text(max_length=512, load_default=None)
 
 

@@ -81,4 +81,4 @@ EventPageSchema = page_schema(EventSchema, "EventPage")
 
 
 class EventQuerySchema(PageQuerySchema):
-    after = fields.Integer(strict=False, validate=validate.Range(min=0, max=2**62), load_default=None)
+    after = Int(maximum=2**62, load_default=None, strict=False)

@@ -1,0 +1,531 @@
+"""The `fleetd` command line: local admin commands (init, serve, db) and REST client commands."""
+
+import functools
+import json
+import logging
+import os
+import re
+import sys
+
+import click
+
+from fleetd.client import DEFAULT_URL, Client, ClientError, load_config, save_config
+
+_DURATION_RE = re.compile(r"^(\d+)([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value):
+    """'90s', '30m', '24h', '7d', '2w' or plain seconds -> seconds."""
+    match = _DURATION_RE.match(value.strip().lower())
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a duration like 90s, 30m, 24h or 7d")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+def fail(message):
+    """Print one line to stderr and exit 1."""
+    click.echo(f"fleetd: {message}", err=True)
+    sys.exit(1)
+
+
+_HINTS = {
+    401: " (check --token/FLEETD_TOKEN, or run `fleetd login`)",
+    403: " (this token's role may not do that)",
+}
+
+
+def _describe(exc):
+    if exc.status is None:
+        return exc.message
+    label = exc.code or f"HTTP {exc.status}"
+    return f"{label}: {exc.message}{_HINTS.get(exc.status, '')}"
+
+
+# ---------------------------------------------------------------- output
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def show_table(rows, columns, title=None):
+    """Rows (dicts) as a table; `columns` is [(header, key or callable)]."""
+    from rich.table import Table
+
+    table = Table(title=title, box=None, header_style="bold")
+    for header, _ in columns:
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*[_cell(getter(row) if callable(getter) else row.get(getter)) for _, getter in columns])
+    _console().print(table)
+
+
+def show_record(record, fields):
+    """One record as aligned `key: value` lines."""
+    width = max(len(k) for k, _ in fields)
+    for header, getter in fields:
+        value = getter(record) if callable(getter) else record.get(getter)
+        click.echo(f"{header.ljust(width)}  {_cell(value)}")
+
+
+def _cell(value):
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def emit(ctx, data, human):
+    """--json prints the API's JSON; otherwise `human(data)` renders it."""
+    if ctx.obj["json"]:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        human(data)
+
+
+# ---------------------------------------------------------------- client plumbing
+
+
+def client_command(group, name, **kwargs):
+    """A command that talks to the REST API: adds --url/--token/--json and turns errors into one line."""
+
+    def decorator(fn):
+        @group.command(name, **kwargs)
+        @click.option("--url", envvar="FLEETD_URL", help="fleetd URL (FLEETD_URL; default: saved by `fleetd login`).")
+        @click.option("--token", envvar="FLEETD_TOKEN", help="API token (FLEETD_TOKEN; default: saved by login).")
+        @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+        @click.pass_context
+        @functools.wraps(fn)
+        def wrapper(ctx, url, token, as_json, **params):
+            saved = {}
+            if not url or not token:
+                try:
+                    saved = load_config()
+                except ClientError as exc:
+                    fail(exc.message)
+            ctx.obj = {
+                "client": Client(url or saved.get("url") or DEFAULT_URL, token or saved.get("token")),
+                "json": as_json,
+            }
+            try:
+                return ctx.invoke(fn, **params)
+            except ClientError as exc:
+                fail(_describe(exc))
+
+        return wrapper
+
+    return decorator
+
+
+def _client():
+    return click.get_current_context().obj["client"]
+
+
+def _ctx():
+    return click.get_current_context()
+
+
+# ---------------------------------------------------------------- root and local commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="fleetd", prog_name="fleetd")
+def cli():
+    """fleetd: manage a fleet of GPU servers."""
+
+
+def _server_settings(**overrides):
+    from fleetd.settings import Settings
+
+    try:
+        return Settings.load(**overrides)
+    except (ValueError, OSError) as exc:
+        fail(f"bad configuration: {exc}")
+
+
+def _setup_logging(level="INFO"):
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+db_option = click.option("--db", "db_url", help="Database URL (FLEETD_DB_URL): sqlite:///PATH or postgresql://...")
+data_dir_option = click.option("--data-dir", help="Data directory (FLEETD_DATA_DIR; default /var/lib/fleetd).")
+
+
+def _open_upgraded(settings):
+    from fleetd.db import bind, open_database, upgrade
+
+    if settings.database_url.startswith("sqlite:"):
+        os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    try:
+        db = open_database(settings.database_url, settings.sqlite_synchronous)
+        applied = upgrade(db)
+    except Exception as exc:  # any driver error: report it in one line
+        fail(f"cannot open database: {type(exc).__name__}: {exc}")
+    bind(db)
+    return db, applied
+
+
+@cli.command()
+@db_option
+@data_dir_option
+def init(db_url, data_dir):
+    """Create the database and print the first admin token (once)."""
+    from fleetd.clock import utcnow
+    from fleetd.services.tokens import issue_first_admin_token
+
+    settings = _server_settings(db_url=db_url, data_dir=data_dir)
+    db, applied = _open_upgraded(settings)
+    with db.connection_context():
+        token = issue_first_admin_token(utcnow())
+    click.echo(f"database ready: {settings.database_url} ({len(applied)} migration(s) applied)")
+    if token is None:
+        click.echo("an admin token was issued before; create more with `fleetd token create --role admin`")
+        return
+    click.echo("first admin token (shown once, store it now):")
+    click.echo(token)
+
+
+@cli.command()
+@click.option("--bind", help="HOST:PORT to listen on (FLEETD_BIND; default 127.0.0.1:8080).")
+@db_option
+@data_dir_option
+@click.option("--log-level", default="INFO", show_default=True)
+def serve(bind, db_url, data_dir, log_level):
+    """Run the API server and background tasks until SIGTERM."""
+    from fleetd.server import serve as run_server
+
+    _setup_logging(log_level)
+    settings = _server_settings(bind=bind, db_url=db_url, data_dir=data_dir)
+    if settings.database_url.startswith("sqlite:"):
+        os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    try:
+        run_server(settings)
+    except OSError as exc:
+        fail(f"cannot serve on {settings.bind}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@cli.group()
+def db():
+    """Database administration."""
+
+
+@db.command("upgrade")
+@db_option
+@data_dir_option
+def db_upgrade(db_url, data_dir):
+    """Apply pending schema migrations."""
+    settings = _server_settings(db_url=db_url, data_dir=data_dir)
+    _, applied = _open_upgraded(settings)
+    click.echo("applied: " + ", ".join(applied) if applied else "database is up to date")
+
+
+# ---------------------------------------------------------------- login and status
+
+
+@cli.command()
+@click.option("--url", envvar="FLEETD_URL", default=DEFAULT_URL, show_default=True, help="fleetd URL.")
+@click.option("--token", envvar="FLEETD_TOKEN", help="API token; asked for when not given.")
+def login(url, token):
+    """Check a token against fleetd and save URL and token for later commands."""
+    token = token or click.prompt("API token", hide_input=True)
+    try:
+        who = Client(url, token).get("/api/v1/whoami")
+    except ClientError as exc:
+        fail(_describe(exc))
+    path = save_config(url, token)
+    click.echo(f"logged in to {url} as {who['principal']} ({who['role']}); saved to {path}")
+
+
+@client_command(cli, "status")
+def status():
+    """Server version, who you are and nodes by status."""
+    client = _client()
+    health = client.get("/api/v1/health")
+    who = client.get("/api/v1/whoami")
+    counts = {}
+    gpus = 0
+    for node in client.paginate("/api/v1/nodes", limit=1000):
+        counts[node["status"]] = counts.get(node["status"], 0) + 1
+        gpus += len(node["gpus"])
+    data = {"url": client.url, "version": health["version"], "whoami": who, "nodes": counts, "gpus": gpus}
+
+    def human(d):
+        click.echo(f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})")
+        total = sum(counts.values())
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
+        click.echo(f"nodes: {total} ({summary}); GPUs: {gpus}")
+
+    emit(_ctx(), data, human)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+@cli.group()
+def token():
+    """API tokens."""
+
+
+TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "team"),
+                 ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
+
+
+@client_command(token, "create")
+@click.option("--name", required=True, help="What the token is for.")
+@click.option("--role", required=True, type=click.Choice(["admin", "submitter", "metrics"]))
+@click.option("--team", help="Team of a submitter token.")
+@click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
+def token_create(name, role, team, expires_in):
+    """Create an API token; its secret is printed once."""
+    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in}
+    data = _client().post("/api/v1/tokens", {k: v for k, v in body.items() if v is not None})
+
+    def human(d):
+        click.echo(f"created token {d['id']} ({d['role']}); the secret is shown only now:")
+        click.echo(d["token"])
+
+    emit(_ctx(), data, human)
+
+
+@client_command(token, "list")
+def token_list():
+    """List API tokens (never their secrets)."""
+    items = list(_client().paginate("/api/v1/tokens"))
+    emit(_ctx(), items, lambda rows: show_table(rows, TOKEN_COLUMNS))
+
+
+@client_command(token, "revoke")
+@click.argument("token_id")
+def token_revoke(token_id):
+    """Revoke an API token; it stops working at once."""
+    _client().delete(f"/api/v1/tokens/{token_id}")
+    emit(_ctx(), {"id": token_id, "revoked": True}, lambda d: click.echo(f"revoked token {token_id}"))
+
+
+# ---------------------------------------------------------------- fleets
+
+
+@cli.group()
+def fleet():
+    """Fleets."""
+
+
+FLEET_COLUMNS = [("NAME", "name"), ("NODES", "node_count"), ("GPUS", "gpu_count"),
+                 ("LABELS", "labels"), ("DESCRIPTION", "description")]
+
+
+def _labels(values):
+    labels = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+@client_command(fleet, "create")
+@click.argument("name")
+@click.option("--description", default="")
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
+def fleet_create(name, description, labels):
+    """Create a fleet."""
+    data = _client().post("/api/v1/fleets", {"name": name, "description": description, "labels": _labels(labels)})
+    emit(_ctx(), data, lambda d: click.echo(f"created fleet {d['name']}"))
+
+
+@client_command(fleet, "list")
+def fleet_list():
+    """List fleets."""
+    items = list(_client().paginate("/api/v1/fleets"))
+    emit(_ctx(), items, lambda rows: show_table(rows, FLEET_COLUMNS))
+
+
+@client_command(fleet, "show")
+@click.argument("name")
+def fleet_show(name):
+    """Show one fleet."""
+    data = _client().get(f"/api/v1/fleets/{name}")
+    emit(_ctx(), data, lambda d: show_record(d, FLEET_COLUMNS + [("CREATED", "created_at")]))
+
+
+@client_command(fleet, "rm")
+@click.argument("name")
+def fleet_rm(name):
+    """Delete a fleet (refused while nodes are enrolled)."""
+    _client().delete(f"/api/v1/fleets/{name}")
+    emit(_ctx(), {"name": name, "deleted": True}, lambda d: click.echo(f"deleted fleet {name}"))
+
+
+# ---------------------------------------------------------------- join tokens
+
+
+@cli.group("join-token")
+def join_token():
+    """Join tokens that admit hosts into a fleet."""
+
+
+JOIN_TOKEN_COLUMNS = [("ID", "id"), ("FLEET", "fleet"), ("USES", lambda t: f"{t['uses']}/{t['max_uses'] or 'unlimited'}"),
+                      ("EXPIRES", "expires_at"), ("REVOKED", "revoked"), ("DESCRIPTION", "description")]
+
+
+@client_command(join_token, "create")
+@click.option("--fleet", "fleet_name", required=True, help="Fleet the hosts join.")
+@click.option("--ttl", type=Duration(), default="24h", show_default=True, help="Lifetime, e.g. 1h, 7d.")
+@click.option("--uses", type=click.IntRange(min=1), help="How many hosts may use it (default: unlimited).")
+@click.option("--single-use", is_flag=True, help="Same as --uses 1.")
+@click.option("--description", default="")
+def join_token_create(fleet_name, ttl, uses, single_use, description):
+    """Mint a join token and print it with a ready-to-run join command."""
+    if uses is not None and single_use:
+        raise click.UsageError("--uses and --single-use are mutually exclusive")
+    body = {"ttl_seconds": ttl, "description": description}
+    if single_use or uses is not None:
+        body["max_uses"] = 1 if single_use else uses
+    data = _client().post(f"/api/v1/fleets/{fleet_name}/join-tokens", body)
+
+    def human(d):
+        limit = f"{d['max_uses']} use(s)" if d["max_uses"] else "unlimited uses"
+        click.echo(f"join token {d['id']} for fleet {fleet_name}: {limit}, expires {d['expires_at']}")
+        click.echo("the token is shown only now; on each host run (as root):")
+        click.echo(f"  {d['join_command']}")
+
+    emit(_ctx(), data, human)
+
+
+@client_command(join_token, "list")
+@click.option("--fleet", "fleet_name", required=True)
+def join_token_list(fleet_name):
+    """List a fleet's join tokens (never their secrets)."""
+    items = list(_client().paginate(f"/api/v1/fleets/{fleet_name}/join-tokens"))
+    emit(_ctx(), items, lambda rows: show_table(rows, JOIN_TOKEN_COLUMNS))
+
+
+@client_command(join_token, "revoke")
+@click.argument("token_id")
+def join_token_revoke(token_id):
+    """Revoke a join token."""
+    _client().delete(f"/api/v1/join-tokens/{token_id}")
+    emit(_ctx(), {"id": token_id, "revoked": True}, lambda d: click.echo(f"revoked join token {token_id}"))
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@cli.group()
+def node():
+    """Nodes: list, inspect, cordon, drain, revoke, remove."""
+
+
+NODE_COLUMNS = [("ID", "id"), ("HOSTNAME", "hostname"), ("FLEET", "fleet"), ("STATUS", "status"),
+                ("GPUS", lambda n: len(n["gpus"])), ("LAST HEARTBEAT", "last_heartbeat_at"),
+                ("REASON", "status_reason")]
+
+
+def _show_node(n):
+    show_record(n, NODE_COLUMNS[:4] + [
+        ("REASON", "status_reason"), ("ADDRESS", "address"), ("AGENT", "agent_version"),
+        ("LABELS", "labels"), ("REGISTERED", "registered_at"), ("LAST HEARTBEAT", "last_heartbeat_at"),
+        ("CPUS", lambda x: x["resources"]["cpu_count"]), ("MEMORY", lambda x: _bytes(x["resources"]["memory_bytes"])),
+        ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"),
+    ])
+    if n["gpus"]:
+        click.echo("")
+        show_table(n["gpus"], [("IDX", "index"), ("UUID", "uuid"), ("MODEL", "model"),
+                               ("MEMORY", lambda g: _bytes(g["memory_total_bytes"])), ("NUMA", "numa_node"),
+                               ("HEALTHY", "healthy"), ("REASON", "health_reason")])
+
+
+def _bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+@client_command(node, "list")
+@click.option("--fleet", "fleet_name")
+@click.option("--status")
+def node_list(fleet_name, status):
+    """List nodes."""
+    items = list(_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status))
+    emit(_ctx(), items, lambda rows: show_table(rows, NODE_COLUMNS))
+
+
+@client_command(node, "show")
+@click.argument("node_id")
+def node_show(node_id):
+    """Show a node and its GPUs."""
+    emit(_ctx(), _client().get(f"/api/v1/nodes/{node_id}"), _show_node)
+
+
+def _node_action(action, done):
+    @client_command(node, action)
+    @click.argument("node_id")
+    def command(node_id):
+        data = _client().post(f"/api/v1/nodes/{node_id}/{action}")
+        emit(_ctx(), data, lambda d: click.echo(f"{done} node {node_id}: now {d['status']}"))
+
+    command.__doc__ = f"{action.capitalize()} a node."
+    return command
+
+
+node_cordon = _node_action("cordon", "cordoned")
+node_uncordon = _node_action("uncordon", "uncordoned")
+node_undrain = _node_action("undrain", "undrained")
+node_revoke = _node_action("revoke", "revoked")
+
+
+@client_command(node, "drain")
+@click.argument("node_id")
+@click.option("--reason", required=True, help="Why (recorded in the node's events).")
+@click.option("--deadline", type=Duration(), default="1h", show_default=True,
+              help="Running tasks are stopped after this.")
+def node_drain(node_id, reason, deadline):
+    """Drain a node: no new work; running tasks may finish until the deadline."""
+    data = _client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline})
+    emit(_ctx(), data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
+
+
+@client_command(node, "rm")
+@click.argument("node_id")
+def node_rm(node_id):
+    """Remove a node (refused while tasks run on it)."""
+    _client().delete(f"/api/v1/nodes/{node_id}")
+    emit(_ctx(), {"id": node_id, "deleted": True}, lambda d: click.echo(f"removed node {node_id}"))
+
+
+@client_command(node, "events")
+@click.argument("node_id")
+def node_events(node_id):
+    """A node's events, oldest first."""
+    items = list(_client().paginate(f"/api/v1/nodes/{node_id}/events"))
+    emit(_ctx(), items, lambda rows: show_table(
+        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("REASON", "reason")]))

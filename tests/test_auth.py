@@ -1,0 +1,174 @@
+"""Authentication and authorization: the role table of API.md on every route, token storage, rate limits."""
+
+import re
+import sqlite3
+
+import pytest
+
+from tests.conftest import ApiClient
+
+PUBLIC = "public"
+ANY = {"admin", "submitter", "metrics", "node", "join"}
+A = {"admin"}
+AS = {"admin", "submitter"}
+
+# API.md's role table for every route fleetd serves. A route missing here fails the test.
+ROLE_TABLE = {
+    ("GET", "/api/v1/health"): PUBLIC,
+    ("GET", "/api/v1/whoami"): ANY,
+    ("GET", "/api/v1/tokens"): A,
+    ("POST", "/api/v1/tokens"): A,
+    ("DELETE", "/api/v1/tokens/{token_id}"): A,
+    ("GET", "/api/v1/fleets"): AS,
+    ("POST", "/api/v1/fleets"): A,
+    ("GET", "/api/v1/fleets/{name}"): AS,
+    ("PATCH", "/api/v1/fleets/{name}"): A,
+    ("DELETE", "/api/v1/fleets/{name}"): A,
+    ("GET", "/api/v1/fleets/{name}/join-tokens"): A,
+    ("POST", "/api/v1/fleets/{name}/join-tokens"): A,
+    ("DELETE", "/api/v1/join-tokens/{token_id}"): A,
+    ("GET", "/api/v1/nodes"): AS,
+    ("GET", "/api/v1/nodes/{node_id}"): AS,
+    ("DELETE", "/api/v1/nodes/{node_id}"): A,
+    ("POST", "/api/v1/nodes/{node_id}/cordon"): A,
+    ("POST", "/api/v1/nodes/{node_id}/uncordon"): A,
+    ("POST", "/api/v1/nodes/{node_id}/drain"): A,
+    ("POST", "/api/v1/nodes/{node_id}/undrain"): A,
+    ("POST", "/api/v1/nodes/{node_id}/revoke"): A,
+    ("GET", "/api/v1/nodes/{node_id}/events"): AS,
+    ("POST", "/api/v1/agent/register"): {"join"},
+    ("POST", "/api/v1/agent/heartbeat"): {"node"},
+    ("POST", "/api/v1/agent/deregister"): {"node"},
+    ("GET", "/api/v1/admin/tasks"): A,
+    ("POST", "/api/v1/admin/tasks/{name}/run"): A,
+}
+
+
+def openapi_routes(api):
+    spec = api.get("/api/openapi.json", token=None).get_json()
+    for path, item in spec["paths"].items():
+        for method in item:
+            if method in ("get", "post", "put", "patch", "delete"):
+                yield method.upper(), path
+
+
+def test_openapi_describes_exactly_the_routes_of_the_role_table(api):
+    assert set(openapi_routes(api)) == set(ROLE_TABLE)
+
+
+def test_every_route_enforces_the_role_table_of_api_md(api):
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    tokens = {role: api.create_token(role) for role in ("admin", "submitter", "metrics")}
+    revoked = api.create_token("admin", name="to-revoke")
+    revoked_id = re.match(r"fla_([0-9a-f]+)\.", revoked).group(1)
+    assert api.delete(f"/api/v1/tokens/{revoked_id}").status_code == 204
+    machine = iter(range(10_000))
+
+    def principals():
+        yield "none", None
+        yield "revoked", revoked
+        yield "join", join
+        yield from tokens.items()
+        # A fresh node per call: deregister ends a session.
+        yield "node", api.register(join, machine_id=f"matrix-{next(machine)}")["session_token"]
+
+    checked = 0
+    for method, path in sorted(ROLE_TABLE):
+        url = re.sub(r"\{[a-z_]+\}", "does-not-exist", path)
+        allowed = ROLE_TABLE[(method, path)]
+        for who, token in principals():
+            body = {} if method in ("POST", "PATCH") else None
+            resp = api.call(method, url, token=token, agent=path.startswith("/api/v1/agent/"), json=body)
+            status = resp.status_code
+            context = f"{method} {path} as {who}: {status} {resp.get_data(as_text=True)[:200]}"
+            assert status < 500, context
+            if allowed == PUBLIC:
+                assert status == 200, context
+            elif who in ("none", "revoked"):
+                assert status == 401 and resp.get_json()["error"]["code"] == "unauthorized", context
+            elif who in allowed:
+                assert status not in (401, 403), context
+            else:
+                assert status == 403 and resp.get_json()["error"]["code"] == "forbidden", context
+            checked += 1
+    assert checked == len(ROLE_TABLE) * 7
+
+
+def test_whoami_names_the_principal_and_role(api):
+    submitter = api.create_token("submitter", name="ci-bot")
+    body = api.get("/api/v1/whoami", token=submitter).get_json()
+    assert body["principal"] == "token:ci-bot" and body["role"] == "submitter"
+
+
+def test_tokens_have_the_documented_prefixes_and_are_shown_once(api):
+    created = api.post("/api/v1/tokens", {"name": "x", "role": "metrics"}).get_json()
+    assert re.fullmatch(r"fla_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", created["token"])
+    listed = api.get("/api/v1/tokens").get_json()["items"]
+    assert listed and all("token" not in t and "token_hash" not in t for t in listed)
+    api.create_fleet()
+    jt = api.post("/api/v1/fleets/gpu-a/join-tokens", {}).get_json()
+    assert re.fullmatch(r"flj_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", jt["token"])
+    assert jt["join_command"].endswith(f"--token {jt['token']}")
+    assert all("token" not in t for t in api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"])
+    session = api.register(jt["token"])["session_token"]
+    assert re.fullmatch(r"fln_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", session)
+
+
+def test_database_never_contains_a_token_secret_in_clear(api, app):
+    api.create_fleet()
+    secrets = [api.create_token("submitter"), api.create_join_token()]
+    secrets.append(api.register(secrets[1])["session_token"])
+    secrets.append(api.token)
+    path = app.extensions["fleetd"].settings.database_url.removeprefix("sqlite:///")
+    con = sqlite3.connect(path)
+    try:
+        dump = "\n".join(con.iterdump())
+    finally:
+        con.close()
+    assert "INSERT INTO" in dump
+    for secret in secrets:
+        # Neither the whole token nor its secret part may appear anywhere.
+        assert secret not in dump
+        assert secret.split(".", 1)[1] not in dump
+
+
+def test_revoked_token_stops_working_at_once(api):
+    token = api.create_token("submitter")
+    token_id = token[4:24]
+    assert api.get("/api/v1/fleets", token=token).status_code == 200
+    assert api.delete(f"/api/v1/tokens/{token_id}").status_code == 204
+    resp = api.get("/api/v1/fleets", token=token)
+    assert resp.status_code == 401 and resp.get_json()["error"]["message"] == "token revoked"
+
+
+def test_expired_token_is_refused(api, clock):
+    token = api.post("/api/v1/tokens", {"name": "short", "role": "admin", "expires_in_seconds": 60}).get_json()["token"]
+    assert api.get("/api/v1/whoami", token=token).status_code == 200
+    clock.advance(61)
+    assert api.get("/api/v1/whoami", token=token).status_code == 401
+
+
+@pytest.mark.parametrize("header", ["", "Bearer", "Bearer ", "Basic abc", "Bearer fla_nothex.x", "Bearer " + "fla_" + "0" * 20 + "." + "A" * 43])
+def test_malformed_or_unknown_credentials_get_401_in_the_envelope(api, header):
+    resp = api.http.get("/api/v1/whoami", headers={"Authorization": header} if header else {})
+    assert resp.status_code == 401
+    assert resp.get_json()["error"]["code"] == "unauthorized"
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_repeated_failed_authentication_from_one_address_is_rate_limited(make_app, clock):
+    app = make_app(auth_failure_limit=5, auth_failure_window_seconds=60)
+    api = ApiClient(app)
+    bad = "fla_" + "0" * 20 + "." + "B" * 43
+    statuses = [api.get("/api/v1/whoami", token=bad).status_code for _ in range(5)]
+    assert statuses == [401] * 5
+    resp = api.get("/api/v1/whoami", token=bad)
+    assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(resp.headers["Retry-After"]) <= 60
+    # Another client address is not affected.
+    other = api.http.get("/api/v1/whoami", headers={"Authorization": f"Bearer {bad}"},
+                         environ_base={"REMOTE_ADDR": "127.0.0.2"})
+    assert other.status_code == 401
+    clock.advance(61)
+    assert api.get("/api/v1/whoami", token=bad).status_code == 401
