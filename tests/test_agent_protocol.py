@@ -1,0 +1,164 @@
+"""The agent protocol: enrolment, join-token atomicity, heartbeats, deregistration."""
+
+import sqlite3
+import threading
+
+import pytest
+
+from tests.conftest import ApiClient, gpus
+
+
+@pytest.fixture
+def fleet(api):
+    api.create_fleet("gpu-a")
+    return "gpu-a"
+
+
+def test_agent_routes_refuse_a_missing_or_wrong_protocol_header(api, fleet):
+    join = api.create_join_token(fleet)
+    for headers in ({}, {"X-Fleet-Protocol": "2"}, {"X-Fleet-Protocol": "one"}):
+        resp = api.call("POST", "/api/v1/agent/register", token=join, headers=headers, json={})
+        assert resp.status_code == 400
+        assert resp.get_json()["error"]["code"] == "protocol_mismatch"
+
+
+def test_registration_returns_a_pending_node_that_becomes_ready_on_first_heartbeat(api, fleet):
+    reg = api.register(api.create_join_token(fleet), gpu_count=8)
+    assert reg["fleet"] == fleet and reg["heartbeat_interval_seconds"] == 10
+    node = api.node(reg["node_id"])
+    assert node["status"] == "pending" and len(node["gpus"]) == 8
+    assert node["gpus"][3]["index"] == 3 and node["gpus"][3]["memory_total_bytes"] == 80 * 1024**3
+    reply = api.heartbeat(reg["session_token"])
+    assert reply == {"status": "ready", "drain": None, "revoked": False, "cancel": [], "heartbeat_interval_seconds": 10}
+    assert api.node(reg["node_id"])["status"] == "ready"
+
+
+def test_single_use_token_admits_one_host_under_concurrency(api, fleet, app):
+    join = api.create_join_token(fleet, max_uses=1)
+    results = _register_concurrently(app, join, 20)
+    assert sorted(results) == [201] + [401] * 19
+    assert len(api.get("/api/v1/nodes").get_json()["items"]) == 1
+    token = api.get(f"/api/v1/fleets/{fleet}/join-tokens").get_json()["items"][0]
+    assert token["uses"] == 1 and token["max_uses"] == 1
+
+
+def test_token_with_three_uses_admits_exactly_three_hosts_under_concurrency(api, fleet, app):
+    join = api.create_join_token(fleet, max_uses=3)
+    results = _register_concurrently(app, join, 20)
+    assert sorted(results) == [201] * 3 + [401] * 17
+    assert len(api.get("/api/v1/nodes").get_json()["items"]) == 3
+
+
+def _register_concurrently(app, join, count):
+    """`count` hosts register at once, each in its own thread with its own connection."""
+    barrier = threading.Barrier(count)
+    results = []
+    lock = threading.Lock()
+
+    def attempt(i):
+        client = ApiClient(app)
+        barrier.wait(timeout=30)
+        resp = client.post("/api/v1/agent/register", {
+            "hostname": f"h{i}", "machine_id": f"machine-{i}", "agent_version": "0.1.0", "address": "10.0.0.1",
+            "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(1),
+        }, token=join, agent=True)
+        with lock:
+            results.append(resp.status_code)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == count
+    return results
+
+
+def test_expired_revoked_and_used_up_join_tokens_are_refused(api, fleet, clock):
+    expiring = api.create_join_token(fleet, ttl_seconds=60)
+    revoked = api.post(f"/api/v1/fleets/{fleet}/join-tokens", {}).get_json()
+    used_up = api.create_join_token(fleet, max_uses=1)
+    api.register(used_up, machine_id="m-used")
+    assert api.delete(f"/api/v1/join-tokens/{revoked['id']}").status_code == 204
+    clock.advance(61)
+    for token, message in ((expiring, "join token expired"), (revoked["token"], "join token revoked"),
+                           (used_up, "join token used up")):
+        body = api.register(token, machine_id="m-new", expect=401)
+        assert body["error"]["message"] == message
+
+
+def test_same_machine_registering_again_gets_its_node_back_and_old_session_stops(api, fleet):
+    join = api.create_join_token(fleet)
+    first = api.register(join, machine_id="m-1", hostname="old-name")
+    api.heartbeat(first["session_token"])
+    second = api.register(join, machine_id="m-1", hostname="new-name", gpu_count=4)
+    assert second["node_id"] == first["node_id"]
+    api.heartbeat(first["session_token"], expect=401)
+    api.heartbeat(second["session_token"])
+    node = api.node(first["node_id"])
+    assert node["hostname"] == "new-name" and len(node["gpus"]) == 4 and node["status"] == "ready"
+    assert len(api.get("/api/v1/nodes").get_json()["items"]) == 1
+
+
+def test_cordoned_node_stays_cordoned_when_its_agent_re_registers(api, fleet):
+    join = api.create_join_token(fleet)
+    reg = api.register(join)
+    api.heartbeat(reg["session_token"])
+    api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")
+    again = api.register(join)
+    assert api.heartbeat(again["session_token"])["status"] == "cordoned"
+
+
+def test_heartbeat_with_changed_gpus_updates_inventory_and_records_an_event(api, fleet):
+    reg = api.register(api.create_join_token(fleet), gpu_count=2)
+    api.heartbeat(reg["session_token"])
+    changed = gpus(2)
+    changed[1].update(healthy=False, health_reason="XID 79: GPU has fallen off the bus")
+    api.heartbeat(reg["session_token"], gpus=changed)
+    node = api.node(reg["node_id"])
+    assert [g["healthy"] for g in node["gpus"]] == [True, False]
+    assert node["gpus"][1]["health_reason"].startswith("XID 79")
+    events = api.get(f"/api/v1/nodes/{reg['node_id']}/events").get_json()["items"]
+    assert "unhealthy: " + changed[1]["uuid"] in events[-1]["reason"]
+
+
+def test_heartbeat_without_changes_writes_nothing_to_the_database(api, fleet, app):
+    reg = api.register(api.create_join_token(fleet))
+    api.heartbeat(reg["session_token"])
+    con = sqlite3.connect(app.extensions["fleetd"].settings.database_url.removeprefix("sqlite:///"))
+    try:
+        # PRAGMA data_version changes whenever another connection commits a write.
+        before = con.execute("PRAGMA data_version").fetchone()[0]
+        for _ in range(20):
+            api.heartbeat(reg["session_token"], metrics={"gpu_util": 50})
+        after = con.execute("PRAGMA data_version").fetchone()[0]
+        api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")
+        after_cordon = con.execute("PRAGMA data_version").fetchone()[0]
+    finally:
+        con.close()
+    assert before == after
+    assert after_cordon != after  # the probe does see writes
+
+
+def test_tasks_unknown_to_the_control_plane_are_cancelled(api, fleet):
+    reg = api.register(api.create_join_token(fleet))
+    reply = api.heartbeat(reg["session_token"], tasks=[{"id": "t-stray", "epoch": 3, "state": "running"}])
+    assert reply["cancel"] == ["t-stray"]
+
+
+def test_deregister_ends_the_session_and_marks_the_node_lost(api, fleet):
+    reg = api.register(api.create_join_token(fleet))
+    api.heartbeat(reg["session_token"])
+    resp = api.post("/api/v1/agent/deregister", token=reg["session_token"], agent=True)
+    assert resp.status_code == 204
+    api.heartbeat(reg["session_token"], expect=401)
+    node = api.node(reg["node_id"])
+    assert node["status"] == "lost" and "deregistered" in node["status_reason"]
+
+
+def test_registration_into_another_fleet_moves_the_node(api, fleet):
+    api.create_fleet("gpu-b")
+    reg = api.register(api.create_join_token(fleet))
+    again = api.register(api.create_join_token("gpu-b"))
+    assert again["node_id"] == reg["node_id"] and again["fleet"] == "gpu-b"
+    assert api.node(reg["node_id"])["fleet"] == "gpu-b"

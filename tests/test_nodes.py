@@ -1,0 +1,269 @@
+"""Node states: liveness with an injected clock, drain, cordon, revoke, delete, restarts."""
+
+import pytest
+
+from tests.conftest import ApiClient
+
+
+@pytest.fixture
+def ready_node(api):
+    """A registered node that has sent its first heartbeat: (node_id, session_token)."""
+    api.create_fleet("gpu-a")
+    reg = api.register(api.create_join_token("gpu-a"))
+    api.heartbeat(reg["session_token"])
+    return reg["node_id"], reg["session_token"]
+
+
+def _statuses(api, node_id):
+    return [(e["from_status"], e["to_status"]) for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
+            if e["kind"] == "node.status"]
+
+
+# ---------------------------------------------------------------- liveness
+
+
+def test_node_silent_for_ttl_plus_grace_becomes_lost_and_returns_on_heartbeat(make_app, clock):
+    app = make_app(node_ttl_seconds=30, node_grace_seconds=10, failover_grace_seconds=0)
+    api = _admin(app, clock)
+    node_id, session = _enrol(api)
+    clock.advance(40)
+    assert api.run_task("liveness_sweep")["lost"] == 0  # exactly TTL + grace: not yet
+    assert api.node(node_id)["status"] == "ready"
+    clock.advance(1)
+    assert api.run_task("liveness_sweep")["lost"] == 1
+    node = api.node(node_id)
+    assert node["status"] == "lost" and node["status_reason"] == "no heartbeat for 41s"
+    assert api.heartbeat(session)["status"] == "ready"
+    assert _statuses(api, node_id)[-2:] == [("ready", "lost"), ("lost", "ready")]
+
+
+def test_lost_node_returns_to_its_previous_state(make_app, clock):
+    app = make_app(failover_grace_seconds=0)
+    api = _admin(app, clock)
+    node_id, session = _enrol(api)
+    api.post(f"/api/v1/nodes/{node_id}/cordon")
+    clock.advance(41)
+    api.run_task("liveness_sweep")
+    assert api.node(node_id)["status"] == "lost"
+    assert api.heartbeat(session)["status"] == "cordoned"
+
+
+def test_heartbeats_keep_a_node_ready(make_app, clock):
+    app = make_app(failover_grace_seconds=0)
+    api = _admin(app, clock)
+    node_id, session = _enrol(api)
+    for _ in range(10):
+        clock.advance(20)
+        api.heartbeat(session)
+        assert api.run_task("liveness_sweep")["lost"] == 0
+    node = api.node(node_id)
+    assert node["status"] == "ready"
+    assert node["last_heartbeat_at"] == "2026-01-01T12:03:20.000Z"
+
+
+def test_no_node_is_declared_lost_during_failover_grace_after_restart(make_app, clock):
+    api = _admin(make_app(), clock)
+    node_id, _ = _enrol(api)
+    clock.advance(300)  # fleetd is down for five minutes
+    restarted = ApiClient(make_app(), api.token)  # failover grace defaults to 2 x TTL = 60 s
+    clock.advance(59)
+    assert restarted.run_task("liveness_sweep")["lost"] == 0
+    assert restarted.node(node_id)["status"] == "ready"
+    clock.advance(2)
+    assert restarted.run_task("liveness_sweep")["lost"] == 1
+    assert restarted.node(node_id)["status"] == "lost"
+
+
+def test_node_that_heartbeats_during_failover_grace_is_not_lost_after_it(make_app, clock):
+    api = _admin(make_app(), clock)
+    node_id, session = _enrol(api)
+    restarted = ApiClient(make_app(), api.token)
+    clock.advance(50)
+    restarted.heartbeat(session)
+    clock.advance(30)  # grace over; last heartbeat 30 s ago
+    assert restarted.run_task("liveness_sweep")["lost"] == 0
+    assert restarted.node(node_id)["status"] == "ready"
+
+
+def test_sweeper_saves_last_heartbeat_times_in_a_batch(make_app, clock):
+    api = _admin(make_app(), clock)
+    node_id, session = _enrol(api)
+    clock.advance(5)
+    api.heartbeat(session)
+    assert api.run_task("liveness_sweep")["heartbeats_saved"] == 1
+    assert api.run_task("liveness_sweep")["heartbeats_saved"] == 0
+    restarted = ApiClient(make_app(), api.token)
+    assert restarted.node(node_id)["last_heartbeat_at"] == "2026-01-01T12:00:05.000Z"
+
+
+def _admin(app, clock):
+    from fleetd.db import database
+    from fleetd.services.tokens import issue_first_admin_token
+
+    with database.connection_context():
+        return ApiClient(app, issue_first_admin_token(clock.now()))
+
+
+def _enrol(api):
+    api.create_fleet("gpu-a")
+    reg = api.register(api.create_join_token("gpu-a"))
+    api.heartbeat(reg["session_token"])
+    return reg["node_id"], reg["session_token"]
+
+
+# ---------------------------------------------------------------- admin actions
+
+
+def test_cordon_and_uncordon(api, ready_node):
+    node_id, session = ready_node
+    assert api.post(f"/api/v1/nodes/{node_id}/cordon").get_json()["status"] == "cordoned"
+    assert api.heartbeat(session)["status"] == "cordoned"
+    assert api.post(f"/api/v1/nodes/{node_id}/uncordon").get_json()["status"] == "ready"
+    assert _statuses(api, node_id)[-2:] == [("ready", "cordoned"), ("cordoned", "ready")]
+
+
+def test_drain_of_an_idle_node_completes_at_once_with_reason_and_deadline(api, ready_node, clock):
+    node_id, session = ready_node
+    node = api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "BIOS update", "deadline_seconds": 600}).get_json()
+    assert node["status"] == "drained"
+    assert node["drain"] == {"reason": "BIOS update", "started_at": "2026-01-01T12:00:00.000Z",
+                             "deadline": "2026-01-01T12:10:00.000Z"}
+    assert api.heartbeat(session)["drain"]["reason"] == "BIOS update"
+    assert _statuses(api, node_id)[-2:] == [("ready", "draining"), ("draining", "drained")]
+
+
+def test_drain_waits_for_running_tasks_until_they_finish(api, ready_node):
+    node_id, session = ready_node
+    api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "running"}])
+    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"] == "draining"
+    assert api.run_task("drains") == {"drained": 0}
+    reply = api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "succeeded"}])
+    assert reply["status"] == "drained"
+
+
+def test_drain_ends_at_its_deadline_even_with_tasks_running(api, ready_node, clock):
+    node_id, session = ready_node
+    running = [{"id": "t1", "epoch": 1, "state": "running"}]
+    api.heartbeat(session, tasks=running)
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 60})
+    clock.advance(30)
+    api.heartbeat(session, tasks=running)
+    assert api.run_task("drains") == {"drained": 0}
+    clock.advance(31)
+    assert api.run_task("drains") == {"drained": 1}
+    node = api.node(node_id)
+    assert node["status"] == "drained" and "deadline passed" in node["status_reason"]
+    assert api.heartbeat(session, tasks=running)["cancel"] == ["t1"]
+
+
+def test_undrain_returns_the_node_to_ready_and_clears_the_drain(api, ready_node):
+    node_id, _ = ready_node
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"})
+    node = api.post(f"/api/v1/nodes/{node_id}/undrain").get_json()
+    assert node["status"] == "ready" and node["drain"] is None
+
+
+@pytest.mark.parametrize("setup, action, body", [
+    ("drain", "cordon", None),
+    ("drain", "drain", {"reason": "again"}),
+    ("drain", "uncordon", None),
+    (None, "undrain", None),
+    ("revoke", "cordon", None),
+    ("revoke", "undrain", None),
+])
+def test_invalid_transitions_are_refused_with_409(api, ready_node, setup, action, body):
+    node_id, _ = ready_node
+    if setup:
+        api.post(f"/api/v1/nodes/{node_id}/{setup}", {"reason": "maintenance"})
+    before = api.node(node_id)["status"]
+    resp = api.post(f"/api/v1/nodes/{node_id}/{action}", body or {})
+    assert resp.status_code == 409 and resp.get_json()["error"]["code"] == "conflict"
+    assert api.node(node_id)["status"] == before
+
+
+def test_drained_and_cordoned_nodes_stay_so_across_a_restart(make_app, clock):
+    api = _admin(make_app(), clock)
+    drained, s1 = _enrol(api)
+    api.create_fleet("gpu-b")
+    reg = api.register(api.create_join_token("gpu-b"), machine_id="machine-2")
+    api.heartbeat(reg["session_token"])
+    cordoned = reg["node_id"]
+    api.post(f"/api/v1/nodes/{drained}/drain", {"reason": "disk swap"})
+    api.post(f"/api/v1/nodes/{cordoned}/cordon")
+    restarted = ApiClient(make_app(), api.token)
+    assert restarted.node(drained)["status"] == "drained"
+    assert restarted.node(drained)["drain"]["reason"] == "disk swap"
+    assert restarted.node(cordoned)["status"] == "cordoned"
+    assert restarted.heartbeat(s1)["status"] == "drained"
+    assert restarted.heartbeat(reg["session_token"])["status"] == "cordoned"
+
+
+def test_revoked_node_loses_its_session_and_is_told_to_stop_all_work(api, ready_node):
+    node_id, session = ready_node
+    assert api.post(f"/api/v1/nodes/{node_id}/revoke").get_json()["status"] == "revoked"
+    reply = api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "running"}])
+    assert reply["revoked"] is True and reply["cancel"] == ["t1"] and reply["status"] == "revoked"
+    resp = api.post("/api/v1/agent/deregister", token=session, agent=True)
+    assert resp.status_code == 401
+    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "x"}).status_code == 409
+
+
+def test_revoked_node_can_re_enrol_only_with_a_new_join_token(api, ready_node):
+    node_id, _ = ready_node
+    api.post(f"/api/v1/nodes/{node_id}/revoke")
+    reg = api.register(api.create_join_token("gpu-a"))
+    assert reg["node_id"] == node_id
+    assert api.node(node_id)["status"] == "pending"
+    assert api.heartbeat(reg["session_token"])["status"] == "ready"
+
+
+def test_delete_is_refused_while_tasks_run_and_allowed_after(api, ready_node):
+    node_id, session = ready_node
+    api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "running"}])
+    resp = api.delete(f"/api/v1/nodes/{node_id}")
+    assert resp.status_code == 409 and resp.get_json()["error"]["details"]["tasks"] == ["t1"]
+    api.heartbeat(session, tasks=[])
+    assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
+    assert api.get(f"/api/v1/nodes/{node_id}").status_code == 404
+    api.heartbeat(session, expect=401)
+    kinds = [e["kind"] for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]]
+    assert kinds[-1] == "node.deleted"
+
+
+def test_fleet_with_enrolled_nodes_cannot_be_deleted(api, ready_node):
+    node_id, _ = ready_node
+    resp = api.delete("/api/v1/fleets/gpu-a")
+    assert resp.status_code == 409 and resp.get_json()["error"]["details"] == {"node_count": 1}
+    api.delete(f"/api/v1/nodes/{node_id}")
+    assert api.delete("/api/v1/fleets/gpu-a").status_code == 204
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_node_list_filters_and_paginates_in_sql(api):
+    api.create_fleet("gpu-a")
+    api.create_fleet("gpu-b")
+    ja, jb = api.create_join_token("gpu-a"), api.create_join_token("gpu-b")
+    ids = [api.register(ja if i % 2 else jb, machine_id=f"m-{i}")["node_id"] for i in range(7)]
+    api.post(f"/api/v1/nodes/{ids[1]}/revoke")
+    seen, cursor, pages = [], None, 0
+    while pages < 10:
+        page = api.get("/api/v1/nodes", query_string={"limit": 3, **({"cursor": cursor} if cursor else {})}).get_json()
+        seen += [n["id"] for n in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == sorted(ids) and pages == 3
+    fleet_a = api.get("/api/v1/nodes?fleet=gpu-a").get_json()["items"]
+    assert {n["id"] for n in fleet_a} == set(ids[1::2])
+    assert [n["id"] for n in api.get("/api/v1/nodes?status=revoked").get_json()["items"]] == [ids[1]]
+
+
+def test_node_events_after_an_id(api, ready_node):
+    node_id, _ = ready_node
+    events = api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
+    later = api.get(f"/api/v1/nodes/{node_id}/events?after={events[0]['id']}").get_json()["items"]
+    assert later == events[1:]
+    assert {"id", "at", "kind", "subject", "from_status", "to_status", "reason"} <= set(events[0])
