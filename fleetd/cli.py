@@ -214,7 +214,8 @@ def init(db_url, data_dir):
 @click.option("--bind", help="HOST:PORT to listen on (FLEETD_BIND; default 127.0.0.1:8080).")
 @db_option
 @data_dir_option
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", envvar="FLEETD_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(bind, db_url, data_dir, log_level):
     """Run the API server and background tasks until SIGTERM."""
     from fleetd.server import serve as run_server

@@ -4,6 +4,8 @@ import base64
 import binascii
 import json
 
+import peewee
+
 from fleetd.errors import InvalidRequest
 
 
@@ -12,14 +14,14 @@ def encode_cursor(key):
     return base64.urlsafe_b64encode(json.dumps([key]).encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor):
+def decode_cursor(cursor, key_type=str):
     """The key inside a cursor; InvalidRequest if it is not one of ours."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         (key,) = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
     except (ValueError, TypeError, UnicodeError, binascii.Error):
         raise InvalidRequest("invalid cursor", {"cursor": cursor[:100]}) from None
-    if not isinstance(key, (str, int)) or isinstance(key, bool):
+    if type(key) is not key_type:
         raise InvalidRequest("invalid cursor", {"cursor": cursor[:100]})
     return key
 
@@ -27,7 +29,8 @@ def decode_cursor(cursor):
 def paginate(query, key_field, limit, cursor=None):
     """One page of `query` ordered by `key_field`: (rows, next_cursor or None)."""
     if cursor:
-        query = query.where(key_field > decode_cursor(cursor))
+        key_type = int if isinstance(key_field, peewee.IntegerField) else str
+        query = query.where(key_field > decode_cursor(cursor, key_type))
     rows = list(query.order_by(key_field).limit(limit + 1))
     if len(rows) <= limit:
         return rows, None

@@ -1,0 +1,95 @@
+"""`fleetd serve` as a real process: crash safety, graceful shutdown, many concurrent connections."""
+
+import os
+import signal
+import socket
+import sqlite3
+
+import pytest
+
+from tests.conftest import gpus
+from tests.integration.conftest import Http
+
+pytestmark = pytest.mark.integration
+
+
+def _register(http, join, machine_id):
+    body = {"hostname": machine_id, "machine_id": machine_id, "agent_version": "0.1.0", "address": "127.0.0.1",
+            "resources": {"cpu_count": 4, "memory_bytes": 2**34}, "gpus": gpus(2)}
+    return http("POST", "/api/v1/agent/register", expect=201, agent_token=join, json=body).json()
+
+
+def test_sigkill_loses_nothing_that_was_acknowledged(server_factory, admin, data_dir):
+    server = server_factory()
+    http = Http(server.url, admin)
+    fleets = [f"fleet-{i}" for i in range(5)]
+    for name in fleets:
+        http("POST", "/api/v1/fleets", expect=201, json={"name": name})
+    tokens = [http("POST", "/api/v1/tokens", expect=201, json={"name": f"t{i}", "role": "submitter"}).json()["token"]
+              for i in range(5)]
+    join = http("POST", "/api/v1/fleets/fleet-0/join-tokens", expect=201, json={"max_uses": 10}).json()
+    nodes = [_register(http, join["token"], f"machine-{i}") for i in range(5)]
+    http("POST", "/api/v1/agent/heartbeat", expect=200, agent_token=nodes[0]["session_token"], json={})
+    http("POST", f"/api/v1/nodes/{nodes[0]['node_id']}/cordon", expect=200)
+
+    server.signal(signal.SIGKILL)
+    assert server.wait() == -signal.SIGKILL
+
+    con = sqlite3.connect(data_dir / "fleetd.db")
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        con.close()
+    restarted = server_factory()
+    http = Http(restarted.url, admin)
+    assert {f["name"] for f in http("GET", "/api/v1/fleets", expect=200).json()["items"]} == set(fleets)
+    for token in tokens:
+        assert Http(restarted.url, token)("GET", "/api/v1/whoami", expect=200).json()["role"] == "submitter"
+    listed = http("GET", "/api/v1/fleets/fleet-0/join-tokens", expect=200).json()["items"]
+    assert listed[0]["uses"] == 5
+    for node in nodes:
+        reply = http("POST", "/api/v1/agent/heartbeat", expect=200, agent_token=node["session_token"], json={"tasks": []})
+        assert reply.json()["status"] == ("cordoned" if node is nodes[0] else "ready")
+
+
+def test_sigterm_shuts_down_gracefully(server):
+    Http(server.url, "x")("GET", "/api/v1/health", expect=200)
+    server.signal(signal.SIGTERM)
+    assert server.wait(timeout=30) == 0
+    assert "stopped" in server.log
+
+
+def test_holds_a_thousand_concurrent_requests_without_a_thread_each(server, admin):
+    """1,000 clients each hold an unfinished request open; fleetd still answers, with few threads."""
+    held = []
+    try:
+        for _ in range(1000):
+            sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10)
+            sock.sendall(b"POST /api/v1/agent/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            held.append(sock)
+        resp = Http(server.url, admin)("GET", "/api/v1/whoami", expect=200)
+        assert resp.json()["role"] == "admin"
+        with open(f"/proc/{server.proc.pid}/status") as fh:
+            threads = int(next(line for line in fh if line.startswith("Threads:")).split()[1])
+        assert threads < 50, threads
+        with open(f"/proc/{server.proc.pid}/net/tcp") as fh:
+            established = sum(1 for line in fh if line.split()[3] == "01")
+        assert established >= 1000
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_debug_log_never_contains_tokens(server_factory, admin):
+    server = server_factory(FLEETD_LOG_LEVEL="DEBUG")
+    http = Http(server.url, admin)
+    http("POST", "/api/v1/fleets", expect=201, json={"name": "gpu-a"})
+    join = http("POST", "/api/v1/fleets/gpu-a/join-tokens", expect=201, json={}).json()["token"]
+    session = _register(http, join, "m-1")["session_token"]
+    http("GET", "/api/v1/whoami", headers={"Authorization": "Bearer fla_" + "0" * 20 + ".leaked-secret-guess"})
+    server.signal(signal.SIGTERM)
+    assert server.wait() == 0
+    assert "GET /api/v1/whoami" in server.log  # the access log is there ...
+    for secret in (admin, join, session, "leaked-secret-guess"):
+        assert secret.split(".")[-1] not in server.log  # ... and holds no secret
+    assert os.stat(server.data_dir).st_mode & 0o077 == 0
