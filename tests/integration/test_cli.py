@@ -1,0 +1,122 @@
+"""The `fleetd` CLI against a real server: tables, --json, config from login, one-line errors."""
+
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+from tests.integration.conftest import fleetd_cmd
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def run(server, admin, tmp_path):
+    """Run `fleetd ...` with FLEETD_URL/FLEETD_TOKEN set; returns the CompletedProcess."""
+    env = dict(os.environ, FLEETD_URL=server.url, FLEETD_TOKEN=admin, XDG_CONFIG_HOME=str(tmp_path / "config"),
+               COLUMNS="200")
+
+    def run(*args, expect=0, **env_overrides):
+        proc = subprocess.run(fleetd_cmd(*args), capture_output=True, text=True, timeout=60,
+                              env={**env, **env_overrides})
+        assert proc.returncode == expect, proc.stdout + proc.stderr
+        return proc
+
+    return run
+
+
+def test_operator_flow_fleet_join_token_and_node(run):
+    run("fleet", "create", "gpu-a", "--label", "zone=eu-1", "--description", "rack one")
+    out = run("join-token", "create", "--fleet", "gpu-a", "--ttl", "2h", "--single-use").stdout
+    join_line = next(line for line in out.splitlines() if "fleet-agent join" in line).strip()
+    assert join_line.startswith("fleet-agent join --server http://127.0.0.1:")
+    token = join_line.split("--token ")[1]
+    assert token.startswith("flj_")
+    listed = json.loads(run("join-token", "list", "--fleet", "gpu-a", "--json").stdout)
+    assert listed[0]["max_uses"] == 1 and "token" not in listed[0]
+    assert token not in run("join-token", "list", "--fleet", "gpu-a").stdout
+    fleets = run("fleet", "list").stdout
+    assert "gpu-a" in fleets and "zone=eu-1" in fleets
+    assert json.loads(run("fleet", "show", "gpu-a", "--json").stdout)["description"] == "rack one"
+    assert json.loads(run("node", "list", "--json").stdout) == []
+
+
+def test_token_create_list_revoke(run):
+    created = json.loads(run("token", "create", "--name", "ci", "--role", "submitter", "--expires-in", "30d",
+                             "--json").stdout)
+    assert created["token"].startswith("fla_")
+    table = run("token", "list").stdout
+    assert "ci" in table and created["token"] not in table
+    run("token", "revoke", created["id"])
+    proc = run("fleet", "list", expect=1, FLEETD_TOKEN=created["token"])
+    assert proc.stderr.strip() == ("fleetd: unauthorized: token revoked "
+                                   "(check --token/FLEETD_TOKEN, or run `fleetd login`)")
+
+
+def test_errors_are_one_line_without_traceback(run, server):
+    submitter = json.loads(run("token", "create", "--name", "s", "--role", "submitter", "--json").stdout)["token"]
+    cases = [
+        (("node", "show", "nope"), {}, "fleetd: not_found: node nope not found"),
+        (("fleet", "create", "x"), {"FLEETD_TOKEN": submitter}, "fleetd: forbidden: "),
+        (("fleet", "list"), {"FLEETD_TOKEN": "garbage"}, "fleetd: unauthorized: "),
+        (("fleet", "list"), {"FLEETD_URL": "http://127.0.0.1:9"}, "fleetd: cannot connect to fleetd at http://127.0.0.1:9"),
+    ]
+    for args, env, prefix in cases:
+        proc = run(*args, expect=1, **env)
+        assert proc.stderr.startswith(prefix), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_login_saves_url_and_token_privately_for_later_commands(run, server, admin, tmp_path):
+    proc = run("login", "--url", server.url, "--token", admin, FLEETD_URL="", FLEETD_TOKEN="")
+    assert "as token:admin (admin)" in proc.stdout
+    path = tmp_path / "config" / "fleetd" / "config.toml"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    run("fleet", "create", "from-login", FLEETD_URL="", FLEETD_TOKEN="")
+    assert "from-login" in run("fleet", "list", FLEETD_URL="", FLEETD_TOKEN="").stdout
+
+
+def test_node_actions_through_the_cli(run, server, admin):
+    import requests
+
+    from tests.conftest import gpus
+
+    run("fleet", "create", "gpu-a")
+    token = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--json").stdout)["token"]
+    reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, json={
+        "hostname": "h1", "machine_id": "m1", "agent_version": "0.1", "address": "127.0.0.1",
+        "resources": {"cpu_count": 8, "memory_bytes": 2**35}, "gpus": gpus(8)},
+        headers={"Authorization": f"Bearer {token}", "X-Fleet-Protocol": "1"}).json()
+    requests.post(server.url + "/api/v1/agent/heartbeat", json={}, timeout=30,
+                  headers={"Authorization": f"Bearer {reg['session_token']}", "X-Fleet-Protocol": "1"})
+    node_id = reg["node_id"]
+    assert "ready" in run("node", "list", "--fleet", "gpu-a").stdout
+    shown = run("node", "show", node_id).stdout
+    assert "H100" in shown and "80.0 GiB" in shown
+    assert "now cordoned" in run("node", "cordon", node_id).stdout
+    assert "now ready" in run("node", "uncordon", node_id).stdout
+    assert "now drained" in run("node", "drain", node_id, "--reason", "bios", "--deadline", "10m").stdout
+    assert "now ready" in run("node", "undrain", node_id).stdout
+    events = json.loads(run("node", "events", node_id, "--json").stdout)
+    assert [e["to_status"] for e in events if e["kind"] == "node.status"] == [
+        "ready", "cordoned", "ready", "draining", "drained", "ready"]
+    status = run("status").stdout
+    assert "nodes: 1 (1 ready); GPUs: 8" in status
+    run("node", "revoke", node_id)
+    run("fleet", "rm", "gpu-a", expect=1)
+    run("node", "rm", node_id)
+    run("fleet", "rm", "gpu-a")
+
+
+def test_init_prints_the_admin_token_only_once(tmp_path):
+    first = subprocess.run(fleetd_cmd("init", "--data-dir", str(tmp_path / "d")), capture_output=True, text=True,
+                           timeout=60, check=True).stdout
+    second = subprocess.run(fleetd_cmd("init", "--data-dir", str(tmp_path / "d")), capture_output=True, text=True,
+                            timeout=60, check=True).stdout
+    assert first.strip().splitlines()[-1].startswith("fla_")
+    assert "fla_" not in second and "issued before" in second
+    upgrade = subprocess.run(fleetd_cmd("db", "upgrade", "--data-dir", str(tmp_path / "d")), capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    assert "up to date" in upgrade
