@@ -3,17 +3,53 @@
 import datetime as dt
 import logging
 import signal
+import socket
 
 import gevent
 import gevent.event
 import gevent.pool
 from apscheduler.schedulers.gevent import GeventScheduler
-from gevent.pywsgi import LoggingLogAdapter, WSGIServer
+from gevent.pywsgi import LoggingLogAdapter, WSGIHandler, WSGIServer
 
 from fleetd import create_app
 from fleetd.db import open_database, upgrade
 
 log = logging.getLogger("fleetd")
+
+
+class _Handler(WSGIHandler):
+    """Tracks connections idle between keep-alive requests, so shutdown need not wait for them."""
+
+    def read_requestline(self):
+        idle = self.server.idle_handlers
+        idle.add(self)
+        try:
+            return super().read_requestline()
+        finally:
+            idle.discard(self)
+
+    def handle_one_request(self):
+        if self.server.closed:
+            return None  # shutting down: no further requests on this connection
+        return super().handle_one_request()
+
+
+class _Server(WSGIServer):
+    handler_class = _Handler
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.idle_handlers = set()
+
+    def shutdown(self, timeout):
+        """Stop accepting, close idle connections, give in-flight requests `timeout` seconds."""
+        self.close()
+        for handler in list(self.idle_handlers):
+            try:
+                handler.socket.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.stop(timeout=timeout)
 
 
 def parse_bind(bind):
@@ -35,7 +71,7 @@ def serve(settings, ready_callback=None):
     rt = app.extensions["fleetd"]
 
     # One greenlet per connection: thousands of agents may wait in long polls at once.
-    server = WSGIServer(
+    server = _Server(
         (host, port),
         app,
         spawn=gevent.pool.Pool(settings.max_connections),
@@ -53,7 +89,7 @@ def serve(settings, ready_callback=None):
         ready_callback(url)
     stop.wait()
     log.info("shutting down: no new connections; waiting up to %ss for requests", settings.shutdown_timeout_seconds)
-    server.stop(timeout=settings.shutdown_timeout_seconds)
+    server.shutdown(settings.shutdown_timeout_seconds)
     rt.tasks.shutdown()
     if not db.is_closed():
         db.close()

@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import sqlite3
+import time
 
 import pytest
 
@@ -52,11 +53,36 @@ def test_sigkill_loses_nothing_that_was_acknowledged(server_factory, admin, data
         assert reply.json()["status"] == ("cordoned" if node is nodes[0] else "ready")
 
 
-def test_sigterm_shuts_down_gracefully(server):
-    Http(server.url, "x")("GET", "/api/v1/health", expect=200)
-    server.signal(signal.SIGTERM)
+def test_sigterm_lets_an_in_flight_request_finish_then_exits(server, admin, server_factory):
+    http = Http(server.url, admin)
+    http("GET", "/api/v1/health", expect=200)  # leaves an idle keep-alive connection behind
+    body = b'{"name": "created-during-shutdown"}'
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
+    try:
+        # With Expect: 100-continue the server says "100 Continue" once the app reads the body,
+        # so the request is provably in flight when SIGTERM arrives.
+        sock.sendall(b"POST /api/v1/fleets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Expect: 100-continue\r\n"
+                     + f"Authorization: Bearer {admin}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+        server.signal(signal.SIGTERM)
+        _wait_for_log(server, "shutting down")
+        sock.sendall(body)
+        reply = sock.recv(65536).decode()
+    finally:
+        sock.close()
+    assert reply.startswith("HTTP/1.1 201"), reply
     assert server.wait(timeout=30) == 0
     assert "stopped" in server.log
+    restarted = server_factory()
+    Http(restarted.url, admin)("GET", "/api/v1/fleets/created-during-shutdown", expect=200)
+
+
+def _wait_for_log(server, text, timeout=10):
+    deadline = time.monotonic() + timeout
+    while text not in server.log:
+        assert time.monotonic() < deadline, f"{text!r} not logged:\n{server.log}"
+        time.sleep(0.05)
 
 
 def test_holds_a_thousand_concurrent_requests_without_a_thread_each(server, admin):
