@@ -1,0 +1,1 @@
+"""fleet-agent: the host agent of fleetd."""

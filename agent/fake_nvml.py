@@ -1,0 +1,496 @@
+"""A fake `pynvml` built from a JSON host shape, for tests and demos.
+
+It implements the pynvml functions that `agent.nvml` calls, with the same names, constants,
+return shapes and error classes (``NVMLError(value)`` maps to ``NVMLError_GpuIsLost`` and so
+on). It is selected only by ``devices.backend = "fake:<path>"``, never as a fallback.
+
+A shape file looks like::
+
+    {"driver_version": "550.54.15", "cuda_driver_version": 12040,
+     "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": ...,
+               "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "compute_capability": [9, 0],
+               "cuda_cores": 16896, "max_sm_clock_mhz": 1980, ...}]}
+
+Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``temperature_c``,
+``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
+("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
+``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,
+uncorrectable, pending, failure}), ``processes`` ([{pid, used_bytes}]), ``xid_events``
+([xid, ...] delivered once each through event sets), ``lost`` (every call on the GPU raises
+GpuIsLost) and ``errors`` ({"nvmlDeviceGetPowerUsage": "NotSupported", ...}). A top-level
+``"no_driver": true`` makes ``nvmlInit`` fail as on a host without the NVIDIA driver.
+
+The file is read at ``nvmlInit``; when its modification time changes, live readings and
+health fields are reloaded at the next ``nvmlDeviceGetCount`` (the device set changes only at
+the next ``nvmlInit``, as with the real library). Tests in the same process can also call
+``add_process``, ``inject_xid`` and ``update_gpu``.
+"""
+
+import json
+import os
+import queue
+import sys
+import threading
+from types import SimpleNamespace
+
+# Constants, with the values pynvml uses.
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_GPU = 0
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_DEVICE_MIG_DISABLE = 0x0
+NVML_DEVICE_MIG_ENABLE = 0x1
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_UNKNOWN = 999
+
+_ERROR_NAMES = {
+    NVML_ERROR_UNINITIALIZED: ("Uninitialized", "Uninitialized"),
+    NVML_ERROR_INVALID_ARGUMENT: ("InvalidArgument", "Invalid Argument"),
+    NVML_ERROR_NOT_SUPPORTED: ("NotSupported", "Not Supported"),
+    NVML_ERROR_NO_PERMISSION: ("NoPermission", "Insufficient Permissions"),
+    NVML_ERROR_ALREADY_INITIALIZED: ("AlreadyInitialized", "Already Initialized"),
+    NVML_ERROR_NOT_FOUND: ("NotFound", "Not Found"),
+    NVML_ERROR_DRIVER_NOT_LOADED: ("DriverNotLoaded", "Driver Not Loaded"),
+    NVML_ERROR_TIMEOUT: ("Timeout", "Timeout"),
+    NVML_ERROR_LIBRARY_NOT_FOUND: ("LibraryNotFound", "NVML Shared Library Not Found"),
+    NVML_ERROR_FUNCTION_NOT_FOUND: ("FunctionNotFound", "Function Not Found"),
+    NVML_ERROR_GPU_IS_LOST: ("GpuIsLost", "GPU is lost"),
+    NVML_ERROR_RESET_REQUIRED: ("ResetRequired", "GPU requires restart"),
+    NVML_ERROR_UNKNOWN: ("Unknown", "Unknown Error"),
+}
+
+
+class NVMLError(Exception):
+    """Same contract as pynvml.NVMLError: ``NVMLError(code)`` returns the code's subclass."""
+
+    _valClassMapping = {}
+
+    def __new__(cls, value):
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self):
+        return _ERROR_NAMES.get(self.value, ("", f"NVML Error with code {self.value}"))[1]
+
+    def __eq__(self, other):
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def _make_error_classes():
+    module = sys.modules[__name__]
+    for code, (name, _text) in _ERROR_NAMES.items():
+        cls = type(f"NVMLError_{name}", (NVMLError,), {})
+        cls.__module__ = __name__
+        setattr(module, cls.__name__, cls)
+        NVMLError._valClassMapping[code] = cls
+
+
+_make_error_classes()
+_ERROR_CODES = {name: code for code, (name, _text) in _ERROR_NAMES.items()}
+
+_DYNAMIC_KEYS_EXCLUDED = ("uuid", "name", "pci_bus_id", "mig_devices")
+
+_lock = threading.RLock()
+_shape_path = None
+_shape = None
+_mtime = None
+_initialized = 0
+_devices = []
+_event_sets = []
+
+
+class _Handle:
+    """A device handle; `gpu` is the live dict from the shape."""
+
+    def __init__(self, index, gpu, mig=None):
+        self.index = index
+        self.gpu = gpu
+        self.mig = mig
+        self.xids_delivered = 0
+
+    def __repr__(self):
+        return f"<fake nvmlDevice {self.index}{' mig' if self.mig else ''}>"
+
+
+def use_shape(path):
+    """Point the fake at a shape file; takes effect at the next nvmlInit."""
+    global _shape_path
+    with _lock:
+        _shape_path = os.fspath(path)
+
+
+def _read_shape():
+    with open(_shape_path, "rb") as fh:
+        data = json.load(fh)
+    return data, os.stat(_shape_path).st_mtime_ns
+
+
+def _reload_if_changed():
+    global _shape, _mtime
+    if _shape_path is None:
+        return
+    try:
+        mtime = os.stat(_shape_path).st_mtime_ns
+    except OSError:
+        return
+    if mtime == _mtime:
+        return
+    try:
+        data, mtime = _read_shape()
+    except (OSError, ValueError):
+        return  # a half-written file: keep the last good shape
+    _shape, _mtime = data, mtime
+    for handle, gpu in zip(_devices, data.get("gpus", [])):
+        for key, value in gpu.items():
+            if key not in _DYNAMIC_KEYS_EXCLUDED:
+                handle.gpu[key] = value
+        for key in list(handle.gpu):
+            if key not in gpu and key not in _DYNAMIC_KEYS_EXCLUDED:
+                del handle.gpu[key]
+
+
+def _check_init():
+    if not _initialized:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+
+def _call(handle, function):
+    """Raise what the shape says this function raises on this GPU."""
+    _check_init()
+    if not isinstance(handle, _Handle):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    gpu = handle.gpu
+    if gpu.get("lost"):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    error = (gpu.get("errors") or {}).get(function)
+    if error:
+        raise NVMLError(_ERROR_CODES[error])
+    return gpu
+
+
+def _optional(gpu, key):
+    value = gpu.get(key)
+    if value is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return value
+
+
+# Library and system.
+
+def nvmlInit():
+    """Load the shape; fails like the real library when the shape says there is no driver."""
+    global _initialized, _shape, _mtime, _devices
+    with _lock:
+        if _shape_path is None:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+        if not _initialized:
+            data, mtime = _read_shape()
+            if data.get("no_driver"):
+                raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+            _shape, _mtime = data, mtime
+            _devices = [_Handle(i, dict(gpu)) for i, gpu in enumerate(data.get("gpus", []))]
+        _initialized += 1
+
+
+def nvmlShutdown():
+    """Balance one nvmlInit; the last one forgets the devices."""
+    global _initialized, _devices
+    with _lock:
+        _check_init()
+        _initialized -= 1
+        if not _initialized:
+            _devices = []
+
+
+def nvmlSystemGetDriverVersion():
+    _check_init()
+    return _shape.get("driver_version", "")
+
+
+def nvmlSystemGetCudaDriverVersion_v2():
+    _check_init()
+    return int(_optional(_shape, "cuda_driver_version"))
+
+
+def nvmlSystemGetCudaDriverVersion():
+    return nvmlSystemGetCudaDriverVersion_v2()
+
+
+def nvmlDeviceGetCount():
+    with _lock:
+        _check_init()
+        _reload_if_changed()
+        return len(_devices)
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    with _lock:
+        _check_init()
+        if not 0 <= index < len(_devices):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        handle = _devices[index]
+        if handle.gpu.get("lost") and handle.gpu.get("lost_handle", False):
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return handle
+
+
+# Device identity and static properties.
+
+def nvmlDeviceGetUUID(handle):
+    if handle.mig:
+        _call(handle, "nvmlDeviceGetUUID")
+        return handle.mig["uuid"]
+    return _call(handle, "nvmlDeviceGetUUID")["uuid"]
+
+
+def nvmlDeviceGetName(handle):
+    return _call(handle, "nvmlDeviceGetName")["name"]
+
+
+def nvmlDeviceGetIndex(handle):
+    _call(handle, "nvmlDeviceGetIndex")
+    return handle.index
+
+
+def nvmlDeviceGetPciInfo(handle):
+    gpu = _call(handle, "nvmlDeviceGetPciInfo")
+    bus_id = gpu.get("pci_bus_id", f"00000000:{handle.index:02X}:00.0")
+    return SimpleNamespace(busId=bus_id, busIdLegacy=bus_id[4:])
+
+
+def nvmlDeviceGetPciInfo_v3(handle):
+    return nvmlDeviceGetPciInfo(handle)
+
+
+def nvmlDeviceGetNumaNodeId(handle):
+    return int(_optional(_call(handle, "nvmlDeviceGetNumaNodeId"), "numa_node"))
+
+
+def nvmlDeviceGetCudaComputeCapability(handle):
+    major, minor = _optional(_call(handle, "nvmlDeviceGetCudaComputeCapability"), "compute_capability")
+    return (major, minor)
+
+
+def nvmlDeviceGetNumGpuCores(handle):
+    return int(_optional(_call(handle, "nvmlDeviceGetNumGpuCores"), "cuda_cores"))
+
+
+def nvmlDeviceGetMaxClockInfo(handle, type):  # noqa: A002 - pynvml's parameter name
+    gpu = _call(handle, "nvmlDeviceGetMaxClockInfo")
+    if type != NVML_CLOCK_SM:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(_optional(gpu, "max_sm_clock_mhz"))
+
+
+# Live readings.
+
+def nvmlDeviceGetMemoryInfo(handle, version=None):
+    gpu = _call(handle, "nvmlDeviceGetMemoryInfo")
+    if handle.mig:
+        total = handle.mig["memory_total_bytes"]
+        used = handle.mig.get("memory_used_bytes", 0)
+    else:
+        total = gpu["memory_total_bytes"]
+        used = gpu.get("memory_used_bytes", 0) + sum(p["used_bytes"] for p in gpu.get("processes", []))
+    used = min(used, total)
+    return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    gpu = _call(handle, "nvmlDeviceGetUtilizationRates")
+    return SimpleNamespace(gpu=int(_optional(gpu, "utilization_percent")), memory=int(gpu.get("memory_utilization_percent", 0)))
+
+
+def nvmlDeviceGetTemperature(handle, sensor):
+    gpu = _call(handle, "nvmlDeviceGetTemperature")
+    if sensor != NVML_TEMPERATURE_GPU:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(_optional(gpu, "temperature_c"))
+
+
+def nvmlDeviceGetTemperatureThreshold(handle, threshold):
+    gpu = _call(handle, "nvmlDeviceGetTemperatureThreshold")
+    if threshold != NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(_optional(gpu, "slowdown_temperature_c"))
+
+
+def nvmlDeviceGetPowerUsage(handle):
+    """Milliwatts, as NVML reports."""
+    return int(round(float(_optional(_call(handle, "nvmlDeviceGetPowerUsage"), "power_draw_w")) * 1000))
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle):
+    """Milliwatts, as NVML reports."""
+    return int(round(float(_optional(_call(handle, "nvmlDeviceGetEnforcedPowerLimit"), "power_limit_w")) * 1000))
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    gpu = _call(handle, "nvmlDeviceGetComputeRunningProcesses")
+    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_bytes"], gpuInstanceId=0xFFFFFFFF,
+                            computeInstanceId=0xFFFFFFFF) for p in gpu.get("processes", [])]
+
+
+# Health.
+
+def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
+    gpu = _call(handle, "nvmlDeviceGetTotalEccErrors")
+    if errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+        return int(gpu.get("ecc_corrected_volatile", 0))
+    return int(_optional(gpu, "ecc_uncorrected_volatile" if counterType == NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"))
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle):
+    pending = _optional(_call(handle, "nvmlDeviceGetRetiredPagesPendingStatus"), "retired_pages_pending")
+    return NVML_FEATURE_ENABLED if pending else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    rows = _optional(_call(handle, "nvmlDeviceGetRemappedRows"), "remapped_rows")
+    return (int(rows.get("correctable", 0)), int(rows.get("uncorrectable", 0)),
+            int(bool(rows.get("pending"))), int(bool(rows.get("failure"))))
+
+
+# MIG.
+
+def nvmlDeviceGetMigMode(handle):
+    mode = _optional(_call(handle, "nvmlDeviceGetMigMode"), "mig_mode")
+    value = NVML_DEVICE_MIG_ENABLE if mode == "enabled" else NVML_DEVICE_MIG_DISABLE
+    return [value, value]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle):
+    gpu = _call(handle, "nvmlDeviceGetMaxMigDeviceCount")
+    if gpu.get("mig_mode") is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
+    gpu = _call(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+    migs = gpu.get("mig_devices") or []
+    if gpu.get("mig_mode") != "enabled" or not 0 <= index < len(migs):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return _Handle(index, gpu, mig=migs[index])
+
+
+# Events.
+
+class _EventSet:
+    def __init__(self):
+        self.handles = []
+        self.queue = queue.Queue()
+
+
+def nvmlEventSetCreate():
+    _check_init()
+    event_set = _EventSet()
+    with _lock:
+        _event_sets.append(event_set)
+    return event_set
+
+
+def nvmlDeviceRegisterEvents(handle, eventTypes, eventSet):
+    _call(handle, "nvmlDeviceRegisterEvents")
+    if eventTypes & nvmlEventTypeXidCriticalError:
+        with _lock:
+            eventSet.handles.append(handle)
+
+
+def _pending_xids(event_set):
+    with _lock:
+        _reload_if_changed()
+        for handle in event_set.handles:
+            xids = handle.gpu.get("xid_events") or []
+            for xid in xids[handle.xids_delivered:]:
+                event_set.queue.put(SimpleNamespace(device=handle, eventType=nvmlEventTypeXidCriticalError,
+                                                    eventData=int(xid), gpuInstanceId=0xFFFFFFFF,
+                                                    computeInstanceId=0xFFFFFFFF))
+            handle.xids_delivered = len(xids)
+
+
+def nvmlEventSetWait_v2(eventSet, timeoutms):
+    """The next XID event, or NVMLError_Timeout after `timeoutms`."""
+    _check_init()
+    _pending_xids(eventSet)
+    try:
+        return eventSet.queue.get(timeout=max(0, timeoutms) / 1000)
+    except queue.Empty:
+        raise NVMLError(NVML_ERROR_TIMEOUT) from None
+
+
+def nvmlEventSetWait(eventSet, timeoutms):
+    return nvmlEventSetWait_v2(eventSet, timeoutms)
+
+
+def nvmlEventSetFree(eventSet):
+    with _lock:
+        if eventSet in _event_sets:
+            _event_sets.remove(eventSet)
+
+
+# Helpers for tests in the same process.
+
+def _device(index):
+    with _lock:
+        _check_init()
+        return _devices[index]
+
+
+def add_process(index, pid, used_bytes):
+    """Say that process `pid` now uses `used_bytes` on GPU `index` (0 bytes removes it)."""
+    with _lock:
+        gpu = _device(index).gpu
+        procs = [p for p in gpu.get("processes", []) if p["pid"] != pid]
+        if used_bytes:
+            procs.append({"pid": pid, "used_bytes": int(used_bytes)})
+        gpu["processes"] = procs
+
+
+def inject_xid(index, xid):
+    """Queue an XID event on GPU `index` for every event set watching it."""
+    with _lock:
+        gpu = _device(index).gpu
+        gpu["xid_events"] = list(gpu.get("xid_events") or []) + [int(xid)]
+
+
+def update_gpu(index, **fields):
+    """Change readings or health fields of GPU `index` (e.g. lost=True, temperature_c=95)."""
+    with _lock:
+        _device(index).gpu.update(fields)
+
+
+def reset():
+    """Forget all state (between tests in one process)."""
+    global _shape_path, _shape, _mtime, _initialized, _devices
+    with _lock:
+        _shape_path, _shape, _mtime, _initialized, _devices = None, None, None, 0, []
+        _event_sets.clear()

@@ -1,0 +1,253 @@
+"""The one place that talks to NVML (pynvml, or its fake chosen by configuration).
+
+Required readings (uuid, name, total memory) raise `DeviceError`; optional readings
+degrade to None when NVML raises. Nothing here decides health or formats output: that is
+`agent.devices`.
+"""
+
+import importlib
+import logging
+import os
+import threading
+
+log = logging.getLogger("agent.nvml")
+
+FAKE_PREFIX = "fake:"
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this host (no driver, no library); the message says why."""
+
+
+class DeviceError(Exception):
+    """A required reading of one GPU failed; the message is NVML's reason (e.g. "GPU is lost")."""
+
+
+def load_backend(spec):
+    """The pynvml module for `nvml`, or the fake pointed at a shape file for `fake:<path>`."""
+    if spec == "nvml":
+        try:
+            return importlib.import_module("pynvml")
+        except ImportError as exc:
+            raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
+    if spec.startswith(FAKE_PREFIX):
+        path = spec[len(FAKE_PREFIX):]
+        if not os.path.isfile(path):
+            raise ValueError(f"fake device shape {path!r} does not exist")
+        from agent import fake_nvml
+
+        fake_nvml.use_shape(path)
+        return fake_nvml
+    raise ValueError(f"unknown devices.backend {spec!r}: use 'nvml' or 'fake:<path to shape json>'")
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Nvml:
+    """An initialised NVML session over one backend module."""
+
+    def __init__(self, backend):
+        self.nv = backend
+        self.is_fake = getattr(backend, "__name__", "").endswith("fake_nvml")
+        self._open = False
+
+    def open(self):
+        """nvmlInit; a host without a usable driver raises NvmlUnavailable with the reason."""
+        try:
+            self.nv.nvmlInit()
+        except self.nv.NVMLError as exc:
+            raise NvmlUnavailable(f"no NVIDIA driver: NVML init failed: {exc}") from None
+        except OSError as exc:
+            raise NvmlUnavailable(f"no NVIDIA driver: {exc}") from None
+        self._open = True
+
+    def close(self):
+        """nvmlShutdown, once."""
+        if self._open:
+            self._open = False
+            try:
+                self.nv.nvmlShutdown()
+            except self.nv.NVMLError as exc:
+                log.warning("nvml shutdown failed: %s", exc)
+
+    def _required(self, fn, *args):
+        try:
+            return getattr(self.nv, fn)(*args)
+        except self.nv.NVMLError as exc:
+            raise DeviceError(str(exc)) from None
+
+    def _optional(self, fn, *args):
+        func = getattr(self.nv, fn, None)
+        if func is None:  # an older nvidia-ml-py without this call
+            return None
+        try:
+            return func(*args)
+        except self.nv.NVMLError:
+            return None
+
+    def system(self):
+        """{driver_version, cuda_version} with None for what NVML cannot say."""
+        driver = self._optional("nvmlSystemGetDriverVersion")
+        cuda = self._optional("nvmlSystemGetCudaDriverVersion_v2")
+        return {
+            "driver_version": _text(driver) if driver is not None else None,
+            "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+        }
+
+    def count(self):
+        """Number of GPUs NVML enumerated at init."""
+        return self._required("nvmlDeviceGetCount")
+
+    def handle(self, index):
+        """Device handle by index (raises DeviceError for a GPU that is lost)."""
+        return self._required("nvmlDeviceGetHandleByIndex", index)
+
+    def identity(self, handle):
+        """Required readings: uuid, name, total memory. Raises DeviceError."""
+        memory = self._required("nvmlDeviceGetMemoryInfo", handle)
+        return {
+            "uuid": _text(self._required("nvmlDeviceGetUUID", handle)),
+            "name": _text(self._required("nvmlDeviceGetName", handle)),
+            "memory_total_bytes": int(memory.total),
+        }
+
+    def properties(self, handle):
+        """Static optional readings: PCI bus id, NUMA node, compute capability, cores, max SM clock, MIG."""
+        pci = self._optional("nvmlDeviceGetPciInfo", handle)
+        bus_id = _text(pci.busId) if pci is not None else None
+        numa = self._optional("nvmlDeviceGetNumaNodeId", handle)
+        if numa is None and bus_id and not self.is_fake:
+            numa = _sysfs_numa_node(bus_id)
+        if numa is not None and numa < 0:
+            numa = None
+        cc = self._optional("nvmlDeviceGetCudaComputeCapability", handle)
+        mig = self._optional("nvmlDeviceGetMigMode", handle)
+        mig_mode = None
+        if mig is not None:
+            mig_mode = "enabled" if mig[0] == self.nv.NVML_DEVICE_MIG_ENABLE else "disabled"
+        return {
+            "pci_bus_id": bus_id,
+            "numa_node": numa,
+            "compute_capability": tuple(cc) if cc is not None else None,
+            "cuda_cores": self._optional("nvmlDeviceGetNumGpuCores", handle),
+            "max_sm_clock_mhz": self._optional("nvmlDeviceGetMaxClockInfo", handle, self.nv.NVML_CLOCK_SM),
+            "mig_mode": mig_mode,
+            "mig_devices": self._mig_devices(handle) if mig_mode == "enabled" else [],
+        }
+
+    def _mig_devices(self, handle):
+        out = []
+        for i in range(self._optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+            mig = self._optional("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            if mig is None:
+                continue
+            uuid = self._optional("nvmlDeviceGetUUID", mig)
+            memory = self._optional("nvmlDeviceGetMemoryInfo", mig)
+            out.append({
+                "uuid": _text(uuid) if uuid is not None else None,
+                "memory_total_bytes": int(memory.total) if memory is not None else None,
+                "memory_used_bytes": int(memory.used) if memory is not None else None,
+            })
+        return out
+
+    def live(self, handle):
+        """Live optional readings: memory used, utilization, temperature, power draw and limit, processes."""
+        memory = self._optional("nvmlDeviceGetMemoryInfo", handle)
+        util = self._optional("nvmlDeviceGetUtilizationRates", handle)
+        power = self._optional("nvmlDeviceGetPowerUsage", handle)
+        limit = self._optional("nvmlDeviceGetEnforcedPowerLimit", handle)
+        procs = self._optional("nvmlDeviceGetComputeRunningProcesses", handle)
+        return {
+            "memory_used_bytes": int(memory.used) if memory is not None else None,
+            "utilization_percent": int(util.gpu) if util is not None else None,
+            "temperature_c": self._optional("nvmlDeviceGetTemperature", handle, self.nv.NVML_TEMPERATURE_GPU),
+            "power_w": round(power / 1000, 1) if power is not None else None,
+            "power_limit_w": round(limit / 1000, 1) if limit is not None else None,
+            "processes": None if procs is None else [
+                {"pid": int(p.pid), "used_memory_bytes": _process_memory(p)} for p in procs
+            ],
+        }
+
+    def health(self, handle):
+        """Health readings; each is None where the GPU does not support it."""
+        ecc = self._optional("nvmlDeviceGetTotalEccErrors", handle, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                             self.nv.NVML_VOLATILE_ECC)
+        retired = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        rows = self._optional("nvmlDeviceGetRemappedRows", handle)
+        return {
+            "ecc_uncorrected_volatile": ecc,
+            "retired_pages_pending": None if retired is None else retired == self.nv.NVML_FEATURE_ENABLED,
+            "remapped_rows_pending": None if rows is None else bool(rows[2]),
+            "remapped_rows_failure": None if rows is None else bool(rows[3]),
+            "slowdown_temperature_c": self._optional("nvmlDeviceGetTemperatureThreshold", handle,
+                                                     self.nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+        }
+
+    def watch_xids(self, handles, on_event, stop, timeout_ms=500):
+        """Block until `stop` is set, calling on_event(index, xid) for each critical XID event.
+
+        `handles` is {index: handle}. Returns at once (with a log line) where event sets are
+        not supported, e.g. on GPUs without XID event support.
+        """
+        try:
+            event_set = self.nv.nvmlEventSetCreate()
+        except self.nv.NVMLError as exc:
+            log.warning("xid events unavailable: %s", exc)
+            return
+        by_handle = {}
+        try:
+            for index, handle in handles.items():
+                try:
+                    self.nv.nvmlDeviceRegisterEvents(handle, self.nv.nvmlEventTypeXidCriticalError, event_set)
+                    by_handle[id(handle)] = index
+                except self.nv.NVMLError as exc:
+                    log.info("xid events not supported on gpu %d: %s", index, exc)
+            if not by_handle:
+                return
+            while not stop.is_set():
+                try:
+                    event = self.nv.nvmlEventSetWait_v2(event_set, timeout_ms)
+                except self.nv.NVMLError_Timeout:
+                    continue
+                except self.nv.NVMLError as exc:
+                    log.warning("xid event wait failed: %s", exc)
+                    stop.wait(timeout_ms / 1000)
+                    continue
+                index = by_handle.get(id(event.device))
+                if index is None:
+                    index = self._optional("nvmlDeviceGetIndex", event.device)
+                on_event(index, int(event.eventData))
+        finally:
+            try:
+                self.nv.nvmlEventSetFree(event_set)
+            except self.nv.NVMLError:
+                pass
+
+
+def _process_memory(proc):
+    used = getattr(proc, "usedGpuMemory", None)
+    # NVML reports "not available" (e.g. without permission) as a huge sentinel value.
+    if used is None or used >= 2**63:
+        return None
+    return int(used)
+
+
+def _sysfs_numa_node(bus_id):
+    """NUMA node from sysfs when NVML lacks nvmlDeviceGetNumaNodeId (older drivers)."""
+    domain, _, rest = bus_id.lower().partition(":")
+    path = f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/numa_node"
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def start_xid_thread(nvml, handles, on_event):
+    """Run watch_xids in a daemon thread; returns (thread, stop event)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=nvml.watch_xids, args=(handles, on_event, stop), name="xid-events", daemon=True)
+    thread.start()
+    return thread, stop
