@@ -56,6 +56,7 @@ class Principal:
     team: str = None
     node_id: str = None
     fleet: str = None
+    node: object = dataclasses.field(default=None, compare=False, repr=False)  # as loaded for this request
 
     @property
     def label(self):
@@ -88,7 +89,7 @@ def resolve_token(token, now, allow_revoked_node=False):
             raise Unauthorized("malformed or unknown token")
         if node.status == NodeStatus.REVOKED.value and not allow_revoked_node:
             raise Unauthorized("node revoked")
-        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id)
+        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id, node=node)
     row = JoinToken.get_or_none(JoinToken.id == token_id)
     if row is None or not _matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")

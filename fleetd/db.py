@@ -5,6 +5,7 @@ import os
 import peewee
 from playhouse import db_url
 from playhouse.migrations import Runner
+from playhouse.pool import PooledSqliteDatabase
 
 database = peewee.DatabaseProxy()
 
@@ -21,8 +22,12 @@ def open_database(url, sqlite_synchronous="FULL"):
         path = db_url.parse(url)["database"]
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-        return db_url.connect(
-            url,
+        # Pooled: a connection (and its PRAGMAs) is made once and reused by later requests.
+        return PooledSqliteDatabase(
+            path,
+            max_connections=0,
+            stale_timeout=300,
+            check_same_thread=False,  # a pooled connection moves between threads, one at a time
             pragmas={
                 "journal_mode": "wal",
                 "foreign_keys": 1,

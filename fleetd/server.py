@@ -20,6 +20,14 @@ log = logging.getLogger("fleetd")
 class _Handler(WSGIHandler):
     """Tracks connections idle between keep-alive requests, so shutdown need not wait for them."""
 
+    def handle(self):
+        # Small JSON replies must not wait for delayed ACKs (Nagle): ~40 ms per request otherwise.
+        try:
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # not TCP (a unix socket)
+        return super().handle()
+
     def read_requestline(self):
         idle = self.server.idle_handlers
         idle.add(self)

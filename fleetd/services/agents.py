@@ -68,12 +68,13 @@ def tasks_to_cancel(node, reported):
     return [t["id"] for t in reported]
 
 
-def heartbeat(rt, node_id, body):
-    """Renew liveness in memory; touch the database only when something changed."""
+def heartbeat(rt, node, body):
+    """Renew liveness in memory; touch the database only when something changed.
+
+    `node` is the Node row loaded when its session token was checked in this request.
+    """
     now = rt.clock.now()
-    node = find_node(node_id)
-    if node is None:
-        raise Unauthorized("node no longer exists")
+    node_id = node.id
     reported = body.get("tasks") or []
     if node.status == S.REVOKED.value:
         rt.liveness.forget(node.id)
