@@ -5,7 +5,7 @@ import os
 import peewee
 from playhouse import db_url
 from playhouse.migrations import Runner
-from playhouse.pool import PooledSqliteDatabase
+from playhouse.pool import PooledPostgresqlDatabase, PooledSqliteDatabase
 
 database = peewee.DatabaseProxy()
 
@@ -37,7 +37,9 @@ def open_database(url, sqlite_synchronous="FULL"):
             timeout=15,
         )
     if url.startswith(("postgresql://", "postgres://")):
-        return db_url.connect(url, autorollback=True)
+        parsed = db_url.parse(url)
+        # Bounded pool: PostgreSQL connections are costly and limited on the server.
+        return PooledPostgresqlDatabase(parsed.pop("database"), max_connections=32, stale_timeout=300, **parsed)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://...")
 
 

@@ -2,6 +2,9 @@
 
 import logging
 
+import peewee
+from playhouse.pool import MaxConnectionsExceeded
+
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -120,6 +123,10 @@ def handle_error(error):
         if error.code == 500 and original is not None:
             log.error("unhandled error", exc_info=original)
         status, body, headers = _from_http_exception(error)
+    elif isinstance(error, (peewee.OperationalError, MaxConnectionsExceeded)):
+        # The database is busy or unreachable: the client may retry; nothing was committed.
+        log.warning("database unavailable: %s", error)
+        status, body, headers = 503, envelope("unavailable", "database unavailable; retry later"), {"Retry-After": "1"}
     else:
         log.error("unhandled error", exc_info=error)
         status, body, headers = 500, envelope("internal", "internal server error"), {}

@@ -11,6 +11,8 @@ PY
 
 packages=()
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
+# A real PostgreSQL server for the tests of the HA database path.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null || packages+=(postgresql)
 if [ ${#packages[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
