@@ -165,15 +165,15 @@ def app(make_app):
     return make_app()
 
 
-@pytest.fixture
-def admin_token(app, clock):
+def admin_client(app, clock):
+    """An ApiClient for `app` holding the first admin token of its database."""
     from fleetd.db import database
 
     with database.connection_context():
-        return issue_first_admin_token(clock.now())
+        return ApiClient(app, issue_first_admin_token(clock.now()))
 
 
 @pytest.fixture
-def api(app, admin_token):
+def api(app, clock):
     """An ApiClient holding the first admin token."""
-    return ApiClient(app, admin_token)
+    return admin_client(app, clock)

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.conftest import admin_client
+
 
 def _error(resp, status, code):
     assert resp.status_code == status, resp.get_data(as_text=True)
@@ -67,9 +69,7 @@ def test_invalid_registrations_are_refused_without_using_the_token(api, override
 
 
 def test_oversize_body_is_payload_too_large(make_app, clock):
-    from tests.test_nodes import _admin
-
-    api = _admin(make_app(max_body_bytes=4096), clock)
+    api = admin_client(make_app(max_body_bytes=4096), clock)
     resp = api.post("/api/v1/fleets", {"name": "big", "description": "x" * 10_000})
     _error(resp, 413, "payload_too_large")
     assert api.get("/api/v1/fleets").get_json()["items"] == []

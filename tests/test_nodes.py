@@ -2,16 +2,13 @@
 
 import pytest
 
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, admin_client
 
 
 @pytest.fixture
 def ready_node(api):
     """A registered node that has sent its first heartbeat: (node_id, session_token)."""
-    api.create_fleet("gpu-a")
-    reg = api.register(api.create_join_token("gpu-a"))
-    api.heartbeat(reg["session_token"])
-    return reg["node_id"], reg["session_token"]
+    return _enrol(api)
 
 
 def _statuses(api, node_id):
@@ -24,7 +21,7 @@ def _statuses(api, node_id):
 
 def test_node_silent_for_ttl_plus_grace_becomes_lost_and_returns_on_heartbeat(make_app, clock):
     app = make_app(node_ttl_seconds=30, node_grace_seconds=10, failover_grace_seconds=0)
-    api = _admin(app, clock)
+    api = admin_client(app, clock)
     node_id, session = _enrol(api)
     clock.advance(40)
     assert api.run_task("liveness_sweep")["lost"] == 0  # exactly TTL + grace: not yet
@@ -39,7 +36,7 @@ def test_node_silent_for_ttl_plus_grace_becomes_lost_and_returns_on_heartbeat(ma
 
 def test_lost_node_returns_to_its_previous_state(make_app, clock):
     app = make_app(failover_grace_seconds=0)
-    api = _admin(app, clock)
+    api = admin_client(app, clock)
     node_id, session = _enrol(api)
     api.post(f"/api/v1/nodes/{node_id}/cordon")
     clock.advance(41)
@@ -50,7 +47,7 @@ def test_lost_node_returns_to_its_previous_state(make_app, clock):
 
 def test_heartbeats_keep_a_node_ready(make_app, clock):
     app = make_app(failover_grace_seconds=0)
-    api = _admin(app, clock)
+    api = admin_client(app, clock)
     node_id, session = _enrol(api)
     for _ in range(10):
         clock.advance(20)
@@ -62,7 +59,7 @@ def test_heartbeats_keep_a_node_ready(make_app, clock):
 
 
 def test_no_node_is_declared_lost_during_failover_grace_after_restart(make_app, clock):
-    api = _admin(make_app(), clock)
+    api = admin_client(make_app(), clock)
     node_id, _ = _enrol(api)
     clock.advance(300)  # fleetd is down for five minutes
     restarted = ApiClient(make_app(), api.token)  # failover grace defaults to 2 x TTL = 60 s
@@ -75,7 +72,7 @@ def test_no_node_is_declared_lost_during_failover_grace_after_restart(make_app, 
 
 
 def test_node_that_heartbeats_during_failover_grace_is_not_lost_after_it(make_app, clock):
-    api = _admin(make_app(), clock)
+    api = admin_client(make_app(), clock)
     node_id, session = _enrol(api)
     restarted = ApiClient(make_app(), api.token)
     clock.advance(50)
@@ -86,7 +83,7 @@ def test_node_that_heartbeats_during_failover_grace_is_not_lost_after_it(make_ap
 
 
 def test_sweeper_saves_last_heartbeat_times_in_a_batch(make_app, clock):
-    api = _admin(make_app(), clock)
+    api = admin_client(make_app(), clock)
     node_id, session = _enrol(api)
     clock.advance(5)
     api.heartbeat(session)
@@ -96,15 +93,8 @@ def test_sweeper_saves_last_heartbeat_times_in_a_batch(make_app, clock):
     assert restarted.node(node_id)["last_heartbeat_at"] == "2026-01-01T12:00:05.000Z"
 
 
-def _admin(app, clock):
-    from fleetd.db import database
-    from fleetd.services.tokens import issue_first_admin_token
-
-    with database.connection_context():
-        return ApiClient(app, issue_first_admin_token(clock.now()))
-
-
 def _enrol(api):
+    """A fleet gpu-a with one node that has sent its first heartbeat: (node_id, session_token)."""
     api.create_fleet("gpu-a")
     reg = api.register(api.create_join_token("gpu-a"))
     api.heartbeat(reg["session_token"])
@@ -182,7 +172,7 @@ def test_invalid_transitions_are_refused_with_409(api, ready_node, setup, action
 
 
 def test_drained_and_cordoned_nodes_stay_so_across_a_restart(make_app, clock):
-    api = _admin(make_app(), clock)
+    api = admin_client(make_app(), clock)
     drained, s1 = _enrol(api)
     api.create_fleet("gpu-b")
     reg = api.register(api.create_join_token("gpu-b"), machine_id="machine-2")
