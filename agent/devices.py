@@ -334,10 +334,11 @@ class DeviceManager:
         for device in current.devices:
             gpu, old = device.gpu, before.pop(device.gpu.uuid, None)
             if old is None:
-                log.info("gpu %s found: index %d, %s, healthy=%s %s", gpu.uuid, gpu.index, gpu.model, gpu.healthy,
-                         gpu.health_reason)
+                log.info("gpu %s found: index %d, %s, %s", gpu.uuid, gpu.index, gpu.model,
+                         "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason)
             elif old.healthy != gpu.healthy or old.health_reason != gpu.health_reason:
                 level = logging.INFO if gpu.healthy else logging.ERROR
-                log.log(level, "gpu %s health changed: healthy=%s %s", gpu.uuid, gpu.healthy, gpu.health_reason)
+                log.log(level, "gpu %s health changed: %s", gpu.uuid,
+                        "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason)
         for uuid in before:
             log.warning("gpu %s is gone", uuid)

@@ -1,0 +1,171 @@
+"""Agent configuration: defaults, then the TOML file, then FLEET_AGENT_* environment, then flags.
+
+Keys and variables are those of API.md "Agent configuration"; tables flatten to
+`<table>_<key>` (``local_api.listen`` is ``local_api_listen``, variable
+``FLEET_AGENT_LOCAL_API_LISTEN``). Unknown keys are an error, so a typo never silently
+falls back to a default.
+"""
+
+import dataclasses
+import ipaddress
+import os
+import re
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/fleet-agent/agent.toml"
+DEFAULT_STATE_DIR = "/var/lib/fleet-agent"
+MACHINE_ID_PATH = "/etc/machine-id"
+MACHINE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+ENV_PREFIX = "FLEET_AGENT_"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message says which key and why."""
+
+
+@dataclasses.dataclass
+class Config:
+    """Everything the agent can be configured with."""
+
+    server_url: str = ""  # required for join; run falls back to the URL stored at join
+    ca_file: str = ""  # PEM bundle to verify fleetd's certificate; empty: system trust store
+    tls_pin: str = ""  # SHA-256 fingerprint (hex) of fleetd's certificate, instead of a CA
+    state_dir: str = DEFAULT_STATE_DIR
+    labels: dict = dataclasses.field(default_factory=dict)
+    machine_id: str = ""  # empty: /etc/machine-id
+    address: str = ""  # address fleetd and peers reach this host at; empty: detected
+    heartbeat_interval_seconds: float = 0.0  # 0: the interval fleetd asks for
+    backoff_max_seconds: float = 60.0  # cap of the retry backoff while fleetd is unreachable
+    request_timeout_seconds: float = 10.0
+    local_api_listen: str = "127.0.0.1:8001"
+    local_api_tls_cert: str = ""
+    local_api_tls_key: str = ""
+    devices_backend: str = "nvml"  # or fake:<path to shape json>
+    devices_poll_seconds: float = 1.0
+    devices_rediscover_seconds: float = 300.0  # full NVML re-initialisation (new driver, swapped GPU)
+    log_level: str = "info"
+
+    @property
+    def local_api_host_port(self):
+        """(host, port) of the local API."""
+        return parse_listen(self.local_api_listen)
+
+    def resolve_machine_id(self):
+        """The configured machine id, else /etc/machine-id; validated like fleetd does."""
+        value = self.machine_id
+        if not value:
+            try:
+                with open(MACHINE_ID_PATH) as fh:
+                    value = fh.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"machine_id is not set and {MACHINE_ID_PATH} is unreadable: {exc}") from None
+        if not MACHINE_ID_RE.match(value):
+            raise ConfigError("machine_id must be 1-128 letters, digits or ._:-")
+        return value
+
+    def validate(self):
+        """Check values that would otherwise fail late; returns self."""
+        host, _port = self.local_api_host_port
+        if not is_loopback(host) and not (self.local_api_tls_cert and self.local_api_tls_key):
+            raise ConfigError(f"local_api.listen {self.local_api_listen} is not a loopback address; "
+                              "set local_api.tls_cert and local_api.tls_key to serve it over TLS")
+        if bool(self.local_api_tls_cert) != bool(self.local_api_tls_key):
+            raise ConfigError("local_api.tls_cert and local_api.tls_key go together")
+        if self.devices_poll_seconds <= 0 or self.devices_rediscover_seconds <= 0:
+            raise ConfigError("devices.poll_seconds and devices.rediscover_seconds must be positive")
+        if self.heartbeat_interval_seconds < 0 or self.backoff_max_seconds <= 0 or self.request_timeout_seconds <= 0:
+            raise ConfigError("heartbeat_interval_seconds, backoff_max_seconds and request_timeout_seconds "
+                              "must be positive (heartbeat 0 means: as fleetd says)")
+        if self.tls_pin and not re.fullmatch(r"[0-9a-f]{64}", self.tls_pin.replace(":", "").lower()):
+            raise ConfigError("tls_pin must be a SHA-256 fingerprint: 64 hex digits, colons allowed")
+        if self.devices_backend != "nvml" and not self.devices_backend.startswith("fake:"):
+            raise ConfigError("devices.backend must be 'nvml' or 'fake:<path to shape json>'")
+        if self.server_url and not re.match(r"^https?://", self.server_url):
+            raise ConfigError("server_url must start with http:// or https://")
+        return self
+
+
+def parse_listen(value):
+    """'host:port' (IPv6 as '[::1]:8001') -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"listen address {value!r} must be host:port")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host):
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_labels(text):
+    """'k=v,k=v' -> dict."""
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"label {item!r} must be key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def _flatten(data, prefix=""):
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name != "labels":
+            out.update(_flatten(value, name + "_"))
+        else:
+            out[name] = value
+    return out
+
+
+def _convert(field, raw):
+    kind = type(field.default) if field.default is not dataclasses.MISSING else dict
+    if kind is dict:
+        if isinstance(raw, str):
+            return parse_labels(raw)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{field.name} must be a table")
+        return {str(k): str(v) for k, v in raw.items()}
+    try:
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field.name} must be {kind.__name__}, got {raw!r}") from None
+
+
+def load_config(path=None, environ=None, **overrides):
+    """Build the Config; `path` None means the default file if it exists (or FLEET_AGENT_CONFIG)."""
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_PREFIX + "CONFIG")
+    path = explicit or DEFAULT_CONFIG_PATH
+    values = {}
+    if explicit or os.path.exists(path):
+        try:
+            with open(path, "rb") as fh:
+                values.update(_flatten(tomllib.load(fh)))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {path}: " + ", ".join(unknown))
+    for name in fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw:
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    converted = {name: _convert(fields[name], raw) for name, raw in values.items()}
+    return Config(**converted).validate()

@@ -1,0 +1,378 @@
+"""Enrolment and the long-running service: device polling, heartbeats, sd_notify.
+
+Every loop waits on one stop event, so SIGTERM ends them all within one wait.
+"""
+
+import importlib.metadata
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import urllib.parse
+
+from agent.client import FleetClient, FleetdError, Rejected, Unreachable
+from agent.config import ConfigError
+from agent.devices import DeviceManager
+from agent.localapi import LocalApi
+from agent.state import State
+from agent.workers import Workers
+
+log = logging.getLogger("agent.daemon")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+EXIT_REVOKED = 3  # revoked or session rejected: restarting will not help; re-enrol
+
+DEFAULT_HEARTBEAT_SECONDS = 10.0
+ENROLMENT_POLL_SECONDS = 1.0
+
+
+def agent_version():
+    """The installed package version."""
+    try:
+        return importlib.metadata.version("fleetd")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def backoff_delay(attempt, cap, rng=random, base=1.0):
+    """Exponential backoff with jitter: half fixed, half random, never above `cap`."""
+    ceiling = min(cap, base * 2 ** min(attempt, 32))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def jittered(interval, rng=random, spread=0.1):
+    """`interval` +/- 10 %, so that agents started together do not heartbeat in lockstep."""
+    return interval * rng.uniform(1 - spread, 1 + spread)
+
+
+def sd_notify(message, environ=None):
+    """Send a systemd notification (READY=1, WATCHDOG=1, ...); False when not under systemd."""
+    environ = os.environ if environ is None else environ
+    address = environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+        return False
+    return True
+
+
+def watchdog_interval(environ=None):
+    """Seconds between WATCHDOG=1 pings (half of WATCHDOG_USEC), or None when not asked for."""
+    environ = os.environ if environ is None else environ
+    usec = environ.get("WATCHDOG_USEC")
+    pid = environ.get("WATCHDOG_PID")
+    if not usec or not usec.isdigit() or int(usec) == 0:
+        return None
+    if pid and pid.isdigit() and int(pid) != os.getpid():
+        return None
+    return int(usec) / 2e6
+
+
+def host_resources():
+    """{cpu_count, memory_bytes} of this host."""
+    memory = 0
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    memory = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {"cpu_count": os.cpu_count() or 1, "memory_bytes": memory}
+
+
+def detect_address(server_url):
+    """The local address used to reach fleetd (a UDP connect sends nothing)."""
+    parsed = urllib.parse.urlsplit(server_url)
+    host = parsed.hostname or "127.0.0.1"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, port))
+            return sock.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def register_body(config, inventory, machine_id, labels):
+    """The body of POST /agent/register: exactly the fields fleetd accepts."""
+    return {
+        "hostname": socket.gethostname()[:255],
+        "machine_id": machine_id,
+        "agent_version": agent_version(),
+        "address": config.address or detect_address(config.server_url),
+        "labels": labels,
+        "resources": host_resources(),
+        "gpus": inventory.wire_gpus(),
+    }
+
+
+def make_client(config, server_url, session_token=None):
+    """A FleetClient with the configured TLS trust."""
+    return FleetClient(server_url, session_token, ca_file=config.ca_file, tls_pin=config.tls_pin,
+                       timeout=config.request_timeout_seconds)
+
+
+def enrol(config, join_token, force=False, devices=None):
+    """Register with a join token and store the credentials; a no-op when already enrolled.
+
+    Returns (node dict, True if it registered now).
+    """
+    if not config.server_url:
+        raise ConfigError("no fleetd URL: pass --server or set server_url")
+    state = State(config.state_dir)
+    node = state.node()
+    if node is not None and state.session_token() and not force:
+        if node.get("server_url") and node["server_url"].rstrip("/") != config.server_url.rstrip("/"):
+            raise ConfigError(f"already enrolled with {node['server_url']}; use --force to enrol with "
+                              f"{config.server_url} instead")
+        return node, False
+    machine_id = config.resolve_machine_id()
+    state.ensure_dir()
+    state.local_api_token()
+    devices = devices or DeviceManager(config.devices_backend, watch_xids=False)
+    try:
+        inventory = devices.discover()
+    finally:
+        devices.close()
+    body = register_body(config, inventory, machine_id, config.labels)
+    client = make_client(config, config.server_url)
+    try:
+        reply = client.register(join_token, body)
+    finally:
+        client.close()
+    node = {
+        "node_id": reply["node_id"],
+        "fleet": reply["fleet"],
+        "server_url": config.server_url,
+        "machine_id": machine_id,
+        "heartbeat_interval_seconds": reply.get("heartbeat_interval_seconds"),
+        "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    state.save_enrolment(node, reply["session_token"])
+    log.info("enrolled as node %s in fleet %s with %d GPU(s)", node["node_id"], node["fleet"], len(body["gpus"]))
+    return node, True
+
+
+class Deadlines:
+    """What the systemd watchdog checks: each loop promises its next beat before a deadline."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due = {}
+
+    def beat(self, name, next_within):
+        """Loop `name` is alive and will beat again within `next_within` seconds."""
+        with self._lock:
+            self._due[name] = time.monotonic() + next_within
+
+    def all_alive(self):
+        """True when no loop has missed its promised beat."""
+        now = time.monotonic()
+        with self._lock:
+            return all(due > now for due in self._due.values())
+
+
+class Agent:
+    """`fleet-agent run`: the service."""
+
+    def __init__(self, config, deregister_on_stop=False, stop=None, rng=None):
+        self.config = config
+        self.state = State(config.state_dir)
+        self.deregister_on_stop = deregister_on_stop
+        self.stop = stop or threading.Event()
+        self.rng = rng or random.Random()
+        self.devices = DeviceManager(config.devices_backend)
+        self.workers = Workers()
+        self.deadlines = Deadlines()
+        self.node = None
+        self.session_ok = False  # a heartbeat succeeded with the stored session
+        self.fleetd_error = ""  # why the last heartbeat failed, empty when it succeeded
+        self.node_status = None
+        self.exit_code = EXIT_OK
+        self._threads = []
+
+    # Readiness, as /readyz reports it.
+
+    def readiness(self):
+        """(ready, details)."""
+        details = {
+            "devices": "initialised" if self.devices.inventory is not None else "discovering",
+            "enrolled": self.node is not None or self.state.enrolled(),
+            "session": "ok" if self.session_ok else "not yet confirmed by fleetd",
+            "node_id": self.node["node_id"] if self.node else None,
+            "node_status": self.node_status,
+        }
+        if self.fleetd_error:
+            details["fleetd_error"] = self.fleetd_error
+        ready = self.devices.inventory is not None and self.session_ok
+        return ready, details
+
+    # The service.
+
+    def run(self):
+        """Run until stopped, revoked or rejected; returns the process exit code."""
+        self.state.ensure_dir()
+        api = LocalApi(self, self.config, self.state.local_api_token())
+        api.start()
+        log.info("agent %s starting: local API on %s, devices backend %s", agent_version(), api.url,
+                 self.config.devices_backend)
+        try:
+            inventory = self.devices.discover()
+            log.info("devices: %d GPU(s)%s", len(inventory.devices), f" ({inventory.reason})" if inventory.reason else "")
+            self._spawn("device-poller", self._poll_devices)
+            interval = watchdog_interval()
+            if interval:
+                self._spawn("watchdog", self._watchdog, interval)
+            sd_notify("READY=1\nSTATUS=devices discovered; connecting to fleetd")
+            if self._wait_for_enrolment():
+                self.exit_code = self._heartbeat_loop()
+        finally:
+            self.stop.set()
+            sd_notify("STOPPING=1")
+            for thread in self._threads:
+                thread.join(timeout=10)
+            self._leave()
+            api.stop()
+            self.devices.close()
+        log.info("agent stopped (exit %d)", self.exit_code)
+        return self.exit_code
+
+    def _spawn(self, name, target, *args):
+        def guarded():
+            try:
+                target(*args)
+            except Exception:  # a bug in a loop must end the service loudly, not leave it half-alive
+                log.exception("%s crashed; stopping the agent", name)
+                self.exit_code = EXIT_FAILURE
+                self.stop.set()
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _poll_devices(self):
+        poll = self.config.devices_poll_seconds
+        while True:
+            self.deadlines.beat("devices", poll + 60)
+            if self.stop.wait(poll):
+                return
+            since = time.monotonic() - (self.devices.discovered_monotonic or 0)
+            if since >= self.config.devices_rediscover_seconds:
+                self.devices.discover()
+            else:
+                self.devices.poll()
+
+    def _watchdog(self, interval):
+        while not self.stop.wait(interval):
+            if self.deadlines.all_alive():
+                sd_notify("WATCHDOG=1")
+            else:
+                log.error("a loop missed its deadline; withholding the systemd watchdog ping")
+
+    def _wait_for_enrolment(self):
+        """True once node.json and session.token exist; False if stopped first."""
+        logged = False
+        while not self.stop.is_set():
+            if self.state.enrolled():
+                self.node = self.state.node()
+                return True
+            if not logged:
+                log.warning("not enrolled yet: waiting for `fleet-agent join` to write %s", self.state.dir)
+                logged = True
+            self.deadlines.beat("heartbeat", ENROLMENT_POLL_SECONDS + 30)
+            self.stop.wait(ENROLMENT_POLL_SECONDS)
+        return False
+
+    def _client(self):
+        server_url = self.config.server_url or self.node.get("server_url")
+        if not server_url:
+            raise ConfigError("no fleetd URL: set server_url")
+        return make_client(self.config, server_url, self.state.session_token())
+
+    def _heartbeat_loop(self):
+        client = self._client()
+        interval = self.config.heartbeat_interval_seconds or self.node.get("heartbeat_interval_seconds") \
+            or DEFAULT_HEARTBEAT_SECONDS
+        failures = 0
+        sent_version = None
+        log.info("heartbeating to %s as node %s", client.base, self.node["node_id"])
+        try:
+            while not self.stop.is_set():
+                version = self.devices.version
+                inventory = self.devices.inventory
+                body = {"tasks": self.workers.report(), "metrics": inventory.metrics()}
+                if version != sent_version:
+                    body["gpus"] = inventory.wire_gpus()
+                try:
+                    reply = client.heartbeat(body)
+                except Rejected as exc:
+                    self.session_ok = False
+                    log.error("fleetd rejected this node's session (%s): the node was revoked, deleted or "
+                              "enrolled again elsewhere; stopping all work. Re-enrol with `fleet-agent join --force`.",
+                              exc)
+                    self.workers.stop_all("session rejected by fleetd")
+                    return EXIT_REVOKED
+                except FleetdError as exc:
+                    failures += 1
+                    delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
+                                min(exc.retry_after or 0, self.config.backoff_max_seconds))
+                    self.fleetd_error = str(exc)
+                    kind = "fleetd unreachable" if isinstance(exc, Unreachable) else "heartbeat refused"
+                    log.warning("%s (attempt %d): %s; retrying in %.1fs; running tasks keep running",
+                                kind, failures, exc, delay)
+                    self.deadlines.beat("heartbeat", delay + self.config.request_timeout_seconds + 30)
+                    self.stop.wait(delay)
+                    continue
+                if failures:
+                    log.info("heartbeat restored after %d failed attempt(s)", failures)
+                failures = 0
+                sent_version = version
+                self.fleetd_error = ""
+                if not self.session_ok:
+                    self.session_ok = True
+                    sd_notify("STATUS=connected to fleetd")
+                if reply.get("revoked"):
+                    log.error("node %s was revoked by fleetd: stopping all work and exiting; "
+                              "re-enrol with a new join token to return", self.node["node_id"])
+                    self.workers.cancel(reply.get("cancel") or [], "node revoked")
+                    self.workers.stop_all("node revoked")
+                    return EXIT_REVOKED
+                if reply.get("cancel"):
+                    self.workers.cancel(reply["cancel"], "cancelled by fleetd")
+                if reply.get("status") != self.node_status:
+                    log.info("node %s status: %s", self.node["node_id"], reply.get("status"))
+                    self.node_status = reply.get("status")
+                if not self.config.heartbeat_interval_seconds and reply.get("heartbeat_interval_seconds"):
+                    interval = float(reply["heartbeat_interval_seconds"])
+                delay = jittered(interval, self.rng)
+                self.deadlines.beat("heartbeat", delay + self.config.request_timeout_seconds + 30)
+                self.stop.wait(delay)
+        finally:
+            client.close()
+        return EXIT_OK
+
+    def _leave(self):
+        if not (self.deregister_on_stop and self.node and self.exit_code == EXIT_OK):
+            return
+        client = self._client()
+        try:
+            client.deregister()
+            log.info("deregistered node %s from fleetd", self.node["node_id"])
+        except FleetdError as exc:
+            log.error("could not deregister node %s: %s", self.node["node_id"], exc)
+        finally:
+            client.close()

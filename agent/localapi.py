@@ -1,0 +1,264 @@
+"""The node-local device/worker API (API.md "Agent local API"), 127.0.0.1:8001 by default.
+
+Success is ``{"data": ...}``, failure the fleetd error envelope. Every route except
+/healthz and /readyz needs the bearer token from state_dir/local-api.token. A
+non-loopback address is refused unless TLS is configured.
+"""
+
+import hmac
+import http.server
+import json
+import logging
+import re
+import socket
+import ssl
+import threading
+
+from agent.config import ConfigError, is_loopback
+
+log = logging.getLogger("agent.localapi")
+
+MAX_BODY_BYTES = 64 * 1024
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, code and message as in API.md's error envelope."""
+
+    def __init__(self, status, code, message, details=None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.details = details
+
+
+def _not_found(what):
+    return ApiError(404, "not_found", f"{what} not found")
+
+
+class Routes:
+    """The API's views over a running Agent (devices, workers, readiness)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.table = [
+            ("GET", re.compile(r"^/healthz$"), self.healthz),
+            ("GET", re.compile(r"^/readyz$"), self.readyz),
+            ("GET", re.compile(r"^/api/v1/devices$"), self.devices),
+            ("POST", re.compile(r"^/api/v1/devices/discover$"), self.discover),
+            ("GET", re.compile(r"^/api/v1/devices/(?P<uuid>[^/]+)$"), self.device),
+            ("GET", re.compile(r"^/api/v1/workers$"), self.workers),
+            ("GET", re.compile(r"^/api/v1/workers/(?P<task_id>[^/]+)$"), self.worker),
+            ("GET", re.compile(r"^/api/v1/limiter$"), self.limiter),
+            ("POST", re.compile(r"^/api/v1/trap$"), self.trap),
+        ]
+
+    def match(self, method, path):
+        """(view, kwargs) for a request; ApiError 404/405 when nothing matches."""
+        allowed = False
+        for route_method, pattern, view in self.table:
+            found = pattern.match(path)
+            if found:
+                if route_method == method:
+                    return view, found.groupdict()
+                allowed = True
+        if allowed:
+            raise ApiError(405, "invalid_request", f"{method} is not allowed on {path}")
+        raise _not_found(f"route {path}")
+
+    def healthz(self, body):
+        """The process is up."""
+        return 200, {"status": "ok"}
+
+    def readyz(self, body):
+        """Ready once devices are discovered and fleetd accepted the session."""
+        ready, details = self.agent.readiness()
+        if not ready:
+            raise ApiError(503, "unavailable", "not ready", details)
+        return 200, dict(details, status="ready")
+
+    def _inventory(self):
+        inventory = self.agent.devices.inventory
+        if inventory is None:
+            raise ApiError(503, "unavailable", "devices are being discovered")
+        return inventory
+
+    def devices(self, body):
+        """Every GPU with live readings."""
+        return 200, [d.to_dict() for d in self._inventory().devices]
+
+    def device(self, body, uuid):
+        """One GPU by uuid."""
+        device = self._inventory().find(uuid)
+        if device is None:
+            raise _not_found(f"GPU {uuid}")
+        return 200, device.to_dict()
+
+    def discover(self, body):
+        """Re-run discovery (re-initialises NVML) now."""
+        inventory = self.agent.devices.discover()
+        log.info("discovery requested through the local API: %d GPU(s)", len(inventory.devices))
+        return 200, [d.to_dict() for d in inventory.devices]
+
+    def workers(self, body):
+        """Running tasks: GPUs, injected env, limits, per-device per-process usage."""
+        inventory = self.agent.devices.inventory
+        return 200, [w.to_dict(inventory) for w in self.agent.workers.all()]
+
+    def worker(self, body, task_id):
+        """One running task."""
+        worker = self.agent.workers.get(task_id)
+        if worker is None:
+            raise _not_found(f"worker {task_id}")
+        return 200, worker.to_dict(self.agent.devices.inventory)
+
+    def limiter(self, body):
+        """Limits and current usage per worker and GPU."""
+        return 200, self.agent.workers.limiter(self.agent.devices.inventory)
+
+    def trap(self, body):
+        """VRAM pressure on a GPU: the workers to stop, lowest priority first."""
+        if not isinstance(body, dict) or not isinstance(body.get("gpu_uuid"), str):
+            raise ApiError(400, "invalid_request", "gpu_uuid (string) is required")
+        pressure = body.get("pressure_bytes")
+        if pressure is not None and (not isinstance(pressure, int) or isinstance(pressure, bool) or pressure < 0):
+            raise ApiError(400, "invalid_request", "pressure_bytes must be a non-negative integer")
+        inventory = self._inventory()
+        if inventory.find(body["gpu_uuid"]) is None:
+            raise _not_found(f"GPU {body['gpu_uuid']}")
+        candidates = self.agent.workers.trap(inventory, body["gpu_uuid"], pressure)
+        return 200, {"gpu_uuid": body["gpu_uuid"], "pressure_bytes": pressure, "candidates": candidates}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "fleet-agent"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stalls mid-request does not hold a thread for ever
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self._handle("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._handle("POST")
+
+    def do_PUT(self):  # noqa: N802
+        self._handle("PUT")
+
+    def do_DELETE(self):  # noqa: N802
+        self._handle("DELETE")
+
+    def _handle(self, method):
+        api = self.server.api
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._read_body()
+            if path not in PUBLIC_PATHS and not api.authorized(self.headers.get("Authorization", "")):
+                raise ApiError(401, "unauthorized", "missing or wrong bearer token (see local-api.token in the state dir)")
+            view, kwargs = api.routes.match(method, path)
+            status, data = view(body, **kwargs)
+            self._send(status, {"data": data})
+        except ApiError as exc:
+            error = {"code": exc.code, "message": str(exc)}
+            if exc.details:
+                error["details"] = exc.details
+            self._send(exc.status, {"error": error})
+
+    def _read_body(self):
+        length = self.headers.get("Content-Length")
+        if not length:
+            return None
+        if not length.isdigit():
+            raise ApiError(400, "invalid_request", "bad Content-Length")
+        if int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes")
+        raw = self.rfile.read(int(length))
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "invalid_request", "body is not JSON") from None
+
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="fleet-agent"')
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, fmt, *args):
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, family, api):
+        self.address_family = family
+        self.api = api
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request, client_address):
+        # TLS handshakes happen here, in the request's thread, not in the accept loop.
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.settimeout(_Handler.timeout)
+                request.do_handshake()
+            except (OSError, ssl.SSLError) as exc:
+                log.info("TLS handshake with %s failed: %s", client_address[0], exc)
+                return
+        super().finish_request(request, client_address)
+
+
+class LocalApi:
+    """The HTTP server in a background thread."""
+
+    def __init__(self, agent, config, token):
+        self.routes = Routes(agent)
+        self.config = config
+        self._token = token.encode()
+        self._server = None
+        self._thread = None
+        self.url = None
+
+    def authorized(self, header):
+        """Constant-time check of `Authorization: Bearer <token>`."""
+        scheme, _, value = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self._token)
+
+    def start(self):
+        """Bind and serve; ConfigError for a non-loopback bind without TLS."""
+        host, port = self.config.local_api_host_port
+        tls = bool(self.config.local_api_tls_cert and self.config.local_api_tls_key)
+        if not is_loopback(host) and not tls:
+            raise ConfigError(f"refusing to serve the local API on non-loopback {host}:{port} without TLS "
+                              "(set local_api.tls_cert and local_api.tls_key)")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._server = _Server((host, port), family, self)
+        scheme = "http"
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.config.local_api_tls_cert, self.config.local_api_tls_key)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
+            scheme = "https"
+        bound_port = self._server.server_address[1]
+        self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{bound_port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="local-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=10)
+            self._server = None
