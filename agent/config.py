@@ -70,12 +70,12 @@ class Config:
 
     def validate(self):
         """Check values that would otherwise fail late; returns self."""
+        if bool(self.local_api_tls_cert) != bool(self.local_api_tls_key):
+            raise ConfigError("local_api.tls_cert and local_api.tls_key go together")
         host, _port = self.local_api_host_port
         if not is_loopback(host) and not (self.local_api_tls_cert and self.local_api_tls_key):
             raise ConfigError(f"local_api.listen {self.local_api_listen} is not a loopback address; "
                               "set local_api.tls_cert and local_api.tls_key to serve it over TLS")
-        if bool(self.local_api_tls_cert) != bool(self.local_api_tls_key):
-            raise ConfigError("local_api.tls_cert and local_api.tls_key go together")
         if self.devices_poll_seconds <= 0 or self.devices_rediscover_seconds <= 0:
             raise ConfigError("devices.poll_seconds and devices.rediscover_seconds must be positive")
         if self.heartbeat_interval_seconds < 0 or self.backoff_max_seconds <= 0 or self.request_timeout_seconds <= 0:

@@ -250,7 +250,7 @@ class LocalApi:
             scheme = "https"
         bound_port = self._server.server_address[1]
         self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{bound_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.25},
                                         name="local-api", daemon=True)
         self._thread.start()
         return self

@@ -185,7 +185,7 @@ class Nvml:
                                                      self.nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
         }
 
-    def watch_xids(self, handles, on_event, stop, timeout_ms=500):
+    def watch_xids(self, handles, on_event, stop, timeout_ms=250):
         """Block until `stop` is set, calling on_event(index, xid) for each critical XID event.
 
         `handles` is {index: handle}. Returns at once (with a log line) where event sets are

@@ -1,0 +1,206 @@
+"""Agent fixtures: the fake NVML with scenarios, real fleetd and fleet-agent processes."""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import fake_nvml
+from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
+
+SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
+SCENARIOS = ("h100_x8", "a100_mig_x2", "l4_x4", "gpu_lost", "no_driver")
+
+
+def shape_path(name):
+    """Path of a host shape fixture."""
+    return SHAPES / f"{name}.json"
+
+
+def wait_until(condition, timeout=30.0, interval=0.1, message="condition"):
+    """Poll `condition` until it returns something truthy; bounded in time and count."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / interval) + 1):
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@pytest.fixture
+def fake_nvml_shape(tmp_path):
+    """A writable copy of a shape, selected in the fake: call with a scenario name."""
+
+    def use(name):
+        path = tmp_path / f"{name}.json"
+        shutil.copy(shape_path(name), path)
+        return path
+
+    yield use
+    fake_nvml.reset()
+
+
+def rewrite_shape(path, change):
+    """Apply change(dict) to a shape file atomically, with a new mtime."""
+    data = json.loads(Path(path).read_text())
+    change(data)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(data))
+    before = os.stat(path).st_mtime_ns
+    os.replace(tmp, path)
+    if os.stat(path).st_mtime_ns == before:  # coarse file-system clocks
+        os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+
+
+class FixedPortFleetd(FleetdProcess):
+    """`fleetd serve` on a chosen port, so that it can be stopped and started again at the same URL."""
+
+    def __init__(self, data_dir, port, env=None):
+        super().__init__(data_dir, env)
+        self.port = port
+
+    def start(self):
+        self.lines = []
+        self.proc = subprocess.Popen(
+            fleetd_cmd("serve", "--bind", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
+        )
+        lines = queue.Queue()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, lines), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                return self
+        self.kill()
+        raise AssertionError("fleetd serve did not start:\n" + "".join(self.lines))
+
+
+class AgentProcess:
+    """`fleet-agent` commands with their own config, state dir and fake host shape."""
+
+    def __init__(self, root, name, shape="h100_x8", server_url="", extra=None, env=None):
+        self.root = Path(root) / name
+        self.root.mkdir(parents=True)
+        self.name = name
+        self.shape = self.root / "shape.json"
+        shutil.copy(shape_path(shape), self.shape)
+        self.state_dir = self.root / "state"
+        self.config = self.root / "agent.toml"
+        settings = {"state_dir": str(self.state_dir), "machine_id": name, "backoff_max_seconds": 1.0,
+                    "request_timeout_seconds": 5.0}
+        if server_url:
+            settings["server_url"] = server_url
+        settings.update(extra or {})
+        lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+        lines += ["[labels]", 'simulated = "true"', "[local_api]", 'listen = "127.0.0.1:0"',
+                  "[devices]", f"backend = {json.dumps('fake:' + str(self.shape))}", "poll_seconds = 0.2"]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = dict(os.environ, **(env or {}))
+        for key in [k for k in self.env if k.startswith("FLEET_AGENT_")]:
+            del self.env[key]
+        self.proc = None
+        self.lines = []
+        self._new_line = threading.Condition()
+
+    def cmd(self, *args):
+        return [sys.executable, "-m", "agent", *args, "--config", str(self.config)]
+
+    def join(self, token, server_url, *extra, check=True):
+        """Run `fleet-agent join`; returns the CompletedProcess."""
+        result = subprocess.run(self.cmd("join", "--server", server_url, *extra), capture_output=True, text=True,
+                                timeout=60, env=dict(self.env, FLEET_AGENT_JOIN_TOKEN=token))
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    def start(self, *extra, env=None):
+        """Start `fleet-agent run` in the background."""
+        self.lines = []
+        self._eof = False
+        self.proc = subprocess.Popen(self.cmd("run", *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(self.env, **(env or {})))
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+        return self
+
+    def _pump(self, stream):
+        for line in stream:
+            with self._new_line:
+                self.lines.append(line)
+                self._new_line.notify_all()
+        with self._new_line:
+            self._eof = True
+            self._new_line.notify_all()
+
+    def wait_for_line(self, pattern, timeout=30.0, count=1):
+        """The count-th log line matching `pattern` (a regex match); AssertionError on timeout or exit."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._new_line:
+            while True:
+                found = [m for m in (regex.search(line) for line in self.lines) if m]
+                if len(found) >= count:
+                    return found[count - 1]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._eof:
+                    raise AssertionError(f"no {count} line(s) matching {pattern!r}:\n{self.log}")
+                self._new_line.wait(min(remaining, 0.5))
+
+    @property
+    def local_url(self):
+        return self.wait_for_line(r"local API on (\S+),").group(1)
+
+    @property
+    def log(self):
+        return "".join(self.lines)
+
+    def node(self):
+        return json.loads((self.state_dir / "node.json").read_text())
+
+    def local_token(self):
+        return (self.state_dir / "local-api.token").read_text().strip()
+
+    def signal(self, signum):
+        os.kill(self.proc.pid, signum)
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def agent_factory(tmp_path):
+    """Create AgentProcess objects; every started process is killed at the end."""
+    made = []
+
+    def make(name, **kwargs):
+        agent = AgentProcess(tmp_path / "agents", name, **kwargs)
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.kill()
