@@ -60,7 +60,8 @@ def _describe(exc):
 def _console():
     from rich.console import Console
 
-    return Console()
+    # Piped output is never cut to 80 columns: ids must survive copy and paste and grep.
+    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 def show_table(rows, columns, title=None):
@@ -69,7 +70,10 @@ def show_table(rows, columns, title=None):
 
     table = Table(title=title, box=None, header_style="bold")
     for header, _ in columns:
-        table.add_column(header)
+        if header in ("ID", "UUID"):
+            table.add_column(header, no_wrap=True, min_width=20)
+        else:
+            table.add_column(header)
     for row in rows:
         table.add_row(*[_cell(getter(row) if callable(getter) else row.get(getter)) for _, getter in columns])
     _console().print(table)
@@ -83,7 +87,12 @@ def show_record(record, fields):
         click.echo(f"{header.ljust(width)}  {_cell(value)}")
 
 
+_TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?Z$")
+
+
 def _cell(value):
+    if isinstance(value, str) and _TIME_RE.match(value):
+        return _TIME_RE.sub(r"\1 \2", value)  # UTC, to the second
     if value is None:
         return "-"
     if isinstance(value, bool):
