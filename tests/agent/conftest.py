@@ -115,9 +115,8 @@ class AgentProcess:
         lines += ["[labels]", 'simulated = "true"', "[local_api]", 'listen = "127.0.0.1:0"',
                   "[devices]", f"backend = {json.dumps('fake:' + str(self.shape))}", "poll_seconds = 0.2"]
         self.config.write_text("\n".join(lines) + "\n")
-        self.env = dict(os.environ, **(env or {}))
-        for key in [k for k in self.env if k.startswith("FLEET_AGENT_")]:
-            del self.env[key]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_AGENT_")}
+        self.env.update(env or {})
         self.proc = None
         self.lines = []
         self._new_line = threading.Condition()

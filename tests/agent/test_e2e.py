@@ -3,6 +3,7 @@
 import json
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -121,7 +122,11 @@ def test_agents_keep_retrying_through_a_fleetd_outage_and_recover_without_re_enr
 def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, admin, agent_factory):
     server = server_factory(**FAST)
     http, join = setup_fleet(server.url, admin)
-    agent = agent_factory("late", shape="l4_x4", server_url=server.url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = f"127.0.0.1:{probe.getsockname()[1]}"
+    agent = agent_factory("late", shape="l4_x4", server_url=server.url,
+                          env={"FLEET_AGENT_LOCAL_API_LISTEN": listen})
     agent.start()
     agent.wait_for_line(r"not enrolled yet")
     resp = local_get(agent, "/readyz")
@@ -137,6 +142,11 @@ def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, adm
     assert ready.json()["data"]["node_id"] == agent.node()["node_id"]
     devices = local_get(agent, "/api/v1/devices", agent.local_token()).json()["data"]
     assert len(devices) == 4
+    status = subprocess.run(agent.cmd("status", "--json"), capture_output=True, text=True, timeout=60, env=agent.env)
+    report = json.loads(status.stdout)
+    assert report["node"]["node_id"] == agent.node()["node_id"] and report["session"] == "stored"
+    assert report["agent"]["running"] and report["agent"]["ready"]
+    assert report["devices"]["source"] == "running agent" and len(report["devices"]["gpus"]) == 4
     again = agent.join(join["token"], server.url)
     assert "already enrolled" in again.stdout
     # No secret ever reaches the logs.
