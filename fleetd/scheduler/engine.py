@@ -1,0 +1,448 @@
+"""The placement engine: a snapshot in, placements out, with no I/O of any kind.
+
+`PlacementEngine` copies a `ClusterSnapshot` into its own mutable accounting, then places
+task groups one after another; every placement it returns is reserved in that accounting
+so the next one sees it. `schedule()` is the one-shot form the jobs service calls on each
+pass; `explain()` says, per node, which filter stage rejects a request and why.
+
+Nodes with identical free resources (same GPU model, free CPU and free GPU shares) form
+one class; a policy scores a class once per task shape and the score is remembered, so a
+decision costs one dictionary look-up per class rather than a policy call per node.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from fleetd.scheduler.model import (
+    MILLI,
+    STAGE_CPU,
+    STAGE_GANG,
+    STAGE_GPU,
+    STAGE_GPU_COUNT,
+    STAGE_GPU_MEMORY,
+    STAGE_GPU_TYPE,
+    STAGE_MEMORY,
+    STAGE_SELECTOR,
+    STAGE_STATUS,
+    ClusterSnapshot,
+    FilterDetail,
+    GpuAllocation,
+    NodeSnapshot,
+    Placement,
+    PlacementResult,
+    RankPlacement,
+    TaskRequest,
+    Unschedulable,
+    WorkloadProfile,
+)
+from fleetd.scheduler.policies import Policy, Shape, make_policy
+
+_ANY_SELECTOR = (None, ())
+
+
+class _Gpu:
+    __slots__ = ("uuid", "model", "memory_total", "memory_free", "milli_free", "numa", "usable", "holders")
+
+    def __init__(self, snap):
+        self.uuid = snap.uuid
+        self.model = snap.model
+        self.memory_total = snap.memory_total_bytes
+        self.memory_free = snap.free_memory
+        self.milli_free = max(0, min(MILLI, snap.compute_free_milli))
+        self.numa = snap.numa_node
+        # An unhealthy GPU, or one a task holds whole, takes no work at all.
+        self.usable = snap.healthy and not snap.exclusive
+        # Shares already reserved by tasks outside this engine count as one holder.
+        self.holders = 0 if snap.idle else 1
+
+    @property
+    def idle(self) -> bool:
+        return self.usable and self.holders == 0
+
+    @property
+    def key(self) -> int:
+        # A GPU with memory-only slices still has all its compute share, yet cannot be
+        # given away whole: score it as just under idle.
+        if self.milli_free >= MILLI and not self.idle:
+            return MILLI - 1
+        return self.milli_free
+
+
+class _Node:
+    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key")
+
+    def __init__(self, index: int, snap: NodeSnapshot):
+        self.index = index
+        self.snap = snap
+        self.cpu_free = snap.cpu_free_milli
+        self.memory_free = snap.memory_free_bytes
+        models = sorted({g.model for g in snap.gpus})
+        self.model = "|".join(models)
+        self.gpus = [_Gpu(g) for g in snap.gpus]
+        self.key = None
+
+    def usable_gpus(self):
+        return [g for g in self.gpus if g.usable]
+
+    def make_key(self):
+        self.key = (self.model, self.cpu_free, tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)))
+        return self.key
+
+
+@dataclass
+class _Reservation:
+    node: _Node
+    cpu: int
+    memory: int
+    gpus: list  # (gpu, milli, memory)
+
+
+def shape_of(request: TaskRequest) -> Shape:
+    """The scoring view of one rank of a request."""
+    return Shape(
+        cpu_milli=request.cpu_milli,
+        gpu_milli=request.gpu_milli if request.gpu_count else 0,
+        gpu_count=request.gpu_count,
+        shared=request.shared,
+        gpu_types=frozenset(request.gpu_types),
+    )
+
+
+class PlacementEngine:
+    """Mutable accounting over a snapshot plus a policy; places and reserves task groups."""
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        policy: str | Policy | None = None,
+        profile: WorkloadProfile | None = None,
+        seed: int | None = 0,
+    ):
+        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, profile)
+        self.rng = random.Random(seed)
+        self.nodes = [_Node(i, n) for i, n in enumerate(snapshot.nodes)]
+        self.by_id = {n.snap.id: n for n in self.nodes}
+        if len(self.by_id) != len(self.nodes):
+            raise ValueError("node ids in a snapshot must be unique")
+        self.classes: dict[tuple, list[int]] = {}
+        self._members: dict[tuple, list[_Node]] = {}
+        self._memo: dict[tuple, tuple | None] = {}
+        for node in self.nodes:
+            if node.snap.schedulable:
+                self._enter(node)
+
+    # ---- class bookkeeping -------------------------------------------------------------
+
+    def _enter(self, node: _Node):
+        key = node.make_key()
+        idx = self.classes.setdefault(key, [])
+        pos = bisect.bisect_left(idx, node.index)
+        idx.insert(pos, node.index)
+        self._members.setdefault(key, []).insert(pos, node)
+
+    def _leave(self, node: _Node):
+        key = node.key
+        idx = self.classes[key]
+        pos = bisect.bisect_left(idx, node.index)
+        del idx[pos]
+        del self._members[key][pos]
+        if not idx:
+            del self.classes[key]
+            del self._members[key]
+
+    # ---- scoring -----------------------------------------------------------------------
+
+    @staticmethod
+    def _class_fits(key: tuple, shape: Shape) -> bool:
+        model, cpu_free, gpus = key
+        if cpu_free < shape.cpu_milli:
+            return False
+        if shape.gpu_count == 0:
+            return True
+        if shape.gpu_types and not set(model.split("|")) <= shape.gpu_types:
+            return False
+        if shape.shared:
+            return any(g >= shape.gpu_milli for g in gpus)
+        return sum(1 for g in gpus if g >= MILLI) >= shape.gpu_count
+
+    def _class_score(self, key: tuple, shape: Shape):
+        memo_key = (key, shape)
+        try:
+            return self._memo[memo_key]
+        except KeyError:
+            pass
+        result = None
+        if self._class_fits(key, shape):
+            result = self.policy.score(key[0], key[1], key[2], shape)
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[memo_key] = result
+        return result
+
+    # ---- per-node checks and device choice -----------------------------------------------
+
+    @staticmethod
+    def _selector_ok(node: _Node, request: TaskRequest) -> bool:
+        sel = request.node_selector
+        if sel.fleet is None and not sel.labels:
+            return True
+        return sel.matches(node.snap)
+
+    def _devices(self, node: _Node, request: TaskRequest, shape: Shape, slice_of: int | None):
+        """GPUs for one rank on this node as [(gpu, milli, memory)], or None if none fit."""
+        if shape.gpu_count == 0:
+            return []
+        if shape.shared:
+            fitting = [
+                g
+                for g in node.gpus
+                if g.usable and g.milli_free >= shape.gpu_milli and g.memory_free >= request.gpu_memory_for(g.memory_total)
+            ]
+            if not fitting:
+                return None
+            if self.policy.randomized:
+                gpu = self.rng.choice(fitting)
+            else:
+                preferred = [g for g in fitting if g.key == slice_of]
+                gpu = preferred[0] if preferred else min(fitting, key=lambda g: (g.milli_free, g.memory_free))
+            return [(gpu, shape.gpu_milli, request.gpu_memory_for(gpu.memory_total))]
+        idle = [g for g in node.gpus if g.idle]
+        if len(idle) < shape.gpu_count:
+            return None
+        return [(g, MILLI, g.memory_total) for g in self._numa_pick(idle, shape.gpu_count)]
+
+    @staticmethod
+    def _numa_pick(idle: list, count: int) -> list:
+        """`count` idle GPUs spanning as few NUMA nodes as possible, tightest group first."""
+        groups: dict[int, list] = {}
+        for g in idle:
+            groups.setdefault(g.numa, []).append(g)
+        fitting = [gs for gs in groups.values() if len(gs) >= count]
+        if fitting:
+            return min(fitting, key=len)[:count]
+        chosen = []
+        for gs in sorted(groups.values(), key=len, reverse=True):
+            chosen.extend(gs[: count - len(chosen)])
+            if len(chosen) == count:
+                break
+        return chosen
+
+    def _node_ok(self, node: _Node, request: TaskRequest, shape: Shape, slice_of, exclude) -> list | None:
+        if node.index in exclude or node.memory_free < request.memory_bytes or not self._selector_ok(node, request):
+            return None
+        return self._devices(node, request, shape, slice_of)
+
+    # ---- choosing a node -----------------------------------------------------------------
+
+    def _choose(self, request: TaskRequest, shape: Shape, exclude: set):
+        """Best (node, devices, score) for one rank, or None."""
+        if self.policy.randomized:
+            feasible = []
+            for key, members in self._members.items():
+                res = self._class_score(key, shape)
+                if res is None:
+                    continue
+                for node in members:
+                    devices = self._node_ok(node, request, shape, None, exclude)
+                    if devices is not None:
+                        feasible.append((node, devices))
+            if not feasible:
+                return None
+            node, devices = feasible[self.rng.randrange(len(feasible))]
+            return node, devices, 0.0
+        best = None  # (score, index, node, devices)
+        scored = []
+        for key, members in self._members.items():
+            res = self._class_score(key, shape)
+            if res is not None:
+                scored.append((res[0], members, res[1]))
+        # Highest score first; within a score, the node earliest in the snapshot wins.
+        scored.sort(key=lambda t: (-t[0], t[1][0].index))
+        for score, members, slice_of in scored:
+            if best is not None and (score < best[0] or members[0].index > best[1]):
+                if score < best[0]:
+                    break
+                continue
+            for node in members:
+                if best is not None and node.index > best[1]:
+                    break
+                devices = self._node_ok(node, request, shape, slice_of, exclude)
+                if devices is not None:
+                    best = (score, node.index, node, devices)
+                    break
+        if best is None:
+            return None
+        return best[2], best[3], best[0]
+
+    # ---- reserving -----------------------------------------------------------------------
+
+    def _reserve(self, node: _Node, request: TaskRequest, devices: list) -> _Reservation:
+        if node.snap.schedulable:
+            self._leave(node)
+        node.cpu_free -= request.cpu_milli
+        node.memory_free -= request.memory_bytes
+        for gpu, milli, memory in devices:
+            gpu.milli_free -= milli
+            gpu.memory_free -= memory
+            gpu.holders += 1
+        if node.snap.schedulable:
+            self._enter(node)
+        return _Reservation(node, request.cpu_milli, request.memory_bytes, devices)
+
+    def _unreserve(self, r: _Reservation):
+        node = r.node
+        if node.snap.schedulable:
+            self._leave(node)
+        node.cpu_free += r.cpu
+        node.memory_free += r.memory
+        for gpu, milli, memory in r.gpus:
+            gpu.milli_free += milli
+            gpu.memory_free += memory
+            gpu.holders -= 1
+        if node.snap.schedulable:
+            self._enter(node)
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def place(self, request: TaskRequest, explain: bool = False) -> PlacementResult:
+        """Place every rank of `request` (all or none) and reserve what it takes."""
+        shape = shape_of(request)
+        reservations: list[_Reservation] = []
+        ranks: list[RankPlacement] = []
+        used: set[int] = set()
+        total = 0.0
+        for rank in range(request.num_nodes):
+            choice = self._choose(request, shape, used)
+            if choice is None:
+                for r in reversed(reservations):
+                    self._unreserve(r)
+                return self._unschedulable(request, rank, explain)
+            node, devices, score = choice
+            reservations.append(self._reserve(node, request, devices))
+            used.add(node.index)
+            total += score
+            ranks.append(
+                RankPlacement(
+                    rank=rank,
+                    node_id=node.snap.id,
+                    gpus=tuple(
+                        GpuAllocation(uuid=g.uuid, memory_limit_bytes=mem, compute_milli=milli, exclusive=not shape.shared)
+                        for g, milli, mem in devices
+                    ),
+                    cpu_milli=request.cpu_milli,
+                    memory_bytes=request.memory_bytes,
+                )
+            )
+        return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    def simulate(self, request: TaskRequest, explain: bool = True) -> PlacementResult:
+        """Like `place`, but reserves nothing."""
+        result = self.place(request, explain=explain)
+        if isinstance(result, Placement):
+            self.release(result)
+        return result
+
+    def release(self, placement: Placement) -> None:
+        """Give back everything a placement reserved (a task ended or a gang was undone)."""
+        for rank in placement.ranks:
+            node = self.by_id[rank.node_id]
+            uuids = {g.uuid: g for g in node.gpus}
+            devices = [(uuids[a.uuid], a.compute_milli, a.memory_limit_bytes) for a in rank.gpus]
+            self._unreserve(_Reservation(node, rank.cpu_milli, rank.memory_bytes, devices))
+
+    def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:
+        """For every node, the first filter stage that rejects one rank of `request`, and why."""
+        shape = shape_of(request)
+        out = []
+        for node in self.nodes:
+            verdict = self._verdict(node, request, shape)
+            if verdict is not None:
+                out.append(FilterDetail(node.snap.id, *verdict))
+        return tuple(out)
+
+    def _verdict(self, node: _Node, request: TaskRequest, shape: Shape):
+        snap = node.snap
+        if not snap.schedulable:
+            return STAGE_STATUS, f"node is {snap.status}, not taking new work"
+        if not self._selector_ok(node, request):
+            sel = request.node_selector
+            if sel.fleet is not None and snap.fleet != sel.fleet:
+                return STAGE_SELECTOR, f"node is in fleet {snap.fleet!r}, job asks for {sel.fleet!r}"
+            missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
+            return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(f"{k}={sel.labels[k]}" for k in missing)
+        if shape.gpu_count:
+            models = set(node.model.split("|")) if node.model else set()
+            if shape.gpu_types and not (models and models <= shape.gpu_types):
+                have = node.model or "no GPUs"
+                return STAGE_GPU_TYPE, f"node has {have}, job accepts {', '.join(sorted(shape.gpu_types))}"
+            usable = node.usable_gpus()
+            if len(usable) < shape.gpu_count:
+                bad = len(node.gpus) - len(usable)
+                extra = f" ({bad} unhealthy or held)" if bad else ""
+                return STAGE_GPU_COUNT, f"node has {len(usable)} usable GPU(s){extra}, job needs {shape.gpu_count}"
+        if node.cpu_free < request.cpu_milli:
+            return STAGE_CPU, f"{node.cpu_free / MILLI:g} CPUs free, job needs {request.cpu_milli / MILLI:g}"
+        if node.memory_free < request.memory_bytes:
+            return STAGE_MEMORY, f"{node.memory_free} bytes of memory free, job needs {request.memory_bytes}"
+        if shape.gpu_count:
+            if shape.shared:
+                fit = [g for g in node.gpus if g.usable and g.milli_free >= shape.gpu_milli]
+                if not fit:
+                    best = max((g.milli_free for g in node.gpus if g.usable), default=0)
+                    return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {shape.gpu_milli / MILLI:.3f}"
+                if not any(g.memory_free >= request.gpu_memory_for(g.memory_total) for g in fit):
+                    return STAGE_GPU_MEMORY, "no GPU with enough free share has enough free memory"
+            else:
+                idle = sum(1 for g in node.gpus if g.idle)
+                if idle < shape.gpu_count:
+                    return STAGE_GPU, f"{idle} GPU(s) free, job needs {shape.gpu_count} whole"
+        return None
+
+    def _unschedulable(self, request: TaskRequest, placed: int, explain: bool) -> Unschedulable:
+        detail: tuple[FilterDetail, ...] = ()
+        if explain:
+            detail = self.explain(request)
+        if request.num_nodes > 1:
+            reason = f"only {placed} of {request.num_nodes} nodes can take a rank now"
+            if explain:
+                rejected = {d.node_id for d in detail}
+                detail = detail + tuple(
+                    FilterDetail(n.snap.id, STAGE_GANG, "node fits one rank, but the gang needs more such nodes")
+                    for n in self.nodes
+                    if n.snap.id not in rejected
+                )
+        else:
+            reason = "no node can take the task now"
+        if detail:
+            counts: dict[str, int] = {}
+            for d in detail:
+                counts[d.stage] = counts.get(d.stage, 0) + 1
+            reason += " (" + ", ".join(f"{stage}: {n} node(s)" for stage, n in counts.items()) + ")"
+        return Unschedulable(reason=reason, filter_detail=detail, placed_ranks=placed)
+
+
+def schedule(
+    snapshot: ClusterSnapshot,
+    requests: Iterable[TaskRequest],
+    policy: str | Policy | None = None,
+    profile: WorkloadProfile | None = None,
+    explain: bool = True,
+    seed: int | None = 0,
+) -> list[PlacementResult]:
+    """Place `requests` in order (highest priority first is the caller's job); one result each."""
+    engine = PlacementEngine(snapshot, policy=policy, profile=profile, seed=seed)
+    return [engine.place(r, explain=explain) for r in requests]
+
+
+def profile_from_requests(requests: Sequence[TaskRequest], coverage: float = 0.95) -> WorkloadProfile:
+    """A workload profile from recent or queued requests (one count per rank)."""
+    counts: dict[tuple, float] = {}
+    for r in requests:
+        s = shape_of(r)
+        key = (s.cpu_milli, s.gpu_milli, s.gpu_count, tuple(sorted(s.gpu_types)))
+        counts[key] = counts.get(key, 0) + r.num_nodes
+    return WorkloadProfile.from_counts(counts, coverage)

@@ -1,0 +1,279 @@
+"""Plain data the placement engine reads and returns: a cluster snapshot, task requests, results.
+
+Nothing here knows about Flask, Peewee or the rest of fleetd: the jobs service builds a
+`ClusterSnapshot` from its tables, asks the engine, and writes the `Placement` back.
+Units: CPUs in milli-CPU, memory in bytes, GPU compute share in milli-GPU (1000 = one GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+MILLI = 1000
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU as the scheduler accounts for it (reservations, not measured use)."""
+
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    memory_free_bytes: int | None = None  # None: nothing reserved, all of memory_total_bytes
+    compute_free_milli: int = MILLI  # share of compute not reserved by tasks, 0..1000
+    numa_node: int = 0
+    healthy: bool = True
+    exclusive: bool = False  # held whole by a task
+
+    @property
+    def free_memory(self) -> int:
+        """Reservable memory in bytes."""
+        return self.memory_total_bytes if self.memory_free_bytes is None else self.memory_free_bytes
+
+    @property
+    def idle(self) -> bool:
+        """True when no task holds or shares this GPU, so it can be given away whole."""
+        return (
+            self.healthy
+            and not self.exclusive
+            and self.compute_free_milli >= MILLI
+            and self.free_memory >= self.memory_total_bytes
+        )
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One host: where it belongs, whether it may take work, and what is still free on it."""
+
+    id: str
+    gpus: tuple[GpuSnapshot, ...] = ()
+    fleet: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    schedulable: bool = True  # False for cordoned, draining, drained, lost, revoked, pending
+    status: str = "ready"
+    cpu_free_milli: int = 0
+    memory_free_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Every node the scheduler may consider, in a stable order (the order breaks score ties)."""
+
+    nodes: tuple[NodeSnapshot, ...]
+
+
+@dataclass(frozen=True)
+class NodeSelector:
+    """Restricts a task group to one fleet and/or to nodes carrying all of these labels."""
+
+    fleet: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, node: NodeSnapshot) -> bool:
+        """True when the node is in the fleet (if given) and has every label."""
+        if self.fleet is not None and node.fleet != self.fleet:
+            return False
+        return all(node.labels.get(k) == v for k, v in self.labels.items())
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """A task group of a job: `num_nodes` identical tasks (ranks), one per distinct node.
+
+    `gpus` is an integer >= 0 (whole GPUs, held exclusively) or a fraction 0 < x < 1 of one
+    GPU. A request for one GPU with `gpu_memory_bytes` or `gpu_compute_percent` is also a
+    shared slice of one GPU. A slice's compute share is `gpu_compute_percent` if given,
+    else the fraction; its memory is `gpu_memory_bytes` if given, else the same fraction of
+    the chosen GPU's memory.
+    """
+
+    gpus: float = 0
+    num_nodes: int = 1
+    gpu_memory_bytes: int | None = None
+    gpu_compute_percent: float | None = None
+    gpu_types: tuple[str, ...] = ()
+    cpus: float = 0  # CPUs (1.5 = 1500 milli-CPU)
+    memory_bytes: int = 0
+    node_selector: NodeSelector = field(default_factory=NodeSelector)
+    priority_class: str = "on-demand"
+    bid: float | None = None
+    name: str = ""
+
+    def __post_init__(self):
+        if self.num_nodes < 1:
+            raise ValueError("num_nodes must be at least 1")
+        if self.gpus < 0 or (self.gpus >= 1 and self.gpus != int(self.gpus)):
+            raise ValueError("gpus must be an integer >= 0 or a fraction 0 < x < 1")
+        if self.gpu_compute_percent is not None and not 0 < self.gpu_compute_percent <= 100:
+            raise ValueError("gpu_compute_percent must be in (0, 100]")
+        if self.gpu_memory_bytes is not None and self.gpu_memory_bytes <= 0:
+            raise ValueError("gpu_memory_bytes must be positive")
+        if self.cpus < 0 or self.memory_bytes < 0:
+            raise ValueError("cpus and memory_bytes must be >= 0")
+        if self.shared and self.gpus > 1:
+            raise ValueError("gpu_memory_bytes and gpu_compute_percent apply to one shared GPU")
+
+    @property
+    def shared(self) -> bool:
+        """True when each rank takes a slice of one GPU rather than whole GPUs."""
+        if 0 < self.gpus < 1:
+            return True
+        return self.gpus >= 1 and (self.gpu_memory_bytes is not None or self.gpu_compute_percent is not None)
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs each rank touches: whole GPUs, or 1 for a slice."""
+        return 1 if self.shared else int(self.gpus)
+
+    @property
+    def gpu_milli(self) -> int:
+        """Compute share per GPU in milli-GPU (1000 for whole GPUs)."""
+        if not self.shared:
+            return MILLI if self.gpus >= 1 else 0
+        if self.gpu_compute_percent is not None:
+            return max(1, round(self.gpu_compute_percent * 10))
+        if 0 < self.gpus < 1:
+            return max(1, round(self.gpus * MILLI))
+        return 0  # a memory-only slice reserves memory, no compute share
+
+    @property
+    def cpu_milli(self) -> int:
+        """CPU request in milli-CPU."""
+        return int(math.ceil(self.cpus * MILLI - 1e-9))
+
+    def gpu_memory_for(self, gpu_memory_total: int) -> int:
+        """Memory a slice reserves on a GPU with this much memory (0 for whole GPUs)."""
+        if not self.shared:
+            return 0
+        if self.gpu_memory_bytes is not None:
+            return self.gpu_memory_bytes
+        fraction = self.gpus if 0 < self.gpus < 1 else self.gpu_milli / MILLI
+        return int(gpu_memory_total * fraction)
+
+
+@dataclass(frozen=True)
+class GpuAllocation:
+    """A GPU given to one rank, with the limits the agent must enforce on it."""
+
+    uuid: str
+    memory_limit_bytes: int
+    compute_milli: int
+    exclusive: bool
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where one rank runs."""
+
+    rank: int
+    node_id: str
+    gpus: tuple[GpuAllocation, ...]
+    cpu_milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A schedulable answer: one entry per rank, rank 0 first."""
+
+    ranks: tuple[RankPlacement, ...]
+    policy: str
+    score: float = 0.0
+
+    schedulable = True
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """Node of every rank, by rank."""
+        return tuple(r.node_id for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class FilterDetail:
+    """Why one node cannot take a rank: the filter stage that rejected it and a plain reason."""
+
+    node_id: str
+    stage: str
+    reason: str
+
+
+# Filter stages, in the order the engine applies them.
+STAGE_STATUS = "status"
+STAGE_SELECTOR = "selector"
+STAGE_GPU_TYPE = "gpu_type"
+STAGE_GPU_COUNT = "gpu_count"
+STAGE_CPU = "cpu"
+STAGE_MEMORY = "memory"
+STAGE_GPU = "gpu"
+STAGE_GPU_MEMORY = "gpu_memory"
+STAGE_GANG = "gang"
+STAGES = (
+    STAGE_STATUS,
+    STAGE_SELECTOR,
+    STAGE_GPU_TYPE,
+    STAGE_GPU_COUNT,
+    STAGE_CPU,
+    STAGE_MEMORY,
+    STAGE_GPU,
+    STAGE_GPU_MEMORY,
+    STAGE_GANG,
+)
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """No placement: a one-line reason and, when asked for, the verdict for every node."""
+
+    reason: str
+    filter_detail: tuple[FilterDetail, ...] = ()
+    placed_ranks: int = 0  # for gangs: ranks that fitted before the group was given up
+
+    schedulable = False
+
+    def counts_by_stage(self) -> dict[str, int]:
+        """How many nodes each stage rejected."""
+        counts: dict[str, int] = {}
+        for d in self.filter_detail:
+            counts[d.stage] = counts.get(d.stage, 0) + 1
+        return counts
+
+
+PlacementResult = Placement | Unschedulable
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """A typical task shape of the workload, with its share of tasks (FGD's target workload)."""
+
+    cpu_milli: int
+    gpu_milli: int  # per GPU; 0 for CPU-only tasks
+    gpu_count: int
+    gpu_types: tuple[str, ...] = ()
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """The task shapes expected to arrive; fragmentation is measured against them."""
+
+    shapes: tuple[TaskShape, ...]
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[tuple, float], coverage: float = 0.95) -> "WorkloadProfile":
+        """Most popular shapes that together make up `coverage` of all tasks, weights normalised.
+
+        `counts` maps (cpu_milli, gpu_milli, gpu_count, gpu_types) to how many tasks had it.
+        """
+        total = float(sum(counts.values()))
+        if total <= 0:
+            return cls(())
+        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], kv[0][3]), reverse=True)
+        chosen, cum = [], 0.0
+        for key, count in ordered:
+            if cum >= coverage * total:
+                break
+            chosen.append((key, count))
+            cum += count
+        return cls(tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / cum) for k, c in chosen))

@@ -1,0 +1,268 @@
+"""Scoring policies: given one node's free resources and a task shape, how good is placing it there.
+
+A policy sees a node as (GPU model, free milli-CPU, free compute share of each usable GPU,
+sorted high to low) and returns a score (higher is better) and, for a slice of one GPU,
+the free share of the GPU it wants to slice. The engine has already checked that the task
+fits; ties go to the node that comes first in the snapshot.
+
+The baselines follow the definitions in the FGD paper's simulator (Weng et al., "Beware of
+Fragmentation", USENIX ATC '23), including their integer 0-100 scores, so that the
+placement benchmark reproduces its published figures. `fgd` is that paper's
+fragmentation-gradient policy; `fgdpack` (the default) is ours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from fleetd.scheduler.model import MILLI, WorkloadProfile
+
+# Normalisers the paper's baselines use: the largest node in its trace.
+MAX_SPEC_CPU = 128000
+MAX_SPEC_GPU = 8 * MILLI
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one rank needs, reduced to the numbers scoring cares about."""
+
+    cpu_milli: int
+    gpu_milli: int  # per GPU; 1000 for whole GPUs; 0 with gpu_count 0 for CPU-only
+    gpu_count: int
+    shared: bool
+    gpu_types: frozenset = frozenset()
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """Compute share over all the rank's GPUs."""
+        return self.gpu_milli * self.gpu_count
+
+
+def after_placement(cpu_free: int, gpus: tuple[int, ...], shape: Shape, slice_of: int | None) -> tuple[int, tuple[int, ...]]:
+    """A node's (free CPU, sorted GPU shares) once `shape` is placed on it."""
+    cpu_after = cpu_free - shape.cpu_milli
+    if shape.gpu_count == 0:
+        return cpu_after, gpus
+    if shape.shared:
+        rest = list(gpus)
+        rest.remove(slice_of)
+        rest.append(slice_of - shape.gpu_milli)
+        return cpu_after, tuple(sorted(rest, reverse=True))
+    n = shape.gpu_count  # whole GPUs: idle ones (value 1000) sort first
+    return cpu_after, tuple(sorted(gpus[n:] + (0,) * n, reverse=True))
+
+
+def slice_candidates(gpus: tuple[int, ...], shape: Shape) -> list[int]:
+    """Distinct free shares of GPUs a slice fits on, smallest first."""
+    return sorted({g for g in gpus if g >= shape.gpu_milli})
+
+
+def best_fit_slice(gpus: tuple[int, ...], shape: Shape) -> int | None:
+    """The GPU with the least free share that still fits the slice."""
+    if not shape.shared:
+        return None
+    return min(g for g in gpus if g >= shape.gpu_milli)
+
+
+class FragmentationModel:
+    """Expected GPU fragmentation of a node against the workload's typical task shapes.
+
+    For each typical shape, the node's idle GPU share that this shape cannot use counts as
+    fragmented, weighted by the shape's popularity: all of it when the shape cannot fit the
+    node at all (wrong GPU model, too few GPUs with enough share, too little CPU, or a
+    CPU-only shape), else the GPUs whose free share is below the shape's per-GPU need.
+    """
+
+    def __init__(self, profile: WorkloadProfile | None):
+        shapes = profile.shapes if profile is not None else ()
+        self.shapes = tuple(
+            (s.cpu_milli, s.gpu_milli, s.gpu_count, frozenset(s.gpu_types), s.weight) for s in shapes
+        )
+        self._memo: dict[tuple, float] = {}
+
+    def amount(self, model: str, cpu_free: int, gpus: tuple[int, ...]) -> float:
+        """Fragmented GPU share (milli-GPU) of one node state."""
+        key = (model, cpu_free, gpus)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        idle = sum(gpus)
+        frag = 0.0
+        if idle > 0:
+            for cpu, milli, count, types, weight in self.shapes:
+                if milli == 0 or (types and model not in types) or cpu > cpu_free:
+                    frag += weight * idle
+                    continue
+                fits, below = 0, 0
+                for g in gpus:
+                    if g >= milli:
+                        fits += 1
+                    else:
+                        below += g
+                frag += weight * (below if fits >= count else idle)
+        self._memo[key] = frag
+        return frag
+
+
+class Policy:
+    """Base: `score(model, cpu_free, gpus, shape)` -> (score, slice_of) for a node the task fits."""
+
+    name = ""
+    randomized = False  # the engine picks uniformly among feasible nodes
+    uses_profile = False
+
+    def __init__(self, profile: WorkloadProfile | None = None):
+        self.profile = profile
+
+    def score(self, model: str, cpu_free: int, gpus: tuple[int, ...], shape: Shape) -> tuple[float, int | None]:
+        """Higher is better; `slice_of` is the free share of the GPU to slice (None for whole GPUs)."""
+        raise TypeError(f"{type(self).__name__} does not score nodes")
+
+
+class RandomPolicy(Policy):
+    """Random-fit: any feasible node with equal chance, any fitting GPU."""
+
+    name = "random"
+    randomized = True
+
+    def score(self, model, cpu_free, gpus, shape):
+        """Every feasible node scores the same; the engine draws one."""
+        return 0.0, None
+
+
+class BestFitPolicy(Policy):
+    """Least CPU and GPU left over (each normalised by the largest node), GPU best-fit."""
+
+    name = "bestfit"
+
+    def score(self, model, cpu_free, gpus, shape):
+        """The paper's integer best-fit score: 100 x (1 - mean normalised leftover)."""
+        left = 0.5 * (cpu_free - shape.cpu_milli) / MAX_SPEC_CPU
+        left += 0.5 * (sum(gpus) - shape.total_gpu_milli) / MAX_SPEC_GPU
+        return float(int((1.0 - left) * 100)), best_fit_slice(gpus, shape)
+
+
+class DotProductPolicy(Policy):
+    """Tetris-style dot product of free and requested (CPU, GPU) vectors; smaller is better."""
+
+    name = "dotprod"
+
+    def score(self, model, cpu_free, gpus, shape):
+        """The paper's integer score 100 x (1 - dot/2) over vectors normalised by the largest node."""
+        dot = (cpu_free / MAX_SPEC_CPU) * (shape.cpu_milli / MAX_SPEC_CPU)
+        dot += (sum(gpus) / MAX_SPEC_GPU) * (shape.total_gpu_milli / MAX_SPEC_GPU)
+        return float(int(100 * (1 - dot / 2))), best_fit_slice(gpus, shape)
+
+
+class PackingPolicy(Policy):
+    """GPU packing: shared GPUs first, then idle GPUs on used nodes, then idle nodes."""
+
+    name = "packing"
+
+    def score(self, model, cpu_free, gpus, shape):
+        """The paper's three-tier packing score."""
+        if shape.gpu_count == 0:
+            return 0.0, None
+        idle = sum(1 for g in gpus if g >= MILLI)
+        if idle == len(gpus):
+            return float(max(100 // 3 - idle, idle)), best_fit_slice(gpus, shape)
+        used = [g for g in sorted(gpus) if g >= shape.gpu_milli][: shape.gpu_count]
+        idle_used = sum(1 for g in used if g >= MILLI)
+        if idle_used:
+            return float(max(100 // 2 - idle_used, 100 // 3)), best_fit_slice(gpus, shape)
+        ratio = sum(g * 100 // MILLI for g in used)
+        return float(max(100 - ratio // 10, 100 // 2)), best_fit_slice(gpus, shape)
+
+
+class FgdPolicy(Policy):
+    """Fragmentation gradient descent: the node whose expected fragmentation grows least.
+
+    As in the paper's simulator, the drop in fragmentation (milli-GPU) is squashed by a
+    sigmoid into an integer 0-100 score, and a slice goes to the GPU that scores best.
+    """
+
+    name = "fgd"
+    uses_profile = True
+
+    def __init__(self, profile: WorkloadProfile | None = None):
+        super().__init__(profile)
+        self.frag = FragmentationModel(profile)
+
+    def _quantised(self, drop: float) -> float:
+        return float(int(100.0 / (1.0 + math.exp(-drop / 1000.0))))
+
+    def score(self, model, cpu_free, gpus, shape):
+        """Integer sigmoid of the fragmentation drop; slices try every fitting GPU."""
+        before = self.frag.amount(model, cpu_free, gpus)
+        if not shape.shared:
+            after = self.frag.amount(model, *after_placement(cpu_free, gpus, shape, None))
+            return self._quantised(before - after), None
+        best, best_slice = None, None
+        for g in slice_candidates(gpus, shape):
+            s = self._quantised(before - self.frag.amount(model, *after_placement(cpu_free, gpus, shape, g)))
+            if best is None or s > best:
+                best, best_slice = s, g
+        return best, best_slice
+
+
+class FgdPackPolicy(Policy):
+    """Ours: exact fragmentation gradient, then packing, with a demand-weighted workload.
+
+    Three changes to FGD, each aimed at a weakness the benchmark shows:
+    - the fragmentation drop is compared exactly instead of through an integer sigmoid,
+      which in FGD turns most decisions into ties broken by node order;
+    - among nodes whose fragmentation grows by about the same amount, the one with the
+      least free GPU share left after placement wins (packing), so that whole idle nodes
+      stay whole for large multi-GPU tasks;
+    - fragmentation is measured against shapes weighted by the GPU share they ask for
+      as well as by how often they come, because stranding a GPU that an 8-GPU task
+      needed costs more than stranding one a CPU-only task might have used.
+    """
+
+    name = "fgdpack"
+    uses_profile = True
+    PACK_WEIGHT = 0.05  # milli-GPU of fragmentation worth one milli-GPU of free share left
+
+    def __init__(self, profile: WorkloadProfile | None = None):
+        super().__init__(profile)
+        self.frag = FragmentationModel(profile)
+
+    def _score(self, model, cpu_free, gpus, shape, before, slice_of):
+        cpu_after, gpus_after = after_placement(cpu_free, gpus, shape, slice_of)
+        growth = self.frag.amount(model, cpu_after, gpus_after) - before
+        return -(growth + self.PACK_WEIGHT * sum(gpus_after))
+
+    def score(self, model, cpu_free, gpus, shape):
+        """Minus (fragmentation growth + a small weight x free GPU share left)."""
+        before = self.frag.amount(model, cpu_free, gpus)
+        if not shape.shared:
+            return self._score(model, cpu_free, gpus, shape, before, None), None
+        best, best_slice = None, None
+        for g in slice_candidates(gpus, shape):
+            s = self._score(model, cpu_free, gpus, shape, before, g)
+            if best is None or s > best:
+                best, best_slice = s, g
+        return best, best_slice
+
+
+POLICIES: dict[str, Callable[[WorkloadProfile | None], Policy]] = {
+    RandomPolicy.name: RandomPolicy,
+    BestFitPolicy.name: BestFitPolicy,
+    PackingPolicy.name: PackingPolicy,
+    DotProductPolicy.name: DotProductPolicy,
+    FgdPolicy.name: FgdPolicy,
+    FgdPackPolicy.name: FgdPackPolicy,
+}
+DEFAULT_POLICY = FgdPackPolicy.name
+
+
+def make_policy(name: str | None = None, profile: WorkloadProfile | None = None) -> Policy:
+    """A policy by name (the default when None); ValueError names the known ones."""
+    name = name or DEFAULT_POLICY
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory(profile)
