@@ -1,6 +1,7 @@
 """`fleet-agent join | run | status | devices`."""
 
 import json
+import logging
 import signal
 import sys
 
@@ -42,6 +43,7 @@ def join(server_url, token, labels, force, config_path):
     """Enrol this host with a join token and store its credentials (once)."""
     config = _load(config_path, server_url=server_url)
     setup_logging(config.log_level, stream=sys.stderr)
+    logging.getLogger("agent.devices").setLevel(logging.WARNING)  # one line per GPU is for the service log
     try:
         extra = parse_labels(",".join(labels))
         config.labels = {**config.labels, **extra}

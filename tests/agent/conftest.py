@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import fake_nvml
+from agent import fake_nvml as fake_module
 from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
@@ -39,17 +39,28 @@ def wait_until(condition, timeout=30.0, interval=0.1, message="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
-@pytest.fixture
-def fake_nvml_shape(tmp_path):
-    """A writable copy of a shape, selected in the fake: call with a scenario name."""
+class FakeNvml:
+    """Scenarios for the fake NVML: `use(name)` copies a shape to a writable file and returns its path;
+    the other methods act on the shape in use in this process."""
 
-    def use(name):
-        path = tmp_path / f"{name}.json"
+    def __init__(self, root):
+        self.root = root
+
+    def use(self, name):
+        path = self.root / f"{name}.json"
         shutil.copy(shape_path(name), path)
         return path
 
-    yield use
-    fake_nvml.reset()
+    add_process = staticmethod(fake_module.add_process)
+    inject_xid = staticmethod(fake_module.inject_xid)
+    update_gpu = staticmethod(fake_module.update_gpu)
+
+
+@pytest.fixture
+def fake_nvml(tmp_path):
+    """The fake NVML with scenarios (h100_x8, a100_mig_x2, l4_x4, gpu_lost, no_driver)."""
+    yield FakeNvml(tmp_path)
+    fake_module.reset()
 
 
 def rewrite_shape(path, change):

@@ -14,8 +14,8 @@ def config_file(tmp_path, backend):
     return str(path)
 
 
-def test_devices_lists_gpus_like_nvidia_smi_and_names_the_lost_one(tmp_path, fake_nvml_shape):
-    config = config_file(tmp_path, fake_nvml_shape("gpu_lost"))
+def test_devices_lists_gpus_like_nvidia_smi_and_names_the_lost_one(tmp_path, fake_nvml):
+    config = config_file(tmp_path, fake_nvml.use("gpu_lost"))
     result = CliRunner().invoke(cli, ["devices", "--config", config])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("GPU ")]
@@ -24,23 +24,23 @@ def test_devices_lists_gpus_like_nvidia_smi_and_names_the_lost_one(tmp_path, fak
     assert "UNHEALTHY: GPU 2 unavailable: GPU is lost" in lines[2]
 
 
-def test_devices_json_has_driver_details_and_mig_instances(tmp_path, fake_nvml_shape):
-    config = config_file(tmp_path, fake_nvml_shape("a100_mig_x2"))
+def test_devices_json_has_driver_details_and_mig_instances(tmp_path, fake_nvml):
+    config = config_file(tmp_path, fake_nvml.use("a100_mig_x2"))
     result = CliRunner().invoke(cli, ["devices", "--json", "--config", config])
     data = json.loads(result.output)
     assert data["driver_version"] == "535.161.08" and data["cuda_version"] == "12.2"
     assert [len(g["mig_devices"]) for g in data["gpus"]] == [3, 1]
 
 
-def test_devices_on_a_host_without_driver_says_so(tmp_path, fake_nvml_shape):
-    config = config_file(tmp_path, fake_nvml_shape("no_driver"))
+def test_devices_on_a_host_without_driver_says_so(tmp_path, fake_nvml):
+    config = config_file(tmp_path, fake_nvml.use("no_driver"))
     result = CliRunner().invoke(cli, ["devices", "--config", config])
     assert result.exit_code == 0
     assert "no GPUs: no NVIDIA driver" in result.output
 
 
-def test_status_before_join_says_not_enrolled_and_not_running(tmp_path, fake_nvml_shape):
-    config = config_file(tmp_path, fake_nvml_shape("l4_x4"))
+def test_status_before_join_says_not_enrolled_and_not_running(tmp_path, fake_nvml):
+    config = config_file(tmp_path, fake_nvml.use("l4_x4"))
     result = CliRunner().invoke(cli, ["status", "--json", "--config", config])
     data = json.loads(result.output)
     assert data["node"] is None and data["session"] == "missing"
@@ -48,8 +48,8 @@ def test_status_before_join_says_not_enrolled_and_not_running(tmp_path, fake_nvm
     assert len(data["devices"]["gpus"]) == 4
 
 
-def test_join_without_server_url_or_with_unreachable_fleetd_fails_clearly(tmp_path, fake_nvml_shape):
-    config = config_file(tmp_path, fake_nvml_shape("l4_x4"))
+def test_join_without_server_url_or_with_unreachable_fleetd_fails_clearly(tmp_path, fake_nvml):
+    config = config_file(tmp_path, fake_nvml.use("l4_x4"))
     result = CliRunner().invoke(cli, ["join", "--token", "flj_x.y", "--config", config])
     assert result.exit_code == 2 and "no fleetd URL" in result.output
     result = CliRunner().invoke(cli, ["join", "--server", "http://127.0.0.1:9", "--token", "flj_x.y", "--config", config])

@@ -47,9 +47,9 @@ def test_watchdog_interval_is_half_of_watchdog_usec_and_only_for_this_process():
 
 
 @pytest.mark.parametrize("scenario", ["h100_x8", "a100_mig_x2", "gpu_lost", "no_driver"])
-def test_register_body_passes_fleetds_strict_schema(fake_nvml_shape, scenario):
+def test_register_body_passes_fleetds_strict_schema(fake_nvml, scenario):
     schemas = pytest.importorskip("fleetd.schemas.agent")
-    manager = DeviceManager(f"fake:{fake_nvml_shape(scenario)}", watch_xids=False)
+    manager = DeviceManager(f"fake:{fake_nvml.use(scenario)}", watch_xids=False)
     inventory = manager.discover()
     manager.close()
     config = Config(server_url="http://127.0.0.1:9", machine_id="m-1")

@@ -2,7 +2,6 @@
 
 import pytest
 
-from agent import fake_nvml
 from agent.devices import DeviceManager, assess_health, max_tflops
 from tests.agent.conftest import rewrite_shape
 
@@ -41,8 +40,8 @@ def test_max_tflops_is_null_for_unknown_architecture_or_missing_readings():
     assert max_tflops(None, 16896, 1980) is None
 
 
-def test_health_change_on_a_poll_bumps_the_inventory_version(fake_nvml_shape):
-    path = fake_nvml_shape("l4_x4")
+def test_health_change_on_a_poll_bumps_the_inventory_version(fake_nvml):
+    path = fake_nvml.use("l4_x4")
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         manager.discover()

@@ -21,9 +21,9 @@ GPU0 = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000000"
 
 
 @pytest.fixture
-def local(tmp_path, fake_nvml_shape):
+def local(tmp_path, fake_nvml):
     config = Config(state_dir=str(tmp_path / "state"), local_api_listen="127.0.0.1:0",
-                    devices_backend=f"fake:{fake_nvml_shape('h100_x8')}")
+                    devices_backend=f"fake:{fake_nvml.use('h100_x8')}")
     agent = Agent(config)
     agent.devices.discover()
     api = LocalApi(agent, config, agent.state.local_api_token()).start()
@@ -79,10 +79,8 @@ def test_workers_limiter_and_trap_are_empty_lists_without_tasks(local):
     assert trap["candidates"] == []
 
 
-def test_trap_orders_workers_lowest_priority_then_largest_first(local):
+def test_trap_orders_workers_lowest_priority_then_largest_first(local, fake_nvml):
     agent, api, http, ok = local
-    from agent import fake_nvml
-
     for task, prio, pid, used in [("a", "on-demand", 101, 30), ("b", "spot", 102, 10), ("c", "spot", 103, 20)]:
         agent.workers.add(Worker(task_id=task, epoch=1, priority_class=prio, pids=[pid],
                                  gpus=[{"uuid": GPU0, "memory_limit_bytes": 40 * 2**30}]))

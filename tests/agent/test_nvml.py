@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from agent import fake_nvml
+from agent import fake_nvml as fake_module
 from agent.devices import DeviceManager
 from agent.nvml import Nvml, NvmlUnavailable, load_backend
 from tests.agent.conftest import SCENARIOS, rewrite_shape, shape_path, wait_until
@@ -21,8 +21,8 @@ def discover(path):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml_shape, scenario):
-    inventory = discover(fake_nvml_shape(scenario))
+def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml, scenario):
+    inventory = discover(fake_nvml.use(scenario))
     keys = {"uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy",
             "health_reason", "mig_mode"}
     for gpu in inventory.wire_gpus():
@@ -31,8 +31,8 @@ def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml_
     assert len(uuids) == len(set(uuids))
 
 
-def test_h100_host_reports_eight_healthy_gpus_with_identity_and_tflops(fake_nvml_shape):
-    inventory = discover(fake_nvml_shape("h100_x8"))
+def test_h100_host_reports_eight_healthy_gpus_with_identity_and_tflops(fake_nvml):
+    inventory = discover(fake_nvml.use("h100_x8"))
     assert inventory.driver_version == "550.54.15" and inventory.cuda_version == "12.4"
     assert [d.gpu.index for d in inventory.devices] == list(range(8))
     first = inventory.devices[0]
@@ -46,8 +46,8 @@ def test_h100_host_reports_eight_healthy_gpus_with_identity_and_tflops(fake_nvml
     assert first.power_limit_w == 700.0 and first.temperature_c == 31
 
 
-def test_mig_host_reports_mig_mode_and_instances_and_null_for_unsupported_utilization(fake_nvml_shape):
-    inventory = discover(fake_nvml_shape("a100_mig_x2"))
+def test_mig_host_reports_mig_mode_and_instances_and_null_for_unsupported_utilization(fake_nvml):
+    inventory = discover(fake_nvml.use("a100_mig_x2"))
     assert [d.gpu.mig_mode for d in inventory.devices] == ["enabled", "enabled"]
     assert [len(d.mig_devices) for d in inventory.devices] == [3, 1]
     assert inventory.devices[0].mig_devices[0]["uuid"].startswith("MIG-")
@@ -56,15 +56,15 @@ def test_mig_host_reports_mig_mode_and_instances_and_null_for_unsupported_utiliz
     assert inventory.devices[0].gpu.max_tflops == 311.9
 
 
-def test_l4_host_without_mig_support_reports_null_mig_mode(fake_nvml_shape):
-    inventory = discover(fake_nvml_shape("l4_x4"))
+def test_l4_host_without_mig_support_reports_null_mig_mode(fake_nvml):
+    inventory = discover(fake_nvml.use("l4_x4"))
     assert len(inventory.devices) == 4
     assert all(d.gpu.mig_mode is None for d in inventory.devices)
     assert inventory.devices[0].gpu.max_tflops == 121.2
 
 
-def test_lost_gpu_becomes_one_unhealthy_entry_and_the_others_still_report(fake_nvml_shape):
-    inventory = discover(fake_nvml_shape("gpu_lost"))
+def test_lost_gpu_becomes_one_unhealthy_entry_and_the_others_still_report(fake_nvml):
+    inventory = discover(fake_nvml.use("gpu_lost"))
     assert len(inventory.devices) == 4
     lost = inventory.devices[2]
     assert not lost.gpu.healthy and "GPU is lost" in lost.gpu.health_reason
@@ -72,8 +72,8 @@ def test_lost_gpu_becomes_one_unhealthy_entry_and_the_others_still_report(fake_n
     assert all(d.gpu.healthy for i, d in enumerate(inventory.devices) if i != 2)
 
 
-def test_gpu_lost_after_discovery_keeps_its_last_known_identity(fake_nvml_shape):
-    path = fake_nvml_shape("h100_x8")
+def test_gpu_lost_after_discovery_keeps_its_last_known_identity(fake_nvml):
+    path = fake_nvml.use("h100_x8")
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         uuid = manager.discover().devices[5].gpu.uuid
@@ -88,8 +88,8 @@ def test_gpu_lost_after_discovery_keeps_its_last_known_identity(fake_nvml_shape)
         manager.close()
 
 
-def test_optional_reading_error_degrades_to_null(fake_nvml_shape):
-    path = fake_nvml_shape("h100_x8")
+def test_optional_reading_error_degrades_to_null(fake_nvml):
+    path = fake_nvml.use("h100_x8")
     rewrite_shape(path, lambda d: d["gpus"][1].update(errors={"nvmlDeviceGetPowerUsage": "Unknown",
                                                               "nvmlDeviceGetTemperature": "NotSupported",
                                                               "nvmlDeviceGetNumaNodeId": "NoPermission"}))
@@ -98,22 +98,22 @@ def test_optional_reading_error_degrades_to_null(fake_nvml_shape):
     assert device.gpu.healthy and device.power_limit_w == 700.0
 
 
-def test_required_reading_error_marks_the_gpu_unhealthy_with_the_reason(fake_nvml_shape):
-    path = fake_nvml_shape("l4_x4")
+def test_required_reading_error_marks_the_gpu_unhealthy_with_the_reason(fake_nvml):
+    path = fake_nvml.use("l4_x4")
     rewrite_shape(path, lambda d: d["gpus"][3].update(errors={"nvmlDeviceGetMemoryInfo": "Unknown"}))
     device = discover(path).devices[3]
     assert not device.gpu.healthy and "Unknown Error" in device.gpu.health_reason
 
 
-def test_host_without_driver_is_cpu_only_with_the_reason(fake_nvml_shape):
-    inventory = discover(fake_nvml_shape("no_driver"))
+def test_host_without_driver_is_cpu_only_with_the_reason(fake_nvml):
+    inventory = discover(fake_nvml.use("no_driver"))
     assert inventory.devices == []
     assert "no NVIDIA driver" in inventory.reason and "Driver Not Loaded" in inventory.reason
     assert inventory.metrics()["devices_reason"] == inventory.reason
 
 
-def test_rediscovery_picks_up_a_driver_installed_after_start(fake_nvml_shape):
-    path = fake_nvml_shape("no_driver")
+def test_rediscovery_picks_up_a_driver_installed_after_start(fake_nvml):
+    path = fake_nvml.use("no_driver")
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         assert manager.discover().devices == []
@@ -125,8 +125,8 @@ def test_rediscovery_picks_up_a_driver_installed_after_start(fake_nvml_shape):
         manager.close()
 
 
-def test_process_registered_on_a_gpu_shows_in_memory_used_and_process_list(fake_nvml_shape):
-    path = fake_nvml_shape("h100_x8")
+def test_process_registered_on_a_gpu_shows_in_memory_used_and_process_list(fake_nvml):
+    path = fake_nvml.use("h100_x8")
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         manager.discover()
@@ -140,8 +140,8 @@ def test_process_registered_on_a_gpu_shows_in_memory_used_and_process_list(fake_
         manager.close()
 
 
-def test_critical_xid_marks_the_gpu_unhealthy_but_an_application_xid_does_not(fake_nvml_shape):
-    path = fake_nvml_shape("h100_x8")
+def test_critical_xid_marks_the_gpu_unhealthy_but_an_application_xid_does_not(fake_nvml):
+    path = fake_nvml.use("h100_x8")
     manager = DeviceManager(f"fake:{path}")
     try:
         manager.discover()
@@ -157,17 +157,17 @@ def test_critical_xid_marks_the_gpu_unhealthy_but_an_application_xid_does_not(fa
 
 def test_fake_error_classes_and_constants_match_pynvml():
     pynvml = pytest.importorskip("pynvml")
-    err = fake_nvml.NVMLError(fake_nvml.NVML_ERROR_GPU_IS_LOST)
-    assert type(err).__name__ == "NVMLError_GpuIsLost" and isinstance(err, fake_nvml.NVMLError)
+    err = fake_module.NVMLError(fake_module.NVML_ERROR_GPU_IS_LOST)
+    assert type(err).__name__ == "NVMLError_GpuIsLost" and isinstance(err, fake_module.NVMLError)
     assert str(err) == "GPU is lost"
-    for name in dir(fake_nvml):
+    for name in dir(fake_module):
         if name.startswith(("NVML_", "nvmlEventType")):
-            assert getattr(pynvml, name) == getattr(fake_nvml, name), name
+            assert getattr(pynvml, name) == getattr(fake_module, name), name
         if name.startswith("NVMLError_"):
             assert hasattr(pynvml, name), name
-        if name.startswith("nvml") and callable(getattr(fake_nvml, name)):
+        if name.startswith("nvml") and callable(getattr(fake_module, name)):
             real = getattr(pynvml, name)
-            fake_params = list(inspect.signature(getattr(fake_nvml, name)).parameters)
+            fake_params = list(inspect.signature(getattr(fake_module, name)).parameters)
             assert len(inspect.signature(real).parameters) == len(fake_params), name
 
 
@@ -180,7 +180,7 @@ def test_every_nvml_call_the_adapter_makes_exists_in_the_fake():
     source = Path(agent.nvml.__file__).read_text()
     called = set(re.findall(r'"(nvml[A-Za-z0-9_]+)"', source)) | set(re.findall(r"\.nv\.(nvml[A-Za-z0-9_]+)", source))
     assert called, "the adapter calls nothing?"
-    missing = sorted(name for name in called if not hasattr(fake_nvml, name))
+    missing = sorted(name for name in called if not hasattr(fake_module, name))
     assert missing == []
 
 

@@ -85,9 +85,9 @@ def test_ca_file_trusts_the_server(tls_server, cert):
     client.close()
 
 
-def test_local_api_serves_https_when_tls_is_configured(tmp_path, cert, fake_nvml_shape):
+def test_local_api_serves_https_when_tls_is_configured(tmp_path, cert, fake_nvml):
     config = Config(state_dir=str(tmp_path), local_api_listen="127.0.0.1:0", local_api_tls_cert=str(cert[0]),
-                    local_api_tls_key=str(cert[1]), devices_backend=f"fake:{fake_nvml_shape('l4_x4')}").validate()
+                    local_api_tls_key=str(cert[1]), devices_backend=f"fake:{fake_nvml.use('l4_x4')}").validate()
     agent = Agent(config)
     agent.devices.discover()
     api = LocalApi(agent, config, "fll_secret").start()
