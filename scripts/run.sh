@@ -71,7 +71,8 @@ if [ ! -s "$agent_dir/state/node.json" ]; then
     "$bin/fleetd" fleet show local >/dev/null 2>&1 || "$bin/fleetd" fleet create local --description "this machine"
     join=$("$bin/fleetd" join-token create --fleet local --single-use --ttl 10m --json \
         | "$bin/python" -c 'import json, sys; print(json.load(sys.stdin)["token"])')
-    "$bin/fleet-agent" join --server "$url" --token "$join" --config "$config"
+    # The token goes in the environment, not argv, so that it stays out of `ps`.
+    FLEET_AGENT_JOIN_TOKEN="$join" "$bin/fleet-agent" join --server "$url" --config "$config"
 fi
 "$bin/fleet-agent" run --config "$config" &
 pids+=($!)
