@@ -17,7 +17,9 @@ to that percentage, as the artifact's analysis does) and after the last pod; the
 unallocated GPU %; the fragmentation ratio at 90% arrived (fragmented / idle GPU share
 against the typical task shapes, per node as in the paper; the shapes are the most
 popular ones that make up --typical-coverage of the pod list, 95% as in the artifact's
-run scripts); and placement decisions per second inside the engine.
+run scripts); and placement decisions per second inside the engine. --max-pods N replays
+only the first N pods of each seed's sequence, for quick runs; percentages such a run
+does not reach are reported as null.
 
     .venv/bin/python bench/placement.py --nodes ../shared/traces/openb_node_list_gpu_node.csv \\
         --pods ../shared/traces/openb_pod_list_gpushare40.csv --seeds 10 --policy all \\
@@ -154,11 +156,11 @@ def run_one(nodes_path, pods_path, policy_name, seed, max_pods, coverage) -> dic
     """One policy, one seed: the metrics of that run."""
     nodes = load_nodes(nodes_path)
     pods = load_pods(pods_path)
-    if max_pods:
-        pods = pods[:max_pods]
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     profile = typical_profile(pods, coverage)
     seq, rng = workload(pods, capacity, seed)
+    if max_pods:
+        seq = seq[:max_pods]
     order = list(range(len(nodes)))
     rng.shuffle(order)
     snapshot = ClusterSnapshot(tuple(nodes[i] for i in order))
@@ -202,6 +204,12 @@ def run_one(nodes_path, pods_path, policy_name, seed, max_pods, coverage) -> dic
     return out
 
 
+def mean_or_none(values, digits):
+    """Mean of the values that were reached (a short --max-pods run may not reach 80%)."""
+    reached = [v for v in values if v == v]
+    return round(statistics.fmean(reached), digits) if reached else None
+
+
 def cluster_frag_ratio(engine: PlacementEngine, metric: FragmentationModel) -> float:
     """Fragmented / idle GPU share over all nodes, in percent."""
     frag = idle = 0.0
@@ -235,7 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pods", required=True, help="pod list CSV")
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds (42, 43, ...)")
     ap.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, or all")
-    ap.add_argument("--max-pods", type=int, default=0, help="use only the first N pods of the list (0: all)")
+    ap.add_argument("--max-pods", type=int, default=0, help="replay only the first N pods of each seed's sequence (0: all)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (runs are independent)")
     ap.add_argument("--typical-coverage", type=float, default=0.95, help="share of pods the typical shapes cover")
@@ -259,7 +267,7 @@ def main(argv=None) -> int:
     results = {}
     for p in policies:
         mine = [r for (job, r) in zip(jobs, runs) if job[2] == p]
-        agg = {k: round(statistics.fmean(r[k] for r in mine), 2) for k in METRICS}
+        agg = {k: mean_or_none([r[k] for r in mine], 2) for k in METRICS}
         agg["decisions_per_second"] = round(statistics.fmean(r["decisions_per_second"] for r in mine), 1)
         agg["seeds"] = len(mine)
         agg["pods_per_seed"] = round(statistics.fmean(r["pods"] for r in mine), 1)
@@ -276,7 +284,8 @@ def main(argv=None) -> int:
         cells = []
         for k in METRICS:
             v = results[p][k]
-            cells.append(f"{v:7.2f} (pub {ref[k]:6.2f})" if ref else f"{v:7.2f}{'':13}")
+            shown = f"{v:7.2f}" if v is not None else f"{'-':>7}"
+            cells.append(f"{shown} (pub {ref[k]:6.2f})" if ref else f"{shown}{'':13}")
         print(f"{p:<10}" + "".join(f"{c:>23}" for c in cells) + f"{results[p]['decisions_per_second']:9.0f}")
     if published:
         print(f"(pub: {published_path.name}; {DEFAULT_POLICY} is compared with the published FGD)")

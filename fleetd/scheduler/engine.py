@@ -41,7 +41,7 @@ from fleetd.scheduler.model import (
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 
-_ANY_SELECTOR = (None, ())
+_MISS = object()
 
 
 class _Gpu:
@@ -52,12 +52,13 @@ class _Gpu:
         self.model = snap.model
         self.memory_total = snap.memory_total_bytes
         self.memory_free = snap.free_memory
-        self.milli_free = max(0, min(MILLI, snap.compute_free_milli))
         self.numa = snap.numa_node
         # An unhealthy GPU, or one a task holds whole, takes no work at all.
         self.usable = snap.healthy and not snap.exclusive
-        # Shares already reserved by tasks outside this engine count as one holder.
+        # Shares already reserved by tasks outside this engine count as one holder; a GPU
+        # that anyone shares has less than a whole GPU of compute share to give.
         self.holders = 0 if snap.idle else 1
+        self.milli_free = max(0, min(MILLI if snap.idle else MILLI - 1, snap.compute_free_milli))
 
     @property
     def idle(self) -> bool:
@@ -65,15 +66,11 @@ class _Gpu:
 
     @property
     def key(self) -> int:
-        # A GPU with memory-only slices still has all its compute share, yet cannot be
-        # given away whole: score it as just under idle.
-        if self.milli_free >= MILLI and not self.idle:
-            return MILLI - 1
         return self.milli_free
 
 
 class _Node:
-    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key")
+    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid")
 
     def __init__(self, index: int, snap: NodeSnapshot):
         self.index = index
@@ -84,6 +81,7 @@ class _Node:
         self.model = "|".join(models)
         self.gpus = [_Gpu(g) for g in snap.gpus]
         self.key = None
+        self.cid = -1
 
     def usable_gpus(self):
         return [g for g in self.gpus if g.usable]
@@ -128,9 +126,10 @@ class PlacementEngine:
         self.by_id = {n.snap.id: n for n in self.nodes}
         if len(self.by_id) != len(self.nodes):
             raise ValueError("node ids in a snapshot must be unique")
-        self.classes: dict[tuple, list[int]] = {}
-        self._members: dict[tuple, list[_Node]] = {}
-        self._memo: dict[tuple, tuple | None] = {}
+        self._class_ids: dict[tuple, int] = {}  # node state -> class id
+        self._class_keys: list[tuple] = []  # class id -> node state
+        self._members: dict[int, list[_Node]] = {}  # class id -> its nodes, snapshot order
+        self._memo: dict[Shape, dict[int, tuple | None]] = {}  # shape -> class id -> (score, slice)
         for node in self.nodes:
             if node.snap.schedulable:
                 self._enter(node)
@@ -139,20 +138,22 @@ class PlacementEngine:
 
     def _enter(self, node: _Node):
         key = node.make_key()
-        idx = self.classes.setdefault(key, [])
-        pos = bisect.bisect_left(idx, node.index)
-        idx.insert(pos, node.index)
-        self._members.setdefault(key, []).insert(pos, node)
+        cid = self._class_ids.get(key)
+        if cid is None:
+            cid = self._class_ids[key] = len(self._class_keys)
+            self._class_keys.append(key)
+        node.cid = cid
+        members = self._members.setdefault(cid, [])
+        if not members or members[-1].index < node.index:
+            members.append(node)
+        else:
+            members.insert(bisect.bisect_left([m.index for m in members], node.index), node)
 
     def _leave(self, node: _Node):
-        key = node.key
-        idx = self.classes[key]
-        pos = bisect.bisect_left(idx, node.index)
-        del idx[pos]
-        del self._members[key][pos]
-        if not idx:
-            del self.classes[key]
-            del self._members[key]
+        members = self._members[node.cid]
+        members.remove(node)
+        if not members:
+            del self._members[node.cid]
 
     # ---- scoring -----------------------------------------------------------------------
 
@@ -169,19 +170,21 @@ class PlacementEngine:
             return any(g >= shape.gpu_milli for g in gpus)
         return sum(1 for g in gpus if g >= MILLI) >= shape.gpu_count
 
-    def _class_score(self, key: tuple, shape: Shape):
-        memo_key = (key, shape)
-        try:
-            return self._memo[memo_key]
-        except KeyError:
-            pass
-        result = None
-        if self._class_fits(key, shape):
-            result = self.policy.score(key[0], key[1], key[2], shape)
-        if len(self._memo) > 500_000:
-            self._memo.clear()
-        self._memo[memo_key] = result
-        return result
+    def _scores(self, shape: Shape) -> list[tuple]:
+        """(score, -first node index, class id, slice) for every class the shape fits."""
+        memo = self._memo.get(shape)
+        if memo is None:
+            memo = self._memo[shape] = {}
+        out = []
+        for cid, members in self._members.items():
+            res = memo.get(cid, _MISS)
+            if res is _MISS:
+                key = self._class_keys[cid]
+                res = self.policy.score(key[0], key[1], key[2], shape) if self._class_fits(key, shape) else None
+                memo[cid] = res
+            if res is not None:
+                out.append((res[0], -members[0].index, cid, res[1]))
+        return out
 
     # ---- per-node checks and device choice -----------------------------------------------
 
@@ -240,34 +243,26 @@ class PlacementEngine:
 
     def _choose(self, request: TaskRequest, shape: Shape, exclude: set):
         """Best (node, devices, score) for one rank, or None."""
+        cands = self._scores(shape)
+        if not cands:
+            return None
         if self.policy.randomized:
-            feasible = []
-            for key, members in self._members.items():
-                res = self._class_score(key, shape)
-                if res is None:
-                    continue
-                for node in members:
-                    devices = self._node_ok(node, request, shape, None, exclude)
-                    if devices is not None:
-                        feasible.append((node, devices))
-            if not feasible:
-                return None
-            node, devices = feasible[self.rng.randrange(len(feasible))]
-            return node, devices, 0.0
-        best = None  # (score, index, node, devices)
-        scored = []
-        for key, members in self._members.items():
-            res = self._class_score(key, shape)
-            if res is not None:
-                scored.append((res[0], members, res[1]))
+            return self._choose_random(request, shape, exclude, cands)
+        # Fast path: the first node of the best class usually passes the per-node checks.
+        score, neg_index, cid, slice_of = max(cands)
+        node = self._members[cid][0]
+        devices = self._node_ok(node, request, shape, slice_of, exclude)
+        if devices is not None:
+            return node, devices, score
         # Highest score first; within a score, the node earliest in the snapshot wins.
-        scored.sort(key=lambda t: (-t[0], t[1][0].index))
-        for score, members, slice_of in scored:
-            if best is not None and (score < best[0] or members[0].index > best[1]):
+        cands.sort(reverse=True)
+        best = None  # (score, index, node, devices)
+        for score, neg_index, cid, slice_of in cands:
+            if best is not None and (score < best[0] or -neg_index > best[1]):
                 if score < best[0]:
                     break
                 continue
-            for node in members:
+            for node in self._members[cid]:
                 if best is not None and node.index > best[1]:
                     break
                 devices = self._node_ok(node, request, shape, slice_of, exclude)
@@ -277,6 +272,26 @@ class PlacementEngine:
         if best is None:
             return None
         return best[2], best[3], best[0]
+
+    def _choose_random(self, request, shape, exclude, cands):
+        """A uniformly random feasible node (rejection sampling over the fitting classes)."""
+        pools = [list(self._members[cid]) for _, _, cid, _ in cands]
+        sizes = [len(p) for p in pools]
+        total = sum(sizes)
+        while total:
+            r = self.rng.randrange(total)
+            for i, size in enumerate(sizes):
+                if r < size:
+                    break
+                r -= size
+            node = pools[i][r]
+            devices = self._node_ok(node, request, shape, None, exclude)
+            if devices is not None:
+                return node, devices, 0.0
+            pools[i].pop(r)
+            sizes[i] -= 1
+            total -= 1
+        return None
 
     # ---- reserving -----------------------------------------------------------------------
 

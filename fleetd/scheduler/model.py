@@ -85,8 +85,8 @@ class TaskRequest:
     `gpus` is an integer >= 0 (whole GPUs, held exclusively) or a fraction 0 < x < 1 of one
     GPU. A request for one GPU with `gpu_memory_bytes` or `gpu_compute_percent` is also a
     shared slice of one GPU. A slice's compute share is `gpu_compute_percent` if given,
-    else the fraction; its memory is `gpu_memory_bytes` if given, else the same fraction of
-    the chosen GPU's memory.
+    else the fraction (1 milli-GPU for a memory-only slice); its memory is
+    `gpu_memory_bytes` if given, else the same fraction of the chosen GPU's memory.
     """
 
     gpus: float = 0
@@ -136,7 +136,7 @@ class TaskRequest:
             return max(1, round(self.gpu_compute_percent * 10))
         if 0 < self.gpus < 1:
             return max(1, round(self.gpus * MILLI))
-        return 0  # a memory-only slice reserves memory, no compute share
+        return 1  # a memory-only slice reserves the smallest share: the GPU is no longer free
 
     @property
     def cpu_milli(self) -> int:
