@@ -1,5 +1,10 @@
 """The agent's side of the agent protocol (API.md "Agent protocol", X-Fleet-Protocol: 1)."""
 
+import hashlib
+import os
+import random
+import urllib.parse
+
 import requests
 from requests.adapters import HTTPAdapter
 
@@ -23,6 +28,27 @@ class Unreachable(FleetdError):
 
 class Rejected(FleetdError):
     """Not worth retrying with the same credentials: 401 (revoked, replaced or unknown session)."""
+
+
+class Conflict(FleetdError):
+    """409: a stale epoch; fleetd no longer leases this task to this node (fencing)."""
+
+
+class TooLarge(FleetdError):
+    """413: the body is over fleetd's size limit."""
+
+
+class DigestMismatch(FleetdError):
+    """A downloaded artifact's bytes do not hash to the sha256 it was asked for."""
+
+
+DOWNLOAD_CHUNK_BYTES = 1 << 20
+
+
+def backoff_delay(attempt, cap, rng=random, base=1.0):
+    """Exponential backoff with jitter: half fixed, half random, never above `cap`."""
+    ceiling = min(cap, base * 2 ** min(attempt, 32))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -70,10 +96,91 @@ class FleetClient:
         """POST /agent/deregister: leave the fleet."""
         self._post("/api/v1/agent/deregister", {}, self.session_token)
 
-    def _post(self, path, body, token):
+    def acquire(self, wait_seconds=30):
+        """POST /agent/acquire, a long poll -> the Assignment dict, or None when none came in time."""
+        reply = self._post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, self.session_token,
+                           timeout=wait_seconds + self.timeout)
+        return (reply or {}).get("assignment")
+
+    def task_start(self, task_id, epoch, pid=None):
+        """POST /agent/tasks/{id}/start: the task's process runs."""
+        body = {"epoch": epoch}
+        if pid is not None:
+            body["pid"] = pid
+        self._post(_task_path(task_id, "start"), body, self.session_token)
+
+    def publish_rendezvous(self, task_id, epoch, addr, port):
+        """POST /agent/tasks/{id}/rendezvous (rank 0): where the other ranks find it."""
+        self._post(_task_path(task_id, "rendezvous"), {"epoch": epoch, "addr": addr, "port": port},
+                   self.session_token)
+
+    def wait_rendezvous(self, task_id, wait_seconds=30):
+        """GET /agent/tasks/{id}/rendezvous, a long poll -> (addr, port), or None when not published in time."""
         try:
-            resp = self.http.post(self.base + path, json=body, timeout=self.timeout,
-                                  headers={"Authorization": f"Bearer {token}"})
+            reply = self._request("GET", _task_path(task_id, "rendezvous"), self.session_token,
+                                  params={"wait_seconds": wait_seconds}, timeout=wait_seconds + self.timeout)
+        except Unreachable as exc:
+            if exc.status == 504:
+                return None
+            raise
+        return reply["addr"], int(reply["port"])
+
+    def task_logs(self, task_id, epoch, lines):
+        """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
+        self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
+
+    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None):
+        """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled."""
+        body = {"epoch": epoch, "outcome": outcome}
+        if exit_code is not None:
+            body["exit_code"] = exit_code
+        if reason:
+            body["reason"] = reason
+        self._post(_task_path(task_id, "finish"), body, self.session_token)
+
+    def download_artifact(self, sha256, dest):
+        """GET /artifacts/{sha256} streamed into the file `dest`; DigestMismatch unless the bytes hash to sha256.
+
+        The file is written next to `dest` and renamed into place only once verified.
+        """
+        path = "/api/v1/artifacts/" + urllib.parse.quote(sha256, safe="")
+        tmp = f"{dest}.part"
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            resp = self.http.get(self.base + path, stream=True, timeout=self.timeout,
+                                 headers={"Authorization": f"Bearer {self.session_token}"})
+        except requests.RequestException as exc:
+            raise Unreachable(f"fleetd unreachable: {_short(exc)}") from None
+        with resp:
+            if resp.status_code != 200:
+                _raise_for(resp)
+            try:
+                with open(tmp, "wb") as fh:
+                    for chunk in resp.iter_content(DOWNLOAD_CHUNK_BYTES):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        fh.write(chunk)
+            except requests.RequestException as exc:
+                _unlink(tmp)
+                raise Unreachable(f"artifact download interrupted: {_short(exc)}") from None
+            except BaseException:
+                _unlink(tmp)
+                raise
+        if digest.hexdigest() != sha256:
+            _unlink(tmp)
+            raise DigestMismatch(f"artifact {sha256} failed verification: its {size} bytes hash to "
+                                 f"{digest.hexdigest()}")
+        os.replace(tmp, dest)
+        return size
+
+    def _post(self, path, body, token, timeout=None):
+        return self._request("POST", path, token, json=body, timeout=timeout)
+
+    def _request(self, method, path, token, timeout=None, **kwargs):
+        try:
+            resp = self.http.request(method, self.base + path, timeout=timeout or self.timeout,
+                                     headers={"Authorization": f"Bearer {token}"}, **kwargs)
         except requests.exceptions.SSLError as exc:
             raise Unreachable(f"TLS error talking to fleetd: {_short(exc)}") from None
         except requests.RequestException as exc:
@@ -82,14 +189,35 @@ class FleetClient:
             return resp.json()
         if resp.status_code == 204:
             return None
-        code, message = _error(resp)
-        if resp.status_code == 401:
-            raise Rejected(message, resp.status_code, code)
-        if resp.status_code == 429 or resp.status_code >= 500:
-            retry_after = resp.headers.get("Retry-After")
-            raise Unreachable(f"fleetd answered {resp.status_code} {code}: {message}", resp.status_code, code,
-                              float(retry_after) if retry_after and retry_after.isdigit() else None)
-        raise FleetdError(f"fleetd answered {resp.status_code} {code}: {message}", resp.status_code, code)
+        _raise_for(resp)
+
+
+def _task_path(task_id, action):
+    return f"/api/v1/agent/tasks/{urllib.parse.quote(str(task_id), safe='')}/{action}"
+
+
+def _raise_for(resp):
+    code, message = _error(resp)
+    status = resp.status_code
+    text = f"fleetd answered {status} {code}: {message}"
+    if status == 401:
+        raise Rejected(message, status, code)
+    if status == 409:
+        raise Conflict(text, status, code)
+    if status == 413:
+        raise TooLarge(text, status, code)
+    if status == 429 or status >= 500:
+        retry_after = resp.headers.get("Retry-After")
+        raise Unreachable(text, status, code,
+                          float(retry_after) if retry_after and retry_after.isdigit() else None)
+    raise FleetdError(text, status, code)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _error(resp):

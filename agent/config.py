@@ -48,6 +48,13 @@ class Config:
     devices_backend: str = "nvml"  # or fake:<path to shape json>
     devices_poll_seconds: float = 1.0
     devices_rediscover_seconds: float = 300.0  # full NVML re-initialisation (new driver, swapped GPU)
+    tasks_kill_grace_seconds: float = 10.0  # cancel: SIGTERM to the process group, SIGKILL this much later
+    tasks_rendezvous_timeout_seconds: float = 600.0  # how long a rank > 0 waits for rank 0's address
+    tasks_report_retry_seconds: float = 7 * 86400.0  # how long a finish report is retried through an outage
+    tasks_log_batch_lines: int = 1000  # most lines in one POST .../logs
+    tasks_log_batch_bytes: int = 256 * 1024  # most text in one POST .../logs
+    tasks_log_interval_seconds: float = 0.25  # a line waits at most this long for its batch
+    tasks_log_buffer_bytes: int = 8 * 1024 * 1024  # per task; over it the oldest lines are dropped
     log_level: str = "info"
 
     @property
@@ -81,6 +88,14 @@ class Config:
         if self.heartbeat_interval_seconds < 0 or self.backoff_max_seconds <= 0 or self.request_timeout_seconds <= 0:
             raise ConfigError("heartbeat_interval_seconds, backoff_max_seconds and request_timeout_seconds "
                               "must be positive (heartbeat 0 means: as fleetd says)")
+        if self.tasks_kill_grace_seconds < 0 or self.tasks_rendezvous_timeout_seconds <= 0 \
+                or self.tasks_report_retry_seconds <= 0 or self.tasks_log_interval_seconds <= 0:
+            raise ConfigError("tasks.kill_grace_seconds must be >= 0; tasks.rendezvous_timeout_seconds, "
+                              "tasks.report_retry_seconds and tasks.log_interval_seconds must be positive")
+        if self.tasks_log_batch_lines < 1 or self.tasks_log_batch_bytes < 1024 \
+                or self.tasks_log_buffer_bytes < self.tasks_log_batch_bytes:
+            raise ConfigError("tasks.log_batch_lines must be >= 1, tasks.log_batch_bytes >= 1024 and "
+                              "tasks.log_buffer_bytes >= tasks.log_batch_bytes")
         if self.tls_pin and not re.fullmatch(r"[0-9a-f]{64}", self.tls_pin.replace(":", "").lower()):
             raise ConfigError("tls_pin must be a SHA-256 fingerprint: 64 hex digits, colons allowed")
         if self.devices_backend != "nvml" and not self.devices_backend.startswith("fake:"):

@@ -1,6 +1,7 @@
-"""Enrolment and the long-running service: device polling, heartbeats, sd_notify.
+"""Enrolment and the long-running service: device polling, heartbeats, the work loop, sd_notify.
 
-Every loop waits on one stop event, so SIGTERM ends them all within one wait.
+Every loop waits on one stop event, so SIGTERM ends them all within one wait (the acquire long
+poll ends with its request). Tasks themselves run in agent/runner.py.
 """
 
 import importlib.metadata
@@ -12,10 +13,11 @@ import threading
 import time
 import urllib.parse
 
-from agent.client import FleetClient, FleetdError, Rejected, Unreachable
+from agent.client import FleetClient, FleetdError, Rejected, Unreachable, backoff_delay
 from agent.config import ConfigError
 from agent.devices import DeviceManager
 from agent.localapi import LocalApi
+from agent.runner import Runner
 from agent.state import State
 from agent.workers import Workers
 
@@ -28,6 +30,7 @@ EXIT_REVOKED = 3  # revoked or session rejected: restarting will not help; re-en
 
 DEFAULT_HEARTBEAT_SECONDS = 10.0
 ENROLMENT_POLL_SECONDS = 1.0
+ACQUIRE_WAIT_SECONDS = 30  # the most API.md allows
 
 
 def agent_version():
@@ -36,12 +39,6 @@ def agent_version():
         return importlib.metadata.version("fleetd")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def backoff_delay(attempt, cap, rng=random, base=1.0):
-    """Exponential backoff with jitter: half fixed, half random, never above `cap`."""
-    ceiling = min(cap, base * 2 ** min(attempt, 32))
-    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
 def jittered(interval, rng=random, spread=0.1):
@@ -197,6 +194,7 @@ class Agent:
         self.rng = rng or random.Random()
         self.devices = DeviceManager(config.devices_backend)
         self.workers = Workers()
+        self.runner = None  # created once enrolled
         self.deadlines = Deadlines()
         self.node = None
         self.session_ok = False  # a heartbeat succeeded with the stored session
@@ -239,12 +237,15 @@ class Agent:
                 self._spawn("watchdog", self._watchdog, interval)
             sd_notify("READY=1\nSTATUS=devices discovered; connecting to fleetd")
             if self._wait_for_enrolment():
+                self._start_work()
                 self.exit_code = self._heartbeat_loop()
         finally:
             self.stop.set()
             sd_notify("STOPPING=1")
             for thread in self._threads:
                 thread.join(timeout=10)
+            if self.runner is not None:
+                self.runner.shutdown("node revoked" if self.exit_code == EXIT_REVOKED else "fleet-agent stopped")
             self._leave()
             api.stop()
             self.devices.close()
@@ -302,6 +303,38 @@ class Agent:
         if not server_url:
             raise ConfigError("no fleetd URL: set server_url")
         return make_client(self.config, server_url, self.state.session_token())
+
+    def _start_work(self):
+        """Recover from a restart (kill and report what it left running), then start acquiring work."""
+        server_url = self.config.server_url or self.node.get("server_url")
+        address = self.config.address or detect_address(server_url)
+        self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address)
+        self.runner.recover()
+        self._spawn("acquire", self._acquire_loop)
+
+    def _acquire_loop(self):
+        """Long-poll fleetd for assignments and hand each one to the runner."""
+        client = self._client()
+        failures = 0
+        try:
+            while not self.stop.is_set():
+                self.deadlines.beat("acquire", ACQUIRE_WAIT_SECONDS + self.config.request_timeout_seconds + 30)
+                try:
+                    assignment = client.acquire(ACQUIRE_WAIT_SECONDS)
+                except FleetdError as exc:
+                    failures += 1
+                    delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
+                                min(exc.retry_after or 0, self.config.backoff_max_seconds))
+                    if failures == 1 or failures % 10 == 0:
+                        log.warning("acquire failed (attempt %d): %s; retrying in %.1fs", failures, exc, delay)
+                    self.deadlines.beat("acquire", delay + 30)
+                    self.stop.wait(delay)
+                    continue
+                failures = 0
+                if assignment is not None and not self.stop.is_set():
+                    self.runner.submit(assignment)
+        finally:
+            client.close()
 
     def _heartbeat_loop(self):
         client = self._client()

@@ -1,7 +1,7 @@
 """The registry of tasks running on this host, as the local API and the heartbeat see them.
 
-The task runner registers a Worker when it starts a task and removes it when the task ends;
-until tasks run, every view here is an honest empty list.
+The task runner (agent/runner.py) registers a Worker when it accepts an assignment and removes
+it once fleetd has the task's outcome; with no tasks every view here is an empty list.
 """
 
 import dataclasses
@@ -28,11 +28,19 @@ class Worker:
     env: dict = dataclasses.field(default_factory=dict)  # what the agent injected (CUDA_VISIBLE_DEVICES, ...)
     started_at: str = ""
     stop: object = None  # callable(reason) supplied by the runner
+    limits: dict = dataclasses.field(default_factory=dict)  # max_runtime_seconds, kill grace, ...
+    list_pids: object = None  # callable() -> the live pids of the task's process group, from the runner
+
+    def current_pids(self):
+        """The task's processes now (the whole process group when the runner can list it)."""
+        if self.list_pids is not None:
+            return list(self.list_pids())
+        return list(self.pids)
 
     def usage(self, inventory):
         """Per GPU: bytes used by this worker's processes, from NVML's process list."""
         out = {}
-        pids = set(self.pids)
+        pids = set(self.current_pids())
         for grant in self.gpus:
             device = inventory.find(grant["uuid"]) if inventory else None
             procs = (device.processes or []) if device else []
@@ -47,9 +55,9 @@ class Worker:
         """The local API view: GPUs, injected env, limits, per-device per-process usage."""
         return {
             "task_id": self.task_id, "job_id": self.job_id, "epoch": self.epoch, "rank": self.rank,
-            "state": self.state, "priority_class": self.priority_class, "pids": list(self.pids),
-            "gpus": list(self.gpus), "env": dict(self.env), "started_at": self.started_at,
-            "usage": self.usage(inventory),
+            "state": self.state, "priority_class": self.priority_class, "pids": self.current_pids(),
+            "gpus": list(self.gpus), "env": dict(self.env), "limits": dict(self.limits),
+            "started_at": self.started_at, "usage": self.usage(inventory),
         }
 
 

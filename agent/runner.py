@@ -1,0 +1,1086 @@
+"""Task processes: working directory, environment, process groups, logs, cancellation, restarts.
+
+Each assignment from fleetd becomes a Task with its own supervisor thread:
+
+1. a working directory ``state_dir/tasks/<task_id>.<epoch>/work`` and a state file
+   ``task.json`` beside it (pid, process group, process start ticks, boot id, outcome);
+2. input artifacts downloaded into the working directory and verified by sha256;
+3. the rendezvous: rank 0 publishes a free port on this host's address, other ranks wait for it;
+4. the command in a new session (its own process group) with the spec's env plus the injected
+   variables; stdout/stderr read line by line and shipped to fleetd in batches;
+5. cancellation (SIGTERM to the group, SIGKILL after a grace), max_runtime_seconds;
+6. the outcome reported with ``finish``, retried through a fleetd outage.
+
+Any task call answered 409 (stale epoch), 404, 403 or 401 means fleetd no longer leases the
+task to this node: its process group is killed at once and the task is forgotten (fencing).
+On start, `Runner.recover` kills the processes of tasks left from before a restart (found by
+process group and start ticks, or by their FLEET_TASK_ID/FLEET_TASK_EPOCH environment) and
+reports them to fleetd.
+"""
+
+import collections
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
+from agent.state import write_private
+from agent.workers import Worker
+
+log = logging.getLogger("agent.runner")
+
+TASKS_DIR = "tasks"
+STATE_FILE = "task.json"
+WORK_DIR = "work"
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+OUTCOMES = ("succeeded", "failed", "cancelled")
+# What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets).
+PASSTHROUGH_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "USER", "LOGNAME", "SHELL")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_LINE_BYTES = 16 * 1024  # longer lines reach fleetd in pieces of this size
+MIN_TRUNCATED_CHARS = 256  # a single line that fleetd still refuses (413) is halved down to this, then dropped
+TRUNCATED_MARK = " [truncated by fleet-agent]"
+READER_JOIN_SECONDS = 5.0  # a process that escaped the group may hold the pipes; do not wait on it for ever
+RECOVERY_KILL_WAIT_SECONDS = 10.0
+RENDEZVOUS_POLL_SECONDS = 30
+DEFAULT_REPORT_RETRY_SECONDS = 7 * 86400.0
+
+
+class TaskError(Exception):
+    """The task cannot run; the message is the reason reported to fleetd."""
+
+
+class Fenced(Exception):
+    """fleetd no longer leases this task to this node: kill it at once and forget it."""
+
+
+class Stopped(Exception):
+    """The task was cancelled (or the agent is stopping) before its process started."""
+
+
+def _is_fencing(exc):
+    """True for the answers of a task route that mean 'this task is not yours (any more)'."""
+    return isinstance(exc, (Conflict, Rejected)) or exc.status in (403, 404)
+
+
+def _is_fencing_artifact(exc):
+    """For an artifact download only 409 and 401 say that; a 404 or 403 is about the artifact."""
+    return isinstance(exc, (Conflict, Rejected))
+
+
+# ----------------------------------------------------------------------------------------------
+# The assignment on the wire
+
+
+@dataclasses.dataclass
+class Assignment:
+    """API.md Assignment, validated."""
+
+    task_id: str
+    job_id: str
+    epoch: int
+    rank: int
+    num_nodes: int
+    command: list
+    env: dict
+    workdir: str
+    gpus: list
+    isolation: str
+    max_runtime_seconds: float
+    artifacts: list
+    priority_class: str = "on-demand"
+
+    @classmethod
+    def from_wire(cls, data):
+        """Validate an Assignment dict; ValueError names the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("assignment must be an object")
+        task_id = data.get("task_id")
+        if not isinstance(task_id, str) or not TASK_ID_RE.match(task_id):
+            raise ValueError("task_id must be 1-128 letters, digits or ._:-")
+        epoch = data.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError("epoch must be a non-negative integer")
+        num_nodes = data.get("num_nodes") or 1
+        rank = data.get("rank") or 0
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_nodes, rank)) \
+                or num_nodes < 1 or not 0 <= rank < num_nodes:
+            raise ValueError("rank and num_nodes must be integers with 0 <= rank < num_nodes")
+        command = data.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command) \
+                or any("\0" in a for a in command):
+            raise ValueError("command must be a non-empty list of strings")
+        env = data.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME_RE.match(k) for k in env):
+            raise ValueError("env must map variable names to values")
+        env = {k: "" if v is None else str(v) for k, v in env.items()}
+        if any("\0" in v for v in env.values()):
+            raise ValueError("env values must not contain NUL")
+        gpus = data.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str)
+                                                  and re.match(r"^[A-Za-z0-9._:/-]+$", g["uuid"]) for g in gpus):
+            raise ValueError("gpus must be a list of {uuid, ...}")
+        max_runtime = data.get("max_runtime_seconds")
+        if max_runtime is not None and (isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float))
+                                        or max_runtime <= 0):
+            raise ValueError("max_runtime_seconds must be a positive number")
+        artifacts = data.get("artifacts") or []
+        if not isinstance(artifacts, list):
+            raise ValueError("artifacts must be a list")
+        for item in artifacts:
+            if not isinstance(item, dict) or not isinstance(item.get("sha256"), str) \
+                    or not SHA256_RE.match(item["sha256"]) or not isinstance(item.get("path"), str):
+                raise ValueError("artifacts must be [{sha256 (64 lowercase hex digits), path}]")
+        workdir = data.get("workdir") or ""
+        if not isinstance(workdir, str):
+            raise ValueError("workdir must be a string")
+        return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
+                   num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
+                   gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
+                   max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
+                   priority_class=str(data.get("priority_class") or "on-demand"))
+
+
+def inside(root, relative, what):
+    """`root`/`relative` for a relative path that stays inside `root`; TaskError otherwise."""
+    if not relative or "\0" in relative or os.path.isabs(relative) or relative.startswith("~"):
+        raise TaskError(f"{what} {relative!r} must be a relative path inside the task's working directory")
+    parts = relative.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise TaskError(f"{what} {relative!r} must not contain '..'")
+    path = os.path.normpath(os.path.join(root, relative))
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root or path == os.path.normpath(root):
+        raise TaskError(f"{what} {relative!r} leaves the task's working directory")
+    return path
+
+
+def task_env(assignment, master_addr, master_port, environ=None):
+    """(the task's whole environment, the variables the agent injected).
+
+    The spec's env goes over a small passthrough of the agent's own; the injected variables go
+    over both, so a spec cannot widen its GPUs or fake its rank.
+    """
+    environ = os.environ if environ is None else environ
+    env = {k: environ[k] for k in PASSTHROUGH_ENV if k in environ}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["PYTHONUNBUFFERED"] = "1"  # Python tasks' output reaches the log as it is printed
+    env.update(assignment.env)
+    uuids = [g["uuid"] for g in assignment.gpus]
+    injected = {
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        "FLEET_JOB_ID": assignment.job_id,
+        "FLEET_TASK_ID": assignment.task_id,
+        "FLEET_TASK_EPOCH": str(assignment.epoch),
+        "FLEET_NODE_RANK": str(assignment.rank),
+        "FLEET_NUM_NODES": str(assignment.num_nodes),
+        "FLEET_GPUS_PER_NODE": str(len(uuids)),
+        "FLEET_MASTER_ADDR": master_addr,
+        "FLEET_MASTER_PORT": str(master_port),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(assignment.num_nodes),
+        "NODE_RANK": str(assignment.rank),
+    }
+    env.update(injected)
+    return env, injected
+
+
+def free_port(address):
+    """A TCP port free now on `address` (or on every address when `address` cannot be bound)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            sock.bind(("::" if family == socket.AF_INET6 else "", 0))
+        return sock.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes, from /proc
+
+
+def read_boot_id():
+    """This boot's id; a pid from another boot is never ours."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def uptime_ticks():
+    """Clock ticks since boot, on the scale of /proc/<pid>/stat's starttime."""
+    with open("/proc/uptime") as fh:
+        seconds = float(fh.read().split()[0])
+    return int(seconds * os.sysconf("SC_CLK_TCK"))
+
+
+def proc_stat(pid):
+    """(state, pgid, start_ticks) of a process, or None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    # fields[0] is field 3 (state) of proc(5); pgrp is field 5, starttime field 22.
+    return fields[0].decode(), int(fields[2]), int(fields[19])
+
+
+def all_pids():
+    """Every pid in /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit()]
+
+
+def group_pids(pgid, exclude=()):
+    """Live (not zombie) processes of a process group."""
+    out = []
+    for pid in all_pids():
+        stat = proc_stat(pid)
+        if stat and stat[1] == pgid and stat[0] != "Z" and pid not in exclude:
+            out.append(pid)
+    return out
+
+
+def _environ_has(pid, markers):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = set(fh.read().split(b"\0"))
+    except OSError:
+        return False
+    return markers <= entries
+
+
+def find_task_processes(record):
+    """Live pids that belong to the task described by a state record from before a restart.
+
+    A process belongs to it when it is in the recorded process group (and the group's leader, if
+    still there, is the very process started, by its start ticks), or when its environment carries
+    the task's FLEET_TASK_ID and FLEET_TASK_EPOCH (that also finds processes that left the group
+    and the one started just before the agent died, before the state file had its pid).
+    """
+    if record.get("boot_id") and record["boot_id"] != read_boot_id():
+        return []
+    pgid = record.get("pgid")
+    start = record.get("start_ticks")
+    created = record.get("created_ticks") or 0
+    leader = proc_stat(pgid) if pgid else None
+    group_is_ours = bool(pgid) and (leader is None or leader[2] == start)
+    markers = {f"FLEET_TASK_ID={record['task_id']}".encode(), f"FLEET_TASK_EPOCH={record['epoch']}".encode()}
+    found = []
+    for pid in all_pids():
+        if pid == os.getpid():
+            continue
+        stat = proc_stat(pid)
+        if stat is None or stat[0] == "Z" or stat[2] < created:
+            continue
+        if (group_is_ours and stat[1] == pgid) or _environ_has(pid, markers):
+            found.append(pid)
+    return found
+
+
+def kill_pids(pids, sig=signal.SIGKILL):
+    """Signal each pid that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_gone(pids, timeout):
+    """True once none of `pids` is alive (zombies count as gone); bounded by `timeout`."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.05) + 1):
+        alive = [p for p in pids if (s := proc_stat(p)) and s[0] != "Z"]
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Logs
+
+
+def _line_size(stream, text):
+    return len(text.encode("utf-8", "replace")) + len(stream) + 8  # JSON quoting and separators
+
+
+@dataclasses.dataclass
+class LogSettings:
+    """Bounds of log shipping, per task."""
+
+    batch_lines: int = 1000
+    batch_bytes: int = 256 * 1024
+    interval_seconds: float = 0.25
+    buffer_bytes: int = 8 * 1024 * 1024
+    backoff_max_seconds: float = 60.0
+
+
+class LogShipper:
+    """Carries a task's output lines to fleetd in ordered batches without ever blocking the task.
+
+    Lines wait in a bounded buffer; when fleetd is slow or down and the buffer is full, the oldest
+    lines are dropped and a marker line says how many. A batch answered 413 is split in halves
+    (a single line is truncated) and sent again.
+    """
+
+    def __init__(self, client_factory, task_id, epoch, settings, on_fenced, give_up, label):
+        self._client_factory = client_factory  # callable() -> a FleetClient, one for this thread
+        self.task_id = task_id
+        self.epoch = epoch
+        self.settings = settings
+        self._on_fenced = on_fenced
+        self._give_up = give_up  # callable() -> True once undelivered lines should be abandoned
+        self.label = label
+        self._cond = threading.Condition()
+        self._buf = collections.deque()
+        self._buf_bytes = 0
+        self._due_at = None  # monotonic time by which the oldest buffered line must be on its way
+        self._dropped = 0
+        self._closing = False
+        self._aborted = False
+        self.delivered = 0
+        self.lost = 0  # lines dropped for good: overflow, refused or abandoned
+        self._thread = threading.Thread(target=self._run, name=f"logs-{label}", daemon=True)
+
+    def start(self):
+        """Start the shipping thread."""
+        self._thread.start()
+        return self
+
+    def add(self, stream, text):
+        """Queue one line (called by the pipe readers); drops the oldest lines past the buffer bound."""
+        size = _line_size(stream, text)
+        with self._cond:
+            self._buf.append((stream, text, size))
+            self._buf_bytes += size
+            while self._buf_bytes > self.settings.buffer_bytes and len(self._buf) > 1:
+                _s, _t, old = self._buf.popleft()
+                self._buf_bytes -= old
+                self._dropped += 1
+                self.lost += 1
+            if self._due_at is None:
+                self._due_at = time.monotonic() + self.settings.interval_seconds
+            if len(self._buf) >= self.settings.batch_lines or self._buf_bytes >= self.settings.batch_bytes:
+                self._cond.notify_all()
+
+    def close(self):
+        """No more lines will come: ship what is buffered, then end."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def abort(self):
+        """Stop at once, shipping nothing more."""
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+
+    def nudge(self):
+        """Cut a retry backoff short (the agent is stopping: one more try, then give up)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def join(self, timeout=None):
+        """Wait for the shipping thread; True when it ended."""
+        if self._thread.ident is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _take(self):
+        """The next batch as a list, or None when closed and empty (or aborted); waits until one is due."""
+        with self._cond:
+            while not self._aborted:
+                now = time.monotonic()
+                if self._buf:
+                    full = len(self._buf) >= self.settings.batch_lines or self._buf_bytes >= self.settings.batch_bytes
+                    if full or self._closing or now >= self._due_at:
+                        return self._cut(now)
+                    self._cond.wait(self._due_at - now)
+                elif self._closing:
+                    return None
+                else:
+                    self._cond.wait(1.0)
+            return None
+
+    def _cut(self, now):
+        batch, size = [], 0
+        if self._dropped:
+            batch.append(["stderr", f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
+                                    "fleetd was too slow or unreachable"])
+            self._dropped = 0
+        while self._buf and len(batch) < self.settings.batch_lines:
+            stream, text, line_size = self._buf[0]
+            if batch and size + line_size > self.settings.batch_bytes:
+                break
+            self._buf.popleft()
+            self._buf_bytes -= line_size
+            size += line_size
+            batch.append([stream, text])
+        self._due_at = now if self._buf else None  # a backlog goes out at once
+        return batch
+
+    def _wait(self, seconds):
+        with self._cond:
+            if not self._aborted:
+                self._cond.wait(seconds)
+
+    def _run(self):
+        client = self._client_factory()
+        try:
+            self._ship(client)
+        finally:
+            client.close()
+
+    def _ship(self, client):
+        failures = 0
+        pending = []  # a stack of parts of the current batch, next part last
+        while True:
+            if not pending:
+                batch = self._take()
+                if batch is None:
+                    return
+                pending = [batch]
+            part = pending.pop()
+            try:
+                client.task_logs(self.task_id, self.epoch, part)
+            except TooLarge:
+                pending.extend(self._split(part))
+                continue
+            except Unreachable as exc:
+                pending.append(part)
+                failures += 1
+                if self._give_up() or self._aborted:
+                    abandoned = sum(len(p) for p in pending)
+                    self.lost += abandoned
+                    log.warning("task %s: %d log line(s) not delivered: %s", self.label, abandoned, exc)
+                    pending = []
+                    if self._aborted:
+                        return
+                    continue
+                self._wait(backoff_delay(failures, self.settings.backoff_max_seconds))
+                continue
+            except FleetdError as exc:
+                if _is_fencing(exc):
+                    self._on_fenced(exc)
+                    return
+                self.lost += len(part)
+                log.error("task %s: fleetd refused %d log line(s): %s", self.label, len(part), exc)
+                continue
+            failures = 0
+            self.delivered += len(part)
+
+    def _split(self, part):
+        """Halves of a refused batch (first half last, so it goes first), or a truncated single line."""
+        if len(part) > 1:
+            middle = len(part) // 2
+            return [part[middle:], part[:middle]]
+        stream, text = part[0]
+        body = text[:-len(TRUNCATED_MARK)] if text.endswith(TRUNCATED_MARK) else text
+        if len(body) <= MIN_TRUNCATED_CHARS:
+            self.lost += 1
+            log.error("task %s: fleetd refused a %d-character log line even truncated; dropped", self.label, len(text))
+            return []
+        return [[[stream, body[:len(body) // 2] + TRUNCATED_MARK]]]
+
+
+# ----------------------------------------------------------------------------------------------
+# One task
+
+
+def _utc_now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class Task:
+    """One assignment on this host, from preparation to the acknowledged finish report."""
+
+    def __init__(self, runner, assignment):
+        self.runner = runner
+        self.a = assignment
+        self.label = f"{assignment.task_id}/{assignment.epoch}"
+        self.dir = os.path.join(runner.tasks_dir, f"{assignment.task_id}.{assignment.epoch}")
+        self.state_path = os.path.join(self.dir, STATE_FILE)
+        self.workdir = os.path.join(self.dir, WORK_DIR)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # the supervisor re-checks its state
+        self._exited = threading.Event()  # the leader process exited (not yet reaped)
+        self.proc = None
+        self.pgid = None
+        self._reaped = False
+        self._stop = None  # (outcome, reason) once a stop is asked for
+        self._kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
+        self._fenced = None  # why, once fleetd fenced the task off
+        self._keep_state = False
+        self.record = {}
+        self.shipper = None
+        self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
+                             rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
+                             gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
+                             limits={"max_runtime_seconds": assignment.max_runtime_seconds,
+                                     "kill_grace_seconds": runner.kill_grace_seconds,
+                                     "isolation": assignment.isolation},
+                             list_pids=self.pids)
+        self.thread = threading.Thread(target=self._main, name=f"task-{self.label}", daemon=True)
+
+    @property
+    def epoch(self):
+        return self.a.epoch
+
+    # Called from other threads.
+
+    def pids(self):
+        """The live processes of the task's group."""
+        with self._lock:
+            pgid = None if self._reaped else self.pgid
+        return group_pids(pgid) if pgid else []
+
+    def cancel(self, reason, outcome="cancelled"):
+        """Stop the task: SIGTERM to its process group now, SIGKILL after the grace."""
+        with self._lock:
+            if self._stop is None:
+                self._stop = (outcome, reason)
+                log.info("task %s: stopping (%s)", self.label, reason)
+                if self.pgid and not self._reaped:
+                    self._signal_group(signal.SIGTERM)
+                    self._kill_at = time.monotonic() + self.runner.kill_grace_seconds
+        self._wake.set()
+
+    def fence(self, why, keep_state=False):
+        """fleetd no longer leases the task here: SIGKILL its process group at once; no report follows.
+
+        With `keep_state` (the agent is stopping, not fenced by fleetd) the state file stays, so that
+        the next start reports the task.
+        """
+        with self._lock:
+            if self._fenced is None:
+                self._fenced = str(why)
+                self._keep_state = keep_state
+                if self.pgid and not self._reaped:
+                    self._signal_group(signal.SIGKILL)
+        if self.shipper is not None:
+            self.shipper.abort()
+        self._wake.set()
+
+    def _signal_group(self, sig):
+        # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # The supervisor thread.
+
+    def start(self):
+        """Run the task in its supervisor thread."""
+        self.thread.start()
+
+    def _main(self):
+        client = self.runner.new_client()
+        keep_dir = False
+        try:
+            self.runner.workers.add(self.worker)
+            result = self._run_to_result(client)
+            self.worker.state = "finishing"
+            self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2])
+            self._finish_logs()
+            keep_dir = not self._report(client, result)
+        except Fenced as exc:
+            if self._keep_state:
+                log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
+                keep_dir = True
+            else:
+                log.warning("task %s: fleetd no longer leases it to this node (%s); killed its process group "
+                            "and forgot it", self.label, exc)
+        except Exception:  # a bug here must not leave the process running unsupervised
+            log.exception("task %s: supervisor failed; killing the task", self.label)
+            keep_dir = True
+        finally:
+            self._kill_and_reap()
+            if self.shipper is not None:
+                self.shipper.abort()
+            if self.runner.workers.get(self.a.task_id) is self.worker:
+                self.runner.workers.remove(self.a.task_id)
+            self.runner.forget(self)
+            if not keep_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            client.close()
+
+    def _check(self):
+        """Raise Fenced or Stopped when the task must not go on preparing."""
+        if self._fenced:
+            raise Fenced(self._fenced)
+        if self._stop is not None:
+            raise Stopped(self._stop[1])
+
+    def _run_to_result(self, client):
+        """(outcome, exit_code, reason) of the task."""
+        try:
+            os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+            self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id())
+            cwd = inside(self.workdir, self.a.workdir, "workdir") if self.a.workdir else self.workdir
+            os.makedirs(cwd, exist_ok=True)
+            self._download_artifacts(client, cwd)
+            addr, port = self._rendezvous(client)
+            self._spawn(cwd, addr, port)
+        except TaskError as exc:
+            log.warning("task %s: cannot run: %s", self.label, exc)
+            return "failed", None, str(exc)
+        except Stopped:
+            return self._stop[0], None, self._stop[1]
+        return self._supervise(client)
+
+    def _call(self, what, fn, deadline, fencing=_is_fencing):
+        """fn() retried while fleetd is unreachable, until `deadline` (monotonic); fencing raises Fenced."""
+        for attempt in range(1, 1_000_000):
+            self._check()
+            try:
+                return fn()
+            except Unreachable as exc:
+                if time.monotonic() >= deadline or self.runner.closing.is_set():
+                    raise TaskError(f"{what}: {exc}") from None
+                delay = min(backoff_delay(attempt, self.runner.backoff_max_seconds), max(0.0, deadline - time.monotonic()))
+                self._wake.wait(delay)
+                self._wake.clear()
+            except FleetdError as exc:
+                if fencing(exc):
+                    raise Fenced(str(exc)) from None
+                raise TaskError(f"{what}: {exc}") from None
+        raise TaskError(f"{what}: gave up")
+
+    def _prep_deadline(self, limit):
+        bound = limit if self.a.max_runtime_seconds is None else min(limit, self.a.max_runtime_seconds)
+        return time.monotonic() + bound
+
+    def _download_artifacts(self, client, cwd):
+        deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
+        for item in self.a.artifacts:
+            dest = inside(cwd, item["path"], "artifact path")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.isdir(dest):
+                raise TaskError(f"artifact path {item['path']!r} is a directory")
+            try:
+                size = self._call(f"downloading artifact {item['sha256']}",
+                                  functools.partial(client.download_artifact, item["sha256"], dest), deadline,
+                                  fencing=_is_fencing_artifact)
+            except DigestMismatch as exc:
+                raise TaskError(str(exc)) from None
+            except OSError as exc:
+                raise TaskError(f"cannot write artifact {item['path']!r}: {exc.strerror or exc}") from None
+            log.info("task %s: artifact %s (%d bytes) verified at %s", self.label, item["sha256"][:12], size,
+                     item["path"])
+
+    def _rendezvous(self, client):
+        """(master address, master port): rank 0's, published by it or learnt from fleetd."""
+        addr = self.runner.address
+        if self.a.num_nodes <= 1:
+            return addr, free_port(addr)
+        started = time.monotonic()
+        deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
+        if self.a.rank == 0:
+            port = free_port(addr)
+            self._call("publishing the rendezvous",
+                       functools.partial(client.publish_rendezvous, self.a.task_id, self.a.epoch, addr, port), deadline)
+            log.info("task %s: rank 0 of %d published rendezvous %s:%d", self.label, self.a.num_nodes, addr, port)
+            return addr, port
+        for _ in range(1_000_000):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            wait = max(1, min(RENDEZVOUS_POLL_SECONDS, int(remaining)))
+            found = self._call("waiting for the rendezvous",
+                               functools.partial(client.wait_rendezvous, self.a.task_id, wait), deadline)
+            if found:
+                log.info("task %s: rank %d learnt rendezvous %s:%d", self.label, self.a.rank, *found)
+                return found
+        raise TaskError(f"rank 0 did not publish its address and port within {deadline - started:.0f}s")
+
+    def _spawn(self, cwd, addr, port):
+        env, injected = task_env(self.a, addr, port)
+        with self._lock:
+            self._check()
+            try:
+                self.proc = subprocess.Popen(self.a.command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             start_new_session=True, close_fds=True)
+            except OSError as exc:
+                raise TaskError(f"cannot start {self.a.command[0]!r}: {exc.strerror or exc}") from None
+            self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
+        stat = proc_stat(self.proc.pid)
+        self.started_monotonic = time.monotonic()
+        self._save(state="running", pid=self.proc.pid, pgid=self.pgid,
+                   start_ticks=stat[2] if stat else None, started_at=_utc_now())
+        self.worker.pids = [self.proc.pid]
+        self.worker.env = injected
+        self.worker.started_at = _utc_now()
+        self.worker.state = "running"
+        log.info("task %s: started pid %d: %s", self.label, self.proc.pid, " ".join(self.a.command)[:200])
+        self.shipper = LogShipper(self.runner.new_client, self.a.task_id, self.a.epoch, self.runner.log_settings,
+                                  self.fence, self.runner.closing.is_set, self.label).start()
+        self._readers = [threading.Thread(target=self._read, args=(pipe, stream), name=f"{stream}-{self.label}",
+                                          daemon=True)
+                         for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
+        for reader in self._readers:
+            reader.start()
+        threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
+
+    def _read(self, pipe, stream):
+        with pipe:
+            for raw in iter(functools.partial(pipe.readline, MAX_LINE_BYTES), b""):
+                text = raw.decode("utf-8", "replace")
+                if text.endswith("\n"):
+                    text = text[:-2] if text.endswith("\r\n") else text[:-1]
+                self.shipper.add(stream, text)
+
+    def _wait_exit(self):
+        # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.
+        try:
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        self._exited.set()
+        self._wake.set()
+
+    def _supervise(self, client):
+        """Report the start, enforce the limits, wait for the exit; (outcome, exit_code, reason)."""
+        with self._lock:
+            if self._stop is not None:  # cancelled between the spawn and now
+                self._signal_group(signal.SIGTERM)
+                self._kill_at = time.monotonic() + self.runner.kill_grace_seconds
+        start_reported = False
+        attempts = 0
+        next_report = 0.0
+        runtime_deadline = None
+        if self.a.max_runtime_seconds is not None:
+            runtime_deadline = self.started_monotonic + self.a.max_runtime_seconds
+        while not self._exited.is_set():
+            if self._fenced:
+                raise Fenced(self._fenced)
+            now = time.monotonic()
+            if not start_reported and now >= next_report:
+                try:
+                    client.task_start(self.a.task_id, self.a.epoch, self.proc.pid)
+                    start_reported = True
+                except Unreachable as exc:
+                    attempts += 1
+                    next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
+                    log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
+                except FleetdError as exc:
+                    if _is_fencing(exc):
+                        raise Fenced(str(exc)) from None
+                    start_reported = True
+                    log.error("task %s: fleetd refused the start report: %s", self.label, exc)
+            if runtime_deadline is not None and now >= runtime_deadline and self._stop is None:
+                self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
+            with self._lock:
+                if self._kill_at is not None and now >= self._kill_at:
+                    log.warning("task %s: still running %gs after SIGTERM; SIGKILL", self.label,
+                                self.runner.kill_grace_seconds)
+                    self._signal_group(signal.SIGKILL)
+                    self._kill_at = None
+                kill_at = self._kill_at
+            timeout = 1.0
+            for moment in (kill_at, runtime_deadline if self._stop is None else None,
+                           None if start_reported else next_report):
+                if moment is not None:
+                    timeout = min(timeout, max(0.0, moment - now))
+            self._wake.wait(timeout)
+            self._wake.clear()
+        if self._fenced:
+            raise Fenced(self._fenced)
+        self._end_group()
+        code = self._reap()
+        if code < 0:
+            exit_code, how = 128 - code, f"killed by {_signal_name(-code)}"
+        else:
+            exit_code, how = code, f"exit code {code}"
+        if self._stop is not None:
+            outcome, reason = self._stop
+            return outcome, exit_code, f"{reason} ({how})"
+        if code == 0:
+            return "succeeded", 0, None
+        return "failed", exit_code, how
+
+    def _end_group(self):
+        """The leader exited: let the rest of the group end within what is left of a grace, then SIGKILL it."""
+        with self._lock:
+            kill_at = self._kill_at
+        if kill_at is not None:
+            for _ in range(int(self.runner.kill_grace_seconds / 0.05) + 2):
+                if self._fenced or time.monotonic() >= kill_at or not group_pids(self.pgid, exclude=(self.proc.pid,)):
+                    break
+                time.sleep(0.05)
+        with self._lock:
+            if not self._reaped:
+                self._signal_group(signal.SIGKILL)  # whatever is left of the group ends with the task
+            self._kill_at = None
+
+    def _reap(self):
+        with self._lock:
+            code = self.proc.wait()
+            self._reaped = True
+        return code
+
+    def _kill_and_reap(self):
+        """However the supervisor ends, the process group does not outlive it."""
+        if self.proc is None or self._reaped:
+            return
+        with self._lock:
+            self._signal_group(signal.SIGKILL)
+        self._exited.wait(30)
+        if self._exited.is_set():
+            self._reap()
+
+    def _finish_logs(self):
+        """Let the readers reach EOF and the shipper deliver every line before the finish report."""
+        if self.shipper is None:
+            return
+        for reader in self._readers:
+            reader.join(READER_JOIN_SECONDS)
+        self.shipper.close()
+        deadline = time.monotonic() + self.runner.report_retry_seconds
+        for _ in range(1_000_000):
+            if self.shipper.join(1.0) or time.monotonic() >= deadline:
+                break
+            if self._fenced:
+                raise Fenced(self._fenced)
+        if self._fenced:
+            raise Fenced(self._fenced)
+
+    def _report(self, client, result):
+        """Send finish until fleetd has it; False when given up (the state file stays for the next start)."""
+        return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label)
+
+    def _save(self, **changes):
+        self.record.update(changes)
+        self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
+        write_private(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
+
+
+def report_finish(client, runner, task_id, epoch, result, label):
+    """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it."""
+    outcome, exit_code, reason = result
+    deadline = time.monotonic() + runner.report_retry_seconds
+    for attempt in range(1, 1_000_000):
+        try:
+            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None)
+            log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
+                     f" ({reason})" if reason else "")
+            return True
+        except Unreachable as exc:
+            if runner.closing.is_set() or time.monotonic() >= deadline:
+                log.warning("task %s: finish (%s) not reported: %s; it will be reported at the next start",
+                            label, outcome, exc)
+                return False
+            delay = backoff_delay(attempt, runner.backoff_max_seconds)
+            if attempt == 1 or attempt % 10 == 0:
+                log.warning("task %s: finish not reported yet (attempt %d): %s; retrying", label, attempt, exc)
+            runner.closing.wait(delay)
+        except FleetdError as exc:
+            if _is_fencing(exc):
+                raise Fenced(str(exc)) from None
+            log.error("task %s: fleetd refused the finish report: %s", label, exc)
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# The runner
+
+
+class Runner:
+    """Every task on this host: accepts assignments, recovers after a restart, stops them all."""
+
+    def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
+                 rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
+                 backoff_max_seconds=60.0, log_settings=None):
+        self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
+        self.workers = workers
+        self.new_client = client_factory  # callable() -> a FleetClient for one thread
+        self.address = address
+        self.kill_grace_seconds = kill_grace_seconds
+        self.rendezvous_timeout_seconds = rendezvous_timeout_seconds
+        self.report_retry_seconds = report_retry_seconds
+        self.backoff_max_seconds = backoff_max_seconds
+        self.log_settings = log_settings or LogSettings(backoff_max_seconds=backoff_max_seconds)
+        self.closing = threading.Event()
+        self._lock = threading.Lock()
+        self._tasks = {}  # task_id -> Task
+        self._threads = []
+
+    @classmethod
+    def from_config(cls, config, state_dir, workers, client_factory, address):
+        """A Runner with the [tasks] settings of the agent config."""
+        settings = LogSettings(batch_lines=config.tasks_log_batch_lines, batch_bytes=config.tasks_log_batch_bytes,
+                               interval_seconds=config.tasks_log_interval_seconds,
+                               buffer_bytes=config.tasks_log_buffer_bytes,
+                               backoff_max_seconds=config.backoff_max_seconds)
+        return cls(state_dir, workers, client_factory, address,
+                   kill_grace_seconds=config.tasks_kill_grace_seconds,
+                   rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
+                   report_retry_seconds=config.tasks_report_retry_seconds,
+                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings)
+
+    def tasks(self):
+        """The tasks this runner supervises now."""
+        with self._lock:
+            return list(self._tasks.values())
+
+    def get(self, task_id):
+        """The Task for an id, or None."""
+        with self._lock:
+            return self._tasks.get(task_id)
+
+    def submit(self, data):
+        """Run an assignment from acquire; returns its Task, or None when it is not run."""
+        try:
+            assignment = Assignment.from_wire(data)
+        except ValueError as exc:
+            log.error("invalid assignment from fleetd: %s", exc)
+            self._refuse(data, f"invalid assignment: {exc}")
+            return None
+        with self._lock:
+            if self.closing.is_set():
+                log.warning("task %s/%s: not started, the agent is stopping", assignment.task_id, assignment.epoch)
+                return None
+            old = self._tasks.get(assignment.task_id)
+            if old is not None and old.epoch >= assignment.epoch:
+                log.warning("task %s: assignment for epoch %d ignored, epoch %d runs here", assignment.task_id,
+                            assignment.epoch, old.epoch)
+                return None
+            task = Task(self, assignment)
+            self._tasks[assignment.task_id] = task
+        if old is not None:
+            old.fence(f"superseded by epoch {assignment.epoch}")
+        log.info("task %s: assigned (job %s, rank %d of %d, %d GPU(s))", task.label, assignment.job_id,
+                 assignment.rank, assignment.num_nodes, len(assignment.gpus))
+        task.start()
+        return task
+
+    def _refuse(self, data, reason):
+        """Report an assignment that cannot even be parsed as failed, when it names a task and epoch."""
+        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) \
+                or not isinstance(data.get("epoch"), int):
+            return
+        self._background(f"refuse-{data['task_id']}", self._report_orphan, None, data["task_id"], data["epoch"],
+                         ("failed", None, reason))
+
+    def forget(self, task):
+        """The task's supervisor is done with it."""
+        with self._lock:
+            if self._tasks.get(task.a.task_id) is task:
+                del self._tasks[task.a.task_id]
+
+    # After a restart.
+
+    def recover(self):
+        """Kill the processes of tasks left from before a restart and report those tasks to fleetd.
+
+        Returns [(task_id, epoch, killed pids)]; the reports go on in background threads.
+        """
+        try:
+            entries = sorted(os.listdir(self.tasks_dir))
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            path = os.path.join(self.tasks_dir, entry)
+            try:
+                with open(os.path.join(path, STATE_FILE)) as fh:
+                    record = json.load(fh)
+                task_id, epoch = record["task_id"], int(record["epoch"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("task directory %s has no usable state file; removing it", path)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            pids = find_task_processes(record)
+            if pids:
+                kill_pids(pids)
+                if not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
+                    log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
+            if record.get("outcome") in OUTCOMES:
+                result = (record["outcome"], record.get("exit_code"), record.get("reason"))
+            elif pids:
+                result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
+            else:
+                result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
+                                          "status is unknown")
+            log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
+                        task_id, epoch, len(pids), result[0])
+            found.append((task_id, epoch, pids))
+            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result)
+        return found
+
+    def _report_orphan(self, path, task_id, epoch, result):
+        client = self.new_client()
+        label = f"{task_id}/{epoch}"
+        try:
+            done = report_finish(client, self, task_id, epoch, result, label)
+        except Fenced as exc:
+            log.warning("task %s: fleetd answered %s; the task is no longer this node's (stale epoch), forgotten",
+                        label, exc)
+            done = True
+        finally:
+            client.close()
+        if done and path:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _background(self, name, target, *args):
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # Stopping.
+
+    def shutdown(self, reason, timeout=None):
+        """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
+
+        Finish reports get one more attempt; those not delivered stay in the state dir for the next start.
+        """
+        self.closing.set()
+        tasks = self.tasks()
+        for task in tasks:
+            task.cancel(reason, outcome="failed")
+            if task.shipper is not None:
+                task.shipper.nudge()
+        timeout = self.kill_grace_seconds + 15 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        for task in tasks:
+            task.thread.join(max(0.1, deadline - time.monotonic()))
+            if task.thread.is_alive():
+                task.fence("the agent is stopping", keep_state=True)
+                task.thread.join(5)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.1, deadline - time.monotonic()))

@@ -1,0 +1,216 @@
+"""A small stand-in for fleetd's agent-protocol routes, on a real loopback socket.
+
+It records every call and can be told to misbehave: answer 503 (an outage), 409 for a task
+(fencing), 413 over a body size, hold log requests (a slow fleetd), serve wrong artifact bytes.
+The real server is exercised by the end-to-end tests; this one lets the runner and the daemon's
+work loop be tested on their own, with exact control over fleetd's answers.
+"""
+
+import http.server
+import json
+import re
+import threading
+import time
+import urllib.parse
+
+
+class FakeFleetd:
+    """The server state and knobs; `url` once started."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.calls = []  # (method, path, body) in arrival order
+        self.logs = {}  # task_id -> [[stream, text], ...] in delivery order
+        self.log_batches = {}  # task_id -> [number of lines per accepted batch]
+        self.finished = {}  # task_id -> finish body
+        self.started = {}  # task_id -> start body
+        self.rendezvous = {}  # task_id -> {addr, port}
+        self.artifacts = {}  # sha256 -> bytes served
+        self.assignments = []  # queued for acquire
+        self.heartbeats = []  # heartbeat bodies
+        self.cancel = set()  # task ids listed in the heartbeat's cancel
+        self.fenced = set()  # task ids answered 409
+        self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
+        self.max_log_body = None  # bytes; larger log bodies get 413
+        self.hold_logs = threading.Event()  # while clear, log requests wait (bounded) for it
+        self.hold_logs.set()
+        self.rendezvous_wait_cap = 30.0  # the longest a rendezvous GET waits before 504
+        self.gangs = {}  # task_id -> gang key: the ranks of one job share a rendezvous
+        self._server = None
+        self.url = None
+
+    # Control.
+
+    def start(self):
+        self._server = _Server(("127.0.0.1", 0), self)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self
+
+    def stop(self):
+        self.hold_logs.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def assign(self, assignment):
+        with self.cond:
+            self.assignments.append(assignment)
+            self.cond.notify_all()
+
+    def wait_for(self, predicate, timeout=30.0, message="condition"):
+        """Wait until predicate() (called under the lock) is truthy; bounded."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                value = predicate()
+                if value:
+                    return value
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {message}; calls: "
+                                         f"{[c[:2] for c in self.calls][-20:]}")
+                self.cond.wait(min(remaining, 0.5))
+
+    def wait_finished(self, task_id, timeout=30.0):
+        return self.wait_for(lambda: self.finished.get(task_id), timeout, f"finish of {task_id}")
+
+    def texts(self, task_id, stream=None):
+        with self.cond:
+            return [line[1] for line in self.logs.get(task_id, []) if stream is None or line[0] == stream]
+
+    def paths(self, method=None):
+        with self.cond:
+            return [c[1] for c in self.calls if method is None or c[0] == method]
+
+    # Handling, under the lock unless it waits.
+
+    def handle(self, method, path, query, body, raw_size):
+        with self.cond:
+            self.calls.append((method, path, body))
+            self.cond.notify_all()
+        match = re.match(r"^/api/v1/agent/tasks/(?P<id>[^/]+)/(?P<action>\w+)$", path)
+        if match:
+            return self._task(method, urllib.parse.unquote(match["id"]), match["action"], query, body, raw_size)
+        if path == "/api/v1/agent/acquire":
+            return self._acquire(body)
+        if path == "/api/v1/agent/heartbeat":
+            return self._heartbeat(body)
+        match = re.match(r"^/api/v1/artifacts/(?P<sha>[^/]+)$", path)
+        if match and method == "GET":
+            data = self.artifacts.get(match["sha"])
+            if data is None:
+                return 404, {"error": {"code": "not_found", "message": "no such artifact"}}
+            return 200, data
+        return 404, {"error": {"code": "not_found", "message": f"no route {path}"}}
+
+    def _is_down(self, route):
+        return route in self.down or "all" in self.down
+
+    def _task(self, method, task_id, action, query, body, raw_size):
+        if self._is_down(action):
+            return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        epoch = (body or {}).get("epoch")
+        if task_id in self.fenced and not (action == "rendezvous" and method == "GET"):
+            return 409, {"error": {"code": "conflict", "message": f"stale epoch {epoch}"}}
+        if action == "logs":
+            for _ in range(600):
+                if self.hold_logs.wait(0.1):
+                    break
+            if self.max_log_body is not None and raw_size > self.max_log_body:
+                return 413, {"error": {"code": "payload_too_large", "message": "log batch too large"}}
+            with self.cond:
+                self.logs.setdefault(task_id, []).extend(body["lines"])
+                self.log_batches.setdefault(task_id, []).append(len(body["lines"]))
+                self.cond.notify_all()
+            return 204, None
+        if action == "start":
+            with self.cond:
+                self.started[task_id] = body
+                self.cond.notify_all()
+            return 204, None
+        if action == "finish":
+            with self.cond:
+                self.finished[task_id] = body
+                self.cond.notify_all()
+            return 204, None
+        gang = self.gangs.get(task_id, task_id)
+        if action == "rendezvous" and method == "POST":
+            with self.cond:
+                self.rendezvous[gang] = {"addr": body["addr"], "port": body["port"]}
+                self.cond.notify_all()
+            return 204, None
+        if action == "rendezvous" and method == "GET":
+            wait = min(float(query.get("wait_seconds", ["0"])[0]), self.rendezvous_wait_cap)
+            deadline = time.monotonic() + wait
+            with self.cond:
+                while gang not in self.rendezvous and time.monotonic() < deadline:
+                    self.cond.wait(deadline - time.monotonic())
+                found = self.rendezvous.get(gang)
+            if found is None:
+                return 504, {"error": {"code": "timeout", "message": "rendezvous not published yet"}}
+            return 200, found
+        return 404, {"error": {"code": "not_found", "message": "no such task route"}}
+
+    def _acquire(self, body):
+        if self._is_down("acquire"):
+            return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        deadline = time.monotonic() + min(float(body.get("wait_seconds", 0)), 30)
+        with self.cond:
+            while not self.assignments and time.monotonic() < deadline:
+                self.cond.wait(deadline - time.monotonic())
+            assignment = self.assignments.pop(0) if self.assignments else None
+        return 200, {"assignment": assignment}
+
+    def _heartbeat(self, body):
+        if self._is_down("heartbeat"):
+            return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        with self.cond:
+            self.heartbeats.append(body)
+            reported = {t["id"] for t in body.get("tasks", [])}
+            cancel = sorted(self.cancel & reported)
+            self.cond.notify_all()
+        return 200, {"status": "ready", "drain": None, "revoked": False, "cancel": cancel,
+                     "heartbeat_interval_seconds": 1}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802
+        self._handle("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._handle("POST")
+
+    def _handle(self, method):
+        parsed = urllib.parse.urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        if parsed.path.startswith("/api/v1/agent/") and self.headers.get("X-Fleet-Protocol") != "1":
+            status, payload = 400, {"error": {"code": "protocol_mismatch", "message": "X-Fleet-Protocol: 1"}}
+        else:
+            status, payload = self.server.fake.handle(method, parsed.path, urllib.parse.parse_qs(parsed.query),
+                                                      body, len(raw))
+        if isinstance(payload, bytes):
+            data, kind = payload, "application/octet-stream"
+        else:
+            data, kind = (b"" if payload is None else json.dumps(payload).encode()), "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, fmt, *args):
+        pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, fake):
+        self.fake = fake
+        super().__init__(address, _Handler)
