@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "traces"
 NODES = TRACES / "openb_node_list_gpu_node.csv"
 PODS = TRACES / "openb_pod_list_gpuspec10.csv"
-POLICIES = {"random", "bestfit", "packing", "dotprod", "fgd", "fgdpack"}
+POLICIES = {"random", "bestfit", "packing", "dotprod", "fgd", "fragbal"}
 KEYS = {"alloc_at_80", "alloc_at_90", "alloc_at_100", "alloc_final", "unallocated_final_pct", "frag_ratio_at_90", "decisions_per_second"}
 
 pytestmark = pytest.mark.skipif(not NODES.is_file() or not PODS.is_file(), reason="../shared/traces is not here")
@@ -58,7 +58,7 @@ def test_bench_runs_every_policy_and_writes_the_documented_json(small_trace, tmp
     out = tmp_path / "placement.json"
     stdout = run_bench("--nodes", nodes, "--pods", pods, "--seeds", 2, "--policy", "all", "--json", out)
     doc = json.loads(out.read_text())
-    assert doc["default_policy"] == "fgdpack"
+    assert doc["default_policy"] == "fragbal"
     assert set(doc["policies"]) == POLICIES
     for name, figures in doc["policies"].items():
         assert KEYS <= set(figures), name
@@ -73,7 +73,7 @@ def test_bench_runs_every_policy_and_writes_the_documented_json(small_trace, tmp
     # and the fragmentation-aware ones are not beaten by a random placement.
     assert all(f["alloc_final"] < 100 for f in doc["policies"].values())
     assert doc["policies"]["fgd"]["alloc_final"] >= doc["policies"]["random"]["alloc_final"]
-    assert doc["policies"]["fgdpack"]["alloc_final"] >= doc["policies"]["random"]["alloc_final"]
+    assert doc["policies"]["fragbal"]["alloc_final"] >= doc["policies"]["random"]["alloc_final"]
 
 
 def test_bench_max_pods_replays_a_prefix_and_reports_unreached_marks_as_null(small_trace, tmp_path):

@@ -238,8 +238,8 @@ def test_request_validation():
 
 
 def test_default_policy_is_ours_and_every_name_is_registered():
-    assert DEFAULT_POLICY == "fgdpack"
-    assert set(POLICIES) == {"random", "bestfit", "packing", "dotprod", "fgd", "fgdpack"}
+    assert DEFAULT_POLICY == "fragbal"
+    assert set(POLICIES) == {"random", "bestfit", "packing", "dotprod", "fgd", "fragbal"}
     assert PlacementEngine(make_cluster(make_node())).policy.name == DEFAULT_POLICY
 
 
