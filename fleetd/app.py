@@ -15,6 +15,7 @@ from fleetd.db import bind, database, open_database
 from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime
 from fleetd.schemas.common import ErrorSchema
+from fleetd.services.scheduling import SchedulerLoop
 from fleetd.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def create_app(settings=None, clock=None, db=None):
     app.before_request(_authenticate)
     app.teardown_request(_close_db)
     rt.tasks = TaskRunner(app, rt)
+    rt.scheduler = SchedulerLoop(app, rt)
     return app
 
 

@@ -2,8 +2,7 @@
 
 import dataclasses
 import threading
-
-TERMINAL_TASK_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "preempted"})
+import time
 
 
 @dataclasses.dataclass
@@ -48,13 +47,6 @@ class LivenessTracker:
         with self._lock:
             return self._seen.get(node_id)
 
-    def active_tasks(self, node_id):
-        """Ids of tasks the node last reported as not finished."""
-        seen = self.get(node_id)
-        if seen is None:
-            return []
-        return [t["id"] for t in seen.tasks if t.get("state") not in TERMINAL_TASK_STATES]
-
     def in_failover_grace(self):
         """True during the grace period after start-up."""
         return self.clock.monotonic() - self.started < self.failover_grace
@@ -82,3 +74,73 @@ class LivenessTracker:
                     seen.flushed = True
                     out[node_id] = seen.at
         return out
+
+
+class LeaseTracker:
+    """Task leases renewed in memory by heartbeats: (task id, epoch) -> last renewal.
+
+    A lease not renewed for `ttl` seconds has expired. Right after start-up nothing has
+    been renewed yet, so every lease is treated as renewed at start-up.
+    """
+
+    def __init__(self, clock, ttl_seconds):
+        self.clock = clock
+        self.ttl = ttl_seconds
+        self.started = clock.monotonic()
+        self._renewed = {}
+        self._lock = threading.Lock()
+
+    def renew(self, task_id, epoch):
+        """The holder of (task, epoch) showed it is alive, now."""
+        with self._lock:
+            self._renewed[task_id] = (epoch, self.clock.monotonic())
+
+    def forget(self, task_id):
+        with self._lock:
+            self._renewed.pop(task_id, None)
+
+    def expired(self, task_id, epoch):
+        """True when the lease of (task, epoch) was last renewed more than `ttl` seconds ago."""
+        with self._lock:
+            renewed = self._renewed.get(task_id)
+        last = renewed[1] if renewed is not None and renewed[0] == epoch else self.started
+        return self.clock.monotonic() - last > self.ttl
+
+
+class Notifier:
+    """Wake-ups by key (a node's acquire, a job's end, a rendezvous): no polling on the server."""
+
+    def __init__(self):
+        self._waiters = {}
+        self._lock = threading.Lock()
+
+    def wait(self, key, timeout, ready):
+        """Wait up to `timeout` seconds until `ready()` is true, re-checking after each notify(key)."""
+        deadline = time.monotonic() + timeout
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(key, set()).add(event)
+        try:
+            for _ in range(10_000):  # bounded; each round waits for a notify or the deadline
+                result = ready()
+                if result:
+                    return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not event.wait(remaining):
+                    return ready()
+                event.clear()
+            return ready()
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def notify(self, key):
+        """Wake everyone waiting on `key`."""
+        with self._lock:
+            waiters = list(self._waiters.get(key, ()))
+        for event in waiters:
+            event.set()

@@ -60,6 +60,38 @@ class NodeStatus(str, enum.Enum):
         return self is NodeStatus.READY
 
 
+class JobState(str, enum.Enum):
+    """Job states (DESIGN.md, States)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def is_terminal(self):
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class TaskState(str, enum.Enum):
+    """Task states: one task per node (rank) of a job."""
+
+    PENDING = "pending"
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    PREEMPTED = "preempted"
+
+    def is_active(self):
+        return self in (TaskState.ASSIGNED, TaskState.RUNNING)
+
+    def is_terminal(self):
+        return self not in (TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING)
+
+
 class BaseModel(peewee.Model):
     class Meta:
         database = database
@@ -164,6 +196,78 @@ class Event(BaseModel):
         indexes = ((("subject_type", "subject_id", "id"), False),)
 
 
+class Job(BaseModel):
+    """A submitted JobSpec and where it stands."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    name = peewee.CharField(max_length=200)
+    owner = peewee.CharField(max_length=200, index=True)  # the submitting token's name
+    owner_token_id = peewee.CharField(max_length=32)
+    team = peewee.CharField(max_length=200, null=True)
+    state = peewee.CharField(max_length=16, index=True)
+    pending_reason = peewee.TextField(default="")
+    attempt = peewee.IntegerField(default=1)
+    max_attempts = peewee.IntegerField(default=1)
+    num_nodes = peewee.IntegerField(default=1)
+    priority_class = peewee.CharField(max_length=16, default="on-demand")
+    spec = JSONText()
+    outcome = peewee.CharField(max_length=16, null=True)
+    outcome_reason = peewee.TextField(default="")
+    submitted_at = peewee.DateTimeField()
+    started_at = peewee.DateTimeField(null=True)
+    ended_at = peewee.DateTimeField(null=True)
+
+
+class Task(BaseModel):
+    """One rank of a job; `epoch` fences every call of the agent that holds its lease."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    job = peewee.ForeignKeyField(Job, backref="tasks", on_delete="CASCADE", column_name="job")
+    rank = peewee.IntegerField()
+    state = peewee.CharField(max_length=16, index=True)
+    node = peewee.ForeignKeyField(Node, null=True, backref="tasks", on_delete="SET NULL", column_name="node")
+    epoch = peewee.IntegerField(default=0)
+    gpus = JSONText(default=list)  # [{uuid, memory_limit_bytes?, compute_percent?}]
+    delivered_at = peewee.DateTimeField(null=True)
+    assigned_at = peewee.DateTimeField(null=True)
+    started_at = peewee.DateTimeField(null=True)
+    ended_at = peewee.DateTimeField(null=True)
+    pid = peewee.IntegerField(null=True)
+    exit_code = peewee.IntegerField(null=True)
+    reason = peewee.TextField(default="")
+    rendezvous_addr = peewee.CharField(max_length=255, null=True)
+    rendezvous_port = peewee.IntegerField(null=True)
+
+    class Meta:
+        indexes = ((("job", "rank"), True),)
+
+
+class LogLine(BaseModel):
+    """A line of a task's output; `id` is the job-wide sequence number."""
+
+    id = peewee.AutoField()
+    job = peewee.ForeignKeyField(Job, backref="log_lines", on_delete="CASCADE", column_name="job")
+    rank = peewee.IntegerField()
+    attempt = peewee.IntegerField()
+    at = peewee.DateTimeField()
+    stream = peewee.CharField(max_length=16)
+    text = peewee.TextField()
+
+    class Meta:
+        indexes = ((("job", "id"), False),)
+
+
+class Artifact(BaseModel):
+    """A content-addressed file in fleetd's artifact store."""
+
+    sha256 = peewee.CharField(primary_key=True, max_length=64)
+    name = peewee.CharField(max_length=255)
+    kind = peewee.CharField(max_length=64, default="")
+    size = peewee.BigIntegerField()
+    created_at = peewee.DateTimeField()
+    created_by = peewee.CharField(max_length=200, default="")
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -171,4 +275,4 @@ class Setting(BaseModel):
     value = peewee.TextField()
 
 
-MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting]
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact]

@@ -6,7 +6,7 @@ from flask import current_app
 
 from fleetd.auth import FailureLimiter
 from fleetd.clock import Clock
-from fleetd.liveness import LivenessTracker
+from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
 
 
 @dataclasses.dataclass
@@ -17,7 +17,10 @@ class Runtime:
     clock: Clock
     liveness: LivenessTracker
     limiter: FailureLimiter
+    leases: LeaseTracker
+    notifier: Notifier
     tasks: object = None  # background.TaskRunner, set by create_app
+    scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
 
     @classmethod
     def build(cls, settings, clock=None):
@@ -27,7 +30,8 @@ class Runtime:
             clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace
         )
         limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds)
-        return cls(settings, clock, liveness, limiter)
+        leases = LeaseTracker(clock, settings.task_lease_seconds)
+        return cls(settings, clock, liveness, limiter, leases, Notifier())
 
 
 def current_runtime():

@@ -91,6 +91,7 @@ def serve(settings, ready_callback=None):
         gevent.signal_handler(signum, stop.set)
     server.start()
     rt.tasks.start(GeventScheduler(timezone=dt.timezone.utc))
+    rt.scheduler.start()
     url = f"http://{settings.bind.rpartition(':')[0] or host}:{server.server_port}"
     log.info("fleetd %s listening on %s (database %s)", _version(), url, _redact(settings.database_url))
     if ready_callback:
@@ -98,6 +99,7 @@ def serve(settings, ready_callback=None):
     stop.wait()
     log.info("shutting down: no new connections; waiting up to %ss for requests", settings.shutdown_timeout_seconds)
     server.shutdown(settings.shutdown_timeout_seconds)
+    rt.scheduler.stop()
     rt.tasks.shutdown()
     if not db.is_closed():
         db.close()

@@ -33,6 +33,12 @@ class Settings:
     liveness_sweep_seconds: float = 5.0
     token_cleanup_seconds: float = 3600.0
     drain_check_seconds: float = 5.0
+    task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
+    scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
+    lease_sweep_seconds: float = 5.0
+    scheduler_policy: str = ""  # empty: the engine's default policy
+    artifact_max_bytes: int = 1024**3
+    long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     shutdown_timeout_seconds: float = 10.0
     max_connections: int = 10000
 

@@ -114,6 +114,32 @@ class ApiClient:
         assert resp.status_code == expect, resp.get_json()
         return resp.get_json()
 
+    def submit(self, expect=201, **spec):
+        spec.setdefault("name", "job")
+        spec.setdefault("command", ["true"])
+        resp = self.post("/api/v1/jobs", spec)
+        assert resp.status_code == expect, resp.get_json()
+        return resp.get_json()
+
+    def acquire(self, session_token, wait_seconds=0):
+        resp = self.post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, token=session_token, agent=True)
+        assert resp.status_code == 200, resp.get_json()
+        return resp.get_json()["assignment"]
+
+    def task_call(self, session_token, assignment, action, expect=204, **body):
+        body.setdefault("epoch", assignment["epoch"])
+        resp = self.post(f"/api/v1/agent/tasks/{assignment['task_id']}/{action}", body, token=session_token,
+                         agent=True)
+        assert resp.status_code == expect, resp.get_json()
+        return resp
+
+    def start_task(self, session_token):
+        """Acquire the node's next assignment and report it started; returns the assignment."""
+        assignment = self.acquire(session_token)
+        assert assignment is not None
+        self.task_call(session_token, assignment, "start", pid=4242)
+        return assignment
+
     def node(self, node_id):
         resp = self.get(f"/api/v1/nodes/{node_id}")
         assert resp.status_code == 200, resp.get_json()
@@ -138,6 +164,7 @@ def make_settings(tmp_path):
     def make(**overrides):
         overrides.setdefault("data_dir", str(tmp_path / "data"))
         overrides.setdefault("auth_failure_limit", 10_000)
+        overrides.setdefault("long_poll_max_seconds", 0.5)  # long polls in tests end quickly
         return Settings.load(environ={}, **overrides)
 
     return make

@@ -5,6 +5,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import admin_client
 from tests.test_auth import ROLE_TABLE
 
 json_values = st.recursive(
@@ -39,7 +40,8 @@ def _fuzz(api, session, join, method, path):
     check()
 
 
-def test_no_route_answers_500_to_random_input(api):
+def test_no_route_answers_500_to_random_input(make_app, clock):
+    api = admin_client(make_app(long_poll_max_seconds=0), clock)  # long polls answer at once here
     api.create_fleet("gpu-a")
     session = api.register(api.create_join_token("gpu-a"))["session_token"]
     join = api.create_join_token("gpu-a")

@@ -124,26 +124,33 @@ def test_drain_of_an_idle_node_completes_at_once_with_reason_and_deadline(api, r
 
 def test_drain_waits_for_running_tasks_until_they_finish(api, ready_node):
     node_id, session = ready_node
-    api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "running"}])
+    job = api.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
     assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"] == "draining"
-    assert api.run_task("drains") == {"drained": 0}
-    reply = api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "succeeded"}])
-    assert reply["status"] == "drained"
+    assert api.run_task("drains") == {"drained": 0, "requeued_jobs": 0}
+    assert api.submit(name="later", resources={"gpus": 1})["state"] == "queued"  # draining takes no new work
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "succeeded"
+    assert api.heartbeat(session)["status"] == "drained"
 
 
-def test_drain_ends_at_its_deadline_even_with_tasks_running(api, ready_node, clock):
+def test_drain_deadline_stops_and_requeues_running_tasks(api, ready_node, clock):
     node_id, session = ready_node
-    running = [{"id": "t1", "epoch": 1, "state": "running"}]
-    api.heartbeat(session, tasks=running)
+    job = api.submit(resources={"gpus": 1}, retry={"max_attempts": 1, "on": []})
+    assignment = api.start_task(session)
+    running = [{"id": assignment["task_id"], "epoch": assignment["epoch"], "state": "running"}]
     api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 60})
     clock.advance(30)
-    api.heartbeat(session, tasks=running)
-    assert api.run_task("drains") == {"drained": 0}
+    assert api.heartbeat(session, tasks=running)["cancel"] == []
+    assert api.run_task("drains") == {"drained": 0, "requeued_jobs": 0}
     clock.advance(31)
-    assert api.run_task("drains") == {"drained": 1}
+    assert api.run_task("drains") == {"drained": 1, "requeued_jobs": 1}
     node = api.node(node_id)
-    assert node["status"] == "drained" and "deadline passed" in node["status_reason"]
-    assert api.heartbeat(session, tasks=running)["cancel"] == ["t1"]
+    assert node["status"] == "drained" and "stopped and requeued" in node["status_reason"]
+    assert api.heartbeat(session, tasks=running)["cancel"] == [assignment["task_id"]]
+    requeued = api.get(f"/api/v1/jobs/{job['id']}").get_json()
+    assert requeued["state"] == "queued" and requeued["attempt"] == 2  # requeued despite max_attempts 1
+    api.task_call(session, assignment, "finish", expect=409, outcome="cancelled")
 
 
 def test_undrain_returns_the_node_to_ready_and_clears_the_drain(api, ready_node):
@@ -209,10 +216,11 @@ def test_revoked_node_can_re_enrol_only_with_a_new_join_token(api, ready_node):
 
 def test_delete_is_refused_while_tasks_run_and_allowed_after(api, ready_node):
     node_id, session = ready_node
-    api.heartbeat(session, tasks=[{"id": "t1", "epoch": 1, "state": "running"}])
+    api.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
     resp = api.delete(f"/api/v1/nodes/{node_id}")
-    assert resp.status_code == 409 and resp.get_json()["error"]["details"]["tasks"] == ["t1"]
-    api.heartbeat(session, tasks=[])
+    assert resp.status_code == 409 and resp.get_json()["error"]["details"]["tasks"] == [assignment["task_id"]]
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
     assert api.get(f"/api/v1/nodes/{node_id}").status_code == 404
     api.heartbeat(session, expect=401)

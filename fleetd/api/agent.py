@@ -6,7 +6,17 @@ from flask_smorest import Blueprint
 from fleetd.auth import JOIN, NODE, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.agent import HeartbeatReplySchema, HeartbeatSchema, RegisteredSchema, RegisterSchema
-from fleetd.services import agents
+from fleetd.schemas.jobs import (
+    AcquireReplySchema,
+    AcquireSchema,
+    LogBatchSchema,
+    RendezvousPublishSchema,
+    RendezvousQuerySchema,
+    RendezvousSchema,
+    TaskFinishSchema,
+    TaskStartSchema,
+)
+from fleetd.services import agents, work
 
 blp = Blueprint("agent", __name__, url_prefix="/api/v1/agent", description="Agent protocol; needs X-Fleet-Protocol: 1")
 
@@ -51,3 +61,63 @@ class AgentDeregister(MethodView):
     def post(self):
         """Leave gracefully: the session ends and the node is marked lost at once."""
         agents.deregister_node(current_runtime(), current_principal().node_id)
+
+
+@blp.route("/acquire")
+class AgentAcquire(MethodView):
+    @require(NODE)
+    @blp.arguments(AcquireSchema)
+    @blp.response(200, AcquireReplySchema)
+    def post(self, body):
+        """Long-poll for work: answers as soon as an assignment exists, or after wait_seconds with null."""
+        principal = current_principal()
+        return {"assignment": work.acquire(current_runtime(), principal.node_id, body["wait_seconds"])}
+
+
+@blp.route("/tasks/<string:task_id>/start")
+class AgentTaskStart(MethodView):
+    @require(NODE)
+    @blp.arguments(TaskStartSchema)
+    @blp.response(204)
+    def post(self, body, task_id):
+        """The task's process started; a stale epoch gets 409."""
+        work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"])
+
+
+@blp.route("/tasks/<string:task_id>/rendezvous")
+class AgentTaskRendezvous(MethodView):
+    @require(NODE)
+    @blp.arguments(RendezvousPublishSchema)
+    @blp.response(204)
+    def post(self, body, task_id):
+        """Rank 0 publishes the address and port the other ranks connect to."""
+        work.publish_rendezvous(current_runtime(), current_principal().node_id, task_id, body["epoch"],
+                                body["addr"], body["port"])
+
+    @require(NODE)
+    @blp.arguments(RendezvousQuerySchema, location="query")
+    @blp.response(200, RendezvousSchema)
+    def get(self, query, task_id):
+        """Rank 0's address and port; 504 if it is not published within wait_seconds."""
+        return work.wait_rendezvous(current_runtime(), current_principal().node_id, task_id, query["wait_seconds"])
+
+
+@blp.route("/tasks/<string:task_id>/logs")
+class AgentTaskLogs(MethodView):
+    @require(NODE)
+    @blp.arguments(LogBatchSchema)
+    @blp.response(204)
+    def post(self, body, task_id):
+        """A batch of output lines; 413 over the request size limit."""
+        work.append_logs(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["lines"])
+
+
+@blp.route("/tasks/<string:task_id>/finish")
+class AgentTaskFinish(MethodView):
+    @require(NODE)
+    @blp.arguments(TaskFinishSchema)
+    @blp.response(204)
+    def post(self, body, task_id):
+        """The task's process ended with this outcome."""
+        work.finish_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["outcome"],
+                         body["exit_code"], body["reason"])

@@ -25,6 +25,11 @@ def _now():
     return current_runtime().clock.now()
 
 
+def _kick_scheduler():
+    """Capacity came back: queued jobs may fit now."""
+    current_runtime().scheduler.kick()
+
+
 @blp.route("")
 class Nodes(MethodView):
     @require(ADMIN, SUBMITTER)
@@ -48,9 +53,8 @@ class NodeById(MethodView):
     @blp.response(204)
     def delete(self, node_id):
         """Forget a node; 409 while tasks run on it."""
-        rt = current_runtime()
-        nodes.delete_node(_now(), node_id, rt.liveness.active_tasks(node_id))
-        rt.liveness.forget(node_id)
+        nodes.delete_node(_now(), node_id)
+        current_runtime().liveness.forget(node_id)
 
 
 @blp.route("/<string:node_id>/cordon")
@@ -68,7 +72,9 @@ class NodeUncordon(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Allow placements on a cordoned node again."""
-        return _live([nodes.uncordon_node(_now(), node_id)])[0]
+        node = nodes.uncordon_node(_now(), node_id)
+        _kick_scheduler()
+        return _live([node])[0]
 
 
 @blp.route("/<string:node_id>/drain")
@@ -78,8 +84,7 @@ class NodeDrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Drain a node: no new work; running tasks may finish until the deadline."""
-        active = current_runtime().liveness.active_tasks(node_id)
-        return _live([nodes.drain_node(_now(), node_id, body["reason"], body["deadline_seconds"], active)])[0]
+        return _live([nodes.drain_node(_now(), node_id, body["reason"], body["deadline_seconds"])])[0]
 
 
 @blp.route("/<string:node_id>/undrain")
@@ -88,7 +93,9 @@ class NodeUndrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """End a drain; the node takes work again."""
-        return _live([nodes.undrain_node(_now(), node_id)])[0]
+        node = nodes.undrain_node(_now(), node_id)
+        _kick_scheduler()
+        return _live([node])[0]
 
 
 @blp.route("/<string:node_id>/revoke")

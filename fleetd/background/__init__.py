@@ -5,7 +5,7 @@ import datetime as dt
 import logging
 import threading
 
-from fleetd.background import drains, liveness_sweep, token_cleanup
+from fleetd.background import drains, leases, liveness_sweep, scheduling, token_cleanup
 from fleetd.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
@@ -14,6 +14,8 @@ log = logging.getLogger(__name__)
 REGISTRY = [
     (liveness_sweep, "liveness_sweep_seconds"),
     (drains, "drain_check_seconds"),
+    (leases, "lease_sweep_seconds"),
+    (scheduling, "scheduler_interval_seconds"),
     (token_cleanup, "token_cleanup_seconds"),
 ]
 

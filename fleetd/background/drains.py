@@ -10,11 +10,17 @@ DESCRIPTION = "Moves draining nodes to drained when their tasks are done or the 
 
 def run(rt):
     """One pass over draining nodes; returns how many finished draining."""
-    finished = 0
+    finished, requeued = 0, set()
     draining = [n.id for n in Node.select(Node.id).where(Node.status == NodeStatus.DRAINING.value)]
     for node_id in draining:
         with write_transaction():
             node = Node.get_or_none(Node.id == node_id)
-            if node is not None and settle_drain(node, rt.clock.now(), rt.liveness.active_tasks(node_id)):
-                finished += 1
-    return {"drained": finished}
+            jobs = settle_drain(node, rt.clock.now()) if node is not None else None
+        if jobs is not None:
+            finished += 1
+            requeued |= jobs
+    for job_id in requeued:
+        rt.notifier.notify(("job", job_id))
+    if requeued:
+        rt.scheduler.kick()
+    return {"drained": finished, "requeued_jobs": len(requeued)}

@@ -6,6 +6,7 @@ from fleetd.errors import Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
 from fleetd.services.events import record_event
 from fleetd.services.fleets import consume_join_token
+from fleetd.services.work import reconcile_reported_tasks
 from fleetd.services.nodes import drain_info, find_node, replace_gpus, settle_drain, switch_node_status
 
 S = NodeStatus
@@ -62,12 +63,6 @@ def register_node(rt, join_token_id, info):
     return node, session_token
 
 
-def tasks_to_cancel(node, reported):
-    """Reported tasks the node must stop. The control plane leases no task to a node yet, so a
-    task it reports is unknown here and must not keep running; a revoked node stops everything."""
-    return [t["id"] for t in reported]
-
-
 def heartbeat(rt, node, body):
     """Renew liveness in memory; touch the database only when something changed.
 
@@ -80,26 +75,31 @@ def heartbeat(rt, node, body):
         rt.liveness.forget(node.id)
         return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported]}
     rt.liveness.touch(node.id, reported, body.get("metrics"))
-    active = rt.liveness.active_tasks(node.id)
+    cancel = reconcile_reported_tasks(rt, node, reported)
     gpus = body.get("gpus")
+    changed = False
     if gpus is not None or node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
             if gpus is not None:
-                replace_gpus(node, gpus, now)
+                changed = replace_gpus(node, gpus, now) or changed
             if node.status == S.PENDING.value:
                 switch_node_status(node, S.READY, "first heartbeat", now)
+                changed = True
             elif node.status == S.LOST.value:
                 back_to = node.status_before_lost or S.READY.value
                 if back_to == S.PENDING.value:
                     back_to = S.READY.value
                 switch_node_status(node, back_to, "heartbeats resumed", now)
-            settle_drain(node, now, active)
+                changed = True
+            changed = settle_drain(node, now) is not None or changed
+    if changed and rt.scheduler is not None:
+        rt.scheduler.kick()  # new or returning capacity
     return {
         "status": node.status,
         "drain": drain_info(node),
         "revoked": False,
-        "cancel": tasks_to_cancel(node, reported),
+        "cancel": cancel,
     }
 
 

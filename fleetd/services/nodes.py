@@ -4,9 +4,10 @@ import datetime as dt
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Gpu, Node, NodeStatus
+from fleetd.models import Gpu, Node, NodeStatus, Task
 from fleetd.models import Event
 from fleetd.services.events import list_events, record_event
+from fleetd.services.jobs import ACTIVE_TASK_STATES, stop_tasks_of_node
 from fleetd.services.pagination import paginate
 
 S = NodeStatus
@@ -121,7 +122,7 @@ def uncordon_node(now, node_id, reason="uncordoned by admin"):
     return get_node(node_id)
 
 
-def drain_node(now, node_id, reason, deadline_seconds, active_tasks):
+def drain_node(now, node_id, reason, deadline_seconds):
     """Stop placements now; the node becomes drained when its tasks are done or the deadline passes."""
     with write_transaction():
         node = _locked_node(node_id)
@@ -132,23 +133,31 @@ def drain_node(now, node_id, reason, deadline_seconds, active_tasks):
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
         switch_node_status(node, S.DRAINING, f"drain: {reason}", now)
-        settle_drain(node, now, active_tasks)
+        settle_drain(node, now)
     return get_node(node_id)
 
 
-def settle_drain(node, now, active_tasks):
-    """Finish a drain whose node runs nothing any more, or whose deadline has passed."""
+def active_task_ids(node_id):
+    """Ids of the tasks assigned to or running on a node."""
+    return [t.id for t in Task.select(Task.id).where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))]
+
+
+def settle_drain(node, now):
+    """Finish a drain whose node runs nothing any more; at the deadline, stop and requeue its tasks.
+
+    Runs inside the caller's transaction; returns the ids of jobs that were requeued.
+    """
     if node.status != S.DRAINING.value:
-        return False
-    if not active_tasks:
+        return None
+    active = active_task_ids(node.id)
+    if not active:
         switch_node_status(node, S.DRAINED, "drain complete: no running tasks", now)
-        return True
+        return set()
     if node.drain_deadline is not None and node.drain_deadline <= now:
-        switch_node_status(
-            node, S.DRAINED, f"drain deadline passed; {len(active_tasks)} task(s) told to stop", now
-        )
-        return True
-    return False
+        jobs = stop_tasks_of_node(node.id, "node drain deadline passed", now)
+        switch_node_status(node, S.DRAINED, f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
+        return jobs
+    return None
 
 
 def undrain_node(now, node_id, reason="undrained by admin"):
@@ -173,11 +182,12 @@ def revoke_node(now, node_id, reason="revoked by admin"):
     return get_node(node_id)
 
 
-def delete_node(now, node_id, active_tasks):
+def delete_node(now, node_id):
     """Forget a node and its GPUs; Conflict while it still runs tasks."""
     with write_transaction():
         node = _locked_node(node_id)
-        if active_tasks and node.status != S.LOST.value:
+        active_tasks = active_task_ids(node_id)
+        if active_tasks:
             raise Conflict(
                 f"node {node_id} still runs {len(active_tasks)} task(s); drain it first",
                 {"tasks": active_tasks[:100]},

@@ -18,7 +18,15 @@ TRACES = ROOT.parent / "shared" / "traces"
 NODES = TRACES / "openb_node_list_gpu_node.csv"
 PODS = TRACES / "openb_pod_list_gpuspec10.csv"
 POLICIES = {"random", "bestfit", "packing", "dotprod", "fgd", "fragbal"}
-KEYS = {"alloc_at_80", "alloc_at_90", "alloc_at_100", "alloc_final", "unallocated_final_pct", "frag_ratio_at_90", "decisions_per_second"}
+KEYS = {
+    "alloc_at_80",
+    "alloc_at_90",
+    "alloc_at_100",
+    "alloc_final",
+    "unallocated_final_pct",
+    "frag_ratio_at_90",
+    "decisions_per_second",
+}
 
 pytestmark = pytest.mark.skipif(not NODES.is_file() or not PODS.is_file(), reason="../shared/traces is not here")
 
@@ -90,8 +98,9 @@ def test_bench_max_pods_replays_a_prefix_and_reports_unreached_marks_as_null(sma
 
 def test_bench_refuses_an_unknown_policy(small_trace):
     nodes, pods = small_trace
+    bench = str(ROOT / "bench" / "placement.py")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "placement.py"), "--nodes", str(nodes), "--pods", str(pods), "--policy", "nope"],
+        [sys.executable, bench, "--nodes", str(nodes), "--pods", str(pods), "--policy", "nope"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -180,7 +180,12 @@ def test_schedule_places_in_order_against_one_snapshot():
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_places_whole_and_fractional_work(policy):
     cluster = make_cluster(make_node("a", gpus=2), make_node("b", gpus=2, model="A100"))
-    requests = [TaskRequest(gpus=0.5), TaskRequest(gpus=1, gpu_types=("A100",)), TaskRequest(gpus=0.5), TaskRequest(cpus=2)]
+    requests = [
+        TaskRequest(gpus=0.5),
+        TaskRequest(gpus=1, gpu_types=("A100",)),
+        TaskRequest(gpus=0.5),
+        TaskRequest(cpus=2),
+    ]
     profile = profile_from_requests(requests)
     results = schedule(cluster, requests, policy=policy, profile=profile)
     assert all(r.schedulable for r in results)
@@ -188,11 +193,17 @@ def test_every_policy_places_whole_and_fractional_work(policy):
 
 
 def test_bestfit_prefers_the_fuller_node_and_random_is_seeded():
-    cluster = make_cluster(make_node("a", gpus=8), make_node("b", gpus=8, gpu_overrides={i: {"exclusive": True} for i in range(6)}))
+    held = {i: {"exclusive": True} for i in range(6)}
+    cluster = make_cluster(make_node("a", gpus=8), make_node("b", gpus=8, gpu_overrides=held))
     assert PlacementEngine(cluster, policy="bestfit").place(TaskRequest(gpus=1)).node_ids == ("b",)
-    picks = [PlacementEngine(cluster, policy="random", seed=s).place(TaskRequest(gpus=1)).node_ids for s in range(40)]
+
+    def random_picks():
+        engines = [PlacementEngine(cluster, policy="random", seed=s) for s in range(40)]
+        return [e.place(TaskRequest(gpus=1)).node_ids for e in engines]
+
+    picks = random_picks()
     assert set(picks) == {("a",), ("b",)}
-    assert picks == [PlacementEngine(cluster, policy="random", seed=s).place(TaskRequest(gpus=1)).node_ids for s in range(40)]
+    assert picks == random_picks()
 
 
 def test_fgd_slices_the_gpu_that_fragments_least():
@@ -200,7 +211,8 @@ def test_fgd_slices_the_gpu_that_fragments_least():
     profile = WorkloadProfile((TaskShape(1000, 300, 1, weight=0.5), TaskShape(1000, 1000, 1, weight=0.5)))
     node = make_node("a", gpus=2, gpu_overrides={0: {"compute_free_milli": 300}})
     for policy in ("fgd", DEFAULT_POLICY):
-        result = PlacementEngine(make_cluster(node), policy=policy, profile=profile).place(TaskRequest(gpus=0.3, cpus=1))
+        engine = PlacementEngine(make_cluster(node), policy=policy, profile=profile)
+        result = engine.place(TaskRequest(gpus=0.3, cpus=1))
         assert gpu_uuids(result) == ["GPU-a-0"], policy
 
 

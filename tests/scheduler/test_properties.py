@@ -106,7 +106,8 @@ def requests(draw):
 def engine_state(engine):
     """White-box: the engine's own accounting, to see that a refusal changed nothing."""
     return tuple(
-        (n.cpu_free, n.memory_free, tuple((g.milli_free, g.memory_free, g.holders) for g in n.gpus)) for n in engine.nodes
+        (n.cpu_free, n.memory_free, tuple((g.milli_free, g.memory_free, g.holders) for g in n.gpus))
+        for n in engine.nodes
     )
 
 
@@ -150,7 +151,11 @@ def check_placements(snapshot, placed):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snapshot=clusters(), stream=st.lists(requests(), min_size=1, max_size=12), policy=st.sampled_from(sorted(POLICIES)))
+@given(
+    snapshot=clusters(),
+    stream=st.lists(requests(), min_size=1, max_size=12),
+    policy=st.sampled_from(sorted(POLICIES)),
+)
 def test_no_overallocation_gangs_whole_and_refusals_explained(snapshot, stream, policy):
     engine = PlacementEngine(snapshot, policy=policy, profile=profile_from_requests(stream), seed=7)
     placed = []
@@ -170,7 +175,11 @@ def test_no_overallocation_gangs_whole_and_refusals_explained(snapshot, stream, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(snapshot=clusters(), stream=st.lists(requests(), min_size=1, max_size=8), policy=st.sampled_from(sorted(POLICIES)))
+@given(
+    snapshot=clusters(),
+    stream=st.lists(requests(), min_size=1, max_size=8),
+    policy=st.sampled_from(sorted(POLICIES)),
+)
 def test_release_returns_every_reservation(snapshot, stream, policy):
     engine = PlacementEngine(snapshot, policy=policy, seed=3)
     start = engine_state(engine)

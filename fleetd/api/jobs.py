@@ -1,0 +1,147 @@
+"""Jobs and artifacts."""
+
+from flask import request, send_file
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
+from fleetd.db import database
+from fleetd.errors import InvalidRequest, PayloadTooLarge
+from fleetd.models import JobState
+from fleetd.runtime import current_runtime
+from fleetd.schemas.jobs import (
+    ArtifactSchema,
+    EventQuerySchema,
+    JobPageSchema,
+    JobQuerySchema,
+    JobResultSchema,
+    JobSpecSchema,
+    JobStatusSchema,
+    JobWaitSchema,
+    LogPageSchema,
+    LogQuerySchema,
+)
+from fleetd.schemas.nodes import EventPageSchema
+from fleetd.services import artifacts, jobs
+from fleetd.services.scheduling import task_request
+
+blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and artifacts")
+
+
+@blp.route("/jobs")
+class Jobs(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(JobQuerySchema, location="query")
+    @blp.response(200, JobPageSchema)
+    def get(self, query):
+        """List jobs (a submitter sees its own), oldest first."""
+        items, next_cursor = jobs.list_jobs(current_principal(), query["limit"], query["cursor"], query["state"],
+                                            query["owner"])
+        return {"items": items, "next_cursor": next_cursor}
+
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(JobSpecSchema)
+    @blp.response(201, JobStatusSchema)
+    def post(self, spec):
+        """Submit a JobSpec; it is queued and placed as soon as it fits."""
+        task_request(spec)  # the engine's own checks, before anything is stored
+        rt = current_runtime()
+        job = jobs.submit_job(rt.clock.now(), current_principal(), spec)
+        rt.scheduler.kick()
+        return jobs.get_job(current_principal(), job.id)
+
+
+@blp.route("/jobs/<string:job_id>")
+class JobById(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(JobWaitSchema, location="query")
+    @blp.response(200, JobStatusSchema)
+    def get(self, query, job_id):
+        """A job; with wait_seconds the answer comes as soon as the job is terminal."""
+        principal = current_principal()
+        job = jobs.get_job(principal, job_id)
+        if query["wait_seconds"] > 0 and not JobState(job.state).is_terminal():
+            database.close()  # no pooled connection held while waiting
+
+            def terminal():
+                current = jobs.get_job(principal, job_id)
+                database.close()
+                return current if JobState(current.state).is_terminal() else None
+
+            rt = current_runtime()
+            wait = min(query["wait_seconds"], rt.settings.long_poll_max_seconds)
+            job = rt.notifier.wait(("job", job_id), wait, terminal) or jobs.get_job(principal, job_id)
+        return job
+
+
+@blp.route("/jobs/<string:job_id>/cancel")
+class JobCancel(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, JobStatusSchema)
+    def post(self, job_id):
+        """Cancel a job; running ranks are stopped at their next heartbeat."""
+        rt = current_runtime()
+        job = jobs.cancel_job(rt.clock.now(), current_principal(), job_id)
+        rt.notifier.notify(("job", job.id))
+        return jobs.get_job(current_principal(), job_id)
+
+
+@blp.route("/jobs/<string:job_id>/result")
+class JobResult(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, JobResultSchema)
+    def get(self, job_id):
+        """The outcome of a job and of each rank."""
+        return jobs.job_result(current_principal(), job_id)
+
+
+@blp.route("/jobs/<string:job_id>/logs")
+class JobLogs(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(LogQuerySchema, location="query")
+    @blp.response(200, LogPageSchema)
+    def get(self, query, job_id):
+        """Log lines in order; pass the last `seq` as `after` to follow."""
+        items, _ = jobs.job_logs(current_principal(), job_id, query["limit"], query["after"], query["rank"])
+        return {"items": items, "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None}
+
+
+@blp.route("/jobs/<string:job_id>/events")
+class JobEvents(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(EventQuerySchema, location="query")
+    @blp.response(200, EventPageSchema)
+    def get(self, query, job_id):
+        """A job's events and its tasks' events, oldest first."""
+        items, next_cursor = jobs.job_events(current_principal(), job_id, query["limit"], query["cursor"],
+                                             query["after"])
+        return {"items": items, "next_cursor": next_cursor}
+
+
+@blp.route("/artifacts")
+class Artifacts(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(201, ArtifactSchema)
+    def put(self):
+        """Upload an artifact (raw body; headers X-Artifact-Name and X-Artifact-Kind)."""
+        rt = current_runtime()
+        name = request.headers.get("X-Artifact-Name", "")
+        kind = request.headers.get("X-Artifact-Kind", "")
+        if not name or len(name) > 255 or len(kind) > 64 or "\x00" in name + kind:
+            raise InvalidRequest("X-Artifact-Name (1-255 characters) is required; X-Artifact-Kind at most 64")
+        request.max_content_length = rt.settings.artifact_max_bytes
+        if request.content_length is not None and request.content_length > rt.settings.artifact_max_bytes:
+            raise PayloadTooLarge(f"artifact larger than the limit of {rt.settings.artifact_max_bytes} bytes")
+        return artifacts.store_artifact(rt.settings, rt.clock.now(), request.stream, name, kind,
+                                        current_principal().label)
+
+
+@blp.route("/artifacts/<string:sha256>")
+class ArtifactBySha(MethodView):
+    @require(ADMIN, SUBMITTER, NODE)
+    @blp.response(200, content_type="application/octet-stream")
+    def get(self, sha256):
+        """Download an artifact; a node may fetch only artifacts of its current tasks."""
+        row, path = artifacts.open_artifact(current_runtime().settings, current_principal(), sha256)
+        return send_file(path, mimetype="application/octet-stream", download_name=row.name, etag=row.sha256,
+                         conditional=True, max_age=0)

@@ -1,0 +1,249 @@
+"""Schemas of jobs (JobSpec, JobStatus) and the worker side of the agent protocol."""
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from fleetd.models import JobState
+from fleetd.schemas.common import Int, Labels, PageQuerySchema, Text, Time, page_schema
+
+ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
+SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
+RETRY_ON = ("node_lost", "preempted", "failed")
+
+
+def _relative_path(value):
+    parts = value.split("/")
+    if value.startswith("/") or ".." in parts or "\x00" in value:
+        raise ValidationError("a relative path inside the task's working directory, without '..'")
+
+
+class GpuCount(fields.Number):
+    """An integer >= 0, or a fraction 0 < x < 1 of one GPU."""
+
+    num_type = float
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValidationError("a number: whole GPUs, or a fraction 0 < x < 1 of one GPU")
+        if value < 0 or value > 1024 or (value >= 1 and value != int(value)):
+            raise ValidationError("an integer from 0 to 1024, or a fraction 0 < x < 1 of one GPU")
+        return int(value) if value >= 1 or value == 0 else float(value)
+
+
+class ResourcesSchema(Schema):
+    gpus = GpuCount(load_default=0)
+    gpu_memory_bytes = Int(minimum=1, load_default=None, allow_none=True)
+    gpu_compute_percent = fields.Float(validate=validate.Range(min=0, max=100, min_inclusive=False),
+                                       load_default=None, allow_none=True)
+    gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
+    cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
+    memory_bytes = Int(load_default=0)
+
+
+class NodeSelectorSchema(Schema):
+    fleet = Text(max_length=63, load_default=None, allow_none=True)
+    labels = Labels(load_default=dict)
+
+
+class RetrySchema(Schema):
+    max_attempts = Int(minimum=1, maximum=100, required=True)
+    on = fields.List(fields.String(validate=validate.OneOf(RETRY_ON)), load_default=list)
+
+
+class ArtifactRefSchema(Schema):
+    sha256 = fields.String(required=True, validate=SHA256)
+    path = Text(required=True, min_length=1, max_length=1024, validate=[_relative_path])
+
+
+class JobSpecSchema(Schema):
+    name = Text(required=True, min_length=1, max_length=200)
+    command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
+    env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
+                      validate=validate.Length(max=256), load_default=dict)
+    workdir = Text(max_length=1024, load_default=None, allow_none=True, validate=[_relative_path])
+    num_nodes = Int(minimum=1, maximum=1024, load_default=1)
+    resources = fields.Nested(ResourcesSchema, load_default=lambda: ResourcesSchema().load({}))
+    isolation = fields.String(validate=validate.OneOf(["exclusive", "shared", "mps"]), load_default=None,
+                              allow_none=True)
+    priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
+    bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
+    team = Text(max_length=200, load_default=None, allow_none=True)
+    labels = Labels(load_default=dict)
+    node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: NodeSelectorSchema().load({}))
+    max_runtime_seconds = Int(minimum=1, maximum=365 * 86400, load_default=None, allow_none=True)
+    retry = fields.Nested(RetrySchema, load_default=None, allow_none=True)
+    artifacts = fields.List(fields.Nested(ArtifactRefSchema), validate=validate.Length(max=100), load_default=list)
+
+    @validates_schema
+    def _consistent(self, data, **kwargs):
+        res = data.get("resources") or {}
+        if data.get("isolation") == "exclusive" and 0 < res.get("gpus", 0) < 1:
+            raise ValidationError("a fraction of a GPU cannot be exclusive", "isolation")
+        if data.get("bid") is not None and data.get("priority_class") != "spot":
+            raise ValidationError("a bid applies to spot jobs only", "bid")
+
+
+class TaskStatusSchema(Schema):
+    id = fields.String()
+    rank = fields.Integer()
+    node_id = fields.String(allow_none=True)
+    state = fields.String()
+    gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus])
+    exit_code = fields.Integer(allow_none=True)
+    reason = fields.String()
+    started_at = Time()
+    ended_at = Time()
+
+
+class JobStatusSchema(Schema):
+    id = fields.String()
+    name = fields.String()
+    owner = fields.String()
+    team = fields.String(allow_none=True)
+    state = fields.String()
+    pending_reason = fields.String()
+    attempt = fields.Integer()
+    submitted_at = Time()
+    started_at = Time()
+    ended_at = Time()
+    outcome = fields.String(allow_none=True)
+    spec = fields.Dict()
+    tasks = fields.List(fields.Nested(TaskStatusSchema), attribute="task_list")
+
+
+JobPageSchema = page_schema(JobStatusSchema, "JobPage")
+
+
+class JobQuerySchema(PageQuerySchema):
+    state = fields.String(validate=validate.OneOf([s.value for s in JobState]), load_default=None)
+    owner = Text(max_length=200, load_default=None)
+
+
+class JobWaitSchema(Schema):
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0)
+
+
+class JobResultTaskSchema(Schema):
+    rank = fields.Integer()
+    node_id = fields.String(allow_none=True)
+    exit_code = fields.Integer(allow_none=True)
+    outcome = fields.String(allow_none=True)
+    reason = fields.String()
+
+
+class JobResultSchema(Schema):
+    outcome = fields.String(allow_none=True)
+    reason = fields.String()
+    attempt = fields.Integer()
+    tasks = fields.List(fields.Nested(JobResultTaskSchema))
+
+
+class LogLineSchema(Schema):
+    seq = fields.Integer(attribute="id")
+    at = Time()
+    rank = fields.Integer()
+    attempt = fields.Integer()
+    stream = fields.String()
+    text = fields.String()
+
+
+LogPageSchema = page_schema(LogLineSchema, "LogPage")
+
+
+class LogQuerySchema(Schema):
+    limit = Int(minimum=1, maximum=10000, load_default=1000, strict=False)
+    after = Int(load_default=None, strict=False)
+    rank = Int(maximum=1023, load_default=None, strict=False)
+
+
+class EventQuerySchema(PageQuerySchema):
+    after = Int(maximum=2**62, load_default=None, strict=False)
+
+
+# ---------------------------------------------------------------- the worker protocol
+
+
+class AcquireSchema(Schema):
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=30)
+
+
+class AssignmentGpuSchema(Schema):
+    uuid = fields.String()
+    memory_limit_bytes = fields.Integer()
+    compute_percent = fields.Float()
+
+
+class AssignmentSchema(Schema):
+    task_id = fields.String()
+    job_id = fields.String()
+    epoch = fields.Integer()
+    attempt = fields.Integer()
+    rank = fields.Integer()
+    num_nodes = fields.Integer()
+    command = fields.List(fields.String())
+    env = fields.Dict()
+    workdir = fields.String(allow_none=True)
+    gpus = fields.List(fields.Nested(AssignmentGpuSchema))
+    isolation = fields.String()
+    max_runtime_seconds = fields.Integer(allow_none=True)
+    artifacts = fields.List(fields.Nested(ArtifactRefSchema))
+
+
+class AcquireReplySchema(Schema):
+    assignment = fields.Nested(AssignmentSchema, allow_none=True)
+
+
+class TaskStartSchema(Schema):
+    epoch = Int(required=True)
+    pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True)
+
+
+class RendezvousPublishSchema(Schema):
+    epoch = Int(required=True)
+    addr = Text(required=True, min_length=1, max_length=255)
+    port = Int(required=True, minimum=1, maximum=65535)
+
+
+class RendezvousQuerySchema(Schema):
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=30)
+
+
+class RendezvousSchema(Schema):
+    addr = fields.String()
+    port = fields.Integer()
+
+
+class LogLineField(fields.Field):
+    """[stream, text] or [stream, text, rank]."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, list) or len(value) not in (2, 3):
+            raise ValidationError("[stream, text] or [stream, text, rank]")
+        stream, text = value[0], value[1]
+        if stream not in ("stdout", "stderr", "system"):
+            raise ValidationError("stream must be stdout, stderr or system")
+        if not isinstance(text, str) or len(text) > 65536 or "\x00" in text:
+            raise ValidationError("text must be a string of at most 65536 characters without NUL")
+        if len(value) == 3 and (isinstance(value[2], bool) or not isinstance(value[2], int)
+                                or not 0 <= value[2] < 1024):
+            raise ValidationError("rank must be an integer from 0 to 1023")
+        return list(value)
+
+
+class LogBatchSchema(Schema):
+    epoch = Int(required=True)
+    lines = fields.List(LogLineField(), required=True, validate=validate.Length(max=5000))
+
+
+class TaskFinishSchema(Schema):
+    epoch = Int(required=True)
+    outcome = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "cancelled"]))
+    exit_code = fields.Integer(strict=True, validate=validate.Range(min=-255, max=255), load_default=None,
+                               allow_none=True)
+    reason = Text(max_length=2000, load_default="")
+
+
+class ArtifactSchema(Schema):
+    sha256 = fields.String()
+    name = fields.String()
+    kind = fields.String()
+    size = fields.Integer()

@@ -1,0 +1,72 @@
+"""Content-addressed artifacts on fleetd's disk: streamed upload, verified, downloaded by sha256."""
+
+import hashlib
+import os
+import tempfile
+
+from fleetd.db import write_transaction
+from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
+from fleetd.models import Artifact, Job, Task
+from fleetd.services.jobs import ACTIVE_TASK_STATES
+
+CHUNK = 1024 * 1024
+
+
+def store_dir(settings):
+    return os.path.join(os.path.abspath(settings.data_dir), "artifacts")
+
+
+def artifact_path(settings, sha256):
+    return os.path.join(store_dir(settings), sha256[:2], sha256)
+
+
+def store_artifact(settings, now, stream, name, kind, created_by):
+    """Read `stream` to the end into the store (at most artifact_max_bytes); returns the Artifact."""
+    limit = settings.artifact_max_bytes
+    os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, tmp = tempfile.mkstemp(dir=store_dir(settings), prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for _ in range(limit // CHUNK + 2):  # bounded: one chunk past the limit is enough to refuse
+                chunk = stream.read(CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"artifact larger than the limit of {limit} bytes", {"limit": limit})
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        sha256 = digest.hexdigest()
+        final = artifact_path(settings, sha256)
+        os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+        os.replace(tmp, final)
+        tmp = None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    with write_transaction():
+        row = Artifact.get_or_none(Artifact.sha256 == sha256)
+        if row is None:
+            row = Artifact.create(sha256=sha256, name=name, kind=kind, size=size, created_at=now,
+                                  created_by=created_by)
+    return row
+
+
+def open_artifact(settings, principal, sha256):
+    """(Artifact, path) if this principal may read it; a node only for artifacts of its current tasks."""
+    row = Artifact.get_or_none(Artifact.sha256 == sha256)
+    if row is None or not os.path.exists(artifact_path(settings, sha256)):
+        raise NotFound(f"artifact {sha256} not found")
+    if principal.kind == "node" and not _needed_by_node(principal.node_id, sha256):
+        raise Forbidden("this node runs no task that uses this artifact")
+    return row, artifact_path(settings, sha256)
+
+
+def _needed_by_node(node_id, sha256):
+    query = (Job.select(Job.spec).join(Task)
+             .where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)))
+    return any(a["sha256"] == sha256 for job in query for a in (job.spec.get("artifacts") or []))

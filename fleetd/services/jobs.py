@@ -1,0 +1,267 @@
+"""Jobs: submit, read, cancel; the job and task state machines; what happens when a task ends."""
+
+from fleetd.db import write_transaction
+from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.models import Artifact, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.services.events import list_events, record_event
+from fleetd.services.pagination import paginate
+
+J = JobState
+T = TaskState
+
+JOB_TRANSITIONS = {
+    J.QUEUED: {J.RUNNING, J.CANCELLED, J.FAILED},
+    J.RUNNING: {J.QUEUED, J.SUCCEEDED, J.FAILED, J.CANCELLED},
+    J.SUCCEEDED: set(),
+    J.FAILED: set(),
+    J.CANCELLED: set(),
+}
+TASK_TRANSITIONS = {
+    T.PENDING: {T.ASSIGNED, T.CANCELLED},
+    T.ASSIGNED: {T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.LOST, T.PREEMPTED},
+    T.RUNNING: {T.SUCCEEDED, T.FAILED, T.CANCELLED, T.LOST, T.PREEMPTED},
+    T.SUCCEEDED: set(),
+    T.FAILED: {T.PENDING},  # a retry of the whole job resets its ranks
+    T.CANCELLED: {T.PENDING},
+    T.LOST: {T.PENDING},
+    T.PREEMPTED: {T.PENDING},
+}
+DEFAULT_RETRY = {"max_attempts": 3, "on": ["node_lost", "preempted"]}
+# Why a task ended -> the retry condition it counts as.
+RETRY_KIND = {T.FAILED: "failed", T.LOST: "node_lost", T.PREEMPTED: "preempted"}
+
+
+def switch_job_state(job, to_state, reason, now):
+    """The one way a job changes state: checks the transition, saves, records an Event."""
+    from_state = J(job.state)
+    to_state = J(to_state)
+    if to_state not in JOB_TRANSITIONS[from_state]:
+        raise Conflict(f"job {job.id} cannot go from {from_state.value} to {to_state.value}", {"state": job.state})
+    job.state = to_state.value
+    if to_state is J.RUNNING and job.started_at is None:
+        job.started_at = now
+    if to_state.is_terminal():
+        job.ended_at = now
+        job.pending_reason = ""
+    job.save()
+    record_event(now, "job.state", "job", job.id, reason, from_state.value, to_state.value)
+    return job
+
+
+def switch_task_state(task, to_state, reason, now):
+    """The one way a task changes state; its Event is listed with its job's events."""
+    from_state = T(task.state)
+    to_state = T(to_state)
+    if to_state not in TASK_TRANSITIONS[from_state]:
+        raise Conflict(f"task {task.id} cannot go from {from_state.value} to {to_state.value}",
+                       {"state": task.state})
+    task.state = to_state.value
+    if to_state.is_terminal():
+        task.ended_at = now
+    task.reason = reason
+    task.save()
+    record_event(now, "task.state", "job", task.job_id, f"rank {task.rank}: {reason}", from_state.value,
+                 to_state.value)
+    return task
+
+
+# ---------------------------------------------------------------- submit and read
+
+
+def submit_job(now, principal, spec):
+    """Queue a validated JobSpec; returns the Job. The caller kicks the scheduler after commit."""
+    retry = spec.get("retry") or DEFAULT_RETRY
+    job_id = new_id()
+    with write_transaction():
+        wanted = {a["sha256"] for a in spec.get("artifacts") or []}
+        known = {a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(list(wanted)))}
+        if wanted - known:
+            missing = sorted(wanted - known)
+            raise InvalidRequest(f"unknown artifact(s): {', '.join(missing)}; upload them first",
+                                 {"fields": {"artifacts": missing}})
+        job = Job.create(
+            id=job_id,
+            name=spec["name"],
+            owner=principal.name,
+            owner_token_id=principal.id,
+            team=spec.get("team") or principal.team,
+            state=J.QUEUED.value,
+            pending_reason="waiting for the scheduler",
+            max_attempts=retry["max_attempts"],
+            num_nodes=spec["num_nodes"],
+            priority_class=spec["priority_class"],
+            spec=spec,
+            submitted_at=now,
+        )
+        Task.insert_many(
+            [{"id": new_id(), "job": job_id, "rank": rank, "state": T.PENDING.value} for rank in range(job.num_nodes)]
+        ).execute()
+        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value)
+    return job
+
+
+def _visible(query, principal):
+    """Admins see every job; a submitter only its own."""
+    if principal.role == "admin":
+        return query
+    return query.where(Job.owner_token_id == principal.id)
+
+
+def list_jobs(principal, limit, cursor=None, state=None, owner=None):
+    """One page of jobs, oldest first, with their tasks."""
+    query = _visible(Job.select(), principal)
+    if state:
+        query = query.where(Job.state == state)
+    if owner:
+        query = query.where(Job.owner == owner)
+    jobs, next_cursor = paginate(query, Job.id, limit, cursor)
+    attach_tasks(jobs)
+    return jobs, next_cursor
+
+
+def attach_tasks(jobs):
+    """Load the tasks of these jobs in one query (job.task_list, by rank)."""
+    by_id = {j.id: j for j in jobs}
+    for job in jobs:
+        job.task_list = []
+    if by_id:
+        for task in Task.select().where(Task.job.in_(list(by_id))).order_by(Task.job, Task.rank):
+            by_id[task.job_id].task_list.append(task)
+
+
+def find_visible_job(principal, job_id):
+    """The job if this principal may see it, else None."""
+    return _visible(Job.select(), principal).where(Job.id == job_id).first()
+
+
+def get_job(principal, job_id):
+    """A job with its tasks; NotFound if it does not exist or belongs to someone else."""
+    job = find_visible_job(principal, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    attach_tasks([job])
+    return job
+
+
+def job_result(principal, job_id):
+    """The outcome of a job and of each rank."""
+    job = get_job(principal, job_id)
+    return {
+        "outcome": job.outcome,
+        "reason": job.outcome_reason,
+        "attempt": job.attempt,
+        "tasks": [
+            {"rank": t.rank, "node_id": t.node_id, "exit_code": t.exit_code,
+             "outcome": t.state if T(t.state).is_terminal() else None, "reason": t.reason}
+            for t in job.task_list
+        ],
+    }
+
+
+def job_logs(principal, job_id, limit, after=None, rank=None):
+    """Log lines of a job in order; `after` is the last seq seen."""
+    get_job(principal, job_id)
+    query = LogLine.select().where(LogLine.job == job_id)
+    if rank is not None:
+        query = query.where(LogLine.rank == rank)
+    if after is not None:
+        query = query.where(LogLine.id > after)
+    return paginate(query, LogLine.id, limit)
+
+
+def job_events(principal, job_id, limit, cursor=None, after=None):
+    """Events of a job and its tasks."""
+    get_job(principal, job_id)
+    return list_events("job", job_id, limit, cursor, after)
+
+
+def cancel_job(now, principal, job_id):
+    """Cancel a job: queued tasks never start; running ones are told to stop at their next heartbeat."""
+    with write_transaction():
+        job = find_visible_job(principal, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        if job.state == J.CANCELLED.value:
+            return job
+        if J(job.state).is_terminal():
+            raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
+        for task in Task.select().where((Task.job == job_id) & Task.state.in_(_LIVE_TASK_STATES)):
+            switch_task_state(task, T.CANCELLED, f"cancelled by {principal.label}", now)
+        job.outcome = J.CANCELLED.value
+        job.outcome_reason = f"cancelled by {principal.label}"
+        switch_job_state(job, J.CANCELLED, job.outcome_reason, now)
+    return job
+
+
+_LIVE_TASK_STATES = [T.PENDING.value, T.ASSIGNED.value, T.RUNNING.value]
+ACTIVE_TASK_STATES = [T.ASSIGNED.value, T.RUNNING.value]
+
+
+# ---------------------------------------------------------------- a task ends
+
+
+def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False):
+    """Record how a task ended and settle its job: success, retry of the whole job, or failure.
+
+    Runs inside the caller's transaction. Returns the job.
+    """
+    outcome = T(outcome)
+    task.exit_code = exit_code
+    switch_task_state(task, outcome, reason, now)
+    job = Job.get_by_id(task.job_id)
+    if J(job.state).is_terminal():
+        return job
+    tasks = list(Task.select().where(Task.job == job.id).order_by(Task.rank))
+    if outcome is T.SUCCEEDED:
+        if all(t.state == T.SUCCEEDED.value for t in tasks):
+            job.outcome, job.outcome_reason = J.SUCCEEDED.value, "every rank succeeded"
+            switch_job_state(job, J.SUCCEEDED, job.outcome_reason, now)
+        return job
+    # A rank that did not succeed ends the attempt for the whole gang.
+    for other in tasks:
+        if other.id != task.id and other.state in ACTIVE_TASK_STATES:
+            switch_task_state(other, T.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
+    kind = RETRY_KIND.get(outcome)
+    retry_on = (job.spec.get("retry") or DEFAULT_RETRY)["on"]
+    if outcome is T.CANCELLED:
+        job.outcome, job.outcome_reason = J.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
+        switch_job_state(job, J.CANCELLED, job.outcome_reason, now)
+    elif force_requeue or (kind in retry_on and job.attempt < job.max_attempts):
+        requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
+    else:
+        job.outcome = J.FAILED.value
+        job.outcome_reason = f"rank {task.rank} {outcome.value}: {reason}"
+        if kind in retry_on:
+            job.outcome_reason += f" (attempt {job.attempt} of {job.max_attempts})"
+        switch_job_state(job, J.FAILED, job.outcome_reason, now)
+    return job
+
+
+def requeue_job(job, tasks, reason, now):
+    """Put a job back in the queue with attempt + 1; its ranks start over as pending."""
+    job.attempt += 1
+    job.pending_reason = "requeued; waiting for the scheduler"
+    switch_job_state(job, J.QUEUED, f"{reason} (attempt {job.attempt})", now)
+    for task in tasks:
+        if task.state in ACTIVE_TASK_STATES:
+            switch_task_state(task, T.CANCELLED, "requeued", now)
+        task.node = None
+        task.gpus = []
+        task.delivered_at = task.assigned_at = task.started_at = task.ended_at = None
+        task.pid = task.exit_code = None
+        task.rendezvous_addr = task.rendezvous_port = None
+        switch_task_state(task, T.PENDING, f"attempt {job.attempt}", now)
+
+
+def stop_tasks_of_node(node_id, reason, now):
+    """Stop a node's tasks and requeue their jobs whatever their retry policy (a drain's deadline).
+
+    Runs inside the caller's transaction; returns the ids of the jobs touched.
+    """
+    jobs = set()
+    for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
+        task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
+        if task.state in ACTIVE_TASK_STATES:
+            end_task(task, T.PREEMPTED, reason, now, force_requeue=True)
+            jobs.add(task.job_id)
+    return jobs

@@ -1,0 +1,195 @@
+"""The worker side of the agent protocol: acquire, start, rendezvous, logs, finish, leases."""
+
+from fleetd.db import database, write_transaction
+from fleetd.errors import Conflict, NotFound, Timeout
+from fleetd.models import Job, LogLine, Task, TaskState
+from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_task_state
+
+T = TaskState
+
+
+def _released(fn):
+    """Run a check, then hand the pooled connection back before the caller sleeps."""
+    try:
+        return fn()
+    finally:
+        if not database.is_closed() and not database.in_transaction():
+            database.close()
+
+
+def acquire(rt, node_id, wait_seconds):
+    """The next assignment for this node, waiting up to `wait_seconds` for one (None if none came)."""
+
+    def take():
+        # Read first: most checks find nothing, and a read takes no write lock.
+        for _ in range(3):  # another acquire of the same node may win the race for a task
+            task = (Task.select().where((Task.node == node_id) & (Task.state == T.ASSIGNED.value)
+                                        & Task.delivered_at.is_null()).order_by(Task.assigned_at, Task.id).first())
+            if task is None:
+                return None
+            with write_transaction():
+                taken = (Task.update(delivered_at=rt.clock.now())
+                         .where((Task.id == task.id) & (Task.epoch == task.epoch) & Task.delivered_at.is_null()
+                                & (Task.state == T.ASSIGNED.value))
+                         .execute())
+            if taken:
+                rt.leases.renew(task.id, task.epoch)
+                return assignment(task, Job.get_by_id(task.job_id))
+        return None
+
+    wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    found = _released(take)
+    if found is not None or wait_seconds <= 0:
+        return found
+    return rt.notifier.wait(("node", node_id), wait_seconds, lambda: _released(take))
+
+
+def assignment(task, job):
+    """The Assignment of API.md for a task."""
+    spec = job.spec
+    return {
+        "task_id": task.id,
+        "job_id": job.id,
+        "epoch": task.epoch,
+        "attempt": job.attempt,
+        "rank": task.rank,
+        "num_nodes": job.num_nodes,
+        "command": spec["command"],
+        "env": spec.get("env") or {},
+        "workdir": spec.get("workdir"),
+        "gpus": [{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
+                 for g in task.gpus],
+        "isolation": spec.get("isolation") or ("shared" if any(not g.get("exclusive") for g in task.gpus)
+                                               else "exclusive"),
+        "max_runtime_seconds": spec.get("max_runtime_seconds"),
+        "artifacts": spec.get("artifacts") or [],
+    }
+
+
+def _leased_task(node_id, task_id, epoch):
+    """The task if this node holds its lease at this epoch; 409 (fencing) otherwise."""
+    task = Task.get_or_none(Task.id == task_id)
+    if task is None:
+        raise NotFound(f"task {task_id} not found")
+    if task.node_id != node_id or task.epoch != epoch:
+        raise Conflict(f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
+                       {"task_id": task_id, "epoch": epoch})
+    return task
+
+
+def start_task(rt, node_id, task_id, epoch, pid=None):
+    """The agent started the process of an assigned task."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.state != T.ASSIGNED.value:
+            raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
+        task.started_at = now
+        task.pid = pid
+        switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now)
+    rt.leases.renew(task_id, epoch)
+
+
+def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
+    """Rank 0 says where the other ranks find it."""
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.rank != 0:
+            raise Conflict("only rank 0 publishes the rendezvous", {"rank": task.rank})
+        if not T(task.state).is_active():
+            raise Conflict(f"task {task_id} is {task.state}", {"state": task.state})
+        task.rendezvous_addr, task.rendezvous_port = addr, port
+        task.save()
+    rt.notifier.notify(("rendezvous", task.job_id))
+
+
+def wait_rendezvous(rt, node_id, task_id, wait_seconds):
+    """Rank 0's address and port for this task's job; Timeout if not published in time."""
+    task = Task.get_or_none(Task.id == task_id)
+    if task is None or task.node_id != node_id:
+        raise NotFound(f"task {task_id} not found on this node")
+    job_id, epoch = task.job_id, task.epoch
+    wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
+
+    def published():
+        current = Task.get_or_none(Task.id == task_id)
+        if current is None or current.epoch != epoch or not T(current.state).is_active():
+            raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
+        rank0 = Task.get_or_none((Task.job == job_id) & (Task.rank == 0))
+        if rank0 is not None and rank0.rendezvous_port is not None and T(rank0.state).is_active():
+            return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
+        return None
+
+    found = _released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
+                                                      lambda: _released(published))
+    if not found:
+        raise Timeout(f"rank 0 of job {job_id} has not published its address within {wait_seconds}s")
+    return found
+
+
+def append_logs(rt, node_id, task_id, epoch, lines):
+    """Store a batch of log lines of a task, in order."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        job = Job.get_by_id(task.job_id)
+        rows = [{"job": task.job_id, "rank": line[2] if len(line) > 2 else task.rank, "attempt": job.attempt,
+                 "at": now, "stream": line[0], "text": line[1]} for line in lines]
+        if rows:
+            LogLine.insert_many(rows).execute()
+
+
+def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason=""):
+    """The process of a task ended; settle the job (retry, fail, succeed)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if T(task.state).is_terminal():
+            return  # already settled (e.g. cancelled while it ran): the report changes nothing
+        reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
+        end_task(task, outcome, reason, now, exit_code=exit_code)
+    rt.leases.forget(task_id)
+    _after_task_end(rt, task.job_id)
+
+
+def _after_task_end(rt, job_id):
+    rt.notifier.notify(("job", job_id))
+    if rt.scheduler is not None:
+        rt.scheduler.kick()
+
+
+def reconcile_reported_tasks(rt, node, reported):
+    """Renew the leases of tasks this node really holds; return the ids it must stop."""
+    if not reported:
+        return []
+    current = {t.id: t for t in Task.select().where(Task.id.in_([r["id"] for r in reported]))}
+    cancel = []
+    for r in reported:
+        task = current.get(r["id"])
+        if (task is None or task.node_id != node.id or task.epoch != r["epoch"]
+                or task.state not in ACTIVE_TASK_STATES):
+            cancel.append(r["id"])
+        else:
+            rt.leases.renew(task.id, task.epoch)
+    return cancel
+
+
+def expire_leases(rt):
+    """Tasks whose node stopped renewing their lease are lost; their jobs retry or fail."""
+    if rt.liveness.in_failover_grace():
+        return {"expired": 0}
+    now = rt.clock.now()
+    active = list(Task.select(Task.id, Task.epoch).where(Task.state.in_(ACTIVE_TASK_STATES)))
+    expired = [t for t in active if rt.leases.expired(t.id, t.epoch)]
+    jobs = set()
+    for stale in expired:
+        with write_transaction():
+            task = Task.get_or_none(Task.id == stale.id)
+            if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
+                continue
+            end_task(task, T.LOST, f"lease expired: node {task.node_id} stopped renewing it", now)
+            jobs.add(task.job_id)
+        rt.leases.forget(stale.id)
+    for job_id in jobs:
+        _after_task_end(rt, job_id)
+    return {"expired": len(jobs)}

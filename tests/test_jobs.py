@@ -1,0 +1,270 @@
+"""Jobs end to end through the API: submit, placement, the worker protocol, leases, gangs, cancel."""
+
+import threading
+
+import pytest
+
+from tests.conftest import ApiClient
+
+
+@pytest.fixture
+def fleet(api):
+    api.create_fleet("gpu-a")
+    return api.create_join_token("gpu-a")
+
+
+def _node(api, join, name, gpu_count=2):
+    reg = api.register(join, machine_id=name, hostname=name, gpu_count=gpu_count)
+    api.heartbeat(reg["session_token"])
+    return reg["node_id"], reg["session_token"]
+
+
+def _job(api, job_id):
+    return api.get(f"/api/v1/jobs/{job_id}").get_json()
+
+
+# ---------------------------------------------------------------- submit and validation
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"command": []}, "command"),
+    ({"command": "echo hi"}, "command"),
+    ({"resources": {"gpus": 1.5}}, "resources"),
+    ({"resources": {"gpus": -1}}, "resources"),
+    ({"resources": {"gpus": 0.5}, "isolation": "exclusive"}, "isolation"),
+    ({"bid": 1.0}, "bid"),
+    ({"num_nodes": 0}, "num_nodes"),
+    ({"env": {"1BAD": "x"}}, "env"),
+    ({"artifacts": [{"sha256": "0" * 64, "path": "../escape"}]}, "artifacts"),
+    ({"retry": {"max_attempts": 0}}, "retry"),
+    ({"surprise": True}, "surprise"),
+])
+def test_invalid_job_specs_are_refused_naming_the_field(api, spec, field):
+    body = {"name": "bad", "command": ["true"], **spec}
+    resp = api.post("/api/v1/jobs", body)
+    assert resp.status_code == 400, resp.get_json()
+    assert field in str(resp.get_json()["error"]["details"])
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+
+
+def test_job_referring_to_an_unknown_artifact_is_refused(api):
+    resp = api.post("/api/v1/jobs", {"name": "j", "command": ["true"],
+                                      "artifacts": [{"sha256": "a" * 64, "path": "data.bin"}]})
+    assert resp.status_code == 400 and "artifact" in resp.get_json()["error"]["message"]
+
+
+def test_job_waits_with_a_plain_reason_when_nothing_fits(api, fleet):
+    _node(api, fleet, "n1", gpu_count=2)
+    job = api.submit(resources={"gpus": 4})
+    assert job["state"] == "queued"
+    assert "no node can take the task now" in job["pending_reason"]
+    assert "gpu_count: 1 node(s)" in job["pending_reason"]
+
+
+def test_submitters_see_only_their_own_jobs(api, fleet):
+    alice = ApiClient(api.app, api.create_token("submitter", name="alice"))
+    bob = ApiClient(api.app, api.create_token("submitter", name="bob"))
+    job = alice.submit(name="alice-job")
+    assert alice.get(f"/api/v1/jobs/{job['id']}").status_code == 200
+    assert bob.get(f"/api/v1/jobs/{job['id']}").status_code == 404
+    assert bob.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 404
+    assert bob.get("/api/v1/jobs").get_json()["items"] == []
+    assert [j["owner"] for j in api.get("/api/v1/jobs").get_json()["items"]] == ["alice"]
+    assert api.get("/api/v1/jobs?owner=alice").get_json()["items"][0]["id"] == job["id"]
+
+
+# ---------------------------------------------------------------- the worker protocol
+
+
+def test_single_node_job_runs_to_success_with_ordered_logs(api, fleet):
+    node_id, session = _node(api, fleet, "n1")
+    job = api.submit(name="hello", command=["echo", "hi"], env={"A": "1"}, resources={"gpus": 1},
+                     max_runtime_seconds=60)
+    assert job["state"] == "running" and job["tasks"][0]["node_id"] == node_id
+    assignment = api.acquire(session)
+    assert assignment["command"] == ["echo", "hi"] and assignment["env"] == {"A": "1"}
+    assert assignment["rank"] == 0 and assignment["num_nodes"] == 1 and len(assignment["gpus"]) == 1
+    assert assignment["isolation"] == "exclusive" and assignment["max_runtime_seconds"] == 60
+    assert api.acquire(session) is None  # delivered once
+    api.task_call(session, assignment, "start", pid=100)
+    for i in range(3):
+        api.task_call(session, assignment, "logs", lines=[["stdout", f"line {2 * i}"], ["stderr", f"line {2 * i + 1}"]])
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    done = _job(api, job["id"])
+    assert done["state"] == "succeeded" and done["tasks"][0]["state"] == "succeeded"
+    logs = api.get(f"/api/v1/jobs/{job['id']}/logs").get_json()["items"]
+    assert [line["text"] for line in logs] == [f"line {i}" for i in range(6)]
+    assert [line["seq"] for line in logs] == sorted(line["seq"] for line in logs)
+    after = api.get(f"/api/v1/jobs/{job['id']}/logs?after={logs[3]['seq']}").get_json()["items"]
+    assert [line["text"] for line in after] == ["line 4", "line 5"]
+    result = api.get(f"/api/v1/jobs/{job['id']}/result").get_json()
+    assert result["outcome"] == "succeeded" and result["tasks"][0]["exit_code"] == 0
+    kinds = [(e["kind"], e["to_status"]) for e in api.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]]
+    assert kinds[0] == ("job.submitted", "queued") and kinds[-1] == ("job.state", "succeeded")
+
+
+def test_failing_command_fails_the_job_with_its_exit_code(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit(command=["false"])
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "finish", outcome="failed", exit_code=3)
+    result = api.get(f"/api/v1/jobs/{job['id']}/result").get_json()
+    assert result["outcome"] == "failed" and result["tasks"][0]["exit_code"] == 3
+    assert _job(api, job["id"])["state"] == "failed"
+
+
+def test_retry_on_failure_requeues_with_a_new_epoch_and_fences_the_old_one(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit(command=["flaky"], retry={"max_attempts": 2, "on": ["failed"]})
+    first = api.start_task(session)
+    api.task_call(session, first, "finish", outcome="failed", exit_code=1)
+    again = _job(api, job["id"])
+    assert again["attempt"] == 2 and again["state"] == "running"
+    second = api.acquire(session)
+    assert second["task_id"] == first["task_id"] and second["epoch"] == first["epoch"] + 1
+    api.task_call(session, first, "logs", expect=409, lines=[["stdout", "late"]])
+    api.task_call(session, second, "start")
+    api.task_call(session, second, "finish", outcome="failed", exit_code=1)
+    assert _job(api, job["id"])["state"] == "failed"
+
+
+def test_expired_lease_requeues_on_another_node_and_fences_the_old_holder(api, fleet, clock):
+    n1, s1 = _node(api, fleet, "n1", gpu_count=1)
+    job = api.submit(resources={"gpus": 1})
+    old = api.start_task(s1)
+    n2, s2 = _node(api, fleet, "n2", gpu_count=1)
+    api.submit(name="filler", resources={"gpus": 1})  # takes n2 for now
+    filler = api.start_task(s2)
+    for _ in range(3):  # n2 keeps heartbeating, n1 went silent
+        clock.advance(20)
+        api.heartbeat(s2, tasks=[{"id": filler["task_id"], "epoch": filler["epoch"], "state": "running"}])
+    assert api.run_task("leases") == {"expired": 1}
+    requeued = _job(api, job["id"])
+    assert requeued["attempt"] == 2 and requeued["state"] == "queued"
+    api.task_call(s2, filler, "finish", outcome="succeeded", exit_code=0)  # frees n2
+    assert _job(api, job["id"])["tasks"][0]["node_id"] == n2
+    new = api.start_task(s2)
+    assert new["epoch"] == old["epoch"] + 1
+    # The old holder comes back: its calls are fenced and its heartbeat says to kill the task.
+    api.task_call(s1, old, "finish", expect=409, outcome="succeeded", exit_code=0)
+    reply = api.heartbeat(s1, tasks=[{"id": old["task_id"], "epoch": old["epoch"], "state": "running"}])
+    assert reply["cancel"] == [old["task_id"]]
+    api.task_call(s2, new, "finish", outcome="succeeded", exit_code=0)
+    assert _job(api, job["id"])["state"] == "succeeded"
+    assert n1 != n2
+
+
+def test_gang_job_is_placed_all_or_nothing_and_meets_at_the_rendezvous(api, fleet):
+    _, s1 = _node(api, fleet, "n1")
+    job = api.submit(num_nodes=2, resources={"gpus": 1})
+    assert job["state"] == "queued" and "only 1 of 2 nodes" in job["pending_reason"]
+    assert api.acquire(s1) is None
+    _, s2 = _node(api, fleet, "n2")  # the second node's first heartbeat triggers a pass
+    placed = _job(api, job["id"])
+    assert placed["state"] == "running" and {t["node_id"] for t in placed["tasks"]} == {
+        t["node_id"] for t in placed["tasks"]} and len({t["node_id"] for t in placed["tasks"]}) == 2
+    a, b = api.acquire(s1), api.acquire(s2)
+    rank0, rank1 = (a, b) if a["rank"] == 0 else (b, a)
+    s_rank0, s_rank1 = (s1, s2) if a["rank"] == 0 else (s2, s1)
+    wait = api.get(f"/api/v1/agent/tasks/{rank1['task_id']}/rendezvous?wait_seconds=0.2", token=s_rank1, agent=True)
+    assert wait.status_code == 504 and wait.get_json()["error"]["code"] == "timeout"
+    api.task_call(s_rank1, rank1, "rendezvous", expect=409, addr="10.0.0.2", port=29500)  # only rank 0
+    api.task_call(s_rank0, rank0, "rendezvous", addr="10.0.0.1", port=29500)
+    met = api.get(f"/api/v1/agent/tasks/{rank1['task_id']}/rendezvous?wait_seconds=1", token=s_rank1, agent=True)
+    assert met.get_json() == {"addr": "10.0.0.1", "port": 29500}
+
+
+def test_a_failed_rank_stops_the_whole_gang(api, fleet):
+    _, s1 = _node(api, fleet, "n1")
+    _, s2 = _node(api, fleet, "n2")
+    job = api.submit(num_nodes=2, resources={"gpus": 1})
+    a, b = api.start_task(s1), api.start_task(s2)
+    api.task_call(s1, a, "finish", outcome="failed", exit_code=7)
+    reply = api.heartbeat(s2, tasks=[{"id": b["task_id"], "epoch": b["epoch"], "state": "running"}])
+    assert reply["cancel"] == [b["task_id"]]
+    done = _job(api, job["id"])
+    assert done["state"] == "failed" and {t["state"] for t in done["tasks"]} == {"failed", "cancelled"}
+
+
+def test_cancel_stops_running_tasks_at_the_next_heartbeat(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
+    cancelled = api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()
+    assert cancelled["state"] == "cancelled" and cancelled["tasks"][0]["state"] == "cancelled"
+    reply = api.heartbeat(session, tasks=[{"id": assignment["task_id"], "epoch": assignment["epoch"],
+                                           "state": "running"}])
+    assert reply["cancel"] == [assignment["task_id"]]
+    api.task_call(session, assignment, "finish", outcome="cancelled")  # accepted, changes nothing
+    assert api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelled"
+
+
+def test_job_wait_answers_when_the_job_ends(api, fleet, make_app):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit()
+    assignment = api.start_task(session)
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(
+        ApiClient(api.app, api.token).get(f"/api/v1/jobs/{job['id']}?wait_seconds=30").get_json()))
+    waiter.start()
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    waiter.join(timeout=30)
+    assert answers and answers[0]["state"] == "succeeded"
+
+
+def test_concurrent_submissions_lose_no_job_and_run_none_twice(api, fleet):
+    sessions = [_node(api, fleet, f"n{i}", gpu_count=8)[1] for i in range(2)]
+    submitted, lock = [], threading.Lock()
+
+    def submit_many(worker):
+        client = ApiClient(api.app, api.token)
+        for i in range(50):
+            resp = client.post("/api/v1/jobs", {"name": f"w{worker}-{i}", "command": ["true"]})
+            assert resp.status_code == 201
+            with lock:
+                submitted.append(resp.get_json()["id"])
+
+    threads = [threading.Thread(target=submit_many, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(set(submitted)) == 200
+    api.run_task("scheduling")
+    delivered = []
+    for session in sessions:
+        for _ in range(300):
+            assignment = api.acquire(session)
+            if assignment is None:
+                break
+            delivered.append(assignment["job_id"])
+    assert sorted(delivered) == sorted(submitted)
+    assert api.get("/api/v1/jobs?state=queued").get_json()["items"] == []
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def test_artifact_upload_download_limits_and_node_rule(make_app, clock):
+    from tests.conftest import admin_client
+
+    api = admin_client(make_app(artifact_max_bytes=1024), clock)
+    up = api.call("PUT", "/api/v1/artifacts", data=b"hello world",
+                  headers={"X-Artifact-Name": "hello.txt", "X-Artifact-Kind": "data"})
+    assert up.status_code == 201
+    sha = up.get_json()["sha256"]
+    assert sha == "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
+    assert api.get(f"/api/v1/artifacts/{sha}").data == b"hello world"
+    big = api.call("PUT", "/api/v1/artifacts", data=b"x" * 2048, headers={"X-Artifact-Name": "big"})
+    assert big.status_code == 413 and big.get_json()["error"]["code"] == "payload_too_large"
+    assert api.call("PUT", "/api/v1/artifacts", data=b"x").status_code == 400  # no name
+    assert api.get("/api/v1/artifacts/" + "0" * 64).status_code == 404
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    _, s1 = _node(api, join, "n1")
+    _, s2 = _node(api, join, "n2", gpu_count=1)
+    api.submit(resources={"gpus": 2}, artifacts=[{"sha256": sha, "path": "in/hello.txt"}])
+    assignment = api.acquire(s1)
+    assert assignment["artifacts"] == [{"sha256": sha, "path": "in/hello.txt"}]
+    assert api.get(f"/api/v1/artifacts/{sha}", token=s1).data == b"hello world"
+    assert api.get(f"/api/v1/artifacts/{sha}", token=s2).status_code == 403
