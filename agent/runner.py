@@ -480,6 +480,9 @@ class LogShipper:
                     if self._aborted:
                         return
                     continue
+                if failures == 1 or failures % 10 == 0:
+                    log.warning("task %s: logs not delivered yet (attempt %d): %s; buffering, the task keeps "
+                                "running", self.label, failures, exc)
                 self._wait(backoff_delay(failures, self.settings.backoff_max_seconds))
                 continue
             except FleetdError as exc:

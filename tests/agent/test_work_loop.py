@@ -1,0 +1,135 @@
+"""`fleet-agent run` processes doing work for a stand-in fleetd: acquire, heartbeat renewal and cancel,
+SIGTERM, an outage, and SIGKILL with the restart that cleans up after it."""
+
+import signal
+import sys
+
+import pytest
+import requests
+
+from agent.runner import proc_stat, wait_gone
+from agent.state import State
+from tests.agent.conftest import wait_until
+from tests.agent.fakefleetd import FakeFleetd
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+LOOP = ("import os, sys, time\n"
+        "print(os.getpid(), flush=True)\n"
+        "for _ in range(6000):\n"
+        "    if len(sys.argv) > 1 and os.path.exists(sys.argv[1]):\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "print('released', flush=True)\n")
+
+
+@pytest.fixture
+def fleetd():
+    fake = FakeFleetd().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def worker_agent(agent_factory, fleetd):
+    """An enrolled `fleet-agent run` against the stand-in fleetd (credentials written directly)."""
+
+    def make(name="worker"):
+        agent = agent_factory(name, shape="l4_x4", server_url=fleetd.url,
+                              extra={"heartbeat_interval_seconds": 0.5, "tasks_kill_grace_seconds": 2.0})
+        State(str(agent.state_dir)).save_enrolment({"node_id": f"node-{name}", "fleet": "lab",
+                                                    "server_url": fleetd.url, "machine_id": name}, "fln_test")
+        return agent
+
+    return make
+
+
+def assignment(task_id, command, **overrides):
+    data = {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
+            "command": command, "env": {"GREETING": "hi"}, "workdir": "", "gpus": [], "isolation": "exclusive",
+            "max_runtime_seconds": None, "artifacts": []}
+    data.update(overrides)
+    return data
+
+
+def alive(pid):
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def reported(fleetd, task_id, state):
+    return any({"id": task_id, "epoch": 1, "state": state} in hb.get("tasks", []) for hb in fleetd.heartbeats)
+
+
+def test_agent_acquires_runs_and_reports_a_task_that_heartbeats_and_the_local_api_show(
+        worker_agent, fleetd, tmp_path):
+    agent = worker_agent().start()
+    release = tmp_path / "release"
+    gpu = "GPU-2b7d4f6a-6c1e-4f7a-8d8e-0000000000c0"
+    fleetd.assign(assignment("t-1", [PY, "-c", LOOP, str(release)], gpus=[{"uuid": gpu}]))
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-1"), message="start")["pid"]
+    fleetd.wait_for(lambda: reported(fleetd, "t-1", "running"), message="the heartbeat to list the task")
+    token = agent.local_token()
+    workers = requests.get(agent.local_url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"},
+                           timeout=10).json()["data"]
+    assert [(w["task_id"], w["pids"], w["env"]["CUDA_VISIBLE_DEVICES"]) for w in workers] == [("t-1", [pid], gpu)]
+    release.touch()
+    assert fleetd.wait_finished("t-1") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.texts("t-1") == [str(pid), "released"]
+
+
+def test_a_task_in_the_heartbeats_cancel_list_is_stopped_and_reported_cancelled(worker_agent, fleetd):
+    worker_agent().start()
+    fleetd.assign(assignment("t-cancel", [PY, "-c", LOOP]))
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-cancel"), message="start")["pid"]
+    fleetd.cancel.add("t-cancel")
+    finish = fleetd.wait_finished("t-cancel")
+    assert finish["outcome"] == "cancelled" and finish["reason"].startswith("cancelled by fleetd")
+    assert wait_gone([pid], 10)
+
+
+def test_running_tasks_keep_running_through_a_fleetd_outage_and_the_finish_arrives_after_it(
+        worker_agent, fleetd, tmp_path):
+    agent = worker_agent().start()
+    release = tmp_path / "release"
+    fleetd.assign(assignment("t-out", [PY, "-c", LOOP, str(release)]))
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-out"), message="start")["pid"]
+    fleetd.down.add("all")
+    agent.wait_for_line(r"fleetd unreachable \(attempt 2\)")
+    assert alive(pid)
+    release.touch()
+    agent.wait_for_line(r"task t-out/1: logs not delivered yet")
+    wait_until(lambda: not alive(pid), message="the task to end during the outage")
+    fleetd.down.clear()
+    assert fleetd.wait_finished("t-out")["outcome"] == "succeeded"
+    assert fleetd.texts("t-out")[-1] == "released"
+
+
+def test_sigterm_stops_the_agents_tasks_and_reports_them(worker_agent, fleetd):
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-term", [PY, "-c", LOOP]))
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-term"), message="start")["pid"]
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 0
+    assert wait_gone([pid], 10)
+    finish = fleetd.wait_finished("t-term")
+    assert finish["outcome"] == "failed" and finish["reason"].startswith("fleet-agent stopped")
+
+
+def test_a_sigkilled_agent_kills_its_orphans_when_it_comes_back_and_reports_or_forgets_them(
+        worker_agent, fleetd):
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-kept", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-moved", [PY, "-c", LOOP]))
+    pids = [fleetd.wait_for(lambda t=t: fleetd.started.get(t), message="start")["pid"] for t in ("t-kept", "t-moved")]
+    agent.signal(signal.SIGKILL)
+    agent.wait()
+    assert all(alive(pid) for pid in pids)  # tasks run in their own sessions: the agent's death leaves them
+    fleetd.fenced.add("t-moved")  # its lease expired and it runs elsewhere now: stale epoch
+    agent.start()
+    agent.wait_for_line(r"task t-moved/1: fleetd answered .*409.*no longer this node's")
+    assert wait_gone(pids, 10)
+    finish = fleetd.wait_finished("t-kept")
+    assert finish["outcome"] == "failed" and "restarted" in finish["reason"]
+    assert "t-moved" not in fleetd.finished
