@@ -539,3 +539,179 @@ def node_events(node_id):
     items = list(_client().paginate(f"/api/v1/nodes/{node_id}/events"))
     emit(_ctx(), items, lambda rows: show_table(
         rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("REASON", "reason")]))
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@cli.group()
+def job():
+    """Jobs: submit, list, show, logs, cancel, wait."""
+
+
+JOB_COLUMNS = [("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("STATE", "state"), ("ATTEMPT", "attempt"),
+               ("NODES", lambda j: ",".join(t["node_id"] or "-" for t in j["tasks"])),
+               ("SUBMITTED", "submitted_at"), ("PENDING REASON", "pending_reason")]
+
+
+def _load_spec(path):
+    import yaml
+
+    try:
+        with open(path) as fh:
+            spec = yaml.safe_load(fh)  # YAML is a superset of JSON: both work
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="SPEC_FILE") from None
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"{path} is not YAML or JSON: {exc}", param_hint="SPEC_FILE") from None
+    if not isinstance(spec, dict):
+        raise click.BadParameter(f"{path} must hold a JobSpec object", param_hint="SPEC_FILE")
+    return spec
+
+
+class GpuCount(click.ParamType):
+    name = "gpus"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of GPUs", param, ctx)
+        if number >= 1 and number != int(number):
+            return number  # fleetd refuses it, with the rule in its message
+        return int(number) if number >= 1 or number == 0 else number
+
+
+@client_command(job, "submit", context_settings={"ignore_unknown_options": False})
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="JobSpec as YAML or JSON.")
+@click.option("--name", help="Job name (default: the command's first word).")
+@click.option("--gpus", type=GpuCount(), help="Whole GPUs per node, or a fraction 0 < x < 1 of one GPU.")
+@click.option("--gpu-memory", "gpu_memory_bytes", type=click.IntRange(min=1), help="GPU memory per task, bytes.")
+@click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
+@click.option("--cpus", type=click.FloatRange(min=0))
+@click.option("--num-nodes", type=click.IntRange(min=1), help="Nodes (ranks) of a gang job.")
+@click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
+@click.option("--max-runtime", type=Duration(), help="Stop the job after this long, e.g. 2h.")
+@click.option("--retries", type=click.IntRange(min=0), help="Extra attempts after a lost node or a failure.")
+@click.option("--wait", "wait_for_end", is_flag=True, help="Wait for the job to end; exit 0 only if it succeeded.")
+@click.argument("command", nargs=-1)
+def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nodes, env, fleet_name, max_runtime,
+               retries, wait_for_end, command):
+    """Submit a job: fleetd job submit [OPTIONS] -- COMMAND [ARGS]..."""
+    spec = _load_spec(spec_file) if spec_file else {}
+    if command:
+        spec["command"] = list(command)
+    if not spec.get("command"):
+        raise click.UsageError("give a command after --, or a spec file with one")
+    spec.setdefault("name", name or os.path.basename(str(spec["command"][0])) or "job")
+    if name:
+        spec["name"] = name
+    resources = spec.setdefault("resources", {})
+    for key, value in (("gpus", gpus), ("gpu_memory_bytes", gpu_memory_bytes), ("cpus", cpus)):
+        if value is not None:
+            resources[key] = value
+    if gpu_types:
+        resources["gpu_types"] = list(gpu_types)
+    if num_nodes:
+        spec["num_nodes"] = num_nodes
+    if env:
+        spec["env"] = {**spec.get("env", {}), **_labels(env)}
+    if fleet_name:
+        spec.setdefault("node_selector", {})["fleet"] = fleet_name
+    if max_runtime:
+        spec["max_runtime_seconds"] = max_runtime
+    if retries is not None:
+        spec["retry"] = {"max_attempts": retries + 1, "on": ["node_lost", "preempted", "failed"]}
+    data = _client().post("/api/v1/jobs", spec)
+    if wait_for_end:
+        data = _wait_job(data["id"], None)
+    emit(_ctx(), data, lambda d: click.echo(f"job {d['id']} {d['state']}"
+                                            + (f": {d['pending_reason']}" if d["pending_reason"] else "")))
+    if wait_for_end and data["state"] != "succeeded":
+        sys.exit(1)
+
+
+@client_command(job, "list")
+@click.option("--state", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
+@click.option("--owner")
+def job_list(state, owner):
+    """List jobs (a submitter sees its own)."""
+    items = list(_client().paginate("/api/v1/jobs", state=state, owner=owner))
+    emit(_ctx(), items, lambda rows: show_table(rows, JOB_COLUMNS))
+
+
+@client_command(job, "show")
+@click.argument("job_id")
+def job_show(job_id):
+    """Show a job and its ranks."""
+
+    def human(d):
+        show_record(d, JOB_COLUMNS[:5] + [("STARTED", "started_at"), ("ENDED", "ended_at"),
+                                          ("OUTCOME", "outcome"), ("PENDING REASON", "pending_reason"),
+                                          ("COMMAND", lambda j: " ".join(j["spec"]["command"]))])
+        click.echo("")
+        show_table(d["tasks"], [("RANK", "rank"), ("TASK", "id"), ("NODE", "node_id"), ("STATE", "state"),
+                                ("EXIT", "exit_code"), ("GPUS", "gpus"), ("REASON", "reason")])
+
+    emit(_ctx(), _client().get(f"/api/v1/jobs/{job_id}"), human)
+
+
+@client_command(job, "logs")
+@click.argument("job_id")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--rank", type=click.IntRange(min=0))
+def job_logs(job_id, follow, rank):
+    """Print a job's output in order (stderr lines go to stderr)."""
+    client, as_json = _client(), _ctx().obj["json"]
+    after = None
+    for _ in range(1_000_000):  # bounded: a follow of years would still end
+        page = client.get(f"/api/v1/jobs/{job_id}/logs", after=after, rank=rank, limit=1000)
+        for line in page["items"]:
+            if as_json:
+                click.echo(json.dumps(line, sort_keys=True))
+            else:
+                click.echo(line["text"], err=line["stream"] == "stderr")
+            after = line["seq"]
+        if page["next_cursor"]:
+            continue
+        if not follow:
+            return
+        state = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=2)["state"]
+        if state in ("succeeded", "failed", "cancelled"):
+            follow = False  # one more read for the last lines, then stop
+
+
+@client_command(job, "cancel")
+@click.argument("job_id")
+def job_cancel(job_id):
+    """Cancel a job; running ranks are stopped."""
+    data = _client().post(f"/api/v1/jobs/{job_id}/cancel")
+    emit(_ctx(), data, lambda d: click.echo(f"job {job_id} {d['state']}"))
+
+
+def _wait_job(job_id, timeout):
+    import time
+
+    client = _client()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for _ in range(10_000_000):
+        left = 30 if deadline is None else max(0, min(30, deadline - time.monotonic()))
+        data = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=left)
+        if data["state"] in ("succeeded", "failed", "cancelled") or (deadline and time.monotonic() >= deadline):
+            return data
+    return data
+
+
+@client_command(job, "wait")
+@click.argument("job_id")
+@click.option("--timeout", type=Duration(), help="Give up after this long (exit 2).")
+def job_wait(job_id, timeout):
+    """Wait for a job to end; exit 0 if it succeeded, 1 if not, 2 on timeout."""
+    data = _wait_job(job_id, timeout)
+    emit(_ctx(), data, lambda d: click.echo(f"job {job_id} {d['state']}"
+                                            + (f" ({d['outcome']})" if d.get("outcome") else "")))
+    if data["state"] not in ("succeeded", "failed", "cancelled"):
+        sys.exit(2)
+    if data["state"] != "succeeded":
+        sys.exit(1)

@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -120,3 +121,54 @@ def test_init_prints_the_admin_token_only_once(tmp_path):
     upgrade = subprocess.run(fleetd_cmd("db", "upgrade", "--data-dir", str(tmp_path / "d")), capture_output=True,
                              text=True, timeout=60, check=True).stdout
     assert "up to date" in upgrade
+
+
+def test_job_commands_through_the_cli(run, server, tmp_path):
+    import requests
+
+    from tests.conftest import gpus
+
+    run("fleet", "create", "gpu-a")
+    token = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--json").stdout)["token"]
+    agent = {"X-Fleet-Protocol": "1"}
+    reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, json={
+        "hostname": "h1", "machine_id": "m1", "agent_version": "0.1", "address": "127.0.0.1",
+        "resources": {"cpu_count": 8, "memory_bytes": 2**35}, "gpus": gpus(2)},
+        headers={"Authorization": f"Bearer {token}", **agent}).json()
+    agent["Authorization"] = f"Bearer {reg['session_token']}"
+    requests.post(server.url + "/api/v1/agent/heartbeat", json={}, timeout=30, headers=agent)
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: from-yaml\ncommand: [python, train.py]\nresources: {gpus: 1}\nenv: {EPOCHS: '3'}\n")
+    submitted = json.loads(run("job", "submit", "-f", str(spec), "--env", "LR=0.1", "--json").stdout)
+    # fleetd serve places jobs in its scheduler loop, just after the submit answers.
+    assert submitted["spec"]["env"] == {"EPOCHS": "3", "LR": "0.1"} and submitted["state"] in ("queued", "running")
+    job_id = submitted["id"]
+    assignment = requests.post(server.url + "/api/v1/agent/acquire", json={"wait_seconds": 5}, timeout=30,
+                               headers=agent).json()["assignment"]
+    task = f"{server.url}/api/v1/agent/tasks/{assignment['task_id']}"
+    requests.post(task + "/start", json={"epoch": assignment["epoch"], "pid": 1}, timeout=30, headers=agent)
+    requests.post(task + "/logs", json={"epoch": assignment["epoch"], "lines": [["stdout", "epoch 1"],
+                                                                               ["stderr", "warning"]]},
+                  timeout=30, headers=agent)
+    assert run("job", "wait", job_id, "--timeout", "1", expect=2).stdout.strip() == f"job {job_id} running"
+    requests.post(task + "/finish", json={"epoch": assignment["epoch"], "outcome": "succeeded", "exit_code": 0},
+                  timeout=30, headers=agent)
+    assert run("job", "wait", job_id).stdout.strip() == f"job {job_id} succeeded (succeeded)"
+    logs = run("job", "logs", job_id)
+    assert logs.stdout == "epoch 1\n" and logs.stderr == "warning\n"
+    assert "from-yaml" in run("job", "list", "--state", "succeeded").stdout
+    assert "python train.py" in run("job", "show", job_id).stdout
+
+    queued = json.loads(run("job", "submit", "--gpus", "4", "--json", "--", "sleep", "1").stdout)
+    assert queued["state"] == "queued"
+    for _ in range(50):  # the scheduler loop explains why within moments
+        shown = json.loads(run("job", "show", queued["id"], "--json").stdout)
+        if "no node can take the task now" in shown["pending_reason"]:
+            break
+        time.sleep(0.1)
+    assert "gpu_count: 1 node(s)" in shown["pending_reason"]
+    assert run("job", "cancel", queued["id"]).stdout.strip() == f"job {queued['id']} cancelled"
+    assert run("job", "wait", queued["id"], expect=1).stdout.startswith(f"job {queued['id']} cancelled")
+    proc = run("job", "submit", "--gpus", "1.5", "--", "true", expect=1)
+    assert proc.stderr.startswith("fleetd: invalid_request:")
