@@ -119,6 +119,7 @@ class Fleet(BaseModel):
     description = peewee.TextField(default="")
     labels = JSONText(default=dict)
     created_at = peewee.DateTimeField()
+    availability = JSONText(null=True)  # see fleetd.windows; None: always open
 
 
 class JoinToken(BaseModel):
@@ -268,6 +269,25 @@ class Artifact(BaseModel):
     created_by = peewee.CharField(max_length=200, default="")
 
 
+class GpuType(BaseModel):
+    """Prices of a GPU model, set by an admin (the model name is what agents report)."""
+
+    model = peewee.CharField(primary_key=True, max_length=128)
+    price_per_hour = peewee.FloatField(null=True)
+    spot_min_bid = peewee.FloatField(null=True)
+
+
+class Quota(BaseModel):
+    """The most GPUs a team's running jobs may hold, per priority class ("any" for all classes)."""
+
+    team = peewee.CharField(max_length=200)
+    priority_class = peewee.CharField(max_length=16)
+    max_gpus = peewee.FloatField()
+
+    class Meta:
+        primary_key = peewee.CompositeKey("team", "priority_class")
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -275,4 +295,4 @@ class Setting(BaseModel):
     value = peewee.TextField()
 
 
-MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact]
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, GpuType, Quota]
