@@ -15,11 +15,12 @@ PROTOCOL_VERSION = "1"
 class FleetdError(Exception):
     """fleetd answered with an error (or not at all)."""
 
-    def __init__(self, message, status=None, code=None, retry_after=None):
+    def __init__(self, message, status=None, code=None, retry_after=None, details=None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.retry_after = retry_after
+        self.details = details or {}
 
 
 class Unreachable(FleetdError):
@@ -203,7 +204,7 @@ def _raise_for(resp):
     if status == 401:
         raise Rejected(message, status, code)
     if status == 409:
-        raise Conflict(text, status, code)
+        raise Conflict(text, status, code, details=_details(resp))
     if status == 413:
         raise TooLarge(text, status, code)
     if status == 429 or status >= 500:
@@ -226,6 +227,14 @@ def _error(resp):
         return err.get("code", ""), err.get("message", "")
     except (ValueError, KeyError, TypeError):
         return "", resp.text[:200]
+
+
+def _details(resp):
+    try:
+        details = resp.json()["error"].get("details")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return details if isinstance(details, dict) else {}
 
 
 def _short(exc):

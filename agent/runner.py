@@ -428,7 +428,7 @@ class LogShipper:
     def _cut(self, now):
         batch, size = [], 0
         if self._dropped:
-            batch.append(["stderr", f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
+            batch.append(["system", f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
                                     "fleetd was too slow or unreachable"])
             self._dropped = 0
         while self._buf and len(batch) < self.settings.batch_lines:
@@ -759,7 +759,7 @@ class Task:
     def _read(self, pipe, stream):
         with pipe:
             for raw in iter(functools.partial(pipe.readline, MAX_LINE_BYTES), b""):
-                text = raw.decode("utf-8", "replace")
+                text = raw.decode("utf-8", "replace").replace("\0", "\ufffd")  # fleetd stores no NUL
                 if text.endswith("\n"):
                     text = text[:-2] if text.endswith("\r\n") else text[:-1]
                 self.shipper.add(stream, text)
@@ -798,10 +798,13 @@ class Task:
                     next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
                     log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
                 except FleetdError as exc:
-                    if _is_fencing(exc):
+                    if attempts and isinstance(exc, Conflict) and exc.details.get("state") == "running":
+                        start_reported = True  # an earlier attempt got through; its answer did not
+                    elif _is_fencing(exc):
                         raise Fenced(str(exc)) from None
-                    start_reported = True
-                    log.error("task %s: fleetd refused the start report: %s", self.label, exc)
+                    else:
+                        start_reported = True
+                        log.error("task %s: fleetd refused the start report: %s", self.label, exc)
             if runtime_deadline is not None and now >= runtime_deadline and self._stop is None:
                 self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
             with self._lock:
@@ -1049,8 +1052,7 @@ class Runner:
         try:
             done = report_finish(client, self, task_id, epoch, result, label)
         except Fenced as exc:
-            log.warning("task %s: fleetd answered %s; the task is no longer this node's (stale epoch), forgotten",
-                        label, exc)
+            log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
             done = True
         finally:
             client.close()
