@@ -252,7 +252,7 @@ class Agent:
         log.info("agent stopped (exit %d)", self.exit_code)
         return self.exit_code
 
-    def _spawn(self, name, target, *args):
+    def _spawn(self, name, target, *args, wait_on_stop=True):
         def guarded():
             try:
                 target(*args)
@@ -263,7 +263,8 @@ class Agent:
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        if wait_on_stop:
+            self._threads.append(thread)
 
     def _poll_devices(self):
         poll = self.config.devices_poll_seconds
@@ -310,7 +311,9 @@ class Agent:
         address = self.config.address or detect_address(server_url)
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address)
         self.runner.recover()
-        self._spawn("acquire", self._acquire_loop)
+        # Not waited for on stop: its long poll can take 30 s to return, and an assignment that
+        # arrives while the agent stops is not started (fleetd requeues it when its lease expires).
+        self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
 
     def _acquire_loop(self):
         """Long-poll fleetd for assignments and hand each one to the runner."""
