@@ -546,6 +546,8 @@ class Task:
         self._keep_state = False
         self.record = {}
         self.shipper = None
+        self._readers = []
+        self.started_monotonic = None
         self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
                              rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
                              gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
@@ -612,9 +614,19 @@ class Task:
         keep_dir = False
         try:
             self.runner.workers.add(self.worker)
-            result = self._run_to_result(client)
+            try:
+                result = self._run_to_result(client)
+            except Fenced:
+                raise
+            except Exception as exc:  # a host problem (disk full) or a bug: the task fails, and fleetd hears why
+                log.exception("task %s: the agent could not run it", self.label)
+                self._kill_and_reap()
+                result = ("failed", None, f"fleet-agent could not run the task: {exc}")
             self.worker.state = "finishing"
-            self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2])
+            try:
+                self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2])
+            except OSError as exc:
+                log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
             self._finish_logs()
             keep_dir = not self._report(client, result)
         except Fenced as exc:
@@ -729,6 +741,8 @@ class Task:
 
     def _spawn(self, cwd, addr, port):
         env, injected = task_env(self.a, addr, port)
+        self.shipper = LogShipper(self.runner.new_client, self.a.task_id, self.a.epoch, self.runner.log_settings,
+                                  self.fence, self.runner.closing.is_set, self.label).start()
         with self._lock:
             self._check()
             try:
@@ -738,23 +752,22 @@ class Task:
             except OSError as exc:
                 raise TaskError(f"cannot start {self.a.command[0]!r}: {exc.strerror or exc}") from None
             self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
+            self.started_monotonic = time.monotonic()
+            # Readers and the exit watcher first: from here on nothing may leave the process unwatched.
+            for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+                reader = threading.Thread(target=self._read, args=(pipe, stream), name=f"{stream}-{self.label}",
+                                          daemon=True)
+                reader.start()
+                self._readers.append(reader)
+            threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
         stat = proc_stat(self.proc.pid)
-        self.started_monotonic = time.monotonic()
-        self._save(state="running", pid=self.proc.pid, pgid=self.pgid,
-                   start_ticks=stat[2] if stat else None, started_at=_utc_now())
         self.worker.pids = [self.proc.pid]
         self.worker.env = injected
         self.worker.started_at = _utc_now()
         self.worker.state = "running"
         log.info("task %s: started pid %d: %s", self.label, self.proc.pid, " ".join(self.a.command)[:200])
-        self.shipper = LogShipper(self.runner.new_client, self.a.task_id, self.a.epoch, self.runner.log_settings,
-                                  self.fence, self.runner.closing.is_set, self.label).start()
-        self._readers = [threading.Thread(target=self._read, args=(pipe, stream), name=f"{stream}-{self.label}",
-                                          daemon=True)
-                         for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
-        for reader in self._readers:
-            reader.start()
-        threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
+        self._save(state="running", pid=self.proc.pid, pgid=self.pgid,
+                   start_ticks=stat[2] if stat else None, started_at=self.worker.started_at)
 
     def _read(self, pipe, stream):
         with pipe:
@@ -785,26 +798,17 @@ class Task:
         runtime_deadline = None
         if self.a.max_runtime_seconds is not None:
             runtime_deadline = self.started_monotonic + self.a.max_runtime_seconds
-        while not self._exited.is_set():
+        # A process that ends at once still reports its start (once), before its finish.
+        for _ in range(1_000_000_000):
+            exited = self._exited.is_set()
             if self._fenced:
                 raise Fenced(self._fenced)
             now = time.monotonic()
-            if not start_reported and now >= next_report:
-                try:
-                    client.task_start(self.a.task_id, self.a.epoch, self.proc.pid)
-                    start_reported = True
-                except Unreachable as exc:
-                    attempts += 1
-                    next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
-                    log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
-                except FleetdError as exc:
-                    if attempts and isinstance(exc, Conflict) and exc.details.get("state") == "running":
-                        start_reported = True  # an earlier attempt got through; its answer did not
-                    elif _is_fencing(exc):
-                        raise Fenced(str(exc)) from None
-                    else:
-                        start_reported = True
-                        log.error("task %s: fleetd refused the start report: %s", self.label, exc)
+            if not start_reported and (now >= next_report or exited):
+                start_reported, attempts = self._report_start(client, attempts)
+                next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
+            if exited:
+                break
             if runtime_deadline is not None and now >= runtime_deadline and self._stop is None:
                 self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
             with self._lock:
@@ -836,6 +840,22 @@ class Task:
             return "succeeded", 0, None
         return "failed", exit_code, how
 
+    def _report_start(self, client, attempts):
+        """One try at POST start -> (reported or not worth retrying, attempts so far)."""
+        try:
+            client.task_start(self.a.task_id, self.a.epoch, self.proc.pid)
+            return True, attempts
+        except Unreachable as exc:
+            log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
+            return False, attempts + 1
+        except FleetdError as exc:
+            if attempts and isinstance(exc, Conflict) and exc.details.get("state") == "running":
+                return True, attempts  # an earlier attempt got through; its answer did not
+            if _is_fencing(exc):
+                raise Fenced(str(exc)) from None
+            log.error("task %s: fleetd refused the start report: %s", self.label, exc)
+            return True, attempts
+
     def _end_group(self):
         """The leader exited: let the rest of the group end within what is left of a grace, then SIGKILL it."""
         with self._lock:
@@ -862,9 +882,10 @@ class Task:
             return
         with self._lock:
             self._signal_group(signal.SIGKILL)
-        self._exited.wait(30)
-        if self._exited.is_set():
+        if self._exited.wait(30):
             self._reap()
+        else:
+            log.error("task %s: pid %d did not exit after SIGKILL", self.label, self.proc.pid)
 
     def _finish_logs(self):
         """Let the readers reach EOF and the shipper deliver every line before the finish report."""

@@ -457,3 +457,14 @@ def test_submit_returns_while_the_task_still_waits_for_its_rendezvous(make_runne
     runner.workers.cancel(["t-wait"], "cancelled by fleetd")
     assert fleetd.wait_finished("t-wait")["outcome"] == "cancelled"
     assert "t-wait" not in fleetd.started
+
+
+def test_a_process_that_ends_at_once_still_reports_its_start_before_its_finish(make_runner, fleetd):
+    runner = make_runner()
+    for i in range(5):
+        runner.submit(assignment(f"t-quick-{i}", ["true"]))
+    for i in range(5):
+        assert fleetd.wait_finished(f"t-quick-{i}")["outcome"] == "succeeded"
+        paths = fleetd.paths("POST")
+        assert paths.index(f"/api/v1/agent/tasks/t-quick-{i}/start") < paths.index(
+            f"/api/v1/agent/tasks/t-quick-{i}/finish")
