@@ -47,6 +47,24 @@ class LivenessTracker:
         with self._lock:
             return self._seen.get(node_id)
 
+    def drop_task(self, node_id, task_id):
+        """The node said this task's process ended: stop counting it as running there."""
+        with self._lock:
+            seen = self._seen.get(node_id)
+            if seen is not None:
+                seen.tasks = [t for t in seen.tasks if t.get("id") != task_id]
+
+    def reported_running(self):
+        """{task id: (node id, epoch)} for every task a node's last heartbeat listed as not finished."""
+        with self._lock:
+            seen = list(self._seen.items())
+        out = {}
+        for node_id, last in seen:
+            for task in last.tasks:
+                if task.get("state") not in ("succeeded", "failed", "cancelled", "lost", "preempted"):
+                    out[task["id"]] = (node_id, task["epoch"])
+        return out
+
     def in_failover_grace(self):
         """True during the grace period after start-up."""
         return self.clock.monotonic() - self.started < self.failover_grace

@@ -19,6 +19,8 @@ class Runtime:
     limiter: FailureLimiter
     leases: LeaseTracker
     notifier: Notifier
+    nominations: dict = dataclasses.field(default_factory=dict)  # job id -> task ids preempted for it
+    storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
     tasks: object = None  # background.TaskRunner, set by create_app
     scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
 

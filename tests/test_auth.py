@@ -54,6 +54,15 @@ ROLE_TABLE = {
     ("GET", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/finish"): {"node"},
+    ("GET", "/api/v1/cluster/status"): AS | {"metrics"},
+    ("GET", "/api/v1/cluster/allocation"): A,
+    ("POST", "/api/v1/cluster/simulate-schedule"): AS,
+    ("GET", "/api/v1/gpu-types"): AS,
+    ("PUT", "/api/v1/gpu-types/{model}"): A,
+    ("DELETE", "/api/v1/gpu-types/{model}"): A,
+    ("GET", "/api/v1/quotas"): A,
+    ("PUT", "/api/v1/quotas/{team}"): A,
+    ("DELETE", "/api/v1/quotas/{team}"): A,
     ("GET", "/api/v1/admin/tasks"): A,
     ("POST", "/api/v1/admin/tasks/{name}/run"): A,
 }
@@ -93,7 +102,7 @@ def test_every_route_enforces_the_role_table_of_api_md(api):
         url = re.sub(r"\{[a-z_]+\}", "does-not-exist", path)
         allowed = ROLE_TABLE[(method, path)]
         for who, token in principals():
-            body = {} if method in ("POST", "PATCH") else None
+            body = {} if method in ("POST", "PATCH", "PUT") else None
             resp = api.call(method, url, token=token, agent=path.startswith("/api/v1/agent/"), json=body)
             status = resp.status_code
             context = f"{method} {path} as {who}: {status} {resp.get_data(as_text=True)[:200]}"

@@ -51,8 +51,10 @@ class FleetByName(MethodView):
     @blp.arguments(FleetUpdateSchema)
     @blp.response(200, FleetSchema)
     def patch(self, body, name):
-        """Change a fleet's description or labels."""
-        return fleets.update_fleet(name, body)
+        """Change a fleet's description, labels or availability windows."""
+        fleet = fleets.update_fleet(name, body)
+        current_runtime().scheduler.kick()
+        return fleet
 
     @require(ADMIN)
     @blp.response(204)

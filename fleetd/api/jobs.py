@@ -22,8 +22,7 @@ from fleetd.schemas.jobs import (
     LogQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services import artifacts, jobs
-from fleetd.services.scheduling import task_request
+from fleetd.services import artifacts, jobs, policy
 
 blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and artifacts")
 
@@ -44,7 +43,8 @@ class Jobs(MethodView):
     @blp.response(201, JobStatusSchema)
     def post(self, spec):
         """Submit a JobSpec; it is queued and placed as soon as it fits."""
-        task_request(spec)  # the engine's own checks, before anything is stored
+        jobs.task_request(spec)  # the engine's own checks, before anything is stored
+        policy.check_bid(spec)
         rt = current_runtime()
         job = jobs.submit_job(rt.clock.now(), current_principal(), spec)
         rt.scheduler.kick()

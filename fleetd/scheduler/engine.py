@@ -453,7 +453,7 @@ def schedule(
     return [engine.place(r, explain=explain) for r in requests]
 
 
-def profile_from_requests(requests: Sequence[TaskRequest], coverage: float = 0.95) -> WorkloadProfile:
+def profile_from_requests(requests: Sequence[TaskRequest], coverage: float = 1.0) -> WorkloadProfile:
     """A workload profile from recent or queued requests (one count per rank)."""
     counts: dict[tuple, float] = {}
     for r in requests:

@@ -8,7 +8,7 @@ Units: CPUs in milli-CPU, memory in bytes, GPU compute share in milli-GPU (1000 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 MILLI = 1000
@@ -256,13 +256,13 @@ class TaskShape:
 
 @dataclass(frozen=True)
 class WorkloadProfile:
-    """The task shapes expected to arrive; fragmentation is measured against them."""
+    """The task shapes expected to arrive, most popular first, weights summing to 1."""
 
     shapes: tuple[TaskShape, ...]
 
     @classmethod
-    def from_counts(cls, counts: Mapping[tuple, float], coverage: float = 0.95) -> "WorkloadProfile":
-        """Most popular shapes that together make up `coverage` of all tasks, weights normalised.
+    def from_counts(cls, counts: Mapping[tuple, float], coverage: float = 1.0) -> "WorkloadProfile":
+        """Shapes from counts, keeping the most popular ones that make up `coverage` of all tasks.
 
         `counts` maps (cpu_milli, gpu_milli, gpu_count, gpu_types) to how many tasks had it.
         """
@@ -270,10 +270,20 @@ class WorkloadProfile:
         if total <= 0:
             return cls(())
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], kv[0][3]), reverse=True)
+        return cls(tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / total) for k, c in ordered)).typical(coverage)
+
+    def typical(self, coverage: float) -> "WorkloadProfile":
+        """The most popular shapes that together make up `coverage` of tasks, weights renormalised.
+
+        The FGD paper measures fragmentation against such "typical" shapes; its artifact
+        keeps the shapes covering 95% of tasks.
+        """
         chosen, cum = [], 0.0
-        for key, count in ordered:
-            if cum >= coverage * total:
+        for shape in self.shapes:
+            if cum >= coverage - 1e-12:
                 break
-            chosen.append((key, count))
-            cum += count
-        return cls(tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / cum) for k, c in chosen))
+            chosen.append(shape)
+            cum += shape.weight
+        if not chosen:
+            return WorkloadProfile(())
+        return WorkloadProfile(tuple(replace(s, weight=s.weight / cum) for s in chosen))

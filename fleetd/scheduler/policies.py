@@ -14,7 +14,7 @@ fragmentation-gradient policy; `fragbal` (the default) is ours.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from fleetd.scheduler.model import MILLI, WorkloadProfile
@@ -106,6 +106,16 @@ class FragmentationModel:
         return frag
 
 
+def demand_weighted(profile: WorkloadProfile, per_whole_gpu: float, min_gpus: int = 1) -> WorkloadProfile:
+    """The profile with the weight of shapes of >= min_gpus whole GPUs scaled by 1 + per_whole_gpu x GPUs."""
+    scaled = [
+        (s, s.weight * (1 + per_whole_gpu * (s.gpu_count if s.gpu_milli >= MILLI and s.gpu_count >= min_gpus else 0)))
+        for s in profile.shapes
+    ]
+    total = sum(w for _, w in scaled) or 1.0
+    return WorkloadProfile(tuple(replace(s, weight=w / total) for s, w in scaled))
+
+
 class Policy:
     """Base: `score(model, cpu_free, gpus, shape)` -> (score, slice_of) for a node the task fits."""
 
@@ -185,10 +195,11 @@ class FgdPolicy(Policy):
 
     name = "fgd"
     uses_profile = True
+    TYPICAL_COVERAGE = 0.95  # the artifact's run scripts: shapes that make up 95% of tasks
 
     def __init__(self, profile: WorkloadProfile | None = None):
         super().__init__(profile)
-        self.frag = FragmentationModel(profile)
+        self.frag = FragmentationModel(profile.typical(self.TYPICAL_COVERAGE) if profile is not None else None)
 
     def _quantised(self, drop: float) -> float:
         return float(int(100.0 / (1.0 + math.exp(-drop / 1000.0))))
@@ -217,15 +228,21 @@ class FragBalPolicy(Policy):
     cannot feed at the workload's typical CPU-per-GPU ratio (`stranded`), and the node
     whose fragmented + stranded share grows least wins. Scores are compared exactly (FGD's
     integer sigmoid makes most decisions ties), and near-ties go to the node left closest
-    to that ratio, so that what stays free stays usable by the tasks that come.
+    to that ratio, so that what stays free stays usable by the tasks that come. Every
+    shape of the workload counts, not only the typical ones: rare large tasks (8 GPUs, 120
+    CPUs) then keep finding whole nodes.
     """
 
     name = "fragbal"
     uses_profile = True
     BALANCE_WEIGHT = 0.01  # milli-GPU of fragmentation worth one milli-GPU of imbalance
+    WHOLE_GPU_WEIGHT = 1.0  # extra weight per whole GPU a shape asks for
+    WEIGHTED_MIN_GPUS = 1
 
     def __init__(self, profile: WorkloadProfile | None = None):
         super().__init__(profile)
+        if profile is not None and self.WHOLE_GPU_WEIGHT:
+            profile = demand_weighted(profile, self.WHOLE_GPU_WEIGHT, self.WEIGHTED_MIN_GPUS)
         self.frag = FragmentationModel(profile)
         gpu = cpu = 0.0
         for s in profile.shapes if profile is not None else ():

@@ -1,6 +1,8 @@
 """Schemas of fleets and join tokens."""
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
+
+from fleetd import windows
 
 from fleetd.schemas.common import Int, Labels, Text, Time, page_schema
 
@@ -9,15 +11,29 @@ FLEET_NAME = validate.Regexp(
 )
 
 
+def _availability(value):
+    try:
+        windows.validate(value)
+    except windows.WindowError as exc:
+        raise ValidationError(str(exc)) from None
+
+
+Availability = lambda **kw: fields.Dict(  # noqa: E731 - one definition for create and update
+    allow_none=True, validate=_availability,
+    metadata={"description": "None: always open; else {timezone, windows: [{start, end, days?}]}"}, **kw)
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
     labels = Labels(load_default=dict)
+    availability = Availability(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
     description = Text(max_length=2000)
     labels = Labels()
+    availability = Availability()
 
 
 class FleetSchema(Schema):
@@ -27,6 +43,7 @@ class FleetSchema(Schema):
     node_count = fields.Integer()
     gpu_count = fields.Integer()
     created_at = Time()
+    availability = fields.Dict(allow_none=True)
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

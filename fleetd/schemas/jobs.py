@@ -82,12 +82,16 @@ class JobSpecSchema(Schema):
             raise ValidationError("a bid applies to spot jobs only", "bid")
 
 
+def _placed(task):
+    return task.state != "pending"
+
+
 class TaskStatusSchema(Schema):
     id = fields.String()
     rank = fields.Integer()
-    node_id = fields.String(allow_none=True)
+    node_id = fields.Function(lambda t: t.node_id if _placed(t) else None)
     state = fields.String()
-    gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus])
+    gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus] if _placed(t) else [])
     exit_code = fields.Integer(allow_none=True)
     reason = fields.String()
     started_at = Time()

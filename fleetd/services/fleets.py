@@ -30,13 +30,14 @@ def get_fleet(name):
     return fleet
 
 
-def create_fleet(now, name, description="", labels=None):
+def create_fleet(now, name, description="", labels=None, availability=None):
     """Create a fleet; Conflict if the name is taken."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:
                 raise Conflict(f"fleet {name!r} already exists")
-            Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now)
+            Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
+                         availability=availability)
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
@@ -48,7 +49,7 @@ def update_fleet(name, changes):
         fleet = Fleet.get_or_none(Fleet.name == name)
         if fleet is None:
             raise NotFound(f"fleet {name!r} not found")
-        for field in ("description", "labels"):
+        for field in ("description", "labels", "availability"):
             if field in changes:
                 setattr(fleet, field, changes[field])
         fleet.save()

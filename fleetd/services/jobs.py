@@ -1,5 +1,6 @@
 """Jobs: submit, read, cancel; the job and task state machines; what happens when a task ends."""
 
+from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Artifact, Job, JobState, LogLine, Task, TaskState, new_id
@@ -66,6 +67,29 @@ def switch_task_state(task, to_state, reason, now):
 
 
 # ---------------------------------------------------------------- submit and read
+
+
+def task_request(spec):
+    """The engine's TaskRequest for a JobSpec; InvalidRequest when it is not one."""
+    res = spec.get("resources") or {}
+    selector = spec.get("node_selector") or {}
+    try:
+        return scheduler.TaskRequest(
+            gpus=res.get("gpus", 0),
+            num_nodes=spec.get("num_nodes", 1),
+            gpu_memory_bytes=res.get("gpu_memory_bytes"),
+            gpu_compute_percent=res.get("gpu_compute_percent"),
+            gpu_types=tuple(res.get("gpu_types") or ()),
+            cpus=res.get("cpus") or 0,
+            memory_bytes=res.get("memory_bytes") or 0,
+            node_selector=scheduler.NodeSelector(fleet=selector.get("fleet"), labels=selector.get("labels") or {}),
+            priority_class=spec.get("priority_class", "on-demand"),
+            bid=spec.get("bid"),
+            name=spec.get("name", ""),
+        )
+    except ValueError as exc:
+        raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
+
 
 
 def submit_job(now, principal, spec):
@@ -245,8 +269,8 @@ def requeue_job(job, tasks, reason, now):
     for task in tasks:
         if task.state in ACTIVE_TASK_STATES:
             switch_task_state(task, T.CANCELLED, "requeued", now)
-        task.node = None
-        task.gpus = []
+        # node and gpus stay until the next placement: while the old process still runs there,
+        # its GPUs are not free (see ClusterState).
         task.delivered_at = task.assigned_at = task.started_at = task.ended_at = None
         task.pid = task.exit_code = None
         task.rendezvous_addr = task.rendezvous_port = None

@@ -1,90 +1,18 @@
 """Scheduling passes: build a snapshot from the tables, ask the pure engine, write assignments back."""
 
+import dataclasses
 import logging
 import threading
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
-from fleetd.errors import InvalidRequest
-from fleetd.models import Gpu, Job, JobState, Node, NodeStatus, Task, TaskState
-from fleetd.services.jobs import ACTIVE_TASK_STATES, switch_job_state, switch_task_state
+from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
+from fleetd.services.cluster import ClusterState
+from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_job_state, switch_task_state, task_request
 
 log = logging.getLogger(__name__)
 
 PRIORITY_ORDER = {"on-demand": 0, "spot": 1}
-
-
-def task_request(spec):
-    """The engine's TaskRequest for a JobSpec; InvalidRequest when it is not one."""
-    res = spec.get("resources") or {}
-    selector = spec.get("node_selector") or {}
-    try:
-        return scheduler.TaskRequest(
-            gpus=res.get("gpus", 0),
-            num_nodes=spec.get("num_nodes", 1),
-            gpu_memory_bytes=res.get("gpu_memory_bytes"),
-            gpu_compute_percent=res.get("gpu_compute_percent"),
-            gpu_types=tuple(res.get("gpu_types") or ()),
-            cpus=res.get("cpus") or 0,
-            memory_bytes=res.get("memory_bytes") or 0,
-            node_selector=scheduler.NodeSelector(fleet=selector.get("fleet"), labels=selector.get("labels") or {}),
-            priority_class=spec.get("priority_class", "on-demand"),
-            bid=spec.get("bid"),
-            name=spec.get("name", ""),
-        )
-    except ValueError as exc:
-        raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
-
-
-def build_snapshot(silent=lambda node_id: False):
-    """Every enrolled node with what is still free on it; call inside the pass's transaction.
-
-    `silent(node_id)` is true for nodes overdue on heartbeats but not yet declared lost:
-    they get no new work.
-    """
-    held = {}  # (node id, gpu uuid) -> [compute milli, memory bytes, exclusive]
-    node_use = {}  # node id -> [cpu milli, memory bytes]
-    for task in (Task.select(Task, Job.spec).join(Job).where(Task.state.in_(ACTIVE_TASK_STATES))):
-        req = task_request(task.job.spec)
-        use = node_use.setdefault(task.node_id, [0, 0])
-        use[0] += req.cpu_milli
-        use[1] += req.memory_bytes
-        for alloc in task.gpus:
-            h = held.setdefault((task.node_id, alloc["uuid"]), [0, 0, False])
-            h[0] += alloc.get("compute_milli", scheduler.MILLI)
-            h[1] += alloc.get("memory_limit_bytes") or 0
-            h[2] = h[2] or alloc.get("exclusive", False)
-    gpus_by_node = {}
-    for gpu in Gpu.select().order_by(Gpu.node, Gpu.index):
-        h = held.get((gpu.node_id, gpu.uuid), (0, 0, False))
-        gpus_by_node.setdefault(gpu.node_id, []).append(
-            scheduler.GpuSnapshot(
-                uuid=gpu.uuid,
-                model=gpu.model,
-                memory_total_bytes=gpu.memory_total_bytes,
-                memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
-                compute_free_milli=max(0, scheduler.MILLI - h[0]),
-                numa_node=gpu.numa_node or 0,
-                healthy=gpu.healthy,
-                exclusive=h[2],
-            )
-        )
-    nodes = []
-    for node in Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id):
-        cpu_used, mem_used = node_use.get(node.id, (0, 0))
-        nodes.append(
-            scheduler.NodeSnapshot(
-                id=node.id,
-                gpus=tuple(gpus_by_node.get(node.id, ())),
-                fleet=node.fleet_id,
-                labels=node.labels or {},
-                schedulable=NodeStatus(node.status).is_schedulable() and not silent(node.id),
-                status=node.status if not silent(node.id) else "silent (heartbeats overdue)",
-                cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
-                memory_free_bytes=max(0, node.memory_bytes - mem_used),
-            )
-        )
-    return scheduler.ClusterSnapshot(nodes=tuple(nodes))
 
 
 def _allocation(gpu):
@@ -118,16 +46,25 @@ def _run_pass(rt):
         if not queued:
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
-        snapshot = build_snapshot(rt.liveness.is_overdue)
-        engine = scheduler.PlacementEngine(snapshot, policy=rt.settings.scheduler_policy or None)
+        state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+        engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
+        rules = Rules.load(state)
         for job in queued:
-            result = engine.place(task_request(job.spec), explain=True)
-            if not result.schedulable:
+            request, blocked = rules.request_for(job.spec, job.team, job.priority_class)
+            result = None
+            if blocked is None:
+                result = engine.place(request, explain=True)
+                if not result.schedulable:
+                    blocked = result.reason
+                    if job.priority_class == "on-demand":
+                        blocked = _preempt_for(rt, job, request, now) or blocked
+            if blocked is not None:
                 pending += 1
-                if job.pending_reason != result.reason:
-                    job.pending_reason = result.reason
+                if job.pending_reason != blocked:
+                    job.pending_reason = blocked
                     job.save()
                 continue
+            rt.nominations.pop(job.id, None)
             tasks = {t.rank: t for t in Task.select().where(Task.job == job.id)}
             for rank in result.ranks:
                 task = tasks[rank.rank]
@@ -139,12 +76,122 @@ def _run_pass(rt):
                 switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
                 rt.leases.renew(task.id, task.epoch)
                 woken.add(rank.node_id)
+            rules.charge(job, request)
             job.pending_reason = ""
             switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
             assigned += 1
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
     return {"assigned": assigned, "pending": pending}
+
+
+def gpus_of(request):
+    """GPUs a request holds in all, fractions included (what quotas count)."""
+    if request.shared:
+        return request.num_nodes * request.gpu_milli / scheduler.MILLI
+    return float(request.num_nodes * request.gpu_count)
+
+
+class Rules:
+    """Quotas and spot prices applied before placement; usage is charged as jobs are placed."""
+
+    def __init__(self, quotas, prices, usage, models):
+        self.quotas = quotas  # (team, class or "any") -> max GPUs
+        self.prices = prices  # model -> GpuType
+        self.usage = usage  # (team, class) -> GPUs held
+        self.models = models  # every GPU model in the fleet
+
+    @classmethod
+    def load(cls, state):
+        quotas = {(q.team, q.priority_class): q.max_gpus for q in Quota.select()}
+        prices = {t.model: t for t in GpuType.select()}
+        usage = {}
+        seen = set()
+        for task in state.tasks:
+            job = task.job
+            if job.id in seen:
+                continue
+            seen.add(job.id)
+            key = (job.team or "", job.priority_class)
+            usage[key] = usage.get(key, 0) + gpus_of(task_request(job.spec))
+        models = {g.model for gpus in state.gpus.values() for g in gpus}
+        return cls(quotas, prices, usage, models)
+
+    def held(self, team, priority_class):
+        if priority_class == "any":
+            return sum(v for (t, _), v in self.usage.items() if t == team)
+        return self.usage.get((team, priority_class), 0)
+
+    def request_for(self, spec, team, priority_class):
+        """(TaskRequest, None) or (None, why it waits) for a job of this team and class."""
+        request = task_request(spec)
+        team = team or ""
+        need = gpus_of(request)
+        for klass in (priority_class, "any"):
+            limit = self.quotas.get((team, klass))
+            if limit is not None and need and self.held(team, klass) + need > limit + 1e-9:
+                label = "all classes" if klass == "any" else klass
+                return None, (f"team {team or '(none)'} at its quota for {label}: holds "
+                              f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}")
+        if priority_class == "spot" and request.gpu_count:
+            accepted = set(request.gpu_types) or self.models
+            bid = spec.get("bid") or 0
+            affordable = {m for m in accepted if (self.prices.get(m) is None
+                                                  or self.prices[m].spot_min_bid is None
+                                                  or self.prices[m].spot_min_bid <= bid)}
+            if not affordable:
+                return None, f"bid {bid:g} is under the spot minimum of every accepted GPU type"
+            if affordable != accepted or not request.gpu_types:
+                request = dataclasses.replace(request, gpu_types=tuple(sorted(affordable)))
+        return request, None
+
+    def charge(self, job, request):
+        key = (job.team or "", job.priority_class)
+        self.usage[key] = self.usage.get(key, 0) + gpus_of(request)
+
+
+def _preempt_for(rt, job, request, now):
+    """Make room for an on-demand job by preempting spot jobs (lowest bid first, fewest victims).
+
+    Returns why the job still waits, or None when nothing can be preempted for it.
+    """
+    nominated = rt.nominations.get(job.id)
+    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+    if nominated and any(t.id in nominated for t in state.stopping + state.tasks):
+        left = sum(1 for t in state.stopping + state.tasks if t.id in nominated)
+        return f"waiting for {left} preempted spot task(s) to stop"
+    by_job = {}
+    for task in state.tasks:
+        if task.job.priority_class == "spot":
+            by_job.setdefault(task.job_id, []).append(task)
+    candidates = sorted(by_job.values(), key=lambda ts: (ts[0].job.spec.get("bid") or 0, ts[0].job_id))[:64]
+
+    def fits(victims):
+        excluded = {t.id for ts in victims for t in ts}
+        trial = scheduler.PlacementEngine(state.snapshot(exclude_tasks=excluded),
+                                          policy=rt.settings.scheduler_policy or None)
+        return trial.place(request).schedulable
+
+    chosen = []
+    for tasks in candidates:
+        chosen.append(tasks)
+        if fits(chosen):
+            break
+    else:
+        return None
+    for tasks in sorted(chosen, key=lambda ts: -(ts[0].job.spec.get("bid") or 0)):  # drop the dearest first
+        rest = [ts for ts in chosen if ts is not tasks]
+        if rest and fits(rest):
+            chosen = rest
+    victims = set()
+    for tasks in chosen:
+        first = Task.get_by_id(tasks[0].id)
+        if first.state in ACTIVE_TASK_STATES:
+            end_task(first, TaskState.PREEMPTED, f"preempted by on-demand job {job.id}", now)
+        victims |= {t.id for t in tasks}
+        rt.notifier.notify(("job", tasks[0].job_id))
+    rt.nominations[job.id] = victims
+    return f"preempted {len(chosen)} spot job(s); placed once their {len(victims)} task(s) stop"
 
 
 class SchedulerLoop:

@@ -71,7 +71,7 @@ def _leased_task(node_id, task_id, epoch):
     task = Task.get_or_none(Task.id == task_id)
     if task is None:
         raise NotFound(f"task {task_id} not found")
-    if task.node_id != node_id or task.epoch != epoch:
+    if task.node_id != node_id or task.epoch != epoch or task.state == T.PENDING.value:
         raise Conflict(f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
                        {"task_id": task_id, "epoch": epoch})
     return task
@@ -140,15 +140,16 @@ def append_logs(rt, node_id, task_id, epoch, lines):
 
 
 def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason=""):
-    """The process of a task ended; settle the job (retry, fail, succeed)."""
+    """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs."""
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
-        if T(task.state).is_terminal():
-            return  # already settled (e.g. cancelled while it ran): the report changes nothing
-        reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
-        end_task(task, outcome, reason, now, exit_code=exit_code)
+        # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
+        if not T(task.state).is_terminal():
+            reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
+            end_task(task, outcome, reason, now, exit_code=exit_code)
     rt.leases.forget(task_id)
+    rt.liveness.drop_task(node_id, task_id)
     _after_task_end(rt, task.job_id)
 
 

@@ -1,0 +1,114 @@
+"""Cluster capacity, schedule simulation, GPU types and quotas."""
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from fleetd.auth import ADMIN, METRICS, SUBMITTER, current_principal, require
+from fleetd.runtime import current_runtime
+from fleetd.schemas.cluster import (
+    ClusterAllocationSchema,
+    ClusterStatusSchema,
+    GpuTypePageSchema,
+    GpuTypeSchema,
+    GpuTypeUpdateSchema,
+    QuotaDeleteQuerySchema,
+    QuotaPageSchema,
+    QuotaSchema,
+    QuotaUpdateSchema,
+    SimulationSchema,
+)
+from fleetd.schemas.jobs import JobSpecSchema
+from fleetd.services import cluster, jobs, policy
+from fleetd.services.cluster import ClusterState
+
+blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
+
+
+def _state():
+    rt = current_runtime()
+    return ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+
+
+@blp.route("/cluster/status")
+class ClusterStatus(MethodView):
+    @require(ADMIN, SUBMITTER, METRICS)
+    @blp.response(200, ClusterStatusSchema)
+    def get(self):
+        """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
+        storage = current_runtime().storage if current_principal().role == ADMIN else {}
+        return cluster.cluster_status(_state(), storage)
+
+
+@blp.route("/cluster/allocation")
+class ClusterAllocation(MethodView):
+    @require(ADMIN)
+    @blp.response(200, ClusterAllocationSchema)
+    def get(self):
+        """Every GPU with its reservations, every node, every task's allocation."""
+        return cluster.cluster_allocation(_state())
+
+
+@blp.route("/cluster/simulate-schedule")
+class SimulateSchedule(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(JobSpecSchema)
+    @blp.response(200, SimulationSchema)
+    def post(self, spec):
+        """Where this JobSpec would be placed now, or per node why not; reserves nothing."""
+        jobs.task_request(spec)
+        return policy.simulate(current_runtime(), current_principal(), spec)
+
+
+@blp.route("/gpu-types")
+class GpuTypes(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, GpuTypePageSchema)
+    def get(self):
+        """GPU models in the fleet with capacity, availability and prices."""
+        return {"items": cluster.gpu_types(_state()), "next_cursor": None}
+
+
+@blp.route("/gpu-types/<path:model>")
+class GpuTypeByModel(MethodView):
+    @require(ADMIN)
+    @blp.arguments(GpuTypeUpdateSchema)
+    @blp.response(200, GpuTypeSchema)
+    def put(self, body, model):
+        """Set the price per hour and the spot minimum bid of a GPU model."""
+        policy.set_gpu_type(model[:128], **body)
+        return next(t for t in cluster.gpu_types(_state()) if t["model"] == model[:128])
+
+    @require(ADMIN)
+    @blp.response(204)
+    def delete(self, model):
+        """Forget a GPU model's prices."""
+        policy.delete_gpu_type(model)
+
+
+@blp.route("/quotas")
+class Quotas(MethodView):
+    @require(ADMIN)
+    @blp.response(200, QuotaPageSchema)
+    def get(self):
+        """Team GPU quotas."""
+        return {"items": policy.list_quotas(), "next_cursor": None}
+
+
+@blp.route("/quotas/<string:team>")
+class QuotaByTeam(MethodView):
+    @require(ADMIN)
+    @blp.arguments(QuotaUpdateSchema)
+    @blp.response(200, QuotaSchema)
+    def put(self, body, team):
+        """Set the most GPUs a team's running jobs may hold (per priority class, or "any")."""
+        quota = policy.set_quota(team[:200], body["priority_class"], body["max_gpus"])
+        current_runtime().scheduler.kick()
+        return quota
+
+    @require(ADMIN)
+    @blp.arguments(QuotaDeleteQuerySchema, location="query")
+    @blp.response(204)
+    def delete(self, query, team):
+        """Remove a team's quota (one class with ?priority_class=, else all)."""
+        policy.delete_quota(team, query["priority_class"])
+        current_runtime().scheduler.kick()

@@ -1,0 +1,1 @@
+"""Provisioning: offline bundles, templates for hosts, and `fleetd bootstrap` over SSH."""

@@ -1,0 +1,255 @@
+"""The cluster as the scheduler and the capacity views see it: one load, one set of rules.
+
+Every GPU of an enrolled (not revoked) node is exactly one of used (held by a task), free
+(its node takes work and it is healthy) or blocked (with a code saying why). The scheduler's
+snapshot and the capacity views are built from the same `ClusterState`, so they agree.
+"""
+
+import dataclasses
+import re
+
+from fleetd import scheduler, windows
+from fleetd.clock import isoformat
+from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
+from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
+
+BLOCK_TEXT = {
+    "pending": "node enrolled, waiting for its first heartbeat",
+    "cordoned": "node cordoned by an admin",
+    "draining": "node draining",
+    "drained": "node drained for maintenance",
+    "lost": "node lost: no heartbeats",
+    "unresponsive": "heartbeats overdue",
+    "outside_window": "fleet outside its availability window",
+    "unhealthy": "GPU unhealthy",
+}
+
+
+def series_id(model):
+    """A stable id for a GPU model: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "unknown"
+
+
+@dataclasses.dataclass
+class NodeBlock:
+    code: str
+    text: str
+    next_open_at: object = None
+
+
+class ClusterState:
+    """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
+
+    def __init__(self, now, silent=lambda node_id: False, reported=None):
+        """`reported`: {task id: (node id, epoch)} that nodes last said are still running."""
+        self.now = now
+        self.fleets = {f.name: f for f in Fleet.select()}
+        self.nodes = list(Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
+        self.gpus = {}
+        for gpu in Gpu.select().order_by(Gpu.node, Gpu.index):
+            self.gpus.setdefault(gpu.node_id, []).append(gpu)
+        self.tasks = list(Task.select(Task, Job).join(Job).where(Task.state.in_(ACTIVE_TASK_STATES)))
+        # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
+        # their GPUs are not free until the node stops reporting them.
+        reported = reported or {}
+        self.stopping = [
+            t for t in Task.select(Task, Job).join(Job).where(
+                Task.id.in_(list(reported)) & Task.state.not_in(ACTIVE_TASK_STATES))
+            if reported[t.id] == (t.node_id, t.epoch) and t.gpus
+        ]
+        # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
+        self.held, self.node_use = self._reservations(excluded=frozenset())
+        self.blocks = {n.id: self._block(n, silent) for n in self.nodes}
+
+    def _block(self, node, silent):
+        status = NodeStatus(node.status)
+        if not status.is_schedulable():
+            return NodeBlock(status.value, BLOCK_TEXT.get(status.value, status.value))
+        if silent(node.id):
+            return NodeBlock("unresponsive", BLOCK_TEXT["unresponsive"])
+        fleet = self.fleets.get(node.fleet_id)
+        availability = fleet.availability if fleet is not None else None
+        if not windows.is_open(availability, self.now):
+            return NodeBlock("outside_window", BLOCK_TEXT["outside_window"],
+                             windows.next_open_at(availability, self.now))
+        return None
+
+    # ------------------------------------------------------------ the scheduler's view
+
+    def snapshot(self, exclude_tasks=()):
+        """The engine's ClusterSnapshot; tasks in `exclude_tasks` count as gone (preemption trials)."""
+        held = self.held
+        node_use = self.node_use
+        if exclude_tasks:
+            held, node_use = self._reservations(excluded=frozenset(exclude_tasks))
+        nodes = []
+        for node in self.nodes:
+            block = self.blocks[node.id]
+            gpus = []
+            for gpu in self.gpus.get(node.id, ()):
+                h = held.get((node.id, gpu.uuid), (0, 0, False, ()))
+                gpus.append(scheduler.GpuSnapshot(
+                    uuid=gpu.uuid, model=gpu.model, memory_total_bytes=gpu.memory_total_bytes,
+                    memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
+                    compute_free_milli=max(0, scheduler.MILLI - h[0]), numa_node=gpu.numa_node or 0,
+                    healthy=gpu.healthy, exclusive=h[2]))
+            cpu_used, mem_used = node_use.get(node.id, (0, 0))
+            nodes.append(scheduler.NodeSnapshot(
+                id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
+                schedulable=block is None, status=block.text if block else node.status,
+                cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
+                memory_free_bytes=max(0, node.memory_bytes - mem_used)))
+        return scheduler.ClusterSnapshot(nodes=tuple(nodes))
+
+    def _reservations(self, excluded):
+        """What active tasks (but those excluded) hold, per GPU and per node."""
+        held, node_use = {}, {}
+        for task in self.tasks + self.stopping:
+            if task.id in excluded:
+                continue
+            req = task_request(task.job.spec)
+            use = node_use.setdefault(task.node_id, [0, 0])
+            use[0] += req.cpu_milli
+            use[1] += req.memory_bytes
+            for alloc in task.gpus:
+                h = held.setdefault((task.node_id, alloc["uuid"]), [0, 0, False, []])
+                h[0] += alloc.get("compute_milli", scheduler.MILLI)
+                h[1] += alloc.get("memory_limit_bytes") or 0
+                h[2] = h[2] or alloc.get("exclusive", False)
+                h[3].append(task.id)
+        return held, node_use
+
+    # ------------------------------------------------------------ capacity views
+
+    def gpu_rows(self):
+        """Every GPU with its state: used, free or blocked (and why)."""
+        rows = []
+        for node in self.nodes:
+            block = self.blocks[node.id]
+            for gpu in self.gpus.get(node.id, ()):
+                h = self.held.get((node.id, gpu.uuid))
+                row = {"uuid": gpu.uuid, "node_id": node.id, "hostname": node.hostname, "fleet": node.fleet_id,
+                       "index": gpu.index, "model": gpu.model, "series": series_id(gpu.model),
+                       "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
+                       "memory_reserved_bytes": 0, "compute_reserved_percent": 0.0, "tasks": []}
+                if h is not None:
+                    row.update(state="used", memory_reserved_bytes=gpu.memory_total_bytes if h[2] else h[1],
+                               compute_reserved_percent=100.0 if h[2] else min(100.0, h[0] / 10), tasks=list(h[3]))
+                elif block is not None:
+                    row.update(state="blocked", blocked_code=block.code, blocked_reason=block.text,
+                               next_open_at=block.next_open_at)
+                elif not gpu.healthy:
+                    row.update(state="blocked", blocked_code="unhealthy",
+                               blocked_reason=gpu.health_reason or BLOCK_TEXT["unhealthy"])
+                else:
+                    row["state"] = "free"
+                rows.append(row)
+        return rows
+
+    def queued_demand(self):
+        """{series or None: GPUs asked for by queued jobs} (None: any series)."""
+        demand = {}
+        for job in Job.select(Job.spec).where(Job.state == JobState.QUEUED.value):
+            res = job.spec.get("resources") or {}
+            gpus = float(res.get("gpus") or 0) * job.spec.get("num_nodes", 1)
+            if not gpus:
+                continue
+            types = res.get("gpu_types") or [None]
+            key = series_id(types[0]) if len(types) == 1 and types[0] else None
+            demand[key] = demand.get(key, 0) + gpus
+        return demand
+
+
+def _counts(rows):
+    out = {"total": len(rows), "used": 0, "free": 0, "blocked": 0}
+    for row in rows:
+        out[row["state"]] += 1
+    return out
+
+
+def cluster_status(state, storage=None):
+    """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series."""
+    rows = state.gpu_rows()
+    demand = state.queued_demand()
+    series = {}
+    for row in rows:
+        series.setdefault(row["series"], {"label": row["model"], "rows": []})["rows"].append(row)
+    notes = {}
+    for row in rows:
+        if row["state"] == "blocked":
+            key = (row["blocked_code"], row["series"])
+            note = notes.setdefault(key, {"code": row["blocked_code"], "series": row["series"], "count": 0,
+                                          "reason": BLOCK_TEXT.get(row["blocked_code"], row["blocked_code"])})
+            note["count"] += 1
+            if row.get("next_open_at"):
+                note["next_open_at"] = isoformat(row["next_open_at"])
+    gpu = dict(_counts(rows), queued=round(sum(demand.values()), 3), blocked_notes=list(notes.values()),
+               series=[dict(id=sid, label=s["label"], **_counts(s["rows"]), queued=round(demand.get(sid, 0), 3))
+                       for sid, s in sorted(series.items())])
+    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value])).order_by(Job.id))
+    tasks_by_job = {}
+    for task in state.tasks:
+        tasks_by_job.setdefault(task.job_id, []).append(task)
+    active_jobs = [{"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
+                    "started_at": isoformat(j.started_at),
+                    "gpus": sum(len(t.gpus) for t in tasks_by_job.get(j.id, [])),
+                    "nodes": sorted({t.node_id for t in tasks_by_job.get(j.id, [])})} for j in active]
+    return {"gpu": gpu, "storage": storage or {}, "active_jobs": active_jobs, "profiles": profiles(state),
+            "nodes": _node_counts(state)}
+
+
+def _node_counts(state):
+    counts = {}
+    for node in state.nodes:
+        counts[node.status] = counts.get(node.status, 0) + 1
+    return counts
+
+
+def profiles(state):
+    """Shapes that exist: for each series and GPUs-per-node, how many nodes have it."""
+    shapes = {}
+    for node in state.nodes:
+        by_series = {}
+        for gpu in state.gpus.get(node.id, ()):
+            by_series.setdefault(series_id(gpu.model), []).append(gpu)
+        for sid, gpus in by_series.items():
+            shapes[(sid, len(gpus))] = shapes.get((sid, len(gpus)), 0) + 1
+    return [{"name": f"{count}x{per}x{sid}", "series": sid, "num_nodes": count, "gpus_per_node": per}
+            for (sid, per), count in sorted(shapes.items())]
+
+
+def cluster_allocation(state):
+    """GET /api/v1/cluster/allocation: every GPU, node and task allocation."""
+    rows = state.gpu_rows()
+    for row in rows:
+        row["next_open_at"] = isoformat(row.get("next_open_at"))
+    nodes = {}
+    for node in state.nodes:
+        cpu, mem = state.node_use.get(node.id, (0, 0))
+        block = state.blocks[node.id]
+        nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
+                          "schedulable": block is None, "blocked_reason": block.text if block else None,
+                          "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
+                          "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
+    allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
+                    "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks]
+    gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}
+    return {"gpus": rows, "nodes": nodes, "allocations": allocations, "gpu_to_tasks": gpu_to_tasks}
+
+
+def gpu_types(state):
+    """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
+    from fleetd.models import GpuType
+
+    prices = {t.model: t for t in GpuType.select()}
+    out = {}
+    for row in state.gpu_rows():
+        entry = out.setdefault(row["model"], {"model": row["model"], "memory_bytes": row["memory_total_bytes"],
+                                              "total": 0, "available": 0})
+        entry["total"] += 1
+        entry["available"] += row["state"] == "free"
+    for model, priced in prices.items():
+        entry = out.setdefault(model, {"model": model, "memory_bytes": None, "total": 0, "available": 0})
+        entry["price_per_hour"] = priced.price_per_hour
+        entry["spot_min_bid"] = priced.spot_min_bid
+    return sorted(out.values(), key=lambda e: e["model"])

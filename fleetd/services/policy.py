@@ -1,0 +1,99 @@
+"""Admin policy for scheduling: GPU type prices, team quotas; and schedule simulation."""
+
+from fleetd import scheduler
+from fleetd.db import write_transaction
+from fleetd.errors import InvalidRequest, NotFound
+from fleetd.models import GpuType, Quota
+from fleetd.services.cluster import ClusterState
+from fleetd.services.jobs import task_request
+from fleetd.services.scheduling import Rules
+
+
+def set_gpu_type(model, price_per_hour=None, spot_min_bid=None):
+    """Create or change the prices of a GPU model."""
+    with write_transaction():
+        row = GpuType.get_or_none(GpuType.model == model)
+        if row is None:
+            row = GpuType.create(model=model, price_per_hour=price_per_hour, spot_min_bid=spot_min_bid)
+        else:
+            row.price_per_hour, row.spot_min_bid = price_per_hour, spot_min_bid
+            row.save()
+    return row
+
+
+def delete_gpu_type(model):
+    """Forget the prices of a GPU model."""
+    with write_transaction():
+        if not GpuType.delete().where(GpuType.model == model).execute():
+            raise NotFound(f"GPU type {model!r} has no prices set")
+
+
+def list_quotas():
+    return list(Quota.select().order_by(Quota.team, Quota.priority_class))
+
+
+def set_quota(team, priority_class, max_gpus):
+    """Set a team's GPU quota for a priority class ("any" counts every class)."""
+    with write_transaction():
+        Quota.insert(team=team, priority_class=priority_class, max_gpus=max_gpus).on_conflict(
+            conflict_target=[Quota.team, Quota.priority_class], update={Quota.max_gpus: max_gpus}).execute()
+    return Quota.get((Quota.team == team) & (Quota.priority_class == priority_class))
+
+
+def delete_quota(team, priority_class=None):
+    """Remove a team's quota for one class, or all of its quotas."""
+    with write_transaction():
+        query = Quota.delete().where(Quota.team == team)
+        if priority_class:
+            query = query.where(Quota.priority_class == priority_class)
+        if not query.execute():
+            raise NotFound(f"team {team!r} has no such quota")
+
+
+def check_bid(spec):
+    """InvalidRequest when a spot job's bid is under the minimum of every GPU type it accepts."""
+    if spec.get("priority_class") != "spot" or not (spec.get("resources") or {}).get("gpus"):
+        return
+    accepted = (spec.get("resources") or {}).get("gpu_types") or None
+    query = GpuType.select().where(GpuType.spot_min_bid.is_null(False))
+    if accepted:
+        query = query.where(GpuType.model.in_(accepted))
+    minimums = {t.model: t.spot_min_bid for t in query}
+    if not minimums:
+        return
+    bid = spec.get("bid")
+    lowest = min(minimums.values())
+    if bid is None or bid < lowest:
+        if accepted and len(minimums) < len(accepted):
+            return  # some accepted type has no minimum
+        cheapest = min(minimums, key=minimums.get)
+        raise InvalidRequest(
+            f"spot bid {bid if bid is not None else 'missing'} is under the minimum of {lowest:g} ({cheapest})",
+            {"fields": {"bid": [f"at least {lowest:g}"]}, "spot_min_bid": minimums})
+
+
+def simulate(rt, principal, spec):
+    """Where a JobSpec would go now, or why not, reserving nothing."""
+    now = rt.clock.now()
+    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+    rules = Rules.load(state)
+    request, blocked = rules.request_for(spec, spec.get("team") or principal.team,
+                                         spec.get("priority_class", "on-demand"))
+    engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
+    if blocked is not None:
+        return {"schedulable": False, "placement": None, "error": blocked, "reason": blocked,
+                "filter_detail": [_detail(d) for d in engine.explain(task_request(spec))]}
+    result = engine.simulate(request, explain=True)
+    if not result.schedulable:
+        return {"schedulable": False, "placement": None, "error": None, "reason": result.reason,
+                "filter_detail": [_detail(d) for d in result.filter_detail]}
+    return {"schedulable": True, "error": None, "reason": None, "filter_detail": [],
+            "placement": [{"rank": r.rank, "node_id": r.node_id, "policy": result.policy,
+                           "gpus": [{"uuid": g.uuid, "exclusive": g.exclusive,
+                                     "memory_limit_bytes": g.memory_limit_bytes,
+                                     "compute_percent": g.compute_milli / 10} for g in r.gpus]}
+                          for r in result.ranks]}
+
+
+def _detail(d):
+    return {"node_id": d.node_id, "stage": d.stage, "reason": d.reason}
