@@ -33,7 +33,6 @@ import threading
 import time
 
 from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
-from agent.state import write_private
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -55,6 +54,7 @@ READER_JOIN_SECONDS = 5.0  # a process that escaped the group may hold the pipes
 RECOVERY_KILL_WAIT_SECONDS = 10.0
 RENDEZVOUS_POLL_SECONDS = 30
 DEFAULT_REPORT_RETRY_SECONDS = 7 * 86400.0
+MAX_IDLE_CLIENTS = 8
 
 
 class TaskError(Exception):
@@ -345,8 +345,8 @@ class LogShipper:
     (a single line is truncated) and sent again.
     """
 
-    def __init__(self, client_factory, task_id, epoch, settings, on_fenced, give_up, label):
-        self._client_factory = client_factory  # callable() -> a FleetClient, one for this thread
+    def __init__(self, clients, task_id, epoch, settings, on_fenced, give_up, label):
+        self._clients = clients  # checkout_client() / checkin_client(): a FleetClient for this thread
         self.task_id = task_id
         self.epoch = epoch
         self.settings = settings
@@ -448,11 +448,11 @@ class LogShipper:
                 self._cond.wait(seconds)
 
     def _run(self):
-        client = self._client_factory()
+        client = self._clients.checkout_client()
         try:
             self._ship(client)
         finally:
-            client.close()
+            self._clients.checkin_client(client)
 
     def _ship(self, client):
         failures = 0
@@ -511,6 +511,19 @@ class LogShipper:
 
 # ----------------------------------------------------------------------------------------------
 # One task
+
+
+def write_state(path, text):
+    """Replace a task's state file atomically, mode 0600.
+
+    No fsync, unlike the enrolment files: the file only has to survive the agent's death, which
+    the page cache does; after a host crash the boot id differs and no process of the task lives.
+    """
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _utc_now():
@@ -610,7 +623,7 @@ class Task:
         self.thread.start()
 
     def _main(self):
-        client = self.runner.new_client()
+        client = self.runner.checkout_client()
         keep_dir = False
         try:
             self.runner.workers.add(self.worker)
@@ -648,7 +661,7 @@ class Task:
             self.runner.forget(self)
             if not keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
-            client.close()
+            self.runner.checkin_client(client)
 
     def _check(self):
         """Raise Fenced or Stopped when the task must not go on preparing."""
@@ -683,7 +696,8 @@ class Task:
             except Unreachable as exc:
                 if time.monotonic() >= deadline or self.runner.closing.is_set():
                     raise TaskError(f"{what}: {exc}") from None
-                delay = min(backoff_delay(attempt, self.runner.backoff_max_seconds), max(0.0, deadline - time.monotonic()))
+                delay = min(backoff_delay(attempt, self.runner.backoff_max_seconds),
+                            max(0.0, deadline - time.monotonic()))
                 self._wake.wait(delay)
                 self._wake.clear()
             except FleetdError as exc:
@@ -741,7 +755,7 @@ class Task:
 
     def _spawn(self, cwd, addr, port):
         env, injected = task_env(self.a, addr, port)
-        self.shipper = LogShipper(self.runner.new_client, self.a.task_id, self.a.epoch, self.runner.log_settings,
+        self.shipper = LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
                                   self.fence, self.runner.closing.is_set, self.label).start()
         with self._lock:
             self._check()
@@ -910,7 +924,7 @@ class Task:
     def _save(self, **changes):
         self.record.update(changes)
         self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
-        write_private(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
+        write_state(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
 
 
 def report_finish(client, runner, task_id, epoch, result, label):
@@ -962,6 +976,7 @@ class Runner:
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self._tasks = {}  # task_id -> Task
+        self._idle_clients = []  # FleetClients with open keep-alive connections, for the next thread
         self._threads = []
 
     @classmethod
@@ -976,6 +991,21 @@ class Runner:
                    rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
                    report_retry_seconds=config.tasks_report_retry_seconds,
                    backoff_max_seconds=config.backoff_max_seconds, log_settings=settings)
+
+    def checkout_client(self):
+        """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""
+        with self._lock:
+            if self._idle_clients:
+                return self._idle_clients.pop()
+        return self.new_client()
+
+    def checkin_client(self, client):
+        """Hand a client back; beyond a few idle ones it is closed."""
+        with self._lock:
+            if len(self._idle_clients) < MAX_IDLE_CLIENTS and not self.closing.is_set():
+                self._idle_clients.append(client)
+                return
+        client.close()
 
     def tasks(self):
         """The tasks this runner supervises now."""
@@ -1068,7 +1098,7 @@ class Runner:
         return found
 
     def _report_orphan(self, path, task_id, epoch, result):
-        client = self.new_client()
+        client = self.checkout_client()
         label = f"{task_id}/{epoch}"
         try:
             done = report_finish(client, self, task_id, epoch, result, label)
@@ -1076,7 +1106,7 @@ class Runner:
             log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
             done = True
         finally:
-            client.close()
+            self.checkin_client(client)
         if done and path:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -1110,3 +1140,7 @@ class Runner:
             threads = list(self._threads)
         for thread in threads:
             thread.join(max(0.1, deadline - time.monotonic()))
+        with self._lock:
+            idle, self._idle_clients = self._idle_clients, []
+        for client in idle:
+            client.close()

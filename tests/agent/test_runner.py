@@ -72,7 +72,8 @@ def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_run
     runner = make_runner()
     code = ("import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd(), 'pid': os.getpid(), "
             "'pgid': os.getpgrp(), 'sid': os.getsid(0)}))")
-    task = runner.submit(assignment("t-env", [PY, "-c", code], epoch=7, env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "all"},
+    task = runner.submit(assignment("t-env", [PY, "-c", code], epoch=7,
+                                    env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "all"},
                                     gpus=[{"uuid": GPU_A}, {"uuid": GPU_B, "memory_limit_bytes": 1 << 30}]))
     finish = fleetd.wait_finished("t-env")
     assert finish == {"epoch": 7, "outcome": "succeeded", "exit_code": 0}
