@@ -152,16 +152,16 @@ class Assignment:
                    priority_class=str(data.get("priority_class") or "on-demand"))
 
 
-def inside(root, relative, what):
-    """`root`/`relative` for a relative path that stays inside `root`; TaskError otherwise."""
-    if not relative or "\0" in relative or os.path.isabs(relative) or relative.startswith("~"):
+def inside(root, relative, what, allow_root=False):
+    """`root`/`relative` for a relative path that stays inside `root` (symlinks resolved); TaskError otherwise."""
+    if not relative or "\0" in relative or os.path.isabs(relative):
         raise TaskError(f"{what} {relative!r} must be a relative path inside the task's working directory")
-    parts = relative.replace("\\", "/").split("/")
-    if ".." in parts:
+    if ".." in relative.split("/"):
         raise TaskError(f"{what} {relative!r} must not contain '..'")
     path = os.path.normpath(os.path.join(root, relative))
     real_root = os.path.realpath(root)
-    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root or path == os.path.normpath(root):
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root \
+            or (path == os.path.normpath(root) and not allow_root):
         raise TaskError(f"{what} {relative!r} leaves the task's working directory")
     return path
 
@@ -675,7 +675,7 @@ class Task:
         try:
             os.makedirs(self.workdir, mode=0o700, exist_ok=True)
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id())
-            cwd = inside(self.workdir, self.a.workdir, "workdir") if self.a.workdir else self.workdir
+            cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True) if self.a.workdir else self.workdir
             os.makedirs(cwd, exist_ok=True)
             self._download_artifacts(client, cwd)
             addr, port = self._rendezvous(client)

@@ -29,6 +29,7 @@ class FakeFleetd:
         self.assignments = []  # queued for acquire
         self.heartbeats = []  # heartbeat bodies
         self.cancel = set()  # task ids listed in the heartbeat's cancel
+        self.revoked = False  # the heartbeat says the node was revoked
         self.fenced = set()  # task ids answered 409
         self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
         self.max_log_body = None  # bytes; larger log bodies get 413
@@ -171,7 +172,8 @@ class FakeFleetd:
             reported = {t["id"] for t in body.get("tasks", [])}
             cancel = sorted(self.cancel & reported)
             self.cond.notify_all()
-        return 200, {"status": "ready", "drain": None, "revoked": False, "cancel": cancel,
+        return 200, {"status": "revoked" if self.revoked else "ready", "drain": None, "revoked": self.revoked,
+                     "cancel": cancel,
                      "heartbeat_interval_seconds": 1}
 
 

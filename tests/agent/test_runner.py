@@ -93,6 +93,16 @@ def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_run
     wait_until(lambda: not os.path.exists(task.dir), message="the task dir to be removed once reported")
 
 
+def test_a_relative_workdir_is_created_inside_the_task_directory_and_an_escaping_one_refused(make_runner, fleetd):
+    runner = make_runner()
+    runner.submit(assignment("t-wd", [PY, "-c", "import os; print(os.getcwd())"], workdir="src/app"))
+    runner.submit(assignment("t-wd-up", [PY, "-c", "print('ran')"], workdir="../../.."))
+    assert fleetd.wait_finished("t-wd")["outcome"] == "succeeded"
+    assert fleetd.texts("t-wd")[0].endswith(os.path.join("tasks", "t-wd.1", "work", "src", "app"))
+    refused = fleetd.wait_finished("t-wd-up")
+    assert refused["outcome"] == "failed" and "workdir" in refused["reason"]
+
+
 def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(make_runner, fleetd, tmp_path):
     runner = make_runner()
     release = tmp_path / "release"
@@ -441,7 +451,8 @@ def test_assignment_validation_names_the_bad_field(change, message):
 def test_inside_refuses_paths_that_leave_the_directory(tmp_path):
     root = str(tmp_path)
     assert inside(root, "a/b.txt", "path") == os.path.join(root, "a", "b.txt")
-    for bad in ("", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "~/x", "a\0b"):
+    assert inside(root, "./", "workdir", allow_root=True) == root
+    for bad in ("", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "a\0b"):
         with pytest.raises(TaskError):
             inside(root, bad, "path")
     os.symlink("/etc", tmp_path / "link")

@@ -117,6 +117,17 @@ def test_sigterm_stops_the_agents_tasks_and_reports_them(worker_agent, fleetd):
     assert finish["outcome"] == "failed" and finish["reason"].startswith("fleet-agent stopped")
 
 
+def test_revocation_stops_every_task_before_the_agent_exits(worker_agent, fleetd):
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-rev-1", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-rev-2", ["sh", "-c", "trap '' TERM; echo $$; sleep 300"]))
+    pids = [fleetd.wait_for(lambda t=t: fleetd.started.get(t), message="start")["pid"] for t in ("t-rev-1", "t-rev-2")]
+    fleetd.revoked = True
+    assert agent.wait(timeout=60) == 3
+    assert wait_gone(pids, 10)
+    assert "was revoked by fleetd" in agent.log
+
+
 def test_a_sigkilled_agent_kills_its_orphans_when_it_comes_back_and_reports_or_forgets_them(
         worker_agent, fleetd):
     agent = worker_agent().start()
