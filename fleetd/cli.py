@@ -275,22 +275,27 @@ def login(url, token):
 
 @client_command(cli, "status")
 def status():
-    """Server version, who you are and nodes by status."""
+    """Server version, who you are, GPUs used/free/blocked per series, nodes by status."""
     client = _client()
     health = client.get("/api/v1/health")
     who = client.get("/api/v1/whoami")
-    counts = {}
-    gpus = 0
-    for node in client.paginate("/api/v1/nodes", limit=1000):
-        counts[node["status"]] = counts.get(node["status"], 0) + 1
-        gpus += len(node["gpus"])
-    data = {"url": client.url, "version": health["version"], "whoami": who, "nodes": counts, "gpus": gpus}
+    cluster = client.get("/api/v1/cluster/status")
+    data = {"url": client.url, "version": health["version"], "whoami": who, "cluster": cluster}
 
     def human(d):
+        gpu = cluster["gpu"]
         click.echo(f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})")
-        total = sum(counts.values())
-        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
-        click.echo(f"nodes: {total} ({summary}); GPUs: {gpus}")
+        nodes = cluster["nodes"]
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
+        click.echo(f"nodes: {sum(nodes.values())} ({summary})")
+        click.echo(f"GPUs: {gpu['total']} total = {gpu['used']} used + {gpu['free']} free + {gpu['blocked']} blocked;"
+                   f" {gpu['queued']:g} queued")
+        if gpu["series"]:
+            show_table(gpu["series"], [("SERIES", "label"), ("TOTAL", "total"), ("USED", "used"), ("FREE", "free"),
+                                       ("BLOCKED", "blocked"), ("QUEUED", "queued")])
+        for note in gpu["blocked_notes"]:
+            when = f", opens {_cell(note['next_open_at'])} UTC" if note.get("next_open_at") else ""
+            click.echo(f"  blocked: {note['count']} {note['series']} GPU(s): {note['reason']}{when}")
 
     emit(_ctx(), data, human)
 
@@ -384,6 +389,44 @@ def fleet_show(name):
     """Show one fleet."""
     data = _client().get(f"/api/v1/fleets/{name}")
     emit(_ctx(), data, lambda d: show_record(d, FLEET_COLUMNS + [("CREATED", "created_at")]))
+
+
+@client_command(fleet, "update")
+@click.argument("name")
+@click.option("--description")
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE; replaces all labels (repeatable).")
+@click.option("--window", "windows", multiple=True,
+              help="Open window HH:MM-HH:MM[@mon,tue,...] (repeatable); GPUs are blocked outside them.")
+@click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window.")
+@click.option("--always-open", is_flag=True, help="Remove the availability windows.")
+def fleet_update(name, description, labels, windows, timezone, always_open):
+    """Change a fleet's description, labels or availability windows."""
+    body = {}
+    if description is not None:
+        body["description"] = description
+    if labels:
+        body["labels"] = _labels(labels)
+    if windows and always_open:
+        raise click.UsageError("--window and --always-open are mutually exclusive")
+    if always_open:
+        body["availability"] = None
+    elif windows:
+        body["availability"] = {"timezone": timezone, "windows": [_window(w) for w in windows]}
+    if not body:
+        raise click.UsageError("nothing to change")
+    data = _client().patch(f"/api/v1/fleets/{name}", body)
+    emit(_ctx(), data, lambda d: click.echo(f"updated fleet {name}"))
+
+
+def _window(text):
+    span, _, days = text.partition("@")
+    start, sep, end = span.partition("-")
+    if not sep:
+        raise click.BadParameter(f"{text!r} is not HH:MM-HH:MM[@mon,tue,...]", param_hint="--window")
+    window = {"start": start, "end": end}
+    if days:
+        window["days"] = days.split(",")
+    return window
 
 
 @client_command(fleet, "rm")
@@ -715,3 +758,96 @@ def job_wait(job_id, timeout):
         sys.exit(2)
     if data["state"] != "succeeded":
         sys.exit(1)
+
+
+@client_command(job, "why")
+@click.argument("job_id")
+def job_why(job_id):
+    """Why a job waits: its pending reason and, per node, the filter that rejects it."""
+    client = _client()
+    data = client.get(f"/api/v1/jobs/{job_id}")
+    explanation = client.post("/api/v1/cluster/simulate-schedule", data["spec"])
+    result = {"job": data, "simulation": explanation}
+
+    def human(d):
+        click.echo(f"job {job_id} is {data['state']}" + (f": {data['pending_reason']}" if data["pending_reason"] else ""))
+        if explanation["schedulable"]:
+            click.echo("it fits now on: " + ", ".join(p["node_id"] for p in explanation["placement"]))
+        elif explanation.get("error"):
+            click.echo(explanation["error"])
+        if explanation["filter_detail"]:
+            show_table(explanation["filter_detail"], [("NODE", "node_id"), ("STAGE", "stage"), ("REASON", "reason")])
+
+    emit(_ctx(), result, human)
+
+
+# ---------------------------------------------------------------- GPU types and quotas
+
+
+@client_command(cli, "gpu-types")
+def gpu_types():
+    """GPU models with capacity, availability and prices."""
+    items = _client().get("/api/v1/gpu-types")["items"]
+    emit(_ctx(), items, lambda rows: show_table(rows, [
+        ("MODEL", "model"), ("MEMORY", lambda t: _bytes(t["memory_bytes"]) if t["memory_bytes"] else "-"),
+        ("TOTAL", "total"), ("AVAILABLE", "available"), ("PRICE/H", "price_per_hour"),
+        ("SPOT MIN BID", "spot_min_bid")]))
+
+
+@cli.group("gpu-type")
+def gpu_type():
+    """Prices of GPU models."""
+
+
+@client_command(gpu_type, "set")
+@click.argument("model")
+@click.option("--price", "price_per_hour", type=click.FloatRange(min=0), help="Price per GPU-hour.")
+@click.option("--spot-min-bid", type=click.FloatRange(min=0), help="Lowest bid a spot job may offer.")
+def gpu_type_set(model, price_per_hour, spot_min_bid):
+    """Set the price and spot minimum bid of a GPU model."""
+    from urllib.parse import quote
+
+    data = _client().request("PUT", f"/api/v1/gpu-types/{quote(model, safe='')}",
+                             json={"price_per_hour": price_per_hour, "spot_min_bid": spot_min_bid})
+    emit(_ctx(), data, lambda d: click.echo(f"{model}: price {d['price_per_hour']}, spot minimum {d['spot_min_bid']}"))
+
+
+@cli.group()
+def quota():
+    """Team GPU quotas."""
+
+
+@client_command(quota, "set")
+@click.argument("team")
+@click.option("--max-gpus", type=click.FloatRange(min=0), required=True)
+@click.option("--class", "priority_class", type=click.Choice(["any", "on-demand", "spot"]), default="any",
+              show_default=True)
+def quota_set(team, max_gpus, priority_class):
+    """Set the most GPUs a team's running jobs may hold."""
+    data = _client().request("PUT", f"/api/v1/quotas/{team}",
+                             json={"max_gpus": max_gpus, "priority_class": priority_class})
+    emit(_ctx(), data, lambda d: click.echo(f"team {team}: at most {d['max_gpus']:g} GPUs ({priority_class})"))
+
+
+@client_command(quota, "list")
+def quota_list():
+    """List team quotas."""
+    items = _client().get("/api/v1/quotas")["items"]
+    emit(_ctx(), items, lambda rows: show_table(rows, [("TEAM", "team"), ("CLASS", "priority_class"),
+                                                      ("MAX GPUS", "max_gpus")]))
+
+
+@client_command(quota, "rm")
+@click.argument("team")
+@click.option("--class", "priority_class", type=click.Choice(["any", "on-demand", "spot"]))
+def quota_rm(team, priority_class):
+    """Remove a team's quota (one class, or all)."""
+    _client().request("DELETE", f"/api/v1/quotas/{team}", params={"priority_class": priority_class}
+                      if priority_class else None)
+    emit(_ctx(), {"team": team, "deleted": True}, lambda d: click.echo(f"removed quota of team {team}"))
+
+
+from fleetd.provision.cli import bootstrap, bundle  # noqa: E402
+
+cli.add_command(bootstrap)
+cli.add_command(bundle)

@@ -104,7 +104,7 @@ def test_node_actions_through_the_cli(run, server, admin):
     assert [e["to_status"] for e in events if e["kind"] == "node.status"] == [
         "ready", "cordoned", "ready", "draining", "drained", "ready"]
     status = run("status").stdout
-    assert "nodes: 1 (1 ready); GPUs: 8" in status
+    assert "nodes: 1 (1 ready)" in status and "GPUs: 8 total = 0 used + 8 free + 0 blocked; 0 queued" in status
     run("node", "revoke", node_id)
     run("fleet", "rm", "gpu-a", expect=1)
     run("node", "rm", node_id)
@@ -172,3 +172,23 @@ def test_job_commands_through_the_cli(run, server, tmp_path):
     assert run("job", "wait", queued["id"], expect=1).stdout.startswith(f"job {queued['id']} cancelled")
     proc = run("job", "submit", "--gpus", "1.5", "--", "true", expect=1)
     assert proc.stderr.startswith("fleetd: invalid_request:")
+
+
+def test_scheduling_policy_through_the_cli(run, server):
+    run("fleet", "create", "gpu-a")
+    run("fleet", "update", "gpu-a", "--window", "00:00-00:00@sat,sun", "--timezone", "Europe/Paris")
+    shown = json.loads(run("fleet", "show", "gpu-a", "--json").stdout)
+    assert shown["availability"] == {"timezone": "Europe/Paris",
+                                     "windows": [{"start": "00:00", "end": "00:00", "days": ["sat", "sun"]}]}
+    run("fleet", "update", "gpu-a", "--always-open")
+    assert json.loads(run("fleet", "show", "gpu-a", "--json").stdout)["availability"] is None
+    run("gpu-type", "set", "NVIDIA H100 80GB HBM3", "--price", "4.5", "--spot-min-bid", "1.5")
+    assert "4.5" in run("gpu-types").stdout
+    run("quota", "set", "vision", "--max-gpus", "8", "--class", "spot")
+    assert json.loads(run("quota", "list", "--json").stdout) == [
+        {"team": "vision", "priority_class": "spot", "max_gpus": 8.0}]
+    run("quota", "rm", "vision")
+    assert json.loads(run("quota", "list", "--json").stdout) == []
+    job = json.loads(run("job", "submit", "--gpus", "1", "--json", "--", "true").stdout)
+    why = run("job", "why", job["id"]).stdout
+    assert f"job {job['id']} is queued" in why and "no node can take the task now" in why
