@@ -5,11 +5,13 @@ Replays a pod list from ../shared/traces/ through the real engine in fleetd/sche
 for every policy side by side, and compares with the paper artifact's published figures
 (PUBLISHED.md beside the pod list, when there is one):
 
-  for each seed: the pod list, plus pods sampled uniformly with replacement from it until
-  the next would push requested GPU above 130% of cluster GPU capacity; the order shuffled
-  with the seed (the node order too: it breaks score ties, as node names do in the
-  paper's simulator); pods placed one at a time, never leaving; a pod that does not fit
-  fails and is not retried.
+  for each seed: the pod list shuffled with the seed, followed by pods sampled uniformly
+  with replacement from it until the next would push requested GPU above 130% of cluster
+  GPU capacity (the artifact's order: its simulator appends the sampled pods after the
+  shuffled list, and replaying them shuffled together instead moves GpuPacking's figures
+  by more than a point); the node order shuffled too, as it breaks score ties as node
+  names do in the paper's simulator; pods placed one at a time, never leaving; a pod that
+  does not fit fails and is not retried.
 
 Reported, as the mean over seeds: GPU allocation ratio when arrived GPU demand reaches
 80%, 90% and 100% of capacity (the mean over every decision whose arrived demand rounds
@@ -126,20 +128,21 @@ def to_request(pod: dict) -> TaskRequest:
     return TaskRequest(gpus=gpus, cpus=pod["cpu"] / 1000, memory_bytes=pod["memory"], gpu_types=pod["spec"] if gpus else ())
 
 
-def typical_profile(pods: list[dict], coverage: float) -> WorkloadProfile:
-    """The most popular pod shapes covering `coverage` of the pod list (CPU-only ones too)."""
+def workload_profile(pods: list[dict]) -> WorkloadProfile:
+    """Every pod shape of the list (CPU-only ones too) with its share of pods."""
     counts: dict[tuple, float] = {}
     for p in pods:
         req = to_request(p)
         key = (req.cpu_milli, req.gpu_milli if req.gpu_count else 0, req.gpu_count, tuple(sorted(req.gpu_types)))
         counts[key] = counts.get(key, 0) + 1
-    return WorkloadProfile.from_counts(counts, coverage)
+    return WorkloadProfile.from_counts(counts)
 
 
 def workload(pods: list[dict], capacity: int, seed: int) -> tuple[list[dict], random.Random]:
-    """The seed's pod sequence: the list, inflated to 130% of GPU capacity, shuffled."""
+    """The seed's pod sequence: the list shuffled, then sampled pods up to 130% of GPU capacity."""
     rng = random.Random(seed)
     seq = list(pods)
+    rng.shuffle(seq)
     total = sum(p["total_milli"] for p in seq)
     target = INFLATION * capacity
     while True:
@@ -148,7 +151,6 @@ def workload(pods: list[dict], capacity: int, seed: int) -> tuple[list[dict], ra
             break
         seq.append(p)
         total += p["total_milli"]
-    rng.shuffle(seq)
     return seq, rng
 
 
@@ -157,7 +159,7 @@ def run_one(nodes_path, pods_path, policy_name, seed, max_pods, coverage) -> dic
     nodes = load_nodes(nodes_path)
     pods = load_pods(pods_path)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
-    profile = typical_profile(pods, coverage)
+    profile = workload_profile(pods)
     seq, rng = workload(pods, capacity, seed)
     if max_pods:
         seq = seq[:max_pods]
@@ -165,7 +167,7 @@ def run_one(nodes_path, pods_path, policy_name, seed, max_pods, coverage) -> dic
     rng.shuffle(order)
     snapshot = ClusterSnapshot(tuple(nodes[i] for i in order))
     engine = PlacementEngine(snapshot, policy=make_policy(policy_name, profile), seed=seed)
-    metric = FragmentationModel(profile)
+    metric = FragmentationModel(profile.typical(coverage))
     requests = [to_request(p) for p in seq]
 
     window: dict[int, list[float]] = {80: [], 90: [], 100: []}

@@ -14,7 +14,7 @@ fragmentation-gradient policy; `fragbal` (the default) is ours.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from fleetd.scheduler.model import MILLI, WorkloadProfile
@@ -104,16 +104,6 @@ class FragmentationModel:
                 frag += weight * (below if fits >= count else idle)
         self._memo[key] = frag
         return frag
-
-
-def demand_weighted(profile: WorkloadProfile, per_whole_gpu: float, min_gpus: int = 1) -> WorkloadProfile:
-    """The profile with the weight of shapes of >= min_gpus whole GPUs scaled by 1 + per_whole_gpu x GPUs."""
-    scaled = [
-        (s, s.weight * (1 + per_whole_gpu * (s.gpu_count if s.gpu_milli >= MILLI and s.gpu_count >= min_gpus else 0)))
-        for s in profile.shapes
-    ]
-    total = sum(w for _, w in scaled) or 1.0
-    return WorkloadProfile(tuple(replace(s, weight=w / total) for s, w in scaled))
 
 
 class Policy:
@@ -219,33 +209,29 @@ class FgdPolicy(Policy):
 
 
 class FragBalPolicy(Policy):
-    """Ours: fragmentation gradient plus CPU-GPU balance, compared exactly.
+    """Ours: FGD over fragmented plus CPU-starved GPU share, ties to the tightest fit.
 
     FGD counts a node's idle GPU share as fragmented only for task shapes that cannot fit
-    it right now. On the Alibaba traces the GPU share that ends up stranded is mostly on
-    8-GPU nodes whose CPUs were used up by CPU-hungry tasks while CPU-rich 2-GPU nodes
+    it right now. On the Alibaba traces much of the GPU share that ends up stranded sits
+    on 8-GPU nodes whose CPUs were taken by CPU-hungry tasks while CPU-rich 2-GPU nodes
     kept theirs. So each node state is also charged for the idle GPU share its free CPUs
-    cannot feed at the workload's typical CPU-per-GPU ratio (`stranded`), and the node
-    whose fragmented + stranded share grows least wins. Scores are compared exactly (FGD's
-    integer sigmoid makes most decisions ties), and near-ties go to the node left closest
-    to that ratio, so that what stays free stays usable by the tasks that come. Every
-    shape of the workload counts, not only the typical ones: rare large tasks (8 GPUs, 120
-    CPUs) then keep finding whole nodes.
+    cannot feed at the workload's typical GPU-per-CPU ratio (`stranded`); the drop in
+    fragmented + stranded share is scored with FGD's bounded integer sigmoid, so that
+    near-equal drops tie, and ties go to the node with the least free GPU share left
+    (packing, which keeps whole nodes whole for large tasks), then to snapshot order.
     """
 
     name = "fragbal"
     uses_profile = True
-    BALANCE_WEIGHT = 0.01  # milli-GPU of fragmentation worth one milli-GPU of imbalance
-    WHOLE_GPU_WEIGHT = 1.0  # extra weight per whole GPU a shape asks for
-    WEIGHTED_MIN_GPUS = 1
+    TYPICAL_COVERAGE = 0.95
+    TIE_BREAK = 1e-6  # x free milli-GPU left (at most 8000 per node): always under one score point
 
     def __init__(self, profile: WorkloadProfile | None = None):
         super().__init__(profile)
-        if profile is not None and self.WHOLE_GPU_WEIGHT:
-            profile = demand_weighted(profile, self.WHOLE_GPU_WEIGHT, self.WEIGHTED_MIN_GPUS)
-        self.frag = FragmentationModel(profile)
+        typical = profile.typical(self.TYPICAL_COVERAGE) if profile is not None else None
+        self.frag = FragmentationModel(typical)
         gpu = cpu = 0.0
-        for s in profile.shapes if profile is not None else ():
+        for s in typical.shapes if typical is not None else ():
             if s.gpu_count:
                 gpu += s.weight * s.gpu_milli * s.gpu_count
                 cpu += s.weight * s.cpu_milli
@@ -264,11 +250,10 @@ class FragBalPolicy(Policy):
     def _score(self, model, cpu_free, gpus, shape, before, slice_of):
         cpu_after, gpus_after = after_placement(cpu_free, gpus, shape, slice_of)
         drop = before - self.unusable(model, cpu_after, gpus_after)
-        imbalance = abs(sum(gpus_after) - cpu_after * self.gpu_per_cpu)
-        return drop - self.BALANCE_WEIGHT * imbalance
+        return int(100.0 / (1.0 + math.exp(-drop / 1000.0))) - self.TIE_BREAK * sum(gpus_after)
 
     def score(self, model, cpu_free, gpus, shape):
-        """Drop in unusable GPU share, minus a small weight x the CPU-GPU imbalance left."""
+        """Integer sigmoid of the drop in unusable GPU share; less free share left breaks ties."""
         before = self.unusable(model, cpu_free, gpus)
         if not shape.shared:
             return self._score(model, cpu_free, gpus, shape, before, None), None

@@ -232,8 +232,11 @@ def test_fragmentation_amount_follows_the_paper_definition():
 
 def test_profile_keeps_the_most_popular_shapes_up_to_the_coverage():
     counts = {(1000, 0, 0, ()): 50, (2000, 500, 1, ()): 30, (4000, 1000, 8, ()): 20}
-    profile = WorkloadProfile.from_counts(counts, coverage=0.6)
-    assert [(s.cpu_milli, round(s.weight, 3)) for s in profile.shapes] == [(1000, 0.625), (2000, 0.375)]
+    profile = WorkloadProfile.from_counts(counts)
+    assert [(s.cpu_milli, s.weight) for s in profile.shapes] == [(1000, 0.5), (2000, 0.3), (4000, 0.2)]
+    typical = profile.typical(0.6)
+    assert [(s.cpu_milli, round(s.weight, 3)) for s in typical.shapes] == [(1000, 0.625), (2000, 0.375)]
+    assert WorkloadProfile.from_counts(counts, coverage=0.6) == typical
 
 
 def test_request_validation():
