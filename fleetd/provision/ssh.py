@@ -206,18 +206,22 @@ class Remote:
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
             chan.shutdown_write()
             deadline = time.monotonic() + timeout
-            for _ in range(int(timeout / 0.05) + 100):
-                select.select([chan], [], [], 0.05)
+            # Bounded by the deadline; the count only guards against a clock that stands still.
+            for _ in range(50_000_000):
+                got = False
                 while chan.recv_ready():
                     out += chan.recv(65536)
+                    got = True
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
+                    got = True
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
                     raise SshError(f"{self.spec}: command did not finish within {timeout:.0f}s")
-            else:
-                raise SshError(f"{self.spec}: command did not finish within {timeout:.0f}s")
+                if not got:
+                    select.select([chan], [], [], 0.02)
+                    time.sleep(0.005)
             code = chan.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SshError(f"{self.spec}: connection lost: {exc}") from None

@@ -1,0 +1,457 @@
+"""`fleetd bootstrap`: from "I can SSH to these machines" to "they are ready GPU nodes".
+
+Per host, in parallel, each host on its own (one host's failure never stops the others):
+connect with strict host-key checking, preflight, install the offline bundle into a venv,
+render config and unit from the shared templates, enrol with a single-use join token minted
+for that host, enable and start the service, and wait until fleetd reports the node `ready`.
+Running it again changes nothing on an enrolled host of the same version; a different bundle
+version is an in-place upgrade wrapped in drain and undrain. `remove` drains, stops, uninstalls
+and deletes the node.
+"""
+
+import concurrent.futures
+import dataclasses
+import posixpath
+import re
+import shlex
+import time
+
+from fleetd.client import ClientError
+from fleetd.provision import rendering
+from fleetd.provision.ssh import HostKeyRejected, Remote, SshError
+
+MIN_PYTHON = (3, 10)
+POLL_SECONDS = 0.5
+JOIN_TOKEN_TTL_SECONDS = 3600
+STEPS = ("connect", "preflight", "install", "configure", "enrol", "start", "ready")
+REMOVE_STEPS = ("connect", "drain", "stop", "uninstall", "delete")
+
+
+class HostFailed(Exception):
+    """This host cannot be bootstrapped; the message is the reason shown in the final table."""
+
+
+@dataclasses.dataclass
+class BootstrapOptions:
+    """What to install and how (everything but SSH, which is `SshOptions`)."""
+
+    fleet: str = ""
+    server_url: str = ""  # how agents reach fleetd
+    bundle: object = None  # fleetd.provision.bundle.Bundle
+    python: str = "python3"
+    labels: dict = dataclasses.field(default_factory=dict)
+    devices_backend: str = "nvml"
+    tls_pin: str = ""
+    ca_pem: str = ""  # contents of a CA bundle to install as <config_dir>/ca.pem
+    install_dir: str = "/opt/fleet-agent"
+    config_dir: str = "/etc/fleet-agent"
+    state_dir: str = "/var/lib/fleet-agent"
+    unit_dir: str = "/etc/systemd/system"
+    wait_timeout: float = 180.0
+    drain_deadline: int = 3600
+    min_free_mb: int = 512
+    command_timeout: float = 600.0
+
+    @property
+    def unit_path(self):
+        return posixpath.join(self.unit_dir, rendering.UNIT_NAME)
+
+    @property
+    def config_path(self):
+        return posixpath.join(self.config_dir, "agent.toml")
+
+    def template_values(self):
+        """The template variables for this run."""
+        return rendering.template_vars(
+            server_url=self.server_url, labels=self.labels, devices_backend=self.devices_backend,
+            tls_pin=self.tls_pin, ca_file=posixpath.join(self.config_dir, "ca.pem") if self.ca_pem else "",
+            install_dir=self.install_dir, config_dir=self.config_dir, state_dir=self.state_dir,
+            unit_dir=self.unit_dir)
+
+
+@dataclasses.dataclass
+class HostResult:
+    """One row of the final table."""
+
+    host: str
+    result: str = "failed"  # enrolled | upgraded | updated | unchanged | removed | failed
+    node_id: str = ""
+    gpus: int | None = None
+    reason: str = ""
+    preflight: str = ""
+    version: str = ""
+
+    @property
+    def ok(self):
+        return self.result != "failed"
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def parse_facts(text):
+    """key=value lines of fleet-agent-facts.sh -> dict."""
+    facts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and re.fullmatch(r"[a-z_0-9]+", key):
+            facts[key] = value.strip()
+    if "facts_version" not in facts:
+        raise HostFailed("the host's facts script printed nothing usable: " + (text.strip()[:200] or "(empty)"))
+    return facts
+
+
+def _version_tuple(text):
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def judge_preflight(facts, options):
+    """(problems, summary): what stops the install, and a one-line verdict for the operator."""
+    problems, parts = [], []
+    if facts.get("uid") != "0":
+        problems.append(f"not root (uid {facts.get('uid', '?')}): use --sudo or log in as root")
+    python = facts.get("python", "")
+    if not python:
+        problems.append(f"no {options.python} on the host (Python >= {'.'.join(map(str, MIN_PYTHON))} needed)")
+    elif _version_tuple(python) < MIN_PYTHON:
+        problems.append(f"Python {python} < {'.'.join(map(str, MIN_PYTHON))}")
+    else:
+        parts.append(f"Python {python}")
+        if facts.get("python_venv") != "yes":
+            problems.append(f"Python {python} has no venv module (install python3-venv)")
+        if options.bundle is not None:
+            why = options.bundle.supports(python, facts.get("arch", ""))
+            if why:
+                problems.append(why)
+    if facts.get("systemctl") != "yes":
+        problems.append("no systemd (systemctl not found)")
+    elif facts.get("systemd_running") == "yes":
+        parts.append("systemd")
+    else:
+        parts.append("systemctl without systemd as PID 1 (a stand-in)")
+    free_kb = facts.get("disk_free_kb", "")
+    if free_kb.isdigit():
+        free_mb = int(free_kb) // 1024
+        parts.append(f"{free_mb / 1024:.1f} GiB free for {options.install_dir}")
+        if free_mb < options.min_free_mb:
+            problems.append(f"only {free_mb} MiB free for {options.install_dir} (need {options.min_free_mb} MiB)")
+    else:
+        problems.append(f"cannot tell the free disk space for {options.install_dir}")
+    driver = facts.get("nvidia_driver", "")
+    if driver:
+        gpus = facts.get("nvidia_gpus") or "?"
+        parts.append(f"NVIDIA driver {driver} ({gpus} GPU(s))")
+    elif options.devices_backend.startswith("fake:"):
+        parts.append(f"no NVIDIA driver; fake GPUs from {options.devices_backend[5:]}")
+    else:
+        parts.append("no NVIDIA driver: CPU-only")
+    verdict = "ok" if not problems else "FAILED: " + "; ".join(problems)
+    return problems, f"{verdict} ({', '.join(parts)})" if parts else verdict
+
+
+class Bootstrapper:
+    """Runs bootstrap or removal on many hosts in parallel; `progress(host, step, message)` reports."""
+
+    def __init__(self, client, options, ssh_options, progress=None, clock=time.monotonic, sleep=time.sleep):
+        self.client = client
+        self.options = options
+        self.ssh = ssh_options
+        self.progress = progress or (lambda host, step, message: None)
+        self.clock = clock
+        self.sleep = sleep
+
+    # ------------------------------------------------------------------ orchestration
+
+    def run(self, specs, parallel=10, remove=False):
+        """Bootstrap (or remove) every host; returns HostResults in the order of `specs`."""
+        work = self.remove_host if remove else self.bootstrap_host
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(specs)))) as pool:
+            futures = [pool.submit(self._guarded, work, spec) for spec in specs]
+            return [f.result() for f in futures]
+
+    def _guarded(self, work, spec):
+        result = HostResult(host=str(spec))
+        try:
+            work(spec, result)
+        except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
+            result.result = "failed"
+            result.reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
+        except Exception as exc:  # one host's surprise must never sink the others; it is reported, not hidden
+            result.result = "failed"
+            result.reason = f"unexpected {type(exc).__name__}: {exc}"
+        self.progress(result.host, "done" if result.ok else "failed", result.reason or result.result)
+        return result
+
+    # ------------------------------------------------------------------ one host
+
+    def _connect(self, spec, result):
+        self.progress(result.host, "connect", "connecting")
+        try:
+            return Remote(spec, self.ssh).open()
+        except HostKeyRejected as exc:
+            raise HostFailed(str(exc)) from None
+
+    def _facts(self, remote):
+        o = self.options
+        _, out, _ = remote.run_script(rendering.script(rendering.FACTS_SCRIPT),
+                                      [o.python, o.install_dir, o.config_dir, o.state_dir, o.unit_path], timeout=120)
+        return parse_facts(out)
+
+    def bootstrap_host(self, spec, result):
+        """Install, configure, enrol and start the agent on one host; fills `result`."""
+        o = self.options
+        remote = self._connect(spec, result)
+        try:
+            self.progress(result.host, "preflight", "checking the host")
+            facts = self._facts(remote)
+            problems, result.preflight = judge_preflight(facts, o)
+            self.progress(result.host, "preflight", result.preflight)
+            if problems:
+                raise HostFailed("preflight: " + "; ".join(problems))
+
+            node = self._enrolled_node(facts)
+            installed = facts.get("installed_version", "")
+            upgrade = bool(installed) and installed != o.bundle.version
+            changed = []
+            drained_by_us = False
+            if installed != o.bundle.version:
+                if upgrade and node is not None:
+                    drained_by_us = self._drain(node, f"fleetd bootstrap: upgrading the agent {installed} -> "
+                                                      f"{o.bundle.version}", result)
+                self.progress(result.host, "install", f"installing fleet-agent {o.bundle.version}"
+                              + (f" over {installed}" if installed else ""))
+                self._install(remote)
+                changed.append("upgraded" if upgrade else "installed")
+            else:
+                self.progress(result.host, "install", f"fleet-agent {installed} already installed")
+            result.version = o.bundle.version
+
+            self.progress(result.host, "configure", "rendering config and unit")
+            values = o.template_values()
+            unit_changed = self._configure(remote, facts, values, changed)
+
+            if node is None:
+                force = bool(facts.get("node_id"))
+                self.progress(result.host, "enrol", "enrolling with a single-use join token"
+                              + (" (the stored node is gone or belongs elsewhere)" if force else ""))
+                self._enrol(remote, result, force)
+                changed.append("enrolled")
+            else:
+                result.node_id = node["id"]
+                self.progress(result.host, "enrol", f"already enrolled as node {node['id']}")
+
+            self.progress(result.host, "start", "starting fleet-agent")
+            before = self._node(result.node_id) if changed else None
+            self._start(remote, facts, restart=bool(changed), reload_units=unit_changed)
+            if changed:
+                changed.append("restarted" if facts.get("service_active") == "active" else "started")
+
+            self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
+            node = self._wait_ready(result, before, drained_by_us)
+            result.gpus = len(node.get("gpus") or [])
+            if "enrolled" in changed:
+                result.result = "enrolled"
+            elif "upgraded" in changed:
+                result.result = "upgraded"
+            elif changed:
+                result.result = "updated"
+            else:
+                result.result = "unchanged"
+            result.reason = ", ".join(changed) if changed else "already installed, configured and ready"
+        finally:
+            remote.close()
+
+    def _node(self, node_id):
+        try:
+            return self.client.get(f"/api/v1/nodes/{node_id}")
+        except ClientError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _enrolled_node(self, facts):
+        """The fleetd node this host is enrolled as, or None if it must enrol (again)."""
+        node_id = facts.get("node_id")
+        if not node_id:
+            return None
+        stored_url = facts.get("node_server_url", "").rstrip("/")
+        if stored_url and stored_url != self.options.server_url.rstrip("/"):
+            return None
+        node = self._node(node_id)
+        if node is None or node["status"] == "revoked" or node.get("fleet") != self.options.fleet:
+            return None
+        return node
+
+    def _install(self, remote):
+        o = self.options
+        _, tmp, _ = remote.run("mktemp -d /tmp/fleetd-bootstrap.XXXXXX", timeout=60)
+        tmp = tmp.strip()
+        try:
+            bundle_remote = posixpath.join(tmp, o.bundle.path.name)
+            remote.put(o.bundle.path, bundle_remote)
+            _, out, _ = remote.run(f"sha256sum {shlex.quote(bundle_remote)}", timeout=120)
+            if out.split()[:1] != [o.bundle.sha256]:
+                raise HostFailed("the uploaded bundle does not match its SHA-256")
+            _, out, _ = remote.run_script(rendering.script(rendering.INSTALL_SCRIPT),
+                                          [bundle_remote, o.python, o.install_dir], timeout=o.command_timeout)
+            if f"installed={o.bundle.version}" not in out:
+                raise HostFailed(f"the install script did not confirm version {o.bundle.version}: {out.strip()[-200:]}")
+        finally:
+            remote.run(f"rm -rf {shlex.quote(tmp)}", timeout=60, check=False)
+
+    def _configure(self, remote, facts, values, changed):
+        """Write config, CA and unit where they differ; returns whether the unit changed."""
+        o = self.options
+        config = rendering.render_config(values)
+        unit = rendering.render_unit(values)
+        files = []
+        if facts.get("config_sha256") != rendering.sha256_text(config):
+            files.append((config, o.config_path, "0644"))
+        if o.ca_pem:
+            files.append((o.ca_pem, posixpath.join(o.config_dir, "ca.pem"), "0644"))
+        unit_changed = facts.get("unit_sha256") != rendering.sha256_text(unit)
+        if unit_changed:
+            files.append((unit, o.unit_path, "0644"))
+        if not files:
+            return False
+        _, tmp, _ = remote.run("mktemp -d /tmp/fleetd-bootstrap.XXXXXX", timeout=60)
+        tmp = tmp.strip()
+        try:
+            commands = [f"install -d -m 0755 {shlex.quote(o.config_dir)} {shlex.quote(o.unit_dir)}"]
+            written = []
+            for index, (text, target, mode) in enumerate(files):
+                staged = posixpath.join(tmp, f"{index}.staged")
+                remote.put_text(text, staged)
+                # cmp: a CA bundle that is already there unchanged is not a change.
+                commands.append(f"if ! cmp -s {shlex.quote(staged)} {shlex.quote(target)}; then "
+                                f"install -m {mode} {shlex.quote(staged)} {shlex.quote(target)} && "
+                                f"echo wrote={shlex.quote(target)}; fi")
+                written.append(target)
+            _, out, _ = remote.run_script("set -e\n" + "\n".join(commands) + "\n", timeout=120)
+        finally:
+            remote.run(f"rm -rf {shlex.quote(tmp)}", timeout=60, check=False)
+        wrote = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("wrote=")]
+        if wrote:
+            changed.append("configured")
+        return o.unit_path in wrote
+
+    def _enrol(self, remote, result, force):
+        o = self.options
+        token = self.client.post(f"/api/v1/fleets/{o.fleet}/join-tokens", {
+            "ttl_seconds": JOIN_TOKEN_TTL_SECONDS, "max_uses": 1,
+            "description": f"fleetd bootstrap {result.host}"[:200]})
+        agent = posixpath.join(o.install_dir, "bin", "fleet-agent")
+        # The token travels on stdin into the environment of `fleet-agent join`: never in an argument.
+        join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --server "
+                f"{shlex.quote(o.server_url)} --config {shlex.quote(o.config_path)}" + (" --force" if force else ""))
+        command = remote.privileged("sh -c " + shlex.quote(join))
+        try:
+            code, out, err = remote.run(command, stdin=token["token"] + "\n", timeout=120, check=False)
+        finally:
+            token["token"] = None
+        if code != 0:
+            self._revoke_token(token["id"])
+            raise HostFailed(f"fleet-agent join failed (exit {code}): {(err.strip() or out.strip())[-300:]}")
+        match = re.search(r"enrolled as node (\S+)", out)
+        if not match:
+            raise HostFailed(f"fleet-agent join did not say which node: {out.strip()[-200:]}")
+        result.node_id = match.group(1)
+
+    def _revoke_token(self, token_id):
+        try:
+            self.client.delete(f"/api/v1/join-tokens/{token_id}")
+        except ClientError:
+            pass  # already used or expired: nothing is left to revoke
+
+    def _start(self, remote, facts, restart, reload_units):
+        commands = []
+        if reload_units:
+            commands.append("systemctl daemon-reload")
+        if facts.get("service_enabled") != "enabled":
+            commands.append("systemctl enable fleet-agent.service")
+        if facts.get("service_active") != "active":
+            commands.append("systemctl start fleet-agent.service")
+        elif restart:
+            commands.append("systemctl restart fleet-agent.service")
+        if commands:
+            remote.run_script("set -e\n" + "\n".join(commands) + "\n", timeout=180)
+
+    # ------------------------------------------------------------------ fleetd side
+
+    def _poll(self, node_id, done, timeout, what):
+        """Poll the node until done(node) is truthy; returns the node. Bounded in time and count."""
+        deadline = self.clock() + timeout
+        node = None
+        for _ in range(int(timeout / POLL_SECONDS) + 2):
+            node = self._node(node_id)
+            if node is not None and done(node):
+                return node
+            if self.clock() >= deadline:
+                break
+            self.sleep(POLL_SECONDS)
+        state = "gone" if node is None else f"{node['status']} ({node.get('status_reason') or 'no reason given'})"
+        raise HostFailed(f"node {node_id} not {what} after {timeout:.0f}s: it is {state}")
+
+    def _drain(self, node, reason, result):
+        """Drain the node and wait until drained; True when this call drained it (so undrain after)."""
+        if node["status"] in ("drained", "lost"):
+            return False
+        if node["status"] != "draining":
+            self.progress(result.host, "install", f"draining node {node['id']} before the upgrade")
+            self.client.post(f"/api/v1/nodes/{node['id']}/drain",
+                             {"reason": reason, "deadline_seconds": self.options.drain_deadline})
+        self._poll(node["id"], lambda n: n["status"] == "drained", self.options.drain_deadline + 60, "drained")
+        return True
+
+    def _wait_ready(self, result, before, undrain):
+        """Wait for a fresh heartbeat after a (re)start; undrain when we drained; then wait for ready."""
+        timeout = self.options.wait_timeout
+        if before is not None:
+            previous = before.get("last_heartbeat_at")
+            self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != previous
+                       and n["status"] not in ("lost", "pending"), timeout, "heartbeating after the restart")
+        if undrain:
+            self.progress(result.host, "ready", f"undraining node {result.node_id}")
+            self.client.post(f"/api/v1/nodes/{result.node_id}/undrain")
+        return self._poll(result.node_id, lambda n: n["status"] == "ready", timeout, "ready")
+
+    # ------------------------------------------------------------------ removal
+
+    def remove_host(self, spec, result):
+        """Drain, stop, uninstall and delete the node of one host; fills `result`."""
+        o = self.options
+        remote = self._connect(spec, result)
+        try:
+            facts = self._facts(remote)
+            if facts.get("uid") != "0":
+                raise HostFailed(f"not root (uid {facts.get('uid', '?')}): use --sudo or log in as root")
+            node_id = facts.get("node_id") or ""
+            node = self._node(node_id) if node_id else None
+            result.node_id = node_id
+            if node is not None:
+                result.gpus = len(node.get("gpus") or [])
+                if node["status"] not in ("drained", "lost", "revoked", "pending"):
+                    self.progress(result.host, "drain", f"draining node {node_id}")
+                    self._drain(node, "fleetd bootstrap --remove", result)
+            self.progress(result.host, "stop", "stopping and disabling fleet-agent")
+            quoted = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir, o.unit_path))
+            remote.run_script(
+                "if command -v systemctl >/dev/null 2>&1 && [ -e " + shlex.quote(o.unit_path) + " ]; then\n"
+                "    systemctl disable --now fleet-agent.service || systemctl stop fleet-agent.service || true\n"
+                "fi\n"
+                f"rm -rf {quoted}\n"
+                "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload || true; fi\n",
+                timeout=180)
+            self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
+            if node is not None:
+                self.progress(result.host, "delete", f"deleting node {node_id}")
+                try:
+                    self.client.delete(f"/api/v1/nodes/{node_id}")
+                except ClientError as exc:
+                    if exc.status != 404:
+                        raise
+            result.result = "removed"
+            result.reason = f"node {node_id} drained and deleted" if node is not None else \
+                "no enrolled node found; the agent's files were removed"
+        finally:
+            remote.close()

@@ -1,0 +1,268 @@
+"""`fleetd bootstrap HOST...` and `fleetd bundle build`: click commands for the fleetd CLI."""
+
+import json
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
+from fleetd.provision import bootstrap as bs
+from fleetd.provision.bundle import BundleError, build_bundle, find_source_tree, read_bundle
+from fleetd.provision.ssh import DEFAULT_KNOWN_HOSTS, HostSpec, SshOptions
+
+_DURATION_RE = re.compile(r"^(\d+)([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class _Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return int(value)
+        match = _DURATION_RE.match(str(value).strip().lower())
+        if not match:
+            self.fail(f"{value!r} is not a duration like 90s, 30m or 1h", param, ctx)
+        return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+class _Spec(click.ParamType):
+    name = "[user@]host[:port]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, HostSpec):
+            return value
+        try:
+            return HostSpec.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _labels(values):
+    labels = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{value!r} must be KEY=VALUE", param_hint="--label")
+        labels[key.strip()] = val.strip()
+    return labels
+
+
+def _cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fleetd" / "bundles"
+
+
+class _Reporter:
+    """Progress per host: rich bars on a terminal, one line per step otherwise (CI, Terraform logs)."""
+
+    def __init__(self, hosts, steps, enabled):
+        self.steps = steps
+        self.lock = threading.Lock()
+        self.progress = None
+        self.tasks = {}
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        console = Console(stderr=True)
+        if console.is_terminal:
+            self.progress = Progress(TextColumn("{task.fields[host]:<24}"), BarColumn(bar_width=20),
+                                     TextColumn("{task.fields[step]:<10} {task.description}"), console=console)
+            for host in hosts:
+                self.tasks[host] = self.progress.add_task("waiting", total=len(steps), host=host, step="")
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, host, step, message):
+        if not self.enabled:
+            return
+        if self.progress is not None:
+            done = len(self.steps) if step in ("done", "failed") else (
+                self.steps.index(step) if step in self.steps else 0)
+            self.progress.update(self.tasks[host], completed=done, step=step, description=message[:120])
+            return
+        with self.lock:
+            click.echo(f"{host}: {step}: {message}", err=True)
+
+
+def _show_results(results):
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for header in ("HOST", "NODE", "GPUS", "RESULT", "REASON"):
+        table.add_column(header, no_wrap=header in ("HOST", "NODE"), overflow="fold")
+    for r in results:
+        style = "red" if not r.ok else None
+        table.add_row(r.host, r.node_id or "-", "-" if r.gpus is None else str(r.gpus), r.result, r.reason,
+                      style=style)
+    (Console() if sys.stdout.isatty() else Console(width=2000)).print(table)
+
+
+def _client(url, token):
+    saved = {}
+    if not url or not token:
+        try:
+            saved = load_config()
+        except ClientError as exc:
+            raise click.ClickException(exc.message) from None
+    token = token or saved.get("token")
+    if not token:
+        raise click.ClickException("an admin token is needed: --token, FLEETD_TOKEN or `fleetd login`")
+    return Client(url or saved.get("url") or DEFAULT_URL, token)
+
+
+@click.command()
+@click.argument("hosts", nargs=-1, required=True, type=_Spec())
+@click.option("--fleet", "fleet_name", help="Fleet the hosts join (required unless --remove).")
+@click.option("--remove", is_flag=True, help="Drain, stop, uninstall and delete the nodes of these hosts instead.")
+@click.option("--url", envvar="FLEETD_URL", help="fleetd URL for this command (FLEETD_URL; default: saved by login).")
+@click.option("--token", envvar="FLEETD_TOKEN", help="Admin API token (FLEETD_TOKEN; default: saved by login).")
+@click.option("--server-url", envvar="FLEETD_AGENT_SERVER_URL",
+              help="URL the agents reach fleetd at, when it differs from --url.")
+@click.option("--user", "-u", help="SSH user (default: from ~/.ssh/config, else your login name).")
+@click.option("--key", "-i", "keys", multiple=True, type=click.Path(dir_okay=False),
+              help="SSH private key (repeatable; default: ssh-agent and ~/.ssh/id_*).")
+@click.option("--port", "-p", type=click.IntRange(1, 65535), default=22, show_default=True, help="SSH port.")
+@click.option("--jump", "-J", type=_Spec(), help="Bastion to connect through, [user@]host[:port].")
+@click.option("--known-hosts", default=DEFAULT_KNOWN_HOSTS, show_default=True, type=click.Path(dir_okay=False),
+              help="known_hosts file the host keys are checked against (also /etc/ssh/ssh_known_hosts).")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust hosts whose key is unknown on first use and record their keys; changed keys are "
+                   "still refused.")
+@click.option("--parallel", type=click.IntRange(1, 256), default=10, show_default=True, help="Hosts at a time.")
+@click.option("--sudo", is_flag=True, help="Become root with `sudo -n` (passwordless sudo) on the hosts.")
+@click.option("--python", "python", default="python3", show_default=True, help="Python on the hosts (>= 3.10).")
+@click.option("--bundle", "bundle_path", type=click.Path(dir_okay=False, exists=True),
+              help="Offline bundle from `fleetd bundle build` (default: build one now into ~/.cache/fleetd).")
+@click.option("--label", "labels", multiple=True, help="Node label KEY=VALUE for every host (repeatable).")
+@click.option("--devices-backend", default="nvml", show_default=True,
+              help="Agent devices.backend; fake:<path on the host> for demos and tests.")
+@click.option("--ca-file", type=click.Path(dir_okay=False, exists=True),
+              help="CA bundle the agents verify fleetd with; installed as <config dir>/ca.pem.")
+@click.option("--tls-pin", default="", help="SHA-256 fingerprint of fleetd's certificate, instead of a CA.")
+@click.option("--wait-timeout", type=_Duration(), default="3m", show_default=True,
+              help="How long to wait for each node to become ready.")
+@click.option("--drain-deadline", type=_Duration(), default="1h", show_default=True,
+              help="Drain deadline before an upgrade or a removal (running tasks are stopped after it).")
+@click.option("--connect-timeout", type=_Duration(), default="15s", show_default=True)
+@click.option("--min-free-mb", type=click.IntRange(min=0), default=512, show_default=True,
+              help="Free disk space preflight requires for the install directory.")
+@click.option("--install-dir", default="/opt/fleet-agent", show_default=True, help="The agent's venv on the hosts.")
+@click.option("--result-file", type=click.Path(dir_okay=False), help="Also write the results as JSON to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
+def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, port, jump, known_hosts,
+              accept_new_host_keys, parallel, sudo, python, bundle_path, labels, devices_backend, ca_file, tls_pin,
+              wait_timeout, drain_deadline, connect_timeout, min_free_mb, install_dir, result_file, as_json):
+    """Install and enrol fleet-agent on HOSTs over SSH, or --remove them.
+
+    Exit status 0 when every host succeeded, 1 when any failed (the others still complete).
+    """
+    if not remove and not fleet_name:
+        raise click.UsageError("--fleet is required (or --remove)")
+    client = _client(url, token)
+    names = [str(h) for h in hosts]
+    if len(set(names)) != len(names):
+        raise click.UsageError("a host is given twice")
+    options = bs.BootstrapOptions(
+        fleet=fleet_name or "", server_url=(server_url or client.url).rstrip("/"), python=python,
+        labels=_labels(labels), devices_backend=devices_backend, tls_pin=tls_pin,
+        ca_pem=Path(ca_file).read_text() if ca_file else "", install_dir=install_dir, wait_timeout=wait_timeout,
+        drain_deadline=drain_deadline, min_free_mb=min_free_mb)
+    ssh_options = SshOptions(user=user, port=port, key_filenames=tuple(keys), jump=jump, known_hosts=known_hosts,
+                             accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout, sudo=sudo)
+    if not remove:
+        try:
+            client.get(f"/api/v1/fleets/{fleet_name}")
+            options.bundle = read_bundle(bundle_path) if bundle_path else _default_bundle()
+        except ClientError as exc:
+            raise click.ClickException(f"fleet {fleet_name}: {exc.message}") from None
+        except BundleError as exc:
+            raise click.ClickException(str(exc)) from None
+    steps = bs.REMOVE_STEPS if remove else bs.STEPS
+    with _Reporter(names, steps, enabled=not as_json) as reporter:
+        results = bs.Bootstrapper(client, options, ssh_options, progress=reporter).run(
+            list(hosts), parallel=parallel, remove=remove)
+    if result_file:
+        Path(result_file).write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        _show_results(results)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        if not as_json:
+            click.echo(f"fleetd: {len(failed)} of {len(results)} host(s) failed", err=True)
+        sys.exit(1)
+
+
+def _default_bundle():
+    """A bundle of the running fleetd version, built once into the cache directory."""
+    from fleetd import __version__
+
+    cached = _cache_dir() / f"fleet-agent-bundle-{__version__}.tar.gz"
+    if cached.is_file() and find_source_tree() is None:
+        return read_bundle(cached)
+    click.echo(f"building the offline bundle into {cached.parent} (use --bundle to reuse one)", err=True)
+    return build_bundle(cached.parent, log=lambda m: None)
+
+
+@click.group()
+def bundle():
+    """Offline bundles of fleet-agent for hosts without internet access."""
+
+
+@bundle.command("build")
+@click.option("--output", "-o", "output", default="dist", show_default=True, type=click.Path(file_okay=False),
+              help="Directory the bundle is written to.")
+@click.option("--source", type=click.Path(file_okay=False, exists=True),
+              help="fleetd source tree to build (default: the one this fleetd runs from).")
+@click.option("--python-version", "python_versions", multiple=True,
+              help="Target Python X.Y of the hosts (repeatable; default: this Python, built locally).")
+@click.option("--platform", "platforms", multiple=True,
+              help="Target platform tag with --python-version (repeatable; default: manylinux x86_64).")
+@click.option("--find-links", multiple=True, help="Extra wheel directory or URL for pip (repeatable).")
+@click.option("--no-index", is_flag=True, help="Use only --find-links, no package index.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def bundle_build(output, source, python_versions, platforms, find_links, no_index, as_json):
+    """Build fleet-agent-bundle-<version>.tar.gz: the agent and all its dependencies as wheels."""
+    for version in python_versions:
+        if not re.fullmatch(r"3\.\d{1,2}", version):
+            raise click.BadParameter(f"{version!r} is not X.Y", param_hint="--python-version")
+    try:
+        built = build_bundle(output, source=source, python_versions=python_versions, platforms=platforms,
+                             find_links=find_links, no_index=no_index,
+                             log=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(dict(built.manifest, path=str(built.path), sha256=built.sha256), indent=2))
+    else:
+        click.echo(f"{built.path}  fleet-agent {built.version}, {len(built.manifest['wheels'])} wheels, "
+                   f"{built.size / 2**20:.1f} MiB, Python {', '.join(built.manifest['python_versions'])}, "
+                   f"sha256 {built.sha256}")
+
+
+@bundle.command("show")
+@click.argument("path", type=click.Path(dir_okay=False, exists=True))
+def bundle_show(path):
+    """Check a bundle against its manifest and print the manifest."""
+    try:
+        built = read_bundle(path)
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(dict(built.manifest, sha256=built.sha256), indent=2))

@@ -1,0 +1,82 @@
+#!/bin/sh
+# What a host offers fleet-agent and what is installed there, as key=value lines: the preflight
+# of `fleetd bootstrap` and of playbooks/preflight.yml judge these, and bootstrap compares them
+# with what it would install. Changes nothing on the host.
+# Usage: fleet-agent-facts.sh PYTHON INSTALL_DIR CONFIG_DIR STATE_DIR UNIT_PATH
+set -u
+PY=${1:-python3}
+INSTALL_DIR=${2:-/opt/fleet-agent}
+CONFIG_DIR=${3:-/etc/fleet-agent}
+STATE_DIR=${4:-/var/lib/fleet-agent}
+UNIT_PATH=${5:-/etc/systemd/system/fleet-agent.service}
+
+echo "facts_version=1"
+echo "uid=$(id -u)"
+echo "arch=$(uname -m)"
+echo "hostname=$(hostname)"
+
+if command -v "$PY" >/dev/null 2>&1; then
+    echo "python_path=$(command -v "$PY")"
+    echo "python=$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"
+    if "$PY" -c 'import venv' 2>/dev/null; then echo "python_venv=yes"; else echo "python_venv=no"; fi
+else
+    echo "python_path="
+    echo "python="
+    echo "python_venv=no"
+fi
+
+if command -v systemctl >/dev/null 2>&1; then echo "systemctl=yes"; else echo "systemctl=no"; fi
+if [ -d /run/systemd/system ]; then echo "systemd_running=yes"; else echo "systemd_running=no"; fi
+
+dir=$INSTALL_DIR
+while [ ! -d "$dir" ] && [ "$dir" != "/" ]; do dir=$(dirname "$dir"); done
+echo "disk_free_kb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }')"
+
+driver=""
+gpus=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if [ -z "$driver" ] && [ -r /proc/driver/nvidia/version ]; then
+    driver=$(sed -n 's/.*Kernel Module[^0-9]*\([0-9][0-9.]*\).*/\1/p' /proc/driver/nvidia/version | head -n 1)
+fi
+echo "nvidia_driver=$driver"
+echo "nvidia_gpus=$gpus"
+
+json_field() {
+    # json_field FILE KEY: one top-level string field of a JSON file, with whichever Python runs.
+    for candidate in "$INSTALL_DIR/bin/python" "$PY"; do
+        if [ -x "$candidate" ] || command -v "$candidate" >/dev/null 2>&1; then
+            "$candidate" -c 'import json, sys
+try:
+    print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))
+except (OSError, ValueError):
+    print("")' "$1" "$2" 2>/dev/null && return
+        fi
+    done
+    echo ""
+}
+
+if [ -r "$INSTALL_DIR/bundle.json" ] && [ -x "$INSTALL_DIR/bin/fleet-agent" ]; then
+    echo "installed_version=$(json_field "$INSTALL_DIR/bundle.json" version)"
+else
+    echo "installed_version="
+fi
+sha() { if [ -r "$1" ]; then sha256sum "$1" | cut -d ' ' -f 1; fi; }
+echo "config_sha256=$(sha "$CONFIG_DIR/agent.toml")"
+echo "unit_sha256=$(sha "$UNIT_PATH")"
+if [ -r "$STATE_DIR/node.json" ] && [ -r "$STATE_DIR/session.token" ]; then
+    echo "node_id=$(json_field "$STATE_DIR/node.json" node_id)"
+    echo "node_server_url=$(json_field "$STATE_DIR/node.json" server_url)"
+else
+    echo "node_id="
+    echo "node_server_url="
+fi
+if command -v systemctl >/dev/null 2>&1; then
+    echo "service_active=$(systemctl is-active fleet-agent.service 2>/dev/null | head -n 1)"
+    echo "service_enabled=$(systemctl is-enabled fleet-agent.service 2>/dev/null | head -n 1)"
+else
+    echo "service_active="
+    echo "service_enabled="
+fi

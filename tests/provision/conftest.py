@@ -1,0 +1,221 @@
+"""Provisioning fixtures: SSH test hosts, fleetd listening where the hosts reach it, a built bundle."""
+
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.integration.conftest import FleetdProcess, fleetd_cmd, fleetd_init
+from tests.provision.hosts import SshLab, wait_for
+
+REPO = Path(__file__).resolve().parent.parent.parent
+FAST = {
+    "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "FLEETD_NODE_TTL_SECONDS": "5",
+    "FLEETD_NODE_GRACE_SECONDS": "2",
+    "FLEETD_LIVENESS_SWEEP_SECONDS": "0.5",
+    "FLEETD_DRAIN_CHECK_SECONDS": "0.5",
+    "FLEETD_FAILOVER_GRACE_SECONDS": "2",
+}
+FLEET = "lab"
+
+
+def missing_tools():
+    """Why SSH test hosts cannot be made here, or ''."""
+    if os.geteuid() != 0:
+        return "SSH test hosts need root (network and mount namespaces)"
+    for tool in ("ip", "unshare", "nsenter", "ssh-keygen", "/usr/sbin/sshd"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (Debian: iproute2, util-linux, openssh-server)"
+    try:
+        from tests.provision.hosts import systemctl_stand_in
+
+        systemctl_stand_in()
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
+
+
+class BoundFleetd(FleetdProcess):
+    """`fleetd serve --bind ADDRESS:0`: on the lab's bridge, where the test hosts reach it."""
+
+    def __init__(self, data_dir, address, env=None):
+        super().__init__(data_dir, env)
+        self.address = address
+
+    def start(self):
+        self.lines = []
+        self.proc = subprocess.Popen(
+            fleetd_cmd("serve", "--bind", f"{self.address}:0", "--data-dir", str(self.data_dir)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env)
+        lines = queue.Queue()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, lines), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                return self
+        self.kill()
+        raise AssertionError("fleetd serve did not start:\n" + "".join(self.lines))
+
+
+class Api:
+    """Admin calls to fleetd."""
+
+    def __init__(self, url, token):
+        self.url = url
+        self.token = token
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def __call__(self, method, path, expect=None, **kwargs):
+        resp = self.session.request(method, self.url + path, timeout=30, **kwargs)
+        if expect is not None:
+            assert resp.status_code == expect, f"{method} {path}: {resp.status_code} {resp.text}"
+        return resp
+
+    def nodes(self):
+        return self("GET", "/api/v1/nodes", expect=200).json()["items"]
+
+    def node(self, node_id):
+        resp = self("GET", f"/api/v1/nodes/{node_id}")
+        return resp.json() if resp.status_code == 200 else None
+
+    def join_tokens(self, fleet=FLEET):
+        return self("GET", f"/api/v1/fleets/{fleet}/join-tokens", expect=200).json()["items"]
+
+    def events(self, node_id):
+        return self("GET", f"/api/v1/nodes/{node_id}/events", expect=200).json()["items"]
+
+    def wait_status(self, node_id, status, timeout=60):
+        return wait_for(lambda: (lambda n: n if n and n["status"] == status else None)(self.node(node_id)),
+                        timeout, interval=0.2, message=f"node {node_id} to be {status}")
+
+
+class Lab:
+    """Test hosts plus a fleetd on their bridge with a fleet and an admin token."""
+
+    def __init__(self, ssh_lab, fleetd, api):
+        self.ssh = ssh_lab
+        self.fleetd = fleetd
+        self.api = api
+
+    @property
+    def hosts(self):
+        return self.ssh.hosts
+
+    def env(self, **extra):
+        """Environment for `fleetd bootstrap`: the admin token travels here, never in arguments."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETD_", "FLEET_AGENT_"))}
+        env.update(FLEETD_URL=self.fleetd.url, FLEETD_TOKEN=self.api.token, HOME=str(self.ssh.root / "home"))
+        env.update(extra)
+        return env
+
+    def bootstrap_args(self, bundle, *hosts, extra=()):
+        return ["bootstrap", *[h.address for h in hosts], "--fleet", FLEET, "--user", "root",
+                "--key", str(self.ssh.client_key), "--known-hosts", str(self.ssh.known_hosts),
+                "--bundle", str(bundle.path), "--devices-backend", "fake:/opt/fake-gpus/shape.json",
+                "--wait-timeout", "90", "--drain-deadline", "60", "--json", *extra]
+
+    def fleetd_cli(self, *args, timeout=300, env=None):
+        """Run the `fleetd` CLI; returns the CompletedProcess."""
+        return subprocess.run(fleetd_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                              env=env or self.env(), stdin=subprocess.DEVNULL)
+
+    def bootstrap(self, bundle, *hosts, extra=(), timeout=300):
+        """`fleetd bootstrap --json` on hosts; returns (exit code, {address: result}, stderr)."""
+        result = self.fleetd_cli(*self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout)
+        try:
+            rows = json.loads(result.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON from fleetd bootstrap (exit {result.returncode}):\n"
+                                 f"{result.stdout}\n{result.stderr}") from None
+        return result.returncode, {row["host"]: row for row in rows}, result.stderr
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory):
+    """The offline bundle of this checkout, built once per test session."""
+    why = missing_tools()
+    if why:
+        pytest.skip(why)
+    from fleetd.provision.bundle import build_bundle
+
+    return build_bundle(tmp_path_factory.mktemp("bundle"), source=REPO)
+
+
+@pytest.fixture(scope="session")
+def next_bundle(tmp_path_factory, bundle):
+    """A bundle of the same code with a higher version, for upgrades (dependencies from `bundle`)."""
+    from fleetd.provision.bundle import build_bundle
+
+    source = tmp_path_factory.mktemp("next-source")
+    for name in ("fleetd", "agent", "setup.cfg", "pyproject.toml", "README.md", "templates"):
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif path.exists():
+            shutil.copy2(path, source / name)
+    init = source / "fleetd" / "__init__.py"
+    init.write_text(re.sub(r'__version__ = "([^"]+)"', r'__version__ = "\1.post1"', init.read_text()))
+    wheels = tmp_path_factory.mktemp("deps")
+    with __import__("tarfile").open(bundle.path) as tar:
+        tar.extractall(wheels, filter="data")
+    links = [str(p) for p in wheels.glob("*/wheels")]
+    return build_bundle(tmp_path_factory.mktemp("next-bundle"), source=source, find_links=links)
+
+
+@pytest.fixture
+def lab_factory(tmp_path):
+    """lab_factory(shapes) -> Lab: test hosts (one per fake-GPU shape) and a fleetd they reach."""
+    why = missing_tools()
+    if why:
+        pytest.skip(why)
+    made = []
+
+    def make(shapes, env=None):
+        ssh_lab = SshLab(tmp_path / f"lab{len(made)}")
+        made.append((ssh_lab, None))
+        ssh_lab.open()
+        ssh_lab.add_hosts(shapes)
+        data_dir = ssh_lab.root / "fleetd-data"
+        token = fleetd_init(data_dir)
+        fleetd = BoundFleetd(data_dir, ssh_lab.gateway, dict(FAST, **(env or {})))
+        made[-1] = (ssh_lab, fleetd)
+        fleetd.start()
+        api = Api(fleetd.url, token)
+        api("POST", "/api/v1/fleets", expect=201, json={"name": FLEET})
+        return Lab(ssh_lab, fleetd, api)
+
+    yield make
+    errors = []
+    for ssh_lab, fleetd in made:
+        try:
+            ssh_lab.close()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        if fleetd is not None:
+            fleetd.kill()
+    assert not errors, errors
+
+
+def python_for_tools():
+    """The Python whose bin/ holds ansible-playbook, ansible-lint (this venv)."""
+    return Path(sys.executable).parent
