@@ -1,6 +1,7 @@
 """The application factory: settings, database, API, authentication, error handling."""
 
 import logging
+import time
 
 import swagger_ui_bundle
 from flask import Flask, g, request, send_from_directory
@@ -15,6 +16,7 @@ from fleetd.db import bind, database, open_database
 from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime
 from fleetd.schemas.common import ErrorSchema
+from fleetd.services.metrics import Instruments
 from fleetd.services.scheduling import SchedulerLoop
 from fleetd.settings import Settings
 
@@ -70,6 +72,9 @@ def create_app(settings=None, clock=None, db=None):
         """Swagger UI's files, served locally so the docs work offline."""
         return send_from_directory(swagger_ui_bundle.swagger_ui_path, filename)
 
+    rt.instruments = Instruments(rt)
+    app.before_request(_start_timer)
+    app.after_request(_observe_latency)
     app.before_request(_authenticate)
     app.teardown_request(_close_db)
     rt.tasks = TaskRunner(app, rt)
@@ -101,6 +106,20 @@ def _authenticate():
         rt.limiter.record(address, now)
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
+
+
+def _start_timer():
+    g.started = time.perf_counter()
+
+
+def _observe_latency(response):
+    """Request latency by route template (not by URL: ids would explode the label set)."""
+    started = g.get("started")
+    if started is not None:
+        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        current_runtime().instruments.http_latency.labels(request.method, route, str(response.status_code)).observe(
+            time.perf_counter() - started)
+    return response
 
 
 def _close_db(exc):

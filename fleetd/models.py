@@ -288,6 +288,32 @@ class Quota(BaseModel):
         primary_key = peewee.CompositeKey("team", "priority_class")
 
 
+class ClusterSample(BaseModel):
+    """One point of the cluster's history (jobs and GPUs over time)."""
+
+    id = peewee.AutoField()
+    at = peewee.DateTimeField(index=True)
+    jobs_running = peewee.IntegerField()
+    jobs_waiting = peewee.IntegerField()
+    gpus_total = peewee.IntegerField()
+    gpus_used = peewee.IntegerField()
+    gpus_blocked = peewee.IntegerField()
+    gpu_util_percent = peewee.FloatField(null=True)  # mean over GPUs that reported it
+
+
+class GpuSample(BaseModel):
+    """One GPU's readings at one time, relayed from its agent's heartbeat."""
+
+    id = peewee.AutoField()
+    at = peewee.DateTimeField(index=True)
+    node_id = peewee.CharField(max_length=32)
+    uuid = peewee.CharField(max_length=128)
+    utilization_percent = peewee.FloatField(null=True)
+    memory_used_bytes = peewee.BigIntegerField(null=True)
+    temperature_c = peewee.FloatField(null=True)
+    power_w = peewee.FloatField(null=True)
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -295,4 +321,4 @@ class Setting(BaseModel):
     value = peewee.TextField()
 
 
-MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, GpuType, Quota]
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, GpuType, Quota, ClusterSample, GpuSample]

@@ -21,6 +21,7 @@ class Runtime:
     notifier: Notifier
     nominations: dict = dataclasses.field(default_factory=dict)  # job id -> task ids preempted for it
     storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
+    instruments: object = None  # services.metrics.Instruments, set by create_app
     tasks: object = None  # background.TaskRunner, set by create_app
     scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
 

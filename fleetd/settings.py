@@ -39,6 +39,12 @@ class Settings:
     scheduler_policy: str = ""  # empty: the engine's default policy
     artifact_max_bytes: int = 1024**3
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
+    metrics_sample_seconds: float = 60.0
+    metrics_retention_seconds: int = 86400
+    storage_measure_seconds: float = 300.0
+    storage_watermark_percent: float = 85.0
+    gc_interval_seconds: float = 3600.0
+    job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
     max_connections: int = 10000
 

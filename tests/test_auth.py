@@ -63,6 +63,9 @@ ROLE_TABLE = {
     ("GET", "/api/v1/quotas"): A,
     ("PUT", "/api/v1/quotas/{team}"): A,
     ("DELETE", "/api/v1/quotas/{team}"): A,
+    ("GET", "/metrics"): AS | {"metrics"},
+    ("GET", "/api/v1/metrics/history"): AS | {"metrics"},
+    ("POST", "/api/v1/admin/gc"): A,
     ("GET", "/api/v1/admin/tasks"): A,
     ("POST", "/api/v1/admin/tasks/{name}/run"): A,
 }

@@ -5,7 +5,11 @@ from flask_smorest import Blueprint
 
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
+from marshmallow import Schema, fields
+
 from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema
+from fleetd.schemas.common import Int
+from fleetd.services import metrics
 
 blp = Blueprint("admin", __name__, url_prefix="/api/v1/admin", description="Administration")
 
@@ -26,3 +30,30 @@ class BackgroundTaskRun(MethodView):
     def post(self, name):
         """Run a background task now; returns the record of this run."""
         return current_runtime().tasks.run(name)
+
+
+class GcResultSchema(Schema):
+    jobs = fields.Integer()
+    tasks = fields.Integer()
+    log_lines = fields.Integer()
+    events = fields.Integer()
+    artifacts = fields.Integer()
+    cluster_samples = fields.Integer()
+    gpu_samples = fields.Integer()
+    dry_run = fields.Boolean()
+
+
+class GcSchema(Schema):
+    older_than_seconds = Int(load_default=7 * 86400)
+    delete_jobs = fields.Boolean(load_default=False)
+    dry_run = fields.Boolean(load_default=True)
+
+
+@blp.route("/gc")
+class GarbageCollection(MethodView):
+    @require(ADMIN)
+    @blp.arguments(GcSchema)
+    @blp.response(200, GcResultSchema)
+    def post(self, body):
+        """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced artifacts."""
+        return metrics.collect_garbage(current_runtime(), **body)

@@ -49,6 +49,7 @@ class AgentHeartbeat(MethodView):
     def post(self, body):
         """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
         rt = current_runtime()
+        rt.instruments.heartbeats.inc()
         reply = agents.heartbeat(rt, current_principal().node, body)
         reply["heartbeat_interval_seconds"] = rt.settings.heartbeat_interval_seconds
         return reply

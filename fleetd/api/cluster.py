@@ -18,7 +18,7 @@ from fleetd.schemas.cluster import (
     SimulationSchema,
 )
 from fleetd.schemas.jobs import JobSpecSchema
-from fleetd.services import cluster, jobs, policy
+from fleetd.services import cluster, jobs, metrics, policy
 from fleetd.services.cluster import ClusterState
 
 blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
@@ -35,7 +35,7 @@ class ClusterStatus(MethodView):
     @blp.response(200, ClusterStatusSchema)
     def get(self):
         """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
-        storage = current_runtime().storage if current_principal().role == ADMIN else {}
+        storage = metrics.storage_view(current_runtime()) if current_principal().role == ADMIN else {}
         return cluster.cluster_status(_state(), storage)
 
 

@@ -5,7 +5,7 @@ import datetime as dt
 import logging
 import threading
 
-from fleetd.background import drains, leases, liveness_sweep, scheduling, token_cleanup
+from fleetd.background import drains, gc, leases, liveness_sweep, metrics_sampler, scheduling, storage, token_cleanup
 from fleetd.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
@@ -17,6 +17,9 @@ REGISTRY = [
     (leases, "lease_sweep_seconds"),
     (scheduling, "scheduler_interval_seconds"),
     (token_cleanup, "token_cleanup_seconds"),
+    (metrics_sampler, "metrics_sample_seconds"),
+    (storage, "storage_measure_seconds"),
+    (gc, "gc_interval_seconds"),
 ]
 
 

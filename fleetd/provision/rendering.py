@@ -80,6 +80,9 @@ def template_vars(**overrides):
 
 def render(name, values):
     """Render one template with `values`; StrictUndefined makes any missing variable an error."""
+    missing = sorted(name for name in DEFAULTS if name not in values)
+    if missing:
+        raise TemplateError(f"template {name}: missing variable(s) " + ", ".join(missing))
     try:
         return _environment().get_template(name).render(**values)
     except jinja2.TemplateNotFound:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import time
 import threading
 
 from fleetd import scheduler
@@ -34,7 +35,12 @@ def run_pass(rt):
     from, and passes never overlap; nodes that got work are woken after the commit.
     """
     with _PASS_LOCK:
-        return _run_pass(rt)
+        started = time.perf_counter()
+        try:
+            return _run_pass(rt)
+        finally:
+            if rt.instruments is not None:
+                rt.instruments.scheduling_pass.observe(time.perf_counter() - started)
 
 
 def _run_pass(rt):
@@ -77,6 +83,8 @@ def _run_pass(rt):
                 rt.leases.renew(task.id, task.epoch)
                 woken.add(rank.node_id)
             rules.charge(job, request)
+            if rt.instruments is not None and job.attempt == 1:
+                rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
             job.pending_reason = ""
             switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
             assigned += 1

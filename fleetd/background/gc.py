@@ -1,0 +1,12 @@
+"""Maintenance: drop metric samples past retention, and old jobs when job_retention_seconds is set."""
+
+from fleetd.services.metrics import collect_garbage
+
+NAME = "gc"
+DESCRIPTION = "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"
+
+
+def run(rt):
+    """One collection; returns what was removed."""
+    keep = rt.settings.job_retention_seconds
+    return collect_garbage(rt, older_than_seconds=keep, delete_jobs=keep > 0)

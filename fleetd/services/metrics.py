@@ -1,0 +1,265 @@
+"""Observability: Prometheus metrics, the 24 h history, storage measurement and garbage collection."""
+
+import datetime as dt
+import os
+import shutil
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from fleetd.clock import isoformat
+from fleetd.db import write_transaction
+from fleetd.models import Artifact, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
+from fleetd.services.artifacts import artifact_path, store_dir
+from fleetd.services.cluster import ClusterState, cluster_status
+
+MAX_HISTORY_MINUTES = 24 * 60
+GPU_FIELDS = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
+# The DCGM exporter's names, so that existing Grafana dashboards work unchanged.
+DCGM = {
+    "utilization_percent": ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    "temperature_c": ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+}
+
+
+class Instruments:
+    """Counters and histograms fleetd updates as things happen, in the app's own registry."""
+
+    def __init__(self, rt):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.http_latency = Histogram(
+            "fleetd_http_request_duration_seconds", "API request latency by route.",
+            ["method", "route", "status"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.heartbeats = Counter("fleetd_heartbeats", "Agent heartbeats received.", registry=self.registry)
+        self.queue_wait = Histogram(
+            "fleetd_job_queue_wait_seconds", "Time from submission (or requeue) to placement.",
+            registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400))
+        self.scheduling_pass = Histogram(
+            "fleetd_scheduling_pass_seconds", "Duration of a scheduling pass.", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.registry.register(_StateCollector(rt))
+
+
+class _StateCollector:
+    """Gauges computed at scrape time from the same ClusterState as GET /api/v1/cluster/status."""
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        rt = self.rt
+        state = ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+        status = cluster_status(state)
+        nodes = GaugeMetricFamily("fleetd_nodes", "Nodes by status.", labels=["status"])
+        for name, count in sorted(status["nodes"].items()):
+            nodes.add_metric([name], count)
+        yield nodes
+        gpus = GaugeMetricFamily("fleetd_gpus", "GPUs by series and state (total = used + free + blocked).",
+                                 labels=["series", "state"])
+        for series in status["gpu"]["series"]:
+            for key in ("total", "used", "free", "blocked"):
+                gpus.add_metric([series["id"], key], series[key])
+        yield gpus
+        queued = GaugeMetricFamily("fleetd_gpus_queued", "GPUs asked for by queued jobs.")
+        queued.add_metric([], status["gpu"]["queued"])
+        yield queued
+        jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state.", labels=["state"])
+        counts = {s.value: 0 for s in JobState}
+        for job in Job.select(Job.state):
+            counts[job.state] = counts.get(job.state, 0) + 1
+        for name, count in sorted(counts.items()):
+            jobs.add_metric([name], count)
+        yield jobs
+        yield from _dcgm_families(rt, state)
+
+
+def _dcgm_families(rt, state):
+    labels = ["gpu", "UUID", "Hostname", "modelName"]
+    families = {k: GaugeMetricFamily(name, text, labels=labels) for k, (name, text) in DCGM.items()}
+    fb_used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=labels)
+    fb_free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=labels)
+    for node in state.nodes:
+        seen = rt.liveness.get(node.id)
+        readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None else {}
+        if not isinstance(readings, dict):
+            continue
+        for gpu in state.gpus.get(node.id, ()):
+            values = readings.get(gpu.uuid)
+            if not isinstance(values, dict):
+                continue
+            key = [str(gpu.index), gpu.uuid, node.hostname, gpu.model]
+            for field, family in families.items():
+                value = values.get(field)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    family.add_metric(key, value)
+            used = values.get("memory_used_bytes")
+            if isinstance(used, int) and not isinstance(used, bool):
+                fb_used.add_metric(key, used / 2**20)
+                fb_free.add_metric(key, max(0, gpu.memory_total_bytes - used) / 2**20)
+    yield from families.values()
+    yield fb_used
+    yield fb_free
+
+
+# ---------------------------------------------------------------- history
+
+
+def _gpu_readings(rt, nodes):
+    """(node id, uuid, {reading: value}) from the agents' last heartbeats."""
+    for node in nodes:
+        seen = rt.liveness.get(node.id)
+        readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None else {}
+        if isinstance(readings, dict):
+            for uuid, values in readings.items():
+                if isinstance(values, dict):
+                    yield node.id, uuid, values
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def record_sample(rt, with_gpus=True):
+    """Store one cluster sample (and per-GPU samples); returns the counts written."""
+    now = rt.clock.now()
+    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+    gpu = cluster_status(state)["gpu"]
+    readings = list(_gpu_readings(rt, state.nodes))
+    utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]
+    running = Job.select().where(Job.state == JobState.RUNNING.value).count()
+    waiting = Job.select().where(Job.state == JobState.QUEUED.value).count()
+    with write_transaction():
+        ClusterSample.create(at=now, jobs_running=running, jobs_waiting=waiting, gpus_total=gpu["total"],
+                             gpus_used=gpu["used"], gpus_blocked=gpu["blocked"],
+                             gpu_util_percent=sum(utils) / len(utils) if utils else None)
+        rows = []
+        if with_gpus:
+            rows = [dict(at=now, node_id=node_id, uuid=uuid[:128], **{f: _number(values.get(f)) for f in GPU_FIELDS})
+                    for node_id, uuid, values in readings]
+            if rows:
+                GpuSample.insert_many(rows).execute()
+    return {"cluster": 1, "gpus": len(rows)}
+
+
+def history(rt, minutes):
+    """Samples of the last `minutes` (at most 24 h): the cluster's and each GPU's."""
+    minutes = max(1, min(int(minutes), MAX_HISTORY_MINUTES))
+    since = rt.clock.now() - dt.timedelta(minutes=minutes)
+    samples = [{"at": isoformat(s.at), "jobs_running": s.jobs_running, "jobs_waiting": s.jobs_waiting,
+                "gpus_total": s.gpus_total, "gpus_used": s.gpus_used, "gpus_blocked": s.gpus_blocked,
+                "gpu_util_percent": s.gpu_util_percent}
+               for s in ClusterSample.select().where(ClusterSample.at >= since).order_by(ClusterSample.at)]
+    gpus = {}
+    for s in GpuSample.select().where(GpuSample.at >= since).order_by(GpuSample.at):
+        entry = gpus.setdefault(s.uuid, {"uuid": s.uuid, "node_id": s.node_id, "samples": []})
+        entry["samples"].append({"at": isoformat(s.at), **{f: getattr(s, f) for f in GPU_FIELDS}})
+    return {"minutes": minutes, "samples": samples, "gpus": list(gpus.values())}
+
+
+# ---------------------------------------------------------------- storage and garbage collection
+
+
+def _tree_size(path):
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed while we walked
+    return total
+
+
+def measure_storage(rt):
+    """Sizes of the database, artifacts and the data dir's disk; stored on the runtime."""
+    settings = rt.settings
+    started = time.monotonic()
+    data_dir = os.path.abspath(settings.data_dir)
+    db_bytes = None
+    if settings.database_url.startswith("sqlite:"):
+        path = settings.database_url.split("sqlite:///", 1)[1]
+        db_bytes = sum(os.path.getsize(p) for p in (path, path + "-wal", path + "-shm") if os.path.exists(p))
+    artifacts = _tree_size(store_dir(settings)) if os.path.isdir(store_dir(settings)) else 0
+    usage = shutil.disk_usage(data_dir) if os.path.isdir(data_dir) else None
+    used_percent = round(100 * (usage.total - usage.free) / usage.total, 1) if usage else None
+    watermark = settings.storage_watermark_percent
+    rt.storage = {
+        "measured_at": isoformat(rt.clock.now()),
+        "measured_at_monotonic": rt.clock.monotonic(),
+        "data_dir": data_dir,
+        "database_bytes": db_bytes,
+        "artifacts_bytes": artifacts,
+        "disk_total_bytes": usage.total if usage else None,
+        "disk_free_bytes": usage.free if usage else None,
+        "disk_used_percent": used_percent,
+        "watermark_percent": watermark,
+        "alert": (f"disk {used_percent}% full, above the {watermark}% watermark"
+                  if used_percent is not None and used_percent >= watermark else None),
+        "took_seconds": round(time.monotonic() - started, 3),
+    }
+    return {k: v for k, v in rt.storage.items() if k in ("database_bytes", "artifacts_bytes", "disk_used_percent")}
+
+
+def storage_view(rt):
+    """The last storage measurement, with `stale` when it is older than two intervals."""
+    if not rt.storage:
+        return {"measured_at": None, "stale": True}
+    age = rt.clock.monotonic() - rt.storage["measured_at_monotonic"]
+    view = {k: v for k, v in rt.storage.items() if k != "measured_at_monotonic"}
+    view["stale"] = age > 2 * rt.settings.storage_measure_seconds
+    return view
+
+
+def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
+    """Remove metric samples past retention and, with delete_jobs, jobs ended longer ago than
+    `older_than_seconds` with their tasks, logs and events, then artifacts no job refers to.
+    Returns what was (or, with dry_run, would be) removed."""
+    now = rt.clock.now()
+    cutoff = now - dt.timedelta(seconds=older_than_seconds)
+    samples_cutoff = now - dt.timedelta(seconds=rt.settings.metrics_retention_seconds)
+    counts = {}
+    with write_transaction():
+        expired = {"cluster_samples": (ClusterSample, ClusterSample.at < samples_cutoff),
+                   "gpu_samples": (GpuSample, GpuSample.at < samples_cutoff)}
+        old_jobs = []
+        if delete_jobs:
+            terminal = [s.value for s in JobState if s.is_terminal()]
+            old_jobs = [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
+        counts["jobs"] = len(old_jobs)
+        counts["tasks"] = Task.select().where(Task.job.in_(old_jobs)).count() if old_jobs else 0
+        counts["log_lines"] = LogLine.select().where(LogLine.job.in_(old_jobs)).count() if old_jobs else 0
+        counts["events"] = (Event.select().where((Event.subject_type == "job") & Event.subject_id.in_(old_jobs))
+                            .count() if old_jobs else 0)
+        for name, (model, condition) in expired.items():
+            counts[name] = model.select().where(condition).count()
+        orphans = []
+        if delete_jobs:
+            referenced = {a["sha256"] for job in Job.select(Job.spec).where(Job.id.not_in(old_jobs or [""]))
+                          for a in (job.spec.get("artifacts") or [])}
+            orphans = [a.sha256 for a in Artifact.select().where(Artifact.created_at < cutoff)
+                       if a.sha256 not in referenced]
+        counts["artifacts"] = len(orphans)
+        if not dry_run:
+            for model, condition in expired.values():
+                model.delete().where(condition).execute()
+            if old_jobs:
+                Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(old_jobs)).execute()
+                LogLine.delete().where(LogLine.job.in_(old_jobs)).execute()
+                Task.delete().where(Task.job.in_(old_jobs)).execute()
+                Job.delete().where(Job.id.in_(old_jobs)).execute()
+            if orphans:
+                Artifact.delete().where(Artifact.sha256.in_(orphans)).execute()
+    if not dry_run:
+        for sha in orphans:  # files go after the rows are gone for good
+            try:
+                os.unlink(artifact_path(rt.settings, sha))
+            except FileNotFoundError:
+                pass
+    counts["dry_run"] = dry_run
+    return counts

@@ -1,0 +1,54 @@
+"""Who may open each UI page and press each button: taken from the API view that does the same.
+
+The roles are read from the API's own `require` decorators, so the UI cannot drift from the
+API: a page that shows what GET /api/v1/nodes shows admits exactly the roles that route admits.
+"""
+
+from fleetd.api import admin, cluster, fleets, jobs, metrics, nodes, tokens
+
+
+def _roles(view, method):
+    return frozenset(getattr(view, method).required_roles)
+
+
+OVERVIEW = _roles(cluster.ClusterStatus, "get")
+HISTORY = _roles(metrics.MetricsHistory, "get")
+STORAGE = frozenset({"admin"})  # cluster status shows storage to admins only (API view)
+NODES = _roles(nodes.Nodes, "get") | _roles(nodes.NodeById, "get")
+NODE_EVENTS = _roles(nodes.NodeEvents, "get")
+NODE_ACTIONS = {
+    "cordon": _roles(nodes.NodeCordon, "post"),
+    "uncordon": _roles(nodes.NodeUncordon, "post"),
+    "drain": _roles(nodes.NodeDrain, "post"),
+    "undrain": _roles(nodes.NodeUndrain, "post"),
+    "revoke": _roles(nodes.NodeRevoke, "post"),
+}
+ALLOCATION = _roles(cluster.ClusterAllocation, "get")
+JOBS = _roles(jobs.Jobs, "get")
+JOB = _roles(jobs.JobById, "get")
+JOB_CANCEL = _roles(jobs.JobCancel, "post")
+JOB_LOGS = _roles(jobs.JobLogs, "get")
+JOB_EVENTS = _roles(jobs.JobEvents, "get")
+SIMULATE = _roles(cluster.SimulateSchedule, "post")
+FLEETS = _roles(fleets.Fleets, "get")
+JOIN_TOKENS = _roles(fleets.FleetJoinTokens, "get")
+JOIN_TOKEN_CREATE = _roles(fleets.FleetJoinTokens, "post")
+JOIN_TOKEN_REVOKE = _roles(fleets.JoinTokenById, "delete")
+API_TOKENS = _roles(tokens.Tokens, "get")
+API_TOKEN_CREATE = _roles(tokens.Tokens, "post")
+API_TOKEN_REVOKE = _roles(tokens.TokenById, "delete")
+TASKS = _roles(admin.BackgroundTasks, "get")
+TASK_RUN = _roles(admin.BackgroundTaskRun, "post")
+GPU_TYPES = _roles(cluster.GpuTypes, "get")
+GPU_TYPE_SET = _roles(cluster.GpuTypeByModel, "put")
+
+# The navigation bar: (endpoint, label, roles that see the link).
+NAV = [
+    ("ui.overview", "Overview", OVERVIEW),
+    ("ui.node_list", "Nodes", NODES),
+    ("ui.job_list", "Jobs", JOBS),
+    ("ui.join_tokens", "Join tokens", JOIN_TOKENS),
+    ("ui.api_tokens", "API tokens", API_TOKENS),
+    ("ui.maintenance", "Maintenance", TASKS),
+    ("ui.gpu_types", "GPU types", GPU_TYPES),
+]

@@ -1,0 +1,154 @@
+"""The UI's sign-in state: the secret key, the session cookie, CSRF tokens and role checks.
+
+The session cookie (signed, not encrypted) holds only the id of the API token that signed
+in and a CSRF token; the token itself never leaves the sign-in request. Every request
+loads that token's row again, so a revoked or expired token ends the session at once.
+"""
+
+import datetime as dt
+import functools
+import hmac
+import logging
+import os
+import secrets
+
+from flask import g, request, session
+from flask.sessions import SecureCookieSessionInterface
+
+from fleetd.auth import API_PREFIX, Principal
+from fleetd.errors import Forbidden, InvalidRequest
+from fleetd.models import ApiToken
+
+log = logging.getLogger(__name__)
+
+SECRET_FILE = "ui-secret"
+SESSION_LIFETIME = dt.timedelta(hours=12)
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+class SignInRequired(Exception):
+    """No valid session: the browser is sent to the sign-in page."""
+
+
+def load_secret_key(data_dir):
+    """The key that signs UI session cookies: data_dir/ui-secret (mode 0600), created on first use."""
+    path = os.path.join(data_dir, SECRET_FILE)
+    try:
+        with open(path, "rb") as fh:
+            key = fh.read().strip()
+        if len(key) >= 32:
+            return key
+        raise OSError(f"{path} holds fewer than 32 bytes")
+    except FileNotFoundError:
+        pass
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    key = secrets.token_hex(32).encode("ascii")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it first: use theirs
+        with open(path, "rb") as fh:
+            return fh.read().strip()
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return key
+
+
+def secret_key_for(data_dir):
+    """load_secret_key, or a per-process key (sessions then end at restart) when the data dir is unwritable."""
+    try:
+        return load_secret_key(data_dir)
+    except OSError as exc:
+        log.warning("admin UI: cannot keep a session key in %s (%s); sign-ins last until fleetd restarts",
+                    data_dir, exc)
+        return secrets.token_hex(32).encode("ascii")
+
+
+class UiSessionInterface(SecureCookieSessionInterface):
+    """Flask's signed cookie session, Secure whenever the browser reached us over HTTPS."""
+
+    def get_cookie_secure(self, app):
+        # X-Forwarded-Proto only ever makes the cookie stricter, so trusting it is harmless.
+        return request.is_secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+
+def configure_session(app, data_dir):
+    """Secret key and cookie settings for the UI's session."""
+    app.secret_key = secret_key_for(data_dir)
+    app.session_interface = UiSessionInterface()
+    app.config.update(
+        SESSION_COOKIE_NAME="fleetd_ui",
+        SESSION_COOKIE_PATH="/ui",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
+    )
+
+
+def csrf_token():
+    """This session's CSRF token, made on first use."""
+    token = session.get("csrf")
+    if not token:
+        token = session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+def check_csrf():
+    """Refuse a state-changing request whose CSRF token does not match the session's."""
+    expected = session.get("csrf")
+    sent = request.form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
+    if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise InvalidRequest("the form expired or did not come from this site; reload the page and try again")
+
+
+def sign_in(principal):
+    """Start a session for an API token's principal (a fresh CSRF token too)."""
+    if principal.kind != "api":
+        raise InvalidRequest("sign in with an API token (fla_...), not a node or join token")
+    session.clear()
+    session.permanent = True
+    session["tid"] = principal.id
+    session["csrf"] = secrets.token_urlsafe(32)
+
+
+def sign_out():
+    """Forget the session."""
+    session.clear()
+
+
+def session_principal(now):
+    """The principal of the signed-in API token, or None when it is gone, revoked or expired."""
+    token_id = session.get("tid")
+    if not token_id or not isinstance(token_id, str):
+        return None
+    row = ApiToken.get_or_none(ApiToken.id == token_id)
+    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        return None
+    return Principal("api", row.id, row.role, name=row.name, team=row.team)
+
+
+def ui_require(roles):
+    """Allow a UI view only to signed-in principals whose role is in `roles` (the API's roles for it)."""
+    roles = frozenset(roles)
+
+    def decorator(view):
+        @functools.wraps(view)
+        def wrapper(*args, **kwargs):
+            principal = g.get("ui_principal")
+            if principal is None:
+                raise SignInRequired()
+            if principal.role not in roles:
+                raise Forbidden(f"your token's role ({principal.role}) may not open this page or do this")
+            return view(*args, **kwargs)
+
+        wrapper.required_roles = roles
+        return wrapper
+
+    return decorator
+
+
+def is_api_token(text):
+    """Whether a pasted string looks like an API token at all (for a clearer message)."""
+    return text.startswith(API_PREFIX)
