@@ -1,0 +1,151 @@
+"""`fleetd bootstrap` against real SSH test hosts (network namespaces with their own sshd)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.provision.conftest import FLEET
+from tests.provision.hosts import wait_for
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+pytestmark = pytest.mark.integration
+
+
+def agent_pids(host):
+    """PIDs of `fleet-agent run` processes inside the host."""
+    out = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True, text=True, timeout=30).stdout
+    pids = []
+    for pid in out.split():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/fleet-agent") for a in argv) and b"run" in argv:
+            pids.append(int(pid))
+    return sorted(pids)
+
+
+def shape_uuids(host):
+    return sorted(g["uuid"] for g in json.loads(host.path("/opt/fake-gpus/shape.json").read_text())["gpus"])
+
+
+def file_state(host, *paths):
+    return {p: (host.path(p).stat().st_mtime_ns, host.path(p).read_bytes()) for p in paths}
+
+
+def test_three_hosts_become_ready_nodes_a_second_run_changes_nothing_and_a_host_without_sshd_fails_alone(
+        lab_factory, bundle):
+    lab = lab_factory(["l4_x4", "h100_x8", "a100_mig_x2"])
+    hosts = lab.hosts
+    code, results, stderr = lab.bootstrap(bundle, *hosts)
+    assert code == 0, (results, stderr)
+    for host in hosts:
+        row = results[host.address]
+        assert row["result"] == "enrolled", row
+        assert row["preflight"].startswith("ok (Python 3.")
+        node = lab.api.wait_status(row["node_id"], "ready")
+        assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
+        assert row["gpus"] == len(node["gpus"])
+        assert node["fleet"] == FLEET and node["hostname"] == host.hostname
+        assert json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"] == bundle.version
+        config = tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())
+        assert config["server_url"] == lab.fleetd.url and config["devices"]["backend"].startswith("fake:")
+        assert "Type=notify" in host.path("/etc/systemd/system/fleet-agent.service").read_text()
+        assert len(agent_pids(host)) == 1
+    tokens = lab.api.join_tokens()
+    assert len(tokens) == 3 and all(t["max_uses"] == 1 and t["uses"] == 1 for t in tokens)
+    # The tokens never reached the command lines or the logs of the hosts.
+    assert "flj_" not in stderr
+
+    watched = ("/etc/fleet-agent/agent.toml", "/etc/systemd/system/fleet-agent.service", "/opt/fleet-agent/bundle.json")
+    before = {h.name: (agent_pids(h), file_state(h, *watched)) for h in hosts}
+    code, again, stderr = lab.bootstrap(bundle, *hosts)
+    assert code == 0, (again, stderr)
+    for host in hosts:
+        assert again[host.address]["result"] == "unchanged", again[host.address]
+        assert again[host.address]["node_id"] == results[host.address]["node_id"]
+        assert (agent_pids(host), file_state(host, *watched)) == before[host.name]
+    assert len(lab.api.join_tokens()) == 3
+    assert len(lab.api.nodes()) == 3
+
+    down = hosts[1]
+    down.stop_sshd()
+    code, partial, stderr = lab.bootstrap(bundle, *hosts)
+    assert code == 1
+    assert partial[down.address]["result"] == "failed"
+    assert "cannot connect" in partial[down.address]["reason"]
+    for host in (hosts[0], hosts[2]):
+        assert partial[host.address]["result"] == "unchanged", partial[host.address]
+    assert [n["status"] for n in lab.api.nodes()] == ["ready"] * 3
+
+
+def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_factory, bundle, tmp_path):
+    lab = lab_factory(["l4_x4", "l4_x4"])
+    unknown, changed = lab.hosts
+    impostor = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True, timeout=30)
+    kind, key = impostor.with_suffix(".pub").read_text().split()[:2]
+    lab.ssh.known_hosts.write_text(f"{changed.address} {kind} {key}\n")
+
+    code, results, _ = lab.bootstrap(bundle, unknown, changed)
+    assert code == 1
+    assert results[unknown.address]["result"] == "failed"
+    assert "is not in" in results[unknown.address]["reason"] and "--accept-new-host-keys" in results[unknown.address]["reason"]
+    assert results[changed.address]["result"] == "failed" and "CHANGED" in results[changed.address]["reason"]
+    for host in (unknown, changed):
+        assert host.accepted_logins() == 0
+        assert not host.path("/opt/fleet-agent").exists()
+    assert lab.api.join_tokens() == []
+    assert lab.ssh.known_hosts.read_text() == f"{changed.address} {kind} {key}\n"
+
+    # Trust on first use records the unknown key; a changed key stays refused. An impossible disk
+    # requirement stops both right after preflight, which is enough to prove who got in.
+    code, results, _ = lab.bootstrap(bundle, unknown, changed, extra=["--accept-new-host-keys",
+                                                                     "--min-free-mb", str(2**40)])
+    assert code == 1
+    assert results[unknown.address]["reason"].startswith("preflight: only")
+    assert unknown.accepted_logins() >= 1
+    assert unknown.known_hosts_line() in lab.ssh.known_hosts.read_text().splitlines()
+    assert "CHANGED" in results[changed.address]["reason"] and changed.accepted_logins() == 0
+
+
+def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_deletes_the_nodes(
+        lab_factory, bundle, next_bundle):
+    lab = lab_factory(["l4_x4", "h100_x8"])
+    hosts = lab.hosts
+    code, results, stderr = lab.bootstrap(bundle, *hosts)
+    assert code == 0, (results, stderr)
+    node_ids = {h.address: results[h.address]["node_id"] for h in hosts}
+    old_pids = {h.name: agent_pids(h) for h in hosts}
+
+    code, upgraded, stderr = lab.bootstrap(next_bundle, *hosts)
+    assert code == 0, (upgraded, stderr)
+    for host in hosts:
+        row = upgraded[host.address]
+        assert row["result"] == "upgraded" and row["node_id"] == node_ids[host.address], row
+        assert json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"] == next_bundle.version
+        assert agent_pids(host) and agent_pids(host) != old_pids[host.name]
+        statuses = [e["to_status"] for e in lab.api.events(row["node_id"]) if e.get("to_status")]
+        assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+        assert lab.api.node(row["node_id"])["status"] == "ready"
+
+    result = lab.fleetd_cli("bootstrap", hosts[0].address, "--remove", "--user", "root", "--key",
+                            str(lab.ssh.client_key), "--known-hosts", str(lab.ssh.known_hosts),
+                            "--drain-deadline", "30", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = json.loads(result.stdout)[0]
+    assert row["result"] == "removed" and row["node_id"] == node_ids[hosts[0].address]
+    assert lab.api.node(node_ids[hosts[0].address]) is None
+    for path in ("/opt/fleet-agent", "/etc/fleet-agent/agent.toml", "/var/lib/fleet-agent/node.json",
+                 "/etc/systemd/system/fleet-agent.service"):
+        assert not hosts[0].path(path).exists(), path
+    wait_for(lambda: not agent_pids(hosts[0]), 30, message="the agent to stop")
+    assert [n["id"] for n in lab.api.nodes()] == [node_ids[hosts[1].address]]
+    assert lab.api.node(node_ids[hosts[1].address])["status"] == "ready"

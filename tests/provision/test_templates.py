@@ -1,0 +1,94 @@
+"""The host templates: rendered unit and config are valid, and missing variables are errors."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fleetd.provision import rendering
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from agent.config import load_config
+
+
+def values(**overrides):
+    base = {"server_url": "https://fleetd.example:8443", "labels": {"rack": "r12", "zone \"b\"": "a<b>&c"}}
+    base.update(overrides)
+    return rendering.template_vars(**base)
+
+
+def test_config_is_toml_that_the_agent_loads_with_every_key_the_operator_set(tmp_path):
+    text = rendering.render_config(values(
+        tls_pin="ab" * 32, address="10.1.2.3", machine_id="m-1", heartbeat_interval_seconds=5,
+        devices_backend="fake:/opt/shape.json", devices_poll_seconds=0.5, state_dir=str(tmp_path / "state")))
+    data = tomllib.loads(text)
+    assert data["server_url"] == "https://fleetd.example:8443"
+    assert data["labels"] == {"rack": "r12", "zone \"b\"": "a<b>&c"}
+    assert data["devices"] == {"backend": "fake:/opt/shape.json", "poll_seconds": 0.5}
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    config = load_config(str(path), environ={})
+    assert config.tls_pin == "ab" * 32 and config.address == "10.1.2.3" and config.machine_id == "m-1"
+    assert config.heartbeat_interval_seconds == 5.0 and config.local_api_listen == "127.0.0.1:8001"
+    assert config.labels == {"rack": "r12", "zone \"b\"": "a<b>&c"}
+
+
+def test_config_leaves_out_optional_keys_that_are_empty():
+    data = tomllib.loads(rendering.render_config(values()))
+    assert set(data) == {"server_url", "state_dir", "log_level", "labels", "local_api", "devices"}
+
+
+def test_unit_is_a_notify_service_with_watchdog_restart_and_exit_3_kept_down():
+    unit = rendering.render_unit(values(install_dir="/srv/agent", config_dir="/etc/fa"))
+    lines = set(unit.splitlines())
+    for expected in ("Type=notify", "WatchdogSec=60", "Restart=always", "RestartPreventExitStatus=3",
+                     "ExecStart=/srv/agent/bin/fleet-agent run --config /etc/fa/agent.toml",
+                     "StateDirectory=fleet-agent", "Delegate=yes", "WantedBy=multi-user.target"):
+        assert expected in lines, expected
+    # Nothing that would cut the agent off /dev/nvidia* or CUDA's JIT.
+    keys = {line.split("=", 1)[0] for line in lines if "=" in line and not line.startswith("#")}
+    assert not keys & {"PrivateDevices", "ProtectClock", "MemoryDenyWriteExecute", "DevicePolicy", "DeviceAllow"}
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    install = tmp_path / "install"
+    (install / "bin").mkdir(parents=True)
+    (install / "bin" / "fleet-agent").write_text("#!/bin/sh\n")
+    (install / "bin" / "fleet-agent").chmod(0o755)
+    unit = tmp_path / "fleet-agent.service"
+    unit.write_text(rendering.render_unit(values(install_dir=str(install))))
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                            timeout=60)
+    complaints = [line for line in result.stderr.splitlines() if "fleet-agent.service" in line]
+    assert result.returncode == 0 and not complaints, result.stderr
+
+
+def test_a_missing_variable_is_an_error_not_an_empty_string():
+    with pytest.raises(rendering.TemplateError, match="fleet_agent_server_url"):
+        rendering.template_vars()
+    broken = dict(values())
+    del broken["fleet_agent_devices_backend"]
+    with pytest.raises(rendering.TemplateError, match="fleet_agent_devices_backend"):
+        rendering.render_config(broken)
+    with pytest.raises(rendering.TemplateError, match="unknown template variable"):
+        rendering.template_vars(server_url="http://x", no_such_thing=1)
+
+
+def test_facts_script_reports_an_empty_host_in_key_value_lines(tmp_path):
+    result = subprocess.run(
+        ["sh", "-s", "--", "python3", str(tmp_path / "opt"), str(tmp_path / "etc"), str(tmp_path / "state"),
+         str(tmp_path / "unit.service")],
+        input=rendering.script(rendering.FACTS_SCRIPT), capture_output=True, text=True, timeout=60)
+    from fleetd.provision.bootstrap import parse_facts
+
+    facts = parse_facts(result.stdout)
+    assert result.returncode == 0, result.stderr
+    assert facts["python"].startswith("3.") and facts["python_venv"] == "yes"
+    assert facts["installed_version"] == "" and facts["node_id"] == "" and facts["config_sha256"] == ""
+    assert int(facts["disk_free_kb"]) > 0

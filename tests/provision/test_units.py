@@ -1,0 +1,94 @@
+"""Pure pieces of provisioning: host specs, the host-key policy, preflight verdicts, bundle compatibility."""
+
+import threading
+
+import paramiko
+import pytest
+
+from fleetd.provision.bootstrap import BootstrapOptions, HostFailed, judge_preflight, parse_facts
+from fleetd.provision.bundle import check_host_compat
+from fleetd.provision.ssh import HostKeyRejected, HostSpec, StrictHostKeyPolicy, fingerprint
+
+GOOD_FACTS = {"facts_version": "1", "uid": "0", "arch": "x86_64", "python": "3.11.2", "python_venv": "yes",
+              "systemctl": "yes", "systemd_running": "yes", "disk_free_kb": str(20 * 2**20),
+              "nvidia_driver": "550.90.07", "nvidia_gpus": "8"}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("gpu1", HostSpec("gpu1")),
+    ("ops@gpu1:2222", HostSpec("gpu1", "ops", 2222)),
+    ("10.0.0.5:22", HostSpec("10.0.0.5", None, 22)),
+    ("root@[fd00::5]:2200", HostSpec("fd00::5", "root", 2200)),
+])
+def test_host_specs_parse_user_host_and_port(text, expected):
+    assert HostSpec.parse(text) == expected
+    assert HostSpec.parse(str(expected)) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a b", "host:99999", "user@", "@host"])
+def test_bad_host_specs_are_refused(text):
+    with pytest.raises(ValueError):
+        HostSpec.parse(text)
+
+
+def test_unknown_host_key_is_refused_and_nothing_is_recorded(tmp_path):
+    known = tmp_path / "known_hosts"
+    key = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else paramiko.RSAKey.generate(1024)
+    client = paramiko.SSHClient()
+    with pytest.raises(HostKeyRejected, match=r"not in .*known_hosts.*--accept-new-host-keys"):
+        StrictHostKeyPolicy(known).missing_host_key(client, "[10.0.0.9]:2222", key)
+    assert not known.exists()
+    assert client.get_host_keys().lookup("[10.0.0.9]:2222") is None
+
+
+def test_accept_new_host_keys_records_the_key_once_per_host(tmp_path):
+    known = tmp_path / "ssh" / "known_hosts"
+    key = paramiko.RSAKey.generate(1024)
+    client = paramiko.SSHClient()
+    policy = StrictHostKeyPolicy(known, accept_new=True, lock=threading.Lock())
+    policy.missing_host_key(client, "gpu7", key)
+    assert known.read_text() == f"gpu7 ssh-rsa {key.get_base64()}\n"
+    assert oct(known.stat().st_mode & 0o777) == "0o600"
+    loaded = paramiko.HostKeys(str(known))
+    assert loaded.lookup("gpu7")["ssh-rsa"] == key
+    assert fingerprint(key).startswith("SHA256:")
+
+
+def test_preflight_passes_a_good_host_and_states_the_driver():
+    problems, verdict = judge_preflight(GOOD_FACTS, BootstrapOptions())
+    assert problems == []
+    assert verdict.startswith("ok (") and "Python 3.11.2" in verdict and "NVIDIA driver 550.90.07 (8 GPU(s))" in verdict
+
+
+def test_preflight_says_cpu_only_when_there_is_no_driver():
+    problems, verdict = judge_preflight(dict(GOOD_FACTS, nvidia_driver="", nvidia_gpus=""), BootstrapOptions())
+    assert problems == [] and "CPU-only" in verdict
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"python": "3.9.18"}, "Python 3.9.18 < 3.10"),
+    ({"python": ""}, "no python3 on the host"),
+    ({"python_venv": "no"}, "no venv module"),
+    ({"uid": "1000"}, "not root (uid 1000): use --sudo"),
+    ({"systemctl": "no"}, "no systemd"),
+    ({"disk_free_kb": "1024"}, "only 1 MiB free"),
+])
+def test_preflight_fails_with_a_readable_reason(change, reason):
+    problems, verdict = judge_preflight(dict(GOOD_FACTS, **change), BootstrapOptions())
+    assert any(reason in p for p in problems), problems
+    assert verdict.startswith("FAILED: ")
+
+
+def test_facts_without_the_marker_are_a_host_failure():
+    with pytest.raises(HostFailed, match="printed nothing usable"):
+        parse_facts("sh: 1: syntax error\n")
+
+
+def test_bundle_compatibility_follows_the_wheel_tags():
+    wheels = ["fleetd-0.1.0-py3-none-any.whl", "pyyaml-6.0.2-cp311-cp311-manylinux_2_17_x86_64.whl",
+              "cryptography-43.0.0-cp39-abi3-manylinux_2_28_aarch64.whl",
+              "cryptography-43.0.0-cp39-abi3-manylinux_2_28_x86_64.whl"]
+    assert check_host_compat(wheels, "3.11.4", "x86_64") == ""
+    assert "pyyaml" in check_host_compat(wheels, "3.12.1", "x86_64")
+    assert "pyyaml" in check_host_compat(wheels, "3.11.4", "aarch64")
+    assert "cryptography" not in check_host_compat(wheels, "3.12.1", "aarch64")
