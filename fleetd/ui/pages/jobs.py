@@ -1,0 +1,137 @@
+"""Jobs: the queue with filters; a job's page with spec, tasks, events, log tail, cancel and simulation."""
+
+import json
+
+from flask import flash, g, redirect, render_template, request, url_for
+
+from fleetd.errors import InvalidRequest
+from fleetd.models import JobState
+from fleetd.runtime import current_runtime
+from fleetd.services import jobs, nodes, policy
+from fleetd.services.pagination import encode_cursor
+from fleetd.ui import roles
+from fleetd.ui.blueprint import bp
+from fleetd.ui.pages.common import PAGE, allow, confirmed, tail
+from fleetd.ui.security import ui_require
+
+LIST_LIMIT = 200
+TEAM_SCAN_LIMIT = 20_000
+LOG_LINES_SHOWN = 300
+LOG_POLL_LIMIT = 500
+EVENTS_SHOWN = 100
+ACTIVE = "active"
+
+
+def _page(principal, state, owner, team, cursor):
+    """One page of jobs; the team filter reads the service's pages and keeps the team's jobs."""
+    if not team:
+        return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner)
+    found, scanned = [], 0
+    while scanned < TEAM_SCAN_LIMIT:
+        rows, cursor = jobs.list_jobs(principal, PAGE, cursor, state, owner)
+        scanned += len(rows)
+        for job in rows:
+            if job.team == team:
+                found.append(job)
+                if len(found) == LIST_LIMIT:
+                    more = cursor is not None or job is not rows[-1]
+                    return found, encode_cursor(job.id) if more else None
+        if cursor is None:
+            return found, None
+    return found, cursor
+
+
+@bp.route("/jobs")
+@ui_require(roles.JOBS)
+def job_list():
+    """Running and queued jobs (or one state, or all) with pending reasons; filters by owner and team."""
+    principal = g.ui_principal
+    state = request.args.get("state", ACTIVE) or ACTIVE
+    owner = request.args.get("owner", "").strip() or None
+    team = request.args.get("team", "").strip() or None
+    cursor = request.args.get("cursor") or None
+    states = [s.value for s in JobState]
+    if state not in states + [ACTIVE, "any"]:
+        raise InvalidRequest(f"unknown job state {state!r}")
+    if state == ACTIVE:
+        sections = []
+        for wanted in (JobState.RUNNING.value, JobState.QUEUED.value):
+            rows, more = _page(principal, wanted, owner, team, None)
+            sections.append((wanted, rows, more))
+        next_cursor = None
+    else:
+        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, cursor)
+        sections = [(state, rows, None)]
+    return render_template("jobs.html", sections=sections, state=state, owner=owner or "", team=team or "",
+                           states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
+
+
+def _hostnames(job):
+    ids = {t.node_id for t in job.task_list if t.node_id}
+    found = {node_id: nodes.find_node(node_id) for node_id in sorted(ids)}
+    return {node_id: node.hostname for node_id, node in found.items() if node is not None}
+
+
+def _log_poll_url(job_id, after):
+    return url_for("ui.job_log", job_id=job_id, after=after) if after is not None else url_for("ui.job_log",
+                                                                                              job_id=job_id)
+
+
+@bp.route("/jobs/<string:job_id>")
+@ui_require(roles.JOB)
+def job_page(job_id):
+    """One job: spec, tasks with their nodes and GPUs, events, the end of its log, and why it waits."""
+    rt = current_runtime()
+    principal = g.ui_principal
+    job = jobs.get_job(principal, job_id)
+    events, events_complete = [], True
+    if principal.role in roles.JOB_EVENTS:
+        events, events_complete = tail(lambda after: jobs.job_events(principal, job_id, PAGE, after=after)[0],
+                                       EVENTS_SHOWN)
+    lines, logs_complete = [], True
+    if principal.role in roles.JOB_LOGS:
+        lines, logs_complete = tail(lambda after: jobs.job_logs(principal, job_id, PAGE, after=after)[0],
+                                    LOG_LINES_SHOWN)
+    simulation = None
+    if job.state == JobState.QUEUED.value and principal.role in roles.SIMULATE:
+        simulation = policy.simulate(rt, principal, job.spec)
+    last_seq = lines[-1].id if lines else None
+    return render_template(
+        "job.html", job=job, spec=json.dumps(job.spec, indent=2, sort_keys=True), hostnames=_hostnames(job),
+        events=list(reversed(events)), events_complete=events_complete, lines=lines, logs_complete=logs_complete,
+        poll_url=_log_poll_url(job_id, last_seq), terminal=JobState(job.state).is_terminal(),
+        simulation=simulation, now=rt.clock.now())
+
+
+@bp.route("/jobs/<string:job_id>/log")
+@ui_require(roles.JOB_LOGS)
+def job_log(job_id):
+    """New log lines after `after` (htmx polls this): the lines, appended out of band, and the next poller."""
+    principal = g.ui_principal
+    after = request.args.get("after")
+    try:
+        after = int(after) if after else None
+    except ValueError:
+        raise InvalidRequest("after must be a log line number") from None
+    job = jobs.get_job(principal, job_id)
+    lines, _ = jobs.job_logs(principal, job_id, LOG_POLL_LIMIT, after=after)
+    last_seq = lines[-1].id if lines else after
+    # Keep polling while the job may still write, and while a full batch says more is waiting.
+    polling = not JobState(job.state).is_terminal() or len(lines) == LOG_POLL_LIMIT
+    return render_template("_log_poll.html", lines=lines, poll_url=_log_poll_url(job_id, last_seq),
+                           polling=polling, job=job)
+
+
+@bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])
+@ui_require(roles.JOB)
+def job_cancel(job_id):
+    """Cancel a job after a confirmation step (owner or admin, as the API allows)."""
+    principal = allow(roles.JOB_CANCEL)
+    rt = current_runtime()
+    job = jobs.get_job(principal, job_id)
+    if not confirmed(request.form):
+        return render_template("confirm_job.html", job=job)
+    job = jobs.cancel_job(rt.clock.now(), principal, job_id)
+    rt.notifier.notify(("job", job.id))
+    flash(f"Job {job.name} is now {job.state}.")
+    return redirect(url_for("ui.job_page", job_id=job_id))

@@ -1,0 +1,131 @@
+"""Nodes: the table with filters; a node's page with GPUs, tasks, events and admin actions."""
+
+from flask import flash, g, redirect, render_template, request, url_for
+
+from fleetd.errors import InvalidRequest
+from fleetd.models import NodeStatus
+from fleetd.runtime import current_runtime
+from fleetd.schemas.nodes import NodeDrainSchema
+from fleetd.services import fleets, nodes
+from fleetd.ui import roles
+from fleetd.ui.blueprint import bp
+from fleetd.ui.forms import load_form
+from fleetd.ui.pages.common import PAGE, allow, confirmed, tail
+from fleetd.ui.pages.overview import cluster_state
+from fleetd.ui.security import ui_require
+
+LIST_LIMIT = 200
+EVENTS_SHOWN = 50
+
+ACTIONS = {
+    "cordon": ("Cordon", "No new work will be placed on this node; running tasks continue."),
+    "uncordon": ("Uncordon", "The node takes new work again."),
+    "drain": ("Drain", "No new work; running tasks may finish until the deadline, then they are stopped "
+                       "and requeued. The node stays drained until you undrain it."),
+    "undrain": ("Undrain", "The drain ends and the node takes new work again."),
+    "revoke": ("Revoke", "The node's session token stops working and its agent stops all work. "
+                         "The host must enrol again with a new join token to come back."),
+}
+
+
+def _live(node_list):
+    """The in-memory last heartbeat is newer than the stored one (as the API shows it)."""
+    liveness = current_runtime().liveness
+    for node in node_list:
+        seen = liveness.get(node.id)
+        if seen is not None:
+            node.last_heartbeat_at = seen.at
+    return node_list
+
+
+def _gpu_summary(node):
+    unhealthy = [gpu for gpu in node.gpu_list if not gpu.healthy]
+    models = sorted({gpu.model for gpu in node.gpu_list})
+    return {"count": len(node.gpu_list), "unhealthy": unhealthy, "models": models}
+
+
+@bp.route("/nodes")
+@ui_require(roles.NODES)
+def node_list():
+    """Every node (or those of a fleet / status) with GPUs and their health, heartbeat age and labels."""
+    fleet = request.args.get("fleet") or None
+    status = request.args.get("status") or None
+    if status is not None and status not in {s.value for s in NodeStatus}:
+        raise InvalidRequest(f"unknown node status {status!r}")
+    cursor = request.args.get("cursor") or None
+    rows, next_cursor = nodes.list_nodes(LIST_LIMIT, cursor, fleet, status)
+    fleet_names = [f.name for f in fleets.list_fleets(1000)[0]] if g.ui_principal.role in roles.FLEETS else []
+    summaries = {node.id: _gpu_summary(node) for node in rows}
+    return render_template("nodes.html", nodes=_live(rows), summaries=summaries, next_cursor=next_cursor,
+                           fleet=fleet, status=status, fleets=fleet_names,
+                           statuses=[s.value for s in NodeStatus], now=current_runtime().clock.now())
+
+
+def _gpu_rows(rt, node):
+    """Per GPU: the inventory, what holds it (admins: the allocation view), and the agent's last readings."""
+    seen = rt.liveness.get(node.id)
+    readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None and seen.metrics else {}
+    allocation = {}
+    if g.ui_principal.role in roles.ALLOCATION:
+        allocation = {row["uuid"]: row for row in cluster_state(rt).gpu_rows() if row["node_id"] == node.id}
+    rows = []
+    for gpu in node.gpu_list:
+        live = readings.get(gpu.uuid) if isinstance(readings, dict) else None
+        rows.append({"gpu": gpu, "live": live if isinstance(live, dict) else {}, "alloc": allocation.get(gpu.uuid)})
+    return rows
+
+
+@bp.route("/nodes/<string:node_id>")
+@ui_require(roles.NODES)
+def node_page(node_id):
+    """One node: GPUs with health, live readings and tasks; drain state; events; actions."""
+    rt = current_runtime()
+    node = _live([nodes.get_node(node_id)])[0]
+    events, complete = [], True
+    if g.ui_principal.role in roles.NODE_EVENTS:
+        events, complete = tail(lambda after: nodes.list_node_events(node_id, PAGE, after=after)[0], EVENTS_SHOWN)
+    status = NodeStatus(node.status)
+    available = {
+        "cordon": status is NodeStatus.READY,
+        "uncordon": status is NodeStatus.CORDONED,
+        "drain": status.can_drain(),
+        "undrain": status.can_undrain(),
+        "revoke": status is not NodeStatus.REVOKED,
+    }
+    actions = [(name, ACTIONS[name][0]) for name, ok in available.items()
+               if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
+    return render_template("node.html", node=node, gpus=_gpu_rows(rt, node), events=list(reversed(events)),
+                           events_complete=complete, actions=actions, drain=nodes.drain_info(node),
+                           now=rt.clock.now(), form={}, errors={})
+
+
+@bp.route("/nodes/<string:node_id>/<any(cordon, uncordon, drain, undrain, revoke):action>", methods=["POST"])
+@ui_require(roles.NODES)
+def node_action(node_id, action):
+    """Cordon, uncordon, drain, undrain or revoke: a confirmation step, then the same service call as the API."""
+    allow(roles.NODE_ACTIONS[action])
+    rt = current_runtime()
+    node = nodes.get_node(node_id)
+    drain = None
+    if action == "drain":
+        form = {"reason": request.form.get("reason", ""), "deadline_seconds": request.form.get("deadline_minutes", "")}
+        drain = load_form(NodeDrainSchema(), form, multipliers={"deadline_seconds": 60})
+    if not confirmed(request.form):
+        return render_template("confirm_node.html", node=node, action=action, title=ACTIONS[action][0],
+                               explanation=ACTIONS[action][1], drain=drain,
+                               deadline_minutes=request.form.get("deadline_minutes", ""))
+    now = rt.clock.now()
+    if action == "cordon":
+        node = nodes.cordon_node(now, node_id)
+    elif action == "uncordon":
+        node = nodes.uncordon_node(now, node_id)
+        rt.scheduler.kick()
+    elif action == "drain":
+        node = nodes.drain_node(now, node_id, drain["reason"], drain["deadline_seconds"])
+    elif action == "undrain":
+        node = nodes.undrain_node(now, node_id)
+        rt.scheduler.kick()
+    else:
+        node = nodes.revoke_node(now, node_id)
+    flash(f"{node.hostname} is now {node.status}.")
+    return redirect(url_for("ui.node_page", node_id=node_id))
