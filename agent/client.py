@@ -130,13 +130,15 @@ class FleetClient:
         """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
         self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
 
-    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None):
-        """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled."""
+    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None, lost=False):
+        """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled (`lost`: the agent ended it)."""
         body = {"epoch": epoch, "outcome": outcome}
         if exit_code is not None:
             body["exit_code"] = exit_code
         if reason:
             body["reason"] = reason
+        if lost:
+            body["lost"] = True
         self._post(_task_path(task_id, "finish"), body, self.session_token)
 
     def download_artifact(self, sha256, dest):

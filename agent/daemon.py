@@ -245,7 +245,8 @@ class Agent:
             for thread in self._threads:
                 thread.join(timeout=10)
             if self.runner is not None:
-                self.runner.shutdown("node revoked" if self.exit_code == EXIT_REVOKED else "fleet-agent stopped")
+                revoked = self.exit_code == EXIT_REVOKED
+                self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked)
             self._leave()
             api.stop()
             self.devices.close()

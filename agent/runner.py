@@ -554,6 +554,7 @@ class Task:
         self.pgid = None
         self._reaped = False
         self._stop = None  # (outcome, reason) once a stop is asked for
+        self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
         self._kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
         self._fenced = None  # why, once fleetd fenced the task off
         self._keep_state = False
@@ -582,11 +583,16 @@ class Task:
             pgid = None if self._reaped else self.pgid
         return group_pids(pgid) if pgid else []
 
-    def cancel(self, reason, outcome="cancelled"):
-        """Stop the task: SIGTERM to its process group now, SIGKILL after the grace."""
+    def cancel(self, reason, outcome="cancelled", lost=False):
+        """Stop the task: SIGTERM to its process group now, SIGKILL after the grace.
+
+        `lost`: the agent itself is stopping; fleetd is told so (finish `lost: true`), so that the job
+        is retried as for a lost node rather than failed.
+        """
         with self._lock:
             if self._stop is None:
                 self._stop = (outcome, reason)
+                self._lost = lost
                 log.info("task %s: stopping (%s)", self.label, reason)
                 if self.pgid and not self._reaped:
                     self._signal_group(signal.SIGTERM)
@@ -636,12 +642,14 @@ class Task:
                 self._kill_and_reap()
                 result = ("failed", None, f"fleet-agent could not run the task: {exc}")
             self.worker.state = "finishing"
+            lost = self._lost and self._stop is not None and result[0] == self._stop[0]
             try:
-                self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2])
+                self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2], lost=lost)
             except OSError as exc:
                 log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
             self._finish_logs()
-            keep_dir = not self._report(client, result)
+            keep_dir = not report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
+                                         lost=lost)
         except Fenced as exc:
             if self._keep_state:
                 log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
@@ -917,23 +925,24 @@ class Task:
         if self._fenced:
             raise Fenced(self._fenced)
 
-    def _report(self, client, result):
-        """Send finish until fleetd has it; False when given up (the state file stays for the next start)."""
-        return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label)
-
     def _save(self, **changes):
         self.record.update(changes)
         self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
         write_state(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
 
 
-def report_finish(client, runner, task_id, epoch, result, label):
-    """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it."""
+def report_finish(client, runner, task_id, epoch, result, label, lost=False):
+    """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
+
+    False when given up (the agent stops, or the retry time is over): the state file stays, and
+    the next start reports the task. `lost` adds `lost: true` (the agent, not the task, ended it);
+    a fleetd that does not know the field (400) gets the report without it.
+    """
     outcome, exit_code, reason = result
     deadline = time.monotonic() + runner.report_retry_seconds
     for attempt in range(1, 1_000_000):
         try:
-            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None)
+            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
             return True
@@ -949,6 +958,11 @@ def report_finish(client, runner, task_id, epoch, result, label):
         except FleetdError as exc:
             if _is_fencing(exc):
                 raise Fenced(str(exc)) from None
+            if lost and exc.status == 400:
+                log.info("task %s: fleetd does not take 'lost' in a finish report (%s); reporting without it",
+                         label, exc)
+                lost = False
+                continue
             log.error("task %s: fleetd refused the finish report: %s", label, exc)
             return True
     return False
@@ -1084,8 +1098,10 @@ class Runner:
                 kill_pids(pids)
                 if not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
                     log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
+            lost = True  # the agent's restart ended it, not the task itself
             if record.get("outcome") in OUTCOMES:
                 result = (record["outcome"], record.get("exit_code"), record.get("reason"))
+                lost = bool(record.get("lost"))
             elif pids:
                 result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
             else:
@@ -1094,14 +1110,14 @@ class Runner:
             log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
                         task_id, epoch, len(pids), result[0])
             found.append((task_id, epoch, pids))
-            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result)
+            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost)
         return found
 
-    def _report_orphan(self, path, task_id, epoch, result):
+    def _report_orphan(self, path, task_id, epoch, result, lost=False):
         client = self.checkout_client()
         label = f"{task_id}/{epoch}"
         try:
-            done = report_finish(client, self, task_id, epoch, result, label)
+            done = report_finish(client, self, task_id, epoch, result, label, lost=lost)
         except Fenced as exc:
             log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
             done = True
@@ -1118,15 +1134,16 @@ class Runner:
 
     # Stopping.
 
-    def shutdown(self, reason, timeout=None):
+    def shutdown(self, reason, timeout=None, lost=True):
         """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
 
-        Finish reports get one more attempt; those not delivered stay in the state dir for the next start.
+        The tasks are reported failed with `lost` (the agent stopped them). Finish reports get one
+        more attempt; those not delivered stay in the state dir for the next start.
         """
         self.closing.set()
         tasks = self.tasks()
         for task in tasks:
-            task.cancel(reason, outcome="failed")
+            task.cancel(reason, outcome="failed", lost=lost)
             if task.shipper is not None:
                 task.shipper.nudge()
         timeout = self.kill_grace_seconds + 15 if timeout is None else timeout

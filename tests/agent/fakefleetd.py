@@ -30,6 +30,7 @@ class FakeFleetd:
         self.heartbeats = []  # heartbeat bodies
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
+        self.strict_finish = False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         self.fenced = set()  # task ids answered 409
         self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
         self.max_log_body = None  # bytes; larger log bodies get 413
@@ -132,6 +133,8 @@ class FakeFleetd:
                 self.cond.notify_all()
             return 204, None
         if action == "finish":
+            if self.strict_finish and set(body) - {"epoch", "outcome", "exit_code", "reason"}:
+                return 400, {"error": {"code": "invalid_request", "message": "unknown field"}}
             with self.cond:
                 self.finished[task_id] = body
                 self.cond.notify_all()

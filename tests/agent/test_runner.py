@@ -359,6 +359,7 @@ def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_s
     assert again.recover() == [("t-stop", 1, [])]
     finish = fleetd.wait_finished("t-stop")
     assert finish["outcome"] == "failed" and finish["reason"].startswith("fleet-agent stopped")
+    assert finish["lost"] is True  # the agent ended it: fleetd retries it as for a lost node
     wait_until(lambda: not (tmp_path / "node" / "tasks" / "t-stop.1").exists(), message="the state to be removed")
 
 
@@ -401,7 +402,7 @@ def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(mak
         assert alive(bystander.pid)  # same task id, another epoch: not this agent's
         for task_id in ("t-orphan", "t-early"):
             finish = fleetd.wait_finished(task_id)
-            assert finish["outcome"] == "failed" and "restarted" in finish["reason"]
+            assert finish["outcome"] == "failed" and "restarted" in finish["reason"] and finish["lost"] is True
         wait_until(lambda: not (tmp_path / "node" / "tasks" / "t-moved.1").exists(), message="the fenced one forgotten")
         assert "t-moved" not in fleetd.finished
         assert not (tmp_path / "node" / "tasks" / "junk").exists()
@@ -480,3 +481,13 @@ def test_a_process_that_ends_at_once_still_reports_its_start_before_its_finish(m
         paths = fleetd.paths("POST")
         assert paths.index(f"/api/v1/agent/tasks/t-quick-{i}/start") < paths.index(
             f"/api/v1/agent/tasks/t-quick-{i}/finish")
+
+
+def test_a_fleetd_that_does_not_know_lost_gets_the_finish_without_it(make_runner, fleetd):
+    fleetd.strict_finish = True
+    runner = make_runner()
+    runner.submit(assignment("t-strict", ["sh", "-c", "sleep 300"]))
+    fleetd.wait_for(lambda: fleetd.started.get("t-strict"), message="start")
+    runner.shutdown("fleet-agent stopped", timeout=15)
+    finish = fleetd.wait_finished("t-strict")
+    assert finish["outcome"] == "failed" and "lost" not in finish

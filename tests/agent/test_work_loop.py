@@ -115,6 +115,7 @@ def test_sigterm_stops_the_agents_tasks_and_reports_them(worker_agent, fleetd):
     assert wait_gone([pid], 10)
     finish = fleetd.wait_finished("t-term")
     assert finish["outcome"] == "failed" and finish["reason"].startswith("fleet-agent stopped")
+    assert finish["lost"] is True
 
 
 def test_revocation_stops_every_task_before_the_agent_exits(worker_agent, fleetd):
@@ -125,6 +126,7 @@ def test_revocation_stops_every_task_before_the_agent_exits(worker_agent, fleetd
     fleetd.revoked = True
     assert agent.wait(timeout=60) == 3
     assert wait_gone(pids, 10)
+    assert not [body for body in fleetd.finished.values() if body.get("lost")]  # revoked: not a lost node
     assert "was revoked by fleetd" in agent.log
 
 
