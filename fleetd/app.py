@@ -19,6 +19,7 @@ from fleetd.schemas.common import ErrorSchema
 from fleetd.services.metrics import Instruments
 from fleetd.services.scheduling import SchedulerLoop
 from fleetd.settings import Settings
+from fleetd.ui import init_ui, is_ui_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def create_app(settings=None, clock=None, db=None):
     api = FleetApi(app)
     for blueprint in BLUEPRINTS:
         api.register_blueprint(blueprint)
+    init_ui(app, settings)
     app.register_error_handler(FleetdError, handle_error)
     app.register_error_handler(Exception, handle_error)
 
@@ -85,8 +87,8 @@ def create_app(settings=None, clock=None, db=None):
 def _authenticate():
     """Check the protocol header and the bearer token of every non-public route."""
     endpoint = request.endpoint
-    if endpoint is None or endpoint in PUBLIC_ENDPOINTS:
-        return
+    if endpoint is None or endpoint in PUBLIC_ENDPOINTS or is_ui_endpoint(endpoint):
+        return  # the UI signs in with its own session (fleetd.ui.security)
     if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
         raise ProtocolMismatch(
             f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
