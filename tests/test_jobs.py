@@ -103,6 +103,24 @@ def test_single_node_job_runs_to_success_with_ordered_logs(api, fleet):
     assert kinds[0] == ("job.submitted", "queued") and kinds[-1] == ("job.state", "succeeded")
 
 
+def test_start_is_idempotent_for_the_same_epoch(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    api.submit()
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "start", pid=4242)  # the first answer was lost; the retry is fine
+    api.task_call(session, assignment, "start", expect=409, epoch=assignment["epoch"] + 1)
+
+
+def test_a_task_the_agent_ended_itself_is_retried_as_lost(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit()  # default retry: node_lost and preempted
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "finish", outcome="failed", exit_code=143, lost=True,
+                  reason="agent stopping")
+    again = _job(api, job["id"])
+    assert again["attempt"] == 2 and again["state"] in ("queued", "running")
+
+
 def test_failing_command_fails_the_job_with_its_exit_code(api, fleet):
     _, session = _node(api, fleet, "n1")
     job = api.submit(command=["false"])

@@ -5,6 +5,7 @@ import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -96,7 +97,7 @@ class _Reporter:
             self.progress.update(self.tasks[host], completed=done, step=step, description=message[:120])
             return
         with self.lock:
-            click.echo(f"{host}: {step}: {message}", err=True)
+            click.echo(f"{time.strftime('%H:%M:%S')} {host}: {step}: {message}", err=True)
 
 
 def _show_results(results):

@@ -244,6 +244,8 @@ class TaskFinishSchema(Schema):
     exit_code = fields.Integer(strict=True, validate=validate.Range(min=-255, max=255), load_default=None,
                                allow_none=True)
     reason = Text(max_length=2000, load_default="")
+    lost = fields.Boolean(load_default=False, metadata={
+        "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
 
 
 class ArtifactSchema(Schema):

@@ -82,6 +82,8 @@ def start_task(rt, node_id, task_id, epoch, pid=None):
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
+        if task.state == T.RUNNING.value:
+            return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != T.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
         task.started_at = now
@@ -139,15 +141,19 @@ def append_logs(rt, node_id, task_id, epoch, lines):
             LogLine.insert_many(rows).execute()
 
 
-def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason=""):
-    """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs."""
+def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False):
+    """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
+
+    `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
+    the task counts as lost, so the job retries as after a lost node.
+    """
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
         # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
         if not T(task.state).is_terminal():
             reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
-            end_task(task, outcome, reason, now, exit_code=exit_code)
+            end_task(task, T.LOST if lost and outcome == "failed" else outcome, reason, now, exit_code=exit_code)
     rt.leases.forget(task_id)
     rt.liveness.drop_task(node_id, task_id)
     _after_task_end(rt, task.job_id)
