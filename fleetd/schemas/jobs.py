@@ -190,6 +190,10 @@ class AssignmentSchema(Schema):
     isolation = fields.String()
     max_runtime_seconds = fields.Integer(allow_none=True)
     artifacts = fields.List(fields.Nested(ArtifactRefSchema))
+    cpus = fields.Float(allow_none=True, metadata={"description": "host CPUs to enforce (cgroup), if any"})
+    memory_bytes = fields.Integer(allow_none=True, metadata={"description": "host memory to enforce, if any"})
+    priority_class = fields.String()
+    bid = fields.Float(allow_none=True)
 
 
 class AcquireReplySchema(Schema):

@@ -63,6 +63,10 @@ def assignment(task, job):
                                                else "exclusive"),
         "max_runtime_seconds": spec.get("max_runtime_seconds"),
         "artifacts": spec.get("artifacts") or [],
+        "cpus": (spec.get("resources") or {}).get("cpus") or None,
+        "memory_bytes": (spec.get("resources") or {}).get("memory_bytes") or None,
+        "priority_class": spec.get("priority_class", "on-demand"),
+        "bid": spec.get("bid"),
     }
 
 
