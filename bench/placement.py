@@ -80,8 +80,14 @@ def load_nodes(path) -> list[NodeSnapshot]:
         for row in csv.DictReader(f):
             count = int(row["gpu"] or 0)
             model = row.get("model") or ""
+            # The trace has no GPU memory or NUMA layout: 16 GiB each, half the GPUs per NUMA node.
             gpus = tuple(
-                GpuSnapshot(uuid=f"{row['sn']}-gpu{i}", model=model, memory_total_bytes=16 * 1024 * MIB, numa_node=i * 2 // max(count, 1))
+                GpuSnapshot(
+                    uuid=f"{row['sn']}-gpu{i}",
+                    model=model,
+                    memory_total_bytes=16 * 1024 * MIB,
+                    numa_node=i * 2 // max(count, 1),
+                )
                 for i in range(count)
             )
             nodes.append(
@@ -125,7 +131,9 @@ def to_request(pod: dict) -> TaskRequest:
         gpus = pod["milli"] / 1000
     else:
         gpus = pod["num_gpu"]
-    return TaskRequest(gpus=gpus, cpus=pod["cpu"] / 1000, memory_bytes=pod["memory"], gpu_types=pod["spec"] if gpus else ())
+    return TaskRequest(
+        gpus=gpus, cpus=pod["cpu"] / 1000, memory_bytes=pod["memory"], gpu_types=pod["spec"] if gpus else ()
+    )
 
 
 def workload_profile(pods: list[dict]) -> WorkloadProfile:
@@ -245,7 +253,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pods", required=True, help="pod list CSV")
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds (42, 43, ...)")
     ap.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, or all")
-    ap.add_argument("--max-pods", type=int, default=0, help="replay only the first N pods of each seed's sequence (0: all)")
+    ap.add_argument(
+        "--max-pods", type=int, default=0, help="replay only the first N pods of each seed's sequence (0: all)"
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (runs are independent)")
     ap.add_argument("--typical-coverage", type=float, default=0.95, help="share of pods the typical shapes cover")
@@ -279,7 +289,8 @@ def main(argv=None) -> int:
     published_path = pathlib.Path(args.published) if args.published else pathlib.Path(args.pods).parent / "PUBLISHED.md"
     published = read_published(published_path, trace)
     print(f"{trace}: {len(seeds)} seed(s), policies {', '.join(policies)}, default {DEFAULT_POLICY}")
-    header = f"{'policy':<10}" + "".join(f"{k:>23}" for k in ("alloc@80", "alloc@90", "alloc@100", "final", "unalloc%", "frag@90")) + f"{'dec/s':>9}"
+    columns = ("alloc@80", "alloc@90", "alloc@100", "final", "unalloc%", "frag@90")
+    header = f"{'policy':<10}" + "".join(f"{k:>23}" for k in columns) + f"{'dec/s':>9}"
     print(header)
     for p in policies:
         ref = published.get(PUBLISHED_NAMES.get(p, "FGD"))

@@ -203,7 +203,9 @@ class PlacementEngine:
             fitting = [
                 g
                 for g in node.gpus
-                if g.usable and g.milli_free >= shape.gpu_milli and g.memory_free >= request.gpu_memory_for(g.memory_total)
+                if g.usable
+                and g.milli_free >= shape.gpu_milli
+                and g.memory_free >= request.gpu_memory_for(g.memory_total)
             ]
             if not fitting:
                 return None
@@ -345,7 +347,9 @@ class PlacementEngine:
                     rank=rank,
                     node_id=node.snap.id,
                     gpus=tuple(
-                        GpuAllocation(uuid=g.uuid, memory_limit_bytes=mem, compute_milli=milli, exclusive=not shape.shared)
+                        GpuAllocation(
+                            uuid=g.uuid, memory_limit_bytes=mem, compute_milli=milli, exclusive=not shape.shared
+                        )
                         for g, milli, mem in devices
                     ),
                     cpu_milli=request.cpu_milli,
@@ -408,7 +412,8 @@ class PlacementEngine:
                 fit = [g for g in node.gpus if g.usable and g.milli_free >= shape.gpu_milli]
                 if not fit:
                     best = max((g.milli_free for g in node.gpus if g.usable), default=0)
-                    return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {shape.gpu_milli / MILLI:.3f}"
+                    need = shape.gpu_milli / MILLI
+                    return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {need:.3f}"
                 if not any(g.memory_free >= request.gpu_memory_for(g.memory_total) for g in fit):
                     return STAGE_GPU_MEMORY, "no GPU with enough free share has enough free memory"
             else:

@@ -40,7 +40,9 @@ class Shape:
         return self.gpu_milli * self.gpu_count
 
 
-def after_placement(cpu_free: int, gpus: tuple[int, ...], shape: Shape, slice_of: int | None) -> tuple[int, tuple[int, ...]]:
+def after_placement(
+    cpu_free: int, gpus: tuple[int, ...], shape: Shape, slice_of: int | None
+) -> tuple[int, tuple[int, ...]]:
     """A node's (free CPU, sorted GPU shares) once `shape` is placed on it."""
     cpu_after = cpu_free - shape.cpu_milli
     if shape.gpu_count == 0:
