@@ -4,6 +4,7 @@ Imports nothing from Flask, Peewee or the rest of fleetd. See `engine.PlacementE
 and `engine.schedule` for the entry points, `model` for the data, `policies` for scoring.
 """
 
+from fleetd.scheduler.capacity import GpuCounts, gpu_capacity
 from fleetd.scheduler.engine import PlacementEngine, profile_from_requests, schedule, shape_of
 from fleetd.scheduler.model import (
     MILLI,
@@ -16,13 +17,16 @@ from fleetd.scheduler.model import (
     NodeSnapshot,
     Placement,
     PlacementResult,
+    PreemptionPlan,
     RankPlacement,
+    RunningTask,
     TaskRequest,
     TaskShape,
     Unschedulable,
     WorkloadProfile,
 )
 from fleetd.scheduler.policies import DEFAULT_POLICY, POLICIES, FragmentationModel, Policy, Shape, make_policy
+from fleetd.scheduler.preemption import freed, plan_preemption
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -33,6 +37,7 @@ __all__ = [
     "FilterDetail",
     "FragmentationModel",
     "GpuAllocation",
+    "GpuCounts",
     "GpuSnapshot",
     "NodeSelector",
     "NodeSnapshot",
@@ -40,13 +45,18 @@ __all__ = [
     "PlacementEngine",
     "PlacementResult",
     "Policy",
+    "PreemptionPlan",
     "RankPlacement",
+    "RunningTask",
     "Shape",
     "TaskRequest",
     "TaskShape",
     "Unschedulable",
     "WorkloadProfile",
+    "freed",
+    "gpu_capacity",
     "make_policy",
+    "plan_preemption",
     "profile_from_requests",
     "schedule",
     "shape_of",

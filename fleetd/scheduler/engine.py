@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from fleetd.scheduler.model import (
@@ -372,6 +372,21 @@ class PlacementEngine:
             uuids = {g.uuid: g for g in node.gpus}
             devices = [(uuids[a.uuid], a.compute_milli, a.memory_limit_bytes) for a in rank.gpus]
             self._unreserve(_Reservation(node, rank.cpu_milli, rank.memory_bytes, devices))
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The engine's accounting now, as a snapshot (what is left after its placements)."""
+        nodes = []
+        for node in self.nodes:
+            gpus = tuple(
+                replace(
+                    g0,
+                    compute_free_milli=g.milli_free,
+                    memory_free_bytes=g.memory_free,
+                )
+                for g0, g in zip(node.snap.gpus, node.gpus)
+            )
+            nodes.append(replace(node.snap, gpus=gpus, cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free))
+        return ClusterSnapshot(tuple(nodes))
 
     def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:
         """For every node, the first filter stage that rejects one rank of `request`, and why."""

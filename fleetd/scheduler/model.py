@@ -287,3 +287,28 @@ class WorkloadProfile:
         if not chosen:
             return WorkloadProfile(())
         return WorkloadProfile(tuple(replace(s, weight=s.weight / cum) for s in chosen))
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task that holds resources now (its share is already out of the snapshot's free figures)."""
+
+    task_id: str
+    job_id: str
+    node_id: str
+    gpus: tuple[GpuAllocation, ...] = ()
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    priority_class: str = "on-demand"
+    bid: float | None = None
+
+
+@dataclass(frozen=True)
+class PreemptionPlan:
+    """Where a request runs once the victim jobs are stopped (no victims: it fits as things are)."""
+
+    placement: Placement
+    victim_jobs: tuple[str, ...]
+    victim_tasks: tuple[str, ...]
+
+    schedulable = True
