@@ -385,7 +385,8 @@ class PlacementEngine:
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
-            nodes.append(replace(node.snap, gpus=gpus, cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free))
+            left = dict(cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free)
+            nodes.append(replace(node.snap, gpus=gpus, **left))
         return ClusterSnapshot(tuple(nodes))
 
     def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:
