@@ -150,6 +150,16 @@ def test_impossible_actions_show_the_services_message(admin_ui, api):
     assert admin_ui.get("/ui/nodes/nope").status_code == 404
 
 
+def test_node_page_lists_its_running_tasks_for_admins_only(admin_ui, api, signed_in):
+    node_id, session = enrol(api)
+    job = api.submit(name="train", resources={"gpus": 1})
+    api.start_task(session)
+    page = admin_ui.text(f"/ui/nodes/{node_id}")
+    tasks = re.search(r'<table id="node-tasks">(.*?)</table>', page, re.S).group(1)
+    assert job["id"] in tasks and "running" in tasks
+    assert "node-tasks" not in signed_in("submitter").text(f"/ui/nodes/{node_id}")
+
+
 def test_revoke_with_confirmation(admin_ui, api):
     node_id, session = enrol(api)
     admin_ui.get(f"/ui/nodes/{node_id}")

@@ -6,7 +6,7 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import NodeStatus
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import NodeDrainSchema
-from fleetd.services import fleets, nodes
+from fleetd.services import cluster, fleets, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
@@ -62,17 +62,20 @@ def node_list():
 
 
 def _gpu_rows(rt, node):
-    """Per GPU: the inventory, what holds it (admins: the allocation view), and the agent's last readings."""
+    """Per GPU: the inventory, what holds it and the node's tasks (the allocation view, admins only),
+    and the agent's last readings. Returns (gpu rows, task allocations or None)."""
     seen = rt.liveness.get(node.id)
     readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None and seen.metrics else {}
-    allocation = {}
+    allocation, tasks = {}, None
     if g.ui_principal.role in roles.ALLOCATION:
-        allocation = {row["uuid"]: row for row in cluster_state(rt).gpu_rows() if row["node_id"] == node.id}
+        view = cluster.cluster_allocation(cluster_state(rt))
+        allocation = {row["uuid"]: row for row in view["gpus"] if row["node_id"] == node.id}
+        tasks = [a for a in view["allocations"] if a["node_id"] == node.id]
     rows = []
     for gpu in node.gpu_list:
         live = readings.get(gpu.uuid) if isinstance(readings, dict) else None
         rows.append({"gpu": gpu, "live": live if isinstance(live, dict) else {}, "alloc": allocation.get(gpu.uuid)})
-    return rows
+    return rows, tasks
 
 
 @bp.route("/nodes/<string:node_id>")
@@ -94,7 +97,8 @@ def node_page(node_id):
     }
     actions = [(name, ACTIONS[name][0]) for name, ok in available.items()
                if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
-    return render_template("node.html", node=node, gpus=_gpu_rows(rt, node), events=list(reversed(events)),
+    gpus, tasks = _gpu_rows(rt, node)
+    return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)),
                            events_complete=complete, actions=actions, drain=nodes.drain_info(node),
                            now=rt.clock.now(), form={}, errors={})
 
