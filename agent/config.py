@@ -55,6 +55,14 @@ class Config:
     tasks_log_batch_bytes: int = 256 * 1024  # most text in one POST .../logs
     tasks_log_interval_seconds: float = 0.25  # a line waits at most this long for its batch
     tasks_log_buffer_bytes: int = 8 * 1024 * 1024  # per task; over it the oldest lines are dropped
+    limits_poll_seconds: float = 0.25  # VRAM watchdog period; at most 0.5
+    limits_memory_tolerance_bytes: int = 32 * 1024 * 1024  # usage over a GPU memory limit by at most this is allowed
+    limits_kill_grace_seconds: float = 0.5  # a task over a limit: SIGTERM, then SIGKILL this much later
+    limits_foreign_processes: str = "report"  # GPU processes of no task: "report" or "kill"
+    limits_mps_enabled: bool = False  # start and supervise an MPS control daemon per GPU for mps tasks
+    limits_mps_control_command: str = "nvidia-cuda-mps-control"
+    limits_mps_dir: str = ""  # MPS pipe and log directories; empty: <state_dir>/mps
+    limits_cgroup_parent: str = "fleet-agent"  # task cgroups under <cgroup v2 mount>/<this>; empty: none
     log_level: str = "info"
 
     @property
@@ -100,6 +108,14 @@ class Config:
             raise ConfigError("tls_pin must be a SHA-256 fingerprint: 64 hex digits, colons allowed")
         if self.devices_backend != "nvml" and not self.devices_backend.startswith("fake:"):
             raise ConfigError("devices.backend must be 'nvml' or 'fake:<path to shape json>'")
+        if not 0 < self.limits_poll_seconds <= 0.5:
+            raise ConfigError("limits.poll_seconds must be > 0 and at most 0.5")
+        if self.limits_memory_tolerance_bytes < 0 or self.limits_kill_grace_seconds < 0:
+            raise ConfigError("limits.memory_tolerance_bytes and limits.kill_grace_seconds must be >= 0")
+        if self.limits_foreign_processes not in ("report", "kill"):
+            raise ConfigError("limits.foreign_processes must be 'report' or 'kill'")
+        if self.limits_mps_enabled and not self.limits_mps_control_command:
+            raise ConfigError("limits.mps_control_command is required when limits.mps_enabled is true")
         if self.server_url and not re.match(r"^https?://", self.server_url):
             raise ConfigError("server_url must start with http:// or https://")
         return self
@@ -147,6 +163,15 @@ def _flatten(data, prefix=""):
 
 def _convert(field, raw):
     kind = type(field.default) if field.default is not dataclasses.MISSING else dict
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{field.name} must be true or false, got {raw!r}")
     if kind is dict:
         if isinstance(raw, str):
             return parse_labels(raw)

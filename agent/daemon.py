@@ -4,6 +4,7 @@ Every loop waits on one stop event, so SIGTERM ends them all within one wait (th
 poll ends with its request). Tasks themselves run in agent/runner.py.
 """
 
+import functools
 import importlib.metadata
 import logging
 import os
@@ -16,6 +17,7 @@ import urllib.parse
 from agent.client import FleetClient, FleetdError, Rejected, Unreachable, backoff_delay
 from agent.config import ConfigError
 from agent.devices import DeviceManager
+from agent.limits import Limits, LimitSettings
 from agent.localapi import LocalApi
 from agent.runner import Runner
 from agent.state import State
@@ -194,6 +196,7 @@ class Agent:
         self.rng = rng or random.Random()
         self.devices = DeviceManager(config.devices_backend)
         self.workers = Workers()
+        self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
         self.runner = None  # created once enrolled
         self.deadlines = Deadlines()
         self.node = None
@@ -232,6 +235,7 @@ class Agent:
             inventory = self.devices.discover()
             log.info("devices: %d GPU(s)%s", len(inventory.devices), f" ({inventory.reason})" if inventory.reason else "")
             self._spawn("device-poller", self._poll_devices)
+            self._spawn("limits", self.limits.run, self.stop, functools.partial(self.deadlines.beat, "limits"))
             interval = watchdog_interval()
             if interval:
                 self._spawn("watchdog", self._watchdog, interval)
@@ -249,6 +253,7 @@ class Agent:
                 self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked)
             self._leave()
             api.stop()
+            self.limits.close()
             self.devices.close()
         log.info("agent stopped (exit %d)", self.exit_code)
         return self.exit_code
@@ -310,7 +315,8 @@ class Agent:
         """Recover from a restart (kill and report what it left running), then start acquiring work."""
         server_url = self.config.server_url or self.node.get("server_url")
         address = self.config.address or detect_address(server_url)
-        self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address)
+        self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
+                                         limits=self.limits)
         self.runner.recover()
         # Not waited for on stop: its long poll can take 30 s to return, and an assignment that
         # arrives while the agent stops is not started (fleetd requeues it when its lease expires).
@@ -351,7 +357,15 @@ class Agent:
             while not self.stop.is_set():
                 version = self.devices.version
                 inventory = self.devices.inventory
-                body = {"tasks": self.workers.report(), "metrics": inventory.metrics()}
+                metrics = inventory.metrics()
+                limits = self.limits.report()
+                metrics["foreign_processes"] = limits["foreign_processes"]
+                metrics["limits"] = {"polls": limits["polls"], "poll_seconds": limits["poll_seconds"],
+                                     "foreign_policy": limits["foreign_policy"],
+                                     "violations": [{k: d.get(k) for k in ("task_id", "epoch", "kind", "gpu_uuid",
+                                                                           "used", "limit", "detected_at")}
+                                                    for d in self.limits.recent_detections()[-20:]]}
+                body = {"tasks": self.workers.report(), "metrics": metrics}
                 if version != sent_version:
                     body["gpus"] = inventory.wire_gpus()
                 try:

@@ -172,6 +172,23 @@ def assess_health(health, temperature_c, xids):
     return not reasons, "; ".join(reasons)[:HEALTH_REASON_MAX]
 
 
+def fatal_health(health, xids):
+    """Why running tasks on a GPU must stop ("" when they need not).
+
+    Narrower than assess_health: a hot GPU or a pending row remap is not schedulable but its
+    running tasks are fine; critical XIDs, uncorrectable ECC errors and a failed row remap are not.
+    """
+    reasons = []
+    critical = [x for x in xids if x not in APPLICATION_XIDS]
+    if critical:
+        reasons.append("critical XID " + ", ".join(str(x) for x in sorted(set(critical))))
+    if health.get("ecc_uncorrected_volatile"):
+        reasons.append(f"{health['ecc_uncorrected_volatile']} uncorrectable ECC error(s) since driver load")
+    if health.get("remapped_rows_failure"):
+        reasons.append("row remapping failed")
+    return "; ".join(reasons)[:HEALTH_REASON_MAX]
+
+
 def _now():
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -231,6 +248,46 @@ class DeviceManager:
             if self._inventory is None:
                 return self.discover()
             return self._snapshot()
+
+    def gpu_processes(self):
+        """The VRAM watchdog's reading: {uuid: {index, healthy, reason, processes, sm_util}}.
+
+        Lighter than poll(): per GPU only the process list and per-process utilisation (samples of
+        the last few seconds). Health combines the last inventory with critical XIDs seen since.
+        A GPU NVML cannot read now is unhealthy here at once.
+        """
+        with self._lock:
+            nvml = self._nvml
+            if nvml is None:
+                return {}
+            inventory = self._inventory
+            with self._xid_lock:
+                xids = {uuid: list(v) for uuid, v in self._xids.items()}
+            out = {}
+            try:
+                count = nvml.count()
+            except DeviceError:
+                return {}
+            since = int((time.time() - 5) * 1e6)  # NVML timestamps are microseconds since the epoch
+            for index in range(count):
+                known = self._known.get(index)
+                try:
+                    handle = nvml.handle(index)
+                    if known is None:
+                        known = self._known[index] = nvml.identity(handle)
+                    processes = nvml.processes(handle)
+                except DeviceError as exc:
+                    if known is not None:
+                        out[known["uuid"]] = {"index": index, "healthy": False, "processes": [], "sm_util": {},
+                                              "reason": f"GPU {index} unavailable: {exc}"}
+                    continue
+                uuid = known["uuid"]
+                device = inventory.find(uuid) if inventory is not None else None
+                reason = fatal_health(device.health if device is not None else {}, xids.get(uuid, []))
+                healthy = not reason
+                out[uuid] = {"index": index, "healthy": healthy, "reason": reason, "processes": processes,
+                             "sm_util": nvml.process_utilization(handle, since)}
+            return out
 
     def close(self):
         """Stop the XID watcher and shut NVML down."""

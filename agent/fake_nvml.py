@@ -15,7 +15,7 @@ Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``temper
 ``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
 ("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
 ``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,
-uncorrectable, pending, failure}), ``processes`` ([{pid, used_bytes}]), ``xid_events``
+uncorrectable, pending, failure}), ``processes`` ([{pid, used_bytes, sm_util?}]), ``xid_events``
 ([xid, ...] delivered once each through event sets), ``lost`` (every call on the GPU raises
 GpuIsLost) and ``errors`` ({"nvmlDeviceGetPowerUsage": "NotSupported", ...}). A top-level
 ``"no_driver": true`` makes ``nvmlInit`` fail as on a host without the NVIDIA driver.
@@ -31,6 +31,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 # Constants, with the values pynvml uses.
@@ -359,6 +360,18 @@ def nvmlDeviceGetComputeRunningProcesses(handle):
                             computeInstanceId=0xFFFFFFFF) for p in gpu.get("processes", [])]
 
 
+def nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp):
+    """One sample per process that has an ``sm_util`` in the shape; NotFound when there is none, as NVML."""
+    gpu = _call(handle, "nvmlDeviceGetProcessUtilization")
+    now_us = int(time.time() * 1e6)
+    samples = [SimpleNamespace(pid=p["pid"], timeStamp=now_us, smUtil=int(p["sm_util"]),
+                               memUtil=int(p.get("mem_util", 0)), encUtil=0, decUtil=0)
+               for p in gpu.get("processes", []) if p.get("sm_util") is not None]
+    if not samples:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return samples
+
+
 # Health.
 
 def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
@@ -465,13 +478,16 @@ def _device(index):
         return _devices[index]
 
 
-def add_process(index, pid, used_bytes):
-    """Say that process `pid` now uses `used_bytes` on GPU `index` (0 bytes removes it)."""
+def add_process(index, pid, used_bytes, sm_util=None):
+    """Say that process `pid` now uses `used_bytes` on GPU `index` (0 bytes removes it), at `sm_util` percent."""
     with _lock:
         gpu = _device(index).gpu
         procs = [p for p in gpu.get("processes", []) if p["pid"] != pid]
         if used_bytes:
-            procs.append({"pid": pid, "used_bytes": int(used_bytes)})
+            entry = {"pid": pid, "used_bytes": int(used_bytes)}
+            if sm_util is not None:
+                entry["sm_util"] = int(sm_util)
+            procs.append(entry)
         gpu["processes"] = procs
 
 

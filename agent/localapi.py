@@ -50,6 +50,7 @@ class Routes:
             ("GET", re.compile(r"^/api/v1/workers$"), self.workers),
             ("GET", re.compile(r"^/api/v1/workers/(?P<task_id>[^/]+)$"), self.worker),
             ("GET", re.compile(r"^/api/v1/limiter$"), self.limiter),
+            ("GET", re.compile(r"^/api/v1/limiter/node$"), self.limiter_node),
             ("POST", re.compile(r"^/api/v1/trap$"), self.trap),
         ]
 
@@ -83,16 +84,26 @@ class Routes:
             raise ApiError(503, "unavailable", "devices are being discovered")
         return inventory
 
+    def _device_view(self, device, foreign):
+        out = device.to_dict()
+        out["foreign_processes"] = [p for p in foreign if p["gpu_uuid"] == device.gpu.uuid]
+        return out
+
+    def _foreign(self):
+        limits = getattr(self.agent, "limits", None)
+        return limits.report()["foreign_processes"] if limits is not None else []
+
     def devices(self, body):
-        """Every GPU with live readings."""
-        return 200, [d.to_dict() for d in self._inventory().devices]
+        """Every GPU with live readings and the GPU processes that belong to no task."""
+        foreign = self._foreign()
+        return 200, [self._device_view(d, foreign) for d in self._inventory().devices]
 
     def device(self, body, uuid):
         """One GPU by uuid."""
         device = self._inventory().find(uuid)
         if device is None:
             raise _not_found(f"GPU {uuid}")
-        return 200, device.to_dict()
+        return 200, self._device_view(device, self._foreign())
 
     def discover(self, body):
         """Re-run discovery (re-initialises NVML) now."""
@@ -115,6 +126,13 @@ class Routes:
     def limiter(self, body):
         """Limits and current usage per worker and GPU."""
         return 200, self.agent.workers.limiter(self.agent.devices.inventory)
+
+    def limiter_node(self, body):
+        """The watchdog on this node: polls, foreign GPU processes, cgroups, MPS daemons, recent violations."""
+        limits = getattr(self.agent, "limits", None)
+        if limits is None:
+            raise ApiError(503, "unavailable", "the limits watchdog is not running")
+        return 200, dict(limits.report(), violations=limits.recent_detections())
 
     def trap(self, body):
         """VRAM pressure on a GPU: the workers to stop, lowest priority first."""

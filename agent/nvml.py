@@ -170,6 +170,24 @@ class Nvml:
             ],
         }
 
+    def processes(self, handle):
+        """[{pid, used_memory_bytes}] of the compute processes on a GPU; raises DeviceError.
+
+        Required for the VRAM watchdog: a GPU whose processes cannot be read is not silently
+        reported as empty.
+        """
+        procs = self._required("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [{"pid": int(p.pid), "used_memory_bytes": _process_memory(p)} for p in procs]
+
+    def process_utilization(self, handle, since_us=0):
+        """{pid: SM utilisation percent} from samples newer than `since_us` (NVML's timestamps); {} when none."""
+        samples = self._optional("nvmlDeviceGetProcessUtilization", handle, since_us)
+        out = {}
+        for sample in samples or []:
+            pid = int(sample.pid)
+            out[pid] = max(out.get(pid, 0), int(sample.smUtil))
+        return out
+
     def health(self, handle):
         """Health readings; each is None where the GPU does not support it."""
         ecc = self._optional("nvmlDeviceGetTotalEccErrors", handle, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,

@@ -33,6 +33,7 @@ import threading
 import time
 
 from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
+from agent.limits import LimitError, Limits, LimitSettings, TaskKey, signal_pids, task_pids
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -100,6 +101,9 @@ class Assignment:
     max_runtime_seconds: float
     artifacts: list
     priority_class: str = "on-demand"
+    bid: float | None = None
+    cpus: float | None = None  # host CPU limit (cgroup v2 cpu.max) from the JobSpec
+    memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max) from the JobSpec
 
     @classmethod
     def from_wire(cls, data):
@@ -145,11 +149,17 @@ class Assignment:
         workdir = data.get("workdir") or ""
         if not isinstance(workdir, str):
             raise ValueError("workdir must be a string")
+        numbers = {}
+        for name, kind in (("bid", (int, float)), ("cpus", (int, float)), ("memory_bytes", (int,))):
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
+                raise ValueError(f"{name} must be a non-negative number")
+            numbers[name] = value if name == "bid" else (value or None)
         return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
                    num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
                    gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
                    max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
-                   priority_class=str(data.get("priority_class") or "on-demand"))
+                   priority_class=str(data.get("priority_class") or "on-demand"), **numbers)
 
 
 def inside(root, relative, what, allow_root=False):
@@ -166,11 +176,13 @@ def inside(root, relative, what, allow_root=False):
     return path
 
 
-def task_env(assignment, master_addr, master_port, environ=None):
+def task_env(assignment, master_addr, master_port, environ=None, extra=None):
     """(the task's whole environment, the variables the agent injected).
 
     The spec's env goes over a small passthrough of the agent's own; the injected variables go
-    over both, so a spec cannot widen its GPUs or fake its rank.
+    over both, so a spec cannot widen its GPUs or fake its rank. `extra` are the limits'
+    variables (MPS); NVIDIA_VISIBLE_DEVICES carries the same UUIDs for nested containers
+    ("none" without GPUs).
     """
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in PASSTHROUGH_ENV if k in environ}
@@ -180,6 +192,7 @@ def task_env(assignment, master_addr, master_port, environ=None):
     uuids = [g["uuid"] for g in assignment.gpus]
     injected = {
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids) or "none",
         "FLEET_JOB_ID": assignment.job_id,
         "FLEET_TASK_ID": assignment.task_id,
         "FLEET_TASK_EPOCH": str(assignment.epoch),
@@ -193,6 +206,7 @@ def task_env(assignment, master_addr, master_port, environ=None):
         "WORLD_SIZE": str(assignment.num_nodes),
         "NODE_RANK": str(assignment.rank),
     }
+    injected.update(extra or {})
     env.update(injected)
     return env, injected
 
@@ -526,6 +540,17 @@ def write_state(path, text):
     os.replace(tmp, path)
 
 
+def _check_executable(program, cwd, path):
+    """TaskError unless `program` can be executed (as exec would find it), before it is wrapped."""
+    if "/" in program:
+        candidate = program if os.path.isabs(program) else os.path.join(cwd, program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return
+        raise TaskError(f"cannot start {program!r}: No such file or directory (or not executable)")
+    if shutil.which(program, path=path) is None:
+        raise TaskError(f"cannot start {program!r}: not found in PATH")
+
+
 def _utc_now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -556,15 +581,17 @@ class Task:
         self._stop = None  # (outcome, reason) once a stop is asked for
         self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
         self._kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
+        self._grace = runner.kill_grace_seconds  # of the stop asked for
         self._fenced = None  # why, once fleetd fenced the task off
         self._keep_state = False
         self.record = {}
         self.shipper = None
         self._readers = []
         self.started_monotonic = None
+        self.task_limits = None  # what agent.limits set up (env, cgroup), once prepared
         self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
                              rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
-                             gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
+                             bid=assignment.bid, gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
                              limits={"max_runtime_seconds": assignment.max_runtime_seconds,
                                      "kill_grace_seconds": runner.kill_grace_seconds,
                                      "isolation": assignment.isolation},
@@ -577,26 +604,37 @@ class Task:
 
     # Called from other threads.
 
-    def pids(self):
-        """The live processes of the task's group."""
-        with self._lock:
-            pgid = None if self._reaped else self.pgid
-        return group_pids(pgid) if pgid else []
+    def key(self):
+        """The TaskKey that finds this task's processes (group and session while the leader is not reaped)."""
+        limits = self.task_limits
+        return TaskKey(self.a.task_id, self.a.epoch, None if self._reaped else self.pgid,
+                       limits.cgroup_rel if limits is not None else None)
 
-    def cancel(self, reason, outcome="cancelled", lost=False):
-        """Stop the task: SIGTERM to its process group now, SIGKILL after the grace.
+    def pids(self):
+        """The live processes of the task: its group and session, its cgroup, its FLEET_TASK_* environment."""
+        with self._lock:
+            if self.proc is None:
+                return []
+            key = self.key()
+        return task_pids(key)
+
+    def cancel(self, reason, outcome="cancelled", lost=False, grace=None):
+        """Stop the task: SIGTERM to all its processes now, SIGKILL after the grace.
 
         `lost`: the agent itself is stopping; fleetd is told so (finish `lost: true`), so that the job
-        is retried as for a lost node rather than failed.
+        is retried as for a lost node rather than failed. `grace` overrides tasks.kill_grace_seconds
+        (the limits watchdog uses limits.kill_grace_seconds).
         """
+        grace = self.runner.kill_grace_seconds if grace is None else grace
         with self._lock:
             if self._stop is None:
                 self._stop = (outcome, reason)
                 self._lost = lost
+                self._grace = grace
                 log.info("task %s: stopping (%s)", self.label, reason)
                 if self.pgid and not self._reaped:
                     self._signal_group(signal.SIGTERM)
-                    self._kill_at = time.monotonic() + self.runner.kill_grace_seconds
+                    self._kill_at = time.monotonic() + grace
         self._wake.set()
 
     def fence(self, why, keep_state=False):
@@ -616,11 +654,15 @@ class Task:
         self._wake.set()
 
     def _signal_group(self, sig):
+        """Signal the process group, and the processes that left it (setsid) but are still the task's."""
         # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        if sig == signal.SIGKILL and self.task_limits is not None and self.task_limits.cgroup:
+            self.runner.limits.cgroups.kill(self.task_limits.cgroup)
+        signal_pids(task_pids(self.key()), sig)
 
     # The supervisor thread.
 
@@ -662,6 +704,7 @@ class Task:
             keep_dir = True
         finally:
             self._kill_and_reap()
+            self._release_limits()
             if self.shipper is not None:
                 self.shipper.abort()
             if self.runner.workers.get(self.a.task_id) is self.worker:
@@ -761,19 +804,38 @@ class Task:
                 return found
         raise TaskError(f"rank 0 did not publish its address and port within {deadline - started:.0f}s")
 
+    def _prepare_limits(self):
+        """Set up the task's limits (MPS, cgroup); TaskError when they cannot be met here."""
+        try:
+            self.task_limits = self.runner.limits.prepare(self.a)
+        except LimitError as exc:
+            raise TaskError(str(exc)) from None
+        except OSError as exc:
+            raise TaskError(f"cannot set up the task's limits: {exc.strerror or exc}") from None
+        limits = dict(self.worker.limits)
+        limits.update(self.task_limits.describe())
+        self.worker.limits = limits
+        self.worker.cgroup = self.task_limits.cgroup_rel
+        self._save(cgroup=self.task_limits.cgroup)
+
     def _spawn(self, cwd, addr, port):
-        env, injected = task_env(self.a, addr, port)
+        self._prepare_limits()
+        env, injected = task_env(self.a, addr, port, extra=self.task_limits.env)
+        argv = self.runner.limits.command(self.task_limits, self.a.command)
+        if argv != self.a.command:
+            _check_executable(self.a.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         self.shipper = LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
                                   self.fence, self.runner.closing.is_set, self.label).start()
         with self._lock:
             self._check()
             try:
-                self.proc = subprocess.Popen(self.a.command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                              start_new_session=True, close_fds=True)
             except OSError as exc:
                 raise TaskError(f"cannot start {self.a.command[0]!r}: {exc.strerror or exc}") from None
             self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
+            self.worker.pgid = self.pgid
             self.started_monotonic = time.monotonic()
             # Readers and the exit watcher first: from here on nothing may leave the process unwatched.
             for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
@@ -835,8 +897,7 @@ class Task:
                 self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
             with self._lock:
                 if self._kill_at is not None and now >= self._kill_at:
-                    log.warning("task %s: still running %gs after SIGTERM; SIGKILL", self.label,
-                                self.runner.kill_grace_seconds)
+                    log.warning("task %s: still running %gs after SIGTERM; SIGKILL", self.label, self._grace)
                     self._signal_group(signal.SIGKILL)
                     self._kill_at = None
                 kill_at = self._kill_at
@@ -860,6 +921,11 @@ class Task:
             return outcome, exit_code, f"{reason} ({how})"
         if code == 0:
             return "succeeded", 0, None
+        oom = self.runner.limits.cgroups.oom_kills(self.task_limits.cgroup if self.task_limits else None)
+        if oom:
+            limit = self.task_limits.host.get("memory_bytes", {}).get("limit")
+            return "failed", exit_code, (f"host_memory_limit_exceeded: memory_bytes {limit}, the kernel OOM-killed "
+                                         f"{oom} process(es) of the task ({how})")
         return "failed", exit_code, how
 
     def _report_start(self, client, attempts):
@@ -896,6 +962,7 @@ class Task:
         with self._lock:
             code = self.proc.wait()
             self._reaped = True
+            self.worker.pgid = None  # the pid may be reused from now on
         return code
 
     def _kill_and_reap(self):
@@ -908,6 +975,18 @@ class Task:
             self._reap()
         else:
             log.error("task %s: pid %d did not exit after SIGKILL", self.label, self.proc.pid)
+
+    def _release_limits(self):
+        """Whatever is left of the task outside its group is killed; its cgroup removed."""
+        if self.task_limits is None:
+            return
+        try:
+            if self.proc is not None:
+                signal_pids(task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel)),
+                            signal.SIGKILL)
+            self.runner.limits.release(self.task_limits)
+        except OSError as exc:
+            log.warning("task %s: releasing its limits: %s", self.label, exc)
 
     def _finish_logs(self):
         """Let the readers reach EOF and the shipper deliver every line before the finish report."""
@@ -977,8 +1056,10 @@ class Runner:
 
     def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
                  rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
-                 backoff_max_seconds=60.0, log_settings=None):
+                 backoff_max_seconds=60.0, log_settings=None, limits=None):
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
+        # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
+        self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
         self.workers = workers
         self.new_client = client_factory  # callable() -> a FleetClient for one thread
         self.address = address
@@ -994,7 +1075,7 @@ class Runner:
         self._threads = []
 
     @classmethod
-    def from_config(cls, config, state_dir, workers, client_factory, address):
+    def from_config(cls, config, state_dir, workers, client_factory, address, limits=None):
         """A Runner with the [tasks] settings of the agent config."""
         settings = LogSettings(batch_lines=config.tasks_log_batch_lines, batch_bytes=config.tasks_log_batch_bytes,
                                interval_seconds=config.tasks_log_interval_seconds,
@@ -1004,7 +1085,7 @@ class Runner:
                    kill_grace_seconds=config.tasks_kill_grace_seconds,
                    rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
                    report_retry_seconds=config.tasks_report_retry_seconds,
-                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings)
+                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits)
 
     def checkout_client(self):
         """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""
@@ -1098,6 +1179,8 @@ class Runner:
                 kill_pids(pids)
                 if not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
                     log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
+            if record.get("cgroup") and os.path.isdir(record["cgroup"]):
+                self.limits.cgroups.remove(record["cgroup"])  # kills what is left in it first
             lost = True  # the agent's restart ended it, not the task itself
             if record.get("outcome") in OUTCOMES:
                 result = (record["outcome"], record.get("exit_code"), record.get("reason"))

@@ -29,7 +29,12 @@ class Worker:
     started_at: str = ""
     stop: object = None  # callable(reason) supplied by the runner
     limits: dict = dataclasses.field(default_factory=dict)  # max_runtime_seconds, kill grace, ...
-    list_pids: object = None  # callable() -> the live pids of the task's process group, from the runner
+    list_pids: object = None  # callable() -> the live pids of the task (group, cgroup, markers), from the runner
+    bid: float | None = None  # spot bid; the trap stops lower bids first
+    pgid: int | None = None  # the leader's session/process group while it is not reaped
+    cgroup: str | None = None  # the task's cgroup v2 path as /proc/<pid>/cgroup shows it
+    gpu_usage: dict | None = None  # the VRAM watchdog's last reading: uuid -> {used, processes, limits, flags}
+    limit_violation: dict | None = None  # what the watchdog stopped the task for
 
     def current_pids(self):
         """The task's processes now (the whole process group when the runner can list it)."""
@@ -38,7 +43,9 @@ class Worker:
         return list(self.pids)
 
     def usage(self, inventory):
-        """Per GPU: bytes used by this worker's processes, from NVML's process list."""
+        """Per GPU: bytes used by this worker's processes (the watchdog's mapping, else NVML's list by pid)."""
+        if self.gpu_usage is not None:
+            return {uuid: dict(slot) for uuid, slot in self.gpu_usage.items()}
         out = {}
         pids = set(self.current_pids())
         for grant in self.gpus:
@@ -57,7 +64,8 @@ class Worker:
             "task_id": self.task_id, "job_id": self.job_id, "epoch": self.epoch, "rank": self.rank,
             "state": self.state, "priority_class": self.priority_class, "pids": self.current_pids(),
             "gpus": list(self.gpus), "env": dict(self.env), "limits": dict(self.limits),
-            "started_at": self.started_at, "usage": self.usage(inventory),
+            "started_at": self.started_at, "usage": self.usage(inventory), "bid": self.bid,
+            "cgroup": self.cgroup, "limit_violation": self.limit_violation,
         }
 
 
@@ -111,31 +119,65 @@ class Workers:
         out = []
         for worker in self.all():
             usage = worker.usage(inventory)
+            gpu_limits = {g["uuid"]: g for g in (worker.limits.get("gpus") or [])}
             for grant in worker.gpus:
+                slot = usage.get(grant["uuid"]) or {}
                 out.append({
-                    "task_id": worker.task_id, "gpu_uuid": grant["uuid"],
+                    "task_id": worker.task_id, "epoch": worker.epoch, "gpu_uuid": grant["uuid"],
+                    "isolation": worker.limits.get("isolation"),
                     "memory_limit_bytes": grant.get("memory_limit_bytes"),
+                    "memory_tolerance_bytes": worker.limits.get("memory_tolerance_bytes"),
                     "compute_percent": grant.get("compute_percent"),
-                    "used_memory_bytes": usage[grant["uuid"]]["used_memory_bytes"],
+                    "memory_enforcement": gpu_limits.get(grant["uuid"], {}).get("memory_enforcement"),
+                    "compute_enforcement": gpu_limits.get(grant["uuid"], {}).get("compute_enforcement"),
+                    "used_memory_bytes": slot.get("used_memory_bytes", 0),
+                    "sm_util_percent": slot.get("sm_util_percent"),
+                    "over_memory_limit": slot.get("over_memory_limit", False),
+                    "over_compute_share": slot.get("over_compute_share", False),
+                    "processes": slot.get("processes", []),
                 })
+            for uuid, slot in usage.items():
+                if slot.get("not_assigned"):
+                    out.append({"task_id": worker.task_id, "epoch": worker.epoch, "gpu_uuid": uuid,
+                                "not_assigned": True, "used_memory_bytes": slot.get("used_memory_bytes", 0),
+                                "processes": slot.get("processes", [])})
+            if not worker.gpus:
+                out.append({"task_id": worker.task_id, "epoch": worker.epoch, "gpu_uuid": None,
+                            "isolation": worker.limits.get("isolation"), "used_memory_bytes": 0, "processes": []})
+            for row in out:
+                if row["task_id"] == worker.task_id:
+                    row["host"] = worker.limits.get("host")
         return out
 
     def trap(self, inventory, gpu_uuid, pressure_bytes=None):
-        """Workers on a GPU under VRAM pressure, the ones to stop first (lowest priority, largest) first.
+        """Workers on a GPU under VRAM pressure, the ones to stop first first.
 
-        With `pressure_bytes`, the list ends once stopping the candidates would free that much.
+        Order: spot before on-demand; then the lowest bid first (no bid counts as 0); then the
+        largest user of the GPU first; then the newest. With `pressure_bytes`, the list ends once
+        stopping the candidates would free that much. Nothing is stopped here.
         """
         candidates = []
         for worker in self.all():
-            if not any(g["uuid"] == gpu_uuid for g in worker.gpus):
+            slot = worker.usage(inventory).get(gpu_uuid)
+            if slot is None and not any(g["uuid"] == gpu_uuid for g in worker.gpus):
                 continue
-            used = worker.usage(inventory)[gpu_uuid]["used_memory_bytes"]
-            candidates.append((PRIORITY_ORDER.get(worker.priority_class, 1), -used, worker.started_at, worker, used))
-        candidates.sort(key=lambda c: c[:3])
+            used = (slot or {}).get("used_memory_bytes", 0)
+            order = (PRIORITY_ORDER.get(worker.priority_class, 1), worker.bid or 0.0, -used,
+                     _newest_first(worker.started_at))
+            candidates.append((order, worker, used))
+        candidates.sort(key=lambda c: c[0])
         out, freed = [], 0
-        for _prio, _neg, _started, worker, used in candidates:
+        for _order, worker, used in candidates:
             if pressure_bytes is not None and freed >= pressure_bytes:
                 break
-            out.append({"task_id": worker.task_id, "priority_class": worker.priority_class, "used_memory_bytes": used})
+            out.append({"task_id": worker.task_id, "epoch": worker.epoch, "job_id": worker.job_id,
+                        "priority_class": worker.priority_class, "bid": worker.bid, "used_memory_bytes": used,
+                        "memory_limit_bytes": next((g.get("memory_limit_bytes") for g in worker.gpus
+                                                    if g["uuid"] == gpu_uuid), None)})
             freed += used
         return out
+
+
+def _newest_first(started_at):
+    """A sort key that puts later ISO timestamps first."""
+    return tuple(-ord(c) for c in started_at or "")
