@@ -23,11 +23,29 @@ def _nice_max(value):
         scale *= 10
 
 
+def _bucketed(points, start, span, columns):
+    """At most one point per column of the plot: the mean of each line's values in it."""
+    buckets = {}
+    for at, row in points:
+        column = int(columns * max(0.0, min(1.0, (at - start).total_seconds() / span)))
+        buckets.setdefault(column, []).append((at, row))
+    out = []
+    for column in sorted(buckets):
+        group = buckets[column]
+        merged = {}
+        for label in group[0][1]:
+            values = [row[label] for _, row in group if row[label] is not None]
+            merged[label] = sum(values) / len(values) if values else None
+        out.append((group[-1][0], merged))
+    return out
+
+
 def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
     """An SVG chart of `lines` [(key or function, css class, label)] over samples [{at, ...}].
 
     Samples with a missing value break the line instead of drawing it through zero. `start`
     and `end` (naive UTC datetimes) fix the x axis, so an empty chart still shows the window.
+    More samples than the plot has pixel columns are averaged per column.
     """
     span = max(1.0, (end - start).total_seconds())
     points = []
@@ -38,6 +56,9 @@ def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
             value = key(sample) if callable(key) else sample.get(key)
             row[_label] = value
         points.append((at, row))
+    columns = WIDTH - LEFT - RIGHT
+    if len(points) > columns:
+        points = _bucketed(points, start, span, columns)
     values = [v for _, row in points for v in row.values() if v is not None]
     top = y_max if y_max is not None else _nice_max(max(values) if values else 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM

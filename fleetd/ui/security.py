@@ -15,7 +15,7 @@ import secrets
 from flask import g, request, session
 from flask.sessions import SecureCookieSessionInterface
 
-from fleetd.auth import API_PREFIX, Principal
+from fleetd.auth import Principal
 from fleetd.errors import Forbidden, InvalidRequest
 from fleetd.models import ApiToken
 
@@ -148,7 +148,3 @@ def ui_require(roles):
 
     return decorator
 
-
-def is_api_token(text):
-    """Whether a pasted string looks like an API token at all (for a clearer message)."""
-    return text.startswith(API_PREFIX)

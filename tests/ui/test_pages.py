@@ -71,6 +71,13 @@ def test_line_chart_breaks_lines_at_missing_values_and_clamps_to_the_window():
     svg = str(line_chart(samples, [("v", "s-util", "util")], start, end, y_max=100, unit="%", title="t"))
     assert svg.count("<circle") == 1 and svg.count("<polyline") == 1  # 50 alone, then 100 -> 0
     assert ">100%<" in svg and ">now<" in svg and ">-24h<" in svg
+    many = [{"at": (start + dt.timedelta(seconds=10 * i)).isoformat() + "Z", "v": 100.0 * (i % 2)}
+            for i in range(8640)]  # a sample every 10 s for 24 h: averaged per pixel column
+    dense = str(line_chart(many, [("v", "s-util", "util")], start, end, y_max=100, title="t"))
+    points = re.search(r'points="([^"]+)"', dense).group(1).split()
+    assert len(points) <= 720 - 44 - 10 + 1
+    # 0 and 100 alternate: every column's mean is near 50 (y = 92 on this plot), never 0 or 100.
+    assert all(75.6 <= float(p.split(",")[1]) <= 108.4 for p in points)
     empty = str(line_chart([], [("v", "s-util", "util")], start, end, title="<x>"))
     assert "<polyline" not in empty and "&lt;x&gt;" in empty
 
