@@ -4,7 +4,7 @@ Imports nothing from Flask, Peewee or the rest of fleetd. See `engine.PlacementE
 and `engine.schedule` for the entry points, `model` for the data, `policies` for scoring.
 """
 
-from fleetd.scheduler.capacity import GpuCounts, gpu_capacity
+from fleetd.scheduler.capacity import GpuCounts, gpu_capacity, gpu_state
 from fleetd.scheduler.engine import PlacementEngine, profile_from_requests, schedule, shape_of
 from fleetd.scheduler.model import (
     MILLI,
@@ -55,6 +55,7 @@ __all__ = [
     "WorkloadProfile",
     "freed",
     "gpu_capacity",
+    "gpu_state",
     "make_policy",
     "plan_preemption",
     "profile_from_requests",

@@ -30,6 +30,19 @@ class GpuCounts:
     blocked_by: dict[str, int] = field(default_factory=dict)
 
 
+def gpu_state(node, gpu, closed_fleets: Collection[str] = ()) -> tuple[str, str | None]:
+    """("used" | "free" | "blocked", reason code or None) for one GPU of one node."""
+    if gpu.exclusive or gpu.compute_free_milli < MILLI or gpu.free_memory < gpu.memory_total_bytes:
+        return "used", None
+    if not node.schedulable:
+        return "blocked", node.status
+    if not gpu.healthy:
+        return "blocked", UNHEALTHY
+    if node.fleet in closed_fleets:
+        return "blocked", OUTSIDE_WINDOW
+    return "free", None
+
+
 def gpu_capacity(
     snapshot: ClusterSnapshot, closed_fleets: Collection[str] = ()
 ) -> tuple[GpuCounts, dict[str, GpuCounts]]:
@@ -39,17 +52,7 @@ def gpu_capacity(
     for node in snapshot.nodes:
         for gpu in node.gpus:
             series = per_series.setdefault(gpu.model, GpuCounts(series=gpu.model))
-            held = gpu.exclusive or gpu.compute_free_milli < MILLI or gpu.free_memory < gpu.memory_total_bytes
-            if held:
-                state, code = "used", None
-            elif not node.schedulable:
-                state, code = "blocked", node.status
-            elif not gpu.healthy:
-                state, code = "blocked", UNHEALTHY
-            elif node.fleet in closed_fleets:
-                state, code = "blocked", OUTSIDE_WINDOW
-            else:
-                state, code = "free", None
+            state, code = gpu_state(node, gpu, closed_fleets)
             for counts in (cluster, series):
                 counts.total += 1
                 setattr(counts, state, getattr(counts, state) + 1)

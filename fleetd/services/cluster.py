@@ -58,7 +58,7 @@ class ClusterState:
             if reported[t.id] == (t.node_id, t.epoch) and t.gpus
         ]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
-        self.held, self.node_use = self._reservations(excluded=frozenset())
+        self.held, self.node_use = self._reservations()
         self.blocks = {n.id: self._block(n, silent) for n in self.nodes}
 
     def _block(self, node, silent):
@@ -76,12 +76,9 @@ class ClusterState:
 
     # ------------------------------------------------------------ the scheduler's view
 
-    def snapshot(self, exclude_tasks=()):
-        """The engine's ClusterSnapshot; tasks in `exclude_tasks` count as gone (preemption trials)."""
-        held = self.held
-        node_use = self.node_use
-        if exclude_tasks:
-            held, node_use = self._reservations(excluded=frozenset(exclude_tasks))
+    def snapshot(self):
+        """The engine's ClusterSnapshot: what every node has free, net of what tasks hold."""
+        held, node_use = self.held, self.node_use
         nodes = []
         for node in self.nodes:
             block = self.blocks[node.id]
@@ -96,17 +93,15 @@ class ClusterState:
             cpu_used, mem_used = node_use.get(node.id, (0, 0))
             nodes.append(scheduler.NodeSnapshot(
                 id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
-                schedulable=block is None, status=block.text if block else node.status,
+                schedulable=block is None, status=block.code if block else node.status,
                 cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
                 memory_free_bytes=max(0, node.memory_bytes - mem_used)))
         return scheduler.ClusterSnapshot(nodes=tuple(nodes))
 
-    def _reservations(self, excluded):
-        """What active tasks (but those excluded) hold, per GPU and per node."""
+    def _reservations(self):
+        """What active and still-stopping tasks hold, per GPU and per node."""
         held, node_use = {}, {}
         for task in self.tasks + self.stopping:
-            if task.id in excluded:
-                continue
             req = task_request(task.job.spec)
             use = node_use.setdefault(task.node_id, [0, 0])
             use[0] += req.cpu_milli
@@ -122,29 +117,46 @@ class ClusterState:
     # ------------------------------------------------------------ capacity views
 
     def gpu_rows(self):
-        """Every GPU with its state: used, free or blocked (and why)."""
+        """Every GPU with its state (used, free or blocked, and why), classified by the pure
+        `scheduler.gpu_state` over the same snapshot the scheduler places on."""
         rows = []
-        for node in self.nodes:
+        snapshot = self.snapshot()
+        for node, snap in zip(self.nodes, snapshot.nodes):
             block = self.blocks[node.id]
-            for gpu in self.gpus.get(node.id, ()):
+            for gpu, gsnap in zip(self.gpus.get(node.id, ()), snap.gpus):
                 h = self.held.get((node.id, gpu.uuid))
                 row = {"uuid": gpu.uuid, "node_id": node.id, "hostname": node.hostname, "fleet": node.fleet_id,
                        "index": gpu.index, "model": gpu.model, "series": series_id(gpu.model),
                        "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
-                       "memory_reserved_bytes": 0, "compute_reserved_percent": 0.0, "tasks": []}
-                if h is not None:
-                    row.update(state="used", memory_reserved_bytes=gpu.memory_total_bytes if h[2] else h[1],
-                               compute_reserved_percent=100.0 if h[2] else min(100.0, h[0] / 10), tasks=list(h[3]))
-                elif block is not None:
-                    row.update(state="blocked", blocked_code=block.code, blocked_reason=block.text,
-                               next_open_at=block.next_open_at)
-                elif not gpu.healthy:
-                    row.update(state="blocked", blocked_code="unhealthy",
-                               blocked_reason=gpu.health_reason or BLOCK_TEXT["unhealthy"])
-                else:
-                    row["state"] = "free"
+                       "memory_reserved_bytes": (gpu.memory_total_bytes if gsnap.exclusive
+                                                 else gpu.memory_total_bytes - gsnap.free_memory),
+                       "compute_reserved_percent": (scheduler.MILLI - gsnap.compute_free_milli) / 10,
+                       "tasks": list(h[3]) if h else []}
+                state, code = scheduler.gpu_state(snap, gsnap)
+                row["state"] = state
+                if state == "blocked":
+                    row["blocked_code"] = code
+                    if code == "unhealthy":
+                        row["blocked_reason"] = gpu.health_reason or BLOCK_TEXT["unhealthy"]
+                    else:
+                        row["blocked_reason"] = block.text
+                        row["next_open_at"] = block.next_open_at
                 rows.append(row)
         return rows
+
+    def running_tasks(self):
+        """Active tasks as the engine's RunningTask (for preemption plans)."""
+        out = []
+        for task in self.tasks:
+            req = task_request(task.job.spec)
+            out.append(scheduler.RunningTask(
+                task_id=task.id, job_id=task.job_id, node_id=task.node_id,
+                gpus=tuple(scheduler.GpuAllocation(uuid=g["uuid"], memory_limit_bytes=g.get("memory_limit_bytes") or 0,
+                                                   compute_milli=g.get("compute_milli", scheduler.MILLI),
+                                                   exclusive=g.get("exclusive", False)) for g in task.gpus),
+                cpu_milli=req.cpu_milli, memory_bytes=req.memory_bytes,
+                priority_class=task.job.priority_class, bid=task.job.spec.get("bid")))
+        return out
 
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series)."""

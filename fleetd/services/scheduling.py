@@ -53,7 +53,12 @@ def _run_pass(rt):
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
-        engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
+        # The shapes that arrive (queued and running work): what fragmentation is measured against.
+        running = {t.job_id: t.job.spec for t in state.tasks}
+        profile = scheduler.profile_from_requests(
+            [task_request(spec) for spec in list(running.values()) + [j.spec for j in queued]])
+        engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None,
+                                           profile=profile)
         rules = Rules.load(state)
         for job in queued:
             request, blocked = rules.request_for(job.spec, job.team, job.priority_class)
@@ -159,47 +164,31 @@ class Rules:
 
 
 def _preempt_for(rt, job, request, now):
-    """Make room for an on-demand job by preempting spot jobs (lowest bid first, fewest victims).
+    """Make room for an on-demand job by preempting spot jobs (the engine's plan: lowest bid
+    first, fewest victims). Returns why the job still waits, or None when nothing can be done.
 
-    Returns why the job still waits, or None when nothing can be preempted for it.
+    The victims are requeued at once, but their GPUs count as held until their node stops
+    reporting them (ClusterState.stopping); the job is placed by a later pass.
     """
-    nominated = rt.nominations.get(job.id)
     state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
-    if nominated and any(t.id in nominated for t in state.stopping + state.tasks):
+    nominated = rt.nominations.get(job.id)
+    if nominated:
         left = sum(1 for t in state.stopping + state.tasks if t.id in nominated)
-        return f"waiting for {left} preempted spot task(s) to stop"
-    by_job = {}
-    for task in state.tasks:
-        if task.job.priority_class == "spot":
-            by_job.setdefault(task.job_id, []).append(task)
-    candidates = sorted(by_job.values(), key=lambda ts: (ts[0].job.spec.get("bid") or 0, ts[0].job_id))[:64]
-
-    def fits(victims):
-        excluded = {t.id for ts in victims for t in ts}
-        trial = scheduler.PlacementEngine(state.snapshot(exclude_tasks=excluded),
-                                          policy=rt.settings.scheduler_policy or None)
-        return trial.place(request).schedulable
-
-    chosen = []
-    for tasks in candidates:
-        chosen.append(tasks)
-        if fits(chosen):
-            break
-    else:
+        if left:
+            return f"waiting for {left} preempted spot task(s) to stop"
+    plan = scheduler.plan_preemption(state.snapshot(), state.running_tasks(), request,
+                                     policy=rt.settings.scheduler_policy or None)
+    if not plan.schedulable or not plan.victim_jobs:
         return None
-    for tasks in sorted(chosen, key=lambda ts: -(ts[0].job.spec.get("bid") or 0)):  # drop the dearest first
-        rest = [ts for ts in chosen if ts is not tasks]
-        if rest and fits(rest):
-            chosen = rest
-    victims = set()
-    for tasks in chosen:
-        first = Task.get_by_id(tasks[0].id)
-        if first.state in ACTIVE_TASK_STATES:
+    for job_id in plan.victim_jobs:
+        first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
+                 .order_by(Task.rank).first())
+        if first is not None:
             end_task(first, TaskState.PREEMPTED, f"preempted by on-demand job {job.id}", now)
-        victims |= {t.id for t in tasks}
-        rt.notifier.notify(("job", tasks[0].job_id))
-    rt.nominations[job.id] = victims
-    return f"preempted {len(chosen)} spot job(s); placed once their {len(victims)} task(s) stop"
+        rt.notifier.notify(("job", job_id))
+    rt.nominations[job.id] = set(plan.victim_tasks)
+    return (f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "
+            f"{len(plan.victim_tasks)} task(s) stop")
 
 
 class SchedulerLoop:
