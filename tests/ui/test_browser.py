@@ -280,3 +280,27 @@ def test_every_page_renders_for_an_admin_without_console_errors(page, http, serv
     page.goto("/ui/nope")
     assert "there is no such page" in page.inner_text("#error-message")
     shot(page, "not-found")
+
+
+def _tab_to(page, selector, limit=60):
+    """Press Tab until `selector` has the focus; fails if it is not reachable by keyboard."""
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        if page.evaluate("(sel) => document.activeElement === document.querySelector(sel)", selector):
+            return
+    raise AssertionError(f"{selector} is not reachable with Tab")
+
+
+def test_a_node_can_be_cordoned_with_the_keyboard_alone(page, http, server, admin):  # noqa: F811
+    node_id, _ = enrol(http, server, "gpu-a", "alpha", 2)
+    sign_in(page, admin)
+    page.goto(f"/ui/nodes/{node_id}")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    _tab_to(page, 'form[action$="/cordon"] button')
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(f"/ui/nodes/{node_id}/cordon$"))
+    _tab_to(page, "#confirm")
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(f"/ui/nodes/{node_id}$"))
+    assert http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "cordoned"
