@@ -5,7 +5,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Artifact, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.events import list_events, record_event
-from fleetd.services.pagination import paginate
+from fleetd.services.pagination import attach, paginate
 
 J = JobState
 T = TaskState
@@ -145,12 +145,7 @@ def list_jobs(principal, limit, cursor=None, state=None, owner=None):
 
 def attach_tasks(jobs):
     """Load the tasks of these jobs in one query (job.task_list, by rank)."""
-    by_id = {j.id: j for j in jobs}
-    for job in jobs:
-        job.task_list = []
-    if by_id:
-        for task in Task.select().where(Task.job.in_(list(by_id))).order_by(Task.job, Task.rank):
-            by_id[task.job_id].task_list.append(task)
+    return attach(jobs, Task.select().order_by(Task.job, Task.rank), Task.job, "task_list")
 
 
 def find_visible_job(principal, job_id):

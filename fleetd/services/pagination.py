@@ -36,3 +36,14 @@ def paginate(query, key_field, limit, cursor=None):
         return rows, None
     rows = rows[:limit]
     return rows, encode_cursor(getattr(rows[-1], key_field.name))
+
+
+def attach(parents, children, key, attr):
+    """Give each parent the list of its children (one query): children.where(key IN parent ids)."""
+    by_id = {p.id: p for p in parents}
+    for parent in parents:
+        setattr(parent, attr, [])
+    if by_id:
+        for child in children.where(key.in_(list(by_id))):
+            getattr(by_id[getattr(child, key.name + "_id")], attr).append(child)
+    return parents
