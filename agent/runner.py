@@ -33,7 +33,7 @@ import threading
 import time
 
 from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
-from agent.limits import LimitError, Limits, LimitSettings, TaskKey, signal_pids, task_pids
+from agent.limits import LimitError, Limits, LimitSettings, TaskKey, read_proc, signal_pids, task_pids
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -582,6 +582,7 @@ class Task:
         self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
         self._kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
         self._grace = runner.kill_grace_seconds  # of the stop asked for
+        self._seen = {}  # pid -> start ticks of every process seen as the task's (they may leave its tree)
         self._fenced = None  # why, once fleetd fenced the task off
         self._keep_state = False
         self.record = {}
@@ -616,7 +617,9 @@ class Task:
             if self.proc is None:
                 return []
             key = self.key()
-        return task_pids(key)
+        pids = task_pids(key)
+        with self._lock:
+            return self._remember(pids)
 
     def cancel(self, reason, outcome="cancelled", lost=False, grace=None):
         """Stop the task: SIGTERM to all its processes now, SIGKILL after the grace.
@@ -654,15 +657,36 @@ class Task:
         self._wake.set()
 
     def _signal_group(self, sig):
-        """Signal the process group, and the processes that left it (setsid) but are still the task's."""
+        """Signal the process group, and the processes that left it (setsid) but are still the task's.
+
+        The task's processes are listed before the group is signalled: once the leader dies, a
+        child that left its session and environment is reparented and only its cgroup, or this
+        task having seen it before, still ties it to the task.
+        """
         # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
+        others = self._remember(task_pids(self.key()))
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
         if sig == signal.SIGKILL and self.task_limits is not None and self.task_limits.cgroup:
             self.runner.limits.cgroups.kill(self.task_limits.cgroup)
-        signal_pids(task_pids(self.key()), sig)
+        signal_pids(others, sig)
+
+    def _remember(self, pids):
+        """Add `pids` to the processes seen as the task's; returns those of them and of earlier sightings still alive."""
+        for pid in pids:
+            info = read_proc(pid)
+            if info is not None:
+                self._seen[pid] = info.start_ticks
+        alive = []
+        for pid, start in list(self._seen.items()):
+            info = read_proc(pid)
+            if info is None or info.start_ticks != start:
+                del self._seen[pid]
+            else:
+                alive.append(pid)
+        return alive
 
     # The supervisor thread.
 
@@ -982,8 +1006,9 @@ class Task:
             return
         try:
             if self.proc is not None:
-                signal_pids(task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel)),
-                            signal.SIGKILL)
+                pids = task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel))
+                with self._lock:
+                    signal_pids(self._remember(pids), signal.SIGKILL)
             self.runner.limits.release(self.task_limits)
         except OSError as exc:
             log.warning("task %s: releasing its limits: %s", self.label, exc)
