@@ -78,11 +78,7 @@ def resolve_token(token, now, allow_revoked_node=False):
         row = ApiToken.get_or_none(ApiToken.id == token_id)
         if row is None or not _matches(token, row.token_hash):
             raise Unauthorized("malformed or unknown token")
-        if row.revoked_at is not None:
-            raise Unauthorized("token revoked")
-        if row.expires_at is not None and row.expires_at <= now:
-            raise Unauthorized("token expired")
-        return Principal("api", row.id, row.role, name=row.name, team=row.team)
+        return api_token_principal(row, now)
     if prefix == NODE_PREFIX:
         node = Node.get_or_none(Node.session_id == token_id)
         if node is None or not _matches(token, node.session_hash):
@@ -100,6 +96,23 @@ def resolve_token(token, now, allow_revoked_node=False):
     if row.max_uses is not None and row.uses >= row.max_uses:
         raise Unauthorized("join token used up")
     return Principal("join", row.id, JOIN, fleet=row.fleet_id)
+
+
+def api_token_principal(row, now):
+    """The Principal of a stored API token; Unauthorized when it is revoked or expired."""
+    if row.revoked_at is not None:
+        raise Unauthorized("token revoked")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise Unauthorized("token expired")
+    return Principal("api", row.id, row.role, name=row.name, team=row.team)
+
+
+def resolve_api_token_id(token_id, now):
+    """The Principal of the API token with this id (already authenticated once, e.g. a UI session)."""
+    row = ApiToken.get_or_none(ApiToken.id == token_id)
+    if row is None:
+        raise Unauthorized("unknown token")
+    return api_token_principal(row, now)
 
 
 class FailureLimiter:

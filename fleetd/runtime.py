@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from flask import current_app
+from flask import current_app, request
 
 from fleetd.auth import FailureLimiter
 from fleetd.clock import Clock
@@ -40,3 +40,8 @@ class Runtime:
 def current_runtime():
     """The Runtime of the running application."""
     return current_app.extensions["fleetd"]
+
+
+def public_url():
+    """How agents reach fleetd: the configured public URL, else the URL of this request."""
+    return current_runtime().settings.public_url or request.host_url

@@ -1,11 +1,10 @@
 """Fleets and their join tokens."""
 
-from flask import request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
-from fleetd.runtime import current_runtime
+from fleetd.runtime import current_runtime, public_url
 from fleetd.schemas.common import PageQuerySchema
 from fleetd.schemas.fleets import (
     FleetCreateSchema,
@@ -63,13 +62,6 @@ class FleetByName(MethodView):
         fleets.delete_fleet(name)
 
 
-def join_command(token):
-    """The command a host runs to join with this token."""
-    settings = current_runtime().settings
-    server = (settings.public_url or request.host_url).rstrip("/")
-    return f"fleet-agent join --server {server} --token {token}"
-
-
 @blp.route("/fleets/<string:name>/join-tokens")
 class FleetJoinTokens(MethodView):
     @require(ADMIN)
@@ -89,7 +81,7 @@ class FleetJoinTokens(MethodView):
             current_runtime().clock.now(), name, created_by=current_principal().label, **body
         )
         row.token = token
-        row.join_command = join_command(token)
+        row.join_command = fleets.join_command(public_url(), token)
         return row
 
 

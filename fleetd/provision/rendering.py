@@ -59,6 +59,7 @@ def _environment():
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
+        trim_blocks=True,  # as Ansible renders templates
         keep_trailing_newline=True,
         autoescape=False,
     )

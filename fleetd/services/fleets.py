@@ -88,6 +88,11 @@ def create_join_token(now, fleet_name, ttl_seconds, max_uses=None, description="
     return row, token
 
 
+def join_command(server_url, token):
+    """The command a host runs to join with this token."""
+    return f"fleet-agent join --server {server_url.rstrip('/')} --token {token}"
+
+
 def list_join_tokens(fleet_name, limit, cursor=None):
     """One page of a fleet's join tokens, without secrets."""
     get_fleet(fleet_name)

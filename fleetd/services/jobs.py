@@ -3,9 +3,9 @@
 from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
-from fleetd.models import Artifact, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.models import Artifact, Event, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.events import list_events, record_event
-from fleetd.services.pagination import attach, paginate
+from fleetd.services.pagination import attach, last_rows, paginate
 
 J = JobState
 T = TaskState
@@ -131,13 +131,15 @@ def _visible(query, principal):
     return query.where(Job.owner_token_id == principal.id)
 
 
-def list_jobs(principal, limit, cursor=None, state=None, owner=None):
+def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None):
     """One page of jobs, oldest first, with their tasks."""
     query = _visible(Job.select(), principal)
     if state:
         query = query.where(Job.state == state)
     if owner:
         query = query.where(Job.owner == owner)
+    if team:
+        query = query.where(Job.team == team)
     jobs, next_cursor = paginate(query, Job.id, limit, cursor)
     attach_tasks(jobs)
     return jobs, next_cursor
@@ -186,6 +188,19 @@ def job_logs(principal, job_id, limit, after=None, rank=None):
     if after is not None:
         query = query.where(LogLine.id > after)
     return paginate(query, LogLine.id, limit)
+
+
+def job_logs_tail(principal, job_id, count):
+    """The last `count` log lines of a job, oldest first."""
+    get_job(principal, job_id)
+    return last_rows(LogLine.select().where(LogLine.job == job_id), LogLine.id, count)
+
+
+def job_events_tail(principal, job_id, count):
+    """The last `count` events of a job, oldest first."""
+    get_job(principal, job_id)
+    return last_rows(Event.select().where((Event.subject_type == "job") & (Event.subject_id == job_id)), Event.id,
+                     count)
 
 
 def job_events(principal, job_id, limit, cursor=None, after=None):

@@ -147,19 +147,20 @@ def record_sample(rt, with_gpus=True):
     return {"cluster": 1, "gpus": len(rows)}
 
 
-def history(rt, minutes):
-    """Samples of the last `minutes` (at most 24 h): the cluster's and each GPU's."""
+def history(rt, minutes, gpus=True):
+    """Samples of the last `minutes` (at most 24 h): the cluster's and (unless gpus=False) each GPU's."""
     minutes = max(1, min(int(minutes), MAX_HISTORY_MINUTES))
     since = rt.clock.now() - dt.timedelta(minutes=minutes)
     samples = [{"at": isoformat(s.at), "jobs_running": s.jobs_running, "jobs_waiting": s.jobs_waiting,
                 "gpus_total": s.gpus_total, "gpus_used": s.gpus_used, "gpus_blocked": s.gpus_blocked,
                 "gpu_util_percent": s.gpu_util_percent}
                for s in ClusterSample.select().where(ClusterSample.at >= since).order_by(ClusterSample.at)]
-    gpus = {}
-    for s in GpuSample.select().where(GpuSample.at >= since).order_by(GpuSample.at):
-        entry = gpus.setdefault(s.uuid, {"uuid": s.uuid, "node_id": s.node_id, "samples": []})
+    per_gpu = {}
+    query = GpuSample.select().where(GpuSample.at >= since).order_by(GpuSample.at) if gpus else ()
+    for s in query:
+        entry = per_gpu.setdefault(s.uuid, {"uuid": s.uuid, "node_id": s.node_id, "samples": []})
         entry["samples"].append({"at": isoformat(s.at), **{f: getattr(s, f) for f in GPU_FIELDS}})
-    return {"minutes": minutes, "samples": samples, "gpus": list(gpus.values())}
+    return {"minutes": minutes, "samples": samples, "gpus": list(per_gpu.values())}
 
 
 # ---------------------------------------------------------------- storage and garbage collection

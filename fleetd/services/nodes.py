@@ -8,7 +8,7 @@ from fleetd.models import Gpu, Node, NodeStatus, Task
 from fleetd.models import Event
 from fleetd.services.events import list_events, record_event
 from fleetd.services.jobs import ACTIVE_TASK_STATES, stop_tasks_of_node
-from fleetd.services.pagination import attach, paginate
+from fleetd.services.pagination import attach, last_rows, paginate
 
 S = NodeStatus
 
@@ -237,3 +237,9 @@ def list_node_events(node_id, limit, cursor=None, after=None):
         if not seen:
             raise NotFound(f"node {node_id} not found")
     return rows, next_cursor
+
+
+def node_events_tail(node_id, count):
+    """The last `count` events of a node, oldest first."""
+    return last_rows(Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)), Event.id,
+                     count)

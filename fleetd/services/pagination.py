@@ -47,3 +47,8 @@ def attach(parents, children, key, attr):
         for child in children.where(key.in_(list(by_id))):
             getattr(by_id[getattr(child, key.name + "_id")], attr).append(child)
     return parents
+
+
+def last_rows(query, key_field, count):
+    """The last `count` rows by `key_field`, oldest first (the database does the limiting)."""
+    return list(reversed(list(query.order_by(key_field.desc()).limit(count))))

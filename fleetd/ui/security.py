@@ -15,9 +15,8 @@ import secrets
 from flask import g, request, session
 from flask.sessions import SecureCookieSessionInterface
 
-from fleetd.auth import Principal
-from fleetd.errors import Forbidden, InvalidRequest
-from fleetd.models import ApiToken
+from fleetd.auth import resolve_api_token_id
+from fleetd.errors import Forbidden, InvalidRequest, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +122,10 @@ def session_principal(now):
     token_id = session.get("tid")
     if not token_id or not isinstance(token_id, str):
         return None
-    row = ApiToken.get_or_none(ApiToken.id == token_id)
-    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+    try:
+        return resolve_api_token_id(token_id, now)
+    except Unauthorized:
         return None
-    return Principal("api", row.id, row.role, name=row.name, team=row.team)
 
 
 def ui_require(roles):

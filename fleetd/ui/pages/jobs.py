@@ -8,14 +8,12 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import JobState
 from fleetd.runtime import current_runtime
 from fleetd.services import jobs, nodes, policy
-from fleetd.services.pagination import encode_cursor
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
-from fleetd.ui.pages.common import PAGE, allow, confirmed, tail
+from fleetd.ui.pages.common import allow, confirmed
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
-TEAM_SCAN_LIMIT = 20_000
 LOG_LINES_SHOWN = 300
 LOG_POLL_LIMIT = 500
 EVENTS_SHOWN = 100
@@ -23,22 +21,8 @@ ACTIVE = "active"
 
 
 def _page(principal, state, owner, team, cursor):
-    """One page of jobs; the team filter reads the service's pages and keeps the team's jobs."""
-    if not team:
-        return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner)
-    found, scanned = [], 0
-    while scanned < TEAM_SCAN_LIMIT:
-        rows, cursor = jobs.list_jobs(principal, PAGE, cursor, state, owner)
-        scanned += len(rows)
-        for job in rows:
-            if job.team == team:
-                found.append(job)
-                if len(found) == LIST_LIMIT:
-                    more = cursor is not None or job is not rows[-1]
-                    return found, encode_cursor(job.id) if more else None
-        if cursor is None:
-            return found, None
-    return found, cursor
+    """One page of jobs with the list's filters."""
+    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team)
 
 
 @bp.route("/jobs")
@@ -84,21 +68,19 @@ def job_page(job_id):
     rt = current_runtime()
     principal = g.ui_principal
     job = jobs.get_job(principal, job_id)
-    events, events_complete = [], True
+    events = []
     if principal.role in roles.JOB_EVENTS:
-        events, events_complete = tail(lambda after: jobs.job_events(principal, job_id, PAGE, after=after)[0],
-                                       EVENTS_SHOWN)
-    lines, logs_complete = [], True
+        events = jobs.job_events_tail(principal, job_id, EVENTS_SHOWN)
+    lines = []
     if principal.role in roles.JOB_LOGS:
-        lines, logs_complete = tail(lambda after: jobs.job_logs(principal, job_id, PAGE, after=after)[0],
-                                    LOG_LINES_SHOWN)
+        lines = jobs.job_logs_tail(principal, job_id, LOG_LINES_SHOWN)
     simulation = None
     if job.state == JobState.QUEUED.value and principal.role in roles.SIMULATE:
         simulation = policy.simulate(rt, principal, job.spec)
     last_seq = lines[-1].id if lines else None
     return render_template(
         "job.html", job=job, spec=json.dumps(job.spec, indent=2, sort_keys=True), hostnames=_hostnames(job),
-        events=list(reversed(events)), events_complete=events_complete, lines=lines, logs_complete=logs_complete,
+        events=list(reversed(events)), lines=lines,
         poll_url=_log_poll_url(job_id, last_seq), terminal=JobState(job.state).is_terminal(),
         simulation=simulation, now=rt.clock.now())
 

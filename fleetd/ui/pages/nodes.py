@@ -10,7 +10,7 @@ from fleetd.services import cluster, fleets, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
-from fleetd.ui.pages.common import PAGE, allow, confirmed, tail
+from fleetd.ui.pages.common import allow, confirmed
 from fleetd.ui.pages.overview import cluster_state
 from fleetd.ui.security import ui_require
 
@@ -84,9 +84,9 @@ def node_page(node_id):
     """One node: GPUs with health, live readings and tasks; drain state; events; actions."""
     rt = current_runtime()
     node = _live([nodes.get_node(node_id)])[0]
-    events, complete = [], True
+    events = []
     if g.ui_principal.role in roles.NODE_EVENTS:
-        events, complete = tail(lambda after: nodes.list_node_events(node_id, PAGE, after=after)[0], EVENTS_SHOWN)
+        events = nodes.node_events_tail(node_id, EVENTS_SHOWN)
     status = NodeStatus(node.status)
     available = {
         "cordon": status is NodeStatus.READY,
@@ -98,8 +98,7 @@ def node_page(node_id):
     actions = [(name, ACTIONS[name][0]) for name, ok in available.items()
                if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
     gpus, tasks = _gpu_rows(rt, node)
-    return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)),
-                           events_complete=complete, actions=actions, drain=nodes.drain_info(node),
+    return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)), actions=actions, drain=nodes.drain_info(node),
                            now=rt.clock.now(), form={}, errors={})
 
 

@@ -27,7 +27,7 @@ def _allocated_percent(sample):
 
 def history_charts(rt):
     """The 24 h charts (GPU utilization and allocation; jobs running and waiting), or None if no samples."""
-    samples = metrics.history(rt, HISTORY_MINUTES)["samples"]
+    samples = metrics.history(rt, HISTORY_MINUTES, gpus=False)["samples"]
     if not samples:
         return None
     end = rt.clock.now()

@@ -2,12 +2,12 @@
 
 from flask import flash, g, redirect, render_template, request, url_for
 
-from fleetd.api.fleets import join_command
 from fleetd.errors import InvalidRequest
 from fleetd.models import Role
 from fleetd.runtime import current_runtime
 from fleetd.schemas.fleets import JoinTokenCreateSchema
 from fleetd.schemas.tokens import TokenCreateSchema
+from fleetd.runtime import public_url
 from fleetd.services import fleets, tokens
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
@@ -53,7 +53,7 @@ def join_token_create():
     if not fleet:
         return _join_tokens_page(None, form=request.form, errors={"fleet": ["choose a fleet"]}, status=400)
     row, token = fleets.create_join_token(rt.clock.now(), fleet, created_by=g.ui_principal.label, **body)
-    created = {"row": row, "token": token, "join_command": join_command(token)}
+    created = {"row": row, "token": token, "join_command": fleets.join_command(public_url(), token)}
     return _join_tokens_page(fleet, created=created)
 
 
