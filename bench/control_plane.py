@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""N simulated agents against a real `fleetd serve`: registration and heartbeat throughput and latency.
+"""N simulated agents against a real `fleetd serve`: registration and heartbeat throughput and latency;
+and with --jobs, no-op jobs run end to end by M real `fleet-agent` processes on fake GPUs.
 
-Runs two phases in one process, side by side so that the noisy machine affects both alike:
-  1. heartbeats from N agents (C client threads) for D seconds;
-  2. the same while H extra connections hold unfinished requests open (as long-polling agents do).
+Phases, in one run so that the noisy machine affects them alike:
+  1. heartbeats from N simulated agents (C client threads) for D seconds;
+  2. the same while H extra connections hold unfinished requests open (as long-polling agents do);
+  3. (--jobs J --real-agents M) M real agents; 30 sequential jobs on the idle fleet for the
+     submit -> start latency, then J jobs submitted from 4 threads for end-to-end jobs/s.
 Prints a table and writes JSON to bench/results/control_plane.json.
 
     .venv/bin/python bench/control_plane.py --agents 200 --clients 8 --seconds 10 --held 1000
+    .venv/bin/python bench/control_plane.py --agents 0 --seconds 0 --held 0 --jobs 1000 --real-agents 8
 """
 
 import argparse
@@ -66,6 +70,8 @@ def main():
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--held", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=0, help="no-op jobs for the end-to-end phase (0: skip it)")
+    parser.add_argument("--real-agents", type=int, default=8)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -84,6 +90,8 @@ def main():
             assert url, "fleetd did not start"
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             results = run(url, admin, args)
+            if args.jobs:
+                results["phases"].update(run_jobs(url, admin, args, data_dir, proc.pid))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -94,12 +102,16 @@ def main():
     print(f"{'phase':<34}{'ops/s':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}")
     for name, r in results["phases"].items():
         print(f"{name:<34}{r['ops_per_s']:>10.0f}{r['p50_ms']:>10.2f}{r['p95_ms']:>10.2f}{r['p99_ms']:>10.2f}")
+        if "cpu_seconds" in r:
+            print(f"  CPU per job: fleetd {r['fleetd_cpu_ms_per_job']:.1f} ms, agents {r['agents_cpu_ms_per_job']:.1f} ms")
 
 
 def run(url, admin, args):
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {admin}"
     http.post(url + "/api/v1/fleets", json={"name": "bench"}, timeout=30).raise_for_status()
+    if not args.agents:
+        return {"agents": 0, "phases": {}}
     join = http.post(url + "/api/v1/fleets/bench/join-tokens", json={}, timeout=30).json()["token"]
     gpu = {"uuid": "", "index": 0, "model": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 * 2**30}
     sessions, reg_latencies = [], []
@@ -114,12 +126,10 @@ def run(url, admin, args):
         resp.raise_for_status()
         sessions.append(resp.json()["session_token"])
 
-    def summary(latencies, seconds):
-        return {"ops": len(latencies), "ops_per_s": len(latencies) / seconds, "p50_ms": percentile(latencies, 0.5),
-                "p95_ms": percentile(latencies, 0.95), "p99_ms": percentile(latencies, 0.99),
-                "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan")}
-
-    phases = {"register (sequential)": summary(reg_latencies, sum(reg_latencies))}
+    phases = {}
+    if not args.agents:
+        return {"agents": 0, "phases": phases}
+    phases["register (sequential)"] = summary(reg_latencies, sum(reg_latencies))
     phases[f"heartbeat, {args.clients} clients"] = summary(heartbeat_phase(url, sessions, args.clients, args.seconds),
                                                            args.seconds)
     host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
@@ -136,6 +146,102 @@ def run(url, admin, args):
             sock.close()
     return {"agents": args.agents, "clients": args.clients, "seconds": args.seconds, "held": args.held,
             "cpu_count": os.cpu_count(), "phases": phases}
+
+
+def summary(latencies, seconds):
+    return {"ops": len(latencies), "ops_per_s": len(latencies) / seconds if seconds else float("nan"),
+            "p50_ms": percentile(latencies, 0.5), "p95_ms": percentile(latencies, 0.95),
+            "p99_ms": percentile(latencies, 0.99),
+            "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan")}
+
+
+def _parse(ts):
+    import datetime as dt
+
+    return dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process and its reaped children, from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_jobs(url, admin, args, data_dir, server_pid=None):
+    """Real agents on fake 8 x H100 hosts run no-op jobs; returns the phases' figures."""
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {admin}"
+    http.post(url + "/api/v1/fleets", json={"name": "jobs"}, timeout=30).raise_for_status()
+    join = http.post(url + "/api/v1/fleets/jobs/join-tokens", json={}, timeout=30).json()["token"]
+    shape = ROOT / "tests" / "fixtures" / "nvml" / "h100_x8.json"
+    agents = []
+    try:
+        for i in range(args.real_agents):
+            root = pathlib.Path(data_dir) / f"agent-{i}"
+            root.mkdir()
+            config = root / "agent.toml"
+            config.write_text(f'state_dir = "{root / "state"}"\nmachine_id = "bench-agent-{i}"\n'
+                              f'log_level = "warning"\n[local_api]\nlisten = "127.0.0.1:0"\n'
+                              f'[devices]\nbackend = "fake:{shape}"\n')
+            subprocess.run([sys.executable, "-m", "agent", "join", "--server", url, "--config", str(config)],
+                           check=True, capture_output=True, timeout=60, env=dict(os.environ, FLEET_AGENT_JOIN_TOKEN=join))
+            agents.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for _ in range(300):
+            nodes = http.get(url + "/api/v1/nodes?fleet=jobs", timeout=30).json()["items"]
+            if sum(n["status"] == "ready" for n in nodes) == args.real_agents:
+                break
+            time.sleep(0.1)
+        spec = {"name": "noop", "command": ["true"], "node_selector": {"fleet": "jobs"}}
+        starts = []
+        for _ in range(30):  # idle fleet: one job at a time
+            job = http.post(url + "/api/v1/jobs", json=spec, timeout=30).json()
+            done = http.get(f"{url}/api/v1/jobs/{job['id']}?wait_seconds=30", timeout=60).json()
+            starts.append(_parse(done["tasks"][0]["started_at"]) - _parse(done["submitted_at"]))
+        phases = {f"submit -> start, idle fleet, {args.real_agents} agents": summary(starts, 0)}
+        ids, lock = [], threading.Lock()
+        cpu0 = {"fleetd": cpu_seconds(server_pid) if server_pid else 0.0,
+                "agents": sum(cpu_seconds(a.pid) for a in agents)}
+        t0 = time.perf_counter()
+
+        def submit(count):
+            client = requests.Session()
+            client.headers["Authorization"] = f"Bearer {admin}"
+            for _ in range(count):
+                job_id = client.post(url + "/api/v1/jobs", json=spec, timeout=60).json()["id"]
+                with lock:
+                    ids.append(job_id)
+
+        threads = [threading.Thread(target=submit, args=(args.jobs // 4,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for _ in range(6000):
+            waiting = sum(len(http.get(url + "/api/v1/jobs", params={"state": state, "limit": 1000},
+                                       timeout=60).json()["items"]) for state in ("queued", "running"))
+            if not waiting:
+                break
+            time.sleep(0.1)
+        elapsed = time.perf_counter() - t0
+        cpu = {"fleetd": (cpu_seconds(server_pid) if server_pid else 0.0) - cpu0["fleetd"],
+               "agents": sum(cpu_seconds(a.pid) for a in agents) - cpu0["agents"]}
+        done = [j for j in http.get(url + "/api/v1/jobs", params={"state": "succeeded", "limit": 1000},
+                                    timeout=60).json()["items"]]
+        phases[f"{len(ids)} no-op jobs end to end, {args.real_agents} agents"] = {
+            "ops": len(ids), "ops_per_s": len(ids) / elapsed, "p50_ms": float("nan"), "p95_ms": float("nan"),
+            "p99_ms": float("nan"), "mean_ms": float("nan"), "succeeded_visible": len(done),
+            "cpu_seconds": cpu, "fleetd_cpu_ms_per_job": 1000 * cpu["fleetd"] / max(1, len(ids)),
+            "agents_cpu_ms_per_job": 1000 * cpu["agents"] / max(1, len(ids))}
+        return phases
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
 
 
 if __name__ == "__main__":
