@@ -194,6 +194,7 @@ def lab_factory(tmp_path):
         ssh_lab = SshLab(tmp_path / f"lab{len(made)}")
         made.append((ssh_lab, None))
         ssh_lab.open()
+        (ssh_lab.root / "home").mkdir()
         ssh_lab.add_hosts(shapes)
         data_dir = ssh_lab.root / "fleetd-data"
         token = fleetd_init(data_dir)

@@ -1,8 +1,9 @@
 """SSH test hosts: network namespaces on a private bridge, each with its own sshd, host key,
-hostname, machine id and private mount namespace (so /opt, /etc/fleet-agent, /var/lib/fleet-agent,
-/etc/systemd/system, /run and /var/log are per host), a `systemctl` stand-in
-(docker-systemctl-replacement) in place of /usr/bin/systemctl, and a fake-GPU shape at
-/opt/fake-gpus/shape.json.
+hostname, machine id and private mount namespace: /etc is an overlay of this machine's /etc
+(so /etc/fleet-agent and /etc/machine-id are per host and can be created and removed), and
+/etc/systemd/system, /opt, /var/lib, /var/log and /run are per-host directories. A `systemctl`
+stand-in (docker-systemctl-replacement) replaces /usr/bin/systemctl, since no systemd runs as
+PID 1 here, and each host has a fake-GPU shape at /opt/fake-gpus/shape.json.
 
 Addresses come from 10.213.0.0/16, used only by these tests: one /24 per lab, claimed by
 creating its bridge (an atomic operation), so that parallel test workers never collide.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 SUBNET_PREFIX = "10.213"
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
-PRIVATE_DIRS = ("/opt", "/etc/fleet-agent", "/var/lib/fleet-agent", "/etc/systemd/system", "/run", "/var/log")
+BIND_DIRS = ("/opt", "/var/lib", "/var/log")  # per-host directories bound over these
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 20.0
 
@@ -96,21 +97,23 @@ class TestHost:
         self.host_key = None
         self.sshd_log = self.root / "sshd.log"
 
+    def source(self, name):
+        """A per-host directory on this machine (bound or overlaid into the host)."""
+        return self.root / name.strip("/").replace("/", "_")
+
     def path(self, inside):
-        """The real path of a file that the host sees at `inside` (one of its private directories)."""
-        for private in sorted(PRIVATE_DIRS, key=len, reverse=True):
-            if inside == private or inside.startswith(private + "/"):
-                return self.root / private.strip("/").replace("/", "_") / inside[len(private):].lstrip("/")
-        raise ValueError(f"{inside} is not private to the host")
+        """The real path of what the host sees at `inside` (through its sshd's root; sshd must run)."""
+        if self.sshd is None or self.sshd.poll() is not None:
+            raise AssertionError(f"{self.name} has no sshd: its files cannot be seen")
+        return Path(f"/proc/{self.sshd.pid}/root") / inside.lstrip("/")
 
     def setup(self):
         """Create the namespace, its link to the bridge and its private directories."""
-        for private in PRIVATE_DIRS:
-            directory = self.root / private.strip("/").replace("/", "_")
-            directory.mkdir(parents=True, exist_ok=True)
-        self.path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        (self.root / "machine-id").write_text(uuid.uuid4().hex + "\n")
-        write_shape(self.shape_name, self.path("/opt/fake-gpus/shape.json"), self.index + 1 + self.lab.octet * 16)
+        for name in (*BIND_DIRS, "etc_upper", "etc_work", "systemd_system"):
+            self.source(name).mkdir(parents=True, exist_ok=True)
+        (self.source("etc_upper") / "machine-id").write_text(uuid.uuid4().hex + "\n")
+        write_shape(self.shape_name, self.source("/opt") / "fake-gpus" / "shape.json",
+                    self.index + 1 + self.lab.octet * 16)
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.hostname, "-f", str(self.root / "host_key"))
         self.host_key = (self.root / "host_key.pub").read_text().split()[:2]
         veth = f"fpv{self.lab.octet}v{self.index}"
@@ -148,9 +151,12 @@ class TestHost:
 
     def start_sshd(self):
         """Start sshd in the namespace, in a private mount and UTS namespace; wait until it accepts."""
-        mounts = [f"mount --bind {self.root / private.strip('/').replace('/', '_')} {private}"
-                  for private in PRIVATE_DIRS]
-        mounts += [f"mount --bind {self.root / 'machine-id'} /etc/machine-id",
+        mounts = [f"mount --bind {self.source(d)} {d}" for d in BIND_DIRS]
+        mounts += [f"mount -t overlay overlay -o lowerdir=/etc,upperdir={self.source('etc_upper')},"
+                   f"workdir={self.source('etc_work')} /etc",
+                   f"mount --bind {self.source('systemd_system')} /etc/systemd/system",
+                   "mount -t tmpfs -o mode=0755 tmpfs /run",
+                   "mkdir -p /run/sshd",
                    f"mount --bind {self.lab.systemctl} /usr/bin/systemctl",
                    f"hostname {self.hostname}"]
         script = " && ".join(mounts) + f" && exec {SSHD} -D -e -f {self.root / 'sshd_config'}"
@@ -233,8 +239,6 @@ class SshLab:
 
     def open(self):
         """Claim a /24 by creating its bridge; make the client key."""
-        for mountpoint in PRIVATE_DIRS:
-            Path(mountpoint).mkdir(parents=True, exist_ok=True)  # bind mount targets on this machine
         start = (os.getpid() % 250) + 1
         for step in range(250):
             octet = (start + step) % 250 + 1

@@ -1,0 +1,124 @@
+"""The Ansible playbooks against real SSH test hosts, and ansible-lint."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from tests.provision.conftest import FLEET, REPO, python_for_tools
+from tests.provision.hosts import wait_for
+from tests.provision.test_bootstrap import agent_pids, shape_uuids
+
+pytestmark = pytest.mark.integration
+PLAYBOOKS = REPO / "playbooks"
+
+
+def tool(name):
+    path = python_for_tools() / name
+    if not path.exists():
+        found = shutil.which(name)
+        if not found:
+            pytest.skip(f"{name} is not installed (pip install ansible-core ansible-lint)")
+        return found
+    return str(path)
+
+
+def write_inventory(lab, path):
+    lines = ["[fleet_agents]"]
+    lines += [f"{h.hostname} ansible_host={h.address}" for h in lab.hosts]
+    lines += [
+        "[fleet_agents:vars]",
+        "ansible_user=root",
+        f"ansible_ssh_private_key_file={lab.ssh.client_key}",
+        # Host key checking stays on: the test hosts' keys are in this known_hosts, nothing else is.
+        f"ansible_ssh_common_args='-o UserKnownHostsFile={lab.ssh.known_hosts} -o GlobalKnownHostsFile=/dev/null "
+        "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'",
+        "ansible_python_interpreter=/usr/bin/python3",
+        "fleet_agent_devices_backend=fake:/opt/fake-gpus/shape.json",
+        "fleet_agent_labels='{\"rack\": \"r12\"}'",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def playbook(lab, inventory, name, bundle, control_dir):
+    env = lab.env(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
+                  ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    cmd = [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name), "-e", f"fleetd_url={lab.fleetd.url}",
+           "-e", f"fleet_agent_bundle={bundle.path}", "-e", f"fleet_agent_fleet={FLEET}"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO),
+                            stdin=subprocess.DEVNULL)
+    assert "flj_" not in result.stdout + result.stderr and lab.api.token not in result.stdout + result.stderr
+    return result
+
+
+def recap(output):
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP."""
+    hosts = {}
+    for match in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
+        hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return hosts
+
+
+def test_ansible_lint_passes_on_the_playbooks_and_the_role():
+    result = subprocess.run([tool("ansible-lint"), "--offline", "--nocolor", "playbooks/"], capture_output=True,
+                            text=True, timeout=300, cwd=str(REPO), env=dict(os.environ, ANSIBLE_LINT_NODEPS="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 failure(s), 0 warning(s)" in result.stdout + result.stderr
+
+
+def test_playbooks_bootstrap_two_hosts_roll_an_upgrade_one_at_a_time_and_remove_them(
+        lab_factory, bundle, next_bundle, tmp_path):
+    lab = lab_factory(["l4_x4", "a100_mig_x2"])
+    inventory = write_inventory(lab, tmp_path / "inventory.ini")
+    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    try:
+        result = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        assert "preflight ok" in result.stdout
+        nodes = {n["hostname"]: n for n in lab.api.nodes()}
+        assert sorted(nodes) == sorted(h.hostname for h in lab.hosts)
+        for host in lab.hosts:
+            node = lab.api.wait_status(nodes[host.hostname]["id"], "ready")
+            assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
+            assert node["labels"] == {"rack": "r12"}
+        tokens = lab.api.join_tokens()
+        assert len(tokens) == 2 and all(t["max_uses"] == 1 and t["uses"] == 1 for t in tokens)
+
+        again = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
+        assert again.returncode == 0, again.stdout[-4000:]
+        assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in recap(again.stdout).values()), \
+            again.stdout[-4000:]
+
+        before = {h.hostname: agent_pids(h) for h in lab.hosts}
+        upgrade = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
+        assert upgrade.returncode == 0, upgrade.stdout[-6000:] + upgrade.stderr[-3000:]
+        spans = {}
+        for host in lab.hosts:
+            node_id = nodes[host.hostname]["id"]
+            assert lab.api.node(node_id)["status"] == "ready"
+            version = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            assert version == next_bundle.version
+            assert agent_pids(host) and agent_pids(host) != before[host.hostname]
+            events = [e for e in lab.api.events(node_id) if e.get("to_status")]
+            statuses = [e["to_status"] for e in events]
+            assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+            spans[host.hostname] = (events[-3]["at"], events[-1]["at"])
+        first, second = (spans[h.hostname] for h in lab.hosts)
+        # One at a time: the first host was back (undrained) before the second one started draining.
+        assert first[1] <= second[0], spans
+
+        removed = playbook(lab, inventory, "remove.yml", next_bundle, control_dir)
+        assert removed.returncode == 0, removed.stdout[-6000:] + removed.stderr[-3000:]
+        assert lab.api.nodes() == []
+        for host in lab.hosts:
+            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent",
+                         "/etc/systemd/system/fleet-agent.service"):
+                assert not host.path(path).exists(), path
+            wait_for(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
