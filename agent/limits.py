@@ -616,7 +616,8 @@ class Limits:
         self.foreign = []  # the last poll's GPU processes that belong to no task
         self.detections = collections.deque(maxlen=DETECTIONS_KEPT)
         self._within = {}  # (task_id, epoch, uuid) -> last poll number at which usage was within the limit
-        self._killed_foreign = {}  # pid -> start ticks, so that a foreign process is killed once
+        self._killed_foreign = {}  # pid -> (start ticks, SIGTERM time): SIGKILL follows after the grace
+        self._warned = set()
 
     # Per task.
 
@@ -728,6 +729,12 @@ class Limits:
                     continue
                 slot = usage[key.task_id].setdefault(uuid, {"used_memory_bytes": 0, "sm_util_percent": None,
                                                             "processes": []})
+                if proc["used_memory_bytes"] is None:
+                    # NVML would not say (permissions, some vGPU/MIG setups): the sum is a lower bound.
+                    slot["memory_unknown"] = True
+                    self._warn_once(("unknown", pid), "limits: NVML does not report the memory of pid %d on GPU %s "
+                                                      "(task %s): its memory limit cannot be enforced", pid, uuid,
+                                    key.task_id)
                 slot["used_memory_bytes"] += proc["used_memory_bytes"] or 0
                 if entry["sm_util_percent"] is not None:
                     slot["sm_util_percent"] = (slot["sm_util_percent"] or 0) + entry["sm_util_percent"]
@@ -745,6 +752,14 @@ class Limits:
             for key in [k for k in self._within if k[:2] not in present]:
                 del self._within[key]
         return acted
+
+    def _warn_once(self, key, message, *args):
+        if key in self._warned:
+            return
+        if len(self._warned) > 10000:
+            self._warned.clear()
+        self._warned.add(key)
+        log.warning(message, *args)
 
     def _assess(self, worker, usage, readings, poll):
         """(per-GPU usage report, the violation to act on or None).

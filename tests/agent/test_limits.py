@@ -490,3 +490,27 @@ def test_worker_view_shows_gpus_limits_usage_per_process_and_the_injected_env(ho
     assert view["usage"][GPU[0]]["processes"] == [{"pid": task.proc.pid, "used_memory_bytes": GIB,
                                                    "sm_util_percent": 30}]
     assert (view["priority_class"], view["bid"]) == ("spot", 1.25)
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def test_limits_settings_come_from_the_limits_table_and_fleet_agent_limits_environment(tmp_path):
+    from agent.config import ConfigError, load_config
+
+    path = tmp_path / "agent.toml"
+    path.write_text('[limits]\npoll_seconds = 0.5\nforeign_processes = "kill"\nmps_enabled = true\n'
+                    'memory_tolerance_bytes = 0\ncgroup_parent = ""\n')
+    config = load_config(str(path), environ={"FLEET_AGENT_LIMITS_KILL_GRACE_SECONDS": "2",
+                                             "FLEET_AGENT_LIMITS_MPS_ENABLED": "false"})
+    settings = LimitSettings.from_config(config)
+    assert (settings.poll_seconds, settings.foreign_processes, settings.memory_tolerance_bytes) == (0.5, "kill", 0)
+    assert (settings.kill_grace_seconds, settings.mps_enabled, settings.cgroup_parent) == (2.0, False, "")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert LimitSettings.from_config(load_config(str(empty), environ={})) == LimitSettings()
+    for text, message in (("poll_seconds = 1", "at most 0.5"), ('foreign_processes = "shoot"', "'report' or 'kill'"),
+                          ('mps_enabled = "maybe"', "true or false")):
+        path.write_text(f"[limits]\n{text}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_config(str(path), environ={})
