@@ -277,9 +277,14 @@ class DeviceManager:
                         known = self._known[index] = nvml.identity(handle)
                     processes = nvml.processes(handle)
                 except DeviceError as exc:
-                    if known is not None:
+                    if known is not None and exc.lost:
                         out[known["uuid"]] = {"index": index, "healthy": False, "processes": [], "sm_util": {},
                                               "reason": f"GPU {index} unavailable: {exc}"}
+                    elif known is not None:
+                        # Processes not readable (not supported, no permission): nothing to enforce on
+                        # this GPU, which is said, but its tasks are not failed for it.
+                        out[known["uuid"]] = {"index": index, "healthy": True, "processes": [], "sm_util": {},
+                                              "reason": "", "error": f"cannot read its processes: {exc}"}
                     continue
                 uuid = known["uuid"]
                 device = inventory.find(uuid) if inventory is not None else None

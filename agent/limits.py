@@ -650,8 +650,9 @@ class Limits:
                     enforcement[uuid]["compute_enforcement"] = \
                         f"MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}"
                 if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in env:
+                    pinned = env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
                     enforcement[uuid]["memory_enforcement"] = \
-                        f"MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}, and the watchdog"
+                        f"MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={pinned}, and the watchdog"
                 enforcement[uuid]["mps"] = "client of the MPS control daemon of this GPU"
         name = f"task-{assignment.task_id}.{assignment.epoch}"
         cpus = getattr(assignment, "cpus", None)
@@ -717,6 +718,9 @@ class Limits:
         usage = {w.task_id: {} for w in workers}  # task_id -> uuid -> {used, processes}
         foreign = []
         for uuid, reading in readings.items():
+            if reading.get("error"):
+                self._warn_once(("error", uuid), "limits: GPU %s: %s; memory limits on it cannot be enforced",
+                                uuid, reading["error"])
             for proc in reading["processes"]:
                 pid = proc["pid"]
                 key = mapper.owner(pid) if pid != me else None
@@ -787,6 +791,8 @@ class Limits:
                                                         and slot["sm_util_percent"] > share
                                                         and active.get(uuid, 0) > mine))
             reading = readings.get(uuid)
+            if reading is not None and reading.get("error"):
+                report[uuid]["error"] = reading["error"]
             if reading is not None and not reading["healthy"] and REASON_UNHEALTHY not in found:
                 found[REASON_UNHEALTHY] = {
                     "kind": REASON_UNHEALTHY, "gpu_uuid": uuid, "used": used, "limit": limit,

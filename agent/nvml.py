@@ -20,7 +20,15 @@ class NvmlUnavailable(Exception):
 
 
 class DeviceError(Exception):
-    """A required reading of one GPU failed; the message is NVML's reason (e.g. "GPU is lost")."""
+    """A required reading of one GPU failed; the message is NVML's reason (e.g. "GPU is lost").
+
+    `lost` is True when NVML says the GPU is gone or needs a reset (not when a call is merely
+    unsupported or not permitted).
+    """
+
+    def __init__(self, message, lost=False):
+        super().__init__(message)
+        self.lost = lost
 
 
 def load_backend(spec):
@@ -76,7 +84,9 @@ class Nvml:
         try:
             return getattr(self.nv, fn)(*args)
         except self.nv.NVMLError as exc:
-            raise DeviceError(str(exc)) from None
+            gone = tuple(c for c in (getattr(self.nv, "NVMLError_GpuIsLost", None),
+                                     getattr(self.nv, "NVMLError_ResetRequired", None)) if c is not None)
+            raise DeviceError(str(exc), lost=bool(gone) and isinstance(exc, gone)) from None
 
     def _optional(self, fn, *args):
         func = getattr(self.nv, fn, None)

@@ -674,7 +674,7 @@ class Task:
         signal_pids(others, sig)
 
     def _remember(self, pids):
-        """Add `pids` to the processes seen as the task's; returns those of them and of earlier sightings still alive."""
+        """Remember `pids` as the task's; returns every remembered process still alive (same start time)."""
         for pid in pids:
             info = read_proc(pid)
             if info is not None:

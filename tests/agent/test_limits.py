@@ -54,7 +54,8 @@ ESCAPE = (
     "    os.setsid()\n"
     "    if os.fork() == 0:\n"
     "        os.execve(sys.executable, [sys.executable, '-c', 'import os, sys, time\\n"
-    "open(sys.argv[1], \"w\").write(str(os.getpid()))\\nfor _ in range(6000):\\n    time.sleep(0.1)', sys.argv[1]], {})\n"
+    "open(sys.argv[1], \"w\").write(str(os.getpid()))\\nfor _ in range(6000):\\n    time.sleep(0.1)',\n"
+    "                   sys.argv[1]], {})\n"
     "    os._exit(0)\n"
     "for _ in range(6000):\n"
     "    time.sleep(0.1)\n"
@@ -514,3 +515,19 @@ def test_limits_settings_come_from_the_limits_table_and_fleet_agent_limits_envir
         path.write_text(f"[limits]\n{text}\n")
         with pytest.raises(ConfigError, match=message):
             load_config(str(path), environ={})
+
+
+def test_a_lost_gpu_fails_its_task_and_unreadable_processes_do_not(host, fleetd, fake_nvml):
+    runner, limits, _devices = host()
+    lost = running(runner, fleetd, runner.submit(assignment("t-lost", SLEEPER, gpus=[{"uuid": GPU[0]}])).a.task_id)
+    odd = running(runner, fleetd, runner.submit(
+        assignment("t-odd", SLEEPER, gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}])).a.task_id)
+    fake_nvml.update_gpu(1, errors={"nvmlDeviceGetComputeRunningProcesses": "NoPermission"})
+    assert limits.poll_once() == []
+    assert runner.workers.get("t-odd").usage(None)[GPU[1]]["error"].startswith("cannot read its processes")
+    fake_nvml.update_gpu(0, lost=True)
+    [detection] = limits.poll_once()
+    assert detection["task_id"] == "t-lost"
+    assert fleetd.wait_finished("t-lost")["reason"].startswith(f"gpu_unhealthy: GPU {GPU[0]} is unhealthy: GPU 0 "
+                                                               "unavailable: GPU is lost")
+    assert alive(odd.proc.pid) and not alive(lost.proc.pid)

@@ -5,12 +5,16 @@ that the task's process now uses N bytes on its GPU, or that the GPU raised an X
 """
 
 import json
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from agent.state import State
 from tests.agent.conftest import Http, rewrite_shape, wait_until
+from tests.agent.fakefleetd import FakeFleetd
 from tests.agent.test_jobs_e2e import FAST, job_logs, submit, wait_job
 
 pytestmark = pytest.mark.integration
@@ -133,3 +137,42 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_blocks_the_gpu_in_cluster_stat
     node_view = http("GET", f"/api/v1/nodes/{agent.node()['node_id']}", expect=200).json()
     [gpu] = [g for g in node_view["gpus"] if g["uuid"] == uuid]
     assert gpu["healthy"] is False and "critical XID 79" in gpu["health_reason"]
+
+
+@pytest.mark.parametrize("policy", ["report", "kill"])
+def test_a_foreign_gpu_process_is_in_the_heartbeat_and_the_local_api_and_killed_only_when_configured(
+        agent_factory, policy):
+    fleetd = FakeFleetd().start()
+    stranger = subprocess.Popen([PY, "-c", "import time\nfor _ in range(6000):\n    time.sleep(0.1)\n"])
+    try:
+        agent = agent_factory("foreign", shape="l4_x4", server_url=fleetd.url,
+                              extra={"heartbeat_interval_seconds": 0.5, "limits_foreign_processes": policy})
+        State(str(agent.state_dir)).save_enrolment({"node_id": "node-foreign", "fleet": "lab",
+                                                    "server_url": fleetd.url, "machine_id": "foreign"}, "fln_test")
+        rewrite_shape(agent.shape, lambda shape: shape["gpus"][2].update(
+            processes=[{"pid": stranger.pid, "used_bytes": 5 * GIB}]))
+        agent.start()
+        uuid = json.loads(agent.shape.read_text())["gpus"][2]["uuid"]
+
+        def reported():
+            with fleetd.cond:
+                beats = list(fleetd.heartbeats)
+            return [p for hb in beats for p in (hb.get("metrics") or {}).get("foreign_processes", [])
+                    if p["pid"] == stranger.pid]
+
+        [first, *_rest] = wait_until(reported, message="the foreign process in a heartbeat")
+        assert (first["gpu_uuid"], first["used_memory_bytes"]) == (uuid, 5 * GIB)
+        local = Http(agent.local_url, agent.local_token())
+        device = local("GET", f"/api/v1/devices/{uuid}", expect=200).json()["data"]
+        if policy == "kill":
+            assert first["action"].startswith("killed")
+            assert stranger.wait(15) in (-signal.SIGTERM, -signal.SIGKILL)
+            agent.wait_for_line(rf"foreign process {stranger.pid} .* killing it")
+        else:
+            assert first["action"] == "reported"
+            assert [p["pid"] for p in device["foreign_processes"]] == [stranger.pid]
+            assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+        fleetd.stop()

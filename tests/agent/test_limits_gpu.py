@@ -114,8 +114,9 @@ def test_a_task_allocating_4_gib_under_a_2_gib_limit_is_stopped_and_one_under_it
     assert finish["reason"].startswith(f"gpu_memory_limit_exceeded: GPU {uuid} limit {LIMIT} bytes"), finish
     [detection] = [d for d in limits.recent_detections() if d["task_id"] == "gpu-hog"]
     allocated = float(lines[0].split()[1])
-    print(f"\n{lines[0]}\nreason: {finish['reason']}\nallocation -> detection {detection['detected_at'] - allocated:.3f}s,"
-          f" allocation -> finish reported {stopped_at - allocated:.3f}s (poll {detection['poll']})")
+    print(f"\n{lines[0]}\nreason: {finish['reason']}\n"
+          f"allocation -> detection {detection['detected_at'] - allocated:.3f}s, "
+          f"allocation -> finish reported {stopped_at - allocated:.3f}s (poll {detection['poll']})")
 
     runner.submit(assignment("gpu-polite", [sys.executable, "-c", HOLD_BRIEFLY, str(GIB)], uuid))
     polite = fleetd.wait_finished("gpu-polite", timeout=120)
