@@ -351,11 +351,13 @@ log="$FAKE_MPS_LOG"
 [ -n "$log" ] || log="$(dirname "$0")/calls.log"
 echo "argv=$* pipe=$CUDA_MPS_PIPE_DIRECTORY logs=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >> "$log"
 if [ "$1" = "-f" ]; then
+    rm -f "$CUDA_MPS_PIPE_DIRECTORY/quit"
     i=0
-    while [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
+    while [ $i -lt 6000 ] && [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.1; i=$((i+1)); done
 else
     read cmd
     echo "stdin=$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+    [ "$cmd" = "quit" ] && touch "$CUDA_MPS_PIPE_DIRECTORY/quit"
 fi
 """
 
