@@ -199,7 +199,7 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, por
         results = bs.Bootstrapper(client, options, ssh_options, progress=reporter).run(
             list(hosts), parallel=parallel, remove=remove)
     if result_file:
-        Path(result_file).write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+        _write_results(Path(result_file), results)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -209,6 +209,14 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, por
         if not as_json:
             click.echo(f"fleetd: {len(failed)} of {len(results)} host(s) failed", err=True)
         sys.exit(1)
+
+
+def _write_results(path, results):
+    """Write the results as JSON, atomically (Terraform outputs read this file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    os.replace(partial, path)
 
 
 def _default_bundle():

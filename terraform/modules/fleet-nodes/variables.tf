@@ -1,0 +1,95 @@
+variable "hosts" {
+  description = "GPU hosts to enrol: SSH address, SSH user and port, and node labels for each."
+  type = list(object({
+    address  = string
+    ssh_user = optional(string, "root")
+    port     = optional(number, 22)
+    labels   = optional(map(string), {})
+  }))
+
+  validation {
+    condition     = length(var.hosts) == length(distinct([for h in var.hosts : h.address]))
+    error_message = "Each host address may appear only once."
+  }
+}
+
+variable "fleetd_url" {
+  description = "URL of fleetd's API, as seen from the machine running Terraform."
+  type        = string
+}
+
+variable "server_url" {
+  description = "URL the agents reach fleetd at, when it differs from fleetd_url."
+  type        = string
+  default     = null
+}
+
+variable "admin_token" {
+  description = "Admin API token of fleetd (mints one single-use join token per host, drains and deletes nodes). Stored in the state for destroy: protect the state."
+  type        = string
+  sensitive   = true
+}
+
+variable "fleet" {
+  description = "Fleet the hosts join."
+  type        = string
+}
+
+variable "bundle" {
+  description = "Path of the offline bundle made by `fleetd bundle build`."
+  type        = string
+}
+
+variable "ssh_private_key_file" {
+  description = "SSH private key for the hosts; null uses ssh-agent and ~/.ssh/id_*."
+  type        = string
+  default     = null
+}
+
+variable "known_hosts_file" {
+  description = "known_hosts file the host keys are checked against; hosts must be in it."
+  type        = string
+  default     = "~/.ssh/known_hosts"
+}
+
+variable "jump_host" {
+  description = "Bastion to reach the hosts through, as [user@]host[:port]; null for none."
+  type        = string
+  default     = null
+}
+
+variable "use_sudo" {
+  description = "Become root on the hosts with passwordless sudo."
+  type        = bool
+  default     = false
+}
+
+variable "devices_backend" {
+  description = "Agent devices.backend: nvml, or fake:<path on the host> for demos and tests."
+  type        = string
+  default     = "nvml"
+}
+
+variable "wait_timeout" {
+  description = "How long to wait for each node to become ready (e.g. 3m)."
+  type        = string
+  default     = "3m"
+}
+
+variable "drain_deadline" {
+  description = "Drain deadline before a node is removed (e.g. 1h); running tasks are stopped after it."
+  type        = string
+  default     = "1h"
+}
+
+variable "fleetd_command" {
+  description = "Command that runs the fleetd CLI on the machine running Terraform."
+  type        = list(string)
+  default     = ["fleetd"]
+}
+
+variable "results_dir" {
+  description = "Directory for the per-host bootstrap results the outputs read; null: .fleet-nodes beside the root module."
+  type        = string
+  default     = null
+}

