@@ -13,6 +13,9 @@ packages=()
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 # A real PostgreSQL server for the tests of the HA database path.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null || packages+=(postgresql)
+# SSH test hosts for the provisioning tests: sshd in network namespaces made with iproute2.
+command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || packages+=(openssh-server)
+command -v ip >/dev/null || packages+=(iproute2)
 # Debian's Chromium for the admin UI's browser tests (Playwright drives it; no browser downloads).
 [ -x /usr/bin/chromium ] || packages+=(chromium)
 if [ ${#packages[@]} -gt 0 ]; then
