@@ -195,7 +195,8 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, por
         except BundleError as exc:
             raise click.ClickException(str(exc)) from None
     steps = bs.REMOVE_STEPS if remove else bs.STEPS
-    with _Reporter(names, steps, enabled=not as_json) as reporter:
+    # Progress goes to stderr: it never mixes with --json on stdout.
+    with _Reporter(names, steps, enabled=True) as reporter:
         results = bs.Bootstrapper(client, options, ssh_options, progress=reporter).run(
             list(hosts), parallel=parallel, remove=remove)
     if result_file:
