@@ -729,7 +729,7 @@ class Limits:
                 if key is None:
                     if pid != me and read_comm(pid) not in MPS_SERVER_COMMS:
                         foreign.append(dict(entry, gpu_uuid=uuid, command=read_command(pid),
-                                            visible=read_proc(pid) is not None))
+                                            visible=os.path.exists(f"/proc/{pid}")))
                     continue
                 slot = usage[key.task_id].setdefault(uuid, {"used_memory_bytes": 0, "sm_util_percent": None,
                                                             "processes": []})
@@ -843,7 +843,8 @@ class Limits:
                 entry["action"] = "reported"
                 continue
             if info is None:
-                entry["action"] = "reported: not visible in this PID namespace, cannot be killed"
+                entry["action"] = ("exited: a zombie its parent has not reaped" if os.path.exists(f"/proc/{pid}")
+                                   else "reported: not visible in this PID namespace, cannot be killed")
                 continue
             seen.add(pid)
             marked = self._killed_foreign.get(pid)

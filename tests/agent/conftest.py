@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent import fake_nvml as fake_module
+from agent.limits import Cgroups
 from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
@@ -200,6 +201,17 @@ class AgentProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def remove_task_cgroups(self):
+        """Kill what is left in the task cgroups of a killed agent and remove them (a restart would)."""
+        cgroups = Cgroups("")
+        for state in self.state_dir.glob("tasks/*/task.json"):
+            try:
+                path = json.loads(state.read_text()).get("cgroup")
+            except (OSError, ValueError):
+                continue
+            if path and os.path.isdir(path):
+                cgroups.remove(path)
+
 
 @pytest.fixture
 def agent_factory(tmp_path):
@@ -214,3 +226,4 @@ def agent_factory(tmp_path):
     yield make
     for agent in made:
         agent.kill()
+        agent.remove_task_cgroups()
