@@ -210,6 +210,7 @@ class Bootstrapper:
                 raise HostFailed("preflight: " + "; ".join(problems))
 
             node = self._enrolled_node(facts)
+            previous = node["status"] if node is not None else None
             installed = facts.get("installed_version", "")
             upgrade = bool(installed) and installed != o.bundle.version
             changed = []
@@ -247,7 +248,7 @@ class Bootstrapper:
                 changed.append("restarted" if facts.get("service_active") == "active" else "started")
 
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
-            node = self._wait_ready(result, before, drained_by_us)
+            node = self._wait_ready(result, before, drained_by_us, previous)
             result.gpus = len(node.get("gpus") or [])
             if "enrolled" in changed:
                 result.result = "enrolled"
@@ -393,27 +394,40 @@ class Bootstrapper:
         raise HostFailed(f"node {node_id} not {what} after {timeout:.0f}s: it is {state}")
 
     def _drain(self, node, reason, result):
-        """Drain the node and wait until drained; True when this call drained it (so undrain after)."""
+        """Drain the node and wait until drained; True when this call drained it (so undrain after).
+
+        A node an operator drained, or is draining, stays so: it is waited for, not undrained.
+        """
         if node["status"] in ("drained", "lost"):
             return False
-        if node["status"] != "draining":
+        ours = node["status"] != "draining"
+        if ours:
             self.progress(result.host, "install", f"draining node {node['id']} before the upgrade")
             self.client.post(f"/api/v1/nodes/{node['id']}/drain",
                              {"reason": reason, "deadline_seconds": self.options.drain_deadline})
         self._poll(node["id"], lambda n: n["status"] == "drained", self.options.drain_deadline + 60, "drained")
-        return True
+        return ours
 
-    def _wait_ready(self, result, before, undrain):
-        """Wait for a fresh heartbeat after a (re)start; undrain when we drained; then wait for ready."""
+    def _wait_ready(self, result, before, undrain, previous):
+        """Wait for a fresh heartbeat after a (re)start, undrain when we drained, and wait for the node
+        to be back where it was: ready, or cordoned or drained when an operator had put it there."""
         timeout = self.options.wait_timeout
         if before is not None:
-            previous = before.get("last_heartbeat_at")
-            self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != previous
+            last = before.get("last_heartbeat_at")
+            self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != last
                        and n["status"] not in ("lost", "pending"), timeout, "heartbeating after the restart")
         if undrain:
             self.progress(result.host, "ready", f"undraining node {result.node_id}")
             self.client.post(f"/api/v1/nodes/{result.node_id}/undrain")
-        return self._poll(result.node_id, lambda n: n["status"] == "ready", timeout, "ready")
+        targets = ("ready",)
+        if previous == "cordoned":
+            if undrain:
+                self._poll(result.node_id, lambda n: n["status"] == "ready", timeout, "ready")
+                self.client.post(f"/api/v1/nodes/{result.node_id}/cordon")
+            targets = ("cordoned",)
+        elif previous in ("draining", "drained") and not undrain:
+            targets = ("draining", "drained")
+        return self._poll(result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets))
 
     # ------------------------------------------------------------------ removal
 

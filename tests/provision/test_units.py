@@ -92,3 +92,58 @@ def test_bundle_compatibility_follows_the_wheel_tags():
     assert "pyyaml" in check_host_compat(wheels, "3.12.1", "x86_64")
     assert "pyyaml" in check_host_compat(wheels, "3.11.4", "aarch64")
     assert "cryptography" not in check_host_compat(wheels, "3.12.1", "aarch64")
+
+
+class FakeClient:
+    """fleetd as a script: GET answers the next node in `states`; POSTs are recorded."""
+
+    def __init__(self, states):
+        self.states = list(states)
+        self.posts = []
+
+    def get(self, path):
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def post(self, path, body=None):
+        self.posts.append(path.rsplit("/", 1)[1])
+        return {}
+
+
+def node(status, heartbeat="t1"):
+    return {"id": "n1", "status": status, "last_heartbeat_at": heartbeat, "gpus": []}
+
+
+def bootstrapper(client):
+    from fleetd.provision.bootstrap import Bootstrapper, HostResult
+
+    b = Bootstrapper(client, BootstrapOptions(wait_timeout=5), None, sleep=lambda s: None)
+    return b, HostResult(host="h", node_id="n1")
+
+
+def test_after_an_upgrade_a_node_we_drained_is_undrained_and_ready():
+    client = FakeClient([node("drained", "t2"), node("ready", "t2")])
+    b, result = bootstrapper(client)
+    assert b._wait_ready(result, node("drained", "t1"), True, "ready")["status"] == "ready"
+    assert client.posts == ["undrain"]
+
+
+def test_a_cordoned_node_is_cordoned_again_after_its_upgrade():
+    client = FakeClient([node("drained", "t2"), node("ready", "t2"), node("cordoned", "t2")])
+    b, result = bootstrapper(client)
+    assert b._wait_ready(result, node("drained", "t1"), True, "cordoned")["status"] == "cordoned"
+    assert client.posts == ["undrain", "cordon"]
+
+
+def test_a_node_an_operator_drained_stays_drained_and_is_not_undrained():
+    client = FakeClient([node("drained", "t2")])
+    b, result = bootstrapper(client)
+    assert b._wait_ready(result, node("drained", "t1"), False, "drained")["status"] == "drained"
+    assert client.posts == []
+
+
+def test_waiting_gives_up_with_the_node_status_and_reason():
+    client = FakeClient([dict(node("lost", "t2"), status_reason="no heartbeat for 40s")])
+    b, result = bootstrapper(client)
+    b.clock = iter(range(0, 10_000, 3)).__next__
+    with pytest.raises(HostFailed, match=r"not ready after 5s: it is lost \(no heartbeat for 40s\)"):
+        b._wait_ready(result, None, False, "ready")
