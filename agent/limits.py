@@ -842,12 +842,17 @@ class Limits:
             if self.settings.foreign_processes != "kill" or pid <= 1:
                 entry["action"] = "reported"
                 continue
+            marked = self._killed_foreign.get(pid)
             if info is None:
-                entry["action"] = ("exited: a zombie its parent has not reaped" if os.path.exists(f"/proc/{pid}")
-                                   else "reported: not visible in this PID namespace, cannot be killed")
+                if marked is not None:
+                    seen.add(pid)
+                    entry["action"] = "killed: exited"
+                elif os.path.exists(f"/proc/{pid}"):
+                    entry["action"] = "exited: a zombie its parent has not reaped"
+                else:
+                    entry["action"] = "reported: not visible in this PID namespace, cannot be killed"
                 continue
             seen.add(pid)
-            marked = self._killed_foreign.get(pid)
             if marked is None or marked[0] != info.start_ticks:
                 log.warning("limits: foreign process %d (%s) uses %s on GPU %s; killing it "
                             "(limits.foreign_processes = \"kill\")", pid, entry["command"],
