@@ -24,7 +24,7 @@ MIN_PYTHON = (3, 10)
 POLL_SECONDS = 0.5
 JOIN_TOKEN_TTL_SECONDS = 3600
 STEPS = ("connect", "preflight", "install", "configure", "enrol", "start", "ready")
-REMOVE_STEPS = ("connect", "drain", "stop", "uninstall", "delete")
+REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
 
 
 class HostFailed(Exception):
@@ -393,7 +393,7 @@ class Bootstrapper:
         state = "gone" if node is None else f"{node['status']} ({node.get('status_reason') or 'no reason given'})"
         raise HostFailed(f"node {node_id} not {what} after {timeout:.0f}s: it is {state}")
 
-    def _drain(self, node, reason, result):
+    def _drain(self, node, reason, result, step="install"):
         """Drain the node and wait until drained; True when this call drained it (so undrain after).
 
         A node an operator drained, or is draining, stays so: it is waited for, not undrained.
@@ -402,7 +402,7 @@ class Bootstrapper:
             return False
         ours = node["status"] != "draining"
         if ours:
-            self.progress(result.host, "install", f"draining node {node['id']} before the upgrade")
+            self.progress(result.host, step, f"draining node {node['id']}: {reason}")
             self.client.post(f"/api/v1/nodes/{node['id']}/drain",
                              {"reason": reason, "deadline_seconds": self.options.drain_deadline})
         self._poll(node["id"], lambda n: n["status"] == "drained", self.options.drain_deadline + 60, "drained")
@@ -445,18 +445,14 @@ class Bootstrapper:
             if node is not None:
                 result.gpus = len(node.get("gpus") or [])
                 if node["status"] not in ("drained", "lost", "revoked", "pending"):
-                    self.progress(result.host, "drain", f"draining node {node_id}")
-                    self._drain(node, "fleetd bootstrap --remove", result)
+                    self._drain(node, "removing the host (fleetd bootstrap --remove)", result, step="drain")
             self.progress(result.host, "stop", "stopping and disabling fleet-agent")
-            quoted = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir, o.unit_path))
+            unit = shlex.quote(o.unit_path)
             remote.run_script(
-                "if command -v systemctl >/dev/null 2>&1 && [ -e " + shlex.quote(o.unit_path) + " ]; then\n"
-                "    systemctl disable --now fleet-agent.service || systemctl stop fleet-agent.service || true\n"
-                "fi\n"
-                f"rm -rf {quoted}\n"
-                "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload || true; fi\n",
-                timeout=180)
-            self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
+                f"if command -v systemctl >/dev/null 2>&1 && [ -e {unit} ]; then\n"
+                "    systemctl disable --now fleet-agent.service || systemctl stop fleet-agent.service\n"
+                "fi\n", timeout=180)
+            # Right after the agent stops, before fleetd could declare the silent node lost.
             if node is not None:
                 self.progress(result.host, "delete", f"deleting node {node_id}")
                 try:
@@ -464,6 +460,11 @@ class Bootstrapper:
                 except ClientError as exc:
                     if exc.status != 404:
                         raise
+            quoted = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir, o.unit_path))
+            remote.run_script(
+                f"rm -rf {quoted}\n"
+                "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n", timeout=180)
+            self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
             result.result = "removed"
             result.reason = f"node {node_id} drained and deleted" if node is not None else \
                 "no enrolled node found; the agent's files were removed"

@@ -71,29 +71,56 @@ def test_ansible_lint_passes_on_the_playbooks_and_the_role():
     assert "0 failure(s), 0 warning(s)" in result.stdout + result.stderr
 
 
-def test_playbooks_bootstrap_two_hosts_roll_an_upgrade_one_at_a_time_and_remove_them(
-        lab_factory, bundle, next_bundle, tmp_path):
-    lab = lab_factory(["l4_x4", "a100_mig_x2"])
+def bootstrapped(lab_factory, bundle, tmp_path, shapes):
+    """Two test hosts enrolled by bootstrap.yml; returns (lab, inventory, control dir, nodes by hostname)."""
+    lab = lab_factory(shapes)
     inventory = write_inventory(lab, tmp_path / "inventory.ini")
     control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
-    try:
-        result = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
-        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-        assert "preflight ok" in result.stdout
-        nodes = {n["hostname"]: n for n in lab.api.nodes()}
-        assert sorted(nodes) == sorted(h.hostname for h in lab.hosts)
-        for host in lab.hosts:
-            node = lab.api.wait_status(nodes[host.hostname]["id"], "ready")
-            assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
-            assert node["labels"] == {"rack": "r12"}
-        tokens = lab.api.join_tokens()
-        assert len(tokens) == 2 and all(t["max_uses"] == 1 and t["uses"] == 1 for t in tokens)
+    result = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert "preflight ok" in result.stdout
+    nodes = {n["hostname"]: n for n in lab.api.nodes()}
+    assert sorted(nodes) == sorted(h.hostname for h in lab.hosts)
+    for host in lab.hosts:
+        node = lab.api.wait_status(nodes[host.hostname]["id"], "ready")
+        assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
+        assert node["labels"] == {"rack": "r12"}
+    tokens = lab.api.join_tokens()
+    assert len(tokens) == 2 and all(t["max_uses"] == 1 and t["uses"] == 1 for t in tokens)
+    return lab, inventory, control_dir, nodes
 
+
+def test_bootstrap_playbook_makes_two_ready_nodes_a_second_run_changes_nothing_and_remove_deletes_them(
+        lab_factory, bundle, tmp_path):
+    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"])
+    try:
+        before = {h.hostname: agent_pids(h) for h in lab.hosts}
         again = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
         assert again.returncode == 0, again.stdout[-4000:]
-        assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in recap(again.stdout).values()), \
-            again.stdout[-4000:]
+        counts = recap(again.stdout)
+        assert sorted(counts) == sorted(h.hostname for h in lab.hosts)
+        assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), again.stdout[-4000:]
+        assert {h.hostname: agent_pids(h) for h in lab.hosts} == before
+        assert len(lab.api.join_tokens()) == 2
 
+        removed = playbook(lab, inventory, "remove.yml", bundle, control_dir)
+        assert removed.returncode == 0, removed.stdout[-6000:] + removed.stderr[-3000:]
+        assert lab.api.nodes() == []
+        for host in lab.hosts:
+            statuses = [e["to_status"] for e in lab.api.events(nodes[host.hostname]["id"]) if e.get("to_status")]
+            assert statuses[-2:] == ["draining", "drained"], statuses
+            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent",
+                         "/etc/systemd/system/fleet-agent.service"):
+                assert not host.path(path).exists(), path
+            wait_for(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrain(
+        lab_factory, bundle, next_bundle, tmp_path):
+    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["h100_x8", "l4_x4"])
+    try:
         before = {h.hostname: agent_pids(h) for h in lab.hosts}
         upgrade = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
         assert upgrade.returncode == 0, upgrade.stdout[-6000:] + upgrade.stderr[-3000:]
@@ -111,14 +138,5 @@ def test_playbooks_bootstrap_two_hosts_roll_an_upgrade_one_at_a_time_and_remove_
         first, second = (spans[h.hostname] for h in lab.hosts)
         # One at a time: the first host was back (undrained) before the second one started draining.
         assert first[1] <= second[0], spans
-
-        removed = playbook(lab, inventory, "remove.yml", next_bundle, control_dir)
-        assert removed.returncode == 0, removed.stdout[-6000:] + removed.stderr[-3000:]
-        assert lab.api.nodes() == []
-        for host in lab.hosts:
-            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent",
-                         "/etc/systemd/system/fleet-agent.service"):
-                assert not host.path(path).exists(), path
-            wait_for(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
