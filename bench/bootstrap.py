@@ -18,7 +18,6 @@ how much of the N-host run was bound by that.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time

@@ -97,7 +97,8 @@ def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_fa
     code, results, _ = lab.bootstrap(bundle, unknown, changed)
     assert code == 1
     assert results[unknown.address]["result"] == "failed"
-    assert "is not in" in results[unknown.address]["reason"] and "--accept-new-host-keys" in results[unknown.address]["reason"]
+    reason = results[unknown.address]["reason"]
+    assert "is not in" in reason and "--accept-new-host-keys" in reason
     assert results[changed.address]["result"] == "failed" and "CHANGED" in results[changed.address]["reason"]
     for host in (unknown, changed):
         assert host.accepted_logins() == 0
@@ -149,3 +150,20 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
     wait_for(lambda: not agent_pids(hosts[0]), 30, message="the agent to stop")
     assert [n["id"] for n in lab.api.nodes()] == [node_ids[hosts[1].address]]
     assert lab.api.node(node_ids[hosts[1].address])["status"] == "ready"
+
+
+def test_bootstrap_through_a_bastion_checks_the_bastions_key_too(lab_factory, bundle):
+    lab = lab_factory(["l4_x4", "l4_x4"])
+    bastion, target = lab.hosts
+    # An impossible disk requirement stops at preflight: enough to see who connected through whom.
+    stop_after_preflight = ["--jump", f"root@{bastion.address}", "--min-free-mb", str(2**40)]
+    code, results, _ = lab.bootstrap(bundle, target, extra=stop_after_preflight)
+    assert code == 1 and results[target.address]["reason"].startswith("preflight: only"), results
+    assert f"Connection from {bastion.address}" in target.sshd_log.read_text()
+    assert target.accepted_logins() == 1 and bastion.accepted_logins() == 1
+
+    lab.ssh.known_hosts.write_text(target.known_hosts_line() + "\n")
+    code, results, _ = lab.bootstrap(bundle, target, extra=stop_after_preflight)
+    assert code == 1
+    assert f"host key of {bastion.address} is not in" in results[target.address]["reason"]
+    assert bastion.accepted_logins() == 1 and target.accepted_logins() == 1
