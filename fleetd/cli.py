@@ -157,7 +157,31 @@ def _ctx():
 # ---------------------------------------------------------------- root and local commands
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """Operator commands that need the [server] extra (Fabric) are imported only when used."""
+
+    lazy = {"bootstrap": "fleetd.provision.cli:bootstrap", "bundle": "fleetd.provision.cli:bundle"}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name not in self.lazy:
+            return super().get_command(ctx, name)
+        import importlib
+
+        module, _, attr = self.lazy[name].partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as exc:
+            @click.command(name, help=f"(needs: pip install 'fleetd[server]'; {exc.name} is missing)")
+            def missing():
+                fail(f"`fleetd {name}` needs the server extra: pip install 'fleetd[server]' ({exc.name} is missing)")
+
+            return missing
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="fleetd", prog_name="fleetd")
 def cli():
     """fleetd: manage a fleet of GPU servers."""
@@ -846,8 +870,3 @@ def quota_rm(team, priority_class):
                       if priority_class else None)
     emit(_ctx(), {"team": team, "deleted": True}, lambda d: click.echo(f"removed quota of team {team}"))
 
-
-from fleetd.provision.cli import bootstrap, bundle  # noqa: E402
-
-cli.add_command(bootstrap)
-cli.add_command(bundle)
