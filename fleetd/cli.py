@@ -174,11 +174,13 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except ImportError as exc:
-            @click.command(name, help=f"(needs: pip install 'fleetd[server]'; {exc.name} is missing)")
-            def missing():
-                fail(f"`fleetd {name}` needs the server extra: pip install 'fleetd[server]' ({exc.name} is missing)")
+            absent = exc.name
 
-            return missing
+        @click.command(name, help=f"(needs: pip install 'fleetd[server]'; {absent} is missing)")
+        def missing():
+            fail(f"`fleetd {name}` needs the server extra: pip install 'fleetd[server]' ({absent} is missing)")
+
+        return missing
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
