@@ -121,6 +121,18 @@ def test_a_task_the_agent_ended_itself_is_retried_as_lost(api, fleet):
     assert again["attempt"] == 2 and again["state"] in ("queued", "running")
 
 
+def test_a_task_failed_by_an_unhealthy_gpu_is_retried_as_lost(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "finish", outcome="failed", exit_code=137,
+                  reason=f"gpu_unhealthy: {assignment['gpus'][0]['uuid']}: critical XID 79")
+    again = _job(api, job["id"])
+    assert again["attempt"] == 2
+    events = api.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]
+    assert any(e["to_status"] == "lost" and "gpu_unhealthy" in e["reason"] for e in events)
+
+
 def test_failing_command_fails_the_job_with_its_exit_code(api, fleet):
     _, session = _node(api, fleet, "n1")
     job = api.submit(command=["false"])

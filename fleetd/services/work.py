@@ -157,10 +157,16 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
         # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
         if not T(task.state).is_terminal():
             reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
-            end_task(task, T.LOST if lost and outcome == "failed" else outcome, reason, now, exit_code=exit_code)
+            # A broken GPU is not the job's fault either: it retries like a lost node.
+            hardware = reason.startswith(HARDWARE_REASONS)
+            end_task(task, T.LOST if (lost or hardware) and outcome == "failed" else outcome, reason, now,
+                     exit_code=exit_code)
     rt.leases.forget(task_id)
     rt.liveness.drop_task(node_id, task_id)
     _after_task_end(rt, task.job_id)
+
+
+HARDWARE_REASONS = ("gpu_unhealthy:",)
 
 
 def _after_task_end(rt, job_id):
