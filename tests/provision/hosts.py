@@ -117,6 +117,8 @@ class TestHost:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.hostname, "-f", str(self.root / "host_key"))
         self.host_key = (self.root / "host_key.pub").read_text().split()[:2]
         veth = f"fpv{self.lab.octet}v{self.index}"
+        # This lab owns the octet (it made the bridge): a namespace of that name is a crashed run's.
+        _run("ip", "netns", "del", self.name, check=False)
         _run("ip", "netns", "add", self.name)
         self.lab.namespaces.append(self.name)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", self.name)

@@ -119,7 +119,13 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_second_run_changes_nothing_a
 
 def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrain(
         lab_factory, bundle, next_bundle, tmp_path):
-    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["h100_x8", "l4_x4"])
+    # Enrolled by `fleetd bootstrap`: the role takes over what the other path installed.
+    lab = lab_factory(["h100_x8", "l4_x4"])
+    code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
+    assert code == 0, (results, stderr)
+    nodes = {n["hostname"]: n for n in lab.api.nodes()}
+    inventory = write_inventory(lab, tmp_path / "inventory.ini")
+    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
     try:
         before = {h.hostname: agent_pids(h) for h in lab.hosts}
         upgrade = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
