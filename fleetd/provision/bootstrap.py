@@ -221,7 +221,13 @@ class Bootstrapper:
                                                       f"{o.bundle.version}", result)
                 self.progress(result.host, "install", f"installing fleet-agent {o.bundle.version}"
                               + (f" over {installed}" if installed else ""))
-                self._install(remote)
+                try:
+                    self._install(remote)
+                except (HostFailed, SshError) as exc:
+                    if drained_by_us:
+                        raise HostFailed(f"{exc} (node {node['id']} is left drained: undrain it once the "
+                                         "agent is fixed)") from None
+                    raise
                 changed.append("upgraded" if upgrade else "installed")
             else:
                 self.progress(result.host, "install", f"fleet-agent {installed} already installed")
@@ -232,20 +238,22 @@ class Bootstrapper:
             unit_changed = self._configure(remote, facts, values, changed)
 
             if node is None:
-                force = bool(facts.get("node_id"))
+                stale = bool(facts.get("node_id"))
                 self.progress(result.host, "enrol", "enrolling with a single-use join token"
-                              + (" (the stored node is gone or belongs elsewhere)" if force else ""))
-                self._enrol(remote, result, force)
+                              + (" (the stored node is gone, revoked or elsewhere)" if stale else ""))
+                self._enrol(remote, result)
                 changed.append("enrolled")
             else:
                 result.node_id = node["id"]
                 self.progress(result.host, "enrol", f"already enrolled as node {node['id']}")
 
             self.progress(result.host, "start", "starting fleet-agent")
-            before = self._node(result.node_id) if changed else None
-            self._start(remote, facts, restart=bool(changed), reload_units=unit_changed)
-            if changed:
-                changed.append("restarted" if facts.get("service_active") == "active" else "started")
+            before = self._node(result.node_id)
+            action = self._start(remote, facts, restart=bool(changed), reload_units=unit_changed)
+            if action:
+                changed.append(action)
+            else:
+                before = None  # nothing restarted: no fresh heartbeat to wait for
 
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
             node = self._wait_ready(result, before, drained_by_us, previous)
@@ -336,15 +344,16 @@ class Bootstrapper:
             changed.append("configured")
         return o.unit_path in wrote
 
-    def _enrol(self, remote, result, force):
+    def _enrol(self, remote, result):
         o = self.options
         token = self.client.post(f"/api/v1/fleets/{o.fleet}/join-tokens", {
             "ttl_seconds": JOIN_TOKEN_TTL_SECONDS, "max_uses": 1,
             "description": f"fleetd bootstrap {result.host}"[:200]})
         agent = posixpath.join(o.install_dir, "bin", "fleet-agent")
         # The token travels on stdin into the environment of `fleet-agent join`: never in an argument.
-        join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --server "
-                f"{shlex.quote(o.server_url)} --config {shlex.quote(o.config_path)}" + (" --force" if force else ""))
+        # --force: this host was found not to be validly enrolled, whatever credentials it still has.
+        join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --force --server "
+                f"{shlex.quote(o.server_url)} --config {shlex.quote(o.config_path)}")
         command = remote.privileged("sh -c " + shlex.quote(join))
         try:
             code, out, err = remote.run(command, stdin=token["token"] + "\n", timeout=120, check=False)
@@ -365,17 +374,21 @@ class Bootstrapper:
             pass  # already used or expired: nothing is left to revoke
 
     def _start(self, remote, facts, restart, reload_units):
-        commands = []
+        """Enable, and start or restart the service as needed; returns "started", "restarted" or None."""
+        commands, action = [], None
         if reload_units:
             commands.append("systemctl daemon-reload")
         if facts.get("service_enabled") != "enabled":
             commands.append("systemctl enable fleet-agent.service")
         if facts.get("service_active") != "active":
             commands.append("systemctl start fleet-agent.service")
+            action = "started"
         elif restart:
             commands.append("systemctl restart fleet-agent.service")
+            action = "restarted"
         if commands:
             remote.run_script("set -e\n" + "\n".join(commands) + "\n", timeout=180)
+        return action
 
     # ------------------------------------------------------------------ fleetd side
 

@@ -32,7 +32,7 @@ class _Duration(click.ParamType):
 
 
 class _Spec(click.ParamType):
-    name = "[user@]host[:port]"
+    name = "[user@]host[:port]"  # IPv6 addresses in brackets
 
     def convert(self, value, param, ctx):
         if isinstance(value, HostSpec):
@@ -138,7 +138,8 @@ def _client(url, token):
 @click.option("--user", "-u", help="SSH user (default: from ~/.ssh/config, else your login name).")
 @click.option("--key", "-i", "keys", multiple=True, type=click.Path(dir_okay=False),
               help="SSH private key (repeatable; default: ssh-agent and ~/.ssh/id_*).")
-@click.option("--port", "-p", type=click.IntRange(1, 65535), default=22, show_default=True, help="SSH port.")
+@click.option("--port", "-p", type=click.IntRange(1, 65535),
+              help="SSH port of hosts given without one (default: from ~/.ssh/config, else 22).")
 @click.option("--jump", "-J", type=_Spec(), help="Bastion to connect through, [user@]host[:port].")
 @click.option("--known-hosts", default=DEFAULT_KNOWN_HOSTS, show_default=True, type=click.Path(dir_okay=False),
               help="known_hosts file the host keys are checked against (also /etc/ssh/ssh_known_hosts).")

@@ -99,7 +99,7 @@ class SshOptions:
     """How to reach hosts: defaults for user and port, keys, bastion, known_hosts, sudo."""
 
     user: str | None = None
-    port: int = 22
+    port: int | None = None  # None: ~/.ssh/config, else 22
     key_filenames: tuple = ()
     jump: HostSpec | None = None
     known_hosts: str = DEFAULT_KNOWN_HOSTS

@@ -40,7 +40,7 @@ def file_state(host, *paths):
     return {p: (host.path(p).stat().st_mtime_ns, host.path(p).read_bytes()) for p in paths}
 
 
-def test_three_hosts_become_ready_nodes_a_second_run_changes_nothing_and_a_host_without_sshd_fails_alone(
+def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent_and_an_unreachable_host_fails_alone(
         lab_factory, bundle):
     lab = lab_factory(["l4_x4", "h100_x8", "a100_mig_x2"])
     hosts = lab.hosts
@@ -75,14 +75,18 @@ def test_three_hosts_become_ready_nodes_a_second_run_changes_nothing_and_a_host_
     assert len(lab.api.join_tokens()) == 3
     assert len(lab.api.nodes()) == 3
 
-    down = hosts[1]
+    # One host unreachable, one whose agent was stopped, one untouched: each is told apart.
+    stopped, down, untouched = hosts
+    assert stopped.exec("systemctl", "stop", "fleet-agent.service", timeout=120).returncode == 0
+    wait_for(lambda: not agent_pids(stopped), 30, message="the agent to stop")
     down.stop_sshd()
     code, partial, stderr = lab.bootstrap(bundle, *hosts)
     assert code == 1
     assert partial[down.address]["result"] == "failed"
     assert "cannot connect" in partial[down.address]["reason"]
-    for host in (hosts[0], hosts[2]):
-        assert partial[host.address]["result"] == "unchanged", partial[host.address]
+    assert partial[stopped.address]["result"] == "updated" and partial[stopped.address]["reason"] == "started"
+    assert len(agent_pids(stopped)) == 1
+    assert partial[untouched.address]["result"] == "unchanged", partial[untouched.address]
     assert [n["status"] for n in lab.api.nodes()] == ["ready"] * 3
 
 
