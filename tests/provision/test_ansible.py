@@ -90,7 +90,7 @@ def bootstrapped(lab_factory, bundle, tmp_path, shapes):
     return lab, inventory, control_dir, nodes
 
 
-def test_bootstrap_playbook_makes_two_ready_nodes_a_second_run_changes_nothing_and_remove_deletes_them(
+def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_drain_undrain_remove_work(
         lab_factory, bundle, tmp_path):
     lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"])
     try:
@@ -102,6 +102,16 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_second_run_changes_nothing_a
         assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), again.stdout[-4000:]
         assert {h.hostname: agent_pids(h) for h in lab.hosts} == before
         assert len(lab.api.join_tokens()) == 2
+
+        checked = playbook(lab, inventory, "preflight.yml", bundle, control_dir)
+        assert checked.returncode == 0 and checked.stdout.count("preflight ok") == 2, checked.stdout[-3000:]
+        assert all(c["changed"] == 0 for c in recap(checked.stdout).values())
+        drained = playbook(lab, inventory, "drain.yml", bundle, control_dir)
+        assert drained.returncode == 0, drained.stdout[-4000:]
+        assert {n["status"] for n in lab.api.nodes()} == {"drained"}
+        undrained = playbook(lab, inventory, "undrain.yml", bundle, control_dir)
+        assert undrained.returncode == 0, undrained.stdout[-4000:]
+        assert {n["status"] for n in lab.api.nodes()} == {"ready"}
 
         removed = playbook(lab, inventory, "remove.yml", bundle, control_dir)
         assert removed.returncode == 0, removed.stdout[-6000:] + removed.stderr[-3000:]
