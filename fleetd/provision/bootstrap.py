@@ -378,12 +378,15 @@ class Bootstrapper:
         commands, action = [], None
         if reload_units:
             commands.append("systemctl daemon-reload")
-        if facts.get("service_enabled") != "enabled":
-            commands.append("systemctl enable fleet-agent.service")
+        enable = facts.get("service_enabled") != "enabled"
         if facts.get("service_active") != "active":
-            commands.append("systemctl start fleet-agent.service")
+            commands.append("systemctl enable --now fleet-agent.service" if enable else
+                            "systemctl start fleet-agent.service")
             action = "started"
-        elif restart:
+            enable = False
+        if enable:
+            commands.append("systemctl enable fleet-agent.service")
+        if restart and action is None:
             commands.append("systemctl restart fleet-agent.service")
             action = "restarted"
         if commands:
