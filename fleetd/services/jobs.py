@@ -93,7 +93,7 @@ def task_request(spec):
 
 
 def submit_job(now, principal, spec):
-    """Queue a validated JobSpec; returns the Job. The caller kicks the scheduler after commit."""
+    """Queue a validated JobSpec; returns the Job with its tasks. The caller kicks the scheduler after commit."""
     retry = spec.get("retry") or DEFAULT_RETRY
     job_id = new_id()
     with write_transaction():
@@ -117,9 +117,9 @@ def submit_job(now, principal, spec):
             spec=spec,
             submitted_at=now,
         )
-        Task.insert_many(
-            [{"id": new_id(), "job": job_id, "rank": rank, "state": T.PENDING.value} for rank in range(job.num_nodes)]
-        ).execute()
+        job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=T.PENDING.value, gpus=[])
+                         for rank in range(job.num_nodes)]
+        Task.bulk_create(job.task_list)
         record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value)
     return job
 

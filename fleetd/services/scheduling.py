@@ -206,11 +206,12 @@ class SchedulerLoop:
         self._thread = None
 
     def kick(self):
-        """Ask for a pass soon (now, when no loop runs)."""
+        """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller."""
         if self._thread is None:
             run_pass(self.rt)
-        else:
-            self._kicked.set()
+            return True
+        self._kicked.set()
+        return False
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
