@@ -158,7 +158,7 @@ def _ctx():
 
 
 class LazyGroup(click.Group):
-    """Operator commands that need the [server] extra (Fabric) are imported only when used."""
+    """Operator commands that need the [provision] extra (Fabric) are imported only when used."""
 
     lazy = {"bootstrap": "fleetd.provision.cli:bootstrap", "bundle": "fleetd.provision.cli:bundle"}
 
@@ -176,9 +176,9 @@ class LazyGroup(click.Group):
         except ImportError as exc:
             absent = exc.name
 
-        @click.command(name, help=f"(needs: pip install 'fleetd[server]'; {absent} is missing)")
+        @click.command(name, help=f"(needs: pip install 'fleetd[provision]'; {absent} is missing)")
         def missing():
-            fail(f"`fleetd {name}` needs the server extra: pip install 'fleetd[server]' ({absent} is missing)")
+            fail(f"`fleetd {name}` needs the provision extra: pip install 'fleetd[provision]' ({absent} is missing)")
 
         return missing
 

@@ -16,6 +16,7 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/
 # SSH test hosts for the provisioning tests: sshd in network namespaces made with iproute2.
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || packages+=(openssh-server)
 command -v ip >/dev/null || packages+=(iproute2)
+command -v systemd-analyze >/dev/null || packages+=(systemd)  # verifies the rendered unit
 # Debian's Chromium for the admin UI's browser tests (Playwright drives it; no browser downloads).
 [ -x /usr/bin/chromium ] || packages+=(chromium)
 if [ ${#packages[@]} -gt 0 ]; then
