@@ -1,6 +1,6 @@
 """SSH for provisioning: host specs, strict host-key checking, Fabric connections, remote commands.
 
-Fabric's `Connection` accepts any host key it has not seen (paramiko's AutoAddPolicy) and reads
+Fabric's `Connection` accepts any host key it has not seen (paramiko's auto-add policy) and reads
 no known_hosts file; here every connection, the bastion's included, loads known_hosts and
 replaces that policy with `StrictHostKeyPolicy`: an unknown key is refused before
 authentication, so no command ever runs on such a host, unless trust on first use was asked for
