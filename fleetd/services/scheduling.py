@@ -198,6 +198,8 @@ class SchedulerLoop:
     one-off tools), kick() runs a pass in the caller.
     """
 
+    COALESCE_SECONDS = 0.005
+
     def __init__(self, app, rt):
         self.app = app
         self.rt = rt
@@ -227,6 +229,8 @@ class SchedulerLoop:
     def _run(self):
         while not self._stop.is_set():
             self._kicked.wait()
+            # Let a burst of submits and task ends land first: one pass then places them all.
+            self._stop.wait(self.COALESCE_SECONDS)
             self._kicked.clear()
             if self._stop.is_set():
                 return
