@@ -1,11 +1,10 @@
 """bench/placement.py runs end to end on a small slice, so that it cannot rot.
 
-A 24-node cut of the real node list and the first 300 pods of a real pod list keep the
-whole protocol (inflation to 130%, shuffling, the 80/90/100% marks, fragmentation at
+A 24-node cut of the real node list and the first 300 pods of a real pod list (committed
+under tests/fixtures/traces, so the test runs wherever the suite does) keep the whole protocol (inflation to 130%, shuffling, the 80/90/100% marks, fragmentation at
 90%) while running in seconds. Assertions are on the output, never on timings.
 """
 
-import csv
 import json
 import pathlib
 import subprocess
@@ -14,9 +13,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces"
-NODES = TRACES / "openb_node_list_gpu_node.csv"
-PODS = TRACES / "openb_pod_list_gpuspec10.csv"
+TRACES = ROOT / "tests" / "fixtures" / "traces"
+NODES = TRACES / "openb_node_list_gpu_node_every50.csv"
+PODS = TRACES / "openb_pod_list_gpuspec10_first300.csv"
 POLICIES = {"random", "bestfit", "packing", "dotprod", "fgd", "fragbal"}
 KEYS = {
     "alloc_at_80",
@@ -28,25 +27,12 @@ KEYS = {
     "decisions_per_second",
 }
 
-pytestmark = pytest.mark.skipif(not NODES.is_file() or not PODS.is_file(), reason="../shared/traces is not here")
-
-
-def cut_csv(src, dst, keep):
-    """The header and the rows `keep` picks, written to dst."""
-    with open(src, newline="") as f:
-        rows = list(csv.reader(f))
-    with open(dst, "w", newline="") as f:
-        csv.writer(f).writerows([rows[0]] + keep(rows[1:]))
 
 
 @pytest.fixture(scope="module")
-def small_trace(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("trace")
-    nodes, pods = tmp / "nodes.csv", tmp / "openb_pod_list_slice.csv"
+def small_trace():
     # Every 50th node keeps the mix of GPU models (G2, T4, P100, V100, ...).
-    cut_csv(NODES, nodes, lambda rows: rows[::50])
-    cut_csv(PODS, pods, lambda rows: rows[:300])
-    return nodes, pods
+    return NODES, PODS
 
 
 def run_bench(*args):
