@@ -89,8 +89,8 @@ def node_page(node_id):
         events = nodes.node_events_tail(node_id, EVENTS_SHOWN)
     status = NodeStatus(node.status)
     available = {
-        "cordon": status is NodeStatus.READY,
-        "uncordon": status is NodeStatus.CORDONED,
+        "cordon": status.can_cordon(),
+        "uncordon": status.can_uncordon(),
         "drain": status.can_drain(),
         "undrain": status.can_undrain(),
         "revoke": status is not NodeStatus.REVOKED,
