@@ -12,13 +12,7 @@ blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Node
 
 
 def _live(node_list):
-    """Overlay the in-memory last heartbeat, which is newer than the stored one."""
-    liveness = current_runtime().liveness
-    for node in node_list:
-        seen = liveness.get(node.id)
-        if seen is not None:
-            node.last_heartbeat_at = seen.at
-    return node_list
+    return nodes.with_last_heartbeat(node_list, current_runtime().liveness)
 
 
 def _now():

@@ -243,3 +243,12 @@ def node_events_tail(node_id, count):
     """The last `count` events of a node, oldest first."""
     return last_rows(Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)), Event.id,
                      count)
+
+
+def with_last_heartbeat(node_list, liveness):
+    """Overlay the in-memory last heartbeat, which is newer than the stored one."""
+    for node in node_list:
+        seen = liveness.get(node.id)
+        if seen is not None:
+            node.last_heartbeat_at = seen.at
+    return node_list

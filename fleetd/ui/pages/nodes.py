@@ -29,13 +29,7 @@ ACTIONS = {
 
 
 def _live(node_list):
-    """The in-memory last heartbeat is newer than the stored one (as the API shows it)."""
-    liveness = current_runtime().liveness
-    for node in node_list:
-        seen = liveness.get(node.id)
-        if seen is not None:
-            node.last_heartbeat_at = seen.at
-    return node_list
+    return nodes.with_last_heartbeat(node_list, current_runtime().liveness)
 
 
 def _gpu_summary(node):
