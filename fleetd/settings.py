@@ -37,6 +37,7 @@ class Settings:
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
     lease_sweep_seconds: float = 5.0
     scheduler_policy: str = ""  # empty: the engine's default policy
+    fleet_policies: str = ""  # per fleet, for jobs that select it: "gpu-a=packing,gpu-b=fgd"
     artifact_max_bytes: int = 1024**3
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
@@ -59,6 +60,26 @@ class Settings:
         if self.failover_grace_seconds < 0:
             return 2 * self.node_ttl_seconds
         return self.failover_grace_seconds
+
+    @property
+    def policy_by_fleet(self):
+        """{fleet: policy name} from fleet_policies."""
+        out = {}
+        for item in filter(None, (part.strip() for part in self.fleet_policies.split(","))):
+            fleet, sep, policy = item.partition("=")
+            if not sep or not fleet.strip() or not policy.strip():
+                raise ValueError(f"fleet_policies wants fleet=policy items, got {item!r}")
+            out[fleet.strip()] = policy.strip()
+        return out
+
+    def validate(self):
+        """Raise ValueError for settings that cannot work (unknown policy names, bad lists)."""
+        from fleetd.scheduler import POLICIES
+
+        for name in [self.scheduler_policy, *self.policy_by_fleet.values()]:
+            if name and name not in POLICIES:
+                raise ValueError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+        return self
 
     @classmethod
     def load(cls, environ=None, **overrides):
@@ -85,4 +106,4 @@ class Settings:
                 converted[name] = kind(raw)
             except (TypeError, ValueError):
                 raise ValueError(f"setting {name} must be {kind.__name__}, got {raw!r}") from None
-        return cls(**converted)
+        return cls(**converted).validate()

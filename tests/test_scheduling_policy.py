@@ -172,3 +172,28 @@ def test_spot_never_preempts_on_demand(api, join):
     api.start_task(session)
     spot = api.submit(name="spot", priority_class="spot", bid=100.0, resources={"gpus": 1})
     assert spot["state"] == "queued" and "no node can take the task now" in spot["pending_reason"]
+
+
+def test_a_fleet_can_have_its_own_placement_policy(make_app, clock):
+    from tests.conftest import admin_client
+
+    api = admin_client(make_app(fleet_policies="gpu-b=packing"), clock)
+    api.create_fleet("gpu-a")
+    api.create_fleet("gpu-b")
+    _node(api, api.create_join_token("gpu-a"), "a1", 2)
+    _node(api, api.create_join_token("gpu-b"), "b1", 2)
+    placed = {}
+    for fleet in ("gpu-a", "gpu-b"):
+        job = api.submit(name=fleet, resources={"gpus": 1}, node_selector={"fleet": fleet})
+        events = api.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]
+        placed[fleet] = next(e["reason"] for e in events if e["to_status"] == "running")
+    assert placed == {"gpu-a": "placed by policy fragbal", "gpu-b": "placed by policy packing"}
+
+
+def test_unknown_policy_names_are_refused_at_start_up():
+    from fleetd.settings import Settings
+
+    with pytest.raises(ValueError, match="unknown scheduler policy 'tetris'"):
+        Settings.load(environ={}, fleet_policies="gpu-a=tetris")
+    with pytest.raises(ValueError, match="fleet=policy"):
+        Settings.load(environ={}, fleet_policies="gpu-a")

@@ -325,6 +325,13 @@ class PlacementEngine:
 
     # ---- public API ----------------------------------------------------------------------
 
+    def use_policy(self, policy: str | Policy | None, profile: WorkloadProfile | None = None) -> None:
+        """Score later placements with another policy; what is reserved so far stays reserved."""
+        chosen = policy if isinstance(policy, Policy) else make_policy(policy, profile)
+        if chosen.name != self.policy.name:
+            self.policy = chosen
+            self._memo.clear()  # cached scores belong to the previous policy
+
     def place(self, request: TaskRequest, explain: bool = False) -> PlacementResult:
         """Place every rank of `request` (all or none) and reserve what it takes."""
         shape = shape_of(request)

@@ -60,7 +60,10 @@ def _run_pass(rt):
         engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None,
                                            profile=profile)
         rules = Rules.load(state)
+        by_fleet = rt.settings.policy_by_fleet
         for job in queued:
+            fleet = (job.spec.get("node_selector") or {}).get("fleet")
+            engine.use_policy(by_fleet.get(fleet) or rt.settings.scheduler_policy or None, profile)
             request, blocked = rules.request_for(job.spec, job.team, job.priority_class)
             result = None
             if blocked is None:
