@@ -293,7 +293,7 @@ class Bootstrapper:
 
     def _install(self, remote):
         o = self.options
-        _, tmp, _ = remote.run("mktemp -d /tmp/fleetd-bootstrap.XXXXXX", timeout=60)
+        _, tmp, _ = remote.run("mktemp -d", timeout=60)
         tmp = tmp.strip()
         try:
             bundle_remote = posixpath.join(tmp, o.bundle.path.name)
@@ -323,7 +323,7 @@ class Bootstrapper:
             files.append((unit, o.unit_path, "0644"))
         if not files:
             return False
-        _, tmp, _ = remote.run("mktemp -d /tmp/fleetd-bootstrap.XXXXXX", timeout=60)
+        _, tmp, _ = remote.run("mktemp -d", timeout=60)
         tmp = tmp.strip()
         try:
             commands = [f"install -d -m 0755 {shlex.quote(o.config_dir)} {shlex.quote(o.unit_dir)}"]
