@@ -2,7 +2,6 @@
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
@@ -80,31 +79,8 @@ class FixedPortFleetd(FleetdProcess):
     """`fleetd serve` on a chosen port, so that it can be stopped and started again at the same URL."""
 
     def __init__(self, data_dir, port, env=None):
-        super().__init__(data_dir, env)
+        super().__init__(data_dir, env, bind=f"127.0.0.1:{port}")
         self.port = port
-
-    def start(self):
-        self.lines = []
-        self.proc = subprocess.Popen(
-            fleetd_cmd("serve", "--bind", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
-        )
-        lines = queue.Queue()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, lines), daemon=True).start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            match = re.search(r"listening on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                return self
-        self.kill()
-        raise AssertionError("fleetd serve did not start:\n" + "".join(self.lines))
 
 
 class AgentProcess:

@@ -248,7 +248,7 @@ def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_nod
 def test_no_task_is_left_running_unowned_after_its_agent_restarts(fleet):
     """An agent SIGKILLed and restarted before the lease expires kills the old process and reports the task."""
     http, agents = fleet(1)
-    job = submit(http, [PY, "-c", "import time\nfor _ in range(2400):\n    time.sleep(0.05)\n"], name="orphan",
+    job = submit(http, [PY, "-c", "import threading\nthreading.Event().wait(120)\n"], name="orphan",
                  retry={"max_attempts": 1, "on": []})
     running = wait_job(http, job["id"], lambda j: j["tasks"] and j["tasks"][0]["state"] == "running",
                        message="the task to run")

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 PY = sys.executable
 GIB = 1024 ** 3
 MIB = 1024 ** 2
-SLEEP_AND_SAY_PID = "import os, time\nprint(os.getpid(), flush=True)\nfor _ in range(6000):\n    time.sleep(0.1)\n"
+SLEEP_AND_SAY_PID = "import os, threading\nprint(os.getpid(), flush=True)\nthreading.Event().wait(600)\n"
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_blocks_the_gpu_in_cluster_stat
 def test_a_foreign_gpu_process_is_in_the_heartbeat_and_the_local_api_and_killed_only_when_configured(
         agent_factory, policy):
     fleetd = FakeFleetd().start()
-    stranger = subprocess.Popen([PY, "-c", "import time\nfor _ in range(6000):\n    time.sleep(0.1)\n"])
+    stranger = subprocess.Popen([PY, "-c", "import threading\nthreading.Event().wait(600)\n"])
     try:
         agent = agent_factory("foreign", shape="l4_x4", server_url=fleetd.url,
                               extra={"heartbeat_interval_seconds": 0.5, "limits_foreign_processes": policy})

@@ -221,7 +221,7 @@ def test_cancel_of_a_task_that_handles_sigterm_ends_it_with_sigterm(make_runner,
 
 def test_max_runtime_is_enforced_as_a_failure(make_runner, fleetd):
     runner = make_runner()
-    runner.submit(assignment("t-long", [PY, "-c", "import time; time.sleep(120)"], max_runtime_seconds=1))
+    runner.submit(assignment("t-long", [PY, "-c", "import threading; threading.Event().wait(120)"], max_runtime_seconds=1))
     finish = fleetd.wait_finished("t-long")
     assert finish["outcome"] == "failed" and "exceeded max_runtime_seconds=1" in finish["reason"]
     assert wait_gone([fleetd.started["t-long"]["pid"]], 10)

@@ -22,16 +22,18 @@ def fleetd_cmd(*args):
 class FleetdProcess:
     """`fleetd serve` on a free loopback port; the log is kept for assertions."""
 
-    def __init__(self, data_dir, env=None):
+    def __init__(self, data_dir, env=None, bind="127.0.0.1:0"):
         self.data_dir = data_dir
         self.env = dict(os.environ, **(env or {}))
+        self.bind = bind
         self.proc = None
         self.url = None
         self.lines = []
 
     def start(self):
+        self.lines = []
         self.proc = subprocess.Popen(
-            fleetd_cmd("serve", "--bind", "127.0.0.1:0", "--data-dir", str(self.data_dir)),
+            fleetd_cmd("serve", "--bind", self.bind, "--data-dir", str(self.data_dir)),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
         )
         lines = queue.Queue()

@@ -2,13 +2,10 @@
 
 import json
 import os
-import queue
 import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -49,30 +46,8 @@ class BoundFleetd(FleetdProcess):
     """`fleetd serve --bind ADDRESS:0`: on the lab's bridge, where the test hosts reach it."""
 
     def __init__(self, data_dir, address, env=None):
-        super().__init__(data_dir, env)
+        super().__init__(data_dir, env, bind=f"{address}:0")
         self.address = address
-
-    def start(self):
-        self.lines = []
-        self.proc = subprocess.Popen(
-            fleetd_cmd("serve", "--bind", f"{self.address}:0", "--data-dir", str(self.data_dir)),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env)
-        lines = queue.Queue()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, lines), daemon=True).start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            match = re.search(r"listening on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                return self
-        self.kill()
-        raise AssertionError("fleetd serve did not start:\n" + "".join(self.lines))
 
 
 class Api:
