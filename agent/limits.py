@@ -162,6 +162,7 @@ class TaskKey:
     epoch: int
     pgid: int | None = None  # the leader's pid = its session and process group (while not reaped)
     cgroup: str | None = None  # the task's cgroup v2 path relative to the mount, when it has one
+    cgroup_dir: str | None = None  # the same cgroup's directory (absolute), to read its members
 
 
 class ProcessMapper:
@@ -214,10 +215,32 @@ class ProcessMapper:
 
 
 def task_pids(key, exclude=()):
-    """Every live process of one task: its group/session, its cgroup, its environment markers, their children."""
-    mapper = ProcessMapper([key])
+    """Every live process of one task.
+
+    Where the task has a cgroup, its members are the answer (only root can move a process out),
+    plus the leader until its shim has moved itself in: a few small reads, where the /proc scan
+    of a task without a cgroup reads up to three files of every process on the host (its
+    group/session, its environment markers, its parent chain).
+    """
     me = os.getpid()
+    if key.cgroup_dir:
+        found = set(cgroup_tree_pids(key.cgroup_dir))
+        if key.pgid:
+            found.add(key.pgid)
+        return sorted(pid for pid in found
+                      if pid != me and pid not in exclude and read_proc(pid) is not None)
+    mapper = ProcessMapper([key])
     return sorted(pid for pid in all_pids() if pid != me and pid not in exclude and mapper.owner(pid) is key)
+
+
+def cgroup_tree_pids(path):
+    """Pids in a cgroup and in the cgroups below it; [] once it is gone (it can only go when empty)."""
+    pids = []
+    for root, _dirs, _files in os.walk(path):
+        text = _read(os.path.join(root, "cgroup.procs"))
+        if text:
+            pids.extend(int(p) for p in text.split())
+    return pids
 
 
 def signal_pids(pids, sig):

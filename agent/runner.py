@@ -609,7 +609,8 @@ class Task:
         """The TaskKey that finds this task's processes (group and session while the leader is not reaped)."""
         limits = self.task_limits
         return TaskKey(self.a.task_id, self.a.epoch, None if self._reaped else self.pgid,
-                       limits.cgroup_rel if limits is not None else None)
+                       limits.cgroup_rel if limits is not None else None,
+                       limits.cgroup if limits is not None else None)
 
     def pids(self):
         """The live processes of the task: its group and session, its cgroup, its FLEET_TASK_* environment."""
@@ -1006,7 +1007,8 @@ class Task:
             return
         try:
             if self.proc is not None:
-                pids = task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel))
+                pids = task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel,
+                                         self.task_limits.cgroup))
                 with self._lock:
                     signal_pids(self._remember(pids), signal.SIGKILL)
             self.runner.limits.release(self.task_limits)

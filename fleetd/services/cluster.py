@@ -7,6 +7,7 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 
 import dataclasses
 import re
+import threading
 
 from fleetd import scheduler, windows
 from fleetd.clock import isoformat
@@ -37,6 +38,69 @@ class NodeBlock:
     next_open_at: object = None
 
 
+@dataclasses.dataclass(frozen=True)
+class JobTerms:
+    """What capacity needs of a job: fixed at submit, so read once per job and kept."""
+
+    request: scheduler.TaskRequest
+    team: str
+    priority_class: str
+    bid: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """A task that holds capacity (active, or ended here but still reported running by its node)."""
+
+    id: str
+    job_id: str
+    rank: int
+    node_id: str
+    epoch: int
+    state: str
+    gpus: list
+    job: JobTerms
+
+
+class _TermsCache:
+    """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
+    never reused, so an entry never goes stale; the oldest entries go beyond `size`."""
+
+    def __init__(self, size=50_000):
+        self.size = size
+        self._terms = {}
+        self._lock = threading.Lock()
+
+    def get_many(self, job_ids):
+        with self._lock:
+            found = {j: self._terms[j] for j in job_ids if j in self._terms}
+        missing = [j for j in job_ids if j not in found]
+        for start in range(0, len(missing), 500):  # bounded IN lists
+            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class)
+                    .where(Job.id.in_(missing[start:start + 500])).tuples())
+            for job_id, spec, team, priority_class in rows:
+                found[job_id] = JobTerms(task_request(spec), team or "", priority_class, spec.get("bid"))
+        with self._lock:
+            for job_id in missing:
+                if job_id in found:
+                    self._terms[job_id] = found[job_id]
+            for stale in list(self._terms)[:max(0, len(self._terms) - self.size)]:
+                del self._terms[stale]
+        return found
+
+
+TERMS = _TermsCache()
+
+
+def load_holds(where):
+    """Hold rows for the tasks matching `where`: one narrow query, job terms from the cache."""
+    rows = list(Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus)
+                .where(where).tuples())
+    terms = TERMS.get_many(sorted({row[1] for row in rows}))
+    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus or [], terms[job_id])
+            for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
+
+
 class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 
@@ -48,15 +112,14 @@ class ClusterState:
         self.gpus = {}
         for gpu in Gpu.select().order_by(Gpu.node, Gpu.index):
             self.gpus.setdefault(gpu.node_id, []).append(gpu)
-        self.tasks = list(Task.select(Task, Job).join(Job).where(Task.state.in_(ACTIVE_TASK_STATES)))
+        self.tasks = load_holds(Task.state.in_(ACTIVE_TASK_STATES))
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
         # their GPUs are not free until the node stops reporting them.
         reported = reported or {}
-        self.stopping = [
-            t for t in Task.select(Task, Job).join(Job).where(
-                Task.id.in_(list(reported)) & Task.state.not_in(ACTIVE_TASK_STATES))
-            if reported[t.id] == (t.node_id, t.epoch) and t.gpus
-        ]
+        self.stopping = []
+        if reported:
+            self.stopping = [t for t in load_holds(Task.id.in_(list(reported)) & Task.state.not_in(ACTIVE_TASK_STATES))
+                             if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()
         self.blocks = {n.id: self._block(n, silent) for n in self.nodes}
@@ -102,7 +165,7 @@ class ClusterState:
         """What active and still-stopping tasks hold, per GPU and per node."""
         held, node_use = {}, {}
         for task in self.tasks + self.stopping:
-            req = task_request(task.job.spec)
+            req = task.job.request
             use = node_use.setdefault(task.node_id, [0, 0])
             use[0] += req.cpu_milli
             use[1] += req.memory_bytes
@@ -148,14 +211,14 @@ class ClusterState:
         """Active tasks as the engine's RunningTask (for preemption plans)."""
         out = []
         for task in self.tasks:
-            req = task_request(task.job.spec)
+            req = task.job.request
             out.append(scheduler.RunningTask(
                 task_id=task.id, job_id=task.job_id, node_id=task.node_id,
                 gpus=tuple(scheduler.GpuAllocation(uuid=g["uuid"], memory_limit_bytes=g.get("memory_limit_bytes") or 0,
                                                    compute_milli=g.get("compute_milli", scheduler.MILLI),
                                                    exclusive=g.get("exclusive", False)) for g in task.gpus),
                 cpu_milli=req.cpu_milli, memory_bytes=req.memory_bytes,
-                priority_class=task.job.priority_class, bid=task.job.spec.get("bid")))
+                priority_class=task.job.priority_class, bid=task.job.bid))
         return out
 
     def queued_demand(self):

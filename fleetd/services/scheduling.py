@@ -9,6 +9,7 @@ from fleetd import scheduler
 from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
 from fleetd.services.cluster import ClusterState
+from fleetd.services.events import batched
 from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_job_state, switch_task_state, task_request
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,14 @@ def _run_pass(rt):
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
         # The shapes that arrive (queued and running work): what fragmentation is measured against.
-        running = {t.job_id: t.job.spec for t in state.tasks}
+        running = {t.job_id: t.job.request for t in state.tasks}
         profile = scheduler.profile_from_requests(
-            [task_request(spec) for spec in list(running.values()) + [j.spec for j in queued]])
+            list(running.values()) + [task_request(j.spec) for j in queued])
         engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None,
                                            profile=profile)
         rules = Rules.load(state)
         by_fleet = rt.settings.policy_by_fleet
+        placed = []
         for job in queued:
             fleet = (job.spec.get("node_selector") or {}).get("fleet")
             engine.use_policy(by_fleet.get(fleet) or rt.settings.scheduler_policy or None, profile)
@@ -78,27 +80,39 @@ def _run_pass(rt):
                     job.pending_reason = blocked
                     job.save()
                 continue
-            rt.nominations.pop(job.id, None)
-            tasks = {t.rank: t for t in Task.select().where(Task.job == job.id)}
-            for rank in result.ranks:
-                task = tasks[rank.rank]
-                task.node = rank.node_id
-                task.gpus = [_allocation(g) for g in rank.gpus]
-                task.epoch += 1
-                task.assigned_at = now
-                task.delivered_at = None
-                switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
-                rt.leases.renew(task.id, task.epoch)
-                woken.add(rank.node_id)
             rules.charge(job, request)
-            if rt.instruments is not None and job.attempt == 1:
-                rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
-            job.pending_reason = ""
-            switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
-            assigned += 1
+            placed.append((job, result))
+        with batched():
+            tasks = _tasks_of([job.id for job, _ in placed])
+            for job, result in placed:
+                rt.nominations.pop(job.id, None)
+                for rank in result.ranks:
+                    task = tasks[(job.id, rank.rank)]
+                    task.node = rank.node_id
+                    task.gpus = [_allocation(g) for g in rank.gpus]
+                    task.epoch += 1
+                    task.assigned_at = now
+                    task.delivered_at = None
+                    switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+                    rt.leases.renew(task.id, task.epoch)
+                    woken.add(rank.node_id)
+                if rt.instruments is not None and job.attempt == 1:
+                    rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
+                job.pending_reason = ""
+                switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
+                assigned += 1
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
     return {"assigned": assigned, "pending": pending}
+
+
+def _tasks_of(job_ids, chunk=500):
+    """{(job id, rank): Task} of these jobs, in a few queries."""
+    out = {}
+    for start in range(0, len(job_ids), chunk):
+        for task in Task.select().where(Task.job.in_(job_ids[start:start + chunk])):
+            out[(task.job_id, task.rank)] = task
+    return out
 
 
 def gpus_of(request):
@@ -124,12 +138,11 @@ class Rules:
         usage = {}
         seen = set()
         for task in state.tasks:
-            job = task.job
-            if job.id in seen:
+            if task.job_id in seen:
                 continue
-            seen.add(job.id)
-            key = (job.team or "", job.priority_class)
-            usage[key] = usage.get(key, 0) + gpus_of(task_request(job.spec))
+            seen.add(task.job_id)
+            key = (task.job.team, task.job.priority_class)
+            usage[key] = usage.get(key, 0) + gpus_of(task.job.request)
         models = {g.model for gpus in state.gpus.values() for g in gpus}
         return cls(quotas, prices, usage, models)
 
