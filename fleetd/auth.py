@@ -13,6 +13,7 @@ from flask import g
 
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
 from fleetd.models import ApiToken, JoinToken, Node, NodeStatus, Role, new_id
+from fleetd.sql import Statement
 
 API_PREFIX = "fla_"
 JOIN_PREFIX = "flj_"
@@ -68,6 +69,9 @@ class Principal:
         return f"join-token:{self.id}"
 
 
+_NODE_BY_SESSION = Statement(lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1))
+
+
 def resolve_token(token, now, allow_revoked_node=False):
     """Return the Principal for a bearer token, or raise Unauthorized."""
     match = _TOKEN_RE.match(token or "")
@@ -75,18 +79,18 @@ def resolve_token(token, now, allow_revoked_node=False):
         raise Unauthorized("malformed or unknown token")
     prefix, token_id, _ = match.groups()
     if prefix == API_PREFIX:
-        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        row = ApiToken.get_or_none_by_id(token_id)
         if row is None or not _matches(token, row.token_hash):
             raise Unauthorized("malformed or unknown token")
         return api_token_principal(row, now)
     if prefix == NODE_PREFIX:
-        node = Node.get_or_none(Node.session_id == token_id)
+        node = _NODE_BY_SESSION.first(session_id=token_id)
         if node is None or not _matches(token, node.session_hash):
             raise Unauthorized("malformed or unknown token")
         if node.status == NodeStatus.REVOKED.value and not allow_revoked_node:
             raise Unauthorized("node revoked")
         return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id, node=node)
-    row = JoinToken.get_or_none(JoinToken.id == token_id)
+    row = JoinToken.get_or_none_by_id(token_id)
     if row is None or not _matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")
     if row.revoked:
@@ -109,7 +113,7 @@ def api_token_principal(row, now):
 
 def resolve_api_token_id(token_id, now):
     """The Principal of the API token with this id (already authenticated once, e.g. a UI session)."""
-    row = ApiToken.get_or_none(ApiToken.id == token_id)
+    row = ApiToken.get_or_none_by_id(token_id)
     if row is None:
         raise Unauthorized("unknown token")
     return api_token_principal(row, now)

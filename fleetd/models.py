@@ -7,6 +7,7 @@ import time
 
 import peewee
 
+from fleetd import sql
 from fleetd.db import database
 
 
@@ -93,9 +94,41 @@ class TaskState(str, enum.Enum):
 
 
 class BaseModel(peewee.Model):
+    """Saves and reads by primary key run statements compiled once (fleetd.sql), not recompiled
+    by peewee on each call; anything else is plain peewee."""
+
     class Meta:
         database = database
         legacy_table_names = False
+
+    def save(self, force_insert=False, only=None):
+        meta = self._meta
+        pk_value = self._pk
+        if only is None and pk_value is not None and not meta.composite_key and meta.primary_key is not False:
+            field_dict = self.__data__.copy()
+            if not any(isinstance(v, peewee.Model) for v in field_dict.values()):  # unsaved relations: peewee
+                if force_insert:
+                    sql.insert_row(type(self), field_dict)
+                    self._dirty.clear()
+                    return 1
+                field_dict.pop(meta.primary_key.name, None)
+                if field_dict:
+                    rows = sql.save_by_pk(self, field_dict)
+                    self._dirty -= set(field_dict)
+                    return rows
+        return super().save(force_insert=force_insert, only=only)
+
+    @classmethod
+    def get_by_id(cls, pk):
+        row = cls.get_or_none_by_id(pk)
+        if row is None:
+            raise cls.DoesNotExist(f"{cls.__name__} {pk!r} does not exist")
+        return row
+
+    @classmethod
+    def get_or_none_by_id(cls, pk):
+        """The row with this primary key, or None."""
+        return sql.by_pk(cls).first(pk=pk)
 
 
 class ApiToken(BaseModel):

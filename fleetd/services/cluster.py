@@ -13,6 +13,7 @@ from fleetd import scheduler, windows
 from fleetd.clock import isoformat
 from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
+from fleetd.sql import Statement
 
 BLOCK_TEXT = {
     "pending": "node enrolled, waiting for its first heartbeat",
@@ -92,10 +93,20 @@ class _TermsCache:
 TERMS = _TermsCache()
 
 
-def load_holds(where):
-    """Hold rows for the tasks matching `where`: one narrow query, job terms from the cache."""
-    rows = list(Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus)
-                .where(where).tuples())
+def _hold_columns():
+    return Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus)
+
+
+_ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
+_FLEETS = Statement(lambda v: Fleet.select())
+_NODES = Statement(lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
+_GPUS = Statement(lambda v: Gpu.select().order_by(Gpu.node, Gpu.index))
+
+
+def load_holds(where=None):
+    """Hold rows for the tasks matching `where` (default: the active ones): one narrow query,
+    job terms from the cache."""
+    rows = _ACTIVE_HOLDS.tuples() if where is None else list(_hold_columns().where(where).tuples())
     terms = TERMS.get_many(sorted({row[1] for row in rows}))
     return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus or [], terms[job_id])
             for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
@@ -107,12 +118,12 @@ class ClusterState:
     def __init__(self, now, silent=lambda node_id: False, reported=None):
         """`reported`: {task id: (node id, epoch)} that nodes last said are still running."""
         self.now = now
-        self.fleets = {f.name: f for f in Fleet.select()}
-        self.nodes = list(Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
+        self.fleets = {f.name: f for f in _FLEETS.rows()}
+        self.nodes = _NODES.rows()
         self.gpus = {}
-        for gpu in Gpu.select().order_by(Gpu.node, Gpu.index):
+        for gpu in _GPUS.rows():
             self.gpus.setdefault(gpu.node_id, []).append(gpu)
-        self.tasks = load_holds(Task.state.in_(ACTIVE_TASK_STATES))
+        self.tasks = load_holds()
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
         # their GPUs are not free until the node stops reporting them.
         reported = reported or {}

@@ -5,9 +5,12 @@ import contextvars
 
 from fleetd.models import Event
 from fleetd.services.pagination import paginate
+from fleetd.sql import Statement
 
 _batch = contextvars.ContextVar("fleetd_event_batch", default=None)
-BATCH_ROWS = 200  # rows per INSERT (7 columns each: well under SQLite's bound variables)
+BATCH_ROWS = 200
+_INSERT = Statement(lambda v: Event.insert({Event._meta.fields[name]: v(name, Event._meta.fields[name]) for name in (
+    "at", "kind", "subject_type", "subject_id", "from_status", "to_status", "reason")}))  # rows per INSERT (7 columns each: well under SQLite's bound variables)
 
 
 def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None):
@@ -19,7 +22,7 @@ def record_event(now, kind, subject_type, subject_id, reason, from_status=None, 
     if rows is not None:
         rows.append(row)
     else:
-        Event.insert(row).execute()
+        _INSERT.execute(**row)
 
 
 @contextlib.contextmanager

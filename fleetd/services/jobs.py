@@ -6,6 +6,7 @@ from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Artifact, Event, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
+from fleetd.sql import Statement
 
 J = JobState
 T = TaskState
@@ -98,7 +99,8 @@ def submit_job(now, principal, spec):
     job_id = new_id()
     with write_transaction():
         wanted = {a["sha256"] for a in spec.get("artifacts") or []}
-        known = {a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(list(wanted)))}
+        known = {a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(list(wanted)))} \
+            if wanted else set()
         if wanted - known:
             missing = sorted(wanted - known)
             raise InvalidRequest(f"unknown artifact(s): {', '.join(missing)}; upload them first",
@@ -119,9 +121,13 @@ def submit_job(now, principal, spec):
         )
         job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=T.PENDING.value, gpus=[])
                          for rank in range(job.num_nodes)]
-        Task.bulk_create(job.task_list)
+        for task in job.task_list:
+            task.save(force_insert=True)
         record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value)
     return job
+
+
+TASKS_OF_JOB = Statement(lambda v: Task.select().where(Task.job == v("job_id")).order_by(Task.rank))
 
 
 def _visible(query, principal):
@@ -152,7 +158,10 @@ def attach_tasks(jobs):
 
 def find_visible_job(principal, job_id):
     """The job if this principal may see it, else None."""
-    return _visible(Job.select(), principal).where(Job.id == job_id).first()
+    job = Job.get_or_none_by_id(job_id)
+    if job is None or (principal.role != "admin" and job.owner_token_id != principal.id):
+        return None
+    return job
 
 
 def get_job(principal, job_id):
@@ -160,7 +169,7 @@ def get_job(principal, job_id):
     job = find_visible_job(principal, job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
-    attach_tasks([job])
+    job.task_list = TASKS_OF_JOB.rows(job_id=job.id)
     return job
 
 
@@ -245,7 +254,7 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False):
     job = Job.get_by_id(task.job_id)
     if J(job.state).is_terminal():
         return job
-    tasks = list(Task.select().where(Task.job == job.id).order_by(Task.rank))
+    tasks = TASKS_OF_JOB.rows(job_id=job.id)
     if outcome is T.SUCCEEDED:
         if all(t.state == T.SUCCEEDED.value for t in tasks):
             job.outcome, job.outcome_reason = J.SUCCEEDED.value, "every rank succeeded"

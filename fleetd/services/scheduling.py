@@ -10,7 +10,9 @@ from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
 from fleetd.services.cluster import ClusterState
 from fleetd.services.events import batched
-from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_job_state, switch_task_state, task_request
+from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
+                                  task_request)
+from fleetd.sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ def _run_pass(rt):
     woken = set()
     assigned = pending = 0
     with write_transaction():
-        queued = list(Job.select().where(Job.state == JobState.QUEUED.value))
+        queued = _QUEUED.rows()
         if not queued:
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
@@ -106,13 +108,14 @@ def _run_pass(rt):
     return {"assigned": assigned, "pending": pending}
 
 
-def _tasks_of(job_ids, chunk=500):
-    """{(job id, rank): Task} of these jobs, in a few queries."""
-    out = {}
-    for start in range(0, len(job_ids), chunk):
-        for task in Task.select().where(Task.job.in_(job_ids[start:start + chunk])):
-            out[(task.job_id, task.rank)] = task
-    return out
+def _tasks_of(job_ids):
+    """{(job id, rank): Task} of these jobs."""
+    return {(task.job_id, task.rank): task for job_id in job_ids for task in TASKS_OF_JOB.rows(job_id=job_id)}
+
+
+_QUEUED = Statement(lambda v: Job.select().where(Job.state == JobState.QUEUED.value))
+_QUOTAS = Statement(lambda v: Quota.select())
+_GPU_TYPES = Statement(lambda v: GpuType.select())
 
 
 def gpus_of(request):
@@ -133,8 +136,8 @@ class Rules:
 
     @classmethod
     def load(cls, state):
-        quotas = {(q.team, q.priority_class): q.max_gpus for q in Quota.select()}
-        prices = {t.model: t for t in GpuType.select()}
+        quotas = {(q.team, q.priority_class): q.max_gpus for q in _QUOTAS.rows()}
+        prices = {t.model: t for t in _GPU_TYPES.rows()}
         usage = {}
         seen = set()
         for task in state.tasks:

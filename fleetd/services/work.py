@@ -4,6 +4,7 @@ from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, NotFound, Timeout
 from fleetd.models import Job, LogLine, Task, TaskState
 from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_task_state
+from fleetd.sql import Statement
 
 T = TaskState
 
@@ -17,21 +18,26 @@ def _released(fn):
             database.close()
 
 
+_NEXT_ASSIGNED = Statement(lambda v: (
+    Task.select().where((Task.node == v("node_id")) & (Task.state == T.ASSIGNED.value) & Task.delivered_at.is_null())
+    .order_by(Task.assigned_at, Task.id).limit(1)))
+_DELIVER = Statement(lambda v: (
+    Task.update(delivered_at=v("now", Task.delivered_at))
+    .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()
+           & (Task.state == T.ASSIGNED.value))))
+
+
 def acquire(rt, node_id, wait_seconds):
     """The next assignment for this node, waiting up to `wait_seconds` for one (None if none came)."""
 
     def take():
         # Read first: most checks find nothing, and a read takes no write lock.
         for _ in range(3):  # another acquire of the same node may win the race for a task
-            task = (Task.select().where((Task.node == node_id) & (Task.state == T.ASSIGNED.value)
-                                        & Task.delivered_at.is_null()).order_by(Task.assigned_at, Task.id).first())
+            task = _NEXT_ASSIGNED.first(node_id=node_id)
             if task is None:
                 return None
             with write_transaction():
-                taken = (Task.update(delivered_at=rt.clock.now())
-                         .where((Task.id == task.id) & (Task.epoch == task.epoch) & Task.delivered_at.is_null()
-                                & (Task.state == T.ASSIGNED.value))
-                         .execute())
+                taken = _DELIVER.execute(now=rt.clock.now(), id=task.id, epoch=task.epoch)
             if taken:
                 rt.leases.renew(task.id, task.epoch)
                 return assignment(task, Job.get_by_id(task.job_id))
@@ -72,7 +78,7 @@ def assignment(task, job):
 
 def _leased_task(node_id, task_id, epoch):
     """The task if this node holds its lease at this epoch; 409 (fencing) otherwise."""
-    task = Task.get_or_none(Task.id == task_id)
+    task = Task.get_or_none_by_id(task_id)
     if task is None:
         raise NotFound(f"task {task_id} not found")
     if task.node_id != node_id or task.epoch != epoch or task.state == T.PENDING.value:
@@ -111,14 +117,14 @@ def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
 
 def wait_rendezvous(rt, node_id, task_id, wait_seconds):
     """Rank 0's address and port for this task's job; Timeout if not published in time."""
-    task = Task.get_or_none(Task.id == task_id)
+    task = Task.get_or_none_by_id(task_id)
     if task is None or task.node_id != node_id:
         raise NotFound(f"task {task_id} not found on this node")
     job_id, epoch = task.job_id, task.epoch
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
 
     def published():
-        current = Task.get_or_none(Task.id == task_id)
+        current = Task.get_or_none_by_id(task_id)
         if current is None or current.epoch != epoch or not T(current.state).is_active():
             raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
         rank0 = Task.get_or_none((Task.job == job_id) & (Task.rank == 0))
