@@ -57,7 +57,13 @@ class Statement:
 
         query = self._build(value)
         sql, params = query.sql()
-        compiled = (getattr(query, "model", None), sql, tuple(params))
+        model = getattr(query, "model", None)
+        columns = None
+        if isinstance(query, peewee.Select) and model is not None:
+            returning = query._returning
+            if all(isinstance(f, peewee.Field) and f.model is model for f in returning):
+                columns = tuple((f.name, f.python_value) for f in returning)
+        compiled = (model, sql, tuple(params), columns)
         self._compiled[key] = compiled
         return compiled
 
@@ -74,22 +80,33 @@ class Statement:
 
     def rows(self, **values):
         """Model instances of a SELECT."""
-        model, sql, params = self._get()
-        return list(model.raw(sql, *self._bind(params, values)))
+        model, sql, params, columns = self._get()
+        if columns is None:  # columns of other models: peewee maps them
+            return list(model.raw(sql, *self._bind(params, values)))
+        out = []
+        for row in database.execute_sql(sql, self._bind(params, values)).fetchall():
+            # What peewee's cursor wrapper does, without matching column names on every query.
+            instance = model.__new__(model)
+            instance.__data__ = {name: None if value is None else convert(value)
+                                 for (name, convert), value in zip(columns, row)}
+            instance._dirty = set()
+            instance.__rel__ = {}
+            out.append(instance)
+        return out
 
     def first(self, **values):
         """The first model instance of a SELECT, or None."""
         rows = self.rows(**values)
         return rows[0] if rows else None
 
-    def tuples(self, **values):
-        """Rows of a SELECT as tuples, values converted by the selected fields."""
-        model, sql, params = self._get()
-        return list(model.raw(sql, *self._bind(params, values)).tuples())
+    def raw_tuples(self, **values):
+        """Rows of a SELECT as the driver returns them, no field conversion (the caller converts)."""
+        _model, sql, params, _columns = self._get()
+        return database.execute_sql(sql, self._bind(params, values)).fetchall()
 
     def execute(self, **values):
         """Run an INSERT, UPDATE or DELETE; returns the rows it changed."""
-        _model, sql, params = self._get()
+        _model, sql, params, _columns = self._get()
         return database.execute_sql(sql, self._bind(params, values)).rowcount
 
 

@@ -52,7 +52,7 @@ class GcSchema(Schema):
 @blp.route("/gc")
 class GarbageCollection(MethodView):
     @require(ADMIN)
-    @blp.arguments(GcSchema)
+    @blp.arguments(GcSchema())
     @blp.response(200, GcResultSchema)
     def post(self, body):
         """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced artifacts."""

@@ -27,7 +27,7 @@ PROTOCOL_VERSION = "1"
 @blp.route("/register")
 class AgentRegister(MethodView):
     @require(JOIN)
-    @blp.arguments(RegisterSchema)
+    @blp.arguments(RegisterSchema())
     @blp.response(201, RegisteredSchema)
     def post(self, body):
         """Enrol a host with a join token; returns its node id and session token."""
@@ -44,7 +44,7 @@ class AgentRegister(MethodView):
 @blp.route("/heartbeat")
 class AgentHeartbeat(MethodView):
     @require(NODE)
-    @blp.arguments(HeartbeatSchema)
+    @blp.arguments(HeartbeatSchema())
     @blp.response(200, HeartbeatReplySchema)
     def post(self, body):
         """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
@@ -67,7 +67,7 @@ class AgentDeregister(MethodView):
 @blp.route("/acquire")
 class AgentAcquire(MethodView):
     @require(NODE)
-    @blp.arguments(AcquireSchema)
+    @blp.arguments(AcquireSchema())
     @blp.response(200, AcquireReplySchema)
     def post(self, body):
         """Long-poll for work: answers as soon as an assignment exists, or after wait_seconds with null."""
@@ -78,7 +78,7 @@ class AgentAcquire(MethodView):
 @blp.route("/tasks/<string:task_id>/start")
 class AgentTaskStart(MethodView):
     @require(NODE)
-    @blp.arguments(TaskStartSchema)
+    @blp.arguments(TaskStartSchema())
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process started; a stale epoch gets 409."""
@@ -88,7 +88,7 @@ class AgentTaskStart(MethodView):
 @blp.route("/tasks/<string:task_id>/rendezvous")
 class AgentTaskRendezvous(MethodView):
     @require(NODE)
-    @blp.arguments(RendezvousPublishSchema)
+    @blp.arguments(RendezvousPublishSchema())
     @blp.response(204)
     def post(self, body, task_id):
         """Rank 0 publishes the address and port the other ranks connect to."""
@@ -96,7 +96,7 @@ class AgentTaskRendezvous(MethodView):
                                 body["addr"], body["port"])
 
     @require(NODE)
-    @blp.arguments(RendezvousQuerySchema, location="query")
+    @blp.arguments(RendezvousQuerySchema(), location="query")
     @blp.response(200, RendezvousSchema)
     def get(self, query, task_id):
         """Rank 0's address and port; 504 if it is not published within wait_seconds."""
@@ -106,7 +106,7 @@ class AgentTaskRendezvous(MethodView):
 @blp.route("/tasks/<string:task_id>/logs")
 class AgentTaskLogs(MethodView):
     @require(NODE)
-    @blp.arguments(LogBatchSchema)
+    @blp.arguments(LogBatchSchema())
     @blp.response(204)
     def post(self, body, task_id):
         """A batch of output lines; 413 over the request size limit."""
@@ -116,7 +116,7 @@ class AgentTaskLogs(MethodView):
 @blp.route("/tasks/<string:task_id>/finish")
 class AgentTaskFinish(MethodView):
     @require(NODE)
-    @blp.arguments(TaskFinishSchema)
+    @blp.arguments(TaskFinishSchema())
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process ended with this outcome."""

@@ -51,7 +51,7 @@ class ClusterAllocation(MethodView):
 @blp.route("/cluster/simulate-schedule")
 class SimulateSchedule(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(JobSpecSchema)
+    @blp.arguments(JobSpecSchema())
     @blp.response(200, SimulationSchema)
     def post(self, spec):
         """Where this JobSpec would be placed now, or per node why not; reserves nothing."""
@@ -71,7 +71,7 @@ class GpuTypes(MethodView):
 @blp.route("/gpu-types/<path:model>")
 class GpuTypeByModel(MethodView):
     @require(ADMIN)
-    @blp.arguments(GpuTypeUpdateSchema)
+    @blp.arguments(GpuTypeUpdateSchema())
     @blp.response(200, GpuTypeSchema)
     def put(self, body, model):
         """Set the price per hour and the spot minimum bid of a GPU model."""
@@ -97,7 +97,7 @@ class Quotas(MethodView):
 @blp.route("/quotas/<string:team>")
 class QuotaByTeam(MethodView):
     @require(ADMIN)
-    @blp.arguments(QuotaUpdateSchema)
+    @blp.arguments(QuotaUpdateSchema())
     @blp.response(200, QuotaSchema)
     def put(self, body, team):
         """Set the most GPUs a team's running jobs may hold (per priority class, or "any")."""
@@ -106,7 +106,7 @@ class QuotaByTeam(MethodView):
         return quota
 
     @require(ADMIN)
-    @blp.arguments(QuotaDeleteQuerySchema, location="query")
+    @blp.arguments(QuotaDeleteQuerySchema(), location="query")
     @blp.response(204)
     def delete(self, query, team):
         """Remove a team's quota (one class with ?priority_class=, else all)."""

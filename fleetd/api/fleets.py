@@ -23,7 +23,7 @@ blp = Blueprint("fleets", __name__, url_prefix="/api/v1", description="Fleets an
 @blp.route("/fleets")
 class Fleets(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(PageQuerySchema, location="query")
+    @blp.arguments(PageQuerySchema(), location="query")
     @blp.response(200, FleetPageSchema)
     def get(self, query):
         """List fleets with their node and GPU counts."""
@@ -31,7 +31,7 @@ class Fleets(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
-    @blp.arguments(FleetCreateSchema)
+    @blp.arguments(FleetCreateSchema())
     @blp.response(201, FleetSchema)
     def post(self, body):
         """Create a fleet; 409 if the name exists."""
@@ -47,7 +47,7 @@ class FleetByName(MethodView):
         return fleets.get_fleet(name)
 
     @require(ADMIN)
-    @blp.arguments(FleetUpdateSchema)
+    @blp.arguments(FleetUpdateSchema())
     @blp.response(200, FleetSchema)
     def patch(self, body, name):
         """Change a fleet's description, labels or availability windows."""
@@ -65,7 +65,7 @@ class FleetByName(MethodView):
 @blp.route("/fleets/<string:name>/join-tokens")
 class FleetJoinTokens(MethodView):
     @require(ADMIN)
-    @blp.arguments(PageQuerySchema, location="query")
+    @blp.arguments(PageQuerySchema(), location="query")
     @blp.response(200, JoinTokenPageSchema)
     def get(self, query, name):
         """List a fleet's join tokens; secrets are never shown."""
@@ -73,7 +73,7 @@ class FleetJoinTokens(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
-    @blp.arguments(JoinTokenCreateSchema)
+    @blp.arguments(JoinTokenCreateSchema())
     @blp.response(201, JoinTokenCreatedSchema)
     def post(self, body, name):
         """Mint a join token; the secret and the join command are in this response only."""

@@ -30,7 +30,7 @@ blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and ar
 @blp.route("/jobs")
 class Jobs(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(JobQuerySchema, location="query")
+    @blp.arguments(JobQuerySchema(), location="query")
     @blp.response(200, JobPageSchema)
     def get(self, query):
         """List jobs (a submitter sees its own), oldest first."""
@@ -39,7 +39,7 @@ class Jobs(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(JobSpecSchema)
+    @blp.arguments(JobSpecSchema())
     @blp.response(201, JobStatusSchema)
     def post(self, spec):
         """Submit a JobSpec; it is queued and placed as soon as it fits."""
@@ -55,7 +55,7 @@ class Jobs(MethodView):
 @blp.route("/jobs/<string:job_id>")
 class JobById(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(JobWaitSchema, location="query")
+    @blp.arguments(JobWaitSchema(), location="query")
     @blp.response(200, JobStatusSchema)
     def get(self, query, job_id):
         """A job; with wait_seconds the answer comes as soon as the job is terminal."""
@@ -99,7 +99,7 @@ class JobResult(MethodView):
 @blp.route("/jobs/<string:job_id>/logs")
 class JobLogs(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(LogQuerySchema, location="query")
+    @blp.arguments(LogQuerySchema(), location="query")
     @blp.response(200, LogPageSchema)
     def get(self, query, job_id):
         """Log lines in order; pass the last `seq` as `after` to follow."""
@@ -110,7 +110,7 @@ class JobLogs(MethodView):
 @blp.route("/jobs/<string:job_id>/events")
 class JobEvents(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(EventQuerySchema, location="query")
+    @blp.arguments(EventQuerySchema(), location="query")
     @blp.response(200, EventPageSchema)
     def get(self, query, job_id):
         """A job's events and its tasks' events, oldest first."""

@@ -36,7 +36,7 @@ class PrometheusMetrics(MethodView):
 @blp.route("/api/v1/metrics/history")
 class MetricsHistory(MethodView):
     @require(ADMIN, SUBMITTER, METRICS)
-    @blp.arguments(HistoryQuerySchema, location="query")
+    @blp.arguments(HistoryQuerySchema(), location="query")
     @blp.response(200, HistorySchema)
     def get(self, query):
         """Cluster and per-GPU samples of the last `minutes` (at most 24 h)."""

@@ -27,7 +27,7 @@ def _kick_scheduler():
 @blp.route("")
 class Nodes(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(NodeQuerySchema, location="query")
+    @blp.arguments(NodeQuerySchema(), location="query")
     @blp.response(200, NodePageSchema)
     def get(self, query):
         """List nodes, optionally of one fleet or status."""
@@ -74,7 +74,7 @@ class NodeUncordon(MethodView):
 @blp.route("/<string:node_id>/drain")
 class NodeDrain(MethodView):
     @require(ADMIN)
-    @blp.arguments(NodeDrainSchema)
+    @blp.arguments(NodeDrainSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Drain a node: no new work; running tasks may finish until the deadline."""
@@ -104,7 +104,7 @@ class NodeRevoke(MethodView):
 @blp.route("/<string:node_id>/events")
 class NodeEvents(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(EventQuerySchema, location="query")
+    @blp.arguments(EventQuerySchema(), location="query")
     @blp.response(200, EventPageSchema)
     def get(self, query, node_id):
         """A node's events, oldest first; `after` is an event id."""

@@ -15,7 +15,7 @@ blp = Blueprint("tokens", __name__, url_prefix="/api/v1/tokens", description="AP
 @blp.route("")
 class Tokens(MethodView):
     @require(ADMIN)
-    @blp.arguments(PageQuerySchema, location="query")
+    @blp.arguments(PageQuerySchema(), location="query")
     @blp.response(200, TokenPageSchema)
     def get(self, query):
         """List API tokens; secrets are never shown."""
@@ -23,7 +23,7 @@ class Tokens(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
-    @blp.arguments(TokenCreateSchema)
+    @blp.arguments(TokenCreateSchema())
     @blp.response(201, TokenCreatedSchema)
     def post(self, body):
         """Create an API token; the secret is in this response only."""

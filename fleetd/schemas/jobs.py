@@ -54,6 +54,10 @@ class ArtifactRefSchema(Schema):
     path = Text(required=True, min_length=1, max_length=1024, validate=[_relative_path])
 
 
+_RESOURCES = ResourcesSchema()  # instances made once: making a schema costs more than loading one
+_NODE_SELECTOR = NodeSelectorSchema()
+
+
 class JobSpecSchema(Schema):
     name = Text(required=True, min_length=1, max_length=200)
     command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
@@ -61,14 +65,14 @@ class JobSpecSchema(Schema):
                       validate=validate.Length(max=256), load_default=dict)
     workdir = Text(max_length=1024, load_default=None, allow_none=True, validate=[_relative_path])
     num_nodes = Int(minimum=1, maximum=1024, load_default=1)
-    resources = fields.Nested(ResourcesSchema, load_default=lambda: ResourcesSchema().load({}))
+    resources = fields.Nested(ResourcesSchema, load_default=lambda: _RESOURCES.load({}))
     isolation = fields.String(validate=validate.OneOf(["exclusive", "shared", "mps"]), load_default=None,
                               allow_none=True)
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
     team = Text(max_length=200, load_default=None, allow_none=True)
     labels = Labels(load_default=dict)
-    node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: NodeSelectorSchema().load({}))
+    node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: _NODE_SELECTOR.load({}))
     max_runtime_seconds = Int(minimum=1, maximum=365 * 86400, load_default=None, allow_none=True)
     retry = fields.Nested(RetrySchema, load_default=None, allow_none=True)
     artifacts = fields.List(fields.Nested(ArtifactRefSchema), validate=validate.Length(max=100), load_default=list)

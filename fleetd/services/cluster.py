@@ -6,11 +6,14 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 """
 
 import dataclasses
+import json
 import re
 import threading
+import typing
 
 from fleetd import scheduler, windows
 from fleetd.clock import isoformat
+from fleetd.db import database
 from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
 from fleetd.sql import Statement
@@ -49,9 +52,12 @@ class JobTerms:
     bid: float | None
 
 
-@dataclasses.dataclass(frozen=True)
-class Hold:
-    """A task that holds capacity (active, or ended here but still reported running by its node)."""
+class Hold(typing.NamedTuple):
+    """A task that holds capacity (active, or ended here but still reported running by its node).
+
+    A tuple, not a model: a scheduling pass reads every active task, and with a deep backlog
+    that is thousands of rows per pass.
+    """
 
     id: str
     job_id: str
@@ -106,9 +112,14 @@ _GPUS = Statement(lambda v: Gpu.select().order_by(Gpu.node, Gpu.index))
 def load_holds(where=None):
     """Hold rows for the tasks matching `where` (default: the active ones): one narrow query,
     job terms from the cache."""
-    rows = _ACTIVE_HOLDS.tuples() if where is None else list(_hold_columns().where(where).tuples())
-    terms = TERMS.get_many(sorted({row[1] for row in rows}))
-    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus or [], terms[job_id])
+    if where is None:
+        rows = _ACTIVE_HOLDS.raw_tuples()
+    else:
+        rows = database.execute_sql(*_hold_columns().where(where).sql()).fetchall()
+    terms = TERMS.get_many(list({row[1] for row in rows}))
+    loads = json.loads
+    return [Hold(task_id, job_id, rank, node_id, epoch, state, loads(gpus) if gpus and gpus != "[]" else [],
+                 terms[job_id])
             for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
 
 

@@ -218,6 +218,7 @@ class SchedulerLoop:
     """
 
     COALESCE_SECONDS = 0.005
+    MAX_PAUSE_SECONDS = 0.1
 
     def __init__(self, app, rt):
         self.app = app
@@ -246,15 +247,20 @@ class SchedulerLoop:
             self._thread = None
 
     def _run(self):
+        pause = self.COALESCE_SECONDS
         while not self._stop.is_set():
             self._kicked.wait()
             # Let a burst of submits and task ends land first: one pass then places them all.
-            self._stop.wait(self.COALESCE_SECONDS)
+            # The pause is at least as long as the last pass took, so that passes (which read
+            # every active task) take at most about half of fleetd's time however deep the backlog.
+            self._stop.wait(pause)
             self._kicked.clear()
             if self._stop.is_set():
                 return
+            started = time.perf_counter()
             try:
                 with self.app.app_context(), database.connection_context():
                     run_pass(self.rt)
             except Exception:  # a failed pass is logged; the next kick or interval retries
                 log.exception("scheduling pass failed")
+            pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
