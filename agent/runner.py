@@ -589,6 +589,7 @@ class Task:
         self.shipper = None
         self._readers = []
         self.started_monotonic = None
+        self._start_with_finish = False  # the process ended before its start was reported
         self.task_limits = None  # what agent.limits set up (env, cgroup), once prepared
         self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
                              rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
@@ -716,7 +717,7 @@ class Task:
                 log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
             self._finish_logs()
             keep_dir = not report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
-                                         lost=lost)
+                                         lost=lost, pid=self.proc.pid if self._start_with_finish else None)
         except Fenced as exc:
             if self._keep_state:
                 log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
@@ -907,13 +908,16 @@ class Task:
         runtime_deadline = None
         if self.a.max_runtime_seconds is not None:
             runtime_deadline = self.started_monotonic + self.a.max_runtime_seconds
-        # A process that ends at once still reports its start (once), before its finish.
         for _ in range(1_000_000_000):
             exited = self._exited.is_set()
             if self._fenced:
                 raise Fenced(self._fenced)
             now = time.monotonic()
-            if not start_reported and (now >= next_report or exited):
+            if not start_reported and exited:
+                # Ended before its start was reported: the finish report carries the start (one
+                # call instead of two, which for short tasks is most of what fleetd hears).
+                self._start_with_finish = start_reported = True
+            if not start_reported and now >= next_report:
                 start_reported, attempts = self._report_start(client, attempts)
                 next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
             if exited:
@@ -1037,18 +1041,19 @@ class Task:
         write_state(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
 
 
-def report_finish(client, runner, task_id, epoch, result, label, lost=False):
+def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None):
     """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
 
     False when given up (the agent stops, or the retry time is over): the state file stays, and
     the next start reports the task. `lost` adds `lost: true` (the agent, not the task, ended it);
-    a fleetd that does not know the field (400) gets the report without it.
+    `pid` reports the start with the finish (the process ended before its start was reported).
+    A fleetd that does not know these fields (400) gets a start report, then the finish without them.
     """
     outcome, exit_code, reason = result
     deadline = time.monotonic() + runner.report_retry_seconds
     for attempt in range(1, 1_000_000):
         try:
-            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost)
+            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
             return True
@@ -1064,6 +1069,16 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False):
         except FleetdError as exc:
             if _is_fencing(exc):
                 raise Fenced(str(exc)) from None
+            if pid is not None and exc.status == 400:
+                log.info("task %s: fleetd does not take the start in a finish report (%s); reporting it first",
+                         label, exc)
+                try:
+                    client.task_start(task_id, epoch, pid)
+                except FleetdError as start_exc:
+                    if _is_fencing(start_exc):
+                        raise Fenced(str(start_exc)) from None
+                pid = None
+                continue
             if lost and exc.status == 400:
                 log.info("task %s: fleetd does not take 'lost' in a finish report (%s); reporting without it",
                          label, exc)

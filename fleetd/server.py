@@ -12,7 +12,7 @@ from apscheduler.schedulers.gevent import GeventScheduler
 from gevent.pywsgi import LoggingLogAdapter, WSGIHandler, WSGIServer
 
 from fleetd import create_app
-from fleetd.db import open_database, upgrade
+from fleetd.db import offload_commits, open_database, upgrade
 
 log = logging.getLogger("fleetd")
 
@@ -77,6 +77,7 @@ def serve(settings, ready_callback=None):
         log.info("applied migrations: %s", ", ".join(applied))
     app = create_app(settings, db=db)
     rt = app.extensions["fleetd"]
+    offload_commits(gevent.get_hub().threadpool.apply)  # fsync waits off the event loop
 
     # One greenlet per connection: thousands of agents may wait in long polls at once.
     server = _Server(
@@ -101,6 +102,7 @@ def serve(settings, ready_callback=None):
     server.shutdown(settings.shutdown_timeout_seconds)
     rt.scheduler.stop()
     rt.tasks.shutdown()
+    offload_commits(None)
     if not db.is_closed():
         db.close()
     log.info("stopped")

@@ -111,6 +111,21 @@ def test_start_is_idempotent_for_the_same_epoch(api, fleet):
     api.task_call(session, assignment, "start", expect=409, epoch=assignment["epoch"] + 1)
 
 
+def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit()
+    assignment = api.acquire(session)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0, pid=321)
+    done = _job(api, job["id"])
+    task = done["tasks"][0]
+    assert done["state"] == "succeeded" and task["state"] == "succeeded"
+    assert task["started_at"] is not None and task["started_at"] <= task["ended_at"]
+    events = api.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]
+    task_steps = [(e["from_status"], e["to_status"]) for e in events if e["kind"] == "task.state"]
+    assert task_steps[-2:] == [("assigned", "running"), ("running", "succeeded")]
+    assert "pid 321" in [e for e in events if e["to_status"] == "running" and e["kind"] == "task.state"][0]["reason"]
+
+
 def test_a_task_the_agent_ended_itself_is_retried_as_lost(api, fleet):
     _, session = _node(api, fleet, "n1")
     job = api.submit()  # default retry: node_lost and preempted

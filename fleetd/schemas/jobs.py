@@ -254,6 +254,8 @@ class TaskFinishSchema(Schema):
     reason = Text(max_length=2000, load_default="")
     lost = fields.Boolean(load_default=False, metadata={
         "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
+    pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
+        "description": "the process ended before its start was reported: this finish reports the start too"})
 
 
 class ArtifactSchema(Schema):

@@ -96,10 +96,14 @@ def start_task(rt, node_id, task_id, epoch, pid=None):
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != T.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
-        task.started_at = now
-        task.pid = pid
-        switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now)
+        _mark_started(task, pid, now)
     rt.leases.renew(task_id, epoch)
+
+
+def _mark_started(task, pid, now):
+    task.started_at = now
+    task.pid = pid
+    switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now)
 
 
 def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
@@ -151,15 +155,19 @@ def append_logs(rt, node_id, task_id, epoch, lines):
             LogLine.insert_many(rows).execute()
 
 
-def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False):
+def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None):
     """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
 
     `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
-    the task counts as lost, so the job retries as after a lost node.
+    the task counts as lost, so the job retries as after a lost node. `pid`: the process
+    ended before the agent reported its start, and this report carries the start as well
+    (one call instead of two for short tasks); the task goes through running all the same.
     """
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
+        if pid is not None and task.state == T.ASSIGNED.value:
+            _mark_started(task, pid, now)
         # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
         if not T(task.state).is_terminal():
             reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)

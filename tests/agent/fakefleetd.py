@@ -136,6 +136,8 @@ class FakeFleetd:
             if self.strict_finish and set(body) - {"epoch", "outcome", "exit_code", "reason"}:
                 return 400, {"error": {"code": "invalid_request", "message": "unknown field"}}
             with self.cond:
+                if "pid" in body:  # the start, reported with the finish (as fleetd records it)
+                    self.started.setdefault(task_id, {"epoch": body["epoch"], "pid": body["pid"]})
                 self.finished[task_id] = body
                 self.cond.notify_all()
             return 204, None

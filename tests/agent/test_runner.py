@@ -472,15 +472,43 @@ def test_submit_returns_while_the_task_still_waits_for_its_rendezvous(make_runne
     assert "t-wait" not in fleetd.started
 
 
-def test_a_process_that_ends_at_once_still_reports_its_start_before_its_finish(make_runner, fleetd):
+def test_a_process_that_ends_at_once_reports_its_start_once_before_or_with_its_finish(make_runner, fleetd):
     runner = make_runner()
     for i in range(5):
         runner.submit(assignment(f"t-quick-{i}", ["true"]))
     for i in range(5):
-        assert fleetd.wait_finished(f"t-quick-{i}")["outcome"] == "succeeded"
+        finish = fleetd.wait_finished(f"t-quick-{i}")
+        assert finish["outcome"] == "succeeded"
         paths = fleetd.paths("POST")
-        assert paths.index(f"/api/v1/agent/tasks/t-quick-{i}/start") < paths.index(
-            f"/api/v1/agent/tasks/t-quick-{i}/finish")
+        start, end = f"/api/v1/agent/tasks/t-quick-{i}/start", f"/api/v1/agent/tasks/t-quick-{i}/finish"
+        if start in paths:  # reported while the process ran
+            assert paths.count(start) == 1 and paths.index(start) < paths.index(end) and "pid" not in finish
+        else:  # it had ended already: the finish carries the start
+            assert finish["pid"] == fleetd.started[f"t-quick-{i}"]["pid"] > 0
+
+
+def test_a_start_not_reported_before_the_process_ended_rides_on_the_finish(make_runner, fleetd):
+    fleetd.down = {"start"}
+    runner = make_runner()
+    runner.submit(assignment("t-late", [PY, "-c", "import time; time.sleep(0.3)"]))
+    finish = fleetd.wait_finished("t-late")
+    assert finish["outcome"] == "succeeded" and finish["pid"] > 0
+    assert fleetd.paths("POST").count("/api/v1/agent/tasks/t-late/start") >= 1  # tried while it ran
+
+
+def test_a_fleetd_that_does_not_take_the_start_in_a_finish_gets_a_start_report_first(make_runner, fleetd):
+    fleetd.strict_finish = True
+    fleetd.down = {"start"}
+    runner = make_runner()
+    runner.submit(assignment("t-old", [PY, "-c", "import time; time.sleep(0.3)"]))
+    fleetd.wait_for(lambda: fleetd.paths("POST").count("/api/v1/agent/tasks/t-old/finish") >= 1,
+                    message="the refused finish")
+    fleetd.down = set()
+    finish = fleetd.wait_finished("t-old")
+    assert finish["outcome"] == "succeeded" and "pid" not in finish
+    paths = fleetd.paths("POST")
+    first_finish = paths.index("/api/v1/agent/tasks/t-old/finish")
+    assert "/api/v1/agent/tasks/t-old/start" in paths[first_finish:]
 
 
 def test_a_fleetd_that_does_not_know_lost_gets_the_finish_without_it(make_runner, fleetd):
