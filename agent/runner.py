@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import selectors
 import shutil
 import signal
 import socket
@@ -377,15 +378,19 @@ class LogShipper:
         self.delivered = 0
         self.lost = 0  # lines dropped for good: overflow, refused or abandoned
         self._thread = threading.Thread(target=self._run, name=f"logs-{label}", daemon=True)
+        self._started = False
 
     def start(self):
-        """Start the shipping thread."""
-        self._thread.start()
+        """Ship from now on; the shipping thread starts with the first line (a silent task needs none)."""
         return self
 
     def add(self, stream, text):
         """Queue one line (called by the pipe readers); drops the oldest lines past the buffer bound."""
         size = _line_size(stream, text)
+        with self._cond:
+            start, self._started = not self._started, True
+        if start:
+            self._thread.start()
         with self._cond:
             self._buf.append((stream, text, size))
             self._buf_bytes += size
@@ -751,7 +756,9 @@ class Task:
         """(outcome, exit_code, reason) of the task."""
         try:
             os.makedirs(self.workdir, mode=0o700, exist_ok=True)
-            self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id())
+            self._prepare_limits()  # the cgroup exists before the state file that names it
+            self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
+                       cgroup=self.task_limits.cgroup)
             cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True) if self.a.workdir else self.workdir
             os.makedirs(cwd, exist_ok=True)
             self._download_artifacts(client, cwd)
@@ -842,10 +849,8 @@ class Task:
         limits.update(self.task_limits.describe())
         self.worker.limits = limits
         self.worker.cgroup = self.task_limits.cgroup_rel
-        self._save(cgroup=self.task_limits.cgroup)
 
     def _spawn(self, cwd, addr, port):
-        self._prepare_limits()
         env, injected = task_env(self.a, addr, port, extra=self.task_limits.env)
         argv = self.runner.limits.command(self.task_limits, self.a.command)
         if argv != self.a.command:
@@ -863,13 +868,15 @@ class Task:
             self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
             self.worker.pgid = self.pgid
             self.started_monotonic = time.monotonic()
-            # Readers and the exit watcher first: from here on nothing may leave the process unwatched.
-            for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
-                reader = threading.Thread(target=self._read, args=(pipe, stream), name=f"{stream}-{self.label}",
-                                          daemon=True)
-                reader.start()
-                self._readers.append(reader)
-            threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
+            # The watcher first: from here on nothing may leave the process unwatched.
+            try:
+                pidfd = os.pidfd_open(self.proc.pid)  # readable once the leader exits; reaps nothing
+            except (AttributeError, OSError):  # Linux before 5.3: a thread waits for the exit instead
+                pidfd = None
+                threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
+            watcher = threading.Thread(target=self._watch, args=(pidfd,), name=f"watch-{self.label}", daemon=True)
+            watcher.start()
+            self._readers.append(watcher)
         stat = proc_stat(self.proc.pid)
         self.worker.pids = [self.proc.pid]
         self.worker.env = injected
@@ -879,13 +886,61 @@ class Task:
         self._save(state="running", pid=self.proc.pid, pgid=self.pgid,
                    start_ticks=stat[2] if stat else None, started_at=self.worker.started_at)
 
-    def _read(self, pipe, stream):
-        with pipe:
-            for raw in iter(functools.partial(pipe.readline, MAX_LINE_BYTES), b""):
-                text = raw.decode("utf-8", "replace").replace("\0", "\ufffd")  # fleetd stores no NUL
-                if text.endswith("\n"):
-                    text = text[:-2] if text.endswith("\r\n") else text[:-1]
-                self.shipper.add(stream, text)
+    def _watch(self, pidfd):
+        """Read the task's stdout and stderr into the shipper and, given a pidfd, notice the
+        leader's exit: one thread per task instead of three. Ends once both pipes are closed
+        and the exit was seen."""
+        selector = selectors.DefaultSelector()
+        pending = {}
+        try:
+            for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+                os.set_blocking(pipe.fileno(), False)
+                selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
+                pending[pipe.fileno()] = b""
+            if pidfd is not None:
+                selector.register(pidfd, selectors.EVENT_READ, None)
+            for _ in range(1_000_000_000_000):
+                if not selector.get_map():
+                    return
+                for key, _mask in selector.select():
+                    if key.data is None:  # the pidfd: the leader exited (a zombie until reaped)
+                        selector.unregister(pidfd)
+                        os.close(pidfd)
+                        pidfd = None
+                        self._exited.set()
+                        self._wake.set()
+                        continue
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    buf = pending[key.fd] + chunk
+                    buf = self._lines(buf, key.data, eof=not chunk)
+                    pending[key.fd] = buf
+                    if not chunk:
+                        selector.unregister(key.fd)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+            selector.close()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+    def _lines(self, buf, stream, eof):
+        """Ship the complete lines of `buf` (at most MAX_LINE_BYTES each); return what is left."""
+        for _ in range(len(buf) + 1):
+            cut = buf.find(b"\n", 0, MAX_LINE_BYTES)
+            if cut >= 0:
+                line, buf = buf[:cut + 1], buf[cut + 1:]
+            elif len(buf) >= MAX_LINE_BYTES or (eof and buf):
+                line, buf = buf[:MAX_LINE_BYTES], buf[MAX_LINE_BYTES:]
+            else:
+                return buf
+            text = line.decode("utf-8", "replace").replace("\0", "\ufffd")  # fleetd stores no NUL
+            if text.endswith("\n"):
+                text = text[:-2] if text.endswith("\r\n") else text[:-1]
+            self.shipper.add(stream, text)
+        return buf
 
     def _wait_exit(self):
         # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.

@@ -17,7 +17,7 @@ import pytest
 from agent.client import FleetClient
 from agent.devices import DeviceManager
 from agent.limits import (MIB, Cgroups, Limits, LimitSettings, ProcessMapper, TaskKey, mps_client_env,
-                          mps_daemon_command, read_proc, shim_command)
+                          mps_daemon_command, read_command, read_proc, shim_command)
 from agent.runner import Assignment, LogSettings, Runner, task_env, wait_gone
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
@@ -325,6 +325,8 @@ def test_a_gpu_process_of_no_task_is_reported_and_killed_only_when_configured(ho
     _runner, limits, _devices = host(foreign_processes=policy, kill_grace_seconds=0.2)
     stranger = subprocess.Popen(SLEEPER)
     try:
+        # Until exec has finished the command line is not the sleeper's yet.
+        wait_until(lambda: "wait(600)" in read_command(stranger.pid), message="the sleeper's command line")
         fake_nvml.add_process(1, stranger.pid, 700 * MIB)
         limits.poll_once()
         [entry] = limits.report()["foreign_processes"]

@@ -149,6 +149,18 @@ def test_logs_arrive_complete_and_in_order_in_bounded_batches_before_the_finish(
         i for i, p in enumerate(paths) if p == "/api/v1/agent/tasks/t-logs/logs")
 
 
+def test_long_lines_arrive_in_pieces_and_line_ends_and_nuls_are_normalised(make_runner, fleetd):
+    runner = make_runner(log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
+    code = ("import sys\n"
+            "sys.stdout.write('y' * 40000 + '\\n')\n"
+            "sys.stdout.write('a\\r\\nb\\0c\\n')\n"
+            "sys.stderr.write('e' * 16384 + 'tail')\n")
+    runner.submit(assignment("t-long", [PY, "-c", code]))
+    assert fleetd.wait_finished("t-long")["outcome"] == "succeeded"
+    assert fleetd.texts("t-long", "stdout") == ["y" * 16384, "y" * 16384, "y" * (40000 - 2 * 16384), "a", "b\ufffdc"]
+    assert fleetd.texts("t-long", "stderr") == ["e" * 16384, "tail"]
+
+
 def test_a_batch_over_fleetds_limit_is_split_and_a_huge_line_truncated(make_runner, fleetd):
     fleetd.max_log_body = 4096
     runner = make_runner(log_settings=LogSettings(batch_lines=1000, interval_seconds=0.2, backoff_max_seconds=0.2))
