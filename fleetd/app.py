@@ -12,7 +12,7 @@ from fleetd.api import BLUEPRINTS
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.auth import resolve_token
 from fleetd.background import TaskRunner
-from fleetd.db import bind, database, open_database
+from fleetd.db import bind, database, open_database, request_durable, request_started
 from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime
 from fleetd.schemas.common import ErrorSchema
@@ -75,8 +75,10 @@ def create_app(settings=None, clock=None, db=None):
         return send_from_directory(swagger_ui_bundle.swagger_ui_path, filename)
 
     rt.instruments = Instruments(rt)
+    app.before_request(request_started)
     app.before_request(_start_timer)
     app.after_request(_observe_latency)
+    app.after_request(_durable)
     app.before_request(_authenticate)
     app.teardown_request(_close_db)
     rt.tasks = TaskRunner(app, rt)
@@ -108,6 +110,12 @@ def _authenticate():
         rt.limiter.record(address, now)
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
+
+
+def _durable(response):
+    """A response to a request that wrote leaves once its writes are on disk (db.GroupCommit)."""
+    request_durable()
+    return response
 
 
 def _start_timer():
