@@ -106,7 +106,21 @@ def _hold_columns():
 _ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
 _FLEETS = Statement(lambda v: Fleet.select())
 _NODES = Statement(lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
-_GPUS = Statement(lambda v: Gpu.select().order_by(Gpu.node, Gpu.index))
+_GPUS = Statement(lambda v: Gpu.select(Gpu.node, Gpu.uuid, Gpu.index, Gpu.model, Gpu.memory_total_bytes, Gpu.numa_node,
+                                       Gpu.healthy, Gpu.health_reason).order_by(Gpu.node, Gpu.index))
+
+
+class GpuRow(typing.NamedTuple):
+    """What capacity needs of a GPU: a tuple, not a model (a pass reads every GPU of the fleet)."""
+
+    node_id: str
+    uuid: str
+    index: int
+    model: str
+    memory_total_bytes: int
+    numa_node: int | None
+    healthy: bool
+    health_reason: str
 
 
 def load_holds(where=None):
@@ -132,7 +146,8 @@ class ClusterState:
         self.fleets = {f.name: f for f in _FLEETS.rows()}
         self.nodes = _NODES.rows()
         self.gpus = {}
-        for gpu in _GPUS.rows():
+        for row in _GPUS.raw_tuples():
+            gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
             self.gpus.setdefault(gpu.node_id, []).append(gpu)
         self.tasks = load_holds()
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
