@@ -254,7 +254,7 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False):
     job = Job.get_by_id(task.job_id)
     if J(job.state).is_terminal():
         return job
-    tasks = TASKS_OF_JOB.rows(job_id=job.id)
+    tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
     if outcome is T.SUCCEEDED:
         if all(t.state == T.SUCCEEDED.value for t in tasks):
             job.outcome, job.outcome_reason = J.SUCCEEDED.value, "every rank succeeded"
