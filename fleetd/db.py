@@ -1,6 +1,5 @@
 """Database binding: one DatabaseProxy for the models, bound from a URL at start-up."""
 
-import contextlib
 import contextvars
 import os
 import threading
@@ -14,22 +13,6 @@ database = peewee.DatabaseProxy()
 
 MIGRATIONS_DIR = os.path.join(os.path.dirname(__file__), "migrations")
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
-
-
-_offload = None  # runs a blocking call off the event loop (gevent's threadpool), set by `fleetd serve`
-_writer = threading.RLock()  # under gevent a greenlet lock: writers queue here, not in SQLite's busy wait
-
-
-def offload_commits(run):
-    """Run each SQLite COMMIT through `run(fn)` (or inline, with None).
-
-    `fleetd serve` hands commits to gevent's threadpool: with synchronous=FULL a commit waits
-    for fsync, and done inline that wait would stop every other request of the process.
-    sqlite3 releases the GIL while it commits, so requests go on meanwhile; the writer lock
-    of write_transaction() keeps the next writer from spinning in SQLite's busy handler.
-    """
-    global _offload
-    _offload = run
 
 
 class GroupCommit:
@@ -104,16 +87,6 @@ class _SqliteDatabase(PooledSqliteDatabase):
             _wrote.set(True)
         return super().execute_sql(sql, params)
 
-    def commit(self):
-        run = _offload
-        if run is None:
-            return super().commit()
-        if self.is_closed():
-            raise peewee.InterfaceError("Cannot commit, database connection not open.")
-        cursor = self.cursor()
-        with peewee.__exception_wrapper__:
-            run(lambda: cursor.execute("COMMIT"))
-
 
 def open_database(url, sqlite_synchronous="FULL"):
     """Create (not connect) a Peewee database for a sqlite:// or postgresql:// URL."""
@@ -151,16 +124,11 @@ def bind(db):
     return db
 
 
-@contextlib.contextmanager
 def write_transaction():
-    """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front
-    (in the process's writer lock first, then in SQLite's lock for other processes)."""
-    if not isinstance(database.obj, peewee.SqliteDatabase):
-        with database.atomic() as txn:
-            yield txn
-        return
-    with _writer, database.atomic("IMMEDIATE") as txn:
-        yield txn
+    """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front."""
+    if isinstance(database.obj, peewee.SqliteDatabase):
+        return database.atomic("IMMEDIATE")
+    return database.atomic()
 
 
 def upgrade(db=None):

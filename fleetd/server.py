@@ -2,6 +2,7 @@
 
 import datetime as dt
 import logging
+import os
 import signal
 import socket
 
@@ -12,7 +13,7 @@ from apscheduler.schedulers.gevent import GeventScheduler
 from gevent.pywsgi import LoggingLogAdapter, WSGIHandler, WSGIServer
 
 from fleetd import create_app
-from fleetd.db import GroupCommit, enable_group_commit, offload_commits, open_database, upgrade
+from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 
 log = logging.getLogger("fleetd")
 
@@ -80,11 +81,9 @@ def serve(settings, ready_callback=None):
     app = create_app(settings, db=db)
     rt = app.extensions["fleetd"]
     group_commit = None
-    if use_group_commit:
-        group_commit = GroupCommit(db.database + "-wal", gevent.get_hub().threadpool.apply)
+    if use_group_commit:  # its fsyncs run in gevent's threadpool, not on the event loop
+        group_commit = GroupCommit(os.path.abspath(db.database) + "-wal", gevent.get_hub().threadpool.apply)
         enable_group_commit(group_commit)
-    else:
-        offload_commits(gevent.get_hub().threadpool.apply)  # fsync waits off the event loop
 
     # One greenlet per connection: thousands of agents may wait in long polls at once.
     server = _Server(
@@ -109,7 +108,6 @@ def serve(settings, ready_callback=None):
     server.shutdown(settings.shutdown_timeout_seconds)
     rt.scheduler.stop()
     rt.tasks.shutdown()
-    offload_commits(None)
     if group_commit is not None:
         log.info("group commit: %d WAL syncs acknowledged the writes", group_commit.syncs)
     enable_group_commit(None)
