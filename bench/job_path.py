@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""fleetd's own CPU per job on the agent protocol path, in one process: no HTTP server, no agent.
+
+Each job is submitted, placed by a scheduling pass, acquired, started and finished through
+the Flask test client against a real SQLite database (synchronous=FULL, one fsync per
+commit), with one enrolled node. The figure is steadier than the end-to-end run of
+bench/control_plane.py, whose agents and load generator share the cores, so it is the one to
+compare when changing the request path, the services or the statements. Also counts the SQL
+statements per job.
+
+    .venv/bin/python bench/job_path.py --jobs 400
+"""
+
+import argparse
+import pathlib
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from fleetd.app import create_app  # noqa: E402
+from fleetd.clock import Clock  # noqa: E402
+from fleetd.db import database, open_database, upgrade  # noqa: E402
+from fleetd.services.tokens import issue_first_admin_token  # noqa: E402
+from fleetd.settings import Settings  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=400)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as data_dir:
+        settings = Settings.load(environ={}, data_dir=data_dir)
+        db = open_database(settings.database_url, settings.sqlite_synchronous)
+        upgrade(db)
+        app = create_app(settings, clock=Clock(), db=db)
+        with database.connection_context():
+            admin = issue_first_admin_token(Clock().now())
+        http = app.test_client()
+
+        def call(path, body, token=admin, agent=False):
+            headers = {"Authorization": f"Bearer {token}"}
+            if agent:
+                headers["X-Fleet-Protocol"] = "1"
+            resp = http.post(path, json=body, headers=headers)
+            assert resp.status_code < 300, (path, resp.status_code, resp.get_json())
+            return resp.get_json(silent=True)
+
+        call("/api/v1/fleets", {"name": "bench"})
+        join = call("/api/v1/fleets/bench/join-tokens", {})["token"]
+        gpus = [{"uuid": f"GPU-{i}", "index": i, "model": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 << 30}
+                for i in range(8)]
+        node = call("/api/v1/agent/register", {"hostname": "h", "machine_id": "m", "agent_version": "bench",
+                                               "address": "127.0.0.1", "gpus": gpus,
+                                               "resources": {"cpu_count": 64, "memory_bytes": 1 << 39}},
+                    token=join, agent=True)
+        session = node["session_token"]
+        call("/api/v1/agent/heartbeat", {"tasks": []}, token=session, agent=True)
+
+        def one_job():
+            call("/api/v1/jobs", {"name": "noop", "command": ["true"]})
+            task = call("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)["assignment"]
+            call(f"/api/v1/agent/tasks/{task['task_id']}/start", {"epoch": task["epoch"], "pid": 1},
+                 token=session, agent=True)
+            call(f"/api/v1/agent/tasks/{task['task_id']}/finish",
+                 {"epoch": task["epoch"], "outcome": "succeeded", "exit_code": 0}, token=session, agent=True)
+
+        for _ in range(20):  # warm-up: statements compiled, caches filled
+            one_job()
+        statements = []
+        execute_sql = type(db).execute_sql
+        type(db).execute_sql = lambda self, sql, params=None: statements.append(sql) or execute_sql(self, sql, params)
+        try:
+            one_job()
+        finally:
+            type(db).execute_sql = execute_sql
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(args.jobs):
+            one_job()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(f"{args.jobs} jobs: fleetd CPU {1000 * cpu / args.jobs:.2f} ms/job, wall {1000 * wall / args.jobs:.2f} ms/job, "
+          f"{len(statements)} SQL statements/job (besides BEGIN/COMMIT)")
+
+
+if __name__ == "__main__":
+    main()
