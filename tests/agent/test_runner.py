@@ -502,7 +502,7 @@ def test_a_process_that_ends_at_once_reports_its_start_once_before_or_with_its_f
 def test_a_start_not_reported_before_the_process_ended_rides_on_the_finish(make_runner, fleetd):
     fleetd.down = {"start"}
     runner = make_runner()
-    runner.submit(assignment("t-late", [PY, "-c", "import time; time.sleep(0.3)"]))
+    runner.submit(assignment("t-late", [PY, "-c", "import threading; threading.Event().wait(0.3)"]))
     finish = fleetd.wait_finished("t-late")
     assert finish["outcome"] == "succeeded" and finish["pid"] > 0
     assert fleetd.paths("POST").count("/api/v1/agent/tasks/t-late/start") >= 1  # tried while it ran
@@ -512,7 +512,7 @@ def test_a_fleetd_that_does_not_take_the_start_in_a_finish_gets_a_start_report_f
     fleetd.strict_finish = True
     fleetd.down = {"start"}
     runner = make_runner()
-    runner.submit(assignment("t-old", [PY, "-c", "import time; time.sleep(0.3)"]))
+    runner.submit(assignment("t-old", [PY, "-c", "import threading; threading.Event().wait(0.3)"]))
     fleetd.wait_for(lambda: fleetd.paths("POST").count("/api/v1/agent/tasks/t-old/finish") >= 1,
                     message="the refused finish")
     fleetd.down = set()
