@@ -90,11 +90,16 @@ class FleetClient:
         """POST /agent/deregister: leave the fleet."""
         self._post("/api/v1/agent/deregister", {}, self.session_token)
 
-    def acquire(self, wait_seconds=30):
-        """POST /agent/acquire, a long poll -> the Assignment dict, or None when none came in time."""
-        reply = self._post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, self.session_token,
-                           timeout=wait_seconds + self.timeout)
-        return (reply or {}).get("assignment")
+    def acquire(self, wait_seconds=30, max_assignments=None):
+        """POST /agent/acquire, a long poll -> the Assignments delivered ([] when none came in time);
+        with `max_assignments`, up to that many at once."""
+        body = {"wait_seconds": wait_seconds}
+        if max_assignments is not None:
+            body["max_assignments"] = max_assignments
+        reply = self._post("/api/v1/agent/acquire", body, self.session_token, timeout=wait_seconds + self.timeout) or {}
+        if "assignments" in reply:
+            return list(reply["assignments"] or [])
+        return [reply["assignment"]] if reply.get("assignment") else []
 
     def task_start(self, task_id, epoch, pid=None):
         """POST /agent/tasks/{id}/start: the task's process runs."""

@@ -33,6 +33,7 @@ EXIT_REVOKED = 3  # revoked or session rejected: restarting will not help; re-en
 DEFAULT_HEARTBEAT_SECONDS = 10.0
 ENROLMENT_POLL_SECONDS = 1.0
 ACQUIRE_WAIT_SECONDS = 30  # the most API.md allows
+ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predates batches gets 1)
 
 
 def agent_version():
@@ -326,12 +327,17 @@ class Agent:
         """Long-poll fleetd for assignments and hand each one to the runner."""
         client = self._client()
         failures = 0
+        batch = ACQUIRE_BATCH
         try:
             while not self.stop.is_set():
                 self.deadlines.beat("acquire", ACQUIRE_WAIT_SECONDS + self.config.request_timeout_seconds + 30)
                 try:
-                    assignment = client.acquire(ACQUIRE_WAIT_SECONDS)
+                    assignments = client.acquire(ACQUIRE_WAIT_SECONDS, max_assignments=batch)
                 except FleetdError as exc:
+                    if batch is not None and exc.status == 400:
+                        log.info("fleetd does not deliver assignments in batches (%s); asking for one at a time", exc)
+                        batch = None
+                        continue
                     failures += 1
                     delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
                                 min(exc.retry_after or 0, self.config.backoff_max_seconds))
@@ -341,7 +347,9 @@ class Agent:
                     self.stop.wait(delay)
                     continue
                 failures = 0
-                if assignment is not None and not self.stop.is_set():
+                for assignment in assignments:
+                    if self.stop.is_set():
+                        break  # not started: fleetd requeues it when its lease expires
                     self.runner.submit(assignment)
         finally:
             client.close()

@@ -111,6 +111,26 @@ def test_start_is_idempotent_for_the_same_epoch(api, fleet):
     api.task_call(session, assignment, "start", expect=409, epoch=assignment["epoch"] + 1)
 
 
+def test_an_acquire_may_deliver_several_assignments_each_once(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    jobs = [api.submit(name=f"j{i}")["id"] for i in range(5)]
+
+    def acquire(body):
+        resp = api.post("/api/v1/agent/acquire", body, token=session, agent=True)
+        assert resp.status_code == 200, resp.get_json()
+        return resp.get_json()
+
+    first = acquire({"wait_seconds": 0, "max_assignments": 3})
+    assert [a["job_id"] for a in first["assignments"]] == jobs[:3] and first["assignment"] == first["assignments"][0]
+    second = acquire({"wait_seconds": 0, "max_assignments": 3})
+    assert [a["job_id"] for a in second["assignments"]] == jobs[3:]
+    assert acquire({"wait_seconds": 0, "max_assignments": 3}) == {"assignment": None, "assignments": []}
+    assert acquire({"wait_seconds": 0}) == {"assignment": None}  # without the field: API.md's shape
+    for bad in (0, 65, "2", 1.5):
+        resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0, "max_assignments": bad}, token=session, agent=True)
+        assert resp.status_code == 400 and "max_assignments" in resp.get_json()["error"]["details"]["fields"]["json"]
+
+
 def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
     _, session = _node(api, fleet, "n1")
     job = api.submit()

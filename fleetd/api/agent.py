@@ -72,7 +72,12 @@ class AgentAcquire(MethodView):
     def post(self, body):
         """Long-poll for work: answers as soon as an assignment exists, or after wait_seconds with null."""
         principal = current_principal()
-        return {"assignment": work.acquire(current_runtime(), principal.node_id, body["wait_seconds"])}
+        batch = body["max_assignments"]
+        found = work.acquire(current_runtime(), principal.node_id, body["wait_seconds"], batch or 1)
+        reply = {"assignment": found[0] if found else None}
+        if batch is not None:
+            reply["assignments"] = found
+        return reply
 
 
 @blp.route("/tasks/<string:task_id>/start")

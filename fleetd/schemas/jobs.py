@@ -170,8 +170,15 @@ class EventQuerySchema(PageQuerySchema):
 # ---------------------------------------------------------------- the worker protocol
 
 
+MAX_ASSIGNMENTS = 64
+
+
 class AcquireSchema(Schema):
     wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=30)
+    max_assignments = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_ASSIGNMENTS),
+                                     load_default=None, metadata={
+                                         "description": "deliver up to this many assignments at once, in "
+                                                        "`assignments` (`assignment` is the first of them)"})
 
 
 class AssignmentGpuSchema(Schema):
@@ -202,6 +209,7 @@ class AssignmentSchema(Schema):
 
 class AcquireReplySchema(Schema):
     assignment = fields.Nested(AssignmentSchema, allow_none=True)
+    assignments = fields.List(fields.Nested(AssignmentSchema))  # only when max_assignments was sent
 
 
 class TaskStartSchema(Schema):

@@ -20,34 +20,37 @@ def _released(fn):
 
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select().where((Task.node == v("node_id")) & (Task.state == T.ASSIGNED.value) & Task.delivered_at.is_null())
-    .order_by(Task.assigned_at, Task.id).limit(1)))
+    .order_by(Task.assigned_at, Task.id).limit(64)))  # an acquire delivers at most this many
 _DELIVER = Statement(lambda v: (
     Task.update(delivered_at=v("now", Task.delivered_at))
     .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()
            & (Task.state == T.ASSIGNED.value))))
 
 
-def acquire(rt, node_id, wait_seconds):
-    """The next assignment for this node, waiting up to `wait_seconds` for one (None if none came)."""
+def acquire(rt, node_id, wait_seconds, limit=1):
+    """Up to `limit` undelivered assignments of this node, oldest first, waiting up to
+    `wait_seconds` for the first ([] if none came). Each is delivered once."""
 
     def take():
         # Read first: most checks find nothing, and a read takes no write lock.
-        for _ in range(3):  # another acquire of the same node may win the race for a task
-            task = _NEXT_ASSIGNED.first(node_id=node_id)
-            if task is None:
-                return None
+        for _ in range(3):  # another acquire of the same node may win the race for these tasks
+            tasks = _NEXT_ASSIGNED.rows(node_id=node_id)[:limit]
+            if not tasks:
+                return []
+            now = rt.clock.now()
             with write_transaction():
-                taken = _DELIVER.execute(now=rt.clock.now(), id=task.id, epoch=task.epoch)
+                taken = [t for t in tasks if _DELIVER.execute(now=now, id=t.id, epoch=t.epoch)]
             if taken:
-                rt.leases.renew(task.id, task.epoch)
-                return assignment(task, Job.get_by_id(task.job_id))
-        return None
+                for task in taken:
+                    rt.leases.renew(task.id, task.epoch)
+                return [assignment(task, Job.get_by_id(task.job_id)) for task in taken]
+        return []
 
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
     found = _released(take)
-    if found is not None or wait_seconds <= 0:
+    if found or wait_seconds <= 0:
         return found
-    return rt.notifier.wait(("node", node_id), wait_seconds, lambda: _released(take))
+    return rt.notifier.wait(("node", node_id), wait_seconds, lambda: _released(take)) or []
 
 
 def assignment(task, job):

@@ -31,6 +31,7 @@ class FakeFleetd:
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
         self.strict_finish = False  # refuse (400) a finish with fields fleetd may not know, like `lost`
+        self.strict_acquire = False  # refuse (400) an acquire asking for a batch, as an older fleetd would
         self.fenced = set()  # task ids answered 409
         self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
         self.max_log_body = None  # bytes; larger log bodies get 413
@@ -162,12 +163,19 @@ class FakeFleetd:
     def _acquire(self, body):
         if self._is_down("acquire"):
             return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        if self.strict_acquire and set(body) - {"wait_seconds"}:
+            return 400, {"error": {"code": "invalid_request", "message": "unknown field"}}
         deadline = time.monotonic() + min(float(body.get("wait_seconds", 0)), 30)
+        batch = body.get("max_assignments")
         with self.cond:
             while not self.assignments and time.monotonic() < deadline:
                 self.cond.wait(deadline - time.monotonic())
-            assignment = self.assignments.pop(0) if self.assignments else None
-        return 200, {"assignment": assignment}
+            taken = self.assignments[:batch or 1]
+            del self.assignments[:len(taken)]
+        reply = {"assignment": taken[0] if taken else None}
+        if batch is not None:
+            reply["assignments"] = taken
+        return 200, reply
 
     def _heartbeat(self, body):
         if self._is_down("heartbeat"):

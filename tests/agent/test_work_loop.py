@@ -79,6 +79,32 @@ def test_agent_acquires_runs_and_reports_a_task_that_heartbeats_and_the_local_ap
     assert fleetd.texts("t-1") == [str(pid), "released"]
 
 
+def acquires(fleetd):
+    return [c for c in fleetd.calls if c[1] == "/api/v1/agent/acquire"]
+
+
+def test_assignments_waiting_for_the_agent_come_in_one_acquire_and_all_run(worker_agent, fleetd):
+    for i in range(4):
+        fleetd.assign(assignment(f"t-batch-{i}", [PY, "-c", "print('ran')"]))
+    worker_agent().start()
+    for i in range(4):
+        assert fleetd.wait_finished(f"t-batch-{i}")["outcome"] == "succeeded"
+        assert fleetd.texts(f"t-batch-{i}") == ["ran"]
+    assert acquires(fleetd)[0][2]["max_assignments"] > 1
+    assert not fleetd.assignments  # all four delivered by the first acquire
+
+
+def test_an_older_fleetd_that_refuses_batches_gets_one_acquire_per_assignment(worker_agent, fleetd):
+    fleetd.strict_acquire = True
+    for i in range(2):
+        fleetd.assign(assignment(f"t-one-{i}", [PY, "-c", "print('ran')"]))
+    agent = worker_agent().start()
+    for i in range(2):
+        assert fleetd.wait_finished(f"t-one-{i}")["outcome"] == "succeeded"
+    agent.wait_for_line(r"does not deliver assignments in batches")
+    assert "max_assignments" not in acquires(fleetd)[-1][2]
+
+
 def test_a_task_in_the_heartbeats_cancel_list_is_stopped_and_reported_cancelled(worker_agent, fleetd):
     worker_agent().start()
     fleetd.assign(assignment("t-cancel", [PY, "-c", LOOP]))
