@@ -131,6 +131,15 @@ class Notifier:
     def __init__(self):
         self._waiters = {}
         self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self):
+        """Shutting down: every wait answers now with what it has, and later ones do not wait."""
+        with self._lock:
+            self._closed = True
+            waiters = [event for events in self._waiters.values() for event in events]
+        for event in waiters:
+            event.set()
 
     def wait(self, key, timeout, ready):
         """Wait up to `timeout` seconds until `ready()` is true, re-checking after each notify(key)."""
@@ -141,7 +150,7 @@ class Notifier:
         try:
             for _ in range(10_000):  # bounded; each round waits for a notify or the deadline
                 result = ready()
-                if result:
+                if result or self._closed:
                     return result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not event.wait(remaining):

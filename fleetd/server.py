@@ -105,6 +105,7 @@ def serve(settings, ready_callback=None):
         ready_callback(url)
     stop.wait()
     log.info("shutting down: no new connections; waiting up to %ss for requests", settings.shutdown_timeout_seconds)
+    rt.notifier.close()  # long polls answer now instead of holding the shutdown
     server.shutdown(settings.shutdown_timeout_seconds)
     rt.scheduler.stop()
     rt.tasks.shutdown()

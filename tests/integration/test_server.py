@@ -78,6 +78,29 @@ def test_sigterm_lets_an_in_flight_request_finish_then_exits(server, admin, serv
     Http(restarted.url, admin)("GET", "/api/v1/fleets/created-during-shutdown", expect=200)
 
 
+def test_sigterm_answers_a_waiting_long_poll_at_once_and_exits(server_factory, admin):
+    server = server_factory(FLEETD_SHUTDOWN_TIMEOUT_SECONDS="60")
+    http = Http(server.url, admin)
+    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={}).json()["token"]
+    session = _register(http, join, "poller")["session_token"]
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
+    try:
+        body = b'{"wait_seconds": 30}'
+        sock.sendall(b"POST /api/v1/agent/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"X-Fleet-Protocol: 1\r\nExpect: 100-continue\r\n"
+                     + f"Authorization: Bearer {session}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)  # the acquire now waits for an assignment (up to 30 s)
+        server.signal(signal.SIGTERM)
+        reply = sock.recv(65536).decode()
+    finally:
+        sock.close()
+    assert reply.startswith("HTTP/1.1 200") and '"assignment":null' in reply.replace(" ", ""), reply
+    # The shutdown waits for in-flight requests up to 60 s here: it did not wait for the poll's 30 s.
+    assert server.wait(timeout=25) == 0
+
+
 def _wait_for_log(server, text, timeout=10):
     deadline = time.monotonic() + timeout
     while text not in server.log:
