@@ -235,12 +235,7 @@ def task_pids(key, exclude=()):
 
 def cgroup_tree_pids(path):
     """Pids in a cgroup and in the cgroups below it; [] once it is gone (it can only go when empty)."""
-    pids = []
-    for root, _dirs, _files in os.walk(path):
-        text = _read(os.path.join(root, "cgroup.procs"))
-        if text:
-            pids.extend(int(p) for p in text.split())
-    return pids
+    return [pid for root, _dirs, _files in os.walk(path) for pid in Cgroups.procs(root)]
 
 
 def signal_pids(pids, sig):

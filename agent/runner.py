@@ -592,7 +592,7 @@ class Task:
         self._keep_state = False
         self.record = {}
         self.shipper = None
-        self._readers = []
+        self._watcher = None  # the thread that reads the pipes (and sees the exit)
         self.started_monotonic = None
         self._start_with_finish = False  # the process ended before its start was reported
         self.task_limits = None  # what agent.limits set up (env, cgroup), once prepared
@@ -874,9 +874,9 @@ class Task:
             except (AttributeError, OSError):  # Linux before 5.3: a thread waits for the exit instead
                 pidfd = None
                 threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
-            watcher = threading.Thread(target=self._watch, args=(pidfd,), name=f"watch-{self.label}", daemon=True)
-            watcher.start()
-            self._readers.append(watcher)
+            self._watcher = threading.Thread(target=self._watch, args=(pidfd,), name=f"watch-{self.label}",
+                                             daemon=True)
+            self._watcher.start()
         stat = proc_stat(self.proc.pid)
         self.worker.pids = [self.proc.pid]
         self.worker.env = injected
@@ -1066,8 +1066,7 @@ class Task:
             return
         try:
             if self.proc is not None:
-                pids = task_pids(TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel,
-                                         self.task_limits.cgroup))
+                pids = task_pids(dataclasses.replace(self.key(), pgid=None))
                 with self._lock:
                     signal_pids(self._remember(pids), signal.SIGKILL)
             self.runner.limits.release(self.task_limits)
@@ -1078,8 +1077,8 @@ class Task:
         """Let the readers reach EOF and the shipper deliver every line before the finish report."""
         if self.shipper is None:
             return
-        for reader in self._readers:
-            reader.join(READER_JOIN_SECONDS)
+        if self._watcher is not None:
+            self._watcher.join(READER_JOIN_SECONDS)
         self.shipper.close()
         deadline = time.monotonic() + self.runner.report_retry_seconds
         for _ in range(1_000_000):

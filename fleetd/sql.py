@@ -145,7 +145,7 @@ def save_by_pk(instance, field_dict):
 
 
 def insert_row(model, field_dict):
-    """INSERT one row of `model` with `field_dict` (its primary key among them)."""
+    """INSERT one row of `model` with `field_dict` (its primary key among them unless it is automatic)."""
     names = tuple(sorted(field_dict))
     fields = model._meta.fields
 

@@ -4,6 +4,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from fleetd.models import JobState
 from fleetd.schemas.common import Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.services.work import MAX_ASSIGNMENTS
 
 ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
@@ -168,9 +169,6 @@ class EventQuerySchema(PageQuerySchema):
 
 
 # ---------------------------------------------------------------- the worker protocol
-
-
-MAX_ASSIGNMENTS = 64
 
 
 class AcquireSchema(Schema):

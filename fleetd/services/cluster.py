@@ -6,7 +6,6 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 """
 
 import dataclasses
-import json
 import re
 import threading
 import typing
@@ -131,9 +130,8 @@ def load_holds(where=None):
     else:
         rows = database.execute_sql(*_hold_columns().where(where).sql()).fetchall()
     terms = TERMS.get_many(list({row[1] for row in rows}))
-    loads = json.loads
-    return [Hold(task_id, job_id, rank, node_id, epoch, state, loads(gpus) if gpus and gpus != "[]" else [],
-                 terms[job_id])
+    gpus_value = Task.gpus.python_value
+    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id])
             for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
 
 

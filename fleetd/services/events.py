@@ -5,12 +5,10 @@ import contextvars
 
 from fleetd.models import Event
 from fleetd.services.pagination import paginate
-from fleetd.sql import Statement
+from fleetd.sql import insert_row
 
 _batch = contextvars.ContextVar("fleetd_event_batch", default=None)
-BATCH_ROWS = 200
-_INSERT = Statement(lambda v: Event.insert({Event._meta.fields[name]: v(name, Event._meta.fields[name]) for name in (
-    "at", "kind", "subject_type", "subject_id", "from_status", "to_status", "reason")}))  # rows per INSERT (7 columns each: well under SQLite's bound variables)
+BATCH_ROWS = 200  # rows per INSERT (7 columns each: well under SQLite's bound variables)
 
 
 def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None):
@@ -22,7 +20,7 @@ def record_event(now, kind, subject_type, subject_id, reason, from_status=None, 
     if rows is not None:
         rows.append(row)
     else:
-        _INSERT.execute(**row)
+        insert_row(Event, row)
 
 
 @contextlib.contextmanager
@@ -37,7 +35,7 @@ def batched():
         _batch.reset(token)
     if len(rows) <= 4:  # the usual pass places a job or two: compiled single-row inserts are cheaper
         for row in rows:
-            _INSERT.execute(**row)
+            insert_row(Event, row)
         return
     for start in range(0, len(rows), BATCH_ROWS):
         Event.insert_many(rows[start:start + BATCH_ROWS]).execute()

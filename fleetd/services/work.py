@@ -18,9 +18,11 @@ def _released(fn):
             database.close()
 
 
+MAX_ASSIGNMENTS = 64  # the most one acquire delivers
+
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select().where((Task.node == v("node_id")) & (Task.state == T.ASSIGNED.value) & Task.delivered_at.is_null())
-    .order_by(Task.assigned_at, Task.id).limit(64)))  # an acquire delivers at most this many
+    .order_by(Task.assigned_at, Task.id).limit(MAX_ASSIGNMENTS)))
 _DELIVER = Statement(lambda v: (
     Task.update(delivered_at=v("now", Task.delivered_at))
     .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()

@@ -20,6 +20,13 @@ def _register(http, join, machine_id):
     return http("POST", "/api/v1/agent/register", expect=201, agent_token=join, json=body).json()
 
 
+def _session(http, fleet, machine_id):
+    """A node session of a fresh fleet: (join token, session token)."""
+    http("POST", "/api/v1/fleets", expect=201, json={"name": fleet})
+    join = http("POST", f"/api/v1/fleets/{fleet}/join-tokens", expect=201, json={}).json()["token"]
+    return join, _register(http, join, machine_id)["session_token"]
+
+
 def test_sigkill_loses_nothing_that_was_acknowledged(server_factory, admin, data_dir):
     server = server_factory()
     http = Http(server.url, admin)
@@ -80,10 +87,7 @@ def test_sigterm_lets_an_in_flight_request_finish_then_exits(server, admin, serv
 
 def test_sigterm_answers_a_waiting_long_poll_at_once_and_exits(server_factory, admin):
     server = server_factory(FLEETD_SHUTDOWN_TIMEOUT_SECONDS="60")
-    http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
-    join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={}).json()["token"]
-    session = _register(http, join, "poller")["session_token"]
+    _join, session = _session(Http(server.url, admin), "lab", "poller")
     sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
     try:
         body = b'{"wait_seconds": 30}'
@@ -138,9 +142,7 @@ def test_holds_a_thousand_concurrent_requests_without_a_thread_each(server, admi
 def test_debug_log_never_contains_tokens(server_factory, admin):
     server = server_factory(FLEETD_LOG_LEVEL="DEBUG")
     http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "gpu-a"})
-    join = http("POST", "/api/v1/fleets/gpu-a/join-tokens", expect=201, json={}).json()["token"]
-    session = _register(http, join, "m-1")["session_token"]
+    join, session = _session(http, "gpu-a", "m-1")
     http("GET", "/api/v1/whoami", headers={"Authorization": "Bearer fla_" + "0" * 20 + ".leaked-secret-guess"})
     server.signal(signal.SIGTERM)
     assert server.wait() == 0
