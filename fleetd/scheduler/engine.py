@@ -7,7 +7,11 @@ pass; `explain()` says, per node, which filter stage rejects a request and why.
 
 Nodes with identical free resources (same GPU model, free CPU and free GPU shares) form
 one class; a policy scores a class once per task shape and the score is remembered, so a
-decision costs one dictionary look-up per class rather than a policy call per node.
+decision costs one dictionary look-up per class rather than a policy call per node. Among
+equally good nodes the one running the fewest tasks wins, then the one earliest in the
+snapshot: a class keeps its members in that order, so the choice is its first member. (Tasks
+that take no GPU or CPU leave a node's class unchanged; without this they would all land on
+one host.)
 """
 
 from __future__ import annotations
@@ -70,11 +74,12 @@ class _Gpu:
 
 
 class _Node:
-    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid")
+    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "tasks")
 
     def __init__(self, index: int, snap: NodeSnapshot):
         self.index = index
         self.snap = snap
+        self.tasks = snap.tasks
         self.cpu_free = snap.cpu_free_milli
         self.memory_free = snap.memory_free_bytes
         models = sorted({g.model for g in snap.gpus})
@@ -89,6 +94,11 @@ class _Node:
     def make_key(self):
         self.key = (self.model, self.cpu_free, tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)))
         return self.key
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Order among equally good nodes: least busy first, then snapshot order."""
+        return (self.tasks, self.index)
 
 
 @dataclass
@@ -144,10 +154,11 @@ class PlacementEngine:
             self._class_keys.append(key)
         node.cid = cid
         members = self._members.setdefault(cid, [])
-        if not members or members[-1].index < node.index:
+        rank = node.rank
+        if not members or members[-1].rank < rank:
             members.append(node)
         else:
-            members.insert(bisect.bisect_left([m.index for m in members], node.index), node)
+            members.insert(bisect.bisect_left(members, rank, key=_Node.rank.fget), node)
 
     def _leave(self, node: _Node):
         members = self._members[node.cid]
@@ -171,7 +182,7 @@ class PlacementEngine:
         return sum(1 for g in gpus if g >= MILLI) >= shape.gpu_count
 
     def _scores(self, shape: Shape) -> list[tuple]:
-        """(score, -first node index, class id, slice) for every class the shape fits."""
+        """(score, -(first node's tasks, index), class id, slice) for every class the shape fits."""
         memo = self._memo.get(shape)
         if memo is None:
             memo = self._memo[shape] = {}
@@ -183,7 +194,8 @@ class PlacementEngine:
                 res = self.policy.score(key[0], key[1], key[2], shape) if self._class_fits(key, shape) else None
                 memo[cid] = res
             if res is not None:
-                out.append((res[0], -members[0].index, cid, res[1]))
+                first = members[0]
+                out.append((res[0], (-first.tasks, -first.index), cid, res[1]))
         return out
 
     # ---- per-node checks and device choice -----------------------------------------------
@@ -251,25 +263,25 @@ class PlacementEngine:
         if self.policy.randomized:
             return self._choose_random(request, shape, exclude, cands)
         # Fast path: the first node of the best class usually passes the per-node checks.
-        score, neg_index, cid, slice_of = max(cands)
+        score, _, cid, slice_of = max(cands)
         node = self._members[cid][0]
         devices = self._node_ok(node, request, shape, slice_of, exclude)
         if devices is not None:
             return node, devices, score
-        # Highest score first; within a score, the node earliest in the snapshot wins.
+        # Highest score first; within a score, the least busy node, then the earliest, wins.
         cands.sort(reverse=True)
-        best = None  # (score, index, node, devices)
-        for score, neg_index, cid, slice_of in cands:
-            if best is not None and (score < best[0] or -neg_index > best[1]):
+        best = None  # (score, rank, node, devices)
+        for score, neg_rank, cid, slice_of in cands:
+            if best is not None and (score < best[0] or (-neg_rank[0], -neg_rank[1]) > best[1]):
                 if score < best[0]:
                     break
                 continue
             for node in self._members[cid]:
-                if best is not None and node.index > best[1]:
+                if best is not None and node.rank > best[1]:
                     break
                 devices = self._node_ok(node, request, shape, slice_of, exclude)
                 if devices is not None:
-                    best = (score, node.index, node, devices)
+                    best = (score, node.rank, node, devices)
                     break
         if best is None:
             return None
@@ -302,6 +314,7 @@ class PlacementEngine:
             self._leave(node)
         node.cpu_free -= request.cpu_milli
         node.memory_free -= request.memory_bytes
+        node.tasks += 1
         for gpu, milli, memory in devices:
             gpu.milli_free -= milli
             gpu.memory_free -= memory
@@ -316,6 +329,7 @@ class PlacementEngine:
             self._leave(node)
         node.cpu_free += r.cpu
         node.memory_free += r.memory
+        node.tasks -= 1
         for gpu, milli, memory in r.gpus:
             gpu.milli_free += milli
             gpu.memory_free += memory
@@ -392,7 +406,7 @@ class PlacementEngine:
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
-            left = dict(cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free)
+            left = dict(cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free, tasks=node.tasks)
             nodes.append(replace(node.snap, gpus=gpus, **left))
         return ClusterSnapshot(tuple(nodes))
 

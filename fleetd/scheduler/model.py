@@ -55,11 +55,13 @@ class NodeSnapshot:
     status: str = "ready"
     cpu_free_milli: int = 0
     memory_free_bytes: int = 0
+    tasks: int = 0  # tasks active on it: among equally good nodes, the least busy one wins
 
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
-    """Every node the scheduler may consider, in a stable order (the order breaks score ties)."""
+    """Every node the scheduler may consider, in a stable order (after the number of active
+    tasks, the order breaks score ties)."""
 
     nodes: tuple[NodeSnapshot, ...]
 

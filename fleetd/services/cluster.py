@@ -188,22 +188,23 @@ class ClusterState:
                     memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
                     compute_free_milli=max(0, scheduler.MILLI - h[0]), numa_node=gpu.numa_node or 0,
                     healthy=gpu.healthy, exclusive=h[2]))
-            cpu_used, mem_used = node_use.get(node.id, (0, 0))
+            cpu_used, mem_used, tasks = node_use.get(node.id, (0, 0, 0))
             nodes.append(scheduler.NodeSnapshot(
                 id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
                 schedulable=block is None, status=block.code if block else node.status,
                 cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
-                memory_free_bytes=max(0, node.memory_bytes - mem_used)))
+                memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks))
         return scheduler.ClusterSnapshot(nodes=tuple(nodes))
 
     def _reservations(self):
-        """What active and still-stopping tasks hold, per GPU and per node."""
+        """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
         held, node_use = {}, {}
         for task in self.tasks + self.stopping:
             req = task.job.request
-            use = node_use.setdefault(task.node_id, [0, 0])
+            use = node_use.setdefault(task.node_id, [0, 0, 0])
             use[0] += req.cpu_milli
             use[1] += req.memory_bytes
+            use[2] += 1
             for alloc in task.gpus:
                 h = held.setdefault((task.node_id, alloc["uuid"]), [0, 0, False, []])
                 h[0] += alloc.get("compute_milli", scheduler.MILLI)
@@ -335,7 +336,7 @@ def cluster_allocation(state):
         row["next_open_at"] = isoformat(row.get("next_open_at"))
     nodes = {}
     for node in state.nodes:
-        cpu, mem = state.node_use.get(node.id, (0, 0))
+        cpu, mem, _ = state.node_use.get(node.id, (0, 0, 0))
         block = state.blocks[node.id]
         nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
                           "schedulable": block is None, "blocked_reason": block.text if block else None,

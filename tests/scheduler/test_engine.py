@@ -111,6 +111,24 @@ def test_cpu_only_task_runs_on_a_gpu_less_node_and_leaves_gpus_alone():
     assert engine.explain(TaskRequest(cpus=1))[0].stage == "cpu"
 
 
+def test_equally_good_nodes_share_work_by_how_busy_they_are():
+    # Tasks that take no GPU and no CPU leave every node equally good: they go round, not all to "a".
+    engine = PlacementEngine(make_cluster(make_node("a"), make_node("b"), make_node("c")))
+    picks = [engine.place(TaskRequest()).node_ids[0] for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+    assert [n.tasks for n in engine.snapshot().nodes] == [2, 2, 2]
+    # Tasks already running count; released ones stop counting.
+    engine = PlacementEngine(make_cluster(make_node("a", tasks=3), make_node("b", tasks=1), make_node("c", tasks=1)))
+    first = engine.place(TaskRequest())
+    assert first.node_ids == ("b",) and engine.place(TaskRequest()).node_ids == ("c",)
+    engine.release(first)
+    assert engine.place(TaskRequest()).node_ids == ("b",)
+    # Busyness only breaks ties: a whole-GPU task still packs onto the node that has GPUs in use.
+    held = {i: {"exclusive": True} for i in range(6)}
+    cluster = make_cluster(make_node("a", gpus=8), make_node("b", gpus=8, gpu_overrides=held, tasks=6))
+    assert PlacementEngine(cluster, policy="bestfit").place(TaskRequest(gpus=1)).node_ids == ("b",)
+
+
 def test_node_selector_restricts_fleet_and_labels():
     cluster = make_cluster(
         make_node("a", fleet="lab"),
