@@ -66,7 +66,26 @@ def secret_key_for(data_dir):
 
 
 class UiSessionInterface(SecureCookieSessionInterface):
-    """Flask's signed cookie session, Secure whenever the browser reached us over HTTPS."""
+    """Flask's signed cookie session, Secure whenever the browser reached us over HTTPS.
+
+    Only the UI has a session: the cookie's path is /ui, so no other request can carry one, and
+    they get Flask's null session without the signing machinery (most requests are the API's).
+    The signer is made once per secret key rather than per request.
+    """
+
+    _signer = (None, None)  # (secret key, serializer)
+
+    def open_session(self, app, request):
+        if not request.path.startswith(app.config["SESSION_COOKIE_PATH"]):
+            return None  # Flask makes it a null session
+        return super().open_session(app, request)
+
+    def get_signing_serializer(self, app):
+        key, serializer = self._signer
+        if key is not app.secret_key or serializer is None:
+            serializer = super().get_signing_serializer(app)
+            self._signer = (app.secret_key, serializer)
+        return serializer
 
     def get_cookie_secure(self, app):
         # X-Forwarded-Proto only ever makes the cookie stricter, so trusting it is harmless.

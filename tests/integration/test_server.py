@@ -150,3 +150,40 @@ def test_debug_log_never_contains_tokens(server_factory, admin):
     for secret in (admin, join, session, "leaked-secret-guess"):
         assert secret.split(".")[-1] not in server.log  # ... and holds no secret
     assert os.stat(server.data_dir).st_mode & 0o077 == 0
+
+
+def _raw_exchange(server, head):
+    """Send one raw request head (no body) and return the whole reply, read until fleetd closes."""
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
+    try:
+        sock.sendall(head)
+        reply = b""
+        for _ in range(100):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        return reply.decode("latin-1")
+    finally:
+        sock.close()
+
+
+def test_request_headers_are_parsed_with_http_limits(server, admin):
+    base = "GET /api/v1/whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    ok = _raw_exchange(server, f"{base}aUTHORIZATION: Bearer {admin}\r\n\r\n".encode())  # names: any case
+    assert ok.startswith("HTTP/1.1 200") and '"role":"admin"' in ok.replace(" ", ""), ok
+    # 100 headers are fine, 101 are not; nor is a line over 64 KiB, one without a colon, a folded one.
+    many = "".join(f"X-Filler-{i}: {i}\r\n" for i in range(97))
+    assert _raw_exchange(server, f"{base}Authorization: Bearer {admin}\r\n{many}\r\n".encode()).startswith(
+        "HTTP/1.1 200")
+    too_many = many + "X-One-More: 1\r\n"
+    for bad in (too_many, f"X-Long: {'a' * 65536}\r\n", "no colon here\r\n", "X-Folded: a\r\n b\r\n"):
+        reply = _raw_exchange(server, f"{base}Authorization: Bearer {admin}\r\n{bad}\r\n".encode())
+        assert reply.startswith("HTTP/1.1 400"), reply[:200]
+    # Chunked bodies still work (the Content-Length that came with them is dropped).
+    body = b'{"name": "chunky"}'
+    reply = _raw_exchange(server, (f"POST /api/v1/fleets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                   f"Authorization: Bearer {admin}\r\nContent-Type: application/json\r\n"
+                                   f"Content-Length: 999\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                   f"{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n")
+    assert reply.startswith("HTTP/1.1 201") and "chunky" in reply, reply[:300]
