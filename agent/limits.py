@@ -234,7 +234,13 @@ def task_pids(key, exclude=()):
 
 
 def cgroup_tree_pids(path):
-    """Pids in a cgroup and in the cgroups below it; [] once it is gone (it can only go when empty)."""
+    """Pids in a cgroup and in the cgroups below it; [] once it is gone (it can only go when empty).
+
+    `cgroup.events` says in one read whether any process is left in the whole subtree, which is
+    the usual answer once a task's leader has exited: no walk then.
+    """
+    if "populated 0" in (_read(os.path.join(path, "cgroup.events")) or ""):
+        return []
     return [pid for root, _dirs, _files in os.walk(path) for pid in Cgroups.procs(root)]
 
 

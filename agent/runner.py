@@ -57,6 +57,10 @@ RECOVERY_KILL_WAIT_SECONDS = 10.0
 RENDEZVOUS_POLL_SECONDS = 30
 DEFAULT_REPORT_RETRY_SECONDS = 7 * 86400.0
 MAX_IDLE_CLIENTS = 8
+# The start is reported once the process has run this long: a task that ends sooner reports its
+# start with its finish, one call instead of two (short tasks are most of what fleetd hears under
+# load). Later than this, fleetd's started_at is late by the same amount at most.
+START_REPORT_DELAY_SECONDS = 0.05
 
 
 class TaskError(Exception):
@@ -959,7 +963,7 @@ class Task:
                 self._kill_at = time.monotonic() + self.runner.kill_grace_seconds
         start_reported = False
         attempts = 0
-        next_report = 0.0
+        next_report = self.started_monotonic + START_REPORT_DELAY_SECONDS
         runtime_deadline = None
         if self.a.max_runtime_seconds is not None:
             runtime_deadline = self.started_monotonic + self.a.max_runtime_seconds

@@ -79,6 +79,11 @@ class FakeFleetd:
     def wait_finished(self, task_id, timeout=30.0):
         return self.wait_for(lambda: self.finished.get(task_id), timeout, f"finish of {task_id}")
 
+    def wait_outcome(self, task_id, timeout=30.0):
+        """The finish body without the start it may carry (`pid`, for a process that ended within
+        the agent's start-report delay)."""
+        return {k: v for k, v in self.wait_finished(task_id, timeout).items() if k != "pid"}
+
     def texts(self, task_id, stream=None):
         with self.cond:
             return [line[1] for line in self.logs.get(task_id, []) if stream is None or line[0] == stream]

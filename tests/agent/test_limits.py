@@ -16,8 +16,8 @@ import pytest
 
 from agent.client import FleetClient
 from agent.devices import DeviceManager
-from agent.limits import (MIB, Cgroups, Limits, LimitSettings, ProcessMapper, TaskKey, mps_client_env,
-                          mps_daemon_command, read_command, read_proc, shim_command)
+from agent.limits import (MIB, Cgroups, Limits, LimitSettings, ProcessMapper, TaskKey, cgroup_tree_pids,
+                          mps_client_env, mps_daemon_command, read_command, read_proc, shim_command)
 from agent.runner import Assignment, LogSettings, Runner, task_env, wait_gone
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
@@ -187,7 +187,7 @@ def test_a_task_within_its_limit_runs_to_success_untouched(host, fleetd, fake_nv
     assert row["compute_enforcement"].startswith("reported, not throttled")
     assert row["over_compute_share"] is False
     release.touch()
-    assert fleetd.wait_finished("t-fine") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.wait_outcome("t-fine") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
 
 
 def test_a_task_over_its_compute_share_while_another_process_is_active_is_flagged_not_throttled(
@@ -272,6 +272,28 @@ def cgroup_parent():
         if entry.is_dir():
             probe.remove(entry.path)
     probe.remove(probe.path)
+
+
+def test_cgroup_tree_pids_lists_a_subtree_and_nothing_once_it_is_empty(cgroup_parent):
+    cgroups = Cgroups(cgroup_parent)
+    top, _host = cgroups.create("task-tree")
+    below = os.path.join(top, "below")
+    os.mkdir(below)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        for proc, where in zip(sleepers, (top, below)):
+            with open(os.path.join(where, "cgroup.procs"), "w") as fh:
+                fh.write(str(proc.pid))
+        assert sorted(cgroup_tree_pids(top)) == sorted(p.pid for p in sleepers)
+        assert cgroup_tree_pids(below) == [sleepers[1].pid]
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait()
+    # Reaped: the subtree is unpopulated, and says so without a walk.
+    assert cgroup_tree_pids(top) == []
+    assert cgroups.remove(below) and cgroups.remove(top)
+    assert cgroup_tree_pids(top) == []  # gone
 
 
 def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_through_the_task_cgroup(

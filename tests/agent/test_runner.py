@@ -75,8 +75,7 @@ def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_run
     task = runner.submit(assignment("t-env", [PY, "-c", code], epoch=7,
                                     env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "all"},
                                     gpus=[{"uuid": GPU_A}, {"uuid": GPU_B, "memory_limit_bytes": 1 << 30}]))
-    finish = fleetd.wait_finished("t-env")
-    assert finish == {"epoch": 7, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.wait_outcome("t-env") == {"epoch": 7, "outcome": "succeeded", "exit_code": 0}
     seen = json.loads(fleetd.texts("t-env", "stdout")[0])
     env = seen["env"]
     assert env["FOO"] == "bar"
@@ -124,7 +123,7 @@ def test_failing_command_is_failed_with_its_exit_code_and_a_missing_program_cann
     runner = make_runner()
     runner.submit(assignment("t-fail", [PY, "-c", "import sys; print('bye', file=sys.stderr); sys.exit(3)"]))
     runner.submit(assignment("t-missing", ["/nonexistent/program"]))
-    assert fleetd.wait_finished("t-fail") == {"epoch": 1, "outcome": "failed", "exit_code": 3, "reason": "exit code 3"}
+    assert fleetd.wait_outcome("t-fail") == {"epoch": 1, "outcome": "failed", "exit_code": 3, "reason": "exit code 3"}
     assert fleetd.texts("t-fail", "stderr") == ["bye"]
     missing = fleetd.wait_finished("t-missing")
     assert missing["outcome"] == "failed" and "cannot start '/nonexistent/program'" in missing["reason"]
@@ -353,7 +352,7 @@ def test_finish_is_retried_through_a_fleetd_outage(make_runner, fleetd):
                     message="finish retries")
     assert runner.workers.report() == [{"id": "t-outage", "epoch": 1, "state": "finishing"}]
     fleetd.down.discard("finish")
-    assert fleetd.wait_finished("t-outage") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.wait_outcome("t-outage") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-outage") == ["done"]
 
 
@@ -439,7 +438,7 @@ def test_a_newer_epoch_of_the_same_task_supersedes_the_old_process(make_runner, 
     assert runner.submit(assignment("t-twice", ["sh", "-c", "sleep 300"], epoch=1)) is None
     runner.submit(assignment("t-twice", [PY, "-c", "print('second')"], epoch=2))
     assert wait_gone([old], 10)
-    assert fleetd.wait_finished("t-twice") == {"epoch": 2, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.wait_outcome("t-twice") == {"epoch": 2, "outcome": "succeeded", "exit_code": 0}
 
 
 def test_an_invalid_assignment_is_reported_failed_and_never_run(make_runner, fleetd):

@@ -75,7 +75,7 @@ def test_agent_acquires_runs_and_reports_a_task_that_heartbeats_and_the_local_ap
                            timeout=10).json()["data"]
     assert [(w["task_id"], w["pids"], w["env"]["CUDA_VISIBLE_DEVICES"]) for w in workers] == [("t-1", [pid], gpu)]
     release.touch()
-    assert fleetd.wait_finished("t-1") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
+    assert fleetd.wait_outcome("t-1") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-1") == [str(pid), "released"]
 
 
