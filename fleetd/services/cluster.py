@@ -95,6 +95,22 @@ class _TermsCache:
         return found
 
 
+    def of_jobs(self, jobs):
+        """JobTerms of loaded Job rows, {id: terms}, kept for later passes (where these jobs' tasks
+        are then active): the row is at hand, so no query."""
+        with self._lock:
+            found = {j.id: self._terms[j.id] for j in jobs if j.id in self._terms}
+        made = {j.id: JobTerms(task_request(j.spec), j.team or "", j.priority_class, j.spec.get("bid"))
+                for j in jobs if j.id not in found}
+        if made:
+            with self._lock:
+                self._terms.update(made)
+                for stale in list(self._terms)[:max(0, len(self._terms) - self.size)]:
+                    del self._terms[stale]
+            found.update(made)
+        return found
+
+
 TERMS = _TermsCache()
 
 
@@ -150,10 +166,13 @@ class ClusterState:
         self.tasks = load_holds()
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
         # their GPUs are not free until the node stops reporting them.
-        reported = reported or {}
+        # Only tasks that are not active can be stopping: most of what nodes report is active, and
+        # then there is nothing to read.
+        active = {t.id for t in self.tasks}
+        ended = [task_id for task_id in (reported or ()) if task_id not in active]
         self.stopping = []
-        if reported:
-            self.stopping = [t for t in load_holds(Task.id.in_(list(reported)) & Task.state.not_in(ACTIVE_TASK_STATES))
+        if ended:
+            self.stopping = [t for t in load_holds(Task.id.in_(ended) & Task.state.not_in(ACTIVE_TASK_STATES))
                              if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()

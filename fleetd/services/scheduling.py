@@ -8,7 +8,7 @@ import threading
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
-from fleetd.services.cluster import ClusterState
+from fleetd.services.cluster import TERMS, ClusterState
 from fleetd.services.events import batched
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
@@ -55,11 +55,12 @@ def _run_pass(rt):
         if not queued:
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
+        terms = TERMS.of_jobs(queued)
         state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
         # The shapes that arrive (queued and running work): what fragmentation is measured against.
         running = {t.job_id: t.job.request for t in state.tasks}
         profile = scheduler.profile_from_requests(
-            list(running.values()) + [task_request(j.spec) for j in queued])
+            list(running.values()) + [terms[j.id].request for j in queued])
         engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None,
                                            profile=profile)
         rules = Rules.load(state)
