@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from fleetd.services.cluster import _TermsCache
 from tests.conftest import ApiClient
 
 
@@ -275,6 +276,36 @@ def test_job_wait_answers_when_the_job_ends(api, fleet, make_app):
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     waiter.join(timeout=30)
     assert answers and answers[0]["state"] == "succeeded"
+
+
+def test_jobs_that_need_no_gpu_go_round_the_nodes_busy_ones_last(api, fleet):
+    sessions = [_node(api, fleet, f"n{i}")[1] for i in range(3)]
+    busy = api.submit(name="first")  # placed alone: the three nodes are alike and idle
+    api.run_task("scheduling")
+    first = next(s for s in sessions if api.acquire(s) is not None)
+    for i in range(5):
+        api.submit(name=f"more-{i}")
+    api.run_task("scheduling")
+    counts = {s: 0 for s in sessions}
+    for session in sessions:
+        for _ in range(10):
+            if api.acquire(session) is None:
+                break
+            counts[session] += 1
+    # Five more tasks over three nodes, one of which already runs one: two on each of the others.
+    assert counts[first] == 1 and sorted(counts.values()) == [1, 2, 2], (busy["id"], counts)
+
+
+def test_job_terms_cache_keeps_the_newest_entries_up_to_its_size():
+    class Row:
+        def __init__(self, i):
+            self.id, self.spec, self.team, self.priority_class = f"j{i}", {"command": ["true"]}, "", "on-demand"
+
+    cache = _TermsCache(size=3)
+    terms = cache.of_jobs([Row(i) for i in range(5)])
+    assert sorted(terms) == ["j0", "j1", "j2", "j3", "j4"]  # all returned, the newest three kept
+    assert sorted(cache._terms) == ["j2", "j3", "j4"]
+    assert cache.of_jobs([Row(4)])["j4"] is terms["j4"]
 
 
 def test_concurrent_submissions_lose_no_job_and_run_none_twice(api, fleet):

@@ -6,6 +6,7 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 """
 
 import dataclasses
+import itertools
 import re
 import threading
 import typing
@@ -90,10 +91,15 @@ class _TermsCache:
             for job_id in missing:
                 if job_id in found:
                     self._terms[job_id] = found[job_id]
-            for stale in list(self._terms)[:max(0, len(self._terms) - self.size)]:
-                del self._terms[stale]
+            self._evict()
         return found
 
+    def _evict(self):
+        """Drop the oldest entries beyond `size` (call with the lock held)."""
+        excess = len(self._terms) - self.size
+        if excess > 0:
+            for stale in list(itertools.islice(self._terms, excess)):
+                del self._terms[stale]
 
     def of_jobs(self, jobs):
         """JobTerms of loaded Job rows, {id: terms}, kept for later passes (where these jobs' tasks
@@ -105,8 +111,7 @@ class _TermsCache:
         if made:
             with self._lock:
                 self._terms.update(made)
-                for stale in list(self._terms)[:max(0, len(self._terms) - self.size)]:
-                    del self._terms[stale]
+                self._evict()
             found.update(made)
         return found
 
