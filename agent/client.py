@@ -128,9 +128,10 @@ class FleetClient:
         """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
         self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
 
-    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None, lost=False, pid=None):
+    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None, lost=False, pid=None,
+                    started_seconds_ago=None):
         """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled (`lost`: the agent ended it;
-        `pid`: the start was not reported, this reports it too)."""
+        `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
         body = {"epoch": epoch, "outcome": outcome}
         if exit_code is not None:
             body["exit_code"] = exit_code
@@ -140,6 +141,8 @@ class FleetClient:
             body["lost"] = True
         if pid is not None:
             body["pid"] = pid
+            if started_seconds_ago is not None:
+                body["started_seconds_ago"] = round(started_seconds_ago, 6)
         self._post(_task_path(task_id, "finish"), body, self.session_token)
 
     def download_artifact(self, sha256, dest):

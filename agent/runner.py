@@ -726,7 +726,8 @@ class Task:
                 log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
             self._finish_logs()
             keep_dir = not report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
-                                         lost=lost, pid=self.proc.pid if self._start_with_finish else None)
+                                         lost=lost, pid=self.proc.pid if self._start_with_finish else None,
+                                         started_monotonic=self.started_monotonic)
         except Fenced as exc:
             if self._keep_state:
                 log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
@@ -1099,19 +1100,22 @@ class Task:
         write_state(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
 
 
-def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None):
+def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None):
     """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
 
     False when given up (the agent stops, or the retry time is over): the state file stays, and
     the next start reports the task. `lost` adds `lost: true` (the agent, not the task, ended it);
-    `pid` reports the start with the finish (the process ended before its start was reported).
+    `pid` reports the start with the finish (the process ended before its start was reported), and
+    `started_monotonic` (time.monotonic() at the spawn) how long ago that was.
     A fleetd that does not know these fields (400) gets a start report, then the finish without them.
     """
     outcome, exit_code, reason = result
     deadline = time.monotonic() + runner.report_retry_seconds
     for attempt in range(1, 1_000_000):
         try:
-            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid)
+            ago = None if pid is None or started_monotonic is None else max(0.0, time.monotonic() - started_monotonic)
+            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid,
+                               started_seconds_ago=ago)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
             return True

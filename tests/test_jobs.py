@@ -1,9 +1,11 @@
 """Jobs end to end through the API: submit, placement, the worker protocol, leases, gangs, cancel."""
 
+import datetime as dt
 import threading
 
 import pytest
 
+from fleetd.clock import isoformat
 from fleetd.services.cluster import _TermsCache
 from tests.conftest import ApiClient
 
@@ -145,6 +147,30 @@ def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
     task_steps = [(e["from_status"], e["to_status"]) for e in events if e["kind"] == "task.state"]
     assert task_steps[-2:] == [("assigned", "running"), ("running", "succeeded")]
     assert "pid 321" in [e for e in events if e["to_status"] == "running" and e["kind"] == "task.state"][0]["reason"]
+
+
+def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_assignment(api, fleet, clock):
+    _, session = _node(api, fleet, "n1")
+    jobs = [api.submit(name=f"j{i}") for i in range(2)]
+    api.run_task("scheduling")
+    assigned_at = clock.now()
+    first, second = api.acquire(session), api.acquire(session)
+    clock.advance(10)
+    api.task_call(session, first, "finish", outcome="succeeded", exit_code=0, pid=11, started_seconds_ago=2.5)
+    # An interval longer than the task was assigned (another host's measure): the assignment bounds it.
+    api.task_call(session, second, "finish", outcome="succeeded", exit_code=0, pid=12, started_seconds_ago=60)
+    started = {j["id"]: _job(api, j["id"])["tasks"][0]["started_at"] for j in jobs}
+    assert started[first["job_id"]] == isoformat(clock.now() - dt.timedelta(seconds=2.5))
+    assert started[second["job_id"]] == isoformat(assigned_at)
+    # Without the start it means nothing, and is refused naming the field.
+    job = api.submit(name="j3")
+    api.run_task("scheduling")
+    third = api.acquire(session)
+    resp = api.post(f"/api/v1/agent/tasks/{third['task_id']}/finish",
+                    {"epoch": third["epoch"], "outcome": "succeeded", "started_seconds_ago": 1.0},
+                    token=session, agent=True)
+    assert resp.status_code == 400 and "started_seconds_ago" in str(resp.get_json()), resp.get_json()
+    assert _job(api, job["id"])["state"] != "succeeded"
 
 
 def test_a_task_the_agent_ended_itself_is_retried_as_lost(api, fleet):

@@ -262,6 +262,16 @@ class TaskFinishSchema(Schema):
         "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
         "description": "the process ended before its start was reported: this finish reports the start too"})
+    started_seconds_ago = fields.Float(validate=validate.Range(min=0, max=366 * 86400), load_default=None,
+                                       allow_none=True, metadata={
+        "description": "with pid: how long before this report the process started (the agent's own clock "
+                       "measures the interval, so host clocks need not agree)"})
+
+    @validates_schema
+    def _ago_needs_pid(self, data, **_kwargs):
+        if data.get("started_seconds_ago") is not None and data.get("pid") is None:
+            raise ValidationError("only a finish that carries the start (pid) says when it started",
+                                  "started_seconds_ago")
 
 
 class ArtifactSchema(Schema):

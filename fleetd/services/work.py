@@ -1,5 +1,7 @@
 """The worker side of the agent protocol: acquire, start, rendezvous, logs, finish, leases."""
 
+import datetime as dt
+
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, NotFound, Timeout
 from fleetd.models import Job, LogLine, Task, TaskState
@@ -105,8 +107,8 @@ def start_task(rt, node_id, task_id, epoch, pid=None):
     rt.leases.renew(task_id, epoch)
 
 
-def _mark_started(task, pid, now):
-    task.started_at = now
+def _mark_started(task, pid, now, started_at=None):
+    task.started_at = now if started_at is None else started_at
     task.pid = pid
     switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now)
 
@@ -160,19 +162,25 @@ def append_logs(rt, node_id, task_id, epoch, lines):
             LogLine.insert_many(rows).execute()
 
 
-def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None):
+def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None,
+                started_seconds_ago=None):
     """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
 
     `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
     the task counts as lost, so the job retries as after a lost node. `pid`: the process
     ended before the agent reported its start, and this report carries the start as well
-    (one call instead of two for short tasks); the task goes through running all the same.
+    (one call instead of two for short tasks); the task goes through running all the same,
+    started `started_seconds_ago` before now when the agent says so (never before it was
+    assigned: the interval comes from another host).
     """
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
         if pid is not None and task.state == T.ASSIGNED.value:
-            _mark_started(task, pid, now)
+            started_at = None
+            if started_seconds_ago is not None:
+                started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
+            _mark_started(task, pid, now, started_at)
         # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
         if not T(task.state).is_terminal():
             reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)

@@ -80,9 +80,9 @@ class FakeFleetd:
         return self.wait_for(lambda: self.finished.get(task_id), timeout, f"finish of {task_id}")
 
     def wait_outcome(self, task_id, timeout=30.0):
-        """The finish body without the start it may carry (`pid`, for a process that ended within
+        """The finish body without the start it may carry (`pid`, `started_seconds_ago`: a process that ended within
         the agent's start-report delay)."""
-        return {k: v for k, v in self.wait_finished(task_id, timeout).items() if k != "pid"}
+        return {k: v for k, v in self.wait_finished(task_id, timeout).items() if k not in ("pid", "started_seconds_ago")}
 
     def texts(self, task_id, stream=None):
         with self.cond:

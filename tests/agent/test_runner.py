@@ -504,6 +504,7 @@ def test_a_start_not_reported_before_the_process_ended_rides_on_the_finish(make_
     runner.submit(assignment("t-late", [PY, "-c", "import threading; threading.Event().wait(0.3)"]))
     finish = fleetd.wait_finished("t-late")
     assert finish["outcome"] == "succeeded" and finish["pid"] > 0
+    assert 0.3 <= finish["started_seconds_ago"] < 30  # it ran 0.3 s before the report
     assert fleetd.paths("POST").count("/api/v1/agent/tasks/t-late/start") >= 1  # tried while it ran
 
 
