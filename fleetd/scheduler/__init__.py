@@ -5,7 +5,7 @@ and `engine.schedule` for the entry points, `model` for the data, `policies` for
 """
 
 from fleetd.scheduler.capacity import GpuCounts, gpu_capacity, gpu_state
-from fleetd.scheduler.engine import PlacementEngine, profile_from_requests, schedule, shape_of
+from fleetd.scheduler.engine import PLACEMENT_GROUP, PlacementEngine, profile_from_requests, schedule, shape_of
 from fleetd.scheduler.model import (
     MILLI,
     STAGES,
@@ -31,6 +31,7 @@ from fleetd.scheduler.preemption import freed, plan_preemption
 __all__ = [
     "DEFAULT_POLICY",
     "MILLI",
+    "PLACEMENT_GROUP",
     "POLICIES",
     "STAGES",
     "ClusterSnapshot",

@@ -8,10 +8,12 @@ pass; `explain()` says, per node, which filter stage rejects a request and why.
 Nodes with identical free resources (same GPU model, free CPU and free GPU shares) form
 one class; a policy scores a class once per task shape and the score is remembered, so a
 decision costs one dictionary look-up per class rather than a policy call per node. Among
-equally good nodes the one running the fewest tasks wins, then the one earliest in the
-snapshot: a class keeps its members in that order, so the choice is its first member. (Tasks
-that take no GPU or CPU leave a node's class unchanged; without this they would all land on
-one host.)
+equally good nodes the least busy wins, then the one earliest in the snapshot: a class keeps
+its members in that order, so the choice is its first member. Busy counts the tasks a node
+runs, plus the ones placed on it in this pass in steps of `PLACEMENT_GROUP`: tasks that take
+no GPU or CPU leave a node's class unchanged, and without this they would all land on one
+host; with it they go round the nodes a few at a time, and a node's agent gets each few in
+one acquire rather than one call per task.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from fleetd.scheduler.model import (
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 
 _MISS = object()
+PLACEMENT_GROUP = 4  # tasks one pass places on a node before an equally good, equally busy one gets its turn
 
 
 class _Gpu:
@@ -74,12 +77,12 @@ class _Gpu:
 
 
 class _Node:
-    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "tasks")
+    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "placed")
 
     def __init__(self, index: int, snap: NodeSnapshot):
         self.index = index
         self.snap = snap
-        self.tasks = snap.tasks
+        self.placed = 0  # tasks this engine reserved here (net of releases)
         self.cpu_free = snap.cpu_free_milli
         self.memory_free = snap.memory_free_bytes
         models = sorted({g.model for g in snap.gpus})
@@ -96,9 +99,13 @@ class _Node:
         return self.key
 
     @property
+    def tasks(self) -> int:
+        return self.snap.tasks + self.placed
+
+    @property
     def rank(self) -> tuple[int, int]:
         """Order among equally good nodes: least busy first, then snapshot order."""
-        return (self.tasks, self.index)
+        return (self.snap.tasks + self.placed // PLACEMENT_GROUP, self.index)
 
 
 @dataclass
@@ -182,7 +189,7 @@ class PlacementEngine:
         return sum(1 for g in gpus if g >= MILLI) >= shape.gpu_count
 
     def _scores(self, shape: Shape) -> list[tuple]:
-        """(score, -(first node's tasks, index), class id, slice) for every class the shape fits."""
+        """(score, -(first node's rank), class id, slice) for every class the shape fits."""
         memo = self._memo.get(shape)
         if memo is None:
             memo = self._memo[shape] = {}
@@ -194,8 +201,8 @@ class PlacementEngine:
                 res = self.policy.score(key[0], key[1], key[2], shape) if self._class_fits(key, shape) else None
                 memo[cid] = res
             if res is not None:
-                first = members[0]
-                out.append((res[0], (-first.tasks, -first.index), cid, res[1]))
+                busy, index = members[0].rank
+                out.append((res[0], (-busy, -index), cid, res[1]))
         return out
 
     # ---- per-node checks and device choice -----------------------------------------------
@@ -314,7 +321,7 @@ class PlacementEngine:
             self._leave(node)
         node.cpu_free -= request.cpu_milli
         node.memory_free -= request.memory_bytes
-        node.tasks += 1
+        node.placed += 1
         for gpu, milli, memory in devices:
             gpu.milli_free -= milli
             gpu.memory_free -= memory
@@ -329,7 +336,7 @@ class PlacementEngine:
             self._leave(node)
         node.cpu_free += r.cpu
         node.memory_free += r.memory
-        node.tasks -= 1
+        node.placed -= 1
         for gpu, milli, memory in r.gpus:
             gpu.milli_free += milli
             gpu.memory_free += memory

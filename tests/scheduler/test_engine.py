@@ -8,6 +8,7 @@ import pytest
 
 from fleetd.scheduler import (
     DEFAULT_POLICY,
+    PLACEMENT_GROUP,
     POLICIES,
     FragmentationModel,
     NodeSelector,
@@ -112,16 +113,18 @@ def test_cpu_only_task_runs_on_a_gpu_less_node_and_leaves_gpus_alone():
 
 
 def test_equally_good_nodes_share_work_by_how_busy_they_are():
-    # Tasks that take no GPU and no CPU leave every node equally good: they go round, not all to "a".
+    # Tasks that take no GPU and no CPU leave every node equally good: they go round the nodes in
+    # groups (a node's agent gets a group in one acquire), not all to "a".
     engine = PlacementEngine(make_cluster(make_node("a"), make_node("b"), make_node("c")))
-    picks = [engine.place(TaskRequest()).node_ids[0] for _ in range(6)]
-    assert picks == ["a", "b", "c", "a", "b", "c"]
-    assert [n.tasks for n in engine.snapshot().nodes] == [2, 2, 2]
-    # Tasks already running count; released ones stop counting.
+    picks = [engine.place(TaskRequest()).node_ids[0] for _ in range(3 * PLACEMENT_GROUP + 1)]
+    assert picks == ["a"] * PLACEMENT_GROUP + ["b"] * PLACEMENT_GROUP + ["c"] * PLACEMENT_GROUP + ["a"]
+    assert [n.tasks for n in engine.snapshot().nodes] == [PLACEMENT_GROUP + 1, PLACEMENT_GROUP, PLACEMENT_GROUP]
+    # Tasks already running count in full; released ones stop counting.
     engine = PlacementEngine(make_cluster(make_node("a", tasks=3), make_node("b", tasks=1), make_node("c", tasks=1)))
     first = engine.place(TaskRequest())
-    assert first.node_ids == ("b",) and engine.place(TaskRequest()).node_ids == ("c",)
-    engine.release(first)
+    assert first.node_ids == ("b",)
+    assert [engine.place(TaskRequest()).node_ids[0] for _ in range(PLACEMENT_GROUP)] == ["b"] * (PLACEMENT_GROUP - 1) + ["c"]
+    engine.release(first)  # b: 1 running + 3 placed, as busy as c (1 + 1) in steps of a group; b is earlier
     assert engine.place(TaskRequest()).node_ids == ("b",)
     # Busyness only breaks ties: a whole-GPU task still packs onto the node that has GPUs in use.
     held = {i: {"exclusive": True} for i in range(6)}
