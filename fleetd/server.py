@@ -28,8 +28,8 @@ class RequestHeaders:
 
     gevent parses headers with http.client.parse_headers, that is with the email package: about
     a sixth of fleetd's CPU for a small API request. This reads the same block under the same
-    limits; a line over 64 KiB, more than 100 headers, a line without a name or a folded line
-    leaves `status` set, which gevent answers with 400.
+    limits; a line over 64 KiB, more than 100 headers, a line without a name, with space before
+    its colon, or folded leaves `status` set, which gevent answers with 400.
     """
 
     __slots__ = ("status", "headers", "_fields")
@@ -52,7 +52,9 @@ class RequestHeaders:
                 return
             text = line.decode("iso-8859-1")
             name, sep, value = text.partition(":")
-            if not sep or text[:1] in " \t":  # no name, or obsolete line folding (RFC 9112 5.2: may be refused)
+            # No name, space before the colon (RFC 9112 5.1: must be refused) or obsolete line
+            # folding (5.2: may be refused).
+            if not sep or not name or name != name.strip():
                 self.status = "Invalid header line"
                 return
             self.headers.append(text)

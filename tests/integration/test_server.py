@@ -172,12 +172,14 @@ def test_request_headers_are_parsed_with_http_limits(server, admin):
     base = "GET /api/v1/whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
     ok = _raw_exchange(server, f"{base}aUTHORIZATION: Bearer {admin}\r\n\r\n".encode())  # names: any case
     assert ok.startswith("HTTP/1.1 200") and '"role":"admin"' in ok.replace(" ", ""), ok
-    # 100 headers are fine, 101 are not; nor is a line over 64 KiB, one without a colon, a folded one.
+    # 100 headers are fine, 101 are not; nor is a line over 64 KiB, one without a colon or a name, one
+    # with space before its colon, or a folded one.
     many = "".join(f"X-Filler-{i}: {i}\r\n" for i in range(97))
     assert _raw_exchange(server, f"{base}Authorization: Bearer {admin}\r\n{many}\r\n".encode()).startswith(
         "HTTP/1.1 200")
     too_many = many + "X-One-More: 1\r\n"
-    for bad in (too_many, f"X-Long: {'a' * 65536}\r\n", "no colon here\r\n", "X-Folded: a\r\n b\r\n"):
+    for bad in (too_many, f"X-Long: {'a' * 65536}\r\n", "no colon here\r\n", "X-Folded: a\r\n b\r\n",
+                "X-Spaced : a\r\n", ": no name\r\n"):
         reply = _raw_exchange(server, f"{base}Authorization: Bearer {admin}\r\n{bad}\r\n".encode())
         assert reply.startswith("HTTP/1.1 400"), reply[:200]
     # Chunked bodies still work (the Content-Length that came with them is dropped).
