@@ -69,6 +69,10 @@ class Hold(typing.NamedTuple):
     job: JobTerms
 
 
+def _terms(spec, team, priority_class):
+    return JobTerms(task_request(spec), team or "", priority_class, spec.get("bid"))
+
+
 class _TermsCache:
     """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
     never reused, so an entry never goes stale; the oldest entries go beyond `size`."""
@@ -86,7 +90,7 @@ class _TermsCache:
             rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class)
                     .where(Job.id.in_(missing[start:start + 500])).tuples())
             for job_id, spec, team, priority_class in rows:
-                found[job_id] = JobTerms(task_request(spec), team or "", priority_class, spec.get("bid"))
+                found[job_id] = _terms(spec, team, priority_class)
         with self._lock:
             for job_id in missing:
                 if job_id in found:
@@ -106,8 +110,7 @@ class _TermsCache:
         are then active): the row is at hand, so no query."""
         with self._lock:
             found = {j.id: self._terms[j.id] for j in jobs if j.id in self._terms}
-        made = {j.id: JobTerms(task_request(j.spec), j.team or "", j.priority_class, j.spec.get("bid"))
-                for j in jobs if j.id not in found}
+        made = {j.id: _terms(j.spec, j.team, j.priority_class) for j in jobs if j.id not in found}
         if made:
             with self._lock:
                 self._terms.update(made)
