@@ -32,7 +32,6 @@ class GroupCommit:
         self.run = run or (lambda fn: fn())  # off the event loop under gevent
         self.started = 0  # syncs begun
         self.done = 0  # syncs finished
-        self.syncs = 0
         self._lock = threading.Lock()  # one sync at a time; a greenlet lock under gevent
 
     def wait(self):
@@ -43,7 +42,6 @@ class GroupCommit:
                 return
             self.started += 1
             self.run(self._fsync)
-            self.syncs += 1
             self.done = self.started
 
     def _fsync(self):

@@ -174,7 +174,7 @@ def serve(settings, ready_callback=None):
     rt.scheduler.stop()
     rt.tasks.shutdown()
     if group_commit is not None:
-        log.info("group commit: %d WAL syncs acknowledged the writes", group_commit.syncs)
+        log.info("group commit: %d WAL syncs acknowledged the writes", group_commit.done)
     enable_group_commit(None)
     if not db.is_closed():
         db.close()

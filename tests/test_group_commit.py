@@ -33,7 +33,7 @@ def test_a_write_waits_for_a_sync_that_began_after_it(tmp_path):
         run.writes += 1
         group.wait()
         assert run.began[-1] == run.writes  # the sync that answered began after this write
-    assert group.syncs == 3
+    assert group.done == 3
 
 
 def test_writers_that_queue_behind_a_sync_share_the_next_one(tmp_path):
@@ -58,13 +58,13 @@ def test_writers_that_queue_behind_a_sync_share_the_next_one(tmp_path):
     for t in waiters:
         t.join(10)
     assert not any(t.is_alive() for t in waiters + [first])
-    assert group.syncs == 2 and run.began == [0, 8]  # eight writers, one more sync, begun after them
+    assert group.done == 2 and run.began == [0, 8]  # eight writers, one more sync, begun after them
 
 
 def test_no_wal_file_means_nothing_to_sync(tmp_path):
     group = GroupCommit(str(tmp_path / "absent-wal"))
     group.wait()
-    assert group.syncs == 1
+    assert group.done == 1
 
 
 @pytest.fixture
@@ -80,10 +80,10 @@ def group(tmp_path):
 def test_requests_that_write_wait_for_a_sync_and_reads_do_not(api, group):
     assert api.get("/api/v1/fleets").status_code == 200
     assert api.get("/api/v1/jobs").status_code == 200
-    assert group.syncs == 0
+    assert group.done == 0
     assert api.post("/api/v1/fleets", {"name": "gc"}).status_code == 201
-    assert group.syncs == 1
+    assert group.done == 1
     assert api.post("/api/v1/fleets", {"name": "gc"}).status_code == 409  # nothing written, nothing synced
-    assert group.syncs == 1
+    assert group.done == 1
     api.submit(name="durable")
-    assert group.syncs == 2
+    assert group.done == 2

@@ -9,7 +9,6 @@ from fleetd import scheduler
 from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
 from fleetd.services.cluster import TERMS, ClusterState
-from fleetd.services.events import batched
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
 from fleetd.sql import Statement
@@ -69,7 +68,7 @@ def _run_pass(rt):
         for job in queued:
             fleet = (job.spec.get("node_selector") or {}).get("fleet")
             engine.use_policy(by_fleet.get(fleet) or rt.settings.scheduler_policy or None, profile)
-            request, blocked = rules.request_for(job.spec, job.team, job.priority_class)
+            request, blocked = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
             result = None
             if blocked is None:
                 result = engine.place(request, explain=True)
@@ -85,25 +84,24 @@ def _run_pass(rt):
                 continue
             rules.charge(job, request)
             placed.append((job, result))
-        with batched():
-            tasks = _tasks_of([job.id for job, _ in placed])
-            for job, result in placed:
-                rt.nominations.pop(job.id, None)
-                for rank in result.ranks:
-                    task = tasks[(job.id, rank.rank)]
-                    task.node = rank.node_id
-                    task.gpus = [_allocation(g) for g in rank.gpus]
-                    task.epoch += 1
-                    task.assigned_at = now
-                    task.delivered_at = None
-                    switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
-                    rt.leases.renew(task.id, task.epoch)
-                    woken.add(rank.node_id)
-                if rt.instruments is not None and job.attempt == 1:
-                    rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
-                job.pending_reason = ""
-                switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
-                assigned += 1
+        tasks = _tasks_of([job.id for job, _ in placed])
+        for job, result in placed:
+            rt.nominations.pop(job.id, None)
+            for rank in result.ranks:
+                task = tasks[(job.id, rank.rank)]
+                task.node = rank.node_id
+                task.gpus = [_allocation(g) for g in rank.gpus]
+                task.epoch += 1
+                task.assigned_at = now
+                task.delivered_at = None
+                switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+                rt.leases.renew(task.id, task.epoch)
+                woken.add(rank.node_id)
+            if rt.instruments is not None and job.attempt == 1:
+                rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
+            job.pending_reason = ""
+            switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
+            assigned += 1
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
     return {"assigned": assigned, "pending": pending}
@@ -155,9 +153,10 @@ class Rules:
             return sum(v for (t, _), v in self.usage.items() if t == team)
         return self.usage.get((team, priority_class), 0)
 
-    def request_for(self, spec, team, priority_class):
-        """(TaskRequest, None) or (None, why it waits) for a job of this team and class."""
-        request = task_request(spec)
+    def request_for(self, spec, team, priority_class, request=None):
+        """(TaskRequest, None) or (None, why it waits) for a job of this team and class (`request`:
+        the spec's TaskRequest, when the caller has it)."""
+        request = request or task_request(spec)
         team = team or ""
         need = gpus_of(request)
         for klass in (priority_class, "any"):
