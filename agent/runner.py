@@ -384,12 +384,9 @@ class LogShipper:
         self._thread = threading.Thread(target=self._run, name=f"logs-{label}", daemon=True)
         self._started = False
 
-    def start(self):
-        """Ship from now on; the shipping thread starts with the first line (a silent task needs none)."""
-        return self
-
     def add(self, stream, text):
-        """Queue one line (called by the pipe readers); drops the oldest lines past the buffer bound."""
+        """Queue one line (called by the pipe reader); drops the oldest lines past the buffer bound.
+        The shipping thread starts with the first line: a silent task needs none."""
         size = _line_size(stream, text)
         with self._cond:
             start, self._started = not self._started, True
@@ -861,7 +858,7 @@ class Task:
         if argv != self.a.command:
             _check_executable(self.a.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         self.shipper = LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
-                                  self.fence, self.runner.closing.is_set, self.label).start()
+                                  self.fence, self.runner.closing.is_set, self.label)
         with self._lock:
             self._check()
             try:
