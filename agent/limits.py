@@ -347,7 +347,12 @@ class Cgroups:
             return None, record
         path = os.path.join(self.path, name)
         try:
-            os.makedirs(path, exist_ok=True)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:  # the parent went (an operator removed it): made again
+                os.makedirs(path, exist_ok=True)
         except OSError as exc:
             for item in record.values():
                 item["how"] = f"not enforced: cannot create {path}: {exc.strerror or exc}" if item["limit"] else \

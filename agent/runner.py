@@ -533,17 +533,65 @@ class LogShipper:
 # One task
 
 
-def write_state(path, text):
-    """Replace a task's state file atomically, mode 0600.
+def append_state(path, record):
+    """Record a task's state: one more line, the whole record as JSON, at the end of its state
+    file (mode 0600); the last complete line is the state (read_state).
 
-    No fsync, unlike the enrolment files: the file only has to survive the agent's death, which
-    the page cache does; after a host crash the boot id differs and no process of the task lives.
+    Appended rather than replaced: ext4 starts writing out a file's data when another file is
+    renamed over it (auto_da_alloc), which made the three records of a short task cost ten times
+    what three appends do. A write() of one line is not torn by the agent's death; a host crash
+    may tear the last line, and read_state then takes the line before. No fsync, unlike the
+    enrolment files: the file only has to survive the agent's death, which the page cache does;
+    after a host crash the boot id differs and no process of the task lives.
     """
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        view = memoryview(data)
+        for _ in range(len(data)):  # write() may take less than all of it (disk full raises OSError)
+            view = view[os.write(fd, view):]
+            if not view:
+                break
+    finally:
+        os.close(fd)
+
+
+def read_state(path):
+    """The state recorded by append_state: the last line of the file that is a JSON object.
+
+    OSError when the file cannot be read, ValueError when no line is a record. A file of one
+    JSON object (written by agents before the state became a journal) reads the same.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    for line in reversed(data.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line
+        if isinstance(record, dict):
+            return record
+    raise ValueError(f"{path} holds no state record")
+
+
+def make_task_dir(path, workdir):
+    """Create a task's directory and its work directory (mode 0700), as parents where missing."""
+    try:
+        os.mkdir(path, 0o700)
+        os.mkdir(workdir, 0o700)
+    except OSError:  # a parent is missing, or a directory is left from an earlier try
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
+
+
+def remove_task_dir(path):
+    """Remove a task's directory: its state file and empty work directory at a few syscalls' cost,
+    anything more through shutil.rmtree; errors are ignored, as rmtree's ignore_errors does."""
+    try:
+        os.unlink(os.path.join(path, STATE_FILE))
+        os.rmdir(os.path.join(path, WORK_DIR))
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_executable(program, cwd, path):
@@ -744,7 +792,7 @@ class Task:
                 self.runner.workers.remove(self.a.task_id)
             self.runner.forget(self)
             if not keep_dir:
-                shutil.rmtree(self.dir, ignore_errors=True)
+                remove_task_dir(self.dir)
             self.runner.checkin_client(client)
 
     def _check(self):
@@ -757,12 +805,14 @@ class Task:
     def _run_to_result(self, client):
         """(outcome, exit_code, reason) of the task."""
         try:
-            os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+            make_task_dir(self.dir, self.workdir)
             self._prepare_limits()  # the cgroup exists before the state file that names it
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
                        cgroup=self.task_limits.cgroup)
-            cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True) if self.a.workdir else self.workdir
-            os.makedirs(cwd, exist_ok=True)
+            cwd = self.workdir
+            if self.a.workdir:
+                cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True)
+                os.makedirs(cwd, exist_ok=True)
             self._download_artifacts(client, cwd)
             addr, port = self._rendezvous(client)
             self._spawn(cwd, addr, port)
@@ -1094,7 +1144,7 @@ class Task:
     def _save(self, **changes):
         self.record.update(changes)
         self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
-        write_state(self.state_path, json.dumps(self.record, sort_keys=True) + "\n")
+        append_state(self.state_path, self.record)
 
 
 def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None):
@@ -1268,8 +1318,7 @@ class Runner:
         for entry in entries:
             path = os.path.join(self.tasks_dir, entry)
             try:
-                with open(os.path.join(path, STATE_FILE)) as fh:
-                    record = json.load(fh)
+                record = read_state(os.path.join(path, STATE_FILE))
                 task_id, epoch = record["task_id"], int(record["epoch"])
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning("task directory %s has no usable state file; removing it", path)
@@ -1308,7 +1357,7 @@ class Runner:
         finally:
             self.checkin_client(client)
         if done and path:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_task_dir(path)
 
     def _background(self, name, target, *args):
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

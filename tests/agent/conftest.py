@@ -15,6 +15,7 @@ import pytest
 
 from agent import fake_nvml as fake_module
 from agent.limits import Cgroups
+from agent.runner import read_state
 from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
@@ -182,7 +183,7 @@ class AgentProcess:
         cgroups = Cgroups("")
         for state in self.state_dir.glob("tasks/*/task.json"):
             try:
-                path = json.loads(state.read_text()).get("cgroup")
+                path = read_state(state).get("cgroup")
             except (OSError, ValueError):
                 continue
             if path and os.path.isdir(path):

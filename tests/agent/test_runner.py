@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from agent.client import FleetClient
-from agent.runner import (TRUNCATED_MARK, Assignment, LogSettings, Runner, TaskError, inside, proc_stat,
-                          read_boot_id, uptime_ticks, wait_gone)
+from agent.runner import (TRUNCATED_MARK, Assignment, LogSettings, Runner, TaskError, append_state, inside,
+                          proc_stat, read_boot_id, read_state, uptime_ticks, wait_gone)
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.fakefleetd import FakeFleetd
@@ -363,7 +363,7 @@ def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_s
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-stop"), message="start")["pid"]
     runner.shutdown("fleet-agent stopped", timeout=15)
     assert wait_gone([pid], 10)
-    record = json.loads((tmp_path / "node" / "tasks" / "t-stop.1" / "task.json").read_text())
+    record = read_state(tmp_path / "node" / "tasks" / "t-stop.1" / "task.json")
     assert record["outcome"] == "failed" and record["reason"].startswith("fleet-agent stopped")
     fleetd.down.clear()
     again = make_runner("node")
@@ -374,8 +374,9 @@ def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_s
     wait_until(lambda: not (tmp_path / "node" / "tasks" / "t-stop.1").exists(), message="the state to be removed")
 
 
-def _orphan(tmp_path, task_id, epoch, record_pid=True):
-    """A process started as a task before an agent restart, and its state file."""
+def _orphan(tmp_path, task_id, epoch, record_pid=True, journal=False):
+    """A process started as a task before an agent restart, and its state file: one JSON object as
+    earlier agents wrote it, or (`journal`) a record per line as now, the last one torn."""
     task_dir = tmp_path / "node" / "tasks" / f"{task_id}.{epoch}"
     (task_dir / "work").mkdir(parents=True)
     created = uptime_ticks() - 1
@@ -383,14 +384,20 @@ def _orphan(tmp_path, task_id, epoch, record_pid=True):
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300"], start_new_session=True, env=env)
     record = {"task_id": task_id, "epoch": epoch, "job_id": "j", "rank": 0, "state": "starting",
               "created_ticks": created, "boot_id": read_boot_id()}
+    lines = [json.dumps(record)]
     if record_pid:
         record.update(state="running", pid=proc.pid, pgid=proc.pid, start_ticks=proc_stat(proc.pid)[2])
-    (task_dir / "task.json").write_text(json.dumps(record))
+    lines.append(json.dumps(record))
+    if journal:  # a host crash may tear the line being written: the one before it counts
+        text = "\n".join(lines) + "\n" + json.dumps(dict(record, state="finished", outcome="succeeded"))[:40]
+    else:
+        text = lines[-1]
+    (task_dir / "task.json").write_text(text)
     return proc
 
 
 def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(make_runner, fleetd, tmp_path):
-    orphan = _orphan(tmp_path, "t-orphan", 3)
+    orphan = _orphan(tmp_path, "t-orphan", 3, journal=True)
     unrecorded = _orphan(tmp_path, "t-early", 2, record_pid=False)  # died before the pid reached the file
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True,
                                  env=dict(os.environ, FLEET_TASK_ID="t-orphan", FLEET_TASK_EPOCH="4"))
@@ -421,6 +428,20 @@ def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(mak
         for proc in (orphan, unrecorded, bystander, fenced):
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_the_state_file_is_a_journal_whose_last_complete_record_counts(tmp_path):
+    path = tmp_path / "task.json"
+    append_state(path, {"state": "starting", "epoch": 1})
+    append_state(path, {"state": "running", "epoch": 1, "pid": 42})
+    assert read_state(path) == {"state": "running", "epoch": 1, "pid": 42}
+    assert path.read_text().count("\n") == 2 and os.stat(path).st_mode & 0o777 == 0o600
+    with open(path, "a") as fh:
+        fh.write('{"state": "finished", "ep')  # torn by a crash
+    assert read_state(path)["state"] == "running"
+    path.write_text("[1, 2]\nnot json\n")
+    with pytest.raises(ValueError):
+        read_state(path)
 
 
 def test_revocation_like_rejection_of_the_finish_forgets_the_task(make_runner, fleetd):
