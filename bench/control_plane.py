@@ -6,7 +6,8 @@ Phases, in one run so that the noisy machine affects them alike:
   1. heartbeats from N simulated agents (C client threads) for D seconds;
   2. the same while H extra connections hold unfinished requests open (as long-polling agents do);
   3. (--jobs J --real-agents M) M real agents; 30 sequential jobs on the idle fleet for the
-     submit -> start latency, then J jobs submitted from 4 threads for end-to-end jobs/s.
+     submit -> start latency, then J jobs submitted from S threads (--submitters, 16) for
+     end-to-end jobs/s: from the first submit until the last job ended.
 Prints a table and writes JSON to bench/results/control_plane.json.
 
     .venv/bin/python bench/control_plane.py --agents 200 --clients 8 --seconds 10 --held 1000
@@ -18,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import socket
 import statistics
 import subprocess
@@ -73,6 +75,8 @@ def main():
     parser.add_argument("--held", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=0, help="no-op jobs for the end-to-end phase (0: skip it)")
     parser.add_argument("--real-agents", type=int, default=8)
+    parser.add_argument("--submitters", type=int, default=16,
+                        help="threads submitting the jobs, each one job at a time (a closed loop)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -104,7 +108,8 @@ def main():
     for name, r in results["phases"].items():
         print(f"{name:<34}{r['ops_per_s']:>10.0f}{r['p50_ms']:>10.2f}{r['p95_ms']:>10.2f}{r['p99_ms']:>10.2f}")
         if "cpu_seconds" in r:
-            print(f"  CPU per job: fleetd {r['fleetd_cpu_ms_per_job']:.1f} ms, agents {r['agents_cpu_ms_per_job']:.1f} ms")
+            print(f"  CPU per job: fleetd {r['fleetd_cpu_ms_per_job']:.1f} ms, agents {r['agents_cpu_ms_per_job']:.1f} ms, "
+                  f"load generator ({r['submitters']} submitters) {r['load_generator_cpu_ms_per_job']:.1f} ms")
 
 
 def run(url, admin, args):
@@ -168,6 +173,12 @@ def cpu_seconds(pid):
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu_seconds():
+    """User + system CPU seconds of this process (the load generator), all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_jobs(url, admin, args, data_dir, server_pid=None):
     """Real agents on fake 8 x H100 hosts run no-op jobs; returns the phases' figures."""
     http = requests.Session()
@@ -202,7 +213,7 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
         phases = {f"submit -> start, idle fleet, {args.real_agents} agents": summary(starts, 0)}
         ids, lock = [], threading.Lock()
         cpu0 = {"fleetd": cpu_seconds(server_pid) if server_pid else 0.0,
-                "agents": sum(cpu_seconds(a.pid) for a in agents)}
+                "agents": sum(cpu_seconds(a.pid) for a in agents), "load generator": _own_cpu_seconds()}
         t0 = time.perf_counter()
 
         body = json.dumps(spec).encode()
@@ -218,28 +229,35 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
                 with lock:
                     ids.append(json.loads(resp.data)["id"])
 
-        threads = [threading.Thread(target=submit, args=(args.jobs // 4,)) for _ in range(4)]
+        shares = [args.jobs // args.submitters + (i < args.jobs % args.submitters) for i in range(args.submitters)]
+        threads = [threading.Thread(target=submit, args=(n,)) for n in shares if n]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for _ in range(6000):
-            # One row per state is enough to know whether any job is left (and costs fleetd little).
-            waiting = sum(len(http.get(url + "/api/v1/jobs", params={"state": state, "limit": 1},
-                                       timeout=60).json()["items"]) for state in ("queued", "running"))
-            if not waiting:
+        for _ in range(1000):
+            # The jobs not yet ended (few by now), each waited for with the job long poll: the end
+            # is seen when it happens, at the cost of a request per job still running.
+            left = [j["id"] for state in ("queued", "running")
+                    for j in http.get(url + "/api/v1/jobs", params={"state": state, "limit": 1000},
+                                      timeout=60).json()["items"]]
+            if not left:
                 break
-            time.sleep(0.1)
+            for job_id in left:
+                http.get(f"{url}/api/v1/jobs/{job_id}", params={"wait_seconds": 30}, timeout=60)
         elapsed = time.perf_counter() - t0
         cpu = {"fleetd": (cpu_seconds(server_pid) if server_pid else 0.0) - cpu0["fleetd"],
-               "agents": sum(cpu_seconds(a.pid) for a in agents) - cpu0["agents"]}
+               "agents": sum(cpu_seconds(a.pid) for a in agents) - cpu0["agents"],
+               "load generator": _own_cpu_seconds() - cpu0["load generator"]}
         done = [j for j in http.get(url + "/api/v1/jobs", params={"state": "succeeded", "limit": 1000},
                                     timeout=60).json()["items"]]
         phases[f"{len(ids)} no-op jobs end to end, {args.real_agents} agents"] = {
             "ops": len(ids), "ops_per_s": len(ids) / elapsed, "p50_ms": float("nan"), "p95_ms": float("nan"),
             "p99_ms": float("nan"), "mean_ms": float("nan"), "succeeded_visible": len(done),
             "cpu_seconds": cpu, "fleetd_cpu_ms_per_job": 1000 * cpu["fleetd"] / max(1, len(ids)),
-            "agents_cpu_ms_per_job": 1000 * cpu["agents"] / max(1, len(ids))}
+            "agents_cpu_ms_per_job": 1000 * cpu["agents"] / max(1, len(ids)),
+            "load_generator_cpu_ms_per_job": 1000 * cpu["load generator"] / max(1, len(ids)),
+            "submitters": args.submitters}
         return phases
     finally:
         for agent in agents:
