@@ -34,7 +34,7 @@ import threading
 import time
 
 from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
-from agent.limits import LimitError, Limits, LimitSettings, TaskKey, read_proc, signal_pids, task_pids
+from agent.limits import LimitError, Limits, LimitSettings, TaskKey, read_bytes, read_proc, signal_pids, task_pids
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -231,28 +231,26 @@ def free_port(address):
 # Processes, from /proc
 
 
+@functools.lru_cache(maxsize=1)
 def read_boot_id():
-    """This boot's id; a pid from another boot is never ours."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
+    """This boot's id (read once: it cannot change while the agent runs); a pid from another
+    boot is never ours."""
+    data = read_bytes("/proc/sys/kernel/random/boot_id")
+    return "" if data is None else data.decode(errors="replace").strip()
 
 
 def uptime_ticks():
     """Clock ticks since boot, on the scale of /proc/<pid>/stat's starttime."""
-    with open("/proc/uptime") as fh:
-        seconds = float(fh.read().split()[0])
-    return int(seconds * os.sysconf("SC_CLK_TCK"))
+    data = read_bytes("/proc/uptime")
+    if data is None:
+        raise OSError("cannot read /proc/uptime")
+    return int(float(data.split()[0]) * os.sysconf("SC_CLK_TCK"))
 
 
 def proc_stat(pid):
     """(state, pgid, start_ticks) of a process, or None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
+    data = read_bytes(f"/proc/{pid}/stat")
+    if data is None:
         return None
     fields = data[data.rindex(b")") + 2:].split()
     # fields[0] is field 3 (state) of proc(5); pgrp is field 5, starttime field 22.

@@ -50,8 +50,9 @@ def switch_job_state(job, to_state, reason, now):
     return job
 
 
-def switch_task_state(task, to_state, reason, now):
-    """The one way a task changes state; its Event is listed with its job's events."""
+def switch_task_state(task, to_state, reason, now, save=True):
+    """The one way a task changes state; its Event is listed with its job's events. `save=False`:
+    the caller saves the row itself, with the next change it makes in the same transaction."""
     from_state = T(task.state)
     to_state = T(to_state)
     if to_state not in TASK_TRANSITIONS[from_state]:
@@ -61,7 +62,8 @@ def switch_task_state(task, to_state, reason, now):
     if to_state.is_terminal():
         task.ended_at = now
     task.reason = reason
-    task.save()
+    if save:
+        task.save()
     record_event(now, "task.state", "job", task.job_id, f"rank {task.rank}: {reason}", from_state.value,
                  to_state.value)
     return task

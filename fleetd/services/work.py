@@ -107,10 +107,10 @@ def start_task(rt, node_id, task_id, epoch, pid=None):
     rt.leases.renew(task_id, epoch)
 
 
-def _mark_started(task, pid, now, started_at=None):
+def _mark_started(task, pid, now, started_at=None, save=True):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
-    switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now)
+    switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
 
 
 def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
@@ -180,7 +180,7 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
             started_at = None
             if started_seconds_ago is not None:
                 started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-            _mark_started(task, pid, now, started_at)
+            _mark_started(task, pid, now, started_at, save=False)  # saved as it ends, just below
         # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
         if not T(task.state).is_terminal():
             reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)

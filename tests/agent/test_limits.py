@@ -17,7 +17,7 @@ import pytest
 from agent.client import FleetClient
 from agent.devices import DeviceManager
 from agent.limits import (MIB, Cgroups, Limits, LimitSettings, ProcessMapper, TaskKey, cgroup_tree_pids,
-                          mps_client_env, mps_daemon_command, read_command, read_proc, shim_command)
+                          mps_client_env, mps_daemon_command, read_bytes, read_command, read_proc, shim_command)
 from agent.runner import Assignment, LogSettings, Runner, task_env, wait_gone
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
@@ -111,6 +111,15 @@ def running(runner, fleetd, task_id):
 
 def alive(pid):
     return read_proc(pid) is not None
+
+
+def test_read_bytes_reads_whole_files_and_answers_none_for_what_cannot_be_read(tmp_path):
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 1000)  # more than one read's worth
+    assert read_bytes(big) == bytes(range(256)) * 1000
+    assert read_bytes(f"/proc/{os.getpid()}/stat").startswith(f"{os.getpid()} (".encode())
+    assert read_bytes(tmp_path / "missing") is None
+    assert read_bytes(tmp_path) is None  # a directory: EISDIR on read
 
 
 # ---------------------------------------------------------------------------- memory limit
