@@ -132,18 +132,35 @@ class FleetClient:
                     started_seconds_ago=None):
         """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled (`lost`: the agent ended it;
         `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
-        body = {"epoch": epoch, "outcome": outcome}
-        if exit_code is not None:
-            body["exit_code"] = exit_code
-        if reason:
-            body["reason"] = reason
-        if lost:
-            body["lost"] = True
-        if pid is not None:
-            body["pid"] = pid
-            if started_seconds_ago is not None:
-                body["started_seconds_ago"] = round(started_seconds_ago, 6)
+        self.task_finish_body(task_id, finish_body(epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago))
+
+    def task_finish_body(self, task_id, body):
+        """POST /agent/tasks/{id}/finish with a body from finish_body()."""
         self._post(_task_path(task_id, "finish"), body, self.session_token)
+
+    def task_finishes(self, reports):
+        """POST /agent/finish: several finish reports at once, [(task_id, finish_body()), ...].
+
+        Returns one entry per report, in order: None when fleetd settled it, else the error a
+        single finish would have raised (Conflict for a stale epoch). Errors of the call itself
+        raise as for any call; an older fleetd without the route answers 404 or 405.
+        """
+        finishes = [dict(body, task_id=task_id) for task_id, body in reports]
+        reply = self._post("/api/v1/agent/finish", {"finishes": finishes}, self.session_token) or {}
+        results = reply.get("results")
+        if not isinstance(results, list) or len(results) != len(reports):
+            raise Unreachable(f"fleetd answered {len(reports)} finish reports with a reply that does not match them")
+        out = []
+        for result in results:
+            status = result.get("status") if isinstance(result, dict) else None
+            if status == 204:
+                out.append(None)
+                continue
+            error = (result.get("error") if isinstance(result, dict) else None) or {}
+            details = error.get("details")
+            out.append(error_for(status, error.get("code", ""), error.get("message", ""),
+                                 details if isinstance(details, dict) else {}))
+        return out
 
     def download_artifact(self, sha256, dest):
         """GET /artifacts/{sha256} streamed into the file `dest`; DigestMismatch unless the bytes hash to sha256.
@@ -216,25 +233,46 @@ class FleetClient:
         _raise_for(resp)
 
 
+def finish_body(epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None):
+    """The body of a finish report (see FleetClient.task_finish)."""
+    body = {"epoch": epoch, "outcome": outcome}
+    if exit_code is not None:
+        body["exit_code"] = exit_code
+    if reason:
+        body["reason"] = reason
+    if lost:
+        body["lost"] = True
+    if pid is not None:
+        body["pid"] = pid
+        if started_seconds_ago is not None:
+            body["started_seconds_ago"] = round(started_seconds_ago, 6)
+    return body
+
+
 def _task_path(task_id, action):
     return f"/api/v1/agent/tasks/{urllib.parse.quote(str(task_id), safe='')}/{action}"
 
 
-def _raise_for(resp):
-    code, message = _error(resp)
-    status = resp.status
+def error_for(status, code, message, details=None, retry_after=None):
+    """The FleetdError for an error answer: Rejected (401), Conflict (409), TooLarge (413),
+    Unreachable (429 and 5xx: worth retrying) or FleetdError."""
     text = f"fleetd answered {status} {code}: {message}"
     if status == 401:
-        raise Rejected(message, status, code)
+        return Rejected(message, status, code)
     if status == 409:
-        raise Conflict(text, status, code, details=_details(resp))
+        return Conflict(text, status, code, details=details)
     if status == 413:
-        raise TooLarge(text, status, code)
-    if status == 429 or status >= 500:
-        retry_after = resp.headers.get("Retry-After")
-        raise Unreachable(text, status, code,
-                          float(retry_after) if retry_after and retry_after.isdigit() else None)
-    raise FleetdError(text, status, code)
+        return TooLarge(text, status, code)
+    if not isinstance(status, int) or status == 429 or status >= 500:
+        return Unreachable(text, status, code, retry_after)
+    return FleetdError(text, status, code)
+
+
+def _raise_for(resp):
+    code, message = _error(resp)
+    retry_after = resp.headers.get("Retry-After")
+    raise error_for(resp.status, code, message, _details(resp) if resp.status == 409 else None,
+                    float(retry_after) if retry_after and retry_after.isdigit() else None)
 
 
 def _unlink(path):

@@ -33,8 +33,10 @@ import subprocess
 import threading
 import time
 
-from agent.client import Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay
+from agent.client import (Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay,
+                          finish_body)
 from agent.limits import LimitError, Limits, LimitSettings, TaskKey, read_bytes, read_proc, signal_pids, task_pids
+from agent.threads import FOREVER, Job, Pool
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -57,6 +59,7 @@ RECOVERY_KILL_WAIT_SECONDS = 10.0
 RENDEZVOUS_POLL_SECONDS = 30
 DEFAULT_REPORT_RETRY_SECONDS = 7 * 86400.0
 MAX_IDLE_CLIENTS = 8
+MAX_FINISHES = 64  # finish reports in one call, as fleetd takes them
 # The start is reported once the process has run this long: a task that ends sooner reports its
 # start with its finish, one call instead of two (short tasks are most of what fleetd hears under
 # load). Later than this, fleetd's started_at is late by the same amount at most.
@@ -379,7 +382,7 @@ class LogShipper:
         self._aborted = False
         self.delivered = 0
         self.lost = 0  # lines dropped for good: overflow, refused or abandoned
-        self._thread = threading.Thread(target=self._run, name=f"logs-{label}", daemon=True)
+        self._thread = Job(self._run, name=f"logs-{label}")  # on one of the runner's threads
         self._started = False
 
     def add(self, stream, text):
@@ -389,7 +392,7 @@ class LogShipper:
         with self._cond:
             start, self._started = not self._started, True
         if start:
-            self._thread.start()
+            self._clients.threads.submit(self._thread)
         with self._cond:
             self._buf.append((stream, text, size))
             self._buf_bytes += size
@@ -422,10 +425,10 @@ class LogShipper:
 
     def join(self, timeout=None):
         """Wait for the shipping thread; True when it ended."""
-        if self._thread.ident is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        with self._cond:
+            if not self._started:
+                return True
+        return self._thread.join(timeout)
 
     def _take(self):
         """The next batch as a list, or None when closed and empty (or aborted); waits until one is due."""
@@ -650,7 +653,7 @@ class Task:
                                      "kill_grace_seconds": runner.kill_grace_seconds,
                                      "isolation": assignment.isolation},
                              list_pids=self.pids)
-        self.thread = threading.Thread(target=self._main, name=f"task-{self.label}", daemon=True)
+        self.thread = Job(self._main, name=f"task-{self.label}")  # run on one of the runner's threads
 
     @property
     def epoch(self):
@@ -746,7 +749,7 @@ class Task:
 
     def start(self):
         """Run the task in its supervisor thread."""
-        self.thread.start()
+        self.runner.threads.submit(self.thread)
 
     def _main(self):
         client = self.runner.checkout_client()
@@ -923,10 +926,8 @@ class Task:
                 pidfd = os.pidfd_open(self.proc.pid)  # readable once the leader exits; reaps nothing
             except (AttributeError, OSError):  # Linux before 5.3: a thread waits for the exit instead
                 pidfd = None
-                threading.Thread(target=self._wait_exit, name=f"wait-{self.label}", daemon=True).start()
-            self._watcher = threading.Thread(target=self._watch, args=(pidfd,), name=f"watch-{self.label}",
-                                             daemon=True)
-            self._watcher.start()
+                self.runner.threads.run(self._wait_exit, name=f"wait-{self.label}")
+            self._watcher = self.runner.threads.run(self._watch, pidfd, name=f"watch-{self.label}")
         stat = proc_stat(self.proc.pid)
         self.worker.pids = [self.proc.pid]
         self.worker.env = injected
@@ -1159,8 +1160,8 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
     for attempt in range(1, 1_000_000):
         try:
             ago = None if pid is None or started_monotonic is None else max(0.0, time.monotonic() - started_monotonic)
-            client.task_finish(task_id, epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid,
-                               started_seconds_ago=ago)
+            runner.finishes.send(client, task_id, finish_body(epoch, outcome, exit_code, (reason or "")[:1000] or None,
+                                                              lost=lost, pid=pid, started_seconds_ago=ago))
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
             return True
@@ -1196,6 +1197,102 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
     return False
 
 
+class _Report:
+    __slots__ = ("task_id", "body", "error", "sent", "lead", "done")
+
+    def __init__(self, task_id, body):
+        self.task_id = task_id
+        self.body = body
+        self.error = None  # what fleetd's answer raises for this report
+        self.sent = False
+        self.lead = False  # this report's thread is to send the next call
+        self.done = threading.Event()
+
+
+class FinishReports:
+    """The finish reports of this host's tasks, sent together when they come together.
+
+    A report goes out at once when no call is on its way; the reports that come meanwhile wait
+    for that call and then go out in one (POST /agent/finish, up to MAX_FINISHES), sent by the
+    thread of the first of them. Nothing waits for company: when fleetd answers fast each
+    report goes alone, by API.md's route; when it is loaded it answers slower, more reports
+    wait, and each call carries more of them (per-call cost is most of what fleetd spends on
+    a finish). A fleetd without the route (404, 405) gets one call per report from then on.
+    """
+
+    def __init__(self):
+        self.batch = True
+        self._lock = threading.Lock()
+        self._queue = []  # reports waiting for the next call
+        self._sending = False  # a call is on its way; the queue waits for it
+        self.calls = 0
+        self.reports = 0
+
+    def send(self, client, task_id, body):
+        """Report one finish (a finish_body()); raises what a single finish call would."""
+        report = _Report(task_id, body)
+        with self._lock:
+            self._queue.append(report)
+            report.lead = not self._sending
+            self._sending = True
+        if not report.lead:
+            # Until a call carried it, or it is this thread's turn to send one (the call before
+            # always ends: its thread hands over in a finally).
+            for _ in range(FOREVER):
+                if report.done.wait(60):
+                    break
+        if not report.sent:  # leading: this thread sends the next call, its own report in it
+            self._lead(client)
+        if report.error is not None:
+            raise report.error
+
+    def _lead(self, client):
+        with self._lock:
+            batch = self._queue[:MAX_FINISHES]
+            del self._queue[:MAX_FINISHES]
+        try:
+            self._deliver(client, batch)
+        except BaseException as exc:  # a bug or an interrupt: no waiting report may hang on it
+            for report in batch:
+                if not report.sent:
+                    report.error = exc if isinstance(exc, FleetdError) else Unreachable(f"finish report: {exc!r}")
+            raise
+        finally:
+            with self._lock:
+                self.calls += 1
+                self.reports += len(batch)
+                if self._queue:  # the first waiting report sends the next call
+                    self._queue[0].lead = True
+                    self._queue[0].done.set()
+                else:
+                    self._sending = False
+            for report in batch:
+                report.sent = True
+                report.done.set()
+
+    def _deliver(self, client, batch):
+        if len(batch) > 1 and self.batch:
+            try:
+                errors = client.task_finishes([(r.task_id, r.body) for r in batch])
+            except (Unreachable, Rejected) as exc:
+                for report in batch:
+                    report.error = exc
+                return
+            except FleetdError as exc:  # answered one by one below; older fleetds lack the route
+                if exc.status in (404, 405):
+                    log.info("fleetd does not take finish reports together (%s); sending them one by one", exc)
+                    self.batch = False
+            else:
+                for report, error in zip(batch, errors):
+                    report.error = error
+                return
+        for report in batch:
+            try:
+                client.task_finish_body(report.task_id, report.body)
+            except FleetdError as exc:
+                report.error = exc
+
+
 # ----------------------------------------------------------------------------------------------
 # The runner
 
@@ -1222,6 +1319,8 @@ class Runner:
         self._tasks = {}  # task_id -> Task
         self._idle_clients = []  # FleetClients with open keep-alive connections, for the next thread
         self._threads = []
+        self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
+        self.finishes = FinishReports()
 
     @classmethod
     def from_config(cls, config, state_dir, workers, client_factory, address, limits=None):

@@ -18,6 +18,7 @@ from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 log = logging.getLogger("fleetd")
 
 
+ACCESS_LOG = logging.getLogger("fleetd.access")
 MAX_HEADER_LINE = 65536  # the limits of http.client, which gevent's own parser uses
 MAX_HEADERS = 100
 
@@ -106,6 +107,10 @@ class _Handler(WSGIHandler):
             return None  # shutting down: no further requests on this connection
         return super().handle_one_request()
 
+    def log_request(self):
+        if ACCESS_LOG.isEnabledFor(logging.DEBUG):  # not formatted at all unless it is written
+            super().log_request()
+
 
 class _Server(WSGIServer):
     handler_class = _Handler
@@ -154,7 +159,7 @@ def serve(settings, ready_callback=None):
         (host, port),
         app,
         spawn=gevent.pool.Pool(settings.max_connections),
-        log=LoggingLogAdapter(logging.getLogger("fleetd.access"), logging.DEBUG),
+        log=LoggingLogAdapter(ACCESS_LOG, logging.DEBUG),
         error_log=LoggingLogAdapter(logging.getLogger("fleetd.http"), logging.ERROR),
     )
     stop = gevent.event.Event()

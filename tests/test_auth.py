@@ -54,6 +54,7 @@ ROLE_TABLE = {
     ("GET", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/finish"): {"node"},
+    ("POST", "/api/v1/agent/finish"): {"node"},
     ("GET", "/api/v1/cluster/status"): AS | {"metrics"},
     ("GET", "/api/v1/cluster/allocation"): A,
     ("POST", "/api/v1/cluster/simulate-schedule"): AS,

@@ -149,6 +149,61 @@ def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
     assert "pid 321" in [e for e in events if e["to_status"] == "running" and e["kind"] == "task.state"][0]["reason"]
 
 
+def test_finish_reports_sent_together_are_settled_and_answered_one_by_one(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    jobs = [api.submit(name=f"j{i}")["id"] for i in range(3)]
+    api.run_task("scheduling")
+    a, b, c = (api.acquire(session) for _ in range(3))
+    reports = [
+        {"task_id": a["task_id"], "epoch": a["epoch"], "outcome": "succeeded", "exit_code": 0, "pid": 10},
+        {"task_id": b["task_id"], "epoch": b["epoch"] + 1, "outcome": "succeeded", "exit_code": 0},  # stale
+        {"task_id": c["task_id"], "epoch": c["epoch"], "outcome": "failed", "exit_code": 3, "pid": 11},
+        {"task_id": "t-unknown", "epoch": 1, "outcome": "succeeded"},
+    ]
+    resp = api.post("/api/v1/agent/finish", {"finishes": reports}, token=session, agent=True)
+    assert resp.status_code == 200, resp.get_json()
+    results = resp.get_json()["results"]
+    assert [(r["task_id"], r["status"]) for r in results] == [
+        (a["task_id"], 204), (b["task_id"], 409), (c["task_id"], 204), ("t-unknown", 404)]
+    assert results[0]["error"] is None and results[1]["error"]["code"] == "conflict"
+    assert results[1]["error"]["details"] == {"task_id": b["task_id"], "epoch": b["epoch"] + 1}
+    assert results[3]["error"]["code"] == "not_found"
+    states = {job_id: _job(api, job_id) for job_id in jobs}
+    by_job = {a["job_id"]: "succeeded", b["job_id"]: "running", c["job_id"]: "failed"}
+    assert {j: states[j]["state"] for j in jobs} == by_job  # b still runs: its report was refused
+    assert states[c["job_id"]]["tasks"][0]["exit_code"] == 3
+    events = len(api.get(f"/api/v1/jobs/{a['job_id']}/events").get_json()["items"])
+    # Sent again (its answer was lost): answered the same, settled once.
+    again = api.post("/api/v1/agent/finish", {"finishes": reports[:1]}, token=session, agent=True)
+    assert again.status_code == 200 and again.get_json()["results"][0]["status"] == 204
+    assert len(api.get(f"/api/v1/jobs/{a['job_id']}/events").get_json()["items"]) == events
+    assert _job(api, b["job_id"])["state"] == "running"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "finishes"),
+    ({"finishes": []}, "finishes"),
+    ({"finishes": [{"task_id": f"t{i}", "epoch": 1, "outcome": "succeeded"} for i in range(65)]}, "finishes"),
+    ({"finishes": [{"task_id": "t1", "epoch": 1, "outcome": "succeeded"}] * 2}, "finishes"),
+    ({"finishes": [{"task_id": "t1", "epoch": 1}]}, "outcome"),
+    ({"finishes": [{"epoch": 1, "outcome": "succeeded"}]}, "task_id"),
+    ({"finishes": [{"task_id": "t1", "epoch": 1, "outcome": "succeeded", "started_seconds_ago": 1}]},
+     "started_seconds_ago"),
+    ({"finishes": "t1"}, "finishes"),
+])
+def test_finish_reports_together_are_refused_whole_when_one_does_not_validate(api, fleet, body, field):
+    _, session = _node(api, fleet, "n1")
+    job = api.submit()
+    assignment = api.acquire(session)
+    if body.get("finishes") and isinstance(body["finishes"], list) and len(body["finishes"]) == 1:
+        body = {"finishes": [{"task_id": assignment["task_id"], "epoch": assignment["epoch"],
+                              "outcome": "succeeded"}] + body["finishes"]}
+    resp = api.post("/api/v1/agent/finish", body, token=session, agent=True)
+    assert resp.status_code == 400 and field in str(resp.get_json()["error"]["details"]), resp.get_json()
+    assert _job(api, job["id"])["state"] == "running"  # nothing settled
+    assert api.post("/api/v1/agent/finish", {"finishes": []}, agent=True).status_code == 403  # admin, not a node
+
+
 def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_assignment(api, fleet, clock):
     _, session = _node(api, fleet, "n1")
     jobs = [api.submit(name=f"j{i}") for i in range(2)]

@@ -13,6 +13,8 @@ from fleetd.schemas.jobs import (
     RendezvousPublishSchema,
     RendezvousQuerySchema,
     RendezvousSchema,
+    TaskFinishBatchReplySchema,
+    TaskFinishBatchSchema,
     TaskFinishSchema,
     TaskStartSchema,
 )
@@ -127,3 +129,13 @@ class AgentTaskFinish(MethodView):
         """The task's process ended with this outcome."""
         work.finish_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["outcome"],
                          body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"])
+
+
+@blp.route("/finish")
+class AgentFinish(MethodView):
+    @require(NODE)
+    @blp.arguments(TaskFinishBatchSchema())
+    @blp.response(200, TaskFinishBatchReplySchema)
+    def post(self, body):
+        """Several tasks' processes ended: each report is settled and answered on its own."""
+        return {"results": work.finish_tasks(current_runtime(), current_principal().node_id, body["finishes"])}

@@ -4,7 +4,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from fleetd.models import JobState
 from fleetd.schemas.common import Int, Labels, PageQuerySchema, Text, Time, page_schema
-from fleetd.services.work import MAX_ASSIGNMENTS
+from fleetd.services.work import MAX_ASSIGNMENTS, MAX_FINISHES
 
 ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
@@ -272,6 +272,31 @@ class TaskFinishSchema(Schema):
         if data.get("started_seconds_ago") is not None and data.get("pid") is None:
             raise ValidationError("only a finish that carries the start (pid) says when it started",
                                   "started_seconds_ago")
+
+
+class TaskFinishItemSchema(TaskFinishSchema):
+    task_id = Text(required=True, min_length=1, max_length=128)
+
+
+class TaskFinishBatchSchema(Schema):
+    finishes = fields.List(fields.Nested(TaskFinishItemSchema), required=True,
+                           validate=validate.Length(min=1, max=MAX_FINISHES))
+
+    @validates_schema
+    def _once_each(self, data, **_kwargs):
+        ids = [f["task_id"] for f in data.get("finishes", [])]
+        if len(set(ids)) != len(ids):
+            raise ValidationError("each task may be reported once per call", "finishes")
+
+
+class TaskFinishResultSchema(Schema):
+    task_id = fields.String()
+    status = fields.Integer(metadata={"description": "204 when settled, else the status a single finish would get"})
+    error = fields.Dict(allow_none=True, metadata={"description": "the error envelope's `error` object, or null"})
+
+
+class TaskFinishBatchReplySchema(Schema):
+    results = fields.List(fields.Nested(TaskFinishResultSchema))
 
 
 class ArtifactSchema(Schema):

@@ -3,7 +3,7 @@
 import datetime as dt
 
 from fleetd.db import database, write_transaction
-from fleetd.errors import Conflict, NotFound, Timeout
+from fleetd.errors import Conflict, FleetdError, NotFound, Timeout
 from fleetd.models import Job, LogLine, Task, TaskState
 from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_task_state
 from fleetd.sql import Statement
@@ -21,6 +21,7 @@ def _released(fn):
 
 
 MAX_ASSIGNMENTS = 64  # the most one acquire delivers
+MAX_FINISHES = 64  # the most finish reports one call carries
 
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select().where((Task.node == v("node_id")) & (Task.state == T.ASSIGNED.value) & Task.delivered_at.is_null())
@@ -191,6 +192,28 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
     rt.leases.forget(task_id)
     rt.liveness.drop_task(node_id, task_id)
     _after_task_end(rt, task.job_id)
+
+
+def finish_tasks(rt, node_id, finishes):
+    """Several finish reports of one node in one call: each is settled as finish_task settles it,
+    in a transaction of its own, and answered on its own. Returns one result per report, in
+    order: {task_id, status: 204, error: null}, or the status and error of a refused report
+    (409 for a stale epoch, 404 for an unknown task). A database failure ends the call (the
+    reports settled before it stay settled; a report sent again is answered as before).
+    """
+    results = []
+    for f in finishes:
+        try:
+            finish_task(rt, node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"], f["lost"],
+                        f["pid"], f["started_seconds_ago"])
+        except FleetdError as exc:
+            error = {"code": exc.code, "message": exc.message}
+            if exc.details:
+                error["details"] = exc.details
+            results.append({"task_id": f["task_id"], "status": exc.http_status, "error": error})
+        else:
+            results.append({"task_id": f["task_id"], "status": 204, "error": None})
+    return results
 
 
 HARDWARE_REASONS = ("gpu_unhealthy:",)

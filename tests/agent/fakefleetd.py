@@ -32,6 +32,9 @@ class FakeFleetd:
         self.revoked = False  # the heartbeat says the node was revoked
         self.strict_finish = False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         self.strict_acquire = False  # refuse (400) an acquire asking for a batch, as an older fleetd would
+        self.finish_batches = True  # take several finish reports in one call (POST /agent/finish); older fleetds do not
+        self.hold_finish = threading.Event()  # while clear, finish calls wait (bounded) for it
+        self.hold_finish.set()
         self.fenced = set()  # task ids answered 409
         self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
         self.max_log_body = None  # bytes; larger log bodies get 413
@@ -98,6 +101,10 @@ class FakeFleetd:
         with self.cond:
             self.calls.append((method, path, body))
             self.cond.notify_all()
+        if path.endswith("/finish"):
+            for _ in range(600):
+                if self.hold_finish.wait(0.1):
+                    break
         match = re.match(r"^/api/v1/agent/tasks/(?P<id>[^/]+)/(?P<action>\w+)$", path)
         if match:
             return self._task(method, urllib.parse.unquote(match["id"]), match["action"], query, body, raw_size)
@@ -105,6 +112,8 @@ class FakeFleetd:
             return self._acquire(body)
         if path == "/api/v1/agent/heartbeat":
             return self._heartbeat(body)
+        if path == "/api/v1/agent/finish" and method == "POST" and self.finish_batches:
+            return self._finishes(body)
         match = re.match(r"^/api/v1/artifacts/(?P<sha>[^/]+)$", path)
         if match and method == "GET":
             data = self.artifacts.get(match["sha"])
@@ -164,6 +173,18 @@ class FakeFleetd:
                 return 504, {"error": {"code": "timeout", "message": "rendezvous not published yet"}}
             return 200, found
         return 404, {"error": {"code": "not_found", "message": "no such task route"}}
+
+    def _finishes(self, body):
+        """Each report answered as a call of its own would be (fleetd's reply shape)."""
+        if self._is_down("finish"):
+            return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        results = []
+        for report in body["finishes"]:
+            report = dict(report)
+            task_id = report.pop("task_id")
+            status, payload = self._task("POST", task_id, "finish", {}, report, 0)
+            results.append({"task_id": task_id, "status": status, "error": payload["error"] if payload else None})
+        return 200, {"results": results}
 
     def _acquire(self, body):
         if self._is_down("acquire"):
