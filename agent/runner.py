@@ -602,8 +602,21 @@ def _check_executable(program, cwd, path):
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return
         raise TaskError(f"cannot start {program!r}: No such file or directory (or not executable)")
-    if shutil.which(program, path=path) is None:
+    key = (program, path)
+    found = _FOUND_IN_PATH.get(key)
+    if found is not None and os.path.isfile(found) and os.access(found, os.X_OK):
+        return  # found before and still there: one lookup instead of a walk down PATH
+    found = shutil.which(program, path=path)
+    if found is None:
+        _FOUND_IN_PATH.pop(key, None)
         raise TaskError(f"cannot start {program!r}: not found in PATH")
+    if len(_FOUND_IN_PATH) >= MAX_FOUND_IN_PATH:
+        _FOUND_IN_PATH.clear()
+    _FOUND_IN_PATH[key] = found
+
+
+_FOUND_IN_PATH = {}  # (program, PATH) -> where shutil.which last found it
+MAX_FOUND_IN_PATH = 1024
 
 
 def _utc_now():

@@ -176,43 +176,61 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
     """
     now = rt.clock.now()
     with write_transaction():
-        task = _leased_task(node_id, task_id, epoch)
-        if pid is not None and task.state == T.ASSIGNED.value:
-            started_at = None
-            if started_seconds_ago is not None:
-                started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-            _mark_started(task, pid, now, started_at, save=False)  # saved as it ends, just below
-        # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
-        if not T(task.state).is_terminal():
-            reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
-            # A broken GPU is not the job's fault either: it retries like a lost node.
-            hardware = reason.startswith(HARDWARE_REASONS)
-            end_task(task, T.LOST if (lost or hardware) and outcome == "failed" else outcome, reason, now,
-                     exit_code=exit_code)
-    rt.leases.forget(task_id)
-    rt.liveness.drop_task(node_id, task_id)
+        task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now)
+    _after_finish(rt, node_id, task)
+
+
+def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now):
+    """finish_task's writes, inside the caller's transaction; returns the task."""
+    task = _leased_task(node_id, task_id, epoch)
+    if pid is not None and task.state == T.ASSIGNED.value:
+        started_at = None
+        if started_seconds_ago is not None:
+            started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
+        _mark_started(task, pid, now, started_at, save=False)  # saved as it ends, just below
+    # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
+    if not T(task.state).is_terminal():
+        reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
+        # A broken GPU is not the job's fault either: it retries like a lost node.
+        hardware = reason.startswith(HARDWARE_REASONS)
+        end_task(task, T.LOST if (lost or hardware) and outcome == "failed" else outcome, reason, now,
+                 exit_code=exit_code)
+    return task
+
+
+def _after_finish(rt, node_id, task):
+    """What follows a settled finish, once it is committed."""
+    rt.leases.forget(task.id)
+    rt.liveness.drop_task(node_id, task.id)
     _after_task_end(rt, task.job_id)
 
 
 def finish_tasks(rt, node_id, finishes):
-    """Several finish reports of one node in one call: each is settled as finish_task settles it,
-    in a transaction of its own, and answered on its own. Returns one result per report, in
-    order: {task_id, status: 204, error: null}, or the status and error of a refused report
-    (409 for a stale epoch, 404 for an unknown task). A database failure ends the call (the
-    reports settled before it stay settled; a report sent again is answered as before).
+    """Several finish reports of one node in one call, settled in one transaction: each as
+    finish_task settles it (in a savepoint of its own, so a refused one leaves the others) and
+    answered on its own. Returns one result per report, in order: {task_id, status: 204,
+    error: null}, or the status and error of a refused report (409 for a stale epoch, 404 for
+    an unknown task). A database failure settles none of them; a report sent again is
+    answered as before.
     """
-    results = []
-    for f in finishes:
-        try:
-            finish_task(rt, node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"], f["lost"],
-                        f["pid"], f["started_seconds_ago"])
-        except FleetdError as exc:
-            error = {"code": exc.code, "message": exc.message}
-            if exc.details:
-                error["details"] = exc.details
-            results.append({"task_id": f["task_id"], "status": exc.http_status, "error": error})
-        else:
-            results.append({"task_id": f["task_id"], "status": 204, "error": None})
+    now = rt.clock.now()
+    results, settled = [], []
+    with write_transaction():
+        for f in finishes:
+            try:
+                with database.atomic():
+                    task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
+                                          f["lost"], f["pid"], f["started_seconds_ago"], now)
+            except FleetdError as exc:
+                error = {"code": exc.code, "message": exc.message}
+                if exc.details:
+                    error["details"] = exc.details
+                results.append({"task_id": f["task_id"], "status": exc.http_status, "error": error})
+            else:
+                settled.append(task)
+                results.append({"task_id": f["task_id"], "status": 204, "error": None})
+    for task in settled:
+        _after_finish(rt, node_id, task)
     return results
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from agent.client import FleetClient
-from agent.runner import (TRUNCATED_MARK, Assignment, LogSettings, Runner, TaskError, append_state, inside,
-                          proc_stat, read_boot_id, read_state, uptime_ticks, wait_gone)
+from agent.runner import (TRUNCATED_MARK, Assignment, LogSettings, Runner, TaskError, _check_executable, append_state,
+                          inside, proc_stat, read_boot_id, read_state, uptime_ticks, wait_gone)
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.fakefleetd import FakeFleetd
@@ -552,3 +552,22 @@ def test_a_fleetd_that_does_not_know_lost_gets_the_finish_without_it(make_runner
     runner.shutdown("fleet-agent stopped", timeout=15)
     finish = fleetd.wait_finished("t-strict")
     assert finish["outcome"] == "failed" and "lost" not in finish
+
+
+def test_a_command_found_in_path_is_looked_for_again_once_it_is_gone(tmp_path):
+    tool = tmp_path / "bin" / "fleet-test-tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    path = f"{tmp_path / 'empty'}:{tool.parent}"
+    for _ in range(2):  # found, then found again from what the first lookup learnt
+        _check_executable("fleet-test-tool", str(tmp_path), path)
+    tool.chmod(0o644)
+    with pytest.raises(TaskError, match="not found in PATH"):
+        _check_executable("fleet-test-tool", str(tmp_path), path)
+    tool.chmod(0o755)
+    _check_executable("fleet-test-tool", str(tmp_path), path)
+    tool.unlink()
+    for _ in range(2):
+        with pytest.raises(TaskError, match="not found in PATH"):
+            _check_executable("fleet-test-tool", str(tmp_path), path)
