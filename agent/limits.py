@@ -718,12 +718,9 @@ class Limits:
         return shim_command(task_limits.cgroup, argv)
 
     def release(self, task_limits):
-        """After the task: remove its cgroup; returns the OOM kills the memory controller counted."""
-        if task_limits is None or not task_limits.cgroup:
-            return 0
-        kills = self.cgroups.oom_kills(task_limits.cgroup)
-        self.cgroups.remove(task_limits.cgroup)
-        return kills
+        """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed)."""
+        if task_limits is not None and task_limits.cgroup:
+            self.cgroups.remove(task_limits.cgroup)
 
     def close(self):
         """Stop the MPS daemons."""
