@@ -3,7 +3,7 @@
 import datetime as dt
 
 from fleetd.db import database, write_transaction
-from fleetd.errors import Conflict, FleetdError, NotFound, Timeout
+from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, LogLine, Task, TaskState
 from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_task_state
 from fleetd.sql import Statement
@@ -222,10 +222,8 @@ def finish_tasks(rt, node_id, finishes):
                     task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
                                           f["lost"], f["pid"], f["started_seconds_ago"], now)
             except FleetdError as exc:
-                error = {"code": exc.code, "message": exc.message}
-                if exc.details:
-                    error["details"] = exc.details
-                results.append({"task_id": f["task_id"], "status": exc.http_status, "error": error})
+                results.append({"task_id": f["task_id"], "status": exc.http_status,
+                                "error": envelope(exc.code, exc.message, exc.details)["error"]})
             else:
                 settled.append(task)
                 results.append({"task_id": f["task_id"], "status": 204, "error": None})
