@@ -17,7 +17,8 @@ json_values = st.recursive(
 # Bodies that look like the real ones, with some fields replaced by anything.
 known_fields = st.sampled_from(["name", "role", "description", "labels", "ttl_seconds", "max_uses", "reason",
                                 "deadline_seconds", "hostname", "machine_id", "agent_version", "address", "resources",
-                                "gpus", "tasks", "metrics", "expires_in_seconds", "team"])
+                                "gpus", "tasks", "metrics", "expires_in_seconds", "team", "finishes", "task_id",
+                                "epoch", "outcome"])
 bodies = json_values | st.dictionaries(known_fields, json_values, max_size=6)
 queries = st.dictionaries(st.sampled_from(["limit", "cursor", "after", "fleet", "status", "x"]),
                           st.text(max_size=20), max_size=3)

@@ -444,3 +444,13 @@ def test_artifact_upload_download_limits_and_node_rule(make_app, clock):
     assert assignment["artifacts"] == [{"sha256": sha, "path": "in/hello.txt"}]
     assert api.get(f"/api/v1/artifacts/{sha}", token=s1).data == b"hello world"
     assert api.get(f"/api/v1/artifacts/{sha}", token=s2).status_code == 403
+
+
+@pytest.mark.parametrize("finishes", [[None], [1], ["t1"], [{"task_id": 5, "epoch": 1, "outcome": "succeeded"}],
+                                      [{"task_id": "t1", "epoch": "1", "outcome": "succeeded"}],
+                                      [{"task_id": "t\u0000", "epoch": 1, "outcome": "succeeded"}],
+                                      [{"task_id": "t1", "epoch": 1, "outcome": "succeeded", "exit_code": 999}]])
+def test_malformed_finish_reports_together_are_invalid_requests(api, fleet, finishes):
+    _, session = _node(api, fleet, "n1")
+    resp = api.post("/api/v1/agent/finish", {"finishes": finishes}, token=session, agent=True)
+    assert resp.status_code == 400 and "finishes" in resp.get_json()["error"]["details"]["fields"]["json"]
