@@ -113,7 +113,14 @@ def _authenticate():
 
 
 def _durable(response):
-    """A response to a request that wrote leaves once its writes are on disk (db.GroupCommit)."""
+    """A response to a request that wrote leaves once its writes are on disk (db.GroupCommit).
+
+    The pooled connection goes back first: the requests that run while this one waits for the
+    sync take the same connection, whose page cache only their own writes keep valid, instead
+    of each taking another one whose cache the others' writes made stale.
+    """
+    if not database.is_closed() and not database.in_transaction():
+        database.close()
     request_durable()
     return response
 

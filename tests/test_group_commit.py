@@ -87,3 +87,21 @@ def test_requests_that_write_wait_for_a_sync_and_reads_do_not(api, group):
     assert group.done == 1
     api.submit(name="durable")
     assert group.done == 2
+
+
+def test_a_request_hands_its_connection_back_before_it_waits_for_the_sync(api, tmp_path):
+    wal = tmp_path / "fleetd.db-wal"
+    wal.write_bytes(b"")
+    held = []
+
+    def run(fn):  # the sync, as the request waits for it
+        held.append(not fleetd_db.database.is_closed())
+        fn()
+
+    fleetd_db.enable_group_commit(GroupCommit(str(wal), run))
+    try:
+        assert api.post("/api/v1/fleets", {"name": "gc"}).status_code == 201
+        assert api.post("/api/v1/fleets/gc/join-tokens", {}).status_code == 201
+    finally:
+        fleetd_db.enable_group_commit(None)
+    assert held == [False, False]  # the next requests can take it (and its page cache) meanwhile
