@@ -128,12 +128,6 @@ class FleetClient:
         """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
         self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
 
-    def task_finish(self, task_id, epoch, outcome, exit_code=None, reason=None, lost=False, pid=None,
-                    started_seconds_ago=None):
-        """POST /agent/tasks/{id}/finish with succeeded, failed or cancelled (`lost`: the agent ended it;
-        `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
-        self.task_finish_body(task_id, finish_body(epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago))
-
     def task_finish_body(self, task_id, body):
         """POST /agent/tasks/{id}/finish with a body from finish_body()."""
         self._post(_task_path(task_id, "finish"), body, self.session_token)
@@ -234,7 +228,8 @@ class FleetClient:
 
 
 def finish_body(epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None):
-    """The body of a finish report (see FleetClient.task_finish)."""
+    """The body of a finish report: succeeded, failed or cancelled (`lost`: the agent ended it;
+    `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
     body = {"epoch": epoch, "outcome": outcome}
     if exit_code is not None:
         body["exit_code"] = exit_code

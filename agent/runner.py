@@ -1211,14 +1211,13 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
 
 
 class _Report:
-    __slots__ = ("task_id", "body", "error", "sent", "lead", "done")
+    __slots__ = ("task_id", "body", "error", "sent", "done")
 
     def __init__(self, task_id, body):
         self.task_id = task_id
         self.body = body
         self.error = None  # what fleetd's answer raises for this report
-        self.sent = False
-        self.lead = False  # this report's thread is to send the next call
+        self.sent = False  # a call carried it; `done` set and not sent: its thread sends the next call
         self.done = threading.Event()
 
 
@@ -1246,9 +1245,9 @@ class FinishReports:
         report = _Report(task_id, body)
         with self._lock:
             self._queue.append(report)
-            report.lead = not self._sending
+            leading = not self._sending
             self._sending = True
-        if not report.lead:
+        if not leading:
             # Until a call carried it, or it is this thread's turn to send one (the call before
             # always ends: its thread hands over in a finally).
             for _ in range(FOREVER):
@@ -1267,15 +1266,13 @@ class FinishReports:
             self._deliver(client, batch)
         except BaseException as exc:  # a bug or an interrupt: no waiting report may hang on it
             for report in batch:
-                if not report.sent:
-                    report.error = exc if isinstance(exc, FleetdError) else Unreachable(f"finish report: {exc!r}")
+                report.error = exc if isinstance(exc, FleetdError) else Unreachable(f"finish report: {exc!r}")
             raise
         finally:
             with self._lock:
                 self.calls += 1
                 self.reports += len(batch)
                 if self._queue:  # the first waiting report sends the next call
-                    self._queue[0].lead = True
                     self._queue[0].done.set()
                 else:
                     self._sending = False
