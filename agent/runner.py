@@ -36,14 +36,13 @@ import time
 from agent.client import (Conflict, DigestMismatch, FleetdError, Rejected, TooLarge, Unreachable, backoff_delay,
                           finish_body)
 from agent.limits import LimitError, Limits, LimitSettings, TaskKey, read_bytes, read_proc, signal_pids, task_pids
+from agent.taskdirs import SPARE_DIR, STATE_FILE, WORK_DIR, TaskDirs
 from agent.threads import FOREVER, Job, Pool
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
 
 TASKS_DIR = "tasks"
-STATE_FILE = "task.json"
-WORK_DIR = "work"
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -575,26 +574,6 @@ def read_state(path):
     raise ValueError(f"{path} holds no state record")
 
 
-def make_task_dir(path, workdir):
-    """Create a task's directory and its work directory (mode 0700), as parents where missing."""
-    try:
-        os.mkdir(path, 0o700)
-        os.mkdir(workdir, 0o700)
-    except OSError:  # a parent is missing, or a directory is left from an earlier try
-        os.makedirs(workdir, mode=0o700, exist_ok=True)
-
-
-def remove_task_dir(path):
-    """Remove a task's directory: its state file and empty work directory at a few syscalls' cost,
-    anything more through shutil.rmtree; errors are ignored, as rmtree's ignore_errors does."""
-    try:
-        os.unlink(os.path.join(path, STATE_FILE))
-        os.rmdir(os.path.join(path, WORK_DIR))
-        os.rmdir(path)
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _check_executable(program, cwd, path):
     """TaskError unless `program` can be executed (as exec would find it), before it is wrapped."""
     if "/" in program:
@@ -806,7 +785,7 @@ class Task:
                 self.runner.workers.remove(self.a.task_id)
             self.runner.forget(self)
             if not keep_dir:
-                remove_task_dir(self.dir)
+                self.runner.dirs.remove(self.dir)
             self.runner.checkin_client(client)
 
     def _check(self):
@@ -819,7 +798,7 @@ class Task:
     def _run_to_result(self, client):
         """(outcome, exit_code, reason) of the task."""
         try:
-            make_task_dir(self.dir, self.workdir)
+            self.runner.dirs.make(self.dir)
             self._prepare_limits()  # the cgroup exists before the state file that names it
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
                        cgroup=self.task_limits.cgroup)
@@ -1314,6 +1293,7 @@ class Runner:
                  rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
                  backoff_max_seconds=60.0, log_settings=None, limits=None):
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
+        self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR))
         # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
         self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
         self.workers = workers
@@ -1464,7 +1444,7 @@ class Runner:
         finally:
             self.checkin_client(client)
         if done and path:
-            remove_task_dir(path)
+            self.dirs.remove(path)
 
     def _background(self, name, target, *args):
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

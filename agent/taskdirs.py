@@ -1,0 +1,138 @@
+"""Task directories, made from recycled ones where that is safe.
+
+Each task gets ``<state>/tasks/<task>.<epoch>/`` holding its state file and its work directory.
+Making and removing them costs three inodes a task, and an inode is dear on ext4: the allocator
+searches the block group for a free one and, on a file system without a journal, passes over
+every inode freed in the last half minute. At a few hundred short tasks a second each `mkdir`
+cost 50-400 µs of CPU on the benchmark VM (docs/benchmarks.md).
+
+So a task directory that its task left exactly as it was made (an empty work directory, both
+directories mode 0700 and ours, no extended attribute beyond those every new directory gets,
+nothing beside the state file, which has no other link) is kept: its state file is emptied and
+the directory is renamed into ``<state>/spare-task-dirs/``. The next task's directory is renamed
+out of there. A rename allocates nothing. Anything a task changed sends its directory the old way,
+through removal, so no task ever finds a trace of another. Spares left from before a restart are
+removed unchecked rather than trusted.
+"""
+
+import itertools
+import logging
+import os
+import shutil
+import stat
+import threading
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "task.json"
+WORK_DIR = "work"
+SPARE_DIR = "spare-task-dirs"
+DEFAULT_KEEP = 64  # spares at most: a burst of short tasks on one host needs no more
+
+
+def make_task_dir(path):
+    """Create a task's directory and its work directory (mode 0700), as parents where missing."""
+    workdir = os.path.join(path, WORK_DIR)
+    try:
+        os.mkdir(path, 0o700)
+        os.mkdir(workdir, 0o700)
+    except OSError:  # a parent is missing, or a directory is left from an earlier try
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
+
+
+def remove_task_dir(path):
+    """Remove a task's directory: its state file and empty work directory at a few syscalls' cost,
+    anything more through shutil.rmtree; errors are ignored, as rmtree's ignore_errors does."""
+    try:
+        os.unlink(os.path.join(path, STATE_FILE))
+        os.rmdir(os.path.join(path, WORK_DIR))
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _xattrs(path):
+    """{name: value} of a path's extended attributes; {} where the file system has none."""
+    try:
+        return {name: os.getxattr(path, name, follow_symlinks=False)
+                for name in os.listxattr(path, follow_symlinks=False)}
+    except OSError:
+        return {}
+
+
+class TaskDirs:
+    """Makes and removes task directories, keeping up to `keep` clean ones for reuse."""
+
+    def __init__(self, spare_dir, keep=DEFAULT_KEEP):
+        self.spare_dir = spare_dir
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._spares = []  # names in spare_dir, each a clean task directory with an empty state file
+        self._names = itertools.count()
+        self._uid, self._gid = os.geteuid(), os.getegid()
+        self._born = {}  # the extended attributes every new directory and file gets (an SELinux label)
+        shutil.rmtree(spare_dir, ignore_errors=True)
+        if keep:
+            try:
+                os.makedirs(spare_dir, mode=0o700, exist_ok=True)
+                probe = os.path.join(spare_dir, "probe")
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                self._born = {stat.S_IFDIR: _xattrs(spare_dir), stat.S_IFREG: _xattrs(probe)}
+                os.unlink(probe)
+            except OSError as exc:
+                log.warning("cannot create %s (%s): task directories are not reused", spare_dir,
+                            exc.strerror or exc)
+                self.keep = 0
+
+    def make(self, path):
+        """Create the directory of a task at `path`, with its work directory."""
+        with self._lock:
+            name = self._spares.pop() if self._spares else None
+        if name is not None:
+            spare = os.path.join(self.spare_dir, name)
+            try:
+                os.rename(spare, path)
+                return
+            except OSError:  # `path` is left from an earlier try, or the spare went
+                shutil.rmtree(spare, ignore_errors=True)
+        make_task_dir(path)
+
+    def remove(self, path):
+        """Remove a task's directory, or keep it as a spare when it is exactly as it was made."""
+        if len(self._spares) < self.keep and self._clean(path):
+            spare = os.path.join(self.spare_dir, str(next(self._names)))
+            try:
+                os.truncate(os.path.join(path, STATE_FILE), 0)
+                os.rename(path, spare)
+            except OSError:
+                pass
+            else:
+                with self._lock:
+                    self._spares.append(os.path.basename(spare))
+                return
+        remove_task_dir(path)
+
+    def spares(self):
+        """How many clean directories wait for a task."""
+        with self._lock:
+            return len(self._spares)
+
+    def _clean(self, path):
+        state, work = os.path.join(path, STATE_FILE), os.path.join(path, WORK_DIR)
+        made = ((path, stat.S_IFDIR, 0o700), (work, stat.S_IFDIR, 0o700), (state, stat.S_IFREG, 0o600))
+        try:
+            for p, kind, mode in made:
+                st = os.lstat(p)
+                if (stat.S_IFMT(st.st_mode) != kind or stat.S_IMODE(st.st_mode) != mode
+                        or st.st_uid != self._uid or st.st_gid != self._gid
+                        or (kind == stat.S_IFREG and st.st_nlink != 1)):  # the file has no other name
+                    return False
+            with os.scandir(work) as entries:
+                if next(entries, None) is not None:
+                    return False
+            with os.scandir(path) as entries:
+                if sorted(entry.name for entry in entries) != [STATE_FILE, WORK_DIR]:
+                    return False
+        except OSError:
+            return False
+        return all(_xattrs(p) == self._born[kind] for p, kind, _ in made)
