@@ -5,6 +5,7 @@ poll ends with its request). Tasks themselves run in agent/runner.py.
 """
 
 import functools
+import gc
 import importlib.metadata
 import logging
 import os
@@ -319,6 +320,9 @@ class Agent:
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
                                          limits=self.limits)
         self.runner.recover()
+        # What start-up built lives as long as the agent: the collector's full passes skip it.
+        gc.collect()
+        gc.freeze()
         # Not waited for on stop: its long poll can take 30 s to return, and an assignment that
         # arrives while the agent stops is not started (fleetd requeues it when its lease expires).
         self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
