@@ -197,3 +197,19 @@ def test_unknown_policy_names_are_refused_at_start_up():
         Settings.load(environ={}, fleet_policies="gpu-a=tetris")
     with pytest.raises(ValueError, match="fleet=policy"):
         Settings.load(environ={}, fleet_policies="gpu-a")
+
+
+def test_gpus_of_many_cancelled_tasks_stay_held_while_their_node_reports_them(api, join):
+    # More ended-but-reported tasks than one statement reads by id (cluster._ENDED_CHUNK).
+    _, session = _node(api, join, "n1", 1)
+    jobs = [api.submit(name=f"small-{i}", resources={"gpus": 0.02}) for i in range(40)]
+    started = [api.start_task(session) for _ in jobs]
+    reported = [{"id": t["task_id"], "epoch": t["epoch"], "state": "running"} for t in started]
+    api.heartbeat(session, tasks=reported)
+    for job in jobs:
+        assert api.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+    big = api.submit(name="big", resources={"gpus": 0.3})
+    assert big["state"] == "queued"  # 40 x 0.02 of the GPU is in use until the node stops the tasks (32: room)
+    api.heartbeat(session, tasks=reported[:1])
+    api.run_task("scheduling")
+    assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"

@@ -13,7 +13,6 @@ import typing
 
 from fleetd import scheduler, windows
 from fleetd.clock import isoformat
-from fleetd.db import database
 from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
 from fleetd.sql import Statement
@@ -146,13 +145,27 @@ class GpuRow(typing.NamedTuple):
     health_reason: str
 
 
-def load_holds(where=None):
-    """Hold rows for the tasks matching `where` (default: the active ones): one narrow query,
-    job terms from the cache."""
-    if where is None:
+_ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 shapes at most
+
+
+def _ended_holds_statement(count):
+    return Statement(lambda v: _hold_columns().where(
+        Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)))
+
+
+_ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
+
+
+def load_holds(ended=None):
+    """Hold rows of the active tasks, or of those of the task ids in `ended` that are no longer
+    active: narrow queries compiled once, job terms from the cache."""
+    if ended is None:
         rows = _ACTIVE_HOLDS.raw_tuples()
     else:
-        rows = database.execute_sql(*_hold_columns().where(where).sql()).fetchall()
+        rows = []
+        for start in range(0, len(ended), _ENDED_CHUNK):
+            chunk = ended[start:start + _ENDED_CHUNK]
+            rows += _ENDED_HOLDS[len(chunk)].raw_tuples(**{f"id{i}": task_id for i, task_id in enumerate(chunk)})
     terms = TERMS.get_many(list({row[1] for row in rows}))
     gpus_value = Task.gpus.python_value
     return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id])
@@ -180,7 +193,7 @@ class ClusterState:
         ended = [task_id for task_id in (reported or ()) if task_id not in active]
         self.stopping = []
         if ended:
-            self.stopping = [t for t in load_holds(Task.id.in_(ended) & Task.state.not_in(ACTIVE_TASK_STATES))
+            self.stopping = [t for t in load_holds(ended)
                              if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()
