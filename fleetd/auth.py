@@ -57,7 +57,7 @@ class Principal:
     team: str = None
     node_id: str = None
     fleet: str = None
-    node: object = dataclasses.field(default=None, compare=False, repr=False)  # as loaded for this request
+    node: object = dataclasses.field(default=None, compare=False, repr=False)  # the whole row, for heartbeats
 
     @property
     def label(self):
@@ -69,27 +69,40 @@ class Principal:
         return f"join-token:{self.id}"
 
 
+# Every request reads one of these: only the columns the check needs, so that no JSON or
+# timestamp it does not look at is decoded.
+_API_TOKEN_AUTH = Statement(lambda v: ApiToken.select(
+    ApiToken.id, ApiToken.name, ApiToken.role, ApiToken.team, ApiToken.token_hash, ApiToken.expires_at,
+    ApiToken.revoked_at).where(ApiToken.id == v("id")).limit(1))
+_NODE_AUTH = Statement(lambda v: Node.select(Node.id, Node.hostname, Node.fleet, Node.status, Node.session_hash)
+                       .where(Node.session_id == v("session_id")).limit(1))
 _NODE_BY_SESSION = Statement(lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1))
+_REVOKED = NodeStatus.REVOKED.value
 
 
 def resolve_token(token, now, allow_revoked_node=False):
-    """Return the Principal for a bearer token, or raise Unauthorized."""
+    """Return the Principal for a bearer token, or raise Unauthorized.
+
+    `allow_revoked_node`: the caller is a node's heartbeat, which a revoked node may still send
+    (to learn that it is revoked); its Principal carries the node's whole row as `node`.
+    """
     match = _TOKEN_RE.match(token or "")
     if not match:
         raise Unauthorized("malformed or unknown token")
     prefix, token_id, _ = match.groups()
     if prefix == API_PREFIX:
-        row = ApiToken.get_or_none_by_id(token_id)
+        row = _API_TOKEN_AUTH.first(id=token_id)
         if row is None or not _matches(token, row.token_hash):
             raise Unauthorized("malformed or unknown token")
         return api_token_principal(row, now)
     if prefix == NODE_PREFIX:
-        node = _NODE_BY_SESSION.first(session_id=token_id)
+        node = (_NODE_BY_SESSION if allow_revoked_node else _NODE_AUTH).first(session_id=token_id)
         if node is None or not _matches(token, node.session_hash):
             raise Unauthorized("malformed or unknown token")
-        if node.status == NodeStatus.REVOKED.value and not allow_revoked_node:
+        if node.status == _REVOKED and not allow_revoked_node:
             raise Unauthorized("node revoked")
-        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id, node=node)
+        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id,
+                         node=node if allow_revoked_node else None)
     row = JoinToken.get_or_none_by_id(token_id)
     if row is None or not _matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")

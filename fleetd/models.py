@@ -95,7 +95,14 @@ class TaskState(str, enum.Enum):
 
 class BaseModel(peewee.Model):
     """Saves and reads by primary key run statements compiled once (fleetd.sql), not recompiled
-    by peewee on each call; anything else is plain peewee."""
+    by peewee on each call; anything else is plain peewee.
+
+    A save writes the fields set since the row was read (all of them for a new row), as
+    peewee's only_save_dirty does: an UPDATE that names a column rewrites its index entries even
+    when the value is the same, and would also put back what another transaction changed in a
+    column this one never touched. A field is set by assigning it; mutating a JSON value in
+    place does not count (no code does).
+    """
 
     class Meta:
         database = database
@@ -105,17 +112,18 @@ class BaseModel(peewee.Model):
         meta = self._meta
         pk_value = self._pk
         if only is None and pk_value is not None and not meta.composite_key and meta.primary_key is not False:
-            field_dict = self.__data__.copy()
-            if not any(isinstance(v, peewee.Model) for v in field_dict.values()):  # unsaved relations: peewee
-                if force_insert:
-                    sql.insert_row(type(self), field_dict)
-                    self._dirty.clear()
-                    return 1
-                field_dict.pop(meta.primary_key.name, None)
-                if field_dict:
-                    rows = sql.save_by_pk(self, field_dict)
-                    self._dirty -= set(field_dict)
-                    return rows
+            data = self.__data__
+            if force_insert:
+                sql.insert_row(type(self), data.copy())
+                self._dirty.clear()
+                return 1
+            field_dict = {name: data[name] for name in self._dirty if name in data}
+            field_dict.pop(meta.primary_key.name, None)
+            if not field_dict:
+                return 0
+            rows = sql.save_by_pk(self, field_dict)
+            self._dirty -= set(field_dict)
+            return rows
         return super().save(force_insert=force_insert, only=only)
 
     @classmethod
