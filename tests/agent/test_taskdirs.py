@@ -26,7 +26,7 @@ def _inode(path):
     return os.stat(os.path.join(path, WORK_DIR)).st_ino
 
 
-def test_a_clean_directory_is_reused_with_an_empty_state_file(dirs, tmp_path):
+def test_a_clean_directory_is_reused_with_a_blank_state_file(dirs, tmp_path):
     first = _run(dirs, tmp_path, "t1.1", {"task_id": "t1", "secret": "x" * 100})
     inode = _inode(first)
     dirs.remove(first)
@@ -34,7 +34,10 @@ def test_a_clean_directory_is_reused_with_an_empty_state_file(dirs, tmp_path):
     second = str(tmp_path / "tasks" / "t2.1")
     dirs.make(second)
     assert _inode(second) == inode and dirs.spares() == 0
-    assert os.path.getsize(os.path.join(second, STATE_FILE)) == 0
+    with open(os.path.join(second, STATE_FILE), "rb") as fh:
+        assert fh.read() == b"\n"  # the last task's records are gone; not truncated to 0 (see _blank)
+    with pytest.raises(ValueError):
+        read_state(os.path.join(second, STATE_FILE))  # a blank state file holds no record
     assert os.listdir(os.path.join(second, WORK_DIR)) == []
     assert oct(os.stat(second).st_mode & 0o7777) == "0o700"
     append_state(os.path.join(second, STATE_FILE), {"task_id": "t2"})
