@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from fleetd.clock import isoformat
+from fleetd.db import database
 from fleetd.services.cluster import _TermsCache
 from tests.conftest import ApiClient
 
@@ -178,6 +179,29 @@ def test_finish_reports_sent_together_are_settled_and_answered_one_by_one(api, f
     assert again.status_code == 200 and again.get_json()["results"][0]["status"] == 204
     assert len(api.get(f"/api/v1/jobs/{a['job_id']}/events").get_json()["items"]) == events
     assert _job(api, b["job_id"])["state"] == "running"
+
+
+def test_a_database_failure_in_finish_reports_together_settles_none_of_them(api, fleet):
+    _, session = _node(api, fleet, "n1")
+    jobs = [api.submit(name=f"j{i}")["id"] for i in range(2)]
+    api.run_task("scheduling")
+    a, b = api.acquire(session), api.acquire(session)
+    reports = [{"task_id": t["task_id"], "epoch": t["epoch"], "outcome": "succeeded", "exit_code": 0, "pid": 10}
+               for t in (a, b)]
+    # A real SQLite error while the second report is written, after the first one was: the trigger
+    # names a table that does not exist, which SQLite only finds out when the trigger runs.
+    with database.connection_context():
+        database.execute_sql(f"CREATE TRIGGER fail_second BEFORE UPDATE ON task WHEN NEW.id = '{b['task_id']}' "
+                             f"BEGIN INSERT INTO no_such_table VALUES (1); END")
+    resp = api.post("/api/v1/agent/finish", {"finishes": reports}, token=session, agent=True)
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "unavailable", resp.get_json()
+    assert resp.headers["Retry-After"] == "1"
+    assert [_job(api, job_id)["state"] for job_id in jobs] == ["running", "running"]  # the first one too
+    with database.connection_context():
+        database.execute_sql("DROP TRIGGER fail_second")
+    again = api.post("/api/v1/agent/finish", {"finishes": reports}, token=session, agent=True)  # the agent's retry
+    assert [r["status"] for r in again.get_json()["results"]] == [204, 204]
+    assert [_job(api, job_id)["state"] for job_id in jobs] == ["succeeded", "succeeded"]
 
 
 @pytest.mark.parametrize("body, field", [
