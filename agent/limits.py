@@ -718,9 +718,14 @@ class Limits:
         return shim_command(task_limits.cgroup, argv)
 
     def release(self, task_limits):
-        """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed)."""
+        """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed).
+
+        True when the cgroup is gone, which the kernel allows only once no process is left in it:
+        nothing the task started still runs. False without a cgroup, or when one is left.
+        """
         if task_limits is not None and task_limits.cgroup:
-            self.cgroups.remove(task_limits.cgroup)
+            return self.cgroups.remove(task_limits.cgroup)
+        return False
 
     def close(self):
         """Stop the MPS daemons."""

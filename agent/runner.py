@@ -778,14 +778,16 @@ class Task:
             keep_dir = True
         finally:
             self._kill_and_reap()
-            self._release_limits()
+            # A task directory is reused only when the kernel vouches that none of the task's
+            # processes is left (its cgroup is gone): one left could write into the next task's.
+            contained = self._release_limits()
             if self.shipper is not None:
                 self.shipper.abort()
             if self.runner.workers.get(self.a.task_id) is self.worker:
                 self.runner.workers.remove(self.a.task_id)
             self.runner.forget(self)
             if not keep_dir:
-                self.runner.dirs.remove(self.dir)
+                self.runner.dirs.remove(self.dir, reuse=contained)
             self.runner.checkin_client(client)
 
     def _check(self):
@@ -1104,17 +1106,19 @@ class Task:
             log.error("task %s: pid %d did not exit after SIGKILL", self.label, self.proc.pid)
 
     def _release_limits(self):
-        """Whatever is left of the task outside its group is killed; its cgroup removed."""
+        """Whatever is left of the task outside its group is killed; its cgroup removed. True
+        when the cgroup is gone, so that no process of the task is left."""
         if self.task_limits is None:
-            return
+            return False
         try:
             if self.proc is not None:
                 pids = task_pids(dataclasses.replace(self.key(), pgid=None))
                 with self._lock:
                     signal_pids(self._remember(pids), signal.SIGKILL)
-            self.runner.limits.release(self.task_limits)
+            return self.runner.limits.release(self.task_limits)
         except OSError as exc:
             log.warning("task %s: releasing its limits: %s", self.label, exc)
+            return False
 
     def _finish_logs(self):
         """Let the readers reach EOF and the shipper deliver every line before the finish report."""
@@ -1444,7 +1448,7 @@ class Runner:
         finally:
             self.checkin_client(client)
         if done and path:
-            self.dirs.remove(path)
+            self.dirs.remove(path, reuse=False)
 
     def _background(self, name, target, *args):
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -8,7 +8,8 @@ cost 50-400 µs of CPU on the benchmark VM (docs/benchmarks.md).
 
 So a task directory that its task left exactly as it was made (an empty work directory, both
 directories mode 0700 and ours, no extended attribute beyond those every new directory gets,
-nothing beside the state file, which has no other link) is kept: its state file is blanked and
+nothing beside the state file, which has no other link), once none of the task's processes is
+left (its cgroup is gone; without cgroups nothing is reused), is kept: its state file is blanked and
 the directory is renamed into ``<state>/spare-task-dirs/``. The next task's directory is renamed
 out of there. A rename allocates nothing. Anything a task changed sends its directory the old way,
 through removal, so no task ever finds a trace of another. Spares left from before a restart are
@@ -31,13 +32,19 @@ DEFAULT_KEEP = 64  # spares at most: a burst of short tasks on one host needs no
 
 
 def make_task_dir(path):
-    """Create a task's directory and its work directory (mode 0700), as parents where missing."""
-    workdir = os.path.join(path, WORK_DIR)
+    """Create a task's directory and its work directory, mode 0700 both, and the directory of
+    all tasks (0700 too) where it is missing. A directory left from an earlier try is kept."""
     try:
         os.mkdir(path, 0o700)
-        os.mkdir(workdir, 0o700)
-    except OSError:  # a parent is missing, or a directory is left from an earlier try
-        os.makedirs(workdir, mode=0o700, exist_ok=True)
+    except FileNotFoundError:  # the first task: os.makedirs would make `path` itself 0755
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        os.mkdir(os.path.join(path, WORK_DIR), 0o700)
+    except FileExistsError:
+        pass
 
 
 def remove_task_dir(path):
@@ -109,9 +116,10 @@ class TaskDirs:
                 shutil.rmtree(spare, ignore_errors=True)
         make_task_dir(path)
 
-    def remove(self, path):
-        """Remove a task's directory, or keep it as a spare when it is exactly as it was made."""
-        if len(self._spares) < self.keep and self._clean(path):
+    def remove(self, path, reuse=True):
+        """Remove a task's directory, or keep it as a spare when it is exactly as it was made and
+        `reuse` (the caller knows that no process of the task is left to write into it)."""
+        if reuse and len(self._spares) < self.keep and self._clean(path):
             spare = os.path.join(self.spare_dir, str(next(self._names)))
             try:
                 _blank(os.path.join(path, STATE_FILE))

@@ -337,6 +337,19 @@ def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_thr
                message="the task cgroup to be removed")
 
 
+@pytest.mark.parametrize("with_cgroup", [True, False])
+def test_a_task_directory_is_reused_only_when_the_task_cgroup_vouched_that_nothing_is_left(
+        request, host, fleetd, tmp_path, with_cgroup):
+    runner, _limits, _devices = host(cgroup_parent=request.getfixturevalue("cgroup_parent") if with_cgroup else "")
+    runner.submit(assignment("t-quick", ["true"]))
+    assert fleetd.wait_finished("t-quick")["outcome"] == "succeeded"
+    task_dir = tmp_path / "state" / "tasks" / "t-quick.1"
+    wait_until(lambda: not task_dir.exists(), message="the task directory to be put away")
+    # Without a cgroup, a process the task left behind could still write into the next task's
+    # directory, so the directory is removed, not kept.
+    assert runner.dirs.spares() == (1 if with_cgroup else 0)
+
+
 def test_host_limits_say_not_enforced_with_the_reason_when_no_cgroup_can_be_used(host, fleetd):
     runner, _limits, _devices = host(cgroup_parent="")
     task = running(runner, fleetd, runner.submit(assignment("t-host", SLEEPER, cpus=2, memory_bytes=GIB)).a.task_id)

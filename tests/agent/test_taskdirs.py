@@ -139,3 +139,18 @@ def test_keep_zero_removes_every_directory(tmp_path):
     append_state(os.path.join(path, STATE_FILE), {"task_id": "t1"})
     dirs.remove(path)
     assert not os.path.exists(path) and not os.path.exists(tmp_path / SPARE_DIR)
+
+
+def test_the_first_task_makes_the_tasks_directory_and_its_own_private(tmp_path):
+    dirs = TaskDirs(str(tmp_path / SPARE_DIR))
+    path = tmp_path / "state" / "tasks" / "t1.1"
+    (tmp_path / "state").mkdir()
+    dirs.make(str(path))
+    for made in (path.parent, path, path / WORK_DIR):
+        assert oct(made.stat().st_mode & 0o7777) == "0o700", made
+
+
+def test_not_kept_when_the_caller_cannot_vouch_that_no_process_is_left(dirs, tmp_path):
+    path = _run(dirs, tmp_path, "t1.1")
+    dirs.remove(path, reuse=False)
+    assert not os.path.exists(path) and dirs.spares() == 0
