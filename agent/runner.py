@@ -1220,8 +1220,6 @@ class FinishReports:
         self._lock = threading.Lock()
         self._queue = []  # reports waiting for the next call
         self._sending = False  # a call is on its way; the queue waits for it
-        self.calls = 0
-        self.reports = 0
 
     def send(self, client, task_id, body):
         """Report one finish (a finish_body()); raises what a single finish call would."""
@@ -1253,8 +1251,6 @@ class FinishReports:
             raise
         finally:
             with self._lock:
-                self.calls += 1
-                self.reports += len(batch)
                 if self._queue:  # the first waiting report sends the next call
                     self._queue[0].done.set()
                 else:
