@@ -15,7 +15,7 @@ from fleetd.auth import resolve_token
 from fleetd.background import TaskRunner
 from fleetd.db import bind, database, open_database, request_durable, request_started
 from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
-from fleetd.runtime import Runtime, current_runtime
+from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
 from fleetd.services.metrics import Instruments
 from fleetd.services.scheduling import SchedulerLoop
@@ -106,29 +106,26 @@ def create_app(settings=None, clock=None, db=None):
 
 
 def _authenticate():
-    """Check the protocol header and the bearer token of every non-public route."""
+    """Check the bearer token, then the agent protocol header, of every non-public route."""
     endpoint = request.endpoint
     if endpoint is None or endpoint in PUBLIC_ENDPOINTS or is_ui_endpoint(endpoint):
         return  # the UI signs in with its own session (fleetd.ui.security)
-    if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
-        raise ProtocolMismatch(
-            f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
-            {"supported": [PROTOCOL_VERSION]},
-        )
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     rt = current_runtime()
-    address = request.remote_addr or "unknown"
-    now = rt.clock.monotonic()
-    rt.limiter.check(address, now)
     try:
         g.principal = resolve_token(token.strip(), rt.clock.now(), allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT)
     except Unauthorized as exc:
-        rt.limiter.record(address, now)
+        rt.limiter.fail(request_address(), rt.clock.monotonic())  # 429 once over the failure budget
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
+    if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
+        raise ProtocolMismatch(
+            f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
+            {"supported": [PROTOCOL_VERSION]},
+        )
 
 
 def _durable(response):

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
 import threading
@@ -133,37 +134,47 @@ def resolve_api_token_id(token_id, now):
 
 
 class FailureLimiter:
-    """Counts failed authentications per client address in a sliding window."""
+    """Counts failed authentications, per client address and in all, in a sliding window.
 
-    def __init__(self, limit, window_seconds, max_addresses=100_000):
+    It limits failures, not identities: only a request whose credential already failed is ever
+    refused, so a valid token is let through from an address (a NAT, a proxy) where others keep
+    failing. Past `limit` failures from one address, or `global_limit` from all, failing requests
+    get 429 instead of 401 until the window moves on.
+    """
+
+    def __init__(self, limit, window_seconds, global_limit=None, max_addresses=100_000):
         self.limit = limit
         self.window = window_seconds
+        self.global_limit = global_limit
         self.max_addresses = max_addresses
         self._failures = {}
+        self._all = collections.deque()
         self._lock = threading.Lock()
 
-    def check(self, address, now):
-        """Raise RateLimited while this address is over its failure budget."""
-        with self._lock:
-            times = self._failures.get(address)
-            if not times:
-                return
-            while times and times[0] <= now - self.window:
-                times.popleft()
-            if len(times) >= self.limit:
-                raise RateLimited(
-                    "too many failed authentications from this address", retry_after=times[0] + self.window - now
-                )
-
-    def record(self, address, now):
-        """Note one failed authentication from this address."""
+    def fail(self, address, now):
+        """Note one failed authentication from `address`; raise RateLimited when over a budget."""
         with self._lock:
             if address not in self._failures and len(self._failures) >= self.max_addresses:
                 self._prune(now)
             times = self._failures.setdefault(address, collections.deque())
-            times.append(now)
-            while len(times) > self.limit:
-                times.popleft()
+            over = self._add(times, now, self.limit)
+            if self.global_limit:
+                over_all = self._add(self._all, now, self.global_limit)
+                if over_all is not None and (over is None or over_all > over):
+                    raise RateLimited("too many failed authentications; retry later", retry_after=over_all)
+            if over is not None:
+                raise RateLimited("too many failed authentications from this address", retry_after=over)
+
+    def _add(self, times, now, limit):
+        """Append a failure at `now`; seconds until the budget is back when it is exceeded, else None."""
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        times.append(now)
+        while len(times) > limit + 1:
+            times.popleft()
+        if len(times) > limit:
+            return times[1] + self.window - now if limit else self.window
+        return None
 
     def _prune(self, now):
         stale = [a for a, t in self._failures.items() if not t or t[-1] <= now - self.window]
@@ -171,6 +182,35 @@ class FailureLimiter:
             del self._failures[address]
         if len(self._failures) >= self.max_addresses:
             self._failures.clear()
+
+
+def client_address(remote_addr, forwarded_for, trusted):
+    """The address of the client: `remote_addr`, or when that is a trusted proxy the nearest
+    address in X-Forwarded-For that is not one (proxies append, so only the right end is trusted)."""
+    address = remote_addr or "unknown"
+    if not trusted or not forwarded_for or not _in_networks(address, trusted):
+        return address
+    hops = [hop.strip() for hop in forwarded_for.split(",")]
+    for hop in reversed(hops):
+        if not _in_networks(hop, trusted):
+            return hop if _is_ip(hop) else address
+    return hops[0] if _is_ip(hops[0]) else address
+
+
+def _is_ip(text):
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _in_networks(address, networks):
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
 
 
 def current_principal():

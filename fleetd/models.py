@@ -66,6 +66,7 @@ class JobState(str, enum.Enum):
 
     QUEUED = "queued"
     RUNNING = "running"
+    CANCELLING = "cancelling"  # cancelled; its processes have not all stopped yet
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -310,6 +311,26 @@ class Artifact(BaseModel):
     created_by = peewee.CharField(max_length=200, default="")
 
 
+class ArtifactUpload(BaseModel):
+    """Who uploaded an artifact: each uploader (token name, as Job.owner) may read it back."""
+
+    sha256 = peewee.CharField(max_length=64)
+    owner = peewee.CharField(max_length=200)
+    uploaded_at = peewee.DateTimeField()
+
+    class Meta:
+        primary_key = peewee.CompositeKey("sha256", "owner")
+
+
+class UiSession(BaseModel):
+    """A signed-in admin UI session; signing out deletes it, which ends the cookie at once."""
+
+    id = peewee.CharField(primary_key=True, max_length=64)
+    token_id = peewee.CharField(max_length=32, index=True)
+    created_at = peewee.DateTimeField()
+    expires_at = peewee.DateTimeField(index=True)
+
+
 class GpuType(BaseModel):
     """Prices of a GPU model, set by an admin (the model name is what agents report)."""
 
@@ -362,4 +383,5 @@ class Setting(BaseModel):
     value = peewee.TextField()
 
 
-MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, GpuType, Quota, ClusterSample, GpuSample]
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
+          ClusterSample, GpuSample]

@@ -4,7 +4,7 @@ import dataclasses
 
 from flask import current_app, request
 
-from fleetd.auth import FailureLimiter
+from fleetd.auth import FailureLimiter, client_address
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
 
@@ -24,6 +24,7 @@ class Runtime:
     instruments: object = None  # services.metrics.Instruments, set by create_app
     tasks: object = None  # background.TaskRunner, set by create_app
     scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
+    trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
 
     @classmethod
     def build(cls, settings, clock=None):
@@ -32,9 +33,10 @@ class Runtime:
         liveness = LivenessTracker(
             clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace
         )
-        limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds)
+        limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
+                                 settings.auth_failure_global_limit)
         leases = LeaseTracker(clock, settings.task_lease_seconds)
-        return cls(settings, clock, liveness, limiter, leases, Notifier())
+        return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks)
 
 
 def current_runtime():
@@ -45,3 +47,9 @@ def current_runtime():
 def public_url():
     """How agents reach fleetd: the configured public URL, else the URL of this request."""
     return current_runtime().settings.public_url or request.host_url
+
+
+def request_address():
+    """The client's address for this request (behind a trusted proxy, from X-Forwarded-For)."""
+    rt = current_runtime()
+    return client_address(request.remote_addr, request.headers.get("X-Forwarded-For"), rt.trusted_networks)

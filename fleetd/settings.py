@@ -1,6 +1,7 @@
 """Settings: defaults, then an optional TOML file (FLEETD_CONFIG), then FLEETD_* environment."""
 
 import dataclasses
+import ipaddress
 import os
 import sys
 
@@ -28,7 +29,9 @@ class Settings:
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
     max_body_bytes: int = 1024 * 1024
     auth_failure_limit: int = 20  # failed authentications per client address ...
-    auth_failure_window_seconds: float = 60.0  # ... within this window, then 429
+    auth_failure_window_seconds: float = 60.0  # ... within this window, then 429 for failing requests
+    auth_failure_global_limit: int = 1000  # failed authentications from all addresses in the window
+    trusted_proxies: str = ""  # comma-separated addresses/CIDRs whose X-Forwarded-For is believed
     token_retention_seconds: int = 86400  # keep expired tokens listed this long
     liveness_sweep_seconds: float = 5.0
     token_cleanup_seconds: float = 3600.0
@@ -72,9 +75,22 @@ class Settings:
             out[fleet.strip()] = policy.strip()
         return out
 
+    @property
+    def trusted_networks(self):
+        """trusted_proxies as a tuple of ip_network."""
+        out = []
+        for item in filter(None, (part.strip() for part in self.trusted_proxies.split(","))):
+            try:
+                out.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValueError(f"trusted_proxies wants addresses or CIDRs, got {item!r}") from None
+        return tuple(out)
+
     def validate(self):
         """Raise ValueError for settings that cannot work (unknown policy names, bad lists)."""
         from fleetd.scheduler import POLICIES
+
+        self.trusted_networks  # noqa: B018 - raises on a bad list
 
         for name in [self.scheduler_policy, *self.policy_by_fleet.values()]:
             if name and name not in POLICIES:

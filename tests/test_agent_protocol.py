@@ -87,10 +87,11 @@ def test_expired_revoked_and_used_up_join_tokens_are_refused(api, fleet, clock):
         assert body["error"]["message"] == message
 
 
-def test_same_machine_registering_again_gets_its_node_back_and_old_session_stops(api, fleet):
+def test_same_machine_registering_again_gets_its_node_back_and_old_session_stops(api, fleet, clock):
     join = api.create_join_token(fleet)
     first = api.register(join, machine_id="m-1", hostname="old-name")
     api.heartbeat(first["session_token"])
+    clock.advance(31)  # its agent stopped heartbeating a TTL ago
     second = api.register(join, machine_id="m-1", hostname="new-name", gpu_count=4)
     assert second["node_id"] == first["node_id"]
     api.heartbeat(first["session_token"], expect=401)
@@ -100,11 +101,12 @@ def test_same_machine_registering_again_gets_its_node_back_and_old_session_stops
     assert len(api.get("/api/v1/nodes").get_json()["items"]) == 1
 
 
-def test_cordoned_node_stays_cordoned_when_its_agent_re_registers(api, fleet):
+def test_cordoned_node_stays_cordoned_when_its_agent_re_registers(api, fleet, clock):
     join = api.create_join_token(fleet)
     reg = api.register(join)
     api.heartbeat(reg["session_token"])
     api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")
+    clock.advance(31)
     again = api.register(join)
     assert api.heartbeat(again["session_token"])["status"] == "cordoned"
 
@@ -156,9 +158,41 @@ def test_deregister_ends_the_session_and_marks_the_node_lost(api, fleet):
     assert node["status"] == "lost" and "deregistered" in node["status_reason"]
 
 
-def test_registration_into_another_fleet_moves_the_node(api, fleet):
+def test_a_revoked_node_registered_into_another_fleet_moves_there(api, fleet):
     api.create_fleet("gpu-b")
     reg = api.register(api.create_join_token(fleet))
+    api.post(f"/api/v1/nodes/{reg['node_id']}/revoke")
     again = api.register(api.create_join_token("gpu-b"))
     assert again["node_id"] == reg["node_id"] and again["fleet"] == "gpu-b"
     assert api.node(reg["node_id"])["fleet"] == "gpu-b"
+
+
+@pytest.mark.parametrize("silent_seconds", [0, 3600])
+def test_a_join_token_of_another_fleet_cannot_take_over_a_node(api, fleet, clock, silent_seconds):
+    api.create_fleet("other")
+    reg = api.register(api.create_join_token(fleet), hostname="real-host", address="10.0.0.1")
+    api.heartbeat(reg["session_token"])
+    clock.advance(silent_seconds)  # alive, or long silent (lost): neither may move without an admin
+    other = api.create_join_token("other", max_uses=1)
+    resp = api.post("/api/v1/agent/register", {
+        "hostname": "intruder", "machine_id": "machine-1", "agent_version": "x", "address": "10.6.6.6",
+        "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": []}, token=other, agent=True)
+    err = resp.get_json()["error"]
+    assert resp.status_code == 409 and err["code"] == "conflict" and err["details"]["reason"] == "other_fleet"
+    node = api.node(reg["node_id"])
+    assert (node["fleet"], node["hostname"], node["address"], len(node["gpus"])) == (fleet, "real-host", "10.0.0.1", 2)
+    api.heartbeat(reg["session_token"])  # the real host's session still works
+    assert api.get("/api/v1/fleets/other/join-tokens").get_json()["items"][0]["uses"] == 0  # not spent
+
+
+def test_a_join_token_cannot_re_enrol_a_live_node_of_its_own_fleet_until_it_falls_silent(api, fleet, clock):
+    join = api.create_join_token(fleet)
+    reg = api.register(join)
+    api.heartbeat(reg["session_token"])
+    clock.advance(10)
+    err = api.register(join, hostname="imposter", expect=409)["error"]
+    assert err["details"] == {"node_id": reg["node_id"], "reason": "alive"}
+    api.heartbeat(reg["session_token"])
+    assert api.node(reg["node_id"])["hostname"] == "gpu-host-1"
+    clock.advance(31)  # the agent stopped: the host may enrol again (a reinstall)
+    assert api.register(join)["node_id"] == reg["node_id"]

@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, admin_client
 
 PUBLIC = "public"
 ANY = {"admin", "submitter", "metrics", "node", "join"}
@@ -200,3 +200,69 @@ def test_repeated_failed_authentication_from_one_address_is_rate_limited(make_ap
     assert other.status_code == 401
     clock.advance(61)
     assert api.get("/api/v1/whoami", token=bad).status_code == 401
+
+
+def test_valid_credentials_are_never_refused_by_the_failure_limiter(make_app, clock):
+    app = make_app(auth_failure_limit=5, auth_failure_window_seconds=60)
+    api = admin_client(app, clock)
+    api.create_fleet()
+    session = api.register(api.create_join_token())["session_token"]
+    bad = "fla_" + "0" * 20 + "." + "B" * 43
+    statuses = [api.get("/api/v1/whoami", token=bad).status_code for _ in range(30)]
+    assert statuses == [401] * 5 + [429] * 25
+    # The same address keeps working for every holder of a valid credential.
+    assert api.get("/api/v1/whoami").status_code == 200
+    assert api.heartbeat(session)["status"] == "ready"
+    assert api.get("/api/v1/whoami", token=bad).status_code == 429
+
+
+def test_hosts_retrying_a_spent_join_token_do_not_lock_out_their_neighbours(make_app, clock):
+    app = make_app(auth_failure_limit=20, auth_failure_window_seconds=60)
+    api = admin_client(app, clock)
+    api.create_fleet()
+    spent = api.create_join_token(max_uses=1)
+    api.register(spent, machine_id="first")
+    for n in range(25):
+        api.register(spent, machine_id=f"late-{n}", expect=401 if n < 20 else 429)
+    fresh = api.create_join_token()
+    assert api.register(fresh, machine_id="neighbour")["session_token"].startswith("fln_")
+
+
+def test_the_global_failure_cap_limits_failures_spread_over_many_addresses(make_app, clock):
+    app = make_app(auth_failure_limit=5, auth_failure_global_limit=10, auth_failure_window_seconds=60)
+    api = admin_client(app, clock)
+    bad = {"Authorization": "Bearer fla_" + "0" * 20 + "." + "B" * 43}
+    statuses = [api.http.get("/api/v1/whoami", headers=bad, environ_base={"REMOTE_ADDR": f"10.0.0.{n}"}).status_code
+                for n in range(12)]
+    assert statuses == [401] * 10 + [429] * 2
+    assert api.get("/api/v1/whoami").status_code == 200
+
+
+def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(make_app, clock):
+    app = make_app(auth_failure_limit=2, auth_failure_window_seconds=60, trusted_proxies="127.0.0.0/8, 10.9.0.0/16")
+    api = ApiClient(app)
+    bad = "Bearer fla_" + "0" * 20 + "." + "B" * 43
+
+    def attempt(forwarded, remote="127.0.0.1"):
+        return api.http.get("/api/v1/whoami", headers={"Authorization": bad, "X-Forwarded-For": forwarded},
+                            environ_base={"REMOTE_ADDR": remote}).status_code
+
+    # Through two trusted proxies: the client is the nearest untrusted hop, whatever it claims before.
+    assert [attempt("6.6.6.6, 192.0.2.7, 10.9.0.3") for _ in range(3)] == [401, 401, 429]
+    assert attempt("192.0.2.8, 10.9.0.3") == 401  # another client behind the same proxies
+    # From an untrusted peer the header is ignored: the peer itself is the client.
+    assert [attempt(f"192.0.2.{n}", remote="203.0.113.5") for n in range(20, 23)] == [401, 401, 429]
+
+
+def test_a_trusted_proxy_list_that_is_not_addresses_is_refused(make_settings):
+    with pytest.raises(ValueError, match="trusted_proxies"):
+        make_settings(trusted_proxies="10.0.0.0/8, proxy.example")
+
+
+def test_agent_routes_check_the_token_before_the_protocol_header(api):
+    resp = api.http.post("/api/v1/agent/heartbeat", json={"tasks": []})
+    assert resp.status_code == 401 and resp.get_json()["error"]["code"] == "unauthorized"
+    api.create_fleet()
+    session = api.register(api.create_join_token())["session_token"]
+    resp = api.post("/api/v1/agent/heartbeat", {"tasks": []}, token=session)
+    assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "protocol_mismatch"

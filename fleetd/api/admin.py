@@ -1,7 +1,7 @@
 """Administration: background tasks."""
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime

@@ -1,7 +1,7 @@
 """Cluster capacity, schedule simulation, GPU types and quotas."""
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime

@@ -1,7 +1,7 @@
 """Fleets and their join tokens."""
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime, public_url

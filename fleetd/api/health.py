@@ -1,7 +1,7 @@
 """Health and identity."""
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd import __version__
 from fleetd.auth import ANY_ROLE, current_principal, require

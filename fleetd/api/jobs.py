@@ -2,7 +2,7 @@
 
 from flask import request, send_file
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
 from fleetd.db import database

@@ -2,7 +2,7 @@
 
 from flask import Response
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 from marshmallow import Schema, fields
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

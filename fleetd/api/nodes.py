@@ -1,7 +1,7 @@
 """Nodes: inventory, state and admin actions."""
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from fleetd.api.parser import Blueprint
 
 from fleetd.auth import ADMIN, SUBMITTER, require
 from fleetd.runtime import current_runtime

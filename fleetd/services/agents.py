@@ -2,7 +2,7 @@
 
 from fleetd.auth import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
-from fleetd.errors import Unauthorized
+from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
 from fleetd.services.events import record_event
 from fleetd.services.fleets import consume_join_token
@@ -35,6 +35,8 @@ def register_node(rt, join_token_id, info):
         if token is None or not consume_join_token(now, join_token_id):
             raise Unauthorized("join token expired, revoked or used up")
         node = Node.get_or_none(Node.machine_id == info["machine_id"])
+        if node is not None:
+            _check_takeover(rt, node, token.fleet_id)
         if node is None:
             node = Node.create(
                 id=new_id(),
@@ -61,6 +63,30 @@ def register_node(rt, join_token_id, info):
         replace_gpus(node, info.get("gpus") or [], now)
     rt.liveness.touch(node.id)
     return node, session_token
+
+
+_LIVE = (S.READY.value, S.CORDONED.value, S.DRAINING.value, S.DRAINED.value)
+
+
+def _check_takeover(rt, node, fleet):
+    """Refuse (409) a join token re-enrolling a node of another fleet, or a node that is alive.
+
+    A machine id is only the host's claim: without this, any join token could take over any
+    node (its id, name and address) and cut the real host off. A revoked node may be enrolled
+    anew anywhere; a lost or deregistered one again in its own fleet.
+    """
+    if node.status == S.REVOKED.value:
+        return
+    if node.fleet_id != fleet:
+        raise Conflict(f"this machine is enrolled as node {node.id} in fleet {node.fleet_id}; a join token of "
+                       f"fleet {fleet} cannot take it over (an admin must revoke or delete that node first)",
+                       {"node_id": node.id, "reason": "other_fleet"})
+    seen = rt.liveness.get(node.id)
+    if node.status in _LIVE and seen is not None and rt.clock.monotonic() - seen.monotonic < rt.settings.node_ttl_seconds:
+        raise Conflict(f"node {node.id} with this machine id is alive (it heartbeated "
+                       f"{rt.clock.monotonic() - seen.monotonic:.0f} s ago); stop its agent and retry after "
+                       f"{rt.settings.node_ttl_seconds:g} s, or have an admin revoke it first",
+                       {"node_id": node.id, "reason": "alive"})
 
 
 def heartbeat(rt, node, body):

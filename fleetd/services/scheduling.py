@@ -54,7 +54,7 @@ def _run_pass(rt):
         if not queued:
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
-        terms = TERMS.of_jobs(queued)
+        queued, terms = _evaluable(queued)
         state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
         # The shapes that arrive (queued and running work): what fragmentation is measured against.
         running = {t.job_id: t.job.request for t in state.tasks}
@@ -68,10 +68,14 @@ def _run_pass(rt):
         for job in queued:
             fleet = (job.spec.get("node_selector") or {}).get("fleet")
             engine.use_policy(by_fleet.get(fleet) or rt.settings.scheduler_policy or None, profile)
-            request, blocked = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
-            result = None
+            try:
+                request, blocked = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
+                result = None if blocked is not None else engine.place(request, explain=True)
+            except Exception as exc:  # a job the engine cannot evaluate must not stop the others
+                pending += 1
+                _set_aside(job, exc)
+                continue
             if blocked is None:
-                result = engine.place(request, explain=True)
                 if not result.schedulable:
                     blocked = result.reason
                     if job.priority_class == "on-demand":
@@ -105,6 +109,29 @@ def _run_pass(rt):
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
     return {"assigned": assigned, "pending": pending}
+
+
+def _evaluable(queued):
+    """(jobs, {id: JobTerms}) of the queued jobs whose terms can be made; the others are set aside."""
+    try:
+        return queued, TERMS.of_jobs(queued)
+    except Exception:  # one spec is bad: find it, keep the rest
+        terms = {}
+        for job in queued:
+            try:
+                terms.update(TERMS.of_jobs([job]))
+            except Exception as exc:
+                _set_aside(job, exc)
+        return [job for job in queued if job.id in terms], terms
+
+
+def _set_aside(job, exc):
+    """Leave a job that cannot be evaluated queued, with the reason, and go on with the others."""
+    reason = f"set aside: fleetd cannot evaluate this job ({type(exc).__name__}: {str(exc)[:200]})"
+    if job.pending_reason != reason:
+        log.error("scheduling: job %s set aside", job.id, exc_info=exc)
+        job.pending_reason = reason
+        job.save()
 
 
 def _tasks_of(job_ids):

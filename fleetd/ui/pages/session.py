@@ -4,7 +4,7 @@ from flask import g, redirect, render_template, request, url_for
 
 from fleetd.auth import resolve_token
 from fleetd.errors import InvalidRequest, RateLimited, Unauthorized
-from fleetd.runtime import current_runtime
+from fleetd.runtime import current_runtime, request_address
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.security import sign_in, sign_out
@@ -30,16 +30,14 @@ def login():
             return redirect(target or _landing(g.ui_principal))
         return render_template("login.html", next=target, error=None)
     rt = current_runtime()
-    address = request.remote_addr or "unknown"
     token = request.form.get("token", "").strip()
     try:
-        rt.limiter.check(address, rt.clock.monotonic())
         if not token:
             raise Unauthorized("paste an API token")
         try:
             principal = resolve_token(token, rt.clock.now())
         except Unauthorized:
-            rt.limiter.record(address, rt.clock.monotonic())
+            rt.limiter.fail(request_address(), rt.clock.monotonic())
             raise
         sign_in(principal)
     except (Unauthorized, RateLimited, InvalidRequest) as exc:

@@ -1,0 +1,100 @@
+"""Request bodies: strict JSON that only holds values every database and the scheduler can take.
+
+Python's json module accepts NaN, Infinity and -Infinity (not JSON), turns 1e400 into
+infinity, decodes "\\ud800" into an unpaired surrogate that no database can encode, and
+gives up with a RecursionError or a ValueError on deep nesting or huge integers. Each of
+those reached a 500 or, worse, a stored job that broke every scheduling pass. Here each is
+a 400 with the error envelope before any schema sees the body.
+"""
+
+import json
+import math
+import re
+
+import flask_smorest
+from webargs import core
+from webargs.flaskparser import FlaskParser, is_json_request
+
+from fleetd.errors import InvalidRequest
+
+MAX_DEPTH = 32  # the deepest schema nests 4 levels; metrics maps a few more
+MAX_INT_DIGITS = 20  # every integer field is a BIGINT: 19 digits and a sign
+_FORBIDDEN_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+class BadJson(ValueError):
+    """The body is JSON that fleetd does not take."""
+
+
+def _no_constant(name):
+    raise BadJson(f"{name} is not a number (JSON has no NaN or Infinity)")
+
+
+def _finite_float(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadJson(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _bounded_int(text):
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadJson(f"an integer of {len(text)} digits is out of range")
+    return int(text)
+
+
+def _check(value, depth=0):
+    """Refuse nesting deeper than MAX_DEPTH and strings with NUL or unpaired surrogates."""
+    if depth > MAX_DEPTH:
+        raise BadJson(f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if _FORBIDDEN_CHARS.search(value):
+            raise BadJson("a string holds a NUL character or an unpaired surrogate")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check(key, depth + 1)
+            _check(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check(item, depth + 1)
+
+
+def loads(body):
+    """Parse a request body (bytes or str) as strict JSON; BadJson says why it is refused."""
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+    except UnicodeDecodeError as exc:
+        raise BadJson(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    except RecursionError:
+        raise BadJson(f"nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise BadJson(f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    # Only an escape can make a NUL or a surrogate (the decoder refuses raw control characters
+    # and the UTF-8 decode above refuses encoded surrogates); only brackets can nest.
+    if "\\u" in text or text.count("[") + text.count("{") > MAX_DEPTH:
+        _check(value)
+    return value
+
+
+class StrictParser(FlaskParser):
+    """webargs' Flask parser with fleetd's strict JSON bodies."""
+
+    def load_json(self, req, schema):
+        """The request's JSON body, or `missing` when it has none (or is not JSON)."""
+        if not is_json_request(req):
+            return core.missing
+        body = req.get_data(cache=True)
+        if not body.strip():
+            return core.missing
+        try:
+            return loads(body)
+        except BadJson as exc:
+            raise InvalidRequest(str(exc), {"fields": {"json": [str(exc)]}}) from None
+
+
+class Blueprint(flask_smorest.Blueprint):
+    """flask-smorest's Blueprint, parsing bodies with the strict parser."""
+
+    ARGUMENTS_PARSER = StrictParser()

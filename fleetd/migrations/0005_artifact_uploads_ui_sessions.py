@@ -1,0 +1,34 @@
+"""Artifact uploaders (artifacts are readable by who uploaded them) and server-side UI sessions."""
+from peewee import *
+
+
+def up(migrator, db):
+    class ArtifactUpload(Model):
+        sha256 = CharField(max_length=64)
+        owner = CharField(max_length=200)
+        uploaded_at = DateTimeField()
+
+        class Meta:
+            database = db
+            table_name = 'artifact_upload'
+            primary_key = CompositeKey('sha256', 'owner')
+
+    class UiSession(Model):
+        id = CharField(primary_key=True, max_length=64)
+        token_id = CharField(max_length=32, index=True)
+        created_at = DateTimeField()
+        expires_at = DateTimeField(index=True)
+
+        class Meta:
+            database = db
+            table_name = 'ui_session'
+
+    db.create_tables([ArtifactUpload, UiSession])
+    # Artifacts uploaded before this migration stay readable by whoever uploaded them.
+    db.execute_sql("INSERT INTO artifact_upload (sha256, owner, uploaded_at) "
+                   "SELECT sha256, created_by, created_at FROM artifact")
+
+
+def down(migrator, db):
+    migrator.migrate(migrator.drop_table('ui_session'))
+    migrator.migrate(migrator.drop_table('artifact_upload'))
