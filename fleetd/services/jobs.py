@@ -2,7 +2,7 @@
 
 from fleetd import scheduler
 from fleetd.db import write_transaction
-from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from fleetd.models import Artifact, Event, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
@@ -95,9 +95,22 @@ def task_request(spec):
 
 
 
+def team_of(principal, spec):
+    """The team a job of this principal runs as: the token's own; the body may only repeat it
+    (Forbidden otherwise), except that an admin may name any team."""
+    wanted = spec.get("team")
+    if not wanted or principal.role == "admin":
+        return wanted or principal.team
+    if wanted != principal.team:
+        raise Forbidden(f"this token submits for team {principal.team or '(none)'}, not {wanted}",
+                        {"team": wanted})
+    return wanted
+
+
 def submit_job(now, principal, spec):
     """Queue a validated JobSpec; returns the Job with its tasks. The caller kicks the scheduler after commit."""
     retry = spec.get("retry") or DEFAULT_RETRY
+    team = team_of(principal, spec)
     job_id = new_id()
     with write_transaction():
         wanted = {a["sha256"] for a in spec.get("artifacts") or []}
@@ -112,7 +125,7 @@ def submit_job(now, principal, spec):
             name=spec["name"],
             owner=principal.name,
             owner_token_id=principal.id,
-            team=spec.get("team") or principal.team,
+            team=team,
             state=J.QUEUED.value,
             pending_reason="waiting for the scheduler",
             max_attempts=retry["max_attempts"],
