@@ -4,17 +4,17 @@ import inspect
 import logging
 import time
 
-import swagger_ui_bundle
-from flask import Flask, g, request, send_from_directory
+from flask import Flask, g, request
 from flask_smorest import Api
 
 from fleetd import __version__
-from fleetd.api import BLUEPRINTS
+from fleetd.api import BLUEPRINTS, docs
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
+from fleetd.api.parser import forbidden_text
 from fleetd.auth import resolve_token
 from fleetd.background import TaskRunner
 from fleetd.db import bind, database, open_database, request_durable, request_started
-from fleetd.errors import FleetdError, ProtocolMismatch, Unauthorized, handle_error
+from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
 from fleetd.services.metrics import Instruments
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # Endpoints that need no token (API.md, Conventions).
 PUBLIC_ENDPOINTS = frozenset(
-    {"health.Health", "api-docs.openapi_json", "api-docs.openapi_swagger_ui", "swagger_assets"}
+    {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets"}
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
 
@@ -69,8 +69,6 @@ def create_app(settings=None, clock=None, db=None):
         OPENAPI_VERSION="3.0.3",
         OPENAPI_URL_PREFIX="/api",
         OPENAPI_JSON_PATH="openapi.json",
-        OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="/api/docs/assets/",
         API_SPEC_OPTIONS={
             "security": [{"bearerAuth": []}],
             "components": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
@@ -88,17 +86,15 @@ def create_app(settings=None, clock=None, db=None):
     app.register_error_handler(FleetdError, handle_error)
     app.register_error_handler(Exception, handle_error)
 
-    @app.route("/api/docs/assets/<path:filename>", endpoint="swagger_assets")
-    def swagger_assets(filename):
-        """Swagger UI's files, served locally so the docs work offline."""
-        return send_from_directory(swagger_ui_bundle.swagger_ui_path, filename)
-
+    app.register_blueprint(docs.blp)
     rt.instruments = Instruments(rt)
     app.before_request(request_started)
     app.before_request(_start_timer)
     app.after_request(_observe_latency)
     app.after_request(_durable)
+    app.after_request(_no_store)
     app.before_request(_authenticate)
+    app.before_request(_check_url)
     app.teardown_request(_close_db)
     rt.tasks = TaskRunner(app, rt)
     rt.scheduler = SchedulerLoop(app, rt)
@@ -128,6 +124,15 @@ def _authenticate():
         )
 
 
+def _check_url():
+    """Refuse a path or query value with a NUL or an unpaired surrogate before any view sees it."""
+    values = list((request.view_args or {}).values())
+    for key, value in request.args.items(multi=True):
+        values += (key, value)
+    if any(isinstance(v, str) and forbidden_text(v) for v in values):
+        raise InvalidRequest("the path or query holds a NUL character or an unpaired surrogate")
+
+
 def _durable(response):
     """A response to a request that wrote leaves once its writes are on disk (db.GroupCommit).
 
@@ -138,6 +143,13 @@ def _durable(response):
     if not database.is_closed() and not database.in_transaction():
         database.close()
     request_durable()
+    return response
+
+
+def _no_store(response):
+    """API answers are never cached: some carry a secret shown once (new tokens, registrations),
+    all of them carry state that a cache would serve stale."""
+    response.headers.setdefault("Cache-Control", "no-store")
     return response
 
 

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import gc
+import json
 import logging
 import os
 import signal
@@ -11,9 +12,10 @@ import gevent
 import gevent.event
 import gevent.pool
 from apscheduler.schedulers.gevent import GeventScheduler
-from gevent.pywsgi import LoggingLogAdapter, WSGIHandler, WSGIServer
+from gevent.pywsgi import MAX_REQUEST_LINE, LoggingLogAdapter, WSGIHandler, WSGIServer
 
 from fleetd import create_app
+from fleetd.errors import envelope
 from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 
 log = logging.getLogger("fleetd")
@@ -96,29 +98,65 @@ class _Handler(WSGIHandler):
         return super().handle()
 
     def read_requestline(self):
+        """The next request line; None (close) when none comes within the idle timeout."""
         idle = self.server.idle_handlers
         idle.add(self)
+        line = None
         try:
-            return super().read_requestline()
+            with gevent.Timeout(self.server.idle_timeout, False):
+                line = super().read_requestline()
         finally:
             idle.discard(self)
+        return line
+
+    def read_request(self, raw_requestline):
+        """Read the headers, which must all arrive within the header timeout (slow clients that
+        never finish them would otherwise hold a connection and a greenlet for ever)."""
+        self.header_timed_out = False
+        try:
+            with gevent.Timeout(self.server.header_timeout):
+                return super().read_request(raw_requestline)
+        except gevent.Timeout:
+            self.header_timed_out = True
+            raise ValueError("the request's headers did not arrive in time") from None
 
     def handle_one_request(self):
         if self.server.closed:
             return None  # shutting down: no further requests on this connection
-        return super().handle_one_request()
+        result = super().handle_one_request()
+        if isinstance(result, tuple):  # refused before the app: gevent's bare reply, as the envelope
+            status = "408" if getattr(self, "header_timed_out", False) else result[0]
+            return status, _early_error(int(status))
+        return result
 
     def log_request(self):
         if ACCESS_LOG.isEnabledFor(logging.DEBUG):  # not formatted at all unless it is written
             super().log_request()
 
 
+_EARLY_ERRORS = {
+    400: ("Bad Request", "the request line or headers are malformed"),
+    408: ("Request Timeout", "the request's headers did not arrive in time"),
+    414: ("URI Too Long", f"the request line is longer than {MAX_REQUEST_LINE} bytes"),
+}
+
+
+def _early_error(status):
+    """A complete HTTP response carrying the error envelope, for requests refused before the app."""
+    reason, message = _EARLY_ERRORS.get(status, _EARLY_ERRORS[400])
+    body = json.dumps(envelope("invalid_request", message)).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
+
+
 class _Server(WSGIServer):
     handler_class = _Handler
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, idle_timeout=300.0, header_timeout=10.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.idle_handlers = set()
+        self.idle_timeout = idle_timeout  # a keep-alive connection may wait this long for its next request
+        self.header_timeout = header_timeout  # and then has this long to send all its headers
 
     def shutdown(self, timeout):
         """Stop accepting, close idle connections, give in-flight requests `timeout` seconds."""
@@ -165,6 +203,8 @@ def serve(settings, ready_callback=None):
         spawn=gevent.pool.Pool(settings.max_connections),
         log=LoggingLogAdapter(ACCESS_LOG, logging.DEBUG),
         error_log=LoggingLogAdapter(logging.getLogger("fleetd.http"), logging.ERROR),
+        idle_timeout=settings.http_idle_timeout_seconds,
+        header_timeout=settings.http_header_timeout_seconds,
     )
     stop = gevent.event.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -51,6 +51,8 @@ class Settings:
     job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
     max_connections: int = 10000
+    http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
+    http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
 
     @property
     def database_url(self):

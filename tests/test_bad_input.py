@@ -2,6 +2,7 @@
 
 import pytest
 
+from fleetd.db import database
 from tests.conftest import admin_client
 
 
@@ -121,3 +122,112 @@ def test_fleet_crud(api):
     api.delete(f"/api/v1/nodes/{reg['node_id']}")
     assert api.delete("/api/v1/fleets/gpu-a").status_code == 204
     assert api.get("/api/v1/fleets/gpu-a").status_code == 404
+
+
+# ---------------------------------------------------------------- hostile JSON (audit: defects 1 and 5)
+
+def _raw(api, method, path, body, token=..., agent=False):
+    return api.call(method, path, data=body, token=token, agent=agent, headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("gpus", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+def test_non_finite_numbers_are_refused_everywhere_a_job_spec_goes(api, gpus):
+    api.create_fleet()
+    submitter = api.create_token("submitter")
+    body = '{"name": "x", "command": ["true"], "resources": {"gpus": %s}}' % gpus
+    for path in ("/api/v1/jobs", "/api/v1/cluster/simulate-schedule"):
+        err = _error(_raw(api, "POST", path, body, token=submitter), 400, "invalid_request")
+        assert "json" in err["details"]["fields"]
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "ok", "description": "\\ud800"}',  # an unpaired surrogate: no database can encode it
+    '{"name": "ok", "description": "\\udc00 low"}',
+    '{"name": "ok", "description": "nul \\u0000"}',
+    '{"name": "ok", "labels": {"k\\u0000": "v"}}',
+    '{"name": "ok", "labels": {"zone": ' + "[" * 1000 + "]" * 1000 + "}}",  # RecursionError before
+    '{"name": "ok", "labels": {"zone": ' + "[" * 40 + "]" * 40 + "}}",
+    '{"name": "ok", "x": ' + "9" * 5000 + "}",  # over Python's int digit limit: ValueError before
+    '{"name": "ok", "x": ' + "9" * 30 + "}",
+    b'{"name": "ok", "description": "\xed\xa0\x80"}',  # a surrogate encoded in the UTF-8 itself
+    b'{"name": "ok", "description": "\xff"}',
+])
+def test_hostile_json_is_a_400_in_the_envelope_and_stores_nothing(api, body):
+    _error(_raw(api, "POST", "/api/v1/fleets", body), 400, "invalid_request")
+    assert api.get("/api/v1/fleets").get_json()["items"] == []
+
+
+def test_hostile_json_on_registration_is_refused_without_using_the_join_token(api):
+    api.create_fleet()
+    join = api.create_join_token(max_uses=1)
+    deep = '{"hostname": "h", "machine_id": "m", "agent_version": "1", "address": "a", "labels": ' \
+           + '{"a": ' * 1000 + "1" + "}" * 1000 + ', "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": []}'
+    _error(_raw(api, "POST", "/api/v1/agent/register", deep, token=join, agent=True), 400, "invalid_request")
+    api.register(join)  # still unused
+
+
+def test_valid_unicode_escapes_still_pass(api):
+    resp = _raw(api, "POST", "/api/v1/fleets", '{"name": "ok", "description": "caf\\u00e9 \\ud83d\\ude80"}')
+    assert resp.status_code == 201 and resp.get_json()["description"] == "café 🚀"
+
+
+def test_gc_cutoffs_beyond_any_date_are_refused(api):
+    for seconds in (2**63 - 1, 10**12):
+        err = _error(api.post("/api/v1/admin/gc", {"older_than_seconds": seconds}), 400, "invalid_request")
+        assert "older_than_seconds" in err["details"]["fields"]["json"]
+    assert api.post("/api/v1/admin/gc", {"older_than_seconds": 100 * 365 * 86400}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/v1/gpu-types/H100%00x", "/api/v1/quotas/team%00a", "/api/v1/fleets/a%00b",
+                                  "/api/v1/jobs?owner=a%00b"])
+def test_nul_in_a_path_or_query_is_refused(api, path):
+    method = "PUT" if "gpu-types" in path or "quotas" in path else "GET"
+    body = {"priority_class": "any", "max_gpus": 1} if "quotas" in path else {}
+    _error(api.call(method, path, json=body), 400, "invalid_request")
+    assert api.get("/api/v1/gpu-types").get_json()["items"] == []
+    assert api.get("/api/v1/quotas").get_json()["items"] == []
+
+
+def test_a_job_the_scheduler_cannot_evaluate_is_set_aside_and_the_others_still_run(api, clock):
+    from fleetd.models import Job, Task, new_id
+
+    api.create_fleet()
+    reg = api.register(api.create_join_token())
+    api.heartbeat(reg["session_token"])
+    api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")  # nothing places until both jobs are queued
+    good = api.submit(name="good", resources={"gpus": 1})
+    with database.connection_context():  # what the API let through before: a NaN in a stored spec
+        row = Job.get_by_id(good["id"])
+        bad = Job.create(**{**row.__data__, "id": "0" + new_id()[1:], "name": "bad",
+                            "spec": {**row.spec, "resources": {**row.spec["resources"], "gpus": float("nan")}}})
+        Task.create(id=new_id(), job=bad.id, rank=0, state="pending", gpus=[])
+    api.post(f"/api/v1/nodes/{reg['node_id']}/uncordon")  # the bad job sorts first
+    api.run_task("scheduling")
+    assert api.get(f"/api/v1/jobs/{good['id']}").get_json()["state"] == "running"
+    stuck = api.get(f"/api/v1/jobs/{bad.id}").get_json()
+    assert stuck["state"] == "queued" and stuck["pending_reason"].startswith("set aside: fleetd cannot evaluate")
+
+
+def test_answers_carrying_a_new_secret_are_not_stored_by_caches(api):
+    api.create_fleet()
+    answers = [api.post("/api/v1/tokens", {"name": "ci", "role": "submitter"}),
+               api.post("/api/v1/fleets/gpu-a/join-tokens", {})]
+    join = answers[-1].get_json()["token"]
+    answers.append(api.post("/api/v1/agent/register", {
+        "hostname": "h", "machine_id": "m", "agent_version": "1", "address": "a",
+        "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": []}, token=join, agent=True))
+    for resp in answers:
+        assert resp.status_code == 201 and resp.headers["Cache-Control"] == "no-store"
+
+
+def test_the_api_docs_page_has_a_strict_csp_and_no_inline_script(api):
+    resp = api.http.get("/api/docs")
+    assert resp.status_code == 200
+    csp = resp.headers["Content-Security-Policy"]
+    assert "script-src 'self';" in csp and "frame-ancestors 'none'" in csp
+    assert resp.headers["X-Frame-Options"] == "DENY"
+    page = resp.get_data(as_text=True)
+    assert "<script>" not in page and '<script src="/api/docs/start.js">' in page
+    for path in ("/api/docs/start.js", "/api/docs/assets/swagger-ui-bundle.js", "/api/openapi.json"):
+        assert api.http.get(path).status_code == 200

@@ -44,7 +44,7 @@ class GcResultSchema(Schema):
 
 
 class GcSchema(Schema):
-    older_than_seconds = Int(load_default=7 * 86400)
+    older_than_seconds = Int(maximum=100 * 365 * 86400, load_default=7 * 86400)  # beyond that: before year 1
     delete_jobs = fields.Boolean(load_default=False)
     dry_run = fields.Boolean(load_default=True)
 

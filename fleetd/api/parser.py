@@ -43,12 +43,17 @@ def _bounded_int(text):
     return int(text)
 
 
+def forbidden_text(text):
+    """True when `text` holds a NUL or an unpaired surrogate (no database stores either)."""
+    return _FORBIDDEN_CHARS.search(text) is not None
+
+
 def _check(value, depth=0):
     """Refuse nesting deeper than MAX_DEPTH and strings with NUL or unpaired surrogates."""
     if depth > MAX_DEPTH:
         raise BadJson(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
-        if _FORBIDDEN_CHARS.search(value):
+        if forbidden_text(value):
             raise BadJson("a string holds a NUL character or an unpaired surrogate")
     elif isinstance(value, dict):
         for key, item in value.items():

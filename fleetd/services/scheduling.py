@@ -112,14 +112,18 @@ def _run_pass(rt):
 
 
 def _evaluable(queued):
-    """(jobs, {id: JobTerms}) of the queued jobs whose terms can be made; the others are set aside."""
+    """(jobs, {id: JobTerms}) of the queued jobs the engine can evaluate; the others are set aside."""
     try:
-        return queued, TERMS.of_jobs(queued)
+        terms = TERMS.of_jobs(queued)
+        scheduler.profile_from_requests([t.request for t in terms.values()])
+        return queued, terms
     except Exception:  # one spec is bad: find it, keep the rest
         terms = {}
         for job in queued:
             try:
-                terms.update(TERMS.of_jobs([job]))
+                made = TERMS.of_jobs([job])
+                scheduler.profile_from_requests([made[job.id].request])
+                terms.update(made)
             except Exception as exc:
                 _set_aside(job, exc)
         return [job for job in queued if job.id in terms], terms

@@ -1,5 +1,6 @@
 """`fleetd serve` as a real process: crash safety, graceful shutdown, many concurrent connections."""
 
+import json
 import os
 import signal
 import socket
@@ -189,3 +190,30 @@ def test_request_headers_are_parsed_with_http_limits(server, admin):
                                    f"Content-Length: 999\r\nTransfer-Encoding: chunked\r\n\r\n"
                                    f"{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n")
     assert reply.startswith("HTTP/1.1 201") and "chunky" in reply, reply[:300]
+
+
+def test_requests_refused_before_the_app_still_get_the_error_envelope(server, admin):
+    reply = _raw_exchange(server, f"GET /api/v1/fleets/{'x' * 9000} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 414") and "Content-Type: application/json" in head, reply[:300]
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+    reply = _raw_exchange(server, b"GET /api/v1/health HTTP/1.1\r\nno colon\r\n\r\n")
+    assert reply.startswith("HTTP/1.1 400") and json.loads(reply.partition("\r\n\r\n")[2])["error"]["message"]
+
+
+def test_a_client_that_never_finishes_its_headers_is_cut_off(server_factory, admin):
+    server = server_factory(FLEETD_HTTP_HEADER_TIMEOUT_SECONDS="1", FLEETD_HTTP_IDLE_TIMEOUT_SECONDS="2")
+    port = int(server.url.rsplit(":", 1)[1])
+    slow = socket.create_connection(("127.0.0.1", port), timeout=15)
+    idle = socket.create_connection(("127.0.0.1", port), timeout=15)
+    try:
+        slow.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # and never the end of it
+        started = time.monotonic()
+        reply = slow.recv(65536).decode("latin-1")
+        assert reply.startswith("HTTP/1.1 408") and time.monotonic() - started < 10, reply[:200]
+        assert idle.recv(1) == b""  # a connection that never sent a request is closed after the idle timeout
+        # Keep-alive is unaffected: a client that sends promptly gets its answers.
+        assert Http(server.url, admin)("GET", "/api/v1/whoami").status_code == 200
+    finally:
+        slow.close()
+        idle.close()
