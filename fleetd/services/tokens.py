@@ -1,11 +1,12 @@
 """API tokens: create, list, revoke; and the first admin token of a new installation."""
 
 import datetime as dt
+import secrets
 
 from fleetd.auth import API_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import NotFound
-from fleetd.models import ApiToken, JoinToken, Role, Setting
+from fleetd.models import ApiToken, JoinToken, Role, Setting, UiSession
 from fleetd.services.pagination import paginate
 
 FIRST_ADMIN_KEY = "first_admin_token_issued"
@@ -72,4 +73,27 @@ def delete_expired_tokens(now, retention_seconds):
             .execute()
         )
         join = JoinToken.delete().where(JoinToken.expires_at < cutoff).execute()
-    return {"api_tokens": api, "join_tokens": join}
+        sessions = UiSession.delete().where(UiSession.expires_at < now).execute()
+    return {"api_tokens": api, "join_tokens": join, "ui_sessions": sessions}
+
+
+def start_ui_session(now, token_id, lifetime):
+    """Record a new admin UI session of an API token; returns its secret id (kept only hashed)."""
+    session_id = secrets.token_urlsafe(32)
+    with write_transaction():
+        UiSession.create(id=hash_token(session_id), token_id=token_id, created_at=now, expires_at=now + lifetime)
+    return session_id
+
+
+def ui_session_token(now, session_id):
+    """The API token id of a live UI session, or None when it ended, expired or never was."""
+    row = UiSession.get_or_none_by_id(hash_token(session_id))
+    if row is None or row.expires_at <= now:
+        return None
+    return row.token_id
+
+
+def end_ui_session(session_id):
+    """End a UI session at once (sign-out): its cookie no longer signs anyone in."""
+    with write_transaction():
+        UiSession.delete().where(UiSession.id == hash_token(session_id)).execute()

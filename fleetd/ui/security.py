@@ -1,8 +1,9 @@
 """The UI's sign-in state: the secret key, the session cookie, CSRF tokens and role checks.
 
-The session cookie (signed, not encrypted) holds only the id of the API token that signed
-in and a CSRF token; the token itself never leaves the sign-in request. Every request
-loads that token's row again, so a revoked or expired token ends the session at once.
+The session cookie (signed, not encrypted) holds only a random session id, recorded
+server-side as a hash, and a CSRF token; the API token itself never leaves the sign-in
+request. Every request loads the session's row and its token's row again, so signing out,
+or a revoked or expired token, ends the session at once.
 """
 
 import datetime as dt
@@ -17,6 +18,7 @@ from flask.sessions import SecureCookieSessionInterface
 
 from fleetd.auth import resolve_api_token_id
 from fleetd.errors import Forbidden, InvalidRequest, Unauthorized
+from fleetd.services.tokens import end_ui_session, start_ui_session, ui_session_token
 
 log = logging.getLogger(__name__)
 
@@ -121,25 +123,32 @@ def check_csrf():
         raise InvalidRequest("the form expired or did not come from this site; reload the page and try again")
 
 
-def sign_in(principal):
-    """Start a session for an API token's principal (a fresh CSRF token too)."""
+def sign_in(principal, now):
+    """Start a session for an API token's principal (recorded server-side; a fresh CSRF token too)."""
     if principal.kind != "api":
         raise InvalidRequest("sign in with an API token (fla_...), not a node or join token")
     session.clear()
     session.permanent = True
-    session["tid"] = principal.id
+    session["sid"] = start_ui_session(now, principal.id, SESSION_LIFETIME)
     session["csrf"] = secrets.token_urlsafe(32)
 
 
 def sign_out():
-    """Forget the session."""
+    """End the session on the server, so that a copy of the cookie signs no one in either."""
+    session_id = session.get("sid")
+    if isinstance(session_id, str):
+        end_ui_session(session_id)
     session.clear()
 
 
 def session_principal(now):
-    """The principal of the signed-in API token, or None when it is gone, revoked or expired."""
-    token_id = session.get("tid")
-    if not token_id or not isinstance(token_id, str):
+    """The principal of the signed-in API token, or None when the session ended or the token is
+    gone, revoked or expired."""
+    session_id = session.get("sid")
+    if not session_id or not isinstance(session_id, str) or len(session_id) > 128:
+        return None
+    token_id = ui_session_token(now, session_id)
+    if token_id is None:
         return None
     try:
         return resolve_api_token_id(token_id, now)

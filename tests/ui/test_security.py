@@ -25,16 +25,16 @@ def _session_payload(cookie_header):
 # ---------------------------------------------------------------- sign-in and the cookie
 
 
-def test_sign_in_sets_an_httponly_samesite_cookie_that_holds_the_token_id_not_the_token(ui, api):
+def test_sign_in_sets_an_httponly_samesite_cookie_that_holds_a_session_id_not_the_token(ui, api):
     resp = ui.login(api.token)
     assert resp.headers["Location"] == "/ui/"
     cookie = _cookie(resp)
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/ui" in cookie
     assert "Secure" not in cookie  # plain HTTP here
     payload = _session_payload(cookie)
-    token_id = api.token[4:24]
-    assert payload["tid"] == token_id and set(payload) <= {"tid", "csrf", "_permanent"}
+    assert len(payload["sid"]) >= 43 and set(payload) <= {"sid", "csrf", "_permanent"}
     assert api.token not in json.dumps(payload) and api.token.split(".")[1] not in cookie
+    assert api.token[4:24] not in cookie  # not even the token's id
     assert "Overview" in ui.text("/ui/")
 
 
@@ -82,6 +82,31 @@ def test_sign_out_ends_the_session(admin_ui):
     admin_ui.text("/ui/")
     assert admin_ui.post("/ui/logout").status_code == 302
     assert admin_ui.get("/ui/").status_code == 302
+
+
+def test_a_copy_of_the_cookie_taken_before_sign_out_signs_no_one_in(app, api):
+    browser = UiClient(app)
+    cookie = _cookie(browser.login(api.token)).split(";", 1)[0].split("=", 1)[1]
+    thief = app.test_client()  # a copy of the cookie, replayed later from elsewhere
+    thief.set_cookie("fleetd_ui", cookie, path="/ui")
+    assert thief.get("/ui/nodes").status_code == 200
+    browser.text("/ui/")
+    assert browser.post("/ui/logout").status_code == 302
+    resp = thief.get("/ui/nodes")
+    assert resp.status_code == 302 and resp.headers["Location"].startswith("/ui/login")
+    # Signing out of one browser leaves the token's other sessions alone.
+    other = UiClient(app)
+    other.login(api.token)
+    assert other.get("/ui/nodes").status_code == 200
+
+
+def test_expired_sessions_end_and_are_cleaned_up(app, api, clock):
+    browser = UiClient(app)
+    browser.login(api.token)
+    clock.advance(12 * 3600 + 1)
+    resp = browser.get("/ui/nodes")
+    assert resp.status_code == 302
+    assert api.run_task("token_cleanup")["ui_sessions"] == 1
 
 
 def test_sign_in_redirects_only_inside_the_ui(ui, api):

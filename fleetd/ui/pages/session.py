@@ -39,7 +39,7 @@ def login():
         except Unauthorized:
             rt.limiter.fail(request_address(), rt.clock.monotonic())
             raise
-        sign_in(principal)
+        sign_in(principal, rt.clock.now())
     except (Unauthorized, RateLimited, InvalidRequest) as exc:
         return render_template("login.html", next=target, error=f"Sign-in refused: {exc.message}."), exc.http_status
     return redirect(target or _landing(principal))
