@@ -312,14 +312,14 @@ class Artifact(BaseModel):
 
 
 class ArtifactUpload(BaseModel):
-    """Who uploaded an artifact: each uploader (token name, as Job.owner) may read it back."""
+    """Who uploaded an artifact: each uploading API token may read it back (and use it in jobs)."""
 
     sha256 = peewee.CharField(max_length=64)
-    owner = peewee.CharField(max_length=200)
+    token_id = peewee.CharField(max_length=32)
     uploaded_at = peewee.DateTimeField()
 
     class Meta:
-        primary_key = peewee.CompositeKey("sha256", "owner")
+        primary_key = peewee.CompositeKey("sha256", "token_id")
 
 
 class UiSession(BaseModel):

@@ -80,10 +80,10 @@ class JobCancel(MethodView):
     @require(ADMIN, SUBMITTER)
     @blp.response(200, JobStatusSchema)
     def post(self, job_id):
-        """Cancel a job; running ranks are stopped at their next heartbeat."""
+        """Cancel a job: `cancelling` while its nodes stop its processes (told at once), then
+        `cancelled`; a job that runs nothing yet is `cancelled` at once."""
         rt = current_runtime()
-        job = jobs.cancel_job(rt.clock.now(), current_principal(), job_id)
-        rt.notifier.notify(("job", job.id))
+        jobs.cancel_job(rt.clock.now(), current_principal(), job_id, rt)
         return jobs.get_job(current_principal(), job_id)
 
 
@@ -134,7 +134,7 @@ class Artifacts(MethodView):
         if request.content_length is not None and request.content_length > rt.settings.artifact_max_bytes:
             raise PayloadTooLarge(f"artifact larger than the limit of {rt.settings.artifact_max_bytes} bytes")
         return artifacts.store_artifact(rt.settings, rt.clock.now(), request.stream, name, kind,
-                                        current_principal().label)
+                                        current_principal())
 
 
 @blp.route("/artifacts/<string:sha256>")

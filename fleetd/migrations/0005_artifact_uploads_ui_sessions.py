@@ -5,13 +5,13 @@ from peewee import *
 def up(migrator, db):
     class ArtifactUpload(Model):
         sha256 = CharField(max_length=64)
-        owner = CharField(max_length=200)
+        token_id = CharField(max_length=32)
         uploaded_at = DateTimeField()
 
         class Meta:
             database = db
             table_name = 'artifact_upload'
-            primary_key = CompositeKey('sha256', 'owner')
+            primary_key = CompositeKey('sha256', 'token_id')
 
     class UiSession(Model):
         id = CharField(primary_key=True, max_length=64)
@@ -24,9 +24,9 @@ def up(migrator, db):
             table_name = 'ui_session'
 
     db.create_tables([ArtifactUpload, UiSession])
-    # Artifacts uploaded before this migration stay readable by whoever uploaded them.
-    db.execute_sql("INSERT INTO artifact_upload (sha256, owner, uploaded_at) "
-                   "SELECT sha256, created_by, created_at FROM artifact")
+    # Artifacts uploaded before this migration stay readable by the token(s) of their uploader's name.
+    db.execute_sql("INSERT INTO artifact_upload (sha256, token_id, uploaded_at) "
+                   "SELECT a.sha256, t.id, a.created_at FROM artifact a JOIN api_token t ON 'token:' || t.name = a.created_by")
 
 
 def down(migrator, db):

@@ -6,7 +6,8 @@ import tempfile
 
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
-from fleetd.models import Artifact, Job, Task
+from fleetd.auth import ADMIN
+from fleetd.models import Artifact, ArtifactUpload, Job, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES
 
 CHUNK = 1024 * 1024
@@ -20,8 +21,9 @@ def artifact_path(settings, sha256):
     return os.path.join(store_dir(settings), sha256[:2], sha256)
 
 
-def store_artifact(settings, now, stream, name, kind, created_by):
-    """Read `stream` to the end into the store (at most artifact_max_bytes); returns the Artifact."""
+def store_artifact(settings, now, stream, name, kind, principal):
+    """Read `stream` to the end into the store (at most artifact_max_bytes); returns the Artifact,
+    which this principal may read from then on (the same bytes uploaded by two tokens: both)."""
     limit = settings.artifact_max_bytes
     os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
     digest = hashlib.sha256()
@@ -52,8 +54,21 @@ def store_artifact(settings, now, stream, name, kind, created_by):
         row = Artifact.get_or_none(Artifact.sha256 == sha256)
         if row is None:
             row = Artifact.create(sha256=sha256, name=name, kind=kind, size=size, created_at=now,
-                                  created_by=created_by)
+                                  created_by=principal.label)
+        if ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256)
+                                      & (ArtifactUpload.token_id == principal.id)) is None:
+            ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now)
     return row
+
+
+def readable_artifacts(principal, shas):
+    """The subset of `shas` this API token may read: admins any, a submitter those it uploaded."""
+    shas = set(shas)
+    if principal.role == ADMIN or not shas:
+        return shas
+    rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
+        (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(sorted(shas)))
+    return {row.sha256 for row in rows}
 
 
 def open_artifact(settings, principal, sha256):
@@ -61,8 +76,11 @@ def open_artifact(settings, principal, sha256):
     row = Artifact.get_or_none(Artifact.sha256 == sha256)
     if row is None or not os.path.exists(artifact_path(settings, sha256)):
         raise NotFound(f"artifact {sha256} not found")
-    if principal.kind == "node" and not _needed_by_node(principal.node_id, sha256):
-        raise Forbidden("this node runs no task that uses this artifact")
+    if principal.kind == "node":
+        if not _needed_by_node(principal.node_id, sha256):
+            raise Forbidden("this node runs no task that uses this artifact")
+    elif sha256 not in readable_artifacts(principal, [sha256]):
+        raise NotFound(f"artifact {sha256} not found")  # whether others uploaded it is not this token's business
     return row, artifact_path(settings, sha256)
 
 

@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
-from fleetd.models import Artifact, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
+from fleetd.models import Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
 from fleetd.services.artifacts import artifact_path, store_dir
 from fleetd.services.cluster import ClusterState, cluster_status
 
@@ -256,6 +256,7 @@ def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
                 Job.delete().where(Job.id.in_(old_jobs)).execute()
             if orphans:
                 Artifact.delete().where(Artifact.sha256.in_(orphans)).execute()
+                ArtifactUpload.delete().where(ArtifactUpload.sha256.in_(orphans)).execute()
     if not dry_run:
         for sha in orphans:  # files go after the rows are gone for good
             try:

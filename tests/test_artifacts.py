@@ -1,0 +1,35 @@
+"""Artifacts are readable by the tokens that uploaded them, by admins, and by nodes running tasks that use them."""
+
+import hashlib
+
+from tests.conftest import ApiClient
+
+
+def _upload(api, token, data, name="a.txt"):
+    resp = api.call("PUT", "/api/v1/artifacts", token=token, data=data, headers={"X-Artifact-Name": name})
+    assert resp.status_code == 201, resp.get_json()
+    return resp.get_json()["sha256"]
+
+
+def test_a_submitter_cannot_read_another_submitters_artifact(api):
+    alice, bob = api.create_token("submitter", "alice"), api.create_token("submitter", "bob")
+    sha = _upload(api, alice, b"alice's weights")
+    assert sha == hashlib.sha256(b"alice's weights").hexdigest()
+    assert api.get(f"/api/v1/artifacts/{sha}", token=alice).data == b"alice's weights"
+    resp = api.get(f"/api/v1/artifacts/{sha}", token=bob)
+    assert resp.status_code == 404 and resp.get_json()["error"]["code"] == "not_found"
+    assert api.get(f"/api/v1/artifacts/{sha}").status_code == 200  # the admin reads every artifact
+
+
+def test_uploading_the_same_bytes_makes_them_readable_to_both_uploaders(api):
+    alice, bob = api.create_token("submitter", "alice"), api.create_token("submitter", "bob")
+    sha = _upload(api, alice, b"shared")
+    assert _upload(api, bob, b"shared", name="b.txt") == sha
+    assert ApiClient(api.app, bob).get(f"/api/v1/artifacts/{sha}").status_code == 200
+
+
+def test_a_token_with_the_same_name_as_the_uploader_reads_nothing(api):
+    first = api.create_token("submitter", "ci")
+    sha = _upload(api, first, b"x")
+    second = api.create_token("submitter", "ci")
+    assert api.get(f"/api/v1/artifacts/{sha}", token=second).status_code == 404
