@@ -35,8 +35,9 @@ class ClusterStatus(MethodView):
     @blp.response(200, ClusterStatusSchema)
     def get(self):
         """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
-        storage = metrics.storage_view(current_runtime()) if current_principal().role == ADMIN else {}
-        return cluster.cluster_status(_state(), storage)
+        principal = current_principal()
+        storage = metrics.storage_view(current_runtime()) if principal.role == ADMIN else {}
+        return cluster.cluster_status(_state(), principal, storage)
 
 
 @blp.route("/cluster/allocation")

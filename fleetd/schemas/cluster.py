@@ -43,7 +43,10 @@ class ProfileSchema(Schema):
 class ClusterStatusSchema(Schema):
     gpu = fields.Nested(GpuCapacitySchema)
     storage = fields.Dict()
-    active_jobs = fields.List(fields.Dict())
+    active_jobs = fields.List(fields.Dict(), metadata={
+        "description": "running jobs: every one for an admin, else the caller's own"})
+    other_active_jobs = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={
+        "description": "running jobs not listed in active_jobs, as {count, gpus}"})
     profiles = fields.List(fields.Nested(ProfileSchema))
     nodes = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={"description": "nodes by status"})
 

@@ -12,6 +12,7 @@ import threading
 import typing
 
 from fleetd import scheduler, windows
+from fleetd.auth import ADMIN
 from fleetd.clock import isoformat
 from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
@@ -318,8 +319,13 @@ def _counts(rows):
     return out
 
 
-def cluster_status(state, storage=None):
-    """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series."""
+def cluster_status(state, principal=None, storage=None):
+    """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series.
+
+    Running jobs are listed in full to admins (and to fleetd itself: no principal); anyone else
+    sees its own, and the others only as counts (their names, owners and teams are not theirs
+    to read, as GET /jobs/{id} says).
+    """
     rows = state.gpu_rows()
     demand = state.queued_demand()
     series = {}
@@ -341,12 +347,18 @@ def cluster_status(state, storage=None):
     tasks_by_job = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
-    active_jobs = [{"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
-                    "started_at": isoformat(j.started_at),
-                    "gpus": sum(len(t.gpus) for t in tasks_by_job.get(j.id, [])),
-                    "nodes": sorted({t.node_id for t in tasks_by_job.get(j.id, [])})} for j in active]
-    return {"gpu": gpu, "storage": storage or {}, "active_jobs": active_jobs, "profiles": profiles(state),
-            "nodes": _node_counts(state)}
+    active_jobs, others = [], {"count": 0, "gpus": 0}
+    for j in active:
+        gpus = sum(len(t.gpus) for t in tasks_by_job.get(j.id, []))
+        if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.id:
+            others["count"] += 1
+            others["gpus"] += gpus
+            continue
+        active_jobs.append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
+                            "started_at": isoformat(j.started_at), "gpus": gpus,
+                            "nodes": sorted({t.node_id for t in tasks_by_job.get(j.id, [])})})
+    return {"gpu": gpu, "storage": storage or {}, "active_jobs": active_jobs, "other_active_jobs": others,
+            "profiles": profiles(state), "nodes": _node_counts(state)}
 
 
 def _node_counts(state):

@@ -49,7 +49,7 @@ def overview():
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}
-    status = cluster.cluster_status(cluster_state(rt), storage)
+    status = cluster.cluster_status(cluster_state(rt), principal, storage)
     labels = {s["id"]: s["label"] for s in status["gpu"]["series"]}
     context = {"status": status, "gpu": status["gpu"], "labels": labels, "storage": storage}
     if request.args.get("partial") == "capacity":

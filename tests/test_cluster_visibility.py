@@ -1,0 +1,42 @@
+"""Cluster status and the UI overview show others' running work only as counts, except to admins."""
+
+from tests.conftest import ApiClient
+from tests.ui.conftest import UiClient
+
+
+def _running(api, owner_token, name):
+    job = ApiClient(api.app, owner_token).submit(name=name, resources={"gpus": 1})
+    assert job["state"] == "running", job
+    return job
+
+
+def test_only_admins_see_every_running_job_others_see_their_own_and_counts(api):
+    api.create_fleet()
+    reg = api.register(api.create_join_token(), gpu_count=4)
+    api.heartbeat(reg["session_token"])
+    alice, bob, metrics = (api.create_token("submitter", "alice"), api.create_token("submitter", "bob"),
+                           api.create_token("metrics", "prom"))
+    _running(api, alice, "alice-secret-project")
+    _running(api, alice, "alice-second")
+    mine = _running(api, bob, "bob-job")
+
+    every = api.get("/api/v1/cluster/status").get_json()
+    assert sorted(j["name"] for j in every["active_jobs"]) == ["alice-second", "alice-secret-project", "bob-job"]
+    assert every["other_active_jobs"] == {"count": 0, "gpus": 0}
+
+    as_bob = ApiClient(api.app, bob).get("/api/v1/cluster/status").get_json()
+    assert [j["id"] for j in as_bob["active_jobs"]] == [mine["id"]]
+    assert as_bob["other_active_jobs"] == {"count": 2, "gpus": 2}
+    assert "alice" not in str(as_bob)
+
+    as_metrics = ApiClient(api.app, metrics).get("/api/v1/cluster/status").get_json()
+    assert as_metrics["active_jobs"] == [] and as_metrics["other_active_jobs"] == {"count": 3, "gpus": 3}
+    assert as_metrics["gpu"]["used"] == 3
+
+    ui = UiClient(api.app)
+    ui.login(bob)
+    page = ui.text("/ui/")
+    assert "bob-job" in page and "alice" not in page and "2 jobs of others running on 2 GPUs" in page
+    ui = UiClient(api.app)
+    ui.login(api.token)
+    assert "alice-secret-project" in ui.text("/ui/")
