@@ -128,8 +128,9 @@ def test_an_acquire_may_deliver_several_assignments_each_once(api, fleet):
     assert [a["job_id"] for a in first["assignments"]] == jobs[:3] and first["assignment"] == first["assignments"][0]
     second = acquire({"wait_seconds": 0, "max_assignments": 3})
     assert [a["job_id"] for a in second["assignments"]] == jobs[3:]
-    assert acquire({"wait_seconds": 0, "max_assignments": 3}) == {"assignment": None, "assignments": []}
-    assert acquire({"wait_seconds": 0}) == {"assignment": None}  # without the field: API.md's shape
+    assert acquire({"wait_seconds": 0, "max_assignments": 3}) == {"assignment": None, "assignments": [],
+                                                                   "cancel": []}
+    assert acquire({"wait_seconds": 0}) == {"assignment": None, "cancel": []}  # without the field: API.md's shape
     for bad in (0, 65, "2", 1.5):
         resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0, "max_assignments": bad}, token=session, agent=True)
         assert resp.status_code == 400 and "max_assignments" in resp.get_json()["error"]["details"]["fields"]["json"]
@@ -357,16 +358,20 @@ def test_a_failed_rank_stops_the_whole_gang(api, fleet):
     assert done["state"] == "failed" and {t["state"] for t in done["tasks"]} == {"failed", "cancelled"}
 
 
-def test_cancel_stops_running_tasks_at_the_next_heartbeat(api, fleet):
+def test_cancel_of_a_running_job_is_cancelling_until_the_node_reports_the_process_ended(api, fleet):
     _, session = _node(api, fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
-    cancelled = api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()
-    assert cancelled["state"] == "cancelled" and cancelled["tasks"][0]["state"] == "cancelled"
+    cancelling = api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()
+    assert cancelling["state"] == "cancelling" and cancelling["tasks"][0]["state"] == "running"
+    # The heartbeat repeats the stop (the fallback), and renews no lease of a cancelling job.
     reply = api.heartbeat(session, tasks=[{"id": assignment["task_id"], "epoch": assignment["epoch"],
                                            "state": "running"}])
     assert reply["cancel"] == [assignment["task_id"]]
-    api.task_call(session, assignment, "finish", outcome="cancelled")  # accepted, changes nothing
+    assert api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelling"
+    api.task_call(session, assignment, "finish", outcome="cancelled", exit_code=143)
+    done = _job(api, job["id"])
+    assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled"
     assert api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelled"
 
 

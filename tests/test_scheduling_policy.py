@@ -206,8 +206,10 @@ def test_gpus_of_many_cancelled_tasks_stay_held_while_their_node_reports_them(ap
     started = [api.start_task(session) for _ in jobs]
     reported = [{"id": t["task_id"], "epoch": t["epoch"], "state": "running"} for t in started]
     api.heartbeat(session, tasks=reported)
-    for job in jobs:
+    for job, task in zip(jobs, started):
         assert api.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+        api.task_call(session, task, "finish", outcome="cancelled")
+    api.heartbeat(session, tasks=reported)  # ended, and still reported by the node
     big = api.submit(name="big", resources={"gpus": 0.3})
     assert big["state"] == "queued"  # 40 x 0.02 of the GPU is in use until the node stops the tasks (32: room)
     api.heartbeat(session, tasks=reported[:1])

@@ -72,11 +72,13 @@ class AgentAcquire(MethodView):
     @blp.arguments(AcquireSchema())
     @blp.response(200, AcquireReplySchema)
     def post(self, body):
-        """Long-poll for work: answers as soon as an assignment exists, or after wait_seconds with null."""
+        """Long-poll for work: answers as soon as an assignment exists or a task of this node must be
+        stopped (`cancel`), or after wait_seconds with null."""
         principal = current_principal()
         batch = body["max_assignments"]
-        found = work.acquire(current_runtime(), principal.node_id, body["wait_seconds"], batch or 1)
-        reply = {"assignment": found[0] if found else None}
+        work_ = work.acquire(current_runtime(), principal.node_id, body["wait_seconds"], batch or 1)
+        found = work_["assignments"]
+        reply = {"assignment": found[0] if found else None, "cancel": work_["cancel"]}
         if batch is not None:
             reply["assignments"] = found
         return reply

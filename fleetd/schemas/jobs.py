@@ -208,6 +208,9 @@ class AssignmentSchema(Schema):
 class AcquireReplySchema(Schema):
     assignment = fields.Nested(AssignmentSchema, allow_none=True)
     assignments = fields.List(fields.Nested(AssignmentSchema))  # only when max_assignments was sent
+    cancel = fields.List(fields.String(), metadata={
+        "description": "ids of tasks whose processes this node must stop now (cancelled, preempted, past a "
+                       "drain's deadline); each is told once, and the heartbeat's `cancel` repeats them"})
 
 
 class TaskStartSchema(Schema):

@@ -1,4 +1,9 @@
-"""Jobs: submit, read, cancel; the job and task state machines; what happens when a task ends."""
+"""Jobs: submit, read, cancel; the job and task state machines; what happens when a task ends;
+the stops owed to nodes whose tasks fleetd ended."""
+
+import contextlib
+import threading
+import time
 
 from fleetd import scheduler
 from fleetd.db import write_transaction
@@ -11,9 +16,12 @@ from fleetd.sql import Statement
 J = JobState
 T = TaskState
 
+# A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
+# processes ended (or their leases expire); a queued one holds no process and is cancelled at once.
 JOB_TRANSITIONS = {
     J.QUEUED: {J.RUNNING, J.CANCELLED, J.FAILED},
-    J.RUNNING: {J.QUEUED, J.SUCCEEDED, J.FAILED, J.CANCELLED},
+    J.RUNNING: {J.QUEUED, J.SUCCEEDED, J.FAILED, J.CANCELLING, J.CANCELLED},
+    J.CANCELLING: {J.CANCELLED},
     J.SUCCEEDED: set(),
     J.FAILED: set(),
     J.CANCELLED: set(),
@@ -50,14 +58,18 @@ def switch_job_state(job, to_state, reason, now):
     return job
 
 
-def switch_task_state(task, to_state, reason, now, save=True):
+def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
     """The one way a task changes state; its Event is listed with its job's events. `save=False`:
-    the caller saves the row itself, with the next change it makes in the same transaction."""
+    the caller saves the row itself, with the next change it makes in the same transaction.
+    `tell_node=False`: the node itself reported the end (its process is gone; nothing to stop)."""
     from_state = T(task.state)
     to_state = T(to_state)
     if to_state not in TASK_TRANSITIONS[from_state]:
         raise Conflict(f"task {task.id} cannot go from {from_state.value} to {to_state.value}",
                        {"state": task.state})
+    if tell_node and to_state.is_terminal() and _held(task):
+        # fleetd ended a task whose process a node may still run: that node is told at once.
+        STOPS.owe(task.node_id, task.id, task.epoch)
     task.state = to_state.value
     if to_state.is_terminal():
         task.ended_at = now
@@ -233,22 +245,46 @@ def job_events(principal, job_id, limit, cursor=None, after=None):
     return list_events("job", job_id, limit, cursor, after)
 
 
-def cancel_job(now, principal, job_id):
-    """Cancel a job: queued tasks never start; running ones are told to stop at their next heartbeat."""
+def cancel_job(now, principal, job_id, rt=None):
+    """Cancel a job. Tasks that no node holds yet are cancelled at once; the nodes that hold the
+    others are told to stop them now (their acquire long-poll wakes), and the job is `cancelling`
+    until those tasks end (the node reports each finish, or its lease expires), then `cancelled`.
+    A job that holds no process (queued, or not yet delivered) is `cancelled` at once.
+
+    `rt`: wake this runtime's job waiters after commit (the nodes are woken either way).
+    """
     with write_transaction():
         job = find_visible_job(principal, job_id)
         if job is None:
             raise NotFound(f"job {job_id} not found")
-        if job.state == J.CANCELLED.value:
-            return job
-        if J(job.state).is_terminal():
+        if J(job.state).is_terminal() and job.state != J.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
-        for task in Task.select().where((Task.job == job_id) & Task.state.in_(_LIVE_TASK_STATES)):
-            switch_task_state(task, T.CANCELLED, f"cancelled by {principal.label}", now)
-        job.outcome = J.CANCELLED.value
-        job.outcome_reason = f"cancelled by {principal.label}"
-        switch_job_state(job, J.CANCELLED, job.outcome_reason, now)
+        held = []
+        if job.state in (J.QUEUED.value, J.RUNNING.value):
+            reason = f"cancelled by {principal.label}"
+            for task in Task.select().where((Task.job == job_id) & Task.state.in_(_LIVE_TASK_STATES)):
+                if _held(task):
+                    held.append(task)  # stays active until its node says the process ended
+                else:
+                    switch_task_state(task, T.CANCELLED, reason, now)
+            job.outcome, job.outcome_reason = J.CANCELLED.value, reason
+            if held:
+                switch_job_state(job, J.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
+            else:
+                switch_job_state(job, J.CANCELLED, reason, now)
+        elif job.state == J.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
+            held = list(Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES)))
+    for task in held:
+        STOPS.owe(task.node_id, task.id, task.epoch)
+    if rt is not None:
+        rt.notifier.notify(("job", job.id))
     return job
+
+
+def _held(task):
+    """True when a node may run the task's process: it runs, or its assignment was delivered."""
+    return task.node_id is not None and (task.state == T.RUNNING.value
+                                         or (task.state == T.ASSIGNED.value and task.delivered_at is not None))
 
 
 _LIVE_TASK_STATES = [T.PENDING.value, T.ASSIGNED.value, T.RUNNING.value]
@@ -258,18 +294,23 @@ ACTIVE_TASK_STATES = [T.ASSIGNED.value, T.RUNNING.value]
 # ---------------------------------------------------------------- a task ends
 
 
-def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False):
+def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
+    `reported`: its node said so (a finish report); otherwise its node is told to stop it.
     Runs inside the caller's transaction. Returns the job.
     """
     outcome = T(outcome)
     task.exit_code = exit_code
-    switch_task_state(task, outcome, reason, now)
+    switch_task_state(task, outcome, reason, now, tell_node=not reported)
     job = Job.get_by_id(task.job_id)
     if J(job.state).is_terminal():
         return job
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
+    if job.state == J.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
+        if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
+            switch_job_state(job, J.CANCELLED, f"every task stopped ({job.outcome_reason})", now)
+        return job
     if outcome is T.SUCCEEDED:
         if all(t.state == T.SUCCEEDED.value for t in tasks):
             job.outcome, job.outcome_reason = J.SUCCEEDED.value, "every rank succeeded"
@@ -323,3 +364,69 @@ def stop_tasks_of_node(node_id, reason, now):
             end_task(task, T.PREEMPTED, reason, now, force_requeue=True)
             jobs.add(task.job_id)
     return jobs
+
+
+# ---------------------------------------------------------------- stops owed to nodes
+
+
+class NodeStops:
+    """Stops that nodes owe their running processes, kept until the node's acquire takes them.
+
+    A task that fleetd ends while a node holds it (cancel, preemption, a drain's deadline, a
+    gang's stop, a requeue) owes that node a stop of (task, epoch), and the node's waiting
+    acquire long-polls are woken at once. Stops are owed from inside the transaction that ends
+    the task (callers need no runtime), so acquire hands one out only once the database shows it
+    (work.acquire); one the database never confirms (a rolled-back transaction) is dropped after
+    `confirm_seconds`. Process-wide: node ids are unique. The heartbeat's `cancel` list remains
+    the fallback (a lost reply, another replica).
+    """
+
+    def __init__(self, confirm_seconds=5.0):
+        self.confirm_seconds = confirm_seconds
+        self._lock = threading.Lock()
+        self._owed = {}  # node id -> {task id: (epoch, monotonic time owed)}
+        self._watchers = {}  # node id -> [Notifier of a waiting acquire]
+
+    def owe(self, node_id, task_id, epoch):
+        """The node must stop (task, epoch): remember it and wake the node's waiting acquires."""
+        with self._lock:
+            self._owed.setdefault(node_id, {})[task_id] = (epoch, time.monotonic())
+            notifiers = list(self._watchers.get(node_id, ()))
+        for notifier in notifiers:
+            notifier.notify(("node", node_id))
+
+    def owed(self, node_id):
+        """{task id: (epoch, monotonic time owed)} of the node (a copy; empty when none)."""
+        with self._lock:
+            owed = self._owed.get(node_id)
+            return dict(owed) if owed else {}
+
+    def discard(self, node_id, entries):
+        """Forget these {task id: epoch} of the node (delivered, or no longer owed)."""
+        with self._lock:
+            owed = self._owed.get(node_id)
+            if not owed:
+                return
+            for task_id, epoch in entries.items():
+                if task_id in owed and owed[task_id][0] == epoch:
+                    del owed[task_id]
+            if not owed:
+                del self._owed[node_id]
+
+    @contextlib.contextmanager
+    def watching(self, node_id, notifier):
+        """While inside, owe() for this node notifies ("node", node_id) on `notifier`."""
+        with self._lock:
+            self._watchers.setdefault(node_id, []).append(notifier)
+        try:
+            yield
+        finally:
+            with self._lock:
+                watchers = self._watchers.get(node_id)
+                if watchers is not None:
+                    watchers.remove(notifier)
+                    if not watchers:
+                        del self._watchers[node_id]
+
+
+STOPS = NodeStops()

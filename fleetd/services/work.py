@@ -1,11 +1,12 @@
 """The worker side of the agent protocol: acquire, start, rendezvous, logs, finish, leases."""
 
 import datetime as dt
+import time
 
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
-from fleetd.models import Job, LogLine, Task, TaskState
-from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, switch_task_state
+from fleetd.models import Job, JobState, LogLine, Task, TaskState
+from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_task_state
 from fleetd.sql import Statement
 
 T = TaskState
@@ -32,11 +33,16 @@ _DELIVER = Statement(lambda v: (
            & (Task.state == T.ASSIGNED.value))))
 
 
-def acquire(rt, node_id, wait_seconds, limit=1):
-    """Up to `limit` undelivered assignments of this node, oldest first, waiting up to
-    `wait_seconds` for the first ([] if none came). Each is delivered once."""
+CONFIRM_POLL_SECONDS = 0.02  # how often a waiting acquire looks for a stop's commit
 
-    def take():
+
+def acquire(rt, node_id, wait_seconds, limit=1):
+    """Work for this node: {"assignments": up to `limit` undelivered assignments, oldest first,
+    each delivered once; "cancel": ids of tasks whose processes the node must stop now (cancel,
+    preemption, a drain's deadline), each told once}. Waits up to `wait_seconds` for either;
+    a stop owed to the node wakes the wait at once."""
+
+    def take_assignments():
         # Read first: most checks find nothing, and a read takes no write lock.
         for _ in range(3):  # another acquire of the same node may win the race for these tasks
             tasks = _NEXT_ASSIGNED.rows(node_id=node_id)[:limit]
@@ -51,11 +57,68 @@ def acquire(rt, node_id, wait_seconds, limit=1):
                 return [assignment(task, Job.get_by_id(task.job_id)) for task in taken]
         return []
 
+    def take():
+        cancel = _take_stops(node_id)
+        found = take_assignments()
+        return {"assignments": found, "cancel": cancel} if found or cancel else None
+
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
     found = _released(take)
     if found or wait_seconds <= 0:
-        return found
-    return rt.notifier.wait(("node", node_id), wait_seconds, lambda: _released(take)) or []
+        return found or {"assignments": [], "cancel": []}
+    deadline = time.monotonic() + wait_seconds
+    with STOPS.watching(node_id, rt.notifier):
+        for _ in range(1_000_000):  # bounded; each round waits for a notify, a commit to look for, or the end
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # A stop is owed from inside the transaction that ends its task: until that commits,
+            # look for it again shortly rather than wait for the next notify.
+            pause = min(remaining, CONFIRM_POLL_SECONDS) if STOPS.owed(node_id) else remaining
+            found = rt.notifier.wait(("node", node_id), pause, lambda: _released(take))
+            if found:
+                return found
+    return {"assignments": [], "cancel": []}
+
+
+def _take_stops(node_id):
+    """Ids of the tasks this node must stop, from the stops owed to it that the database confirms;
+    those are forgotten, and so are those it will never confirm (see NodeStops)."""
+    owed = STOPS.owed(node_id)
+    if not owed:
+        return []
+    rows = {row["id"]: row for row in _stop_rows(list(owed))}
+    cancel, done = [], {}
+    now = time.monotonic()
+    for task_id, (epoch, since) in owed.items():
+        verdict = _must_stop(rows.get(task_id), node_id, epoch, superseded=False)
+        if verdict is None and now - since < STOPS.confirm_seconds:
+            continue  # not committed yet
+        done[task_id] = epoch
+        if verdict:
+            cancel.append(task_id)
+    STOPS.discard(node_id, done)
+    return cancel
+
+
+def _stop_rows(ids):
+    """[{id, node, epoch, state, job_state}] of these tasks."""
+    return list(Task.select(Task.id, Task.node, Task.epoch, Task.state, Job.state.alias("job_state"))
+                .join(Job, on=(Task.job == Job.id)).where(Task.id.in_(ids)).dicts())
+
+
+def _must_stop(row, node_id, epoch, superseded=True):
+    """Must this node stop its process of (task, epoch)? `row`: the task's id, node, epoch, state
+    and job_state (None: no such task). True: stop it; None: the node may run it; False (only
+    when not `superseded`): the task runs again on this node at a newer epoch, whose assignment
+    ends the old process anyway, and a stop by id would end the new one."""
+    if row is None or row["node"] != node_id:
+        return True
+    if row["epoch"] != epoch:
+        return True if superseded or row["state"] not in ACTIVE_TASK_STATES else False
+    if row["state"] not in ACTIVE_TASK_STATES or row["job_state"] == JobState.CANCELLING.value:
+        return True
+    return None
 
 
 def assignment(task, job):
@@ -194,7 +257,7 @@ def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pi
         # A broken GPU is not the job's fault either: it retries like a lost node.
         hardware = reason.startswith(HARDWARE_REASONS)
         end_task(task, T.LOST if (lost or hardware) and outcome == "failed" else outcome, reason, now,
-                 exit_code=exit_code)
+                 exit_code=exit_code, reported=True)
     return task
 
 
@@ -242,18 +305,18 @@ def _after_task_end(rt, job_id):
 
 
 def reconcile_reported_tasks(rt, node, reported):
-    """Renew the leases of tasks this node really holds; return the ids it must stop."""
+    """Renew the leases of tasks this node really holds; return the ids it must stop (the
+    fallback for stops that its acquire did not deliver). A task of a cancelling job is not
+    renewed: if its node never reports the end, its lease expires and settles it."""
     if not reported:
         return []
-    current = {t.id: t for t in Task.select().where(Task.id.in_([r["id"] for r in reported]))}
+    current = {row["id"]: row for row in _stop_rows([r["id"] for r in reported])}
     cancel = []
     for r in reported:
-        task = current.get(r["id"])
-        if (task is None or task.node_id != node.id or task.epoch != r["epoch"]
-                or task.state not in ACTIVE_TASK_STATES):
-            cancel.append(r["id"])
+        if _must_stop(current.get(r["id"]), node.id, r["epoch"]) is None:
+            rt.leases.renew(r["id"], r["epoch"])
         else:
-            rt.leases.renew(task.id, task.epoch)
+            cancel.append(r["id"])
     return cancel
 
 
