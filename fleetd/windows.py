@@ -11,7 +11,8 @@ import re
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+HHMM = r"^([01]\d|2[0-3]):([0-5]\d)$"
+_HHMM = re.compile(HHMM)
 
 
 class WindowError(ValueError):

@@ -231,3 +231,36 @@ def test_the_api_docs_page_has_a_strict_csp_and_no_inline_script(api):
     assert "<script>" not in page and '<script src="/api/docs/start.js">' in page
     for path in ("/api/docs/start.js", "/api/docs/assets/swagger-ui-bundle.js", "/api/openapi.json"):
         assert api.http.get(path).status_code == 200
+
+
+def test_routes_whose_body_is_all_optional_say_so_and_take_none(api):
+    spec = api.http.get("/api/openapi.json").get_json()["paths"]
+    api.create_fleet()
+    for path, method, url, status in [("/api/v1/fleets/{name}", "patch", "/api/v1/fleets/gpu-a", 200),
+                                      ("/api/v1/fleets/{name}/join-tokens", "post", "/api/v1/fleets/gpu-a/join-tokens", 201),
+                                      ("/api/v1/gpu-types/{model}", "put", "/api/v1/gpu-types/H100", 200),
+                                      ("/api/v1/admin/gc", "post", "/api/v1/admin/gc", 200)]:
+        assert spec[path][method]["requestBody"]["required"] is False
+        if "gpu-types" in url:
+            continue  # needs a node with that model; the body is what is checked here
+        assert api.call(method.upper(), url).status_code == status
+    assert spec["/api/v1/fleets"]["post"]["requestBody"]["required"] is True
+
+
+@pytest.mark.parametrize("value", [0, 1, "true", "yes", None])
+def test_booleans_are_json_true_or_false_only(api, value):
+    err = _error(api.post("/api/v1/admin/gc", {"dry_run": value}), 400, "invalid_request")
+    assert "dry_run" in err["details"]["fields"]["json"]
+
+
+def test_availability_is_described_by_its_shape_and_checked_by_it(api):
+    schemas = api.http.get("/api/openapi.json").get_json()["components"]["schemas"]
+    assert schemas["Availability"]["required"] == ["windows"]
+    assert schemas["Window"]["additionalProperties"] is False
+    window = {"timezone": "Europe/Paris", "windows": [{"start": "20:00", "end": "08:00", "days": ["mon"]}]}
+    assert api.post("/api/v1/fleets", {"name": "ok", "availability": window}).status_code == 201
+    for bad in ({"windows": []}, {"windows": [{"start": "25:00", "end": "08:00"}]},
+                {"timezone": "Mars/Olympus", "windows": [{"start": "20:00", "end": "08:00"}]},
+                {"windows": [{"start": "20:00", "end": "08:00", "extra": 1}]}):
+        err = _error(api.patch("/api/v1/fleets/ok", {"availability": bad}), 400, "invalid_request")
+        assert "availability" in err["details"]["fields"]["json"]

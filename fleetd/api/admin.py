@@ -1,14 +1,11 @@
 """Administration: background tasks."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
-from marshmallow import Schema, fields
-
-from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema
-from fleetd.schemas.common import Int
+from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema, GcResultSchema, GcSchema
 from fleetd.services import metrics
 
 blp = Blueprint("admin", __name__, url_prefix="/api/v1/admin", description="Administration")
@@ -32,27 +29,10 @@ class BackgroundTaskRun(MethodView):
         return current_runtime().tasks.run(name)
 
 
-class GcResultSchema(Schema):
-    jobs = fields.Integer()
-    tasks = fields.Integer()
-    log_lines = fields.Integer()
-    events = fields.Integer()
-    artifacts = fields.Integer()
-    cluster_samples = fields.Integer()
-    gpu_samples = fields.Integer()
-    dry_run = fields.Boolean()
-
-
-class GcSchema(Schema):
-    older_than_seconds = Int(maximum=100 * 365 * 86400, load_default=7 * 86400)  # beyond that: before year 1
-    delete_jobs = fields.Boolean(load_default=False)
-    dry_run = fields.Boolean(load_default=True)
-
-
 @blp.route("/gc")
 class GarbageCollection(MethodView):
     @require(ADMIN)
-    @blp.arguments(GcSchema())
+    @blp.arguments(GcSchema(), required=False)
     @blp.response(200, GcResultSchema)
     def post(self, body):
         """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced artifacts."""

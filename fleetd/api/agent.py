@@ -1,8 +1,8 @@
 """The agent protocol (X-Fleet-Protocol: 1): register, heartbeat, deregister."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import JOIN, NODE, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.agent import HeartbeatReplySchema, HeartbeatSchema, RegisteredSchema, RegisterSchema

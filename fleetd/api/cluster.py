@@ -1,8 +1,8 @@
 """Cluster capacity, schedule simulation, GPU types and quotas."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.cluster import (
@@ -72,7 +72,7 @@ class GpuTypes(MethodView):
 @blp.route("/gpu-types/<path:model>")
 class GpuTypeByModel(MethodView):
     @require(ADMIN)
-    @blp.arguments(GpuTypeUpdateSchema())
+    @blp.arguments(GpuTypeUpdateSchema(), required=False)
     @blp.response(200, GpuTypeSchema)
     def put(self, body, model):
         """Set the price per hour and the spot minimum bid of a GPU model."""

@@ -1,8 +1,8 @@
 """Fleets and their join tokens."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime, public_url
 from fleetd.schemas.common import PageQuerySchema
@@ -47,7 +47,7 @@ class FleetByName(MethodView):
         return fleets.get_fleet(name)
 
     @require(ADMIN)
-    @blp.arguments(FleetUpdateSchema())
+    @blp.arguments(FleetUpdateSchema(), required=False)
     @blp.response(200, FleetSchema)
     def patch(self, body, name):
         """Change a fleet's description, labels or availability windows."""
@@ -73,7 +73,7 @@ class FleetJoinTokens(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
-    @blp.arguments(JoinTokenCreateSchema())
+    @blp.arguments(JoinTokenCreateSchema(), required=False)
     @blp.response(201, JoinTokenCreatedSchema)
     def post(self, body, name):
         """Mint a join token; the secret and the join command are in this response only."""

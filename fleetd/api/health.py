@@ -1,8 +1,8 @@
 """Health and identity."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd import __version__
 from fleetd.auth import ANY_ROLE, current_principal, require
 from fleetd.schemas.tokens import HealthSchema, WhoamiSchema

@@ -2,8 +2,8 @@
 
 from flask import request, send_file
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
 from fleetd.db import database
 from fleetd.errors import InvalidRequest, PayloadTooLarge

@@ -1,8 +1,8 @@
 """Nodes: inventory, state and admin actions."""
 
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema, NodeDrainSchema, NodePageSchema, NodeQuerySchema, NodeSchema

@@ -2,7 +2,7 @@
 
 from marshmallow import Schema, fields
 
-from fleetd.schemas.common import Time, page_schema
+from fleetd.schemas.common import Bool, Int, Time, page_schema
 
 
 class BackgroundTaskSchema(Schema):
@@ -18,3 +18,20 @@ class BackgroundTaskSchema(Schema):
 
 
 BackgroundTaskPageSchema = page_schema(BackgroundTaskSchema, "BackgroundTaskPage")
+
+
+class GcSchema(Schema):
+    older_than_seconds = Int(maximum=100 * 365 * 86400, load_default=7 * 86400)  # beyond that: before year 1
+    delete_jobs = Bool(load_default=False)
+    dry_run = Bool(load_default=True)
+
+
+class GcResultSchema(Schema):
+    jobs = fields.Integer()
+    tasks = fields.Integer()
+    log_lines = fields.Integer()
+    events = fields.Integer()
+    artifacts = fields.Integer()
+    cluster_samples = fields.Integer()
+    gpu_samples = fields.Integer()
+    dry_run = fields.Boolean()

@@ -2,7 +2,7 @@
 
 from marshmallow import Schema, fields, validate
 
-from fleetd.schemas.common import Int, Labels, Text
+from fleetd.schemas.common import Bool, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
 
 MACHINE_ID = validate.Regexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
@@ -16,7 +16,7 @@ class GpuReportSchema(Schema):
     memory_total_bytes = Int(required=True)
     numa_node = Int(maximum=1023, load_default=None, allow_none=True)
     max_tflops = fields.Float(load_default=None, allow_none=True, validate=validate.Range(min=0, max=1e7))
-    healthy = fields.Boolean(load_default=True)
+    healthy = Bool(load_default=True)
     health_reason = Text(max_length=500, load_default="")
     mig_mode = Text(max_length=16, load_default=None, allow_none=True)
 

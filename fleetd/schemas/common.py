@@ -33,6 +33,15 @@ class Int(fields.Integer):
         super().__init__(strict=strict, validate=validate.Range(min=minimum, max=maximum), **kwargs)
 
 
+class Bool(fields.Boolean):
+    """A JSON true or false, nothing else (marshmallow's Boolean also takes 0, 1, "yes", "on"...)."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("true or false")
+        return value
+
+
 class Time(fields.Field):
     """A naive-UTC datetime rendered as an RFC 3339 string."""
 

@@ -11,16 +11,29 @@ FLEET_NAME = validate.Regexp(
 )
 
 
-def _availability(value):
+def _time_zone(value):
     try:
-        windows.validate(value)
+        windows.validate({"timezone": value, "windows": [{"start": "00:00", "end": "00:00"}]})
     except windows.WindowError as exc:
         raise ValidationError(str(exc)) from None
 
 
-Availability = lambda **kw: fields.Dict(  # noqa: E731 - one definition for create and update
-    allow_none=True, validate=_availability,
-    metadata={"description": "None: always open; else {timezone, windows: [{start, end, days?}]}"}, **kw)
+class WindowSchema(Schema):
+    start = fields.String(required=True, validate=validate.Regexp(windows.HHMM, error="HH:MM (24 h)"))
+    end = fields.String(required=True, validate=validate.Regexp(windows.HHMM, error="HH:MM (24 h)"))
+    days = fields.List(fields.String(validate=validate.OneOf(windows.DAYS)), validate=validate.Length(min=1, max=7),
+                       metadata={"description": "days on which the window starts (default: every day)"})
+
+
+class AvailabilitySchema(Schema):
+    timezone = Text(max_length=64, allow_none=True, validate=[_time_zone],
+                    metadata={"description": "an IANA time zone (default UTC)"})
+    windows = fields.List(fields.Nested(WindowSchema), required=True, validate=validate.Length(min=1, max=64))
+
+
+Availability = lambda **kw: fields.Nested(  # noqa: E731 - one definition for create and update
+    AvailabilitySchema, allow_none=True,
+    metadata={"description": "null: always open; else when the fleet's GPUs may take work"}, **kw)
 
 
 class FleetCreateSchema(Schema):
@@ -43,7 +56,7 @@ class FleetSchema(Schema):
     node_count = fields.Integer()
     gpu_count = fields.Integer()
     created_at = Time()
-    availability = fields.Dict(allow_none=True)
+    availability = fields.Nested(AvailabilitySchema, allow_none=True)
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")
