@@ -93,13 +93,20 @@ class FleetClient:
     def acquire(self, wait_seconds=30, max_assignments=None):
         """POST /agent/acquire, a long poll -> the Assignments delivered ([] when none came in time);
         with `max_assignments`, up to that many at once."""
+        return self.acquire_work(wait_seconds, max_assignments)[0]
+
+    def acquire_work(self, wait_seconds=30, max_assignments=None):
+        """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now); both
+        empty when nothing came in time. A fleetd that predates `cancel` never sends stops here
+        (the heartbeat's `cancel` carries them)."""
         body = {"wait_seconds": wait_seconds}
         if max_assignments is not None:
             body["max_assignments"] = max_assignments
         reply = self._post("/api/v1/agent/acquire", body, self.session_token, timeout=wait_seconds + self.timeout) or {}
+        cancel = [task_id for task_id in reply.get("cancel") or () if isinstance(task_id, str)]
         if "assignments" in reply:
-            return list(reply["assignments"] or [])
-        return [reply["assignment"]] if reply.get("assignment") else []
+            return list(reply["assignments"] or []), cancel
+        return ([reply["assignment"]] if reply.get("assignment") else []), cancel
 
     def task_start(self, task_id, epoch, pid=None):
         """POST /agent/tasks/{id}/start: the task's process runs."""

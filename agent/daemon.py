@@ -328,7 +328,11 @@ class Agent:
         self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
 
     def _acquire_loop(self):
-        """Long-poll fleetd for assignments and hand each one to the runner."""
+        """Long-poll fleetd for work: stop the tasks it says to stop, hand each assignment to the runner.
+
+        The long poll stays open whatever runs here (the agent takes every assignment fleetd
+        places), so a stop (cancel, preemption, a drain's deadline) arrives the moment it is
+        decided; the heartbeat's `cancel` repeats it should a reply be lost."""
         client = self._client()
         failures = 0
         batch = ACQUIRE_BATCH
@@ -336,7 +340,7 @@ class Agent:
             while not self.stop.is_set():
                 self.deadlines.beat("acquire", ACQUIRE_WAIT_SECONDS + self.config.request_timeout_seconds + 30)
                 try:
-                    assignments = client.acquire(ACQUIRE_WAIT_SECONDS, max_assignments=batch)
+                    assignments, cancel = client.acquire_work(ACQUIRE_WAIT_SECONDS, max_assignments=batch)
                 except FleetdError as exc:
                     if batch is not None and exc.status == 400:
                         log.info("fleetd does not deliver assignments in batches (%s); asking for one at a time", exc)
@@ -351,6 +355,8 @@ class Agent:
                     self.stop.wait(delay)
                     continue
                 failures = 0
+                if cancel:  # before the assignments: a stop never concerns a task of this reply
+                    self.runner.cancel(cancel, "cancelled by fleetd")
                 for assignment in assignments:
                     if self.stop.is_set():
                         break  # not started: fleetd requeues it when its lease expires

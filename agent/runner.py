@@ -1376,6 +1376,15 @@ class Runner:
         task.start()
         return task
 
+    def cancel(self, task_ids, reason):
+        """Stop these tasks (fleetd said so): SIGTERM now, SIGKILL after the grace; each then reports
+        its finish. Ids of tasks not running here are ignored."""
+        for task_id in task_ids:
+            task = self.get(task_id)
+            if task is not None:
+                log.warning("stopping task %s: %s", task.label, reason)
+                task.cancel(reason)
+
     def _refuse(self, data, reason):
         """Report an assignment that cannot even be parsed as failed, when it names a task and epoch."""
         if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) \
