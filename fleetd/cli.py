@@ -702,7 +702,7 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
 
 
 @client_command(job, "list")
-@click.option("--state", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
+@click.option("--state", type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]))
 @click.option("--owner")
 def job_list(state, owner):
     """List jobs (a submitter sees its own)."""
@@ -747,16 +747,31 @@ def job_logs(job_id, follow, rank):
         if not follow:
             return
         state = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=2)["state"]
-        if state in ("succeeded", "failed", "cancelled"):
+        if state in JOB_ENDED:
             follow = False  # one more read for the last lines, then stop
 
 
 @client_command(job, "cancel")
 @click.argument("job_id")
-def job_cancel(job_id):
-    """Cancel a job; running ranks are stopped."""
+@click.option("--wait", "wait_for_end", is_flag=True,
+              help="Wait until its processes have stopped (the job is cancelled), not only until asked.")
+def job_cancel(job_id, wait_for_end):
+    """Cancel a job: `cancelling` while its nodes stop its processes, then `cancelled`."""
     data = _client().post(f"/api/v1/jobs/{job_id}/cancel")
-    emit(_ctx(), data, lambda d: click.echo(f"job {job_id} {d['state']}"))
+    if wait_for_end and data["state"] not in JOB_ENDED:
+        data = _wait_job(job_id, None)
+
+    def human(d):
+        if d["state"] == "cancelling":
+            click.echo(f"job {job_id} cancelling: its processes are being stopped "
+                       f"(`fleetd job wait {job_id}` waits until they have)")
+        else:
+            click.echo(f"job {job_id} {d['state']}")
+
+    emit(_ctx(), data, human)
+
+
+JOB_ENDED = ("succeeded", "failed", "cancelled")  # `cancelling` is not: its processes may still run
 
 
 def _wait_job(job_id, timeout):
@@ -767,7 +782,7 @@ def _wait_job(job_id, timeout):
     for _ in range(10_000_000):
         left = 30 if deadline is None else max(0, min(30, deadline - time.monotonic()))
         data = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=left)
-        if data["state"] in ("succeeded", "failed", "cancelled") or (deadline and time.monotonic() >= deadline):
+        if data["state"] in JOB_ENDED or (deadline and time.monotonic() >= deadline):
             return data
     return data
 
@@ -780,7 +795,7 @@ def job_wait(job_id, timeout):
     data = _wait_job(job_id, timeout)
     emit(_ctx(), data, lambda d: click.echo(f"job {job_id} {d['state']}"
                                             + (f" ({d['outcome']})" if d.get("outcome") else "")))
-    if data["state"] not in ("succeeded", "failed", "cancelled"):
+    if data["state"] not in JOB_ENDED:
         sys.exit(2)
     if data["state"] != "succeeded":
         sys.exit(1)
