@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema_rs  # schemathesis's own validator, installed with it
 import pytest
 import requests
 
@@ -240,6 +241,40 @@ def _allowed(failure):
                  and re.search(response_re, failure["response"])), None)
 
 
+def _json_schema(node, components, depth=0):
+    """An OpenAPI 3.0 schema as plain JSON Schema (draft 4): $refs inlined, `nullable` as a null type."""
+    assert depth < 50, "recursive schema"
+    if isinstance(node, list):
+        return [_json_schema(item, components, depth + 1) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _json_schema(components[node["$ref"].rsplit("/", 1)[-1]], components, depth + 1)
+    out = {k: _json_schema(v, components, depth + 1) for k, v in node.items() if k != "nullable"}
+    if node.get("nullable"):
+        out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def mislabelled(spec, failure):
+    """Why a 'schema-valid request rejected' case was not schema-valid at all, or None.
+
+    Schemathesis 4.32 sometimes labels a body positive that its own schema forbids (seen: an extra
+    top-level "error" property on schemas with additionalProperties: false). Refusing such a body is
+    right, so the failure is the tool's, not fleetd's; it is counted and shown, never asserted on.
+    """
+    if failure["check"] != "positive_data_acceptance" or "body" not in failure["request"]:
+        return None
+    method, path = failure["operation"].split(" ", 1)
+    operation = spec["paths"].get(path, {}).get(method.lower(), {})
+    schema = (operation.get("requestBody") or {}).get("content", {}).get("application/json", {}).get("schema")
+    if schema is None:
+        return None
+    schema = _json_schema(schema, spec.get("components", {}).get("schemas", {}))
+    errors = list(jsonschema_rs.Draft4Validator(schema).iter_errors(failure["request"]["body"]))
+    return "; ".join(f"{'/'.join(map(str, e.instance_path))}: {e.message[:200]}" for e in errors[:3]) or None
+
+
 def _report(failures, errors, proc, ndjson_path, elapsed):
     lines = [f"{len(failures)} distinct failing checks in {elapsed:.0f} s (events: {ndjson_path}):"]
     for f in sorted(failures, key=lambda f: (f["operation"], f["check"])):
@@ -253,15 +288,19 @@ def _report(failures, errors, proc, ndjson_path, elapsed):
     return "\n".join(lines)
 
 
-def _assert_clean(proc, ndjson_path, elapsed, still_works):
+def _assert_clean(spec, proc, ndjson_path, elapsed, still_works):
     failures, errors = collect_failures(ndjson_path)
-    unexpected = [f for f in failures if not _allowed(f)]
+    tools = [(f, why) for f in failures for why in [mislabelled(spec, f)] if why]
+    unexpected = [f for f in failures if not _allowed(f) and not mislabelled(spec, f)]
     message = _report(unexpected, errors, proc, ndjson_path, elapsed)
+    message += "".join(f"\n(not counted: {f['operation']} sent a body outside its own schema: {why})"
+                       for f, why in tools)
     print(message)
     assert not unexpected and not errors, message
     # A clean run that lost its credentials half-way would have tested nothing after that point.
     assert still_works(), "the run's own token stopped working during the run; its later cases tested nothing"
-    assert proc.returncode == 0, message
+    # 1 is "failures found", all of them allowed above; anything else is the tool failing to run.
+    assert proc.returncode == 0 or (proc.returncode == 1 and failures), message
 
 
 def test_api_routes_pass_every_schemathesis_check(tmp_path):
@@ -290,7 +329,7 @@ def test_api_routes_pass_every_schemathesis_check(tmp_path):
         )
         proc, ndjson_path, elapsed = _run_schemathesis(server, config, tmp_path / "report",
                                                        "--exclude-path-regex", "^/api/v1/agent/")
-        _assert_clean(proc, ndjson_path, elapsed,
+        _assert_clean(seed.call("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
                       lambda: seed.call("GET", "/api/v1/whoami").status_code == 200)
     finally:
         server.kill()
@@ -331,7 +370,7 @@ def test_agent_routes_pass_every_schemathesis_check(tmp_path):
         )
         proc, ndjson_path, elapsed = _run_schemathesis(server, config, tmp_path / "report",
                                                        "--include-path-regex", "^/api/v1/agent/")
-        _assert_clean(proc, ndjson_path, elapsed,
+        _assert_clean(seed.call("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
                       lambda: seed.call("POST", "/api/v1/agent/heartbeat", token=session, agent=True,
                                         json={"tasks": []}).status_code == 200)
     finally:
