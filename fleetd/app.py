@@ -10,7 +10,7 @@ from flask_smorest import Api
 from fleetd import __version__
 from fleetd.api import BLUEPRINTS, docs
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
-from fleetd.api.parser import forbidden_text
+from fleetd.api.parser import forbidden_text, null_means_null
 from fleetd.auth import resolve_token
 from fleetd.background import TaskRunner
 from fleetd.db import bind, database, open_database, request_durable, request_started
@@ -80,6 +80,7 @@ def create_app(settings=None, clock=None, db=None):
     app.extensions["fleetd"] = rt
 
     api = FleetApi(app)
+    api.ma_plugin.converter.add_attribute_function(null_means_null)
     for blueprint in BLUEPRINTS:
         api.register_blueprint(blueprint)
     init_ui(app, settings)

@@ -264,3 +264,19 @@ def test_availability_is_described_by_its_shape_and_checked_by_it(api):
                 {"windows": [{"start": "20:00", "end": "08:00", "extra": 1}]}):
         err = _error(api.patch("/api/v1/fleets/ok", {"availability": bad}), 400, "invalid_request")
         assert "availability" in err["details"]["fields"]["json"]
+
+
+def test_a_body_that_is_not_json_is_refused_even_where_the_body_is_optional(api):
+    resp = api.call("POST", "/api/v1/admin/gc", data=b"\x00\xff")  # no Content-Type
+    assert _error(resp, 400, "invalid_request")["message"].startswith("the body must be JSON")
+    resp = api.call("POST", "/api/v1/admin/gc", data=b"dry_run=false", content_type="application/x-www-form-urlencoded")
+    _error(resp, 400, "invalid_request")
+    assert api.call("POST", "/api/v1/admin/gc").status_code == 200  # no body at all: the defaults
+
+
+def test_a_nullable_nested_object_is_that_shape_or_null_in_the_document(api):
+    schemas = api.http.get("/api/openapi.json").get_json()["components"]["schemas"]
+    for schema, field in (("JobSpec", "retry"), ("FleetCreate", "availability")):
+        branches = schemas[schema]["properties"][field]["anyOf"]
+        assert {"type": "object", "nullable": True, "enum": [None]} in branches
+        assert {"type": "object", "nullable": True} not in branches

@@ -88,15 +88,28 @@ class StrictParser(FlaskParser):
 
     def load_json(self, req, schema):
         """The request's JSON body, or `missing` when it has none (or is not JSON)."""
-        if not is_json_request(req):
-            return core.missing
         body = req.get_data(cache=True)
         if not body.strip():
             return core.missing
+        if not is_json_request(req):
+            raise InvalidRequest("the body must be JSON, sent with Content-Type: application/json",
+                                 {"fields": {"json": ["not JSON"]}})
         try:
             return loads(body)
         except BadJson as exc:
             raise InvalidRequest(str(exc), {"fields": {"json": [str(exc)]}}) from None
+
+
+def null_means_null(self, field, ret):
+    """An apispec attribute function: a nullable nested schema is that schema or null.
+
+    apispec writes the null branch for OpenAPI 3.0 as {"type": "object", "nullable": true}, which
+    any object matches, so the document would allow every object where fleetd takes one shape.
+    """
+    branches = ret.get("anyOf")
+    if not branches or {"type": "object", "nullable": True} not in branches:
+        return {}
+    return {"anyOf": [dict(b, enum=[None]) if b == {"type": "object", "nullable": True} else b for b in branches]}
 
 
 class Blueprint(flask_smorest.Blueprint):
