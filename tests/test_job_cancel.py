@@ -238,3 +238,23 @@ def test_a_stop_the_database_never_confirms_is_dropped_without_being_told(api, f
     STOPS.owe(node_id, task["task_id"], task["epoch"])  # as a transaction that then rolled back would
     assert _acquire(api, session, wait_seconds=1) == {"assignment": None, "cancel": []}
     assert STOPS.owed(node_id) == {}
+
+
+def test_revoking_a_node_ends_its_tasks_as_lost_and_tells_its_waiting_acquire(api, fleet):
+    node_id, session = _node(api, fleet, "n1")
+    job = api.submit(resources={"gpus": 1}, retry={"max_attempts": 2, "on": ["node_lost"]})
+    assignment = api.start_task(session)
+    answers = []
+
+    def wait():
+        answers.append(_acquire(ApiClient(api.app, api.token), session, wait_seconds=20))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert api.post(f"/api/v1/nodes/{node_id}/revoke").get_json()["status"] == "revoked"
+    waiter.join(timeout=30)
+    assert answers == [{"assignment": None, "cancel": [assignment["task_id"]]}]
+    again = _job(api, job["id"])
+    assert again["state"] == "queued" and again["attempt"] == 2  # retried as for a lost node
+    resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)
+    assert resp.status_code == 401  # a new acquire of a revoked node is refused

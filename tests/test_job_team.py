@@ -38,3 +38,13 @@ def test_a_submitter_naming_another_team_is_forbidden_and_charges_nobody(api, fl
     # An admin may submit for any team.
     job = api.submit(team=other_team, resources={"gpus": 1})
     assert (job["team"], job["state"]) == (other_team, "running")
+
+
+def test_simulate_schedule_takes_the_team_from_the_token_too(api, fleet):
+    bob = _submitter(api, "bob", "tb")
+    assert api.call("PUT", "/api/v1/quotas/tb", json={"max_gpus": 0}).status_code == 200
+    spec = {"name": "probe", "command": ["true"], "resources": {"gpus": 1}}
+    resp = bob.post("/api/v1/cluster/simulate-schedule", dict(spec, team="ta"))
+    assert resp.status_code == 403 and resp.get_json()["error"]["code"] == "forbidden"
+    verdict = bob.post("/api/v1/cluster/simulate-schedule", spec).get_json()
+    assert verdict["schedulable"] is False and "team tb at its quota" in str(verdict)

@@ -98,7 +98,9 @@ class NodeRevoke(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Revoke a node: its session token stops working and its agent stops all work."""
-        return _live([nodes.revoke_node(_now(), node_id)])[0]
+        node = nodes.revoke_node(_now(), node_id)
+        _kick_scheduler()  # its jobs may be queued again
+        return _live([node])[0]
 
 
 @blp.route("/<string:node_id>/events")

@@ -343,7 +343,9 @@ def cluster_status(state, principal=None, storage=None):
     gpu = dict(_counts(rows), queued=round(sum(demand.values()), 3), blocked_notes=list(notes.values()),
                series=[dict(id=sid, label=s["label"], **_counts(s["rows"]), queued=round(demand.get(sid, 0), 3))
                        for sid, s in sorted(series.items())])
-    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value])).order_by(Job.id))
+    # A cancelling job still holds its GPUs until its processes have stopped.
+    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+              .order_by(Job.id))
     tasks_by_job = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)

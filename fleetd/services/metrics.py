@@ -132,7 +132,7 @@ def record_sample(rt, with_gpus=True):
     gpu = cluster_status(state)["gpu"]
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]
-    running = Job.select().where(Job.state == JobState.RUNNING.value).count()
+    running = Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value])).count()
     waiting = Job.select().where(Job.state == JobState.QUEUED.value).count()
     with write_transaction():
         ClusterSample.create(at=now, jobs_running=running, jobs_waiting=waiting, gpus_total=gpu["total"],

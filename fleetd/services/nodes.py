@@ -4,10 +4,9 @@ import datetime as dt
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Gpu, Node, NodeStatus, Task
-from fleetd.models import Event
+from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.services.events import list_events, record_event
-from fleetd.services.jobs import ACTIVE_TASK_STATES, stop_tasks_of_node
+from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, stop_tasks_of_node
 from fleetd.services.pagination import attach, last_rows, paginate
 
 S = NodeStatus
@@ -168,12 +167,17 @@ def undrain_node(now, node_id, reason="undrained by admin"):
 
 
 def revoke_node(now, node_id, reason="revoked by admin"):
-    """Revoke a node: its session stops working and its agent is told to stop all work."""
+    """Revoke a node: its session stops working, its tasks end as lost (their jobs retry as for a
+    lost node) and its agent is told at once, through a waiting acquire, to stop them."""
     with write_transaction():
         node = _locked_node(node_id)
         if node.status != S.REVOKED.value:
             node.drain_reason = node.drain_deadline = node.drain_started_at = None
             switch_node_status(node, S.REVOKED, reason, now)
+            for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
+                task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
+                if task.state in ACTIVE_TASK_STATES:
+                    end_task(task, TaskState.LOST, f"node {node_id} revoked", now)
     return get_node(node_id)
 
 

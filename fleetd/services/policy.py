@@ -5,7 +5,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import GpuType, Quota
 from fleetd.services.cluster import ClusterState
-from fleetd.services.jobs import task_request
+from fleetd.services.jobs import task_request, team_of
 from fleetd.services.scheduling import Rules
 
 
@@ -77,7 +77,7 @@ def simulate(rt, principal, spec):
     now = rt.clock.now()
     state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
     rules = Rules.load(state)
-    request, blocked = rules.request_for(spec, spec.get("team") or principal.team,
+    request, blocked = rules.request_for(spec, team_of(principal, spec),
                                          spec.get("priority_class", "on-demand"))
     engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
     if blocked is not None:
