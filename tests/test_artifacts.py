@@ -33,3 +33,13 @@ def test_a_token_with_the_same_name_as_the_uploader_reads_nothing(api):
     sha = _upload(api, first, b"x")
     second = api.create_token("submitter", "ci")
     assert api.get(f"/api/v1/artifacts/{sha}", token=second).status_code == 404
+
+
+def test_a_job_may_use_only_artifacts_its_token_may_read(api):
+    alice, bob = api.create_token("submitter", "alice"), api.create_token("submitter", "bob")
+    sha = _upload(api, alice, b"alice's data")
+    resp = ApiClient(api.app, bob).post("/api/v1/jobs", {"name": "j", "command": ["true"],
+                                                        "artifacts": [{"sha256": sha, "path": "in/data"}]})
+    assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["artifacts"] == [sha]
+    assert ApiClient(api.app, alice).submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"] == "queued"
+    assert api.submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"] == "queued"  # an admin may

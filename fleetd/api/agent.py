@@ -24,9 +24,13 @@ blp = Blueprint("agent", __name__, url_prefix="/api/v1/agent", description="Agen
 
 PROTOCOL_HEADER = "X-Fleet-Protocol"
 PROTOCOL_VERSION = "1"
+PROTOCOL_PARAMETER = {
+    "in": "header", "name": PROTOCOL_HEADER, "required": True, "schema": {"type": "string", "enum": [PROTOCOL_VERSION]},
+    "description": "the agent protocol version; another value or none gets 400 protocol_mismatch",
+}
 
 
-@blp.route("/register")
+@blp.route("/register", parameters=[PROTOCOL_PARAMETER])
 class AgentRegister(MethodView):
     @require(JOIN)
     @blp.arguments(RegisterSchema())
@@ -43,10 +47,10 @@ class AgentRegister(MethodView):
         }
 
 
-@blp.route("/heartbeat")
+@blp.route("/heartbeat", parameters=[PROTOCOL_PARAMETER])
 class AgentHeartbeat(MethodView):
     @require(NODE)
-    @blp.arguments(HeartbeatSchema())
+    @blp.arguments(HeartbeatSchema(), required=False)
     @blp.response(200, HeartbeatReplySchema)
     def post(self, body):
         """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
@@ -57,7 +61,7 @@ class AgentHeartbeat(MethodView):
         return reply
 
 
-@blp.route("/deregister")
+@blp.route("/deregister", parameters=[PROTOCOL_PARAMETER])
 class AgentDeregister(MethodView):
     @require(NODE)
     @blp.response(204)
@@ -66,10 +70,10 @@ class AgentDeregister(MethodView):
         agents.deregister_node(current_runtime(), current_principal().node_id)
 
 
-@blp.route("/acquire")
+@blp.route("/acquire", parameters=[PROTOCOL_PARAMETER])
 class AgentAcquire(MethodView):
     @require(NODE)
-    @blp.arguments(AcquireSchema())
+    @blp.arguments(AcquireSchema(), required=False)
     @blp.response(200, AcquireReplySchema)
     def post(self, body):
         """Long-poll for work: answers as soon as an assignment exists or a task of this node must be
@@ -84,7 +88,7 @@ class AgentAcquire(MethodView):
         return reply
 
 
-@blp.route("/tasks/<string:task_id>/start")
+@blp.route("/tasks/<string:task_id>/start", parameters=[PROTOCOL_PARAMETER])
 class AgentTaskStart(MethodView):
     @require(NODE)
     @blp.arguments(TaskStartSchema())
@@ -94,7 +98,7 @@ class AgentTaskStart(MethodView):
         work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"])
 
 
-@blp.route("/tasks/<string:task_id>/rendezvous")
+@blp.route("/tasks/<string:task_id>/rendezvous", parameters=[PROTOCOL_PARAMETER])
 class AgentTaskRendezvous(MethodView):
     @require(NODE)
     @blp.arguments(RendezvousPublishSchema())
@@ -112,7 +116,7 @@ class AgentTaskRendezvous(MethodView):
         return work.wait_rendezvous(current_runtime(), current_principal().node_id, task_id, query["wait_seconds"])
 
 
-@blp.route("/tasks/<string:task_id>/logs")
+@blp.route("/tasks/<string:task_id>/logs", parameters=[PROTOCOL_PARAMETER])
 class AgentTaskLogs(MethodView):
     @require(NODE)
     @blp.arguments(LogBatchSchema())
@@ -122,7 +126,7 @@ class AgentTaskLogs(MethodView):
         work.append_logs(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["lines"])
 
 
-@blp.route("/tasks/<string:task_id>/finish")
+@blp.route("/tasks/<string:task_id>/finish", parameters=[PROTOCOL_PARAMETER])
 class AgentTaskFinish(MethodView):
     @require(NODE)
     @blp.arguments(TaskFinishSchema())
@@ -133,7 +137,7 @@ class AgentTaskFinish(MethodView):
                          body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"])
 
 
-@blp.route("/finish")
+@blp.route("/finish", parameters=[PROTOCOL_PARAMETER])
 class AgentFinish(MethodView):
     @require(NODE)
     @blp.arguments(TaskFinishBatchSchema())

@@ -119,9 +119,22 @@ class JobEvents(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
 
+_UPLOAD_DOC = {
+    "parameters": [
+        {"in": "header", "name": "X-Artifact-Name", "required": True, "description": "the file's name",
+         "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
+        {"in": "header", "name": "X-Artifact-Kind", "required": False, "description": "a free-form kind",
+         "schema": {"type": "string", "maxLength": 64}},
+    ],
+    "requestBody": {"required": True, "description": "the file's bytes",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+}
+
+
 @blp.route("/artifacts")
 class Artifacts(MethodView):
     @require(ADMIN, SUBMITTER)
+    @blp.doc(**_UPLOAD_DOC)
     @blp.response(201, ArtifactSchema)
     def put(self):
         """Upload an artifact (raw body; headers X-Artifact-Name and X-Artifact-Kind)."""

@@ -1,14 +1,21 @@
 """Schemas of jobs (JobSpec, JobStatus) and the worker side of the agent protocol."""
 
+import math
+
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from fleetd.models import JobState
-from fleetd.schemas.common import Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
 from fleetd.services.work import MAX_ASSIGNMENTS, MAX_FINISHES
 
 ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
 RETRY_ON = ("node_lost", "preempted", "failed")
+
+
+def _at_most_256(env):
+    if len(env) > 256:
+        raise ValidationError("at most 256 variables")
 
 
 def _relative_path(value):
@@ -25,16 +32,18 @@ class GpuCount(fields.Number):
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValidationError("a number: whole GPUs, or a fraction 0 < x < 1 of one GPU")
-        if value < 0 or value > 1024 or (value >= 1 and value != int(value)):
+        if not math.isfinite(value) or value < 0 or value > 1024 or (value >= 1 and value != int(value)):
             raise ValidationError("an integer from 0 to 1024, or a fraction 0 < x < 1 of one GPU")
         return int(value) if value >= 1 or value == 0 else float(value)
 
 
 class ResourcesSchema(Schema):
-    gpus = GpuCount(load_default=0)
+    gpus = GpuCount(load_default=0, metadata={"oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": 1024},
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
     gpu_memory_bytes = Int(minimum=1, load_default=None, allow_none=True)
     gpu_compute_percent = fields.Float(validate=validate.Range(min=0, max=100, min_inclusive=False),
-                                       load_default=None, allow_none=True)
+                                       load_default=None, allow_none=True, metadata={"exclusiveMinimum": True})
     gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
     memory_bytes = Int(load_default=0)
@@ -63,7 +72,7 @@ class JobSpecSchema(Schema):
     name = Text(required=True, min_length=1, max_length=200)
     command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
     env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
-                      validate=validate.Length(max=256), load_default=dict)
+                      validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
     workdir = Text(max_length=1024, load_default=None, allow_none=True, validate=[_relative_path])
     num_nodes = Int(minimum=1, maximum=1024, load_default=1)
     resources = fields.Nested(ResourcesSchema, load_default=lambda: _RESOURCES.load({}))
@@ -236,6 +245,13 @@ class RendezvousSchema(Schema):
 class LogLineField(fields.Field):
     """[stream, text] or [stream, text, rank]."""
 
+    # OpenAPI 3.0 has no tuples: the document says "2 or 3 items, strings or ranks"; the
+    # positions are checked here.
+    def __init__(self, **kwargs):
+        super().__init__(metadata={"type": "array", "minItems": 2, "maxItems": 3, "items": {"oneOf": [
+            {"type": "string", "maxLength": 65536}, {"type": "integer", "minimum": 0, "maximum": 1023}]},
+            "description": "[stream (stdout, stderr or system), text] or [stream, text, rank]"}, **kwargs)
+
     def _deserialize(self, value, attr, data, **kwargs):
         if not isinstance(value, list) or len(value) not in (2, 3):
             raise ValidationError("[stream, text] or [stream, text, rank]")
@@ -261,7 +277,7 @@ class TaskFinishSchema(Schema):
     exit_code = fields.Integer(strict=True, validate=validate.Range(min=-255, max=255), load_default=None,
                                allow_none=True)
     reason = Text(max_length=2000, load_default="")
-    lost = fields.Boolean(load_default=False, metadata={
+    lost = Bool(load_default=False, metadata={
         "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
         "description": "the process ended before its start was reported: this finish reports the start too"})

@@ -7,10 +7,10 @@ import tempfile
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
 from fleetd.auth import ADMIN
-from fleetd.models import Artifact, ArtifactUpload, Job, Task
-from fleetd.services.jobs import ACTIVE_TASK_STATES
+from fleetd.models import Artifact, ArtifactUpload, Job, Task, TaskState
 
 CHUNK = 1024 * 1024
+_ACTIVE = [s.value for s in TaskState if s.is_active()]
 
 
 def store_dir(settings):
@@ -62,12 +62,16 @@ def store_artifact(settings, now, stream, name, kind, principal):
 
 
 def readable_artifacts(principal, shas):
-    """The subset of `shas` this API token may read: admins any, a submitter those it uploaded."""
-    shas = set(shas)
-    if principal.role == ADMIN or not shas:
-        return shas
-    rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
-        (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(sorted(shas)))
+    """The subset of `shas` that exist and this API token may read (and use in its jobs): admins
+    any, a submitter those it uploaded."""
+    shas = sorted(set(shas))
+    if not shas:
+        return set()
+    if principal.role == ADMIN:
+        rows = Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))
+    else:
+        rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
+            (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(shas))
     return {row.sha256 for row in rows}
 
 
@@ -86,5 +90,5 @@ def open_artifact(settings, principal, sha256):
 
 def _needed_by_node(node_id, sha256):
     query = (Job.select(Job.spec).join(Task)
-             .where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)))
+             .where((Task.node == node_id) & Task.state.in_(_ACTIVE)))
     return any(a["sha256"] == sha256 for job in query for a in (job.spec.get("artifacts") or []))

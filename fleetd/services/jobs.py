@@ -8,7 +8,8 @@ import time
 from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from fleetd.models import Artifact, Event, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.services.artifacts import readable_artifacts
 from fleetd.services.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.sql import Statement
@@ -126,8 +127,7 @@ def submit_job(now, principal, spec):
     job_id = new_id()
     with write_transaction():
         wanted = {a["sha256"] for a in spec.get("artifacts") or []}
-        known = {a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(list(wanted)))} \
-            if wanted else set()
+        known = readable_artifacts(principal, wanted)  # another token's upload is unknown to this one
         if wanted - known:
             missing = sorted(wanted - known)
             raise InvalidRequest(f"unknown artifact(s): {', '.join(missing)}; upload them first",
