@@ -126,7 +126,7 @@ _UPLOAD_DOC = {
         {"in": "header", "name": "X-Artifact-Kind", "required": False, "description": "a free-form kind",
          "schema": {"type": "string", "maxLength": 64}},
     ],
-    "requestBody": {"required": True, "description": "the file's bytes",
+    "requestBody": {"required": False, "description": "the file's bytes (none: an empty file)",
                     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
 }
 
