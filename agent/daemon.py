@@ -1,7 +1,7 @@
 """Enrolment and the long-running service: device polling, heartbeats, the work loop, sd_notify.
 
 Every loop waits on one stop event, so SIGTERM ends them all within one wait (the acquire long
-poll ends with its request). Tasks themselves run in agent/runner.py.
+poll ends with its request). Tasks themselves run in agent/task/.
 """
 
 import functools
@@ -18,10 +18,11 @@ import urllib.parse
 from agent.client import FleetClient, FleetdError, Rejected, Unreachable, backoff_delay
 from agent.config import ConfigError
 from agent.devices import DeviceManager
-from agent.limits import Limits, LimitSettings
 from agent.localapi import LocalApi
-from agent.runner import Runner
+from agent.procfs import read_memory_total
 from agent.state import State
+from agent.task.limits import Limits, LimitSettings
+from agent.task.runner import Runner
 from agent.workers import Workers
 
 log = logging.getLogger("agent.daemon")
@@ -82,14 +83,8 @@ def watchdog_interval(environ=None):
 
 def host_resources():
     """{cpu_count, memory_bytes} of this host."""
-    memory = 0
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    memory = int(line.split()[1]) * 1024
-                    break
-    except OSError:
+    memory = read_memory_total()
+    if memory is None:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return {"cpu_count": os.cpu_count() or 1, "memory_bytes": memory}
 

@@ -1,6 +1,6 @@
 """The registry of tasks running on this host, as the local API and the heartbeat see them.
 
-The task runner (agent/runner.py) registers a Worker when it accepts an assignment and removes
+The task runner (agent/task/runner.py) registers a Worker when it accepts an assignment and removes
 it once fleetd has the task's outcome; with no tasks every view here is an empty list.
 """
 

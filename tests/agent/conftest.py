@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent import fake_nvml as fake_module
-from agent.limits import Cgroups
-from agent.runner import read_state
+from agent.cgroups import Cgroups
+from agent.task.journal import read_state
 from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agent.runner import wait_gone
+from agent.procfs import wait_gone
 from tests.agent.conftest import Http, wait_until
 from tests.agent.test_jobs_e2e import alive, job_logs, submit, wait_job
 

@@ -1,11 +1,11 @@
-"""Finish reports that come together go to fleetd together (agent.runner.FinishReports)."""
+"""Finish reports that come together go to fleetd together (agent.task.finish.FinishReports)."""
 
 import threading
 
 import pytest
 
 from agent.client import Conflict, FleetClient, Unreachable, finish_body
-from agent.runner import FinishReports
+from agent.task.finish import FinishReports
 from tests.agent.conftest import wait_until
 from tests.agent.fakefleetd import FakeFleetd
 

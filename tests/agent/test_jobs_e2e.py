@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.runner import proc_stat, wait_gone
+from agent.procfs import read_proc, wait_gone
 from tests.agent.conftest import Http, wait_until
 
 pytestmark = pytest.mark.integration
@@ -86,8 +86,7 @@ def agent_of(agents, node_id):
 
 
 def alive(pid):
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] != "Z"
+    return read_proc(pid) is not None
 
 
 def moved_epoch(side):

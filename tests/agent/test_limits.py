@@ -16,9 +16,13 @@ import pytest
 
 from agent.client import FleetClient
 from agent.devices import DeviceManager
-from agent.limits import (MIB, Cgroups, Limits, LimitSettings, ProcessMapper, TaskKey, cgroup_tree_pids,
-                          mps_client_env, mps_daemon_command, read_bytes, read_command, read_proc, shim_command)
-from agent.runner import Assignment, LogSettings, Runner, task_env, wait_gone
+from agent.cgroups import Cgroups, shim_command
+from agent.procfs import ProcessMapper, TaskKey, cgroup_tree_pids, read_bytes, read_command, read_proc, wait_gone
+from agent.task.assignment import Assignment, task_env
+from agent.task.limits import MIB, Limits, LimitSettings
+from agent.task.logs import LogSettings
+from agent.task.mps import mps_client_env, mps_daemon_command
+from agent.task.runner import Runner
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
 from tests.agent.fakefleetd import FakeFleetd

@@ -18,8 +18,9 @@ import pytest
 
 from agent.client import FleetClient
 from agent.devices import DeviceManager
-from agent.limits import Limits, LimitSettings
-from agent.runner import LogSettings, Runner
+from agent.task.limits import Limits, LimitSettings
+from agent.task.logs import LogSettings
+from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.fakefleetd import FakeFleetd
 

@@ -10,8 +10,13 @@ import sys
 import pytest
 
 from agent.client import FleetClient
-from agent.runner import (TRUNCATED_MARK, Assignment, LogSettings, Runner, TaskError, _check_executable, append_state,
-                          inside, proc_stat, read_boot_id, read_state, uptime_ticks, wait_gone)
+from agent.procfs import read_boot_id, read_proc, read_stat, uptime_ticks, wait_gone
+from agent.task.assignment import Assignment, inside
+from agent.task.errors import TaskError
+from agent.task.journal import append_state, read_state
+from agent.task.logs import TRUNCATED_MARK, LogSettings
+from agent.task.runner import Runner
+from agent.task.supervisor import check_executable
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.fakefleetd import FakeFleetd
@@ -63,8 +68,7 @@ def assignment(task_id, command, **overrides):
 
 
 def alive(pid):
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] != "Z"
+    return read_proc(pid) is not None
 
 
 def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_runner, fleetd, monkeypatch, tmp_path):
@@ -386,7 +390,7 @@ def _orphan(tmp_path, task_id, epoch, record_pid=True, journal=False):
               "created_ticks": created, "boot_id": read_boot_id()}
     lines = [json.dumps(record)]
     if record_pid:
-        record.update(state="running", pid=proc.pid, pgid=proc.pid, start_ticks=proc_stat(proc.pid)[2])
+        record.update(state="running", pid=proc.pid, pgid=proc.pid, start_ticks=read_stat(proc.pid).start_ticks)
     lines.append(json.dumps(record))
     if journal:  # a host crash may tear the line being written: the one before it counts
         text = "\n".join(lines) + "\n" + json.dumps(dict(record, state="finished", outcome="succeeded"))[:40]
@@ -406,10 +410,10 @@ def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(mak
     (tmp_path / "node" / "tasks" / "junk").mkdir()
     try:
         wait_until(lambda: all(len([p for p in os.listdir("/proc") if p.isdigit()
-                                    and (s := proc_stat(int(p))) and s[1] == proc.pid]) >= 2
+                                    and (s := read_stat(int(p))) and s.pgrp == proc.pid]) >= 2
                                for proc in (orphan, unrecorded, fenced)), message="the orphans' children")
         groups = {proc.pid: [int(p) for p in os.listdir("/proc") if p.isdigit()
-                             and (s := proc_stat(int(p))) and s[1] == proc.pid]
+                             and (s := read_stat(int(p))) and s.pgrp == proc.pid]
                   for proc in (orphan, unrecorded, fenced)}
         runner = make_runner("node")
         recovered = sorted(runner.recover())
@@ -561,13 +565,13 @@ def test_a_command_found_in_path_is_looked_for_again_once_it_is_gone(tmp_path):
     tool.chmod(0o755)
     path = f"{tmp_path / 'empty'}:{tool.parent}"
     for _ in range(2):  # found, then found again from what the first lookup learnt
-        _check_executable("fleet-test-tool", str(tmp_path), path)
+        check_executable("fleet-test-tool", str(tmp_path), path)
     tool.chmod(0o644)
     with pytest.raises(TaskError, match="not found in PATH"):
-        _check_executable("fleet-test-tool", str(tmp_path), path)
+        check_executable("fleet-test-tool", str(tmp_path), path)
     tool.chmod(0o755)
-    _check_executable("fleet-test-tool", str(tmp_path), path)
+    check_executable("fleet-test-tool", str(tmp_path), path)
     tool.unlink()
     for _ in range(2):
         with pytest.raises(TaskError, match="not found in PATH"):
-            _check_executable("fleet-test-tool", str(tmp_path), path)
+            check_executable("fleet-test-tool", str(tmp_path), path)

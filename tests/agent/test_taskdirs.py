@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from agent.runner import append_state, read_state
-from agent.taskdirs import SPARE_DIR, STATE_FILE, WORK_DIR, TaskDirs
+from agent.task.dirs import SPARE_DIR, STATE_FILE, WORK_DIR, TaskDirs
+from agent.task.journal import append_state, read_state
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 import pytest
 import requests
 
-from agent.runner import proc_stat, wait_gone
+from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import wait_until
 from tests.agent.fakefleetd import FakeFleetd
@@ -54,8 +54,7 @@ def assignment(task_id, command, **overrides):
 
 
 def alive(pid):
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] != "Z"
+    return read_proc(pid) is not None
 
 
 def reported(fleetd, task_id, state):

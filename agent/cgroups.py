@@ -1,0 +1,172 @@
+"""Per-task cgroups (v2): the one module that writes cgroupfs.
+
+A task's cgroup bounds its host CPU (cpu.max) and memory (memory.max, no swap) where the host
+has cgroup v2 with those controllers writable, and is the most reliable way to find its
+processes: nothing a process does takes it out, short of root. Where no cgroup can be made,
+`Cgroups.why` says why and the limits are reported "not enforced".
+"""
+
+import logging
+import os
+import signal
+import time
+
+from agent.procfs import cgroup_procs, find_mount, read_bytes, signal_pids
+
+log = logging.getLogger("agent.limits")  # the name operators filter on since before the split
+
+
+def _read(path):
+    data = read_bytes(path)
+    return None if data is None else data.decode(errors="replace").strip()
+
+
+def _write(path, text):
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+class Cgroups:
+    """Per-task cgroups under ``<cgroup2 mount>/<parent>``; `path` None where none can be made."""
+
+    def __init__(self, parent="fleet-agent", mount=None):
+        self.mount = mount if mount is not None else find_mount("cgroup2")
+        self.parent = parent.strip("/")
+        self.path = None
+        self.controllers = set()
+        self.why = ""
+        if not self.parent:
+            self.why = "cgroups disabled by limits.cgroup_parent = \"\""
+        elif not self.mount:
+            self.why = "no cgroup v2 hierarchy is mounted"
+        else:
+            self._setup()
+
+    def _setup(self):
+        path = os.path.join(self.mount, self.parent)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            self.why = f"cannot create {path}: {exc.strerror or exc}"
+            return
+        if not os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+            self.why = f"{path}/cgroup.procs is not writable"
+            return
+        self.path = path
+        # Each level hands the controllers down; the mount root is exempt from the "no internal
+        # processes" rule, our parent holds no process itself.
+        levels = [self.mount] + [os.path.join(self.mount, *self.parent.split("/")[:i + 1])
+                                 for i in range(len(self.parent.split("/")) - 1)] + [path]
+        for level in levels:
+            available = set((_read(os.path.join(level, "cgroup.controllers")) or "").split())
+            for name in ("cpu", "memory"):
+                if name in available:
+                    try:
+                        _write(os.path.join(level, "cgroup.subtree_control"), f"+{name}")
+                    except OSError as exc:
+                        log.info("cgroup v2: cannot enable %s below %s: %s", name, level, exc.strerror or exc)
+        enabled = set((_read(os.path.join(path, "cgroup.subtree_control")) or "").split())
+        self.controllers = enabled & {"cpu", "memory"}
+        if self.controllers != {"cpu", "memory"}:
+            missing = sorted({"cpu", "memory"} - self.controllers)
+            self.why = (f"cgroup v2 controller(s) {', '.join(missing)} not available at {self.mount} "
+                        f"(available: {_read(os.path.join(self.mount, 'cgroup.controllers')) or 'none'})")
+        log.info("cgroup v2 at %s: task cgroups under %s, controllers %s", self.mount, path,
+                 ", ".join(sorted(self.controllers)) or "none (processes are tracked, host limits not enforced)")
+
+    def relative(self, path):
+        """The form /proc/<pid>/cgroup shows for `path`."""
+        return "/" + os.path.relpath(path, self.mount) if path else None
+
+    def create(self, name, cpus=None, memory_bytes=None):
+        """(cgroup path or None, host-limits record) for one task; never raises."""
+        record = {
+            "cpus": {"limit": cpus, "enforced": False, "how": None},
+            "memory_bytes": {"limit": memory_bytes, "enforced": False, "how": None},
+        }
+        if self.path is None:
+            for item in record.values():
+                item["how"] = "not enforced: " + self.why if item["limit"] else "no limit"
+            return None, record
+        path = os.path.join(self.path, name)
+        try:
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:  # the parent went (an operator removed it): made again
+                os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            for item in record.values():
+                item["how"] = f"not enforced: cannot create {path}: {exc.strerror or exc}" if item["limit"] else \
+                    "no limit"
+            return None, record
+        settings = {
+            "cpus": ("cpu", "cpu.max", lambda v: f"{max(1000, int(v * 100000))} 100000"),
+            "memory_bytes": ("memory", "memory.max", lambda v: str(int(v))),
+        }
+        for key, (controller, filename, render) in settings.items():
+            item = record[key]
+            if not item["limit"]:
+                item["how"] = "no limit"
+                continue
+            if controller not in self.controllers:
+                item["how"] = f"not enforced: {self.why}"
+                continue
+            value = render(item["limit"])
+            try:
+                _write(os.path.join(path, filename), value)
+                if controller == "memory":
+                    try:
+                        _write(os.path.join(path, "memory.swap.max"), "0")
+                    except OSError:
+                        pass  # no swap accounting: memory.max alone still bounds the task
+            except OSError as exc:
+                item["how"] = f"not enforced: writing {filename}: {exc.strerror or exc}"
+                continue
+            item["enforced"] = True
+            item["how"] = f"cgroup v2 {filename} = {value}"
+        return path, record
+
+    @staticmethod
+    def oom_kills(path):
+        """The memory controller's oom_kill count of a cgroup, or 0."""
+        text = _read(os.path.join(path, "memory.events")) if path else None
+        for line in (text or "").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.isdigit():
+                return int(value)
+        return 0
+
+    def kill(self, path):
+        """SIGKILL everything in a cgroup (cgroup.kill where the kernel has it)."""
+        if not path:
+            return
+        try:
+            _write(os.path.join(path, "cgroup.kill"), "1")
+            return
+        except OSError:
+            pass
+        signal_pids(cgroup_procs(path), signal.SIGKILL)
+
+    def remove(self, path, attempts=40):
+        """rmdir a task cgroup once its processes are gone (bounded wait)."""
+        if not path:
+            return True
+        for _ in range(attempts):
+            try:
+                os.rmdir(path)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                self.kill(path)
+                time.sleep(0.05)
+        log.warning("cgroup %s could not be removed (processes still in it)", path)
+        return False
+
+
+def shim_command(cgroup_path, argv):
+    """The command that first moves itself into the task cgroup, then execs the task (same pid)."""
+    return ["/bin/sh", "-c", 'echo 0 > "$0" || exit 126; exec "$@"', os.path.join(cgroup_path, "cgroup.procs"),
+            *argv]

@@ -1,0 +1,203 @@
+"""GPU limits enforced from the host: isolation, the VRAM watchdog, MPS, cgroups, GPU health.
+
+This module sets each task's limits up (`Limits.prepare`) and owns the node's pieces:
+agent/cgroups.py (host CPU and memory), agent/task/mps.py, agent/task/watchdog.py.
+
+Peers limit GPU memory by intercepting CUDA inside the task, which a task bypasses (a child that
+unsets a variable, a nested container). Here everything is decided on the host, from NVML and
+/proc, where the task cannot reach:
+
+* **Isolation.** Every task sees only its GPUs (``CUDA_VISIBLE_DEVICES`` and
+  ``NVIDIA_VISIBLE_DEVICES`` set to their UUIDs, by the runner). ``exclusive`` tasks own whole
+  GPUs; ``shared`` tasks hold a slice (``memory_limit_bytes``, ``compute_percent``) that the
+  watchdog enforces; ``mps`` tasks additionally run as clients of an MPS control daemon per GPU
+  (started and supervised here when ``limits.mps_enabled``), with
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` set, so that the
+  driver itself enforces the compute share and the memory limit.
+* **Watchdog.** Every ``limits.poll_seconds`` (0.25 s, at most 0.5 s) NVML's per-process memory
+  is read, each host PID is mapped to its task (:class:`ProcessMapper`) and summed per task per
+  GPU. A task over ``memory_limit_bytes + limits.memory_tolerance_bytes`` on a GPU is stopped
+  (SIGTERM to all its processes, SIGKILL ``limits.kill_grace_seconds`` later) and fails with
+  ``gpu_memory_limit_exceeded: ...``; a task process on a GPU not given to the task fails it with
+  ``gpu_not_assigned: ...``; a task on a GPU that became unhealthy (critical XID, uncorrectable
+  ECC, lost) fails with ``gpu_unhealthy: ...``. GPU processes that belong to no task are
+  reported (heartbeat metrics, local API) and killed when ``limits.foreign_processes = "kill"``.
+* **Compute share.** Per-process SM utilisation from NVML is reported per worker. With MPS the
+  driver enforces the share; without MPS it is *reported, not throttled*: the worker record says
+  so and flags a task over its share while another process on the GPU is active.
+* **Host CPU and memory** (``cpus``, ``memory_bytes`` of the JobSpec) through a cgroup v2 per task
+  where the host has cgroup v2 with the cpu/memory controllers writable; where not, the worker's
+  record says "not enforced" and why. The task cgroup, when it can be created at all, is also the
+  most reliable way to find a task's processes.
+
+The tolerance: NVML counts a process's whole footprint (CUDA context, allocator rounding to 2 MiB
+pages), so usage over the limit by at most ``memory_tolerance_bytes`` (32 MiB by default) is
+allowed; usage at ``limit + tolerance`` is within, one byte more is over.
+"""
+
+import dataclasses
+import os
+
+from agent.cgroups import Cgroups, shim_command
+from agent.task.errors import LimitError
+from agent.task.mps import MIB, MpsSupervisor, mps_client_env
+from agent.task.watchdog import MAX_POLL_SECONDS, Watchdog, grant_number
+
+ISOLATION_MODES = ("exclusive", "shared", "mps")
+
+__all__ = ["MIB", "LimitError", "LimitSettings", "Limits", "TaskLimits"]
+
+
+@dataclasses.dataclass
+class LimitSettings:
+    """The [limits] settings of the agent config."""
+
+    poll_seconds: float = 0.25
+    memory_tolerance_bytes: int = 32 * MIB
+    kill_grace_seconds: float = 0.5
+    foreign_processes: str = "report"
+    mps_enabled: bool = False
+    mps_control_command: str = "nvidia-cuda-mps-control"
+    mps_dir: str = ""  # empty: <state_dir>/mps
+    cgroup_parent: str = "fleet-agent"  # empty: no task cgroups
+
+    @classmethod
+    def from_config(cls, config):
+        """The settings from an agent Config."""
+        return cls(poll_seconds=config.limits_poll_seconds,
+                   memory_tolerance_bytes=config.limits_memory_tolerance_bytes,
+                   kill_grace_seconds=config.limits_kill_grace_seconds,
+                   foreign_processes=config.limits_foreign_processes,
+                   mps_enabled=config.limits_mps_enabled, mps_control_command=config.limits_mps_control_command,
+                   mps_dir=config.limits_mps_dir, cgroup_parent=config.limits_cgroup_parent)
+
+
+@dataclasses.dataclass
+class TaskLimits:
+    """What the agent set up for one task: env, cgroup, limits, and how each is enforced."""
+
+    task_id: str
+    epoch: int
+    isolation: str
+    gpus: list  # [{uuid, memory_limit_bytes?, compute_percent?}]
+    env: dict  # variables injected on top of the runner's
+    cgroup: str | None = None  # absolute path of the task's cgroup
+    cgroup_rel: str | None = None  # as /proc/<pid>/cgroup shows it
+    host: dict = dataclasses.field(default_factory=dict)
+    gpu_enforcement: dict = dataclasses.field(default_factory=dict)  # uuid -> {memory, compute}
+    tolerance_bytes: int = 0
+    kill_grace_seconds: float = 0.5
+
+    def describe(self):
+        """The `limits` part of the local API's worker record."""
+        return {
+            "isolation": self.isolation,
+            "memory_tolerance_bytes": self.tolerance_bytes,
+            "limit_kill_grace_seconds": self.kill_grace_seconds,
+            "gpus": [dict(g, **self.gpu_enforcement.get(g["uuid"], {})) for g in self.gpus],
+            "host": self.host,
+            "cgroup": self.cgroup,
+        }
+
+
+class Limits:
+    """Sets up each task's limits and runs the watchdog over all of them."""
+
+    def __init__(self, settings=None, devices=None, workers=None, state_dir=None, cgroups=None):
+        self.settings = settings or LimitSettings()
+        self.devices = devices
+        self.workers = workers
+        base = self.settings.mps_dir or os.path.join(state_dir or ".", "mps")
+        self.mps = MpsSupervisor(self.settings.mps_control_command, os.path.abspath(base)) \
+            if self.settings.mps_enabled else None
+        self.mps_base = os.path.abspath(base)
+        self.cgroups = cgroups if cgroups is not None else Cgroups(self.settings.cgroup_parent)
+        self.watchdog = Watchdog(self.settings, devices, workers, self.mps)
+
+    # Per task.
+
+    def prepare(self, assignment):
+        """TaskLimits for an assignment; LimitError when it cannot run here as asked."""
+        isolation = assignment.isolation if assignment.isolation in ISOLATION_MODES else None
+        if isolation is None:
+            raise LimitError(f"unknown isolation {assignment.isolation!r}: use exclusive, shared or mps")
+        gpus = [dict(g) for g in assignment.gpus]
+        env, enforcement = {}, {}
+        for grant in gpus:
+            memory = grant_number(grant, "memory_limit_bytes")
+            compute = grant_number(grant, "compute_percent")
+            enforcement[grant["uuid"]] = {
+                "memory_enforcement": "none: whole GPU" if memory is None else "watchdog (NVML per-process memory)",
+                "compute_enforcement": "none: whole GPU" if compute is None else
+                "reported, not throttled (no MPS): per-process SM utilisation is reported per worker",
+            }
+        if isolation == "mps":
+            if len(gpus) != 1:
+                raise LimitError(f"mps isolation needs exactly one GPU per task (got {len(gpus)}): "
+                                 "there is one MPS control daemon per GPU")
+            uuid = gpus[0]["uuid"]
+            if self.mps is None:
+                enforcement[uuid]["mps"] = "not enabled on this node (limits.mps_enabled = false): run as shared"
+            else:
+                self.mps.ensure(uuid)
+                env.update(mps_client_env(self.mps_base, uuid, gpus[0]))
+                if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env:
+                    enforcement[uuid]["compute_enforcement"] = \
+                        f"MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}"
+                if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in env:
+                    pinned = env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+                    enforcement[uuid]["memory_enforcement"] = \
+                        f"MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={pinned}, and the watchdog"
+                enforcement[uuid]["mps"] = "client of the MPS control daemon of this GPU"
+        name = f"task-{assignment.task_id}.{assignment.epoch}"
+        cpus = getattr(assignment, "cpus", None)
+        memory_bytes = getattr(assignment, "memory_bytes", None)
+        path, host = self.cgroups.create(name, cpus=cpus, memory_bytes=memory_bytes)
+        return TaskLimits(task_id=assignment.task_id, epoch=assignment.epoch, isolation=isolation, gpus=gpus,
+                          env=env, cgroup=path, cgroup_rel=self.cgroups.relative(path), host=host,
+                          gpu_enforcement=enforcement, tolerance_bytes=self.settings.memory_tolerance_bytes,
+                          kill_grace_seconds=self.settings.kill_grace_seconds)
+
+    def command(self, task_limits, argv):
+        """The argv to spawn: through the cgroup shim when the task has a cgroup."""
+        if task_limits is None or not task_limits.cgroup:
+            return list(argv)
+        return shim_command(task_limits.cgroup, argv)
+
+    def release(self, task_limits):
+        """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed).
+
+        True when the cgroup is gone, which the kernel allows only once no process is left in it:
+        nothing the task started still runs. False without a cgroup, or when one is left.
+        """
+        if task_limits is not None and task_limits.cgroup:
+            return self.cgroups.remove(task_limits.cgroup)
+        return False
+
+    def close(self):
+        """Stop the MPS daemons."""
+        if self.mps is not None:
+            self.mps.close()
+
+    # The node's picture.
+
+    def run(self, stop, beat=None):
+        """Run the watchdog until `stop` is set (see Watchdog.run)."""
+        self.watchdog.run(stop, beat)
+
+    def poll_once(self):
+        """One watchdog pass; the violations acted on."""
+        return self.watchdog.poll_once()
+
+    def recent_detections(self):
+        """The last violations acted on (newest last)."""
+        return self.watchdog.recent_detections()
+
+    def report(self):
+        """The node-level picture for the heartbeat's metrics and the local API."""
+        polls, foreign = self.watchdog.last_poll()
+        return {"polls": polls, "poll_seconds": min(self.settings.poll_seconds, MAX_POLL_SECONDS),
+                "foreign_processes": foreign, "foreign_policy": self.settings.foreign_processes,
+                "cgroups": {"path": self.cgroups.path, "controllers": sorted(self.cgroups.controllers),
+                            "note": self.cgroups.why},
+                "mps": self.mps.status() if self.mps is not None else "disabled"}

@@ -1,0 +1,235 @@
+"""Every task on this host: accepts assignments, recovers after a restart, stops them all.
+
+Each assignment from fleetd becomes a Task (agent/task/task.py) with its own supervisor thread.
+On start, `Runner.recover` kills the processes of tasks left from before a restart (found from
+their journal: process group and start ticks, or their FLEET_TASK_ID/FLEET_TASK_EPOCH
+environment) and reports them to fleetd.
+"""
+
+import logging
+import os
+import shutil
+import threading
+import time
+
+from agent.procfs import recorded_pids
+from agent.task.assignment import Assignment
+from agent.task.dirs import SPARE_DIR, STATE_FILE, TaskDirs
+from agent.task.errors import Fenced
+from agent.task.finish import FinishReports, report_finish
+from agent.task.journal import read_state
+from agent.task.limits import Limits, LimitSettings
+from agent.task.logs import LogSettings
+from agent.task.supervisor import kill_recorded
+from agent.task.task import Task
+from agent.threads import Pool
+
+log = logging.getLogger("agent.runner")
+
+TASKS_DIR = "tasks"
+OUTCOMES = ("succeeded", "failed", "cancelled")
+RECOVERY_KILL_WAIT_SECONDS = 10.0
+DEFAULT_REPORT_RETRY_SECONDS = 7 * 86400.0
+MAX_IDLE_CLIENTS = 8
+
+
+class Runner:
+    """Every task on this host: accepts assignments, recovers after a restart, stops them all."""
+
+    def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
+                 rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
+                 backoff_max_seconds=60.0, log_settings=None, limits=None):
+        self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
+        self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR))
+        # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
+        self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
+        self.workers = workers
+        self.new_client = client_factory  # callable() -> a FleetClient for one thread
+        self.address = address
+        self.kill_grace_seconds = kill_grace_seconds
+        self.rendezvous_timeout_seconds = rendezvous_timeout_seconds
+        self.report_retry_seconds = report_retry_seconds
+        self.backoff_max_seconds = backoff_max_seconds
+        self.log_settings = log_settings or LogSettings(backoff_max_seconds=backoff_max_seconds)
+        self.closing = threading.Event()
+        self._lock = threading.Lock()
+        self._tasks = {}  # task_id -> Task
+        self._idle_clients = []  # FleetClients with open keep-alive connections, for the next thread
+        self._threads = []
+        self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
+        self.finishes = FinishReports()
+
+    @classmethod
+    def from_config(cls, config, state_dir, workers, client_factory, address, limits=None):
+        """A Runner with the [tasks] settings of the agent config."""
+        settings = LogSettings(batch_lines=config.tasks_log_batch_lines, batch_bytes=config.tasks_log_batch_bytes,
+                               interval_seconds=config.tasks_log_interval_seconds,
+                               buffer_bytes=config.tasks_log_buffer_bytes,
+                               backoff_max_seconds=config.backoff_max_seconds)
+        return cls(state_dir, workers, client_factory, address,
+                   kill_grace_seconds=config.tasks_kill_grace_seconds,
+                   rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
+                   report_retry_seconds=config.tasks_report_retry_seconds,
+                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits)
+
+    def checkout_client(self):
+        """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""
+        with self._lock:
+            if self._idle_clients:
+                return self._idle_clients.pop()
+        return self.new_client()
+
+    def checkin_client(self, client):
+        """Hand a client back; beyond a few idle ones it is closed."""
+        with self._lock:
+            if len(self._idle_clients) < MAX_IDLE_CLIENTS and not self.closing.is_set():
+                self._idle_clients.append(client)
+                return
+        client.close()
+
+    def tasks(self):
+        """The tasks this runner supervises now."""
+        with self._lock:
+            return list(self._tasks.values())
+
+    def get(self, task_id):
+        """The Task for an id, or None."""
+        with self._lock:
+            return self._tasks.get(task_id)
+
+    def submit(self, data):
+        """Run an assignment from acquire; returns its Task, or None when it is not run."""
+        try:
+            assignment = Assignment.from_wire(data)
+        except ValueError as exc:
+            log.error("invalid assignment from fleetd: %s", exc)
+            self._refuse(data, f"invalid assignment: {exc}")
+            return None
+        with self._lock:
+            if self.closing.is_set():
+                log.warning("task %s/%s: not started, the agent is stopping", assignment.task_id, assignment.epoch)
+                return None
+            old = self._tasks.get(assignment.task_id)
+            if old is not None and old.epoch >= assignment.epoch:
+                log.warning("task %s: assignment for epoch %d ignored, epoch %d runs here", assignment.task_id,
+                            assignment.epoch, old.epoch)
+                return None
+            task = Task(self, assignment)
+            self._tasks[assignment.task_id] = task
+        if old is not None:
+            old.fence(f"superseded by epoch {assignment.epoch}")
+        log.info("task %s: assigned (job %s, rank %d of %d, %d GPU(s))", task.label, assignment.job_id,
+                 assignment.rank, assignment.num_nodes, len(assignment.gpus))
+        task.start()
+        return task
+
+    def cancel(self, task_ids, reason):
+        """Stop these tasks (fleetd said so): SIGTERM now, SIGKILL after the grace; each then reports
+        its finish. Ids of tasks not running here are ignored."""
+        for task_id in task_ids:
+            task = self.get(task_id)
+            if task is not None:
+                log.warning("stopping task %s: %s", task.label, reason)
+                task.cancel(reason)
+
+    def _refuse(self, data, reason):
+        """Report an assignment that cannot even be parsed as failed, when it names a task and epoch."""
+        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) \
+                or not isinstance(data.get("epoch"), int):
+            return
+        self._background(f"refuse-{data['task_id']}", self._report_orphan, None, data["task_id"], data["epoch"],
+                         ("failed", None, reason))
+
+    def forget(self, task):
+        """The task's supervisor is done with it."""
+        with self._lock:
+            if self._tasks.get(task.a.task_id) is task:
+                del self._tasks[task.a.task_id]
+
+    # After a restart.
+
+    def recover(self):
+        """Kill the processes of tasks left from before a restart and report those tasks to fleetd.
+
+        Returns [(task_id, epoch, killed pids)]; the reports go on in background threads.
+        """
+        try:
+            entries = sorted(os.listdir(self.tasks_dir))
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            path = os.path.join(self.tasks_dir, entry)
+            try:
+                record = read_state(os.path.join(path, STATE_FILE))
+                task_id, epoch = record["task_id"], int(record["epoch"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("task directory %s has no usable state file; removing it", path)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            pids = recorded_pids(record)
+            if not kill_recorded(record, pids, self.limits.cgroups, RECOVERY_KILL_WAIT_SECONDS):
+                log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
+            lost = True  # the agent's restart ended it, not the task itself
+            if record.get("outcome") in OUTCOMES:
+                result = (record["outcome"], record.get("exit_code"), record.get("reason"))
+                lost = bool(record.get("lost"))
+            elif pids:
+                result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
+            else:
+                result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
+                                          "status is unknown")
+            log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
+                        task_id, epoch, len(pids), result[0])
+            found.append((task_id, epoch, pids))
+            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost)
+        return found
+
+    def _report_orphan(self, path, task_id, epoch, result, lost=False):
+        client = self.checkout_client()
+        label = f"{task_id}/{epoch}"
+        try:
+            done = report_finish(client, self, task_id, epoch, result, label, lost=lost)
+        except Fenced as exc:
+            log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
+            done = True
+        finally:
+            self.checkin_client(client)
+        if done and path:
+            self.dirs.remove(path, reuse=False)
+
+    def _background(self, name, target, *args):
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # Stopping.
+
+    def shutdown(self, reason, timeout=None, lost=True):
+        """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
+
+        The tasks are reported failed with `lost` (the agent stopped them). Finish reports get one
+        more attempt; those not delivered stay in the state dir for the next start.
+        """
+        self.closing.set()
+        tasks = self.tasks()
+        for task in tasks:
+            task.cancel(reason, outcome="failed", lost=lost)
+            if task.shipper is not None:
+                task.shipper.nudge()
+        timeout = self.kill_grace_seconds + 15 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        for task in tasks:
+            task.thread.join(max(0.1, deadline - time.monotonic()))
+            if task.thread.is_alive():
+                task.fence("the agent is stopping", keep_state=True)
+                task.thread.join(5)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        with self._lock:
+            idle, self._idle_clients = self._idle_clients, []
+        for client in idle:
+            client.close()

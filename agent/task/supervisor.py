@@ -1,0 +1,288 @@
+"""A supervised process: started in its own session (and cgroup), watched until reaped, stopped with a grace.
+
+What a task and any other supervised workload on this host share: the process is the leader of
+a new session, so its pid is its process group's id until it is reaped (`waitid(WNOWAIT)` and a
+pidfd see the exit without reaping); its output is read line by line on one thread; stopping is
+SIGTERM to every process of it, then SIGKILL after a grace; and it is found again after an agent
+restart from the journal record of it (`procfs.recorded_pids`). What a stop or an exit means (an
+outcome, a restart) is the owner's business, not this module's.
+"""
+
+import dataclasses
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+from agent.procfs import group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, wait_gone
+from agent.task.errors import TaskError
+
+log = logging.getLogger("agent.runner")
+
+MAX_FOUND_IN_PATH = 1024
+_FOUND_IN_PATH = {}  # (program, PATH) -> where shutil.which last found it
+EXIT_WAIT_SECONDS = 30  # after SIGKILL; longer means the process is stuck in the kernel
+
+
+def check_executable(program, cwd, path):
+    """TaskError unless `program` can be executed (as exec would find it), before it is wrapped."""
+    if "/" in program:
+        candidate = program if os.path.isabs(program) else os.path.join(cwd, program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return
+        raise TaskError(f"cannot start {program!r}: No such file or directory (or not executable)")
+    key = (program, path)
+    found = _FOUND_IN_PATH.get(key)
+    if found is not None and os.path.isfile(found) and os.access(found, os.X_OK):
+        return  # found before and still there: one lookup instead of a walk down PATH
+    found = shutil.which(program, path=path)
+    if found is None:
+        _FOUND_IN_PATH.pop(key, None)
+        raise TaskError(f"cannot start {program!r}: not found in PATH")
+    if len(_FOUND_IN_PATH) >= MAX_FOUND_IN_PATH:
+        _FOUND_IN_PATH.clear()
+    _FOUND_IN_PATH[key] = found
+
+
+def describe_exit(code):
+    """(exit code as a shell reports it, how the process ended) for a Popen returncode."""
+    if code >= 0:
+        return code, f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return 128 - code, f"killed by {name}"
+
+
+class Supervisor:
+    """One process of a workload, from its start to its reaping, and every process it starts.
+
+    `identity` is the TaskKey of the workload (its FLEET_TASK_* markers, its cgroup) without a
+    pgid: the supervisor adds the leader's while it is not reaped. `cgroups` kills a cgroup at
+    once where the kernel can. `lock` guards the process state; owners may take it around their
+    own checks, never the other way round.
+    """
+
+    def __init__(self, label, threads, cgroups=None, on_reaped=None):
+        self.label = label
+        self.on_reaped = on_reaped  # called (holding `lock`) once the leader's pid may be reused
+        self.threads = threads  # a threads.Pool for the watcher (and the exit waiter before Linux 5.3)
+        self.cgroups = cgroups
+        self.identity = None
+        self.lock = threading.Lock()
+        self.wake = threading.Event()  # set on the exit and by owners: the supervising loop re-checks
+        self.exited = threading.Event()  # the leader exited (not yet reaped)
+        self.proc = None
+        self.pgid = None
+        self.reaped = False
+        self.kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
+        self.grace = None  # of the stop asked for
+        self.started_monotonic = None
+        self.watcher = None  # the Job that reads the pipes (and sees the exit)
+        self._seen = {}  # pid -> start ticks of every process seen as the workload's (they may leave its tree)
+
+    def key(self):
+        """The TaskKey that finds the processes (with the group while the leader is not reaped)."""
+        return dataclasses.replace(self.identity, pgid=None if self.reaped else self.pgid)
+
+    def spawn(self, argv, cwd, env, on_output):
+        """Start `argv` in a new session, its output read into `on_output`; the caller holds `lock`.
+
+        `on_output(buffered bytes, "stdout" | "stderr", eof)` takes what it can (whole lines) and
+        returns the rest. OSError when it cannot start. From the return on, the process is watched.
+        """
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, close_fds=True)
+        self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
+        self.started_monotonic = time.monotonic()
+        # The watcher first: from here on nothing may leave the process unwatched.
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)  # readable once the leader exits; reaps nothing
+        except (AttributeError, OSError):  # Linux before 5.3: a thread waits for the exit instead
+            pidfd = None
+            self.threads.run(self._wait_exit, name=f"wait-{self.label}")
+        self.watcher = self.threads.run(self._watch, pidfd, on_output, name=f"watch-{self.label}")
+
+    def start_ticks(self):
+        """The leader's start time in clock ticks (zombie or not), or None once it is gone."""
+        info = read_stat(self.proc.pid)
+        return info.start_ticks if info else None
+
+    # Signals; called with `lock` held.
+
+    def signal(self, sig):
+        """Signal the process group, and the processes that left it (setsid) but are still the workload's.
+
+        The processes are listed before the group is signalled: once the leader dies, a child
+        that left its session and environment is reparented and only its cgroup, or this
+        supervisor having seen it before, still ties it to the workload.
+        """
+        # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
+        others = self.remember(task_pids(self.key()))
+        signal_group(self.pgid, sig)
+        if sig == signal.SIGKILL and self.cgroups is not None and self.identity.cgroup_dir:
+            self.cgroups.kill(self.identity.cgroup_dir)
+        signal_pids(others, sig)
+
+    def terminate(self, grace):
+        """SIGTERM now and SIGKILL after `grace`, if the leader runs; True when it was signalled."""
+        self.grace = grace
+        if self.pgid and not self.reaped:
+            self.signal(signal.SIGTERM)
+            self.kill_at = time.monotonic() + grace
+            return True
+        return False
+
+    def kill(self):
+        """SIGKILL now, if the leader is not reaped."""
+        if self.pgid and not self.reaped:
+            self.signal(signal.SIGKILL)
+
+    def kill_if_due(self, now):
+        """SIGKILL once the grace after a SIGTERM is over; returns when the next one is due, or None."""
+        if self.kill_at is not None and now >= self.kill_at:
+            log.warning("task %s: still running %gs after SIGTERM; SIGKILL", self.label, self.grace)
+            self.signal(signal.SIGKILL)
+            self.kill_at = None
+        return self.kill_at
+
+    def remember(self, pids):
+        """Remember `pids` as the workload's; returns every remembered process still alive (same start time)."""
+        for pid in pids:
+            info = read_proc(pid)
+            if info is not None:
+                self._seen[pid] = info.start_ticks
+        alive = []
+        for pid, start in list(self._seen.items()):
+            info = read_proc(pid)
+            if info is None or info.start_ticks != start:
+                del self._seen[pid]
+            else:
+                alive.append(pid)
+        return alive
+
+    # From any thread.
+
+    def pids(self):
+        """The live processes: the group and session, the cgroup, the FLEET_TASK_* environment."""
+        with self.lock:
+            if self.proc is None:
+                return []
+            key = self.key()
+        pids = task_pids(key)
+        with self.lock:
+            return self.remember(pids)
+
+    # The end.
+
+    def end_group(self, grace_seconds, abandon):
+        """The leader exited: let the rest of the group end within what is left of a grace, then SIGKILL it.
+
+        `abandon()` True cuts the wait short.
+        """
+        with self.lock:
+            kill_at = self.kill_at
+        if kill_at is not None:
+            for _ in range(int(grace_seconds / 0.05) + 2):
+                if abandon() or time.monotonic() >= kill_at or not group_pids(self.pgid, exclude=(self.proc.pid,)):
+                    break
+                time.sleep(0.05)
+        with self.lock:
+            if not self.reaped:
+                self.signal(signal.SIGKILL)  # whatever is left of the group ends with the leader
+            self.kill_at = None
+
+    def reap(self):
+        """Wait for the leader's exit status (it exited); the pgid may be reused from now on."""
+        with self.lock:
+            code = self.proc.wait()
+            self.reaped = True
+            if self.on_reaped is not None:
+                self.on_reaped()
+        return code
+
+    def kill_and_reap(self):
+        """However the owner ends, the process group does not outlive it."""
+        if self.proc is None or self.reaped:
+            return
+        with self.lock:
+            self.signal(signal.SIGKILL)
+        if self.exited.wait(EXIT_WAIT_SECONDS):
+            self.reap()
+        else:
+            log.error("task %s: pid %d did not exit after SIGKILL", self.label, self.proc.pid)
+
+    def kill_leftovers(self):
+        """SIGKILL whatever is left of the workload outside its group (after the leader was reaped)."""
+        if self.proc is None:
+            return
+        pids = task_pids(dataclasses.replace(self.key(), pgid=None))
+        with self.lock:
+            signal_pids(self.remember(pids), signal.SIGKILL)
+
+    # The watcher's thread.
+
+    def _watch(self, pidfd, on_output):
+        """Read stdout and stderr into `on_output` and, given a pidfd, notice the leader's exit: one
+        thread per process instead of three. Ends once both pipes are closed and the exit was seen."""
+        selector = selectors.DefaultSelector()
+        pending = {}
+        try:
+            for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+                os.set_blocking(pipe.fileno(), False)
+                selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
+                pending[pipe.fileno()] = b""
+            if pidfd is not None:
+                selector.register(pidfd, selectors.EVENT_READ, None)
+            for _ in range(1_000_000_000_000):
+                if not selector.get_map():
+                    return
+                for key, _mask in selector.select():
+                    if key.data is None:  # the pidfd: the leader exited (a zombie until reaped)
+                        selector.unregister(pidfd)
+                        os.close(pidfd)
+                        pidfd = None
+                        self._saw_exit()
+                        continue
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    pending[key.fd] = on_output(pending[key.fd] + chunk, key.data, not chunk)
+                    if not chunk:
+                        selector.unregister(key.fd)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+            selector.close()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+    def _wait_exit(self):
+        # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.
+        try:
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        self._saw_exit()
+
+    def _saw_exit(self):
+        self.exited.set()
+        self.wake.set()
+
+
+def kill_recorded(record, pids, cgroups, wait_seconds):
+    """Kill the processes of a workload left from before a restart and remove its cgroup; False when some survived."""
+    survived = False
+    if pids:
+        signal_pids(pids, signal.SIGKILL)
+        survived = not wait_gone(pids, wait_seconds)
+    if record.get("cgroup") and os.path.isdir(record["cgroup"]):
+        cgroups.remove(record["cgroup"])  # kills what is left in it first
+    return not survived

@@ -1,0 +1,433 @@
+"""One task on this host, from its assignment to the acknowledged finish report.
+
+1. a working directory ``state_dir/tasks/<task_id>.<epoch>/work`` and a journal ``task.json``
+   beside it (pid, process group, process start ticks, boot id, outcome);
+2. input artifacts downloaded into the working directory and verified by sha256;
+3. the rendezvous: rank 0 publishes a free port on this host's address, other ranks wait for it;
+4. the command as a supervised process (agent/task/supervisor.py) with the spec's env plus the
+   injected variables, its output shipped to fleetd (agent/task/logs.py);
+5. cancellation (SIGTERM to its processes, SIGKILL after a grace), max_runtime_seconds;
+6. the outcome reported with ``finish`` (agent/task/finish.py), retried through a fleetd outage.
+
+Any task call answered 409 (stale epoch), 404, 403 or 401 means fleetd no longer leases the
+task to this node: its processes are killed at once and the task is forgotten (fencing).
+"""
+
+import functools
+import logging
+import os
+import threading
+import time
+
+from agent.client import Conflict, DigestMismatch, FleetdError, Unreachable, backoff_delay
+from agent.procfs import TaskKey, read_boot_id, uptime_ticks
+from agent.task.assignment import DEFAULT_PATH, free_port, inside, task_env
+from agent.task.dirs import STATE_FILE, WORK_DIR
+from agent.task.errors import Fenced, LimitError, Stopped, TaskError, is_fencing, is_fencing_artifact
+from agent.task.finish import report_finish
+from agent.task.journal import append_state
+from agent.task.logs import LogShipper
+from agent.task.supervisor import Supervisor, check_executable, describe_exit
+from agent.threads import Job
+from agent.workers import Worker
+
+log = logging.getLogger("agent.runner")
+
+READER_JOIN_SECONDS = 5.0  # a process that escaped the group may hold the pipes; do not wait on it for ever
+RENDEZVOUS_POLL_SECONDS = 30
+# The start is reported once the process has run this long: a task that ends sooner reports its
+# start with its finish, one call instead of two (short tasks are most of what fleetd hears under
+# load). Later than this, fleetd's started_at is late by the same amount at most.
+START_REPORT_DELAY_SECONDS = 0.05
+
+
+def _utc_now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Task:
+    """One assignment on this host, from preparation to the acknowledged finish report."""
+
+    def __init__(self, runner, assignment):
+        self.runner = runner
+        self.a = assignment
+        self.label = f"{assignment.task_id}/{assignment.epoch}"
+        self.dir = os.path.join(runner.tasks_dir, f"{assignment.task_id}.{assignment.epoch}")
+        self.state_path = os.path.join(self.dir, STATE_FILE)
+        self.workdir = os.path.join(self.dir, WORK_DIR)
+        self.process = Supervisor(self.label, runner.threads, runner.limits.cgroups, on_reaped=self._reaped)
+        self.process.identity = TaskKey(assignment.task_id, assignment.epoch)
+        self._lock = threading.Lock()  # taken before process.lock, never after it
+        self._stop = None  # (outcome, reason) once a stop is asked for
+        self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
+        self._fenced = None  # why, once fleetd fenced the task off
+        self._keep_state = False
+        self.record = {}
+        self.shipper = None
+        self._start_with_finish = False  # the process ended before its start was reported
+        self.task_limits = None  # what agent.task.limits set up (env, cgroup), once prepared
+        self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
+                             rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
+                             bid=assignment.bid, gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
+                             limits={"max_runtime_seconds": assignment.max_runtime_seconds,
+                                     "kill_grace_seconds": runner.kill_grace_seconds,
+                                     "isolation": assignment.isolation},
+                             list_pids=self.pids)
+        self.thread = Job(self._main, name=f"task-{self.label}")  # run on one of the runner's threads
+
+    @property
+    def epoch(self):
+        """The assignment's lease epoch."""
+        return self.a.epoch
+
+    @property
+    def proc(self):
+        """The leader's Popen, once started."""
+        return self.process.proc
+
+    # Called from other threads.
+
+    def key(self):
+        """The TaskKey that finds this task's processes (group and session while the leader is not reaped)."""
+        return self.process.key()
+
+    def pids(self):
+        """The live processes of the task: its group and session, its cgroup, its FLEET_TASK_* environment."""
+        return self.process.pids()
+
+    def cancel(self, reason, outcome="cancelled", lost=False, grace=None):
+        """Stop the task: SIGTERM to all its processes now, SIGKILL after the grace.
+
+        `lost`: the agent itself is stopping; fleetd is told so (finish `lost: true`), so that the job
+        is retried as for a lost node rather than failed. `grace` overrides tasks.kill_grace_seconds
+        (the limits watchdog uses limits.kill_grace_seconds).
+        """
+        grace = self.runner.kill_grace_seconds if grace is None else grace
+        with self._lock:
+            if self._stop is None:
+                self._stop = (outcome, reason)
+                self._lost = lost
+                log.info("task %s: stopping (%s)", self.label, reason)
+                with self.process.lock:
+                    self.process.terminate(grace)
+        self.process.wake.set()
+
+    def fence(self, why, keep_state=False):
+        """fleetd no longer leases the task here: SIGKILL its processes at once; no report follows.
+
+        With `keep_state` (the agent is stopping, not fenced by fleetd) the state file stays, so that
+        the next start reports the task.
+        """
+        with self._lock:
+            if self._fenced is None:
+                self._fenced = str(why)
+                self._keep_state = keep_state
+                with self.process.lock:
+                    self.process.kill()
+        if self.shipper is not None:
+            self.shipper.abort()
+        self.process.wake.set()
+
+    def _reaped(self):
+        self.worker.pgid = None  # the pid may be reused from now on
+
+    # The supervisor thread.
+
+    def start(self):
+        """Run the task in its supervisor thread."""
+        self.runner.threads.submit(self.thread)
+
+    def _main(self):
+        client = self.runner.checkout_client()
+        keep_dir = False
+        try:
+            self.runner.workers.add(self.worker)
+            keep_dir = not self._run_and_report(client)
+        except Fenced as exc:
+            if self._keep_state:
+                log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
+                keep_dir = True
+            else:
+                log.warning("task %s: fleetd no longer leases it to this node (%s); killed its process group "
+                            "and forgot it", self.label, exc)
+        except Exception:  # a bug here must not leave the process running unsupervised
+            log.exception("task %s: supervisor failed; killing the task", self.label)
+            keep_dir = True
+        finally:
+            self._clean_up(keep_dir)
+            self.runner.checkin_client(client)
+
+    def _run_and_report(self, client):
+        """Run the task, record and report its outcome; True once fleetd has the report."""
+        try:
+            result = self._run_to_result(client)
+        except Fenced:
+            raise
+        except Exception as exc:  # a host problem (disk full) or a bug: the task fails, and fleetd hears why
+            log.exception("task %s: the agent could not run it", self.label)
+            self.process.kill_and_reap()
+            result = ("failed", None, f"fleet-agent could not run the task: {exc}")
+        self.worker.state = "finishing"
+        lost = self._lost and self._stop is not None and result[0] == self._stop[0]
+        try:
+            self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2], lost=lost)
+        except OSError as exc:
+            log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
+        self._finish_logs()
+        return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
+                             lost=lost, pid=self.proc.pid if self._start_with_finish else None,
+                             started_monotonic=self.process.started_monotonic)
+
+    def _clean_up(self, keep_dir):
+        self.process.kill_and_reap()
+        # A task directory is reused only when the kernel vouches that none of the task's
+        # processes is left (its cgroup is gone): one left could write into the next task's.
+        contained = self._release_limits()
+        if self.shipper is not None:
+            self.shipper.abort()
+        if self.runner.workers.get(self.a.task_id) is self.worker:
+            self.runner.workers.remove(self.a.task_id)
+        self.runner.forget(self)
+        if not keep_dir:
+            self.runner.dirs.remove(self.dir, reuse=contained)
+
+    def _check(self):
+        """Raise Fenced or Stopped when the task must not go on preparing."""
+        if self._fenced:
+            raise Fenced(self._fenced)
+        if self._stop is not None:
+            raise Stopped(self._stop[1])
+
+    def _run_to_result(self, client):
+        """(outcome, exit_code, reason) of the task."""
+        try:
+            self.runner.dirs.make(self.dir)
+            self._prepare_limits()  # the cgroup exists before the state file that names it
+            self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
+                       cgroup=self.task_limits.cgroup)
+            cwd = self.workdir
+            if self.a.workdir:
+                cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True)
+                os.makedirs(cwd, exist_ok=True)
+            self._download_artifacts(client, cwd)
+            addr, port = self._rendezvous(client)
+            self._spawn(cwd, addr, port)
+        except TaskError as exc:
+            log.warning("task %s: cannot run: %s", self.label, exc)
+            return "failed", None, str(exc)
+        except Stopped:
+            return self._stop[0], None, self._stop[1]
+        return self._supervise(client)
+
+    def _call(self, what, fn, deadline, fencing=is_fencing):
+        """fn() retried while fleetd is unreachable, until `deadline` (monotonic); fencing raises Fenced."""
+        for attempt in range(1, 1_000_000):
+            self._check()
+            try:
+                return fn()
+            except Unreachable as exc:
+                if time.monotonic() >= deadline or self.runner.closing.is_set():
+                    raise TaskError(f"{what}: {exc}") from None
+                delay = min(backoff_delay(attempt, self.runner.backoff_max_seconds),
+                            max(0.0, deadline - time.monotonic()))
+                self.process.wake.wait(delay)
+                self.process.wake.clear()
+            except FleetdError as exc:
+                if fencing(exc):
+                    raise Fenced(str(exc)) from None
+                raise TaskError(f"{what}: {exc}") from None
+        raise TaskError(f"{what}: gave up")
+
+    def _prep_deadline(self, limit):
+        bound = limit if self.a.max_runtime_seconds is None else min(limit, self.a.max_runtime_seconds)
+        return time.monotonic() + bound
+
+    def _download_artifacts(self, client, cwd):
+        deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
+        for item in self.a.artifacts:
+            dest = inside(cwd, item["path"], "artifact path")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.isdir(dest):
+                raise TaskError(f"artifact path {item['path']!r} is a directory")
+            try:
+                size = self._call(f"downloading artifact {item['sha256']}",
+                                  functools.partial(client.download_artifact, item["sha256"], dest), deadline,
+                                  fencing=is_fencing_artifact)
+            except DigestMismatch as exc:
+                raise TaskError(str(exc)) from None
+            except OSError as exc:
+                raise TaskError(f"cannot write artifact {item['path']!r}: {exc.strerror or exc}") from None
+            log.info("task %s: artifact %s (%d bytes) verified at %s", self.label, item["sha256"][:12], size,
+                     item["path"])
+
+    def _rendezvous(self, client):
+        """(master address, master port): rank 0's, published by it or learnt from fleetd."""
+        addr = self.runner.address
+        if self.a.num_nodes <= 1:
+            return addr, free_port(addr)
+        started = time.monotonic()
+        deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
+        if self.a.rank == 0:
+            port = free_port(addr)
+            self._call("publishing the rendezvous",
+                       functools.partial(client.publish_rendezvous, self.a.task_id, self.a.epoch, addr, port), deadline)
+            log.info("task %s: rank 0 of %d published rendezvous %s:%d", self.label, self.a.num_nodes, addr, port)
+            return addr, port
+        for _ in range(1_000_000):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            wait = max(1, min(RENDEZVOUS_POLL_SECONDS, int(remaining)))
+            found = self._call("waiting for the rendezvous",
+                               functools.partial(client.wait_rendezvous, self.a.task_id, wait), deadline)
+            if found:
+                log.info("task %s: rank %d learnt rendezvous %s:%d", self.label, self.a.rank, *found)
+                return found
+        raise TaskError(f"rank 0 did not publish its address and port within {deadline - started:.0f}s")
+
+    def _prepare_limits(self):
+        """Set up the task's limits (MPS, cgroup); TaskError when they cannot be met here."""
+        try:
+            self.task_limits = self.runner.limits.prepare(self.a)
+        except LimitError as exc:
+            raise TaskError(str(exc)) from None
+        except OSError as exc:
+            raise TaskError(f"cannot set up the task's limits: {exc.strerror or exc}") from None
+        limits = dict(self.worker.limits)
+        limits.update(self.task_limits.describe())
+        self.worker.limits = limits
+        self.worker.cgroup = self.task_limits.cgroup_rel
+        self.process.identity = TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel,
+                                        self.task_limits.cgroup)
+
+    def _spawn(self, cwd, addr, port):
+        env, injected = task_env(self.a, addr, port, extra=self.task_limits.env)
+        argv = self.runner.limits.command(self.task_limits, self.a.command)
+        if argv != self.a.command:
+            check_executable(self.a.command[0], cwd, env.get("PATH", DEFAULT_PATH))
+        self.shipper = LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
+                                  self.fence, self.runner.closing.is_set, self.label)
+        with self._lock, self.process.lock:
+            self._check()
+            try:
+                self.process.spawn(argv, cwd, env, self.shipper.feed)
+            except OSError as exc:
+                raise TaskError(f"cannot start {self.a.command[0]!r}: {exc.strerror or exc}") from None
+            self.worker.pgid = self.process.pgid
+        pid = self.proc.pid
+        start_ticks = self.process.start_ticks()
+        self.worker.pids = [pid]
+        self.worker.env = injected
+        self.worker.started_at = _utc_now()
+        self.worker.state = "running"
+        log.info("task %s: started pid %d: %s", self.label, pid, " ".join(self.a.command)[:200])
+        self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
+                   started_at=self.worker.started_at)
+
+    def _supervise(self, client):
+        """Report the start, enforce max_runtime_seconds, wait for the exit; (outcome, exit_code, reason)."""
+        process = self.process
+        with self._lock:
+            if self._stop is not None:  # cancelled between the spawn and now
+                with process.lock:
+                    process.terminate(self.runner.kill_grace_seconds)
+        start_reported = False
+        attempts = 0
+        next_report = process.started_monotonic + START_REPORT_DELAY_SECONDS
+        runtime_deadline = None
+        if self.a.max_runtime_seconds is not None:
+            runtime_deadline = process.started_monotonic + self.a.max_runtime_seconds
+        for _ in range(1_000_000_000):
+            exited = process.exited.is_set()
+            if self._fenced:
+                raise Fenced(self._fenced)
+            now = time.monotonic()
+            if not start_reported and exited:
+                # Ended before its start was reported: the finish report carries the start (one
+                # call instead of two, which for short tasks is most of what fleetd hears).
+                self._start_with_finish = start_reported = True
+            if not start_reported and now >= next_report:
+                start_reported, attempts = self._report_start(client, attempts)
+                next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
+            if exited:
+                break
+            if runtime_deadline is not None and now >= runtime_deadline and self._stop is None:
+                self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
+            with process.lock:
+                kill_at = process.kill_if_due(now)
+            timeout = 1.0
+            for moment in (kill_at, runtime_deadline if self._stop is None else None,
+                           None if start_reported else next_report):
+                if moment is not None:
+                    timeout = min(timeout, max(0.0, moment - now))
+            process.wake.wait(timeout)
+            process.wake.clear()
+        if self._fenced:
+            raise Fenced(self._fenced)
+        process.end_group(self.runner.kill_grace_seconds, lambda: bool(self._fenced))
+        code = process.reap()
+        return self._outcome(code)
+
+    def _outcome(self, code):
+        """(outcome, exit_code, reason) for the leader's exit status."""
+        exit_code, how = describe_exit(code)
+        if self._stop is not None:
+            outcome, reason = self._stop
+            return outcome, exit_code, f"{reason} ({how})"
+        if code == 0:
+            return "succeeded", 0, None
+        oom = self.runner.limits.cgroups.oom_kills(self.task_limits.cgroup if self.task_limits else None)
+        if oom:
+            limit = self.task_limits.host.get("memory_bytes", {}).get("limit")
+            return "failed", exit_code, (f"host_memory_limit_exceeded: memory_bytes {limit}, the kernel OOM-killed "
+                                         f"{oom} process(es) of the task ({how})")
+        return "failed", exit_code, how
+
+    def _report_start(self, client, attempts):
+        """One try at POST start -> (reported or not worth retrying, attempts so far)."""
+        try:
+            client.task_start(self.a.task_id, self.a.epoch, self.proc.pid)
+            return True, attempts
+        except Unreachable as exc:
+            log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
+            return False, attempts + 1
+        except FleetdError as exc:
+            if attempts and isinstance(exc, Conflict) and exc.details.get("state") == "running":
+                return True, attempts  # an earlier attempt got through; its answer did not
+            if is_fencing(exc):
+                raise Fenced(str(exc)) from None
+            log.error("task %s: fleetd refused the start report: %s", self.label, exc)
+            return True, attempts
+
+    def _release_limits(self):
+        """Whatever is left of the task outside its group is killed; its cgroup removed. True
+        when the cgroup is gone, so that no process of the task is left."""
+        if self.task_limits is None:
+            return False
+        try:
+            self.process.kill_leftovers()
+            return self.runner.limits.release(self.task_limits)
+        except OSError as exc:
+            log.warning("task %s: releasing its limits: %s", self.label, exc)
+            return False
+
+    def _finish_logs(self):
+        """Let the readers reach EOF and the shipper deliver every line before the finish report."""
+        if self.shipper is None:
+            return
+        if self.process.watcher is not None:
+            self.process.watcher.join(READER_JOIN_SECONDS)
+        self.shipper.close()
+        deadline = time.monotonic() + self.runner.report_retry_seconds
+        for _ in range(1_000_000):
+            if self.shipper.join(1.0) or time.monotonic() >= deadline:
+                break
+            if self._fenced:
+                raise Fenced(self._fenced)
+        if self._fenced:
+            raise Fenced(self._fenced)
+
+    def _save(self, **changes):
+        self.record.update(changes)
+        self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
+        append_state(self.state_path, self.record)
