@@ -18,7 +18,7 @@ from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unautho
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
 from fleetd.services.metrics import Instruments
-from fleetd.services.scheduling import SchedulerLoop
+from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
 from fleetd.settings import Settings
 from fleetd.ui import init_ui, is_ui_endpoint
 
@@ -99,6 +99,7 @@ def create_app(settings=None, clock=None, db=None):
     app.teardown_request(_close_db)
     rt.tasks = TaskRunner(app, rt)
     rt.scheduler = SchedulerLoop(app, rt)
+    rt.parked = ParkedGroups()
     return app
 
 

@@ -1,6 +1,7 @@
 """In-memory liveness of nodes: heartbeats touch memory; only state changes reach the database."""
 
 import dataclasses
+import math
 import threading
 import time
 
@@ -19,14 +20,43 @@ class Seen:
 class LivenessTracker:
     """Decides which nodes are overdue, allowing every node a failover grace after start-up."""
 
-    def __init__(self, clock, ttl_seconds, grace_seconds, failover_grace_seconds):
+    def __init__(self, clock, ttl_seconds, grace_seconds, failover_grace_seconds, interval_seconds=10,
+                 max_heartbeats_per_second=0):
         self.clock = clock
         self.ttl = ttl_seconds
         self.grace = grace_seconds
         self.failover_grace = failover_grace_seconds
+        self.base_interval = interval_seconds
+        self.max_rate = max_heartbeats_per_second
         self.started = clock.monotonic()
         self._seen = {}
+        self._given = []  # [(monotonic, interval)] handed out lately, longest last kept
         self._lock = threading.Lock()
+
+    def heartbeat_interval(self):
+        """The interval to give nodes: the configured one, widened as the fleet grows so that all
+        nodes together send at most max_heartbeats_per_second (as Nomad does)."""
+        interval = self.base_interval
+        if self.max_rate > 0:
+            interval = max(interval, math.ceil(len(self._seen) / self.max_rate))
+        now = self.clock.monotonic()
+        with self._lock:
+            if not self._given or self._given[-1][1] != interval:
+                self._given.append((now, interval))
+                del self._given[:-64]
+        return interval
+
+    def _ttl(self):
+        """The TTL, scaled with the longest interval handed out within the last (scaled) TTL: a
+        node told to wait longer may, until it has heard the shorter interval."""
+        longest = self.base_interval
+        now = self.clock.monotonic()
+        with self._lock:
+            for at, interval in reversed(self._given):
+                longest = max(longest, interval)
+                if now - at > 3 * self.ttl * longest / max(1, self.base_interval):
+                    break
+        return self.ttl * max(1.0, longest / max(1, self.base_interval))
 
     def touch(self, node_id, tasks=(), metrics=None):
         """Record a heartbeat (or registration) of a node, now."""
@@ -75,7 +105,7 @@ class LivenessTracker:
             return False
         seen = self.get(node_id)
         last = seen.monotonic if seen is not None else self.started
-        return self.clock.monotonic() - last > self.ttl + self.grace
+        return self.clock.monotonic() - last > self._ttl() + self.grace
 
     def silent_for(self, node_id):
         """Seconds since the node was last heard of (or since start-up)."""

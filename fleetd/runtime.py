@@ -9,6 +9,11 @@ from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
 
 
+def call(fn, *args):
+    """Run fn here (the default offload)."""
+    return fn(*args)
+
+
 @dataclasses.dataclass
 class Runtime:
     """Settings, clock and the in-memory trackers of one fleetd process."""
@@ -25,13 +30,18 @@ class Runtime:
     tasks: object = None  # background.TaskRunner, set by create_app
     scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
     trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
+    parked: object = None  # services.scheduling.ParkedGroups, set by create_app
+    # Runs CPU-heavy pure work (a pass's decisions) off the request loop: fleetd serve sets it to
+    # gevent's thread pool; elsewhere it is a plain call.
+    offload: object = call
 
     @classmethod
     def build(cls, settings, clock=None):
         """Create the runtime for these settings."""
         clock = clock or Clock()
         liveness = LivenessTracker(
-            clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace
+            clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace,
+            settings.heartbeat_interval_seconds, settings.max_heartbeats_per_second,
         )
         limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
                                  settings.auth_failure_global_limit)

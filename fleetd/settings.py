@@ -24,6 +24,7 @@ class Settings:
     public_url: str = ""  # how agents reach fleetd; empty: the URL of the request
     sqlite_synchronous: str = "FULL"
     heartbeat_interval_seconds: int = 10
+    max_heartbeats_per_second: float = 500.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
     node_ttl_seconds: float = 30.0
     node_grace_seconds: float = 10.0
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
@@ -39,6 +40,8 @@ class Settings:
     task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
     lease_sweep_seconds: float = 5.0
+    scheduler_max_placements_per_pass: int = 1000  # the rest of the queue waits for the next pass ...
+    scheduler_max_pass_seconds: float = 2.0  # ... as it does once a pass has decided for this long
     scheduler_policy: str = ""  # empty: the engine's default policy
     fleet_policies: str = ""  # per fleet, for jobs that select it: "gpu-a=packing,gpu-b=fgd"
     artifact_max_bytes: int = 1024**3

@@ -43,7 +43,7 @@ class AgentRegister(MethodView):
             "node_id": node.id,
             "fleet": node.fleet_id,
             "session_token": session_token,
-            "heartbeat_interval_seconds": rt.settings.heartbeat_interval_seconds,
+            "heartbeat_interval_seconds": rt.liveness.heartbeat_interval(),
         }
 
 
@@ -57,7 +57,7 @@ class AgentHeartbeat(MethodView):
         rt = current_runtime()
         rt.instruments.heartbeats.inc()
         reply = agents.heartbeat(rt, current_principal().node, body)
-        reply["heartbeat_interval_seconds"] = rt.settings.heartbeat_interval_seconds
+        reply["heartbeat_interval_seconds"] = rt.liveness.heartbeat_interval()
         return reply
 
 

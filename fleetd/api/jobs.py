@@ -47,7 +47,7 @@ class Jobs(MethodView):
         policy.check_bid(spec)
         rt = current_runtime()
         job = jobs.submit_job(rt.clock.now(), current_principal(), spec)
-        if rt.scheduler.kick():  # placed right here (no scheduler loop): show where
+        if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
             job = jobs.get_job(current_principal(), job.id)
         return job
 

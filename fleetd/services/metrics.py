@@ -40,6 +40,9 @@ class Instruments:
         self.scheduling_pass = Histogram(
             "fleetd_scheduling_pass_seconds", "Duration of a scheduling pass.", registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.scheduling_bounded = Counter(
+            "fleetd_scheduling_pass_bounded", "Passes that stopped at their bound (placements or time per pass) "
+            "and left the rest of the queue to the next pass.", registry=self.registry)
         self.registry.register(_StateCollector(rt))
 
 

@@ -7,7 +7,7 @@ import threading
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
-from fleetd.models import GpuType, Job, JobState, Quota, Task, TaskState
+from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.services.cluster import TERMS, ClusterState
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
@@ -30,112 +30,256 @@ def _allocation(gpu):
 _PASS_LOCK = threading.Lock()
 
 
-def run_pass(rt):
-    """One scheduling pass over every queued job; returns {"assigned": jobs, "pending": jobs}.
+def run_pass(rt, full=True):
+    """One scheduling pass over the queued jobs; returns {"assigned": jobs, "pending": jobs}.
 
-    Assignments are written in the same transaction as the snapshot they were computed
-    from, and passes never overlap; nodes that got work are woken after the commit.
+    Three phases, so that the costly one never holds the database or the event loop:
+    1. read the queue and the cluster (short, on the loop);
+    2. decide in the pure engine (rt.offload: a worker thread under `fleetd serve`), one
+       feasibility answer per group of equivalent jobs, skipping parked groups unless `full`;
+    3. write the assignments in one short transaction, each checked against what changed in
+       the meantime (a job cancelled, a node cordoned): those wait for the next pass.
+    Passes never overlap; nodes that got work are woken after the commit.
     """
     with _PASS_LOCK:
         started = time.perf_counter()
         try:
-            return _run_pass(rt)
+            return _run_pass(rt, full)
         finally:
             if rt.instruments is not None:
                 rt.instruments.scheduling_pass.observe(time.perf_counter() - started)
 
 
-def _run_pass(rt):
+@dataclasses.dataclass
+class _Plan:
+    """What the compute phase decided: placements, reasons to wait, and what to try to preempt for."""
+
+    placed: list = dataclasses.field(default_factory=list)  # (job, request, Placement)
+    waiting: dict = dataclasses.field(default_factory=dict)  # job id -> reason
+    preempt: list = dataclasses.field(default_factory=list)  # (job, request): first of each blocked group
+    parked: dict = dataclasses.field(default_factory=dict)  # group key -> reason (found not to fit)
+    errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
+    skipped: int = 0  # jobs of parked groups not looked at
+    bounded: bool = False  # stopped early at the pass's bound
+
+    def wait(self, job, reason):
+        """The job waits for `reason`: written only when that is news."""
+        if job.pending_reason != reason:
+            self.waiting[job.id] = reason
+
+
+def _run_pass(rt, full):
     now = rt.clock.now()
-    woken = set()
-    assigned = pending = 0
-    with write_transaction():
+    generation = rt.parked.generation
+    with database.atomic():  # one consistent read
         queued = _QUEUED.rows()
         if not queued:
+            rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
-        queued, terms = _evaluable(queued)
+        queued, terms, aside = _evaluable(queued)
         state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
-        # The shapes that arrive (queued and running work): what fragmentation is measured against.
-        running = {t.job_id: t.job.request for t in state.tasks}
-        profile = scheduler.profile_from_requests(
-            list(running.values()) + [terms[j.id].request for j in queued])
-        engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None,
-                                           profile=profile)
         rules = Rules.load(state)
-        by_fleet = rt.settings.policy_by_fleet
-        placed = []
-        for job in queued:
-            fleet = (job.spec.get("node_selector") or {}).get("fleet")
-            engine.use_policy(by_fleet.get(fleet) or rt.settings.scheduler_policy or None, profile)
-            try:
-                request, blocked = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
-                result = None if blocked is not None else engine.place(request, explain=True)
-            except Exception as exc:  # a job the engine cannot evaluate must not stop the others
-                pending += 1
-                _set_aside(job, exc)
-                continue
-            if blocked is None:
-                if not result.schedulable:
-                    blocked = result.reason
-                    if job.priority_class == "on-demand":
-                        blocked = _preempt_for(rt, job, request, now) or blocked
-            if blocked is not None:
-                pending += 1
-                if job.pending_reason != blocked:
-                    job.pending_reason = blocked
-                    job.save()
-                continue
-            rules.charge(job, request)
-            placed.append((job, result))
-        tasks = _tasks_of([job.id for job, _ in placed])
-        for job, result in placed:
-            rt.nominations.pop(job.id, None)
-            for rank in result.ranks:
-                task = tasks[(job.id, rank.rank)]
-                task.node = rank.node_id
-                task.gpus = [_allocation(g) for g in rank.gpus]
-                task.epoch += 1
-                task.assigned_at = now
-                task.delivered_at = None
-                switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
-                rt.leases.renew(task.id, task.epoch)
-                woken.add(rank.node_id)
-            if rt.instruments is not None and job.attempt == 1:
-                rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
-            job.pending_reason = ""
-            switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
-            assigned += 1
+    parked = None if full else rt.parked.at(generation)
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked)
+    plan.waiting.update(aside)
+    for job_id, reason in plan.errors.items():
+        log.error("scheduling: job %s set aside: %s", job_id, reason)
+    rt.parked.update(plan.parked, generation)
+    assigned, woken = _write(rt, plan, now)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
-    return {"assigned": assigned, "pending": pending}
+    if plan.bounded:
+        if rt.instruments is not None:
+            rt.instruments.scheduling_bounded.inc()
+        if rt.scheduler is not None and rt.scheduler.running:
+            rt.scheduler.kick(capacity=False)  # the rest of the queue in the next pass
+    return {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
+
+
+def _decide(settings, queued, terms, state, rules, parked):
+    """The compute phase: place queued jobs in order, one engine answer per group of equivalent
+    jobs; `parked`: the keys of groups to skip (None: look at every group).
+
+    Pure, and it runs in a worker thread: no database, no locks, no logging here.
+    """
+    # The shapes that arrive (queued and running work): what fragmentation is measured against.
+    running = {t.job_id: t.job.request for t in state.tasks}
+    profile = scheduler.profile_from_requests(list(running.values()) + [terms[j.id].request for j in queued])
+    engine = scheduler.PlacementEngine(state.snapshot(), policy=settings.scheduler_policy or None, profile=profile)
+    by_fleet = settings.policy_by_fleet
+    deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
+    plan = _Plan()
+    blocked = {}  # group key -> reason, for this pass
+    for job in queued:
+        key = _group_key(job, terms[job.id])
+        if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
+            plan.wait(job, blocked[key])
+            continue
+        if parked is not None and key in parked:
+            plan.skipped += 1
+            plan.wait(job, parked[key])  # a job that joined a parked group learns why at once
+            continue
+        if len(plan.placed) >= settings.scheduler_max_placements_per_pass or time.perf_counter() > deadline:
+            plan.bounded = True
+            break
+        fleet = (job.spec.get("node_selector") or {}).get("fleet")
+        engine.use_policy(by_fleet.get(fleet) or settings.scheduler_policy or None, profile)
+        try:
+            request, reason = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
+            result = None if reason is not None else engine.place(request, explain=True)
+        except Exception as exc:  # a job the engine cannot evaluate must not stop the others
+            reason = _set_aside_reason(exc)
+            if job.pending_reason != reason:
+                plan.errors[job.id] = reason
+            plan.wait(job, reason)
+            continue
+        if result is not None and result.schedulable:
+            rules.charge(job, request)
+            plan.placed.append((job, request, result))
+            continue
+        if result is not None:  # it does not fit (not a quota or a bid): preemption may help
+            reason = result.reason
+            if job.priority_class == "on-demand":
+                plan.preempt.append((job, request))
+            plan.parked[key] = reason
+        plan.wait(job, reason)
+        blocked[key] = reason
+    return plan
+
+
+def _group_key(job, terms):
+    """Jobs with equal keys get the same answer from the rules and the engine."""
+    request = dataclasses.replace(terms.request, name="")
+    selector = request.node_selector
+    return (repr(dataclasses.replace(request, node_selector=scheduler.NodeSelector())), selector.fleet,
+            tuple(sorted(selector.labels.items())), job.team or "", job.priority_class, job.spec.get("bid"))
+
+
+def _write(rt, plan, now):
+    """The write phase: preemptions, then assignments that still hold, then changed reasons."""
+    assigned, woken = 0, set()
+    with write_transaction():
+        for job, request in plan.preempt:
+            reason = _preempt_for(rt, job, request, now)
+            if reason is not None:
+                plan.wait(job, reason)
+        schedulable = _schedulable_nodes({r.node_id for _, _, result in plan.placed for r in result.ranks})
+        jobs = {j.id: j for j in _jobs_by_id([job.id for job, _, _ in plan.placed])}
+        tasks = _tasks_of(list(jobs))
+        for job, _, result in plan.placed:
+            fresh = jobs.get(job.id)
+            ranks = [tasks.get((job.id, r.rank)) for r in result.ranks]
+            if (fresh is None or fresh.state != JobState.QUEUED.value or not set(result.node_ids) <= schedulable
+                    or any(t is None or t.state != TaskState.PENDING.value for t in ranks)):
+                continue  # cancelled, or its node left service, while the engine decided: next pass
+            _assign(rt, fresh, ranks, result, now, woken)
+            assigned += 1
+        for job_id, reason in plan.waiting.items():
+            _RECORD_REASON.execute(id=job_id, reason=reason)
+    return assigned, woken
+
+
+def _assign(rt, job, tasks, result, now, woken):
+    rt.nominations.pop(job.id, None)
+    for task, rank in zip(tasks, result.ranks):
+        task.node = rank.node_id
+        task.gpus = [_allocation(g) for g in rank.gpus]
+        task.epoch += 1
+        task.assigned_at = now
+        task.delivered_at = None
+        switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+        rt.leases.renew(task.id, task.epoch)
+        woken.add(rank.node_id)
+    if rt.instruments is not None and job.attempt == 1:
+        rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
+    job.pending_reason = ""
+    switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
+
+
+def _schedulable_nodes(node_ids):
+    """The ids among these of nodes that still take new work (read in the write transaction)."""
+    ids = sorted(node_ids)
+    out = set()
+    for start in range(0, len(ids), 500):
+        rows = Node.select(Node.id).where(Node.id.in_(ids[start:start + 500])
+                                          & (Node.status == NodeStatus.READY.value))
+        out.update(row.id for row in rows)
+    return out
+
+
+def _jobs_by_id(job_ids):
+    out = []
+    for start in range(0, len(job_ids), 500):
+        out += list(Job.select().where(Job.id.in_(job_ids[start:start + 500])))
+    return out
 
 
 def _evaluable(queued):
-    """(jobs, {id: JobTerms}) of the queued jobs the engine can evaluate; the others are set aside."""
+    """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
+    and why each of the others is set aside (it stays queued; the rest go on)."""
     try:
         terms = TERMS.of_jobs(queued)
         scheduler.profile_from_requests([t.request for t in terms.values()])
-        return queued, terms
+        return queued, terms, {}
     except Exception:  # one spec is bad: find it, keep the rest
-        terms = {}
+        terms, aside = {}, {}
         for job in queued:
             try:
                 made = TERMS.of_jobs([job])
                 scheduler.profile_from_requests([made[job.id].request])
                 terms.update(made)
             except Exception as exc:
-                _set_aside(job, exc)
-        return [job for job in queued if job.id in terms], terms
+                reason = _set_aside_reason(exc)
+                if job.pending_reason != reason:
+                    log.error("scheduling: job %s set aside", job.id, exc_info=exc)
+                    aside[job.id] = reason
+        return [job for job in queued if job.id in terms], terms, aside
 
 
-def _set_aside(job, exc):
-    """Leave a job that cannot be evaluated queued, with the reason, and go on with the others."""
-    reason = f"set aside: fleetd cannot evaluate this job ({type(exc).__name__}: {str(exc)[:200]})"
-    if job.pending_reason != reason:
-        log.error("scheduling: job %s set aside", job.id, exc_info=exc)
-        job.pending_reason = reason
-        job.save()
+def _set_aside_reason(exc):
+    """Why a job that cannot be evaluated waits."""
+    return f"set aside: fleetd cannot evaluate this job ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+class ParkedGroups:
+    """Groups of equivalent queued jobs that fit nowhere, each with the capacity generation at
+    which that was found (as the Kubernetes scheduler's unschedulable queue).
+
+    A pass that an event kicked skips them until something that could make them fit happens:
+    capacity freed, a node joined or came back, a quota raised (bump()). The periodic pass looks
+    at every group, so what no event announces (a fleet's window opening) is seen within it.
+    """
+
+    def __init__(self):
+        self.generation = 0
+        self._groups = {}  # key -> (generation, reason)
+        self._lock = threading.Lock()
+
+    def bump(self):
+        """Something could make parked work fit."""
+        with self._lock:
+            self.generation += 1
+
+    def at(self, generation):
+        """{key: reason} of the groups parked at `generation` (a copy, for the compute phase)."""
+        with self._lock:
+            return {k: reason for k, (g, reason) in self._groups.items() if g == generation}
+
+    def update(self, parked, generation):
+        """Record the groups ({key: reason}) a pass found not to fit at `generation`, forgetting
+        those parked at an older one."""
+        with self._lock:
+            self._groups = {k: v for k, v in self._groups.items() if v[0] == self.generation}
+            if generation == self.generation:
+                self._groups.update({k: (generation, reason) for k, reason in parked.items()})
+
+    def clear(self):
+        with self._lock:
+            self._groups.clear()
+
+    def __len__(self):
+        return len(self._groups)
 
 
 def _tasks_of(job_ids):
@@ -144,6 +288,8 @@ def _tasks_of(job_ids):
 
 
 _QUEUED = Statement(lambda v: Job.select().where(Job.state == JobState.QUEUED.value))
+_RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
+    (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
 _QUOTAS = Statement(lambda v: Quota.select())
 _GPU_TYPES = Statement(lambda v: GpuType.select())
 
@@ -258,13 +404,24 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = None
 
-    def kick(self):
-        """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller."""
+    def kick(self, capacity=True):
+        """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller.
+
+        `capacity`: the event may let parked work fit (capacity freed, a node joined, a quota
+        raised); a submit is not such an event. A kicked pass skips parked groups otherwise.
+        """
+        if capacity:
+            self.rt.parked.bump()
         if self._thread is None:
-            run_pass(self.rt)
+            run_pass(self.rt, full=False)
             return True
         self._kicked.set()
         return False
+
+    @property
+    def running(self):
+        """True while the loop runs passes on its own (`fleetd serve`)."""
+        return self._thread is not None
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -291,7 +448,7 @@ class SchedulerLoop:
             started = time.perf_counter()
             try:
                 with self.app.app_context(), database.connection_context():
-                    run_pass(self.rt)
+                    run_pass(self.rt, full=False)
             except Exception:  # a failed pass is logged; the next kick or interval retries
                 log.exception("scheduling pass failed")
             pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))

@@ -1,0 +1,150 @@
+"""What keeps a pass cheap with a deep queue and a large fleet: equivalent jobs share one answer,
+work that fits nowhere is parked until an event could change that, a pass is bounded, the write
+phase re-checks what changed while the engine decided, and heartbeats widen with the fleet."""
+
+import pytest
+
+from fleetd import scheduler
+from fleetd.liveness import LivenessTracker
+from fleetd.services import scheduling
+from tests.conftest import FakeClock
+
+
+@pytest.fixture
+def fleet(api):
+    api.create_fleet("gpu-a")
+    return api.create_join_token("gpu-a")
+
+
+def _node(api, join, name, gpu_count=2):
+    reg = api.register(join, machine_id=name, hostname=name, gpu_count=gpu_count)
+    api.heartbeat(reg["session_token"])
+    return reg["node_id"], reg["session_token"]
+
+
+def _count_engine_calls(monkeypatch):
+    calls = []
+    place = scheduler.PlacementEngine.place
+
+    def counting(self, request, explain=False):
+        if explain:  # the pass's own answers (a preemption plan's trial placements explain nothing)
+            calls.append(request)
+        return place(self, request, explain=explain)
+
+    monkeypatch.setattr(scheduler.PlacementEngine, "place", counting)
+    return calls
+
+
+def test_equivalent_jobs_that_fit_nowhere_cost_one_engine_answer_per_pass(api, fleet, monkeypatch):
+    _node(api, fleet, "n1")
+    jobs = [api.submit(name=f"j{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}) for i in range(20)]
+    calls = _count_engine_calls(monkeypatch)
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 20}
+    assert len(calls) == 1
+    reasons = {api.get(f"/api/v1/jobs/{j['id']}").get_json()["pending_reason"] for j in jobs}
+    assert len(reasons) == 1 and "gpu_type: 1 node(s)" in reasons.pop()
+
+
+def test_a_parked_group_is_skipped_until_capacity_changes_and_then_placed(api, fleet, monkeypatch):
+    n1, s1 = _node(api, fleet, "n1", gpu_count=2)
+    big = api.submit(name="big", resources={"gpus": 4})
+    assert big["state"] == "queued"
+    calls = _count_engine_calls(monkeypatch)
+    api.submit(name="small", resources={"gpus": 1})  # a submit is no capacity event: "big" stays parked
+    assert [c.gpus for c in calls] == [1]
+    _node(api, fleet, "n2", gpu_count=4)  # a node joined: the parked group is looked at again at once
+    assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"
+
+
+def test_the_periodic_pass_looks_at_parked_groups_too(api, fleet, monkeypatch):
+    _node(api, fleet, "n1")
+    api.submit(resources={"gpus": 4})
+    calls = _count_engine_calls(monkeypatch)
+    api.run_task("scheduling")
+    assert len(calls) == 1  # events may be missed (a window opening): the periodic pass is the net
+
+
+def test_a_pass_is_bounded_and_the_rest_waits_for_the_next(make_app, clock):
+    from tests.conftest import admin_client
+
+    app = make_app(scheduler_max_placements_per_pass=3)
+    api = admin_client(app, clock)
+    api.create_fleet("gpu-a")
+    node, _ = _node(api, api.create_join_token("gpu-a"), "n1", gpu_count=8)
+    api.post(f"/api/v1/nodes/{node}/cordon")
+    jobs = [api.submit(name=f"j{i}", resources={"gpus": 1}) for i in range(8)]
+    api.post(f"/api/v1/nodes/{node}/uncordon")  # kicks a pass: three placed
+    states = [api.get(f"/api/v1/jobs/{j['id']}").get_json()["state"] for j in jobs]
+    assert states.count("running") == 3
+    assert api.run_task("scheduling") == {"assigned": 3, "pending": 2}
+    metrics = api.get("/metrics").get_data(as_text=True)
+    assert "fleetd_scheduling_pass_bounded_total 2.0" in metrics
+
+
+def test_a_node_cordoned_while_the_engine_decides_gets_no_work(api, fleet, monkeypatch):
+    node, _ = _node(api, fleet, "n1")
+    decide = scheduling._decide
+
+    def cordon_meanwhile(*args):
+        plan = decide(*args)
+        api.post(f"/api/v1/nodes/{node}/cordon")  # lands between the read and the write phase
+        return plan
+
+    monkeypatch.setattr(scheduling, "_decide", cordon_meanwhile)
+    job = api.submit(resources={"gpus": 1})
+    monkeypatch.setattr(scheduling, "_decide", decide)
+    assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "queued"
+    api.post(f"/api/v1/nodes/{node}/uncordon")
+    assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "running"
+
+
+def test_a_job_cancelled_while_the_engine_decides_is_not_placed(api, fleet, monkeypatch):
+    _node(api, fleet, "n1")
+    decide = scheduling._decide
+    cancelled = []
+
+    def cancel_meanwhile(settings, queued, *rest):
+        plan = decide(settings, queued, *rest)
+        for job in queued:
+            cancelled.append(api.post(f"/api/v1/jobs/{job.id}/cancel").get_json()["state"])
+        return plan
+
+    monkeypatch.setattr(scheduling, "_decide", cancel_meanwhile)
+    job = api.submit(resources={"gpus": 1})
+    monkeypatch.setattr(scheduling, "_decide", decide)
+    assert cancelled == ["cancelled"]
+    done = api.get(f"/api/v1/jobs/{job['id']}").get_json()
+    assert done["state"] == "cancelled" and done["tasks"][0]["node_id"] is None
+
+
+def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
+    clock = FakeClock()
+    live = LivenessTracker(clock, ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0,
+                           interval_seconds=10, max_heartbeats_per_second=100)
+    for n in range(900):
+        live.touch(f"n{n}")
+    assert live.heartbeat_interval() == 10
+    for n in range(900, 2500):
+        live.touch(f"n{n}")
+    assert live.heartbeat_interval() == 25  # 2,500 nodes at 100/s
+    clock.advance(80)
+    assert not live.is_overdue("n0")  # silent 80 s: within the widened TTL (2.5 x 30) + grace 10
+    clock.advance(10)
+    assert live.is_overdue("n0")  # 90 s > 85 s
+    for n in range(1000, 2500):  # most of the fleet leaves: the interval narrows at once ...
+        live.forget(f"n{n}")
+    live.touch("n1")
+    assert live.heartbeat_interval() == 10
+    clock.advance(80)
+    assert not live.is_overdue("n1")  # ... but the TTL only once nodes may have heard it
+    clock.advance(600)
+    live.touch("n2")
+    clock.advance(41)
+    assert live.is_overdue("n2")  # back to 30 + 10
+
+
+def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
+    _node(api, fleet, "n1")
+    first = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
+    second = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
+    assert second["pending_reason"] == first["pending_reason"] != "waiting for the scheduler"
