@@ -24,7 +24,7 @@ from fleetd.ui import init_ui, is_ui_endpoint
 
 log = logging.getLogger(__name__)
 
-# Endpoints that need no token (API.md, Conventions).
+# Endpoints that need no token (docs/api.md, Conventions).
 PUBLIC_ENDPOINTS = frozenset(
     {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets"}
 )

@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 
 class FleetdError(Exception):
-    """An error with an HTTP status and a stable code from API.md."""
+    """An error with an HTTP status and a stable code (docs/api.md)."""
 
     http_status = 500
     code = "internal"

@@ -27,7 +27,7 @@ class JSONText(peewee.TextField):
 
 
 class Role(str, enum.Enum):
-    """Roles of API tokens (API.md, Roles)."""
+    """Roles of API tokens (docs/api.md, Roles)."""
 
     ADMIN = "admin"
     SUBMITTER = "submitter"
@@ -35,7 +35,7 @@ class Role(str, enum.Enum):
 
 
 class NodeStatus(str, enum.Enum):
-    """Node states (DESIGN.md, States)."""
+    """Node states (docs/architecture.md, Node states and Job states)."""
 
     PENDING = "pending"
     READY = "ready"
@@ -62,7 +62,7 @@ class NodeStatus(str, enum.Enum):
 
 
 class JobState(str, enum.Enum):
-    """Job states (DESIGN.md, States)."""
+    """Job states (docs/architecture.md, Node states and Job states)."""
 
     QUEUED = "queued"
     RUNNING = "running"

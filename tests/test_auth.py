@@ -1,4 +1,4 @@
-"""Authentication and authorization: the role table of API.md on every route, token storage, rate limits."""
+"""Authentication and authorization: the role table of docs/api.md on every route, token storage, rate limits."""
 
 import re
 import sqlite3
@@ -12,7 +12,7 @@ ANY = {"admin", "submitter", "metrics", "node", "join"}
 A = {"admin"}
 AS = {"admin", "submitter"}
 
-# API.md's role table for every route fleetd serves. A route missing here fails the test.
+# docs/api.md's role table for every route fleetd serves. A route missing here fails the test.
 ROLE_TABLE = {
     ("GET", "/api/v1/health"): PUBLIC,
     ("GET", "/api/v1/whoami"): ANY,

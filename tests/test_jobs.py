@@ -130,7 +130,7 @@ def test_an_acquire_may_deliver_several_assignments_each_once(api, fleet):
     assert [a["job_id"] for a in second["assignments"]] == jobs[3:]
     assert acquire({"wait_seconds": 0, "max_assignments": 3}) == {"assignment": None, "assignments": [],
                                                                    "cancel": []}
-    assert acquire({"wait_seconds": 0}) == {"assignment": None, "cancel": []}  # without the field: API.md's shape
+    assert acquire({"wait_seconds": 0}) == {"assignment": None, "cancel": []}  # without the field: the plain shape
     for bad in (0, 65, "2", 1.5):
         resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0, "max_assignments": bad}, token=session, agent=True)
         assert resp.status_code == 400 and "max_assignments" in resp.get_json()["error"]["details"]["fields"]["json"]

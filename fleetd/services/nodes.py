@@ -11,7 +11,7 @@ from fleetd.services.pagination import attach, last_rows, paginate
 
 S = NodeStatus
 
-# Allowed transitions (DESIGN.md, States). Lost and revoked are reachable from anywhere live.
+# Allowed transitions (docs/architecture.md, Node states and Job states). Lost and revoked are reachable from anywhere live.
 _LIVE = {S.PENDING, S.READY, S.CORDONED, S.DRAINING, S.DRAINED}
 TRANSITIONS = {
     S.PENDING: {S.READY, S.LOST, S.REVOKED},

@@ -122,7 +122,7 @@ def _must_stop(row, node_id, epoch, superseded=True):
 
 
 def assignment(task, job):
-    """The Assignment of API.md for a task."""
+    """The Assignment (docs/api.md) for a task."""
     spec = job.spec
     return {
         "task_id": task.id,
