@@ -13,9 +13,10 @@ Phases, in one run so that the noisy machine affects them alike:
      fleet `sim`) are submitted in batches; the heartbeats run --settle-seconds at full size;
   3. the same two measurements again, heartbeats still running; then no simulated node may
      ever have been declared lost (GET /api/v1/nodes?status=lost, and fleetd's events);
-  4. (--inprocess-nodes) for each N, in a fresh process: N nodes x 8 GPUs and --backlog
-     unschedulable jobs in a fresh SQLite database, scheduling passes timed through
-     fleetd.services.scheduling.run_pass (no HTTP), with the process's memory.
+  4. (--inprocess-nodes) for each N, in a fresh process (bench/scale_inprocess.py): N nodes x 8
+     GPUs and --backlog unschedulable jobs in a fresh SQLite database, scheduling passes timed
+     through fleetd.services.scheduling.run_pass (no HTTP), with the process's memory; the first
+     pass reads everything from the database, the later ones are timed as "warm".
 fleetd's figures come from its own /metrics (fleetd_scheduling_pass_seconds, the heartbeat
 route's latency) and /proc (VmHWM: peak RSS). Prints a table and writes JSON to
 bench/results/scale.json (or --json).
@@ -48,7 +49,6 @@ sys.path.insert(0, str(ROOT))
 SHAPE = ROOT / "tests" / "fixtures" / "nvml" / "h100_x8.json"
 MISSING_GPU_TYPE = "NVIDIA B300"  # no node has it: the backlog fits nowhere
 GIB = 1 << 30
-PLACE_SAMPLE = 50  # queued jobs placed one by one in the in-process breakdown
 TARGETS = {  # the issue's targets at 10,000 nodes and 3,000 queued jobs
     "submit_to_running_p50_ms": 100,
     "jobs_per_s_ratio": 0.5,
@@ -576,153 +576,14 @@ def run_fleet(args, data_dir):
 # --- in-process: the pass at 1k..100k nodes --------------------------------------------------------
 
 
-def inprocess(n_nodes, backlog, passes, budget):
-    """In this process: N nodes x 8 GPUs and `backlog` unschedulable jobs in a fresh SQLite database;
-    prints one JSON line per step (so that a run cut short by its timeout still says how far it got)."""
-    import tracemalloc
-
-    from fleetd.app import create_app
-    from fleetd.clock import Clock
-    from fleetd.db import database, open_database, upgrade
-    from fleetd.models import Gpu, Node, new_id
-    from fleetd.services import scheduling
-    from fleetd.services.tokens import issue_first_admin_token
-    from fleetd.settings import Settings
-
-    def quoted(name):
-        return '"' + name + '"'
-
-    def emit(step, **fields):
-        fields.update(step=step, nodes=n_nodes, rss=proc_status(os.getpid()))
-        print(json.dumps(fields), flush=True)
-
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings.load(environ={}, data_dir=data_dir, sqlite_synchronous="OFF")
-        db = open_database(settings.database_url, settings.sqlite_synchronous)
-        upgrade(db)
-        clock = Clock()
-        app = create_app(settings, clock=clock, db=db)
-        rt = app.extensions["fleetd"]
-        rt.scheduler.kick = lambda *a, **k: False  # no pass per submit while the backlog is built
-        with database.connection_context():
-            admin = issue_first_admin_token(clock.now())
-        http = app.test_client()
-        headers = {"Authorization": f"Bearer {admin}"}
-        assert http.post("/api/v1/fleets", json={"name": "sim"}, headers=headers).status_code == 201
-        emit("app")
-
-        t0 = time.perf_counter()
-        now = clock.now()
-        node_ids = [new_id() for _ in range(n_nodes)]
-        # Rows written straight into the tables (the API would take hours at 100k nodes): the columns a
-        # registration fills, values converted by the models' own fields.
-        nf, gf = Node._meta.fields, Gpu._meta.fields
-        node_cols = ["id", "fleet", "machine_id", "hostname", "address", "labels", "agent_version", "status",
-                     "status_reason", "registered_at", "last_heartbeat_at", "cpu_count", "memory_bytes"]
-        gpu_cols = ["node", "uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "healthy",
-                    "health_reason", "mig_mode"]
-        ts = nf["registered_at"].db_value(now)
-        labels = nf["labels"].db_value({})
-        healthy = gf["healthy"].db_value(True)
-        with database.connection_context():
-            conn = database.connection()
-            with database.atomic():
-                conn.executemany(
-                    f"INSERT INTO {quoted(Node._meta.table_name)} ({', '.join(quoted(nf[c].column_name) for c in node_cols)}) "
-                    f"VALUES ({', '.join('?' * len(node_cols))})",
-                    ((nid, "sim", f"sim-{i:06d}", f"sim-{i:06d}", "127.0.0.1", labels, "bench-sim", "ready",
-                      "first heartbeat", ts, ts, 128, 2 << 40) for i, nid in enumerate(node_ids)))
-                conn.executemany(
-                    f"INSERT INTO {quoted(Gpu._meta.table_name)} ({', '.join(quoted(gf[c].column_name) for c in gpu_cols)}) "
-                    f"VALUES ({', '.join('?' * len(gpu_cols))})",
-                    ((nid, f"GPU-sim-{i:06d}-{k}", k, "nvidia", "NVIDIA H100 80GB HBM3", 80 << 30, k // 4, healthy,
-                      "", "disabled") for i, nid in enumerate(node_ids) for k in range(8)))
-        for nid in node_ids:
-            rt.liveness.touch(nid)
-        emit("nodes", seconds=round(time.perf_counter() - t0, 2))
-
-        t0 = time.perf_counter()
-        spec = {"name": "backlog", "command": ["true"], "node_selector": {"fleet": "sim"},
-                "resources": {"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]}}
-        for _ in range(backlog):
-            resp = http.post("/api/v1/jobs", json=spec, headers=headers)
-            assert resp.status_code == 201, resp.get_json()
-        emit("backlog", seconds=round(time.perf_counter() - t0, 2), jobs=backlog)
-
-        timings = []
-        for k in range(passes):
-            if k and time.monotonic() - started > budget:
-                break
-            for nid in node_ids:  # the nodes heartbeat: none is overdue when the pass looks
-                rt.liveness.touch(nid)
-            t0, cpu0 = time.perf_counter(), time.process_time()
-            with app.app_context(), database.connection_context():
-                outcome = scheduling.run_pass(rt)
-            timings.append(time.perf_counter() - t0)
-            emit("pass", index=k, seconds=round(timings[-1], 3), cpu_seconds=round(time.process_time() - cpu0, 3),
-                 outcome=outcome)
-
-        breakdown = {}
-        if time.monotonic() - started < budget:
-            breakdown = engine_breakdown(rt, app, database)
-            emit("breakdown", **breakdown)
-
-        if time.monotonic() - started < budget:
-            # Memory a pass allocates (peak) and keeps (after), by Python's own count; slow, so last.
-            tracemalloc.start()
-            with app.app_context(), database.connection_context():
-                scheduling.run_pass(rt)
-            current, peak = tracemalloc.get_traced_memory()
-            tracemalloc.stop()
-            emit("tracemalloc", pass_peak_bytes=peak, pass_kept_bytes=current)
-        emit("done", seconds=round(time.monotonic() - started, 1))
-        db.close()
-
-
-def engine_breakdown(rt, app, database):
-    """Where a pass's time goes, through fleetd's internals (these change as the scheduler is rewritten:
-    a missing piece is reported, not fatal)."""
-    out = {}
-    try:
-        from fleetd import scheduler
-        from fleetd.models import Job
-        from fleetd.services.cluster import ClusterState
-        from fleetd.services.jobs import task_request
-
-        with app.app_context(), database.connection_context():
-            t0 = time.perf_counter()
-            state = ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
-            out["state_load_s"] = round(time.perf_counter() - t0, 3)
-            t0 = time.perf_counter()
-            snapshot = state.snapshot()
-            out["snapshot_s"] = round(time.perf_counter() - t0, 3)
-            specs = [job.spec for job in Job.select().where(Job.state == "queued")]
-        t0 = time.perf_counter()
-        engine = scheduler.PlacementEngine(snapshot)
-        out["engine_build_s"] = round(time.perf_counter() - t0, 3)
-        # A sample: each place() on its own (no grouping of equal requests, as a pass may do) scans the
-        # cluster, and the whole backlog one by one would take minutes at 100k nodes.
-        requests = [task_request(spec) for spec in specs[:PLACE_SAMPLE]]
-        t0 = time.perf_counter()
-        placed = sum(engine.place(r, explain=True).schedulable for r in requests)
-        elapsed = time.perf_counter() - t0
-        out["place_ms_per_job"] = round(1000 * elapsed / len(requests), 2) if requests else None
-        out["placed"] = placed
-        out["sampled"] = len(requests)
-    except Exception as exc:  # the internals moved: say so
-        out["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return out
-
-
 def run_inprocess(args):
     """Each N in its own fresh process (clean memory figures), bounded by --inprocess-timeout."""
     rows = []
     for n in args.inprocess_sizes:
         log(f"in-process: {n} nodes, {args.backlog} queued jobs")
-        cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--inprocess-worker", str(n),
-               "--backlog", str(args.backlog), "--inprocess-passes", str(args.inprocess_passes),
-               "--inprocess-timeout", str(args.inprocess_timeout)]
+        cmd = [sys.executable, str(ROOT / "bench" / "scale_inprocess.py"), "--nodes", str(n),
+               "--backlog", str(args.backlog), "--passes", str(args.inprocess_passes),
+               "--budget", str(args.inprocess_timeout)]
         steps, timed_out = [], False
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
@@ -765,6 +626,7 @@ def summarize_inprocess(n, steps, timed_out, returncode, stderr):
            "tracemalloc_pass_peak_bytes": by.get("tracemalloc", {}).get("pass_peak_bytes"),
            "tracemalloc_pass_kept_bytes": by.get("tracemalloc", {}).get("pass_kept_bytes"),
            "breakdown": {k: v for k, v in by.get("breakdown", {}).items() if k not in ("step", "nodes", "rss")},
+           "probe_outcome": by.get("probe", {}).get("outcome"),  # one job that fits: assigned 1
            "timed_out": timed_out, "total_s": by.get("done", {}).get("seconds")}
     if returncode not in (0, None) and not timed_out:
         row["error"] = stderr.strip().splitlines()[-1][:300] if stderr.strip() else f"exit {returncode}"
@@ -857,18 +719,23 @@ def print_report(results, args):
     rows = results.get("inprocess") or []
     if rows:
         print(f"\nin-process scheduling pass ({args.backlog:,} queued jobs that fit nowhere; SQLite, no HTTP):")
-        print(f"{'nodes':>8}{'GPUs':>9}{'setup s':>9}{'1st pass s':>11}{'warm pass s':>12}{'RSS app':>10}"
-              f"{'RSS +nodes':>12}{'RSS 1st pass':>13}{'peak RSS':>10}{'pass peak':>11}{'state s':>9}{'engine s':>9}"
-              f"{'place ms/job':>13}")
+        print(f"{'nodes':>8}{'GPUs':>9}{'setup s':>9}{'1st pass ms':>12}{'warm pass ms':>13}{'RSS app':>10}"
+              f"{'RSS +nodes':>12}{'RSS 1st pass':>13}{'peak RSS':>10}{'pass alloc':>12}{'state ms':>10}"
+              f"{'engine ms':>10}{'place ms/job':>13}")
+        ms = lambda seconds: None if seconds is None else round(1000 * seconds, 1)  # noqa: E731
         for r in rows:
             b = r["breakdown"]
-            print(f"{r['nodes']:>8,}{r['gpus']:>9,}{_fmt(r['setup_nodes_s']):>9}{_fmt(r['first_pass_s']):>11}"
-                  f"{_fmt(r['warm_pass_s']):>12}{_mib(r['rss_app_bytes']):>10}{_mib(r['rss_after_nodes_bytes']):>12}"
+            alloc = r["tracemalloc_pass_peak_bytes"]
+            print(f"{r['nodes']:>8,}{r['gpus']:>9,}{_fmt(r['setup_nodes_s']):>9}{_fmt(ms(r['first_pass_s'])):>12}"
+                  f"{_fmt(ms(r['warm_pass_s'])):>13}{_mib(r['rss_app_bytes']):>10}{_mib(r['rss_after_nodes_bytes']):>12}"
                   f"{_mib(r['rss_after_first_pass_bytes']):>13}{_mib(r['peak_rss_bytes']):>10}"
-                  f"{_mib(r['tracemalloc_pass_peak_bytes']):>11}"
-                  f"{_fmt(b.get('state_load_s')):>9}{_fmt(b.get('engine_build_s')):>9}{_fmt(b.get('place_ms_per_job')):>13}"
+                  f"{'n/a' if alloc is None else f'{alloc / 2**20:.1f} MiB':>12}"
+                  f"{_fmt(ms(b.get('state_load_s'))):>10}{_fmt(ms(b.get('engine_build_s'))):>10}"
+                  f"{_fmt(b.get('place_ms_per_job')):>13}"
                   + ("  TIMED OUT" if r["timed_out"] else "") + (f"  {r['error']}" if r.get("error") else "")
-                  + (f"  breakdown: {b['error']}" if b.get("error") else ""))
+                  + (f"  breakdown: {b['error']}" if b.get("error") else "")
+                  + ("" if (r.get("probe_outcome") or {}).get("assigned") == 1 else
+                     f"  WARNING: a job that fits was not placed ({r.get('probe_outcome')})"))
 
 
 def main():
@@ -892,15 +759,11 @@ def main():
     parser.add_argument("--inprocess-nodes", default="1000,10000,100000", help="comma-separated; empty: skip")
     parser.add_argument("--inprocess-passes", type=int, default=3)
     parser.add_argument("--inprocess-timeout", type=float, default=900, help="bound on each in-process size")
-    parser.add_argument("--inprocess-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "scale.json"))
     args = parser.parse_args()
-    if args.inprocess_worker:
-        inprocess(args.inprocess_worker, args.backlog, args.inprocess_passes, args.inprocess_timeout)
-        return
     args.inprocess_sizes = [int(x) for x in args.inprocess_nodes.split(",") if x.strip()]
 
-    results = {"args": {k: v for k, v in vars(args).items() if k != "inprocess_worker"},
+    results = {"args": vars(args),
                "cpu_count": os.cpu_count(), "load_average_at_start": os.getloadavg(),
                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The scheduling pass in one process, for bench/scale.py: N nodes x 8 GPUs and a backlog of jobs that
+fit nowhere in a fresh SQLite database; passes timed through fleetd.services.scheduling.run_pass (no
+HTTP), with this process's memory. One JSON line per step on stdout, so that a run cut short by its
+time limit still says how far it got. Run by bench/scale.py, one fresh process per size.
+
+    .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import tracemalloc
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from fleetd.app import create_app  # noqa: E402
+from fleetd.clock import Clock  # noqa: E402
+from fleetd.db import database, open_database, upgrade  # noqa: E402
+from fleetd.models import Gpu, Node, new_id  # noqa: E402
+from fleetd.services import scheduling  # noqa: E402
+from fleetd.services.tokens import issue_first_admin_token  # noqa: E402
+from fleetd.settings import Settings  # noqa: E402
+
+MISSING_GPU_TYPE = "NVIDIA B300"  # no node has it: the backlog fits nowhere
+PLACE_SAMPLE = 50  # queued jobs placed one by one in the breakdown
+
+
+def proc_status(pid):
+    """{VmRSS, VmHWM} of a process in bytes, from /proc."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def quoted(name):
+    return '"' + name + '"'
+
+
+def run(n_nodes, backlog, passes, budget):
+    """Build the fleet and the backlog, then time passes; one JSON line per step."""
+
+    def emit(step, **fields):
+        fields.update(step=step, nodes=n_nodes, rss=proc_status(os.getpid()))
+        print(json.dumps(fields), flush=True)
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as data_dir:
+        settings = Settings.load(environ={}, data_dir=data_dir, sqlite_synchronous="OFF")
+        db = open_database(settings.database_url, settings.sqlite_synchronous)
+        upgrade(db)
+        clock = Clock()
+        app = create_app(settings, clock=clock, db=db)
+        rt = app.extensions["fleetd"]
+        rt.scheduler.kick = lambda *a, **k: False  # no pass per submit while the backlog is built
+        with database.connection_context():
+            admin = issue_first_admin_token(clock.now())
+        http = app.test_client()
+        headers = {"Authorization": f"Bearer {admin}"}
+        assert http.post("/api/v1/fleets", json={"name": "sim"}, headers=headers).status_code == 201
+        emit("app")
+
+        t0 = time.perf_counter()
+        now = clock.now()
+        node_ids = [new_id() for _ in range(n_nodes)]
+        # Rows written straight into the tables (registering through the API, about 200/s here, would take
+        # most of 10 minutes at 100k nodes): the columns a registration fills, in the models' own formats.
+        nf, gf = Node._meta.fields, Gpu._meta.fields
+        node_cols = ["id", "fleet", "machine_id", "hostname", "address", "labels", "agent_version", "status",
+                     "status_reason", "registered_at", "last_heartbeat_at", "cpu_count", "memory_bytes"]
+        gpu_cols = ["node", "uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "healthy",
+                    "health_reason", "mig_mode"]
+        ts = nf["registered_at"].db_value(now)
+        labels = nf["labels"].db_value({})
+        healthy = gf["healthy"].db_value(True)
+        with database.connection_context():
+            conn = database.connection()
+            with database.atomic():
+                conn.executemany(
+                    f"INSERT INTO {quoted(Node._meta.table_name)} ({', '.join(quoted(nf[c].column_name) for c in node_cols)}) "
+                    f"VALUES ({', '.join('?' * len(node_cols))})",
+                    ((nid, "sim", f"sim-{i:06d}", f"sim-{i:06d}", "127.0.0.1", labels, "bench-sim", "ready",
+                      "first heartbeat", ts, ts, 128, 2 << 40) for i, nid in enumerate(node_ids)))
+                conn.executemany(
+                    f"INSERT INTO {quoted(Gpu._meta.table_name)} ({', '.join(quoted(gf[c].column_name) for c in gpu_cols)}) "
+                    f"VALUES ({', '.join('?' * len(gpu_cols))})",
+                    ((nid, f"GPU-sim-{i:06d}-{k}", k, "nvidia", "NVIDIA H100 80GB HBM3", 80 << 30, k // 4, healthy,
+                      "", "disabled") for i, nid in enumerate(node_ids) for k in range(8)))
+        for nid in node_ids:
+            rt.liveness.touch(nid)
+        emit("nodes", seconds=round(time.perf_counter() - t0, 2))
+
+        t0 = time.perf_counter()
+        spec = {"name": "backlog", "command": ["true"], "node_selector": {"fleet": "sim"},
+                "resources": {"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]}}
+        for _ in range(backlog):
+            resp = http.post("/api/v1/jobs", json=spec, headers=headers)
+            assert resp.status_code == 201, resp.get_json()
+        emit("backlog", seconds=round(time.perf_counter() - t0, 2), jobs=backlog)
+
+        timings = []
+        for k in range(passes):
+            if k and time.monotonic() - started > budget:
+                break
+            for nid in node_ids:  # the nodes heartbeat: none is overdue when the pass looks
+                rt.liveness.touch(nid)
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            with app.app_context(), database.connection_context():
+                outcome = scheduling.run_pass(rt)
+            timings.append(time.perf_counter() - t0)
+            emit("pass", index=k, seconds=round(timings[-1], 3), cpu_seconds=round(time.process_time() - cpu0, 3),
+                 outcome=outcome)
+
+        breakdown = {}
+        if time.monotonic() - started < budget:
+            breakdown = engine_breakdown(rt, app, database)
+            emit("breakdown", **breakdown)
+
+        if time.monotonic() - started < budget:
+            # Memory a pass allocates (peak) and keeps (after), by Python's own count; slow, so last.
+            tracemalloc.start()
+            with app.app_context(), database.connection_context():
+                scheduling.run_pass(rt)
+            current, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            emit("tracemalloc", pass_peak_bytes=peak, pass_kept_bytes=current)
+        # A job that fits: the passes above saw the nodes (a backlog that fits nowhere would also
+        # fit nowhere in an empty fleet).
+        probe = dict(spec, name="probe", resources={"gpus": 1})
+        assert http.post("/api/v1/jobs", json=probe, headers=headers).status_code == 201
+        with app.app_context(), database.connection_context():
+            emit("probe", outcome=scheduling.run_pass(rt))
+        emit("done", seconds=round(time.monotonic() - started, 1))
+        db.close()
+
+
+def engine_breakdown(rt, app, database):
+    """Where a pass's time goes, through fleetd's internals (these change as the scheduler is rewritten:
+    a missing piece is reported, not fatal)."""
+    out = {}
+    try:
+        from fleetd import scheduler
+        from fleetd.models import Job
+        from fleetd.services.cluster import ClusterState
+        from fleetd.services.jobs import task_request
+
+        with app.app_context(), database.connection_context():
+            t0 = time.perf_counter()
+            state = ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+            out["state_load_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            snapshot = state.snapshot()
+            out["snapshot_s"] = round(time.perf_counter() - t0, 3)
+            out["state_nodes"] = len(state.nodes)
+            out["state_gpus"] = sum(len(gpus) for gpus in state.gpus.values())
+            specs = [job.spec for job in Job.select().where(Job.state == "queued")]
+        t0 = time.perf_counter()
+        engine = scheduler.PlacementEngine(snapshot)
+        out["engine_build_s"] = round(time.perf_counter() - t0, 3)
+        # A sample: each place() on its own (no grouping of equal requests, as a pass may do) scans the
+        # cluster, and the whole backlog one by one would take minutes at 100k nodes.
+        requests = [task_request(spec) for spec in specs[:PLACE_SAMPLE]]
+        t0 = time.perf_counter()
+        placed = sum(engine.place(r, explain=True).schedulable for r in requests)
+        elapsed = time.perf_counter() - t0
+        out["place_ms_per_job"] = round(1000 * elapsed / len(requests), 2) if requests else None
+        out["placed"] = placed
+        out["sampled"] = len(requests)
+    except Exception as exc:  # the internals moved: say so
+        out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--backlog", type=int, default=3000)
+    parser.add_argument("--passes", type=int, default=3, help="timed passes (the first one is cold)")
+    parser.add_argument("--budget", type=float, default=900, help="no new step after this many seconds")
+    args = parser.parse_args()
+    run(args.nodes, args.backlog, args.passes, args.budget)
+
+
+if __name__ == "__main__":
+    main()
