@@ -17,6 +17,7 @@ from fleetd.db import bind, database, open_database, request_durable, request_st
 from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
+from fleetd.services.cluster import InventoryCache
 from fleetd.services.metrics import Instruments
 from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
 from fleetd.settings import Settings
@@ -100,6 +101,7 @@ def create_app(settings=None, clock=None, db=None):
     rt.tasks = TaskRunner(app, rt)
     rt.scheduler = SchedulerLoop(app, rt)
     rt.parked = ParkedGroups()
+    rt.inventory = InventoryCache()
     return app
 
 

@@ -376,6 +376,14 @@ class GpuSample(BaseModel):
     power_w = peewee.FloatField(null=True)
 
 
+class InventoryVersion(BaseModel):
+    """One row: bumped by database triggers (migration 0006) whenever what placement reads of
+    nodes, GPUs or fleets changes, by any writer (another replica too)."""
+
+    id = peewee.IntegerField(primary_key=True)
+    version = peewee.BigIntegerField(default=0)
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -384,4 +392,4 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample]
+          ClusterSample, GpuSample, InventoryVersion]

@@ -2,6 +2,8 @@
 work that fits nowhere is parked until an event could change that, a pass is bounded, the write
 phase re-checks what changed while the engine decided, and heartbeats widen with the fleet."""
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
 from fleetd import scheduler
@@ -148,3 +150,70 @@ def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
     first = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
     second = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
     assert second["pending_reason"] == first["pending_reason"] != "waiting for the scheduler"
+
+
+def test_a_job_for_a_fleet_and_type_no_node_has_says_so(api, fleet):
+    _node(api, fleet, "n1")
+    job = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}, node_selector={"fleet": "gpu-a"})
+    assert job["pending_reason"] == ("no node can take the task now (no node of fleet gpu-a has GPUs of the "
+                                     "accepted type(s): NVIDIA B300)")
+    other = api.submit(resources={"gpus": 16}, node_selector={"fleet": "gpu-a"})
+    assert other["pending_reason"] == "no node can take the task now (gpu_count: 1 node(s))"
+
+
+# ---------------------------------------------------------------- the inventory kept in memory
+
+OPS = st.lists(st.tuples(st.sampled_from(["register", "gpus", "cordon", "uncordon", "drain", "undrain", "revoke",
+                                          "delete", "window", "heartbeat", "labels"]),
+                         st.integers(min_value=0, max_value=3)), min_size=1, max_size=12)
+
+
+def _view(inventory):
+    nodes = sorted((n.id, n.fleet_id, n.status, n.hostname, repr(n.labels), n.cpu_count, n.memory_bytes)
+                   for n in inventory.nodes)
+    gpus = sorted((k, tuple(v)) for k, v in inventory.gpus.items())
+    fleets = sorted((name, repr(f.availability), repr(f.labels)) for name, f in inventory.fleets.items())
+    return nodes, gpus, fleets
+
+
+@hypothesis.settings(max_examples=25, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(ops=OPS)
+def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, clock, tmp_path, ops):
+    import uuid
+
+    from fleetd.db import database
+    from fleetd.services.cluster import load_inventory
+    from tests.conftest import admin_client, gpus
+
+    app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex))  # a fresh database for every example
+    api = admin_client(app, clock)
+    rt = app.extensions["fleetd"]
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    sessions = {}
+    for op, n in ops:
+        machine = f"m{n}"
+        node_id = sessions.get(machine, (None,))[0]
+        if op == "register":
+            clock.advance(60)  # a re-enrolment needs the old agent silent
+            reg = api.register(join, machine_id=machine, hostname=f"h{n}-{len(ops)}", gpu_count=n + 1)
+            sessions[machine] = (reg["node_id"], reg["session_token"])
+        elif node_id is None:
+            continue
+        elif op in ("gpus", "heartbeat"):
+            body = {"gpus": gpus(n + 2)} if op == "gpus" else {}
+            api.post("/api/v1/agent/heartbeat", dict(body, tasks=[]), token=sessions[machine][1], agent=True)
+        elif op == "drain":
+            api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 0})
+        elif op == "delete":
+            if api.delete(f"/api/v1/nodes/{node_id}").status_code == 204:
+                del sessions[machine]
+        elif op == "window":
+            api.patch("/api/v1/fleets/gpu-a", {"availability": {"windows": [{"start": f"0{n}:00", "end": "09:00"}]}})
+        elif op == "labels":
+            api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": f"z{n}"}})
+        else:
+            api.post(f"/api/v1/nodes/{node_id}/{op}")
+        with database.connection_context():
+            assert _view(rt.inventory.get()) == _view(load_inventory())

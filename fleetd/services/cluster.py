@@ -14,7 +14,7 @@ import typing
 from fleetd import scheduler, windows
 from fleetd.auth import ADMIN
 from fleetd.clock import isoformat
-from fleetd.models import Fleet, Gpu, Job, JobState, Node, NodeStatus, Task
+from fleetd.models import Fleet, Gpu, InventoryVersion, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
 from fleetd.sql import Statement
 
@@ -50,6 +50,7 @@ class JobTerms:
     team: str
     priority_class: str
     bid: float | None
+    group: tuple  # jobs with equal groups get the same answer from the scheduling rules and the engine
 
 
 class Hold(typing.NamedTuple):
@@ -70,7 +71,12 @@ class Hold(typing.NamedTuple):
 
 
 def _terms(spec, team, priority_class):
-    return JobTerms(task_request(spec), team or "", priority_class, spec.get("bid"))
+    request = task_request(spec)
+    scheduler.shape_of(request)  # raises here, once, for a request the engine cannot evaluate
+    selector = request.node_selector
+    group = (repr(dataclasses.replace(request, name="", node_selector=scheduler.NodeSelector())), selector.fleet,
+             tuple(sorted(selector.labels.items())), team or "", priority_class, spec.get("bid"))
+    return JobTerms(request, team or "", priority_class, spec.get("bid"), group)
 
 
 class _TermsCache:
@@ -173,18 +179,59 @@ def load_holds(ended=None):
             for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
 
 
+class Inventory(typing.NamedTuple):
+    """Fleets, nodes and GPUs as placement reads them, at one inventory version."""
+
+    version: int
+    fleets: dict
+    nodes: list
+    gpus: dict  # node id -> [GpuRow]
+
+
+_INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
+                               .where(InventoryVersion.id == 1))
+
+
+def load_inventory(version=None):
+    """The inventory from the tables (read inside the caller's transaction)."""
+    gpus = {}
+    for row in _GPUS.raw_tuples():
+        gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
+        gpus.setdefault(gpu.node_id, []).append(gpu)
+    return Inventory(version, {f.name: f for f in _FLEETS.rows()}, _NODES.rows(), gpus)
+
+
+class InventoryCache:
+    """The inventory kept in memory, read again only when the database's inventory version moved.
+
+    Triggers (migration 0006) bump the version on every change placement reads (a node enrolled,
+    its status, labels or resources changed, its GPUs reported anew, a fleet's window changed),
+    whoever made it, so a pass at 10,000 nodes reads one row instead of every node and GPU.
+    The rows are shared: read them, never change them.
+    """
+
+    def __init__(self):
+        self._current = None
+
+    def get(self):
+        """The inventory at the database's version now (call inside the pass's read transaction)."""
+        rows = _INVENTORY_VERSION.raw_tuples()
+        version = rows[0][0] if rows else None
+        current = self._current
+        if current is None or version is None or current.version != version:
+            current = self._current = load_inventory(version)
+        return current
+
+
 class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 
-    def __init__(self, now, silent=lambda node_id: False, reported=None):
-        """`reported`: {task id: (node id, epoch)} that nodes last said are still running."""
+    def __init__(self, now, silent=lambda node_id: False, reported=None, inventory=None):
+        """`reported`: {task id: (node id, epoch)} that nodes last said are still running;
+        `inventory`: fleets, nodes and GPUs when the caller has them (else read now)."""
         self.now = now
-        self.fleets = {f.name: f for f in _FLEETS.rows()}
-        self.nodes = _NODES.rows()
-        self.gpus = {}
-        for row in _GPUS.raw_tuples():
-            gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
-            self.gpus.setdefault(gpu.node_id, []).append(gpu)
+        inventory = inventory or load_inventory()
+        self.fleets, self.nodes, self.gpus = inventory.fleets, inventory.nodes, inventory.gpus
         self.tasks = load_holds()
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
         # their GPUs are not free until the node stops reporting them.
@@ -198,29 +245,40 @@ class ClusterState:
                              if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()
-        self.blocks = {n.id: self._block(n, silent) for n in self.nodes}
+        self._silent = silent
+        self._blocks = {}  # node id -> NodeBlock or None, made when first asked
+        self._closed = {}  # fleet name -> NodeBlock while outside its window, else None
 
-    def _block(self, node, silent):
+    def block(self, node):
+        """Why the node takes no new work (a NodeBlock), or None."""
+        try:
+            return self._blocks[node.id]
+        except KeyError:
+            block = self._blocks[node.id] = self._block(node)
+            return block
+
+    def _block(self, node):
         status = NodeStatus(node.status)
         if not status.is_schedulable():
             return NodeBlock(status.value, BLOCK_TEXT.get(status.value, status.value))
-        if silent(node.id):
+        if self._silent(node.id):
             return NodeBlock("unresponsive", BLOCK_TEXT["unresponsive"])
-        fleet = self.fleets.get(node.fleet_id)
-        availability = fleet.availability if fleet is not None else None
-        if not windows.is_open(availability, self.now):
-            return NodeBlock("outside_window", BLOCK_TEXT["outside_window"],
-                             windows.next_open_at(availability, self.now))
-        return None
+        if node.fleet_id not in self._closed:
+            fleet = self.fleets.get(node.fleet_id)
+            availability = fleet.availability if fleet is not None else None
+            self._closed[node.fleet_id] = None if windows.is_open(availability, self.now) else NodeBlock(
+                "outside_window", BLOCK_TEXT["outside_window"], windows.next_open_at(availability, self.now))
+        return self._closed[node.fleet_id]
 
     # ------------------------------------------------------------ the scheduler's view
 
-    def snapshot(self):
-        """The engine's ClusterSnapshot: what every node has free, net of what tasks hold."""
+    def snapshot(self, nodes=None):
+        """The engine's ClusterSnapshot: what every node (or these of them) has free, net of what
+        tasks hold."""
         held, node_use = self.held, self.node_use
-        nodes = []
-        for node in self.nodes:
-            block = self.blocks[node.id]
+        out = []
+        for node in self.nodes if nodes is None else nodes:
+            block = self.block(node)
             gpus = []
             for gpu in self.gpus.get(node.id, ()):
                 h = held.get((node.id, gpu.uuid), (0, 0, False, ()))
@@ -230,12 +288,12 @@ class ClusterState:
                     compute_free_milli=max(0, scheduler.MILLI - h[0]), numa_node=gpu.numa_node or 0,
                     healthy=gpu.healthy, exclusive=h[2]))
             cpu_used, mem_used, tasks = node_use.get(node.id, (0, 0, 0))
-            nodes.append(scheduler.NodeSnapshot(
+            out.append(scheduler.NodeSnapshot(
                 id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
                 schedulable=block is None, status=block.code if block else node.status,
                 cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
                 memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks))
-        return scheduler.ClusterSnapshot(nodes=tuple(nodes))
+        return scheduler.ClusterSnapshot(nodes=tuple(out))
 
     def _reservations(self):
         """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
@@ -262,7 +320,7 @@ class ClusterState:
         rows = []
         snapshot = self.snapshot()
         for node, snap in zip(self.nodes, snapshot.nodes):
-            block = self.blocks[node.id]
+            block = self.block(node)
             for gpu, gsnap in zip(self.gpus.get(node.id, ()), snap.gpus):
                 h = self.held.get((node.id, gpu.uuid))
                 row = {"uuid": gpu.uuid, "node_id": node.id, "hostname": node.hostname, "fleet": node.fleet_id,
@@ -391,7 +449,7 @@ def cluster_allocation(state):
     nodes = {}
     for node in state.nodes:
         cpu, mem, _ = state.node_use.get(node.id, (0, 0, 0))
-        block = state.blocks[node.id]
+        block = state.block(node)
         nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
                           "schedulable": block is None, "blocked_reason": block.text if block else None,
                           "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,

@@ -2,8 +2,9 @@
 
 import dataclasses
 import logging
-import time
 import threading
+import time
+import typing
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
@@ -56,7 +57,7 @@ class _Plan:
 
     placed: list = dataclasses.field(default_factory=list)  # (job, request, Placement)
     waiting: dict = dataclasses.field(default_factory=dict)  # job id -> reason
-    preempt: list = dataclasses.field(default_factory=list)  # (job, request): first of each blocked group
+    preempt: list = dataclasses.field(default_factory=list)  # (job, PreemptionPlan) to carry out
     parked: dict = dataclasses.field(default_factory=dict)  # group key -> reason (found not to fit)
     errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
     skipped: int = 0  # jobs of parked groups not looked at
@@ -72,16 +73,18 @@ def _run_pass(rt, full):
     now = rt.clock.now()
     generation = rt.parked.generation
     with database.atomic():  # one consistent read
-        queued = _QUEUED.rows()
+        queued = [Queued(*row) for row in _QUEUED.raw_tuples()]
         if not queued:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         queued, terms, aside = _evaluable(queued)
-        state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+        inventory = rt.inventory.get()
+        overdue = rt.liveness.overdue([n.id for n in inventory.nodes])  # the worker thread takes no locks
+        state = ClusterState(now, overdue.__contains__, rt.liveness.reported_running(), inventory)
         rules = Rules.load(state)
     parked = None if full else rt.parked.at(generation)
-    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked)
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations))
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
@@ -97,36 +100,41 @@ def _run_pass(rt, full):
     return {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
 
 
-def _decide(settings, queued, terms, state, rules, parked):
+def _decide(settings, queued, terms, state, rules, parked, nominations):
     """The compute phase: place queued jobs in order, one engine answer per group of equivalent
-    jobs; `parked`: the keys of groups to skip (None: look at every group).
+    jobs; `parked`: {key: reason} of groups to skip (None: look at every group).
 
-    Pure, and it runs in a worker thread: no database, no locks, no logging here.
+    Pure, and it runs in a worker thread: no database, no locks, no logging here. The engine
+    sees only the nodes some job to look at could use (its fleet, its GPU types).
     """
-    # The shapes that arrive (queued and running work): what fragmentation is measured against.
-    running = {t.job_id: t.job.request for t in state.tasks}
-    profile = scheduler.profile_from_requests(list(running.values()) + [terms[j.id].request for j in queued])
-    engine = scheduler.PlacementEngine(state.snapshot(), policy=settings.scheduler_policy or None, profile=profile)
+    plan = _Plan()
+    keys = {job.id: terms[job.id].group for job in queued}
+    todo = [job for job in queued if parked is None or keys[job.id] not in parked]
+    for job in queued:
+        if parked is not None and keys[job.id] in parked:
+            plan.skipped += 1
+            plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
+    if not todo:
+        return plan
+    profile = _profile(state, queued, terms)
+    candidates = _candidates(state, [terms[j.id].request for j in todo])
+    snapshot = state.snapshot(candidates)
+    engine = scheduler.PlacementEngine(snapshot, policy=settings.scheduler_policy or None, profile=profile)
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
-    plan = _Plan()
     blocked = {}  # group key -> reason, for this pass
-    for job in queued:
-        key = _group_key(job, terms[job.id])
+    for job in todo:
+        key = keys[job.id]
         if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
             plan.wait(job, blocked[key])
-            continue
-        if parked is not None and key in parked:
-            plan.skipped += 1
-            plan.wait(job, parked[key])  # a job that joined a parked group learns why at once
             continue
         if len(plan.placed) >= settings.scheduler_max_placements_per_pass or time.perf_counter() > deadline:
             plan.bounded = True
             break
-        fleet = (job.spec.get("node_selector") or {}).get("fleet")
-        engine.use_policy(by_fleet.get(fleet) or settings.scheduler_policy or None, profile)
+        request = terms[job.id].request
+        engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
         try:
-            request, reason = rules.request_for(job.spec, job.team, job.priority_class, terms[job.id].request)
+            request, reason = rules.request_for({"bid": terms[job.id].bid}, job.team, job.priority_class, request)
             result = None if reason is not None else engine.place(request, explain=True)
         except Exception as exc:  # a job the engine cannot evaluate must not stop the others
             reason = _set_aside_reason(exc)
@@ -140,30 +148,68 @@ def _decide(settings, queued, terms, state, rules, parked):
             continue
         if result is not None:  # it does not fit (not a quota or a bid): preemption may help
             reason = result.reason
-            if job.priority_class == "on-demand":
-                plan.preempt.append((job, request))
+            if candidates is not None and not result.filter_detail:
+                reason += _nowhere(request)
             plan.parked[key] = reason
+            if job.priority_class == "on-demand" and result.filter_detail:
+                why, victims = _preemption(state, snapshot, candidates, request, engine.policy,
+                                           nominations.get(job.id))
+                reason = why or reason
+                if victims is not None:
+                    plan.preempt.append((job, victims))
         plan.wait(job, reason)
         blocked[key] = reason
     return plan
 
 
-def _group_key(job, terms):
-    """Jobs with equal keys get the same answer from the rules and the engine."""
-    request = dataclasses.replace(terms.request, name="")
-    selector = request.node_selector
-    return (repr(dataclasses.replace(request, node_selector=scheduler.NodeSelector())), selector.fleet,
-            tuple(sorted(selector.labels.items())), job.team or "", job.priority_class, job.spec.get("bid"))
+def _profile(state, queued, terms):
+    """The shapes that arrive (queued and running work): what fragmentation is measured against.
+    Equivalent requests are counted together (a deep queue is a few groups)."""
+    groups = {}
+    for request in [t.job.request for t in {t.job_id: t for t in state.tasks}.values()] + \
+            [terms[j.id].request for j in queued]:
+        key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
+               request.gpu_types)
+        count = groups.get(key, (request, 0))[1]
+        groups[key] = (request, count + request.num_nodes)
+    return scheduler.profile_from_requests(
+        [dataclasses.replace(request, num_nodes=count) for request, count in groups.values()])
+
+
+def _nowhere(request):
+    """Why no node was even looked at: none of its fleet has the GPU types it accepts."""
+    types = ", ".join(request.gpu_types) or "any"
+    return f" (no node of fleet {request.node_selector.fleet} has GPUs of the accepted type(s): {types})"
+
+
+def _candidates(state, requests):
+    """The nodes any of these requests could use: of their fleets (when every one names a fleet)
+    and, for GPU work, of GPU models they accept; None: every node."""
+    fleets = {r.node_selector.fleet for r in requests}
+    if None in fleets:
+        return None
+    models = set()
+    for request in requests:
+        if not request.gpus or not request.gpu_types:
+            models = None
+            break
+        models.update(request.gpu_types)
+    out = []
+    for node in state.nodes:
+        if node.fleet_id not in fleets:
+            continue
+        if models is not None and not {g.model for g in state.gpus.get(node.id, ())} <= models:
+            continue
+        out.append(node)
+    return out
 
 
 def _write(rt, plan, now):
     """The write phase: preemptions, then assignments that still hold, then changed reasons."""
     assigned, woken = 0, set()
     with write_transaction():
-        for job, request in plan.preempt:
-            reason = _preempt_for(rt, job, request, now)
-            if reason is not None:
-                plan.wait(job, reason)
+        for job, victims in plan.preempt:
+            _preempt(rt, job, victims, now)
         schedulable = _schedulable_nodes({r.node_id for _, _, result in plan.placed for r in result.ranks})
         jobs = {j.id: j for j in _jobs_by_id([job.id for job, _, _ in plan.placed])}
         tasks = _tasks_of(list(jobs))
@@ -219,16 +265,12 @@ def _evaluable(queued):
     """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
     and why each of the others is set aside (it stays queued; the rest go on)."""
     try:
-        terms = TERMS.of_jobs(queued)
-        scheduler.profile_from_requests([t.request for t in terms.values()])
-        return queued, terms, {}
+        return queued, TERMS.get_many([job.id for job in queued]), {}
     except Exception:  # one spec is bad: find it, keep the rest
         terms, aside = {}, {}
         for job in queued:
             try:
-                made = TERMS.of_jobs([job])
-                scheduler.profile_from_requests([made[job.id].request])
-                terms.update(made)
+                terms.update(TERMS.get_many([job.id]))
             except Exception as exc:
                 reason = _set_aside_reason(exc)
                 if job.pending_reason != reason:
@@ -287,7 +329,17 @@ def _tasks_of(job_ids):
     return {(task.job_id, task.rank): task for job_id in job_ids for task in TASKS_OF_JOB.rows(job_id=job_id)}
 
 
-_QUEUED = Statement(lambda v: Job.select().where(Job.state == JobState.QUEUED.value))
+class Queued(typing.NamedTuple):
+    """What a pass reads of a queued job (its spec is in the terms cache)."""
+
+    id: str
+    team: str
+    priority_class: str
+    pending_reason: str
+
+
+_QUEUED = Statement(lambda v: Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
+                    .where(Job.state == JobState.QUEUED.value))
 _RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
     (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
 _QUOTAS = Statement(lambda v: Quota.select())
@@ -359,23 +411,29 @@ class Rules:
         self.usage[key] = self.usage.get(key, 0) + gpus_of(request)
 
 
-def _preempt_for(rt, job, request, now):
-    """Make room for an on-demand job by preempting spot jobs (the engine's plan: lowest bid
-    first, fewest victims). Returns why the job still waits, or None when nothing can be done.
-
-    The victims are requeued at once, but their GPUs count as held until their node stops
-    reporting them (ClusterState.stopping); the job is placed by a later pass.
-    """
-    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
-    nominated = rt.nominations.get(job.id)
+def _preemption(state, snapshot, candidates, request, policy, nominated):
+    """(why the job waits, victims plan or None) for an on-demand job that does not fit: a plan to
+    preempt spot jobs (the engine's: lowest bid first, fewest victims), or the wait for the ones
+    preempted for it before. Pure (the compute phase)."""
     if nominated:
         left = sum(1 for t in state.stopping + state.tasks if t.id in nominated)
         if left:
-            return f"waiting for {left} preempted spot task(s) to stop"
-    plan = scheduler.plan_preemption(state.snapshot(), state.running_tasks(), request,
-                                     policy=rt.settings.scheduler_policy or None)
+            return f"waiting for {left} preempted spot task(s) to stop", None
+    ids = None if candidates is None else {n.id for n in candidates}
+    running = [t for t in state.running_tasks() if ids is None or t.node_id in ids]
+    if not any(t.priority_class == "spot" for t in running):
+        return None, None
+    plan = scheduler.plan_preemption(snapshot, running, request, policy=policy)
     if not plan.schedulable or not plan.victim_jobs:
-        return None
+        return None, None
+    return (f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "
+            f"{len(plan.victim_tasks)} task(s) stop"), plan
+
+
+def _preempt(rt, job, plan, now):
+    """Requeue the victims of a preemption plan (in the write transaction). Their GPUs count as
+    held until their node stops reporting them (ClusterState.stopping); the job is placed by a
+    later pass."""
     for job_id in plan.victim_jobs:
         first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
                  .order_by(Task.rank).first())
@@ -383,8 +441,6 @@ def _preempt_for(rt, job, request, now):
             end_task(first, TaskState.PREEMPTED, f"preempted by on-demand job {job.id}", now)
         rt.notifier.notify(("job", job_id))
     rt.nominations[job.id] = set(plan.victim_tasks)
-    return (f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "
-            f"{len(plan.victim_tasks)} task(s) stop")
 
 
 class SchedulerLoop:

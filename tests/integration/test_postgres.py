@@ -57,14 +57,15 @@ def postgres_url():
 @pytest.fixture
 def pg_api(make_app, postgres_url, clock):
     from fleetd.db import database
-    from fleetd.models import MODELS
+    from fleetd.models import MODELS, InventoryVersion
     from fleetd.services.tokens import issue_first_admin_token
 
     app = make_app(db_url=postgres_url)
     with database.connection_context():
         # Each test starts from empty tables on the shared server.
         for model in reversed(MODELS):
-            model.delete().execute()
+            if model is not InventoryVersion:  # one row, kept (migration 0006 made it)
+                model.delete().execute()
         token = issue_first_admin_token(clock.now())
     return ApiClient(app, token)
 
@@ -115,3 +116,26 @@ def test_node_lifecycle_on_postgres(pg_api, clock):
     assert len(page["items"]) == 2 and rest["items"] and rest["items"][0]["id"] != page["items"][-1]["id"]
     assert pg_api.post("/api/v1/fleets", {"name": "bad", "description": "nul\x00"}).status_code == 400
     assert pg_api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
+
+
+def test_the_inventory_version_moves_on_postgres_with_what_placement_reads(pg_api):
+    from fleetd.db import database
+    from fleetd.models import InventoryVersion
+
+    def version():
+        with database.connection_context():
+            return InventoryVersion.get_by_id(1).version
+
+    pg_api.create_fleet("gpu-a")
+    before = version()
+    reg = pg_api.register(pg_api.create_join_token("gpu-a"), gpu_count=2)
+    registered = version()
+    assert registered > before
+    pg_api.heartbeat(reg["session_token"])  # pending -> ready: a status change
+    ready = version()
+    assert ready > registered
+    with database.connection_context():  # what a heartbeat flush writes is not inventory
+        database.execute_sql("UPDATE node SET last_heartbeat_at = now()")
+    assert version() == ready
+    pg_api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")
+    assert version() > ready
