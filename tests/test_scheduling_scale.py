@@ -217,3 +217,40 @@ def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, cl
             api.post(f"/api/v1/nodes/{node_id}/{op}")
         with database.connection_context():
             assert _view(rt.inventory.get()) == _view(load_inventory())
+
+
+def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, monkeypatch):
+    import threading
+
+    import gevent
+
+    _node(api, fleet, "n1")
+    job = api.submit(resources={"gpus": 4})  # waits: 2 GPUs only
+    rt = api.app.extensions["fleetd"]
+    pool = gevent.get_hub().threadpool
+    monkeypatch.setattr(rt, "offload", lambda fn, *args: pool.apply(fn, args))  # as fleetd serve does
+    decide, started, release, order = scheduling._decide, threading.Event(), threading.Event(), []
+
+    def held_decide(*args):  # in the worker thread: a pass that decides for as long as the test says
+        started.set()
+        assert release.wait(30)
+        order.append("decided")
+        return decide(*args)
+
+    monkeypatch.setattr(scheduling, "_decide", held_decide)
+
+    def one_pass():  # this test runs unpatched: the greenlets share one database connection
+        with api.app.app_context():
+            return scheduling.run_pass(rt)
+
+    passing = gevent.spawn(one_pass)
+    for _ in range(300):  # bounded: until the worker thread is inside the decision
+        if started.is_set():
+            break
+        gevent.sleep(0.01)
+    assert started.is_set()
+    assert api.get(f"/api/v1/jobs/{job['id']}").status_code == 200  # the loop answers meanwhile
+    order.append("answered")
+    release.set()
+    assert passing.get(timeout=30) == {"assigned": 0, "pending": 1}
+    assert order == ["answered", "decided"]
