@@ -19,14 +19,14 @@ from fleetd.schemas.cluster import (
 )
 from fleetd.schemas.jobs import JobSpecSchema
 from fleetd.services import cluster, jobs, metrics, policy
-from fleetd.services.cluster import ClusterState
+from fleetd.services.cluster import current_state
 
 blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
 
 
 def _state():
     rt = current_runtime()
-    return ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+    return current_state(rt)
 
 
 @blp.route("/cluster/status")

@@ -223,6 +223,11 @@ class InventoryCache:
         return current
 
 
+def current_state(rt):
+    """The ClusterState of this moment, over the inventory kept in memory (for the API's views)."""
+    return ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running(), rt.inventory.get())
+
+
 class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 

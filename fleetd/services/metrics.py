@@ -12,7 +12,7 @@ from fleetd.clock import isoformat
 from fleetd.db import write_transaction
 from fleetd.models import Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
 from fleetd.services.artifacts import artifact_path, store_dir
-from fleetd.services.cluster import ClusterState, cluster_status
+from fleetd.services.cluster import cluster_status, current_state
 
 MAX_HISTORY_MINUTES = 24 * 60
 GPU_FIELDS = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
@@ -57,7 +57,7 @@ class _StateCollector:
 
     def collect(self):
         rt = self.rt
-        state = ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+        state = current_state(rt)
         status = cluster_status(state)
         nodes = GaugeMetricFamily("fleetd_nodes", "Nodes by status.", labels=["status"])
         for name, count in sorted(status["nodes"].items()):
@@ -131,7 +131,7 @@ def _number(value):
 def record_sample(rt, with_gpus=True):
     """Store one cluster sample (and per-GPU samples); returns the counts written."""
     now = rt.clock.now()
-    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+    state = current_state(rt)
     gpu = cluster_status(state)["gpu"]
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]

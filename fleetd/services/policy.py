@@ -4,7 +4,7 @@ from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import GpuType, Quota
-from fleetd.services.cluster import ClusterState
+from fleetd.services.cluster import current_state
 from fleetd.services.jobs import task_request, team_of
 from fleetd.services.scheduling import Rules
 
@@ -75,7 +75,7 @@ def check_bid(spec):
 def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
     now = rt.clock.now()
-    state = ClusterState(now, rt.liveness.is_overdue, rt.liveness.reported_running())
+    state = current_state(rt)
     rules = Rules.load(state)
     request, blocked = rules.request_for(spec, team_of(principal, spec),
                                          spec.get("priority_class", "on-demand"))

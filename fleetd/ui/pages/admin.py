@@ -8,7 +8,6 @@ from fleetd.services import cluster, policy
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form
-from fleetd.ui.pages.overview import cluster_state
 from fleetd.ui.security import ui_require
 
 MODEL_MAX = 128  # the API keeps this much of a model name
@@ -34,7 +33,7 @@ def maintenance_run(name):
 
 
 def _gpu_types_page(form=None, errors=None, status=200):
-    types = cluster.gpu_types(cluster_state(current_runtime()))
+    types = cluster.gpu_types(cluster.current_state(current_runtime()))
     return render_template("gpu_types.html", types=types, form=form or {}, errors=errors or {},
                            editable=g.ui_principal.role in roles.GPU_TYPE_SET), status
 

@@ -11,7 +11,6 @@ from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
 from fleetd.ui.pages.common import allow, confirmed
-from fleetd.ui.pages.overview import cluster_state
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -62,7 +61,7 @@ def _gpu_rows(rt, node):
     readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None and seen.metrics else {}
     allocation, tasks = {}, None
     if g.ui_principal.role in roles.ALLOCATION:
-        view = cluster.cluster_allocation(cluster_state(rt))
+        view = cluster.cluster_allocation(cluster.current_state(rt))
         allocation = {row["uuid"]: row for row in view["gpus"] if row["node_id"] == node.id}
         tasks = [a for a in view["allocations"] if a["node_id"] == node.id]
     rows = []

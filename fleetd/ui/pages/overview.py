@@ -6,18 +6,13 @@ from flask import g, redirect, render_template, request, url_for
 
 from fleetd.runtime import current_runtime
 from fleetd.services import cluster, metrics
-from fleetd.services.cluster import ClusterState
+from fleetd.services.cluster import current_state
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.charts import line_chart
 from fleetd.ui.security import ui_require
 
 HISTORY_MINUTES = 24 * 60
-
-
-def cluster_state(rt):
-    """The ClusterState the API's capacity views use, for this moment."""
-    return ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
 
 
 def _allocated_percent(sample):
@@ -49,7 +44,7 @@ def overview():
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}
-    status = cluster.cluster_status(cluster_state(rt), principal, storage)
+    status = cluster.cluster_status(current_state(rt), principal, storage)
     labels = {s["id"]: s["label"] for s in status["gpu"]["series"]}
     context = {"status": status, "gpu": status["gpu"], "labels": labels, "storage": storage}
     if request.args.get("partial") == "capacity":
