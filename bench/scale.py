@@ -21,9 +21,10 @@ fleetd's figures come from its own /metrics (fleetd_scheduling_pass_seconds, the
 route's latency) and /proc (VmHWM: peak RSS). Prints a table and writes JSON to
 bench/results/scale.json (or --json).
 
-    .venv/bin/python bench/scale.py --nodes 500 --backlog 200 --settle-seconds 30 --inprocess-nodes 1000
-    .venv/bin/python bench/scale.py                     # 10,000 nodes, 3,000 queued, 1k..100k in-process
-    .venv/bin/python bench/scale.py --skip-fleet --inprocess-nodes 1000,10000,100000
+    .venv/bin/python bench/scale.py --nodes 500 --backlog 200 --inprocess-nodes 1000     # about 2 minutes
+    .venv/bin/python bench/scale.py --nodes 2000 --backlog 500 --inprocess-nodes ""
+    .venv/bin/python bench/scale.py --skip-fleet                  # in-process only: 1k, 10k, 100k nodes
+    .venv/bin/python bench/scale.py                     # the issue's run: 10,000 nodes, 3,000 queued, 1k..100k
 """
 
 import argparse
@@ -49,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 SHAPE = ROOT / "tests" / "fixtures" / "nvml" / "h100_x8.json"
 MISSING_GPU_TYPE = "NVIDIA B300"  # no node has it: the backlog fits nowhere
 GIB = 1 << 30
+FAILOVER_GRACE_S = 60  # fleetd's default: no node is declared lost this long after start-up (2 x TTL)
 TARGETS = {  # the issue's targets at 10,000 nodes and 3,000 queued jobs
     "submit_to_running_p50_ms": 100,
     "jobs_per_s_ratio": 0.5,
@@ -533,8 +535,6 @@ def run_fleet(args, data_dir):
         backlog_spec = dict(job_spec("sim", 1), name="backlog",
                             resources={"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]})
         results["backlog"] = submit_backlog(url, admin, backlog_spec, args.backlog, args.backlog_batch, args.threads)
-        queued = api.call("GET", "/api/v1/cluster/status", expect=(200,)) if args.cluster_status else None
-        results["backlog"]["cluster_status"] = queued
         log(f"backlog submitted in {results['backlog']['seconds']} s; settling {args.settle_seconds:.0f} s")
         results["heartbeats_while_submitting"] = sim.report()
 
@@ -552,8 +552,8 @@ def run_fleet(args, data_dir):
         results["phases"]["loaded"] = measure_jobs(api, url, admin, args, f"{args.nodes} nodes + backlog", fleetd.pid)
         results["heartbeats_loaded"] = sim.report()
         results["lost"] = lost_nodes(api, data_dir)
-        # fleetd declares nothing lost during its failover grace (2 x TTL = 60 s by default) after start-up:
-        # the check means something only for the time after it.
+        # fleetd declares nothing lost during its failover grace after start-up: the check means
+        # something only for the time after it.
         results["lost"]["fleetd_up_s"] = round(time.monotonic() - fleetd_started, 1)
         results["heartbeats_final"] = sim.stop()
         log("stopping the agents and fleetd")
@@ -707,15 +707,17 @@ def print_report(results, args):
              f"{ratio:.0%}" if ratio is not None else "n/a"),
             ("no simulated node ever lost", lost["lost_now"] == 0 and lost["ever_lost"] == 0,
              f"now {lost['lost_now']}, ever {lost['ever_lost']} (fleetd up {lost['fleetd_up_s']} s; "
-             f"none can be lost in its first 60 s)"),
+             f"none can be lost in its first {FAILOVER_GRACE_S} s)"),
             ("heartbeat p99 < 1 s (agent side, after registration)",
              bool(hb) and (hb["latency"]["p99_ms"] or 1e9) < TARGETS["heartbeat_p99_ms"],
              f"{hb['latency']['p99_ms'] if hb else None} ms"),
             ("fleetd peak RSS < 2 GiB", peak is not None and peak < TARGETS["fleetd_peak_rss_bytes"], _mib(peak)),
         ]
+        if lost["fleetd_up_s"] < FAILOVER_GRACE_S + 5:  # + one liveness sweep
+            checks[2] = (checks[2][0], None, checks[2][2] + ": too short a run to tell")
         for name, ok, value in checks:
-            print(f"  {'PASS' if ok else 'FAIL'}  {name}: {value}")
-        fleet["targets"] = {name: {"ok": bool(ok), "value": value} for name, ok, value in checks}
+            print(f"  {'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {name}: {value}")
+        fleet["targets"] = {name: {"ok": None if ok is None else bool(ok), "value": value} for name, ok, value in checks}
     rows = results.get("inprocess") or []
     if rows:
         print(f"\nin-process scheduling pass ({args.backlog:,} queued jobs that fit nowhere; SQLite, no HTTP):")
@@ -754,7 +756,6 @@ def main():
     parser.add_argument("--sim-connections", type=int, default=256, help="the simulator's keep-alive connections")
     parser.add_argument("--phase-timeout", type=float, default=900, help="bound on each job measurement")
     parser.add_argument("--max-seconds", type=float, default=7200, help="bound on the simulator's life")
-    parser.add_argument("--cluster-status", action="store_true", help="also record GET /api/v1/cluster/status")
     parser.add_argument("--skip-fleet", action="store_true", help="only the in-process part")
     parser.add_argument("--inprocess-nodes", default="1000,10000,100000", help="comma-separated; empty: skip")
     parser.add_argument("--inprocess-passes", type=int, default=3)
