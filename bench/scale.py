@@ -543,7 +543,8 @@ def run_fleet(args, data_dir):
         settle_after = scrape(api)
         results["heartbeats_settle"] = sim.report()
         results["settle"] = {"seconds": args.settle_seconds,
-                             "scheduling_pass": histogram(settle_before, settle_after, "fleetd_scheduling_pass_seconds"),
+                             "scheduling_pass": histogram(settle_before, settle_after,
+                                                          "fleetd_scheduling_pass_seconds"),
                              "scheduling_counters": counters(settle_before, settle_after, "fleetd_scheduling"),
                              "heartbeat_route": histogram(settle_before, settle_after,
                                                           "fleetd_http_request_duration_seconds", "heartbeat"),
@@ -701,7 +702,8 @@ def print_report(results, args):
         print("\ntargets:")
         checks = [
             ("submit -> running p50 < 100 ms (loaded)",
-             loaded and (loaded["sequential"]["submit_to_running"]["p50_ms"] or 1e9) < TARGETS["submit_to_running_p50_ms"],
+             loaded and (loaded["sequential"]["submit_to_running"]["p50_ms"] or 1e9)
+             < TARGETS["submit_to_running_p50_ms"],
              f"{loaded and loaded['sequential']['submit_to_running']['p50_ms']} ms"),
             ("jobs/s loaded >= 50 % of empty", ratio is not None and ratio >= TARGETS["jobs_per_s_ratio"],
              f"{ratio:.0%}" if ratio is not None else "n/a"),
@@ -717,7 +719,8 @@ def print_report(results, args):
             checks[2] = (checks[2][0], None, checks[2][2] + ": too short a run to tell")
         for name, ok, value in checks:
             print(f"  {'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {name}: {value}")
-        fleet["targets"] = {name: {"ok": None if ok is None else bool(ok), "value": value} for name, ok, value in checks}
+        fleet["targets"] = {name: {"ok": None if ok is None else bool(ok), "value": value}
+                            for name, ok, value in checks}
     rows = results.get("inprocess") or []
     if rows:
         print(f"\nin-process scheduling pass ({args.backlog:,} queued jobs that fit nowhere; SQLite, no HTTP):")
@@ -729,7 +732,8 @@ def print_report(results, args):
             b = r["breakdown"]
             alloc = r["tracemalloc_pass_peak_bytes"]
             print(f"{r['nodes']:>8,}{r['gpus']:>9,}{_fmt(r['setup_nodes_s']):>9}{_fmt(ms(r['first_pass_s'])):>12}"
-                  f"{_fmt(ms(r['warm_pass_s'])):>13}{_mib(r['rss_app_bytes']):>10}{_mib(r['rss_after_nodes_bytes']):>12}"
+                  f"{_fmt(ms(r['warm_pass_s'])):>13}{_mib(r['rss_app_bytes']):>10}"
+                  f"{_mib(r['rss_after_nodes_bytes']):>12}"
                   f"{_mib(r['rss_after_first_pass_bytes']):>13}{_mib(r['peak_rss_bytes']):>10}"
                   f"{'n/a' if alloc is None else f'{alloc / 2**20:.1f} MiB':>12}"
                   f"{_fmt(ms(b.get('state_load_s'))):>10}{_fmt(ms(b.get('engine_build_s'))):>10}"
@@ -786,7 +790,8 @@ def main():
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))
-    print(f"\nJSON: {out}  (fleet {results.get('fleet_seconds', 0)} s, in-process {results.get('inprocess_seconds', 0)} s)")
+    print(f"\nJSON: {out}  (fleet {results.get('fleet_seconds', 0)} s, "
+          f"in-process {results.get('inprocess_seconds', 0)} s)")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ def proc_status(pid):
     return out
 
 
-def quoted(name):
-    return '"' + name + '"'
+def insert_sql(table, columns):
+    """INSERT INTO "table" ("a", "b") VALUES (?, ?)."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    return f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
 
 
 def run(n_nodes, backlog, passes, budget):
@@ -84,13 +86,11 @@ def run(n_nodes, backlog, passes, budget):
             conn = database.connection()
             with database.atomic():
                 conn.executemany(
-                    f"INSERT INTO {quoted(Node._meta.table_name)} ({', '.join(quoted(nf[c].column_name) for c in node_cols)}) "
-                    f"VALUES ({', '.join('?' * len(node_cols))})",
+                    insert_sql(Node._meta.table_name, [nf[c].column_name for c in node_cols]),
                     ((nid, "sim", f"sim-{i:06d}", f"sim-{i:06d}", "127.0.0.1", labels, "bench-sim", "ready",
                       "first heartbeat", ts, ts, 128, 2 << 40) for i, nid in enumerate(node_ids)))
                 conn.executemany(
-                    f"INSERT INTO {quoted(Gpu._meta.table_name)} ({', '.join(quoted(gf[c].column_name) for c in gpu_cols)}) "
-                    f"VALUES ({', '.join('?' * len(gpu_cols))})",
+                    insert_sql(Gpu._meta.table_name, [gf[c].column_name for c in gpu_cols]),
                     ((nid, f"GPU-sim-{i:06d}-{k}", k, "nvidia", "NVIDIA H100 80GB HBM3", 80 << 30, k // 4, healthy,
                       "", "disabled") for i, nid in enumerate(node_ids) for k in range(8)))
         for nid in node_ids:
