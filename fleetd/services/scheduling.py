@@ -183,23 +183,24 @@ def _nowhere(request):
 
 
 def _candidates(state, requests):
-    """The nodes any of these requests could use: of their fleets (when every one names a fleet)
-    and, for GPU work, of GPU models they accept; None: every node."""
-    fleets = {r.node_selector.fleet for r in requests}
-    if None in fleets:
-        return None
-    models = set()
+    """The nodes any of these requests could use: of its fleet and, for GPU work that names GPU
+    types, with only GPUs of those types; None (every node) when one request names no fleet."""
+    wants = {}  # fleet -> set of accepted GPU model sets (None: any GPUs)
     for request in requests:
-        if not request.gpus or not request.gpu_types:
-            models = None
-            break
-        models.update(request.gpu_types)
+        fleet = request.node_selector.fleet
+        if fleet is None:
+            return None
+        types = frozenset(request.gpu_types) if request.gpus and request.gpu_types else None
+        wants.setdefault(fleet, set()).add(types)
     out = []
     for node in state.nodes:
-        if node.fleet_id not in fleets:
+        accepted = wants.get(node.fleet_id)
+        if not accepted:
             continue
-        if models is not None and not {g.model for g in state.gpus.get(node.id, ())} <= models:
-            continue
+        if None not in accepted:
+            models = {g.model for g in state.gpus.get(node.id, ())}
+            if not any(models <= types for types in accepted):
+                continue
         out.append(node)
     return out
 
