@@ -107,16 +107,15 @@ class LivenessTracker:
         last = seen.monotonic if seen is not None else self.started
         return self.clock.monotonic() - last > self._ttl() + self.grace
 
-    def overdue(self, node_ids):
-        """The set of these nodes that is_overdue() would name, worked out at once (a frozen view
-        for work that runs off the event loop)."""
+    def overdue_view(self):
+        """is_overdue() as of now, frozen: a predicate that takes no locks when called (for work
+        that runs off the event loop)."""
         if self.in_failover_grace():
-            return frozenset()
-        limit = self._ttl() + self.grace
-        now = self.clock.monotonic()
+            return lambda node_id: False
+        limit, now, started = self._ttl() + self.grace, self.clock.monotonic(), self.started
         with self._lock:
             seen = {node_id: s.monotonic for node_id, s in self._seen.items()}
-        return frozenset(n for n in node_ids if now - seen.get(n, self.started) > limit)
+        return lambda node_id: now - seen.get(node_id, started) > limit
 
     def silent_for(self, node_id):
         """Seconds since the node was last heard of (or since start-up)."""

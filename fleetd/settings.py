@@ -24,7 +24,7 @@ class Settings:
     public_url: str = ""  # how agents reach fleetd; empty: the URL of the request
     sqlite_synchronous: str = "FULL"
     heartbeat_interval_seconds: int = 10
-    max_heartbeats_per_second: float = 500.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
+    max_heartbeats_per_second: float = 200.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
     node_ttl_seconds: float = 30.0
     node_grace_seconds: float = 10.0
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds

@@ -254,3 +254,19 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
     release.set()
     assert passing.get(timeout=30) == {"assigned": 0, "pending": 1}
     assert order == ["answered", "decided"]
+
+
+def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api, monkeypatch):
+    api.create_fleet("real")
+    api.create_fleet("sim")
+    _, session = _node(api, api.create_join_token("real"), "r1", gpu_count=1)
+    _node(api, api.create_join_token("sim"), "s1", gpu_count=1)
+    typed = {"gpus": 1, "gpu_types": ["NVIDIA B300"]}
+    api.submit(name="sim-backlog", resources=typed, node_selector={"fleet": "sim"})
+    api.submit(name="anywhere", resources=typed)
+    running = api.submit(name="real-job", resources={"gpus": 1}, node_selector={"fleet": "real"})
+    assert running["state"] == "running"
+    calls = _count_engine_calls(monkeypatch)
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)  # frees a GPU in "real"
+    assert [c.node_selector.fleet for c in calls] == [None]  # the fleet-less group only

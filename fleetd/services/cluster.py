@@ -186,6 +186,9 @@ class Inventory(typing.NamedTuple):
     fleets: dict
     nodes: list
     gpus: dict  # node id -> [GpuRow]
+    by_fleet: dict  # fleet name -> [node]
+    models: dict  # node id -> frozenset of its GPU models
+    node_fleet: dict  # node id -> fleet name
 
 
 _INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
@@ -198,7 +201,13 @@ def load_inventory(version=None):
     for row in _GPUS.raw_tuples():
         gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
         gpus.setdefault(gpu.node_id, []).append(gpu)
-    return Inventory(version, {f.name: f for f in _FLEETS.rows()}, _NODES.rows(), gpus)
+    nodes = _NODES.rows()
+    by_fleet = {}
+    for node in nodes:
+        by_fleet.setdefault(node.fleet_id, []).append(node)
+    models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
+    return Inventory(version, {f.name: f for f in _FLEETS.rows()}, nodes, gpus, by_fleet, models,
+                     {node.id: node.fleet_id for node in nodes})
 
 
 class InventoryCache:
@@ -222,6 +231,11 @@ class InventoryCache:
             current = self._current = load_inventory(version)
         return current
 
+    def fleet_of(self, node_id):
+        """The fleet of a node as last read (None when not known yet)."""
+        current = self._current
+        return None if current is None else current.node_fleet.get(node_id)
+
 
 def current_state(rt):
     """The ClusterState of this moment, over the inventory kept in memory (for the API's views)."""
@@ -235,7 +249,7 @@ class ClusterState:
         """`reported`: {task id: (node id, epoch)} that nodes last said are still running;
         `inventory`: fleets, nodes and GPUs when the caller has them (else read now)."""
         self.now = now
-        inventory = inventory or load_inventory()
+        self.inventory = inventory = inventory or load_inventory()
         self.fleets, self.nodes, self.gpus = inventory.fleets, inventory.nodes, inventory.gpus
         self.tasks = load_holds()
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:

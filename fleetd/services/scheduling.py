@@ -71,7 +71,7 @@ class _Plan:
 
 def _run_pass(rt, full):
     now = rt.clock.now()
-    generation = rt.parked.generation
+    stamps = rt.parked.stamps()
     with database.atomic():  # one consistent read
         queued = [Queued(*row) for row in _QUEUED.raw_tuples()]
         if not queued:
@@ -79,16 +79,15 @@ def _run_pass(rt, full):
             return {"assigned": 0, "pending": 0}
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         queued, terms, aside = _evaluable(queued)
-        inventory = rt.inventory.get()
-        overdue = rt.liveness.overdue([n.id for n in inventory.nodes])  # the worker thread takes no locks
-        state = ClusterState(now, overdue.__contains__, rt.liveness.reported_running(), inventory)
+        # The worker thread takes no locks: liveness is handed over frozen.
+        state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), rt.inventory.get())
         rules = Rules.load(state)
-    parked = None if full else rt.parked.at(generation)
+    parked = None if full else rt.parked.parked()
     plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations))
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
-    rt.parked.update(plan.parked, generation)
+    rt.parked.update(plan.parked, stamps)
     assigned, woken = _write(rt, plan, now)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
@@ -192,16 +191,12 @@ def _candidates(state, requests):
             return None
         types = frozenset(request.gpu_types) if request.gpus and request.gpu_types else None
         wants.setdefault(fleet, set()).add(types)
-    out = []
-    for node in state.nodes:
-        accepted = wants.get(node.fleet_id)
-        if not accepted:
-            continue
-        if None not in accepted:
-            models = {g.model for g in state.gpus.get(node.id, ())}
-            if not any(models <= types for types in accepted):
-                continue
-        out.append(node)
+    inventory, out = state.inventory, []
+    for fleet, accepted in wants.items():
+        for node in inventory.by_fleet.get(fleet, ()):
+            models = inventory.models.get(node.id, frozenset())
+            if None in accepted or any(models <= types for types in accepted):
+                out.append(node)
     return out
 
 
@@ -290,32 +285,53 @@ class ParkedGroups:
     which that was found (as the Kubernetes scheduler's unschedulable queue).
 
     A pass that an event kicked skips them until something that could make them fit happens:
-    capacity freed, a node joined or came back, a quota raised (bump()). The periodic pass looks
-    at every group, so what no event announces (a fleet's window opening) is seen within it.
+    capacity freed, a node joined or came back, a quota raised (bump()). An event on one fleet
+    (a task ended on one of its nodes) only wakes the groups that name that fleet or none. The
+    periodic pass looks at every group, so what no event announces (a window opening) is seen
+    within it.
     """
 
     def __init__(self):
-        self.generation = 0
-        self._groups = {}  # key -> (generation, reason)
+        self.generation = 0  # events anywhere
+        self._fleets = {}  # fleet -> events on that fleet
+        self._fleet_events = 0  # events on any one fleet
+        self._groups = {}  # key -> (stamp, reason)
         self._lock = threading.Lock()
 
-    def bump(self):
-        """Something could make parked work fit."""
+    def bump(self, fleet=None):
+        """Something could make parked work fit (on this fleet, or anywhere)."""
         with self._lock:
-            self.generation += 1
+            if fleet is None:
+                self.generation += 1
+            else:
+                self._fleets[fleet] = self._fleets.get(fleet, 0) + 1
+                self._fleet_events += 1
 
-    def at(self, generation):
-        """{key: reason} of the groups parked at `generation` (a copy, for the compute phase)."""
-        with self._lock:
-            return {k: reason for k, (g, reason) in self._groups.items() if g == generation}
+    def _stamp(self, key):
+        fleet = key[1]  # JobTerms.group: the selector's fleet second
+        return (self.generation, self._fleets.get(fleet, 0) if fleet is not None else self._fleet_events)
 
-    def update(self, parked, generation):
-        """Record the groups ({key: reason}) a pass found not to fit at `generation`, forgetting
-        those parked at an older one."""
+    def stamps(self):
+        """The state to hand a pass: parked groups are compared against it at its end."""
         with self._lock:
-            self._groups = {k: v for k, v in self._groups.items() if v[0] == self.generation}
-            if generation == self.generation:
-                self._groups.update({k: (generation, reason) for k, reason in parked.items()})
+            return self.generation, dict(self._fleets), self._fleet_events
+
+    def parked(self):
+        """{key: reason} of the groups still parked now (a copy, for the compute phase)."""
+        with self._lock:
+            return {k: reason for k, (stamp, reason) in self._groups.items() if stamp == self._stamp(k)}
+
+    def update(self, parked, stamps):
+        """Record the groups ({key: reason}) a pass found not to fit, when no event happened
+        since its start (`stamps`) that could concern them; forget the stale ones."""
+        with self._lock:
+            generation, fleets, fleet_events = stamps
+            self._groups = {k: v for k, v in self._groups.items() if v[0] == self._stamp(k)}
+            for key, reason in parked.items():
+                fleet = key[1]
+                then = (generation, fleets.get(fleet, 0) if fleet is not None else fleet_events)
+                if then == self._stamp(key):
+                    self._groups[key] = (then, reason)
 
     def clear(self):
         with self._lock:
@@ -461,14 +477,15 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = None
 
-    def kick(self, capacity=True):
+    def kick(self, capacity=True, fleet=None):
         """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller.
 
         `capacity`: the event may let parked work fit (capacity freed, a node joined, a quota
-        raised); a submit is not such an event. A kicked pass skips parked groups otherwise.
+        raised), on `fleet` only when given; a submit is not such an event. A kicked pass skips
+        parked groups otherwise.
         """
         if capacity:
-            self.rt.parked.bump()
+            self.rt.parked.bump(fleet)
         if self._thread is None:
             run_pass(self.rt, full=False)
             return True

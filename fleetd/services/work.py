@@ -265,7 +265,7 @@ def _after_finish(rt, node_id, task):
     """What follows a settled finish, once it is committed."""
     rt.leases.forget(task.id)
     rt.liveness.drop_task(node_id, task.id)
-    _after_task_end(rt, task.job_id)
+    _after_task_end(rt, task.job_id, node_id)
 
 
 def finish_tasks(rt, node_id, finishes):
@@ -298,10 +298,12 @@ def finish_tasks(rt, node_id, finishes):
 HARDWARE_REASONS = ("gpu_unhealthy:",)
 
 
-def _after_task_end(rt, job_id):
+def _after_task_end(rt, job_id, node_id=None):
+    """Wake who waits on the job; capacity freed on the node's fleet (any fleet, not knowing the
+    node) may let parked work fit."""
     rt.notifier.notify(("job", job_id))
     if rt.scheduler is not None:
-        rt.scheduler.kick()
+        rt.scheduler.kick(fleet=rt.inventory.fleet_of(node_id) if node_id else None)
 
 
 def reconcile_reported_tasks(rt, node, reported):
