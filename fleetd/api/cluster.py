@@ -37,7 +37,7 @@ class ClusterStatus(MethodView):
         """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
         principal = current_principal()
         storage = metrics.storage_view(current_runtime()) if principal.role == ADMIN else {}
-        return cluster.cluster_status(_state(), principal, storage)
+        return cluster.cluster_status(_state(), principal, storage, current_runtime().offload)
 
 
 @blp.route("/cluster/allocation")

@@ -5,6 +5,7 @@ import os
 import shutil
 import time
 
+from peewee import fn
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
@@ -12,7 +13,7 @@ from fleetd.clock import isoformat
 from fleetd.db import write_transaction
 from fleetd.models import Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
 from fleetd.services.artifacts import artifact_path, store_dir
-from fleetd.services.cluster import cluster_status, current_state
+from fleetd.services.cluster import cluster_status, current_state, gpu_summary
 
 MAX_HISTORY_MINUTES = 24 * 60
 GPU_FIELDS = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
@@ -58,7 +59,7 @@ class _StateCollector:
     def collect(self):
         rt = self.rt
         state = current_state(rt)
-        status = cluster_status(state)
+        status = cluster_status(state, offload=rt.offload)
         nodes = GaugeMetricFamily("fleetd_nodes", "Nodes by status.", labels=["status"])
         for name, count in sorted(status["nodes"].items()):
             nodes.add_metric([name], count)
@@ -74,8 +75,8 @@ class _StateCollector:
         yield queued
         jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state.", labels=["state"])
         counts = {s.value: 0 for s in JobState}
-        for job in Job.select(Job.state):
-            counts[job.state] = counts.get(job.state, 0) + 1
+        for state_name, count in Job.select(Job.state, fn.COUNT(Job.id)).group_by(Job.state).tuples():
+            counts[state_name] = count
         for name, count in sorted(counts.items()):
             jobs.add_metric([name], count)
         yield jobs
@@ -132,7 +133,7 @@ def record_sample(rt, with_gpus=True):
     """Store one cluster sample (and per-GPU samples); returns the counts written."""
     now = rt.clock.now()
     state = current_state(rt)
-    gpu = cluster_status(state)["gpu"]
+    gpu = rt.offload(gpu_summary, state, state.queued_demand())
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]
     running = Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value])).count()

@@ -44,7 +44,7 @@ def overview():
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}
-    status = cluster.cluster_status(current_state(rt), principal, storage)
+    status = cluster.cluster_status(current_state(rt), principal, storage, rt.offload)
     labels = {s["id"]: s["label"] for s in status["gpu"]["series"]}
     context = {"status": status, "gpu": status["gpu"], "labels": labels, "storage": storage}
     if request.args.get("partial") == "capacity":
