@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 
 import click
@@ -36,22 +37,49 @@ class Duration(click.ParamType):
 
 
 def fail(message):
-    """Print one line to stderr and exit 1."""
-    click.echo(f"fleetd: {message}", err=True)
+    """Print the message to stderr (its first line prefixed `fleetd: `, the rest indented) and exit 1."""
+    first, *rest = message.splitlines() or [""]
+    click.echo(f"fleetd: {first}", err=True)
+    for line in rest:
+        click.echo(f"  {line}", err=True)
     sys.exit(1)
 
 
-_HINTS = {
-    401: " (check --token/FLEETD_TOKEN, or run `fleetd login`)",
-    403: " (this token's role may not do that)",
-}
+_ROLE_REFUSED_RE = re.compile(r"^role '(\w+)' may not do this$")
+# What a role may not do needs one of these (docs/api.md, Roles): a submitter's refusals are admin-only routes.
+_OTHER_ROLES = {"submitter": "an admin token", "metrics": "an admin or submitter token"}
 
 
 def _describe(exc):
+    """The error as the user should read it: code and message, then one line per field error."""
     if exc.status is None:
         return exc.message
     label = exc.code or f"HTTP {exc.status}"
-    return f"{label}: {exc.message}{_HINTS.get(exc.status, '')}"
+    message = exc.message
+    if exc.status == 401:
+        message += " (check --token/FLEETD_TOKEN, or run `fleetd login`)"
+    elif exc.status == 403:
+        match = _ROLE_REFUSED_RE.match(message)
+        if match:
+            ctx = click.get_current_context(silent=True)
+            command = f"`{ctx.command_path}`" if ctx else "this command"
+            message += f": {command} needs {_OTHER_ROLES.get(match.group(1), 'a token of another role')}"
+    fields = exc.field_errors()
+    if len(fields) == 1 and message in ("the request did not validate", fields[0].split(": ", 1)[1]):
+        return f"{label}: {fields[0]}"  # the message said only what the field's line says
+    return "\n".join([f"{label}: {message}"] + fields)
+
+
+def _num(value):
+    """A number as people write it: whole values without `.0`, fractions as they are (0.5, 2.25)."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    return str(value)
+
+
+def _plural(count, noun):
+    """`1 GPU`, `0.5 GPUs`, `8 GPUs`: singular for exactly one."""
+    return f"{_num(count)} {noun}" + ("" if count == 1 else "s")
 
 
 # ---------------------------------------------------------------- output
@@ -97,6 +125,8 @@ def _cell(value):
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, float):
+        return _num(value)
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
     if isinstance(value, list):
@@ -250,7 +280,8 @@ def init(db_url, data_dir):
 @db_option
 @data_dir_option
 @click.option("--log-level", envvar="FLEETD_LOG_LEVEL", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Least severe log lines written to stderr (FLEETD_LOG_LEVEL).")
 def serve(bind, db_url, data_dir, log_level):
     """Run the API server and background tasks until SIGTERM."""
     from fleetd.server import serve as run_server
@@ -291,12 +322,13 @@ def db_upgrade(db_url, data_dir):
 def login(url, token):
     """Check a token against fleetd and save URL and token for later commands."""
     token = token or click.prompt("API token", hide_input=True)
+    client = Client(url, token)
     try:
-        who = Client(url, token).get("/api/v1/whoami")
+        who = client.get("/api/v1/whoami")
     except ClientError as exc:
         fail(_describe(exc))
-    path = save_config(url, token)
-    click.echo(f"logged in to {url} as {who['principal']} ({who['role']}); saved to {path}")
+    path = save_config(client.url, token)
+    click.echo(f"logged in to {client.url} as {who['principal']} ({who['role']}); saved to {path}")
 
 
 @client_command(cli, "status")
@@ -314,14 +346,17 @@ def status():
         nodes = cluster["nodes"]
         summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
         click.echo(f"nodes: {sum(nodes.values())} ({summary})")
-        click.echo(f"GPUs: {gpu['total']} total = {gpu['used']} used + {gpu['free']} free + {gpu['blocked']} blocked;"
-                   f" {gpu['queued']:g} queued")
+        # A series' QUEUED counts the jobs that ask for its model; those that take any model count only here.
+        any_model = round(gpu["queued"] - sum(s["queued"] for s in gpu["series"]), 3)
+        click.echo(f"GPUs: {_num(gpu['total'])} total = {_num(gpu['used'])} used + {_num(gpu['free'])} free"
+                   f" + {_num(gpu['blocked'])} blocked; {_num(gpu['queued'])} queued"
+                   + (f", {_num(any_model)} of them for any GPU model" if any_model > 0 and gpu["series"] else ""))
         if gpu["series"]:
             show_table(gpu["series"], [("SERIES", "label"), ("TOTAL", "total"), ("USED", "used"), ("FREE", "free"),
                                        ("BLOCKED", "blocked"), ("QUEUED", "queued")])
         for note in gpu["blocked_notes"]:
             when = f", opens {_cell(note['next_open_at'])} UTC" if note.get("next_open_at") else ""
-            click.echo(f"  blocked: {note['count']} {note['series']} GPU(s): {note['reason']}{when}")
+            click.echo(f"  blocked: {_plural(note['count'], note['series'] + ' GPU')}: {note['reason']}{when}")
 
     emit(_ctx(), data, human)
 
@@ -340,7 +375,8 @@ TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "tea
 
 @client_command(token, "create")
 @click.option("--name", required=True, help="What the token is for.")
-@click.option("--role", required=True, type=click.Choice(["admin", "submitter", "metrics"]))
+@click.option("--role", required=True, type=click.Choice(["admin", "submitter", "metrics"]),
+              help="admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and status.")
 @click.option("--team", help="Team of a submitter token.")
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
 def token_create(name, role, team, expires_in):
@@ -394,7 +430,7 @@ def _labels(values):
 
 @client_command(fleet, "create")
 @click.argument("name")
-@click.option("--description", default="")
+@click.option("--description", default="", help="What the fleet is (free text).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
 def fleet_create(name, description, labels):
     """Create a fleet."""
@@ -409,17 +445,28 @@ def fleet_list():
     emit(_ctx(), items, lambda rows: show_table(rows, FLEET_COLUMNS))
 
 
+def _availability(fleet):
+    """A fleet's windows as `--window` takes them, with their time zone; `always open` without any."""
+    availability = fleet.get("availability")
+    if not availability:
+        return "always open"
+    windows = [f"{w['start']}-{w['end']}" + (f"@{','.join(w['days'])}" if w.get("days") else "")
+               for w in availability["windows"]]
+    return f"open {', '.join(windows)} ({availability['timezone']}); GPUs are blocked outside"
+
+
 @client_command(fleet, "show")
 @click.argument("name")
 def fleet_show(name):
-    """Show one fleet."""
+    """Show one fleet, with its availability windows."""
     data = _client().get(f"/api/v1/fleets/{name}")
-    emit(_ctx(), data, lambda d: show_record(d, FLEET_COLUMNS + [("CREATED", "created_at")]))
+    emit(_ctx(), data, lambda d: show_record(d, FLEET_COLUMNS + [("AVAILABILITY", _availability),
+                                                                 ("CREATED", "created_at")]))
 
 
 @client_command(fleet, "update")
 @click.argument("name")
-@click.option("--description")
+@click.option("--description", help="New description.")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE; replaces all labels (repeatable).")
 @click.option("--window", "windows", multiple=True,
               help="Open window HH:MM-HH:MM[@mon,tue,...] (repeatable); GPUs are blocked outside them.")
@@ -475,32 +522,43 @@ JOIN_TOKEN_COLUMNS = [("ID", "id"), ("FLEET", "fleet"), ("USES", lambda t: f"{t[
                       ("EXPIRES", "expires_at"), ("REVOKED", "revoked"), ("DESCRIPTION", "description")]
 
 
+def _env_join_command(token, join_command, url):
+    """`FLEET_AGENT_JOIN_TOKEN=... fleet-agent join --server URL`: the secret stays out of argv (and so out of
+    `ps` and the process accounting), as `fleet-agent join --help` asks."""
+    words = shlex.split(join_command or "")
+    server = words[words.index("--server") + 1] if "--server" in words[:-1] else url
+    return f"FLEET_AGENT_JOIN_TOKEN={shlex.quote(token)} fleet-agent join --server {shlex.quote(server)}"
+
+
 @client_command(join_token, "create")
 @click.option("--fleet", "fleet_name", required=True, help="Fleet the hosts join.")
 @click.option("--ttl", type=Duration(), default="24h", show_default=True, help="Lifetime, e.g. 1h, 7d.")
-@click.option("--uses", type=click.IntRange(min=1), help="How many hosts may use it (default: unlimited).")
-@click.option("--single-use", is_flag=True, help="Same as --uses 1.")
-@click.option("--description", default="")
-def join_token_create(fleet_name, ttl, uses, single_use, description):
-    """Mint a join token and print it with a ready-to-run join command."""
-    if uses is not None and single_use:
-        raise click.UsageError("--uses and --single-use are mutually exclusive")
+@click.option("--uses", type=click.IntRange(min=1), help="How many hosts may enrol with it.  [default: 1]")
+@click.option("--single-use", is_flag=True, help="Same as --uses 1 (the default).")
+@click.option("--unlimited", is_flag=True, help="Any number of hosts may enrol with it until it expires.")
+@click.option("--description", default="", help="What the token is for (shown in `join-token list`).")
+def join_token_create(fleet_name, ttl, uses, single_use, unlimited, description):
+    """Mint a join token (one host, unless --uses N or --unlimited) and print the command that enrols a host."""
+    if sum((uses is not None, single_use, unlimited)) > 1:
+        raise click.UsageError("--uses, --single-use and --unlimited are mutually exclusive")
     body = {"ttl_seconds": ttl, "description": description}
-    if single_use or uses is not None:
-        body["max_uses"] = 1 if single_use else uses
+    if not unlimited:
+        body["max_uses"] = uses or 1
     data = _client().post(f"/api/v1/fleets/{fleet_name}/join-tokens", body)
 
     def human(d):
-        limit = f"{d['max_uses']} use(s)" if d["max_uses"] else "unlimited uses"
-        click.echo(f"join token {d['id']} for fleet {fleet_name}: {limit}, expires {d['expires_at']}")
-        click.echo("the token is shown only now; on each host run (as root):")
-        click.echo(f"  {d['join_command']}")
+        hosts = (f"enrols {_plural(d['max_uses'], 'host')}" if d["max_uses"]
+                 else "enrols any number of hosts")
+        click.echo(f"join token {d['id']} for fleet {fleet_name}: {hosts} until {_cell(d['expires_at'])} UTC")
+        click.echo("the token is shown only now; on " + ("the host" if d["max_uses"] == 1 else "each host")
+                   + " run (as root):")
+        click.echo(f"  {_env_join_command(d['token'], d.get('join_command'), _client().url)}")
 
     emit(_ctx(), data, human)
 
 
 @client_command(join_token, "list")
-@click.option("--fleet", "fleet_name", required=True)
+@click.option("--fleet", "fleet_name", required=True, help="Fleet whose tokens to list.")
 def join_token_list(fleet_name):
     """List a fleet's join tokens (never their secrets)."""
     items = list(_client().paginate(f"/api/v1/fleets/{fleet_name}/join-tokens"))
@@ -537,9 +595,47 @@ def _show_node(n):
     ])
     if n["gpus"]:
         click.echo("")
-        show_table(n["gpus"], [("IDX", "index"), ("UUID", "uuid"), ("MODEL", "model"),
-                               ("MEMORY", lambda g: _bytes(g["memory_total_bytes"])), ("NUMA", "numa_node"),
-                               ("HEALTHY", "healthy"), ("REASON", "health_reason")])
+        columns = [("IDX", "index"), ("UUID", "uuid"), ("MODEL", "model"),
+                   ("MEMORY", lambda g: _bytes(g["memory_total_bytes"])), ("NUMA", "numa_node"),
+                   ("HEALTHY", "healthy")]
+        if n.get("allocation") is None:
+            show_table(n["gpus"], columns + [("REASON", "health_reason")])
+            click.echo("(which GPUs are in use, and by what, is shown to admins only)")
+        else:
+            show_table(n["gpus"], columns + [("STATE", lambda g: n["allocation"][g["uuid"]]["state"]),
+                                             ("USED BY / REASON", lambda g: n["allocation"][g["uuid"]]["detail"])])
+
+
+def _node_allocation(node_id, gpus):
+    """{gpu uuid: {state, detail, tasks}} from the admin-only allocation view; None for other roles."""
+    try:
+        allocation = _client().get("/api/v1/cluster/allocation")
+    except ClientError as exc:
+        if exc.status == 403:
+            return None
+        raise
+    held = {}  # gpu uuid -> what holds it
+    for task in allocation["allocations"]:
+        if task["node_id"] != node_id:
+            continue
+        for gpu in task["gpus"]:
+            share = "" if gpu.get("exclusive", True) else f", {_num(gpu.get('compute_percent') or 0)}% compute"
+            held.setdefault(gpu["uuid"], []).append({
+                "task_id": task["task_id"], "job_id": task["job_id"], "rank": task["rank"],
+                "text": f"job {task['job_id']} rank {task['rank']} ({task['state']}{share})"})
+    out = {}
+    listed = {g["uuid"]: g for g in allocation["gpus"] if g["node_id"] == node_id}
+    for gpu in gpus:
+        seen = listed.get(gpu["uuid"], {})
+        state = seen.get("state") or "unknown"
+        if held.get(gpu["uuid"]):
+            detail = "; ".join(h["text"] for h in held[gpu["uuid"]])
+        elif state == "blocked":
+            detail = seen.get("blocked_reason") or seen.get("blocked_code") or gpu.get("health_reason") or ""
+        else:
+            detail = gpu.get("health_reason") or ""
+        out[gpu["uuid"]] = {"state": state, "detail": detail or None, "tasks": held.get(gpu["uuid"], [])}
+    return out
 
 
 def _bytes(n):
@@ -550,8 +646,9 @@ def _bytes(n):
 
 
 @client_command(node, "list")
-@click.option("--fleet", "fleet_name")
-@click.option("--status")
+@click.option("--fleet", "fleet_name", help="Only nodes of this fleet.")
+@click.option("--status", type=click.Choice(["pending", "ready", "cordoned", "draining", "drained", "lost",
+                                             "revoked"]), help="Only nodes in this state.")
 def node_list(fleet_name, status):
     """List nodes."""
     items = list(_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status))
@@ -561,25 +658,30 @@ def node_list(fleet_name, status):
 @client_command(node, "show")
 @click.argument("node_id")
 def node_show(node_id):
-    """Show a node and its GPUs."""
-    emit(_ctx(), _client().get(f"/api/v1/nodes/{node_id}"), _show_node)
+    """Show a node and its GPUs: used, free or blocked, and by which job (admins)."""
+    data = _client().get(f"/api/v1/nodes/{node_id}")
+    data["allocation"] = _node_allocation(node_id, data["gpus"]) if data["gpus"] else {}
+    emit(_ctx(), data, _show_node)
 
 
-def _node_action(action, done):
-    @client_command(node, action)
-    @click.argument("node_id")
+def _node_action(action, done, help_text):
     def command(node_id):
         data = _client().post(f"/api/v1/nodes/{node_id}/{action}")
         emit(_ctx(), data, lambda d: click.echo(f"{done} node {node_id}: now {d['status']}"))
 
-    command.__doc__ = f"{action.capitalize()} a node."
-    return command
+    # The help is set before click reads it: a docstring assigned after the decorators would be lost.
+    command.__doc__ = help_text
+    return client_command(node, action)(click.argument("node_id")(command))
 
 
-node_cordon = _node_action("cordon", "cordoned")
-node_uncordon = _node_action("uncordon", "uncordoned")
-node_undrain = _node_action("undrain", "undrained")
-node_revoke = _node_action("revoke", "revoked")
+node_cordon = _node_action("cordon", "cordoned",
+                           "Cordon a ready node: it takes no new work; what runs on it continues.")
+node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node: it takes new work again.")
+node_undrain = _node_action("undrain", "undrained",
+                            "Undrain a draining or drained node: it is ready and takes new work again.")
+node_revoke = _node_action("revoke", "revoked",
+                           "Revoke a node: its session token stops working and its tasks end lost (their jobs retry); "
+                           "the host must join again to come back.")
 
 
 @client_command(node, "drain")
@@ -657,13 +759,17 @@ class GpuCount(click.ParamType):
 @click.option("--gpus", type=GpuCount(), help="Whole GPUs per node, or a fraction 0 < x < 1 of one GPU.")
 @click.option("--gpu-memory", "gpu_memory_bytes", type=click.IntRange(min=1), help="GPU memory per task, bytes.")
 @click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
-@click.option("--cpus", type=click.FloatRange(min=0))
+@click.option("--cpus", type=click.FloatRange(min=0),
+              help="Host CPUs per node, reserved and enforced (default: no limit).")
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Nodes (ranks) of a gang job.")
 @click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
 @click.option("--max-runtime", type=Duration(), help="Stop the job after this long, e.g. 2h.")
-@click.option("--retries", type=click.IntRange(min=0), help="Extra attempts after a lost node or a failure.")
-@click.option("--wait", "wait_for_end", is_flag=True, help="Wait for the job to end; exit 0 only if it succeeded.")
+@click.option("--retries", type=click.IntRange(min=0),
+              help="Extra attempts after a lost node, a preemption or a failure of the job (default: 2, after a "
+                   "lost node or a preemption only).")
+@click.option("--wait", "wait_for_end", is_flag=True,
+              help="Print the job's output while it runs, then its end; exit 0 only if it succeeded.")
 @click.argument("command", nargs=-1)
 def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nodes, env, fleet_name, max_runtime,
                retries, wait_for_end, command):
@@ -694,16 +800,33 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
         spec["retry"] = {"max_attempts": retries + 1, "on": ["node_lost", "preempted", "failed"]}
     data = _client().post("/api/v1/jobs", spec)
     if wait_for_end:
-        data = _wait_job(data["id"], None)
+        if _ctx().obj["json"]:
+            data = _wait_job(data["id"], None)  # stdout is the JSON of the ended job, nothing else
+        else:
+            # As `docker run`: the job's output as it comes (stderr lines to stderr), then how it ended.
+            click.echo(f"job {data['id']} {data['state']}; printing its output until it ends "
+                       f"(Ctrl-C stops the waiting, not the job: `fleetd job cancel {data['id']}`)", err=True)
+            data = _follow_logs(data["id"], None, _print_line(len(data["tasks"]) > 1))
     emit(_ctx(), data, lambda d: click.echo(f"job {d['id']} {d['state']}"
-                                            + (f": {d['pending_reason']}" if d["pending_reason"] else "")))
+                                            + (f": {d['pending_reason']}" if d["pending_reason"] else "")
+                                            + (f" ({_result_reason(d['id'])})" if wait_for_end
+                                               and d["state"] != "succeeded" else "")))
     if wait_for_end and data["state"] != "succeeded":
         sys.exit(1)
 
 
+def _result_reason(job_id):
+    """Why an ended job did not succeed, as its result says (`rank 1 failed (exit code 3)`)."""
+    try:
+        return _client().get(f"/api/v1/jobs/{job_id}/result").get("reason") or "no reason recorded"
+    except ClientError as exc:
+        return f"its result cannot be read: {exc.message}"
+
+
 @client_command(job, "list")
-@click.option("--state", type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]))
-@click.option("--owner")
+@click.option("--state", type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]),
+              help="Only jobs in this state.")
+@click.option("--owner", help="Only jobs submitted by the token of this name.")
 def job_list(state, owner):
     """List jobs (a submitter sees its own)."""
     items = list(_client().paginate("/api/v1/jobs", state=state, owner=owner))
@@ -718,7 +841,7 @@ def job_show(job_id):
     def human(d):
         show_record(d, JOB_COLUMNS[:5] + [("STARTED", "started_at"), ("ENDED", "ended_at"),
                                           ("OUTCOME", "outcome"), ("PENDING REASON", "pending_reason"),
-                                          ("COMMAND", lambda j: " ".join(j["spec"]["command"]))])
+                                          ("COMMAND", lambda j: shlex.join(j["spec"]["command"]))])
         click.echo("")
         show_table(d["tasks"], [("RANK", "rank"), ("TASK", "id"), ("NODE", "node_id"), ("STATE", "state"),
                                 ("EXIT", "exit_code"), ("GPUS", "gpus"), ("REASON", "reason")])
@@ -729,26 +852,53 @@ def job_show(job_id):
 @client_command(job, "logs")
 @click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
-@click.option("--rank", type=click.IntRange(min=0))
+@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's lines (default: every rank).")
 def job_logs(job_id, follow, rank):
     """Print a job's output in order (stderr lines go to stderr)."""
-    client, as_json = _client(), _ctx().obj["json"]
-    after = None
-    for _ in range(1_000_000):  # bounded: a follow of years would still end
+    if _ctx().obj["json"]:
+        def show(line):
+            click.echo(json.dumps(line, sort_keys=True))
+    else:
+        show = _print_line(False)
+    if follow:
+        _follow_logs(job_id, rank, show)
+    else:
+        _read_logs(job_id, rank, None, show)
+
+
+def _print_line(with_rank):
+    """A printer of log lines: stdout lines to stdout, stderr and the agent's own lines to stderr."""
+
+    def show(line):
+        prefix = f"[rank {line['rank']}] " if with_rank else ""
+        click.echo(prefix + line["text"], err=line["stream"] != "stdout")
+
+    return show
+
+
+def _read_logs(job_id, rank, after, show):
+    """Print every line after `after`; returns the seq of the last one."""
+    client = _client()
+    for _ in range(1_000_000):  # bounded: a log of a billion lines would still end
         page = client.get(f"/api/v1/jobs/{job_id}/logs", after=after, rank=rank, limit=1000)
         for line in page["items"]:
-            if as_json:
-                click.echo(json.dumps(line, sort_keys=True))
-            else:
-                click.echo(line["text"], err=line["stream"] == "stderr")
+            show(line)
             after = line["seq"]
-        if page["next_cursor"]:
-            continue
-        if not follow:
-            return
-        state = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=2)["state"]
-        if state in JOB_ENDED:
-            follow = False  # one more read for the last lines, then stop
+        if not page["next_cursor"]:
+            break
+    return after
+
+
+def _follow_logs(job_id, rank, show):
+    """Print a job's lines as they come until it has ended; returns the ended job."""
+    client, after = _client(), None
+    for _ in range(100_000_000):  # bounded: a follow of years would still end
+        after = _read_logs(job_id, rank, after, show)
+        data = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=2)
+        if data["state"] in JOB_ENDED:
+            _read_logs(job_id, rank, after, show)  # the lines stored before it ended
+            return data
+    return data
 
 
 @client_command(job, "cancel")
@@ -807,19 +957,37 @@ def job_why(job_id):
     """Why a job waits: its pending reason and, per node, the filter that rejects it."""
     client = _client()
     data = client.get(f"/api/v1/jobs/{job_id}")
+    if data["state"] != "queued":
+        emit(_ctx(), {"job": data, "simulation": None}, lambda d: click.echo(
+            f"job {job_id} is {data['state']}: it waits for nothing"
+            + ("" if data["state"] in JOB_ENDED else f" (`fleetd job show {job_id}` says where it runs)")))
+        return
     explanation = client.post("/api/v1/cluster/simulate-schedule", data["spec"])
     result = {"job": data, "simulation": explanation}
+    # A rule (a quota, a bid, a set-aside) holds the job before any node is tried; the simulation may not see
+    # it (it applies the caller's team, not the job's), so its placement is where the job goes once lifted.
+    blocker = explanation.get("error") or (data["pending_reason"] if _RULE_RE.search(data["pending_reason"] or "")
+                                           else None)
 
     def human(d):
-        click.echo(f"job {job_id} is {data['state']}" + (f": {data['pending_reason']}" if data["pending_reason"] else ""))
-        if explanation["schedulable"]:
-            click.echo("it fits now on: " + ", ".join(p["node_id"] for p in explanation["placement"]))
-        elif explanation.get("error"):
-            click.echo(explanation["error"])
-        if explanation["filter_detail"]:
+        if blocker:
+            click.echo(f"job {job_id} is queued, blocked: {blocker}")
+            if explanation["schedulable"]:
+                click.echo("it would go to " + ", ".join(p["node_id"] for p in explanation["placement"])
+                           + " once that is lifted")
+        else:
+            click.echo(f"job {job_id} is queued" + (f": {data['pending_reason']}" if data["pending_reason"] else ""))
+            if explanation["schedulable"]:
+                click.echo("it fits now on " + ", ".join(p["node_id"] for p in explanation["placement"])
+                           + " (the scheduler places it within moments)")
+        if not explanation["schedulable"] and explanation["filter_detail"]:
             show_table(explanation["filter_detail"], [("NODE", "node_id"), ("STAGE", "stage"), ("REASON", "reason")])
 
     emit(_ctx(), result, human)
+
+
+# The pending reasons of rules that hold a job whatever the nodes (fleetd/services/scheduling.py).
+_RULE_RE = re.compile(r"at its quota|spot minimum|^set aside:")
 
 
 # ---------------------------------------------------------------- GPU types and quotas
@@ -850,7 +1018,8 @@ def gpu_type_set(model, price_per_hour, spot_min_bid):
 
     data = _client().request("PUT", f"/api/v1/gpu-types/{quote(model, safe='')}",
                              json={"price_per_hour": price_per_hour, "spot_min_bid": spot_min_bid})
-    emit(_ctx(), data, lambda d: click.echo(f"{model}: price {d['price_per_hour']}, spot minimum {d['spot_min_bid']}"))
+    emit(_ctx(), data, lambda d: click.echo(f"{model}: price {_cell(d['price_per_hour'])}, "
+                                            f"spot minimum {_cell(d['spot_min_bid'])}"))
 
 
 @cli.group()
@@ -860,14 +1029,15 @@ def quota():
 
 @client_command(quota, "set")
 @click.argument("team")
-@click.option("--max-gpus", type=click.FloatRange(min=0), required=True)
+@click.option("--max-gpus", type=click.FloatRange(min=0), required=True,
+              help="Most GPUs the team's running jobs may hold together (fractions allowed).")
 @click.option("--class", "priority_class", type=click.Choice(["any", "on-demand", "spot"]), default="any",
-              show_default=True)
+              show_default=True, help="Which jobs count: every class, or only on-demand or spot ones.")
 def quota_set(team, max_gpus, priority_class):
     """Set the most GPUs a team's running jobs may hold."""
     data = _client().request("PUT", f"/api/v1/quotas/{team}",
                              json={"max_gpus": max_gpus, "priority_class": priority_class})
-    emit(_ctx(), data, lambda d: click.echo(f"team {team}: at most {d['max_gpus']:g} GPUs ({priority_class})"))
+    emit(_ctx(), data, lambda d: click.echo(f"team {team}: at most {_plural(d['max_gpus'], 'GPU')} ({priority_class})"))
 
 
 @client_command(quota, "list")
@@ -880,7 +1050,8 @@ def quota_list():
 
 @client_command(quota, "rm")
 @click.argument("team")
-@click.option("--class", "priority_class", type=click.Choice(["any", "on-demand", "spot"]))
+@click.option("--class", "priority_class", type=click.Choice(["any", "on-demand", "spot"]),
+              help="Remove only this class's quota (default: all of the team's).")
 def quota_rm(team, priority_class):
     """Remove a team's quota (one class, or all)."""
     _client().request("DELETE", f"/api/v1/quotas/{team}", params={"priority_class": priority_class}

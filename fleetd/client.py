@@ -2,6 +2,7 @@
 
 import os
 import sys
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
@@ -23,6 +24,62 @@ class ClientError(Exception):
         self.status = status
         self.code = code
         self.details = details or {}
+
+    def field_errors(self):
+        """Each validation error of `details.fields` as "resources.gpus: why", in order."""
+        return field_errors(self.details.get("fields"))
+
+
+_LOCATIONS = ("json", "query", "path", "headers", "form", "files", "cookies")
+
+
+def field_errors(fields):
+    """Flatten flask-smorest's nested {"json": {"resources": {"gpus": ["..."]}}} into lines."""
+    if not isinstance(fields, dict):
+        return []
+    lines = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key in sorted(node, key=lambda k: (not str(k).isdigit(), int(k) if str(k).isdigit() else 0, str(k))):
+                part = f"[{key}]" if str(key).isdigit() else (f".{key}" if path else str(key))
+                walk(node[key], path + part)
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                walk(item, path)
+        elif node is not None:
+            lines.append(f"{path or 'body'}: {node}")
+
+    for key in fields:
+        # The location (body, query) is the transport's business, not the user's.
+        walk(fields[key], "" if key in _LOCATIONS else str(key))
+    return lines
+
+
+def normalise_url(url):
+    """fleetd's base URL from what a user typed: the scheme is required, a trailing /api/v1 (copied
+    from the API docs) is dropped; ClientError says what is wrong and how to fix it."""
+    text = (url or "").strip()
+    if not text:
+        raise ClientError("no fleetd URL: give --url or FLEETD_URL, e.g. http://127.0.0.1:8080")
+    if "://" not in text:
+        raise ClientError(f"fleetd URL {text!r} has no scheme: use http://{text} (or https:// when fleetd is "
+                          "served with TLS)")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ClientError(f"fleetd URL {text!r} must start with http:// or https://, not {parts.scheme}://")
+    if not parts.hostname:
+        raise ClientError(f"fleetd URL {text!r} names no host, e.g. http://127.0.0.1:8080")
+    try:
+        parts.port
+    except ValueError:
+        raise ClientError(f"fleetd URL {text!r} has a bad port") from None
+    path = parts.path.rstrip("/")
+    for suffix in ("/api/v1", "/api"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]  # the client adds /api/v1 itself
+            break
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def config_path():
@@ -62,18 +119,25 @@ class Client:
     """Calls the fleetd API with a bearer token; raises ClientError on any failure."""
 
     def __init__(self, url, token=None, timeout=30.0):
-        self.url = url.rstrip("/")
+        try:
+            self.url, self._url_error = normalise_url(url), None
+        except ClientError as exc:  # raised by the first call, where callers handle ClientError
+            self.url, self._url_error = (url or "").rstrip("/"), exc
         self.token = token
         self.timeout = timeout
         self.session = requests.Session()
 
     def request(self, method, path, json=None, params=None, expect_json=True):
         """One call; returns the decoded JSON body (None for 204)."""
+        if self._url_error is not None:
+            raise self._url_error
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
             resp = self.session.request(
                 method, self.url + path, json=json, params=params, headers=headers, timeout=self.timeout
             )
+        except requests.exceptions.SSLError as exc:
+            raise ClientError(self._tls_problem(exc)) from None
         except requests.ConnectionError:
             raise ClientError(f"cannot connect to fleetd at {self.url} (is it running? check --url/FLEETD_URL)") from None
         except requests.Timeout:
@@ -91,13 +155,33 @@ class Client:
         except ValueError:
             raise ClientError(f"{self.url} answered {resp.status_code} with a body that is not JSON; is it fleetd?") from None
 
-    @staticmethod
-    def _error(resp):
+    def _tls_problem(self, exc):
+        """Why a TLS handshake failed, in words: most often an https:// URL of a plain-HTTP server."""
+        plain = urlunsplit(("http",) + tuple(urlsplit(self.url))[1:])
+        try:
+            answer = requests.get(plain + "/api/v1/health", timeout=min(self.timeout, 5.0))
+        except requests.RequestException:
+            answer = None
+        if answer is not None:
+            return f"{self.url} speaks plain HTTP, not TLS: use {plain}"
+        reason = str(exc.__context__ or exc)
+        if "CERTIFICATE_VERIFY_FAILED" in reason or "certificate verify failed" in reason:
+            return (f"the TLS certificate of {self.url} is not trusted ({reason.rsplit(': ', 1)[-1].rstrip(')')}): "
+                    "point REQUESTS_CA_BUNDLE at the CA file that signed it")
+        return f"TLS with {self.url} failed: {reason}"
+
+    def _error(self, resp):
         try:
             err = resp.json()["error"]
             message, code, details = err["message"], err["code"], err.get("details")
         except (ValueError, KeyError, TypeError):
             message, code, details = f"HTTP {resp.status_code}", None, None
+            return ClientError(f"HTTP {resp.status_code}, not an answer of fleetd's (is {self.url} fleetd's URL, "
+                               "and is fleetd running behind it?)", resp.status_code, code, details)
+        if resp.status_code == 404 and message.startswith("The requested URL was not found"):
+            # Flask's own 404: no such route, so the base URL is wrong (a path too many or too few).
+            message = (f"{self.url} has no fleetd API at {urlsplit(resp.url).path}: the URL must be fleetd's root, "
+                       "like http://HOST:8080")
         return ClientError(message, resp.status_code, code, details)
 
     def get(self, path, **params):

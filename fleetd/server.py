@@ -191,7 +191,7 @@ def serve(settings, ready_callback=None):
     # A pass's decisions are pure CPU work: a worker thread takes them, and the event loop goes
     # on answering heartbeats and submits meanwhile (the GIL is handed over every few ms).
     pool = gevent.get_hub().threadpool
-    rt.offload = lambda fn, *args: pool.apply(fn, args)
+    rt.offload = rt.inventory.offload = lambda fn, *args: pool.apply(fn, args)
     # What start-up built lives as long as the process: the collector's full passes skip it.
     gc.collect()
     gc.freeze()

@@ -83,8 +83,13 @@ class Statement:
         model, sql, params, columns = self._get()
         if columns is None:  # columns of other models: peewee maps them
             return list(model.raw(sql, *self._bind(params, values)))
+        return self.instances(database.execute_sql(sql, self._bind(params, values)).fetchall())
+
+    def instances(self, rows):
+        """Model instances of rows that raw_tuples() returned (no database: any thread may do it)."""
+        model, _sql, _params, columns = self._get()
         out = []
-        for row in database.execute_sql(sql, self._bind(params, values)).fetchall():
+        for row in rows:
             # What peewee's cursor wrapper does, without matching column names on every query.
             instance = model.__new__(model)
             instance.__data__ = {name: None if value is None else convert(value)

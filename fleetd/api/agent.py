@@ -134,7 +134,8 @@ class AgentTaskFinish(MethodView):
     def post(self, body, task_id):
         """The task's process ended with this outcome."""
         work.finish_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["outcome"],
-                         body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"])
+                         body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"],
+                         body["agent_stopping"])
 
 
 @blp.route("/finish", parameters=[PROTOCOL_PARAMETER])

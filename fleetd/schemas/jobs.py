@@ -279,6 +279,9 @@ class TaskFinishSchema(Schema):
     reason = Text(max_length=2000, load_default="")
     lost = Bool(load_default=False, metadata={
         "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
+    agent_stopping = Bool(load_default=False, metadata={
+        "description": "with lost: the agent stopped the task because it is shutting down (stop, upgrade): "
+                       "the job is requeued without using an attempt"})
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
         "description": "the process ended before its start was reported: this finish reports the start too"})
     started_seconds_ago = fields.Float(validate=validate.Range(min=0, max=366 * 86400), load_default=None,

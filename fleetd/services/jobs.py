@@ -294,10 +294,12 @@ ACTIVE_TASK_STATES = [T.ASSIGNED.value, T.RUNNING.value]
 # ---------------------------------------------------------------- a task ends
 
 
-def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False):
+def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
     `reported`: its node said so (a finish report); otherwise its node is told to stop it.
+    `free_retry`: the job is requeued whatever its retry policy and keeps its attempt number
+    (its agent stopped it while shutting down: not the job's failure, and no attempt spent).
     Runs inside the caller's transaction. Returns the job.
     """
     outcome = T(outcome)
@@ -325,6 +327,9 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     if outcome is T.CANCELLED:
         job.outcome, job.outcome_reason = J.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
         switch_job_state(job, J.CANCELLED, job.outcome_reason, now)
+    elif free_retry:
+        requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
+                                "requeued without using an attempt", now, new_attempt=False)
     elif force_requeue or (kind in retry_on and job.attempt < job.max_attempts):
         requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
     else:
@@ -336,9 +341,11 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     return job
 
 
-def requeue_job(job, tasks, reason, now):
-    """Put a job back in the queue with attempt + 1; its ranks start over as pending."""
-    job.attempt += 1
+def requeue_job(job, tasks, reason, now, new_attempt=True):
+    """Put a job back in the queue with attempt + 1 (the same attempt without `new_attempt`);
+    its ranks start over as pending."""
+    if new_attempt:
+        job.attempt += 1
     job.pending_reason = "requeued; waiting for the scheduler"
     switch_job_state(job, J.QUEUED, f"{reason} (attempt {job.attempt})", now)
     for task in tasks:

@@ -227,11 +227,13 @@ def append_logs(rt, node_id, task_id, epoch, lines):
 
 
 def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None,
-                started_seconds_ago=None):
+                started_seconds_ago=None, agent_stopping=False):
     """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
 
     `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
-    the task counts as lost, so the job retries as after a lost node. `pid`: the process
+    the task counts as lost, so the job retries as after a lost node. With `agent_stopping`
+    too, the agent stopped it because it was shutting down (a stop, an upgrade): the job is
+    requeued whatever its retry policy and uses no attempt. `pid`: the process
     ended before the agent reported its start, and this report carries the start as well
     (one call instead of two for short tasks); the task goes through running all the same,
     started `started_seconds_ago` before now when the agent says so (never before it was
@@ -239,11 +241,13 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
     """
     now = rt.clock.now()
     with write_transaction():
-        task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now)
+        task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
+                              agent_stopping)
     _after_finish(rt, node_id, task)
 
 
-def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now):
+def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
+                   agent_stopping=False):
     """finish_task's writes, inside the caller's transaction; returns the task."""
     task = _leased_task(node_id, task_id, epoch)
     if pid is not None and task.state == T.ASSIGNED.value:
@@ -256,8 +260,9 @@ def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pi
         reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
         # A broken GPU is not the job's fault either: it retries like a lost node.
         hardware = reason.startswith(HARDWARE_REASONS)
-        end_task(task, T.LOST if (lost or hardware) and outcome == "failed" else outcome, reason, now,
-                 exit_code=exit_code, reported=True)
+        lost = (lost or hardware) and outcome == "failed"
+        end_task(task, T.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
+                 free_retry=lost and agent_stopping and not hardware)
     return task
 
 
@@ -283,7 +288,8 @@ def finish_tasks(rt, node_id, finishes):
             try:
                 with database.atomic():
                     task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
-                                          f["lost"], f["pid"], f["started_seconds_ago"], now)
+                                          f["lost"], f["pid"], f["started_seconds_ago"], now,
+                                          f.get("agent_stopping", False))
             except FleetdError as exc:
                 results.append({"task_id": f["task_id"], "status": exc.http_status,
                                 "error": envelope(exc.code, exc.message, exc.details)["error"]})
