@@ -36,6 +36,9 @@ DEFAULT_HEARTBEAT_SECONDS = 10.0
 ENROLMENT_POLL_SECONDS = 1.0
 ACQUIRE_WAIT_SECONDS = 30  # the most API.md allows
 ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predates batches gets 1)
+# After a stop that requeued tasks: how long the acquire in flight may take to bring back an
+# assignment (fleetd may place a requeued job on this node again at once) so it is handed back.
+HAND_BACK_SECONDS = 2.0
 
 
 def agent_version():
@@ -202,6 +205,7 @@ class Agent:
         self.node_status = None
         self.exit_code = EXIT_OK
         self._threads = []
+        self._acquire_thread = None
 
     # Readiness, as /readyz reports it.
 
@@ -247,7 +251,9 @@ class Agent:
                 thread.join(timeout=10)
             if self.runner is not None:
                 revoked = self.exit_code == EXIT_REVOKED
-                self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked)
+                stopped = self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked)
+                if stopped and self._acquire_thread is not None:
+                    self._acquire_thread.join(HAND_BACK_SECONDS)
             self._leave()
             api.stop()
             self.limits.close()
@@ -268,6 +274,7 @@ class Agent:
         thread.start()
         if wait_on_stop:
             self._threads.append(thread)
+        return thread
 
     def _poll_devices(self):
         poll = self.config.devices_poll_seconds
@@ -318,9 +325,9 @@ class Agent:
         # What start-up built lives as long as the agent: the collector's full passes skip it.
         gc.collect()
         gc.freeze()
-        # Not waited for on stop: its long poll can take 30 s to return, and an assignment that
-        # arrives while the agent stops is not started (fleetd requeues it when its lease expires).
-        self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
+        # Not waited for on stop: its long poll can take 30 s to return. An assignment that arrives
+        # while the agent stops is handed back, not started (fleetd requeues it, no attempt used).
+        self._acquire_thread = self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
 
     def _acquire_loop(self):
         """Long-poll fleetd for work: stop the tasks it says to stop, hand each assignment to the runner.
@@ -354,7 +361,7 @@ class Agent:
                     self.runner.cancel(cancel, "cancelled by fleetd")
                 for assignment in assignments:
                     if self.stop.is_set():
-                        break  # not started: fleetd requeues it when its lease expires
+                        self.runner.closing.set()  # the runner hands it back, as any that comes from now on
                     self.runner.submit(assignment)
         finally:
             client.close()

@@ -13,11 +13,13 @@ log = logging.getLogger("agent.runner")
 MAX_FINISHES = 64  # finish reports in one call, as fleetd takes them
 
 
-def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None):
+def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None,
+                  agent_stopping=False):
     """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
 
     False when given up (the agent stops, or the retry time is over): the state file stays, and
     the next start reports the task. `lost` adds `lost: true` (the agent, not the task, ended it);
+    `agent_stopping` adds `agent_stopping: true` (it did so because it shuts down: no attempt used);
     `pid` reports the start with the finish (the process ended before its start was reported), and
     `started_monotonic` (time.monotonic() at the spawn) how long ago that was.
     A fleetd that does not know these fields (400) gets a start report, then the finish without them.
@@ -27,8 +29,11 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
     for attempt in range(1, 1_000_000):
         try:
             ago = None if pid is None or started_monotonic is None else max(0.0, time.monotonic() - started_monotonic)
-            runner.finishes.send(client, task_id, finish_body(epoch, outcome, exit_code, (reason or "")[:1000] or None,
-                                                              lost=lost, pid=pid, started_seconds_ago=ago))
+            body = finish_body(epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid,
+                               started_seconds_ago=ago)
+            if agent_stopping and lost:
+                body["agent_stopping"] = True
+            runner.finishes.send(client, task_id, body)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
             return True
@@ -53,6 +58,11 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
                     if is_fencing(start_exc):
                         raise Fenced(str(start_exc)) from None
                 pid = None
+                continue
+            if agent_stopping and lost and exc.status == 400:
+                log.info("task %s: fleetd does not take 'agent_stopping' in a finish report (%s); reporting "
+                         "without it", label, exc)
+                agent_stopping = False
                 continue
             if lost and exc.status == 400:
                 log.info("task %s: fleetd does not take 'lost' in a finish report (%s); reporting without it",

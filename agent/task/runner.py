@@ -106,16 +106,18 @@ class Runner:
             self._refuse(data, f"invalid assignment: {exc}")
             return None
         with self._lock:
-            if self.closing.is_set():
-                log.warning("task %s/%s: not started, the agent is stopping", assignment.task_id, assignment.epoch)
-                return None
-            old = self._tasks.get(assignment.task_id)
+            closing = self.closing.is_set()
+            old = None if closing else self._tasks.get(assignment.task_id)
             if old is not None and old.epoch >= assignment.epoch:
                 log.warning("task %s: assignment for epoch %d ignored, epoch %d runs here", assignment.task_id,
                             assignment.epoch, old.epoch)
                 return None
-            task = Task(self, assignment)
-            self._tasks[assignment.task_id] = task
+            if not closing:
+                task = Task(self, assignment)
+                self._tasks[assignment.task_id] = task
+        if closing:  # handed back outside the lock: the report is a network call
+            self.decline(assignment.task_id, assignment.epoch)
+            return None
         if old is not None:
             old.fence(f"superseded by epoch {assignment.epoch}")
         log.info("task %s: assigned (job %s, rank %d of %d, %d GPU(s))", task.label, assignment.job_id,
@@ -131,6 +133,14 @@ class Runner:
             if task is not None:
                 log.warning("stopping task %s: %s", task.label, reason)
                 task.cancel(reason)
+
+    def decline(self, task_id, epoch):
+        """Hand back an assignment that came while the agent stops, not started: reported failed with
+        `lost` and `agent_stopping`, so fleetd requeues its job without using an attempt (rather than
+        waiting for its lease to expire). One try: a report not delivered leaves it to the lease."""
+        log.warning("task %s/%s: not started, the agent is stopping; handing it back to fleetd", task_id, epoch)
+        self._report_orphan(None, task_id, epoch, ("failed", None, "not started: fleet-agent is stopping"),
+                            lost=True, agent_stopping=True)
 
     def _refuse(self, data, reason):
         """Report an assignment that cannot even be parsed as failed, when it names a task and epoch."""
@@ -171,9 +181,11 @@ class Runner:
             if not kill_recorded(record, pids, self.limits.cgroups, RECOVERY_KILL_WAIT_SECONDS):
                 log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
             lost = True  # the agent's restart ended it, not the task itself
+            stopping = False  # not known to be a graceful stop: the agent may have crashed
             if record.get("outcome") in OUTCOMES:
                 result = (record["outcome"], record.get("exit_code"), record.get("reason"))
                 lost = bool(record.get("lost"))
+                stopping = lost and bool(record.get("agent_stopping"))
             elif pids:
                 result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
             else:
@@ -182,14 +194,14 @@ class Runner:
             log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
                         task_id, epoch, len(pids), result[0])
             found.append((task_id, epoch, pids))
-            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost)
+            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost, stopping)
         return found
 
-    def _report_orphan(self, path, task_id, epoch, result, lost=False):
+    def _report_orphan(self, path, task_id, epoch, result, lost=False, agent_stopping=False):
         client = self.checkout_client()
         label = f"{task_id}/{epoch}"
         try:
-            done = report_finish(client, self, task_id, epoch, result, label, lost=lost)
+            done = report_finish(client, self, task_id, epoch, result, label, lost=lost, agent_stopping=agent_stopping)
         except Fenced as exc:
             log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
             done = True
@@ -209,13 +221,15 @@ class Runner:
     def shutdown(self, reason, timeout=None, lost=True):
         """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
 
-        The tasks are reported failed with `lost` (the agent stopped them). Finish reports get one
-        more attempt; those not delivered stay in the state dir for the next start.
+        The tasks are reported failed with `lost` and `agent_stopping` (the agent stopped them as it
+        shuts down: fleetd requeues their jobs without using an attempt). Finish reports get one
+        more attempt; those not delivered stay in the state dir for the next start. Returns how many
+        tasks it stopped.
         """
         self.closing.set()
         tasks = self.tasks()
         for task in tasks:
-            task.cancel(reason, outcome="failed", lost=lost)
+            task.cancel(reason, outcome="failed", lost=lost, agent_stopping=lost)
             if task.shipper is not None:
                 task.shipper.nudge()
         timeout = self.kill_grace_seconds + 15 if timeout is None else timeout
@@ -233,3 +247,4 @@ class Runner:
             idle, self._idle_clients = self._idle_clients, []
         for client in idle:
             client.close()
+        return len(tasks)

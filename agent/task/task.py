@@ -60,6 +60,7 @@ class Task:
         self._lock = threading.Lock()  # taken before process.lock, never after it
         self._stop = None  # (outcome, reason) once a stop is asked for
         self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
+        self._agent_stopping = False  # ... because the agent is shutting down (stop, upgrade)
         self._fenced = None  # why, once fleetd fenced the task off
         self._keep_state = False
         self.record = {}
@@ -95,18 +96,21 @@ class Task:
         """The live processes of the task: its group and session, its cgroup, its FLEET_TASK_* environment."""
         return self.process.pids()
 
-    def cancel(self, reason, outcome="cancelled", lost=False, grace=None):
+    def cancel(self, reason, outcome="cancelled", lost=False, grace=None, agent_stopping=False):
         """Stop the task: SIGTERM to all its processes now, SIGKILL after the grace.
 
         `lost`: the agent itself is stopping; fleetd is told so (finish `lost: true`), so that the job
-        is retried as for a lost node rather than failed. `grace` overrides tasks.kill_grace_seconds
-        (the limits watchdog uses limits.kill_grace_seconds).
+        is retried as for a lost node rather than failed. `agent_stopping` (with `lost`): it stops
+        because it is shutting down (finish `agent_stopping: true`): fleetd requeues the job without
+        using an attempt. `grace` overrides tasks.kill_grace_seconds (the limits watchdog uses
+        limits.kill_grace_seconds).
         """
         grace = self.runner.kill_grace_seconds if grace is None else grace
         with self._lock:
             if self._stop is None:
                 self._stop = (outcome, reason)
                 self._lost = lost
+                self._agent_stopping = lost and agent_stopping
                 log.info("task %s: stopping (%s)", self.label, reason)
                 with self.process.lock:
                     self.process.terminate(grace)
@@ -169,13 +173,16 @@ class Task:
             result = ("failed", None, f"fleet-agent could not run the task: {exc}")
         self.worker.state = "finishing"
         lost = self._lost and self._stop is not None and result[0] == self._stop[0]
+        stopping = lost and self._agent_stopping
         try:
-            self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2], lost=lost)
+            self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2], lost=lost,
+                       agent_stopping=stopping)
         except OSError as exc:
             log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
         self._finish_logs()
         return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
-                             lost=lost, pid=self.proc.pid if self._start_with_finish else None,
+                             lost=lost, agent_stopping=stopping,
+                             pid=self.proc.pid if self._start_with_finish else None,
                              started_monotonic=self.process.started_monotonic)
 
     def _clean_up(self, keep_dir):
