@@ -4,7 +4,7 @@ import inspect
 import logging
 import time
 
-from flask import Flask, g, request
+from flask import Flask, g, redirect, request, url_for
 from flask_smorest import Api
 
 from fleetd import __version__
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # Endpoints that need no token (docs/api.md, Conventions).
 PUBLIC_ENDPOINTS = frozenset(
-    {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets"}
+    {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets", "root"}
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
 
@@ -89,6 +89,7 @@ def create_app(settings=None, clock=None, db=None):
     app.register_error_handler(Exception, handle_error)
 
     app.register_blueprint(docs.blp)
+    app.add_url_rule("/", "root", _root)
     rt.instruments = Instruments(rt)
     app.before_request(request_started)
     app.before_request(_start_timer)
@@ -103,6 +104,11 @@ def create_app(settings=None, clock=None, db=None):
     rt.parked = ParkedGroups()
     rt.inventory = InventoryCache()
     return app
+
+
+def _root():
+    """`/` is the admin UI (a browser pointed at the server's address lands there)."""
+    return redirect(url_for("ui.overview"), 302)
 
 
 def _authenticate():

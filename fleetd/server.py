@@ -217,7 +217,8 @@ def serve(settings, ready_callback=None):
     rt.tasks.start(GeventScheduler(timezone=dt.timezone.utc))
     rt.scheduler.start()
     url = f"http://{settings.bind.rpartition(':')[0] or host}:{server.server_port}"
-    log.info("fleetd %s listening on %s (database %s)", _version(), url, _redact(settings.database_url))
+    log.info("fleetd %s listening on %s (database %s); admin UI at %s/ui/", _version(), url,
+             _redact(settings.database_url), url)
     if ready_callback:
         ready_callback(url)
     stop.wait()
