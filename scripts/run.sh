@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Sets everything up and runs fleetd (SQLite, the embedded default) with a local fleet-agent
-# on this machine. Prints the URL and the admin token; Ctrl-C stops both.
+# Sets up what running needs (scripts/setup.sh --run) and runs fleetd (SQLite, the embedded
+# default) with a local fleet-agent on this machine. Prints the URLs and the admin token;
+# Ctrl-C stops the agent (its tasks are requeued, no attempt used), then fleetd.
 # State lives in .dev/ (FLEETD_DEV_DIR); delete it to start from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --run
 
 dev=${FLEETD_DEV_DIR:-$PWD/.dev}
 bind=${FLEETD_BIND:-127.0.0.1:8080}
@@ -23,20 +24,37 @@ if [ ! -s "$dev/admin.token" ]; then
 fi
 token=$(cat "$dev/admin.token")
 
-pids=()
+fleetd_pid="" agent_pid=""
+# SIGTERM to one process, then wait for it to exit: bounded, SIGKILL after that.
+stop() {
+    local pid=$1 seconds=$2
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 $((seconds * 10))); do
+        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+        sleep 0.1
+    done
+    echo "pid $pid still runs after ${seconds}s; killing it" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+# The agent first, while fleetd still runs: it stops its tasks and reports them (fleetd requeues
+# their jobs without using an attempt). Its bound covers the task kill grace (10 s) and the reports.
 cleanup() {
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    trap '' INT TERM
+    if [ -n "$agent_pid" ]; then echo "stopping fleet-agent, then fleetd" >&2; fi
+    stop "$agent_pid" 40
+    stop "$fleetd_pid" 40
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
 
-"$bin/fleetd" serve --bind "$bind" &
-pids+=($!)
+# Each in its own session: Ctrl-C signals this script alone, which then stops them in order.
+setsid "$bin/fleetd" serve --bind "$bind" &
+fleetd_pid=$!
 for _ in $(seq 1 100); do
     "$bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
         "$url/api/v1/health" 2>/dev/null && break
-    kill -0 "${pids[0]}" 2>/dev/null || { echo "fleetd serve exited" >&2; exit 1; }
+    kill -0 "$fleetd_pid" 2>/dev/null || { echo "fleetd serve exited" >&2; exit 1; }
     sleep 0.2
 done
 export FLEETD_URL="$url" FLEETD_TOKEN="$token"
@@ -74,17 +92,19 @@ if [ ! -s "$agent_dir/state/node.json" ]; then
     # The token goes in the environment, not argv, so that it stays out of `ps`.
     FLEET_AGENT_JOIN_TOKEN="$join" "$bin/fleet-agent" join --server "$url" --config "$config"
 fi
-"$bin/fleet-agent" run --config "$config" &
-pids+=($!)
+setsid "$bin/fleet-agent" run --config "$config" &
+agent_pid=$!
 
 cat <<INFO
 
-fleetd is running at $url (API docs: $url/api/docs)
+fleetd is running at $url
+admin UI:    $url/ui/ (sign in with the admin token)
+API docs:    $url/api/docs
 admin token: $token
 
   export FLEETD_URL=$url FLEETD_TOKEN=$token
   .venv/bin/fleetd node list
 
-Ctrl-C stops fleetd and the agent.
+Ctrl-C stops the agent (its jobs are requeued), then fleetd.
 INFO
-wait -n "${pids[@]}"
+wait -n "$fleetd_pid" "$agent_pid"
