@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -9,14 +10,14 @@ import click
 import requests
 
 from agent.client import FleetdError
-from agent.config import ConfigError, load_config, parse_labels
+from agent.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, load_config, parse_labels
 from agent.daemon import EXIT_CONFIG, EXIT_FAILURE, Agent, enrol
 from agent.devices import DeviceManager
 from agent.logs import setup_logging
 from agent.state import State
 
 config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                             help="TOML config file (default /etc/fleet-agent/agent.toml).")
+                             help=f"TOML config file (FLEET_AGENT_CONFIG; default {DEFAULT_CONFIG_PATH}).")
 
 
 def _load(config_path, **overrides):
@@ -27,7 +28,7 @@ def _load(config_path, **overrides):
         sys.exit(EXIT_CONFIG)
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def cli():
     """fleet-agent: the fleetd host agent."""
 
@@ -134,19 +135,49 @@ def _ask_local_agent(config, state):
     token = state.local_api_token(create=False)
     out = {"running": False, "url": base}
     try:
-        ready = requests.get(base + "/readyz", timeout=3, verify=False)
+        ready = requests.get(base + "/readyz", timeout=3, verify=False)  # loopback, possibly self-signed
     except requests.RequestException:
         return out
     out["running"] = True
-    body = ready.json()
+    try:
+        body = ready.json()
+    except ValueError:
+        body = {}
     out["ready"] = ready.status_code == 200
-    out["readiness"] = body.get("data") or body.get("error", {}).get("details") or {}
+    out["readiness"] = body.get("data") or (body.get("error") or {}).get("details") or {}
     if token:
-        resp = requests.get(base + "/api/v1/devices", timeout=10, verify=False,
-                            headers={"Authorization": f"Bearer {token}"})
+        try:
+            resp = requests.get(base + "/api/v1/devices", timeout=10, verify=False,
+                                headers={"Authorization": f"Bearer {token}"})
+        except requests.RequestException:
+            return out
         if resp.status_code == 200:
             out["gpus"] = resp.json()["data"]
     return out
+
+
+def _config_source(config_path):
+    """Which file the configuration came from, in words."""
+    explicit = config_path or os.environ.get(ENV_PREFIX + "CONFIG")
+    if explicit:
+        return explicit
+    if os.path.exists(DEFAULT_CONFIG_PATH):
+        return DEFAULT_CONFIG_PATH
+    return f"none ({DEFAULT_CONFIG_PATH} is absent: defaults)"
+
+
+def _mismatch(node, local):
+    """Why the running agent is not the one this config describes, or None when it may well be."""
+    if not local["running"]:
+        return None
+    running_node = local.get("readiness", {}).get("node_id")
+    if node is None and (running_node or local.get("readiness", {}).get("enrolled")):
+        return (f"an agent answers at {local['url']}" + (f" as node {running_node}" if running_node else "")
+                + ", but this state dir holds no enrolment: that agent runs with another config")
+    if node is not None and running_node and running_node != node["node_id"]:
+        return (f"the agent at {local['url']} is node {running_node}, not this state dir's node "
+                f"{node['node_id']}: it runs with another config")
+    return None
 
 
 @cli.command()
@@ -163,8 +194,11 @@ def status(as_json, config_path):
         inventory = {"reason": "", "gpus": local.pop("gpus"), "source": "running agent"}
     else:
         inventory = dict(_discover(config), source="direct discovery")
+    mismatch = _mismatch(node, local)
     report = {
+        "config": _config_source(config_path),
         "state_dir": config.state_dir,
+        "mismatch": mismatch,
         "node": node,
         "session": "stored" if state.session_token() else "missing",
         "agent": local,
@@ -173,13 +207,19 @@ def status(as_json, config_path):
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
+    click.echo(f"config:   {report['config']}")
+    click.echo(f"state:    {config.state_dir}")
     if node:
         click.echo(f"node:     {node['node_id']} in fleet {node['fleet']} ({node.get('server_url', '?')})")
         click.echo(f"machine:  {node.get('machine_id', '?')}, enrolled {node.get('registered_at', '?')}")
     else:
-        click.echo(f"node:     not enrolled (run `fleet-agent join`; state dir {config.state_dir})")
+        click.echo(f"node:     not enrolled in this state dir (run `fleet-agent join`"
+                   + (", or see below" if mismatch else "") + ")")
     click.echo(f"session:  {report['session']}")
-    if local["running"]:
+    if mismatch:
+        click.echo(f"agent:    {mismatch}; run `fleet-agent status --config FILE` with the config of that agent "
+                   f"(its unit's --config, or FLEET_AGENT_CONFIG), or stop it before enrolling this one")
+    elif local["running"]:
         readiness = local.get("readiness", {})
         detail = "ready" if local.get("ready") else f"not ready: session {readiness.get('session', '?')}"
         if readiness.get("fleetd_error"):
