@@ -518,7 +518,8 @@ def join_token():
     """Join tokens that admit hosts into a fleet."""
 
 
-JOIN_TOKEN_COLUMNS = [("ID", "id"), ("FLEET", "fleet"), ("USES", lambda t: f"{t['uses']}/{t['max_uses'] or 'unlimited'}"),
+JOIN_TOKEN_COLUMNS = [("ID", "id"), ("FLEET", "fleet"),
+                      ("USES", lambda t: f"{t['uses']}/{t['max_uses'] or 'unlimited'}"),
                       ("EXPIRES", "expires_at"), ("REVOKED", "revoked"), ("DESCRIPTION", "description")]
 
 
@@ -806,7 +807,13 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
             # As `docker run`: the job's output as it comes (stderr lines to stderr), then how it ended.
             click.echo(f"job {data['id']} {data['state']}; printing its output until it ends "
                        f"(Ctrl-C stops the waiting, not the job: `fleetd job cancel {data['id']}`)", err=True)
-            data = _follow_logs(data["id"], None, _print_line(len(data["tasks"]) > 1))
+            try:
+                data = _follow_logs(data["id"], None, _print_line(len(data["tasks"]) > 1))
+            except KeyboardInterrupt:
+                job_id = data["id"]
+                click.echo(f"\nstopped waiting; job {job_id} goes on (`fleetd job logs -f {job_id}` follows it, "
+                           f"`fleetd job cancel {job_id}` stops it)", err=True)
+                sys.exit(130)
     emit(_ctx(), data, lambda d: click.echo(f"job {d['id']} {d['state']}"
                                             + (f": {d['pending_reason']}" if d["pending_reason"] else "")
                                             + (f" ({_result_reason(d['id'])})" if wait_for_end

@@ -192,6 +192,7 @@ def serve(settings, ready_callback=None):
     # on answering heartbeats and submits meanwhile (the GIL is handed over every few ms).
     pool = gevent.get_hub().threadpool
     rt.offload = rt.inventory.offload = lambda fn, *args: pool.apply(fn, args)
+    rt.inventory.throttle = True
     # What start-up built lives as long as the process: the collector's full passes skip it.
     gc.collect()
     gc.freeze()

@@ -270,3 +270,18 @@ def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api
     assignment = api.start_task(session)
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)  # frees a GPU in "real"
     assert [c.node_selector.fleet for c in calls] == [None]  # the fleet-less group only
+
+
+def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_stale(api, fleet):
+    from fleetd.db import database
+    from fleetd.services.cluster import InventoryCache
+
+    now = [100.0]
+    cache = InventoryCache(throttle=True, monotonic=lambda: now[0])
+    with database.connection_context():
+        assert cache.get().nodes == [] and cache.stale_for == 0
+    _node(api, fleet, "n1")  # the version moves
+    with database.connection_context():
+        assert cache.get().nodes == [] and cache.stale_for == 1.0  # a view at most a second old
+        now[0] += 1.0
+        assert [n.hostname for n in cache.get().nodes] == ["n1"] and cache.stale_for == 0

@@ -14,8 +14,9 @@ def run(rt):
     lost = 0
     if not tracker.in_failover_grace():
         live = [n.id for n in Node.select(Node.id).where(Node.status.in_([s.value for s in LIVE_STATUSES]))]
+        overdue = tracker.overdue_view()  # one look at the clock and the TTL for every node
         for node_id in live:
-            if tracker.is_overdue(node_id) and mark_node_lost(rt.clock.now(), node_id, tracker.silent_for(node_id)):
+            if overdue(node_id) and mark_node_lost(rt.clock.now(), node_id, tracker.silent_for(node_id)):
                 tracker.forget(node_id)
                 lost += 1
     return {"lost": lost, "heartbeats_saved": saved}

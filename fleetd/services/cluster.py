@@ -6,7 +6,9 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 """
 
 import dataclasses
+import functools
 import itertools
+import time
 import re
 import threading
 import typing
@@ -31,6 +33,7 @@ BLOCK_TEXT = {
 }
 
 
+@functools.lru_cache(maxsize=1024)  # a handful of models, asked for once per GPU of the fleet
 def series_id(model):
     """A stable id for a GPU model: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
     return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "unknown"
@@ -225,17 +228,37 @@ class InventoryCache:
     The rows are shared: read them, never change them.
     """
 
-    def __init__(self, offload=call):
+    # While nodes enrol by the thousand every pass would read them all again: a reload waits
+    # until the last one is this many of its own durations old (at least MIN_AGE seconds). Work
+    # placed on the older view is safe: the pass's write phase checks each node still takes work.
+    MIN_AGE = 1.0
+    AGE_FACTOR = 3
+
+    def __init__(self, offload=call, throttle=False, monotonic=time.monotonic):
+        self._monotonic = monotonic
         self._current = None
+        self._loaded_at = 0.0
+        self._cost = 0.0
         self.offload = offload
+        self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
+        self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
 
     def get(self):
-        """The inventory at the database's version now (call inside the pass's read transaction)."""
+        """The inventory at the database's version (call inside the pass's read transaction), or,
+        throttled, a view at most a few seconds old while reloads would come faster than that."""
         rows = _INVENTORY_VERSION.raw_tuples()
         version = rows[0][0] if rows else None
         current = self._current
-        if current is None or version is None or current.version != version:
-            current = self._current = load_inventory(version, self.offload)
+        self.stale_for = 0.0
+        if current is not None and version is not None and current.version == version:
+            return current
+        now = self._monotonic()
+        wait = max(self.MIN_AGE, self.AGE_FACTOR * self._cost) - (now - self._loaded_at)
+        if current is not None and self.throttle and wait > 0:
+            self.stale_for = wait
+            return current
+        current = self._current = load_inventory(version, self.offload)
+        self._loaded_at, self._cost = now, self._monotonic() - now
         return current
 
     def fleet_of(self, node_id):

@@ -96,7 +96,10 @@ def _run_pass(rt, full):
             rt.instruments.scheduling_bounded.inc()
         if rt.scheduler is not None and rt.scheduler.running:
             rt.scheduler.kick(capacity=False)  # the rest of the queue in the next pass
-    return {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
+    result = {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
+    if rt.inventory.stale_for:  # decided on a view some seconds old: look again once it is new
+        result["retry_in"] = rt.inventory.stale_for
+    return result
 
 
 def _decide(settings, queued, terms, state, rules, parked, nominations):
@@ -520,9 +523,14 @@ class SchedulerLoop:
             if self._stop.is_set():
                 return
             started = time.perf_counter()
+            result = {}
             try:
                 with self.app.app_context(), database.connection_context():
-                    run_pass(self.rt, full=False)
+                    result = run_pass(self.rt, full=False)
             except Exception:  # a failed pass is logged; the next kick or interval retries
                 log.exception("scheduling pass failed")
             pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
+            if result.get("retry_in"):  # the inventory was a throttled view: a pass on the new one
+                pause = max(pause, result["retry_in"])
+                self.rt.parked.bump()
+                self._kicked.set()
