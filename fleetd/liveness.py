@@ -181,6 +181,11 @@ class Notifier:
         for event in waiters:
             event.set()
 
+    @property
+    def closed(self):
+        """True once fleetd is shutting down: waits answer at once."""
+        return self._closed
+
     def wait(self, key, timeout, ready):
         """Wait up to `timeout` seconds until `ready()` is true, re-checking after each notify(key)."""
         deadline = time.monotonic() + timeout

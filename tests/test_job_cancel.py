@@ -258,3 +258,16 @@ def test_revoking_a_node_ends_its_tasks_as_lost_and_tells_its_waiting_acquire(ap
     assert again["state"] == "queued" and again["attempt"] == 2  # retried as for a lost node
     resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)
     assert resp.status_code == 401  # a new acquire of a revoked node is refused
+
+
+def test_a_waiting_acquire_answers_at_once_when_fleetd_shuts_down(make_app, clock):
+    app = make_app(long_poll_max_seconds=30)
+    api = admin_client(app, clock)
+    api.create_fleet("gpu-a")
+    _, session = _node(api, api.create_join_token("gpu-a"), "n1")
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(_acquire(ApiClient(app, api.token), session, 30)))
+    waiter.start()
+    app.extensions["fleetd"].notifier.close()  # what `fleetd serve` does on SIGTERM
+    waiter.join(timeout=15)  # a spinning wait would hold on for the whole 30 s
+    assert answers == [{"assignment": None, "cancel": []}]

@@ -70,7 +70,7 @@ def acquire(rt, node_id, wait_seconds, limit=1):
     with STOPS.watching(node_id, rt.notifier):
         for _ in range(1_000_000):  # bounded; each round waits for a notify, a commit to look for, or the end
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or rt.notifier.closed:  # shutting down: answer now, do not spin
                 break
             # A stop is owed from inside the transaction that ends its task: until that commits,
             # look for it again shortly rather than wait for the next notify.
