@@ -48,12 +48,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
+healthy() {
+    "$bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+        "$url/api/v1/health" 2>/dev/null
+}
+if healthy; then
+    echo "a server already answers at $url (another scripts/run.sh?); stop it, or choose another FLEETD_BIND" >&2
+    exit 1
+fi
 # Each in its own session: Ctrl-C signals this script alone, which then stops them in order.
 setsid "$bin/fleetd" serve --bind "$bind" &
 fleetd_pid=$!
 for _ in $(seq 1 100); do
-    "$bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-        "$url/api/v1/health" 2>/dev/null && break
+    healthy && break
     kill -0 "$fleetd_pid" 2>/dev/null || { echo "fleetd serve exited" >&2; exit 1; }
     sleep 0.2
 done
