@@ -193,6 +193,7 @@ class Inventory(typing.NamedTuple):
     by_fleet: dict  # fleet name -> [node]
     models: dict  # node id -> frozenset of its GPU models
     node_fleet: dict  # node id -> fleet name
+    all_models: frozenset  # every GPU model in the fleet
 
 
 _INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
@@ -216,7 +217,8 @@ def _inventory(version, fleets, node_rows, gpu_rows):
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
     models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
-    return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes})
+    return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
+                     frozenset().union(*models.values()))
 
 
 class InventoryCache:

@@ -394,8 +394,7 @@ class Rules:
             seen.add(task.job_id)
             key = (task.job.team, task.job.priority_class)
             usage[key] = usage.get(key, 0) + gpus_of(task.job.request)
-        models = {g.model for gpus in state.gpus.values() for g in gpus}
-        return cls(quotas, prices, usage, models)
+        return cls(quotas, prices, usage, set(state.inventory.all_models))
 
     def held(self, team, priority_class):
         if priority_class == "any":
