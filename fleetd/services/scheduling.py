@@ -80,7 +80,9 @@ def _run_pass(rt, full):
         queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         queued, terms, aside = _evaluable(queued)
         # The worker thread takes no locks: liveness is handed over frozen.
-        state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), rt.inventory.get())
+        inventory = rt.inventory.get()
+        stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
+        state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         rules = Rules.load(state)
     parked = None if full else rt.parked.parked()
     plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations))
@@ -97,8 +99,8 @@ def _run_pass(rt, full):
         if rt.scheduler is not None and rt.scheduler.running:
             rt.scheduler.kick(capacity=False)  # the rest of the queue in the next pass
     result = {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
-    if rt.inventory.stale_for:  # decided on a view some seconds old: look again once it is new
-        result["retry_in"] = rt.inventory.stale_for
+    if stale_for:  # decided on a view some seconds old: look again once it is new
+        result["retry_in"] = stale_for
     return result
 
 
