@@ -155,10 +155,25 @@ def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
 def test_a_job_for_a_fleet_and_type_no_node_has_says_so(api, fleet):
     _node(api, fleet, "n1")
     job = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}, node_selector={"fleet": "gpu-a"})
-    assert job["pending_reason"] == ("no node can take the task now (no node of fleet gpu-a has GPUs of the "
-                                     "accepted type(s): NVIDIA B300)")
+    assert job["pending_reason"] == "no enrolled node matches its fleet, labels and GPU types"
     other = api.submit(resources={"gpus": 16}, node_selector={"fleet": "gpu-a"})
-    assert other["pending_reason"] == "no node can take the task now (gpu_count: 1 node(s))"
+    assert other["pending_reason"] == ("no enrolled node could ever hold it: it needs 16 GPUs on one node, the most "
+                                       "any matching node has is 2; no node can take the task now (gpu_count: 1 "
+                                       "node(s))")
+    waits = api.submit(resources={"gpus": 2}, node_selector={"fleet": "gpu-a"})  # fits once the first is done
+    running = api.submit(resources={"gpus": 2})
+    assert waits["state"] == "running" and "could ever" not in running["pending_reason"]
+
+
+def test_a_submit_says_at_once_when_no_enrolled_node_could_ever_hold_the_job(api, fleet, monkeypatch):
+    _node(api, fleet, "n1", gpu_count=8)
+    rt = api.app.extensions["fleetd"]
+    # As under fleetd serve: the kick only wakes the loop, whose pass comes after the answer.
+    monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: False)
+    job = api.submit(resources={"gpus": 16})
+    assert job["state"] == "queued" and job["pending_reason"].startswith(
+        "no enrolled node could ever hold it: it needs 16 GPUs on one node, the most any matching node has is 8")
+    assert api.submit(resources={"gpus": 8})["pending_reason"] == "waiting for the scheduler"
 
 
 # ---------------------------------------------------------------- the inventory kept in memory

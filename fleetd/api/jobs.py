@@ -22,7 +22,7 @@ from fleetd.schemas.jobs import (
     LogQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services import artifacts, jobs, policy
+from fleetd.services import artifacts, jobs, policy, scheduling
 
 blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and artifacts")
 
@@ -43,10 +43,11 @@ class Jobs(MethodView):
     @blp.response(201, JobStatusSchema)
     def post(self, spec):
         """Submit a JobSpec; it is queued and placed as soon as it fits."""
-        jobs.task_request(spec)  # the engine's own checks, before anything is stored
+        request = jobs.task_request(spec)  # the engine's own checks, before anything is stored
         policy.check_bid(spec)
         rt = current_runtime()
-        job = jobs.submit_job(rt.clock.now(), current_principal(), spec)
+        # Accepted even when no enrolled node could ever hold it (nodes may join later), but it says so.
+        job = jobs.submit_job(rt.clock.now(), current_principal(), spec, scheduling.capacity_reason(rt, request))
         if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
             job = jobs.get_job(current_principal(), job.id)
         return job

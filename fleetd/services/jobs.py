@@ -120,7 +120,7 @@ def team_of(principal, spec):
     return wanted
 
 
-def submit_job(now, principal, spec):
+def submit_job(now, principal, spec, waiting_reason=None):
     """Queue a validated JobSpec; returns the Job with its tasks. The caller kicks the scheduler after commit."""
     retry = spec.get("retry") or DEFAULT_RETRY
     team = team_of(principal, spec)
@@ -139,7 +139,7 @@ def submit_job(now, principal, spec):
             owner_token_id=principal.id,
             team=team,
             state=J.QUEUED.value,
-            pending_reason="waiting for the scheduler",
+            pending_reason=waiting_reason or "waiting for the scheduler",
             max_attempts=retry["max_attempts"],
             num_nodes=spec["num_nodes"],
             priority_class=spec["priority_class"],

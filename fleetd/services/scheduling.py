@@ -154,6 +154,9 @@ def _decide(settings, queued, terms, state, rules, parked, nominations):
             reason = result.reason
             if candidates is not None and not result.filter_detail:
                 reason += _nowhere(request)
+            never = never_fits(state.inventory, request)
+            if never:
+                reason = never if candidates is not None and not result.filter_detail else f"{never}; {reason}"
             plan.parked[key] = reason
             if job.priority_class == "on-demand" and result.filter_detail:
                 why, victims = _preemption(state, snapshot, candidates, request, engine.policy,
@@ -178,6 +181,44 @@ def _profile(state, queued, terms):
         groups[key] = (request, count + request.num_nodes)
     return scheduler.profile_from_requests(
         [dataclasses.replace(request, num_nodes=count) for request, count in groups.values()])
+
+
+def capacity_reason(rt, request):
+    """Why a new job could never run on the nodes enrolled now (None: it waits for capacity);
+    what a submit answers with before the first pass has looked at the job."""
+    return never_fits(rt.inventory.get(), request)
+
+
+def never_fits(inventory, request):
+    """Why no enrolled node could ever hold the request, whatever ran or left service (None when
+    some could: it waits for capacity). Counts GPUs, CPUs and memory of the nodes its selector
+    and GPU types accept."""
+    selector, need = request.node_selector, request.gpu_count
+    types = set(request.gpu_types)
+    matching = able = most = 0
+    for node in inventory.nodes:
+        if selector.fleet is not None and node.fleet_id != selector.fleet:
+            continue
+        if any((node.labels or {}).get(k) != v for k, v in selector.labels.items()):
+            continue
+        models = inventory.models.get(node.id, frozenset())
+        if need and types and not (models and models <= types):
+            continue
+        matching += 1
+        gpus = len(inventory.gpus.get(node.id, ()))
+        most = max(most, gpus)
+        if (gpus >= need and node.cpu_count * scheduler.MILLI >= request.cpu_milli
+                and node.memory_bytes >= request.memory_bytes):
+            able += 1
+    if able >= request.num_nodes:
+        return None
+    if not matching:
+        return "no enrolled node matches its fleet, labels and GPU types"
+    if need > most:
+        return f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any matching node has is {most}"
+    if not able:
+        return "no enrolled node could ever hold it: no matching node has the CPUs and memory it asks for"
+    return f"no enrolled nodes could ever hold it: {able} node(s) could take a rank, it needs {request.num_nodes}"
 
 
 def _nowhere(request):
