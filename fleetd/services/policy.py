@@ -74,7 +74,6 @@ def check_bid(spec):
 
 def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
-    now = rt.clock.now()
     state = current_state(rt)
     rules = Rules.load(state)
     request, blocked = rules.request_for(spec, team_of(principal, spec),
