@@ -196,7 +196,8 @@ def _lines(stream):
     return lines
 
 
-def _run_one_task(url, headers, lines, outcome, exit_code):
+def _run_one_task(url, headers, lines):
+    """Acquire, start and log one task as a node would; returns (assignment, task URL), unfinished."""
     assignment = requests.post(url + "/api/v1/agent/acquire", json={"wait_seconds": 30}, timeout=60,
                                headers=headers).json()["assignment"]
     task = f"{url}/api/v1/agent/tasks/{assignment['task_id']}"
@@ -211,8 +212,7 @@ def test_submit_wait_prints_the_jobs_output_while_it_runs_then_how_it_ended(run,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run.env)
     try:
         out, err = _lines(proc.stdout), _lines(proc.stderr)
-        assignment, task = _run_one_task(server.url, headers, [["stdout", "epoch 1"], ["stderr", "careful"]],
-                                         "succeeded", 0)
+        assignment, task = _run_one_task(server.url, headers, [["stdout", "epoch 1"], ["stderr", "careful"]])
         # Printed while the job still runs: the task has not finished yet.
         assert out.get(timeout=30) == "epoch 1\n"
         requests.post(task + "/finish", json={"epoch": assignment["epoch"], "outcome": "succeeded", "exit_code": 0},
@@ -233,7 +233,7 @@ def test_submit_wait_of_a_failing_job_exits_1_and_says_why(run, server):
     proc = subprocess.Popen(fleetd_cmd("job", "submit", "--gpus", "1", "--wait", "--", "false"),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=run.env)
     try:
-        assignment, task = _run_one_task(server.url, headers, [["stdout", "boom"]], "failed", 3)
+        assignment, task = _run_one_task(server.url, headers, [["stdout", "boom"]])
         requests.post(task + "/finish", json={"epoch": assignment["epoch"], "outcome": "failed", "exit_code": 3},
                       timeout=30, headers=headers)
         out, _ = proc.communicate(timeout=60)
