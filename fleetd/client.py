@@ -1,6 +1,7 @@
 """A small REST client for fleetd, used by the CLI (and handy in scripts)."""
 
 import os
+import re
 import sys
 from urllib.parse import urlsplit, urlunsplit
 
@@ -75,10 +76,8 @@ def normalise_url(url):
     except ValueError:
         raise ClientError(f"fleetd URL {text!r} has a bad port") from None
     path = parts.path.rstrip("/")
-    for suffix in ("/api/v1", "/api"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]  # the client adds /api/v1 itself
-            break
+    if path.endswith("/api/v1"):
+        path = path[: -len("/api/v1")]  # the client adds it to every route itself
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
@@ -164,9 +163,10 @@ class Client:
             answer = None
         if answer is not None:
             return f"{self.url} speaks plain HTTP, not TLS: use {plain}"
-        reason = str(exc.__context__ or exc)
-        if "CERTIFICATE_VERIFY_FAILED" in reason or "certificate verify failed" in reason:
-            return (f"the TLS certificate of {self.url} is not trusted ({reason.rsplit(': ', 1)[-1].rstrip(')')}): "
+        reason = str(exc)
+        untrusted = re.search(r"certificate verify failed: ([^(')]+)", reason)
+        if untrusted:
+            return (f"the TLS certificate of {self.url} is not trusted ({untrusted.group(1).strip()}): "
                     "point REQUESTS_CA_BUNDLE at the CA file that signed it")
         return f"TLS with {self.url} failed: {reason}"
 
