@@ -228,7 +228,8 @@ def require(*roles):
             if principal is None:
                 raise Unauthorized("authentication required")
             if principal.role not in roles:
-                raise Forbidden(f"role {principal.role!r} may not do this")
+                raise Forbidden(f"role {principal.role!r} may not do this",
+                                {"role": principal.role, "required_roles": list(roles)})
             return view(*args, **kwargs)
 
         wrapper.required_roles = roles

@@ -266,3 +266,9 @@ def test_agent_routes_check_the_token_before_the_protocol_header(api):
     session = api.register(api.create_join_token())["session_token"]
     resp = api.post("/api/v1/agent/heartbeat", {"tasks": []}, token=session)
     assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "protocol_mismatch"
+
+
+def test_a_forbidden_answer_names_the_roles_that_may(api):
+    submitter = api.create_token("submitter", "sub")
+    err = api.post("/api/v1/fleets", {"name": "x"}, token=submitter).get_json()["error"]
+    assert err["code"] == "forbidden" and err["details"] == {"role": "submitter", "required_roles": ["admin"]}

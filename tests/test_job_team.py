@@ -48,3 +48,9 @@ def test_simulate_schedule_takes_the_team_from_the_token_too(api, fleet):
     assert resp.status_code == 403 and resp.get_json()["error"]["code"] == "forbidden"
     verdict = bob.post("/api/v1/cluster/simulate-schedule", spec).get_json()
     assert verdict["schedulable"] is False and "team tb at its quota" in str(verdict)
+
+
+def test_a_stored_spec_names_the_team_the_job_runs_as(api, fleet):
+    bob = _submitter(api, "bob", "tb")
+    job = bob.submit(resources={"gpus": 1})
+    assert job["team"] == "tb" and job["spec"]["team"] == "tb"

@@ -143,7 +143,7 @@ def submit_job(now, principal, spec, waiting_reason=None):
             max_attempts=retry["max_attempts"],
             num_nodes=spec["num_nodes"],
             priority_class=spec["priority_class"],
-            spec=spec,
+            spec=dict(spec, team=team),  # the team it runs as, so that the spec alone says it
             submitted_at=now,
         )
         job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=T.PENDING.value, gpus=[])
