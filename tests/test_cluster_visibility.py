@@ -40,3 +40,16 @@ def test_only_admins_see_every_running_job_others_see_their_own_and_counts(api):
     ui = UiClient(api.app)
     ui.login(api.token)
     assert "alice-secret-project" in ui.text("/ui/")
+
+
+def test_a_fractional_job_counts_its_fraction_of_a_gpu(api):
+    api.create_fleet()
+    reg = api.register(api.create_join_token(), gpu_count=1)
+    api.heartbeat(reg["session_token"])
+    job = api.submit(name="quarter", resources={"gpus": 0.25})
+    assert job["state"] == "running"
+    [row] = api.get("/api/v1/cluster/status").get_json()["active_jobs"]
+    assert row["gpus"] == 0.25
+    ui = UiClient(api.app)
+    ui.login(api.token)
+    assert '<td class="n">0.25</td>' in ui.text("/ui/")

@@ -45,7 +45,7 @@ class ClusterStatusSchema(Schema):
     storage = fields.Dict()
     active_jobs = fields.List(fields.Dict(), metadata={
         "description": "running jobs: every one for an admin, else the caller's own"})
-    other_active_jobs = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={
+    other_active_jobs = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
         "description": "running jobs not listed in active_jobs, as {count, gpus}"})
     profiles = fields.List(fields.Nested(ProfileSchema))
     nodes = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={"description": "nodes by status"})

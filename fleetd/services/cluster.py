@@ -466,7 +466,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
         tasks_by_job.setdefault(task.job_id, []).append(task)
     active_jobs, others = [], {"count": 0, "gpus": 0}
     for j in active:
-        gpus = sum(len(t.gpus) for t in tasks_by_job.get(j.id, []))
+        gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
         if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.id:
             others["count"] += 1
             others["gpus"] += gpus
@@ -476,6 +476,12 @@ def cluster_status(state, principal=None, storage=None, offload=call):
                             "nodes": sorted({t.node_id for t in tasks_by_job.get(j.id, [])})})
     return {"gpu": gpu, "storage": storage or {}, "active_jobs": active_jobs, "other_active_jobs": others,
             "profiles": profiles(state), "nodes": _node_counts(state)}
+
+
+def _gpus_held(allocations):
+    """GPUs a task holds: whole ones count 1, a shared slice its fraction (0.25 for a quarter)."""
+    return sum(1 if g.get("exclusive", True) else round(g.get("compute_milli", scheduler.MILLI) / scheduler.MILLI, 3)
+               for g in allocations)
 
 
 def gpu_summary(state, demand):
