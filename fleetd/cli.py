@@ -971,10 +971,13 @@ def job_why(job_id):
         return
     explanation = client.post("/api/v1/cluster/simulate-schedule", data["spec"])
     result = {"job": data, "simulation": explanation}
-    # A rule (a quota, a bid, a set-aside) holds the job before any node is tried; the simulation may not see
-    # it (it applies the caller's team, not the job's), so its placement is where the job goes once lifted.
+    # A rule (a quota, a bid, a set-aside) holds the job before any node is tried; where it would go once
+    # that is lifted is a simulation without the job's team (and so without its quota).
     blocker = explanation.get("error") or (data["pending_reason"] if _RULE_RE.search(data["pending_reason"] or "")
                                            else None)
+    if blocker and not explanation["schedulable"] and data["spec"].get("team"):
+        explanation = client.post("/api/v1/cluster/simulate-schedule", dict(data["spec"], team=None))
+        result["simulation"] = explanation
 
     def human(d):
         if blocker:
