@@ -114,6 +114,16 @@ class ApiClient:
         assert resp.status_code == expect, resp.get_json()
         return resp.get_json()
 
+    def ready_node(self, join_token, name, gpu_count=2):
+        """Register a host as `name` and heartbeat once (it is ready); returns (node id, session token)."""
+        reg = self.register(join_token, machine_id=name, hostname=name, gpu_count=gpu_count)
+        self.heartbeat(reg["session_token"])
+        return reg["node_id"], reg["session_token"]
+
+    def job(self, job_id):
+        """The JobStatus of a job."""
+        return self.get(f"/api/v1/jobs/{job_id}").get_json()
+
     def submit(self, expect=201, **spec):
         spec.setdefault("name", "job")
         spec.setdefault("command", ["true"])

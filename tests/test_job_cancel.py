@@ -27,16 +27,6 @@ def fleet(api):
     return api.create_join_token("gpu-a")
 
 
-def _node(api, join, name, gpu_count=2):
-    reg = api.register(join, machine_id=name, hostname=name, gpu_count=gpu_count)
-    api.heartbeat(reg["session_token"])
-    return reg["node_id"], reg["session_token"]
-
-
-def _job(api, job_id):
-    return api.get(f"/api/v1/jobs/{job_id}").get_json()
-
-
 def _acquire(api, session, wait_seconds=0):
     resp = api.post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, token=session, agent=True)
     assert resp.status_code == 200, resp.get_json()
@@ -91,10 +81,10 @@ def test_cancelling_is_not_terminal_and_only_a_running_job_enters_it():
 
 
 def test_a_queued_job_is_cancelled_at_once_and_a_running_one_is_cancelling(api, fleet):
-    _, session = _node(api, fleet, "n1", gpu_count=1)
+    _, session = api.ready_node(fleet, "n1", gpu_count=1)
     running = api.submit(name="running", resources={"gpus": 1})
     queued = api.submit(name="queued", resources={"gpus": 1})
-    assert _job(api, queued["id"])["state"] == "queued"
+    assert api.job(queued["id"])["state"] == "queued"
     api.start_task(session)
     done = api.post(f"/api/v1/jobs/{queued['id']}/cancel").get_json()
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled"
@@ -107,16 +97,16 @@ def test_a_queued_job_is_cancelled_at_once_and_a_running_one_is_cancelling(api, 
 
 
 def test_an_assignment_not_yet_delivered_is_cancelled_at_once_and_never_delivered(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
-    assert _job(api, job["id"])["tasks"][0]["state"] == "assigned"
+    assert api.job(job["id"])["tasks"][0]["state"] == "assigned"
     done = api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled"
     assert _acquire(api, session) == {"assignment": None, "cancel": []}
 
 
 def test_a_waiting_acquire_is_answered_with_the_cancel_at_once_and_told_only_once(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     answers = []
@@ -136,30 +126,30 @@ def test_a_waiting_acquire_is_answered_with_the_cancel_at_once_and_told_only_onc
     assert waited < 10  # woken by the cancel, not by the end of its 20 s wait
     assert _acquire(api, session) == {"assignment": None, "cancel": []}  # told once
     api.task_call(session, assignment, "finish", outcome="cancelled", exit_code=143)
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled"
     assert done["ended_at"] is not None
     assert _acquire(api, session) == {"assignment": None, "cancel": []}  # its own finish owes it nothing
 
 
 def test_a_gang_is_cancelling_until_every_rank_reported_its_end(api, fleet):
-    _, s1 = _node(api, fleet, "n1")
-    _, s2 = _node(api, fleet, "n2")
+    _, s1 = api.ready_node(fleet, "n1")
+    _, s2 = api.ready_node(fleet, "n2")
     job = api.submit(num_nodes=2, resources={"gpus": 1})
     a, b = api.start_task(s1), api.start_task(s2)
     api.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert _acquire(api, s1)["cancel"] == [a["task_id"]] and _acquire(api, s2)["cancel"] == [b["task_id"]]
     api.task_call(s1, a, "finish", outcome="cancelled", exit_code=143)
-    assert _job(api, job["id"])["state"] == "cancelling"
+    assert api.job(job["id"])["state"] == "cancelling"
     # A rank whose process ended by itself meanwhile still ends the cancelled job as cancelled.
     api.task_call(s2, b, "finish", outcome="succeeded", exit_code=0)
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "cancelled" and done["attempt"] == 1
     assert sorted(t["state"] for t in done["tasks"]) == ["cancelled", "succeeded"]
 
 
 def test_a_cancelling_job_whose_node_never_reports_the_end_is_cancelled_when_its_lease_expires(api, fleet, clock):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     api.post(f"/api/v1/jobs/{job['id']}/cancel")
@@ -167,17 +157,17 @@ def test_a_cancelling_job_whose_node_never_reports_the_end_is_cancelled_when_its
         clock.advance(20)
         assert api.heartbeat(session, tasks=_running(assignment))["cancel"] == [assignment["task_id"]]
     assert api.run_task("leases") == {"expired": 1}
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "cancelled" and done["attempt"] == 1 and done["tasks"][0]["state"] == "lost"
     api.task_call(session, assignment, "finish", outcome="cancelled")  # a late report is still taken
 
 
 def test_a_wait_on_a_cancelling_job_answers_once_it_is_cancelled(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     api.post(f"/api/v1/jobs/{job['id']}/cancel")
-    assert _job(api, job["id"])["state"] == "cancelling"
+    assert api.job(job["id"])["state"] == "cancelling"
     answers = []
     waiter = threading.Thread(target=lambda: answers.append(
         ApiClient(api.app, api.token).get(f"/api/v1/jobs/{job['id']}?wait_seconds=20").get_json()))
@@ -191,28 +181,28 @@ def test_a_wait_on_a_cancelling_job_answers_once_it_is_cancelled(api, fleet):
 
 
 def test_a_preempted_spot_task_is_told_to_its_node_through_acquire(api, fleet):
-    _, session = _node(api, fleet, "n1", gpu_count=1)
+    _, session = api.ready_node(fleet, "n1", gpu_count=1)
     spot = api.submit(name="spot", priority_class="spot", bid=1.0, resources={"gpus": 1})
     victim = api.start_task(session)
     api.heartbeat(session, tasks=_running(victim))
     urgent = api.submit(name="urgent", resources={"gpus": 1})
-    assert urgent["state"] == "queued" and _job(api, spot["id"])["state"] == "queued"
+    assert urgent["state"] == "queued" and api.job(spot["id"])["state"] == "queued"
     assert _acquire(api, session) == {"assignment": None, "cancel": [victim["task_id"]]}
 
 
 def test_a_drain_deadline_stops_the_nodes_tasks_through_acquire(api, fleet):
-    node_id, session = _node(api, fleet, "n1")
+    node_id, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     task = api.start_task(session)
     resp = api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "maintenance", "deadline_seconds": 0})
     assert resp.status_code == 200 and resp.get_json()["status"] == "drained"
-    assert _job(api, job["id"])["state"] == "queued"
+    assert api.job(job["id"])["state"] == "queued"
     assert _acquire(api, session) == {"assignment": None, "cancel": [task["task_id"]]}
 
 
 def test_a_failed_rank_stops_the_other_ranks_through_acquire(api, fleet):
-    _, s1 = _node(api, fleet, "n1")
-    _, s2 = _node(api, fleet, "n2")
+    _, s1 = api.ready_node(fleet, "n1")
+    _, s2 = api.ready_node(fleet, "n2")
     api.submit(num_nodes=2, resources={"gpus": 1})
     a, b = api.start_task(s1), api.start_task(s2)
     api.task_call(s1, a, "finish", outcome="failed", exit_code=7)
@@ -221,17 +211,17 @@ def test_a_failed_rank_stops_the_other_ranks_through_acquire(api, fleet):
 
 
 def test_a_requeued_task_placed_again_on_the_same_node_is_not_stopped_by_its_old_epochs_stop(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(command=["flaky"], retry={"max_attempts": 2, "on": ["failed"]}, num_nodes=1)
     first = api.start_task(session)
     api.task_call(session, first, "finish", outcome="failed", exit_code=1)  # the node's own end: no stop
     reply = _acquire(api, session)
     assert reply["cancel"] == [] and reply["assignment"]["epoch"] == first["epoch"] + 1
-    assert _job(api, job["id"])["attempt"] == 2
+    assert api.job(job["id"])["attempt"] == 2
 
 
 def test_a_stop_the_database_never_confirms_is_dropped_without_being_told(api, fleet, monkeypatch):
-    node_id, session = _node(api, fleet, "n1")
+    node_id, session = api.ready_node(fleet, "n1")
     api.submit(resources={"gpus": 1})
     task = api.start_task(session)
     monkeypatch.setattr(STOPS, "confirm_seconds", 0.2)
@@ -241,7 +231,7 @@ def test_a_stop_the_database_never_confirms_is_dropped_without_being_told(api, f
 
 
 def test_revoking_a_node_ends_its_tasks_as_lost_and_tells_its_waiting_acquire(api, fleet):
-    node_id, session = _node(api, fleet, "n1")
+    node_id, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1}, retry={"max_attempts": 2, "on": ["node_lost"]})
     assignment = api.start_task(session)
     answers = []
@@ -254,7 +244,7 @@ def test_revoking_a_node_ends_its_tasks_as_lost_and_tells_its_waiting_acquire(ap
     assert api.post(f"/api/v1/nodes/{node_id}/revoke").get_json()["status"] == "revoked"
     waiter.join(timeout=30)
     assert answers == [{"assignment": None, "cancel": [assignment["task_id"]]}]
-    again = _job(api, job["id"])
+    again = api.job(job["id"])
     assert again["state"] == "queued" and again["attempt"] == 2  # retried as for a lost node
     resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)
     assert resp.status_code == 401  # a new acquire of a revoked node is refused
@@ -264,7 +254,7 @@ def test_a_waiting_acquire_answers_at_once_when_fleetd_shuts_down(make_app, cloc
     app = make_app(long_poll_max_seconds=30)
     api = admin_client(app, clock)
     api.create_fleet("gpu-a")
-    _, session = _node(api, api.create_join_token("gpu-a"), "n1")
+    _, session = api.ready_node(api.create_join_token("gpu-a"), "n1")
     answers = []
     waiter = threading.Thread(target=lambda: answers.append(_acquire(ApiClient(app, api.token), session, 30)))
     waiter.start()

@@ -17,16 +17,6 @@ def fleet(api):
     return api.create_join_token("gpu-a")
 
 
-def _node(api, join, name, gpu_count=2):
-    reg = api.register(join, machine_id=name, hostname=name, gpu_count=gpu_count)
-    api.heartbeat(reg["session_token"])
-    return reg["node_id"], reg["session_token"]
-
-
-def _job(api, job_id):
-    return api.get(f"/api/v1/jobs/{job_id}").get_json()
-
-
 # ---------------------------------------------------------------- submit and validation
 
 
@@ -58,7 +48,7 @@ def test_job_referring_to_an_unknown_artifact_is_refused(api):
 
 
 def test_job_waits_with_a_plain_reason_when_nothing_fits(api, fleet):
-    _node(api, fleet, "n1", gpu_count=2)
+    api.ready_node(fleet, "n1", gpu_count=2)
     job = api.submit(resources={"gpus": 4})
     assert job["state"] == "queued"
     assert "no node can take the task now" in job["pending_reason"]
@@ -81,7 +71,7 @@ def test_submitters_see_only_their_own_jobs(api, fleet):
 
 
 def test_single_node_job_runs_to_success_with_ordered_logs(api, fleet):
-    node_id, session = _node(api, fleet, "n1")
+    node_id, session = api.ready_node(fleet, "n1")
     job = api.submit(name="hello", command=["echo", "hi"], env={"A": "1"}, resources={"gpus": 1},
                      max_runtime_seconds=60)
     assert job["state"] == "running" and job["tasks"][0]["node_id"] == node_id
@@ -94,7 +84,7 @@ def test_single_node_job_runs_to_success_with_ordered_logs(api, fleet):
     for i in range(3):
         api.task_call(session, assignment, "logs", lines=[["stdout", f"line {2 * i}"], ["stderr", f"line {2 * i + 1}"]])
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "succeeded" and done["tasks"][0]["state"] == "succeeded"
     logs = api.get(f"/api/v1/jobs/{job['id']}/logs").get_json()["items"]
     assert [line["text"] for line in logs] == [f"line {i}" for i in range(6)]
@@ -108,7 +98,7 @@ def test_single_node_job_runs_to_success_with_ordered_logs(api, fleet):
 
 
 def test_start_is_idempotent_for_the_same_epoch(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     api.submit()
     assignment = api.start_task(session)
     api.task_call(session, assignment, "start", pid=4242)  # the first answer was lost; the retry is fine
@@ -116,7 +106,7 @@ def test_start_is_idempotent_for_the_same_epoch(api, fleet):
 
 
 def test_an_acquire_may_deliver_several_assignments_each_once(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}")["id"] for i in range(5)]
 
     def acquire(body):
@@ -137,11 +127,11 @@ def test_an_acquire_may_deliver_several_assignments_each_once(api, fleet):
 
 
 def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit()
     assignment = api.acquire(session)
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0, pid=321)
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     task = done["tasks"][0]
     assert done["state"] == "succeeded" and task["state"] == "succeeded"
     assert task["started_at"] is not None and task["started_at"] <= task["ended_at"]
@@ -152,7 +142,7 @@ def test_a_finish_with_a_pid_reports_the_start_as_well(api, fleet):
 
 
 def test_finish_reports_sent_together_are_settled_and_answered_one_by_one(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}")["id"] for i in range(3)]
     api.run_task("scheduling")
     a, b, c = (api.acquire(session) for _ in range(3))
@@ -170,7 +160,7 @@ def test_finish_reports_sent_together_are_settled_and_answered_one_by_one(api, f
     assert results[0]["error"] is None and results[1]["error"]["code"] == "conflict"
     assert results[1]["error"]["details"] == {"task_id": b["task_id"], "epoch": b["epoch"] + 1}
     assert results[3]["error"]["code"] == "not_found"
-    states = {job_id: _job(api, job_id) for job_id in jobs}
+    states = {job_id: api.job(job_id) for job_id in jobs}
     by_job = {a["job_id"]: "succeeded", b["job_id"]: "running", c["job_id"]: "failed"}
     assert {j: states[j]["state"] for j in jobs} == by_job  # b still runs: its report was refused
     assert states[c["job_id"]]["tasks"][0]["exit_code"] == 3
@@ -179,11 +169,11 @@ def test_finish_reports_sent_together_are_settled_and_answered_one_by_one(api, f
     again = api.post("/api/v1/agent/finish", {"finishes": reports[:1]}, token=session, agent=True)
     assert again.status_code == 200 and again.get_json()["results"][0]["status"] == 204
     assert len(api.get(f"/api/v1/jobs/{a['job_id']}/events").get_json()["items"]) == events
-    assert _job(api, b["job_id"])["state"] == "running"
+    assert api.job(b["job_id"])["state"] == "running"
 
 
 def test_a_database_failure_in_finish_reports_together_settles_none_of_them(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}")["id"] for i in range(2)]
     api.run_task("scheduling")
     a, b = api.acquire(session), api.acquire(session)
@@ -197,12 +187,12 @@ def test_a_database_failure_in_finish_reports_together_settles_none_of_them(api,
     resp = api.post("/api/v1/agent/finish", {"finishes": reports}, token=session, agent=True)
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "unavailable", resp.get_json()
     assert resp.headers["Retry-After"] == "1"
-    assert [_job(api, job_id)["state"] for job_id in jobs] == ["running", "running"]  # the first one too
+    assert [api.job(job_id)["state"] for job_id in jobs] == ["running", "running"]  # the first one too
     with database.connection_context():
         database.execute_sql("DROP TRIGGER fail_second")
     again = api.post("/api/v1/agent/finish", {"finishes": reports}, token=session, agent=True)  # the agent's retry
     assert [r["status"] for r in again.get_json()["results"]] == [204, 204]
-    assert [_job(api, job_id)["state"] for job_id in jobs] == ["succeeded", "succeeded"]
+    assert [api.job(job_id)["state"] for job_id in jobs] == ["succeeded", "succeeded"]
 
 
 @pytest.mark.parametrize("body, field", [
@@ -217,7 +207,7 @@ def test_a_database_failure_in_finish_reports_together_settles_none_of_them(api,
     ({"finishes": "t1"}, "finishes"),
 ])
 def test_finish_reports_together_are_refused_whole_when_one_does_not_validate(api, fleet, body, field):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit()
     assignment = api.acquire(session)
     if body.get("finishes") and isinstance(body["finishes"], list) and len(body["finishes"]) == 1:
@@ -225,12 +215,12 @@ def test_finish_reports_together_are_refused_whole_when_one_does_not_validate(ap
                               "outcome": "succeeded"}] + body["finishes"]}
     resp = api.post("/api/v1/agent/finish", body, token=session, agent=True)
     assert resp.status_code == 400 and field in str(resp.get_json()["error"]["details"]), resp.get_json()
-    assert _job(api, job["id"])["state"] == "running"  # nothing settled
+    assert api.job(job["id"])["state"] == "running"  # nothing settled
     assert api.post("/api/v1/agent/finish", {"finishes": []}, agent=True).status_code == 403  # admin, not a node
 
 
 def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_assignment(api, fleet, clock):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}") for i in range(2)]
     api.run_task("scheduling")
     assigned_at = clock.now()
@@ -239,7 +229,7 @@ def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_ass
     api.task_call(session, first, "finish", outcome="succeeded", exit_code=0, pid=11, started_seconds_ago=2.5)
     # An interval longer than the task was assigned (another host's measure): the assignment bounds it.
     api.task_call(session, second, "finish", outcome="succeeded", exit_code=0, pid=12, started_seconds_ago=60)
-    started = {j["id"]: _job(api, j["id"])["tasks"][0]["started_at"] for j in jobs}
+    started = {j["id"]: api.job(j["id"])["tasks"][0]["started_at"] for j in jobs}
     assert started[first["job_id"]] == isoformat(clock.now() - dt.timedelta(seconds=2.5))
     assert started[second["job_id"]] == isoformat(assigned_at)
     # Without the start it means nothing, and is refused naming the field.
@@ -250,71 +240,71 @@ def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_ass
                     {"epoch": third["epoch"], "outcome": "succeeded", "started_seconds_ago": 1.0},
                     token=session, agent=True)
     assert resp.status_code == 400 and "started_seconds_ago" in str(resp.get_json()), resp.get_json()
-    assert _job(api, job["id"])["state"] != "succeeded"
+    assert api.job(job["id"])["state"] != "succeeded"
 
 
 def test_a_task_the_agent_ended_itself_is_retried_as_lost(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit()  # default retry: node_lost and preempted
     assignment = api.start_task(session)
     api.task_call(session, assignment, "finish", outcome="failed", exit_code=143, lost=True,
                   reason="agent stopping")
-    again = _job(api, job["id"])
+    again = api.job(job["id"])
     assert again["attempt"] == 2 and again["state"] in ("queued", "running")
 
 
 def test_a_task_failed_by_an_unhealthy_gpu_is_retried_as_lost(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     api.task_call(session, assignment, "finish", outcome="failed", exit_code=137,
                   reason=f"gpu_unhealthy: {assignment['gpus'][0]['uuid']}: critical XID 79")
-    again = _job(api, job["id"])
+    again = api.job(job["id"])
     assert again["attempt"] == 2
     events = api.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]
     assert any(e["to_status"] == "lost" and "gpu_unhealthy" in e["reason"] for e in events)
 
 
 def test_failing_command_fails_the_job_with_its_exit_code(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(command=["false"])
     assignment = api.start_task(session)
     api.task_call(session, assignment, "finish", outcome="failed", exit_code=3)
     result = api.get(f"/api/v1/jobs/{job['id']}/result").get_json()
     assert result["outcome"] == "failed" and result["tasks"][0]["exit_code"] == 3
-    assert _job(api, job["id"])["state"] == "failed"
+    assert api.job(job["id"])["state"] == "failed"
 
 
 def test_retry_on_failure_requeues_with_a_new_epoch_and_fences_the_old_one(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(command=["flaky"], retry={"max_attempts": 2, "on": ["failed"]})
     first = api.start_task(session)
     api.task_call(session, first, "finish", outcome="failed", exit_code=1)
-    again = _job(api, job["id"])
+    again = api.job(job["id"])
     assert again["attempt"] == 2 and again["state"] == "running"
     second = api.acquire(session)
     assert second["task_id"] == first["task_id"] and second["epoch"] == first["epoch"] + 1
     api.task_call(session, first, "logs", expect=409, lines=[["stdout", "late"]])
     api.task_call(session, second, "start")
     api.task_call(session, second, "finish", outcome="failed", exit_code=1)
-    assert _job(api, job["id"])["state"] == "failed"
+    assert api.job(job["id"])["state"] == "failed"
 
 
 def test_expired_lease_requeues_on_another_node_and_fences_the_old_holder(api, fleet, clock):
-    n1, s1 = _node(api, fleet, "n1", gpu_count=1)
+    n1, s1 = api.ready_node(fleet, "n1", gpu_count=1)
     job = api.submit(resources={"gpus": 1})
     old = api.start_task(s1)
-    n2, s2 = _node(api, fleet, "n2", gpu_count=1)
+    n2, s2 = api.ready_node(fleet, "n2", gpu_count=1)
     api.submit(name="filler", resources={"gpus": 1})  # takes n2 for now
     filler = api.start_task(s2)
     for _ in range(3):  # n2 keeps heartbeating, n1 went silent
         clock.advance(20)
         api.heartbeat(s2, tasks=[{"id": filler["task_id"], "epoch": filler["epoch"], "state": "running"}])
     assert api.run_task("leases") == {"expired": 1}
-    requeued = _job(api, job["id"])
+    requeued = api.job(job["id"])
     assert requeued["attempt"] == 2 and requeued["state"] == "queued"
     api.task_call(s2, filler, "finish", outcome="succeeded", exit_code=0)  # frees n2
-    assert _job(api, job["id"])["tasks"][0]["node_id"] == n2
+    assert api.job(job["id"])["tasks"][0]["node_id"] == n2
     new = api.start_task(s2)
     assert new["epoch"] == old["epoch"] + 1
     # The old holder comes back: its calls are fenced and its heartbeat says to kill the task.
@@ -322,17 +312,17 @@ def test_expired_lease_requeues_on_another_node_and_fences_the_old_holder(api, f
     reply = api.heartbeat(s1, tasks=[{"id": old["task_id"], "epoch": old["epoch"], "state": "running"}])
     assert reply["cancel"] == [old["task_id"]]
     api.task_call(s2, new, "finish", outcome="succeeded", exit_code=0)
-    assert _job(api, job["id"])["state"] == "succeeded"
+    assert api.job(job["id"])["state"] == "succeeded"
     assert n1 != n2
 
 
 def test_gang_job_is_placed_all_or_nothing_and_meets_at_the_rendezvous(api, fleet):
-    _, s1 = _node(api, fleet, "n1")
+    _, s1 = api.ready_node(fleet, "n1")
     job = api.submit(num_nodes=2, resources={"gpus": 1})
     assert job["state"] == "queued" and "only 1 of 2 nodes" in job["pending_reason"]
     assert api.acquire(s1) is None
-    _, s2 = _node(api, fleet, "n2")  # the second node's first heartbeat triggers a pass
-    placed = _job(api, job["id"])
+    _, s2 = api.ready_node(fleet, "n2")  # the second node's first heartbeat triggers a pass
+    placed = api.job(job["id"])
     assert placed["state"] == "running" and {t["node_id"] for t in placed["tasks"]} == {
         t["node_id"] for t in placed["tasks"]} and len({t["node_id"] for t in placed["tasks"]}) == 2
     a, b = api.acquire(s1), api.acquire(s2)
@@ -347,19 +337,19 @@ def test_gang_job_is_placed_all_or_nothing_and_meets_at_the_rendezvous(api, flee
 
 
 def test_a_failed_rank_stops_the_whole_gang(api, fleet):
-    _, s1 = _node(api, fleet, "n1")
-    _, s2 = _node(api, fleet, "n2")
+    _, s1 = api.ready_node(fleet, "n1")
+    _, s2 = api.ready_node(fleet, "n2")
     job = api.submit(num_nodes=2, resources={"gpus": 1})
     a, b = api.start_task(s1), api.start_task(s2)
     api.task_call(s1, a, "finish", outcome="failed", exit_code=7)
     reply = api.heartbeat(s2, tasks=[{"id": b["task_id"], "epoch": b["epoch"], "state": "running"}])
     assert reply["cancel"] == [b["task_id"]]
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "failed" and {t["state"] for t in done["tasks"]} == {"failed", "cancelled"}
 
 
 def test_cancel_of_a_running_job_is_cancelling_until_the_node_reports_the_process_ended(api, fleet):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     cancelling = api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()
@@ -370,13 +360,13 @@ def test_cancel_of_a_running_job_is_cancelling_until_the_node_reports_the_proces
     assert reply["cancel"] == [assignment["task_id"]]
     assert api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelling"
     api.task_call(session, assignment, "finish", outcome="cancelled", exit_code=143)
-    done = _job(api, job["id"])
+    done = api.job(job["id"])
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled"
     assert api.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelled"
 
 
 def test_job_wait_answers_when_the_job_ends(api, fleet, make_app):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     job = api.submit()
     assignment = api.start_task(session)
     answers = []
@@ -389,7 +379,7 @@ def test_job_wait_answers_when_the_job_ends(api, fleet, make_app):
 
 
 def test_jobs_that_need_nothing_go_to_the_least_busy_node(api, fleet):
-    sessions = [_node(api, fleet, f"n{i}")[1] for i in range(3)]
+    sessions = [api.ready_node(fleet, f"n{i}")[1] for i in range(3)]
     busy = api.submit(name="first")  # placed alone: the three nodes are alike and idle
     first = next(s for s in sessions if api.acquire(s) is not None)
     for i in range(5):
@@ -418,7 +408,7 @@ def test_job_terms_cache_keeps_the_newest_entries_up_to_its_size():
 
 
 def test_concurrent_submissions_lose_no_job_and_run_none_twice(api, fleet):
-    sessions = [_node(api, fleet, f"n{i}", gpu_count=8)[1] for i in range(2)]
+    sessions = [api.ready_node(fleet, f"n{i}", gpu_count=8)[1] for i in range(2)]
     submitted, lock = [], threading.Lock()
 
     def submit_many(worker):
@@ -466,8 +456,8 @@ def test_artifact_upload_download_limits_and_node_rule(make_app, clock):
     assert api.get("/api/v1/artifacts/" + "0" * 64).status_code == 404
     api.create_fleet("gpu-a")
     join = api.create_join_token("gpu-a")
-    _, s1 = _node(api, join, "n1")
-    _, s2 = _node(api, join, "n2", gpu_count=1)
+    _, s1 = api.ready_node(join, "n1")
+    _, s2 = api.ready_node(join, "n2", gpu_count=1)
     api.submit(resources={"gpus": 2}, artifacts=[{"sha256": sha, "path": "in/hello.txt"}])
     assignment = api.acquire(s1)
     assert assignment["artifacts"] == [{"sha256": sha, "path": "in/hello.txt"}]
@@ -480,6 +470,6 @@ def test_artifact_upload_download_limits_and_node_rule(make_app, clock):
                                       [{"task_id": "t\u0000", "epoch": 1, "outcome": "succeeded"}],
                                       [{"task_id": "t1", "epoch": 1, "outcome": "succeeded", "exit_code": 999}]])
 def test_malformed_finish_reports_together_are_invalid_requests(api, fleet, finishes):
-    _, session = _node(api, fleet, "n1")
+    _, session = api.ready_node(fleet, "n1")
     resp = api.post("/api/v1/agent/finish", {"finishes": finishes}, token=session, agent=True)
     assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["json"]

@@ -18,12 +18,6 @@ def fleet(api):
     return api.create_join_token("gpu-a")
 
 
-def _node(api, join, name, gpu_count=2):
-    reg = api.register(join, machine_id=name, hostname=name, gpu_count=gpu_count)
-    api.heartbeat(reg["session_token"])
-    return reg["node_id"], reg["session_token"]
-
-
 def _count_engine_calls(monkeypatch):
     calls = []
     place = scheduler.PlacementEngine.place
@@ -38,7 +32,7 @@ def _count_engine_calls(monkeypatch):
 
 
 def test_equivalent_jobs_that_fit_nowhere_cost_one_engine_answer_per_pass(api, fleet, monkeypatch):
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}) for i in range(20)]
     calls = _count_engine_calls(monkeypatch)
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 20}
@@ -48,18 +42,18 @@ def test_equivalent_jobs_that_fit_nowhere_cost_one_engine_answer_per_pass(api, f
 
 
 def test_a_parked_group_is_skipped_until_capacity_changes_and_then_placed(api, fleet, monkeypatch):
-    n1, s1 = _node(api, fleet, "n1", gpu_count=2)
+    n1, s1 = api.ready_node(fleet, "n1", gpu_count=2)
     big = api.submit(name="big", resources={"gpus": 4})
     assert big["state"] == "queued"
     calls = _count_engine_calls(monkeypatch)
     api.submit(name="small", resources={"gpus": 1})  # a submit is no capacity event: "big" stays parked
     assert [c.gpus for c in calls] == [1]
-    _node(api, fleet, "n2", gpu_count=4)  # a node joined: the parked group is looked at again at once
+    api.ready_node(fleet, "n2", gpu_count=4)  # a node joined: the parked group is looked at again at once
     assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"
 
 
 def test_the_periodic_pass_looks_at_parked_groups_too(api, fleet, monkeypatch):
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     api.submit(resources={"gpus": 4})
     calls = _count_engine_calls(monkeypatch)
     api.run_task("scheduling")
@@ -72,7 +66,7 @@ def test_a_pass_is_bounded_and_the_rest_waits_for_the_next(make_app, clock):
     app = make_app(scheduler_max_placements_per_pass=3)
     api = admin_client(app, clock)
     api.create_fleet("gpu-a")
-    node, _ = _node(api, api.create_join_token("gpu-a"), "n1", gpu_count=8)
+    node, _ = api.ready_node(api.create_join_token("gpu-a"), "n1", gpu_count=8)
     api.post(f"/api/v1/nodes/{node}/cordon")
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1}) for i in range(8)]
     api.post(f"/api/v1/nodes/{node}/uncordon")  # kicks a pass: three placed
@@ -84,7 +78,7 @@ def test_a_pass_is_bounded_and_the_rest_waits_for_the_next(make_app, clock):
 
 
 def test_a_node_cordoned_while_the_engine_decides_gets_no_work(api, fleet, monkeypatch):
-    node, _ = _node(api, fleet, "n1")
+    node, _ = api.ready_node(fleet, "n1")
     decide = scheduling._decide
 
     def cordon_meanwhile(*args):
@@ -101,7 +95,7 @@ def test_a_node_cordoned_while_the_engine_decides_gets_no_work(api, fleet, monke
 
 
 def test_a_job_cancelled_while_the_engine_decides_is_not_placed(api, fleet, monkeypatch):
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     decide = scheduling._decide
     cancelled = []
 
@@ -146,14 +140,14 @@ def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
 
 
 def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     first = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
     second = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
     assert second["pending_reason"] == first["pending_reason"] != "waiting for the scheduler"
 
 
 def test_a_job_for_a_fleet_and_type_no_node_has_says_so(api, fleet):
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}, node_selector={"fleet": "gpu-a"})
     assert job["pending_reason"] == "no enrolled node matches its fleet, labels and GPU types"
     other = api.submit(resources={"gpus": 16}, node_selector={"fleet": "gpu-a"})
@@ -166,7 +160,7 @@ def test_a_job_for_a_fleet_and_type_no_node_has_says_so(api, fleet):
 
 
 def test_a_submit_says_at_once_when_no_enrolled_node_could_ever_hold_the_job(api, fleet, monkeypatch):
-    _node(api, fleet, "n1", gpu_count=8)
+    api.ready_node(fleet, "n1", gpu_count=8)
     rt = api.app.extensions["fleetd"]
     # As under fleetd serve: the kick only wakes the loop, whose pass comes after the answer.
     monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: False)
@@ -239,7 +233,7 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
 
     import gevent
 
-    _node(api, fleet, "n1")
+    api.ready_node(fleet, "n1")
     job = api.submit(resources={"gpus": 4})  # waits: 2 GPUs only
     rt = api.app.extensions["fleetd"]
     pool = gevent.get_hub().threadpool
@@ -274,8 +268,8 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
 def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api, monkeypatch):
     api.create_fleet("real")
     api.create_fleet("sim")
-    _, session = _node(api, api.create_join_token("real"), "r1", gpu_count=1)
-    _node(api, api.create_join_token("sim"), "s1", gpu_count=1)
+    _, session = api.ready_node(api.create_join_token("real"), "r1", gpu_count=1)
+    api.ready_node(api.create_join_token("sim"), "s1", gpu_count=1)
     typed = {"gpus": 1, "gpu_types": ["NVIDIA B300"]}
     api.submit(name="sim-backlog", resources=typed, node_selector={"fleet": "sim"})
     api.submit(name="anywhere", resources=typed)
@@ -295,7 +289,7 @@ def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_st
     cache = InventoryCache(throttle=True, monotonic=lambda: now[0])
     with database.connection_context():
         assert cache.get().nodes == [] and cache.stale_for == 0
-    _node(api, fleet, "n1")  # the version moves
+    api.ready_node(fleet, "n1")  # the version moves
     with database.connection_context():
         assert cache.get().nodes == [] and cache.stale_for == 1.0  # a view at most a second old
         now[0] += 1.0
