@@ -35,6 +35,8 @@ import urllib.parse  # noqa: E402
 import gevent  # noqa: E402
 import gevent.queue  # noqa: E402
 
+from scale import percentiles  # noqa: E402 - bench/ is this script's directory; scale.py imports only the stdlib
+
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 NOT_SERIOUS = ("ready",)  # reply statuses that are what a healthy idle node should see
 
@@ -108,14 +110,6 @@ class Connection:
         return status, body
 
 
-def percentiles(values):
-    """{count, p50_ms, p95_ms, p99_ms, max_ms} of seconds."""
-    if not values:
-        return {"count": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
-    ordered = sorted(values)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)  # noqa: E731
-    return {"count": len(ordered), "p50_ms": pick(0.5), "p95_ms": pick(0.95), "p99_ms": pick(0.99),
-            "max_ms": round(ordered[-1] * 1000, 2)}
 
 
 class Window:
