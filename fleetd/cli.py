@@ -610,7 +610,7 @@ def _show_node(n):
 def _node_allocation(node_id, gpus):
     """{gpu uuid: {state, detail, tasks}} from the admin-only allocation view; None for other roles."""
     try:
-        allocation = _client().get("/api/v1/cluster/allocation")
+        allocation = _client().get("/api/v1/cluster/allocation", node_id=node_id)
     except ClientError as exc:
         if exc.status == 403:
             return None

@@ -53,3 +53,17 @@ def test_a_fractional_job_counts_its_fraction_of_a_gpu(api):
     ui = UiClient(api.app)
     ui.login(api.token)
     assert '<td class="n">0.25</td>' in ui.text("/ui/")
+
+
+def test_the_allocation_view_can_be_asked_for_one_node(api):
+    api.create_fleet()
+    join = api.create_join_token()
+    n1, _ = api.ready_node(join, "n1", gpu_count=2)
+    n2, _ = api.ready_node(join, "n2", gpu_count=3)
+    api.submit(resources={"gpus": 2}, node_selector={"labels": {}})
+    whole = api.get("/api/v1/cluster/allocation").get_json()
+    assert len(whole["gpus"]) == 5 and set(whole["nodes"]) == {n1, n2}
+    one = api.get(f"/api/v1/cluster/allocation?node_id={n2}").get_json()
+    assert {g["node_id"] for g in one["gpus"]} == {n2} and len(one["gpus"]) == 3 and set(one["nodes"]) == {n2}
+    assert all(a["node_id"] == n2 for a in one["allocations"])
+    assert api.get("/api/v1/cluster/allocation?node_id=unknown").get_json()["gpus"] == []

@@ -6,6 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.cluster import (
+    AllocationQuerySchema,
     ClusterAllocationSchema,
     ClusterStatusSchema,
     GpuTypePageSchema,
@@ -43,10 +44,11 @@ class ClusterStatus(MethodView):
 @blp.route("/cluster/allocation")
 class ClusterAllocation(MethodView):
     @require(ADMIN)
+    @blp.arguments(AllocationQuerySchema(), location="query")
     @blp.response(200, ClusterAllocationSchema)
-    def get(self):
-        """Every GPU with its reservations, every node, every task's allocation."""
-        return cluster.cluster_allocation(_state())
+    def get(self, query):
+        """Every GPU with its reservations, every node, every task's allocation (of one node with ?node_id=)."""
+        return current_runtime().offload(cluster.cluster_allocation, _state(), query["node_id"])
 
 
 @blp.route("/cluster/simulate-schedule")

@@ -2,7 +2,7 @@
 
 from marshmallow import Schema, fields, validate
 
-from fleetd.schemas.common import page_schema
+from fleetd.schemas.common import Text, page_schema
 
 
 class BlockedNoteSchema(Schema):
@@ -49,6 +49,10 @@ class ClusterStatusSchema(Schema):
         "description": "running jobs not listed in active_jobs, as {count, gpus}"})
     profiles = fields.List(fields.Nested(ProfileSchema))
     nodes = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={"description": "nodes by status"})
+
+
+class AllocationQuerySchema(Schema):
+    node_id = Text(max_length=32, load_default=None, metadata={"description": "only this node's GPUs and tasks"})
 
 
 class ClusterAllocationSchema(Schema):

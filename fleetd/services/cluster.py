@@ -367,12 +367,13 @@ class ClusterState:
 
     # ------------------------------------------------------------ capacity views
 
-    def gpu_rows(self):
-        """Every GPU with its state (used, free or blocked, and why), classified by the pure
-        `scheduler.gpu_state` over the same snapshot the scheduler places on."""
+    def gpu_rows(self, nodes=None):
+        """Every GPU (of these nodes) with its state (used, free or blocked, and why), classified
+        by the pure `scheduler.gpu_state` over the same snapshot the scheduler places on."""
         rows = []
-        snapshot = self.snapshot()
-        for node, snap in zip(self.nodes, snapshot.nodes):
+        nodes = self.nodes if nodes is None else nodes
+        snapshot = self.snapshot(nodes)
+        for node, snap in zip(nodes, snapshot.nodes):
             block = self.block(node)
             for gpu, gsnap in zip(self.gpus.get(node.id, ()), snap.gpus):
                 h = self.held.get((node.id, gpu.uuid))
@@ -525,13 +526,15 @@ def profiles(state):
             for (sid, per), count in sorted(shapes.items())]
 
 
-def cluster_allocation(state):
-    """GET /api/v1/cluster/allocation: every GPU, node and task allocation."""
-    rows = state.gpu_rows()
+def cluster_allocation(state, node_id=None):
+    """GET /api/v1/cluster/allocation: every GPU, node and task allocation (of one node, with
+    `node_id`). Pure: it may run off the event loop."""
+    chosen = state.nodes if node_id is None else [n for n in state.nodes if n.id == node_id]
+    rows = state.gpu_rows(chosen)
     for row in rows:
         row["next_open_at"] = isoformat(row.get("next_open_at"))
     nodes = {}
-    for node in state.nodes:
+    for node in chosen:
         cpu, mem, _ = state.node_use.get(node.id, (0, 0, 0))
         block = state.block(node)
         nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
@@ -539,7 +542,8 @@ def cluster_allocation(state):
                           "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
                           "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
     allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
-                    "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks]
+                    "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
+                   if node_id is None or t.node_id == node_id]
     gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}
     return {"gpus": rows, "nodes": nodes, "allocations": allocations, "gpu_to_tasks": gpu_to_tasks}
 
