@@ -771,9 +771,12 @@ class GpuCount(click.ParamType):
                    "lost node or a preemption only).")
 @click.option("--wait", "wait_for_end", is_flag=True,
               help="Print the job's output while it runs, then its end; exit 0 only if it succeeded.")
+@click.option("--no-wait-for-capacity", "refuse_if_never", is_flag=True,
+              help="Refuse the job when no enrolled node could ever hold it, instead of queueing it for nodes "
+                   "that may join later.")
 @click.argument("command", nargs=-1)
 def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nodes, env, fleet_name, max_runtime,
-               retries, wait_for_end, command):
+               retries, wait_for_end, refuse_if_never, command):
     """Submit a job: fleetd job submit [OPTIONS] -- COMMAND [ARGS]..."""
     spec = _load_spec(spec_file) if spec_file else {}
     if command:
@@ -799,7 +802,8 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
         spec["max_runtime_seconds"] = max_runtime
     if retries is not None:
         spec["retry"] = {"max_attempts": retries + 1, "on": ["node_lost", "preempted", "failed"]}
-    data = _client().post("/api/v1/jobs", spec)
+    data = _client().request("POST", "/api/v1/jobs", json=spec,
+                             params={"wait_for_capacity": "false"} if refuse_if_never else None)
     if wait_for_end:
         if _ctx().obj["json"]:
             data = _wait_job(data["id"], None)  # stdout is the JSON of the ended job, nothing else

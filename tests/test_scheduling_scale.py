@@ -294,3 +294,17 @@ def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_st
         assert cache.get().nodes == [] and cache.stale_for == 1.0  # a view at most a second old
         now[0] += 1.0
         assert [n.hostname for n in cache.get().nodes] == ["n1"] and cache.stale_for == 0
+
+
+def test_a_submit_that_will_not_wait_for_capacity_is_refused_and_stores_nothing(api, fleet):
+    api.ready_node(fleet, "n1", gpu_count=8)
+    resp = api.post("/api/v1/jobs?wait_for_capacity=false", {"name": "big", "command": ["true"],
+                                                              "resources": {"gpus": 16}})
+    err = resp.get_json()["error"]
+    assert resp.status_code == 409 and err["details"] == {"reason": "no_capacity"}
+    assert err["message"].startswith("no enrolled node could ever hold it: it needs 16 GPUs on one node")
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+    ok = api.post("/api/v1/jobs?wait_for_capacity=false", {"name": "fits", "command": ["true"],
+                                                             "resources": {"gpus": 8}})
+    assert ok.status_code == 201 and ok.get_json()["state"] == "running"
+    assert api.submit(resources={"gpus": 16})["state"] == "queued"  # by default it waits

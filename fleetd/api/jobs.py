@@ -6,7 +6,7 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
 from fleetd.db import database
-from fleetd.errors import InvalidRequest, PayloadTooLarge
+from fleetd.errors import Conflict, InvalidRequest, PayloadTooLarge
 from fleetd.models import JobState
 from fleetd.runtime import current_runtime
 from fleetd.schemas.jobs import (
@@ -20,6 +20,7 @@ from fleetd.schemas.jobs import (
     JobWaitSchema,
     LogPageSchema,
     LogQuerySchema,
+    SubmitQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
 from fleetd.services import artifacts, jobs, policy, scheduling
@@ -39,15 +40,20 @@ class Jobs(MethodView):
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)
+    @blp.arguments(SubmitQuerySchema(), location="query")
     @blp.arguments(JobSpecSchema())
     @blp.response(201, JobStatusSchema)
-    def post(self, spec):
+    def post(self, query, spec):
         """Submit a JobSpec; it is queued and placed as soon as it fits."""
         request = jobs.task_request(spec)  # the engine's own checks, before anything is stored
         policy.check_bid(spec)
         rt = current_runtime()
-        # Accepted even when no enrolled node could ever hold it (nodes may join later), but it says so.
-        job = jobs.submit_job(rt.clock.now(), current_principal(), spec, scheduling.capacity_reason(rt, request))
+        # Accepted even when no enrolled node could ever hold it (nodes may join later), but it says
+        # so; refused if the caller asked not to wait for capacity.
+        never = scheduling.capacity_reason(rt, request)
+        if never and not query["wait_for_capacity"]:
+            raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
+        job = jobs.submit_job(rt.clock.now(), current_principal(), spec, never)
         if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
             job = jobs.get_job(current_principal(), job.id)
         return job

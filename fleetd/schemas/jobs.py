@@ -136,6 +136,11 @@ class JobQuerySchema(PageQuerySchema):
     owner = Text(max_length=200, load_default=None)
 
 
+class SubmitQuerySchema(Schema):
+    wait_for_capacity = fields.Boolean(load_default=True, metadata={
+        "description": "false: refuse (409) a job that no enrolled node could ever hold, instead of queueing it"})
+
+
 class JobWaitSchema(Schema):
     wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0)
 

@@ -278,3 +278,15 @@ def test_join_token_is_single_use_by_default_and_its_printed_command_enrols_a_ho
     unlimited = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--unlimited", "--json").stdout)
     assert unlimited["max_uses"] is None
     assert "enrols any number of hosts" in run("join-token", "create", "--fleet", "gpu-a", "--unlimited").stdout
+
+
+# ---------------------------------------------------------------- item 2: work that can never run
+
+
+def test_submit_says_when_no_node_could_ever_hold_a_job_and_can_refuse_it(run, server):
+    stand_in_node(run, server.url, gpu_count=2)
+    queued = run("job", "submit", "--gpus", "16", "--", "true").stdout
+    assert "queued: no enrolled node could ever hold it: it needs 16 GPUs on one node" in queued
+    refused = run("job", "submit", "--gpus", "16", "--no-wait-for-capacity", "--", "true", expect=1)
+    assert refused.stderr.startswith("fleetd: conflict: no enrolled node could ever hold it")
+    assert len(json.loads(run("job", "list", "--json").stdout)) == 1  # the refused one was not stored
