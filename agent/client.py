@@ -1,4 +1,4 @@
-"""The agent's side of the agent protocol (API.md "Agent protocol", X-Fleet-Protocol: 1).
+"""The agent's side of the agent protocol (docs/api.md "Agent protocol", X-Fleet-Protocol: 1).
 
 Plain urllib3 (what requests is built on): every task costs the agent calls to fleetd
 (acquire, start, finish), and urllib3 spends half the CPU requests does on each.

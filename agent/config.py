@@ -1,6 +1,6 @@
 """Agent configuration: defaults, then the TOML file, then FLEET_AGENT_* environment, then flags.
 
-Keys and variables are those of API.md "Agent configuration"; tables flatten to
+Keys and variables are those of docs/api.md "Agent configuration"; tables flatten to
 `<table>_<key>` (``local_api.listen`` is ``local_api_listen``, variable
 ``FLEET_AGENT_LOCAL_API_LISTEN``). Unknown keys are an error, so a typo never silently
 falls back to a default.

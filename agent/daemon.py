@@ -34,7 +34,7 @@ EXIT_REVOKED = 3  # revoked or session rejected: restarting will not help; re-en
 
 DEFAULT_HEARTBEAT_SECONDS = 10.0
 ENROLMENT_POLL_SECONDS = 1.0
-ACQUIRE_WAIT_SECONDS = 30  # the most API.md allows
+ACQUIRE_WAIT_SECONDS = 30  # the most fleetd allows (docs/api.md, acquire)
 ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predates batches gets 1)
 # After a stop that requeued tasks: how long the acquire in flight may take to bring back an
 # assignment (fleetd may place a requeued job on this node again at once) so it is handed back.

@@ -1,4 +1,4 @@
-"""The node-local device/worker API (API.md "Agent local API"), 127.0.0.1:8001 by default.
+"""The node-local device/worker API (docs/api.md "Agent local API"), 127.0.0.1:8001 by default.
 
 Success is ``{"data": ...}``, failure the fleetd error envelope. Every route except
 /healthz and /readyz needs the bearer token from state_dir/local-api.token. A
@@ -23,7 +23,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 class ApiError(Exception):
-    """An error answer: HTTP status, code and message as in API.md's error envelope."""
+    """An error answer: HTTP status, code and message as in fleetd's error envelope (docs/api.md "Errors")."""
 
     def __init__(self, status, code, message, details=None):
         super().__init__(message)

@@ -18,7 +18,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 @dataclasses.dataclass
 class Assignment:
-    """API.md Assignment, validated."""
+    """An Assignment (docs/api.md "Assignment"), validated."""
 
     task_id: str
     job_id: str

@@ -91,7 +91,7 @@ class FinishReports:
     A report goes out at once when no call is on its way; the reports that come meanwhile wait
     for that call and then go out in one (POST /agent/finish, up to MAX_FINISHES), sent by the
     thread of the first of them. Nothing waits for company: when fleetd answers fast each
-    report goes alone, by API.md's route; when it is loaded it answers slower, more reports
+    report goes alone, by the single-finish route; when it is loaded it answers slower, more reports
     wait, and each call carries more of them (per-call cost is most of what fleetd spends on
     a finish). A fleetd without the route (404, 405) gets one call per report from then on.
     """

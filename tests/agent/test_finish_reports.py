@@ -61,7 +61,7 @@ def test_reports_that_wait_for_a_call_go_in_the_next_one(fleetd):
     assert sorted(f["task_id"] for f in calls[1][1]["finishes"]) == ["t1", "t2", "t3"]
     assert sorted(fleetd.finished) == ids
     assert sum(len(body["finishes"]) if "finishes" in body else 1 for _path, body in calls) == 4  # 4 in 2 calls
-    # Nothing on its way: the next report goes at once, alone, by API.md's route.
+    # Nothing on its way: the next report goes at once, alone, by the single-finish route.
     client = FleetClient(fleetd.url, session_token="fln_s.secret")
     reports.send(client, "t4", finish_body(1, "failed", 2))
     client.close()
