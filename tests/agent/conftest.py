@@ -17,6 +17,7 @@ from agent import fake_nvml as fake_module
 from agent.cgroups import Cgroups
 from agent.task.journal import read_state
 from tests.integration.conftest import FleetdProcess, Http, admin, data_dir, fleetd_cmd, server_factory  # noqa: F401
+from tests.support import wait_until  # noqa: F401 - the agent tests import it from here
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
 SCENARIOS = ("h100_x8", "a100_mig_x2", "l4_x4", "gpu_lost", "no_driver")
@@ -27,17 +28,6 @@ def shape_path(name):
     return SHAPES / f"{name}.json"
 
 
-def wait_until(condition, timeout=30.0, interval=0.1, message="condition"):
-    """Poll `condition` until it returns something truthy; bounded in time and count."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
 class FakeNvml:

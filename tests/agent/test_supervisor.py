@@ -10,6 +10,7 @@ from agent.procfs import TaskKey, read_proc, wait_gone
 from agent.task.errors import TaskError
 from agent.task.supervisor import Supervisor, check_executable, describe_exit
 from agent.threads import Pool
+from tests.support import wait_until
 
 PY = sys.executable
 # Prints a line, then ignores SIGTERM: only the SIGKILL after the grace ends it.
@@ -46,19 +47,15 @@ def test_a_process_that_ignores_sigterm_is_killed_once_the_grace_is_over(supervi
     lines = Lines()
     with supervisor.lock:
         supervisor.spawn([PY, "-c", STUBBORN], str(tmp_path), {"PATH": "/usr/bin:/bin"}, lines)
-    for _ in range(200):
-        if lines.lines:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: lines.lines, 10, 0.05, "the first line")
     assert lines.lines == [("stdout", "ready")]
     assert supervisor.pids() == [supervisor.proc.pid]
     with supervisor.lock:
         assert supervisor.terminate(0.3)
         assert supervisor.kill_if_due(time.monotonic()) is not None  # still within the grace
-    time.sleep(0.3)
-    assert read_proc(supervisor.proc.pid) is not None  # SIGTERM ignored
+    assert read_proc(supervisor.proc.pid) is not None  # SIGTERM ignored (its handler was set before "ready")
     with supervisor.lock:
-        assert supervisor.kill_if_due(time.monotonic()) is None  # SIGKILL sent
+        assert supervisor.kill_if_due(time.monotonic() + 0.3) is None  # the grace is over: SIGKILL sent
     assert supervisor.exited.wait(10)
     assert describe_exit(supervisor.reap()) == (128 + signal.SIGKILL, "killed by SIGKILL")
     assert wait_gone([supervisor.proc.pid], 5)

@@ -1,18 +1,13 @@
 """agent.threads: jobs on reused threads."""
 
 import threading
-import time
 
 from agent.threads import Job, Pool
+from tests.support import wait_until
 
 
 def _wait_for(predicate, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    for _ in range(10_000):
-        if predicate() or time.monotonic() >= deadline:
-            break
-        time.sleep(0.01)
-    return predicate()
+    return wait_until(predicate, seconds, 0.01, "the pool")
 
 
 def test_a_finished_thread_takes_the_next_job():

@@ -4,11 +4,11 @@ import json
 import os
 import stat
 import subprocess
-import time
 
 import pytest
 
 from tests.integration.conftest import fleetd_cmd
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -165,11 +165,8 @@ def test_job_commands_through_the_cli(run, server, tmp_path):
 
     queued = json.loads(run("job", "submit", "--gpus", "4", "--json", "--", "sleep", "1").stdout)
     assert queued["state"] == "queued"
-    for _ in range(50):  # the scheduler loop explains why within moments
-        shown = json.loads(run("job", "show", queued["id"], "--json").stdout)
-        if "no node can take the task now" in shown["pending_reason"]:
-            break
-        time.sleep(0.1)
+    shown = wait_until(lambda: (lambda job: job if "no node can take the task now" in job["pending_reason"] else None)(
+        json.loads(run("job", "show", queued["id"], "--json").stdout)), 5, message="the scheduler's reason")
     assert "gpu_count: 1 node(s)" in shown["pending_reason"]
     assert run("job", "cancel", queued["id"]).stdout.strip() == f"job {queued['id']} cancelled"
     assert run("job", "wait", queued["id"], expect=1).stdout.startswith(f"job {queued['id']} cancelled")

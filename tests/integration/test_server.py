@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import gpus
 from tests.integration.conftest import Http
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +114,7 @@ def test_sigterm_answers_a_waiting_long_poll_at_once_and_exits(server_factory, a
 
 
 def _wait_for_log(server, text, timeout=10):
-    deadline = time.monotonic() + timeout
-    while text not in server.log:
-        assert time.monotonic() < deadline, f"{text!r} not logged:\n{server.log}"
-        time.sleep(0.05)
+    wait_until(lambda: text in server.log, timeout, 0.05, f"{text!r} in the log")
 
 
 def test_holds_a_thousand_concurrent_requests_without_a_thread_each(server, admin):

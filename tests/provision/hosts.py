@@ -18,9 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
+
+from tests.support import wait_until
 
 SUBNET_PREFIX = "10.213"
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
@@ -47,15 +48,7 @@ def systemctl_stand_in():
 
 def wait_for(condition, timeout, interval=0.1, message="condition"):
     """Poll until `condition()` is truthy; bounded in time and in iterations."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 2):
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    return wait_until(condition, timeout, interval, message)
 
 
 def _host_uuid(value, host_index):
@@ -215,7 +208,10 @@ class TestHost:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            time.sleep(0.1)
+            try:
+                wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), 2, 0.05)
+            except AssertionError:
+                pass  # zombies or new processes: the next round lists the namespace again
         if self.sshd is not None:
             self.sshd.poll()
 
