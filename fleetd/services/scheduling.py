@@ -60,7 +60,6 @@ class _Plan:
     preempt: list = dataclasses.field(default_factory=list)  # (job, PreemptionPlan) to carry out
     parked: dict = dataclasses.field(default_factory=dict)  # group key -> reason (found not to fit)
     errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
-    skipped: int = 0  # jobs of parked groups not looked at
     bounded: bool = False  # stopped early at the pass's bound
 
     def wait(self, job, reason):
@@ -116,7 +115,6 @@ def _decide(settings, queued, terms, state, rules, parked, nominations):
     todo = [job for job in queued if parked is None or keys[job.id] not in parked]
     for job in queued:
         if parked is not None and keys[job.id] in parked:
-            plan.skipped += 1
             plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
     if not todo:
         return plan
@@ -382,9 +380,6 @@ class ParkedGroups:
     def clear(self):
         with self._lock:
             self._groups.clear()
-
-    def __len__(self):
-        return len(self._groups)
 
 
 def _tasks_of(job_ids):
