@@ -395,16 +395,14 @@ def test_jobs_that_need_nothing_go_to_the_least_busy_node(api, fleet):
     assert counts[first] == 1 and sorted(counts.values()) == [1, 2, 2], (busy["id"], counts)
 
 
-def test_job_terms_cache_keeps_the_newest_entries_up_to_its_size():
-    class Row:
-        def __init__(self, i):
-            self.id, self.spec, self.team, self.priority_class = f"j{i}", {"command": ["true"]}, "", "on-demand"
-
+def test_job_terms_cache_keeps_the_newest_entries_up_to_its_size(api):
+    ids = [api.submit(name=f"j{i}")["id"] for i in range(5)]  # no node: they stay queued
     cache = _TermsCache(size=3)
-    terms = cache.of_jobs([Row(i) for i in range(5)])
-    assert sorted(terms) == ["j0", "j1", "j2", "j3", "j4"]  # all returned, the newest three kept
-    assert sorted(cache._terms) == ["j2", "j3", "j4"]
-    assert cache.of_jobs([Row(4)])["j4"] is terms["j4"]
+    with database.connection_context():
+        terms = cache.get_many(ids)
+        assert sorted(terms) == sorted(ids)  # all returned, the newest three kept
+        assert sorted(cache._terms) == sorted(ids[2:])
+        assert cache.get_many(ids[4:])[ids[4]] is terms[ids[4]]
 
 
 def test_concurrent_submissions_lose_no_job_and_run_none_twice(api, fleet):

@@ -115,18 +115,19 @@ class _TermsCache:
             for stale in list(itertools.islice(self._terms, excess)):
                 del self._terms[stale]
 
-    def of_jobs(self, jobs):
-        """JobTerms of loaded Job rows, {id: terms}, kept for later passes (where these jobs' tasks
-        are then active): the row is at hand, so no query."""
-        with self._lock:
-            found = {j.id: self._terms[j.id] for j in jobs if j.id in self._terms}
-        made = {j.id: _terms(j.spec, j.team, j.priority_class) for j in jobs if j.id not in found}
-        if made:
-            with self._lock:
-                self._terms.update(made)
-                self._evict()
-            found.update(made)
-        return found
+    def get_each(self, job_ids):
+        """({id: JobTerms}, {id: exception}): get_many, except that a job whose spec cannot be
+        evaluated is left out with why instead of failing the others."""
+        try:
+            return self.get_many(job_ids), {}
+        except Exception:  # one spec is bad: find it, keep the rest
+            found, failed = {}, {}
+            for job_id in job_ids:
+                try:
+                    found.update(self.get_many([job_id]))
+                except Exception as exc:
+                    failed[job_id] = exc
+            return found, failed
 
 
 TERMS = _TermsCache()
@@ -414,7 +415,7 @@ class ClusterState:
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms cache."""
         ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
         demand = {}
-        for terms in _terms_of(ids).values():
+        for terms in TERMS.get_each(ids)[0].values():
             request = terms.request
             gpus = float(request.gpus or 0) * request.num_nodes
             if not gpus:
@@ -426,20 +427,6 @@ class ClusterState:
 
 
 _QUEUED_IDS = Statement(lambda v: Job.select(Job.id).where(Job.state == JobState.QUEUED.value))
-
-
-def _terms_of(job_ids):
-    """TERMS.get_many, leaving out a job whose spec cannot be evaluated (the pass sets it aside)."""
-    try:
-        return TERMS.get_many(job_ids)
-    except Exception:
-        out = {}
-        for job_id in job_ids:
-            try:
-                out.update(TERMS.get_many([job_id]))
-            except Exception:
-                continue
-        return out
 
 
 def _counts(rows):

@@ -304,19 +304,15 @@ def _jobs_by_id(job_ids):
 def _evaluable(queued):
     """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
     and why each of the others is set aside (it stays queued; the rest go on)."""
-    try:
-        return queued, TERMS.get_many([job.id for job in queued]), {}
-    except Exception:  # one spec is bad: find it, keep the rest
-        terms, aside = {}, {}
-        for job in queued:
-            try:
-                terms.update(TERMS.get_many([job.id]))
-            except Exception as exc:
-                reason = _set_aside_reason(exc)
-                if job.pending_reason != reason:
-                    log.error("scheduling: job %s set aside", job.id, exc_info=exc)
-                    aside[job.id] = reason
-        return [job for job in queued if job.id in terms], terms, aside
+    terms, failed = TERMS.get_each([job.id for job in queued])
+    aside = {}
+    for job in queued:
+        if job.id in failed:
+            reason = _set_aside_reason(failed[job.id])
+            if job.pending_reason != reason:
+                log.error("scheduling: job %s set aside", job.id, exc_info=failed[job.id])
+                aside[job.id] = reason
+    return [job for job in queued if job.id in terms], terms, aside
 
 
 def _set_aside_reason(exc):
