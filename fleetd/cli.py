@@ -92,14 +92,17 @@ def _console():
     return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
-def show_table(rows, columns, title=None):
-    """Rows (dicts) as a table; `columns` is [(header, key or callable)]."""
+def show_table(rows, columns, title=None, wrap=None):
+    """Rows (dicts) as a table; `columns` is [(header, key or callable)]. With `wrap` (headers), only those
+    columns wrap on a narrow terminal and every other one keeps its values on one line."""
     from rich.table import Table
 
     table = Table(title=title, box=None, header_style="bold")
     for header, _ in columns:
         if header in ("ID", "UUID"):
             table.add_column(header, no_wrap=True, min_width=20)
+        elif wrap is not None:
+            table.add_column(header, no_wrap=header not in wrap, overflow="fold", ratio=1 if header in wrap else None)
         else:
             table.add_column(header)
     for row in rows:
@@ -888,10 +891,15 @@ def _print_line(with_rank):
 
 
 def _read_logs(job_id, rank, after, show):
-    """Print every line after `after`; returns the seq of the last one."""
+    """Print every line of a job's log after `after`; returns the seq of the last one."""
+    return _read_log_pages(f"/api/v1/jobs/{job_id}/logs", after, show, rank=rank)
+
+
+def _read_log_pages(path, after, show, **params):
+    """Print every line of a log (a job's, an instance's) after `after`; returns the seq of the last one."""
     client = _client()
     for _ in range(1_000_000):  # bounded: a log of a billion lines would still end
-        page = client.get(f"/api/v1/jobs/{job_id}/logs", after=after, rank=rank, limit=1000)
+        page = client.get(path, after=after, limit=1000, **params)
         for line in page["items"]:
             show(line)
             after = line["seq"]
@@ -1002,6 +1010,407 @@ def job_why(job_id):
 
 # The pending reasons of rules that hold a job whatever the nodes (fleetd/services/scheduling.py).
 _RULE_RE = re.compile(r"at its quota|spot minimum|^set aside:")
+
+
+# ---------------------------------------------------------------- instances
+
+
+@cli.group()
+def instance():
+    """Instances: long-running reserved GPU workloads (create, list, show, stop, resume, rm, connect, logs)."""
+
+
+# The states an instance stays in until someone acts (docs/api.md, Instances).
+INSTANCE_AT_REST = ("stopped", "failed", "deleted")
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)$")
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
+
+
+def parse_size(value):
+    """'10G', '512Mi', '1.5TiB' or plain bytes -> bytes; K, M, G, T, P are powers of 1024."""
+    match = _SIZE_RE.match(value.strip().lower())
+    if not match or (match.group(3) and not match.group(2) and match.group(3) != "b"):
+        raise click.BadParameter(f"{value!r} is not a size like 512M, 10G or 2T (binary units: 10G = 10 GiB)")
+    number = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if not number.is_integer():
+        raise click.BadParameter(f"{value!r} is not a whole number of bytes")
+    return int(number)
+
+
+class Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+class PortSpec(click.ParamType):
+    """PORT or PORT/http or PORT/tcp -> {port, protocol}."""
+
+    name = "port[/http|/tcp]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        number, _, protocol = value.strip().partition("/")
+        protocol = protocol.lower() or "tcp"
+        if not number.isdigit() or not 1 <= int(number) <= 65535 or protocol not in ("http", "tcp"):
+            self.fail(f"{value!r} is not PORT, PORT/http or PORT/tcp with 1 <= PORT <= 65535", param, ctx)
+        return {"port": int(number), "protocol": protocol}
+
+
+class IdleStop(click.ParamType):
+    """PCT:DURATION -> {gpu_util_below_percent, for_seconds}."""
+
+    name = "pct:duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        percent, sep, duration = value.strip().partition(":")
+        try:
+            below = float(percent)
+            seconds = parse_duration(duration) if sep else None
+        except (ValueError, click.BadParameter):
+            below = seconds = None
+        if below is None or seconds is None or not 0 <= below <= 100:
+            self.fail(f"{value!r} is not PERCENT:DURATION like 5:30m (stop once every GPU stayed under 5% "
+                      "utilization for 30 minutes)", param, ctx)
+        return {"gpu_util_below_percent": int(below) if below.is_integer() else below, "for_seconds": seconds}
+
+
+def _span(seconds):
+    """A duration as people read it: 45s, 12m 03s, 3h 07m, 2d 4h."""
+    if seconds is None:
+        return None
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def _money(value):
+    return None if value is None else f"{value:.2f}"
+
+
+def _instance_ports(inst):
+    """Declared ports, each with the node's public port once it runs: `8888/http->31001`."""
+    published = {p["private_port"]: p for p in ((inst.get("runtime") or {}).get("ports") or [])}
+    out = []
+    for port in (inst.get("spec") or {}).get("ports") or []:
+        text = f"{port['port']}/{port.get('protocol') or 'tcp'}"
+        public = published.get(port["port"])
+        if public and public.get("public_port"):
+            text += f"->{public['public_port']}"
+        out.append(text)
+    return ",".join(out) or None
+
+
+def _instance_gpus(inst):
+    resources = (inst.get("spec") or {}).get("resources") or {}
+    text = _num(resources.get("gpus") or 0)
+    return text + (f" ({','.join(resources['gpu_types'])})" if resources.get("gpu_types") else "")
+
+
+INSTANCE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("STATE", "state"), ("NODE", "node_id"), ("GPUS", _instance_gpus),
+                    ("PORTS", _instance_ports), ("PRICE/H", lambda i: _money(i.get("price_per_hour"))),
+                    ("COST", lambda i: _money(i.get("cost_so_far"))), ("PENDING REASON", "pending_reason")]
+
+
+def _instance_line(d):
+    """`instance ID STATE: reason` as submit prints a job."""
+    return f"instance {d['id']} {d['state']}" + (f": {d['pending_reason']}" if d.get("pending_reason") else "")
+
+
+def _wait_instance(instance_id, done, timeout=None, on_change=None):
+    """Ask for the instance (answered as soon as its state changes) until `done(instance)`; returns the last
+    answer, which is not done only when `timeout` seconds passed."""
+    import time
+
+    client = _client()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    data, seen = None, None
+    for _ in range(10_000_000):  # bounded: a wait of years would still end
+        left = 30 if deadline is None else max(0, min(30, deadline - time.monotonic()))
+        data = client.get(f"/api/v1/instances/{instance_id}", wait_seconds=int(left))
+        now_seen = (data["state"], data.get("pending_reason"))
+        if on_change and now_seen != seen:
+            on_change(data)
+        seen = now_seen
+        if done(data) or (deadline is not None and time.monotonic() >= deadline):
+            return data
+    return data
+
+
+def _running_or_at_rest(d):
+    return d["state"] == "running" or d["state"] in INSTANCE_AT_REST
+
+
+def _wait_running(instance_id, data, timeout, verb):
+    """--wait of create and resume: until it runs (exit 0), or rests (exit 1), or the timeout (exit 2)."""
+    quiet = _ctx().obj["json"]
+
+    def tell(d):
+        if not quiet:
+            click.echo(_instance_line(d), err=True)
+
+    if data["state"] != "running":
+        if not quiet:
+            click.echo(f"instance {instance_id} {data['state']}; waiting until it runs (Ctrl-C stops the waiting, "
+                       f"not the instance: `fleetd instance stop {instance_id}`)", err=True)
+        try:
+            data = _wait_instance(instance_id, _running_or_at_rest, timeout, tell)
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped waiting; instance {instance_id} was {verb} and goes on "
+                       f"(`fleetd instance show {instance_id}` shows it)", err=True)
+            sys.exit(130)
+    emit(_ctx(), data, lambda d: click.echo(_instance_line(d)))
+    if data["state"] != "running":
+        sys.exit(1 if data["state"] in INSTANCE_AT_REST else 2)
+
+
+@client_command(instance, "create")
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False),
+              help="InstanceSpec as YAML or JSON; the options below override it.")
+@click.option("--name", help="Instance name (default: the command's first word, or the image's name).")
+@click.option("--gpus", type=GpuCount(), help="GPUs to reserve.")
+@click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
+@click.option("--cpus", type=click.FloatRange(min=0), help="Host CPUs, reserved and enforced (default: no limit).")
+@click.option("--memory", "memory_bytes", type=Size(), help="Host memory, e.g. 64G (binary units: 64G = 64 GiB).")
+@click.option("--image", help="Container image to run (without it, a command is required).")
+@click.option("--port", "ports", type=PortSpec(), multiple=True,
+              help="Port the workload listens on, PORT[/http|/tcp] (default tcp; repeatable); "
+                   "`fleetd instance connect` gives its address.")
+@click.option("--volume", "volume_bytes", type=Size(),
+              help="Persistent volume kept across stop and resume, e.g. 100G (0: none).")
+@click.option("--volume-mount", "volume_mount_path", help="Where the volume is mounted (default /workspace).")
+@click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--spot", is_flag=True, help="Spot class: cheaper, may be interrupted by on-demand work.")
+@click.option("--bid", type=click.FloatRange(min=0), help="Spot bid per GPU-hour (with --spot).")
+@click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
+@click.option("--label", "labels", multiple=True, help="Run only on nodes with this KEY=VALUE label (repeatable).")
+@click.option("--restart", type=click.Choice(["always", "on-failure", "never"]),
+              help="Restart its process when it exits: always, on-failure (the default) or never.")
+@click.option("--idle-stop", type=IdleStop(),
+              help="Stop it once its GPUs stayed under PCT% utilization for DURATION, e.g. 5:30m.")
+@click.option("--wait", "wait_running", is_flag=True,
+              help="Wait until it runs; exit 0 once it does, 1 if it stopped or failed first.")
+@click.option("--timeout", type=Duration(), help="With --wait: give up after this long (exit 2).")
+@click.argument("command", nargs=-1)
+def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image, ports, volume_bytes,
+                    volume_mount_path, env, spot, bid, fleet_name, labels, restart, idle_stop, wait_running, timeout,
+                    command):
+    """Create an instance: fleetd instance create [OPTIONS] [-- COMMAND [ARGS]...]"""
+    spec = _load_spec(spec_file) if spec_file else {}
+    if command:
+        spec["command"] = list(command)
+    if image:
+        spec["image"] = image
+    if not spec.get("command") and not spec.get("image"):
+        raise click.UsageError("give a command after --, or --image (or a spec file with one)")
+    if bid is not None and not spot and spec.get("priority_class") != "spot":
+        raise click.UsageError("--bid is a spot instance's bid: add --spot")
+    default_name = (os.path.basename(str(spec["command"][0])) if spec.get("command")
+                    else str(spec["image"]).rsplit("/", 1)[-1].split("@")[0].split(":")[0])
+    spec["name"] = name or spec.get("name") or default_name or "instance"
+    resources = spec.setdefault("resources", {})
+    for key, value in (("gpus", gpus), ("cpus", cpus), ("memory_bytes", memory_bytes)):
+        if value is not None:
+            resources[key] = value
+    resources.setdefault("gpus", 0)
+    if gpu_types:
+        resources["gpu_types"] = list(gpu_types)
+    if ports:
+        spec["ports"] = list(ports)
+    if volume_bytes is not None:
+        spec["volume_bytes"] = volume_bytes
+    if volume_mount_path:
+        spec["volume_mount_path"] = volume_mount_path
+    if env:
+        spec["env"] = {**spec.get("env", {}), **_labels(env)}
+    if spot:
+        spec["priority_class"] = "spot"
+    if bid is not None:
+        spec["bid"] = bid
+    if fleet_name:
+        spec.setdefault("node_selector", {})["fleet"] = fleet_name
+    if labels:
+        selector = spec.setdefault("node_selector", {})
+        selector["labels"] = {**selector.get("labels", {}), **_labels(labels)}
+    if restart:
+        spec["restart"] = restart
+    if idle_stop:
+        spec["idle_stop"] = idle_stop
+    data = _client().post("/api/v1/instances", spec)
+    if wait_running:
+        _wait_running(data["id"], data, timeout, "created")
+        return
+    emit(_ctx(), data, lambda d: click.echo(_instance_line(d)))
+
+
+@client_command(instance, "list")
+@click.option("--state", type=click.Choice(["pending", "starting", "running", "stopping", "stopped", "interrupted",
+                                            "failed", "deleted"]), help="Only instances in this state.")
+@click.option("--owner", help="Only instances created with the token of this name.")
+def instance_list(state, owner):
+    """List instances (a submitter sees its own)."""
+    items = list(_client().paginate("/api/v1/instances", state=state, owner=owner))
+    emit(_ctx(), items, lambda rows: show_table(rows, INSTANCE_COLUMNS, wrap=("PENDING REASON",)))
+
+
+def _show_instance(d):
+    spec = d.get("spec") or {}
+    runtime = d.get("runtime") or {}
+    command = spec.get("command")
+    volume = spec.get("volume_bytes") or 0
+    show_record(d, [
+        ("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("TEAM", "team"), ("STATE", "state"),
+        ("DESIRED", "desired_state"), ("PENDING REASON", "pending_reason"), ("NODE", "node_id"),
+        ("IMAGE", lambda _: spec.get("image")), ("COMMAND", lambda _: shlex.join(command) if command else None),
+        ("GPUS", _instance_gpus),
+        ("CLASS", lambda _: (spec.get("priority_class") or "on-demand")
+         + (f", bid {_num(spec['bid'])}" if spec.get("bid") is not None else "")),
+        ("RESTART", lambda _: spec.get("restart")),
+        ("VOLUME", lambda _: f"{_bytes(volume)} at {spec.get('volume_mount_path') or '/workspace'}" if volume
+         else "none"),
+        ("IDLE STOP", lambda _: spec.get("idle_stop") and "under {}% GPU utilization for {}".format(
+            _num(spec["idle_stop"]["gpu_util_below_percent"]), _span(spec["idle_stop"]["for_seconds"]))),
+        ("CREATED", "created_at"), ("STARTED", "started_at"), ("STOPPED", "stopped_at"),
+        ("UPTIME", lambda _: _span(runtime.get("uptime_seconds"))),
+        ("PRICE/H", lambda i: _money(i.get("price_per_hour"))), ("COST", lambda i: _money(i.get("cost_so_far"))),
+    ])
+    container = runtime.get("container") or {}
+    if container:
+        click.echo(f"{'CONTAINER'.ljust(14)}  CPU {_num(container.get('cpu_percent') or 0)}%, "
+                   f"memory {_num(container.get('memory_percent') or 0)}%")
+    published = {p["private_port"]: p for p in runtime.get("ports") or []}
+    if spec.get("ports"):
+        click.echo("")
+        rows = [dict(p, public=published.get(p["port"]) or {}) for p in spec["ports"]]
+        show_table(rows, [("PORT", "port"), ("PROTOCOL", "protocol"),
+                          ("PUBLIC PORT", lambda p: p["public"].get("public_port")),
+                          ("ADDRESS", lambda p: p["public"].get("ip")),
+                          ("PUBLIC IP", lambda p: p["public"].get("is_ip_public"))])
+    if runtime.get("gpus"):
+        click.echo("")
+        show_table(runtime["gpus"], [("UUID", "uuid"), ("GPU UTIL %", "gpu_util_percent"),
+                                     ("MEMORY UTIL %", "memory_util_percent")])
+
+
+@client_command(instance, "show")
+@click.argument("instance_id")
+def instance_show(instance_id):
+    """Show an instance: state, why it waits, node, ports, GPU figures, price and cost."""
+    emit(_ctx(), _client().get(f"/api/v1/instances/{instance_id}"), _show_instance)
+
+
+@client_command(instance, "stop")
+@click.argument("instance_id")
+@click.option("--wait", "wait_stopped", is_flag=True, help="Wait until its processes have stopped.")
+def instance_stop(instance_id, wait_stopped):
+    """Stop an instance: its processes end and its GPUs are freed; its volume is kept for `resume`."""
+    data = _client().post(f"/api/v1/instances/{instance_id}/stop")
+    if wait_stopped and data["state"] not in INSTANCE_AT_REST:
+        data = _wait_instance(instance_id, lambda d: d["state"] in INSTANCE_AT_REST)
+    emit(_ctx(), data, lambda d: click.echo(_instance_line(d)))
+
+
+@client_command(instance, "resume")
+@click.argument("instance_id")
+@click.option("--gpus", type=GpuCount(), help="GPUs to reserve this time (default: as before).")
+@click.option("--bid", type=click.FloatRange(min=0), help="New spot bid per GPU-hour (spot instances).")
+@click.option("--wait", "wait_running", is_flag=True,
+              help="Wait until it runs; exit 0 once it does, 1 if it stopped or failed first.")
+@click.option("--timeout", type=Duration(), help="With --wait: give up after this long (exit 2).")
+def instance_resume(instance_id, gpus, bid, wait_running, timeout):
+    """Resume a stopped instance on the node that holds its volume (it waits while that node lacks the GPUs)."""
+    body = {k: v for k, v in (("gpus", gpus), ("bid", bid)) if v is not None}
+    data = _client().post(f"/api/v1/instances/{instance_id}/resume", body)
+    if wait_running:
+        _wait_running(instance_id, data, timeout, "resumed")
+        return
+    emit(_ctx(), data, lambda d: click.echo(_instance_line(d)))
+
+
+@client_command(instance, "rm")
+@click.argument("instance_id")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+def instance_rm(instance_id, yes):
+    """Delete an instance: it is stopped and its volume is deleted (asks first, unless --yes)."""
+    if not yes:
+        data = _client().get(f"/api/v1/instances/{instance_id}")
+        volume = (data.get("spec") or {}).get("volume_bytes") or 0
+        what = f" and its {_bytes(volume)} volume" if volume else ""
+        try:
+            agreed = click.confirm(f"delete instance {data['name']} ({instance_id}){what}? this cannot be undone",
+                                   err=True)
+        except click.Abort:
+            agreed = False
+        if not agreed:
+            fail(f"instance {instance_id} not deleted (answer y, or pass --yes)")
+    _client().delete(f"/api/v1/instances/{instance_id}")
+    emit(_ctx(), {"id": instance_id, "deleted": True}, lambda d: click.echo(f"deleted instance {instance_id}"))
+
+
+@client_command(instance, "connect")
+@click.argument("instance_id")
+@click.option("--port", type=click.IntRange(1, 65535), help="Which declared port (default: its first).")
+@click.option("--wait", "wait_running", is_flag=True, help="Wait until the instance runs, however long that takes.")
+def instance_connect(instance_id, port, wait_running):
+    """Print the URL of a port of a running instance (http://HOST:PORT or tcp://HOST:PORT)."""
+    client = _client()
+    for _ in range(10_000_000 if wait_running else 1):  # bounded: a wait of years would still end
+        try:
+            data = client.get(f"/api/v1/instances/{instance_id}/connection", port=port,
+                              wait_seconds=30 if wait_running else None)
+            break
+        except ClientError as exc:
+            if not wait_running or exc.status != 409:
+                raise
+            current = client.get(f"/api/v1/instances/{instance_id}")
+            if current["desired_state"] == "stopped" or current["state"] in INSTANCE_AT_REST:
+                raise
+    emit(_ctx(), data, lambda d: click.echo(d["url"]))
+
+
+@client_command(instance, "logs")
+@click.argument("instance_id")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the instance stops.")
+def instance_logs(instance_id, follow):
+    """Print an instance's output in order (stderr lines go to stderr)."""
+    if _ctx().obj["json"]:
+        def show(line):
+            click.echo(json.dumps(line, sort_keys=True))
+    else:
+        show = _print_line(False)
+    path = f"/api/v1/instances/{instance_id}"
+    after = _read_log_pages(path + "/logs", None, show)
+    if not follow:
+        return
+    client = _client()
+    for _ in range(100_000_000):  # bounded: a follow of years would still end
+        data = client.get(path, wait_seconds=2)
+        after = _read_log_pages(path + "/logs", after, show)
+        if data["state"] in INSTANCE_AT_REST:
+            return
+
+
+@client_command(instance, "events")
+@click.argument("instance_id")
+def instance_events(instance_id):
+    """An instance's events, oldest first."""
+    items = list(_client().paginate(f"/api/v1/instances/{instance_id}/events"))
+    emit(_ctx(), items, lambda rows: show_table(
+        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("REASON", "reason")]))
 
 
 # ---------------------------------------------------------------- GPU types and quotas
