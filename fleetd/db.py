@@ -1,5 +1,6 @@
 """Database binding: one DatabaseProxy for the models, bound from a URL at start-up."""
 
+import contextlib
 import contextvars
 import os
 import threading
@@ -122,11 +123,38 @@ def bind(db):
     return db
 
 
+_AFTER_COMMIT = threading.local()  # greenlet-local under gevent, as peewee's own transaction state
+
+
+@contextlib.contextmanager
 def write_transaction():
-    """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front."""
-    if isinstance(database.obj, peewee.SqliteDatabase):
-        return database.atomic("IMMEDIATE")
-    return database.atomic()
+    """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front.
+    What after_commit() registered inside it runs once the outermost one commits."""
+    outermost = not database.in_transaction()
+    atomic = database.atomic("IMMEDIATE") if isinstance(database.obj, peewee.SqliteDatabase) else database.atomic()
+    try:
+        with atomic:
+            yield atomic
+    except BaseException:
+        if outermost:
+            _AFTER_COMMIT.fns = []
+        raise
+    if outermost:
+        fns, _AFTER_COMMIT.fns = getattr(_AFTER_COMMIT, "fns", []), []
+        for fn in fns:
+            fn()
+
+
+def after_commit(fn):
+    """Call fn() once the current write_transaction commits (dropped if it rolls back); at once
+    outside a transaction. For wake-ups: a waiter woken before the commit would read the old rows."""
+    if not database.in_transaction():
+        fn()
+        return
+    fns = getattr(_AFTER_COMMIT, "fns", None)
+    if fns is None:
+        fns = _AFTER_COMMIT.fns = []
+    fns.append(fn)
 
 
 def upgrade(db=None):

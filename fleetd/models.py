@@ -94,6 +94,26 @@ class TaskState(str, enum.Enum):
         return self not in (TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING)
 
 
+class InstanceState(str, enum.Enum):
+    """Instance states (docs/architecture.md, Instances)."""
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+    def holds_run(self):
+        """True while a run (an internal job) of the instance is queued, placed or running."""
+        return self in (InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING, InstanceState.STOPPING)
+
+    def can_resume(self):
+        return self in (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED)
+
+
 class BaseModel(peewee.Model):
     """Saves and reads by primary key run statements compiled once (fleetd.sql), not recompiled
     by peewee on each call; anything else is plain peewee.
@@ -199,6 +219,7 @@ class Node(BaseModel):
     drain_started_at = peewee.DateTimeField(null=True)
     cpu_count = peewee.IntegerField(default=0)
     memory_bytes = peewee.BigIntegerField(default=0)
+    container_runtime = peewee.CharField(max_length=16, null=True)  # podman or docker, as the agent reports
     session_id = peewee.CharField(max_length=32, null=True, unique=True)
     session_hash = peewee.CharField(max_length=64, null=True)
     join_token_id = peewee.CharField(max_length=32, null=True)
@@ -259,6 +280,33 @@ class Job(BaseModel):
     submitted_at = peewee.DateTimeField()
     started_at = peewee.DateTimeField(null=True)
     ended_at = peewee.DateTimeField(null=True)
+    instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
+
+
+class Instance(BaseModel):
+    """A long-running reserved workload. Each run (create, every resume) is one internal one-rank
+    Job (`run_id`) placed by the scheduler like any job; the volume stays on `node`."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    name = peewee.CharField(max_length=200)
+    owner = peewee.CharField(max_length=200, index=True)
+    owner_token_id = peewee.CharField(max_length=32)
+    team = peewee.CharField(max_length=200, null=True)
+    state = peewee.CharField(max_length=16, index=True)
+    status_reason = peewee.TextField(default="")
+    desired_state = peewee.CharField(max_length=16, default="running")
+    interrupted_by = peewee.CharField(max_length=16, null=True)  # node_lost, preempted, drain
+    spec = JSONText()
+    run_id = peewee.CharField(max_length=32, null=True)  # the current (or last) run's job id
+    runs = peewee.IntegerField(default=0)
+    node_id = peewee.CharField(max_length=32, null=True, index=True)  # where its volume is
+    ports = JSONText(default=list)  # [{port, host_port, protocol}] as its node assigned them
+    created_at = peewee.DateTimeField()
+    started_at = peewee.DateTimeField(null=True)  # the current run's start
+    stopped_at = peewee.DateTimeField(null=True)
+    price_per_hour = peewee.FloatField(null=True)  # of the current (or last) run
+    running_since = peewee.DateTimeField(null=True)  # while it runs: since when it accrues cost
+    cost_accrued = peewee.FloatField(default=0.0)  # cost of the running time before running_since
 
 
 class Task(BaseModel):
@@ -391,5 +439,5 @@ class Setting(BaseModel):
     value = peewee.TextField()
 
 
-MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
+MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
           ClusterSample, GpuSample, InventoryVersion]

@@ -29,7 +29,8 @@ def test_registration_returns_a_pending_node_that_becomes_ready_on_first_heartbe
     assert node["status"] == "pending" and len(node["gpus"]) == 8
     assert node["gpus"][3]["index"] == 3 and node["gpus"][3]["memory_total_bytes"] == 80 * 1024**3
     reply = api.heartbeat(reg["session_token"])
-    assert reply == {"status": "ready", "drain": None, "revoked": False, "cancel": [], "heartbeat_interval_seconds": 10}
+    assert reply == {"status": "ready", "drain": None, "revoked": False, "cancel": [], "heartbeat_interval_seconds": 10,
+                     "delete_volumes": []}
     assert api.node(reg["node_id"])["status"] == "ready"
 
 

@@ -61,6 +61,12 @@ BASE_BODIES = {
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
     ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/jobs"): JOB_SPEC,
+    ("POST", "/api/v1/instances"): {
+        "name": "nb", "command": ["sleep", "1d"], "env": {"A": "b"}, "resources": {"gpus": 1, "gpu_types": ["x"]},
+        "volume_bytes": 1024, "volume_mount_path": "/workspace", "ports": [{"port": 8888, "protocol": "http"}],
+        "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}}, "restart": "always",
+        "idle_stop": {"gpu_util_below_percent": 5, "for_seconds": 600}},
+    ("POST", "/api/v1/instances/{instance_id}/resume"): {"gpus": 1},
     ("POST", "/api/v1/cluster/simulate-schedule"): JOB_SPEC,
     ("PUT", "/api/v1/gpu-types/{model}"): {"price_per_hour": 1.5, "spot_min_bid": 0.5},
     ("PUT", "/api/v1/quotas/{team}"): {"priority_class": "spot", "max_gpus": 4.5},
@@ -98,7 +104,10 @@ class World:
         self.api.submit(name="seed", resources={"gpus": 1})
         self.api.run_task("scheduling")
         self.assignment = self.api.start_task(self.session)
+        instance = self.api.post("/api/v1/instances", {"name": "nb", "command": ["true"]}).get_json()
+        self.api.post(f"/api/v1/instances/{instance['id']}/stop")
         self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
+                       "instance_id": instance["id"],
                        "model": GPU_H100["model"], "team": "team-a", "epoch": self.assignment["epoch"]}
         self.routes = json_routes(self.app)
 

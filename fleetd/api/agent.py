@@ -95,7 +95,8 @@ class AgentTaskStart(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process started; a stale epoch gets 409."""
-        work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"])
+        work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"],
+                        body["ports"])
 
 
 @blp.route("/tasks/<string:task_id>/rendezvous", parameters=[PROTOCOL_PARAMETER])
@@ -135,7 +136,7 @@ class AgentTaskFinish(MethodView):
         """The task's process ended with this outcome."""
         work.finish_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["outcome"],
                          body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"],
-                         body["agent_stopping"])
+                         body["agent_stopping"], idle=body["idle"], ports=body["ports"])
 
 
 @blp.route("/finish", parameters=[PROTOCOL_PARAMETER])

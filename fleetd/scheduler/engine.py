@@ -210,9 +210,7 @@ class PlacementEngine:
     @staticmethod
     def _selector_ok(node: _Node, request: TaskRequest) -> bool:
         sel = request.node_selector
-        if sel.fleet is None and not sel.labels:
-            return True
-        return sel.matches(node.snap)
+        return not sel.restricts or sel.matches(node.snap)
 
     def _devices(self, node: _Node, request: TaskRequest, shape: Shape, slice_of: int | None):
         """GPUs for one rank on this node as [(gpu, milli, memory)], or None if none fit."""
@@ -435,6 +433,10 @@ class PlacementEngine:
             sel = request.node_selector
             if sel.fleet is not None and snap.fleet != sel.fleet:
                 return STAGE_SELECTOR, f"node is in fleet {snap.fleet!r}, job asks for {sel.fleet!r}"
+            if sel.node_id is not None and snap.id != sel.node_id:
+                return STAGE_SELECTOR, f"the instance's volume is on node {sel.node_id}"
+            if sel.container and not snap.container_runtime:
+                return STAGE_SELECTOR, "node has no container runtime (podman or docker) for the image"
             missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
             return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(f"{k}={sel.labels[k]}" for k in missing)
         if shape.gpu_count:

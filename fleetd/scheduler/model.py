@@ -56,6 +56,7 @@ class NodeSnapshot:
     cpu_free_milli: int = 0
     memory_free_bytes: int = 0
     tasks: int = 0  # tasks active on it: among equally good nodes, the least busy one wins
+    container_runtime: str | None = None  # podman or docker when the host can run images
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,27 @@ class ClusterSnapshot:
 
 @dataclass(frozen=True)
 class NodeSelector:
-    """Restricts a task group to one fleet and/or to nodes carrying all of these labels."""
+    """Restricts a task group to one fleet and/or to nodes carrying all of these labels; an
+    instance's run may also be held to one node (where its volume is) and to nodes that can run
+    container images."""
 
     fleet: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    node_id: str | None = None
+    container: bool = False
+
+    @property
+    def restricts(self) -> bool:
+        return self.fleet is not None or bool(self.labels) or self.node_id is not None or self.container
 
     def matches(self, node: NodeSnapshot) -> bool:
-        """True when the node is in the fleet (if given) and has every label."""
+        """True when the node is in the fleet (if given), has every label, is the node asked for
+        and can run images when that is asked for."""
         if self.fleet is not None and node.fleet != self.fleet:
+            return False
+        if self.node_id is not None and node.id != self.node_id:
+            return False
+        if self.container and not node.container_runtime:
             return False
         return all(node.labels.get(k) == v for k, v in self.labels.items())
 

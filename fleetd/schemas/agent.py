@@ -32,9 +32,44 @@ GpuList = lambda **kw: fields.List(  # noqa: E731 - one definition for register 
 )
 
 
+CONTAINER_RUNTIME = fields.String(validate=validate.OneOf(["podman", "docker"]), load_default=None, allow_none=True,
+                                  metadata={"description": "the container runtime that can run images here"})
+
+
 class ReportedResourcesSchema(Schema):
     cpu_count = Int(required=True, maximum=1_000_000)
     memory_bytes = Int(required=True)
+    container_runtime = CONTAINER_RUNTIME
+
+
+class CapabilitiesSchema(Schema):
+    container_runtime = CONTAINER_RUNTIME
+
+
+class Percent(fields.Float):
+    def __init__(self, **kwargs):
+        super().__init__(validate=validate.Range(min=0, max=100_000), load_default=None, allow_none=True, **kwargs)
+
+
+class InstanceGpuSampleSchema(Schema):
+    uuid = Text(required=True, max_length=128)
+    gpu_util_percent = Percent()
+    memory_util_percent = Percent()
+
+
+class InstanceContainerSampleSchema(Schema):
+    cpu_percent = Percent()
+    memory_percent = Percent()
+
+
+class InstanceSampleSchema(Schema):
+    task_id = Text(required=True, min_length=1, max_length=64)
+    epoch = Int(required=True)
+    uptime_seconds = fields.Float(validate=validate.Range(min=0, max=1e10), load_default=None, allow_none=True)
+    restarts = Int(load_default=0, maximum=10**9)
+    gpus = fields.List(fields.Nested(InstanceGpuSampleSchema), validate=validate.Length(max=64), load_default=list)
+    container = fields.Nested(InstanceContainerSampleSchema, load_default=None, allow_none=True)
+    volume_used_bytes = Int(load_default=None, allow_none=True)
 
 
 class RegisterSchema(Schema):
@@ -64,6 +99,12 @@ class HeartbeatSchema(Schema):
     gpus = GpuList(load_default=None, allow_none=True)
     metrics = fields.Dict(load_default=None, allow_none=True)
     tasks = fields.List(fields.Nested(TaskReportSchema), validate=validate.Length(max=1024), load_default=list)
+    capabilities = fields.Nested(CapabilitiesSchema, load_default=None, allow_none=True, metadata={
+        "description": "what the host can run; sent on the first heartbeat after the agent starts and on change"})
+    instances = fields.List(fields.Nested(InstanceSampleSchema), validate=validate.Length(max=1024),
+                            load_default=list, metadata={"description": "runtime figures of the instance runs"})
+    volumes = fields.List(Text(min_length=1, max_length=64), validate=validate.Length(max=1024), load_default=None,
+                          allow_none=True, metadata={"description": "the instance volumes present on the node"})
 
 
 class HeartbeatReplySchema(Schema):
@@ -72,3 +113,5 @@ class HeartbeatReplySchema(Schema):
     revoked = fields.Boolean()
     cancel = fields.List(fields.String())
     heartbeat_interval_seconds = fields.Integer()
+    delete_volumes = fields.List(fields.String(), metadata={
+        "description": "instance volumes the node must delete (their instance is deleted or elsewhere)"})

@@ -217,6 +217,9 @@ class AssignmentSchema(Schema):
     memory_bytes = fields.Integer(allow_none=True, metadata={"description": "host memory to enforce, if any"})
     priority_class = fields.String()
     bid = fields.Float(allow_none=True)
+    instance = fields.Dict(allow_none=True, metadata={
+        "description": "a run of an instance: {id, name, restart, ports, volume_bytes, volume_mount_path, image, "
+                       "idle_stop}; absent or null for batch work"})
 
 
 class AcquireReplySchema(Schema):
@@ -227,9 +230,25 @@ class AcquireReplySchema(Schema):
                        "drain's deadline); each is told once, and the heartbeat's `cancel` repeats them"})
 
 
+class PortMappingSchema(Schema):
+    port = Int(required=True, minimum=1, maximum=65535)
+    host_port = Int(required=True, minimum=1, maximum=65535)
+    protocol = fields.String(validate=validate.OneOf(["http", "tcp"]), load_default="tcp")
+
+
+def _distinct_ports(ports):
+    if ports is not None and len({p["port"] for p in ports}) != len(ports):
+        raise ValidationError("each declared port at most once")
+
+
+PORT_MAPPINGS = dict(validate=[validate.Length(max=64), _distinct_ports], load_default=None, allow_none=True,
+                     metadata={"description": "an instance's run: the host port its node assigned to each declared port"})
+
+
 class TaskStartSchema(Schema):
     epoch = Int(required=True)
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True)
+    ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
 
 
 class RendezvousPublishSchema(Schema):
@@ -289,6 +308,9 @@ class TaskFinishSchema(Schema):
                        "the job is requeued without using an attempt"})
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
         "description": "the process ended before its start was reported: this finish reports the start too"})
+    idle = Bool(load_default=False, metadata={
+        "description": "an instance's run stopped by its idle rule (GPU utilisation under its threshold)"})
+    ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
     started_seconds_ago = fields.Float(validate=validate.Range(min=0, max=366 * 86400), load_default=None,
                                        allow_none=True, metadata={
         "description": "with pid: how long before this report the process started (the agent's own clock "

@@ -4,6 +4,7 @@ from fleetd.auth import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
+from fleetd.services import instances
 from fleetd.services.events import record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.work import reconcile_reported_tasks
@@ -26,6 +27,7 @@ def register_node(rt, join_token_id, info):
         agent_version=info.get("agent_version") or "",
         cpu_count=info["resources"]["cpu_count"],
         memory_bytes=info["resources"]["memory_bytes"],
+        container_runtime=info["resources"].get("container_runtime"),
         session_id=session_id,
         session_hash=hash_token(session_token),
         join_token_id=join_token_id,
@@ -102,13 +104,21 @@ def heartbeat(rt, node, body):
         return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported]}
     rt.liveness.touch(node.id, reported, body.get("metrics"))
     cancel = reconcile_reported_tasks(rt, node, reported)
+    if body.get("instances"):
+        instances.SAMPLES.put(body["instances"])
     gpus = body.get("gpus")
+    runtime = (body.get("capabilities") or {}).get("container_runtime", node.container_runtime)
     changed = False
-    if gpus is not None or node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
+    if gpus is not None or runtime != node.container_runtime or node.status in (S.PENDING.value, S.LOST.value,
+                                                                                 S.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
             if gpus is not None:
                 changed = replace_gpus(node, gpus, now) or changed
+            if runtime != node.container_runtime:
+                node.container_runtime = runtime
+                node.save()
+                changed = True
             if node.status == S.PENDING.value:
                 switch_node_status(node, S.READY, "first heartbeat", now)
                 changed = True
@@ -126,6 +136,7 @@ def heartbeat(rt, node, body):
         "drain": drain_info(node),
         "revoked": False,
         "cancel": cancel,
+        "delete_volumes": instances.volumes_to_delete(node_id, body["volumes"]) if body.get("volumes") else [],
     }
 
 

@@ -79,7 +79,8 @@ def _terms(spec, team, priority_class):
     scheduler.shape_of(request)  # raises here, once, for a request the engine cannot evaluate
     selector = request.node_selector
     group = (repr(dataclasses.replace(request, name="", node_selector=scheduler.NodeSelector())), selector.fleet,
-             tuple(sorted(selector.labels.items())), team or "", priority_class, spec.get("bid"))
+             tuple(sorted(selector.labels.items())), team or "", priority_class, spec.get("bid"), selector.node_id,
+             selector.container)
     return JobTerms(request, team or "", priority_class, spec.get("bid"), group)
 
 
@@ -346,7 +347,8 @@ class ClusterState:
                 id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
                 schedulable=block is None, status=block.code if block else node.status,
                 cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
-                memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks))
+                memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks,
+                container_runtime=node.container_runtime))
         return scheduler.ClusterSnapshot(nodes=tuple(out))
 
     def _reservations(self):

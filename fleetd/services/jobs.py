@@ -98,7 +98,9 @@ def task_request(spec):
             gpu_types=tuple(res.get("gpu_types") or ()),
             cpus=res.get("cpus") or 0,
             memory_bytes=res.get("memory_bytes") or 0,
-            node_selector=scheduler.NodeSelector(fleet=selector.get("fleet"), labels=selector.get("labels") or {}),
+            node_selector=scheduler.NodeSelector(fleet=selector.get("fleet"), labels=selector.get("labels") or {},
+                                                 node_id=selector.get("node_id"),
+                                                 container=bool(selector.get("container"))),
             priority_class=spec.get("priority_class", "on-demand"),
             bid=spec.get("bid"),
             name=spec.get("name", ""),
@@ -166,7 +168,7 @@ def _visible(query, principal):
 
 def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None):
     """One page of jobs, oldest first, with their tasks."""
-    query = _visible(Job.select(), principal)
+    query = _visible(Job.select(), principal).where(Job.instance_id.is_null())  # runs of instances: see instances
     if state:
         query = query.where(Job.state == state)
     if owner:
@@ -259,26 +261,38 @@ def cancel_job(now, principal, job_id, rt=None):
             raise NotFound(f"job {job_id} not found")
         if J(job.state).is_terminal() and job.state != J.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
-        held = []
-        if job.state in (J.QUEUED.value, J.RUNNING.value):
-            reason = f"cancelled by {principal.label}"
-            for task in Task.select().where((Task.job == job_id) & Task.state.in_(_LIVE_TASK_STATES)):
-                if _held(task):
-                    held.append(task)  # stays active until its node says the process ended
-                else:
-                    switch_task_state(task, T.CANCELLED, reason, now)
-            job.outcome, job.outcome_reason = J.CANCELLED.value, reason
-            if held:
-                switch_job_state(job, J.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
-            else:
-                switch_job_state(job, J.CANCELLED, reason, now)
-        elif job.state == J.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
-            held = list(Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES)))
-    for task in held:
-        STOPS.owe(task.node_id, task.id, task.epoch)
+        held = stop_job(job, f"cancelled by {principal.label}", now)
+    owe_stops(held)
     if rt is not None:
         rt.notifier.notify(("job", job.id))
     return job
+
+
+def stop_job(job, reason, now):
+    """Cancel a job that is not terminal (inside the caller's transaction): tasks no node holds end
+    at once, the job is `cancelling` while nodes hold the others (or `cancelled`). Returns the held
+    tasks: after commit, owe_stops() tells their nodes (again, for a job already cancelling)."""
+    held = []
+    if job.state in (J.QUEUED.value, J.RUNNING.value):
+        for task in Task.select().where((Task.job == job.id) & Task.state.in_(_LIVE_TASK_STATES)):
+            if _held(task):
+                held.append(task)  # stays active until its node says the process ended
+            else:
+                switch_task_state(task, T.CANCELLED, reason, now)
+        job.outcome, job.outcome_reason = J.CANCELLED.value, reason
+        if held:
+            switch_job_state(job, J.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
+        else:
+            switch_job_state(job, J.CANCELLED, reason, now)
+    elif job.state == J.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
+        held = list(Task.select().where((Task.job == job.id) & Task.state.in_(ACTIVE_TASK_STATES)))
+    return held
+
+
+def owe_stops(tasks):
+    """The nodes that hold these tasks must stop them now (after the commit that ended them)."""
+    for task in tasks:
+        STOPS.owe(task.node_id, task.id, task.epoch)
 
 
 def _held(task):
@@ -308,6 +322,9 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     job = Job.get_by_id(task.job_id)
     if J(job.state).is_terminal():
         return job
+    if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
+        from fleetd.services import instances
+        return instances.run_ended(job, task, outcome, reason, now)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
     if job.state == J.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):

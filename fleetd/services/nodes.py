@@ -42,6 +42,12 @@ def switch_node_status(node, to_status, reason, now):
     node.status_before_lost = from_status.value if to_status is S.LOST else None
     node.save()
     record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value)
+    from fleetd.services import instances  # instances' runs are jobs: it imports this module's users
+
+    if to_status is S.LOST:
+        instances.node_lost(node.id, reason, now)
+    elif from_status is S.LOST and to_status in LIVE_STATUSES:
+        instances.node_returned(node.id, now)
     return node
 
 

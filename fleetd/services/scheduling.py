@@ -9,6 +9,7 @@ import typing
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
+from fleetd.services import instances
 from fleetd.services.cluster import TERMS, ClusterState
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
@@ -155,6 +156,8 @@ def _decide(settings, queued, terms, state, rules, parked, nominations):
             never = never_fits(state.inventory, request)
             if never:
                 reason = never if candidates is not None and not result.filter_detail else f"{never}; {reason}"
+            elif request.node_selector.node_id is not None:
+                reason = _pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
             plan.parked[key] = reason
             if job.priority_class == "on-demand" and result.filter_detail:
                 why, victims = _preemption(state, snapshot, candidates, request, engine.policy,
@@ -199,6 +202,10 @@ def never_fits(inventory, request):
             continue
         if any((node.labels or {}).get(k) != v for k, v in selector.labels.items()):
             continue
+        if selector.node_id is not None and node.id != selector.node_id:
+            continue
+        if selector.container and not node.container_runtime:
+            continue
         models = inventory.models.get(node.id, frozenset())
         if need and types and not (models and models <= types):
             continue
@@ -211,12 +218,24 @@ def never_fits(inventory, request):
     if able >= request.num_nodes:
         return None
     if not matching:
+        if selector.node_id is not None:
+            return f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of its GPU types)"
+        if selector.container:
+            return "no enrolled node of its fleet, labels and GPU types has a container runtime (podman or docker)"
         return "no enrolled node matches its fleet, labels and GPU types"
     if need > most:
         return f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any matching node has is {most}"
     if not able:
         return "no enrolled node could ever hold it: no matching node has the CPUs and memory it asks for"
     return f"no enrolled nodes could ever hold it: {able} node(s) could take a rank, it needs {request.num_nodes}"
+
+
+def _pinned_reason(node_id, details):
+    """Why a run held to the node with its volume waits: that node's own verdict."""
+    for detail in details:
+        if detail.node_id == node_id:
+            return f"waiting for node {node_id}, which holds its volume: {detail.reason}"
+    return None
 
 
 def _nowhere(request):
@@ -281,6 +300,8 @@ def _assign(rt, job, tasks, result, now, woken):
         rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
     job.pending_reason = ""
     switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
+    if job.instance_id is not None:
+        instances.run_placed(job, tasks[0], now)
 
 
 def _schedulable_nodes(node_ids):

@@ -6,6 +6,7 @@ import time
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Task, TaskState
+from fleetd.services import instances
 from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_task_state
 from fleetd.sql import Statement
 
@@ -144,6 +145,7 @@ def assignment(task, job):
         "memory_bytes": (spec.get("resources") or {}).get("memory_bytes") or None,
         "priority_class": spec.get("priority_class", "on-demand"),
         "bid": spec.get("bid"),
+        "instance": instances.assignment_extra(job),
     }
 
 
@@ -158,8 +160,9 @@ def _leased_task(node_id, task_id, epoch):
     return task
 
 
-def start_task(rt, node_id, task_id, epoch, pid=None):
-    """The agent started the process of an assigned task."""
+def start_task(rt, node_id, task_id, epoch, pid=None, ports=None):
+    """The agent started the process of an assigned task (an instance's run: with the host ports
+    its node assigned to the declared ports)."""
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
@@ -167,14 +170,15 @@ def start_task(rt, node_id, task_id, epoch, pid=None):
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != T.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
-        _mark_started(task, pid, now)
+        _mark_started(task, pid, now, ports=ports)
     rt.leases.renew(task_id, epoch)
 
 
-def _mark_started(task, pid, now, started_at=None, save=True):
+def _mark_started(task, pid, now, started_at=None, save=True, ports=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
     switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
+    instances.run_started(task, ports, now)
 
 
 def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
@@ -227,7 +231,7 @@ def append_logs(rt, node_id, task_id, epoch, lines):
 
 
 def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None,
-                started_seconds_ago=None, agent_stopping=False):
+                started_seconds_ago=None, agent_stopping=False, idle=False, ports=None):
     """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
 
     `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
@@ -237,24 +241,27 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
     ended before the agent reported its start, and this report carries the start as well
     (one call instead of two for short tasks); the task goes through running all the same,
     started `started_seconds_ago` before now when the agent says so (never before it was
-    assigned: the interval comes from another host).
+    assigned: the interval comes from another host). `idle`: an instance's run that its idle
+    rule stopped; `ports`: with `pid`, the host ports of its start.
     """
     now = rt.clock.now()
     with write_transaction():
         task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
-                              agent_stopping)
+                              agent_stopping, idle, ports)
     _after_finish(rt, node_id, task)
 
 
 def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
-                   agent_stopping=False):
+                   agent_stopping=False, idle=False, ports=None):
     """finish_task's writes, inside the caller's transaction; returns the task."""
     task = _leased_task(node_id, task_id, epoch)
     if pid is not None and task.state == T.ASSIGNED.value:
         started_at = None
         if started_seconds_ago is not None:
             started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-        _mark_started(task, pid, now, started_at, save=False)  # saved as it ends, just below
+        _mark_started(task, pid, now, started_at, save=False, ports=ports)  # saved as it ends, just below
+    if idle and not reason.startswith("idle"):
+        reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
     # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
     if not T(task.state).is_terminal():
         reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
@@ -289,7 +296,7 @@ def finish_tasks(rt, node_id, finishes):
                 with database.atomic():
                     task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
                                           f["lost"], f["pid"], f["started_seconds_ago"], now,
-                                          f.get("agent_stopping", False))
+                                          f.get("agent_stopping", False), f.get("idle", False), f.get("ports"))
             except FleetdError as exc:
                 results.append({"task_id": f["task_id"], "status": exc.http_status,
                                 "error": envelope(exc.code, exc.message, exc.details)["error"]})

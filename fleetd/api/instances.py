@@ -1,0 +1,108 @@
+"""Instances: long-running reserved workloads."""
+
+from flask.views import MethodView
+
+from fleetd.api.parser import Blueprint
+from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
+from fleetd.runtime import current_runtime
+from fleetd.schemas.instances import (ConnectionQuerySchema, ConnectionSchema, InstancePageSchema, InstanceQuerySchema,
+                                      InstanceSchema, InstanceSpecSchema, InstanceWaitSchema, ResumeSchema)
+from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
+from fleetd.schemas.nodes import EventPageSchema
+from fleetd.services import instances
+
+blp = Blueprint("instances", __name__, url_prefix="/api/v1", description="Instances (long-running reserved workloads)")
+
+
+def _view(inst):
+    return instances.instance_view(inst, current_runtime().clock.now())
+
+
+@blp.route("/instances")
+class Instances(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(InstanceQuerySchema(), location="query")
+    @blp.response(200, InstancePageSchema)
+    def get(self, query):
+        """List instances (a submitter sees its own), oldest first; deleted ones only with state=deleted."""
+        items, next_cursor = instances.list_instances(current_principal(), query["limit"], query["cursor"],
+                                                      query["state"], query["owner"])
+        return {"items": instances.instance_views(items, current_runtime().clock.now()), "next_cursor": next_cursor}
+
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(InstanceSpecSchema())
+    @blp.response(201, InstanceSchema)
+    def post(self, spec):
+        """Create an instance; it is placed as soon as it fits and holds its GPUs until stopped."""
+        return _view(instances.create_instance(current_runtime(), current_principal(), spec))
+
+
+@blp.route("/instances/<string:instance_id>")
+class InstanceById(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(InstanceWaitSchema(), location="query")
+    @blp.response(200, InstanceSchema)
+    def get(self, query, instance_id):
+        """An instance; with wait_seconds the answer comes as soon as its state changes."""
+        return _view(instances.wait_instance(current_runtime(), current_principal(), instance_id,
+                                             query["wait_seconds"]))
+
+    @require(ADMIN, SUBMITTER)
+    @blp.response(204)
+    def delete(self, instance_id):
+        """Delete an instance: its processes are stopped and its node deletes its volume."""
+        instances.delete_instance(current_runtime(), current_principal(), instance_id)
+
+
+@blp.route("/instances/<string:instance_id>/stop")
+class InstanceStop(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, InstanceSchema)
+    def post(self, instance_id):
+        """Stop an instance: processes end, GPUs are freed, the volume is kept."""
+        return _view(instances.stop_instance(current_runtime(), current_principal(), instance_id))
+
+
+@blp.route("/instances/<string:instance_id>/resume")
+class InstanceResume(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(ResumeSchema())
+    @blp.response(200, InstanceSchema)
+    def post(self, body, instance_id):
+        """Run a stopped, interrupted or failed instance again on the node that holds its volume."""
+        return _view(instances.resume_instance(current_runtime(), current_principal(), instance_id, body["gpus"],
+                                               body["bid"]))
+
+
+@blp.route("/instances/<string:instance_id>/connection")
+class InstanceConnection(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(ConnectionQuerySchema(), location="query")
+    @blp.response(200, ConnectionSchema)
+    def get(self, query, instance_id):
+        """Where one of its declared ports is reached; waits (wait_seconds) until it runs; 409 while stopped."""
+        return instances.connection(current_runtime(), current_principal(), instance_id, query["port"],
+                                    query["wait_seconds"])
+
+
+@blp.route("/instances/<string:instance_id>/logs")
+class InstanceLogs(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(LogQuerySchema(), location="query")
+    @blp.response(200, LogPageSchema)
+    def get(self, query, instance_id):
+        """Log lines of every run, in order; pass the last `seq` as `after` to follow."""
+        items, _ = instances.instance_logs(current_principal(), instance_id, query["limit"], query["after"])
+        return {"items": items, "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None}
+
+
+@blp.route("/instances/<string:instance_id>/events")
+class InstanceEvents(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(EventQuerySchema(), location="query")
+    @blp.response(200, EventPageSchema)
+    def get(self, query, instance_id):
+        """An instance's events, oldest first."""
+        items, next_cursor = instances.instance_events(current_principal(), instance_id, query["limit"],
+                                                       query["cursor"], query["after"])
+        return {"items": items, "next_cursor": next_cursor}

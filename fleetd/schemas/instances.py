@@ -1,0 +1,151 @@
+"""Schemas of instances (InstanceSpec, Instance)."""
+
+import re
+
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from fleetd.models import InstanceState
+from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.jobs import ENV_NAME, GpuCount, NodeSelectorSchema, _at_most_256
+
+IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
+                        error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
+MAX_VOLUME_BYTES = 1 << 50  # 1 PiB
+
+
+def _absolute_path(value):
+    if not value.startswith("/") or ".." in value.split("/") or re.search(r"[\x00-\x1f:,]", value):
+        raise ValidationError("an absolute path inside the container, without '..', ':' or ','")
+
+
+class InstanceResourcesSchema(Schema):
+    gpus = GpuCount(load_default=0, metadata={"oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": 1024},
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
+    gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
+    cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
+    memory_bytes = Int(load_default=0)
+
+
+class PortSchema(Schema):
+    port = Int(required=True, minimum=1, maximum=65535)
+    protocol = fields.String(validate=validate.OneOf(["http", "tcp"]), load_default="http")
+
+
+class IdleStopSchema(Schema):
+    gpu_util_below_percent = fields.Float(required=True, validate=validate.Range(min=0, max=100, min_inclusive=False),
+                                          metadata={"exclusiveMinimum": True})
+    for_seconds = Int(required=True, minimum=10, maximum=30 * 86400)
+
+
+def _distinct(ports):
+    seen = [p["port"] for p in ports]
+    if len(set(seen)) != len(seen):
+        raise ValidationError(f"each port at most once (repeated: {sorted({p for p in seen if seen.count(p) > 1})})")
+
+
+class InstanceSpecSchema(Schema):
+    name = Text(required=True, min_length=1, max_length=200)
+    command = fields.List(Text(max_length=65536), validate=validate.Length(max=4096), load_default=list)
+    image = fields.String(validate=IMAGE, load_default=None, allow_none=True)
+    env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
+                      validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
+    resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
+    volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
+    volume_mount_path = Text(max_length=1024, load_default="/workspace", validate=[_absolute_path])
+    ports = fields.List(fields.Nested(PortSchema), validate=[validate.Length(max=32), _distinct], load_default=list)
+    priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
+    bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
+    node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: NodeSelectorSchema().load({}))
+    restart = fields.String(validate=validate.OneOf(["always", "on-failure", "never"]), load_default="on-failure")
+    idle_stop = fields.Nested(IdleStopSchema, load_default=None, allow_none=True)
+
+    @validates_schema
+    def _consistent(self, data, **kwargs):
+        if not data.get("command") and not data.get("image"):
+            raise ValidationError("a command is required without an image", "command")
+        if data.get("bid") is not None and data.get("priority_class") != "spot":
+            raise ValidationError("a bid applies to spot instances only", "bid")
+        if data.get("idle_stop") and not (data.get("resources") or {}).get("gpus"):
+            raise ValidationError("idle stop watches GPU utilisation: the instance needs GPUs", "idle_stop")
+        if any(name.startswith("FLEET_") for name in data.get("env") or {}):
+            raise ValidationError("FLEET_* variables are set by fleet-agent", "env")
+
+
+class ResumeSchema(Schema):
+    gpus = GpuCount(load_default=None, allow_none=True, metadata={"oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": 1024},
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
+    bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
+
+
+class RuntimePortSchema(Schema):
+    private_port = fields.Integer()
+    public_port = fields.Integer()
+    ip = fields.String()
+    is_ip_public = fields.Boolean()
+    type = fields.String()
+
+
+class RuntimeGpuSchema(Schema):
+    uuid = fields.String()
+    gpu_util_percent = fields.Float(allow_none=True)
+    memory_util_percent = fields.Float(allow_none=True)
+
+
+class RuntimeContainerSchema(Schema):
+    cpu_percent = fields.Float(allow_none=True)
+    memory_percent = fields.Float(allow_none=True)
+
+
+class RuntimeSchema(Schema):
+    uptime_seconds = fields.Float()
+    ports = fields.List(fields.Nested(RuntimePortSchema))
+    gpus = fields.List(fields.Nested(RuntimeGpuSchema))
+    container = fields.Nested(RuntimeContainerSchema, allow_none=True)
+    restarts = fields.Integer(metadata={"description": "restarts of its process by its node's restart policy"})
+    volume_used_bytes = fields.Integer(allow_none=True)
+
+
+class InstanceSchema(Schema):
+    id = fields.String()
+    name = fields.String()
+    owner = fields.String()
+    team = fields.String(allow_none=True)
+    state = fields.String(metadata={"enum": [s.value for s in InstanceState]})
+    status_reason = fields.String(metadata={"description": "why it is in its state (the last change's reason)"})
+    desired_state = fields.String(metadata={"enum": ["running", "stopped"]})
+    pending_reason = fields.String()
+    node_id = fields.String(allow_none=True)
+    spec = fields.Dict()
+    created_at = Time()
+    started_at = Time()
+    stopped_at = Time()
+    price_per_hour = fields.Float(allow_none=True)
+    cost_so_far = fields.Float()
+    runs = fields.Integer()
+    runtime = fields.Nested(RuntimeSchema, allow_none=True)
+
+
+InstancePageSchema = page_schema(InstanceSchema, "InstancePage")
+
+
+class InstanceQuerySchema(PageQuerySchema):
+    state = fields.String(validate=validate.OneOf([s.value for s in InstanceState]), load_default=None)
+    owner = Text(max_length=200, load_default=None)
+
+
+class InstanceWaitSchema(Schema):
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0)
+
+
+class ConnectionQuerySchema(Schema):
+    port = Int(minimum=1, maximum=65535, load_default=None, strict=False)
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0)
+
+
+class ConnectionSchema(Schema):
+    url = fields.String()
+    host = fields.String()
+    port = fields.Integer()
+    protocol = fields.String()

@@ -1,0 +1,255 @@
+"""Instances over the real API, with the agent side spoken by the test: lifecycle, stop and
+resume on the volume's node, spot interruption, lost nodes, connection, cost, bad input."""
+
+import pytest
+
+from tests.conftest import admin_client
+
+
+def create(api, expect=201, **spec):
+    spec.setdefault("name", "nb")
+    spec.setdefault("command", ["python3", "-m", "http.server"])
+    spec.setdefault("resources", {"gpus": 1})
+    resp = api.post("/api/v1/instances", spec)
+    assert resp.status_code == expect, resp.get_json()
+    return resp.get_json()
+
+
+def show(api, instance_id):
+    resp = api.get(f"/api/v1/instances/{instance_id}")
+    assert resp.status_code == 200, resp.get_json()
+    return resp.get_json()
+
+
+def start(api, session, ports=()):
+    """Acquire the node's instance assignment and report it started with these host ports."""
+    assignment = api.acquire(session)
+    assert assignment is not None and assignment["instance"] is not None
+    api.task_call(session, assignment, "start", pid=4242,
+                  ports=[{"port": p, "host_port": h, "protocol": "http"} for p, h in ports])
+    return assignment
+
+
+def finish(api, session, assignment, outcome="cancelled", **body):
+    api.task_call(session, assignment, "finish", outcome=outcome, **body)
+
+
+@pytest.fixture
+def fleet(api):
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a")
+    node, session = api.ready_node(token, "host-1", gpu_count=2)
+    return token, node, session
+
+
+def gpus_used(api):
+    return api.get("/api/v1/cluster/status").get_json()["gpu"]["used"]
+
+
+def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
+    token, node, session = fleet
+    inst = create(api, ports=[{"port": 8888}], volume_bytes=10 << 30)
+    assert inst["state"] == "starting" and inst["node_id"] == node  # placed at once (no scheduler loop here)
+    a = start(api, session, [(8888, 40001)])
+    assert a["instance"] == {"id": inst["id"], "name": "nb", "restart": "on-failure", "ports": [
+        {"port": 8888, "protocol": "http"}], "volume_bytes": 10 << 30, "volume_mount_path": "/workspace",
+        "image": None, "idle_stop": None}
+    assert a["max_runtime_seconds"] is None
+    shown = show(api, inst["id"])
+    assert shown["state"] == "running" and shown["runtime"]["ports"] == [
+        {"private_port": 8888, "public_port": 40001, "ip": "10.0.0.1", "is_ip_public": False, "type": "http"}]
+    conn = api.get(f"/api/v1/instances/{inst['id']}/connection").get_json()
+    assert conn == {"url": "http://10.0.0.1:40001/", "host": "10.0.0.1", "port": 40001, "protocol": "http"}
+    assert gpus_used(api) == 1
+    # The runs are not jobs of the user's.
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+
+    stopping = api.post(f"/api/v1/instances/{inst['id']}/stop").get_json()
+    assert stopping["state"] == "stopping" and stopping["desired_state"] == "stopped"
+    assert a["task_id"] in api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session,
+                                    agent=True).get_json()["cancel"]
+    finish(api, session, a, "cancelled", reason="stopped")
+    stopped = show(api, inst["id"])
+    assert stopped["state"] == "stopped" and stopped["runtime"] is None and gpus_used(api) == 0
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection").status_code == 409
+    assert api.post(f"/api/v1/instances/{inst['id']}/stop").status_code == 200  # stopping twice: idempotent
+
+    # Another node joins: the resumed run still goes back to the node with the volume.
+    other, other_session = api.ready_node(token, "host-2", gpu_count=8)
+    resumed = api.post(f"/api/v1/instances/{inst['id']}/resume", {}).get_json()
+    assert resumed["state"] == "starting" and resumed["node_id"] == node and resumed["runs"] == 2
+    assert api.acquire(other_session) is None
+    again = start(api, session, [(8888, 40001)])
+    assert again["task_id"] != a["task_id"] and show(api, inst["id"])["state"] == "running"
+    assert api.post(f"/api/v1/instances/{inst['id']}/resume", {}).status_code == 409  # it runs
+
+    assert api.delete(f"/api/v1/instances/{inst['id']}").status_code == 204
+    assert show(api, inst["id"])["state"] == "stopping"
+    finish(api, session, again, "cancelled")
+    assert show(api, inst["id"])["state"] == "deleted"
+    assert api.get("/api/v1/instances").get_json()["items"] == []
+    assert [i["id"] for i in api.get("/api/v1/instances?state=deleted").get_json()["items"]] == [inst["id"]]
+    # Its node is told to delete the volume; a volume of a live instance stays.
+    keep = create(api, name="keep", resources={"gpus": 1})
+    reply = api.heartbeat(session, volumes=[inst["id"], keep["id"], "unknown-id"])
+    assert sorted(reply["delete_volumes"]) == sorted([inst["id"], "unknown-id"])
+    kinds = [(e["from_status"], e["to_status"]) for e in
+             api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]]
+    assert kinds == [(None, "pending"), ("pending", "starting"), ("starting", "running"), ("running", "stopping"),
+                     ("stopping", "stopped"), ("stopped", "pending"), (None, None), ("pending", "starting"),
+                     ("starting", "running"), ("running", "stopping"), ("stopping", "deleted")]
+
+
+def test_a_queued_instance_stops_at_once_and_waits_with_a_reason(api, fleet):
+    inst = create(api, resources={"gpus": 4})
+    assert inst["state"] == "pending" and "4 GPUs" in inst["pending_reason"]
+    stopped = api.post(f"/api/v1/instances/{inst['id']}/stop").get_json()
+    assert stopped["state"] == "stopped" and stopped["pending_reason"] == ""
+    resumed = api.post(f"/api/v1/instances/{inst['id']}/resume", {"gpus": 1}).get_json()
+    assert resumed["state"] == "starting" and resumed["spec"]["resources"]["gpus"] == 1
+
+
+def test_a_resumed_instance_waits_for_its_node_rather_than_moving(api, fleet):
+    token, node, session = fleet
+    inst = create(api, resources={"gpus": 2})
+    a = start(api, session)
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    finish(api, session, a)
+    blocker = api.submit(resources={"gpus": 1})
+    assert api.job(blocker["id"])["state"] == "running"
+    api.ready_node(token, "host-2", gpu_count=8)
+    resumed = api.post(f"/api/v1/instances/{inst['id']}/resume", {}).get_json()
+    assert resumed["state"] == "pending" and resumed["node_id"] == node
+    assert resumed["pending_reason"].startswith(f"waiting for node {node}, which holds its volume: ")
+
+
+def test_on_demand_work_interrupts_a_spot_instance_which_resumes_with_a_new_bid(api, fleet):
+    token, node, session = fleet
+    api.put("/api/v1/gpu-types/NVIDIA H100 80GB HBM3", {"price_per_hour": 4.0, "spot_min_bid": 1.0}) \
+        if hasattr(api, "put") else api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3",
+                                             json={"price_per_hour": 4.0, "spot_min_bid": 1.0})
+    low = api.post("/api/v1/instances", {"name": "cheap", "command": ["sleep", "1d"], "resources": {"gpus": 2},
+                                         "priority_class": "spot", "bid": 0.5})
+    assert low.status_code == 400 and "bid" in low.get_json()["error"]["details"]["fields"], low.get_json()
+    inst = create(api, priority_class="spot", bid=1.5, resources={"gpus": 2})
+    a = start(api, session)
+    assert show(api, inst["id"])["price_per_hour"] == 3.0
+    job = api.submit(resources={"gpus": 2})
+    assert a["task_id"] in api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session,
+                                    agent=True).get_json()["cancel"]
+    interrupted = show(api, inst["id"])
+    assert interrupted["state"] == "interrupted" and "preempted" in interrupted["status_reason"]
+    finish(api, session, a, "cancelled")  # its process ended
+    api.run_task("scheduling")
+    assert api.job(job["id"])["state"] == "running"
+    resumed = api.post(f"/api/v1/instances/{inst['id']}/resume", {"bid": 2.0}).get_json()
+    assert resumed["state"] == "pending" and resumed["spec"]["bid"] == 2.0
+
+
+def test_a_lost_node_interrupts_its_instances_which_run_on_when_it_returns(api, fleet, clock):
+    token, node, session = fleet
+    inst = create(api)
+    start(api, session)
+    clock.advance(3600)
+    api.run_task("liveness_sweep")
+    lost = show(api, inst["id"])
+    assert lost["state"] == "interrupted" and f"node {node} lost" in lost["status_reason"]
+    api.heartbeat(session)  # back before anything else happened: the process ran on
+    back = show(api, inst["id"])
+    assert back["state"] == "running" and "ran on" in back["status_reason"]
+
+
+def test_a_lost_run_is_started_again_when_its_node_returns(api, fleet, clock):
+    token, node, session = fleet
+    inst = create(api)
+    a = start(api, session)
+    clock.advance(3600)
+    api.run_task("liveness_sweep")
+    api.run_task("leases")
+    assert show(api, inst["id"])["state"] == "interrupted"
+    api.heartbeat(session)
+    back = show(api, inst["id"])
+    assert back["state"] == "starting" and back["runs"] == 2
+    assert start(api, session)["task_id"] != a["task_id"]
+    assert show(api, inst["id"])["state"] == "running"
+
+
+def test_process_exit_and_idle_stop_end_the_instance(api, fleet):
+    token, node, session = fleet
+    inst = create(api, idle_stop={"gpu_util_below_percent": 5, "for_seconds": 60})
+    a = start(api, session)
+    finish(api, session, a, "cancelled", reason="GPU utilisation under 5% for 60s", idle=True)
+    stopped = show(api, inst["id"])
+    assert stopped["state"] == "stopped" and stopped["status_reason"].startswith("idle:")
+    api.post(f"/api/v1/instances/{inst['id']}/resume", {})
+    b = start(api, session)
+    finish(api, session, b, "failed", exit_code=3, reason="exit code 3")
+    assert show(api, inst["id"])["state"] == "failed"
+
+
+def test_cost_accrues_over_running_time_only(api, fleet, clock):
+    token, node, session = fleet
+    api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 2.0})
+    inst = create(api, resources={"gpus": 2})
+    clock.advance(1800)  # starting: not running yet
+    a = start(api, session)
+    clock.advance(3600)
+    assert show(api, inst["id"])["cost_so_far"] == pytest.approx(4.0)
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    finish(api, session, a)
+    clock.advance(7200)
+    assert show(api, inst["id"])["cost_so_far"] == pytest.approx(4.0)
+
+
+def test_a_submitter_sees_only_its_own_instances(api, fleet, app, clock):
+    inst = create(api)
+    other = admin_client(app, clock)
+    other.token = api.create_token("submitter", "alice")
+    assert other.get(f"/api/v1/instances/{inst['id']}").status_code == 404
+    assert other.get("/api/v1/instances").get_json()["items"] == []
+    assert other.post(f"/api/v1/instances/{inst['id']}/stop").status_code == 404
+    mine = create(other, name="alice-nb")
+    assert [i["id"] for i in other.get("/api/v1/instances").get_json()["items"]] == [mine["id"]]
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"name": "x", "resources": {"gpus": 1}}, "command"),
+    ({"name": "x", "command": ["a"], "ports": [{"port": 0}]}, "ports"),
+    ({"name": "x", "command": ["a"], "ports": [{"port": 70000}]}, "ports"),
+    ({"name": "x", "command": ["a"], "ports": [{"port": 80}, {"port": 80}]}, "ports"),
+    ({"name": "x", "command": ["a"], "ports": [{"port": 80, "protocol": "udp"}]}, "ports"),
+    ({"name": "x", "command": ["a"], "restart": "sometimes"}, "restart"),
+    ({"name": "x", "command": ["a"], "volume_bytes": -1}, "volume_bytes"),
+    ({"name": "x", "command": ["a"], "volume_mount_path": "relative"}, "volume_mount_path"),
+    ({"name": "x", "command": ["a"], "bid": 1.0}, "bid"),
+    ({"name": "x", "image": "bad image!"}, "image"),
+    ({"name": "x", "command": ["a"], "env": {"FLEET_VOLUME": "/"}}, "env"),
+    ({"name": "x", "command": ["a"], "idle_stop": {"gpu_util_below_percent": 5, "for_seconds": 60}}, "idle_stop"),
+    ({"name": "x", "command": ["a"], "team": "other"}, "team"),
+])
+def test_bad_specs_are_refused_field_by_field(api, spec, field):
+    resp = api.post("/api/v1/instances", spec)
+    assert resp.status_code == 400, resp.get_json()
+    fields = resp.get_json()["error"]["details"]["fields"]
+    assert field in fields.get("json", fields)
+
+
+def test_an_image_instance_waits_for_a_node_with_a_container_runtime(api, fleet):
+    token, node, session = fleet
+    inst = create(api, command=[], image="localhost/app:1")
+    assert inst["state"] == "pending" and "container runtime" in inst["pending_reason"]
+    api.heartbeat(session, capabilities={"container_runtime": "podman"})
+    api.run_task("scheduling")
+    assert show(api, inst["id"])["state"] == "starting"
+
+
+def test_connection_waits_until_the_instance_runs(api, fleet):
+    token, node, session = fleet
+    inst = create(api, ports=[{"port": 22, "protocol": "tcp"}, {"port": 8888}])
+    resp = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22&wait_seconds=0.2")
+    assert resp.status_code == 504
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection").status_code == 400  # which port?
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection?port=23").status_code == 400
+    start(api, session, [(22, 40022), (8888, 40888)])
+    conn = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").get_json()
+    assert conn["url"] == "tcp://10.0.0.1:40022"
