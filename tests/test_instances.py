@@ -253,3 +253,12 @@ def test_connection_waits_until_the_instance_runs(api, fleet):
     start(api, session, [(22, 40022), (8888, 40888)])
     conn = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").get_json()
     assert conn["url"] == "tcp://10.0.0.1:40022"
+
+
+def test_metrics_count_instances_by_state_apart_from_jobs(api, fleet):
+    token, node, session = fleet
+    create(api)
+    create(api, name="big", resources={"gpus": 8})
+    text = api.get("/metrics").get_data(as_text=True)
+    assert 'fleetd_instances{state="starting"} 1.0' in text and 'fleetd_instances{state="pending"} 1.0' in text
+    assert 'fleetd_jobs{state="running"} 0.0' in text and 'fleetd_jobs{state="queued"} 0.0' in text

@@ -11,7 +11,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
-from fleetd.models import Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, Job, JobState, LogLine, Task
+from fleetd.models import (Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, InstanceState, Job, JobState, LogLine,
+                           Task)
+from fleetd.services import instances
 from fleetd.services.artifacts import artifact_path, store_dir
 from fleetd.services.cluster import cluster_status, current_state, gpu_summary
 
@@ -73,13 +75,19 @@ class _StateCollector:
         queued = GaugeMetricFamily("fleetd_gpus_queued", "GPUs asked for by queued jobs.")
         queued.add_metric([], status["gpu"]["queued"])
         yield queued
-        jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state.", labels=["state"])
+        jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state (runs of instances not included).", labels=["state"])
         counts = {s.value: 0 for s in JobState}
-        for state_name, count in Job.select(Job.state, fn.COUNT(Job.id)).group_by(Job.state).tuples():
+        for state_name, count in (Job.select(Job.state, fn.COUNT(Job.id)).where(Job.instance_id.is_null())
+                                  .group_by(Job.state).tuples()):
             counts[state_name] = count
         for name, count in sorted(counts.items()):
             jobs.add_metric([name], count)
         yield jobs
+        by_state = GaugeMetricFamily("fleetd_instances", "Instances by state.", labels=["state"])
+        counts = {s.value: 0 for s in InstanceState} | instances.counts_by_state()
+        for name, count in sorted(counts.items()):
+            by_state.add_metric([name], count)
+        yield by_state
         yield from _dcgm_families(rt, state)
 
 
