@@ -1020,8 +1020,11 @@ def instance():
     """Instances: long-running reserved GPU workloads (create, list, show, stop, resume, rm, connect, logs)."""
 
 
-# The states an instance stays in until someone acts (docs/api.md, Instances).
-INSTANCE_AT_REST = ("stopped", "failed", "deleted")
+# The states in which an instance's processes have ended (docs/api.md, Instance states): only a resume (or,
+# after a lost node, the node's return) runs it again.
+INSTANCE_AT_REST = ("stopped", "interrupted", "failed", "deleted")
+# Long polls ask for less than the client's 30 s read timeout, so that a full wait is never taken for a dead server.
+_LONG_POLL_SECONDS = 25
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)$")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 
@@ -1057,11 +1060,11 @@ class PortSpec(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, dict):
             return value
-        number, _, protocol = value.strip().partition("/")
-        protocol = protocol.lower() or "tcp"
-        if not number.isdigit() or not 1 <= int(number) <= 65535 or protocol not in ("http", "tcp"):
+        number, slash, protocol = value.strip().partition("/")
+        protocol = protocol.lower()
+        if not number.isdigit() or not 1 <= int(number) <= 65535 or (slash and protocol not in ("http", "tcp")):
             self.fail(f"{value!r} is not PORT, PORT/http or PORT/tcp with 1 <= PORT <= 65535", param, ctx)
-        return {"port": int(number), "protocol": protocol}
+        return {"port": int(number), "protocol": protocol} if slash else {"port": int(number)}  # fleetd: http
 
 
 class IdleStop(click.ParamType):
@@ -1107,7 +1110,7 @@ def _instance_ports(inst):
     published = {p["private_port"]: p for p in ((inst.get("runtime") or {}).get("ports") or [])}
     out = []
     for port in (inst.get("spec") or {}).get("ports") or []:
-        text = f"{port['port']}/{port.get('protocol') or 'tcp'}"
+        text = f"{port['port']}/{port.get('protocol') or 'http'}"
         public = published.get(port["port"])
         if public and public.get("public_port"):
             text += f"->{public['public_port']}"
@@ -1140,8 +1143,8 @@ def _wait_instance(instance_id, done, timeout=None, on_change=None):
     deadline = None if timeout is None else time.monotonic() + timeout
     data, seen = None, None
     for _ in range(10_000_000):  # bounded: a wait of years would still end
-        left = 30 if deadline is None else max(0, min(30, deadline - time.monotonic()))
-        data = client.get(f"/api/v1/instances/{instance_id}", wait_seconds=int(left))
+        left = _LONG_POLL_SECONDS if deadline is None else max(0, min(_LONG_POLL_SECONDS, deadline - time.monotonic()))
+        data = client.get(f"/api/v1/instances/{instance_id}", wait_seconds=round(left, 1))
         now_seen = (data["state"], data.get("pending_reason"))
         if on_change and now_seen != seen:
             on_change(data)
@@ -1188,7 +1191,7 @@ def _wait_running(instance_id, data, timeout, verb):
 @click.option("--memory", "memory_bytes", type=Size(), help="Host memory, e.g. 64G (binary units: 64G = 64 GiB).")
 @click.option("--image", help="Container image to run (without it, a command is required).")
 @click.option("--port", "ports", type=PortSpec(), multiple=True,
-              help="Port the workload listens on, PORT[/http|/tcp] (default tcp; repeatable); "
+              help="Port the workload listens on, PORT[/http|/tcp] (default http; repeatable); "
                    "`fleetd instance connect` gives its address.")
 @click.option("--volume", "volume_bytes", type=Size(),
               help="Persistent volume kept across stop and resume, e.g. 100G (0: none).")
@@ -1274,24 +1277,28 @@ def _show_instance(d):
     volume = spec.get("volume_bytes") or 0
     show_record(d, [
         ("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("TEAM", "team"), ("STATE", "state"),
-        ("DESIRED", "desired_state"), ("PENDING REASON", "pending_reason"), ("NODE", "node_id"),
+        ("REASON", "status_reason"), ("PENDING REASON", "pending_reason"), ("WANTED", "desired_state"),
+        ("NODE", "node_id"),
         ("IMAGE", lambda _: spec.get("image")), ("COMMAND", lambda _: shlex.join(command) if command else None),
         ("GPUS", _instance_gpus),
         ("CLASS", lambda _: (spec.get("priority_class") or "on-demand")
          + (f", bid {_num(spec['bid'])}" if spec.get("bid") is not None else "")),
         ("RESTART", lambda _: spec.get("restart")),
-        ("VOLUME", lambda _: f"{_bytes(volume)} at {spec.get('volume_mount_path') or '/workspace'}" if volume
-         else "none"),
+        ("VOLUME", lambda _: (f"{_bytes(volume)} at {spec.get('volume_mount_path') or '/workspace'}" if volume
+                              else "none") + (f", {_bytes(runtime['volume_used_bytes'])} used"
+                                              if runtime.get("volume_used_bytes") is not None else "")),
         ("IDLE STOP", lambda _: spec.get("idle_stop") and "under {}% GPU utilization for {}".format(
             _num(spec["idle_stop"]["gpu_util_below_percent"]), _span(spec["idle_stop"]["for_seconds"]))),
         ("CREATED", "created_at"), ("STARTED", "started_at"), ("STOPPED", "stopped_at"),
-        ("UPTIME", lambda _: _span(runtime.get("uptime_seconds"))),
+        ("RUNS", "runs"), ("UPTIME", lambda _: _span(runtime.get("uptime_seconds"))),
+        ("RESTARTS", lambda _: runtime.get("restarts")),
         ("PRICE/H", lambda i: _money(i.get("price_per_hour"))), ("COST", lambda i: _money(i.get("cost_so_far"))),
     ])
     container = runtime.get("container") or {}
     if container:
-        click.echo(f"{'CONTAINER'.ljust(14)}  CPU {_num(container.get('cpu_percent') or 0)}%, "
-                   f"memory {_num(container.get('memory_percent') or 0)}%")
+        cpu, memory = container.get("cpu_percent"), container.get("memory_percent")
+        click.echo(f"{'CPU, MEMORY'.ljust(14)}  {'-' if cpu is None else _num(round(cpu, 1))}% CPU, "
+                   f"{'-' if memory is None else _num(round(memory, 1))}% memory")
     published = {p["private_port"]: p for p in runtime.get("ports") or []}
     if spec.get("ports"):
         click.echo("")
@@ -1367,18 +1374,17 @@ def instance_rm(instance_id, yes):
 @click.option("--wait", "wait_running", is_flag=True, help="Wait until the instance runs, however long that takes.")
 def instance_connect(instance_id, port, wait_running):
     """Print the URL of a port of a running instance (http://HOST:PORT or tcp://HOST:PORT)."""
-    client = _client()
+    client, data = _client(), None
     for _ in range(10_000_000 if wait_running else 1):  # bounded: a wait of years would still end
         try:
             data = client.get(f"/api/v1/instances/{instance_id}/connection", port=port,
-                              wait_seconds=30 if wait_running else None)
+                              wait_seconds=_LONG_POLL_SECONDS if wait_running else None)
             break
         except ClientError as exc:
-            if not wait_running or exc.status != 409:
+            if exc.status != 504:  # 504: not running within the wait; 409: stopped, so it never will by itself
                 raise
-            current = client.get(f"/api/v1/instances/{instance_id}")
-            if current["desired_state"] == "stopped" or current["state"] in INSTANCE_AT_REST:
-                raise
+            if not wait_running:
+                fail(f"{_describe(exc)}\n(`fleetd instance connect --wait {instance_id}` waits until it runs)")
     emit(_ctx(), data, lambda d: click.echo(d["url"]))
 
 

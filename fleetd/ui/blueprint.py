@@ -143,3 +143,18 @@ def age(value, now=None):
         if seconds >= size:
             return f"{math.floor(seconds / size)} {unit} ago"
     return f"{int(seconds)} s ago"
+
+
+@bp.app_template_filter("duration")
+def duration(seconds):
+    """A length of time in seconds as people read it: 45 s, 12 min, 3 h 07 min, 2 d 4 h."""
+    if seconds is None:
+        return "\u2013"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"

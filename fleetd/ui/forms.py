@@ -29,6 +29,12 @@ def _convert(field, raw):
             return float(raw)
         except ValueError:
             return raw
+    if isinstance(field, fields.Number):  # a number of either kind (a GPU count: 2, or 0.5 of one GPU)
+        for kind in (int, float):
+            try:
+                return kind(raw)
+            except ValueError:
+                continue
     return raw
 
 

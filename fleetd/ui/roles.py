@@ -4,7 +4,7 @@ The roles are read from the API's own `require` decorators, so the UI cannot dri
 API: a page that shows what GET /api/v1/nodes shows admits exactly the roles that route admits.
 """
 
-from fleetd.api import admin, cluster, fleets, jobs, metrics, nodes, tokens
+from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens
 
 
 def _roles(view, method):
@@ -30,6 +30,15 @@ JOB_CANCEL = _roles(jobs.JobCancel, "post")
 JOB_LOGS = _roles(jobs.JobLogs, "get")
 JOB_EVENTS = _roles(jobs.JobEvents, "get")
 SIMULATE = _roles(cluster.SimulateSchedule, "post")
+INSTANCES = _roles(instances.Instances, "get")
+INSTANCE = _roles(instances.InstanceById, "get")
+INSTANCE_ACTIONS = {
+    "stop": _roles(instances.InstanceStop, "post"),
+    "resume": _roles(instances.InstanceResume, "post"),
+    "delete": _roles(instances.InstanceById, "delete"),
+}
+INSTANCE_LOGS = _roles(instances.InstanceLogs, "get")
+INSTANCE_EVENTS = _roles(instances.InstanceEvents, "get")
 FLEETS = _roles(fleets.Fleets, "get")
 JOIN_TOKENS = _roles(fleets.FleetJoinTokens, "get")
 JOIN_TOKEN_CREATE = _roles(fleets.FleetJoinTokens, "post")
@@ -47,6 +56,7 @@ NAV = [
     ("ui.overview", "Overview", OVERVIEW),
     ("ui.node_list", "Nodes", NODES),
     ("ui.job_list", "Jobs", JOBS),
+    ("ui.instance_list", "Instances", INSTANCES),
     ("ui.join_tokens", "Join tokens", JOIN_TOKENS),
     ("ui.api_tokens", "API tokens", API_TOKENS),
     ("ui.maintenance", "Maintenance", TASKS),

@@ -1,0 +1,136 @@
+"""Instances: the list with a state filter; an instance's page with its runtime, ports, log tail, events and
+stop / resume / delete behind a confirmation."""
+
+import json
+import shlex
+
+from flask import flash, g, redirect, render_template, request, url_for
+
+from fleetd.errors import InvalidRequest
+from fleetd.models import InstanceState
+from fleetd.runtime import current_runtime
+from fleetd.schemas.instances import ResumeSchema
+from fleetd.services import instances, nodes
+from fleetd.ui import roles
+from fleetd.ui.blueprint import bp
+from fleetd.ui.forms import load_form
+from fleetd.ui.pages.common import allow, confirmed
+from fleetd.ui.security import ui_require
+
+LIST_LIMIT = 200
+LOG_LINES_SHOWN = 200
+EVENTS_SHOWN = 100
+# While an instance is on its way somewhere (or runs, with figures that move), its page refreshes itself.
+LIVE_STATES = ("pending", "starting", "running", "stopping")
+
+ACTIONS = {
+    "stop": ("Stop", "Its processes are stopped and its GPUs freed. Its volume stays on its node, and a resume "
+                     "starts it there again."),
+    "resume": ("Resume", "It runs again on the node that holds its volume; while that node lacks the GPUs it "
+                         "waits, and says why."),
+    "delete": ("Delete", "It is stopped and its volume is deleted, with everything on it. This cannot be undone."),
+}
+
+
+@bp.route("/instances")
+@ui_require(roles.INSTANCES)
+def instance_list():
+    """Instances (every one but the deleted, or those in one state, or one owner's): where they run, their
+    ports, price and cost, and why they wait."""
+    state = request.args.get("state", "").strip() or None
+    owner = request.args.get("owner", "").strip() or None
+    cursor = request.args.get("cursor") or None
+    states = [s.value for s in InstanceState]
+    if state is not None and state not in states:
+        raise InvalidRequest(f"unknown instance state {state!r}")
+    rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner)
+    return render_template("instances.html", rows=instances.instance_views(rows, current_runtime().clock.now()),
+                           state=state or "", owner=owner or "", states=states, next_cursor=next_cursor)
+
+
+def _url(host, port, protocol):
+    """What `GET .../connection` answers as the url: http://HOST:PORT/ or tcp://HOST:PORT ([v6]:PORT)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" if protocol == "http" else f"tcp://{shown}:{port}"
+
+
+def _ports(view):
+    """Each declared port with where it is reached while the instance runs: its node's address and the public
+    port the node gave it (the Instance's runtime.ports)."""
+    published = {p["private_port"]: p for p in ((view["runtime"] or {}).get("ports") or [])}
+    out = []
+    for port in view["spec"].get("ports") or []:
+        protocol = port.get("protocol") or "http"
+        public = published.get(port["port"])
+        url = _url(public["ip"], public["public_port"], protocol) if public and public.get("ip") else None
+        out.append({"port": port["port"], "protocol": protocol, "url": url,
+                    "public": bool(public and public.get("is_ip_public"))})
+    return out
+
+
+def _actions(view):
+    """(action, label) of the buttons this instance and this role allow now."""
+    state = InstanceState(view["state"])
+    available = {
+        "stop": view["desired_state"] == "running" and state is not InstanceState.DELETED,
+        "resume": state.can_resume(),
+        "delete": state is not InstanceState.DELETED,
+    }
+    return [(name, ACTIONS[name][0]) for name, ok in available.items()
+            if ok and g.ui_principal.role in roles.INSTANCE_ACTIONS[name]]
+
+
+@bp.route("/instances/<string:instance_id>")
+@ui_require(roles.INSTANCE)
+def instance_page(instance_id):
+    """One instance: state and why, runtime figures, ports as links, the end of its log, its events."""
+    rt = current_runtime()
+    principal = g.ui_principal
+    view = instances.instance_view(instances.get_instance(principal, instance_id), rt.clock.now())
+    node = nodes.find_node(view["node_id"]) if view["node_id"] and principal.role in roles.NODES else None
+    command = view["spec"].get("command")
+    context = {"inst": view, "node": node, "ports": _ports(view), "actions": _actions(view),
+               "command": shlex.join(command) if command else "", "live": view["state"] in LIVE_STATES}
+    if request.args.get("partial") == "live":
+        if request.args.get("actions", "") != ",".join(name for name, _ in context["actions"]):
+            # What may be done changed (it stopped, say): the whole page again, with the right buttons.
+            return "", 204, {"HX-Refresh": "true"}
+        return render_template("_instance_live.html", **context)
+    events = []
+    if principal.role in roles.INSTANCE_EVENTS:
+        events = instances.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
+    lines = []
+    if principal.role in roles.INSTANCE_LOGS:
+        lines = instances.instance_logs_tail(principal, instance_id, LOG_LINES_SHOWN)
+    return render_template("instance.html", events=list(reversed(events)), lines=lines,
+                           spec_text=json.dumps(view["spec"], indent=2, sort_keys=True), **context)
+
+
+@bp.route("/instances/<string:instance_id>/<any(stop, resume, delete):action>", methods=["POST"])
+@ui_require(roles.INSTANCE)
+def instance_action(instance_id, action):
+    """Stop, resume or delete: a confirmation step, then the same service call as the API."""
+    principal = allow(roles.INSTANCE_ACTIONS[action])
+    rt = current_runtime()
+    inst = instances.get_instance(principal, instance_id)
+    resume, hidden = {}, {}
+    if action == "resume":
+        resume = load_form(ResumeSchema(), request.form)
+        hidden = {k: request.form[k].strip() for k in ("gpus", "bid") if request.form.get(k, "").strip()}
+    if not confirmed(request.form):
+        return render_template("confirm_instance.html", inst=inst, action=action, title=ACTIONS[action][0],
+                               explanation=ACTIONS[action][1], hidden=hidden)
+    if action == "stop":
+        inst = instances.stop_instance(rt, principal, instance_id)
+    elif action == "resume":
+        inst = instances.resume_instance(rt, principal, instance_id, resume["gpus"], resume["bid"])
+    else:
+        inst = instances.delete_instance(rt, principal, instance_id)
+        if inst.state == InstanceState.DELETED.value:
+            flash(f"Instance {inst.name} deleted; its node deletes its volume.")
+        else:
+            flash(f"Instance {inst.name} is {inst.state}: once its processes have ended it is deleted, "
+                  "and its node deletes its volume.")
+        return redirect(url_for("ui.instance_list"))
+    flash(f"Instance {inst.name} is now {inst.state}.")
+    return redirect(url_for("ui.instance_page", instance_id=instance_id))
