@@ -92,17 +92,14 @@ def _console():
     return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
-def show_table(rows, columns, title=None, wrap=None):
-    """Rows (dicts) as a table; `columns` is [(header, key or callable)]. With `wrap` (headers), only those
-    columns wrap on a narrow terminal and every other one keeps its values on one line."""
+def show_table(rows, columns, title=None):
+    """Rows (dicts) as a table; `columns` is [(header, key or callable)]."""
     from rich.table import Table
 
     table = Table(title=title, box=None, header_style="bold")
     for header, _ in columns:
         if header in ("ID", "UUID"):
             table.add_column(header, no_wrap=True, min_width=20)
-        elif wrap is not None:
-            table.add_column(header, no_wrap=header not in wrap, overflow="fold", ratio=1 if header in wrap else None)
         else:
             table.add_column(header)
     for row in rows:
@@ -1115,7 +1112,7 @@ def _instance_ports(inst):
         if public and public.get("public_port"):
             text += f"->{public['public_port']}"
         out.append(text)
-    return ",".join(out) or None
+    return ", ".join(out) or None  # a space: a narrow terminal wraps the list rather than cutting it
 
 
 def _instance_gpus(inst):
@@ -1267,7 +1264,8 @@ def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image,
 def instance_list(state, owner):
     """List instances (a submitter sees its own)."""
     items = list(_client().paginate("/api/v1/instances", state=state, owner=owner))
-    emit(_ctx(), items, lambda rows: show_table(rows, INSTANCE_COLUMNS, wrap=("PENDING REASON",)))
+    # On a terminal too narrow for one line a row, the pending reason wraps within its column.
+    emit(_ctx(), items, lambda rows: show_table(rows, INSTANCE_COLUMNS))
 
 
 def _show_instance(d):

@@ -88,7 +88,7 @@ def test_create_builds_the_spec_from_its_options_and_list_and_show_say_why_it_wa
                                 "REASON"]
     row = next(line for line in table if line.lstrip().startswith(created["id"]))
     assert row.split()[1:4] == ["nb", "pending", "-"] and f" 1 ({H100}) " in row
-    assert " 8888/http,22/tcp " in row and row.rstrip().endswith(reason)
+    assert " 8888/http, 22/tcp " in row and row.rstrip().endswith(reason)
     assert [i["id"] for i in json.loads(run("instance", "list", "--json").stdout)] == [created["id"], spot_id]
     assert json.loads(run("instance", "list", "--state", "running", "--json").stdout) == []
 
@@ -201,7 +201,7 @@ def test_a_running_instance_connect_logs_runtime_and_stop(run, server):  # noqa:
     proc = run("instance", "connect", iid, expect=1)
     assert proc.stderr.startswith(f"fleetd: invalid_request: instance {iid} declares several ports")
     row = next(line for line in run("instance", "list").stdout.splitlines() if line.lstrip().startswith(iid))
-    assert row.split()[1:4] == ["nb", "running", agent.node_id] and "8888/http->40888,22/tcp->40022" in row
+    assert row.split()[1:4] == ["nb", "running", agent.node_id] and "8888/http->40888, 22/tcp->40022" in row
 
     # What the node reports about the run shows in `show`.
     agent.call("/heartbeat", {
@@ -247,6 +247,14 @@ def test_connect_wait_answers_once_the_instance_runs(run, server):  # noqa: F811
     wait_until(lambda: json.loads(run("instance", "show", iid, "--json").stdout)["state"] == "starting",
                message="the run placed")
     assert waiting.is_alive() and not answered
-    agent.start([(8888, 41000, "http")])
+    assignment = agent.start([(8888, 41000, "http")])
     waiting.join(timeout=60)
     assert answered and answered[0].stdout.strip() == "http://127.0.0.1:41000/"
+    # stop --wait answers once the node reports its processes ended, not when it was asked.
+    stopping, stopped = in_thread(lambda: run("instance", "stop", iid, "--wait"))
+    wait_until(lambda: assignment["task_id"] in agent.call("/acquire", {"wait_seconds": 0})["cancel"],
+               message="the node told to stop the run")
+    assert stopping.is_alive() and not stopped
+    agent.task(assignment, "finish", outcome="cancelled", exit_code=143)
+    stopping.join(timeout=60)
+    assert stopped and stopped[0].stdout.strip() == f"instance {iid} stopped"
