@@ -249,7 +249,7 @@ def test_connection_waits_until_the_instance_runs(api, fleet):
     resp = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22&wait_seconds=0.2")
     assert resp.status_code == 504
     assert api.get(f"/api/v1/instances/{inst['id']}/connection").status_code == 400  # which port?
-    assert api.get(f"/api/v1/instances/{inst['id']}/connection?port=23").status_code == 400
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection?port=23").status_code == 404
     start(api, session, [(22, 40022), (8888, 40888)])
     conn = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").get_json()
     assert conn["url"] == "tcp://10.0.0.1:40022"

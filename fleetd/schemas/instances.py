@@ -1,7 +1,5 @@
 """Schemas of instances (InstanceSpec, Instance)."""
 
-import re
-
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from fleetd.models import InstanceState
@@ -13,9 +11,9 @@ IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
 MAX_VOLUME_BYTES = 1 << 50  # 1 PiB
 
 
-def _absolute_path(value):
-    if not value.startswith("/") or ".." in value.split("/") or re.search(r"[\x00-\x1f:,]", value):
-        raise ValidationError("an absolute path inside the container, without '..', ':' or ','")
+# An absolute path of segments that are not '..' and hold no ':' or ',' (podman's -v separators).
+MOUNT_PATH = validate.Regexp(r"^(/(?!\.\.(?:/|$))[^/:,\x00-\x1f]*)+$",
+                             error="an absolute path inside the container, without '..', ':' or ','")
 
 
 class InstanceResourcesSchema(Schema):
@@ -52,7 +50,7 @@ class InstanceSpecSchema(Schema):
                       validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
     resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
     volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
-    volume_mount_path = Text(max_length=1024, load_default="/workspace", validate=[_absolute_path])
+    volume_mount_path = Text(max_length=1024, load_default="/workspace", validate=[MOUNT_PATH])
     ports = fields.List(fields.Nested(PortSchema), validate=[validate.Length(max=32), _distinct], load_default=list)
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)

@@ -524,15 +524,15 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
     protocols = {p["port"]: p.get("protocol", "http") for p in inst.spec.get("ports") or []}
     declared = list(protocols)
     if not declared:
-        raise InvalidRequest(f"instance {instance_id} declares no ports", {"fields": {"port": ["no ports declared"]}})
+        raise NotFound(f"instance {instance_id} declares no ports", {"port": port})
     if port is None:
         if len(declared) > 1:
             raise InvalidRequest(f"instance {instance_id} declares several ports; name one of {declared}",
                                  {"fields": {"port": [f"one of {declared}"]}})
         port = declared[0]
     if port not in declared:
-        raise InvalidRequest(f"port {port} is not declared by instance {instance_id}; declared: {declared}",
-                             {"fields": {"port": [f"one of {declared}"]}})
+        raise NotFound(f"port {port} is not declared by instance {instance_id}; declared: {declared}",
+                       {"port": port, "declared": declared})
 
     def answer():
         current = _released(lambda: find_instance(principal, instance_id))

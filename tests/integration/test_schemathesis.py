@@ -62,6 +62,18 @@ ALLOWED = [
      r"stream must be stdout|text must be a string|rank must be an integer",
      "a log line is a tuple [stream, text, rank?]; OpenAPI 3.0 has no tuples (prefixItems came with 3.1), so "
      "the document allows strings or ranks in any position"),
+    ("positive_data_acceptance", r"POST /api/v1/(instances|agent/.*finish|agent/tasks/\{task_id\}/start)",
+     r"each port at most once|each declared port at most once",
+     "uniqueness of one key (port) across array items is not expressible in OpenAPI 3.0"),
+    ("positive_data_acceptance", r"POST /api/v1/instances",
+     r"a bid applies to spot instances only|a command is required without an image|idle stop watches GPU"
+     r"|FLEET_\* variables are set",
+     "rules across two fields (bid needs spot; no image needs a command; an idle rule needs GPUs) and reserved "
+     "env names (FLEET_*, set by the agent; OpenAPI 3.0 cannot constrain keys): the document describes fields "
+     "one by one"),
+    ("positive_data_acceptance", r"GET /api/v1/instances/\{instance_id\}/connection", r"declares several ports",
+     "`port` may be left out only when the instance declares one port: which ports it declares is the server's "
+     "state, not the document's"),
     ("positive_data_acceptance", r"POST /api/v1/agent/heartbeat", r"is out of range|nested deeper than",
      "the free-form `metrics` object is held to fleetd's JSON limits for every body (integers of at most 20 "
      "digits, nesting at most 32 deep), which a free-form schema cannot state"),
