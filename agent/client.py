@@ -108,11 +108,12 @@ class FleetClient:
             return list(reply["assignments"] or []), cancel
         return ([reply["assignment"]] if reply.get("assignment") else []), cancel
 
-    def task_start(self, task_id, epoch, pid=None):
-        """POST /agent/tasks/{id}/start: the task's process runs."""
+    def task_start(self, task_id, epoch, pid=None, extra=None):
+        """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's `ports`)."""
         body = {"epoch": epoch}
         if pid is not None:
             body["pid"] = pid
+        body.update(extra or {})
         self._post(_task_path(task_id, "start"), body, self.session_token)
 
     def publish_rendezvous(self, task_id, epoch, addr, port):

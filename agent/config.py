@@ -10,6 +10,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import shlex
 import sys
 
 if sys.version_info >= (3, 11):
@@ -63,7 +64,14 @@ class Config:
     limits_mps_control_command: str = "nvidia-cuda-mps-control"
     limits_mps_dir: str = ""  # MPS pipe and log directories; empty: <state_dir>/mps
     limits_cgroup_parent: str = "fleet-agent"  # task cgroups under <cgroup v2 mount>/<this>; empty: none
+    ports_range: str = "40000-41000"  # host ports handed to instances' declared ports ("low-high")
+    containers_command: str = ""  # podman/docker command line (shlex); empty: podman, else docker; "none": off
     log_level: str = "info"
+
+    @property
+    def ports_bounds(self):
+        """(low, high) of ports.range."""
+        return parse_port_range(self.ports_range)
 
     @property
     def local_api_host_port(self):
@@ -118,7 +126,23 @@ class Config:
             raise ConfigError("limits.mps_control_command is required when limits.mps_enabled is true")
         if self.server_url and not re.match(r"^https?://", self.server_url):
             raise ConfigError("server_url must start with http:// or https://")
+        self.ports_bounds  # noqa: B018 - raises ConfigError for a bad ports.range
+        try:
+            shlex.split(self.containers_command)
+        except ValueError as exc:
+            raise ConfigError(f"containers.command is not a valid command line: {exc}") from None
         return self
+
+
+def parse_port_range(value):
+    """'40000-41000' -> (40000, 41000): two integers 1..65535, low <= high; ConfigError otherwise."""
+    match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", str(value))
+    if not match:
+        raise ConfigError(f"ports.range {value!r} must be 'low-high', e.g. '40000-41000'")
+    low, high = int(match[1]), int(match[2])
+    if not (1 <= low <= high <= 65535):
+        raise ConfigError(f"ports.range {value!r}: ports must be 1 to 65535 and low <= high")
+    return low, high
 
 
 def parse_listen(value):

@@ -21,6 +21,7 @@ from agent.devices import DeviceManager
 from agent.localapi import LocalApi
 from agent.procfs import read_memory_total
 from agent.state import State
+from agent.task.container import ContainerRuntime
 from agent.task.limits import Limits, LimitSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
@@ -39,6 +40,7 @@ ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predate
 # After a stop that requeued tasks: how long the acquire in flight may take to bring back an
 # assignment (fleetd may place a requeued job on this node again at once) so it is handed back.
 HAND_BACK_SECONDS = 2.0
+RUNTIME_DETECT_SECONDS = 300.0  # how often the container runtime is looked for again (one installed since)
 
 
 def agent_version():
@@ -84,12 +86,18 @@ def watchdog_interval(environ=None):
     return int(usec) / 2e6
 
 
-def host_resources():
-    """{cpu_count, memory_bytes} of this host."""
+def host_resources(container_runtime=None):
+    """{cpu_count, memory_bytes, container_runtime} of this host."""
     memory = read_memory_total()
     if memory is None:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return {"cpu_count": os.cpu_count() or 1, "memory_bytes": memory}
+    return {"cpu_count": os.cpu_count() or 1, "memory_bytes": memory, "container_runtime": container_runtime}
+
+
+def runtime_name(config):
+    """"podman", "docker" or None: the container runtime containers.command gives."""
+    runtime = ContainerRuntime.detect(config.containers_command)
+    return runtime.name if runtime is not None else None
 
 
 def detect_address(server_url):
@@ -114,7 +122,7 @@ def register_body(config, inventory, machine_id, labels):
         "agent_version": agent_version(),
         "address": config.address or detect_address(config.server_url),
         "labels": labels,
-        "resources": host_resources(),
+        "resources": host_resources(runtime_name(config)),
         "gpus": inventory.wire_gpus(),
     }
 
@@ -206,6 +214,7 @@ class Agent:
         self.exit_code = EXIT_OK
         self._threads = []
         self._acquire_thread = None
+        self._runtime_checked = None  # monotonic time the container runtime was last looked for
 
     # Readiness, as /readyz reports it.
 
@@ -250,8 +259,9 @@ class Agent:
             for thread in self._threads:
                 thread.join(timeout=10)
             if self.runner is not None:
-                revoked = self.exit_code == EXIT_REVOKED
-                stopped = self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked)
+                revoked = self.exit_code == EXIT_REVOKED  # the one stop that ends instances too
+                stopped = self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked,
+                                               stop_instances=revoked)
                 if stopped and self._acquire_thread is not None:
                     self._acquire_thread.join(HAND_BACK_SECONDS)
             self._leave()
@@ -321,6 +331,7 @@ class Agent:
         address = self.config.address or detect_address(server_url)
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
                                          limits=self.limits)
+        log.info("container runtime for instances: %s", self.runner.containers or "none")
         self.runner.recover()
         # What start-up built lives as long as the agent: the collector's full passes skip it.
         gc.collect()
@@ -371,23 +382,14 @@ class Agent:
         interval = self.config.heartbeat_interval_seconds or self.node.get("heartbeat_interval_seconds") \
             or DEFAULT_HEARTBEAT_SECONDS
         failures = 0
-        sent_version = None
+        sent_version = sent_capabilities = None
         log.info("heartbeating to %s as node %s", client.base, self.node["node_id"])
         try:
             while not self.stop.is_set():
                 version = self.devices.version
-                inventory = self.devices.inventory
-                metrics = inventory.metrics()
-                limits = self.limits.report()
-                metrics["foreign_processes"] = limits["foreign_processes"]
-                metrics["limits"] = {"polls": limits["polls"], "poll_seconds": limits["poll_seconds"],
-                                     "foreign_policy": limits["foreign_policy"],
-                                     "violations": [{k: d.get(k) for k in ("task_id", "epoch", "kind", "gpu_uuid",
-                                                                           "used", "limit", "detected_at")}
-                                                    for d in self.limits.recent_detections()[-20:]]}
-                body = {"tasks": self.workers.report(), "metrics": metrics}
-                if version != sent_version:
-                    body["gpus"] = inventory.wire_gpus()
+                capabilities = self._capabilities()
+                body = self._heartbeat_body(version != sent_version,
+                                            capabilities if capabilities != sent_capabilities else None)
                 try:
                     reply = client.heartbeat(body)
                 except Rejected as exc:
@@ -411,22 +413,13 @@ class Agent:
                 if failures:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
-                sent_version = version
+                sent_version, sent_capabilities = version, capabilities
                 self.fleetd_error = ""
                 if not self.session_ok:
                     self.session_ok = True
                     sd_notify("STATUS=connected to fleetd")
-                if reply.get("revoked"):
-                    log.error("node %s was revoked by fleetd: stopping all work and exiting; "
-                              "re-enrol with a new join token to return", self.node["node_id"])
-                    self.workers.cancel(reply.get("cancel") or [], "node revoked")
-                    self.workers.stop_all("node revoked")
+                if not self._follow(reply):
                     return EXIT_REVOKED
-                if reply.get("cancel"):
-                    self.workers.cancel(reply["cancel"], "cancelled by fleetd")
-                if reply.get("status") != self.node_status:
-                    log.info("node %s status: %s", self.node["node_id"], reply.get("status"))
-                    self.node_status = reply.get("status")
                 if not self.config.heartbeat_interval_seconds and reply.get("heartbeat_interval_seconds"):
                     interval = float(reply["heartbeat_interval_seconds"])
                 delay = jittered(interval, self.rng)
@@ -435,6 +428,55 @@ class Agent:
         finally:
             client.close()
         return EXIT_OK
+
+    def _heartbeat_body(self, send_gpus, capabilities):
+        """{tasks, metrics, volumes, instances?, gpus?, capabilities?} of one heartbeat."""
+        inventory = self.devices.inventory
+        metrics = inventory.metrics()
+        limits = self.limits.report()
+        metrics["foreign_processes"] = limits["foreign_processes"]
+        metrics["limits"] = {"polls": limits["polls"], "poll_seconds": limits["poll_seconds"],
+                             "foreign_policy": limits["foreign_policy"],
+                             "violations": [{k: d.get(k) for k in ("task_id", "epoch", "kind", "gpu_uuid",
+                                                                   "used", "limit", "detected_at")}
+                                            for d in self.limits.recent_detections()[-20:]]}
+        body = {"tasks": self.workers.report(), "metrics": metrics, "volumes": self.runner.volumes.list()}
+        instances = self.runner.instances_report()
+        if instances:
+            body["instances"] = instances
+        if send_gpus:
+            body["gpus"] = inventory.wire_gpus()
+        if capabilities is not None:
+            body["capabilities"] = capabilities
+        return body
+
+    def _capabilities(self):
+        """{container_runtime}: looked for again every few minutes, so that one installed since is used."""
+        now = time.monotonic()
+        if self._runtime_checked is None or now - self._runtime_checked >= RUNTIME_DETECT_SECONDS:
+            self._runtime_checked = now
+            runtime = ContainerRuntime.detect(self.config.containers_command)
+            if repr(runtime) != repr(self.runner.containers):
+                log.info("container runtime: %s", runtime or "none")
+                self.runner.containers = runtime
+        return {"container_runtime": self.runner.containers.name if self.runner.containers else None}
+
+    def _follow(self, reply):
+        """Do what a heartbeat's answer says; False when the node was revoked (the agent exits)."""
+        if reply.get("revoked"):
+            log.error("node %s was revoked by fleetd: stopping all work and exiting; "
+                      "re-enrol with a new join token to return", self.node["node_id"])
+            self.workers.cancel(reply.get("cancel") or [], "node revoked")
+            self.workers.stop_all("node revoked")
+            return False
+        if reply.get("cancel"):
+            self.workers.cancel(reply["cancel"], "cancelled by fleetd")
+        if reply.get("delete_volumes"):
+            self.runner.delete_volumes(reply["delete_volumes"])
+        if reply.get("status") != self.node_status:
+            log.info("node %s status: %s", self.node["node_id"], reply.get("status"))
+            self.node_status = reply.get("status")
+        return True
 
     def _leave(self):
         if not (self.deregister_on_stop and self.node and self.exit_code == EXIT_OK):

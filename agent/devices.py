@@ -95,6 +95,7 @@ class Device:
     max_sm_clock_mhz: int | None = None
     memory_used_bytes: int | None = None
     utilization_percent: int | None = None
+    memory_utilization_percent: int | None = None  # NVML's memory (bandwidth) utilisation
     temperature_c: int | None = None
     slowdown_temperature_c: int | None = None
     power_w: float | None = None
@@ -376,6 +377,7 @@ class DeviceManager:
             gpu=gpu, pci_bus_id=static["pci_bus_id"], compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
             sm_count=sm_count(cc, static["cuda_cores"]), max_sm_clock_mhz=static["max_sm_clock_mhz"],
             memory_used_bytes=live["memory_used_bytes"], utilization_percent=live["utilization_percent"],
+            memory_utilization_percent=live["memory_utilization_percent"],
             temperature_c=live["temperature_c"], slowdown_temperature_c=health["slowdown_temperature_c"],
             power_w=live["power_w"], power_limit_w=live["power_limit_w"], processes=live["processes"],
             mig_devices=static["mig_devices"], health=health, xids=xids,

@@ -11,7 +11,8 @@ A shape file looks like::
                "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "compute_capability": [9, 0],
                "cuda_cores": 16896, "max_sm_clock_mhz": 1980, ...}]}
 
-Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``temperature_c``,
+Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``memory_utilization_percent``,
+``temperature_c``,
 ``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
 ("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
 ``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,

@@ -163,7 +163,7 @@ class Nvml:
         return out
 
     def live(self, handle):
-        """Live optional readings: memory used, utilization, temperature, power draw and limit, processes."""
+        """Live optional readings: memory used, utilization (SM and memory), temperature, power draw and limit, processes."""
         memory = self._optional("nvmlDeviceGetMemoryInfo", handle)
         util = self._optional("nvmlDeviceGetUtilizationRates", handle)
         power = self._optional("nvmlDeviceGetPowerUsage", handle)
@@ -172,6 +172,7 @@ class Nvml:
         return {
             "memory_used_bytes": int(memory.used) if memory is not None else None,
             "utilization_percent": int(util.gpu) if util is not None else None,
+            "memory_utilization_percent": int(util.memory) if util is not None else None,
             "temperature_c": self._optional("nvmlDeviceGetTemperature", handle, self.nv.NVML_TEMPERATURE_GPU),
             "power_w": round(power / 1000, 1) if power is not None else None,
             "power_limit_w": round(limit / 1000, 1) if limit is not None else None,

@@ -62,6 +62,21 @@ def read_stat(pid):
         return None
 
 
+def read_usage(pid):
+    """(CPU time in clock ticks, resident memory in bytes) of a live process, or None."""
+    data = read_bytes(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    try:
+        fields = data[data.rindex(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        # proc(5): utime and stime are fields 14 and 15, rss (pages) field 24.
+        return int(fields[11]) + int(fields[12]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, IndexError):
+        return None
+
+
 def read_proc(pid):
     """ProcInfo of a live process, or None (gone, or a zombie)."""
     info = read_stat(pid)

@@ -35,6 +35,7 @@ class Worker:
     cgroup: str | None = None  # the task's cgroup v2 path as /proc/<pid>/cgroup shows it
     gpu_usage: dict | None = None  # the VRAM watchdog's last reading: uuid -> {used, processes, limits, flags}
     limit_violation: dict | None = None  # what the watchdog stopped the task for
+    instance: dict | None = None  # an instance run's id, name, restart policy, image, ports, restarts
 
     def current_pids(self):
         """The task's processes now (the whole process group when the runner can list it)."""
@@ -66,6 +67,7 @@ class Worker:
             "gpus": list(self.gpus), "env": dict(self.env), "limits": dict(self.limits),
             "started_at": self.started_at, "usage": self.usage(inventory), "bid": self.bid,
             "cgroup": self.cgroup, "limit_violation": self.limit_violation,
+            "instance": dict(self.instance) if self.instance else None,
         }
 
 

@@ -14,6 +14,10 @@ class Fenced(Exception):
     """fleetd no longer leases this task to this node: kill it at once and forget it."""
 
 
+class Detached(Exception):
+    """The agent stops and leaves the process running (an instance's): stop supervising it, kill nothing."""
+
+
 class Stopped(Exception):
     """The task was cancelled (or the agent is stopping) before its process started."""
 

@@ -14,14 +14,15 @@ MAX_FINISHES = 64  # finish reports in one call, as fleetd takes them
 
 
 def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None,
-                  agent_stopping=False):
+                  agent_stopping=False, extra=None):
     """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
 
     False when given up (the agent stops, or the retry time is over): the state file stays, and
     the next start reports the task. `lost` adds `lost: true` (the agent, not the task, ended it);
     `agent_stopping` adds `agent_stopping: true` (it did so because it shuts down: no attempt used);
     `pid` reports the start with the finish (the process ended before its start was reported), and
-    `started_monotonic` (time.monotonic() at the spawn) how long ago that was.
+    `started_monotonic` (time.monotonic() at the spawn) how long ago that was; `extra` are more fields
+    (an instance's `idle`, and its `ports` with a `pid`).
     A fleetd that does not know these fields (400) gets a start report, then the finish without them.
     """
     outcome, exit_code, reason = result
@@ -33,6 +34,7 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
                                started_seconds_ago=ago)
             if agent_stopping and lost:
                 body["agent_stopping"] = True
+            body.update({k: v for k, v in (extra or {}).items() if k != "ports" or pid is not None})
             runner.finishes.send(client, task_id, body)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
@@ -53,7 +55,8 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
                 log.info("task %s: fleetd does not take the start in a finish report (%s); reporting it first",
                          label, exc)
                 try:
-                    client.task_start(task_id, epoch, pid)
+                    client.task_start(task_id, epoch, pid, extra={k: v for k, v in (extra or {}).items()
+                                                                  if k == "ports"})
                 except FleetdError as start_exc:
                     if is_fencing(start_exc):
                         raise Fenced(str(start_exc)) from None

@@ -27,6 +27,26 @@ def append_state(path, record):
         os.close(fd)
 
 
+def compact_state(path, record, over_bytes):
+    """append_state, but first, when the file is over `over_bytes`, start it again with the record alone
+    (written beside it and renamed over it): a journal that a long-lived workload appends to for months
+    stays small. The rename leaves either the old file or the new one, never a torn one."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        size = 0
+    if size <= over_bytes:
+        append_state(path, record)
+        return
+    tmp = f"{path}.new"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    append_state(tmp, record)
+    os.replace(tmp, path)
+
+
 def read_state(path):
     """The state recorded by append_state: the last line of the file that is a JSON object.
 

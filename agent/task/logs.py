@@ -2,13 +2,15 @@
 
 import collections
 import dataclasses
+import json
 import logging
+import os
 import threading
 import time
 
 from agent.client import FleetdError, TooLarge, Unreachable, backoff_delay
 from agent.task.errors import is_fencing
-from agent.threads import Job
+from agent.threads import FOREVER, Job
 
 log = logging.getLogger("agent.runner")
 
@@ -55,6 +57,7 @@ class LogShipper:
         self._dropped = 0
         self._closing = False
         self._aborted = False
+        self._busy = False  # a batch is on its way (taken from the buffer, not yet settled)
         self.delivered = 0
         self.lost = 0  # lines dropped for good: overflow, refused or abandoned
         self._thread = Job(self._run, name=f"logs-{label}")  # on one of the runner's threads
@@ -114,6 +117,22 @@ class LogShipper:
         with self._cond:
             self._cond.notify_all()
 
+    def settled(self):
+        """True when every line added so far was delivered or given up (none buffered or on its way)."""
+        with self._cond:
+            return not self._buf and not self._busy
+
+    def backlog_bytes(self):
+        """How much buffered text waits to be shipped."""
+        with self._cond:
+            return self._buf_bytes
+
+    def wait_for_room(self, timeout):
+        """Wait (at most `timeout`) until a batch went out or the shipper stopped."""
+        with self._cond:
+            if self._buf and not self._aborted:
+                self._cond.wait(timeout)
+
     def join(self, timeout=None):
         """Wait for the shipping thread; True when it ended."""
         with self._cond:
@@ -124,6 +143,7 @@ class LogShipper:
     def _take(self):
         """The next batch as a list, or None when closed and empty (or aborted); waits until one is due."""
         with self._cond:
+            self._busy = False  # called only once the batch before is settled
             while not self._aborted:
                 now = time.monotonic()
                 if self._buf:
@@ -138,6 +158,7 @@ class LogShipper:
             return None
 
     def _cut(self, now):
+        self._busy = True
         batch, size = [], 0
         if self._dropped:
             batch.append(["system", f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
@@ -152,6 +173,7 @@ class LogShipper:
             size += line_size
             batch.append([stream, text])
         self._due_at = now if self._buf else None  # a backlog goes out at once
+        self._cond.notify_all()  # room for more: a FileTail waiting for it reads on
         return batch
 
     def _wait(self, seconds):
@@ -219,3 +241,141 @@ class LogShipper:
             log.error("task %s: fleetd refused a %d-character log line even truncated; dropped", self.label, len(text))
             return []
         return [[[stream, body[:len(body) // 2] + TRUNCATED_MARK]]]
+
+
+OUTPUT_FILES = (("stdout", "stdout.log"), ("stderr", "stderr.log"))
+OFFSETS_FILE = "output-offsets.json"
+READ_BYTES = 1 << 20  # most read from one file in one look
+MAX_OUTPUT_FILE_BYTES = 64 << 20  # a wholly shipped output file over this is emptied
+OFFSETS_SAVE_SECONDS = 1.0  # the offsets file is written at most this often
+
+
+class FileTail:
+    """A process's output, read from the files it writes (which outlive the agent) into a LogShipper.
+
+    What was shipped is kept as a byte offset per file in ``output-offsets.json`` beside them; a
+    tail made after an agent restart starts there. An offset is saved only once the shipper has
+    settled every line before it, so a restart may send a line twice but never skips one. The
+    tail reads only while the shipper has room, so a backlog waits in the file, not in memory.
+    A wholly shipped file over MAX_OUTPUT_FILE_BYTES is emptied (the process appends, so it goes on
+    at the start); a line written in the instant between the check and the truncation is lost, as
+    with logrotate's copytruncate.
+    """
+
+    def __init__(self, directory, shipper, room_bytes):
+        self.paths = {stream: os.path.join(directory, name) for stream, name in OUTPUT_FILES}
+        self.offsets_path = os.path.join(directory, OFFSETS_FILE)
+        self.shipper = shipper
+        self.room_bytes = room_bytes
+        self._read = self._load()  # stream -> bytes read from the file
+        self._partial = {stream: b"" for stream in self.paths}  # read, not yet a whole line
+        self._saved = dict(self._read)
+        self._saved_at = 0.0
+        self._lock = threading.Lock()  # one pump at a time (the thread, and a drain after it)
+        self._stop = threading.Event()
+        self._job = None
+
+    def _load(self):
+        offsets = {stream: 0 for stream in self.paths}
+        try:
+            with open(self.offsets_path) as fh:
+                data = json.load(fh)
+            offsets.update({s: int(data[s]) for s in offsets if isinstance(data.get(s), int) and data[s] >= 0})
+        except (OSError, ValueError, AttributeError):
+            pass
+        return offsets
+
+    def open_output(self):
+        """(stdout, stderr) descriptors for a new process: appended to, created mode 0600; the caller closes them."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        return tuple(os.open(self.paths[stream], flags, 0o600) for stream in ("stdout", "stderr"))
+
+    def start(self, threads, interval, name):
+        """Read on one of `threads` every `interval` seconds until stop()."""
+        self._job = threads.run(self._run, interval, name=name)
+
+    def _run(self, interval):
+        for _ in range(FOREVER):
+            self.pump()
+            if self._stop.wait(interval):
+                return
+
+    def pump(self, eof=False):
+        """Feed what is new in the files (as far as the shipper has room) and save the offsets once
+        shipped; True when every file was read to its end. `eof`: the process ended, so a last line
+        without a newline is a line too."""
+        with self._lock:
+            at_end = all([self._pump(stream, eof) for stream in self.paths])
+            self._save_if_settled()
+        return at_end
+
+    def _pump(self, stream, eof):
+        room = self.room_bytes - self.shipper.backlog_bytes()
+        if room <= 0:
+            return False
+        try:
+            with open(self.paths[stream], "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < self._read[stream]:  # emptied since (by this tail before a restart, or by hand)
+                    self._read[stream], self._partial[stream] = 0, b""
+                fh.seek(self._read[stream])
+                data = fh.read(min(room, READ_BYTES))
+        except FileNotFoundError:
+            return True
+        self._read[stream] += len(data)
+        at_end = self._read[stream] >= size
+        if data or (eof and at_end and self._partial[stream]):
+            self._partial[stream] = self.shipper.feed(self._partial[stream] + data, stream, eof and at_end)
+        return at_end
+
+    def _shipped(self):
+        return {stream: self._read[stream] - len(self._partial[stream]) for stream in self.paths}
+
+    def _save_if_settled(self, force=False):
+        offsets = self._shipped()
+        if offsets == self._saved or not self.shipper.settled():
+            return
+        if not force and time.monotonic() - self._saved_at < OFFSETS_SAVE_SECONDS:
+            return
+        self._write(offsets)
+        for stream, offset in offsets.items():
+            if offset > MAX_OUTPUT_FILE_BYTES and not self._partial[stream]:
+                self._empty(stream, offset)
+
+    def _write(self, offsets):
+        tmp = self.offsets_path + ".new"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(offsets, fh)
+            os.replace(tmp, self.offsets_path)
+        except OSError as exc:
+            log.warning("cannot save the output offsets in %s: %s", self.offsets_path, exc)
+            return
+        self._saved, self._saved_at = dict(offsets), time.monotonic()
+
+    def _empty(self, stream, offset):
+        try:
+            if os.stat(self.paths[stream]).st_size != offset:
+                return  # written to since: emptied another time
+            os.truncate(self.paths[stream], 0)
+        except OSError as exc:
+            log.warning("cannot empty %s: %s", self.paths[stream], exc)
+            return
+        self._read[stream] = 0
+        self._write(self._shipped())
+
+    def stop(self, drain, eof=False, deadline=None, abandon=lambda: False):
+        """Stop reading on the thread; with `drain`, read the files to their end first, waiting for the
+        shipper's room until `deadline` (monotonic) or `abandon()`."""
+        self._stop.set()
+        if self._job is not None:
+            self._job.join(5.0)
+        for _ in range(FOREVER if drain else 0):
+            if self.pump(eof) or abandon() or time.monotonic() >= (deadline or 0):
+                break
+            self.shipper.wait_for_room(1.0)
+
+    def save(self):
+        """Save the offsets now if the shipper settled everything (after its last delivery)."""
+        with self._lock:
+            self._save_if_settled(force=True)

@@ -1,27 +1,35 @@
 """Every task on this host: accepts assignments, recovers after a restart, stops them all.
 
-Each assignment from fleetd becomes a Task (agent/task/task.py) with its own supervisor thread.
-On start, `Runner.recover` kills the processes of tasks left from before a restart (found from
-their journal: process group and start ticks, or their FLEET_TASK_ID/FLEET_TASK_EPOCH
-environment) and reports them to fleetd.
+Each assignment from fleetd becomes a Task (agent/task/task.py), or an InstanceTask
+(agent/task/instance.py) for an instance run, with its own supervisor thread. On start,
+`Runner.recover` kills the processes of tasks left from before a restart (found from their
+journal: process group and start ticks, or their FLEET_TASK_ID/FLEET_TASK_EPOCH environment) and
+reports them to fleetd; instance runs are taken back instead, their processes alive or not. On
+stop, `Runner.shutdown` stops the tasks and leaves the instances running (unless the node was
+revoked). The runner also keeps the instances' volumes and host ports.
 """
 
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 
-from agent.procfs import recorded_pids
+from agent.ports import PortAllocator
+from agent.procfs import read_boot_id, read_proc, recorded_pids, signal_pids, wait_gone
 from agent.task.assignment import Assignment
+from agent.task.container import ContainerRuntime
 from agent.task.dirs import SPARE_DIR, STATE_FILE, TaskDirs
 from agent.task.errors import Fenced
 from agent.task.finish import FinishReports, report_finish
+from agent.task.instance import InstanceTask
 from agent.task.journal import read_state
 from agent.task.limits import Limits, LimitSettings
 from agent.task.logs import LogSettings
 from agent.task.supervisor import kill_recorded
 from agent.task.task import Task
+from agent.task.volumes import Volumes
 from agent.threads import Pool
 
 log = logging.getLogger("agent.runner")
@@ -38,11 +46,14 @@ class Runner:
 
     def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
                  rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
-                 backoff_max_seconds=60.0, log_settings=None, limits=None):
+                 backoff_max_seconds=60.0, log_settings=None, limits=None, ports=None, containers=None):
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
         self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR))
         # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
         self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
+        self.volumes = Volumes(state_dir)
+        self.ports = ports or PortAllocator(state_dir)
+        self.containers = containers  # a ContainerRuntime, or None: instances with an image cannot run
         self.workers = workers
         self.new_client = client_factory  # callable() -> a FleetClient for one thread
         self.address = address
@@ -54,6 +65,7 @@ class Runner:
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self._tasks = {}  # task_id -> Task
+        self._deleting = set()  # instance ids whose volume is being deleted
         self._idle_clients = []  # FleetClients with open keep-alive connections, for the next thread
         self._threads = []
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
@@ -66,11 +78,14 @@ class Runner:
                                interval_seconds=config.tasks_log_interval_seconds,
                                buffer_bytes=config.tasks_log_buffer_bytes,
                                backoff_max_seconds=config.backoff_max_seconds)
+        low, high = config.ports_bounds
         return cls(state_dir, workers, client_factory, address,
                    kill_grace_seconds=config.tasks_kill_grace_seconds,
                    rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
                    report_retry_seconds=config.tasks_report_retry_seconds,
-                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits)
+                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits,
+                   ports=PortAllocator(state_dir, low, high),
+                   containers=ContainerRuntime.detect(config.containers_command))
 
     def checkout_client(self):
         """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""
@@ -113,7 +128,7 @@ class Runner:
                             assignment.epoch, old.epoch)
                 return None
             if not closing:
-                task = Task(self, assignment)
+                task = InstanceTask(self, assignment, data) if assignment.instance else Task(self, assignment)
                 self._tasks[assignment.task_id] = task
         if closing:  # handed back outside the lock: the report is a network call
             self.decline(assignment.task_id, assignment.epoch)
@@ -159,9 +174,10 @@ class Runner:
     # After a restart.
 
     def recover(self):
-        """Kill the processes of tasks left from before a restart and report those tasks to fleetd.
+        """Take back the instance runs left from before a restart; kill the processes of the other tasks
+        left and report those tasks to fleetd.
 
-        Returns [(task_id, epoch, killed pids)]; the reports go on in background threads.
+        Returns [(task_id, epoch, killed pids)] of the tasks killed; the reports go on in background threads.
         """
         try:
             entries = sorted(os.listdir(self.tasks_dir))
@@ -177,31 +193,66 @@ class Runner:
                 log.warning("task directory %s has no usable state file; removing it", path)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            pids = recorded_pids(record)
-            if not kill_recorded(record, pids, self.limits.cgroups, RECOVERY_KILL_WAIT_SECONDS):
-                log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
-            lost = True  # the agent's restart ended it, not the task itself
-            stopping = False  # not known to be a graceful stop: the agent may have crashed
-            if record.get("outcome") in OUTCOMES:
-                result = (record["outcome"], record.get("exit_code"), record.get("reason"))
-                lost = bool(record.get("lost"))
-                stopping = lost and bool(record.get("agent_stopping"))
-            elif pids:
-                result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
-            else:
-                result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
-                                          "status is unknown")
-            log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
-                        task_id, epoch, len(pids), result[0])
-            found.append((task_id, epoch, pids))
-            self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost, stopping)
+            if not self._take_back(record):
+                found.append(self._kill_and_report(path, record, task_id, epoch))
         return found
 
-    def _report_orphan(self, path, task_id, epoch, result, lost=False, agent_stopping=False):
+    def _take_back(self, record):
+        """An instance run whose process was started: supervised again (its process alive or not). False for
+        anything else, which is killed and reported as a task is."""
+        if not record.get("instance") or record.get("outcome") in OUTCOMES or not record.get("pid"):
+            return False
+        try:
+            assignment = Assignment.from_wire(record["assignment"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("task %s/%s: its journal holds no usable assignment (%s)", record["task_id"], record["epoch"],
+                      exc)
+            return False
+        if assignment.instance is None or (assignment.task_id, assignment.epoch) != (record["task_id"],
+                                                                                     int(record["epoch"])):
+            return False
+        if not _leader_alive(record):  # what is left of it goes before the policy restarts it
+            pids = recorded_pids(record)
+            signal_pids(pids, signal.SIGKILL)
+            if pids and not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
+                log.error("task %s/%d: process(es) %s survived SIGKILL", assignment.task_id, assignment.epoch, pids)
+        task = InstanceTask(self, assignment, record["assignment"], adopted=record)
+        with self._lock:
+            self._tasks[assignment.task_id] = task
+        log.info("task %s: an instance run (instance %s) left from before the agent restarted; taking it back",
+                 task.label, assignment.instance.id)
+        task.start()
+        return True
+
+    def _kill_and_report(self, path, record, task_id, epoch):
+        """Kill what is left of a task from before a restart; report it in the background."""
+        pids = recorded_pids(record)
+        if not kill_recorded(record, pids, self.limits.cgroups, RECOVERY_KILL_WAIT_SECONDS):
+            log.error("task %s/%d: process(es) %s survived SIGKILL", task_id, epoch, pids)
+        lost = True  # the agent's restart ended it, not the task itself
+        stopping = False  # not known to be a graceful stop: the agent may have crashed
+        if record.get("outcome") in OUTCOMES:
+            result = (record["outcome"], record.get("exit_code"), record.get("reason"))
+            lost = bool(record.get("lost"))
+            stopping = lost and bool(record.get("agent_stopping"))
+        elif pids:
+            result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
+        else:
+            result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
+                                      "status is unknown")
+        log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
+                    task_id, epoch, len(pids), result[0])
+        extra = {"idle": True} if record.get("idle") else None
+        self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost, stopping,
+                         extra)
+        return task_id, epoch, pids
+
+    def _report_orphan(self, path, task_id, epoch, result, lost=False, agent_stopping=False, extra=None):
         client = self.checkout_client()
         label = f"{task_id}/{epoch}"
         try:
-            done = report_finish(client, self, task_id, epoch, result, label, lost=lost, agent_stopping=agent_stopping)
+            done = report_finish(client, self, task_id, epoch, result, label, lost=lost, agent_stopping=agent_stopping,
+                                 extra=extra)
         except Fenced as exc:
             log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
             done = True
@@ -209,6 +260,10 @@ class Runner:
             self.checkin_client(client)
         if done and path:
             self.dirs.remove(path, reuse=False)
+
+    def background(self, name, target, *args):
+        """Run target(*args) on a thread that shutdown() waits for (bounded)."""
+        self._background(name, target, *args)
 
     def _background(self, name, target, *args):
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -218,23 +273,28 @@ class Runner:
 
     # Stopping.
 
-    def shutdown(self, reason, timeout=None, lost=True):
+    def shutdown(self, reason, timeout=None, lost=True, stop_instances=False):
         """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
 
         The tasks are reported failed with `lost` and `agent_stopping` (the agent stopped them as it
         shuts down: fleetd requeues their jobs without using an attempt). Finish reports get one
-        more attempt; those not delivered stay in the state dir for the next start. Returns how many
-        tasks it stopped.
+        more attempt; those not delivered stay in the state dir for the next start. Instance runs
+        whose process started are left running for the next start to take back, unless
+        `stop_instances` (the node was revoked). Returns how many tasks it stopped.
         """
         self.closing.set()
         tasks = self.tasks()
+        left = [task for task in tasks if not stop_instances and task.detach()]
+        tasks = [task for task in tasks if task not in left]
         for task in tasks:
             task.cancel(reason, outcome="failed", lost=lost, agent_stopping=lost)
             if task.shipper is not None:
                 task.shipper.nudge()
         timeout = self.kill_grace_seconds + 15 if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        for task in tasks:
+        if left:
+            log.info("leaving %d instance(s) running for the next start to take back", len(left))
+        for task in left + tasks:
             task.thread.join(max(0.1, deadline - time.monotonic()))
             if task.thread.is_alive():
                 task.fence("the agent is stopping", keep_state=True)
@@ -248,3 +308,48 @@ class Runner:
         for client in idle:
             client.close()
         return len(tasks)
+
+    # Instances: their volumes, their figures.
+
+    def instances_report(self):
+        """The heartbeat's `instances`: the figures of every instance run that started here."""
+        reports = [task.report() for task in self.tasks() if isinstance(task, InstanceTask)]
+        return [report for report in reports if report is not None]
+
+    def delete_volumes(self, instance_ids, reason="fleetd asked"):
+        """Delete volumes (in the background) and free their instances' host ports; never the volume of an
+        instance that has a run on this host."""
+        busy = {task.a.instance.id for task in self.tasks() if task.a.instance is not None}
+        for instance_id in instance_ids:
+            if not isinstance(instance_id, str) or instance_id not in self.volumes.list() and \
+                    not self.ports.get(instance_id):
+                continue
+            if instance_id in busy:
+                log.warning("volume %s: not deleted (%s): its instance runs here", instance_id, reason)
+                continue
+            with self._lock:
+                if instance_id in self._deleting:
+                    continue
+                self._deleting.add(instance_id)
+            self._background(f"delete-volume-{instance_id}", self._delete_volume, instance_id, reason)
+
+    def _delete_volume(self, instance_id, reason):
+        try:
+            gone = self.volumes.delete(instance_id)
+        except (OSError, ValueError) as exc:
+            log.error("volume %s: cannot delete it: %s", instance_id, exc)
+            gone = False
+        finally:
+            with self._lock:
+                self._deleting.discard(instance_id)
+        if gone:
+            self.ports.release(instance_id)
+            log.info("volume %s deleted (%s); its host ports are free", instance_id, reason)
+
+
+def _leader_alive(record):
+    """True when the process a journal record started is still running (same boot, same start time)."""
+    if record.get("boot_id") and record["boot_id"] != read_boot_id():
+        return False
+    info = read_proc(record["pid"]) if isinstance(record.get("pid"), int) else None
+    return info is not None and info.start_ticks == record.get("start_ticks")

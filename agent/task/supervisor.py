@@ -2,10 +2,12 @@
 
 What a task and any other supervised workload on this host share: the process is the leader of
 a new session, so its pid is its process group's id until it is reaped (`waitid(WNOWAIT)` and a
-pidfd see the exit without reaping); its output is read line by line on one thread; stopping is
-SIGTERM to every process of it, then SIGKILL after a grace; and it is found again after an agent
-restart from the journal record of it (`procfs.recorded_pids`). What a stop or an exit means (an
-outcome, a restart) is the owner's business, not this module's.
+pidfd see the exit without reaping); its output is read line by line on one thread, or goes into
+files the owner opened (a process that must outlive the agent); stopping is SIGTERM to every
+process of it, then SIGKILL after a grace; and it is found again after an agent restart from the
+journal record of it (`procfs.recorded_pids`): killed, or, for a workload that outlives the agent,
+adopted (`adopt`: watched through a pidfd, since it is no child of this agent any more). What a
+stop or an exit means (an outcome, a restart) is the owner's business, not this module's.
 """
 
 import dataclasses
@@ -18,7 +20,8 @@ import subprocess
 import threading
 import time
 
-from agent.procfs import group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, wait_gone
+from agent.procfs import (group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, uptime_ticks,
+                          wait_gone)
 from agent.task.errors import TaskError
 
 log = logging.getLogger("agent.runner")
@@ -26,6 +29,8 @@ log = logging.getLogger("agent.runner")
 MAX_FOUND_IN_PATH = 1024
 _FOUND_IN_PATH = {}  # (program, PATH) -> where shutil.which last found it
 EXIT_WAIT_SECONDS = 30  # after SIGKILL; longer means the process is stuck in the kernel
+ADOPTED_POLL_SECONDS = 0.5  # how often an adopted process is looked at where the kernel has no pidfd
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def check_executable(program, cwd, path):
@@ -59,6 +64,32 @@ def describe_exit(code):
     return 128 - code, f"killed by {name}"
 
 
+def read_exit_status(path):
+    """The exit status a wrapper shell wrote into `path` (see agent/task/instance.py), or None."""
+    try:
+        with open(path) as fh:
+            text = fh.read(32).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+class Adopted:
+    """The Popen face of a process left from before an agent restart (no child of this agent): its exit
+    status is what its wrapper wrote into `status_path`, None when nothing was written."""
+
+    def __init__(self, pid, status_path):
+        self.pid = pid
+        self.status_path = status_path
+        self.stdout = self.stderr = None
+        self.returncode = None
+
+    def wait(self):
+        """The exit status the wrapper recorded (it exited), or None when unknown."""
+        self.returncode = read_exit_status(self.status_path)
+        return self.returncode
+
+
 class Supervisor:
     """One process of a workload, from its start to its reaping, and every process it starts.
 
@@ -84,23 +115,35 @@ class Supervisor:
         self.grace = None  # of the stop asked for
         self.started_monotonic = None
         self.watcher = None  # the Job that reads the pipes (and sees the exit)
+        self.adopted = False  # the process is no child of this agent (found again after a restart)
+        self._unwatch = None  # (read, write) ends of a pipe that ends the watcher: see release()
+        self._unwatch_lock = threading.Lock()  # the pipe is written only while it is open
+        self.released = threading.Event()
         self._seen = {}  # pid -> start ticks of every process seen as the workload's (they may leave its tree)
 
     def key(self):
         """The TaskKey that finds the processes (with the group while the leader is not reaped)."""
-        return dataclasses.replace(self.identity, pgid=None if self.reaped else self.pgid)
+        return dataclasses.replace(self.identity, pgid=None if self._pid_free() else self.pgid)
 
-    def spawn(self, argv, cwd, env, on_output):
+    def _pid_free(self):
+        """True once the leader's pid may be another process's: reaped, or, adopted, exited (init reaps it)."""
+        return self.reaped or (self.adopted and self.exited.is_set())
+
+    def spawn(self, argv, cwd, env, on_output=None, output=None):
         """Start `argv` in a new session, its output read into `on_output`; the caller holds `lock`.
 
         `on_output(buffered bytes, "stdout" | "stderr", eof)` takes what it can (whole lines) and
-        returns the rest. OSError when it cannot start. From the return on, the process is watched.
+        returns the rest. With `output` (stdout and stderr file descriptors the owner opened) the
+        process writes there instead, and the watcher can be released (`release`) while it runs.
+        OSError when it cannot start. From the return on, the process is watched.
         """
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout, stderr = output if output is not None else (subprocess.PIPE, subprocess.PIPE)
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                      start_new_session=True, close_fds=True)
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
         self.started_monotonic = time.monotonic()
+        if output is not None:
+            self._unwatch = os.pipe2(os.O_CLOEXEC)
         # The watcher first: from here on nothing may leave the process unwatched.
         try:
             pidfd = os.pidfd_open(self.proc.pid)  # readable once the leader exits; reaps nothing
@@ -108,6 +151,43 @@ class Supervisor:
             pidfd = None
             self.threads.run(self._wait_exit, name=f"wait-{self.label}")
         self.watcher = self.threads.run(self._watch, pidfd, on_output, name=f"watch-{self.label}")
+
+    def adopt(self, pid, start_ticks, status_path):
+        """Watch a process this agent started before a restart (the leader of its session, writing its
+        output into files, its exit status into `status_path`); the caller holds `lock`.
+
+        False when `pid` is not that process any more (it ended, or the pid is another's now). The
+        pidfd is opened before the start time is compared, so that it is the compared process's.
+        """
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        info = read_proc(pid)
+        if info is None or info.start_ticks != start_ticks:
+            if pidfd is not None:
+                os.close(pidfd)
+            return False
+        self.proc = Adopted(pid, status_path)
+        self.pgid = pid
+        self.adopted = True
+        try:
+            ran = max(0.0, (uptime_ticks() - start_ticks) / CLOCK_TICKS)
+        except OSError:
+            ran = 0.0
+        self.started_monotonic = time.monotonic() - ran
+        self._unwatch = os.pipe2(os.O_CLOEXEC)
+        if pidfd is None:  # Linux before 5.3: looked at twice a second instead
+            self.threads.run(self._poll_exit, start_ticks, name=f"wait-{self.label}")
+        self.watcher = self.threads.run(self._watch, pidfd, None, name=f"watch-{self.label}")
+        return True
+
+    def release(self):
+        """Stop watching a process that writes into files, leaving it running (the agent stops)."""
+        self.released.set()
+        with self._unwatch_lock:
+            if self._unwatch is not None:
+                os.write(self._unwatch[1], b"x")
 
     def start_ticks(self):
         """The leader's start time in clock ticks (zombie or not), or None once it is gone."""
@@ -125,7 +205,8 @@ class Supervisor:
         """
         # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
         others = self.remember(task_pids(self.key()))
-        signal_group(self.pgid, sig)
+        if not self._pid_free():
+            signal_group(self.pgid, sig)
         if sig == signal.SIGKILL and self.cgroups is not None and self.identity.cgroup_dir:
             self.cgroups.kill(self.identity.cgroup_dir)
         signal_pids(others, sig)
@@ -133,7 +214,7 @@ class Supervisor:
     def terminate(self, grace):
         """SIGTERM now and SIGKILL after `grace`, if the leader runs; True when it was signalled."""
         self.grace = grace
-        if self.pgid and not self.reaped:
+        if self.pgid and not self.reaped:  # an adopted leader that exited: its group's stragglers
             self.signal(signal.SIGTERM)
             self.kill_at = time.monotonic() + grace
             return True
@@ -230,20 +311,27 @@ class Supervisor:
 
     def _watch(self, pidfd, on_output):
         """Read stdout and stderr into `on_output` and, given a pidfd, notice the leader's exit: one
-        thread per process instead of three. Ends once both pipes are closed and the exit was seen."""
+        thread per process instead of three. Ends once both pipes are closed and the exit was seen,
+        or when released."""
         selector = selectors.DefaultSelector()
         pending = {}
         try:
             for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+                if pipe is None:  # output into files
+                    continue
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
                 pending[pipe.fileno()] = b""
             if pidfd is not None:
                 selector.register(pidfd, selectors.EVENT_READ, None)
+            if self._unwatch is not None:
+                selector.register(self._unwatch[0], selectors.EVENT_READ, "release")
             for _ in range(1_000_000_000_000):
-                if not selector.get_map():
+                if not [key for key in selector.get_map().values() if key.data != "release"]:
                     return
                 for key, _mask in selector.select():
+                    if key.data == "release":
+                        return
                     if key.data is None:  # the pidfd: the leader exited (a zombie until reaped)
                         selector.unregister(pidfd)
                         os.close(pidfd)
@@ -261,8 +349,14 @@ class Supervisor:
             if pidfd is not None:
                 os.close(pidfd)
             selector.close()
-            self.proc.stdout.close()
-            self.proc.stderr.close()
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            with self._unwatch_lock:
+                if self._unwatch is not None:
+                    for fd in self._unwatch:
+                        os.close(fd)
+                    self._unwatch = None
 
     def _wait_exit(self):
         # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.
@@ -270,6 +364,15 @@ class Supervisor:
             os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass
+        self._saw_exit()
+
+    def _poll_exit(self, start_ticks):
+        for _ in range(1_000_000_000_000):
+            info = read_proc(self.proc.pid)
+            if info is None or info.start_ticks != start_ticks:
+                break
+            if self.released.wait(ADOPTED_POLL_SECONDS):
+                return
         self._saw_exit()
 
     def _saw_exit(self):

@@ -23,7 +23,7 @@ from agent.client import Conflict, DigestMismatch, FleetdError, Unreachable, bac
 from agent.procfs import TaskKey, read_boot_id, uptime_ticks
 from agent.task.assignment import DEFAULT_PATH, free_port, inside, task_env
 from agent.task.dirs import STATE_FILE, WORK_DIR
-from agent.task.errors import Fenced, LimitError, Stopped, TaskError, is_fencing, is_fencing_artifact
+from agent.task.errors import Detached, Fenced, LimitError, Stopped, TaskError, is_fencing, is_fencing_artifact
 from agent.task.finish import report_finish
 from agent.task.journal import append_state
 from agent.task.logs import LogShipper
@@ -55,13 +55,15 @@ class Task:
         self.dir = os.path.join(runner.tasks_dir, f"{assignment.task_id}.{assignment.epoch}")
         self.state_path = os.path.join(self.dir, STATE_FILE)
         self.workdir = os.path.join(self.dir, WORK_DIR)
-        self.process = Supervisor(self.label, runner.threads, runner.limits.cgroups, on_reaped=self._reaped)
+        self.process = self._new_supervisor()
         self.process.identity = TaskKey(assignment.task_id, assignment.epoch)
         self._lock = threading.Lock()  # taken before process.lock, never after it
         self._stop = None  # (outcome, reason) once a stop is asked for
         self._lost = False  # the stop is the agent's doing (it stops), not the task's nor the user's
         self._agent_stopping = False  # ... because the agent is shutting down (stop, upgrade)
         self._fenced = None  # why, once fleetd fenced the task off
+        self._detached = False  # the agent stops and leaves the process running (an instance's)
+        self._start_reported = False
         self._keep_state = False
         self.record = {}
         self.shipper = None
@@ -132,6 +134,13 @@ class Task:
             self.shipper.abort()
         self.process.wake.set()
 
+    def detach(self):
+        """Leave the process running as the agent stops; False: a task is stopped instead (see InstanceTask)."""
+        return False
+
+    def _new_supervisor(self):
+        return Supervisor(self.label, self.runner.threads, self.runner.limits.cgroups, on_reaped=self._reaped)
+
     def _reaped(self):
         self.worker.pgid = None  # the pid may be reused from now on
 
@@ -147,6 +156,10 @@ class Task:
         try:
             self.runner.workers.add(self.worker)
             keep_dir = not self._run_and_report(client)
+        except Detached:
+            log.info("task %s: left running as the agent stops; the next start takes it back", self.label)
+            keep_dir = True
+            self._leave_running()
         except Fenced as exc:
             if self._keep_state:
                 log.warning("task %s: abandoned (%s); killed its process group", self.label, exc)
@@ -165,7 +178,7 @@ class Task:
         """Run the task, record and report its outcome; True once fleetd has the report."""
         try:
             result = self._run_to_result(client)
-        except Fenced:
+        except (Fenced, Detached):
             raise
         except Exception as exc:  # a host problem (disk full) or a bug: the task fails, and fleetd hears why
             log.exception("task %s: the agent could not run it", self.label)
@@ -183,13 +196,22 @@ class Task:
         return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
                              lost=lost, agent_stopping=stopping,
                              pid=self.proc.pid if self._start_with_finish else None,
-                             started_monotonic=self.process.started_monotonic)
+                             started_monotonic=self.process.started_monotonic, extra=self._finish_extra())
+
+    def _finish_extra(self):
+        """More fields of the finish report (an instance's)."""
+        return None
+
+    def _leave_running(self):
+        """The agent stops and the process goes on: what the task still owes before it lets go (an instance's)."""
 
     def _clean_up(self, keep_dir):
-        self.process.kill_and_reap()
-        # A task directory is reused only when the kernel vouches that none of the task's
-        # processes is left (its cgroup is gone): one left could write into the next task's.
-        contained = self._release_limits()
+        contained = False
+        if not self._detached:
+            self.process.kill_and_reap()
+            # A task directory is reused only when the kernel vouches that none of the task's
+            # processes is left (its cgroup is gone): one left could write into the next task's.
+            contained = self._release_limits()
         if self.shipper is not None:
             self.shipper.abort()
         if self.runner.workers.get(self.a.task_id) is self.worker:
@@ -312,24 +334,30 @@ class Task:
         argv = self.runner.limits.command(self.task_limits, self.a.command)
         if argv != self.a.command:
             check_executable(self.a.command[0], cwd, env.get("PATH", DEFAULT_PATH))
-        self.shipper = LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
-                                  self.fence, self.runner.closing.is_set, self.label)
-        with self._lock, self.process.lock:
-            self._check()
-            try:
-                self.process.spawn(argv, cwd, env, self.shipper.feed)
-            except OSError as exc:
-                raise TaskError(f"cannot start {self.a.command[0]!r}: {exc.strerror or exc}") from None
-            self.worker.pgid = self.process.pgid
-        pid = self.proc.pid
-        start_ticks = self.process.start_ticks()
-        self.worker.pids = [pid]
+        self.shipper = self._new_shipper()
+        pid, start_ticks = self._launch(argv, cwd, env, on_output=self.shipper.feed)
         self.worker.env = injected
-        self.worker.started_at = _utc_now()
-        self.worker.state = "running"
         log.info("task %s: started pid %d: %s", self.label, pid, " ".join(self.a.command)[:200])
         self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
                    started_at=self.worker.started_at)
+
+    def _new_shipper(self):
+        return LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
+                          self.fence, self.runner.closing.is_set, self.label)
+
+    def _launch(self, argv, cwd, env, on_output=None, output=None, what=None):
+        """Start the process (unless stopped meanwhile) -> (pid, start ticks); TaskError when it cannot start."""
+        with self._lock, self.process.lock:
+            self._check()
+            try:
+                self.process.spawn(argv, cwd, env, on_output, output)
+            except OSError as exc:
+                raise TaskError(f"cannot start {what or self.a.command[0]!r}: {exc.strerror or exc}") from None
+            self.worker.pgid = self.process.pgid
+        self.worker.pids = [self.proc.pid]
+        self.worker.started_at = _utc_now()
+        self.worker.state = "running"
+        return self.proc.pid, self.process.start_ticks()
 
     def _supervise(self, client):
         """Report the start, enforce max_runtime_seconds, wait for the exit; (outcome, exit_code, reason)."""
@@ -338,7 +366,6 @@ class Task:
             if self._stop is not None:  # cancelled between the spawn and now
                 with process.lock:
                     process.terminate(self.runner.kill_grace_seconds)
-        start_reported = False
         attempts = 0
         next_report = process.started_monotonic + START_REPORT_DELAY_SECONDS
         runtime_deadline = None
@@ -348,13 +375,15 @@ class Task:
             exited = process.exited.is_set()
             if self._fenced:
                 raise Fenced(self._fenced)
+            if self._detached:
+                raise Detached()
             now = time.monotonic()
-            if not start_reported and exited:
+            if not self._start_reported and exited:
                 # Ended before its start was reported: the finish report carries the start (one
                 # call instead of two, which for short tasks is most of what fleetd hears).
-                self._start_with_finish = start_reported = True
-            if not start_reported and now >= next_report:
-                start_reported, attempts = self._report_start(client, attempts)
+                self._start_with_finish = self._start_reported = True
+            if not self._start_reported and now >= next_report:
+                self._start_reported, attempts = self._report_start(client, attempts)
                 next_report = now + backoff_delay(attempts, self.runner.backoff_max_seconds)
             if exited:
                 break
@@ -364,7 +393,7 @@ class Task:
                 kill_at = process.kill_if_due(now)
             timeout = 1.0
             for moment in (kill_at, runtime_deadline if self._stop is None else None,
-                           None if start_reported else next_report):
+                           None if self._start_reported else next_report):
                 if moment is not None:
                     timeout = min(timeout, max(0.0, moment - now))
             process.wake.wait(timeout)
@@ -393,7 +422,7 @@ class Task:
     def _report_start(self, client, attempts):
         """One try at POST start -> (reported or not worth retrying, attempts so far)."""
         try:
-            client.task_start(self.a.task_id, self.a.epoch, self.proc.pid)
+            client.task_start(self.a.task_id, self.a.epoch, self.proc.pid, extra=self._start_extra())
             return True, attempts
         except Unreachable as exc:
             log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
@@ -405,6 +434,10 @@ class Task:
                 raise Fenced(str(exc)) from None
             log.error("task %s: fleetd refused the start report: %s", self.label, exc)
             return True, attempts
+
+    def _start_extra(self):
+        """More fields of the start report (an instance's ports)."""
+        return None
 
     def _release_limits(self):
         """Whatever is left of the task outside its group is killed; its cgroup removed. True

@@ -30,6 +30,7 @@ class FakeFleetd:
         self.heartbeats = []  # heartbeat bodies
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
+        self.delete_volumes = []  # instance ids the heartbeat's reply asks the node to delete the volumes of
         self.strict_finish = False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         self.strict_acquire = False  # refuse (400) an acquire asking for a batch, as an older fleetd would
         self.finish_batches = True  # take several finish reports in one call (POST /agent/finish); older fleetds do not
@@ -212,7 +213,7 @@ class FakeFleetd:
             cancel = sorted(self.cancel & reported)
             self.cond.notify_all()
         return 200, {"status": "revoked" if self.revoked else "ready", "drain": None, "revoked": self.revoked,
-                     "cancel": cancel,
+                     "cancel": cancel, "delete_volumes": list(self.delete_volumes),
                      "heartbeat_interval_seconds": 1}
 
 

@@ -1,0 +1,408 @@
+"""An instance run on this host: a task that restarts its process per a policy, outlives the agent,
+and keeps a volume and host ports from one run to the next (the assignment's `instance`).
+
+On top of a Task (agent/task/task.py):
+
+- the volume ``<state_dir>/volumes/<instance id>/`` (agent/task/volumes.py) and one host port per
+  declared port (agent/ports.py), given to the process as FLEET_VOLUME and FLEET_PORT_<port>, with
+  FLEET_INSTANCE_ID;
+- the command, or the image through the container runtime (agent/task/container.py), under a shell
+  that writes the exit status into the task directory: a process found again after an agent
+  restart is no child of the agent, whose exit status the agent could not wait for;
+- the output in files of the task directory, shipped from there (agent/task/logs.py FileTail), so
+  that the process never writes into a pipe whose reader is gone;
+- the restart policy (`always`, `on-failure`, `never`), 1 s before a restart, doubling to 60 s,
+  back to 1 s after a run of 60 s; a stop never restarts;
+- on the agent's stop the process is left running (`detach`); `Runner.recover` hands each run it
+  finds in a journal back here (`adopted`): a live process is watched again (a pidfd), a dead one
+  counts as an exit (its status from the file, else a failure) for the policy to decide on;
+- the figures of the heartbeat and the idle stop (agent/task/monitor.py).
+"""
+
+import logging
+import os
+import time
+
+from agent.ports import NoFreePort
+from agent.procfs import uptime_ticks
+from agent.task.assignment import DEFAULT_PATH, task_env
+from agent.task.container import ContainerError, cdi_has_nvidia, client_env, container_name
+from agent.task.errors import Detached, Fenced, Stopped, TaskError
+from agent.task.journal import compact_state
+from agent.task.logs import FileTail
+from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
+from agent.task.supervisor import check_executable, read_exit_status
+from agent.task.task import Task
+
+log = logging.getLogger("agent.runner")
+
+STATUS_FILE = "exit-status"
+BACKOFF_FIRST_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 60.0
+BACKOFF_RESET_SECONDS = 60.0  # a process that ran this long is restarted after the first back-off again
+JOURNAL_COMPACT_BYTES = 64 * 1024  # a restarting instance's journal starts again past this
+MAX_RUNS = 1_000_000_000
+LEAVE_LOGS_SECONDS = 5.0  # how long an agent that stops spends shipping a left instance's last lines
+
+
+def status_wrapper(status_path, argv):
+    """`argv` under a shell that writes its exit status into `status_path`, then exits with it."""
+    return ["/bin/sh", "-c", '"$@"; s=$?; echo "$s" > "$0"; exit "$s"', status_path, *argv]
+
+
+def restarts_after(policy, outcome):
+    """Whether the restart policy restarts a process whose run ended with `outcome`."""
+    return policy == "always" or (policy == "on-failure" and outcome != "succeeded")
+
+
+class Backoff:
+    """The wait before each restart: 1 s, doubling to 60 s; 1 s again after a run of 60 s."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def next(self, ran_seconds):
+        """The wait before restarting a process that ran `ran_seconds`."""
+        if ran_seconds >= BACKOFF_RESET_SECONDS:
+            self.failures = 0
+        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(self.failures, 16))
+        self.failures += 1
+        return delay
+
+
+class InstanceTask(Task):
+    """A Task whose assignment has an `instance`; `wire` is the assignment as fleetd sent it."""
+
+    def __init__(self, runner, assignment, wire, adopted=None):
+        super().__init__(runner, assignment)
+        self.spec = assignment.instance
+        self.wire = dict(wire)
+        self.adopted = adopted  # the journal record of this run, found again after an agent restart
+        self.container = container_name(self.spec.id, assignment.epoch) if self.spec.image else None
+        self.status_path = os.path.join(self.dir, STATUS_FILE)
+        self.ports = {}  # declared port -> host port
+        self.volume = None
+        self.restarts = 0
+        self.idle = False
+        self.tail = None
+        self.backoff = Backoff()
+        self.monitor = InstanceMonitor(self)
+        self._env = None
+        self._cwd = None
+        self._start_ticks = None
+        self._ran = False  # a process was started or found again: an agent stop leaves it running
+        self._ended = None  # the outcome of a run that ended while the agent was not running
+        self._container_stopping = False
+        self.worker.instance = {"id": self.spec.id, "name": self.spec.name, "restart": self.spec.restart,
+                                "image": self.spec.image, "ports": [], "restarts": 0, "volume": None}
+        if adopted is not None:
+            self.worker.state = "running"  # as fleetd knows it: it ran before the agent restarted
+
+    # Called from other threads.
+
+    def cancel(self, reason, outcome="cancelled", lost=False, grace=None, agent_stopping=False):
+        """Task.cancel, and a container is stopped by name as well (its client may not pass SIGTERM on)."""
+        super().cancel(reason, outcome, lost, grace, agent_stopping)
+        self._stop_container(self.runner.kill_grace_seconds if grace is None else grace)
+
+    def fence(self, why, keep_state=False):
+        """Task.fence, and a container is removed by name."""
+        super().fence(why, keep_state)
+        self._stop_container(0)
+
+    def _stop_container(self, grace):
+        with self._lock:
+            if not self.container or not self._ran or self._container_stopping or self.runner.containers is None:
+                return
+            self._container_stopping = True
+        self.runner.background(f"stop-{self.container}", self.runner.containers.stop, self.container, grace,
+                               client_env(self._env))
+
+    def detach(self):
+        """The agent stops: leave the process running (True), unless none was started yet or it is being
+        stopped (False: it is stopped as a task is)."""
+        with self._lock:
+            if (not self._ran and self.adopted is None) or self._stop is not None or self._fenced:
+                return False
+            self._detached = True
+        self.process.wake.set()
+        return True
+
+    def stop_idle(self, reason):
+        """The idle watch fired: stop the instance; its finish says `idle: true`."""
+        self.cancel(reason)
+        with self._lock:
+            self.idle = self._stop is not None and self._stop[1] == reason
+
+    def running(self):
+        """True while a process of the instance runs (not between runs)."""
+        process = self.process
+        return process.proc is not None and not process.exited.is_set()
+
+    def uptime_seconds(self):
+        """How long the current process has run (0 between runs)."""
+        if not self.running() or self._start_ticks is None:
+            return 0
+        try:
+            return max(0.0, round((uptime_ticks() - self._start_ticks) / CLOCK_TICKS, 1))
+        except OSError:
+            return 0
+
+    def container_stats(self):
+        """(cpu percent, memory percent) of the container, or None."""
+        runtime = self.runner.containers
+        return runtime.stats(self.container, client_env(self._env)) if runtime is not None else None
+
+    def report(self):
+        """The heartbeat's `instances` entry; None before its process started (or was taken back)."""
+        return self.monitor.figures() if self._ran else None
+
+    # The first run.
+
+    def _spawn(self, cwd, addr, port):
+        self._prepare_instance()
+        self._cwd = cwd
+        self._env = self._instance_env(addr, port)
+        self._make_tail()
+        self._save(assignment=self.wire, instance=self.spec.id, ports={str(p): hp for p, hp in self.ports.items()},
+                   cwd=cwd, master_addr=addr, master_port=port, restarts=0)
+        self._run_once()
+
+    def _volume_mode(self):
+        # A container's user may be anyone; the volumes' parent directory (0700) keeps the host's out.
+        return 0o777 if self.container else 0o700
+
+    def _prepare_instance(self):
+        try:
+            self.volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+        except (OSError, ValueError) as exc:
+            raise TaskError(f"cannot make the instance's volume: {exc}") from None
+        try:
+            self.ports = self.runner.ports.allocate(self.spec.id, [port for port, _ in self.spec.ports])
+        except NoFreePort as exc:
+            raise TaskError(str(exc)) from None
+        except OSError as exc:
+            raise TaskError(f"cannot record the instance's host ports: {exc}") from None
+        self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)
+
+    def _wire_ports(self):
+        return [{"port": port, "host_port": self.ports[port], "protocol": protocol}
+                for port, protocol in self.spec.ports if port in self.ports]
+
+    def _instance_env(self, addr, port):
+        extra = dict(self.task_limits.env)
+        extra["FLEET_INSTANCE_ID"] = self.spec.id
+        extra["FLEET_VOLUME"] = self.spec.volume_mount_path if self.container else self.volume
+        extra.update({f"FLEET_PORT_{p}": str(hp) for p, hp in self.ports.items()})
+        env, injected = task_env(self.a, addr, port, extra=extra)
+        self.worker.env = injected
+        return env
+
+    def _make_tail(self):
+        self.shipper = self._new_shipper()
+        self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
+        self.tail.start(self.runner.threads, self.runner.log_settings.interval_seconds, f"tail-{self.label}")
+
+    def _argv(self):
+        """What to spawn for one run: the command (or the container's run) under the status wrapper."""
+        if self.container:
+            runtime = self.runner.containers
+            if runtime is None:
+                raise TaskError(f"cannot run image {self.spec.image}: no container runtime on this host "
+                                "(containers.command: neither podman nor docker found, or none)")
+            try:
+                runtime.check_image(self.spec.image, client_env(self._env))
+            except ContainerError as exc:
+                raise TaskError(str(exc)) from None
+            uuids, cdi = [g["uuid"] for g in self.a.gpus], cdi_has_nvidia()
+            if uuids and not runtime.gpu_flags(uuids, cdi):
+                self._system("[fleet-agent] no CDI spec for nvidia.com/gpu on this host: the container does not "
+                             "see its GPUs (nvidia-ctk cdi generate makes one)")
+            inner = runtime.run_argv(self.container, self.spec.image, self.a.command, self.volume,
+                                     self.spec.volume_mount_path, self.ports, set(self.a.env) | set(self.worker.env),
+                                     uuids, cdi)
+        else:
+            inner = list(self.a.command)
+        check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))
+        return self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, inner))
+
+    def _run_once(self):
+        """Start one process of the instance: the first, or a restart."""
+        argv = self._argv()
+        env = client_env(self._env) if self.container else self._env
+        try:
+            os.unlink(self.status_path)
+        except FileNotFoundError:
+            pass
+        if self.container:
+            self.runner.containers.remove(self.container, env)  # left by a run whose end the agent missed
+        stdout, stderr = self.tail.open_output()
+        try:
+            pid, start_ticks = self._launch(argv, self._cwd, env, output=(stdout, stderr),
+                                            what=self.spec.image or self.a.command[0])
+        finally:
+            os.close(stdout)
+            os.close(stderr)
+        self._ran = True
+        self._start_ticks = start_ticks
+        self.monitor.run_started()
+        log.info("instance %s (task %s): started pid %d, host ports %s", self.spec.id, self.label, pid,
+                 self.ports or "none")
+        self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
+                   started_at=self.worker.started_at, restarts=self.restarts)
+
+    # Supervision: the runs, one after the other.
+
+    def _supervise(self, client):
+        self.monitor.start()
+        result = self._ended
+        for _ in range(MAX_RUNS):
+            if result is None:
+                result = super()._supervise(client)
+            if self._stop is not None or self._fenced or self._detached \
+                    or not restarts_after(self.spec.restart, result[0]):
+                return result
+            try:
+                self._restart(result)
+            except TaskError as exc:
+                return "failed", None, str(exc)
+            except Stopped:
+                return self._stop[0], None, self._stop[1]
+            result = None
+        return result
+
+    def _restart(self, result):
+        started = self.process.started_monotonic
+        delay = self.backoff.next(time.monotonic() - started if started is not None else 0.0)
+        self._system(f"[fleet-agent] the process ended ({result[2] or 'exit code 0'}); restarting it in "
+                     f"{delay:g}s (restart policy {self.spec.restart})")
+        self.process.kill_leftovers()
+        self._pause(delay)
+        with self._lock:
+            identity = self.process.identity
+            self.process = self._new_supervisor()
+            self.process.identity = identity
+        self.restarts += 1
+        self.worker.instance["restarts"] = self.restarts
+        self._run_once()
+
+    def _pause(self, seconds):
+        """Wait out a back-off; Fenced, Detached or Stopped when that comes first."""
+        deadline = time.monotonic() + seconds
+        for _ in range(MAX_RUNS):
+            if self._fenced:
+                raise Fenced(self._fenced)
+            if self._detached:
+                raise Detached()
+            if self._stop is not None:
+                raise Stopped(self._stop[1])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self.process.wake.wait(remaining)
+            self.process.wake.clear()
+
+    def _outcome(self, code):
+        if code is not None:
+            return super()._outcome(code)
+        if self._stop is not None:
+            return self._stop[0], None, self._stop[1]
+        return "failed", None, "the process ended while fleet-agent was not running; its exit status is unknown"
+
+    def _report_start(self, client, attempts):
+        reported, attempts = super()._report_start(client, attempts)
+        if reported:
+            self._save(start_reported=True)
+        return reported, attempts
+
+    def _start_extra(self):
+        return {"ports": self._wire_ports()}
+
+    def _finish_extra(self):
+        extra = {"ports": self._wire_ports()}
+        if self.idle:
+            extra["idle"] = True
+        return extra
+
+    def _system(self, text):
+        log.info("task %s: %s", self.label, text)
+        if self.shipper is not None:
+            self.shipper.add("system", text)
+
+    def _save(self, **changes):
+        if self.idle:
+            changes["idle"] = True
+        self.record.update(changes)
+        self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
+        compact_state(self.state_path, self.record, JOURNAL_COMPACT_BYTES)
+
+    # After an agent restart.
+
+    def _run_to_result(self, client):
+        if self.adopted is None:
+            return super()._run_to_result(client)
+        try:
+            self._take_back(self.adopted)
+        except TaskError as exc:
+            log.warning("task %s: cannot take the instance back: %s; stopping it", self.label, exc)
+            with self.process.lock:  # watched, so that the clean-up kills it: nothing runs unsupervised
+                if self.process.proc is None:
+                    self.process.adopt(self.adopted["pid"], self.adopted.get("start_ticks"), self.status_path)
+            return "failed", None, str(exc)
+        return self._supervise(client)
+
+    def _take_back(self, record):
+        """Supervise again the run a journal record describes, its process alive or not."""
+        self.record = dict(record)
+        self._prepare_limits()  # the same cgroup: its name is the task's
+        self._cwd = record.get("cwd") or self.workdir
+        self.ports = {int(p): hp for p, hp in (record.get("ports") or {}).items()}
+        try:
+            self.volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+        except (OSError, ValueError) as exc:
+            raise TaskError(f"cannot find the instance's volume: {exc}") from None
+        self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)
+        self._env = self._instance_env(record.get("master_addr") or self.runner.address, record.get("master_port") or 0)
+        self.restarts = self.worker.instance["restarts"] = int(record.get("restarts") or 0)
+        self._start_reported = bool(record.get("start_reported"))
+        self._make_tail()
+        self.worker.state = "running"
+        self.worker.started_at = record.get("started_at") or ""
+        with self._lock, self.process.lock:
+            alive = self.process.adopt(record["pid"], record.get("start_ticks"), self.status_path)
+            if alive:
+                self.worker.pgid, self.worker.pids = self.process.pgid, [record["pid"]]
+        self._ran = True
+        if alive:
+            self._start_ticks = record.get("start_ticks")
+            log.info("instance %s (task %s): took back pid %d, left running by the agent before", self.spec.id,
+                     self.label, record["pid"])
+            return
+        self._ended = self._outcome(read_exit_status(self.status_path))
+        self._system(f"[fleet-agent] the process ended while fleet-agent was not running ({self._ended[2] or 'exit code 0'})")
+
+    def _leave_running(self):
+        """The agent stops and the process runs on: ship what it wrote so far, remember how far."""
+        self.process.release()
+        self.monitor.stop()
+        if self.tail is not None:
+            self.tail.stop(drain=True, deadline=time.monotonic() + LEAVE_LOGS_SECONDS, abandon=lambda: bool(self._fenced))
+            self.shipper.close()
+            self.shipper.join(LEAVE_LOGS_SECONDS)
+            self.tail.save()
+
+    # The end.
+
+    def _finish_logs(self):
+        if self.tail is not None:
+            self.tail.stop(drain=True, eof=True, deadline=time.monotonic() + self.runner.report_retry_seconds,
+                           abandon=lambda: bool(self._fenced) or self.runner.closing.is_set())
+        super()._finish_logs()
+
+    def _clean_up(self, keep_dir):
+        self.monitor.stop()
+        if self.tail is not None:
+            self.tail.stop(drain=False)
+        if self.container and self._ran and not self._detached and self.runner.containers is not None:
+            self.runner.containers.remove(self.container, client_env(self._env))
+        super()._clean_up(keep_dir)

@@ -1,0 +1,101 @@
+"""Instance volumes: ``<state_dir>/volumes/<instance id>/``, kept from one run of an instance to the next.
+
+A volume is made at an instance's first start and outlives its runs (stop, resume, an agent
+restart); it goes only when fleetd lists it in a heartbeat reply's `delete_volumes`. Deleting
+never follows a symlink out of the volume (shutil.rmtree walks by file descriptor and unlinks
+links). The space used is measured by a walk that follows no link and counts allocated blocks.
+"""
+
+import logging
+import os
+import shutil
+import stat
+import sys
+
+from agent.task.assignment import INSTANCE_ID_RE
+
+log = logging.getLogger("agent.runner")
+
+VOLUMES_DIR = "volumes"
+MAX_WALK_ENTRIES = 2_000_000  # a measure stops here (and says so) rather than walk for ever
+
+
+class Volumes:
+    """The volume directories of this host's instances."""
+
+    def __init__(self, state_dir):
+        self.root = os.path.join(state_dir, VOLUMES_DIR)
+
+    def path(self, instance_id):
+        """The directory of an instance's volume; ValueError for an id that is no instance id."""
+        if not INSTANCE_ID_RE.match(instance_id or "") or instance_id in (".", ".."):
+            raise ValueError(f"{instance_id!r} is not an instance id")
+        return os.path.join(self.root, instance_id)
+
+    def ensure(self, instance_id, mode=0o700):
+        """The volume's directory, made (with `mode`) when missing; OSError when it is not a directory."""
+        path = self.path(instance_id)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise OSError(f"{path} exists and is not a directory") from None
+        os.chmod(path, mode)
+        return path
+
+    def list(self):
+        """The instance ids whose volume directory is present."""
+        try:
+            with os.scandir(self.root) as entries:
+                return sorted(e.name for e in entries
+                              if e.is_dir(follow_symlinks=False) and INSTANCE_ID_RE.match(e.name)
+                              and e.name not in (".", ".."))
+        except FileNotFoundError:
+            return []
+
+    def delete(self, instance_id):
+        """Remove a volume and all in it; True when it is gone."""
+        path = self.path(instance_id)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return True
+        if not stat.S_ISDIR(mode):  # a link or a file where a volume should be: only the name goes
+            os.unlink(path)
+            return True
+        errors = []
+
+        def note(_fn, failed, exc):  # onexc gets the exception, onerror its exc_info
+            errors.append((failed, exc[1] if isinstance(exc, tuple) else exc))
+
+        shutil.rmtree(path, **({"onexc": note} if sys.version_info >= (3, 12) else {"onerror": note}))
+        for failed, exc in errors[:5]:
+            log.error("volume %s: cannot delete %s: %s", instance_id, failed, exc)
+        return not os.path.lexists(path)
+
+    def used_bytes(self, instance_id):
+        """Bytes the volume's files take on disk (allocated blocks), or None when it cannot be read."""
+        try:
+            path = self.path(instance_id)
+            total, stack, seen = os.lstat(path).st_blocks * 512, [path], 0
+        except (OSError, ValueError):
+            return None
+        for _ in range(MAX_WALK_ENTRIES):
+            if not stack:
+                return total
+            try:
+                with os.scandir(stack.pop()) as entries:
+                    for entry in entries:
+                        seen += 1
+                        info = entry.stat(follow_symlinks=False)
+                        total += info.st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+            except OSError:
+                continue  # removed while walked, or unreadable: what was counted stands
+            if seen >= MAX_WALK_ENTRIES:
+                break
+        log.warning("volume %s: more than %d entries; its size is counted up to there", instance_id,
+                    MAX_WALK_ENTRIES)
+        return total
