@@ -139,3 +139,18 @@ def test_the_inventory_version_moves_on_postgres_with_what_placement_reads(pg_ap
     assert version() == ready
     pg_api.post(f"/api/v1/nodes/{reg['node_id']}/cordon")
     assert version() > ready
+
+
+def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
+    from tests.test_instances import create, finish, show, start
+
+    pg_api.create_fleet("gpu-a")
+    node, session = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "host-1", gpu_count=2)
+    pg_api.heartbeat(session, capabilities={"container_runtime": "podman"})  # a node column the inventory reads
+    inst = create(pg_api, ports=[{"port": 8888}])
+    run = start(pg_api, session, [(8888, 40001)])
+    assert show(pg_api, inst["id"])["runtime"]["ports"][0]["public_port"] == 40001
+    pg_api.post(f"/api/v1/instances/{inst['id']}/stop")
+    finish(pg_api, session, run)
+    resumed = pg_api.post(f"/api/v1/instances/{inst['id']}/resume", {}).get_json()
+    assert resumed["state"] == "starting" and resumed["node_id"] == node
