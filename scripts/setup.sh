@@ -31,6 +31,11 @@ if [ "$extras" = dev ]; then
     command -v systemd-analyze >/dev/null || packages+=(systemd)  # verifies the rendered unit
     # Debian's Chromium for the admin UI's browser tests (Playwright drives it; no browser downloads).
     [ -x /usr/bin/chromium ] || packages+=(chromium)
+    # Podman (with runc: crun refuses hybrid cgroup hosts) and busybox-static for the agent's container
+    # instance tests, which build their image from busybox with no registry.
+    command -v podman >/dev/null || packages+=(podman)
+    command -v runc >/dev/null || packages+=(runc)
+    dpkg -s busybox-static >/dev/null 2>&1 || packages+=(busybox-static)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
     sudo=""

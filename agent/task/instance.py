@@ -93,6 +93,7 @@ class InstanceTask(Task):
         self._ran = False  # a process was started or found again: an agent stop leaves it running
         self._ended = None  # the outcome of a run that ended while the agent was not running
         self._container_stopping = False
+        self._container_removed = False  # after the last run, before the finish report
         self.worker.instance = {"id": self.spec.id, "name": self.spec.name, "restart": self.spec.restart,
                                 "image": self.spec.image, "ports": [], "restarts": 0, "volume": None}
         if adopted is not None:
@@ -254,6 +255,18 @@ class InstanceTask(Task):
     # Supervision: the runs, one after the other.
 
     def _supervise(self, client):
+        try:
+            return self._supervise_runs(client)
+        finally:  # before the finish report: a resume may publish the same host ports at once
+            if not self._detached:
+                self._remove_container()
+
+    def _remove_container(self):
+        if self.container and self._ran and not self._container_removed and self.runner.containers is not None:
+            self.runner.containers.remove(self.container, client_env(self._env))
+            self._container_removed = True
+
+    def _supervise_runs(self, client):
         self.monitor.start()
         result = self._ended
         for _ in range(MAX_RUNS):
@@ -403,6 +416,6 @@ class InstanceTask(Task):
         self.monitor.stop()
         if self.tail is not None:
             self.tail.stop(drain=False)
-        if self.container and self._ran and not self._detached and self.runner.containers is not None:
-            self.runner.containers.remove(self.container, client_env(self._env))
+        if not self._detached:
+            self._remove_container()  # after a failure of the agent's own, too
         super()._clean_up(keep_dir)
