@@ -87,8 +87,10 @@ class _SqliteDatabase(PooledSqliteDatabase):
         return super().execute_sql(sql, params)
 
 
-def open_database(url, sqlite_synchronous="FULL"):
-    """Create (not connect) a Peewee database for a sqlite:// or postgresql:// URL."""
+def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeout_seconds=None):
+    """Create (not connect) a Peewee database for a sqlite:// or postgresql:// URL; PostgreSQL's
+    pool holds at most `pool_size` connections, whose statements run at most
+    `statement_timeout_seconds` (None: the server's setting)."""
     if url.startswith("sqlite:"):
         sync = sqlite_synchronous.upper()
         if sync not in _SYNCHRONOUS:
@@ -112,8 +114,12 @@ def open_database(url, sqlite_synchronous="FULL"):
         )
     if url.startswith(("postgresql://", "postgres://")):
         parsed = db_url.parse(url)
+        if statement_timeout_seconds:
+            timeout = f"-c statement_timeout={int(statement_timeout_seconds * 1000)}"
+            parsed["options"] = f"{parsed['options']} {timeout}" if parsed.get("options") else timeout
         # Bounded pool: PostgreSQL connections are costly and limited on the server.
-        return PooledPostgresqlDatabase(parsed.pop("database"), max_connections=32, stale_timeout=300, **parsed)
+        return PooledPostgresqlDatabase(parsed.pop("database"), max_connections=pool_size, stale_timeout=300,
+                                        **parsed)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://...")
 
 

@@ -95,6 +95,14 @@ class LivenessTracker:
                     out[task["id"]] = (node_id, task["epoch"])
         return out
 
+    def restart_grace(self):
+        """Give every node the failover grace from now (a replica became leader)."""
+        self.started = self.clock.monotonic()
+
+    def limit(self):
+        """Seconds of silence after which a node is overdue (its scaled TTL plus the grace)."""
+        return self._ttl() + self.grace
+
     def in_failover_grace(self):
         """True during the grace period after start-up."""
         return self.clock.monotonic() - self.started < self.failover_grace
@@ -146,16 +154,29 @@ class LeaseTracker:
         self.ttl = ttl_seconds
         self.started = clock.monotonic()
         self._renewed = {}
+        self._unflushed = {}
         self._lock = threading.Lock()
 
     def renew(self, task_id, epoch):
         """The holder of (task, epoch) showed it is alive, now."""
         with self._lock:
             self._renewed[task_id] = (epoch, self.clock.monotonic())
+            self._unflushed[task_id] = (epoch, self.clock.now())
 
     def forget(self, task_id):
         with self._lock:
             self._renewed.pop(task_id, None)
+            self._unflushed.pop(task_id, None)
+
+    def take_unflushed(self):
+        """{task id: (epoch, wall-clock time)} renewed since the last call (for other replicas)."""
+        with self._lock:
+            out, self._unflushed = self._unflushed, {}
+        return out
+
+    def restart_grace(self):
+        """Treat every lease as renewed now (a new leader gives the nodes time to reach it)."""
+        self.started = self.clock.monotonic()
 
     def expired(self, task_id, epoch):
         """True when the lease of (task, epoch) was last renewed more than `ttl` seconds ago."""
@@ -172,6 +193,7 @@ class Notifier:
         self._waiters = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.publish = None  # replicas: fn(key) that wakes the same key on the other replicas
 
     def close(self):
         """Shutting down: every wait answers now with what it has, and later ones do not wait."""
@@ -210,9 +232,11 @@ class Notifier:
                     if not waiters:
                         del self._waiters[key]
 
-    def notify(self, key):
-        """Wake everyone waiting on `key`."""
+    def notify(self, key, local=False):
+        """Wake everyone waiting on `key` (on the other replicas too, unless `local`)."""
         with self._lock:
             waiters = list(self._waiters.get(key, ()))
         for event in waiters:
             event.set()
+        if self.publish is not None and not local:
+            self.publish(key)

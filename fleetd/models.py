@@ -326,6 +326,7 @@ class Task(BaseModel):
     pid = peewee.IntegerField(null=True)
     exit_code = peewee.IntegerField(null=True)
     reason = peewee.TextField(default="")
+    renewed_at = peewee.DateTimeField(null=True)  # its lease's last renewal that a replica wrote down
     rendezvous_addr = peewee.CharField(max_length=255, null=True)
     rendezvous_port = peewee.IntegerField(null=True)
 
@@ -432,6 +433,16 @@ class InventoryVersion(BaseModel):
     version = peewee.BigIntegerField(default=0)
 
 
+class LeaderLease(BaseModel):
+    """One row: the replica that leads (schedules, decides liveness, runs background tasks), until
+    when, and the fencing epoch that every write made for leadership is checked against."""
+
+    id = peewee.IntegerField(primary_key=True)
+    holder = peewee.CharField(max_length=64, default="")
+    epoch = peewee.BigIntegerField(default=0)
+    expires_at = peewee.DateTimeField()
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -440,4 +451,4 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample, InventoryVersion]
+          ClusterSample, GpuSample, InventoryVersion, LeaderLease]

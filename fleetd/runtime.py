@@ -7,6 +7,7 @@ from flask import current_app, request
 from fleetd.auth import FailureLimiter, client_address
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
+from fleetd.replicas import Leadership
 
 
 def call(fn, *args):
@@ -35,6 +36,8 @@ class Runtime:
     # Runs CPU-heavy pure work (a pass's decisions) off the request loop: fleetd serve sets it to
     # gevent's thread pool; elsewhere it is a plain call.
     offload: object = call
+    # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
+    leader: Leadership = dataclasses.field(default_factory=Leadership)
 
     @classmethod
     def build(cls, settings, clock=None):

@@ -11,12 +11,14 @@ import socket
 import gevent
 import gevent.event
 import gevent.pool
+import gevent.socket
 from apscheduler.schedulers.gevent import GeventScheduler
 from gevent.pywsgi import MAX_REQUEST_LINE, LoggingLogAdapter, WSGIHandler, WSGIServer
 
 from fleetd import create_app
 from fleetd.errors import envelope
 from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
+from fleetd.replicas import SingleProcessLock, replicate
 
 log = logging.getLogger("fleetd")
 
@@ -180,9 +182,16 @@ def parse_bind(bind):
 def serve(settings, ready_callback=None):
     """Run until SIGTERM or SIGINT; in-flight requests get shutdown_timeout_seconds to finish."""
     host, port = parse_bind(settings.bind)
+    sqlite = settings.database_url.startswith("sqlite:")
+    if not sqlite:  # psycopg2 waits for PostgreSQL through gevent: a query blocks its greenlet, not the loop
+        import psycogreen.gevent
+
+        psycogreen.gevent.patch_psycopg()
     # synchronous=FULL's guarantee (an acknowledged write is on disk) with one fsync for many commits.
-    use_group_commit = settings.database_url.startswith("sqlite:") and settings.sqlite_synchronous.upper() == "FULL"
-    db = open_database(settings.database_url, "NORMAL" if use_group_commit else settings.sqlite_synchronous)
+    use_group_commit = sqlite and settings.sqlite_synchronous.upper() == "FULL"
+    db = open_database(settings.database_url, "NORMAL" if use_group_commit else settings.sqlite_synchronous,
+                       settings.db_pool_size, settings.db_statement_timeout_seconds)
+    lock = SingleProcessLock(db.database).acquire() if sqlite and db.database != ":memory:" else None
     applied = upgrade(db)
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
@@ -215,6 +224,9 @@ def serve(settings, ready_callback=None):
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, stop.set)
     server.start()
+    stop_replication = None
+    if not sqlite:
+        stop_replication = replicate(rt, db, settings, gevent.spawn, _wait_readable)
     rt.tasks.start(GeventScheduler(timezone=dt.timezone.utc))
     rt.scheduler.start()
     url = f"http://{settings.bind.rpartition(':')[0] or host}:{server.server_port}"
@@ -228,12 +240,24 @@ def serve(settings, ready_callback=None):
     server.shutdown(settings.shutdown_timeout_seconds)
     rt.scheduler.stop()
     rt.tasks.shutdown()
+    if stop_replication is not None:
+        stop_replication()  # hands the lead over at once
     if group_commit is not None:
         log.info("group commit: %d WAL syncs acknowledged the writes", group_commit.done)
     enable_group_commit(None)
     if not db.is_closed():
         db.close()
+    if lock is not None:
+        lock.release()
     log.info("stopped")
+
+
+def _wait_readable(fd, timeout):
+    """Wait until fd is readable or the timeout passed (gevent: other greenlets run meanwhile)."""
+    try:
+        gevent.socket.wait_read(fd, timeout)
+    except socket.timeout:
+        pass
 
 
 def _version():

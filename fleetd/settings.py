@@ -53,6 +53,9 @@ class Settings:
     gc_interval_seconds: float = 3600.0
     job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
+    leader_lease_seconds: float = 8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
+    db_pool_size: int = 32  # PostgreSQL connections per replica
+    db_statement_timeout_seconds: float = 30.0  # PostgreSQL: a statement running longer is cancelled
     max_connections: int = 10000
     http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this

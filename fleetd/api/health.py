@@ -5,6 +5,7 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd import __version__
 from fleetd.auth import ANY_ROLE, current_principal, require
+from fleetd.runtime import current_runtime
 from fleetd.schemas.tokens import HealthSchema, WhoamiSchema
 
 blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health and identity")
@@ -15,8 +16,8 @@ class Health(MethodView):
     @blp.doc(security=[])
     @blp.response(200, HealthSchema)
     def get(self):
-        """Liveness of fleetd itself; needs no token."""
-        return {"status": "ok", "version": __version__}
+        """Liveness of fleetd itself, and its place among the replicas; needs no token."""
+        return {"status": "ok", "version": __version__, **current_runtime().leader.status()}
 
 
 @blp.route("/whoami")

@@ -10,6 +10,9 @@ from fleetd.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
+# Run by every replica; the others only by the leader (a follower's run is skipped).
+EVERY_REPLICA = {liveness_sweep.NAME, storage.NAME}
+
 # The registry: (module, the setting that holds its interval in seconds).
 REGISTRY = [
     (liveness_sweep, "liveness_sweep_seconds"),
@@ -77,6 +80,11 @@ class TaskRunner:
         try:
             record.last_started_at = self.rt.clock.now()
             record.last_status = "running"
+            if name not in EVERY_REPLICA and not self.rt.leader.leading():
+                record.last_result, record.last_status, record.last_error = {
+                    "skipped": f"replica {self.rt.leader.replica_id} does not lead"}, "ok", None
+                record.last_finished_at = self.rt.clock.now()
+                return record
             try:
                 with self.app.app_context():
                     from fleetd.db import database

@@ -14,6 +14,7 @@ def run(rt):
     draining = [n.id for n in Node.select(Node.id).where(Node.status == NodeStatus.DRAINING.value)]
     for node_id in draining:
         with write_transaction():
+            rt.leader.fence()
             node = Node.get_or_none(Node.id == node_id)
             jobs = settle_drain(node, rt.clock.now()) if node is not None else None
         if jobs is not None:

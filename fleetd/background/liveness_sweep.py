@@ -8,15 +8,23 @@ DESCRIPTION = "Marks nodes lost after TTL + grace without a heartbeat; saves las
 
 
 def run(rt):
-    """One sweep; returns how many nodes were declared lost and heartbeat times saved."""
+    """One sweep; returns how many nodes were declared lost and heartbeat times saved. With
+    replicas, a heartbeat another replica wrote down (Node.last_heartbeat_at) counts too."""
     tracker = rt.liveness
     saved = record_heartbeat_times(tracker.take_unflushed())
     lost = 0
-    if not tracker.in_failover_grace():
-        live = [n.id for n in Node.select(Node.id).where(Node.status.in_([s.value for s in LIVE_STATUSES]))]
+    if not tracker.in_failover_grace() and rt.leader.leading():
+        now = rt.clock.now()
+        live = Node.select(Node.id, Node.last_heartbeat_at).where(Node.status.in_([s.value for s in LIVE_STATUSES]))
         overdue = tracker.overdue_view()  # one look at the clock and the TTL for every node
-        for node_id in live:
-            if overdue(node_id) and mark_node_lost(rt.clock.now(), node_id, tracker.silent_for(node_id)):
+        limit = tracker.limit()
+        for node in live.tuples():
+            node_id, seen_at = node
+            if not overdue(node_id):
+                continue
+            if rt.leader.shared and seen_at is not None and (now - seen_at).total_seconds() <= limit:
+                continue  # it heartbeats to another replica
+            if mark_node_lost(now, node_id, tracker.silent_for(node_id), rt.leader.fence):
                 tracker.forget(node_id)
                 lost += 1
     return {"lost": lost, "heartbeats_saved": saved}

@@ -41,3 +41,6 @@ class WhoamiSchema(Schema):
 class HealthSchema(Schema):
     status = fields.String()
     version = fields.String()
+    replica_id = fields.String(metadata={"description": "this fleetd process among the replicas"})
+    leader = fields.Boolean(metadata={"description": "whether this replica leads (schedules, decides liveness)"})
+    leader_epoch = fields.Integer(metadata={"description": "the leader lease's fencing epoch, as last seen"})

@@ -410,14 +410,18 @@ class NodeStops:
         self._lock = threading.Lock()
         self._owed = {}  # node id -> {task id: (epoch, monotonic time owed)}
         self._watchers = {}  # node id -> [Notifier of a waiting acquire]
+        self.publish = None  # replicas: fn(node id, task id, epoch) that owes it on the others
 
-    def owe(self, node_id, task_id, epoch):
-        """The node must stop (task, epoch): remember it and wake the node's waiting acquires."""
+    def owe(self, node_id, task_id, epoch, local=False):
+        """The node must stop (task, epoch): remember it and wake the node's waiting acquires (on
+        the other replicas too, unless `local`: the node's acquire may wait on any of them)."""
         with self._lock:
             self._owed.setdefault(node_id, {})[task_id] = (epoch, time.monotonic())
             notifiers = list(self._watchers.get(node_id, ()))
         for notifier in notifiers:
-            notifier.notify(("node", node_id))
+            notifier.notify(("node", node_id), local=True)
+        if self.publish is not None and not local:
+            self.publish(node_id, task_id, epoch)
 
     def owed(self, node_id):
         """{task id: (epoch, monotonic time owed)} of the node (a copy; empty when none)."""

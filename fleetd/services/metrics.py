@@ -46,6 +46,8 @@ class Instruments:
         self.scheduling_bounded = Counter(
             "fleetd_scheduling_pass_bounded", "Passes that stopped at their bound (placements or time per pass) "
             "and left the rest of the queue to the next pass.", registry=self.registry)
+        self.leadership_changes = Counter(
+            "fleetd_leadership_changes", "Times this replica started or stopped leading.", registry=self.registry)
         self.registry.register(_StateCollector(rt))
 
 
@@ -88,6 +90,11 @@ class _StateCollector:
         for name, count in sorted(counts.items()):
             by_state.add_metric([name], count)
         yield by_state
+        leader = GaugeMetricFamily("fleetd_leader", "1 while this replica leads, else 0; the lease's epoch as seen.",
+                                   labels=["replica_id", "epoch"])
+        status = rt.leader.status()
+        leader.add_metric([status["replica_id"], str(status["leader_epoch"])], 1 if status["leader"] else 0)
+        yield leader
         yield from _dcgm_families(rt, state)
 
 

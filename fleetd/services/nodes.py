@@ -220,9 +220,12 @@ def replace_gpus(node, gpus, now):
     return True
 
 
-def mark_node_lost(now, node_id, silent_seconds):
-    """Declare a live node lost after missed heartbeats; no-op if it is no longer live."""
+def mark_node_lost(now, node_id, silent_seconds, fence=None):
+    """Declare a live node lost after missed heartbeats; no-op if it is no longer live. `fence`:
+    the leader's check, inside the transaction (replicas.Leadership.fence)."""
     with write_transaction():
+        if fence is not None:
+            fence()
         node = find_node(node_id)
         if node is None or S(node.status) not in LIVE_STATUSES:
             return False

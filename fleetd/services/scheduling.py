@@ -8,6 +8,7 @@ import typing
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
+from fleetd.replicas import Fenced
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.services import instances
 from fleetd.services.cluster import TERMS, ClusterState
@@ -43,6 +44,8 @@ def run_pass(rt, full=True):
        the meantime (a job cancelled, a node cordoned): those wait for the next pass.
     Passes never overlap; nodes that got work are woken after the commit.
     """
+    if not rt.leader.leading():
+        return {"assigned": 0, "pending": 0, "skipped": "this replica does not lead"}
     with _PASS_LOCK:
         started = time.perf_counter()
         try:
@@ -267,6 +270,7 @@ def _write(rt, plan, now):
     """The write phase: preemptions, then assignments that still hold, then changed reasons."""
     assigned, woken = 0, set()
     with write_transaction():
+        rt.leader.fence()  # a replica that lost the lead meanwhile writes nothing
         for job, victims in plan.preempt:
             _preempt(rt, job, victims, now)
         schedulable = _schedulable_nodes({r.node_id for _, _, result in plan.placed for r in result.ranks})
@@ -533,6 +537,7 @@ class SchedulerLoop:
         self._kicked = threading.Event()
         self._stop = threading.Event()
         self._thread = None
+        self.publish = None  # replicas: fn(capacity, fleet) that asks the leader for a pass
 
     def kick(self, capacity=True, fleet=None):
         """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller.
@@ -543,6 +548,10 @@ class SchedulerLoop:
         """
         if capacity:
             self.rt.parked.bump(fleet)
+        if self.rt.leader.shared and not self.rt.leader.leading():
+            if self.publish is not None:
+                self.publish(capacity, fleet)  # the leader runs the pass
+            return False
         if self._thread is None:
             run_pass(self.rt, full=False)
             return True
@@ -581,6 +590,8 @@ class SchedulerLoop:
             try:
                 with self.app.app_context(), database.connection_context():
                     result = run_pass(self.rt, full=False)
+            except Fenced as exc:  # the lead moved while the pass decided: the new leader places it
+                log.warning("scheduling pass not written: %s", exc)
             except Exception:  # a failed pass is logged; the next kick or interval retries
                 log.exception("scheduling pass failed")
             pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))

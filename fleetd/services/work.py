@@ -319,6 +319,26 @@ def _after_task_end(rt, job_id, node_id=None):
         rt.scheduler.kick(fleet=rt.inventory.fleet_of(node_id) if node_id else None)
 
 
+def _renewed_elsewhere(rt, task, now):
+    """True when another replica wrote down a renewal of the task's lease within its TTL."""
+    return (rt.leader.shared and task.renewed_at is not None
+            and (now - task.renewed_at).total_seconds() <= rt.leases.ttl)
+
+
+def record_lease_renewals(renewals):
+    """Write down lease renewals this replica saw ({task id: (epoch, time)}) for the leader."""
+    if not renewals:
+        return 0
+    with write_transaction():
+        for task_id, (epoch, at) in renewals.items():
+            _RENEWED.execute(at=at, id=task_id, epoch=epoch)
+    return len(renewals)
+
+
+_RENEWED = Statement(lambda v: Task.update(renewed_at=v("at", Task.renewed_at))
+                     .where((Task.id == v("id")) & (Task.epoch == v("epoch"))))
+
+
 def reconcile_reported_tasks(rt, node, reported):
     """Renew the leases of tasks this node really holds; return the ids it must stop (the
     fallback for stops that its acquire did not deliver). A task of a cancelling job is not
@@ -336,15 +356,17 @@ def reconcile_reported_tasks(rt, node, reported):
 
 
 def expire_leases(rt):
-    """Tasks whose node stopped renewing their lease are lost; their jobs retry or fail."""
+    """Tasks whose node stopped renewing their lease are lost; their jobs retry or fail. With
+    replicas, a renewal another replica wrote down (Task.renewed_at) counts too."""
     if rt.liveness.in_failover_grace():
         return {"expired": 0}
     now = rt.clock.now()
-    active = list(Task.select(Task.id, Task.epoch).where(Task.state.in_(ACTIVE_TASK_STATES)))
-    expired = [t for t in active if rt.leases.expired(t.id, t.epoch)]
+    active = list(Task.select(Task.id, Task.epoch, Task.renewed_at).where(Task.state.in_(ACTIVE_TASK_STATES)))
+    expired = [t for t in active if rt.leases.expired(t.id, t.epoch) and not _renewed_elsewhere(rt, t, now)]
     jobs = set()
     for stale in expired:
         with write_transaction():
+            rt.leader.fence()
             task = Task.get_or_none(Task.id == stale.id)
             if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
                 continue

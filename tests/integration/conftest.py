@@ -1,11 +1,16 @@
 """Real `fleetd` processes on loopback."""
 
+import glob
 import os
+import pathlib
 import queue
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -127,3 +132,41 @@ class Http:
         if expect is not None:
             assert resp.status_code == expect, resp.text
         return resp
+
+
+def _pg_bin(name):
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    return found
+
+
+def _as_postgres(args):
+    """Run a PostgreSQL tool as the postgres user when we are root (initdb refuses root)."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *args]
+    return args
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL server binaries are not installed (scripts/setup.sh installs them)")
+    # Not under pytest's tmp dir: that is private to root, and the server runs as postgres.
+    base = pathlib.Path(tempfile.mkdtemp(prefix="fleetd-pg-"))
+    data = base / "data"
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(_as_postgres([initdb, "-D", str(data), "-A", "trust", "-U", "fleetd", "--no-sync"]),
+                   check=True, capture_output=True, timeout=120)
+    opts = f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off"
+    subprocess.run(_as_postgres([pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "-t", "60",
+                                 "start"]), check=True, capture_output=True, timeout=120)
+    try:
+        yield f"postgresql://fleetd@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(_as_postgres([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
+                       capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,12 +1,5 @@
 """The PostgreSQL path: a throwaway real PostgreSQL server, the same services and guarantees."""
 
-import glob
-import os
-import pathlib
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 
 import pytest
@@ -16,55 +9,17 @@ from tests.conftest import ApiClient, gpus
 pytestmark = pytest.mark.integration
 
 
-def _pg_bin(name):
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-    return found
-
-
-def _as_postgres(args):
-    """Run a PostgreSQL tool as the postgres user when we are root (initdb refuses root)."""
-    if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--", *args]
-    return args
-
-
-@pytest.fixture(scope="module")
-def postgres_url():
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries are not installed (scripts/setup.sh installs them)")
-    # Not under pytest's tmp dir: that is private to root, and the server runs as postgres.
-    base = pathlib.Path(tempfile.mkdtemp(prefix="fleetd-pg-"))
-    data = base / "data"
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run(_as_postgres([initdb, "-D", str(data), "-A", "trust", "-U", "fleetd", "--no-sync"]),
-                   check=True, capture_output=True, timeout=120)
-    opts = f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off"
-    subprocess.run(_as_postgres([pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "-t", "60",
-                                 "start"]), check=True, capture_output=True, timeout=120)
-    try:
-        yield f"postgresql://fleetd@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(_as_postgres([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                       capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.fixture
 def pg_api(make_app, postgres_url, clock):
     from fleetd.db import database
-    from fleetd.models import MODELS, InventoryVersion
+    from fleetd.models import MODELS, InventoryVersion, LeaderLease
     from fleetd.services.tokens import issue_first_admin_token
 
     app = make_app(db_url=postgres_url)
     with database.connection_context():
         # Each test starts from empty tables on the shared server.
         for model in reversed(MODELS):
-            if model is not InventoryVersion:  # one row, kept (migration 0006 made it)
+            if model not in (InventoryVersion, LeaderLease):  # one row each, kept (migrations made them)
                 model.delete().execute()
         token = issue_first_admin_token(clock.now())
     return ApiClient(app, token)
