@@ -196,6 +196,25 @@ def test_a_submitter_sees_and_acts_on_only_its_own_instances(app, api, signed_in
     assert metrics.get(f"/ui/instances/{admins['id']}").status_code == 403
 
 
+def test_bad_input_gets_a_readable_refusal_never_a_server_error(admin_ui, api):
+    enrol(api)
+    inst = create(api)
+    for path, status in [("/ui/instances?cursor=garbage", 400), ("/ui/instances?state=%00", 400),
+                         ("/ui/instances?owner=" + "o" * 5000, 200), ("/ui/instances/" + "x" * 3000, 404),
+                         ("/ui/instances/%00", 400), (f"/ui/instances/{inst['id']}?partial=live&actions=x", 204)]:
+        assert admin_ui.get(path).status_code == status, path
+    admin_ui.get(f"/ui/instances/{inst['id']}")
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    for form, field in [({"gpus": "nan"}, "gpus"), ({"gpus": "1e400"}, "gpus"), ({"gpus": "x" * 100_000}, "gpus"),
+                        ({"bid": "nan"}, "bid"), ({"bid": "-1"}, "bid")]:
+        resp = admin_ui.post(f"/ui/instances/{inst['id']}/resume", dict(form, confirm="yes"))
+        body = resp.get_data(as_text=True)
+        assert resp.status_code == 400 and f"<strong>{field}</strong>" in body and "Traceback" not in body, form
+    resp = admin_ui.post(f"/ui/instances/{inst['id']}/resume", {"bid": "5", "confirm": "yes"})
+    assert resp.status_code == 400 and "a bid applies to spot instances only" in resp.get_data(as_text=True)
+    assert show(api, inst["id"])["state"] == "stopped"
+
+
 def test_instance_pages_admit_exactly_the_roles_of_their_api_routes(app):
     from fleetd.api import instances
 
