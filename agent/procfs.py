@@ -49,31 +49,33 @@ def read_bytes(path):
         os.close(fd)
 
 
+def _stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the command name (fields[0] is proc(5)'s field 3), or None."""
+    data = read_bytes(f"/proc/{pid}/stat")
+    if data is None or b")" not in data:
+        return None
+    return data[data.rindex(b")") + 2:].split()
+
+
 def read_stat(pid):
     """ProcInfo of a process, zombies included, or None when there is none."""
-    data = read_bytes(f"/proc/{pid}/stat")
-    if data is None:
-        return None
+    fields = _stat_fields(pid)
     try:
-        fields = data[data.rindex(b")") + 2:].split()
-        # proc(5): fields[0] is field 3 (state), then ppid, pgrp, session; starttime is field 22.
+        # proc(5): state (field 3), then ppid, pgrp, session; starttime is field 22.
         return ProcInfo(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
-    except (ValueError, IndexError):
+    except (TypeError, ValueError, IndexError):
         return None
 
 
 def read_usage(pid):
     """(CPU time in clock ticks, resident memory in bytes) of a live process, or None."""
-    data = read_bytes(f"/proc/{pid}/stat")
-    if data is None:
-        return None
+    fields = _stat_fields(pid)
     try:
-        fields = data[data.rindex(b")") + 2:].split()
         if fields[0] in (b"Z", b"X"):
             return None
         # proc(5): utime and stime are fields 14 and 15, rss (pages) field 24.
         return int(fields[11]) + int(fields[12]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, IndexError):
+    except (TypeError, ValueError, IndexError):
         return None
 
 

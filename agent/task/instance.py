@@ -255,11 +255,9 @@ class InstanceTask(Task):
     # Supervision: the runs, one after the other.
 
     def _supervise(self, client):
-        try:
-            return self._supervise_runs(client)
-        finally:  # before the finish report: a resume may publish the same host ports at once
-            if not self._detached:
-                self._remove_container()
+        result = self._supervise_runs(client)  # Fenced or Detached go on up: _clean_up sees to the container
+        self._remove_container()  # before the finish report: a resume may publish the same host ports at once
+        return result
 
     def _remove_container(self):
         if self.container and self._ran and not self._container_removed and self.runner.containers is not None:
@@ -272,8 +270,9 @@ class InstanceTask(Task):
         for _ in range(MAX_RUNS):
             if result is None:
                 result = super()._supervise(client)
-            if self._stop is not None or self._fenced or self._detached \
-                    or not restarts_after(self.spec.restart, result[0]):
+            if self._detached:  # the next start decides, from the exit status the wrapper wrote
+                raise Detached()
+            if self._stop is not None or self._fenced or not restarts_after(self.spec.restart, result[0]):
                 return result
             try:
                 self._restart(result)
@@ -412,10 +411,10 @@ class InstanceTask(Task):
                            abandon=lambda: bool(self._fenced) or self.runner.closing.is_set())
         super()._finish_logs()
 
-    def _clean_up(self, keep_dir):
+    def _clean_up(self, keep_dir, left_running=False):
         self.monitor.stop()
         if self.tail is not None:
             self.tail.stop(drain=False)
-        if not self._detached:
+        if not left_running:
             self._remove_container()  # after a failure of the agent's own, too
-        super()._clean_up(keep_dir)
+        super()._clean_up(keep_dir, left_running)

@@ -320,9 +320,9 @@ class Runner:
         """Delete volumes (in the background) and free their instances' host ports; never the volume of an
         instance that has a run on this host."""
         busy = {task.a.instance.id for task in self.tasks() if task.a.instance is not None}
+        present = set(self.volumes.list())
         for instance_id in instance_ids:
-            if not isinstance(instance_id, str) or instance_id not in self.volumes.list() and \
-                    not self.ports.get(instance_id):
+            if not isinstance(instance_id, str) or (instance_id not in present and not self.ports.get(instance_id)):
                 continue
             if instance_id in busy:
                 log.warning("volume %s: not deleted (%s): its instance runs here", instance_id, reason)

@@ -152,13 +152,13 @@ class Task:
 
     def _main(self):
         client = self.runner.checkout_client()
-        keep_dir = False
+        keep_dir = left_running = False
         try:
             self.runner.workers.add(self.worker)
             keep_dir = not self._run_and_report(client)
         except Detached:
             log.info("task %s: left running as the agent stops; the next start takes it back", self.label)
-            keep_dir = True
+            keep_dir = left_running = True
             self._leave_running()
         except Fenced as exc:
             if self._keep_state:
@@ -171,7 +171,7 @@ class Task:
             log.exception("task %s: supervisor failed; killing the task", self.label)
             keep_dir = True
         finally:
-            self._clean_up(keep_dir)
+            self._clean_up(keep_dir, left_running)
             self.runner.checkin_client(client)
 
     def _run_and_report(self, client):
@@ -205,9 +205,9 @@ class Task:
     def _leave_running(self):
         """The agent stops and the process goes on: what the task still owes before it lets go (an instance's)."""
 
-    def _clean_up(self, keep_dir):
+    def _clean_up(self, keep_dir, left_running=False):
         contained = False
-        if not self._detached:
+        if not left_running:
             self.process.kill_and_reap()
             # A task directory is reused only when the kernel vouches that none of the task's
             # processes is left (its cgroup is gone): one left could write into the next task's.

@@ -11,19 +11,12 @@ import pytest
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import rewrite_shape, wait_until
-from tests.agent.fakefleetd import FakeFleetd
 from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, port_range
+from tests.agent.test_runner import fleetd  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
 GPU = "GPU-14000024-9e8d-4c7b-a6f5-000000000000"  # index 0 of the l4_x4 shape
-
-
-@pytest.fixture
-def fleetd():
-    fake = FakeFleetd().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
@@ -113,3 +106,15 @@ def test_an_instance_idle_on_its_gpus_for_long_enough_is_stopped_and_says_so(ins
     finish = fleetd.wait_finished("t-idle", timeout=30)
     assert finish["outcome"] == "cancelled" and finish["idle"] is True
     assert finish["reason"].startswith("idle: GPU utilisation below 5% on every GPU for 2s")
+
+
+def test_a_revoked_node_stops_its_instances_before_the_agent_exits(instance_agent, fleetd):
+    agent = instance_agent().start()
+    fleetd.assign(instance_assignment("t-rev", [PY, "-c", "import time; time.sleep(300)"], restart="always"))
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-rev"), message="the start")["pid"]
+    fleetd.revoked = True
+    assert agent.wait(timeout=60) == 3
+    assert wait_gone([pid], 10)
+    finish = fleetd.wait_finished("t-rev")
+    assert finish["outcome"] == "cancelled" and finish["reason"].startswith("node revoked") and "lost" not in finish
+    assert (agent.state_dir / "volumes" / "inst-1").is_dir()  # only fleetd's delete_volumes removes it

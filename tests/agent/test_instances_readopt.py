@@ -141,3 +141,31 @@ def test_a_revoked_node_stops_its_instances(node, fleetd, tmp_path):  # noqa: F8
     assert finish["outcome"] == "failed" and finish["reason"].startswith("node revoked") and "lost" not in finish
     assert wait_gone([pid], 10)
     assert os.path.isdir(tmp_path / "node" / "volumes" / "inst-1")  # only fleetd's delete_volumes removes it
+
+
+def test_an_agent_stop_during_a_back_off_leaves_the_restart_to_the_next_start(node, fleetd, tmp_path):  # noqa: F811
+    # Fails three times (back-offs of 1, 2, then 4 s), then runs.
+    code = ("import os, sys, time\n"
+            "path = os.path.join(os.environ['FLEET_VOLUME'], 'runs')\n"
+            "open(path, 'a').write('x')\n"
+            "runs = len(open(path).read())\n"
+            "print('run', runs, flush=True)\n"
+            "if runs <= 3:\n"
+            "    sys.exit(5)\n"
+            "time.sleep(300)\n")
+    runner = node()
+    runner.submit(instance_assignment("t-backoff", [PY, "-c", code], restart="on-failure"))
+    wait_until(lambda: any("restarting it in 4s" in t for t in fleetd.texts("t-backoff", "system")), timeout=30,
+               message="the third back-off")
+    assert runner.shutdown("fleet-agent stopped", timeout=15) == 0
+    assert fleetd.texts("t-backoff", "stdout") == ["run 1", "run 2", "run 3"]  # no restart by the stopping agent
+
+    again = node()
+    again.recover()
+    wait_until(lambda: fleetd.texts("t-backoff", "stdout") == ["run 1", "run 2", "run 3", "run 4"],
+               message="the restart by the next agent")
+    assert any("ended while fleet-agent was not running (exit code 5)" in t
+               for t in fleetd.texts("t-backoff", "system"))
+    assert again.get("t-backoff").restarts == 3 and "t-backoff" not in fleetd.finished
+    again.cancel(["t-backoff"], "stop")
+    assert fleetd.wait_finished("t-backoff")["outcome"] == "cancelled"

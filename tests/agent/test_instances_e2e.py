@@ -1,0 +1,129 @@
+"""Instances end to end: a real `fleetd serve`, a real `fleet-agent run` on fake GPUs, real processes and
+podman containers. Create, connect, stop, resume with the volume's content, an agent SIGKILLed under a
+running instance, delete; and an image served through its published port."""
+
+import signal
+
+import pytest
+
+from agent.procfs import read_proc
+from agent.task.journal import read_state
+from tests.agent.conftest import Http, wait_until
+from tests.agent.instance_support import HTTP_SERVER, PY, http_get, port_range
+from tests.agent.podman_support import IMAGE, PODMAN, containers_named, prepare_podman
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = {
+    "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "FLEETD_SCHEDULER_INTERVAL_SECONDS": "0.5",
+    "FLEETD_LIVENESS_SWEEP_SECONDS": "0.5",
+    "FLEETD_LEASE_SWEEP_SECONDS": "0.5",
+}
+
+
+@pytest.fixture
+def fleet(server_factory, admin, agent_factory):
+    """fleetd and one ready agent with 4 fake L4 GPUs: make(**agent config, env=...) -> (http, agent)."""
+
+    def make(env=None, **extra):
+        server = server_factory(**SETTINGS)
+        http = Http(server.url, admin)
+        http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+        join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()
+        low, high = port_range()
+        settings = {"tasks_kill_grace_seconds": 2.0, "ports_range": f"{low}-{high}", "containers_command": "none"}
+        settings.update(extra)
+        agent = agent_factory("host", shape="l4_x4", extra=settings, env=env)
+        agent.join(join["token"], server.url, check=True)
+        agent.start()
+        node_id = agent.node()["node_id"]
+        wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
+                   timeout=60, message="the node ready")
+        return http, agent
+
+    return make
+
+
+def wait_state(http, instance_id, state, timeout=60):
+    def check():
+        found = http("GET", f"/api/v1/instances/{instance_id}?wait_seconds=2", expect=200).json()
+        return found if found["state"] == state else None
+
+    return wait_until(check, timeout=timeout, interval=0.05, message=f"instance {instance_id} {state}")
+
+
+def instance_pid(agent, instance_id):
+    """The pid of the instance's running process, from the agent's journal of the run."""
+    for path in (agent.state_dir / "tasks").glob("*/task.json"):
+        record = read_state(path)
+        if record.get("instance") == instance_id and record.get("state") == "running":
+            return record["pid"]
+    return None
+
+
+def connect(http, instance_id):
+    return http("GET", f"/api/v1/instances/{instance_id}/connection?wait_seconds=30", expect=200).json()["url"]
+
+
+def test_create_connect_stop_resume_survive_an_agent_kill_and_delete(fleet):
+    http, agent = fleet()
+    created = http("POST", "/api/v1/instances", expect=201, json={
+        "name": "web", "command": [PY, "-c", HTTP_SERVER], "resources": {"gpus": 1},
+        "ports": [{"port": 8000, "protocol": "http"}], "restart": "always"}).json()
+    instance_id = created["id"]
+    volume = agent.state_dir / "volumes" / instance_id
+    wait_until(volume.is_dir, message="the volume made by the agent")
+    (volume / "index.html").write_text("my notebook")
+    url = connect(http, instance_id)
+    assert wait_until(lambda: http_get(url), message="the instance's URL") == (200, "my notebook")
+
+    http("POST", f"/api/v1/instances/{instance_id}/stop", expect=200)
+    wait_state(http, instance_id, "stopped")
+    assert http_get(url) is None
+    assert (volume / "index.html").read_text() == "my notebook"
+
+    http("POST", f"/api/v1/instances/{instance_id}/resume", expect=200, json={})
+    again = connect(http, instance_id)
+    assert again == url  # the same host port: kept in ports.json
+    assert wait_until(lambda: http_get(url), message="the resumed URL") == (200, "my notebook")
+    running = wait_state(http, instance_id, "running")
+    assert running["runs"] == 2
+
+    # The agent dies under it: the process serves on, and the next agent takes it back.
+    pid = wait_until(lambda: instance_pid(agent, instance_id), message="the run's journal")
+    agent.signal(signal.SIGKILL)
+    agent.wait()
+    assert read_proc(pid) is not None and http_get(url) == (200, "my notebook")
+    agent.start()
+    agent.wait_for_line(r"took back pid %d" % pid)
+    assert wait_state(http, instance_id, "running")["runs"] == 2  # not lost, not run again
+    assert http_get(url) == (200, "my notebook") and read_proc(pid) is not None
+    runtime = wait_until(lambda: (found := http("GET", f"/api/v1/instances/{instance_id}", expect=200).json())
+                         ["runtime"]["volume_used_bytes"] and found["runtime"], message="the runtime figures")
+    assert runtime["restarts"] == 0 and len(runtime["gpus"]) == 1
+
+    http("DELETE", f"/api/v1/instances/{instance_id}", expect=204)
+    wait_until(lambda: not volume.exists(), timeout=60, message="the agent to delete the volume")
+    wait_state(http, instance_id, "deleted")
+    assert http_get(url) is None
+
+
+def test_a_container_instance_is_served_through_its_published_port(fleet, tmp_path):
+    env = prepare_podman(str(tmp_path))
+    http, agent = fleet(env={"CONTAINERS_CONF": env["CONTAINERS_CONF"]}, containers_command=" ".join(PODMAN))
+    created = http("POST", "/api/v1/instances", expect=201, json={
+        "name": "box", "image": IMAGE, "command": ["/bin/httpd", "-f", "-p", "8000", "-h", "/workspace"],
+        "resources": {"gpus": 1}, "ports": [{"port": 8000, "protocol": "http"}]}).json()
+    instance_id = created["id"]
+    volume = agent.state_dir / "volumes" / instance_id
+    wait_until(volume.is_dir, timeout=60, message="the volume made by the agent")
+    (volume / "index.html").write_text("inside a container")
+    url = connect(http, instance_id)
+    assert wait_until(lambda: http_get(url + "index.html"), timeout=60, message="the container's URL") == \
+        (200, "inside a container")
+    name = f"fleet-{instance_id}-1"
+    assert containers_named(env, name) == [name]
+    http("DELETE", f"/api/v1/instances/{instance_id}", expect=204)
+    wait_until(lambda: not volume.exists(), timeout=60, message="the agent to delete the volume")
+    assert containers_named(env, name) == [] and http_get(url) is None
