@@ -1,9 +1,14 @@
 """Helpers of the instance tests: assignments of instance runs, a port range of their own, HTTP probes."""
 
+import signal
 import socket
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+from agent.procfs import recorded_pids, signal_pids, wait_gone
+from agent.task.journal import read_state
 
 PY = sys.executable
 
@@ -41,3 +46,21 @@ def http_get(url, timeout=2.0):
             return resp.status, resp.read().decode()
     except (urllib.error.URLError, ConnectionError, OSError):
         return None
+
+
+def kill_left_instances(state_dir):
+    """SIGKILL the processes of every run a state dir's journals name (what a failed test left running:
+    instance processes outlive the agent by design). Returns the pids killed."""
+    killed = []
+    for path in Path(state_dir).glob("tasks/*/task.json"):
+        try:
+            record = read_state(path)
+        except (OSError, ValueError):
+            continue
+        if record.get("task_id") is None or record.get("epoch") is None:
+            continue
+        pids = recorded_pids(record)
+        signal_pids(pids, signal.SIGKILL)
+        killed += pids
+    wait_gone(killed, 10)
+    return killed

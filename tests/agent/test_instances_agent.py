@@ -11,7 +11,8 @@ import pytest
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import rewrite_shape, wait_until
-from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, port_range
+from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
+                                          port_range)
 from tests.agent.test_runner import fleetd  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
@@ -30,10 +31,15 @@ def instance_agent(agent_factory, fleetd):
                                      "ports_range": f"{low}-{high}", "containers_command": "none"})
         State(str(agent.state_dir)).save_enrolment({"node_id": f"node-{name}", "fleet": "lab",
                                                     "server_url": fleetd.url, "machine_id": name}, "fln_test")
+        made.append(agent)
         return agent
 
+    made = []
     make.low = low
-    return make
+    yield make
+    for agent in made:  # instances outlive their agent by design: what a failed test left goes here
+        agent.kill()
+        kill_left_instances(agent.state_dir)
 
 
 def _instances(fleetd, task_id, since=0):

@@ -28,7 +28,8 @@ def node(make_runner, tmp_path, podman_env, monkeypatch):  # noqa: F811
     runtime = ContainerRuntime.detect(" ".join(PODMAN))
     runner = make_runner("node", ports=PortAllocator(str(tmp_path / "node"), low, high), containers=runtime)
     runner.low = low
-    return runner
+    yield runner
+    runner.shutdown("test over", timeout=30, stop_instances=True)  # stops and removes the containers
 
 
 def test_a_container_instance_serves_its_volume_through_the_published_port_and_a_stop_removes_it(

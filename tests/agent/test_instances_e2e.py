@@ -9,7 +9,7 @@ import pytest
 from agent.procfs import read_proc
 from agent.task.journal import read_state
 from tests.agent.conftest import Http, wait_until
-from tests.agent.instance_support import HTTP_SERVER, PY, http_get, port_range
+from tests.agent.instance_support import HTTP_SERVER, PY, http_get, kill_left_instances, port_range
 from tests.agent.podman_support import IMAGE, PODMAN, containers_named, prepare_podman
 
 pytestmark = pytest.mark.integration
@@ -40,9 +40,14 @@ def fleet(server_factory, admin, agent_factory):
         node_id = agent.node()["node_id"]
         wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
                    timeout=60, message="the node ready")
+        made.append(agent)
         return http, agent
 
-    return make
+    made = []
+    yield make
+    for agent in made:  # instances outlive their agent by design: what a failed test left goes here
+        agent.kill()
+        kill_left_instances(agent.state_dir)
 
 
 def wait_state(http, instance_id, state, timeout=60):

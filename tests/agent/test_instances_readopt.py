@@ -12,7 +12,7 @@ from agent.ports import PortAllocator
 from agent.procfs import read_proc, wait_gone
 from agent.task.journal import append_state, read_state
 from tests.agent.conftest import wait_until
-from tests.agent.instance_support import PY, instance_assignment, port_range
+from tests.agent.instance_support import PY, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import fleetd, make_runner  # noqa: F401 (fixtures)
 
 # Prints a numbered line every 20 ms until told to stop printing, then waits for a release file.
@@ -38,7 +38,16 @@ COUNTER = ("import os, time\n"
 @pytest.fixture
 def node(make_runner, tmp_path):  # noqa: F811
     low, high = port_range()
-    return lambda: make_runner("node", ports=PortAllocator(str(tmp_path / "node"), low, high))
+    made = []
+
+    def start():
+        made.append(make_runner("node", ports=PortAllocator(str(tmp_path / "node"), low, high)))
+        return made[-1]
+
+    yield start
+    for runner in made:
+        runner.shutdown("test over", timeout=15, stop_instances=True)
+    kill_left_instances(tmp_path / "node")  # a run a failed test left between two agents
 
 
 def _record(tmp_path, task_id):

@@ -10,7 +10,8 @@ import pytest
 from agent.ports import PortAllocator
 from agent.procfs import wait_gone
 from tests.agent.conftest import wait_until
-from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, port_range
+from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
+                                          port_range)
 from tests.agent.test_runner import fleetd, make_runner  # noqa: F401 (fixtures)
 
 ENV_PRINTER = ("import json, os\n"
@@ -23,11 +24,17 @@ def node(make_runner, tmp_path):  # noqa: F811
     """A runner with a port range of its own; node.start(name) makes another one on the same state dir."""
     low, high = port_range()
 
+    made = []
+
     def start(name="node"):
-        return make_runner(name, ports=PortAllocator(str(tmp_path / name), low, high))
+        made.append(make_runner(name, ports=PortAllocator(str(tmp_path / name), low, high)))
+        return made[-1]
 
     start.range = (low, high)
-    return start
+    yield start
+    for runner in made:
+        runner.shutdown("test over", timeout=15, stop_instances=True)
+    kill_left_instances(tmp_path / "node")  # what a failed test left between two runners
 
 
 def test_an_instance_gets_its_volume_its_ports_and_its_variables_and_keeps_the_volume(node, fleetd, tmp_path):  # noqa: F811
