@@ -73,3 +73,15 @@ def test_a_container_gets_the_instance_variables_and_a_missing_image_is_a_failed
     missing = fleetd.wait_finished("t-c-none", timeout=60)
     assert missing["outcome"] == "failed" and missing["reason"] == \
         "image localhost/fleet-no-such-image:1 not found on this host"
+
+
+def test_a_container_that_fails_is_run_again_under_the_same_name(node, fleetd, podman_env):  # noqa: F811
+    node.submit(instance_assignment("t-c-again", ["/bin/sh", "-c", "echo run; exit 3"], instance_id="c-again",
+                                    restart="on-failure", image=IMAGE))
+    wait_until(lambda: fleetd.texts("t-c-again", "stdout").count("run") >= 2, timeout=60,
+               message="a second run of the container")
+    notes = [t for t in fleetd.texts("t-c-again", "system") if "restarting it in" in t]
+    assert notes and "exit code 3" in notes[0]
+    node.cancel(["t-c-again"], "stop")
+    assert fleetd.wait_finished("t-c-again", timeout=60)["outcome"] == "cancelled"
+    assert containers_named(podman_env, container_name("c-again", 1)) == []
