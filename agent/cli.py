@@ -10,7 +10,8 @@ import click
 import requests
 
 from agent.client import FleetdError
-from agent.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, load_config, parse_labels
+from agent.client import display_url
+from agent.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, load_config, node_server_urls, parse_labels
 from agent.daemon import EXIT_CONFIG, EXIT_FAILURE, Agent, enrol
 from agent.devices import DeviceManager
 from agent.logs import setup_logging
@@ -34,15 +35,17 @@ def cli():
 
 
 @cli.command()
-@click.option("--server", "server_url", help="fleetd URL (default: server_url from the config).")
+@click.option("--server", "server_urls", multiple=True,
+              help="fleetd URL; several (replicas) comma-separated or repeated, tried in turn "
+                   "(default: server_url from the config).")
 @click.option("--token", envvar="FLEET_AGENT_JOIN_TOKEN", required=True,
               help="Join token flj_... (or FLEET_AGENT_JOIN_TOKEN, which keeps it out of the process list).")
 @click.option("--label", "labels", multiple=True, help="Extra node label key=value (repeatable).")
 @click.option("--force", is_flag=True, help="Enrol again even if credentials are stored.")
 @config_option
-def join(server_url, token, labels, force, config_path):
+def join(server_urls, token, labels, force, config_path):
     """Enrol this host with a join token and store its credentials (once)."""
-    config = _load(config_path, server_url=server_url)
+    config = _load(config_path, server_url=",".join(server_urls) if server_urls else None)
     setup_logging(config.log_level, stream=sys.stderr)
     logging.getLogger("agent.devices").setLevel(logging.WARNING)  # one line per GPU is for the service log
     try:
@@ -195,12 +198,16 @@ def status(as_json, config_path):
     else:
         inventory = dict(_discover(config), source="direct discovery")
     mismatch = _mismatch(node, local)
+    readiness = local.get("readiness", {}) if local["running"] and not mismatch else {}
     report = {
         "config": _config_source(config_path),
         "state_dir": config.state_dir,
         "mismatch": mismatch,
         "node": node,
         "session": "stored" if state.session_token() else "missing",
+        "server_urls": readiness.get("fleetd_urls")
+        or [display_url(url) for url in (config.server_urls or node_server_urls(node))],
+        "server_url_in_use": readiness.get("fleetd_url"),  # None unless the running agent says
         "agent": local,
         "devices": inventory,
     }
@@ -210,12 +217,19 @@ def status(as_json, config_path):
     click.echo(f"config:   {report['config']}")
     click.echo(f"state:    {config.state_dir}")
     if node:
-        click.echo(f"node:     {node['node_id']} in fleet {node['fleet']} ({node.get('server_url', '?')})")
+        stored = ", ".join(map(display_url, node_server_urls(node))) or "?"
+        click.echo(f"node:     {node['node_id']} in fleet {node['fleet']} ({stored})")
         click.echo(f"machine:  {node.get('machine_id', '?')}, enrolled {node.get('registered_at', '?')}")
     else:
         click.echo(f"node:     not enrolled in this state dir (run `fleet-agent join`"
                    + (", or see below" if mismatch else "") + ")")
     click.echo(f"session:  {report['session']}")
+    in_use, urls = report["server_url_in_use"], report["server_urls"]
+    if in_use:
+        others = f" (of {', '.join(urls)})" if urls and len(urls) > 1 else ""
+        click.echo(f"fleetd:   {in_use} in use{others}")
+    elif urls:
+        click.echo(f"fleetd:   {', '.join(urls)}" + (" (in turn)" if len(urls) > 1 else ""))
     if mismatch:
         click.echo(f"agent:    {mismatch}; run `fleet-agent status --config FILE` with the config of that agent "
                    f"(its unit's --config, or FLEET_AGENT_CONFIG), or stop it before enrolling this one")

@@ -2,16 +2,27 @@
 
 Plain urllib3 (what requests is built on): every task costs the agent calls to fleetd
 (acquire, start, finish), and urllib3 spends half the CPU requests does on each.
+
+fleetd may run as several replicas, each answering every route: `ServerUrls` holds their URLs
+and the one in use, shared by all the clients of an agent. Every call goes to the URL in use; a
+connection error, a timeout or a 5xx moves it to the next URL and the call goes on there, each
+URL tried at most once per call. Only when every URL failed does the call raise Unreachable, so
+the callers' back-off applies once per round of URLs, never per URL. Any other answer (2xx,
+4xx, 429) is fleetd's answer and moves nothing.
 """
 
 import hashlib
 import json
+import logging
 import os
 import random
 import re
+import threading
 import urllib.parse
 
 import urllib3
+
+log = logging.getLogger("agent.client")
 
 PROTOCOL_HEADER = "X-Fleet-Protocol"
 PROTOCOL_VERSION = "1"
@@ -57,11 +68,79 @@ def backoff_delay(attempt, cap, rng=random, base=1.0):
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
+def display_url(url):
+    """`url` without any user:password part, for logs and status."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+class ServerUrls:
+    """fleetd's URLs (replicas of one control plane) and the index of the one in use.
+
+    One instance is shared by every FleetClient of an agent (heartbeat, acquire, task threads,
+    log shipping), so a switch made after one thread's failed call moves them all. Thread-safe:
+    a failure moves the index only if it still points at the URL that failed, so threads that
+    saw the same URL fail at the same time switch once, not once each.
+    """
+
+    def __init__(self, urls):
+        if isinstance(urls, str):
+            urls = [urls]
+        self.urls = tuple(url.rstrip("/") for url in urls)
+        if not self.urls:
+            raise ValueError("no fleetd URL")
+        self._index = 0
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self.urls)
+
+    @property
+    def index(self):
+        """Index of the URL in use."""
+        with self._lock:
+            return self._index
+
+    @property
+    def current(self):
+        """The URL in use."""
+        with self._lock:
+            return self.urls[self._index]
+
+    def next_to_try(self, tried):
+        """Index of the URL a call tries next: the one in use unless this call tried it already, else
+        the first untried one after it; None once the call tried them all."""
+        with self._lock:
+            start = self._index
+        for step in range(len(self.urls)):
+            index = (start + step) % len(self.urls)
+            if index not in tried:
+                return index
+        return None
+
+    def failed(self, index, reason=""):
+        """The call to urls[index] failed (no connection, a timeout, a 5xx): the next call goes to the
+        next URL. A no-op when the URL in use has moved on already, or there is only one."""
+        with self._lock:
+            if len(self.urls) == 1 or index != self._index:
+                return
+            self._index = (index + 1) % len(self.urls)
+            new = self.urls[self._index]
+        log.warning("fleetd at %s failed (%s); switching to %s (%d of %d)", display_url(self.urls[index]),
+                    reason or "no answer", display_url(new), self.urls.index(new) + 1, len(self.urls))
+
+
 class FleetClient:
-    """Calls to fleetd's /api/v1/agent routes."""
+    """Calls to fleetd's /api/v1/agent routes.
+
+    `server_url`: one URL, a list of them, or a ServerUrls shared with other clients. The session
+    and TLS settings (CA bundle or pin) apply to every URL.
+    """
 
     def __init__(self, server_url, session_token=None, ca_file="", tls_pin="", timeout=10.0):
-        self.base = server_url.rstrip("/")
+        self.urls = server_url if isinstance(server_url, ServerUrls) else ServerUrls(server_url)
         self.session_token = session_token
         self.timeout = timeout
         tls = {}
@@ -70,9 +149,15 @@ class FleetClient:
             tls = {"cert_reqs": "CERT_NONE", "assert_fingerprint": tls_pin.replace(":", "").lower()}
         elif ca_file:
             tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca_file}
-        # No proxy from the environment: node credentials never go through one. No retries here:
-        # the callers decide (backoff, fencing); one connection per client, kept alive.
-        self.http = urllib3.PoolManager(num_pools=2, maxsize=1, retries=False, **tls)
+        # No proxy from the environment: node credentials never go through one. No retries here but
+        # the failover to another URL: the callers decide (backoff, fencing); one connection per
+        # client and URL, kept alive.
+        self.http = urllib3.PoolManager(num_pools=max(2, len(self.urls)), maxsize=1, retries=False, **tls)
+
+    @property
+    def base(self):
+        """The fleetd URL in use."""
+        return self.urls.current
 
     def close(self):
         """Close pooled connections."""
@@ -125,7 +210,8 @@ class FleetClient:
         """GET /agent/tasks/{id}/rendezvous, a long poll -> (addr, port), or None when not published in time."""
         try:
             reply = self._request("GET", _task_path(task_id, "rendezvous"), self.session_token,
-                                  params={"wait_seconds": wait_seconds}, timeout=wait_seconds + self.timeout)
+                                  params={"wait_seconds": wait_seconds}, timeout=wait_seconds + self.timeout,
+                                  answers=(504,))  # 504: not published in time, fleetd's answer
         except Unreachable as exc:
             if exc.status == 504:
                 return None
@@ -173,11 +259,7 @@ class FleetClient:
         tmp = f"{dest}.part"
         digest = hashlib.sha256()
         size = 0
-        try:
-            resp = self.http.request("GET", self.base + path, preload_content=False, timeout=self.timeout,
-                                     headers=self._headers(self.session_token))
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unreachable(f"fleetd unreachable: {_short(exc)}") from None
+        resp = self._send("GET", path, self._headers(self.session_token), stream=True)
         try:
             if resp.status != 200:
                 _raise_for(resp)  # reads (and keeps) the error body
@@ -213,17 +295,11 @@ class FleetClient:
             headers["Content-Type"] = content_type
         return headers
 
-    def _request(self, method, path, token, timeout=None, params=None, body=None, content_type=None):
-        url = self.base + path
+    def _request(self, method, path, token, timeout=None, params=None, body=None, content_type=None, answers=()):
         if params:
-            url += "?" + urllib.parse.urlencode(params)
-        try:
-            resp = self.http.request(method, url, body=body, timeout=timeout or self.timeout,
-                                     headers=self._headers(token, content_type))
-        except urllib3.exceptions.SSLError as exc:
-            raise Unreachable(f"TLS error talking to fleetd: {_short(exc)}") from None
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unreachable(f"fleetd unreachable: {_short(exc)}") from None
+            path += "?" + urllib.parse.urlencode(params)
+        resp = self._send(method, path, self._headers(token, content_type), body=body, timeout=timeout,
+                          answers=answers)
         if resp.status in (200, 201):
             try:
                 return json.loads(resp.data)
@@ -233,6 +309,38 @@ class FleetClient:
         if resp.status == 204:
             return None
         _raise_for(resp)
+
+    def _send(self, method, path, headers, body=None, timeout=None, stream=False, answers=()):
+        """One call, failed over: the URL in use first, then each other URL at most once. A
+        connection error, a timeout or a 5xx (but `answers`) moves on to the next URL; the response
+        otherwise. Unreachable (the last URL's error) when every URL failed."""
+        timeout = timeout or self.timeout
+        # Connecting is quick or it fails: a long poll's wait is no reason to wait longer for a dead host.
+        limits = urllib3.Timeout(connect=min(self.timeout, timeout), read=timeout)
+        tried = set()
+        error = None
+        while True:
+            index = self.urls.next_to_try(tried)
+            if index is None:
+                if len(tried) > 1:
+                    error.args = (f"{error.args[0]} (every one of the {len(tried)} fleetd URLs failed)",)
+                raise error
+            tried.add(index)
+            try:
+                resp = self.http.request(method, self.urls.urls[index] + path, body=body, timeout=limits,
+                                         headers=headers, preload_content=not stream)
+            except urllib3.exceptions.SSLError as exc:
+                error = Unreachable(f"TLS error talking to fleetd: {_short(exc)}")
+            except urllib3.exceptions.HTTPError as exc:
+                error = Unreachable(f"fleetd unreachable: {_short(exc)}")
+            else:
+                if resp.status < 500 or resp.status in answers:
+                    return resp
+                try:
+                    error = _error_of(resp)  # reads the error body
+                finally:
+                    resp.release_conn()
+            self.urls.failed(index, str(error))
 
 
 def finish_body(epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None):
@@ -271,11 +379,15 @@ def error_for(status, code, message, details=None, retry_after=None):
     return FleetdError(text, status, code)
 
 
-def _raise_for(resp):
+def _error_of(resp):
     code, message = _error(resp)
     retry_after = resp.headers.get("Retry-After")
-    raise error_for(resp.status, code, message, _details(resp) if resp.status == 409 else None,
-                    float(retry_after) if retry_after and retry_after.isdigit() else None)
+    return error_for(resp.status, code, message, _details(resp) if resp.status == 409 else None,
+                     float(retry_after) if retry_after and retry_after.isdigit() else None)
+
+
+def _raise_for(resp):
+    raise _error_of(resp)
 
 
 def _unlink(path):

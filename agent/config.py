@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import sys
+import urllib.parse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,6 +24,7 @@ DEFAULT_STATE_DIR = "/var/lib/fleet-agent"
 MACHINE_ID_PATH = "/etc/machine-id"
 MACHINE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 ENV_PREFIX = "FLEET_AGENT_"
+MAX_SERVER_URLS = 16
 
 
 class ConfigError(Exception):
@@ -33,7 +35,9 @@ class ConfigError(Exception):
 class Config:
     """Everything the agent can be configured with."""
 
-    server_url: str = ""  # required for join; run falls back to the URL stored at join
+    # fleetd's URLs (replicas): required for join; run falls back to the ones stored at join. A list
+    # after loading (TOML array, or a comma-separated string); a plain string is taken too.
+    server_url: list = dataclasses.field(default_factory=list)
     ca_file: str = ""  # PEM bundle to verify fleetd's certificate; empty: system trust store
     tls_pin: str = ""  # SHA-256 fingerprint (hex) of fleetd's certificate, instead of a CA
     state_dir: str = DEFAULT_STATE_DIR
@@ -67,6 +71,11 @@ class Config:
     ports_range: str = "40000-41000"  # host ports handed to instances' declared ports ("low-high")
     containers_command: str = ""  # podman/docker command line (shlex); empty: podman, else docker; "none": off
     log_level: str = "info"
+
+    @property
+    def server_urls(self):
+        """fleetd's URLs, in the order to try them ([] when none is configured)."""
+        return parse_server_urls(self.server_url)
 
     @property
     def ports_bounds(self):
@@ -124,14 +133,70 @@ class Config:
             raise ConfigError("limits.foreign_processes must be 'report' or 'kill'")
         if self.limits_mps_enabled and not self.limits_mps_control_command:
             raise ConfigError("limits.mps_control_command is required when limits.mps_enabled is true")
-        if self.server_url and not re.match(r"^https?://", self.server_url):
-            raise ConfigError("server_url must start with http:// or https://")
+        self.server_url = parse_server_urls(self.server_url)
         self.ports_bounds  # noqa: B018 - raises ConfigError for a bad ports.range
         try:
             shlex.split(self.containers_command)
         except ValueError as exc:
             raise ConfigError(f"containers.command is not a valid command line: {exc}") from None
         return self
+
+
+def parse_server_urls(value):
+    """server_url as given (a URL, 'URL,URL', or a list of URLs) -> [URL, ...] without trailing slashes.
+
+    Each must be http:// or https:// with a host; at most MAX_SERVER_URLS, none twice. ConfigError
+    names the entry that is wrong."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.strip()
+        items = [part.strip() for part in value.split(",")] if value else []
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ConfigError(f"server_url must be a URL or a list of URLs, got {value!r}")
+    urls, seen = [], {}
+    for position, item in enumerate(items, 1):
+        if not isinstance(item, str):
+            raise ConfigError(f"server_url entry {position} must be a string, got {item!r}")
+        given = item.strip()
+        if not given:
+            raise ConfigError(f"server_url entry {position} is empty")
+        if not re.match(r"^https?://", given, re.IGNORECASE):
+            raise ConfigError(f"server_url {given!r} must start with http:// or https://")
+        url = given.rstrip("/")
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        except ValueError as exc:
+            raise ConfigError(f"server_url {given!r} is not a valid URL: {exc}") from None
+        if not parsed.hostname or any(c.isspace() for c in url):
+            raise ConfigError(f"server_url {given!r} is not a valid URL: it needs a host and no spaces")
+        key = urllib.parse.urlunsplit((parsed.scheme.lower(), parsed.netloc.lower(), parsed.path, parsed.query,
+                                       parsed.fragment))
+        if key in seen:
+            raise ConfigError(f"server_url {given!r} is given twice (entries {seen[key]} and {position})")
+        seen[key] = position
+        urls.append(url)
+    if len(urls) > MAX_SERVER_URLS:
+        raise ConfigError(f"server_url lists {len(urls)} URLs; at most {MAX_SERVER_URLS} are allowed")
+    return urls
+
+
+def node_server_urls(node):
+    """The fleetd URLs a node.json holds: `server_urls` (a list, since several are allowed), else the
+    single `server_url` older agents wrote; [] when neither is usable."""
+    if not node:
+        return []
+    for key in ("server_urls", "server_url"):
+        try:
+            urls = parse_server_urls(node.get(key))
+        except ConfigError:
+            continue
+        if urls:
+            return urls
+    return []
 
 
 def parse_port_range(value):
@@ -186,6 +251,8 @@ def _flatten(data, prefix=""):
 
 
 def _convert(field, raw):
+    if field.name == "server_url":
+        return parse_server_urls(raw)
     kind = type(field.default) if field.default is not dataclasses.MISSING else dict
     if kind is bool:
         if isinstance(raw, bool):

@@ -15,8 +15,8 @@ import threading
 import time
 import urllib.parse
 
-from agent.client import FleetClient, FleetdError, Rejected, Unreachable, backoff_delay
-from agent.config import ConfigError
+from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreachable, backoff_delay, display_url
+from agent.config import ConfigError, node_server_urls
 from agent.devices import DeviceManager
 from agent.localapi import LocalApi
 from agent.procfs import read_memory_total
@@ -101,17 +101,20 @@ def runtime_name(config):
 
 
 def detect_address(server_url):
-    """The local address used to reach fleetd (a UDP connect sends nothing)."""
-    parsed = urllib.parse.urlsplit(server_url)
-    host = parsed.hostname or "127.0.0.1"
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect((host, port))
-            return sock.getsockname()[0]
-    except OSError:
-        return socket.gethostname()
+    """The local address used to reach fleetd (a UDP connect sends nothing); `server_url` may be a
+    list: the first URL whose host resolves and routes counts."""
+    for url in [server_url] if isinstance(server_url, str) else server_url:
+        parsed = urllib.parse.urlsplit(url)
+        host = parsed.hostname or "127.0.0.1"
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.connect((host, port))
+                return sock.getsockname()[0]
+        except (OSError, ValueError):
+            continue
+    return socket.gethostname()
 
 
 def register_body(config, inventory, machine_id, labels):
@@ -120,7 +123,7 @@ def register_body(config, inventory, machine_id, labels):
         "hostname": socket.gethostname()[:255],
         "machine_id": machine_id,
         "agent_version": agent_version(),
-        "address": config.address or detect_address(config.server_url),
+        "address": config.address or detect_address(config.server_urls),
         "labels": labels,
         "resources": host_resources(runtime_name(config)),
         "gpus": inventory.wire_gpus(),
@@ -128,7 +131,7 @@ def register_body(config, inventory, machine_id, labels):
 
 
 def make_client(config, server_url, session_token=None):
-    """A FleetClient with the configured TLS trust."""
+    """A FleetClient with the configured TLS trust; `server_url`: a URL, a list, or a shared ServerUrls."""
     return FleetClient(server_url, session_token, ca_file=config.ca_file, tls_pin=config.tls_pin,
                        timeout=config.request_timeout_seconds)
 
@@ -138,14 +141,21 @@ def enrol(config, join_token, force=False, devices=None):
 
     Returns (node dict, True if it registered now).
     """
-    if not config.server_url:
+    urls = config.server_urls
+    if not urls:
         raise ConfigError("no fleetd URL: pass --server or set server_url")
     state = State(config.state_dir)
     node = state.node()
     if node is not None and state.session_token() and not force:
-        if node.get("server_url") and node["server_url"].rstrip("/") != config.server_url.rstrip("/"):
-            raise ConfigError(f"already enrolled with {node['server_url']}; use --force to enrol with "
-                              f"{config.server_url} instead")
+        stored = node_server_urls(node)
+        if stored and not {u.lower() for u in stored} & {u.lower() for u in urls}:
+            raise ConfigError(f"already enrolled with {', '.join(stored)}; use --force to enrol with "
+                              f"{', '.join(urls)} instead")
+        if stored and stored != urls:
+            # The same control plane (a URL in common) with replicas added or removed: keep the list.
+            node = dict(node, server_url=urls[0], server_urls=urls)
+            state.save_enrolment(node, state.session_token())
+            log.info("fleetd URLs of node %s are now %s", node.get("node_id"), ", ".join(map(display_url, urls)))
         return node, False
     machine_id = config.resolve_machine_id()
     state.ensure_dir()
@@ -156,7 +166,7 @@ def enrol(config, join_token, force=False, devices=None):
     finally:
         devices.close()
     body = register_body(config, inventory, machine_id, config.labels)
-    client = make_client(config, config.server_url)
+    client = make_client(config, urls)
     try:
         reply = client.register(join_token, body)
     finally:
@@ -164,7 +174,8 @@ def enrol(config, join_token, force=False, devices=None):
     node = {
         "node_id": reply["node_id"],
         "fleet": reply["fleet"],
-        "server_url": config.server_url,
+        "server_url": urls[0],  # what agents that know one URL read
+        "server_urls": urls,
         "machine_id": machine_id,
         "heartbeat_interval_seconds": reply.get("heartbeat_interval_seconds"),
         "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -215,6 +226,7 @@ class Agent:
         self._threads = []
         self._acquire_thread = None
         self._runtime_checked = None  # monotonic time the container runtime was last looked for
+        self.urls = None  # ServerUrls shared by every client, once enrolled
 
     # Readiness, as /readyz reports it.
 
@@ -229,6 +241,9 @@ class Agent:
         }
         if self.fleetd_error:
             details["fleetd_error"] = self.fleetd_error
+        if self.urls is not None:
+            details["fleetd_url"] = display_url(self.urls.current)
+            details["fleetd_urls"] = [display_url(url) for url in self.urls.urls]
         ready = self.devices.inventory is not None and self.session_ok
         return ready, details
 
@@ -311,6 +326,7 @@ class Agent:
         while not self.stop.is_set():
             if self.state.enrolled():
                 self.node = self.state.node()
+                self.urls = ServerUrls(self._server_urls())
                 return True
             if not logged:
                 log.warning("not enrolled yet: waiting for `fleet-agent join` to write %s", self.state.dir)
@@ -319,16 +335,24 @@ class Agent:
             self.stop.wait(ENROLMENT_POLL_SECONDS)
         return False
 
-    def _client(self):
-        server_url = self.config.server_url or self.node.get("server_url")
-        if not server_url:
+    def _server_urls(self):
+        """fleetd's URLs: the configured ones, else those stored at join."""
+        urls = self.config.server_urls or node_server_urls(self.node)
+        if not urls:
             raise ConfigError("no fleetd URL: set server_url")
-        return make_client(self.config, server_url, self.state.session_token())
+        return urls
+
+    def _client(self):
+        """A FleetClient (one per thread) on the agent's shared URLs: a switch by one moves all."""
+        return make_client(self.config, self.urls, self.state.session_token())
+
+    def _round_seconds(self, call_seconds):
+        """The longest one call may take: every URL tried once, each up to `call_seconds`."""
+        return call_seconds * (len(self.urls) if self.urls is not None else 1)
 
     def _start_work(self):
         """Recover from a restart (kill and report what it left running), then start acquiring work."""
-        server_url = self.config.server_url or self.node.get("server_url")
-        address = self.config.address or detect_address(server_url)
+        address = self.config.address or detect_address(list(self.urls.urls))
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
                                          limits=self.limits)
         log.info("container runtime for instances: %s", self.runner.containers or "none")
@@ -351,7 +375,8 @@ class Agent:
         batch = ACQUIRE_BATCH
         try:
             while not self.stop.is_set():
-                self.deadlines.beat("acquire", ACQUIRE_WAIT_SECONDS + self.config.request_timeout_seconds + 30)
+                self.deadlines.beat("acquire", self._round_seconds(ACQUIRE_WAIT_SECONDS
+                                                                   + self.config.request_timeout_seconds) + 30)
                 try:
                     assignments, cancel = client.acquire_work(ACQUIRE_WAIT_SECONDS, max_assignments=batch)
                 except FleetdError as exc:
@@ -383,7 +408,8 @@ class Agent:
             or DEFAULT_HEARTBEAT_SECONDS
         failures = 0
         sent_version = sent_capabilities = None
-        log.info("heartbeating to %s as node %s", client.base, self.node["node_id"])
+        log.info("heartbeating to %s as node %s%s", display_url(client.base), self.node["node_id"],
+                 f" (fleetd URLs: {', '.join(map(display_url, self.urls.urls))})" if len(self.urls) > 1 else "")
         try:
             while not self.stop.is_set():
                 version = self.devices.version
@@ -407,7 +433,7 @@ class Agent:
                     kind = "fleetd unreachable" if isinstance(exc, Unreachable) else "heartbeat refused"
                     log.warning("%s (attempt %d): %s; retrying in %.1fs; running tasks keep running",
                                 kind, failures, exc, delay)
-                    self.deadlines.beat("heartbeat", delay + self.config.request_timeout_seconds + 30)
+                    self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
                     self.stop.wait(delay)
                     continue
                 if failures:
@@ -423,7 +449,7 @@ class Agent:
                 if not self.config.heartbeat_interval_seconds and reply.get("heartbeat_interval_seconds"):
                     interval = float(reply["heartbeat_interval_seconds"])
                 delay = jittered(interval, self.rng)
-                self.deadlines.beat("heartbeat", delay + self.config.request_timeout_seconds + 30)
+                self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
                 self.stop.wait(delay)
         finally:
             client.close()

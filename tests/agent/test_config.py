@@ -22,7 +22,7 @@ def test_defaults_match_api_md(tmp_path):
     assert config.local_api_listen == "127.0.0.1:8001"
     assert config.devices_backend == "nvml"
     assert config.devices_poll_seconds == 1.0
-    assert config.server_url == "" and config.labels == {}
+    assert config.server_url == [] and config.server_urls == [] and config.labels == {}
 
 
 def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
@@ -33,7 +33,7 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
                "FLEET_AGENT_DEVICES_POLL_SECONDS": "0.5", "FLEET_AGENT_LOCAL_API_LISTEN": "127.0.0.2:9002",
                "FLEET_AGENT_MACHINE_ID": "m-1"}
     config = load_config(str(path), environ=environ, server_url="http://flag:3")
-    assert config.server_url == "http://flag:3"
+    assert config.server_url == ["http://flag:3"]
     assert config.labels == {"zone": "a", "simulated": "true"}
     assert config.devices_poll_seconds == 0.5
     assert config.devices_backend == "fake:/x.json"
@@ -97,3 +97,61 @@ def test_racing_creators_agree_on_one_local_api_token(tmp_path):
         t.join(timeout=10)
     assert len(tokens) == 8 and len(set(tokens)) == 1
     assert State(state_dir).local_api_token(create=False) == tokens[0]
+
+
+# server_url: one URL or several (replicas of one fleetd).
+
+def test_server_url_may_be_a_toml_array_kept_in_order_without_trailing_slashes(tmp_path):
+    path = write(tmp_path, 'server_url = ["https://cp1:8080/", "https://cp2:8080", "http://10.0.0.3"]\n')
+    config = load_config(str(path), environ={})
+    assert config.server_url == config.server_urls == ["https://cp1:8080", "https://cp2:8080", "http://10.0.0.3"]
+
+
+def test_server_url_may_be_comma_separated_in_the_environment_the_file_and_a_flag(tmp_path):
+    path = write(tmp_path, 'server_url = "https://a:1, https://b:2"\n')
+    assert load_config(str(path), environ={}).server_urls == ["https://a:1", "https://b:2"]
+    config = load_config(str(path), environ={"FLEET_AGENT_SERVER_URL": "http://env1:1,http://env2:2"})
+    assert config.server_urls == ["http://env1:1", "http://env2:2"]
+    config = load_config(str(path), environ={"FLEET_AGENT_SERVER_URL": "http://env1:1"},
+                         server_url="http://flag1:3,http://flag2:4")
+    assert config.server_urls == ["http://flag1:3", "http://flag2:4"]
+    assert load_config(str(write(tmp_path, 'server_url = "http://one"\n')), environ={}).server_urls == ["http://one"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('server_url = ["https://ok:1", "ftp://bad:2"]\n', r"server_url 'ftp://bad:2' must start with http:// or https://"),
+    ('server_url = "https://ok:1,cp2:8080"\n', r"server_url 'cp2:8080' must start with http"),
+    ('server_url = ["https://ok:1", ""]\n', "server_url entry 2 is empty"),
+    ('server_url = "https://ok:1,,https://b"\n', "server_url entry 2 is empty"),
+    ('server_url = ["https://ok:1", 5]\n', "server_url entry 2 must be a string"),
+    ('server_url = 5\n', "server_url must be a URL or a list of URLs"),
+    ('server_url = ["https://a:1", "https://A:1/"]\n', r"'https://A:1/' is given twice \(entries 1 and 2\)"),
+    ('server_url = ["http://a:99999"]\n', r"server_url 'http://a:99999' is not a valid URL"),
+    ('server_url = ["http://"]\n', "needs a host"),
+    ('server_url = [' + ", ".join(f'"http://cp{i}:1"' for i in range(17)) + ']\n', "17 URLs; at most 16"),
+])
+def test_bad_server_urls_are_refused_naming_the_bad_one(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(write(tmp_path, text)), environ={})
+
+
+def test_bad_server_url_in_the_environment_is_refused_too(tmp_path):
+    with pytest.raises(ConfigError, match="'nope' must start with http"):
+        load_config(str(write(tmp_path, "")), environ={"FLEET_AGENT_SERVER_URL": "http://ok:1,nope"})
+
+
+def test_sixteen_server_urls_are_allowed(tmp_path):
+    urls = [f"http://cp{i}:1" for i in range(16)]
+    assert load_config(str(write(tmp_path, "")), environ={}, server_url=",".join(urls)).server_urls == urls
+
+
+def test_node_json_of_an_older_agent_with_one_server_url_still_loads(tmp_path):
+    from agent.config import node_server_urls
+
+    state = State(str(tmp_path / "state"))
+    state.save_enrolment({"node_id": "n1", "fleet": "f", "server_url": "http://old:8080/"}, "fln_s")
+    assert node_server_urls(state.node()) == ["http://old:8080"]
+    state.save_enrolment({"node_id": "n1", "fleet": "f", "server_url": "http://a:1",
+                          "server_urls": ["http://a:1", "http://b:2"]}, "fln_s")
+    assert node_server_urls(state.node()) == ["http://a:1", "http://b:2"]
+    assert node_server_urls({"node_id": "n1"}) == [] and node_server_urls(None) == []
