@@ -1151,8 +1151,15 @@ def _wait_instance(instance_id, done, timeout=None, on_change=None):
     return data
 
 
+def _at_rest(d):
+    """Nothing more happens by itself: stopped, failed, deleted, or interrupted by preemption (an
+    instance whose node was lost runs on by itself when the node is back)."""
+    return d["state"] in INSTANCE_AT_REST and not (d["state"] == "interrupted"
+                                                   and d.get("interrupted_by") == "node_lost")
+
+
 def _running_or_at_rest(d):
-    return d["state"] == "running" or d["state"] in INSTANCE_AT_REST
+    return d["state"] == "running" or _at_rest(d)
 
 
 def _wait_running(instance_id, data, timeout, verb):
@@ -1175,7 +1182,7 @@ def _wait_running(instance_id, data, timeout, verb):
             sys.exit(130)
     emit(_ctx(), data, lambda d: click.echo(_instance_line(d)))
     if data["state"] != "running":
-        sys.exit(1 if data["state"] in INSTANCE_AT_REST else 2)
+        sys.exit(1 if _at_rest(data) else 2)
 
 
 @client_command(instance, "create")
@@ -1404,7 +1411,7 @@ def instance_logs(instance_id, follow):
     for _ in range(100_000_000):  # bounded: a follow of years would still end
         data = client.get(path, wait_seconds=2)
         after = _read_log_pages(path + "/logs", after, show)
-        if data["state"] in INSTANCE_AT_REST:
+        if _at_rest(data):
             return
 
 

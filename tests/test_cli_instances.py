@@ -149,7 +149,7 @@ def test_stop_resume_and_rm_which_asks_first(run):
     assert resumed.startswith(f"instance {iid} pending: ")
     assert json.loads(run("instance", "show", iid, "--json").stdout)["spec"]["resources"]["gpus"] == 2
     proc = run("instance", "connect", iid, expect=1)  # pending: not running yet, and no --wait
-    assert proc.stderr.startswith(f"fleetd: timeout: instance {iid} is not running yet (state pending)")
+    assert proc.stderr.startswith(f"fleetd: timeout: instance {iid} is not running yet (pending)")
     assert f"`fleetd instance connect --wait {iid}` waits until it runs" in proc.stderr
     proc = run("instance", "resume", iid, expect=1)
     assert proc.stderr.startswith(f"fleetd: conflict: instance {iid} is pending; only a stopped")

@@ -57,7 +57,8 @@ def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
     assert a["max_runtime_seconds"] is None
     shown = show(api, inst["id"])
     assert shown["state"] == "running" and shown["runtime"]["ports"] == [
-        {"private_port": 8888, "public_port": 40001, "ip": "10.0.0.1", "is_ip_public": False, "type": "http"}]
+        {"private_port": 8888, "public_port": 40001, "ip": "10.0.0.1", "is_ip_public": False, "type": "http",
+         "url": "http://10.0.0.1:40001/"}]
     conn = api.get(f"/api/v1/instances/{inst['id']}/connection").get_json()
     assert conn == {"url": "http://10.0.0.1:40001/", "host": "10.0.0.1", "port": 40001, "protocol": "http"}
     assert gpus_used(api) == 1

@@ -83,6 +83,7 @@ class RuntimePortSchema(Schema):
     ip = fields.String()
     is_ip_public = fields.Boolean()
     type = fields.String()
+    url = fields.String(allow_none=True, metadata={"description": "as GET .../connection answers it"})
 
 
 class RuntimeGpuSchema(Schema):
@@ -115,6 +116,11 @@ class InstanceSchema(Schema):
     desired_state = fields.String(metadata={"enum": ["running", "stopped"]})
     pending_reason = fields.String()
     node_id = fields.String(allow_none=True)
+    node_hostname = fields.String(allow_none=True)
+    interrupted_by = fields.String(allow_none=True, metadata={
+        "enum": ["node_lost", "preempted", None],
+        "description": "while interrupted: its node was lost (it runs on by itself when the node is back) or "
+                       "on-demand work preempted it (resume it)"})
     spec = fields.Dict()
     created_at = Time()
     started_at = Time()

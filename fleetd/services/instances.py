@@ -464,7 +464,8 @@ def instance_views(instances, now):
     jobs = {j.id: j for j in Job.select(Job.id, Job.pending_reason, Job.state).where(Job.id.in_(runs))} if runs else {}
     tasks = {t.job_id: t for t in Task.select(Task.id, Task.job).where(Task.job.in_(runs))} if runs else {}
     node_ids = list({i.node_id for i in instances if i.node_id})
-    nodes = {n.id: n for n in Node.select(Node.id, Node.address).where(Node.id.in_(node_ids))} if node_ids else {}
+    nodes = ({n.id: n for n in Node.select(Node.id, Node.address, Node.hostname).where(Node.id.in_(node_ids))}
+             if node_ids else {})
     return [_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now) for i in instances]
 
 
@@ -484,7 +485,8 @@ def _view(inst, job, task, node, now):
         "id": inst.id, "name": inst.name, "owner": inst.owner, "team": inst.team, "state": inst.state,
         "status_reason": inst.status_reason,
         "desired_state": "running" if inst.desired_state == "running" else "stopped",
-        "pending_reason": pending, "node_id": inst.node_id, "spec": _public_spec(inst.spec),
+        "pending_reason": pending, "node_id": inst.node_id, "node_hostname": node.hostname if node else None,
+        "interrupted_by": inst.interrupted_by if state is I.INTERRUPTED else None, "spec": _public_spec(inst.spec),
         "created_at": inst.created_at, "started_at": inst.started_at, "stopped_at": inst.stopped_at,
         "price_per_hour": inst.price_per_hour, "cost_so_far": round(cost, 6), "runs": inst.runs,
         "runtime": _runtime(inst, task, node, now) if state is I.RUNNING else None,
@@ -502,7 +504,8 @@ def _runtime(inst, task, node, now):
     return {
         "uptime_seconds": round(max(0.0, (now - inst.started_at).total_seconds()), 3) if inst.started_at else 0,
         "ports": [{"private_port": p["port"], "public_port": p["host_port"], "ip": address,
-                   "is_ip_public": _is_public(address), "type": protocols.get(p["port"], "tcp")}
+                   "is_ip_public": _is_public(address), "type": protocols.get(p["port"], "tcp"),
+                   "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp")) if address else None}
                   for p in inst.ports or []],
         "gpus": (sample or {}).get("gpus") or [],
         "container": (sample or {}).get("container"),
@@ -516,6 +519,12 @@ def _is_public(address):
         return ipaddress.ip_address(address).is_global
     except ValueError:
         return bool(address)  # a host name: assume it resolves where clients are
+
+
+def connection_url(host, port, protocol):
+    """http://HOST:PORT/ for an http port, tcp://HOST:PORT otherwise ([HOST] for IPv6)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" if protocol == "http" else f"tcp://{shown}:{port}"
 
 
 def connection(rt, principal, instance_id, port=None, wait_seconds=0):
@@ -547,17 +556,16 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         host = node.address if node is not None else ""
         protocol = protocols[port]
         public = mapped[port]["host_port"]
-        shown = f"[{host}]" if ":" in host else host
-        url = f"http://{shown}:{public}/" if protocol == "http" else f"tcp://{shown}:{public}"
-        return {"url": url, "host": host, "port": public, "protocol": protocol}
+        return {"url": connection_url(host, public, protocol), "host": host, "port": public, "protocol": protocol}
 
     found = answer()
     if found is None and wait_seconds > 0:
         wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
         found = rt.notifier.wait(("instance", instance_id), wait, answer)
     if found is None:
-        raise Timeout(f"instance {instance_id} is not running yet (state {find_instance(principal, instance_id).state})"
-                      "; ask again with wait_seconds")
+        state = find_instance(principal, instance_id).state
+        raise Timeout(f"instance {instance_id} is not running yet ({state}); its connection is known once it runs",
+                      {"state": state})
     return found
 
 

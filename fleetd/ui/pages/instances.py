@@ -48,12 +48,6 @@ def instance_list():
                            state=state or "", owner=owner or "", states=states, next_cursor=next_cursor)
 
 
-def _url(host, port, protocol):
-    """What `GET .../connection` answers as the url: http://HOST:PORT/ or tcp://HOST:PORT ([v6]:PORT)."""
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/" if protocol == "http" else f"tcp://{shown}:{port}"
-
-
 def _ports(view):
     """Each declared port with where it is reached while the instance runs: its node's address and the public
     port the node gave it (the Instance's runtime.ports)."""
@@ -62,7 +56,7 @@ def _ports(view):
     for port in view["spec"].get("ports") or []:
         protocol = port.get("protocol") or "http"
         public = published.get(port["port"])
-        url = _url(public["ip"], public["public_port"], protocol) if public and public.get("ip") else None
+        url = public.get("url") if public else None
         out.append({"port": port["port"], "protocol": protocol, "url": url,
                     "public": bool(public and public.get("is_ip_public"))})
     return out
