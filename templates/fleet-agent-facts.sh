@@ -45,13 +45,15 @@ echo "nvidia_driver=$driver"
 echo "nvidia_gpus=$gpus"
 
 json_field() {
-    # json_field FILE KEY: one top-level string field of a JSON file, with whichever Python runs.
+    # json_field FILE KEY: one top-level string field of a JSON file (a list of strings comma-joined),
+    # with whichever Python runs.
     for candidate in "$INSTALL_DIR/bin/python" "$PY"; do
         if [ -x "$candidate" ] || command -v "$candidate" >/dev/null 2>&1; then
             "$candidate" -c 'import json, sys
 try:
-    print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))
-except (OSError, ValueError):
+    value = json.load(open(sys.argv[1])).get(sys.argv[2], "")
+    print(",".join(map(str, value)) if isinstance(value, list) else value)
+except (OSError, ValueError, AttributeError):
     print("")' "$1" "$2" 2>/dev/null && return
         fi
     done
@@ -69,9 +71,11 @@ echo "unit_sha256=$(sha "$UNIT_PATH")"
 if [ -r "$STATE_DIR/node.json" ] && [ -r "$STATE_DIR/session.token" ]; then
     echo "node_id=$(json_field "$STATE_DIR/node.json" node_id)"
     echo "node_server_url=$(json_field "$STATE_DIR/node.json" server_url)"
+    echo "node_server_urls=$(json_field "$STATE_DIR/node.json" server_urls)"
 else
     echo "node_id="
     echo "node_server_url="
+    echo "node_server_urls="
 fi
 if command -v systemctl >/dev/null 2>&1; then
     echo "service_active=$(systemctl is-active fleet-agent.service 2>/dev/null | head -n 1)"

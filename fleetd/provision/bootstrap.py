@@ -36,7 +36,7 @@ class BootstrapOptions:
     """What to install and how (everything but SSH, which is `SshOptions`)."""
 
     fleet: str = ""
-    server_url: str = ""  # how agents reach fleetd
+    server_url: object = ""  # how agents reach fleetd: a URL, or a list of them (replicas), tried in turn
     bundle: object = None  # fleetd.provision.bundle.Bundle
     python: str = "python3"
     labels: dict = dataclasses.field(default_factory=dict)
@@ -51,6 +51,11 @@ class BootstrapOptions:
     drain_deadline: int = 3600
     min_free_mb: int = 512
     command_timeout: float = 600.0
+
+    @property
+    def server_urls(self):
+        """The agents' fleetd URLs as a list (TemplateError for a bad one)."""
+        return rendering.server_urls(self.server_url)
 
     @property
     def unit_path(self):
@@ -283,8 +288,12 @@ class Bootstrapper:
         node_id = facts.get("node_id")
         if not node_id:
             return None
-        stored_url = facts.get("node_server_url", "").rstrip("/")
-        if stored_url and stored_url != self.options.server_url.rstrip("/"):
+        # node.json of an agent that knows several URLs lists them all (node_server_urls); an older
+        # one holds one. Another fleetd (no URL in common) means enrolling again; a list that only
+        # gained or lost replicas of the same one does not (the rewritten config brings it).
+        stored = {u.strip().rstrip("/").lower() for u in
+                  (facts.get("node_server_urls") or facts.get("node_server_url", "")).split(",") if u.strip()}
+        if stored and not stored & {u.lower() for u in self.options.server_urls}:
             return None
         node = self._node(node_id)
         if node is None or node["status"] == "revoked" or node.get("fleet") != self.options.fleet:
@@ -353,7 +362,7 @@ class Bootstrapper:
         # The token travels on stdin into the environment of `fleet-agent join`: never in an argument.
         # --force: this host was found not to be validly enrolled, whatever credentials it still has.
         join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --force --server "
-                f"{shlex.quote(o.server_url)} --config {shlex.quote(o.config_path)}")
+                f"{shlex.quote(','.join(o.server_urls))} --config {shlex.quote(o.config_path)}")
         command = remote.privileged("sh -c " + shlex.quote(join))
         try:
             code, out, err = remote.run(command, stdin=token["token"] + "\n", timeout=120, check=False)

@@ -12,6 +12,7 @@ import click
 
 from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
 from fleetd.provision import bootstrap as bs
+from fleetd.provision import rendering
 from fleetd.provision.bundle import BundleError, build_bundle, find_source_tree, read_bundle
 from fleetd.provision.ssh import DEFAULT_KNOWN_HOSTS, HostSpec, SshOptions
 
@@ -133,8 +134,10 @@ def _client(url, token):
 @click.option("--remove", is_flag=True, help="Drain, stop, uninstall and delete the nodes of these hosts instead.")
 @click.option("--url", envvar="FLEETD_URL", help="fleetd URL for this command (FLEETD_URL; default: saved by login).")
 @click.option("--token", envvar="FLEETD_TOKEN", help="Admin API token (FLEETD_TOKEN; default: saved by login).")
-@click.option("--server-url", envvar="FLEETD_AGENT_SERVER_URL",
-              help="URL the agents reach fleetd at, when it differs from --url.")
+@click.option("--server-url", "server_urls", multiple=True, envvar="FLEETD_AGENT_SERVER_URL",
+              help="URL the agents reach fleetd at, when it differs from --url; several (replicas) repeated or "
+                   "comma-separated, tried in turn by the agents (FLEETD_AGENT_SERVER_URL: comma- or "
+                   "space-separated).")
 @click.option("--user", "-u", help="SSH user (default: from ~/.ssh/config, else your login name).")
 @click.option("--key", "-i", "keys", multiple=True, type=click.Path(dir_okay=False),
               help="SSH private key (repeatable; default: ssh-agent and ~/.ssh/id_*).")
@@ -167,7 +170,7 @@ def _client(url, token):
 @click.option("--install-dir", default="/opt/fleet-agent", show_default=True, help="The agent's venv on the hosts.")
 @click.option("--result-file", type=click.Path(dir_okay=False), help="Also write the results as JSON to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, port, jump, known_hosts,
+def bootstrap(hosts, fleet_name, remove, url, token, server_urls, user, keys, port, jump, known_hosts,
               accept_new_host_keys, parallel, sudo, python, bundle_path, labels, devices_backend, ca_file, tls_pin,
               wait_timeout, drain_deadline, connect_timeout, min_free_mb, install_dir, result_file, as_json):
     """Install and enrol fleet-agent on HOSTs over SSH, or --remove them.
@@ -180,8 +183,12 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_url, user, keys, por
     names = [str(h) for h in hosts]
     if len(set(names)) != len(names):
         raise click.UsageError("a host is given twice")
+    try:
+        agent_urls = rendering.server_urls(",".join(server_urls) if server_urls else client.url)
+    except rendering.TemplateError as exc:
+        raise click.BadParameter(str(exc).removeprefix("fleet_agent_"), param_hint="--server-url") from None
     options = bs.BootstrapOptions(
-        fleet=fleet_name or "", server_url=(server_url or client.url).rstrip("/"), python=python,
+        fleet=fleet_name or "", server_url=agent_urls, python=python,
         labels=_labels(labels), devices_backend=devices_backend, tls_pin=tls_pin,
         ca_pem=Path(ca_file).read_text() if ca_file else "", install_dir=install_dir, wait_timeout=wait_timeout,
         drain_deadline=drain_deadline, min_free_mb=min_free_mb)

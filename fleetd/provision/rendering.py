@@ -25,7 +25,7 @@ DEFAULTS = {
     "fleet_agent_config_dir": "/etc/fleet-agent",
     "fleet_agent_state_dir": "/var/lib/fleet-agent",
     "fleet_agent_unit_dir": "/etc/systemd/system",
-    "fleet_agent_server_url": None,  # required
+    "fleet_agent_server_url": None,  # required: one URL, several comma-separated, or a list (replicas)
     "fleet_agent_ca_file": "",
     "fleet_agent_tls_pin": "",
     "fleet_agent_machine_id": "",
@@ -76,7 +76,23 @@ def template_vars(**overrides):
     missing = sorted(k for k, v in values.items() if v is None)
     if missing:
         raise TemplateError("missing template variable(s): " + ", ".join(missing))
+    values["fleet_agent_server_url"] = server_urls(values["fleet_agent_server_url"])
     return values
+
+
+def server_urls(value):
+    """fleetd's URLs for the agents, from one URL, 'URL,URL' or a list: checked as the agent checks
+    its server_url (http or https with a host, at most 16, none twice), so that a bad one is refused
+    here rather than by every host's agent."""
+    from agent.config import ConfigError, parse_server_urls
+
+    try:
+        urls = parse_server_urls(list(value) if isinstance(value, tuple) else value)
+    except ConfigError as exc:
+        raise TemplateError(f"fleet_agent_{exc}") from None
+    if not urls:
+        raise TemplateError("missing template variable(s): fleet_agent_server_url (no URL given)")
+    return urls
 
 
 def render(name, values):

@@ -92,3 +92,65 @@ def test_facts_script_reports_an_empty_host_in_key_value_lines(tmp_path):
     assert facts["python"].startswith("3.") and facts["python_venv"] == "yes"
     assert facts["installed_version"] == "" and facts["node_id"] == "" and facts["config_sha256"] == ""
     assert int(facts["disk_free_kb"]) > 0
+
+
+@pytest.mark.parametrize("given", [
+    ["https://cp1:8443", "https://cp2:8443/"],
+    "https://cp1:8443, https://cp2:8443",
+    ("https://cp1:8443", "https://cp2:8443"),
+])
+def test_several_server_urls_render_as_a_toml_array_the_agent_loads(tmp_path, given):
+    text = rendering.render_config(values(server_url=given))
+    assert 'server_url = ["https://cp1:8443", "https://cp2:8443"]' in text.splitlines()
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    assert load_config(str(path), environ={}).server_urls == ["https://cp1:8443", "https://cp2:8443"]
+
+
+def test_one_server_url_renders_as_before_so_existing_configs_do_not_change():
+    for given in ("https://fleetd.example:8443", ["https://fleetd.example:8443"]):
+        data = tomllib.loads(rendering.render_config(values(server_url=given)))
+        assert data["server_url"] == "https://fleetd.example:8443"
+
+
+def test_the_template_alone_takes_a_list_or_a_comma_separated_string_as_ansible_passes_them():
+    base = dict(values())
+    for given in (["http://a:1", "http://b:2"], "http://a:1,http://b:2", "http://a:1 , http://b:2,"):
+        text = rendering.render(rendering.CONFIG_TEMPLATE, dict(base, fleet_agent_server_url=given))
+        assert tomllib.loads(text)["server_url"] == ["http://a:1", "http://b:2"], given
+
+
+@pytest.mark.parametrize("given, message", [
+    (["https://ok:1", "cp2:8443"], r"fleet_agent_server_url 'cp2:8443' must start with http"),
+    (["https://ok:1", "https://ok:1/"], "given twice"),
+    ([], "fleet_agent_server_url"),
+    ("", "fleet_agent_server_url"),
+    ([f"https://cp{i}:1" for i in range(17)], "at most 16"),
+])
+def test_bad_server_urls_are_refused_before_rendering(given, message):
+    with pytest.raises(rendering.TemplateError, match=message):
+        rendering.template_vars(server_url=given)
+
+
+def test_facts_script_reports_the_stored_server_urls_of_new_and_old_agents(tmp_path):
+    import json
+
+    from fleetd.provision.bootstrap import parse_facts
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "session.token").write_text("fln_x\n")
+
+    def facts(node):
+        (state / "node.json").write_text(json.dumps(node))
+        result = subprocess.run(
+            ["sh", "-s", "--", "python3", str(tmp_path / "opt"), str(tmp_path / "etc"), str(state),
+             str(tmp_path / "unit.service")],
+            input=rendering.script(rendering.FACTS_SCRIPT), capture_output=True, text=True, timeout=60)
+        return parse_facts(result.stdout)
+
+    new = facts({"node_id": "n1", "server_url": "http://a:1", "server_urls": ["http://a:1", "http://b:2"]})
+    assert (new["node_id"], new["node_server_url"], new["node_server_urls"]) == ("n1", "http://a:1",
+                                                                                "http://a:1,http://b:2")
+    old = facts({"node_id": "n2", "server_url": "http://a:1"})
+    assert (old["node_server_url"], old["node_server_urls"]) == ("http://a:1", "")

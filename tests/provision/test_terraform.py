@@ -106,3 +106,62 @@ output "node_ids" {{
         assert not host.path("/opt/fleet-agent").exists()
         assert not host.path("/etc/systemd/system/fleet-agent.service").exists()
         assert agent_pids(host) == []
+
+
+RECORDER = "import json, sys\nwith open(sys.argv[1], 'a') as fh:\n    fh.write(json.dumps(sys.argv[2:]) + '\\n')\n"
+
+
+def recorded_apply(tmp_path, inputs):
+    """Apply the module with a `fleetd` that only records its arguments; returns (result, [argv, ...])."""
+    root = tmp_path / "root"
+    root.mkdir(parents=True)
+    (tmp_path / "record.py").write_text(RECORDER)
+    calls = tmp_path / "calls.jsonl"
+    (root / "main.tf").write_text(f'''
+module "gpu_nodes" {{
+  source         = "{os.path.relpath(MODULE, root)}"
+  fleetd_url     = "http://fleetd.internal:8080"
+  admin_token    = "fla_test"
+  fleet          = "{FLEET}"
+  bundle         = "/nonexistent/bundle.tar.gz"
+  fleetd_command = {json.dumps([sys.executable, str(tmp_path / "record.py"), str(calls)])}
+  hosts          = [{{ address = "10.0.0.11" }}]
+{inputs}
+}}
+''')
+    for args in (("init", "-input=false", "-no-color"), ("apply", "-auto-approve", "-input=false", "-no-color")):
+        result = terraform(root, *args)
+        if result.returncode != 0:
+            return result, []
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, [json.loads(line) for line in lines]
+
+
+def server_url_flags(argv):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--server-url"]
+
+
+def test_server_urls_reach_fleetd_bootstrap_as_repeated_flags(tmp_path):
+    result, calls = recorded_apply(tmp_path, '  server_urls = ["https://cp1:8443", "https://cp2:8443"]')
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(calls) == 1 and calls[0][0] == "bootstrap"
+    assert server_url_flags(calls[0]) == ["https://cp1:8443", "https://cp2:8443"]
+
+
+def test_the_older_single_server_url_still_works_and_none_means_fleetd_url(tmp_path):
+    result, calls = recorded_apply(tmp_path / "old", '  server_url = "https://cp1:8443"')
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert server_url_flags(calls[0]) == ["https://cp1:8443"]
+    result, calls = recorded_apply(tmp_path / "none", "")
+    assert result.returncode == 0 and server_url_flags(calls[0]) == []
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ('  server_url  = "https://a:1"\n  server_urls = ["https://b:2"]', "not both"),
+    ('  server_urls = ["https://a:1", "cp2:8443"]', "must start with http:// or https://"),
+    ('  server_urls = ["https://a:1", "https://a:1"]', "each once"),
+])
+def test_bad_server_url_inputs_are_refused_before_anything_runs(tmp_path, inputs, message):
+    result, calls = recorded_apply(tmp_path, inputs)
+    assert result.returncode != 0 and calls == []
+    assert message in " ".join((result.stdout + result.stderr).split()), result.stdout + result.stderr

@@ -147,3 +147,59 @@ def test_waiting_gives_up_with_the_node_status_and_reason():
     b.clock = iter(range(0, 10_000, 3)).__next__
     with pytest.raises(HostFailed, match=r"not ready after 5s: it is lost \(no heartbeat for 40s\)"):
         b._wait_ready(result, None, False, "ready")
+
+
+def test_bootstrap_options_take_one_url_or_several():
+    assert BootstrapOptions(server_url="https://cp1:8443/").server_urls == ["https://cp1:8443"]
+    options = BootstrapOptions(server_url=["https://cp1:8443", "https://cp2:8443"])
+    assert options.template_values()["fleet_agent_server_url"] == ["https://cp1:8443", "https://cp2:8443"]
+
+
+class NodeClient:
+    def get(self, path):
+        return {"id": path.rsplit("/", 1)[1], "status": "ready", "fleet": "lab"}
+
+
+@pytest.mark.parametrize("stored, stored_list, wanted, same_node", [
+    ("https://cp1:8443", "", ["https://cp1:8443"], True),  # an older agent, the same URL
+    ("https://cp1:8443", "", ["https://cp1:8443", "https://cp2:8443"], True),  # a replica added
+    ("https://cp1:8443", "https://cp1:8443,https://cp2:8443", ["https://CP2:8443/"], True),  # one removed
+    ("https://old:8443", "", ["https://cp1:8443", "https://cp2:8443"], False),  # another fleetd: enrol again
+    ("https://a:1", "https://a:1,https://b:2", ["https://c:3"], False),
+    ("", "", ["https://cp1:8443"], True),
+])
+def test_a_host_enrols_again_only_when_its_stored_urls_share_none_with_the_new_ones(stored, stored_list, wanted,
+                                                                                      same_node):
+    from fleetd.provision.bootstrap import Bootstrapper
+
+    b = Bootstrapper(NodeClient(), BootstrapOptions(server_url=wanted, fleet="lab"), None)
+    node = b._enrolled_node({"node_id": "n1", "node_server_url": stored, "node_server_urls": stored_list})
+    assert (node is not None) == same_node
+
+
+def test_bootstrap_cli_takes_repeated_and_comma_separated_server_urls_and_refuses_a_bad_one(monkeypatch):
+    from click.testing import CliRunner
+
+    from fleetd.provision import cli as provision_cli
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, client, options, ssh_options, progress=None):
+            seen.append(options)
+
+        def run(self, specs, parallel=10, remove=False):
+            return []
+
+    monkeypatch.setattr(provision_cli.bs, "Bootstrapper", Recorder)
+    args = ["gpu1", "--remove", "--url", "http://admin:1", "--token", "fla_x"]
+    result = CliRunner().invoke(provision_cli.bootstrap, args + ["--server-url", "https://cp1:8443,https://cp2:8443",
+                                                                 "--server-url", "https://cp3:8443/"])
+    assert result.exit_code == 0, result.output
+    assert seen[-1].server_url == ["https://cp1:8443", "https://cp2:8443", "https://cp3:8443"]
+    result = CliRunner().invoke(provision_cli.bootstrap, args, env={"FLEETD_AGENT_SERVER_URL": "https://a:1 https://b:2"})
+    assert result.exit_code == 0 and seen[-1].server_url == ["https://a:1", "https://b:2"]
+    result = CliRunner().invoke(provision_cli.bootstrap, args)
+    assert result.exit_code == 0 and seen[-1].server_url == ["http://admin:1"]  # --url, when none is given
+    result = CliRunner().invoke(provision_cli.bootstrap, args + ["--server-url", "https://cp1:8443,cp2"])
+    assert result.exit_code == 2 and "'cp2' must start with http:// or https://" in result.output

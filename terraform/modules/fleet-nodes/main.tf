@@ -1,6 +1,8 @@
 locals {
   hosts       = { for h in var.hosts : h.address => h }
   results_dir = coalesce(var.results_dir, "${path.root}/.fleet-nodes")
+  # server_urls, else the older single server_url, else none (the agents use fleetd_url).
+  server_urls = length(var.server_urls) > 0 ? var.server_urls : compact([var.server_url == null ? "" : var.server_url])
 
   ssh_args = concat(
     ["--known-hosts", var.known_hosts_file],
@@ -30,6 +32,13 @@ resource "terraform_data" "this" {
     admin_token = var.admin_token
   }
 
+  lifecycle {
+    precondition {
+      condition     = var.server_url == null || length(var.server_urls) == 0
+      error_message = "Set server_urls or the older server_url, not both."
+    }
+  }
+
   provisioner "local-exec" {
     interpreter = concat(
       var.fleetd_command,
@@ -37,7 +46,7 @@ resource "terraform_data" "this" {
         "--devices-backend", var.devices_backend, "--wait-timeout", var.wait_timeout,
         "--drain-deadline", var.drain_deadline, "--json",
       "--result-file", "${local.results_dir}/${self.id}.json"],
-      var.server_url == null ? [] : ["--server-url", var.server_url],
+      flatten([for u in local.server_urls : ["--server-url", u]]),
       local.ssh_args,
       flatten([for k, v in each.value.labels : ["--label", "${k}=${v}"]]),
     )

@@ -18,8 +18,24 @@ variable "fleetd_url" {
   type        = string
 }
 
+variable "server_urls" {
+  description = "URLs the agents reach fleetd at, when they differ from fleetd_url: with replicas, each replica's URL; the agents try them in turn."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = length(var.server_urls) <= 16 && length(var.server_urls) == length(distinct(var.server_urls))
+    error_message = "server_urls may list at most 16 URLs, each once."
+  }
+
+  validation {
+    condition     = alltrue([for u in var.server_urls : can(regex("^(?i)https?://[^/]", u))])
+    error_message = "Each of server_urls must start with http:// or https://."
+  }
+}
+
 variable "server_url" {
-  description = "URL the agents reach fleetd at, when it differs from fleetd_url."
+  description = "Deprecated: one URL the agents reach fleetd at; use server_urls. Taken when server_urls is empty."
   type        = string
   default     = null
 }
