@@ -176,8 +176,11 @@ class InstanceTask(Task):
     def _prepare_instance(self):
         try:
             self.volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+            no_room = self.runner.volumes.room_for(self.spec.id, self.spec.volume_bytes)
         except (OSError, ValueError) as exc:
             raise TaskError(f"cannot make the instance's volume: {exc}") from None
+        if no_room:
+            raise TaskError(no_room)
         try:
             self.ports = self.runner.ports.allocate(self.spec.id, [port for port, _ in self.spec.ports])
         except NoFreePort as exc:

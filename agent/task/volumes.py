@@ -44,6 +44,19 @@ class Volumes:
         os.chmod(path, mode)
         return path
 
+    def room_for(self, instance_id, size):
+        """None when `size` bytes fit the volume (what it holds counts), else why not: the file
+        system of the volumes has less free space than the volume still needs."""
+        if not size:
+            return None
+        stats = os.statvfs(self.root)
+        free = stats.f_bavail * stats.f_frsize
+        needed = size - (self.used_bytes(instance_id) or 0)
+        if needed <= free:
+            return None
+        return (f"the volume of {size} bytes does not fit on this host: {free} bytes are free on {self.root}'s "
+                f"file system and it needs {needed} more")
+
     def list(self):
         """The instance ids whose volume directory is present."""
         try:

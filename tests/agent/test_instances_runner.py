@@ -168,6 +168,9 @@ def test_an_instance_that_cannot_start_fails_with_the_reason_and_no_port_is_take
     runner.submit(instance_assignment("t-image", [], instance_id="i-img", image="localhost/none:latest"))
     image = fleetd.wait_finished("t-image")
     assert image["outcome"] == "failed" and "no container runtime" in image["reason"]
+    runner.submit(instance_assignment("t-huge", ["true"], instance_id="i-huge", volume_bytes=1 << 60))
+    huge = fleetd.wait_finished("t-huge")
+    assert huge["outcome"] == "failed" and f"the volume of {1 << 60} bytes does not fit" in huge["reason"]
 
 
 def test_the_runtime_figures_of_a_running_instance(node, fleetd, tmp_path):  # noqa: F811

@@ -128,3 +128,15 @@ def test_ports_are_kept_per_instance_never_shared_and_a_full_range_says_so(tmp_p
         again.allocate("c", [1, 2])
     again.release("a")
     assert again.allocate("c", [1]) == {1: low + 1} and again.get("a") == {}
+
+
+def test_a_volume_fits_when_the_file_system_has_what_it_still_needs(tmp_path):
+    from agent.task.volumes import Volumes
+
+    volumes = Volumes(str(tmp_path))
+    path = volumes.ensure("inst-1")
+    with open(f"{path}/data", "wb") as fh:
+        fh.write(b"x" * (1 << 20))
+    used = volumes.used_bytes("inst-1")
+    assert volumes.room_for("inst-1", 0) is None and volumes.room_for("inst-1", used) is None
+    assert "does not fit on this host" in volumes.room_for("inst-1", 1 << 60)
