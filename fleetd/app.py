@@ -13,7 +13,7 @@ from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.api.parser import forbidden_text, null_means_null
 from fleetd.auth import resolve_token
 from fleetd.background import TaskRunner
-from fleetd.db import bind, database, open_database, request_durable, request_started
+from fleetd.db import bind, database, hand_back, open_database, request_durable, request_started
 from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
@@ -152,8 +152,7 @@ def _durable(response):
     sync take the same connection, whose page cache only their own writes keep valid, instead
     of each taking another one whose cache the others' writes made stale.
     """
-    if not database.is_closed() and not database.in_transaction():
-        database.close()
+    hand_back()
     request_durable()
     return response
 

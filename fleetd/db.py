@@ -132,6 +132,21 @@ def bind(db):
 _AFTER_COMMIT = threading.local()  # greenlet-local under gevent, as peewee's own transaction state
 
 
+def hand_back():
+    """Return this greenlet's pooled connection to the pool, unless a transaction still needs it
+    (before a wait: the requests that run meanwhile reuse the connection)."""
+    if not database.is_closed() and not database.in_transaction():
+        database.close()
+
+
+def released(fn):
+    """fn(), then hand the pooled connection back (a check made between the waits of a long poll)."""
+    try:
+        return fn()
+    finally:
+        hand_back()
+
+
 @contextlib.contextmanager
 def write_transaction():
     """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front.

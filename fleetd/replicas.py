@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 
-from fleetd.db import database
+from fleetd.db import database, hand_back
 
 log = logging.getLogger("fleetd.replicas")
 CHANNEL = "fleetd"
@@ -78,8 +78,7 @@ class Leadership:
             log.exception("leader lease: renewal failed")
             leads = None
         finally:
-            if not database.in_transaction() and not database.is_closed():
-                database.close()
+            hand_back()
         if leads:
             self._valid_until = started + self.lease_seconds - self.margin
         elif leads is False:
@@ -293,8 +292,7 @@ def sync(rt):
         if rt.leader.shared:
             record_lease_renewals(rt.leases.take_unflushed())
     finally:
-        if not database.in_transaction() and not database.is_closed():
-            database.close()
+        hand_back()
     rt.leader.tick()
 
 

@@ -5,9 +5,7 @@ from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
-from fleetd.db import database
-from fleetd.errors import Conflict, InvalidRequest, PayloadTooLarge
-from fleetd.models import JobState
+from fleetd.errors import InvalidRequest, PayloadTooLarge
 from fleetd.runtime import current_runtime
 from fleetd.schemas.jobs import (
     ArtifactSchema,
@@ -23,7 +21,7 @@ from fleetd.schemas.jobs import (
     SubmitQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services import artifacts, jobs, policy, scheduling
+from fleetd.services import artifacts, jobs
 
 blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and artifacts")
 
@@ -45,18 +43,9 @@ class Jobs(MethodView):
     @blp.response(201, JobStatusSchema)
     def post(self, query, spec):
         """Submit a JobSpec; it is queued and placed as soon as it fits."""
-        request = jobs.task_request(spec)  # the engine's own checks, before anything is stored
-        policy.check_bid(spec)
-        rt = current_runtime()
         # Accepted even when no enrolled node could ever hold it (nodes may join later), but it says
         # so; refused if the caller asked not to wait for capacity.
-        never = scheduling.capacity_reason(rt, request)
-        if never and not query["wait_for_capacity"]:
-            raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
-        job = jobs.submit_job(rt.clock.now(), current_principal(), spec, never)
-        if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
-            job = jobs.get_job(current_principal(), job.id)
-        return job
+        return jobs.submit(current_runtime(), current_principal(), spec, query["wait_for_capacity"])
 
 
 @blp.route("/jobs/<string:job_id>")
@@ -66,20 +55,7 @@ class JobById(MethodView):
     @blp.response(200, JobStatusSchema)
     def get(self, query, job_id):
         """A job; with wait_seconds the answer comes as soon as the job is terminal."""
-        principal = current_principal()
-        job = jobs.get_job(principal, job_id)
-        if query["wait_seconds"] > 0 and not JobState(job.state).is_terminal():
-            database.close()  # no pooled connection held while waiting
-
-            def terminal():
-                current = jobs.get_job(principal, job_id)
-                database.close()
-                return current if JobState(current.state).is_terminal() else None
-
-            rt = current_runtime()
-            wait = min(query["wait_seconds"], rt.settings.long_poll_max_seconds)
-            job = rt.notifier.wait(("job", job_id), wait, terminal) or jobs.get_job(principal, job_id)
-        return job
+        return jobs.wait_job(current_runtime(), current_principal(), job_id, query["wait_seconds"])
 
 
 @blp.route("/jobs/<string:job_id>/cancel")
@@ -90,7 +66,7 @@ class JobCancel(MethodView):
         """Cancel a job: `cancelling` while its nodes stop its processes (told at once), then
         `cancelled`; a job that runs nothing yet is `cancelled` at once."""
         rt = current_runtime()
-        jobs.cancel_job(rt.clock.now(), current_principal(), job_id, rt)
+        jobs.cancel_job(rt, current_principal(), job_id)
         return jobs.get_job(current_principal(), job_id)
 
 

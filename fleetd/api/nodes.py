@@ -15,15 +15,6 @@ def _live(node_list):
     return nodes.with_last_heartbeat(node_list, current_runtime().liveness)
 
 
-def _now():
-    return current_runtime().clock.now()
-
-
-def _kick_scheduler():
-    """Capacity came back: queued jobs may fit now."""
-    current_runtime().scheduler.kick()
-
-
 @blp.route("")
 class Nodes(MethodView):
     @require(ADMIN, SUBMITTER)
@@ -47,8 +38,7 @@ class NodeById(MethodView):
     @blp.response(204)
     def delete(self, node_id):
         """Forget a node; 409 while tasks run on it."""
-        nodes.delete_node(_now(), node_id)
-        current_runtime().liveness.forget(node_id)
+        nodes.delete_node(current_runtime(), node_id)
 
 
 @blp.route("/<string:node_id>/cordon")
@@ -57,7 +47,7 @@ class NodeCordon(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Stop new placements on a node."""
-        return _live([nodes.cordon_node(_now(), node_id)])[0]
+        return _live([nodes.cordon_node(current_runtime(), node_id)])[0]
 
 
 @blp.route("/<string:node_id>/uncordon")
@@ -66,9 +56,7 @@ class NodeUncordon(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Allow placements on a cordoned node again."""
-        node = nodes.uncordon_node(_now(), node_id)
-        _kick_scheduler()
-        return _live([node])[0]
+        return _live([nodes.uncordon_node(current_runtime(), node_id)])[0]
 
 
 @blp.route("/<string:node_id>/drain")
@@ -78,7 +66,7 @@ class NodeDrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Drain a node: no new work; running tasks may finish until the deadline."""
-        return _live([nodes.drain_node(_now(), node_id, body["reason"], body["deadline_seconds"])])[0]
+        return _live([nodes.drain_node(current_runtime(), node_id, body["reason"], body["deadline_seconds"])])[0]
 
 
 @blp.route("/<string:node_id>/undrain")
@@ -87,9 +75,7 @@ class NodeUndrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """End a drain; the node takes work again."""
-        node = nodes.undrain_node(_now(), node_id)
-        _kick_scheduler()
-        return _live([node])[0]
+        return _live([nodes.undrain_node(current_runtime(), node_id)])[0]
 
 
 @blp.route("/<string:node_id>/revoke")
@@ -98,9 +84,7 @@ class NodeRevoke(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Revoke a node: its session token stops working and its agent stops all work."""
-        node = nodes.revoke_node(_now(), node_id)
-        _kick_scheduler()  # its jobs may be queued again
-        return _live([node])[0]
+        return _live([nodes.revoke_node(current_runtime(), node_id)])[0]
 
 
 @blp.route("/<string:node_id>/events")

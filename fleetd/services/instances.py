@@ -15,7 +15,7 @@ import weakref
 
 from peewee import fn
 
-from fleetd.db import after_commit, write_transaction
+from fleetd.db import after_commit, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
 from fleetd.models import (Event, Gpu, GpuType, Instance, InstanceState, Job, JobState, LogLine, Node, NodeStatus,
                            Task, TaskState, new_id)
@@ -173,23 +173,18 @@ def get_instance(principal, instance_id):
 
 def wait_instance(rt, principal, instance_id, wait_seconds):
     """The instance; with `wait_seconds`, as soon as its state changes (or when the wait ends)."""
-    inst = _released(lambda: find_instance(principal, instance_id))
+    inst = released(lambda: find_instance(principal, instance_id))
     if wait_seconds <= 0:
         return inst
     seen = (inst.state, inst.status_reason)
 
     def changed():
-        current = _released(lambda: find_instance(principal, instance_id))
+        current = released(lambda: find_instance(principal, instance_id))
         return current if (current.state, current.status_reason) != seen else None
 
     wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
-    return rt.notifier.wait(("instance", instance_id), wait, changed) or _released(
+    return rt.notifier.wait(("instance", instance_id), wait, changed) or released(
         lambda: find_instance(principal, instance_id))
-
-
-def _released(fn):
-    from fleetd.services.work import _released as released
-    return released(fn)
 
 
 # ---------------------------------------------------------------- stop, resume, delete
@@ -529,7 +524,7 @@ def connection_url(host, port, protocol):
 
 def connection(rt, principal, instance_id, port=None, wait_seconds=0):
     """{url, host, port, protocol} of one declared port; waits until the instance runs."""
-    inst = _released(lambda: find_instance(principal, instance_id))
+    inst = released(lambda: find_instance(principal, instance_id))
     protocols = {p["port"]: p.get("protocol", "http") for p in inst.spec.get("ports") or []}
     declared = list(protocols)
     if not declared:
@@ -544,7 +539,7 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
                        {"port": port, "declared": declared})
 
     def answer():
-        current = _released(lambda: find_instance(principal, instance_id))
+        current = released(lambda: find_instance(principal, instance_id))
         state = I(current.state)
         if state in (I.STOPPED, I.STOPPING, I.FAILED, I.DELETED) or (
                 state is I.INTERRUPTED and current.interrupted_by != "node_lost"):
@@ -552,7 +547,7 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         mapped = {p["port"]: p for p in current.ports or []}
         if state is not I.RUNNING or port not in mapped:
             return None
-        node = _released(lambda: Node.get_or_none_by_id(current.node_id))
+        node = released(lambda: Node.get_or_none_by_id(current.node_id))
         host = node.address if node is not None else ""
         protocol = protocols[port]
         public = mapped[port]["host_port"]

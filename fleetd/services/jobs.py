@@ -6,7 +6,7 @@ import threading
 import time
 
 from fleetd import scheduler
-from fleetd.db import write_transaction
+from fleetd.db import hand_back, released, write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.artifacts import readable_artifacts
@@ -122,8 +122,25 @@ def team_of(principal, spec):
     return wanted
 
 
+def submit(rt, principal, spec, wait_for_capacity=True):
+    """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
+    no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
+    scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
+    from fleetd.services import policy, scheduling
+
+    request = task_request(spec)  # the engine's own checks, before anything is stored
+    policy.check_bid(spec)
+    never = scheduling.capacity_reason(rt, request)
+    if never and not wait_for_capacity:
+        raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
+    job = submit_job(rt.clock.now(), principal, spec, never)
+    if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
+        job = get_job(principal, job.id)
+    return job
+
+
 def submit_job(now, principal, spec, waiting_reason=None):
-    """Queue a validated JobSpec; returns the Job with its tasks. The caller kicks the scheduler after commit."""
+    """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler)."""
     retry = spec.get("retry") or DEFAULT_RETRY
     team = team_of(principal, spec)
     job_id = new_id()
@@ -202,6 +219,23 @@ def get_job(principal, job_id):
     return job
 
 
+def wait_job(rt, principal, job_id, wait_seconds):
+    """A job; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as it is then).
+    No pooled connection is held while waiting."""
+    job = get_job(principal, job_id)
+    if wait_seconds <= 0 or J(job.state).is_terminal():
+        return job
+
+    def terminal():
+        current = get_job(principal, job_id)
+        return current if J(current.state).is_terminal() else None
+
+    hand_back()
+    wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    return rt.notifier.wait(("job", job_id), wait, lambda: released(terminal)) or released(
+        lambda: get_job(principal, job_id))
+
+
 def job_result(principal, job_id):
     """The outcome of a job and of each rank."""
     job = get_job(principal, job_id)
@@ -247,14 +281,15 @@ def job_events(principal, job_id, limit, cursor=None, after=None):
     return list_events("job", job_id, limit, cursor, after)
 
 
-def cancel_job(now, principal, job_id, rt=None):
+def cancel_job(rt, principal, job_id):
     """Cancel a job. Tasks that no node holds yet are cancelled at once; the nodes that hold the
     others are told to stop them now (their acquire long-poll wakes), and the job is `cancelling`
     until those tasks end (the node reports each finish, or its lease expires), then `cancelled`.
     A job that holds no process (queued, or not yet delivered) is `cancelled` at once.
 
-    `rt`: wake this runtime's job waiters after commit (the nodes are woken either way).
+    The job's waiters are woken after the commit.
     """
+    now = rt.clock.now()
     with write_transaction():
         job = find_visible_job(principal, job_id)
         if job is None:
@@ -263,8 +298,7 @@ def cancel_job(now, principal, job_id, rt=None):
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
         held = stop_job(job, f"cancelled by {principal.label}", now)
     owe_stops(held)
-    if rt is not None:
-        rt.notifier.notify(("job", job.id))
+    rt.notifier.notify(("job", job.id))
     return job
 
 

@@ -101,8 +101,9 @@ def _refuse_if_lost(node, action):
         raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
 
 
-def cordon_node(now, node_id, reason="cordoned by admin"):
+def cordon_node(rt, node_id, reason="cordoned by admin"):
     """Stop new placements on a ready node."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "cordon")
@@ -111,8 +112,9 @@ def cordon_node(now, node_id, reason="cordoned by admin"):
     return get_node(node_id)
 
 
-def uncordon_node(now, node_id, reason="uncordoned by admin"):
-    """Allow placements on a cordoned node again."""
+def uncordon_node(rt, node_id, reason="uncordoned by admin"):
+    """Allow placements on a cordoned node again; queued work may fit there now."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "uncordon")
@@ -120,11 +122,13 @@ def uncordon_node(now, node_id, reason="uncordoned by admin"):
             if not S(node.status).can_uncordon():
                 raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
             switch_node_status(node, S.READY, reason, now)
+    rt.scheduler.kick()
     return get_node(node_id)
 
 
-def drain_node(now, node_id, reason, deadline_seconds):
+def drain_node(rt, node_id, reason, deadline_seconds):
     """Stop placements now; the node becomes drained when its tasks are done or the deadline passes."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "drain")
@@ -161,8 +165,9 @@ def settle_drain(node, now):
     return None
 
 
-def undrain_node(now, node_id, reason="undrained by admin"):
-    """End a drain; the node takes work again."""
+def undrain_node(rt, node_id, reason="undrained by admin"):
+    """End a drain; the node takes work again (queued work may fit there now)."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "undrain")
@@ -170,12 +175,15 @@ def undrain_node(now, node_id, reason="undrained by admin"):
             raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
         switch_node_status(node, S.READY, reason, now)
+    rt.scheduler.kick()
     return get_node(node_id)
 
 
-def revoke_node(now, node_id, reason="revoked by admin"):
+def revoke_node(rt, node_id, reason="revoked by admin"):
     """Revoke a node: its session stops working, its tasks end as lost (their jobs retry as for a
-    lost node) and its agent is told at once, through a waiting acquire, to stop them."""
+    lost node, and are placed again at once) and its agent is told at once, through a waiting
+    acquire, to stop them."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         if node.status != S.REVOKED.value:
@@ -185,11 +193,13 @@ def revoke_node(now, node_id, reason="revoked by admin"):
                 task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
                 if task.state in ACTIVE_TASK_STATES:
                     end_task(task, TaskState.LOST, f"node {node_id} revoked", now)
+    rt.scheduler.kick()
     return get_node(node_id)
 
 
-def delete_node(now, node_id):
+def delete_node(rt, node_id):
     """Forget a node and its GPUs; Conflict while it still runs tasks."""
+    now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         active_tasks = active_task_ids(node_id)
@@ -201,6 +211,7 @@ def delete_node(now, node_id):
         Gpu.delete().where(Gpu.node == node_id).execute()
         node.delete_instance()
         record_event(now, "node.deleted", "node", node_id, "deleted by admin", node.status, None)
+    rt.liveness.forget(node_id)
 
 
 def replace_gpus(node, gpus, now):

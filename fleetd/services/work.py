@@ -3,7 +3,7 @@
 import datetime as dt
 import time
 
-from fleetd.db import database, write_transaction
+from fleetd.db import database, released, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Task, TaskState
 from fleetd.services import instances
@@ -11,15 +11,6 @@ from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_tas
 from fleetd.sql import Statement
 
 T = TaskState
-
-
-def _released(fn):
-    """Run a check, then hand the pooled connection back before the caller sleeps."""
-    try:
-        return fn()
-    finally:
-        if not database.is_closed() and not database.in_transaction():
-            database.close()
 
 
 MAX_ASSIGNMENTS = 64  # the most one acquire delivers
@@ -64,7 +55,7 @@ def acquire(rt, node_id, wait_seconds, limit=1):
         return {"assignments": found, "cancel": cancel} if found or cancel else None
 
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
-    found = _released(take)
+    found = released(take)
     if found or wait_seconds <= 0:
         return found or {"assignments": [], "cancel": []}
     deadline = time.monotonic() + wait_seconds
@@ -76,7 +67,7 @@ def acquire(rt, node_id, wait_seconds, limit=1):
             # A stop is owed from inside the transaction that ends its task: until that commits,
             # look for it again shortly rather than wait for the next notify.
             pause = min(remaining, CONFIRM_POLL_SECONDS) if STOPS.owed(node_id) else remaining
-            found = rt.notifier.wait(("node", node_id), pause, lambda: _released(take))
+            found = rt.notifier.wait(("node", node_id), pause, lambda: released(take))
             if found:
                 return found
     return {"assignments": [], "cancel": []}
@@ -211,8 +202,8 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
             return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
         return None
 
-    found = _released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
-                                                      lambda: _released(published))
+    found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
+                                                      lambda: released(published))
     if not found:
         raise Timeout(f"rank 0 of job {job_id} has not published its address within {wait_seconds}s")
     return found

@@ -113,7 +113,6 @@ def job_cancel(job_id):
     job = jobs.get_job(principal, job_id)
     if not confirmed(request.form):
         return render_template("confirm_job.html", job=job)
-    job = jobs.cancel_job(rt.clock.now(), principal, job_id)
-    rt.notifier.notify(("job", job.id))
+    job = jobs.cancel_job(rt, principal, job_id)
     flash(f"Job {job.name} is now {job.state}.")
     return redirect(url_for("ui.job_page", job_id=job_id))

@@ -110,18 +110,10 @@ def node_action(node_id, action):
         return render_template("confirm_node.html", node=node, action=action, title=ACTIONS[action][0],
                                explanation=ACTIONS[action][1], drain=drain,
                                deadline_minutes=request.form.get("deadline_minutes", ""))
-    now = rt.clock.now()
-    if action == "cordon":
-        node = nodes.cordon_node(now, node_id)
-    elif action == "uncordon":
-        node = nodes.uncordon_node(now, node_id)
-        rt.scheduler.kick()
-    elif action == "drain":
-        node = nodes.drain_node(now, node_id, drain["reason"], drain["deadline_seconds"])
-    elif action == "undrain":
-        node = nodes.undrain_node(now, node_id)
-        rt.scheduler.kick()
+    if action == "drain":
+        node = nodes.drain_node(rt, node_id, drain["reason"], drain["deadline_seconds"])
     else:
-        node = nodes.revoke_node(now, node_id)
+        node = {"cordon": nodes.cordon_node, "uncordon": nodes.uncordon_node, "undrain": nodes.undrain_node,
+                "revoke": nodes.revoke_node}[action](rt, node_id)
     flash(f"{node.hostname} is now {node.status}.")
     return redirect(url_for("ui.node_page", node_id=node_id))
