@@ -104,14 +104,11 @@ class QuotaByTeam(MethodView):
     @blp.response(200, QuotaSchema)
     def put(self, body, team):
         """Set the most GPUs a team's running jobs may hold (per priority class, or "any")."""
-        quota = policy.set_quota(team[:200], body["priority_class"], body["max_gpus"])
-        current_runtime().scheduler.kick()
-        return quota
+        return policy.set_quota(current_runtime(), team[:200], body["priority_class"], body["max_gpus"])
 
     @require(ADMIN)
     @blp.arguments(QuotaDeleteQuerySchema(), location="query")
     @blp.response(204)
     def delete(self, query, team):
         """Remove a team's quota (one class with ?priority_class=, else all)."""
-        policy.delete_quota(team, query["priority_class"])
-        current_runtime().scheduler.kick()
+        policy.delete_quota(current_runtime(), team, query["priority_class"])

@@ -51,9 +51,7 @@ class FleetByName(MethodView):
     @blp.response(200, FleetSchema)
     def patch(self, body, name):
         """Change a fleet's description, labels or availability windows."""
-        fleet = fleets.update_fleet(name, body)
-        current_runtime().scheduler.kick()
-        return fleet
+        return fleets.update_fleet(current_runtime(), name, body)
 
     @require(ADMIN)
     @blp.response(204)

@@ -43,8 +43,9 @@ def create_fleet(now, name, description="", labels=None, availability=None):
     return get_fleet(name)
 
 
-def update_fleet(name, changes):
-    """Change a fleet's description and/or labels."""
+def update_fleet(rt, name, changes):
+    """Change a fleet's description, labels or availability windows (a window that opened, or
+    labels that now match, may let queued work fit: the scheduler is kicked)."""
     with write_transaction():
         fleet = Fleet.get_or_none(Fleet.name == name)
         if fleet is None:
@@ -53,6 +54,7 @@ def update_fleet(name, changes):
             if field in changes:
                 setattr(fleet, field, changes[field])
         fleet.save()
+    rt.scheduler.kick()
     return get_fleet(name)
 
 

@@ -32,22 +32,25 @@ def list_quotas():
     return list(Quota.select().order_by(Quota.team, Quota.priority_class))
 
 
-def set_quota(team, priority_class, max_gpus):
-    """Set a team's GPU quota for a priority class ("any" counts every class)."""
+def set_quota(rt, team, priority_class, max_gpus):
+    """Set a team's GPU quota for a priority class ("any" counts every class); a raised quota may
+    let queued work fit (the scheduler is kicked)."""
     with write_transaction():
         Quota.insert(team=team, priority_class=priority_class, max_gpus=max_gpus).on_conflict(
             conflict_target=[Quota.team, Quota.priority_class], update={Quota.max_gpus: max_gpus}).execute()
+    rt.scheduler.kick()
     return Quota.get((Quota.team == team) & (Quota.priority_class == priority_class))
 
 
-def delete_quota(team, priority_class=None):
-    """Remove a team's quota for one class, or all of its quotas."""
+def delete_quota(rt, team, priority_class=None):
+    """Remove a team's quota for one class, or all of its quotas (the scheduler is kicked)."""
     with write_transaction():
         query = Quota.delete().where(Quota.team == team)
         if priority_class:
             query = query.where(Quota.priority_class == priority_class)
         if not query.execute():
             raise NotFound(f"team {team!r} has no such quota")
+    rt.scheduler.kick()
 
 
 def check_bid(spec):
