@@ -155,3 +155,19 @@ def test_node_json_of_an_older_agent_with_one_server_url_still_loads(tmp_path):
                           "server_urls": ["http://a:1", "http://b:2"]}, "fln_s")
     assert node_server_urls(state.node()) == ["http://a:1", "http://b:2"]
     assert node_server_urls({"node_id": "n1"}) == [] and node_server_urls(None) == []
+
+
+def test_joining_again_with_replicas_added_keeps_the_node_and_another_fleetd_needs_force(tmp_path):
+    from agent.daemon import enrol
+
+    state = State(str(tmp_path / "state"))
+    state.save_enrolment({"node_id": "n1", "fleet": "f", "server_url": "http://cp1:1"}, "fln_s")  # an older agent
+    config = load_config(str(write(tmp_path, f'state_dir = "{state.dir}"\n')), environ={},
+                         server_url="http://cp1:1,http://cp2:2")
+    node, registered = enrol(config, "flj_unused")
+    assert not registered and node["node_id"] == "n1"
+    assert state.node()["server_urls"] == ["http://cp1:1", "http://cp2:2"] and state.session_token() == "fln_s"
+    other = load_config(str(write(tmp_path, f'state_dir = "{state.dir}"\n')), environ={},
+                        server_url="http://elsewhere:1")
+    with pytest.raises(ConfigError, match=r"already enrolled with http://cp1:1, http://cp2:2; use --force"):
+        enrol(other, "flj_unused")

@@ -11,7 +11,7 @@ import pytest
 
 from tests.provision.conftest import FLEET, REPO, python_for_tools
 from tests.provision.hosts import wait_for
-from tests.provision.test_bootstrap import agent_pids, shape_uuids
+from tests.provision.test_bootstrap import agent_pids, closed_port_on, shape_uuids
 
 pytestmark = pytest.mark.integration
 PLAYBOOKS = REPO / "playbooks"
@@ -154,5 +154,32 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
         first, second = (spans[h.hostname] for h in lab.hosts)
         # One at a time: the first host was back (undrained) before the second one started draining.
         assert first[1] <= second[0], spans
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tmp_path):
+    lab = lab_factory(["l4_x4"])
+    host = lab.hosts[0]
+    dead = closed_port_on(lab.ssh.gateway)
+    inventory = write_inventory(lab, tmp_path / "inventory.ini")
+    extra = tmp_path / "urls.json"
+    extra.write_text(json.dumps({"fleet_agent_server_url": [dead, lab.fleetd.url]}))
+    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    try:
+        env = lab.env(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
+                      ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1")
+        result = subprocess.run(
+            [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "bootstrap.yml"),
+             "-e", f"fleetd_url={lab.fleetd.url}", "-e", f"fleet_agent_bundle={bundle.path}",
+             "-e", f"fleet_agent_fleet={FLEET}", "-e", f"@{extra}"],
+            capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        assert "flj_" not in result.stdout + result.stderr
+        config = host.path("/etc/fleet-agent/agent.toml").read_text()
+        assert f'server_url = {json.dumps([dead, lab.fleetd.url])}' in config.splitlines()
+        stored = json.loads(host.path("/var/lib/fleet-agent/node.json").read_text())
+        assert stored["server_urls"] == [dead, lab.fleetd.url]
+        lab.api.wait_status(stored["node_id"], "ready")
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)

@@ -1,6 +1,7 @@
 """`fleetd bootstrap` against real SSH test hosts (network namespaces with their own sshd)."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -171,3 +172,34 @@ def test_bootstrap_through_a_bastion_checks_the_bastions_key_too(lab_factory, bu
     assert code == 1
     assert f"host key of {bastion.address} is not in" in results[target.address]["reason"]
     assert bastion.accepted_logins() == 1 and target.accepted_logins() == 1
+
+
+def closed_port_on(address):
+    """A URL on `address` that nothing listens on (connection refused)."""
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return f"http://{address}:{probe.getsockname()[1]}"
+
+
+def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_when_the_list_changes(
+        lab_factory, bundle):
+    lab = lab_factory(["l4_x4"])
+    host = lab.hosts[0]
+    dead = closed_port_on(lab.ssh.gateway)
+    urls = [dead, lab.fleetd.url]
+    code, results, stderr = lab.bootstrap(bundle, host, extra=["--server-url", dead, "--server-url", lab.fleetd.url])
+    assert code == 0, (results, stderr)
+    row = results[host.address]
+    assert row["result"] == "enrolled", row
+    lab.api.wait_status(row["node_id"], "ready")
+    assert tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())["server_url"] == urls
+    stored = json.loads(host.path("/var/lib/fleet-agent/node.json").read_text())
+    assert stored["server_urls"] == urls and stored["server_url"] == dead
+
+    # The dead URL dropped (comma-separated this time): the same control plane, so the same node; the
+    # config is rewritten and the agent restarted, with no new join token.
+    code, again, stderr = lab.bootstrap(bundle, host, extra=["--server-url", f"{lab.fleetd.url}"])
+    assert code == 0, (again, stderr)
+    assert again[host.address]["result"] == "updated" and again[host.address]["node_id"] == row["node_id"]
+    assert tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())["server_url"] == lab.fleetd.url
+    assert len(lab.api.join_tokens()) == 1 and lab.api.node(row["node_id"])["status"] == "ready"
