@@ -58,10 +58,6 @@ class RateLimited(FleetdError):
         super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after + 0.999)))})
 
 
-class Unavailable(FleetdError):
-    http_status, code = 503, "unavailable"
-
-
 class Timeout(FleetdError):
     http_status, code = 504, "timeout"
 

@@ -248,13 +248,6 @@ class Unschedulable:
 
     schedulable = False
 
-    def counts_by_stage(self) -> dict[str, int]:
-        """How many nodes each stage rejected."""
-        counts: dict[str, int] = {}
-        for d in self.filter_detail:
-            counts[d.stage] = counts.get(d.stage, 0) + 1
-        return counts
-
 
 PlacementResult = Placement | Unschedulable
 
