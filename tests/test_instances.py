@@ -263,3 +263,17 @@ def test_metrics_count_instances_by_state_apart_from_jobs(api, fleet):
     text = api.get("/metrics").get_data(as_text=True)
     assert 'fleetd_instances{state="starting"} 1.0' in text and 'fleetd_instances{state="pending"} 1.0' in text
     assert 'fleetd_jobs{state="running"} 0.0' in text and 'fleetd_jobs{state="queued"} 0.0' in text
+
+
+def test_gc_forgets_instances_deleted_before_the_cutoff_with_their_runs(api, fleet, clock):
+    token, node, session = fleet
+    gone = create(api, name="gone")
+    kept = create(api, name="kept", resources={"gpus": 8})  # pending: never deleted, never forgotten
+    run = start(api, session)
+    api.delete(f"/api/v1/instances/{gone['id']}")
+    finish(api, session, run)
+    clock.advance(7200)
+    result = api.post("/api/v1/admin/gc", {"older_than_seconds": 3600, "delete_jobs": True, "dry_run": False}).get_json()
+    assert result["instances"] == 1 and result["jobs"] == 1 and result["tasks"] == 1
+    assert api.get(f"/api/v1/instances/{gone['id']}").status_code == 404
+    assert show(api, kept["id"])["state"] == "pending"

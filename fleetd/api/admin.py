@@ -6,7 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema, GcResultSchema, GcSchema
-from fleetd.services import metrics
+from fleetd.services import retention
 
 blp = Blueprint("admin", __name__, url_prefix="/api/v1/admin", description="Administration")
 
@@ -36,4 +36,4 @@ class GarbageCollection(MethodView):
     @blp.response(200, GcResultSchema)
     def post(self, body):
         """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced artifacts."""
-        return metrics.collect_garbage(current_runtime(), **body)
+        return retention.collect_garbage(current_runtime(), **body)

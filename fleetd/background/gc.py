@@ -1,6 +1,6 @@
 """Maintenance: drop metric samples past retention, and old jobs when job_retention_seconds is set."""
 
-from fleetd.services.metrics import collect_garbage
+from fleetd.services.retention import collect_garbage
 
 NAME = "gc"
 DESCRIPTION = "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"

@@ -32,6 +32,7 @@ class GcResultSchema(Schema):
     log_lines = fields.Integer()
     events = fields.Integer()
     artifacts = fields.Integer()
+    instances = fields.Integer(metadata={"description": "deleted instances forgotten (with delete_jobs)"})
     cluster_samples = fields.Integer()
     gpu_samples = fields.Integer()
     dry_run = fields.Boolean()

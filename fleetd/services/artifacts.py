@@ -61,6 +61,24 @@ def store_artifact(settings, now, stream, name, kind, principal):
     return row
 
 
+def unreferenced(cutoff, keep_jobs_except=()):
+    """Shas of artifacts stored before `cutoff` that no job (but those in `keep_jobs_except`,
+    about to go) refers to."""
+    going = set(keep_jobs_except)
+    referenced = {a["sha256"] for job in Job.select(Job.id, Job.spec) if job.id not in going
+                  for a in (job.spec.get("artifacts") or [])}
+    return [a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.created_at < cutoff)
+            if a.sha256 not in referenced]
+
+
+def delete_records(shas):
+    """Forget these artifacts and who uploaded them (their files are the caller's to remove)."""
+    for start in range(0, len(shas), 500):
+        chunk = shas[start:start + 500]
+        Artifact.delete().where(Artifact.sha256.in_(chunk)).execute()
+        ArtifactUpload.delete().where(ArtifactUpload.sha256.in_(chunk)).execute()
+
+
 def readable_artifacts(principal, shas):
     """The subset of `shas` that exist and this API token may read (and use in its jobs): admins
     any, a submitter those it uploaded."""

@@ -564,6 +564,23 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
     return found
 
 
+# ---------------------------------------------------------------- retention
+
+
+def deleted_before(cutoff):
+    """Ids of the instances deleted before `cutoff`."""
+    return [i.id for i in Instance.select(Instance.id).where((Instance.state == I.DELETED.value)
+                                                             & (Instance.stopped_at < cutoff))]
+
+
+def delete_records(instance_ids):
+    """Forget these deleted instances and their events (their runs go with the old jobs)."""
+    for start in range(0, len(instance_ids), 500):
+        chunk = instance_ids[start:start + 500]
+        Event.delete().where((Event.subject_type == "instance") & Event.subject_id.in_(chunk)).execute()
+        Instance.delete().where(Instance.id.in_(chunk)).execute()
+
+
 # ---------------------------------------------------------------- logs and events
 
 

@@ -424,6 +424,38 @@ def stop_tasks_of_node(node_id, reason, now):
     return jobs
 
 
+# ---------------------------------------------------------------- retention
+
+
+def ended_before(cutoff):
+    """Ids of the jobs that ended before `cutoff` (runs of instances included)."""
+    terminal = [s.value for s in J if s.is_terminal()]
+    return [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
+
+
+def _chunks(ids, size=500):
+    return [ids[start:start + size] for start in range(0, len(ids), size)]
+
+
+def records_of(job_ids):
+    """{jobs, tasks, log_lines, events}: how many rows these jobs hold."""
+    counts = {"jobs": len(job_ids), "tasks": 0, "log_lines": 0, "events": 0}
+    for chunk in _chunks(job_ids):
+        counts["tasks"] += Task.select().where(Task.job.in_(chunk)).count()
+        counts["log_lines"] += LogLine.select().where(LogLine.job.in_(chunk)).count()
+        counts["events"] += Event.select().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).count()
+    return counts
+
+
+def delete_jobs(job_ids):
+    """Delete these jobs with their tasks, log lines and events (inside the caller's transaction)."""
+    for chunk in _chunks(job_ids):
+        Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).execute()
+        LogLine.delete().where(LogLine.job.in_(chunk)).execute()
+        Task.delete().where(Task.job.in_(chunk)).execute()
+        Job.delete().where(Job.id.in_(chunk)).execute()
+
+
 # ---------------------------------------------------------------- stops owed to nodes
 
 

@@ -11,10 +11,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
-from fleetd.models import (Artifact, ArtifactUpload, ClusterSample, Event, GpuSample, InstanceState, Job, JobState, LogLine,
-                           Task)
+from fleetd.models import ClusterSample, GpuSample, InstanceState, Job, JobState
 from fleetd.services import instances
-from fleetd.services.artifacts import artifact_path, store_dir
+from fleetd.services.artifacts import store_dir
 from fleetd.services.cluster import cluster_status, current_state, gpu_summary
 
 MAX_HISTORY_MINUTES = 24 * 60
@@ -236,51 +235,8 @@ def storage_view(rt):
     return view
 
 
-def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
-    """Remove metric samples past retention and, with delete_jobs, jobs ended longer ago than
-    `older_than_seconds` with their tasks, logs and events, then artifacts no job refers to.
-    Returns what was (or, with dry_run, would be) removed."""
-    now = rt.clock.now()
-    cutoff = now - dt.timedelta(seconds=older_than_seconds)
-    samples_cutoff = now - dt.timedelta(seconds=rt.settings.metrics_retention_seconds)
-    counts = {}
-    with write_transaction():
-        expired = {"cluster_samples": (ClusterSample, ClusterSample.at < samples_cutoff),
-                   "gpu_samples": (GpuSample, GpuSample.at < samples_cutoff)}
-        old_jobs = []
-        if delete_jobs:
-            terminal = [s.value for s in JobState if s.is_terminal()]
-            old_jobs = [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
-        counts["jobs"] = len(old_jobs)
-        counts["tasks"] = Task.select().where(Task.job.in_(old_jobs)).count() if old_jobs else 0
-        counts["log_lines"] = LogLine.select().where(LogLine.job.in_(old_jobs)).count() if old_jobs else 0
-        counts["events"] = (Event.select().where((Event.subject_type == "job") & Event.subject_id.in_(old_jobs))
-                            .count() if old_jobs else 0)
-        for name, (model, condition) in expired.items():
-            counts[name] = model.select().where(condition).count()
-        orphans = []
-        if delete_jobs:
-            referenced = {a["sha256"] for job in Job.select(Job.spec).where(Job.id.not_in(old_jobs or [""]))
-                          for a in (job.spec.get("artifacts") or [])}
-            orphans = [a.sha256 for a in Artifact.select().where(Artifact.created_at < cutoff)
-                       if a.sha256 not in referenced]
-        counts["artifacts"] = len(orphans)
-        if not dry_run:
-            for model, condition in expired.values():
-                model.delete().where(condition).execute()
-            if old_jobs:
-                Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(old_jobs)).execute()
-                LogLine.delete().where(LogLine.job.in_(old_jobs)).execute()
-                Task.delete().where(Task.job.in_(old_jobs)).execute()
-                Job.delete().where(Job.id.in_(old_jobs)).execute()
-            if orphans:
-                Artifact.delete().where(Artifact.sha256.in_(orphans)).execute()
-                ArtifactUpload.delete().where(ArtifactUpload.sha256.in_(orphans)).execute()
-    if not dry_run:
-        for sha in orphans:  # files go after the rows are gone for good
-            try:
-                os.unlink(artifact_path(rt.settings, sha))
-            except FileNotFoundError:
-                pass
-    counts["dry_run"] = dry_run
-    return counts
+def expired_samples(settings, now):
+    """{name: (model, condition)} of the metric samples past retention."""
+    cutoff = now - dt.timedelta(seconds=settings.metrics_retention_seconds)
+    return {"cluster_samples": (ClusterSample, ClusterSample.at < cutoff),
+            "gpu_samples": (GpuSample, GpuSample.at < cutoff)}
