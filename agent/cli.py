@@ -221,7 +221,7 @@ def status(as_json, config_path):
         click.echo(f"node:     {node['node_id']} in fleet {node['fleet']} ({stored})")
         click.echo(f"machine:  {node.get('machine_id', '?')}, enrolled {node.get('registered_at', '?')}")
     else:
-        click.echo(f"node:     not enrolled in this state dir (run `fleet-agent join`"
+        click.echo("node:     not enrolled in this state dir (run `fleet-agent join`"
                    + (", or see below" if mismatch else "") + ")")
     click.echo(f"session:  {report['session']}")
     in_use, urls = report["server_url_in_use"], report["server_urls"]

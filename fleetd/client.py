@@ -72,7 +72,7 @@ def normalise_url(url):
     if not parts.hostname:
         raise ClientError(f"fleetd URL {text!r} names no host, e.g. http://127.0.0.1:8080")
     try:
-        parts.port
+        _ = parts.port  # urllib checks the port only when asked for it
     except ValueError:
         raise ClientError(f"fleetd URL {text!r} has a bad port") from None
     path = parts.path.rstrip("/")

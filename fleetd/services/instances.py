@@ -23,20 +23,20 @@ from fleetd.services.events import list_events, record_event
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request)
 from fleetd.services.pagination import last_rows, paginate
 
-I = InstanceState
 T = TaskState
 
-TRANSITIONS = {
-    I.PENDING: {I.STARTING, I.STOPPED, I.INTERRUPTED, I.FAILED, I.DELETED},
-    I.STARTING: {I.RUNNING, I.STOPPING, I.STOPPED, I.INTERRUPTED, I.FAILED, I.DELETED},
-    I.RUNNING: {I.STOPPING, I.STOPPED, I.INTERRUPTED, I.FAILED, I.DELETED},
-    I.STOPPING: {I.STOPPED, I.DELETED},
-    I.STOPPED: {I.PENDING, I.DELETED},
-    I.INTERRUPTED: {I.PENDING, I.STARTING, I.RUNNING, I.STOPPING, I.STOPPED, I.DELETED},
-    I.FAILED: {I.PENDING, I.DELETED},
-    I.DELETED: set(),
-}
-ENDED = (I.STOPPED, I.INTERRUPTED, I.FAILED, I.DELETED)
+# state -> the states it may go to
+TRANSITIONS = {InstanceState(state): {InstanceState(to) for to in targets.split()} for state, targets in {
+    "pending": "starting stopped interrupted failed deleted",
+    "starting": "running stopping stopped interrupted failed deleted",
+    "running": "stopping stopped interrupted failed deleted",
+    "stopping": "stopped deleted",
+    "stopped": "pending deleted",
+    "interrupted": "pending starting running stopping stopped deleted",
+    "failed": "pending deleted",
+    "deleted": "",
+}.items()}
+ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
 DEFAULT_MOUNT = "/workspace"
 
 # Every runtime's notifier: an instance's change wakes its waiters, whichever app serves them.
@@ -46,21 +46,21 @@ NOTIFIERS = weakref.WeakSet()
 def switch_instance_state(inst, to_state, reason, now):
     """The one way an instance changes state: checks the transition, keeps the cost's running
     interval, saves, records an Event; its waiters are woken after the commit."""
-    from_state = I(inst.state)
-    to_state = I(to_state)
+    from_state = InstanceState(inst.state)
+    to_state = InstanceState(to_state)
     if to_state not in TRANSITIONS[from_state]:
         raise Conflict(f"instance {inst.id} is {from_state.value}; it cannot become {to_state.value}",
                        {"state": from_state.value})
-    if from_state is I.RUNNING and inst.running_since is not None:
+    if from_state is InstanceState.RUNNING and inst.running_since is not None:
         hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
         inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
         inst.running_since = None
-    if to_state is I.RUNNING:
+    if to_state is InstanceState.RUNNING:
         inst.running_since = now
         inst.started_at = now
     if to_state in ENDED:
         inst.stopped_at = now
-    if to_state is not I.INTERRUPTED:
+    if to_state is not InstanceState.INTERRUPTED:
         inst.interrupted_by = None
     inst.state = to_state.value
     inst.status_reason = reason
@@ -90,10 +90,11 @@ def create_instance(rt, principal, spec):
     never = scheduling.capacity_reason(rt, request)
     with write_transaction():
         inst = Instance.create(id=new_id(), name=spec["name"], owner=principal.name, owner_token_id=principal.id,
-                               team=principal.team, state=I.PENDING.value, desired_state="running", spec=spec,
+                               team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
+                               spec=spec,
                                created_at=now, status_reason=f"created by {principal.label}")
         record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
-                     I.PENDING.value)
+                     InstanceState.PENDING.value)
         _new_run(inst, now, never)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
@@ -133,9 +134,9 @@ def _new_run(inst, now, waiting_reason=None):
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1
     inst.desired_state = "running"
-    if inst.state != I.PENDING.value:
+    if inst.state != InstanceState.PENDING.value:
         where = f" on node {inst.node_id}, which holds its volume" if inst.node_id else ""
-        switch_instance_state(inst, I.PENDING, f"run {inst.runs} queued{where}", now)
+        switch_instance_state(inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
     else:
         inst.save()
     return job
@@ -161,7 +162,10 @@ def find_instance(principal, instance_id):
 def list_instances(principal, limit, cursor=None, state=None, owner=None):
     """One page of instances, oldest first; deleted ones only when asked for by state."""
     query = _visible(Instance.select(), principal)
-    query = query.where(Instance.state == state) if state else query.where(Instance.state != I.DELETED.value)
+    if state:
+        query = query.where(Instance.state == state)
+    else:
+        query = query.where(Instance.state != InstanceState.DELETED.value)
     if owner:
         query = query.where(Instance.owner == owner)
     return paginate(query, Instance.id, limit, cursor)
@@ -195,10 +199,10 @@ def stop_instance(rt, principal, instance_id):
     now = rt.clock.now()
     with write_transaction():
         inst = find_instance(principal, instance_id)
-        if inst.state == I.DELETED.value:
+        if inst.state == InstanceState.DELETED.value:
             raise Conflict(f"instance {instance_id} is deleted", {"state": inst.state})
         inst.desired_state = "stopped"
-        held = _end_run(inst, I.STOPPED, f"stopped by {principal.label}", now)
+        held = _end_run(inst, InstanceState.STOPPED, f"stopped by {principal.label}", now)
     owe_stops(held)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
@@ -209,10 +213,10 @@ def delete_instance(rt, principal, instance_id):
     now = rt.clock.now()
     with write_transaction():
         inst = find_instance(principal, instance_id)
-        if inst.state == I.DELETED.value:
+        if inst.state == InstanceState.DELETED.value:
             return inst
         inst.desired_state = "deleted"
-        held = _end_run(inst, I.DELETED, f"deleted by {principal.label}", now)
+        held = _end_run(inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
     owe_stops(held)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
@@ -226,11 +230,12 @@ def _end_run(inst, final, reason, now):
     if job is not None and not JobState(job.state).is_terminal():
         held = stop_job(job, reason, now)
     if job is not None and job.state == JobState.CANCELLING.value:
-        if inst.state != I.STOPPING.value:
-            switch_instance_state(inst, I.STOPPING, f"{reason}; stopping its processes", now)
+        if inst.state != InstanceState.STOPPING.value:
+            switch_instance_state(inst, InstanceState.STOPPING, f"{reason}; stopping its processes", now)
         else:
             inst.save()
-    elif inst.state != final.value and not (final is I.STOPPED and inst.state in (I.STOPPED.value, I.FAILED.value)):
+    elif inst.state != final.value and not (
+            final is InstanceState.STOPPED and inst.state in (InstanceState.STOPPED.value, InstanceState.FAILED.value)):
         switch_instance_state(inst, final, reason, now)
     else:
         inst.save()
@@ -245,7 +250,7 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
     now = rt.clock.now()
     with write_transaction():
         inst = find_instance(principal, instance_id)
-        state = I(inst.state)
+        state = InstanceState(inst.state)
         if not state.can_resume():
             raise Conflict(f"instance {instance_id} is {state.value}; only a stopped, interrupted or failed "
                            "instance can be resumed", {"state": state.value})
@@ -290,7 +295,7 @@ def run_placed(job, task, now):
         return
     inst.node_id = task.node_id
     inst.price_per_hour = _price(inst.spec, task.gpus)
-    switch_instance_state(inst, I.STARTING, f"placed on node {task.node_id}", now)
+    switch_instance_state(inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
 
 
 def _price(spec, gpus):
@@ -315,8 +320,8 @@ def run_started(task, ports, now):
         return
     if ports is not None:
         inst.ports = ports
-    if inst.state in (I.STARTING.value, I.INTERRUPTED.value):
-        switch_instance_state(inst, I.RUNNING, f"started on node {task.node_id}", now)
+    if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
+        switch_instance_state(inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
     else:
         inst.save()
 
@@ -332,37 +337,37 @@ def run_ended(job, task, outcome, reason, now):
         job.outcome, job.outcome_reason = ended.value, f"{outcome.value}: {reason}"
     switch_job_state(job, ended, f"run ended: {outcome.value} ({reason})", now)
     inst = _of_run(job)
-    if inst is not None and inst.state != I.DELETED.value:
+    if inst is not None and inst.state != InstanceState.DELETED.value:
         _settle(inst, outcome, reason, now)
     return job
 
 
 def _settle(inst, outcome, reason, now):
     if inst.desired_state == "deleted":
-        switch_instance_state(inst, I.DELETED, "deleted; its processes ended", now)
-    elif inst.desired_state == "stopped" or inst.state == I.STOPPING.value:
-        switch_instance_state(inst, I.STOPPED, f"stopped; its processes ended ({reason})", now)
+        switch_instance_state(inst, InstanceState.DELETED, "deleted; its processes ended", now)
+    elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
+        switch_instance_state(inst, InstanceState.STOPPED, f"stopped; its processes ended ({reason})", now)
     elif outcome in (T.LOST, T.PREEMPTED):
         _interrupt(inst, "node_lost" if outcome is T.LOST else "preempted", reason, now)
     else:
         inst.desired_state = "stopped"
         if outcome is T.FAILED:
-            switch_instance_state(inst, I.FAILED, reason, now)
+            switch_instance_state(inst, InstanceState.FAILED, reason, now)
         elif reason.startswith("idle"):
-            switch_instance_state(inst, I.STOPPED, reason, now)
+            switch_instance_state(inst, InstanceState.STOPPED, reason, now)
         else:
             policy = (inst.spec.get("restart") or "on-failure")
-            switch_instance_state(inst, I.STOPPED, f"{reason} (restart policy {policy})", now)
+            switch_instance_state(inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
 
 
 def _interrupt(inst, why, reason, now):
     """Interrupted: resumable; after a lost node it resumes by itself when the node is back."""
-    if inst.state == I.INTERRUPTED.value:
+    if inst.state == InstanceState.INTERRUPTED.value:
         inst.interrupted_by = inst.interrupted_by or why
         inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
         inst.save()
     else:
-        switch_instance_state(inst, I.INTERRUPTED, reason, now)
+        switch_instance_state(inst, InstanceState.INTERRUPTED, reason, now)
         inst.interrupted_by = why
         inst.save()
     if why == "node_lost" and _node_live(inst.node_id):
@@ -379,8 +384,9 @@ def node_lost(node_id, reason, now):
     """A node was declared lost (inside switch_node_status): its running instances are interrupted.
     Their runs stay until their leases expire: if the node comes back first, they run on."""
     for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & Instance.state.in_([I.STARTING.value, I.RUNNING.value])):
-        switch_instance_state(inst, I.INTERRUPTED, f"node {node_id} lost: {reason}", now)
+                                        & Instance.state.in_([InstanceState.STARTING.value,
+                                                              InstanceState.RUNNING.value])):
+        switch_instance_state(inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
         inst.interrupted_by = "node_lost"
         inst.save()
 
@@ -388,7 +394,8 @@ def node_lost(node_id, reason, now):
 def node_returned(node_id, now):
     """A lost node is back (inside switch_node_status): its instances interrupted by the loss run
     again, the process they still have there, or a new run on it."""
-    for inst in Instance.select().where((Instance.node_id == node_id) & (Instance.state == I.INTERRUPTED.value)
+    for inst in Instance.select().where((Instance.node_id == node_id)
+                                        & (Instance.state == InstanceState.INTERRUPTED.value)
                                         & (Instance.interrupted_by == "node_lost")):
         if inst.desired_state != "running":
             continue
@@ -396,9 +403,9 @@ def node_returned(node_id, now):
         if task is None:
             _new_run(inst, now)
         elif task.state == T.RUNNING.value:
-            switch_instance_state(inst, I.RUNNING, f"node {node_id} is back; its process ran on", now)
+            switch_instance_state(inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
         else:
-            switch_instance_state(inst, I.STARTING, f"node {node_id} is back", now)
+            switch_instance_state(inst, InstanceState.STARTING, f"node {node_id} is back", now)
 
 
 def assignment_extra(job):
@@ -418,7 +425,7 @@ def volumes_to_delete(node_id, present):
     if not present:
         return []
     keep = {i.id for i in Instance.select(Instance.id).where(
-        Instance.id.in_(present) & (Instance.state != I.DELETED.value) & (Instance.node_id == node_id))}
+        Instance.id.in_(present) & (Instance.state != InstanceState.DELETED.value) & (Instance.node_id == node_id))}
     return [p for p in present if p not in keep]
 
 
@@ -469,22 +476,23 @@ def instance_view(inst, now):
 
 
 def _view(inst, job, task, node, now):
-    state = I(inst.state)
+    state = InstanceState(inst.state)
     cost = inst.cost_accrued or 0.0
-    if state is I.RUNNING and inst.running_since is not None:
+    if state is InstanceState.RUNNING and inst.running_since is not None:
         cost += (inst.price_per_hour or 0.0) * max(0.0, (now - inst.running_since).total_seconds()) / 3600
     pending = ""
-    if state is I.PENDING:
+    if state is InstanceState.PENDING:
         pending = (job.pending_reason if job is not None else "") or "waiting for the scheduler"
     return {
         "id": inst.id, "name": inst.name, "owner": inst.owner, "team": inst.team, "state": inst.state,
         "status_reason": inst.status_reason,
         "desired_state": "running" if inst.desired_state == "running" else "stopped",
         "pending_reason": pending, "node_id": inst.node_id, "node_hostname": node.hostname if node else None,
-        "interrupted_by": inst.interrupted_by if state is I.INTERRUPTED else None, "spec": _public_spec(inst.spec),
+        "interrupted_by": inst.interrupted_by if state is InstanceState.INTERRUPTED else None,
+        "spec": _public_spec(inst.spec),
         "created_at": inst.created_at, "started_at": inst.started_at, "stopped_at": inst.stopped_at,
         "price_per_hour": inst.price_per_hour, "cost_so_far": round(cost, 6), "runs": inst.runs,
-        "runtime": _runtime(inst, task, node, now) if state is I.RUNNING else None,
+        "runtime": _runtime(inst, task, node, now) if state is InstanceState.RUNNING else None,
     }
 
 
@@ -540,12 +548,12 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
 
     def answer():
         current = released(lambda: find_instance(principal, instance_id))
-        state = I(current.state)
-        if state in (I.STOPPED, I.STOPPING, I.FAILED, I.DELETED) or (
-                state is I.INTERRUPTED and current.interrupted_by != "node_lost"):
+        state = InstanceState(current.state)
+        if state in (InstanceState.STOPPED, InstanceState.STOPPING, InstanceState.FAILED, InstanceState.DELETED) or (
+                state is InstanceState.INTERRUPTED and current.interrupted_by != "node_lost"):
             raise Conflict(f"instance {instance_id} is {state.value}; resume it first", {"state": state.value})
         mapped = {p["port"]: p for p in current.ports or []}
-        if state is not I.RUNNING or port not in mapped:
+        if state is not InstanceState.RUNNING or port not in mapped:
             return None
         node = released(lambda: Node.get_or_none_by_id(current.node_id))
         host = node.address if node is not None else ""
@@ -569,7 +577,7 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
 
 def deleted_before(cutoff):
     """Ids of the instances deleted before `cutoff`."""
-    return [i.id for i in Instance.select(Instance.id).where((Instance.state == I.DELETED.value)
+    return [i.id for i in Instance.select(Instance.id).where((Instance.state == InstanceState.DELETED.value)
                                                              & (Instance.stopped_at < cutoff))]
 
 
