@@ -47,7 +47,6 @@ from fleetd.scheduler.model import (
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 
-_MISS = object()
 PLACEMENT_GROUP = 4  # tasks one pass places on a node before an equally good, equally busy one gets its turn
 
 
@@ -165,7 +164,7 @@ class PlacementEngine:
         if not members or members[-1].rank < rank:
             members.append(node)
         else:
-            members.insert(bisect.bisect_left(members, rank, key=_Node.rank.fget), node)
+            members.insert(bisect.bisect_left(members, rank, key=lambda member: member.rank), node)
 
     def _leave(self, node: _Node):
         members = self._members[node.cid]
@@ -195,8 +194,9 @@ class PlacementEngine:
             memo = self._memo[shape] = {}
         out = []
         for cid, members in self._members.items():
-            res = memo.get(cid, _MISS)
-            if res is _MISS:
+            if cid in memo:
+                res = memo[cid]
+            else:
                 key = self._class_keys[cid]
                 res = self.policy.score(key[0], key[1], key[2], shape) if self._class_fits(key, shape) else None
                 memo[cid] = res
@@ -246,7 +246,7 @@ class PlacementEngine:
         fitting = [gs for gs in groups.values() if len(gs) >= count]
         if fitting:
             return min(fitting, key=len)[:count]
-        chosen = []
+        chosen: list = []
         for gs in sorted(groups.values(), key=len, reverse=True):
             chosen.extend(gs[: count - len(chosen)])
             if len(chosen) == count:
@@ -411,8 +411,8 @@ class PlacementEngine:
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
-            left = dict(cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free, tasks=node.tasks)
-            nodes.append(replace(node.snap, gpus=gpus, **left))
+            nodes.append(replace(node.snap, gpus=gpus, cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free,
+                                 tasks=node.tasks))
         return ClusterSnapshot(tuple(nodes))
 
     def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:

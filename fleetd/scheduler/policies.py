@@ -48,6 +48,7 @@ def after_placement(
     if shape.gpu_count == 0:
         return cpu_after, gpus
     if shape.shared:
+        assert slice_of is not None  # a shared shape lands on a slice of one GPU
         rest = list(gpus)
         rest.remove(slice_of)
         rest.append(slice_of - shape.gpu_milli)
