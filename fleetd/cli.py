@@ -710,7 +710,8 @@ def node_events(node_id):
     """A node's events, oldest first."""
     items = list(_client().paginate(f"/api/v1/nodes/{node_id}/events"))
     emit(_ctx(), items, lambda rows: show_table(
-        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("REASON", "reason")]))
+        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("ACTOR", "actor"),
+                     ("REASON", "reason")]))
 
 
 # ---------------------------------------------------------------- jobs
@@ -1421,7 +1422,8 @@ def instance_events(instance_id):
     """An instance's events, oldest first."""
     items = list(_client().paginate(f"/api/v1/instances/{instance_id}/events"))
     emit(_ctx(), items, lambda rows: show_table(
-        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("REASON", "reason")]))
+        rows, [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("ACTOR", "actor"),
+                     ("REASON", "reason")]))
 
 
 # ---------------------------------------------------------------- GPU types and quotas

@@ -255,6 +255,7 @@ class Event(BaseModel):
     from_status = peewee.CharField(max_length=16, null=True)
     to_status = peewee.CharField(max_length=16, null=True)
     reason = peewee.TextField(default="")
+    actor = peewee.CharField(max_length=200, default="fleetd")  # token:<name>, node:<id> or fleetd
 
     class Meta:
         indexes = ((("subject_type", "subject_id", "id"), False),)

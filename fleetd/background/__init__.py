@@ -7,6 +7,7 @@ import threading
 
 from fleetd.background import drains, gc, leases, liveness_sweep, metrics_sampler, scheduling, storage, token_cleanup
 from fleetd.errors import Conflict, NotFound
+from fleetd.services.events import FLEETD, acting_as
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class TaskRunner:
                 with self.app.app_context():
                     from fleetd.db import database
 
-                    with database.connection_context():
+                    with database.connection_context(), acting_as(FLEETD):  # fleetd decides, whoever asked
                         record.last_result = record.func(self.rt)
                 record.last_status, record.last_error = "ok", None
             except Exception as exc:  # a failed run is recorded and retried next interval

@@ -75,6 +75,7 @@ class EventSchema(Schema):
     from_status = fields.String(allow_none=True)
     to_status = fields.String(allow_none=True)
     reason = fields.String()
+    actor = fields.String()  # who caused it: token:<name>, node:<id> or fleetd
 
 
 EventPageSchema = page_schema(EventSchema, "EventPage")

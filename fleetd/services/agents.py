@@ -5,7 +5,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
 from fleetd.services import instances
-from fleetd.services.events import record_event
+from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.work import reconcile_reported_tasks
 from fleetd.services.nodes import drain_info, find_node, replace_gpus, settle_drain, switch_node_status
@@ -49,7 +49,8 @@ def register_node(rt, join_token_id, info):
                 registered_at=now,
                 **fields,
             )
-            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}", None, S.PENDING.value)
+            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}", None,
+                         S.PENDING.value, actor=f"node:{node.id}")
         else:
             moved = node.fleet_id != token.fleet_id
             reason = f"re-registered by {fields['hostname']}; previous session invalidated"
@@ -59,10 +60,12 @@ def register_node(rt, join_token_id, info):
                 setattr(node, name, value)
             node.fleet = token.fleet_id
             node.save()
-            record_event(now, "node.registered", "node", node.id, reason, node.status, node.status)
+            record_event(now, "node.registered", "node", node.id, reason, node.status, node.status,
+                         actor=f"node:{node.id}")
             if node.status == S.REVOKED.value:
-                switch_node_status(node, S.PENDING, "re-enrolled with a new join token", now)
-        replace_gpus(node, info.get("gpus") or [], now)
+                switch_node_status(node, S.PENDING, "re-enrolled with a new join token", now, actor=f"node:{node.id}")
+        with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
+            replace_gpus(node, info.get("gpus") or [], now)
     rt.liveness.touch(node.id)
     return node, session_token
 

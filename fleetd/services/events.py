@@ -1,15 +1,55 @@
-"""Events: the audit trail of state changes."""
+"""Events: the audit trail of state changes, and who caused each one (its actor)."""
+
+import contextlib
+import contextvars
 
 from fleetd.models import Event
 from fleetd.services.pagination import paginate
 from fleetd.sql import insert_row
 
+# fleetd's own decisions (liveness, leases, drains' deadlines, the scheduler, the health policy).
+FLEETD = "fleetd"
+ACTOR_MAX = 200
 
-def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None):
+# Who the code running now acts for. Greenlets and threads each have their own context, so a
+# request's actor never leaks into another request or into a background task.
+_ACTOR = contextvars.ContextVar("fleetd_actor", default=None)
+
+
+@contextlib.contextmanager
+def acting_as(actor):
+    """Record the events written inside this block as caused by `actor` (token:<name>,
+    node:<id> or fleetd), unless a call names another actor itself."""
+    token = _ACTOR.set(actor)
+    try:
+        yield
+    finally:
+        _ACTOR.reset(token)
+
+
+def current_actor():
+    """The actor of the code running now: the innermost acting_as, else the authenticated
+    principal of this request (API token or UI session), else fleetd."""
+    actor = _ACTOR.get()
+    if actor is not None:
+        return actor
+    from flask import g, has_request_context  # services also run outside Flask (CLI tools)
+
+    if has_request_context():
+        principal = g.get("principal") or g.get("ui_principal")
+        if principal is not None:
+            return principal.label
+    return FLEETD
+
+
+def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None):
     """Write one Event (call inside the transaction that made the change), through a compiled
-    INSERT: peewee's Event.create and insert_many build their SQL anew each time."""
+    INSERT: peewee's Event.create and insert_many build their SQL anew each time. `actor`: who
+    caused it; by default the actor of the code running now (current_actor). Returns the actor."""
+    actor = (actor or current_actor())[:ACTOR_MAX]
     insert_row(Event, {"at": now, "kind": kind, "subject_type": subject_type, "subject_id": subject_id,
-                       "from_status": from_status, "to_status": to_status, "reason": reason})
+                       "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor})
+    return actor
 
 
 def list_events(subject_type, subject_id, limit, cursor=None, after=None):

@@ -94,7 +94,7 @@ def create_instance(rt, principal, spec):
                                spec=spec,
                                created_at=now, status_reason=f"created by {principal.label}")
         record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
-                     InstanceState.PENDING.value)
+                     InstanceState.PENDING.value, actor=principal.label)
         _new_run(inst, now, never)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
@@ -268,7 +268,8 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         policy.check_bid(spec)
         inst.spec = spec
         _new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))
-        record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}")
+        record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
+                     actor=principal.label)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 

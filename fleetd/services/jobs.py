@@ -169,7 +169,8 @@ def submit_job(now, principal, spec, waiting_reason=None):
                          for rank in range(job.num_nodes)]
         for task in job.task_list:
             task.save(force_insert=True)
-        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value)
+        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value,
+                     actor=principal.label)
     return job
 
 

@@ -28,8 +28,9 @@ LIVE_STATUSES = frozenset(_LIVE)
 GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
 
 
-def switch_node_status(node, to_status, reason, now):
-    """The one way a node changes state: checks the transition, saves, records an Event."""
+def switch_node_status(node, to_status, reason, now, actor=None):
+    """The one way a node changes state: checks the transition, saves, records an Event (caused
+    by `actor`, by default the actor of the code running now: events.current_actor)."""
     from_status = S(node.status)
     to_status = S(to_status)
     if to_status not in TRANSITIONS[from_status]:
@@ -41,7 +42,7 @@ def switch_node_status(node, to_status, reason, now):
     node.status_reason = reason
     node.status_before_lost = from_status.value if to_status is S.LOST else None
     node.save()
-    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value)
+    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor)
     from fleetd.services import instances  # instances' runs are jobs: it imports this module's users
 
     if to_status is S.LOST:

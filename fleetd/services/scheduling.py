@@ -12,6 +12,7 @@ from fleetd.replicas import Fenced
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.services import instances
 from fleetd.services.cluster import TERMS, ClusterState
+from fleetd.services.events import FLEETD, acting_as
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
 from fleetd.sql import Statement
@@ -46,7 +47,7 @@ def run_pass(rt, full=True):
     """
     if not rt.leader.leading():
         return {"assigned": 0, "pending": 0, "skipped": "this replica does not lead"}
-    with _PASS_LOCK:
+    with _PASS_LOCK, acting_as(FLEETD):  # placements and preemptions are fleetd's, even when a request kicked
         started = time.perf_counter()
         try:
             return _run_pass(rt, full)

@@ -1,0 +1,95 @@
+"""The audit trail: every Event says who caused it (token:<name>, node:<id> or fleetd)."""
+
+from tests.conftest import ApiClient, admin_client
+
+
+def _events(api, path):
+    resp = api.get(path)
+    assert resp.status_code == 200, resp.get_json()
+    return resp.get_json()["items"]
+
+
+def _enrol(api, name="host-a", gpu_count=1):
+    api.create_fleet()
+    return api.ready_node(api.create_join_token(), name, gpu_count=gpu_count)
+
+
+def test_cordon_by_a_named_token_records_that_token(api, app):
+    node_id, _ = _enrol(api)
+    ops = ApiClient(app, api.create_token("admin", name="night-ops"))
+    assert ops.post(f"/api/v1/nodes/{node_id}/cordon").status_code == 200
+    events = _events(api, f"/api/v1/nodes/{node_id}/events")
+    cordon = [e for e in events if e["to_status"] == "cordoned"]
+    assert [e["actor"] for e in cordon] == ["token:night-ops"]
+    assert set(events[0]) == {"id", "at", "kind", "subject", "from_status", "to_status", "reason", "actor"}
+    # registration and the first heartbeat were the node's own doing
+    first = [e for e in events if e["kind"] == "node.registered" or e["reason"] == "first heartbeat"]
+    assert {e["actor"] for e in first} == {f"node:{node_id}"} and len(first) == 2
+
+
+def test_a_lost_node_is_fleetds_decision_even_when_an_admin_runs_the_sweep(make_app, clock):
+    app = make_app(failover_grace_seconds=0)
+    api = admin_client(app, clock)
+    node_id, session = _enrol(api)
+    clock.advance(41)
+    assert api.run_task("liveness_sweep")["lost"] == 1
+    lost = [e for e in _events(api, f"/api/v1/nodes/{node_id}/events") if e["to_status"] == "lost"]
+    assert [e["actor"] for e in lost] == ["fleetd"]
+    api.heartbeat(session)
+    back = _events(api, f"/api/v1/nodes/{node_id}/events")[-1]
+    assert (back["from_status"], back["to_status"], back["actor"]) == ("lost", "ready", f"node:{node_id}")
+
+
+def test_a_finish_report_is_the_nodes_and_the_submit_the_tokens(api, app):
+    node_id, session = _enrol(api)
+    ci = ApiClient(app, api.create_token("submitter", name="ci-bot"))
+    job = ci.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    events = _events(ci, f"/api/v1/jobs/{job['id']}/events")
+    by_kind = {}
+    for e in events:
+        by_kind.setdefault((e["kind"], e["to_status"]), e["actor"])
+    assert by_kind[("job.submitted", "queued")] == "token:ci-bot"
+    assert by_kind[("job.state", "running")] == "fleetd"  # the scheduler placed it, though the submit kicked
+    assert by_kind[("task.state", "succeeded")] == f"node:{node_id}"
+    assert by_kind[("job.state", "succeeded")] == f"node:{node_id}"
+
+
+class _TestClient:
+    """fleetd.client.Client over the Flask test client (the CLI's calls reach the real API)."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def __call__(self, url, token):
+        return self
+
+    def request(self, method, path, json=None, params=None, expect_json=True):
+        resp = self.api.call(method, path, query_string=params, json=json)
+        assert resp.status_code == 200, resp.get_json()
+        return resp.get_json()
+
+    def paginate(self, path, **params):
+        from fleetd.client import Client
+
+        return Client.paginate(self, path, **params)
+
+
+def test_node_events_in_the_cli_and_the_ui_show_the_actor(api, app, monkeypatch):
+    from click.testing import CliRunner
+
+    from fleetd import cli
+    from tests.ui.conftest import UiClient
+
+    node_id, _ = _enrol(api)
+    ops = ApiClient(app, api.create_token("admin", name="night-ops"))
+    ops.post(f"/api/v1/nodes/{node_id}/cordon")
+    monkeypatch.setattr(cli, "Client", _TestClient(api))
+    out = CliRunner().invoke(cli.cli, ["node", "events", node_id, "--url", "http://x", "--token", "t"])
+    assert out.exit_code == 0, out.output
+    assert "ACTOR" in out.output and "token:night-ops" in out.output and f"node:{node_id}" in out.output
+    ui = UiClient(app)
+    ui.login(api.token)
+    page = ui.text(f"/ui/nodes/{node_id}")
+    assert ">by</th>" in page and "<td>token:night-ops</td>" in page
