@@ -11,13 +11,9 @@ import ipaddress
 import os
 import re
 import shlex
-import sys
 import urllib.parse
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+import fleetconf
 
 DEFAULT_CONFIG_PATH = "/etc/fleet-agent/agent.toml"
 DEFAULT_STATE_DIR = "/var/lib/fleet-agent"
@@ -212,10 +208,7 @@ def parse_port_range(value):
 
 def parse_listen(value):
     """'host:port' (IPv6 as '[::1]:8001') -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"listen address {value!r} must be host:port")
-    return host.strip("[]"), int(port)
+    return fleetconf.parse_host_port(value, ConfigError, "listen address")
 
 
 def is_loopback(host):
@@ -239,40 +232,12 @@ def parse_labels(text):
     return labels
 
 
-def _flatten(data, prefix=""):
-    out = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and name != "labels":
-            out.update(_flatten(value, name + "_"))
-        else:
-            out[name] = value
-    return out
-
-
-def _convert(field, raw):
-    if field.name == "server_url":
-        return parse_server_urls(raw)
-    kind = type(field.default) if field.default is not dataclasses.MISSING else dict
-    if kind is bool:
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{field.name} must be true or false, got {raw!r}")
-    if kind is dict:
-        if isinstance(raw, str):
-            return parse_labels(raw)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{field.name} must be a table")
-        return {str(k): str(v) for k, v in raw.items()}
-    try:
-        return kind(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{field.name} must be {kind.__name__}, got {raw!r}") from None
+def _labels(raw):
+    if isinstance(raw, str):
+        return parse_labels(raw)
+    if not isinstance(raw, dict):
+        raise ConfigError("labels must be a table")
+    return {str(k): str(v) for k, v in raw.items()}
 
 
 def load_config(path=None, environ=None, **overrides):
@@ -280,23 +245,6 @@ def load_config(path=None, environ=None, **overrides):
     environ = os.environ if environ is None else environ
     explicit = path or environ.get(ENV_PREFIX + "CONFIG")
     path = explicit or DEFAULT_CONFIG_PATH
-    values = {}
-    if explicit or os.path.exists(path):
-        try:
-            with open(path, "rb") as fh:
-                values.update(_flatten(tomllib.load(fh)))
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {path}: " + ", ".join(unknown))
-    for name in fields:
-        raw = environ.get(ENV_PREFIX + name.upper())
-        if raw:
-            values[name] = raw
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    converted = {name: _convert(fields[name], raw) for name, raw in values.items()}
-    return Config(**converted).validate()
+    values = fleetconf.read_toml(path, ConfigError) if explicit or os.path.exists(path) else {}
+    return fleetconf.load(Config, ENV_PREFIX, values, environ, overrides, ConfigError, where=path,
+                          special={"server_url": parse_server_urls, "labels": _labels}).validate()

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 
+import fleetconf
 import gevent
 import gevent.event
 import gevent.pool
@@ -172,11 +173,8 @@ class _Server(WSGIServer):
 
 
 def parse_bind(bind):
-    """'HOST:PORT' (IPv6 as [::1]:8080) -> (host, port)."""
-    host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"bind must be HOST:PORT, got {bind!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """'HOST:PORT' (IPv6 as [::1]:8080; an empty host listens everywhere) -> (host, port)."""
+    return fleetconf.parse_host_port(bind, ValueError, "bind", default_host="0.0.0.0")
 
 
 def serve(settings, ready_callback=None):

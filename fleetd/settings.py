@@ -3,12 +3,8 @@
 import dataclasses
 import ipaddress
 import os
-import sys
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+import fleetconf
 
 
 DEFAULT_DATA_DIR = "/var/lib/fleetd"
@@ -51,6 +47,7 @@ class Settings:
     storage_measure_seconds: float = 300.0
     storage_watermark_percent: float = 85.0
     gc_interval_seconds: float = 3600.0
+    webhook_send_seconds: float = 2.0  # how often queued webhook deliveries are sent (and retried when due)
     job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
     leader_lease_seconds: float = 8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
@@ -109,25 +106,7 @@ class Settings:
     def load(cls, environ=None, **overrides):
         """Build settings from FLEETD_CONFIG (TOML), FLEETD_* variables and explicit overrides."""
         environ = os.environ if environ is None else environ
-        values = {}
         path = environ.get("FLEETD_CONFIG")
-        if path:
-            with open(path, "rb") as fh:
-                values.update(tomllib.load(fh))
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for name, field in fields.items():
-            raw = environ.get("FLEETD_" + name.upper())
-            if raw is not None and raw != "":
-                values[name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError("unknown setting(s): " + ", ".join(unknown))
-        converted = {}
-        for name, raw in values.items():
-            kind = type(fields[name].default)
-            try:
-                converted[name] = kind(raw)
-            except (TypeError, ValueError):
-                raise ValueError(f"setting {name} must be {kind.__name__}, got {raw!r}") from None
-        return cls(**converted).validate()
+        values = fleetconf.read_toml(path, ValueError) if path else {}
+        return fleetconf.load(cls, "FLEETD_", values, environ, overrides, ValueError,
+                              where=path or "settings").validate()
