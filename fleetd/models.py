@@ -444,6 +444,38 @@ class LeaderLease(BaseModel):
     expires_at = peewee.DateTimeField()
 
 
+class Webhook(BaseModel):
+    """A receiver of event notifications. The secret signs each delivery, so it is stored as
+    given (a hash could not sign); no answer or log ever shows it."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    url = peewee.TextField()
+    secret = peewee.CharField(max_length=256)
+    events = JSONText(default=list)  # the kinds it receives (services.webhooks.KINDS)
+    created_at = peewee.DateTimeField()
+    created_by = peewee.CharField(max_length=200, default="")
+
+
+class WebhookDelivery(BaseModel):
+    """The outbox: one notification for one webhook, written in the transaction of the event that
+    caused it, sent (and retried) by the `webhooks` background task."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    webhook = peewee.ForeignKeyField(Webhook, backref="deliveries", on_delete="CASCADE", column_name="webhook")
+    kind = peewee.CharField(max_length=64)
+    at = peewee.DateTimeField()  # when the event happened
+    body = peewee.TextField()  # the JSON document sent, exactly the bytes that are signed
+    state = peewee.CharField(max_length=16)  # pending, delivered, failed (gave up)
+    attempts = peewee.IntegerField(default=0)
+    next_attempt_at = peewee.DateTimeField(null=True)
+    status_code = peewee.IntegerField(null=True)  # of the last attempt
+    error = peewee.TextField(default="")  # of the last attempt
+    finished_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("state", "next_attempt_at"), False), (("webhook", "id"), False))
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -452,4 +484,4 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample, InventoryVersion, LeaderLease]
+          ClusterSample, GpuSample, InventoryVersion, LeaderLease, Webhook, WebhookDelivery]

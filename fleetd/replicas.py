@@ -20,6 +20,7 @@ On SQLite (one process, `fleetd serve` refuses a second one) the replica always 
 fence() checks nothing.
 """
 
+import datetime as dt
 import fcntl
 import json
 import logging
@@ -101,6 +102,12 @@ class Leadership:
         database.execute_sql("UPDATE leader_lease SET holder = %s, epoch = epoch + 1, "
                              "expires_at = now() + %s::interval WHERE id = 1", (self.replica_id, interval))
         self.epoch = self.leader_epoch = epoch + 1
+        from fleetd.services.events import FLEETD, record_event  # services import this module's users
+
+        # An Event (and its webhook deliveries) in the transaction that took the lease.
+        record_event(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "leader.changed", "cluster", self.replica_id,
+                     f"replica {self.replica_id} leads now (epoch {self.epoch}; previous holder {holder or 'none'})",
+                     actor=FLEETD, data={"replica_id": self.replica_id, "epoch": self.epoch, "previous": holder or None})
         log.warning("replica %s leads now (epoch %d; previous holder %r)", self.replica_id, self.epoch,
                     holder or None)
         return True

@@ -78,6 +78,10 @@ ROLE_TABLE = {
     ("POST", "/api/v1/admin/gc"): A,
     ("GET", "/api/v1/admin/tasks"): A,
     ("POST", "/api/v1/admin/tasks/{name}/run"): A,
+    ("GET", "/api/v1/webhooks"): A,
+    ("POST", "/api/v1/webhooks"): A,
+    ("DELETE", "/api/v1/webhooks/{webhook_id}"): A,
+    ("GET", "/api/v1/webhooks/{webhook_id}/deliveries"): A,
 }
 
 

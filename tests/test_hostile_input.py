@@ -71,6 +71,8 @@ BASE_BODIES = {
     ("PUT", "/api/v1/gpu-types/{model}"): {"price_per_hour": 1.5, "spot_min_bid": 0.5},
     ("PUT", "/api/v1/quotas/{team}"): {"priority_class": "spot", "max_gpus": 4.5},
     ("POST", "/api/v1/admin/gc"): {"older_than_seconds": 3600, "delete_jobs": False, "dry_run": True},
+    ("POST", "/api/v1/webhooks"): {"url": "https://hooks.example.com/fleetd", "secret": "0123456789abcdef",
+                                   "events": ["node.lost", "job.failed"]},
     ("POST", "/api/v1/agent/register"): {
         "hostname": "h", "machine_id": "m-hostile", "agent_version": "0.1.0", "address": "10.0.0.9",
         "labels": {"k": "v"}, "resources": {"cpu_count": 8, "memory_bytes": 1024}, "gpus": [GPU_REPORT]},

@@ -1,5 +1,6 @@
 """REST API blueprints: MethodViews only; the work happens in fleetd.services."""
 
-from fleetd.api import admin, agent, cluster, fleets, health, instances, jobs, metrics, nodes, tokens
+from fleetd.api import admin, agent, cluster, fleets, health, instances, jobs, metrics, nodes, tokens, webhooks
 
-BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp]
+BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp,
+              webhooks.blp]

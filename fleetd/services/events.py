@@ -4,6 +4,7 @@ import contextlib
 import contextvars
 
 from fleetd.models import Event
+from fleetd.services import webhooks
 from fleetd.services.pagination import paginate
 from fleetd.sql import insert_row
 
@@ -42,13 +43,20 @@ def current_actor():
     return FLEETD
 
 
-def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None):
+def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None,
+                 data=None):
     """Write one Event (call inside the transaction that made the change), through a compiled
     INSERT: peewee's Event.create and insert_many build their SQL anew each time. `actor`: who
-    caused it; by default the actor of the code running now (current_actor). Returns the actor."""
+    caused it; by default the actor of the code running now (current_actor). An event that
+    webhooks receive (webhooks.webhook_kind) queues their deliveries in the same transaction, with
+    `data` added to what they carry. Returns the actor."""
     actor = (actor or current_actor())[:ACTOR_MAX]
     insert_row(Event, {"at": now, "kind": kind, "subject_type": subject_type, "subject_id": subject_id,
                        "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor})
+    notify = webhooks.webhook_kind(kind, from_status, to_status)
+    if notify is not None:
+        webhooks.enqueue(now, notify, f"{subject_type}/{subject_id}",
+                         dict(data or {}, from_status=from_status, to_status=to_status, reason=reason, actor=actor))
     return actor
 
 

@@ -47,6 +47,12 @@ class Instruments:
             "and left the rest of the queue to the next pass.", registry=self.registry)
         self.leadership_changes = Counter(
             "fleetd_leadership_changes", "Times this replica started or stopped leading.", registry=self.registry)
+        self.webhook_deliveries = Counter(
+            "fleetd_webhook_deliveries", "Webhook delivery attempts by outcome (delivered, retrying, given_up).",
+            ["outcome"], registry=self.registry)
+        self.health_remediations = Counter(
+            "fleetd_health_remediations", "Steps the node health policy took (cordon, drain, uncordon).",
+            ["step"], registry=self.registry)
         self.registry.register(_StateCollector(rt))
 
 

@@ -74,6 +74,10 @@ ALLOWED = [
     ("positive_data_acceptance", r"GET /api/v1/instances/\{instance_id\}/connection", r"declares several ports",
      "`port` may be left out only when the instance declares one port: which ports it declares is the server's "
      "state, not the document's"),
+    ("positive_data_acceptance", r"POST /api/v1/webhooks",
+     r"not a URL|must be an http|must name a host|must not carry credentials|must not have a fragment",
+     "a webhook's URL must be an absolute http(s) URL naming a host, without credentials or a fragment, with a "
+     "valid port; the document states the scheme as a pattern but cannot state the rest of a URL's grammar"),
     ("positive_data_acceptance", r"POST /api/v1/agent/heartbeat", r"is out of range|nested deeper than",
      "the free-form `metrics` object is held to fleetd's JSON limits for every body (integers of at most 20 "
      "digits, nesting at most 32 deep), which a free-form schema cannot state"),

@@ -1,0 +1,204 @@
+"""Webhooks against a real local HTTP receiver: signature, retries with back-off, the delivery history."""
+
+import hashlib
+import hmac
+import http.server
+import json
+import threading
+
+import pytest
+
+from tests.conftest import ApiClient, admin_client
+
+SECRET = "s3cret-for-the-receiver-0123"
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 in a thread: records each POST, answers with the next queued status."""
+
+    def __init__(self):
+        self.requests = []
+        self.statuses = []  # answered in order; 204 once empty
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with outer.lock:
+                    outer.requests.append((self.path, dict(self.headers), body))
+                    status = outer.statuses.pop(0) if outer.statuses else 204
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", "http://example.invalid/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def env(make_app, clock):
+    app = make_app(failover_grace_seconds=0)
+    api = admin_client(app, clock)
+    api.create_fleet()
+    return app, api
+
+
+def _hook(api, url, events):
+    resp = api.post("/api/v1/webhooks", {"url": url, "secret": SECRET, "events": events})
+    assert resp.status_code == 201, resp.get_json()
+    return resp.get_json()
+
+
+def _deliveries(api, hook_id):
+    resp = api.get(f"/api/v1/webhooks/{hook_id}/deliveries")
+    assert resp.status_code == 200, resp.get_json()
+    return resp.get_json()["items"]
+
+
+def _signed(headers, body):
+    expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(headers["X-Fleetd-Signature"], expected)
+
+
+def test_a_lost_node_is_delivered_signed_and_retried_after_a_500(env, receiver, clock):
+    app, api = env
+    hook = _hook(api, receiver.url, ["node.lost", "node.returned"])
+    assert set(hook) >= {"id", "url", "events"} and "secret" not in hook
+    listed = api.get("/api/v1/webhooks").get_json()["items"]
+    assert [h["id"] for h in listed] == [hook["id"]] and SECRET not in json.dumps(listed)
+    node_id, session = api.ready_node(api.create_join_token(), "host-a")
+    assert _deliveries(api, hook["id"]) == []  # joining notifies nobody
+
+    clock.advance(41)
+    assert api.run_task("liveness_sweep")["lost"] == 1
+    [pending] = _deliveries(api, hook["id"])
+    assert (pending["event"], pending["attempts"], pending["status_code"]) == ("node.lost", 0, None)
+
+    receiver.statuses = [500]
+    assert api.run_task("webhooks")["retrying"] == 1
+    [failed] = _deliveries(api, hook["id"])
+    assert (failed["attempts"], failed["status_code"], failed["error"]) == (1, 500, "HTTP 500")
+    assert api.run_task("webhooks") == {"delivered": 0, "retrying": 0, "given_up": 0, "forgotten": 0}  # backing off
+    assert len(receiver.requests) == 1
+
+    clock.advance(5)
+    assert api.run_task("webhooks")["delivered"] == 1
+    [done] = _deliveries(api, hook["id"])
+    assert (done["attempts"], done["status_code"], done["error"], done["state"]) == (2, 204, "", "delivered")
+    assert set(done) >= {"id", "event", "at", "status_code", "attempts", "error"}
+    assert len(receiver.requests) == 2
+    for path, headers, body in receiver.requests:
+        assert path == "/hook" and _signed(headers, body)
+        assert headers["Content-Type"] == "application/json"
+    first, second = (json.loads(r[2]) for r in receiver.requests)
+    assert first == second  # a retry sends the same document (same id: receivers can drop repeats)
+    assert set(first) == {"id", "kind", "at", "subject", "data"}
+    assert (first["kind"], first["subject"]) == ("node.lost", f"node/{node_id}")
+    assert first["data"]["actor"] == "fleetd" and first["data"]["to_status"] == "lost"
+
+    api.heartbeat(session)
+    api.run_task("webhooks")
+    assert [d["event"] for d in _deliveries(api, hook["id"])] == ["node.lost", "node.returned"]
+    assert json.loads(receiver.requests[-1][2])["data"]["actor"] == f"node:{node_id}"
+    tampered = receiver.requests[-1][2].replace(b"node.returned", b"node.lost")
+    assert not _signed(receiver.requests[-1][1], tampered)
+
+
+def test_a_receiver_that_keeps_failing_is_given_up_after_bounded_attempts(env, receiver, clock):
+    app, api = env
+    hook = _hook(api, receiver.url, ["node.drained"])
+    node_id, _ = api.ready_node(api.create_join_token(), "host-a")
+    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}).status_code == 200
+    receiver.statuses = [503] * 20
+    for attempt in range(1, 9):
+        result = api.run_task("webhooks")
+        [d] = _deliveries(api, hook["id"])
+        assert d["attempts"] == attempt
+        clock.advance(3600)
+    assert result["given_up"] == 1 and d["state"] == "failed" and d["error"].startswith("gave up after 8 attempts")
+    assert api.run_task("webhooks")["given_up"] == 0 and len(receiver.requests) == 8
+
+
+def test_redirects_are_not_followed(env, receiver):
+    app, api = env
+    hook = _hook(api, receiver.url, ["node.drained"])
+    node_id, _ = api.ready_node(api.create_join_token(), "host-a")
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60})
+    receiver.statuses = [302]
+    assert api.run_task("webhooks")["retrying"] == 1
+    [d] = _deliveries(api, hook["id"])
+    assert d["status_code"] == 302 and "redirects are not followed" in d["error"]
+
+
+def test_only_subscribed_kinds_are_queued_and_a_deleted_hook_stops(env, receiver, clock):
+    app, api = env
+    lost = _hook(api, receiver.url, ["node.lost"])
+    drained = _hook(api, receiver.url, ["node.drained", "job.failed"])
+    node_id, _ = api.ready_node(api.create_join_token(), "host-a")
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60})
+    assert _deliveries(api, lost["id"]) == [] and len(_deliveries(api, drained["id"])) == 1
+    assert api.delete(f"/api/v1/webhooks/{drained['id']}").status_code == 204
+    assert api.get(f"/api/v1/webhooks/{drained['id']}/deliveries").status_code == 404
+    assert api.delete(f"/api/v1/webhooks/{drained['id']}").status_code == 404
+    assert api.run_task("webhooks")["delivered"] == 0 and receiver.requests == []
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"url": "ftp://127.0.0.1/x"}, "url"),
+    ({"url": "http:///nohost"}, "url"),
+    ({"url": "https://user:pw@example.com/x"}, "url"),
+    ({"url": "not a url"}, "url"),
+    ({"url": "http://127.0.0.1:99999/x"}, "url"),
+    ({"secret": "short"}, "secret"),
+    ({"secret": "x" * 257}, "secret"),
+    ({"events": []}, "events"),
+    ({"events": ["node.exploded"]}, "events"),
+    ({"events": "node.lost"}, "events"),
+])
+def test_bad_webhooks_are_refused(api, body, field):
+    full = dict({"url": "https://hooks.example.com/fleetd", "secret": SECRET, "events": ["node.lost"]}, **body)
+    resp = api.post("/api/v1/webhooks", full)
+    assert resp.status_code == 400, resp.get_json()
+    assert field in resp.get_json()["error"]["details"]["fields"]["json"]
+
+
+def test_webhooks_are_for_admins_only(api, app):
+    submitter = ApiClient(app, api.create_token("submitter"))
+    assert submitter.get("/api/v1/webhooks").status_code == 403
+    assert submitter.post("/api/v1/webhooks", {"url": "https://h.example/x", "secret": SECRET,
+                                                "events": ["node.lost"]}).status_code == 403
+
+
+def test_webhook_kinds_of_events():
+    from fleetd.services.webhooks import webhook_kind
+
+    assert webhook_kind("node.status", "ready", "lost") == "node.lost"
+    assert webhook_kind("node.status", "lost", "cordoned") == "node.returned"
+    assert webhook_kind("node.status", "lost", "revoked") is None
+    assert webhook_kind("node.status", "draining", "drained") == "node.drained"
+    assert webhook_kind("node.status", "ready", "cordoned") is None
+    assert webhook_kind("job.state", "running", "failed") == "job.failed"
+    assert webhook_kind("job.state", "running", "succeeded") is None
+    assert webhook_kind("instance.state", "running", "interrupted") == "instance.interrupted"
+    assert webhook_kind("leader.changed", None, None) == "leader.changed"
+    assert webhook_kind("task.state", "running", "failed") is None
