@@ -5,6 +5,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import socket
 
@@ -25,6 +26,7 @@ log = logging.getLogger("fleetd")
 
 
 ACCESS_LOG = logging.getLogger("fleetd.access")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.6.2: what a field name may be
 MAX_HEADER_LINE = 65536  # the limits of http.client, which gevent's own parser uses
 MAX_HEADERS = 100
 
@@ -59,9 +61,9 @@ class RequestHeaders:
                 return
             text = line.decode("iso-8859-1")
             name, sep, value = text.partition(":")
-            # No name, space before the colon (RFC 9112 5.1: must be refused) or obsolete line
-            # folding (5.2: may be refused).
-            if not sep or not name or name != name.strip():
+            # No name, a name that is no token (RFC 9110 5.1: space before the colon must be
+            # refused, RFC 9112 5.1) or obsolete line folding (5.2: may be refused).
+            if not sep or not _TOKEN.fullmatch(name):
                 self.status = "Invalid header line"
                 return
             self.headers.append(text)

@@ -46,4 +46,4 @@ if [ ${#packages[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$extras]"
