@@ -1,6 +1,5 @@
 """The application factory: settings, database, API, authentication, error handling."""
 
-import inspect
 import logging
 import time
 
@@ -33,24 +32,6 @@ PUBLIC_ENDPOINTS = frozenset(
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
 
 
-class _Flask(Flask):
-    """Flask, checking whether a view or hook is a coroutine function once per function instead of
-    on every call (about ten checks a request, each through `inspect`)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._sync = {}  # underlying function -> True when it is not a coroutine function
-
-    def ensure_sync(self, func):
-        key = getattr(func, "__func__", func)  # a bound method is new on every call; its function is not
-        sync = self._sync.get(key)
-        if sync is None:
-            if len(self._sync) >= 10_000:  # views and hooks are a few hundred; never more than this
-                self._sync.clear()
-            sync = self._sync[key] = not inspect.iscoroutinefunction(func)
-        return func if sync else self.async_to_sync(func)
-
-
 class FleetApi(Api):
     """flask-smorest's Api, with every error rendered as the fleetd envelope."""
 
@@ -63,7 +44,7 @@ class FleetApi(Api):
 def create_app(settings=None, clock=None, db=None):
     """Build the app. Background tasks are registered but only `fleetd serve` starts them."""
     settings = settings or Settings.load()
-    app = _Flask("fleetd")
+    app = Flask("fleetd")
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         API_TITLE="fleetd",

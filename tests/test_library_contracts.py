@@ -3,25 +3,21 @@
 - fleetd.sql: compiled statements (peewee's private `_returning`; model instances built from
   `__data__`, `_dirty`, `__rel__`) return the same rows and the same model instances as plain
   peewee, and BaseModel.save() writes what peewee's only_save_dirty save writes;
-- fleetd.app._Flask.ensure_sync answers as Flask's own for plain and async functions;
 - fleetd.server.RequestHeaders accepts and refuses header blocks as gevent's parser
   (http.client.parse_headers) under the same limits, on generated blocks (Hypothesis).
 
 The library versions these hold for are bounded in setup.cfg; a new major version must pass here.
 """
 
-import asyncio
 import datetime as dt
 import http.client
 import io
 
-import flask
 import peewee
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetd.app import _Flask as FleetFlask
 from fleetd.db import bind, open_database, upgrade
 from fleetd.models import Fleet, Gpu, Job, Node, Task
 from fleetd.server import MAX_HEADERS, RequestHeaders
@@ -100,31 +96,6 @@ def test_save_writes_the_fields_assigned_as_only_save_dirty_does(db):
     created = Node(id="n9", fleet="gpu-a", machine_id="m9", hostname="h9", status="pending", registered_at=T0)
     created.save(force_insert=True)
     assert _same(Node.get_by_id("n9"), Node.get(Node.id == "n9"))
-
-
-async def _coroutine():
-    return "async"
-
-
-def _plain():
-    return "sync"
-
-
-def _outcome(app, func):
-    """What ensure_sync(func) gives: ("same", None), ("wrapped", its result) or ("error", text)."""
-    with app.app_context():
-        try:
-            wrapped = app.ensure_sync(func)
-        except RuntimeError as exc:  # Flask without its async extra refuses coroutines
-            return "error", str(exc)
-        return ("same", None) if wrapped is func else ("wrapped", wrapped())
-
-
-def test_ensure_sync_answers_as_flasks_own():
-    ours, theirs = FleetFlask("contract"), flask.Flask("contract")
-    for func in (_plain, _coroutine, _plain):  # the second plain call is the cached answer
-        assert _outcome(ours, func) == _outcome(theirs, func)
-    assert asyncio.iscoroutinefunction(_coroutine)
 
 
 # Header blocks: names and values from a small alphabet that includes the troublesome characters.
