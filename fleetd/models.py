@@ -182,6 +182,7 @@ class Fleet(BaseModel):
     labels = JSONText(default=dict)
     created_at = peewee.DateTimeField()
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
+    health_policy = JSONText(null=True)  # see fleetd.services.health; None: the defaults (on)
 
 
 class JoinToken(BaseModel):
@@ -223,6 +224,8 @@ class Node(BaseModel):
     session_id = peewee.CharField(max_length=32, null=True, unique=True)
     session_hash = peewee.CharField(max_length=64, null=True)
     join_token_id = peewee.CharField(max_length=32, null=True)
+    # Set while the health policy holds the node out of service for a GPU fault: {reason, since, missing, cleared?}
+    health_hold = JSONText(null=True)
 
 
 class Gpu(BaseModel):

@@ -56,8 +56,11 @@ JOB_SPEC = {
 BASE_BODIES = {
     ("POST", "/api/v1/tokens"): {"name": "t", "role": "submitter", "team": "team-a", "expires_in_seconds": 3600},
     ("POST", "/api/v1/fleets"): {"name": "gpu-z", "description": "d", "labels": {"k": "v"},
-                                 "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]}},
-    ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"}},
+                                 "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
+                                 "health_policy": {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
+                                                   "uncordon_when_healthy": False}},
+    ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"},
+                                         "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
     ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/jobs"): JOB_SPEC,

@@ -1,5 +1,5 @@
 """Who caused each event (`event.actor`: token:<name>, node:<id> or fleetd); webhooks and their
-delivery outbox."""
+delivery outbox; the fleet's node health policy and what it did to a node (`node.health_hold`)."""
 from peewee import *
 
 
@@ -37,8 +37,11 @@ def up(migrator, db):
             indexes = ((('state', 'next_attempt_at'), False), (('webhook', 'id'), False))
 
     db.create_tables([Webhook, WebhookDelivery])
+    migrator.migrate(migrator.add_column('fleet', 'health_policy', TextField(null=True)),
+                     migrator.add_column('node', 'health_hold', TextField(null=True)))
 
 
 def down(migrator, db):
-    migrator.migrate(migrator.drop_table('webhook_delivery'), migrator.drop_table('webhook'),
+    migrator.migrate(migrator.drop_column('node', 'health_hold'), migrator.drop_column('fleet', 'health_policy'),
+                     migrator.drop_table('webhook_delivery'), migrator.drop_table('webhook'),
                      migrator.drop_column('event', 'actor'))

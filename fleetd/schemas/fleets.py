@@ -5,7 +5,8 @@ import zoneinfo
 from marshmallow import Schema, fields, validate
 
 from fleetd import windows
-from fleetd.schemas.common import Int, Labels, Text, Time, page_schema
+from fleetd.schemas.common import Bool, Int, Labels, Text, Time, page_schema
+from fleetd.services.health import effective_policy
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 
@@ -32,17 +33,34 @@ Availability = lambda **kw: fields.Nested(  # noqa: E731 - one definition for cr
     metadata={"description": "null: always open; else when the fleet's GPUs may take work"}, **kw)
 
 
+class HealthPolicySchema(Schema):
+    cordon_on_gpu_fault = Bool(metadata={"description": "cordon a node whose GPU turns unhealthy or disappears "
+                                                        "(default true)"})
+    drain_after_seconds = Int(minimum=0, maximum=7 * 86400, allow_none=True,
+                              metadata={"description": "then drain it: its tasks may run this long (default 600); "
+                                                       "null: stay cordoned"})
+    uncordon_when_healthy = Bool(metadata={"description": "return the node to ready when the fault clears, if the "
+                                                          "policy took it out (default true)"})
+
+
+HealthPolicy = lambda **kw: fields.Nested(  # noqa: E731 - one definition for create and update
+    HealthPolicySchema, allow_none=True,
+    metadata={"description": "the node health policy; fields left out (or null) keep the defaults"}, **kw)
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
     labels = Labels(load_default=dict)
     availability = Availability(load_default=None)
+    health_policy = HealthPolicy(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
     description = Text(max_length=2000)
     labels = Labels()
     availability = Availability()
+    health_policy = HealthPolicy()
 
 
 class FleetSchema(Schema):
@@ -53,6 +71,8 @@ class FleetSchema(Schema):
     gpu_count = fields.Integer()
     created_at = Time()
     availability = fields.Nested(AvailabilitySchema, allow_none=True)
+    health_policy = fields.Function(lambda f: effective_policy(f.health_policy),
+                                    metadata={"description": "the node health policy in force (defaults filled in)"})
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

@@ -7,6 +7,7 @@ from fleetd.models import JoinToken, Node, NodeStatus, new_id
 from fleetd.services import instances
 from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
+from fleetd.services.health import apply_health_policy
 from fleetd.services.work import reconcile_reported_tasks
 from fleetd.services.nodes import drain_info, find_node, replace_gpus, settle_drain, switch_node_status
 
@@ -116,8 +117,10 @@ def heartbeat(rt, node, body):
                                                                                  S.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
+            joined, gpu_change = node.status == S.PENDING.value, None
             if gpus is not None:
-                changed = replace_gpus(node, gpus, now) or changed
+                gpu_change = replace_gpus(node, gpus, now)
+                changed = gpu_change or changed
             if runtime != node.container_runtime:
                 node.container_runtime = runtime
                 node.save()
@@ -131,6 +134,7 @@ def heartbeat(rt, node, body):
                     back_to = S.READY.value
                 switch_node_status(node, back_to, "heartbeats resumed", now)
                 changed = True
+            changed = apply_health_policy(rt, node, now, gpu_change, gpus is not None, joined) or changed
             changed = settle_drain(node, now) is not None or changed
     if changed and rt.scheduler is not None:
         rt.scheduler.kick()  # new or returning capacity

@@ -8,6 +8,7 @@ from fleetd.auth import JOIN_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Fleet, Gpu, JoinToken, Node
+from fleetd.services.health import DEFAULT_POLICY
 from fleetd.services.pagination import paginate
 
 
@@ -30,14 +31,14 @@ def get_fleet(name):
     return fleet
 
 
-def create_fleet(now, name, description="", labels=None, availability=None):
-    """Create a fleet; Conflict if the name is taken."""
+def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None):
+    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults)."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:
                 raise Conflict(f"fleet {name!r} already exists")
             Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
-                         availability=availability)
+                         availability=availability, health_policy=_policy(health_policy))
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
@@ -53,9 +54,18 @@ def update_fleet(rt, name, changes):
         for field in ("description", "labels", "availability"):
             if field in changes:
                 setattr(fleet, field, changes[field])
+        if "health_policy" in changes:  # fields left out keep their value; null: back to the defaults
+            given = changes["health_policy"]
+            fleet.health_policy = None if given is None else _policy(dict(fleet.health_policy or {}, **given))
         fleet.save()
     rt.scheduler.kick()
     return get_fleet(name)
+
+
+def _policy(given):
+    """What is stored of a health policy: the fields given (None: all defaults)."""
+    stored = {k: v for k, v in (given or {}).items() if k in DEFAULT_POLICY}
+    return stored or None
 
 
 def delete_fleet(name):

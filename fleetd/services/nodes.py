@@ -1,5 +1,6 @@
 """Nodes: the state machine, admin actions (cordon, drain, revoke, delete) and inventory."""
 
+import collections
 import datetime as dt
 
 from fleetd.db import write_transaction
@@ -97,6 +98,14 @@ def _locked_node(node_id):
     return node
 
 
+def operator_takes_over(node):
+    """An operator acts on the node: whatever the health policy did is theirs now, and the policy
+    will not return the node to ready by itself (call before the node is saved)."""
+    if node.health_hold is not None:
+        node.health_hold = None
+        node.save()
+
+
 def _refuse_if_lost(node, action):
     if node.status == S.LOST.value:
         raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
@@ -108,6 +117,7 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "cordon")
+        operator_takes_over(node)
         if node.status != S.CORDONED.value:
             switch_node_status(node, S.CORDONED, reason, now)
     return get_node(node_id)
@@ -122,6 +132,7 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
         if node.status != S.READY.value:
             if not S(node.status).can_uncordon():
                 raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
+            operator_takes_over(node)
             switch_node_status(node, S.READY, reason, now)
     rt.scheduler.kick()
     return get_node(node_id)
@@ -135,6 +146,7 @@ def drain_node(rt, node_id, reason, deadline_seconds):
         _refuse_if_lost(node, "drain")
         if node.status in (S.DRAINING.value, S.DRAINED.value):
             raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
+        operator_takes_over(node)
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
@@ -174,6 +186,7 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
         _refuse_if_lost(node, "undrain")
         if not S(node.status).can_undrain():
             raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
+        operator_takes_over(node)
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
         switch_node_status(node, S.READY, reason, now)
     rt.scheduler.kick()
@@ -188,6 +201,7 @@ def revoke_node(rt, node_id, reason="revoked by admin"):
     with write_transaction():
         node = _locked_node(node_id)
         if node.status != S.REVOKED.value:
+            operator_takes_over(node)
             node.drain_reason = node.drain_deadline = node.drain_started_at = None
             switch_node_status(node, S.REVOKED, reason, now)
             for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
@@ -215,8 +229,12 @@ def delete_node(rt, node_id):
     rt.liveness.forget(node_id)
 
 
+GpuChange = collections.namedtuple("GpuChange", "gone")  # uuids of GPUs the node no longer reports
+
+
 def replace_gpus(node, gpus, now):
-    """Store a node's reported GPU inventory; records an Event when it changed. Returns True if so."""
+    """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
+    (always truthy) if so, else False."""
     current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in Gpu.select().where(Gpu.node == node.id)}
     reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
     if current == reported:
@@ -229,7 +247,7 @@ def replace_gpus(node, gpus, now):
     if unhealthy:
         reason += f", unhealthy: {', '.join(unhealthy)}"
     record_event(now, "node.gpus", "node", node.id, reason)
-    return True
+    return GpuChange(gone=tuple(sorted(set(current) - set(reported))))
 
 
 def mark_node_lost(now, node_id, silent_seconds, fence=None):
