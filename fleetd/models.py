@@ -210,6 +210,7 @@ class Node(BaseModel):
     address = peewee.CharField(max_length=255, default="")
     labels = JSONText(default=dict)
     agent_version = peewee.CharField(max_length=64, default="")
+    bundle_sha256 = peewee.CharField(max_length=64, default="")  # the offline bundle the agent came from
     status = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
     status_before_lost = peewee.CharField(max_length=16, null=True)

@@ -112,11 +112,20 @@ def heartbeat(rt, node, body):
         instances.SAMPLES.put(body["instances"])
     gpus = body.get("gpus")
     runtime = (body.get("capabilities") or {}).get("container_runtime", node.container_runtime)
+    version = body.get("agent_version")
+    bundle_sha = body.get("bundle_sha256")
+    new_agent = (version is not None and version != node.agent_version) or \
+        (bundle_sha is not None and bundle_sha != node.bundle_sha256)
     changed = False
-    if gpus is not None or runtime != node.container_runtime or node.status in (S.PENDING.value, S.LOST.value,
-                                                                                 S.DRAINING.value):
+    if new_agent or gpus is not None or runtime != node.container_runtime or \
+            node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
+            if new_agent:
+                # An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here.
+                node.agent_version = version if version is not None else node.agent_version
+                node.bundle_sha256 = bundle_sha if bundle_sha is not None else node.bundle_sha256
+                node.save()
             joined, gpu_change = node.status == S.PENDING.value, None
             if gpus is not None:
                 gpu_change = replace_gpus(node, gpus, now)

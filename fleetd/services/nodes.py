@@ -53,9 +53,11 @@ def switch_node_status(node, to_status, reason, now, actor=None):
     return node
 
 
-def list_nodes(limit, cursor=None, fleet=None, status=None):
-    """One page of nodes (oldest first), optionally of one fleet and/or status."""
+def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None):
+    """One page of nodes (oldest first), optionally of one fleet, status and/or agent version."""
     query = Node.select()
+    if agent_version:
+        query = query.where(Node.agent_version == agent_version)
     if fleet:
         query = query.where(Node.fleet == fleet)
     if status:
