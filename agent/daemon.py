@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -49,6 +50,24 @@ def agent_version():
         return importlib.metadata.version("fleetd")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def installed_bundle(prefix=None):
+    """{agent_version, bundle_sha256} of this agent: the package version and the SHA-256 of the offline
+    bundle it was installed from (bundle.json beside the venv, written by the installer; '' when the agent
+    was not installed from a bundle). Sent in heartbeats so fleetd learns of in-place upgrades."""
+    import json
+
+    path = os.path.join(prefix or sys.prefix, "bundle.json")
+    sha = ""
+    try:
+        with open(path) as fh:
+            value = json.load(fh).get("bundle_sha256", "")
+        if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+            sha = value
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {"agent_version": agent_version(), "bundle_sha256": sha}
 
 
 def jittered(interval, rng=random, spread=0.1):
@@ -408,6 +427,8 @@ class Agent:
             or DEFAULT_HEARTBEAT_SECONDS
         failures = 0
         sent_version = sent_capabilities = None
+        # What this agent is (version, bundle): sent until fleetd took it, then again only on change.
+        sent_info, info = None, installed_bundle()
         log.info("heartbeating to %s as node %s%s", display_url(client.base), self.node["node_id"],
                  f" (fleetd URLs: {', '.join(map(display_url, self.urls.urls))})" if len(self.urls) > 1 else "")
         try:
@@ -416,6 +437,8 @@ class Agent:
                 capabilities = self._capabilities()
                 body = self._heartbeat_body(version != sent_version,
                                             capabilities if capabilities != sent_capabilities else None)
+                if info != sent_info:
+                    body.update(info)
                 try:
                     reply = client.heartbeat(body)
                 except Rejected as exc:
@@ -426,6 +449,11 @@ class Agent:
                     self.workers.stop_all("session rejected by fleetd")
                     return EXIT_REVOKED
                 except FleetdError as exc:
+                    if info != sent_info and exc.status == 422:
+                        # A fleetd older than these fields refuses them: go on without.
+                        log.warning("fleetd does not take the agent version in heartbeats (%s); not sending it", exc)
+                        sent_info = info
+                        continue
                     failures += 1
                     delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
                                 min(exc.retry_after or 0, self.config.backoff_max_seconds))
@@ -439,7 +467,7 @@ class Agent:
                 if failures:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
-                sent_version, sent_capabilities = version, capabilities
+                sent_version, sent_capabilities, sent_info = version, capabilities, info
                 self.fleetd_error = ""
                 if not self.session_ok:
                     self.session_ok = True

@@ -650,10 +650,11 @@ def _bytes(n):
 @click.option("--fleet", "fleet_name", help="Only nodes of this fleet.")
 @click.option("--status", type=click.Choice(["pending", "ready", "cordoned", "draining", "drained", "lost",
                                              "revoked"]), help="Only nodes in this state.")
-def node_list(fleet_name, status):
+@click.option("--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout).")
+def node_list(fleet_name, status, agent_version):
     """List nodes."""
-    items = list(_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status))
-    emit(_ctx(), items, lambda rows: show_table(rows, NODE_COLUMNS))
+    items = list(_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status, agent_version=agent_version))
+    emit(_ctx(), items, lambda rows: show_table(rows, NODE_COLUMNS + [("AGENT", "agent_version")]))
 
 
 @client_command(node, "show")

@@ -2,13 +2,16 @@
 # What a host offers fleet-agent and what is installed there, as key=value lines: the preflight
 # of `fleetd bootstrap` and of playbooks/preflight.yml judge these, and bootstrap compares them
 # with what it would install. Changes nothing on the host.
-# Usage: fleet-agent-facts.sh PYTHON INSTALL_DIR CONFIG_DIR STATE_DIR UNIT_PATH
+# Usage: fleet-agent-facts.sh PYTHON INSTALL_DIR CONFIG_DIR STATE_DIR UNIT_PATH [FLEETD_URLS]
+# With FLEETD_URLS (comma-separated), also asks each for /api/v1/health from the host:
+# fleetd_reachable= the first URL that answered, fleetd_unreachable= why the others did not.
 set -u
 PY=${1:-python3}
 INSTALL_DIR=${2:-/opt/fleet-agent}
 CONFIG_DIR=${3:-/etc/fleet-agent}
 STATE_DIR=${4:-/var/lib/fleet-agent}
 UNIT_PATH=${5:-/etc/systemd/system/fleet-agent.service}
+FLEETD_URLS=${6:-}
 
 echo "facts_version=1"
 echo "uid=$(id -u)"
@@ -62,8 +65,10 @@ except (OSError, ValueError, AttributeError):
 
 if [ -r "$INSTALL_DIR/bundle.json" ] && [ -x "$INSTALL_DIR/bin/fleet-agent" ]; then
     echo "installed_version=$(json_field "$INSTALL_DIR/bundle.json" version)"
+    echo "installed_sha256=$(json_field "$INSTALL_DIR/bundle.json" bundle_sha256)"
 else
     echo "installed_version="
+    echo "installed_sha256="
 fi
 sha() { if [ -r "$1" ]; then sha256sum "$1" | cut -d ' ' -f 1; fi; }
 echo "config_sha256=$(sha "$CONFIG_DIR/agent.toml")"
@@ -83,4 +88,29 @@ if command -v systemctl >/dev/null 2>&1; then
 else
     echo "service_active="
     echo "service_enabled="
+fi
+
+if [ -n "$FLEETD_URLS" ]; then
+    # Reachability, not trust: the certificate is checked by the agent itself (CA file or pin).
+    "$PY" - "$FLEETD_URLS" <<'PYEOF' 2>/dev/null || { echo "fleetd_reachable="; echo "fleetd_unreachable=$PY cannot make HTTP requests"; }
+import json, ssl, sys, urllib.error, urllib.request
+context = ssl.create_default_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+errors = []
+for url in [u.strip().rstrip("/") for u in sys.argv[1].split(",") if u.strip()][:16]:
+    try:
+        with urllib.request.urlopen(url + "/api/v1/health", timeout=5, context=context) as resp:
+            if json.load(resp).get("status") == "ok":
+                print("fleetd_reachable=" + url)
+                break
+            errors.append("%s: /api/v1/health did not say ok" % url)
+    except urllib.error.HTTPError as exc:
+        errors.append("%s: HTTP %s from /api/v1/health (not fleetd?)" % (url, exc.code))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        errors.append("%s: %s" % (url, getattr(exc, "reason", exc)))
+else:
+    print("fleetd_reachable=")
+print("fleetd_unreachable=" + "; ".join(str(e).replace("\n", " ") for e in errors))
+PYEOF
 fi

@@ -1,7 +1,10 @@
 #!/bin/sh
 # Installs (or upgrades in place) fleet-agent from an offline bundle made by `fleetd bundle
 # build` into the virtual environment INSTALL_DIR. Needs no network: pip runs from the bundle's
-# own pip wheel with --no-index. Prints "installed=VERSION" on success. Byte code is compiled
+# own pip wheel with --no-index. Every wheel is checked against the SHA-256 in the manifest
+# before pip sees it, and the bundle's own SHA-256 is recorded in INSTALL_DIR/bundle.json
+# (bundle_sha256), so a rebuilt bundle of the same version is told apart. Prints
+# "installed=VERSION" and "bundle_sha256=HEX" on success. Byte code is compiled
 # on first import rather than here: that halves the install time and costs the agent nothing.
 # Usage: fleet-agent-install.sh BUNDLE_TARBALL PYTHON INSTALL_DIR
 set -eu
@@ -15,7 +18,33 @@ tar -xzf "$BUNDLE" -C "$work"
 set -- "$work"/fleet-agent-bundle-*/manifest.json
 [ -r "$1" ] || { echo "error: $BUNDLE is not a fleet-agent bundle (no manifest.json)" >&2; exit 2; }
 bundle_dir=$(dirname "$1")
-version=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$bundle_dir/manifest.json")
+# The manifest must be valid and every wheel in it present with its SHA-256; nothing else is installed.
+version=$("$PY" - "$bundle_dir" <<'PYEOF'
+import hashlib, json, os, sys
+root = sys.argv[1]
+try:
+    manifest = json.load(open(os.path.join(root, "manifest.json")))
+    version, wheels = manifest["version"], manifest["wheels"]
+    assert isinstance(version, str) and version and isinstance(wheels, dict) and wheels
+except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    sys.exit("error: the bundle's manifest.json is not a valid fleet-agent manifest")
+for name, digest in sorted(wheels.items()):
+    path = os.path.join(root, "wheels", os.path.basename(name))
+    try:
+        with open(path, "rb") as fh:
+            actual = hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        sys.exit("error: %s is in the manifest but not in the bundle" % name)
+    if actual != digest:
+        sys.exit("error: %s does not match its SHA-256 in the manifest" % name)
+listed = {os.path.basename(n) for n in wheels}
+extra = sorted(n for n in os.listdir(os.path.join(root, "wheels")) if n not in listed)
+if extra:
+    sys.exit("error: wheels not in the manifest: %s" % ", ".join(extra))
+print(version)
+PYEOF
+) || exit 2
+bundle_sha256=$(sha256sum "$BUNDLE" | cut -d ' ' -f 1)
 set -- "$bundle_dir"/wheels/pip-*.whl
 [ -r "$1" ] || { echo "error: the bundle has no pip wheel" >&2; exit 2; }
 pip_wheel=$1
@@ -31,7 +60,13 @@ PIP_CONFIG_FILE=/dev/null "$INSTALL_DIR/bin/python" "$pip_wheel/pip" install --q
     --find-links "$bundle_dir/wheels" --disable-pip-version-check --no-warn-script-location --no-compile \
     "fleetd[agent]==$version"
 
-cp "$bundle_dir/manifest.json" "$INSTALL_DIR/bundle.json.tmp"
+"$PY" -c 'import json, sys
+manifest = json.load(open(sys.argv[1]))
+manifest["bundle_sha256"] = sys.argv[3]
+with open(sys.argv[2], "w") as fh:
+    json.dump(manifest, fh, indent=2, sort_keys=True)
+    fh.write("\n")' "$bundle_dir/manifest.json" "$INSTALL_DIR/bundle.json.tmp" "$bundle_sha256"
 chmod 0644 "$INSTALL_DIR/bundle.json.tmp"
 mv -f "$INSTALL_DIR/bundle.json.tmp" "$INSTALL_DIR/bundle.json"
 echo "installed=$version"
+echo "bundle_sha256=$bundle_sha256"

@@ -21,8 +21,9 @@ class Nodes(MethodView):
     @blp.arguments(NodeQuerySchema(), location="query")
     @blp.response(200, NodePageSchema)
     def get(self, query):
-        """List nodes, optionally of one fleet or status."""
-        items, next_cursor = nodes.list_nodes(query["limit"], query["cursor"], query["fleet"], query["status"])
+        """List nodes, optionally of one fleet, status or agent version."""
+        items, next_cursor = nodes.list_nodes(query["limit"], query["cursor"], query["fleet"], query["status"],
+                                              query["agent_version"])
         return {"items": _live(items), "next_cursor": next_cursor}
 
 

@@ -15,6 +15,7 @@ import posixpath
 import re
 import shlex
 import time
+import urllib.parse
 
 from fleetd.client import ClientError
 from fleetd.provision import rendering
@@ -51,6 +52,9 @@ class BootstrapOptions:
     drain_deadline: int = 3600
     min_free_mb: int = 512
     command_timeout: float = 600.0
+    allow_downgrade: bool = False
+    force_remove: bool = False  # remove: drain and delete the node in fleetd when the host cannot be reached
+    check_server_url: bool = True  # preflight: can the host reach fleetd's /api/v1/health?
 
     @property
     def server_urls(self):
@@ -110,6 +114,48 @@ def _version_tuple(text):
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
+def is_downgrade(installed, new):
+    """True when version `new` is older than `installed` (PEP 440; digits only for odd strings)."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pragma: no cover - packaging comes with pip and setuptools
+        return _version_tuple(new) < _version_tuple(installed)
+    try:
+        return Version(new) < Version(installed)
+    except InvalidVersion:
+        return _version_tuple(new) < _version_tuple(installed)
+
+
+def install_plan(facts, bundle, allow_downgrade=False):
+    """(install, upgrade): whether the bundle must be installed, and whether that replaces another
+    installed bundle (an upgrade, wrapped in drain and undrain). The same version with another
+    SHA-256 (a rebuilt bundle) is installed too; an older version only with allow_downgrade."""
+    installed = facts.get("installed_version", "")
+    if installed == bundle.version and facts.get("installed_sha256", "") == bundle.sha256:
+        return False, False
+    if installed and not allow_downgrade and is_downgrade(installed, bundle.version):
+        raise HostFailed(f"refusing to downgrade fleet-agent {installed} to {bundle.version} (bundle "
+                         f"{bundle.path.name}); give --allow-downgrade to do it anyway")
+    return True, bool(installed)
+
+
+def operator_reason(node):
+    """Why an operator drained or cordoned a node, as fleetd says."""
+    node = node or {}
+    return (node.get("drain") or {}).get("reason") or node.get("status_reason") or "no reason given"
+
+
+def first_cause(text, limit=300):
+    """The real cause of a failed command first: its last line (the error), then what came before
+    (warnings such as NVML's), so a leading warning never hides it."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no output)"
+    cause = lines[-1]
+    before = " | ".join(lines[:-1])
+    return (cause + (f" (before it: {before})" if before else ""))[:limit]
+
+
 def judge_preflight(facts, options):
     """(problems, summary): what stops the install, and a one-line verdict for the operator."""
     problems, parts = [], []
@@ -150,6 +196,13 @@ def judge_preflight(facts, options):
         parts.append(f"no NVIDIA driver; fake GPUs from {options.devices_backend[5:]}")
     else:
         parts.append("no NVIDIA driver: CPU-only")
+    if options.check_server_url and "fleetd_reachable" in facts:
+        if facts["fleetd_reachable"]:
+            parts.append(f"reaches fleetd at {facts['fleetd_reachable']}")
+        else:
+            problems.append(f"the host cannot reach fleetd at {', '.join(options.server_urls)}: "
+                            f"{facts.get('fleetd_unreachable') or 'no answer'} (is --server-url the URL the hosts "
+                            "reach fleetd at?)")
     verdict = "ok" if not problems else "FAILED: " + "; ".join(problems)
     return problems, f"{verdict} ({', '.join(parts)})" if parts else verdict
 
@@ -196,10 +249,12 @@ class Bootstrapper:
         except HostKeyRejected as exc:
             raise HostFailed(str(exc)) from None
 
-    def _facts(self, remote):
+    def _facts(self, remote, check_urls=False):
         o = self.options
-        _, out, _ = remote.run_script(rendering.script(rendering.FACTS_SCRIPT),
-                                      [o.python, o.install_dir, o.config_dir, o.state_dir, o.unit_path], timeout=120)
+        args = [o.python, o.install_dir, o.config_dir, o.state_dir, o.unit_path]
+        if check_urls and o.check_server_url:
+            args.append(",".join(o.server_urls))
+        _, out, _ = remote.run_script(rendering.script(rendering.FACTS_SCRIPT), args, timeout=120)
         return parse_facts(out)
 
     def bootstrap_host(self, spec, result):
@@ -208,72 +263,98 @@ class Bootstrapper:
         remote = self._connect(spec, result)
         try:
             self.progress(result.host, "preflight", "checking the host")
-            facts = self._facts(remote)
+            facts = self._facts(remote, check_urls=True)
             problems, result.preflight = judge_preflight(facts, o)
             self.progress(result.host, "preflight", result.preflight)
             if problems:
                 raise HostFailed("preflight: " + "; ".join(problems))
 
             node = self._enrolled_node(facts)
-            previous = node["status"] if node is not None else None
-            installed = facts.get("installed_version", "")
-            upgrade = bool(installed) and installed != o.bundle.version
-            changed = []
+            install, upgrade = install_plan(facts, o.bundle, o.allow_downgrade)
             drained_by_us = False
-            if installed != o.bundle.version:
-                if upgrade and node is not None:
-                    drained_by_us = self._drain(node, f"fleetd bootstrap: upgrading the agent {installed} -> "
-                                                      f"{o.bundle.version}", result)
-                self.progress(result.host, "install", f"installing fleet-agent {o.bundle.version}"
-                              + (f" over {installed}" if installed else ""))
-                try:
-                    self._install(remote)
-                except (HostFailed, SshError) as exc:
-                    if drained_by_us:
-                        raise HostFailed(f"{exc} (node {node['id']} is left drained: undrain it once the "
-                                         "agent is fixed)") from None
+            if install and upgrade and node is not None:
+                installed = facts.get("installed_version", "")
+                what = f"{installed} -> {o.bundle.version}" if installed != o.bundle.version else \
+                    f"{installed} (rebuilt bundle, sha256 {o.bundle.sha256[:12]})"
+                drained_by_us = self._drain(node, f"fleetd bootstrap: upgrading the agent {what}", result)
+            try:
+                self._bootstrap_after_drain(remote, facts, node, install, upgrade, drained_by_us, result)
+            except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
+                if not drained_by_us:
                     raise
-                changed.append("upgraded" if upgrade else "installed")
-            else:
-                self.progress(result.host, "install", f"fleet-agent {installed} already installed")
-            result.version = o.bundle.version
-
-            self.progress(result.host, "configure", "rendering config and unit")
-            values = o.template_values()
-            unit_changed = self._configure(remote, facts, values, changed)
-
-            if node is None:
-                stale = bool(facts.get("node_id"))
-                self.progress(result.host, "enrol", "enrolling with a single-use join token"
-                              + (" (the stored node is gone, revoked or elsewhere)" if stale else ""))
-                self._enrol(remote, result)
-                changed.append("enrolled")
-            else:
-                result.node_id = node["id"]
-                self.progress(result.host, "enrol", f"already enrolled as node {node['id']}")
-
-            self.progress(result.host, "start", "starting fleet-agent")
-            before = self._node(result.node_id)
-            action = self._start(remote, facts, restart=bool(changed), reload_units=unit_changed)
-            if action:
-                changed.append(action)
-            else:
-                before = None  # nothing restarted: no fresh heartbeat to wait for
-
-            self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
-            node = self._wait_ready(result, before, drained_by_us, previous)
-            result.gpus = len(node.get("gpus") or [])
-            if "enrolled" in changed:
-                result.result = "enrolled"
-            elif "upgraded" in changed:
-                result.result = "upgraded"
-            elif changed:
-                result.result = "updated"
-            else:
-                result.result = "unchanged"
-            result.reason = ", ".join(changed) if changed else "already installed, configured and ready"
+                reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
+                raise HostFailed(f"{reason}; {self._undo_drain(node['id'], result)}") from None
         finally:
             remote.close()
+
+    def _undo_drain(self, node_id, result):
+        """Undrain a node this run drained, after a failure; says what became of it."""
+        self.progress(result.host, "failed", f"undoing the drain this upgrade made on node {node_id}")
+        try:
+            self.client.post(f"/api/v1/nodes/{node_id}/undrain")
+        except ClientError as exc:
+            return f"node {node_id} is left drained (undrain failed: {exc.message}); undrain it once the agent is fixed"
+        return f"the drain this upgrade made was undone (node {node_id} undrained)"
+
+    def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, drained_by_us, result):
+        o = self.options
+        previous = node["status"] if node is not None else None
+        installed = facts.get("installed_version", "")
+        changed = []
+        if install:
+            self.progress(result.host, "install", f"installing fleet-agent {o.bundle.version}"
+                          + (f" over {installed}" if installed else ""))
+            self._install(remote)
+            changed.append("upgraded" if upgrade else "installed")
+        else:
+            self.progress(result.host, "install", f"fleet-agent {installed} already installed")
+        result.version = o.bundle.version
+
+        self.progress(result.host, "configure", "rendering config and unit")
+        values = o.template_values()
+        unit_changed = self._configure(remote, facts, values, changed)
+
+        if node is None:
+            stale = bool(facts.get("node_id"))
+            self.progress(result.host, "enrol", "enrolling with a single-use join token"
+                          + (" (the stored node is gone, revoked or elsewhere)" if stale else ""))
+            self._enrol(remote, result)
+            changed.append("enrolled")
+        else:
+            result.node_id = node["id"]
+            self.progress(result.host, "enrol", f"already enrolled as node {node['id']}")
+
+        restart = bool(changed)
+        active = facts.get("service_active") == "active"
+        self.progress(result.host, "start", "restarting fleet-agent" if active and restart else
+                      "fleet-agent already running" if active else "starting fleet-agent")
+        before = self._node(result.node_id)
+        action = self._start(remote, facts, restart=restart, reload_units=unit_changed)
+        if action:
+            changed.append(action)
+        else:
+            before = None  # nothing restarted: no fresh heartbeat to wait for
+
+        if previous in ("draining", "drained") and not drained_by_us:
+            self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it stays "
+                          f"{previous} as an operator left it ({operator_reason(node)})")
+        else:
+            self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
+        node_now = self._wait_ready(result, before, drained_by_us, previous)
+        result.gpus = len(node_now.get("gpus") or [])
+        if "enrolled" in changed:
+            result.result = "enrolled"
+        elif "upgraded" in changed:
+            result.result = "upgraded"
+        elif changed:
+            result.result = "updated"
+        else:
+            result.result = "unchanged"
+        result.reason = ", ".join(changed) if changed else "already installed, configured and ready"
+        if previous in ("draining", "drained") and not drained_by_us:
+            result.reason += f"; node stays {node_now['status']} as an operator left it ({operator_reason(node)})"
+        elif previous == "cordoned":
+            result.reason += "; node stays cordoned as an operator left it"
 
     def _node(self, node_id):
         try:
@@ -370,7 +451,7 @@ class Bootstrapper:
             token["token"] = None
         if code != 0:
             self._revoke_token(token["id"])
-            raise HostFailed(f"fleet-agent join failed (exit {code}): {(err.strip() or out.strip())[-300:]}")
+            raise HostFailed(f"fleet-agent join failed (exit {code}): {first_cause(err.strip() or out)}")
         match = re.search(r"enrolled as node (\S+)", out)
         if not match:
             raise HostFailed(f"fleet-agent join did not say which node: {out.strip()[-200:]}")
@@ -459,7 +540,13 @@ class Bootstrapper:
     def remove_host(self, spec, result):
         """Drain, stop, uninstall and delete the node of one host; fills `result`."""
         o = self.options
-        remote = self._connect(spec, result)
+        try:
+            remote = self._connect(spec, result)
+        except (HostFailed, SshError) as exc:
+            if not o.force_remove or isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
+                raise  # a refused host key is never "unreachable": that host may be an impostor
+            self._remove_unreachable(spec, result, exc)
+            return
         try:
             facts = self._facts(remote)
             if facts.get("uid") != "0":
@@ -480,18 +567,73 @@ class Bootstrapper:
             # Right after the agent stops, before fleetd could declare the silent node lost.
             if node is not None:
                 self.progress(result.host, "delete", f"deleting node {node_id}")
-                try:
-                    self.client.delete(f"/api/v1/nodes/{node_id}")
-                except ClientError as exc:
-                    if exc.status != 404:
-                        raise
-            quoted = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir, o.unit_path))
-            remote.run_script(
-                f"rm -rf {quoted}\n"
-                "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n", timeout=180)
+                self._delete_node(node_id)
+            remote.run_script(uninstall_script(o), timeout=180)
             self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
             result.result = "removed"
             result.reason = f"node {node_id} drained and deleted" if node is not None else \
                 "no enrolled node found; the agent's files were removed"
         finally:
             remote.close()
+
+    def _delete_node(self, node_id):
+        try:
+            self.client.delete(f"/api/v1/nodes/{node_id}")
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+
+    def _remove_unreachable(self, spec, result, why):
+        """--remove --force on a host SSH cannot reach: drain and delete its node in fleetd only."""
+        self.progress(result.host, "connect", f"unreachable ({why}); --force: removing its node in fleetd only")
+        nodes = self._nodes_of_host(spec.host)
+        if not nodes:
+            raise HostFailed(f"{why}; --force: fleetd has no node with address or hostname {spec.host}")
+        if len(nodes) > 1:
+            raise HostFailed(f"{why}; --force: {len(nodes)} nodes have address or hostname {spec.host} "
+                             f"({', '.join(n['id'] for n in nodes)}): delete the right one with `fleetd node delete`")
+        node = nodes[0]
+        result.node_id = node["id"]
+        result.gpus = len(node.get("gpus") or [])
+        if node["status"] not in ("drained", "lost", "revoked", "pending"):
+            self.progress(result.host, "drain", f"draining node {node['id']}")
+            try:
+                self.client.post(f"/api/v1/nodes/{node['id']}/drain",
+                                 {"reason": "removing an unreachable host (fleetd bootstrap --remove --force)",
+                                  "deadline_seconds": self.options.drain_deadline})
+            except ClientError as exc:
+                if exc.status != 409:  # already draining or drained, or lost meanwhile
+                    raise
+            # A dead agent reports no finished tasks: the drain ends at its deadline, or the node is lost.
+            self._poll(node["id"], lambda n: n["status"] in ("drained", "lost"), self.options.drain_deadline + 60,
+                       "drained or lost")
+        self.progress(result.host, "delete", f"deleting node {node['id']}")
+        self._delete_node(node["id"])
+        result.result = "removed"
+        result.reason = (f"host unreachable ({why}); --force: node {node['id']} drained and deleted in fleetd, "
+                         "nothing on the host was touched")
+
+    def _nodes_of_host(self, host):
+        """Nodes whose address or hostname is `host` (pages bounded)."""
+        found, cursor = [], None
+        for _ in range(1000):
+            page = self.client.get("/api/v1/nodes" + (f"?cursor={urllib.parse.quote(cursor)}" if cursor else ""))
+            found += [n for n in page.get("items", []) if host in (n.get("address"), n.get("hostname"))]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return found
+
+
+def uninstall_script(o):
+    """Remove the agent, its config, its state and its unit. The state directory (and the others) may
+    be mount points: their contents go, the mount point stays."""
+    dirs = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir))
+    return (f"for dir in {dirs}; do\n"
+            "    [ -d \"$dir\" ] || continue\n"
+            "    find \"$dir\" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\n"
+            "    if mountpoint -q \"$dir\" 2>/dev/null; then echo \"kept mount point $dir (emptied)\"; "
+            "else rmdir -- \"$dir\"; fi\n"
+            "done\n"
+            f"rm -f -- {shlex.quote(o.unit_path)}\n"
+            "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n")

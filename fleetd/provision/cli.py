@@ -16,6 +16,7 @@ from fleetd.provision import rendering
 from fleetd.provision.bundle import BundleError, build_bundle, find_source_tree, read_bundle
 from fleetd.provision.ssh import DEFAULT_KNOWN_HOSTS, HostSpec, SshOptions
 
+REASON_WIDTH = 72
 _DURATION_RE = re.compile(r"^(\d+)([smhd]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -107,12 +108,14 @@ def _show_results(results):
 
     table = Table(box=None, header_style="bold")
     for header in ("HOST", "NODE", "GPUS", "RESULT", "REASON"):
-        table.add_column(header, no_wrap=header in ("HOST", "NODE"), overflow="fold")
+        # A long reason wraps within its column instead of widening every row.
+        table.add_column(header, no_wrap=header in ("HOST", "NODE"), overflow="fold",
+                         max_width=REASON_WIDTH if header == "REASON" else None)
     for r in results:
         style = "red" if not r.ok else None
         table.add_row(r.host, r.node_id or "-", "-" if r.gpus is None else str(r.gpus), r.result, r.reason,
                       style=style)
-    (Console() if sys.stdout.isatty() else Console(width=2000)).print(table)
+    (Console() if sys.stdout.isatty() else Console(width=240)).print(table)
 
 
 def _client(url, token):
@@ -132,6 +135,11 @@ def _client(url, token):
 @click.argument("hosts", nargs=-1, required=True, type=_Spec())
 @click.option("--fleet", "fleet_name", help="Fleet the hosts join (required unless --remove).")
 @click.option("--remove", is_flag=True, help="Drain, stop, uninstall and delete the nodes of these hosts instead.")
+@click.option("--force", is_flag=True,
+              help="With --remove: a host that cannot be reached over SSH still has its node drained and deleted "
+                   "in fleetd (found by address or hostname); nothing on the host is touched.")
+@click.option("--allow-downgrade", is_flag=True,
+              help="Install a bundle older than the installed agent (refused otherwise).")
 @click.option("--url", envvar="FLEETD_URL", help="fleetd URL for this command (FLEETD_URL; default: saved by login).")
 @click.option("--token", envvar="FLEETD_TOKEN", help="Admin API token (FLEETD_TOKEN; default: saved by login).")
 @click.option("--server-url", "server_urls", multiple=True, envvar="FLEETD_AGENT_SERVER_URL",
@@ -170,8 +178,8 @@ def _client(url, token):
 @click.option("--install-dir", default="/opt/fleet-agent", show_default=True, help="The agent's venv on the hosts.")
 @click.option("--result-file", type=click.Path(dir_okay=False), help="Also write the results as JSON to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-def bootstrap(hosts, fleet_name, remove, url, token, server_urls, user, keys, port, jump, known_hosts,
-              accept_new_host_keys, parallel, sudo, python, bundle_path, labels, devices_backend, ca_file, tls_pin,
+def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, server_urls, user, keys, port, jump,
+              known_hosts, accept_new_host_keys, parallel, sudo, python, bundle_path, labels, devices_backend, ca_file, tls_pin,
               wait_timeout, drain_deadline, connect_timeout, min_free_mb, install_dir, result_file, as_json):
     """Install and enrol fleet-agent on HOSTs over SSH, or --remove them.
 
@@ -179,6 +187,8 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_urls, user, keys, po
     """
     if not remove and not fleet_name:
         raise click.UsageError("--fleet is required (or --remove)")
+    if force and not remove:
+        raise click.UsageError("--force goes with --remove (it removes nodes of hosts that cannot be reached)")
     client = _client(url, token)
     names = [str(h) for h in hosts]
     if len(set(names)) != len(names):
@@ -191,7 +201,8 @@ def bootstrap(hosts, fleet_name, remove, url, token, server_urls, user, keys, po
         fleet=fleet_name or "", server_url=agent_urls, python=python,
         labels=_labels(labels), devices_backend=devices_backend, tls_pin=tls_pin,
         ca_pem=Path(ca_file).read_text() if ca_file else "", install_dir=install_dir, wait_timeout=wait_timeout,
-        drain_deadline=drain_deadline, min_free_mb=min_free_mb)
+        drain_deadline=drain_deadline, min_free_mb=min_free_mb, allow_downgrade=allow_downgrade,
+        force_remove=force)
     ssh_options = SshOptions(user=user, port=port, key_filenames=tuple(keys), jump=jump, known_hosts=known_hosts,
                              accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout, sudo=sudo)
     if not remove:

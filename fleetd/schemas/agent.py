@@ -105,6 +105,12 @@ class HeartbeatSchema(Schema):
                             load_default=list, metadata={"description": "runtime figures of the instance runs"})
     volumes = fields.List(Text(min_length=1, max_length=64), validate=validate.Length(max=1024), load_default=None,
                           allow_none=True, metadata={"description": "the instance volumes present on the node"})
+    agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
+        "description": "the agent's version; sent on the first heartbeat after the agent starts and on change"})
+    bundle_sha256 = fields.String(load_default=None, validate=validate.Regexp(
+        r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"), metadata={
+        "description": "SHA-256 of the offline bundle the agent was installed from ('' when none); sent with "
+                       "agent_version"})
 
 
 class HeartbeatReplySchema(Schema):

@@ -40,6 +40,8 @@ class NodeSchema(Schema):
     status_reason = fields.String()
     labels = fields.Dict()
     agent_version = fields.String()
+    bundle_sha256 = fields.String(metadata={"description": "SHA-256 of the offline bundle the agent was installed "
+                                                           "from, as its heartbeats report ('' when unknown)"})
     registered_at = Time()
     last_heartbeat_at = Time()
     drain = fields.Method("_drain")
@@ -60,6 +62,8 @@ NodePageSchema = page_schema(NodeSchema, "NodePage")
 class NodeQuerySchema(PageQuerySchema):
     fleet = Text(max_length=63, load_default=None)
     status = fields.String(validate=validate.OneOf([s.value for s in NodeStatus]), load_default=None)
+    agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
+        "description": "only nodes whose agent reports this version (track a rollout)"})
 
 
 class NodeDrainSchema(Schema):

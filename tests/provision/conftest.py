@@ -141,7 +141,9 @@ def next_bundle(tmp_path_factory, bundle):
     from fleetd.provision.bundle import build_bundle
 
     source = tmp_path_factory.mktemp("next-source")
-    for name in ("fleetd", "agent", "setup.cfg", "pyproject.toml", "README.md", "templates"):
+    # Every top-level package (fleetd, agent, fleetconf, ...) and what building needs.
+    packages = sorted(p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name != "tests")
+    for name in (*packages, "setup.cfg", "pyproject.toml", "README.md", "templates", "constraints.txt"):
         path = REPO / name
         if path.is_dir():
             shutil.copytree(path, source / name, symlinks=True,
@@ -195,3 +197,34 @@ def lab_factory(tmp_path):
 def python_for_tools():
     """The Python whose bin/ holds ansible-playbook, ansible-lint (this venv)."""
     return Path(sys.executable).parent
+
+
+def repack_bundle(source, directory, drop_pip=False):
+    """A copy of bundle `source` with the same version and another SHA-256 (a rebuilt bundle): a note
+    added at its top; with drop_pip, its pip wheel left out (and out of its manifest), so that the
+    controller accepts it and the install on the host fails."""
+    import io
+    import tarfile
+
+    from fleetd.provision.bundle import read_bundle
+
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / source.path.name
+    top = f"fleet-agent-bundle-{source.version}"
+    with tarfile.open(source.path, "r:gz") as old, tarfile.open(target, "w:gz") as new:
+        for member in old.getmembers():
+            name = member.name.rsplit("/", 1)[-1]
+            if drop_pip and member.isfile() and name.startswith("pip-") and name.endswith(".whl"):
+                continue
+            data = old.extractfile(member).read() if member.isfile() else None
+            if member.name == f"{top}/manifest.json" and drop_pip:
+                manifest = json.loads(data)
+                manifest["wheels"] = {k: v for k, v in manifest["wheels"].items() if not k.startswith("pip-")}
+                data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+                member.size = len(data)
+            new.addfile(member, io.BytesIO(data) if data is not None else None)
+        note = f"rebuilt from {source.sha256}{' without pip' if drop_pip else ''}\n".encode()
+        info = tarfile.TarInfo(f"{top}/REBUILT")
+        info.size, info.mode = len(note), 0o644
+        new.addfile(info, io.BytesIO(note))
+    return read_bundle(target)

@@ -203,3 +203,102 @@ def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_w
     assert again[host.address]["result"] == "updated" and again[host.address]["node_id"] == row["node_id"]
     assert tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())["server_url"] == lab.fleetd.url
     assert len(lab.api.join_tokens()) == 1 and lab.api.node(row["node_id"])["status"] == "ready"
+
+
+def node_list_json(lab, *args):
+    result = lab.fleetd_cli("node", "list", "--json", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains_kept_and_failures_undrained(
+        lab_factory, bundle, next_bundle, tmp_path):
+    from tests.provision.conftest import repack_bundle
+
+    lab = lab_factory(["l4_x4", "h100_x8"])
+    kept, rolled = lab.hosts
+
+    # Preflight asks fleetd's health from the host: a forgotten --server-url (the agents' own loopback)
+    # is refused before anything is installed or any join token minted.
+    loopback = closed_port_on("127.0.0.1")
+    code, results, _ = lab.bootstrap(bundle, kept, extra=["--server-url", loopback])
+    assert code == 1
+    reason = results[kept.address]["reason"]
+    assert reason.startswith("preflight: the host cannot reach fleetd at " + loopback), reason
+    assert not kept.path("/opt/fleet-agent").exists() and lab.api.join_tokens() == []
+
+    code, results, stderr = lab.bootstrap(next_bundle, kept, rolled)
+    assert code == 0, (results, stderr)
+    assert "reaches fleetd at " + lab.fleetd.url in results[kept.address]["preflight"]
+    ids = {h.address: results[h.address]["node_id"] for h in lab.hosts}
+    for host in lab.hosts:
+        # fleetd learns the agent's version and bundle from its heartbeats.
+        wait_for(lambda h=host: (lambda n: n["agent_version"] == next_bundle.version
+                                 and n["bundle_sha256"] == next_bundle.sha256)(lab.api.node(ids[h.address])),
+                 60, message="the node to report the bundle")
+
+    # The CLI's own (older) bundle is a downgrade: refused, the node untouched.
+    code, results, _ = lab.bootstrap(bundle, kept)
+    assert code == 1
+    assert "refusing to downgrade fleet-agent " + next_bundle.version in results[kept.address]["reason"]
+    assert "--allow-downgrade" in results[kept.address]["reason"]
+    assert [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")] == ["pending", "ready"]
+
+    # An operator's drain stays through an (allowed) downgrade, and the row and progress say so.
+    lab.api("POST", f"/api/v1/nodes/{ids[kept.address]}/drain", expect=200,
+            json={"reason": "RMA pending", "deadline_seconds": 60})
+    lab.api.wait_status(ids[kept.address], "drained")
+    code, results, stderr = lab.bootstrap(bundle, kept, extra=["--allow-downgrade"])
+    assert code == 0, (results, stderr)
+    row = results[kept.address]
+    assert row["result"] == "upgraded", row
+    assert "node stays drained as an operator left it (RMA pending)" in row["reason"], row
+    assert "stays drained as an operator left it (RMA pending)" in stderr
+    assert f"waiting for node {ids[kept.address]} to be ready" not in stderr
+    statuses = [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")]
+    assert statuses == ["pending", "ready", "draining", "drained"], statuses
+    wait_for(lambda: lab.api.node(ids[kept.address])["agent_version"] == bundle.version, 60,
+             message="fleetd to learn the downgrade")
+    assert lab.api.node(ids[kept.address])["status"] == "drained"
+    assert [n["id"] for n in node_list_json(lab, "--version", bundle.version)] == [ids[kept.address]]
+    assert [n["id"] for n in node_list_json(lab, "--version", next_bundle.version)] == [ids[rolled.address]]
+
+    # A rebuilt bundle of the same version (another SHA-256) is installed through drain and undrain;
+    # once installed, it is unchanged.
+    rebuilt = repack_bundle(next_bundle, tmp_path / "rebuilt")
+    assert rebuilt.version == next_bundle.version and rebuilt.sha256 != next_bundle.sha256
+    code, results, stderr = lab.bootstrap(rebuilt, rolled)
+    assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
+    assert json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"] == rebuilt.sha256
+    statuses = [e["to_status"] for e in lab.api.events(ids[rolled.address]) if e.get("to_status")]
+    assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+    wait_for(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
+             message="fleetd to learn the rebuilt bundle")
+    code, results, _ = lab.bootstrap(rebuilt, rolled)
+    assert code == 0 and results[rolled.address]["result"] == "unchanged", results
+
+    # An install that fails after the upgrade's drain undoes that drain and says so.
+    broken = repack_bundle(next_bundle, tmp_path / "broken", drop_pip=True)
+    code, results, _ = lab.bootstrap(broken, rolled)
+    assert code == 1
+    reason = results[rolled.address]["reason"]
+    assert "no pip wheel" in reason and f"the drain this upgrade made was undone (node {ids[rolled.address]} " \
+                                      "undrained)" in reason, reason
+    lab.api.wait_status(ids[rolled.address], "ready")
+    statuses = [e["to_status"] for e in lab.api.events(ids[rolled.address]) if e.get("to_status")]
+    assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+
+    # A dead host: --remove needs SSH; --remove --force deletes its node in fleetd alone.
+    kept.stop_sshd()
+    remove = ["bootstrap", kept.address, "--remove", "--user", "root", "--key", str(lab.ssh.client_key),
+              "--known-hosts", str(lab.ssh.known_hosts), "--drain-deadline", "30", "--json"]
+    result = lab.fleetd_cli(*remove)
+    assert result.returncode == 1 and "cannot connect" in json.loads(result.stdout)[0]["reason"]
+    assert lab.api.node(ids[kept.address]) is not None
+    result = lab.fleetd_cli(*remove, "--force")
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = json.loads(result.stdout)[0]
+    assert row["result"] == "removed" and row["node_id"] == ids[kept.address], row
+    assert "nothing on the host was touched" in row["reason"]
+    assert lab.api.node(ids[kept.address]) is None
+    assert [n["id"] for n in lab.api.nodes()] == [ids[rolled.address]]
