@@ -582,8 +582,16 @@ def node():
     """Nodes: list, inspect, cordon, drain, revoke, remove."""
 
 
+def _gpus_cell(n):
+    """The GPU count, or why there are none: "0 (cpu only)" / "0 (driver error)"."""
+    status = n.get("gpu_status")
+    if n["gpus"] or status in (None, "ok"):
+        return len(n["gpus"])
+    return f"0 ({status.replace('_', ' ')})"
+
+
 NODE_COLUMNS = [("ID", "id"), ("HOSTNAME", "hostname"), ("FLEET", "fleet"), ("STATUS", "status"),
-                ("GPUS", lambda n: len(n["gpus"])), ("LAST HEARTBEAT", "last_heartbeat_at"),
+                ("GPUS", _gpus_cell), ("LAST HEARTBEAT", "last_heartbeat_at"),
                 ("REASON", "status_reason")]
 
 
@@ -593,6 +601,8 @@ def _show_node(n):
         ("LABELS", "labels"), ("REGISTERED", "registered_at"), ("LAST HEARTBEAT", "last_heartbeat_at"),
         ("CPUS", lambda x: x["resources"]["cpu_count"]), ("MEMORY", lambda x: _bytes(x["resources"]["memory_bytes"])),
         ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"),
+        ("GPU STATUS", lambda x: x.get("gpu_status") and " - ".join(
+            filter(None, [x["gpu_status"].replace("_", " "), x.get("gpu_status_reason")]))),
     ])
     if n["gpus"]:
         click.echo("")

@@ -211,6 +211,8 @@ class Node(BaseModel):
     labels = JSONText(default=dict)
     agent_version = peewee.CharField(max_length=64, default="")
     bundle_sha256 = peewee.CharField(max_length=64, default="")  # the offline bundle the agent came from
+    gpu_status = peewee.CharField(max_length=16, null=True)  # ok, cpu_only or driver_error (nodes.GPU_STATUSES)
+    gpu_status_reason = peewee.TextField(default="")
     status = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
     status_before_lost = peewee.CharField(max_length=16, null=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import ApiClient, admin_client
+from tests.conftest import ApiClient, admin_client, gpus
 
 
 @pytest.fixture
@@ -265,3 +265,26 @@ def test_node_events_after_an_id(api, ready_node):
     later = api.get(f"/api/v1/nodes/{node_id}/events?after={events[0]['id']}").get_json()["items"]
     assert later == events[1:]
     assert {"id", "at", "kind", "subject", "from_status", "to_status", "reason"} <= set(events[0])
+
+
+def test_cpu_only_hosts_are_told_apart_from_hosts_whose_driver_failed(api):
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a", max_uses=10)
+    gpu_node, gpu_session = api.ready_node(token, "gpu-host")
+    cpu = api.register(token, machine_id="cpu-host", hostname="cpu-host", gpu_count=0)
+    broken = api.register(token, machine_id="broken-host", hostname="broken-host", gpu_count=0)
+    assert api.node(gpu_node)["gpu_status"] == "ok"
+    assert api.node(cpu["node_id"])["gpu_status"] == "cpu_only"
+    api.heartbeat(cpu["session_token"], metrics={"devices_reason": "no NVIDIA driver: NVML init failed: "
+                                                                    "NVML Shared Library Not Found"})
+    api.heartbeat(broken["session_token"], metrics={"devices_reason": "no NVIDIA driver: NVML init failed: "
+                                                                       "Driver/library version mismatch"})
+    shown = {n["hostname"]: (n["gpu_status"], n["gpu_status_reason"]) for n in api.get("/api/v1/nodes").get_json()["items"]}
+    assert shown["cpu-host"][0] == "cpu_only" and "Library Not Found" in shown["cpu-host"][1]
+    assert shown["broken-host"] == ("driver_error", "no NVIDIA driver: NVML init failed: Driver/library version mismatch")
+    assert shown["gpu-host"] == ("ok", "")
+    # The driver comes back with its GPUs: the host is a GPU host again, and its events say each step.
+    api.heartbeat(broken["session_token"], gpus=gpus(2), metrics={})
+    assert api.node(broken["node_id"])["gpu_status"] == "ok"
+    reasons = [e["reason"] for e in api.get(f"/api/v1/nodes/{broken['node_id']}/events").get_json()["items"]]
+    assert any(r.startswith("GPUs: driver_error") for r in reasons) and "GPUs: ok" in reasons

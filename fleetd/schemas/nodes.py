@@ -47,6 +47,11 @@ class NodeSchema(Schema):
     drain = fields.Method("_drain")
     resources = fields.Method("_resources")
     gpus = fields.List(fields.Nested(GpuSchema), attribute="gpu_list")
+    gpu_status = fields.String(allow_none=True, metadata={
+        "enum": ["ok", "cpu_only", "driver_error", None],
+        "description": "ok: it has GPUs; cpu_only: no NVIDIA driver or no GPU (a CPU-only host); driver_error: "
+                       "a driver is there and NVML failed (a GPU host that needs attention); null before it said"})
+    gpu_status_reason = fields.String(metadata={"description": "why it has no usable GPU, as its agent says"})
 
     def _drain(self, node):
         drain = drain_info(node)

@@ -9,7 +9,8 @@ from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
 from fleetd.services.work import reconcile_reported_tasks
-from fleetd.services.nodes import drain_info, find_node, replace_gpus, settle_drain, switch_node_status
+from fleetd.services.nodes import (drain_info, find_node, learned_gpu_status, replace_gpus, set_gpu_status,
+                                   settle_drain, switch_node_status)
 
 S = NodeStatus
 
@@ -29,6 +30,8 @@ def register_node(rt, join_token_id, info):
         cpu_count=info["resources"]["cpu_count"],
         memory_bytes=info["resources"]["memory_bytes"],
         container_runtime=info["resources"].get("container_runtime"),
+        gpu_status="ok" if info["gpus"] else "cpu_only",
+        gpu_status_reason="" if info["gpus"] else "no GPU reported at registration",
         session_id=session_id,
         session_hash=hash_token(session_token),
         join_token_id=join_token_id,
@@ -116,11 +119,14 @@ def heartbeat(rt, node, body):
     bundle_sha = body.get("bundle_sha256")
     new_agent = (version is not None and version != node.agent_version) or \
         (bundle_sha is not None and bundle_sha != node.bundle_sha256)
+    gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
     changed = False
-    if new_agent or gpus is not None or runtime != node.container_runtime or \
+    if new_agent or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
             node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
+            if gpu_status is not None:
+                set_gpu_status(node, *gpu_status, now)
             if new_agent:
                 # An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here.
                 node.agent_version = version if version is not None else node.agent_version

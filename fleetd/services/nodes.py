@@ -234,6 +234,37 @@ def delete_node(rt, node_id):
 GpuChange = collections.namedtuple("GpuChange", "gone")  # uuids of GPUs the node no longer reports
 
 
+# What a node's GPUs are: "ok" (it has some), "cpu_only" (no NVIDIA driver, no NVML library, or
+# no GPU: a CPU-only host) or "driver_error" (a driver is there and NVML failed: a GPU host that
+# needs attention).
+GPU_STATUSES = ("ok", "cpu_only", "driver_error")
+_NO_DRIVER = ("not installed", "Library Not Found", "libnvidia-ml", "No such file", "NVML_ERROR_LIBRARY_NOT_FOUND")
+
+
+def learned_gpu_status(node, gpus, metrics):
+    """(status, reason) when a heartbeat (its GPU list, its metrics' devices_reason) says something
+    new of the node's GPUs, else None. Reads the database only when a reason went away."""
+    if gpus is None and metrics is None:
+        return None
+    reason = str((metrics or {}).get("devices_reason") or "")[:500]
+    if reason:
+        found = ("cpu_only" if any(mark in reason for mark in _NO_DRIVER) else "driver_error", reason)
+    elif gpus is not None:
+        found = ("ok", "") if gpus else ("cpu_only", "no GPU found")
+    elif node.gpu_status == "ok":
+        return None
+    else:  # the agent no longer says why it has none: look at what it reported last
+        found = ("ok", "") if Gpu.select().where(Gpu.node == node.id).exists() else ("cpu_only", "no GPU found")
+    return None if found == (node.gpu_status, node.gpu_status_reason) else found
+
+
+def set_gpu_status(node, status, reason, now):
+    """Store what the node's GPUs are (inside the caller's transaction), with an Event."""
+    node.gpu_status, node.gpu_status_reason = status, reason
+    node.save()
+    record_event(now, "node.gpus", "node", node.id, f"GPUs: {status}{': ' + reason if reason else ''}")
+
+
 def replace_gpus(node, gpus, now):
     """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
     (always truthy) if so, else False."""

@@ -361,3 +361,15 @@ def test_pages_forbid_framing_and_inline_script(admin_ui):
     assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
     assert "<script>" not in resp.get_data(as_text=True)
     assert admin_ui.get("/ui/no/such/page").status_code == 404
+
+
+def test_node_pages_tell_a_cpu_only_host_from_a_driver_error(admin_ui, api):
+    cpu, cpu_session = enrol(api, name="cpu-host", gpu_count=0)
+    broken, broken_session = enrol(api, name="broken-host", gpu_count=0)
+    api.heartbeat(cpu_session, metrics={"devices_reason": "nvidia-ml-py is not installed (no module named pynvml)"})
+    api.heartbeat(broken_session, metrics={"devices_reason": "no NVIDIA driver: NVML init failed: Unknown Error"})
+    listing = admin_ui.text("/ui/nodes")
+    assert "CPU only: nvidia-ml-py is not installed" in listing and "driver error" in listing
+    assert "This GPU host's driver failed: no NVIDIA driver: NVML init failed: Unknown Error" in admin_ui.text(
+        f"/ui/nodes/{broken}")
+    assert "A CPU-only host: nvidia-ml-py is not installed" in admin_ui.text(f"/ui/nodes/{cpu}")
