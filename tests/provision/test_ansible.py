@@ -45,22 +45,26 @@ def write_inventory(lab, path):
     return path
 
 
-def playbook(lab, inventory, name, bundle, control_dir):
+def playbook(lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REPO, extra=()):
     env = lab.env(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
-                  ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+                  ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                  PWD=str(cwd))  # as a shell that cd'd there sets it
     cmd = [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name), "-e", f"fleetd_url={lab.fleetd.url}",
-           "-e", f"fleet_agent_bundle={bundle.path}", "-e", f"fleet_agent_fleet={FLEET}"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO),
+           "-e", f"fleet_agent_bundle={bundle_arg or bundle.path}", "-e", f"fleet_agent_fleet={FLEET}", *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(cwd),
                             stdin=subprocess.DEVNULL)
     assert "flj_" not in result.stdout + result.stderr and lab.api.token not in result.stdout + result.stderr
     return result
 
 
 def recap(output):
-    """{host: {ok, changed, failed, ...}} from the PLAY RECAP."""
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP (localhost, where the inventory check
+    runs, left out; it must not have failed)."""
     hosts = {}
     for match in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
         hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    local = hosts.pop("localhost", None)
+    assert local is None or local["failed"] == 0, local
     return hosts
 
 
@@ -71,9 +75,23 @@ def test_ansible_lint_passes_on_the_playbooks_and_the_role():
     assert "0 failure(s), 0 warning(s)" in result.stdout + result.stderr
 
 
-def bootstrapped(lab_factory, bundle, tmp_path, shapes):
-    """Two test hosts enrolled by bootstrap.yml; returns (lab, inventory, control dir, nodes by hostname)."""
+def mount_state_dir(host):
+    """Make /var/lib/fleet-agent a mount point on the host (a tmpfs, as a volume would be)."""
+    assert host.exec("mkdir", "-p", "/var/lib/fleet-agent").returncode == 0
+    mounted = host.exec("mount", "-t", "tmpfs", "-o", "mode=0700,size=16m", "fleet-state", "/var/lib/fleet-agent")
+    assert mounted.returncode == 0, mounted.stderr
+
+
+def is_mount_point(host, path):
+    return host.exec("mountpoint", "-q", path).returncode == 0
+
+
+def bootstrapped(lab_factory, bundle, tmp_path, shapes, mounted=()):
+    """Two test hosts enrolled by bootstrap.yml; returns (lab, inventory, control dir, nodes by hostname).
+    The hosts at the indexes in `mounted` have their state directory on a mount point."""
     lab = lab_factory(shapes)
+    for index in mounted:
+        mount_state_dir(lab.hosts[index])
     inventory = write_inventory(lab, tmp_path / "inventory.ini")
     control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
     result = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
@@ -92,7 +110,11 @@ def bootstrapped(lab_factory, bundle, tmp_path, shapes):
 
 def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_drain_undrain_remove_work(
         lab_factory, bundle, tmp_path):
-    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"])
+    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"],
+                                                      mounted=[0])
+    mounted = lab.hosts[0]
+    assert is_mount_point(mounted, "/var/lib/fleet-agent")
+    assert mounted.path("/var/lib/fleet-agent/node.json").exists()
     try:
         before = {h.hostname: agent_pids(h) for h in lab.hosts}
         again = playbook(lab, inventory, "bootstrap.yml", bundle, control_dir)
@@ -119,9 +141,14 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_dr
         for host in lab.hosts:
             statuses = [e["to_status"] for e in lab.api.events(nodes[host.hostname]["id"]) if e.get("to_status")]
             assert statuses[-2:] == ["draining", "drained"], statuses
-            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent",
-                         "/etc/systemd/system/fleet-agent.service"):
+            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/etc/systemd/system/fleet-agent.service"):
                 assert not host.path(path).exists(), path
+            if host is mounted:
+                # A mount point is emptied, not removed (removing it would fail).
+                assert is_mount_point(host, "/var/lib/fleet-agent")
+                assert list(host.path("/var/lib/fleet-agent").iterdir()) == []
+            else:
+                assert not host.path("/var/lib/fleet-agent").exists()
             wait_for(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
@@ -183,3 +210,96 @@ def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tm
         lab.api.wait_status(stored["node_id"], "ready")
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def to_statuses(lab, node_id):
+    return [e["to_status"] for e in lab.api.events(node_id) if e.get("to_status")]
+
+
+def test_upgrade_playbook_checks_the_bundle_first_undoes_its_own_drain_on_failure_and_keeps_an_operators_drain(
+        lab_factory, bundle, next_bundle, tmp_path):
+    from tests.provision.conftest import repack_bundle
+
+    lab = lab_factory(["h100_x8", "l4_x4"])
+    code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
+    assert code == 0, (results, stderr)
+    first, second = lab.hosts
+    ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
+    inventory = write_inventory(lab, tmp_path / "inventory.ini")
+    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    try:
+        # A bundle path that is not there stops the run before any node is drained.
+        missing = playbook(lab, inventory, "upgrade.yml", bundle, control_dir, bundle_arg="dist/nothing-here.tar.gz",
+                           cwd=tmp_path)
+        assert missing.returncode != 0
+        assert f"no bundle at dist/nothing-here.tar.gz (looked for {tmp_path}/dist/nothing-here.tar.gz" \
+            in " ".join(missing.stdout.split()), missing.stdout[-3000:]
+        assert all(to_statuses(lab, node_id) == ["pending", "ready"] for node_id in ids.values())
+
+        # A bundle the controller accepts but whose install fails on the host (no pip wheel): the
+        # first host's drain is undone and the run says so; the second host is never touched.
+        broken = repack_bundle(next_bundle, tmp_path / "broken", drop_pip=True)
+        failed = playbook(lab, inventory, "upgrade.yml", broken, control_dir)
+        assert failed.returncode != 0
+        out = " ".join(failed.stdout.split())  # the YAML callback folds long messages
+        assert f"the drain this run made was undone (node {ids[first.hostname]} undrained)" in out, out[-4000:]
+        assert to_statuses(lab, ids[first.hostname])[-3:] == ["draining", "drained", "ready"]
+        lab.api.wait_status(ids[first.hostname], "ready")
+        assert to_statuses(lab, ids[second.hostname]) == ["pending", "ready"]
+
+        # An operator drained the first node (RMA pending): the upgrade, given the bundle the way the
+        # docs write it (relative to where ansible-playbook runs), keeps it drained and says so.
+        lab.api("POST", f"/api/v1/nodes/{ids[first.hostname]}/drain", expect=200,
+                json={"reason": "RMA pending", "deadline_seconds": 60})
+        lab.api.wait_status(ids[first.hostname], "drained")
+        (tmp_path / "dist").mkdir()
+        shutil.copy2(next_bundle.path, tmp_path / "dist" / next_bundle.path.name)
+        upgraded = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir,
+                            bundle_arg=f"dist/{next_bundle.path.name}", cwd=tmp_path)
+        assert upgraded.returncode == 0, upgraded.stdout[-6000:] + upgraded.stderr[-3000:]
+        said = " ".join(upgraded.stdout.split())
+        assert f"node {ids[first.hostname]} is drained (RMA pending): it is upgraded and stays drained, as an " \
+               "operator left it" in said, said[-4000:]
+        node = lab.api.node(ids[first.hostname])
+        assert node["status"] == "drained" and node["drain"]["reason"] == "RMA pending", node
+        reasons = [e.get("reason") or "" for e in lab.api.events(ids[first.hostname])]
+        after_rma = reasons[reasons.index("drain: RMA pending"):]
+        assert not [r for r in after_rma if r.startswith("undrained")], after_rma
+        assert to_statuses(lab, ids[second.hostname])[-3:] == ["draining", "drained", "ready"]
+        for host in lab.hosts:
+            installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
+            assert (installed["version"], installed["bundle_sha256"]) == (next_bundle.version, next_bundle.sha256)
+            # fleetd learns the new version from the heartbeats.
+            wait_for(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
+                     message="fleetd to learn the upgrade")
+        listed = lab.api("GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200).json()["items"]
+        assert sorted(n["id"] for n in listed) == sorted(ids.values())
+
+        # The same bundle again changes nothing, and an older one is refused before any drain.
+        again = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
+        assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values())
+        older = playbook(lab, inventory, "upgrade.yml", bundle, control_dir)
+        assert older.returncode != 0 and "refusing to downgrade fleet-agent" in " ".join(older.stdout.split())
+        assert to_statuses(lab, ids[second.hostname])[-1] == "ready"
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def test_a_playbook_whose_group_matches_no_host_fails_and_says_which_group(tmp_path):
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[gpus]\ngpu-01 ansible_host=192.0.2.1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETD_", "FLEET_AGENT_"))}
+    env.update(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), HOME=str(tmp_path))
+    for name in ("preflight.yml", "bootstrap.yml", "upgrade.yml", "drain.yml", "undrain.yml", "remove.yml"):
+        result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name),
+                                 "-e", "fleetd_url=http://192.0.2.2:1"], capture_output=True, text=True,
+                                timeout=300, env=env, cwd=str(tmp_path), stdin=subprocess.DEVNULL)
+        assert result.returncode != 0, (name, result.stdout[-2000:])
+        assert "no host in the inventory matches fleet_agents" in result.stdout, (name, result.stdout[-2000:])
+    # The group named explicitly is taken (and here unreachable, which is another failure).
+    result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "drain.yml"),
+                             "-e", "fleetd_url=http://192.0.2.2:1", "-e", "fleet_agent_target=gpus",
+                             "--syntax-check"], capture_output=True, text=True, timeout=300, env=env,
+                            cwd=str(tmp_path), stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -154,3 +154,42 @@ def test_facts_script_reports_the_stored_server_urls_of_new_and_old_agents(tmp_p
                                                                                 "http://a:1,http://b:2")
     old = facts({"node_id": "n2", "server_url": "http://a:1"})
     assert (old["node_server_url"], old["node_server_urls"]) == ("http://a:1", "")
+
+
+def fake_bundle(tmp_path, wheels, digests):
+    """A fleet-agent-bundle-9.9.tar.gz with these wheel files and this manifest `wheels` map."""
+    import hashlib
+    import json
+    import tarfile
+
+    top = tmp_path / "src" / "fleet-agent-bundle-9.9"
+    (top / "wheels").mkdir(parents=True)
+    for name, data in wheels.items():
+        (top / "wheels" / name).write_bytes(data)
+    manifest = {"format": 1, "version": "9.9", "wheels": {
+        name: digests.get(name) or hashlib.sha256(data).hexdigest() for name, data in wheels.items()}}
+    (top / "manifest.json").write_text(json.dumps(manifest))
+    path = tmp_path / "fleet-agent-bundle-9.9.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    return path
+
+
+@pytest.mark.parametrize("digests, message", [
+    ({"pip-24.0-py3-none-any.whl": "0" * 64}, "pip-24.0-py3-none-any.whl does not match its SHA-256 in the manifest"),
+    ({}, None),
+])
+def test_the_installer_checks_every_wheel_against_the_manifest_before_anything_is_installed(tmp_path, digests, message):
+    bundle = fake_bundle(tmp_path, {"pip-24.0-py3-none-any.whl": b"not really pip",
+                                    "fleetd-9.9-py3-none-any.whl": b"not really fleetd"}, digests)
+    install_dir = tmp_path / "venv"
+    result = subprocess.run(["sh", "-s", "--", str(bundle), sys.executable, str(install_dir)],
+                            input=rendering.script(rendering.INSTALL_SCRIPT), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    if message:
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert not install_dir.exists()  # refused before the venv was made
+    else:
+        # The manifest holds: the installer went on to pip, which cannot read these fake wheels.
+        assert "SHA-256" not in result.stderr and install_dir.exists(), result.stderr
