@@ -233,9 +233,13 @@ def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, ser
 
 def _write_results(path, results):
     """Write the results as JSON, atomically (Terraform outputs read this file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".part")
-    partial.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    # 0600: results name hosts and nodes; they are nobody else's business (Terraform's .fleet-nodes too).
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older partial file may have had another mode
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
     os.replace(partial, path)
 
 

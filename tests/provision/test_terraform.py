@@ -71,6 +71,7 @@ module "gpu_nodes" {{
   devices_backend      = "fake:/opt/fake-gpus/shape.json"
   wait_timeout         = "90s"
   drain_deadline       = "60s"
+  force_remove         = true
   fleetd_command       = {json.dumps([sys.executable, "-m", "fleetd"])}
   hosts = [
 {hosts}
@@ -96,10 +97,13 @@ output "node_ids" {{
         assert node["labels"] == {"rack": f"r{i}"}
     state = (root / "terraform.tfstate").read_text()
     assert "flj_" not in state
+    results = sorted((root / ".fleet-nodes").glob("*.json"))
+    assert len(results) == 2 and all(p.stat().st_mode & 0o777 == 0o600 for p in results), results
 
     result = terraform(root, "destroy", "-auto-approve", "-input=false", "-no-color", env=env)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert lab.api.nodes() == []
+    assert list((root / ".fleet-nodes").glob("*.json")) == []  # each host's result went with it
     for host in lab.hosts:
         statuses = [e["to_status"] for e in lab.api.events(node_ids[host.address]) if e.get("to_status")]
         assert statuses[-2:] == ["draining", "drained"], statuses

@@ -28,8 +28,9 @@ resource "terraform_data" "this" {
   # What the destroy-time provisioner needs: it may refer to nothing but self.
   input = {
     remove = concat(var.fleetd_command, ["bootstrap", "--remove", "--url", var.fleetd_url,
-    "--drain-deadline", var.drain_deadline, "--json"], local.ssh_args)
+    "--drain-deadline", var.drain_deadline, "--json"], var.force_remove ? ["--force"] : [], local.ssh_args)
     admin_token = var.admin_token
+    results_dir = local.results_dir
   }
 
   lifecycle {
@@ -64,5 +65,12 @@ resource "terraform_data" "this" {
     environment = {
       FLEETD_TOKEN = self.input.admin_token
     }
+  }
+
+  # Once the host is removed, its bootstrap result goes too (it runs only if the removal succeeded).
+  provisioner "local-exec" {
+    when        = destroy
+    interpreter = ["rm", "-f", "--"]
+    command     = "${self.input.results_dir}/${self.id}.json"
   }
 }

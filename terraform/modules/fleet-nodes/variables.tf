@@ -98,6 +98,12 @@ variable "drain_deadline" {
   default     = "1h"
 }
 
+variable "force_remove" {
+  description = "On destroy, a host that cannot be reached over SSH still has its node drained and deleted in fleetd (fleetd bootstrap --remove --force)."
+  type        = bool
+  default     = false
+}
+
 variable "fleetd_command" {
   description = "Command that runs the fleetd CLI on the machine running Terraform."
   type        = list(string)
