@@ -131,7 +131,12 @@ def _client(url, token):
     return Client(url or saved.get("url") or DEFAULT_URL, token)
 
 
-@click.command()
+# Their own -h: a command loaded lazily caches its help option from the first context it sees,
+# which is not always the fleetd group's (a test may invoke it alone).
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command(context_settings=HELP)
 @click.argument("hosts", nargs=-1, required=True, type=_Spec())
 @click.option("--fleet", "fleet_name", help="Fleet the hosts join (required unless --remove).")
 @click.option("--remove", is_flag=True, help="Drain, stop, uninstall and delete the nodes of these hosts instead.")
@@ -254,7 +259,7 @@ def _default_bundle():
     return build_bundle(cached.parent, log=lambda m: None)
 
 
-@click.group()
+@click.group(context_settings=HELP)
 def bundle():
     """Offline bundles of fleet-agent for hosts without internet access."""
 
