@@ -126,8 +126,13 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
         lab_factory, bundle, next_bundle):
     lab = lab_factory(["l4_x4", "h100_x8"])
     hosts = lab.hosts
+    # The first host keeps its agent state on a mount point (a volume): removal empties it, keeps it.
+    assert hosts[0].exec("mkdir", "-p", "/var/lib/fleet-agent").returncode == 0
+    assert hosts[0].exec("mount", "-t", "tmpfs", "-o", "mode=0700,size=16m", "fleet-state",
+                         "/var/lib/fleet-agent").returncode == 0
     code, results, stderr = lab.bootstrap(bundle, *hosts)
     assert code == 0, (results, stderr)
+    assert hosts[0].path("/var/lib/fleet-agent/node.json").exists()
     node_ids = {h.address: results[h.address]["node_id"] for h in hosts}
     old_pids = {h.name: agent_pids(h) for h in hosts}
 
@@ -149,9 +154,11 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
     row = json.loads(result.stdout)[0]
     assert row["result"] == "removed" and row["node_id"] == node_ids[hosts[0].address]
     assert lab.api.node(node_ids[hosts[0].address]) is None
-    for path in ("/opt/fleet-agent", "/etc/fleet-agent/agent.toml", "/var/lib/fleet-agent/node.json",
+    for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent/node.json",
                  "/etc/systemd/system/fleet-agent.service"):
         assert not hosts[0].path(path).exists(), path
+    assert hosts[0].exec("mountpoint", "-q", "/var/lib/fleet-agent").returncode == 0
+    assert list(hosts[0].path("/var/lib/fleet-agent").iterdir()) == []
     wait_for(lambda: not agent_pids(hosts[0]), 30, message="the agent to stop")
     assert [n["id"] for n in lab.api.nodes()] == [node_ids[hosts[1].address]]
     assert lab.api.node(node_ids[hosts[1].address])["status"] == "ready"
@@ -274,8 +281,11 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert statuses[-3:] == ["draining", "drained", "ready"], statuses
     wait_for(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
              message="fleetd to learn the rebuilt bundle")
-    code, results, _ = lab.bootstrap(rebuilt, rolled)
+    code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "unchanged", results
+    # Nothing starts, and the progress does not claim it does.
+    assert f"{rolled.address}: start: fleet-agent already running" in stderr, stderr
+    assert "starting fleet-agent" not in stderr and "restarting fleet-agent" not in stderr
 
     # An install that fails after the upgrade's drain undoes that drain and says so.
     broken = repack_bundle(next_bundle, tmp_path / "broken", drop_pip=True)

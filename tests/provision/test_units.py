@@ -203,3 +203,60 @@ def test_bootstrap_cli_takes_repeated_and_comma_separated_server_urls_and_refuse
     assert result.exit_code == 0 and seen[-1].server_url == ["http://admin:1"]  # --url, when none is given
     result = CliRunner().invoke(provision_cli.bootstrap, args + ["--server-url", "https://cp1:8443,cp2"])
     assert result.exit_code == 2 and "'cp2' must start with http:// or https://" in result.output
+
+
+def test_a_failed_command_shows_its_cause_before_an_earlier_warning():
+    from fleetd.provision.bootstrap import first_cause
+
+    text = ("WARNING: NVML could not be loaded (libnvidia-ml.so.1: cannot open shared object file)\n"
+            "error: cannot reach fleetd at http://127.0.0.1:8080: connection refused\n")
+    shown = first_cause(text)
+    assert shown.startswith("error: cannot reach fleetd at http://127.0.0.1:8080: connection refused")
+    assert "NVML" in shown  # still there, after the cause
+    assert first_cause("") == "(no output)"
+
+
+class _Bundle:
+    def __init__(self, version, sha256="b" * 64):
+        from pathlib import Path
+
+        self.version, self.sha256, self.path = version, sha256, Path(f"fleet-agent-bundle-{version}.tar.gz")
+
+
+@pytest.mark.parametrize("installed, sha, bundle, allow, expected", [
+    ("", "", "0.2.0", False, (True, False)),               # fresh host: install, no upgrade
+    ("0.2.0", "b" * 64, "0.2.0", False, (False, False)),   # this very bundle: nothing
+    ("0.2.0", "a" * 64, "0.2.0", False, (True, True)),     # rebuilt, same version: upgrade
+    ("0.2.0", "", "0.2.0", False, (True, True)),           # installed before SHA-256s were recorded
+    ("0.1.0", "a" * 64, "0.2.0", False, (True, True)),
+    ("0.2.0.post1", "a" * 64, "0.2.0", True, (True, True)),
+    ("0.10.0", "a" * 64, "0.9.0", True, (True, True)),
+])
+def test_install_plan_compares_version_and_sha256(installed, sha, bundle, allow, expected):
+    from fleetd.provision.bootstrap import install_plan
+
+    facts = {"installed_version": installed, "installed_sha256": sha}
+    assert install_plan(facts, _Bundle(bundle), allow) == expected
+
+
+@pytest.mark.parametrize("installed, bundle", [("0.2.0", "0.1.0"), ("0.10.0", "0.9.0"), ("0.1.0.post1", "0.1.0"),
+                                               ("1.0.0", "1.0.0rc1")])
+def test_a_downgrade_is_refused_with_the_flag_that_allows_it(installed, bundle):
+    from fleetd.provision.bootstrap import install_plan
+
+    with pytest.raises(HostFailed, match=rf"refusing to downgrade fleet-agent {installed} to {bundle}.*--allow-downgrade"):
+        install_plan({"installed_version": installed, "installed_sha256": "a" * 64}, _Bundle(bundle))
+
+
+def test_a_long_reason_wraps_instead_of_widening_every_row(capsys):
+    from fleetd.provision.bootstrap import HostResult
+    from fleetd.provision.cli import REASON_WIDTH, _show_results
+
+    long = "fleet-agent join failed (exit 1): " + "a very long explanation " * 20
+    _show_results([HostResult(host="gpu-01", result="failed", reason=long),
+                   HostResult(host="gpu-02", result="unchanged", node_id="n2", gpus=8, reason="already installed")])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 60 + REASON_WIDTH, lines
+    short_row = next(line for line in lines if line.strip().startswith("gpu-02"))
+    assert len(short_row.rstrip()) < 80, short_row  # the short row is not padded to the long reason
+    assert sum("a very long explanation" in line for line in lines) > 3  # wrapped over several lines
