@@ -196,7 +196,7 @@ def judge_preflight(facts, options):
         parts.append(f"no NVIDIA driver; fake GPUs from {options.devices_backend[5:]}")
     else:
         parts.append("no NVIDIA driver: CPU-only")
-    if options.check_server_url and "fleetd_reachable" in facts:
+    if options.check_server_url and "fleetd_reachable" in facts and python:
         if facts["fleetd_reachable"]:
             parts.append(f"reaches fleetd at {facts['fleetd_reachable']}")
         else:

@@ -72,9 +72,12 @@ def test_preflight_says_cpu_only_when_there_is_no_driver():
     ({"uid": "1000"}, "not root (uid 1000): use --sudo"),
     ({"systemctl": "no"}, "no systemd"),
     ({"disk_free_kb": "1024"}, "only 1 MiB free"),
+    ({"fleetd_reachable": "", "fleetd_unreachable": "http://127.0.0.1:8080: [Errno 111] Connection refused"},
+     "the host cannot reach fleetd at http://127.0.0.1:8080: http://127.0.0.1:8080: [Errno 111] Connection refused "
+     "(is --server-url the URL the hosts reach fleetd at?)"),
 ])
 def test_preflight_fails_with_a_readable_reason(change, reason):
-    problems, verdict = judge_preflight(dict(GOOD_FACTS, **change), BootstrapOptions())
+    problems, verdict = judge_preflight(dict(GOOD_FACTS, **change), BootstrapOptions(server_url="http://127.0.0.1:8080"))
     assert any(reason in p for p in problems), problems
     assert verdict.startswith("FAILED: ")
 
