@@ -293,6 +293,13 @@ class Bootstrapper:
         try:
             self.client.post(f"/api/v1/nodes/{node_id}/undrain")
         except ClientError as exc:
+            try:
+                now = self._node(node_id)
+            except ClientError:
+                now = None
+            if exc.status == 409 and now is not None and now["status"] not in ("draining", "drained"):
+                # The failure came after this run's undrain (waiting for ready, cordoning again).
+                return f"the drain this upgrade made was already undone (node {node_id} is {now['status']})"
             return f"node {node_id} is left drained (undrain failed: {exc.message}); undrain it once the agent is fixed"
         return f"the drain this upgrade made was undone (node {node_id} undrained)"
 

@@ -263,3 +263,29 @@ def test_a_long_reason_wraps_instead_of_widening_every_row(capsys):
     short_row = next(line for line in lines if line.strip().startswith("gpu-02"))
     assert len(short_row.rstrip()) < 80, short_row  # the short row is not padded to the long reason
     assert sum("a very long explanation" in line for line in lines) > 3  # wrapped over several lines
+
+
+class _Refusing(FakeClient):
+    def post(self, path, body=None):
+        from fleetd.client import ClientError
+
+        self.posts.append(path.rsplit("/", 1)[1])
+        raise ClientError("node n1 is ready, not draining or drained", status=409)
+
+
+@pytest.mark.parametrize("status, said", [
+    ("ready", "the drain this upgrade made was already undone (node n1 is ready)"),
+    ("drained", "node n1 is left drained (undrain failed: node n1 is ready, not draining or drained)"),
+])
+def test_undoing_a_drain_after_a_failure_says_what_became_of_the_node(status, said):
+    client = _Refusing([node(status)])
+    b, result = bootstrapper(client)
+    assert b._undo_drain("n1", result).startswith(said)
+    assert client.posts == ["undrain"]
+
+
+def test_undoing_a_drain_after_a_failure_undrains_the_node():
+    client = FakeClient([node("drained")])
+    b, result = bootstrapper(client)
+    assert b._undo_drain("n1", result) == "the drain this upgrade made was undone (node n1 undrained)"
+    assert client.posts == ["undrain"]
