@@ -18,12 +18,10 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import requests
@@ -33,20 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 SHAPE = ROOT / "tests" / "fixtures" / "nvml" / "h100_x8.json"
 
-
-def start_fleetd(data_dir):
-    init = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir], check=True,
-                          capture_output=True, text=True, timeout=60)
-    admin = init.stdout.strip().splitlines()[-1]
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", "127.0.0.1:0", "--data-dir",
-                             data_dir], stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        match = re.search(r"listening on (http://\S+)", line)
-        if match:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, match.group(1), admin
-    proc.kill()
-    raise SystemExit("fleetd did not start")
+from bench.cancel_latency import start_fleetd  # noqa: E402
 
 
 def start_agent(url, join, root, containers, env):

@@ -9,27 +9,13 @@ import pytest
 
 from fleetd.ui import roles
 from tests.conftest import ApiClient, gpus
+from tests.test_instances import create, show
 from tests.integration.conftest import admin, data_dir, server_factory  # noqa: F401 - fixtures
 from tests.ui.conftest import UiClient, enrol
 from tests.ui.test_browser import CHROMIUM, agent_call, artifacts, browser, http, page, server, shot, sign_in  # noqa: F401
 from tests.ui.test_browser import enrol as enrol_over_http
 
 H100 = gpus(1)[0]["model"]
-
-
-def create(api, expect=201, **spec):
-    spec.setdefault("name", "nb")
-    spec.setdefault("command", ["python3", "-m", "http.server"])
-    spec.setdefault("resources", {"gpus": 1})
-    resp = api.post("/api/v1/instances", spec)
-    assert resp.status_code == expect, resp.get_json()
-    return resp.get_json()
-
-
-def show(api, instance_id):
-    resp = api.get(f"/api/v1/instances/{instance_id}")
-    assert resp.status_code == 200, resp.get_json()
-    return resp.get_json()
 
 
 def start(api, session, ports=()):
