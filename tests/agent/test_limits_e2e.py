@@ -116,7 +116,7 @@ def test_a_task_within_its_vram_limit_succeeds(node):
     assert wait_job(http, job["id"])["state"] == "succeeded"
 
 
-def test_an_xid_on_a_tasks_gpu_fails_the_task_and_blocks_the_gpu_in_cluster_status(node):
+def test_an_xid_on_a_tasks_gpu_fails_the_task_and_the_health_policy_takes_the_node_out(node):
     http, agent = node
     job = submit(http, [PY, "-c", SLEEP_AND_SAY_PID], name="on-a-bad-gpu", retry={"max_attempts": 1, "on": []})
     _pid, uuid = running_task(http, job["id"])
@@ -127,16 +127,22 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_blocks_the_gpu_in_cluster_stat
     [task] = http("GET", f"/api/v1/jobs/{job['id']}/result", expect=200).json()["tasks"]
     assert task["reason"].startswith(f"gpu_unhealthy: GPU {uuid} is unhealthy: critical XID 79")
 
-    def blocked():
-        status = http("GET", "/api/v1/cluster/status", expect=200).json()
-        notes = [n for n in status["gpu"]["blocked_notes"] if n["code"] == "unhealthy"]
-        return status if notes and notes[0]["count"] == 1 else None
+    # The fleet's health policy (on by default) takes the whole node out, saying why; its GPUs are
+    # then blocked in the cluster status, the bad one among them.
+    node_id = agent.node()["node_id"]
 
-    status = wait_until(blocked, timeout=30, message="the GPU blocked as unhealthy")
-    assert status["gpu"]["blocked"] >= 1
-    node_view = http("GET", f"/api/v1/nodes/{agent.node()['node_id']}", expect=200).json()
+    def taken_out():
+        view = http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()
+        return view if view["status"] in ("cordoned", "draining", "drained") else None
+
+    node_view = wait_until(taken_out, timeout=30, message="the health policy to take the node out")
+    events = http("GET", f"/api/v1/nodes/{node_id}/events", expect=200).json()["items"]
+    assert any(e["kind"] == "node.health" and e["actor"] == "fleetd" and "critical XID 79" in e["reason"]
+               for e in events), events
     [gpu] = [g for g in node_view["gpus"] if g["uuid"] == uuid]
     assert gpu["healthy"] is False and "critical XID 79" in gpu["health_reason"]
+    status = http("GET", "/api/v1/cluster/status", expect=200).json()
+    assert status["gpu"]["blocked"] == len(node_view["gpus"]) and status["gpu"]["free"] == 0
 
 
 @pytest.mark.parametrize("policy", ["report", "kill"])
