@@ -1,50 +1,20 @@
-"""Tokens (creation, hashing, verification), principals, roles and the checks views use."""
+"""Checking presented tokens: principals, the role checks views use, the failed-authentication
+limiter. Token formats, roles and making and hashing tokens are fleetd.credentials'."""
 
 import collections
 import dataclasses
 import functools
-import hashlib
-import hmac
 import ipaddress
-import re
-import secrets
 import threading
 
 from flask import g
 
+from fleetd.credentials import (  # noqa: F401 - views take the roles from here, with the checks
+    ADMIN, ANY_ROLE, API_PREFIX, JOIN, JOIN_PREFIX, METRICS, NODE, NODE_PREFIX, SUBMITTER, TOKEN_RE, hash_token,
+    make_token, matches)
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
-from fleetd.models import ApiToken, JoinToken, Node, NodeStatus, Role, new_id
+from fleetd.models import ApiToken, JoinToken, Node, NodeStatus
 from fleetd.sql import Statement
-
-API_PREFIX = "fla_"
-JOIN_PREFIX = "flj_"
-NODE_PREFIX = "fln_"
-
-# Roles as views name them: the three API token roles, then node sessions and join tokens.
-ADMIN = Role.ADMIN.value
-SUBMITTER = Role.SUBMITTER.value
-METRICS = Role.METRICS.value
-NODE = "node"
-JOIN = "join"
-ANY_ROLE = (ADMIN, SUBMITTER, METRICS, NODE, JOIN)
-
-_TOKEN_RE = re.compile(r"^(fla_|flj_|fln_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
-
-
-def hash_token(token):
-    """SHA-256 hex digest: the only form in which a token is stored."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def make_token(prefix):
-    """A new (id, token) pair: <prefix><id>.<secret>, with 256 random bits of secret."""
-    token_id = new_id()
-    return token_id, f"{prefix}{token_id}.{secrets.token_urlsafe(32)}"
-
-
-def _matches(token, stored_hash):
-    """Constant-time comparison of a presented token with a stored hash."""
-    return stored_hash is not None and hmac.compare_digest(hash_token(token), stored_hash)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,25 +57,25 @@ def resolve_token(token, now, allow_revoked_node=False):
     `allow_revoked_node`: the caller is a node's heartbeat, which a revoked node may still send
     (to learn that it is revoked); its Principal carries the node's whole row as `node`.
     """
-    match = _TOKEN_RE.match(token or "")
+    match = TOKEN_RE.match(token or "")
     if not match:
         raise Unauthorized("malformed or unknown token")
     prefix, token_id, _ = match.groups()
     if prefix == API_PREFIX:
         row = _API_TOKEN_AUTH.first(id=token_id)
-        if row is None or not _matches(token, row.token_hash):
+        if row is None or not matches(token, row.token_hash):
             raise Unauthorized("malformed or unknown token")
         return api_token_principal(row, now)
     if prefix == NODE_PREFIX:
         node = (_NODE_BY_SESSION if allow_revoked_node else _NODE_AUTH).first(session_id=token_id)
-        if node is None or not _matches(token, node.session_hash):
+        if node is None or not matches(token, node.session_hash):
             raise Unauthorized("malformed or unknown token")
         if node.status == _REVOKED and not allow_revoked_node:
             raise Unauthorized("node revoked")
         return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id,
                          node=node if allow_revoked_node else None)
     row = JoinToken.get_or_none_by_id(token_id)
-    if row is None or not _matches(token, row.token_hash):
+    if row is None or not matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")
     if row.revoked:
         raise Unauthorized("join token revoked")

@@ -1,6 +1,6 @@
 """The agent protocol: register, heartbeat, deregister."""
 
-from fleetd.auth import NODE_PREFIX, hash_token, make_token
+from fleetd.credentials import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id

@@ -6,7 +6,7 @@ import tempfile
 
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
-from fleetd.auth import ADMIN
+from fleetd.credentials import ADMIN
 from fleetd.models import Artifact, ArtifactUpload, Job, Task, TaskState
 
 CHUNK = 1024 * 1024

@@ -14,7 +14,7 @@ import threading
 import typing
 
 from fleetd import scheduler, windows
-from fleetd.auth import ADMIN
+from fleetd.credentials import ADMIN
 from fleetd.clock import isoformat
 from fleetd.runtime import call
 from fleetd.models import Fleet, Gpu, InventoryVersion, Job, JobState, Node, NodeStatus, Task

@@ -4,7 +4,7 @@ import datetime as dt
 
 import peewee
 
-from fleetd.auth import JOIN_PREFIX, hash_token, make_token
+from fleetd.credentials import JOIN_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Fleet, Gpu, JoinToken, Node

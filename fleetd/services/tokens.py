@@ -3,7 +3,7 @@
 import datetime as dt
 import secrets
 
-from fleetd.auth import API_PREFIX, hash_token, make_token
+from fleetd.credentials import API_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import NotFound
 from fleetd.models import ApiToken, JoinToken, Role, Setting, UiSession
