@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Placement quality and speed on the Alibaba GPU traces, with the FGD paper's protocol.
 
-Replays a pod list from ../shared/traces/ through the real engine in fleetd/scheduler/,
-for every policy side by side, and compares with the paper artifact's published figures
-(PUBLISHED.md beside the pod list, when there is one):
+Replays a pod list of Alibaba's public GPU cluster traces (openb_*.csv, in a directory
+$TRACES) through the real engine in fleetd/scheduler/, for every policy side by side, and
+compares with the paper artifact's published figures (PUBLISHED.md beside the pod list, when
+there is one):
 
   for each seed: the pod list shuffled with the seed, followed by pods sampled uniformly
   with replacement from it until the next would push requested GPU above 130% of cluster
@@ -23,8 +24,8 @@ run scripts); and placement decisions per second inside the engine. --max-pods N
 only the first N pods of each seed's sequence, for quick runs; percentages such a run
 does not reach are reported as null.
 
-    .venv/bin/python bench/placement.py --nodes ../shared/traces/openb_node_list_gpu_node.csv \\
-        --pods ../shared/traces/openb_pod_list_gpushare40.csv --seeds 10 --policy all \\
+    .venv/bin/python bench/placement.py --nodes $TRACES/openb_node_list_gpu_node.csv \\
+        --pods $TRACES/openb_pod_list_gpushare40.csv --seeds 10 --policy all \\
         --json bench/results/placement_gpushare40.json
 """
 
