@@ -6,7 +6,7 @@ import threading
 import time
 
 from fleetd import scheduler
-from fleetd.db import hand_back, released, write_transaction
+from fleetd.db import after_commit, hand_back, released, write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
 from fleetd.services.artifacts import readable_artifacts
@@ -487,8 +487,9 @@ class NodeStops:
             notifiers = list(self._watchers.get(node_id, ()))
         for notifier in notifiers:
             notifier.notify(("node", node_id), local=True)
-        if self.publish is not None and not local:
-            self.publish(node_id, task_id, epoch)
+        if self.publish is not None and not local:  # a network call: after the commit, not inside it
+            publish = self.publish
+            after_commit(lambda: publish(node_id, task_id, epoch))
 
     def owed(self, node_id):
         """{task id: (epoch, monotonic time owed)} of the node (a copy; empty when none)."""
