@@ -79,14 +79,14 @@ class _TestClient:
 def test_node_events_in_the_cli_and_the_ui_show_the_actor(api, app, monkeypatch):
     from click.testing import CliRunner
 
-    from fleetd import cli
+    from fleetd.cli import cli, remote
     from tests.ui.conftest import UiClient
 
     node_id, _ = _enrol(api)
     ops = ApiClient(app, api.create_token("admin", name="night-ops"))
     ops.post(f"/api/v1/nodes/{node_id}/cordon")
-    monkeypatch.setattr(cli, "Client", _TestClient(api))
-    out = CliRunner().invoke(cli.cli, ["node", "events", node_id, "--url", "http://x", "--token", "t"])
+    monkeypatch.setattr(remote, "Client", _TestClient(api))  # the client of every REST command
+    out = CliRunner().invoke(cli, ["node", "events", node_id, "--url", "http://x", "--token", "t"])
     assert out.exit_code == 0, out.output
     assert "ACTOR" in out.output and "token:night-ops" in out.output and f"node:{node_id}" in out.output
     ui = UiClient(app)

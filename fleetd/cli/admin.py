@@ -1,0 +1,153 @@
+"""Local admin commands (init, serve, db upgrade), `login`, and `status`."""
+
+import logging
+import os
+import sys
+
+import click
+
+from fleetd.cli.output import cell, describe_error, emit, fail, number, plural, show_table
+from fleetd.cli.remote import client_command, current_client
+from fleetd.client import DEFAULT_URL, Client, ClientError, save_config
+
+
+def _server_settings(**overrides):
+    from fleetd.settings import Settings
+
+    try:
+        return Settings.load(**overrides)
+    except (ValueError, OSError) as exc:
+        fail(f"bad configuration: {exc}")
+
+
+def _setup_logging(level="INFO"):
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+db_option = click.option("--db", "db_url", help="Database URL (FLEETD_DB_URL): sqlite:///PATH or postgresql://...")
+data_dir_option = click.option("--data-dir", help="Data directory (FLEETD_DATA_DIR; default /var/lib/fleetd).")
+
+
+def _open_upgraded(settings):
+    from fleetd.db import bind, open_database, upgrade
+
+    if settings.database_url.startswith("sqlite:"):
+        os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    try:
+        db = open_database(settings.database_url, settings.sqlite_synchronous)
+        applied = upgrade(db)
+    except Exception as exc:  # any driver error: report it in one line
+        fail(f"cannot open database: {type(exc).__name__}: {exc}")
+    bind(db)
+    return db, applied
+
+
+@click.command()
+@db_option
+@data_dir_option
+def init(db_url, data_dir):
+    """Create the database and print the first admin token (once)."""
+    from fleetd.clock import utcnow
+    from fleetd.services.tokens import issue_first_admin_token
+
+    settings = _server_settings(db_url=db_url, data_dir=data_dir)
+    db, applied = _open_upgraded(settings)
+    with db.connection_context():
+        token = issue_first_admin_token(utcnow())
+    click.echo(f"database ready: {settings.database_url} ({len(applied)} migration(s) applied)")
+    if token is None:
+        click.echo("an admin token was issued before; create more with `fleetd token create --role admin`")
+        return
+    click.echo("first admin token (shown once, store it now):")
+    click.echo(token)
+
+
+@click.command()
+@click.option("--bind", help="HOST:PORT to listen on (FLEETD_BIND; default 127.0.0.1:8080).")
+@db_option
+@data_dir_option
+@click.option("--log-level", envvar="FLEETD_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Least severe log lines written to stderr (FLEETD_LOG_LEVEL).")
+def serve(bind, db_url, data_dir, log_level):
+    """Run the API server and background tasks until SIGTERM."""
+    from fleetd.server import serve as run_server
+
+    _setup_logging(log_level)
+    settings = _server_settings(bind=bind, db_url=db_url, data_dir=data_dir)
+    if settings.database_url.startswith("sqlite:"):
+        os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    try:
+        run_server(settings)
+    except OSError as exc:
+        fail(f"cannot serve on {settings.bind}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@click.group()
+def db():
+    """Database administration."""
+
+
+@db.command("upgrade")
+@db_option
+@data_dir_option
+def db_upgrade(db_url, data_dir):
+    """Apply pending schema migrations."""
+    settings = _server_settings(db_url=db_url, data_dir=data_dir)
+    _, applied = _open_upgraded(settings)
+    click.echo("applied: " + ", ".join(applied) if applied else "database is up to date")
+
+
+@click.command()
+@click.option("--url", envvar="FLEETD_URL", default=DEFAULT_URL, show_default=True, help="fleetd URL.")
+@click.option("--token", envvar="FLEETD_TOKEN", help="API token; asked for when not given.")
+def login(url, token):
+    """Check a token against fleetd and save URL and token for later commands."""
+    token = token or click.prompt("API token", hide_input=True)
+    client = Client(url, token)
+    try:
+        who = client.get("/api/v1/whoami")
+    except ClientError as exc:
+        fail(describe_error(exc))
+    path = save_config(client.url, token)
+    click.echo(f"logged in to {client.url} as {who['principal']} ({who['role']}); saved to {path}")
+
+
+@client_command(None, "status")
+def status():
+    """Server version, who you are, GPUs used/free/blocked per series, nodes by status."""
+    client = current_client()
+    health = client.get("/api/v1/health")
+    who = client.get("/api/v1/whoami")
+    cluster = client.get("/api/v1/cluster/status")
+    data = {"url": client.url, "version": health["version"], "whoami": who, "cluster": cluster}
+
+    def human(d):
+        gpu = cluster["gpu"]
+        click.echo(f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})")
+        nodes = cluster["nodes"]
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
+        click.echo(f"nodes: {sum(nodes.values())} ({summary})")
+        # A series' QUEUED counts the jobs that ask for its model; those that take any model count only here.
+        any_model = round(gpu["queued"] - sum(s["queued"] for s in gpu["series"]), 3)
+        click.echo(f"GPUs: {number(gpu['total'])} total = {number(gpu['used'])} used + {number(gpu['free'])} free"
+                   f" + {number(gpu['blocked'])} blocked; {number(gpu['queued'])} queued"
+                   + (f", {number(any_model)} of them for any GPU model" if any_model > 0 and gpu["series"] else ""))
+        if gpu["series"]:
+            show_table(gpu["series"], [("SERIES", "label"), ("TOTAL", "total"), ("USED", "used"), ("FREE", "free"),
+                                       ("BLOCKED", "blocked"), ("QUEUED", "queued")])
+        for note in gpu["blocked_notes"]:
+            when = f", opens {cell(note['next_open_at'])} UTC" if note.get("next_open_at") else ""
+            click.echo(f"  blocked: {plural(note['count'], note['series'] + ' GPU')}: {note['reason']}{when}")
+
+    emit(data, human)
+
+
+COMMANDS = [init, serve, db, login, status]

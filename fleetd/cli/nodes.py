@@ -1,0 +1,153 @@
+"""`fleetd node`: list, inspect, cordon, drain, revoke, remove."""
+
+import click
+
+from fleetd.cli.output import EVENT_COLUMNS, byte_size, emit, number, show_record, show_table
+from fleetd.cli.params import Duration
+from fleetd.cli.remote import client_command, current_client
+from fleetd.client import ClientError
+
+
+@click.group()
+def node():
+    """Nodes: list, inspect, cordon, drain, revoke, remove."""
+
+
+def _gpus_cell(row):
+    """The GPU count, or why there are none: "0 (cpu only)" / "0 (driver error)"."""
+    status = row.get("gpu_status")
+    if row["gpus"] or status in (None, "ok"):
+        return len(row["gpus"])
+    return f"0 ({status.replace('_', ' ')})"
+
+
+NODE_COLUMNS = [("ID", "id"), ("HOSTNAME", "hostname"), ("FLEET", "fleet"), ("STATUS", "status"),
+                ("GPUS", _gpus_cell), ("LAST HEARTBEAT", "last_heartbeat_at"),
+                ("REASON", "status_reason")]
+
+
+def _show_node(data):
+    show_record(data, NODE_COLUMNS[:4] + [
+        ("REASON", "status_reason"), ("ADDRESS", "address"), ("AGENT", "agent_version"),
+        ("LABELS", "labels"), ("REGISTERED", "registered_at"), ("LAST HEARTBEAT", "last_heartbeat_at"),
+        ("CPUS", lambda x: x["resources"]["cpu_count"]),
+        ("MEMORY", lambda x: byte_size(x["resources"]["memory_bytes"])),
+        ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"),
+        ("GPU STATUS", lambda x: x.get("gpu_status") and " - ".join(
+            filter(None, [x["gpu_status"].replace("_", " "), x.get("gpu_status_reason")]))),
+    ])
+    if data["gpus"]:
+        click.echo("")
+        columns = [("IDX", "index"), ("UUID", "uuid"), ("MODEL", "model"),
+                   ("MEMORY", lambda g: byte_size(g["memory_total_bytes"])), ("NUMA", "numa_node"),
+                   ("HEALTHY", "healthy")]
+        if data.get("allocation") is None:
+            show_table(data["gpus"], columns + [("REASON", "health_reason")])
+            click.echo("(which GPUs are in use, and by what, is shown to admins only)")
+        else:
+            allocation = data["allocation"]
+            show_table(data["gpus"], columns + [("STATE", lambda g: allocation[g["uuid"]]["state"]),
+                                                ("USED BY / REASON", lambda g: allocation[g["uuid"]]["detail"])])
+
+
+def _node_allocation(node_id, gpus):
+    """{gpu uuid: {state, detail, tasks}} from the admin-only allocation view; None for other roles."""
+    try:
+        allocation = current_client().get("/api/v1/cluster/allocation", node_id=node_id)
+    except ClientError as exc:
+        if exc.status == 403:
+            return None
+        raise
+    held = {}  # gpu uuid -> what holds it
+    for task in allocation["allocations"]:
+        if task["node_id"] != node_id:
+            continue
+        for gpu in task["gpus"]:
+            share = "" if gpu.get("exclusive", True) else f", {number(gpu.get('compute_percent') or 0)}% compute"
+            held.setdefault(gpu["uuid"], []).append({
+                "task_id": task["task_id"], "job_id": task["job_id"], "rank": task["rank"],
+                "text": f"job {task['job_id']} rank {task['rank']} ({task['state']}{share})"})
+    out = {}
+    listed = {g["uuid"]: g for g in allocation["gpus"] if g["node_id"] == node_id}
+    for gpu in gpus:
+        seen = listed.get(gpu["uuid"], {})
+        state = seen.get("state") or "unknown"
+        if held.get(gpu["uuid"]):
+            detail = "; ".join(h["text"] for h in held[gpu["uuid"]])
+        elif state == "blocked":
+            detail = seen.get("blocked_reason") or seen.get("blocked_code") or gpu.get("health_reason") or ""
+        else:
+            detail = gpu.get("health_reason") or ""
+        out[gpu["uuid"]] = {"state": state, "detail": detail or None, "tasks": held.get(gpu["uuid"], [])}
+    return out
+
+
+@client_command(node, "list")
+@click.option("--fleet", "fleet_name", help="Only nodes of this fleet.")
+@click.option("--status", type=click.Choice(["pending", "ready", "cordoned", "draining", "drained", "lost",
+                                             "revoked"]), help="Only nodes in this state.")
+@click.option("--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout).")
+def node_list(fleet_name, status, agent_version):
+    """List nodes."""
+    items = list(current_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status,
+                                           agent_version=agent_version))
+    emit(items, lambda rows: show_table(rows, NODE_COLUMNS + [("AGENT", "agent_version")]))
+
+
+@client_command(node, "show")
+@click.argument("node_id")
+def node_show(node_id):
+    """Show a node and its GPUs: used, free or blocked, and by which job (admins)."""
+    data = current_client().get(f"/api/v1/nodes/{node_id}")
+    data["allocation"] = _node_allocation(node_id, data["gpus"]) if data["gpus"] else {}
+    emit(data, _show_node)
+
+
+def _node_action(action, done, help_text):
+    def command(node_id):
+        data = current_client().post(f"/api/v1/nodes/{node_id}/{action}")
+        emit(data, lambda d: click.echo(f"{done} node {node_id}: now {d['status']}"))
+
+    # The help is set before click reads it: a docstring assigned after the decorators would be lost.
+    command.__doc__ = help_text
+    return client_command(node, action)(click.argument("node_id")(command))
+
+
+node_cordon = _node_action("cordon", "cordoned",
+                           "Cordon a ready node: it takes no new work; what runs on it continues.")
+node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node: it takes new work again.")
+node_undrain = _node_action("undrain", "undrained",
+                            "Undrain a draining or drained node: it is ready and takes new work again.")
+node_revoke = _node_action("revoke", "revoked",
+                           "Revoke a node: its session token stops working and its tasks end lost (their jobs retry); "
+                           "the host must join again to come back.")
+
+
+@client_command(node, "drain")
+@click.argument("node_id")
+@click.option("--reason", required=True, help="Why (recorded in the node's events).")
+@click.option("--deadline", type=Duration(), default="1h", show_default=True,
+              help="Running tasks are stopped after this.")
+def node_drain(node_id, reason, deadline):
+    """Drain a node: no new work; running tasks may finish until the deadline."""
+    data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline})
+    emit(data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
+
+
+@client_command(node, "rm")
+@click.argument("node_id")
+def node_rm(node_id):
+    """Remove a node (refused while tasks run on it)."""
+    current_client().delete(f"/api/v1/nodes/{node_id}")
+    emit({"id": node_id, "deleted": True}, lambda d: click.echo(f"removed node {node_id}"))
+
+
+@client_command(node, "events")
+@click.argument("node_id")
+def node_events(node_id):
+    """A node's events, oldest first."""
+    items = list(current_client().paginate(f"/api/v1/nodes/{node_id}/events"))
+    emit(items, lambda rows: show_table(rows, EVENT_COLUMNS))
+
+
+COMMANDS = [node]
