@@ -13,7 +13,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-FOREVER = 1_000_000_000_000  # bounds the loops of a thread that lives as long as the agent
+UNTIL_STOPPED = 1_000_000_000_000  # bounds the loops of a thread that lives as long as the agent
 
 
 class Job:
@@ -72,7 +72,7 @@ class Pool:
     def _serve(self, inbox):
         me = threading.current_thread()
         own_name = me.name
-        for _ in range(FOREVER):
+        for _ in range(UNTIL_STOPPED):
             try:
                 job = inbox.get(timeout=self.idle_seconds)
             except queue.Empty:

@@ -45,20 +45,31 @@ class NodeStatus(str, enum.Enum):
     LOST = "lost"
     REVOKED = "revoked"
 
-    def can_cordon(self):
-        return self is NodeStatus.READY
-
-    def can_uncordon(self):
-        return self is NodeStatus.CORDONED
-
-    def can_drain(self):
-        return self in (NodeStatus.READY, NodeStatus.CORDONED)
-
-    def can_undrain(self):
-        return self in (NodeStatus.DRAINING, NodeStatus.DRAINED)
+    def allows(self, action):
+        """Whether an operator's `action` (cordon, uncordon, drain, undrain) applies to a node in this status."""
+        return self.value in NODE_ACTIONS[action][0].split()
 
     def is_schedulable(self):
         return self is NodeStatus.READY
+
+
+# An operator's actions on a node: (the statuses it applies to, the status it leads to). Each such
+# move is one of the node state machine's transitions (fleetd.services.nodes.TRANSITIONS).
+NODE_ACTIONS = {
+    "cordon": ("ready", "cordoned"),
+    "uncordon": ("cordoned", "ready"),
+    "drain": ("ready cordoned", "draining"),
+    "undrain": ("draining drained", "ready"),
+}
+
+
+def transition_table(states, table):
+    """{state: frozenset of the states it may go to} from {"state": "to to ..."}, which names every state."""
+    out = {states(state): frozenset(states(to) for to in targets.split()) for state, targets in table.items()}
+    missing = set(states) - set(out)
+    if missing:
+        raise ValueError(f"transition table lacks {sorted(s.value for s in missing)}")
+    return out
 
 
 class JobState(str, enum.Enum):
@@ -184,6 +195,19 @@ class Fleet(BaseModel):
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
     health_policy = JSONText(null=True)  # see fleetd.services.health; None: the defaults (on)
 
+    @property
+    def effective_health_policy(self):
+        return effective_health_policy(self.health_policy)
+
+
+# A fleet's node health policy where it says nothing (fleetd.services.health acts on it).
+DEFAULT_HEALTH_POLICY = {"cordon_on_gpu_fault": True, "drain_after_seconds": 600, "uncordon_when_healthy": True}
+
+
+def effective_health_policy(stored):
+    """A fleet's stored health policy with the defaults filled in (None: all defaults, which is on)."""
+    return dict(DEFAULT_HEALTH_POLICY, **(stored or {}))
+
 
 class JoinToken(BaseModel):
     """A join token (flj_<id>.<secret>) that admits hosts into one fleet."""
@@ -229,6 +253,13 @@ class Node(BaseModel):
     join_token_id = peewee.CharField(max_length=32, null=True)
     # Set while the health policy holds the node out of service for a GPU fault: {reason, since, missing, cleared?}
     health_hold = JSONText(null=True)
+
+    @property
+    def drain(self):
+        """The node's drain as the API shows it ({reason, deadline, started_at}), or None."""
+        if self.drain_started_at is None:
+            return None
+        return {"reason": self.drain_reason, "deadline": self.drain_deadline, "started_at": self.drain_started_at}
 
 
 class Gpu(BaseModel):
@@ -450,6 +481,11 @@ class LeaderLease(BaseModel):
     expires_at = peewee.DateTimeField()
 
 
+# The event kinds a webhook can receive (fleetd.services.webhooks decides which Event notifies which).
+WEBHOOK_KINDS = ("node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
+                 "leader.changed")
+
+
 class Webhook(BaseModel):
     """A receiver of event notifications. The secret signs each delivery, so it is stored as
     given (a hash could not sign); no answer or log ever shows it."""
@@ -457,7 +493,7 @@ class Webhook(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     url = peewee.TextField()
     secret = peewee.CharField(max_length=256)
-    events = JSONText(default=list)  # the kinds it receives (services.webhooks.KINDS)
+    events = JSONText(default=list)  # the kinds it receives (WEBHOOK_KINDS)
     created_at = peewee.DateTimeField()
     created_by = peewee.CharField(max_length=200, default="")
 

@@ -6,11 +6,10 @@ import time
 
 from agent.client import FleetdError, Rejected, Unreachable, backoff_delay, finish_body
 from agent.task.errors import Fenced, is_fencing
-from agent.threads import FOREVER
+from agent.threads import UNTIL_STOPPED
+from fleetwire import MAX_FINISHES
 
 log = logging.getLogger("agent.runner")
-
-MAX_FINISHES = 64  # finish reports in one call, as fleetd takes them
 
 
 def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid=None, started_monotonic=None,
@@ -115,7 +114,7 @@ class FinishReports:
         if not leading:
             # Until a call carried it, or it is this thread's turn to send one (the call before
             # always ends: its thread hands over in a finally).
-            for _ in range(FOREVER):
+            for _ in range(UNTIL_STOPPED):
                 if report.done.wait(60):
                     break
         if not report.sent:  # leading: this thread sends the next call, its own report in it

@@ -198,7 +198,7 @@ class InstanceTask(Task):
         extra["FLEET_INSTANCE_ID"] = self.spec.id
         extra["FLEET_VOLUME"] = self.spec.volume_mount_path if self.container else self.volume
         extra.update({f"FLEET_PORT_{p}": str(hp) for p, hp in self.ports.items()})
-        env, injected = task_env(self.a, addr, port, extra=extra)
+        env, injected = task_env(self.assignment, addr, port, extra=extra)
         self.worker.env = injected
         return env
 
@@ -218,15 +218,15 @@ class InstanceTask(Task):
                 runtime.check_image(self.spec.image, client_env(self._env))
             except ContainerError as exc:
                 raise TaskError(str(exc)) from None
-            uuids, cdi = [g["uuid"] for g in self.a.gpus], cdi_has_nvidia()
+            uuids, cdi = [g["uuid"] for g in self.assignment.gpus], cdi_has_nvidia()
             if uuids and not runtime.gpu_flags(uuids, cdi):
                 self._system("[fleet-agent] no CDI spec for nvidia.com/gpu on this host: the container does not "
                              "see its GPUs (nvidia-ctk cdi generate makes one)")
-            inner = runtime.run_argv(self.container, self.spec.image, self.a.command, self.volume,
-                                     self.spec.volume_mount_path, self.ports, set(self.a.env) | set(self.worker.env),
-                                     uuids, cdi)
+            inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
+                                     self.spec.volume_mount_path, self.ports,
+                                     set(self.assignment.env) | set(self.worker.env), uuids, cdi)
         else:
-            inner = list(self.a.command)
+            inner = list(self.assignment.command)
         check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))
         return self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, inner))
 
@@ -243,7 +243,7 @@ class InstanceTask(Task):
         stdout, stderr = self.tail.open_output()
         try:
             pid, start_ticks = self._launch(argv, self._cwd, env, output=(stdout, stderr),
-                                            what=self.spec.image or self.a.command[0])
+                                            what=self.spec.image or self.assignment.command[0])
         finally:
             os.close(stdout)
             os.close(stderr)
@@ -348,7 +348,9 @@ class InstanceTask(Task):
         if self.idle:
             changes["idle"] = True
         self.record.update(changes)
-        self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
+        assignment = self.assignment
+        self.record.update(task_id=assignment.task_id, job_id=assignment.job_id, epoch=assignment.epoch,
+                           rank=assignment.rank)
         compact_state(self.state_path, self.record, JOURNAL_COMPACT_BYTES)
 
     # After an agent restart.

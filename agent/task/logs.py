@@ -10,7 +10,7 @@ import time
 
 from agent.client import FleetdError, TooLarge, Unreachable, backoff_delay
 from agent.task.errors import is_fencing
-from agent.threads import FOREVER, Job
+from agent.threads import UNTIL_STOPPED, Job
 
 log = logging.getLogger("agent.runner")
 
@@ -295,7 +295,7 @@ class FileTail:
         self._job = threads.run(self._run, interval, name=name)
 
     def _run(self, interval):
-        for _ in range(FOREVER):
+        for _ in range(UNTIL_STOPPED):
             self.pump()
             if self._stop.wait(interval):
                 return
@@ -370,7 +370,7 @@ class FileTail:
         self._stop.set()
         if self._job is not None:
             self._job.join(5.0)
-        for _ in range(FOREVER if drain else 0):
+        for _ in range(UNTIL_STOPPED if drain else 0):
             if self.pump(eof) or abandon() or time.monotonic() >= (deadline or 0):
                 break
             self.shipper.wait_for_room(1.0)

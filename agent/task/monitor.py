@@ -11,7 +11,7 @@ import threading
 import time
 
 from agent.procfs import read_memory_total, read_usage
-from agent.threads import FOREVER
+from agent.threads import UNTIL_STOPPED
 
 TICK_SECONDS = 1.0
 PROCESS_EVERY_SECONDS = 5.0
@@ -81,7 +81,7 @@ class InstanceMonitor:
         self.task = task
         spec = task.spec
         self.idle = IdleWatch(spec.idle_below_percent, spec.idle_for_seconds) \
-            if spec.idle_below_percent is not None and task.a.gpus else None
+            if spec.idle_below_percent is not None and task.assignment.gpus else None
         self.cpu_percent = None
         self.memory_percent = None
         self.volume_used_bytes = None
@@ -107,7 +107,7 @@ class InstanceMonitor:
         self._due["process"] = 0.0
 
     def _run(self):
-        for _ in range(FOREVER):
+        for _ in range(UNTIL_STOPPED):
             self.tick(time.monotonic())
             if self._stop.wait(TICK_SECONDS):
                 return
@@ -139,7 +139,7 @@ class InstanceMonitor:
         devices = getattr(self.task.runner.limits, "devices", None)
         inventory = devices.inventory if devices is not None else None
         out = []
-        for grant in self.task.a.gpus:
+        for grant in self.task.assignment.gpus:
             device = inventory.find(grant["uuid"]) if inventory is not None else None
             out.append({"uuid": grant["uuid"],
                         "gpu_util_percent": device.utilization_percent if device else None,
@@ -149,7 +149,7 @@ class InstanceMonitor:
     def figures(self):
         """The heartbeat's `instances` entry of this task."""
         task = self.task
-        return {"task_id": task.a.task_id, "epoch": task.a.epoch, "uptime_seconds": task.uptime_seconds(),
-                "restarts": task.restarts, "gpus": self.gpus(),
+        return {"task_id": task.assignment.task_id, "epoch": task.assignment.epoch,
+                "uptime_seconds": task.uptime_seconds(), "restarts": task.restarts, "gpus": self.gpus(),
                 "container": {"cpu_percent": self.cpu_percent, "memory_percent": self.memory_percent},
                 "volume_used_bytes": self.volume_used_bytes}

@@ -168,8 +168,8 @@ class Runner:
     def forget(self, task):
         """The task's supervisor is done with it."""
         with self._lock:
-            if self._tasks.get(task.a.task_id) is task:
-                del self._tasks[task.a.task_id]
+            if self._tasks.get(task.assignment.task_id) is task:
+                del self._tasks[task.assignment.task_id]
 
     # After a restart.
 
@@ -319,7 +319,7 @@ class Runner:
     def delete_volumes(self, instance_ids, reason="fleetd asked"):
         """Delete volumes (in the background) and free their instances' host ports; never the volume of an
         instance that has a run on this host."""
-        busy = {task.a.instance.id for task in self.tasks() if task.a.instance is not None}
+        busy = {task.assignment.instance.id for task in self.tasks() if task.assignment.instance is not None}
         present = set(self.volumes.list())
         for instance_id in instance_ids:
             if not isinstance(instance_id, str) or (instance_id not in present and not self.ports.get(instance_id)):

@@ -23,6 +23,7 @@ import time
 from agent.procfs import (group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, uptime_ticks,
                           wait_gone)
 from agent.task.errors import TaskError
+from agent.threads import UNTIL_STOPPED
 
 log = logging.getLogger("agent.runner")
 
@@ -326,7 +327,7 @@ class Supervisor:
                 selector.register(pidfd, selectors.EVENT_READ, None)
             if self._unwatch is not None:
                 selector.register(self._unwatch[0], selectors.EVENT_READ, "release")
-            for _ in range(1_000_000_000_000):
+            for _ in range(UNTIL_STOPPED):
                 if not [key for key in selector.get_map().values() if key.data != "release"]:
                     return
                 for key, _mask in selector.select():
@@ -367,7 +368,7 @@ class Supervisor:
         self._saw_exit()
 
     def _poll_exit(self, start_ticks):
-        for _ in range(1_000_000_000_000):
+        for _ in range(UNTIL_STOPPED):
             info = read_proc(self.proc.pid)
             if info is None or info.start_ticks != start_ticks:
                 break

@@ -28,7 +28,7 @@ from agent.task.finish import report_finish
 from agent.task.journal import append_state
 from agent.task.logs import LogShipper
 from agent.task.supervisor import Supervisor, check_executable, describe_exit
-from agent.threads import Job
+from agent.threads import UNTIL_STOPPED, Job
 from agent.workers import Worker
 
 log = logging.getLogger("agent.runner")
@@ -50,7 +50,7 @@ class Task:
 
     def __init__(self, runner, assignment):
         self.runner = runner
-        self.a = assignment
+        self.assignment = assignment
         self.label = f"{assignment.task_id}/{assignment.epoch}"
         self.dir = os.path.join(runner.tasks_dir, f"{assignment.task_id}.{assignment.epoch}")
         self.state_path = os.path.join(self.dir, STATE_FILE)
@@ -81,7 +81,7 @@ class Task:
     @property
     def epoch(self):
         """The assignment's lease epoch."""
-        return self.a.epoch
+        return self.assignment.epoch
 
     @property
     def proc(self):
@@ -193,7 +193,7 @@ class Task:
         except OSError as exc:
             log.error("task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc)
         self._finish_logs()
-        return report_finish(client, self.runner, self.a.task_id, self.a.epoch, result, self.label,
+        return report_finish(client, self.runner, self.assignment.task_id, self.assignment.epoch, result, self.label,
                              lost=lost, agent_stopping=stopping,
                              pid=self.proc.pid if self._start_with_finish else None,
                              started_monotonic=self.process.started_monotonic, extra=self._finish_extra())
@@ -214,8 +214,8 @@ class Task:
             contained = self._release_limits()
         if self.shipper is not None:
             self.shipper.abort()
-        if self.runner.workers.get(self.a.task_id) is self.worker:
-            self.runner.workers.remove(self.a.task_id)
+        if self.runner.workers.get(self.assignment.task_id) is self.worker:
+            self.runner.workers.remove(self.assignment.task_id)
         self.runner.forget(self)
         if not keep_dir:
             self.runner.dirs.remove(self.dir, reuse=contained)
@@ -235,8 +235,8 @@ class Task:
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
                        cgroup=self.task_limits.cgroup)
             cwd = self.workdir
-            if self.a.workdir:
-                cwd = inside(self.workdir, self.a.workdir, "workdir", allow_root=True)
+            if self.assignment.workdir:
+                cwd = inside(self.workdir, self.assignment.workdir, "workdir", allow_root=True)
                 os.makedirs(cwd, exist_ok=True)
             self._download_artifacts(client, cwd)
             addr, port = self._rendezvous(client)
@@ -268,12 +268,13 @@ class Task:
         raise TaskError(f"{what}: gave up")
 
     def _prep_deadline(self, limit):
-        bound = limit if self.a.max_runtime_seconds is None else min(limit, self.a.max_runtime_seconds)
+        max_runtime = self.assignment.max_runtime_seconds
+        bound = limit if max_runtime is None else min(limit, max_runtime)
         return time.monotonic() + bound
 
     def _download_artifacts(self, client, cwd):
         deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
-        for item in self.a.artifacts:
+        for item in self.assignment.artifacts:
             dest = inside(cwd, item["path"], "artifact path")
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             if os.path.isdir(dest):
@@ -292,15 +293,17 @@ class Task:
     def _rendezvous(self, client):
         """(master address, master port): rank 0's, published by it or learnt from fleetd."""
         addr = self.runner.address
-        if self.a.num_nodes <= 1:
+        if self.assignment.num_nodes <= 1:
             return addr, free_port(addr)
         started = time.monotonic()
         deadline = self._prep_deadline(self.runner.rendezvous_timeout_seconds)
-        if self.a.rank == 0:
+        if self.assignment.rank == 0:
             port = free_port(addr)
-            self._call("publishing the rendezvous",
-                       functools.partial(client.publish_rendezvous, self.a.task_id, self.a.epoch, addr, port), deadline)
-            log.info("task %s: rank 0 of %d published rendezvous %s:%d", self.label, self.a.num_nodes, addr, port)
+            publish = functools.partial(client.publish_rendezvous, self.assignment.task_id, self.assignment.epoch,
+                                        addr, port)
+            self._call("publishing the rendezvous", publish, deadline)
+            log.info("task %s: rank 0 of %d published rendezvous %s:%d", self.label, self.assignment.num_nodes,
+                     addr, port)
             return addr, port
         for _ in range(1_000_000):
             remaining = deadline - time.monotonic()
@@ -308,16 +311,16 @@ class Task:
                 break
             wait = max(1, min(RENDEZVOUS_POLL_SECONDS, int(remaining)))
             found = self._call("waiting for the rendezvous",
-                               functools.partial(client.wait_rendezvous, self.a.task_id, wait), deadline)
+                               functools.partial(client.wait_rendezvous, self.assignment.task_id, wait), deadline)
             if found:
-                log.info("task %s: rank %d learnt rendezvous %s:%d", self.label, self.a.rank, *found)
+                log.info("task %s: rank %d learnt rendezvous %s:%d", self.label, self.assignment.rank, *found)
                 return found
         raise TaskError(f"rank 0 did not publish its address and port within {deadline - started:.0f}s")
 
     def _prepare_limits(self):
         """Set up the task's limits (MPS, cgroup); TaskError when they cannot be met here."""
         try:
-            self.task_limits = self.runner.limits.prepare(self.a)
+            self.task_limits = self.runner.limits.prepare(self.assignment)
         except LimitError as exc:
             raise TaskError(str(exc)) from None
         except OSError as exc:
@@ -326,23 +329,23 @@ class Task:
         limits.update(self.task_limits.describe())
         self.worker.limits = limits
         self.worker.cgroup = self.task_limits.cgroup_rel
-        self.process.identity = TaskKey(self.a.task_id, self.a.epoch, None, self.task_limits.cgroup_rel,
-                                        self.task_limits.cgroup)
+        self.process.identity = TaskKey(self.assignment.task_id, self.assignment.epoch, None,
+                                        self.task_limits.cgroup_rel, self.task_limits.cgroup)
 
     def _spawn(self, cwd, addr, port):
-        env, injected = task_env(self.a, addr, port, extra=self.task_limits.env)
-        argv = self.runner.limits.command(self.task_limits, self.a.command)
-        if argv != self.a.command:
-            check_executable(self.a.command[0], cwd, env.get("PATH", DEFAULT_PATH))
+        env, injected = task_env(self.assignment, addr, port, extra=self.task_limits.env)
+        argv = self.runner.limits.command(self.task_limits, self.assignment.command)
+        if argv != self.assignment.command:
+            check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         self.shipper = self._new_shipper()
         pid, start_ticks = self._launch(argv, cwd, env, on_output=self.shipper.feed)
         self.worker.env = injected
-        log.info("task %s: started pid %d: %s", self.label, pid, " ".join(self.a.command)[:200])
+        log.info("task %s: started pid %d: %s", self.label, pid, " ".join(self.assignment.command)[:200])
         self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
                    started_at=self.worker.started_at)
 
     def _new_shipper(self):
-        return LogShipper(self.runner, self.a.task_id, self.a.epoch, self.runner.log_settings,
+        return LogShipper(self.runner, self.assignment.task_id, self.assignment.epoch, self.runner.log_settings,
                           self.fence, self.runner.closing.is_set, self.label)
 
     def _launch(self, argv, cwd, env, on_output=None, output=None, what=None):
@@ -352,7 +355,7 @@ class Task:
             try:
                 self.process.spawn(argv, cwd, env, on_output, output)
             except OSError as exc:
-                raise TaskError(f"cannot start {what or self.a.command[0]!r}: {exc.strerror or exc}") from None
+                raise TaskError(f"cannot start {what or self.assignment.command[0]!r}: {exc.strerror or exc}") from None
             self.worker.pgid = self.process.pgid
         self.worker.pids = [self.proc.pid]
         self.worker.started_at = _utc_now()
@@ -369,9 +372,9 @@ class Task:
         attempts = 0
         next_report = process.started_monotonic + START_REPORT_DELAY_SECONDS
         runtime_deadline = None
-        if self.a.max_runtime_seconds is not None:
-            runtime_deadline = process.started_monotonic + self.a.max_runtime_seconds
-        for _ in range(1_000_000_000):
+        if self.assignment.max_runtime_seconds is not None:
+            runtime_deadline = process.started_monotonic + self.assignment.max_runtime_seconds
+        for _ in range(UNTIL_STOPPED):
             exited = process.exited.is_set()
             if self._fenced:
                 raise Fenced(self._fenced)
@@ -388,7 +391,7 @@ class Task:
             if exited:
                 break
             if runtime_deadline is not None and now >= runtime_deadline and self._stop is None:
-                self.cancel(f"exceeded max_runtime_seconds={self.a.max_runtime_seconds:g}", outcome="failed")
+                self.cancel(f"exceeded max_runtime_seconds={self.assignment.max_runtime_seconds:g}", outcome="failed")
             with process.lock:
                 kill_at = process.kill_if_due(now)
             timeout = 1.0
@@ -422,7 +425,7 @@ class Task:
     def _report_start(self, client, attempts):
         """One try at POST start -> (reported or not worth retrying, attempts so far)."""
         try:
-            client.task_start(self.a.task_id, self.a.epoch, self.proc.pid, extra=self._start_extra())
+            client.task_start(self.assignment.task_id, self.assignment.epoch, self.proc.pid, extra=self._start_extra())
             return True, attempts
         except Unreachable as exc:
             log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
@@ -469,5 +472,7 @@ class Task:
 
     def _save(self, **changes):
         self.record.update(changes)
-        self.record.update(task_id=self.a.task_id, job_id=self.a.job_id, epoch=self.a.epoch, rank=self.a.rank)
+        assignment = self.assignment
+        self.record.update(task_id=assignment.task_id, job_id=assignment.job_id, epoch=assignment.epoch,
+                           rank=assignment.rank)
         append_state(self.state_path, self.record)

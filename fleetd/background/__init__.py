@@ -5,8 +5,8 @@ import datetime as dt
 import logging
 import threading
 
-from fleetd.background import (drains, gc, leases, liveness_sweep, metrics_sampler, scheduling, storage, token_cleanup,
-                               webhooks)
+from fleetd.background import (drains, leases, liveness_sweep, metrics_sampler, retention, scheduling, storage,
+                               token_cleanup, webhooks)
 from fleetd.errors import Conflict, NotFound
 from fleetd.services.events import FLEETD, acting_as
 
@@ -24,7 +24,7 @@ REGISTRY = [
     (token_cleanup, "token_cleanup_seconds"),
     (metrics_sampler, "metrics_sample_seconds"),
     (storage, "storage_measure_seconds"),
-    (gc, "gc_interval_seconds"),
+    (retention, "gc_interval_seconds"),
     (webhooks, "webhook_send_seconds"),
 ]
 

@@ -6,7 +6,6 @@ from marshmallow import Schema, fields, validate
 
 from fleetd import windows
 from fleetd.schemas.common import Bool, Int, Labels, Text, Time, page_schema
-from fleetd.services.health import effective_policy
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 
@@ -71,7 +70,7 @@ class FleetSchema(Schema):
     gpu_count = fields.Integer()
     created_at = Time()
     availability = fields.Nested(AvailabilitySchema, allow_none=True)
-    health_policy = fields.Function(lambda f: effective_policy(f.health_policy),
+    health_policy = fields.Function(lambda f: f.effective_health_policy,
                                     metadata={"description": "the node health policy in force (defaults filled in)"})
 
 

@@ -6,7 +6,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from fleetd.models import JobState
 from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
-from fleetd.services.work import MAX_ASSIGNMENTS, MAX_FINISHES
+from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 
 ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")

@@ -3,7 +3,6 @@
 from marshmallow import Schema, fields, validate
 
 from fleetd.models import NodeStatus
-from fleetd.services.nodes import drain_info
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 
 
@@ -54,7 +53,7 @@ class NodeSchema(Schema):
     gpu_status_reason = fields.String(metadata={"description": "why it has no usable GPU, as its agent says"})
 
     def _drain(self, node):
-        drain = drain_info(node)
+        drain = node.drain
         return None if drain is None else DrainSchema().dump(drain)
 
     def _resources(self, node):

@@ -1,9 +1,29 @@
 """Schemas of webhooks and their deliveries. The secret is accepted, never shown."""
 
+import urllib.parse
+
 from marshmallow import Schema, ValidationError, fields, validate, validates
 
+from fleetd.models import WEBHOOK_KINDS as KINDS
 from fleetd.schemas.common import Text, Time, page_schema
-from fleetd.services.webhooks import KINDS, valid_url
+
+
+def valid_url(url):
+    """An error message for a URL a webhook cannot use, or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "must name a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials (the signature authenticates fleetd)"
+    if parts.fragment:
+        return "must not have a fragment"
+    return None
 
 
 class WebhookCreateSchema(Schema):

@@ -9,10 +9,8 @@ from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
 from fleetd.services.work import reconcile_reported_tasks
-from fleetd.services.nodes import (drain_info, find_node, learned_gpu_status, replace_gpus, set_gpu_status,
+from fleetd.services.nodes import (LIVE_STATUSES, find_node, learned_gpu_status, replace_gpus, set_gpu_status,
                                    settle_drain, switch_node_status)
-
-S = NodeStatus
 
 
 def register_node(rt, join_token_id, info):
@@ -48,13 +46,13 @@ def register_node(rt, join_token_id, info):
                 id=new_id(),
                 fleet=token.fleet_id,
                 machine_id=info["machine_id"],
-                status=S.PENDING.value,
+                status=NodeStatus.PENDING.value,
                 status_reason="registered; waiting for the first heartbeat",
                 registered_at=now,
                 **fields,
             )
             record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}", None,
-                         S.PENDING.value, actor=f"node:{node.id}")
+                         NodeStatus.PENDING.value, actor=f"node:{node.id}")
         else:
             moved = node.fleet_id != token.fleet_id
             reason = f"re-registered by {fields['hostname']}; previous session invalidated"
@@ -66,15 +64,16 @@ def register_node(rt, join_token_id, info):
             node.save()
             record_event(now, "node.registered", "node", node.id, reason, node.status, node.status,
                          actor=f"node:{node.id}")
-            if node.status == S.REVOKED.value:
-                switch_node_status(node, S.PENDING, "re-enrolled with a new join token", now, actor=f"node:{node.id}")
+            if node.status == NodeStatus.REVOKED.value:
+                switch_node_status(node, NodeStatus.PENDING, "re-enrolled with a new join token", now,
+                                   actor=f"node:{node.id}")
         with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
             replace_gpus(node, info.get("gpus") or [], now)
     rt.liveness.touch(node.id)
     return node, session_token
 
 
-_LIVE = (S.READY.value, S.CORDONED.value, S.DRAINING.value, S.DRAINED.value)
+_LIVE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
 
 
 def _check_takeover(rt, node, fleet):
@@ -84,7 +83,7 @@ def _check_takeover(rt, node, fleet):
     node (its id, name and address) and cut the real host off. A revoked node may be enrolled
     anew anywhere; a lost or deregistered one again in its own fleet.
     """
-    if node.status == S.REVOKED.value:
+    if node.status == NodeStatus.REVOKED.value:
         return
     if node.fleet_id != fleet:
         raise Conflict(f"this machine is enrolled as node {node.id} in fleet {node.fleet_id}; a join token of "
@@ -106,7 +105,7 @@ def heartbeat(rt, node, body):
     now = rt.clock.now()
     node_id = node.id
     reported = body.get("tasks") or []
-    if node.status == S.REVOKED.value:
+    if node.status == NodeStatus.REVOKED.value:
         rt.liveness.forget(node.id)
         return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported]}
     rt.liveness.touch(node.id, reported, body.get("metrics"))
@@ -122,7 +121,7 @@ def heartbeat(rt, node, body):
     gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
     changed = False
     if new_agent or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
-            node.status in (S.PENDING.value, S.LOST.value, S.DRAINING.value):
+            node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
             if gpu_status is not None:
@@ -132,7 +131,7 @@ def heartbeat(rt, node, body):
                 node.agent_version = version if version is not None else node.agent_version
                 node.bundle_sha256 = bundle_sha if bundle_sha is not None else node.bundle_sha256
                 node.save()
-            joined, gpu_change = node.status == S.PENDING.value, None
+            joined, gpu_change = node.status == NodeStatus.PENDING.value, None
             if gpus is not None:
                 gpu_change = replace_gpus(node, gpus, now)
                 changed = gpu_change or changed
@@ -140,13 +139,13 @@ def heartbeat(rt, node, body):
                 node.container_runtime = runtime
                 node.save()
                 changed = True
-            if node.status == S.PENDING.value:
-                switch_node_status(node, S.READY, "first heartbeat", now)
+            if node.status == NodeStatus.PENDING.value:
+                switch_node_status(node, NodeStatus.READY, "first heartbeat", now)
                 changed = True
-            elif node.status == S.LOST.value:
-                back_to = node.status_before_lost or S.READY.value
-                if back_to == S.PENDING.value:
-                    back_to = S.READY.value
+            elif node.status == NodeStatus.LOST.value:
+                back_to = node.status_before_lost or NodeStatus.READY.value
+                if back_to == NodeStatus.PENDING.value:
+                    back_to = NodeStatus.READY.value
                 switch_node_status(node, back_to, "heartbeats resumed", now)
                 changed = True
             changed = apply_health_policy(rt, node, now, gpu_change, gpus is not None, joined) or changed
@@ -155,7 +154,7 @@ def heartbeat(rt, node, body):
         rt.scheduler.kick()  # new or returning capacity
     return {
         "status": node.status,
-        "drain": drain_info(node),
+        "drain": node.drain,
         "revoked": False,
         "cancel": cancel,
         "delete_volumes": instances.volumes_to_delete(node_id, body["volumes"]) if body.get("volumes") else [],
@@ -171,6 +170,6 @@ def deregister_node(rt, node_id):
             raise Unauthorized("node no longer exists")
         node.session_id = node.session_hash = None
         node.save()
-        if S(node.status) in (S.PENDING, S.READY, S.CORDONED, S.DRAINING, S.DRAINED):
-            switch_node_status(node, S.LOST, "agent deregistered (graceful leave)", now)
+        if NodeStatus(node.status) in LIVE_STATUSES:
+            switch_node_status(node, NodeStatus.LOST, "agent deregistered (graceful leave)", now)
     rt.liveness.forget(node_id)

@@ -7,8 +7,7 @@ import peewee
 from fleetd.credentials import JOIN_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Fleet, Gpu, JoinToken, Node
-from fleetd.services.health import DEFAULT_POLICY
+from fleetd.models import DEFAULT_HEALTH_POLICY, Fleet, Gpu, JoinToken, Node
 from fleetd.services.pagination import paginate
 
 
@@ -64,7 +63,7 @@ def update_fleet(rt, name, changes):
 
 def _policy(given):
     """What is stored of a health policy: the fields given (None: all defaults)."""
-    stored = {k: v for k, v in (given or {}).items() if k in DEFAULT_POLICY}
+    stored = {k: v for k, v in (given or {}).items() if k in DEFAULT_HEALTH_POLICY}
     return stored or None
 
 

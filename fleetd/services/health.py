@@ -11,20 +11,13 @@ import datetime as dt
 
 from fleetd.clock import isoformat
 from fleetd.db import after_commit
-from fleetd.models import Fleet, Gpu, NodeStatus
+from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
 from fleetd.services.events import FLEETD, acting_as, record_event
 
-S = NodeStatus
 
-DEFAULT_POLICY = {"cordon_on_gpu_fault": True, "drain_after_seconds": 600, "uncordon_when_healthy": True}
 REASON_MAX = 1000
 MISSING_MAX = 64  # GPUs remembered as missing (a node has far fewer)
-HELD = (S.CORDONED.value, S.DRAINING.value, S.DRAINED.value)
-
-
-def effective_policy(stored):
-    """A fleet's policy with the defaults filled in (None: all defaults, which is on)."""
-    return dict(DEFAULT_POLICY, **(stored or {}))
+HELD = (NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
 
 
 def _fault(node_id, missing):
@@ -46,12 +39,12 @@ def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=F
     hold = node.health_hold
     if not (gpu_change or joined or (reported and hold is not None)):
         return False
-    if node.status not in (S.READY.value,) + HELD:
+    if node.status not in (NodeStatus.READY.value,) + HELD:
         return False  # pending, lost or revoked: nothing to take out of service
     gone = set(gpu_change.gone) if gpu_change else set()
     missing = (gone | set((hold or {}).get("missing", [])))
     fault, still_missing = _fault(node.id, missing)
-    policy = effective_policy(Fleet.select(Fleet.health_policy).where(Fleet.name == node.fleet_id).scalar()
+    policy = effective_health_policy(Fleet.select(Fleet.health_policy).where(Fleet.name == node.fleet_id).scalar()
                               if node.fleet_id else None)
     with acting_as(FLEETD):
         if fault:
@@ -67,22 +60,22 @@ def _on_fault(rt, node, now, policy, hold, fault, missing):
             node.health_hold = dict(hold, reason=fault, missing=missing[:MISSING_MAX], cleared=False)
             node.save()
         return False
-    if not policy["cordon_on_gpu_fault"] or node.status != S.READY.value:
+    if not policy["cordon_on_gpu_fault"] or node.status != NodeStatus.READY.value:
         return False  # the policy is off, or an operator already took the node out of service
     from fleetd.services import nodes  # nodes imports this module
 
     reason = f"health policy: {fault}"[:REASON_MAX]
     node.health_hold = {"reason": fault, "since": isoformat(now), "missing": missing[:MISSING_MAX]}
-    nodes.switch_node_status(node, S.CORDONED, reason, now)
-    _step(rt, node, now, "cordon", reason, S.READY.value, S.CORDONED.value, fault)
+    nodes.switch_node_status(node, NodeStatus.CORDONED, reason, now)
+    _step(rt, node, now, "cordon", reason, NodeStatus.READY.value, NodeStatus.CORDONED.value, fault)
     after = policy["drain_after_seconds"]
     if after is not None:
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=after)
-        nodes.switch_node_status(node, S.DRAINING, f"drain: {reason}", now)
-        _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s", S.CORDONED.value,
-              S.DRAINING.value, fault)
+        nodes.switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
+        _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s",
+              NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, fault)
         nodes.settle_drain(node, now)
     return True
 
@@ -102,8 +95,8 @@ def _on_recovery(rt, node, now, policy, hold):
     node.health_hold = None
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     reason = f"health policy: GPUs healthy again (out of service since {hold.get('since')}: {hold.get('reason')})"
-    nodes.switch_node_status(node, S.READY, reason[:REASON_MAX], now)
-    _step(rt, node, now, "return", reason[:REASON_MAX], was, S.READY.value, "")
+    nodes.switch_node_status(node, NodeStatus.READY, reason[:REASON_MAX], now)
+    _step(rt, node, now, "return", reason[:REASON_MAX], was, NodeStatus.READY.value, "")
     return True
 
 

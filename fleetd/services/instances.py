@@ -18,15 +18,14 @@ from peewee import fn
 from fleetd.db import after_commit, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
 from fleetd.models import (Event, Gpu, GpuType, Instance, InstanceState, Job, JobState, LogLine, Node, NodeStatus,
-                           Task, TaskState, new_id)
+                           Task, TaskState, new_id, transition_table)
 from fleetd.services.events import list_events, record_event
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request)
 from fleetd.services.pagination import last_rows, paginate
 
-T = TaskState
 
 # state -> the states it may go to
-TRANSITIONS = {InstanceState(state): {InstanceState(to) for to in targets.split()} for state, targets in {
+TRANSITIONS = transition_table(InstanceState, {
     "pending": "starting stopped interrupted failed deleted",
     "starting": "running stopping stopped interrupted failed deleted",
     "running": "stopping stopped interrupted failed deleted",
@@ -35,7 +34,7 @@ TRANSITIONS = {InstanceState(state): {InstanceState(to) for to in targets.split(
     "interrupted": "pending starting running stopping stopped deleted",
     "failed": "pending deleted",
     "deleted": "",
-}.items()}
+})
 ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
 DEFAULT_MOUNT = "/workspace"
 
@@ -130,7 +129,7 @@ def _new_run(inst, now, waiting_reason=None):
                      state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec["priority_class"],
                      spec=spec, submitted_at=now, instance_id=inst.id,
                      pending_reason=waiting_reason or "waiting for the scheduler")
-    Task(id=new_id(), job=job.id, rank=0, state=T.PENDING.value, gpus=[]).save(force_insert=True)
+    Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(force_insert=True)
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1
     inst.desired_state = "running"
@@ -330,8 +329,9 @@ def run_started(task, ports, now):
 def run_ended(job, task, outcome, reason, now):
     """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
     retry) and the instance becomes stopped, deleted, failed or interrupted. Returns the job."""
-    outcome = T(outcome)
-    ended = {T.SUCCEEDED: JobState.SUCCEEDED, T.CANCELLED: JobState.CANCELLED}.get(outcome, JobState.FAILED)
+    outcome = TaskState(outcome)
+    ended = {TaskState.SUCCEEDED: JobState.SUCCEEDED, TaskState.CANCELLED: JobState.CANCELLED}.get(outcome,
+                                                                                                 JobState.FAILED)
     if job.state == JobState.CANCELLING.value:
         ended = JobState.CANCELLED
     else:
@@ -348,11 +348,11 @@ def _settle(inst, outcome, reason, now):
         switch_instance_state(inst, InstanceState.DELETED, "deleted; its processes ended", now)
     elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
         switch_instance_state(inst, InstanceState.STOPPED, f"stopped; its processes ended ({reason})", now)
-    elif outcome in (T.LOST, T.PREEMPTED):
-        _interrupt(inst, "node_lost" if outcome is T.LOST else "preempted", reason, now)
+    elif outcome in (TaskState.LOST, TaskState.PREEMPTED):
+        _interrupt(inst, "node_lost" if outcome is TaskState.LOST else "preempted", reason, now)
     else:
         inst.desired_state = "stopped"
-        if outcome is T.FAILED:
+        if outcome is TaskState.FAILED:
             switch_instance_state(inst, InstanceState.FAILED, reason, now)
         elif reason.startswith("idle"):
             switch_instance_state(inst, InstanceState.STOPPED, reason, now)
@@ -403,7 +403,7 @@ def node_returned(node_id, now):
         task = Task.select().where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES)).first()
         if task is None:
             _new_run(inst, now)
-        elif task.state == T.RUNNING.value:
+        elif task.state == TaskState.RUNNING.value:
             switch_instance_state(inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
         else:
             switch_instance_state(inst, InstanceState.STARTING, f"node {node_id} is back", now)

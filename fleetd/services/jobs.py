@@ -8,48 +8,47 @@ import time
 from fleetd import scheduler
 from fleetd.db import after_commit, hand_back, released, write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id, transition_table
 from fleetd.services.artifacts import readable_artifacts
 from fleetd.services.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.sql import Statement
 
-J = JobState
-T = TaskState
 
 # A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
 # processes ended (or their leases expire); a queued one holds no process and is cancelled at once.
-JOB_TRANSITIONS = {
-    J.QUEUED: {J.RUNNING, J.CANCELLED, J.FAILED},
-    J.RUNNING: {J.QUEUED, J.SUCCEEDED, J.FAILED, J.CANCELLING, J.CANCELLED},
-    J.CANCELLING: {J.CANCELLED},
-    J.SUCCEEDED: set(),
-    J.FAILED: set(),
-    J.CANCELLED: set(),
-}
-TASK_TRANSITIONS = {
-    T.PENDING: {T.ASSIGNED, T.CANCELLED},
-    T.ASSIGNED: {T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.LOST, T.PREEMPTED},
-    T.RUNNING: {T.SUCCEEDED, T.FAILED, T.CANCELLED, T.LOST, T.PREEMPTED},
-    T.SUCCEEDED: set(),
-    T.FAILED: {T.PENDING},  # a retry of the whole job resets its ranks
-    T.CANCELLED: {T.PENDING},
-    T.LOST: {T.PENDING},
-    T.PREEMPTED: {T.PENDING},
-}
+JOB_TRANSITIONS = transition_table(JobState, {
+    "queued": "running cancelled failed",
+    "running": "queued succeeded failed cancelling cancelled",
+    "cancelling": "cancelled",
+    "succeeded": "",
+    "failed": "",
+    "cancelled": "",
+})
+# An ended task goes back to pending only when the whole job retries (all its ranks are reset).
+TASK_TRANSITIONS = transition_table(TaskState, {
+    "pending": "assigned cancelled",
+    "assigned": "running succeeded failed cancelled lost preempted",
+    "running": "succeeded failed cancelled lost preempted",
+    "succeeded": "",
+    "failed": "pending",
+    "cancelled": "pending",
+    "lost": "pending",
+    "preempted": "pending",
+})
 DEFAULT_RETRY = {"max_attempts": 3, "on": ["node_lost", "preempted"]}
 # Why a task ended -> the retry condition it counts as.
-RETRY_KIND = {T.FAILED: "failed", T.LOST: "node_lost", T.PREEMPTED: "preempted"}
+RETRY_KIND = {TaskState.FAILED: "failed", TaskState.LOST: "node_lost", TaskState.PREEMPTED: "preempted"}
 
 
 def switch_job_state(job, to_state, reason, now):
     """The one way a job changes state: checks the transition, saves, records an Event."""
-    from_state = J(job.state)
-    to_state = J(to_state)
+    from_state = JobState(job.state)
+    to_state = JobState(to_state)
     if to_state not in JOB_TRANSITIONS[from_state]:
         raise Conflict(f"job {job.id} cannot go from {from_state.value} to {to_state.value}", {"state": job.state})
     job.state = to_state.value
-    if to_state is J.RUNNING and job.started_at is None:
+    if to_state is JobState.RUNNING and job.started_at is None:
         job.started_at = now
     if to_state.is_terminal():
         job.ended_at = now
@@ -63,8 +62,8 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
     """The one way a task changes state; its Event is listed with its job's events. `save=False`:
     the caller saves the row itself, with the next change it makes in the same transaction.
     `tell_node=False`: the node itself reported the end (its process is gone; nothing to stop)."""
-    from_state = T(task.state)
-    to_state = T(to_state)
+    from_state = TaskState(task.state)
+    to_state = TaskState(to_state)
     if to_state not in TASK_TRANSITIONS[from_state]:
         raise Conflict(f"task {task.id} cannot go from {from_state.value} to {to_state.value}",
                        {"state": task.state})
@@ -107,7 +106,6 @@ def task_request(spec):
         )
     except ValueError as exc:
         raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
-
 
 
 def team_of(principal, spec):
@@ -157,7 +155,7 @@ def submit_job(now, principal, spec, waiting_reason=None):
             owner=principal.name,
             owner_token_id=principal.id,
             team=team,
-            state=J.QUEUED.value,
+            state=JobState.QUEUED.value,
             pending_reason=waiting_reason or "waiting for the scheduler",
             max_attempts=retry["max_attempts"],
             num_nodes=spec["num_nodes"],
@@ -165,12 +163,12 @@ def submit_job(now, principal, spec, waiting_reason=None):
             spec=dict(spec, team=team),  # the team it runs as, so that the spec alone says it
             submitted_at=now,
         )
-        job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=T.PENDING.value, gpus=[])
+        job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
                          for rank in range(job.num_nodes)]
         for task in job.task_list:
             task.save(force_insert=True)
-        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None, J.QUEUED.value,
-                     actor=principal.label)
+        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None,
+                     JobState.QUEUED.value, actor=principal.label)
     return job
 
 
@@ -224,12 +222,12 @@ def wait_job(rt, principal, job_id, wait_seconds):
     """A job; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as it is then).
     No pooled connection is held while waiting."""
     job = get_job(principal, job_id)
-    if wait_seconds <= 0 or J(job.state).is_terminal():
+    if wait_seconds <= 0 or JobState(job.state).is_terminal():
         return job
 
     def terminal():
         current = get_job(principal, job_id)
-        return current if J(current.state).is_terminal() else None
+        return current if JobState(current.state).is_terminal() else None
 
     hand_back()
     wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
@@ -246,7 +244,7 @@ def job_result(principal, job_id):
         "attempt": job.attempt,
         "tasks": [
             {"rank": t.rank, "node_id": t.node_id, "exit_code": t.exit_code,
-             "outcome": t.state if T(t.state).is_terminal() else None, "reason": t.reason}
+             "outcome": t.state if TaskState(t.state).is_terminal() else None, "reason": t.reason}
             for t in job.task_list
         ],
     }
@@ -295,7 +293,7 @@ def cancel_job(rt, principal, job_id):
         job = find_visible_job(principal, job_id)
         if job is None:
             raise NotFound(f"job {job_id} not found")
-        if J(job.state).is_terminal() and job.state != J.CANCELLED.value:
+        if JobState(job.state).is_terminal() and job.state != JobState.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
         held = stop_job(job, f"cancelled by {principal.label}", now)
     owe_stops(held)
@@ -308,18 +306,18 @@ def stop_job(job, reason, now):
     at once, the job is `cancelling` while nodes hold the others (or `cancelled`). Returns the held
     tasks: after commit, owe_stops() tells their nodes (again, for a job already cancelling)."""
     held = []
-    if job.state in (J.QUEUED.value, J.RUNNING.value):
+    if job.state in (JobState.QUEUED.value, JobState.RUNNING.value):
         for task in Task.select().where((Task.job == job.id) & Task.state.in_(_LIVE_TASK_STATES)):
             if _held(task):
                 held.append(task)  # stays active until its node says the process ended
             else:
-                switch_task_state(task, T.CANCELLED, reason, now)
-        job.outcome, job.outcome_reason = J.CANCELLED.value, reason
+                switch_task_state(task, TaskState.CANCELLED, reason, now)
+        job.outcome, job.outcome_reason = JobState.CANCELLED.value, reason
         if held:
-            switch_job_state(job, J.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
+            switch_job_state(job, JobState.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
         else:
-            switch_job_state(job, J.CANCELLED, reason, now)
-    elif job.state == J.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
+            switch_job_state(job, JobState.CANCELLED, reason, now)
+    elif job.state == JobState.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
         held = list(Task.select().where((Task.job == job.id) & Task.state.in_(ACTIVE_TASK_STATES)))
     return held
 
@@ -332,12 +330,12 @@ def owe_stops(tasks):
 
 def _held(task):
     """True when a node may run the task's process: it runs, or its assignment was delivered."""
-    return task.node_id is not None and (task.state == T.RUNNING.value
-                                         or (task.state == T.ASSIGNED.value and task.delivered_at is not None))
+    return task.node_id is not None and (task.state == TaskState.RUNNING.value
+                                         or (task.state == TaskState.ASSIGNED.value and task.delivered_at is not None))
 
 
-_LIVE_TASK_STATES = [T.PENDING.value, T.ASSIGNED.value, T.RUNNING.value]
-ACTIVE_TASK_STATES = [T.ASSIGNED.value, T.RUNNING.value]
+_LIVE_TASK_STATES = [TaskState.PENDING.value, TaskState.ASSIGNED.value, TaskState.RUNNING.value]
+ACTIVE_TASK_STATES = [TaskState.ASSIGNED.value, TaskState.RUNNING.value]
 
 
 # ---------------------------------------------------------------- a task ends
@@ -351,45 +349,45 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     (its agent stopped it while shutting down: not the job's failure, and no attempt spent).
     Runs inside the caller's transaction. Returns the job.
     """
-    outcome = T(outcome)
+    outcome = TaskState(outcome)
     task.exit_code = exit_code
     switch_task_state(task, outcome, reason, now, tell_node=not reported)
     job = Job.get_by_id(task.job_id)
-    if J(job.state).is_terminal():
+    if JobState(job.state).is_terminal():
         return job
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
         from fleetd.services import instances
         return instances.run_ended(job, task, outcome, reason, now)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
-    if job.state == J.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
+    if job.state == JobState.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
-            switch_job_state(job, J.CANCELLED, f"every task stopped ({job.outcome_reason})", now)
+            switch_job_state(job, JobState.CANCELLED, f"every task stopped ({job.outcome_reason})", now)
         return job
-    if outcome is T.SUCCEEDED:
-        if all(t.state == T.SUCCEEDED.value for t in tasks):
-            job.outcome, job.outcome_reason = J.SUCCEEDED.value, "every rank succeeded"
-            switch_job_state(job, J.SUCCEEDED, job.outcome_reason, now)
+    if outcome is TaskState.SUCCEEDED:
+        if all(t.state == TaskState.SUCCEEDED.value for t in tasks):
+            job.outcome, job.outcome_reason = JobState.SUCCEEDED.value, "every rank succeeded"
+            switch_job_state(job, JobState.SUCCEEDED, job.outcome_reason, now)
         return job
     # A rank that did not succeed ends the attempt for the whole gang.
     for other in tasks:
         if other.id != task.id and other.state in ACTIVE_TASK_STATES:
-            switch_task_state(other, T.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
+            switch_task_state(other, TaskState.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
     kind = RETRY_KIND.get(outcome)
     retry_on = (job.spec.get("retry") or DEFAULT_RETRY)["on"]
-    if outcome is T.CANCELLED:
-        job.outcome, job.outcome_reason = J.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
-        switch_job_state(job, J.CANCELLED, job.outcome_reason, now)
+    if outcome is TaskState.CANCELLED:
+        job.outcome, job.outcome_reason = JobState.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
+        switch_job_state(job, JobState.CANCELLED, job.outcome_reason, now)
     elif free_retry:
         requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
                                 "requeued without using an attempt", now, new_attempt=False)
     elif force_requeue or (kind in retry_on and job.attempt < job.max_attempts):
         requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
     else:
-        job.outcome = J.FAILED.value
+        job.outcome = JobState.FAILED.value
         job.outcome_reason = f"rank {task.rank} {outcome.value}: {reason}"
         if kind in retry_on:
             job.outcome_reason += f" (attempt {job.attempt} of {job.max_attempts})"
-        switch_job_state(job, J.FAILED, job.outcome_reason, now)
+        switch_job_state(job, JobState.FAILED, job.outcome_reason, now)
     return job
 
 
@@ -399,16 +397,16 @@ def requeue_job(job, tasks, reason, now, new_attempt=True):
     if new_attempt:
         job.attempt += 1
     job.pending_reason = "requeued; waiting for the scheduler"
-    switch_job_state(job, J.QUEUED, f"{reason} (attempt {job.attempt})", now)
+    switch_job_state(job, JobState.QUEUED, f"{reason} (attempt {job.attempt})", now)
     for task in tasks:
         if task.state in ACTIVE_TASK_STATES:
-            switch_task_state(task, T.CANCELLED, "requeued", now)
+            switch_task_state(task, TaskState.CANCELLED, "requeued", now)
         # node and gpus stay until the next placement: while the old process still runs there,
         # its GPUs are not free (see ClusterState).
         task.delivered_at = task.assigned_at = task.started_at = task.ended_at = None
         task.pid = task.exit_code = None
         task.rendezvous_addr = task.rendezvous_port = None
-        switch_task_state(task, T.PENDING, f"attempt {job.attempt}", now)
+        switch_task_state(task, TaskState.PENDING, f"attempt {job.attempt}", now)
 
 
 def stop_tasks_of_node(node_id, reason, now):
@@ -420,7 +418,7 @@ def stop_tasks_of_node(node_id, reason, now):
     for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
         task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
         if task.state in ACTIVE_TASK_STATES:
-            end_task(task, T.PREEMPTED, reason, now, force_requeue=True)
+            end_task(task, TaskState.PREEMPTED, reason, now, force_requeue=True)
             jobs.add(task.job_id)
     return jobs
 
@@ -430,7 +428,7 @@ def stop_tasks_of_node(node_id, reason, now):
 
 def ended_before(cutoff):
     """Ids of the jobs that ended before `cutoff` (runs of instances included)."""
-    terminal = [s.value for s in J if s.is_terminal()]
+    terminal = [s.value for s in JobState if s.is_terminal()]
     return [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
 
 

@@ -5,26 +5,25 @@ import datetime as dt
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
+from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState, transition_table
 from fleetd.services.events import list_events, record_event
 from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, stop_tasks_of_node
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.sql import Statement
 
-S = NodeStatus
 
-# Allowed transitions (docs/architecture.md, Node states and Job states). Lost and revoked are reachable from anywhere live.
-_LIVE = {S.PENDING, S.READY, S.CORDONED, S.DRAINING, S.DRAINED}
-TRANSITIONS = {
-    S.PENDING: {S.READY, S.LOST, S.REVOKED},
-    S.READY: {S.CORDONED, S.DRAINING, S.LOST, S.REVOKED},
-    S.CORDONED: {S.READY, S.DRAINING, S.LOST, S.REVOKED},
-    S.DRAINING: {S.DRAINED, S.READY, S.LOST, S.REVOKED},
-    S.DRAINED: {S.READY, S.LOST, S.REVOKED},
-    S.LOST: _LIVE | {S.REVOKED},
-    S.REVOKED: {S.PENDING},
-}
-LIVE_STATUSES = frozenset(_LIVE)
+# Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it
+# may go to. Lost and revoked are reachable from anywhere live; a lost node returns to where it was.
+TRANSITIONS = transition_table(NodeStatus, {
+    "pending": "ready lost revoked",
+    "ready": "cordoned draining lost revoked",
+    "cordoned": "ready draining lost revoked",
+    "draining": "drained ready lost revoked",
+    "drained": "ready lost revoked",
+    "lost": "pending ready cordoned draining drained revoked",
+    "revoked": "pending",
+})
+LIVE_STATUSES = frozenset(TRANSITIONS[NodeStatus.LOST] - {NodeStatus.REVOKED})
 
 GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
 
@@ -32,8 +31,8 @@ GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "ma
 def switch_node_status(node, to_status, reason, now, actor=None):
     """The one way a node changes state: checks the transition, saves, records an Event (caused
     by `actor`, by default the actor of the code running now: events.current_actor)."""
-    from_status = S(node.status)
-    to_status = S(to_status)
+    from_status = NodeStatus(node.status)
+    to_status = NodeStatus(to_status)
     if to_status not in TRANSITIONS[from_status]:
         raise Conflict(
             f"node {node.id} cannot go from {from_status.value} to {to_status.value}",
@@ -41,14 +40,14 @@ def switch_node_status(node, to_status, reason, now, actor=None):
         )
     node.status = to_status.value
     node.status_reason = reason
-    node.status_before_lost = from_status.value if to_status is S.LOST else None
+    node.status_before_lost = from_status.value if to_status is NodeStatus.LOST else None
     node.save()
     record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor)
     from fleetd.services import instances  # instances' runs are jobs: it imports this module's users
 
-    if to_status is S.LOST:
+    if to_status is NodeStatus.LOST:
         instances.node_lost(node.id, reason, now)
-    elif from_status is S.LOST and to_status in LIVE_STATUSES:
+    elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:
         instances.node_returned(node.id, now)
     return node
 
@@ -70,13 +69,6 @@ def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None):
 def _attach_gpus(nodes):
     """Load the GPUs of these nodes in one query (node.gpu_list, by index)."""
     return attach(nodes, Gpu.select().order_by(Gpu.node, Gpu.index), Gpu.node, "gpu_list")
-
-
-def drain_info(node):
-    """The drain of a node as the API shows it, or None."""
-    if node.drain_started_at is None:
-        return None
-    return {"reason": node.drain_reason, "deadline": node.drain_deadline, "started_at": node.drain_started_at}
 
 
 def find_node(node_id):
@@ -109,7 +101,7 @@ def operator_takes_over(node):
 
 
 def _refuse_if_lost(node, action):
-    if node.status == S.LOST.value:
+    if node.status == NodeStatus.LOST.value:
         raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
 
 
@@ -120,8 +112,8 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
         node = _locked_node(node_id)
         _refuse_if_lost(node, "cordon")
         operator_takes_over(node)
-        if node.status != S.CORDONED.value:
-            switch_node_status(node, S.CORDONED, reason, now)
+        if node.status != NodeStatus.CORDONED.value:
+            switch_node_status(node, NodeStatus.CORDONED, reason, now)
     return get_node(node_id)
 
 
@@ -131,11 +123,11 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "uncordon")
-        if node.status != S.READY.value:
-            if not S(node.status).can_uncordon():
+        if node.status != NodeStatus.READY.value:
+            if not NodeStatus(node.status).allows("uncordon"):
                 raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
             operator_takes_over(node)
-            switch_node_status(node, S.READY, reason, now)
+            switch_node_status(node, NodeStatus.READY, reason, now)
     rt.scheduler.kick()
     return get_node(node_id)
 
@@ -146,13 +138,13 @@ def drain_node(rt, node_id, reason, deadline_seconds):
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "drain")
-        if node.status in (S.DRAINING.value, S.DRAINED.value):
+        if node.status in (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value):
             raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
         operator_takes_over(node)
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
-        switch_node_status(node, S.DRAINING, f"drain: {reason}", now)
+        switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
         settle_drain(node, now)
     return get_node(node_id)
 
@@ -167,15 +159,16 @@ def settle_drain(node, now):
 
     Runs inside the caller's transaction; returns the ids of jobs that were requeued.
     """
-    if node.status != S.DRAINING.value:
+    if node.status != NodeStatus.DRAINING.value:
         return None
     active = active_task_ids(node.id)
     if not active:
-        switch_node_status(node, S.DRAINED, "drain complete: no running tasks", now)
+        switch_node_status(node, NodeStatus.DRAINED, "drain complete: no running tasks", now)
         return set()
     if node.drain_deadline is not None and node.drain_deadline <= now:
         jobs = stop_tasks_of_node(node.id, "node drain deadline passed", now)
-        switch_node_status(node, S.DRAINED, f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
+        switch_node_status(node, NodeStatus.DRAINED,
+                           f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
         return jobs
     return None
 
@@ -186,11 +179,11 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "undrain")
-        if not S(node.status).can_undrain():
+        if not NodeStatus(node.status).allows("undrain"):
             raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
         operator_takes_over(node)
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
-        switch_node_status(node, S.READY, reason, now)
+        switch_node_status(node, NodeStatus.READY, reason, now)
     rt.scheduler.kick()
     return get_node(node_id)
 
@@ -202,10 +195,10 @@ def revoke_node(rt, node_id, reason="revoked by admin"):
     now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
-        if node.status != S.REVOKED.value:
+        if node.status != NodeStatus.REVOKED.value:
             operator_takes_over(node)
             node.drain_reason = node.drain_deadline = node.drain_started_at = None
-            switch_node_status(node, S.REVOKED, reason, now)
+            switch_node_status(node, NodeStatus.REVOKED, reason, now)
             for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
                 task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
                 if task.state in ACTIVE_TASK_STATES:
@@ -290,9 +283,9 @@ def mark_node_lost(now, node_id, silent_seconds, fence=None):
         if fence is not None:
             fence()
         node = find_node(node_id)
-        if node is None or S(node.status) not in LIVE_STATUSES:
+        if node is None or NodeStatus(node.status) not in LIVE_STATUSES:
             return False
-        switch_node_status(node, S.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
+        switch_node_status(node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
     return True
 
 

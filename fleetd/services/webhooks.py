@@ -8,7 +8,6 @@ import hashlib
 import hmac
 import json
 import logging
-import urllib.parse
 
 import requests
 
@@ -20,8 +19,6 @@ from fleetd.services.pagination import paginate
 
 log = logging.getLogger(__name__)
 
-KINDS = ("node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
-         "leader.changed")
 SIGNATURE_HEADER = "X-Fleetd-Signature"
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
@@ -197,20 +194,3 @@ def send_due(rt, fence=None):
                 rt.instruments.webhook_deliveries.labels(outcome).inc(counts[outcome])
     return counts
 
-
-def valid_url(url):
-    """An error message for a URL a webhook cannot use, or None."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port out of range
-    except ValueError:
-        return "not a URL"
-    if parts.scheme not in ("http", "https"):
-        return "must be an http:// or https:// URL"
-    if not parts.hostname:
-        return "must name a host"
-    if parts.username is not None or parts.password is not None:
-        return "must not carry credentials (the signature authenticates fleetd)"
-    if parts.fragment:
-        return "must not have a fragment"
-    return None

@@ -9,20 +9,17 @@ from fleetd.models import Job, JobState, LogLine, Task, TaskState
 from fleetd.services import instances
 from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_task_state
 from fleetd.sql import Statement
+from fleetwire import MAX_ASSIGNMENTS
 
-T = TaskState
-
-
-MAX_ASSIGNMENTS = 64  # the most one acquire delivers
-MAX_FINISHES = 64  # the most finish reports one call carries
 
 _NEXT_ASSIGNED = Statement(lambda v: (
-    Task.select().where((Task.node == v("node_id")) & (Task.state == T.ASSIGNED.value) & Task.delivered_at.is_null())
+    Task.select()
+    .where((Task.node == v("node_id")) & (Task.state == TaskState.ASSIGNED.value) & Task.delivered_at.is_null())
     .order_by(Task.assigned_at, Task.id).limit(MAX_ASSIGNMENTS)))
 _DELIVER = Statement(lambda v: (
     Task.update(delivered_at=v("now", Task.delivered_at))
     .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()
-           & (Task.state == T.ASSIGNED.value))))
+           & (Task.state == TaskState.ASSIGNED.value))))
 
 
 CONFIRM_POLL_SECONDS = 0.02  # how often a waiting acquire looks for a stop's commit
@@ -145,7 +142,7 @@ def _leased_task(node_id, task_id, epoch):
     task = Task.get_or_none_by_id(task_id)
     if task is None:
         raise NotFound(f"task {task_id} not found")
-    if task.node_id != node_id or task.epoch != epoch or task.state == T.PENDING.value:
+    if task.node_id != node_id or task.epoch != epoch or task.state == TaskState.PENDING.value:
         raise Conflict(f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
                        {"task_id": task_id, "epoch": epoch})
     return task
@@ -157,9 +154,9 @@ def start_task(rt, node_id, task_id, epoch, pid=None, ports=None):
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
-        if task.state == T.RUNNING.value:
+        if task.state == TaskState.RUNNING.value:
             return  # a retried start whose first answer was lost: same node, same epoch
-        if task.state != T.ASSIGNED.value:
+        if task.state != TaskState.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
         _mark_started(task, pid, now, ports=ports)
     rt.leases.renew(task_id, epoch)
@@ -168,7 +165,7 @@ def start_task(rt, node_id, task_id, epoch, pid=None, ports=None):
 def _mark_started(task, pid, now, started_at=None, save=True, ports=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
-    switch_task_state(task, T.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
+    switch_task_state(task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
     instances.run_started(task, ports, now)
 
 
@@ -178,7 +175,7 @@ def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
         task = _leased_task(node_id, task_id, epoch)
         if task.rank != 0:
             raise Conflict("only rank 0 publishes the rendezvous", {"rank": task.rank})
-        if not T(task.state).is_active():
+        if not TaskState(task.state).is_active():
             raise Conflict(f"task {task_id} is {task.state}", {"state": task.state})
         task.rendezvous_addr, task.rendezvous_port = addr, port
         task.save()
@@ -195,10 +192,10 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
 
     def published():
         current = Task.get_or_none_by_id(task_id)
-        if current is None or current.epoch != epoch or not T(current.state).is_active():
+        if current is None or current.epoch != epoch or not TaskState(current.state).is_active():
             raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
         rank0 = Task.get_or_none((Task.job == job_id) & (Task.rank == 0))
-        if rank0 is not None and rank0.rendezvous_port is not None and T(rank0.state).is_active():
+        if rank0 is not None and rank0.rendezvous_port is not None and TaskState(rank0.state).is_active():
             return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
         return None
 
@@ -246,7 +243,7 @@ def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pi
                    agent_stopping=False, idle=False, ports=None):
     """finish_task's writes, inside the caller's transaction; returns the task."""
     task = _leased_task(node_id, task_id, epoch)
-    if pid is not None and task.state == T.ASSIGNED.value:
+    if pid is not None and task.state == TaskState.ASSIGNED.value:
         started_at = None
         if started_seconds_ago is not None:
             started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
@@ -254,12 +251,12 @@ def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pi
     if idle and not reason.startswith("idle"):
         reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
     # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
-    if not T(task.state).is_terminal():
+    if not TaskState(task.state).is_terminal():
         reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
         # A broken GPU is not the job's fault either: it retries like a lost node.
         hardware = reason.startswith(HARDWARE_REASONS)
         lost = (lost or hardware) and outcome == "failed"
-        end_task(task, T.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
+        end_task(task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
                  free_retry=lost and agent_stopping and not hardware)
     return task
 
@@ -361,7 +358,7 @@ def expire_leases(rt):
             task = Task.get_or_none(Task.id == stale.id)
             if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
                 continue
-            end_task(task, T.LOST, f"lease expired: node {task.node_id} stopped renewing it", now)
+            end_task(task, TaskState.LOST, f"lease expired: node {task.node_id} stopped renewing it", now)
             jobs.add(task.job_id)
         rt.leases.forget(stale.id)
     for job_id in jobs:

@@ -134,7 +134,7 @@ def test_a_task_over_its_memory_limit_is_stopped_on_the_first_poll_after_crossin
     runner, limits, _devices = host()
     limit = 2 * GIB
     task = running(runner, fleetd, runner.submit(
-        assignment("t-over", SLEEPER, gpus=[{"uuid": GPU[1], "memory_limit_bytes": limit}])).a.task_id)
+        assignment("t-over", SLEEPER, gpus=[{"uuid": GPU[1], "memory_limit_bytes": limit}])).assignment.task_id)
     pid = task.proc.pid
     fake_nvml.add_process(1, pid, limit - 100 * MIB)
     assert limits.poll_once() == []
@@ -157,7 +157,7 @@ def test_a_task_that_ignores_sigterm_is_sigkilled_after_the_limit_grace(host, fl
     stubborn = [PY, "-c", "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                           "open(sys.argv[1], 'w').close()\nfor _ in range(6000):\n    time.sleep(0.1)\n", str(ready)]
     task = running(runner, fleetd, runner.submit(
-        assignment("t-stubborn", stubborn, gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB}])).a.task_id)
+        assignment("t-stubborn", stubborn, gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB}])).assignment.task_id)
     wait_until(ready.exists, message="the SIGTERM handler")
     fake_nvml.add_process(0, task.proc.pid, 3 * GIB)
     assert len(limits.poll_once()) == 1
@@ -172,7 +172,7 @@ def test_usage_up_to_limit_plus_tolerance_is_allowed_and_one_byte_more_is_not(ho
     runner, limits, _devices = host()
     limit = GIB
     task = running(runner, fleetd, runner.submit(
-        assignment("t-edge", SLEEPER, gpus=[{"uuid": GPU[2], "memory_limit_bytes": limit}])).a.task_id)
+        assignment("t-edge", SLEEPER, gpus=[{"uuid": GPU[2], "memory_limit_bytes": limit}])).assignment.task_id)
     fake_nvml.add_process(2, task.proc.pid, limit + over_by)
     acted = limits.poll_once()
     assert bool(acted) is stopped
@@ -191,7 +191,7 @@ def test_a_task_within_its_limit_runs_to_success_untouched(host, fleetd, fake_nv
             "    time.sleep(0.05)\nprint('done')\n")
     task = running(runner, fleetd, runner.submit(
         assignment("t-fine", [PY, "-c", code, str(release)],
-                   gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB, "compute_percent": 50}])).a.task_id)
+                   gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB, "compute_percent": 50}])).assignment.task_id)
     fake_nvml.add_process(0, task.proc.pid, GIB - MIB, sm_util=40)
     for _ in range(5):
         assert limits.poll_once() == []
@@ -208,7 +208,7 @@ def test_a_task_over_its_compute_share_while_another_process_is_active_is_flagge
     runner, limits, _devices = host()
     task = running(runner, fleetd, runner.submit(
         assignment("t-greedy", SLEEPER, gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB,
-                                               "compute_percent": 25}])).a.task_id)
+                                               "compute_percent": 25}])).assignment.task_id)
     neighbour = subprocess.Popen(SLEEPER)
     try:
         fake_nvml.add_process(0, task.proc.pid, MIB, sm_util=70)
@@ -231,7 +231,7 @@ def test_nested_children_and_setsid_processes_map_to_their_task_and_are_summed_a
     pid_file = tmp_path / "pids.json"
     task = running(runner, fleetd, runner.submit(
         assignment("t-tree", [PY, "-c", NESTED, str(pid_file)],
-                   gpus=[{"uuid": GPU[3], "memory_limit_bytes": 4 * GIB}])).a.task_id)
+                   gpus=[{"uuid": GPU[3], "memory_limit_bytes": 4 * GIB}])).assignment.task_id)
     pids = wait_until(lambda: pid_file.exists() and json.loads(pid_file.read_text()), message="the pid file")
     key = task.key()
     mapper = ProcessMapper([key])
@@ -259,7 +259,7 @@ def test_a_child_on_a_gpu_not_assigned_to_its_task_fails_it_with_gpu_not_assigne
     runner, limits, _devices = host()
     pid_file = tmp_path / "pids.json"
     task = running(runner, fleetd, runner.submit(
-        assignment("t-stray", [PY, "-c", NESTED, str(pid_file)], gpus=[{"uuid": GPU[0]}])).a.task_id)
+        assignment("t-stray", [PY, "-c", NESTED, str(pid_file)], gpus=[{"uuid": GPU[0]}])).assignment.task_id)
     pids = wait_until(lambda: pid_file.exists() and json.loads(pid_file.read_text()), message="the pid file")
     fake_nvml.add_process(0, task.proc.pid, 10 * GIB)  # its own GPU, whole: no limit
     assert limits.poll_once() == []
@@ -315,7 +315,7 @@ def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_thr
     pid_file = tmp_path / "daemon.pid"
     task = running(runner, fleetd, runner.submit(
         assignment("t-escape", [PY, "-c", ESCAPE, str(pid_file)],
-                   gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}], cpus=1.5, memory_bytes=2 * GIB)).a.task_id)
+                   gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}], cpus=1.5, memory_bytes=2 * GIB)).assignment.task_id)
     daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), message="the daemon's pid"))
     info = read_proc(daemon)
     assert info.ppid != task.proc.pid and info.session != task.proc.pid  # reparented, own session
@@ -356,7 +356,7 @@ def test_a_task_directory_is_reused_only_when_the_task_cgroup_vouched_that_nothi
 
 def test_host_limits_say_not_enforced_with_the_reason_when_no_cgroup_can_be_used(host, fleetd):
     runner, _limits, _devices = host(cgroup_parent="")
-    task = running(runner, fleetd, runner.submit(assignment("t-host", SLEEPER, cpus=2, memory_bytes=GIB)).a.task_id)
+    task = running(runner, fleetd, runner.submit(assignment("t-host", SLEEPER, cpus=2, memory_bytes=GIB)).assignment.task_id)
     record = runner.workers.get("t-host").limits["host"]
     assert record["cpus"] == {"limit": 2, "enforced": False, "how": record["cpus"]["how"]}
     assert record["cpus"]["how"].startswith("not enforced: cgroups disabled")
@@ -483,8 +483,8 @@ def test_every_mode_sees_only_its_gpus_through_cuda_and_nvidia_visible_devices()
 
 def test_a_critical_xid_on_its_gpu_fails_the_task_with_gpu_unhealthy(host, fleetd, fake_nvml):
     runner, limits, devices = host()
-    task = running(runner, fleetd, runner.submit(assignment("t-xid", SLEEPER, gpus=[{"uuid": GPU[1]}])).a.task_id)
-    other = running(runner, fleetd, runner.submit(assignment("t-ok", SLEEPER, gpus=[{"uuid": GPU[2]}])).a.task_id)
+    task = running(runner, fleetd, runner.submit(assignment("t-xid", SLEEPER, gpus=[{"uuid": GPU[1]}])).assignment.task_id)
+    other = running(runner, fleetd, runner.submit(assignment("t-ok", SLEEPER, gpus=[{"uuid": GPU[2]}])).assignment.task_id)
     fake_nvml.add_process(1, task.proc.pid, GIB)
     assert limits.poll_once() == []
     fake_nvml.inject_xid(1, 79)  # fallen off the bus
@@ -500,7 +500,7 @@ def test_a_critical_xid_on_its_gpu_fails_the_task_with_gpu_unhealthy(host, fleet
 
 def test_an_uncorrectable_ecc_error_fails_the_task_and_a_hot_gpu_does_not(host, fleetd, fake_nvml):
     runner, limits, devices = host()
-    task = running(runner, fleetd, runner.submit(assignment("t-ecc", SLEEPER, gpus=[{"uuid": GPU[3]}])).a.task_id)
+    task = running(runner, fleetd, runner.submit(assignment("t-ecc", SLEEPER, gpus=[{"uuid": GPU[3]}])).assignment.task_id)
     fake_nvml.update_gpu(3, temperature_c=99)
     devices.poll()
     assert limits.poll_once() == [] and alive(task.proc.pid)
@@ -531,7 +531,7 @@ def test_worker_view_shows_gpus_limits_usage_per_process_and_the_injected_env(ho
     runner, limits, _devices = host()
     task = running(runner, fleetd, runner.submit(
         assignment("t-view", SLEEPER, gpus=[{"uuid": GPU[0], "memory_limit_bytes": 2 * GIB, "compute_percent": 50}],
-                   priority_class="spot", bid=1.25)).a.task_id)
+                   priority_class="spot", bid=1.25)).assignment.task_id)
     fake_nvml.add_process(0, task.proc.pid, GIB, sm_util=30)
     limits.poll_once()
     view = runner.workers.get("t-view").to_dict()
@@ -571,9 +571,9 @@ def test_limits_settings_come_from_the_limits_table_and_fleet_agent_limits_envir
 
 def test_a_lost_gpu_fails_its_task_and_unreadable_processes_do_not(host, fleetd, fake_nvml):
     runner, limits, _devices = host()
-    lost = running(runner, fleetd, runner.submit(assignment("t-lost", SLEEPER, gpus=[{"uuid": GPU[0]}])).a.task_id)
+    lost = running(runner, fleetd, runner.submit(assignment("t-lost", SLEEPER, gpus=[{"uuid": GPU[0]}])).assignment.task_id)
     odd = running(runner, fleetd, runner.submit(
-        assignment("t-odd", SLEEPER, gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}])).a.task_id)
+        assignment("t-odd", SLEEPER, gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}])).assignment.task_id)
     fake_nvml.update_gpu(1, errors={"nvmlDeviceGetComputeRunningProcesses": "NoPermission"})
     assert limits.poll_once() == []
     assert runner.workers.get("t-odd").usage(None)[GPU[1]]["error"].startswith("cannot read its processes")

@@ -81,18 +81,13 @@ def node_page(node_id):
     if g.ui_principal.role in roles.NODE_EVENTS:
         events = nodes.node_events_tail(node_id, EVENTS_SHOWN)
     status = NodeStatus(node.status)
-    available = {
-        "cordon": status.can_cordon(),
-        "uncordon": status.can_uncordon(),
-        "drain": status.can_drain(),
-        "undrain": status.can_undrain(),
-        "revoke": status is not NodeStatus.REVOKED,
-    }
+    available = {action: status.allows(action) for action in ("cordon", "uncordon", "drain", "undrain")}
+    available["revoke"] = status is not NodeStatus.REVOKED
     actions = [(name, ACTIONS[name][0]) for name, ok in available.items()
                if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
     gpus, tasks = _gpu_rows(rt, node)
-    return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)), actions=actions, drain=nodes.drain_info(node),
-                           now=rt.clock.now(), form={}, errors={})
+    return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)),
+                           actions=actions, drain=node.drain, now=rt.clock.now(), form={}, errors={})
 
 
 @bp.route("/nodes/<string:node_id>/<any(cordon, uncordon, drain, undrain, revoke):action>", methods=["POST"])

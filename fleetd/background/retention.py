@@ -2,7 +2,7 @@
 
 from fleetd.services.retention import collect_garbage
 
-NAME = "gc"
+NAME = "gc"  # the name operators know it by (GET /api/v1/admin/tasks)
 DESCRIPTION = "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"
 
 
