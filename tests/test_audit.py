@@ -93,3 +93,31 @@ def test_node_events_in_the_cli_and_the_ui_show_the_actor(api, app, monkeypatch)
     ui.login(api.token)
     page = ui.text(f"/ui/nodes/{node_id}")
     assert ">by</th>" in page and "<td>token:night-ops</td>" in page
+
+
+def test_a_bootstrap_run_is_recorded_on_its_node_by_the_operators_token(api, app):
+    node_id, _ = _enrol(api)
+    ops = ApiClient(app, api.create_token("admin", name="rollout"))
+    sha = "ab" * 32
+    run = {"kind": "node.bootstrap", "host": "root@10.0.0.7:22", "outcome": "upgraded", "bundle_version": "0.1.1",
+           "bundle_sha256": sha, "detail": "upgraded, restarted"}
+    resp = ops.post(f"/api/v1/nodes/{node_id}/events", run)
+    assert resp.status_code == 201, resp.get_json()
+    event = resp.get_json()
+    assert (event["kind"], event["subject"], event["actor"]) == ("node.bootstrap", f"node/{node_id}", "token:rollout")
+    assert event["reason"] == f"bootstrap on root@10.0.0.7:22: upgraded; bundle 0.1.1, sha256 {sha}; upgraded, restarted"
+    assert _events(api, f"/api/v1/nodes/{node_id}/events")[-1] == event
+
+
+def test_recording_a_bootstrap_run_is_for_admins_and_checks_what_it_records(api, app):
+    node_id, _ = _enrol(api)
+    good = {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"}
+    submitter = ApiClient(app, api.create_token("submitter", name="ci-bot"))
+    assert submitter.post(f"/api/v1/nodes/{node_id}/events", good).status_code == 403
+    assert api.post("/api/v1/nodes/no-such-node/events", good).get_json()["error"]["code"] == "not_found"
+    before = _events(api, f"/api/v1/nodes/{node_id}/events")
+    for bad in ({**good, "kind": "node.status"}, {**good, "outcome": "exploded"}, {**good, "host": ""},
+                {**good, "bundle_sha256": "xyz"}, {**good, "detail": "x" * 1001}, {"kind": "node.bootstrap"}):
+        resp = api.post(f"/api/v1/nodes/{node_id}/events", bad)
+        assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "invalid_request", (bad, resp.get_json())
+    assert _events(api, f"/api/v1/nodes/{node_id}/events") == before

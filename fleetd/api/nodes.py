@@ -5,7 +5,8 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, require
 from fleetd.runtime import current_runtime
-from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema, NodeDrainSchema, NodePageSchema, NodeQuerySchema, NodeSchema
+from fleetd.schemas.nodes import (BootstrapRunSchema, EventPageSchema, EventQuerySchema, EventSchema, NodeDrainSchema,
+                                  NodePageSchema, NodeQuerySchema, NodeSchema)
 from fleetd.services import nodes
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")
@@ -97,3 +98,12 @@ class NodeEvents(MethodView):
         """A node's events, oldest first; `after` is an event id."""
         items, next_cursor = nodes.list_node_events(node_id, query["limit"], query["cursor"], query["after"])
         return {"items": items, "next_cursor": next_cursor}
+
+    @require(ADMIN)
+    @blp.arguments(BootstrapRunSchema())
+    @blp.response(201, EventSchema)
+    def post(self, run, node_id):
+        """Record a provisioning run on a node (`fleetd bootstrap` records each: the host, the bundle's
+        version and sha256, the outcome); the event's actor is the caller."""
+        del run["kind"]
+        return nodes.record_bootstrap_run(current_runtime(), node_id, **run)

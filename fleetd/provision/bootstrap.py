@@ -224,10 +224,10 @@ class Bootstrapper:
         """Bootstrap (or remove) every host; returns HostResults in the order of `specs`."""
         work = self.remove_host if remove else self.bootstrap_host
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(specs)))) as pool:
-            futures = [pool.submit(self._guarded, work, spec) for spec in specs]
+            futures = [pool.submit(self._guarded, work, spec, not remove) for spec in specs]
             return [f.result() for f in futures]
 
-    def _guarded(self, work, spec):
+    def _guarded(self, work, spec, record):
         result = HostResult(host=str(spec))
         try:
             work(spec, result)
@@ -237,8 +237,22 @@ class Bootstrapper:
         except Exception as exc:  # one host's surprise must never sink the others; it is reported, not hidden
             result.result = "failed"
             result.reason = f"unexpected {type(exc).__name__}: {exc}"
+        if record and result.node_id:
+            self._record_run(result)
         self.progress(result.host, "done" if result.ok else "failed", result.reason or result.result)
         return result
+
+    def _record_run(self, result):
+        """The run as an event of its node: the host, the bundle's version and sha256, the outcome. A
+        fleetd that cannot take it costs a note in the result, never the run."""
+        bundle = self.options.bundle
+        body = {"kind": "node.bootstrap", "host": result.host[:255], "outcome": result.result,
+                "bundle_version": bundle.version if bundle is not None else "",
+                "bundle_sha256": bundle.sha256 if bundle is not None else "", "detail": result.reason[:1000]}
+        try:
+            self.client.post(f"/api/v1/nodes/{result.node_id}/events", body)
+        except ClientError as exc:
+            result.reason += f"; this run was not recorded on node {result.node_id} ({exc.message})"
 
     # ------------------------------------------------------------------ one host
 
@@ -250,32 +264,34 @@ class Bootstrapper:
             raise HostFailed(str(exc)) from None
 
     def _facts(self, remote, check_urls=False):
-        o = self.options
-        args = [o.python, o.install_dir, o.config_dir, o.state_dir, o.unit_path]
-        if check_urls and o.check_server_url:
-            args.append(",".join(o.server_urls))
+        options = self.options
+        args = [options.python, options.install_dir, options.config_dir, options.state_dir, options.unit_path]
+        if check_urls and options.check_server_url:
+            args.append(",".join(options.server_urls))
         _, out, _ = remote.run_script(rendering.script(rendering.FACTS_SCRIPT), args, timeout=120)
         return parse_facts(out)
 
     def bootstrap_host(self, spec, result):
         """Install, configure, enrol and start the agent on one host; fills `result`."""
-        o = self.options
+        options = self.options
         remote = self._connect(spec, result)
         try:
             self.progress(result.host, "preflight", "checking the host")
             facts = self._facts(remote, check_urls=True)
-            problems, result.preflight = judge_preflight(facts, o)
+            problems, result.preflight = judge_preflight(facts, options)
             self.progress(result.host, "preflight", result.preflight)
             if problems:
                 raise HostFailed("preflight: " + "; ".join(problems))
 
             node = self._enrolled_node(facts)
-            install, upgrade = install_plan(facts, o.bundle, o.allow_downgrade)
+            if node is not None:
+                result.node_id = node["id"]
+            install, upgrade = install_plan(facts, options.bundle, options.allow_downgrade)
             drained_by_us = False
             if install and upgrade and node is not None:
                 installed = facts.get("installed_version", "")
-                what = f"{installed} -> {o.bundle.version}" if installed != o.bundle.version else \
-                    f"{installed} (rebuilt bundle, sha256 {o.bundle.sha256[:12]})"
+                what = f"{installed} -> {options.bundle.version}" if installed != options.bundle.version else \
+                    f"{installed} (rebuilt bundle, sha256 {options.bundle.sha256[:12]})"
                 drained_by_us = self._drain(node, f"fleetd bootstrap: upgrading the agent {what}", result)
             try:
                 self._bootstrap_after_drain(remote, facts, node, install, upgrade, drained_by_us, result)
@@ -304,21 +320,21 @@ class Bootstrapper:
         return f"the drain this upgrade made was undone (node {node_id} undrained)"
 
     def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, drained_by_us, result):
-        o = self.options
+        options = self.options
         previous = node["status"] if node is not None else None
         installed = facts.get("installed_version", "")
         changed = []
         if install:
-            self.progress(result.host, "install", f"installing fleet-agent {o.bundle.version}"
+            self.progress(result.host, "install", f"installing fleet-agent {options.bundle.version}"
                           + (f" over {installed}" if installed else ""))
             self._install(remote)
             changed.append("upgraded" if upgrade else "installed")
         else:
             self.progress(result.host, "install", f"fleet-agent {installed} already installed")
-        result.version = o.bundle.version
+        result.version = options.bundle.version
 
         self.progress(result.host, "configure", "rendering config and unit")
-        values = o.template_values()
+        values = options.template_values()
         unit_changed = self._configure(remote, facts, values, changed)
 
         if node is None:
@@ -389,41 +405,41 @@ class Bootstrapper:
         return node
 
     def _install(self, remote):
-        o = self.options
+        options = self.options
         _, tmp, _ = remote.run("mktemp -d", timeout=60)
         tmp = tmp.strip()
         try:
-            bundle_remote = posixpath.join(tmp, o.bundle.path.name)
-            remote.put(o.bundle.path, bundle_remote)
+            bundle_remote = posixpath.join(tmp, options.bundle.path.name)
+            remote.put(options.bundle.path, bundle_remote)
             _, out, _ = remote.run(f"sha256sum {shlex.quote(bundle_remote)}", timeout=120)
-            if out.split()[:1] != [o.bundle.sha256]:
+            if out.split()[:1] != [options.bundle.sha256]:
                 raise HostFailed("the uploaded bundle does not match its SHA-256")
             _, out, _ = remote.run_script(rendering.script(rendering.INSTALL_SCRIPT),
-                                          [bundle_remote, o.python, o.install_dir], timeout=o.command_timeout)
-            if f"installed={o.bundle.version}" not in out:
-                raise HostFailed(f"the install script did not confirm version {o.bundle.version}: {out.strip()[-200:]}")
+                                          [bundle_remote, options.python, options.install_dir], timeout=options.command_timeout)
+            if f"installed={options.bundle.version}" not in out:
+                raise HostFailed(f"the install script did not confirm version {options.bundle.version}: {out.strip()[-200:]}")
         finally:
             remote.run(f"rm -rf {shlex.quote(tmp)}", timeout=60, check=False)
 
     def _configure(self, remote, facts, values, changed):
         """Write config, CA and unit where they differ; returns whether the unit changed."""
-        o = self.options
+        options = self.options
         config = rendering.render_config(values)
         unit = rendering.render_unit(values)
         files = []
         if facts.get("config_sha256") != rendering.sha256_text(config):
-            files.append((config, o.config_path, "0644"))
-        if o.ca_pem:
-            files.append((o.ca_pem, posixpath.join(o.config_dir, "ca.pem"), "0644"))
+            files.append((config, options.config_path, "0644"))
+        if options.ca_pem:
+            files.append((options.ca_pem, posixpath.join(options.config_dir, "ca.pem"), "0644"))
         unit_changed = facts.get("unit_sha256") != rendering.sha256_text(unit)
         if unit_changed:
-            files.append((unit, o.unit_path, "0644"))
+            files.append((unit, options.unit_path, "0644"))
         if not files:
             return False
         _, tmp, _ = remote.run("mktemp -d", timeout=60)
         tmp = tmp.strip()
         try:
-            commands = [f"install -d -m 0755 {shlex.quote(o.config_dir)} {shlex.quote(o.unit_dir)}"]
+            commands = [f"install -d -m 0755 {shlex.quote(options.config_dir)} {shlex.quote(options.unit_dir)}"]
             written = []
             for index, (text, target, mode) in enumerate(files):
                 staged = posixpath.join(tmp, f"{index}.staged")
@@ -439,18 +455,18 @@ class Bootstrapper:
         wrote = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("wrote=")]
         if wrote:
             changed.append("configured")
-        return o.unit_path in wrote
+        return options.unit_path in wrote
 
     def _enrol(self, remote, result):
-        o = self.options
-        token = self.client.post(f"/api/v1/fleets/{o.fleet}/join-tokens", {
+        options = self.options
+        token = self.client.post(f"/api/v1/fleets/{options.fleet}/join-tokens", {
             "ttl_seconds": JOIN_TOKEN_TTL_SECONDS, "max_uses": 1,
             "description": f"fleetd bootstrap {result.host}"[:200]})
-        agent = posixpath.join(o.install_dir, "bin", "fleet-agent")
+        agent = posixpath.join(options.install_dir, "bin", "fleet-agent")
         # The token travels on stdin into the environment of `fleet-agent join`: never in an argument.
         # --force: this host was found not to be validly enrolled, whatever credentials it still has.
         join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --force --server "
-                f"{shlex.quote(','.join(o.server_urls))} --config {shlex.quote(o.config_path)}")
+                f"{shlex.quote(','.join(options.server_urls))} --config {shlex.quote(options.config_path)}")
         command = remote.privileged("sh -c " + shlex.quote(join))
         try:
             code, out, err = remote.run(command, stdin=token["token"] + "\n", timeout=120, check=False)
@@ -546,11 +562,11 @@ class Bootstrapper:
 
     def remove_host(self, spec, result):
         """Drain, stop, uninstall and delete the node of one host; fills `result`."""
-        o = self.options
+        options = self.options
         try:
             remote = self._connect(spec, result)
         except (HostFailed, SshError) as exc:
-            if not o.force_remove or isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
+            if not options.force_remove or isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
                 raise  # a refused host key is never "unreachable": that host may be an impostor
             self._remove_unreachable(spec, result, exc)
             return
@@ -566,7 +582,7 @@ class Bootstrapper:
                 if node["status"] not in ("drained", "lost", "revoked", "pending"):
                     self._drain(node, "removing the host (fleetd bootstrap --remove)", result, step="drain")
             self.progress(result.host, "stop", "stopping and disabling fleet-agent")
-            unit = shlex.quote(o.unit_path)
+            unit = shlex.quote(options.unit_path)
             remote.run_script(
                 f"if command -v systemctl >/dev/null 2>&1 && [ -e {unit} ]; then\n"
                 "    systemctl disable --now fleet-agent.service || systemctl stop fleet-agent.service\n"
@@ -575,7 +591,7 @@ class Bootstrapper:
             if node is not None:
                 self.progress(result.host, "delete", f"deleting node {node_id}")
                 self._delete_node(node_id)
-            remote.run_script(uninstall_script(o), timeout=180)
+            remote.run_script(uninstall_script(options), timeout=180)
             self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
             result.result = "removed"
             result.reason = f"node {node_id} drained and deleted" if node is not None else \
@@ -632,15 +648,15 @@ class Bootstrapper:
         return found
 
 
-def uninstall_script(o):
+def uninstall_script(options):
     """Remove the agent, its config, its state and its unit. The state directory (and the others) may
     be mount points: their contents go, the mount point stays."""
-    dirs = " ".join(shlex.quote(p) for p in (o.install_dir, o.config_dir, o.state_dir))
+    dirs = " ".join(shlex.quote(p) for p in (options.install_dir, options.config_dir, options.state_dir))
     return (f"for dir in {dirs}; do\n"
             "    [ -d \"$dir\" ] || continue\n"
             "    find \"$dir\" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\n"
             "    if mountpoint -q \"$dir\" 2>/dev/null; then echo \"kept mount point $dir (emptied)\"; "
             "else rmdir -- \"$dir\"; fi\n"
             "done\n"
-            f"rm -f -- {shlex.quote(o.unit_path)}\n"
+            f"rm -f -- {shlex.quote(options.unit_path)}\n"
             "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n")

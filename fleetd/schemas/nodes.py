@@ -89,5 +89,20 @@ class EventSchema(Schema):
 EventPageSchema = page_schema(EventSchema, "EventPage")
 
 
+class BootstrapRunSchema(Schema):
+    """A provisioning run on a node, recorded as its event (`fleetd bootstrap` sends one per host)."""
+
+    kind = fields.String(required=True, validate=validate.OneOf(["node.bootstrap"]),
+                         metadata={"description": "what is recorded; node.bootstrap is the one kind"})
+    host = Text(required=True, min_length=1, max_length=255, metadata={"description": "the host as bootstrap "
+                                                                                      "reached it (user@address:port)"})
+    outcome = fields.String(required=True, validate=validate.OneOf(
+        ["enrolled", "upgraded", "updated", "unchanged", "failed"]))
+    bundle_version = Text(max_length=64, load_default="")
+    bundle_sha256 = fields.String(validate=validate.Regexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"),
+                                  load_default="")
+    detail = Text(max_length=1000, load_default="", metadata={"description": "what the run did, or why it failed"})
+
+
 class EventQuerySchema(PageQuerySchema):
     after = Int(maximum=2**62, load_default=None, strict=False)

@@ -313,6 +313,21 @@ def list_node_events(node_id, limit, cursor=None, after=None):
     return rows, next_cursor
 
 
+def record_bootstrap_run(rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""):
+    """Record a provisioning run on a node as one of its events; its actor is whoever called (the
+    operator's token). Returns the Event."""
+    now = rt.clock.now()
+    bundle = f"bundle {bundle_version or 'of unknown version'}" + (f", sha256 {bundle_sha256}" if bundle_sha256 else "")
+    reason = f"bootstrap on {host}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
+    with write_transaction():
+        if find_node(node_id) is None:
+            raise NotFound(f"node {node_id} not found")
+        record_event(now, "node.bootstrap", "node", node_id, reason)
+        return Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)
+                                    & (Event.kind == "node.bootstrap") & (Event.at == now)
+                                    & (Event.reason == reason)).order_by(Event.id.desc()).get()
+
+
 def node_events_tail(node_id, count):
     """The last `count` events of a node, oldest first."""
     return last_rows(Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)), Event.id,

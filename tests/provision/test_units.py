@@ -289,3 +289,17 @@ def test_undoing_a_drain_after_a_failure_undrains_the_node():
     b, result = bootstrapper(client)
     assert b._undo_drain("n1", result) == "the drain this upgrade made was undone (node n1 undrained)"
     assert client.posts == ["undrain"]
+
+
+def test_a_run_that_fleetd_will_not_record_is_noted_in_its_row_and_still_stands():
+    client = _Refusing([node("ready")])
+    b, _ = bootstrapper(client)
+
+    def work(spec, result):
+        result.node_id, result.result, result.reason = "n1", "unchanged", "already installed"
+
+    result = b._guarded(work, "h", record=True)
+    assert (result.result, result.node_id) == ("unchanged", "n1")
+    assert result.reason.startswith("already installed; this run was not recorded on node n1 (node n1 is ready")
+    assert client.posts == ["events"]
+    assert b._guarded(work, "h", record=False).reason == "already installed"  # removals record nothing
