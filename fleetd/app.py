@@ -1,5 +1,6 @@
 """The application factory: settings, database, API, authentication, error handling."""
 
+import base64
 import logging
 import time
 
@@ -30,6 +31,9 @@ PUBLIC_ENDPOINTS = frozenset(
     {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets", "root"}
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
+# Endpoints whose callers cannot send a bearer token and present it as HTTP Basic's password
+# (Terraform's http state backend).
+BASIC_AUTH_ENDPOINTS = frozenset({"fleets.FleetTerraformState"})
 
 
 class FleetApi(Api):
@@ -101,7 +105,9 @@ def _authenticate():
         return  # the UI signs in with its own session (fleetd.ui.security)
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if scheme.lower() == "basic" and endpoint in BASIC_AUTH_ENDPOINTS:
+        token = _basic_password(token)
+    elif scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     rt = current_runtime()
     try:
@@ -115,6 +121,15 @@ def _authenticate():
             f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
             {"supported": [PROTOCOL_VERSION]},
         )
+
+
+def _basic_password(credentials):
+    """The password of HTTP Basic credentials ("" when they are not base64 of user:password)."""
+    try:
+        decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[2]
 
 
 def _check_url():

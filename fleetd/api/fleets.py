@@ -60,6 +60,16 @@ class FleetByName(MethodView):
         fleets.delete_fleet(name)
 
 
+@blp.route("/fleets/<string:name>/terraform-state")
+class FleetTerraformState(MethodView):
+    @require(ADMIN)
+    @blp.response(200)
+    def get(self, name):
+        """The fleet's nodes as a Terraform state document (for Terraform's http backend, which
+        may authenticate with HTTP Basic: any user name, the token as the password)."""
+        return fleets.terraform_state(name)
+
+
 @blp.route("/fleets/<string:name>/join-tokens")
 class FleetJoinTokens(MethodView):
     @require(ADMIN)

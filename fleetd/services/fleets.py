@@ -30,6 +30,27 @@ def get_fleet(name):
     return fleet
 
 
+# The shape of each node in a fleet's Terraform state (a cty type, as Terraform's state files write it).
+_TERRAFORM_NODE_TYPE = ["object", {"status": "string", "reason": "string", "hostname": "string", "address": "string",
+                                   "agent_version": "string"}]
+
+
+def terraform_state(name):
+    """The fleet's nodes as a Terraform state document (format 4) whose one output, `nodes`, maps
+    each node id to {status, reason, hostname, address, agent_version}. Terraform's http state
+    backend reads it, so that a module's `terraform plan` sees what became of its hosts' nodes
+    (terraform/modules/fleet-nodes). NotFound for an unknown fleet."""
+    if not Fleet.select().where(Fleet.name == name).exists():
+        raise NotFound(f"fleet {name!r} not found")
+    rows = Node.select(Node.id, Node.status, Node.status_reason, Node.hostname, Node.address, Node.agent_version) \
+        .where(Node.fleet == name).order_by(Node.id).tuples()
+    nodes = {node_id: {"status": status, "reason": reason, "hostname": hostname, "address": address,
+                       "agent_version": version}
+             for node_id, status, reason, hostname, address, version in rows}
+    return {"version": 4, "terraform_version": "1.5.0", "serial": 1, "lineage": f"fleetd-fleet-{name}",
+            "outputs": {"nodes": {"value": nodes, "type": ["map", _TERRAFORM_NODE_TYPE]}}, "resources": []}
+
+
 def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults)."""
     try:

@@ -74,3 +74,40 @@ resource "terraform_data" "this" {
     command     = "${self.input.results_dir}/${self.id}.json"
   }
 }
+
+locals {
+  # Each host's bootstrap result (null before its first apply, or once its file is gone).
+  results  = { for address, host in terraform_data.this : address => try(jsondecode(file("${local.results_dir}/${host.id}.json"))[0], null) }
+  node_ids = { for address, result in local.results : address => try(result.node_id, null) }
+  # Node statuses that mean the host no longer serves the fleet: its agent is gone (lost), its
+  # credentials were revoked, or fleetd no longer has the node (absent).
+  gone = ["lost", "revoked", "absent"]
+}
+
+# Drift, at plan time: what fleetd says of each host's node. Terraform reads it through its
+# built-in http state backend, which fleetd answers with the fleet's nodes as a state output, so
+# `terraform plan` needs no provider to download. In a check block a failed read or a failed
+# assertion is a warning: the plan still runs, and says which hosts to look at.
+check "fleet_nodes" {
+  data "terraform_remote_state" "fleet" {
+    backend = "http"
+    config = {
+      address  = "${trimsuffix(var.fleetd_url, "/")}/api/v1/fleets/${urlencode(var.fleet)}/terraform-state"
+      username = "terraform"
+      password = var.admin_token
+    }
+  }
+
+  assert {
+    condition = alltrue([
+      for address, id in local.node_ids :
+      !contains(local.gone, try(data.terraform_remote_state.fleet.outputs.nodes[id].status, "absent")) if id != null
+    ])
+    # Re-enrol such a host with `terraform apply -replace` on its terraform_data.this["<address>"].
+    error_message = join("; ", [
+      for address, id in local.node_ids :
+      "host ${address}: node ${id} is ${try(data.terraform_remote_state.fleet.outputs.nodes[id].status, "absent")}${try(" (${data.terraform_remote_state.fleet.outputs.nodes[id].reason})", "")}"
+      if id != null && contains(local.gone, try(data.terraform_remote_state.fleet.outputs.nodes[id].status, "absent"))
+    ])
+  }
+}

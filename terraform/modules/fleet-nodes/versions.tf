@@ -1,4 +1,4 @@
 terraform {
-  # terraform_data (built in) needs 1.4; optional object attributes need 1.3.
-  required_version = ">= 1.4"
+  # check blocks with a scoped data source need 1.5; terraform_data (built in) 1.4.
+  required_version = ">= 1.5"
 }
