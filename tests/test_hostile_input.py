@@ -63,6 +63,7 @@ BASE_BODIES = {
                                          "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
     ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60},
+    ("POST", "/api/v1/nodes/{node_id}/events"): {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"},
     ("POST", "/api/v1/jobs"): JOB_SPEC,
     ("POST", "/api/v1/instances"): {
         "name": "nb", "command": ["sleep", "1d"], "env": {"A": "b"}, "resources": {"gpus": 1, "gpu_types": ["x"]},
