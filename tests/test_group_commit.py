@@ -7,6 +7,7 @@ import pytest
 
 from fleetd import db as fleetd_db
 from fleetd.db import GroupCommit
+from tests.support import wait_until
 
 
 class RecordingRun:
@@ -44,10 +45,7 @@ def test_writers_that_queue_behind_a_sync_share_the_next_one(tmp_path):
     group = GroupCommit(str(wal), run)
     first = threading.Thread(target=group.wait)
     first.start()
-    for _ in range(200):  # the first sync has begun and is held
-        if run.began:
-            break
-        threading.Event().wait(0.01)
+    wait_until(lambda: run.began, 2, 0.01, "the first sync to begin (it is held)")
     assert run.began == [0]
     run.writes = 8
     waiters = [threading.Thread(target=group.wait) for _ in range(8)]

@@ -10,6 +10,7 @@ from fleetd import scheduler
 from fleetd.liveness import LivenessTracker
 from fleetd.services import scheduling
 from tests.conftest import FakeClock
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -253,10 +254,7 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
             return scheduling.run_pass(rt)
 
     passing = gevent.spawn(one_pass)
-    for _ in range(300):  # bounded: until the worker thread is inside the decision
-        if started.is_set():
-            break
-        gevent.sleep(0.01)
+    wait_until(started.is_set, 3, 0.01, "the worker thread to be inside the decision", pause=gevent.sleep)
     assert started.is_set()
     assert api.get(f"/api/v1/jobs/{job['id']}").status_code == 200  # the loop answers meanwhile
     order.append("answered")

@@ -13,6 +13,8 @@ import threading
 import time
 import urllib.parse
 
+from tests.support import wait_until
+
 
 class FakeFleetd:
     """The server state and knobs; `url` once started."""
@@ -67,18 +69,10 @@ class FakeFleetd:
             self.cond.notify_all()
 
     def wait_for(self, predicate, timeout=30.0, message="condition"):
-        """Wait until predicate() (called under the lock) is truthy; bounded."""
-        deadline = time.monotonic() + timeout
+        """Wait until predicate() (called under the lock) is truthy, looking again at every call; bounded."""
         with self.cond:
-            while True:
-                value = predicate()
-                if value:
-                    return value
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"timed out after {timeout}s waiting for {message}; calls: "
-                                         f"{[c[:2] for c in self.calls][-20:]}")
-                self.cond.wait(min(remaining, 0.5))
+            return wait_until(predicate, timeout, 0.5, message, pause=self.cond.wait,
+                              details=lambda: f"calls: {[c[:2] for c in self.calls][-20:]}")
 
     def wait_finished(self, task_id, timeout=30.0):
         return self.wait_for(lambda: self.finished.get(task_id), timeout, f"finish of {task_id}")

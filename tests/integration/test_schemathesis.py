@@ -27,6 +27,7 @@ import requests
 
 from tests.conftest import gpus
 from tests.integration.conftest import FleetdProcess, fleetd_init
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -381,14 +382,11 @@ def test_agent_routes_pass_every_schemathesis_check(tmp_path):
         leaver = seed.register(join, "m2", gpu_count=0)["session_token"]
         seed.call("POST", "/api/v1/agent/heartbeat", token=session, agent=True, json={"tasks": []}, expect=200)
         job = seed.submit()
-        assignment = None
-        deadline = time.monotonic() + 20
-        for _ in range(100):  # the scheduler places the job within a pass; bounded in count and time
-            assignment = seed.call("POST", "/api/v1/agent/acquire", token=session, agent=True,
-                                   json={"wait_seconds": 1}, expect=200).json()["assignment"]
-            if assignment is not None or time.monotonic() > deadline:
-                break
-        assert assignment is not None, seed.call("GET", f"/api/v1/jobs/{job['id']}").json()
+        # The scheduler places the job within a pass; each acquire waits up to 1 s for it.
+        assignment = wait_until(lambda: seed.call("POST", "/api/v1/agent/acquire", token=session, agent=True,
+                                                  json={"wait_seconds": 1}, expect=200).json()["assignment"],
+                                20, 0.01, f"an assignment of job {job['id']}",
+                                details=lambda: seed.call("GET", f"/api/v1/jobs/{job['id']}").json())
         seed.call("POST", f"/api/v1/agent/tasks/{assignment['task_id']}/start", token=session, agent=True,
                   json={"epoch": assignment["epoch"], "pid": 4242}, expect=204)
         protocol = {"X-Fleet-Protocol": "1"}

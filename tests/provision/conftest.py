@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from tests.integration.conftest import FleetdProcess, fleetd_cmd, fleetd_init
-from tests.provision.hosts import SshLab, wait_for
+from tests.provision.hosts import SshLab
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parent.parent.parent
 FAST = {
@@ -79,8 +80,8 @@ class Api:
         return self("GET", f"/api/v1/nodes/{node_id}/events", expect=200).json()["items"]
 
     def wait_status(self, node_id, status, timeout=60):
-        return wait_for(lambda: (lambda n: n if n and n["status"] == status else None)(self.node(node_id)),
-                        timeout, interval=0.2, message=f"node {node_id} to be {status}")
+        return wait_until(lambda: (lambda n: n if n and n["status"] == status else None)(self.node(node_id)),
+                          timeout, interval=0.2, message=f"node {node_id} to be {status}")
 
 
 class Lab:

@@ -46,11 +46,6 @@ def systemctl_stand_in():
     raise RuntimeError("docker-systemctl-replacement is not installed (pip install docker-systemctl-replacement)")
 
 
-def wait_for(condition, timeout, interval=0.1, message="condition"):
-    """Poll until `condition()` is truthy; bounded in time and in iterations."""
-    return wait_until(condition, timeout, interval, message)
-
-
 def _host_uuid(value, host_index):
     parts = value.split("-")
     if len(parts) >= 3:
@@ -163,7 +158,7 @@ class TestHost:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
-        wait_for(self._accepts, START_TIMEOUT, message=f"sshd on {self.address}")
+        wait_until(self._accepts, START_TIMEOUT, message=f"sshd on {self.address}")
         return self
 
     def _accepts(self):

@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from tests.provision.conftest import FLEET, REPO, python_for_tools
-from tests.provision.hosts import wait_for
+from tests.support import wait_until
 from tests.provision.test_bootstrap import agent_pids, closed_port_on, shape_uuids
 
 pytestmark = pytest.mark.integration
@@ -149,7 +149,7 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_dr
                 assert list(host.path("/var/lib/fleet-agent").iterdir()) == []
             else:
                 assert not host.path("/var/lib/fleet-agent").exists()
-            wait_for(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
+            wait_until(lambda h=host: not agent_pids(h), 30, message="the agent to stop")
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 
@@ -270,8 +270,8 @@ def test_upgrade_playbook_checks_the_bundle_first_undoes_its_own_drain_on_failur
             installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
             assert (installed["version"], installed["bundle_sha256"]) == (next_bundle.version, next_bundle.sha256)
             # fleetd learns the new version from the heartbeats.
-            wait_for(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
-                     message="fleetd to learn the upgrade")
+            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
+                       message="fleetd to learn the upgrade")
         listed = lab.api("GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200).json()["items"]
         assert sorted(n["id"] for n in listed) == sorted(ids.values())
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.provision.conftest import FLEET
-from tests.provision.hosts import wait_for
+from tests.support import wait_until
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +79,7 @@ def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent
     # One host unreachable, one whose agent was stopped, one untouched: each is told apart.
     stopped, down, untouched = hosts
     assert stopped.exec("systemctl", "stop", "fleet-agent.service", timeout=120).returncode == 0
-    wait_for(lambda: not agent_pids(stopped), 30, message="the agent to stop")
+    wait_until(lambda: not agent_pids(stopped), 30, message="the agent to stop")
     down.stop_sshd()
     code, partial, stderr = lab.bootstrap(bundle, *hosts)
     assert code == 1
@@ -159,7 +159,7 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
         assert not hosts[0].path(path).exists(), path
     assert hosts[0].exec("mountpoint", "-q", "/var/lib/fleet-agent").returncode == 0
     assert list(hosts[0].path("/var/lib/fleet-agent").iterdir()) == []
-    wait_for(lambda: not agent_pids(hosts[0]), 30, message="the agent to stop")
+    wait_until(lambda: not agent_pids(hosts[0]), 30, message="the agent to stop")
     assert [n["id"] for n in lab.api.nodes()] == [node_ids[hosts[1].address]]
     assert lab.api.node(node_ids[hosts[1].address])["status"] == "ready"
 
@@ -240,9 +240,9 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     ids = {h.address: results[h.address]["node_id"] for h in lab.hosts}
     for host in lab.hosts:
         # fleetd learns the agent's version and bundle from its heartbeats.
-        wait_for(lambda h=host: (lambda n: n["agent_version"] == next_bundle.version
-                                 and n["bundle_sha256"] == next_bundle.sha256)(lab.api.node(ids[h.address])),
-                 60, message="the node to report the bundle")
+        wait_until(lambda h=host: (lambda n: n["agent_version"] == next_bundle.version
+                                   and n["bundle_sha256"] == next_bundle.sha256)(lab.api.node(ids[h.address])),
+                   60, message="the node to report the bundle")
 
     # The CLI's own (older) bundle is a downgrade: refused, the node untouched.
     code, results, _ = lab.bootstrap(bundle, kept)
@@ -264,8 +264,8 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert f"waiting for node {ids[kept.address]} to be ready" not in stderr
     statuses = [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")]
     assert statuses == ["pending", "ready", "draining", "drained"], statuses
-    wait_for(lambda: lab.api.node(ids[kept.address])["agent_version"] == bundle.version, 60,
-             message="fleetd to learn the downgrade")
+    wait_until(lambda: lab.api.node(ids[kept.address])["agent_version"] == bundle.version, 60,
+               message="fleetd to learn the downgrade")
     assert lab.api.node(ids[kept.address])["status"] == "drained"
     assert [n["id"] for n in node_list_json(lab, "--version", bundle.version)] == [ids[kept.address]]
     assert [n["id"] for n in node_list_json(lab, "--version", next_bundle.version)] == [ids[rolled.address]]
@@ -279,8 +279,8 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"] == rebuilt.sha256
     statuses = [e["to_status"] for e in lab.api.events(ids[rolled.address]) if e.get("to_status")]
     assert statuses[-3:] == ["draining", "drained", "ready"], statuses
-    wait_for(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
-             message="fleetd to learn the rebuilt bundle")
+    wait_until(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
+               message="fleetd to learn the rebuilt bundle")
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "unchanged", results
     # Nothing starts, and the progress does not claim it does.
