@@ -8,26 +8,10 @@ from fleetd import create_app
 from fleetd.db import open_database, upgrade
 from fleetd.services.tokens import issue_first_admin_token
 from fleetd.settings import Settings
+from tests.support.gpus import GPU_H100, gpus  # noqa: F401 - tests import them from here
+from tests.support.http import ApiClient  # tests import it from here too
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
-
-GPU_H100 = {
-    "uuid": "GPU-00000000-0000-0000-0000-000000000000",
-    "index": 0,
-    "vendor": "nvidia",
-    "model": "NVIDIA H100 80GB HBM3",
-    "memory_total_bytes": 80 * 1024**3,
-    "numa_node": 0,
-    "max_tflops": 989.0,
-    "healthy": True,
-    "health_reason": "",
-    "mig_mode": "disabled",
-}
-
-
-def gpus(count, model=GPU_H100["model"]):
-    """`count` distinct H100-like GPU reports."""
-    return [dict(GPU_H100, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", index=i, model=model) for i in range(count)]
 
 
 class FakeClock:
@@ -46,120 +30,6 @@ class FakeClock:
     def advance(self, seconds):
         self._now += dt.timedelta(seconds=seconds)
         self._mono += seconds
-
-
-class ApiClient:
-    """The Flask test client with a bearer token and the agent protocol header made easy."""
-
-    def __init__(self, app, token=None):
-        self.app = app
-        self.http = app.test_client()
-        self.token = token
-
-    def call(self, method, path, token=..., agent=False, headers=None, **kwargs):
-        headers = dict(headers or {})
-        token = self.token if token is ... else token
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        if agent:
-            headers["X-Fleet-Protocol"] = "1"
-        return self.http.open(path, method=method, headers=headers, **kwargs)
-
-    def get(self, path, **kw):
-        return self.call("GET", path, **kw)
-
-    def post(self, path, json=None, **kw):
-        return self.call("POST", path, json={} if json is None else json, **kw)
-
-    def patch(self, path, json=None, **kw):
-        return self.call("PATCH", path, json=json, **kw)
-
-    def delete(self, path, **kw):
-        return self.call("DELETE", path, **kw)
-
-    # Factories: plain functions over the real API.
-
-    def create_fleet(self, name="gpu-a", **body):
-        resp = self.post("/api/v1/fleets", dict(name=name, **body))
-        assert resp.status_code == 201, resp.get_json()
-        return resp.get_json()
-
-    def create_join_token(self, fleet="gpu-a", **body):
-        resp = self.post(f"/api/v1/fleets/{fleet}/join-tokens", body)
-        assert resp.status_code == 201, resp.get_json()
-        return resp.get_json()["token"]
-
-    def create_token(self, role, name=None):
-        resp = self.post("/api/v1/tokens", {"name": name or f"{role}-token", "role": role})
-        assert resp.status_code == 201, resp.get_json()
-        return resp.get_json()["token"]
-
-    def register(self, join_token, machine_id="machine-1", hostname="gpu-host-1", gpu_count=2, expect=201, **extra):
-        body = {
-            "hostname": hostname,
-            "machine_id": machine_id,
-            "agent_version": "0.1.0",
-            "address": "10.0.0.1",
-            "resources": {"cpu_count": 64, "memory_bytes": 512 * 1024**3},
-            "gpus": gpus(gpu_count),
-        }
-        body.update(extra)
-        resp = self.post("/api/v1/agent/register", body, token=join_token, agent=True)
-        assert resp.status_code == expect, resp.get_json()
-        return resp.get_json()
-
-    def heartbeat(self, session_token, expect=200, **body):
-        body.setdefault("tasks", [])
-        resp = self.post("/api/v1/agent/heartbeat", body, token=session_token, agent=True)
-        assert resp.status_code == expect, resp.get_json()
-        return resp.get_json()
-
-    def ready_node(self, join_token, name, gpu_count=2):
-        """Register a host as `name` and heartbeat once (it is ready); returns (node id, session token)."""
-        reg = self.register(join_token, machine_id=name, hostname=name, gpu_count=gpu_count)
-        self.heartbeat(reg["session_token"])
-        return reg["node_id"], reg["session_token"]
-
-    def job(self, job_id):
-        """The JobStatus of a job."""
-        return self.get(f"/api/v1/jobs/{job_id}").get_json()
-
-    def submit(self, expect=201, **spec):
-        spec.setdefault("name", "job")
-        spec.setdefault("command", ["true"])
-        resp = self.post("/api/v1/jobs", spec)
-        assert resp.status_code == expect, resp.get_json()
-        return resp.get_json()
-
-    def acquire(self, session_token, wait_seconds=0):
-        resp = self.post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, token=session_token, agent=True)
-        assert resp.status_code == 200, resp.get_json()
-        return resp.get_json()["assignment"]
-
-    def task_call(self, session_token, assignment, action, expect=204, **body):
-        body.setdefault("epoch", assignment["epoch"])
-        resp = self.post(f"/api/v1/agent/tasks/{assignment['task_id']}/{action}", body, token=session_token,
-                         agent=True)
-        assert resp.status_code == expect, resp.get_json()
-        return resp
-
-    def start_task(self, session_token):
-        """Acquire the node's next assignment and report it started; returns the assignment."""
-        assignment = self.acquire(session_token)
-        assert assignment is not None
-        self.task_call(session_token, assignment, "start", pid=4242)
-        return assignment
-
-    def node(self, node_id):
-        resp = self.get(f"/api/v1/nodes/{node_id}")
-        assert resp.status_code == 200, resp.get_json()
-        return resp.get_json()
-
-    def run_task(self, name):
-        resp = self.post(f"/api/v1/admin/tasks/{name}/run")
-        assert resp.status_code == 200, resp.get_json()
-        assert resp.get_json()["last_status"] == "ok", resp.get_json()
-        return resp.get_json()["last_result"]
 
 
 @pytest.fixture

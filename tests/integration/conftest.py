@@ -15,7 +15,8 @@ import threading
 import time
 
 import pytest
-import requests
+
+from tests.support.http import Http  # noqa: F401 - tests import it from here
 
 START_TIMEOUT = 30
 
@@ -114,24 +115,6 @@ def admin(data_dir):
 @pytest.fixture
 def server(server_factory, admin):
     return server_factory()
-
-
-class Http:
-    """requests against a real server with a bearer token."""
-
-    def __init__(self, url, token):
-        self.url = url
-        self.s = requests.Session()
-        self.s.headers["Authorization"] = f"Bearer {token}"
-
-    def __call__(self, method, path, expect=None, agent_token=None, **kw):
-        headers = kw.pop("headers", {})
-        if agent_token:
-            headers.update({"Authorization": f"Bearer {agent_token}", "X-Fleet-Protocol": "1"})
-        resp = self.s.request(method, self.url + path, headers=headers, timeout=30, **kw)
-        if expect is not None:
-            assert resp.status_code == expect, resp.text
-        return resp
 
 
 def _pg_bin(name):

@@ -15,9 +15,10 @@ import psycopg2
 import pytest
 import requests
 
-from tests.conftest import gpus
-from tests.integration.conftest import FleetdProcess, Http, fleetd_cmd
+from tests.integration.conftest import FleetdProcess, fleetd_cmd
 from tests.support import wait_until
+from tests.support.gpus import gpus
+from tests.support.http import Http
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import jsonschema_rs  # schemathesis's own validator, installed with it
 import pytest
-import requests
 
-from tests.conftest import gpus
 from tests.integration.conftest import FleetdProcess, fleetd_init
 from tests.support import wait_until
+from tests.support.gpus import gpus
+from tests.support.http import Http
 
 pytestmark = pytest.mark.integration
 
@@ -106,26 +106,13 @@ def _start_server(tmp_path):
     return FleetdProcess(data_dir, SERVER_ENV).start(), admin
 
 
-class _Seed:
-    """Real objects on the server, so that fuzzed ids sometimes name something that exists."""
-
-    def __init__(self, url, admin):
-        self.url = url
-        self.admin = admin
-        self.s = requests.Session()
-
-    def call(self, method, path, token=None, agent=False, expect=None, **kw):
-        headers = {"Authorization": f"Bearer {token or self.admin}", **kw.pop("headers", {})}
-        if agent:
-            headers["X-Fleet-Protocol"] = "1"
-        resp = self.s.request(method, self.url + path, headers=headers, timeout=30, **kw)
-        if expect is not None:
-            assert resp.status_code == expect, (method, path, resp.status_code, resp.text)
-        return resp
+class _Seed(Http):
+    """Real objects on the server, so that fuzzed ids sometimes name something that exists; calls are
+    made as the admin unless `token` says otherwise."""
 
     def fleet_and_join_token(self, name="gpu-a"):
-        self.call("POST", "/api/v1/fleets", json={"name": name, "labels": {"zone": "z1"}}, expect=201)
-        return self.call("POST", f"/api/v1/fleets/{name}/join-tokens", json={}, expect=201).json()["token"]
+        self("POST", "/api/v1/fleets", json={"name": name, "labels": {"zone": "z1"}}, expect=201)
+        return self("POST", f"/api/v1/fleets/{name}/join-tokens", json={}, expect=201).json()["token"]
 
     def register(self, join, machine_id, gpu_count=2):
         body = {"hostname": f"host-{machine_id}", "machine_id": machine_id, "agent_version": "0.1.0",
@@ -134,11 +121,11 @@ class _Seed:
         if gpu_count:
             for gpu in body["gpus"]:
                 gpu["uuid"] = gpu["uuid"].replace("GPU-", f"GPU-{machine_id}-")
-        return self.call("POST", "/api/v1/agent/register", token=join, agent=True, json=body, expect=201).json()
+        return self("POST", "/api/v1/agent/register", token=join, agent=True, json=body, expect=201).json()
 
     def submit(self, name="seed-job"):
         spec = {"name": name, "command": ["sleep", "600"], "resources": {"gpus": 1}}
-        return self.call("POST", "/api/v1/jobs", json=spec, expect=201).json()
+        return self("POST", "/api/v1/jobs", json=spec, expect=201).json()
 
 
 def _toml(value):
@@ -348,9 +335,9 @@ def test_api_routes_pass_every_schemathesis_check(tmp_path):
         join = seed.fleet_and_join_token("gpu-a")
         node = seed.register(join, "m1")["node_id"]
         job = seed.submit()["id"]
-        artifact = seed.call("PUT", "/api/v1/artifacts", data=b"seed artifact",
-                             headers={"X-Artifact-Name": "seed.txt", "X-Artifact-Kind": "file"}, expect=201)
-        victim = seed.call("POST", "/api/v1/tokens", json={"name": "victim", "role": "submitter"}, expect=201).json()
+        artifact = seed("PUT", "/api/v1/artifacts", data=b"seed artifact",
+                        headers={"X-Artifact-Name": "seed.txt", "X-Artifact-Kind": "file"}, expect=201)
+        victim = seed("POST", "/api/v1/tokens", json={"name": "victim", "role": "submitter"}, expect=201).json()
         config = _write_config(
             tmp_path / "schemathesis.toml",
             headers={"Authorization": f"Bearer {admin}"},
@@ -366,8 +353,8 @@ def test_api_routes_pass_every_schemathesis_check(tmp_path):
         )
         proc, ndjson_path, elapsed = _run_schemathesis(server, config, tmp_path / "report",
                                                        "--exclude-path-regex", "^/api/v1/agent/")
-        _assert_clean(seed.call("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
-                      lambda: seed.call("GET", "/api/v1/whoami").status_code == 200)
+        _assert_clean(seed("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
+                      lambda: seed("GET", "/api/v1/whoami").status_code == 200)
     finally:
         server.kill()
 
@@ -380,15 +367,15 @@ def test_agent_routes_pass_every_schemathesis_check(tmp_path):
         join = seed.fleet_and_join_token("gpu-a")
         session = seed.register(join, "m1", gpu_count=2)["session_token"]
         leaver = seed.register(join, "m2", gpu_count=0)["session_token"]
-        seed.call("POST", "/api/v1/agent/heartbeat", token=session, agent=True, json={"tasks": []}, expect=200)
+        seed("POST", "/api/v1/agent/heartbeat", token=session, agent=True, json={"tasks": []}, expect=200)
         job = seed.submit()
         # The scheduler places the job within a pass; each acquire waits up to 1 s for it.
-        assignment = wait_until(lambda: seed.call("POST", "/api/v1/agent/acquire", token=session, agent=True,
-                                                  json={"wait_seconds": 1}, expect=200).json()["assignment"],
+        assignment = wait_until(lambda: seed("POST", "/api/v1/agent/acquire", token=session, agent=True,
+                                             json={"wait_seconds": 1}, expect=200).json()["assignment"],
                                 20, 0.01, f"an assignment of job {job['id']}",
-                                details=lambda: seed.call("GET", f"/api/v1/jobs/{job['id']}").json())
-        seed.call("POST", f"/api/v1/agent/tasks/{assignment['task_id']}/start", token=session, agent=True,
-                  json={"epoch": assignment["epoch"], "pid": 4242}, expect=204)
+                                details=lambda: seed("GET", f"/api/v1/jobs/{job['id']}").json())
+        seed("POST", f"/api/v1/agent/tasks/{assignment['task_id']}/start", token=session, agent=True,
+             json={"epoch": assignment["epoch"], "pid": 4242}, expect=204)
         protocol = {"X-Fleet-Protocol": "1"}
         config = _write_config(
             tmp_path / "schemathesis.toml",
@@ -404,9 +391,9 @@ def test_agent_routes_pass_every_schemathesis_check(tmp_path):
         )
         proc, ndjson_path, elapsed = _run_schemathesis(server, config, tmp_path / "report",
                                                        "--include-path-regex", "^/api/v1/agent/")
-        _assert_clean(seed.call("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
-                      lambda: seed.call("POST", "/api/v1/agent/heartbeat", token=session, agent=True,
-                                        json={"tasks": []}).status_code == 200)
+        _assert_clean(seed("GET", "/api/openapi.json", expect=200).json(), proc, ndjson_path, elapsed,
+                      lambda: seed("POST", "/api/v1/agent/heartbeat", token=session, agent=True,
+                                   json={"tasks": []}).status_code == 200)
     finally:
         server.kill()
 

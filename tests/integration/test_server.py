@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.conftest import gpus
-from tests.integration.conftest import Http
 from tests.support import wait_until
+from tests.support.gpus import gpus
+from tests.support.http import Http
 
 pytestmark = pytest.mark.integration
 

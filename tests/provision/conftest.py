@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 
 from tests.integration.conftest import FleetdProcess, fleetd_cmd, fleetd_init
 from tests.provision.hosts import SshLab
 from tests.support import wait_until
+from tests.support.http import Http
 
 REPO = Path(__file__).resolve().parent.parent.parent
 FAST = {
@@ -51,20 +51,8 @@ class BoundFleetd(FleetdProcess):
         self.address = address
 
 
-class Api:
-    """Admin calls to fleetd."""
-
-    def __init__(self, url, token):
-        self.url = url
-        self.token = token
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
-
-    def __call__(self, method, path, expect=None, **kwargs):
-        resp = self.session.request(method, self.url + path, timeout=30, **kwargs)
-        if expect is not None:
-            assert resp.status_code == expect, f"{method} {path}: {resp.status_code} {resp.text}"
-        return resp
+class Api(Http):
+    """Admin calls to fleetd, and the look-ups the provisioning tests make."""
 
     def nodes(self):
         return self("GET", "/api/v1/nodes", expect=200).json()["items"]

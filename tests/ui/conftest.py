@@ -1,47 +1,9 @@
-"""The admin UI through Flask's test client: a browser-like client with cookies and CSRF tokens."""
-
-import re
+"""The admin UI through Flask's test client: fixtures of the browser-like client with cookies and CSRF tokens
+(tests/support/http.py)."""
 
 import pytest
 
-CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-class UiClient:
-    """A cookie-keeping test client that signs in like a browser and sends the page's CSRF token."""
-
-    def __init__(self, app, base_url="http://localhost"):
-        self.http = app.test_client()
-        self.base_url = base_url
-        self.csrf = None
-
-    def get(self, path, **kw):
-        resp = self.http.get(path, base_url=self.base_url, **kw)
-        match = CSRF_RE.search(resp.get_data(as_text=True))
-        if match:
-            self.csrf = match.group(1)
-        return resp
-
-    def post(self, path, data=None, csrf=True, **kw):
-        data = dict(data or {})
-        if csrf:
-            data.setdefault("csrf_token", self.csrf)
-        resp = self.http.post(path, data=data, base_url=self.base_url, **kw)
-        match = CSRF_RE.search(resp.get_data(as_text=True))
-        if match:
-            self.csrf = match.group(1)
-        return resp
-
-    def login(self, token, expect=302):
-        self.get("/ui/login")
-        resp = self.post("/ui/login", {"token": token})
-        assert resp.status_code == expect, resp.get_data(as_text=True)
-        return resp
-
-    def text(self, path, expect=200):
-        resp = self.get(path)
-        assert resp.status_code == expect, resp.get_data(as_text=True)[:2000]
-        return resp.get_data(as_text=True)
+from tests.support.http import CSRF_RE, UiClient  # noqa: F401 - tests import them from here
 
 
 def enrol(api, fleet="gpu-a", name="gpu-host-1", gpu_count=2):
