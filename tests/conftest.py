@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh SQLite database per test, an injected clock, API helpers, factories."""
+"""Shared fixtures: a fresh SQLite database per test, an injected clock, API helpers, factories; real
+`fleetd serve` processes (tests/support/server.py) for every test package."""
 
 import datetime as dt
 
@@ -10,6 +11,7 @@ from fleetd.services.tokens import issue_first_admin_token
 from fleetd.settings import Settings
 from tests.support.gpus import GPU_H100, gpus  # noqa: F401 - tests import them from here
 from tests.support.http import ApiClient  # tests import it from here too
+from tests.support.server import admin, data_dir, server, server_factory  # noqa: F401 - fixtures
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
 

@@ -3,8 +3,6 @@
 import pytest
 import requests
 
-from tests.integration.conftest import admin, data_dir, server, server_factory  # noqa: F401 (fixtures)
-
 
 def test_the_root_redirects_to_the_admin_ui_without_a_token(api):
     resp = api.get("/", token=None)

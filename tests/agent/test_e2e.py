@@ -9,7 +9,8 @@ import time
 import pytest
 import requests
 
-from tests.agent.conftest import FixedPortFleetd, Http, rewrite_shape, shape_path, wait_until
+from tests.agent.conftest import Http, rewrite_shape, shape_path, wait_until
+from tests.support.server import FleetdProcess
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +86,7 @@ def test_agents_keep_retrying_through_a_fleetd_outage_and_recover_without_re_enr
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = FixedPortFleetd(data_dir, port, FAST).start()
+    server = FleetdProcess(data_dir, FAST, bind=f"127.0.0.1:{port}").start()  # the same URL after a restart
     try:
         http, join = setup_fleet(server.url, admin)
         agents = [agent_factory(f"host-{i}", shape=shape) for i, shape in enumerate(("h100_x8", "l4_x4"))]

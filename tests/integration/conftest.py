@@ -1,120 +1,20 @@
-"""Real `fleetd` processes on loopback."""
+"""Real `fleetd` processes on loopback (tests/support/server.py, whose fixtures tests/conftest.py exposes)
+and a PostgreSQL server for the tests that need one."""
 
 import glob
 import os
 import pathlib
-import queue
-import re
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
-import time
 
 import pytest
 
-from tests.support.http import Http  # noqa: F401 - tests import it from here
-
-START_TIMEOUT = 30
-
-
-def fleetd_cmd(*args):
-    return [sys.executable, "-m", "fleetd", *args]
-
-
-class FleetdProcess:
-    """`fleetd serve` on a free loopback port; the log is kept for assertions."""
-
-    def __init__(self, data_dir, env=None, bind="127.0.0.1:0"):
-        self.data_dir = data_dir
-        self.env = dict(os.environ, **(env or {}))
-        self.bind = bind
-        self.proc = None
-        self.url = None
-        self.lines = []
-
-    def start(self):
-        self.lines = []
-        self.proc = subprocess.Popen(
-            fleetd_cmd("serve", "--bind", self.bind, "--data-dir", str(self.data_dir)),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
-        )
-        lines = queue.Queue()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, lines), daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            match = re.search(r"listening on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                return self
-            if line is None:
-                break
-        self.kill()
-        raise AssertionError("fleetd serve did not start:\n" + "".join(self.lines))
-
-    def _pump(self, stream, lines):
-        for line in stream:
-            self.lines.append(line)
-            lines.put(line)
-        lines.put(None)
-
-    def signal(self, signum):
-        os.kill(self.proc.pid, signum)
-
-    def wait(self, timeout=30):
-        return self.proc.wait(timeout=timeout)
-
-    def kill(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    @property
-    def log(self):
-        return "".join(self.lines)
-
-
-def fleetd_init(data_dir):
-    """Run `fleetd init`; returns the first admin token."""
-    out = subprocess.run(fleetd_cmd("init", "--data-dir", str(data_dir)), capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    return out.strip().splitlines()[-1]
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    return tmp_path / "fleetd-data"
-
-
-@pytest.fixture
-def server_factory(data_dir):
-    started = []
-
-    def start(**env):
-        proc = FleetdProcess(data_dir, env).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.kill()
-
-
-@pytest.fixture
-def admin(data_dir):
-    return fleetd_init(data_dir)
-
-
-@pytest.fixture
-def server(server_factory, admin):
-    return server_factory()
+# Imported from here by tests and benches (and test_cli_instances.py takes the fixtures from here).
+from tests.support.http import Http  # noqa: F401
+from tests.support.server import (FleetdProcess, admin, data_dir, fleetd_cmd, fleetd_init,  # noqa: F401
+                                  server, server_factory)
 
 
 def _pg_bin(name):

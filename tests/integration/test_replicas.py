@@ -5,7 +5,6 @@ polls wake when the leader assigns (LISTEN/NOTIFY); kill -9 of the leader hands 
 work goes on; a leader paused past its lease is fenced off; SQLite refuses a second process.
 """
 
-import os
 import signal
 import subprocess
 import threading
@@ -15,10 +14,10 @@ import psycopg2
 import pytest
 import requests
 
-from tests.integration.conftest import FleetdProcess, fleetd_cmd
 from tests.support import wait_until
 from tests.support.gpus import gpus
 from tests.support.http import Http
+from tests.support.server import FleetdProcess, fleetd_cmd, fleetd_init
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +46,7 @@ def cluster(replica_db, tmp_path):
     env = {"FLEETD_DB_URL": replica_db, "FLEETD_LEADER_LEASE_SECONDS": LEASE, "FLEETD_NODE_TTL_SECONDS": "6",
            "FLEETD_NODE_GRACE_SECONDS": "2", "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
            "FLEETD_TASK_LEASE_SECONDS": "8", "FLEETD_LONG_POLL_MAX_SECONDS": "30"}
-    init = subprocess.run(fleetd_cmd("init", "--data-dir", str(tmp_path / "init")), capture_output=True, text=True,
-                          timeout=60, check=True, env=dict(os.environ, **env))
-    token = init.stdout.strip().splitlines()[-1]
+    token = fleetd_init(tmp_path / "init", env)
     started = []
 
     def start(count):
@@ -209,7 +206,7 @@ def test_a_stale_leaders_write_is_refused_by_the_fence(replica_db):
 
 def test_sqlite_serves_one_process(tmp_path):
     data = tmp_path / "data"
-    subprocess.run(fleetd_cmd("init", "--data-dir", str(data)), capture_output=True, timeout=60, check=True)
+    fleetd_init(data)
     first = FleetdProcess(data).start()
     try:
         second = subprocess.run(fleetd_cmd("serve", "--bind", "127.0.0.1:0", "--data-dir", str(data)),

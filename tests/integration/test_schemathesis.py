@@ -24,10 +24,10 @@ from pathlib import Path
 import jsonschema_rs  # schemathesis's own validator, installed with it
 import pytest
 
-from tests.integration.conftest import FleetdProcess, fleetd_init
 from tests.support import wait_until
 from tests.support.gpus import gpus
 from tests.support.http import Http
+from tests.support.server import FleetdProcess, fleetd_init
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from tests.support import wait_until
 from tests.support.gpus import gpus
 from tests.support.http import Http
 
@@ -75,7 +74,7 @@ def test_sigterm_lets_an_in_flight_request_finish_then_exits(server, admin, serv
                      + f"Authorization: Bearer {admin}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
         assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue")
         server.signal(signal.SIGTERM)
-        _wait_for_log(server, "shutting down")
+        server.wait_for_line("shutting down", timeout=10)
         sock.sendall(body)
         reply = sock.recv(65536).decode()
     finally:
@@ -111,10 +110,6 @@ def test_sigterm_answers_a_waiting_long_poll_at_once_and_exits(server_factory, a
     assert reply.startswith("HTTP/1.1 200") and '"assignment":null' in reply.replace(" ", ""), reply
     # The shutdown waits for in-flight requests up to 60 s here: it did not wait for the poll's 30 s.
     assert server.wait(timeout=25) == 0
-
-
-def _wait_for_log(server, text, timeout=10):
-    wait_until(lambda: text in server.log, timeout, 0.05, f"{text!r} in the log")
 
 
 def test_holds_a_thousand_concurrent_requests_without_a_thread_each(server, admin):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import FleetdProcess, fleetd_cmd, fleetd_init
 from tests.provision.hosts import SshLab
 from tests.support import wait_until
 from tests.support.http import Http
+from tests.support.server import FleetdProcess, fleetd_cmd, fleetd_init
 
 REPO = Path(__file__).resolve().parent.parent.parent
 FAST = {

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import gpus
-from tests.integration.conftest import Http, admin, data_dir, server_factory  # noqa: F401 - fixtures
+from tests.support.http import Http
 from tests.ui.conftest import CSRF_RE
 
 CHROMIUM = "/usr/bin/chromium"
@@ -45,7 +45,7 @@ def artifacts(request, tmp_path):
 
 
 @pytest.fixture
-def server(server_factory, admin):  # noqa: F811 - overrides the integration fixture
+def server(server_factory, admin):  # noqa: F811 - overrides the fixture of tests/support/server.py
     # Long node TTL: a slow browser step must not turn the test's nodes lost.
     return server_factory(FLEETD_NODE_TTL_SECONDS="3600")
 

@@ -10,7 +10,6 @@ import pytest
 from fleetd.ui import roles
 from tests.conftest import ApiClient, gpus
 from tests.test_instances import create, show
-from tests.integration.conftest import admin, data_dir, server_factory  # noqa: F401 - fixtures
 from tests.ui.conftest import UiClient, enrol
 from tests.ui.test_browser import CHROMIUM, agent_call, artifacts, browser, http, page, server, shot, sign_in  # noqa: F401
 from tests.ui.test_browser import enrol as enrol_over_http
