@@ -1,5 +1,5 @@
-"""Agent fixtures: the fake NVML with scenarios and fleet-agent processes; real `fleetd serve` processes
-come from tests/conftest.py (tests/support/server.py)."""
+"""Agent fixtures: the fake NVML with scenarios, stand-in fleetds (`fleetd`, `fakes`) and fleet-agent
+processes; real `fleetd serve` processes come from tests/conftest.py (tests/support/server.py)."""
 
 import json
 import os
@@ -13,6 +13,7 @@ import pytest
 from agent import fake_nvml as fake_module
 from agent.cgroups import Cgroups
 from agent.task.journal import read_state
+from tests.agent.fakefleetd import FakeFleetd
 from tests.support import wait_until  # noqa: F401 - the agent tests import it from here
 from tests.support.http import Http  # noqa: F401 - the agent tests import it from here
 from tests.support.process import LoggedProcess
@@ -123,6 +124,23 @@ class AgentProcess(LoggedProcess):
                 continue
             if path and os.path.isdir(path):
                 cgroups.remove(path)
+
+
+@pytest.fixture
+def fleetd():
+    """A stand-in fleetd (tests/agent/fakefleetd.py) on a loopback port."""
+    fake = FakeFleetd().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def fakes():
+    """Two stand-in fleetds, each on its own loopback port (replicas)."""
+    started = [FakeFleetd().start(), FakeFleetd().start()]
+    yield started
+    for fake in started:
+        fake.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import signal
 from agent.procfs import wait_gone
 from agent.task.journal import read_state
 from tests.agent.conftest import wait_until
-from tests.agent.test_runner import assignment, fleetd, make_runner  # noqa: F401 (fixtures)
+from tests.agent.test_runner import assignment, make_runner  # noqa: F401 (fixtures)
 
 
 def _pid(fleetd, task_id):

@@ -2,19 +2,9 @@
 
 import threading
 
-import pytest
-
 from agent.client import Conflict, FleetClient, Unreachable, finish_body
 from agent.task.finish import FinishReports
 from tests.agent.conftest import wait_until
-from tests.agent.fakefleetd import FakeFleetd
-
-
-@pytest.fixture
-def fleetd():
-    fake = FakeFleetd().start()
-    yield fake
-    fake.stop()
 
 
 def _send_all(fleetd, reports, task_ids):

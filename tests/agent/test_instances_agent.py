@@ -13,7 +13,6 @@ from agent.state import State
 from tests.agent.conftest import rewrite_shape, wait_until
 from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
                                           port_range)
-from tests.agent.test_runner import fleetd  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from agent.task.container import ContainerRuntime, container_name
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import http_get, instance_assignment, port_range
 from tests.agent.podman_support import IMAGE, PODMAN, containers_named, prepare_podman
-from tests.agent.test_runner import fleetd, make_runner  # noqa: F401 (fixtures)
+from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from agent.procfs import read_proc, wait_gone
 from agent.task.journal import append_state, read_state
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import PY, instance_assignment, kill_left_instances, port_range
-from tests.agent.test_runner import fleetd, make_runner  # noqa: F401 (fixtures)
+from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
 
 # Prints a numbered line every 20 ms until told to stop printing, then waits for a release file.
 CHATTY = ("import os, sys, time\n"

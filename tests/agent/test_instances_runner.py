@@ -12,7 +12,7 @@ from agent.procfs import wait_gone
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
                                           port_range)
-from tests.agent.test_runner import fleetd, make_runner  # noqa: F401 (fixtures)
+from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
 
 ENV_PRINTER = ("import json, os\n"
                "keys = ('FLEET_INSTANCE_ID', 'FLEET_VOLUME', 'FLEET_PORT_8000', 'FLEET_PORT_9000', 'GREETING')\n"

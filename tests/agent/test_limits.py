@@ -25,7 +25,6 @@ from agent.task.mps import mps_client_env, mps_daemon_command
 from agent.task.runner import Runner
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
-from tests.agent.fakefleetd import FakeFleetd
 
 PY = sys.executable
 GIB = 1024 ** 3
@@ -64,13 +63,6 @@ ESCAPE = (
     "for _ in range(6000):\n"
     "    time.sleep(0.1)\n"
 )
-
-
-@pytest.fixture
-def fleetd():
-    fake = FakeFleetd().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

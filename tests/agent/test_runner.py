@@ -19,7 +19,6 @@ from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
-from tests.agent.fakefleetd import FakeFleetd
 
 PY = sys.executable
 WAIT_FOR_FILE = (
@@ -31,13 +30,6 @@ WAIT_FOR_FILE = (
 )
 GPU_A = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000000"
 GPU_B = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000001"
-
-
-@pytest.fixture
-def fleetd():
-    fake = FakeFleetd().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

@@ -15,19 +15,10 @@ import threading
 import pytest
 
 from agent.client import Conflict, FleetClient, FleetdError, ServerUrls, Unreachable, display_url
-from tests.agent.fakefleetd import FakeFleetd
 from tests.agent.test_tls import _Heartbeat, cert  # noqa: F401 - the TLS stand-in and its certificate fixture
 
 TOKEN = "fln_s.secret-session-token"
 HEARTBEAT = {"tasks": [], "metrics": {}}
-
-
-@pytest.fixture
-def fakes():
-    started = [FakeFleetd().start(), FakeFleetd().start()]
-    yield started
-    for fake in started:
-        fake.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import pytest
 
 from agent.state import State
 from tests.agent.conftest import Http, wait_until
-from tests.agent.fakefleetd import FakeFleetd
 from tests.integration.conftest import postgres_url  # noqa: F401 - the fixture
 from tests.integration.test_replicas import cluster, health, replica_db  # noqa: F401 - the fixtures
 
@@ -64,14 +63,6 @@ def agent_status(agent, as_json=True):
                             timeout=60, env=agent.env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout) if as_json else result.stdout
-
-
-@pytest.fixture
-def fakes():
-    started = [FakeFleetd().start(), FakeFleetd().start()]
-    yield started
-    for fake in started:
-        fake.stop()
 
 
 def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fakes, tmp_path):

@@ -10,7 +10,6 @@ import requests
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import wait_until
-from tests.agent.fakefleetd import FakeFleetd
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +21,6 @@ LOOP = ("import os, sys, time\n"
         "        break\n"
         "    time.sleep(0.05)\n"
         "print('released', flush=True)\n")
-
-
-@pytest.fixture
-def fleetd():
-    fake = FakeFleetd().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
