@@ -100,13 +100,25 @@ output "node_ids" {{
     results = sorted((root / ".fleet-nodes").glob("*.json"))
     assert len(results) == 2 and all(p.stat().st_mode & 0o777 == 0o600 for p in results), results
 
+    # Drift: plan asks fleetd what became of the nodes (a warning names a host whose node is gone).
+    plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
+    assert plan.returncode == 0 and "0 to add, 0 to change, 0 to destroy" in plan.stdout, plan.stdout[-3000:]
+    assert "assertion failed" not in plan.stdout + plan.stderr
+    gone, kept = lab.hosts
+    lab.api("POST", f"/api/v1/nodes/{node_ids[gone.address]}/revoke", expect=200)
+    plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
+    said = " ".join((plan.stdout + plan.stderr).split())
+    assert plan.returncode == 0 and "Check block assertion failed" in said, said[-3000:]
+    assert f"host {gone.address}: node {node_ids[gone.address]} is revoked" in said, said[-3000:]
+    assert f"host {kept.address}" not in said and lab.api.token not in said
+
     result = terraform(root, "destroy", "-auto-approve", "-input=false", "-no-color", env=env)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert lab.api.nodes() == []
     assert list((root / ".fleet-nodes").glob("*.json")) == []  # each host's result went with it
     for host in lab.hosts:
         statuses = [e["to_status"] for e in lab.api.events(node_ids[host.address]) if e.get("to_status")]
-        assert statuses[-2:] == ["draining", "drained"], statuses
+        assert statuses[-2:] == (["draining", "drained"] if host is kept else ["ready", "revoked"]), statuses
         assert not host.path("/opt/fleet-agent").exists()
         assert not host.path("/etc/systemd/system/fleet-agent.service").exists()
         assert agent_pids(host) == []
@@ -124,7 +136,7 @@ def recorded_apply(tmp_path, inputs):
     (root / "main.tf").write_text(f'''
 module "gpu_nodes" {{
   source         = "{os.path.relpath(MODULE, root)}"
-  fleetd_url     = "http://fleetd.internal:8080"
+  fleetd_url     = "http://127.0.0.1:9"
   admin_token    = "fla_test"
   fleet          = "{FLEET}"
   bundle         = "/nonexistent/bundle.tar.gz"
