@@ -628,6 +628,8 @@ def summarize_inprocess(n, steps, timed_out, returncode, stderr):
            "tracemalloc_pass_kept_bytes": by.get("tracemalloc", {}).get("pass_kept_bytes"),
            "breakdown": {k: v for k, v in by.get("breakdown", {}).items() if k not in ("step", "nodes", "rss")},
            "probe_outcome": by.get("probe", {}).get("outcome"),  # one job that fits: assigned 1
+           "placeable_pass_p50_s": by.get("placeable", {}).get("p50_seconds"),
+           "placeable_pass_max_s": by.get("placeable", {}).get("max_seconds"),
            "timed_out": timed_out, "total_s": by.get("done", {}).get("seconds")}
     if returncode not in (0, None) and not timed_out:
         row["error"] = stderr.strip().splitlines()[-1][:300] if stderr.strip() else f"exit {returncode}"
@@ -726,7 +728,7 @@ def print_report(results, args):
         print(f"\nin-process scheduling pass ({args.backlog:,} queued jobs that fit nowhere; SQLite, no HTTP):")
         print(f"{'nodes':>8}{'GPUs':>9}{'setup s':>9}{'1st pass ms':>12}{'warm pass ms':>13}{'RSS app':>10}"
               f"{'RSS +nodes':>12}{'RSS 1st pass':>13}{'peak RSS':>10}{'pass alloc':>12}{'state ms':>10}"
-              f"{'engine ms':>10}{'place ms/job':>13}")
+              f"{'engine ms':>10}{'place ms/job':>13}{'fits: pass ms p50/max':>23}")
         ms = lambda seconds: None if seconds is None else round(1000 * seconds, 1)  # noqa: E731
         for r in rows:
             b = r["breakdown"]
@@ -738,6 +740,7 @@ def print_report(results, args):
                   f"{'n/a' if alloc is None else f'{alloc / 2**20:.1f} MiB':>12}"
                   f"{_fmt(ms(b.get('state_load_s'))):>10}{_fmt(ms(b.get('engine_build_s'))):>10}"
                   f"{_fmt(b.get('place_ms_per_job')):>13}"
+                  f"{_fmt(ms(r['placeable_pass_p50_s'])) + ' / ' + _fmt(ms(r['placeable_pass_max_s'])):>23}"
                   + ("  TIMED OUT" if r["timed_out"] else "") + (f"  {r['error']}" if r.get("error") else "")
                   + (f"  breakdown: {b['error']}" if b.get("error") else "")
                   + ("" if (r.get("probe_outcome") or {}).get("assigned") == 1 else

@@ -19,6 +19,7 @@ from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
 from fleetd.services import instances
 from fleetd.services.cluster import InventoryCache
+from fleetd.services.engines import Engines
 from fleetd.services.metrics import Instruments
 from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
 from fleetd.settings import Settings
@@ -90,6 +91,7 @@ def create_app(settings=None, clock=None, db=None):
     rt.scheduler = SchedulerLoop(app, rt)
     rt.parked = ParkedGroups()
     rt.inventory = InventoryCache()
+    rt.engines = Engines()
     return app
 
 

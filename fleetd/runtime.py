@@ -33,6 +33,7 @@ class Runtime:
     trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
     parked: object = None  # services.scheduling.ParkedGroups, set by create_app
     inventory: object = None  # services.cluster.InventoryCache, set by create_app
+    engines: object = None  # services.engines.Engines (placement engines kept between passes), set by create_app
     # Runs CPU-heavy pure work (a pass's decisions) off the request loop: fleetd serve sets it to
     # gevent's thread pool; elsewhere it is a plain call.
     offload: object = call

@@ -146,9 +146,43 @@ class PlacementEngine:
         self._class_keys: list[tuple] = []  # class id -> node state
         self._members: dict[int, list[_Node]] = {}  # class id -> its nodes, snapshot order
         self._memo: dict[Shape, dict[int, tuple | None]] = {}  # shape -> class id -> (score, slice)
+        self._touched: set[str] = set()  # ids of the nodes reserved on since take_touched()
         for node in self.nodes:
             if node.snap.schedulable:
                 self._enter(node)
+
+    # ---- kept between passes -------------------------------------------------------------
+
+    def refresh(self, nodes: Iterable[NodeSnapshot]) -> None:
+        """Take these snapshots in place of what the engine has of the same nodes (by id; each
+        keeps its place in the order). What was reserved on them is forgotten: the snapshot says
+        what they hold now. An engine kept between passes is so brought up to date node by node,
+        and then decides as one built afresh from the whole snapshot would."""
+        for snap in nodes:
+            old = self.by_id[snap.id]
+            if old.snap.schedulable:
+                self._leave(old)
+            node = self.nodes[old.index] = self.by_id[snap.id] = _Node(old.index, snap)
+            if snap.schedulable:
+                self._enter(node)
+        if len(self._class_keys) > 4 * len(self._members) + 1024:
+            self._renumber_classes()  # states no node is in any more are forgotten
+
+    def _renumber_classes(self):
+        self._class_ids, self._class_keys, self._members, self._memo = {}, [], {}, {}
+        for node in self.nodes:
+            if node.snap.schedulable:
+                self._enter(node)
+
+    def rescore(self, policy: str | Policy | None, profile: WorkloadProfile | None = None) -> None:
+        """Score from now on with this policy and workload profile (a new pass's); reservations stay."""
+        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, profile)
+        self._memo.clear()
+
+    def take_touched(self) -> set[str]:
+        """Ids of the nodes something was reserved on (and maybe released) since the last call."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     # ---- class bookkeeping -------------------------------------------------------------
 
@@ -315,6 +349,7 @@ class PlacementEngine:
     # ---- reserving -----------------------------------------------------------------------
 
     def _reserve(self, node: _Node, request: TaskRequest, devices: list) -> _Reservation:
+        self._touched.add(node.snap.id)
         if node.snap.schedulable:
             self._leave(node)
         node.cpu_free -= request.cpu_milli

@@ -196,6 +196,7 @@ class Inventory(typing.NamedTuple):
     models: dict  # node id -> frozenset of its GPU models
     node_fleet: dict  # node id -> fleet name
     all_models: frozenset  # every GPU model in the fleet
+    by_id: dict  # node id -> node
 
 
 _INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
@@ -220,7 +221,7 @@ def _inventory(version, fleets, node_rows, gpu_rows):
         by_fleet.setdefault(node.fleet_id, []).append(node)
     models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
     return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
-                     frozenset().union(*models.values()))
+                     frozenset().union(*models.values()), {node.id: node for node in nodes})
 
 
 class InventoryCache:
@@ -303,6 +304,22 @@ class ClusterState:
         self._silent = silent
         self._blocks = {}  # node id -> NodeBlock or None, made when first asked
         self._closed = {}  # fleet name -> NodeBlock while outside its window, else None
+        self._held_by_node = None
+
+    def overdue_ids(self):
+        """Ids of the nodes whose heartbeats are overdue."""
+        silent = self._silent
+        return {node_id for node_id in self.inventory.by_id if silent(node_id)}
+
+    def held_by_node(self):
+        """{node id: ((uuid, compute milli, memory bytes, exclusive, task ids), ...)} of the GPUs
+        that tasks hold, in uuid order; nodes whose GPUs nobody holds are not there."""
+        if self._held_by_node is None:
+            out = {}
+            for (node_id, uuid), (milli, memory, exclusive, tasks) in sorted(self.held.items()):
+                out.setdefault(node_id, []).append((uuid, milli, memory, exclusive, tuple(tasks)))
+            self._held_by_node = {node_id: tuple(gpus) for node_id, gpus in out.items()}
+        return self._held_by_node
 
     def block(self, node):
         """Why the node takes no new work (a NodeBlock), or None."""

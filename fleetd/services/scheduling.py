@@ -89,7 +89,7 @@ def _run_pass(rt, full):
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         rules = Rules.load(state)
     parked = None if full else rt.parked.parked()
-    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations))
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations), rt.engines)
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
@@ -108,12 +108,13 @@ def _run_pass(rt, full):
     return result
 
 
-def _decide(settings, queued, terms, state, rules, parked, nominations):
+def _decide(settings, queued, terms, state, rules, parked, nominations, engines):
     """The compute phase: place queued jobs in order, one engine answer per group of equivalent
     jobs; `parked`: {key: reason} of groups to skip (None: look at every group).
 
-    Pure, and it runs in a worker thread: no database, no locks, no logging here. The engine
-    sees only the nodes some job to look at could use (its fleet, its GPU types).
+    It runs in a worker thread: no database, no locks, no logging here. The engine sees only the
+    nodes some job to look at could use (its fleet, its GPU types), and is kept from pass to pass
+    (`engines`, which passes use one at a time): only nodes that changed are brought up to date.
     """
     plan = _Plan()
     keys = {job.id: terms[job.id].group for job in queued}
@@ -124,9 +125,8 @@ def _decide(settings, queued, terms, state, rules, parked, nominations):
     if not todo:
         return plan
     profile = _profile(state, queued, terms)
-    candidates = _candidates(state, [terms[j.id].request for j in todo])
-    snapshot = state.snapshot(candidates)
-    engine = scheduler.PlacementEngine(snapshot, policy=settings.scheduler_policy or None, profile=profile)
+    engine, candidates = engines.engine(state, [terms[j.id].request for j in todo],
+                                        settings.scheduler_policy or None, profile)
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
     blocked = {}  # group key -> reason, for this pass
@@ -164,8 +164,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations):
                 reason = _pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
             plan.parked[key] = reason
             if job.priority_class == "on-demand" and result.filter_detail:
-                why, victims = _preemption(state, snapshot, candidates, request, engine.policy,
-                                           nominations.get(job.id))
+                why, victims = _preemption(state, candidates, request, engine.policy, nominations.get(job.id))
                 reason = why or reason
                 if victims is not None:
                     plan.preempt.append((job, victims))
@@ -246,25 +245,6 @@ def _nowhere(request):
     """Why no node was even looked at: none of its fleet has the GPU types it accepts."""
     types = ", ".join(request.gpu_types) or "any"
     return f" (no node of fleet {request.node_selector.fleet} has GPUs of the accepted type(s): {types})"
-
-
-def _candidates(state, requests):
-    """The nodes any of these requests could use: of its fleet and, for GPU work that names GPU
-    types, with only GPUs of those types; None (every node) when one request names no fleet."""
-    wants = {}  # fleet -> set of accepted GPU model sets (None: any GPUs)
-    for request in requests:
-        fleet = request.node_selector.fleet
-        if fleet is None:
-            return None
-        types = frozenset(request.gpu_types) if request.gpus and request.gpu_types else None
-        wants.setdefault(fleet, set()).add(types)
-    inventory, out = state.inventory, []
-    for fleet, accepted in wants.items():
-        for node in inventory.by_fleet.get(fleet, ()):
-            models = inventory.models.get(node.id, frozenset())
-            if None in accepted or any(models <= types for types in accepted):
-                out.append(node)
-    return out
 
 
 def _write(rt, plan, now):
@@ -490,7 +470,7 @@ class Rules:
         self.usage[key] = self.usage.get(key, 0) + gpus_of(request)
 
 
-def _preemption(state, snapshot, candidates, request, policy, nominated):
+def _preemption(state, candidates, request, policy, nominated):
     """(why the job waits, victims plan or None) for an on-demand job that does not fit: a plan to
     preempt spot jobs (the engine's: lowest bid first, fewest victims), or the wait for the ones
     preempted for it before. Pure (the compute phase)."""
@@ -502,7 +482,7 @@ def _preemption(state, snapshot, candidates, request, policy, nominated):
     running = [t for t in state.running_tasks() if ids is None or t.node_id in ids]
     if not any(t.priority_class == "spot" for t in running):
         return None, None
-    plan = scheduler.plan_preemption(snapshot, running, request, policy=policy)
+    plan = scheduler.plan_preemption(state.snapshot(candidates), running, request, policy=policy)
     if not plan.schedulable or not plan.victim_jobs:
         return None, None
     return (f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "

@@ -1,0 +1,139 @@
+"""The scheduler's cluster state kept between passes: placement engines brought up to date node by
+node, instead of built from every node and GPU on every pass.
+
+A pass still reads what holds capacity (the active tasks) and the inventory version. What it no
+longer does is turn each of 10,000 nodes into a snapshot and then into the engine's accounting,
+about a second at that size, for a queue that asks for one GPU. Each kept engine remembers, per
+node, the view it was built from: the node's row and GPUs as placement reads them, why it takes
+no work, what its tasks hold. A pass rebuilds only the nodes whose view differs now: nodes whose
+tasks started or ended, that stopped or resumed taking work, that the last pass reserved on, and,
+when the inventory was read again, those whose row or GPUs changed. Views are compared, never
+trusted: whatever wrote the change (this replica or another), a kept engine decides as one built
+afresh would. Kubernetes' scheduler keeps its node snapshot the same way, by generation.
+"""
+
+import collections
+import dataclasses
+
+from fleetd import scheduler, windows
+
+READY = "ready"
+
+
+@dataclasses.dataclass
+class _Kept:
+    inventory: object  # the cluster.Inventory the engine's nodes come from
+    nodes: list | None  # the candidate node rows (None: every node)
+    engine: scheduler.PlacementEngine
+    views: dict  # node id -> the view its accounting was built from
+    special: set  # ids whose view had a block or holds: looked at again next pass
+
+
+class Engines:
+    """Placement engines by candidate set (what a pass's queued work could use), the most
+    recently used `size` of them."""
+
+    def __init__(self, size=4):
+        self.size = size
+        self._kept = collections.OrderedDict()  # wants -> _Kept
+        self._static = (None, {}, frozenset())  # (inventory, {node id: static view}, ids not ready)
+        self.built = 0  # engines built afresh (for tests and the benchmark)
+        self.refreshed = 0  # nodes brought up to date in a kept engine
+
+    def engine(self, state, requests, policy=None, profile=None):
+        """(engine, candidate nodes or None for all) for these requests, as `state` sees the
+        cluster now, scoring with `policy` and `profile`. Call from one pass at a time."""
+        wants = _wants(requests)
+        inventory = state.inventory
+        kept = self._kept.pop(wants, None)
+        if kept is not None and kept.inventory is not inventory:
+            nodes = _candidates(inventory, wants)
+            if [n.id for n in nodes or inventory.nodes] != [n.id for n in kept.nodes or kept.inventory.nodes]:
+                kept = None  # nodes joined or left: built afresh, in inventory order
+            else:
+                kept.inventory, kept.nodes = inventory, nodes
+                self._bring_up_to_date(state, kept, everything=True)
+        elif kept is not None:
+            self._bring_up_to_date(state, kept, everything=False)
+        if kept is None:
+            kept = self._build(state, wants)
+        self._kept[wants] = kept
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        kept.engine.rescore(policy, profile)
+        return kept.engine, kept.nodes
+
+    def _build(self, state, wants):
+        self.built += 1
+        nodes = _candidates(state.inventory, wants)
+        rows = state.inventory.nodes if nodes is None else nodes
+        static, special = self._views_now(state)
+        engine = scheduler.PlacementEngine(state.snapshot(rows))
+        views = {node.id: self._view(state, node.id, static) for node in rows}
+        return _Kept(state.inventory, nodes, engine, views, special & views.keys())
+
+    def _bring_up_to_date(self, state, kept, everything):
+        static, special = self._views_now(state)
+        touched = kept.engine.take_touched()  # reserved on by the last pass: its accounting is not its view's
+        ids = kept.views.keys() if everything else (kept.special | special | touched) & kept.views.keys()
+        changed = []
+        for node_id in ids:
+            view = self._view(state, node_id, static)
+            if view != kept.views[node_id] or node_id in touched:
+                kept.views[node_id] = view
+                changed.append(node_id)
+        if changed:
+            rows = state.inventory.by_id
+            kept.engine.refresh(state.snapshot([rows[node_id] for node_id in changed]).nodes)
+            self.refreshed += len(changed)
+        kept.special = special & kept.views.keys()
+
+    def _views_now(self, state):
+        """({node id: static view}, the ids that may take no work or hold something now)."""
+        inventory = state.inventory
+        if self._static[0] is not inventory:
+            static = {node.id: (node.status, node.fleet_id, node.labels, node.cpu_count, node.memory_bytes,
+                                node.container_runtime, tuple(inventory.gpus.get(node.id, ())))
+                      for node in inventory.nodes}
+            self._static = (inventory, static, frozenset(n.id for n in inventory.nodes if n.status != READY))
+        _, static, not_ready = self._static
+        special = set(not_ready) | state.node_use.keys() | state.overdue_ids()
+        for fleet, nodes in inventory.by_fleet.items():
+            availability = getattr(inventory.fleets.get(fleet), "availability", None)
+            if availability and not windows.is_open(availability, state.now):
+                special.update(n.id for n in nodes)
+        return static, special
+
+    @staticmethod
+    def _view(state, node_id, static):
+        """What a node's accounting in an engine is made of (equal views: equal accounting)."""
+        block = state.block(state.inventory.by_id[node_id])
+        return (static.get(node_id), block.code if block else None, state.node_use.get(node_id),
+                state.held_by_node().get(node_id))
+
+
+def _wants(requests):
+    """What decides the candidate nodes of these requests: {(fleet, accepted GPU models or None)},
+    or None when one of them names no fleet (every node is a candidate)."""
+    wants = set()
+    for request in requests:
+        fleet = request.node_selector.fleet
+        if fleet is None:
+            return None
+        wants.add((fleet, frozenset(request.gpu_types) if request.gpus and request.gpu_types else None))
+    return frozenset(wants)
+
+
+def _candidates(inventory, wants):
+    """The nodes any request of `wants` could use: of its fleet and, for GPU work that names GPU
+    types, with only GPUs of those types; None (every node) when `wants` is None."""
+    if wants is None:
+        return None
+    out = []
+    for fleet in sorted({fleet for fleet, _ in wants}):
+        accepted = [types for f, types in wants if f == fleet]
+        for node in inventory.by_fleet.get(fleet, ()):
+            models = inventory.models.get(node.id, frozenset())
+            if None in accepted or any(models <= types for types in accepted):
+                out.append(node)
+    return out

@@ -1,0 +1,146 @@
+"""Placement engines kept between passes (fleetd.services.engines): after any sequence of events,
+the engine a pass decides with holds exactly what one built afresh from the tables would."""
+
+import uuid
+
+import hypothesis
+import hypothesis.strategies as st
+from fleetd import scheduler
+from tests.conftest import admin_client
+from tests.support.gpus import gpus as gpu_list
+
+OPS = st.lists(st.tuples(
+    st.sampled_from(["register", "submit", "submit_other", "submit_any", "start", "finish", "cancel", "cordon",
+                     "uncordon", "drain", "undrain", "gpus", "silence", "heartbeat", "window", "revoke"]),
+    st.integers(min_value=0, max_value=3)), min_size=1, max_size=24)
+
+
+def _checked(rt, seen):
+    """Make every engine a pass gets be compared with a fresh one over the same state."""
+    engine_for = rt.engines.engine
+
+    def checked(state, requests, policy=None, profile=None):
+        engine, nodes = engine_for(state, requests, policy, profile)
+        rows = state.inventory.nodes if nodes is None else nodes
+        fresh = scheduler.PlacementEngine(state.snapshot(rows), policy=policy, profile=profile)
+        assert engine.snapshot() == fresh.snapshot()
+        seen.append(engine)
+        return engine, nodes
+
+    rt.engines.engine = checked
+
+
+class _Fleet:
+    """A few nodes in two fleets driven through the API, as agents and an admin would."""
+
+    def __init__(self, api, clock):
+        self.api, self.clock = api, clock
+        api.create_fleet("gpu-a")
+        api.create_fleet("gpu-b")
+        self.joins = {"gpu-a": api.create_join_token("gpu-a", max_uses=100),
+                      "gpu-b": api.create_join_token("gpu-b", max_uses=100)}
+        self.nodes = {}  # n -> (node id, session token)
+        self.running = []  # (session, assignment)
+
+    def do(self, op, n):
+        api = self.api
+        if op == "register":
+            if n not in self.nodes:
+                name = f"h{n}"
+                fleet = "gpu-a" if n % 2 == 0 else "gpu-b"
+                self.nodes[n] = api.ready_node(self.joins[fleet], name, gpu_count=n + 1)
+        elif op.startswith("submit"):
+            selector = {"submit": {"fleet": "gpu-a"}, "submit_other": {"fleet": "gpu-b"}, "submit_any": {}}[op]
+            gpus = [1, 0.5, 2, 8][n]
+            api.submit(resources={"gpus": gpus}, node_selector=selector)
+        elif op == "start":  # every node starts what it was given
+            for _, session in self.nodes.values():
+                resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)
+                assignment = resp.get_json().get("assignment") if resp.status_code == 200 else None
+                if assignment is not None and self._agent(session, f"tasks/{assignment['task_id']}/start",
+                                                          epoch=assignment["epoch"], pid=4242):
+                    self.running.append((session, assignment))
+        elif op == "finish":  # the n-th running task ends
+            if self.running:
+                session, assignment = self.running.pop(n % len(self.running))
+                self._agent(session, f"tasks/{assignment['task_id']}/finish", epoch=assignment["epoch"],
+                            outcome="succeeded", exit_code=0)
+        elif n in self.nodes:
+            self._node_op(op, n)
+
+    def _node_op(self, op, n):
+        api = self.api
+        node_id, session = self.nodes[n]
+        if op == "cancel":
+            jobs = api.get("/api/v1/jobs?state=queued").get_json()["items"]
+            if jobs:
+                api.post(f"/api/v1/jobs/{jobs[n % len(jobs)]['id']}/cancel")
+        elif op == "gpus":
+            self._agent(session, "heartbeat", tasks=[], gpus=gpu_list(n + 2))
+        elif op == "silence":
+            self.clock.advance(31)  # the others' heartbeats are overdue; this one speaks
+            self._agent(session, "heartbeat", tasks=[])
+        elif op == "heartbeat":
+            self._agent(session, "heartbeat", tasks=[])
+        elif op == "window":
+            api.patch("/api/v1/fleets/gpu-b", {"availability": {"windows": [{"start": f"0{n}:00", "end": "01:00"}]}})
+        elif op == "drain":
+            api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 3600})
+        else:
+            api.post(f"/api/v1/nodes/{node_id}/{op}")
+
+    def _agent(self, session, path, **body):
+        """An agent's call whose answer may be a refusal (a revoked node, a task already ended)."""
+        resp = self.api.post(f"/api/v1/agent/{path}", body, token=session, agent=True)
+        assert resp.status_code < 500, resp.get_json()
+        return resp.status_code < 300
+
+
+@hypothesis.settings(max_examples=40, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(ops=OPS)
+def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(make_app, clock, tmp_path, ops):
+    app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex), failover_grace_seconds=0)
+    rt = app.extensions["fleetd"]
+    seen = []
+    _checked(rt, seen)
+    fleet = _Fleet(admin_client(app, clock), clock)
+    for n in range(3):
+        fleet.do("register", n)
+    for op, n in ops:
+        fleet.do(op, n)
+    fleet.do("submit_any", 0)
+    fleet.api.run_task("scheduling")  # a full pass, parked groups included
+    assert seen  # passes did decide with an engine
+
+
+def test_passes_bring_a_kept_engine_up_to_date_node_by_node(api, clock):
+    rt = api.app.extensions["fleetd"]
+    seen = []
+    _checked(rt, seen)
+    fleet = _Fleet(api, clock)
+    for n in range(4):
+        fleet.do("register", n)
+    fleet.do("submit", 0)
+    built = rt.engines.built
+    for op, n in [("submit", 0), ("start", 0), ("start", 2), ("submit", 1), ("finish", 0), ("submit", 0),
+                  ("cordon", 2), ("submit", 3), ("uncordon", 2), ("silence", 0), ("submit", 1)]:
+        fleet.do(op, n)
+    assert rt.engines.built == built  # no node joined or left: the same engines, brought up to date
+    assert rt.engines.refreshed > 0
+    assert len(seen) >= 5
+
+
+def test_an_engine_is_built_afresh_when_nodes_join_and_kept_per_candidate_set(api, clock):
+    rt = api.app.extensions["fleetd"]
+    fleet = _Fleet(api, clock)
+    fleet.do("register", 0)
+    fleet.do("submit", 0)
+    fleet.do("submit_other", 0)  # another candidate set (fleet gpu-b): its own engine
+    built = rt.engines.built
+    fleet.do("submit", 0)
+    fleet.do("submit_other", 0)
+    assert rt.engines.built == built
+    fleet.do("register", 1)  # a node joined: engines over its fleet are built again
+    fleet.do("submit_other", 0)
+    assert rt.engines.built > built
