@@ -200,3 +200,26 @@ def test_simulate_matches_place_and_reserves_nothing(snapshot, request):
     assert simulated.schedulable == placed.schedulable
     if placed.schedulable:
         assert simulated.ranks == placed.ranks
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    snapshot=clusters(),
+    first=st.lists(requests(), min_size=1, max_size=6),
+    then=st.lists(requests(), min_size=1, max_size=6),
+    policy=st.sampled_from(sorted(p for p in POLICIES if p != "random")),
+)
+def test_a_refreshed_engine_decides_as_a_fresh_one(snapshot, first, then, policy):
+    kept = PlacementEngine(snapshot, policy=policy)
+    for request in first:
+        kept.place(request)
+    touched = kept.take_touched()
+    assert kept.take_touched() == set()
+    by_id = {n.id: n for n in snapshot.nodes}
+    kept.refresh(by_id[node_id] for node_id in touched)  # what it reserved is forgotten: back to the snapshot
+    fresh = PlacementEngine(snapshot, policy=policy)
+    assert kept.snapshot() == fresh.snapshot()
+    profile = profile_from_requests(then)
+    kept.rescore(policy, profile)
+    fresh.rescore(policy, profile)
+    assert [kept.place(r) for r in then] == [fresh.place(r) for r in then]
