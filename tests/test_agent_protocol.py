@@ -198,3 +198,31 @@ def test_a_join_token_cannot_re_enrol_a_live_node_of_its_own_fleet_until_it_fall
     assert api.node(reg["node_id"])["hostname"] == "gpu-host-1"
     clock.advance(31)  # the agent stopped: the host may enrol again (a reinstall)
     assert api.register(join)["node_id"] == reg["node_id"]
+
+
+def test_every_assignment_fleetd_hands_out_is_one_the_agent_accepts(api, fleet):
+    """The Assignment is defined once (fleetwire.assignment): fleetd's assignments of every kind
+    pass the agent's own validation, and the API's schema names exactly its fields."""
+    import dataclasses
+
+    from fleetd.schemas.jobs import AssignmentSchema
+    from fleetwire.assignment import Assignment
+
+    token = api.create_join_token(fleet)
+    node_id, session = api.ready_node(token, "host-a", gpu_count=4)
+    api.submit(resources={"gpus": 1}, env={"A": "1"}, max_runtime_seconds=60)
+    api.submit(resources={"gpus": 0.5, "cpus": 2, "memory_bytes": 1 << 30})
+    api.submit(resources={"gpus": 1}, priority_class="spot", bid=2.5)
+    created = api.post("/api/v1/instances", {"name": "web", "command": ["sleep", "1d"], "resources": {"gpus": 1},
+                                             "ports": [{"port": 8000, "protocol": "http"}], "volume_bytes": 1 << 30})
+    assert created.status_code == 201, created.get_json()
+    reply = api.post("/api/v1/agent/acquire", {"wait_seconds": 0, "max_assignments": 64}, token=session,
+                     agent=True).get_json()
+    assert len(reply["assignments"]) == 4
+    kinds = set()
+    for wire in reply["assignments"]:
+        parsed = Assignment.from_wire(wire)
+        assert parsed.task_id == wire["task_id"] and parsed.gpus == wire["gpus"]
+        kinds.add((parsed.instance is not None, parsed.priority_class, parsed.cpus is not None))
+    assert len(kinds) == 4
+    assert set(AssignmentSchema().fields) == {f.name for f in dataclasses.fields(Assignment)} | {"attempt"}

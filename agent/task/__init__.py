@@ -1,6 +1,6 @@
 """Supervised workloads on this host: tasks now, and what else the agent runs as supervised processes.
 
-- `assignment`  the Assignment on the wire, validated; the environment and paths a task gets
+- `assignment`  the environment and paths a task gets from its Assignment (fleetwire validates it)
 - `supervisor`  a process in its own session and cgroup: spawn, watch, stop with a grace, reap
 - `task`        one task's lifecycle: prepare, spawn, supervise, outcome, finish
 - `runner`      every task on this host: submit, cancel, recover after a restart, shutdown

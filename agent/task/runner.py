@@ -18,7 +18,7 @@ import time
 
 from agent.ports import PortAllocator
 from agent.procfs import read_boot_id, read_proc, recorded_pids, signal_pids, wait_gone
-from agent.task.assignment import Assignment
+from fleetwire.assignment import Assignment
 from agent.task.container import ContainerRuntime
 from agent.task.dirs import SPARE_DIR, STATE_FILE, TaskDirs
 from agent.task.errors import Fenced

@@ -12,7 +12,7 @@ import shutil
 import stat
 import sys
 
-from agent.task.assignment import INSTANCE_ID_RE
+from fleetwire.assignment import INSTANCE_ID_RE
 
 log = logging.getLogger("agent.runner")
 

@@ -1,7 +1,6 @@
 """Declare silent nodes lost, and persist last-heartbeat times in one batch."""
 
-from fleetd.models import Node
-from fleetd.services.nodes import LIVE_STATUSES, mark_node_lost, record_heartbeat_times
+from fleetd.services.nodes import live_nodes_last_heard, mark_node_lost, record_heartbeat_times
 
 NAME = "liveness_sweep"
 DESCRIPTION = "Marks nodes lost after TTL + grace without a heartbeat; saves last-heartbeat times"
@@ -15,11 +14,9 @@ def run(rt):
     lost = 0
     if not tracker.in_failover_grace() and rt.leader.leading():
         now = rt.clock.now()
-        live = Node.select(Node.id, Node.last_heartbeat_at).where(Node.status.in_([s.value for s in LIVE_STATUSES]))
         overdue = tracker.overdue_view()  # one look at the clock and the TTL for every node
         limit = tracker.limit()
-        for node in live.tuples():
-            node_id, seen_at = node
+        for node_id, seen_at in live_nodes_last_heard():
             if not overdue(node_id):
                 continue
             if rt.leader.shared and seen_at is not None and (now - seen_at).total_seconds() <= limit:

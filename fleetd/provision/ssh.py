@@ -66,11 +66,6 @@ def fingerprint(key):
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def known_hosts_name(host, port):
-    """The name known_hosts uses for host:port."""
-    return host if port in (None, 22) else f"[{host}]:{port}"
-
-
 class StrictHostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown host keys; with `accept_new`, trust on first use and record the key."""
 

@@ -306,10 +306,10 @@ class ClusterState:
         self._closed = {}  # fleet name -> NodeBlock while outside its window, else None
         self._held_by_node = None
 
-    def overdue_ids(self):
-        """Ids of the nodes whose heartbeats are overdue."""
+    def overdue_ids(self, node_ids=None):
+        """Ids of the nodes (of these) whose heartbeats are overdue."""
         silent = self._silent
-        return {node_id for node_id in self.inventory.by_id if silent(node_id)}
+        return {node_id for node_id in (self.inventory.by_id if node_ids is None else node_ids) if silent(node_id)}
 
     def held_by_node(self):
         """{node id: ((uuid, compute milli, memory bytes, exclusive, task ids), ...)} of the GPUs

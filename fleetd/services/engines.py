@@ -36,7 +36,7 @@ class Engines:
     def __init__(self, size=4):
         self.size = size
         self._kept = collections.OrderedDict()  # wants -> _Kept
-        self._static = (None, {}, frozenset())  # (inventory, {node id: static view}, ids not ready)
+        self._static = (None, {}, frozenset())  # (inventory, {node id: static view} as asked, ids not ready)
         self.built = 0  # engines built afresh (for tests and the benchmark)
         self.refreshed = 0  # nodes brought up to date in a kept engine
 
@@ -67,13 +67,14 @@ class Engines:
         self.built += 1
         nodes = _candidates(state.inventory, wants)
         rows = state.inventory.nodes if nodes is None else nodes
-        static, special = self._views_now(state)
+        ids = {node.id for node in rows}
+        static, special = self._views_now(state, ids)
         engine = scheduler.PlacementEngine(state.snapshot(rows))
-        views = {node.id: self._view(state, node.id, static) for node in rows}
-        return _Kept(state.inventory, nodes, engine, views, special & views.keys())
+        views = {node_id: self._view(state, node_id, static) for node_id in ids}
+        return _Kept(state.inventory, nodes, engine, views, special)
 
     def _bring_up_to_date(self, state, kept, everything):
-        static, special = self._views_now(state)
+        static, special = self._views_now(state, kept.views.keys())
         touched = kept.engine.take_touched()  # reserved on by the last pass: its accounting is not its view's
         ids = kept.views.keys() if everything else (kept.special | special | touched) & kept.views.keys()
         changed = []
@@ -86,30 +87,31 @@ class Engines:
             rows = state.inventory.by_id
             kept.engine.refresh(state.snapshot([rows[node_id] for node_id in changed]).nodes)
             self.refreshed += len(changed)
-        kept.special = special & kept.views.keys()
+        kept.special = special
 
-    def _views_now(self, state):
-        """({node id: static view}, the ids that may take no work or hold something now)."""
+    def _views_now(self, state, ids):
+        """(a memo of static views, the ids among `ids` that may take no work or hold something now)."""
         inventory = state.inventory
         if self._static[0] is not inventory:
-            static = {node.id: (node.status, node.fleet_id, node.labels, node.cpu_count, node.memory_bytes,
-                                node.container_runtime, tuple(inventory.gpus.get(node.id, ())))
-                      for node in inventory.nodes}
-            self._static = (inventory, static, frozenset(n.id for n in inventory.nodes if n.status != READY))
+            self._static = (inventory, {}, frozenset(n.id for n in inventory.nodes if n.status != READY))
         _, static, not_ready = self._static
-        special = set(not_ready) | state.node_use.keys() | state.overdue_ids()
+        special = (not_ready | state.node_use.keys() | state.overdue_ids(ids)) & ids
         for fleet, nodes in inventory.by_fleet.items():
             availability = getattr(inventory.fleets.get(fleet), "availability", None)
             if availability and not windows.is_open(availability, state.now):
-                special.update(n.id for n in nodes)
+                special.update(n.id for n in nodes if n.id in ids)
         return static, special
 
     @staticmethod
     def _view(state, node_id, static):
         """What a node's accounting in an engine is made of (equal views: equal accounting)."""
-        block = state.block(state.inventory.by_id[node_id])
-        return (static.get(node_id), block.code if block else None, state.node_use.get(node_id),
-                state.held_by_node().get(node_id))
+        node = state.inventory.by_id[node_id]
+        fixed = static.get(node_id)
+        if fixed is None:  # the node's row and GPUs as placement reads them, once per inventory
+            fixed = static[node_id] = (node.status, node.fleet_id, node.labels, node.cpu_count, node.memory_bytes,
+                                       node.container_runtime, tuple(state.inventory.gpus.get(node_id, ())))
+        block = state.block(node)
+        return (fixed, block.code if block else None, state.node_use.get(node_id), state.held_by_node().get(node_id))
 
 
 def _wants(requests):

@@ -173,6 +173,32 @@ def settle_drain(node, now):
     return None
 
 
+def settle_drains(rt):
+    """Finish the drains that are done or past their deadline, each node in its own transaction;
+    requeued jobs' waiters are woken and a pass kicked. Returns (nodes drained, jobs requeued)."""
+    finished, requeued = 0, set()
+    draining = [n.id for n in Node.select(Node.id).where(Node.status == NodeStatus.DRAINING.value)]
+    for node_id in draining:
+        with write_transaction():
+            rt.leader.fence()
+            node = find_node(node_id)
+            jobs = settle_drain(node, rt.clock.now()) if node is not None else None
+        if jobs is not None:
+            finished += 1
+            requeued |= jobs
+    for job_id in requeued:
+        rt.notifier.notify(("job", job_id))
+    if requeued:
+        rt.scheduler.kick()
+    return finished, len(requeued)
+
+
+def live_nodes_last_heard():
+    """(node id, last heartbeat written down) of every node that should be heartbeating."""
+    return list(Node.select(Node.id, Node.last_heartbeat_at)
+                .where(Node.status.in_([s.value for s in LIVE_STATUSES])).tuples())
+
+
 def undrain_node(rt, node_id, reason="undrained by admin"):
     """End a drain; the node takes work again (queued work may fit there now)."""
     now = rt.clock.now()

@@ -8,7 +8,7 @@ import pytest
 
 from agent.config import ConfigError, load_config
 from agent.ports import NoFreePort, PortAllocator, listening
-from agent.task.assignment import Assignment
+from fleetwire.assignment import Assignment
 from agent.task.container import ContainerRuntime, cdi_has_nvidia, container_name
 from agent.task.instance import Backoff, restarts_after
 from agent.task.monitor import IdleWatch

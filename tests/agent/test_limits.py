@@ -18,13 +18,15 @@ from agent.client import FleetClient
 from agent.devices import DeviceManager
 from agent.cgroups import Cgroups, shim_command
 from agent.procfs import ProcessMapper, TaskKey, cgroup_tree_pids, read_bytes, read_command, read_proc, wait_gone
-from agent.task.assignment import Assignment, task_env
+from agent.task.assignment import task_env
+from fleetwire.assignment import Assignment
 from agent.task.limits import MIB, Limits, LimitSettings
 from agent.task.logs import LogSettings
 from agent.task.mps import mps_client_env, mps_daemon_command
 from agent.task.runner import Runner
 from agent.workers import Worker, Workers
 from tests.agent.conftest import shape_path, wait_until
+from tests.support import wire
 
 PY = sys.executable
 GIB = 1024 ** 3
@@ -91,12 +93,8 @@ def host(tmp_path, fleetd, fake_nvml):
 
 
 def assignment(task_id, command, gpus=(), **overrides):
-    data = {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {}, "workdir": "", "gpus": list(gpus),
-            "isolation": "shared" if any("memory_limit_bytes" in g for g in gpus) else "exclusive",
-            "max_runtime_seconds": None, "artifacts": []}
-    data.update(overrides)
-    return data
+    isolation = "shared" if any("memory_limit_bytes" in g for g in gpus) else "exclusive"
+    return wire.assignment(task_id, command, **{"gpus": list(gpus), "isolation": isolation, **overrides})
 
 
 def running(runner, fleetd, task_id):

@@ -141,8 +141,12 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_the_health_policy_takes_the_no
                for e in events), events
     [gpu] = [g for g in node_view["gpus"] if g["uuid"] == uuid]
     assert gpu["healthy"] is False and "critical XID 79" in gpu["health_reason"]
-    status = http("GET", "/api/v1/cluster/status", expect=200).json()
-    assert status["gpu"]["blocked"] == len(node_view["gpus"]) and status["gpu"]["free"] == 0
+
+    def all_blocked():  # the failed task's GPU counts as held until the node stops reporting its process
+        gpu_status = http("GET", "/api/v1/cluster/status", expect=200).json()["gpu"]
+        return gpu_status if gpu_status["blocked"] == len(node_view["gpus"]) and gpu_status["free"] == 0 else None
+
+    wait_until(all_blocked, timeout=30, message="every GPU of the node blocked in the cluster status")
 
 
 @pytest.mark.parametrize("policy", ["report", "kill"])

@@ -23,6 +23,7 @@ from agent.task.logs import LogSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.fakefleetd import FakeFleetd
+from tests.support import wire
 
 pytestmark = pytest.mark.gpu
 
@@ -96,9 +97,8 @@ def gpu_host(tmp_path):
 
 
 def assignment(task_id, command, uuid):
-    return {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {}, "workdir": "", "isolation": "shared",
-            "gpus": [{"uuid": uuid, "memory_limit_bytes": LIMIT}], "max_runtime_seconds": 120, "artifacts": []}
+    return wire.assignment(task_id, command, isolation="shared", gpus=[{"uuid": uuid, "memory_limit_bytes": LIMIT}],
+                           max_runtime_seconds=120)
 
 
 def test_a_task_allocating_4_gib_under_a_2_gib_limit_is_stopped_and_one_under_it_finishes(gpu_host):

@@ -11,7 +11,8 @@ import pytest
 
 from agent.client import FleetClient
 from agent.procfs import read_boot_id, read_proc, read_stat, uptime_ticks, wait_gone
-from agent.task.assignment import Assignment, inside
+from agent.task.assignment import inside
+from fleetwire.assignment import Assignment
 from agent.task.errors import TaskError
 from agent.task.journal import append_state, read_state
 from agent.task.logs import TRUNCATED_MARK, LogSettings
@@ -19,6 +20,7 @@ from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
+from tests.support import wire
 
 PY = sys.executable
 WAIT_FOR_FILE = (
@@ -51,12 +53,7 @@ def make_runner(tmp_path, fleetd):
         runner.shutdown("test over", timeout=15)
 
 
-def assignment(task_id, command, **overrides):
-    data = {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {}, "workdir": "", "gpus": [], "isolation": "exclusive",
-            "max_runtime_seconds": None, "artifacts": []}
-    data.update(overrides)
-    return data
+assignment = wire.assignment
 
 
 def alive(pid):
@@ -460,7 +457,7 @@ def test_a_newer_epoch_of_the_same_task_supersedes_the_old_process(make_runner, 
 
 def test_an_invalid_assignment_is_reported_failed_and_never_run(make_runner, fleetd):
     runner = make_runner()
-    assert runner.submit(assignment("t-bad-cmd", "echo hi")) is None
+    assert runner.submit(assignment("t-bad-cmd", "echo hi", valid=False)) is None
     finish = fleetd.wait_finished("t-bad-cmd")
     assert finish["outcome"] == "failed" and "command must be a non-empty list" in finish["reason"]
     assert runner.submit({"task_id": "../../etc", "epoch": 1, "command": ["true"]}) is None

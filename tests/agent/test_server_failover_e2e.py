@@ -17,6 +17,7 @@ from agent.state import State
 from tests.agent.conftest import Http, wait_until
 from tests.integration.conftest import postgres_url  # noqa: F401 - the fixture
 from tests.integration.test_replicas import cluster, health, replica_db  # noqa: F401 - the fixtures
+from tests.support import wire
 
 pytestmark = pytest.mark.integration
 
@@ -52,10 +53,7 @@ def fixed_listen():
         return {"FLEET_AGENT_LOCAL_API_LISTEN": f"127.0.0.1:{probe.getsockname()[1]}"}
 
 
-def assignment(task_id, command):
-    return {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {}, "workdir": "", "gpus": [], "isolation": "exclusive",
-            "max_runtime_seconds": None, "artifacts": []}
+assignment = wire.assignment
 
 
 def agent_status(agent, as_json=True):

@@ -10,6 +10,7 @@ import requests
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import wait_until
+from tests.support import wire
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +39,7 @@ def worker_agent(agent_factory, fleetd):
 
 
 def assignment(task_id, command, **overrides):
-    data = {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": 1, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {"GREETING": "hi"}, "workdir": "", "gpus": [], "isolation": "exclusive",
-            "max_runtime_seconds": None, "artifacts": []}
-    data.update(overrides)
-    return data
+    return wire.assignment(task_id, command, **{"env": {"GREETING": "hi"}, **overrides})
 
 
 def alive(pid):

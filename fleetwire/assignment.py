@@ -1,0 +1,172 @@
+"""The Assignment on the wire, defined once: what fleetd sends in an acquire's answer (docs/api.md
+"Assignment") and what fleet-agent accepts, validated field by field (ValueError names the bad
+one). fleetd's tests check every assignment it hands out against it; the agent runs only what
+passes it.
+"""
+
+import dataclasses
+import re
+
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+GPU_UUID_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
+INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+RESTART_POLICIES = ("always", "on-failure", "never")
+PORT_PROTOCOLS = ("http", "tcp")
+MAX_INSTANCE_PORTS = 32
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSpec:
+    """The `instance` of an instance run's assignment (a long-running reserved workload)."""
+
+    id: str
+    name: str
+    restart: str  # always | on-failure | never
+    ports: tuple  # ((port, protocol), ...)
+    volume_bytes: int
+    volume_mount_path: str
+    image: str | None
+    idle_below_percent: float | None  # idle_stop.gpu_util_below_percent
+    idle_for_seconds: float | None  # idle_stop.for_seconds
+
+    @classmethod
+    def from_wire(cls, data):
+        """Validate an assignment's `instance` object; ValueError names the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("instance must be an object")
+        instance_id = data.get("id")
+        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id) or instance_id in (".", ".."):
+            raise ValueError("instance.id must be 1-128 letters, digits or ._:- (not . or ..)")
+        restart = data.get("restart") or "on-failure"
+        if restart not in RESTART_POLICIES:
+            raise ValueError("instance.restart must be always, on-failure or never")
+        ports = cls._ports(data.get("ports") or [])
+        volume_bytes = data.get("volume_bytes") or 0
+        if not _is_int(volume_bytes) or volume_bytes < 0:
+            raise ValueError("instance.volume_bytes must be a non-negative integer")
+        mount = data.get("volume_mount_path") or "/workspace"
+        if not isinstance(mount, str) or not mount.startswith("/") or any(c in mount for c in ":,\0\n"):
+            raise ValueError("instance.volume_mount_path must be an absolute path without ':' or ','")
+        image = data.get("image")
+        if image is not None and (not isinstance(image, str) or not image.strip() or image.startswith("-")
+                                  or any(c.isspace() or c == "\0" for c in image)):
+            raise ValueError("instance.image must be an image reference")
+        below, for_seconds = cls._idle_stop(data.get("idle_stop"))
+        return cls(id=instance_id, name=str(data.get("name") or instance_id)[:128], restart=restart, ports=ports,
+                   volume_bytes=volume_bytes, volume_mount_path=mount, image=image or None,
+                   idle_below_percent=below, idle_for_seconds=for_seconds)
+
+    @staticmethod
+    def _ports(ports):
+        if not isinstance(ports, list) or len(ports) > MAX_INSTANCE_PORTS:
+            raise ValueError(f"instance.ports must be a list of at most {MAX_INSTANCE_PORTS}")
+        out = []
+        for item in ports:
+            port = item.get("port") if isinstance(item, dict) else None
+            protocol = (item.get("protocol") or "tcp") if isinstance(item, dict) else None
+            if not _is_int(port) or not 1 <= port <= 65535 or protocol not in PORT_PROTOCOLS:
+                raise ValueError("instance.ports must be [{port (1-65535), protocol (http or tcp)}]")
+            out.append((port, protocol))
+        if len({port for port, _ in out}) != len(out):
+            raise ValueError("instance.ports must not declare a port twice")
+        return tuple(out)
+
+    @staticmethod
+    def _idle_stop(idle):
+        if idle is None:
+            return None, None
+        below = idle.get("gpu_util_below_percent") if isinstance(idle, dict) else None
+        for_seconds = idle.get("for_seconds") if isinstance(idle, dict) else None
+        if not _is_number(below) or not 0 < below <= 100 or not _is_number(for_seconds) or for_seconds <= 0:
+            raise ValueError("instance.idle_stop must be {gpu_util_below_percent (0-100], for_seconds (> 0)}")
+        return float(below), float(for_seconds)
+
+
+@dataclasses.dataclass
+class Assignment:
+    """An Assignment (docs/api.md "Assignment"), validated."""
+
+    task_id: str
+    job_id: str
+    epoch: int
+    rank: int
+    num_nodes: int
+    command: list
+    env: dict
+    workdir: str
+    gpus: list
+    isolation: str
+    max_runtime_seconds: float
+    artifacts: list
+    priority_class: str = "on-demand"
+    bid: float | None = None
+    cpus: float | None = None  # host CPU limit (cgroup v2 cpu.max) from the JobSpec
+    memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max) from the JobSpec
+    instance: InstanceSpec | None = None  # an instance run's extra terms; None for a batch task
+
+    @classmethod
+    def from_wire(cls, data):
+        """Validate an Assignment dict; ValueError names the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("assignment must be an object")
+        task_id = data.get("task_id")
+        if not isinstance(task_id, str) or not TASK_ID_RE.match(task_id):
+            raise ValueError("task_id must be 1-128 letters, digits or ._:-")
+        epoch = data.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError("epoch must be a non-negative integer")
+        num_nodes = data.get("num_nodes") or 1
+        rank = data.get("rank") or 0
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_nodes, rank)) \
+                or num_nodes < 1 or not 0 <= rank < num_nodes:
+            raise ValueError("rank and num_nodes must be integers with 0 <= rank < num_nodes")
+        instance = None if data.get("instance") is None else InstanceSpec.from_wire(data["instance"])
+        command = data.get("command")
+        if not isinstance(command, list) or not all(isinstance(a, str) for a in command) \
+                or any("\0" in a for a in command) or not (command or (instance and instance.image)):
+            raise ValueError("command must be a non-empty list of strings (empty only for an instance with an image)")
+        env = data.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME_RE.match(k) for k in env):
+            raise ValueError("env must map variable names to values")
+        env = {k: "" if v is None else str(v) for k, v in env.items()}
+        if any("\0" in v for v in env.values()):
+            raise ValueError("env values must not contain NUL")
+        gpus = data.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str)
+                                                  and GPU_UUID_RE.match(g["uuid"]) for g in gpus):
+            raise ValueError("gpus must be a list of {uuid, ...}")
+        max_runtime = data.get("max_runtime_seconds")
+        if max_runtime is not None and (isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float))
+                                        or max_runtime <= 0):
+            raise ValueError("max_runtime_seconds must be a positive number")
+        artifacts = data.get("artifacts") or []
+        if not isinstance(artifacts, list):
+            raise ValueError("artifacts must be a list")
+        for item in artifacts:
+            if not isinstance(item, dict) or not isinstance(item.get("sha256"), str) \
+                    or not SHA256_RE.match(item["sha256"]) or not isinstance(item.get("path"), str):
+                raise ValueError("artifacts must be [{sha256 (64 lowercase hex digits), path}]")
+        workdir = data.get("workdir") or ""
+        if not isinstance(workdir, str):
+            raise ValueError("workdir must be a string")
+        numbers = {}
+        for name, kind in (("bid", (int, float)), ("cpus", (int, float)), ("memory_bytes", (int,))):
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
+                raise ValueError(f"{name} must be a non-negative number")
+            numbers[name] = value if name == "bid" else (value or None)
+        return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
+                   num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
+                   gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
+                   max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
+                   priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, **numbers)
