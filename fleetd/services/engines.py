@@ -22,8 +22,10 @@ READY = "ready"
 
 @dataclasses.dataclass
 class _Kept:
-    inventory: object  # the cluster.Inventory the engine's nodes come from
-    nodes: list | None  # the candidate node rows (None: every node)
+    version: object  # the inventory version the engine's nodes come from (no rows are kept: an
+    # engine must not hold an old inventory in memory)
+    ids: tuple  # the candidate node ids, in inventory order
+    every_node: bool  # the candidates are every node (a request names no fleet)
     engine: scheduler.PlacementEngine
     views: dict  # node id -> the view its accounting was built from
     special: set  # ids whose view had a block or holds: looked at again next pass
@@ -46,32 +48,34 @@ class Engines:
         wants = _wants(requests)
         inventory = state.inventory
         kept = self._kept.pop(wants, None)
-        if kept is not None and kept.inventory is not inventory:
+        nodes = None
+        if kept is not None and kept.version != inventory.version:
             nodes = _candidates(inventory, wants)
-            if [n.id for n in nodes or inventory.nodes] != [n.id for n in kept.nodes or kept.inventory.nodes]:
+            if tuple(n.id for n in (inventory.nodes if nodes is None else nodes)) != kept.ids:
                 kept = None  # nodes joined or left: built afresh, in inventory order
             else:
-                kept.inventory, kept.nodes = inventory, nodes
+                kept.version = inventory.version
                 self._bring_up_to_date(state, kept, everything=True)
         elif kept is not None:
             self._bring_up_to_date(state, kept, everything=False)
+            nodes = None if kept.every_node else [inventory.by_id[node_id] for node_id in kept.ids]
         if kept is None:
-            kept = self._build(state, wants)
+            nodes = _candidates(inventory, wants)
+            kept = self._build(state, nodes)
         self._kept[wants] = kept
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
         kept.engine.rescore(policy, profile)
-        return kept.engine, kept.nodes
+        return kept.engine, nodes
 
-    def _build(self, state, wants):
+    def _build(self, state, nodes):
         self.built += 1
-        nodes = _candidates(state.inventory, wants)
         rows = state.inventory.nodes if nodes is None else nodes
-        ids = {node.id for node in rows}
-        static, special = self._views_now(state, ids)
+        ids = tuple(node.id for node in rows)
+        static, special = self._views_now(state, set(ids))
         engine = scheduler.PlacementEngine(state.snapshot(rows))
         views = {node_id: self._view(state, node_id, static) for node_id in ids}
-        return _Kept(state.inventory, nodes, engine, views, special)
+        return _Kept(state.inventory.version, ids, nodes is None, engine, views, special)
 
     def _bring_up_to_date(self, state, kept, everything):
         static, special = self._views_now(state, kept.views.keys())
