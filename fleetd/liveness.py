@@ -29,7 +29,8 @@ class LivenessTracker:
         self.base_interval = interval_seconds
         self.max_rate = max_heartbeats_per_second
         self.started = clock.monotonic()
-        self._seen = {}
+        self._seen = {}  # node id -> Seen (a new one for each heartbeat; `monotonic` never changes)
+        self._reporting = {}  # node id -> its last heartbeat's task list, for nodes whose list is not empty
         self._given = []  # [(monotonic, interval)] handed out lately, longest last kept
         self._lock = threading.Lock()
 
@@ -66,11 +67,16 @@ class LivenessTracker:
             if metrics is None and previous is not None:
                 seen.metrics = previous.metrics
             self._seen[node_id] = seen
+            if seen.tasks:
+                self._reporting[node_id] = seen.tasks
+            else:
+                self._reporting.pop(node_id, None)
 
     def forget(self, node_id):
         """Drop a node (deleted, deregistered or declared lost)."""
         with self._lock:
             self._seen.pop(node_id, None)
+            self._reporting.pop(node_id, None)
 
     def get(self, node_id):
         """The last heartbeat of a node, or None."""
@@ -83,14 +89,19 @@ class LivenessTracker:
             seen = self._seen.get(node_id)
             if seen is not None:
                 seen.tasks = [t for t in seen.tasks if t.get("id") != task_id]
+                if seen.tasks:
+                    self._reporting[node_id] = seen.tasks
+                else:
+                    self._reporting.pop(node_id, None)
 
     def reported_running(self):
-        """{task id: (node id, epoch)} for every task a node's last heartbeat listed as not finished."""
+        """{task id: (node id, epoch)} for every task a node's last heartbeat listed as not finished
+        (only nodes that listed any are looked at: most heartbeats of a large idle fleet list none)."""
         with self._lock:
-            seen = list(self._seen.items())
+            reporting = list(self._reporting.items())
         out = {}
-        for node_id, last in seen:
-            for task in last.tasks:
+        for node_id, tasks in reporting:
+            for task in tasks:
                 if task.get("state") not in ("succeeded", "failed", "cancelled", "lost", "preempted"):
                     out[task["id"]] = (node_id, task["epoch"])
         return out
@@ -122,8 +133,12 @@ class LivenessTracker:
             return lambda node_id: False
         limit, now, started = self._ttl() + self.grace, self.clock.monotonic(), self.started
         with self._lock:
-            seen = {node_id: s.monotonic for node_id, s in self._seen.items()}
-        return lambda node_id: now - seen.get(node_id, started) > limit
+            seen = dict(self._seen)  # a shallow copy: each Seen's `monotonic` stays as it is
+
+        def overdue(node_id):
+            last = seen.get(node_id)
+            return now - (started if last is None else last.monotonic) > limit
+        return overdue
 
     def silent_for(self, node_id):
         """Seconds since the node was last heard of (or since start-up)."""

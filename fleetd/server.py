@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sys
 
 import fleetconf
 import gevent
@@ -29,6 +30,7 @@ ACCESS_LOG = logging.getLogger("fleetd.access")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.6.2: what a field name may be
 MAX_HEADER_LINE = 65536  # the limits of http.client, which gevent's own parser uses
 MAX_HEADERS = 100
+SWITCH_INTERVAL_S = 0.0005  # see serve(): how long the event loop may wait for the GIL
 
 
 class RequestHeaders:
@@ -201,6 +203,10 @@ def serve(settings, ready_callback=None):
     # on answering heartbeats and submits meanwhile (the GIL is handed over every few ms).
     pool = gevent.get_hub().threadpool
     rt.offload = rt.inventory.offload = lambda fn, *args: pool.apply(fn, args)
+    # The loop gives up the GIL in every SQLite call and then waits for a busy worker thread to
+    # hand it back, up to the switch interval each time (5 ms by default): a heartbeat's few reads
+    # took ~20 ms while a pass decided, and requests queued for seconds behind one another.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     rt.inventory.throttle = True
     # What start-up built lives as long as the process: the collector's full passes skip it.
     gc.collect()

@@ -6,12 +6,13 @@ import uuid
 import hypothesis
 import hypothesis.strategies as st
 from fleetd import scheduler
+from fleetd.services.cluster import current_state, gpu_summary
 from tests.conftest import admin_client
 from tests.support.gpus import gpus as gpu_list
 
 OPS = st.lists(st.tuples(
     st.sampled_from(["register", "submit", "submit_other", "submit_any", "start", "finish", "cancel", "cordon",
-                     "uncordon", "drain", "undrain", "gpus", "silence", "heartbeat", "window", "revoke"]),
+                     "uncordon", "drain", "undrain", "gpus", "sick", "silence", "heartbeat", "window", "revoke"]),
     st.integers(min_value=0, max_value=3)), min_size=1, max_size=24)
 
 
@@ -77,6 +78,10 @@ class _Fleet:
                 api.post(f"/api/v1/jobs/{jobs[n % len(jobs)]['id']}/cancel")
         elif op == "gpus":
             self._agent(session, "heartbeat", tasks=[], gpus=gpu_list(n + 2))
+        elif op == "sick":  # its first GPU reports unhealthy
+            gpus = gpu_list(n + 1)
+            gpus[0].update(healthy=False, health_reason="XID 79")
+            self._agent(session, "heartbeat", tasks=[], gpus=gpus)
         elif op == "silence":
             self.clock.advance(31)  # the others' heartbeats are overdue; this one speaks
             self._agent(session, "heartbeat", tasks=[])
@@ -144,3 +149,43 @@ def test_an_engine_is_built_afresh_when_nodes_join_and_kept_per_candidate_set(ap
     fleet.do("register", 1)  # a node joined: engines over its fleet are built again
     fleet.do("submit_other", 0)
     assert rt.engines.built > built
+
+
+def _summary_of_rows(rows):
+    """The gpu part of cluster status, counted from the allocation view's rows (one per GPU)."""
+    def counts(of):
+        out = {"total": len(of), "used": 0, "free": 0, "blocked": 0}
+        for row in of:
+            out[row["state"]] += 1
+        return out
+
+    by_series, notes = {}, {}
+    for row in rows:
+        by_series.setdefault(row["series"], []).append(row)
+        if row["state"] == "blocked":
+            key = (row["blocked_code"], row["series"])
+            notes[key] = notes.get(key, 0) + 1
+    return counts(rows), {sid: (of[0]["model"], counts(of)) for sid, of in by_series.items()}, notes
+
+
+@hypothesis.settings(max_examples=25, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(ops=OPS)
+def test_the_gpu_summary_counts_every_gpu_as_its_allocation_row_classifies_it(make_app, clock, tmp_path, ops):
+    app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex), failover_grace_seconds=0)
+    rt = app.extensions["fleetd"]
+    fleet = _Fleet(admin_client(app, clock), clock)
+    # gpu-b leaves faulty GPUs in service: they are blocked one by one, not by a cordon.
+    assert fleet.api.patch("/api/v1/fleets/gpu-b", {"health_policy": {"cordon_on_gpu_fault": False}}).status_code == 200
+    for n in range(3):
+        fleet.do("register", n)
+    for op, n in ops + [("sick", 1)]:
+        fleet.do(op, n)
+    with app.app_context():
+        state = current_state(rt)
+        summary = gpu_summary(state, {})
+        overall, series, notes = _summary_of_rows(state.gpu_rows())
+    assert {k: summary[k] for k in ("total", "used", "free", "blocked")} == overall
+    assert {s["id"]: (s["label"], {k: s[k] for k in ("total", "used", "free", "blocked")})
+            for s in summary["series"]} == series
+    assert {(n["code"], n["series"]): n["count"] for n in summary["blocked_notes"]} == notes

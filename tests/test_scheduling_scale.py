@@ -140,6 +140,21 @@ def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
     assert live.is_overdue("n2")  # back to 30 + 10
 
 
+def test_reported_running_follows_each_nodes_last_heartbeat():
+    live = LivenessTracker(FakeClock(), ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0)
+    live.touch("a", [{"id": "t1", "epoch": 1, "state": "running"}, {"id": "t2", "epoch": 3, "state": "succeeded"}])
+    live.touch("b", [{"id": "t3", "epoch": 2, "state": "starting"}])
+    live.touch("c")
+    assert live.reported_running() == {"t1": ("a", 1), "t3": ("b", 2)}
+    live.drop_task("a", "t1")
+    live.touch("b", [])  # b's next heartbeat lists nothing
+    assert live.reported_running() == {}
+    live.touch("a", [{"id": "t4", "epoch": 1, "state": "running"}])
+    live.touch("b", [{"id": "t5", "epoch": 1, "state": "running"}])
+    live.forget("b")
+    assert live.reported_running() == {"t4": ("a", 1)}
+
+
 def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
     api.ready_node(fleet, "n1")
     first = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})

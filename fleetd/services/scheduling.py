@@ -193,14 +193,51 @@ def capacity_reason(rt, request):
     return never_fits(rt.inventory.get(), request)
 
 
+class _NeverFitsMemo:
+    """never_fits answers for the inventory last asked about, by request shape: a deep queue of
+    alike submits costs one look at the nodes, not one per submit. Any thread may use it (a lost
+    race computes an answer twice)."""
+
+    def __init__(self):
+        self._inventory, self._answers = None, {}
+
+    def get(self, inventory, key, compute):
+        if self._inventory is not inventory:
+            self._inventory, self._answers = inventory, {}
+        answers = self._answers
+        if key not in answers:
+            if len(answers) >= 4096:  # shapes are few; bound them all the same
+                answers.clear()
+            answers[key] = compute()
+        return answers[key]
+
+
+_NEVER_FITS = _NeverFitsMemo()
+
+
 def never_fits(inventory, request):
     """Why no enrolled node could ever hold the request, whatever ran or left service (None when
     some could: it waits for capacity). Counts GPUs, CPUs and memory of the nodes its selector
-    and GPU types accept."""
+    and GPU types accept: only its fleet's (or its one node) are looked at."""
+    selector = request.node_selector
+    key = (selector.fleet, tuple(sorted(selector.labels.items())), selector.node_id, selector.container,
+           request.gpu_count, frozenset(request.gpu_types), request.cpu_milli, request.memory_bytes,
+           request.num_nodes)
+    return _NEVER_FITS.get(inventory, key, lambda: _never_fits(inventory, request))
+
+
+def _never_fits(inventory, request):
     selector, need = request.node_selector, request.gpu_count
     types = set(request.gpu_types)
     matching = able = most = 0
-    for node in inventory.nodes:
+    if selector.node_id is not None:
+        node = inventory.by_id.get(selector.node_id)
+        nodes = [node] if node is not None else []
+    elif selector.fleet is not None:
+        nodes = inventory.by_fleet.get(selector.fleet, [])
+    else:
+        nodes = inventory.nodes
+    for node in nodes:
         if selector.fleet is not None and node.fleet_id != selector.fleet:
             continue
         if any((node.labels or {}).get(k) != v for k, v in selector.labels.items()):
