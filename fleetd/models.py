@@ -471,6 +471,14 @@ class InventoryVersion(BaseModel):
     version = peewee.BigIntegerField(default=0)
 
 
+class InventoryChange(BaseModel):
+    """A node whose row or GPUs changed, with the inventory version of its last change (kept by
+    the same triggers, migration 0013): a reload reads only the nodes changed since its version."""
+
+    node_id = peewee.CharField(primary_key=True, max_length=32)
+    version = peewee.BigIntegerField(index=True)
+
+
 class LeaderLease(BaseModel):
     """One row: the replica that leads (schedules, decides liveness, runs background tasks), until
     when, and the fencing epoch that every write made for leadership is checked against."""
@@ -526,4 +534,4 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample, InventoryVersion, LeaderLease, Webhook, WebhookDelivery]
+          ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery]

@@ -194,11 +194,13 @@ OPS = st.lists(st.tuples(st.sampled_from(["register", "gpus", "cordon", "uncordo
 
 
 def _view(inventory):
-    nodes = sorted((n.id, n.fleet_id, n.status, n.hostname, repr(n.labels), n.cpu_count, n.memory_bytes)
-                   for n in inventory.nodes)
+    nodes = [(n.id, n.fleet_id, n.status, n.hostname, repr(n.labels), n.cpu_count, n.memory_bytes,
+              n.container_runtime) for n in inventory.nodes]
     gpus = sorted((k, tuple(v)) for k, v in inventory.gpus.items())
     fleets = sorted((name, repr(f.availability), repr(f.labels)) for name, f in inventory.fleets.items())
-    return nodes, gpus, fleets
+    derived = ({fleet: [n.id for n in rows] for fleet, rows in inventory.by_fleet.items()}, inventory.models,
+               inventory.node_fleet, inventory.all_models, {k: n.id for k, n in inventory.by_id.items()})
+    return nodes, gpus, fleets, derived
 
 
 @hypothesis.settings(max_examples=25, deadline=None,
@@ -242,6 +244,26 @@ def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, cl
             api.post(f"/api/v1/nodes/{node_id}/{op}")
         with database.connection_context():
             assert _view(rt.inventory.get()) == _view(load_inventory())
+
+
+def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
+    from fleetd.db import database
+    from fleetd.services.cluster import changed_since
+    from tests.conftest import gpus
+
+    first = api.ready_node(fleet, "n1")
+    api.ready_node(fleet, "n2", gpu_count=2)
+    rt = api.app.extensions["fleetd"]
+    with database.connection_context():
+        before = rt.inventory.get()
+    api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(4)}, token=first[1], agent=True)
+    with database.connection_context():
+        after = rt.inventory.get()
+    assert after.history[-1] == (before.version, {first[0]})
+    assert changed_since(after, before.version) == {first[0]} and changed_since(after, -1) is None
+    assert len(after.gpus[first[0]]) == 4
+    others = [n for n in after.nodes if n.id != first[0]]
+    assert others and all(n is before.by_id[n.id] for n in others)  # unchanged nodes were not read again
 
 
 def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, monkeypatch):

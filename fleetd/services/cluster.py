@@ -15,9 +15,10 @@ import typing
 
 from fleetd import scheduler, windows
 from fleetd.credentials import ADMIN
+from fleetd.db import database
 from fleetd.clock import isoformat
 from fleetd.runtime import call
-from fleetd.models import Fleet, Gpu, InventoryVersion, Job, JobState, Node, NodeStatus, Task
+from fleetd.models import Fleet, Gpu, InventoryChange, InventoryVersion, Job, JobState, Node, NodeStatus, Task
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
 from fleetd.sql import Statement
 
@@ -141,8 +142,14 @@ def _hold_columns():
 _ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
 _FLEETS = Statement(lambda v: Fleet.select())
 _NODES = Statement(lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
-_GPUS = Statement(lambda v: Gpu.select(Gpu.node, Gpu.uuid, Gpu.index, Gpu.model, Gpu.memory_total_bytes, Gpu.numa_node,
-                                       Gpu.healthy, Gpu.health_reason).order_by(Gpu.node, Gpu.index))
+
+
+def _gpu_columns():
+    return Gpu.select(Gpu.node, Gpu.uuid, Gpu.index, Gpu.model, Gpu.memory_total_bytes, Gpu.numa_node, Gpu.healthy,
+                      Gpu.health_reason)
+
+
+_GPUS = Statement(lambda v: _gpu_columns().order_by(Gpu.node, Gpu.index))
 
 
 class GpuRow(typing.NamedTuple):
@@ -197,29 +204,98 @@ class Inventory(typing.NamedTuple):
     node_fleet: dict  # node id -> fleet name
     all_models: frozenset  # every GPU model in the fleet
     by_id: dict  # node id -> node
+    # ((version, ids of the nodes changed after it), ...): how this inventory was patched from
+    # earlier ones, the last few reads at most; () when it was read in full.
+    history: tuple = ()
 
 
 _INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
                                .where(InventoryVersion.id == 1))
 
 
-def load_inventory(version=None, offload=call):
+_CHANGED_SINCE = Statement(lambda v: InventoryChange.select(InventoryChange.node_id)
+                           .where(InventoryChange.version > v("version")))
+HISTORY = 8  # patches an inventory remembers (changed_since)
+FULL_READ_SHARE = 0.25  # more of the fleet changed than this: one scan of every row costs less
+_CHUNK = 500  # node ids per IN (...) list
+
+
+def load_inventory(version=None, offload=call, previous=None):
     """The inventory from the tables (read inside the caller's transaction). The rows are fetched
-    here; turning them into objects (most of the cost at 10,000 nodes) goes through `offload`."""
+    here; turning them into objects (most of the cost at 10,000 nodes) goes through `offload`.
+
+    With `previous` (an inventory read earlier), only the nodes the triggers noted as changed
+    since its version are read, and the rest of `previous` is kept as it is."""
     fleets = {f.name: f for f in _FLEETS.rows()}
+    if previous is not None and previous.version is not None and version is not None:
+        changed = [row[0] for row in _CHANGED_SINCE.raw_tuples(version=previous.version)]
+        if len(changed) <= max(64, FULL_READ_SHARE * len(previous.nodes)):
+            node_rows, gpu_rows = [], []
+            for at in range(0, len(changed), _CHUNK):
+                chunk = changed[at:at + _CHUNK]
+                node_rows += _raw(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
+                gpu_rows += _raw(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
+            return offload(_patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows)
     return offload(_inventory, version, fleets, _NODES.raw_tuples(), _GPUS.raw_tuples())
 
 
-def _inventory(version, fleets, node_rows, gpu_rows):
+def _raw(query):
+    """A query's rows as the driver returns them (as Statement.raw_tuples: converted later)."""
+    return database.execute_sql(*query.sql()).fetchall()
+
+
+def _gpu_rows(rows):
     gpus = {}
-    for row in gpu_rows:
+    for row in rows:
         gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
         gpus.setdefault(gpu.node_id, []).append(gpu)
+    return gpus
+
+
+def _inventory(version, fleets, node_rows, gpu_rows):
+    gpus = _gpu_rows(gpu_rows)
     nodes = _NODES.instances(node_rows)
+    models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
+    return _assemble(version, fleets, nodes, gpus, models)
+
+
+def _patched(previous, version, fleets, changed, node_rows, gpu_rows):
+    """`previous` with the rows of the `changed` nodes read anew (a node not among the rows was
+    deleted or revoked). Unchanged nodes keep their objects."""
+    by_id = {node_id: node for node_id, node in previous.by_id.items() if node_id not in changed}
+    for node in _NODES.instances(node_rows):
+        by_id[node.id] = node
+    fresh = _gpu_rows(gpu_rows)
+    gpus = {node_id: rows for node_id, rows in previous.gpus.items() if node_id not in changed}
+    gpus.update(fresh)
+    models = {node_id: m for node_id, m in previous.models.items() if node_id not in changed}
+    models.update({node_id: frozenset(g.model for g in rows) for node_id, rows in fresh.items()})
+    nodes = sorted(by_id.values(), key=_node_id)  # the order a full read gives (ORDER BY id)
+    history = previous.history[-(HISTORY - 1):] + ((previous.version, changed),)
+    return _assemble(version, fleets, nodes, gpus, models)._replace(history=history)
+
+
+def changed_since(inventory, version):
+    """Ids of the nodes whose rows or GPUs changed between inventory `version` and this one, or
+    None when that is not known (read in full since, or too long ago)."""
+    if version == inventory.version:
+        return frozenset()
+    out = set()
+    for since, changed in reversed(inventory.history):
+        out |= changed
+        if since == version:
+            return out
+    return None
+
+
+def _node_id(node):
+    return node.id
+
+
+def _assemble(version, fleets, nodes, gpus, models):
     by_fleet = {}
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
-    models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
     return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
                      frozenset().union(*models.values()), {node.id: node for node in nodes})
 
@@ -229,7 +305,8 @@ class InventoryCache:
 
     Triggers (migration 0006) bump the version on every change placement reads (a node enrolled,
     its status, labels or resources changed, its GPUs reported anew, a fleet's window changed),
-    whoever made it, so a pass at 10,000 nodes reads one row instead of every node and GPU.
+    whoever made it, so a pass at 10,000 nodes reads one row instead of every node and GPU; and
+    when it moved, only the nodes the triggers noted as changed since (migration 0013) are read.
     The rows are shared: read them, never change them.
     """
 
@@ -262,7 +339,7 @@ class InventoryCache:
         if current is not None and self.throttle and wait > 0:
             self.stale_for = wait
             return current
-        current = self._current = load_inventory(version, self.offload)
+        current = self._current = load_inventory(version, self.offload, previous=current)
         self._loaded_at, self._cost = now, self._monotonic() - now
         return current
 

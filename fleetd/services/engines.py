@@ -7,7 +7,8 @@ about a second at that size, for a queue that asks for one GPU. Each kept engine
 node, the view it was built from: the node's row and GPUs as placement reads them, why it takes
 no work, what its tasks hold. A pass rebuilds only the nodes whose view differs now: nodes whose
 tasks started or ended, that stopped or resumed taking work, that the last pass reserved on, and,
-when the inventory was read again, those whose row or GPUs changed. Views are compared, never
+when the inventory was read again, those whose row or GPUs changed (the ones the database's
+triggers noted; every candidate when the inventory was read in full). Views are compared, never
 trusted: whatever wrote the change (this replica or another), a kept engine decides as one built
 afresh would. Kubernetes' scheduler keeps its node snapshot the same way, by generation.
 """
@@ -16,6 +17,7 @@ import collections
 import dataclasses
 
 from fleetd import scheduler, windows
+from fleetd.services.cluster import changed_since
 
 READY = "ready"
 
@@ -54,8 +56,11 @@ class Engines:
             if tuple(n.id for n in (inventory.nodes if nodes is None else nodes)) != kept.ids:
                 kept = None  # nodes joined or left: built afresh, in inventory order
             else:
+                # The triggers noted which nodes changed: only those (and the usual suspects) are
+                # looked at; with no such note, every candidate is.
+                changed = changed_since(inventory, kept.version)
                 kept.version = inventory.version
-                self._bring_up_to_date(state, kept, everything=True)
+                self._bring_up_to_date(state, kept, everything=changed is None, also=changed or frozenset())
         elif kept is not None:
             self._bring_up_to_date(state, kept, everything=False)
             nodes = None if kept.every_node else [inventory.by_id[node_id] for node_id in kept.ids]
@@ -77,10 +82,10 @@ class Engines:
         views = {node_id: self._view(state, node_id, static) for node_id in ids}
         return _Kept(state.inventory.version, ids, nodes is None, engine, views, special)
 
-    def _bring_up_to_date(self, state, kept, everything):
+    def _bring_up_to_date(self, state, kept, everything, also=frozenset()):
         static, special = self._views_now(state, kept.views.keys())
         touched = kept.engine.take_touched()  # reserved on by the last pass: its accounting is not its view's
-        ids = kept.views.keys() if everything else (kept.special | special | touched) & kept.views.keys()
+        ids = kept.views.keys() if everything else (kept.special | special | touched | also) & kept.views.keys()
         changed = []
         for node_id in ids:
             view = self._view(state, node_id, static)

@@ -96,6 +96,26 @@ def test_the_inventory_version_moves_on_postgres_with_what_placement_reads(pg_ap
     assert version() > ready
 
 
+def test_a_reload_reads_only_the_changed_nodes_on_postgres_and_equals_a_full_read(pg_api):
+    from fleetd.db import database
+    from fleetd.services.cluster import load_inventory
+
+    pg_api.create_fleet("gpu-a")
+    join = pg_api.create_join_token("gpu-a", max_uses=10)
+    first, second = (pg_api.register(join, machine_id=f"m{n}", hostname=f"h{n}", gpu_count=2) for n in range(2))
+    rt = pg_api.app.extensions["fleetd"]
+    with database.connection_context():
+        before = rt.inventory.get()
+    pg_api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(3)}, token=first["session_token"], agent=True)
+    pg_api.delete(f"/api/v1/nodes/{second['node_id']}")
+    with database.connection_context():
+        after = rt.inventory.get()
+        full = load_inventory()
+    assert after.history[-1] == (before.version, {first["node_id"], second["node_id"]})
+    assert [n.id for n in after.nodes] == [n.id for n in full.nodes] == [first["node_id"]]
+    assert after.gpus == full.gpus and after.models == full.models and after.nodes[0].status == full.nodes[0].status
+
+
 def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
     from tests.test_instances import create, finish, show, start
 
