@@ -43,6 +43,13 @@ class _Fleet:
         self.nodes = {}  # n -> (node id, session token)
         self.running = []  # (session, assignment)
 
+    def play(self, ops):
+        """Three nodes register, then the events happen in order."""
+        for n in range(3):
+            self.do("register", n)
+        for op, n in ops:
+            self.do(op, n)
+
     def do(self, op, n):
         api = self.api
         if op == "register":
@@ -106,14 +113,10 @@ class _Fleet:
 @hypothesis.given(ops=OPS)
 def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(make_app, clock, tmp_path, ops):
     app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex), failover_grace_seconds=0)
-    rt = app.extensions["fleetd"]
     seen = []
-    _checked(rt, seen)
+    _checked(app.extensions["fleetd"], seen)
     fleet = _Fleet(admin_client(app, clock), clock)
-    for n in range(3):
-        fleet.do("register", n)
-    for op, n in ops:
-        fleet.do(op, n)
+    fleet.play(ops)
     fleet.do("submit_any", 0)
     fleet.api.run_task("scheduling")  # a full pass, parked groups included
     assert seen  # passes did decide with an engine
@@ -177,10 +180,7 @@ def test_the_gpu_summary_counts_every_gpu_as_its_allocation_row_classifies_it(ma
     fleet = _Fleet(admin_client(app, clock), clock)
     # gpu-b leaves faulty GPUs in service: they are blocked one by one, not by a cordon.
     assert fleet.api.patch("/api/v1/fleets/gpu-b", {"health_policy": {"cordon_on_gpu_fault": False}}).status_code == 200
-    for n in range(3):
-        fleet.do("register", n)
-    for op, n in ops + [("sick", 1)]:
-        fleet.do(op, n)
+    fleet.play(ops + [("sick", 1)])
     with app.app_context():
         state = current_state(rt)
         summary = gpu_summary(state, {})
