@@ -1,5 +1,6 @@
 """Placement engines kept between passes (fleetd.services.engines): after any sequence of events,
-the engine a pass decides with holds exactly what one built afresh from the tables would."""
+restarts of fleetd among them, the engine a pass decides with holds exactly what one built afresh
+from the tables would."""
 
 import uuid
 
@@ -8,11 +9,13 @@ import hypothesis.strategies as st
 from fleetd import scheduler
 from fleetd.services.cluster import current_state, gpu_summary
 from tests.conftest import admin_client
+from tests.support.http import ApiClient
 from tests.support.gpus import gpus as gpu_list
 
 OPS = st.lists(st.tuples(
     st.sampled_from(["register", "submit", "submit_other", "submit_any", "start", "finish", "cancel", "cordon",
-                     "uncordon", "drain", "undrain", "gpus", "sick", "silence", "heartbeat", "window", "revoke"]),
+                     "uncordon", "drain", "undrain", "gpus", "sick", "silence", "heartbeat", "window", "revoke",
+                     "restart"]),
     st.integers(min_value=0, max_value=3)), min_size=1, max_size=24)
 
 
@@ -34,8 +37,9 @@ def _checked(rt, seen):
 class _Fleet:
     """A few nodes in two fleets driven through the API, as agents and an admin would."""
 
-    def __init__(self, api, clock):
+    def __init__(self, api, clock, restart=None):
         self.api, self.clock = api, clock
+        self.restart = restart  # () -> a new app over the same database (fleetd restarted)
         api.create_fleet("gpu-a")
         api.create_fleet("gpu-b")
         self.joins = {"gpu-a": api.create_join_token("gpu-a", max_uses=100),
@@ -68,6 +72,9 @@ class _Fleet:
                 if assignment is not None and self._agent(session, f"tasks/{assignment['task_id']}/start",
                                                           epoch=assignment["epoch"], pid=4242):
                     self.running.append((session, assignment))
+        elif op == "restart":  # what fleetd keeps in memory starts empty; the tables stay
+            if self.restart is not None:
+                self.api = ApiClient(self.restart(), self.api.token)
         elif op == "finish":  # the n-th running task ends
             if self.running:
                 session, assignment = self.running.pop(n % len(self.running))
@@ -112,10 +119,15 @@ class _Fleet:
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(ops=OPS)
 def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(make_app, clock, tmp_path, ops):
-    app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex), failover_grace_seconds=0)
+    data_dir = str(tmp_path / uuid.uuid4().hex)
     seen = []
-    _checked(app.extensions["fleetd"], seen)
-    fleet = _Fleet(admin_client(app, clock), clock)
+
+    def start():
+        app = make_app(data_dir=data_dir, failover_grace_seconds=0)
+        _checked(app.extensions["fleetd"], seen)
+        return app
+
+    fleet = _Fleet(admin_client(start(), clock), clock, restart=start)
     fleet.play(ops)
     fleet.do("submit_any", 0)
     fleet.api.run_task("scheduling")  # a full pass, parked groups included
