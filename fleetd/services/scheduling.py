@@ -1,10 +1,13 @@
 """Scheduling passes: build a snapshot from the tables, ask the pure engine, write assignments back."""
 
+import collections
 import dataclasses
 import logging
 import threading
 import time
 import typing
+
+import peewee
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
@@ -77,11 +80,10 @@ def _run_pass(rt, full):
     now = rt.clock.now()
     stamps = rt.parked.stamps()
     with database.atomic():  # one consistent read
-        queued = [Queued(*row) for row in _QUEUED.raw_tuples()]
+        queued = list(map(Queued._make, _QUEUED.raw_tuples()))  # in placement order (ORDER BY)
         if not queued:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
-        queued.sort(key=lambda j: (PRIORITY_ORDER.get(j.priority_class, 9), j.id))
         queued, terms, aside = _evaluable(queued)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
@@ -124,7 +126,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines)
             plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
     if not todo:
         return plan
-    profile = _profile(state, queued, terms)
+    profile = _profile(state, keys, terms)
     engine, candidates = engines.engine(state, [terms[j.id].request for j in todo],
                                         settings.scheduler_policy or None, profile)
     by_fleet = settings.policy_by_fleet
@@ -173,12 +175,17 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines)
     return plan
 
 
-def _profile(state, queued, terms):
+def _profile(state, keys, terms):
     """The shapes that arrive (queued and running work): what fragmentation is measured against.
-    Equivalent requests are counted together (a deep queue is a few groups)."""
+    Equivalent requests are counted together (a deep queue is a few groups); `keys` is
+    {queued job id: its group}, so the queue costs one count per job."""
+    members = collections.Counter(keys.values())
+    some = {key: job_id for job_id, key in keys.items()}  # one job of each group
+    requests = [t.job.request for t in {t.job_id: t for t in state.tasks}.values()]
+    requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
+                 for key, count in members.items()]
     groups = {}
-    for request in [t.job.request for t in {t.job_id: t for t in state.tasks}.values()] + \
-            [terms[j.id].request for j in queued]:
+    for request in requests:
         key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
                request.gpu_types)
         count = groups.get(key, (request, 0))[1]
@@ -436,7 +443,8 @@ class Queued(typing.NamedTuple):
 
 
 _QUEUED = Statement(lambda v: Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
-                    .where(Job.state == JobState.QUEUED.value))
+                    .where(Job.state == JobState.QUEUED.value)
+                    .order_by(peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id))
 _RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
     (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
 _QUOTAS = Statement(lambda v: Quota.select())
