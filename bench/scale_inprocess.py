@@ -22,6 +22,7 @@ from fleetd.app import create_app  # noqa: E402
 from fleetd.clock import Clock  # noqa: E402
 from fleetd.db import database, open_database, upgrade  # noqa: E402
 from fleetd.models import Gpu, Node, new_id  # noqa: E402
+from fleetd.server import freeze_long_lived  # noqa: E402
 from fleetd.services import scheduling  # noqa: E402
 from fleetd.services.tokens import issue_first_admin_token  # noqa: E402
 from fleetd.settings import Settings  # noqa: E402
@@ -63,6 +64,9 @@ def run(n_nodes, backlog, passes, budget):
         app = create_app(settings, clock=clock, db=db)
         rt = app.extensions["fleetd"]
         rt.scheduler.kick = lambda *a, **k: False  # no pass per submit while the backlog is built
+        # As fleetd serve does: what a full inventory read or an engine build makes is frozen out of
+        # the cyclic collector's full passes.
+        rt.inventory.after_full_read = rt.engines.after_build = freeze_long_lived
         with database.connection_context():
             admin = issue_first_admin_token(clock.now())
         http = app.test_client()

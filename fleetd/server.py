@@ -176,6 +176,17 @@ class _Server(WSGIServer):
         self.stop(timeout=timeout)
 
 
+def freeze_long_lived():
+    """Keep what exists now out of the cyclic collector's full passes (gc.freeze), after collecting
+    the young generations. Called after each full read of the inventory and each placement engine
+    built afresh, whose objects live long: at 100,000 nodes a full pass of the collector walks
+    800,000 GPUs' objects and stops every thread for about half a second. Frozen objects are still
+    freed when nothing refers to them any more (reference counting), so an inventory or engine
+    that a later one replaces goes."""
+    gc.collect(1)
+    gc.freeze()
+
+
 def parse_bind(bind):
     """'HOST:PORT' (IPv6 as [::1]:8080; an empty host listens everywhere) -> (host, port)."""
     return fleetconf.parse_host_port(bind, ValueError, "bind", default_host="0.0.0.0")
@@ -200,7 +211,7 @@ def serve(settings, ready_callback=None):
     app = create_app(settings, db=db)
     rt = app.extensions["fleetd"]
     # A pass's decisions are pure CPU work: a worker thread takes them, and the event loop goes
-    # on answering heartbeats and submits meanwhile (the GIL is handed over every few ms).
+    # on answering heartbeats and submits meanwhile.
     pool = gevent.get_hub().threadpool
     rt.offload = rt.inventory.offload = lambda fn, *args: pool.apply(fn, args)
     # The loop gives up the GIL in every SQLite call and then waits for a busy worker thread to
@@ -208,6 +219,7 @@ def serve(settings, ready_callback=None):
     # took ~20 ms while a pass decided, and requests queued for seconds behind one another.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     rt.inventory.throttle = True
+    rt.inventory.after_full_read = rt.engines.after_build = freeze_long_lived
     # What start-up built lives as long as the process: the collector's full passes skip it.
     gc.collect()
     gc.freeze()

@@ -266,6 +266,33 @@ def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
     assert others and all(n is before.by_id[n.id] for n in others)  # unchanged nodes were not read again
 
 
+def test_inventories_and_engines_hold_no_reference_cycles(api, fleet):
+    """fleetd serve freezes them out of the cyclic collector (server.freeze_long_lived): that is
+    only safe while reference counting alone frees one that a later read or build replaces."""
+    import gc
+
+    from fleetd.db import database
+    from fleetd.models import InventoryVersion
+    from fleetd.services.cluster import current_state, load_inventory
+
+    api.ready_node(fleet, "n1", gpu_count=4)
+    api.ready_node(fleet, "n2", gpu_count=2)
+    api.submit(resources={"gpus": 1}, node_selector={"fleet": "gpu-a"})
+    rt = api.app.extensions["fleetd"]
+    with api.app.app_context(), database.connection_context():
+        state = current_state(rt)
+        version = InventoryVersion.get_by_id(1).version
+        full = load_inventory(version)
+        patched = load_inventory(version, previous=full)
+        assert not full.history and patched.history
+        engine, _ = rt.engines.engine(state, [scheduler.TaskRequest(gpus=1)])
+        engine.place(scheduler.TaskRequest(gpus=1), explain=True)
+        gc.collect()
+        del full, patched, engine
+        rt.engines = type(rt.engines)()  # the kept engines go too
+        assert gc.collect() == 0
+
+
 def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, monkeypatch):
     import threading
 

@@ -324,6 +324,7 @@ class InventoryCache:
         self.offload = offload
         self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
         self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
+        self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
 
     def get(self):
         """The inventory at the database's version (call inside the pass's read transaction), or,
@@ -341,6 +342,8 @@ class InventoryCache:
             return current
         current = self._current = load_inventory(version, self.offload, previous=current)
         self._loaded_at, self._cost = now, self._monotonic() - now
+        if not current.history and self.after_full_read is not None:
+            self.after_full_read()
         return current
 
     def fleet_of(self, node_id):

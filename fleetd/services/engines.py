@@ -42,6 +42,7 @@ class Engines:
         self._kept = collections.OrderedDict()  # wants -> _Kept
         self._static = (None, {}, frozenset())  # (inventory, {node id: static view} as asked, ids not ready)
         self.built = 0  # engines built afresh (for tests and the benchmark)
+        self.after_build = None  # fleetd serve: fn() called once an engine built afresh is kept
         self.refreshed = 0  # nodes brought up to date in a kept engine
 
     def engine(self, state, requests, policy=None, profile=None):
@@ -67,6 +68,8 @@ class Engines:
         if kept is None:
             nodes = _candidates(inventory, wants)
             kept = self._build(state, nodes)
+            if self.after_build is not None:
+                self.after_build()
         self._kept[wants] = kept
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
