@@ -266,6 +266,21 @@ def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
     assert others and all(n is before.by_id[n.id] for n in others)  # unchanged nodes were not read again
 
 
+def test_never_fits_answers_are_kept_for_one_inventory_at_a_time():
+    memo = scheduling._NeverFitsMemo()
+    old, new = object(), object()
+    asked = []
+
+    def compute(answer):
+        asked.append(answer)
+        return answer
+
+    assert memo.get(old, "shape", lambda: compute("old")) == "old"
+    assert memo.get(old, "shape", lambda: compute("again")) == "old"  # answered once per shape
+    assert memo.get(new, "shape", lambda: compute("new")) == "new"  # another inventory: asked anew
+    assert asked == ["old", "new"]
+
+
 def test_inventories_and_engines_hold_no_reference_cycles(api, fleet):
     """fleetd serve freezes them out of the cyclic collector (server.freeze_long_lived): that is
     only safe while reference counting alone frees one that a later read or build replaces."""

@@ -206,12 +206,14 @@ class _NeverFitsMemo:
     race computes an answer twice)."""
 
     def __init__(self):
-        self._inventory, self._answers = None, {}
+        self._memo = (None, {})  # (inventory, {key: answer}), replaced whole: a thread that asks
+        # about another inventory meanwhile never writes into this one's answers
 
     def get(self, inventory, key, compute):
-        if self._inventory is not inventory:
-            self._inventory, self._answers = inventory, {}
-        answers = self._answers
+        memo = self._memo
+        if memo[0] is not inventory:
+            memo = self._memo = (inventory, {})
+        answers = memo[1]
         if key not in answers:
             if len(answers) >= 4096:  # shapes are few; bound them all the same
                 answers.clear()
