@@ -319,6 +319,11 @@ class Job(BaseModel):
     started_at = peewee.DateTimeField(null=True)
     ended_at = peewee.DateTimeField(null=True)
     instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
+    # services.cluster.group_key of its JobTerms (None: unknown, the pass always reads the job)
+    group_key = peewee.CharField(max_length=20, null=True)
+
+    class Meta:
+        indexes = ((("state", "group_key"), False),)
 
 
 class Instance(BaseModel):

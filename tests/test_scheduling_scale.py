@@ -140,6 +140,34 @@ def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
     assert live.is_overdue("n2")  # back to 30 + 10
 
 
+def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(api, fleet, monkeypatch):
+    from fleetd.db import database
+
+    api.ready_node(fleet, "n1")
+    missing = {"gpus": 1, "gpu_types": ["NVIDIA B300"]}
+    backlog = {api.submit(name=f"b{i}", resources=missing)["id"] for i in range(5)}
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parks the group; all five know why
+    rt = api.app.extensions["fleetd"]
+    read, offload = [], rt.offload
+
+    def spy(fn, *args):
+        if fn is scheduling._decide:
+            read.append({job.id for job in args[1]})
+        return offload(fn, *args)
+
+    monkeypatch.setattr(rt, "offload", spy)
+    late = api.submit(name="late", resources=missing)  # joins the parked group: read once, told why
+    fits = api.submit(name="fits", resources={"gpus": 1})
+    assert api.job(fits["id"])["state"] in ("assigned", "running")
+    with api.app.app_context(), database.connection_context():
+        assert scheduling.run_pass(rt, full=False) == {"assigned": 0, "pending": 6}
+    assert read and not any(ids & backlog for ids in read)
+    assert late["id"] in read[0] and late["id"] not in read[-1]
+    reasons = {api.job(job_id)["pending_reason"] for job_id in backlog | {late["id"]}}
+    assert len(reasons) == 1 and reasons.pop().startswith("no enrolled node matches")
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass reads them all
+
+
 def test_reported_running_follows_each_nodes_last_heartbeat():
     live = LivenessTracker(FakeClock(), ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0)
     live.touch("a", [{"id": "t1", "epoch": 1, "state": "running"}, {"id": "t2", "epoch": 3, "state": "succeeded"}])

@@ -7,6 +7,7 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import time
 import re
@@ -83,6 +84,20 @@ def _terms(spec, team, priority_class):
              tuple(sorted(selector.labels.items())), team or "", priority_class, spec.get("bid"), selector.node_id,
              selector.container)
     return JobTerms(request, team or "", priority_class, spec.get("bid"), group)
+
+
+def group_key(group):
+    """A JobTerms group as a short stable text, stored on the job (Job.group_key) so that a pass
+    can leave parked groups out of what it reads."""
+    return hashlib.blake2b(repr(group).encode(), digest_size=10).hexdigest()
+
+
+def group_key_of(spec, team, priority_class):
+    """The group key of a job about to be stored, or None when the engine cannot evaluate it."""
+    try:
+        return group_key(_terms(spec, team, priority_class).group)
+    except Exception:  # stored anyway and set aside by the pass, which says why
+        return None
 
 
 class _TermsCache:
@@ -233,13 +248,13 @@ def load_inventory(version=None, offload=call, previous=None):
             node_rows, gpu_rows = [], []
             for at in range(0, len(changed), _CHUNK):
                 chunk = changed[at:at + _CHUNK]
-                node_rows += _raw(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
-                gpu_rows += _raw(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
+                node_rows += raw_rows(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
+                gpu_rows += raw_rows(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
             return offload(_patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows)
     return offload(_inventory, version, fleets, _NODES.raw_tuples(), _GPUS.raw_tuples())
 
 
-def _raw(query):
+def raw_rows(query):
     """A query's rows as the driver returns them (as Statement.raw_tuples: converted later)."""
     return database.execute_sql(*query.sql()).fetchall()
 

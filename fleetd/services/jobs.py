@@ -139,6 +139,7 @@ def submit(rt, principal, spec, wait_for_capacity=True):
 
 def submit_job(now, principal, spec, waiting_reason=None):
     """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler)."""
+    from fleetd.services.cluster import group_key_of  # cluster imports this module
     retry = spec.get("retry") or DEFAULT_RETRY
     team = team_of(principal, spec)
     job_id = new_id()
@@ -162,6 +163,7 @@ def submit_job(now, principal, spec, waiting_reason=None):
             priority_class=spec["priority_class"],
             spec=dict(spec, team=team),  # the team it runs as, so that the spec alone says it
             submitted_at=now,
+            group_key=group_key_of(dict(spec, team=team), team, spec["priority_class"]),
         )
         job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
                          for rank in range(job.num_nodes)]

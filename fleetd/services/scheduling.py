@@ -2,7 +2,9 @@
 
 import collections
 import dataclasses
+import functools
 import logging
+import operator
 import threading
 import time
 import typing
@@ -14,7 +16,7 @@ from fleetd.db import database, write_transaction
 from fleetd.replicas import Fenced
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.services import instances
-from fleetd.services.cluster import TERMS, ClusterState
+from fleetd.services.cluster import TERMS, ClusterState, group_key, raw_rows
 from fleetd.services.events import FLEETD, acting_as
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
                                   task_request)
@@ -79,19 +81,21 @@ class _Plan:
 def _run_pass(rt, full):
     now = rt.clock.now()
     stamps = rt.parked.stamps()
+    parked = None if full else rt.parked.parked()
     with database.atomic():  # one consistent read
-        queued = list(map(Queued._make, _QUEUED.raw_tuples()))  # in placement order (ORDER BY)
-        if not queued:
+        queued, unread = _read_queue(parked)
+        if not queued and not unread:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued, terms, aside = _evaluable(queued)
+        unread = _unread_requests(unread)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         rules = Rules.load(state)
-    parked = None if full else rt.parked.parked()
-    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations), rt.engines)
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations), rt.engines,
+                      unread)
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
@@ -104,15 +108,16 @@ def _run_pass(rt, full):
             rt.instruments.scheduling_bounded.inc()
         if rt.scheduler is not None and rt.scheduler.running:
             rt.scheduler.kick(capacity=False)  # the rest of the queue in the next pass
-    result = {"assigned": assigned, "pending": len(queued) + len(aside) - assigned}
+    result = {"assigned": assigned, "pending": len(queued) + len(aside) + sum(c for _, c in unread) - assigned}
     if stale_for:  # decided on a view some seconds old: look again once it is new
         result["retry_in"] = stale_for
     return result
 
 
-def _decide(settings, queued, terms, state, rules, parked, nominations, engines):
+def _decide(settings, queued, terms, state, rules, parked, nominations, engines, unread=()):
     """The compute phase: place queued jobs in order, one engine answer per group of equivalent
-    jobs; `parked`: {key: reason} of groups to skip (None: look at every group).
+    jobs; `parked`: {key: reason} of groups to skip (None: look at every group); `unread`:
+    [(request, jobs)] of the queued jobs of parked groups that were not read (they know why).
 
     It runs in a worker thread: no database, no locks, no logging here. The engine sees only the
     nodes some job to look at could use (its fleet, its GPU types), and is kept from pass to pass
@@ -126,7 +131,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines)
             plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
     if not todo:
         return plan
-    profile = _profile(state, keys, terms)
+    profile = _profile(state, keys, terms, unread)
     engine, candidates = engines.engine(state, [terms[j.id].request for j in todo],
                                         settings.scheduler_policy or None, profile)
     by_fleet = settings.policy_by_fleet
@@ -175,15 +180,17 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines)
     return plan
 
 
-def _profile(state, keys, terms):
+def _profile(state, keys, terms, unread=()):
     """The shapes that arrive (queued and running work): what fragmentation is measured against.
     Equivalent requests are counted together (a deep queue is a few groups); `keys` is
-    {queued job id: its group}, so the queue costs one count per job."""
+    {queued job id: its group}, so the queue costs one count per job; `unread` adds
+    [(request, jobs)] of queued jobs the pass did not read."""
     members = collections.Counter(keys.values())
     some = {key: job_id for job_id, key in keys.items()}  # one job of each group
     requests = [t.job.request for t in {t.job_id: t for t in state.tasks}.values()]
     requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
                  for key, count in members.items()]
+    requests += [dataclasses.replace(request, num_nodes=request.num_nodes * count) for request, count in unread]
     groups = {}
     for request in requests:
         key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
@@ -353,6 +360,32 @@ def _jobs_by_id(job_ids):
     return out
 
 
+MAX_UNREAD_GROUPS = 200  # parked groups a kicked pass leaves out of its read (more: it reads all)
+
+
+def _read_queue(parked):
+    """(the queued jobs to read, in placement order, [(group key, jobs, one job id)] of those left
+    unread). A pass that skips parked groups (`parked`: {group: reason}) does not read their jobs
+    that already say why they wait: a parked backlog of thousands costs it one count per group,
+    not a row per job. Jobs with no group key (stored before it existed) are always read."""
+    if not parked or len(parked) > MAX_UNREAD_GROUPS:
+        return list(map(Queued._make, _QUEUED.raw_tuples())), []
+    told = functools.reduce(operator.or_, [(Job.group_key == group_key(key)) & (Job.pending_reason == reason)
+                                           for key, reason in parked.items()])
+    queued = Job.state == JobState.QUEUED.value
+    columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
+    rows = raw_rows(Job.select(*columns).where(queued & (Job.group_key.is_null() | ~told)).order_by(*_PLACEMENT_ORDER))
+    unread = raw_rows(Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
+                  .where(queued & Job.group_key.is_null(False) & told).group_by(Job.group_key))
+    return list(map(Queued._make, rows)), unread
+
+
+def _unread_requests(unread):
+    """[(request, jobs)] of the unread groups, from one job of each (its terms are cached)."""
+    terms, _failed = TERMS.get_each([some for _, _, some in unread])  # a failed one is read next time
+    return [(terms[some].request, count) for _, count, some in unread if some in terms]
+
+
 def _evaluable(queued):
     """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
     and why each of the others is set aside (it stays queued; the rest go on)."""
@@ -444,9 +477,9 @@ class Queued(typing.NamedTuple):
     pending_reason: str
 
 
+_PLACEMENT_ORDER = (peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id)
 _QUEUED = Statement(lambda v: Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
-                    .where(Job.state == JobState.QUEUED.value)
-                    .order_by(peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id))
+                    .where(Job.state == JobState.QUEUED.value).order_by(*_PLACEMENT_ORDER))
 _RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
     (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
 _QUOTAS = Statement(lambda v: Quota.select())
