@@ -168,6 +168,26 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass reads them all
 
 
+def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
+    from fleetd.models import Job
+    from fleetd.services import cluster
+
+    _, session = api.ready_node(fleet, "n1", gpu_count=2)
+    api.submit(name="job", resources={"gpus": 4}, priority_class="spot", bid=1.5)
+    inst = api.post("/api/v1/instances", {"name": "nb", "command": ["sleep", "1d"], "resources": {"gpus": 1}})
+    assignment = api.acquire(session)
+    api.task_call(session, assignment, "start", pid=4242, ports=[])
+    api.post(f"/api/v1/instances/{inst.get_json()['id']}/stop")
+    api.task_call(session, assignment, "finish", outcome="cancelled")
+    api.post(f"/api/v1/instances/{inst.get_json()['id']}/resume", {})  # a second run, pinned to its node
+    with api.app.app_context():
+        jobs = list(Job.select())
+    assert len(jobs) == 3 and len({job.group_key for job in jobs}) == 3
+    terms = cluster.TERMS.get_many([job.id for job in jobs])
+    for job in jobs:
+        assert job.group_key == cluster.group_key(terms[job.id].group), job.name
+
+
 def test_reported_running_follows_each_nodes_last_heartbeat():
     live = LivenessTracker(FakeClock(), ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0)
     live.touch("a", [{"id": "t1", "epoch": 1, "state": "running"}, {"id": "t2", "epoch": 3, "state": "succeeded"}])

@@ -19,6 +19,7 @@ from fleetd.db import after_commit, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
 from fleetd.models import (Event, Gpu, GpuType, Instance, InstanceState, Job, JobState, LogLine, Node, NodeStatus,
                            Task, TaskState, new_id, transition_table)
+from fleetd.services.cluster import group_key_of
 from fleetd.services.events import list_events, record_event
 from fleetd.services.jobs import (ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request)
 from fleetd.services.pagination import last_rows, paginate
@@ -128,7 +129,8 @@ def _new_run(inst, now, waiting_reason=None):
     job = Job.create(id=new_id(), name=inst.name, owner=inst.owner, owner_token_id=inst.owner_token_id, team=inst.team,
                      state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec["priority_class"],
                      spec=spec, submitted_at=now, instance_id=inst.id,
-                     pending_reason=waiting_reason or "waiting for the scheduler")
+                     pending_reason=waiting_reason or "waiting for the scheduler",
+                     group_key=group_key_of(spec, inst.team, spec["priority_class"]))
     Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(force_insert=True)
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1
