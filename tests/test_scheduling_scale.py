@@ -421,6 +421,54 @@ def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_st
         assert [n.hostname for n in cache.get().nodes] == ["n1"] and cache.stale_for == 0
 
 
+def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read(api, fleet):
+    import threading
+
+    from fleetd.db import database
+    from fleetd.services.cluster import InventoryCache
+
+    reads, reading, release = [], threading.Event(), threading.Event()
+
+    def slow(fn, *args):  # turning rows into objects takes a while (off the loop under fleetd serve)
+        reads.append(fn.__name__)
+        reading.set()
+        assert release.wait(30)
+        return fn(*args)
+
+    class Arrivals:  # the read lock, counting the callers that reached it
+        def __init__(self, lock):
+            self.lock, self.count = lock, 0
+
+        def __enter__(self):
+            self.count += 1
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    cache = InventoryCache(offload=slow)
+    cache._reading = arrivals = Arrivals(cache._reading)
+    api.ready_node(fleet, "n1")
+    got = []
+
+    def get():
+        with database.connection_context():
+            got.append(cache.get())
+
+    callers = [threading.Thread(target=get) for _ in range(4)]
+    callers[0].start()
+    assert reading.wait(30)
+    for caller in callers[1:]:
+        caller.start()
+    wait_until(lambda: arrivals.count == 4, timeout=30, message="every caller at the read")
+    release.set()
+    for caller in callers:
+        caller.join(30)
+    assert reads == ["_inventory"]  # read once, not once per caller
+    assert len(got) == 4 and all(inventory is got[0] for inventory in got)
+    assert [n.hostname for n in got[0].nodes] == ["n1"]
+
+
 def test_a_submit_that_will_not_wait_for_capacity_is_refused_and_stores_nothing(api, fleet):
     api.ready_node(fleet, "n1", gpu_count=8)
     resp = api.post("/api/v1/jobs?wait_for_capacity=false", {"name": "big", "command": ["true"],

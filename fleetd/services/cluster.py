@@ -315,6 +315,11 @@ def _assemble(version, fleets, nodes, gpus, models):
                      frozenset().union(*models.values()), {node.id: node for node in nodes})
 
 
+def _holds(inventory, version):
+    """True when `inventory` is at `version` or newer (read by a caller whose transaction began later)."""
+    return inventory is not None and None not in (version, inventory.version) and inventory.version >= version
+
+
 class InventoryCache:
     """The inventory kept in memory, read again only when the database's inventory version moved.
 
@@ -340,15 +345,27 @@ class InventoryCache:
         self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
         self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
         self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
+        # One read at a time: under fleetd serve a read yields the loop while its rows become
+        # objects, and every request arriving meanwhile would start the same read again (a burst
+        # of submits after 10,000 nodes enrolled read all of them eight times over, holding
+        # eight copies). Callers that arrive during a read wait for it and take what it read.
+        self._reading = threading.Lock()
 
     def get(self):
         """The inventory at the database's version (call inside the pass's read transaction), or,
         throttled, a view at most a few seconds old while reloads would come faster than that."""
         rows = _INVENTORY_VERSION.raw_tuples()
         version = rows[0][0] if rows else None
-        current = self._current
         self.stale_for = 0.0
-        if current is not None and version is not None and current.version == version:
+        current = self._current
+        if _holds(current, version):
+            return current
+        with self._reading:
+            return self._read(version)
+
+    def _read(self, version):
+        current = self._current
+        if _holds(current, version):  # another caller read it while this one waited
             return current
         now = self._monotonic()
         wait = max(self.MIN_AGE, self.AGE_FACTOR * self._cost) - (now - self._loaded_at)
