@@ -165,7 +165,9 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
     assert late["id"] in read[0] and late["id"] not in read[-1]
     reasons = {api.job(job_id)["pending_reason"] for job_id in backlog | {late["id"]}}
     assert len(reasons) == 1 and reasons.pop().startswith("no enrolled node matches")
-    assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass reads them all
+    read.clear()
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass asks the group again
+    assert read == [{min(backlog)}]  # through its first job; the other five are not read
 
 
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
@@ -186,6 +188,68 @@ def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, f
     terms = cluster.TERMS.get_many([job.id for job in jobs])
     for job in jobs:
         assert job.group_key == cluster.group_key(terms[job.id].group), job.name
+
+
+def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_all_once_it_fits(api, fleet, clock,
+                                                                                                  monkeypatch):
+    rt = api.app.extensions["fleetd"]
+    api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "UTC", "windows": [{"start": "12:01", "end": "08:00"}]}})
+    _, session = api.ready_node(fleet, "n1", gpu_count=8)
+    jobs = [api.submit(name=f"j{i}", resources={"gpus": 1})["id"] for i in range(5)]
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parked: the fleet's window is closed
+    read, offload = [], rt.offload
+
+    def spy(fn, *args):
+        if fn is scheduling._decide:
+            read.append([job.id for job in args[1]])
+        return offload(fn, *args)
+
+    monkeypatch.setattr(rt, "offload", spy)
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}
+    assert read == [[min(jobs)]]  # the group is asked once, through its first job; the others are not read
+    read.clear()
+    for _ in range(2):  # the window opens: nothing announces it
+        clock.advance(31)
+        api.heartbeat(session)
+    assert read == []  # no pass was kicked
+    assert api.run_task("scheduling") == {"assigned": 5, "pending": 0}
+    assert read == [[min(jobs)], sorted(jobs)]  # it fits after all: the pass decides again over every job
+    assert {api.job(job_id)["state"] for job_id in jobs} == {"running"}
+
+
+def test_a_parked_groups_new_reason_reaches_its_first_job_at_once_and_the_others_in_the_next_pass(
+        api, fleet, clock, monkeypatch):
+    from fleetd.db import database
+
+    rt = api.app.extensions["fleetd"]
+    api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "UTC", "windows": [{"start": "11:00", "end": "12:01"}]}})
+    _, session = api.ready_node(fleet, "n1", gpu_count=2)
+    api.submit(name="holder", resources={"gpus": 2})
+    held = api.start_task(session)
+    jobs = [api.submit(name=f"j{i}", resources={"gpus": 1})["id"] for i in range(3)]
+    assert {api.job(job_id)["pending_reason"] for job_id in jobs} == {"no node can take the task now (gpu_count: 1 node(s))"}
+    for _ in range(2):  # the window closes: nothing announces it
+        clock.advance(31)
+        api.heartbeat(session, tasks=[{"id": held["task_id"], "epoch": held["epoch"], "state": "running"}])
+    read, offload = [], rt.offload
+
+    def spy(fn, *args):
+        if fn is scheduling._decide:
+            read.append([job.id for job in args[1]])
+        return offload(fn, *args)
+
+    monkeypatch.setattr(rt, "offload", spy)
+    kicks = []  # as under fleetd serve, where the scheduler loop runs the passes it is asked for
+    monkeypatch.setattr(type(rt.scheduler), "running", property(lambda self: True))
+    monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: kicks.append(capacity))
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 3}
+    closed = "no node can take the task now (status: 1 node(s))"
+    assert [api.job(job_id)["pending_reason"] for job_id in jobs][0] == closed
+    assert kicks == [False]  # a pass to tell the others, leaving parked groups parked
+    with api.app.app_context(), database.connection_context():  # the pass fleetd serve kicks next
+        assert scheduling.run_pass(rt, full=False) == {"assigned": 0, "pending": 3}
+    assert read == [jobs[:1], jobs[1:]]  # the first job, then the two that did not know yet
+    assert {api.job(job_id)["pending_reason"] for job_id in jobs} == {closed}
 
 
 def test_reported_running_follows_each_nodes_last_heartbeat():

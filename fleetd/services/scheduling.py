@@ -45,7 +45,8 @@ def run_pass(rt, full=True):
     Three phases, so that the costly one never holds the database or the event loop:
     1. read the queue and the cluster (short, on the loop);
     2. decide in the pure engine (rt.offload: a worker thread under `fleetd serve`), one
-       feasibility answer per group of equivalent jobs, skipping parked groups unless `full`;
+       feasibility answer per group of equivalent jobs; a kicked pass skips parked groups, a
+       `full` one asks each through its first job (their other jobs stay unread either way);
     3. write the assignments in one short transaction, each checked against what changed in
        the meantime (a job cancelled, a node cordoned): those wait for the next pass.
     Passes never overlap; nodes that got work are woken after the commit.
@@ -78,24 +79,30 @@ class _Plan:
             self.waiting[job.id] = reason
 
 
-def _run_pass(rt, full):
+def _run_pass(rt, full, read_all=False):
     now = rt.clock.now()
     stamps = rt.parked.stamps()
-    parked = None if full else rt.parked.parked()
+    parked = None if read_all else rt.parked.parked()
     with database.atomic():  # one consistent read
-        queued, unread = _read_queue(parked)
+        # A full pass looks at every group, parked ones through their first job (see _read_queue).
+        queued, unread = _read_queue(parked, first_of_each=full)
         if not queued and not unread:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued, terms, aside = _evaluable(queued)
-        unread = _unread_requests(unread)
+        followed = {first for _, count, first in unread if count}  # read for a group with unread jobs
+        unread = _unread_requests([group for group in unread if group[1]])
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         rules = Rules.load(state)
-    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, parked, dict(rt.nominations), rt.engines,
-                      unread)
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, None if full else parked,
+                      dict(rt.nominations), rt.engines, unread)
+    if any(job.id in followed for job, _, _ in plan.placed):
+        # A parked group fits after all (what no event announced, a window opening): its other
+        # jobs were not read, so decide again over every queued job, in placement order.
+        return _run_pass(rt, full, read_all=True)
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
@@ -103,11 +110,12 @@ def _run_pass(rt, full):
     assigned, woken = _write(rt, plan, now)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
-    if plan.bounded:
-        if rt.instruments is not None:
-            rt.instruments.scheduling_bounded.inc()
-        if rt.scheduler is not None and rt.scheduler.running:
-            rt.scheduler.kick(capacity=False)  # the rest of the queue in the next pass
+    if plan.bounded and rt.instruments is not None:
+        rt.instruments.scheduling_bounded.inc()
+    # The rest of the queue in the next pass; or a parked group's reason changed, which its first
+    # job has been told: the next pass reads and tells the others.
+    if (plan.bounded or followed & plan.waiting.keys()) and rt.scheduler is not None and rt.scheduler.running:
+        rt.scheduler.kick(capacity=False)
     result = {"assigned": assigned, "pending": len(queued) + len(aside) + sum(c for _, c in unread) - assigned}
     if stale_for:  # decided on a view some seconds old: look again once it is new
         result["retry_in"] = stale_for
@@ -363,20 +371,28 @@ def _jobs_by_id(job_ids):
 MAX_UNREAD_GROUPS = 200  # parked groups a kicked pass leaves out of its read (more: it reads all)
 
 
-def _read_queue(parked):
+def _read_queue(parked, first_of_each=False):
     """(the queued jobs to read, in placement order, [(group key, jobs, one job id)] of those left
     unread). A pass that skips parked groups (`parked`: {group: reason}) does not read their jobs
     that already say why they wait: a parked backlog of thousands costs it one count per group,
-    not a row per job. Jobs with no group key (stored before it existed) are always read."""
+    not a row per job. With `first_of_each` (a pass that looks at every group) the first of those
+    jobs of each parked group is read too, and is no longer counted among the unread: the group
+    is asked once, as always, through it. Jobs with no group key (stored before it existed) are
+    always read."""
     if not parked or len(parked) > MAX_UNREAD_GROUPS:
         return list(map(Queued._make, _QUEUED.raw_tuples())), []
     told = functools.reduce(operator.or_, [(Job.group_key == group_key(key)) & (Job.pending_reason == reason)
                                            for key, reason in parked.items()])
     queued = Job.state == JobState.QUEUED.value
-    columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
-    rows = raw_rows(Job.select(*columns).where(queued & (Job.group_key.is_null() | ~told)).order_by(*_PLACEMENT_ORDER))
+    # A group shares its priority class, so its first job in placement order is its lowest id.
     unread = raw_rows(Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
-                  .where(queued & Job.group_key.is_null(False) & told).group_by(Job.group_key))
+                      .where(queued & Job.group_key.is_null(False) & told).group_by(Job.group_key))
+    read = Job.group_key.is_null() | ~told
+    if first_of_each and unread:
+        read |= Job.id.in_([first for _, _, first in unread])
+        unread = [(key, count - 1, first) for key, count, first in unread]
+    columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
+    rows = raw_rows(Job.select(*columns).where(queued & read).order_by(*_PLACEMENT_ORDER))
     return list(map(Queued._make, rows)), unread
 
 
