@@ -32,6 +32,19 @@ def _count_engine_calls(monkeypatch):
     return calls
 
 
+def _jobs_each_pass_reads(rt, monkeypatch):
+    """[[job id, ...] in the order each pass from now on hands them to its decision phase]."""
+    read, offload = [], rt.offload
+
+    def spy(fn, *args):
+        if fn is scheduling._decide:
+            read.append([job.id for job in args[1]])
+        return offload(fn, *args)
+
+    monkeypatch.setattr(rt, "offload", spy)
+    return read
+
+
 def test_equivalent_jobs_that_fit_nowhere_cost_one_engine_answer_per_pass(api, fleet, monkeypatch):
     api.ready_node(fleet, "n1")
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}) for i in range(20)]
@@ -148,26 +161,19 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
     backlog = {api.submit(name=f"b{i}", resources=missing)["id"] for i in range(5)}
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parks the group; all five know why
     rt = api.app.extensions["fleetd"]
-    read, offload = [], rt.offload
-
-    def spy(fn, *args):
-        if fn is scheduling._decide:
-            read.append({job.id for job in args[1]})
-        return offload(fn, *args)
-
-    monkeypatch.setattr(rt, "offload", spy)
+    read = _jobs_each_pass_reads(rt, monkeypatch)
     late = api.submit(name="late", resources=missing)  # joins the parked group: read once, told why
     fits = api.submit(name="fits", resources={"gpus": 1})
     assert api.job(fits["id"])["state"] in ("assigned", "running")
     with api.app.app_context(), database.connection_context():
         assert scheduling.run_pass(rt, full=False) == {"assigned": 0, "pending": 6}
-    assert read and not any(ids & backlog for ids in read)
+    assert read and not any(backlog & set(ids) for ids in read)
     assert late["id"] in read[0] and late["id"] not in read[-1]
     reasons = {api.job(job_id)["pending_reason"] for job_id in backlog | {late["id"]}}
     assert len(reasons) == 1 and reasons.pop().startswith("no enrolled node matches")
     read.clear()
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass asks the group again
-    assert read == [{min(backlog)}]  # through its first job; the other five are not read
+    assert read == [[min(backlog)]]  # through its first job; the other five are not read
 
 
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
@@ -197,14 +203,7 @@ def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_
     _, session = api.ready_node(fleet, "n1", gpu_count=8)
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1})["id"] for i in range(5)]
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parked: the fleet's window is closed
-    read, offload = [], rt.offload
-
-    def spy(fn, *args):
-        if fn is scheduling._decide:
-            read.append([job.id for job in args[1]])
-        return offload(fn, *args)
-
-    monkeypatch.setattr(rt, "offload", spy)
+    read = _jobs_each_pass_reads(rt, monkeypatch)
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}
     assert read == [[min(jobs)]]  # the group is asked once, through its first job; the others are not read
     read.clear()
@@ -231,14 +230,7 @@ def test_a_parked_groups_new_reason_reaches_its_first_job_at_once_and_the_others
     for _ in range(2):  # the window closes: nothing announces it
         clock.advance(31)
         api.heartbeat(session, tasks=[{"id": held["task_id"], "epoch": held["epoch"], "state": "running"}])
-    read, offload = [], rt.offload
-
-    def spy(fn, *args):
-        if fn is scheduling._decide:
-            read.append([job.id for job in args[1]])
-        return offload(fn, *args)
-
-    monkeypatch.setattr(rt, "offload", spy)
+    read = _jobs_each_pass_reads(rt, monkeypatch)
     kicks = []  # as under fleetd serve, where the scheduler loop runs the passes it is asked for
     monkeypatch.setattr(type(rt.scheduler), "running", property(lambda self: True))
     monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: kicks.append(capacity))
