@@ -346,14 +346,14 @@ class InventoryCache:
         self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
         self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
         # One read at a time: under fleetd serve a read yields the loop while its rows become
-        # objects, and every request arriving meanwhile would start the same read again (a burst
-        # of submits after 10,000 nodes enrolled read all of them eight times over, holding
-        # eight copies). Callers that arrive during a read wait for it and take what it read.
+        # objects, and every request arriving meanwhile would otherwise start the same read (and
+        # hold its own copy). Callers that arrive during a read wait for it and take what it read.
         self._reading = threading.Lock()
 
     def get(self):
-        """The inventory at the database's version (call inside the pass's read transaction), or,
-        throttled, a view at most a few seconds old while reloads would come faster than that."""
+        """The inventory at the database's version (call inside the pass's read transaction) or a
+        newer one another caller just read, or, throttled, a view at most a few seconds old while
+        reloads would come faster than that."""
         rows = _INVENTORY_VERSION.raw_tuples()
         version = rows[0][0] if rows else None
         self.stale_for = 0.0
