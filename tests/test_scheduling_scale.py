@@ -179,15 +179,15 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
     from fleetd.models import Job
     from fleetd.services import cluster
+    from tests.test_instances import create, finish, start
 
     _, session = api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="job", resources={"gpus": 4}, priority_class="spot", bid=1.5)
-    inst = api.post("/api/v1/instances", {"name": "nb", "command": ["sleep", "1d"], "resources": {"gpus": 1}})
-    assignment = api.acquire(session)
-    api.task_call(session, assignment, "start", pid=4242, ports=[])
-    api.post(f"/api/v1/instances/{inst.get_json()['id']}/stop")
-    api.task_call(session, assignment, "finish", outcome="cancelled")
-    api.post(f"/api/v1/instances/{inst.get_json()['id']}/resume", {})  # a second run, pinned to its node
+    inst = create(api, command=["sleep", "1d"])
+    assignment = start(api, session)
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    finish(api, session, assignment)
+    api.post(f"/api/v1/instances/{inst['id']}/resume", {})  # a second run, pinned to its node
     with api.app.app_context():
         jobs = list(Job.select())
     assert len(jobs) == 3 and len({job.group_key for job in jobs}) == 3
@@ -491,12 +491,12 @@ def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read
         assert release.wait(30)
         return fn(*args)
 
-    class Arrivals:  # the read lock, counting the callers that reached it
+    class Arrivals:  # the read lock, noting each caller that reached it
         def __init__(self, lock):
-            self.lock, self.count = lock, 0
+            self.lock, self.callers = lock, []
 
         def __enter__(self):
-            self.count += 1
+            self.callers.append(threading.get_ident())  # one atomic append per caller
             return self.lock.__enter__()
 
         def __exit__(self, *exc):
@@ -516,7 +516,7 @@ def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read
     assert reading.wait(30)
     for caller in callers[1:]:
         caller.start()
-    wait_until(lambda: arrivals.count == 4, timeout=30, message="every caller at the read")
+    wait_until(lambda: len(arrivals.callers) == 4, timeout=30, message="every caller at the read")
     release.set()
     for caller in callers:
         caller.join(30)
