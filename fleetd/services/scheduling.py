@@ -90,8 +90,8 @@ def _run_pass(rt, full, read_all=False):
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued, terms, aside = _evaluable(queued)
-        followed = {first for _, count, first in unread if count}  # read for a group with unread jobs
-        unread = _unread_requests([group for group in unread if group[1]])
+        followed = {first for _, _, first in unread}  # read (in a full pass) for a group with unread jobs
+        unread = _unread_requests(unread)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
@@ -390,7 +390,7 @@ def _read_queue(parked, first_of_each=False):
     read = Job.group_key.is_null() | ~told
     if first_of_each and unread:
         read |= Job.id.in_([first for _, _, first in unread])
-        unread = [(key, count - 1, first) for key, count, first in unread]
+        unread = [(key, count - 1, first) for key, count, first in unread if count > 1]
     columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
     rows = raw_rows(Job.select(*columns).where(queued & read).order_by(*_PLACEMENT_ORDER))
     return list(map(Queued._make, rows)), unread
