@@ -1,12 +1,14 @@
 """Helpers of the instance tests: assignments of instance runs, a port range of their own, HTTP probes."""
 
+import os
+import random
 import signal
-import socket
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from agent.ports import listening
 from agent.procfs import recorded_pids, signal_pids, wait_gone
 from agent.task.journal import read_state
 
@@ -30,13 +32,24 @@ def instance_assignment(task_id, command, instance_id="inst-1", epoch=1, gpus=No
             "isolation": "exclusive", "max_runtime_seconds": None, "artifacts": [], "instance": spec}
 
 
+PORTS_FLOOR = 10_000  # test port ranges lie between this and the kernel's ephemeral ports
+
+
 def port_range(width=40):
-    """(low, high): `width` ports starting at one free now, so that tests running at once do not share ports."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        low = sock.getsockname()[1]
-    low = min(low, 65535 - width)
-    return low, low + width - 1
+    """(low, high): `width` ports, each free now, so that tests running at once do not share ports.
+
+    The range lies below the kernel's ephemeral ports, where no outgoing connection or bind to port
+    0 of a parallel test can take one of them meanwhile, in a block of its own per xdist worker."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    block = (ephemeral_low - PORTS_FLOOR) // workers
+    first = PORTS_FLOOR + worker * block
+    for _ in range(100):  # bounded: a block has hundreds of windows and few are in use
+        low = random.randrange(first, first + block - width)
+        if not any(listening(port) for port in range(low, low + width)):
+            return low, low + width - 1
+    raise AssertionError(f"no {width} free ports in {first}-{first + block - 1}")
 
 
 def http_get(url, timeout=2.0):
