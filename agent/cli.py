@@ -9,8 +9,7 @@ import sys
 import click
 import requests
 
-from agent.client import FleetdError
-from agent.client import display_url
+from agent.client import FleetdError, display_url
 from agent.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, load_config, node_server_urls, parse_labels
 from agent.daemon import EXIT_CONFIG, EXIT_FAILURE, Agent, enrol
 from agent.devices import DeviceManager

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleetd.provision.bundle import build_bundle, read_bundle  # noqa: E402
-from tests.provision.conftest import FAST, FLEET, Api, BoundFleetd, Lab, missing_tools  # noqa: E402
 from tests.integration.conftest import fleetd_init  # noqa: E402
+from tests.provision.conftest import FAST, FLEET, Api, BoundFleetd, Lab, missing_tools  # noqa: E402
 from tests.provision.hosts import SshLab  # noqa: E402
 
 SHAPES = ("h100_x8", "l4_x4", "a100_mig_x2")

@@ -34,7 +34,6 @@ import urllib.parse  # noqa: E402
 
 import gevent  # noqa: E402
 import gevent.queue  # noqa: E402
-
 from scale import percentiles  # noqa: E402 - bench/ is this script's directory; scale.py imports only the stdlib
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"

@@ -10,8 +10,20 @@ import threading
 from flask import g
 
 from fleetd.credentials import (  # noqa: F401 - views take the roles from here, with the checks
-    ADMIN, ANY_ROLE, API_PREFIX, JOIN, JOIN_PREFIX, METRICS, NODE, NODE_PREFIX, SUBMITTER, TOKEN_RE, hash_token,
-    make_token, matches)
+    ADMIN,
+    ANY_ROLE,
+    API_PREFIX,
+    JOIN,
+    JOIN_PREFIX,
+    METRICS,
+    NODE,
+    NODE_PREFIX,
+    SUBMITTER,
+    TOKEN_RE,
+    hash_token,
+    make_token,
+    matches,
+)
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
 from fleetd.models import ApiToken, JoinToken, Node, NodeStatus
 from fleetd.sql import Statement

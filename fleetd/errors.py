@@ -4,7 +4,6 @@ import logging
 
 import peewee
 from playhouse.pool import MaxConnectionsExceeded
-
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 
-import fleetconf
 import gevent
 import gevent.event
 import gevent.pool
@@ -18,9 +17,10 @@ import gevent.socket
 from apscheduler.schedulers.gevent import GeventScheduler
 from gevent.pywsgi import MAX_REQUEST_LINE, LoggingLogAdapter, WSGIHandler, WSGIServer
 
+import fleetconf
 from fleetd import create_app
-from fleetd.errors import envelope
 from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
+from fleetd.errors import envelope
 from fleetd.replicas import SingleProcessLock, replicate
 
 log = logging.getLogger("fleetd")
@@ -274,7 +274,7 @@ def _wait_readable(fd, timeout):
     """Wait until fd is readable or the timeout passed (gevent: other greenlets run meanwhile)."""
     try:
         gevent.socket.wait_read(fd, timeout)
-    except socket.timeout:
+    except TimeoutError:
         pass
 
 

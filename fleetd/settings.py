@@ -6,7 +6,6 @@ import os
 
 import fleetconf
 
-
 DEFAULT_DATA_DIR = "/var/lib/fleetd"
 
 

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/ruff check fleetd agent tests bench scripts  # static checks first: a lint error fails fast
+.venv/bin/ruff check fleetd agent fleetwire fleetconf tests bench scripts  # static checks first: a lint error fails fast
 .venv/bin/mypy  # the typed packages (pyproject.toml [tool.mypy])
 exec .venv/bin/python -m pytest -n 2 -q "$@"

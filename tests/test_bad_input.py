@@ -136,7 +136,7 @@ def _raw(api, method, path, body, token=..., agent=False):
 def test_non_finite_numbers_are_refused_everywhere_a_job_spec_goes(api, gpus):
     api.create_fleet()
     submitter = api.create_token("submitter")
-    body = '{"name": "x", "command": ["true"], "resources": {"gpus": %s}}' % gpus
+    body = '{"name": "x", "command": ["true"], "resources": {"gpus": ' + gpus + '}}'
     for path in ("/api/v1/jobs", "/api/v1/cluster/simulate-schedule"):
         err = _error(_raw(api, "POST", path, body, token=submitter), 400, "invalid_request")
         assert "json" in err["details"]["fields"]

@@ -6,11 +6,12 @@ import uuid
 
 import hypothesis
 import hypothesis.strategies as st
+
 from fleetd import scheduler
 from fleetd.services.cluster import current_state, gpu_summary
 from tests.conftest import admin_client
-from tests.support.http import ApiClient
 from tests.support.gpus import gpus as gpu_list
+from tests.support.http import ApiClient
 
 OPS = st.lists(st.tuples(
     st.sampled_from(["register", "submit", "submit_other", "submit_any", "start", "finish", "cancel", "cordon",

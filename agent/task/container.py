@@ -120,8 +120,8 @@ class ContainerRuntime:
     def _call(self, args, env, timeout=COMMAND_TIMEOUT_SECONDS):
         """(exit status, stdout, stderr) of one runtime command; ContainerError when it cannot run at all."""
         try:
-            done = subprocess.run([*self.argv, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, timeout=timeout, check=False)
+            done = subprocess.run([*self.argv, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ContainerError(f"{self.name} {args[0]}: {exc}") from None
         return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace").strip()

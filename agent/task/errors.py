@@ -2,6 +2,7 @@
 
 from agent.client import Conflict, Rejected
 
+
 class TaskError(Exception):
     """The task cannot run; the message is the reason reported to fleetd."""
 

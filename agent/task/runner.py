@@ -18,7 +18,6 @@ import time
 
 from agent.ports import PortAllocator
 from agent.procfs import read_boot_id, read_proc, recorded_pids, signal_pids, wait_gone
-from fleetwire.assignment import Assignment
 from agent.task.container import ContainerRuntime
 from agent.task.dirs import SPARE_DIR, STATE_FILE, TaskDirs
 from agent.task.errors import Fenced
@@ -31,6 +30,7 @@ from agent.task.supervisor import kill_recorded
 from agent.task.task import Task
 from agent.task.volumes import Volumes
 from agent.threads import Pool
+from fleetwire.assignment import Assignment
 
 log = logging.getLogger("agent.runner")
 

@@ -20,8 +20,7 @@ import subprocess
 import threading
 import time
 
-from agent.procfs import (group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, uptime_ticks,
-                          wait_gone)
+from agent.procfs import group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, uptime_ticks, wait_gone
 from agent.task.errors import TaskError
 from agent.threads import UNTIL_STOPPED
 

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from agent.procfs import ProcessMapper, TaskKey, is_visible, read_command, read_comm, read_proc, signal_pids
+from agent.procfs import ProcessMapper, TaskKey, is_visible, read_comm, read_command, read_proc, signal_pids
 from agent.task.mps import MIB
 
 log = logging.getLogger("agent.limits")

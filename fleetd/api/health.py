@@ -2,8 +2,8 @@
 
 from flask.views import MethodView
 
-from fleetd.api.parser import Blueprint
 from fleetd import __version__
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ANY_ROLE, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.tokens import HealthSchema, WhoamiSchema

@@ -5,8 +5,16 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
-from fleetd.schemas.instances import (ConnectionQuerySchema, ConnectionSchema, InstancePageSchema, InstanceQuerySchema,
-                                      InstanceSchema, InstanceSpecSchema, InstanceWaitSchema, ResumeSchema)
+from fleetd.schemas.instances import (
+    ConnectionQuerySchema,
+    ConnectionSchema,
+    InstancePageSchema,
+    InstanceQuerySchema,
+    InstanceSchema,
+    InstanceSpecSchema,
+    InstanceWaitSchema,
+    ResumeSchema,
+)
 from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
 from fleetd.schemas.nodes import EventPageSchema
 from fleetd.services import instances

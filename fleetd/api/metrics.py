@@ -2,10 +2,10 @@
 
 from flask import Response
 from flask.views import MethodView
-from fleetd.api.parser import Blueprint
 from marshmallow import Schema, fields
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import Int

@@ -5,8 +5,16 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, require
 from fleetd.runtime import current_runtime
-from fleetd.schemas.nodes import (BootstrapRunSchema, EventPageSchema, EventQuerySchema, EventSchema, NodeDrainSchema,
-                                  NodePageSchema, NodeQuerySchema, NodeSchema)
+from fleetd.schemas.nodes import (
+    BootstrapRunSchema,
+    EventPageSchema,
+    EventQuerySchema,
+    EventSchema,
+    NodeDrainSchema,
+    NodePageSchema,
+    NodeQuerySchema,
+    NodeSchema,
+)
 from fleetd.services import nodes
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")

@@ -5,8 +5,17 @@ import datetime as dt
 import logging
 import threading
 
-from fleetd.background import (drains, leases, liveness_sweep, metrics_sampler, retention, scheduling, storage,
-                               token_cleanup, webhooks)
+from fleetd.background import (
+    drains,
+    leases,
+    liveness_sweep,
+    metrics_sampler,
+    retention,
+    scheduling,
+    storage,
+    token_cleanup,
+    webhooks,
+)
 from fleetd.errors import Conflict, NotFound
 from fleetd.services.events import FLEETD, acting_as
 

@@ -7,8 +7,20 @@ import sys
 
 import click
 
-from fleetd.cli.output import (EVENT_COLUMNS, byte_size, describe_error, emit, fail, log_printer, money, number,
-                               show_record, show_table, span, wants_json)
+from fleetd.cli.output import (
+    EVENT_COLUMNS,
+    byte_size,
+    describe_error,
+    emit,
+    fail,
+    log_printer,
+    money,
+    number,
+    show_record,
+    show_table,
+    span,
+    wants_json,
+)
 from fleetd.cli.params import Duration, GpuCount, Size, load_spec, parse_duration, parse_labels
 from fleetd.cli.remote import client_command, current_client, read_log_pages
 from fleetd.client import ClientError

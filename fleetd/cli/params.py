@@ -4,7 +4,6 @@ import re
 
 import click
 
-
 _DURATION_RE = re.compile(r"^(\d+)([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

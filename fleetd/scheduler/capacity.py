@@ -9,8 +9,8 @@ for the cluster and for every GPU series (model), always.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Collection
 
 from fleetd.scheduler.model import MILLI, ClusterSnapshot
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
 from fleetd.scheduler.model import (
     MILLI,

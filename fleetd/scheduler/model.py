@@ -8,8 +8,8 @@ Units: CPUs in milli-CPU, memory in bytes, GPU compute share in milli-GPU (1000 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 MILLI = 1000
 
@@ -270,7 +270,7 @@ class WorkloadProfile:
     shapes: tuple[TaskShape, ...]
 
     @classmethod
-    def from_counts(cls, counts: Mapping[tuple, float], coverage: float = 1.0) -> "WorkloadProfile":
+    def from_counts(cls, counts: Mapping[tuple, float], coverage: float = 1.0) -> WorkloadProfile:
         """Shapes from counts, keeping the most popular ones that make up `coverage` of all tasks.
 
         `counts` maps (cpu_milli, gpu_milli, gpu_count, gpu_types) to how many tasks had it.
@@ -281,7 +281,7 @@ class WorkloadProfile:
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], kv[0][3]), reverse=True)
         return cls(tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / total) for k, c in ordered)).typical(coverage)
 
-    def typical(self, coverage: float) -> "WorkloadProfile":
+    def typical(self, coverage: float) -> WorkloadProfile:
         """The most popular shapes that together make up `coverage` of tasks, weights renormalised.
 
         The FGD paper measures fragmentation against such "typical" shapes; its artifact

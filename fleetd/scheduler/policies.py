@@ -14,8 +14,8 @@ fragmentation-gradient policy; `fragbal` (the default) is ours.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from fleetd.scheduler.model import MILLI, WorkloadProfile
 

@@ -8,8 +8,8 @@ victims, requeues them per their retry policy and places the request on the next
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from fleetd.scheduler.engine import PlacementEngine
 from fleetd.scheduler.model import (

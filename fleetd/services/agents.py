@@ -8,9 +8,16 @@ from fleetd.services import instances
 from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
+from fleetd.services.nodes import (
+    LIVE_STATUSES,
+    find_node,
+    learned_gpu_status,
+    replace_gpus,
+    set_gpu_status,
+    settle_drain,
+    switch_node_status,
+)
 from fleetd.services.work import reconcile_reported_tasks
-from fleetd.services.nodes import (LIVE_STATUSES, find_node, learned_gpu_status, replace_gpus, set_gpu_status,
-                                   settle_drain, switch_node_status)
 
 
 def register_node(rt, join_token_id, info):

@@ -4,9 +4,9 @@ import hashlib
 import os
 import tempfile
 
+from fleetd.credentials import ADMIN
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
-from fleetd.credentials import ADMIN
 from fleetd.models import Artifact, ArtifactUpload, Job, Task, TaskState
 
 CHUNK = 1024 * 1024

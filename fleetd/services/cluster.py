@@ -9,17 +9,17 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import time
 import re
 import threading
+import time
 import typing
 
 from fleetd import scheduler, windows
+from fleetd.clock import isoformat
 from fleetd.credentials import ADMIN
 from fleetd.db import database
-from fleetd.clock import isoformat
-from fleetd.runtime import call
 from fleetd.models import Fleet, Gpu, InventoryChange, InventoryVersion, Job, JobState, Node, NodeStatus, Task
+from fleetd.runtime import call
 from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
 from fleetd.sql import Statement
 

@@ -14,7 +14,6 @@ from fleetd.db import after_commit
 from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
 from fleetd.services.events import FLEETD, acting_as, record_event
 
-
 REASON_MAX = 1000
 MISSING_MAX = 64  # GPUs remembered as missing (a node has far fewer)
 HELD = (NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)

@@ -17,13 +17,26 @@ from peewee import fn
 
 from fleetd.db import after_commit, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
-from fleetd.models import (Event, Gpu, GpuType, Instance, InstanceState, Job, JobState, LogLine, Node, NodeStatus,
-                           Task, TaskState, new_id, transition_table)
+from fleetd.models import (
+    Event,
+    Gpu,
+    GpuType,
+    Instance,
+    InstanceState,
+    Job,
+    JobState,
+    LogLine,
+    Node,
+    NodeStatus,
+    Task,
+    TaskState,
+    new_id,
+    transition_table,
+)
 from fleetd.services.cluster import group_key_of
 from fleetd.services.events import list_events, record_event
-from fleetd.services.jobs import (ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request)
+from fleetd.services.jobs import ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request
 from fleetd.services.pagination import last_rows, paginate
-
 
 # state -> the states it may go to
 TRANSITIONS = transition_table(InstanceState, {

@@ -14,7 +14,6 @@ from fleetd.services.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.sql import Statement
 
-
 # A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
 # processes ended (or their leases expire); a queued one holds no process and is cancelled at once.
 JOB_TRANSITIONS = transition_table(JobState, {

@@ -11,7 +11,6 @@ from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, stop_tasks_of_nod
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.sql import Statement
 
-
 # Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it
 # may go to. Lost and revoked are reachable from anywhere live; a lost node returns to where it was.
 TRANSITIONS = transition_table(NodeStatus, {

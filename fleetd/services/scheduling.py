@@ -13,13 +13,19 @@ import peewee
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
-from fleetd.replicas import Fenced
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
+from fleetd.replicas import Fenced
 from fleetd.services import instances
 from fleetd.services.cluster import TERMS, ClusterState, group_key, raw_rows
 from fleetd.services.events import FLEETD, acting_as
-from fleetd.services.jobs import (ACTIVE_TASK_STATES, TASKS_OF_JOB, end_task, switch_job_state, switch_task_state,
-                                  task_request)
+from fleetd.services.jobs import (
+    ACTIVE_TASK_STATES,
+    TASKS_OF_JOB,
+    end_task,
+    switch_job_state,
+    switch_task_state,
+    task_request,
+)
 from fleetd.sql import Statement
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_tas
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
 
-
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select()
     .where((Task.node == v("node_id")) & (Task.state == TaskState.ASSIGNED.value) & Task.delivered_at.is_null())

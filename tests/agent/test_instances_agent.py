@@ -11,8 +11,7 @@ import pytest
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import rewrite_shape, wait_until
-from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
-                                          port_range)
+from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances, port_range
 
 pytestmark = pytest.mark.integration
 

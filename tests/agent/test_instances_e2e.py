@@ -101,7 +101,7 @@ def test_create_connect_stop_resume_survive_an_agent_kill_and_delete(fleet):
     agent.wait()
     assert read_proc(pid) is not None and http_get(url) == (200, "my notebook")
     agent.start()
-    agent.wait_for_line(r"took back pid %d" % pid)
+    agent.wait_for_line(rf"took back pid {pid}")
     assert wait_state(http, instance_id, "running")["runs"] == 2  # not lost, not run again
     assert http_get(url) == (200, "my notebook") and read_proc(pid) is not None
     runtime = wait_until(lambda: (found := http("GET", f"/api/v1/instances/{instance_id}", expect=200).json())

@@ -10,8 +10,7 @@ import pytest
 from agent.ports import PortAllocator
 from agent.procfs import wait_gone
 from tests.agent.conftest import wait_until
-from tests.agent.instance_support import (HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances,
-                                          port_range)
+from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
 
 ENV_PRINTER = ("import json, os\n"

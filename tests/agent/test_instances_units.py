@@ -8,10 +8,10 @@ import pytest
 
 from agent.config import ConfigError, load_config
 from agent.ports import NoFreePort, PortAllocator, listening
-from fleetwire.assignment import Assignment
 from agent.task.container import ContainerRuntime, cdi_has_nvidia, container_name
 from agent.task.instance import Backoff, restarts_after
 from agent.task.monitor import IdleWatch
+from fleetwire.assignment import Assignment
 from tests.agent.instance_support import instance_assignment, port_range
 
 

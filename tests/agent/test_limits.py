@@ -14,17 +14,17 @@ import uuid as uuidlib
 
 import pytest
 
+from agent.cgroups import Cgroups, shim_command
 from agent.client import FleetClient
 from agent.devices import DeviceManager
-from agent.cgroups import Cgroups, shim_command
 from agent.procfs import ProcessMapper, TaskKey, cgroup_tree_pids, read_bytes, read_command, read_proc, wait_gone
 from agent.task.assignment import task_env
-from fleetwire.assignment import Assignment
 from agent.task.limits import MIB, Limits, LimitSettings
 from agent.task.logs import LogSettings
 from agent.task.mps import mps_client_env, mps_daemon_command
 from agent.task.runner import Runner
 from agent.workers import Worker, Workers
+from fleetwire.assignment import Assignment
 from tests.agent.conftest import shape_path, wait_until
 from tests.support import wire
 

@@ -5,8 +5,16 @@ import signal
 import subprocess
 import sys
 
-from agent.procfs import (group_pids, read_boot_id, read_proc, read_stat, recorded_pids, signal_group, uptime_ticks,
-                          wait_gone)
+from agent.procfs import (
+    group_pids,
+    read_boot_id,
+    read_proc,
+    read_stat,
+    recorded_pids,
+    signal_group,
+    uptime_ticks,
+    wait_gone,
+)
 from tests.agent.conftest import wait_until
 
 PY = sys.executable

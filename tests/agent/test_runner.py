@@ -12,13 +12,13 @@ import pytest
 from agent.client import FleetClient
 from agent.procfs import read_boot_id, read_proc, read_stat, uptime_ticks, wait_gone
 from agent.task.assignment import inside
-from fleetwire.assignment import Assignment
 from agent.task.errors import TaskError
 from agent.task.journal import append_state, read_state
 from agent.task.logs import TRUNCATED_MARK, LogSettings
 from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
 from agent.workers import Workers
+from fleetwire.assignment import Assignment
 from tests.agent.conftest import wait_until
 from tests.support import wire
 

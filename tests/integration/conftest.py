@@ -13,8 +13,7 @@ import pytest
 
 # Imported from here by tests and benches (and test_cli_instances.py takes the fixtures from here).
 from tests.support.http import Http  # noqa: F401
-from tests.support.server import (FleetdProcess, admin, data_dir, fleetd_cmd, fleetd_init,  # noqa: F401
-                                  server, server_factory)
+from tests.support.server import FleetdProcess, admin, data_dir, fleetd_cmd, fleetd_init, server, server_factory  # noqa: F401
 
 
 def _pg_bin(name):

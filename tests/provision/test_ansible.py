@@ -10,8 +10,8 @@ import tempfile
 import pytest
 
 from tests.provision.conftest import FLEET, REPO, python_for_tools
-from tests.support import wait_until
 from tests.provision.test_bootstrap import agent_pids, closed_port_on, shape_uuids
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 PLAYBOOKS = REPO / "playbooks"

@@ -4,6 +4,7 @@ from flask import g
 
 from fleetd.errors import Forbidden
 
+
 def allow(allowed):
     """Forbidden unless the signed-in principal's role is in `allowed`."""
     principal = g.ui_principal

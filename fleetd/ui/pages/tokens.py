@@ -4,10 +4,9 @@ from flask import flash, g, redirect, render_template, request, url_for
 
 from fleetd.errors import InvalidRequest
 from fleetd.models import Role
-from fleetd.runtime import current_runtime
+from fleetd.runtime import current_runtime, public_url
 from fleetd.schemas.fleets import JoinTokenCreateSchema
 from fleetd.schemas.tokens import TokenCreateSchema
-from fleetd.runtime import public_url
 from fleetd.services import fleets, tokens
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
