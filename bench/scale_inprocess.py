@@ -176,7 +176,7 @@ def engine_breakdown(rt, app, database):
         from fleetd import scheduler
         from fleetd.models import Job
         from fleetd.services.cluster import ClusterState
-        from fleetd.services.jobs import task_request
+        from fleetd.services.terms import task_request
 
         with app.app_context(), database.connection_context():
             t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from fleetd.db import bind, database, hand_back, open_database, request_durable,
 from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
-from fleetd.services import instances
+from fleetd.services import lifecycle
 from fleetd.services.cluster import InventoryCache
 from fleetd.services.engines import Engines
 from fleetd.services.metrics import Instruments
@@ -66,7 +66,7 @@ def create_app(settings=None, clock=None, db=None):
     bind(db or open_database(settings.database_url, settings.sqlite_synchronous))
     rt = Runtime.build(settings, clock)
     app.extensions["fleetd"] = rt
-    instances.NOTIFIERS.add(rt.notifier)  # instance changes wake this app's waiters
+    lifecycle.NOTIFIERS.add(rt.notifier)  # instance changes wake this app's waiters
 
     api = FleetApi(app)
     api.ma_plugin.converter.add_attribute_function(null_means_null)

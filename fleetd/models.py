@@ -9,6 +9,7 @@ import peewee
 
 from fleetd import sql
 from fleetd.db import database
+from fleetd.specs import InstanceSpec, JobSpec
 
 
 def new_id():
@@ -54,7 +55,7 @@ class NodeStatus(str, enum.Enum):
 
 
 # An operator's actions on a node: (the statuses it applies to, the status it leads to). Each such
-# move is one of the node state machine's transitions (fleetd.services.nodes.TRANSITIONS).
+# move is one of the node state machine's transitions (fleetd.services.lifecycle.NODE_TRANSITIONS).
 NODE_ACTIONS = {
     "cordon": ("ready", "cordoned"),
     "uncordon": ("cordoned", "ready"),
@@ -319,11 +320,16 @@ class Job(BaseModel):
     started_at = peewee.DateTimeField(null=True)
     ended_at = peewee.DateTimeField(null=True)
     instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
-    # services.cluster.group_key of its JobTerms (None: unknown, the pass always reads the job)
+    # services.terms.group_key of its JobTerms (None: unknown, the pass always reads the job)
     group_key = peewee.CharField(max_length=20, null=True)
 
     class Meta:
         indexes = ((("state", "group_key"), False),)
+
+    @property
+    def job_spec(self):
+        """The stored spec, typed (fleetd.specs.JobSpec)."""
+        return JobSpec.from_dict(self.spec)
 
 
 class Instance(BaseModel):
@@ -350,6 +356,11 @@ class Instance(BaseModel):
     price_per_hour = peewee.FloatField(null=True)  # of the current (or last) run
     running_since = peewee.DateTimeField(null=True)  # while it runs: since when it accrues cost
     cost_accrued = peewee.FloatField(default=0.0)  # cost of the running time before running_since
+
+    @property
+    def instance_spec(self):
+        """The stored spec, typed (fleetd.specs.InstanceSpec)."""
+        return InstanceSpec.from_dict(self.spec)
 
 
 class Task(BaseModel):

@@ -12,7 +12,7 @@ made once: scheduling passes, lost nodes, expired leases, drain deadlines, backg
   not expired. A leader paused past its lease (SIGSTOP, a long GC) therefore cannot assign work or
   declare nodes lost after another took over: the write rolls back.
 - Shared liveness: heartbeats and lease renewals land in the memory of whichever replica got them;
-  each replica writes them down in batches (`sync()`), and the leader's decisions read them back.
+  each replica writes them down in batches (services.replication.sync()), and the leader's decisions read them back.
 - Wake-ups cross processes over LISTEN/NOTIFY (`Bus`): a long poll answered by one replica wakes
   when another one assigns, cancels or changes what it waits for; kicks reach the leader.
 
@@ -30,6 +30,7 @@ import time
 import uuid
 
 from fleetd.db import database, hand_back
+from fleetd.services.events import FLEETD, record_event
 
 log = logging.getLogger("fleetd.replicas")
 CHANNEL = "fleetd"
@@ -102,8 +103,6 @@ class Leadership:
         database.execute_sql("UPDATE leader_lease SET holder = %s, epoch = epoch + 1, "
                              "expires_at = now() + %s::interval WHERE id = 1", (self.replica_id, interval))
         self.epoch = self.leader_epoch = epoch + 1
-        from fleetd.services.events import FLEETD, record_event  # services import this module's users
-
         # An Event (and its webhook deliveries) in the transaction that took the lease.
         record_event(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "leader.changed", "cluster", self.replica_id,
                      f"replica {self.replica_id} leads now (epoch {self.epoch}; previous holder {holder or 'none'})",
@@ -237,70 +236,6 @@ class Bus:
         self._stopped.set()
         with self._send_lock:
             self._close_send()
-
-
-def replicate(rt, db, settings, spawn, wait_readable):
-    """`fleetd serve` on PostgreSQL: elect a leader with the other replicas, write down what this
-    one hears, and pass wake-ups between them. `spawn` starts a greenlet; returns a stop function."""
-    import psycopg2
-
-    from fleetd.services.jobs import STOPS
-
-    leader = rt.leader = Leadership(settings.leader_lease_seconds, shared=True)
-    bus = Bus(lambda: psycopg2.connect(database=db.database, **db.connect_params), leader.replica_id, {
-        "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
-        "stop": lambda node_id, task_id, epoch: STOPS.owe(node_id, task_id, epoch, local=True),
-        "kick": lambda capacity, fleet: rt.scheduler.kick(capacity, fleet) if leader.leading() else None,
-    })
-    rt.notifier.publish = lambda key: bus.publish("wake", list(key))
-    STOPS.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
-    rt.scheduler.publish = lambda capacity, fleet: bus.publish("kick", capacity, fleet)
-
-    def changed(leading, epoch):
-        if rt.instruments is not None:
-            rt.instruments.leadership_changes.inc()
-        if leading:  # nodes that heartbeated to the old leader get the failover grace to reach us
-            rt.liveness.restart_grace()
-            rt.leases.restart_grace()
-            rt.parked.bump()
-            rt.scheduler.kick()
-
-    leader.on_change(changed)
-    stopped = threading.Event()
-
-    def loop():
-        for _ in range(10**9):  # bounded: one round per lease quarter until stopped
-            sync(rt)
-            if stopped.wait(leader.lease_seconds / 4):
-                return
-
-    leader.tick()  # lead (or follow) before serving
-    greenlets = [spawn(loop), spawn(bus.run, wait_readable)]
-
-    def stop():
-        stopped.set()
-        bus.stop()
-        for greenlet in greenlets:
-            greenlet.join(5)
-        leader.resign()
-        rt.notifier.publish = STOPS.publish = rt.scheduler.publish = None
-
-    return stop
-
-
-def sync(rt):
-    """Write down what this replica heard (last heartbeats, lease renewals) for the leader to read,
-    then renew or take the leader lease. One round; `fleetd serve` runs it every few seconds."""
-    from fleetd.services.nodes import record_heartbeat_times
-    from fleetd.services.work import record_lease_renewals
-
-    try:
-        record_heartbeat_times(rt.liveness.take_unflushed())
-        if rt.leader.shared:
-            record_lease_renewals(rt.leases.take_unflushed())
-    finally:
-        hand_back()
-    rt.leader.tick()
 
 
 class AlreadyServing(ValueError):

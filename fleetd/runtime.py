@@ -8,11 +8,7 @@ from fleetd.auth import FailureLimiter, client_address
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
 from fleetd.replicas import Leadership
-
-
-def call(fn, *args):
-    """Run fn here (the default offload)."""
-    return fn(*args)
+from fleetd.services.cluster import call
 
 
 @dataclasses.dataclass

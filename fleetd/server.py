@@ -18,10 +18,11 @@ from apscheduler.schedulers.gevent import GeventScheduler
 from gevent.pywsgi import MAX_REQUEST_LINE, LoggingLogAdapter, WSGIHandler, WSGIServer
 
 import fleetconf
-from fleetd import create_app
+from fleetd.app import create_app
 from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 from fleetd.errors import envelope
-from fleetd.replicas import SingleProcessLock, replicate
+from fleetd.replicas import SingleProcessLock
+from fleetd.services.replication import replicate
 
 log = logging.getLogger("fleetd")
 

@@ -5,7 +5,7 @@ import datetime as dt
 
 import pytest
 
-from fleetd import create_app
+from fleetd.app import create_app
 from fleetd.db import open_database, upgrade
 from fleetd.services.tokens import issue_first_admin_token
 from fleetd.settings import Settings

@@ -8,8 +8,8 @@ import pytest
 
 from fleetd.errors import Conflict
 from fleetd.models import JobState
-from fleetd.services import jobs
-from fleetd.services.jobs import STOPS
+from fleetd.services import lifecycle
+from fleetd.services.lifecycle import STOPS
 from tests.conftest import T0, ApiClient, admin_client
 
 J = JobState
@@ -59,22 +59,22 @@ class _Row:
     (J.CANCELLING, J.FAILED, False),
 ])
 def test_job_transitions_through_cancelling_are_checked(monkeypatch, from_state, to_state, allowed):
-    monkeypatch.setattr(jobs, "record_event", lambda *args: None)
+    monkeypatch.setattr(lifecycle, "record_event", lambda *args: None)
     job = _Row(from_state.value)
     if allowed:
-        jobs.switch_job_state(job, to_state, "test", T0)
+        lifecycle.switch_job_state(job, to_state, "test", T0)
         assert job.state == to_state.value and (job.ended_at is None) == (to_state is J.CANCELLING)
     else:
         with pytest.raises(Conflict):
-            jobs.switch_job_state(job, to_state, "test", T0)
+            lifecycle.switch_job_state(job, to_state, "test", T0)
         assert job.state == from_state.value
 
 
 def test_cancelling_is_not_terminal_and_only_a_running_job_enters_it():
     assert not J.CANCELLING.is_terminal()
-    assert set(jobs.JOB_TRANSITIONS) == set(J)
+    assert set(lifecycle.JOB_TRANSITIONS) == set(J)
     # A queued job holds no process: it is cancelled at once.
-    assert [s for s, to in jobs.JOB_TRANSITIONS.items() if J.CANCELLING in to] == [J.RUNNING]
+    assert [s for s, to in lifecycle.JOB_TRANSITIONS.items() if J.CANCELLING in to] == [J.RUNNING]
 
 
 # ---------------------------------------------------------------- cancel

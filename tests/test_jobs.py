@@ -7,7 +7,7 @@ import pytest
 
 from fleetd.clock import isoformat
 from fleetd.db import database
-from fleetd.services.cluster import _TermsCache
+from fleetd.services.terms import _TermsCache
 from tests.conftest import ApiClient
 
 

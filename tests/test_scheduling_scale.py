@@ -178,7 +178,7 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
 
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
     from fleetd.models import Job
-    from fleetd.services import cluster
+    from fleetd.services import terms
     from tests.test_instances import create, finish, start
 
     _, session = api.ready_node(fleet, "n1", gpu_count=2)
@@ -191,9 +191,9 @@ def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, f
     with api.app.app_context():
         jobs = list(Job.select())
     assert len(jobs) == 3 and len({job.group_key for job in jobs}) == 3
-    terms = cluster.TERMS.get_many([job.id for job in jobs])
+    found = terms.TERMS.get_many([job.id for job in jobs])
     for job in jobs:
-        assert job.group_key == cluster.group_key(terms[job.id].group), job.name
+        assert job.group_key == terms.group_key(found[job.id].group), job.name
 
 
 def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_all_once_it_fits(api, fleet, clock,

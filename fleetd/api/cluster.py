@@ -19,7 +19,7 @@ from fleetd.schemas.cluster import (
     SimulationSchema,
 )
 from fleetd.schemas.jobs import JobSpecSchema
-from fleetd.services import cluster, jobs, metrics, policy
+from fleetd.services import cluster, metrics, policy
 from fleetd.services.cluster import current_state
 
 blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
@@ -58,7 +58,6 @@ class SimulateSchedule(MethodView):
     @blp.response(200, SimulationSchema)
     def post(self, spec):
         """Where this JobSpec would be placed now, or per node why not; reserves nothing."""
-        jobs.task_request(spec)
         return policy.simulate(current_runtime(), current_principal(), spec)
 
 

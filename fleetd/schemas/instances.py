@@ -1,10 +1,11 @@
 """Schemas of instances (InstanceSpec, Instance)."""
 
-from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import InstanceState
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.jobs import ENV_NAME, GpuCount, NodeSelectorSchema, _at_most_256
+from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
 
 IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
                         error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
@@ -50,7 +51,7 @@ class InstanceSpecSchema(Schema):
                       validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
     resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
     volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
-    volume_mount_path = Text(max_length=1024, load_default="/workspace", validate=[MOUNT_PATH])
+    volume_mount_path = Text(max_length=1024, load_default=DEFAULT_MOUNT, validate=[MOUNT_PATH])
     ports = fields.List(fields.Nested(PortSchema), validate=[validate.Length(max=32), _distinct], load_default=list)
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
@@ -68,6 +69,10 @@ class InstanceSpecSchema(Schema):
             raise ValidationError("idle stop watches GPU utilisation: the instance needs GPUs", "idle_stop")
         if any(name.startswith("FLEET_") for name in data.get("env") or {}):
             raise ValidationError("FLEET_* variables are set by fleet-agent", "env")
+
+    @post_load
+    def _typed(self, data, **kwargs):
+        return InstanceSpec.from_dict(data)
 
 
 class ResumeSchema(Schema):

@@ -2,15 +2,15 @@
 
 import math
 
-from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import JobState
 from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 
 ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
-RETRY_ON = ("node_lost", "preempted", "failed")
 
 
 def _at_most_256(env):
@@ -94,6 +94,10 @@ class JobSpecSchema(Schema):
             raise ValidationError("a fraction of a GPU cannot be exclusive", "isolation")
         if data.get("bid") is not None and data.get("priority_class") != "spot":
             raise ValidationError("a bid applies to spot jobs only", "bid")
+
+    @post_load
+    def _typed(self, data, **kwargs):
+        return JobSpec.from_dict(data)
 
 
 def _placed(task):

@@ -66,7 +66,7 @@ def unreferenced(cutoff, keep_jobs_except=()):
     about to go) refers to."""
     going = set(keep_jobs_except)
     referenced = {a["sha256"] for job in Job.select(Job.id, Job.spec) if job.id not in going
-                  for a in (job.spec.get("artifacts") or [])}
+                  for a in job.job_spec.artifacts}
     return [a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.created_at < cutoff)
             if a.sha256 not in referenced]
 
@@ -109,4 +109,4 @@ def open_artifact(settings, principal, sha256):
 def _needed_by_node(node_id, sha256):
     query = (Job.select(Job.spec).join(Task)
              .where((Task.node == node_id) & Task.state.in_(_ACTIVE)))
-    return any(a["sha256"] == sha256 for job in query for a in (job.spec.get("artifacts") or []))
+    return any(a.sha256 == sha256 for job in query for a in job.job_spec.artifacts)

@@ -7,8 +7,6 @@ snapshot and the capacity views are built from the same `ClusterState`, so they 
 
 import dataclasses
 import functools
-import hashlib
-import itertools
 import re
 import threading
 import time
@@ -18,9 +16,9 @@ from fleetd import scheduler, windows
 from fleetd.clock import isoformat
 from fleetd.credentials import ADMIN
 from fleetd.db import database
-from fleetd.models import Fleet, Gpu, InventoryChange, InventoryVersion, Job, JobState, Node, NodeStatus, Task
-from fleetd.runtime import call
-from fleetd.services.jobs import ACTIVE_TASK_STATES, task_request
+from fleetd.models import Fleet, Gpu, GpuType, InventoryChange, InventoryVersion, Job, JobState, Node, NodeStatus, Task
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES
+from fleetd.services.terms import TERMS, JobTerms
 from fleetd.sql import Statement
 
 BLOCK_TEXT = {
@@ -35,6 +33,12 @@ BLOCK_TEXT = {
 }
 
 
+
+def call(fn, *args):
+    """Run fn here (the default offload: fleetd serve hands CPU-heavy work to its thread pool)."""
+    return fn(*args)
+
+
 @functools.lru_cache(maxsize=1024)  # a handful of models, asked for once per GPU of the fleet
 def series_id(model):
     """A stable id for a GPU model: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
@@ -46,17 +50,6 @@ class NodeBlock:
     code: str
     text: str
     next_open_at: object = None
-
-
-@dataclasses.dataclass(frozen=True)
-class JobTerms:
-    """What capacity needs of a job: fixed at submit, so read once per job and kept."""
-
-    request: scheduler.TaskRequest
-    team: str
-    priority_class: str
-    bid: float | None
-    group: tuple  # jobs with equal groups get the same answer from the scheduling rules and the engine
 
 
 class Hold(typing.NamedTuple):
@@ -74,80 +67,6 @@ class Hold(typing.NamedTuple):
     state: str
     gpus: list
     job: JobTerms
-
-
-def _terms(spec, team, priority_class):
-    request = task_request(spec)
-    scheduler.shape_of(request)  # raises here, once, for a request the engine cannot evaluate
-    selector = request.node_selector
-    group = (repr(dataclasses.replace(request, name="", node_selector=scheduler.NodeSelector())), selector.fleet,
-             tuple(sorted(selector.labels.items())), team or "", priority_class, spec.get("bid"), selector.node_id,
-             selector.container)
-    return JobTerms(request, team or "", priority_class, spec.get("bid"), group)
-
-
-def group_key(group):
-    """A JobTerms group as a short stable text, stored on the job (Job.group_key) so that a pass
-    can leave parked groups out of what it reads."""
-    return hashlib.blake2b(repr(group).encode(), digest_size=10).hexdigest()
-
-
-def group_key_of(spec, team, priority_class):
-    """The group key of a job about to be stored, or None when the engine cannot evaluate it."""
-    try:
-        return group_key(_terms(spec, team, priority_class).group)
-    except Exception:  # stored anyway and set aside by the pass, which says why
-        return None
-
-
-class _TermsCache:
-    """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
-    never reused, so an entry never goes stale; the oldest entries go beyond `size`."""
-
-    def __init__(self, size=50_000):
-        self.size = size
-        self._terms = {}
-        self._lock = threading.Lock()
-
-    def get_many(self, job_ids):
-        with self._lock:
-            found = {j: self._terms[j] for j in job_ids if j in self._terms}
-        missing = [j for j in job_ids if j not in found]
-        for start in range(0, len(missing), 500):  # bounded IN lists
-            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class)
-                    .where(Job.id.in_(missing[start:start + 500])).tuples())
-            for job_id, spec, team, priority_class in rows:
-                found[job_id] = _terms(spec, team, priority_class)
-        with self._lock:
-            for job_id in missing:
-                if job_id in found:
-                    self._terms[job_id] = found[job_id]
-            self._evict()
-        return found
-
-    def _evict(self):
-        """Drop the oldest entries beyond `size` (call with the lock held)."""
-        excess = len(self._terms) - self.size
-        if excess > 0:
-            for stale in list(itertools.islice(self._terms, excess)):
-                del self._terms[stale]
-
-    def get_each(self, job_ids):
-        """({id: JobTerms}, {id: exception}): get_many, except that a job whose spec cannot be
-        evaluated is left out with why instead of failing the others."""
-        try:
-            return self.get_many(job_ids), {}
-        except Exception:  # one spec is bad: find it, keep the rest
-            found, failed = {}, {}
-            for job_id in job_ids:
-                try:
-                    found.update(self.get_many([job_id]))
-                except Exception as exc:
-                    failed[job_id] = exc
-            return found, failed
-
-
-TERMS = _TermsCache()
 
 
 def _hold_columns():
@@ -687,8 +606,6 @@ def cluster_allocation(state, node_id=None):
 
 def gpu_types(state):
     """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
-    from fleetd.models import GpuType
-
     prices = {t.model: t for t in GpuType.select()}
     out = {}
     for row in state.gpu_rows():

@@ -12,7 +12,9 @@ import datetime as dt
 from fleetd.clock import isoformat
 from fleetd.db import after_commit
 from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
+from fleetd.services import nodes
 from fleetd.services.events import FLEETD, acting_as, record_event
+from fleetd.services.runs import switch_node_status
 
 REASON_MAX = 1000
 MISSING_MAX = 64  # GPUs remembered as missing (a node has far fewer)
@@ -61,18 +63,16 @@ def _on_fault(rt, node, now, policy, hold, fault, missing):
         return False
     if not policy["cordon_on_gpu_fault"] or node.status != NodeStatus.READY.value:
         return False  # the policy is off, or an operator already took the node out of service
-    from fleetd.services import nodes  # nodes imports this module
-
     reason = f"health policy: {fault}"[:REASON_MAX]
     node.health_hold = {"reason": fault, "since": isoformat(now), "missing": missing[:MISSING_MAX]}
-    nodes.switch_node_status(node, NodeStatus.CORDONED, reason, now)
+    switch_node_status(node, NodeStatus.CORDONED, reason, now)
     _step(rt, node, now, "cordon", reason, NodeStatus.READY.value, NodeStatus.CORDONED.value, fault)
     after = policy["drain_after_seconds"]
     if after is not None:
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=after)
-        nodes.switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
+        switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
         _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s",
               NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, fault)
         nodes.settle_drain(node, now)
@@ -88,13 +88,11 @@ def _on_recovery(rt, node, now, policy, hold):
         _step(rt, node, now, "fault_cleared", f"health policy: GPUs healthy again; the node stays {node.status} "
               "(the fleet's policy does not return nodes)", node.status, node.status, "")
         return False
-    from fleetd.services import nodes
-
     was = node.status
     node.health_hold = None
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     reason = f"health policy: GPUs healthy again (out of service since {hold.get('since')}: {hold.get('reason')})"
-    nodes.switch_node_status(node, NodeStatus.READY, reason[:REASON_MAX], now)
+    switch_node_status(node, NodeStatus.READY, reason[:REASON_MAX], now)
     _step(rt, node, now, "return", reason[:REASON_MAX], was, NodeStatus.READY.value, "")
     return True
 

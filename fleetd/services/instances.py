@@ -4,156 +4,57 @@ Each run of an instance (its creation, every resume) is one internal one-rank Jo
 `instance_id` names it: the scheduler places it like any job (quotas, priority classes, bids,
 windows, preemption), acquire delivers it with an `instance` key in the Assignment, and the
 agent supervises it (restart policy, ports, volume). A run never retries: when it ends,
-run_ended() decides what the instance becomes. A resumed run is held to the node that keeps
+runs.run_ended() decides what the instance becomes. A resumed run is held to the node that keeps
 the volume.
 """
 
+import dataclasses
 import ipaddress
 import threading
 import time
-import weakref
 
 from peewee import fn
 
-from fleetd.db import after_commit, released, write_transaction
+from fleetd.db import released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
 from fleetd.models import (
     Event,
-    Gpu,
-    GpuType,
     Instance,
     InstanceState,
     Job,
     JobState,
     LogLine,
     Node,
-    NodeStatus,
     Task,
-    TaskState,
     new_id,
-    transition_table,
 )
-from fleetd.services.cluster import group_key_of
+from fleetd.services import policy, scheduling
 from fleetd.services.events import list_events, record_event
-from fleetd.services.jobs import ACTIVE_TASK_STATES, owe_stops, stop_job, switch_job_state, task_request
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES, owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
-
-# state -> the states it may go to
-TRANSITIONS = transition_table(InstanceState, {
-    "pending": "starting stopped interrupted failed deleted",
-    "starting": "running stopping stopped interrupted failed deleted",
-    "running": "stopping stopped interrupted failed deleted",
-    "stopping": "stopped deleted",
-    "stopped": "pending deleted",
-    "interrupted": "pending starting running stopping stopped deleted",
-    "failed": "pending deleted",
-    "deleted": "",
-})
-ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
-DEFAULT_MOUNT = "/workspace"
-
-# Every runtime's notifier: an instance's change wakes its waiters, whichever app serves them.
-NOTIFIERS = weakref.WeakSet()
-
-
-def switch_instance_state(inst, to_state, reason, now):
-    """The one way an instance changes state: checks the transition, keeps the cost's running
-    interval, saves, records an Event; its waiters are woken after the commit."""
-    from_state = InstanceState(inst.state)
-    to_state = InstanceState(to_state)
-    if to_state not in TRANSITIONS[from_state]:
-        raise Conflict(f"instance {inst.id} is {from_state.value}; it cannot become {to_state.value}",
-                       {"state": from_state.value})
-    if from_state is InstanceState.RUNNING and inst.running_since is not None:
-        hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
-        inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
-        inst.running_since = None
-    if to_state is InstanceState.RUNNING:
-        inst.running_since = now
-        inst.started_at = now
-    if to_state in ENDED:
-        inst.stopped_at = now
-    if to_state is not InstanceState.INTERRUPTED:
-        inst.interrupted_by = None
-    inst.state = to_state.value
-    inst.status_reason = reason
-    inst.save()
-    record_event(now, "instance.state", "instance", inst.id, reason, from_state.value, to_state.value)
-    instance_id = inst.id
-    after_commit(lambda: _wake(instance_id))
-    return inst
-
-
-def _wake(instance_id):
-    for notifier in list(NOTIFIERS):
-        notifier.notify(("instance", instance_id))
-
+from fleetd.services.runs import new_run, stop_job
+from fleetd.services.terms import task_request
 
 # ---------------------------------------------------------------- create, read
 
 
 def create_instance(rt, principal, spec):
     """Create an instance from a validated InstanceSpec and queue its first run."""
-    from fleetd.services import policy, scheduling
-
     now = rt.clock.now()
-    spec = dict(spec, team=principal.team)  # the team comes from the token, never from the body
-    request = task_request(run_spec(spec, None))  # the engine's own checks, before anything is stored
+    spec = dataclasses.replace(spec, team=principal.team)  # the team comes from the token, never from the body
+    request = task_request(spec.run(None))  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     never = scheduling.capacity_reason(rt, request)
     with write_transaction():
-        inst = Instance.create(id=new_id(), name=spec["name"], owner=principal.name, owner_token_id=principal.id,
+        inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
                                team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
-                               spec=spec,
+                               spec=spec.to_dict(),
                                created_at=now, status_reason=f"created by {principal.label}")
         record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
                      InstanceState.PENDING.value, actor=principal.label)
-        _new_run(inst, now, never)
+        new_run(inst, now, never)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
-
-
-def run_spec(spec, node_id):
-    """The internal JobSpec of one run of an instance (held to `node_id` when set)."""
-    res = spec.get("resources") or {}
-    selector = dict(spec.get("node_selector") or {})
-    if node_id is not None:
-        selector["node_id"] = node_id
-    if spec.get("image"):
-        selector["container"] = True
-    return {
-        "name": spec["name"], "command": list(spec.get("command") or []), "env": spec.get("env") or {},
-        "num_nodes": 1, "team": spec.get("team"),
-        "resources": {k: res[k] for k in ("gpus", "gpu_types", "cpus", "memory_bytes") if k in res},
-        "priority_class": spec.get("priority_class", "on-demand"), "bid": spec.get("bid"),
-        "node_selector": selector, "retry": {"max_attempts": 1, "on": []}, "max_runtime_seconds": None,
-        "instance": {
-            "restart": spec.get("restart") or "on-failure", "ports": spec.get("ports") or [],
-            "volume_bytes": spec.get("volume_bytes") or 0,
-            "volume_mount_path": spec.get("volume_mount_path") or DEFAULT_MOUNT,
-            "image": spec.get("image"), "idle_stop": spec.get("idle_stop"),
-        },
-    }
-
-
-def _new_run(inst, now, waiting_reason=None):
-    """Queue a new run of the instance (inside the caller's transaction): pending."""
-    spec = run_spec(inst.spec, inst.node_id)
-    job = Job.create(id=new_id(), name=inst.name, owner=inst.owner, owner_token_id=inst.owner_token_id, team=inst.team,
-                     state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec["priority_class"],
-                     spec=spec, submitted_at=now, instance_id=inst.id,
-                     pending_reason=waiting_reason or "waiting for the scheduler",
-                     group_key=group_key_of(spec, inst.team, spec["priority_class"]))
-    Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(force_insert=True)
-    inst.run_id = job.id
-    inst.runs = (inst.runs or 0) + 1
-    inst.desired_state = "running"
-    if inst.state != InstanceState.PENDING.value:
-        where = f" on node {inst.node_id}, which holds its volume" if inst.node_id else ""
-        switch_instance_state(inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
-    else:
-        inst.save()
-    return job
 
 
 def _kick(rt):
@@ -259,8 +160,6 @@ def _end_run(inst, final, reason, now):
 def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
     """Run a stopped, interrupted or failed instance again, on the node that holds its volume;
     `gpus` and `bid` (spot) change its spec from now on."""
-    from fleetd.services import policy, scheduling
-
     now = rt.clock.now()
     with write_transaction():
         inst = find_instance(principal, instance_id)
@@ -271,17 +170,17 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         if _run_active(inst):
             raise Conflict(f"instance {instance_id} still has processes on node {inst.node_id}; wait for them to "
                            "end or stop it first", {"state": state.value})
-        spec = dict(inst.spec)
+        spec = inst.instance_spec
         if gpus is not None:
-            spec["resources"] = dict(spec.get("resources") or {}, gpus=gpus)
+            spec = dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, gpus=gpus))
         if bid is not None:
-            if spec.get("priority_class") != "spot":
+            if spec.priority_class != "spot":
                 raise InvalidRequest("a bid applies to spot instances only", {"fields": {"bid": ["spot only"]}})
-            spec["bid"] = bid
-        request = task_request(run_spec(spec, inst.node_id))
+            spec = dataclasses.replace(spec, bid=bid)
+        request = task_request(spec.run(inst.node_id))
         policy.check_bid(spec)
-        inst.spec = spec
-        _new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))
+        inst.spec = spec.to_dict()
+        new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))
         record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
                      actor=principal.label)
     _kick(rt)
@@ -296,139 +195,6 @@ def _run_active(inst):
 
 
 # ---------------------------------------------------------------- what the runs do
-
-
-def _of_run(job):
-    inst = Instance.get_or_none_by_id(job.instance_id)
-    return inst if inst is not None and inst.run_id == job.id else None
-
-
-def run_placed(job, task, now):
-    """The scheduler placed a run (inside its write transaction): starting on that node."""
-    inst = _of_run(job)
-    if inst is None:
-        return
-    inst.node_id = task.node_id
-    inst.price_per_hour = _price(inst.spec, task.gpus)
-    switch_instance_state(inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
-
-
-def _price(spec, gpus):
-    """Per hour: the bid (per GPU-hour) for spot, else the GPU type's price; None when unpriced."""
-    count = (spec.get("resources") or {}).get("gpus") or 0
-    if not count or not gpus:
-        return None
-    if spec.get("priority_class") == "spot" and spec.get("bid") is not None:
-        return spec["bid"] * count
-    row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first()
-    price = GpuType.get_or_none(GpuType.model == row.model) if row is not None else None
-    return None if price is None or price.price_per_hour is None else price.price_per_hour * count
-
-
-def run_started(task, ports, now):
-    """The agent started a run's process (inside the caller's transaction): running."""
-    job = Job.get_by_id(task.job_id)
-    if job.instance_id is None:
-        return
-    inst = _of_run(job)
-    if inst is None:
-        return
-    if ports is not None:
-        inst.ports = ports
-    if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
-        switch_instance_state(inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
-    else:
-        inst.save()
-
-
-def run_ended(job, task, outcome, reason, now):
-    """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
-    retry) and the instance becomes stopped, deleted, failed or interrupted. Returns the job."""
-    outcome = TaskState(outcome)
-    ended = {TaskState.SUCCEEDED: JobState.SUCCEEDED, TaskState.CANCELLED: JobState.CANCELLED}.get(outcome,
-                                                                                                 JobState.FAILED)
-    if job.state == JobState.CANCELLING.value:
-        ended = JobState.CANCELLED
-    else:
-        job.outcome, job.outcome_reason = ended.value, f"{outcome.value}: {reason}"
-    switch_job_state(job, ended, f"run ended: {outcome.value} ({reason})", now)
-    inst = _of_run(job)
-    if inst is not None and inst.state != InstanceState.DELETED.value:
-        _settle(inst, outcome, reason, now)
-    return job
-
-
-def _settle(inst, outcome, reason, now):
-    if inst.desired_state == "deleted":
-        switch_instance_state(inst, InstanceState.DELETED, "deleted; its processes ended", now)
-    elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
-        switch_instance_state(inst, InstanceState.STOPPED, f"stopped; its processes ended ({reason})", now)
-    elif outcome in (TaskState.LOST, TaskState.PREEMPTED):
-        _interrupt(inst, "node_lost" if outcome is TaskState.LOST else "preempted", reason, now)
-    else:
-        inst.desired_state = "stopped"
-        if outcome is TaskState.FAILED:
-            switch_instance_state(inst, InstanceState.FAILED, reason, now)
-        elif reason.startswith("idle"):
-            switch_instance_state(inst, InstanceState.STOPPED, reason, now)
-        else:
-            policy = (inst.spec.get("restart") or "on-failure")
-            switch_instance_state(inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
-
-
-def _interrupt(inst, why, reason, now):
-    """Interrupted: resumable; after a lost node it resumes by itself when the node is back."""
-    if inst.state == InstanceState.INTERRUPTED.value:
-        inst.interrupted_by = inst.interrupted_by or why
-        inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
-        inst.save()
-    else:
-        switch_instance_state(inst, InstanceState.INTERRUPTED, reason, now)
-        inst.interrupted_by = why
-        inst.save()
-    if why == "node_lost" and _node_live(inst.node_id):
-        _new_run(inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
-
-
-def _node_live(node_id):
-    node = Node.get_or_none_by_id(node_id) if node_id else None
-    return node is not None and node.status in (NodeStatus.READY.value, NodeStatus.CORDONED.value,
-                                                NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
-
-
-def node_lost(node_id, reason, now):
-    """A node was declared lost (inside switch_node_status): its running instances are interrupted.
-    Their runs stay until their leases expire: if the node comes back first, they run on."""
-    for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & Instance.state.in_([InstanceState.STARTING.value,
-                                                              InstanceState.RUNNING.value])):
-        switch_instance_state(inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
-        inst.interrupted_by = "node_lost"
-        inst.save()
-
-
-def node_returned(node_id, now):
-    """A lost node is back (inside switch_node_status): its instances interrupted by the loss run
-    again, the process they still have there, or a new run on it."""
-    for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & (Instance.state == InstanceState.INTERRUPTED.value)
-                                        & (Instance.interrupted_by == "node_lost")):
-        if inst.desired_state != "running":
-            continue
-        task = Task.select().where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES)).first()
-        if task is None:
-            _new_run(inst, now)
-        elif task.state == TaskState.RUNNING.value:
-            switch_instance_state(inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
-        else:
-            switch_instance_state(inst, InstanceState.STARTING, f"node {node_id} is back", now)
-
-
-def assignment_extra(job):
-    """The Assignment's `instance` key of a run (None for batch work)."""
-    if job.instance_id is None:
-        return None
-    return dict(job.spec.get("instance") or {}, id=job.instance_id, name=job.name)
 
 
 # ---------------------------------------------------------------- volumes and runtime figures
@@ -518,7 +284,7 @@ def _public_spec(spec):
 
 def _runtime(inst, task, node, now):
     sample = SAMPLES.get(task.id) if task is not None else None
-    protocols = {p["port"]: p.get("protocol", "http") for p in inst.spec.get("ports") or []}
+    protocols = {p.port: p.protocol for p in inst.instance_spec.ports}
     address = node.address if node is not None else ""
     return {
         "uptime_seconds": round(max(0.0, (now - inst.started_at).total_seconds()), 3) if inst.started_at else 0,
@@ -549,7 +315,7 @@ def connection_url(host, port, protocol):
 def connection(rt, principal, instance_id, port=None, wait_seconds=0):
     """{url, host, port, protocol} of one declared port; waits until the instance runs."""
     inst = released(lambda: find_instance(principal, instance_id))
-    protocols = {p["port"]: p.get("protocol", "http") for p in inst.spec.get("ports") or []}
+    protocols = {p.port: p.protocol for p in inst.instance_spec.ports}
     declared = list(protocols)
     if not declared:
         raise NotFound(f"instance {instance_id} declares no ports", {"port": port})

@@ -1,54 +1,19 @@
-"""Nodes: the state machine, admin actions (cordon, drain, revoke, delete) and inventory."""
+"""Nodes: admin actions (cordon, drain, revoke, delete), drains, liveness and inventory (the state
+machine is in lifecycle, switch_node_status in runs)."""
 
 import collections
 import datetime as dt
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState, transition_table
+from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.services.events import list_events, record_event
-from fleetd.services.jobs import ACTIVE_TASK_STATES, end_task, stop_tasks_of_node
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
+from fleetd.services.runs import end_task, stop_tasks_of_node, switch_node_status
 from fleetd.sql import Statement
 
-# Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it
-# may go to. Lost and revoked are reachable from anywhere live; a lost node returns to where it was.
-TRANSITIONS = transition_table(NodeStatus, {
-    "pending": "ready lost revoked",
-    "ready": "cordoned draining lost revoked",
-    "cordoned": "ready draining lost revoked",
-    "draining": "drained ready lost revoked",
-    "drained": "ready lost revoked",
-    "lost": "pending ready cordoned draining drained revoked",
-    "revoked": "pending",
-})
-LIVE_STATUSES = frozenset(TRANSITIONS[NodeStatus.LOST] - {NodeStatus.REVOKED})
-
 GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
-
-
-def switch_node_status(node, to_status, reason, now, actor=None):
-    """The one way a node changes state: checks the transition, saves, records an Event (caused
-    by `actor`, by default the actor of the code running now: events.current_actor)."""
-    from_status = NodeStatus(node.status)
-    to_status = NodeStatus(to_status)
-    if to_status not in TRANSITIONS[from_status]:
-        raise Conflict(
-            f"node {node.id} cannot go from {from_status.value} to {to_status.value}",
-            {"status": from_status.value},
-        )
-    node.status = to_status.value
-    node.status_reason = reason
-    node.status_before_lost = from_status.value if to_status is NodeStatus.LOST else None
-    node.save()
-    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor)
-    from fleetd.services import instances  # instances' runs are jobs: it imports this module's users
-
-    if to_status is NodeStatus.LOST:
-        instances.node_lost(node.id, reason, now)
-    elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:
-        instances.node_returned(node.id, now)
-    return node
 
 
 def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None):

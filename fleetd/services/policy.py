@@ -2,11 +2,11 @@
 
 from fleetd import scheduler
 from fleetd.db import write_transaction
-from fleetd.errors import InvalidRequest, NotFound
+from fleetd.errors import Forbidden, InvalidRequest, NotFound
 from fleetd.models import GpuType, Quota
 from fleetd.services.cluster import current_state
-from fleetd.services.jobs import task_request, team_of
 from fleetd.services.scheduling import Rules
+from fleetd.services.terms import task_request
 
 
 def set_gpu_type(model, price_per_hour=None, spot_min_bid=None):
@@ -54,17 +54,18 @@ def delete_quota(rt, team, priority_class=None):
 
 
 def check_bid(spec):
-    """InvalidRequest when a spot job's bid is under the minimum of every GPU type it accepts."""
-    if spec.get("priority_class") != "spot" or not (spec.get("resources") or {}).get("gpus"):
+    """InvalidRequest when a spot job's (or instance's) bid is under the minimum of every GPU type
+    it accepts."""
+    if spec.priority_class != "spot" or not spec.resources.gpus:
         return
-    accepted = (spec.get("resources") or {}).get("gpu_types") or None
+    accepted = list(spec.resources.gpu_types) or None
     query = GpuType.select().where(GpuType.spot_min_bid.is_null(False))
     if accepted:
         query = query.where(GpuType.model.in_(accepted))
     minimums = {t.model: t.spot_min_bid for t in query}
     if not minimums:
         return
-    bid = spec.get("bid")
+    bid = spec.bid
     lowest = min(minimums.values())
     if bid is None or bid < lowest:
         if accepted and len(minimums) < len(accepted):
@@ -79,8 +80,7 @@ def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
     state = current_state(rt)
     rules = Rules.load(state)
-    request, blocked = rules.request_for(spec, team_of(principal, spec),
-                                         spec.get("priority_class", "on-demand"))
+    request, blocked = rules.request_for(task_request(spec), team_of(principal, spec), spec.priority_class)
     engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
     if blocked is not None:
         return {"schedulable": False, "placement": None, "error": blocked, "reason": blocked,
@@ -99,3 +99,15 @@ def simulate(rt, principal, spec):
 
 def _detail(d):
     return {"node_id": d.node_id, "stage": d.stage, "reason": d.reason}
+
+
+def team_of(principal, spec):
+    """The team a job of this principal runs as: the token's own; the body may only repeat it
+    (Forbidden otherwise), except that an admin may name any team."""
+    wanted = spec.team
+    if not wanted or principal.role == "admin":
+        return wanted or principal.team
+    if wanted != principal.team:
+        raise Forbidden(f"this token submits for team {principal.team or '(none)'}, not {wanted}",
+                        {"team": wanted})
+    return wanted

@@ -15,17 +15,11 @@ from fleetd import scheduler
 from fleetd.db import database, write_transaction
 from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.replicas import Fenced
-from fleetd.services import instances
-from fleetd.services.cluster import TERMS, ClusterState, group_key, raw_rows
+from fleetd.services.cluster import ClusterState, raw_rows
 from fleetd.services.events import FLEETD, acting_as
-from fleetd.services.jobs import (
-    ACTIVE_TASK_STATES,
-    TASKS_OF_JOB,
-    end_task,
-    switch_job_state,
-    switch_task_state,
-    task_request,
-)
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_job_state, switch_task_state
+from fleetd.services.runs import TASKS_OF_JOB, end_task, run_placed
+from fleetd.services.terms import TERMS, group_key
 from fleetd.sql import Statement
 
 log = logging.getLogger(__name__)
@@ -162,7 +156,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
         request = terms[job.id].request
         engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
         try:
-            request, reason = rules.request_for({"bid": terms[job.id].bid}, job.team, job.priority_class, request)
+            request, reason = rules.request_for(request, job.team, job.priority_class)
             result = None if reason is not None else engine.place(request, explain=True)
         except Exception as exc:  # a job the engine cannot evaluate must not stop the others
             reason = _set_aside_reason(exc)
@@ -353,7 +347,7 @@ def _assign(rt, job, tasks, result, now, woken):
     job.pending_reason = ""
     switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
     if job.instance_id is not None:
-        instances.run_placed(job, tasks[0], now)
+        run_placed(job, tasks[0], now)
 
 
 def _schedulable_nodes(node_ids):
@@ -455,7 +449,7 @@ class ParkedGroups:
                 self._fleet_events += 1
 
     def _stamp(self, key):
-        fleet = key[1]  # JobTerms.group: the selector's fleet second
+        fleet = key.fleet
         return (self.generation, self._fleets.get(fleet, 0) if fleet is not None else self._fleet_events)
 
     def stamps(self):
@@ -475,7 +469,7 @@ class ParkedGroups:
             generation, fleets, fleet_events = stamps
             self._groups = {k: v for k, v in self._groups.items() if v[0] == self._stamp(k)}
             for key, reason in parked.items():
-                fleet = key[1]
+                fleet = key.fleet
                 then = (generation, fleets.get(fleet, 0) if fleet is not None else fleet_events)
                 if then == self._stamp(key):
                     self._groups[key] = (then, reason)
@@ -543,10 +537,9 @@ class Rules:
             return sum(v for (t, _), v in self.usage.items() if t == team)
         return self.usage.get((team, priority_class), 0)
 
-    def request_for(self, spec, team, priority_class, request=None):
-        """(TaskRequest, None) or (None, why it waits) for a job of this team and class (`request`:
-        the spec's TaskRequest, when the caller has it)."""
-        request = request or task_request(spec)
+    def request_for(self, request, team, priority_class):
+        """(TaskRequest, None) or (None, why it waits) for a job of this team and class: the
+        request, or a narrower one (the GPU types its spot bid affords)."""
         team = team or ""
         need = gpus_of(request)
         for klass in (priority_class, "any"):
@@ -557,7 +550,7 @@ class Rules:
                               f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}")
         if priority_class == "spot" and request.gpu_count:
             accepted = set(request.gpu_types) or self.models
-            bid = spec.get("bid") or 0
+            bid = request.bid or 0
             affordable = {m for m in accepted if (self.prices.get(m) is None
                                                   or self.prices[m].spot_min_bid is None
                                                   or self.prices[m].spot_min_bid <= bid)}

@@ -6,8 +6,8 @@ import time
 from fleetd.db import database, released, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Task, TaskState
-from fleetd.services import instances
-from fleetd.services.jobs import ACTIVE_TASK_STATES, STOPS, end_task, switch_task_state
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES, STOPS, switch_task_state
+from fleetd.services.runs import end_task, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
 
@@ -111,7 +111,7 @@ def _must_stop(row, node_id, epoch, superseded=True):
 
 def assignment(task, job):
     """The Assignment (docs/api.md) for a task."""
-    spec = job.spec
+    spec = job.job_spec
     return {
         "task_id": task.id,
         "job_id": job.id,
@@ -119,20 +119,22 @@ def assignment(task, job):
         "attempt": job.attempt,
         "rank": task.rank,
         "num_nodes": job.num_nodes,
-        "command": spec["command"],
-        "env": spec.get("env") or {},
-        "workdir": spec.get("workdir"),
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "workdir": spec.workdir,
         "gpus": [{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
                  for g in task.gpus],
-        "isolation": spec.get("isolation") or ("shared" if any(not g.get("exclusive") for g in task.gpus)
-                                               else "exclusive"),
-        "max_runtime_seconds": spec.get("max_runtime_seconds"),
-        "artifacts": spec.get("artifacts") or [],
-        "cpus": (spec.get("resources") or {}).get("cpus") or None,
-        "memory_bytes": (spec.get("resources") or {}).get("memory_bytes") or None,
-        "priority_class": spec.get("priority_class", "on-demand"),
-        "bid": spec.get("bid"),
-        "instance": instances.assignment_extra(job),
+        "isolation": spec.isolation or ("shared" if any(not g.get("exclusive") for g in task.gpus)
+                                        else "exclusive"),
+        "max_runtime_seconds": spec.max_runtime_seconds,
+        "artifacts": [a.to_dict() for a in spec.artifacts],
+        "cpus": spec.resources.cpus or None,
+        "memory_bytes": spec.resources.memory_bytes or None,
+        "priority_class": spec.priority_class,
+        "bid": spec.bid,
+        # a run of an instance: what its node supervises
+        "instance": (dict(spec.instance.to_dict(), id=job.instance_id, name=job.name)
+                     if job.instance_id is not None and spec.instance is not None else None),
     }
 
 
@@ -165,7 +167,7 @@ def _mark_started(task, pid, now, started_at=None, save=True, ports=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
     switch_task_state(task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
-    instances.run_started(task, ports, now)
+    run_started(task, ports, now)
 
 
 def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):

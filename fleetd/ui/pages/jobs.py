@@ -76,7 +76,7 @@ def job_page(job_id):
         lines = jobs.job_logs_tail(principal, job_id, LOG_LINES_SHOWN)
     simulation = None
     if job.state == JobState.QUEUED.value and principal.role in roles.SIMULATE:
-        simulation = policy.simulate(rt, principal, job.spec)
+        simulation = policy.simulate(rt, principal, job.job_spec)
     last_seq = lines[-1].id if lines else None
     return render_template(
         "job.html", job=job, spec=json.dumps(job.spec, indent=2, sort_keys=True), hostnames=_hostnames(job),

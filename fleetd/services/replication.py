@@ -1,0 +1,70 @@
+"""What the replicas of one PostgreSQL database share (fleetd.replicas has the mechanisms): each
+writes down what it heard for the leader to read, and passes wake-ups, stops and kicks to the
+others over the bus."""
+
+import threading
+
+from fleetd.db import hand_back
+from fleetd.replicas import Bus, Leadership
+from fleetd.services.lifecycle import STOPS
+from fleetd.services.nodes import record_heartbeat_times
+from fleetd.services.work import record_lease_renewals
+
+
+def replicate(rt, db, settings, spawn, wait_readable):
+    """`fleetd serve` on PostgreSQL: elect a leader with the other replicas, write down what this
+    one hears, and pass wake-ups between them. `spawn` starts a greenlet; returns a stop function."""
+    import psycopg2  # the PostgreSQL driver: only replicas need it
+
+    leader = rt.leader = Leadership(settings.leader_lease_seconds, shared=True)
+    bus = Bus(lambda: psycopg2.connect(database=db.database, **db.connect_params), leader.replica_id, {
+        "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
+        "stop": lambda node_id, task_id, epoch: STOPS.owe(node_id, task_id, epoch, local=True),
+        "kick": lambda capacity, fleet: rt.scheduler.kick(capacity, fleet) if leader.leading() else None,
+    })
+    rt.notifier.publish = lambda key: bus.publish("wake", list(key))
+    STOPS.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
+    rt.scheduler.publish = lambda capacity, fleet: bus.publish("kick", capacity, fleet)
+
+    def changed(leading, epoch):
+        if rt.instruments is not None:
+            rt.instruments.leadership_changes.inc()
+        if leading:  # nodes that heartbeated to the old leader get the failover grace to reach us
+            rt.liveness.restart_grace()
+            rt.leases.restart_grace()
+            rt.parked.bump()
+            rt.scheduler.kick()
+
+    leader.on_change(changed)
+    stopped = threading.Event()
+
+    def loop():
+        for _ in range(10**9):  # bounded: one round per lease quarter until stopped
+            sync(rt)
+            if stopped.wait(leader.lease_seconds / 4):
+                return
+
+    leader.tick()  # lead (or follow) before serving
+    greenlets = [spawn(loop), spawn(bus.run, wait_readable)]
+
+    def stop():
+        stopped.set()
+        bus.stop()
+        for greenlet in greenlets:
+            greenlet.join(5)
+        leader.resign()
+        rt.notifier.publish = STOPS.publish = rt.scheduler.publish = None
+
+    return stop
+
+
+def sync(rt):
+    """Write down what this replica heard (last heartbeats, lease renewals) for the leader to read,
+    then renew or take the leader lease. One round; `fleetd serve` runs it every few seconds."""
+    try:
+        record_heartbeat_times(rt.liveness.take_unflushed())
+        if rt.leader.shared:
+            record_lease_renewals(rt.leases.take_unflushed())
+    finally:
+        hand_back()
+    rt.leader.tick()

@@ -1,0 +1,92 @@
+"""What a job asks of capacity: its spec as the engine's TaskRequest, its JobTerms (fixed at
+submit, kept per job id) and the key of its group (jobs that get the same answer)."""
+
+import dataclasses
+import itertools
+import threading
+
+from fleetd import scheduler
+from fleetd.errors import InvalidRequest
+from fleetd.models import Job
+from fleetd.specs import Group, JobSpec, group_key, group_of
+
+
+def task_request(spec: JobSpec) -> scheduler.TaskRequest:
+    """The engine's TaskRequest for a JobSpec; InvalidRequest when the engine cannot evaluate it."""
+    try:
+        request = spec.task_request()
+        scheduler.shape_of(request)
+    except ValueError as exc:
+        raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
+    return request
+
+
+@dataclasses.dataclass(frozen=True)
+class JobTerms:
+    """What capacity needs of a job: fixed at submit, so read once per job and kept."""
+
+    request: scheduler.TaskRequest
+    team: str
+    priority_class: str
+    bid: float | None
+    group: Group  # jobs with equal groups get the same answer from the scheduling rules and the engine
+
+
+def _terms(spec: JobSpec, team, priority_class) -> JobTerms:
+    request = task_request(spec)
+    return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid))
+
+
+def group_key_of(spec: JobSpec, team, priority_class) -> str:
+    """The group key of a job about to be stored (the spec passed task_request() first)."""
+    return group_key(_terms(spec, team, priority_class).group)
+
+
+class _TermsCache:
+    """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
+    never reused, so an entry never goes stale; the oldest entries go beyond `size`."""
+
+    def __init__(self, size=50_000):
+        self.size = size
+        self._terms = {}
+        self._lock = threading.Lock()
+
+    def get_many(self, job_ids):
+        with self._lock:
+            found = {j: self._terms[j] for j in job_ids if j in self._terms}
+        missing = [j for j in job_ids if j not in found]
+        for start in range(0, len(missing), 500):  # bounded IN lists
+            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class)
+                    .where(Job.id.in_(missing[start:start + 500])).tuples())
+            for job_id, spec, team, priority_class in rows:
+                found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class)
+        with self._lock:
+            for job_id in missing:
+                if job_id in found:
+                    self._terms[job_id] = found[job_id]
+            self._evict()
+        return found
+
+    def _evict(self):
+        """Drop the oldest entries beyond `size` (call with the lock held)."""
+        excess = len(self._terms) - self.size
+        if excess > 0:
+            for stale in list(itertools.islice(self._terms, excess)):
+                del self._terms[stale]
+
+    def get_each(self, job_ids):
+        """({id: JobTerms}, {id: exception}): get_many, except that a job whose spec cannot be
+        evaluated is left out with why instead of failing the others."""
+        try:
+            return self.get_many(job_ids), {}
+        except Exception:  # one spec is bad: find it, keep the rest
+            found, failed = {}, {}
+            for job_id in job_ids:
+                try:
+                    found.update(self.get_many([job_id]))
+                except Exception as exc:
+                    failed[job_id] = exc
+            return found, failed
+
+
+TERMS = _TermsCache()
