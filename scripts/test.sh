@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite (extra arguments go to pytest).
+#   scripts/test.sh --fast   the inner loop: lint, types, and the unit and API tests that start no
+#                            real process, browser, SSH host or database server
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=()
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    fast=(-m "not integration" --ignore=tests/agent --ignore=tests/provision --ignore=tests/ui)
+fi
 scripts/setup.sh
 .venv/bin/ruff check fleetd agent fleetwire fleetconf tests bench scripts  # static checks first: a lint error fails fast
 .venv/bin/mypy  # the typed packages (pyproject.toml [tool.mypy])
-exec .venv/bin/python -m pytest -n 2 -q "$@"
+exec .venv/bin/python -m pytest -n 2 -q "${fast[@]}" "$@"

@@ -47,6 +47,11 @@ class ClusterStatusSchema(Schema):
         "description": "running jobs: every one for an admin, else the caller's own"})
     other_active_jobs = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
         "description": "running jobs not listed in active_jobs, as {count, gpus}"})
+    active_instances = fields.List(fields.Dict(), metadata={
+        "description": "instances whose run holds GPUs or a node: {id, name, owner, team, state, started_at, "
+                       "gpus, nodes} (the instance's id and state; an admin sees all, others their own)"})
+    other_active_instances = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
+        "description": "active instances not listed in active_instances, as {count, gpus}"})
     profiles = fields.List(fields.Nested(ProfileSchema))
     nodes = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={"description": "nodes by status"})
 

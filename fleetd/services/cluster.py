@@ -16,9 +16,21 @@ from fleetd import scheduler, windows
 from fleetd.clock import isoformat
 from fleetd.credentials import ADMIN
 from fleetd.db import database
-from fleetd.models import Fleet, Gpu, GpuType, InventoryChange, InventoryVersion, Job, JobState, Node, NodeStatus, Task
+from fleetd.models import (
+    Fleet,
+    Gpu,
+    GpuType,
+    Instance,
+    InventoryChange,
+    InventoryVersion,
+    Job,
+    JobState,
+    Node,
+    NodeStatus,
+    Task,
+)
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
-from fleetd.services.terms import TERMS, JobTerms
+from fleetd.services.terms import TERMS, JobTerms, workload_of
 from fleetd.sql import Statement
 
 BLOCK_TEXT = {
@@ -482,10 +494,11 @@ _QUEUED_IDS = Statement(lambda v: Job.select(Job.id).where(Job.state == JobState
 def cluster_status(state, principal=None, storage=None, offload=call):
     """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series.
 
-    Running jobs are listed in full to admins (and to fleetd itself: no principal); anyone else
-    sees its own, and the others only as counts (their names, owners and teams are not theirs
-    to read, as GET /jobs/{id} says). `offload` runs the per-GPU part (rt.offload: off the
-    event loop; at 10,000 nodes that is 80,000 GPUs).
+    Running jobs (`active_jobs`) and instances whose run holds capacity (`active_instances`,
+    named as instances: never by their internal runs) are listed in full to admins (and to fleetd
+    itself: no principal); anyone else sees its own, and the others only as counts (their names,
+    owners and teams are not theirs to read, as GET /jobs/{id} says). `offload` runs the per-GPU
+    part (rt.offload: off the event loop; at 10,000 nodes that is 80,000 GPUs).
     """
     demand = state.queued_demand()
     gpu = offload(gpu_summary, state, demand)
@@ -495,17 +508,30 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     tasks_by_job = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
-    active_jobs, others = [], {"count": 0, "gpus": 0}
+    active = list(active)
+    runs = [j.instance_id for j in active if j.instance_id is not None]
+    instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
+    listed = {"jobs": [], "instances": []}
+    others = {"jobs": {"count": 0, "gpus": 0}, "instances": {"count": 0, "gpus": 0}}
     for j in active:
+        kind = "jobs" if j.instance_id is None else "instances"
         gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
         if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.id:
-            others["count"] += 1
-            others["gpus"] += gpus
+            others[kind]["count"] += 1
+            others[kind]["gpus"] += gpus
             continue
-        active_jobs.append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
-                            "started_at": isoformat(j.started_at), "gpus": gpus,
-                            "nodes": sorted({t.node_id for t in tasks_by_job.get(j.id, [])})})
-    return {"gpu": gpu, "storage": storage or {}, "active_jobs": active_jobs, "other_active_jobs": others,
+        nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
+        if kind == "jobs":
+            listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
+                                 "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes})
+            continue
+        inst = instances.get(j.instance_id)
+        listed[kind].append({"id": j.instance_id, "name": j.name, "owner": j.owner, "team": j.team,
+                             "state": inst.state if inst is not None else "deleted",
+                             "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
+                             "gpus": gpus, "nodes": nodes})
+    return {"gpu": gpu, "storage": storage or {}, "active_jobs": listed["jobs"], "other_active_jobs": others["jobs"],
+            "active_instances": listed["instances"], "other_active_instances": others["instances"],
             "profiles": profiles(state), "nodes": _node_counts(state)}
 
 
@@ -598,6 +624,7 @@ def cluster_allocation(state, node_id=None):
                           "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
                           "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
     allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
+                    "workload": (t.job.workload or workload_of(t.job_id, "", None)).as_dict(),
                     "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
                    if node_id is None or t.node_id == node_id]
     gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}

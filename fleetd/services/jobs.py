@@ -97,8 +97,9 @@ def attach_tasks(jobs):
 def find_visible_job(principal, job_id):
     """The job if this principal may see it, else None."""
     job = Job.get_or_none_by_id(job_id)
-    if job is None or (principal.role != "admin" and job.owner_token_id != principal.id):
-        return None
+    if job is None or job.instance_id is not None or (principal.role != "admin"
+                                                      and job.owner_token_id != principal.id):
+        return None  # the runs of instances are not jobs to their users: see instances
     return job
 
 

@@ -4,6 +4,7 @@ submit, kept per job id) and the key of its group (jobs that get the same answer
 import dataclasses
 import itertools
 import threading
+import typing
 
 from fleetd import scheduler
 from fleetd.errors import InvalidRequest
@@ -21,6 +22,17 @@ def task_request(spec: JobSpec) -> scheduler.TaskRequest:
     return request
 
 
+class Workload(typing.NamedTuple):
+    """A job, or the instance whose run a job is: how every surface names what holds capacity."""
+
+    kind: str  # "job" or "instance"
+    id: str
+    name: str
+
+    def as_dict(self):
+        return {"kind": self.kind, "id": self.id, "name": self.name}
+
+
 @dataclasses.dataclass(frozen=True)
 class JobTerms:
     """What capacity needs of a job: fixed at submit, so read once per job and kept."""
@@ -30,11 +42,18 @@ class JobTerms:
     priority_class: str
     bid: float | None
     group: Group  # jobs with equal groups get the same answer from the scheduling rules and the engine
+    workload: Workload | None = None  # what the job is to its users: itself, or a run of an instance
 
 
-def _terms(spec: JobSpec, team, priority_class) -> JobTerms:
+def _terms(spec: JobSpec, team, priority_class, workload=None) -> JobTerms:
     request = task_request(spec)
-    return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid))
+    return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid),
+                    workload)
+
+
+def workload_of(job_id, name, instance_id):
+    """The Workload of a job row: the instance it runs, or the job itself."""
+    return Workload("instance", instance_id, name) if instance_id is not None else Workload("job", job_id, name)
 
 
 def group_key_of(spec: JobSpec, team, priority_class) -> str:
@@ -56,10 +75,11 @@ class _TermsCache:
             found = {j: self._terms[j] for j in job_ids if j in self._terms}
         missing = [j for j in job_ids if j not in found]
         for start in range(0, len(missing), 500):  # bounded IN lists
-            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class)
+            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class, Job.name, Job.instance_id)
                     .where(Job.id.in_(missing[start:start + 500])).tuples())
-            for job_id, spec, team, priority_class in rows:
-                found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class)
+            for job_id, spec, team, priority_class, name, instance_id in rows:
+                found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class,
+                                       workload_of(job_id, name, instance_id))
         with self._lock:
             for job_id in missing:
                 if job_id in found:
