@@ -363,6 +363,11 @@ class Instance(BaseModel):
         return InstanceSpec.from_dict(self.spec)
 
 
+# Names are handles: unique among one owner's instances until they are deleted (migration 0015).
+Instance.add_index(Instance.owner_token_id, Instance.name, unique=True, where=peewee.SQL("state != 'deleted'"),
+                   name="instance_owner_name_live")
+
+
 class Task(BaseModel):
     """One rank of a job; `epoch` fences every call of the agent that holds its lease."""
 

@@ -129,7 +129,8 @@ def test_bad_options_and_specs_are_refused_with_the_field_named(run, admin):  # 
     mine = json.loads(run("instance", "create", "--json", "--", "sleep", "1d").stdout)["id"]
     submitter = json.loads(run("token", "create", "--name", "alice", "--role", "submitter", "--json").stdout)["token"]
     proc = run("instance", "show", mine, expect=1, FLEETD_TOKEN=submitter)
-    assert proc.stderr.strip() == f"fleetd: not_found: instance {mine} not found"
+    assert proc.stderr.strip() == (f"fleetd: not_found: instance {mine} not found: no instance this token may see "
+                                   "has that id or name")
     run("instance", "stop", mine, expect=1, FLEETD_TOKEN=submitter)
     assert json.loads(run("instance", "list", "--json", FLEETD_TOKEN=submitter).stdout) == []
     theirs = json.loads(run("instance", "create", "--json", "--", "sleep", "1d", FLEETD_TOKEN=submitter).stdout)

@@ -1,9 +1,14 @@
 """Instances over the real API, with the agent side spoken by the test: lifecycle, stop and
 resume on the volume's node, spot interruption, lost nodes, connection, cost, bad input."""
 
+import threading
+
 import pytest
 
-from tests.conftest import admin_client
+from fleetd.db import database
+from fleetd.models import Event, Instance, Job
+from fleetd.services import instances
+from tests.conftest import ApiClient, admin_client
 
 
 def create(api, expect=201, **spec):
@@ -277,3 +282,126 @@ def test_gc_forgets_instances_deleted_before_the_cutoff_with_their_runs(api, fle
     assert result["instances"] == 1 and result["jobs"] == 1 and result["tasks"] == 1
     assert api.get(f"/api/v1/instances/{gone['id']}").status_code == 404
     assert show(api, kept["id"])["state"] == "pending"
+
+
+# ---------------------------------------------------------------- names
+
+
+def stored():
+    """(instances, their runs, their events) in the database: what a refused create must not add to."""
+    with database.connection_context():
+        return (Instance.select().count(), Job.select().where(Job.instance_id.is_null(False)).count(),
+                Event.select().where(Event.subject_type == "instance").count())
+
+
+def named(api, name, **query):
+    resp = api.get("/api/v1/instances", query_string=dict(query, name=name))
+    assert resp.status_code == 200, resp.get_json()
+    return [i["id"] for i in resp.get_json()["items"]]
+
+
+def test_a_second_instance_of_a_name_is_refused_409_naming_the_first_and_nothing_is_stored(api):
+    first = create(api, name="web")
+    before = stored()
+    resp = api.post("/api/v1/instances", {"name": "web", "command": ["sleep", "1d"]})
+    assert resp.status_code == 409, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["code"] == "conflict" and error["details"] == {"name": "web", "instance_id": first["id"]}
+    assert first["id"] in error["message"]
+    assert stored() == before
+    assert named(api, "web") == [first["id"]]
+
+
+def test_a_name_is_free_for_another_owner_and_again_once_deleted_but_not_once_stopped(api, app):
+    alice = ApiClient(app, api.create_token("submitter", "alice"))
+    mine = create(api, name="web", resources={"gpus": 4})  # no node: pending, so it stops and deletes at once
+    theirs = create(alice, name="web")
+    assert theirs["owner"] == "alice"
+    assert api.post(f"/api/v1/instances/{mine['id']}/stop").get_json()["state"] == "stopped"
+    create(api, expect=409, name="web")  # a stopped instance keeps its name: it can be resumed
+    assert api.delete(f"/api/v1/instances/{mine['id']}").status_code == 204
+    again = create(api, name="web")
+    assert again["id"] != mine["id"]
+    assert named(api, "web", state="deleted") == [mine["id"]]
+    assert sorted(named(api, "web")) == sorted([theirs["id"], again["id"]])
+
+
+def check_concurrent_creates_make_one(api):
+    """Eight creates of one name at once: one instance, seven 409s that each name it. Shared with the
+    PostgreSQL test (tests/integration/test_postgres.py), where checks can pass side by side."""
+    barrier, answers, lock = threading.Barrier(8), [], threading.Lock()
+
+    def attempt():
+        client = ApiClient(api.app, api.token)
+        barrier.wait(timeout=30)
+        resp = client.post("/api/v1/instances", {"name": "race", "command": ["sleep", "1d"]})
+        body = resp.get_json()
+        with lock:
+            answers.append((resp.status_code, body["id"] if resp.status_code == 201
+                            else body["error"].get("details", {}).get("instance_id")))
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(status for status, _ in answers) == [201] + [409] * 7
+    assert named(api, "race") == [ident for status, ident in answers if status == 201]
+    assert {ident for _, ident in answers} == set(named(api, "race"))  # each 409 names the one made
+    assert stored()[0] == 1
+
+
+def test_concurrent_creates_of_one_name_make_exactly_one_instance(api):
+    check_concurrent_creates_make_one(api)
+
+
+def check_the_index_refuses_a_create_whose_check_passed(api, monkeypatch):
+    """What two creates at once can let through (both checks before either insert) the unique index refuses,
+    with the same 409 and nothing stored. Shared with the PostgreSQL test, whose failed insert aborts the
+    transaction."""
+    first = create(api, name="web")
+    before = stored()
+    check = instances._refuse_taken_name
+    calls = []
+
+    def late_check(principal, name):
+        calls.append(name)
+        if len(calls) > 1:  # the first check ran before the rival's insert: it saw nothing
+            check(principal, name)
+
+    monkeypatch.setattr(instances, "_refuse_taken_name", late_check)
+    resp = api.post("/api/v1/instances", {"name": "web", "command": ["sleep", "1d"]})
+    assert resp.status_code == 409, resp.get_json()
+    assert resp.get_json()["error"]["details"] == {"name": "web", "instance_id": first["id"]}
+    assert calls == ["web", "web"] and stored() == before
+    assert create(api, name="web-2")["name"] == "web-2"  # the connection is fine afterwards
+
+
+def test_a_create_that_passes_the_check_in_a_race_is_stopped_by_the_index_with_the_same_409(api, monkeypatch):
+    check_the_index_refuses_a_create_whose_check_passed(api, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["new", "0123456789abcdef0123"])
+def test_names_that_would_read_as_a_page_or_an_id_are_refused(api, name):
+    before = stored()
+    resp = api.post("/api/v1/instances", {"name": name, "command": ["sleep", "1d"]})
+    assert resp.status_code == 400, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["code"] == "invalid_request" and list(error["details"]["fields"]["json"]) == ["name"]
+    assert stored() == before
+
+
+@pytest.mark.parametrize("name", ["New", "new-1", "0123456789abcdef012", "0123456789ABCDEF0123"])
+def test_names_near_the_refused_ones_are_fine(api, name):
+    assert create(api, name=name)["name"] == name
+
+
+def test_the_name_filter_keeps_to_what_the_caller_may_see(api, app):
+    alice = ApiClient(app, api.create_token("submitter", "alice"))
+    bob = ApiClient(app, api.create_token("submitter", "bob"))
+    admins, alices = create(api, name="web"), create(alice, name="web")
+    create(bob, name="db")
+    assert sorted(named(api, "web")) == sorted([admins["id"], alices["id"]])
+    assert named(api, "web", owner="alice") == [alices["id"]]
+    assert named(alice, "web") == [alices["id"]]
+    assert named(bob, "web") == [] and named(api, "we") == []

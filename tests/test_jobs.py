@@ -67,6 +67,25 @@ def test_submitters_see_only_their_own_jobs(api, fleet):
     assert api.get("/api/v1/jobs?owner=alice").get_json()["items"][0]["id"] == job["id"]
 
 
+def test_the_name_filter_keeps_to_the_callers_jobs_and_leaves_out_instance_runs(api, fleet):
+    alice = ApiClient(api.app, api.create_token("submitter", name="alice"))
+    bob = ApiClient(api.app, api.create_token("submitter", name="bob"))
+    first, second = alice.submit(name="train"), alice.submit(name="train")
+    bobs = bob.submit(name="train")
+    alice.submit(name="train-2")
+    assert api.post("/api/v1/instances", {"name": "train", "command": ["sleep", "1d"]}).status_code == 201
+
+    def named(client, name):
+        resp = client.get("/api/v1/jobs", query_string={"name": name})
+        assert resp.status_code == 200, resp.get_json()
+        return [j["id"] for j in resp.get_json()["items"]]
+
+    assert named(api, "train") == [first["id"], second["id"], bobs["id"]]  # not the instance's run
+    assert named(alice, "train") == [first["id"], second["id"]]
+    assert named(bob, "train") == [bobs["id"]]
+    assert named(bob, "train-2") == [] and named(api, "trai") == []
+
+
 # ---------------------------------------------------------------- the worker protocol
 
 

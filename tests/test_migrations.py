@@ -4,6 +4,8 @@ import datetime
 import subprocess
 import sys
 
+import peewee
+import pytest
 from playhouse.migrations import Runner
 
 from fleetd.db import MIGRATIONS_DIR, bind, database, open_database, pending_migrations, upgrade
@@ -57,4 +59,59 @@ def test_the_inventory_triggers_survive_every_migration_on_sqlite(tmp_path):
         assert version() == before + 1
         db.execute_sql("UPDATE node SET last_heartbeat_at = '2026-01-01 00:00:01' WHERE id = 'n'")
         assert version() == before + 1  # what placement does not read moves nothing
+    db.close()
+
+
+def _old_instance(db, instance_id, owner, name, created_minute, state="running"):
+    """An instance row as a fleetd before migration 0015 stored it."""
+    p = db.param
+    db.execute_sql(f"INSERT INTO instance (id, name, owner, owner_token_id, state, status_reason, desired_state, "
+                   f"spec, runs, ports, created_at, cost_accrued) VALUES ({p}, {p}, {p}, {p}, {p}, '', 'running', "
+                   f"'{{}}', 0, '[]', {p}, 0)",
+                   (instance_id, name, owner, owner, state, T0 + datetime.timedelta(minutes=created_minute)))
+
+
+def check_duplicate_names_are_renamed_by_the_upgrade(db):
+    """Build a database at 0014 holding duplicate instance names, upgrade it, check what 0015 did. Shared with
+    the PostgreSQL test (tests/integration/test_postgres.py)."""
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0014_job_group_key")
+        # Token t1's `web`s: the oldest by created_at keeps the name although its id sorts last; `web-2` is
+        # taken by a live instance, so the others get -3 and -4. A deleted `web` keeps its name.
+        for row in [("i4", "t1", "web", 0), ("i1", "t1", "web", 2), ("i2", "t1", "web", 3),
+                    ("i3", "t1", "web-2", 1), ("i0", "t1", "web", -1, "deleted"), ("j1", "t2", "web", 5),
+                    ("k1", "t1", "db", 4), ("k2", "t1", "db", 4)]:  # the same time: the id decides
+            _old_instance(db, *row)
+    assert "0015_instance_names" in upgrade(db)
+    with db.connection_context():
+        names = dict(db.execute_sql("SELECT id, name FROM instance").fetchall())
+        assert names == {"i4": "web", "i1": "web-3", "i2": "web-4", "i3": "web-2", "i0": "web", "j1": "web",
+                         "k1": "db", "k2": "db-2"}
+        events = db.execute_sql("SELECT subject_type, subject_id, reason, actor FROM event "
+                                "WHERE kind = 'instance.renamed' ORDER BY subject_id").fetchall()
+        assert [(e[0], e[1], e[3]) for e in events] == [("instance", "i1", "fleetd"), ("instance", "i2", "fleetd"),
+                                                       ("instance", "k2", "fleetd")]
+        assert events[0][2].startswith("renamed from 'web' to 'web-3'")
+        # From now on the database itself refuses a second live instance of a name, not a deleted one.
+        _old_instance(db, "i5", "t1", "web", 9, state="deleted")
+        with pytest.raises(peewee.IntegrityError):
+            with db.atomic():
+                _old_instance(db, "i6", "t1", "web", 9)
+
+
+def test_upgrading_renames_duplicate_instance_names_keeping_the_oldest_and_records_each_rename(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/names.db")
+    check_duplicate_names_are_renamed_by_the_upgrade(db)
+    db.close()
+
+
+def test_a_long_duplicate_name_is_cut_to_fit_its_suffix(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/long.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0014_job_group_key")
+        for instance_id, minute in (("a", 0), ("b", 1)):
+            _old_instance(db, instance_id, "t1", "x" * 200, minute)
+    upgrade(db)
+    with db.connection_context():
+        assert db.execute_sql("SELECT name FROM instance WHERE id = 'b'").fetchone()[0] == "x" * 198 + "-2"
     db.close()

@@ -259,6 +259,18 @@ def test_node_list_filters_and_paginates_in_sql(api):
     assert [n["id"] for n in api.get("/api/v1/nodes?status=revoked").get_json()["items"]] == [ids[1]]
 
 
+def test_the_hostname_filter_finds_every_node_of_that_hostname_for_admins_and_submitters(api):
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    twins = [api.register(join, machine_id=f"m-{i}", hostname="twin")["node_id"] for i in range(2)]
+    other = api.register(join, machine_id="m-other", hostname="twin-2")["node_id"]
+    submitter = ApiClient(api.app, api.create_token("submitter"))
+    for client in (api, submitter):
+        assert [n["id"] for n in client.get("/api/v1/nodes?hostname=twin").get_json()["items"]] == twins
+        assert [n["id"] for n in client.get("/api/v1/nodes?hostname=twin-2").get_json()["items"]] == [other]
+        assert client.get("/api/v1/nodes?hostname=twi").get_json()["items"] == []
+
+
 def test_node_events_after_an_id(api, ready_node):
     node_id, _ = ready_node
     events = api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]

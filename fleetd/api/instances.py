@@ -34,7 +34,7 @@ class Instances(MethodView):
     def get(self, query):
         """List instances (a submitter sees its own), oldest first; deleted ones only with state=deleted."""
         items, next_cursor = instances.list_instances(current_principal(), query["limit"], query["cursor"],
-                                                      query["state"], query["owner"])
+                                                      query["state"], query["owner"], query["name"])
         return {"items": instances.instance_views(items, current_runtime().clock.now()), "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)

@@ -34,7 +34,7 @@ class Jobs(MethodView):
     def get(self, query):
         """List jobs (a submitter sees its own), oldest first."""
         items, next_cursor = jobs.list_jobs(current_principal(), query["limit"], query["cursor"], query["state"],
-                                            query["owner"])
+                                            query["owner"], name=query["name"])
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)

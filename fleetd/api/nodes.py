@@ -30,9 +30,9 @@ class Nodes(MethodView):
     @blp.arguments(NodeQuerySchema(), location="query")
     @blp.response(200, NodePageSchema)
     def get(self, query):
-        """List nodes, optionally of one fleet, status or agent version."""
+        """List nodes, optionally of one fleet, status, agent version or hostname."""
         items, next_cursor = nodes.list_nodes(query["limit"], query["cursor"], query["fleet"], query["status"],
-                                              query["agent_version"])
+                                              query["agent_version"], query["hostname"])
         return {"items": _live(items), "next_cursor": next_cursor}
 
 

@@ -22,7 +22,7 @@ from fleetd.cli.output import (
     wants_json,
 )
 from fleetd.cli.params import Duration, GpuCount, Size, load_spec, parse_duration, parse_labels
-from fleetd.cli.remote import client_command, current_client, read_log_pages
+from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
 from fleetd.client import ClientError
 
 
@@ -239,9 +239,10 @@ def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image,
 @click.option("--state", type=click.Choice(["pending", "starting", "running", "stopping", "stopped", "interrupted",
                                             "failed", "deleted"]), help="Only instances in this state.")
 @click.option("--owner", help="Only instances created with the token of this name.")
-def instance_list(state, owner):
+@click.option("--name", help="Only instances of this name.")
+def instance_list(state, owner, name):
     """List instances (a submitter sees its own)."""
-    items = list(current_client().paginate("/api/v1/instances", state=state, owner=owner))
+    items = list(current_client().paginate("/api/v1/instances", state=state, owner=owner, name=name))
     # On a terminal too narrow for one line a row, the pending reason wraps within its column.
     emit(items, lambda rows: show_table(rows, INSTANCE_COLUMNS))
 
@@ -290,17 +291,19 @@ def _show_instance(d):
 
 
 @client_command(instance, "show")
-@click.argument("instance_id")
-def instance_show(instance_id):
-    """Show an instance: state, why it waits, node, ports, GPU figures, price and cost."""
+@click.argument("handle", metavar="INSTANCE")
+def instance_show(handle):
+    """Show an instance (by id or name): state, why it waits, node, ports, GPU figures, price and cost."""
+    instance_id = resolve_id("instance", handle)
     emit(current_client().get(f"/api/v1/instances/{instance_id}"), _show_instance)
 
 
 @client_command(instance, "stop")
-@click.argument("instance_id")
+@click.argument("handle", metavar="INSTANCE")
 @click.option("--wait", "wait_stopped", is_flag=True, help="Wait until its processes have stopped.")
-def instance_stop(instance_id, wait_stopped):
-    """Stop an instance: its processes end and its GPUs are freed; its volume is kept for `resume`."""
+def instance_stop(handle, wait_stopped):
+    """Stop an instance (by id or name): its processes end and its GPUs are freed; its volume is kept for `resume`."""
+    instance_id = resolve_id("instance", handle)
     data = current_client().post(f"/api/v1/instances/{instance_id}/stop")
     if wait_stopped and data["state"] not in INSTANCE_AT_REST:
         data = _wait_instance(instance_id, lambda d: d["state"] in INSTANCE_AT_REST)
@@ -308,14 +311,16 @@ def instance_stop(instance_id, wait_stopped):
 
 
 @client_command(instance, "resume")
-@click.argument("instance_id")
+@click.argument("handle", metavar="INSTANCE")
 @click.option("--gpus", type=GpuCount(), help="GPUs to reserve this time (default: as before).")
 @click.option("--bid", type=click.FloatRange(min=0), help="New spot bid per GPU-hour (spot instances).")
 @click.option("--wait", "wait_running", is_flag=True,
               help="Wait until it runs; exit 0 once it does, 1 if it stopped or failed first.")
 @click.option("--timeout", type=Duration(), help="With --wait: give up after this long (exit 2).")
-def instance_resume(instance_id, gpus, bid, wait_running, timeout):
-    """Resume a stopped instance on the node that holds its volume (it waits while that node lacks the GPUs)."""
+def instance_resume(handle, gpus, bid, wait_running, timeout):
+    """Resume a stopped instance (by id or name) on the node that holds its volume (it waits while that node lacks
+    the GPUs)."""
+    instance_id = resolve_id("instance", handle)
     body = {k: v for k, v in (("gpus", gpus), ("bid", bid)) if v is not None}
     data = current_client().post(f"/api/v1/instances/{instance_id}/resume", body)
     if wait_running:
@@ -325,10 +330,11 @@ def instance_resume(instance_id, gpus, bid, wait_running, timeout):
 
 
 @client_command(instance, "rm")
-@click.argument("instance_id")
+@click.argument("handle", metavar="INSTANCE")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
-def instance_rm(instance_id, yes):
-    """Delete an instance: it is stopped and its volume is deleted (asks first, unless --yes)."""
+def instance_rm(handle, yes):
+    """Delete an instance (by id or name): it is stopped and its volume is deleted (asks first, unless --yes)."""
+    instance_id = resolve_id("instance", handle)
     if not yes:
         data = current_client().get(f"/api/v1/instances/{instance_id}")
         volume = (data.get("spec") or {}).get("volume_bytes") or 0
@@ -345,11 +351,12 @@ def instance_rm(instance_id, yes):
 
 
 @client_command(instance, "connect")
-@click.argument("instance_id")
+@click.argument("handle", metavar="INSTANCE")
 @click.option("--port", type=click.IntRange(1, 65535), help="Which declared port (default: its first).")
 @click.option("--wait", "wait_running", is_flag=True, help="Wait until the instance runs, however long that takes.")
-def instance_connect(instance_id, port, wait_running):
-    """Print the URL of a port of a running instance (http://HOST:PORT or tcp://HOST:PORT)."""
+def instance_connect(handle, port, wait_running):
+    """Print the URL of a port of a running instance, by id or name (http://HOST:PORT or tcp://HOST:PORT)."""
+    instance_id = resolve_id("instance", handle)
     client, data = current_client(), None
     for _ in range(10_000_000 if wait_running else 1):  # bounded: a wait of years would still end
         try:
@@ -365,10 +372,11 @@ def instance_connect(instance_id, port, wait_running):
 
 
 @client_command(instance, "logs")
-@click.argument("instance_id")
+@click.argument("handle", metavar="INSTANCE")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the instance stops.")
-def instance_logs(instance_id, follow):
-    """Print an instance's output in order (stderr lines go to stderr)."""
+def instance_logs(handle, follow):
+    """Print an instance's output in order, by id or name (stderr lines go to stderr)."""
+    instance_id = resolve_id("instance", handle)
     if wants_json():
         def show(line):
             click.echo(json.dumps(line, sort_keys=True))
@@ -387,9 +395,10 @@ def instance_logs(instance_id, follow):
 
 
 @client_command(instance, "events")
-@click.argument("instance_id")
-def instance_events(instance_id):
-    """An instance's events, oldest first."""
+@click.argument("handle", metavar="INSTANCE")
+def instance_events(handle):
+    """An instance's events (by id or name), oldest first."""
+    instance_id = resolve_id("instance", handle)
     items = list(current_client().paginate(f"/api/v1/instances/{instance_id}/events"))
     emit(items, lambda rows: show_table(rows, EVENT_COLUMNS))
 

@@ -10,7 +10,7 @@ import click
 
 from fleetd.cli.output import emit, log_printer, show_record, show_table, wants_json
 from fleetd.cli.params import Duration, GpuCount, load_spec, parse_labels
-from fleetd.cli.remote import client_command, current_client, read_log_pages
+from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
 from fleetd.client import ClientError
 
 
@@ -108,16 +108,18 @@ def _result_reason(job_id):
 @click.option("--state", type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]),
               help="Only jobs in this state.")
 @click.option("--owner", help="Only jobs submitted by the token of this name.")
-def job_list(state, owner):
+@click.option("--name", help="Only jobs of this name.")
+def job_list(state, owner, name):
     """List jobs (a submitter sees its own)."""
-    items = list(current_client().paginate("/api/v1/jobs", state=state, owner=owner))
+    items = list(current_client().paginate("/api/v1/jobs", state=state, owner=owner, name=name))
     emit(items, lambda rows: show_table(rows, JOB_COLUMNS))
 
 
 @client_command(job, "show")
-@click.argument("job_id")
-def job_show(job_id):
-    """Show a job and its ranks."""
+@click.argument("handle", metavar="JOB")
+def job_show(handle):
+    """Show a job (by id or name) and its ranks."""
+    job_id = resolve_id("job", handle)
 
     def human(d):
         show_record(d, JOB_COLUMNS[:5] + [("STARTED", "started_at"), ("ENDED", "ended_at"),
@@ -131,11 +133,12 @@ def job_show(job_id):
 
 
 @client_command(job, "logs")
-@click.argument("job_id")
+@click.argument("handle", metavar="JOB")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
 @click.option("--rank", type=click.IntRange(min=0), help="Only this rank's lines (default: every rank).")
-def job_logs(job_id, follow, rank):
-    """Print a job's output in order (stderr lines go to stderr)."""
+def job_logs(handle, follow, rank):
+    """Print a job's output in order, by id or name (stderr lines go to stderr)."""
+    job_id = resolve_id("job", handle)
     if wants_json():
         def show(line):
             click.echo(json.dumps(line, sort_keys=True))
@@ -165,11 +168,12 @@ def _follow_logs(job_id, rank, show):
 
 
 @client_command(job, "cancel")
-@click.argument("job_id")
+@click.argument("handle", metavar="JOB")
 @click.option("--wait", "wait_for_end", is_flag=True,
               help="Wait until its processes have stopped (the job is cancelled), not only until asked.")
-def job_cancel(job_id, wait_for_end):
-    """Cancel a job: `cancelling` while its nodes stop its processes, then `cancelled`."""
+def job_cancel(handle, wait_for_end):
+    """Cancel a job (by id or name): `cancelling` while its nodes stop its processes, then `cancelled`."""
+    job_id = resolve_id("job", handle)
     data = current_client().post(f"/api/v1/jobs/{job_id}/cancel")
     if wait_for_end and data["state"] not in JOB_ENDED:
         data = _wait_job(job_id, None)
@@ -201,10 +205,11 @@ def _wait_job(job_id, timeout):
 
 
 @client_command(job, "wait")
-@click.argument("job_id")
+@click.argument("handle", metavar="JOB")
 @click.option("--timeout", type=Duration(), help="Give up after this long (exit 2).")
-def job_wait(job_id, timeout):
-    """Wait for a job to end; exit 0 if it succeeded, 1 if not, 2 on timeout."""
+def job_wait(handle, timeout):
+    """Wait for a job (by id or name) to end; exit 0 if it succeeded, 1 if not, 2 on timeout."""
+    job_id = resolve_id("job", handle)
     data = _wait_job(job_id, timeout)
     emit(data, lambda d: click.echo(f"job {job_id} {d['state']}"
                                     + (f" ({d['outcome']})" if d.get("outcome") else "")))
@@ -215,9 +220,10 @@ def job_wait(job_id, timeout):
 
 
 @client_command(job, "why")
-@click.argument("job_id")
-def job_why(job_id):
-    """Why a job waits: its pending reason and, per node, the filter that rejects it."""
+@click.argument("handle", metavar="JOB")
+def job_why(handle):
+    """Why a job (by id or name) waits: its pending reason and, per node, the filter that rejects it."""
+    job_id = resolve_id("job", handle)
     client = current_client()
     data = client.get(f"/api/v1/jobs/{job_id}")
     if data["state"] != "queued":

@@ -4,7 +4,7 @@ import click
 
 from fleetd.cli.output import EVENT_COLUMNS, byte_size, emit, number, show_record, show_table
 from fleetd.cli.params import Duration
-from fleetd.cli.remote import client_command, current_client
+from fleetd.cli.remote import client_command, current_client, resolve_id
 from fleetd.client import ClientError
 
 
@@ -87,65 +87,71 @@ def _node_allocation(node_id, gpus):
 @click.option("--status", type=click.Choice(["pending", "ready", "cordoned", "draining", "drained", "lost",
                                              "revoked"]), help="Only nodes in this state.")
 @click.option("--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout).")
-def node_list(fleet_name, status, agent_version):
+@click.option("--hostname", help="Only nodes of this hostname.")
+def node_list(fleet_name, status, agent_version, hostname):
     """List nodes."""
     items = list(current_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status,
-                                           agent_version=agent_version))
+                                           agent_version=agent_version, hostname=hostname))
     emit(items, lambda rows: show_table(rows, NODE_COLUMNS + [("AGENT", "agent_version")]))
 
 
 @client_command(node, "show")
-@click.argument("node_id")
-def node_show(node_id):
-    """Show a node and its GPUs: used, free or blocked, and by which job (admins)."""
+@click.argument("handle", metavar="NODE")
+def node_show(handle):
+    """Show a node (by id or hostname) and its GPUs: used, free or blocked, and by which job (admins)."""
+    node_id = resolve_id("node", handle)
     data = current_client().get(f"/api/v1/nodes/{node_id}")
     data["allocation"] = _node_allocation(node_id, data["gpus"]) if data["gpus"] else {}
     emit(data, _show_node)
 
 
 def _node_action(action, done, help_text):
-    def command(node_id):
+    def command(handle):
+        node_id = resolve_id("node", handle)
         data = current_client().post(f"/api/v1/nodes/{node_id}/{action}")
         emit(data, lambda d: click.echo(f"{done} node {node_id}: now {d['status']}"))
 
     # The help is set before click reads it: a docstring assigned after the decorators would be lost.
     command.__doc__ = help_text
-    return client_command(node, action)(click.argument("node_id")(command))
+    return client_command(node, action)(click.argument("handle", metavar="NODE")(command))
 
 
 node_cordon = _node_action("cordon", "cordoned",
-                           "Cordon a ready node: it takes no new work; what runs on it continues.")
-node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node: it takes new work again.")
-node_undrain = _node_action("undrain", "undrained",
-                            "Undrain a draining or drained node: it is ready and takes new work again.")
+                           "Cordon a ready node (by id or hostname): it takes no new work; what runs on it continues.")
+node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node (by id or hostname): it takes new work again.")
+node_undrain = _node_action("undrain", "undrained", "Undrain a draining or drained node (by id or hostname): it is "
+                                                    "ready and takes new work again.")
 node_revoke = _node_action("revoke", "revoked",
-                           "Revoke a node: its session token stops working and its tasks end lost (their jobs retry); "
-                           "the host must join again to come back.")
+                           "Revoke a node (by id or hostname): its session token stops working and its tasks end lost "
+                           "(their jobs retry); the host must join again to come back.")
 
 
 @client_command(node, "drain")
-@click.argument("node_id")
+@click.argument("handle", metavar="NODE")
 @click.option("--reason", required=True, help="Why (recorded in the node's events).")
 @click.option("--deadline", type=Duration(), default="1h", show_default=True,
               help="Running tasks are stopped after this.")
-def node_drain(node_id, reason, deadline):
-    """Drain a node: no new work; running tasks may finish until the deadline."""
+def node_drain(handle, reason, deadline):
+    """Drain a node (by id or hostname): no new work; running tasks may finish until the deadline."""
+    node_id = resolve_id("node", handle)
     data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline})
     emit(data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
 
 
 @client_command(node, "rm")
-@click.argument("node_id")
-def node_rm(node_id):
-    """Remove a node (refused while tasks run on it)."""
+@click.argument("handle", metavar="NODE")
+def node_rm(handle):
+    """Remove a node, by id or hostname (refused while tasks run on it)."""
+    node_id = resolve_id("node", handle)
     current_client().delete(f"/api/v1/nodes/{node_id}")
     emit({"id": node_id, "deleted": True}, lambda d: click.echo(f"removed node {node_id}"))
 
 
 @client_command(node, "events")
-@click.argument("node_id")
-def node_events(node_id):
-    """A node's events, oldest first."""
+@click.argument("handle", metavar="NODE")
+def node_events(handle):
+    """A node's events (by id or hostname), oldest first."""
+    node_id = resolve_id("node", handle)
     items = list(current_client().paginate(f"/api/v1/nodes/{node_id}/events"))
     emit(items, lambda rows: show_table(rows, EVENT_COLUMNS))
 

@@ -1,11 +1,12 @@
 """The plumbing of the commands that call fleetd's REST API: their --url/--token/--json options, the client of
-the running command, and reading a log page by page."""
+the running command, the ids that names stand for, and reading a log page by page."""
 
 import functools
+import re
 
 import click
 
-from fleetd.cli.output import describe_error, fail
+from fleetd.cli.output import cell, describe_error, fail
 from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
 
 
@@ -47,6 +48,49 @@ def client_command(group, name, **kwargs):
 def current_client():
     """The fleetd.client.Client of the running client command."""
     return click.get_current_context().obj["client"]
+
+
+# Ids are 20 lowercase hex characters (docs/api.md, Conventions): anything else can only be a name.
+ID_RE = re.compile(r"[0-9a-f]{20}")
+CANDIDATES_SHOWN = 20
+# kind -> (its collection, the list filter that names one, the columns that tell same-named ones apart)
+HANDLES = {
+    "instance": ("/api/v1/instances", "name",
+                 [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("CREATED", "created_at")]),
+    "job": ("/api/v1/jobs", "name",
+            [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("SUBMITTED", "submitted_at")]),
+    "node": ("/api/v1/nodes", "hostname",
+             [("ID", "id"), ("FLEET", "fleet"), ("STATUS", "status"), ("REGISTERED", "registered_at")]),
+}
+
+
+def resolve_id(kind, handle):
+    """The id of the instance, job or node `handle` names: an existing id as it is; else the one of that name
+    (a node's hostname) among those the token may see; for an instance, its live one before deleted ones.
+    ClientError when none or several match (those listed, to pick an id from)."""
+    path, key, columns = HANDLES[kind]
+    client = current_client()
+    if ID_RE.fullmatch(handle):
+        try:
+            client.get(f"{path}/{handle}")
+            return handle
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+    found = client.get(path, limit=CANDIDATES_SHOWN + 1, **{key: handle})["items"]
+    if not found and kind == "instance":
+        found = client.get(path, limit=CANDIDATES_SHOWN + 1, state="deleted", name=handle)["items"]
+    if len(found) == 1:
+        return found[0]["id"]
+    if not found:
+        tried = f"that id or {key}" if ID_RE.fullmatch(handle) else f"that {key}"
+        raise ClientError(f"{kind} {handle} not found: no {kind} this token may see has {tried}", 404, "not_found")
+    shown = found[:CANDIDATES_SHOWN]
+    rows = [[header for header, _ in columns]] + [[cell(item.get(field)) for _, field in columns] for item in shown]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    more = f" (the first {CANDIDATES_SHOWN} shown)" if len(found) > len(shown) else ""
+    raise ClientError("\n".join([f"{key} {handle!r} names several {kind}s{more}; give the id of the one you mean:"]
+                                + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]))
 
 
 def read_log_pages(path, after, show, **params):

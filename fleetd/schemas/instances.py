@@ -1,5 +1,7 @@
 """Schemas of instances (InstanceSpec, Instance)."""
 
+import re
+
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import InstanceState
@@ -37,6 +39,20 @@ class IdleStopSchema(Schema):
     for_seconds = Int(required=True, minimum=10, maximum=30 * 86400)
 
 
+# The shape of an id (fleetd.models.new_id): a name of that shape could name two instances at once.
+ID_SHAPE = re.compile(r"[0-9a-f]{20}")
+RESERVED_NAMES = ("new",)  # /ui/instances/new is the UI's create form
+
+
+def _a_handle(name):
+    """Instance names are handles (`fleetd instance show NAME`, /ui/instances/NAME): none may read as
+    something else."""
+    if name in RESERVED_NAMES:
+        raise ValidationError(f"{name!r} is reserved (the admin UI's /ui/instances/{name}); choose another name")
+    if ID_SHAPE.fullmatch(name):
+        raise ValidationError("20 lowercase hex digits is the shape of an id; choose a name that is not one")
+
+
 def _distinct(ports):
     seen = [p["port"] for p in ports]
     if len(set(seen)) != len(seen):
@@ -44,7 +60,8 @@ def _distinct(ports):
 
 
 class InstanceSpecSchema(Schema):
-    name = Text(required=True, min_length=1, max_length=200)
+    name = Text(required=True, min_length=1, max_length=200, validate=[_a_handle], metadata={
+        "description": "unique among the owner's instances that are not deleted; not `new`, not shaped like an id"})
     command = fields.List(Text(max_length=65536), validate=validate.Length(max=4096), load_default=list)
     image = fields.String(validate=IMAGE, load_default=None, allow_none=True)
     env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
@@ -142,6 +159,7 @@ InstancePageSchema = page_schema(InstanceSchema, "InstancePage")
 class InstanceQuerySchema(PageQuerySchema):
     state = fields.String(validate=validate.OneOf([s.value for s in InstanceState]), load_default=None)
     owner = Text(max_length=200, load_default=None)
+    name = Text(max_length=200, load_default=None, metadata={"description": "only instances of exactly this name"})
 
 
 class InstanceWaitSchema(Schema):

@@ -138,6 +138,7 @@ JobPageSchema = page_schema(JobStatusSchema, "JobPage")
 class JobQuerySchema(PageQuerySchema):
     state = fields.String(validate=validate.OneOf([s.value for s in JobState]), load_default=None)
     owner = Text(max_length=200, load_default=None)
+    name = Text(max_length=200, load_default=None, metadata={"description": "only jobs of exactly this name"})
 
 
 class SubmitQuerySchema(Schema):

@@ -68,6 +68,7 @@ class NodeQuerySchema(PageQuerySchema):
     status = fields.String(validate=validate.OneOf([s.value for s in NodeStatus]), load_default=None)
     agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
         "description": "only nodes whose agent reports this version (track a rollout)"})
+    hostname = Text(max_length=255, load_default=None, metadata={"description": "only nodes of exactly this hostname"})
 
 
 class NodeDrainSchema(Schema):

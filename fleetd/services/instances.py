@@ -13,7 +13,7 @@ import ipaddress
 import threading
 import time
 
-from peewee import fn
+from peewee import IntegrityError, fn
 
 from fleetd.db import released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound, Timeout
@@ -39,22 +39,41 @@ from fleetd.services.terms import task_request
 
 
 def create_instance(rt, principal, spec):
-    """Create an instance from a validated InstanceSpec and queue its first run."""
+    """Create an instance from a validated InstanceSpec and queue its first run; Conflict when its owner
+    (this token) already has an instance of that name that is not deleted."""
     now = rt.clock.now()
     spec = dataclasses.replace(spec, team=principal.team)  # the team comes from the token, never from the body
     request = task_request(spec.run(None))  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     never = scheduling.capacity_reason(rt, request)
-    with write_transaction():
-        inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
-                               team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
-                               spec=spec.to_dict(),
-                               created_at=now, status_reason=f"created by {principal.label}")
-        record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
-                     InstanceState.PENDING.value, actor=principal.label)
-        new_run(inst, now, never)
+    try:
+        with write_transaction():
+            _refuse_taken_name(principal, spec.name)
+            inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
+                                   team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
+                                   spec=spec.to_dict(),
+                                   created_at=now, status_reason=f"created by {principal.label}")
+            record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
+                         InstanceState.PENDING.value, actor=principal.label)
+            new_run(inst, now, never)
+    except IntegrityError:
+        # A create of the same name committed between our check and our insert (PostgreSQL; SQLite's
+        # writers queue up front): the unique index refused ours, and nothing of it was stored.
+        _refuse_taken_name(principal, spec.name)
+        raise
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
+
+
+def _refuse_taken_name(principal, name):
+    """Conflict when this token owns an instance of this name that is not deleted (migration 0015's
+    unique index says the same inside the database)."""
+    holder = Instance.select(Instance.id).where(
+        (Instance.owner_token_id == principal.id) & (Instance.name == name)
+        & (Instance.state != InstanceState.DELETED.value)).first()
+    if holder is not None:
+        raise Conflict(f"instance name {name!r} is taken by instance {holder.id}: names are unique among your "
+                       "instances until they are deleted", {"name": name, "instance_id": holder.id})
 
 
 def _kick(rt):
@@ -74,7 +93,19 @@ def find_instance(principal, instance_id):
     return inst
 
 
-def list_instances(principal, limit, cursor=None, state=None, owner=None):
+def resolve_instance(principal, handle, limit=100):
+    """The instances `handle` names for this principal, oldest first: the one whose id it is; else the
+    live ones of that name (one per owner); else the deleted ones of that name. At most `limit`."""
+    try:
+        return [find_instance(principal, handle)]
+    except NotFound:
+        pass
+    named = _visible(Instance.select(), principal).where(Instance.name == handle).order_by(Instance.id).limit(limit)
+    return (list(named.where(Instance.state != InstanceState.DELETED.value))
+            or list(named.where(Instance.state == InstanceState.DELETED.value)))
+
+
+def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None):
     """One page of instances, oldest first; deleted ones only when asked for by state."""
     query = _visible(Instance.select(), principal)
     if state:
@@ -83,6 +114,8 @@ def list_instances(principal, limit, cursor=None, state=None, owner=None):
         query = query.where(Instance.state != InstanceState.DELETED.value)
     if owner:
         query = query.where(Instance.owner == owner)
+    if name:
+        query = query.where(Instance.name == name)
     return paginate(query, Instance.id, limit, cursor)
 
 

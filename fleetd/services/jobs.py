@@ -75,7 +75,7 @@ def _visible(query, principal):
     return query.where(Job.owner_token_id == principal.id)
 
 
-def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None):
+def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None):
     """One page of jobs, oldest first, with their tasks."""
     query = _visible(Job.select(), principal).where(Job.instance_id.is_null())  # runs of instances: see instances
     if state:
@@ -84,6 +84,8 @@ def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None):
         query = query.where(Job.owner == owner)
     if team:
         query = query.where(Job.team == team)
+    if name:
+        query = query.where(Job.name == name)
     jobs, next_cursor = paginate(query, Job.id, limit, cursor)
     attach_tasks(jobs)
     return jobs, next_cursor
@@ -101,6 +103,16 @@ def find_visible_job(principal, job_id):
                                                       and job.owner_token_id != principal.id):
         return None  # the runs of instances are not jobs to their users: see instances
     return job
+
+
+def resolve_job(principal, handle, limit=100):
+    """The jobs `handle` names for this principal, oldest first: the one whose id it is, else those of
+    that name (never an instance's runs). At most `limit`."""
+    job = find_visible_job(principal, handle)
+    if job is not None:
+        return [job]
+    return list(_visible(Job.select(), principal).where((Job.name == handle) & Job.instance_id.is_null())
+                .order_by(Job.id).limit(limit))
 
 
 def get_job(principal, job_id):

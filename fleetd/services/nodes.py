@@ -16,11 +16,13 @@ from fleetd.sql import Statement
 GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
 
 
-def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None):
-    """One page of nodes (oldest first), optionally of one fleet, status and/or agent version."""
+def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None):
+    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or hostname."""
     query = Node.select()
     if agent_version:
         query = query.where(Node.agent_version == agent_version)
+    if hostname:
+        query = query.where(Node.hostname == hostname)
     if fleet:
         query = query.where(Node.fleet == fleet)
     if status:
@@ -38,6 +40,15 @@ def _attach_gpus(nodes):
 def find_node(node_id):
     """The node with this id, or None."""
     return Node.get_or_none(Node.id == node_id)
+
+
+def resolve_node(handle, limit=100):
+    """The nodes `handle` names, oldest first: the one whose id it is, else those of that hostname. At
+    most `limit`."""
+    node = find_node(handle)
+    if node is not None:
+        return [node]
+    return list(Node.select().where(Node.hostname == handle).order_by(Node.id).limit(limit))
 
 
 def get_node(node_id):

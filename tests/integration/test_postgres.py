@@ -35,6 +35,40 @@ def test_migrations_are_recorded_and_idempotent_on_postgres(pg_api, postgres_url
         db.close()
 
 
+def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgres_url):
+    import psycopg2
+
+    from fleetd.db import open_database
+    from tests.test_migrations import check_duplicate_names_are_renamed_by_the_upgrade
+
+    # A database of its own: the shared one is already at the newest migration.
+    admin = psycopg2.connect(postgres_url)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute("DROP DATABASE IF EXISTS fleetd_names")
+        cursor.execute("CREATE DATABASE fleetd_names")
+    db = open_database(postgres_url.rsplit("/", 1)[0] + "/fleetd_names")
+    try:
+        check_duplicate_names_are_renamed_by_the_upgrade(db)
+    finally:
+        db.close_all()
+        with admin.cursor() as cursor:
+            cursor.execute("DROP DATABASE fleetd_names")
+        admin.close()
+
+
+def test_concurrent_creates_of_one_instance_name_make_exactly_one_on_postgres(pg_api):
+    from tests.test_instances import check_concurrent_creates_make_one
+
+    check_concurrent_creates_make_one(pg_api)
+
+
+def test_the_index_refuses_a_create_of_a_taken_name_whose_check_passed_on_postgres(pg_api, monkeypatch):
+    from tests.test_instances import check_the_index_refuses_a_create_whose_check_passed
+
+    check_the_index_refuses_a_create_whose_check_passed(pg_api, monkeypatch)
+
+
 def test_single_use_token_admits_one_host_under_concurrency_on_postgres(pg_api):
     pg_api.create_fleet("gpu-a")
     join = pg_api.create_join_token("gpu-a", max_uses=1)

@@ -181,6 +181,24 @@ def test_a_submitter_sees_and_acts_on_only_its_own_instances(app, api, signed_in
     assert metrics.get(f"/ui/instances/{admins['id']}").status_code == 403
 
 
+def test_an_instance_name_goes_to_its_page_or_lists_the_instances_of_that_name(app, api, admin_ui):
+    alice_token = api.create_token("submitter", "alice")
+    alices = create(ApiClient(app, alice_token), name="web", resources={"gpus": 4})
+    alice = UiClient(app)
+    alice.login(alice_token)
+    resp = alice.get("/ui/instances/web")
+    assert resp.status_code == 302 and resp.headers["Location"] == f"/ui/instances/{alices['id']}"
+    assert "web" in alice.text(resp.headers["Location"])
+    mine = create(api, name="web", resources={"gpus": 4})
+    page = admin_ui.text("/ui/instances/web")  # the admin sees both
+    assert "Several instances are named web" in page
+    assert re.findall(r'<tr data-match="([0-9a-f]+)">', page) == [alices["id"], mine["id"]]
+    assert "<td>alice</td>" in page and f'href="/ui/instances/{mine["id"]}"' in page
+    assert alice.get("/ui/instances/web").headers["Location"] == f"/ui/instances/{alices['id']}"  # hers alone
+    for unknown in ("nope", "new", mine["id"]):
+        assert alice.get(f"/ui/instances/{unknown}").status_code == 404, unknown
+
+
 def test_bad_input_gets_a_readable_refusal_never_a_server_error(admin_ui, api):
     enrol(api)
     inst = create(api)

@@ -244,6 +244,27 @@ def test_cancel_from_the_job_page_with_confirmation(admin_ui, api):
         "cancel"] == [job["tasks"][0]["id"]]
 
 
+def test_a_job_name_goes_to_its_job_or_lists_the_jobs_of_that_name(admin_ui, api, signed_in):
+    only = api.submit(name="eval")
+    resp = admin_ui.get("/ui/jobs/eval")
+    assert resp.status_code == 302 and resp.headers["Location"] == f"/ui/jobs/{only['id']}"
+    first, second = api.submit(name="train"), api.submit(name="train")
+    page = admin_ui.text("/ui/jobs/train")
+    assert "Several jobs are named train" in page
+    assert re.findall(r'<tr data-match="([0-9a-f]+)">', page) == [first["id"], second["id"]]
+    assert f'href="/ui/jobs/{first["id"]}"' in page
+    assert admin_ui.get("/ui/jobs/nope").status_code == 404
+    assert signed_in("submitter").get("/ui/jobs/eval").status_code == 404  # another's job, even by name
+
+
+def test_a_hostname_goes_to_its_node(admin_ui, api):
+    node_id, _ = enrol(api, name="gpu-host-7")
+    resp = admin_ui.get("/ui/nodes/gpu-host-7")
+    assert resp.status_code == 302 and resp.headers["Location"] == f"/ui/nodes/{node_id}"
+    assert "gpu-host-7" in admin_ui.text(resp.headers["Location"])
+    assert admin_ui.get("/ui/nodes/gpu-host-8").status_code == 404
+
+
 # ---------------------------------------------------------------- tokens, maintenance, GPU types
 
 

@@ -1,8 +1,11 @@
 """Small helpers the pages share."""
 
-from flask import g
+import datetime as dt
 
-from fleetd.errors import Forbidden
+from flask import g, redirect, render_template, url_for
+
+from fleetd.errors import Forbidden, NotFound
+from fleetd.ui.blueprint import when
 
 
 def allow(allowed):
@@ -16,3 +19,25 @@ def allow(allowed):
 def confirmed(form):
     """Whether a POST comes from the confirmation step of an action."""
     return form.get("confirm") == "yes"
+
+
+def answer_by_name(handle, matches, kind, endpoint, columns):
+    """Where a page addressed by `handle` (an id or a name) goes instead of showing itself: nowhere (None)
+    when `handle` is the id of its one match; the id's page when a name named exactly one; a page that
+    lists them when it named several; NotFound when nothing the viewer may see matched. `columns`:
+    (heading, attribute) of what tells the matches apart."""
+    if len(matches) == 1 and matches[0].id == handle:
+        return None
+    if not matches:
+        raise NotFound(f"{kind} {handle} not found")
+    arg = f"{kind}_id"
+    if len(matches) == 1:
+        return redirect(url_for(endpoint, **{arg: matches[0].id}))
+    rows = [{"id": m.id, "url": url_for(endpoint, **{arg: m.id}),
+             "cells": [_shown(getattr(m, attribute)) for _, attribute in columns]} for m in matches]
+    return render_template("handles.html", kind=kind, handle=handle, rows=rows,
+                           headings=[h for h, _ in columns])
+
+
+def _shown(value):
+    return when(value) if isinstance(value, dt.datetime) else value

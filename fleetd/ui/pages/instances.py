@@ -14,7 +14,7 @@ from fleetd.services import instances, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
-from fleetd.ui.pages.common import allow, confirmed
+from fleetd.ui.pages.common import allow, answer_by_name, confirmed
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -77,10 +77,16 @@ def _actions(view):
 @bp.route("/instances/<string:instance_id>")
 @ui_require(roles.INSTANCE)
 def instance_page(instance_id):
-    """One instance: state and why, runtime figures, ports as links, the end of its log, its events."""
+    """One instance: state and why, runtime figures, ports as links, the end of its log, its events. By name
+    too: a name goes to its instance's id, or lists the instances of that name."""
     rt = current_runtime()
     principal = g.ui_principal
-    view = instances.instance_view(instances.get_instance(principal, instance_id), rt.clock.now())
+    matches = instances.resolve_instance(principal, instance_id)
+    other = answer_by_name(instance_id, matches, "instance", "ui.instance_page",
+                           [("name", "name"), ("owner", "owner"), ("state", "state"), ("created", "created_at")])
+    if other is not None:
+        return other
+    view = instances.instance_view(matches[0], rt.clock.now())
     node = nodes.find_node(view["node_id"]) if view["node_id"] and principal.role in roles.NODES else None
     command = view["spec"].get("command")
     context = {"inst": view, "node": node, "ports": _ports(view), "actions": _actions(view),

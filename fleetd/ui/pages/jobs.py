@@ -10,7 +10,7 @@ from fleetd.runtime import current_runtime
 from fleetd.services import jobs, nodes, policy
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
-from fleetd.ui.pages.common import allow, confirmed
+from fleetd.ui.pages.common import allow, answer_by_name, confirmed
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -64,9 +64,14 @@ def _log_poll_url(job_id, after):
 @bp.route("/jobs/<string:job_id>")
 @ui_require(roles.JOB)
 def job_page(job_id):
-    """One job: spec, tasks with their nodes and GPUs, events, the end of its log, and why it waits."""
+    """One job: spec, tasks with their nodes and GPUs, events, the end of its log, and why it waits. By name
+    too: a name goes to its job's id, or lists the jobs of that name."""
     rt = current_runtime()
     principal = g.ui_principal
+    other = answer_by_name(job_id, jobs.resolve_job(principal, job_id), "job", "ui.job_page",
+                           [("name", "name"), ("owner", "owner"), ("state", "state"), ("submitted", "submitted_at")])
+    if other is not None:
+        return other
     job = jobs.get_job(principal, job_id)
     events = []
     if principal.role in roles.JOB_EVENTS:

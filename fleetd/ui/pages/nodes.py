@@ -10,7 +10,7 @@ from fleetd.services import cluster, fleets, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
-from fleetd.ui.pages.common import allow, confirmed
+from fleetd.ui.pages.common import allow, answer_by_name, confirmed
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -74,7 +74,13 @@ def _gpu_rows(rt, node):
 @bp.route("/nodes/<string:node_id>")
 @ui_require(roles.NODES)
 def node_page(node_id):
-    """One node: GPUs with health, live readings and tasks; drain state; events; actions."""
+    """One node: GPUs with health, live readings and tasks; drain state; events; actions. By hostname too: it
+    goes to its node's id, or lists the nodes of that hostname."""
+    other = answer_by_name(node_id, nodes.resolve_node(node_id), "node", "ui.node_page",
+                           [("hostname", "hostname"), ("fleet", "fleet_id"), ("status", "status"),
+                            ("registered", "registered_at")])
+    if other is not None:
+        return other
     rt = current_runtime()
     node = _live([nodes.get_node(node_id)])[0]
     events = []
