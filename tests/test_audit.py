@@ -70,6 +70,9 @@ class _TestClient:
         assert resp.status_code == 200, resp.get_json()
         return resp.get_json()
 
+    def get(self, path, **params):  # as fleetd.client.Client.get: the CLI resolves names with it
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
     def paginate(self, path, **params):
         from fleetd.client import Client
 
