@@ -26,7 +26,8 @@ DEFAULT_MOUNT = "/workspace"
 GROUP_KEY_VERSION = 1
 
 
-def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
+def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy as a plain dict (what a spec holds and stores)."""
     return dict(mapping or {})
 
 
@@ -58,7 +59,7 @@ class Resources:
 
 def _selector_from_dict(data: Mapping[str, Any] | None) -> scheduler.NodeSelector:
     data = data or {}
-    return scheduler.NodeSelector(fleet=data.get("fleet"), labels=_frozen(data.get("labels")),
+    return scheduler.NodeSelector(fleet=data.get("fleet"), labels=_plain(data.get("labels")),
                                   node_id=data.get("node_id"), container=bool(data.get("container")))
 
 
@@ -179,11 +180,11 @@ class JobSpec:
         retry = data.get("retry")
         instance = data.get("instance")
         return cls(
-            name=data["name"], command=tuple(data.get("command") or ()), env=_frozen(data.get("env")),
+            name=data["name"], command=tuple(data.get("command") or ()), env=_plain(data.get("env")),
             workdir=data.get("workdir"), num_nodes=data.get("num_nodes") or 1,
             resources=Resources.from_dict(data.get("resources")), isolation=data.get("isolation"),
             priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"), team=data.get("team"),
-            labels=_frozen(data.get("labels")), node_selector=_selector_from_dict(data.get("node_selector")),
+            labels=_plain(data.get("labels")), node_selector=_selector_from_dict(data.get("node_selector")),
             max_runtime_seconds=data.get("max_runtime_seconds"),
             retry=Retry.from_dict(retry) if retry else None,
             artifacts=tuple(ArtifactRef(a["sha256"], a["path"]) for a in data.get("artifacts") or ()),
@@ -244,7 +245,7 @@ class InstanceSpec:
         """The spec of a validated body, or of a stored row."""
         return cls(
             name=data["name"], command=tuple(data.get("command") or ()), image=data.get("image"),
-            env=_frozen(data.get("env")), resources=Resources.from_dict(data.get("resources")),
+            env=_plain(data.get("env")), resources=Resources.from_dict(data.get("resources")),
             volume_bytes=data.get("volume_bytes") or 0,
             volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT,
             ports=tuple(Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite (extra arguments go to pytest).
-#   scripts/test.sh --fast   the inner loop: lint, types, and the unit and API tests that start no
-#                            real process, browser, SSH host or database server
+#   scripts/test.sh --fast   the inner loop: lint, types, and the unit and API tests (without the
+#                            agent, provisioning and UI packages and what is marked integration)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=()

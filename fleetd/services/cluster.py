@@ -30,7 +30,7 @@ from fleetd.models import (
     Task,
 )
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
-from fleetd.services.terms import TERMS, JobTerms, workload_of
+from fleetd.services.terms import TERMS, JobTerms
 from fleetd.sql import Statement
 
 BLOCK_TEXT = {
@@ -624,7 +624,7 @@ def cluster_allocation(state, node_id=None):
                           "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
                           "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
     allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
-                    "workload": (t.job.workload or workload_of(t.job_id, "", None)).as_dict(),
+                    "workload": t.job.workload.as_dict(),
                     "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
                    if node_id is None or t.node_id == node_id]
     gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}

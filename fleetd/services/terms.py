@@ -42,10 +42,10 @@ class JobTerms:
     priority_class: str
     bid: float | None
     group: Group  # jobs with equal groups get the same answer from the scheduling rules and the engine
-    workload: Workload | None = None  # what the job is to its users: itself, or a run of an instance
+    workload: Workload  # what the job is to its users: itself, or a run of an instance
 
 
-def _terms(spec: JobSpec, team, priority_class, workload=None) -> JobTerms:
+def _terms(spec: JobSpec, team, priority_class, workload) -> JobTerms:
     request = task_request(spec)
     return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid),
                     workload)
@@ -57,8 +57,8 @@ def workload_of(job_id, name, instance_id):
 
 
 def group_key_of(spec: JobSpec, team, priority_class) -> str:
-    """The group key of a job about to be stored (the spec passed task_request() first)."""
-    return group_key(_terms(spec, team, priority_class).group)
+    """The group key of a job about to be stored; InvalidRequest when the engine cannot evaluate it."""
+    return group_key(group_of(task_request(spec), team, priority_class, spec.bid))
 
 
 class _TermsCache:

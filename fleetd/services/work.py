@@ -134,7 +134,7 @@ def assignment(task, job):
         "bid": spec.bid,
         # a run of an instance: what its node supervises
         "instance": (dict(spec.instance.to_dict(), id=job.instance_id, name=job.name)
-                     if job.instance_id is not None and spec.instance is not None else None),
+                     if spec.instance is not None else None),
     }
 
 
