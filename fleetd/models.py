@@ -184,6 +184,7 @@ class ApiToken(BaseModel):
     expires_at = peewee.DateTimeField(null=True, index=True)
     revoked_at = peewee.DateTimeField(null=True)
     last_used_at = peewee.DateTimeField(null=True)
+    unix_user = peewee.CharField(max_length=32, null=True)  # tasks of this token run as this host user
 
 
 class Fleet(BaseModel):
@@ -195,6 +196,9 @@ class Fleet(BaseModel):
     created_at = peewee.DateTimeField()
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
     health_policy = JSONText(null=True)  # see fleetd.services.health; None: the defaults (on)
+    allow_root_tasks = peewee.BooleanField(default=False)  # admins' work may run as root on its nodes
+    require_isolation = peewee.BooleanField(default=False)  # nodes take work only with isolation "uid"
+    allowed_images = JSONText(default=lambda: ["*"])  # glob patterns an instance's image must match
 
     @property
     def effective_health_policy(self):
@@ -249,6 +253,9 @@ class Node(BaseModel):
     cpu_count = peewee.IntegerField(default=0)
     memory_bytes = peewee.BigIntegerField(default=0)
     container_runtime = peewee.CharField(max_length=16, null=True)  # podman or docker, as the agent reports
+    # What else the agent reported it can do: {isolation, isolation_reason?, containers, host_uids}
+    # (fleetd.services.capabilities); None: nothing reported (an older agent)
+    capabilities = JSONText(null=True)
     session_id = peewee.CharField(max_length=32, null=True, unique=True)
     session_hash = peewee.CharField(max_length=64, null=True)
     join_token_id = peewee.CharField(max_length=32, null=True)
@@ -388,6 +395,7 @@ class Task(BaseModel):
     renewed_at = peewee.DateTimeField(null=True)  # its lease's last renewal that a replica wrote down
     rendezvous_addr = peewee.CharField(max_length=255, null=True)
     rendezvous_port = peewee.IntegerField(null=True)
+    run_as = JSONText(null=True)  # {source, user, uid, gid} as delivered in its assignment
 
     class Meta:
         indexes = ((("job", "rank"), True),)
@@ -547,6 +555,15 @@ class WebhookDelivery(BaseModel):
         indexes = ((("state", "next_attempt_at"), False), (("webhook", "id"), False))
 
 
+class OwnerUid(BaseModel):
+    """The host uid whose tasks an owner (an API token, by id) runs as when it has no unix_user:
+    allocated once from the configured range, the same on every node, never changed or reused."""
+
+    token_id = peewee.CharField(primary_key=True, max_length=32)
+    uid = peewee.IntegerField(unique=True)
+    allocated_at = peewee.DateTimeField()
+
+
 class Setting(BaseModel):
     """Small key/value facts about this installation (for example: first admin token issued)."""
 
@@ -555,4 +572,4 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery]
+          ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery, OwnerUid]

@@ -115,3 +115,33 @@ def test_a_long_duplicate_name_is_cut_to_fit_its_suffix(tmp_path):
     with db.connection_context():
         assert db.execute_sql("SELECT name FROM instance WHERE id = 'b'").fetchone()[0] == "x" * 198 + "-2"
     db.close()
+
+
+def test_upgrading_to_0016_keeps_fleets_and_gives_them_the_isolation_defaults(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/isolation.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0015_instance_names")
+        db.execute_sql("INSERT INTO fleet (name, description, labels, created_at) "
+                       "VALUES ('gpu-a', 'kept', '{}', '2026-01-01 00:00:00')")
+        db.execute_sql("INSERT INTO join_token (id, fleet, token_hash, description, created_at, expires_at, uses, "
+                       "revoked, created_by) VALUES ('j', 'gpu-a', 'h', '', '2026-01-01', '2027-01-01', 0, 0, '')")
+    assert "0016_tenant_isolation" in upgrade(db)
+    bind(db)
+    with database.connection_context():
+        fleet = Fleet.get_by_id("gpu-a")
+        assert (fleet.description, fleet.allow_root_tasks, fleet.require_isolation, fleet.allowed_images) == \
+            ("kept", False, False, ["*"])
+        assert db.execute_sql("SELECT COUNT(*) FROM join_token").fetchone()[0] == 1  # nothing cascaded
+
+        def version():
+            return db.execute_sql("SELECT version FROM inventory_version").fetchone()[0]
+
+        Node.create(id="n", fleet="gpu-a", machine_id="m", hostname="h", status="ready", registered_at=T0)
+        before = version()
+        db.execute_sql("""UPDATE node SET capabilities = '{"isolation": "uid"}' WHERE id = 'n'""")
+        assert version() == before + 1  # placement reads a node's capabilities
+        db.execute_sql("UPDATE fleet SET require_isolation = 1 WHERE name = 'gpu-a'")
+        assert version() == before + 2  # and a fleet's isolation rule
+        db.execute_sql("""UPDATE fleet SET allowed_images = '["a/*"]' WHERE name = 'gpu-a'""")
+        assert version() == before + 2  # not its image patterns (checked at create)
+    db.close()
