@@ -19,6 +19,7 @@ import urllib.parse
 from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreachable, backoff_delay, display_url
 from agent.config import ConfigError, node_server_urls
 from agent.devices import DeviceManager
+from agent.isolation import Isolation
 from agent.localapi import LocalApi
 from agent.procfs import read_memory_total
 from agent.state import State
@@ -372,8 +373,9 @@ class Agent:
     def _start_work(self):
         """Recover from a restart (kill and report what it left running), then start acquiring work."""
         address = self.config.address or detect_address(list(self.urls.urls))
+        self.isolation = Isolation()
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
-                                         limits=self.limits)
+                                         limits=self.limits, isolation=self.isolation)
         log.info("container runtime for instances: %s", self.runner.containers or "none")
         self.runner.recover()
         # What start-up built lives as long as the agent: the collector's full passes skip it.
@@ -513,7 +515,9 @@ class Agent:
             if repr(runtime) != repr(self.runner.containers):
                 log.info("container runtime: %s", runtime or "none")
                 self.runner.containers = runtime
-        return {"container_runtime": self.runner.containers.name if self.runner.containers else None}
+        caps = {"container_runtime": self.runner.containers.name if self.runner.containers else None}
+        caps.update(self.runner.isolation.capabilities())
+        return caps
 
     def _follow(self, reply):
         """Do what a heartbeat's answer says; False when the node was revoked (the agent exits)."""

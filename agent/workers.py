@@ -36,6 +36,7 @@ class Worker:
     gpu_usage: dict | None = None  # the VRAM watchdog's last reading: uuid -> {used, processes, limits, flags}
     limit_violation: dict | None = None  # what the watchdog stopped the task for
     instance: dict | None = None  # an instance run's id, name, restart policy, image, ports, restarts
+    run_as: dict | None = None  # {uid, gid, user, source}: whom the task runs as (agent.isolation)
 
     def current_pids(self):
         """The task's processes now (the whole process group when the runner can list it)."""
@@ -68,6 +69,7 @@ class Worker:
             "started_at": self.started_at, "usage": self.usage(inventory), "bid": self.bid,
             "cgroup": self.cgroup, "limit_violation": self.limit_violation,
             "instance": dict(self.instance) if self.instance else None,
+            "run_as": dict(self.run_as) if self.run_as else None,
         }
 
 

@@ -92,6 +92,10 @@ class InstanceSpec:
         return float(below), float(for_seconds)
 
 
+RUN_AS_SOURCES = ("unix_user", "dynamic", "root")
+USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
 @dataclasses.dataclass
 class Assignment:
     """An Assignment (docs/api.md "Assignment"), validated."""
@@ -113,6 +117,7 @@ class Assignment:
     cpus: float | None = None  # host CPU limit (cgroup v2 cpu.max) from the JobSpec
     memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max) from the JobSpec
     instance: InstanceSpec | None = None  # an instance run's extra terms; None for a batch task
+    run_as: dict | None = None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
 
     @classmethod
     def from_wire(cls, data):
@@ -165,8 +170,29 @@ class Assignment:
             if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
                 raise ValueError(f"{name} must be a non-negative number")
             numbers[name] = value if name == "bid" else (value or None)
+        run_as = cls._run_as(data.get("run_as"))
         return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
                    num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
                    gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
                    max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
-                   priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, **numbers)
+                   priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, run_as=run_as,
+                   **numbers)
+
+    @staticmethod
+    def _run_as(value):
+        """{source, user, uid, gid} checked for shape (what they mean is the agent's to check), or None."""
+        if value is None:
+            return None
+        if not isinstance(value, dict) or value.get("source") not in RUN_AS_SOURCES:
+            raise ValueError(f"run_as must be {{source: {' | '.join(RUN_AS_SOURCES)}, user?, uid?, gid?}}")
+        user = value.get("user")
+        if user is not None and (not isinstance(user, str) or not USER_NAME_RE.match(user)):
+            raise ValueError("run_as.user must be a user name (letters, digits, _ and -, at most 32)")
+        ids = {}
+        for name in ("uid", "gid"):
+            number = value.get(name)
+            if number is not None and (isinstance(number, bool) or not isinstance(number, int)
+                                       or not 0 <= number < 2 ** 31 - 1):
+                raise ValueError(f"run_as.{name} must be a non-negative integer")
+            ids[name] = number
+        return {"source": value["source"], "user": user, **ids}

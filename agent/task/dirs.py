@@ -6,8 +6,8 @@ searches the block group for a free one and, on a file system without a journal,
 every inode freed in the last half minute. At a few hundred short tasks a second each `mkdir`
 cost 50-400 µs of CPU on the benchmark VM (docs/benchmarks.md).
 
-So a task directory that its task left exactly as it was made (an empty work directory, both
-directories mode 0700 and ours, no extended attribute beyond those every new directory gets,
+So a task directory that its task left exactly as it was made (an empty work directory of mode
+0700, the task directory of its mode and ours, no extended attribute beyond those every new directory gets,
 nothing beside the state file, which has no other link), once none of the task's processes is
 left (its cgroup is gone; without cgroups nothing is reused), is kept: its state file is blanked and
 the directory is renamed into ``<state>/spare-task-dirs/``. The next task's directory is renamed
@@ -31,16 +31,19 @@ SPARE_DIR = "spare-task-dirs"
 DEFAULT_KEEP = 64  # spares at most: a burst of short tasks on one host needs no more
 
 
-def make_task_dir(path):
-    """Create a task's directory and its work directory, mode 0700 both, and the directory of
-    all tasks (0700 too) where it is missing. A directory left from an earlier try is kept."""
+def make_task_dir(path, mode=0o700):
+    """Create a task's directory (`mode`: 0711 where tasks run as their own uid, which must pass
+    through it) and its work directory (0700), and the directory of all tasks (`mode` too) where
+    it is missing. A directory left from an earlier try is kept."""
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, mode)
     except FileNotFoundError:  # the first task: os.makedirs would make `path` itself 0755
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        os.mkdir(path, 0o700)
+        os.makedirs(os.path.dirname(path), mode=mode, exist_ok=True)
+        os.chmod(os.path.dirname(path), mode)  # makedirs' mode is masked by the umask
+        os.mkdir(path, mode)
     except FileExistsError:
         pass
+    os.chmod(path, mode)  # mkdir's mode is masked by the umask
     try:
         os.mkdir(os.path.join(path, WORK_DIR), 0o700)
     except FileExistsError:
@@ -82,9 +85,10 @@ def _blank(path):
 class TaskDirs:
     """Makes and removes task directories, keeping up to `keep` clean ones for reuse."""
 
-    def __init__(self, spare_dir, keep=DEFAULT_KEEP):
+    def __init__(self, spare_dir, keep=DEFAULT_KEEP, mode=0o700):
         self.spare_dir = spare_dir
         self.keep = keep
+        self.mode = mode  # of a task's directory (its work directory is 0700, its user's)
         self._lock = threading.Lock()
         self._spares = []  # names in spare_dir, each a clean task directory with a blank state file
         self._names = itertools.count()
@@ -103,18 +107,30 @@ class TaskDirs:
                             exc.strerror or exc)
                 self.keep = 0
 
-    def make(self, path):
-        """Create the directory of a task at `path`, with its work directory."""
+    def make(self, path, owner=None):
+        """Create the directory of a task at `path`, with its work directory, which belongs to
+        `owner` ((uid, gid); None: the agent)."""
+        uid, gid = owner or (self._uid, self._gid)
         with self._lock:
             name = self._spares.pop() if self._spares else None
         if name is not None:
             spare = os.path.join(self.spare_dir, name)
             try:
                 os.rename(spare, path)
-                return
             except OSError:  # `path` is left from an earlier try, or the spare went
                 shutil.rmtree(spare, ignore_errors=True)
-        make_task_dir(path)
+            else:
+                self._give(path, uid, gid)
+                return
+        make_task_dir(path, self.mode)
+        self._give(path, uid, gid)
+
+    @staticmethod
+    def _give(path, uid, gid):
+        work = os.path.join(path, WORK_DIR)
+        st = os.lstat(work)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(work, uid, gid, follow_symlinks=False)
 
     def remove(self, path, reuse=True):
         """Remove a task's directory, or keep it as a spare when it is exactly as it was made and
@@ -139,12 +155,14 @@ class TaskDirs:
 
     def _clean(self, path):
         state, work = os.path.join(path, STATE_FILE), os.path.join(path, WORK_DIR)
-        made = ((path, stat.S_IFDIR, 0o700), (work, stat.S_IFDIR, 0o700), (state, stat.S_IFREG, 0o600))
+        # The work directory may belong to the task's user: it is given to the next task's at reuse.
+        made = ((path, stat.S_IFDIR, self.mode, True), (work, stat.S_IFDIR, 0o700, False),
+                (state, stat.S_IFREG, 0o600, True))
         try:
-            for p, kind, mode in made:
+            for p, kind, mode, ours in made:
                 st = os.lstat(p)
                 if (stat.S_IFMT(st.st_mode) != kind or stat.S_IMODE(st.st_mode) != mode
-                        or st.st_uid != self._uid or st.st_gid != self._gid
+                        or (ours and (st.st_uid != self._uid or st.st_gid != self._gid))
                         or (kind == stat.S_IFREG and st.st_nlink != 1)):  # the file has no other name
                     return False
             with os.scandir(work) as entries:
@@ -155,4 +173,4 @@ class TaskDirs:
                     return False
         except OSError:
             return False
-        return all(_xattrs(p) == self._born[kind] for p, kind, _ in made)
+        return all(_xattrs(p) == self._born[kind] for p, kind, _, _ in made)

@@ -170,12 +170,19 @@ class InstanceTask(Task):
         self._run_once()
 
     def _volume_mode(self):
-        # A container's user may be anyone; the volumes' parent directory (0700) keeps the host's out.
-        return 0o777 if self.container else 0o700
+        # The task's user's alone (a container runs as that user too); others pass the parent (0711) only.
+        return 0o700
+
+    def _ensure_volume(self):
+        """The volume's directory, its user's: only the top is given (a resumed volume's files are
+        the same user's already, as fleetd gives an owner the same uid on every run)."""
+        volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+        self.runner.isolation.own(self.run_as, volume)
+        return volume
 
     def _prepare_instance(self):
         try:
-            self.volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+            self.volume = self._ensure_volume()
             no_room = self.runner.volumes.room_for(self.spec.id, self.spec.volume_bytes)
         except (OSError, ValueError) as exc:
             raise TaskError(f"cannot make the instance's volume: {exc}") from None
@@ -200,7 +207,7 @@ class InstanceTask(Task):
         extra.update({f"FLEET_PORT_{p}": str(hp) for p, hp in self.ports.items()})
         env, injected = task_env(self.assignment, addr, port, extra=extra)
         self.worker.env = injected
-        return env
+        return self.runner.isolation.env(self.run_as, env, self.workdir)
 
     def _make_tail(self):
         self.shipper = self._new_shipper()
@@ -228,6 +235,9 @@ class InstanceTask(Task):
         else:
             inner = list(self.assignment.command)
         check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))
+        if not self.container:  # a container's user is the runtime's to set (--user); its client stays root
+            inner = self.runner.isolation.wrap(self.run_as, inner)
+        # The shell that records the exit status is root's: the task cannot forge it.
         return self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, inner))
 
     def _run_once(self):
@@ -374,8 +384,9 @@ class InstanceTask(Task):
         self._prepare_limits()  # the same cgroup: its name is the task's
         self._cwd = record.get("cwd") or self.workdir
         self.ports = {int(p): hp for p, hp in (record.get("ports") or {}).items()}
+        self._resolve_user()
         try:
-            self.volume = self.runner.volumes.ensure(self.spec.id, self._volume_mode())
+            self.volume = self._ensure_volume()
         except (OSError, ValueError) as exc:
             raise TaskError(f"cannot find the instance's volume: {exc}") from None
         self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 
+from agent.isolation import Isolation
 from agent.ports import PortAllocator
 from agent.procfs import read_boot_id, read_proc, recorded_pids, signal_pids, wait_gone
 from agent.task.container import ContainerRuntime
@@ -46,12 +47,19 @@ class Runner:
 
     def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
                  rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
-                 backoff_max_seconds=60.0, log_settings=None, limits=None, ports=None, containers=None):
+                 backoff_max_seconds=60.0, log_settings=None, limits=None, ports=None, containers=None,
+                 isolation=None):
+        self.isolation = isolation or Isolation()
+        # Tasks pass through the state dir to their own directories, and list nothing in it.
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        self.isolation.passable(state_dir)
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
-        self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR))
+        # Tasks running as their own uid pass through the directory of all tasks and their own.
+        self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR), mode=0o711 if self.isolation.enabled else 0o700)
         # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
         self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
-        self.volumes = Volumes(state_dir)
+        self.volumes = Volumes(state_dir, root_mode=0o711 if self.isolation.enabled else 0o700)
+        self.volumes.prepare()
         self.ports = ports or PortAllocator(state_dir)
         self.containers = containers  # a ContainerRuntime, or None: instances with an image cannot run
         self.workers = workers
@@ -72,7 +80,7 @@ class Runner:
         self.finishes = FinishReports()
 
     @classmethod
-    def from_config(cls, config, state_dir, workers, client_factory, address, limits=None):
+    def from_config(cls, config, state_dir, workers, client_factory, address, limits=None, isolation=None):
         """A Runner with the [tasks] settings of the agent config."""
         settings = LogSettings(batch_lines=config.tasks_log_batch_lines, batch_bytes=config.tasks_log_batch_bytes,
                                interval_seconds=config.tasks_log_interval_seconds,
@@ -85,7 +93,7 @@ class Runner:
                    report_retry_seconds=config.tasks_report_retry_seconds,
                    backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits,
                    ports=PortAllocator(state_dir, low, high),
-                   containers=ContainerRuntime.detect(config.containers_command))
+                   containers=ContainerRuntime.detect(config.containers_command), isolation=isolation)
 
     def checkout_client(self):
         """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""

@@ -69,6 +69,7 @@ class Task:
         self.shipper = None
         self._start_with_finish = False  # the process ended before its start was reported
         self.task_limits = None  # what agent.task.limits set up (env, cgroup), once prepared
+        self.run_as = None  # whom the task runs as (agent.isolation.RunAs), once resolved
         self.worker = Worker(task_id=assignment.task_id, epoch=assignment.epoch, job_id=assignment.job_id,
                              rank=assignment.rank, state="starting", priority_class=assignment.priority_class,
                              bid=assignment.bid, gpus=[dict(g) for g in assignment.gpus], stop=self.cancel,
@@ -230,14 +231,16 @@ class Task:
     def _run_to_result(self, client):
         """(outcome, exit_code, reason) of the task."""
         try:
-            self.runner.dirs.make(self.dir)
+            self._resolve_user()
+            self.runner.dirs.make(self.dir, (self.run_as.uid, self.run_as.gid))
             self._prepare_limits()  # the cgroup exists before the state file that names it
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
-                       cgroup=self.task_limits.cgroup)
+                       cgroup=self.task_limits.cgroup, run_as=self.run_as.describe())
             cwd = self.workdir
             if self.assignment.workdir:
                 cwd = inside(self.workdir, self.assignment.workdir, "workdir", allow_root=True)
                 os.makedirs(cwd, exist_ok=True)
+                self.runner.isolation.own_below(self.run_as, self.workdir, cwd)
             self._download_artifacts(client, cwd)
             addr, port = self._rendezvous(client)
             self._spawn(cwd, addr, port)
@@ -247,6 +250,11 @@ class Task:
         except Stopped:
             return self._stop[0], None, self._stop[1]
         return self._supervise(client)
+
+    def _resolve_user(self):
+        """Whom the task runs as (TaskError when this node cannot run it so)."""
+        self.run_as = self.runner.isolation.resolve(self.assignment.run_as)
+        self.worker.run_as = self.run_as.describe()
 
     def _call(self, what, fn, deadline, fencing=is_fencing):
         """fn() retried while fleetd is unreachable, until `deadline` (monotonic); fencing raises Fenced."""
@@ -285,6 +293,7 @@ class Task:
                                   fencing=is_fencing_artifact)
             except DigestMismatch as exc:
                 raise TaskError(str(exc)) from None
+                self.runner.isolation.own_below(self.run_as, self.workdir, dest)
             except OSError as exc:
                 raise TaskError(f"cannot write artifact {item['path']!r}: {exc.strerror or exc}") from None
             log.info("task %s: artifact %s (%d bytes) verified at %s", self.label, item["sha256"][:12], size,
@@ -334,7 +343,9 @@ class Task:
 
     def _spawn(self, cwd, addr, port):
         env, injected = task_env(self.assignment, addr, port, extra=self.task_limits.env)
-        argv = self.runner.limits.command(self.task_limits, self.assignment.command)
+        env = self.runner.isolation.env(self.run_as, env, self.workdir)
+        command = self.runner.isolation.wrap(self.run_as, self.assignment.command)
+        argv = self.runner.limits.command(self.task_limits, command)
         if argv != self.assignment.command:
             check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         self.shipper = self._new_shipper()

@@ -23,8 +23,15 @@ MAX_WALK_ENTRIES = 2_000_000  # a measure stops here (and says so) rather than w
 class Volumes:
     """The volume directories of this host's instances."""
 
-    def __init__(self, state_dir):
+    def __init__(self, state_dir, root_mode=0o700):
         self.root = os.path.join(state_dir, VOLUMES_DIR)
+        self.root_mode = root_mode  # 0711 where tasks run as their own uid: they pass through, never list
+
+    def prepare(self):
+        """Make the directory of all volumes, of its mode (an older agent's may have another)."""
+        os.makedirs(self.root, mode=self.root_mode, exist_ok=True)
+        if stat.S_IMODE(os.stat(self.root).st_mode) != self.root_mode:
+            os.chmod(self.root, self.root_mode)
 
     def path(self, instance_id):
         """The directory of an instance's volume; ValueError for an id that is no instance id."""
@@ -35,7 +42,7 @@ class Volumes:
     def ensure(self, instance_id, mode=0o700):
         """The volume's directory, made (with `mode`) when missing; OSError when it is not a directory."""
         path = self.path(instance_id)
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        self.prepare()
         try:
             os.mkdir(path, mode)
         except FileExistsError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from agent.ports import listening
 from agent.procfs import recorded_pids, signal_pids, wait_gone
 from agent.task.journal import read_state
+from tests.support.wire import ROOT
 
 PY = sys.executable
 
@@ -22,14 +23,16 @@ HTTP_SERVER = ("import functools, http.server, os\n"
                ".serve_forever()\n")
 
 
-def instance_assignment(task_id, command, instance_id="inst-1", epoch=1, gpus=None, **instance):
-    """An instance run's assignment (docs: the instances contract) with the given `instance` fields."""
+def instance_assignment(task_id, command, instance_id="inst-1", epoch=1, gpus=None, run_as=ROOT, **instance):
+    """An instance run's assignment (docs: the instances contract) with the given `instance` fields,
+    run as `run_as` (root by default: see tests.support.wire.ROOT)."""
     spec = {"id": instance_id, "name": f"name-{instance_id}", "restart": "never", "ports": [],
             "volume_bytes": 0, "volume_mount_path": "/workspace", "image": None, "idle_stop": None}
     spec.update(instance)
     return {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": epoch, "rank": 0, "num_nodes": 1,
             "command": command, "env": {"GREETING": "hi"}, "workdir": "", "gpus": gpus or [],
-            "isolation": "exclusive", "max_runtime_seconds": None, "artifacts": [], "instance": spec}
+            "isolation": "exclusive", "max_runtime_seconds": None, "artifacts": [], "instance": spec,
+            "run_as": run_as}
 
 
 PORTS_FLOOR = 10_000  # test port ranges lie between this and the kernel's ephemeral ports
