@@ -113,6 +113,14 @@ def read_markers(pid):
     return (task_id, epoch) if task_id is not None and epoch is not None else None
 
 
+def proc_uid(pid):
+    """The (effective) uid a process runs as, or None once it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def read_command(pid):
     """A process's command line (for reports), or its comm, or ""."""
     try:
@@ -205,6 +213,7 @@ class TaskKey:
     pgid: int | None = None  # the leader's pid = its session and process group (while not reaped)
     cgroup: str | None = None  # the task's cgroup v2 path relative to the mount, when it has one
     cgroup_dir: str | None = None  # the same cgroup's directory (absolute), to read its members
+    uid: int | None = None  # the task's uid: a process of another uid never counts as the task's by its markers
 
 
 class ProcessMapper:
@@ -253,7 +262,12 @@ class ProcessMapper:
         key = self._by_sid.get(info.session) or self._by_sid.get(info.pgrp)
         if key is not None:
             return key
-        return self._by_marker.get(read_markers(info.pid))
+        key = self._by_marker.get(read_markers(info.pid))
+        # Markers are only the environment, which any process may set: another tenant's process
+        # that copies them must not count as this task's (it could get the task stopped for its GPU use).
+        if key is not None and key.uid is not None and proc_uid(info.pid) != key.uid:
+            return None
+        return key
 
 
 def task_pids(key, exclude=()):
@@ -288,7 +302,9 @@ def recorded_pids(record):
     pgid = record.get("pgid")
     leader = read_stat(pgid) if pgid else None
     group_is_ours = bool(pgid) and (leader is None or leader.start_ticks == record.get("start_ticks"))
-    key = TaskKey(record["task_id"], record["epoch"], pgid if group_is_ours else None)
+    run_as = record.get("run_as") if isinstance(record.get("run_as"), dict) else {}
+    uid = run_as.get("uid") if isinstance(run_as.get("uid"), int) else None
+    key = TaskKey(record["task_id"], record["epoch"], pgid if group_is_ours else None, uid=uid)
     created = record.get("created_ticks") or 0
     return [pid for pid in task_pids(key) if (info := read_stat(pid)) is not None and info.start_ticks >= created]
 

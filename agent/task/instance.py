@@ -381,10 +381,10 @@ class InstanceTask(Task):
     def _take_back(self, record):
         """Supervise again the run a journal record describes, its process alive or not."""
         self.record = dict(record)
+        self._resolve_user()
         self._prepare_limits()  # the same cgroup: its name is the task's
         self._cwd = record.get("cwd") or self.workdir
         self.ports = {int(p): hp for p, hp in (record.get("ports") or {}).items()}
-        self._resolve_user()
         try:
             self.volume = self._ensure_volume()
         except (OSError, ValueError) as exc:

@@ -124,6 +124,12 @@ class Limits:
         gpus = [dict(g) for g in assignment.gpus]
         env, enforcement = {}, {}
         for grant in gpus:
+            for key in ("memory_limit_bytes", "compute_percent"):
+                # A limit that is present must be one: 0 (a fraction too small to hold any memory) is
+                # an error, never "no limit".
+                if grant.get(key) is not None and grant_number(grant, key) is None:
+                    raise LimitError(f"GPU {grant['uuid']}: {key} {grant[key]!r} is not a positive number; a "
+                                     "shared slice needs a real limit")
             memory = grant_number(grant, "memory_limit_bytes")
             compute = grant_number(grant, "compute_percent")
             enforcement[grant["uuid"]] = {

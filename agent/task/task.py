@@ -339,7 +339,8 @@ class Task:
         self.worker.limits = limits
         self.worker.cgroup = self.task_limits.cgroup_rel
         self.process.identity = TaskKey(self.assignment.task_id, self.assignment.epoch, None,
-                                        self.task_limits.cgroup_rel, self.task_limits.cgroup)
+                                        self.task_limits.cgroup_rel, self.task_limits.cgroup,
+                                        self.run_as.uid if self.run_as is not None else None)
 
     def _spawn(self, cwd, addr, port):
         env, injected = task_env(self.assignment, addr, port, extra=self.task_limits.env)

@@ -80,7 +80,8 @@ class Watchdog:
             poll = self.polls
         keys = {}
         for worker in workers:
-            key = TaskKey(worker.task_id, worker.epoch, worker.pgid, worker.cgroup)
+            key = TaskKey(worker.task_id, worker.epoch, worker.pgid, worker.cgroup,
+                          uid=(worker.run_as or {}).get("uid"))
             keys[key] = worker
         mapper = ProcessMapper(keys)
         me = os.getpid()

@@ -6,16 +6,19 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 
 import pytest
 
 from agent.client import FleetClient
 from agent.isolation import Isolation
+from agent.procfs import ProcessMapper, TaskKey, proc_uid
 from agent.state import write_private
 from agent.task.logs import LogSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
+from tests.agent.conftest import wait_until
 from tests.agent.instance_support import instance_assignment
 from tests.support import wire
 
@@ -172,3 +175,17 @@ def test_an_agent_that_is_not_root_says_isolation_none_and_runs_tasks_as_itself(
     run_as = isolation.resolve(ALICE)
     assert (run_as.uid, run_as.source) == (1000, "agent")
     assert isolation.wrap(run_as, ["id"]) == ["id"]
+
+
+def test_another_tenants_process_that_copies_a_tasks_markers_is_not_the_tasks():
+    env = {"FLEET_TASK_ID": "victim", "FLEET_TASK_EPOCH": "1", "PATH": "/usr/bin:/bin"}
+    argv = ["setpriv", "--reuid=61302", "--regid=61302", "--clear-groups", "--", "sleep", "30"]
+    spoofer = subprocess.Popen(argv, env=env, start_new_session=True)
+    try:
+        wait_until(lambda: proc_uid(spoofer.pid) == 61302, message="the spoofer runs as its uid")
+        assert ProcessMapper([TaskKey("victim", 1, uid=61301)]).owner(spoofer.pid) is None
+        mine = TaskKey("victim", 1, uid=61302)
+        assert ProcessMapper([mine]).owner(spoofer.pid) is mine  # the same uid: its own task's markers
+    finally:
+        spoofer.kill()
+        spoofer.wait()

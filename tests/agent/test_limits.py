@@ -573,3 +573,12 @@ def test_a_lost_gpu_fails_its_task_and_unreadable_processes_do_not(host, fleetd,
     assert fleetd.wait_finished("t-lost")["reason"].startswith(f"gpu_unhealthy: GPU {GPU[0]} is unhealthy: GPU 0 "
                                                                "unavailable: GPU is lost")
     assert alive(odd.proc.pid) and not alive(lost.proc.pid)
+
+
+def test_a_memory_limit_of_0_is_an_error_never_no_limit(host, fleetd):
+    runner, _limits, _devices = host()
+    runner.submit(assignment("t-zero", [sys.executable, "-c", "pass"],
+                             gpus=[{"uuid": GPU[1], "memory_limit_bytes": 0}]))
+    finish = fleetd.wait_outcome("t-zero")
+    assert finish["outcome"] == "failed"
+    assert "memory_limit_bytes 0 is not a positive number" in finish["reason"], finish
