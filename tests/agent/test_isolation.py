@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -189,3 +190,44 @@ def test_another_tenants_process_that_copies_a_tasks_markers_is_not_the_tasks():
     finally:
         spoofer.kill()
         spoofer.wait()
+
+
+RUN_ONE = """
+import sys, time
+from agent.client import FleetClient
+from agent.task.logs import LogSettings
+from agent.task.runner import Runner
+from agent.workers import Workers
+from tests.support import wire
+
+url, state, code = sys.argv[1:4]  # run with -c: sys.argv[0] is "-c"
+runner = Runner(state, Workers(), lambda: FleetClient(url, "fln_test", timeout=10), "127.0.0.1",
+                log_settings=LogSettings(interval_seconds=0.05))
+runner.submit(wire.assignment("t-carol", ["/usr/bin/python3", "-c", code],
+                              run_as={"source": "unix_user", "user": "carol"}))
+for _ in range(600):
+    if not runner.tasks():
+        break
+    time.sleep(0.05)
+runner.shutdown("done", timeout=15)
+"""
+
+
+def test_a_tokens_unix_user_runs_the_task_as_that_host_user_with_its_groups(fleetd, state_dir, tmp_path):
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is needed to make a user in a private mount namespace")
+    # The user exists only in a private mount namespace: the machine's /etc is never touched.
+    passwd, group = tmp_path / "passwd", tmp_path / "group"
+    passwd.write_text(open("/etc/passwd").read() + "carol:x:61400:61400:Carol:/home/carol:/bin/sh\n")
+    group.write_text(open("/etc/group").read() + "carol:x:61400:\nml-data:x:61401:carol\n")
+    shell = 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"'
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", shell, "sh",
+                           str(passwd), str(group), sys.executable, "-c", RUN_ONE, fleetd.url, state_dir, PROBE],
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert fleetd.wait_outcome("t-carol")["outcome"] == "succeeded"
+    seen = json.loads(fleetd.texts("t-carol", "stdout")[0])
+    assert (seen["uid"], seen["gid"], sorted(seen["groups"])) == (61400, 61400, [61400, 61401])  # initgroups
+    assert (seen["home"], seen["user"], seen["nnp"]) == ("/home/carol", "carol", "1")
+    assert "carol" not in open("/etc/passwd").read()
