@@ -291,9 +291,9 @@ class Task:
                 size = self._call(f"downloading artifact {item['sha256']}",
                                   functools.partial(client.download_artifact, item["sha256"], dest), deadline,
                                   fencing=is_fencing_artifact)
+                self.runner.isolation.own_below(self.run_as, self.workdir, dest)
             except DigestMismatch as exc:
                 raise TaskError(str(exc)) from None
-                self.runner.isolation.own_below(self.run_as, self.workdir, dest)
             except OSError as exc:
                 raise TaskError(f"cannot write artifact {item['path']!r}: {exc.strerror or exc}") from None
             log.info("task %s: artifact %s (%d bytes) verified at %s", self.label, item["sha256"][:12], size,

@@ -2,6 +2,7 @@
 agent's secrets. Real processes, real files and real uids (the tests run as root, as CI does), against
 the stand-in fleetd; the tasks run /usr/bin/python3, which every uid can execute (the venv is root's)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -231,3 +232,17 @@ def test_a_tokens_unix_user_runs_the_task_as_that_host_user_with_its_groups(flee
     assert (seen["uid"], seen["gid"], sorted(seen["groups"])) == (61400, 61400, [61400, 61401])  # initgroups
     assert (seen["home"], seen["user"], seen["nnp"]) == ("/home/carol", "carol", "1")
     assert "carol" not in open("/etc/passwd").read()
+
+
+def test_a_tasks_workdir_and_artifacts_are_its_users_to_change(runner, fleetd):
+    data = b"weights"
+    digest = hashlib.sha256(data).hexdigest()
+    fleetd.artifacts[digest] = data
+    code = ("import os\n"
+            "open('inputs/model.bin', 'ab').write(b'+tuned')\n"
+            "os.makedirs('out'); open('out/log.txt', 'w').write('ok')\n"
+            "print(open('inputs/model.bin', 'rb').read().decode(), os.stat('inputs').st_uid, os.stat('out').st_uid)\n")
+    finish, out, err = run(runner, fleetd, "t-art", code, ALICE, workdir="job/run1",
+                           artifacts=[{"sha256": digest, "path": "inputs/model.bin"}])
+    assert finish["outcome"] == "succeeded", (finish, err)
+    assert out == ["weights+tuned 61301 61301"]
