@@ -490,3 +490,23 @@ def test_malformed_finish_reports_together_are_invalid_requests(api, fleet, fini
     _, session = api.ready_node(fleet, "n1")
     resp = api.post("/api/v1/agent/finish", {"finishes": finishes}, token=session, agent=True)
     assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["json"]
+
+
+@pytest.mark.parametrize("how", [{"outcome": "failed", "exit_code": 1}, {"outcome": "failed", "lost": True}])
+def test_a_gang_whose_rank_succeeded_runs_again_whole_when_another_rank_fails_and_retries(api, fleet, how):
+    _, s1 = api.ready_node(fleet, "n1")
+    _, s2 = api.ready_node(fleet, "n2")
+    job = api.submit(num_nodes=2, resources={"gpus": 1},
+                     retry={"max_attempts": 3, "on": ["failed", "node_lost"]})
+    a, b = api.start_task(s1), api.start_task(s2)
+    (r0, s_r0), (r1, s_r1) = sorted([(a, s1), (b, s2)], key=lambda pair: pair[0]["rank"])
+    api.task_call(s_r0, r0, "finish", outcome="succeeded", exit_code=0)
+    api.task_call(s_r1, r1, "finish", **how)  # answered 204: never refused, whatever rank 0 did
+    again = api.job(job["id"])
+    assert again["attempt"] == 2 and {t["state"] for t in again["tasks"]} <= {"pending", "assigned"}
+    c, d = api.start_task(s1), api.start_task(s2)
+    assert {c["epoch"], d["epoch"]} == {r0["epoch"] + 1} and {c["task_id"], d["task_id"]} == {r0["task_id"],
+                                                                                               r1["task_id"]}
+    for assignment, session in ((c, s1), (d, s2)):
+        api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    assert api.job(job["id"])["state"] == "succeeded"

@@ -22,18 +22,19 @@ JOB_TRANSITIONS = transition_table(JobState, {
     "queued": "running cancelled failed",
     "running": "queued succeeded failed cancelling cancelled",
     "cancelling": "cancelled",
-    "succeeded": "",
+    "succeeded": "pending",
     "failed": "",
     "cancelled": "",
 })
 
 
-# An ended task goes back to pending only when the whole job retries (all its ranks are reset).
+# An ended task goes back to pending only when the whole job retries (all its ranks are reset):
+# a gang whose rank did not succeed runs again as a whole, its ranks that had succeeded too.
 TASK_TRANSITIONS = transition_table(TaskState, {
     "pending": "assigned cancelled",
     "assigned": "running succeeded failed cancelled lost preempted",
     "running": "succeeded failed cancelled lost preempted",
-    "succeeded": "",
+    "succeeded": "pending",
     "failed": "pending",
     "cancelled": "pending",
     "lost": "pending",
