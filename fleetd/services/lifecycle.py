@@ -22,7 +22,7 @@ JOB_TRANSITIONS = transition_table(JobState, {
     "queued": "running cancelled failed",
     "running": "queued succeeded failed cancelling cancelled",
     "cancelling": "cancelled",
-    "succeeded": "pending",
+    "succeeded": "",
     "failed": "",
     "cancelled": "",
 })
