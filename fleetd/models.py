@@ -263,6 +263,20 @@ class Node(BaseModel):
     health_hold = JSONText(null=True)
 
     @property
+    def isolation(self):
+        """"uid" when its agent runs tasks as other users, else "none" (also when it never said)."""
+        return (self.capabilities or {}).get("isolation") or "none"
+
+    @property
+    def containers(self):
+        """"ready" or "unavailable: <reason>" as its agent said; an agent that never said is ready
+        when it reported a container runtime."""
+        said = (self.capabilities or {}).get("containers")
+        if said:
+            return said
+        return "ready" if self.container_runtime else "unavailable: no container runtime (podman or docker)"
+
+    @property
     def drain(self):
         """The node's drain as the API shows it ({reason, deadline, started_at}), or None."""
         if self.drain_started_at is None:

@@ -9,6 +9,7 @@ from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
 from fleetd.replicas import Leadership
 from fleetd.services.cluster import call
+from fleetd.services.identities import Identities
 
 
 @dataclasses.dataclass
@@ -35,6 +36,7 @@ class Runtime:
     offload: object = call
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
+    identities: Identities = None  # who tasks run as (services.identities), set by build()
 
     @classmethod
     def build(cls, settings, clock=None):
@@ -46,8 +48,9 @@ class Runtime:
         )
         limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
                                  settings.auth_failure_global_limit)
-        leases = LeaseTracker(clock, settings.task_lease_seconds)
-        return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks)
+        leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
+        return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks,
+                   identities=Identities(settings.task_uids))
 
 
 def current_runtime():

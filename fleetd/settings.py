@@ -55,6 +55,8 @@ class Settings:
     max_connections: int = 10000
     http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
+    instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
+    task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
 
     @property
     def database_url(self):
@@ -90,11 +92,27 @@ class Settings:
                 raise ValueError(f"trusted_proxies wants addresses or CIDRs, got {item!r}") from None
         return tuple(out)
 
+    @property
+    def task_uids(self):
+        """task_uid_range as range(first, last + 1)."""
+        first, sep, last = self.task_uid_range.partition("-")
+        try:
+            uids = range(int(first), int(last) + 1)
+        except ValueError:
+            uids = None
+        if not sep or uids is None or not uids or uids.start < 1000 or uids.stop > 2**31:
+            raise ValueError(f"task_uid_range wants FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, "
+                             f"got {self.task_uid_range!r}")
+        return uids
+
     def validate(self):
         """Raise ValueError for settings that cannot work (unknown policy names, bad lists)."""
         from fleetd.scheduler import POLICIES
 
         self.trusted_networks  # noqa: B018 - raises on a bad list
+        self.task_uids  # noqa: B018 - raises on a bad range
+        if self.instances_max_host_ports_per_owner_per_node < 0:
+            raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
 
         for name in [self.scheduler_policy, *self.policy_by_fleet.values()]:
             if name and name not in POLICIES:

@@ -23,7 +23,7 @@ RETRY_ON = ("node_lost", "preempted", "failed")
 DEFAULT_MOUNT = "/workspace"
 # Bump when the fields below change meaning: keys stored before then stop matching, so their jobs
 # are read by every pass (as jobs without a key are) until they leave the queue.
-GROUP_KEY_VERSION = 1
+GROUP_KEY_VERSION = 2  # 2: owner, host_ports, mps and image
 
 
 def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
@@ -60,7 +60,8 @@ class Resources:
 def _selector_from_dict(data: Mapping[str, Any] | None) -> scheduler.NodeSelector:
     data = data or {}
     return scheduler.NodeSelector(fleet=data.get("fleet"), labels=_plain(data.get("labels")),
-                                  node_id=data.get("node_id"), container=bool(data.get("container")))
+                                  node_id=data.get("node_id"), container=bool(data.get("container")),
+                                  image=data.get("image"))
 
 
 def _selector_to_dict(selector: scheduler.NodeSelector) -> dict[str, Any]:
@@ -69,6 +70,8 @@ def _selector_to_dict(selector: scheduler.NodeSelector) -> dict[str, Any]:
         out["node_id"] = selector.node_id
     if selector.container:
         out["container"] = True
+    if selector.image is not None:
+        out["image"] = selector.image
     return out
 
 
@@ -211,14 +214,21 @@ class JobSpec:
         """The retry rule in force: the spec's, else the default."""
         return self.retry or DEFAULT_RETRY
 
-    def task_request(self) -> scheduler.TaskRequest:
-        """The engine's request; ValueError when the engine cannot evaluate it."""
+    def task_request(self, owner: str = "") -> scheduler.TaskRequest:
+        """The engine's request (as `owner`'s, where the answer depends on who asks: the host ports
+        a new instance takes, MPS slices); ValueError when the engine cannot evaluate it."""
         res = self.resources
-        return scheduler.TaskRequest(
+        request = scheduler.TaskRequest(
             gpus=res.gpus, num_nodes=self.num_nodes, gpu_memory_bytes=res.gpu_memory_bytes,
             gpu_compute_percent=res.gpu_compute_percent, gpu_types=res.gpu_types, cpus=res.cpus,
             memory_bytes=res.memory_bytes, node_selector=self.node_selector, priority_class=self.priority_class,
             bid=self.bid, name=self.name)
+        # A resumed run's ports are already held on the node that keeps its volume.
+        ports = len(self.instance.ports) if self.instance is not None and self.node_selector.node_id is None else 0
+        mps = self.isolation == "mps" and request.shared
+        if ports or mps:
+            request = dataclasses.replace(request, owner=owner, host_ports=ports, mps=mps)
+        return request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +280,8 @@ class InstanceSpec:
     def run(self, node_id: str | None) -> JobSpec:
         """The spec of one run (held to `node_id`, the node that keeps its volume, when set)."""
         selector = dataclasses.replace(self.node_selector, node_id=node_id,
-                                       container=bool(self.image) or self.node_selector.container)
+                                       container=bool(self.image) or self.node_selector.container,
+                                       image=self.image or None)
         res = self.resources
         return JobSpec(
             name=self.name, command=self.command, env=self.env, num_nodes=1, team=self.team,
@@ -300,6 +311,10 @@ class Group(NamedTuple):
     team: str
     priority_class: str
     bid: float | None
+    image: str | None
+    owner: str  # "" unless the answer depends on who asks
+    host_ports: int
+    mps: bool
 
 
 def group_of(request: scheduler.TaskRequest, team: str | None, priority_class: str, bid: float | None) -> Group:
@@ -309,7 +324,8 @@ def group_of(request: scheduler.TaskRequest, team: str | None, priority_class: s
                  gpu_compute_percent=request.gpu_compute_percent, gpu_types=tuple(request.gpu_types),
                  cpus=request.cpus, memory_bytes=request.memory_bytes, fleet=selector.fleet,
                  labels=tuple(sorted(selector.labels.items())), node_id=selector.node_id,
-                 container=selector.container, team=team or "", priority_class=priority_class, bid=bid)
+                 container=selector.container, team=team or "", priority_class=priority_class, bid=bid,
+                 image=selector.image, owner=request.owner, host_ports=request.host_ports, mps=request.mps)
 
 
 def group_key(group: Group) -> str:

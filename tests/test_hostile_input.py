@@ -46,7 +46,7 @@ TASK_EPOCH = "{epoch}"  # filled in from the seeded assignment
 GPU_REPORT = dict(GPU_H100, uuid="GPU-hostile-0")
 JOB_SPEC = {
     "name": "hostile", "command": ["sleep", "1"], "env": {"A": "b"}, "workdir": "w", "num_nodes": 1,
-    "resources": {"gpus": 1, "gpu_memory_bytes": 1024, "gpu_compute_percent": 50.0, "gpu_types": [GPU_H100["model"]],
+    "resources": {"gpus": 1, "gpu_memory_bytes": 256 * 1024**2, "gpu_compute_percent": 50.0, "gpu_types": [GPU_H100["model"]],
                   "cpus": 1.5, "memory_bytes": 1024},
     "isolation": "shared", "priority_class": "spot", "bid": 1.5, "team": "team-a", "labels": {"k": "v"},
     "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}}, "max_runtime_seconds": 60,

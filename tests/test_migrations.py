@@ -143,5 +143,7 @@ def test_upgrading_to_0016_keeps_fleets_and_gives_them_the_isolation_defaults(tm
         db.execute_sql("UPDATE fleet SET require_isolation = 1 WHERE name = 'gpu-a'")
         assert version() == before + 2  # and a fleet's isolation rule
         db.execute_sql("""UPDATE fleet SET allowed_images = '["a/*"]' WHERE name = 'gpu-a'""")
-        assert version() == before + 2  # not its image patterns (checked at create)
+        assert version() == before + 3  # and the images its nodes may run
+        db.execute_sql("UPDATE fleet SET description = 'other' WHERE name = 'gpu-a'")
+        assert version() == before + 3  # not what placement does not read
     db.close()

@@ -13,7 +13,7 @@ def token():
 
 
 TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "team"),
-                 ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
+                 ("UNIX USER", "unix_user"), ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
 
 
 @client_command(token, "create")
@@ -22,9 +22,11 @@ TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "tea
               help="admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and status.")
 @click.option("--team", help="Team of a submitter token.")
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
-def token_create(name, role, team, expires_in):
+@click.option("--unix-user", help="Host user the token's tasks run as (must exist on the nodes; not root). "
+                                  "Default: a uid fleetd allocates for the token.")
+def token_create(name, role, team, expires_in, unix_user):
     """Create an API token; its secret is printed once."""
-    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in}
+    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in, "unix_user": unix_user}
     data = current_client().post("/api/v1/tokens", {k: v for k, v in body.items() if v is not None})
 
     def human(d):

@@ -8,6 +8,8 @@ from fleetd.scheduler.capacity import GpuCounts, gpu_capacity, gpu_state
 from fleetd.scheduler.engine import PLACEMENT_GROUP, PlacementEngine, profile_from_requests, schedule, shape_of
 from fleetd.scheduler.model import (
     MILLI,
+    MIN_SLICE_MEMORY_BYTES,
+    READY,
     STAGES,
     ClusterSnapshot,
     FilterDetail,
@@ -24,6 +26,7 @@ from fleetd.scheduler.model import (
     TaskShape,
     Unschedulable,
     WorkloadProfile,
+    image_allowed,
 )
 from fleetd.scheduler.policies import DEFAULT_POLICY, POLICIES, FragmentationModel, Policy, Shape, make_policy
 from fleetd.scheduler.preemption import freed, plan_preemption
@@ -31,6 +34,8 @@ from fleetd.scheduler.preemption import freed, plan_preemption
 __all__ = [
     "DEFAULT_POLICY",
     "MILLI",
+    "MIN_SLICE_MEMORY_BYTES",
+    "READY",
     "PLACEMENT_GROUP",
     "POLICIES",
     "STAGES",
@@ -57,6 +62,7 @@ __all__ = [
     "freed",
     "gpu_capacity",
     "gpu_state",
+    "image_allowed",
     "make_policy",
     "plan_preemption",
     "profile_from_requests",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from fleetd.scheduler.model import (
     MILLI,
+    MIN_SLICE_MEMORY_BYTES,
     STAGE_CPU,
     STAGE_GANG,
     STAGE_GPU,
@@ -32,6 +33,7 @@ from fleetd.scheduler.model import (
     STAGE_GPU_MEMORY,
     STAGE_GPU_TYPE,
     STAGE_MEMORY,
+    STAGE_PORTS,
     STAGE_SELECTOR,
     STAGE_STATUS,
     ClusterSnapshot,
@@ -44,6 +46,7 @@ from fleetd.scheduler.model import (
     TaskRequest,
     Unschedulable,
     WorkloadProfile,
+    image_allowed,
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 
@@ -51,7 +54,8 @@ PLACEMENT_GROUP = 4  # tasks one pass places on a node before an equally good, e
 
 
 class _Gpu:
-    __slots__ = ("uuid", "model", "memory_total", "memory_free", "milli_free", "numa", "usable", "holders")
+    __slots__ = ("uuid", "model", "memory_total", "memory_free", "milli_free", "numa", "usable", "holders",
+                 "mps_owner", "mps_holders")
 
     def __init__(self, snap):
         self.uuid = snap.uuid
@@ -65,6 +69,12 @@ class _Gpu:
         # that anyone shares has less than a whole GPU of compute share to give.
         self.holders = 0 if snap.idle else 1
         self.milli_free = max(0, min(MILLI if snap.idle else MILLI - 1, snap.compute_free_milli))
+        # MPS serves one uid per GPU at a time: slices of other owners' MPS work do not share it.
+        self.mps_owner = snap.mps_owner
+        self.mps_holders = 1 if snap.mps_owner is not None else 0  # outside holders count as one
+
+    def takes_mps_of(self, owner: str) -> bool:
+        return self.mps_owner is None or self.mps_owner == owner
 
     @property
     def idle(self) -> bool:
@@ -76,7 +86,7 @@ class _Gpu:
 
 
 class _Node:
-    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "placed")
+    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "placed", "owner_ports")
 
     def __init__(self, index: int, snap: NodeSnapshot):
         self.index = index
@@ -87,6 +97,7 @@ class _Node:
         models = sorted({g.model for g in snap.gpus})
         self.model = "|".join(models)
         self.gpus = [_Gpu(g) for g in snap.gpus]
+        self.owner_ports = dict(snap.owner_ports) if snap.owner_ports else {}
         self.key = None
         self.cid = -1
 
@@ -113,6 +124,9 @@ class _Reservation:
     cpu: int
     memory: int
     gpus: list  # (gpu, milli, memory)
+    owner: str = ""
+    host_ports: int = 0
+    mps: bool = False
 
 
 def shape_of(request: TaskRequest) -> Shape:
@@ -257,6 +271,8 @@ class PlacementEngine:
                 if g.usable
                 and g.milli_free >= shape.gpu_milli
                 and g.memory_free >= request.gpu_memory_for(g.memory_total)
+                and request.gpu_memory_for(g.memory_total) >= MIN_SLICE_MEMORY_BYTES
+                and (not request.mps or g.takes_mps_of(request.owner))
             ]
             if not fitting:
                 return None
@@ -287,8 +303,17 @@ class PlacementEngine:
                 break
         return chosen
 
+    @staticmethod
+    def _ports_ok(node: _Node, request: TaskRequest) -> bool:
+        """False when the request's host ports would take its owner over the per-node cap."""
+        if not request.host_ports or request.max_owner_ports is None:
+            return True
+        return node.owner_ports.get(request.owner, 0) + request.host_ports <= request.max_owner_ports
+
     def _node_ok(self, node: _Node, request: TaskRequest, shape: Shape, slice_of, exclude) -> list | None:
         if node.index in exclude or node.memory_free < request.memory_bytes or not self._selector_ok(node, request):
+            return None
+        if not self._ports_ok(node, request):
             return None
         return self._devices(node, request, shape, slice_of)
 
@@ -359,9 +384,26 @@ class PlacementEngine:
             gpu.milli_free -= milli
             gpu.memory_free -= memory
             gpu.holders += 1
+        r = _Reservation(node, request.cpu_milli, request.memory_bytes, devices, request.owner, request.host_ports,
+                         request.mps and request.shared)
+        self._hold(r, 1)
         if node.snap.schedulable:
             self._enter(node)
-        return _Reservation(node, request.cpu_milli, request.memory_bytes, devices)
+        return r
+
+    @staticmethod
+    def _hold(r: _Reservation, sign: int):
+        """Charge (sign 1) or give back (-1) what a reservation holds for its owner."""
+        if r.host_ports:
+            left = r.node.owner_ports.get(r.owner, 0) + sign * r.host_ports
+            if left > 0:
+                r.node.owner_ports[r.owner] = left
+            else:
+                r.node.owner_ports.pop(r.owner, None)
+        if r.mps:
+            for gpu, _, _ in r.gpus:
+                gpu.mps_holders += sign
+                gpu.mps_owner = r.owner if gpu.mps_holders > 0 else None
 
     def _unreserve(self, r: _Reservation):
         node = r.node
@@ -374,6 +416,7 @@ class PlacementEngine:
             gpu.milli_free += milli
             gpu.memory_free += memory
             gpu.holders -= 1
+        self._hold(r, -1)
         if node.snap.schedulable:
             self._enter(node)
 
@@ -415,6 +458,9 @@ class PlacementEngine:
                     ),
                     cpu_milli=request.cpu_milli,
                     memory_bytes=request.memory_bytes,
+                    owner=request.owner,
+                    host_ports=request.host_ports,
+                    mps=request.mps and request.shared,
                 )
             )
         return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
@@ -432,7 +478,8 @@ class PlacementEngine:
             node = self.by_id[rank.node_id]
             uuids = {g.uuid: g for g in node.gpus}
             devices = [(uuids[a.uuid], a.compute_milli, a.memory_limit_bytes) for a in rank.gpus]
-            self._unreserve(_Reservation(node, rank.cpu_milli, rank.memory_bytes, devices))
+            self._unreserve(_Reservation(node, rank.cpu_milli, rank.memory_bytes, devices, rank.owner, rank.host_ports,
+                                         rank.mps))
 
     def snapshot(self) -> ClusterSnapshot:
         """The engine's accounting now, as a snapshot (what is left after its placements)."""
@@ -443,11 +490,12 @@ class PlacementEngine:
                     g0,
                     compute_free_milli=g.milli_free,
                     memory_free_bytes=g.memory_free,
+                    mps_owner=g.mps_owner,
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
             nodes.append(replace(node.snap, gpus=gpus, cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free,
-                                 tasks=node.tasks))
+                                 tasks=node.tasks, owner_ports=dict(node.owner_ports)))
         return ClusterSnapshot(tuple(nodes))
 
     def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:
@@ -463,15 +511,20 @@ class PlacementEngine:
     def _verdict(self, node: _Node, request: TaskRequest, shape: Shape):
         snap = node.snap
         if not snap.schedulable:
-            return STAGE_STATUS, f"node is {snap.status}, not taking new work"
+            return STAGE_STATUS, snap.block_reason or f"node is {snap.status}, not taking new work"
         if not self._selector_ok(node, request):
             sel = request.node_selector
             if sel.fleet is not None and snap.fleet != sel.fleet:
                 return STAGE_SELECTOR, f"node is in fleet {snap.fleet!r}, job asks for {sel.fleet!r}"
             if sel.node_id is not None and snap.id != sel.node_id:
                 return STAGE_SELECTOR, f"the instance's volume is on node {sel.node_id}"
-            if sel.container and not snap.container_runtime:
+            if sel.container and not snap.containers_ready:
+                if snap.containers is not None:
+                    return STAGE_SELECTOR, f"node cannot run the image: containers {snap.containers}"
                 return STAGE_SELECTOR, "node has no container runtime (podman or docker) for the image"
+            if sel.image is not None and not image_allowed(sel.image, tuple(snap.allowed_images)):
+                return STAGE_SELECTOR, (f"node's fleet {snap.fleet!r} does not allow image {sel.image!r} "
+                                        f"(allowed_images: {', '.join(snap.allowed_images) or 'none'})")
             missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
             return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(f"{k}={sel.labels[k]}" for k in missing)
         if shape.gpu_count:
@@ -488,6 +541,10 @@ class PlacementEngine:
             return STAGE_CPU, f"{node.cpu_free / MILLI:g} CPUs free, job needs {request.cpu_milli / MILLI:g}"
         if node.memory_free < request.memory_bytes:
             return STAGE_MEMORY, f"{node.memory_free} bytes of memory free, job needs {request.memory_bytes}"
+        if not self._ports_ok(node, request):
+            held = node.owner_ports.get(request.owner, 0)
+            return STAGE_PORTS, (f"its owner's instances hold {held} host port(s) on this node, the cap per owner "
+                                 f"and node is {request.max_owner_ports}, this instance declares {request.host_ports}")
         if shape.gpu_count:
             if shape.shared:
                 fit = [g for g in node.gpus if g.usable and g.milli_free >= shape.gpu_milli]
@@ -495,6 +552,11 @@ class PlacementEngine:
                     best = max((g.milli_free for g in node.gpus if g.usable), default=0)
                     need = shape.gpu_milli / MILLI
                     return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {need:.3f}"
+                if not any(request.gpu_memory_for(g.memory_total) >= MIN_SLICE_MEMORY_BYTES for g in fit):
+                    return STAGE_GPU, (f"a slice's memory share of each GPU with enough free share is under "
+                                       f"{MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
+                if request.mps and not any(g.takes_mps_of(request.owner) for g in fit):
+                    return STAGE_GPU, "each GPU with enough free share serves another owner's MPS work"
                 if not any(g.memory_free >= request.gpu_memory_for(g.memory_total) for g in fit):
                     return STAGE_GPU_MEMORY, "no GPU with enough free share has enough free memory"
             else:

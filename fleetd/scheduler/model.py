@@ -7,11 +7,21 @@ Units: CPUs in milli-CPU, memory in bytes, GPU compute share in milli-GPU (1000 
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 MILLI = 1000
+MIN_SLICE_MEMORY_BYTES = 256 * 1024**2  # a GPU whose memory share for a slice would be smaller is no fit
+READY = "ready"  # a node's containers when its runtime can run images
+
+
+@functools.lru_cache(maxsize=4096)
+def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
+    """True when the image reference matches one of the glob patterns (fnmatch, case-sensitive)."""
+    return any(fnmatch.fnmatchcase(image, pattern) for pattern in patterns)
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,7 @@ class GpuSnapshot:
     numa_node: int = 0
     healthy: bool = True
     exclusive: bool = False  # held whole by a task
+    mps_owner: str | None = None  # the owner whose MPS slices share it (MPS serves one uid per GPU at a time)
 
     @property
     def free_memory(self) -> int:
@@ -57,6 +68,19 @@ class NodeSnapshot:
     memory_free_bytes: int = 0
     tasks: int = 0  # tasks active on it: among equally good nodes, the least busy one wins
     container_runtime: str | None = None  # podman or docker when the host can run images
+    # "ready" or "unavailable: <reason>" as its agent reported; None (an older agent): ready when it
+    # reported a container runtime
+    containers: str | None = None
+    allowed_images: tuple[str, ...] = ("*",)  # its fleet's patterns for instance images
+    owner_ports: Mapping[str, int] = field(default_factory=dict)  # owner -> host ports its instances hold here
+    block_reason: str = ""  # why it takes no work, when not schedulable (else its status says)
+
+    @property
+    def containers_ready(self) -> bool:
+        """True when the node can run container images."""
+        if self.containers is None:
+            return bool(self.container_runtime)
+        return self.containers == READY
 
 
 @dataclass(frozen=True)
@@ -77,19 +101,23 @@ class NodeSelector:
     labels: Mapping[str, str] = field(default_factory=dict)
     node_id: str | None = None
     container: bool = False
+    image: str | None = None  # an instance's image: only nodes whose fleet allows it
 
     @property
     def restricts(self) -> bool:
-        return self.fleet is not None or bool(self.labels) or self.node_id is not None or self.container
+        return (self.fleet is not None or bool(self.labels) or self.node_id is not None or self.container
+                or self.image is not None)
 
     def matches(self, node: NodeSnapshot) -> bool:
-        """True when the node is in the fleet (if given), has every label, is the node asked for
-        and can run images when that is asked for."""
+        """True when the node is in the fleet (if given), has every label, is the node asked for,
+        can run images when that is asked for and its fleet allows the image."""
         if self.fleet is not None and node.fleet != self.fleet:
             return False
         if self.node_id is not None and node.id != self.node_id:
             return False
-        if self.container and not node.container_runtime:
+        if self.container and not node.containers_ready:
+            return False
+        if self.image is not None and not image_allowed(self.image, tuple(node.allowed_images)):
             return False
         return all(node.labels.get(k) == v for k, v in self.labels.items())
 
@@ -116,6 +144,13 @@ class TaskRequest:
     priority_class: str = "on-demand"
     bid: float | None = None
     name: str = ""
+    # Set where an answer depends on who asks: the owner (an API token id), the host ports a new
+    # instance declares (held on its node for as long as its volume is there) and the most an owner
+    # may hold on one node, and whether its slices use MPS (one owner per GPU).
+    owner: str = ""
+    host_ports: int = 0
+    max_owner_ports: int | None = None
+    mps: bool = False
 
     def __post_init__(self):
         if self.num_nodes < 1:
@@ -188,6 +223,9 @@ class RankPlacement:
     gpus: tuple[GpuAllocation, ...]
     cpu_milli: int
     memory_bytes: int
+    owner: str = ""  # as the request's, so that a release gives back what the placement took
+    host_ports: int = 0
+    mps: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,6 +262,7 @@ STAGE_CPU = "cpu"
 STAGE_MEMORY = "memory"
 STAGE_GPU = "gpu"
 STAGE_GPU_MEMORY = "gpu_memory"
+STAGE_PORTS = "ports"
 STAGE_GANG = "gang"
 STAGES = (
     STAGE_STATUS,
@@ -232,6 +271,7 @@ STAGES = (
     STAGE_GPU_COUNT,
     STAGE_CPU,
     STAGE_MEMORY,
+    STAGE_PORTS,
     STAGE_GPU,
     STAGE_GPU_MEMORY,
     STAGE_GANG,

@@ -1,6 +1,6 @@
 """Schemas of the agent protocol."""
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.schemas.common import Bool, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
@@ -42,8 +42,24 @@ class ReportedResourcesSchema(Schema):
     container_runtime = CONTAINER_RUNTIME
 
 
+def _containers(value):
+    if value != "ready" and not (value.startswith("unavailable: ") and len(value) > len("unavailable: ")):
+        raise ValidationError('"ready" or "unavailable: <reason>"')
+
+
+MAX_HOST_UIDS = 4096
+
+
 class CapabilitiesSchema(Schema):
     container_runtime = CONTAINER_RUNTIME
+    isolation = fields.String(validate=validate.OneOf(["uid", "none"]), metadata={
+        "description": "uid: the agent runs each task as its owner's uid; none: it cannot switch users "
+                       "(not root); left out by older agents (read as none)"})
+    isolation_reason = Text(max_length=500, metadata={"description": "why isolation is none"})
+    containers = Text(max_length=500, validate=[_containers], metadata={
+        "description": 'whether the container runtime works: "ready" or "unavailable: <reason>"'})
+    host_uids = fields.List(Int(maximum=2**32 - 1), validate=validate.Length(max=MAX_HOST_UIDS), metadata={
+        "description": "uids of the host's own users (>= 1000): fleetd never allocates them to task owners"})
 
 
 class Percent(fields.Float):
@@ -80,6 +96,8 @@ class RegisterSchema(Schema):
     labels = Labels(load_default=dict)
     resources = fields.Nested(ReportedResourcesSchema, required=True)
     gpus = GpuList(required=True)
+    capabilities = fields.Nested(CapabilitiesSchema, load_default=None, allow_none=True, metadata={
+        "description": "what the host can run (as in heartbeats)"})
 
 
 class RegisteredSchema(Schema):

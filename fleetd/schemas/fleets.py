@@ -47,12 +47,26 @@ HealthPolicy = lambda **kw: fields.Nested(  # noqa: E731 - one definition for cr
     metadata={"description": "the node health policy; fields left out (or null) keep the defaults"}, **kw)
 
 
+AllowRootTasks = lambda **kw: Bool(metadata={  # noqa: E731 - one definition for create and update
+    "description": "work an admin token submitted may run as root on the fleet's nodes (default false)"}, **kw)
+RequireIsolation = lambda **kw: Bool(metadata={  # noqa: E731
+    "description": "the fleet's nodes take work only when their agent can run tasks as other users "
+                   "(capabilities.isolation uid; default false)"}, **kw)
+AllowedImages = lambda **kw: fields.List(  # noqa: E731
+    Text(min_length=1, max_length=255), validate=validate.Length(max=64),
+    metadata={"description": "glob patterns (fnmatch) an instance's image must match to run here "
+                             "(default [\"*\"]: any image)"}, **kw)
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
     labels = Labels(load_default=dict)
     availability = Availability(load_default=None)
     health_policy = HealthPolicy(load_default=None)
+    allow_root_tasks = AllowRootTasks(load_default=False)
+    require_isolation = RequireIsolation(load_default=False)
+    allowed_images = AllowedImages(load_default=lambda: ["*"])
 
 
 class FleetUpdateSchema(Schema):
@@ -60,6 +74,9 @@ class FleetUpdateSchema(Schema):
     labels = Labels()
     availability = Availability()
     health_policy = HealthPolicy()
+    allow_root_tasks = AllowRootTasks()
+    require_isolation = RequireIsolation()
+    allowed_images = AllowedImages()
 
 
 class FleetSchema(Schema):
@@ -72,6 +89,9 @@ class FleetSchema(Schema):
     availability = fields.Nested(AvailabilitySchema, allow_none=True)
     health_policy = fields.Function(lambda f: f.effective_health_policy,
                                     metadata={"description": "the node health policy in force (defaults filled in)"})
+    allow_root_tasks = fields.Boolean()
+    require_isolation = fields.Boolean()
+    allowed_images = fields.List(fields.String())
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

@@ -6,7 +6,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate, va
 
 from fleetd.models import InstanceState
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
-from fleetd.schemas.jobs import ENV_NAME, GpuCount, NodeSelectorSchema, _at_most_256
+from fleetd.schemas.jobs import ENV_NAME, MIN_GPU_FRACTION, GpuCount, NodeSelectorSchema, _at_most_256
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
 
 IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
@@ -22,7 +22,7 @@ MOUNT_PATH = validate.Regexp(r"^(/(?!\.\.(?:/|$))[^/:,\x00-\x1f]*)+$",
 class InstanceResourcesSchema(Schema):
     gpus = GpuCount(load_default=0, metadata={"oneOf": [
         {"type": "integer", "minimum": 0, "maximum": 1024},
-        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
+        {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1, "exclusiveMaximum": True}]})
     gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
     memory_bytes = Int(load_default=0)
@@ -95,7 +95,7 @@ class InstanceSpecSchema(Schema):
 class ResumeSchema(Schema):
     gpus = GpuCount(load_default=None, allow_none=True, metadata={"oneOf": [
         {"type": "integer", "minimum": 0, "maximum": 1024},
-        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
+        {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1, "exclusiveMaximum": True}]})
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
 
 

@@ -5,6 +5,7 @@ import math
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import JobState
+from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
@@ -24,24 +25,38 @@ def _relative_path(value):
         raise ValidationError("a relative path inside the task's working directory, without '..'")
 
 
+MIN_GPU_FRACTION = 0.01
+
+
 class GpuCount(fields.Number):
-    """An integer >= 0, or a fraction 0 < x < 1 of one GPU."""
+    """An integer >= 0, or a fraction 0.01 <= x < 1 of one GPU."""
 
     num_type = float
 
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValidationError("a number: whole GPUs, or a fraction 0 < x < 1 of one GPU")
+            raise ValidationError("a number: whole GPUs, or a fraction 0.01 <= x < 1 of one GPU")
         if not math.isfinite(value) or value < 0 or value > 1024 or (value >= 1 and value != int(value)):
-            raise ValidationError("an integer from 0 to 1024, or a fraction 0 < x < 1 of one GPU")
+            raise ValidationError("an integer from 0 to 1024, or a fraction 0.01 <= x < 1 of one GPU")
+        if 0 < value < MIN_GPU_FRACTION:
+            raise ValidationError(f"a fraction of a GPU must be at least {MIN_GPU_FRACTION} (got {value:g}); "
+                                  f"its memory share must also be at least {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
         return int(value) if value >= 1 or value == 0 else float(value)
+
+
+def _slice_memory(value):
+    if value is not None and value < MIN_SLICE_MEMORY_BYTES:
+        raise ValidationError(f"a slice's GPU memory must be at least {MIN_SLICE_MEMORY_BYTES} bytes "
+                              f"({MIN_SLICE_MEMORY_BYTES // 1024**2} MiB), got {value}")
 
 
 class ResourcesSchema(Schema):
     gpus = GpuCount(load_default=0, metadata={"oneOf": [
         {"type": "integer", "minimum": 0, "maximum": 1024},
-        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "exclusiveMaximum": True}]})
-    gpu_memory_bytes = Int(minimum=1, load_default=None, allow_none=True)
+        {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1, "exclusiveMaximum": True}]})
+    gpu_memory_bytes = fields.Integer(strict=True, validate=[validate.Range(max=2**63 - 1), _slice_memory],
+                                      load_default=None, allow_none=True,
+                                      metadata={"minimum": MIN_SLICE_MEMORY_BYTES})
     gpu_compute_percent = fields.Float(validate=validate.Range(min=0, max=100, min_inclusive=False),
                                        load_default=None, allow_none=True, metadata={"exclusiveMinimum": True})
     gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
@@ -110,6 +125,8 @@ class TaskStatusSchema(Schema):
     node_id = fields.Function(lambda t: t.node_id if _placed(t) else None)
     state = fields.String()
     gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus] if _placed(t) else [])
+    run_as = fields.Function(lambda t: t.run_as if _placed(t) else None, metadata={
+        "description": "who its process runs as on its node: {source: unix_user | dynamic | root, user, uid, gid}"})
     exit_code = fields.Integer(allow_none=True)
     reason = fields.String()
     started_at = Time()
@@ -153,6 +170,7 @@ class JobWaitSchema(Schema):
 class JobResultTaskSchema(Schema):
     rank = fields.Integer()
     node_id = fields.String(allow_none=True)
+    run_as = fields.Dict(allow_none=True)
     exit_code = fields.Integer(allow_none=True)
     outcome = fields.String(allow_none=True)
     reason = fields.String()
@@ -225,6 +243,9 @@ class AssignmentSchema(Schema):
     instance = fields.Dict(allow_none=True, metadata={
         "description": "a run of an instance: {id, name, restart, ports, volume_bytes, volume_mount_path, image, "
                        "idle_stop}; absent or null for batch work"})
+    run_as = fields.Dict(allow_none=True, metadata={
+        "description": "who the task runs as: {source: unix_user (user: a host user the agent resolves) | "
+                       "dynamic (uid and gid fleetd allocated to the owner) | root, user, uid, gid}"})
 
 
 class AcquireReplySchema(Schema):

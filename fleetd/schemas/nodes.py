@@ -51,6 +51,16 @@ class NodeSchema(Schema):
         "description": "ok: it has GPUs; cpu_only: no NVIDIA driver or no GPU (a CPU-only host); driver_error: "
                        "a driver is there and NVML failed (a GPU host that needs attention); null before it said"})
     gpu_status_reason = fields.String(metadata={"description": "why it has no usable GPU, as its agent says"})
+    capabilities = fields.Method("_capabilities", metadata={
+        "description": "isolation: uid (tasks run as their owner's uid) or none (the agent cannot switch users, "
+                       "or never said); containers: ready or unavailable: <reason>; container_runtime"})
+
+    def _capabilities(self, node):
+        out = {"isolation": node.isolation, "containers": node.containers, "container_runtime": node.container_runtime}
+        reason = (node.capabilities or {}).get("isolation_reason")
+        if reason:
+            out["isolation_reason"] = reason
+        return out
 
     def _drain(self, node):
         drain = node.drain

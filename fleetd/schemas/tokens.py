@@ -1,9 +1,17 @@
 """Schemas of API tokens and identity."""
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.models import Role
 from fleetd.schemas.common import Int, Text, Time, page_schema
+
+POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: ^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def _not_root(name):
+    if name == "root":
+        raise ValidationError("tasks never run as root through a token; a fleet's allow_root_tasks lets admins' "
+                              "work run as root")
 
 
 class TokenCreateSchema(Schema):
@@ -11,6 +19,9 @@ class TokenCreateSchema(Schema):
     role = fields.String(required=True, validate=validate.OneOf([r.value for r in Role]))
     team = Text(max_length=200, load_default=None, allow_none=True)
     expires_in_seconds = Int(minimum=60, maximum=10 * 365 * 86400, load_default=None, allow_none=True)
+    unix_user = fields.String(validate=[POSIX_USER, _not_root], load_default=None, allow_none=True, metadata={
+        "description": "the host user this token's tasks run as (it must exist on the nodes); none: a uid fleetd "
+                       "allocates for the token"})
 
 
 class TokenSchema(Schema):
@@ -18,6 +29,7 @@ class TokenSchema(Schema):
     name = fields.String()
     role = fields.String()
     team = fields.String(allow_none=True)
+    unix_user = fields.String(allow_none=True)
     created_at = Time()
     expires_at = Time()
     revoked_at = Time()

@@ -19,6 +19,16 @@ from fleetd.services.nodes import (
 )
 from fleetd.services.work import reconcile_reported_tasks
 
+CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
+
+
+def stored_capabilities(reported):
+    """What a node keeps of the capabilities its agent reported (None: it said nothing of them)."""
+    kept = {key: reported[key] for key in CAPABILITY_KEYS if key in (reported or {})}
+    if "host_uids" in kept:
+        kept["host_uids"] = sorted(set(kept["host_uids"]))
+    return kept or None
+
 
 def register_node(rt, join_token_id, info):
     """Admit a host with a join token; the same machine_id gets its old node and a new session.
@@ -27,6 +37,7 @@ def register_node(rt, join_token_id, info):
     """
     now = rt.clock.now()
     session_id, session_token = make_token(NODE_PREFIX)
+    capabilities = info.get("capabilities") or {}
     fields = dict(
         hostname=info["hostname"],
         address=info.get("address") or "",
@@ -34,7 +45,8 @@ def register_node(rt, join_token_id, info):
         agent_version=info.get("agent_version") or "",
         cpu_count=info["resources"]["cpu_count"],
         memory_bytes=info["resources"]["memory_bytes"],
-        container_runtime=info["resources"].get("container_runtime"),
+        container_runtime=capabilities.get("container_runtime", info["resources"].get("container_runtime")),
+        capabilities=stored_capabilities(capabilities),
         gpu_status="ok" if info["gpus"] else "cpu_only",
         gpu_status_reason="" if info["gpus"] else "no GPU reported at registration",
         session_id=session_id,
@@ -120,7 +132,9 @@ def heartbeat(rt, node, body):
     if body.get("instances"):
         instances.SAMPLES.put(body["instances"])
     gpus = body.get("gpus")
-    runtime = (body.get("capabilities") or {}).get("container_runtime", node.container_runtime)
+    reported = body.get("capabilities")
+    runtime = (reported or {}).get("container_runtime", node.container_runtime)
+    capabilities = node.capabilities if reported is None else stored_capabilities(reported)
     version = body.get("agent_version")
     bundle_sha = body.get("bundle_sha256")
     new_agent = (version is not None and version != node.agent_version) or \
@@ -128,6 +142,7 @@ def heartbeat(rt, node, body):
     gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
     changed = False
     if new_agent or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
+            capabilities != node.capabilities or \
             node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
@@ -142,8 +157,8 @@ def heartbeat(rt, node, body):
             if gpus is not None:
                 gpu_change = replace_gpus(node, gpus, now)
                 changed = gpu_change or changed
-            if runtime != node.container_runtime:
-                node.container_runtime = runtime
+            if runtime != node.container_runtime or capabilities != node.capabilities:
+                node.container_runtime, node.capabilities = runtime, capabilities
                 node.save()
                 changed = True
             if node.status == NodeStatus.PENDING.value:

@@ -42,6 +42,7 @@ BLOCK_TEXT = {
     "unresponsive": "heartbeats overdue",
     "outside_window": "fleet outside its availability window",
     "unhealthy": "GPU unhealthy",
+    "isolation_required": "fleet requires isolation; the node's agent cannot run tasks as other users",
 }
 
 
@@ -79,10 +80,11 @@ class Hold(typing.NamedTuple):
     state: str
     gpus: list
     job: JobTerms
+    run_as: str | None = None  # as stored (JSON text): only the allocation view reads it
 
 
 def _hold_columns():
-    return Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus)
+    return Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus, Task.run_as)
 
 
 _ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
@@ -134,8 +136,8 @@ def load_holds(ended=None):
             rows += _ENDED_HOLDS[len(chunk)].raw_tuples(**{f"id{i}": task_id for i, task_id in enumerate(chunk)})
     terms = TERMS.get_many(list({row[1] for row in rows}))
     gpus_value = Task.gpus.python_value
-    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id])
-            for task_id, job_id, rank, node_id, epoch, state, gpus in rows if job_id in terms]
+    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id], run_as)
+            for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows if job_id in terms]
 
 
 class Inventory(typing.NamedTuple):
@@ -345,6 +347,8 @@ class ClusterState:
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()
         self._silent = silent
+        self.owner_ports = {}  # node id -> {owner: host ports its instances hold there}; see load_owner_ports
+        self.mps_owners = self._mps_owners()  # (node id, uuid) -> the owner whose MPS slices share it
         self._blocks = {}  # node id -> NodeBlock or None, made when first asked
         self._closed = {}  # fleet name -> NodeBlock while outside its window, else None
         self._held_by_node = None
@@ -378,6 +382,11 @@ class ClusterState:
             return NodeBlock(status.value, BLOCK_TEXT.get(status.value, status.value))
         if self._silent(node.id):
             return NodeBlock("unresponsive", BLOCK_TEXT["unresponsive"])
+        fleet = self.fleets.get(node.fleet_id)
+        if fleet is not None and fleet.require_isolation and node.isolation != "uid":
+            why = (node.capabilities or {}).get("isolation_reason")
+            return NodeBlock("isolation_required", f"fleet {fleet.name} requires isolation; the node reports "
+                                                   f"isolation: {node.isolation}" + (f" ({why})" if why else ""))
         if node.fleet_id not in self._closed:
             fleet = self.fleets.get(node.fleet_id)
             availability = fleet.availability if fleet is not None else None
@@ -401,15 +410,42 @@ class ClusterState:
                     uuid=gpu.uuid, model=gpu.model, memory_total_bytes=gpu.memory_total_bytes,
                     memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
                     compute_free_milli=max(0, scheduler.MILLI - h[0]), numa_node=gpu.numa_node or 0,
-                    healthy=gpu.healthy, exclusive=h[2]))
+                    healthy=gpu.healthy, exclusive=h[2], mps_owner=self.mps_owners.get((node.id, gpu.uuid))))
             cpu_used, mem_used, tasks = node_use.get(node.id, (0, 0, 0))
+            fleet = self.fleets.get(node.fleet_id)
             out.append(scheduler.NodeSnapshot(
                 id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
                 schedulable=block is None, status=block.code if block else node.status,
                 cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
                 memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks,
-                container_runtime=node.container_runtime))
+                container_runtime=node.container_runtime, containers=node.containers,
+                allowed_images=tuple(fleet.allowed_images) if fleet is not None else ("*",),
+                owner_ports=self.owner_ports.get(node.id, {}),
+                block_reason=block.text if block is not None and block.code == "isolation_required" else ""))
         return scheduler.ClusterSnapshot(nodes=tuple(out))
+
+    def _mps_owners(self):
+        """(node id, uuid) -> owner, of the GPUs that MPS slices hold (one owner per GPU)."""
+        out = {}
+        for task in self.tasks + self.stopping:
+            if task.job.request.mps:
+                for alloc in task.gpus:
+                    out[(task.node_id, alloc["uuid"])] = task.job.request.owner
+        return out
+
+    def load_owner_ports(self):
+        """Read which host ports each owner's instances hold on each node: all the ports an instance
+        declares, on the node that keeps its volume, until it is deleted (call inside the pass's read
+        transaction; only a pass that places a new instance with ports needs it)."""
+        rows = _INSTANCE_PORTS.raw_tuples()
+        out = {}
+        spec_value = Instance.spec.python_value
+        for owner, node_id, spec in rows:
+            declared = len((spec_value(spec) or {}).get("ports") or ())
+            if declared:
+                per_node = out.setdefault(node_id, {})
+                per_node[owner] = per_node.get(owner, 0) + declared
+        self.owner_ports = out
 
     def _reservations(self):
         """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
@@ -488,6 +524,8 @@ class ClusterState:
         return demand
 
 
+_INSTANCE_PORTS = Statement(lambda v: Instance.select(Instance.owner_token_id, Instance.node_id, Instance.spec).where(
+    Instance.node_id.is_null(False) & (Instance.state != "deleted")))
 _QUEUED_IDS = Statement(lambda v: Job.select(Job.id).where(Job.state == JobState.QUEUED.value))
 
 
@@ -624,7 +662,7 @@ def cluster_allocation(state, node_id=None):
                           "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
                           "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
     allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
-                    "workload": t.job.workload.as_dict(),
+                    "workload": t.job.workload.as_dict(), "run_as": Task.run_as.python_value(t.run_as),
                     "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
                    if node_id is None or t.node_id == node_id]
     gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}

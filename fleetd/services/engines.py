@@ -107,10 +107,14 @@ class Engines:
         if self._static[0] is not inventory:
             self._static = (inventory, {}, frozenset(n.id for n in inventory.nodes if n.status != READY))
         _, static, not_ready = self._static
-        special = (not_ready | state.node_use.keys() | state.overdue_ids(ids)) & ids
+        special = (not_ready | state.node_use.keys() | state.overdue_ids(ids) | state.owner_ports.keys()) & ids
         for fleet, nodes in inventory.by_fleet.items():
-            availability = getattr(inventory.fleets.get(fleet), "availability", None)
-            if availability and not windows.is_open(availability, state.now):
+            row = inventory.fleets.get(fleet)
+            availability = getattr(row, "availability", None)
+            # A fleet's rules change no node's row: its nodes are looked at while it has any (and, being
+            # special then, once more after they are lifted).
+            restricted = row is not None and (row.require_isolation or list(row.allowed_images) != ["*"])
+            if restricted or (availability and not windows.is_open(availability, state.now)):
                 special.update(n.id for n in nodes if n.id in ids)
         return static, special
 
@@ -120,10 +124,14 @@ class Engines:
         node = state.inventory.by_id[node_id]
         fixed = static.get(node_id)
         if fixed is None:  # the node's row and GPUs as placement reads them, once per inventory
+            fleet = state.inventory.fleets.get(node.fleet_id)
             fixed = static[node_id] = (node.status, node.fleet_id, node.labels, node.cpu_count, node.memory_bytes,
-                                       node.container_runtime, tuple(state.inventory.gpus.get(node_id, ())))
+                                       node.container_runtime, node.capabilities,
+                                       tuple(fleet.allowed_images) if fleet is not None else None,
+                                       tuple(state.inventory.gpus.get(node_id, ())))
         block = state.block(node)
-        return (fixed, block.code if block else None, state.node_use.get(node_id), state.held_by_node().get(node_id))
+        return (fixed, block.code if block else None, state.node_use.get(node_id), state.held_by_node().get(node_id),
+                state.owner_ports.get(node_id))
 
 
 def _wants(requests):

@@ -51,27 +51,32 @@ def terraform_state(name):
             "outputs": {"nodes": {"value": nodes, "type": ["map", _TERRAFORM_NODE_TYPE]}}, "resources": []}
 
 
-def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None):
-    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults)."""
+def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None,
+                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",)):
+    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults);
+    the isolation rules: see docs/api.md, Fleets."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:
                 raise Conflict(f"fleet {name!r} already exists")
             Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
-                         availability=availability, health_policy=_policy(health_policy))
+                         availability=availability, health_policy=_policy(health_policy),
+                         allow_root_tasks=allow_root_tasks, require_isolation=require_isolation,
+                         allowed_images=list(allowed_images))
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
 
 
 def update_fleet(rt, name, changes):
-    """Change a fleet's description, labels or availability windows (a window that opened, or
-    labels that now match, may let queued work fit: the scheduler is kicked)."""
+    """Change a fleet's description, labels, availability windows or isolation rules (a window
+    that opened, or labels that now match, may let queued work fit: the scheduler is kicked)."""
     with write_transaction():
         fleet = Fleet.get_or_none(Fleet.name == name)
         if fleet is None:
             raise NotFound(f"fleet {name!r} not found")
-        for field in ("description", "labels", "availability"):
+        for field in ("description", "labels", "availability", "allow_root_tasks", "require_isolation",
+                      "allowed_images"):
             if field in changes:
                 setattr(fleet, field, changes[field])
         if "health_policy" in changes:  # fields left out keep their value; null: back to the defaults

@@ -43,8 +43,9 @@ def create_instance(rt, principal, spec):
     (this token) already has an instance of that name that is not deleted."""
     now = rt.clock.now()
     spec = dataclasses.replace(spec, team=principal.team)  # the team comes from the token, never from the body
-    request = task_request(spec.run(None))  # the engine's own checks, before anything is stored
+    request = task_request(spec.run(None), principal.id)  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
+    policy.check_image(spec.image, spec.node_selector.fleet)
     never = scheduling.capacity_reason(rt, request)
     try:
         with write_transaction():
@@ -210,7 +211,7 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
             if spec.priority_class != "spot":
                 raise InvalidRequest("a bid applies to spot instances only", {"fields": {"bid": ["spot only"]}})
             spec = dataclasses.replace(spec, bid=bid)
-        request = task_request(spec.run(inst.node_id))
+        request = task_request(spec.run(inst.node_id), inst.owner_token_id)
         policy.check_bid(spec)
         inst.spec = spec.to_dict()
         new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))

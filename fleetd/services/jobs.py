@@ -21,7 +21,7 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
     no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
     scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
-    request = task_request(spec)  # the engine's own checks, before anything is stored
+    request = task_request(spec, principal.id)  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     never = scheduling.capacity_reason(rt, request)
     if never and not wait_for_capacity:
@@ -57,7 +57,7 @@ def submit_job(now, principal, spec, waiting_reason=None):
             priority_class=spec.priority_class,
             spec=spec.to_dict(),
             submitted_at=now,
-            group_key=group_key_of(spec, team, spec.priority_class),
+            group_key=group_key_of(spec, team, spec.priority_class, principal.id),
         )
         job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
                          for rank in range(job.num_nodes)]
@@ -149,7 +149,7 @@ def job_result(principal, job_id):
         "reason": job.outcome_reason,
         "attempt": job.attempt,
         "tasks": [
-            {"rank": t.rank, "node_id": t.node_id, "exit_code": t.exit_code,
+            {"rank": t.rank, "node_id": t.node_id, "run_as": t.run_as, "exit_code": t.exit_code,
              "outcome": t.state if TaskState(t.state).is_terminal() else None, "reason": t.reason}
             for t in job.task_list
         ],

@@ -3,7 +3,7 @@
 from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, InvalidRequest, NotFound
-from fleetd.models import GpuType, Quota
+from fleetd.models import Fleet, GpuType, Quota
 from fleetd.services.cluster import current_state
 from fleetd.services.scheduling import Rules
 from fleetd.services.terms import task_request
@@ -26,6 +26,27 @@ def delete_gpu_type(model):
     with write_transaction():
         if not GpuType.delete().where(GpuType.model == model).execute():
             raise NotFound(f"GPU type {model!r} has no prices set")
+
+
+def check_image(image, fleet=None):
+    """InvalidRequest (400) when an instance's image may not run where it asks to: a fleet it names
+    whose allowed_images match none of it, or, when it names none, every fleet refuses it (it is then
+    placed only in fleets that allow it). An unknown fleet is not checked here (nothing could hold it)."""
+    if not image:
+        return
+    rows = [row for row in Fleet.select(Fleet.name, Fleet.allowed_images)
+            if fleet is None or row.name == fleet]
+    if not rows or any(scheduler.image_allowed(image, tuple(row.allowed_images)) for row in rows):
+        return
+    patterns = {row.name: list(row.allowed_images) for row in rows}
+    if fleet is not None:
+        message = (f"image {image!r} is not allowed in fleet {fleet!r}: it matches none of its allowed_images "
+                   f"{patterns[fleet]}")
+    else:
+        message = (f"image {image!r} is not allowed in any fleet: it matches none of their allowed_images ("
+                   + "; ".join(f"{name}: {p}" for name, p in sorted(patterns.items())) + ")")
+    raise InvalidRequest(message, {"fields": {"image": ["not allowed by the fleet's allowed_images"]},
+                                   "image": image, "allowed_images": patterns})
 
 
 def list_quotas():
@@ -80,7 +101,7 @@ def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
     state = current_state(rt)
     rules = Rules.load(state)
-    request, blocked = rules.request_for(task_request(spec), team_of(principal, spec), spec.priority_class)
+    request, blocked = rules.request_for(task_request(spec, principal.id), team_of(principal, spec), spec.priority_class)
     engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
     if blocked is not None:
         return {"schedulable": False, "placement": None, "error": blocked, "reason": blocked,

@@ -149,7 +149,7 @@ def new_run(inst, now, waiting_reason=None):
                      state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec.priority_class,
                      spec=spec.to_dict(), submitted_at=now, instance_id=inst.id,
                      pending_reason=waiting_reason or "waiting for the scheduler",
-                     group_key=group_key_of(spec, inst.team, spec.priority_class))
+                     group_key=group_key_of(spec, inst.team, spec.priority_class, inst.owner_token_id))
     Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(force_insert=True)
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1

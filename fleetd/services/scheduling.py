@@ -17,6 +17,7 @@ from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task,
 from fleetd.replicas import Fenced
 from fleetd.services.cluster import ClusterState, raw_rows
 from fleetd.services.events import FLEETD, acting_as
+from fleetd.services.identities import UidsExhausted
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_job_state, switch_task_state
 from fleetd.services.runs import TASKS_OF_JOB, end_task, run_placed
 from fleetd.services.terms import TERMS, group_key
@@ -96,6 +97,8 @@ def _run_pass(rt, full, read_all=False):
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
+        if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
+            state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
         rules = Rules.load(state)
     plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, None if full else parked,
                       dict(rt.nominations), rt.engines, unread)
@@ -107,7 +110,7 @@ def _run_pass(rt, full, read_all=False):
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
     rt.parked.update(plan.parked, stamps)
-    assigned, woken = _write(rt, plan, now)
+    assigned, woken = _write(rt, plan, now, inventory)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
     if plan.bounded and rt.instruments is not None:
@@ -157,6 +160,8 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
         engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
         try:
             request, reason = rules.request_for(request, job.team, job.priority_class)
+            if request is not None and request.host_ports:
+                request = dataclasses.replace(request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node)
             result = None if reason is not None else engine.place(request, explain=True)
         except Exception as exc:  # a job the engine cannot evaluate must not stop the others
             reason = _set_aside_reason(exc)
@@ -245,7 +250,7 @@ def never_fits(inventory, request):
     and GPU types accept: only its fleet's (or its one node) are looked at."""
     selector = request.node_selector
     key = (selector.fleet, tuple(sorted(selector.labels.items())), selector.node_id, selector.container,
-           request.gpu_count, frozenset(request.gpu_types), request.cpu_milli, request.memory_bytes,
+           selector.image, request.gpu_count, frozenset(request.gpu_types), request.cpu_milli, request.memory_bytes,
            request.num_nodes)
     return _NEVER_FITS.get(inventory, key, lambda: _never_fits(inventory, request))
 
@@ -268,7 +273,11 @@ def _never_fits(inventory, request):
             continue
         if selector.node_id is not None and node.id != selector.node_id:
             continue
-        if selector.container and not node.container_runtime:
+        if selector.container and node.containers != scheduler.READY:
+            continue
+        fleet = inventory.fleets.get(node.fleet_id)
+        if selector.image is not None and fleet is not None and \
+                not scheduler.image_allowed(selector.image, tuple(fleet.allowed_images)):
             continue
         models = inventory.models.get(node.id, frozenset())
         if need and types and not (models and models <= types):
@@ -285,7 +294,8 @@ def _never_fits(inventory, request):
         if selector.node_id is not None:
             return f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of its GPU types)"
         if selector.container:
-            return "no enrolled node of its fleet, labels and GPU types has a container runtime (podman or docker)"
+            return ("no enrolled node of its fleet, labels and GPU types can run its image (a ready container "
+                    "runtime, in a fleet whose allowed_images admit it)")
         return "no enrolled node matches its fleet, labels and GPU types"
     if need > most:
         return f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any matching node has is {most}"
@@ -308,7 +318,7 @@ def _nowhere(request):
     return f" (no node of fleet {request.node_selector.fleet} has GPUs of the accepted type(s): {types})"
 
 
-def _write(rt, plan, now):
+def _write(rt, plan, now, inventory):
     """The write phase: preemptions, then assignments that still hold, then changed reasons."""
     assigned, woken = 0, set()
     with write_transaction():
@@ -324,17 +334,31 @@ def _write(rt, plan, now):
             if (fresh is None or fresh.state != JobState.QUEUED.value or not set(result.node_ids) <= schedulable
                     or any(t is None or t.state != TaskState.PENDING.value for t in ranks)):
                 continue  # cancelled, or its node left service, while the engine decided: next pass
-            _assign(rt, fresh, ranks, result, now, woken)
+            try:
+                run_as = [_run_as(rt, inventory, fresh, r.node_id, now) for r in result.ranks]
+            except UidsExhausted as exc:
+                plan.waiting[job.id] = f"cannot run: no uid to run its tasks as ({exc}); an admin can widen " \
+                                       "task_uid_range or give its token a unix_user"
+                continue
+            _assign(rt, fresh, ranks, result, now, woken, run_as)
             assigned += 1
         for job_id, reason in plan.waiting.items():
             _RECORD_REASON.execute(id=job_id, reason=reason)
     return assigned, woken
 
 
-def _assign(rt, job, tasks, result, now, woken):
+def _run_as(rt, inventory, job, node_id, now):
+    """Who the job's task runs as on this node (services.identities): root only for an admin's work
+    in a fleet that allows root tasks."""
+    fleet = inventory.fleets.get(inventory.node_fleet.get(node_id))
+    return rt.identities.run_as(job.owner_token_id, bool(fleet is not None and fleet.allow_root_tasks), now)
+
+
+def _assign(rt, job, tasks, result, now, woken, run_as):
     rt.nominations.pop(job.id, None)
-    for task, rank in zip(tasks, result.ranks):
+    for task, rank, identity in zip(tasks, result.ranks, run_as):
         task.node = rank.node_id
+        task.run_as = identity
         task.gpus = [_allocation(g) for g in rank.gpus]
         task.epoch += 1
         task.assigned_at = now

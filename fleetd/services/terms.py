@@ -12,10 +12,11 @@ from fleetd.models import Job
 from fleetd.specs import Group, JobSpec, group_key, group_of
 
 
-def task_request(spec: JobSpec) -> scheduler.TaskRequest:
-    """The engine's TaskRequest for a JobSpec; InvalidRequest when the engine cannot evaluate it."""
+def task_request(spec: JobSpec, owner: str = "") -> scheduler.TaskRequest:
+    """The engine's TaskRequest for a JobSpec of this owner (an API token id); InvalidRequest when
+    the engine cannot evaluate it."""
     try:
-        request = spec.task_request()
+        request = spec.task_request(owner)
         scheduler.shape_of(request)
     except ValueError as exc:
         raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
@@ -45,8 +46,8 @@ class JobTerms:
     workload: Workload  # what the job is to its users: itself, or a run of an instance
 
 
-def _terms(spec: JobSpec, team, priority_class, workload) -> JobTerms:
-    request = task_request(spec)
+def _terms(spec: JobSpec, team, priority_class, workload, owner) -> JobTerms:
+    request = task_request(spec, owner)
     return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid),
                     workload)
 
@@ -56,9 +57,9 @@ def workload_of(job_id, name, instance_id):
     return Workload("instance", instance_id, name) if instance_id is not None else Workload("job", job_id, name)
 
 
-def group_key_of(spec: JobSpec, team, priority_class) -> str:
+def group_key_of(spec: JobSpec, team, priority_class, owner="") -> str:
     """The group key of a job about to be stored; InvalidRequest when the engine cannot evaluate it."""
-    return group_key(group_of(task_request(spec), team, priority_class, spec.bid))
+    return group_key(group_of(task_request(spec, owner), team, priority_class, spec.bid))
 
 
 class _TermsCache:
@@ -75,11 +76,12 @@ class _TermsCache:
             found = {j: self._terms[j] for j in job_ids if j in self._terms}
         missing = [j for j in job_ids if j not in found]
         for start in range(0, len(missing), 500):  # bounded IN lists
-            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class, Job.name, Job.instance_id)
+            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class, Job.name, Job.instance_id,
+                               Job.owner_token_id)
                     .where(Job.id.in_(missing[start:start + 500])).tuples())
-            for job_id, spec, team, priority_class, name, instance_id in rows:
+            for job_id, spec, team, priority_class, name, instance_id, owner in rows:
                 found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class,
-                                       workload_of(job_id, name, instance_id))
+                                       workload_of(job_id, name, instance_id), owner)
         with self._lock:
             for job_id in missing:
                 if job_id in found:

@@ -12,8 +12,9 @@ from fleetd.services.pagination import paginate
 FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 
-def create_api_token(now, name, role, team=None, expires_in_seconds=None):
-    """Create a token; returns (row, token). The token is never stored or shown again."""
+def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None):
+    """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
+    the host user its tasks run as (fixed for the token's life)."""
     token_id, token = make_token(API_PREFIX)
     expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
     with write_transaction():
@@ -25,6 +26,7 @@ def create_api_token(now, name, role, team=None, expires_in_seconds=None):
             token_hash=hash_token(token),
             created_at=now,
             expires_at=expires_at,
+            unix_user=unix_user,
         )
     return row, token
 

@@ -135,6 +135,8 @@ def assignment(task, job):
         # a run of an instance: what its node supervises
         "instance": (dict(spec.instance.to_dict(), id=job.instance_id, name=job.name)
                      if spec.instance is not None else None),
+        # who it runs as: decided when the scheduler placed it (services.identities)
+        "run_as": task.run_as,
     }
 
 

@@ -1,0 +1,95 @@
+"""Who a task runs as on its node (its `run_as`): the owner's unix_user, root (admins' work in a fleet
+that allows it) or a uid fleetd allocates to the owner once, from the configured range.
+
+An owner is an API token, by id. What decides its run_as never changes: a token's role and unix_user
+are fixed when it is made, and an allocated uid is never given back or reused. So all of it is kept
+in memory once read (the `Identities` of the Runtime), and a scheduling pass that places thousands
+of tasks reads nothing for them but what it already holds.
+"""
+
+import threading
+
+import peewee
+
+from fleetd.credentials import ADMIN
+from fleetd.db import write_transaction
+from fleetd.models import ApiToken, Node, OwnerUid
+
+UNIX_USER, ROOT, DYNAMIC = "unix_user", "root", "dynamic"
+_ALLOCATION_TRIES = 5  # another replica may take the uid this one chose: choose again
+
+
+class UidsExhausted(Exception):
+    """Every uid of the configured range is allocated (or a host user's)."""
+
+
+def run_as_unix_user(name):
+    return {"source": UNIX_USER, "user": name, "uid": None, "gid": None}
+
+
+RUN_AS_ROOT = {"source": ROOT, "user": "root", "uid": 0, "gid": 0}
+
+
+def run_as_uid(uid):
+    return {"source": DYNAMIC, "user": None, "uid": uid, "gid": uid}
+
+
+class Identities:
+    """Tokens' role and unix_user, and owners' allocated uids, read (or allocated) once."""
+
+    def __init__(self, uids):
+        self.uids = uids  # the range owners' uids come from (settings.task_uids)
+        self._tokens = {}  # token id -> (role or None, unix_user or None)
+        self._owner_uids = {}  # token id -> uid
+        self._lock = threading.Lock()
+
+    def run_as(self, owner, allow_root, now):
+        """The run_as of a task of this owner (a token id) on a node of a fleet that does or does not
+        allow root; UidsExhausted when it needs a uid and none is left. A first need allocates (at
+        `now`), in a transaction of its own or of the caller's."""
+        role, unix_user = self._token(owner)
+        if unix_user:
+            return run_as_unix_user(unix_user)
+        if allow_root and role == ADMIN:
+            return dict(RUN_AS_ROOT)
+        return run_as_uid(self.uid(owner, now))
+
+    def _token(self, owner):
+        found = self._tokens.get(owner)
+        if found is None:
+            row = ApiToken.select(ApiToken.role, ApiToken.unix_user).where(ApiToken.id == owner).first()
+            # A token deleted after its expiry: its work runs as its uid, never as root.
+            found = (row.role, row.unix_user) if row is not None else (None, None)
+            with self._lock:
+                self._tokens[owner] = found
+        return found
+
+    def uid(self, owner, now):
+        """The owner's uid: the one allocated before, else a new one (the lowest free uid of the range
+        that no node lists among its host users)."""
+        uid = self._owner_uids.get(owner)
+        if uid is not None:
+            return uid
+        for _ in range(_ALLOCATION_TRIES):
+            try:
+                with write_transaction():
+                    row = OwnerUid.get_or_none_by_id(owner)
+                    if row is None:
+                        row = OwnerUid.create(token_id=owner, uid=self._free_uid(), allocated_at=now)
+            except peewee.IntegrityError:
+                continue  # another writer took that uid (or allocated this owner's) first: look again
+            with self._lock:
+                self._owner_uids[owner] = row.uid
+            return row.uid
+        raise UidsExhausted(f"could not allocate a uid for owner {owner} in {_ALLOCATION_TRIES} tries")
+
+    def _free_uid(self):
+        taken = {uid for (uid,) in OwnerUid.select(OwnerUid.uid).where(
+            (OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop)).tuples()}
+        for (capabilities,) in Node.select(Node.capabilities).where(Node.capabilities.is_null(False)).tuples():
+            taken.update(Node.capabilities.python_value(capabilities).get("host_uids") or ())
+        for uid in self.uids:
+            if uid not in taken:
+                return uid
+        raise UidsExhausted(f"every uid of task_uid_range {self.uids.start}-{self.uids.stop - 1} is allocated to an "
+                            f"owner or belongs to a host user")
