@@ -157,6 +157,17 @@ class Runner:
                 log.warning("stopping task %s: %s", task.label, reason)
                 task.cancel(reason)
 
+    def fence_jobs(self, reason, grace):
+        """Stop every job task (not the instances): their lease ran out while fleetd was unreachable.
+        Each is reported `lost` once fleetd answers again (fleetd has declared it lost by then, or
+        does at that report). Returns how many were stopped."""
+        stopped = 0
+        for task in self.tasks():
+            if task.assignment.instance is None:
+                task.cancel(reason, outcome="failed", lost=True, grace=grace)
+                stopped += 1
+        return stopped
+
     def decline(self, task_id, epoch):
         """Hand back an assignment that came while the agent stops, not started: reported failed with
         `lost` and `agent_stopping`, so fleetd requeues its job without using an attempt (rather than

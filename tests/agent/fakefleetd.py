@@ -40,6 +40,7 @@ class FakeFleetd:
         self.hold_finish.set()
         self.fenced = set()  # task ids answered 409
         self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
+        self.lease_seconds = None  # told in heartbeat replies when set (the agent stops job tasks past it)
         self.max_log_body = None  # bytes; larger log bodies get 413
         self.hold_logs = threading.Event()  # while clear, log requests wait (bounded) for it
         self.hold_logs.set()
@@ -206,9 +207,11 @@ class FakeFleetd:
             reported = {t["id"] for t in body.get("tasks", [])}
             cancel = sorted(self.cancel & reported)
             self.cond.notify_all()
-        return 200, {"status": "revoked" if self.revoked else "ready", "drain": None, "revoked": self.revoked,
-                     "cancel": cancel, "delete_volumes": list(self.delete_volumes),
-                     "heartbeat_interval_seconds": 1}
+        reply = {"status": "revoked" if self.revoked else "ready", "drain": None, "revoked": self.revoked,
+                 "cancel": cancel, "delete_volumes": list(self.delete_volumes), "heartbeat_interval_seconds": 1}
+        if self.lease_seconds is not None:
+            reply["lease_seconds"] = self.lease_seconds
+        return 200, reply
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -3,6 +3,7 @@ SIGTERM, an outage, and SIGKILL with the restart that cleans up after it."""
 
 import signal
 import sys
+import time
 
 import pytest
 import requests
@@ -10,6 +11,7 @@ import requests
 from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import wait_until
+from tests.agent.instance_support import instance_assignment
 from tests.support import wire
 
 pytestmark = pytest.mark.integration
@@ -160,3 +162,23 @@ def test_a_sigkilled_agent_kills_its_orphans_when_it_comes_back_and_reports_or_f
     finish = fleetd.wait_finished("t-kept")
     assert finish["outcome"] == "failed" and "restarted" in finish["reason"]
     assert "t-moved" not in fleetd.finished
+
+
+def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_out_and_keeps_instances(
+        worker_agent, fleetd, tmp_path):
+    fleetd.lease_seconds = 9  # fenced at 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-job", [PY, "-c", LOOP, str(tmp_path / "never")]))
+    fleetd.assign(instance_assignment("t-inst", [PY, "-c", LOOP, str(tmp_path / "never")]))
+    job_pid = fleetd.wait_for(lambda: fleetd.started.get("t-job"), message="job start")["pid"]
+    inst_pid = fleetd.wait_for(lambda: fleetd.started.get("t-inst"), message="instance start")["pid"]
+    wait_until(lambda: reported(fleetd, "t-job", "running"), message="a heartbeat that renews the lease")
+    fleetd.down.add("heartbeat")  # a partition as the lease sees it: heartbeats go unanswered
+    cut = time.monotonic()
+    agent.wait_for_line(r"fleetd could not be reached for 9s, the tasks' lease", timeout=30)
+    wait_until(lambda: not alive(job_pid), message="the job task to stop")
+    assert time.monotonic() - cut < 9  # before fleetd could count its lease out, from the cut on
+    finish = fleetd.wait_finished("t-job")
+    assert finish["outcome"] == "failed" and finish.get("lost") is True and "lease" in finish["reason"], finish
+    assert alive(inst_pid)  # instances are never run elsewhere: they run on through a partition
+    fleetd.down.clear()
