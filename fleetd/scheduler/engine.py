@@ -24,17 +24,23 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from fleetd.scheduler.model import (
+    EXPLAINED_STAGES,
     MILLI,
     MIN_SLICE_MEMORY_BYTES,
+    STAGE_CONTAINERS,
     STAGE_CPU,
     STAGE_GANG,
     STAGE_GPU,
     STAGE_GPU_COUNT,
     STAGE_GPU_MEMORY,
     STAGE_GPU_TYPE,
+    STAGE_IMAGE,
+    STAGE_ISOLATION,
     STAGE_MEMORY,
+    STAGE_MPS,
     STAGE_PORTS,
     STAGE_SELECTOR,
+    STAGE_SLICE_MEMORY,
     STAGE_STATUS,
     ClusterSnapshot,
     FilterDetail,
@@ -511,7 +517,9 @@ class PlacementEngine:
     def _verdict(self, node: _Node, request: TaskRequest, shape: Shape):
         snap = node.snap
         if not snap.schedulable:
-            return STAGE_STATUS, snap.block_reason or f"node is {snap.status}, not taking new work"
+            if snap.block_reason:
+                return STAGE_ISOLATION, snap.block_reason
+            return STAGE_STATUS, f"node is {snap.status}, not taking new work"
         if not self._selector_ok(node, request):
             sel = request.node_selector
             if sel.fleet is not None and snap.fleet != sel.fleet:
@@ -520,10 +528,10 @@ class PlacementEngine:
                 return STAGE_SELECTOR, f"the instance's volume is on node {sel.node_id}"
             if sel.container and not snap.containers_ready:
                 if snap.containers is not None:
-                    return STAGE_SELECTOR, f"node cannot run the image: containers {snap.containers}"
+                    return STAGE_CONTAINERS, f"node cannot run the image: containers {snap.containers}"
                 return STAGE_SELECTOR, "node has no container runtime (podman or docker) for the image"
             if sel.image is not None and not image_allowed(sel.image, tuple(snap.allowed_images)):
-                return STAGE_SELECTOR, (f"node's fleet {snap.fleet!r} does not allow image {sel.image!r} "
+                return STAGE_IMAGE, (f"node's fleet {snap.fleet!r} does not allow image {sel.image!r} "
                                         f"(allowed_images: {', '.join(snap.allowed_images) or 'none'})")
             missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
             return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(f"{k}={sel.labels[k]}" for k in missing)
@@ -553,10 +561,10 @@ class PlacementEngine:
                     need = shape.gpu_milli / MILLI
                     return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {need:.3f}"
                 if not any(request.gpu_memory_for(g.memory_total) >= MIN_SLICE_MEMORY_BYTES for g in fit):
-                    return STAGE_GPU, (f"a slice's memory share of each GPU with enough free share is under "
-                                       f"{MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
+                    return STAGE_SLICE_MEMORY, (f"a slice's memory share of each GPU with enough free share is "
+                                                f"under {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
                 if request.mps and not any(g.takes_mps_of(request.owner) for g in fit):
-                    return STAGE_GPU, "each GPU with enough free share serves another owner's MPS work"
+                    return STAGE_MPS, "each GPU with enough free share serves another owner's MPS work"
                 if not any(g.memory_free >= request.gpu_memory_for(g.memory_total) for g in fit):
                     return STAGE_GPU_MEMORY, "no GPU with enough free share has enough free memory"
             else:
@@ -582,9 +590,13 @@ class PlacementEngine:
             reason = "no node can take the task now"
         if detail:
             counts: dict[str, int] = {}
+            quoted: dict[str, str] = {}
             for d in detail:
                 counts[d.stage] = counts.get(d.stage, 0) + 1
-            reason += " (" + ", ".join(f"{stage}: {n} node(s)" for stage, n in counts.items()) + ")"
+                if d.stage in EXPLAINED_STAGES:
+                    quoted.setdefault(d.stage, d.reason)
+            reason += " (" + ", ".join(f"{stage}: {n} node(s)" + (f": {quoted[stage]}" if stage in quoted else "")
+                                       for stage, n in counts.items()) + ")"
         return Unschedulable(reason=reason, filter_detail=detail, placed_ranks=placed)
 
 

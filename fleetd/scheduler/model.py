@@ -255,7 +255,10 @@ class FilterDetail:
 
 # Filter stages, in the order the engine applies them.
 STAGE_STATUS = "status"
+STAGE_ISOLATION = "isolation"
 STAGE_SELECTOR = "selector"
+STAGE_CONTAINERS = "containers"
+STAGE_IMAGE = "image"
 STAGE_GPU_TYPE = "gpu_type"
 STAGE_GPU_COUNT = "gpu_count"
 STAGE_CPU = "cpu"
@@ -263,19 +266,30 @@ STAGE_MEMORY = "memory"
 STAGE_GPU = "gpu"
 STAGE_GPU_MEMORY = "gpu_memory"
 STAGE_PORTS = "ports"
+STAGE_MPS = "mps"
+STAGE_SLICE_MEMORY = "slice_memory"
 STAGE_GANG = "gang"
 STAGES = (
     STAGE_STATUS,
+    STAGE_ISOLATION,
     STAGE_SELECTOR,
+    STAGE_CONTAINERS,
+    STAGE_IMAGE,
     STAGE_GPU_TYPE,
     STAGE_GPU_COUNT,
     STAGE_CPU,
     STAGE_MEMORY,
     STAGE_PORTS,
     STAGE_GPU,
+    STAGE_SLICE_MEMORY,
+    STAGE_MPS,
     STAGE_GPU_MEMORY,
     STAGE_GANG,
 )
+# Stages whose reason a pending job's one-line reason quotes (one node's verdict), not only counts:
+# what an owner can act on, or must know to understand the wait.
+EXPLAINED_STAGES = frozenset({STAGE_ISOLATION, STAGE_CONTAINERS, STAGE_IMAGE, STAGE_PORTS, STAGE_MPS,
+                              STAGE_SLICE_MEMORY})
 
 
 @dataclass(frozen=True)

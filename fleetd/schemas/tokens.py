@@ -5,7 +5,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 from fleetd.models import Role
 from fleetd.schemas.common import Int, Text, Time, page_schema
 
-POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: ^[a-z_][a-z0-9_-]{0,31}$")
+POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
 
 
 def _not_root(name):

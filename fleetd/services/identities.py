@@ -87,7 +87,7 @@ class Identities:
         taken = {uid for (uid,) in OwnerUid.select(OwnerUid.uid).where(
             (OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop)).tuples()}
         for (capabilities,) in Node.select(Node.capabilities).where(Node.capabilities.is_null(False)).tuples():
-            taken.update(Node.capabilities.python_value(capabilities).get("host_uids") or ())
+            taken.update((capabilities or {}).get("host_uids") or ())
         for uid in self.uids:
             if uid not in taken:
                 return uid

@@ -46,6 +46,11 @@ class ApiClient:
         assert resp.status_code == 201, resp.get_json()
         return resp.get_json()
 
+    def create_root_fleet(self, name="gpu-a", **body):
+        """A fleet whose admins' work runs as root on its nodes (`allow_root_tasks`), for tests that
+        are not about isolation and need the agent's own privileges."""
+        return self.create_fleet(name, allow_root_tasks=True, **body)
+
     def create_join_token(self, fleet="gpu-a", **body):
         resp = self.post(f"/api/v1/fleets/{fleet}/join-tokens", body)
         assert resp.status_code == 201, resp.get_json()
@@ -185,3 +190,8 @@ class Http:
         if expect is not None:
             assert resp.status_code == expect, f"{method} {path}: {resp.status_code} {resp.text}"
         return resp
+
+    def create_root_fleet(self, name="lab", **body):
+        """A fleet whose admins' work runs as root on its nodes (`allow_root_tasks`): for tests of real
+        agents that are not about isolation. Returns the fleet."""
+        return self("POST", "/api/v1/fleets", expect=201, json=dict(body, name=name, allow_root_tasks=True)).json()
