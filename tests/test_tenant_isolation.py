@@ -56,24 +56,45 @@ def test_a_token_takes_a_posix_unix_user_never_root_and_lists_it(api):
         error(api.post("/api/v1/tokens", {"name": "b", "role": "submitter", "unix_user": bad}), 400)
 
 
-def test_the_cli_creates_a_token_with_a_unix_user(api, monkeypatch):
+def _cli(api, monkeypatch, *args):
+    """Run a `fleetd` command whose REST calls reach the real API (through the Flask test client)."""
     from click.testing import CliRunner
 
     from fleetd.cli import cli, remote
 
-    class Client:  # fleetd.client.Client over the Flask test client
+    class Client:
         def __init__(self, url, token):
             pass
 
-        def post(self, path, body):
-            resp = api.post(path, body)
-            assert resp.status_code == 201, resp.get_json()
+        def _call(self, method, path, body):
+            resp = api.call(method, path, json=body)
+            assert resp.status_code < 300, resp.get_json()
             return resp.get_json()
 
+        def post(self, path, body):
+            return self._call("POST", path, body)
+
+        def patch(self, path, body):
+            return self._call("PATCH", path, body)
+
     monkeypatch.setattr(remote, "Client", Client)
-    out = CliRunner().invoke(cli, ["token", "create", "--name", "bob", "--role", "submitter", "--unix-user", "bob",
-                                   "--url", "http://x", "--token", "t", "--json"])
-    assert out.exit_code == 0 and '"unix_user": "bob"' in out.output, out.output
+    out = CliRunner().invoke(cli, [*args, "--url", "http://x", "--token", "t", "--json"])
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
+def test_the_cli_creates_a_token_with_a_unix_user(api, monkeypatch):
+    out = _cli(api, monkeypatch, "token", "create", "--name", "bob", "--role", "submitter", "--unix-user", "bob")
+    assert '"unix_user": "bob"' in out
+
+
+def test_the_cli_sets_a_fleets_isolation_rules(api, monkeypatch):
+    _cli(api, monkeypatch, "fleet", "create", "lab", "--allow-root-tasks", "--allowed-image", "quay.io/*",
+         "--allowed-image", "docker.io/library/*")
+    _cli(api, monkeypatch, "fleet", "update", "lab", "--require-isolation", "--no-allow-root-tasks")
+    shown = api.get("/api/v1/fleets/lab").get_json()
+    assert (shown["allow_root_tasks"], shown["require_isolation"], shown["allowed_images"]) == \
+        (False, True, ["quay.io/*", "docker.io/library/*"])
 
 
 # ---------------------------------------------------------------- fleets

@@ -18,13 +18,42 @@ FLEET_COLUMNS = [("NAME", "name"), ("NODES", "node_count"), ("GPUS", "gpu_count"
                  ("LABELS", "labels"), ("DESCRIPTION", "description")]
 
 
+def isolation_options(fn):
+    """--allow-root-tasks, --require-isolation and --allowed-image, for create and update."""
+    fn = click.option("--allowed-image", "allowed_images", multiple=True,
+                      help="Glob pattern an instance's image must match to run here (repeatable; "
+                           "default: any image).")(fn)
+    fn = click.option("--require-isolation/--no-require-isolation", default=None,
+                      help="Give work only to nodes whose agent runs tasks as other users (isolation uid).")(fn)
+    fn = click.option("--allow-root-tasks/--no-allow-root-tasks", default=None,
+                      help="Let work that an admin token submitted run as root on the fleet's nodes.")(fn)
+    return fn
+
+
+def _isolation_body(allow_root_tasks, require_isolation, allowed_images):
+    body = {"allow_root_tasks": allow_root_tasks, "require_isolation": require_isolation,
+            "allowed_images": list(allowed_images) or None}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _isolation(fleet):
+    rules = [f"images {', '.join(fleet.get('allowed_images') or []) or 'none'}"]
+    if fleet.get("allow_root_tasks"):
+        rules.append("admins' work may run as root")
+    if fleet.get("require_isolation"):
+        rules.append("nodes must isolate tasks (isolation uid)")
+    return "; ".join(rules)
+
+
 @client_command(fleet, "create")
 @click.argument("name")
 @click.option("--description", default="", help="What the fleet is (free text).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
-def fleet_create(name, description, labels):
+@isolation_options
+def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images):
     """Create a fleet."""
-    body = {"name": name, "description": description, "labels": parse_labels(labels)}
+    body = {"name": name, "description": description, "labels": parse_labels(labels),
+            **_isolation_body(allow_root_tasks, require_isolation, allowed_images)}
     data = current_client().post("/api/v1/fleets", body)
     emit(data, lambda d: click.echo(f"created fleet {d['name']}"))
 
@@ -52,7 +81,7 @@ def fleet_show(name):
     """Show one fleet, with its availability windows."""
     data = current_client().get(f"/api/v1/fleets/{name}")
     emit(data, lambda d: show_record(d, FLEET_COLUMNS + [("AVAILABILITY", _availability),
-                                                         ("CREATED", "created_at")]))
+                                                         ("ISOLATION", _isolation), ("CREATED", "created_at")]))
 
 
 @client_command(fleet, "update")
@@ -63,9 +92,11 @@ def fleet_show(name):
               help="Open window HH:MM-HH:MM[@mon,tue,...] (repeatable); GPUs are blocked outside them.")
 @click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window.")
 @click.option("--always-open", is_flag=True, help="Remove the availability windows.")
-def fleet_update(name, description, labels, windows, timezone, always_open):
-    """Change a fleet's description, labels or availability windows."""
-    body = {}
+@isolation_options
+def fleet_update(name, description, labels, windows, timezone, always_open, allow_root_tasks, require_isolation,
+                 allowed_images):
+    """Change a fleet's description, labels, availability windows or isolation rules."""
+    body = _isolation_body(allow_root_tasks, require_isolation, allowed_images)
     if description is not None:
         body["description"] = description
     if labels:
