@@ -54,11 +54,13 @@ JOB_SPEC = {
 }
 # A valid body per route, so that the hostile value is the only thing wrong with it.
 BASE_BODIES = {
-    ("POST", "/api/v1/tokens"): {"name": "t", "role": "submitter", "team": "team-a", "expires_in_seconds": 3600},
+    ("POST", "/api/v1/tokens"): {"name": "t", "role": "submitter", "team": "team-a", "expires_in_seconds": 3600,
+                                 "unix_user": "alice"},
     ("POST", "/api/v1/fleets"): {"name": "gpu-z", "description": "d", "labels": {"k": "v"},
                                  "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
                                  "health_policy": {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
-                                                   "uncordon_when_healthy": False}},
+                                                   "uncordon_when_healthy": False},
+                                 "allow_root_tasks": True, "require_isolation": False, "allowed_images": ["quay.io/*"]},
     ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"},
                                          "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
@@ -82,7 +84,9 @@ BASE_BODIES = {
         "labels": {"k": "v"}, "resources": {"cpu_count": 8, "memory_bytes": 1024}, "gpus": [GPU_REPORT]},
     ("POST", "/api/v1/agent/heartbeat"): {
         "gpus": gpus(2), "metrics": {"gpu_util": [50.0, 1.5], "host": {"load": 0.5}},
-        "tasks": [{"id": "{task_id}", "epoch": TASK_EPOCH, "state": "running"}]},
+        "tasks": [{"id": "{task_id}", "epoch": TASK_EPOCH, "state": "running"}],
+        "capabilities": {"container_runtime": "podman", "isolation": "uid", "isolation_reason": "r",
+                         "containers": "unavailable: r", "host_uids": [1000]}},
     ("POST", "/api/v1/agent/acquire"): {"wait_seconds": 0, "max_assignments": 1},
     ("POST", "/api/v1/agent/tasks/{task_id}/start"): {"epoch": TASK_EPOCH, "pid": 42},
     ("POST", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"epoch": TASK_EPOCH, "addr": "10.0.0.1", "port": 29500},
