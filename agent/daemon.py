@@ -507,7 +507,9 @@ class Agent:
         return body
 
     def _capabilities(self):
-        """{container_runtime}: looked for again every few minutes, so that one installed since is used."""
+        """{container_runtime, containers, isolation...}: the runtime looked for again every few minutes, so
+        that one installed since is used, and probed (`<runtime> info`) each time: "ready" or
+        "unavailable: <why>"."""
         now = time.monotonic()
         if self._runtime_checked is None or now - self._runtime_checked >= RUNTIME_DETECT_SECONDS:
             self._runtime_checked = now
@@ -515,7 +517,10 @@ class Agent:
             if repr(runtime) != repr(self.runner.containers):
                 log.info("container runtime: %s", runtime or "none")
                 self.runner.containers = runtime
-        caps = {"container_runtime": self.runner.containers.name if self.runner.containers else None}
+            if self.runner.containers is not None:
+                self.runner.containers.probe()
+        caps = {"container_runtime": self.runner.containers.name if self.runner.containers else None,
+                "containers": ContainerRuntime.capability(self.runner.containers)}
         caps.update(self.runner.isolation.capabilities())
         return caps
 

@@ -5,6 +5,10 @@ an agent restart, a restart of the process or a resume of the instance keeps its
 instance's ports are freed only with its volume (fleetd's `delete_volumes`). A port of the range
 that something on the host already listens on is passed over, and so is a kept port that is
 taken when its instance starts again (it gets another one, which the start report names).
+
+Whether a host port serves its instance is read from the sockets that listen on it
+(`port_states`): a process of another instance or user that binds a port while its instance is
+between runs, or on an address the instance does not bind, must not get that instance's URL.
 """
 
 import errno
@@ -14,6 +18,7 @@ import os
 import socket
 import threading
 
+from agent.procfs import socket_inodes, tcp_listeners
 from agent.state import write_private
 
 log = logging.getLogger("agent.ports")
@@ -118,3 +123,31 @@ class PortAllocator:
         with self._lock:
             if self._table.pop(instance_id, None) is not None:
                 self._save()
+
+
+PORT_OK = "ok"
+PORT_NOT_LISTENING = "not_listening"
+PORT_TAKEN = "taken_by_other_process"
+
+
+def port_states(host_ports, owner_pids, published=False):
+    """{host port: state} of one instance's host ports, from the sockets that listen on them now.
+
+    "ok": something listens and every listener is held by one of `owner_pids` (the instance's
+    processes, or its container runtime's forwarder for it), or nothing listens and the runtime
+    `published` the port itself (forwarding in the kernel, e.g. nftables DNAT, has no listener);
+    "not_listening": nothing listens (yet); "taken_by_other_process": another process listens on
+    it, whose connections would reach that process rather than the instance.
+    """
+    listeners = tcp_listeners(host_ports)
+    held = set()
+    if any(listeners.values()):
+        for pid in set(owner_pids):
+            held |= socket_inodes(pid)
+    states = {}
+    for host_port, inodes in listeners.items():
+        if not inodes:
+            states[host_port] = PORT_OK if published else PORT_NOT_LISTENING
+        else:
+            states[host_port] = PORT_OK if inodes <= held else PORT_TAKEN
+    return states

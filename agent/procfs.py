@@ -2,7 +2,8 @@
 
 The one module that reads /proc (as agent/nvml.py is the one that imports pynvml): the parse
 of /proc/<pid>/stat, the FLEET_TASK_* markers of an environment, which processes belong to
-a supervised workload, and the signals that stop them, each written once.
+a supervised workload, the signals that stop them, and which sockets listen on a TCP port and
+which processes hold them (/proc/net/tcp{,6}, /proc/<pid>/fd), each written once.
 """
 
 import dataclasses
@@ -182,6 +183,20 @@ def all_pids():
         return [int(n) for n in os.listdir("/proc") if n.isdigit()]
     except OSError:
         return []
+
+
+def find_processes(comm):
+    """The pids whose comm is `comm` (e.g. docker-proxy)."""
+    return [pid for pid in all_pids() if read_comm(pid) == comm]
+
+
+def read_pid_max():
+    """/proc/sys/kernel/pid_max, or None when it cannot be read."""
+    data = read_bytes("/proc/sys/kernel/pid_max")
+    try:
+        return int(data) if data is not None else None
+    except ValueError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -367,3 +382,48 @@ def wait_gone(pids, timeout):
             return False
         time.sleep(0.05)
     return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Listening sockets and who holds them
+
+NET_TCP_FILES = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = b"0A"  # the `st` column of a listening socket (include/net/tcp_states.h)
+
+
+def tcp_listeners(ports, paths=NET_TCP_FILES):
+    """{port: inodes of the sockets listening on TCP `port`, on any address} for each of `ports`, in
+    this network namespace (the agent's, the host's); a port nothing listens on has an empty set."""
+    wanted = {int(port): set() for port in ports}
+    for path in paths:
+        data = read_bytes(path)
+        for line in (data.splitlines()[1:] if data else ()):
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) < 10 or fields[3] != TCP_LISTEN:
+                continue
+            try:
+                port, inode = int(fields[1].rsplit(b":", 1)[1], 16), int(fields[9])
+            except (IndexError, ValueError):
+                continue
+            if port in wanted and inode:
+                wanted[port].add(inode)
+    return wanted
+
+
+def socket_inodes(pid):
+    """The inodes of the sockets process `pid` holds open (empty once it is gone or cannot be read)."""
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return set()
+    inodes = set()
+    for name in names:
+        try:
+            target = os.readlink(f"{base}/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target.endswith("]") and target[8:-1].isdigit():
+            inodes.add(int(target[8:-1]))
+    return inodes

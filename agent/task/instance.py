@@ -23,10 +23,10 @@ import logging
 import os
 import time
 
-from agent.ports import NoFreePort
+from agent.ports import NoFreePort, port_states
 from agent.procfs import uptime_ticks
 from agent.task.assignment import DEFAULT_PATH, task_env
-from agent.task.container import ContainerError, cdi_has_nvidia, client_env, container_name
+from agent.task.container import READY, ContainerError, cdi_has_nvidia, container_name, remove_env_file, write_env_file
 from agent.task.errors import Detached, Fenced, Stopped, TaskError
 from agent.task.journal import compact_state
 from agent.task.logs import FileTail
@@ -37,6 +37,7 @@ from agent.task.task import Task
 log = logging.getLogger("agent.runner")
 
 STATUS_FILE = "exit-status"
+ENV_FILE = "container.env"  # a container's variables, for its runtime's `run` to read; removed once it has
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 BACKOFF_RESET_SECONDS = 60.0  # a process that ran this long is restarted after the first back-off again
@@ -80,6 +81,8 @@ class InstanceTask(Task):
         self.adopted = adopted  # the journal record of this run, found again after an agent restart
         self.container = container_name(self.spec.id, assignment.epoch) if self.spec.image else None
         self.status_path = os.path.join(self.dir, STATUS_FILE)
+        self.env_file = os.path.join(self.dir, ENV_FILE)  # in the task directory, root's: never the work dir
+        self._env_file_run = None  # the run (a count) whose env file is on disk, until it is removed
         self.ports = {}  # declared port -> host port
         self.volume = None
         self.restarts = 0
@@ -116,8 +119,7 @@ class InstanceTask(Task):
             if not self.container or not self._ran or self._container_stopping or self.runner.containers is None:
                 return
             self._container_stopping = True
-        self.runner.background(f"stop-{self.container}", self.runner.containers.stop, self.container, grace,
-                               client_env(self._env))
+        self.runner.background(f"stop-{self.container}", self.runner.containers.stop, self.container, grace)
 
     def detach(self):
         """The agent stops: leave the process running (True), unless none was started yet or it is being
@@ -152,7 +154,53 @@ class InstanceTask(Task):
     def container_stats(self):
         """(cpu percent, memory percent) of the container, or None."""
         runtime = self.runner.containers
-        return runtime.stats(self.container, client_env(self._env)) if runtime is not None else None
+        return runtime.stats(self.container) if runtime is not None else None
+
+    def check_ports(self):
+        """{host port: state} of the instance's host ports now (agent/ports.py port_states), also shown
+        in the local API's worker record: whether each listener is this instance's (its processes, or
+        for a container its runtime's forwarder for it)."""
+        if not self.ports:
+            return {}
+        runtime = self.runner.containers
+        if self.container:
+            state = runtime.state(self.container) if runtime is not None and self._ran else None
+            running = bool(state) and (state.get("Running") is True or state.get("Status") == "running")
+            owners = [*runtime.forwarder_pids(self.container, state), state.get("Pid")] if running else []
+            states = port_states(self.ports.values(), [pid for pid in owners if isinstance(pid, int) and pid > 0],
+                                 published=running)
+        else:
+            states = port_states(self.ports.values(), self.pids())
+        self.monitor.port_states = states
+        self.worker.instance["ports"] = [dict(port, state=states.get(port["host_port"])) for port in self._wire_ports()]
+        return states
+
+    def settle_env_file(self):
+        """Remove the run's env file once its container exists: the runtime's client read it before
+        it made the container (called by the monitor until it is gone; the run's end removes it too)."""
+        written = self._env_file_run
+        runtime = self.runner.containers
+        if written is None or runtime is None or runtime.state(self.container) is None:
+            return
+        with self._lock:
+            if self._env_file_run != written:  # a restart wrote another since (the old container was gone)
+                return
+            self._env_file_run = None
+        remove_env_file(self.env_file)
+
+    def _drop_env_file(self):
+        with self._lock:
+            self._env_file_run = None
+        remove_env_file(self.env_file)
+
+    def _write_env_file(self):
+        env = {**self.assignment.env, **self.worker.env}  # the spec's, the injected over it: as for a process
+        with self._lock:
+            self._env_file_run = self.restarts
+        try:
+            write_env_file(self.env_file, env)
+        except (OSError, ValueError) as exc:
+            raise TaskError(f"cannot pass the variables to the container: {exc}") from None
 
     def report(self):
         """The heartbeat's `instances` entry; None before its process started (or was taken back)."""
@@ -221,17 +269,21 @@ class InstanceTask(Task):
             if runtime is None:
                 raise TaskError(f"cannot run image {self.spec.image}: no container runtime on this host "
                                 "(containers.command: neither podman nor docker found, or none)")
+            readiness = runtime.readiness()
+            if readiness != READY:
+                raise TaskError(f"cannot run image {self.spec.image}: containers {readiness}")
             try:
-                runtime.check_image(self.spec.image, client_env(self._env))
+                runtime.check_image(self.spec.image)
             except ContainerError as exc:
                 raise TaskError(str(exc)) from None
             uuids, cdi = [g["uuid"] for g in self.assignment.gpus], cdi_has_nvidia()
             if uuids and not runtime.gpu_flags(uuids, cdi):
                 self._system("[fleet-agent] no CDI spec for nvidia.com/gpu on this host: the container does not "
                              "see its GPUs (nvidia-ctk cdi generate makes one)")
+            self._write_env_file()
             inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
-                                     self.spec.volume_mount_path, self.ports,
-                                     set(self.assignment.env) | set(self.worker.env), uuids, cdi)
+                                     self.spec.volume_mount_path, self.ports, self.env_file,
+                                     (self.run_as.uid, self.run_as.gid), uuids, cdi)
         else:
             inner = list(self.assignment.command)
         check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))
@@ -242,14 +294,17 @@ class InstanceTask(Task):
 
     def _run_once(self):
         """Start one process of the instance: the first, or a restart."""
+        runtime = self.runner.containers
+        if self.container and runtime is not None and runtime.readiness() == READY:
+            # Left by a run whose end the agent missed; gone before the env file is written, so that the
+            # monitor's sight of a container always means this run's client read its env file.
+            runtime.remove(self.container)
         argv = self._argv()
-        env = client_env(self._env) if self.container else self._env
+        env = self.runner.containers.env if self.container else self._env
         try:
             os.unlink(self.status_path)
         except FileNotFoundError:
             pass
-        if self.container:
-            self.runner.containers.remove(self.container, env)  # left by a run whose end the agent missed
         stdout, stderr = self.tail.open_output()
         try:
             pid, start_ticks = self._launch(argv, self._cwd, env, output=(stdout, stderr),
@@ -274,7 +329,7 @@ class InstanceTask(Task):
 
     def _remove_container(self):
         if self.container and self._ran and not self._container_removed and self.runner.containers is not None:
-            self.runner.containers.remove(self.container, client_env(self._env))
+            self.runner.containers.remove(self.container)
             self._container_removed = True
 
     def _supervise_runs(self, client):
@@ -283,6 +338,8 @@ class InstanceTask(Task):
         for _ in range(MAX_RUNS):
             if result is None:
                 result = super()._supervise(client)
+                if self.container:
+                    self._drop_env_file()  # read by now: the client ran
             if self._detached:  # the next start decides, from the exit status the wrapper wrote
                 raise Detached()
             if self._stop is not None or self._fenced or not restarts_after(self.spec.restart, result[0]):
@@ -385,6 +442,8 @@ class InstanceTask(Task):
         self._prepare_limits()  # the same cgroup: its name is the task's
         self._cwd = record.get("cwd") or self.workdir
         self.ports = {int(p): hp for p, hp in (record.get("ports") or {}).items()}
+        if self.container:
+            remove_env_file(self.env_file)  # its client read it long ago; a restart writes another
         try:
             self.volume = self._ensure_volume()
         except (OSError, ValueError) as exc:
@@ -413,6 +472,8 @@ class InstanceTask(Task):
         """The agent stops and the process runs on: ship what it wrote so far, remember how far."""
         self.process.release()
         self.monitor.stop()
+        if self.container:
+            self.settle_env_file()  # else it waits for the next agent start
         if self.tail is not None:
             self.tail.stop(drain=True, deadline=time.monotonic() + LEAVE_LOGS_SECONDS, abandon=lambda: bool(self._fenced))
             self.shipper.close()
@@ -433,4 +494,6 @@ class InstanceTask(Task):
             self.tail.stop(drain=False)
         if not left_running:
             self._remove_container()  # after a failure of the agent's own, too
+        if self.container and not left_running:
+            self._drop_env_file()
         super()._clean_up(keep_dir, left_running)

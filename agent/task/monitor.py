@@ -2,8 +2,11 @@
 
 Read on a thread of the instance's own, never on the heartbeat's: the process tree's CPU and
 memory from /proc every few seconds (a container's from `<runtime> stats --no-stream` every ten),
-the volume's size every thirty (a walk of it), and each second the GPUs' utilisation from the
-device poller's last reading, which the idle stop watches.
+whose listener each host port has every few seconds (agent/ports.py port_states: a port reads
+"ok" only while the instance's own processes, or its runtime's forwarder, hold it), the volume's
+size every thirty (a walk of it), and each second the GPUs' utilisation from the device poller's
+last reading, which the idle stop watches. Until a container exists it also looks each second
+whether its env file can go.
 """
 
 import os
@@ -16,6 +19,8 @@ from agent.threads import UNTIL_STOPPED
 TICK_SECONDS = 1.0
 PROCESS_EVERY_SECONDS = 5.0
 CONTAINER_EVERY_SECONDS = 10.0
+PORTS_EVERY_SECONDS = 5.0
+PORT_UNKNOWN = "unknown"  # before the first look
 VOLUME_EVERY_SECONDS = 30.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -85,8 +90,9 @@ class InstanceMonitor:
         self.cpu_percent = None
         self.memory_percent = None
         self.volume_used_bytes = None
+        self.port_states = {}  # host port -> state (agent/ports.py), from the last look (task.check_ports)
         self._usage = ProcessUsage()
-        self._due = {"process": 0.0, "volume": 0.0}
+        self._due = {"process": 0.0, "volume": 0.0, "ports": 0.0}
         self._stop = threading.Event()
         self._job = None
 
@@ -104,7 +110,7 @@ class InstanceMonitor:
         if self.idle is not None:
             self.idle.reset()
         self._usage.reset()
-        self._due["process"] = 0.0
+        self._due["process"] = self._due["ports"] = 0.0
 
     def _run(self):
         for _ in range(UNTIL_STOPPED):
@@ -116,12 +122,17 @@ class InstanceMonitor:
         """One look: the idle watch, and the figures that are due."""
         task = self.task
         running = task.running()
+        if task.container:
+            task.settle_env_file()
         if running and self.idle is not None:
             if self.idle.observe(now, [g["gpu_util_percent"] for g in self.gpus()]):
                 task.stop_idle(self.idle.reason())
         if running and now >= self._due["process"]:
             self._due["process"] = now + (CONTAINER_EVERY_SECONDS if task.container else PROCESS_EVERY_SECONDS)
             self._sample(now)
+        if now >= self._due["ports"]:
+            self._due["ports"] = now + PORTS_EVERY_SECONDS
+            task.check_ports()  # sets port_states
         if now >= self._due["volume"]:
             self._due["volume"] = now + VOLUME_EVERY_SECONDS
             self.volume_used_bytes = task.runner.volumes.used_bytes(task.spec.id)
@@ -152,4 +163,7 @@ class InstanceMonitor:
         return {"task_id": task.assignment.task_id, "epoch": task.assignment.epoch,
                 "uptime_seconds": task.uptime_seconds(), "restarts": task.restarts, "gpus": self.gpus(),
                 "container": {"cpu_percent": self.cpu_percent, "memory_percent": self.memory_percent},
-                "volume_used_bytes": self.volume_used_bytes}
+                "volume_used_bytes": self.volume_used_bytes,
+                "ports": [{"port": port, "host_port": host_port,
+                           "state": self.port_states.get(host_port, PORT_UNKNOWN)}
+                          for port, host_port in sorted(task.ports.items())]}

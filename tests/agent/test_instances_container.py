@@ -22,8 +22,8 @@ def podman_env(tmp_path_factory):
 
 
 @pytest.fixture
-def node(make_runner, tmp_path, podman_env, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("CONTAINERS_CONF", podman_env["CONTAINERS_CONF"])  # what the agent's podman calls get
+def node(make_runner, tmp_path, podman_env):  # noqa: F811
+    # The agent's podman calls get the agent's fixed environment (no CONTAINERS_CONF): they start even so.
     low, high = port_range()
     runtime = ContainerRuntime.detect(" ".join(PODMAN))
     runner = make_runner("node", ports=PortAllocator(str(tmp_path / "node"), low, high), containers=runtime)

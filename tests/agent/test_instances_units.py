@@ -2,13 +2,14 @@
 runtime's command lines and CDI detection, the restart back-off, the idle watch, the port allocator."""
 
 import json
+import resource
 import socket
 
 import pytest
 
 from agent.config import ConfigError, load_config
 from agent.ports import NoFreePort, PortAllocator, listening
-from agent.task.container import ContainerRuntime, cdi_has_nvidia, container_name
+from agent.task.container import ContainerRuntime, cdi_has_nvidia, container_name, ulimit_flags
 from agent.task.instance import Backoff, restarts_after
 from agent.task.monitor import IdleWatch
 from fleetwire.assignment import Assignment
@@ -65,7 +66,7 @@ def test_the_instance_of_an_assignment_is_validated_field_by_field():
         Assignment.from_wire(dict(wire, instance=dict(wire["instance"], image=None)))
 
 
-def test_the_runtime_is_found_on_path_or_named_and_its_run_line_passes_variables_by_name(tmp_path):
+def test_the_runtime_is_found_on_path_or_named_and_its_run_line_runs_as_the_user_with_no_privilege(tmp_path):
     found = {"podman": None, "docker": "/usr/bin/docker"}
     runtime = ContainerRuntime.detect("", which=found.get)
     assert (runtime.argv, runtime.name) == (["/usr/bin/docker"], "docker")
@@ -74,12 +75,17 @@ def test_the_runtime_is_found_on_path_or_named_and_its_run_line_passes_variables
     named = ContainerRuntime.detect("/opt/podman/bin/podman --runtime runc", which=found.get)
     assert (named.argv, named.name) == (["/opt/podman/bin/podman", "--runtime", "runc"], "podman")
     argv = named.run_argv(container_name("team:nb", 3), "localhost/app:1", ["serve", "--now"], "/v/team:nb",
-                          "/workspace", {8888: 40001, 22: 40002}, {"SECRET", "FLEET_VOLUME"}, ["GPU-a", "GPU-b"],
-                          cdi=True)
+                          "/workspace", {8888: 40001, 22: 40002}, "/state/tasks/t.3/container.env", (61300, 61301),
+                          ["GPU-a", "GPU-b"], cdi=True)
     assert argv == ["/opt/podman/bin/podman", "--runtime", "runc", "run", "--rm", "--name", "fleet-team_nb-3",
-                    "--pull=never", "-v", "/v/team:nb:/workspace", "-p", "40002:22/tcp", "-p", "40001:8888/tcp",
-                    "-e", "FLEET_VOLUME", "-e", "SECRET", "--device", "nvidia.com/gpu=GPU-a",
-                    "--device", "nvidia.com/gpu=GPU-b", "localhost/app:1", "serve", "--now"]
+                    "--pull=never", "--user", "61300:61301", "--security-opt=no-new-privileges", "--cap-drop=all",
+                    *ulimit_flags(), "--env-file", "/state/tasks/t.3/container.env",
+                    "-v", "/v/team:nb:/workspace", "-p", "40002:22/tcp", "-p", "40001:8888/tcp",
+                    "--device", "nvidia.com/gpu=GPU-a", "--device", "nvidia.com/gpu=GPU-b", "localhost/app:1",
+                    "serve", "--now"]
+    assert not any(arg in ("-e", "--env", "--privileged") for arg in argv)
+    hard_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert ulimit_flags()[:2] == ["--ulimit", f"nofile={hard_nofile}:{hard_nofile}"]
     assert named.gpu_flags(["GPU-a"], cdi=False) == []
     assert runtime.gpu_flags(["GPU-a", "GPU-b"], cdi=False) == ["--gpus", '"device=GPU-a,GPU-b"']
 
