@@ -20,6 +20,7 @@ from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreach
 from agent.config import ConfigError, node_server_urls
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
+from agent.lease import LeaseClock
 from agent.localapi import LocalApi
 from agent.procfs import read_memory_total
 from agent.state import State
@@ -42,6 +43,7 @@ ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predate
 # After a stop that requeued tasks: how long the acquire in flight may take to bring back an
 # assignment (fleetd may place a requeued job on this node again at once) so it is handed back.
 HAND_BACK_SECONDS = 2.0
+LEASE_CHECK_SECONDS = 0.5  # how often the job tasks' lease is looked at (the stop comes this late at most)
 RUNTIME_DETECT_SECONDS = 300.0  # how often the container runtime is looked for again (one installed since)
 
 
@@ -237,6 +239,7 @@ class Agent:
         self.workers = Workers()
         self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
         self.runner = None  # created once enrolled
+        self.lease = LeaseClock(self.config.tasks_kill_grace_seconds)  # job tasks stop when it runs out
         self.deadlines = Deadlines()
         self.node = None
         self.session_ok = False  # a heartbeat succeeded with the stored session
@@ -384,6 +387,7 @@ class Agent:
         # Not waited for on stop: its long poll can take 30 s to return. An assignment that arrives
         # while the agent stops is handed back, not started (fleetd requeues it, no attempt used).
         self._acquire_thread = self._spawn("acquire", self._acquire_loop, wait_on_stop=False)
+        self._spawn("lease", self._lease_loop)
 
     def _acquire_loop(self):
         """Long-poll fleetd for work: stop the tasks it says to stop, hand each assignment to the runner.
@@ -441,6 +445,7 @@ class Agent:
                                             capabilities if capabilities != sent_capabilities else None)
                 if info != sent_info:
                     body.update(info)
+                sent_at = time.monotonic()
                 try:
                     reply = client.heartbeat(body)
                 except Rejected as exc:
@@ -461,14 +466,18 @@ class Agent:
                                 min(exc.retry_after or 0, self.config.backoff_max_seconds))
                     self.fleetd_error = str(exc)
                     kind = "fleetd unreachable" if isinstance(exc, Unreachable) else "heartbeat refused"
-                    log.warning("%s (attempt %d): %s; retrying in %.1fs; running tasks keep running",
-                                kind, failures, exc, delay)
+                    left = self.lease.seconds_left()
+                    log.warning("%s (attempt %d): %s; retrying in %.1fs; %s",
+                                kind, failures, exc, delay,
+                                "running tasks keep running" if left is None else
+                                f"job tasks stop in {max(0.0, left):.0f}s unless fleetd answers (their lease)")
                     self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
                     self.stop.wait(delay)
                     continue
                 if failures:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
+                self.lease.renewed(sent_at, reply.get("lease_seconds"))
                 sent_version, sent_capabilities, sent_info = version, capabilities, info
                 self.fleetd_error = ""
                 if not self.session_ok:
@@ -523,6 +532,18 @@ class Agent:
                 "containers": ContainerRuntime.capability(self.runner.containers)}
         caps.update(self.runner.isolation.capabilities())
         return caps
+
+    def _lease_loop(self):
+        """Stop the job tasks once fleetd has not answered a heartbeat for as long as their lease
+        (less the margins of agent/lease.py), before fleetd may run their jobs elsewhere; instances run
+        on. Its own thread: a heartbeat call blocked on a dead connection must not delay the stop."""
+        while not self.stop.is_set():
+            left = self.lease.seconds_left()
+            if self.lease.due() and self.runner is not None:
+                reason = (f"fleetd could not be reached for {self.lease.lease_seconds:.0f}s, the tasks' lease: "
+                          "stopped so that the job never runs in two places")
+                log.error("%s (%d job task(s))", reason, self.runner.fence_jobs(reason, self.lease.grace))
+            self.stop.wait(LEASE_CHECK_SECONDS if left is None or left <= 0 else min(left, LEASE_CHECK_SECONDS))
 
     def _follow(self, reply):
         """Do what a heartbeat's answer says; False when the node was revoked (the agent exits)."""
