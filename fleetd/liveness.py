@@ -47,9 +47,10 @@ class LivenessTracker:
                 del self._given[:-64]
         return interval
 
-    def _ttl(self):
-        """The TTL, scaled with the longest interval handed out within the last (scaled) TTL: a
-        node told to wait longer may, until it has heard the shorter interval."""
+    def scale(self):
+        """How much the longest interval handed out within the last (scaled) TTL widens the configured
+        one (>= 1): a node told to wait longer may, until it has heard the shorter interval. Node TTLs
+        and task leases are scaled by it."""
         longest = self.base_interval
         now = self.clock.monotonic()
         with self._lock:
@@ -57,7 +58,11 @@ class LivenessTracker:
                 longest = max(longest, interval)
                 if now - at > 3 * self.ttl * longest / max(1, self.base_interval):
                     break
-        return self.ttl * max(1.0, longest / max(1, self.base_interval))
+        return max(1.0, longest / max(1, self.base_interval))
+
+    def _ttl(self):
+        """The TTL, scaled with the heartbeat interval (see scale)."""
+        return self.ttl * self.scale()
 
     def touch(self, node_id, tasks=(), metrics=None):
         """Record a heartbeat (or registration) of a node, now."""
@@ -164,9 +169,10 @@ class LeaseTracker:
     been renewed yet, so every lease is treated as renewed at start-up.
     """
 
-    def __init__(self, clock, ttl_seconds):
+    def __init__(self, clock, ttl_seconds, scale=None):
         self.clock = clock
-        self.ttl = ttl_seconds
+        self.base_ttl = ttl_seconds
+        self.scale = scale or (lambda: 1.0)  # the heartbeat interval's widening (LivenessTracker.scale)
         self.started = clock.monotonic()
         self._renewed = {}
         self._unflushed = {}
@@ -192,6 +198,12 @@ class LeaseTracker:
     def restart_grace(self):
         """Treat every lease as renewed now (a new leader gives the nodes time to reach it)."""
         self.started = self.clock.monotonic()
+
+    @property
+    def ttl(self):
+        """Seconds a lease lasts: the configured ones, widened as the heartbeat interval is. Agents
+        hear it (the heartbeat's `lease_seconds`) and stop a job's task before it runs out."""
+        return self.base_ttl * self.scale()
 
     def expired(self, task_id, epoch):
         """True when the lease of (task, epoch) was last renewed more than `ttl` seconds ago."""
