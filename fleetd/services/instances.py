@@ -77,9 +77,9 @@ def _refuse_taken_name(principal, name):
                        "instances until they are deleted", {"name": name, "instance_id": holder.id})
 
 
-def _kick(rt):
+def _kick(rt, capacity=False):
     if rt.scheduler is not None:
-        rt.scheduler.kick(capacity=False)
+        rt.scheduler.kick(capacity=capacity)
 
 
 def _visible(query, principal):
@@ -167,7 +167,7 @@ def delete_instance(rt, principal, instance_id):
         inst.desired_state = "deleted"
         held = _end_run(inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
     owe_stops(held)
-    _kick(rt)
+    _kick(rt, capacity=True)  # its host ports are free on its node: an instance parked at its owner's cap may fit
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
