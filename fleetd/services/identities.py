@@ -43,14 +43,15 @@ class Identities:
         self._owner_uids = {}  # token id -> uid
         self._lock = threading.Lock()
 
-    def run_as(self, owner, allow_root, now):
-        """The run_as of a task of this owner (a token id) on a node of a fleet that does or does not
-        allow root; UidsExhausted when it needs a uid and none is left. A first need allocates (at
-        `now`), in a transaction of its own or of the caller's."""
+    def run_as(self, owner, allows_root, now):
+        """The run_as of a task of this owner (a token id) on a node of a fleet; `allows_root()` says
+        whether that fleet allows root tasks (asked only for an admin's work). UidsExhausted when it
+        needs a uid and none is left. A first need allocates (at `now`), in a transaction of its own or
+        of the caller's."""
         role, unix_user = self._token(owner)
         if unix_user:
             return run_as_unix_user(unix_user)
-        if allow_root and role == ADMIN:
+        if role == ADMIN and allows_root():
             return dict(RUN_AS_ROOT)
         return run_as_uid(self.uid(owner, now))
 

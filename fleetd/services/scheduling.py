@@ -13,7 +13,7 @@ import peewee
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
-from fleetd.models import GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
+from fleetd.models import Fleet, GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.replicas import Fenced
 from fleetd.services.cluster import ClusterState, raw_rows
 from fleetd.services.events import FLEETD, acting_as
@@ -350,8 +350,14 @@ def _write(rt, plan, now, inventory):
 def _run_as(rt, inventory, job, node_id, now):
     """Who the job's task runs as on this node (services.identities): root only for an admin's work
     in a fleet that allows root tasks."""
-    fleet = inventory.fleets.get(inventory.node_fleet.get(node_id))
-    return rt.identities.run_as(job.owner_token_id, bool(fleet is not None and fleet.allow_root_tasks), now)
+    fleet = inventory.node_fleet.get(node_id)
+    # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root is
+    # never granted on a view older than the fleet's rule (an admin just turned it off).
+    return rt.identities.run_as(job.owner_token_id, functools.partial(_allows_root, fleet), now)
+
+
+def _allows_root(fleet):
+    return bool(fleet and Fleet.select(Fleet.allow_root_tasks).where(Fleet.name == fleet).scalar())
 
 
 def _assign(rt, job, tasks, result, now, woken, run_as):

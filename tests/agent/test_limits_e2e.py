@@ -30,7 +30,7 @@ def node(server_factory, admin, agent_factory):
     """fleetd with one ready agent (4 fake L4s): (http, agent)."""
     server = server_factory(**FAST)
     http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()
     agent = agent_factory("gpu-host", shape="l4_x4", extra={"tasks_kill_grace_seconds": 2.0})
     agent.join(join["token"], server.url)

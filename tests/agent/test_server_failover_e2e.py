@@ -110,7 +110,7 @@ def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fa
 def test_join_and_a_job_through_a_dead_url_and_a_live_fleetd(server_factory, admin, agent_factory):
     server = server_factory(**FAST)
     http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     token = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()["token"]
     dead = closed_port_url()
     agent = agent_factory("behind-dead", shape="l4_x4", env=fixed_listen())
@@ -138,7 +138,7 @@ def test_join_and_a_job_through_a_dead_url_and_a_live_fleetd(server_factory, adm
 def test_comma_separated_server_urls_from_the_environment(server_factory, admin, agent_factory):
     server = server_factory(**FAST)
     http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     token = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()["token"]
     dead = closed_port_url()
     agent = agent_factory("env-list", shape="l4_x4", env={"FLEET_AGENT_SERVER_URL": f"{dead}, {server.url}"})
@@ -152,7 +152,7 @@ def test_the_agent_keeps_working_when_the_replica_it_uses_is_killed(cluster, age
     start, token = cluster
     procs = start(2)
     http = Http(procs[1].url, token)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()["token"]
     agent = agent_factory("replicated", shape="l4_x4", env=fixed_listen())
     agent.join(join, f"{procs[0].url},{procs[1].url}")

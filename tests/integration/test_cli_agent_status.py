@@ -24,7 +24,7 @@ def status(config, env):
 def test_status_of_an_unenrolled_config_while_another_agent_runs_says_so_instead_of_ready(
         server, admin, agent_factory, tmp_path):  # noqa: F811 - the fixture
     http = Http(server.url, admin)
-    http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
+    http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     token = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 1}).json()["token"]
     with socket.socket() as probe:  # a fixed port, so that both configs name the same local API
         probe.bind(("127.0.0.1", 0))
