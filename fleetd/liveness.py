@@ -162,6 +162,34 @@ class LivenessTracker:
         return out
 
 
+class RuntimeSamples:
+    """The last runtime figures each node reported for its instance runs (the heartbeat's
+    `instances`: uptime, GPU and container use, the states of its host ports), by task id."""
+
+    def __init__(self, clock, ttl_seconds=120):
+        self.clock = clock
+        self.ttl_seconds = ttl_seconds
+        self._samples = {}
+        self._lock = threading.Lock()
+
+    def put(self, samples):
+        """Keep these samples (one per task id) as of now."""
+        now = self.clock.monotonic()
+        with self._lock:
+            for sample in samples:
+                self._samples[sample["task_id"]] = (now, sample)
+            if len(self._samples) > 100_000:
+                self._samples = {k: v for k, v in self._samples.items() if now - v[0] < self.ttl_seconds}
+
+    def get(self, task_id):
+        """The task's last sample, or None when there is none within the TTL."""
+        with self._lock:
+            found = self._samples.get(task_id)
+        if found is None or self.clock.monotonic() - found[0] > self.ttl_seconds:
+            return None
+        return found[1]
+
+
 class LeaseTracker:
     """Task leases renewed in memory by heartbeats: (task id, epoch) -> last renewal.
 

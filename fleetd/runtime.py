@@ -6,7 +6,7 @@ from flask import current_app, request
 
 from fleetd.auth import FailureLimiter, client_address
 from fleetd.clock import Clock
-from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier
+from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamples
 from fleetd.replicas import Leadership
 from fleetd.services.cluster import call
 from fleetd.services.identities import Identities
@@ -37,6 +37,7 @@ class Runtime:
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
     identities: Identities = None  # who tasks run as (services.identities), set by build()
+    samples: RuntimeSamples = None  # what nodes last reported of their instance runs, set by build()
 
     @classmethod
     def build(cls, settings, clock=None):
@@ -50,7 +51,7 @@ class Runtime:
                                  settings.auth_failure_global_limit)
         leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
         return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks,
-                   identities=Identities(settings.task_uids))
+                   identities=Identities(settings.task_uids), samples=RuntimeSamples(clock))
 
 
 def current_runtime():

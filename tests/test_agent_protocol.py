@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tests.conftest import ApiClient, gpus
+from tests.conftest import ApiClient, admin_client, gpus
 
 
 @pytest.fixture
@@ -30,8 +30,20 @@ def test_registration_returns_a_pending_node_that_becomes_ready_on_first_heartbe
     assert node["gpus"][3]["index"] == 3 and node["gpus"][3]["memory_total_bytes"] == 80 * 1024**3
     reply = api.heartbeat(reg["session_token"])
     assert reply == {"status": "ready", "drain": None, "revoked": False, "cancel": [], "heartbeat_interval_seconds": 10,
-                     "delete_volumes": []}
+                     "delete_volumes": [], "lease_seconds": 40.0}
     assert api.node(reg["node_id"])["status"] == "ready"
+
+
+def test_the_heartbeat_tells_the_task_lease_widened_with_the_interval_it_gives(make_app, clock):
+    api = admin_client(make_app(max_heartbeats_per_second=0.1, task_lease_seconds=30), clock)
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a", max_uses=5)
+    _, first = api.ready_node(join, "n1")
+    reply = api.heartbeat(first)
+    assert (reply["heartbeat_interval_seconds"], reply["lease_seconds"]) == (10, 30.0)
+    api.ready_node(join, "n2")  # 2 nodes at 0.1 heartbeats/s: every 20 s, the lease twice as long
+    reply = api.heartbeat(first)
+    assert (reply["heartbeat_interval_seconds"], reply["lease_seconds"]) == (20, 60.0)
 
 
 def test_single_use_token_admits_one_host_under_concurrency(api, fleet, app):

@@ -63,7 +63,7 @@ def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
     shown = show(api, inst["id"])
     assert shown["state"] == "running" and shown["runtime"]["ports"] == [
         {"private_port": 8888, "public_port": 40001, "ip": "10.0.0.1", "is_ip_public": False, "type": "http",
-         "url": "http://10.0.0.1:40001/"}]
+         "url": "http://10.0.0.1:40001/", "state": "unknown"}]
     conn = api.get(f"/api/v1/instances/{inst['id']}/connection").get_json()
     assert conn == {"url": "http://10.0.0.1:40001/", "host": "10.0.0.1", "port": 40001, "protocol": "http"}
     assert gpus_used(api) == 1
@@ -259,6 +259,54 @@ def test_connection_waits_until_the_instance_runs(api, fleet):
     start(api, session, [(22, 40022), (8888, 40888)])
     conn = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").get_json()
     assert conn["url"] == "tcp://10.0.0.1:40022"
+
+
+def _sample(assignment, *ports):
+    return {"task_id": assignment["task_id"], "epoch": assignment["epoch"], "uptime_seconds": 5.0,
+            "ports": [{"port": p, "host_port": h, "state": state} for p, h, state in ports]}
+
+
+def test_port_states_from_heartbeats_show_in_the_view_and_a_taken_port_gets_no_connection(api, fleet):
+    token, node, session = fleet
+    inst = create(api, ports=[{"port": 22, "protocol": "tcp"}, {"port": 8888}])
+    a = start(api, session, [(22, 40022), (8888, 40888)])
+    running = [{"id": a["task_id"], "epoch": a["epoch"], "state": "running"}]
+    api.heartbeat(session, tasks=running, instances=[_sample(a, (22, 40022, "ok"),
+                                                             (8888, 40888, "taken_by_other_process"))])
+    states = {p["private_port"]: p["state"] for p in show(api, inst["id"])["runtime"]["ports"]}
+    assert states == {22: "ok", 8888: "taken_by_other_process"}
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").status_code == 200
+    resp = api.get(f"/api/v1/instances/{inst['id']}/connection?port=8888&wait_seconds=5")
+    error = resp.get_json()["error"]
+    assert resp.status_code == 409 and error["code"] == "conflict"
+    assert error["details"] == {"port": 8888, "host_port": 40888, "reason": "taken_by_other_process",
+                                "state": "running"}
+    assert "port 8888" in error["message"] and "40888" in error["message"]
+    # Its own process holds the port again: the URL is handed out.
+    api.heartbeat(session, tasks=running, instances=[_sample(a, (22, 40022, "ok"), (8888, 40888, "ok"))])
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection?port=8888").get_json()["url"] == \
+        "http://10.0.0.1:40888/"
+    # A report of another host port than the one fleetd gave says nothing about this one.
+    api.heartbeat(session, tasks=running, instances=[_sample(a, (8888, 40999, "taken_by_other_process"))])
+    assert {p["private_port"]: p["state"] for p in show(api, inst["id"])["runtime"]["ports"]} == {
+        22: "unknown", 8888: "unknown"}
+
+
+@pytest.mark.parametrize("ports, field", [
+    ([{"port": 8888, "host_port": 40001, "state": "stolen"}], "state"),
+    ([{"port": 0, "host_port": 40001, "state": "ok"}], "port"),
+    ([{"port": 8888, "host_port": 65536, "state": "ok"}], "host_port"),
+    ([{"port": 8888, "host_port": 40001}], "state"),
+    ([{"port": 8888, "host_port": 40001, "state": "ok", "pid": 1}], "pid"),
+    ([{"port": 1000 + i, "host_port": 40000 + i, "state": "ok"} for i in range(33)], "ports"),
+])
+def test_heartbeat_port_states_are_bounded(api, fleet, ports, field):
+    token, node, session = fleet
+    body = {"tasks": [], "instances": [{"task_id": "t1", "epoch": 1, "ports": ports}]}
+    resp = api.post("/api/v1/agent/heartbeat", body, token=session, agent=True)
+    assert resp.status_code == 400 and field in str(resp.get_json()["error"]["details"]), resp.get_json()
+    body["instances"][0]["ports"] = ports[:1] if field == "ports" else []
+    assert api.post("/api/v1/agent/heartbeat", body, token=session, agent=True).status_code == 200
 
 
 def test_metrics_count_instances_by_state_apart_from_jobs(api, fleet):

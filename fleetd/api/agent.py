@@ -56,9 +56,7 @@ class AgentHeartbeat(MethodView):
         """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
         rt = current_runtime()
         rt.instruments.heartbeats.inc()
-        reply = agents.heartbeat(rt, current_principal().node, body)
-        reply["heartbeat_interval_seconds"] = rt.liveness.heartbeat_interval()
-        return reply
+        return agents.heartbeat(rt, current_principal().node, body)
 
 
 @blp.route("/deregister", parameters=[PROTOCOL_PARAMETER])

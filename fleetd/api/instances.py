@@ -23,7 +23,7 @@ blp = Blueprint("instances", __name__, url_prefix="/api/v1", description="Instan
 
 
 def _view(inst):
-    return instances.instance_view(inst, current_runtime().clock.now())
+    return instances.instance_view(current_runtime(), inst)
 
 
 @blp.route("/instances")
@@ -35,7 +35,7 @@ class Instances(MethodView):
         """List instances (a submitter sees its own), oldest first; deleted ones only with state=deleted."""
         items, next_cursor = instances.list_instances(current_principal(), query["limit"], query["cursor"],
                                                       query["state"], query["owner"], query["name"])
-        return {"items": instances.instance_views(items, current_runtime().clock.now()), "next_cursor": next_cursor}
+        return {"items": instances.instance_views(current_runtime(), items), "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)
     @blp.arguments(InstanceSpecSchema())

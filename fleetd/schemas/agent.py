@@ -78,6 +78,18 @@ class InstanceContainerSampleSchema(Schema):
     memory_percent = Percent()
 
 
+PORT_STATES = ("ok", "not_listening", "taken_by_other_process", "unknown")
+MAX_INSTANCE_PORTS = 32  # as an instance declares at most
+
+
+class InstancePortSampleSchema(Schema):
+    port = Int(required=True, minimum=1, maximum=65535, metadata={"description": "the declared port"})
+    host_port = Int(required=True, minimum=1, maximum=65535, metadata={"description": "the node's port for it"})
+    state = fields.String(required=True, validate=validate.OneOf(PORT_STATES), metadata={
+        "description": "whose listener the host port has: ok (the instance's), not_listening, "
+                       "taken_by_other_process, unknown (not looked at yet)"})
+
+
 class InstanceSampleSchema(Schema):
     task_id = Text(required=True, min_length=1, max_length=64)
     epoch = Int(required=True)
@@ -86,6 +98,8 @@ class InstanceSampleSchema(Schema):
     gpus = fields.List(fields.Nested(InstanceGpuSampleSchema), validate=validate.Length(max=64), load_default=list)
     container = fields.Nested(InstanceContainerSampleSchema, load_default=None, allow_none=True)
     volume_used_bytes = Int(load_default=None, allow_none=True)
+    ports = fields.List(fields.Nested(InstancePortSampleSchema), validate=validate.Length(max=MAX_INSTANCE_PORTS),
+                        load_default=list, metadata={"description": "the state of each host port of the run"})
 
 
 class RegisterSchema(Schema):
@@ -139,3 +153,6 @@ class HeartbeatReplySchema(Schema):
     heartbeat_interval_seconds = fields.Integer()
     delete_volumes = fields.List(fields.String(), metadata={
         "description": "instance volumes the node must delete (their instance is deleted or elsewhere)"})
+    lease_seconds = fields.Float(metadata={
+        "description": "how long a task's lease lasts without a heartbeat that fleetd answers (task_lease_seconds, "
+                       "widened with the heartbeat interval): the node stops its job tasks before it runs out"})

@@ -5,6 +5,7 @@ import re
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import InstanceState
+from fleetd.schemas.agent import PORT_STATES
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.jobs import ENV_NAME, MIN_GPU_FRACTION, GpuCount, NodeSelectorSchema, _at_most_256
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
@@ -106,6 +107,10 @@ class RuntimePortSchema(Schema):
     is_ip_public = fields.Boolean()
     type = fields.String()
     url = fields.String(allow_none=True, metadata={"description": "as GET .../connection answers it"})
+    state = fields.String(metadata={
+        "enum": list(PORT_STATES), "description": "whose listener the host port has, as its node last reported: ok (the instance's), "
+                       "not_listening, taken_by_other_process (another process: connections could reach it), "
+                       "unknown (not reported yet)"})
 
 
 class RuntimeGpuSchema(Schema):

@@ -117,7 +117,8 @@ def _check_takeover(rt, node, fleet):
 
 
 def heartbeat(rt, node, body):
-    """Renew liveness in memory; touch the database only when something changed.
+    """Renew liveness in memory; touch the database only when something changed. The answer
+    says the interval to the next heartbeat and the task lease (docs/api.md, Heartbeat).
 
     `node` is the Node row loaded when its session token was checked in this request.
     """
@@ -126,11 +127,12 @@ def heartbeat(rt, node, body):
     reported = body.get("tasks") or []
     if node.status == NodeStatus.REVOKED.value:
         rt.liveness.forget(node.id)
-        return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported]}
+        return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported],
+                "heartbeat_interval_seconds": rt.liveness.heartbeat_interval()}
     rt.liveness.touch(node.id, reported, body.get("metrics"))
     cancel = reconcile_reported_tasks(rt, node, reported)
     if body.get("instances"):
-        instances.SAMPLES.put(body["instances"])
+        rt.samples.put(body["instances"])
     gpus = body.get("gpus")
     reported = body.get("capabilities")
     runtime = (reported or {}).get("container_runtime", node.container_runtime)
@@ -174,12 +176,17 @@ def heartbeat(rt, node, body):
             changed = settle_drain(node, now) is not None or changed
     if changed and rt.scheduler is not None:
         rt.scheduler.kick()  # new or returning capacity
+    interval = rt.liveness.heartbeat_interval()
     return {
         "status": node.status,
         "drain": node.drain,
         "revoked": False,
         "cancel": cancel,
         "delete_volumes": instances.volumes_to_delete(node_id, body["volumes"]) if body.get("volumes") else [],
+        "heartbeat_interval_seconds": interval,
+        # The node stops its job tasks before this runs out unheard (agent/lease.py): told on every
+        # answer, widened with the interval just given.
+        "lease_seconds": rt.leases.ttl,
     }
 
 

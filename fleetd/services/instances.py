@@ -10,8 +10,6 @@ the volume.
 
 import dataclasses
 import ipaddress
-import threading
-import time
 
 from peewee import IntegrityError, fn
 
@@ -245,53 +243,30 @@ def volumes_to_delete(node_id, present):
     return [p for p in present if p not in keep]
 
 
-class RuntimeSamples:
-    """The last runtime figures each node reported for its instance runs (in memory; by task id)."""
-
-    def __init__(self, ttl_seconds=120):
-        self.ttl_seconds = ttl_seconds
-        self._samples = {}
-        self._lock = threading.Lock()
-
-    def put(self, samples):
-        now = time.monotonic()
-        with self._lock:
-            for sample in samples:
-                self._samples[sample["task_id"]] = (now, sample)
-            if len(self._samples) > 100_000:
-                self._samples = {k: v for k, v in self._samples.items() if now - v[0] < self.ttl_seconds}
-
-    def get(self, task_id):
-        with self._lock:
-            found = self._samples.get(task_id)
-        if found is None or time.monotonic() - found[0] > self.ttl_seconds:
-            return None
-        return found[1]
-
-
-SAMPLES = RuntimeSamples()
 
 
 # ---------------------------------------------------------------- views
 
 
-def instance_views(instances, now):
+def instance_views(rt, instances):
     """Instance dicts of docs/api.md, with the runs' pending reasons and the nodes' addresses
-    read in two queries."""
+    read in two queries, and what their nodes last reported of the runs (rt.samples)."""
+    now = rt.clock.now()
     runs = [i.run_id for i in instances if i.run_id]
     jobs = {j.id: j for j in Job.select(Job.id, Job.pending_reason, Job.state).where(Job.id.in_(runs))} if runs else {}
     tasks = {t.job_id: t for t in Task.select(Task.id, Task.job).where(Task.job.in_(runs))} if runs else {}
     node_ids = list({i.node_id for i in instances if i.node_id})
     nodes = ({n.id: n for n in Node.select(Node.id, Node.address, Node.hostname).where(Node.id.in_(node_ids))}
              if node_ids else {})
-    return [_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now) for i in instances]
+    return [_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now, rt.samples)
+            for i in instances]
 
 
-def instance_view(inst, now):
-    return instance_views([inst], now)[0]
+def instance_view(rt, inst):
+    return instance_views(rt, [inst])[0]
 
 
-def _view(inst, job, task, node, now):
+def _view(inst, job, task, node, now, samples):
     state = InstanceState(inst.state)
     cost = inst.cost_accrued or 0.0
     if state is InstanceState.RUNNING and inst.running_since is not None:
@@ -308,7 +283,7 @@ def _view(inst, job, task, node, now):
         "spec": _public_spec(inst.spec),
         "created_at": inst.created_at, "started_at": inst.started_at, "stopped_at": inst.stopped_at,
         "price_per_hour": inst.price_per_hour, "cost_so_far": round(cost, 6), "runs": inst.runs,
-        "runtime": _runtime(inst, task, node, now) if state is InstanceState.RUNNING else None,
+        "runtime": _runtime(inst, task, node, now, samples) if state is InstanceState.RUNNING else None,
     }
 
 
@@ -316,21 +291,34 @@ def _public_spec(spec):
     return {k: v for k, v in spec.items() if k != "team"} | {"team": spec.get("team")}
 
 
-def _runtime(inst, task, node, now):
-    sample = SAMPLES.get(task.id) if task is not None else None
+def _runtime(inst, task, node, now, samples):
+    sample = samples.get(task.id) if task is not None else None
     protocols = {p.port: p.protocol for p in inst.instance_spec.ports}
     address = node.address if node is not None else ""
     return {
         "uptime_seconds": round(max(0.0, (now - inst.started_at).total_seconds()), 3) if inst.started_at else 0,
         "ports": [{"private_port": p["port"], "public_port": p["host_port"], "ip": address,
                    "is_ip_public": _is_public(address), "type": protocols.get(p["port"], "tcp"),
-                   "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp")) if address else None}
+                   "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp")) if address else None,
+                   "state": port_state(sample, p["port"], p["host_port"])}
                   for p in inst.ports or []],
         "gpus": (sample or {}).get("gpus") or [],
         "container": (sample or {}).get("container"),
         "restarts": (sample or {}).get("restarts", 0),
         "volume_used_bytes": (sample or {}).get("volume_used_bytes"),
     }
+
+
+PORT_TAKEN = "taken_by_other_process"
+
+
+def port_state(sample, port, host_port):
+    """What the node last reported of the listener on a run's host port (see docs/api.md, Instance):
+    `unknown` without a report of that port at that host port."""
+    for reported in (sample or {}).get("ports") or ():
+        if reported["port"] == port and reported["host_port"] == host_port:
+            return reported["state"]
+    return "unknown"
 
 
 def _is_public(address):
@@ -347,7 +335,9 @@ def connection_url(host, port, protocol):
 
 
 def connection(rt, principal, instance_id, port=None, wait_seconds=0):
-    """{url, host, port, protocol} of one declared port; waits until the instance runs."""
+    """{url, host, port, protocol} of one declared port; waits until the instance runs. Conflict
+    while its node reports another process listening on the port's host port: the URL could
+    reach that process instead of the instance."""
     inst = released(lambda: find_instance(principal, instance_id))
     protocols = {p.port: p.protocol for p in inst.instance_spec.ports}
     declared = list(protocols)
@@ -375,6 +365,7 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         host = node.address if node is not None else ""
         protocol = protocols[port]
         public = mapped[port]["host_port"]
+        _refuse_taken_port(rt, current, port, public)
         return {"url": connection_url(host, public, protocol), "host": host, "port": public, "protocol": protocol}
 
     found = answer()
@@ -386,6 +377,17 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         raise Timeout(f"instance {instance_id} is not running yet ({state}); its connection is known once it runs",
                       {"state": state})
     return found
+
+
+def _refuse_taken_port(rt, inst, port, host_port):
+    """Conflict when the node of the instance's current run reports another process on the host port."""
+    task = released(lambda: Task.get_or_none(Task.job == inst.run_id)) if inst.run_id else None
+    if task is None or port_state(rt.samples.get(task.id), port, host_port) != PORT_TAKEN:
+        return
+    raise Conflict(f"port {port} of instance {inst.id}: another process listens on its host port {host_port} on node "
+                   f"{inst.node_id}, so its URL could reach that process instead of the instance; the instance's own "
+                   "process must hold the port (restart it, or stop what took the port)",
+                   {"port": port, "host_port": host_port, "reason": PORT_TAKEN, "state": inst.state})
 
 
 # ---------------------------------------------------------------- retention

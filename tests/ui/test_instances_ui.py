@@ -68,6 +68,7 @@ def test_an_instance_page_shows_its_runtime_ports_as_links_its_log_and_events(ad
     api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.5})
     node_id, session = enrol(api, gpu_count=2)
     inst, assignment = running(api, session, volume_bytes=2**30)
+    clock.advance(3725)  # before the heartbeat: a node's figures older than a couple of minutes are not shown
     api.heartbeat(session, tasks=[{"id": assignment["task_id"], "epoch": assignment["epoch"], "state": "running"}],
                   instances=[{"task_id": assignment["task_id"], "epoch": assignment["epoch"], "uptime_seconds": 3725,
                               "restarts": 3, "gpus": [{"uuid": assignment["gpus"][0]["uuid"], "gpu_util_percent": 37.0,
@@ -75,7 +76,6 @@ def test_an_instance_page_shows_its_runtime_ports_as_links_its_log_and_events(ad
                               "container": {"cpu_percent": 85.0, "memory_percent": 3.1},
                               "volume_used_bytes": 2**29}])
     api.task_call(session, assignment, "logs", lines=[["stdout", "serving <http> on 8888"], ["stderr", "warn"]])
-    clock.advance(3725)
     page = admin_ui.text(f"/ui/instances/{inst['id']}")
     http_url = api.get(f"/api/v1/instances/{inst['id']}/connection?port=8888").get_json()["url"]
     tcp_url = api.get(f"/api/v1/instances/{inst['id']}/connection?port=22").get_json()["url"]
@@ -96,6 +96,23 @@ def test_an_instance_page_shows_its_runtime_ports_as_links_its_log_and_events(ad
     events = re.search(r'<table id="instance-events">(.*?)</table>', page, re.S).group(1)
     assert events.index("starting → running") < events.index("pending → starting")  # newest first
     assert "Stop…" in page and "Delete…" in page and "Resume…" not in page
+
+
+def test_the_instance_page_shows_whose_listener_each_port_has_and_withholds_a_taken_ports_url(admin_ui, api):
+    _, session = enrol(api, gpu_count=2)
+    inst, assignment = running(api, session)
+    page = admin_ui.text(f"/ui/instances/{inst['id']}")
+    assert page.count('data-state="unknown"') == 2  # nothing reported yet
+    api.heartbeat(session, tasks=[{"id": assignment["task_id"], "epoch": assignment["epoch"], "state": "running"}],
+                  instances=[{"task_id": assignment["task_id"], "epoch": assignment["epoch"], "ports": [
+                      {"port": 8888, "host_port": 40888, "state": "taken_by_other_process"},
+                      {"port": 22, "host_port": 40022, "state": "ok"}]}])
+    page = admin_ui.text(f"/ui/instances/{inst['id']}")
+    taken = re.search(r'<tr data-port="8888">(.*?)</tr>', page, re.S).group(1)
+    assert 'data-state="taken_by_other_process"' in taken and "another process" in taken
+    assert "http://10.0.0.1:40888/" not in taken and "withheld" in taken
+    ok = re.search(r'<tr data-port="22">(.*?)</tr>', page, re.S).group(1)
+    assert 'data-state="ok"' in ok and "tcp://10.0.0.1:40022" in ok
 
 
 def test_a_waiting_instance_says_why_and_its_ports_are_reached_once_it_runs(admin_ui, api):

@@ -44,20 +44,30 @@ def instance_list():
     if state is not None and state not in states:
         raise InvalidRequest(f"unknown instance state {state!r}")
     rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner)
-    return render_template("instances.html", rows=instances.instance_views(rows, current_runtime().clock.now()),
+    return render_template("instances.html", rows=instances.instance_views(current_runtime(), rows),
                            state=state or "", owner=owner or "", states=states, next_cursor=next_cursor)
+
+
+PORT_STATE_TEXT = {
+    "ok": "the instance's",
+    "not_listening": "nothing listens yet",
+    "taken_by_other_process": "another process: its URL could reach that process, so none is given",
+    "unknown": "not reported yet",
+}
 
 
 def _ports(view):
     """Each declared port with where it is reached while the instance runs: its node's address and the public
-    port the node gave it (the Instance's runtime.ports)."""
+    port the node gave it (the Instance's runtime.ports), and whose listener that port has."""
     published = {p["private_port"]: p for p in ((view["runtime"] or {}).get("ports") or [])}
     out = []
     for port in view["spec"].get("ports") or []:
         protocol = port.get("protocol") or "http"
         public = published.get(port["port"])
-        url = public.get("url") if public else None
-        out.append({"port": port["port"], "protocol": protocol, "url": url,
+        state = public.get("state") if public else None
+        url = public.get("url") if public and state != "taken_by_other_process" else None
+        out.append({"port": port["port"], "protocol": protocol, "url": url, "state": state,
+                    "state_text": PORT_STATE_TEXT.get(state, ""),
                     "public": bool(public and public.get("is_ip_public"))})
     return out
 
@@ -86,7 +96,7 @@ def instance_page(instance_id):
                            [("name", "name"), ("owner", "owner"), ("state", "state"), ("created", "created_at")])
     if other is not None:
         return other
-    view = instances.instance_view(matches[0], rt.clock.now())
+    view = instances.instance_view(rt, matches[0])
     node = nodes.find_node(view["node_id"]) if view["node_id"] and principal.role in roles.NODES else None
     command = view["spec"].get("command")
     context = {"inst": view, "node": node, "ports": _ports(view), "actions": _actions(view),
