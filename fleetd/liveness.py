@@ -60,6 +60,10 @@ class LivenessTracker:
                     break
         return max(1.0, longest / max(1, self.base_interval))
 
+    def longest_interval(self):
+        """Seconds between heartbeats of a node that follows the longest interval handed out lately."""
+        return self.base_interval * self.scale()
+
     def _ttl(self):
         """The TTL, scaled with the heartbeat interval (see scale)."""
         return self.ttl * self.scale()
@@ -98,6 +102,21 @@ class LivenessTracker:
                     self._reporting[node_id] = seen.tasks
                 else:
                     self._reporting.pop(node_id, None)
+
+    def listings_older_than(self, seconds):
+        """{node id: its last Seen} of the nodes whose last heartbeat here listed tasks and came more
+        than `seconds` ago."""
+        now = self.clock.monotonic()
+        with self._lock:
+            return {node_id: self._seen[node_id] for node_id in self._reporting
+                    if node_id in self._seen and now - self._seen[node_id].monotonic > seconds}
+
+    def drop_listing(self, node_id, seen):
+        """Stop counting the tasks that heartbeat (`seen`) of the node listed, unless a newer one came."""
+        with self._lock:
+            if self._seen.get(node_id) is seen:
+                seen.tasks = []
+                self._reporting.pop(node_id, None)
 
     def reported_running(self):
         """{task id: (node id, epoch)} for every task a node's last heartbeat listed as not finished
@@ -233,12 +252,15 @@ class LeaseTracker:
         hear it (the heartbeat's `lease_seconds`) and stop a job's task before it runs out."""
         return self.base_ttl * self.scale()
 
-    def expired(self, task_id, epoch):
-        """True when the lease of (task, epoch) was last renewed more than `ttl` seconds ago."""
+    def last_renewed(self, task_id, epoch):
+        """The monotonic time of the last renewal of (task, epoch) here; start-up when none."""
         with self._lock:
             renewed = self._renewed.get(task_id)
-        last = renewed[1] if renewed is not None and renewed[0] == epoch else self.started
-        return self.clock.monotonic() - last > self.ttl
+        return renewed[1] if renewed is not None and renewed[0] == epoch else self.started
+
+    def expired(self, task_id, epoch):
+        """True when the lease of (task, epoch) was last renewed more than `ttl` seconds ago."""
+        return self.clock.monotonic() - self.last_renewed(task_id, epoch) > self.ttl
 
 
 class Notifier:

@@ -35,6 +35,7 @@ class Settings:
     task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
     lease_sweep_seconds: float = 5.0
+    gpu_hold_check_seconds: float = 60.0  # the check that frees GPUs held by tasks that are not active
     scheduler_max_placements_per_pass: int = 1000  # the rest of the queue waits for the next pass ...
     scheduler_max_pass_seconds: float = 2.0  # ... as it does once a pass has decided for this long
     scheduler_policy: str = ""  # empty: the engine's default policy

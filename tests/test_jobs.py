@@ -319,7 +319,7 @@ def test_expired_lease_requeues_on_another_node_and_fences_the_old_holder(api, f
     for _ in range(3):  # n2 keeps heartbeating, n1 went silent
         clock.advance(20)
         api.heartbeat(s2, tasks=[{"id": filler["task_id"], "epoch": filler["epoch"], "state": "running"}])
-    assert api.run_task("leases") == {"expired": 1}
+    assert api.run_task("leases") == {"expired": 1, "reconciled": 0}
     requeued = api.job(job["id"])
     assert requeued["attempt"] == 2 and requeued["state"] == "queued"
     api.task_call(s2, filler, "finish", outcome="succeeded", exit_code=0)  # frees n2

@@ -7,6 +7,7 @@ import threading
 
 from fleetd.background import (
     drains,
+    gpu_holds,
     leases,
     liveness_sweep,
     metrics_sampler,
@@ -29,6 +30,7 @@ REGISTRY = [
     (liveness_sweep, "liveness_sweep_seconds"),
     (drains, "drain_check_seconds"),
     (leases, "lease_sweep_seconds"),
+    (gpu_holds, "gpu_hold_check_seconds"),
     (scheduling, "scheduler_interval_seconds"),
     (token_cleanup, "token_cleanup_seconds"),
     (metrics_sampler, "metrics_sample_seconds"),

@@ -53,6 +53,10 @@ class Instruments:
         self.health_remediations = Counter(
             "fleetd_health_remediations", "Steps the node health policy took (cordon, drain, uncordon).",
             ["step"], registry=self.registry)
+        self.leaked_gpus_freed = Counter(
+            "fleetd_leaked_gpus_freed", "GPU holds the periodic check found kept by a task that is no longer "
+            "active (or a node listing no replica refreshes) and freed; each is logged. Should stay 0.",
+            registry=self.registry)
         self.registry.register(_StateCollector(rt))
 
 

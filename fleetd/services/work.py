@@ -3,6 +3,7 @@
 import datetime as dt
 import time
 
+from fleetd.clock import isoformat
 from fleetd.db import database, released, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Task, TaskState
@@ -346,24 +347,67 @@ def reconcile_reported_tasks(rt, node, reported):
     return cancel
 
 
+DELIVERY_GRACE_INTERVALS = 2  # heartbeats a node may send, after a task reached it, before it lists the task
+
+
 def expire_leases(rt):
-    """Tasks whose node stopped renewing their lease are lost; their jobs retry or fail. With
-    replicas, a renewal another replica wrote down (Task.renewed_at) counts too."""
+    """End `lost` the active tasks that their node no longer holds; their jobs retry or fail.
+
+    Two verdicts of one sweep: the lease expired (no renewal for its TTL: the node is silent or
+    cut off), or, sooner, reconciliation (the node is alive, and its heartbeats have stopped
+    listing the task: its agent lost or forgot it). With replicas, a renewal another replica wrote
+    down (Task.renewed_at) counts too. Returns how many tasks ended by each verdict.
+    """
     if rt.liveness.in_failover_grace():
-        return {"expired": 0}
+        return {"expired": 0, "reconciled": 0}
     now = rt.clock.now()
-    active = list(Task.select(Task.id, Task.epoch, Task.renewed_at).where(Task.state.in_(ACTIVE_TASK_STATES)))
-    expired = [t for t in active if rt.leases.expired(t.id, t.epoch) and not _renewed_elsewhere(rt, t, now)]
-    jobs = set()
-    for stale in expired:
+    grace = DELIVERY_GRACE_INTERVALS * rt.liveness.longest_interval()
+    active = list(Task.select(Task.id, Task.epoch, Task.node, Task.state, Task.delivered_at, Task.started_at,
+                              Task.renewed_at).where(Task.state.in_(ACTIVE_TASK_STATES)))
+    verdicts = []
+    for t in active:
+        if rt.leases.expired(t.id, t.epoch) and not _renewed_elsewhere(rt, t, now):
+            verdicts.append((t, "expired", f"lease expired: node {t.node_id} stopped renewing it"))
+            continue
+        unlisted = _unlisted(rt, t, grace)
+        if unlisted is not None:
+            since, heard = unlisted
+            verdicts.append((t, "reconciled", f"reconciled: node {t.node_id} is alive and has not listed the task "
+                                              f"since {isoformat(since)} (its heartbeat at {isoformat(heard)} did "
+                                              "not)"))
+    jobs, counts = set(), {"expired": 0, "reconciled": 0}
+    for stale, kind, reason in verdicts:
         with write_transaction():
             rt.leader.fence()
             task = Task.get_or_none(Task.id == stale.id)
             if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
                 continue
-            end_task(task, TaskState.LOST, f"lease expired: node {task.node_id} stopped renewing it", now)
+            end_task(task, TaskState.LOST, reason, now)
             jobs.add(task.job_id)
+        counts[kind] += 1
         rt.leases.forget(stale.id)
     for job_id in jobs:
         _after_task_end(rt, job_id)
-    return {"expired": len(jobs)}
+    return counts
+
+
+def _unlisted(rt, task, grace):
+    """(since, heard) when the node holding this active task is alive but no longer lists it: its
+    latest heartbeat (heard then) did not, and came more than `grace` after the last sign of the
+    task (`since`: its delivery, start or last listing, here or on another replica). None when it
+    may still list it: an assignment is listed only from the first heartbeat sent after it arrived,
+    and one not yet delivered is the lease's to judge."""
+    if task.delivered_at is None and task.state == TaskState.ASSIGNED.value:
+        return None
+    seen = rt.liveness.get(task.node_id)
+    if seen is None or any(listed.get("id") == task.id for listed in seen.tasks):
+        return None
+    if seen.monotonic - rt.leases.last_renewed(task.id, task.epoch) <= grace:
+        return None
+    signs = [at for at in (task.delivered_at, task.started_at, task.renewed_at) if at is not None]
+    since = max(signs) if signs else None
+    if since is None or (seen.at - since).total_seconds() <= grace:
+        return None
+    renewed_ago = rt.clock.monotonic() - rt.leases.last_renewed(task.id, task.epoch)
+    since = max(since, rt.clock.now() - dt.timedelta(seconds=renewed_ago))  # a listing renews in memory only
+    return since, seen.at
