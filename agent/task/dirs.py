@@ -7,7 +7,8 @@ every inode freed in the last half minute. At a few hundred short tasks a second
 cost 50-400 µs of CPU on the benchmark VM (docs/benchmarks.md).
 
 So a task directory that its task left exactly as it was made (an empty work directory of mode
-0700, the task directory of its mode and ours, no extended attribute beyond those every new directory gets,
+0700, the task directory of its mode and ours, its output and exit-status files ours and of no
+other name, which are emptied, no extended attribute beyond those every new directory gets,
 nothing beside the state file, which has no other link), once none of the task's processes is
 left (its cgroup is gone; without cgroups nothing is reused), is kept: its state file is blanked and
 the directory is renamed into ``<state>/spare-task-dirs/``. The next task's directory is renamed
@@ -23,10 +24,15 @@ import shutil
 import stat
 import threading
 
+from agent.task.logs import OUTPUT_FILES
+
 log = logging.getLogger(__name__)
 
 STATE_FILE = "task.json"
 WORK_DIR = "work"
+STATUS_FILE = "exit-status"  # what the task's root-owned wrapper recorded (agent/task/task.py)
+# Files a task's directory keeps for the next task, emptied: its output and its exit status.
+KEPT_FILES = (*(name for _, name in OUTPUT_FILES), STATUS_FILE)
 SPARE_DIR = "spare-task-dirs"
 DEFAULT_KEEP = 64  # spares at most: a burst of short tasks on one host needs no more
 
@@ -138,6 +144,10 @@ class TaskDirs:
         if reuse and len(self._spares) < self.keep and self._clean(path):
             spare = os.path.join(self.spare_dir, str(next(self._names)))
             try:
+                for name in KEPT_FILES:  # emptied, not removed: the next task's writes allocate no inode
+                    kept = os.path.join(path, name)
+                    if os.path.exists(kept) and os.stat(kept).st_size:
+                        os.truncate(kept, 0)
                 _blank(os.path.join(path, STATE_FILE))
                 os.rename(path, spare)
             except OSError:
@@ -159,17 +169,22 @@ class TaskDirs:
         made = ((path, stat.S_IFDIR, self.mode, True), (work, stat.S_IFDIR, 0o700, False),
                 (state, stat.S_IFREG, 0o600, True))
         try:
+            with os.scandir(path) as entries:
+                names = {entry.name for entry in entries}
+            if not {STATE_FILE, WORK_DIR} <= names or not names <= {STATE_FILE, WORK_DIR, *KEPT_FILES}:
+                return False
+            # The output files are 0600; the wrapper's shell makes the exit status 0644.
+            made += tuple((os.path.join(path, name), stat.S_IFREG, (0o600, 0o644), True)
+                          for name in sorted(names & set(KEPT_FILES)))
             for p, kind, mode, ours in made:
                 st = os.lstat(p)
-                if (stat.S_IFMT(st.st_mode) != kind or stat.S_IMODE(st.st_mode) != mode
+                if (stat.S_IFMT(st.st_mode) != kind or stat.S_IMODE(st.st_mode) not in
+                        (mode if isinstance(mode, tuple) else (mode,))
                         or (ours and (st.st_uid != self._uid or st.st_gid != self._gid))
                         or (kind == stat.S_IFREG and st.st_nlink != 1)):  # the file has no other name
                     return False
             with os.scandir(work) as entries:
                 if next(entries, None) is not None:
-                    return False
-            with os.scandir(path) as entries:
-                if sorted(entry.name for entry in entries) != [STATE_FILE, WORK_DIR]:
                     return False
         except OSError:
             return False

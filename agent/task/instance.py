@@ -29,14 +29,12 @@ from agent.task.assignment import DEFAULT_PATH, task_env
 from agent.task.container import READY, ContainerError, cdi_has_nvidia, container_name, remove_env_file, write_env_file
 from agent.task.errors import Detached, Fenced, Stopped, TaskError
 from agent.task.journal import compact_state
-from agent.task.logs import FileTail
 from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
 from agent.task.supervisor import check_executable, read_exit_status
-from agent.task.task import Task
+from agent.task.task import Task, status_wrapper
 
 log = logging.getLogger("agent.runner")
 
-STATUS_FILE = "exit-status"
 ENV_FILE = "container.env"  # a container's variables, for its runtime's `run` to read; removed once it has
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
@@ -44,11 +42,6 @@ BACKOFF_RESET_SECONDS = 60.0  # a process that ran this long is restarted after 
 JOURNAL_COMPACT_BYTES = 64 * 1024  # a restarting instance's journal starts again past this
 MAX_RUNS = 1_000_000_000
 LEAVE_LOGS_SECONDS = 5.0  # how long an agent that stops spends shipping a left instance's last lines
-
-
-def status_wrapper(status_path, argv):
-    """`argv` under a shell that writes its exit status into `status_path`, then exits with it."""
-    return ["/bin/sh", "-c", '"$@"; s=$?; echo "$s" > "$0"; exit "$s"', status_path, *argv]
 
 
 def restarts_after(policy, outcome):
@@ -75,26 +68,21 @@ class InstanceTask(Task):
     """A Task whose assignment has an `instance`; `wire` is the assignment as fleetd sent it."""
 
     def __init__(self, runner, assignment, wire, adopted=None):
-        super().__init__(runner, assignment)
+        super().__init__(runner, assignment, wire, adopted)
         self.spec = assignment.instance
-        self.wire = dict(wire)
-        self.adopted = adopted  # the journal record of this run, found again after an agent restart
         self.container = container_name(self.spec.id, assignment.epoch) if self.spec.image else None
-        self.status_path = os.path.join(self.dir, STATUS_FILE)
         self.env_file = os.path.join(self.dir, ENV_FILE)  # in the task directory, root's: never the work dir
         self._env_file_run = None  # the run (a count) whose env file is on disk, until it is removed
         self.ports = {}  # declared port -> host port
         self.volume = None
         self.restarts = 0
         self.idle = False
-        self.tail = None
         self.backoff = Backoff()
         self.monitor = InstanceMonitor(self)
         self._env = None
         self._cwd = None
         self._start_ticks = None
         self._ran = False  # a process was started or found again: an agent stop leaves it running
-        self._ended = None  # the outcome of a run that ended while the agent was not running
         self._container_stopping = False
         self._container_removed = False  # after the last run, before the finish report
         self.worker.instance = {"id": self.spec.id, "name": self.spec.name, "restart": self.spec.restart,
@@ -257,11 +245,6 @@ class InstanceTask(Task):
         self.worker.env = injected
         return self.runner.isolation.env(self.run_as, env, self.workdir)
 
-    def _make_tail(self):
-        self.shipper = self._new_shipper()
-        self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
-        self.tail.start(self.runner.threads, self.runner.log_settings.interval_seconds, f"tail-{self.label}")
-
     def _argv(self):
         """What to spawn for one run: the command (or the container's run) under the status wrapper."""
         if self.container:
@@ -334,7 +317,7 @@ class InstanceTask(Task):
 
     def _supervise_runs(self, client):
         self.monitor.start()
-        result = self._ended
+        result, self._ended = self._ended, None
         for _ in range(MAX_RUNS):
             if result is None:
                 result = super()._supervise(client)
@@ -391,12 +374,6 @@ class InstanceTask(Task):
             return self._stop[0], None, self._stop[1]
         return "failed", None, "the process ended while fleet-agent was not running; its exit status is unknown"
 
-    def _report_start(self, client, attempts):
-        reported, attempts = super()._report_start(client, attempts)
-        if reported:
-            self._save(start_reported=True)
-        return reported, attempts
-
     def _start_extra(self):
         return {"ports": self._wire_ports()}
 
@@ -421,19 +398,6 @@ class InstanceTask(Task):
         compact_state(self.state_path, self.record, JOURNAL_COMPACT_BYTES)
 
     # After an agent restart.
-
-    def _run_to_result(self, client):
-        if self.adopted is None:
-            return super()._run_to_result(client)
-        try:
-            self._take_back(self.adopted)
-        except TaskError as exc:
-            log.warning("task %s: cannot take the instance back: %s; stopping it", self.label, exc)
-            with self.process.lock:  # watched, so that the clean-up kills it: nothing runs unsupervised
-                if self.process.proc is None:
-                    self.process.adopt(self.adopted["pid"], self.adopted.get("start_ticks"), self.status_path)
-            return "failed", None, str(exc)
-        return self._supervise(client)
 
     def _take_back(self, record):
         """Supervise again the run a journal record describes, its process alive or not."""
@@ -482,16 +446,8 @@ class InstanceTask(Task):
 
     # The end.
 
-    def _finish_logs(self):
-        if self.tail is not None:
-            self.tail.stop(drain=True, eof=True, deadline=time.monotonic() + self.runner.report_retry_seconds,
-                           abandon=lambda: bool(self._fenced) or self.runner.closing.is_set())
-        super()._finish_logs()
-
     def _clean_up(self, keep_dir, left_running=False):
         self.monitor.stop()
-        if self.tail is not None:
-            self.tail.stop(drain=False)
         if not left_running:
             self._remove_container()  # after a failure of the agent's own, too
         if self.container and not left_running:

@@ -270,7 +270,9 @@ class FileTail:
         self._read = self._load()  # stream -> bytes read from the file
         self._partial = {stream: b"" for stream in self.paths}  # read, not yet a whole line
         self._saved = dict(self._read)
-        self._saved_at = 0.0
+        # The first save waits as the later ones do: a short task writes no offsets file (its
+        # directory is then reused as it is; a restart may send a line twice, never skip one).
+        self._saved_at = time.monotonic()
         self._lock = threading.Lock()  # one pump at a time (the thread, and a drain after it)
         self._stop = threading.Event()
         self._job = None

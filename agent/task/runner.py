@@ -2,11 +2,14 @@
 
 Each assignment from fleetd becomes a Task (agent/task/task.py), or an InstanceTask
 (agent/task/instance.py) for an instance run, with its own supervisor thread. On start,
-`Runner.recover` kills the processes of tasks left from before a restart (found from their
-journal: process group and start ticks, or their FLEET_TASK_ID/FLEET_TASK_EPOCH environment) and
-reports them to fleetd; instance runs are taken back instead, their processes alive or not. On
-stop, `Runner.shutdown` stops the tasks and leaves the instances running (unless the node was
-revoked). The runner also keeps the instances' volumes and host ports.
+`Runner.recover` takes back every task whose process was started before a restart (a task's
+output goes into files and its exit status is recorded by a root-owned shell, so neither needs
+the agent): one still running is watched again, one that ended is reported with the outcome it
+recorded, as it would have been live. Tasks left before their process started, or with no usable
+journal, are killed (found from their journal: process group and start ticks, or their
+FLEET_TASK_ID/FLEET_TASK_EPOCH environment) and reported lost. On stop, `Runner.shutdown` stops
+the tasks and leaves the instances running (unless the node was revoked). The runner also keeps
+the instances' volumes and host ports.
 """
 
 import logging
@@ -136,7 +139,7 @@ class Runner:
                             assignment.epoch, old.epoch)
                 return None
             if not closing:
-                task = InstanceTask(self, assignment, data) if assignment.instance else Task(self, assignment)
+                task = InstanceTask(self, assignment, data) if assignment.instance else Task(self, assignment, data)
                 self._tasks[assignment.task_id] = task
         if closing:  # handed back outside the lock: the report is a network call
             self.decline(assignment.task_id, assignment.epoch)
@@ -217,9 +220,11 @@ class Runner:
         return found
 
     def _take_back(self, record):
-        """An instance run whose process was started: supervised again (its process alive or not). False for
-        anything else, which is killed and reported as a task is."""
-        if not record.get("instance") or record.get("outcome") in OUTCOMES or not record.get("pid"):
+        """A task (or an instance run) whose process was started and whose outcome was not recorded:
+        supervised again, its process alive (watched, its outcome reported as it would have been live)
+        or not (the exit status its root-owned wrapper recorded is the outcome; none: lost). False for
+        anything else, which is killed and reported."""
+        if record.get("outcome") in OUTCOMES or not record.get("pid") or not record.get("assignment"):
             return False
         try:
             assignment = Assignment.from_wire(record["assignment"])
@@ -227,19 +232,19 @@ class Runner:
             log.error("task %s/%s: its journal holds no usable assignment (%s)", record["task_id"], record["epoch"],
                       exc)
             return False
-        if assignment.instance is None or (assignment.task_id, assignment.epoch) != (record["task_id"],
-                                                                                     int(record["epoch"])):
+        if (assignment.task_id, assignment.epoch) != (record["task_id"], int(record["epoch"])):
             return False
         if not _leader_alive(record):  # what is left of it goes before the policy restarts it
             pids = recorded_pids(record)
             signal_pids(pids, signal.SIGKILL)
             if pids and not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
                 log.error("task %s/%d: process(es) %s survived SIGKILL", assignment.task_id, assignment.epoch, pids)
-        task = InstanceTask(self, assignment, record["assignment"], adopted=record)
+        kind = InstanceTask if assignment.instance is not None else Task
+        task = kind(self, assignment, record["assignment"], adopted=record)
         with self._lock:
             self._tasks[assignment.task_id] = task
-        log.info("task %s: an instance run (instance %s) left from before the agent restarted; taking it back",
-                 task.label, assignment.instance.id)
+        what = f"an instance run (instance {assignment.instance.id})" if assignment.instance else "a task"
+        log.info("task %s: %s left from before the agent restarted; taking it back", task.label, what)
         task.start()
         return True
 

@@ -22,12 +22,12 @@ import time
 from agent.client import Conflict, DigestMismatch, FleetdError, Unreachable, backoff_delay
 from agent.procfs import TaskKey, read_boot_id, uptime_ticks
 from agent.task.assignment import DEFAULT_PATH, free_port, inside, task_env
-from agent.task.dirs import STATE_FILE, WORK_DIR
+from agent.task.dirs import STATE_FILE, STATUS_FILE, WORK_DIR
 from agent.task.errors import Detached, Fenced, LimitError, Stopped, TaskError, is_fencing, is_fencing_artifact
 from agent.task.finish import report_finish
 from agent.task.journal import append_state
-from agent.task.logs import LogShipper
-from agent.task.supervisor import Supervisor, check_executable, describe_exit
+from agent.task.logs import FileTail, LogShipper
+from agent.task.supervisor import Supervisor, check_executable, describe_exit, read_exit_status
 from agent.threads import UNTIL_STOPPED, Job
 from agent.workers import Worker
 
@@ -41,6 +41,23 @@ RENDEZVOUS_POLL_SECONDS = 30
 START_REPORT_DELAY_SECONDS = 0.05
 
 
+def status_wrapper(status_path, argv):
+    """`argv` under a shell that writes its exit status into `status_path`, then exits with it. The
+    shell is root's (it drops to the task's uid only for `argv`, through agent/isolation.py), so the
+    task cannot forge its outcome; and it outlives an agent that dies, so the outcome is on disk
+    for the agent's next start. It catches SIGTERM (a caught signal is the default again in the task,
+    which gets its own SIGTERM as one of the group), so a stop ends with how the task ended."""
+    return ["/bin/sh", "-c", 'trap : TERM; "$@"; s=$?; echo "$s" > "$0"; exit "$s"', status_path, *argv]
+
+
+def wrapped_exit(code):
+    """A Popen returncode, or the status a wrapper recorded: the shell's 128+N for a task killed by
+    signal N reads as that signal (-N), as if the task were the process reaped."""
+    if code is not None and 128 < code < 128 + 65:
+        return 128 - code
+    return code
+
+
 def _utc_now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -48,13 +65,19 @@ def _utc_now():
 class Task:
     """One assignment on this host, from preparation to the acknowledged finish report."""
 
-    def __init__(self, runner, assignment):
+    def __init__(self, runner, assignment, wire=None, adopted=None):
         self.runner = runner
         self.assignment = assignment
+        self.wire = dict(wire) if wire is not None else None  # the assignment as fleetd sent it (journaled)
+        self.adopted = adopted  # the journal record of the task, found again after an agent restart
         self.label = f"{assignment.task_id}/{assignment.epoch}"
         self.dir = os.path.join(runner.tasks_dir, f"{assignment.task_id}.{assignment.epoch}")
         self.state_path = os.path.join(self.dir, STATE_FILE)
+        self.status_path = os.path.join(self.dir, STATUS_FILE)
         self.workdir = os.path.join(self.dir, WORK_DIR)
+        self.tail = None  # reads the output files into the shipper
+        self._ended = None  # the outcome of a process that ended while the agent was not running
+        self._vanished = False  # ... which recorded no exit status: the task is lost
         self.process = self._new_supervisor()
         self.process.identity = TaskKey(assignment.task_id, assignment.epoch)
         self._lock = threading.Lock()  # taken before process.lock, never after it
@@ -186,7 +209,7 @@ class Task:
             self.process.kill_and_reap()
             result = ("failed", None, f"fleet-agent could not run the task: {exc}")
         self.worker.state = "finishing"
-        lost = self._lost and self._stop is not None and result[0] == self._stop[0]
+        lost = (self._lost and self._stop is not None and result[0] == self._stop[0]) or self._vanished
         stopping = lost and self._agent_stopping
         try:
             self._save(state="finished", outcome=result[0], exit_code=result[1], reason=result[2], lost=lost,
@@ -196,8 +219,14 @@ class Task:
         self._finish_logs()
         return report_finish(client, self.runner, self.assignment.task_id, self.assignment.epoch, result, self.label,
                              lost=lost, agent_stopping=stopping,
-                             pid=self.proc.pid if self._start_with_finish else None,
+                             pid=self._reported_pid() if self._start_with_finish else None,
                              started_monotonic=self.process.started_monotonic, extra=self._finish_extra())
+
+    def _reported_pid(self):
+        """The leader's pid for a start report carried by the finish."""
+        if self.proc is not None:
+            return self.proc.pid
+        return self.record.get("pid")
 
     def _finish_extra(self):
         """More fields of the finish report (an instance's)."""
@@ -213,6 +242,8 @@ class Task:
             # A task directory is reused only when the kernel vouches that none of the task's
             # processes is left (its cgroup is gone): one left could write into the next task's.
             contained = self._release_limits()
+        if self.tail is not None:
+            self.tail.stop(drain=False)
         if self.shipper is not None:
             self.shipper.abort()
         if self.runner.workers.get(self.assignment.task_id) is self.worker:
@@ -229,7 +260,17 @@ class Task:
             raise Stopped(self._stop[1])
 
     def _run_to_result(self, client):
-        """(outcome, exit_code, reason) of the task."""
+        """(outcome, exit_code, reason) of the task: run, or taken back after an agent restart."""
+        if self.adopted is not None:
+            try:
+                self._take_back(self.adopted)
+            except TaskError as exc:
+                log.warning("task %s: cannot take it back: %s; stopping it", self.label, exc)
+                with self.process.lock:  # watched, so that the clean-up kills it: nothing runs unsupervised
+                    if self.process.proc is None:
+                        self.process.adopt(self.adopted["pid"], self.adopted.get("start_ticks"), self.status_path)
+                return "failed", None, str(exc)
+            return self._supervise(client)
         try:
             self._resolve_user()
             self.runner.dirs.make(self.dir, (self.run_as.uid, self.run_as.gid))
@@ -345,16 +386,47 @@ class Task:
     def _spawn(self, cwd, addr, port):
         env, injected = task_env(self.assignment, addr, port, extra=self.task_limits.env)
         env = self.runner.isolation.env(self.run_as, env, self.workdir)
+        check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
+        # The cgroup first, then the root shell that records the exit status, then the task's own uid.
         command = self.runner.isolation.wrap(self.run_as, self.assignment.command)
-        argv = self.runner.limits.command(self.task_limits, command)
-        if argv != self.assignment.command:
-            check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
-        self.shipper = self._new_shipper()
-        pid, start_ticks = self._launch(argv, cwd, env, on_output=self.shipper.feed)
+        argv = self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, command))
+        self._make_tail()
+        stdout, stderr = self.tail.open_output()  # files, not pipes: the task outlives an agent that dies
+        try:
+            pid, start_ticks = self._launch(argv, cwd, env, output=(stdout, stderr))
+        finally:
+            os.close(stdout)
+            os.close(stderr)
         self.worker.env = injected
         log.info("task %s: started pid %d: %s", self.label, pid, " ".join(self.assignment.command)[:200])
         self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
-                   started_at=self.worker.started_at)
+                   started_at=self.worker.started_at, assignment=self.wire, cwd=cwd)
+
+    def _make_tail(self):
+        self.shipper = self._new_shipper()
+        self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
+        self.tail.start(self.runner.threads, self.runner.log_settings.interval_seconds, f"tail-{self.label}")
+
+    def _take_back(self, record):
+        """Supervise again the task a journal record describes (the agent restarted while it ran), its
+        process alive (watched again) or not (its recorded exit status is its outcome)."""
+        self.record = dict(record)
+        self._resolve_user()
+        self._prepare_limits()  # the same cgroup: its name is the task's
+        self._start_reported = bool(record.get("start_reported"))
+        self._make_tail()
+        self.worker.state = "running"
+        self.worker.started_at = record.get("started_at") or ""
+        with self._lock, self.process.lock:
+            alive = self.process.adopt(record["pid"], record.get("start_ticks"), self.status_path)
+            if alive:
+                self.worker.pgid, self.worker.pids = self.process.pgid, [record["pid"]]
+        if alive:
+            log.info("task %s: took back pid %d, which ran on while the agent was down", self.label, record["pid"])
+            return
+        self._start_with_finish = not self._start_reported
+        self._ended = self._outcome(read_exit_status(self.status_path))
+        log.info("task %s: its process ended while the agent was down: %s", self.label, self._ended)
 
     def _new_shipper(self):
         return LogShipper(self.runner, self.assignment.task_id, self.assignment.epoch, self.runner.log_settings,
@@ -376,6 +448,9 @@ class Task:
 
     def _supervise(self, client):
         """Report the start, enforce max_runtime_seconds, wait for the exit; (outcome, exit_code, reason)."""
+        ended, self._ended = self._ended, None
+        if ended is not None:  # taken back after it ended
+            return ended
         process = self.process
         with self._lock:
             if self._stop is not None:  # cancelled between the spawn and now
@@ -420,7 +495,15 @@ class Task:
         return self._outcome(code)
 
     def _outcome(self, code):
-        """(outcome, exit_code, reason) for the leader's exit status."""
+        """(outcome, exit_code, reason) for the leader's exit status (None: it ended while the agent was
+        down and recorded none)."""
+        if code is None:
+            if self._stop is not None:
+                return self._stop[0], None, self._stop[1]
+            self._vanished = True
+            return "failed", None, ("lost: the process ended while fleet-agent was not running and recorded no "
+                                    "exit status")
+        code = wrapped_exit(code)
         exit_code, how = describe_exit(code)
         if self._stop is not None:
             outcome, reason = self._stop
@@ -438,6 +521,7 @@ class Task:
         """One try at POST start -> (reported or not worth retrying, attempts so far)."""
         try:
             client.task_start(self.assignment.task_id, self.assignment.epoch, self.proc.pid, extra=self._start_extra())
+            self._save(start_reported=True)  # a restarted agent that takes the task back does not report it again
             return True, attempts
         except Unreachable as exc:
             log.warning("task %s: start not reported yet (%s); the task keeps running", self.label, exc)
@@ -467,7 +551,10 @@ class Task:
             return False
 
     def _finish_logs(self):
-        """Let the readers reach EOF and the shipper deliver every line before the finish report."""
+        """Read the output files to their end and let the shipper deliver every line before the finish report."""
+        if self.tail is not None:
+            self.tail.stop(drain=True, eof=True, deadline=time.monotonic() + self.runner.report_retry_seconds,
+                           abandon=lambda: bool(self._fenced) or self.runner.closing.is_set())
         if self.shipper is None:
             return
         if self.process.watcher is not None:

@@ -79,9 +79,11 @@ def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_run
     assert env["MASTER_ADDR"] == env["FLEET_MASTER_ADDR"] == "127.0.0.1"
     assert env["MASTER_PORT"] == env["FLEET_MASTER_PORT"] and int(env["MASTER_PORT"]) > 0
     assert not [k for k in env if k.startswith("FLEET_AGENT_")]
-    assert seen["pid"] == seen["pgid"] == seen["sid"] != os.getpid()
+    # Its own session, led by the root-owned shell that records its exit status (the reported pid).
+    assert seen["pgid"] == seen["sid"] == fleetd.started["t-env"]["pid"] != os.getpid()
+    assert seen["pid"] != seen["sid"]
     assert seen["cwd"] == os.path.join(str(tmp_path / "node"), "tasks", "t-env.7", "work")
-    assert fleetd.started["t-env"] == {"epoch": 7, "pid": seen["pid"]}
+    assert fleetd.started["t-env"]["epoch"] == 7
     wait_until(lambda: not os.path.exists(task.dir), message="the task dir to be removed once reported")
 
 
@@ -103,7 +105,8 @@ def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(
     fleetd.wait_for(lambda: "t-reg" in fleetd.started, message="start")
     worker = runner.workers.get("t-reg")
     view = worker.to_dict()
-    assert view["state"] == "running" and view["pids"] == [fleetd.started["t-reg"]["pid"]]
+    assert view["state"] == "running" and view["pids"][0] == fleetd.started["t-reg"]["pid"]  # the wrapper, then the task
+    assert len(view["pids"]) == 2
     assert view["env"]["CUDA_VISIBLE_DEVICES"] == GPU_A and view["gpus"] == [{"uuid": GPU_A}]
     assert view["limits"]["max_runtime_seconds"] == 300
     assert runner.workers.report() == [{"id": "t-reg", "epoch": 1, "state": "running"}]
@@ -169,8 +172,7 @@ def test_a_batch_over_fleetds_limit_is_split_and_a_huge_line_truncated(make_runn
     assert len(fleetd.log_batches["t-413"]) > 2  # split, not sent whole
 
 
-def test_a_slow_fleetd_never_blocks_the_task_and_overflow_drops_the_oldest_lines_with_a_marker(
-        make_runner, fleetd):
+def test_a_slow_fleetd_never_blocks_the_task_and_every_line_arrives_in_order(make_runner, fleetd):
     fleetd.hold_logs.clear()
     settings = LogSettings(batch_lines=200, batch_bytes=16 * 1024, interval_seconds=0.05, buffer_bytes=64 * 1024,
                            backoff_max_seconds=0.2)
@@ -182,12 +184,8 @@ def test_a_slow_fleetd_never_blocks_the_task_and_overflow_drops_the_oldest_lines
     assert "t-slow" not in fleetd.finished
     fleetd.hold_logs.set()
     assert fleetd.wait_finished("t-slow", timeout=60)["outcome"] == "succeeded"
-    texts = fleetd.texts("t-slow")
-    markers = [t for t in texts if t.startswith("[fleet-agent]") and "dropped" in t]
-    assert markers
-    kept = [t for t in texts if t.startswith("line ")]
-    assert len(kept) < 20000 and kept[-1].startswith("line 19999")
-    assert kept == sorted(kept)  # what is kept stays in order
+    # The output waits in the task's files, not in the agent's memory: nothing is dropped.
+    assert fleetd.texts("t-slow") == [f"line {i:05d} " + "y" * 80 for i in range(20000)]
 
 
 def test_cancel_sigterms_the_group_and_sigkills_what_ignores_it_after_the_grace(make_runner, fleetd):
