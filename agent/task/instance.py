@@ -399,11 +399,8 @@ class InstanceTask(Task):
 
     # After an agent restart.
 
-    def _take_back(self, record):
-        """Supervise again the run a journal record describes, its process alive or not."""
-        self.record = dict(record)
-        self._resolve_user()
-        self._prepare_limits()  # the same cgroup: its name is the task's
+    def _prepare_taken_back(self, record):
+        """The run's directory, host ports, volume and env, as the journal has them."""
         self._cwd = record.get("cwd") or self.workdir
         self.ports = {int(p): hp for p, hp in (record.get("ports") or {}).items()}
         if self.container:
@@ -415,22 +412,15 @@ class InstanceTask(Task):
         self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)
         self._env = self._instance_env(record.get("master_addr") or self.runner.address, record.get("master_port") or 0)
         self.restarts = self.worker.instance["restarts"] = int(record.get("restarts") or 0)
-        self._start_reported = bool(record.get("start_reported"))
-        self._make_tail()
-        self.worker.state = "running"
-        self.worker.started_at = record.get("started_at") or ""
-        with self._lock, self.process.lock:
-            alive = self.process.adopt(record["pid"], record.get("start_ticks"), self.status_path)
-            if alive:
-                self.worker.pgid, self.worker.pids = self.process.pgid, [record["pid"]]
+
+    def _taken_back(self, record, alive):
         self._ran = True
         if alive:
             self._start_ticks = record.get("start_ticks")
-            log.info("instance %s (task %s): took back pid %d, left running by the agent before", self.spec.id,
-                     self.label, record["pid"])
-            return
-        self._ended = self._outcome(read_exit_status(self.status_path))
-        self._system(f"[fleet-agent] the process ended while fleet-agent was not running ({self._ended[2] or 'exit code 0'})")
+        else:
+            ended = self._outcome(read_exit_status(self.status_path))
+            self._system(f"[fleet-agent] the process ended while fleet-agent was not running "
+                         f"({ended[2] or 'exit code 0'})")
 
     def _leave_running(self):
         """The agent stops and the process runs on: ship what it wrote so far, remember how far."""

@@ -413,6 +413,7 @@ class Task:
         self.record = dict(record)
         self._resolve_user()
         self._prepare_limits()  # the same cgroup: its name is the task's
+        self._prepare_taken_back(record)
         self._start_reported = bool(record.get("start_reported"))
         self._make_tail()
         self.worker.state = "running"
@@ -421,12 +422,19 @@ class Task:
             alive = self.process.adopt(record["pid"], record.get("start_ticks"), self.status_path)
             if alive:
                 self.worker.pgid, self.worker.pids = self.process.pgid, [record["pid"]]
+        self._taken_back(record, alive)
         if alive:
             log.info("task %s: took back pid %d, which ran on while the agent was down", self.label, record["pid"])
             return
         self._start_with_finish = not self._start_reported
         self._ended = self._outcome(read_exit_status(self.status_path))
         log.info("task %s: its process ended while the agent was down: %s", self.label, self._ended)
+
+    def _prepare_taken_back(self, record):
+        """What a task taken back needs before its process is watched again (an instance's volume, ports, env)."""
+
+    def _taken_back(self, record, alive):
+        """The process of a task taken back is watched again (`alive`), or it had ended."""
 
     def _new_shipper(self):
         return LogShipper(self.runner, self.assignment.task_id, self.assignment.epoch, self.runner.log_settings,
