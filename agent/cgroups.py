@@ -138,7 +138,13 @@ class Cgroups:
                 return int(value)
         return 0
 
-    def kill(self, path):
+    @staticmethod
+    def move(pid, path):
+        """Move a process into a cgroup (OSError when it cannot be)."""
+        _write(os.path.join(path, "cgroup.procs"), str(pid))
+
+    @staticmethod
+    def kill(path):
         """SIGKILL everything in a cgroup (cgroup.kill where the kernel has it)."""
         if not path:
             return

@@ -20,6 +20,7 @@ from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreach
 from agent.config import ConfigError, node_server_urls
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
+from agent.keeper import start_keeper, stop_keeper, write_lease
 from agent.lease import LeaseClock
 from agent.localapi import LocalApi
 from agent.procfs import read_memory_total
@@ -239,6 +240,7 @@ class Agent:
         self.workers = Workers()
         self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
         self.runner = None  # created once enrolled
+        self._keeper = None  # the fence keeper's Popen (agent/keeper.py)
         self.lease = LeaseClock(self.config.tasks_kill_grace_seconds)  # job tasks stop when it runs out
         self.deadlines = Deadlines()
         self.node = None
@@ -302,6 +304,7 @@ class Agent:
                                                stop_instances=revoked)
                 if stopped and self._acquire_thread is not None:
                     self._acquire_thread.join(HAND_BACK_SECONDS)
+                stop_keeper(self.state.dir, self._keeper)
             self._leave()
             api.stop()
             self.limits.close()
@@ -381,6 +384,7 @@ class Agent:
                                          limits=self.limits, isolation=self.isolation)
         log.info("container runtime for instances: %s", self.runner.containers or "none")
         self.runner.recover()
+        self._keeper = start_keeper(self.state.dir, self.limits.cgroups)
         # What start-up built lives as long as the agent: the collector's full passes skip it.
         gc.collect()
         gc.freeze()
@@ -478,6 +482,7 @@ class Agent:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
                 self.lease.renewed(sent_at, reply.get("lease_seconds"))
+                self._tell_keeper()
                 sent_version, sent_capabilities, sent_info = version, capabilities, info
                 self.fleetd_error = ""
                 if not self.session_ok:
@@ -532,6 +537,16 @@ class Agent:
                 "containers": ContainerRuntime.capability(self.runner.containers)}
         caps.update(self.runner.isolation.capabilities())
         return caps
+
+    def _tell_keeper(self):
+        """The new moment job tasks must have stopped by, for the keeper (which acts if this agent dies)."""
+        fence_at = self.lease.fence_at()
+        if fence_at is None or self.runner is None:
+            return
+        try:
+            write_lease(self.state.dir, fence_at)
+        except OSError as exc:
+            log.warning("cannot write the tasks' lease for the fence keeper: %s", exc.strerror or exc)
 
     def _lease_loop(self):
         """Stop the job tasks once fleetd has not answered a heartbeat for as long as their lease

@@ -4,6 +4,7 @@ processes; real `fleetd serve` processes come from tests/conftest.py (tests/supp
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 
 from agent import fake_nvml as fake_module
 from agent.cgroups import Cgroups
+from agent.keeper import KEEPER_FILE, read_json, same_process
+from agent.procfs import signal_pids
 from agent.task.journal import read_state
 from tests.agent.fakefleetd import FakeFleetd
 from tests.support import wait_until  # noqa: F401 - the agent tests import it from here
@@ -114,8 +117,17 @@ class AgentProcess(LoggedProcess):
     def local_token(self):
         return (self.state_dir / "local-api.token").read_text().strip()
 
+    def keeper_pid(self):
+        """The pid of the agent's fence keeper (agent/keeper.py) while it runs, else None."""
+        record = read_json(self.state_dir / KEEPER_FILE) or {}
+        return record["pid"] if same_process(record) else None
+
     def remove_task_cgroups(self):
-        """Kill what is left in the task cgroups of a killed agent and remove them (a restart would)."""
+        """Kill what is left in the task cgroups of a killed agent and remove them (a restart would), and
+        its fence keeper (which would go by itself once no job task is left)."""
+        keeper = self.keeper_pid()
+        if keeper is not None:
+            signal_pids([keeper], signal.SIGKILL)
         cgroups = Cgroups("")
         for state in self.state_dir.glob("tasks/*/task.json"):
             try:

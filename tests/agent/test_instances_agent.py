@@ -62,7 +62,7 @@ def test_an_instance_outlives_the_agents_stop_and_its_sigkill_and_is_taken_back_
         heard = len(fleetd.heartbeats)
         agent.start()
         agent.wait_for_line(r"task t-web/1: an instance run \(instance inst-1\) left from before")
-        agent.wait_for_line(r"instance inst-1 \(task t-web/1\): took back pid")
+        agent.wait_for_line(r"task t-web/1: took back pid")
         fleetd.wait_for(lambda: _instances(fleetd, "t-web", heard), message="the taken-back instance in a heartbeat")
         assert "t-web" not in fleetd.finished
     entry = _instances(fleetd, "t-web")[-1]

@@ -187,3 +187,28 @@ def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_
     assert finish["outcome"] == "failed" and finish.get("lost") is True and "lease" in finish["reason"], finish
     assert alive(inst_pid)  # instances are never run elsewhere: they run on through a partition
     fleetd.down.clear()
+
+
+def test_a_dead_agents_fence_keeper_stops_its_job_tasks_when_their_lease_runs_out_and_keeps_instances(
+        worker_agent, fleetd, tmp_path):
+    fleetd.lease_seconds = 9  # the moment: 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-job", [PY, "-c", LOOP, str(tmp_path / "never")]))
+    fleetd.assign(instance_assignment("t-inst", [PY, "-c", LOOP, str(tmp_path / "never")]))
+    job_pid = fleetd.wait_for(lambda: fleetd.started.get("t-job"), message="job start")["pid"]
+    inst_pid = fleetd.wait_for(lambda: fleetd.started.get("t-inst"), message="instance start")["pid"]
+    wait_until(lambda: reported(fleetd, "t-job", "running"), message="a heartbeat that renews the lease")
+    keeper = agent.keeper_pid()
+    assert keeper is not None
+    agent.signal(signal.SIGKILL)  # no agent left to stop anything
+    agent.wait()
+    killed = time.monotonic()
+    assert alive(job_pid) and alive(keeper)
+    wait_until(lambda: not alive(job_pid), timeout=15, message="the keeper to stop the job task")
+    assert time.monotonic() - killed < 9  # before fleetd could count its lease out
+    assert alive(inst_pid)  # instances are never fenced
+    agent.start()  # the task ended with no status: reported lost, as fleetd has ruled by now
+    finish = fleetd.wait_finished("t-job")
+    assert finish["outcome"] == "failed" and finish.get("lost") is True, finish
+    assert "recorded no exit status" in finish["reason"]
+    assert alive(inst_pid)
