@@ -186,7 +186,7 @@ class ContainerRuntime:
         try:
             code, _out, err = self._call(["info"], timeout=timeout)
         except ContainerError as exc:
-            status = f"unavailable: {exc}"
+            status = f"unavailable: {' '.join(str(exc).split())[:300]}"  # one line, as fleetd takes it
         else:
             words = [line.strip() for line in err.splitlines() if line.strip()]
             status = READY if code == 0 else \

@@ -42,9 +42,12 @@ class ReportedResourcesSchema(Schema):
     container_runtime = CONTAINER_RUNTIME
 
 
-def _containers(value):
-    if value != "ready" and not (value.startswith("unavailable: ") and len(value) > len("unavailable: ")):
-        raise ValidationError('"ready" or "unavailable: <reason>"')
+CONTAINERS_ERROR = '"ready" or "unavailable: <reason>" (one line)'
+
+
+def _one_line(value):
+    if "\n" in value or "\r" in value:  # Python's `$` would let a trailing newline through the pattern
+        raise ValidationError(CONTAINERS_ERROR)
 
 
 MAX_HOST_UIDS = 4096
@@ -56,7 +59,8 @@ class CapabilitiesSchema(Schema):
         "description": "uid: the agent runs each task as its owner's uid; none: it cannot switch users "
                        "(not root); left out by older agents (read as none)"})
     isolation_reason = Text(max_length=500, metadata={"description": "why isolation is none"})
-    containers = Text(max_length=500, validate=[_containers], metadata={
+    containers = Text(max_length=500, validate=[validate.Regexp(r"^(ready|unavailable: .+)$", error=CONTAINERS_ERROR),
+                                                _one_line], metadata={
         "description": 'whether the container runtime works: "ready" or "unavailable: <reason>"'})
     host_uids = fields.List(Int(maximum=2**32 - 1), validate=validate.Length(max=MAX_HOST_UIDS), metadata={
         "description": "uids of the host's own users (>= 1000): fleetd never allocates them to task owners"})

@@ -172,7 +172,7 @@ def test_job_commands_through_the_cli(run, server, tmp_path):
     assert run("job", "wait", queued["id"], expect=1).stdout.startswith(f"job {queued['id']} cancelled")
     proc = run("job", "submit", "--gpus", "1.5", "--", "true", expect=1)
     assert proc.stderr == ("fleetd: invalid_request: resources.gpus: an integer from 0 to 1024, "
-                           "or a fraction 0 < x < 1 of one GPU\n")
+                           "or a fraction 0.01 <= x < 1 of one GPU\n")
 
 
 def test_scheduling_policy_through_the_cli(run, server):
