@@ -20,13 +20,15 @@ the queue gets --drain-seconds to drain; then:
   lost           acknowledged jobs that fleetd does not know, or that are not terminal after the drain
   ran twice      succeeded jobs one of whose ranks ran to completion (exit 0) more than once
   ran at once    jobs of which two runs of one rank (different epochs) overlapped in time
+  wrong outcome  jobs that ended cancelled (nobody cancels here), or failed though they exit 0, or
+                 succeeded though they exit 1
   stuck          tasks fleetd holds assigned/running whose process is not alive; instances that did
                  not reach the state asked for
   leaked GPUs    GPUs cluster/allocation shows held by no live task or instance (after the holds
                  settled), and fleetd_leaked_gpus_freed_total (summed over fleetd's lives)
 
 with fleetd's RSS every 10 s. Prints a table, writes JSON to bench/results/soak.json (or --json), and
-exits 1 when any of lost, ran twice, ran at once, stuck or leaked is not 0. Every process it starts is
+exits 1 when any of lost, ran twice, ran at once, wrong outcome, stuck or leaked is not 0. Every process it starts is
 stopped by its pid at the end (also on Ctrl-C), and the temporary directory removed (kept with --keep;
 its logs are copied to bench/results/soak-logs/ when the run found something).
 
@@ -348,6 +350,7 @@ class Soak:
         self.timeline = []
         self.rss = []
         self.leak_metric = {}  # fleetd pid -> the counter's latest value in that process
+        self.phase = "idle"  # idle, load, drain, verdict: RSS samples are told apart by it
         self.t0 = time.monotonic()
         self.wall0 = time.time()
 
@@ -472,7 +475,7 @@ class Soak:
         """fleetd's RSS and its leak counter."""
         pid = self.fleetd.pid if self.fleetd else None
         rss = proc_rss(pid) if pid else None
-        self.rss.append({"at": round(time.monotonic() - self.t0, 1), "pid": pid,
+        self.rss.append({"at": round(time.monotonic() - self.t0, 1), "pid": pid, "phase": self.phase,
                          "rss_mib": round(rss / 2**20, 1) if rss else None})
         try:
             status, text = Api(self.url, self.admin, timeout=10).request("GET", "/metrics")
@@ -670,6 +673,7 @@ class Soak:
         outcomes = {}
         not_found, not_terminal, twice, twice_unsucceeded, at_once, maybe_at_once, stuck = [], [], [], [], [], [], []
         no_end = 0
+        wrong = []
         for job_id, meta in acked.items():
             job = jobs.get(job_id)
             if job is None:
@@ -678,6 +682,12 @@ class Soak:
                     not_found.append(job_id)
                     continue
             outcomes[job["state"]] = outcomes.get(job["state"], 0) + 1
+            # Nobody cancels here, only "fails" jobs exit non-zero: any other ending is a wrong outcome.
+            if job["state"] == "cancelled" or (job["state"] == "failed") != (meta["kind"] == "fails") \
+                    and job["state"] in TERMINAL:
+                wrong.append({"job": job_id, "kind": meta["kind"], "state": job["state"],
+                              "attempt": job.get("attempt"),
+                              "tasks": [(t["rank"], t["state"], t["reason"]) for t in job.get("tasks") or []]})
             if job["state"] not in TERMINAL:
                 not_terminal.append(job_id)
             for task in job.get("tasks") or []:
@@ -722,6 +732,8 @@ class Soak:
         leak_metric = sum(self.leak_metric.values())
         submitters = [self.read_json(self.load_dir / f"submitter-{i}.json") or {} for i in range(SUBMITTERS)]
         rss = [s["rss_mib"] for s in self.rss if s["rss_mib"]]
+        by_phase = {p: [s["rss_mib"] for s in self.rss if s["rss_mib"] and s["phase"] == p]
+                    for p in ("idle", "load", "drain", "verdict")}
         results = {
             "commit": git_commit(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.wall0)),
             "args": {k: v for k, v in vars(self.args).items() if k not in ("token",)},
@@ -735,6 +747,7 @@ class Soak:
             "completed_twice_not_succeeded": twice_unsucceeded,
             "ran_at_once": len({t["job"] for t in at_once}), "ran_at_once_detail": at_once,
             "maybe_ran_at_once (an end inferred)": maybe_at_once,
+            "wrong_outcome": len(wrong), "wrong_outcome_detail": wrong,
             "stuck": len(stuck) + len(bad_steps), "stuck_tasks": stuck, "instance_steps_not_reached": bad_steps,
             "instance_cycles": instances.get("cycles"), "instance_left": instances.get("left"),
             "leaked_gpus": len(leaked), "leaked_detail": leaked, "gpus_held_at_end": len(held),
@@ -743,7 +756,11 @@ class Soak:
             "side_log": {"lines": lines, "malformed": malformed, "runs_without_end": no_end},
             "submitters": submitters, "ambiguous_submissions": ambiguous, "drain_seconds": drain_seconds,
             "fleetd_rss_mib": {"first": rss[0] if rss else None, "max": max(rss) if rss else None,
-                               "last": rss[-1] if rss else None, "samples": self.rss},
+                               "last": rss[-1] if rss else None,
+                               "max_under_load": max(by_phase["load"], default=None),
+                               "end_of_drain": (by_phase["drain"] or [None])[-1],
+                               "after_final_listing": max(by_phase["verdict"], default=None),
+                               "samples": self.rss},
             "timeline": self.timeline, "log_counts": self.log_counts(),
         }
         results["evidence"] = self.evidence(results)
@@ -785,6 +802,7 @@ class Soak:
                    + [("ran twice", t["job"]) for t in results["ran_twice_detail"]]
                    + [("ran at once", t["job"]) for t in results["ran_at_once_detail"]]
                    + [("stuck", t["job"]) for t in results["stuck_tasks"]]
+                   + [("wrong outcome", t["job"]) for t in results["wrong_outcome_detail"]]
                    + [("leaked", h["job"]) for holders in results["leaked_detail"].values() for h in holders
                       if h.get("job")])
         seen, out = set(), []
@@ -827,10 +845,13 @@ class Soak:
         self.join_agents()
         self.note("agents ready", pids=[a.pid for a in self.agents])
         self.sample()
+        self.phase = "load"
         self.start_load()
         self.chaos_loop()
         self.stop_load()
+        self.phase = "drain"
         drain_seconds = self.drain()
+        self.phase = "verdict"  # the listings below (every job, 1,000 a page) cost fleetd memory of their own
         return self.verdict(drain_seconds)
 
     def cleanup(self):
@@ -909,7 +930,7 @@ def git_commit():
         return None
 
 
-FAILING = ("lost", "ran_twice", "ran_at_once", "stuck", "leaked_gpus", LEAK_METRIC)
+FAILING = ("lost", "ran_twice", "ran_at_once", "wrong_outcome", "stuck", "leaked_gpus", LEAK_METRIC)
 
 
 def print_report(r):
@@ -929,13 +950,16 @@ def print_report(r):
         ("ran twice (succeeded, a rank completed twice)", f"{r['ran_twice']} (single-node "
          f"{r['ran_twice_single_node']}, gang rank rerun {r['ran_twice_gang_rerun']})", "0"),
         ("ran at once (two runs of a rank overlapped)", str(r["ran_at_once"]), "0"),
+        ("wrong outcome (cancelled, or failed though it exits 0)", str(r["wrong_outcome"]), "0"),
         ("stuck (tasks with no process, instance steps)", f"{r['stuck']} ({len(r['stuck_tasks'])} / "
                                                           f"{len(r['instance_steps_not_reached'])})", "0"),
         ("leaked GPUs at the end", str(r["leaked_gpus"]), "0"),
         (LEAK_METRIC, f"{r[LEAK_METRIC]:g}", "0"),
         ("instance cycles (create, stop, resume, delete)", str(r["instance_cycles"]), ""),
         ("drain after the load, s", str(r["drain_seconds"]), "<= 180"),
-        ("fleetd RSS first / max / last, MiB", f"{rss['first']} / {rss['max']} / {rss['last']}", ""),
+        ("fleetd RSS idle / max under load / end of drain, MiB",
+         f"{rss['first']} / {rss['max_under_load']} / {rss['end_of_drain']}", ""),
+        ("fleetd RSS after the bench listed every job, MiB", str(rss["after_final_listing"]), ""),
     ]
     print(f"{'measure':<52}{'value':>28}  want")
     for name, value, want in rows:
@@ -1010,7 +1034,7 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))
     print(json.dumps({k: results[k] for k in ("commit", "acknowledged", "outcomes", "lost", "ran_twice",
-                                              "ran_at_once", "stuck", "leaked_gpus", LEAK_METRIC,
+                                              "ran_at_once", "wrong_outcome", "stuck", "leaked_gpus", LEAK_METRIC,
                                               "instance_cycles", "drain_seconds")}
                      | {"fleetd_rss_mib": {k: v for k, v in results["fleetd_rss_mib"].items() if k != "samples"}}))
     print_report(results)
