@@ -510,3 +510,20 @@ def test_a_gang_whose_rank_succeeded_runs_again_whole_when_another_rank_fails_an
     for assignment, session in ((c, s1), (d, s2)):
         api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     assert api.job(job["id"])["state"] == "succeeded"
+
+
+def test_a_heartbeat_that_still_lists_the_last_epoch_never_stops_the_task_running_again_on_the_same_node(api, fleet):
+    _, session = api.ready_node(fleet, "n1")
+    job = api.submit(resources={"gpus": 1}, retry={"max_attempts": 2, "on": ["failed"]})
+    first = api.start_task(session)
+    api.task_call(session, first, "finish", outcome="failed", exit_code=1)
+    again = api.job(job["id"])
+    assert again["attempt"] == 2 and again["tasks"][0]["node_id"] is not None  # placed again, on n1
+    # A heartbeat sent before the agent forgot epoch 1 lists it: the answer must not stop the task by id,
+    # which would end epoch 2 on this node (the new assignment ends the old process anyway).
+    reply = api.heartbeat(session, tasks=[{"id": first["task_id"], "epoch": first["epoch"], "state": "running"}])
+    assert reply["cancel"] == []
+    second = api.start_task(session)
+    assert second["epoch"] == first["epoch"] + 1
+    api.task_call(session, second, "finish", outcome="succeeded", exit_code=0)
+    assert api.job(job["id"])["state"] == "succeeded"

@@ -340,10 +340,13 @@ def reconcile_reported_tasks(rt, node, reported):
     current = {row["id"]: row for row in _stop_rows([r["id"] for r in reported])}
     cancel = []
     for r in reported:
-        if _must_stop(current.get(r["id"]), node.id, r["epoch"]) is None:
+        verdict = _must_stop(current.get(r["id"]), node.id, r["epoch"], superseded=False)
+        if verdict is None:
             rt.leases.renew(r["id"], r["epoch"])
-        else:
+        elif verdict:
             cancel.append(r["id"])
+        # False: the task runs again on this node at a newer epoch; a stop by id would end the new
+        # run, and the new assignment ends the old process anyway.
     return cancel
 
 
