@@ -172,7 +172,18 @@ class Cgroups:
         return False
 
 
-def shim_command(cgroup_path, argv):
-    """The command that first moves itself into the task cgroup, then execs the task (same pid)."""
-    return ["/bin/sh", "-c", 'echo 0 > "$0" || exit 126; exec "$@"', os.path.join(cgroup_path, "cgroup.procs"),
-            *argv]
+def shim_command(cgroup_path, argv, status_path=None):
+    """The command that first moves itself into the task cgroup (where there is one), then execs the
+    task (same pid); with `status_path`, runs it instead as a child and writes its exit status there.
+
+    That shell is root's and outlives an agent that dies, so the task cannot forge its outcome and
+    the outcome is on disk for the agent's next start. It catches SIGTERM (a caught signal is the
+    default again in the task, which gets its own SIGTERM as one of the group), so a stop ends with
+    how the task ended. One shell for both: an exec less per task.
+    """
+    procs = os.path.join(cgroup_path, "cgroup.procs") if cgroup_path else ""
+    if status_path is None:
+        return ["/bin/sh", "-c", 'echo 0 > "$0" || exit 126; exec "$@"', procs, *argv]
+    script = ('[ -z "$0" ] || echo 0 > "$0" || exit 126; s="$1"; shift; trap : TERM; "$@"; r=$?; '
+              'echo "$r" > "$s"; exit "$r"')
+    return ["/bin/sh", "-c", script, procs, status_path, *argv]

@@ -31,7 +31,7 @@ from agent.task.errors import Detached, Fenced, Stopped, TaskError
 from agent.task.journal import compact_state
 from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
 from agent.task.supervisor import check_executable, read_exit_status
-from agent.task.task import Task, status_wrapper
+from agent.task.task import Task
 
 log = logging.getLogger("agent.runner")
 
@@ -273,7 +273,7 @@ class InstanceTask(Task):
         if not self.container:  # a container's user is the runtime's to set (--user); its client stays root
             inner = self.runner.isolation.wrap(self.run_as, inner)
         # The shell that records the exit status is root's: the task cannot forge it.
-        return self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, inner))
+        return self.runner.limits.command(self.task_limits, inner, self.status_path)
 
     def _run_once(self):
         """Start one process of the instance: the first, or a restart."""

@@ -164,11 +164,13 @@ class Limits:
                           gpu_enforcement=enforcement, tolerance_bytes=self.settings.memory_tolerance_bytes,
                           kill_grace_seconds=self.settings.kill_grace_seconds)
 
-    def command(self, task_limits, argv):
-        """The argv to spawn: through the cgroup shim when the task has a cgroup."""
-        if task_limits is None or not task_limits.cgroup:
+    def command(self, task_limits, argv, status_path=None):
+        """The argv to spawn: through the cgroup shim when the task has a cgroup; with `status_path`,
+        under the root-owned shell that records its exit status there (agent/cgroups.py shim_command)."""
+        cgroup = task_limits.cgroup if task_limits is not None else None
+        if not cgroup and status_path is None:
             return list(argv)
-        return shim_command(task_limits.cgroup, argv)
+        return shim_command(cgroup, argv, status_path)
 
     def release(self, task_limits):
         """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed).

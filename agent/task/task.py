@@ -41,15 +41,6 @@ RENDEZVOUS_POLL_SECONDS = 30
 START_REPORT_DELAY_SECONDS = 0.05
 
 
-def status_wrapper(status_path, argv):
-    """`argv` under a shell that writes its exit status into `status_path`, then exits with it. The
-    shell is root's (it drops to the task's uid only for `argv`, through agent/isolation.py), so the
-    task cannot forge its outcome; and it outlives an agent that dies, so the outcome is on disk
-    for the agent's next start. It catches SIGTERM (a caught signal is the default again in the task,
-    which gets its own SIGTERM as one of the group), so a stop ends with how the task ended."""
-    return ["/bin/sh", "-c", 'trap : TERM; "$@"; s=$?; echo "$s" > "$0"; exit "$s"', status_path, *argv]
-
-
 def wrapped_exit(code):
     """A Popen returncode, or the status a wrapper recorded: the shell's 128+N for a task killed by
     signal N reads as that signal (-N), as if the task were the process reaped."""
@@ -389,7 +380,7 @@ class Task:
         check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         # The cgroup first, then the root shell that records the exit status, then the task's own uid.
         command = self.runner.isolation.wrap(self.run_as, self.assignment.command)
-        argv = self.runner.limits.command(self.task_limits, status_wrapper(self.status_path, command))
+        argv = self.runner.limits.command(self.task_limits, command, self.status_path)
         self._make_tail()
         stdout, stderr = self.tail.open_output()  # files, not pipes: the task outlives an agent that dies
         try:
