@@ -527,3 +527,21 @@ def test_a_heartbeat_that_still_lists_the_last_epoch_never_stops_the_task_runnin
     assert second["epoch"] == first["epoch"] + 1
     api.task_call(session, second, "finish", outcome="succeeded", exit_code=0)
     assert api.job(job["id"])["state"] == "succeeded"
+
+
+def test_a_rank_still_waiting_for_the_rendezvous_when_rank_0_ran_to_its_end_ends_the_attempt_at_once(api, fleet):
+    _, s1 = api.ready_node(fleet, "n1")
+    _, s2 = api.ready_node(fleet, "n2")
+    job = api.submit(num_nodes=2, resources={"gpus": 1}, retry={"max_attempts": 2, "on": ["failed"]})
+    a, b = api.acquire(s1), api.acquire(s2)
+    (r0, s_r0), (r1, s_r1) = sorted([(a, s1), (b, s2)], key=lambda pair: pair[0]["rank"])
+    api.task_call(s_r0, r0, "rendezvous", addr="10.0.0.1", port=29500)
+    api.task_call(s_r0, r0, "start", pid=100)
+    api.task_call(s_r0, r0, "finish", outcome="succeeded", exit_code=0)  # rank 1 never started
+    late = api.get(f"/api/v1/agent/tasks/{r1['task_id']}/rendezvous?wait_seconds=1", token=s_r1, agent=True)
+    assert late.status_code == 409 and late.get_json()["error"]["details"]["reason"] == "gang_not_met"
+    again = api.job(job["id"])
+    assert again["attempt"] == 2 and again["state"] in ("queued", "running"), again  # the gang runs again whole
+    events = api.get(f"/api/v1/jobs/{job['id']}/events").get_json()
+    items = events["items"] if isinstance(events, dict) else events
+    assert any("never met rank 0 at the rendezvous" in (e["reason"] or "") for e in items)

@@ -199,15 +199,40 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
         if current is None or current.epoch != epoch or not TaskState(current.state).is_active():
             raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
         rank0 = Task.get_or_none((Task.job == job_id) & (Task.rank == 0))
+        if rank0 is not None and rank0.state == TaskState.SUCCEEDED.value:
+            return GANG_OVER  # it ran to its end without this rank: they can never meet
         if rank0 is not None and rank0.rendezvous_port is not None and TaskState(rank0.state).is_active():
             return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
         return None
 
     found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
                                                       lambda: released(published))
+    if found == GANG_OVER:
+        _end_unmet_rank(rt, node_id, task_id, epoch)
     if not found:
         raise Timeout(f"rank 0 of job {job_id} has not published its address within {wait_seconds}s")
     return found
+
+
+GANG_OVER = {"gang_over": True}  # published()'s answer when rank 0 ended before this rank joined
+
+
+def _end_unmet_rank(rt, node_id, task_id, epoch):
+    """A rank still waiting for the rendezvous after rank 0 ran to its end: the gang's ranks did not start
+    together, so this attempt is over (the job retries as a whole or fails, per its policy). The rank is
+    ended here rather than left to wait out its rendezvous timeout holding its GPUs; the node is told
+    409, which stops the rank's preparation (no process of it started)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = Task.get_or_none_by_id(task_id)
+        if task is not None and task.node_id == node_id and task.epoch == epoch \
+                and task.state in ACTIVE_TASK_STATES:
+            end_task(task, TaskState.FAILED, f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
+                                             "already run to its end, so the gang did not start together", now,
+                     reported=True)
+    _after_task_end(rt, task.job_id if task is not None else None, node_id)
+    raise Conflict(f"task {task_id}: rank 0 of its job ran to its end before this rank joined; the attempt is over",
+                   {"task_id": task_id, "reason": "gang_not_met"})
 
 
 def append_logs(rt, node_id, task_id, epoch, lines):
