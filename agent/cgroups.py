@@ -11,7 +11,7 @@ import os
 import signal
 import time
 
-from agent.procfs import cgroup_procs, find_mount, read_bytes, signal_pids
+from agent.procfs import cgroup_procs, cgroup_tree_pids, find_mount, read_bytes, signal_pids
 
 log = logging.getLogger("agent.limits")  # the name operators filter on since before the split
 
@@ -78,8 +78,9 @@ class Cgroups:
         """The form /proc/<pid>/cgroup shows for `path`."""
         return "/" + os.path.relpath(path, self.mount) if path else None
 
-    def create(self, name, cpus=None, memory_bytes=None):
-        """(cgroup path or None, host-limits record) for one task; never raises."""
+    def create(self, name, cpus=None, memory_bytes=None, shared=False):
+        """(cgroup path or None, host-limits record) for one task; never raises. Unless `shared`, a cgroup
+        of that name that already holds processes is refused (see below)."""
         record = {
             "cpus": {"limit": cpus, "enforced": False, "how": None},
             "memory_bytes": {"limit": memory_bytes, "enforced": False, "how": None},
@@ -93,10 +94,17 @@ class Cgroups:
             try:
                 os.mkdir(path)
             except FileExistsError:
-                pass
+                # Left by this agent before a crash (made, never used) it is empty and ours again. With
+                # processes in it, it is someone else's: another agent on this host with the same
+                # limits.cgroup_parent, given the same task id. Sharing it would let either task's end
+                # kill the other, so the task runs without one.
+                if not shared and cgroup_tree_pids(path):
+                    raise OSError(f"it already holds processes (does another agent on this host use "
+                                  f"limits.cgroup_parent = {self.parent!r}?)") from None
             except FileNotFoundError:  # the parent went (an operator removed it): made again
                 os.makedirs(path, exist_ok=True)
         except OSError as exc:
+            log.warning("task cgroup %s not used: %s", path, exc.strerror or exc)
             for item in record.values():
                 item["how"] = f"not enforced: cannot create {path}: {exc.strerror or exc}" if item["limit"] else \
                     "no limit"

@@ -154,7 +154,7 @@ def start_keeper(state_dir, cgroups):
     finally:
         os.close(output)
     threading.Thread(target=proc.wait, name="keeper-reaper", daemon=True).start()
-    cgroup, _ = cgroups.create("keeper")
+    cgroup, _ = cgroups.create("keeper", shared=True)  # an earlier agent's keeper may not have gone yet
     if cgroup:
         try:
             cgroups.move(proc.pid, cgroup)

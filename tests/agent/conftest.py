@@ -3,6 +3,7 @@ processes; real `fleetd serve` processes come from tests/conftest.py (tests/supp
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from agent import fake_nvml as fake_module
 from agent.cgroups import Cgroups
 from agent.keeper import KEEPER_FILE, read_json, same_process
-from agent.procfs import signal_pids
+from agent.procfs import find_mount, signal_pids
 from agent.task.journal import read_state
 from tests.agent.fakefleetd import FakeFleetd
 from tests.support import wait_until  # noqa: F401 - the agent tests import it from here
@@ -22,6 +23,7 @@ from tests.support.http import Http  # noqa: F401 - the agent tests import it fr
 from tests.support.process import LoggedProcess
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
+TEST_CGROUPS = "fleet-agent-tests"  # below the cgroup v2 mount: one parent per test agent below it
 SCENARIOS = ("h100_x8", "a100_mig_x2", "l4_x4", "gpu_lost", "no_driver")
 
 
@@ -78,8 +80,11 @@ class AgentProcess(LoggedProcess):
         shutil.copy(shape_path(shape), self.shape)
         self.state_dir = self.root / "state"
         self.config = self.root / "agent.toml"
+        # Task cgroups are named by task id, and the stand-in fleetd's ids repeat from test to test: each
+        # agent gets a cgroup parent of its own, so that agents of tests run at once never share one.
+        self.cgroup_parent = f"{TEST_CGROUPS}/{name}-{os.getpid()}-{secrets.token_hex(4)}"
         settings = {"state_dir": str(self.state_dir), "machine_id": name, "backoff_max_seconds": 1.0,
-                    "request_timeout_seconds": 5.0}
+                    "request_timeout_seconds": 5.0, "limits_cgroup_parent": self.cgroup_parent}
         if server_url:
             settings["server_url"] = server_url
         settings.update(extra or {})
@@ -136,6 +141,13 @@ class AgentProcess(LoggedProcess):
                 continue
             if path and os.path.isdir(path):
                 cgroups.remove(path)
+        mount = find_mount("cgroup2")
+        if mount:
+            for parent in (self.cgroup_parent, TEST_CGROUPS):  # the second only once no test uses it
+                try:
+                    os.rmdir(os.path.join(mount, parent))
+                except OSError:
+                    pass
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import instance_assignment
-from tests.support import wire
+from tests.support import wait_until, wire
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                 reason="switching users needs root and setpriv (CI runs as root)")
@@ -194,22 +194,19 @@ def test_another_tenants_process_that_copies_a_tasks_markers_is_not_the_tasks():
 
 
 RUN_ONE = """
-import sys, time
+import sys
 from agent.client import FleetClient
 from agent.task.logs import LogSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
-from tests.support import wire
+from tests.support import wait_until, wire
 
 url, state, code = sys.argv[1:4]  # run with -c: sys.argv[0] is "-c"
 runner = Runner(state, Workers(), lambda: FleetClient(url, "fln_test", timeout=10), "127.0.0.1",
                 log_settings=LogSettings(interval_seconds=0.05))
 runner.submit(wire.assignment("t-carol", ["/usr/bin/python3", "-c", code],
                               run_as={"source": "unix_user", "user": "carol"}))
-for _ in range(600):
-    if not runner.tasks():
-        break
-    time.sleep(0.05)
+wait_until(lambda: not runner.tasks(), timeout=30, message="the task's end")
 runner.shutdown("done", timeout=15)
 """
 

@@ -277,6 +277,27 @@ def cgroup_parent():
     probe.remove(probe.path)
 
 
+def test_a_task_cgroup_that_already_holds_processes_is_never_shared(cgroup_parent):
+    # Two agents on one host with the same limits.cgroup_parent, given the same task id: sharing the
+    # cgroup would let either task's end kill the other's processes.
+    first, second = Cgroups(cgroup_parent), Cgroups(cgroup_parent)
+    mine, _host = first.create("task-same.1", memory_bytes=64 << 20)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        Cgroups.move(sleeper.pid, mine)
+        path, host = second.create("task-same.1", memory_bytes=64 << 20)
+        assert path is None
+        assert "already holds processes" in host["memory_bytes"]["how"]
+        assert cgroup_parent in host["memory_bytes"]["how"]
+        assert first.create("keeper", shared=True)[0] == second.create("keeper", shared=True)[0]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # Empty again (a cgroup made before a crash and never used): this agent's to take.
+    assert second.create("task-same.1")[0] == mine
+    assert first.remove(mine)
+
+
 def test_cgroup_tree_pids_lists_a_subtree_and_nothing_once_it_is_empty(cgroup_parent):
     cgroups = Cgroups(cgroup_parent)
     top, _host = cgroups.create("task-tree")

@@ -169,15 +169,23 @@ def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away
     assert fleetd.texts("t-kept")[-1] == "released"
     assert "t-moved" not in fleetd.finished
 
+def job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path, job="t-job", inst="t-inst"):
+    """An agent told a 9 s lease, running a job task and an instance that a heartbeat has renewed: the
+    fence moment is 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send.
+    Returns (agent, the job's pid, the instance's pid)."""
+    fleetd.lease_seconds = 9
+    agent = worker_agent().start()
+    fleetd.assign(assignment(job, [PY, "-c", LOOP, str(tmp_path / "never")]))
+    fleetd.assign(instance_assignment(inst, [PY, "-c", LOOP, str(tmp_path / "never")], instance_id=f"i-{inst}"))
+    job_pid = fleetd.wait_for(lambda: fleetd.started.get(job), message="job start")["pid"]
+    inst_pid = fleetd.wait_for(lambda: fleetd.started.get(inst), message="instance start")["pid"]
+    wait_until(lambda: reported(fleetd, job, "running"), message="a heartbeat that renews the lease")
+    return agent, job_pid, inst_pid
+
+
 def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_out_and_keeps_instances(
         worker_agent, fleetd, tmp_path):
-    fleetd.lease_seconds = 9  # fenced at 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send
-    agent = worker_agent().start()
-    fleetd.assign(assignment("t-job", [PY, "-c", LOOP, str(tmp_path / "never")]))
-    fleetd.assign(instance_assignment("t-inst", [PY, "-c", LOOP, str(tmp_path / "never")]))
-    job_pid = fleetd.wait_for(lambda: fleetd.started.get("t-job"), message="job start")["pid"]
-    inst_pid = fleetd.wait_for(lambda: fleetd.started.get("t-inst"), message="instance start")["pid"]
-    wait_until(lambda: reported(fleetd, "t-job", "running"), message="a heartbeat that renews the lease")
+    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path)
     fleetd.down.add("heartbeat")  # a partition as the lease sees it: heartbeats go unanswered
     cut = time.monotonic()
     agent.wait_for_line(r"fleetd could not be reached for 9s, the tasks' lease", timeout=30)
@@ -191,20 +199,19 @@ def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_
 
 def test_a_dead_agents_fence_keeper_stops_its_job_tasks_when_their_lease_runs_out_and_keeps_instances(
         worker_agent, fleetd, tmp_path):
-    fleetd.lease_seconds = 9  # the moment: 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send
-    agent = worker_agent().start()
-    fleetd.assign(assignment("t-job", [PY, "-c", LOOP, str(tmp_path / "never")]))
-    fleetd.assign(instance_assignment("t-inst", [PY, "-c", LOOP, str(tmp_path / "never")]))
-    job_pid = fleetd.wait_for(lambda: fleetd.started.get("t-job"), message="job start")["pid"]
-    inst_pid = fleetd.wait_for(lambda: fleetd.started.get("t-inst"), message="instance start")["pid"]
-    wait_until(lambda: reported(fleetd, "t-job", "running"), message="a heartbeat that renews the lease")
+    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path)
     keeper = agent.keeper_pid()
     assert keeper is not None
     agent.signal(signal.SIGKILL)  # no agent left to stop anything
     agent.wait()
     killed = time.monotonic()
     assert alive(job_pid) and alive(keeper)
-    wait_until(lambda: not alive(job_pid), timeout=15, message="the keeper to stop the job task")
+    try:
+        wait_until(lambda: not alive(job_pid), timeout=15, message="the keeper to stop the job task")
+    except AssertionError as exc:  # what the keeper did, for a failure under load
+        log = agent.state_dir / "keeper.log"
+        raise AssertionError(f"{exc}; keeper.log: {log.read_text() if log.exists() else 'none'}; "
+                             f"keeper alive: {alive(keeper)}") from None
     assert time.monotonic() - killed < 9  # before fleetd could count its lease out
     assert alive(inst_pid)  # instances are never fenced
     agent.start()  # the task ended with no status: reported lost, as fleetd has ruled by now
