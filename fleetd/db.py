@@ -147,14 +147,34 @@ def released(fn):
         hand_back()
 
 
+_FENCE = threading.local()  # the fence of the leader work this thread does (fenced_by)
+
+
+@contextlib.contextmanager
+def fenced_by(fence):
+    """Leader work: every outermost write_transaction in this block calls `fence()` first, inside the
+    transaction (it raises to refuse: replicas.Leadership.fence), so no write made for leadership
+    commits once another replica leads. None: no fence (work every replica does)."""
+    previous = getattr(_FENCE, "fn", None)
+    _FENCE.fn = fence
+    try:
+        yield
+    finally:
+        _FENCE.fn = previous
+
+
 @contextlib.contextmanager
 def write_transaction():
     """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front.
-    What after_commit() registered inside it runs once the outermost one commits."""
+    What after_commit() registered inside it runs once the outermost one commits. Inside fenced_by(),
+    the fence is checked first."""
     outermost = not database.in_transaction()
     atomic = database.atomic("IMMEDIATE") if isinstance(database.obj, peewee.SqliteDatabase) else database.atomic()
+    fence = getattr(_FENCE, "fn", None) if outermost else None
     try:
         with atomic:
+            if fence is not None:
+                fence()
             yield atomic
     except BaseException:
         if outermost:

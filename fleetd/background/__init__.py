@@ -18,6 +18,7 @@ from fleetd.background import (
     webhooks,
 )
 from fleetd.errors import Conflict, NotFound
+from fleetd.replicas import Fenced
 from fleetd.services.events import FLEETD, acting_as
 
 log = logging.getLogger(__name__)
@@ -101,11 +102,17 @@ class TaskRunner:
                 return record
             try:
                 with self.app.app_context():
-                    from fleetd.db import database
+                    from fleetd.db import database, fenced_by
 
-                    with database.connection_context(), acting_as(FLEETD):  # fleetd decides, whoever asked
+                    # fleetd decides, whoever asked; a leader's work is fenced: once another replica
+                    # leads, none of its writes commits (the run ends Fenced, recorded as an error).
+                    fence = None if name in EVERY_REPLICA else self.rt.leader.fence
+                    with database.connection_context(), acting_as(FLEETD), fenced_by(fence):
                         record.last_result = record.func(self.rt)
                 record.last_status, record.last_error = "ok", None
+            except Fenced as exc:  # another replica took the lead meanwhile: nothing of this run committed
+                log.warning("background task %s: %s", name, exc)
+                record.last_status, record.last_error = "error", f"Fenced: {exc}"
             except Exception as exc:  # a failed run is recorded and retried next interval
                 log.exception("background task %s failed", name)
                 record.last_status, record.last_error = "error", f"{type(exc).__name__}: {exc}"

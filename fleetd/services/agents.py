@@ -15,6 +15,7 @@ from fleetd.services.nodes import (
     replace_gpus,
     set_gpu_status,
     settle_drain,
+    settle_drain_of,
     switch_node_status,
 )
 from fleetd.services.work import reconcile_reported_tasks
@@ -173,7 +174,9 @@ def heartbeat(rt, node, body):
                 switch_node_status(node, back_to, "heartbeats resumed", now)
                 changed = True
             changed = apply_health_policy(rt, node, now, gpu_change, gpus is not None, joined) or changed
-            changed = settle_drain(node, now) is not None or changed
+            changed = settle_drain(node, now, deadline=False) is not None or changed
+    if node.status == NodeStatus.DRAINING.value and node.drain_deadline is not None and node.drain_deadline <= now:
+        settle_drain_of(rt, node_id)  # the leader stops what is left, fenced; another replica leaves it
     if changed and rt.scheduler is not None:
         rt.scheduler.kick()  # new or returning capacity
     interval = rt.liveness.heartbeat_interval()

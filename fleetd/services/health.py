@@ -75,7 +75,7 @@ def _on_fault(rt, node, now, policy, hold, fault, missing):
         switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
         _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s",
               NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, fault)
-        nodes.settle_drain(node, now)
+        nodes.settle_drain(node, now, deadline=False)  # a deadline already due: the heartbeat's caller settles it
     return True
 
 

@@ -7,6 +7,7 @@ import datetime as dt
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
+from fleetd.replicas import Fenced
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
@@ -129,10 +130,13 @@ def active_task_ids(node_id):
     return [t.id for t in Task.select(Task.id).where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))]
 
 
-def settle_drain(node, now):
-    """Finish a drain whose node runs nothing any more; at the deadline, stop and requeue its tasks.
+def settle_drain(node, now, deadline=True):
+    """Finish a drain whose node runs nothing any more; at the deadline (unless `deadline` is False),
+    stop and requeue its tasks.
 
-    Runs inside the caller's transaction; returns the ids of jobs that were requeued.
+    Runs inside the caller's transaction; returns the ids of jobs that were requeued. Stopping tasks
+    at the deadline is the leader's work, under its fence (settle_drains, settle_drain_of): a path
+    any replica runs (a heartbeat) passes deadline=False.
     """
     if node.status != NodeStatus.DRAINING.value:
         return None
@@ -140,7 +144,7 @@ def settle_drain(node, now):
     if not active:
         switch_node_status(node, NodeStatus.DRAINED, "drain complete: no running tasks", now)
         return set()
-    if node.drain_deadline is not None and node.drain_deadline <= now:
+    if deadline and node.drain_deadline is not None and node.drain_deadline <= now:
         jobs = stop_tasks_of_node(node.id, "node drain deadline passed", now)
         switch_node_status(node, NodeStatus.DRAINED,
                            f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
@@ -154,18 +158,38 @@ def settle_drains(rt):
     finished, requeued = 0, set()
     draining = [n.id for n in Node.select(Node.id).where(Node.status == NodeStatus.DRAINING.value)]
     for node_id in draining:
-        with write_transaction():
-            rt.leader.fence()
-            node = find_node(node_id)
-            jobs = settle_drain(node, rt.clock.now()) if node is not None else None
+        jobs = _settle_drain_fenced(rt, node_id)
         if jobs is not None:
             finished += 1
             requeued |= jobs
-    for job_id in requeued:
-        rt.notifier.notify(("job", job_id))
-    if requeued:
-        rt.scheduler.kick()
+    _requeued(rt, requeued)
     return finished, len(requeued)
+
+
+def settle_drain_of(rt, node_id):
+    """On the leader only, in a fenced transaction of its own: settle one node's drain (its deadline
+    passed while a heartbeat was being answered). A replica that does not lead leaves it to the leader."""
+    if not rt.leader.leading():
+        return
+    try:
+        jobs = _settle_drain_fenced(rt, node_id)
+    except Fenced:
+        return  # another replica leads since: it settles the drain
+    _requeued(rt, jobs or ())
+
+
+def _settle_drain_fenced(rt, node_id):
+    with write_transaction():
+        rt.leader.fence()
+        node = find_node(node_id)
+        return settle_drain(node, rt.clock.now()) if node is not None else None
+
+
+def _requeued(rt, jobs):
+    for job_id in jobs:
+        rt.notifier.notify(("job", job_id))
+    if jobs:
+        rt.scheduler.kick()
 
 
 def live_nodes_last_heard():

@@ -14,9 +14,10 @@ import psycopg2
 import pytest
 import requests
 
+from fleetd.services.tokens import issue_first_admin_token
 from tests.support import wait_until
 from tests.support.gpus import gpus
-from tests.support.http import Http
+from tests.support.http import ApiClient, Http
 from tests.support.server import FleetdProcess, fleetd_cmd, fleetd_init
 
 pytestmark = pytest.mark.integration
@@ -216,3 +217,60 @@ def test_sqlite_serves_one_process(tmp_path):
         assert health(first)["leader"] is True
     finally:
         first.kill()
+
+
+def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_db, make_app, clock):
+    """In-process on the real database: this app's replica still believes it leads (a paused process
+    whose clock has not moved), another one took the lease. Its heartbeat path, drain deadlines, token
+    clean-up, metric samples and garbage collection commit nothing; the holder's do."""
+    from fleetd.db import database
+    from fleetd.models import ApiToken, GpuSample, Task
+    from fleetd.replicas import Leadership
+
+    app = make_app(db_url=replica_db, failover_grace_seconds=0)
+    rt = app.extensions["fleetd"]
+    old = rt.leader = Leadership(lease_seconds=1, shared=True, monotonic=lambda: 0.0)
+    assert old.tick() and old.epoch == 1
+    with database.connection_context():
+        api = ApiClient(app, issue_first_admin_token(clock.now()))
+    api.create_fleet("gpu-a")
+    node, session = api.ready_node(api.create_join_token("gpu-a"), "n1", gpu_count=1)
+    job = api.submit(resources={"gpus": 1})
+    task = api.start_task(session)
+    running = [{"id": task["task_id"], "epoch": task["epoch"], "state": "running"}]
+    resp = api.post(f"/api/v1/nodes/{node}/drain", {"reason": "maintenance", "deadline_seconds": 30})
+    assert resp.status_code == 200 and resp.get_json()["status"] == "draining", resp.get_json()
+    revoked = api.post("/api/v1/tokens", {"name": "gone", "role": "submitter"}).get_json()["id"]
+    assert api.delete(f"/api/v1/tokens/{revoked}").status_code == 204
+
+    new = Leadership(lease_seconds=1, shared=True)
+    wait_until(new.tick, 10, message="the lease to lapse and another replica to take it")
+    assert new.epoch == 2 and old.leading()  # by its own stopped clock, the old one still leads
+    clock.advance(rt.settings.token_retention_seconds + 60)  # the drain deadline and the token's retention are past
+
+    def counts():
+        with database.connection_context():
+            return (Task.get_by_id(task["task_id"]).state, ApiToken.select().where(ApiToken.id == revoked).count(),
+                    GpuSample.select().count())
+
+    def paused():  # a fence that refuses teaches the replica it lost the lead: each path below comes first
+        old._valid_until = old.lease_seconds - old.margin
+
+    before = counts()
+    assert before[:2] == ("running", 1)
+    paused()
+    api.heartbeat(session, tasks=running)  # the deadline is due: only the leader may act on it
+    assert not old.leading()  # its fence refused, and it knows now
+    for name in ("drains", "token_cleanup", "metrics_sampler", "gc"):  # each has something to write
+        paused()
+        result = api.post(f"/api/v1/admin/tasks/{name}/run").get_json()
+        assert result["last_status"] == "error" and result["last_error"].startswith("Fenced: "), (name, result)
+    assert counts() == before
+    assert api.node(node)["status"] == "draining" and api.job(job["id"])["state"] == "running"
+
+    rt.leader = new  # the holder: the same work goes through
+    api.heartbeat(session, tasks=running)
+    assert api.node(node)["status"] == "drained"
+    assert api.run_task("token_cleanup")["api_tokens"] == 1
+    after = counts()
+    assert after[0] != "running" and after[1] == 0
