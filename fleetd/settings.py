@@ -48,6 +48,7 @@ class Settings:
     storage_watermark_percent: float = 85.0
     gc_interval_seconds: float = 3600.0
     webhook_send_seconds: float = 2.0  # how often queued webhook deliveries are sent (and retried when due)
+    webhooks_allow_targets: str = ""  # comma-separated CIDRs webhooks may target although not global (a LAN receiver)
     job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
     leader_lease_seconds: float = 8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
@@ -85,13 +86,12 @@ class Settings:
     @property
     def trusted_networks(self):
         """trusted_proxies as a tuple of ip_network."""
-        out = []
-        for item in filter(None, (part.strip() for part in self.trusted_proxies.split(","))):
-            try:
-                out.append(ipaddress.ip_network(item, strict=False))
-            except ValueError:
-                raise ValueError(f"trusted_proxies wants addresses or CIDRs, got {item!r}") from None
-        return tuple(out)
+        return _networks("trusted_proxies", self.trusted_proxies)
+
+    @property
+    def webhook_allowed_networks(self):
+        """webhooks_allow_targets as a tuple of ip_network."""
+        return _networks("webhooks_allow_targets (FLEETD_WEBHOOKS_ALLOW_TARGETS)", self.webhooks_allow_targets)
 
     @property
     def task_uids(self):
@@ -111,6 +111,7 @@ class Settings:
         from fleetd.scheduler import POLICIES
 
         self.trusted_networks  # noqa: B018 - raises on a bad list
+        self.webhook_allowed_networks  # noqa: B018 - raises on a bad list
         self.task_uids  # noqa: B018 - raises on a bad range
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
@@ -128,3 +129,14 @@ class Settings:
         values = fleetconf.read_toml(path, ValueError) if path else {}
         return fleetconf.load(cls, "FLEETD_", values, environ, overrides, ValueError,
                               where=path or "settings").validate()
+
+
+def _networks(name, text):
+    """A comma-separated list of addresses or CIDRs as a tuple of ip_network; ValueError naming the setting."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            out.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{name} wants addresses or CIDRs, got {item!r}") from None
+    return tuple(out)

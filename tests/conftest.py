@@ -11,9 +11,10 @@ from fleetd.services.tokens import issue_first_admin_token
 from fleetd.settings import Settings
 from tests.support.gpus import GPU_H100, gpus  # noqa: F401 - tests import them from here
 from tests.support.http import ApiClient  # tests import it from here too
-from tests.support.server import admin, data_dir, server, server_factory  # noqa: F401 - fixtures
+from tests.support.server import ALLOW_LOOPBACK_WEBHOOKS, admin, data_dir, server, server_factory  # noqa: F401 - fixtures
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+LOOPBACK_RECEIVERS = ALLOW_LOOPBACK_WEBHOOKS["FLEETD_WEBHOOKS_ALLOW_TARGETS"]
 
 
 class FakeClock:
@@ -47,6 +48,7 @@ def make_settings(tmp_path):
         overrides.setdefault("data_dir", str(tmp_path / "data"))
         overrides.setdefault("auth_failure_limit", 10_000)
         overrides.setdefault("long_poll_max_seconds", 0.5)  # long polls in tests end quickly
+        overrides.setdefault("webhooks_allow_targets", LOOPBACK_RECEIVERS)
         return Settings.load(environ={}, **overrides)
 
     return make

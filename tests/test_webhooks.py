@@ -1,58 +1,15 @@
 """Webhooks against a real local HTTP receiver: signature, retries with back-off, the delivery history."""
 
+import base64
 import hashlib
 import hmac
-import http.server
 import json
-import threading
 
 import pytest
+import standardwebhooks
 
 from tests.conftest import ApiClient, admin_client
-
-SECRET = "s3cret-for-the-receiver-0123"
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 in a thread: records each POST, answers with the next queued status."""
-
-    def __init__(self):
-        self.requests = []
-        self.statuses = []  # answered in order; 204 once empty
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with outer.lock:
-                    outer.requests.append((self.path, dict(self.headers), body))
-                    status = outer.statuses.pop(0) if outer.statuses else 204
-                self.send_response(status)
-                if 300 <= status < 400:
-                    self.send_header("Location", "http://example.invalid/elsewhere")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
+from tests.support.webhooks import SECRET, receiver  # noqa: F401 - receiver is a fixture
 
 
 @pytest.fixture
@@ -202,3 +159,33 @@ def test_webhook_kinds_of_events():
     assert webhook_kind("instance.state", "running", "interrupted") == "instance.interrupted"
     assert webhook_kind("leader.changed", None, None) == "leader.changed"
     assert webhook_kind("task.state", "running", "failed") is None
+
+
+def test_deliveries_verify_with_the_standard_webhooks_library_and_keep_their_id_across_retries(env, receiver, clock):
+    app, api = env
+    hook = _hook(api, receiver.url, ["node.drained"])
+    node_id, _ = api.ready_node(api.create_join_token(), "host-a")
+    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}).status_code == 200
+    receiver.statuses = [500]
+    assert api.run_task("webhooks")["retrying"] == 1
+    clock.advance(5)
+    assert api.run_task("webhooks")["delivered"] == 1
+    [delivery] = _deliveries(api, hook["id"])
+
+    # The receiver's key is the secret's bytes: `whsec_` + base64 of them in the specification's form.
+    whsec = "whsec_" + base64.b64encode(SECRET.encode()).decode()
+    for verifier in (standardwebhooks.Webhook(whsec), standardwebhooks.Webhook(SECRET.encode())):
+        for _path, headers, body in receiver.requests:
+            assert verifier.verify(body, headers)["id"] == delivery["id"]
+    assert [r[1]["webhook-id"] for r in receiver.requests] == [delivery["id"]] * 2  # stable across the retry
+    assert all(_signed(headers, body) for _path, headers, body in receiver.requests)  # the old header stays
+    assert all(r[1]["Host"] == receiver.url.split("/")[2] for r in receiver.requests)
+
+    _path, headers, body = receiver.requests[-1]
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(whsec).verify(body.replace(b"node.drained", b"node.lost"), headers)
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError, match="too old"):
+        standardwebhooks.Webhook(whsec).verify(body, dict(headers, **{
+            "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}))
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook("whsec_" + base64.b64encode(b"another secret").decode()).verify(body, headers)

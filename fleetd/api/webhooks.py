@@ -26,8 +26,10 @@ class Webhooks(MethodView):
     @blp.arguments(WebhookCreateSchema())
     @blp.response(201, WebhookSchema)
     def post(self, body):
-        """Add a webhook: each event of these kinds is POSTed to the URL, signed with the secret."""
-        return webhooks.create_webhook(current_runtime().clock.now(), current_principal(), **body)
+        """Add a webhook: each event of these kinds is POSTed to the URL, signed with the secret. A URL
+        whose host is, or resolves to, a loopback, link-local, private, multicast or unspecified
+        address is refused unless the setting webhooks_allow_targets allows its network."""
+        return webhooks.create_webhook(current_runtime(), current_principal(), **body)
 
 
 @blp.route("/<string:webhook_id>")

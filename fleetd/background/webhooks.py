@@ -8,4 +8,4 @@ DESCRIPTION = "Posts queued webhook deliveries (signed), retries failures with b
 
 def run(rt):
     """One round of sends; returns {delivered, retrying, given_up, forgotten}."""
-    return send_due(rt, fence=rt.leader.fence)
+    return send_due(rt)

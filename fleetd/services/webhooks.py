@@ -2,24 +2,30 @@
 the event that causes them, and the sender (the `webhooks` background task) that signs, posts and
 retries them with back-off."""
 
+import base64
 import concurrent.futures
 import datetime as dt
 import hashlib
 import hmac
 import json
 import logging
+import time
+import urllib.parse
 
-import requests
+import certifi
+import urllib3
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
-from fleetd.errors import NotFound
+from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Webhook, WebhookDelivery, new_id
+from fleetd.services import webhook_targets
 from fleetd.services.pagination import paginate
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Fleetd-Signature"
+NOT_SENT = (None, None)  # an attempt this replica did not make (it stopped leading): not counted
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 MAX_ATTEMPTS = 8  # then the delivery is given up (state failed, its last error kept)
@@ -27,6 +33,7 @@ BACKOFF_SECONDS = (5, 15, 60, 300, 900, 1800, 3600)  # before attempt 2, 3, ...
 BATCH = 100  # deliveries one sender run takes at most
 CONCURRENCY = 8  # requests in flight at once
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
+CLAIM = dt.timedelta(minutes=5)  # a delivery being sent is not due again before this (see _claim_due)
 KEEP_FINISHED = dt.timedelta(days=7)  # delivered or given-up deliveries are listed this long
 ERROR_MAX = 500
 
@@ -78,11 +85,29 @@ def sign(secret, body):
     return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
 
 
+def standard_headers(secret, delivery_id, timestamp, body):
+    """The Standard Webhooks headers: `webhook-id` (the delivery's id, the same on every retry),
+    `webhook-timestamp` (this attempt, in Unix seconds) and `webhook-signature` (`v1,` and the
+    base64 HMAC-SHA256 of `id.timestamp.body`). The key is the secret's UTF-8 bytes, which a
+    Standard Webhooks receiver names `whsec_` + base64(secret)."""
+    signed = f"{delivery_id}.{timestamp}.".encode() + body
+    digest = hmac.new(secret.encode("utf-8"), signed, hashlib.sha256).digest()
+    return {"webhook-id": delivery_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": "v1," + base64.b64encode(digest).decode("ascii")}
+
+
 # ---------------------------------------------------------------- admin: the webhooks themselves
 
 
-def create_webhook(now, principal, url, secret, events):
-    """Store a webhook; the secret is kept to sign deliveries and never shown again."""
+def create_webhook(rt, principal, url, secret, events):
+    """Store a webhook; the secret is kept to sign deliveries and never shown again. A URL whose host
+    is, or resolves to, an address webhooks may not post to is refused (resolved before the
+    transaction: no network call inside it)."""
+    try:
+        webhook_targets.check_url(url, rt.settings.webhook_allowed_networks)
+    except webhook_targets.TargetRefused as exc:
+        raise InvalidRequest(f"webhook url refused: {exc}", {"fields": {"json": {"url": [str(exc)]}}}) from None
+    now = rt.clock.now()
     with write_transaction():
         return Webhook.create(id=new_id(), url=url, secret=secret, events=sorted(set(events)), created_at=now,
                               created_by=principal.label if principal is not None else "")
@@ -116,32 +141,69 @@ def list_deliveries(webhook_id, limit, cursor=None):
 # ---------------------------------------------------------------- the sender
 
 
-def _post(url, secret, body, delivery_id, kind):
-    """One attempt: (status_code or None, error or ""). Never follows a redirect (a 3xx is a
-    failure: the receiver must name its final URL); reads no response body."""
+def _post(url, secret, body, delivery_id, kind, allowed, may_send):
+    """One attempt: (status_code or None, error or ""), or NOT_SENT when `may_send()` says no right
+    before the request. Resolves the host once, refuses it if any of its addresses is not allowed,
+    and connects to those checked addresses only (TLS verifies the certificate against the host
+    name). Never follows a redirect (a 3xx is a failure: the receiver must name its final URL);
+    reads no response body."""
     raw = body.encode("utf-8")
-    headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, raw),
-               "X-Fleetd-Delivery": delivery_id, "X-Fleetd-Event": kind, "User-Agent": "fleetd-webhooks"}
     try:
-        with requests.post(url, data=raw, headers=headers, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
-                           allow_redirects=False, stream=True) as resp:
-            code = resp.status_code
-    except (requests.RequestException, ValueError, UnicodeError, OSError) as exc:  # unreachable, refused, bad name
-        return None, _describe(exc)
-    if 200 <= code < 300:
-        return code, ""
-    if 300 <= code < 400:
-        return code, f"HTTP {code}: redirects are not followed"
-    return code, f"HTTP {code}"
+        host, port, addresses = webhook_targets.pin(url, allowed)
+    except webhook_targets.TargetRefused as exc:
+        return None, f"refused: {exc}"
+    except OSError:
+        return None, "the host name does not resolve"
+    parts = urllib.parse.urlsplit(url)
+    target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    headers = {"Host": parts.netloc, "Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, raw),
+               "X-Fleetd-Delivery": delivery_id, "X-Fleetd-Event": kind, "User-Agent": "fleetd-webhooks"}
+    # The receiver's clock judges this timestamp: it is the wall clock's, not fleetd's injected one.
+    headers.update(standard_headers(secret, delivery_id, int(time.time()), raw))
+    error = "the host name resolves to no address"
+    for address in addresses:  # bounded: pin() returns at most MAX_ADDRESSES
+        if not may_send():
+            return NOT_SENT
+        pool = _pool(parts.scheme, host, port, str(address))
+        try:
+            resp = pool.urlopen("POST", target, body=raw, headers=headers, redirect=False, retries=False,
+                                preload_content=False, assert_same_host=False)
+            code = resp.status
+            resp.release_conn()
+        except urllib3.exceptions.NewConnectionError as exc:  # refused or unreachable: try the next address
+            error = _describe(exc)
+            continue
+        except (urllib3.exceptions.HTTPError, OSError, ValueError, UnicodeError) as exc:
+            return None, _describe(exc)
+        finally:
+            pool.close()
+        if 200 <= code < 300:
+            return code, ""
+        if 300 <= code < 400:
+            return code, f"HTTP {code}: redirects are not followed"
+        return code, f"HTTP {code}"
+    return None, error
+
+
+def _pool(scheme, host, port, address):
+    """A one-connection pool to `address` (already checked) that speaks to it as `host`."""
+    timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT)
+    if scheme == "https":
+        return urllib3.HTTPSConnectionPool(address, port, maxsize=1, timeout=timeout, retries=False,
+                                           cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                                           server_hostname=host, assert_hostname=host)
+    return urllib3.HTTPConnectionPool(address, port, maxsize=1, timeout=timeout, retries=False)
 
 
 def _describe(exc):
     """A request error in a few words, without the URL (it may carry a token in its query)."""
     kind = type(exc).__name__
-    if isinstance(exc, requests.Timeout):
-        return f"{kind}: no answer within {CONNECT_TIMEOUT:g}s (connect) / {READ_TIMEOUT:g}s (read)"
-    if isinstance(exc, requests.ConnectionError):
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
         return f"{kind}: could not connect"
+    if isinstance(exc, (urllib3.exceptions.ConnectTimeoutError, urllib3.exceptions.ReadTimeoutError)):
+        return f"{kind}: no answer within {CONNECT_TIMEOUT:g}s (connect) / {READ_TIMEOUT:g}s (read)"
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return f"{kind}: the TLS handshake or the certificate's verification failed"
     return kind
 
 
@@ -149,27 +211,48 @@ def _backoff(attempts):
     return dt.timedelta(seconds=BACKOFF_SECONDS[min(attempts - 1, len(BACKOFF_SECONDS) - 1)])
 
 
-def send_due(rt, fence=None):
+def _claim_due(now, leader):
+    """The deliveries due now (at most BATCH), taken under the leader's fence: a replica that was
+    deposed (even one paused past its lease that still believes it leads) gets Fenced here and sends
+    nothing. Each taken delivery is put off by CLAIM, so that a leader that dies while sending leaves
+    it to the next one after that, and another leader does not send it meanwhile."""
+    with write_transaction():
+        leader.fence()
+        due = list(WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.body,
+                                          WebhookDelivery.attempts, Webhook.url, Webhook.secret)
+                   .join(Webhook, on=(WebhookDelivery.webhook == Webhook.id))
+                   .where((WebhookDelivery.state == PENDING) & (WebhookDelivery.next_attempt_at <= now))
+                   .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(BATCH).objects())
+        if due:
+            WebhookDelivery.update(next_attempt_at=now + CLAIM).where(
+                WebhookDelivery.id.in_([d.id for d in due])).execute()
+    return due
+
+
+def send_due(rt):
     """Send the deliveries that are due (at most BATCH, CONCURRENCY at a time, outside any
-    transaction) and record each outcome; returns counts. `fence`: the leader's check."""
-    now = rt.clock.now()
-    due = list(WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.body,
-                                      WebhookDelivery.attempts, Webhook.url, Webhook.secret)
-               .join(Webhook, on=(WebhookDelivery.webhook == Webhook.id))
-               .where((WebhookDelivery.state == PENDING) & (WebhookDelivery.next_attempt_at <= now))
-               .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(BATCH).objects())
+    transaction) and record each outcome under the leader's fence; returns counts. Only the leader
+    sends: leadership is checked again right before each request, and a replica that stopped
+    leading meanwhile records nothing (the new leader sends what is left, with the same ids)."""
+    leader = rt.leader
+    counts = {"delivered": 0, "retrying": 0, "given_up": 0, "forgotten": 0}
+    if not leader.leading():
+        return counts
+    due = _claim_due(rt.clock.now(), leader)
+    allowed = rt.settings.webhook_allowed_networks
     results = {}
     if due:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(CONCURRENCY, len(due))) as pool:
-            futures = {pool.submit(_post, d.url, d.secret, d.body, d.id, d.kind): d for d in due}
+            futures = {pool.submit(_post, d.url, d.secret, d.body, d.id, d.kind, allowed, leader.leading): d
+                       for d in due}
             for future in concurrent.futures.as_completed(futures):
                 results[futures[future].id] = future.result()
-    counts = {"delivered": 0, "retrying": 0, "given_up": 0}
     done_at = rt.clock.now()
     with write_transaction():
-        if fence is not None:
-            fence()
+        leader.fence()
         for d in due:
+            if results[d.id] == NOT_SENT:
+                continue
             code, error = results[d.id]
             attempts = d.attempts + 1
             fields = {"attempts": attempts, "status_code": code, "error": error[:ERROR_MAX]}

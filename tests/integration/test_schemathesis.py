@@ -97,6 +97,10 @@ SERVER_ENV = {
     "FLEETD_AUTH_FAILURE_GLOBAL_LIMIT": "1000000000",
     # acquire, job wait and rendezvous wait are long polls of up to 30 s; fuzzed cases must not wait.
     "FLEETD_LONG_POLL_MAX_SECONDS": "0.2",
+    # Which hosts a webhook may target depends on what they are or resolve to (loopback, private, ...),
+    # which a URL's schema cannot state; the fuzzer checks the document, tests/test_webhook_targets.py
+    # checks the refusals.
+    "FLEETD_WEBHOOKS_ALLOW_TARGETS": "0.0.0.0/0,::/0",
 }
 
 

@@ -11,6 +11,9 @@ import pytest
 from tests.support.process import LoggedProcess
 
 START_TIMEOUT = 30
+# Webhook receivers in tests listen on loopback, which fleetd refuses unless allowed; a test of the
+# refusal itself starts fleetd with FLEETD_WEBHOOKS_ALLOW_TARGETS="" (the default: nothing allowed).
+ALLOW_LOOPBACK_WEBHOOKS = {"FLEETD_WEBHOOKS_ALLOW_TARGETS": "127.0.0.0/8"}
 
 
 def fleetd_cmd(*args):
@@ -24,7 +27,7 @@ class FleetdProcess(LoggedProcess):
     def __init__(self, data_dir, env=None, bind="127.0.0.1:0"):
         super().__init__()
         self.data_dir = data_dir
-        self.env = dict(os.environ, **(env or {}))
+        self.env = {**os.environ, **ALLOW_LOOPBACK_WEBHOOKS, **(env or {})}
         self.bind = bind
         self.url = None
 
