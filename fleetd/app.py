@@ -118,6 +118,8 @@ def _authenticate():
         rt.limiter.fail(request_address(), rt.clock.monotonic())  # 429 once over the failure budget
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
+    if g.principal.kind == "api":  # node sessions and join tokens are exempt
+        rt.rates.take(g.principal.id, g.principal.rate, rt.clock.monotonic())  # 429 past the token's rate
     if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
         raise ProtocolMismatch(
             f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",

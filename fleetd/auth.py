@@ -40,6 +40,7 @@ class Principal:
     team: str = None
     node_id: str = None
     fleet: str = None
+    rate: float = None  # an API token's own requests_per_second (None: the setting's)
     node: object = dataclasses.field(default=None, compare=False, repr=False)  # the whole row, for heartbeats
 
     @property
@@ -56,7 +57,7 @@ class Principal:
 # timestamp it does not look at is decoded.
 _API_TOKEN_AUTH = Statement(lambda v: ApiToken.select(
     ApiToken.id, ApiToken.name, ApiToken.role, ApiToken.team, ApiToken.token_hash, ApiToken.expires_at,
-    ApiToken.revoked_at).where(ApiToken.id == v("id")).limit(1))
+    ApiToken.revoked_at, ApiToken.limits).where(ApiToken.id == v("id")).limit(1))
 _NODE_AUTH = Statement(lambda v: Node.select(Node.id, Node.hostname, Node.fleet, Node.status, Node.session_hash)
                        .where(Node.session_id == v("session_id")).limit(1))
 _NODE_BY_SESSION = Statement(lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1))
@@ -104,7 +105,8 @@ def api_token_principal(row, now):
         raise Unauthorized("token revoked")
     if row.expires_at is not None and row.expires_at <= now:
         raise Unauthorized("token expired")
-    return Principal("api", row.id, row.role, name=row.name, team=row.team)
+    return Principal("api", row.id, row.role, name=row.name, team=row.team, rate=(row.limits or {}).get(
+        "requests_per_second"))
 
 
 def resolve_api_token_id(token_id, now):
@@ -164,6 +166,40 @@ class FailureLimiter:
             del self._failures[address]
         if len(self._failures) >= self.max_addresses:
             self._failures.clear()
+
+
+class RequestRates:
+    """A token bucket per API token: each holds up to `burst_seconds` of its rate in requests and
+    refills at its rate; a request finding its bucket empty gets 429 with the seconds until one
+    request's worth is back. In memory, per process (each replica counts the requests it serves)."""
+
+    def __init__(self, default_rate, burst_seconds, max_tokens=100_000):
+        self.default_rate = default_rate
+        self.burst_seconds = burst_seconds
+        self.max_tokens = max_tokens
+        self._buckets = {}  # token id -> [requests left, monotonic time of the last refill]
+        self._lock = threading.Lock()
+
+    def take(self, token_id, rate, now):
+        """Spend one request of this token at `rate` per second (None: the default; 0: unlimited);
+        raise RateLimited when its bucket is empty."""
+        rate = self.default_rate if rate is None else rate
+        if not rate:
+            return
+        capacity = max(1.0, rate * self.burst_seconds)
+        with self._lock:
+            bucket = self._buckets.get(token_id)
+            if bucket is None:
+                if len(self._buckets) >= self.max_tokens:
+                    self._buckets.clear()  # full buckets for all: only ever lets more through
+                bucket = self._buckets[token_id] = [capacity, now]
+            left = min(capacity, bucket[0] + (now - bucket[1]) * rate)
+            bucket[1] = now
+            if left < 1.0:
+                bucket[0] = left
+                raise RateLimited(f"too many requests for this token (limit {rate:g}/s); retry later",
+                                  retry_after=(1.0 - left) / rate)
+            bucket[0] = left - 1.0
 
 
 def client_address(remote_addr, forwarded_for, trusted):

@@ -46,6 +46,17 @@ class Conflict(FleetdError):
     http_status, code = 409, "conflict"
 
 
+class LimitExceeded(FleetdError):
+    """An owner's limit (services.limits) would be passed: `limit` names it, `value` is what it
+    allows, `use` what the owner holds (or would, for one spec's size); nothing was stored."""
+
+    http_status, code = 409, "limit_exceeded"
+
+    def __init__(self, limit, value, use, what):
+        super().__init__(f"{what}: over the limit {limit} of {value} (use: {use})",
+                         {"limit": limit, "value": value, "use": use})
+
+
 class PayloadTooLarge(FleetdError):
     http_status, code = 413, "payload_too_large"
 

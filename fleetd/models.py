@@ -172,6 +172,10 @@ class BaseModel(peewee.Model):
         return sql.by_pk(cls).first(pk=pk)
 
 
+# The limits an admin can set on an API token (`ApiToken.limits`; services.limits checks them).
+LIMIT_NAMES = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_artifact_bytes", "requests_per_second")
+
+
 class ApiToken(BaseModel):
     """An API token (fla_<id>.<secret>); only the SHA-256 of the whole token is kept."""
 
@@ -185,6 +189,7 @@ class ApiToken(BaseModel):
     revoked_at = peewee.DateTimeField(null=True)
     last_used_at = peewee.DateTimeField(null=True)
     unix_user = peewee.CharField(max_length=32, null=True)  # tasks of this token run as this host user
+    limits = JSONText(null=True)  # {limit name: value} an admin set; a name not there is the setting's (migration 0018)
 
 
 class Fleet(BaseModel):
@@ -384,6 +389,11 @@ class Instance(BaseModel):
         return InstanceSpec.from_dict(self.spec)
 
 
+# An owner's active jobs are counted at every submit (its limit): from this index, never its other jobs
+# (migration 0018).
+Job.add_index(Job.owner_token_id, Job.state, where=peewee.SQL("instance_id IS NULL"), name="job_owner_state")
+
+
 # Names are handles: unique among one owner's instances until they are deleted (migration 0015).
 Instance.add_index(Instance.owner_token_id, Instance.name, unique=True, where=peewee.SQL("state != 'deleted'"),
                    name="instance_owner_name_live")
@@ -450,6 +460,7 @@ class ArtifactUpload(BaseModel):
 
     class Meta:
         primary_key = peewee.CompositeKey("sha256", "token_id")
+        indexes = ((("token_id",), False),)  # an owner's stored bytes are summed at every upload (migration 0018)
 
 
 class UiSession(BaseModel):

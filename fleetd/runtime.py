@@ -4,7 +4,7 @@ import dataclasses
 
 from flask import current_app, request
 
-from fleetd.auth import FailureLimiter, client_address
+from fleetd.auth import FailureLimiter, RequestRates, client_address
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamples
 from fleetd.replicas import Leadership
@@ -38,6 +38,7 @@ class Runtime:
     leader: Leadership = dataclasses.field(default_factory=Leadership)
     identities: Identities = None  # who tasks run as (services.identities), set by build()
     samples: RuntimeSamples = None  # what nodes last reported of their instance runs, set by build()
+    rates: RequestRates = None  # each API token's request rate, set by build()
 
     @classmethod
     def build(cls, settings, clock=None):
@@ -51,7 +52,8 @@ class Runtime:
                                  settings.auth_failure_global_limit)
         leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
         return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks,
-                   identities=Identities(settings.task_uids), samples=RuntimeSamples(clock))
+                   identities=Identities(settings.task_uids), samples=RuntimeSamples(clock),
+                   rates=RequestRates(settings.limits_requests_per_second, settings.limits_request_burst_seconds))
 
 
 def current_runtime():

@@ -59,6 +59,13 @@ class Settings:
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
     instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
     task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
+    # Per-owner limits ([limits] in the file): each API token's, unless an admin set its own on the token.
+    limits_max_active_jobs: int = 10_000  # its jobs queued, running or cancelling
+    limits_max_instances: int = 100  # its instances that are not deleted
+    limits_max_spec_bytes: int = 1024 * 1024  # one job or instance spec as stored (max_body_bytes caps it anyway)
+    limits_max_artifact_bytes: int = 100 * 1024**3  # what it uploaded, counted as if nothing were shared
+    limits_requests_per_second: float = 1000.0  # its API requests (node sessions are exempt); 0: no limit
+    limits_request_burst_seconds: float = 2.0  # a token may spend this many seconds' worth of requests at once
 
     @property
     def database_url(self):
@@ -115,6 +122,10 @@ class Settings:
         self.task_uids  # noqa: B018 - raises on a bad range
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
+        for name in ("limits_max_active_jobs", "limits_max_instances", "limits_max_spec_bytes",
+                     "limits_max_artifact_bytes", "limits_requests_per_second", "limits_request_burst_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
 
         for name in [self.scheduler_policy, *self.policy_by_fleet.values()]:
             if name and name not in POLICIES:

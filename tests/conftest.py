@@ -48,6 +48,7 @@ def make_settings(tmp_path):
         overrides.setdefault("data_dir", str(tmp_path / "data"))
         overrides.setdefault("auth_failure_limit", 10_000)
         overrides.setdefault("long_poll_max_seconds", 0.5)  # long polls in tests end quickly
+        overrides.setdefault("limits_requests_per_second", 0)  # a FakeClock never refills a token's bucket
         overrides.setdefault("webhooks_allow_targets", LOOPBACK_RECEIVERS)
         return Settings.load(environ={}, **overrides)
 

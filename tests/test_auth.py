@@ -18,6 +18,7 @@ ROLE_TABLE = {
     ("GET", "/api/v1/whoami"): ANY,
     ("GET", "/api/v1/tokens"): A,
     ("POST", "/api/v1/tokens"): A,
+    ("PATCH", "/api/v1/tokens/{token_id}"): A,
     ("DELETE", "/api/v1/tokens/{token_id}"): A,
     ("GET", "/api/v1/fleets"): AS,
     ("POST", "/api/v1/fleets"): A,

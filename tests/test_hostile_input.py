@@ -55,7 +55,11 @@ JOB_SPEC = {
 # A valid body per route, so that the hostile value is the only thing wrong with it.
 BASE_BODIES = {
     ("POST", "/api/v1/tokens"): {"name": "t", "role": "submitter", "team": "team-a", "expires_in_seconds": 3600,
-                                 "unix_user": "alice"},
+                                 "unix_user": "alice", "limits": {"max_active_jobs": 10, "max_instances": 2,
+                                                                  "max_spec_bytes": 4096, "max_artifact_bytes": 2**30,
+                                                                  "requests_per_second": 50.5}},
+    ("PATCH", "/api/v1/tokens/{token_id}"): {"limits": {"max_active_jobs": 10, "max_instances": None,
+                                                        "requests_per_second": 2}},
     ("POST", "/api/v1/fleets"): {"name": "gpu-z", "description": "d", "labels": {"k": "v"},
                                  "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
                                  "health_policy": {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
@@ -118,8 +122,9 @@ class World:
         self.assignment = self.api.start_task(self.session)
         instance = self.api.post("/api/v1/instances", {"name": "nb", "command": ["true"]}).get_json()
         self.api.post(f"/api/v1/instances/{instance['id']}/stop")
+        limited = self.api.post("/api/v1/tokens", {"name": "limited", "role": "metrics"}).get_json()
         self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
-                       "instance_id": instance["id"],
+                       "instance_id": instance["id"], "token_id": limited["id"],
                        "model": GPU_H100["model"], "team": "team-a", "epoch": self.assignment["epoch"]}
         self.routes = json_routes(self.app)
 

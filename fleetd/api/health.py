@@ -7,6 +7,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ANY_ROLE, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.tokens import HealthSchema, WhoamiSchema
+from fleetd.services import limits
 
 blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health and identity")
 
@@ -25,6 +26,7 @@ class Whoami(MethodView):
     @require(*ANY_ROLE)
     @blp.response(200, WhoamiSchema)
     def get(self):
-        """Who the presented token belongs to, and its role."""
+        """Who the presented token belongs to, its role, and for an API token its limits and what it holds."""
         p = current_principal()
-        return {"principal": p.label, "role": p.role, "team": p.team, "node_id": p.node_id}
+        return {"principal": p.label, "role": p.role, "team": p.team, "node_id": p.node_id,
+                **limits.limits_of(current_runtime().settings, p)}

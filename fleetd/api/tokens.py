@@ -6,7 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
-from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema
+from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema, TokenSchema, TokenUpdateSchema
 from fleetd.services import tokens
 
 blp = Blueprint("tokens", __name__, url_prefix="/api/v1/tokens", description="API tokens")
@@ -34,6 +34,13 @@ class Tokens(MethodView):
 
 @blp.route("/<string:token_id>")
 class TokenById(MethodView):
+    @require(ADMIN)
+    @blp.arguments(TokenUpdateSchema())
+    @blp.response(200, TokenSchema)
+    def patch(self, body, token_id):
+        """Change a token's own limits (null: back to the server's setting); its secret stays."""
+        return tokens.set_token_limits(token_id, body["limits"])
+
     @require(ADMIN)
     @blp.response(204)
     def delete(self, token_id):

@@ -3,7 +3,7 @@
 import click
 
 from fleetd.cli.output import emit, show_table
-from fleetd.cli.params import Duration
+from fleetd.cli.params import Duration, Size
 from fleetd.cli.remote import client_command, current_client
 
 
@@ -12,8 +12,37 @@ def token():
     """API tokens."""
 
 
+LIMITS = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_artifact_bytes", "requests_per_second")
+
+
+def own_limits(row):
+    """The limits set on a token, as name=value; "-" when all are the server's settings."""
+    own = [f"{name}={value}" for name, value in (row.get("limits") or {}).items() if value is not None]
+    return ", ".join(own) or "-"
+
+
 TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "team"),
-                 ("UNIX USER", "unix_user"), ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
+                 ("UNIX USER", "unix_user"), ("LIMITS", own_limits), ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
+
+
+def limit_options(command):
+    """The options that set a token's own limits (a limit not given is the server's setting)."""
+    options = [
+        click.option("--max-active-jobs", type=click.IntRange(0), help="Jobs it may have queued or running at once."),
+        click.option("--max-instances", type=click.IntRange(0), help="Instances it may hold (not deleted)."),
+        click.option("--max-spec-bytes", type=Size(), help="Size of one job or instance spec, e.g. 64K."),
+        click.option("--max-artifact-bytes", type=Size(),
+                     help="Bytes of artifacts it may store, e.g. 500G (each counted as if it were its alone)."),
+        click.option("--requests-per-second", type=click.FloatRange(0.01), help="Its API requests per second."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def given_limits(values):
+    """{limit: value} of the limit options given on the command line."""
+    return {name: values[name] for name in LIMITS if values.get(name) is not None}
 
 
 @client_command(token, "create")
@@ -24,9 +53,11 @@ TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "tea
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
 @click.option("--unix-user", help="Host user the token's tasks run as (must exist on the nodes; not root). "
                                   "Default: a uid fleetd allocates for the token.")
-def token_create(name, role, team, expires_in, unix_user):
-    """Create an API token; its secret is printed once."""
-    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in, "unix_user": unix_user}
+@limit_options
+def token_create(name, role, team, expires_in, unix_user, **limits):
+    """Create an API token; its secret is printed once. The limits not given are the server's settings."""
+    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in, "unix_user": unix_user,
+            "limits": given_limits(limits) or None}
     data = current_client().post("/api/v1/tokens", {k: v for k, v in body.items() if v is not None})
 
     def human(d):
@@ -41,6 +72,20 @@ def token_list():
     """List API tokens (never their secrets)."""
     items = list(current_client().paginate("/api/v1/tokens"))
     emit(items, lambda rows: show_table(rows, TOKEN_COLUMNS))
+
+
+@client_command(token, "update")
+@click.argument("token_id")
+@limit_options
+@click.option("--reset", "reset", multiple=True, type=click.Choice(LIMITS),
+              help="Give this limit back to the server's setting (repeatable).")
+def token_update(token_id, reset, **limits):
+    """Change a token's own limits; those not named stay as they are."""
+    changes = {**given_limits(limits), **dict.fromkeys(reset)}
+    if not changes:
+        raise click.UsageError("name a limit to set (--max-active-jobs ...) or to --reset")
+    data = current_client().patch(f"/api/v1/tokens/{token_id}", {"limits": changes})
+    emit(data, lambda d: click.echo(f"token {d['id']} ({d['name']}): limits {own_limits(d)}"))
 
 
 @client_command(token, "revoke")

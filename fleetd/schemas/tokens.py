@@ -2,7 +2,7 @@
 
 from marshmallow import Schema, ValidationError, fields, validate
 
-from fleetd.models import Role
+from fleetd.models import LIMIT_NAMES, Role
 from fleetd.schemas.common import Int, Text, Time, page_schema
 
 POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
@@ -14,6 +14,20 @@ def _not_root(name):
                               "work run as root")
 
 
+class LimitsSchema(Schema):
+    """A token's own limits; a limit left out (or null) is the server's setting."""
+
+    max_active_jobs = Int(maximum=10**9, allow_none=True, metadata={
+        "description": "its jobs that have not ended (queued, running, cancelling)"})
+    max_instances = Int(maximum=10**6, allow_none=True, metadata={"description": "its instances that are not deleted"})
+    max_spec_bytes = Int(maximum=1024**3, allow_none=True, metadata={
+        "description": "one job or instance spec as stored (a request body is at most 1 MiB anyway)"})
+    max_artifact_bytes = Int(maximum=2**60, allow_none=True, metadata={
+        "description": "the bytes of what it uploaded, each artifact counted as if no one else had it"})
+    requests_per_second = fields.Float(allow_none=True, validate=validate.Range(min=0.01, max=1e6), metadata={
+        "description": "its API requests per second (with a burst of a few seconds' worth)"})
+
+
 class TokenCreateSchema(Schema):
     name = Text(required=True, min_length=1, max_length=200)
     role = fields.String(required=True, validate=validate.OneOf([r.value for r in Role]))
@@ -22,6 +36,14 @@ class TokenCreateSchema(Schema):
     unix_user = fields.String(validate=[POSIX_USER, _not_root], load_default=None, allow_none=True, metadata={
         "description": "the host user this token's tasks run as (it must exist on the nodes); none: a uid fleetd "
                        "allocates for the token"})
+    limits = fields.Nested(LimitsSchema, load_default=None, allow_none=True, metadata={
+        "description": "this token's own limits; those left out are the server's settings"})
+
+
+class TokenUpdateSchema(Schema):
+    limits = fields.Nested(LimitsSchema, required=True, metadata={
+        "description": "the limits to change: a value sets it for this token, null gives it back to the setting; "
+                       "limits left out stay as they are"})
 
 
 class TokenSchema(Schema):
@@ -34,6 +56,8 @@ class TokenSchema(Schema):
     expires_at = Time()
     revoked_at = Time()
     revoked = fields.Function(lambda t: t.revoked_at is not None)
+    limits = fields.Function(lambda t: {name: (t.limits or {}).get(name) for name in LIMIT_NAMES}, metadata={
+        "description": "the limits set on this token; null: the server's setting"})
 
 
 class TokenCreatedSchema(TokenSchema):
@@ -43,11 +67,21 @@ class TokenCreatedSchema(TokenSchema):
 TokenPageSchema = page_schema(TokenSchema, "TokenPage")
 
 
+class OwnerUseSchema(Schema):
+    active_jobs = fields.Integer()
+    instances = fields.Integer()
+    artifact_bytes = fields.Integer()
+
+
 class WhoamiSchema(Schema):
     principal = fields.String()
     role = fields.String()
     team = fields.String(allow_none=True)
     node_id = fields.String(allow_none=True)
+    token_id = fields.String(allow_none=True, metadata={"description": "the API token's id; null for a node"})
+    limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
+        "description": "the limits that hold for this token (its own, else the server's settings)"})
+    use = fields.Nested(OwnerUseSchema, allow_none=True, metadata={"description": "what it holds of what they count"})
 
 
 class HealthSchema(Schema):

@@ -8,6 +8,7 @@ from fleetd.credentials import ADMIN
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, NotFound, PayloadTooLarge
 from fleetd.models import Artifact, ArtifactUpload, Job, Task, TaskState
+from fleetd.services import limits
 
 CHUNK = 1024 * 1024
 _ACTIVE = [s.value for s in TaskState if s.is_active()]
@@ -23,7 +24,8 @@ def artifact_path(settings, sha256):
 
 def store_artifact(settings, now, stream, name, kind, principal):
     """Read `stream` to the end into the store (at most artifact_max_bytes); returns the Artifact,
-    which this principal may read from then on (the same bytes uploaded by two tokens: both)."""
+    which this principal may read from then on (the same bytes uploaded by two tokens: both).
+    LimitExceeded, with nothing stored, when it would pass the owner's artifact bytes."""
     limit = settings.artifact_max_bytes
     os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
     digest = hashlib.sha256()
@@ -43,21 +45,23 @@ def store_artifact(settings, now, stream, name, kind, principal):
             out.flush()
             os.fsync(out.fileno())
         sha256 = digest.hexdigest()
-        final = artifact_path(settings, sha256)
-        os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-        os.replace(tmp, final)
-        tmp = None
+        with write_transaction():
+            # The owner's limit first: refused, the bytes never reach the store (the upload is dropped).
+            limits.check_new_artifact(limits.hold_owner(settings, principal), principal, sha256, size)
+            final = artifact_path(settings, sha256)
+            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+            os.replace(tmp, final)
+            tmp = None
+            row = Artifact.get_or_none(Artifact.sha256 == sha256)
+            if row is None:
+                row = Artifact.create(sha256=sha256, name=name, kind=kind, size=size, created_at=now,
+                                      created_by=principal.label)
+            if ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256)
+                                          & (ArtifactUpload.token_id == principal.id)) is None:
+                ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now)
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    with write_transaction():
-        row = Artifact.get_or_none(Artifact.sha256 == sha256)
-        if row is None:
-            row = Artifact.create(sha256=sha256, name=name, kind=kind, size=size, created_at=now,
-                                  created_by=principal.label)
-        if ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256)
-                                      & (ArtifactUpload.token_id == principal.id)) is None:
-            ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now)
     return row
 
 

@@ -26,7 +26,7 @@ from fleetd.models import (
     Task,
     new_id,
 )
-from fleetd.services import policy, scheduling
+from fleetd.services import limits, policy, scheduling
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
@@ -38,7 +38,7 @@ from fleetd.services.terms import task_request
 
 def create_instance(rt, principal, spec):
     """Create an instance from a validated InstanceSpec and queue its first run; Conflict when its owner
-    (this token) already has an instance of that name that is not deleted."""
+    (this token) already has an instance of that name that is not deleted, LimitExceeded past its limits."""
     now = rt.clock.now()
     spec = dataclasses.replace(spec, team=principal.team)  # the team comes from the token, never from the body
     request = task_request(spec.run(None), principal.id)  # the engine's own checks, before anything is stored
@@ -47,6 +47,9 @@ def create_instance(rt, principal, spec):
     never = scheduling.capacity_reason(rt, request)
     try:
         with write_transaction():
+            allowed = limits.hold_owner(rt.settings, principal)
+            limits.check_spec(allowed, spec, "instance")
+            limits.check_new_instance(allowed, principal)
             _refuse_taken_name(principal, spec.name)
             inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
                                    team=principal.team, state=InstanceState.PENDING.value, desired_state="running",

@@ -6,7 +6,7 @@ import dataclasses
 from fleetd.db import hand_back, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
-from fleetd.services import policy, scheduling
+from fleetd.services import limits, policy, scheduling
 from fleetd.services.artifacts import readable_artifacts
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import owe_stops
@@ -26,18 +26,22 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     never = scheduling.capacity_reason(rt, request)
     if never and not wait_for_capacity:
         raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
-    job = submit_job(rt.clock.now(), principal, spec, never)
+    job = submit_job(rt.settings, rt.clock.now(), principal, spec, never)
     if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
         job = get_job(principal, job.id)
     return job
 
 
-def submit_job(now, principal, spec, waiting_reason=None):
-    """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler)."""
+def submit_job(settings, now, principal, spec, waiting_reason=None):
+    """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler).
+    LimitExceeded, with nothing stored, past the owner's limits."""
     team = policy.team_of(principal, spec)
     spec = dataclasses.replace(spec, team=team)  # the team it runs as, so that the spec alone says it
     job_id = new_id()
     with write_transaction():
+        allowed = limits.hold_owner(settings, principal)
+        limits.check_spec(allowed, spec, "job")
+        limits.check_new_job(allowed, principal)
         wanted = {a.sha256 for a in spec.artifacts}
         known = readable_artifacts(principal, wanted)  # another token's upload is unknown to this one
         if wanted - known:

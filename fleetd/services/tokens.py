@@ -12,9 +12,9 @@ from fleetd.services.pagination import paginate
 FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 
-def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None):
+def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None):
     """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
-    the host user its tasks run as (fixed for the token's life)."""
+    the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.limits)."""
     token_id, token = make_token(API_PREFIX)
     expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
     with write_transaction():
@@ -27,8 +27,27 @@ def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_u
             created_at=now,
             expires_at=expires_at,
             unix_user=unix_user,
+            limits=_own_limits({}, limits),
         )
     return row, token
+
+
+def set_token_limits(token_id, limits):
+    """Change a token's own limits: a value sets one, None gives it back to the setting, a limit not
+    named stays. The next request of the token (and its next write) sees them."""
+    with write_transaction():
+        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        row.limits = _own_limits(row.limits or {}, limits)
+        row.save()
+    return row
+
+
+def _own_limits(stored, changes):
+    """The limits a token keeps after `changes` ({name: value or None}); None when it has none of its own."""
+    merged = {name: value for name, value in {**stored, **(changes or {})}.items() if value is not None}
+    return merged or None
 
 
 def list_api_tokens(limit, cursor=None):

@@ -1,0 +1,182 @@
+"""Per-owner limits on a real `fleetd serve`: what an admin sets on a token (and the settings' defaults)
+refuses jobs, instances, specs and artifact bytes past them with 409 limit_exceeded before anything is
+stored (the database is read beside the server to see that it did not grow), concurrent submits never
+pass a limit, the request rate answers 429 with Retry-After (node sessions exempt), and whoami shows
+the limits and the use."""
+
+import concurrent.futures
+import json
+import os
+import sqlite3
+
+from tests.integration.test_cli import run  # noqa: F401 - the fixture
+from tests.support.gpus import gpus
+from tests.support.http import Http
+
+JOB = {"name": "j", "command": ["true"], "resources": {"gpus": 0}}
+INSTANCE = {"command": ["sleep", "1d"], "resources": {"gpus": 0}}
+
+
+def rows(data_dir, table):
+    """The rows of `table` in the server's SQLite database, read beside the server (WAL lets us)."""
+    db = sqlite3.connect(f"file:{data_dir / 'fleetd.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608 - the tests' own names
+    finally:
+        db.close()
+
+
+def token(http, name, **limits):
+    """A submitter token with these limits of its own; returns an Http client for it."""
+    made = http("POST", "/api/v1/tokens", expect=201, json={"name": name, "role": "submitter", "limits": limits})
+    return Http(http.url, made.json()["token"])
+
+
+def refused(resp, limit, value, use):
+    """The answer is 409 limit_exceeded naming the limit, its value and the use (a callable: a check of it)."""
+    assert resp.status_code == 409, resp.text
+    error = resp.json()["error"]
+    details = dict(error["details"])
+    seen = details.pop("use")
+    assert error["code"] == "limit_exceeded" and details == {"limit": limit, "value": value}, error
+    assert use(seen) if callable(use) else seen == use, error
+    return error
+
+
+def test_a_tokens_limits_refuse_jobs_instances_and_specs_past_them_before_anything_is_stored(server, admin, data_dir):
+    http = Http(server.url, admin)
+    bob = token(http, "bob", max_active_jobs=2, max_instances=1, max_spec_bytes=2000)
+    first = bob("POST", "/api/v1/jobs", expect=201, json=JOB).json()
+    bob("POST", "/api/v1/jobs", expect=201, json=JOB)
+    before = {table: rows(data_dir, table) for table in ("job", "task", "event", "instance")}
+
+    refused(bob("POST", "/api/v1/jobs", json=JOB), "max_active_jobs", 2, 2)
+    refused(bob("POST", "/api/v1/jobs", json=dict(JOB, command=["echo", "x" * 3000])), "max_spec_bytes", 2000,
+            lambda size: 3000 < size < 4000)  # the spec as stored
+    assert {table: rows(data_dir, table) for table in before} == before
+
+    bob("POST", f"/api/v1/jobs/{first['id']}/cancel", expect=200)  # an ended job frees its place
+    bob("POST", "/api/v1/jobs", expect=201, json=JOB)
+
+    bob("POST", "/api/v1/instances", expect=201, json=dict(INSTANCE, name="a"))
+    instances = rows(data_dir, "instance")
+    refused(bob("POST", "/api/v1/instances", json=dict(INSTANCE, name="b")), "max_instances", 1, 1)
+    assert rows(data_dir, "instance") == instances
+
+    who = bob("GET", "/api/v1/whoami", expect=200).json()
+    assert who["token_id"] and who["team"] is None
+    assert who["limits"] == {"max_active_jobs": 2, "max_instances": 1, "max_spec_bytes": 2000,
+                             "max_artifact_bytes": 100 * 1024**3, "requests_per_second": 1000.0}
+    assert who["use"] == {"active_jobs": 2, "instances": 1, "artifact_bytes": 0}
+
+    # An admin changes them: a value sets one, null gives it back to the setting, the rest stay.
+    changed = http("PATCH", f"/api/v1/tokens/{who['token_id']}", expect=200,
+                   json={"limits": {"max_active_jobs": 3, "max_spec_bytes": None}}).json()
+    assert changed["limits"] == {"max_active_jobs": 3, "max_instances": 1, "max_spec_bytes": None,
+                                 "max_artifact_bytes": None, "requests_per_second": None}
+    assert "token" not in changed
+    bob("POST", "/api/v1/jobs", expect=201, json=dict(JOB, command=["echo", "x" * 3000]))
+    refused(bob("POST", "/api/v1/jobs", json=JOB), "max_active_jobs", 3, 3)
+    assert bob("GET", "/api/v1/whoami").json()["limits"]["max_spec_bytes"] == 1024 * 1024
+    http("PATCH", "/api/v1/tokens/nope", expect=404, json={"limits": {}})
+    assert http("PATCH", f"/api/v1/tokens/{who['token_id']}", json={"limits": {"max_instances": -1}}).status_code == 400
+    bob("PATCH", f"/api/v1/tokens/{who['token_id']}", expect=403, json={"limits": {"max_instances": 9}})
+
+
+def test_artifact_bytes_count_each_owners_uploads_as_if_not_shared_and_refuse_before_storing(server, admin,
+                                                                                            data_dir):
+    http = Http(server.url, admin)
+    bob, carol = token(http, "bob", max_artifact_bytes=1000), token(http, "carol", max_artifact_bytes=1000)
+    shared, other = b"a" * 600, b"b" * 600
+
+    def put(client, body):
+        return client("PUT", "/api/v1/artifacts", data=body,
+                      headers={"X-Artifact-Name": "f.bin", "Content-Type": "application/octet-stream"})
+
+    assert put(bob, shared).status_code == 201
+    assert put(bob, shared).status_code == 201  # the same bytes again cost nothing more
+    store = data_dir / "artifacts"
+    files = sorted(str(p) for p in store.rglob("*") if p.is_file())
+    before = {table: rows(data_dir, table) for table in ("artifact", "artifact_upload")}
+    refused(put(bob, other), "max_artifact_bytes", 1000, 600)
+    assert sorted(str(p) for p in store.rglob("*") if p.is_file()) == files  # no file left, not even a part
+    assert {table: rows(data_dir, table) for table in before} == before
+
+    assert put(carol, shared).status_code == 201  # stored once, but counted for carol too
+    assert carol("GET", "/api/v1/whoami").json()["use"]["artifact_bytes"] == 600
+    refused(put(carol, other), "max_artifact_bytes", 1000, 600)
+    assert os.listdir(store) and bob("GET", "/api/v1/whoami").json()["use"]["artifact_bytes"] == 600
+
+
+def test_concurrent_submits_never_pass_the_default_limit_from_the_settings(server_factory, admin, data_dir):
+    server = server_factory(FLEETD_LIMITS_MAX_ACTIVE_JOBS="5", FLEETD_LIMITS_MAX_INSTANCES="0")
+    http = Http(server.url, admin)
+    dan = token(http, "dan")
+    assert dan("GET", "/api/v1/whoami").json()["limits"]["max_active_jobs"] == 5
+
+    def submit(_):
+        return Http(server.url, dan.token)("POST", "/api/v1/jobs", json=JOB).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        codes = sorted(pool.map(submit, range(24)))
+    assert codes == [201] * 5 + [409] * 19
+    assert rows(data_dir, "job") == 5
+    refused(dan("POST", "/api/v1/instances", json=dict(INSTANCE, name="a")), "max_instances", 0, 0)
+    assert rows(data_dir, "instance") == 0
+
+
+def test_the_request_rate_answers_429_with_retry_after_per_token_and_node_sessions_are_exempt(server_factory,
+                                                                                             admin):
+    # Every token may make five requests at once (0.01/s with a burst of 500 s); none comes back within the test.
+    server = server_factory(FLEETD_LIMITS_REQUESTS_PER_SECOND="0.01", FLEETD_LIMITS_REQUEST_BURST_SECONDS="500")
+    http = Http(server.url, admin)
+    http("POST", "/api/v1/fleets", expect=201, json={"name": "gpu-a"})
+    join = http("POST", "/api/v1/fleets/gpu-a/join-tokens", expect=201, json={}).json()["token"]
+    eve = token(http, "eve", requests_per_second=1000)  # its own rate, above the setting
+    for _ in range(2):
+        http("GET", "/api/v1/whoami", expect=200)
+    limited = http("GET", "/api/v1/whoami")
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limited"
+    assert 90 <= int(limited.headers["Retry-After"]) <= 100
+    for _ in range(10):
+        eve("GET", "/api/v1/whoami", expect=200)
+
+    reg = http("POST", "/api/v1/agent/register", expect=201, token=join, agent=True, json={
+        "hostname": "h1", "machine_id": "m1", "agent_version": "0.1.0", "address": "10.0.0.1",
+        "resources": {"cpu_count": 8, "memory_bytes": 2**34}, "gpus": gpus(1)}).json()
+    for _ in range(10):
+        http("POST", "/api/v1/agent/heartbeat", expect=200, agent_token=reg["session_token"], json={"tasks": []})
+
+
+def test_a_tokens_bucket_refills_at_its_rate_and_says_when_the_next_request_may_come():
+    from fleetd.auth import RequestRates
+    from fleetd.errors import RateLimited
+
+    rates = RequestRates(default_rate=2.0, burst_seconds=1.0)  # two requests at once, then two a second
+    rates.take("a", None, now=100.0)
+    rates.take("a", None, now=100.0)
+    try:
+        rates.take("a", None, now=100.0)
+        raise AssertionError("a third request at once was let through")
+    except RateLimited as exc:
+        assert exc.headers["Retry-After"] == "1" and exc.code == "rate_limited"
+    rates.take("b", None, now=100.0)  # another token has a bucket of its own
+    rates.take("a", None, now=100.5)  # half a second refills one request
+    rates.take("c", 0, now=100.0)  # 0: no limit
+    for _ in range(100):
+        rates.take("c", 0, now=100.0)
+
+
+def test_the_cli_sets_a_tokens_limits_at_create_and_changes_them(run, server):  # noqa: F811
+    made = json.loads(run("token", "create", "--name", "ci", "--role", "submitter", "--max-instances", "3",
+                          "--max-spec-bytes", "64K", "--requests-per-second", "50", "--json").stdout)
+    assert made["limits"] == {"max_active_jobs": None, "max_instances": 3, "max_spec_bytes": 65536,
+                              "max_artifact_bytes": None, "requests_per_second": 50.0}
+    changed = json.loads(run("token", "update", made["id"], "--max-active-jobs", "7", "--reset", "max_spec_bytes",
+                             "--json").stdout)
+    assert changed["limits"] == {"max_active_jobs": 7, "max_instances": 3, "max_spec_bytes": None,
+                                 "max_artifact_bytes": None, "requests_per_second": 50.0}
+    who = Http(server.url, made["token"])("GET", "/api/v1/whoami", expect=200).json()
+    assert who["limits"]["max_active_jobs"] == 7 and who["limits"]["max_spec_bytes"] == 1024 * 1024
+    assert "max_active_jobs=7" in run("token", "list").stdout
+    assert "name a limit" in run("token", "update", made["id"], expect=2).stderr
