@@ -355,6 +355,28 @@ def test_gang_job_is_placed_all_or_nothing_and_meets_at_the_rendezvous(api, flee
     assert met.get_json() == {"addr": "10.0.0.1", "port": 29500}
 
 
+def test_no_rank_of_a_gang_learns_the_rendezvous_before_every_rank_has_arrived(api, fleet):
+    sessions = [api.ready_node(fleet, f"n{i}")[1] for i in range(3)]
+    job = api.submit(num_nodes=3, resources={"gpus": 1})
+    held = {}
+    for session in sessions:
+        assignment = api.acquire(session)
+        held[assignment["rank"]] = (session, assignment)
+
+    def ask(rank):
+        session, assignment = held[rank]
+        return api.get(f"/api/v1/agent/tasks/{assignment['task_id']}/rendezvous?wait_seconds=0", token=session,
+                       agent=True)
+
+    api.task_call(*held[0], "rendezvous", addr="10.0.0.1", port=29500)
+    for rank in (0, 1):  # rank 0 has published, rank 1 has arrived; rank 2 is still preparing
+        late = ask(rank)
+        assert late.status_code == 504 and "have not all arrived" in late.get_json()["error"]["message"]
+    assert {rank: ask(rank).get_json() for rank in (2, 1, 0)} == {r: {"addr": "10.0.0.1", "port": 29500}
+                                                                  for r in range(3)}
+    assert api.job(job["id"])["state"] == "running"
+
+
 def test_a_failed_rank_stops_the_whole_gang(api, fleet):
     _, s1 = api.ready_node(fleet, "n1")
     _, s2 = api.ready_node(fleet, "n2")

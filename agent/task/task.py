@@ -3,7 +3,8 @@
 1. a working directory ``state_dir/tasks/<task_id>.<epoch>/work`` and a journal ``task.json``
    beside it (pid, process group, process start ticks, boot id, outcome);
 2. input artifacts downloaded into the working directory and verified by sha256;
-3. the rendezvous: rank 0 publishes a free port on this host's address, other ranks wait for it;
+3. the rendezvous: rank 0 publishes a free port on this host's address; every rank, rank 0 too, waits until
+   all ranks of the attempt have arrived (a start barrier: no rank runs ahead of an unplaced peer);
 4. the command as a supervised process (agent/task/supervisor.py) with the spec's env plus the
    injected variables, its output shipped to fleetd (agent/task/logs.py);
 5. cancellation (SIGTERM to its processes, SIGKILL after a grace), max_runtime_seconds;
@@ -343,9 +344,10 @@ class Task:
             publish = functools.partial(client.publish_rendezvous, self.assignment.task_id, self.assignment.epoch,
                                         addr, port)
             self._call("publishing the rendezvous", publish, deadline)
-            log.info("task %s: rank 0 of %d published rendezvous %s:%d", self.label, self.assignment.num_nodes,
-                     addr, port)
-            return addr, port
+            log.info("task %s: rank 0 of %d published rendezvous %s:%d; waiting for the other ranks", self.label,
+                     self.assignment.num_nodes, addr, port)
+        # Every rank, rank 0 too, waits until all ranks of the attempt have arrived: no rank starts its
+        # command while a peer is unplaced or still preparing (fleetd answers once all are here).
         for _ in range(1_000_000):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -354,9 +356,11 @@ class Task:
             found = self._call("waiting for the rendezvous",
                                functools.partial(client.wait_rendezvous, self.assignment.task_id, wait), deadline)
             if found:
-                log.info("task %s: rank %d learnt rendezvous %s:%d", self.label, self.assignment.rank, *found)
+                log.info("task %s: rank %d: all %d ranks arrived; rendezvous %s:%d", self.label, self.assignment.rank,
+                         self.assignment.num_nodes, *found)
                 return found
-        raise TaskError(f"rank 0 did not publish its address and port within {deadline - started:.0f}s")
+        raise TaskError(f"the {self.assignment.num_nodes} ranks did not all arrive at the rendezvous within "
+                        f"{deadline - started:.0f}s (rank 0 publishes its address, every rank waits for all)")
 
     def _prepare_limits(self):
         """Set up the task's limits (MPS, cgroup); TaskError when they cannot be met here."""

@@ -6,7 +6,7 @@ import time
 from fleetd.clock import isoformat
 from fleetd.db import database, released, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
-from fleetd.models import Job, JobState, LogLine, Task, TaskState
+from fleetd.models import Job, JobState, LogLine, Node, Task, TaskState
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, STOPS, switch_task_state
 from fleetd.services.runs import end_task, run_started
 from fleetd.sql import Statement
@@ -187,31 +187,54 @@ def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
 
 
 def wait_rendezvous(rt, node_id, task_id, wait_seconds):
-    """Rank 0's address and port for this task's job; Timeout if not published in time."""
+    """Rank 0's address and port for this task's job, once every rank of the attempt has arrived;
+    Timeout if that does not happen in time.
+
+    The start barrier of a gang: a rank's first call records that it arrived (rank 0 arrives by
+    publishing), and no rank learns the address, so no rank's command starts, before all ranks of
+    the attempt are placed and here. Rank 0 asks too, after publishing, and so waits for the others.
+    """
     task = Task.get_or_none_by_id(task_id)
     if task is None or task.node_id != node_id:
         raise NotFound(f"task {task_id} not found on this node")
     job_id, epoch = task.job_id, task.epoch
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    if task.rank != 0 and task.rendezvous_addr is None:
+        _arrive(rt, node_id, task_id, epoch)
 
     def published():
         current = Task.get_or_none_by_id(task_id)
         if current is None or current.epoch != epoch or not TaskState(current.state).is_active():
             raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
-        rank0 = Task.get_or_none((Task.job == job_id) & (Task.rank == 0))
+        ranks = list(Task.select(Task.rank, Task.state, Task.rendezvous_addr, Task.rendezvous_port)
+                     .where(Task.job == job_id))
+        rank0 = next((r for r in ranks if r.rank == 0), None)
         if rank0 is not None and rank0.state == TaskState.SUCCEEDED.value:
             return GANG_OVER  # it ran to its end without this rank: they can never meet
-        if rank0 is not None and rank0.rendezvous_port is not None and TaskState(rank0.state).is_active():
-            return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
-        return None
+        if rank0 is None or rank0.rendezvous_port is None or not TaskState(rank0.state).is_active():
+            return None
+        if any(r.rendezvous_addr is None or not TaskState(r.state).is_active() for r in ranks):
+            return None  # a rank is not placed or not here yet: nobody starts
+        return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
 
     found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
                                                       lambda: released(published))
     if found == GANG_OVER:
         _end_unmet_rank(rt, node_id, task_id, epoch)
     if not found:
-        raise Timeout(f"rank 0 of job {job_id} has not published its address within {wait_seconds}s")
+        raise Timeout(f"the ranks of job {job_id} have not all arrived at the rendezvous within {wait_seconds}s")
     return found
+
+
+def _arrive(rt, node_id, task_id, epoch):
+    """A rank > 0 is at the rendezvous: recorded (its node's address) so that the others may start."""
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.rendezvous_addr is None and task.state in ACTIVE_TASK_STATES:
+            node = Node.get_or_none_by_id(node_id)
+            task.rendezvous_addr = (node.address if node is not None else None) or "arrived"
+            task.save()
+    rt.notifier.notify(("rendezvous", task.job_id))
 
 
 GANG_OVER = {"gang_over": True}  # published()'s answer when rank 0 ended before this rank joined
