@@ -414,8 +414,10 @@ class Soak:
                               f'log_level = "info"\n[local_api]\nlisten = "127.0.0.1:0"\n'
                               f'[devices]\nbackend = "fake:{SHAPE}"\n')
             env = self.agent_env(i, FLEET_AGENT_JOIN_TOKEN=join)
-            subprocess.run([sys.executable, "-m", "agent", "join", "--server", self.url, "--config", str(config)],
-                           check=True, capture_output=True, timeout=120, env=env, cwd=ROOT)
+            joined = subprocess.run([sys.executable, "-m", "agent", "join", "--server", self.url, "--config",
+                                     str(config)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+            if joined.returncode != 0:
+                raise SystemExit(f"fleet-agent join failed ({joined.returncode}): {joined.stderr.strip()}")
             self.agent_dirs.append(root)
             self.start_agent(i)
         for _ in range(1200):
