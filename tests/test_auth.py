@@ -153,7 +153,8 @@ def test_tokens_have_the_documented_prefixes_and_are_shown_once(api):
     api.create_fleet()
     jt = api.post("/api/v1/fleets/gpu-a/join-tokens", {}).get_json()
     assert re.fullmatch(r"flj_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", jt["token"])
-    assert jt["join_command"].endswith(f"--token {jt['token']}")
+    # The secret goes in the environment, never in argv (where `ps` and shell history would show it).
+    assert jt["join_command"] == f"FLEET_AGENT_JOIN_TOKEN={jt['token']} fleet-agent join --server http://localhost"
     assert all("token" not in t for t in api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"])
     session = api.register(jt["token"])["session_token"]
     assert re.fullmatch(r"fln_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", session)

@@ -27,6 +27,7 @@ def test_only_admins_see_every_running_job_others_see_their_own_and_counts(api):
     as_bob = ApiClient(api.app, bob).get("/api/v1/cluster/status").get_json()
     assert [j["id"] for j in as_bob["active_jobs"]] == [mine["id"]]
     assert as_bob["other_active_jobs"] == {"count": 2, "gpus": 2}
+    assert type(as_bob["other_active_jobs"]["count"]) is int  # a count, never 2.0
     assert "alice" not in str(as_bob)
 
     as_metrics = ApiClient(api.app, metrics).get("/api/v1/cluster/status").get_json()

@@ -40,6 +40,7 @@ def test_the_cluster_status_lists_running_instances_apart_from_jobs_by_their_own
     mallory = api.create_token("submitter", name="mallory")
     theirs = api.get("/api/v1/cluster/status", token=mallory).get_json()
     assert theirs["active_instances"] == [] and theirs["other_active_instances"] == {"count": 1, "gpus": 1}
+    assert type(theirs["other_active_instances"]["count"]) is int
 
 
 def test_the_allocation_names_the_instance_that_holds_a_gpu(api, fleet):

@@ -40,18 +40,23 @@ class ProfileSchema(Schema):
     gpus_per_node = fields.Integer()
 
 
+class OthersSchema(Schema):
+    count = fields.Integer()
+    gpus = fields.Float(metadata={"description": "GPUs they hold (fractions of a GPU count as such)"})
+
+
 class ClusterStatusSchema(Schema):
     gpu = fields.Nested(GpuCapacitySchema)
     storage = fields.Dict()
     active_jobs = fields.List(fields.Dict(), metadata={
         "description": "running jobs: every one for an admin, else the caller's own"})
-    other_active_jobs = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
-        "description": "running jobs not listed in active_jobs, as {count, gpus}"})
+    other_active_jobs = fields.Nested(OthersSchema, metadata={
+        "description": "running jobs not listed in active_jobs: how many, and the GPUs they hold"})
     active_instances = fields.List(fields.Dict(), metadata={
         "description": "instances whose run holds GPUs or a node: {id, name, owner, team, state, started_at, "
                        "gpus, nodes} (the instance's id and state; an admin sees all, others their own)"})
-    other_active_instances = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
-        "description": "active instances not listed in active_instances, as {count, gpus}"})
+    other_active_instances = fields.Nested(OthersSchema, metadata={
+        "description": "active instances not listed in active_instances: how many, and the GPUs they hold"})
     profiles = fields.List(fields.Nested(ProfileSchema))
     nodes = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={"description": "nodes by status"})
 

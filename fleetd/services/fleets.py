@@ -1,6 +1,7 @@
 """Fleets and their join tokens."""
 
 import datetime as dt
+import shlex
 
 import peewee
 
@@ -126,8 +127,10 @@ def create_join_token(now, fleet_name, ttl_seconds, max_uses=None, description="
 
 
 def join_command(server_url, token):
-    """The command a host runs to join with this token."""
-    return f"fleet-agent join --server {server_url.rstrip('/')} --token {token}"
+    """The command a host runs to join with this token; the secret is in its environment, never in argv
+    (where `ps` and shell history would show it)."""
+    return (f"FLEET_AGENT_JOIN_TOKEN={shlex.quote(token)} fleet-agent join "
+            f"--server {shlex.quote(server_url.rstrip('/'))}")
 
 
 def list_join_tokens(fleet_name, limit, cursor=None):

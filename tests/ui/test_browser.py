@@ -224,7 +224,7 @@ def test_create_a_join_token_and_read_it_once(page, http, server, admin):  # noq
     page.click("text=Create join token")
     token = page.input_value("#new-token")
     command = page.input_value("#join-command")
-    assert token.startswith("flj_") and command == f"fleet-agent join --server {server.url} --token {token}"
+    assert token.startswith("flj_") and command == f"FLEET_AGENT_JOIN_TOKEN={token} fleet-agent join --server {server.url}"
     page.click('button[data-copy="join-command"]')
     page.locator(".copy-status").filter(has_text="op").wait_for()
     shot(page, "join-token-created")

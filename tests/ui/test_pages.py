@@ -275,7 +275,7 @@ def test_join_token_is_shown_once_and_listed_without_its_secret(admin_ui, api):
                                                    "description": "rack 4"})
     page = resp.get_data(as_text=True)
     token = re.search(r'id="new-token" class="mono" readonly value="(flj_[^"]+)"', page).group(1)
-    assert f"fleet-agent join --server http://localhost --token {token}" in page
+    assert f"FLEET_AGENT_JOIN_TOKEN={token} fleet-agent join --server http://localhost\"" in page
     assert resp.headers["Cache-Control"] == "no-store"
     listed = api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]
     assert listed[0]["max_uses"] == 1 and listed[0]["description"] == "rack 4"
