@@ -1,13 +1,16 @@
 """`fleet-agent join | run | status | devices`."""
 
+import hashlib
 import json
 import logging
 import os
+import re
 import signal
+import ssl
 import sys
 
 import click
-import requests
+import urllib3
 
 from agent.client import FleetdError, display_url
 from agent.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, ConfigError, load_config, node_server_urls, parse_labels
@@ -137,25 +140,48 @@ def _ask_local_agent(config, state):
     token = state.local_api_token(create=False)
     out = {"running": False, "url": base}
     try:
-        ready = requests.get(base + "/readyz", timeout=3, verify=False)  # loopback, possibly self-signed
-    except requests.RequestException:
+        http = _local_api_http(config)
+    except (OSError, ValueError) as exc:
+        out["error"] = f"cannot verify the local API: local_api.tls_cert: {exc}"
+        return out
+    try:
+        ready = http.request("GET", base + "/readyz", timeout=3)
+    except urllib3.exceptions.SSLError:
+        out["error"] = f"what answers at {base} is not the local API of local_api.tls_cert (another certificate)"
+        return out
+    except urllib3.exceptions.HTTPError:
         return out
     out["running"] = True
     try:
-        body = ready.json()
+        body = json.loads(ready.data)
     except ValueError:
         body = {}
-    out["ready"] = ready.status_code == 200
+    out["ready"] = ready.status == 200
     out["readiness"] = body.get("data") or (body.get("error") or {}).get("details") or {}
     if token:
         try:
-            resp = requests.get(base + "/api/v1/devices", timeout=10, verify=False,
+            resp = http.request("GET", base + "/api/v1/devices", timeout=10,
                                 headers={"Authorization": f"Bearer {token}"})
-        except requests.RequestException:
+        except urllib3.exceptions.HTTPError:
             return out
-        if resp.status_code == 200:
-            out["gpus"] = resp.json()["data"]
+        if resp.status == 200:
+            out["gpus"] = json.loads(resp.data)["data"]
     return out
+
+
+def _local_api_http(config):
+    """A client for the agent's local API. Over TLS it trusts exactly the certificate that API serves
+    (the first one in local_api.tls_cert, pinned by its SHA-256 fingerprint, whatever name or address
+    the API listens on), so the bearer token sent to it never goes to anyone else."""
+    if not config.local_api_tls_cert:
+        return urllib3.PoolManager(retries=False)
+    with open(config.local_api_tls_cert) as fh:
+        first = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", fh.read(), re.DOTALL)
+    if first is None:
+        raise ValueError("no PEM certificate in the file")
+    fingerprint = hashlib.sha256(ssl.PEM_cert_to_DER_cert(first.group(0))).hexdigest()
+    # The pin is the verification: urllib3 refuses a certificate with another fingerprint.
+    return urllib3.PoolManager(retries=False, cert_reqs="CERT_NONE", assert_fingerprint=fingerprint)
 
 
 def _config_source(config_path):
@@ -238,6 +264,8 @@ def status(as_json, config_path):
         if readiness.get("fleetd_error"):
             detail += f"; fleetd: {readiness['fleetd_error']}"
         click.echo(f"agent:    running at {local['url']}, {detail}")
+    elif local.get("error"):
+        click.echo(f"agent:    unknown ({local['error']})")
     else:
         click.echo(f"agent:    not running (nothing answers at {local['url']})")
     click.echo(f"devices:  {len(inventory['gpus'])} GPU(s), from {inventory['source']}")

@@ -1,5 +1,6 @@
 """TLS: fleetd pinned by certificate fingerprint or trusted through a CA file; the local API over TLS."""
 
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -98,6 +99,35 @@ def test_local_api_serves_https_when_tls_is_configured(tmp_path, cert, fake_nvml
         assert resp.status_code == 200 and len(resp.json()["data"]) == 4
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(api.url.replace("https", "http") + "/healthz", timeout=10)
+    finally:
+        api.stop()
+        agent.devices.close()
+
+
+def test_status_trusts_only_the_local_apis_own_certificate(tmp_path, cert, fake_nvml):
+    """`fleet-agent status` sends the local API's token only to the certificate local_api.tls_cert names
+    (pinned: whatever address it listens on); another certificate is refused, the token never sent."""
+    from agent.cli import _ask_local_agent
+    from agent.state import State
+
+    state = State(str(tmp_path / "state"))
+    token = state.local_api_token()
+    config = Config(state_dir=state.dir, local_api_listen="127.0.0.1:0", local_api_tls_cert=str(cert[0]),
+                    local_api_tls_key=str(cert[1]), devices_backend=f"fake:{fake_nvml.use('l4_x4')}").validate()
+    agent = Agent(config)
+    agent.devices.discover()
+    api = LocalApi(agent, config, token).start()
+    try:
+        listen = api.url.removeprefix("https://")
+        asked = _ask_local_agent(dataclasses.replace(config, local_api_listen=listen), state)
+        assert asked["running"] is True and len(asked["gpus"]) == 4
+        other = tmp_path / "other.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "k"),
+                        "-out", str(other)], check=True, capture_output=True, timeout=60)
+        refused = _ask_local_agent(dataclasses.replace(config, local_api_listen=listen, local_api_tls_cert=str(other)),
+                                   state)
+        assert refused["running"] is False and "gpus" not in refused and "another certificate" in refused["error"]
     finally:
         api.stop()
         agent.devices.close()
