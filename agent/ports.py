@@ -32,7 +32,7 @@ class NoFreePort(Exception):
 
 def listening(port):
     """True when something on this host listens on TCP `port` (an IPv4 or IPv6 bind of it fails)."""
-    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # nosec B104  # a probe: bound and closed at once, to learn whether the port is free on any address
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:

@@ -11,5 +11,7 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 scripts/setup.sh
 .venv/bin/ruff check fleetd agent fleetwire fleetconf tests bench scripts  # static checks first: a lint error fails fast
+# Security scan of what ships, medium and high severity; an exception is a per-line `# nosec BXXX  # why`.
+.venv/bin/bandit -q -r fleetd agent fleetwire fleetconf --severity-level medium
 .venv/bin/mypy  # the typed packages (pyproject.toml [tool.mypy])
 exec .venv/bin/python -m pytest -n 2 -q "${fast[@]}" "$@"

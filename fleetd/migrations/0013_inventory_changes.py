@@ -10,7 +10,7 @@ BUMP = "UPDATE inventory_version SET version = version + 1 WHERE id = 1"
 
 def _note(node):
     """SQLite: record `node` (NEW.id, OLD.node, ...) as changed at the version just bumped to."""
-    return (f"INSERT INTO inventory_change (node_id, version) SELECT {node}, version FROM inventory_version "
+    return (f"INSERT INTO inventory_change (node_id, version) SELECT {node}, version FROM inventory_version "  # nosec B608  # `node` is the migration's own NEW.id or OLD.node
             f"WHERE id = 1 ON CONFLICT (node_id) DO UPDATE SET version = excluded.version")
 
 

@@ -56,7 +56,7 @@ def templates_dir():
 
 
 def _environment():
-    return jinja2.Environment(
+    return jinja2.Environment(  # nosec B701  # systemd units and TOML for hosts, not HTML: escaping would corrupt them
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,  # as Ansible renders templates
