@@ -180,3 +180,4 @@ def test_the_cli_sets_a_tokens_limits_at_create_and_changes_them(run, server):  
     assert who["limits"]["max_active_jobs"] == 7 and who["limits"]["max_spec_bytes"] == 1024 * 1024
     assert "max_active_jobs=7" in run("token", "list").stdout
     assert "name a limit" in run("token", "update", made["id"], expect=2).stderr
+    assert "your use: 0/10000 active jobs, 0/100 instances, 0 B/100.0 GiB of artifacts" in run("status").stdout

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fleetd.cli.output import cell, describe_error, emit, fail, number, plural, show_table
+from fleetd.cli.output import byte_size, cell, describe_error, emit, fail, number, plural, show_table
 from fleetd.cli.remote import client_command, current_client
 from fleetd.client import DEFAULT_URL, Client, ClientError, save_config
 
@@ -132,6 +132,11 @@ def status():
     def human(d):
         gpu = cluster["gpu"]
         click.echo(f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})")
+        if who.get("use"):  # an API token: what it holds of its limits
+            use, limits = who["use"], who["limits"]
+            click.echo(f"your use: {use['active_jobs']}/{limits['max_active_jobs']} active jobs, "
+                       f"{use['instances']}/{limits['max_instances']} instances, "
+                       f"{byte_size(use['artifact_bytes'])}/{byte_size(limits['max_artifact_bytes'])} of artifacts")
         nodes = cluster["nodes"]
         summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
         click.echo(f"nodes: {sum(nodes.values())} ({summary})")
