@@ -40,3 +40,27 @@ def make_token(prefix):
 def matches(token, stored_hash):
     """Constant-time comparison of a presented token with a stored hash."""
     return stored_hash is not None and hmac.compare_digest(hash_token(token), stored_hash)
+
+
+TOKEN_NAME_MAX = 200
+# What a token name may not hold: control characters (C0, DEL, C1: line breaks among them), the line
+# and paragraph separators, invisible format characters (zero-width, direction marks and overrides,
+# the byte order mark, the soft hyphen) and every space but the ASCII one.
+_NOT_IN_NAMES = (r"\u0000-\u001f\u007f-\u00a0\u00ad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f"
+                 r"\u3000\ufeff")
+# A name is printable text on one line, with no space at either end. The API's OpenAPI document
+# states this pattern (anchored, as JSON Schema patterns are read in full here).
+TOKEN_NAME_PATTERN = rf"^[^ {_NOT_IN_NAMES}](?:[^{_NOT_IN_NAMES}]*[^ {_NOT_IN_NAMES}])?$"
+_TOKEN_NAME = re.compile(TOKEN_NAME_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+def token_name_problem(name):
+    """Why `name` cannot name an API token, or None. It appears in audit records as `token:<name>`,
+    where a line break, a control or invisible character, or a look-alike space could pass one
+    token off as another, or forge a second record."""
+    if not 1 <= len(name) <= TOKEN_NAME_MAX:
+        return f"a token name has 1 to {TOKEN_NAME_MAX} characters"
+    if not _TOKEN_NAME.fullmatch(name):
+        return ("a token name is printable text on one line (no line breaks, control or invisible characters, "
+                "no space but the ASCII one) that neither starts nor ends with a space")
+    return None

@@ -320,6 +320,7 @@ class Event(BaseModel):
     to_status = peewee.CharField(max_length=16, null=True)
     reason = peewee.TextField(default="")
     actor = peewee.CharField(max_length=200, default="fleetd")  # token:<name>, node:<id> or fleetd
+    actor_token_id = peewee.CharField(max_length=32, null=True)  # the API token's id when a token caused it (0017)
 
     class Meta:
         indexes = ((("subject_type", "subject_id", "id"), False),)
@@ -441,22 +442,23 @@ class LogLine(BaseModel):
 
 
 class Artifact(BaseModel):
-    """A content-addressed file in fleetd's artifact store."""
+    """A content-addressed file in fleetd's artifact store: the bytes only, stored once however many
+    owners uploaded them. Names and kinds are each owner's (ArtifactUpload; migration 0017)."""
 
     sha256 = peewee.CharField(primary_key=True, max_length=64)
-    name = peewee.CharField(max_length=255)
-    kind = peewee.CharField(max_length=64, default="")
     size = peewee.BigIntegerField()
     created_at = peewee.DateTimeField()
-    created_by = peewee.CharField(max_length=200, default="")
 
 
 class ArtifactUpload(BaseModel):
-    """Who uploaded an artifact: each uploading API token may read it back (and use it in jobs)."""
+    """An owner's record of an artifact: the API token that uploaded these bytes may read them back
+    (and use them in jobs), under the name and kind it gave them; no one else sees those."""
 
     sha256 = peewee.CharField(max_length=64)
     token_id = peewee.CharField(max_length=32)
     uploaded_at = peewee.DateTimeField()
+    name = peewee.CharField(max_length=255, default="")
+    kind = peewee.CharField(max_length=64, default="")
 
     class Meta:
         primary_key = peewee.CompositeKey("sha256", "token_id")

@@ -1,11 +1,11 @@
 """The agent protocol: enrolment, join-token atomicity, heartbeats, deregistration."""
 
 import sqlite3
-import threading
 
 import pytest
 
 from tests.conftest import ApiClient, admin_client, gpus
+from tests.support.concurrency import all_at_once
 
 
 @pytest.fixture
@@ -64,27 +64,14 @@ def test_token_with_three_uses_admits_exactly_three_hosts_under_concurrency(api,
 
 def _register_concurrently(app, join, count):
     """`count` hosts register at once, each in its own thread with its own connection."""
-    barrier = threading.Barrier(count)
-    results = []
-    lock = threading.Lock()
 
-    def attempt(i):
-        client = ApiClient(app)
-        barrier.wait(timeout=30)
-        resp = client.post("/api/v1/agent/register", {
+    def register(i):
+        return ApiClient(app).post("/api/v1/agent/register", {
             "hostname": f"h{i}", "machine_id": f"machine-{i}", "agent_version": "0.1.0", "address": "10.0.0.1",
             "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(1),
         }, token=join, agent=True)
-        with lock:
-            results.append(resp.status_code)
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert len(results) == count
-    return results
+    return all_at_once(count, register)
 
 
 def test_expired_revoked_and_used_up_join_tokens_are_refused(api, fleet, clock):

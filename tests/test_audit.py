@@ -21,7 +21,10 @@ def test_cordon_by_a_named_token_records_that_token(api, app):
     events = _events(api, f"/api/v1/nodes/{node_id}/events")
     cordon = [e for e in events if e["to_status"] == "cordoned"]
     assert [e["actor"] for e in cordon] == ["token:night-ops"]
-    assert set(events[0]) == {"id", "at", "kind", "subject", "from_status", "to_status", "reason", "actor"}
+    [night_ops] = [t["id"] for t in api.get("/api/v1/tokens").get_json()["items"] if t["name"] == "night-ops"]
+    assert [e["actor_token_id"] for e in cordon] == [night_ops]
+    assert set(events[0]) == {"id", "at", "kind", "subject", "from_status", "to_status", "reason", "actor",
+                              "actor_token_id"}
     # registration and the first heartbeat were the node's own doing
     first = [e for e in events if e["kind"] == "node.registered" or e["reason"] == "first heartbeat"]
     assert {e["actor"] for e in first} == {f"node:{node_id}"} and len(first) == 2

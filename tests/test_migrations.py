@@ -147,3 +147,46 @@ def test_upgrading_to_0016_keeps_fleets_and_gives_them_the_isolation_defaults(tm
         db.execute_sql("UPDATE fleet SET description = 'other' WHERE name = 'gpu-a'")
         assert version() == before + 3  # not what placement does not read
     db.close()
+
+
+def check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names(db):
+    """Build a database at 0016 with an artifact two tokens uploaded and ambiguous token names, upgrade it,
+    check what 0017 did. Shared with the PostgreSQL test (tests/integration/test_postgres.py)."""
+    p = db.param
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0016_tenant_isolation")
+        tokens = [("t1", "alice", "00:01", None, None), ("t2", "alice", "00:02", None, None),
+                  ("t3", "alice", "00:03", "00:04", None),  # revoked: keeps its name
+                  ("t4", "x\nnode:n1", "00:05", None, None), ("t5", "alice-2", "00:06", None, None),
+                  ("t6", "ops", "00:07", None, "00:08"),  # expired: keeps its name
+                  ("t7", "ops", "00:09", None, None)]
+        for token_id, name, created, revoked, expires in tokens:
+            db.execute_sql(f"INSERT INTO api_token (id, name, role, token_hash, created_at, revoked_at, expires_at) "
+                           f"VALUES ({p}, {p}, 'submitter', {p}, {p}, {p}, {p})",
+                           (token_id, name, "h" + token_id, *(f"2026-01-01 00:{t}" if t else None
+                                                              for t in (created, revoked, expires))))
+        db.execute_sql("INSERT INTO artifact (sha256, name, kind, size, created_at, created_by) "
+                       "VALUES ('s1', 'bob-plan.bin', 'model', 3, '2026-01-01 00:00:00', 'token:bob')")
+        for token_id, at in (("bob", "2026-01-01 00:00:00"), ("alice", "2026-01-01 00:00:05")):
+            db.execute_sql(f"INSERT INTO artifact_upload (sha256, token_id, uploaded_at) VALUES ('s1', {p}, {p})",
+                           (token_id, at))
+    assert "0017_owner_records_and_actors" in upgrade(db)
+    with db.connection_context():
+        names = dict(db.execute_sql("SELECT id, name FROM api_token").fetchall())
+        # The oldest live holder keeps a name; alice-2 is taken by a live token, so t2 gets -3.
+        assert names == {"t1": "alice", "t2": "alice-3", "t3": "alice", "t4": "x node:n1", "t5": "alice-2",
+                         "t6": "ops", "t7": "ops"}
+        renamed = db.execute_sql("SELECT subject_id, reason, actor FROM event WHERE kind = 'token.renamed' "
+                                 "ORDER BY subject_id").fetchall()
+        assert [(r[0], r[2]) for r in renamed] == [("t2", "fleetd"), ("t4", "fleetd")]
+        assert "'alice' to 'alice-3'" in renamed[0][1]
+        # Bob made the artifact: his name and kind stay his; alice's own name was never kept.
+        uploads = db.execute_sql("SELECT token_id, name, kind FROM artifact_upload ORDER BY token_id").fetchall()
+        assert uploads == [("alice", "s1", ""), ("bob", "bob-plan.bin", "model")]
+        assert db.execute_sql("SELECT sha256, size FROM artifact").fetchall() == [("s1", 3)]
+
+
+def test_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/old.db")
+    check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names(db)
+    db.close()

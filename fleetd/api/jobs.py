@@ -139,6 +139,6 @@ class ArtifactBySha(MethodView):
     @blp.response(200, content_type="application/octet-stream")
     def get(self, sha256):
         """Download an artifact; a node may fetch only artifacts of its current tasks."""
-        row, path = artifacts.open_artifact(current_runtime().settings, current_principal(), sha256)
-        return send_file(path, mimetype="application/octet-stream", download_name=row.name, etag=row.sha256,
+        name, path = artifacts.open_artifact(current_runtime().settings, current_principal(), sha256)
+        return send_file(path, mimetype="application/octet-stream", download_name=name, etag=sha256,
                          conditional=True, max_age=0)

@@ -95,6 +95,9 @@ class EventSchema(Schema):
     to_status = fields.String(allow_none=True)
     reason = fields.String()
     actor = fields.String()  # who caused it: token:<name>, node:<id> or fleetd
+    actor_token_id = fields.String(allow_none=True, metadata={
+        "description": "the id of the API token that caused it (names of tokens are reused over time); null when "
+                       "a node or fleetd did"})
 
 
 EventPageSchema = page_schema(EventSchema, "EventPage")

@@ -2,10 +2,17 @@
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from fleetd.credentials import TOKEN_NAME_MAX, TOKEN_NAME_PATTERN, token_name_problem
 from fleetd.models import LIMIT_NAMES, Role
 from fleetd.schemas.common import Int, Text, Time, page_schema
 
 POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
+
+
+def _token_name(name):
+    problem = token_name_problem(name)
+    if problem:
+        raise ValidationError(problem)
 
 
 def _not_root(name):
@@ -29,7 +36,9 @@ class LimitsSchema(Schema):
 
 
 class TokenCreateSchema(Schema):
-    name = Text(required=True, min_length=1, max_length=200)
+    name = Text(required=True, min_length=1, max_length=TOKEN_NAME_MAX, validate=[_token_name], metadata={
+        "pattern": TOKEN_NAME_PATTERN, "description": "printable text on one line, no space at either end; unique "
+                                                      "among the tokens that are neither revoked nor expired"})
     role = fields.String(required=True, validate=validate.OneOf([r.value for r in Role]))
     team = Text(max_length=200, load_default=None, allow_none=True)
     expires_in_seconds = Int(minimum=60, maximum=10 * 365 * 86400, load_default=None, allow_none=True)

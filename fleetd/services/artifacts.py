@@ -1,4 +1,8 @@
-"""Content-addressed artifacts on fleetd's disk: streamed upload, verified, downloaded by sha256."""
+"""Content-addressed artifacts on fleetd's disk: streamed upload, verified, downloaded by sha256.
+
+The bytes are stored once (Artifact), whoever uploads them; what an owner calls them (name, kind)
+and who may read them are each owner's own record (ArtifactUpload): uploading bytes someone else
+uploaded tells nothing about them."""
 
 import hashlib
 import os
@@ -23,8 +27,9 @@ def artifact_path(settings, sha256):
 
 
 def store_artifact(settings, now, stream, name, kind, principal):
-    """Read `stream` to the end into the store (at most artifact_max_bytes); returns the Artifact,
-    which this principal may read from then on (the same bytes uploaded by two tokens: both).
+    """Read `stream` to the end into the store (at most artifact_max_bytes); returns this owner's
+    view of it, {sha256, name, kind, size}, which it may read from then on (the same bytes uploaded by
+    two tokens: both, each under its own name; uploading them again renames them for this owner).
     LimitExceeded, with nothing stored, when it would pass the owner's artifact bytes."""
     limit = settings.artifact_max_bytes
     os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
@@ -52,17 +57,15 @@ def store_artifact(settings, now, stream, name, kind, principal):
             os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
             os.replace(tmp, final)
             tmp = None
-            row = Artifact.get_or_none(Artifact.sha256 == sha256)
-            if row is None:
-                row = Artifact.create(sha256=sha256, name=name, kind=kind, size=size, created_at=now,
-                                      created_by=principal.label)
-            if ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256)
-                                          & (ArtifactUpload.token_id == principal.id)) is None:
-                ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now)
+            if Artifact.get_or_none(Artifact.sha256 == sha256) is None:
+                Artifact.create(sha256=sha256, size=size, created_at=now)
+            mine = (ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.id)
+            if not ArtifactUpload.update(name=name, kind=kind).where(mine).execute():
+                ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now, name=name, kind=kind)
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    return row
+    return {"sha256": sha256, "name": name, "kind": kind, "size": size}
 
 
 def unreferenced(cutoff, keep_jobs_except=()):
@@ -98,7 +101,9 @@ def readable_artifacts(principal, shas):
 
 
 def open_artifact(settings, principal, sha256):
-    """(Artifact, path) if this principal may read it; a node only for artifacts of its current tasks."""
+    """(file name, path) if this principal may read it; a node only for artifacts of its current
+    tasks. The file name is the caller's own name for it, else (an admin's or a node's read of
+    someone else's upload) the sha256: an owner's name is never shown to another."""
     row = Artifact.get_or_none(Artifact.sha256 == sha256)
     if row is None or not os.path.exists(artifact_path(settings, sha256)):
         raise NotFound(f"artifact {sha256} not found")
@@ -107,7 +112,10 @@ def open_artifact(settings, principal, sha256):
             raise Forbidden("this node runs no task that uses this artifact")
     elif sha256 not in readable_artifacts(principal, [sha256]):
         raise NotFound(f"artifact {sha256} not found")  # whether others uploaded it is not this token's business
-    return row, artifact_path(settings, sha256)
+    own = None
+    if principal.kind == "api":
+        own = ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.id))
+    return (own.name if own is not None and own.name else sha256), artifact_path(settings, sha256)
 
 
 def _needed_by_node(node_id, sha256):

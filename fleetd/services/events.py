@@ -28,19 +28,32 @@ def acting_as(actor):
         _ACTOR.reset(token)
 
 
+def _request_principal():
+    from flask import g, has_request_context  # services also run outside Flask (CLI tools)
+
+    if has_request_context():
+        return g.get("principal") or g.get("ui_principal")
+    return None
+
+
 def current_actor():
     """The actor of the code running now: the innermost acting_as, else the authenticated
     principal of this request (API token or UI session), else fleetd."""
     actor = _ACTOR.get()
     if actor is not None:
         return actor
-    from flask import g, has_request_context  # services also run outside Flask (CLI tools)
+    principal = _request_principal()
+    return principal.label if principal is not None else FLEETD
 
-    if has_request_context():
-        principal = g.get("principal") or g.get("ui_principal")
-        if principal is not None:
-            return principal.label
-    return FLEETD
+
+def actor_token_id(actor):
+    """The id of the API token that `actor` names, when it is this request's own token (its label):
+    two tokens may have had one name over time, their ids tell them apart. None for nodes, fleetd
+    and outside requests."""
+    principal = _request_principal()
+    if principal is not None and principal.kind == "api" and principal.label == actor:
+        return principal.id
+    return None
 
 
 def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None,
@@ -51,12 +64,15 @@ def record_event(now, kind, subject_type, subject_id, reason, from_status=None, 
     webhooks receive (webhooks.webhook_kind) queues their deliveries in the same transaction, with
     `data` added to what they carry. Returns the actor."""
     actor = (actor or current_actor())[:ACTOR_MAX]
+    token_id = actor_token_id(actor)
     insert_row(Event, {"at": now, "kind": kind, "subject_type": subject_type, "subject_id": subject_id,
-                       "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor})
+                       "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor,
+                       "actor_token_id": token_id})
     notify = webhooks.webhook_kind(kind, from_status, to_status)
     if notify is not None:
         webhooks.enqueue(now, notify, f"{subject_type}/{subject_id}",
-                         dict(data or {}, from_status=from_status, to_status=to_status, reason=reason, actor=actor))
+                         dict(data or {}, from_status=from_status, to_status=to_status, reason=reason, actor=actor,
+                              actor_token_id=token_id))
     return actor
 
 

@@ -3,9 +3,11 @@
 import datetime as dt
 import secrets
 
-from fleetd.credentials import API_PREFIX, hash_token, make_token
-from fleetd.db import write_transaction
-from fleetd.errors import NotFound
+import peewee
+
+from fleetd.credentials import API_PREFIX, hash_token, make_token, token_name_problem
+from fleetd.db import database, write_transaction
+from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import ApiToken, JoinToken, Role, Setting, UiSession
 from fleetd.services.pagination import paginate
 
@@ -14,10 +16,16 @@ FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None):
     """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
-    the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.limits)."""
+    the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.limits).
+    The name must be single-line printable text (InvalidRequest) that no live token (neither revoked
+    nor expired) has (Conflict): events name their actor `token:<name>`."""
+    problem = token_name_problem(name)
+    if problem:
+        raise InvalidRequest(problem, {"fields": {"json": {"name": [problem]}}})
     token_id, token = make_token(API_PREFIX)
     expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
     with write_transaction():
+        _refuse_live_name(now, name)
         row = ApiToken.create(
             id=token_id,
             name=name,
@@ -30,6 +38,20 @@ def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_u
             limits=_own_limits({}, limits),
         )
     return row, token
+
+
+def live_tokens(now):
+    """The condition of tokens that still work: not revoked, not expired."""
+    return ApiToken.revoked_at.is_null() & (ApiToken.expires_at.is_null() | (ApiToken.expires_at > now))
+
+
+def _refuse_live_name(now, name):
+    """Conflict when a live token has this name (inside the creating transaction). On PostgreSQL a lock
+    on the name keeps two creations of it from passing this check at once; SQLite's writers queue."""
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.name:" + name,))
+    if ApiToken.select(ApiToken.id).where(live_tokens(now) & (ApiToken.name == name)).exists():
+        raise Conflict(f"a live token is already named {name!r}; revoke it or choose another name", {"name": name})
 
 
 def set_token_limits(token_id, limits):

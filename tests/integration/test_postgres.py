@@ -1,10 +1,11 @@
 """The PostgreSQL path: a throwaway real PostgreSQL server, the same services and guarantees."""
 
-import threading
+import contextlib
 
 import pytest
 
 from tests.conftest import ApiClient, gpus
+from tests.support.concurrency import all_at_once
 
 pytestmark = pytest.mark.integration
 
@@ -35,26 +36,50 @@ def test_migrations_are_recorded_and_idempotent_on_postgres(pg_api, postgres_url
         db.close()
 
 
-def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgres_url):
+@contextlib.contextmanager
+def own_database(postgres_url, name):
+    """A database of its own (the shared one is already at the newest migration), dropped afterwards."""
     import psycopg2
 
     from fleetd.db import open_database
-    from tests.test_migrations import check_duplicate_names_are_renamed_by_the_upgrade
 
-    # A database of its own: the shared one is already at the newest migration.
     admin = psycopg2.connect(postgres_url)
     admin.autocommit = True
     with admin.cursor() as cursor:
-        cursor.execute("DROP DATABASE IF EXISTS fleetd_names")
-        cursor.execute("CREATE DATABASE fleetd_names")
-    db = open_database(postgres_url.rsplit("/", 1)[0] + "/fleetd_names")
+        cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+        cursor.execute(f"CREATE DATABASE {name}")
+    db = open_database(postgres_url.rsplit("/", 1)[0] + "/" + name)
     try:
-        check_duplicate_names_are_renamed_by_the_upgrade(db)
+        yield db
     finally:
         db.close_all()
         with admin.cursor() as cursor:
-            cursor.execute("DROP DATABASE fleetd_names")
+            cursor.execute(f"DROP DATABASE {name}")
         admin.close()
+
+
+def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgres_url):
+    from tests.test_migrations import check_duplicate_names_are_renamed_by_the_upgrade
+
+    with own_database(postgres_url, "fleetd_names") as db:
+        check_duplicate_names_are_renamed_by_the_upgrade(db)
+
+
+def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(postgres_url):
+    from tests.test_migrations import (
+        check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names as check,
+    )
+
+    with own_database(postgres_url, "fleetd_0017") as db:
+        check(db)
+
+
+def test_concurrent_creates_of_one_token_name_make_exactly_one_on_postgres(pg_api):
+    def create(_i):
+        return ApiClient(pg_api.app, pg_api.token).post("/api/v1/tokens", {"name": "ci-bot", "role": "submitter"})
+
+    assert all_at_once(10, create) == [201] + [409] * 9
+    assert [t["name"] for t in pg_api.get("/api/v1/tokens").get_json()["items"]].count("ci-bot") == 1
 
 
 def test_concurrent_creates_of_one_instance_name_make_exactly_one_on_postgres(pg_api):
@@ -72,23 +97,13 @@ def test_the_index_refuses_a_create_of_a_taken_name_whose_check_passed_on_postgr
 def test_single_use_token_admits_one_host_under_concurrency_on_postgres(pg_api):
     pg_api.create_fleet("gpu-a")
     join = pg_api.create_join_token("gpu-a", max_uses=1)
-    barrier, results, lock = threading.Barrier(20), [], threading.Lock()
 
-    def attempt(i):
-        client = ApiClient(pg_api.app)
-        barrier.wait(timeout=30)
-        resp = client.post("/api/v1/agent/register", {
+    def register(i):
+        return ApiClient(pg_api.app).post("/api/v1/agent/register", {
             "hostname": f"h{i}", "machine_id": f"m-{i}", "agent_version": "0.1.0", "address": "10.0.0.1",
             "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(1)}, token=join, agent=True)
-        with lock:
-            results.append(resp.status_code)
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert sorted(results) == [201] + [401] * 19
+    assert all_at_once(20, register) == [201] + [401] * 19
     assert len(pg_api.get("/api/v1/nodes").get_json()["items"]) == 1
 
 

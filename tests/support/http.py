@@ -17,6 +17,7 @@ class ApiClient:
         self.app = app
         self.http = app.test_client()
         self.token = token
+        self.default_names = {}  # role -> tokens named by default so far
 
     def call(self, method, path, token=..., agent=False, headers=None, **kwargs):
         headers = dict(headers or {})
@@ -57,7 +58,13 @@ class ApiClient:
         return resp.get_json()["token"]
 
     def create_token(self, role, name=None):
-        resp = self.post("/api/v1/tokens", {"name": name or f"{role}-token", "role": role})
+        """A new API token; its name by default `<role>-token`, then `<role>-token-2`, ... (names of live
+        tokens are unique)."""
+        if name is None:
+            self.default_names[role] = self.default_names.get(role, 0) + 1
+            count = self.default_names[role]
+            name = f"{role}-token" if count == 1 else f"{role}-token-{count}"
+        resp = self.post("/api/v1/tokens", {"name": name, "role": role})
         assert resp.status_code == 201, resp.get_json()
         return resp.get_json()["token"]
 
