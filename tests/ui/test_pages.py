@@ -317,8 +317,9 @@ def test_api_token_create_show_once_and_revoke(admin_ui, api, app):
     token = re.search(r'value="(fla_[^"]+)"', page).group(1)
     from tests.conftest import ApiClient
 
-    assert ApiClient(app, token).get("/api/v1/whoami").get_json() == {
-        "principal": "token:ci", "role": "submitter", "team": "vision", "node_id": None}
+    who = ApiClient(app, token).get("/api/v1/whoami").get_json()
+    assert {k: who[k] for k in ("principal", "role", "team", "node_id", "token_id")} == {
+        "principal": "token:ci", "role": "submitter", "team": "vision", "node_id": None, "token_id": token[4:24]}
     assert token not in admin_ui.text("/ui/api-tokens")
     token_id = token[4:24]
     admin_ui.post(f"/ui/api-tokens/{token_id}/revoke", {"confirm": "yes"})
