@@ -3,6 +3,7 @@ unspecified hosts are refused in every spelling unless `webhooks_allow_targets` 
 time and again at each delivery; deliveries carry the Standard Webhooks headers."""
 
 import base64
+import shutil
 import subprocess
 
 import pytest
@@ -11,7 +12,7 @@ import standardwebhooks
 from tests.support.gpus import gpus
 from tests.support.http import Http
 from tests.support.server import fleetd_cmd
-from tests.support.webhooks import SECRET, receiver  # noqa: F401 - receiver is a fixture
+from tests.support.webhooks import SECRET, Receiver, receiver  # noqa: F401 - receiver is a fixture
 
 NOTHING_ALLOWED = {"FLEETD_WEBHOOKS_ALLOW_TARGETS": ""}
 
@@ -113,3 +114,35 @@ def test_a_refused_or_allowed_target_never_answers_500(server_factory, admin, al
     for url in ("http://[::ffff:0:0]/", "http://[zz::1]/", "http://0x/", "http://99999999999/", "http://1.2.3.4.5/",
                 "http://" + "a" * 64 + ".example/", "http://xn--/", "http://[::1%25]/"):
         assert http("POST", "/api/v1/webhooks", json=_hook_body(url)).status_code in (201, 400), url
+
+
+@pytest.fixture
+def localhost_cert(tmp_path):
+    """A self-signed certificate for the name localhost only (no address): (certificate, key)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_an_https_delivery_to_the_checked_address_still_verifies_the_certificate_by_name(server_factory, admin,
+                                                                                      localhost_cert):
+    tls_receiver = Receiver(tls=localhost_cert)
+    try:
+        http = Http(server_factory(REQUESTS_CA_BUNDLE=str(localhost_cert[0])).url, admin)
+        by_name = http("POST", "/api/v1/webhooks", expect=201,
+                       json=_hook_body(f"https://localhost:{tls_receiver.port}/hook")).json()
+        by_address = http("POST", "/api/v1/webhooks", expect=201, json=_hook_body(tls_receiver.url)).json()
+        _drained_node(http)
+        assert _run_sender(http) == {"delivered": 1, "retrying": 1, "given_up": 0, "forgotten": 0}
+        [(path, headers, body)] = tls_receiver.requests
+        assert path == "/hook" and headers["Host"] == f"localhost:{tls_receiver.port}"
+        assert "localhost" in tls_receiver.server_names  # SNI names the host, though fleetd dialled 127.0.0.1
+        [refused] = http("GET", f"/api/v1/webhooks/{by_address['id']}/deliveries", expect=200).json()["items"]
+        assert refused["error"].startswith("SSLError"), refused  # the certificate does not name 127.0.0.1
+        [sent] = http("GET", f"/api/v1/webhooks/{by_name['id']}/deliveries", expect=200).json()["items"]
+        assert sent["state"] == "delivered"
+    finally:
+        tls_receiver.close()

@@ -2,6 +2,7 @@
 fixture `receiver`."""
 
 import http.server
+import ssl
 import threading
 
 import pytest
@@ -12,8 +13,11 @@ SECRET = "s3cret-for-the-receiver-0123"
 class Receiver:
     """An HTTP server on 127.0.0.1 in a thread: records each POST, answers with the next queued status."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        """`tls`: (certificate, key) files to answer over HTTPS; the server names clients ask for
+        (SNI) are kept in `server_names`."""
         self.requests = []
+        self.server_names = []
         self.statuses = []  # answered in order; 204 once empty
         self.lock = threading.Lock()
         outer = self
@@ -34,7 +38,14 @@ class Receiver:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+            context.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.url = f"https://127.0.0.1:{self.port}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
