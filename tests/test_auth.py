@@ -20,6 +20,7 @@ ROLE_TABLE = {
     ("POST", "/api/v1/tokens"): A,
     ("PATCH", "/api/v1/tokens/{token_id}"): A,
     ("DELETE", "/api/v1/tokens/{token_id}"): A,
+    ("GET", "/api/v1/tokens/{token_id}/events"): A,
     ("GET", "/api/v1/fleets"): AS,
     ("POST", "/api/v1/fleets"): A,
     ("GET", "/api/v1/fleets/{name}"): AS,

@@ -3,6 +3,10 @@ are stored once), and token names that name one live token (events also carry th
 
 import hashlib
 
+from playhouse.migrations import Runner
+
+from fleetd.credentials import API_PREFIX, hash_token, make_token
+from fleetd.db import MIGRATIONS_DIR, open_database
 from tests.support.http import Http
 
 WEIGHTS = b"bob's fine-tuned weights"
@@ -84,3 +88,28 @@ def test_events_name_the_token_that_caused_them_by_id(server, admin):
     assert by_status["cordoned"]["actor_token_id"] == first["id"]
     assert events[-1]["to_status"] == "ready" and events[-1]["actor_token_id"] == second["id"]
     assert all(e["actor_token_id"] is None for e in events if not e["actor"].startswith("token:"))
+
+
+def test_fleetd_upgrading_an_old_database_renames_ambiguous_tokens_and_shows_why(data_dir, server_factory):
+    """A database at migration 0016 with two live tokens named ops and a forged two-line name: the first
+    `fleetd serve` upgrades it, and each renamed token's events say what became of it."""
+    data_dir.mkdir(parents=True)
+    db = open_database(f"sqlite:///{data_dir}/fleetd.db")
+    admin_id, admin = make_token(API_PREFIX)
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0016_tenant_isolation")
+        for token_id, name, secret_hash, created in ((admin_id, "admin", hash_token(admin), "00:00"),
+                                                     ("t1", "ops", "h1", "00:01"), ("t2", "ops", "h2", "00:02"),
+                                                     ("t3", "x\nnode:n1", "h3", "00:03")):
+            db.execute_sql("INSERT INTO api_token (id, name, role, token_hash, created_at) VALUES (?, ?, 'admin', ?, ?)",
+                           (token_id, name, secret_hash, f"2026-01-01 00:{created}"))
+    db.close()
+    server = server_factory()
+    http = Http(server.url, admin)
+    names = {t["id"]: t["name"] for t in http("GET", "/api/v1/tokens", expect=200).json()["items"]}
+    assert names == {admin_id: "admin", "t1": "ops", "t2": "ops-2", "t3": "x node:n1"}
+    [renamed] = http("GET", "/api/v1/tokens/t2/events", expect=200).json()["items"]
+    assert (renamed["kind"], renamed["subject"], renamed["actor"]) == ("token.renamed", "token/t2", "fleetd")
+    assert "from 'ops' to 'ops-2'" in renamed["reason"] and "renamed from 'ops' to 'ops-2'" in server.log
+    assert http("GET", "/api/v1/tokens/t1/events", expect=200).json()["items"] == []
+    assert http("GET", "/api/v1/tokens/nosuchtoken/events").status_code == 404

@@ -6,6 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
+from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema
 from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema, TokenSchema, TokenUpdateSchema
 from fleetd.services import tokens
 
@@ -46,3 +47,14 @@ class TokenById(MethodView):
     def delete(self, token_id):
         """Revoke an API token; it stops working at once."""
         tokens.revoke_api_token(current_runtime().clock.now(), token_id)
+
+
+@blp.route("/<string:token_id>/events")
+class TokenEvents(MethodView):
+    @require(ADMIN)
+    @blp.arguments(EventQuerySchema(), location="query")
+    @blp.response(200, EventPageSchema)
+    def get(self, query, token_id):
+        """A token's own events, oldest first (a rename by migration 0017); `after` is an event id."""
+        items, next_cursor = tokens.list_token_events(token_id, query["limit"], query["cursor"], query["after"])
+        return {"items": items, "next_cursor": next_cursor}

@@ -8,7 +8,8 @@ import peewee
 from fleetd.credentials import API_PREFIX, hash_token, make_token, token_name_problem
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
-from fleetd.models import ApiToken, JoinToken, Role, Setting, UiSession
+from fleetd.models import ApiToken, Event, JoinToken, Role, Setting, UiSession
+from fleetd.services.events import list_events
 from fleetd.services.pagination import paginate
 
 FIRST_ADMIN_KEY = "first_admin_token_issued"
@@ -75,6 +76,17 @@ def _own_limits(stored, changes):
 def list_api_tokens(limit, cursor=None):
     """One page of tokens, oldest first, without secrets."""
     return paginate(ApiToken.select(), ApiToken.id, limit, cursor)
+
+
+def list_token_events(token_id, limit, cursor=None, after=None):
+    """A token's own events, oldest first (`token.renamed`: migration 0017 renamed it); NotFound for
+    an id that is neither a token nor the subject of an event (one deleted after its retention)."""
+    rows, next_cursor = list_events("token", token_id, limit, cursor, after)
+    if not rows and ApiToken.get_or_none(ApiToken.id == token_id) is None:
+        seen = Event.select().where((Event.subject_type == "token") & (Event.subject_id == token_id)).exists()
+        if not seen:
+            raise NotFound(f"token {token_id} not found")
+    return rows, next_cursor
 
 
 def revoke_api_token(now, token_id):
