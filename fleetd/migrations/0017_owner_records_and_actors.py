@@ -103,7 +103,7 @@ def up(migrator, db):
     db.execute_sql("ALTER TABLE artifact_upload ADD COLUMN name VARCHAR(255) NOT NULL DEFAULT ''")
     db.execute_sql("ALTER TABLE artifact_upload ADD COLUMN kind VARCHAR(64) NOT NULL DEFAULT ''")
     db.execute_sql("UPDATE artifact_upload SET name = sha256")
-    db.execute_sql("UPDATE artifact_upload SET "
+    db.execute_sql("UPDATE artifact_upload SET "  # nosec B608  # FIRST_UPLOAD is the migration's own SQL
                    "name = (SELECT a.name FROM artifact a WHERE a.sha256 = artifact_upload.sha256), "
                    "kind = (SELECT a.kind FROM artifact a WHERE a.sha256 = artifact_upload.sha256) "
                    "WHERE EXISTS (SELECT 1 FROM artifact a WHERE a.sha256 = artifact_upload.sha256) AND " + FIRST_UPLOAD)
@@ -121,9 +121,9 @@ def down(migrator, db):
         migrator.add_column('artifact', 'kind', CharField(max_length=64, default="")),
         migrator.add_column('artifact', 'created_by', CharField(max_length=200, default="")),
     )
-    db.execute_sql("UPDATE artifact SET "
+    db.execute_sql("UPDATE artifact SET "  # nosec B608  # FIRST_UPLOAD is the migration's own SQL
                    "name = COALESCE((SELECT name FROM artifact_upload WHERE artifact_upload.sha256 = artifact.sha256 "
-                   "AND " + FIRST_UPLOAD + "), sha256), "
+                   "AND " + FIRST_UPLOAD + "), sha256), "  # nosec B608  # FIRST_UPLOAD is the migration's own SQL
                    "kind = COALESCE((SELECT kind FROM artifact_upload WHERE artifact_upload.sha256 = artifact.sha256 "
                    "AND " + FIRST_UPLOAD + "), '')")
     migrator.migrate(
