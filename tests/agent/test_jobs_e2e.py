@@ -10,6 +10,7 @@ import pytest
 
 from agent.procfs import read_proc, wait_gone
 from tests.agent.conftest import Http, wait_until
+from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
@@ -277,3 +278,54 @@ def test_an_agent_killed_and_back_before_the_lease_ends_takes_its_task_back_and_
     assert (task["outcome"], task["exit_code"], task["reason"]) == ("failed", 3, "exit code 3")
     texts = [line["text"] for line in job_logs(http, job["id"])]
     assert texts == [f"before {pid}", f"after {pid}"]  # one process, through the restart
+
+
+def test_a_partitioned_nodes_job_stops_before_fleetd_reruns_it_elsewhere(server_factory, admin, agent_factory,
+                                                                          tmp_path):
+    """The agent reaches fleetd through a proxy that stops forwarding (requests hang, nothing is
+    refused). fleetd declares the node lost and reruns the job on the other node once the task's lease
+    has run out; the cut-off copy must have stopped before that: no moment with two copies running."""
+    server = server_factory(**FAST)
+    http = Http(server.url, admin)
+    http.create_root_fleet("lab")
+    join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": 10}).json()["token"]
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    proxy = TcpProxy((host, int(port)))
+    try:
+        cut_off = agent_factory("cut-off", shape="l4_x4", extra={"tasks_kill_grace_seconds": GRACE})
+        cut_off.join(join, proxy.url)
+        cut_off.start()
+        wait_until(lambda: http("GET", f"/api/v1/nodes/{cut_off.node()['node_id']}", expect=200)
+                   .json()["status"] == "ready", timeout=60, message="the cut-off node ready")
+        ticks = tmp_path / "ticks"
+        code = ("import os, sys, time\n"  # a line per 0.05 s: '<epoch> <wall clock>'
+                "for _ in range(12000):\n"
+                "    with open(sys.argv[1], 'a') as fh:\n"
+                "        fh.write(f\"{os.environ['FLEET_TASK_EPOCH']} {time.time()}\\n\")\n"
+                "    time.sleep(0.05)\n")
+        job = submit(http, [PY, "-c", code, str(ticks)], name="writer", retry={"max_attempts": 2, "on": ["node_lost"]})
+
+        def copies():
+            seen = {}
+            for line in (ticks.read_text().splitlines() if ticks.exists() else []):
+                epoch, _, at = line.partition(" ")
+                if at:
+                    seen.setdefault(epoch, []).append(float(at))
+            return seen
+
+        wait_until(lambda: "1" in copies(), timeout=60, message="the job to run on the cut-off node")
+        other = agent_factory("other", shape="l4_x4", extra={"tasks_kill_grace_seconds": GRACE})
+        other.join(join, server.url)
+        other.start()
+        wait_until(lambda: http("GET", f"/api/v1/nodes/{other.node()['node_id']}", expect=200)
+                   .json()["status"] == "ready", timeout=60, message="the other node ready")
+        proxy.cut()
+        wait_until(lambda: len(copies()) == 2, timeout=60, message="the rerun on the other node")
+        seen = copies()
+        assert max(seen["1"]) < min(seen["2"]), (max(seen["1"]), min(seen["2"]))
+        cut_off.wait_for_line(r"the tasks' lease", timeout=30)
+        rerun = http("GET", f"/api/v1/jobs/{job['id']}", expect=200).json()
+        assert rerun["attempt"] == 2 and rerun["tasks"][0]["node_id"] == other.node()["node_id"], rerun
+        http("POST", f"/api/v1/jobs/{job['id']}/cancel", expect=200)
+    finally:
+        proxy.close()
