@@ -261,6 +261,8 @@ class Runner:
             stopping = lost and bool(record.get("agent_stopping"))
         elif pids:
             result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
+        elif not record.get("pid"):  # still preparing (directories, artifacts, the rendezvous)
+            result = ("failed", None, "fleet-agent restarted before the task's command started; nothing of it ran")
         else:
             result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
                                       "status is unknown")

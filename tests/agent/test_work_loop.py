@@ -169,6 +169,21 @@ def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away
     assert fleetd.texts("t-kept")[-1] == "released"
     assert "t-moved" not in fleetd.finished
 
+def test_a_gang_rank_still_at_the_rendezvous_when_the_agent_dies_is_reported_as_never_started(worker_agent,
+                                                                                               fleetd):
+    agent = worker_agent().start()
+    fleetd.assign(assignment("t-rank1", [PY, "-c", LOOP], rank=1, num_nodes=2))  # rank 0 never publishes
+    fleetd.wait_for(lambda: any(c[0] == "GET" and c[1].startswith("/api/v1/agent/tasks/t-rank1/rendezvous")
+                                for c in list(fleetd.calls)), message="rank 1 waiting at the rendezvous")
+    agent.signal(signal.SIGKILL)
+    agent.wait()
+    agent.start()
+    finish = fleetd.wait_finished("t-rank1")
+    assert finish["outcome"] == "failed" and finish.get("lost") is True, finish
+    assert finish["reason"] == "fleet-agent restarted before the task's command started; nothing of it ran"
+    assert "t-rank1" not in fleetd.started
+
+
 def job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path, job="t-job", inst="t-inst"):
     """An agent told a 9 s lease, running a job task and an instance that a heartbeat has renewed: the
     fence moment is 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send.
