@@ -201,6 +201,12 @@ class FleetClient:
         body.update(extra or {})
         self._post(_task_path(task_id, "start"), body, self.session_token)
 
+    def task_restart(self, task_id, epoch, exit_code, signal, reason, backoff_seconds):
+        """POST /agent/tasks/{id}/restart: an instance run's process ended and starts again after the back-off."""
+        self._post(_task_path(task_id, "restart"), {"epoch": epoch, "exit_code": exit_code, "signal": signal,
+                                                    "reason": reason, "backoff_seconds": backoff_seconds},
+                   self.session_token)
+
     def publish_rendezvous(self, task_id, epoch, addr, port):
         """POST /agent/tasks/{id}/rendezvous (rank 0): where the other ranks find it."""
         self._post(_task_path(task_id, "rendezvous"), {"epoch": epoch, "addr": addr, "port": port},

@@ -66,6 +66,7 @@ class Config:
     limits_cgroup_parent: str = "fleet-agent"  # task cgroups under <cgroup v2 mount>/<this>; empty: none
     ports_range: str = "40000-41000"  # host ports handed to instances' declared ports ("low-high")
     containers_command: str = ""  # podman/docker command line (shlex); empty: podman, else docker; "none": off
+    instances_restart_limit: int = 10  # restarts in a row, each after a run under 60 s, before a policy gives up; 0: none
     log_level: str = "info"
 
     @property
@@ -131,6 +132,8 @@ class Config:
             raise ConfigError("limits.mps_control_command is required when limits.mps_enabled is true")
         self.server_url = parse_server_urls(self.server_url)
         self.ports_bounds  # noqa: B018 - raises ConfigError for a bad ports.range
+        if self.instances_restart_limit < 0:
+            raise ConfigError("instances.restart_limit must be >= 0 (0: a restart policy never gives up)")
         try:
             shlex.split(self.containers_command)
         except ValueError as exc:

@@ -112,15 +112,18 @@ class InstanceState(str, enum.Enum):
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    RESTARTING = "restarting"  # its process ended; its node starts it again after a back-off
     STOPPING = "stopping"
     STOPPED = "stopped"
     INTERRUPTED = "interrupted"
     FAILED = "failed"
+    DELETING = "deleting"  # its processes are stopping, or its node has yet to remove its volume
     DELETED = "deleted"
 
     def holds_run(self):
         """True while a run (an internal job) of the instance is queued, placed or running."""
-        return self in (InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING, InstanceState.STOPPING)
+        return self in (InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING,
+                        InstanceState.RESTARTING, InstanceState.STOPPING)
 
     def can_resume(self):
         return self in (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED)
@@ -266,6 +269,8 @@ class Node(BaseModel):
     join_token_id = peewee.CharField(max_length=32, null=True)
     # Set while the health policy holds the node out of service for a GPU fault: {reason, since, missing, cleared?}
     health_hold = JSONText(null=True)
+    # While an agent upgrade is under way or failed, the state it returns to (fleetd.services.upgrades)
+    upgrade = JSONText(null=True)
 
     @property
     def isolation(self):
@@ -371,7 +376,8 @@ class Instance(BaseModel):
     state = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
     desired_state = peewee.CharField(max_length=16, default="running")
-    interrupted_by = peewee.CharField(max_length=16, null=True)  # node_lost, preempted, drain
+    interrupted_by = peewee.CharField(max_length=16, null=True)  # the cause: node_lost, preempted, drain
+    preempted_by = JSONText(null=True)  # {kind, id, name} of the workload that preempted it
     spec = JSONText()
     run_id = peewee.CharField(max_length=32, null=True)  # the current (or last) run's job id
     runs = peewee.IntegerField(default=0)
@@ -379,6 +385,9 @@ class Instance(BaseModel):
     ports = JSONText(default=list)  # [{port, host_port, protocol}] as its node assigned them
     created_at = peewee.DateTimeField()
     started_at = peewee.DateTimeField(null=True)  # the current run's start
+    process_started_at = peewee.DateTimeField(null=True)  # the current process's (latest restart's) start
+    last_exit = JSONText(null=True)  # {exit_code, signal, reason, at, backoff_seconds} of its last process
+    next_start_at = peewee.DateTimeField(null=True)  # while restarting: when its node starts it again
     stopped_at = peewee.DateTimeField(null=True)
     price_per_hour = peewee.FloatField(null=True)  # of the current (or last) run
     running_since = peewee.DateTimeField(null=True)  # while it runs: since when it accrues cost

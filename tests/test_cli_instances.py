@@ -93,7 +93,7 @@ def test_create_builds_the_spec_from_its_options_and_list_and_show_say_why_it_wa
     assert json.loads(run("instance", "list", "--state", "running", "--json").stdout) == []
 
     shown = run("instance", "show", created["id"]).stdout
-    for line in ("STATE           pending", f"PENDING REASON  {reason}", "VOLUME          10.0 GiB at /data",
+    for line in ("STATE           pending", f"PENDING REASON  {reason}", "VOLUME          10.0 GiB in $FLEET_VOLUME",
                  "IDLE STOP       under 5% GPU utilization for 30m 00s", "RESTART         always",
                  "COMMAND         jupyter lab --port 8888", "CLASS           on-demand"):
         assert line in shown, line
@@ -213,8 +213,9 @@ def test_a_running_instance_connect_logs_runtime_and_stop(run, server):  # noqa:
                        "container": {"cpu_percent": 85.0, "memory_percent": 3.125}, "volume_used_bytes": 2**29}]})
     shown = run("instance", "show", iid).stdout
     for line in ("STATE           running", f"NODE            {agent.node_id}", "RESTARTS        2",
-                 "VOLUME          1.0 GiB at /workspace, 512.0 MiB used", "CPU, MEMORY     85% CPU, 3.1% memory"):
+                 "VOLUME          1.0 GiB in $FLEET_VOLUME, 512.0 MiB used", "CPU, MEMORY     85% CPU, 3.1% memory"):
         assert line in shown, line
+    assert "STOPPED         -\n" in shown and " at /workspace" not in shown  # no stop time while it runs
     assert any(line.split() == [gpus(1)[0]["uuid"], "37", "12.5"] for line in shown.splitlines()), shown
     assert any(line.split() == ["8888", "http", "40888", "127.0.0.1", "no"] for line in shown.splitlines()), shown
 
@@ -259,3 +260,23 @@ def test_connect_wait_answers_once_the_instance_runs(run, server):  # noqa: F811
     agent.task(assignment, "finish", outcome="cancelled", exit_code=143)
     stopping.join(timeout=60)
     assert stopped and stopped[0].stdout.strip() == f"instance {iid} stopped"
+
+
+def test_create_wait_prints_why_the_instance_failed_and_show_its_last_exit(run, server):  # noqa: F811
+    agent = Agent(run, server.url)
+    waiting, created = in_thread(lambda: run("instance", "create", "--name", "loop", "--gpus", "1", "--wait",
+                                             "--", "false", expect=1))
+    assignment = agent.call("/acquire", {"wait_seconds": 20})["assignment"]  # it ends before its start report
+    iid = assignment["instance"]["id"]
+    agent.task(assignment, "restart", exit_code=126, reason="exit code 126", backoff_seconds=1)
+    shown = run("instance", "show", iid).stdout
+    assert "STATE           restarting" in shown and "LAST EXIT       exit code 126 at " in shown, shown
+    assert "; starts again in 1s" in shown
+    agent.task(assignment, "finish", outcome="failed", exit_code=126,
+               reason="exit code 126; restart policy on-failure gave up after 10 restarts")
+    waiting.join(timeout=60)
+    assert created, "create --wait did not return"
+    assert created[0].stdout.strip() == (f"instance {iid} failed: exit code 126; restart policy on-failure gave up "
+                                         "after 10 restarts")
+    row = next(line for line in run("instance", "list").stdout.splitlines() if line.lstrip().startswith(iid))
+    assert row.split()[1:3] == ["loop", "failed"] and "stopping" not in row

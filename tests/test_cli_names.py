@@ -29,7 +29,9 @@ def test_instance_commands_take_a_name(run, server):  # noqa: F811
     agent.task(assignment, "finish", outcome="cancelled", exit_code=143)
     proc = run("instance", "create", "--name", "web", "--", "x", expect=1)
     assert proc.stderr.startswith(f"fleetd: conflict: instance name 'web' is taken by instance {iid}"), proc.stderr
-    assert run("instance", "rm", "web", "--yes").stdout.strip() == f"deleted instance {iid}"
+    assert run("instance", "rm", "web", "--yes").stdout.strip().startswith(f"deleting instance {iid}: ")
+    agent.call("/heartbeat", {"tasks": [], "volumes": []})  # its node has removed the volume: deleted
+    assert run("instance", "show", iid, expect=1).stderr.startswith(f"fleetd: not_found: instance {iid} not found")
     # Deleted, it is still found by its name while no live instance has it.
     assert json.loads(run("instance", "events", "web", "--json").stdout)[-1]["to_status"] == "deleted"
 

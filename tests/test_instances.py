@@ -89,21 +89,29 @@ def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
     assert again["task_id"] != a["task_id"] and show(api, inst["id"])["state"] == "running"
     assert api.post(f"/api/v1/instances/{inst['id']}/resume", {}).status_code == 409  # it runs
 
-    assert api.delete(f"/api/v1/instances/{inst['id']}").status_code == 204
-    assert show(api, inst["id"])["state"] == "stopping"
-    finish(api, session, again, "cancelled")
-    assert show(api, inst["id"])["state"] == "deleted"
-    assert api.get("/api/v1/instances").get_json()["items"] == []
-    assert [i["id"] for i in api.get("/api/v1/instances?state=deleted").get_json()["items"]] == [inst["id"]]
-    # Its node is told to delete the volume; a volume of a live instance stays.
+    deleting = api.delete(f"/api/v1/instances/{inst['id']}")
+    assert deleting.status_code == 202 and deleting.get_json()["state"] == "deleting"
+    assert show(api, inst["id"])["state"] == "deleting"
+    # While its process runs, its node keeps the volume; then it is told to delete it.
     keep = create(api, name="keep", resources={"gpus": 1})
+    assert api.heartbeat(session, volumes=[inst["id"], keep["id"]])["delete_volumes"] == []
+    finish(api, session, again, "cancelled")
+    assert show(api, inst["id"])["state"] == "deleting"
     reply = api.heartbeat(session, volumes=[inst["id"], keep["id"], "unknown-id"])
     assert sorted(reply["delete_volumes"]) == sorted([inst["id"], "unknown-id"])
+    assert show(api, inst["id"])["state"] == "deleting"
+    assert [i["id"] for i in api.get("/api/v1/instances").get_json()["items"]] == [inst["id"], keep["id"]]
+    # The next heartbeat shows the volume gone: deleted, and gone from the API but for ?state=deleted.
+    api.heartbeat(session, volumes=[keep["id"]])
+    assert api.get(f"/api/v1/instances/{inst['id']}").status_code == 404
+    assert [i["id"] for i in api.get("/api/v1/instances").get_json()["items"]] == [keep["id"]]
+    assert [i["id"] for i in api.get("/api/v1/instances?state=deleted").get_json()["items"]] == [inst["id"]]
+    assert api.delete(f"/api/v1/instances/{inst['id']}").status_code == 204  # gone already
     kinds = [(e["from_status"], e["to_status"]) for e in
              api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]]
     assert kinds == [(None, "pending"), ("pending", "starting"), ("starting", "running"), ("running", "stopping"),
                      ("stopping", "stopped"), ("stopped", "pending"), (None, None), ("pending", "starting"),
-                     ("starting", "running"), ("running", "stopping"), ("stopping", "deleted")]
+                     ("starting", "running"), ("running", "deleting"), ("deleting", "deleted")]
 
 
 def test_a_queued_instance_stops_at_once_and_waits_with_a_reason(api, fleet):
@@ -191,6 +199,53 @@ def test_process_exit_and_idle_stop_end_the_instance(api, fleet):
     b = start(api, session)
     finish(api, session, b, "failed", exit_code=3, reason="exit code 3")
     assert show(api, inst["id"])["state"] == "failed"
+
+
+def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed_and_is_billed_only_running(
+        api, fleet, clock):
+    token, node, session = fleet
+    api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 3.6})
+    inst = create(api, ports=[{"port": 8888}])
+    a = start(api, session, [(8888, 40001)])
+    clock.advance(100)
+    assert show(api, inst["id"])["runtime"]["uptime_seconds"] == pytest.approx(100)
+    api.task_call(session, a, "restart", exit_code=137, signal="SIGKILL", reason="killed by SIGKILL",
+                  backoff_seconds=4)
+    restarting = show(api, inst["id"])
+    assert restarting["state"] == "restarting" and restarting["last_exit"]["exit_code"] == 137
+    assert {k: restarting["last_exit"][k] for k in ("signal", "reason", "backoff_seconds")} == {
+        "signal": "SIGKILL", "reason": "killed by SIGKILL", "backoff_seconds": 4.0}
+    assert restarting["next_start_at"] is not None and restarting["runtime"]["uptime_seconds"] == 0
+    assert "killed by SIGKILL" in restarting["status_reason"] and "in 4s" in restarting["status_reason"]
+    assert api.get(f"/api/v1/instances/{inst['id']}/connection").status_code == 504  # not while restarting
+    clock.advance(3600)  # not billed while its process is down
+    assert show(api, inst["id"])["cost_so_far"] == pytest.approx(0.1)
+    api.task_call(session, a, "start", pid=4243, restarts=1)
+    api.task_call(session, a, "start", pid=4243, restarts=1)  # a retried report changes nothing
+    clock.advance(30)
+    running = show(api, inst["id"])
+    assert running["state"] == "running" and running["runtime"]["uptime_seconds"] == pytest.approx(30)
+    assert running["next_start_at"] is None and running["last_exit"]["exit_code"] == 137
+    api.task_call(session, a, "restart", exit_code=3, reason="exit code 3", backoff_seconds=8)
+    finish(api, session, a, "failed", exit_code=3, reason="exit code 3; restart policy on-failure gave up")
+    failed = show(api, inst["id"])
+    assert failed["state"] == "failed" and "gave up" in failed["status_reason"] and failed["runtime"] is None
+    assert failed["last_exit"]["exit_code"] == 3 and failed["last_exit"]["backoff_seconds"] is None
+    kinds = [(e["from_status"], e["to_status"]) for e in
+             api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]]
+    assert kinds[2:] == [("starting", "running"), ("running", "restarting"), ("restarting", "running"),
+                         ("running", "restarting"), ("restarting", "failed")]
+
+
+def test_a_process_that_ends_before_its_start_is_reported_reads_restarting(api, fleet):
+    token, node, session = fleet
+    inst = create(api)
+    a = api.acquire(session)
+    api.task_call(session, a, "restart", exit_code=126, reason="exit code 126", backoff_seconds=1)
+    assert show(api, inst["id"])["state"] == "restarting"
+    api.task_call(session, a, "restart", exit_code=126, reason="exit code 126", backoff_seconds=2)
+    again = show(api, inst["id"])
+    assert again["state"] == "restarting" and again["last_exit"]["backoff_seconds"] == 2
 
 
 def test_cost_accrues_over_running_time_only(api, fleet, clock):
@@ -325,6 +380,7 @@ def test_gc_forgets_instances_deleted_before_the_cutoff_with_their_runs(api, fle
     run = start(api, session)
     api.delete(f"/api/v1/instances/{gone['id']}")
     finish(api, session, run)
+    api.heartbeat(session, volumes=[])  # its volume is gone: deleted
     clock.advance(7200)
     result = api.post("/api/v1/admin/gc", {"older_than_seconds": 3600, "delete_jobs": True, "dry_run": False}).get_json()
     assert result["instances"] == 1 and result["jobs"] == 1 and result["tasks"] == 1

@@ -205,7 +205,7 @@ def test_an_older_agent_that_reported_a_container_runtime_still_runs_images(api)
 
 def test_one_owner_holds_at_most_the_cap_of_host_ports_on_a_node_and_another_owner_still_gets_ports(api):
     api.create_fleet("gpu-a")
-    host, _ = node(api, "gpu-a", "host", gpu_count=0)
+    host, session = node(api, "gpu-a", "host", gpu_count=0)
     alice, bob = client(api, "alice"), client(api, "bob")
     ports = [{"port": 8000 + i} for i in range(32)]
     first = [instance(alice, name=f"a{i}", ports=ports) for i in range(2)]
@@ -218,7 +218,10 @@ def test_one_owner_holds_at_most_the_cap_of_host_ports_on_a_node_and_another_own
     # A stopped instance keeps its ports (its volume stays); a deleted one gives them back.
     alice.post(f"/api/v1/instances/{first[0]['id']}/stop")
     assert alice.get(f"/api/v1/instances/{third['id']}").get_json()["state"] == "pending"
-    alice.delete(f"/api/v1/instances/{first[0]['id']}")  # placed at once, by the pass its delete kicks
+    # Deleting, it holds them until its node has removed its volume (which frees them on the node).
+    assert alice.delete(f"/api/v1/instances/{first[0]['id']}").get_json()["state"] == "deleting"
+    assert alice.get(f"/api/v1/instances/{third['id']}").get_json()["state"] == "pending"
+    api.heartbeat(session, volumes=[])  # placed at once, by the pass that heartbeat kicks
     assert alice.get(f"/api/v1/instances/{third['id']}").get_json()["node_id"] == host
 
 

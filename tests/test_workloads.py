@@ -57,6 +57,24 @@ def test_a_preempted_instance_is_told_which_workload_preempted_it(api, fleet):
     inst = create(api, name="cheap", priority_class="spot", resources={"gpus": 2})
     a = start(api, session)
     job = api.submit(name="urgent", resources={"gpus": 2})
-    reason = show(api, inst["id"])["status_reason"]
-    assert f"preempted by on-demand job urgent ({job['id']})" in reason, reason
+    shown = show(api, inst["id"])
+    assert f"preempted by on-demand job urgent (id {job['id']})" in shown["status_reason"], shown
+    assert shown["state"] == "interrupted" and shown["interruption"] == "preempted"
+    assert shown["interrupted_by"] == {"kind": "job", "id": job["id"], "name": "urgent"}
+    events = api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]
+    assert f"preempted by on-demand job urgent (id {job['id']})" in events[-1]["reason"]
     finish(api, session, a, "cancelled")
+    assert show(api, inst["id"])["interrupted_by"] == {"kind": "job", "id": job["id"], "name": "urgent"}
+
+
+def test_an_instance_preempted_by_an_instance_names_that_instance_and_a_resume_forgets_it(api, fleet):
+    _, _, session = fleet
+    cheap = create(api, name="cheap", priority_class="spot", resources={"gpus": 2})
+    a = start(api, session)
+    web = create(api, name="web", resources={"gpus": 2})
+    shown = show(api, cheap["id"])
+    assert f"preempted by on-demand instance web (id {web['id']})" in shown["status_reason"], shown
+    assert shown["interrupted_by"] == {"kind": "instance", "id": web["id"], "name": "web"}
+    finish(api, session, a, "cancelled")
+    resumed = api.post(f"/api/v1/instances/{cheap['id']}/resume", {}).get_json()
+    assert resumed["state"] == "pending" and resumed["interrupted_by"] is None and resumed["interruption"] is None

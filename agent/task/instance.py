@@ -12,7 +12,10 @@ On top of a Task (agent/task/task.py):
 - the output in files of the task directory, shipped from there (agent/task/logs.py FileTail), so
   that the process never writes into a pipe whose reader is gone;
 - the restart policy (`always`, `on-failure`, `never`), 1 s before a restart, doubling to 60 s,
-  back to 1 s after a run of 60 s; a stop never restarts;
+  back to 1 s after a run of 60 s; a stop never restarts; each exit that is restarted is reported
+  (POST .../restart, the instance reads `restarting`) and each restart's start too; after
+  `instances.restart_limit` restarts in a row whose process each ran under 60 s the policy gives up
+  and the run fails;
 - on the agent's stop the process is left running (`detach`); `Runner.recover` hands each run it
   finds in a journal back here (`adopted`): a live process is watched again (a pidfd), a dead one
   counts as an exit (its status from the file, else a failure) for the policy to decide on;
@@ -21,13 +24,15 @@ On top of a Task (agent/task/task.py):
 
 import logging
 import os
+import re
 import time
 
+from agent.client import FleetdError, Unreachable
 from agent.ports import NoFreePort, port_states
 from agent.procfs import uptime_ticks
 from agent.task.assignment import DEFAULT_PATH, task_env
 from agent.task.container import READY, ContainerError, cdi_has_nvidia, container_name, remove_env_file, write_env_file
-from agent.task.errors import Detached, Fenced, Stopped, TaskError
+from agent.task.errors import Detached, Fenced, Stopped, TaskError, is_fencing
 from agent.task.journal import compact_state
 from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
 from agent.task.supervisor import check_executable, read_exit_status
@@ -42,6 +47,7 @@ BACKOFF_RESET_SECONDS = 60.0  # a process that ran this long is restarted after 
 JOURNAL_COMPACT_BYTES = 64 * 1024  # a restarting instance's journal starts again past this
 MAX_RUNS = 1_000_000_000
 LEAVE_LOGS_SECONDS = 5.0  # how long an agent that stops spends shipping a left instance's last lines
+SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")  # how describe_exit words a signal's end
 
 
 def restarts_after(policy, outcome):
@@ -50,15 +56,19 @@ def restarts_after(policy, outcome):
 
 
 class Backoff:
-    """The wait before each restart: 1 s, doubling to 60 s; 1 s again after a run of 60 s."""
+    """The wait before each restart: 1 s, doubling to 60 s; 1 s again after a run of 60 s. With a
+    `limit`, none after that many restarts in a row each after a run under 60 s: the policy gives up."""
 
-    def __init__(self):
+    def __init__(self, limit=0):
         self.failures = 0
+        self.limit = limit
 
     def next(self, ran_seconds):
-        """The wait before restarting a process that ran `ran_seconds`."""
+        """The wait before restarting a process that ran `ran_seconds`; None once the policy gives up."""
         if ran_seconds >= BACKOFF_RESET_SECONDS:
             self.failures = 0
+        if self.limit and self.failures >= self.limit:
+            return None
         delay = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(self.failures, 16))
         self.failures += 1
         return delay
@@ -77,7 +87,7 @@ class InstanceTask(Task):
         self.volume = None
         self.restarts = 0
         self.idle = False
-        self.backoff = Backoff()
+        self.backoff = Backoff(runner.restart_limit)
         self.monitor = InstanceMonitor(self)
         self._env = None
         self._cwd = None
@@ -301,7 +311,7 @@ class InstanceTask(Task):
         log.info("instance %s (task %s): started pid %d, host ports %s", self.spec.id, self.label, pid,
                  self.ports or "none")
         self._save(state="running", pid=pid, pgid=self.process.pgid, start_ticks=start_ticks,
-                   started_at=self.worker.started_at, restarts=self.restarts)
+                   started_at=self.worker.started_at, restarts=self.restarts, start_reported=self._start_reported)
 
     # Supervision: the runs, one after the other.
 
@@ -328,28 +338,56 @@ class InstanceTask(Task):
             if self._stop is not None or self._fenced or not restarts_after(self.spec.restart, result[0]):
                 return result
             try:
-                self._restart(result)
+                gave_up = self._restart(result, client)
             except TaskError as exc:
                 return "failed", None, str(exc)
             except Stopped:
                 return self._stop[0], None, self._stop[1]
+            if gave_up is not None:
+                return gave_up
             result = None
         return result
 
-    def _restart(self, result):
+    def _restart(self, result, client):
+        """Report the exit, wait out the back-off and start the process again; None, or the result the
+        run ends with when the policy gives up."""
         started = self.process.started_monotonic
         delay = self.backoff.next(time.monotonic() - started if started is not None else 0.0)
-        self._system(f"[fleet-agent] the process ended ({result[2] or 'exit code 0'}); restarting it in "
+        how = result[2] or "exit code 0"
+        if delay is None:
+            reason = (f"{how}; restart policy {self.spec.restart} gave up after {self.backoff.limit} restarts in a "
+                      f"row that each ran under {BACKOFF_RESET_SECONDS:g}s")
+            self._system(f"[fleet-agent] the process ended ({how}); {reason.partition('; ')[2]}")
+            return "failed", result[1], reason
+        restart_at = time.monotonic() + delay
+        self._system(f"[fleet-agent] the process ended ({how}); restarting it in "
                      f"{delay:g}s (restart policy {self.spec.restart})")
+        self._report_restart(client, result[1], how, delay)
         self.process.kill_leftovers()
-        self._pause(delay)
+        self._pause(max(0.0, restart_at - time.monotonic()))
         with self._lock:
             identity = self.process.identity
             self.process = self._new_supervisor()
             self.process.identity = identity
         self.restarts += 1
         self.worker.instance["restarts"] = self.restarts
+        self._start_reported = False  # each restart's start is reported: fleetd shows it running again
         self._run_once()
+        return None
+
+    def _report_restart(self, client, exit_code, how, delay):
+        """Tell fleetd the process ended and starts again in `delay` s: one try, as the restart must not
+        wait for fleetd (the next start report, or the finish, tells it what it missed)."""
+        found = SIGNAL_RE.search(how)
+        try:
+            client.task_restart(self.assignment.task_id, self.assignment.epoch, exit_code,
+                                found.group(1) if found else None, how[:2000], delay)
+        except Unreachable as exc:
+            log.warning("task %s: the restart was not reported (%s)", self.label, exc)
+        except FleetdError as exc:
+            if is_fencing(exc):
+                raise Fenced(str(exc)) from None
+            log.error("task %s: fleetd refused the restart report: %s", self.label, exc)
 
     def _pause(self, seconds):
         """Wait out a back-off; Fenced, Detached or Stopped when that comes first."""
@@ -375,7 +413,7 @@ class InstanceTask(Task):
         return "failed", None, "the process ended while fleet-agent was not running; its exit status is unknown"
 
     def _start_extra(self):
-        return {"ports": self._wire_ports()}
+        return {"ports": self._wire_ports(), "restarts": self.restarts}
 
     def _finish_extra(self):
         extra = {"ports": self._wire_ports()}

@@ -51,7 +51,7 @@ class Runner:
     def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
                  rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
                  backoff_max_seconds=60.0, log_settings=None, limits=None, ports=None, containers=None,
-                 isolation=None):
+                 isolation=None, restart_limit=10):
         self.isolation = isolation or Isolation()
         # Tasks pass through the state dir to their own directories, and list nothing in it.
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -69,6 +69,7 @@ class Runner:
         self.new_client = client_factory  # callable() -> a FleetClient for one thread
         self.address = address
         self.kill_grace_seconds = kill_grace_seconds
+        self.restart_limit = restart_limit  # an instance's restarts in a row under 60 s before its policy gives up
         self.rendezvous_timeout_seconds = rendezvous_timeout_seconds
         self.report_retry_seconds = report_retry_seconds
         self.backoff_max_seconds = backoff_max_seconds
@@ -96,7 +97,8 @@ class Runner:
                    report_retry_seconds=config.tasks_report_retry_seconds,
                    backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits,
                    ports=PortAllocator(state_dir, low, high),
-                   containers=ContainerRuntime.detect(config.containers_command), isolation=isolation)
+                   containers=ContainerRuntime.detect(config.containers_command), isolation=isolation,
+                   restart_limit=config.instances_restart_limit)
 
     def checkout_client(self):
         """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""

@@ -16,6 +16,7 @@ from fleetd.schemas.jobs import (
     TaskFinishBatchReplySchema,
     TaskFinishBatchSchema,
     TaskFinishSchema,
+    TaskRestartSchema,
     TaskStartSchema,
 )
 from fleetd.services import agents, work
@@ -94,7 +95,19 @@ class AgentTaskStart(MethodView):
     def post(self, body, task_id):
         """The task's process started; a stale epoch gets 409."""
         work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"],
-                        body["ports"])
+                        body["ports"], body["restarts"])
+
+
+@blp.route("/tasks/<string:task_id>/restart", parameters=[PROTOCOL_PARAMETER])
+class AgentTaskRestart(MethodView):
+    @require(NODE)
+    @blp.arguments(TaskRestartSchema())
+    @blp.response(204)
+    def post(self, body, task_id):
+        """An instance run's process ended and its restart policy starts it again after a back-off; a stale
+        epoch gets 409."""
+        work.restart_task(current_runtime(), current_principal().node_id, task_id, body["epoch"],
+                          {k: body[k] for k in ("exit_code", "signal", "reason", "backoff_seconds")})
 
 
 @blp.route("/tasks/<string:task_id>/rendezvous", parameters=[PROTOCOL_PARAMETER])

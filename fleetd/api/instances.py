@@ -1,9 +1,11 @@
 """Instances: long-running reserved workloads."""
 
+from flask import Response
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
+from fleetd.models import InstanceState
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import (
     ConnectionQuerySchema,
@@ -56,10 +58,15 @@ class InstanceById(MethodView):
                                              query["wait_seconds"]))
 
     @require(ADMIN, SUBMITTER)
-    @blp.response(204)
+    @blp.response(202, InstanceSchema, description="the instance, `deleting` until its processes ended and its "
+                                                    "node removed its volume")
+    @blp.alt_response(204, description="the instance is gone: a GET of it answers 404")
     def delete(self, instance_id):
         """Delete an instance: its processes are stopped and its node deletes its volume."""
-        instances.delete_instance(current_runtime(), current_principal(), instance_id)
+        inst = instances.delete_instance(current_runtime(), current_principal(), instance_id)
+        if inst.state == InstanceState.DELETED.value:
+            return Response(status=204)  # returned as it is, not dumped
+        return _view(inst)
 
 
 @blp.route("/instances/<string:instance_id>/stop")

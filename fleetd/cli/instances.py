@@ -34,6 +34,8 @@ def instance():
 # The states in which an instance's processes have ended (docs/api.md, Instance states): only a resume (or,
 # after a lost node, the node's return) runs it again.
 INSTANCE_AT_REST = ("stopped", "interrupted", "failed", "deleted")
+INSTANCE_STATES = ["pending", "starting", "running", "restarting", "stopping", "stopped", "interrupted", "failed",
+                   "deleting", "deleted"]
 # Long polls ask for less than the client's 30 s read timeout, so that a full wait is never taken for a dead server.
 _LONG_POLL_SECONDS = 25
 
@@ -98,8 +100,11 @@ INSTANCE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("STATE", "state"), ("NODE",
 
 
 def _instance_line(d):
-    """`instance ID STATE: reason` as submit prints a job."""
-    return f"instance {d['id']} {d['state']}" + (f": {d['pending_reason']}" if d.get("pending_reason") else "")
+    """`instance ID STATE: reason` as submit prints a job: why it waits, or why it failed, restarts or was
+    interrupted."""
+    reason = d.get("pending_reason") or (d.get("status_reason") if d["state"] in ("failed", "restarting",
+                                                                                   "interrupted") else "")
+    return f"instance {d['id']} {d['state']}" + (f": {reason}" if reason else "")
 
 
 def _wait_instance(instance_id, done, timeout=None, on_change=None):
@@ -126,7 +131,7 @@ def _at_rest(d):
     """Nothing more happens by itself: stopped, failed, deleted, or interrupted by preemption (an
     instance whose node was lost runs on by itself when the node is back)."""
     return d["state"] in INSTANCE_AT_REST and not (d["state"] == "interrupted"
-                                                   and d.get("interrupted_by") == "node_lost")
+                                                   and d.get("interruption") == "node_lost")
 
 
 def _running_or_at_rest(d):
@@ -236,8 +241,8 @@ def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image,
 
 
 @client_command(instance, "list")
-@click.option("--state", type=click.Choice(["pending", "starting", "running", "stopping", "stopped", "interrupted",
-                                            "failed", "deleted"]), help="Only instances in this state.")
+@click.option("--state", type=click.Choice(INSTANCE_STATES),
+              help="Only instances in this state (deleted ones are listed only so).")
 @click.option("--owner", help="Only instances created with the token of this name.")
 @click.option("--name", help="Only instances of this name.")
 def instance_list(state, owner, name):
@@ -247,11 +252,35 @@ def instance_list(state, owner, name):
     emit(items, lambda rows: show_table(rows, INSTANCE_COLUMNS))
 
 
+def _volume(spec, runtime):
+    """Its size, and where a container sees it (a host process finds it in $FLEET_VOLUME)."""
+    volume = spec.get("volume_bytes") or 0
+    if not volume:
+        text = "none"
+    elif spec.get("image"):
+        text = f"{byte_size(volume)} at {spec.get('volume_mount_path') or '/workspace'}"
+    else:
+        text = f"{byte_size(volume)} in $FLEET_VOLUME"
+    if runtime.get("volume_used_bytes") is not None:
+        text += f", {byte_size(runtime['volume_used_bytes'])} used"
+    return text
+
+
+def _last_exit(d):
+    last = d.get("last_exit")
+    if not last:
+        return None
+    text = f"{last.get('reason') or last.get('exit_code')} at {last.get('at')}"
+    if d["state"] == "restarting" and last.get("backoff_seconds") is not None:
+        text += f"; starts again in {number(last['backoff_seconds'])}s (at {d.get('next_start_at')})"
+    return text
+
+
 def _show_instance(d):
     spec = d.get("spec") or {}
     runtime = d.get("runtime") or {}
     command = spec.get("command")
-    volume = spec.get("volume_bytes") or 0
+    rests = d["state"] in INSTANCE_AT_REST
     show_record(d, [
         ("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("TEAM", "team"), ("STATE", "state"),
         ("REASON", "status_reason"), ("PENDING REASON", "pending_reason"), ("WANTED", "desired_state"),
@@ -260,13 +289,13 @@ def _show_instance(d):
         ("GPUS", _instance_gpus),
         ("CLASS", lambda _: (spec.get("priority_class") or "on-demand")
          + (f", bid {number(spec['bid'])}" if spec.get("bid") is not None else "")),
-        ("RESTART", lambda _: spec.get("restart")),
-        ("VOLUME", lambda _: (f"{byte_size(volume)} at {spec.get('volume_mount_path') or '/workspace'}" if volume
-                              else "none") + (f", {byte_size(runtime['volume_used_bytes'])} used"
-                                              if runtime.get("volume_used_bytes") is not None else "")),
+        ("RESTART", lambda _: spec.get("restart")), ("LAST EXIT", _last_exit),
+        ("INTERRUPTED BY", lambda _: d.get("interrupted_by") and "{kind} {name} ({id})".format(**d["interrupted_by"])),
+        ("VOLUME", lambda _: _volume(spec, runtime)),
         ("IDLE STOP", lambda _: spec.get("idle_stop") and "under {}% GPU utilization for {}".format(
             number(spec["idle_stop"]["gpu_util_below_percent"]), span(spec["idle_stop"]["for_seconds"]))),
-        ("CREATED", "created_at"), ("STARTED", "started_at"), ("STOPPED", "stopped_at"),
+        ("CREATED", "created_at"), ("STARTED", "started_at"),
+        ("STOPPED", lambda _: d.get("stopped_at") if rests else None),
         ("RUNS", "runs"), ("UPTIME", lambda _: span(runtime.get("uptime_seconds"))),
         ("RESTARTS", lambda _: runtime.get("restarts")),
         ("PRICE/H", lambda i: money(i.get("price_per_hour"))), ("COST", lambda i: money(i.get("cost_so_far"))),
@@ -346,7 +375,10 @@ def instance_rm(handle, yes):
             agreed = False
         if not agreed:
             fail(f"instance {instance_id} not deleted (answer y, or pass --yes)")
-    current_client().delete(f"/api/v1/instances/{instance_id}")
+    data = current_client().delete(f"/api/v1/instances/{instance_id}")
+    if data:  # 202: its processes are stopping, or its node has yet to remove its volume
+        emit(data, lambda d: click.echo(f"deleting instance {instance_id}: {d.get('status_reason')}"))
+        return
     emit({"id": instance_id, "deleted": True}, lambda d: click.echo(f"deleted instance {instance_id}"))
 
 

@@ -80,6 +80,8 @@ def resolve_id(kind, handle):
     found = client.get(path, limit=CANDIDATES_SHOWN + 1, **{key: handle})["items"]
     if not found and kind == "instance":
         found = client.get(path, limit=CANDIDATES_SHOWN + 1, state="deleted", name=handle)["items"]
+        if not found and ID_RE.fullmatch(handle) and _deleted_instance(client, path, handle):
+            return handle
     if len(found) == 1:
         return found[0]["id"]
     if not found:
@@ -91,6 +93,18 @@ def resolve_id(kind, handle):
     more = f" (the first {CANDIDATES_SHOWN} shown)" if len(found) > len(shown) else ""
     raise ClientError("\n".join([f"{key} {handle!r} names several {kind}s{more}; give the id of the one you mean:"]
                                 + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]))
+
+
+def _deleted_instance(client, path, instance_id):
+    """True when `instance_id` is a deleted instance this token may see: GET of it answers 404, its events
+    (and logs) remain."""
+    try:
+        client.get(f"{path}/{instance_id}/events", limit=1)
+        return True
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        return False
 
 
 def read_log_pages(path, after, show, **params):

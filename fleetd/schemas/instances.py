@@ -133,6 +133,21 @@ class RuntimeSchema(Schema):
     volume_used_bytes = fields.Integer(allow_none=True)
 
 
+class WorkloadRefSchema(Schema):
+    kind = fields.String(metadata={"enum": ["job", "instance"]})
+    id = fields.String()
+    name = fields.String()
+
+
+class LastExitSchema(Schema):
+    exit_code = fields.Integer(allow_none=True, metadata={"description": "as a shell reports it (128+N: signal N)"})
+    signal = fields.String(allow_none=True, metadata={"description": "the signal that ended it (SIGKILL), or null"})
+    reason = fields.String(metadata={"description": "how it ended, in words"})
+    at = fields.String(metadata={"description": "when (ISO 8601, UTC)"})
+    backoff_seconds = fields.Float(allow_none=True, metadata={
+        "description": "the wait its node's restart policy chose before starting it again; null: not restarted"})
+
+
 class InstanceSchema(Schema):
     id = fields.String()
     name = fields.String()
@@ -144,10 +159,17 @@ class InstanceSchema(Schema):
     pending_reason = fields.String()
     node_id = fields.String(allow_none=True)
     node_hostname = fields.String(allow_none=True)
-    interrupted_by = fields.String(allow_none=True, metadata={
-        "enum": ["node_lost", "preempted", None],
-        "description": "while interrupted: its node was lost (it runs on by itself when the node is back) or "
-                       "on-demand work preempted it (resume it)"})
+    interrupted_by = fields.Nested(WorkloadRefSchema, allow_none=True, metadata={
+        "description": "while interrupted by a preemption: the on-demand workload whose placement preempted it; "
+                       "null otherwise (see interruption)"})
+    interruption = fields.String(allow_none=True, metadata={
+        "enum": ["preempted", "node_lost", "drain", None],
+        "description": "while interrupted, why: on-demand work preempted it (resume it), its node was lost (it runs "
+                       "on by itself when the node is back) or its node's drain deadline passed (resume it)"})
+    last_exit = fields.Nested(LastExitSchema, allow_none=True, metadata={
+        "description": "how its process last ended, as its node reported it (null before it ever ended)"})
+    next_start_at = Time(allow_none=True, metadata={
+        "description": "while restarting: when its node starts the process again (the back-off's end)"})
     spec = fields.Dict()
     created_at = Time()
     started_at = Time()

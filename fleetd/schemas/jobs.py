@@ -275,6 +275,19 @@ class TaskStartSchema(Schema):
     epoch = Int(required=True)
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True)
     ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
+    restarts = Int(minimum=0, maximum=10**9, load_default=0, metadata={
+        "description": "an instance's run: how many times its restart policy restarted the process (0: its first "
+                       "start); each restart's start is reported again"})
+
+
+class TaskRestartSchema(Schema):
+    epoch = Int(required=True)
+    exit_code = Int(minimum=-255, maximum=255, load_default=None, allow_none=True)
+    signal = Text(max_length=32, load_default=None, allow_none=True, metadata={
+        "description": "the signal that ended the process (SIGKILL), if one did"})
+    reason = Text(max_length=2000, load_default="", metadata={"description": "how the process ended, in words"})
+    backoff_seconds = fields.Float(required=True, validate=validate.Range(min=0, max=86400), metadata={
+        "description": "how long the node waits before starting the process again"})
 
 
 class RendezvousPublishSchema(Schema):

@@ -134,6 +134,8 @@ def heartbeat(rt, node, body):
     cancel = reconcile_reported_tasks(rt, node, reported)
     if body.get("instances"):
         rt.samples.put(body["instances"])
+    if body.get("volumes") is not None:
+        instances.volumes_reported(rt, node_id, body["volumes"])
     gpus = body.get("gpus")
     reported = body.get("capabilities")
     runtime = (reported or {}).get("container_runtime", node.container_runtime)

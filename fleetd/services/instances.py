@@ -28,9 +28,9 @@ from fleetd.models import (
 )
 from fleetd.services import limits, policy, scheduling
 from fleetd.services.events import list_events, record_event
-from fleetd.services.lifecycle import ACTIVE_TASK_STATES, owe_stops, switch_instance_state
+from fleetd.services.lifecycle import owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
-from fleetd.services.runs import new_run, stop_job
+from fleetd.services.runs import new_run, run_active, settle_deleting, stop_job, volumes_removed
 from fleetd.services.terms import task_request
 
 # ---------------------------------------------------------------- create, read
@@ -87,10 +87,12 @@ def _visible(query, principal):
     return query if principal.role == "admin" else query.where(Instance.owner_token_id == principal.id)
 
 
-def find_instance(principal, instance_id):
-    """The instance if this principal may see it; NotFound otherwise."""
+def find_instance(principal, instance_id, deleted=False):
+    """The instance if this principal may see it; NotFound otherwise, and for a deleted one unless
+    `deleted` (a deleted instance is gone: only lists by state, logs and events still show it)."""
     inst = Instance.get_or_none_by_id(instance_id)
-    if inst is None or (principal.role != "admin" and inst.owner_token_id != principal.id):
+    if inst is None or (principal.role != "admin" and inst.owner_token_id != principal.id) or (
+            not deleted and inst.state == InstanceState.DELETED.value):
         raise NotFound(f"instance {instance_id} not found")
     return inst
 
@@ -99,7 +101,7 @@ def resolve_instance(principal, handle, limit=100):
     """The instances `handle` names for this principal, oldest first: the one whose id it is; else the
     live ones of that name (one per owner); else the deleted ones of that name. At most `limit`."""
     try:
-        return [find_instance(principal, handle)]
+        return [find_instance(principal, handle, deleted=True)]
     except NotFound:
         pass
     named = _visible(Instance.select(), principal).where(Instance.name == handle).order_by(Instance.id).limit(limit)
@@ -149,8 +151,8 @@ def stop_instance(rt, principal, instance_id):
     now = rt.clock.now()
     with write_transaction():
         inst = find_instance(principal, instance_id)
-        if inst.state == InstanceState.DELETED.value:
-            raise Conflict(f"instance {instance_id} is deleted", {"state": inst.state})
+        if inst.state == InstanceState.DELETING.value:
+            raise Conflict(f"instance {instance_id} is being deleted", {"state": inst.state})
         inst.desired_state = "stopped"
         held = _end_run(inst, InstanceState.STOPPED, f"stopped by {principal.label}", now)
     owe_stops(held)
@@ -159,11 +161,12 @@ def stop_instance(rt, principal, instance_id):
 
 
 def delete_instance(rt, principal, instance_id):
-    """Delete an instance: stopped if it runs, then `deleted`; its node removes the volume."""
+    """Delete an instance: `deleted` at once when no process of it runs and no live node keeps its
+    volume, else `deleting` until its processes ended and its node removed the volume."""
     now = rt.clock.now()
     with write_transaction():
-        inst = find_instance(principal, instance_id)
-        if inst.state == InstanceState.DELETED.value:
+        inst = find_instance(principal, instance_id, deleted=True)
+        if inst.state in (InstanceState.DELETED.value, InstanceState.DELETING.value):
             return inst
         inst.desired_state = "deleted"
         held = _end_run(inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
@@ -174,16 +177,20 @@ def delete_instance(rt, principal, instance_id):
 
 def _end_run(inst, final, reason, now):
     """Stop the current run (if any) towards `final` (stopped or deleted); returns the tasks whose
-    nodes must be told. With processes still running the instance is `stopping` until they end."""
+    nodes must be told. With processes still running the instance is `stopping` (`deleting`) until
+    they end."""
     job = Job.get_or_none_by_id(inst.run_id) if inst.run_id else None
     held = []
     if job is not None and not JobState(job.state).is_terminal():
         held = stop_job(job, reason, now)
+    on_the_way = InstanceState.DELETING if final is InstanceState.DELETED else InstanceState.STOPPING
     if job is not None and job.state == JobState.CANCELLING.value:
-        if inst.state != InstanceState.STOPPING.value:
-            switch_instance_state(inst, InstanceState.STOPPING, f"{reason}; stopping its processes", now)
+        if inst.state != on_the_way.value:
+            switch_instance_state(inst, on_the_way, f"{reason}; stopping its processes", now)
         else:
             inst.save()
+    elif final is InstanceState.DELETED:
+        settle_deleting(inst, reason, now)
     elif inst.state != final.value and not (
             final is InstanceState.STOPPED and inst.state in (InstanceState.STOPPED.value, InstanceState.FAILED.value)):
         switch_instance_state(inst, final, reason, now)
@@ -202,7 +209,7 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         if not state.can_resume():
             raise Conflict(f"instance {instance_id} is {state.value}; only a stopped, interrupted or failed "
                            "instance can be resumed", {"state": state.value})
-        if _run_active(inst):
+        if run_active(inst):
             raise Conflict(f"instance {instance_id} still has processes on node {inst.node_id}; wait for them to "
                            "end or stop it first", {"state": state.value})
         spec = inst.instance_spec
@@ -222,13 +229,6 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
-def _run_active(inst):
-    """True while a task of its current run is placed or running."""
-    if not inst.run_id:
-        return False
-    return Task.select().where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES)).exists()
-
-
 # ---------------------------------------------------------------- what the runs do
 
 
@@ -241,11 +241,24 @@ def volumes_to_delete(node_id, present):
     present = [p for p in present if isinstance(p, str)][:1000]
     if not present:
         return []
-    keep = {i.id for i in Instance.select(Instance.id).where(
-        Instance.id.in_(present) & (Instance.state != InstanceState.DELETED.value) & (Instance.node_id == node_id))}
+    keep = {i.id for i in Instance.select(Instance.id, Instance.state, Instance.run_id).where(
+        Instance.id.in_(present) & (Instance.state != InstanceState.DELETED.value) & (Instance.node_id == node_id))
+        if i.state != InstanceState.DELETING.value or run_active(i)}
     return [p for p in present if p not in keep]
 
 
+
+def volumes_reported(rt, node_id, present):
+    """A node's heartbeat listed the volumes it holds: its deleting instances whose volume is gone
+    (and whose processes ended) are deleted. Reads only, unless one is."""
+    present = [p for p in present if isinstance(p, str)]
+    deleting = [i.id for i in Instance.select(Instance.id).where(
+        (Instance.node_id == node_id) & (Instance.state == InstanceState.DELETING.value))]
+    if not any(i not in present for i in deleting):
+        return
+    with write_transaction():
+        volumes_removed(node_id, present, rt.clock.now())
+    _kick(rt, capacity=True)  # their host ports are free on that node now
 
 
 # ---------------------------------------------------------------- views
@@ -282,11 +295,14 @@ def _view(inst, job, task, node, now, samples):
         "status_reason": inst.status_reason,
         "desired_state": "running" if inst.desired_state == "running" else "stopped",
         "pending_reason": pending, "node_id": inst.node_id, "node_hostname": node.hostname if node else None,
-        "interrupted_by": inst.interrupted_by if state is InstanceState.INTERRUPTED else None,
+        "interrupted_by": inst.preempted_by if state is InstanceState.INTERRUPTED else None,
+        "interruption": inst.interrupted_by if state is InstanceState.INTERRUPTED else None,
+        "last_exit": inst.last_exit, "next_start_at": inst.next_start_at,
         "spec": _public_spec(inst.spec),
         "created_at": inst.created_at, "started_at": inst.started_at, "stopped_at": inst.stopped_at,
         "price_per_hour": inst.price_per_hour, "cost_so_far": round(cost, 6), "runs": inst.runs,
-        "runtime": _runtime(inst, task, node, now, samples) if state is InstanceState.RUNNING else None,
+        "runtime": (_runtime(inst, task, node, now, samples)
+                    if state in (InstanceState.RUNNING, InstanceState.RESTARTING) else None),
     }
 
 
@@ -299,7 +315,9 @@ def _runtime(inst, task, node, now, samples):
     protocols = {p.port: p.protocol for p in inst.instance_spec.ports}
     address = node.address if node is not None else ""
     return {
-        "uptime_seconds": round(max(0.0, (now - inst.started_at).total_seconds()), 3) if inst.started_at else 0,
+        # the current process's: 0 while it waits to be started again
+        "uptime_seconds": (round(max(0.0, (now - inst.process_started_at).total_seconds()), 3)
+                           if inst.process_started_at and inst.state == InstanceState.RUNNING.value else 0),
         "ports": [{"private_port": p["port"], "public_port": p["host_port"], "ip": address,
                    "is_ip_public": _is_public(address), "type": protocols.get(p["port"], "tcp"),
                    "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp")) if address else None,
@@ -358,7 +376,7 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
     def answer():
         current = released(lambda: find_instance(principal, instance_id))
         state = InstanceState(current.state)
-        if state in (InstanceState.STOPPED, InstanceState.STOPPING, InstanceState.FAILED, InstanceState.DELETED) or (
+        if state in (InstanceState.STOPPED, InstanceState.STOPPING, InstanceState.FAILED, InstanceState.DELETING) or (
                 state is InstanceState.INTERRUPTED and current.interrupted_by != "node_lost"):
             raise Conflict(f"instance {instance_id} is {state.value}; resume it first", {"state": state.value})
         mapped = {p["port"]: p for p in current.ports or []}
@@ -415,7 +433,7 @@ def delete_records(instance_ids):
 
 def instance_logs(principal, instance_id, limit, after=None):
     """Log lines of every run of an instance, in order; `after` is the last seq seen."""
-    find_instance(principal, instance_id)
+    find_instance(principal, instance_id, deleted=True)
     runs = Job.select(Job.id).where(Job.instance_id == instance_id)
     query = LogLine.select().where(LogLine.job.in_(runs))
     if after is not None:
@@ -424,18 +442,18 @@ def instance_logs(principal, instance_id, limit, after=None):
 
 
 def instance_logs_tail(principal, instance_id, count):
-    find_instance(principal, instance_id)
+    find_instance(principal, instance_id, deleted=True)
     runs = Job.select(Job.id).where(Job.instance_id == instance_id)
     return last_rows(LogLine.select().where(LogLine.job.in_(runs)), LogLine.id, count)
 
 
 def instance_events(principal, instance_id, limit, cursor=None, after=None):
-    find_instance(principal, instance_id)
+    find_instance(principal, instance_id, deleted=True)
     return list_events("instance", instance_id, limit, cursor, after)
 
 
 def instance_events_tail(principal, instance_id, count):
-    find_instance(principal, instance_id)
+    find_instance(principal, instance_id, deleted=True)
     return last_rows(Event.select().where((Event.subject_type == "instance") & (Event.subject_id == instance_id)),
                      Event.id, count)
 

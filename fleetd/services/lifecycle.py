@@ -168,15 +168,18 @@ class NodeStops:
 STOPS = NodeStops()
 
 
-# state -> the states it may go to
+# state -> the states it may go to. A process that keeps ending is `restarting` (again at each exit
+# while its node restarts it); `deleting` lasts until its processes ended and its node removed the volume.
 INSTANCE_TRANSITIONS = transition_table(InstanceState, {
-    "pending": "starting stopped interrupted failed deleted",
-    "starting": "running stopping stopped interrupted failed deleted",
-    "running": "stopping stopped interrupted failed deleted",
-    "stopping": "stopped deleted",
-    "stopped": "pending deleted",
-    "interrupted": "pending starting running stopping stopped deleted",
-    "failed": "pending deleted",
+    "pending": "starting stopped interrupted failed deleting deleted",
+    "starting": "running restarting stopping stopped interrupted failed deleting deleted",
+    "running": "restarting stopping stopped interrupted failed deleting deleted",
+    "restarting": "running restarting stopping stopped interrupted failed deleting deleted",
+    "stopping": "stopped deleting deleted",
+    "stopped": "pending deleting deleted",
+    "interrupted": "pending starting running restarting stopping stopped deleting deleted",
+    "failed": "pending deleting deleted",
+    "deleting": "deleted",
     "deleted": "",
 })
 
@@ -190,23 +193,34 @@ NOTIFIERS = weakref.WeakSet()
 
 def switch_instance_state(inst, to_state, reason, now):
     """The one way an instance changes state: checks the transition, keeps the cost's running
-    interval, saves, records an Event; its waiters are woken after the commit."""
+    interval (only `running` is billed) and the current process's start, saves, records an Event;
+    its waiters are woken after the commit."""
     from_state = InstanceState(inst.state)
     to_state = InstanceState(to_state)
     if to_state not in INSTANCE_TRANSITIONS[from_state]:
         raise Conflict(f"instance {inst.id} is {from_state.value}; it cannot become {to_state.value}",
                        {"state": from_state.value})
-    if from_state is InstanceState.RUNNING and inst.running_since is not None:
-        hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
-        inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
+    if from_state is InstanceState.RUNNING:
+        accrue_cost(inst, now)
         inst.running_since = None
     if to_state is InstanceState.RUNNING:
         inst.running_since = now
-        inst.started_at = now
+        if from_state is not InstanceState.RESTARTING:
+            inst.started_at = now
+        if from_state is not InstanceState.INTERRUPTED or inst.process_started_at is None:
+            inst.process_started_at = now  # after a lost node's return its process ran on
+    if to_state is not InstanceState.RESTARTING:
+        inst.next_start_at = None
+    if to_state not in (InstanceState.RUNNING, InstanceState.INTERRUPTED):
+        inst.process_started_at = None
     if to_state in ENDED:
         inst.stopped_at = now
+    elif from_state in ENDED:
+        inst.stopped_at = None  # it runs again: no stop time of an earlier run
+    if to_state is InstanceState.PENDING:
+        inst.last_exit = None
     if to_state is not InstanceState.INTERRUPTED:
-        inst.interrupted_by = None
+        inst.interrupted_by = inst.preempted_by = None
     inst.state = to_state.value
     inst.status_reason = reason
     inst.save()
@@ -214,6 +228,14 @@ def switch_instance_state(inst, to_state, reason, now):
     instance_id = inst.id
     after_commit(lambda: _wake(instance_id))
     return inst
+
+
+def accrue_cost(inst, now):
+    """Add its running time until `now` at its price to the instance's cost; it runs on from `now`."""
+    if inst.running_since is not None:
+        hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
+        inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
+        inst.running_since = now
 
 
 def _wake(instance_id):
@@ -227,8 +249,8 @@ NODE_TRANSITIONS = transition_table(NodeStatus, {
     "pending": "ready lost revoked",
     "ready": "cordoned draining lost revoked",
     "cordoned": "ready draining lost revoked",
-    "draining": "drained ready lost revoked",
-    "drained": "ready lost revoked",
+    "draining": "drained ready cordoned lost revoked",  # cordoned: the end of an upgrade of a cordoned node
+    "drained": "ready cordoned lost revoked",
     "lost": "pending ready cordoned draining drained revoked",
     "revoked": "pending",
 })

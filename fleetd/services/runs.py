@@ -5,6 +5,10 @@ placed and started here; a node's status change interrupts or resumes the instan
 Runs inside the callers' transactions; above the state machines (lifecycle), below the use cases.
 """
 
+import datetime
+import re
+
+from fleetd.clock import isoformat
 from fleetd.errors import Conflict
 from fleetd.models import (
     Gpu,
@@ -37,15 +41,20 @@ from fleetd.sql import Statement
 RETRY_KIND = {TaskState.FAILED: "failed", TaskState.LOST: "node_lost", TaskState.PREEMPTED: "preempted"}
 
 
+SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")
+
+
 TASKS_OF_JOB = Statement(lambda v: Task.select().where(Task.job == v("job_id")).order_by(Task.rank))
 
 
-def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False):
+def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False,
+             preempted_by=None):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
     `reported`: its node said so (a finish report); otherwise its node is told to stop it.
     `free_retry`: the job is requeued whatever its retry policy and keeps its attempt number
     (its agent stopped it while shutting down: not the job's failure, and no attempt spent).
+    `preempted_by`: the Workload whose placement preempted it (an instance records it).
     Runs inside the caller's transaction. Returns the job.
     """
     outcome = TaskState(outcome)
@@ -55,7 +64,7 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     if JobState(job.state).is_terminal():
         return job
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
-        return run_ended(job, task, outcome, reason, now)
+        return run_ended(job, task, outcome, reason, now, preempted_by)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
     if job.state == JobState.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
@@ -201,13 +210,36 @@ def run_started(task, ports, now):
         inst.ports = ports
     if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
         switch_instance_state(inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
+    elif inst.state == InstanceState.RESTARTING.value:
+        switch_instance_state(inst, InstanceState.RUNNING, f"restarted on node {task.node_id} (restart policy "
+                                                           f"{inst.instance_spec.restart})", now)
     else:
         inst.save()
 
 
-def run_ended(job, task, outcome, reason, now):
+def run_restarting(task, last_exit, now):
+    """The process of a run ended and its node starts it again after `last_exit['backoff_seconds']`
+    (inside the caller's transaction): restarting, with the exit; not billed until it runs again."""
+    job = Job.get_by_id(task.job_id)
+    inst = _of_run(job) if job.instance_id is not None else None
+    if inst is None:
+        return
+    inst.last_exit = last_exit
+    state = InstanceState(inst.state)
+    if state not in (InstanceState.STARTING, InstanceState.RUNNING, InstanceState.RESTARTING):
+        inst.save()  # stopping, deleting or interrupted: that state says more
+        return
+    backoff = last_exit.get("backoff_seconds") or 0.0
+    inst.next_start_at = now + datetime.timedelta(seconds=backoff)
+    policy = inst.instance_spec.restart
+    switch_instance_state(inst, InstanceState.RESTARTING, f"its process ended ({last_exit['reason']}); node "
+                                                          f"{task.node_id} starts it again in {backoff:g}s (restart "
+                                                          f"policy {policy})", now)
+
+
+def run_ended(job, task, outcome, reason, now, preempted_by=None):
     """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
-    retry) and the instance becomes stopped, deleted, failed or interrupted. Returns the job."""
+    retry) and the instance becomes stopped, deleting (or deleted), failed or interrupted. Returns the job."""
     outcome = TaskState(outcome)
     ended = {TaskState.SUCCEEDED: JobState.SUCCEEDED, TaskState.CANCELLED: JobState.CANCELLED}.get(outcome,
                                                                                                  JobState.FAILED)
@@ -218,20 +250,24 @@ def run_ended(job, task, outcome, reason, now):
     switch_job_state(job, ended, f"run ended: {outcome.value} ({reason})", now)
     inst = _of_run(job)
     if inst is not None and inst.state != InstanceState.DELETED.value:
-        _settle(inst, outcome, reason, now)
+        _settle(inst, task, outcome, reason, now, preempted_by)
     return job
 
 
-def _settle(inst, outcome, reason, now):
+def _settle(inst, task, outcome, reason, now, preempted_by):
     if inst.desired_state == "deleted":
-        switch_instance_state(inst, InstanceState.DELETED, "deleted; its processes ended", now)
+        settle_deleting(inst, "its processes ended", now)
     elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
         switch_instance_state(inst, InstanceState.STOPPED, f"stopped; its processes ended ({reason})", now)
-    elif outcome in (TaskState.LOST, TaskState.PREEMPTED):
-        _interrupt(inst, "node_lost" if outcome is TaskState.LOST else "preempted", reason, now)
+    elif outcome is TaskState.LOST:
+        _interrupt(inst, "node_lost", reason, now)
+    elif outcome is TaskState.PREEMPTED:
+        _interrupt(inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by)
     else:
         inst.desired_state = "stopped"
         if outcome is TaskState.FAILED:
+            inst.last_exit = {"exit_code": task.exit_code, "signal": _signal_of(reason), "reason": reason,
+                              "at": isoformat(now), "backoff_seconds": None}
             switch_instance_state(inst, InstanceState.FAILED, reason, now)
         elif reason.startswith("idle"):
             switch_instance_state(inst, InstanceState.STOPPED, reason, now)
@@ -240,18 +276,57 @@ def _settle(inst, outcome, reason, now):
             switch_instance_state(inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
 
 
-def _interrupt(inst, why, reason, now):
-    """Interrupted: resumable; after a lost node it resumes by itself when the node is back."""
+def _signal_of(reason):
+    """SIGKILL of "killed by SIGKILL" (how a node words a signal's end), else None."""
+    found = SIGNAL_RE.search(reason or "")
+    return found.group(1) if found else None
+
+
+def _interrupt(inst, why, reason, now, preempted_by=None):
+    """Interrupted (`why`: node_lost, preempted or drain; `preempted_by` the preempting Workload):
+    resumable; after a lost node it resumes by itself when the node is back."""
     if inst.state == InstanceState.INTERRUPTED.value:
-        inst.interrupted_by = inst.interrupted_by or why
+        if inst.interrupted_by is None:
+            inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
         inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
         inst.save()
     else:
         switch_instance_state(inst, InstanceState.INTERRUPTED, reason, now)
-        inst.interrupted_by = why
+        inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
         inst.save()
     if why == "node_lost" and _node_live(inst.node_id):
         new_run(inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
+
+
+def settle_deleting(inst, why, now):
+    """A deleted instance whose processes ended (inside the caller's transaction): deleted once no
+    volume of it can be left on a live node, else `deleting` until that node's heartbeat shows the
+    volume gone (volumes_removed). A node that is lost or gone removes it when it is back."""
+    if _node_live(inst.node_id):
+        if inst.state == InstanceState.DELETING.value:
+            inst.status_reason = f"deleting; {why}; waiting for node {inst.node_id} to remove its volume"
+            inst.save()
+        else:
+            switch_instance_state(inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} "
+                                                                "to remove its volume", now)
+    else:
+        switch_instance_state(inst, InstanceState.DELETED, f"deleted; {why}", now)
+
+
+def volumes_removed(node_id, present, now):
+    """A heartbeat of `node_id` listed the volumes `present` (inside the caller's transaction): its
+    deleting instances whose processes ended and whose volume is no longer there are deleted."""
+    present = set(present)
+    for inst in Instance.select().where((Instance.node_id == node_id)
+                                        & (Instance.state == InstanceState.DELETING.value)):
+        if inst.id not in present and not run_active(inst):
+            switch_instance_state(inst, InstanceState.DELETED, f"deleted; node {node_id} removed its volume", now)
+
+
+def run_active(inst):
+    """True while a task of the instance's current run is placed or running."""
+    return bool(inst.run_id) and Task.select().where((Task.job == inst.run_id)
+                                                     & Task.state.in_(ACTIVE_TASK_STATES)).exists()
 
 
 def _node_live(node_id):
@@ -265,7 +340,8 @@ def node_lost(node_id, reason, now):
     Their runs stay until their leases expire: if the node comes back first, they run on."""
     for inst in Instance.select().where((Instance.node_id == node_id)
                                         & Instance.state.in_([InstanceState.STARTING.value,
-                                                              InstanceState.RUNNING.value])):
+                                                              InstanceState.RUNNING.value,
+                                                              InstanceState.RESTARTING.value])):
         switch_instance_state(inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
         inst.interrupted_by = "node_lost"
         inst.save()

@@ -619,12 +619,12 @@ def _preempt(rt, job, plan, now):
     held until their node stops reporting them (ClusterState.stopping); the job is placed by a
     later pass."""
     workload = TERMS.get_many([job.id])[job.id].workload  # read by this pass: cached
-    by = f"on-demand {workload.kind} {workload.name} ({workload.id})"
+    by = f"on-demand {workload.kind} {workload.name} (id {workload.id})"
     for job_id in plan.victim_jobs:
         first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
                  .order_by(Task.rank).first())
         if first is not None:
-            end_task(first, TaskState.PREEMPTED, f"preempted by {by}", now)
+            end_task(first, TaskState.PREEMPTED, f"preempted by {by}", now, preempted_by=workload)
         rt.notifier.notify(("job", job_id))
     rt.nominations[job.id] = set(plan.victim_tasks)
 

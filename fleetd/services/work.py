@@ -8,7 +8,7 @@ from fleetd.db import database, released, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Node, Task, TaskState
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, STOPS, switch_task_state
-from fleetd.services.runs import end_task, run_started
+from fleetd.services.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
 
@@ -152,17 +152,34 @@ def _leased_task(node_id, task_id, epoch):
     return task
 
 
-def start_task(rt, node_id, task_id, epoch, pid=None, ports=None):
+def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
     """The agent started the process of an assigned task (an instance's run: with the host ports
-    its node assigned to the declared ports)."""
+    its node assigned to the declared ports; `restarts` > 0: a restart of its process)."""
     now = rt.clock.now()
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
         if task.state == TaskState.RUNNING.value:
+            if restarts:
+                run_started(task, ports, now)  # restarting -> running; a retried report changes nothing
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != TaskState.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
         _mark_started(task, pid, now, ports=ports)
+    rt.leases.renew(task_id, epoch)
+
+
+def restart_task(rt, node_id, task_id, epoch, last_exit):
+    """The process of an instance's run ended and its node's restart policy starts it again after
+    `last_exit['backoff_seconds']`: the instance is restarting (docs/api.md, Instance)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.state not in ACTIVE_TASK_STATES:
+            raise Conflict(f"task {task_id} is {task.state}, not running", {"state": task.state})
+        if task.state == TaskState.ASSIGNED.value:  # it ended before its start was reported
+            task.started_at = now
+            switch_task_state(task, TaskState.RUNNING, "started", now)
+        run_restarting(task, dict(last_exit, at=isoformat(now)), now)
     rt.leases.renew(task_id, epoch)
 
 

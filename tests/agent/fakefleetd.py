@@ -25,7 +25,8 @@ class FakeFleetd:
         self.logs = {}  # task_id -> [[stream, text], ...] in delivery order
         self.log_batches = {}  # task_id -> [number of lines per accepted batch]
         self.finished = {}  # task_id -> finish body
-        self.started = {}  # task_id -> start body
+        self.started = {}  # task_id -> start body (the last one: an instance's restarts report theirs)
+        self.restarts = {}  # task_id -> [restart body, ...]
         self.rendezvous = {}  # task_id -> {addr, port}
         self.artifacts = {}  # sha256 -> bytes served
         self.assignments = []  # queued for acquire
@@ -141,6 +142,11 @@ class FakeFleetd:
         if action == "start":
             with self.cond:
                 self.started[task_id] = body
+                self.cond.notify_all()
+            return 204, None
+        if action == "restart":
+            with self.cond:
+                self.restarts.setdefault(task_id, []).append(body)
                 self.cond.notify_all()
             return 204, None
         if action == "finish":

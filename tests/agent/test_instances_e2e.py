@@ -108,10 +108,33 @@ def test_create_connect_stop_resume_survive_an_agent_kill_and_delete(fleet):
                          ["runtime"]["volume_used_bytes"] and found["runtime"], message="the runtime figures")
     assert runtime["restarts"] == 0 and len(runtime["gpus"]) == 1
 
-    http("DELETE", f"/api/v1/instances/{instance_id}", expect=204)
+    deleting = http("DELETE", f"/api/v1/instances/{instance_id}", expect=202).json()
+    assert deleting["state"] == "deleting"
+    read_back = http("GET", f"/api/v1/instances/{instance_id}")  # at once: deleting, or gone
+    assert read_back.status_code == 404 or read_back.json()["state"] == "deleting", read_back.text
     wait_until(lambda: not volume.exists(), timeout=60, message="the agent to delete the volume")
-    wait_state(http, instance_id, "deleted")
+    wait_until(lambda: http("GET", f"/api/v1/instances/{instance_id}").status_code == 404,
+               timeout=30, message="the instance gone once its node removed the volume")
     assert http_get(url) is None
+    assert [i["state"] for i in http("GET", "/api/v1/instances?state=deleted", expect=200).json()["items"]] == [
+        "deleted"]
+
+
+def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed(fleet):
+    http, agent = fleet(instances_restart_limit=2)
+    created = http("POST", "/api/v1/instances", expect=201, json={
+        "name": "loop", "command": [PY, "-c", "import sys, time; time.sleep(0.3); sys.exit(126)"],
+        "resources": {"gpus": 1}, "restart": "always"}).json()
+    instance_id = created["id"]
+    restarting = wait_state(http, instance_id, "restarting")
+    assert restarting["last_exit"]["exit_code"] == 126 and restarting["last_exit"]["reason"] == "exit code 126"
+    assert restarting["last_exit"]["backoff_seconds"] in (1, 2) and restarting["next_start_at"]
+    assert restarting["runtime"]["uptime_seconds"] == 0
+    failed = wait_state(http, instance_id, "failed")
+    assert "gave up after 2 restarts" in failed["status_reason"] and failed["last_exit"]["exit_code"] == 126
+    states = [e["to_status"] for e in http("GET", f"/api/v1/instances/{instance_id}/events", expect=200)
+              .json()["items"] if e["to_status"]]
+    assert states[-1] == "failed" and "restarting" in states and "running" in states, states
 
 
 def test_a_container_instance_is_served_through_its_published_port(fleet, tmp_path):

@@ -116,7 +116,24 @@ def test_on_failure_restarts_with_a_doubling_back_off_until_the_process_succeeds
     notes = [t for t in fleetd.texts("t-flaky", "system") if "restarting it in" in t]
     assert [n.split("restarting it in ")[1].split("s ")[0] for n in notes] == ["1", "2", "4"]
     assert all("exit code 7" in n and "restart policy on-failure" in n for n in notes)
-    assert fleetd.started["t-flaky"]["epoch"] == 1  # one start report for the task, whatever its restarts
+    # Each exit that is restarted is reported with its back-off; each start that is reported (a process that
+    # ends within the report's delay has its start carried by what follows) says which restart it is.
+    assert [(r["exit_code"], r["reason"], r["backoff_seconds"]) for r in fleetd.restarts["t-flaky"]] == [
+        (7, "exit code 7", 1), (7, "exit code 7", 2), (7, "exit code 7", 4)]
+    starts = [body["restarts"] for _, path, body in fleetd.calls if path.endswith("/t-flaky/start")]
+    assert starts == sorted(set(starts)) and set(starts) <= {0, 1, 2, 3} and fleetd.started["t-flaky"]["epoch"] == 1
+
+
+def test_a_policy_gives_up_after_its_limit_of_quick_restarts_and_the_run_fails(node, make_runner, fleetd):  # noqa: F811
+    runner = node()
+    runner.restart_limit = 2
+    runner.submit(instance_assignment("t-loop", [PY, "-c", "import sys; sys.exit(126)"], instance_id="i-loop",
+                                      restart="always"))
+    finish = fleetd.wait_finished("t-loop", timeout=30)
+    assert finish["outcome"] == "failed" and finish["exit_code"] == 126, finish
+    assert finish["reason"] == ("exit code 126; restart policy always gave up after 2 restarts in a row that each "
+                                "ran under 60s")
+    assert [r["backoff_seconds"] for r in fleetd.restarts["t-loop"]] == [1, 2]
 
 
 def test_never_does_not_restart_and_always_restarts_a_clean_exit_until_stopped(node, fleetd, tmp_path):  # noqa: F811

@@ -104,6 +104,9 @@ def test_the_back_off_doubles_to_a_minute_and_starts_again_after_a_long_run():
     backoff = Backoff()
     assert [backoff.next(0.5) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
     assert backoff.next(61) == 1 and backoff.next(3) == 2
+    limited = Backoff(limit=2)
+    assert [limited.next(0.5), limited.next(0.5), limited.next(0.5)] == [1, 2, None]  # the policy gives up
+    assert limited.next(61) == 1  # a long run: the count starts again
     assert [restarts_after(p, o) for p in ("always", "on-failure", "never") for o in ("succeeded", "failed")] == \
         [True, True, False, True, False, False]
 

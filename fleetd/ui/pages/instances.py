@@ -21,7 +21,7 @@ LIST_LIMIT = 200
 LOG_LINES_SHOWN = 200
 EVENTS_SHOWN = 100
 # While an instance is on its way somewhere (or runs, with figures that move), its page refreshes itself.
-LIVE_STATES = ("pending", "starting", "running", "stopping")
+LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping", "deleting")
 
 ACTIONS = {
     "stop": ("Stop", "Its processes are stopped and its GPUs freed. Its volume stays on its node, and a resume "
@@ -76,9 +76,9 @@ def _actions(view):
     """(action, label) of the buttons this instance and this role allow now."""
     state = InstanceState(view["state"])
     available = {
-        "stop": view["desired_state"] == "running" and state is not InstanceState.DELETED,
+        "stop": view["desired_state"] == "running" and state not in (InstanceState.DELETING, InstanceState.DELETED),
         "resume": state.can_resume(),
-        "delete": state is not InstanceState.DELETED,
+        "delete": state not in (InstanceState.DELETING, InstanceState.DELETED),
     }
     return [(name, ACTIONS[name][0]) for name, ok in available.items()
             if ok and g.ui_principal.role in roles.INSTANCE_ACTIONS[name]]
@@ -139,8 +139,8 @@ def instance_action(instance_id, action):
         if inst.state == InstanceState.DELETED.value:
             flash(f"Instance {inst.name} deleted; its node deletes its volume.")
         else:
-            flash(f"Instance {inst.name} is {inst.state}: once its processes have ended it is deleted, "
-                  "and its node deletes its volume.")
+            flash(f"Instance {inst.name} is {inst.state}: it is deleted once its processes have ended and its "
+                  "node has deleted its volume.")
         return redirect(url_for("ui.instance_list"))
     flash(f"Instance {inst.name} is now {inst.state}.")
     return redirect(url_for("ui.instance_page", instance_id=instance_id))
