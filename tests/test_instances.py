@@ -262,6 +262,30 @@ def test_cost_accrues_over_running_time_only(api, fleet, clock):
     assert show(api, inst["id"])["cost_so_far"] == pytest.approx(4.0)
 
 
+def test_a_price_set_while_an_instance_runs_applies_from_that_moment(api, fleet, clock):
+    token, node, session = fleet
+    inst = create(api, resources={"gpus": 2})
+    start(api, session)
+    clock.advance(3600)  # unpriced: free so far
+    api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 2.0})
+    assert show(api, inst["id"])["price_per_hour"] == pytest.approx(4.0)
+    clock.advance(1800)
+    assert show(api, inst["id"])["cost_so_far"] == pytest.approx(2.0)
+    api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 3.0})
+    clock.advance(3600)
+    assert show(api, inst["id"])["cost_so_far"] == pytest.approx(8.0)  # 0.5 h at 4/h, then 1 h at 6/h
+    api.call("PUT", "/api/v1/gpu-types/NVIDIA A100", json={"price_per_hour": 100.0})  # another model: no change
+    api.call("DELETE", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3")
+    clock.advance(3600)
+    shown = show(api, inst["id"])
+    assert shown["price_per_hour"] is None and shown["cost_so_far"] == pytest.approx(8.0)
+    prices = [e["reason"] for e in api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]
+              if e["kind"] == "instance.price"]
+    assert prices == ["price per hour None -> 4.0 from now (GPU type NVIDIA H100 80GB HBM3 repriced)",
+                      "price per hour 4.0 -> 6.0 from now (GPU type NVIDIA H100 80GB HBM3 repriced)",
+                      "price per hour 6.0 -> None from now (GPU type NVIDIA H100 80GB HBM3 repriced)"]
+
+
 def test_a_submitter_sees_only_its_own_instances(api, fleet, app, clock):
     inst = create(api)
     other = admin_client(app, clock)

@@ -77,14 +77,14 @@ class GpuTypeByModel(MethodView):
     @blp.response(200, GpuTypeSchema)
     def put(self, body, model):
         """Set the price per hour and the spot minimum bid of a GPU model."""
-        policy.set_gpu_type(model[:128], **body)
+        policy.set_gpu_type(current_runtime(), model[:128], **body)
         return next(t for t in cluster.gpu_types(_state()) if t["model"] == model[:128])
 
     @require(ADMIN)
     @blp.response(204)
     def delete(self, model):
         """Forget a GPU model's prices."""
-        policy.delete_gpu_type(model)
+        policy.delete_gpu_type(current_runtime(), model)
 
 
 @blp.route("/quotas")

@@ -5,12 +5,14 @@ from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, InvalidRequest, NotFound
 from fleetd.models import Fleet, GpuType, Quota
 from fleetd.services.cluster import current_state
+from fleetd.services.runs import reprice_instances
 from fleetd.services.scheduling import Rules
 from fleetd.services.terms import task_request
 
 
-def set_gpu_type(model, price_per_hour=None, spot_min_bid=None):
-    """Create or change the prices of a GPU model."""
+def set_gpu_type(rt, model, price_per_hour=None, spot_min_bid=None):
+    """Create or change the prices of a GPU model; the instances on its GPUs pay the new price from now."""
+    now = rt.clock.now()
     with write_transaction():
         row = GpuType.get_or_none(GpuType.model == model)
         if row is None:
@@ -18,14 +20,17 @@ def set_gpu_type(model, price_per_hour=None, spot_min_bid=None):
         else:
             row.price_per_hour, row.spot_min_bid = price_per_hour, spot_min_bid
             row.save()
+        reprice_instances(model, now)
     return row
 
 
-def delete_gpu_type(model):
-    """Forget the prices of a GPU model."""
+def delete_gpu_type(rt, model):
+    """Forget the prices of a GPU model; the instances on its GPUs are unpriced from now."""
+    now = rt.clock.now()
     with write_transaction():
         if not GpuType.delete().where(GpuType.model == model).execute():
             raise NotFound(f"GPU type {model!r} has no prices set")
+        reprice_instances(model, now)
 
 
 def check_image(image, fleet=None):

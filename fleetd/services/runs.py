@@ -29,6 +29,7 @@ from fleetd.services.lifecycle import (
     LIVE_STATUSES,
     LIVE_TASK_STATES,
     NODE_TRANSITIONS,
+    accrue_cost,
     is_held,
     switch_instance_state,
     switch_job_state,
@@ -196,6 +197,25 @@ def _price(spec, gpus):
     row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first()
     price = GpuType.get_or_none(GpuType.model == row.model) if row is not None else None
     return None if price is None or price.price_per_hour is None else price.price_per_hour * count
+
+
+def reprice_instances(model, now):
+    """The prices of GPU model `model` changed (inside the caller's transaction): the instances whose
+    current run holds GPUs of it pay the new price from `now`, their cost so far kept at the old one."""
+    live = [InstanceState.STARTING.value, InstanceState.RUNNING.value, InstanceState.RESTARTING.value,
+            InstanceState.STOPPING.value, InstanceState.INTERRUPTED.value]
+    for inst in Instance.select().where(Instance.state.in_(live) & Instance.run_id.is_null(False)):
+        task = Task.select(Task.gpus).where(Task.job == inst.run_id).first()
+        gpus = (task.gpus if task is not None else None) or []
+        row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first() if gpus else None
+        price = _price(inst.instance_spec, gpus) if row is not None and row.model == model else inst.price_per_hour
+        if price == inst.price_per_hour:
+            continue
+        accrue_cost(inst, now)  # the time run so far, at the old price
+        record_event(now, "instance.price", "instance", inst.id, f"price per hour {inst.price_per_hour} -> {price} "
+                                                                 f"from now (GPU type {model} repriced)")
+        inst.price_per_hour = price
+        inst.save()
 
 
 def run_started(task, ports, now):

@@ -59,6 +59,6 @@ def gpu_type_set():
         errors.update(exc.errors)
     if errors:
         return _gpu_types_page(form=request.form, errors=errors, status=400)
-    policy.set_gpu_type(model, **body)
+    policy.set_gpu_type(current_runtime(), model, **body)
     flash(f"Prices of {model} saved.")
     return redirect(url_for("ui.gpu_types"))
