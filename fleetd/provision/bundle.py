@@ -8,10 +8,15 @@ Layout of `fleet-agent-bundle-<version>.tar.gz`::
 
 The manifest names the version, the SHA-256 of every wheel, and the Python versions and CPU
 architectures the binary wheels were built for; preflight compares those with each host.
+
+Builds are reproducible: the same sources give the same bytes, so the same SHA-256, and a rerun
+of `fleetd bootstrap` (which builds a bundle when given none) finds the agent it installed and
+changes nothing. Wheels are built with SOURCE_DATE_EPOCH (fixed zip timestamps), and the archive
+has fixed owners, modes, times and order and no time or name in its gzip header.
 """
 
 import dataclasses
-import datetime as dt
+import gzip
 import hashlib
 import io
 import json
@@ -27,6 +32,9 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 FORMAT = 1
 PIP_TIMEOUT = 1800
+#: The time every member of a bundle (and every wheel built for it) carries unless SOURCE_DATE_EPOCH
+#: says otherwise: 1980-01-01, the earliest a zip file (a wheel) can hold.
+EPOCH = 315532800
 _WHEEL_RE = re.compile(
     r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
 
@@ -114,11 +122,19 @@ def check_host_compat(wheels, python_version, arch):
     return ""
 
 
+def source_date_epoch():
+    """The timestamp a bundle's files carry: SOURCE_DATE_EPOCH when set (reproducible-builds.org), else EPOCH."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return max(int(value), EPOCH) if value.isdigit() else EPOCH
+
+
 def _pip(args, log):
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
     log("running " + " ".join(cmd))
+    # Wheels built here (fleetd's own, a dependency from an sdist) get fixed zip timestamps.
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(source_date_epoch()), PYTHONHASHSEED="0")
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         raise BundleError(f"pip did not finish within {PIP_TIMEOUT}s") from None
     if result.returncode != 0:
@@ -169,7 +185,6 @@ def build_bundle(output_dir, source=None, python_versions=(), platforms=(), find
             "name": "fleet-agent",
             "version": version,
             "requirement": f"fleetd[agent]=={version}",
-            "created_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "built_with_python": ".".join(str(x) for x in sys.version_info[:3]),
             "python_versions": list(python_versions) or [f"{sys.version_info[0]}.{sys.version_info[1]}"],
             "binary_wheels": binary,
@@ -178,19 +193,32 @@ def build_bundle(output_dir, source=None, python_versions=(), platforms=(), find
         (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         target = output_dir / f"fleet-agent-bundle-{version}.tar.gz"
         partial = target.with_name(target.name + ".part")
-        with tarfile.open(partial, "w:gz") as tar:
-            tar.add(root, arcname=root.name, filter=_normalise)
+        _write_archive(root, partial)
         os.replace(partial, target)
     log(f"wrote {target}")
     return read_bundle(target)
 
 
-def _normalise(info):
-    """Reproducible members: no owner names, fixed modes."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    info.mode = 0o755 if info.isdir() else 0o644
-    return info
+def _write_archive(root, path):
+    """root as a .tar.gz whose bytes depend on the files' names and contents only: members in
+    sorted order with fixed owners, modes and times, and a gzip header without time or file name."""
+    mtime = source_date_epoch()
+    paths = [root, *sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix())]
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for item in paths:
+            name = root.name if item == root else f"{root.name}/{item.relative_to(root).as_posix()}"
+            info = tar.gettarinfo(str(item), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mode = 0o755 if info.isdir() else 0o644
+            info.mtime = mtime
+            info.pax_headers = {}
+            if info.isfile():
+                with open(item, "rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                tar.addfile(info)
 
 
 def read_bundle(path):

@@ -92,19 +92,21 @@ class Lab:
         return env
 
     def bootstrap_args(self, bundle, *hosts, extra=()):
+        """Arguments of `fleetd bootstrap`; bundle None: no --bundle (the CLI builds one)."""
         return ["bootstrap", *[h.address for h in hosts], "--fleet", FLEET, "--user", "root",
                 "--key", str(self.ssh.client_key), "--known-hosts", str(self.ssh.known_hosts),
-                "--bundle", str(bundle.path), "--devices-backend", "fake:/opt/fake-gpus/shape.json",
+                *(["--bundle", str(bundle.path)] if bundle is not None else []),
+                "--devices-backend", "fake:/opt/fake-gpus/shape.json",
                 "--wait-timeout", "90", "--drain-deadline", "60", "--json", *extra]
 
-    def fleetd_cli(self, *args, timeout=300, env=None):
-        """Run the `fleetd` CLI; returns the CompletedProcess."""
+    def fleetd_cli(self, *args, timeout=300, env=None, cwd=None):
+        """Run the `fleetd` CLI (with cwd: the fleetd of that source tree); returns the CompletedProcess."""
         return subprocess.run(fleetd_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              env=env or self.env(), stdin=subprocess.DEVNULL)
+                              env=env or self.env(), stdin=subprocess.DEVNULL, cwd=cwd)
 
-    def bootstrap(self, bundle, *hosts, extra=(), timeout=300):
+    def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None):
         """`fleetd bootstrap --json` on hosts; returns (exit code, {address: result}, stderr)."""
-        result = self.fleetd_cli(*self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout)
+        result = self.fleetd_cli(*self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd)
         try:
             rows = json.loads(result.stdout)
         except ValueError:
@@ -124,12 +126,8 @@ def bundle(tmp_path_factory):
     return build_bundle(tmp_path_factory.mktemp("bundle"), source=REPO)
 
 
-@pytest.fixture(scope="session")
-def next_bundle(tmp_path_factory, bundle):
-    """A bundle of the same code with a higher version, for upgrades (dependencies from `bundle`)."""
-    from fleetd.provision.bundle import build_bundle
-
-    source = tmp_path_factory.mktemp("next-source")
+def copy_source(source):
+    """A copy of this checkout's sources into directory `source`: what building a bundle reads."""
     # Every top-level package (fleetd, agent, fleetconf, ...) and what building needs.
     packages = sorted(p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name != "tests")
     for name in (*packages, "setup.cfg", "pyproject.toml", "README.md", "templates", "constraints.txt"):
@@ -139,6 +137,15 @@ def next_bundle(tmp_path_factory, bundle):
                             ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         elif path.exists():
             shutil.copy2(path, source / name)
+    return source
+
+
+@pytest.fixture(scope="session")
+def next_bundle(tmp_path_factory, bundle):
+    """A bundle of the same code with a higher version, for upgrades (dependencies from `bundle`)."""
+    from fleetd.provision.bundle import build_bundle
+
+    source = copy_source(tmp_path_factory.mktemp("next-source"))
     init = source / "fleetd" / "__init__.py"
     init.write_text(re.sub(r'__version__ = "([^"]+)"', r'__version__ = "\1.post1"', init.read_text()))
     wheels = tmp_path_factory.mktemp("deps")

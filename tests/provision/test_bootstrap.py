@@ -312,3 +312,49 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert "nothing on the host was touched" in row["reason"]
     assert lab.api.node(ids[kept.address]) is None
     assert [n["id"] for n in lab.api.nodes()] == [ids[rolled.address]]
+
+
+def test_two_builds_of_the_same_sources_are_the_same_bytes(tmp_path):
+    from fleetd.provision.bundle import build_bundle
+    from tests.provision.conftest import copy_source
+
+    source = copy_source(tmp_path / "source")
+    first = build_bundle(tmp_path / "first", source=source)
+    # Other times and another order of the files on disk: still the same bytes.
+    for path in sorted(source.rglob("*.py"))[:50]:
+        path.touch()
+    second = build_bundle(tmp_path / "second", source=source)
+    assert first.sha256 == second.sha256
+    assert first.path.read_bytes() == second.path.read_bytes()
+
+
+def test_a_rerun_without_a_bundle_builds_the_same_bytes_and_changes_nothing(lab_factory, tmp_path):
+    from fleetd.provision.bundle import read_bundle
+    from tests.provision.conftest import copy_source
+
+    lab = lab_factory(["l4_x4"])
+    (host,) = lab.hosts
+    # No --bundle: the CLI builds one from the source tree it runs from (a copy of this checkout,
+    # which nothing edits between the runs) into its cache, each run.
+    source = copy_source(tmp_path / "source")
+    code, results, stderr = lab.bootstrap(None, host, cwd=source)
+    assert code == 0, (results, stderr)
+    assert f"building the offline bundle into {lab.ssh.root / 'home'}" in stderr
+    cache = lab.ssh.root / "home" / ".cache" / "fleetd" / "bundles"
+    (cached,) = cache.glob("fleet-agent-bundle-*.tar.gz")
+    first = read_bundle(cached)
+    node_id = results[host.address]["node_id"]
+    lab.api.wait_status(node_id, "ready")
+    pids = agent_pids(host)
+    events = len(lab.api.events(node_id))
+
+    code, again, stderr = lab.bootstrap(None, host, cwd=source)
+    assert code == 0, (again, stderr)
+    assert "building the offline bundle" in stderr
+    assert read_bundle(cached).sha256 == first.sha256
+    row = again[host.address]
+    assert row["result"] == "unchanged", row
+    assert agent_pids(host) == pids
+    later = lab.api.events(node_id)[events:]
+    assert [e["kind"] for e in later] == ["node.bootstrap"], later
+    assert lab.api.node(node_id)["status"] == "ready"
