@@ -8,7 +8,7 @@ from flask import Flask, g, redirect, request, url_for
 from flask_smorest import Api
 
 from fleetd import __version__
-from fleetd.api import BLUEPRINTS, docs
+from fleetd.api import BLUEPRINTS, docs, graphql
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.api.parser import forbidden_text, null_means_null
 from fleetd.auth import resolve_token
@@ -35,6 +35,9 @@ HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
 # Endpoints whose callers cannot send a bearer token and present it as HTTP Basic's password
 # (Terraform's http state backend).
 BASIC_AUTH_ENDPOINTS = frozenset({"fleets.FleetTerraformState"})
+# Endpoints whose callers may send the API token as ?api_key= (the GPU-cloud GraphQL API's way);
+# server.py keeps its value out of the access log.
+API_KEY_ENDPOINTS = frozenset({"graphql.graphql"})
 
 
 class FleetApi(Api):
@@ -77,6 +80,7 @@ def create_app(settings=None, clock=None, db=None):
     app.register_error_handler(Exception, handle_error)
 
     app.register_blueprint(docs.blp)
+    app.register_blueprint(graphql.blp)
     app.add_url_rule("/", "root", _root)
     rt.instruments = Instruments(rt)
     app.before_request(request_started)
@@ -101,11 +105,14 @@ def _root():
 
 
 def _authenticate():
-    """Check the bearer token, then the agent protocol header, of every non-public route."""
+    """Check the bearer token (or ?api_key= where API_KEY_ENDPOINTS allow), then the agent protocol
+    header, of every non-public route."""
     endpoint = request.endpoint
     if endpoint is None or endpoint in PUBLIC_ENDPOINTS or is_ui_endpoint(endpoint):
         return  # the UI signs in with its own session (fleetd.ui.security)
     header = request.headers.get("Authorization", "")
+    if not header and endpoint in API_KEY_ENDPOINTS and request.args.get("api_key"):
+        header = "Bearer " + request.args["api_key"]
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "basic" and endpoint in BASIC_AUTH_ENDPOINTS:
         token = _basic_password(token)

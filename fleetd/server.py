@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import sys
+import urllib.parse
 
 import gevent
 import gevent.event
@@ -140,6 +141,35 @@ class _Handler(WSGIHandler):
     def log_request(self):
         if ACCESS_LOG.isEnabledFor(logging.DEBUG):  # not formatted at all unless it is written
             super().log_request()
+
+    def format_request(self):
+        """gevent's access log line, with the value of an ?api_key= (a secret: /graphql takes the
+        API token there) replaced."""
+        return scrub_secrets(super().format_request())
+
+    def log_error(self, msg, *args):
+        """gevent's error line (a malformed request quotes its request line), scrubbed the same way."""
+        try:
+            message = msg % args if args else msg
+        except (TypeError, ValueError):
+            message = f"{msg!r} {args!r}"
+        super().log_error(scrub_secrets(str(message)))
+
+
+_QUERY_PARAM = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
+SECRET_PARAMS = frozenset({"api_key"})
+
+
+def scrub_secrets(text):
+    """`text` (a request line, a URL) with the value of every api_key query parameter redacted,
+    however its name is percent-encoded (the app reads it decoded)."""
+
+    def redact(match):
+        if urllib.parse.unquote_plus(match.group(2)).lower() in SECRET_PARAMS:
+            return f"{match.group(1)}{match.group(2)}=[redacted]"
+        return match.group(0)
+
+    return _QUERY_PARAM.sub(redact, text)
 
 
 _EARLY_ERRORS = {

@@ -91,6 +91,7 @@ class GpuTypeSchema(Schema):
     memory_bytes = fields.Integer(allow_none=True)
     total = fields.Integer()
     available = fields.Integer()
+    max_per_node = fields.Integer(metadata={"description": "the most GPUs of this model on one node"})
     price_per_hour = fields.Float(allow_none=True)
     spot_min_bid = fields.Float(allow_none=True)
 

@@ -673,13 +673,17 @@ def gpu_types(state):
     """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
     prices = {t.model: t for t in GpuType.select()}
     out = {}
+    per_node = {}
     for row in state.gpu_rows():
         entry = out.setdefault(row["model"], {"model": row["model"], "memory_bytes": row["memory_total_bytes"],
-                                              "total": 0, "available": 0})
+                                              "total": 0, "available": 0, "max_per_node": 0})
         entry["total"] += 1
         entry["available"] += row["state"] == "free"
+        per_node[row["model"], row["node_id"]] = count = per_node.get((row["model"], row["node_id"]), 0) + 1
+        entry["max_per_node"] = max(entry["max_per_node"], count)
     for model, priced in prices.items():
-        entry = out.setdefault(model, {"model": model, "memory_bytes": None, "total": 0, "available": 0})
+        entry = out.setdefault(model, {"model": model, "memory_bytes": None, "total": 0, "available": 0,
+                                       "max_per_node": 0})
         entry["price_per_hour"] = priced.price_per_hour
         entry["spot_min_bid"] = priced.spot_min_bid
     return sorted(out.values(), key=lambda e: e["model"])

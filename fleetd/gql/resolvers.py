@@ -1,0 +1,242 @@
+"""Resolvers: GraphQL inputs mapped onto the REST schemas and the services, and the services'
+answers mapped onto GraphQL's field names. Nothing here decides: a create is the REST body
+InstanceSpecSchema validates, a stop, resume or terminate is the REST route's service call."""
+
+import shlex
+
+from ariadne import MutationType, ObjectType, QueryType, ScalarType
+from marshmallow import ValidationError
+
+from fleetd.errors import InvalidRequest
+from fleetd.schemas.instances import InstanceSpecSchema
+from fleetd.services import cluster, instances
+
+GIB = 1 << 30
+MAX_PODS = 1000  # myself { pods }: one page of the REST list, oldest first
+
+query = QueryType()
+mutation = MutationType()
+gpu_type = ObjectType("GpuType")
+user = ObjectType("User")
+void = ScalarType("Void", serializer=lambda value: None)
+
+
+def _ctx(info):
+    return info.context["rt"], info.context["principal"]
+
+
+# ---------------------------------------------------------------- instances as pods
+
+
+def _gib(value):
+    return round((value or 0) / GIB, 3)
+
+
+def _desired_status(view):
+    if view["state"] in ("deleting", "deleted"):
+        return "TERMINATED"
+    return "RUNNING" if view["desired_state"] == "running" else "EXITED"
+
+
+def pod(view):
+    """An Instance of docs/api.md as a Pod of the GraphQL schema."""
+    spec = view["spec"]
+    resources = spec.get("resources") or {}
+    ports = spec.get("ports") or []
+    runtime = view["runtime"]
+    gpu_types = resources.get("gpu_types") or []
+    return {
+        "id": view["id"], "name": view["name"], "state": view["state"], "desiredStatus": _desired_status(view),
+        "lastStatusChange": view["status_reason"], "imageName": spec.get("image"),
+        "dockerArgs": shlex.join(spec.get("command") or []), "dockerId": None,
+        "env": [f"{k}={v}" for k, v in (spec.get("env") or {}).items()],
+        "gpuCount": resources.get("gpus") or 0, "vcpuCount": resources.get("cpus") or 0,
+        "memoryInGb": _gib(resources.get("memory_bytes")), "volumeInGb": _gib(spec.get("volume_bytes")),
+        "volumeMountPath": spec.get("volume_mount_path"), "containerDiskInGb": None,
+        "podType": "INTERRUPTABLE" if spec.get("priority_class") == "spot" else "RESERVED",
+        "costPerHr": view["price_per_hour"], "bidPerGpu": spec.get("bid"),
+        "port": ports[0]["port"] if ports else None,
+        "ports": ",".join(f"{p['port']}/{p['protocol']}" for p in ports),
+        "uptimeSeconds": runtime["uptime_seconds"] if runtime else 0,
+        "machineId": view["node_id"],
+        "machine": {"podHostId": view["node_hostname"], "clusterHostId": view["node_hostname"],
+                    "hostname": view["node_hostname"], "gpuDisplayName": gpu_types[0] if gpu_types else None},
+        "runtime": _runtime(runtime) if runtime else None,
+    }
+
+
+def _runtime(runtime):
+    container = runtime.get("container")
+    return {
+        "uptimeInSeconds": runtime["uptime_seconds"],
+        "ports": [{"ip": p["ip"], "isIpPublic": p["is_ip_public"], "privatePort": p["private_port"],
+                   "publicPort": p["public_port"], "type": p["type"]} for p in runtime["ports"]],
+        "gpus": [{"id": g.get("uuid"), "gpuUtilPercent": g.get("gpu_util_percent"),
+                  "memoryUtilPercent": g.get("memory_util_percent")} for g in runtime["gpus"]],
+        "container": ({"cpuPercent": container.get("cpu_percent"), "memoryPercent": container.get("memory_percent")}
+                      if container else None),
+    }
+
+
+def _pod_of(rt, inst):
+    return pod(instances.instance_view(rt, inst))
+
+
+def _instance_id(data):
+    return data.get("podId") or data.get("clusterId")
+
+
+def _ports(text):
+    """"8888/http,22/tcp" as the REST body's ports (a port without a protocol is http)."""
+    ports = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        number, _, protocol = item.partition("/")
+        if not number.isdigit():
+            raise InvalidRequest(f"ports: {item!r} is not PORT/PROTOCOL (8888/http,22/tcp)",
+                                 {"fields": {"ports": ["PORT/PROTOCOL, comma-separated"]}})
+        ports.append({"port": int(number), "protocol": protocol or "http"})
+    return ports
+
+
+def _command(text):
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise InvalidRequest(f"dockerArgs: {exc}", {"fields": {"dockerArgs": [str(exc)]}}) from None
+
+
+def instance_body(data, spot):
+    """The REST InstanceSpec body a create input stands for (docs/api.md, GraphQL: field mapping).
+    Input fields fleetd has no notion of (cloudType, startSsh, supportPublicIp, countryCode,
+    containerDiskInGb, allowedCudaVersions, minDownload, minUpload, deployCost) are ignored."""
+    for unsupported in ("templateId", "networkVolumeId"):
+        if data.get(unsupported):
+            raise InvalidRequest(f"{unsupported}: fleetd has no templates or network volumes; send the image, "
+                                 "command and volume size instead", {"fields": {unsupported: ["not supported"]}})
+    resources = {"gpus": data["gpuCount"] if data.get("gpuCount") is not None else 1}
+    if data.get("gpuTypeId"):
+        resources["gpu_types"] = [data["gpuTypeId"]]
+    if data.get("minVcpuCount"):
+        resources["cpus"] = data["minVcpuCount"]
+    if data.get("minMemoryInGb"):
+        resources["memory_bytes"] = int(data["minMemoryInGb"] * GIB)
+    body = {"name": data["name"], "command": _command(data.get("dockerArgs")), "image": data.get("imageName") or None,
+            "env": {e["key"]: e["value"] for e in data.get("env") or ()}, "resources": resources,
+            "volume_bytes": int((data.get("volumeInGb") or 0) * GIB), "ports": _ports(data.get("ports"))}
+    if data.get("volumeMountPath"):
+        body["volume_mount_path"] = data["volumeMountPath"]
+    if data.get("dataCenterId"):
+        body["node_selector"] = {"fleet": data["dataCenterId"]}
+    if spot:
+        body["priority_class"] = "spot"
+        body["bid"] = data["bidPerGpu"]
+    return body
+
+
+def _spec(body):
+    try:
+        return InstanceSpecSchema().load(body)
+    except ValidationError as exc:
+        raise InvalidRequest("the input did not validate (fields named as in the REST InstanceSpec)",
+                             {"fields": exc.messages}) from None
+
+
+def _create(info, data, spot):
+    rt, principal = _ctx(info)
+    return _pod_of(rt, instances.create_instance(rt, principal, _spec(instance_body(data, spot))))
+
+
+@mutation.field("podFindAndDeployOnDemand")
+@mutation.field("clusterFindAndDeployOnDemand")
+def resolve_deploy_on_demand(_, info, input):  # noqa: A002 - the schema's argument name
+    return _create(info, input, spot=False)
+
+
+@mutation.field("podRentInterruptable")
+@mutation.field("clusterRentInterruptable")
+def resolve_rent_interruptable(_, info, input):  # noqa: A002
+    return _create(info, input, spot=True)
+
+
+@mutation.field("podResume")
+@mutation.field("clusterResume")
+def resolve_resume(_, info, input):  # noqa: A002
+    rt, principal = _ctx(info)
+    return _pod_of(rt, instances.resume_instance(rt, principal, _instance_id(input), input.get("gpuCount")))
+
+
+@mutation.field("podBidResume")
+@mutation.field("clusterBidResume")
+def resolve_bid_resume(_, info, input):  # noqa: A002
+    rt, principal = _ctx(info)
+    return _pod_of(rt, instances.resume_instance(rt, principal, _instance_id(input), input.get("gpuCount"),
+                                                 input["bidPerGpu"]))
+
+
+@mutation.field("podStop")
+@mutation.field("clusterStop")
+def resolve_stop(_, info, input):  # noqa: A002
+    rt, principal = _ctx(info)
+    return _pod_of(rt, instances.stop_instance(rt, principal, _instance_id(input)))
+
+
+@mutation.field("podTerminate")
+@mutation.field("clusterTerminate")
+def resolve_terminate(_, info, input):  # noqa: A002
+    rt, principal = _ctx(info)
+    instances.delete_instance(rt, principal, _instance_id(input))
+
+
+@query.field("myself")
+def resolve_myself(_, info):
+    return {"id": info.context["principal"].name}
+
+
+@user.field("pods")
+@user.field("clusters")
+def resolve_pods(_, info):
+    rt, principal = _ctx(info)
+    items, _ = instances.list_instances(principal, MAX_PODS)
+    return [pod(view) for view in instances.instance_views(rt, items)]
+
+
+@query.field("pod")
+@query.field("cluster")
+def resolve_pod(_, info, input):  # noqa: A002
+    rt, principal = _ctx(info)
+    return _pod_of(rt, instances.get_instance(principal, _instance_id(input)))
+
+
+# ---------------------------------------------------------------- GPU types
+
+
+def _gpu_type(entry):
+    memory = entry.get("memory_bytes")
+    return {
+        "id": entry["model"], "displayName": entry["model"], "manufacturer": None,
+        "memoryInGb": _gib(memory) if memory is not None else None, "maxGpuCount": entry["max_per_node"],
+        "totalCount": entry["total"], "availableCount": entry["available"], "cudaCores": None,
+        "secureCloud": entry["total"] > 0, "communityCloud": False,
+        "securePrice": entry.get("price_per_hour"), "communityPrice": None,
+        "secureSpotPrice": entry.get("spot_min_bid"), "communitySpotPrice": None,
+        "oneWeekPrice": None, "oneMonthPrice": None, "threeMonthPrice": None,
+    }
+
+
+@query.field("gpuTypes")
+def resolve_gpu_types(_, info, input=None):  # noqa: A002
+    rt, _principal = _ctx(info)
+    wanted = (input or {}).get("id")
+    return [_gpu_type(e) for e in cluster.gpu_types(cluster.current_state(rt)) if wanted is None or e["model"] == wanted]
+
+
+@gpu_type.field("lowestPrice")
+def resolve_lowest_price(gpu, _info, input=None):  # noqa: A002
+    count = (input or {}).get("gpuCount") or 1
+    available = count <= gpu["maxGpuCount"]
+    return {"gpuCount": count, "available": available,
+            "minimumBidPrice": gpu["secureSpotPrice"] if available else None,
+            "uninterruptablePrice": gpu["securePrice"] if available else None}
+
+
+BINDABLES = [query, mutation, gpu_type, user, void]
