@@ -160,17 +160,37 @@ def test_on_demand_work_interrupts_a_spot_instance_which_resumes_with_a_new_bid(
     assert resumed["state"] == "pending" and resumed["spec"]["bid"] == 2.0
 
 
-def test_a_lost_node_interrupts_its_instances_which_run_on_when_it_returns(api, fleet, clock):
-    token, node, session = fleet
+def running_on_a_lost_node(api, session, clock):
+    """An instance that ran on the node of `session` until that node went silent and was declared lost."""
     inst = create(api)
     start(api, session)
     clock.advance(3600)
     api.run_task("liveness_sweep")
-    lost = show(api, inst["id"])
+    return show(api, inst["id"])
+
+
+def test_a_lost_node_interrupts_its_instances_which_run_on_when_it_returns(api, fleet, clock):
+    token, node, session = fleet
+    inst = lost = running_on_a_lost_node(api, session, clock)
     assert lost["state"] == "interrupted" and f"node {node} lost" in lost["status_reason"]
     api.heartbeat(session)  # back before anything else happened: the process ran on
     back = show(api, inst["id"])
     assert back["state"] == "running" and "ran on" in back["status_reason"]
+
+
+def test_an_instance_on_a_lost_node_is_interrupted_by_no_workload_and_deleted_once_its_run_is_lost_too(
+        api, fleet, clock):
+    token, node, session = fleet
+    inst = lost = running_on_a_lost_node(api, session, clock)
+    assert (lost["state"], lost["interruption"], lost["interrupted_by"]) == ("interrupted", "node_lost", None)
+    resp = api.delete(f"/api/v1/instances/{inst['id']}")
+    assert resp.status_code == 202 and resp.get_json()["state"] == "deleting"  # its process may still run there
+    api.run_task("leases")  # its run's lease expired: the node is gone, so is the instance
+    assert api.get(f"/api/v1/instances/{inst['id']}").status_code == 404
+    [gone] = api.get("/api/v1/instances?state=deleted").get_json()["items"]
+    assert "its node did not report that its processes ended" in gone["status_reason"], gone
+    # Back, the node is told to delete the volume it still has.
+    assert api.heartbeat(session, volumes=[inst["id"]])["delete_volumes"] == [inst["id"]]
 
 
 def test_a_lost_run_is_started_again_when_its_node_returns(api, fleet, clock):

@@ -29,7 +29,7 @@ import time
 
 from agent.client import FleetdError, Unreachable
 from agent.ports import NoFreePort, port_states
-from agent.procfs import uptime_ticks
+from agent.procfs import uptime_ticks, wait_gone
 from agent.task.assignment import DEFAULT_PATH, task_env
 from agent.task.container import READY, ContainerError, cdi_has_nvidia, container_name, remove_env_file, write_env_file
 from agent.task.errors import Detached, Fenced, Stopped, TaskError, is_fencing
@@ -47,6 +47,7 @@ BACKOFF_RESET_SECONDS = 60.0  # a process that ran this long is restarted after 
 JOURNAL_COMPACT_BYTES = 64 * 1024  # a restarting instance's journal starts again past this
 MAX_RUNS = 1_000_000_000
 LEAVE_LOGS_SECONDS = 5.0  # how long an agent that stops spends shipping a left instance's last lines
+LEFTOVERS_GONE_SECONDS = 10.0  # how long a run's end waits for its killed leftovers to be gone
 SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")  # how describe_exit words a signal's end
 
 
@@ -317,6 +318,11 @@ class InstanceTask(Task):
 
     def _supervise(self, client):
         result = self._supervise_runs(client)  # Fenced or Detached go on up: _clean_up sees to the container
+        # Before the finish report, which fleetd takes for "its processes are gone" (stopped): what left the
+        # process group (a daemon in a session of its own) is killed and waited for here, not after it.
+        left = self.process.kill_leftovers()
+        if left and not wait_gone(left, LEFTOVERS_GONE_SECONDS):
+            log.warning("task %s: processes %s outlived SIGKILL for %gs", self.label, left, LEFTOVERS_GONE_SECONDS)
         self._remove_container()  # before the finish report: a resume may publish the same host ports at once
         return result
 

@@ -300,12 +300,15 @@ class Supervisor:
             log.error("task %s: pid %d did not exit after SIGKILL", self.label, self.proc.pid)
 
     def kill_leftovers(self):
-        """SIGKILL whatever is left of the workload outside its group (after the leader was reaped)."""
+        """SIGKILL whatever is left of the workload outside its group (after the leader was reaped);
+        returns the pids signalled."""
         if self.proc is None:
-            return
+            return []
         pids = task_pids(dataclasses.replace(self.key(), pgid=None))
         with self.lock:
-            signal_pids(self.remember(pids), signal.SIGKILL)
+            left = self.remember(pids)
+            signal_pids(left, signal.SIGKILL)
+        return left
 
     # The watcher's thread.
 

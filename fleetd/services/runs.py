@@ -275,10 +275,13 @@ def run_ended(job, task, outcome, reason, now, preempted_by=None):
 
 
 def _settle(inst, task, outcome, reason, now, preempted_by):
+    # Only its node's report says its processes ended; a lost run (its lease expired) says nothing of them.
+    ended = (f"its node did not report that its processes ended ({reason})" if outcome is TaskState.LOST
+             else f"its processes ended ({reason})")
     if inst.desired_state == "deleted":
-        settle_deleting(inst, "its processes ended", now)
+        settle_deleting(inst, ended, now)
     elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
-        switch_instance_state(inst, InstanceState.STOPPED, f"stopped; its processes ended ({reason})", now)
+        switch_instance_state(inst, InstanceState.STOPPED, f"stopped; {ended}", now)
     elif outcome is TaskState.LOST:
         _interrupt(inst, "node_lost", reason, now)
     elif outcome is TaskState.PREEMPTED:

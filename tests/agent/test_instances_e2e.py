@@ -152,6 +152,26 @@ def test_a_container_instance_is_served_through_its_published_port(fleet, tmp_pa
         (200, "inside a container")
     name = f"fleet-{instance_id}-1"
     assert containers_named(env, name) == [name]
-    http("DELETE", f"/api/v1/instances/{instance_id}", expect=204)
-    wait_until(lambda: not volume.exists(), timeout=60, message="the agent to delete the volume")
-    assert containers_named(env, name) == [] and http_get(url) is None
+    assert http("DELETE", f"/api/v1/instances/{instance_id}", expect=202).json()["state"] == "deleting"
+    wait_until(lambda: http("GET", f"/api/v1/instances/{instance_id}").status_code == 404, timeout=60,
+               message="the instance gone once its node removed the volume")
+    assert not volume.exists() and containers_named(env, name) == [] and http_get(url) is None
+
+
+def test_a_stopped_instance_reads_stopped_and_a_daemon_it_started_answers_no_more(fleet):
+    http, agent = fleet()
+    # The command starts the server in a session of its own (out of its process group), then waits.
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', {HTTP_SERVER!r}], start_new_session=True)\n"
+            "time.sleep(3600)\n")
+    instance_id = http("POST", "/api/v1/instances", expect=201, json={
+        "name": "forks", "command": [PY, "-c", code], "resources": {"gpus": 1},
+        "ports": [{"port": 8000, "protocol": "http"}]}).json()["id"]
+    volume = agent.state_dir / "volumes" / instance_id
+    wait_until(volume.is_dir, message="the volume made by the agent")
+    (volume / "index.html").write_text("daemon")
+    url = connect(http, instance_id)
+    assert wait_until(lambda: http_get(url), message="the daemon's URL") == (200, "daemon")
+    assert http("POST", f"/api/v1/instances/{instance_id}/stop", expect=200).json()["state"] == "stopping"
+    wait_state(http, instance_id, "stopped")
+    assert http_get(url) is None  # read stopped: nothing of it answers any more

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from agent.ports import PortAllocator
-from agent.procfs import wait_gone
+from agent.procfs import read_proc, wait_gone
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
@@ -206,3 +206,24 @@ def test_the_runtime_figures_of_a_running_instance(node, fleetd, tmp_path):  # n
     runner.cancel(["t-busy"], "stop")
     assert fleetd.wait_finished("t-busy")["outcome"] == "cancelled"
     assert os.path.isdir(tmp_path / "node" / "volumes" / "i-busy")
+
+
+def test_a_stopped_run_reports_its_finish_only_once_a_daemon_it_started_is_gone(node, fleetd, tmp_path):  # noqa: F811
+    runner = node()
+    # The command starts a daemon in a session of its own (out of its process group), notes its pid, then waits.
+    code = ("import os, subprocess, sys, time\n"
+            "daemon = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True)\n"
+            "open(os.path.join(os.environ['FLEET_VOLUME'], 'daemon.pid'), 'w').write(str(daemon.pid))\n"
+            "time.sleep(3600)\n")
+    runner.submit(instance_assignment("t-daemon", [PY, "-c", code], instance_id="i-daemon", restart="always"))
+    pid_file = tmp_path / "node" / "volumes" / "i-daemon" / "daemon.pid"
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, message="the daemon"))
+    fleetd.hold_finish.clear()  # the finish report waits, unanswered, while the test looks
+    try:
+        runner.cancel(["t-daemon"], "stopped by its owner")
+        wait_until(lambda: any(path.endswith("finish") for _, path, _ in fleetd.calls), timeout=30,
+                   message="the finish report")
+        assert read_proc(daemon) is None  # gone before fleetd heard that the run ended
+    finally:
+        fleetd.hold_finish.set()
+    assert fleetd.wait_finished("t-daemon")["outcome"] == "cancelled"
