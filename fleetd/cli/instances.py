@@ -331,7 +331,8 @@ def instance_show(handle):
 @click.argument("handle", metavar="INSTANCE")
 @click.option("--wait", "wait_stopped", is_flag=True, help="Wait until its processes have stopped.")
 def instance_stop(handle, wait_stopped):
-    """Stop an instance (by id or name): its processes end and its GPUs are freed; its volume is kept for `resume`."""
+    """Stop an instance (by id or name): its processes end and its GPUs are freed; its volume is kept for `resume`.
+    It reads stopping until its node reports that its processes ended."""
     instance_id = resolve_id("instance", handle)
     data = current_client().post(f"/api/v1/instances/{instance_id}/stop")
     if wait_stopped and data["state"] not in INSTANCE_AT_REST:
@@ -362,7 +363,8 @@ def instance_resume(handle, gpus, bid, wait_running, timeout):
 @click.argument("handle", metavar="INSTANCE")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 def instance_rm(handle, yes):
-    """Delete an instance (by id or name): it is stopped and its volume is deleted (asks first, unless --yes)."""
+    """Delete an instance (by id or name): it is stopped and its volume is deleted (asks first, unless --yes); it
+    reads deleting until its node has removed the volume, then it is gone."""
     instance_id = resolve_id("instance", handle)
     if not yes:
         data = current_client().get(f"/api/v1/instances/{instance_id}")
