@@ -95,6 +95,8 @@ BASE_BODIES = {
                        "ports": [{"port": 8888, "host_port": 40001, "state": "taken_by_other_process"}]}]},
     ("POST", "/api/v1/agent/acquire"): {"wait_seconds": 0, "max_assignments": 1},
     ("POST", "/api/v1/agent/tasks/{task_id}/start"): {"epoch": TASK_EPOCH, "pid": 42},
+    ("POST", "/api/v1/agent/tasks/{task_id}/restart"): {"epoch": TASK_EPOCH, "exit_code": 3, "signal": None,
+                                                         "reason": "exit code 3", "backoff_seconds": 1.0},
     ("POST", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"epoch": TASK_EPOCH, "addr": "10.0.0.1", "port": 29500},
     ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {"epoch": TASK_EPOCH,
                                                      "lines": [["stdout", "a"], ["stderr", "b", 0]]},
