@@ -1,6 +1,7 @@
 """Instances end to end: a real `fleetd serve`, a real `fleet-agent run` on fake GPUs, real processes and
 podman containers. Create, connect, stop, resume with the volume's content, an agent SIGKILLed under a
-running instance, delete; and an image served through its published port."""
+running instance, delete (deleting, then gone); an image served through its published port; a host process and
+a container that exit at every start (restarting, then failed); a daemon a stopped instance started."""
 
 import signal
 
@@ -175,3 +176,17 @@ def test_a_stopped_instance_reads_stopped_and_a_daemon_it_started_answers_no_mor
     assert http("POST", f"/api/v1/instances/{instance_id}/stop", expect=200).json()["state"] == "stopping"
     wait_state(http, instance_id, "stopped")
     assert http_get(url) is None  # read stopped: nothing of it answers any more
+
+
+def test_a_container_that_exits_at_every_start_reads_restarting_then_failed(fleet, tmp_path):
+    env = prepare_podman(str(tmp_path))
+    http, agent = fleet(env={"CONTAINERS_CONF": env["CONTAINERS_CONF"]}, containers_command=" ".join(PODMAN),
+                        instances_restart_limit=2)
+    instance_id = http("POST", "/api/v1/instances", expect=201, json={
+        "name": "broken", "image": IMAGE, "command": ["/bin/sh", "-c", "exit 126"], "resources": {"gpus": 1},
+        "restart": "always"}).json()["id"]
+    restarting = wait_state(http, instance_id, "restarting")
+    assert restarting["last_exit"]["exit_code"] == 126 and restarting["cost_so_far"] == 0
+    failed = wait_state(http, instance_id, "failed")
+    assert failed["status_reason"].startswith("exit code 126; restart policy always gave up after 2 restarts")
+    assert containers_named(env, f"fleet-{instance_id}-1") == []
