@@ -11,6 +11,7 @@ from pathlib import Path
 from agent.ports import listening
 from agent.procfs import recorded_pids, signal_pids, wait_gone
 from agent.task.journal import read_state
+from tests.support import wait_until
 from tests.support.wire import ROOT
 
 PY = sys.executable
@@ -80,3 +81,29 @@ def kill_left_instances(state_dir):
         killed += pids
     wait_gone(killed, 10)
     return killed
+
+
+def start_instance_agent(http, server_url, agent_factory, fleet="lab", env=None, **extra):
+    """A started fleet-agent with 4 fake L4 GPUs in `fleet`, ready for instances (a port range of its own,
+    no container runtime unless `extra` names one); returns it once its node is ready."""
+    join = http("POST", f"/api/v1/fleets/{fleet}/join-tokens", expect=201, json={"max_uses": 1}).json()
+    low, high = port_range()
+    settings = {"tasks_kill_grace_seconds": 2.0, "ports_range": f"{low}-{high}", "containers_command": "none"}
+    settings.update(extra)
+    agent = agent_factory("host", shape="l4_x4", extra=settings, env=env)
+    agent.join(join["token"], server_url, check=True)
+    agent.start()
+    node_id = agent.node()["node_id"]
+    wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
+               timeout=60, message="the node ready")
+    return agent
+
+
+def wait_instance_state(http, instance_id, state, timeout=60):
+    """The instance (REST) once it is in `state`; each look waits on fleetd's long poll for a change."""
+
+    def check():
+        found = http("GET", f"/api/v1/instances/{instance_id}?wait_seconds=2", expect=200).json()
+        return found if found["state"] == state else None
+
+    return wait_until(check, timeout=timeout, interval=0.05, message=f"instance {instance_id} {state}")
