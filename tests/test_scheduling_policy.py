@@ -155,7 +155,7 @@ def test_on_demand_preempts_the_lowest_bid_spot_job_once_it_has_stopped(api, joi
     assert preempted["state"] == "queued" and preempted["attempt"] == 2
     assert api.get(f"/api/v1/jobs/{dear['id']}").get_json()["state"] == "running"
     events = api.get(f"/api/v1/jobs/{cheap['id']}/events").get_json()["items"]
-    assert any(e["to_status"] == "preempted" and f"on-demand job urgent ({urgent['id']})" in e["reason"] for e in events)
+    assert any(e["to_status"] == "preempted" and f"on-demand job urgent (id {urgent['id']})" in e["reason"] for e in events)
     # The cheap task still runs on the node: its GPU is not free yet.
     reply = api.heartbeat(session, tasks=running)
     victim = a if a["job_id"] == cheap["id"] else b
