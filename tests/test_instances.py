@@ -257,6 +257,14 @@ def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed_and_
                          ("running", "restarting"), ("restarting", "failed")]
 
 
+def test_a_restart_report_for_a_job_task_is_refused(api, fleet):
+    token, node, session = fleet
+    api.submit(resources={"gpus": 1})
+    a = api.start_task(session)
+    resp = api.task_call(session, a, "restart", expect=409, exit_code=1, reason="exit code 1", backoff_seconds=1)
+    assert "not an instance's run" in resp.get_json()["error"]["message"]
+
+
 def test_a_process_that_ends_before_its_start_is_reported_reads_restarting(api, fleet):
     token, node, session = fleet
     inst = create(api)

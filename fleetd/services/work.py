@@ -176,6 +176,9 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
         task = _leased_task(node_id, task_id, epoch)
         if task.state not in ACTIVE_TASK_STATES:
             raise Conflict(f"task {task_id} is {task.state}, not running", {"state": task.state})
+        if Job.select(Job.instance_id).where(Job.id == task.job_id).scalar() is None:
+            raise Conflict(f"task {task_id} is a job's, not an instance's run: it has no restart policy",
+                           {"state": task.state})
         if task.state == TaskState.ASSIGNED.value:  # it ended before its start was reported
             task.started_at = now
             switch_task_state(task, TaskState.RUNNING, "started", now)
