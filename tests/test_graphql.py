@@ -145,3 +145,20 @@ def test_introspection_works_and_depth_and_cost_are_limited(api):
 def test_access_and_error_log_lines_hide_the_api_key_however_its_name_is_encoded(line):
     scrubbed = scrub_secrets(line)
     assert "SECRET" not in scrubbed and "[redacted]" in scrubbed and "/graphql?" in scrubbed
+
+
+@pytest.mark.parametrize("body", [[], {}, {"query": 5}, {"query": "{ myself { id } }", "variables": "x"},
+                                  {"query": "query a { myself { id } } query b { myself { id } }"},
+                                  {"query": "fragment f on User { ...f } { myself { ...f } }"}])
+def test_a_request_that_cannot_run_is_a_400_invalid_request_and_runs_nothing(api, body):
+    resp = api.post("/graphql", body)
+    assert resp.status_code == 400 and resp.get_json().get("data") is None, resp.get_json()
+    assert resp.get_json()["errors"][0]["extensions"]["code"] == "invalid_request"
+
+
+def test_an_id_no_database_can_hold_is_refused_before_any_lookup(api):
+    escaped = gql(api, '{ pod(input: {podId: "a\\u0000b"}) { id } }')  # GraphQL's own escape: a NUL
+    assert escaped["data"] == {"pod": None} and escaped["errors"][0]["extensions"]["code"] == "invalid_request"
+    assert "NUL" in escaped["errors"][0]["message"]
+    in_json = gql(api, "query one($id: String!) { pod(input: {podId: $id}) { id } }", {"id": "a\x00b"}, expect=400)
+    assert in_json["errors"][0]["extensions"]["code"] == "invalid_request"

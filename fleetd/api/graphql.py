@@ -89,7 +89,8 @@ def _run(query_only):
         SCHEMA, data, context_value={"rt": current_runtime(), "principal": current_principal()},
         validation_rules=limits.rules(variables), require_query=query_only, introspection=True,
         error_formatter=format_error, logger=_ARIADNE_LOG)
-    return jsonify(result), 200 if "data" in result else 400
+    # Nothing ran (the document did not parse or validate, or named no single operation): 400.
+    return jsonify(result), 400 if result.get("data") is None else 200
 
 
 class GraphQL(MethodView):

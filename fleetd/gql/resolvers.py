@@ -7,6 +7,7 @@ import shlex
 from ariadne import MutationType, ObjectType, QueryType, ScalarType
 from marshmallow import ValidationError
 
+from fleetd.api.parser import forbidden_text
 from fleetd.errors import InvalidRequest
 from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.services import cluster, instances
@@ -83,7 +84,12 @@ def _pod_of(rt, inst):
 
 
 def _instance_id(data):
-    return data.get("podId") or data.get("clusterId")
+    """The podId or clusterId of an input; a NUL or an unpaired surrogate (which no database takes) is
+    refused as the REST routes refuse it in a path."""
+    instance_id = data.get("podId") or data.get("clusterId")
+    if forbidden_text(instance_id):
+        raise InvalidRequest("the id holds a NUL character or an unpaired surrogate")
+    return instance_id
 
 
 def _ports(text):
