@@ -111,7 +111,8 @@ def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
              api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]]
     assert kinds == [(None, "pending"), ("pending", "starting"), ("starting", "running"), ("running", "stopping"),
                      ("stopping", "stopped"), ("stopped", "pending"), (None, None), ("pending", "starting"),
-                     ("starting", "running"), ("running", "deleting"), ("deleting", "deleted")]
+                     ("starting", "running"), ("running", "deleting"), ("deleting", "deleting"),
+                     ("deleting", "deleted")]  # its processes ended; then its node removed the volume
 
 
 def test_a_queued_instance_stops_at_once_and_waits_with_a_reason(api, fleet):

@@ -179,7 +179,7 @@ INSTANCE_TRANSITIONS = transition_table(InstanceState, {
     "stopped": "pending deleting deleted",
     "interrupted": "pending starting running restarting stopping stopped deleting deleted",
     "failed": "pending deleting deleted",
-    "deleting": "deleted",
+    "deleting": "deleting deleted",
     "deleted": "",
 })
 

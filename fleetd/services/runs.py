@@ -326,12 +326,8 @@ def settle_deleting(inst, why, now):
     volume of it can be left on a live node, else `deleting` until that node's heartbeat shows the
     volume gone (volumes_removed). A node that is lost or gone removes it when it is back."""
     if _node_live(inst.node_id):
-        if inst.state == InstanceState.DELETING.value:
-            inst.status_reason = f"deleting; {why}; waiting for node {inst.node_id} to remove its volume"
-            inst.save()
-        else:
-            switch_instance_state(inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} "
-                                                                "to remove its volume", now)
+        switch_instance_state(inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} to "
+                                                            "remove its volume", now)
     else:
         switch_instance_state(inst, InstanceState.DELETED, f"deleted; {why}", now)
 
