@@ -59,6 +59,13 @@ fi
 PIP_CONFIG_FILE=/dev/null "$INSTALL_DIR/bin/python" "$pip_wheel/pip" install --quiet --no-index \
     --find-links "$bundle_dir/wheels" --disable-pip-version-check --no-warn-script-location --no-compile \
     "fleetd[agent]==$version"
+# pip leaves an installed fleetd of the same version alone: a rebuilt bundle (another SHA-256) must
+# still put its own fleetd in place, or the host would run the old code under the new bundle_sha256.
+set -- "$bundle_dir"/wheels/fleetd-*.whl
+if [ -r "$1" ]; then
+    PIP_CONFIG_FILE=/dev/null "$INSTALL_DIR/bin/python" "$pip_wheel/pip" install --quiet --no-index --no-deps \
+        --force-reinstall --disable-pip-version-check --no-warn-script-location --no-compile "$1"
+fi
 
 "$PY" -c 'import json, sys
 manifest = json.load(open(sys.argv[1]))

@@ -14,8 +14,10 @@ from fleetd.schemas.nodes import (
     NodePageSchema,
     NodeQuerySchema,
     NodeSchema,
+    NodeUpgradeEndSchema,
+    NodeUpgradeSchema,
 )
-from fleetd.services import nodes
+from fleetd.services import nodes, upgrades
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")
 
@@ -86,6 +88,30 @@ class NodeUndrain(MethodView):
     def post(self, node_id):
         """End a drain; the node takes work again."""
         return _live([nodes.undrain_node(current_runtime(), node_id)])[0]
+
+
+@blp.route("/<string:node_id>/upgrade")
+class NodeUpgrade(MethodView):
+    @require(ADMIN)
+    @blp.arguments(NodeUpgradeSchema())
+    @blp.response(200, NodeSchema)
+    def post(self, body, node_id):
+        """Begin an agent upgrade: fleetd remembers the node's state and drains a ready or cordoned node
+        (an operator's drain stays); 409 for a node that is pending, lost or revoked."""
+        return _live([upgrades.begin_upgrade(current_runtime(), node_id, body["reason"],
+                                             body["deadline_seconds"])])[0]
+
+
+@blp.route("/<string:node_id>/upgrade/end")
+class NodeUpgradeEnd(MethodView):
+    @require(ADMIN)
+    @blp.arguments(NodeUpgradeEndSchema())
+    @blp.response(200, NodeSchema)
+    def post(self, body, node_id):
+        """End an agent upgrade. succeeded: the node returns, in one step, to the state it was in before
+        (a cordoned node is never ready on the way); failed: it stays drained, its reason naming the
+        failure. 409 when no upgrade is in progress."""
+        return _live([upgrades.end_upgrade(current_runtime(), node_id, body["outcome"], body["detail"])])[0]
 
 
 @blp.route("/<string:node_id>/revoke")

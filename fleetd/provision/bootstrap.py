@@ -4,8 +4,9 @@ Per host, in parallel, each host on its own (one host's failure never stops the 
 connect with strict host-key checking, preflight, install the offline bundle into a venv,
 render config and unit from the shared templates, enrol with a single-use join token minted
 for that host, enable and start the service, and wait until fleetd reports the node `ready`.
-Running it again changes nothing on an enrolled host of the same version; a different bundle
-version is an in-place upgrade wrapped in drain and undrain. `remove` drains, stops, uninstalls
+Running it again changes nothing on an enrolled host of the same bundle; another bundle is an
+in-place upgrade that fleetd wraps (POST /nodes/{id}/upgrade, then .../upgrade/end): the node is
+drained and put back in the state the operator left it in, or kept drained if the upgrade fails. `remove` drains, stops, uninstalls
 and deletes the node.
 """
 
@@ -26,6 +27,11 @@ POLL_SECONDS = 0.5
 JOIN_TOKEN_TTL_SECONDS = 3600
 STEPS = ("connect", "preflight", "install", "configure", "enrol", "start", "ready")
 REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
+#: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.upgrades.UPGRADABLE).
+UPGRADABLE = ("ready", "cordoned", "draining", "drained")
+#: Where a node of each status before a run is once it is done.
+RETURNS_TO = {"cordoned": ("cordoned",), "draining": ("draining", "drained"), "drained": ("draining", "drained")}
+AGENT_LOG_LINES = 15
 
 
 class HostFailed(Exception):
@@ -287,41 +293,70 @@ class Bootstrapper:
             if node is not None:
                 result.node_id = node["id"]
             install, upgrade = install_plan(facts, options.bundle, options.allow_downgrade)
-            drained_by_us = False
-            if install and upgrade and node is not None:
-                installed = facts.get("installed_version", "")
-                what = f"{installed} -> {options.bundle.version}" if installed != options.bundle.version else \
-                    f"{installed} (rebuilt bundle, sha256 {options.bundle.sha256[:12]})"
-                drained_by_us = self._drain(node, f"fleetd bootstrap: upgrading the agent {what}", result)
+            # An upgrade that failed before (node.upgrade still set) ends with this run, installing or not.
+            upgrading = node is not None and (
+                (node["status"] in UPGRADABLE and install and upgrade) or node.get("upgrade") is not None)
+            if upgrading:
+                node = self._begin_upgrade(node, facts, install, result)
             try:
-                self._bootstrap_after_drain(remote, facts, node, install, upgrade, drained_by_us, result)
+                self._bootstrap_after_drain(remote, facts, node, install, upgrade, upgrading, result)
             except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
-                if not drained_by_us:
+                if not upgrading:
                     raise
                 reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
-                raise HostFailed(f"{reason}; {self._undo_drain(node['id'], result)}") from None
+                reason += self._agent_log(remote)
+                raise HostFailed(f"{reason}; {self._fail_upgrade(node['id'], reason, result)}") from None
         finally:
             remote.close()
 
-    def _undo_drain(self, node_id, result):
-        """Undrain a node this run drained, after a failure; says what became of it."""
-        self.progress(result.host, "failed", f"undoing the drain this upgrade made on node {node_id}")
-        try:
-            self.client.post(f"/api/v1/nodes/{node_id}/undrain")
-        except ClientError as exc:
-            try:
-                now = self._node(node_id)
-            except ClientError:
-                now = None
-            if exc.status == 409 and now is not None and now["status"] not in ("draining", "drained"):
-                # The failure came after this run's undrain (waiting for ready, cordoning again).
-                return f"the drain this upgrade made was already undone (node {node_id} is {now['status']})"
-            return f"node {node_id} is left drained (undrain failed: {exc.message}); undrain it once the agent is fixed"
-        return f"the drain this upgrade made was undone (node {node_id} undrained)"
+    def _begin_upgrade(self, node, facts, install, result):
+        """Tell fleetd an upgrade begins: it remembers the node's state and drains a ready or cordoned
+        node (an operator's drain stays); wait until the node is drained. Returns the node as it was."""
+        options = self.options
+        installed = facts.get("installed_version", "")
+        if not install:
+            what = f"{installed} (ending the upgrade that failed before)"
+        elif installed != options.bundle.version:
+            what = f"{installed} -> {options.bundle.version}"
+        else:
+            what = f"{installed} (rebuilt bundle, sha256 {options.bundle.sha256[:12]})"
+        reason = f"fleetd bootstrap: upgrading the agent {what}"
+        if node["status"] not in UPGRADABLE:
+            return node  # lost (its agent died in the upgrade that failed): fleetd holds the record already
+        self.progress(result.host, "install", f"draining node {node['id']} for the upgrade: {reason}"
+                      if node["status"] in ("ready", "cordoned") else reason)
+        self.client.post(f"/api/v1/nodes/{node['id']}/upgrade",
+                         {"reason": reason, "deadline_seconds": options.drain_deadline})
+        self._poll(node["id"], lambda n: n["status"] == "drained", options.drain_deadline + 60, "drained")
+        return node
 
-    def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, drained_by_us, result):
+    def _agent_log(self, remote):
+        """The last lines the agent logged ('' when there are none), for a failure's message."""
+        try:
+            _, out, _ = remote.run_script(rendering.script(rendering.LOG_SCRIPT), [AGENT_LOG_LINES], timeout=60)
+        except (SshError, rendering.TemplateError):
+            return ""
+        lines = [line.strip() for line in out.splitlines() if line.strip()][-AGENT_LOG_LINES:]
+        return f" (the agent's log ends: {' | '.join(lines)[-1500:]})" if lines else ""
+
+    def _fail_upgrade(self, node_id, reason, result):
+        """Tell fleetd the upgrade failed: the node stays out of service, its reason naming the failure.
+        Says what became of the node."""
+        self.progress(result.host, "failed", f"the upgrade of node {node_id} failed; it stays out of service")
+        try:
+            now = self.client.post(f"/api/v1/nodes/{node_id}/upgrade/end",
+                                   {"outcome": "failed", "detail": reason[:1000]})
+        except ClientError as exc:
+            return f"node {node_id}: fleetd did not take the failed upgrade ({exc.message})"
+        kept = (now.get("upgrade") or {}).get("returns_to") or {}
+        return (f"node {node_id} is left {now.get('status')} (upgrade failed): fix the agent and run again, which "
+                f"returns it to {kept.get('status') or 'its state'}, or undrain it")
+
+    def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, upgrading, result):
         options = self.options
         previous = node["status"] if node is not None else None
+        if node is not None and node.get("upgrade"):
+            previous = node["upgrade"]["returns_to"]["status"]
         installed = facts.get("installed_version", "")
         changed = []
         if install:
@@ -358,12 +393,12 @@ class Bootstrapper:
         else:
             before = None  # nothing restarted: no fresh heartbeat to wait for
 
-        if previous in ("draining", "drained") and not drained_by_us:
+        if previous in ("draining", "drained", "cordoned"):
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it stays "
                           f"{previous} as an operator left it ({operator_reason(node)})")
         else:
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
-        node_now = self._wait_ready(result, before, drained_by_us, previous)
+        node_now = self._wait_ready(result, before, upgrading, previous)
         result.gpus = len(node_now.get("gpus") or [])
         if "enrolled" in changed:
             result.result = "enrolled"
@@ -374,7 +409,7 @@ class Bootstrapper:
         else:
             result.result = "unchanged"
         result.reason = ", ".join(changed) if changed else "already installed, configured and ready"
-        if previous in ("draining", "drained") and not drained_by_us:
+        if previous in ("draining", "drained"):
             result.reason += f"; node stays {node_now['status']} as an operator left it ({operator_reason(node)})"
         elif previous == "cordoned":
             result.reason += "; node stays cordoned as an operator left it"
@@ -523,39 +558,30 @@ class Bootstrapper:
         raise HostFailed(f"node {node_id} not {what} after {timeout:.0f}s: it is {state}")
 
     def _drain(self, node, reason, result, step="install"):
-        """Drain the node and wait until drained; True when this call drained it (so undrain after).
-
-        A node an operator drained, or is draining, stays so: it is waited for, not undrained.
-        """
+        """Drain the node and wait until it is drained (an operator's drain is waited for, not redone)."""
         if node["status"] in ("drained", "lost"):
-            return False
-        ours = node["status"] != "draining"
-        if ours:
+            return
+        if node["status"] != "draining":
             self.progress(result.host, step, f"draining node {node['id']}: {reason}")
             self.client.post(f"/api/v1/nodes/{node['id']}/drain",
                              {"reason": reason, "deadline_seconds": self.options.drain_deadline})
         self._poll(node["id"], lambda n: n["status"] == "drained", self.options.drain_deadline + 60, "drained")
-        return ours
 
-    def _wait_ready(self, result, before, undrain, previous):
-        """Wait for a fresh heartbeat after a (re)start, undrain when we drained, and wait for the node
-        to be back where it was: ready, or cordoned or drained when an operator had put it there."""
+    def _wait_ready(self, result, before, upgrading, previous):
+        """Wait for a fresh heartbeat after a (re)start, end the upgrade when there is one (fleetd puts
+        the node back where it was, in one step), and wait for the node to be there: ready, or cordoned
+        or drained when an operator had put it there."""
         timeout = self.options.wait_timeout
         if before is not None:
             last = before.get("last_heartbeat_at")
             self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != last
                        and n["status"] not in ("lost", "pending"), timeout, "heartbeating after the restart")
-        if undrain:
-            self.progress(result.host, "ready", f"undraining node {result.node_id}")
-            self.client.post(f"/api/v1/nodes/{result.node_id}/undrain")
-        targets = ("ready",)
-        if previous == "cordoned":
-            if undrain:
-                self._poll(result.node_id, lambda n: n["status"] == "ready", timeout, "ready")
-                self.client.post(f"/api/v1/nodes/{result.node_id}/cordon")
-            targets = ("cordoned",)
-        elif previous in ("draining", "drained") and not undrain:
-            targets = ("draining", "drained")
+        if upgrading:
+            self.progress(result.host, "ready", f"ending the upgrade: node {result.node_id} goes back to {previous}")
+            bundle = self.options.bundle
+            detail = f"fleet-agent {bundle.version} (bundle sha256 {bundle.sha256[:12]})" if bundle else ""
+            self.client.post(f"/api/v1/nodes/{result.node_id}/upgrade/end", {"outcome": "succeeded", "detail": detail})
+        targets = RETURNS_TO.get(previous, ("ready",))
         return self._poll(result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets))
 
     # ------------------------------------------------------------------ removal

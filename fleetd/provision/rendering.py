@@ -17,6 +17,7 @@ UNIT_TEMPLATE = "fleet-agent.service.j2"
 CONFIG_TEMPLATE = "agent.toml.j2"
 FACTS_SCRIPT = "fleet-agent-facts.sh"
 INSTALL_SCRIPT = "fleet-agent-install.sh"
+LOG_SCRIPT = "fleet-agent-log.sh"
 
 #: Defaults of every template variable; the role's defaults/main.yml holds the same values.
 DEFAULTS = {
@@ -119,7 +120,7 @@ def render_config(values):
 
 
 def script(name):
-    """The text of a helper script that runs on hosts (facts, install)."""
+    """The text of a helper script that runs on hosts (facts, install, the agent's log)."""
     path = templates_dir() / name
     try:
         return path.read_text()

@@ -55,6 +55,19 @@ class NodeSchema(Schema):
         "description": "isolation: uid (tasks run as their owner's uid) or none (the agent cannot switch users, "
                        "or never said); containers: ready or unavailable: <reason>; container_runtime"})
 
+    upgrade = fields.Method("_upgrade", metadata={
+        "description": "while an agent upgrade is under way or has failed: {reason, started_at, failed, "
+                       "returns_to: {status, reason}}, the state the node goes back to once it succeeds; null "
+                       "otherwise"})
+
+    def _upgrade(self, node):
+        record = node.upgrade
+        if record is None:
+            return None
+        before = record["before"]
+        return {"reason": record["reason"], "started_at": record["started_at"], "failed": record.get("failed"),
+                "returns_to": {"status": before["status"], "reason": before.get("drain_reason") or before.get("reason")}}
+
     def _capabilities(self, node):
         out = {"isolation": node.isolation, "containers": node.containers, "container_runtime": node.container_runtime}
         reason = (node.capabilities or {}).get("isolation_reason")
@@ -84,6 +97,18 @@ class NodeQuerySchema(PageQuerySchema):
 class NodeDrainSchema(Schema):
     reason = Text(required=True, min_length=1, max_length=500)
     deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
+
+
+class NodeUpgradeSchema(Schema):
+    reason = Text(required=True, min_length=1, max_length=500, metadata={
+        "description": "what is installed, e.g. 'fleet-agent 0.1.0 -> 0.1.1'"})
+    deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600, metadata={
+        "description": "drain deadline of a ready or cordoned node"})
+
+
+class NodeUpgradeEndSchema(Schema):
+    outcome = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed"]))
+    detail = Text(max_length=1000, load_default="", metadata={"description": "what was installed, or why it failed"})
 
 
 class EventSchema(Schema):

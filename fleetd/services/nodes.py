@@ -69,10 +69,11 @@ def _locked_node(node_id):
 
 
 def operator_takes_over(node):
-    """An operator acts on the node: whatever the health policy did is theirs now, and the policy
-    will not return the node to ready by itself (call before the node is saved)."""
-    if node.health_hold is not None:
-        node.health_hold = None
+    """An operator acts on the node: whatever the health policy or an agent upgrade did is theirs
+    now; neither the policy nor the end of an upgrade returns the node to a state by itself (call
+    before the node is saved)."""
+    if node.health_hold is not None or node.upgrade is not None:
+        node.health_hold = node.upgrade = None
         node.save()
 
 
@@ -87,6 +88,10 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "cordon")
+        # Only a ready node: the state machine lets a drained one become cordoned at the end of an
+        # agent upgrade (services.upgrades), which is not an operator's cordon.
+        if node.status != NodeStatus.CORDONED.value and not NodeStatus(node.status).allows("cordon"):
+            raise Conflict(f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status})
         operator_takes_over(node)
         if node.status != NodeStatus.CORDONED.value:
             switch_node_status(node, NodeStatus.CORDONED, reason, now)

@@ -195,10 +195,30 @@ def python_for_tools():
     return Path(sys.executable).parent
 
 
-def repack_bundle(source, directory, drop_pip=False):
+BROKEN_AGENT = "fleet-agent: this build is broken on purpose"
+
+
+def _break_agent(wheel):
+    """The fleetd wheel `wheel` (bytes) with an agent that exits at once, saying BROKEN_AGENT."""
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(wheel)) as old, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename == "agent/__main__.py":
+                data = f"raise SystemExit({BROKEN_AGENT!r})\n".encode() + data
+            new.writestr(info, data)
+    return out.getvalue()
+
+
+def repack_bundle(source, directory, drop_pip=False, break_agent=False):
     """A copy of bundle `source` with the same version and another SHA-256 (a rebuilt bundle): a note
     added at its top; with drop_pip, its pip wheel left out (and out of its manifest), so that the
-    controller accepts it and the install on the host fails."""
+    controller accepts it and the install on the host fails; with break_agent, an agent that
+    installs and then exits at once (BROKEN_AGENT), so that its restart fails."""
+    import hashlib
     import io
     import tarfile
 
@@ -207,19 +227,31 @@ def repack_bundle(source, directory, drop_pip=False):
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / source.path.name
     top = f"fleet-agent-bundle-{source.version}"
-    with tarfile.open(source.path, "r:gz") as old, tarfile.open(target, "w:gz") as new:
-        for member in old.getmembers():
+    with tarfile.open(source.path, "r:gz") as old:
+        members = [(m, old.extractfile(m).read() if m.isfile() else None) for m in old.getmembers()]
+    changed = {}
+    for member, data in members:
+        name = member.name.rsplit("/", 1)[-1]
+        if break_agent and name.startswith("fleetd-") and name.endswith(".whl"):
+            changed[name] = _break_agent(data)
+    with tarfile.open(target, "w:gz") as new:
+        for member, data in members:
             name = member.name.rsplit("/", 1)[-1]
             if drop_pip and member.isfile() and name.startswith("pip-") and name.endswith(".whl"):
                 continue
-            data = old.extractfile(member).read() if member.isfile() else None
-            if member.name == f"{top}/manifest.json" and drop_pip:
+            if name in changed:
+                data = changed[name]
+                member.size = len(data)
+            if member.name == f"{top}/manifest.json" and (drop_pip or changed):
                 manifest = json.loads(data)
-                manifest["wheels"] = {k: v for k, v in manifest["wheels"].items() if not k.startswith("pip-")}
+                manifest["wheels"] = {k: v for k, v in manifest["wheels"].items()
+                                      if not (drop_pip and k.startswith("pip-"))}
+                manifest["wheels"].update({k: hashlib.sha256(v).hexdigest() for k, v in changed.items()})
                 data = json.dumps(manifest, indent=2, sort_keys=True).encode()
                 member.size = len(data)
             new.addfile(member, io.BytesIO(data) if data is not None else None)
-        note = f"rebuilt from {source.sha256}{' without pip' if drop_pip else ''}\n".encode()
+        note = f"rebuilt from {source.sha256}{' without pip' if drop_pip else ''}" \
+               f"{' with a broken agent' if break_agent else ''}\n".encode()
         info = tarfile.TarInfo(f"{top}/REBUILT")
         info.size, info.mode = len(note), 0o644
         new.addfile(info, io.BytesIO(note))

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from tests.provision.conftest import FLEET, REPO, python_for_tools
+from tests.provision.conftest import BROKEN_AGENT, FLEET, REPO, python_for_tools
 from tests.provision.test_bootstrap import agent_pids, closed_port_on, shape_uuids
 from tests.support import wait_until
 
@@ -212,21 +212,25 @@ def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tm
         shutil.rmtree(control_dir, ignore_errors=True)
 
 
+def enrolled_by_the_cli(lab_factory, bundle, tmp_path):
+    """Two test hosts enrolled by `fleetd bootstrap`; returns (lab, node ids by hostname, inventory, control dir)."""
+    lab = lab_factory(["h100_x8", "l4_x4"])
+    code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
+    assert code == 0, (results, stderr)
+    ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
+    return lab, ids, write_inventory(lab, tmp_path / "inventory.ini"), tempfile.mkdtemp(prefix="acp", dir="/tmp")
+
+
 def to_statuses(lab, node_id):
     return [e["to_status"] for e in lab.api.events(node_id) if e.get("to_status")]
 
 
-def test_upgrade_playbook_checks_the_bundle_first_undoes_its_own_drain_on_failure_and_keeps_an_operators_drain(
+def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node_never_ready(
         lab_factory, bundle, next_bundle, tmp_path):
     from tests.provision.conftest import repack_bundle
 
-    lab = lab_factory(["h100_x8", "l4_x4"])
-    code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
-    assert code == 0, (results, stderr)
+    lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)
     first, second = lab.hosts
-    ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
-    inventory = write_inventory(lab, tmp_path / "inventory.ini")
-    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
     try:
         # A bundle path that is not there stops the run before any node is drained.
         missing = playbook(lab, inventory, "upgrade.yml", bundle, control_dir, bundle_arg="dist/nothing-here.tar.gz",
@@ -236,26 +240,60 @@ def test_upgrade_playbook_checks_the_bundle_first_undoes_its_own_drain_on_failur
             in " ".join(missing.stdout.split()), missing.stdout[-3000:]
         assert all(to_statuses(lab, node_id) == ["pending", "ready"] for node_id in ids.values())
 
-        # A bundle the controller accepts but whose install fails on the host (no pip wheel): the
-        # first host's drain is undone and the run says so; the second host is never touched.
-        broken = repack_bundle(next_bundle, tmp_path / "broken", drop_pip=True)
-        failed = playbook(lab, inventory, "upgrade.yml", broken, control_dir)
+        # A bundle whose agent does not start: the first host's upgrade fails, its node stays out of
+        # service (drained, its reason naming the failed upgrade, never ready) and the run gives the
+        # cause from the agent's log; the second host is never touched.
+        broken = repack_bundle(next_bundle, tmp_path / "broken", break_agent=True)
+        failed = playbook(lab, inventory, "upgrade.yml", broken, control_dir, extra=("-e", "fleet_agent_wait_timeout=30"))
         assert failed.returncode != 0
         out = " ".join(failed.stdout.split())  # the YAML callback folds long messages
-        assert f"the drain this run made was undone (node {ids[first.hostname]} undrained)" in out, out[-4000:]
-        assert to_statuses(lab, ids[first.hostname])[-3:] == ["draining", "drained", "ready"]
-        lab.api.wait_status(ids[first.hostname], "ready")
+        assert f"node {ids[first.hostname]} is left drained (upgrade failed)" in out, out[-4000:]
+        assert BROKEN_AGENT in out, out[-4000:]
+        node = lab.api.node(ids[first.hostname])
+        assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
+        assert to_statuses(lab, ids[first.hostname])[2:4] == ["draining", "drained"]
+        assert "ready" not in to_statuses(lab, ids[first.hostname])[2:]
         assert to_statuses(lab, ids[second.hostname]) == ["pending", "ready"]
 
-        # An operator drained the first node (RMA pending): the upgrade, given the bundle the way the
-        # docs write it (relative to where ansible-playbook runs), keeps it drained and says so.
-        lab.api("POST", f"/api/v1/nodes/{ids[first.hostname]}/drain", expect=200,
-                json={"reason": "RMA pending", "deadline_seconds": 60})
-        lab.api.wait_status(ids[first.hostname], "drained")
+        # A good bundle, given the way the docs write it (relative to where ansible-playbook runs):
+        # the failed upgrade ends and the first node is ready again; the second, which an operator
+        # cordoned, goes drained -> cordoned, never ready on the way.
+        lab.api("POST", f"/api/v1/nodes/{ids[second.hostname]}/cordon", expect=200)
         (tmp_path / "dist").mkdir()
         shutil.copy2(next_bundle.path, tmp_path / "dist" / next_bundle.path.name)
         upgraded = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir,
                             bundle_arg=f"dist/{next_bundle.path.name}", cwd=tmp_path)
+        assert upgraded.returncode == 0, upgraded.stdout[-6000:] + upgraded.stderr[-3000:]
+        said = " ".join(upgraded.stdout.split())
+        assert f"node {ids[second.hostname]} is cordoned (cordoned by admin): it is upgraded and stays cordoned, " \
+               "as an operator left it" in said, said[-4000:]
+        lab.api.wait_status(ids[first.hostname], "ready")
+        assert lab.api.node(ids[first.hostname])["upgrade"] is None
+        assert to_statuses(lab, ids[second.hostname])[-4:] == ["cordoned", "draining", "drained", "cordoned"]
+        for host in lab.hosts:
+            installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
+            assert (installed["version"], installed["bundle_sha256"]) == (next_bundle.version, next_bundle.sha256)
+            # fleetd learns the new version from the heartbeats.
+            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
+                       message="fleetd to learn the upgrade")
+        listed = lab.api("GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200).json()["items"]
+        assert sorted(n["id"] for n in listed) == sorted(ids.values())
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accepts_drained_and_cordoned_nodes(
+        lab_factory, bundle, next_bundle, tmp_path):
+    lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)
+    first, second = lab.hosts
+    try:
+        # An operator drained the first node (RMA pending) and cordoned the second: the upgrade keeps
+        # both as they are, and says so.
+        lab.api("POST", f"/api/v1/nodes/{ids[first.hostname]}/drain", expect=200,
+                json={"reason": "RMA pending", "deadline_seconds": 60})
+        lab.api.wait_status(ids[first.hostname], "drained")
+        lab.api("POST", f"/api/v1/nodes/{ids[second.hostname]}/cordon", expect=200)
+        upgraded = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
         assert upgraded.returncode == 0, upgraded.stdout[-6000:] + upgraded.stderr[-3000:]
         said = " ".join(upgraded.stdout.split())
         assert f"node {ids[first.hostname]} is drained (RMA pending): it is upgraded and stays drained, as an " \
@@ -265,22 +303,25 @@ def test_upgrade_playbook_checks_the_bundle_first_undoes_its_own_drain_on_failur
         reasons = [e.get("reason") or "" for e in lab.api.events(ids[first.hostname])]
         after_rma = reasons[reasons.index("drain: RMA pending"):]
         assert not [r for r in after_rma if r.startswith("undrained")], after_rma
-        assert to_statuses(lab, ids[second.hostname])[-3:] == ["draining", "drained", "ready"]
-        for host in lab.hosts:
-            installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
-            assert (installed["version"], installed["bundle_sha256"]) == (next_bundle.version, next_bundle.sha256)
-            # fleetd learns the new version from the heartbeats.
-            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
-                       message="fleetd to learn the upgrade")
-        listed = lab.api("GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200).json()["items"]
-        assert sorted(n["id"] for n in listed) == sorted(ids.values())
+        assert to_statuses(lab, ids[second.hostname])[-4:] == ["cordoned", "draining", "drained", "cordoned"]
+
+        # bootstrap.yml again on the drained and the cordoned node: both are accepted as the operator
+        # left them, at once, and stay so.
+        rerun = playbook(lab, inventory, "bootstrap.yml", next_bundle, control_dir,
+                         extra=("-e", "fleet_agent_wait_timeout=20"))
+        assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
+        said = " ".join(rerun.stdout.split())
+        assert f"node {ids[second.hostname]} is cordoned (cordoned by admin" in said, said[-4000:]
+        assert f"node {ids[first.hostname]} is drained (RMA pending): it stays so, as an operator left it" \
+            in said, said[-4000:]
+        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]
 
         # The same bundle again changes nothing, and an older one is refused before any drain.
         again = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
         assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values())
         older = playbook(lab, inventory, "upgrade.yml", bundle, control_dir)
         assert older.returncode != 0 and "refusing to downgrade fleet-agent" in " ".join(older.stdout.split())
-        assert to_statuses(lab, ids[second.hostname])[-1] == "ready"
+        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.provision.conftest import FLEET
+from tests.provision.conftest import BROKEN_AGENT, FLEET
 from tests.support import wait_until
 
 if sys.version_info >= (3, 11):
@@ -212,6 +212,10 @@ def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_w
     assert len(lab.api.join_tokens()) == 1 and lab.api.node(row["node_id"])["status"] == "ready"
 
 
+def to_statuses(lab, node_id):
+    return [e["to_status"] for e in lab.api.events(node_id) if e.get("to_status")]
+
+
 def node_list_json(lab, *args):
     result = lab.fleetd_cli("node", "list", "--json", *args)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -270,15 +274,20 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert [n["id"] for n in node_list_json(lab, "--version", bundle.version)] == [ids[kept.address]]
     assert [n["id"] for n in node_list_json(lab, "--version", next_bundle.version)] == [ids[rolled.address]]
 
-    # A rebuilt bundle of the same version (another SHA-256) is installed through drain and undrain;
-    # once installed, it is unchanged.
+    # A rebuilt bundle of the same version (another SHA-256) is an upgrade; on a node an operator
+    # cordoned, fleetd puts it back to cordoned at the end, never ready on the way. Once installed,
+    # the bundle is unchanged.
+    lab.api("POST", f"/api/v1/nodes/{ids[rolled.address]}/cordon", expect=200)
     rebuilt = repack_bundle(next_bundle, tmp_path / "rebuilt")
     assert rebuilt.version == next_bundle.version and rebuilt.sha256 != next_bundle.sha256
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
+    assert "node stays cordoned as an operator left it" in results[rolled.address]["reason"]
     assert json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"] == rebuilt.sha256
-    statuses = [e["to_status"] for e in lab.api.events(ids[rolled.address]) if e.get("to_status")]
-    assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+    statuses = to_statuses(lab, ids[rolled.address])
+    assert statuses[statuses.index("cordoned"):] == ["cordoned", "draining", "drained", "cordoned"], statuses
+    node = lab.api.node(ids[rolled.address])
+    assert node["status"] == "cordoned" and node["upgrade"] is None, node
     wait_until(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
                message="fleetd to learn the rebuilt bundle")
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
@@ -287,16 +296,30 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert f"{rolled.address}: start: fleet-agent already running" in stderr, stderr
     assert "starting fleet-agent" not in stderr and "restarting fleet-agent" not in stderr
 
-    # An install that fails after the upgrade's drain undoes that drain and says so.
-    broken = repack_bundle(next_bundle, tmp_path / "broken", drop_pip=True)
-    code, results, _ = lab.bootstrap(broken, rolled)
+    # An upgrade whose agent does not start keeps the node out of service (drained, its reason naming
+    # the failed upgrade), and the error gives the cause from the agent's log.
+    # (Of another version: pip reinstalls nothing of the version that is installed.)
+    broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
+    code, results, _ = lab.bootstrap(broken, rolled, extra=["--allow-downgrade"])
     assert code == 1
     reason = results[rolled.address]["reason"]
-    assert "no pip wheel" in reason and f"the drain this upgrade made was undone (node {ids[rolled.address]} " \
-                                      "undrained)" in reason, reason
-    lab.api.wait_status(ids[rolled.address], "ready")
-    statuses = [e["to_status"] for e in lab.api.events(ids[rolled.address]) if e.get("to_status")]
-    assert statuses[-3:] == ["draining", "drained", "ready"], statuses
+    assert BROKEN_AGENT in reason and "the agent's log ends" in reason, reason
+    assert f"node {ids[rolled.address]} is left drained (upgrade failed)" in reason, reason
+    node = lab.api.node(ids[rolled.address])
+    assert node["status"] in ("drained", "lost"), node
+    assert node["status_reason"].startswith("upgrade failed (fleetd bootstrap: upgrading the agent") or \
+        node["status"] == "lost", node
+    assert node["upgrade"]["returns_to"]["status"] == "cordoned", node
+    statuses = to_statuses(lab, ids[rolled.address])
+    assert "ready" not in statuses[statuses.index("cordoned"):], statuses
+
+    # Run again with a good bundle: the upgrade ends and the node is cordoned again, as the operator left it.
+    code, results, stderr = lab.bootstrap(rebuilt, rolled)
+    assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
+    node = lab.api.wait_status(ids[rolled.address], "cordoned")
+    assert node["upgrade"] is None and node["drain"] is None, node
+    statuses = to_statuses(lab, ids[rolled.address])
+    assert "ready" not in statuses[statuses.index("cordoned"):], statuses
 
     # A dead host: --remove needs SSH; --remove --force deletes its node in fleetd alone.
     kept.stop_sshd()
@@ -358,3 +381,4 @@ def test_a_rerun_without_a_bundle_builds_the_same_bytes_and_changes_nothing(lab_
     later = lab.api.events(node_id)[events:]
     assert [e["kind"] for e in later] == ["node.bootstrap"], later
     assert lab.api.node(node_id)["status"] == "ready"
+

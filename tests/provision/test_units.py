@@ -123,18 +123,18 @@ def bootstrapper(client):
     return b, HostResult(host="h", node_id="n1")
 
 
-def test_after_an_upgrade_a_node_we_drained_is_undrained_and_ready():
+def test_after_an_upgrade_fleetd_is_told_it_ended_and_the_node_is_ready():
     client = FakeClient([node("drained", "t2"), node("ready", "t2")])
     b, result = bootstrapper(client)
     assert b._wait_ready(result, node("drained", "t1"), True, "ready")["status"] == "ready"
-    assert client.posts == ["undrain"]
+    assert client.posts == ["end"]
 
 
-def test_a_cordoned_node_is_cordoned_again_after_its_upgrade():
-    client = FakeClient([node("drained", "t2"), node("ready", "t2"), node("cordoned", "t2")])
+def test_a_cordoned_node_goes_back_to_cordoned_at_the_end_of_its_upgrade_without_an_undrain():
+    client = FakeClient([node("drained", "t2"), node("cordoned", "t2")])
     b, result = bootstrapper(client)
     assert b._wait_ready(result, node("drained", "t1"), True, "cordoned")["status"] == "cordoned"
-    assert client.posts == ["undrain", "cordon"]
+    assert client.posts == ["end"]
 
 
 def test_a_node_an_operator_drained_stays_drained_and_is_not_undrained():
@@ -273,22 +273,12 @@ class _Refusing(FakeClient):
         raise ClientError("node n1 is ready, not draining or drained", status=409)
 
 
-@pytest.mark.parametrize("status, said", [
-    ("ready", "the drain this upgrade made was already undone (node n1 is ready)"),
-    ("drained", "node n1 is left drained (undrain failed: node n1 is ready, not draining or drained)"),
-])
-def test_undoing_a_drain_after_a_failure_says_what_became_of_the_node(status, said):
-    client = _Refusing([node(status)])
+def test_a_failed_upgrade_fleetd_refuses_to_record_is_said_in_the_reason():
+    client = _Refusing([node("drained")])
     b, result = bootstrapper(client)
-    assert b._undo_drain("n1", result).startswith(said)
-    assert client.posts == ["undrain"]
-
-
-def test_undoing_a_drain_after_a_failure_undrains_the_node():
-    client = FakeClient([node("drained")])
-    b, result = bootstrapper(client)
-    assert b._undo_drain("n1", result) == "the drain this upgrade made was undone (node n1 undrained)"
-    assert client.posts == ["undrain"]
+    said = b._fail_upgrade("n1", "the agent did not start", result)
+    assert said == "node n1: fleetd did not take the failed upgrade (node n1 is ready, not draining or drained)"
+    assert client.posts == ["end"]
 
 
 def test_a_run_that_fleetd_will_not_record_is_noted_in_its_row_and_still_stands():
