@@ -280,3 +280,12 @@ def test_create_wait_prints_why_the_instance_failed_and_show_its_last_exit(run, 
                                          "after 10 restarts")
     row = next(line for line in run("instance", "list").stdout.splitlines() if line.lstrip().startswith(iid))
     assert row.split()[1:3] == ["loop", "failed"] and "stopping" not in row
+
+
+def test_logs_follow_ends_when_the_instance_is_deleted_meanwhile(run):
+    iid = json.loads(run("instance", "create", "--gpus", "1", "--json", "--", "sleep", "1d").stdout)["id"]
+    following, followed = in_thread(lambda: run("instance", "logs", iid, "--follow"))
+    # pending: no node has it, so a delete makes it gone at once (a GET of it answers 404)
+    assert run("instance", "rm", iid, "--yes").stdout.strip() == f"deleted instance {iid}"
+    following.join(timeout=60)
+    assert followed and followed[0].returncode == 0, "logs --follow did not end once the instance was gone"

@@ -107,6 +107,17 @@ def _instance_line(d):
     return f"instance {d['id']} {d['state']}" + (f": {reason}" if reason else "")
 
 
+def _read_instance(client, instance_id, wait_seconds):
+    """The instance, answered as soon as its state changes; a deleted one (404 once it is gone) as
+    `{id, state: deleted}`."""
+    try:
+        return client.get(f"/api/v1/instances/{instance_id}", wait_seconds=wait_seconds)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        return {"id": instance_id, "state": "deleted", "pending_reason": "", "status_reason": "deleted"}
+
+
 def _wait_instance(instance_id, done, timeout=None, on_change=None):
     """Ask for the instance (answered as soon as its state changes) until `done(instance)`; returns the last
     answer, which is not done only when `timeout` seconds passed."""
@@ -117,7 +128,7 @@ def _wait_instance(instance_id, done, timeout=None, on_change=None):
     data, seen = None, None
     for _ in range(10_000_000):  # bounded: a wait of years would still end
         left = _LONG_POLL_SECONDS if deadline is None else max(0, min(_LONG_POLL_SECONDS, deadline - time.monotonic()))
-        data = client.get(f"/api/v1/instances/{instance_id}", wait_seconds=round(left, 1))
+        data = _read_instance(client, instance_id, round(left, 1))
         now_seen = (data["state"], data.get("pending_reason"))
         if on_change and now_seen != seen:
             on_change(data)
@@ -422,7 +433,7 @@ def instance_logs(handle, follow):
         return
     client = current_client()
     for _ in range(100_000_000):  # bounded: a follow of years would still end
-        data = client.get(path, wait_seconds=2)
+        data = _read_instance(client, instance_id, 2)
         after = read_log_pages(path + "/logs", after, show)
         if _at_rest(data):
             return
