@@ -437,8 +437,9 @@ class Agent:
             or DEFAULT_HEARTBEAT_SECONDS
         failures = 0
         sent_version = sent_capabilities = None
-        # What this agent is (version, bundle): sent until fleetd took it, then again only on change.
-        sent_info, info = None, installed_bundle()
+        # What this agent is (version, bundle, labels): sent until fleetd took it, then again only on change.
+        # Labels too: a changed config file (provisioning run again with other labels) reaches fleetd.
+        sent_info, info = None, dict(installed_bundle(), labels=dict(self.config.labels))
         log.info("heartbeating to %s as node %s%s", display_url(client.base), self.node["node_id"],
                  f" (fleetd URLs: {', '.join(map(display_url, self.urls.urls))})" if len(self.urls) > 1 else "")
         try:

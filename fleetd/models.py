@@ -245,7 +245,9 @@ class Node(BaseModel):
     machine_id = peewee.CharField(max_length=128, unique=True)
     hostname = peewee.CharField(max_length=255)
     address = peewee.CharField(max_length=255, default="")
-    labels = JSONText(default=dict)
+    labels = JSONText(default=dict)  # what placement reads: agent_labels, label_overrides on top (services.labels)
+    agent_labels = JSONText(null=True)  # from the agent's config file, as it last reported them
+    label_overrides = JSONText(null=True)  # set through the API (PATCH /nodes/{id}); they win per key
     agent_version = peewee.CharField(max_length=64, default="")
     bundle_sha256 = peewee.CharField(max_length=64, default="")  # the offline bundle the agent came from
     gpu_status = peewee.CharField(max_length=16, null=True)  # ok, cpu_only or driver_error (nodes.GPU_STATUSES)

@@ -12,12 +12,13 @@ from fleetd.schemas.nodes import (
     EventSchema,
     NodeDrainSchema,
     NodePageSchema,
+    NodePatchSchema,
     NodeQuerySchema,
     NodeSchema,
     NodeUpgradeEndSchema,
     NodeUpgradeSchema,
 )
-from fleetd.services import nodes, upgrades
+from fleetd.services import labels, nodes, upgrades
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")
 
@@ -45,6 +46,14 @@ class NodeById(MethodView):
     def get(self, node_id):
         """One node with its GPUs."""
         return _live([nodes.get_node(node_id)])[0]
+
+    @require(ADMIN)
+    @blp.arguments(NodePatchSchema())
+    @blp.response(200, NodeSchema)
+    def patch(self, body, node_id):
+        """Set or drop labels through the API: they win per key over the agent's config file, which fills
+        the rest."""
+        return _live([labels.set_node_labels(current_runtime(), node_id, body["labels"])])[0]
 
     @require(ADMIN)
     @blp.response(204)

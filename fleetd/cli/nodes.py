@@ -1,4 +1,4 @@
-"""`fleetd node`: list, inspect, cordon, drain, revoke, remove."""
+"""`fleetd node`: list, inspect, label, cordon, drain, revoke, remove."""
 
 import click
 
@@ -10,7 +10,7 @@ from fleetd.client import ClientError
 
 @click.group()
 def node():
-    """Nodes: list, inspect, cordon, drain, revoke, remove."""
+    """Nodes: list, inspect, label, cordon, drain, revoke, remove."""
 
 
 def _gpus_cell(row):
@@ -136,6 +136,33 @@ def node_drain(handle, reason, deadline):
     node_id = resolve_id("node", handle)
     data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline})
     emit(data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
+
+
+@client_command(node, "label")
+@click.argument("handle", metavar="NODE")
+@click.argument("pairs", nargs=-1, metavar="KEY=VALUE...")
+@click.option("--remove", "removed", multiple=True, metavar="KEY",
+              help="Drop the label set through fleetd under KEY (repeatable); the agent's value, if its config "
+                   "file has one, shows again.")
+def node_label(handle, pairs, removed):
+    """Set labels on a node (by id or hostname) through fleetd. They win per key over the labels of the
+    agent's config file, which fill the rest, and survive agent restarts and provisioning reruns."""
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{pair!r} must be KEY=VALUE", param_hint="KEY=VALUE")
+        changes[key.strip()] = value.strip()
+    for key in removed:
+        if key in changes:
+            raise click.BadParameter(f"{key} is both set and removed", param_hint="--remove")
+        changes[key] = None
+    if not changes:
+        raise click.UsageError("give KEY=VALUE to set, or --remove KEY")
+    node_id = resolve_id("node", handle)
+    data = current_client().patch(f"/api/v1/nodes/{node_id}", {"labels": changes})
+    emit(data, lambda d: click.echo(f"node {node_id}: labels " + (", ".join(
+        f"{k}={v}" for k, v in sorted(d["labels"].items())) or "none")))
 
 
 @client_command(node, "rm")

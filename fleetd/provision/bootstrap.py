@@ -349,8 +349,8 @@ class Bootstrapper:
         except ClientError as exc:
             return f"node {node_id}: fleetd did not take the failed upgrade ({exc.message})"
         kept = (now.get("upgrade") or {}).get("returns_to") or {}
-        return (f"node {node_id} is left {now.get('status')} (upgrade failed): fix the agent and run again, which "
-                f"returns it to {kept.get('status') or 'its state'}, or undrain it")
+        return (f"node {node_id} stays out of service (upgrade failed; it is {now.get('status')}): fix the agent "
+                f"and run again, which returns it to {kept.get('status') or 'its state'}, or undrain it")
 
     def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, upgrading, result):
         options = self.options

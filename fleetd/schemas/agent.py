@@ -147,6 +147,9 @@ class HeartbeatSchema(Schema):
         r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"), metadata={
         "description": "SHA-256 of the offline bundle the agent was installed from ('' when none); sent with "
                        "agent_version"})
+    labels = Labels(load_default=None, allow_none=True, metadata={
+        "description": "the labels of the agent's config file; sent with agent_version. fleetd keeps them as the "
+                       "node's agent_labels; labels set through the API win per key"})
 
 
 class HeartbeatReplySchema(Schema):

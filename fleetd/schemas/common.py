@@ -49,7 +49,7 @@ class Time(fields.Field):
         return isoformat(value)
 
 
-def _check_labels(labels):
+def check_labels(labels):
     if len(labels) > MAX_LABELS:
         raise ValidationError(f"at most {MAX_LABELS} labels")
     for key in labels:
@@ -59,7 +59,7 @@ def _check_labels(labels):
 
 def Labels(**kwargs):
     """A {key: value} map of strings with bounded size."""
-    return fields.Dict(keys=fields.String(), values=Text(max_length=255), validate=_check_labels, **kwargs)
+    return fields.Dict(keys=fields.String(), values=Text(max_length=255), validate=check_labels, **kwargs)
 
 
 class PageQuerySchema(Schema):

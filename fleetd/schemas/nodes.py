@@ -3,7 +3,7 @@
 from marshmallow import Schema, fields, validate
 
 from fleetd.models import NodeStatus
-from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, check_labels, page_schema
 
 
 class GpuSchema(Schema):
@@ -37,7 +37,12 @@ class NodeSchema(Schema):
     address = fields.String()
     status = fields.String()
     status_reason = fields.String()
-    labels = fields.Dict()
+    labels = fields.Dict(metadata={"description": "the node's labels, as placement reads them: agent_labels with "
+                                                  "label_overrides on top"})
+    agent_labels = fields.Function(lambda node: node.agent_labels or {}, metadata={
+        "description": "labels of the agent's config file, as it last reported them"})
+    label_overrides = fields.Function(lambda node: node.label_overrides or {}, metadata={
+        "description": "labels set through the API (PATCH); they win per key over the agent's"})
     agent_version = fields.String()
     bundle_sha256 = fields.String(metadata={"description": "SHA-256 of the offline bundle the agent was installed "
                                                            "from, as its heartbeats report ('' when unknown)"})
@@ -97,6 +102,13 @@ class NodeQuerySchema(PageQuerySchema):
 class NodeDrainSchema(Schema):
     reason = Text(required=True, min_length=1, max_length=500)
     deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
+
+
+class NodePatchSchema(Schema):
+    labels = fields.Dict(keys=fields.String(), values=Text(max_length=255, allow_none=True), required=True,
+                         validate=check_labels, metadata={
+                             "description": "{key: value} sets a label through the API (it wins over the agent's "
+                                            "file); {key: null} drops the one set through the API"})
 
 
 class NodeUpgradeSchema(Schema):

@@ -8,6 +8,7 @@ from fleetd.services import instances
 from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
+from fleetd.services.labels import apply_agent_labels, merged_labels
 from fleetd.services.nodes import (
     LIVE_STATUSES,
     find_node,
@@ -43,6 +44,7 @@ def register_node(rt, join_token_id, info):
         hostname=info["hostname"],
         address=info.get("address") or "",
         labels=info.get("labels") or {},
+        agent_labels=info.get("labels") or {},
         agent_version=info.get("agent_version") or "",
         cpu_count=info["resources"]["cpu_count"],
         memory_bytes=info["resources"]["memory_bytes"],
@@ -80,6 +82,7 @@ def register_node(rt, join_token_id, info):
                 reason += f"; moved from fleet {node.fleet_id} to {token.fleet_id}"
             for name, value in fields.items():
                 setattr(node, name, value)
+            node.labels = merged_labels(node.agent_labels, node.label_overrides)  # those set through the API stay
             node.fleet = token.fleet_id
             node.save()
             record_event(now, "node.registered", "node", node.id, reason, node.status, node.status,
@@ -142,11 +145,13 @@ def heartbeat(rt, node, body):
     capabilities = node.capabilities if reported is None else stored_capabilities(reported)
     version = body.get("agent_version")
     bundle_sha = body.get("bundle_sha256")
+    agent_labels = body.get("labels")
+    new_labels = agent_labels is not None and agent_labels != node.agent_labels
     new_agent = (version is not None and version != node.agent_version) or \
         (bundle_sha is not None and bundle_sha != node.bundle_sha256)
     gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
     changed = False
-    if new_agent or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
+    if new_agent or new_labels or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
             capabilities != node.capabilities or \
             node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value):
         with write_transaction():
@@ -158,6 +163,8 @@ def heartbeat(rt, node, body):
                 node.agent_version = version if version is not None else node.agent_version
                 node.bundle_sha256 = bundle_sha if bundle_sha is not None else node.bundle_sha256
                 node.save()
+            if new_labels:  # the agent's config file changed (a rerun of provisioning with other labels)
+                changed = apply_agent_labels(node, agent_labels) or changed
             joined, gpu_change = node.status == NodeStatus.PENDING.value, None
             if gpus is not None:
                 gpu_change = replace_gpus(node, gpus, now)

@@ -247,7 +247,7 @@ def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node
         failed = playbook(lab, inventory, "upgrade.yml", broken, control_dir, extra=("-e", "fleet_agent_wait_timeout=30"))
         assert failed.returncode != 0
         out = " ".join(failed.stdout.split())  # the YAML callback folds long messages
-        assert f"node {ids[first.hostname]} is left drained (upgrade failed)" in out, out[-4000:]
+        assert f"node {ids[first.hostname]} stays out of service (upgrade failed" in out, out[-4000:]
         assert BROKEN_AGENT in out, out[-4000:]
         node = lab.api.node(ids[first.hostname])
         assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
@@ -311,7 +311,8 @@ def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accept
                          extra=("-e", "fleet_agent_wait_timeout=20"))
         assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
         said = " ".join(rerun.stdout.split())
-        assert f"node {ids[second.hostname]} is cordoned (cordoned by admin" in said, said[-4000:]
+        assert f"node {ids[second.hostname]} is cordoned (upgrade done" in said, said[-4000:]
+        assert "cordoned as before (cordoned by admin)): it stays so, as an operator left it" in said, said[-4000:]
         assert f"node {ids[first.hostname]} is drained (RMA pending): it stays so, as an operator left it" \
             in said, said[-4000:]
         assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]

@@ -304,7 +304,7 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains
     assert code == 1
     reason = results[rolled.address]["reason"]
     assert BROKEN_AGENT in reason and "the agent's log ends" in reason, reason
-    assert f"node {ids[rolled.address]} is left drained (upgrade failed)" in reason, reason
+    assert f"node {ids[rolled.address]} stays out of service (upgrade failed" in reason, reason
     node = lab.api.node(ids[rolled.address])
     assert node["status"] in ("drained", "lost"), node
     assert node["status_reason"].startswith("upgrade failed (fleetd bootstrap: upgrading the agent") or \
@@ -382,3 +382,42 @@ def test_a_rerun_without_a_bundle_builds_the_same_bytes_and_changes_nothing(lab_
     assert [e["kind"] for e in later] == ["node.bootstrap"], later
     assert lab.api.node(node_id)["status"] == "ready"
 
+
+def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key(lab_factory, bundle):
+    lab = lab_factory(["l4_x4"])
+    (host,) = lab.hosts
+    code, results, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r1"])
+    assert code == 0, (results, stderr)
+    node_id = results[host.address]["node_id"]
+    assert lab.api.wait_status(node_id, "ready")["labels"] == {"rack": "r1"}
+
+    def labels_become(expected):
+        return wait_until(lambda: (lambda n: n if n["labels"] == expected else None)(lab.api.node(node_id)), 60,
+                          message=f"fleetd to show labels {expected}")
+
+    # A rerun with other labels rewrites the agent's config; its next heartbeat brings them.
+    code, again, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r2", "--label", "zone=z1"])
+    assert code == 0 and again[host.address]["result"] == "updated", (again, stderr)
+    node = labels_become({"rack": "r2", "zone": "z1"})
+    assert node["agent_labels"] == {"rack": "r2", "zone": "z1"} and node["label_overrides"] == {}
+
+    # Labels set through fleetd win per key; the agent's file fills the rest, also after a rerun.
+    result = lab.fleetd_cli("node", "label", node_id, "rack=r9", "gpu=l4", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["labels"] == {"rack": "r9", "zone": "z1", "gpu": "l4"}
+    code, again, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r3"])
+    assert code == 0, (again, stderr)
+    node = labels_become({"rack": "r9", "gpu": "l4"})
+    assert node["agent_labels"] == {"rack": "r3"} and node["label_overrides"] == {"rack": "r9", "gpu": "l4"}
+    result = lab.fleetd_cli("node", "label", node_id, "--remove", "rack")
+    assert result.returncode == 0 and "labels gpu=l4, rack=r3" in result.stdout, result.stdout + result.stderr
+    assert any(e["kind"] == "node.labels" and "-rack" in e["reason"] for e in lab.api.events(node_id))
+
+    # Bad input is refused in the error envelope.
+    bad = lab.api("PATCH", f"/api/v1/nodes/{node_id}", json={"labels": {"no spaces": "x"}})
+    assert bad.status_code == 400 and bad.json()["error"]["code"], bad.text
+    for body in ({"labels": "rack=r1"}, {}, {"labels": {"rack": 5}}, [1]):
+        assert lab.api("PATCH", f"/api/v1/nodes/{node_id}", json=body).status_code == 400, body
+    assert lab.api("PATCH", "/api/v1/nodes/nope", json={"labels": {"a": "b"}}).status_code == 404
+    result = lab.fleetd_cli("node", "label", node_id)
+    assert result.returncode != 0 and "give KEY=VALUE to set, or --remove KEY" in result.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from tests.provision.conftest import FLEET, REPO
 from tests.provision.test_bootstrap import agent_pids, shape_uuids
+from tests.support import wait_until
 
 MODULE = REPO / "terraform" / "modules" / "fleet-nodes"
 EXAMPLE = REPO / "terraform" / "examples" / "basic"
@@ -104,7 +105,22 @@ output "node_ids" {{
     plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
     assert plan.returncode == 0 and "0 to add, 0 to change, 0 to destroy" in plan.stdout, plan.stdout[-3000:]
     assert "assertion failed" not in plan.stdout + plan.stderr
+
+    # Other labels plan a change (the labels' run, never the node's replacement) and reach fleetd.
     gone, kept = lab.hosts
+    (root / "main.tf").write_text((root / "main.tf").read_text().replace('rack = "r0"', 'rack = "r9", gpu = "l4"'))
+    plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 0 and "1 to add, 0 to change, 1 to destroy" in said, said[-3000:]
+    assert f'module.gpu_nodes.terraform_data.labels["{gone.address}"] must be replaced' in said, said[-3000:]
+    assert not [line for line in said.splitlines() if "terraform_data.this[" in line and "Refreshing" not in line]
+    result = terraform(root, "apply", "-auto-approve", "-input=false", "-no-color", env=env)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    node = wait_until(lambda: (lambda n: n if n["labels"] == {"rack": "r9", "gpu": "l4"} else None)(
+        lab.api.node(node_ids[gone.address])), 60, message="fleetd to learn the new labels")
+    assert node["agent_labels"] == node["labels"] and node["status"] == "ready"
+    assert json.loads(terraform(root, "output", "-json", "node_ids", env=env).stdout) == node_ids
+
     lab.api("POST", f"/api/v1/nodes/{node_ids[gone.address]}/revoke", expect=200)
     plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
     said = " ".join((plan.stdout + plan.stderr).split())
@@ -160,7 +176,8 @@ def server_url_flags(argv):
 def test_server_urls_reach_fleetd_bootstrap_as_repeated_flags(tmp_path):
     result, calls = recorded_apply(tmp_path, '  server_urls = ["https://cp1:8443", "https://cp2:8443"]')
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert len(calls) == 1 and calls[0][0] == "bootstrap"
+    # Enrolment, then the labels' own run (a no-op on the first apply).
+    assert len(calls) == 2 and [c[0] for c in calls] == ["bootstrap", "bootstrap"]
     assert server_url_flags(calls[0]) == ["https://cp1:8443", "https://cp2:8443"]
 
 

@@ -10,6 +10,17 @@ locals {
     var.jump_host == null ? [] : ["--jump", var.jump_host],
     var.use_sudo ? ["--sudo"] : [],
   )
+
+  # `fleetd bootstrap` of each host, but for --result-file (each resource names its own file).
+  bootstrap = { for address, h in local.hosts : address => concat(
+    var.fleetd_command,
+    ["bootstrap", "--fleet", var.fleet, "--url", var.fleetd_url, "--bundle", var.bundle,
+      "--devices-backend", var.devices_backend, "--wait-timeout", var.wait_timeout,
+    "--drain-deadline", var.drain_deadline, "--json"],
+    flatten([for u in local.server_urls : ["--server-url", u]]),
+    local.ssh_args,
+    flatten([for k, v in h.labels : ["--label", "${k}=${v}"]]),
+  ) }
 }
 
 # One resource per host. Creating it enrols the host with `fleetd bootstrap` (install, configure,
@@ -41,17 +52,8 @@ resource "terraform_data" "this" {
   }
 
   provisioner "local-exec" {
-    interpreter = concat(
-      var.fleetd_command,
-      ["bootstrap", "--fleet", var.fleet, "--url", var.fleetd_url, "--bundle", var.bundle,
-        "--devices-backend", var.devices_backend, "--wait-timeout", var.wait_timeout,
-        "--drain-deadline", var.drain_deadline, "--json",
-      "--result-file", "${local.results_dir}/${self.id}.json"],
-      flatten([for u in local.server_urls : ["--server-url", u]]),
-      local.ssh_args,
-      flatten([for k, v in each.value.labels : ["--label", "${k}=${v}"]]),
-    )
-    command = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
+    interpreter = concat(local.bootstrap[each.key], ["--result-file", "${local.results_dir}/${self.id}.json"])
+    command     = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
     # The token travels in the environment, never on a command line.
     environment = {
       FLEETD_TOKEN = var.admin_token
@@ -72,6 +74,28 @@ resource "terraform_data" "this" {
     when        = destroy
     interpreter = ["rm", "-f", "--"]
     command     = "${self.input.results_dir}/${self.id}.json"
+  }
+}
+
+# A host's labels live in its agent's config file. Changing them plans a replacement of this
+# resource only (never of the node): it runs `fleetd bootstrap` on the host again, which rewrites
+# the config and restarts the agent, whose next heartbeat gives fleetd the new labels. On the
+# first apply it runs right after the enrolment and changes nothing.
+resource "terraform_data" "labels" {
+  for_each = local.hosts
+
+  triggers_replace = {
+    node   = terraform_data.this[each.key].id
+    labels = jsonencode(each.value.labels)
+  }
+
+  provisioner "local-exec" {
+    interpreter = concat(local.bootstrap[each.key],
+    ["--result-file", "${local.results_dir}/${terraform_data.this[each.key].id}.json"])
+    command = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
+    environment = {
+      FLEETD_TOKEN = var.admin_token
+    }
   }
 }
 
