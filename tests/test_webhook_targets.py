@@ -59,7 +59,7 @@ def test_webhook_targets_on_internal_addresses_are_refused_in_every_spelling(ser
         assert error["code"] == "invalid_request" and "webhooks_allow_targets" in error["message"], (url, error)
         assert error["details"]["fields"]["json"]["url"], (url, error)
     assert http("GET", "/api/v1/webhooks", expect=200).json()["items"] == []  # nothing stored
-    # Global addresses, and names that do not resolve now (each delivery resolves them again), are kept.
+    # Global addresses, and names (not resolved at create: each delivery resolves and checks them), are kept.
     for url in ("https://8.8.8.8/hook", "http://[2606:4700:4700::1111]:8443/x", "https://hooks.example.invalid/x"):
         http("POST", "/api/v1/webhooks", expect=201, json=_hook_body(url))
 

@@ -159,15 +159,15 @@ def _refuse_any(host, addresses, allowed):
 
 
 def check_url(url, allowed):
-    """At create time: TargetRefused when the URL's host is an address, or a name that resolves to
-    addresses, fleetd will not post to. A name that does not resolve now is accepted: every
-    delivery resolves and checks it again."""
-    host, port = _host_and_port(url)
-    try:
-        addresses = _addresses(host, port)
-    except OSError:
-        return
-    _refuse_any(host, addresses, allowed)
+    """At create time: TargetRefused when the URL's host is an address (in any spelling) or a
+    localhost name that fleetd will not post to. Other names are not resolved here: a request
+    never waits on DNS, and every delivery resolves the name and checks its addresses (pin)."""
+    host, _port = _host_and_port(url)
+    address = literal_address(host)
+    if address is None and _is_local_name(host):
+        address = ipaddress.IPv4Address("127.0.0.1")
+    if address is not None:
+        _refuse_any(host, [address], allowed)
 
 
 def pin(url, allowed):

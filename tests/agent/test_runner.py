@@ -331,7 +331,7 @@ def test_rank_1_gives_up_when_rank_0_never_publishes(make_runner, fleetd):
     runner = make_runner(rendezvous_timeout_seconds=1.0)
     runner.submit(assignment("t-alone", [PY, "-c", "print('ran')"], rank=1, num_nodes=2))
     finish = fleetd.wait_finished("t-alone")
-    assert finish["outcome"] == "failed" and "did not publish" in finish["reason"]
+    assert finish["outcome"] == "failed" and "did not all arrive at the rendezvous" in finish["reason"]
     assert "t-alone" not in fleetd.started
 
 
