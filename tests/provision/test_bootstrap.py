@@ -222,7 +222,7 @@ def node_list_json(lab, *args):
     return json.loads(result.stdout)
 
 
-def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_drains_kept_and_failures_undrained(
+def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states_kept_and_failed_nodes_kept_out(
         lab_factory, bundle, next_bundle, tmp_path):
     from tests.provision.conftest import repack_bundle
 
