@@ -1,5 +1,5 @@
 variable "hosts" {
-  description = "GPU hosts to enrol: SSH address, SSH user and port, and node labels for each."
+  description = "GPU hosts to enrol: SSH address, SSH user and port, and node labels for each (a labels change reruns fleetd bootstrap on that host, never replaces its node)."
   type = list(object({
     address  = string
     ssh_user = optional(string, "root")
