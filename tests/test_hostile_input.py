@@ -69,6 +69,9 @@ BASE_BODIES = {
                                          "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
     ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60},
+    ("PATCH", "/api/v1/nodes/{node_id}"): {"labels": {"rack": "r1"}},
+    ("POST", "/api/v1/nodes/{node_id}/upgrade"): {"reason": "r", "deadline_seconds": 60},
+    ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): {"outcome": "failed", "detail": "d"},
     ("POST", "/api/v1/nodes/{node_id}/events"): {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"},
     ("POST", "/api/v1/jobs"): JOB_SPEC,
     ("POST", "/api/v1/instances"): {
