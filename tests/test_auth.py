@@ -66,6 +66,7 @@ ROLE_TABLE = {
     ("GET", "/api/v1/artifacts/{sha256}"): AS | {"node"},
     ("POST", "/api/v1/agent/acquire"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/start"): {"node"},
+    ("POST", "/api/v1/agent/tasks/{task_id}/restart"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"node"},
     ("GET", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"node"},
     ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {"node"},
