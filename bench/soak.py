@@ -105,8 +105,9 @@ class Api:
             return resp.status, json.loads(raw)
         return resp.status, raw.decode(errors="replace")
 
-    def call(self, method, path, body=None, expect=(200, 201, 204), retry_seconds=0.0):
-        """The parsed answer of a call that must succeed; connection failures retried for `retry_seconds`."""
+    def call(self, method, path, body=None, expect=(200, 201, 202, 204), retry_seconds=0.0):
+        """The parsed answer of a call that must succeed (202: accepted, e.g. an instance `deleting` until
+        its node removed the volume); connection failures retried for `retry_seconds`."""
         deadline = time.monotonic() + retry_seconds
         for _ in range(10_000):
             try:
