@@ -229,12 +229,15 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
         ranks = list(Task.select(Task.rank, Task.state, Task.rendezvous_addr, Task.rendezvous_port)
                      .where(Task.job == job_id))
         rank0 = next((r for r in ranks if r.rank == 0), None)
+        met = rank0 is not None and rank0.rendezvous_port is not None and all(
+            r.rendezvous_addr is not None for r in ranks)
         if rank0 is not None and rank0.state == TaskState.SUCCEEDED.value:
-            return GANG_OVER  # it ran to its end without this rank: they can never meet
-        if rank0 is None or rank0.rendezvous_port is None or not TaskState(rank0.state).is_active():
-            return None
-        if any(r.rendezvous_addr is None or not TaskState(r.state).is_active() for r in ranks):
-            return None  # a rank is not placed or not here yet: nobody starts
+            # Every rank had arrived: the gang started together, and rank 0 was simply quick (this
+            # rank's answer came between two of its polls). Otherwise it ran to its end without this
+            # rank: they can never meet.
+            return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
+        if not met or not all(TaskState(r.state).is_active() for r in ranks):
+            return None  # rank 0 has not published, or a rank is not placed or not here yet: nobody starts
         return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
 
     found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
@@ -250,7 +253,9 @@ def _arrive(rt, node_id, task_id, epoch):
     """A rank > 0 is at the rendezvous: recorded (its node's address) so that the others may start."""
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
-        if task.rendezvous_addr is None and task.state in ACTIVE_TASK_STATES:
+        rank0 = Task.get_or_none((Task.job == task.job_id) & (Task.rank == 0))
+        late = rank0 is not None and rank0.state == TaskState.SUCCEEDED.value  # an arrival after the end is none
+        if task.rendezvous_addr is None and task.state in ACTIVE_TASK_STATES and not late:
             node = Node.get_or_none_by_id(node_id)
             task.rendezvous_addr = (node.address if node is not None else None) or "arrived"
             task.save()
