@@ -1,5 +1,6 @@
 """Schemas of fleets and join tokens."""
 
+import re
 import zoneinfo
 
 from marshmallow import Schema, fields, validate
@@ -8,6 +9,15 @@ from fleetd import windows
 from fleetd.schemas.common import Bool, Int, Labels, Text, Time, page_schema
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
+
+
+def _enum_name(zone):
+    """A constant's name for a zone in generated clients: 'Etc/GMT+0' -> 'ETC_GMT_PLUS_0' (a
+    generator's own names upper-case the value, and 'GMT0', 'GMT+0' and 'GMT-0' all become GMT0)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", zone.replace("+", "_PLUS_").replace("-", "_MINUS_")).strip("_").upper()
+
+
+TIME_ZONE_NAMES = [_enum_name(zone) for zone in TIME_ZONES]
 
 FLEET_NAME = validate.Regexp(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", error="lowercase letters, digits and '-', at most 63, like a DNS label"
@@ -23,7 +33,8 @@ class WindowSchema(Schema):
 
 class AvailabilitySchema(Schema):
     timezone = fields.String(allow_none=True, validate=validate.OneOf(TIME_ZONES, error="an IANA time zone"),
-                             metadata={"description": "an IANA time zone (default UTC)"})
+                             metadata={"description": "an IANA time zone (default UTC)",
+                                       "x-enum-varnames": TIME_ZONE_NAMES})
     windows = fields.List(fields.Nested(WindowSchema), required=True, validate=validate.Length(min=1, max=64))
 
 

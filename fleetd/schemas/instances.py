@@ -170,7 +170,10 @@ class InstanceSchema(Schema):
         "description": "how its process last ended, as its node reported it (null before it ever ended)"})
     next_start_at = Time(allow_none=True, metadata={
         "description": "while restarting: when its node starts the process again (the back-off's end)"})
-    spec = fields.Dict()
+    # A title of its own: an untitled inline object here is named InstanceSpec by client generators,
+    # which is the name of the create body's model.
+    spec = fields.Dict(metadata={"title": "as stored", "description": "its InstanceSpec as stored, with the team "
+                                                                     "of the token that created it"})
     created_at = Time()
     started_at = Time()
     stopped_at = Time()
