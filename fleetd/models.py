@@ -39,6 +39,8 @@ class NodeStatus(str, enum.Enum):
     """Node states (docs/architecture.md, Node states and Job states)."""
 
     PENDING = "pending"
+    VALIDATING = "validating"  # its agent runs the fleet's validation suite; it takes no work until it passes
+    FAILED_VALIDATION = "failed_validation"  # the suite failed (the reason names the check and GPU)
     READY = "ready"
     CORDONED = "cordoned"
     DRAINING = "draining"
@@ -59,7 +61,7 @@ class NodeStatus(str, enum.Enum):
 NODE_ACTIONS = {
     "cordon": ("ready", "cordoned"),
     "uncordon": ("cordoned", "ready"),
-    "drain": ("ready cordoned", "draining"),
+    "drain": ("ready cordoned failed_validation", "draining"),
     "undrain": ("draining drained", "ready"),
 }
 
@@ -207,6 +209,9 @@ class Fleet(BaseModel):
     allow_root_tasks = peewee.BooleanField(default=False)  # admins' work may run as root on its nodes
     require_isolation = peewee.BooleanField(default=False)  # nodes take work only with isolation "uid"
     allowed_images = JSONText(default=lambda: ["*"])  # glob patterns an instance's image must match
+    # What a new or repaired node must pass before it takes work (fleetd.services.validation): None, no
+    # gate; {} the built-in checks (migration 0023)
+    validation = JSONText(null=True)
 
     @property
     def effective_health_policy(self):
@@ -273,6 +278,7 @@ class Node(BaseModel):
     health_hold = JSONText(null=True)
     # While an agent upgrade is under way or failed, the state it returns to (fleetd.services.upgrades)
     upgrade = JSONText(null=True)
+    drain_repair = peewee.BooleanField(default=False)  # drained for repair: undrain validates it first (0023)
 
     @property
     def isolation(self):
@@ -293,7 +299,8 @@ class Node(BaseModel):
         """The node's drain as the API shows it ({reason, deadline, started_at}), or None."""
         if self.drain_started_at is None:
             return None
-        return {"reason": self.drain_reason, "deadline": self.drain_deadline, "started_at": self.drain_started_at}
+        return {"reason": self.drain_reason, "deadline": self.drain_deadline, "started_at": self.drain_started_at,
+                "repair": bool(self.drain_repair)}
 
 
 class Gpu(BaseModel):
@@ -310,9 +317,52 @@ class Gpu(BaseModel):
     healthy = peewee.BooleanField(default=True)
     health_reason = peewee.TextField(default="")
     mig_mode = peewee.CharField(max_length=16, null=True)
+    serial = peewee.CharField(max_length=64, null=True, index=True)  # the board's serial number (0024)
+    board_part_number = peewee.CharField(max_length=64, null=True)
+    vbios = peewee.CharField(max_length=64, null=True)
 
     class Meta:
         indexes = ((("node", "uuid"), True),)
+
+
+class Validation(BaseModel):
+    """One run of a node's validation suite (fleetd.services.validation): what it checks, and per
+    check and GPU whether it passed (migration 0023)."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    node_id = peewee.CharField(max_length=32)
+    state = peewee.CharField(max_length=16)  # running, passed, failed
+    reason = peewee.TextField(default="")  # why it runs: a new node, a repair, an operator's request
+    suite = JSONText()  # what the agent is asked to run (the fleet's setting, resolved)
+    then_status = peewee.CharField(max_length=16, default="ready")  # where the node goes once it passes
+    started_at = peewee.DateTimeField()
+    deadline = peewee.DateTimeField()  # no result by then: failed
+    finished_at = peewee.DateTimeField(null=True)
+    checks = JSONText(null=True)  # [{name, gpu?, status, passed, detail, output?}]
+    system = JSONText(null=True)  # {driver_version, cuda_version} as the agent read them
+    actor = peewee.CharField(max_length=200, default="fleetd")
+
+    class Meta:
+        indexes = ((("node_id", "id"), False),)
+
+
+class GpuRecord(BaseModel):
+    """A GPU board by serial number, wherever it sits: its identity, where it was last seen, its RMA
+    mark; its history is Events of subject gpu/<serial> (migration 0024)."""
+
+    serial = peewee.CharField(primary_key=True, max_length=64)
+    uuid = peewee.CharField(max_length=128)
+    model = peewee.CharField(max_length=128, default="")
+    board_part_number = peewee.CharField(max_length=64, null=True)
+    vbios = peewee.CharField(max_length=64, null=True)
+    node_id = peewee.CharField(max_length=32, null=True, index=True)  # None: not in any node's inventory now
+    index = peewee.IntegerField(null=True)
+    first_seen_at = peewee.DateTimeField()
+    last_seen_at = peewee.DateTimeField()
+    xids = JSONText(default=list)  # critical XIDs its node's agent reported since that agent started
+    ecc_uncorrected = peewee.BigIntegerField(null=True)  # volatile uncorrectable ECC errors, as last reported
+    rma = JSONText(null=True)  # {reason, at, actor, node_id} once marked for RMA
+    flagged = peewee.TextField(default="")  # why it is flagged (an RMA-marked board that came back), else ""
 
 
 class Event(BaseModel):
@@ -561,6 +611,9 @@ WEBHOOK_KINDS = ("node.lost", "node.returned", "node.health", "node.drained", "j
                  "leader.changed")
 
 
+WEBHOOK_KINDS += ("node.validation",)  # a node's validation passed or failed (services.validation)
+
+
 class Webhook(BaseModel):
     """A receiver of event notifications. The secret signs each delivery, so it is stored as
     given (a hash could not sign); no answer or log ever shows it."""
@@ -611,3 +664,4 @@ class Setting(BaseModel):
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
           ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery, OwnerUid]
+MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrations 0023, 0024)

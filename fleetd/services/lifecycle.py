@@ -245,13 +245,17 @@ def _wake(instance_id):
 
 # Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it
 # may go to. Lost and revoked are reachable from anywhere live; a lost node returns to where it was.
+# A node validates (services.validation) when it joins a gated fleet, after a repair drain, or when an
+# operator asks; it then goes where it was headed (ready, or back to cordoned or drained), or fails.
 NODE_TRANSITIONS = transition_table(NodeStatus, {
-    "pending": "ready lost revoked",
-    "ready": "cordoned draining lost revoked",
-    "cordoned": "ready draining lost revoked",
-    "draining": "drained ready cordoned lost revoked",  # cordoned: the end of an upgrade of a cordoned node
-    "drained": "ready cordoned lost revoked",
-    "lost": "pending ready cordoned draining drained revoked",
+    "pending": "ready validating lost revoked",
+    "validating": "ready cordoned drained failed_validation validating lost revoked",
+    "failed_validation": "validating draining lost revoked",
+    "ready": "cordoned draining validating lost revoked",
+    "cordoned": "ready draining validating lost revoked",
+    "draining": "drained ready cordoned validating lost revoked",  # cordoned: the end of an upgrade of a cordoned node
+    "drained": "ready cordoned validating lost revoked",
+    "lost": "pending ready cordoned draining drained validating failed_validation revoked",
     "revoked": "pending",
 })
 
