@@ -140,11 +140,9 @@ def status():
         nodes = cluster["nodes"]
         summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
         click.echo(f"nodes: {sum(nodes.values())} ({summary})")
-        # A series' QUEUED counts the jobs that ask for its model; those that take any model count only here.
-        any_model = round(gpu["queued"] - sum(s["queued"] for s in gpu["series"]), 3)
+        # The series' QUEUED add up to the total: work that takes any model has a row of its own.
         click.echo(f"GPUs: {number(gpu['total'])} total = {number(gpu['used'])} used + {number(gpu['free'])} free"
-                   f" + {number(gpu['blocked'])} blocked; {number(gpu['queued'])} queued"
-                   + (f", {number(any_model)} of them for any GPU model" if any_model > 0 and gpu["series"] else ""))
+                   f" + {number(gpu['blocked'])} blocked; {number(gpu['queued'])} queued")
         if gpu["series"]:
             show_table(gpu["series"], [("SERIES", "label"), ("TOTAL", "total"), ("USED", "used"), ("FREE", "free"),
                                        ("BLOCKED", "blocked"), ("QUEUED", "queued")])

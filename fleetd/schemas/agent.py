@@ -147,6 +147,9 @@ class HeartbeatSchema(Schema):
         r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"), metadata={
         "description": "SHA-256 of the offline bundle the agent was installed from ('' when none); sent with "
                        "agent_version"})
+    draining = Bool(load_default=None, allow_none=True, metadata={
+        "description": "true: the agent takes no new work (fleetd cordons a ready node with the reason \"agent "
+                       "draining\"); false: it does again (that cordon ends; an admin's stays); left out: no change"})
     labels = Labels(load_default=None, allow_none=True, metadata={
         "description": "the labels of the agent's config file; sent with agent_version. fleetd keeps them as the "
                        "node's agent_labels; labels set through the API win per key"})

@@ -13,14 +13,23 @@ class BlockedNoteSchema(Schema):
     next_open_at = fields.String()
 
 
+class SeriesNoteSchema(Schema):
+    code = fields.String()
+    series = fields.String()
+    next_open_at = fields.String()
+
+
 class SeriesSchema(Schema):
-    id = fields.String()
+    id = fields.String(metadata={"description": "the model's series id; `any` for queued work that takes any model, "
+                                                "one of several, or one that no node has (its counts are 0)"})
     label = fields.String()
     total = fields.Integer()
     used = fields.Integer()
     free = fields.Integer()
     blocked = fields.Integer()
     queued = fields.Float()
+    note = fields.Nested(SeriesNoteSchema, allow_none=True, metadata={
+        "description": "why most of its blocked GPUs are blocked (the code of blocked_notes), or null"})
 
 
 class GpuCapacitySchema(Schema):
@@ -28,7 +37,9 @@ class GpuCapacitySchema(Schema):
     used = fields.Integer()
     free = fields.Integer()
     blocked = fields.Integer()
-    queued = fields.Float(metadata={"description": "GPUs asked for by queued jobs; outside the sum"})
+    queued = fields.Float(metadata={"description": "GPUs asked for by queued jobs; outside the sum; the series' "
+                                                   "queued add up to it"})
+    blocked_reason = fields.String(metadata={"description": "why GPUs are blocked, in one sentence ('' when none is)"})
     blocked_notes = fields.List(fields.Nested(BlockedNoteSchema))
     series = fields.List(fields.Nested(SeriesSchema))
 
@@ -48,8 +59,12 @@ class OthersSchema(Schema):
 class ClusterStatusSchema(Schema):
     gpu = fields.Nested(GpuCapacitySchema)
     storage = fields.Dict()
+    active_count = fields.Integer(metadata={
+        "description": "running jobs and instances, of every owner (listed or not)"})
     active_jobs = fields.List(fields.Dict(), metadata={
-        "description": "running jobs: every one for an admin, else the caller's own"})
+        "description": "running jobs: every one for an admin, else the caller's own: {id, name, owner, team, state, "
+                       "submitted_at, started_at, ended_at, duration_seconds, gpus, nodes, retry_count, can_retry, "
+                       "retry_blocker, retry_on}"})
     other_active_jobs = fields.Nested(OthersSchema, metadata={
         "description": "running jobs not listed in active_jobs: how many, and the GPUs they hold"})
     active_instances = fields.List(fields.Dict(), metadata={

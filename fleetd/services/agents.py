@@ -22,6 +22,7 @@ from fleetd.services.nodes import (
 from fleetd.services.work import reconcile_reported_tasks
 
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
+AGENT_DRAINING = "agent draining"  # the reason of a cordon the agent asked for (heartbeat draining: true)
 
 
 def stored_capabilities(reported):
@@ -150,9 +151,10 @@ def heartbeat(rt, node, body):
     new_agent = (version is not None and version != node.agent_version) or \
         (bundle_sha is not None and bundle_sha != node.bundle_sha256)
     gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
+    draining = body.get("draining")
     changed = False
     if new_agent or new_labels or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
-            capabilities != node.capabilities or \
+            capabilities != node.capabilities or agent_drain_step(node, draining) is not None or \
             node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value):
         with write_transaction():
             node = find_node(node_id)
@@ -182,6 +184,11 @@ def heartbeat(rt, node, body):
                     back_to = NodeStatus.READY.value
                 switch_node_status(node, back_to, "heartbeats resumed", now)
                 changed = True
+            step = agent_drain_step(node, draining)
+            if step is not None:
+                switch_node_status(node, step, AGENT_DRAINING if step == NodeStatus.CORDONED else
+                                   "agent no longer draining", now)
+                changed = True
             changed = apply_health_policy(rt, node, now, gpu_change, gpus is not None, joined) or changed
             changed = settle_drain(node, now, deadline=False) is not None or changed
     if node.status == NodeStatus.DRAINING.value and node.drain_deadline is not None and node.drain_deadline <= now:
@@ -200,6 +207,17 @@ def heartbeat(rt, node, body):
         # answer, widened with the interval just given.
         "lease_seconds": rt.leases.ttl,
     }
+
+
+def agent_drain_step(node, draining):
+    """The status a heartbeat's `draining` moves the node to, or None: a ready node whose agent says it
+    is draining is cordoned (reason "agent draining"); that cordon, and only that one (an admin's stays),
+    ends when the agent says it no longer is. Without the field nothing changes."""
+    if draining is True and node.status == NodeStatus.READY.value:
+        return NodeStatus.CORDONED
+    if draining is False and node.status == NodeStatus.CORDONED.value and node.status_reason == AGENT_DRAINING:
+        return NodeStatus.READY
+    return None
 
 
 def deregister_node(rt, node_id):

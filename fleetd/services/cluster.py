@@ -561,16 +561,39 @@ def cluster_status(state, principal=None, storage=None, offload=call):
         nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
         if kind == "jobs":
             listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
-                                 "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes})
+                                 "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes,
+                                 **job_row_times(j, state.now), **retry_view(j)})
             continue
         inst = instances.get(j.instance_id)
         listed[kind].append({"id": j.instance_id, "name": j.name, "owner": j.owner, "team": j.team,
                              "state": inst.state if inst is not None else "deleted",
                              "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
                              "gpus": gpus, "nodes": nodes})
-    return {"gpu": gpu, "storage": storage or {}, "active_jobs": listed["jobs"], "other_active_jobs": others["jobs"],
+    return {"gpu": gpu, "storage": storage or {}, "active_count": len(active),
+            "active_jobs": listed["jobs"], "other_active_jobs": others["jobs"],
             "active_instances": listed["instances"], "other_active_instances": others["instances"],
             "profiles": profiles(state), "nodes": _node_counts(state)}
+
+
+def job_row_times(job, now):
+    """When a job was submitted, started and ended, and how long it has run (or ran) in seconds."""
+    end = job.ended_at or now
+    return {"submitted_at": isoformat(job.submitted_at), "ended_at": isoformat(job.ended_at),
+            "duration_seconds": round(max(0.0, (end - job.started_at).total_seconds()), 3) if job.started_at else None}
+
+
+def retry_view(job):
+    """How often a job was retried and whether one more retry is possible (its retry policy and
+    attempts left), with the reason when it is not."""
+    on = ((job.spec or {}).get("retry") or {}).get("on") or []
+    if job.max_attempts <= 1 or not on:
+        blocker = "its spec has no retry policy"
+    elif job.attempt >= job.max_attempts:
+        blocker = f"no attempts left ({job.attempt} of {job.max_attempts} used)"
+    else:
+        blocker = ""
+    return {"retry_count": max(0, job.attempt - 1), "can_retry": not blocker, "retry_blocker": blocker,
+            "retry_on": list(on)}
 
 
 def _gpus_held(allocations):
@@ -621,9 +644,39 @@ def gpu_summary(state, demand):
             counts[kind] += 1
             overall["total"] += 1
             overall[kind] += 1
-    return dict(overall, queued=round(sum(demand.values()), 3), blocked_notes=list(notes.values()),
-                series=[dict(id=sid, label=labels[sid], **counts, queued=round(demand.get(sid, 0), 3))
-                        for sid, counts in sorted(series.items())])
+    rows = [dict(id=sid, label=labels[sid], **counts, queued=round(demand.get(sid, 0), 3),
+                 note=_series_note(notes, sid)) for sid, counts in sorted(series.items())]
+    # Demand no series row holds (a job that takes any model or one of several, or a model no node
+    # has) is a row of its own, so that the rows' queued add up to the card's.
+    elsewhere = round(sum(gpus for sid, gpus in demand.items() if sid not in series), 3)
+    if elsewhere:
+        rows.append(dict(id=ANY_SERIES, label=ANY_SERIES_LABEL, total=0, used=0, free=0, blocked=0, queued=elsewhere,
+                         note=None))
+    return dict(overall, queued=round(sum(demand.values()), 3), blocked_reason=blocked_sentence(notes.values(), labels),
+                blocked_notes=list(notes.values()), series=rows)
+
+
+ANY_SERIES = "any"
+ANY_SERIES_LABEL = "any GPU model"  # work that takes any model, one of several, or one that no node has
+
+
+def _series_note(notes, sid):
+    """The note that blocks most of a series' GPUs ({code, series, next_open_at?}), or None."""
+    mine = [note for (code, series), note in notes.items() if series == sid]
+    if not mine:
+        return None
+    top = max(mine, key=lambda note: note["count"])
+    return {k: top[k] for k in ("code", "series", "next_open_at") if k in top}
+
+
+def blocked_sentence(notes, labels):
+    """Why GPUs are blocked, in one sentence ('' when none is): the most blocked first."""
+    parts = []
+    for note in sorted(notes, key=lambda n: (-n["count"], n["series"], n["code"])):
+        until = f" until {note['next_open_at']}" if note.get("next_open_at") else ""
+        gpus = "GPU" if note["count"] == 1 else "GPUs"
+        parts.append(f"{note['count']} {labels.get(note['series'], note['series'])} {gpus}: {note['reason']}{until}")
+    return "; ".join(parts) + ("." if parts else "")
 
 
 def _node_counts(state):

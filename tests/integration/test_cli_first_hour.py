@@ -171,10 +171,11 @@ def test_gpu_counts_print_whole_numbers_as_integers_fractions_as_fractions_with_
     run("job", "submit", "--gpus", "0.5", "--gpu-type", "NVIDIA H100 80GB HBM3", "--", "true",
         FLEETD_TOKEN=submitter(run, "cv"))
     status = run("status").stdout.splitlines()
-    # The series' QUEUED column counts jobs that name its model; the total says where the rest went.
+    # The series' QUEUED column counts jobs that name its model; a job that takes any model has its own row.
     gpus_at = next(i for i, line in enumerate(status) if line.startswith("GPUs: "))  # after "your use" and nodes
-    assert status[gpus_at] == "GPUs: 2 total = 0 used + 2 free + 0 blocked; 4.5 queued, 4 of them for any GPU model"
+    assert status[gpus_at] == "GPUs: 2 total = 0 used + 2 free + 0 blocked; 4.5 queued"
     assert status[gpus_at + 2].split() == ["NVIDIA", "H100", "80GB", "HBM3", "2", "0", "2", "0", "0.5"]
+    assert status[gpus_at + 3].split() == ["any", "GPU", "model", "0", "0", "0", "0", "4"]
 
 
 # ---------------------------------------------------------------- item 12: show and --wait
