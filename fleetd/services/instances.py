@@ -109,7 +109,7 @@ def resolve_instance(principal, handle, limit=100):
             or list(named.where(Instance.state == InstanceState.DELETED.value)))
 
 
-def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None):
+def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None, team=None):
     """One page of instances, oldest first; deleted ones only when asked for by state."""
     query = _visible(Instance.select(), principal)
     if state:
@@ -120,6 +120,8 @@ def list_instances(principal, limit, cursor=None, state=None, owner=None, name=N
         query = query.where(Instance.owner == owner)
     if name:
         query = query.where(Instance.name == name)
+    if team:
+        query = query.where(Instance.team == team)
     return paginate(query, Instance.id, limit, cursor)
 
 

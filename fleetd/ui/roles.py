@@ -26,6 +26,7 @@ NODE_ACTIONS = {
 ALLOCATION = _roles(cluster.ClusterAllocation, "get")
 JOBS = _roles(jobs.Jobs, "get")
 JOB = _roles(jobs.JobById, "get")
+JOB_SUBMIT = _roles(jobs.Jobs, "post")
 JOB_CANCEL = _roles(jobs.JobCancel, "post")
 JOB_LOGS = _roles(jobs.JobLogs, "get")
 JOB_EVENTS = _roles(jobs.JobEvents, "get")
@@ -37,6 +38,7 @@ INSTANCE_ACTIONS = {
     "resume": _roles(instances.InstanceResume, "post"),
     "delete": _roles(instances.InstanceById, "delete"),
 }
+INSTANCE_CREATE = _roles(instances.Instances, "post")
 INSTANCE_LOGS = _roles(instances.InstanceLogs, "get")
 INSTANCE_EVENTS = _roles(instances.InstanceEvents, "get")
 FLEETS = _roles(fleets.Fleets, "get")

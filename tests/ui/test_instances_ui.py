@@ -52,7 +52,9 @@ def test_the_list_shows_where_each_runs_and_why_others_wait_and_filters_by_state
     page = admin_ui.text("/ui/instances")
     assert '<a href="/ui/instances" aria-current="page">Instances</a>' in page
     up_row, waits_row = row_of(page, up["id"]), row_of(page, waits["id"])
-    assert "status-running" in up_row and f'href="/ui/nodes/{node_id}"' in up_row and "8888/http, 22/tcp" in up_row
+    http_url = api.get(f"/api/v1/instances/{up['id']}/connection?port=8888").get_json()["url"]
+    assert "status-running" in up_row and f'href="/ui/nodes/{node_id}"' in up_row
+    assert f'<a href="{http_url}" rel="noopener noreferrer" target="_blank">{http_url}</a>' in up_row  # the URL
     assert "status-pending" in waits_row and f"<td>{reason}</td>" in waits_row
     only_pending = admin_ui.text("/ui/instances?state=pending")
     assert row_of(only_pending, waits["id"]) and not row_of(only_pending, up["id"])
@@ -214,8 +216,9 @@ def test_an_instance_name_goes_to_its_page_or_lists_the_instances_of_that_name(a
     assert re.findall(r'<tr data-match="([0-9a-f]+)">', page) == [alices["id"], mine["id"]]
     assert "<td>alice</td>" in page and f'href="/ui/instances/{mine["id"]}"' in page
     assert alice.get("/ui/instances/web").headers["Location"] == f"/ui/instances/{alices['id']}"  # hers alone
-    for unknown in ("nope", "new", mine["id"]):
+    for unknown in ("nope", mine["id"]):
         assert alice.get(f"/ui/instances/{unknown}").status_code == 404, unknown
+    assert "Deploy an instance" in alice.text("/ui/instances/new")  # the reserved name: the deploy form
 
 
 def test_bad_input_gets_a_readable_refusal_never_a_server_error(admin_ui, api):

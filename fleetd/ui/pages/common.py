@@ -1,6 +1,7 @@
 """Small helpers the pages share."""
 
 import datetime as dt
+import json
 
 from flask import g, redirect, render_template, url_for
 
@@ -41,3 +42,15 @@ def answer_by_name(handle, matches, kind, endpoint, columns):
 
 def _shown(value):
     return when(value) if isinstance(value, dt.datetime) else value
+
+
+MASK = "\u2022" * 8
+
+
+def masked_spec_text(spec):
+    """A spec as indented JSON for a page, its env values masked (they are often credentials, and a page is
+    read over shoulders and in screenshots; the API gives them to their owner)."""
+    shown = dict(spec)
+    if isinstance(shown.get("env"), dict):
+        shown["env"] = {name: MASK for name in shown["env"]}
+    return json.dumps(shown, indent=2, sort_keys=True)

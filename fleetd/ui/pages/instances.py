@@ -1,7 +1,6 @@
 """Instances: the list with a state filter; an instance's page with its runtime, ports, log tail, events and
 stop / resume / delete behind a confirmation."""
 
-import json
 import shlex
 
 from flask import flash, g, redirect, render_template, request, url_for
@@ -14,7 +13,7 @@ from fleetd.services import instances, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
-from fleetd.ui.pages.common import allow, answer_by_name, confirmed
+from fleetd.ui.pages.common import allow, answer_by_name, confirmed, masked_spec_text
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -39,13 +38,16 @@ def instance_list():
     ports, price and cost, and why they wait."""
     state = request.args.get("state", "").strip() or None
     owner = request.args.get("owner", "").strip() or None
+    team = request.args.get("team", "").strip() or None
+    name = request.args.get("name", "").strip() or None
     cursor = request.args.get("cursor") or None
     states = [s.value for s in InstanceState]
     if state is not None and state not in states:
         raise InvalidRequest(f"unknown instance state {state!r}")
-    rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner)
+    rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner, name, team)
     return render_template("instances.html", rows=instances.instance_views(current_runtime(), rows),
-                           state=state or "", owner=owner or "", states=states, next_cursor=next_cursor)
+                           state=state or "", owner=owner or "", team=team or "",
+                           name=name or "", states=states, next_cursor=next_cursor)
 
 
 PORT_STATE_TEXT = {
@@ -113,7 +115,7 @@ def instance_page(instance_id):
     if principal.role in roles.INSTANCE_LOGS:
         lines = instances.instance_logs_tail(principal, instance_id, LOG_LINES_SHOWN)
     return render_template("instance.html", events=list(reversed(events)), lines=lines,
-                           spec_text=json.dumps(view["spec"], indent=2, sort_keys=True), **context)
+                           spec_text=masked_spec_text(view["spec"]), **context)
 
 
 @bp.route("/instances/<string:instance_id>/<any(stop, resume, delete):action>", methods=["POST"])

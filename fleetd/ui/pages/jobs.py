@@ -1,6 +1,5 @@
 """Jobs: the queue with filters; a job's page with spec, tasks, events, log tail, cancel and simulation."""
 
-import json
 
 from flask import flash, g, redirect, render_template, request, url_for
 
@@ -10,7 +9,7 @@ from fleetd.runtime import current_runtime
 from fleetd.services import jobs, nodes, policy
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
-from fleetd.ui.pages.common import allow, answer_by_name, confirmed
+from fleetd.ui.pages.common import allow, answer_by_name, confirmed, masked_spec_text
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
@@ -20,9 +19,9 @@ EVENTS_SHOWN = 100
 ACTIVE = "active"
 
 
-def _page(principal, state, owner, team, cursor):
+def _page(principal, state, owner, team, name, cursor):
     """One page of jobs with the list's filters."""
-    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team)
+    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team, name)
 
 
 @bp.route("/jobs")
@@ -33,6 +32,7 @@ def job_list():
     state = request.args.get("state", ACTIVE) or ACTIVE
     owner = request.args.get("owner", "").strip() or None
     team = request.args.get("team", "").strip() or None
+    name = request.args.get("name", "").strip() or None
     cursor = request.args.get("cursor") or None
     states = [s.value for s in JobState]
     if state not in states + [ACTIVE, "any"]:
@@ -40,14 +40,14 @@ def job_list():
     if state == ACTIVE:
         sections = []
         for wanted in (JobState.RUNNING.value, JobState.QUEUED.value):
-            rows, more = _page(principal, wanted, owner, team, None)
+            rows, more = _page(principal, wanted, owner, team, name, None)
             sections.append((wanted, rows, more))
         next_cursor = None
     else:
-        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, cursor)
+        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, name, cursor)
         sections = [(state, rows, None)]
     return render_template("jobs.html", sections=sections, state=state, owner=owner or "", team=team or "",
-                           states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
+                           name=name or "", states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
 
 
 def _hostnames(job):
@@ -84,7 +84,7 @@ def job_page(job_id):
         simulation = policy.simulate(rt, principal, job.job_spec)
     last_seq = lines[-1].id if lines else None
     return render_template(
-        "job.html", job=job, spec=json.dumps(job.spec, indent=2, sort_keys=True), hostnames=_hostnames(job),
+        "job.html", job=job, spec=masked_spec_text(job.spec), hostnames=_hostnames(job),
         events=list(reversed(events)), lines=lines,
         poll_url=_log_poll_url(job_id, last_seq), terminal=JobState(job.state).is_terminal(),
         simulation=simulation, now=rt.clock.now())
