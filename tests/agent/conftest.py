@@ -21,6 +21,7 @@ from tests.agent.fakefleetd import FakeFleetd
 from tests.support import wait_until  # noqa: F401 - the agent tests import it from here
 from tests.support.http import Http  # noqa: F401 - the agent tests import it from here
 from tests.support.process import LoggedProcess
+from tests.support.workloads import Gate
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
 TEST_CGROUPS = "fleet-agent-tests"  # below the cgroup v2 mount: one parent per test agent below it
@@ -156,6 +157,14 @@ def fleetd():
     fake = FakeFleetd().start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+def gate():
+    """A release the test opens (tests/support/workloads.py); tasks wait on it with `gate_wait`."""
+    opened = Gate()
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

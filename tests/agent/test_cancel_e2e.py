@@ -2,13 +2,13 @@
 the agent through its acquire long-poll, long before a heartbeat could carry it."""
 
 import sys
-import time
 
 import pytest
 
 from agent.procfs import wait_gone
 from tests.agent.conftest import Http, wait_until
 from tests.agent.test_jobs_e2e import alive, job_logs, submit, wait_job
+from tests.support.workloads import hold
 
 pytestmark = pytest.mark.integration
 
@@ -37,26 +37,20 @@ def test_cancel_of_a_running_job_stops_its_process_long_before_a_heartbeat_then_
     node_id = agent.node()["node_id"]
     wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
                timeout=60, message="the node to be ready")
-    code = ("import os, time\n"
-            "print(os.getpid(), flush=True)\n"
-            "for _ in range(12000):\n"
-            "    time.sleep(0.05)\n")
+    code = "import os\nprint(os.getpid(), flush=True)\n" + hold(600)
     job = submit(http, [PY, "-c", code], name="cancel-me")
-    started = time.monotonic()
     lines = wait_until(lambda: job_logs(http, job["id"]), timeout=60, interval=0.05, message="the pid in the log")
     pid = int(lines[0]["text"])
     assert alive(pid)
+    heartbeat_before = http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["last_heartbeat_at"]
 
-    cancelled_at = time.monotonic()
     answer = http("POST", f"/api/v1/jobs/{job['id']}/cancel", expect=200).json()
     assert answer["state"] == "cancelling" and answer["tasks"][0]["state"] == "running"
     # SIGTERM ends it (the grace before SIGKILL is 30 s); the agent heard of it through acquire.
     assert wait_gone([pid], 10), agent.log
-    gone_after = time.monotonic() - cancelled_at
-    assert gone_after < 5, gone_after
     done = wait_job(http, job["id"], timeout=30)
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled", done
-    # No heartbeat after the first could have carried the stop: all of this took less than one interval.
-    assert time.monotonic() - started < HEARTBEAT_SECONDS * 0.9
+    # No heartbeat came between the cancel and the end: none can have carried the stop.
+    assert http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["last_heartbeat_at"] == heartbeat_before
     agent.wait_for_line(r"task \S+: cancelled, exit code 143")
     assert "stopping task" in agent.log and "cancelled by fleetd" in agent.log

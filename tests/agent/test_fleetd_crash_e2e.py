@@ -11,6 +11,7 @@ import pytest
 
 from tests.agent.conftest import Http, wait_until
 from tests.support.server import FleetdProcess
+from tests.support.workloads import GATE_WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +27,12 @@ SETTINGS = {
     "FLEETD_TASK_LEASE_SECONDS": "60",
     "FLEETD_SCHEDULER_INTERVAL_SECONDS": "0.5",
 }
-# One line per run in the marker file; waits for the release file (bounded) when given one.
-RUN = ("import os, sys, time\n"
+# One line per run in the marker file (argv[1]); then waits for the gate (argv[2], bounded) when given one.
+RUN = ("import sys\n" + GATE_WAIT +
        "with open(sys.argv[1], 'a') as fh:\n"
        "    fh.write('ran\\n')\n"
-       "for _ in range(1200):\n"
-       "    if len(sys.argv) < 3 or os.path.exists(sys.argv[2]):\n"
-       "        break\n"
-       "    time.sleep(0.05)\n")
+       "if len(sys.argv) > 2:\n"
+       "    gate_wait(sys.argv[2], 60)\n")
 
 
 def job(http, job_id):
@@ -44,7 +43,8 @@ def runs(path):
     return path.read_text().count("ran\n") if path.exists() else 0
 
 
-def test_a_killed_fleetd_loses_no_acknowledged_job_and_runs_none_twice(tmp_path, admin, data_dir, agent_factory):
+def test_a_killed_fleetd_loses_no_acknowledged_job_and_runs_none_twice(tmp_path, admin, data_dir, agent_factory,
+                                                                      gate):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -77,15 +77,15 @@ def test_a_killed_fleetd_loses_no_acknowledged_job_and_runs_none_twice(tmp_path,
                    message="the placed job to run once fleetd is back")
 
         # 2. Its process ends while fleetd is down: the finish report waits for fleetd, nothing reruns.
-        ended_marker, release = tmp_path / "ended.runs", tmp_path / "release"
+        ended_marker = tmp_path / "ended.runs"
         ended = http("POST", "/api/v1/jobs", expect=201, json={
-            "name": "ended", "command": [PY, "-c", RUN, str(ended_marker), str(release)],
+            "name": "ended", "command": [PY, "-c", RUN, str(ended_marker), gate.path],
             "resources": {"gpus": 1}}).json()
         wait_until(lambda: job(http, ended["id"])["state"] == "running" and runs(ended_marker) == 1, timeout=60,
                    message="the second job to run")
         server.kill()  # SIGKILL while it runs
         server.wait()
-        release.touch()
+        gate.open()
         agent.wait_for_line(r"finish not reported yet", timeout=30)  # the report is owed while fleetd is down
         server.start()
         wait_until(lambda: job(http, ended["id"])["state"] == "succeeded", timeout=60,

@@ -11,6 +11,7 @@ import pytest
 from agent.procfs import read_proc, wait_gone
 from tests.agent.conftest import Http, wait_until
 from tests.support.proxy import TcpProxy
+from tests.support.workloads import GATE_WAIT, STUBBORN, ticks
 
 pytestmark = pytest.mark.integration
 
@@ -129,50 +130,41 @@ def test_a_failing_command_fails_the_job_with_its_exit_code(fleet):
     assert [line["text"] for line in job_logs(http, job["id"])] == ["about to fail"]
 
 
-def test_a_two_node_gang_rendezvous_and_the_ranks_talk_over_tcp(fleet):
+def test_a_two_node_gang_rendezvous_and_the_ranks_talk_over_tcp(fleet, gate):
     http, agents = fleet(2)
-    code = ("import os, socket, time\n"
+    # Rank 1 connects once the test has seen rank 0 listening.
+    code = ("import os, socket, sys\n" + GATE_WAIT +
             "addr, port, rank = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), os.environ['NODE_RANK']\n"
             "assert os.environ['WORLD_SIZE'] == '2' and os.environ['FLEET_NUM_NODES'] == '2'\n"
             "if rank == '0':\n"
             "    s = socket.create_server((addr, port))\n"
             "    s.settimeout(60)\n"
+            "    print('listening', flush=True)\n"
             "    conn, _ = s.accept()\n"
             "    print('rank 0 got:', conn.recv(100).decode(), flush=True)\n"
             "    conn.sendall(b'welcome')\n"
             "else:\n"
-            "    for _ in range(600):\n"
-            "        try:\n"
-            "            c = socket.create_connection((addr, port), 5)\n"
-            "            break\n"
-            "        except OSError:\n"
-            "            time.sleep(0.1)\n"
+            "    gate_wait(sys.argv[1])\n"
+            "    c = socket.create_connection((addr, port), 5)\n"
             "    c.sendall(f'hello from rank {rank} to {addr}:{port}'.encode())\n"
             "    print('rank 1 got:', c.recv(100).decode(), f'from {addr}:{port}', flush=True)\n")
-    job = submit(http, [PY, "-c", code], name="gang", num_nodes=2)
+    job = submit(http, [PY, "-c", code, gate.path], name="gang", num_nodes=2)
+    wait_until(lambda: job_logs(http, job["id"], rank=0), timeout=60, message="rank 0 to listen")
+    gate.open()
     done = wait_job(http, job["id"])
     assert done["state"] == "succeeded", (done, agents[0].log, agents[1].log)
     assert len({t["node_id"] for t in done["tasks"]}) == 2
     rank0 = [line["text"] for line in job_logs(http, job["id"], rank=0)]
     rank1 = [line["text"] for line in job_logs(http, job["id"], rank=1)]
-    assert len(rank0) == 1 and rank0[0].startswith("rank 0 got: hello from rank 1 to 127.0.0.1:")
-    port = rank0[0].rsplit(":", 1)[1]
+    assert len(rank0) == 2 and rank0[0] == "listening"
+    assert rank0[1].startswith("rank 0 got: hello from rank 1 to 127.0.0.1:")
+    port = rank0[1].rsplit(":", 1)[1]
     assert rank1 == [f"rank 1 got: welcome from 127.0.0.1:{port}"]
 
 
 def test_cancel_while_running_kills_the_process_group_within_the_grace(fleet):
     http, agents = fleet(1)
-    code = ("import os, signal, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "child = os.fork()\n"
-            "if child == 0:\n"
-            "    for _ in range(2400):\n"
-            "        time.sleep(0.05)\n"
-            "    os._exit(0)\n"
-            "print(os.getpid(), child, flush=True)\n"
-            "for _ in range(2400):\n"
-            "    time.sleep(0.05)\n")
-    job = submit(http, [PY, "-c", code], name="cancel-me")
+    job = submit(http, [PY, "-c", STUBBORN], name="cancel-me")
     lines = wait_until(lambda: job_logs(http, job["id"]), timeout=60, message="the pids in the log")
     pids = [int(p) for p in lines[0]["text"].split()]
     assert all(alive(p) for p in pids)
@@ -197,23 +189,20 @@ def test_artifacts_reach_the_task_verified_in_its_working_directory(fleet):
     assert [line["text"] for line in job_logs(http, job["id"])] == [sha]
 
 
-def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_node_exactly_once(fleet, tmp_path):
+def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_node_exactly_once(fleet, tmp_path,
+                                                                                               gate):
     http, agents = fleet(2)
     side = tmp_path / "side"
     side.mkdir()
-    release = tmp_path / "release"
-    code = ("import os, sys, time\n"
+    code = ("import os, sys\n" + GATE_WAIT +
             "side, release = sys.argv[1], sys.argv[2]\n"
             "open(os.path.join(side, f\"started-{os.environ['FLEET_TASK_EPOCH']}-{os.getpid()}\"), 'w').close()\n"
             "print('started', os.getpid(), flush=True)\n"
-            "for _ in range(2400):\n"
-            "    if os.path.exists(release):\n"
-            "        break\n"
-            "    time.sleep(0.05)\n"
+            "gate_wait(release, 120)\n"
             "with open(os.path.join(side, 'completions'), 'a') as fh:\n"
             "    fh.write(os.environ['FLEET_TASK_EPOCH'] + '\\n')\n"
             "print('completed', flush=True)\n")
-    job = submit(http, [PY, "-c", code, str(side), str(release)], name="survivor",
+    job = submit(http, [PY, "-c", code, str(side), gate.path], name="survivor",
                  retry={"max_attempts": 2, "on": ["node_lost"]})
     first = wait_until(lambda: [p.name for p in side.iterdir() if p.name.startswith("started-")], timeout=60,
                        message="the first start")
@@ -236,7 +225,7 @@ def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_nod
     victim.start()  # comes back and takes its task back; fleetd has moved it on, so the old copy is ended
     victim.wait_for_line(r"no longer leases it to this node \(fleetd answered 409", timeout=60)
     assert wait_gone([first_pid], 10)
-    release.touch()
+    gate.open()
     done = wait_job(http, job["id"])
     assert done["state"] == "succeeded" and done["attempt"] == 2
     result = http("GET", f"/api/v1/jobs/{job['id']}/result", expect=200).json()
@@ -247,21 +236,17 @@ def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_nod
 
 
 def test_an_agent_killed_and_back_before_the_lease_ends_takes_its_task_back_and_reports_the_real_outcome(
-        fleet, tmp_path):
+        fleet, gate):
     """An agent SIGKILLed and restarted before the lease expires finds its task still running (its
     output goes into files, its exit status is recorded by a root-owned shell): it watches it again, the
     task runs on undisturbed, and the outcome it reports is the task's own; nothing runs twice."""
     http, agents = fleet(1)
-    release = tmp_path / "release"
-    code = ("import os, sys, time\n"
+    code = ("import os, sys\n" + GATE_WAIT +
             "print('before', os.getpid(), flush=True)\n"
-            "for _ in range(2400):\n"
-            "    if os.path.exists(sys.argv[1]):\n"
-            "        break\n"
-            "    time.sleep(0.05)\n"
+            "gate_wait(sys.argv[1], 120)\n"
             "print('after', os.getpid(), flush=True)\n"
             "sys.exit(3)\n")
-    job = submit(http, [PY, "-c", code, str(release)], name="orphan", retry={"max_attempts": 1, "on": []})
+    job = submit(http, [PY, "-c", code, gate.path], name="orphan", retry={"max_attempts": 1, "on": []})
     wait_job(http, job["id"], lambda j: j["tasks"] and j["tasks"][0]["state"] == "running", message="the task to run")
     pid = int(wait_until(lambda: job_logs(http, job["id"]), message="its first line")[0]["text"].split()[1])
     agent = agents[0]
@@ -271,7 +256,7 @@ def test_an_agent_killed_and_back_before_the_lease_ends_takes_its_task_back_and_
     agent.start()  # back before the lease expires
     agent.wait_for_line(r"took back pid \d+, which ran on while the agent was down", timeout=30)
     assert alive(pid)
-    release.touch()
+    gate.open()
     done = wait_job(http, job["id"])
     assert done["state"] == "failed" and done["attempt"] == 1, json.dumps(done)
     [task] = http("GET", f"/api/v1/jobs/{job['id']}/result", expect=200).json()["tasks"]
@@ -297,17 +282,13 @@ def test_a_partitioned_nodes_job_stops_before_fleetd_reruns_it_elsewhere(server_
         cut_off.start()
         wait_until(lambda: http("GET", f"/api/v1/nodes/{cut_off.node()['node_id']}", expect=200)
                    .json()["status"] == "ready", timeout=60, message="the cut-off node ready")
-        ticks = tmp_path / "ticks"
-        code = ("import os, sys, time\n"  # a line per 0.05 s: '<epoch> <wall clock>'
-                "for _ in range(12000):\n"
-                "    with open(sys.argv[1], 'a') as fh:\n"
-                "        fh.write(f\"{os.environ['FLEET_TASK_EPOCH']} {time.time()}\\n\")\n"
-                "    time.sleep(0.05)\n")
-        job = submit(http, [PY, "-c", code, str(ticks)], name="writer", retry={"max_attempts": 2, "on": ["node_lost"]})
+        marks = tmp_path / "ticks"  # a line per 0.05 s: '<epoch> <wall clock>'
+        job = submit(http, [PY, "-c", ticks(0.05, 600), str(marks)], name="writer",
+                     retry={"max_attempts": 2, "on": ["node_lost"]})
 
         def copies():
             seen = {}
-            for line in (ticks.read_text().splitlines() if ticks.exists() else []):
+            for line in (marks.read_text().splitlines() if marks.exists() else []):
                 epoch, _, at = line.partition(" ")
                 if at:
                     seen.setdefault(epoch, []).append(float(at))

@@ -27,6 +27,7 @@ from agent.workers import Worker, Workers
 from fleetwire.assignment import Assignment
 from tests.agent.conftest import shape_path, wait_until
 from tests.support import wire
+from tests.support.workloads import WAIT_FOR_GATE, hold
 
 PY = sys.executable
 GIB = 1024 ** 3
@@ -37,7 +38,7 @@ SLEEPER = [PY, "-c", "import threading\nthreading.Event().wait(600)\n"]
 # The leader writes the pids of: a grandchild (through a child), a child that called setsid, and a
 # setsid child with an empty environment (no FLEET_TASK_* markers: only its parent links it to the task).
 NESTED = (
-    "import json, os, subprocess, sys, time\n"
+    "import json, os, subprocess, sys\n"
     "sleeper = " + repr(SLEEPER) + "\n"
     "middle = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; p = subprocess.Popen(sys.argv[1:]); "
     "print(p.pid, flush=True); p.wait()', *sleeper], stdout=subprocess.PIPE)\n"
@@ -48,22 +49,18 @@ NESTED = (
     "'bare': bare.pid}\n"
     "with open(sys.argv[1] + '.tmp', 'w') as fh:\n"
     "    json.dump(pids, fh)\n"
-    "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
-    "for _ in range(6000):\n"
-    "    time.sleep(0.1)\n"
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n" + hold(600)
 )
 # A daemon that leaves everything: double fork, setsid, empty environment, parent gone (reparented).
 ESCAPE = (
-    "import os, sys, time\n"
+    "import os, sys\n"
     "if os.fork() == 0:\n"
     "    os.setsid()\n"
     "    if os.fork() == 0:\n"
-    "        os.execve(sys.executable, [sys.executable, '-c', 'import os, sys, time\\n"
-    "open(sys.argv[1], \"w\").write(str(os.getpid()))\\nfor _ in range(6000):\\n    time.sleep(0.1)',\n"
+    "        os.execve(sys.executable, [sys.executable, '-c', 'import os, sys\\n"
+    "open(sys.argv[1], \"w\").write(str(os.getpid()))\\n' + " + repr(hold(600)) + ",\n"
     "                   sys.argv[1]], {})\n"
-    "    os._exit(0)\n"
-    "for _ in range(6000):\n"
-    "    time.sleep(0.1)\n"
+    "    os._exit(0)\n" + hold(600)
 )
 
 
@@ -144,8 +141,8 @@ def test_a_task_over_its_memory_limit_is_stopped_on_the_first_poll_after_crossin
 def test_a_task_that_ignores_sigterm_is_sigkilled_after_the_limit_grace(host, fleetd, fake_nvml, tmp_path):
     runner, limits, _devices = host(kill_grace_seconds=0.3)
     ready = tmp_path / "ready"
-    stubborn = [PY, "-c", "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                          "open(sys.argv[1], 'w').close()\nfor _ in range(6000):\n    time.sleep(0.1)\n", str(ready)]
+    stubborn = [PY, "-c", "import signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                          "open(sys.argv[1], 'w').close()\n" + hold(600), str(ready)]
     task = running(runner, fleetd, runner.submit(
         assignment("t-stubborn", stubborn, gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB}])).assignment.task_id)
     wait_until(ready.exists, message="the SIGTERM handler")
@@ -174,13 +171,10 @@ def test_usage_up_to_limit_plus_tolerance_is_allowed_and_one_byte_more_is_not(ho
         assert limits.poll_once() == [] and alive(task.proc.pid) and "t-edge" not in fleetd.finished
 
 
-def test_a_task_within_its_limit_runs_to_success_untouched(host, fleetd, fake_nvml, tmp_path):
+def test_a_task_within_its_limit_runs_to_success_untouched(host, fleetd, fake_nvml, gate):
     runner, limits, _devices = host()
-    release = tmp_path / "release"
-    code = ("import os, sys, time\nfor _ in range(1200):\n    if os.path.exists(sys.argv[1]):\n        break\n"
-            "    time.sleep(0.05)\nprint('done')\n")
     task = running(runner, fleetd, runner.submit(
-        assignment("t-fine", [PY, "-c", code, str(release)],
+        assignment("t-fine", [PY, "-c", WAIT_FOR_GATE + "print('done')\n", gate.path],
                    gpus=[{"uuid": GPU[0], "memory_limit_bytes": GIB, "compute_percent": 50}])).assignment.task_id)
     fake_nvml.add_process(0, task.proc.pid, GIB - MIB, sm_util=40)
     for _ in range(5):
@@ -189,7 +183,7 @@ def test_a_task_within_its_limit_runs_to_success_untouched(host, fleetd, fake_nv
     assert (row["used_memory_bytes"], row["memory_limit_bytes"], row["sm_util_percent"]) == (GIB - MIB, GIB, 40)
     assert row["compute_enforcement"].startswith("reported, not throttled")
     assert row["over_compute_share"] is False
-    release.touch()
+    gate.open()
     assert fleetd.wait_outcome("t-fine") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
 
 

@@ -21,15 +21,9 @@ from agent.workers import Workers
 from fleetwire.assignment import Assignment
 from tests.agent.conftest import wait_until
 from tests.support import wire
+from tests.support.workloads import GATE_WAIT, STUBBORN, WAIT_FOR_GATE, hold
 
 PY = sys.executable
-WAIT_FOR_FILE = (
-    "import os, sys, time\n"
-    "for _ in range(1200):\n"
-    "    if os.path.exists(sys.argv[1]):\n"
-    "        break\n"
-    "    time.sleep(0.05)\n"
-)
 GPU_A = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000000"
 GPU_B = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000001"
 
@@ -97,10 +91,9 @@ def test_a_relative_workdir_is_created_inside_the_task_directory_and_an_escaping
     assert refused["outcome"] == "failed" and "workdir" in refused["reason"]
 
 
-def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(make_runner, fleetd, tmp_path):
+def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(make_runner, fleetd, gate):
     runner = make_runner()
-    release = tmp_path / "release"
-    runner.submit(assignment("t-reg", [PY, "-c", WAIT_FOR_FILE, str(release)], gpus=[{"uuid": GPU_A}],
+    runner.submit(assignment("t-reg", [PY, "-c", WAIT_FOR_GATE, gate.path], gpus=[{"uuid": GPU_A}],
                              max_runtime_seconds=300))
     fleetd.wait_for(lambda: "t-reg" in fleetd.started, message="start")
     worker = runner.workers.get("t-reg")
@@ -110,7 +103,7 @@ def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(
     assert view["env"]["CUDA_VISIBLE_DEVICES"] == GPU_A and view["gpus"] == [{"uuid": GPU_A}]
     assert view["limits"]["max_runtime_seconds"] == 300
     assert runner.workers.report() == [{"id": "t-reg", "epoch": 1, "state": "running"}]
-    release.touch()
+    gate.open()
     assert fleetd.wait_finished("t-reg")["outcome"] == "succeeded"
     wait_until(lambda: runner.workers.all() == [], message="the worker to be removed")
 
@@ -190,17 +183,7 @@ def test_a_slow_fleetd_never_blocks_the_task_and_every_line_arrives_in_order(mak
 
 def test_cancel_sigterms_the_group_and_sigkills_what_ignores_it_after_the_grace(make_runner, fleetd):
     runner = make_runner(kill_grace_seconds=1.0)
-    code = ("import os, signal, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "child = os.fork()\n"
-            "if child == 0:\n"
-            "    for _ in range(2400):\n"
-            "        time.sleep(0.05)\n"
-            "    os._exit(0)\n"
-            "print(os.getpid(), child, flush=True)\n"
-            "for _ in range(2400):\n"
-            "    time.sleep(0.05)\n")
-    runner.submit(assignment("t-stubborn", [PY, "-c", code]))
+    runner.submit(assignment("t-stubborn", [PY, "-c", STUBBORN]))
     fleetd.wait_for(lambda: fleetd.logs.get("t-stubborn"), message="the pids")
     pids = [int(p) for p in fleetd.texts("t-stubborn")[0].split()]
     assert all(alive(p) for p in pids)
@@ -282,46 +265,49 @@ def test_409_on_start_kills_the_process_group_at_once_and_reports_nothing(make_r
     assert "t-stale" not in fleetd.finished
 
 
-def test_409_on_a_log_batch_kills_a_running_task(make_runner, fleetd):
+def test_409_on_a_log_batch_kills_a_running_task(make_runner, fleetd, gate):
     runner = make_runner(kill_grace_seconds=60.0)
-    code = "import time\nfor i in range(1200):\n    print(i, flush=True)\n    time.sleep(0.05)\n"
-    runner.submit(assignment("t-fence", [PY, "-c", code]))
+    # Three lines, then one more once the test has fenced the task: that batch is answered 409.
+    code = ("import sys\n" + GATE_WAIT + "for i in range(3):\n    print(i, flush=True)\n"
+            "gate_wait(sys.argv[1])\nprint('after the fence', flush=True)\n" + hold(300))
+    runner.submit(assignment("t-fence", [PY, "-c", code, gate.path]))
     fleetd.wait_for(lambda: len(fleetd.logs.get("t-fence", [])) >= 3, message="some logs")
     pid = fleetd.started["t-fence"]["pid"]
     fleetd.fenced.add("t-fence")
+    gate.open()
     assert wait_gone([pid], 30)
     wait_until(lambda: runner.get("t-fence") is None, message="the task to be forgotten")
     assert "t-fence" not in fleetd.finished
 
 
-def test_two_ranks_rendezvous_and_talk_over_tcp(make_runner, fleetd):
+def test_two_ranks_rendezvous_and_talk_over_tcp(make_runner, fleetd, gate):
     fleetd.rendezvous_wait_cap = 0.3  # rank 1 sees 504s before rank 0 publishes
     fleetd.gangs.update({"t-r0": "job-gang", "t-r1": "job-gang"})
     server = ("import os, socket\n"
               "s = socket.create_server((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
               "s.settimeout(60)\n"
+              "print('listening', flush=True)\n"
               "conn, _ = s.accept()\n"
               "msg = conn.recv(100).decode()\n"
               "conn.sendall(b'hello rank 1, this is rank ' + os.environ['NODE_RANK'].encode())\n"
               "print('rank 0 got:', msg)\n")
-    client = ("import os, socket, time\n"
-              "for _ in range(600):\n"
-              "    try:\n"
-              "        c = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 5)\n"
-              "        break\n"
-              "    except OSError:\n"
-              "        time.sleep(0.1)\n"
+    # Rank 1 connects once the test has seen rank 0 listening.
+    client = ("import os, socket, sys\n" + GATE_WAIT +
+              "gate_wait(sys.argv[1])\n"
+              "c = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 5)\n"
               "c.sendall(b'hello from rank ' + os.environ['FLEET_NODE_RANK'].encode())\n"
               "print('rank 1 got:', c.recv(100).decode(), os.environ['WORLD_SIZE'])\n")
     node0, node1 = make_runner("node0"), make_runner("node1")
-    node1.submit(assignment("t-r1", [PY, "-c", client], job_id="job-gang", rank=1, num_nodes=2))
+    node1.submit(assignment("t-r1", [PY, "-c", client, gate.path], job_id="job-gang", rank=1, num_nodes=2))
     fleetd.wait_for(lambda: sum(1 for m, p, _ in fleetd.calls if m == "GET" and p.endswith("t-r1/rendezvous")) >= 2,
                     message="rank 1 to wait through a 504")
     assert "t-r1" not in fleetd.started
     node0.submit(assignment("t-r0", [PY, "-c", server], job_id="job-gang", rank=0, num_nodes=2))
+    fleetd.wait_for(lambda: "listening" in fleetd.texts("t-r0"), message="rank 0 to listen")
+    gate.open()
     assert fleetd.wait_finished("t-r0")["outcome"] == "succeeded"
     assert fleetd.wait_finished("t-r1")["outcome"] == "succeeded"
-    assert fleetd.texts("t-r0") == ["rank 0 got: hello from rank 1"]
+    assert fleetd.texts("t-r0") == ["listening", "rank 0 got: hello from rank 1"]
     assert fleetd.texts("t-r1") == ["rank 1 got: hello rank 1, this is rank 0 2"]
     assert fleetd.rendezvous["job-gang"]["addr"] == "127.0.0.1"
 

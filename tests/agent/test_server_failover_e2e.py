@@ -18,17 +18,11 @@ from tests.agent.conftest import Http, wait_until
 from tests.integration.conftest import postgres_url  # noqa: F401 - the fixture
 from tests.integration.test_replicas import cluster, health, replica_db  # noqa: F401 - the fixtures
 from tests.support import wire
+from tests.support.workloads import GATED
 
 pytestmark = pytest.mark.integration
 
 PY = sys.executable
-LOOP = ("import os, sys, time\n"
-        "print(os.getpid(), flush=True)\n"
-        "for _ in range(6000):\n"
-        "    if os.path.exists(sys.argv[1]):\n"
-        "        break\n"
-        "    time.sleep(0.05)\n"
-        "print('released', flush=True)\n")
 FAST = {
     "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
     "FLEETD_NODE_TTL_SECONDS": "3",
@@ -63,7 +57,7 @@ def agent_status(agent, as_json=True):
     return json.loads(result.stdout) if as_json else result.stdout
 
 
-def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fakes, tmp_path):
+def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fakes, gate):
     first, second = fakes
     urls = [first.url, second.url]
     first.down.add("all")  # a replica that answers 503 to everything from the start
@@ -78,8 +72,7 @@ def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fa
     assert status["server_url_in_use"] == second.url and status["server_urls"] == urls
     assert f"fleetd:   {second.url} in use (of {first.url}, {second.url})" in agent_status(agent, as_json=False)
 
-    release = tmp_path / "release"
-    second.assign(assignment("t-1", [PY, "-c", LOOP, str(release)]))
+    second.assign(assignment("t-1", [PY, "-c", GATED, gate.path]))
     pid = second.wait_for(lambda: second.started.get("t-1"), message="the start on the second fleetd")["pid"]
     second.wait_for(lambda: second.texts("t-1"), message="the first log line on the second fleetd")
 
@@ -87,7 +80,7 @@ def test_the_agent_moves_every_call_to_the_fleetd_that_answers(agent_factory, fa
     # heartbeats, go to the first without the agent backing off.
     second.down.add("all")
     first.down.clear()
-    release.touch()
+    gate.open()
     assert first.wait_outcome("t-1") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     lines = second.texts("t-1") + first.texts("t-1")
     assert lines[1:] == ["released"] and int(lines[0]) != pid  # the task, a child of the reported leader

@@ -13,17 +13,12 @@ from agent.state import State
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import instance_assignment
 from tests.support import wire
+from tests.support.workloads import GATED
 
 pytestmark = pytest.mark.integration
 
 PY = sys.executable
-LOOP = ("import os, sys, time\n"
-        "print(os.getpid(), flush=True)\n"
-        "for _ in range(6000):\n"
-        "    if len(sys.argv) > 1 and os.path.exists(sys.argv[1]):\n"
-        "        break\n"
-        "    time.sleep(0.05)\n"
-        "print('released', flush=True)\n")
+
 
 
 @pytest.fixture
@@ -53,11 +48,10 @@ def reported(fleetd, task_id, state):
 
 
 def test_agent_acquires_runs_and_reports_a_task_that_heartbeats_and_the_local_api_show(
-        worker_agent, fleetd, tmp_path):
+        worker_agent, fleetd, gate):
     agent = worker_agent().start()
-    release = tmp_path / "release"
     gpu = "GPU-2b7d4f6a-6c1e-4f7a-8d8e-0000000000c0"
-    fleetd.assign(assignment("t-1", [PY, "-c", LOOP, str(release)], gpus=[{"uuid": gpu}]))
+    fleetd.assign(assignment("t-1", [PY, "-c", GATED, gate.path], gpus=[{"uuid": gpu}]))
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-1"), message="start")["pid"]
     fleetd.wait_for(lambda: reported(fleetd, "t-1", "running"), message="the heartbeat to list the task")
     token = agent.local_token()
@@ -67,7 +61,7 @@ def test_agent_acquires_runs_and_reports_a_task_that_heartbeats_and_the_local_ap
     [(task_id, (leader, task_pid), devices)] = [(w["task_id"], w["pids"], w["env"]["CUDA_VISIBLE_DEVICES"])
                                                 for w in workers]
     assert (task_id, leader, devices) == ("t-1", pid, gpu)
-    release.touch()
+    gate.open()
     assert fleetd.wait_outcome("t-1") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-1") == [str(task_pid), "released"]
 
@@ -100,7 +94,7 @@ def test_an_older_fleetd_that_refuses_batches_gets_one_acquire_per_assignment(wo
 
 def test_a_task_in_the_heartbeats_cancel_list_is_stopped_and_reported_cancelled(worker_agent, fleetd):
     worker_agent().start()
-    fleetd.assign(assignment("t-cancel", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-cancel", [PY, "-c", GATED]))
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-cancel"), message="start")["pid"]
     fleetd.cancel.add("t-cancel")
     finish = fleetd.wait_finished("t-cancel")
@@ -109,15 +103,14 @@ def test_a_task_in_the_heartbeats_cancel_list_is_stopped_and_reported_cancelled(
 
 
 def test_running_tasks_keep_running_through_a_fleetd_outage_and_the_finish_arrives_after_it(
-        worker_agent, fleetd, tmp_path):
+        worker_agent, fleetd, gate):
     agent = worker_agent().start()
-    release = tmp_path / "release"
-    fleetd.assign(assignment("t-out", [PY, "-c", LOOP, str(release)]))
+    fleetd.assign(assignment("t-out", [PY, "-c", GATED, gate.path]))
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-out"), message="start")["pid"]
     fleetd.down.add("all")
     agent.wait_for_line(r"fleetd unreachable \(attempt 2\)")
     assert alive(pid)
-    release.touch()
+    gate.open()
     agent.wait_for_line(r"task t-out/1: logs not delivered yet")
     wait_until(lambda: not alive(pid), message="the task to end during the outage")
     fleetd.down.clear()
@@ -127,7 +120,7 @@ def test_running_tasks_keep_running_through_a_fleetd_outage_and_the_finish_arriv
 
 def test_sigterm_stops_the_agents_tasks_and_reports_them(worker_agent, fleetd):
     agent = worker_agent().start()
-    fleetd.assign(assignment("t-term", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-term", [PY, "-c", GATED]))
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-term"), message="start")["pid"]
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 0
@@ -139,7 +132,7 @@ def test_sigterm_stops_the_agents_tasks_and_reports_them(worker_agent, fleetd):
 
 def test_revocation_stops_every_task_before_the_agent_exits(worker_agent, fleetd):
     agent = worker_agent().start()
-    fleetd.assign(assignment("t-rev-1", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-rev-1", [PY, "-c", GATED]))
     fleetd.assign(assignment("t-rev-2", ["sh", "-c", "trap '' TERM; echo $$; sleep 300"]))
     pids = [fleetd.wait_for(lambda t=t: fleetd.started.get(t), message="start")["pid"] for t in ("t-rev-1", "t-rev-2")]
     fleetd.revoked = True
@@ -149,11 +142,10 @@ def test_revocation_stops_every_task_before_the_agent_exits(worker_agent, fleetd
     assert "was revoked by fleetd" in agent.log
 
 
-def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away(worker_agent, fleetd, tmp_path):
+def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away(worker_agent, fleetd, gate):
     agent = worker_agent().start()
-    release = tmp_path / "release"
-    fleetd.assign(assignment("t-kept", [PY, "-c", LOOP, str(release)]))
-    fleetd.assign(assignment("t-moved", [PY, "-c", LOOP]))
+    fleetd.assign(assignment("t-kept", [PY, "-c", GATED, gate.path]))
+    fleetd.assign(assignment("t-moved", [PY, "-c", GATED]))
     pids = [fleetd.wait_for(lambda t=t: fleetd.started.get(t), message="start")["pid"] for t in ("t-kept", "t-moved")]
     agent.signal(signal.SIGKILL)
     agent.wait()
@@ -164,7 +156,7 @@ def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away
     agent.wait_for_line(r"task t-moved/1: fleetd no longer leases it to this node \(fleetd answered 409")
     assert wait_gone([pids[1]], 10)
     assert alive(pids[0])  # still fleetd's: taken back, running on
-    release.touch()
+    gate.open()
     assert fleetd.wait_outcome("t-kept") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-kept")[-1] == "released"
     assert "t-moved" not in fleetd.finished
@@ -172,7 +164,7 @@ def test_a_sigkilled_agent_takes_its_tasks_back_and_stops_those_fleetd_gave_away
 def test_a_gang_rank_still_at_the_rendezvous_when_the_agent_dies_is_reported_as_never_started(worker_agent,
                                                                                                fleetd):
     agent = worker_agent().start()
-    fleetd.assign(assignment("t-rank1", [PY, "-c", LOOP], rank=1, num_nodes=2))  # rank 0 never publishes
+    fleetd.assign(assignment("t-rank1", [PY, "-c", GATED], rank=1, num_nodes=2))  # rank 0 never publishes
     fleetd.wait_for(lambda: any(c[0] == "GET" and c[1].startswith("/api/v1/agent/tasks/t-rank1/rendezvous")
                                 for c in list(fleetd.calls)), message="rank 1 waiting at the rendezvous")
     agent.signal(signal.SIGKILL)
@@ -184,14 +176,14 @@ def test_a_gang_rank_still_at_the_rendezvous_when_the_agent_dies_is_reported_as_
     assert "t-rank1" not in fleetd.started
 
 
-def job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path, job="t-job", inst="t-inst"):
+def job_and_instance_under_a_lease(worker_agent, fleetd, job="t-job", inst="t-inst"):
     """An agent told a 9 s lease, running a job task and an instance that a heartbeat has renewed: the
     fence moment is 9 x 0.98 - 2 (grace) - 2 (safety) = 4.8 s after the last answered send.
     Returns (agent, the job's pid, the instance's pid)."""
     fleetd.lease_seconds = 9
     agent = worker_agent().start()
-    fleetd.assign(assignment(job, [PY, "-c", LOOP, str(tmp_path / "never")]))
-    fleetd.assign(instance_assignment(inst, [PY, "-c", LOOP, str(tmp_path / "never")], instance_id=f"i-{inst}"))
+    fleetd.assign(assignment(job, [PY, "-c", GATED]))
+    fleetd.assign(instance_assignment(inst, [PY, "-c", GATED], instance_id=f"i-{inst}"))
     job_pid = fleetd.wait_for(lambda: fleetd.started.get(job), message="job start")["pid"]
     inst_pid = fleetd.wait_for(lambda: fleetd.started.get(inst), message="instance start")["pid"]
     wait_until(lambda: reported(fleetd, job, "running"), message="a heartbeat that renews the lease")
@@ -199,8 +191,8 @@ def job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path, job="t-job", 
 
 
 def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_out_and_keeps_instances(
-        worker_agent, fleetd, tmp_path):
-    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path)
+        worker_agent, fleetd):
+    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd)
     fleetd.down.add("heartbeat")  # a partition as the lease sees it: heartbeats go unanswered
     cut = time.monotonic()
     agent.wait_for_line(r"fleetd could not be reached for 9s, the tasks' lease", timeout=30)
@@ -213,8 +205,8 @@ def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_
 
 
 def test_a_dead_agents_fence_keeper_stops_its_job_tasks_when_their_lease_runs_out_and_keeps_instances(
-        worker_agent, fleetd, tmp_path):
-    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd, tmp_path)
+        worker_agent, fleetd):
+    agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd)
     keeper = agent.keeper_pid()
     assert keeper is not None
     agent.signal(signal.SIGKILL)  # no agent left to stop anything
