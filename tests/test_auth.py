@@ -76,6 +76,8 @@ ROLE_TABLE = {
     ("GET", "/api/v1/cluster/allocation"): A,
     ("POST", "/api/v1/cluster/simulate-schedule"): AS,
     ("GET", "/api/v1/gpu-types"): AS,
+    ("GET", "/api/v1/gpu-types/{model}"): AS,
+    ("GET", "/api/v1/config"): A,
     ("PUT", "/api/v1/gpu-types/{model}"): A,
     ("DELETE", "/api/v1/gpu-types/{model}"): A,
     ("GET", "/api/v1/quotas"): A,

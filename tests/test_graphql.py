@@ -81,7 +81,7 @@ def test_gpu_types_carry_prices_per_gpu_count(api, fleet):
         one: lowestPrice(input: {{gpuCount: 1}}) {{ minimumBidPrice uninterruptablePrice }}
         three: lowestPrice(input: {{gpuCount: 3}}) {{ minimumBidPrice uninterruptablePrice available }} }} }}""")
     (gpu,) = found["data"]["gpuTypes"]
-    assert gpu["id"] == gpu["displayName"] == model and gpu["maxGpuCount"] == 2 and gpu["secureCloud"]
+    assert (gpu["id"], gpu["displayName"]) == (model, "H100 80GB HBM3") and gpu["maxGpuCount"] == 2 and gpu["secureCloud"]
     assert (gpu["securePrice"], gpu["secureSpotPrice"], gpu["communityPrice"]) == (2.5, 0.8, None)
     assert gpu["one"] == {"minimumBidPrice": 0.8, "uninterruptablePrice": 2.5}
     assert gpu["three"] == {"minimumBidPrice": None, "uninterruptablePrice": None, "available": False}

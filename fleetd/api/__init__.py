@@ -4,3 +4,7 @@ from fleetd.api import admin, agent, cluster, fleets, health, instances, jobs, m
 
 BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp,
               webhooks.blp]
+
+from fleetd.api import config  # noqa: E402 - the effective configuration (issue 33)
+
+BLUEPRINTS += [config.blp]

@@ -10,6 +10,7 @@ from fleetd.schemas.cluster import (
     ClusterAllocationSchema,
     ClusterStatusSchema,
     GpuTypePageSchema,
+    GpuTypeQuerySchema,
     GpuTypeSchema,
     GpuTypeUpdateSchema,
     QuotaDeleteQuerySchema,
@@ -72,6 +73,13 @@ class GpuTypes(MethodView):
 
 @blp.route("/gpu-types/<path:model>")
 class GpuTypeByModel(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(GpuTypeQuerySchema(), location="query")
+    @blp.response(200, GpuTypeSchema)
+    def get(self, query, model):
+        """One GPU model by its id (the model name); with ?gpu_count=, its lowest prices for that many GPUs."""
+        return cluster.get_gpu_type(_state(), model, query["gpu_count"])
+
     @require(ADMIN)
     @blp.arguments(GpuTypeUpdateSchema(), required=False)
     @blp.response(200, GpuTypeSchema)

@@ -219,13 +219,13 @@ def resolve_pod(_, info, input):  # noqa: A002
 def _gpu_type(entry):
     memory = entry.get("memory_bytes")
     return {
-        "id": entry["model"], "displayName": entry["model"], "manufacturer": None,
+        "id": entry["model"], "displayName": entry["display_name"], "manufacturer": entry["manufacturer"],
         "memoryInGb": _gib(memory) if memory is not None else None, "maxGpuCount": entry["max_per_node"],
         "totalCount": entry["total"], "availableCount": entry["available"], "cudaCores": None,
         "secureCloud": entry["total"] > 0, "communityCloud": False,
         "securePrice": entry.get("price_per_hour"), "communityPrice": None,
         "secureSpotPrice": entry.get("spot_min_bid"), "communitySpotPrice": None,
-        "oneWeekPrice": None, "oneMonthPrice": None, "threeMonthPrice": None,
+        "oneWeekPrice": None, "oneMonthPrice": None, "threeMonthPrice": None, "entry": entry,
     }
 
 
@@ -238,11 +238,9 @@ def resolve_gpu_types(_, info, input=None):  # noqa: A002
 
 @gpu_type.field("lowestPrice")
 def resolve_lowest_price(gpu, _info, input=None):  # noqa: A002
-    count = (input or {}).get("gpuCount") or 1
-    available = count <= gpu["maxGpuCount"]
-    return {"gpuCount": count, "available": available,
-            "minimumBidPrice": gpu["secureSpotPrice"] if available else None,
-            "uninterruptablePrice": gpu["securePrice"] if available else None}
+    price = cluster.lowest_price(gpu["entry"], (input or {}).get("gpuCount") or 1)
+    return {"gpuCount": price["gpu_count"], "available": price["available"],
+            "minimumBidPrice": price["minimum_bid_price"], "uninterruptablePrice": price["uninterruptable_price"]}
 
 
 BINDABLES = [query, mutation, gpu_type, user, void]

@@ -2,7 +2,7 @@
 
 from marshmallow import Schema, fields, validate
 
-from fleetd.schemas.common import Text, page_schema
+from fleetd.schemas.common import Int, Text, page_schema
 
 
 class BlockedNoteSchema(Schema):
@@ -101,14 +101,32 @@ class SimulationSchema(Schema):
     reason = fields.String(allow_none=True)
 
 
+class LowestPriceSchema(Schema):
+    gpu_count = fields.Integer()
+    available = fields.Boolean(metadata={"description": "whether some node has this many GPUs of the model"})
+    minimum_bid_price = fields.Float(allow_none=True, metadata={
+        "description": "the spot minimum bid per GPU-hour (null: none set, or not available)"})
+    uninterruptable_price = fields.Float(allow_none=True, metadata={
+        "description": "the on-demand price per GPU-hour (null: none set, or not available)"})
+
+
 class GpuTypeSchema(Schema):
-    model = fields.String()
+    model = fields.String(metadata={"description": "the model as its nodes report it: the GPU type's id"})
+    display_name = fields.String(metadata={"description": "its short name (NVIDIA GeForce RTX 3090: RTX 3090)"})
+    manufacturer = fields.String(allow_none=True)
     memory_bytes = fields.Integer(allow_none=True)
     total = fields.Integer()
     available = fields.Integer()
     max_per_node = fields.Integer(metadata={"description": "the most GPUs of this model on one node"})
     price_per_hour = fields.Float(allow_none=True)
     spot_min_bid = fields.Float(allow_none=True)
+    lowest_price = fields.Nested(LowestPriceSchema, metadata={
+        "description": "GET /gpu-types/{model}?gpu_count=N only: the lowest prices of N GPUs on one node"})
+
+
+class GpuTypeQuerySchema(Schema):
+    gpu_count = Int(minimum=1, maximum=1024, load_default=None, strict=False, metadata={
+        "description": "add lowest_price for this many GPUs of the model on one node"})
 
 
 GpuTypePageSchema = page_schema(GpuTypeSchema, "GpuTypePage")

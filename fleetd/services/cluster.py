@@ -16,6 +16,7 @@ from fleetd import scheduler, windows
 from fleetd.clock import isoformat
 from fleetd.credentials import ADMIN
 from fleetd.db import database
+from fleetd.errors import NotFound
 from fleetd.models import (
     Fleet,
     Gpu,
@@ -722,21 +723,64 @@ def cluster_allocation(state, node_id=None):
     return {"gpus": rows, "nodes": nodes, "allocations": allocations, "gpu_to_tasks": gpu_to_tasks}
 
 
+def _gpu_type_entry(model, memory_bytes=None):
+    manufacturer, display = display_name(model)
+    return {"model": model, "display_name": display, "manufacturer": manufacturer, "memory_bytes": memory_bytes,
+            "total": 0, "available": 0, "max_per_node": 0, "price_per_hour": None, "spot_min_bid": None}
+
+
 def gpu_types(state):
     """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
     prices = {t.model: t for t in GpuType.select()}
     out = {}
     per_node = {}
     for row in state.gpu_rows():
-        entry = out.setdefault(row["model"], {"model": row["model"], "memory_bytes": row["memory_total_bytes"],
-                                              "total": 0, "available": 0, "max_per_node": 0})
+        entry = out.get(row["model"])
+        if entry is None:
+            entry = out[row["model"]] = _gpu_type_entry(row["model"], row["memory_total_bytes"])
         entry["total"] += 1
         entry["available"] += row["state"] == "free"
         per_node[row["model"], row["node_id"]] = count = per_node.get((row["model"], row["node_id"]), 0) + 1
         entry["max_per_node"] = max(entry["max_per_node"], count)
     for model, priced in prices.items():
-        entry = out.setdefault(model, {"model": model, "memory_bytes": None, "total": 0, "available": 0,
-                                       "max_per_node": 0})
+        entry = out.setdefault(model, _gpu_type_entry(model))
         entry["price_per_hour"] = priced.price_per_hour
         entry["spot_min_bid"] = priced.spot_min_bid
     return sorted(out.values(), key=lambda e: e["model"])
+
+
+def get_gpu_type(state, model, gpu_count=None):
+    """GET /api/v1/gpu-types/{model}: one model as the list has it (NotFound when neither a node has it nor
+    an admin priced it), with its lowest prices for `gpu_count` GPUs when asked."""
+    entry = next((e for e in gpu_types(state) if e["model"] == model), None)
+    if entry is None:
+        raise NotFound(f"GPU type {model!r} not found: no node has it and no price is set for it")
+    if gpu_count is not None:
+        entry["lowest_price"] = lowest_price(entry, gpu_count)
+    return entry
+
+
+def lowest_price(entry, gpu_count):
+    """The lowest prices per GPU-hour of `gpu_count` GPUs of a model on one node: the on-demand price and
+    the spot minimum bid set by an admin (null when none is set, or when no node has that many)."""
+    available = 0 < gpu_count <= entry["max_per_node"]
+    return {"gpu_count": gpu_count, "available": available,
+            "minimum_bid_price": entry["spot_min_bid"] if available else None,
+            "uninterruptable_price": entry["price_per_hour"] if available else None}
+
+
+_VENDORS = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+_BRANDS = ("GeForce ", "Radeon ", "Tesla ", "Quadro ")
+
+
+def display_name(model):
+    """(manufacturer or None, the model's short name): 'NVIDIA GeForce RTX 3090' -> ('NVIDIA', 'RTX 3090'),
+    'NVIDIA H100 80GB HBM3' -> ('NVIDIA', 'H100 80GB HBM3'), as GPU clouds show them."""
+    first, _, rest = model.partition(" ")
+    manufacturer = _VENDORS.get(first.lower())
+    if manufacturer is None or not rest:
+        return manufacturer, model
+    for brand in _BRANDS:
+        if rest.startswith(brand) and len(rest) > len(brand):
+            rest = rest[len(brand):]
+    return manufacturer, rest

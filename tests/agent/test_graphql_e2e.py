@@ -138,7 +138,7 @@ def test_the_seed_cluster_operations_with_api_key_on_a_real_agent(fleet):
         id displayName memoryInGb secureCloud communityCloud maxGpuCount
         lowestPrice(input: {{ gpuCount: 1 }}) {{ minimumBidPrice uninterruptablePrice }}
         eight: lowestPrice(input: {{ gpuCount: 8 }}) {{ minimumBidPrice uninterruptablePrice }} }} }}"""))["gpuTypes"]
-    assert gpu["id"] == gpu["displayName"] == MODEL and gpu["maxGpuCount"] == 4 and gpu["memoryInGb"] > 20
+    assert (gpu["id"], gpu["displayName"]) == (MODEL, "L4") and gpu["maxGpuCount"] == 4 and gpu["memoryInGb"] > 20
     assert gpu["lowestPrice"] == {"minimumBidPrice": 0.3, "uninterruptablePrice": 2.5}
     assert gpu["eight"] == {"minimumBidPrice": None, "uninterruptablePrice": None}  # no node has 8
 
@@ -217,7 +217,7 @@ def test_the_runpod_sdk_creates_lists_stops_resumes_and_terminates_a_pod(fleet, 
     sdk = Sdk(runpod_python, server.url, http.token)
     try:
         gpus = sdk("get_gpus")
-        assert {"id": MODEL, "displayName": MODEL, "memoryInGb": gpus[0]["memoryInGb"]} in gpus
+        assert {"id": MODEL, "displayName": "L4", "memoryInGb": gpus[0]["memoryInGb"]} in gpus
         gpu = sdk("get_gpu", MODEL)
         assert gpu["maxGpuCount"] == 4 and gpu["securePrice"] == 2.5 and gpu["secureSpotPrice"] == 0.3
         assert gpu["lowestPrice"] == {"minimumBidPrice": 0.3, "uninterruptablePrice": 2.5}
