@@ -92,3 +92,22 @@ def test_an_admins_cordon_outlasts_the_agent_saying_it_is_not_draining(api):
     assert api.heartbeat(session, draining=False)["status"] == "cordoned"
     assert api.node(node_id)["status_reason"] == "cordoned by admin"
     assert api.heartbeat(session, expect=400, draining="yes")["error"]["code"] == "invalid_request"
+
+
+def test_storage_is_measured_as_soon_as_the_background_tasks_start(make_app):
+    import datetime as dt
+
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from tests.support.polling import wait_until
+
+    app = make_app(storage_measure_seconds=3600)  # an interval later would be an hour later
+    rt = app.extensions["fleetd"]
+    assert rt.storage is None or not rt.storage
+    rt.tasks.start(BackgroundScheduler(timezone=dt.timezone.utc))
+    try:
+        wait_until(lambda: rt.storage, timeout=30, message="the storage task's first run")
+    finally:
+        rt.tasks.shutdown()
+    assert rt.storage["measured_at"] is not None and rt.storage["disk_total_bytes"] > 0
+    assert rt.tasks.records["metrics_sampler"].last_started_at is None  # the others wait for their interval

@@ -56,6 +56,7 @@ class TaskRecord:
     last_error: str = None
     next_run_at: object = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    run_at_start: bool = False  # also run once as soon as the scheduler starts (not an interval later)
 
 
 class TaskRunner:
@@ -71,6 +72,7 @@ class TaskRunner:
                 description=module.DESCRIPTION,
                 interval_seconds=float(getattr(rt.settings, setting)),
                 func=module.run,
+                run_at_start=getattr(module, "RUN_AT_START", False),
             )
         self.scheduler = None
 
@@ -132,6 +134,8 @@ class TaskRunner:
         """Register every task with an APScheduler scheduler and start it."""
         self.scheduler = scheduler
         for record in self.records.values():
+            # APScheduler takes next_run_time=None as "paused": only a task that runs at start names one.
+            first = {"next_run_time": dt.datetime.now(dt.timezone.utc)} if record.run_at_start else {}
             scheduler.add_job(
                 self._scheduled,
                 "interval",
@@ -141,6 +145,7 @@ class TaskRunner:
                 seconds=record.interval_seconds,
                 max_instances=1,
                 coalesce=True,
+                **first,
             )
         scheduler.start()
 
