@@ -443,10 +443,15 @@ def instance_logs(principal, instance_id, limit, after=None):
     return paginate(query, LogLine.id, limit)
 
 
-def instance_logs_tail(principal, instance_id, count):
+def instance_logs_tail(principal, instance_id, count, before=None):
+    """The last `count` log lines of an instance's runs (before the line numbered `before`, if given), oldest
+    first."""
     find_instance(principal, instance_id, deleted=True)
     runs = Job.select(Job.id).where(Job.instance_id == instance_id)
-    return last_rows(LogLine.select().where(LogLine.job.in_(runs)), LogLine.id, count)
+    query = LogLine.select().where(LogLine.job.in_(runs))
+    if before is not None:
+        query = query.where(LogLine.id < before)
+    return last_rows(query, LogLine.id, count)
 
 
 def instance_events(principal, instance_id, limit, cursor=None, after=None):

@@ -171,10 +171,13 @@ def job_logs(principal, job_id, limit, after=None, rank=None):
     return paginate(query, LogLine.id, limit)
 
 
-def job_logs_tail(principal, job_id, count):
-    """The last `count` log lines of a job, oldest first."""
+def job_logs_tail(principal, job_id, count, before=None):
+    """The last `count` log lines of a job (before the line numbered `before`, if given), oldest first."""
     get_job(principal, job_id)
-    return last_rows(LogLine.select().where(LogLine.job == job_id), LogLine.id, count)
+    query = LogLine.select().where(LogLine.job == job_id)
+    if before is not None:
+        query = query.where(LogLine.id < before)
+    return last_rows(query, LogLine.id, count)
 
 
 def job_events_tail(principal, job_id, count):

@@ -13,11 +13,11 @@ from fleetd.services import instances, nodes
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
+from fleetd.ui.pages import logs
 from fleetd.ui.pages.common import allow, answer_by_name, confirmed, masked_spec_text
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
-LOG_LINES_SHOWN = 200
 EVENTS_SHOWN = 100
 # While an instance is on its way somewhere (or runs, with figures that move), its page refreshes itself.
 LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping", "deleting")
@@ -113,9 +113,31 @@ def instance_page(instance_id):
         events = instances.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
     lines = []
     if principal.role in roles.INSTANCE_LOGS:
-        lines = instances.instance_logs_tail(principal, instance_id, LOG_LINES_SHOWN)
-    return render_template("instance.html", events=list(reversed(events)), lines=lines,
+        lines = instances.instance_logs_tail(principal, instance_id, logs.SHOWN)
+    log = logs.box(lines, _log_url(instance_id), context["live"], INSTANCE_QUIET)
+    return render_template("instance.html", events=list(reversed(events)), log=log,
                            spec_text=masked_spec_text(view["spec"]), **context)
+
+
+INSTANCE_QUIET = "it runs no process now; the page follows its log again after a resume."
+
+
+def _log_url(instance_id):
+    return lambda **args: url_for("ui.instance_log", instance_id=instance_id, **args)
+
+
+@bp.route("/instances/<string:instance_id>/log")
+@ui_require(roles.INSTANCE_LOGS)
+def instance_log(instance_id):
+    """Log lines after `after` (the page polls this while the instance is live), or with `before` the lines
+    before that one ("Load earlier lines")."""
+    principal = g.ui_principal
+    inst = instances.find_instance(principal, instance_id, deleted=True)
+    if request.args.get("before"):
+        return logs.earlier(lambda before, n: instances.instance_logs_tail(principal, instance_id, n, before=before),
+                            _log_url(instance_id))
+    return logs.newer(lambda after, n: instances.instance_logs(principal, instance_id, n, after=after)[0],
+                      _log_url(instance_id), inst.state in LIVE_STATES, INSTANCE_QUIET)
 
 
 @bp.route("/instances/<string:instance_id>/<any(stop, resume, delete):action>", methods=["POST"])

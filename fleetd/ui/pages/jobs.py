@@ -9,12 +9,11 @@ from fleetd.runtime import current_runtime
 from fleetd.services import jobs, nodes, policy
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
+from fleetd.ui.pages import logs
 from fleetd.ui.pages.common import allow, answer_by_name, confirmed, masked_spec_text
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
-LOG_LINES_SHOWN = 300
-LOG_POLL_LIMIT = 500
 EVENTS_SHOWN = 100
 ACTIVE = "active"
 
@@ -56,9 +55,11 @@ def _hostnames(job):
     return {node_id: node.hostname for node_id, node in found.items() if node is not None}
 
 
-def _log_poll_url(job_id, after):
-    return url_for("ui.job_log", job_id=job_id, after=after) if after is not None else url_for("ui.job_log",
-                                                                                              job_id=job_id)
+JOB_DONE = "the job has ended; the log is complete."
+
+
+def _log_url(job_id):
+    return lambda **args: url_for("ui.job_log", job_id=job_id, **args)
 
 
 @bp.route("/jobs/<string:job_id>")
@@ -78,35 +79,29 @@ def job_page(job_id):
         events = jobs.job_events_tail(principal, job_id, EVENTS_SHOWN)
     lines = []
     if principal.role in roles.JOB_LOGS:
-        lines = jobs.job_logs_tail(principal, job_id, LOG_LINES_SHOWN)
+        lines = jobs.job_logs_tail(principal, job_id, logs.SHOWN)
     simulation = None
     if job.state == JobState.QUEUED.value and principal.role in roles.SIMULATE:
         simulation = policy.simulate(rt, principal, job.job_spec)
-    last_seq = lines[-1].id if lines else None
+    terminal = JobState(job.state).is_terminal()
     return render_template(
         "job.html", job=job, spec=masked_spec_text(job.spec), hostnames=_hostnames(job),
-        events=list(reversed(events)), lines=lines,
-        poll_url=_log_poll_url(job_id, last_seq), terminal=JobState(job.state).is_terminal(),
-        simulation=simulation, now=rt.clock.now())
+        events=list(reversed(events)), log=logs.box(lines, _log_url(job_id), not terminal, JOB_DONE),
+        terminal=terminal, simulation=simulation, now=rt.clock.now())
 
 
 @bp.route("/jobs/<string:job_id>/log")
 @ui_require(roles.JOB_LOGS)
 def job_log(job_id):
-    """New log lines after `after` (htmx polls this): the lines, appended out of band, and the next poller."""
+    """Log lines after `after` (the page polls this), or with `before` the lines before that one ("Load
+    earlier lines")."""
     principal = g.ui_principal
-    after = request.args.get("after")
-    try:
-        after = int(after) if after else None
-    except ValueError:
-        raise InvalidRequest("after must be a log line number") from None
     job = jobs.get_job(principal, job_id)
-    lines, _ = jobs.job_logs(principal, job_id, LOG_POLL_LIMIT, after=after)
-    last_seq = lines[-1].id if lines else after
-    # Keep polling while the job may still write, and while a full batch says more is waiting.
-    polling = not JobState(job.state).is_terminal() or len(lines) == LOG_POLL_LIMIT
-    return render_template("_log_poll.html", lines=lines, poll_url=_log_poll_url(job_id, last_seq),
-                           polling=polling, job=job)
+    if request.args.get("before"):
+        return logs.earlier(lambda before, n: jobs.job_logs_tail(principal, job_id, n, before=before),
+                            _log_url(job_id))
+    return logs.newer(lambda after, n: jobs.job_logs(principal, job_id, n, after=after)[0], _log_url(job_id),
+                      not JobState(job.state).is_terminal(), JOB_DONE)
 
 
 @bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])

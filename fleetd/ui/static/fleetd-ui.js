@@ -1,4 +1,4 @@
-/* fleetd admin UI: local times, copy buttons. No inline script: the pages' CSP forbids it. */
+/* fleetd admin UI: local times, copy buttons, log boxes that follow their newest line. No inline script: the pages' CSP forbids it. */
 (function () {
   "use strict";
 
@@ -39,7 +39,32 @@
     var button = event.target.closest && event.target.closest("button[data-copy]");
     if (button) copyFrom(button);
   });
-  document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+  // Log boxes open at their newest line and stay there while new lines come, unless the reader scrolled
+  // up; lines loaded at the top ("Load earlier lines") leave the reader where they were.
+  function nearBottom(box) { return box.scrollHeight - box.scrollTop - box.clientHeight < 24; }
+  function logsToBottom() {
+    var boxes = document.querySelectorAll("pre.log");
+    for (var i = 0; i < boxes.length; i++) boxes[i].scrollTop = boxes[i].scrollHeight;
+  }
+  var logState = null;
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var box = document.getElementById("log-lines");
+    if (box && event.detail.target === box) {
+      logState = {follow: nearBottom(box), height: box.scrollHeight, top: box.scrollTop};
+    }
+  });
+  document.addEventListener("htmx:oobAfterSwap", function (event) {
+    var box = document.getElementById("log-lines");
+    if (!box || event.detail.target !== box || !logState) return;
+    var added = box.scrollHeight - logState.height;
+    if (event.detail.elt && /afterbegin/.test(event.detail.elt.getAttribute("hx-swap-oob") || "")) {
+      box.scrollTop = logState.top + added;
+    } else if (logState.follow) {
+      box.scrollTop = box.scrollHeight;
+    }
+    logState = null;
+  });
+  document.addEventListener("DOMContentLoaded", function () { localTimes(document); logsToBottom(); });
   document.addEventListener("htmx:afterSettle", function (event) { localTimes(event.target); });
   document.addEventListener("htmx:oobAfterSwap", function (event) { localTimes(event.target); });
 })();

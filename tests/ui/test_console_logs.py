@@ -1,0 +1,50 @@
+"""Log boxes through Flask's test client: a page opens with the newest lines, "Load earlier lines" brings the
+ones before them until the start, and an instance's box follows new lines as a job's does."""
+
+import re
+
+from fleetd.ui.pages import logs
+from tests.test_instances import create
+from tests.ui.conftest import enrol
+from tests.ui.test_instances_ui import start
+
+
+def _hx_get(text, element_id):
+    match = re.search(rf'id="{element_id}"[^>]* hx-get="([^"]+)"', text)
+    return match.group(1).replace("&amp;", "&") if match else None
+
+
+def _shown(text):
+    return re.findall(r'<span class="rank">\d+</span>(line \d+)', text)
+
+
+def test_a_long_job_log_opens_at_its_newest_lines_and_loads_earlier_ones_to_the_start(admin_ui, api):
+    _, session = enrol(api)
+    job = api.submit(name="train", command=["python", "train.py"], resources={"gpus": 1})
+    assignment = api.start_task(session)
+    total = logs.SHOWN + 50
+    api.task_call(session, assignment, "logs", lines=[["stdout", f"line {i}"] for i in range(total)])
+    page = admin_ui.text(f"/ui/jobs/{job['id']}")
+    assert _shown(page) == [f"line {i}" for i in range(50, total)]  # the newest, oldest of them first
+    earlier = admin_ui.text(_hx_get(page, "log-earlier"))
+    assert 'hx-swap-oob="afterbegin:#log-lines"' in earlier
+    assert _shown(earlier) == [f"line {i}" for i in range(50)]
+    assert "From the start of the log." in earlier and _hx_get(earlier, "log-earlier") is None
+    assert admin_ui.get(f"/ui/jobs/{job['id']}/log?before=x").status_code == 400
+
+
+def test_an_instance_log_box_follows_new_lines_while_it_runs(admin_ui, api):
+    _, session = enrol(api)
+    inst = create(api, name="web")
+    assignment = start(api, session)
+    page = admin_ui.text(f"/ui/instances/{inst['id']}")
+    assert 'data-empty="No output yet."' in page and _hx_get(page, "log-earlier") is None
+    poll = _hx_get(page, "log-poller")
+    api.task_call(session, assignment, "logs", lines=[["stdout", "serving on 8888"]])
+    partial = admin_ui.text(poll)
+    assert "serving on 8888" in partial and 'hx-swap-oob="beforeend:#log-lines"' in partial
+    assert "serving on 8888" not in admin_ui.text(_hx_get(partial, "log-poller"))
+    assert api.post(f"/api/v1/instances/{inst['id']}/stop").status_code == 200
+    api.task_call(session, assignment, "finish", outcome="cancelled")
+    quiet = admin_ui.text(poll)
+    assert _hx_get(quiet, "log-poller") is None and "it runs no process now" in quiet
