@@ -608,7 +608,8 @@ class LeaderLease(BaseModel):
 
 # The event kinds a webhook can receive (fleetd.services.webhooks decides which Event notifies which).
 WEBHOOK_KINDS = ("node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
-                 "leader.changed")
+                 "leader.changed", "node.enrolled", "node.upgraded", "node.revoked", "node.deleted", "rollout.node",
+                 "rollout.state")
 
 
 WEBHOOK_KINDS += ("node.validation",)  # a node's validation passed or failed (services.validation)
@@ -646,6 +647,42 @@ class WebhookDelivery(BaseModel):
         indexes = ((("state", "next_attempt_at"), False), (("webhook", "id"), False))
 
 
+class Rollout(BaseModel):
+    """An agent rollout over a fleet (`fleetd rollout start`): the CLI that drives it over SSH records
+    each node's progress here, and any CLI reads it, pauses, resumes or aborts it (services.rollouts)."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    fleet = peewee.CharField(max_length=64, index=True)
+    bundle_version = peewee.CharField(max_length=64)
+    bundle_sha256 = peewee.CharField(max_length=64)
+    state = peewee.CharField(max_length=16, index=True)  # running, paused, done, aborted
+    state_reason = peewee.TextField(default="")
+    options = JSONText(default=dict)  # batch, canary, max_failures, window, drain_deadline_seconds
+    created_at = peewee.DateTimeField()
+    created_by = peewee.CharField(max_length=200, default="")
+    updated_at = peewee.DateTimeField()
+
+
+class RolloutNode(BaseModel):
+    """One node of a rollout, in the order the driver takes them: its batch (0 holds the canaries)
+    and how far it got."""
+
+    id = peewee.AutoField()
+    rollout = peewee.ForeignKeyField(Rollout, backref="nodes", on_delete="CASCADE", column_name="rollout")
+    node_id = peewee.CharField(max_length=32)
+    hostname = peewee.CharField(max_length=255, default="")
+    address = peewee.CharField(max_length=255, default="")
+    position = peewee.IntegerField()
+    batch = peewee.IntegerField()
+    canary = peewee.BooleanField(default=False)
+    state = peewee.CharField(max_length=16)  # pending, upgrading, done, failed, skipped
+    detail = peewee.TextField(default="")
+    updated_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("rollout", "node_id"), True), (("rollout", "position"), False))
+
+
 class OwnerUid(BaseModel):
     """The host uid whose tasks an owner (an API token, by id) runs as when it has no unix_user:
     allocated once from the configured range, the same on every node, never changed or reused."""
@@ -663,5 +700,6 @@ class Setting(BaseModel):
 
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
-          ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery, OwnerUid]
+          ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery, OwnerUid,
+          Rollout, RolloutNode]
 MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrations 0023, 0024)

@@ -73,6 +73,10 @@ BASE_BODIES = {
     ("POST", "/api/v1/nodes/{node_id}/upgrade"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): {"outcome": "failed", "detail": "d"},
     ("POST", "/api/v1/nodes/{node_id}/events"): {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"},
+    ("POST", "/api/v1/rollouts"): {"fleet": "gpu-a", "bundle_version": "0.2.0", "bundle_sha256": "ab" * 32,
+                                   "batch": "10%", "canary": 1, "max_failures": 0, "drain_deadline_seconds": 60,
+                                   "window": {"timezone": "UTC", "windows": [{"start": "22:00", "end": "06:00"}]}},
+    ("PATCH", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}"): {"state": "upgrading", "detail": "d"},
     ("POST", "/api/v1/jobs"): JOB_SPEC,
     ("POST", "/api/v1/instances"): {
         "name": "nb", "command": ["sleep", "1d"], "env": {"A": "b"}, "resources": {"gpus": 1, "gpu_types": ["x"]},
@@ -128,7 +132,10 @@ class World:
         instance = self.api.post("/api/v1/instances", {"name": "nb", "command": ["true"]}).get_json()
         self.api.post(f"/api/v1/instances/{instance['id']}/stop")
         limited = self.api.post("/api/v1/tokens", {"name": "limited", "role": "metrics"}).get_json()
+        rollout = self.api.post("/api/v1/rollouts", {"fleet": "gpu-a", "bundle_version": "0.2.0",
+                                                     "bundle_sha256": "cd" * 32}).get_json()
         self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
+                       "rollout_id": rollout["id"],
                        "instance_id": instance["id"], "token_id": limited["id"],
                        "model": GPU_H100["model"], "team": "team-a", "epoch": self.assignment["epoch"]}
         self.routes = json_routes(self.app)

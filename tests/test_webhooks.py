@@ -151,7 +151,10 @@ def test_webhook_kinds_of_events():
 
     assert webhook_kind("node.status", "ready", "lost") == "node.lost"
     assert webhook_kind("node.status", "lost", "cordoned") == "node.returned"
-    assert webhook_kind("node.status", "lost", "revoked") is None
+    assert webhook_kind("node.status", "lost", "revoked") == "node.revoked"
+    assert webhook_kind("node.status", "revoked", "pending") == "node.enrolled"
+    assert webhook_kind("node.registered", None, "pending") == "node.enrolled"
+    assert webhook_kind("node.registered", "ready", "ready") is None
     assert webhook_kind("node.status", "draining", "drained") == "node.drained"
     assert webhook_kind("node.status", "ready", "cordoned") is None
     assert webhook_kind("job.state", "running", "failed") == "job.failed"

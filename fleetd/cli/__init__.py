@@ -8,8 +8,8 @@ params.py (option values), remote.py (the REST client of a command). `bootstrap`
 
 import click
 
-from fleetd.cli import admin, cluster, fleets, instances, jobs, nodes, tokens
-from fleetd.cli.output import fail
+from fleetd.cli import admin, cluster, fleets, instances, jobs, nodes, rollouts, tokens
+from fleetd.cli.lazy import load_command
 
 
 class LazyGroup(click.Group):
@@ -23,19 +23,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in self.lazy:
             return super().get_command(ctx, name)
-        import importlib
-
-        module, _, attr = self.lazy[name].partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except ImportError as exc:
-            absent = exc.name
-
-        @click.command(name, help=f"(needs: pip install 'fleetd[provision]'; {absent} is missing)")
-        def missing():
-            fail(f"`fleetd {name}` needs the provision extra: pip install 'fleetd[provision]' ({absent} is missing)")
-
-        return missing
+        return load_command(name, self.lazy[name])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,7 +33,7 @@ def cli():
 
 
 def _add_commands():
-    for module in (admin, tokens, fleets, nodes, jobs, instances, cluster):
+    for module in (admin, tokens, fleets, nodes, jobs, instances, cluster, rollouts):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -61,6 +61,10 @@ class BootstrapOptions:
     allow_downgrade: bool = False
     force_remove: bool = False  # remove: drain and delete the node in fleetd when the host cannot be reached
     check_server_url: bool = True  # preflight: can the host reach fleetd's /api/v1/health?
+    # A rollout's upgrade of an enrolled node (fleetd.provision.rollout): the host must be that node
+    # (it never enrols), and its config and unit stay as they are (rewriting them is bootstrap's job).
+    upgrade_only: bool = False
+    readmit: bool = False  # enrol a host whose node was revoked again, under its old id
 
     @property
     def server_urls(self):
@@ -292,6 +296,11 @@ class Bootstrapper:
             node = self._enrolled_node(facts)
             if node is not None:
                 result.node_id = node["id"]
+            expected = getattr(spec, "node_id", None)  # a rollout's host names the node it must be
+            if options.upgrade_only and (node is None or (expected and node["id"] != expected)):
+                raise HostFailed(f"the host is not enrolled as node {expected or '?'} of fleet {options.fleet} (its "
+                                 f"node.json says {facts.get('node_id') or 'nothing'}): a rollout upgrades enrolled "
+                                 "nodes only; left untouched")
             install, upgrade = install_plan(facts, options.bundle, options.allow_downgrade)
             # An upgrade that failed before (node.upgrade still set) ends with this run, installing or not.
             upgrading = node is not None and (
@@ -368,9 +377,12 @@ class Bootstrapper:
             self.progress(result.host, "install", f"fleet-agent {installed} already installed")
         result.version = options.bundle.version
 
-        self.progress(result.host, "configure", "rendering config and unit")
-        values = options.template_values()
-        unit_changed = self._configure(remote, facts, values, changed)
+        if options.upgrade_only:
+            self.progress(result.host, "configure", "config and unit kept as they are")
+            unit_changed = False
+        else:
+            self.progress(result.host, "configure", "rendering config and unit")
+            unit_changed = self._configure(remote, facts, self.options.template_values(), changed)
 
         if node is None:
             stale = bool(facts.get("node_id"))
@@ -432,7 +444,8 @@ class Bootstrapper:
         # gained or lost replicas of the same one does not (the rewritten config brings it).
         stored = {u.strip().rstrip("/").lower() for u in
                   (facts.get("node_server_urls") or facts.get("node_server_url", "")).split(",") if u.strip()}
-        if stored and not stored & {u.lower() for u in self.options.server_urls}:
+        # A rollout (upgrade_only) never enrols: the node its fleetd knows it as is the one it checks.
+        if stored and not self.options.upgrade_only and not stored & {u.lower() for u in self.options.server_urls}:
             return None
         node = self._node(node_id)
         if node is None or node["status"] == "revoked" or node.get("fleet") != self.options.fleet:
@@ -576,6 +589,11 @@ class Bootstrapper:
             last = before.get("last_heartbeat_at")
             self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != last
                        and n["status"] not in ("lost", "pending"), timeout, "heartbeating after the restart")
+        if upgrading and before is not None and self.options.bundle is not None:
+            # Validate: the restarted agent runs the new bundle (it reports it at its first heartbeat).
+            sha = self.options.bundle.sha256
+            self._poll(result.node_id, lambda n: n.get("bundle_sha256") == sha, timeout,
+                       f"running bundle {sha[:12]} after the restart")
         if upgrading:
             self.progress(result.host, "ready", f"ending the upgrade: node {result.node_id} goes back to {previous}")
             bundle = self.options.bundle

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
+from fleetd.cli.rollouts import show_rollout
 from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
 from fleetd.provision import bootstrap as bs
+from fleetd.provision import rollout as rs
 from fleetd.provision import rendering
 from fleetd.provision.bundle import BundleError, build_bundle, find_source_tree, read_bundle
 from fleetd.provision.ssh import DEFAULT_KNOWN_HOSTS, HostSpec, SshOptions
@@ -96,6 +98,8 @@ class _Reporter:
         if self.progress is not None:
             done = len(self.steps) if step in ("done", "failed") else (
                 self.steps.index(step) if step in self.steps else 0)
+            if host not in self.tasks:  # a host named otherwise than announced (an IPv6 address in brackets)
+                self.tasks[host] = self.progress.add_task("waiting", total=len(self.steps), host=host, step="")
             self.progress.update(self.tasks[host], completed=done, step=step, description=message[:120])
             return
         with self.lock:
@@ -131,6 +135,34 @@ def _client(url, token):
     return Client(url or saved.get("url") or DEFAULT_URL, token)
 
 
+def ssh_flags(fn):
+    """How to reach the hosts over SSH: the options `fleetd bootstrap` and `fleetd rollout start` share
+    (their values become SshOptions through ssh_options)."""
+    options = [
+        click.option("--user", "-u", help="SSH user (default: from ~/.ssh/config, else your login name)."),
+        click.option("--key", "-i", "keys", multiple=True, type=click.Path(dir_okay=False),
+                     help="SSH private key (repeatable; default: ssh-agent and ~/.ssh/id_*)."),
+        click.option("--port", "-p", type=click.IntRange(1, 65535),
+                     help="SSH port of hosts given without one (default: from ~/.ssh/config, else 22)."),
+        click.option("--jump", "-J", type=_Spec(), help="Bastion to connect through, [user@]host[:port]."),
+        click.option("--known-hosts", default=DEFAULT_KNOWN_HOSTS, show_default=True, type=click.Path(dir_okay=False),
+                     help="known_hosts file the host keys are checked against (also /etc/ssh/ssh_known_hosts)."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust hosts whose key is unknown on first use and record their keys; changed keys are "
+                          "still refused."),
+        click.option("--sudo", is_flag=True, help="Become root with `sudo -n` (passwordless sudo) on the hosts."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo):
+    """SshOptions from the values of the ssh_flags options."""
+    return SshOptions(user=user, port=port, key_filenames=tuple(keys), jump=jump, known_hosts=known_hosts,
+                      accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout, sudo=sudo)
+
+
 # Their own -h: a command loaded lazily caches its help option from the first context it sees,
 # which is not always the fleetd group's (a test may invoke it alone).
 HELP = {"help_option_names": ["-h", "--help"]}
@@ -151,19 +183,8 @@ HELP = {"help_option_names": ["-h", "--help"]}
               help="URL the agents reach fleetd at, when it differs from --url; several (replicas) repeated or "
                    "comma-separated, tried in turn by the agents (FLEETD_AGENT_SERVER_URL: comma- or "
                    "space-separated).")
-@click.option("--user", "-u", help="SSH user (default: from ~/.ssh/config, else your login name).")
-@click.option("--key", "-i", "keys", multiple=True, type=click.Path(dir_okay=False),
-              help="SSH private key (repeatable; default: ssh-agent and ~/.ssh/id_*).")
-@click.option("--port", "-p", type=click.IntRange(1, 65535),
-              help="SSH port of hosts given without one (default: from ~/.ssh/config, else 22).")
-@click.option("--jump", "-J", type=_Spec(), help="Bastion to connect through, [user@]host[:port].")
-@click.option("--known-hosts", default=DEFAULT_KNOWN_HOSTS, show_default=True, type=click.Path(dir_okay=False),
-              help="known_hosts file the host keys are checked against (also /etc/ssh/ssh_known_hosts).")
-@click.option("--accept-new-host-keys", is_flag=True,
-              help="Trust hosts whose key is unknown on first use and record their keys; changed keys are "
-                   "still refused.")
+@ssh_flags
 @click.option("--parallel", type=click.IntRange(1, 256), default=10, show_default=True, help="Hosts at a time.")
-@click.option("--sudo", is_flag=True, help="Become root with `sudo -n` (passwordless sudo) on the hosts.")
 @click.option("--python", "python", default="python3", show_default=True, help="Python on the hosts (>= 3.10).")
 @click.option("--bundle", "bundle_path", type=click.Path(dir_okay=False, exists=True),
               help="Offline bundle from `fleetd bundle build` (default: build one now into ~/.cache/fleetd).")
@@ -208,8 +229,7 @@ def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, ser
         ca_pem=Path(ca_file).read_text() if ca_file else "", install_dir=install_dir, wait_timeout=wait_timeout,
         drain_deadline=drain_deadline, min_free_mb=min_free_mb, allow_downgrade=allow_downgrade,
         force_remove=force)
-    ssh_options = SshOptions(user=user, port=port, key_filenames=tuple(keys), jump=jump, known_hosts=known_hosts,
-                             accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout, sudo=sudo)
+    ssh = ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo)
     if not remove:
         try:
             client.get(f"/api/v1/fleets/{fleet_name}")
@@ -221,7 +241,7 @@ def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, ser
     steps = bs.REMOVE_STEPS if remove else bs.STEPS
     # Progress goes to stderr: it never mixes with --json on stdout.
     with _Reporter(names, steps, enabled=True) as reporter:
-        results = bs.Bootstrapper(client, options, ssh_options, progress=reporter).run(
+        results = bs.Bootstrapper(client, options, ssh, progress=reporter).run(
             list(hosts), parallel=parallel, remove=remove)
     if result_file:
         _write_results(Path(result_file), results)
@@ -304,3 +324,84 @@ def bundle_show(path):
     except BundleError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(dict(built.manifest, sha256=built.sha256), indent=2))
+
+
+@click.command("start", context_settings=HELP)
+@click.option("--fleet", "fleet_name", required=True, help="Fleet whose nodes are upgraded.")
+@click.option("--bundle", "bundle_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Offline bundle from `fleetd bundle build` to roll out.")
+@click.option("--batch", default="1", show_default=True,
+              help="Nodes upgraded at a time after the canaries: a number, or a percentage of the nodes (10%).")
+@click.option("--canary", type=click.IntRange(0, 1000), default=1, show_default=True,
+              help="Nodes upgraded first, alone; if one fails, the rollout pauses before any other node.")
+@click.option("--max-failures", type=click.IntRange(0), default=0, show_default=True,
+              help="Failed nodes after the canaries before the rollout pauses by itself.")
+@click.option("--window", "window_specs", multiple=True, metavar="[DAYS ]HH:MM-HH:MM",
+              help="When nodes may begin their upgrade, e.g. 22:00-06:00 or 'sat,sun 00:00-23:59' (repeatable; "
+                   "default: any time). A node under way when the window closes finishes.")
+@click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window (IANA name).")
+@click.option("--url", envvar="FLEETD_URL", help="fleetd URL for this command (FLEETD_URL; default: saved by login).")
+@click.option("--token", envvar="FLEETD_TOKEN", help="Admin API token (FLEETD_TOKEN; default: saved by login).")
+@ssh_flags
+@click.option("--python", "python", default="python3", show_default=True, help="Python on the hosts (>= 3.10).")
+@click.option("--install-dir", default="/opt/fleet-agent", show_default=True, help="The agent's venv on the hosts.")
+@click.option("--wait-timeout", type=_Duration(), default="3m", show_default=True,
+              help="How long to wait for each node's agent to come back on the new bundle.")
+@click.option("--drain-deadline", type=_Duration(), default="1h", show_default=True,
+              help="Drain deadline of each node (running tasks are stopped after it).")
+@click.option("--connect-timeout", type=_Duration(), default="15s", show_default=True,
+              help="How long an SSH connection to a host may take.")
+@click.option("--allow-downgrade", is_flag=True, help="Roll out a bundle older than a node's agent.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rollout as JSON at the end.")
+def rollout_start(fleet_name, bundle_path, batch, canary, max_failures, window_specs, timezone, url, token, user, keys,
+                  port, jump, known_hosts, accept_new_host_keys, sudo, python, install_dir, wait_timeout,
+                  drain_deadline, connect_timeout, allow_downgrade, as_json):
+    """Upgrade the agents of a fleet to a bundle over SSH: canaries first, then batch by batch.
+
+    Each node is drained (to the deadline), upgraded, restarted, validated (its agent comes back on the
+    new bundle) and returned to the state its operator left it in; a failed node stays drained. The
+    rollout lives in fleetd: `fleetd rollout status|pause|resume|abort ID` work from any machine, and
+    this command obeys them between nodes. Exit status 0 when every node was upgraded.
+    """
+    batch = batch.strip()
+    if not re.fullmatch(r"[1-9]\d{0,5}|([1-9]\d?|100)%", batch):
+        raise click.BadParameter(f"{batch!r} is not a number of nodes or a percentage (10%)", param_hint="--batch")
+    try:
+        window = rs.parse_window(window_specs, timezone)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
+    client = _client(url, token)
+    try:
+        fleet = client.get(f"/api/v1/fleets/{fleet_name}")
+        bundle = read_bundle(bundle_path)
+    except ClientError as exc:
+        raise click.ClickException(f"fleet {fleet_name}: {exc.message}") from None
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    options = bs.BootstrapOptions(fleet=fleet["name"], server_url=client.url, bundle=bundle, python=python,
+                                  install_dir=install_dir, wait_timeout=wait_timeout, drain_deadline=drain_deadline,
+                                  allow_downgrade=allow_downgrade, upgrade_only=True, check_server_url=False)
+    driver = rs.RolloutDriver(client, options, ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys,
+                                                           connect_timeout, sudo))
+    try:
+        started = driver.start(fleet["name"], int(batch) if batch.isdigit() else batch, canary, max_failures, window)
+    except ClientError as exc:
+        raise click.ClickException(f"rollout of fleet {fleet_name}: {exc.message}") from None
+    click.echo(f"rollout {started['id']}: fleet {fleet_name} to fleet-agent {bundle.version} (bundle sha256 "
+               f"{bundle.sha256[:12]}), {sum(n['state'] == 'pending' for n in started['nodes'])} node(s)", err=True)
+    hosts = ["rollout"] + [n["address"] or n["hostname"] for n in started["nodes"] if n["state"] == "pending"]
+    with _Reporter(list(dict.fromkeys(hosts)), rs.STEPS, enabled=True) as reporter:
+        driver.progress = reporter
+        try:
+            final = driver.run(started["id"])
+        except ClientError as exc:
+            raise click.ClickException(f"rollout {started['id']}: {exc.message} (it stays in fleetd: "
+                                       f"`fleetd rollout status {started['id']}`)") from None
+    if as_json:
+        click.echo(json.dumps(final, indent=2))
+    else:
+        show_rollout(final)
+    upgraded = final["state"] == "done" and all(n["state"] in ("done", "skipped") for n in final["nodes"])
+    if not upgraded:
+        click.echo(f"fleetd: rollout {final['id']} is {final['state']} ({final['state_reason']})", err=True)
+        sys.exit(1)

@@ -397,7 +397,10 @@ def switch_node_status(node, to_status, reason, now, actor=None):
     node.status_reason = reason
     node.status_before_lost = from_status.value if to_status is NodeStatus.LOST else None
     node.save()
-    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor)
+    # node.drained webhooks say why the node was drained, not only how the drain ended.
+    data = {"drain_reason": node.drain_reason} if to_status is NodeStatus.DRAINED else None
+    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor,
+                 data=data)
     if to_status is NodeStatus.LOST:
         node_lost(node.id, reason, now)
     elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:

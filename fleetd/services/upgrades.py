@@ -76,9 +76,12 @@ def end_upgrade(rt, node_id, outcome, detail=""):
         if record is None:
             raise Conflict(f"node {node_id} has no upgrade in progress", {"status": node.status})
         if outcome == "failed":
-            _fail(node, record, detail, now)
+            said = _fail(node, record, detail, now)
         else:
-            _restore(node, record, detail, now)
+            said = _restore(node, record, detail, now)
+        # One event per upgrade's end, whatever became of the node: node.upgraded webhooks receive it.
+        record_event(now, "node.upgraded", "node", node_id, said,
+                     data={"outcome": outcome, "detail": detail, "status": node.status})
     if node.status == NodeStatus.READY.value:
         rt.scheduler.kick()
     return get_node(node_id)
@@ -93,7 +96,7 @@ def _fail(node, record, detail, now):
         node.drain_reason = why
         node.status_reason = why
     node.save()
-    record_event(now, "node.upgrade", "node", node.id, f"{why}; the node stays {node.status}")
+    return f"{why}; the node stays {node.status}"
 
 
 def _restore(node, record, detail, now):
@@ -102,9 +105,7 @@ def _restore(node, record, detail, now):
     node.upgrade = None
     if not record["drained"]:
         node.save()  # an operator's drain: it was never touched
-        record_event(now, "node.upgrade", "node", node.id, f"{done}; the node stays {node.status} as an operator "
-                                                           "left it")
-        return
+        return f"{done}; the node stays {node.status} as an operator left it"
     if node.status not in ("draining", "drained"):
         raise Conflict(f"node {node.id} is {node.status}, not drained for its upgrade: it is not put back "
                        f"{before['status']}", {"status": node.status})
@@ -114,3 +115,4 @@ def _restore(node, record, detail, now):
                            + (f" ({before['reason']})" if before.get("reason") else ""), now)
     else:
         switch_node_status(node, NodeStatus.READY, done, now)
+    return f"{done}; the node is {node.status} again"

@@ -46,6 +46,10 @@ def _node_kind(from_status, to_status):
         return "node.returned"
     if to_status == "drained":
         return "node.drained"
+    if to_status == "revoked":
+        return "node.revoked"
+    if from_status == "revoked" and to_status == "pending":
+        return "node.enrolled"  # enrolled again with a new join token
     return None
 
 
@@ -56,6 +60,13 @@ _NOTIFYING = {
     "job.state": lambda _f, to: "job.failed" if to == "failed" else None,
     "instance.state": lambda _f, to: "instance.interrupted" if to == "interrupted" else None,
     "leader.changed": lambda _f, _t: "leader.changed",
+    "node.validation": lambda _f, _t: "node.validation",
+    "budget.threshold": lambda _f, _t: "budget.threshold",
+    "node.registered": lambda f, _t: "node.enrolled" if f is None else None,
+    "node.deleted": lambda _f, _t: "node.deleted",
+    "node.upgraded": lambda _f, _t: "node.upgraded",
+    "rollout.node": lambda _f, to: "rollout.node" if to in ("done", "failed") else None,
+    "rollout.state": lambda _f, to: "rollout.state" if to in ("paused", "done", "aborted") else None,
 }
 
 

@@ -1,0 +1,73 @@
+"""`fleetd rollout` over real SSH test hosts: a broken canary stops the rollout before any other node."""
+
+import json
+import subprocess
+
+import pytest
+
+from tests.provision.conftest import BROKEN_AGENT, FLEET, repack_bundle
+from tests.provision.test_bootstrap import agent_pids, to_statuses
+from tests.support import wait_until
+from tests.support.server import fleetd_cmd
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_operator_drain_as_it_was(
+        lab_factory, bundle, tmp_path):
+    # Three hosts show it: the canary (ready), a node in service and a node an operator drained.
+    lab = lab_factory(["l4_x4", "l4_x4", "l4_x4"])
+    code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
+    assert code == 0, (results, stderr)
+    ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
+    canary, serving, repair = lab.hosts
+    lab.api("POST", f"/api/v1/nodes/{ids[repair.hostname]}/drain", expect=200,
+            json={"reason": "RMA pending", "deadline_seconds": 60})
+    lab.api.wait_status(ids[repair.hostname], "drained")
+    for host in lab.hosts:  # fleetd knows each node's bundle: the rollout takes those not on the new one
+        wait_until(lambda h=host: lab.api.node(ids[h.hostname])["bundle_sha256"] == bundle.sha256, 60,
+                   message="the node to report its bundle")
+    before = {h.hostname: (agent_pids(h), h.path("/opt/fleet-agent/bundle.json").read_text(),
+                           to_statuses(lab, ids[h.hostname])) for h in (serving, repair)}
+
+    broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
+    driver = subprocess.Popen(
+        fleetd_cmd("rollout", "start", "--fleet", FLEET, "--bundle", str(broken.path), "--canary", "1",
+                   "--batch", "2", "--user", "root", "--key", str(lab.ssh.client_key), "--known-hosts",
+                   str(lab.ssh.known_hosts), "--wait-timeout", "30", "--drain-deadline", "60", "--json"),
+        env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        rollout = wait_until(lambda: next((r for r in lab.api("GET", "/api/v1/rollouts", expect=200).json()["items"]
+                                           if r["state"] == "paused"), None), 240,
+                             message="the rollout to pause itself")
+        nodes = {n["hostname"]: n for n in rollout["nodes"]}
+        assert [n["hostname"] for n in rollout["nodes"]][0] == canary.hostname and nodes[canary.hostname]["canary"]
+        assert nodes[canary.hostname]["state"] == "failed" and BROKEN_AGENT in nodes[canary.hostname]["detail"]
+        assert rollout["state_reason"].startswith(f"paused by fleetd: canary node {ids[canary.hostname]} failed")
+        assert nodes[serving.hostname]["state"] == nodes[repair.hostname]["state"] == "pending"
+        # The canary stays out of service; the others were never touched (same agent process, same
+        # bundle, no new state), and the operator's drain is as it was.
+        node = lab.api.node(ids[canary.hostname])
+        assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
+        for host in (serving, repair):
+            assert (agent_pids(host), host.path("/opt/fleet-agent/bundle.json").read_text(),
+                    to_statuses(lab, ids[host.hostname])) == before[host.hostname]
+        assert lab.api.node(ids[serving.hostname])["status"] == "ready"
+        assert lab.api.node(ids[repair.hostname])["drain"]["reason"] == "RMA pending"
+
+        # Any CLI ends it; the driver, waiting on the pause, stops and says so.
+        aborted = lab.fleetd_cli("rollout", "abort", rollout["id"])
+        assert aborted.returncode == 0 and "aborted (aborted by token:" in aborted.stdout, aborted.stdout + aborted.stderr
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate(timeout=30)
+    assert driver.returncode == 1, out + err
+    final = json.loads(out)
+    assert final["state"] == "aborted" and {n["state"] for n in final["nodes"][1:]} == {"skipped"}, final
+    assert f"paused: paused by fleetd: canary node {ids[canary.hostname]} failed" in err
+    status = lab.fleetd_cli("rollout", "status", rollout["id"])
+    assert status.returncode == 0 and "not upgraded: the rollout was aborted" in status.stdout, status.stdout
+    assert lab.api.node(ids[serving.hostname])["status"] == "ready"
+    assert lab.api.node(ids[repair.hostname])["status"] == "drained"

@@ -1,0 +1,136 @@
+"""Rollouts in fleetd (the plan, the policy that pauses, the requests any CLI makes) and the webhooks of
+a node's lifecycle (enrolled, drained with why, upgraded, revoked, deleted), in process."""
+
+import json
+
+from fleetd.db import database
+from fleetd.models import WebhookDelivery
+
+SHA = "ab" * 32
+
+
+def _nodes(api, count, token):
+    """`count` ready nodes gpu-1.. of fleet gpu-a; returns their ids by hostname."""
+    return {f"gpu-{i}": api.ready_node(token, f"gpu-{i}")[0] for i in range(1, count + 1)}
+
+
+def _start(api, expect=201, **body):
+    body = dict({"fleet": "gpu-a", "bundle_version": "0.2.0", "bundle_sha256": SHA}, **body)
+    resp = api.post("/api/v1/rollouts", body)
+    assert resp.status_code == expect, resp.get_json()
+    return resp.get_json()
+
+
+def _report(api, rollout, node_id, state, expect=200, detail=""):
+    resp = api.patch(f"/api/v1/rollouts/{rollout['id']}/nodes/{node_id}", {"state": state, "detail": detail})
+    assert resp.status_code == expect, resp.get_json()
+    return resp.get_json()
+
+
+def _deliveries():
+    with database.connection_context():
+        return [(d.kind, json.loads(d.body)) for d in WebhookDelivery.select().order_by(WebhookDelivery.at)]
+
+
+def test_a_failed_canary_pauses_the_rollout_before_any_other_node_and_resume_and_abort_come_from_anywhere(api):
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a", max_uses=10)
+    ids = _nodes(api, 4, token)
+    # An operator cordoned gpu-1: the canary is a node in service; gpu-4's agent is silent (pending).
+    api.post(f"/api/v1/nodes/{ids['gpu-1']}/cordon")
+    api.register(token, machine_id="gpu-5", hostname="gpu-5")
+    assert api.post("/api/v1/webhooks", {"url": "https://hooks.example.com/x", "secret": "0123456789abcdef",
+                                         "events": ["rollout.node", "rollout.state"]}).status_code == 201
+
+    rollout = _start(api, batch="50%", canary=1, max_failures=0)
+    plan = [(n["hostname"], n["batch"], n["canary"], n["state"]) for n in rollout["nodes"]]
+    assert plan == [("gpu-2", 0, True, "pending"), ("gpu-1", 1, False, "pending"), ("gpu-3", 1, False, "pending"),
+                    ("gpu-4", 2, False, "pending"), ("gpu-5", 3, False, "skipped")], plan
+    assert rollout["state"] == "running" and rollout["batch"] == "50%" and rollout["canary"] == 1
+    # One active rollout per fleet.
+    assert "abort it or let it finish" in _start(api, expect=409)["error"]["message"]
+
+    # Nothing after the canary begins while it is under way; its failure pauses the rollout.
+    _report(api, rollout, ids["gpu-2"], "upgrading")
+    assert "canaries are not through" in _report(api, rollout, ids["gpu-3"], "upgrading", 409)["error"]["message"]
+    paused = _report(api, rollout, ids["gpu-2"], "failed", detail="the agent did not start")
+    assert paused["state"] == "paused", paused
+    assert paused["state_reason"].startswith(f"paused by fleetd: canary node {ids['gpu-2']} failed (the agent")
+    refused = _report(api, rollout, ids["gpu-3"], "upgrading", 409)
+    assert "is paused" in refused["error"]["message"]
+    assert [n["state"] for n in paused["nodes"]][1:] == ["pending", "pending", "pending", "skipped"]
+    kinds = [(k, b["data"]["to_status"]) for k, b in _deliveries()]
+    assert ("rollout.node", "failed") in kinds and ("rollout.state", "paused") in kinds, kinds
+    events = api.get(f"/api/v1/nodes/{ids['gpu-2']}/events").get_json()["items"]
+    assert any(e["kind"] == "rollout.node" and "canary failed: the agent did not start" in e["reason"] for e in events)
+
+    # An operator resumes (accepting the canary's failure); one more failure exceeds --max-failures 0.
+    assert api.post(f"/api/v1/rollouts/{rollout['id']}/resume").get_json()["state"] == "running"
+    _report(api, rollout, ids["gpu-1"], "upgrading")
+    _report(api, rollout, ids["gpu-1"], "done", detail="upgraded")
+    _report(api, rollout, ids["gpu-3"], "upgrading")
+    again = _report(api, rollout, ids["gpu-3"], "failed", detail="boom")
+    assert again["state"] == "paused" and "2 node(s) failed, more than --max-failures 0" in again["state_reason"]
+    assert _report(api, rollout, ids["gpu-3"], "done", 409)["error"]["code"] == "conflict"
+
+    # Abort: the nodes that never began are skipped, and say why; the rollout is over.
+    aborted = api.post(f"/api/v1/rollouts/{rollout['id']}/abort").get_json()
+    assert aborted["state"] == "aborted"
+    gpu4 = next(n for n in aborted["nodes"] if n["hostname"] == "gpu-4")
+    assert gpu4["state"] == "skipped" and gpu4["detail"].startswith("not upgraded: the rollout was aborted by token:")
+    assert api.post(f"/api/v1/rollouts/{rollout['id']}/resume").status_code == 409
+    listed = api.get("/api/v1/rollouts?fleet=gpu-a").get_json()["items"]
+    assert [r["id"] for r in listed] == [rollout["id"]]
+    # A new rollout may start once the last one ended.
+    assert _start(api)["state"] == "running"
+
+
+def test_a_rollout_ends_done_when_its_last_node_is_through_and_bad_input_is_refused(api):
+    api.create_fleet("gpu-a")
+    ids = _nodes(api, 2, api.create_join_token("gpu-a", max_uses=10))
+    for body, field in (({"batch": "0%"}, "batch"), ({"batch": 0}, "batch"), ({"batch": True}, "batch"),
+                        ({"bundle_sha256": "xyz"}, "bundle_sha256"), ({"canary": -1}, "canary"),
+                        ({"window": {"windows": []}}, "window")):
+        resp = api.post("/api/v1/rollouts", dict({"fleet": "gpu-a", "bundle_version": "1", "bundle_sha256": SHA},
+                                                 **body))
+        assert resp.status_code == 400 and field in json.dumps(resp.get_json()["error"]), (body, resp.get_json())
+    assert _start(api, expect=404, fleet="nope")["error"]["code"] == "not_found"
+    rollout = _start(api, canary=0, batch=2)
+    assert [n["batch"] for n in rollout["nodes"]] == [1, 1]
+    assert _report(api, rollout, "nope", "upgrading", 404)["error"]["code"] == "not_found"
+    for node_id in ids.values():
+        _report(api, rollout, node_id, "upgrading")
+    _report(api, rollout, ids["gpu-1"], "done")
+    done = _report(api, rollout, ids["gpu-2"], "done")
+    assert done["state"] == "done" and done["state_reason"] == "2 done", done
+    assert api.post(f"/api/v1/rollouts/{rollout['id']}/pause").status_code == 409
+
+
+def test_node_lifecycle_webhooks_say_enrolled_drained_why_upgraded_revoked_and_deleted(api):
+    api.create_fleet("gpu-a")
+    assert api.post("/api/v1/webhooks", {"url": "https://hooks.example.com/x", "secret": "0123456789abcdef",
+                                         "events": ["node.enrolled", "node.drained", "node.upgraded", "node.revoked",
+                                                    "node.deleted"]}).status_code == 201
+    token = api.create_join_token("gpu-a", max_uses=10)
+    node_id, _ = api.ready_node(token, "gpu-1")
+    api.post(f"/api/v1/nodes/{node_id}/cordon")
+    assert api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.0", "deadline_seconds": 60}).status_code == 200
+    assert api.post(f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "succeeded", "detail": "0.2.0"}) \
+        .get_json()["status"] == "cordoned"
+    api.post(f"/api/v1/nodes/{node_id}/uncordon")
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "RMA pending", "deadline_seconds": 60})
+    api.post(f"/api/v1/nodes/{node_id}/revoke")
+    assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
+    got = _deliveries()
+    assert [k for k, _ in got] == ["node.enrolled", "node.drained", "node.upgraded", "node.drained", "node.revoked",
+                                   "node.deleted"], got
+    upgrade_drained, upgraded, drained = got[1][1]["data"], got[2][1]["data"], got[3][1]["data"]
+    assert upgrade_drained["drain_reason"] == "to 0.2.0"
+    assert upgraded["outcome"] == "succeeded" and upgraded["status"] == "cordoned"
+    assert "upgrade done (to 0.2.0): 0.2.0; the node is cordoned again" == got[2][1]["data"]["reason"]
+    assert drained["drain_reason"] == "RMA pending"
+    # The upgrade's events name the upgrade, never an operator's undrain or cordon.
+    reasons = [e["reason"] for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
+               if e["kind"] == "node.status"]
+    assert reasons[2:5] == ["upgrade: to 0.2.0", "drain complete: no running tasks",
+                            "upgrade done (to 0.2.0): 0.2.0; cordoned as before (cordoned by admin)"], reasons
