@@ -168,6 +168,20 @@ def gate():
 
 
 @pytest.fixture
+def gates():
+    """Make as many gates as a test needs; all are closed at the end."""
+    made = []
+
+    def make():
+        made.append(Gate())
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+@pytest.fixture
 def fakes():
     """Two stand-in fleetds, each on its own loopback port (replicas)."""
     started = [FakeFleetd().start(), FakeFleetd().start()]

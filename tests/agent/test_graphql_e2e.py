@@ -23,6 +23,7 @@ from tests.agent.instance_support import (
     wait_instance_state,
 )
 from tests.agent.podman_support import IMAGE, PODMAN, prepare_podman
+from tests.support.workloads import hold
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +97,7 @@ def test_the_seed_cluster_operations_with_api_key_on_a_real_agent(fleet):
         "env": [{"key": "JUPYTER_PASSWORD", "value": "pw"}]}}))["clusterFindAndDeployOnDemand"]
     assert web["env"] == ["JUPYTER_PASSWORD=pw"] and web["imageName"] is None
     spot = data(graphql(server, key, f"""mutation {{ clusterRentInterruptable(input: {{bidPerGpu: 0.5, cloudType: SECURE,
-        gpuCount: 1, name: "spot", dockerArgs: {json.dumps(shlex.join([PY, "-c", "import time; time.sleep(600)"]))}}})
+        gpuCount: 1, name: "spot", dockerArgs: {json.dumps(shlex.join([PY, "-c", hold(600)]))}}})
         {{ id podType bidPerGpu }} }}"""))["clusterRentInterruptable"]
     assert spot["podType"] == "INTERRUPTABLE" and spot["bidPerGpu"] == 0.5
 

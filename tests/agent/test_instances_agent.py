@@ -12,6 +12,7 @@ from agent.procfs import read_proc, wait_gone
 from agent.state import State
 from tests.agent.conftest import rewrite_shape, wait_until
 from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances, port_range
+from tests.support.workloads import hold
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +100,7 @@ def test_an_instance_idle_on_its_gpus_for_long_enough_is_stopped_and_says_so(ins
     rewrite_shape(agent.shape, lambda shape: shape["gpus"][0].update(utilization_percent=60,
                                                                       memory_utilization_percent=30))
     agent.start()
-    fleetd.assign(instance_assignment("t-idle", [PY, "-c", "import time; time.sleep(300)"], restart="always",
+    fleetd.assign(instance_assignment("t-idle", [PY, "-c", hold(300)], restart="always",
                                       gpus=[{"uuid": GPU}],
                                       idle_stop={"gpu_util_below_percent": 5, "for_seconds": 2}))
     fleetd.wait_for(lambda: fleetd.started.get("t-idle"), message="the start")
@@ -116,7 +117,7 @@ def test_an_instance_idle_on_its_gpus_for_long_enough_is_stopped_and_says_so(ins
 
 def test_a_revoked_node_stops_its_instances_before_the_agent_exits(instance_agent, fleetd):
     agent = instance_agent().start()
-    fleetd.assign(instance_assignment("t-rev", [PY, "-c", "import time; time.sleep(300)"], restart="always"))
+    fleetd.assign(instance_assignment("t-rev", [PY, "-c", hold(300)], restart="always"))
     pid = fleetd.wait_for(lambda: fleetd.started.get("t-rev"), message="the start")["pid"]
     fleetd.revoked = True
     assert agent.wait(timeout=60) == 3

@@ -12,6 +12,7 @@ from agent.task.journal import read_state
 from tests.agent.conftest import Http, wait_until
 from tests.agent.instance_support import HTTP_SERVER, PY, http_get, kill_left_instances, port_range
 from tests.agent.podman_support import IMAGE, PODMAN, containers_named, prepare_podman
+from tests.support.workloads import hold
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +125,7 @@ def test_create_connect_stop_resume_survive_an_agent_kill_and_delete(fleet):
 def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed(fleet):
     http, agent = fleet(instances_restart_limit=2)
     created = http("POST", "/api/v1/instances", expect=201, json={
-        "name": "loop", "command": [PY, "-c", "import sys, time; time.sleep(0.3); sys.exit(126)"],
+        "name": "loop", "command": [PY, "-c", "import sys; sys.exit(126)"],
         "resources": {"gpus": 1}, "restart": "always"}).json()
     instance_id = created["id"]
     restarting = wait_state(http, instance_id, "restarting")
@@ -162,9 +163,8 @@ def test_a_container_instance_is_served_through_its_published_port(fleet, tmp_pa
 def test_a_stopped_instance_reads_stopped_and_a_daemon_it_started_answers_no_more(fleet):
     http, agent = fleet()
     # The command starts the server in a session of its own (out of its process group), then waits.
-    code = ("import subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, '-c', {HTTP_SERVER!r}], start_new_session=True)\n"
-            "time.sleep(3600)\n")
+    code = ("import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', {HTTP_SERVER!r}], start_new_session=True)\n" + hold(3600))
     instance_id = http("POST", "/api/v1/instances", expect=201, json={
         "name": "forks", "command": [PY, "-c", code], "resources": {"gpus": 1},
         "ports": [{"port": 8000, "protocol": "http"}]}).json()["id"]

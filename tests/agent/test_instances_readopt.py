@@ -14,25 +14,22 @@ from agent.task.journal import append_state, read_state
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import PY, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
+from tests.support.workloads import GATE_WAIT, hold
 
-# Prints a numbered line every 20 ms until told to stop printing, then waits for a release file.
-CHATTY = ("import os, sys, time\n"
-          "stop, release = sys.argv[1], sys.argv[2]\n"
-          "i = 0\n"
-          "for _ in range(30000):\n"
-          "    if os.path.exists(release):\n"
-          "        break\n"
-          "    if not os.path.exists(stop):\n"
-          "        print('line', i, flush=True)\n"
-          "        i += 1\n"
-          "    time.sleep(0.02)\n"
-          "print('released after', i, flush=True)\n")
-# Counts its runs in the volume, says which one it is, and sleeps.
-COUNTER = ("import os, time\n"
+# Prints lines 0-19, then (at its first gate) lines 20-39, then (at its second) 'released after 40'.
+CHATTY = ("import sys\n" + GATE_WAIT +
+          "for i in range(20):\n"
+          "    print('line', i, flush=True)\n"
+          "gate_wait(sys.argv[1], 300)\n"
+          "for i in range(20, 40):\n"
+          "    print('line', i, flush=True)\n"
+          "gate_wait(sys.argv[2], 300)\n"
+          "print('released after', 40, flush=True)\n")
+# Counts its runs in the volume, says which one it is, and holds until stopped.
+COUNTER = ("import os\n"
            "path = os.path.join(os.environ['FLEET_VOLUME'], 'runs')\n"
            "open(path, 'a').write('x')\n"
-           "print('run', len(open(path).read()), flush=True)\n"
-           "time.sleep(300)\n")
+           "print('run', len(open(path).read()), flush=True)\n" + hold(300))
 
 
 @pytest.fixture
@@ -59,29 +56,29 @@ def _started_pid(fleetd, task_id):  # noqa: F811
 
 
 def test_a_stopping_agent_leaves_the_instance_running_and_the_next_one_ships_its_output_onward(
-        node, fleetd, tmp_path):  # noqa: F811
-    stop, release = tmp_path / "stop-printing", tmp_path / "release"
+        node, fleetd, tmp_path, gates):  # noqa: F811
+    more, release = gates(), gates()
     runner = node()
-    runner.submit(instance_assignment("t-chatty", [PY, "-c", CHATTY, str(stop), str(release)]))
+    runner.submit(instance_assignment("t-chatty", [PY, "-c", CHATTY, more.path, release.path]))
     pid = _started_pid(fleetd, "t-chatty")
     wait_until(lambda: len(fleetd.texts("t-chatty")) >= 20, message="some lines")
     assert runner.shutdown("fleet-agent stopped", timeout=15) == 0  # no task was stopped
     assert read_proc(pid) is not None and "t-chatty" not in fleetd.finished
-    wait_until(lambda: len(open(tmp_path / "node" / "tasks" / "t-chatty.1" / "stdout.log").read().split("\n"))
-               > len(fleetd.texts("t-chatty")) + 20, message="lines written while no agent runs")
-    stop.touch()
+    more.open()
+    stdout = tmp_path / "node" / "tasks" / "t-chatty.1" / "stdout.log"
+    wait_until(lambda: "line 39\n" in stdout.read_text(), message="lines written while no agent runs")
+    assert len(fleetd.texts("t-chatty")) == 20
 
     again = node()
     assert again.recover() == []  # nothing killed, nothing reported
     assert again.get("t-chatty") is not None
     wait_until(lambda: again.workers.report() == [{"id": "t-chatty", "epoch": 1, "state": "running"}],
                message="the heartbeat's view of it (its lease renewed)")
-    release.touch()
+    release.open()
     finish = fleetd.wait_finished("t-chatty")
     assert (finish["outcome"], finish["exit_code"]) == ("succeeded", 0)  # its status, though no child of this agent
     texts = fleetd.texts("t-chatty", "stdout")
-    printed = int(texts[-1].split()[-1])
-    assert texts == [f"line {i}" for i in range(printed)] + [f"released after {printed}"]  # each line once
+    assert texts == [f"line {i}" for i in range(40)] + ["released after 40"]  # each line once
     assert wait_gone([pid], 5)
 
 
@@ -104,13 +101,12 @@ def test_an_instance_killed_while_the_agent_was_down_is_restarted_per_its_policy
     assert fleetd.wait_finished("t-count")["outcome"] == "cancelled"
 
 
-def test_an_instance_that_ended_well_while_the_agent_was_down_finishes_with_its_status(node, fleetd, tmp_path):  # noqa: F811
-    stop, release = tmp_path / "stop", tmp_path / "release"
+def test_an_instance_that_ended_well_while_the_agent_was_down_finishes_with_its_status(node, fleetd, gate):  # noqa: F811
     runner = node()
-    runner.submit(instance_assignment("t-ends", [PY, "-c", CHATTY, str(stop), str(release)], restart="on-failure"))
+    runner.submit(instance_assignment("t-ends", [PY, "-c", CHATTY, gate.path, gate.path], restart="on-failure"))
     pid = _started_pid(fleetd, "t-ends")
     runner.shutdown("fleet-agent stopped", timeout=15)
-    release.touch()
+    gate.open()
     assert wait_gone([pid], 10)
 
     node().recover()
@@ -154,14 +150,13 @@ def test_a_revoked_node_stops_its_instances(node, fleetd, tmp_path):  # noqa: F8
 
 def test_an_agent_stop_during_a_back_off_leaves_the_restart_to_the_next_start(node, fleetd, tmp_path):  # noqa: F811
     # Fails three times (back-offs of 1, 2, then 4 s), then runs.
-    code = ("import os, sys, time\n"
+    code = ("import os, sys\n"
             "path = os.path.join(os.environ['FLEET_VOLUME'], 'runs')\n"
             "open(path, 'a').write('x')\n"
             "runs = len(open(path).read())\n"
             "print('run', runs, flush=True)\n"
             "if runs <= 3:\n"
-            "    sys.exit(5)\n"
-            "time.sleep(300)\n")
+            "    sys.exit(5)\n" + hold(300))
     runner = node()
     runner.submit(instance_assignment("t-backoff", [PY, "-c", code], restart="on-failure"))
     wait_until(lambda: any("restarting it in 4s" in t for t in fleetd.texts("t-backoff", "system")), timeout=30,

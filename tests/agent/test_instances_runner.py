@@ -12,6 +12,7 @@ from agent.procfs import read_proc, wait_gone
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import HTTP_SERVER, PY, http_get, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
+from tests.support.workloads import hold
 
 ENV_PRINTER = ("import json, os\n"
                "keys = ('FLEET_INSTANCE_ID', 'FLEET_VOLUME', 'FLEET_PORT_8000', 'FLEET_PORT_9000', 'GREETING')\n"
@@ -162,7 +163,7 @@ def test_delete_volumes_removes_a_stopped_instances_volume_and_ports_but_never_a
     runner.submit(instance_assignment("t-old", [PY, "-c", link], instance_id="i-old",
                                       ports=[{"port": 8000, "protocol": "http"}]))
     assert fleetd.wait_finished("t-old")["outcome"] == "succeeded"
-    runner.submit(instance_assignment("t-live", [PY, "-c", "import time; time.sleep(300)"], instance_id="i-live"))
+    runner.submit(instance_assignment("t-live", [PY, "-c", hold(300)], instance_id="i-live"))
     fleetd.wait_for(lambda: "t-live" in fleetd.started, message="the start")
     assert runner.volumes.list() == ["i-live", "i-old"]
     used = runner.volumes.used_bytes("i-old")
@@ -211,10 +212,9 @@ def test_the_runtime_figures_of_a_running_instance(node, fleetd, tmp_path):  # n
 def test_a_stopped_run_reports_its_finish_only_once_a_daemon_it_started_is_gone(node, fleetd, tmp_path):  # noqa: F811
     runner = node()
     # The command starts a daemon in a session of its own (out of its process group), notes its pid, then waits.
-    code = ("import os, subprocess, sys, time\n"
-            "daemon = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True)\n"
-            "open(os.path.join(os.environ['FLEET_VOLUME'], 'daemon.pid'), 'w').write(str(daemon.pid))\n"
-            "time.sleep(3600)\n")
+    code = ("import os, subprocess, sys\n"
+            f"daemon = subprocess.Popen([sys.executable, '-c', {hold(3600)!r}], start_new_session=True)\n"
+            "open(os.path.join(os.environ['FLEET_VOLUME'], 'daemon.pid'), 'w').write(str(daemon.pid))\n" + hold(3600))
     runner.submit(instance_assignment("t-daemon", [PY, "-c", code], instance_id="i-daemon", restart="always"))
     pid_file = tmp_path / "node" / "volumes" / "i-daemon" / "daemon.pid"
     daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, message="the daemon"))

@@ -23,6 +23,7 @@ from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import instance_assignment
 from tests.support import wait_until, wire
+from tests.support.workloads import hold
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                 reason="switching users needs root and setpriv (CI runs as root)")
@@ -161,7 +162,7 @@ def test_a_dynamic_uid_that_is_a_host_users_is_refused(runner, fleetd):
 
 
 def test_the_worker_record_says_whom_the_task_runs_as(runner, fleetd):
-    code = "import time; time.sleep(30)"
+    code = hold(30)
     task = runner.submit(wire.assignment("t-record", [PY, "-c", code], run_as=ALICE))
     fleetd.wait_for(lambda: task.worker.state == "running", message="the task runs")
     record = runner.workers.get("t-record").to_dict()

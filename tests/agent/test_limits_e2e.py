@@ -16,6 +16,7 @@ from agent.state import State
 from tests.agent.conftest import Http, rewrite_shape, wait_until
 from tests.agent.fakefleetd import FakeFleetd
 from tests.agent.test_jobs_e2e import FAST, job_logs, submit, wait_job
+from tests.support.workloads import WAIT_FOR_GATE
 
 pytestmark = pytest.mark.integration
 
@@ -95,13 +96,11 @@ def test_a_shared_task_over_its_vram_limit_fails_with_the_reason_in_fleetds_resu
     print(f"\n{seen.group(0)}; crossing -> detection {violations[0]['detected_at'] - crossed_at:.3f}s")
 
 
-def test_a_task_within_its_vram_limit_succeeds(node):
+def test_a_task_within_its_vram_limit_succeeds(node, gate):
     http, agent = node
     limit = GIB
-    code = ("import os, sys, time\nprint(os.getpid(), flush=True)\n"
-            "for _ in range(1200):\n    if os.path.exists(sys.argv[1]):\n        break\n    time.sleep(0.05)\n")
-    release = agent.root / "release"
-    job = submit(http, [PY, "-c", code, str(release)], name="polite",
+    code = "import os\nprint(os.getpid(), flush=True)\n" + WAIT_FOR_GATE
+    job = submit(http, [PY, "-c", code, gate.path], name="polite",
                  resources={"gpus": 0.5, "gpu_memory_bytes": limit}, isolation="shared")
     pid, uuid = running_task(http, job["id"])
     set_process(agent, uuid, pid, limit)
@@ -112,7 +111,7 @@ def test_a_task_within_its_vram_limit_succeeds(node):
     assert worker["env"]["CUDA_VISIBLE_DEVICES"] == worker["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert worker["limits"]["gpus"][0]["memory_limit_bytes"] == limit
     assert worker["usage"][uuid]["processes"][0]["pid"] == pid
-    release.touch()
+    gate.open()
     assert wait_job(http, job["id"])["state"] == "succeeded"
 
 

@@ -18,15 +18,15 @@ from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import HTTP_SERVER, http_get, instance_assignment, port_range
+from tests.support.workloads import hold
 
 PY = "/usr/bin/python3"  # every uid can run it (the venv is root's)
 OWNER = {"source": "dynamic", "user": None, "uid": 61320, "gid": 61320}
 SQUATTER_UID = 61321
-LISTEN = ("import socket, sys, time\n"
+LISTEN = ("import socket, sys\n"
           "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
           "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
-          "print('listening', flush=True)\n"
-          "time.sleep(600)\n")
+          "print('listening', flush=True)\n" + hold(600))
 
 
 def listen_as(uid, address, port):
@@ -140,7 +140,7 @@ def test_the_instances_own_listener_reads_ok_and_another_uids_beside_it_makes_th
 
 @needs_root
 def test_a_port_its_instance_does_not_listen_on_reads_not_listening_until_another_uid_takes_it(node, fleetd):
-    wire = instance_assignment("t-idle", [PY, "-c", "import time; time.sleep(600)"], instance_id="p-idle",
+    wire = instance_assignment("t-idle", [PY, "-c", hold(600)], instance_id="p-idle",
                                ports=[{"port": 8000, "protocol": "http"}])
     wire["run_as"] = OWNER
     task = node.submit(wire)
