@@ -31,6 +31,11 @@ def test_a_long_job_log_opens_at_its_newest_lines_and_loads_earlier_ones_to_the_
     assert _shown(earlier) == [f"line {i}" for i in range(50)]
     assert "From the start of the log." in earlier and _hx_get(earlier, "log-earlier") is None
     assert admin_ui.get(f"/ui/jobs/{job['id']}/log?before=x").status_code == 400
+    # Its state and tasks change in place with the log's poll.
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    poll = admin_ui.text(_hx_get(page, "log-poller"))
+    assert '<div id="job-live" hx-swap-oob="true">' in poll and '<dd id="job-state">succeeded</dd>' in poll
+    assert 'id="tasks-live" hx-swap-oob="true"' in poll and "the log is complete" in poll
 
 
 def test_an_instance_log_box_follows_new_lines_while_it_runs(admin_ui, api):

@@ -2,6 +2,7 @@
 
 
 from flask import flash, g, redirect, render_template, request, url_for
+from markupsafe import Markup
 
 from fleetd.errors import InvalidRequest
 from fleetd.models import JobState
@@ -100,8 +101,11 @@ def job_log(job_id):
     if request.args.get("before"):
         return logs.earlier(lambda before, n: jobs.job_logs_tail(principal, job_id, n, before=before),
                             _log_url(job_id))
+    # The job's state and tasks come along, so that they change in place too.
+    live = render_template("_job_live.html", job=job, oob=True) + render_template(
+        "_job_tasks.html", job=job, hostnames=_hostnames(job), oob=True)
     return logs.newer(lambda after, n: jobs.job_logs(principal, job_id, n, after=after)[0], _log_url(job_id),
-                      not JobState(job.state).is_terminal(), JOB_DONE)
+                      not JobState(job.state).is_terminal(), JOB_DONE, Markup(live))  # nosec B704  # rendered by Jinja
 
 
 @bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])

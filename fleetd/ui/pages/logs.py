@@ -31,14 +31,15 @@ def box(lines, url_for_log, polling, done_text):
             "earlier_url": url_for_log(before=first) if len(lines) >= SHOWN else None}
 
 
-def newer(fetch_after, url_for_log, still_writing, done_text):
-    """The poll's answer: lines after `after` (appended out of band) and the next poller."""
+def newer(fetch_after, url_for_log, still_writing, done_text, extra=""):
+    """The poll's answer: lines after `after` (appended out of band), `extra` (other parts of the page,
+    swapped out of band) and the next poller."""
     after = seq_arg("after")
     lines = fetch_after(after, POLL_LIMIT)
     last = lines[-1].id if lines else after
     # Keep polling while the workload may still write, and while a full batch says more is waiting.
     polling = still_writing or len(lines) == POLL_LIMIT
-    return render_template("_log_poll.html", lines=lines, polling=polling, done_text=done_text,
+    return render_template("_log_poll.html", lines=lines, polling=polling, done_text=done_text, extra=extra,
                            poll_url=url_for_log(after=last) if last is not None else url_for_log())
 
 
