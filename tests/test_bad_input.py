@@ -116,7 +116,8 @@ def test_fleet_crud(api):
                        "availability": None, "health_policy": {"cordon_on_gpu_fault": True,
                                                                "drain_after_seconds": 600,
                                                                "uncordon_when_healthy": True},
-                       "allow_root_tasks": False, "require_isolation": False, "allowed_images": ["*"]}
+                       "allow_root_tasks": False, "require_isolation": False, "allowed_images": ["*"],
+                       "validation": None}
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"
     reg = api.register(api.create_join_token("gpu-a"), gpu_count=8)

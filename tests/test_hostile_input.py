@@ -43,7 +43,8 @@ SLOT = "\x01hostile\x01"  # placeholder replaced by the raw token after json.dum
 KEY_SLOT = "\x01hostile-key\x01"
 
 TASK_EPOCH = "{epoch}"  # filled in from the seeded assignment
-GPU_REPORT = dict(GPU_H100, uuid="GPU-hostile-0")
+GPU_REPORT = dict(GPU_H100, uuid="GPU-hostile-0", serial="1650924060001", board_part_number="699-2G520-0200-000",
+                  vbios="96.00.74.00.01", xids=[79], ecc_uncorrected=0)
 JOB_SPEC = {
     "name": "hostile", "command": ["sleep", "1"], "env": {"A": "b"}, "workdir": "w", "num_nodes": 1,
     "resources": {"gpus": 1, "gpu_memory_bytes": 256 * 1024**2, "gpu_compute_percent": 50.0, "gpu_types": [GPU_H100["model"]],
@@ -64,11 +65,19 @@ BASE_BODIES = {
                                  "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
                                  "health_policy": {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
                                                    "uncordon_when_healthy": False},
-                                 "allow_root_tasks": True, "require_isolation": False, "allowed_images": ["quay.io/*"]},
+                                 "allow_root_tasks": True, "require_isolation": False, "allowed_images": ["quay.io/*"],
+                                 "validation": {"checks": ["pcie_link"], "dcgm_level": 2, "command": ["nccl", "-g", "8"],
+                                                "timeout_seconds": 60, "command_as_root": False, "expected_gpus": 8,
+                                                "driver_version": "550.54.15", "cuda_version": "12.4",
+                                                "mig_mode": "disabled", "max_temperature_c": 80, "pcie_width": 16}},
     ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"},
                                          "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
-    ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60},
+    ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60, "repair": True},
+    ("POST", "/api/v1/gpus/{serial}/rma"): {"reason": "r", "deadline_seconds": 60},
+    ("POST", "/api/v1/agent/validations/{validation_id}"): {
+        "checks": [{"name": "pcie_link", "gpu": 0, "uuid": "u", "serial": "s", "status": "failed", "detail": "d",
+                    "output": "o"}], "system": {"driver_version": "550.54.15", "cuda_version": "12.4"}},
     ("PATCH", "/api/v1/nodes/{node_id}"): {"labels": {"rack": "r1"}},
     ("POST", "/api/v1/nodes/{node_id}/upgrade"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): {"outcome": "failed", "detail": "d"},
@@ -135,7 +144,7 @@ class World:
         rollout = self.api.post("/api/v1/rollouts", {"fleet": "gpu-a", "bundle_version": "0.2.0",
                                                      "bundle_sha256": "cd" * 32}).get_json()
         self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
-                       "rollout_id": rollout["id"],
+                       "rollout_id": rollout["id"], "serial": "1650924060001", "validation_id": "v-none",
                        "instance_id": instance["id"], "token_id": limited["id"],
                        "model": GPU_H100["model"], "team": "team-a", "epoch": self.assignment["epoch"]}
         self.routes = json_routes(self.app)

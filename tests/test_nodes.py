@@ -117,7 +117,7 @@ def test_drain_of_an_idle_node_completes_at_once_with_reason_and_deadline(api, r
     node = api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "BIOS update", "deadline_seconds": 600}).get_json()
     assert node["status"] == "drained"
     assert node["drain"] == {"reason": "BIOS update", "started_at": "2026-01-01T12:00:00.000Z",
-                             "deadline": "2026-01-01T12:10:00.000Z"}
+                             "deadline": "2026-01-01T12:10:00.000Z", "repair": False}
     assert api.heartbeat(session)["drain"]["reason"] == "BIOS update"
     assert _statuses(api, node_id)[-2:] == [("ready", "draining"), ("draining", "drained")]
 

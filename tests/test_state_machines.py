@@ -32,4 +32,4 @@ def test_a_table_that_forgets_a_state_or_names_an_unknown_one_is_refused():
 
 def test_a_lost_node_returns_only_to_a_live_status():
     assert lifecycle.LIVE_STATUSES == {NodeStatus.PENDING, NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.DRAINING,
-                                   NodeStatus.DRAINED}
+                                   NodeStatus.DRAINED, NodeStatus.VALIDATING, NodeStatus.FAILED_VALIDATION}

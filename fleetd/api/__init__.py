@@ -5,6 +5,10 @@ from fleetd.api import admin, agent, cluster, fleets, health, instances, jobs, m
 BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp,
               webhooks.blp, rollouts.blp]
 
+from fleetd.api import gpus, validation  # noqa: E402 - the validation gate and GPU history (issue 35)
+
+BLUEPRINTS += [validation.blp, gpus.blp]
+
 from fleetd.api import config  # noqa: E402 - the effective configuration (issue 33)
 
 BLUEPRINTS += [config.blp]

@@ -87,7 +87,8 @@ class NodeDrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Drain a node: no new work; running tasks may finish until the deadline."""
-        return _live([nodes.drain_node(current_runtime(), node_id, body["reason"], body["deadline_seconds"])])[0]
+        return _live([nodes.drain_node(current_runtime(), node_id, body["reason"], body["deadline_seconds"],
+                                       body["repair"])])[0]
 
 
 @blp.route("/<string:node_id>/undrain")
@@ -95,7 +96,7 @@ class NodeUndrain(MethodView):
     @require(ADMIN)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
-        """End a drain; the node takes work again."""
+        """End a drain; the node takes work again (after a drain for repair, once it passes validation)."""
         return _live([nodes.undrain_node(current_runtime(), node_id)])[0]
 
 

@@ -19,6 +19,14 @@ class GpuReportSchema(Schema):
     healthy = Bool(load_default=True)
     health_reason = Text(max_length=500, load_default="")
     mig_mode = Text(max_length=16, load_default=None, allow_none=True)
+    serial = Text(max_length=64, load_default=None, allow_none=True, metadata={
+        "description": "the board serial number: the GPU's history follows it across hosts"})
+    board_part_number = Text(max_length=64, load_default=None, allow_none=True)
+    vbios = Text(max_length=64, load_default=None, allow_none=True)
+    xids = fields.List(Int(maximum=2**31), validate=validate.Length(max=64), load_default=list, metadata={
+        "description": "critical XIDs the agent saw on this GPU since it started"})
+    ecc_uncorrected = Int(load_default=None, allow_none=True, metadata={
+        "description": "uncorrectable ECC errors since the driver loaded (null: not supported)"})
 
 
 def _unique_uuids(gpus):
@@ -163,6 +171,9 @@ class HeartbeatReplySchema(Schema):
     heartbeat_interval_seconds = fields.Integer()
     delete_volumes = fields.List(fields.String(), metadata={
         "description": "instance volumes the node must delete (their instance is deleted or elsewhere)"})
+    validation = fields.Dict(allow_none=True, metadata={
+        "description": "while the node validates: {id, suite}, the checks its agent runs and posts to "
+                       "/agent/validations/{id} (docs/validation.md); null otherwise"})
     lease_seconds = fields.Float(metadata={
         "description": "how long a task's lease lasts without a heartbeat that fleetd answers (task_lease_seconds, "
                        "widened with the heartbeat interval): the node stops its job tasks before it runs out"})

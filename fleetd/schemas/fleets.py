@@ -7,6 +7,7 @@ from marshmallow import Schema, fields, validate
 
 from fleetd import windows
 from fleetd.schemas.common import Bool, Int, Labels, Text, Time, page_schema
+from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 
@@ -78,6 +79,7 @@ class FleetCreateSchema(Schema):
     allow_root_tasks = AllowRootTasks(load_default=False)
     require_isolation = RequireIsolation(load_default=False)
     allowed_images = AllowedImages(load_default=lambda: ["*"])
+    validation = ValidationSetting(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
@@ -88,6 +90,7 @@ class FleetUpdateSchema(Schema):
     allow_root_tasks = AllowRootTasks()
     require_isolation = RequireIsolation()
     allowed_images = AllowedImages()
+    validation = ValidationSetting()
 
 
 class FleetSchema(Schema):
@@ -103,6 +106,8 @@ class FleetSchema(Schema):
     allow_root_tasks = fields.Boolean()
     require_isolation = fields.Boolean()
     allowed_images = fields.List(fields.String())
+    validation = fields.Nested(ValidationSettingSchema, allow_none=True, metadata={
+        "description": "the validation gate: null, none; {} the built-in checks"})
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

@@ -3,7 +3,7 @@
 from marshmallow import Schema, fields, validate
 
 from fleetd.models import NodeStatus
-from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, check_labels, page_schema
+from fleetd.schemas.common import Bool, Int, PageQuerySchema, Text, Time, check_labels, page_schema
 
 
 class GpuSchema(Schema):
@@ -17,12 +17,16 @@ class GpuSchema(Schema):
     healthy = fields.Boolean()
     health_reason = fields.String()
     mig_mode = fields.String(allow_none=True)
+    serial = fields.String(allow_none=True, metadata={"description": "the board serial number (GET /gpus/{serial})"})
+    board_part_number = fields.String(allow_none=True)
+    vbios = fields.String(allow_none=True)
 
 
 class DrainSchema(Schema):
     reason = fields.String()
     deadline = Time()
     started_at = Time()
+    repair = fields.Boolean(metadata={"description": "drained for repair: undrain validates the node first"})
 
 
 class ResourcesSchema(Schema):
@@ -102,6 +106,9 @@ class NodeQuerySchema(PageQuerySchema):
 class NodeDrainSchema(Schema):
     reason = Text(required=True, min_length=1, max_length=500)
     deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
+    repair = Bool(load_default=False, metadata={
+        "description": "a drain for repair: undraining the node validates it before it takes work (on a node "
+                       "already draining or drained, marks that drain for repair)"})
 
 
 class NodePatchSchema(Schema):

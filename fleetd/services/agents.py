@@ -4,7 +4,7 @@ from fleetd.credentials import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
-from fleetd.services import instances
+from fleetd.services import instances, validation
 from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
@@ -97,7 +97,8 @@ def register_node(rt, join_token_id, info):
     return node, session_token
 
 
-_LIVE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
+_LIVE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value,
+         NodeStatus.VALIDATING.value, NodeStatus.FAILED_VALIDATION.value)
 
 
 def _check_takeover(rt, node, fleet):
@@ -176,7 +177,7 @@ def heartbeat(rt, node, body):
                 node.save()
                 changed = True
             if node.status == NodeStatus.PENDING.value:
-                switch_node_status(node, NodeStatus.READY, "first heartbeat", now)
+                validation.gate_first_heartbeat(node, now)  # ready, or validating in a gated fleet
                 changed = True
             elif node.status == NodeStatus.LOST.value:
                 back_to = node.status_before_lost or NodeStatus.READY.value
@@ -196,7 +197,8 @@ def heartbeat(rt, node, body):
     if changed and rt.scheduler is not None:
         rt.scheduler.kick()  # new or returning capacity
     interval = rt.liveness.heartbeat_interval()
-    return {
+    suite = validation.heartbeat_validation(rt, node, now)  # the suite to run while validating (or it timed out)
+    reply = {
         "status": node.status,
         "drain": node.drain,
         "revoked": False,
@@ -207,6 +209,9 @@ def heartbeat(rt, node, body):
         # answer, widened with the interval just given.
         "lease_seconds": rt.leases.ttl,
     }
+    if suite is not None:
+        reply["validation"] = suite
+    return reply
 
 
 def agent_drain_step(node, draining):

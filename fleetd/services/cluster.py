@@ -36,6 +36,8 @@ from fleetd.sql import Statement
 
 BLOCK_TEXT = {
     "pending": "node enrolled, waiting for its first heartbeat",
+    "validating": "node validating: it takes work once its GPUs pass the checks",
+    "failed_validation": "node failed validation",
     "cordoned": "node cordoned by an admin",
     "draining": "node draining",
     "drained": "node drained for maintenance",

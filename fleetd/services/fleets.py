@@ -53,7 +53,7 @@ def terraform_state(name):
 
 
 def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None,
-                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",)):
+                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",), validation=None):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults);
     the isolation rules: see docs/api.md, Fleets."""
     try:
@@ -63,7 +63,7 @@ def create_fleet(now, name, description="", labels=None, availability=None, heal
             Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
                          availability=availability, health_policy=_policy(health_policy),
                          allow_root_tasks=allow_root_tasks, require_isolation=require_isolation,
-                         allowed_images=list(allowed_images))
+                         allowed_images=list(allowed_images), validation=validation)
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
@@ -77,7 +77,7 @@ def update_fleet(rt, name, changes):
         if fleet is None:
             raise NotFound(f"fleet {name!r} not found")
         for field in ("description", "labels", "availability", "allow_root_tasks", "require_isolation",
-                      "allowed_images"):
+                      "allowed_images", "validation"):
             if field in changes:
                 setattr(fleet, field, changes[field])
         if "health_policy" in changes:  # fields left out keep their value; null: back to the defaults

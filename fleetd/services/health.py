@@ -12,7 +12,7 @@ import datetime as dt
 from fleetd.clock import isoformat
 from fleetd.db import after_commit
 from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
-from fleetd.services import nodes
+from fleetd.services import gpu_history, nodes
 from fleetd.services.events import FLEETD, acting_as, record_event
 from fleetd.services.runs import switch_node_status
 
@@ -101,6 +101,7 @@ def _step(rt, node, now, step, reason, from_status, to_status, fault):
     """A node.health Event (its webhook deliveries with it) and, after the commit, the counter."""
     record_event(now, "node.health", "node", node.id, reason, from_status, to_status, actor=FLEETD,
                  data={"step": step, "fault": fault, "fleet": node.fleet_id, "hostname": node.hostname})
+    gpu_history.record_health_action(node.id, step, reason, now)  # in the history of each GPU concerned
     if rt is not None and rt.instruments is not None:
         counter = rt.instruments.health_remediations.labels(step)
         after_commit(counter.inc)

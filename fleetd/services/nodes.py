@@ -8,13 +8,15 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.replicas import Fenced
+from fleetd.services import gpu_history, validation
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.runs import end_task, stop_tasks_of_node, switch_node_status
 from fleetd.sql import Statement
 
-GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason", "mig_mode")
+GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason",
+              "mig_mode", "serial", "board_part_number", "vbios")
 
 
 def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None):
@@ -113,19 +115,29 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
     return get_node(node_id)
 
 
-def drain_node(rt, node_id, reason, deadline_seconds):
-    """Stop placements now; the node becomes drained when its tasks are done or the deadline passes."""
+def drain_node(rt, node_id, reason, deadline_seconds, repair=False):
+    """Stop placements now; the node becomes drained when its tasks are done or the deadline passes.
+    `repair`: the node comes back through a validation when it is undrained (services.validation)."""
     now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "drain")
         if node.status in (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value):
+            if repair and not node.drain_repair:  # already out of service: it now comes back through validation
+                node.drain_repair = True
+                node.save()
+                record_event(now, "node.drain", "node", node_id, f"drain for repair: {reason}", node.status,
+                             node.status)
+                return get_node(node_id)
             raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
+        if not NodeStatus(node.status).allows("drain"):
+            raise Conflict(f"node {node_id} cannot go from {node.status} to draining", {"status": node.status})
         operator_takes_over(node)
+        node.drain_repair = bool(repair)
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
-        switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
+        switch_node_status(node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now)
         settle_drain(node, now)
     return get_node(node_id)
 
@@ -212,6 +224,9 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
         if not NodeStatus(node.status).allows("undrain"):
             raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
         operator_takes_over(node)
+        if node.drain_repair:  # back from repair: it takes work once it passes validation
+            validation.undrain_for_repair(node, now)
+            return get_node(node_id)
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
         switch_node_status(node, NodeStatus.READY, reason, now)
     rt.scheduler.kick()
@@ -292,6 +307,11 @@ def replace_gpus(node, gpus, now):
     """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
     (always truthy) if so, else False."""
     current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in Gpu.select().where(Gpu.node == node.id)}
+    marked = gpu_history.rma_overrides(gpus)
+    if marked:  # a board marked for RMA takes no work, whatever its agent says of it
+        gpus = [dict(g, **dict(zip(("healthy", "health_reason"), gpu_history.rma_health(g, marked[g["serial"]]))))
+                if g.get("serial") in marked else g for g in gpus]
+    gpu_history.observe(node, gpus, current, now)
     reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
     if current == reported:
         return False

@@ -1,0 +1,33 @@
+"""GPU boards by serial number: identity, history across hosts, RMA marks."""
+
+from flask.views import MethodView
+
+from fleetd.api.parser import Blueprint
+from fleetd.auth import ADMIN, SUBMITTER, require
+from fleetd.runtime import current_runtime
+from fleetd.schemas.validation import GpuRecordSchema, GpuRmaSchema, HistoryQuerySchema
+from fleetd.services import gpus
+
+blp = Blueprint("gpus", __name__, url_prefix="/api/v1/gpus", description="GPUs by serial number")
+
+
+@blp.route("/<string:serial>")
+class GpuBySerial(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(HistoryQuerySchema(), location="query")
+    @blp.response(200, GpuRecordSchema)
+    def get(self, query, serial):
+        """A GPU by serial: identity, the node it is in, its RMA mark and its history (hosts, XIDs, ECC
+        errors, validation verdicts, health actions), oldest first."""
+        return gpus.get_gpu(serial, query["limit"])
+
+
+@blp.route("/<string:serial>/rma")
+class GpuRma(MethodView):
+    @require(ADMIN)
+    @blp.arguments(GpuRmaSchema())
+    @blp.response(200, GpuRecordSchema)
+    def post(self, body, serial):
+        """Mark a GPU for RMA: it takes no more work, its node is drained for repair (undrained, the node
+        validates first), and the board is flagged wherever it shows up again."""
+        return gpus.mark_rma(current_runtime(), serial, body["reason"], body["deadline_seconds"])
