@@ -17,9 +17,9 @@ from fleetd.schemas.cluster import (
     QuotaPageSchema,
     QuotaSchema,
     QuotaUpdateSchema,
+    SimulateSpecSchema,
     SimulationSchema,
 )
-from fleetd.schemas.jobs import JobSpecSchema
 from fleetd.services import cluster, metrics, policy
 from fleetd.services.cluster import current_state
 
@@ -55,10 +55,10 @@ class ClusterAllocation(MethodView):
 @blp.route("/cluster/simulate-schedule")
 class SimulateSchedule(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(JobSpecSchema())
+    @blp.arguments(SimulateSpecSchema())
     @blp.response(200, SimulationSchema)
     def post(self, spec):
-        """Where this JobSpec would be placed now, or per node why not; reserves nothing."""
+        """Where this JobSpec or InstanceSpec would be placed now, or per node why not; reserves nothing."""
         return policy.simulate(current_runtime(), current_principal(), spec)
 
 

@@ -1,8 +1,12 @@
 """Schemas of the cluster views, GPU types, quotas and schedule simulation."""
 
-from marshmallow import Schema, fields, validate
+import copy
+
+from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.schemas.common import Int, Text, page_schema
+from fleetd.schemas.instances import InstanceSpecSchema
+from fleetd.schemas.jobs import JobSpecSchema
 
 
 class BlockedNoteSchema(Schema):
@@ -85,6 +89,39 @@ class ClusterAllocationSchema(Schema):
     nodes = fields.Dict()
     allocations = fields.List(fields.Dict())
     gpu_to_tasks = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+
+
+INSTANCE_ONLY = ("image", "volume_bytes", "volume_mount_path", "ports", "restart", "idle_stop")
+_INSTANCE_SPEC = InstanceSpecSchema()
+
+
+class SimulateSpecSchema(JobSpecSchema):
+    """A JobSpec, or an InstanceSpec: `kind` says which, else a body with a field only instances have
+    (ports, volume_bytes, image...) is an InstanceSpec. Either loads to the JobSpec of what the scheduler
+    would place (an instance: its run)."""
+
+    kind = fields.String(validate=validate.OneOf(["job", "instance"]), metadata={
+        "description": "job (a JobSpec) or instance (an InstanceSpec); by default instance when the body has "
+                       "a field only instances have"})
+    # The instance-only fields, as InstanceSpecSchema declares them (documented here; loaded there).
+    image = copy.deepcopy(_INSTANCE_SPEC.fields["image"])
+    volume_bytes = copy.deepcopy(_INSTANCE_SPEC.fields["volume_bytes"])
+    volume_mount_path = copy.deepcopy(_INSTANCE_SPEC.fields["volume_mount_path"])
+    ports = copy.deepcopy(_INSTANCE_SPEC.fields["ports"])
+    restart = copy.deepcopy(_INSTANCE_SPEC.fields["restart"])
+    idle_stop = copy.deepcopy(_INSTANCE_SPEC.fields["idle_stop"])
+
+    def load(self, data, **kwargs):
+        """The JobSpec to simulate, from either kind of body (ValidationError as that kind's schema says)."""
+        if not isinstance(data, dict):
+            return JobSpecSchema().load(data, **kwargs)
+        body = {k: v for k, v in data.items() if k != "kind"}
+        kind = data.get("kind") or ("instance" if any(k in data for k in INSTANCE_ONLY) else "job")
+        if kind == "instance":
+            return InstanceSpecSchema().load(body, **kwargs).run(None)
+        if kind != "job":
+            raise ValidationError({"kind": ["job or instance"]})
+        return JobSpecSchema().load(body, **kwargs)
 
 
 class FilterDetailSchema(Schema):
