@@ -21,7 +21,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Webhook, WebhookDelivery, new_id
 from fleetd.services import webhook_targets
-from fleetd.services.pagination import paginate
+from fleetd.services.pagination import last_rows, paginate
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +140,31 @@ def delete_webhook(webhook_id):
         Webhook.delete().where(Webhook.id == webhook_id).execute()
 
 
+def get_webhook(webhook_id):
+    """A webhook without its secret; NotFound if there is none."""
+    hook = Webhook.select(Webhook.id, Webhook.url, Webhook.events, Webhook.created_at,
+                          Webhook.created_by).where(Webhook.id == webhook_id).first()
+    if hook is None:
+        raise NotFound(f"webhook {webhook_id} not found")
+    return hook
+
+
+def _deliveries(webhook_id):
+    get_webhook(webhook_id)
+    return WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.at,
+                                  WebhookDelivery.state, WebhookDelivery.attempts, WebhookDelivery.status_code,
+                                  WebhookDelivery.error, WebhookDelivery.next_attempt_at,
+                                  WebhookDelivery.finished_at).where(WebhookDelivery.webhook == webhook_id)
+
+
 def list_deliveries(webhook_id, limit, cursor=None):
     """A webhook's deliveries, oldest first."""
-    if Webhook.get_or_none_by_id(webhook_id) is None:
-        raise NotFound(f"webhook {webhook_id} not found")
-    query = WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.at,
-                                   WebhookDelivery.state, WebhookDelivery.attempts, WebhookDelivery.status_code,
-                                   WebhookDelivery.error, WebhookDelivery.next_attempt_at,
-                                   WebhookDelivery.finished_at).where(WebhookDelivery.webhook == webhook_id)
-    return paginate(query, WebhookDelivery.id, limit, cursor)
+    return paginate(_deliveries(webhook_id), WebhookDelivery.id, limit, cursor)
+
+
+def deliveries_tail(webhook_id, count):
+    """A webhook's last `count` deliveries, oldest first."""
+    return last_rows(_deliveries(webhook_id), WebhookDelivery.id, count)
 
 
 # ---------------------------------------------------------------- the sender

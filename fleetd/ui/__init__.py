@@ -1,7 +1,18 @@
 """The admin web UI at /ui/: server-rendered pages over the same services as the REST API."""
 
 from fleetd.ui.blueprint import bp
-from fleetd.ui.pages import admin, deploy, instances, jobs, nodes, overview, session, tokens  # noqa: F401 - register routes
+from fleetd.ui.pages import (  # noqa: F401 - register routes
+    admin,
+    deploy,
+    fleets,
+    instances,
+    jobs,
+    nodes,
+    overview,
+    session,
+    tokens,
+    webhooks,
+)
 from fleetd.ui.security import configure_session
 
 ENDPOINT_PREFIX = "ui."

@@ -4,7 +4,7 @@ The roles are read from the API's own `require` decorators, so the UI cannot dri
 API: a page that shows what GET /api/v1/nodes shows admits exactly the roles that route admits.
 """
 
-from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens
+from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens, webhooks
 
 
 def _roles(view, method):
@@ -42,6 +42,16 @@ INSTANCE_CREATE = _roles(instances.Instances, "post")
 INSTANCE_LOGS = _roles(instances.InstanceLogs, "get")
 INSTANCE_EVENTS = _roles(instances.InstanceEvents, "get")
 FLEETS = _roles(fleets.Fleets, "get")
+FLEET = _roles(fleets.FleetByName, "get")
+FLEET_CREATE = _roles(fleets.Fleets, "post")
+FLEET_UPDATE = _roles(fleets.FleetByName, "patch")
+QUOTAS = _roles(cluster.Quotas, "get")
+QUOTA_SET = _roles(cluster.QuotaByTeam, "put")
+QUOTA_DELETE = _roles(cluster.QuotaByTeam, "delete")
+WEBHOOKS = _roles(webhooks.Webhooks, "get")
+WEBHOOK_CREATE = _roles(webhooks.Webhooks, "post")
+WEBHOOK_DELETE = _roles(webhooks.WebhookById, "delete")
+WEBHOOK_DELIVERIES = _roles(webhooks.WebhookDeliveries, "get")
 JOIN_TOKENS = _roles(fleets.FleetJoinTokens, "get")
 JOIN_TOKEN_CREATE = _roles(fleets.FleetJoinTokens, "post")
 JOIN_TOKEN_REVOKE = _roles(fleets.JoinTokenById, "delete")
@@ -59,6 +69,9 @@ NAV = [
     ("ui.node_list", "Nodes", NODES),
     ("ui.job_list", "Jobs", JOBS),
     ("ui.instance_list", "Instances", INSTANCES),
+    ("ui.fleet_list", "Fleets", FLEETS),
+    ("ui.quotas", "Quotas", QUOTAS),
+    ("ui.webhooks_page", "Webhooks", WEBHOOKS),
     ("ui.join_tokens", "Join tokens", JOIN_TOKENS),
     ("ui.api_tokens", "API tokens", API_TOKENS),
     ("ui.maintenance", "Maintenance", TASKS),

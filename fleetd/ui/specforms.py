@@ -65,7 +65,10 @@ def service_errors(error, field_of):
     their fields, a taken name beside the name, anything else above the form."""
     details = error.details if isinstance(error.details, dict) else {}
     if isinstance(details.get("fields"), dict):
-        return to_fields(details["fields"], field_of)
+        named = details["fields"]
+        if isinstance(named.get("json"), dict):  # where the API found it (the body); a form has no body
+            named = named["json"]
+        return to_fields(named, field_of)
     if error.http_status == 409 and "name" in details and "instance_id" in details:
         return {field_of if isinstance(field_of, str) else "name": [error.message]}
     return {GENERAL: [error.message]}
@@ -165,3 +168,39 @@ def gib_to_bytes(raw):
     if isinstance(value, (int, float)):
         return int(value * GIB)
     return value
+
+
+def labels(raw, field="labels"):
+    """'gpu=h100, zone=a' -> {"gpu": "h100", "zone": "a"}; FormError beside `field` for an item without '='."""
+    out = {}
+    for item in (raw or "").replace("\n", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FormError({field: [f"{item!r}: write each label as key=value"]})
+        out[key.strip()] = value.strip()
+    return out
+
+
+def windows(raw):
+    """Lines 'HH:MM-HH:MM [mon,tue,...]' -> [{start, end, days?}] (text that does not parse is passed on for
+    the schema to refuse with its own words)."""
+    out = []
+    for line in (raw or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        span, _, days = line.partition(" ")
+        start, _, end = span.partition("-")
+        window = {"start": start.strip(), "end": end.strip()}
+        if days.strip():
+            window["days"] = [d.strip().lower() for d in days.replace(" ", ",").split(",") if d.strip()]
+        out.append(window)
+    return out
+
+
+def checked(form, name):
+    """A checkbox: on when sent."""
+    return form.get(name) in ("on", "true", "1", "yes")
