@@ -44,6 +44,7 @@ class Settings:
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
     metrics_retention_seconds: int = 86400
+    usage_flush_seconds: float = 60.0  # how often the usage ledger accounts running work (and budgets are checked)
     storage_measure_seconds: float = 300.0
     storage_watermark_percent: float = 85.0
     gc_interval_seconds: float = 3600.0

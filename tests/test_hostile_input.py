@@ -96,6 +96,8 @@ BASE_BODIES = {
     ("POST", "/api/v1/cluster/simulate-schedule"): JOB_SPEC,
     ("PUT", "/api/v1/gpu-types/{model}"): {"price_per_hour": 1.5, "spot_min_bid": 0.5},
     ("PUT", "/api/v1/quotas/{team}"): {"priority_class": "spot", "max_gpus": 4.5},
+    ("PUT", "/api/v1/budgets/{team}"): {"limit_cost": 100.0, "limit_gpu_hours": 10.0, "on_exceed": "block"},
+    ("PUT", "/api/v1/prices/storage"): {"per_gb_month": 0.1},
     ("POST", "/api/v1/admin/gc"): {"older_than_seconds": 3600, "delete_jobs": False, "dry_run": True},
     ("POST", "/api/v1/webhooks"): {"url": "https://hooks.example.com/fleetd", "secret": "0123456789abcdef",
                                    "events": ["node.lost", "job.failed"]},

@@ -12,3 +12,7 @@ BLUEPRINTS += [validation.blp, gpus.blp]
 from fleetd.api import config  # noqa: E402 - the effective configuration (issue 33)
 
 BLUEPRINTS += [config.blp]
+
+from fleetd.api import usage  # noqa: E402 - usage, chargeback and budgets (issue 34)
+
+BLUEPRINTS += [usage.blp]

@@ -15,6 +15,7 @@ from fleetd.background import (
     scheduling,
     storage,
     token_cleanup,
+    usage,
     webhooks,
 )
 from fleetd.errors import Conflict, NotFound
@@ -38,6 +39,7 @@ REGISTRY = [
     (storage, "storage_measure_seconds"),
     (retention, "gc_interval_seconds"),
     (webhooks, "webhook_send_seconds"),
+    (usage, "usage_flush_seconds"),
 ]
 
 

@@ -179,6 +179,8 @@ class InstanceSchema(Schema):
     stopped_at = Time()
     price_per_hour = fields.Float(allow_none=True)
     cost_so_far = fields.Float()
+    storage_cost_so_far = fields.Float(metadata={
+        "description": "its volume's storage cost so far (stopped or not), at the storage price per GB-month"})
     runs = fields.Integer()
     runtime = fields.Nested(RuntimeSchema, allow_none=True)
 

@@ -5,8 +5,10 @@ import math
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import JobState
+from fleetd.runtime import current_runtime
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.services.usage import job_cost
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 
@@ -147,6 +149,10 @@ class JobStatusSchema(Schema):
     outcome = fields.String(allow_none=True)
     spec = fields.Dict()
     tasks = fields.List(fields.Nested(TaskStatusSchema), attribute="task_list")
+    price_per_hour = fields.Function(lambda job: job_cost(current_runtime(), job)[0], allow_none=True, metadata={
+        "description": "what its running tasks cost per hour now (null when nothing runs or it is unpriced)"})
+    cost_so_far = fields.Function(lambda job: job_cost(current_runtime(), job)[1], metadata={
+        "description": "its cost so far from the usage ledger, running tasks carried on to now"})
 
 
 JobPageSchema = page_schema(JobStatusSchema, "JobPage")

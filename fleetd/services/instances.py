@@ -32,6 +32,7 @@ from fleetd.services.lifecycle import owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
 from fleetd.services.runs import new_run, run_active, settle_deleting, stop_job, volumes_removed
 from fleetd.services.terms import task_request
+from fleetd.services.usage import storage_costs
 
 # ---------------------------------------------------------------- create, read
 
@@ -162,6 +163,20 @@ def stop_instance(rt, principal, instance_id):
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
+
+def stop_by_fleetd(rt, instance_id, reason):
+    """Stop an instance for fleetd's own reason (a team budget's stop_spot), as stop_instance does;
+    nothing when it holds no run."""
+    now = rt.clock.now()
+    with write_transaction():
+        inst = Instance.get_or_none_by_id(instance_id)
+        if inst is None or not InstanceState(inst.state).holds_run() or inst.state == InstanceState.STOPPING.value:
+            return
+        inst.desired_state = "stopped"
+        held = _end_run(inst, InstanceState.STOPPED, reason, now)
+    owe_stops(held)
+    _kick(rt)
+
 def delete_instance(rt, principal, instance_id):
     """Delete an instance: `deleted` at once when no process of it runs and no live node keeps its
     volume, else `deleting` until its processes ended and its node removed the volume."""
@@ -276,8 +291,9 @@ def instance_views(rt, instances):
     node_ids = list({i.node_id for i in instances if i.node_id})
     nodes = ({n.id: n for n in Node.select(Node.id, Node.address, Node.hostname).where(Node.id.in_(node_ids))}
              if node_ids else {})
-    return [_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now, rt.samples)
-            for i in instances]
+    storage = storage_costs(rt, [i.id for i in instances])  # its volume's, from the usage ledger
+    return [dict(_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now, rt.samples),
+                 storage_cost_so_far=storage.get(i.id, 0.0)) for i in instances]
 
 
 def instance_view(rt, inst):

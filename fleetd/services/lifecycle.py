@@ -15,6 +15,7 @@ from fleetd.db import after_commit
 from fleetd.errors import Conflict
 from fleetd.models import InstanceState, JobState, NodeStatus, TaskState, transition_table
 from fleetd.services.events import record_event
+from fleetd.services.ledger import record_run_end
 
 # A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
 # processes ended (or their leases expire); a queued one holds no process and is cancelled at once.
@@ -71,6 +72,8 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
     if tell_node and to_state.is_terminal() and is_held(task):
         # fleetd ended a task whose process a node may still run: that node is told at once.
         STOPS.owe(task.node_id, task.id, task.epoch)
+    if to_state.is_terminal() and not from_state.is_terminal():
+        record_run_end(task, now)  # the usage ledger accounts the run (if it ran) at its next pass
     task.state = to_state.value
     if to_state.is_terminal():
         task.ended_at = now

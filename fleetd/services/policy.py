@@ -5,6 +5,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, InvalidRequest, NotFound
 from fleetd.models import Fleet, GpuType, Quota
 from fleetd.services.cluster import current_state
+from fleetd.services.ledger import GPU, record_price
 from fleetd.services.runs import reprice_instances
 from fleetd.services.scheduling import Rules
 from fleetd.services.terms import task_request
@@ -18,8 +19,12 @@ def set_gpu_type(rt, model, price_per_hour=None, spot_min_bid=None):
         if row is None:
             row = GpuType.create(model=model, price_per_hour=price_per_hour, spot_min_bid=spot_min_bid)
         else:
+            previous = row.price_per_hour
             row.price_per_hour, row.spot_min_bid = price_per_hour, spot_min_bid
             row.save()
+            if previous == price_per_hour:
+                return row
+        record_price(now, GPU, model, price_per_hour)  # the usage ledger prices runs piecewise
         reprice_instances(model, now)
     return row
 
@@ -30,6 +35,7 @@ def delete_gpu_type(rt, model):
     with write_transaction():
         if not GpuType.delete().where(GpuType.model == model).execute():
             raise NotFound(f"GPU type {model!r} has no prices set")
+        record_price(now, GPU, model, None)
         reprice_instances(model, now)
 
 
@@ -105,7 +111,7 @@ def check_bid(spec):
 def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
     state = current_state(rt)
-    rules = Rules.load(state)
+    rules = Rules.load(state, rt.clock.now())
     request, blocked = rules.request_for(task_request(spec, principal.id), team_of(principal, spec), spec.priority_class)
     engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
     if blocked is not None:

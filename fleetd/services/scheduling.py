@@ -12,9 +12,11 @@ import typing
 import peewee
 
 from fleetd import scheduler
+from fleetd.clock import utcnow
 from fleetd.db import database, write_transaction
 from fleetd.models import Fleet, GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.replicas import Fenced
+from fleetd.services.budget_state import blocked_teams
 from fleetd.services.cluster import ClusterState, raw_rows
 from fleetd.services.events import FLEETD, acting_as
 from fleetd.services.identities import UidsExhausted
@@ -99,7 +101,7 @@ def _run_pass(rt, full, read_all=False):
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
             state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
-        rules = Rules.load(state)
+        rules = Rules.load(state, now)
     plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, None if full else parked,
                       dict(rt.nominations), rt.engines, unread)
     if any(job.id in followed for job, _, _ in plan.placed):
@@ -542,14 +544,15 @@ def gpus_of(request):
 class Rules:
     """Quotas and spot prices applied before placement; usage is charged as jobs are placed."""
 
-    def __init__(self, quotas, prices, usage, models):
+    def __init__(self, quotas, prices, usage, models, budgets=None):
         self.quotas = quotas  # (team, class or "any") -> max GPUs
         self.prices = prices  # model -> GpuType
         self.usage = usage  # (team, class) -> GPUs held
         self.models = models  # every GPU model in the fleet
+        self.budgets = budgets or {}  # team -> (classes held back or None: all, why): exceeded budgets
 
     @classmethod
-    def load(cls, state):
+    def load(cls, state, now=None):
         quotas = {(q.team, q.priority_class): q.max_gpus for q in _QUOTAS.rows()}
         prices = {t.model: t for t in _GPU_TYPES.rows()}
         usage = {}
@@ -560,7 +563,7 @@ class Rules:
             seen.add(task.job_id)
             key = (task.job.team, task.job.priority_class)
             usage[key] = usage.get(key, 0) + gpus_of(task.job.request)
-        return cls(quotas, prices, usage, set(state.inventory.all_models))
+        return cls(quotas, prices, usage, set(state.inventory.all_models), blocked_teams(now or utcnow()))
 
     def held(self, team, priority_class):
         if priority_class == "any":
@@ -571,6 +574,9 @@ class Rules:
         """(TaskRequest, None) or (None, why it waits) for a job of this team and class: the
         request, or a narrower one (the GPU types its spot bid affords)."""
         team = team or ""
+        held_back = self.budgets.get(team)
+        if held_back is not None and (held_back[0] is None or priority_class in held_back[0]):
+            return None, held_back[1]
         need = gpus_of(request)
         for klass in (priority_class, "any"):
             limit = self.quotas.get((team, klass))

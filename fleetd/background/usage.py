@@ -1,0 +1,12 @@
+"""Account the usage ledger up to now, then check the teams' budgets against it."""
+
+from fleetd.services.budgets import check_budgets
+from fleetd.services.ledger import flush
+
+NAME = "usage"
+DESCRIPTION = "Accounts running and ended runs and instance volumes in the usage ledger, then checks team budgets"
+
+
+def run(rt):
+    """One ledger pass and one budget check; returns what each did."""
+    return {**flush(rt), **check_budgets(rt)}

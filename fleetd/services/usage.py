@@ -1,0 +1,233 @@
+"""Usage reports from the ledger (fleetd.services.ledger): GPU-hours allocated and used, efficiency
+and cost by team, owner, fleet, GPU model, day or workload; a workload's running cost; an instance
+volume's storage cost; the workloads holding GPUs that stay idle; the storage price.
+
+These are plain functions (principal and runtime in, dicts out) for the API, the CLI's API
+calls and the console alike."""
+
+import csv
+import datetime as dt
+import io
+
+from flask import g, has_app_context
+from peewee import fn
+
+from fleetd.clock import isoformat
+from fleetd.db import write_transaction
+from fleetd.errors import InvalidRequest
+from fleetd.models import GpuSample, Instance, Job, StorageRecord, Task, TaskState, UsageDay, UsageRecord
+from fleetd.services.ledger import GB, STORAGE, PriceBook, record_price, run_price, storage_cost, storage_price
+
+GROUP_BY = ("team", "owner", "fleet", "gpu_model", "day", "workload")
+COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
+MAX_DAYS = 3660  # a report spans at most about ten years
+
+
+def _figures(allocated, used, sampled, cost, runs):
+    """A report row's figures from seconds: used and efficiency are None where no samples came."""
+    return {"gpu_hours_allocated": round(allocated / 3600, 6),
+            "gpu_hours_used": round(used / 3600, 6) if sampled else None,
+            "efficiency": round(used / sampled, 6) if sampled else None,
+            "cost": round(cost, 6), "runs": int(runs)}
+
+
+def report_days(now, start=None, end=None):
+    """(first day, last day) of a report: `start` and `end` (dates or datetimes, UTC) at day
+    granularity, both days included; by default from the first of this month to today."""
+    first = (start or dt.datetime(now.year, now.month, 1))
+    last = end or now
+    first = first.date() if isinstance(first, dt.datetime) else first
+    last = last.date() if isinstance(last, dt.datetime) else last
+    if last < first:
+        raise InvalidRequest("`to` is before `from`", {"fields": {"to": ["on or after from"]}})
+    if (last - first).days > MAX_DAYS:
+        raise InvalidRequest(f"a report spans at most {MAX_DAYS} days", {"fields": {"from": ["too far back"]}})
+    return first, last
+
+
+def usage_report(rt, principal, group_by="team", start=None, end=None, team=None, owner=None, fleet=None):
+    """GPU-hours allocated and used, efficiency, cost and runs per group over whole UTC days, with
+    totals: admins see everyone's, a submitter its own. `runs` counts the runs that started in the
+    range; cost includes instance volumes' storage. By workload, each run counts whole (its figures
+    as of the ledger's last pass) when it overlapped the range."""
+    if group_by not in GROUP_BY:
+        raise InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}", {"fields": {"group_by": [
+            f"one of {', '.join(GROUP_BY)}"]}})
+    first, last = report_days(rt.clock.now(), start, end)
+    own = None if principal.role == "admin" else principal.id
+    if group_by == "workload":
+        rows = _by_workload(first, last, own, team, owner, fleet)
+    else:
+        rows = _by_dimension(group_by, first, last, own, team, owner, fleet)
+    totals = [0.0, 0.0, 0.0, 0.0, 0]
+    for _, sums in rows:
+        for i, value in enumerate(sums):
+            totals[i] += value
+    return {"from": first.isoformat(), "to": last.isoformat(), "group_by": group_by,
+            "rows": [{"group": group, **_figures(*sums)} for group, sums in rows], "totals": _figures(*totals)}
+
+
+def _by_dimension(group_by, first, last, own, team, owner, fleet):
+    column = getattr(UsageDay, group_by)
+    query = (UsageDay.select(column, fn.SUM(UsageDay.gpu_seconds), fn.SUM(UsageDay.used_gpu_seconds),
+                             fn.SUM(UsageDay.sampled_gpu_seconds), fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
+             .where((UsageDay.day >= first) & (UsageDay.day <= last)))
+    for field, value in ((UsageDay.owner_token_id, own), (UsageDay.team, team), (UsageDay.owner, owner),
+                         (UsageDay.fleet, fleet)):
+        if value is not None:
+            query = query.where(field == value)
+    out = []
+    for group, *sums in query.group_by(column).order_by(column).tuples():
+        out.append((group.isoformat() if isinstance(group, dt.date) else (str(group) if group else None), sums))
+    return out
+
+
+def _by_workload(first, last, own, team, owner, fleet):
+    start = dt.datetime.combine(first, dt.time())
+    end = dt.datetime.combine(last, dt.time()) + dt.timedelta(days=1)
+    query = (UsageRecord.select(UsageRecord.kind, UsageRecord.workload_id, fn.SUM(UsageRecord.gpu_seconds),
+                                fn.SUM(UsageRecord.used_gpu_seconds), fn.SUM(UsageRecord.sampled_gpu_seconds),
+                                fn.SUM(UsageRecord.cost), fn.COUNT(UsageRecord.id))
+             .where((UsageRecord.started_at < end)
+                    & (UsageRecord.ended_at.is_null() | (UsageRecord.ended_at >= start))))
+    for field, value in ((UsageRecord.owner_token_id, own), (UsageRecord.team, team), (UsageRecord.owner, owner),
+                         (UsageRecord.fleet, fleet)):
+        if value is not None:
+            query = query.where(field == value)
+    groups = {}
+    for kind, workload, *sums in query.group_by(UsageRecord.kind, UsageRecord.workload_id).tuples():
+        groups[f"{kind}/{workload}"] = list(sums)
+    storage = StorageRecord.select(StorageRecord.id, StorageRecord.cost).where(
+        (StorageRecord.started_at < end) & (StorageRecord.ended_at.is_null() | (StorageRecord.ended_at >= start)))
+    for field, value in ((StorageRecord.owner_token_id, own), (StorageRecord.team, team),
+                         (StorageRecord.owner, owner), (StorageRecord.fleet, fleet)):
+        if value is not None:
+            storage = storage.where(field == value)
+    for row in storage:
+        groups.setdefault(f"instance/{row.id}", [0.0, 0.0, 0.0, 0.0, 0])[3] += row.cost
+    return sorted(groups.items())
+
+
+def report_csv(report):
+    """A report's rows as CSV text (the columns of COLUMNS; empty where a figure is unknown)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in report["rows"]:
+        writer.writerow(["" if row[c] is None else row[c] for c in COLUMNS])
+    return out.getvalue()
+
+
+def workload_cost(rt, workload_id, book=None):
+    """(price per hour now, cost so far) of a job or instance from the ledger, its open runs
+    carried on from the ledger's last pass to now at the prices in force; price None when nothing runs."""
+    now = rt.clock.now()
+    book = book or PriceBook.load()
+    cost, price = 0.0, None
+    seen = set()
+    for record in UsageRecord.select().where(UsageRecord.workload_id == workload_id):
+        cost += record.cost
+        seen.add(record.id)
+        if record.ended_at is None:
+            per_gpu = run_price(record, book, now)
+            if per_gpu is not None:
+                cost += record.gpus * per_gpu * max(0.0, (now - record.accounted_until).total_seconds()) / 3600
+                price = (price or 0.0) + record.gpus * per_gpu
+    return price, round(cost, 6)
+
+
+def job_cost(rt, job):
+    """(price_per_hour, cost_so_far) of a job, computed once per row shown (the prices read once
+    per request)."""
+    cached = job.__dict__.get("_usage_cost")
+    if cached is None:
+        book = g.get("fleetd_price_book") if has_app_context() else None
+        if book is None:
+            book = PriceBook.load()
+            if has_app_context():
+                g.fleetd_price_book = book
+        cached = job.__dict__["_usage_cost"] = workload_cost(rt, job.id, book)
+    return cached
+
+
+def storage_costs(rt, instance_ids):
+    """{instance id: its volume's storage cost so far}: the ledger's, carried on to now at the
+    storage price (an instance the ledger has not seen yet is absent)."""
+    if not instance_ids:
+        return {}
+    now = rt.clock.now()
+    book = None
+    out = {}
+    for record in StorageRecord.select().where(StorageRecord.id.in_(list(instance_ids))):
+        cost = record.cost
+        if record.ended_at is None and now > record.accounted_until:
+            book = book or PriceBook.load()
+            cost += storage_cost(record.volume_bytes, book, record.accounted_until, now)
+        out[record.id] = round(cost, 6)
+    return out
+
+
+def get_storage_price():
+    """The storage price per GB-month in force (None: storage is free)."""
+    return {"per_gb_month": storage_price(), "unit_bytes": GB}
+
+
+def set_storage_price(rt, per_gb_month):
+    """Set the storage price per GB-month (admin), in force from now: the ledger prices volumes
+    piecewise, so what was accounted before keeps its price."""
+    with write_transaction():
+        record_price(rt.clock.now(), STORAGE, "", per_gb_month)
+    return get_storage_price()
+
+
+def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
+    """Workloads holding GPUs whose GPUs all stayed under `below_percent` utilisation for at least
+    `min_minutes`, by the GPU samples stored (the last day's), longest idle first: [{kind, id, name,
+    owner, team, gpus, idle_minutes, idle_since, cost_so_far}]. A run idles since its start or its
+    GPUs' last sample at or over the threshold; a run with no sample in the last `min_minutes` is
+    not listed (nothing says it idles). Admins see all, a submitter its own."""
+    now = rt.clock.now()
+    window = now - dt.timedelta(minutes=min_minutes)
+    query = Task.select(Task.id, Task.job, Task.gpus, Task.started_at).where(
+        (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False) & (Task.started_at <= window))
+    if principal.role != "admin":
+        query = query.join(Job).where(Job.owner_token_id == principal.id)
+    tasks = list(query)
+    uuids = {g["uuid"] for t in tasks for g in t.gpus or [] if isinstance(g, dict) and g.get("uuid")}
+    samples = {}
+    if uuids:
+        oldest = max(min(t.started_at for t in tasks), now - dt.timedelta(days=1))
+        for uuid, at, util in (GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
+                               .where(GpuSample.uuid.in_(sorted(uuids)) & (GpuSample.at >= oldest)
+                                      & (GpuSample.at <= now) & GpuSample.utilization_percent.is_null(False))
+                               .tuples()):
+            samples.setdefault(uuid, []).append((at, util))
+    jobs = {j.id: j for j in Job.select().where(Job.id.in_([t.job_id for t in tasks]))} if tasks else {}
+    by_workload = {}
+    book = PriceBook.load()
+    for task in tasks:
+        job = jobs.get(task.job_id)
+        held = [g["uuid"] for g in task.gpus or [] if isinstance(g, dict) and g.get("uuid")]
+        readings = [(at, util) for uuid in held for at, util in samples.get(uuid, ()) if at >= task.started_at]
+        if job is None or not readings or max(at for at, _ in readings) < window:
+            continue
+        busy = [at for at, util in readings if util >= below_percent]
+        since = max(busy) if busy else task.started_at
+        if since > window:
+            continue
+        key = job.instance_id or job.id
+        entry = by_workload.get(key)
+        if entry is None:
+            name = job.name
+            if job.instance_id:
+                inst = Instance.select(Instance.name).where(Instance.id == job.instance_id).first()
+                name = inst.name if inst is not None else name
+            entry = by_workload[key] = {
+                "kind": "instance" if job.instance_id else "job", "id": key, "name": name, "owner": job.owner,
+                "team": job.team, "gpus": 0.0, "idle_minutes": 0.0, "idle_since": None,
+                "cost_so_far": workload_cost(rt, key, book)[1]}
+        entry["gpus"] += float((job.spec.get("resources") or {}).get("gpus") or len(held))
+        minutes = round((now - since).total_seconds() / 60, 3)
+        if minutes > entry["idle_minutes"]:
+            entry["idle_minutes"], entry["idle_since"] = minutes, isoformat(since)
+    return sorted(by_workload.values(), key=lambda e: (-e["idle_minutes"], e["id"]))

@@ -1,0 +1,210 @@
+"""The usage ledger over the real API, the agent side spoken by the test: exact GPU-seconds, used
+GPU-seconds from the GPUs' samples, cost with a price changed mid-run; a restart and a fenced
+(failed-over) pass lose and double nothing; storage cost; job cost; reports in JSON and CSV; the
+idle-held list; the metrics."""
+
+import csv
+import io
+
+import pytest
+
+from fleetd.db import database, fenced_by
+from fleetd.models import UsageDay, UsageRecord
+from fleetd.replicas import Fenced
+from fleetd.services import ledger
+from tests.conftest import T0, ApiClient, gpus
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def readings(util, count=2):
+    """A heartbeat's metrics: every GPU of the node at `util` % (the uuids of tests.conftest.gpus)."""
+    return {"gpus": {g["uuid"]: {"utilization_percent": u} for g, u in zip(gpus(count), util)}}
+
+
+def sample(api, session, util):
+    """The node reports its GPUs' utilisation and fleetd stores a sample of it."""
+    api.heartbeat(session, metrics=readings(util))
+    api.run_task("metrics_sampler")
+
+
+def records(app):
+    with app.app_context(), database.connection_context():
+        return list(UsageRecord.select().order_by(UsageRecord.started_at))
+
+
+@pytest.fixture
+def node(api):
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a")
+    return api.ready_node(token, "host-1", gpu_count=2)
+
+
+def test_a_run_is_accounted_to_the_second_with_its_samples_and_a_price_changed_mid_run(app, api, node, clock):
+    node_id, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    job = api.submit(resources={"gpus": 2}, team="ml")
+    assignment = api.start_task(session)
+    clock.advance(60)
+    sample(api, session, (80, 40))
+    clock.advance(540)
+    api.run_task("usage")  # 600 s in: the row progresses while the run goes on
+    (row,) = records(app)
+    assert (row.kind, row.workload_id, row.team, row.fleet, row.node_id, row.gpu_model, row.gpus) == (
+        "job", job["id"], "ml", "gpu-a", node_id, H100, 2.0)
+    assert row.ended_at is None and row.accounted_until == T0.replace(minute=10)
+    assert row.gpu_seconds == 1200 and row.cost == pytest.approx(2 * 600 / 3600 * 2.0)
+    assert row.used_gpu_seconds == pytest.approx(600 * 0.8 + 600 * 0.4) and row.sampled_gpu_seconds == 1200
+    clock.advance(1200)  # 30 min in: the price changes
+    sample(api, session, (80, 40))
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 3.0})
+    clock.advance(1800)
+    sample(api, session, (80, 40))
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    clock.advance(3600)  # the pass comes later: the run is accounted to its end, at the prices of then
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 100.0})
+    api.run_task("usage")
+    (row,) = records(app)
+    assert row.ended_at == T0.replace(hour=13) and row.accounted_until == row.ended_at
+    assert row.gpu_seconds == 2 * 3600
+    assert row.cost == pytest.approx(2 * (0.5 * 2.0 + 0.5 * 3.0))
+    assert row.used_gpu_seconds == pytest.approx(3600 * 0.8 + 3600 * 0.4) and row.sampled_gpu_seconds == 7200
+    api.run_task("usage")  # nothing more, and the later price rewrote nothing
+    assert records(app)[0].cost == pytest.approx(5.0)
+    shown = api.job(job["id"])
+    assert shown["cost_so_far"] == pytest.approx(5.0) and shown["price_per_hour"] is None
+
+
+def test_a_restart_and_a_fenced_pass_in_the_middle_of_a_run_lose_and_double_nothing(app, make_app, api, node,
+                                                                                     clock):
+    node_id, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 1.0})
+    api.submit(resources={"gpus": 1})
+    assignment = api.start_task(session)
+    clock.advance(300)
+    api.run_task("usage")
+    clock.advance(300)
+
+    def lost_the_lead():
+        raise Fenced("another replica leads")
+
+    with app.app_context(), database.connection_context(), fenced_by(lost_the_lead), \
+            pytest.raises(Fenced):
+        ledger.flush(app.extensions["fleetd"])
+    assert records(app)[0].gpu_seconds == 300  # the fenced pass committed nothing
+    restarted = make_app()  # fleetd restarts on the same database
+    again = ApiClient(restarted, api.token)
+    clock.advance(300)
+    again.run_task("usage")
+    again.heartbeat(session)
+    again.task_call(session, assignment, "finish", outcome="failed", exit_code=1)
+    clock.advance(100)
+    again.run_task("usage")
+    again.run_task("usage")
+    (row,) = records(restarted)
+    assert row.gpu_seconds == 900 and row.cost == pytest.approx(900 / 3600)
+    assert row.sampled_gpu_seconds == 0 and row.used_gpu_seconds == 0  # no samples came: unknown
+    with restarted.app_context(), database.connection_context():
+        days = list(UsageDay.select())
+    assert [(d.gpu_seconds, d.runs) for d in days] == [(900, 1)]
+
+
+def test_a_requeued_attempt_keeps_its_own_row(app, api, node, clock):
+    _, session = node
+    job = api.submit(resources={"gpus": 1}, retry={"max_attempts": 2, "on": ["failed"]})
+    first = api.start_task(session)
+    clock.advance(100)
+    api.heartbeat(session)
+    api.task_call(session, first, "finish", outcome="failed", exit_code=1)  # requeued at once
+    second = api.start_task(session)
+    clock.advance(50)
+    api.task_call(session, second, "finish", outcome="succeeded", exit_code=0)
+    api.run_task("usage")
+    rows = records(app)
+    assert [(r.attempt, r.gpu_seconds, r.ended_at is not None) for r in rows] == [(1, 100, True), (2, 50, True)]
+    assert {r.workload_id for r in rows} == {job["id"]}
+
+
+def member(api, name, team):
+    """A submitter token of `team`, as an ApiClient."""
+    resp = api.post("/api/v1/tokens", {"name": name, "role": "submitter", "team": team})
+    assert resp.status_code == 201, resp.get_json()
+    return ApiClient(api.app, resp.get_json()["token"])
+
+
+def run_for(api, client, session, gpus_, seconds, clock):
+    """A job of `client` on `gpus_` GPUs that runs `seconds` and succeeds; returns the job."""
+    job = client.submit(resources={"gpus": gpus_})
+    assignment = api.start_task(session)
+    clock.advance(seconds)
+    api.heartbeat(session)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    return job
+
+
+def test_reports_group_filter_and_show_a_submitter_only_its_own_and_csv_matches_json(app, api, node, clock):
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    alice, bob = member(api, "alice", "ml"), member(api, "bob", "cv")
+    sample(api, session, (50, 50))
+    run_for(api, alice, session, 1, 3600, clock)
+    bob_job = run_for(api, bob, session, 2, 1800, clock)
+    api.run_task("usage")
+    report = api.get("/api/v1/usage?group_by=team&from=2026-01-01&to=2026-01-01").get_json()
+    assert report["rows"] == [
+        {"group": "cv", "gpu_hours_allocated": 1.0, "gpu_hours_used": None, "efficiency": None, "cost": 2.0,
+         "runs": 1},
+        {"group": "ml", "gpu_hours_allocated": 1.0, "gpu_hours_used": 0.5, "efficiency": 0.5, "cost": 2.0,
+         "runs": 1}]
+    assert report["totals"] == {"gpu_hours_allocated": 2.0, "gpu_hours_used": 0.5, "efficiency": 0.5, "cost": 4.0,
+                                "runs": 2}
+    assert api.get("/api/v1/usage?group_by=team&from=2026-01-02&to=2026-01-03").get_json()["rows"] == []
+    assert [r["group"] for r in api.get("/api/v1/usage?group_by=owner&team=cv").get_json()["rows"]] == ["bob"]
+    assert [r["group"] for r in api.get("/api/v1/usage?group_by=day").get_json()["rows"]] == ["2026-01-01"]
+    assert [r["group"] for r in api.get("/api/v1/usage?group_by=gpu_model").get_json()["rows"]] == [H100]
+    assert [(r["group"], r["runs"]) for r in api.get("/api/v1/usage?group_by=workload&team=cv").get_json()[
+        "rows"]] == [(f"job/{bob_job['id']}", 1)]
+    own = alice.get("/api/v1/usage?group_by=team").get_json()
+    assert [r["group"] for r in own["rows"]] == ["ml"] and own["totals"]["cost"] == 2.0
+    assert [r["group"] for r in alice.get("/api/v1/usage?group_by=team&team=cv").get_json()["rows"]] == []
+    resp = api.get("/api/v1/usage?group_by=team", headers={"Accept": "text/csv"})
+    assert resp.status_code == 200 and resp.mimetype == "text/csv"
+    parsed = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
+    as_json = api.get("/api/v1/usage?group_by=team").get_json()["rows"]
+    assert [{k: (None if v == "" else v) for k, v in row.items()} for row in parsed] == [
+        {k: None if v is None else str(v) for k, v in row.items()} for row in as_json]
+    for bad in ("group_by=project", "from=yesterday", "from=2026-02-01&to=2026-01-01", "from=0001-01-01"):
+        resp = api.get(f"/api/v1/usage?{bad}")
+        assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "invalid_request", bad
+
+
+def test_a_stopped_instance_volume_accrues_storage_per_gb_month_across_months(app, api, node, clock):
+    _, session = node
+    assert api.get("/api/v1/prices/storage").get_json()["per_gb_month"] is None
+    assert api.call("PUT", "/api/v1/prices/storage", json={"per_gb_month": 0.1}).status_code == 200
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    inst = api.post("/api/v1/instances", {"name": "nb", "command": ["sleep", "1d"], "resources": {"gpus": 1},
+                                         "volume_bytes": 100 * 10**9}).get_json()
+    assignment = api.start_task(session)
+    clock.advance(3600)
+    api.heartbeat(session)
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    api.task_call(session, assignment, "finish", outcome="cancelled", reason="stopped")
+    api.run_task("usage")
+    clock.advance(30 * 86400 + 11 * 3600)  # to Feb 1, 00:00 (January has 31 days)
+    api.run_task("usage")
+    clock.advance(14 * 86400)  # half of February (28 days)
+    api.call("PUT", "/api/v1/prices/storage", json={"per_gb_month": 0.2})
+    clock.advance(7 * 86400)
+    api.run_task("usage")
+    january = 100 * 0.1 * (31 * 86400 - 12 * 3600) / (31 * 86400)
+    february = 100 * 0.1 * 0.5 + 100 * 0.2 * 0.25
+    shown = api.get(f"/api/v1/instances/{inst['id']}").get_json()
+    assert shown["storage_cost_so_far"] == pytest.approx(january + february)
+    assert shown["cost_so_far"] == pytest.approx(2.0)  # the running cost, beside it
+    months = api.get("/api/v1/usage?group_by=day&from=2026-01-01&to=2026-02-28").get_json()
+    assert months["totals"]["cost"] == pytest.approx(2.0 + january + february)
+    assert months["totals"]["gpu_hours_allocated"] == 1.0
+    workload = api.get("/api/v1/usage?group_by=workload&from=2026-01-01&to=2026-02-28").get_json()["rows"]
+    assert [(r["group"], r["runs"]) for r in workload] == [(f"instance/{inst['id']}", 1)]
+    assert workload[0]["cost"] == pytest.approx(2.0 + january + february)
