@@ -60,6 +60,9 @@ class Settings:
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
     instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
     task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
+    # GraphQL's cloudType: the node labels (k=v,k=v) each type selects; empty: any node
+    secure_cloud_labels: str = ""
+    community_cloud_labels: str = "cloud_type=community"
     # Per-owner limits ([limits] in the file): each API token's, unless an admin set its own on the token.
     limits_max_active_jobs: int = 10_000  # its jobs queued, running or cancelling
     limits_max_instances: int = 100  # its instances that are not deleted
@@ -114,6 +117,12 @@ class Settings:
                              f"got {self.task_uid_range!r}")
         return uids
 
+    @property
+    def cloud_type_labels(self):
+        """{cloudType: {label: value}} the GraphQL cloud types select (ALL: any node)."""
+        return {"ALL": {}, "SECURE": _labels("secure_cloud_labels", self.secure_cloud_labels),
+                "COMMUNITY": _labels("community_cloud_labels", self.community_cloud_labels)}
+
     def validate(self):
         """Raise ValueError for settings that cannot work (unknown policy names, bad lists)."""
         from fleetd.scheduler import POLICIES
@@ -121,6 +130,7 @@ class Settings:
         self.trusted_networks  # noqa: B018 - raises on a bad list
         self.webhook_allowed_networks  # noqa: B018 - raises on a bad list
         self.task_uids  # noqa: B018 - raises on a bad range
+        self.cloud_type_labels  # noqa: B018 - raises on a bad label list
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
         for name in ("limits_max_active_jobs", "limits_max_instances", "limits_max_spec_bytes",
@@ -141,6 +151,17 @@ class Settings:
         values = fleetconf.read_toml(path, ValueError) if path else {}
         return fleetconf.load(cls, "FLEETD_", values, environ, overrides, ValueError,
                               where=path or "settings").validate()
+
+
+def _labels(name, text):
+    """"k=v,k=v" as a dict; ValueError naming the setting."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{name} wants key=value items, comma-separated, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _networks(name, text):

@@ -2,6 +2,7 @@
 answers mapped onto GraphQL's field names. Nothing here decides: a create is the REST body
 InstanceSpecSchema validates, a stop, resume or terminate is the REST route's service call."""
 
+import re
 import shlex
 
 from ariadne import MutationType, ObjectType, QueryType, ScalarType
@@ -13,7 +14,9 @@ from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.services import cluster, instances
 
 GIB = 1 << 30
-MAX_PODS = 1000  # myself { pods }: one page of the REST list, oldest first
+PODS_PAGE = 1000  # myself { pods } reads the REST list page by page (its largest page), oldest first ...
+MAX_POD_PAGES = 100  # ... to at most 100,000 instances; past that, the REST list and its cursor
+CPU_INSTANCE = re.compile(r"^cpu\d*[a-z]*-(\d{1,4})-(\d{1,5})$")  # deployCpuPod's instanceId: cpu3c-2-4 (vCPUs, GB)
 
 query = QueryType()
 mutation = MutationType()
@@ -111,10 +114,11 @@ def _command(text):
         raise InvalidRequest(f"dockerArgs: {exc}", {"fields": {"dockerArgs": [str(exc)]}}) from None
 
 
-def instance_body(data, spot):
+def instance_body(data, spot, cloud_labels=None):
     """The REST InstanceSpec body a create input stands for (docs/api.md, GraphQL: field mapping).
-    Input fields fleetd has no notion of (cloudType, startSsh, supportPublicIp, countryCode,
-    containerDiskInGb, allowedCudaVersions, minDownload, minUpload, deployCost) are ignored."""
+    `cloud_labels`: the node labels the input's cloudType selects (settings.cloud_type_labels).
+    Input fields fleetd has no notion of (startSsh, supportPublicIp, countryCode, containerDiskInGb,
+    allowedCudaVersions, minDownload, minUpload, deployCost) are ignored."""
     for unsupported in ("templateId", "networkVolumeId"):
         if data.get(unsupported):
             raise InvalidRequest(f"{unsupported}: fleetd has no templates or network volumes; send the image, "
@@ -131,8 +135,14 @@ def instance_body(data, spot):
             "volume_bytes": int((data.get("volumeInGb") or 0) * GIB), "ports": _ports(data.get("ports"))}
     if data.get("volumeMountPath"):
         body["volume_mount_path"] = data["volumeMountPath"]
+    selector = {}
     if data.get("dataCenterId"):
-        body["node_selector"] = {"fleet": data["dataCenterId"]}
+        selector["fleet"] = data["dataCenterId"]
+    labels = (cloud_labels or {}).get(data.get("cloudType") or "ALL")
+    if labels:
+        selector["labels"] = dict(labels)
+    if selector:
+        body["node_selector"] = selector
     if spot:
         body["priority_class"] = "spot"
         body["bid"] = data["bidPerGpu"]
@@ -149,7 +159,30 @@ def _spec(body):
 
 def _create(info, data, spot):
     rt, principal = _ctx(info)
-    return _pod_of(rt, instances.create_instance(rt, principal, _spec(instance_body(data, spot))))
+    body = instance_body(data, spot, rt.settings.cloud_type_labels)
+    return _pod_of(rt, instances.create_instance(rt, principal, _spec(body)))
+
+
+def cpu_pod_input(data):
+    """deployCpuPod's input as an on-demand create of no GPUs: instanceId (cpu3c-2-4: 2 vCPUs, 4 GB)
+    gives the CPUs and memory; the SDK's default template stands for its image, which the input names."""
+    out = {k: v for k, v in data.items() if k not in ("instanceId", "templateId")}
+    if data.get("templateId") and not data.get("imageName"):
+        raise InvalidRequest("templateId: fleetd has no templates; send imageName (and dockerArgs) instead",
+                             {"fields": {"templateId": ["not supported"]}})
+    out["gpuCount"] = 0
+    if data.get("instanceId"):
+        match = CPU_INSTANCE.match(data["instanceId"])
+        if match is None:
+            raise InvalidRequest("instanceId: cpu<generation>-<vCPUs>-<GB of memory> (e.g. cpu3c-2-4)",
+                                 {"fields": {"instanceId": ["cpu<generation>-<vCPUs>-<GB>"]}})
+        out["minVcpuCount"], out["minMemoryInGb"] = int(match.group(1)), int(match.group(2))
+    return out
+
+
+@mutation.field("deployCpuPod")
+def resolve_deploy_cpu_pod(_, info, input):  # noqa: A002
+    return _create(info, cpu_pod_input(input), spot=False)
 
 
 @mutation.field("podFindAndDeployOnDemand")
@@ -195,15 +228,21 @@ def resolve_terminate(_, info, input):  # noqa: A002
 
 @query.field("myself")
 def resolve_myself(_, info):
-    return {"id": info.context["principal"].name}
+    return {"id": info.context["principal"].name, "pubKey": None, "networkVolumes": []}
 
 
 @user.field("pods")
 @user.field("clusters")
 def resolve_pods(_, info):
     rt, principal = _ctx(info)
-    items, _ = instances.list_instances(principal, MAX_PODS)
-    return [pod(view) for view in instances.instance_views(rt, items)]
+    out, cursor = [], None
+    for _page in range(MAX_POD_PAGES):
+        items, cursor = instances.list_instances(principal, PODS_PAGE, cursor)
+        out += [pod(view) for view in instances.instance_views(rt, items)]
+        if cursor is None:
+            return out
+    raise InvalidRequest(f"more than {PODS_PAGE * MAX_POD_PAGES} instances: read them page by page with "
+                         "GET /api/v1/instances?cursor=")
 
 
 @query.field("pod")
@@ -216,13 +255,13 @@ def resolve_pod(_, info, input):  # noqa: A002
 # ---------------------------------------------------------------- GPU types
 
 
-def _gpu_type(entry):
+def _gpu_type(entry, clouds):
     memory = entry.get("memory_bytes")
     return {
         "id": entry["model"], "displayName": entry["display_name"], "manufacturer": entry["manufacturer"],
         "memoryInGb": _gib(memory) if memory is not None else None, "maxGpuCount": entry["max_per_node"],
         "totalCount": entry["total"], "availableCount": entry["available"], "cudaCores": None,
-        "secureCloud": entry["total"] > 0, "communityCloud": False,
+        "secureCloud": entry["model"] in clouds["SECURE"], "communityCloud": entry["model"] in clouds["COMMUNITY"],
         "securePrice": entry.get("price_per_hour"), "communityPrice": None,
         "secureSpotPrice": entry.get("spot_min_bid"), "communitySpotPrice": None,
         "oneWeekPrice": None, "oneMonthPrice": None, "threeMonthPrice": None, "entry": entry,
@@ -233,7 +272,9 @@ def _gpu_type(entry):
 def resolve_gpu_types(_, info, input=None):  # noqa: A002
     rt, _principal = _ctx(info)
     wanted = (input or {}).get("id")
-    return [_gpu_type(e) for e in cluster.gpu_types(cluster.current_state(rt)) if wanted is None or e["model"] == wanted]
+    state = cluster.current_state(rt)
+    clouds = {kind: cluster.models_on_nodes_with(state, labels) for kind, labels in rt.settings.cloud_type_labels.items()}
+    return [_gpu_type(e, clouds) for e in cluster.gpu_types(state) if wanted is None or e["model"] == wanted]
 
 
 @gpu_type.field("lowestPrice")

@@ -751,6 +751,13 @@ def gpu_types(state):
     return sorted(out.values(), key=lambda e: e["model"])
 
 
+def models_on_nodes_with(state, labels):
+    """The GPU models on enrolled nodes that carry all of `labels` (every node's for no labels)."""
+    wanted = dict(labels).items()
+    return {gpu.model for node in state.nodes if wanted <= (node.labels or {}).items()
+            for gpu in state.gpus.get(node.id, ())}
+
+
 def get_gpu_type(state, model, gpu_count=None):
     """GET /api/v1/gpu-types/{model}: one model as the list has it (NotFound when neither a node has it nor
     an admin priced it), with its lowest prices for `gpu_count` GPUs when asked."""
