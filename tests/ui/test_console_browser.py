@@ -252,3 +252,47 @@ def test_a_submitter_sees_neither_anothers_instance_nor_the_admin_pages(page, ht
     assert requests.get(server.url + "/api/v1/instances", timeout=30, headers={
         "Authorization": f"Bearer {bob}"}).json()["items"][0]["owner"] == "bob"
     http("DELETE", f"/api/v1/instances/{hers['id']}")
+
+
+def test_create_a_fleet_a_quota_and_a_webhook(page, http, server, admin):
+    sign_in(page, admin)
+    page.click("nav >> text=Fleets")
+    page.get_by_label("Name", exact=True).fill("night")
+    page.get_by_label("Labels").fill("zone=b")
+    page.get_by_label("Windows").fill("22:00-06:00 mon,tue,wed,thu,fri")
+    page.get_by_label("Time zone").fill("Europe/Berlin")
+    page.click("#fleet-create")
+    page.wait_for_url(re.compile(r"/ui/fleets/night$"))
+    assert "22:00–06:00 mon,tue,wed,thu,fri" in page.inner_text("#fleet-windows")
+    fleet = http("GET", "/api/v1/fleets/night", expect=200).json()
+    assert fleet["labels"] == {"zone": "b"} and fleet["availability"]["timezone"] == "Europe/Berlin"
+    shot(page, "fleet")
+    page.click("#fleet-join-tokens")
+    page.click("text=Create join token")
+    assert page.input_value("#join-command").endswith(f"fleet-agent join --server {server.url}")
+
+    page.click("nav >> text=Quotas")
+    page.get_by_label("Team").fill("vision")
+    page.get_by_label("Max GPUs").fill("-2")
+    page.click("#quota-save")
+    assert page.locator("#err-max_gpus").count() == 1  # the API's refusal, beside the field
+    page.get_by_label("Max GPUs").fill("8")
+    page.click("#quota-save")
+    page.wait_for_url(re.compile(r"/ui/quotas$"))
+    assert page.locator('tr[data-quota="vision/any"]').count() == 1
+    shot(page, "quotas")
+
+    page.click("nav >> text=Webhooks")
+    page.get_by_label("URL").fill("http://127.0.0.1:9/hook")
+    page.click("#webhook-create")
+    secret = page.input_value("#new-secret")
+    assert len(secret) >= 32
+    shot(page, "webhook-created")
+    page.goto("/ui/webhooks")
+    assert secret not in page.content() and page.locator("#webhooks tbody tr").count() == 1
+    hook = http("GET", "/api/v1/webhooks", expect=200).json()["items"][0]
+    page.click(f'tr[data-webhook="{hook["id"]}"] a')
+    assert page.inner_text("h1") == f"Webhook {hook['id']}"
+    shot(page, "webhook")
+    page.goto("/ui/fleets")
+    shot(page, "fleets")
