@@ -399,20 +399,31 @@ def instance_rm(handle, yes):
 @click.argument("handle", metavar="INSTANCE")
 @click.option("--port", type=click.IntRange(1, 65535), help="Which declared port (default: its first).")
 @click.option("--wait", "wait_running", is_flag=True, help="Wait until the instance runs, however long that takes.")
-def instance_connect(handle, port, wait_running):
+@click.option("--timeout", type=Duration(),
+              help="Wait at most this long (exit 2), e.g. 5m as GPU clouds wait for a connection; implies --wait.")
+def instance_connect(handle, port, wait_running, timeout):
     """Print the URL of a port of a running instance, by id or name (http://HOST:PORT or tcp://HOST:PORT)."""
+    import time
+
     instance_id = resolve_id("instance", handle)
     client, data = current_client(), None
+    wait_running = wait_running or timeout is not None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    # Each request waits at most a long-poll's slice (the server caps one at 30 s); --wait asks again.
     for _ in range(10_000_000 if wait_running else 1):  # bounded: a wait of years would still end
+        left = _LONG_POLL_SECONDS if deadline is None else min(_LONG_POLL_SECONDS, deadline - time.monotonic())
         try:
             data = client.get(f"/api/v1/instances/{instance_id}/connection", port=port,
-                              wait_seconds=_LONG_POLL_SECONDS if wait_running else None)
+                              wait_seconds=round(max(0, left), 1) if wait_running else None)
             break
         except ClientError as exc:
             if exc.status != 504:  # 504: not running within the wait; 409: stopped, so it never will by itself
                 raise
             if not wait_running:
                 fail(f"{describe_error(exc)}\n(`fleetd instance connect --wait {instance_id}` waits until it runs)")
+            if deadline is not None and time.monotonic() >= deadline:
+                click.echo(f"fleetd: instance {instance_id} did not run within {timeout:g} s", err=True)
+                sys.exit(2)
     emit(data, lambda d: click.echo(d["url"]))
 
 
