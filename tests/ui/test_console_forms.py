@@ -116,3 +116,16 @@ def test_metrics_tokens_cannot_open_the_forms(signed_in):
     reader = signed_in("metrics")
     assert reader.get("/ui/instances/new").status_code == 403
     assert reader.get("/ui/jobs/new").status_code == 403
+
+
+def test_the_overview_queued_card_equals_the_sum_of_its_series_rows(admin_ui, api):
+    enrol(api, gpu_count=2)
+    api.submit(name="any-model", command=["x"], resources={"gpus": 3})  # accepts any model: a row of its own
+    api.submit(name="h100", command=["x"], resources={"gpus": 4, "gpu_types": [H100]})
+    api.submit(name="unknown", command=["x"], resources={"gpus": 1, "gpu_types": ["NVIDIA B200"]})
+    page = admin_ui.text("/ui/")
+    card = float(re.search(r'<dd id="gpu-queued">([^<]+)</dd>', page).group(1))
+    rows = [float(v) for v in re.findall(r'<td class="n" data-k="queued">([^<]+)</td>', page)]
+    status = api.get("/api/v1/cluster/status").get_json()["gpu"]
+    assert card == status["queued"] == sum(rows) == 8
+    assert len(rows) == len(status["series"]) and 'data-series="any"' in page
