@@ -151,6 +151,7 @@ def test_reports_group_filter_and_show_a_submitter_only_its_own_and_csv_matches_
     bob_job = run_for(api, bob, session, 2, 1800, clock)
     api.run_task("usage")
     report = api.get("/api/v1/usage?group_by=team&from=2026-01-01&to=2026-01-01").get_json()
+    assert (report["from"], report["to"], report["group_by"]) == ("2026-01-01", "2026-01-01", "team")
     assert report["rows"] == [
         {"group": "cv", "gpu_hours_allocated": 1.0, "gpu_hours_used": None, "efficiency": None, "cost": 2.0,
          "runs": 1},

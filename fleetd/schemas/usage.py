@@ -54,7 +54,7 @@ class UsageRowSchema(UsageFiguresSchema):
 
 
 class UsageReportSchema(Schema):
-    from_ = fields.String(data_key="from")
+    from_ = fields.String(data_key="from", attribute="from")
     to = fields.String()
     group_by = fields.String()
     rows = fields.List(fields.Nested(UsageRowSchema))
