@@ -11,6 +11,7 @@ from fleetd.ui.pages import (  # noqa: F401 - register routes
     overview,
     session,
     tokens,
+    usage,
     webhooks,
 )
 from fleetd.ui.security import configure_session

@@ -102,3 +102,41 @@ def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
                              f"</polyline>")
     parts.append("</svg>")
     return Markup("".join(parts))  # nosec B704  # numbers, the callers' constant classes and escaped text
+
+
+SERIES_CLASSES = 8  # .s-k0 ... .s-k7 in the stylesheet, reused in turn
+
+
+def stacked_bars(columns, stacks, unit="", title=""):
+    """An SVG chart of one bar per column (a day), stacked from `stacks` {name: [value per column]} in the
+    order given; each piece has a tooltip. Series take the classes s-k0, s-k1, ... in turn."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    totals = [sum((values[i] or 0) for values in stacks.values()) for i in range(len(columns))]
+    top = _nice_max(max(totals) if totals else 1)
+    slot = plot_w / max(1, len(columns))
+    bar = max(1.0, slot * 0.7)
+    parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
+             f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">',
+             f"<title>{escape(title)}</title>"]
+    for fraction in (0, 0.5, 1):
+        gy = TOP + plot_h * (1 - fraction)
+        parts.append(f'<line class="grid" x1="{LEFT}" y1="{gy:.1f}" x2="{WIDTH - RIGHT}" y2="{gy:.1f}"/>')
+        parts.append(f'<text class="axis" x="{LEFT - 4}" y="{gy + 4:.1f}" text-anchor="end">'
+                     f"{escape(f'{top * fraction:g}{unit}')}</text>")
+    every = max(1, len(columns) // 7)
+    for i, column in enumerate(columns):
+        x = LEFT + slot * i + (slot - bar) / 2
+        base = TOP + plot_h
+        for n, (name, values) in enumerate(stacks.items()):
+            value = values[i] or 0
+            if value <= 0:
+                continue
+            height = plot_h * value / top
+            base -= height
+            parts.append(f'<rect class="s-k{n % SERIES_CLASSES}" x="{x:.1f}" y="{base:.1f}" width="{bar:.1f}" '
+                         f'height="{height:.1f}"><title>{escape(f"{column} {name}: {value:g}{unit}")}</title></rect>')
+        if i % every == 0 or i == len(columns) - 1:
+            parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle">'
+                         f"{escape(str(column)[5:])}</text>")
+    parts.append("</svg>")
+    return Markup("".join(parts))  # nosec B704  # numbers, constant classes and escaped text

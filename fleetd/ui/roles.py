@@ -4,7 +4,7 @@ The roles are read from the API's own `require` decorators, so the UI cannot dri
 API: a page that shows what GET /api/v1/nodes shows admits exactly the roles that route admits.
 """
 
-from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens, webhooks
+from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens, usage, webhooks
 
 
 def _roles(view, method):
@@ -48,6 +48,9 @@ FLEET_UPDATE = _roles(fleets.FleetByName, "patch")
 QUOTAS = _roles(cluster.Quotas, "get")
 QUOTA_SET = _roles(cluster.QuotaByTeam, "put")
 QUOTA_DELETE = _roles(cluster.QuotaByTeam, "delete")
+USAGE = _roles(usage.Usage, "get")
+IDLE = _roles(usage.IdleWorkloads, "get")
+BUDGETS = _roles(usage.Budgets, "get")
 WEBHOOKS = _roles(webhooks.Webhooks, "get")
 WEBHOOK_CREATE = _roles(webhooks.Webhooks, "post")
 WEBHOOK_DELETE = _roles(webhooks.WebhookById, "delete")
@@ -72,6 +75,7 @@ NAV = [
     ("ui.fleet_list", "Fleets", FLEETS),
     ("ui.quotas", "Quotas", QUOTAS),
     ("ui.webhooks_page", "Webhooks", WEBHOOKS),
+    ("ui.usage_page", "Usage", USAGE),
     ("ui.join_tokens", "Join tokens", JOIN_TOKENS),
     ("ui.api_tokens", "API tokens", API_TOKENS),
     ("ui.maintenance", "Maintenance", TASKS),

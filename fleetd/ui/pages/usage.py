@@ -1,0 +1,68 @@
+"""Usage: GPU-hours by team per day (a stacked chart), efficiency and cost per team with each team's budget, and
+the workloads holding idle GPUs: the figures of GET /api/v1/usage, /budgets and /usage/idle."""
+
+import datetime as dt
+
+from flask import g, render_template, request
+
+from fleetd.errors import InvalidRequest, NotFound
+from fleetd.runtime import current_runtime
+from fleetd.services import budgets, usage
+from fleetd.ui import roles
+from fleetd.ui.blueprint import bp
+from fleetd.ui.charts import SERIES_CLASSES, stacked_bars
+from fleetd.ui.security import ui_require
+
+SPANS = (7, 14, 31)  # days a page may show (one report per day feeds the chart)
+IDLE_MINUTES, IDLE_BELOW = 30, 10.0  # the API's defaults for GET /usage/idle
+NONE_TEAM = "(no team)"
+
+
+def daily_by_team(rt, principal, days, team=None):
+    """([day, ...], {team: [GPU-hours allocated per day]}) over the last `days` UTC days, largest teams first."""
+    today = rt.clock.now().date()
+    columns = [today - dt.timedelta(days=n) for n in range(days - 1, -1, -1)]
+    stacks = {}
+    for i, day in enumerate(columns):
+        for row in usage.usage_report(rt, principal, "team", day, day, team=team)["rows"]:
+            name = row["group"] or NONE_TEAM
+            stacks.setdefault(name, [0.0] * len(columns))[i] = row["gpu_hours_allocated"]
+    ordered = dict(sorted(stacks.items(), key=lambda item: -sum(item[1])))
+    return [d.isoformat() for d in columns], ordered
+
+
+@bp.route("/usage")
+@ui_require(roles.USAGE)
+def usage_page():
+    """GPU-hours by team over the last days, efficiency, cost, budgets and idle-held GPUs (a submitter: its own
+    usage, its team's budget)."""
+    rt, principal = current_runtime(), g.ui_principal
+    try:
+        days = int(request.args.get("days") or 14)
+    except ValueError:
+        raise InvalidRequest(f"days must be one of {', '.join(map(str, SPANS))}") from None
+    if days not in SPANS:
+        raise InvalidRequest(f"days must be one of {', '.join(map(str, SPANS))}")
+    team = request.args.get("team", "").strip()[:200] or None
+    start = rt.clock.now().date() - dt.timedelta(days=days - 1)
+    report = usage.usage_report(rt, principal, "team", start, None, team=team)
+    columns, stacks = daily_by_team(rt, principal, days, team)
+    chart = stacked_bars(columns, stacks, unit=" h", title=f"GPU-hours allocated by team, last {days} days")
+    if principal.role in roles.BUDGETS:
+        shown_budgets = {b["team"]: b for b in budgets.list_budgets(rt)}
+    elif principal.team:
+        shown_budgets = {b["team"]: b for b in _own_budget(rt, principal)}
+    else:
+        shown_budgets = {}
+    idle = usage.idle_workloads(rt, principal, IDLE_MINUTES, IDLE_BELOW) if principal.role in roles.IDLE else None
+    return render_template("usage.html", report=report, chart=chart, legend=list(stacks), days=days, spans=SPANS,
+                           team=team or "", budgets=shown_budgets, idle=idle, idle_minutes=IDLE_MINUTES,
+                           idle_below=IDLE_BELOW, classes=SERIES_CLASSES, none_team=NONE_TEAM)
+
+
+def _own_budget(rt, principal):
+    """A submitter's team's budget, as a list of none or one."""
+    try:
+        return [budgets.get_budget(rt, principal, principal.team)]
+    except NotFound:  # the team has no budget
+        return []
