@@ -76,3 +76,17 @@ def test_myself_pods_reads_every_page_of_the_list(api, monkeypatch):
     monkeypatch.setattr(resolvers, "MAX_POD_PAGES", 2)  # past the bound: an error that names the REST list
     capped = gql(api, "{ myself { pods { id } } }", expect=400)
     assert capped["data"] is None and "GET /api/v1/instances" in capped["errors"][0]["message"]
+
+
+def test_a_pods_costs_are_the_instances_costs_and_its_volume_is_billed_while_stopped(api, fleet, clock):
+    assert api.call("PUT", "/api/v1/prices/storage", json={"per_gb_month": 0.1}).status_code == 200
+    made = gql(api, """mutation { podFindAndDeployOnDemand(input: {name: "v", gpuCount: 0, volumeInGb: 10,
+        dockerArgs: "sleep 100"}) { id } }""")["data"]["podFindAndDeployOnDemand"]
+    assert api.post(f"/api/v1/instances/{made['id']}/stop").status_code == 200
+    clock.advance(30 * 86400)
+    api.run_task("usage")
+    pod = gql(api, f'{{ pod(input: {{podId: "{made["id"]}"}}) {{ costSoFar storageCostSoFar desiredStatus }} }}')
+    rest = api.get(f"/api/v1/instances/{made['id']}").get_json()
+    assert pod["data"]["pod"] == {"costSoFar": rest["cost_so_far"], "storageCostSoFar": rest["storage_cost_so_far"],
+                                  "desiredStatus": "EXITED"}
+    assert rest["storage_cost_so_far"] > 0.9  # 10 GiB for a month at 0.1 per GB-month, stopped all along

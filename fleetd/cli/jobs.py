@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from fleetd.cli.output import emit, log_printer, show_record, show_table, wants_json
+from fleetd.cli.output import emit, log_printer, money, show_record, show_table, wants_json
 from fleetd.cli.params import Duration, GpuCount, load_spec, parse_labels
 from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
 from fleetd.client import ClientError
@@ -123,7 +123,9 @@ def job_show(handle):
 
     def human(d):
         show_record(d, JOB_COLUMNS[:5] + [("STARTED", "started_at"), ("ENDED", "ended_at"),
-                                          ("OUTCOME", "outcome"), ("PENDING REASON", "pending_reason"),
+                                          ("OUTCOME", "outcome"), ("PRICE/H", lambda j: money(j.get("price_per_hour"))),
+                                          ("COST", lambda j: money(j.get("cost_so_far"))),
+                                          ("PENDING REASON", "pending_reason"),
                                           ("COMMAND", lambda j: shlex.join(j["spec"]["command"]))])
         click.echo("")
         show_table(d["tasks"], [("RANK", "rank"), ("TASK", "id"), ("NODE", "node_id"), ("STATE", "state"),
