@@ -209,3 +209,42 @@ def test_a_stopped_instance_volume_accrues_storage_per_gb_month_across_months(ap
     workload = api.get("/api/v1/usage?group_by=workload&from=2026-01-01&to=2026-02-28").get_json()["rows"]
     assert [(r["group"], r["runs"]) for r in workload] == [(f"instance/{inst['id']}", 1)]
     assert workload[0]["cost"] == pytest.approx(2.0 + january + february)
+
+
+def test_idle_held_gpus_are_listed_with_their_owner_and_cost(app, api, node, clock):
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    idle_job = api.submit(name="idle", resources={"gpus": 1}, team="ml")
+    api.start_task(session)
+    busy_job = api.submit(name="busy", resources={"gpus": 1})
+    api.start_task(session)
+    first, second = (t["gpus"][0] for t in (api.job(idle_job["id"])["tasks"][0], api.job(busy_job["id"])["tasks"][0]))
+    for _ in range(4):
+        clock.advance(600)
+        api.heartbeat(session, metrics={"gpus": {first: {"utilization_percent": 3}, second: {"utilization_percent": 95}}})
+        api.run_task("metrics_sampler")
+    api.run_task("usage")
+    (listed,) = api.get("/api/v1/usage/idle?min_minutes=30").get_json()["items"]
+    assert {k: listed[k] for k in ("kind", "id", "name", "owner", "team", "gpus", "idle_minutes")} == {
+        "kind": "job", "id": idle_job["id"], "name": "idle", "owner": "admin", "team": "ml", "gpus": 1.0,
+        "idle_minutes": 40.0}
+    assert listed["cost_so_far"] == pytest.approx(2.0 * 40 / 60)
+    assert api.get("/api/v1/usage/idle?min_minutes=50").get_json()["items"] == []
+    assert api.get("/api/v1/usage/idle?below_percent=2").get_json()["items"] == []
+    assert api.get("/api/v1/usage/idle?min_minutes=0").status_code == 400
+
+
+def test_metrics_count_the_ledger_by_team_and_fleet(app, api, node, clock):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    run_for(api, member(api, "alice", "ml"), session, 2, 900, clock)
+    api.run_task("usage")
+    text = api.get("/metrics").get_data(as_text=True)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    allocated = {(s.labels["team"], s.labels["fleet"]): s.value
+                 for s in families["fleetd_usage_allocated_gpu_seconds"].samples if s.name.endswith("_total")}
+    cost = {(s.labels["team"], s.labels["fleet"]): s.value
+            for s in families["fleetd_usage_cost"].samples if s.name.endswith("_total")}
+    assert allocated == {("ml", "gpu-a"): 1800.0} and cost == {("ml", "gpu-a"): pytest.approx(1.0)}

@@ -15,6 +15,7 @@ from fleetd.models import ClusterSample, GpuSample, InstanceState, Job, JobState
 from fleetd.services import instances
 from fleetd.services.artifacts import store_dir
 from fleetd.services.cluster import cluster_status, current_state, gpu_summary
+from fleetd.services.usage import UsageCollector
 
 MAX_HISTORY_MINUTES = 24 * 60
 GPU_FIELDS = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
@@ -58,6 +59,7 @@ class Instruments:
             "active (or a node listing no replica refreshes) and freed; each is logged. Should stay 0.",
             registry=self.registry)
         self.registry.register(_StateCollector(rt))
+        self.registry.register(UsageCollector(rt))  # the usage ledger by team and fleet
 
 
 class _StateCollector:

@@ -11,6 +11,7 @@ import io
 
 from flask import g, has_app_context
 from peewee import fn
+from prometheus_client.core import CounterMetricFamily
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
@@ -231,3 +232,54 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
         if minutes > entry["idle_minutes"]:
             entry["idle_minutes"], entry["idle_since"] = minutes, isoformat(since)
     return sorted(by_workload.values(), key=lambda e: (-e["idle_minutes"], e["id"]))
+
+
+MAX_TEAM_LABELS = 50  # teams with the most allocated GPU-seconds get their own series; the rest are "other"
+MAX_FLEET_LABELS = 100
+
+
+class UsageCollector:
+    """Prometheus counters of the ledger by team and fleet (bounded label sets), read from its day
+    sums at most once per `cache_seconds` (the ledger moves only at its passes)."""
+
+    def __init__(self, rt, cache_seconds=30.0):
+        self.rt = rt
+        self.cache_seconds = cache_seconds
+        self._cached = None  # (monotonic time, rows)
+
+    def describe(self):
+        return []
+
+    def _rows(self):
+        now = self.rt.clock.monotonic()
+        if self._cached is not None and now - self._cached[0] < self.cache_seconds:
+            return self._cached[1]
+        rows = list(UsageDay.select(UsageDay.team, UsageDay.fleet, fn.SUM(UsageDay.gpu_seconds),
+                                    fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.cost))
+                    .group_by(UsageDay.team, UsageDay.fleet).tuples())
+        self._cached = (now, rows)
+        return rows
+
+    def collect(self):
+        rows = self._rows()
+        teams, fleets = {}, {}
+        for team, fleet, allocated, _, _ in rows:
+            teams[team] = teams.get(team, 0.0) + (allocated or 0.0)
+            fleets[fleet] = fleets.get(fleet, 0.0) + (allocated or 0.0)
+        kept_teams = set(sorted(teams, key=lambda t: (-teams[t], t))[:MAX_TEAM_LABELS])
+        kept_fleets = set(sorted(fleets, key=lambda f: (-fleets[f], f))[:MAX_FLEET_LABELS])
+        sums = {}
+        for team, fleet, allocated, used, cost in rows:
+            key = (team if team in kept_teams else "other", fleet if fleet in kept_fleets else "other")
+            entry = sums.setdefault(key, [0.0, 0.0, 0.0])
+            entry[0] += allocated or 0.0
+            entry[1] += used or 0.0
+            entry[2] += cost or 0.0
+        families = [CounterMetricFamily(name, text, labels=["team", "fleet"]) for name, text in (
+            ("fleetd_usage_allocated_gpu_seconds", "GPU-seconds allocated to workloads, from the usage ledger."),
+            ("fleetd_usage_used_gpu_seconds", "Utilisation-weighted GPU-seconds (where GPU samples came)."),
+            ("fleetd_usage_cost", "Cost accounted by the usage ledger (GPU time and instance storage)."))]
+        for (team, fleet), values in sorted(sums.items()):
+            for family, value in zip(families, values):
+                family.add_metric([team or "", fleet or ""], value)
+        yield from families
