@@ -171,6 +171,11 @@ class FleetClient:
         """POST /agent/heartbeat -> {status, drain, revoked, cancel, heartbeat_interval_seconds}."""
         return self._post("/api/v1/agent/heartbeat", body, self.session_token)
 
+    def report_validation(self, validation_id, body):
+        """POST the results of a validation fleetd gave this node ({checks, system})."""
+        self._post(f"/api/v1/agent/validations/{urllib.parse.quote(validation_id, safe='')}", body,
+                   self.session_token)
+
     def deregister(self):
         """POST /agent/deregister: leave the fleet."""
         self._post("/api/v1/agent/deregister", {}, self.session_token)

@@ -28,6 +28,7 @@ from agent.state import State
 from agent.task.container import ContainerRuntime
 from agent.task.limits import Limits, LimitSettings
 from agent.task.runner import Runner
+from agent.validator import Validator
 from agent.workers import Workers
 
 log = logging.getLogger("agent.daemon")
@@ -240,6 +241,7 @@ class Agent:
         self.workers = Workers()
         self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
         self.runner = None  # created once enrolled
+        self.validator = None  # runs the validations fleetd asks for, once enrolled
         self._keeper = None  # the fence keeper's Popen (agent/keeper.py)
         self.lease = LeaseClock(self.config.tasks_kill_grace_seconds)  # job tasks stop when it runs out
         self.deadlines = Deadlines()
@@ -383,6 +385,8 @@ class Agent:
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
                                          limits=self.limits, isolation=self.isolation)
         log.info("container runtime for instances: %s", self.runner.containers or "none")
+        self.validator = Validator(self.devices, self._client, self.isolation, self.state.dir, self.stop,
+                                   backoff_max=self.config.backoff_max_seconds)
         self.runner.recover()
         self._keeper = start_keeper(self.state.dir, self.limits.cgroups)
         # What start-up built lives as long as the agent: the collector's full passes skip it.
@@ -573,6 +577,8 @@ class Agent:
             self.workers.cancel(reply["cancel"], "cancelled by fleetd")
         if reply.get("delete_volumes"):
             self.runner.delete_volumes(reply["delete_volumes"])
+        if reply.get("validation") and self.validator is not None:
+            self.validator.want(reply["validation"])  # the node validates: run the suite (once)
         if reply.get("status") != self.node_status:
             log.info("node %s status: %s", self.node["node_id"], reply.get("status"))
             self.node_status = reply.get("status")

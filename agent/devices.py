@@ -78,10 +78,17 @@ class Gpu:
     healthy: bool
     health_reason: str
     mig_mode: str | None
+    serial: str | None = None  # the board's: its history in fleetd follows it across hosts
+    board_part_number: str | None = None
+    vbios: str | None = None
+    xids: tuple = ()  # critical XIDs seen since the agent started
+    ecc_uncorrected: int | None = None  # uncorrectable ECC errors since the driver loaded
 
     def to_wire(self):
         """The dict sent to fleetd: exactly the keys the server accepts."""
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["xids"] = list(self.xids)
+        return out
 
 
 @dataclasses.dataclass
@@ -295,6 +302,23 @@ class DeviceManager:
                              "sm_util": nvml.process_utilization(handle, since)}
             return out
 
+    def validation_readings(self):
+        """(inventory, {index: readings or a DeviceError's text}) for a validation (agent/validation.py):
+        a fresh poll, then what NVML says of each GPU's link, ECC, clocks and modes."""
+        with self._lock:
+            inventory = self.poll()
+            nvml = self._nvml
+            out = {}
+            if nvml is None:
+                return inventory, out
+            for device in inventory.devices:
+                index = device.gpu.index
+                try:
+                    out[index] = nvml.validation_readings(nvml.handle(index))
+                except DeviceError as exc:
+                    out[index] = str(exc)
+            return inventory, out
+
     def close(self):
         """Stop the XID watcher and shut NVML down."""
         with self._lock:
@@ -360,7 +384,7 @@ class DeviceManager:
         self._known[index] = ident
         static = self._static.get(ident["uuid"])
         if static is None:
-            static = self._static[ident["uuid"]] = nvml.properties(handle)
+            static = self._static[ident["uuid"]] = dict(nvml.properties(handle), **nvml.board(handle))
         live = nvml.live(handle)
         health = nvml.health(handle)
         with self._xid_lock:
@@ -371,7 +395,9 @@ class DeviceManager:
             uuid=ident["uuid"], index=index, vendor="nvidia", model=ident["name"],
             memory_total_bytes=ident["memory_total_bytes"], numa_node=static["numa_node"],
             max_tflops=max_tflops(cc, static["cuda_cores"], static["max_sm_clock_mhz"]),
-            healthy=healthy, health_reason=reason, mig_mode=static["mig_mode"],
+            healthy=healthy, health_reason=reason, mig_mode=static["mig_mode"], serial=static["serial"],
+            board_part_number=static["board_part_number"], vbios=static["vbios"], xids=tuple(xids),
+            ecc_uncorrected=health["ecc_uncorrected_volatile"],
         )
         return Device(
             gpu=gpu, pci_bus_id=static["pci_bus_id"], compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,

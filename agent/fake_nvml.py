@@ -16,7 +16,10 @@ Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``memory
 ``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
 ("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
 ``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,
-uncorrectable, pending, failure}), ``processes`` ([{pid, used_bytes, sm_util?}]), ``xid_events``
+uncorrectable, pending, failure}), ``serial``, ``board_part_number``, ``vbios``, ``persistence_mode`` (bool),
+``ecc_mode`` and ``ecc_mode_pending`` ("enabled"/"disabled"), ``pcie`` ({gen, max_gen, gpu_max_gen, width,
+max_width, replays}), ``clock_event_reasons`` (["gpu_idle", "hw_slowdown", ...]), ``mig_mode_pending``
+(what validation reads; a key left out answers NotSupported), ``processes`` ([{pid, used_bytes, sm_util?}]), ``xid_events``
 ([xid, ...] delivered once each through event sets), ``lost`` (every call on the GPU raises
 GpuIsLost) and ``errors`` ({"nvmlDeviceGetPowerUsage": "NotSupported", ...}). A top-level
 ``"no_driver": true`` makes ``nvmlInit`` fail as on a host without the NVIDIA driver.
@@ -49,6 +52,18 @@ NVML_CLOCK_SM = 1
 NVML_DEVICE_MIG_DISABLE = 0x0
 NVML_DEVICE_MIG_ENABLE = 0x1
 nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
+nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlClocksEventReasonSyncBoost = 0x10
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksEventReasonHwThermalSlowdown = 0x40
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
+nvmlClocksEventReasonDisplayClockSetting = 0x100
+_CLOCK_EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+                     "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+                     "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
 
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -312,6 +327,74 @@ def nvmlDeviceGetMaxClockInfo(handle, type):  # noqa: A002 - pynvml's parameter 
     return int(_optional(gpu, "max_sm_clock_mhz"))
 
 
+def nvmlDeviceGetSerial(handle):
+    return str(_optional(_call(handle, "nvmlDeviceGetSerial"), "serial"))
+
+
+def nvmlDeviceGetBoardPartNumber(handle):
+    return str(_optional(_call(handle, "nvmlDeviceGetBoardPartNumber"), "board_part_number"))
+
+
+def nvmlDeviceGetVbiosVersion(handle):
+    return str(_optional(_call(handle, "nvmlDeviceGetVbiosVersion"), "vbios"))
+
+
+def nvmlDeviceGetPersistenceMode(handle):
+    enabled = _optional(_call(handle, "nvmlDeviceGetPersistenceMode"), "persistence_mode")
+    return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetEccMode(handle):
+    """[current, pending], as NVML: a change of ECC mode waits for a reboot."""
+    gpu = _call(handle, "nvmlDeviceGetEccMode")
+    current = _optional(gpu, "ecc_mode") == "enabled"
+    pending = gpu.get("ecc_mode_pending", gpu["ecc_mode"]) == "enabled"
+    return [NVML_FEATURE_ENABLED if current else NVML_FEATURE_DISABLED,
+            NVML_FEATURE_ENABLED if pending else NVML_FEATURE_DISABLED]
+
+
+def _pcie(handle, function, key):
+    return int(_optional(_optional(_call(handle, function), "pcie"), key))
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle):
+    return _pcie(handle, "nvmlDeviceGetCurrPcieLinkGeneration", "gen")
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle):
+    """The link's maximum (the GPU's and the slot's together): a degraded slot shows here."""
+    return _pcie(handle, "nvmlDeviceGetMaxPcieLinkGeneration", "max_gen")
+
+
+def nvmlDeviceGetGpuMaxPcieLinkGeneration(handle):
+    return _pcie(handle, "nvmlDeviceGetGpuMaxPcieLinkGeneration", "gpu_max_gen")
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle):
+    return _pcie(handle, "nvmlDeviceGetCurrPcieLinkWidth", "width")
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle):
+    return _pcie(handle, "nvmlDeviceGetMaxPcieLinkWidth", "max_width")
+
+
+def nvmlDeviceGetPcieReplayCounter(handle):
+    return _pcie(handle, "nvmlDeviceGetPcieReplayCounter", "replays")
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    """A bit mask; the shape lists the reasons by name (``clock_event_reasons``: ["gpu_idle"], ...)."""
+    reasons = _optional(_call(handle, "nvmlDeviceGetCurrentClocksEventReasons"), "clock_event_reasons")
+    mask = 0
+    for name in reasons:
+        mask |= _CLOCK_EVENT_BITS[name]
+    return mask
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
+    return nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+
 # Live readings.
 
 def nvmlDeviceGetMemoryInfo(handle, version=None):
@@ -396,9 +479,10 @@ def nvmlDeviceGetRemappedRows(handle):
 # MIG.
 
 def nvmlDeviceGetMigMode(handle):
-    mode = _optional(_call(handle, "nvmlDeviceGetMigMode"), "mig_mode")
-    value = NVML_DEVICE_MIG_ENABLE if mode == "enabled" else NVML_DEVICE_MIG_DISABLE
-    return [value, value]
+    gpu = _call(handle, "nvmlDeviceGetMigMode")
+    mode = _optional(gpu, "mig_mode")
+    pending = gpu.get("mig_mode_pending", mode)
+    return [NVML_DEVICE_MIG_ENABLE if m == "enabled" else NVML_DEVICE_MIG_DISABLE for m in (mode, pending)]
 
 
 def nvmlDeviceGetMaxMigDeviceCount(handle):

@@ -53,6 +53,26 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class Unread:
+    """A reading NVML did not give: why, and whether the GPU or driver does not support it (which a
+    validation reports rather than fails)."""
+
+    def __init__(self, reason, not_supported):
+        self.reason = reason
+        self.not_supported = not_supported
+
+    def __repr__(self):
+        return f"Unread({self.reason!r})"
+
+
+# Clock event (throttle) reasons, NVML's bit values: (name, bit). Idle, an applications-clocks setting and
+# a display clock setting are not slowdowns.
+CLOCK_EVENT_REASONS = (("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
+                       ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
+                       ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80),
+                       ("display_clock_setting", 0x100))
+
+
 class Nvml:
     """An initialised NVML session over one backend module."""
 
@@ -96,6 +116,62 @@ class Nvml:
             return func(*args)
         except self.nv.NVMLError:
             return None
+
+    def _reading(self, fn, *args):
+        """The value, or an Unread saying why not (NotSupported, an older library without the call, ...)."""
+        func = getattr(self.nv, fn, None)
+        if func is None:
+            return Unread(f"{fn} is not in this NVML library", True)
+        try:
+            return func(*args)
+        except self.nv.NVMLError as exc:
+            unsupported = getattr(self.nv, "NVMLError_NotSupported", None)
+            return Unread(str(exc), unsupported is not None and isinstance(exc, unsupported))
+
+    def board(self, handle):
+        """{serial, board_part_number, vbios}, None where NVML cannot say."""
+        out = {}
+        for key, fn in (("serial", "nvmlDeviceGetSerial"), ("board_part_number", "nvmlDeviceGetBoardPartNumber"),
+                        ("vbios", "nvmlDeviceGetVbiosVersion")):
+            value = self._optional(fn, handle)
+            text = _text(value).strip() if value is not None else ""
+            out[key] = text[:64] if text and text not in ("N/A", "0") else None
+        return out
+
+    def validation_readings(self, handle):
+        """What a validation reads of one GPU: each value, or an Unread (agent/validation.py decides)."""
+        nv = self.nv
+        ecc = self._reading("nvmlDeviceGetEccMode", handle)
+        mig = self._reading("nvmlDeviceGetMigMode", handle)
+        reasons = self._reading("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if isinstance(reasons, Unread) and "not in this NVML library" in reasons.reason:
+            reasons = self._reading("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        rows = self._reading("nvmlDeviceGetRemappedRows", handle)
+        retired = self._reading("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        persistence = self._reading("nvmlDeviceGetPersistenceMode", handle)
+        return {
+            "persistence_mode": persistence if isinstance(persistence, Unread) else persistence == nv.NVML_FEATURE_ENABLED,
+            "ecc_mode": ecc if isinstance(ecc, Unread) else [bool(ecc[0]), bool(ecc[1])],
+            "retired_pages_pending": retired if isinstance(retired, Unread) else retired == nv.NVML_FEATURE_ENABLED,
+            "remapped_rows": rows if isinstance(rows, Unread) else {
+                "correctable": int(rows[0]), "uncorrectable": int(rows[1]), "pending": bool(rows[2]),
+                "failure": bool(rows[3])},
+            "ecc_uncorrected_volatile": self._reading("nvmlDeviceGetTotalEccErrors", handle,
+                                                      nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+            "pcie_max_gen": self._reading("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "pcie_gpu_max_gen": self._reading("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
+            "pcie_max_width": self._reading("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "pcie_gen": self._reading("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "pcie_width": self._reading("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "pcie_replays": self._reading("nvmlDeviceGetPcieReplayCounter", handle),
+            "clock_event_reasons": reasons if isinstance(reasons, Unread) else [
+                name for name, bit in CLOCK_EVENT_REASONS if int(reasons) & bit],
+            "temperature_c": self._reading("nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU),
+            "slowdown_temperature_c": self._reading("nvmlDeviceGetTemperatureThreshold", handle,
+                                                    nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            "mig_mode": mig if isinstance(mig, Unread) else [
+                "enabled" if m == nv.NVML_DEVICE_MIG_ENABLE else "disabled" for m in mig[:2]],
+        }
 
     def system(self):
         """{driver_version, cuda_version} with None for what NVML cannot say."""

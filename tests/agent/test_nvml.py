@@ -24,7 +24,7 @@ def discover(path):
 def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml, scenario):
     inventory = discover(fake_nvml.use(scenario))
     keys = {"uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy",
-            "health_reason", "mig_mode"}
+            "health_reason", "mig_mode", "serial", "board_part_number", "vbios", "xids", "ecc_uncorrected"}
     for gpu in inventory.wire_gpus():
         assert set(gpu) == keys
     uuids = [g["uuid"] for g in inventory.wire_gpus()]
