@@ -1,0 +1,173 @@
+"""Screenshots of the admin UI's pages for docs/ui.md, taken again by anyone with the dev extras and Debian's
+chromium:
+
+    .venv/bin/python scripts/ui_screenshots.py [--out docs/ui]
+
+It starts its own `fleetd serve` on a loopback port over a temporary data directory, enrols two simulated
+8-GPU hosts through the agent protocol (the script speaks the agent's side), deploys an instance whose port a
+small HTTP server answers, runs and queues jobs with log lines, sets prices, a quota, a budget and a webhook,
+then signs in with Chromium and saves one PNG per page. Everything it started is stopped at the end.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.support.gpus import gpus  # noqa: E402 - after the path is set
+from tests.support.server import FleetdProcess, fleetd_init  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+H100 = gpus(1)[0]["model"]
+AGENT = {"X-Fleet-Protocol": "1"}
+
+
+class Api:
+    """The REST API with the admin token; agent calls with a node's session token."""
+
+    def __init__(self, url, token):
+        self.url, self.session = url, requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def __call__(self, method, path, **body):
+        resp = self.session.request(method, self.url + path, json=body or None, timeout=30)
+        if resp.status_code >= 400:
+            raise SystemExit(f"{method} {path}: {resp.status_code} {resp.text}")
+        return resp.json() if resp.content else None
+
+    def agent(self, token, path, **body):
+        resp = requests.post(self.url + "/api/v1/agent" + path, json=body, timeout=30,
+                             headers=dict(AGENT, Authorization=f"Bearer {token}"))
+        if resp.status_code >= 400:
+            raise SystemExit(f"agent {path}: {resp.status_code} {resp.text}")
+        return resp.json() if resp.content else None
+
+
+class Hello(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        body = b"<!doctype html><title>notebook</title><h1>hello from the instance</h1>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def enrol(api, fleet, hostname, count):
+    join = api("POST", f"/api/v1/fleets/{fleet}/join-tokens")["token"]
+    reg = api.agent(join, "/register", hostname=hostname, machine_id=hostname, agent_version="0.1",
+                    address="127.0.0.1", resources={"cpu_count": 64, "memory_bytes": 2**39}, gpus=gpus(count))
+    api.agent(reg["session_token"], "/heartbeat", tasks=[])
+    return reg["session_token"]
+
+
+def start_next(api, session, ports=()):
+    """The node acquires its next assignment and reports it started."""
+    assignment = api.agent(session, "/acquire", wait_seconds=5)["assignment"]
+    api.agent(session, f"/tasks/{assignment['task_id']}/start", epoch=assignment["epoch"], pid=4242,
+              ports=[{"port": p, "host_port": h, "protocol": proto} for p, h, proto in ports])
+    return assignment
+
+
+def seed(api, web_port):
+    """A small fleet at work: what each page shows."""
+    api("POST", "/api/v1/fleets", name="gpu-a", description="rack 7", labels={"zone": "a"})
+    api("POST", "/api/v1/fleets", name="night", labels={"zone": "b"}, availability={
+        "timezone": "Europe/Berlin", "windows": [{"start": "22:00", "end": "06:00"}]})
+    api("PUT", f"/api/v1/gpu-types/{H100}", price_per_hour=2.5, spot_min_bid=0.8)
+    a = enrol(api, "gpu-a", "gpu-host-1", 8)
+    enrol(api, "night", "gpu-host-2", 8)
+    job = api("POST", "/api/v1/jobs", name="train-llm", command=["python", "train.py", "--epochs", "40"],
+              resources={"gpus": 4}, team="ml")
+    run = start_next(api, a)
+    api.agent(a, f"/tasks/{run['task_id']}/logs", epoch=run["epoch"],
+              lines=[["stdout", f"epoch {i} loss {1.0 / (i + 1):.3f}"] for i in range(1, 41)])
+    inst = api("POST", "/api/v1/instances", name="notebook", command=["jupyter", "lab", "--port", "8888"],
+               resources={"gpus": 1}, ports=[{"port": 8888, "protocol": "http"}], volume_bytes=50 * 2**30)
+    served = start_next(api, a, [(8888, web_port, "http")])
+    api.agent(a, f"/tasks/{served['task_id']}/logs", epoch=served["epoch"],
+              lines=[["stdout", "Jupyter Server is running at http://0.0.0.0:8888/lab"]])
+    api("POST", "/api/v1/jobs", name="sweep", command=["python", "sweep.py"], resources={"gpus": 16},
+        num_nodes=2, team="vision")
+    api("PUT", "/api/v1/quotas/vision", priority_class="any", max_gpus=8)
+    api("PUT", "/api/v1/budgets/ml", limit_cost=500.0, on_exceed="notify")
+    api("POST", "/api/v1/webhooks", url="http://127.0.0.1:9/fleetd", secret="example-secret-0123456789",
+        events=["node.lost", "job.failed"])
+    api("POST", "/api/v1/admin/tasks/usage/run")
+    return job, inst
+
+
+PAGES = [
+    ("overview", "/ui/"),
+    ("instance-new", "/ui/instances/new"),
+    ("instances", "/ui/instances"),
+    ("instance", "/ui/instances/notebook"),
+    ("job-new", "/ui/jobs/new"),
+    ("jobs", "/ui/jobs"),
+    ("job", "/ui/jobs/train-llm"),
+    ("nodes", "/ui/nodes"),
+    ("fleets", "/ui/fleets"),
+    ("fleet", "/ui/fleets/night"),
+    ("quotas", "/ui/quotas"),
+    ("webhooks", "/ui/webhooks"),
+    ("usage", "/ui/usage"),
+    ("gpu-types", "/ui/gpu-types"),
+]
+
+
+def shoot(url, admin, out):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(base_url=url, viewport={"width": 1280, "height": 900}, locale="en-US",
+                                      timezone_id="UTC")
+        page = context.new_page()
+        page.goto("/ui/login")
+        page.fill("#token", admin)
+        page.click("button[type=submit]")
+        page.wait_for_url("**/ui/")
+        for name, path in PAGES:
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            target = os.path.join(out, f"{name}.png")
+            page.screenshot(path=target, full_page=True)
+            print(f"{target}  {path}")
+        browser.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "ui"), help="where the PNGs go")
+    args = parser.parse_args()
+    if not os.path.exists(CHROMIUM):
+        raise SystemExit(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh)")
+    os.makedirs(args.out, exist_ok=True)
+    web = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    with tempfile.TemporaryDirectory(prefix="fleetd-shots-") as tmp:
+        data_dir = os.path.join(tmp, "data")
+        admin = fleetd_init(data_dir)
+        server = FleetdProcess(data_dir, {"FLEETD_NODE_TTL_SECONDS": "3600"}).start()
+        try:
+            seed(Api(server.url, admin), web.server_address[1])
+            shoot(server.url, admin, args.out)
+        finally:
+            server.kill()
+            web.shutdown()
+            web.server_close()
+
+
+if __name__ == "__main__":
+    main()
