@@ -106,6 +106,8 @@ cat <<INFO
 
 fleetd is running at $url
 admin UI:    $url/ui/ (sign in with the admin token)
+  deploy an instance: $url/ui/instances/new   submit a job: $url/ui/jobs/new
+  fleets: $url/ui/fleets   quotas: $url/ui/quotas   webhooks: $url/ui/webhooks   usage: $url/ui/usage
 API docs:    $url/api/docs
 admin token: $token
 
