@@ -99,7 +99,7 @@ _ERROR_NAMES = {
 class NVMLError(Exception):
     """Same contract as pynvml.NVMLError: ``NVMLError(code)`` returns the code's subclass."""
 
-    _valClassMapping = {}
+    _valClassMapping: dict[int, type] = {}
 
     def __new__(cls, value):
         if cls is NVMLError:
@@ -140,8 +140,8 @@ _shape_path = None
 _shape = None
 _mtime = None
 _initialized = 0
-_devices = []
-_event_sets = []
+_devices: list = []
+_event_sets: list = []
 
 
 class _Handle:

@@ -37,10 +37,10 @@ class Principal:
     id: str
     role: str
     name: str = ""
-    team: str = None
-    node_id: str = None
-    fleet: str = None
-    rate: float = None  # an API token's own requests_per_second (None: the setting's)
+    team: str | None = None
+    node_id: str | None = None
+    fleet: str | None = None
+    rate: float | None = None  # an API token's own requests_per_second (None: the setting's)
     node: object = dataclasses.field(default=None, compare=False, repr=False)  # the whole row, for heartbeats
 
     @property

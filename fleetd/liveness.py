@@ -13,7 +13,7 @@ class Seen:
     monotonic: float
     at: object  # naive UTC datetime
     tasks: list
-    metrics: dict = None
+    metrics: dict | None = None
     flushed: bool = False
 
 

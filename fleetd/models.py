@@ -308,7 +308,7 @@ class Gpu(BaseModel):
 
     node = peewee.ForeignKeyField(Node, backref="gpus", on_delete="CASCADE", column_name="node")
     uuid = peewee.CharField(max_length=128)
-    index = peewee.IntegerField()
+    index = peewee.IntegerField()  # type: ignore[assignment]  # the GPU's index; shadows Model.index (unused)
     vendor = peewee.CharField(max_length=32, default="nvidia")
     model = peewee.CharField(max_length=128)
     memory_total_bytes = peewee.BigIntegerField()
@@ -356,7 +356,7 @@ class GpuRecord(BaseModel):
     board_part_number = peewee.CharField(max_length=64, null=True)
     vbios = peewee.CharField(max_length=64, null=True)
     node_id = peewee.CharField(max_length=32, null=True, index=True)  # None: not in any node's inventory now
-    index = peewee.IntegerField(null=True)
+    index = peewee.IntegerField(null=True)  # type: ignore[assignment]  # as Gpu.index
     first_seen_at = peewee.DateTimeField()
     last_seen_at = peewee.DateTimeField()
     xids = JSONText(default=list)  # critical XIDs its node's agent reported since that agent started
@@ -730,7 +730,8 @@ class LeaderLease(BaseModel):
 
 
 # The event kinds a webhook can receive (fleetd.services.webhooks decides which Event notifies which).
-WEBHOOK_KINDS = ("node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
+WEBHOOK_KINDS: tuple[str, ...] = (
+                 "node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
                  "leader.changed", "node.enrolled", "node.upgraded", "node.revoked", "node.deleted", "rollout.node",
                  "rollout.state")
 

@@ -36,9 +36,9 @@ class Runtime:
     offload: object = call
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
-    identities: Identities = None  # who tasks run as (services.identities), set by build()
-    samples: RuntimeSamples = None  # what nodes last reported of their instance runs, set by build()
-    rates: RequestRates = None  # each API token's request rate, set by build()
+    identities: Identities | None = None  # who tasks run as (services.identities), set by build()
+    samples: RuntimeSamples | None = None  # what nodes last reported of their instance runs, set by build()
+    rates: RequestRates | None = None  # each API token's request rate, set by build()
 
     @classmethod
     def build(cls, settings, clock=None):

@@ -115,9 +115,9 @@ class Statement:
         return database.execute_sql(sql, self._bind(params, values)).rowcount
 
 
-_BY_PK = {}  # model -> Statement selecting one row by primary key
-_SAVES = {}  # (model, field names) -> Statement updating those fields by primary key
-_INSERTS = {}  # (model, field names) -> Statement inserting a row with those fields
+_BY_PK: dict = {}  # model -> Statement selecting one row by primary key
+_SAVES: dict = {}  # (model, field names) -> Statement updating those fields by primary key
+_INSERTS: dict = {}  # (model, field names) -> Statement inserting a row with those fields
 _CACHE_LOCK = threading.Lock()
 
 

@@ -27,7 +27,7 @@ from agent.threads import UNTIL_STOPPED
 log = logging.getLogger("agent.runner")
 
 MAX_FOUND_IN_PATH = 1024
-_FOUND_IN_PATH = {}  # (program, PATH) -> where shutil.which last found it
+_FOUND_IN_PATH: dict[tuple[str, str], str | None] = {}  # (program, PATH) -> where shutil.which last found it
 EXIT_WAIT_SECONDS = 30  # after SIGKILL; longer means the process is stuck in the kernel
 ADOPTED_POLL_SECONDS = 0.5  # how often an adopted process is looked at where the kernel has no pidfd
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

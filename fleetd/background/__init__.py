@@ -53,9 +53,9 @@ class TaskRecord:
     func: object
     last_started_at: object = None
     last_finished_at: object = None
-    last_status: str = None  # "ok", "error" or "running"
+    last_status: str | None = None  # "ok", "error" or "running"
     last_result: object = None
-    last_error: str = None
+    last_error: str | None = None
     next_run_at: object = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     run_at_start: bool = False  # also run once as soon as the scheduler starts (not an interval later)

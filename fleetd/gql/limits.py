@@ -1,7 +1,14 @@
 """Bounds on a GraphQL document, checked before anything runs: its depth and its cost."""
 
 from ariadne.validation import cost_validator
-from graphql import FieldNode, FragmentSpreadNode, GraphQLError, InlineFragmentNode, OperationDefinitionNode
+from graphql import (
+    FieldNode,
+    FragmentDefinitionNode,
+    FragmentSpreadNode,
+    GraphQLError,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+)
 from graphql.validation import ValidationRule
 
 MAX_DEPTH = 15  # the deepest of fleetd's own selections is 5; the standard introspection query needs 13
@@ -12,7 +19,7 @@ class DepthLimit(ValidationRule):
     """Refuse an operation whose selections nest deeper than MAX_DEPTH (fragments followed)."""
 
     def enter_operation_definition(self, node: OperationDefinitionNode, *_args):
-        fragments = {f.name.value: f for f in self.context.document.definitions if hasattr(f, "type_condition")}
+        fragments = {f.name.value: f for f in self.context.document.definitions if isinstance(f, FragmentDefinitionNode)}
         depth = _depth(node.selection_set, fragments, 0, set())
         if depth > MAX_DEPTH:
             name = node.name.value if node.name else "anonymous"

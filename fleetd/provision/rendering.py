@@ -20,7 +20,7 @@ INSTALL_SCRIPT = "fleet-agent-install.sh"
 LOG_SCRIPT = "fleet-agent-log.sh"
 
 #: Defaults of every template variable; the role's defaults/main.yml holds the same values.
-DEFAULTS = {
+DEFAULTS: dict[str, object] = {
     "fleet_agent_managed_by": "fleetd bootstrap",
     "fleet_agent_install_dir": "/opt/fleet-agent",
     "fleet_agent_config_dir": "/etc/fleet-agent",

@@ -1,6 +1,7 @@
 """Schemas of jobs (JobSpec, JobStatus) and the worker side of the agent protocol."""
 
 import math
+import typing
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
@@ -273,8 +274,9 @@ def _distinct_ports(ports):
         raise ValidationError("each declared port at most once")
 
 
-PORT_MAPPINGS = dict(validate=[validate.Length(max=64), _distinct_ports], load_default=None, allow_none=True,
-                     metadata={"description": "an instance's run: the host port its node assigned to each declared port"})
+PORT_MAPPINGS: dict[str, typing.Any] = dict(
+    validate=[validate.Length(max=64), _distinct_ports], load_default=None, allow_none=True,
+    metadata={"description": "an instance's run: the host port its node assigned to each declared port"})
 
 
 class TaskStartSchema(Schema):

@@ -108,7 +108,7 @@ class GpuRow(typing.NamedTuple):
 
     node_id: str
     uuid: str
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index shadows tuple.index, which nothing calls on a row
     model: str
     memory_total_bytes: int
     numa_node: int | None

@@ -191,7 +191,7 @@ ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED,
 
 
 # Every runtime's notifier: an instance's change wakes its waiters, whichever app serves them.
-NOTIFIERS = weakref.WeakSet()
+NOTIFIERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def switch_instance_state(inst, to_state, reason, now):
