@@ -13,5 +13,5 @@ scripts/setup.sh
 .venv/bin/ruff check fleetd agent fleetwire fleetconf tests bench scripts  # static checks first: a lint error fails fast
 # Security scan of what ships, medium and high severity; an exception is a per-line `# nosec BXXX  # why`.
 .venv/bin/bandit -q -r fleetd agent fleetwire fleetconf --severity-level medium
-.venv/bin/mypy  # the typed packages (pyproject.toml [tool.mypy])
-exec .venv/bin/python -m pytest -n 2 -q "${fast[@]}" "$@"
+.venv/bin/mypy  # every package that ships (pyproject.toml [tool.mypy])
+exec .venv/bin/python -m pytest -n 2 -q --durations=30 "${fast[@]}" "$@"  # the slowest 30 are listed at the end
