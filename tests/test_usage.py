@@ -46,6 +46,8 @@ def test_a_run_is_accounted_to_the_second_with_its_samples_and_a_price_changed_m
     job = api.submit(resources={"gpus": 2}, team="ml")
     assignment = api.start_task(session)
     clock.advance(60)
+    shown = api.job(job["id"])  # before the ledger's first pass: carried on from its start
+    assert shown["price_per_hour"] == 4.0 and shown["cost_so_far"] == round(4.0 * 60 / 3600, 6)
     sample(api, session, (80, 40))
     clock.advance(540)
     api.run_task("usage")  # 600 s in: the row progresses while the run goes on

@@ -207,8 +207,8 @@ def _day_key(at, kind, record):
             getattr(record, "gpu_model", "") or "")
 
 
-def _new_record(task_id, epoch, started_at, node_id, gpus, attempt=None):
-    """A ledger row for this run (not saved), or None when its job is gone."""
+def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
+    """A ledger row for this run (not saved, nothing accounted yet), or None when its job is gone."""
     task = Task.select(Task.id, Task.job, Task.rank).where(Task.id == task_id).first()
     job = Job.get_or_none_by_id(task.job_id) if task is not None else None
     if job is None:
@@ -275,7 +275,7 @@ def _flush_ended(run, batch):
                 key = f"{mark.task_id}.{mark.epoch}"
                 record = touched.get(key) or known.get(key)
                 if record is None:
-                    record = _new_record(mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus,
+                    record = record_for_run(mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus,
                                          mark.attempt)
                     if record is None:
                         continue
@@ -308,7 +308,7 @@ def _flush_running(run, batch):
                 key = f"{task.id}.{task.epoch}"
                 record = known.get(key)
                 if record is None:
-                    record = _new_record(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
+                    record = record_for_run(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
                     if record is None:
                         continue
                     created.add(key)

@@ -17,7 +17,16 @@ from fleetd.clock import isoformat
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest
 from fleetd.models import GpuSample, Instance, Job, StorageRecord, Task, TaskState, UsageDay, UsageRecord
-from fleetd.services.ledger import GB, STORAGE, PriceBook, record_price, run_price, storage_cost, storage_price
+from fleetd.services.ledger import (
+    GB,
+    STORAGE,
+    PriceBook,
+    record_for_run,
+    record_price,
+    run_price,
+    storage_cost,
+    storage_price,
+)
 
 GROUP_BY = ("team", "owner", "fleet", "gpu_model", "day", "workload")
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
@@ -126,14 +135,24 @@ def workload_cost(rt, workload_id, book=None):
     book = book or PriceBook.load()
     cost, price = 0.0, None
     seen = set()
+    open_records = []
     for record in UsageRecord.select().where(UsageRecord.workload_id == workload_id):
         cost += record.cost
         seen.add(record.id)
         if record.ended_at is None:
-            per_gpu = run_price(record, book, now)
-            if per_gpu is not None:
-                cost += record.gpus * per_gpu * max(0.0, (now - record.accounted_until).total_seconds()) / 3600
-                price = (price or 0.0) + record.gpus * per_gpu
+            open_records.append(record)
+    # A job's runs that started since the ledger's last pass: from their start.
+    for task in Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
+            (Task.job == workload_id) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)):
+        if f"{task.id}.{task.epoch}" not in seen:
+            record = record_for_run(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
+            if record is not None:
+                open_records.append(record)
+    for record in open_records:
+        per_gpu = run_price(record, book, now)
+        if per_gpu is not None:
+            cost += record.gpus * per_gpu * max(0.0, (now - record.accounted_until).total_seconds()) / 3600
+            price = (price or 0.0) + record.gpus * per_gpu
     return price, round(cost, 6)
 
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Usage reports over a month of a 1,000-GPU fleet's runs: about a million ledger rows in a fresh
+SQLite database, with the day sums written by the ledger's own code (fleetd.services.ledger), then
+each report of GET /api/v1/usage timed through fleetd.services.usage (no HTTP), best of `--repeat`.
+
+    .venv/bin/python bench/usage_report.py --runs 1000000
+
+Prints one JSON line per step.
+"""
+
+import argparse
+import datetime as dt
+import json
+import pathlib
+import random
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from fleetd.auth import Principal  # noqa: E402
+from fleetd.db import bind, database, open_database, upgrade  # noqa: E402
+from fleetd.services import ledger, usage  # noqa: E402
+
+MONTH = dt.datetime(2026, 3, 1)
+MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S")
+FLEETS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
+
+
+class _Clock:
+    def __init__(self, now):
+        self._now = now
+
+    def now(self):
+        return self._now
+
+    def monotonic(self):
+        return time.monotonic()
+
+
+class _Runtime:
+    def __init__(self, now):
+        self.clock = _Clock(now)
+
+
+def generate(runs, teams, owners, seed):
+    """`runs` ended runs spread over the month as ledger rows (dicts): 1 to 8 GPUs for a minute to
+    half an hour (about 1,000 GPUs busy on average for a million runs); each owner in one team and
+    one fleet, each fleet of one GPU model."""
+    rng = random.Random(seed)
+    seconds = 31 * 86400
+    for i in range(runs):
+        start = MONTH + dt.timedelta(seconds=rng.randrange(seconds - 1800))
+        length = rng.randrange(60, 1800)
+        gpus = float(rng.choice((1, 1, 1, 2, 4, 8)))
+        owner = rng.randrange(owners)
+        fleet = owner % len(FLEETS)
+        price = (4.0, 2.5, 1.2, 4.0)[fleet]
+        end = start + dt.timedelta(seconds=length)
+        yield {"id": f"t{i:08d}.1", "kind": "instance" if i % 10 == 0 else "job", "workload_id": f"w{i:08d}",
+               "workload_name": f"run-{i}", "task_id": f"t{i:08d}", "job_id": f"j{i:08d}", "rank": 0, "attempt": 1,
+               "owner": f"user-{owner}", "owner_token_id": f"tok{owner:05d}", "team": f"team-{owner % teams}",
+               "fleet": FLEETS[fleet], "node_id": f"n{i % 125:04d}", "gpu_model": MODELS[fleet % len(MODELS)],
+               "priority_class": "on-demand", "gpus": gpus, "gpu_uuids": "[]", "bid": None, "started_at": start,
+               "ended_at": end, "accounted_until": end, "gpu_seconds": gpus * length,
+               "used_gpu_seconds": gpus * length * rng.random(), "sampled_gpu_seconds": gpus * length,
+               "cost": gpus * length / 3600 * price, "price_per_hour": price}
+
+
+def fill(runs, teams, owners, seed, batch=2000):
+    """Write the ledger rows, and their day sums through the ledger's own code (_Pass.add_day,
+    write_days), as its passes would."""
+    rows, run = [], ledger._Pass(MONTH + dt.timedelta(days=31))
+    columns = None
+    for row in generate(runs, teams, owners, seed):
+        record = SimpleNamespace(**row)
+        run.add_day(ledger._day_key(record.started_at, record.kind, record), runs=1)
+        for a, b in ledger.split_days(record.started_at, record.ended_at):
+            share = (b - a).total_seconds() / (record.ended_at - record.started_at).total_seconds()
+            run.add_day(ledger._day_key(a, record.kind, record), record.gpu_seconds * share,
+                        record.used_gpu_seconds * share, record.sampled_gpu_seconds * share, record.cost * share)
+        columns = columns or list(row)
+        rows.append(tuple(row[c] for c in columns))
+        if len(rows) >= batch:
+            _insert(columns, rows)
+            rows = []
+    if rows:
+        _insert(columns, rows)
+    with database.atomic():
+        run.write_days()
+
+
+def _insert(columns, rows):
+    """Plain executemany (peewee's insert_many builds a statement per batch, slower for a million rows)."""
+    marks = ", ".join("?" for _ in columns)
+    with database.atomic():
+        database.cursor().executemany(
+            f"INSERT INTO usage_record ({', '.join(columns)}) VALUES ({marks})",  # nosec B608  # fixed names
+            rows)
+
+
+def timed(fn, repeat):
+    best, result = None, None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        took = time.perf_counter() - started
+        best = took if best is None else min(best, took)
+    return best, result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--teams", type=int, default=40)
+    parser.add_argument("--owners", type=int, default=800)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=34)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = open_database(f"sqlite:///{tmp}/usage.db")
+        upgrade(db)
+        bind(db)
+        with database.connection_context():
+            started = time.perf_counter()
+            fill(args.runs, args.teams, args.owners, args.seed)
+            days = database.execute_sql("SELECT COUNT(*) FROM usage_day").fetchone()[0]
+            print(json.dumps({"step": "fill", "ledger_rows": args.runs, "day_rows": days,
+                              "seconds": round(time.perf_counter() - started, 1)}), flush=True)
+            rt = _Runtime(MONTH + dt.timedelta(days=31))
+            admin = Principal(kind="api", id="bench", role="admin", name="bench")
+            submitter = Principal(kind="api", id="tok00007", role="submitter", name="user-7")
+            cases = [("team", admin, {}), ("owner", admin, {}), ("fleet", admin, {}), ("gpu_model", admin, {}),
+                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {"team": "team-3"})]
+            for group_by, who, extra in cases:
+                took, report = timed(lambda: usage.usage_report(
+                    rt, who, group_by, MONTH.date(), (MONTH + dt.timedelta(days=30)).date(), **extra), args.repeat)
+                print(json.dumps({"step": "report", "group_by": group_by, "as": who.role, **extra,
+                                  "rows": len(report["rows"]), "runs": report["totals"]["runs"],
+                                  "gpu_hours": round(report["totals"]["gpu_hours_allocated"]),
+                                  "seconds": round(took, 4)}), flush=True)
+        db.close()
+
+
+if __name__ == "__main__":
+    main()
