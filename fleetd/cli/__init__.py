@@ -8,7 +8,7 @@ params.py (option values), remote.py (the REST client of a command). `bootstrap`
 
 import click
 
-from fleetd.cli import admin, cluster, fleets, instances, jobs, nodes, rollouts, tokens, usage, webhooks
+from fleetd.cli import admin, cluster, fleets, instances, jobs, nodes, rollouts, tokens, usage, validation, webhooks
 from fleetd.cli.lazy import load_command
 
 
@@ -33,7 +33,7 @@ def cli():
 
 
 def _add_commands():
-    for module in (admin, tokens, fleets, nodes, jobs, instances, cluster, rollouts, webhooks, usage):
+    for module in (admin, tokens, fleets, nodes, jobs, instances, cluster, rollouts, webhooks, usage, validation):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -7,6 +7,7 @@ import click
 from fleetd.cli.output import cell, emit, plural, show_record, show_table
 from fleetd.cli.params import Duration, parse_labels
 from fleetd.cli.remote import client_command, current_client
+from fleetd.cli.validation import describe_validation, validation_body, validation_options
 
 
 @click.group()
@@ -50,12 +51,16 @@ def _isolation(fleet):
 @click.option("--description", default="", help="What the fleet is (free text).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
 @isolation_options
-def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images):
-    """Create a fleet."""
+@validation_options
+def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images, validation,
+                 validation_command, validation_timeout, dcgm_level):
+    """Create a fleet. Its new and repaired nodes are validated before they take work (the built-in GPU
+    checks), unless --no-validation."""
     body = {"name": name, "description": description, "labels": parse_labels(labels),
-            **_isolation_body(allow_root_tasks, require_isolation, allowed_images)}
+            **_isolation_body(allow_root_tasks, require_isolation, allowed_images),
+            "validation": validation_body(validation, validation_command, validation_timeout, dcgm_level, {})}
     data = current_client().post("/api/v1/fleets", body)
-    emit(data, lambda d: click.echo(f"created fleet {d['name']}"))
+    emit(data, lambda d: click.echo(f"created fleet {d['name']}; validation: {describe_validation(d)}"))
 
 
 @client_command(fleet, "list")
@@ -81,7 +86,8 @@ def fleet_show(name):
     """Show one fleet, with its availability windows."""
     data = current_client().get(f"/api/v1/fleets/{name}")
     emit(data, lambda d: show_record(d, FLEET_COLUMNS + [("AVAILABILITY", _availability),
-                                                         ("ISOLATION", _isolation), ("CREATED", "created_at")]))
+                                                         ("ISOLATION", _isolation), ("VALIDATION", describe_validation),
+                                                         ("CREATED", "created_at")]))
 
 
 @client_command(fleet, "update")
@@ -93,10 +99,15 @@ def fleet_show(name):
 @click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window.")
 @click.option("--always-open", is_flag=True, help="Remove the availability windows.")
 @isolation_options
+@validation_options
 def fleet_update(name, description, labels, windows, timezone, always_open, allow_root_tasks, require_isolation,
-                 allowed_images):
-    """Change a fleet's description, labels, availability windows or isolation rules."""
+                 allowed_images, validation, validation_command, validation_timeout, dcgm_level):
+    """Change a fleet's description, labels, availability windows, isolation rules or validation (the
+    validation options replace its whole setting)."""
     body = _isolation_body(allow_root_tasks, require_isolation, allowed_images)
+    gate = validation_body(validation, validation_command, validation_timeout, dcgm_level, ...)
+    if gate is not ...:
+        body["validation"] = gate
     if description is not None:
         body["description"] = description
     if labels:

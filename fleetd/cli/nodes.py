@@ -5,6 +5,7 @@ import click
 from fleetd.cli.output import EVENT_COLUMNS, byte_size, emit, number, show_record, show_table
 from fleetd.cli.params import Duration
 from fleetd.cli.remote import client_command, current_client, resolve_id
+from fleetd.cli.validation import node_validate, node_validation, show_validation
 from fleetd.client import ClientError
 
 
@@ -32,7 +33,8 @@ def _show_node(data):
         ("LABELS", "labels"), ("REGISTERED", "registered_at"), ("LAST HEARTBEAT", "last_heartbeat_at"),
         ("CPUS", lambda x: x["resources"]["cpu_count"]),
         ("MEMORY", lambda x: byte_size(x["resources"]["memory_bytes"])),
-        ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"),
+        ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"
+                            + ("; for repair: undrain validates it" if x["drain"].get("repair") else "")),
         ("GPU STATUS", lambda x: x.get("gpu_status") and " - ".join(
             filter(None, [x["gpu_status"].replace("_", " "), x.get("gpu_status_reason")]))),
     ])
@@ -48,6 +50,9 @@ def _show_node(data):
             allocation = data["allocation"]
             show_table(data["gpus"], columns + [("STATE", lambda g: allocation[g["uuid"]]["state"]),
                                                 ("USED BY / REASON", lambda g: allocation[g["uuid"]]["detail"])])
+    if data.get("validation"):
+        click.echo("")
+        show_validation(data["validation"], only_failed=data["validation"]["state"] == "passed")
 
 
 def _node_allocation(node_id, gpus):
@@ -84,8 +89,8 @@ def _node_allocation(node_id, gpus):
 
 @client_command(node, "list")
 @click.option("--fleet", "fleet_name", help="Only nodes of this fleet.")
-@click.option("--status", type=click.Choice(["pending", "ready", "cordoned", "draining", "drained", "lost",
-                                             "revoked"]), help="Only nodes in this state.")
+@click.option("--status", type=click.Choice(["pending", "validating", "failed_validation", "ready", "cordoned",
+                                             "draining", "drained", "lost", "revoked"]), help="Only nodes in this state.")
 @click.option("--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout).")
 @click.option("--hostname", help="Only nodes of this hostname.")
 def node_list(fleet_name, status, agent_version, hostname):
@@ -102,6 +107,7 @@ def node_show(handle):
     node_id = resolve_id("node", handle)
     data = current_client().get(f"/api/v1/nodes/{node_id}")
     data["allocation"] = _node_allocation(node_id, data["gpus"]) if data["gpus"] else {}
+    data["validation"] = node_validation(node_id)
     emit(data, _show_node)
 
 
@@ -131,10 +137,12 @@ node_revoke = _node_action("revoke", "revoked",
 @click.option("--reason", required=True, help="Why (recorded in the node's events).")
 @click.option("--deadline", type=Duration(), default="1h", show_default=True,
               help="Running tasks are stopped after this.")
-def node_drain(handle, reason, deadline):
+@click.option("--repair", is_flag=True, help="A drain for repair: undrain validates the node before it takes work.")
+def node_drain(handle, reason, deadline, repair):
     """Drain a node (by id or hostname): no new work; running tasks may finish until the deadline."""
     node_id = resolve_id("node", handle)
-    data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline})
+    data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline,
+                                                                     "repair": repair})
     emit(data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
 
 
@@ -183,4 +191,5 @@ def node_events(handle):
     emit(items, lambda rows: show_table(rows, EVENT_COLUMNS))
 
 
+node.add_command(node_validate)
 COMMANDS = [node]

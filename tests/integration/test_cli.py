@@ -30,7 +30,7 @@ def run(server, admin, tmp_path):
 
 
 def test_operator_flow_fleet_join_token_and_node(run):
-    run("fleet", "create", "gpu-a", "--label", "zone=eu-1", "--description", "rack one")
+    run("fleet", "create", "gpu-a", "--no-validation", "--label", "zone=eu-1", "--description", "rack one")
     out = run("join-token", "create", "--fleet", "gpu-a", "--ttl", "2h", "--single-use").stdout
     join_line = next(line for line in out.splitlines() if "fleet-agent join" in line).strip()
     # The secret travels in the environment, never in argv (where `ps` shows it).
@@ -87,7 +87,7 @@ def test_node_actions_through_the_cli(run, server, admin):
 
     from tests.conftest import gpus
 
-    run("fleet", "create", "gpu-a")
+    run("fleet", "create", "gpu-a", "--no-validation")
     token = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--json").stdout)["token"]
     reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, json={
         "hostname": "h1", "machine_id": "m1", "agent_version": "0.1", "address": "127.0.0.1",
@@ -131,7 +131,7 @@ def test_job_commands_through_the_cli(run, server, tmp_path):
 
     from tests.conftest import gpus
 
-    run("fleet", "create", "gpu-a")
+    run("fleet", "create", "gpu-a", "--no-validation")
     token = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--json").stdout)["token"]
     agent = {"X-Fleet-Protocol": "1"}
     reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, json={
@@ -176,7 +176,7 @@ def test_job_commands_through_the_cli(run, server, tmp_path):
 
 
 def test_scheduling_policy_through_the_cli(run, server):
-    run("fleet", "create", "gpu-a")
+    run("fleet", "create", "gpu-a", "--no-validation")
     run("fleet", "update", "gpu-a", "--window", "00:00-00:00@sat,sun", "--timezone", "Europe/Paris")
     shown = json.loads(run("fleet", "show", "gpu-a", "--json").stdout)
     assert shown["availability"] == {"timezone": "Europe/Paris",

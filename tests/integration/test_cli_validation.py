@@ -1,0 +1,65 @@
+"""The validation gate and GPU history through the CLI against a real server: `fleet create` gates the
+fleet and says so, `node validate` waits for and prints the results, `node drain --repair`, `gpu show`
+and `gpu rma`. The node is a stand-in that answers the validation by hand (real agents:
+tests/agent/test_validation_e2e.py)."""
+
+import json
+
+import pytest
+import requests
+
+from tests.conftest import gpus
+from tests.integration.test_cli import run  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.integration
+
+
+def _agent(url, path, body, headers):
+    resp = requests.post(url + path, json=body, timeout=30, headers={"X-Fleet-Protocol": "1", **headers})
+    assert resp.status_code < 300, resp.text
+    return resp.json() if resp.content else None
+
+
+def _answer(url, session, checks):
+    """One heartbeat; the validation it carries is answered with `checks`."""
+    validation = _agent(url, "/api/v1/agent/heartbeat", {}, session)["validation"]
+    _agent(url, f"/api/v1/agent/validations/{validation['id']}", {"checks": checks}, session)
+
+
+def test_the_gate_and_gpu_history_through_the_cli(run):
+    created = run("fleet", "create", "gpu-a").stdout
+    assert "created fleet gpu-a; validation: new and repaired nodes must pass: built-in checks" in created
+    assert "VALIDATION" in run("fleet", "show", "gpu-a").stdout
+    assert "none: nodes take work" in run("fleet", "create", "plain", "--no-validation").stdout
+    token = json.loads(run("join-token", "create", "--fleet", "gpu-a", "--json").stdout)["token"]
+    reported = [dict(g, serial=f"SN-{g['index']}") for g in gpus(2)]
+    reg = _agent(run.url, "/api/v1/agent/register", {
+        "hostname": "h1", "machine_id": "m1", "agent_version": "0.1", "address": "127.0.0.1",
+        "resources": {"cpu_count": 8, "memory_bytes": 2**35}, "gpus": reported}, {"Authorization": f"Bearer {token}"})
+    session = {"Authorization": f"Bearer {reg['session_token']}"}
+    _answer(run.url, session, [{"name": "pcie_link", "gpu": 1, "status": "failed",
+                                "detail": "degraded PCIe link: max link width x8, expected x16"}])
+    listed = run("node", "list", "--status", "failed_validation").stdout
+    assert "h1" in listed and "pcie_link GPU 1 (serial SN-1)" in listed
+    shown = run("node", "show", "h1").stdout
+    assert "pcie_link" in shown and "GPU 1 (SN-1)" in shown and "failed" in shown
+
+    # Validate again: the command waits for the stand-in's answer (given before it looks) and prints it.
+    proc = run("node", "validate", "h1", "--no-wait")
+    assert "validating node" in proc.stdout
+    _answer(run.url, session, [{"name": "pcie_link", "gpu": 1, "status": "passed", "detail": "link max Gen5 x16"}])
+    assert json.loads(run("node", "show", "h1", "--json").stdout)["status"] == "ready"
+
+    shown = run("gpu", "show", "SN-1").stdout
+    assert "h1" in shown and "gpu.validation" in shown and "degraded PCIe link" in shown
+    assert "drained for repair" in run("gpu", "rma", "SN-1", "--reason", "flaky link").stdout
+    node = json.loads(run("node", "show", "h1", "--json").stdout)
+    assert node["status"] == "drained" and node["drain"]["repair"] is True
+    assert "for repair: undrain validates it" in run("node", "show", "h1").stdout
+    assert "now validating" in run("node", "undrain", "h1").stdout
+    _answer(run.url, session, [{"name": "pcie_link", "gpu": 1, "status": "passed", "detail": "ok"}])
+    node = json.loads(run("node", "show", "h1", "--json").stdout)
+    assert node["status"] == "failed_validation" and "serial SN-1 is marked for RMA: flaky link" in \
+        node["status_reason"]  # the marked board is still in the node
+    assert "rma" in run("gpu", "show", "SN-1", "--json").stdout
+    assert "fleetd: not_found" in run("gpu", "show", "nope", expect=1).stderr
