@@ -808,6 +808,16 @@ class RolloutNode(BaseModel):
         indexes = ((("rollout", "node_id"), True), (("rollout", "position"), False))
 
 
+class RetiredNode(BaseModel):
+    """The node a host had before its node was deleted, by the host's machine id: the same host
+    enrolling again gets that id back (services.hosts)."""
+
+    machine_id = peewee.CharField(primary_key=True, max_length=128)
+    node_id = peewee.CharField(max_length=32)
+    fleet = peewee.CharField(max_length=64)
+    retired_at = peewee.DateTimeField()
+
+
 class OwnerUid(BaseModel):
     """The host uid whose tasks an owner (an API token, by id) runs as when it has no unix_user:
     allocated once from the configured range, the same on every node, never changed or reused."""
@@ -826,7 +836,7 @@ class Setting(BaseModel):
 
 MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Instance, LogLine, Artifact, ArtifactUpload, UiSession, GpuType, Quota,
           ClusterSample, GpuSample, InventoryVersion, InventoryChange, LeaderLease, Webhook, WebhookDelivery, OwnerUid,
-          Rollout, RolloutNode]
+          Rollout, RolloutNode, RetiredNode]
 MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrations 0023, 0024)
 # Usage and budgets (migrations 0021, 0022).
 MODELS += [UsageRecord, UsageDay, UsageMark, StorageRecord, PriceChange, Budget, BudgetNotice]

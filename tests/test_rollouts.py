@@ -134,3 +134,24 @@ def test_node_lifecycle_webhooks_say_enrolled_drained_why_upgraded_revoked_and_d
                if e["kind"] == "node.status"]
     assert reasons[2:5] == ["upgrade: to 0.2.0", "drain complete: no running tasks",
                             "upgrade done (to 0.2.0): 0.2.0; cordoned as before (cordoned by admin)"], reasons
+
+
+def test_a_deleted_hosts_node_comes_back_under_its_old_id_with_its_history(api):
+    # What Terraform's -replace does to a host: `fleetd bootstrap --remove` deletes its node, then the
+    # same host enrols again with a new join token.
+    api.create_fleet("gpu-a")
+    node_id, _ = api.ready_node(api.create_join_token("gpu-a"), "gpu-1")
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "replacing", "deadline_seconds": 60})
+    assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
+    again = api.register(api.create_join_token("gpu-a"), machine_id="gpu-1", hostname="gpu-1")
+    assert again["node_id"] == node_id
+    events = api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("node.deleted") < len(kinds) - 1 and kinds[0] == "node.registered", kinds
+    back = [e["reason"] for e in events if e["kind"] == "node.registered"][-1]
+    assert "again, under the id its host had until its node was deleted" in back, back
+    # Another host never gets that id; a second deletion is remembered as well.
+    other = api.register(api.create_join_token("gpu-a"), machine_id="gpu-2", hostname="gpu-2")
+    assert other["node_id"] != node_id
+    assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
+    assert api.register(api.create_join_token("gpu-a"), machine_id="gpu-1", hostname="gpu-1")["node_id"] == node_id

@@ -10,6 +10,7 @@ from fleetd.schemas.nodes import (
     EventPageSchema,
     EventQuerySchema,
     EventSchema,
+    NodeCordonSchema,
     NodeDrainSchema,
     NodePageSchema,
     NodePatchSchema,
@@ -65,10 +66,13 @@ class NodeById(MethodView):
 @blp.route("/<string:node_id>/cordon")
 class NodeCordon(MethodView):
     @require(ADMIN)
+    @blp.arguments(NodeCordonSchema(), required=False)
     @blp.response(200, NodeSchema)
-    def post(self, node_id):
-        """Stop new placements on a node."""
-        return _live([nodes.cordon_node(current_runtime(), node_id)])[0]
+    def post(self, body, node_id):
+        """Stop new placements on a node; `reason` (optional) says why."""
+        reason = body.get("reason")
+        return _live([nodes.cordon_node(current_runtime(), node_id, f"cordon: {reason}" if reason else
+                                        "cordoned by admin")])[0]
 
 
 @blp.route("/<string:node_id>/uncordon")

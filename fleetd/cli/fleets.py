@@ -192,10 +192,13 @@ def join_token_create(fleet_name, ttl, uses, single_use, unlimited, description)
 
 
 @client_command(join_token, "list")
-@click.option("--fleet", "fleet_name", required=True, help="Fleet whose tokens to list.")
+@click.option("--fleet", "fleet_name", help="Only this fleet's tokens (default: every fleet's).")
 def join_token_list(fleet_name):
-    """List a fleet's join tokens (never their secrets)."""
-    items = list(current_client().paginate(f"/api/v1/fleets/{fleet_name}/join-tokens"))
+    """List join tokens, of one fleet or of all (never their secrets)."""
+    client = current_client()
+    fleets = [fleet_name] if fleet_name else [f["name"] for f in client.paginate("/api/v1/fleets")]
+    items = [dict({"fleet": name}, **token) for name in fleets
+             for token in client.paginate(f"/api/v1/fleets/{name}/join-tokens")]
     emit(items, lambda rows: show_table(rows, JOIN_TOKEN_COLUMNS))
 
 

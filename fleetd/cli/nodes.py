@@ -30,7 +30,8 @@ NODE_COLUMNS = [("ID", "id"), ("HOSTNAME", "hostname"), ("FLEET", "fleet"), ("ST
 def _show_node(data):
     show_record(data, NODE_COLUMNS[:4] + [
         ("REASON", "status_reason"), ("ADDRESS", "address"), ("AGENT", "agent_version"),
-        ("LABELS", "labels"), ("REGISTERED", "registered_at"), ("LAST HEARTBEAT", "last_heartbeat_at"),
+        ("BUNDLE", "bundle_sha256"), ("LABELS", "labels"), ("REGISTERED", "registered_at"),
+        ("LAST HEARTBEAT", "last_heartbeat_at"),
         ("CPUS", lambda x: x["resources"]["cpu_count"]),
         ("MEMORY", lambda x: byte_size(x["resources"]["memory_bytes"])),
         ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"
@@ -122,8 +123,16 @@ def _node_action(action, done, help_text):
     return client_command(node, action)(click.argument("handle", metavar="NODE")(command))
 
 
-node_cordon = _node_action("cordon", "cordoned",
-                           "Cordon a ready node (by id or hostname): it takes no new work; what runs on it continues.")
+@client_command(node, "cordon")
+@click.argument("handle", metavar="NODE")
+@click.option("--reason", help="Why (the node's status reason and event; default: cordoned by admin).")
+def node_cordon(handle, reason):
+    """Cordon a ready node (by id or hostname): it takes no new work; what runs on it continues."""
+    node_id = resolve_id("node", handle)
+    data = current_client().post(f"/api/v1/nodes/{node_id}/cordon", {"reason": reason} if reason else {})
+    emit(data, lambda d: click.echo(f"cordoned node {node_id}: now {d['status']}"))
+
+
 node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node (by id or hostname): it takes new work again.")
 node_undrain = _node_action("undrain", "undrained", "Undrain a draining or drained node (by id or hostname): it is "
                                                     "ready and takes new work again.")

@@ -1,5 +1,7 @@
 """Rollouts: an agent rollout over a fleet (`fleetd rollout start`) and each of its nodes, in the
-order the driving CLI takes them (batch 0 holds the canaries), with how far each got."""
+order the driving CLI takes them (batch 0 holds the canaries), with how far each got. And the
+node a deleted host had, by machine id (retired_node), so that the host enrolling again gets it
+back (services.hosts)."""
 from peewee import *
 
 
@@ -38,8 +40,19 @@ def up(migrator, db):
             table_name = 'rollout_node'
             indexes = ((('rollout', 'node_id'), True), (('rollout', 'position'), False))
 
-    db.create_tables([Rollout, RolloutNode])
+    class RetiredNode(Model):
+        machine_id = CharField(primary_key=True, max_length=128)
+        node_id = CharField(max_length=32)
+        fleet = CharField(max_length=64)
+        retired_at = DateTimeField()
+
+        class Meta:
+            database = db
+            table_name = 'retired_node'
+
+    db.create_tables([Rollout, RolloutNode, RetiredNode])
 
 
 def down(migrator, db):
-    migrator.migrate(migrator.drop_table('rollout_node'), migrator.drop_table('rollout'))
+    migrator.migrate(migrator.drop_table('retired_node'), migrator.drop_table('rollout_node'),
+                     migrator.drop_table('rollout'))

@@ -93,7 +93,7 @@ class HostResult:
     """One row of the final table."""
 
     host: str
-    result: str = "failed"  # enrolled | upgraded | updated | unchanged | removed | failed
+    result: str = "failed"  # enrolled | upgraded | downgraded | updated | unchanged | removed | failed
     node_id: str = ""
     gpus: int | None = None
     reason: str = ""
@@ -323,13 +323,14 @@ class Bootstrapper:
         node (an operator's drain stays); wait until the node is drained. Returns the node as it was."""
         options = self.options
         installed = facts.get("installed_version", "")
+        verb = "downgrading" if install and is_downgrade(installed, options.bundle.version) else "upgrading"
         if not install:
             what = f"{installed} (ending the upgrade that failed before)"
         elif installed != options.bundle.version:
             what = f"{installed} -> {options.bundle.version}"
         else:
-            what = f"{installed} (rebuilt bundle, sha256 {options.bundle.sha256[:12]})"
-        reason = f"fleetd bootstrap: upgrading the agent {what}"
+            what = f"{installed} (rebuilt bundle of the same version, sha256 {options.bundle.sha256[:12]})"
+        reason = f"fleetd bootstrap: {verb} the agent {what}"
         if node["status"] not in UPGRADABLE:
             return node  # lost (its agent died in the upgrade that failed): fleetd holds the record already
         self.progress(result.host, "install", f"draining node {node['id']} for the upgrade: {reason}"
@@ -372,7 +373,8 @@ class Bootstrapper:
             self.progress(result.host, "install", f"installing fleet-agent {options.bundle.version}"
                           + (f" over {installed}" if installed else ""))
             self._install(remote)
-            changed.append("upgraded" if upgrade else "installed")
+            changed.append(("downgraded" if is_downgrade(installed, options.bundle.version) else "upgraded")
+                           if upgrade else "installed")
         else:
             self.progress(result.host, "install", f"fleet-agent {installed} already installed")
         result.version = options.bundle.version
@@ -414,8 +416,8 @@ class Bootstrapper:
         result.gpus = len(node_now.get("gpus") or [])
         if "enrolled" in changed:
             result.result = "enrolled"
-        elif "upgraded" in changed:
-            result.result = "upgraded"
+        elif "upgraded" in changed or "downgraded" in changed:
+            result.result = "downgraded" if "downgraded" in changed else "upgraded"
         elif changed:
             result.result = "updated"
         else:
@@ -448,6 +450,11 @@ class Bootstrapper:
         if stored and not self.options.upgrade_only and not stored & {u.lower() for u in self.options.server_urls}:
             return None
         node = self._node(node_id)
+        if node is not None and node["status"] == "revoked" and not self.options.readmit:
+            # A revoke is an operator's decision: a routine rerun must not undo it.
+            why = node.get("status_reason") or "no reason given"
+            raise HostFailed(f"node {node_id} of this host was revoked ({why}): a rerun does not admit it again; "
+                             "give --readmit to enrol the host again (under its old node id, with a new join token)")
         if node is None or node["status"] == "revoked" or node.get("fleet") != self.options.fleet:
             return None
         return node
@@ -610,8 +617,11 @@ class Bootstrapper:
         try:
             remote = self._connect(spec, result)
         except (HostFailed, SshError) as exc:
-            if not options.force_remove or isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
+            if isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
                 raise  # a refused host key is never "unreachable": that host may be an impostor
+            if not options.force_remove:
+                raise HostFailed(f"{exc}; if the host is gone for good, --remove --force drains and deletes its "
+                                 "node in fleetd without touching the host") from None
             self._remove_unreachable(spec, result, exc)
             return
         try:

@@ -13,8 +13,8 @@ import click
 from fleetd.cli.rollouts import show_rollout
 from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
 from fleetd.provision import bootstrap as bs
-from fleetd.provision import rollout as rs
 from fleetd.provision import rendering
+from fleetd.provision import rollout as rs
 from fleetd.provision.bundle import BundleError, build_bundle, find_source_tree, read_bundle
 from fleetd.provision.ssh import DEFAULT_KNOWN_HOSTS, HostSpec, SshOptions
 
@@ -177,6 +177,9 @@ HELP = {"help_option_names": ["-h", "--help"]}
                    "in fleetd (found by address or hostname); nothing on the host is touched.")
 @click.option("--allow-downgrade", is_flag=True,
               help="Install a bundle older than the installed agent (refused otherwise).")
+@click.option("--readmit", is_flag=True,
+              help="Enrol a host whose node was revoked again, under its old node id (refused otherwise: a rerun "
+                   "never undoes a revoke).")
 @click.option("--url", envvar="FLEETD_URL", help="fleetd URL for this command (FLEETD_URL; default: saved by login).")
 @click.option("--token", envvar="FLEETD_TOKEN", help="Admin API token (FLEETD_TOKEN; default: saved by login).")
 @click.option("--server-url", "server_urls", multiple=True, envvar="FLEETD_AGENT_SERVER_URL",
@@ -204,7 +207,7 @@ HELP = {"help_option_names": ["-h", "--help"]}
 @click.option("--install-dir", default="/opt/fleet-agent", show_default=True, help="The agent's venv on the hosts.")
 @click.option("--result-file", type=click.Path(dir_okay=False), help="Also write the results as JSON to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, server_urls, user, keys, port, jump,
+def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, readmit, url, token, server_urls, user, keys, port, jump,
               known_hosts, accept_new_host_keys, parallel, sudo, python, bundle_path, labels, devices_backend, ca_file, tls_pin,
               wait_timeout, drain_deadline, connect_timeout, min_free_mb, install_dir, result_file, as_json):
     """Install and enrol fleet-agent on HOSTs over SSH, or --remove them.
@@ -228,7 +231,7 @@ def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, url, token, ser
         labels=_labels(labels), devices_backend=devices_backend, tls_pin=tls_pin,
         ca_pem=Path(ca_file).read_text() if ca_file else "", install_dir=install_dir, wait_timeout=wait_timeout,
         drain_deadline=drain_deadline, min_free_mb=min_free_mb, allow_downgrade=allow_downgrade,
-        force_remove=force)
+        force_remove=force, readmit=readmit)
     ssh = ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo)
     if not remove:
         try:

@@ -19,9 +19,12 @@ FACTS_SCRIPT = "fleet-agent-facts.sh"
 INSTALL_SCRIPT = "fleet-agent-install.sh"
 LOG_SCRIPT = "fleet-agent-log.sh"
 
+MANAGED_BY = "fleetd bootstrap, the fleet_agent Ansible role or the fleet-nodes Terraform module"
+
 #: Defaults of every template variable; the role's defaults/main.yml holds the same values.
 DEFAULTS: dict[str, object] = {
-    "fleet_agent_managed_by": "fleetd bootstrap",
+    # The same words from every path, so that switching between them rewrites nothing and restarts nothing.
+    "fleet_agent_managed_by": MANAGED_BY,
     "fleet_agent_install_dir": "/opt/fleet-agent",
     "fleet_agent_config_dir": "/etc/fleet-agent",
     "fleet_agent_state_dir": "/var/lib/fleet-agent",

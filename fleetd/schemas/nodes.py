@@ -103,6 +103,11 @@ class NodeQuerySchema(PageQuerySchema):
     hostname = Text(max_length=255, load_default=None, metadata={"description": "only nodes of exactly this hostname"})
 
 
+class NodeCordonSchema(Schema):
+    reason = Text(min_length=1, max_length=500, metadata={"description": "why (the node's status reason and "
+                                                                           "event); default \"cordoned by admin\""})
+
+
 class NodeDrainSchema(Schema):
     reason = Text(required=True, min_length=1, max_length=500)
     deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
@@ -155,7 +160,7 @@ class BootstrapRunSchema(Schema):
     host = Text(required=True, min_length=1, max_length=255, metadata={"description": "the host as bootstrap "
                                                                                       "reached it (user@address:port)"})
     outcome = fields.String(required=True, validate=validate.OneOf(
-        ["enrolled", "upgraded", "updated", "unchanged", "failed"]))
+        ["enrolled", "upgraded", "downgraded", "updated", "unchanged", "failed"]))
     bundle_version = Text(max_length=64, load_default="")
     bundle_sha256 = fields.String(validate=validate.Regexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"),
                                   load_default="")

@@ -4,7 +4,7 @@ from fleetd.credentials import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Unauthorized
 from fleetd.models import JoinToken, Node, NodeStatus, new_id
-from fleetd.services import instances, validation
+from fleetd.services import hosts, instances, validation
 from fleetd.services.events import acting_as, record_event
 from fleetd.services.fleets import consume_join_token
 from fleetd.services.health import apply_health_policy
@@ -64,9 +64,10 @@ def register_node(rt, join_token_id, info):
         node = Node.get_or_none(Node.machine_id == info["machine_id"])
         if node is not None:
             _check_takeover(rt, node, token.fleet_id)
+        returning, retired = hosts.returning_node(info["machine_id"]) if node is None else (None, None)
         if node is None:
             node = Node.create(
-                id=new_id(),
+                id=returning or new_id(),
                 fleet=token.fleet_id,
                 machine_id=info["machine_id"],
                 status=NodeStatus.PENDING.value,
@@ -74,7 +75,10 @@ def register_node(rt, join_token_id, info):
                 registered_at=now,
                 **fields,
             )
-            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}", None,
+            again = "" if retired is None else \
+                f" again, under the id its host had until its node was deleted ({retired.retired_at.isoformat()}Z)"
+            hosts.forget(retired)
+            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}{again}", None,
                          NodeStatus.PENDING.value, actor=f"node:{node.id}")
         else:
             moved = node.fleet_id != token.fleet_id

@@ -8,7 +8,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.replicas import Fenced
-from fleetd.services import gpu_history, validation
+from fleetd.services import gpu_history, hosts, validation
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
@@ -264,6 +264,7 @@ def delete_node(rt, node_id):
                 {"tasks": active_tasks[:100]},
             )
         Gpu.delete().where(Gpu.node == node_id).execute()
+        hosts.retire(node, now)  # the same host enrolling again gets this id back
         node.delete_instance()
         record_event(now, "node.deleted", "node", node_id, "deleted by admin", node.status, None)
     rt.liveness.forget(node_id)

@@ -208,6 +208,28 @@ def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tm
         stored = json.loads(host.path("/var/lib/fleet-agent/node.json").read_text())
         assert stored["server_urls"] == [dead, lab.fleetd.url]
         lab.api.wait_status(stored["node_id"], "ready")
+        # The run is on the node's record, as the CLI's runs are.
+        (run,) = [e for e in lab.api.events(stored["node_id"]) if e["kind"] == "node.bootstrap"]
+        assert run["reason"].startswith(f"bootstrap on {host.hostname}: enrolled; bundle {bundle.version}"), run
+
+        # The CLI takes over what the role wrote with the same settings: the same files (their
+        # "Managed by" line names every path), so nothing is rewritten and the agent keeps running.
+        pids = agent_pids(host)
+        code, rows, stderr = lab.bootstrap(bundle, host, extra=["--server-url", dead, "--server-url", lab.fleetd.url,
+                                                                "--label", "rack=r12"])
+        assert code == 0 and rows[host.address]["result"] == "unchanged", (rows, stderr)
+        assert agent_pids(host) == pids
+
+        # A revoke holds: the role refuses the host before changing anything on it.
+        lab.api("POST", f"/api/v1/nodes/{stored['node_id']}/revoke", expect=200)
+        refused = subprocess.run(
+            [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "bootstrap.yml"),
+             "-e", f"fleetd_url={lab.fleetd.url}", "-e", f"fleet_agent_bundle={bundle.path}",
+             "-e", f"fleet_agent_fleet={FLEET}", "-e", f"@{extra}"],
+            capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+        said = " ".join(refused.stdout.split())
+        assert refused.returncode != 0 and f"node {stored['node_id']} of {host.hostname} was revoked" in said, said[-3000:]
+        assert "set fleet_agent_readmit=true" in said and lab.api.node(stored["node_id"])["status"] == "revoked"
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 

@@ -262,8 +262,9 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     code, results, stderr = lab.bootstrap(bundle, kept, extra=["--allow-downgrade"])
     assert code == 0, (results, stderr)
     row = results[kept.address]
-    assert row["result"] == "upgraded", row
+    assert row["result"] == "downgraded", row
     assert "node stays drained as an operator left it (RMA pending)" in row["reason"], row
+    assert f"downgrading the agent {next_bundle.version} -> {bundle.version}" in stderr
     assert "stays drained as an operator left it (RMA pending)" in stderr
     assert f"waiting for node {ids[kept.address]} to be ready" not in stderr
     statuses = [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")]
@@ -307,7 +308,7 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     assert f"node {ids[rolled.address]} stays out of service (upgrade failed" in reason, reason
     node = lab.api.node(ids[rolled.address])
     assert node["status"] in ("drained", "lost"), node
-    assert node["status_reason"].startswith("upgrade failed (fleetd bootstrap: upgrading the agent") or \
+    assert node["status_reason"].startswith("upgrade failed (fleetd bootstrap: downgrading the agent") or \
         node["status"] == "lost", node
     assert node["upgrade"]["returns_to"]["status"] == "cordoned", node
     statuses = to_statuses(lab, ids[rolled.address])
@@ -326,7 +327,8 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     remove = ["bootstrap", kept.address, "--remove", "--user", "root", "--key", str(lab.ssh.client_key),
               "--known-hosts", str(lab.ssh.known_hosts), "--drain-deadline", "30", "--json"]
     result = lab.fleetd_cli(*remove)
-    assert result.returncode == 1 and "cannot connect" in json.loads(result.stdout)[0]["reason"]
+    reason = json.loads(result.stdout)[0]["reason"]
+    assert result.returncode == 1 and "cannot connect" in reason and "--remove --force" in reason, reason
     assert lab.api.node(ids[kept.address]) is not None
     result = lab.fleetd_cli(*remove, "--force")
     assert result.returncode == 0, result.stdout + result.stderr

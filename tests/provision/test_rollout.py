@@ -71,3 +71,21 @@ def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_oper
     assert status.returncode == 0 and "not upgraded: the rollout was aborted" in status.stdout, status.stdout
     assert lab.api.node(ids[serving.hostname])["status"] == "ready"
     assert lab.api.node(ids[repair.hostname])["status"] == "drained"
+
+    # The CLI shows a node's bundle, cordons with a reason and lists every fleet's join tokens.
+    shown = lab.fleetd_cli("node", "show", ids[serving.hostname])
+    assert shown.returncode == 0 and bundle.sha256 in shown.stdout, shown.stdout + shown.stderr
+    cordoned = lab.fleetd_cli("node", "cordon", ids[serving.hostname], "--reason", "fan noise", "--json")
+    assert json.loads(cordoned.stdout)["status_reason"] == "cordon: fan noise", cordoned.stdout + cordoned.stderr
+    tokens = lab.fleetd_cli("join-token", "list", "--json")
+    assert tokens.returncode == 0 and {t["fleet"] for t in json.loads(tokens.stdout)} == {FLEET}, tokens.stderr
+
+    # A revoke holds: a rerun refuses the host; --readmit enrols it again under its old id.
+    lab.api("POST", f"/api/v1/nodes/{ids[serving.hostname]}/revoke", expect=200)
+    code, rows, _ = lab.bootstrap(bundle, serving)
+    assert code == 1 and "was revoked (revoked by admin): a rerun does not admit it again; give --readmit" \
+        in rows[serving.address]["reason"], rows
+    assert lab.api.node(ids[serving.hostname])["status"] == "revoked"
+    code, rows, stderr = lab.bootstrap(bundle, serving, extra=["--readmit"])
+    assert code == 0 and rows[serving.address]["node_id"] == ids[serving.hostname], (rows, stderr)
+    lab.api.wait_status(ids[serving.hostname], "ready")

@@ -104,6 +104,12 @@ variable "force_remove" {
   default     = false
 }
 
+variable "check_drift" {
+  description = "At plan time, read what fleetd says of each host's node and warn about nodes that are lost, revoked or gone (needs fleetd reachable when planning)."
+  type        = bool
+  default     = true
+}
+
 variable "fleetd_command" {
   description = "Command that runs the fleetd CLI on the machine running Terraform."
   type        = list(string)
