@@ -144,6 +144,9 @@ def test_deploy_an_instance_from_the_form_and_open_its_url(page, http, server, a
     page.get_by_label("Variable 1 name").fill("HF_TOKEN")
     page.get_by_label("Variable 1 value").fill("hf_not_shown")
     assert page.get_attribute("#env-value-1", "type") == "password"
+    page.click("#env-add")  # a third row, beyond the two the form has
+    page.get_by_label("Variable 3 name").fill("MODEL")
+    page.get_by_label("Variable 3 value").fill("llama")
     shot(page, "instance-new")
     page.click("#deploy")
     page.wait_for_url(re.compile(r"/ui/instances/[0-9a-f]{20}$"))
@@ -154,7 +157,8 @@ def test_deploy_an_instance_from_the_form_and_open_its_url(page, http, server, a
 
     # Its node starts it while the page is open; the page follows by itself and names the URL to open.
     assignment = _acquire(server, session)
-    assert assignment["instance"] is not None and assignment["env"]["HF_TOKEN"] == "hf_not_shown"
+    assert assignment["instance"] is not None
+    assert assignment["env"]["HF_TOKEN"] == "hf_not_shown" and assignment["env"]["MODEL"] == "llama"
     agent_call(server, session, f"/tasks/{assignment['task_id']}/start", {
         "epoch": assignment["epoch"], "pid": 42, "ports": [{"port": 8888, "host_port": workload, "protocol": "http"}]})
     page.locator("#instance-url a").wait_for(timeout=20_000)

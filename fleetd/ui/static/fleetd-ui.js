@@ -35,9 +35,30 @@
     }
   }
 
+  // "Add a variable": one more name/value row, numbered after the last, its labels tied to its inputs.
+  function addRow(button) {
+    var box = document.getElementById(button.getAttribute("data-add-row"));
+    var rows = box ? box.querySelectorAll(".env-row") : [];
+    if (!rows.length) return;
+    var row = rows[rows.length - 1].cloneNode(true);
+    var n = rows.length + 1;
+    var labels = row.querySelectorAll("label"), inputs = row.querySelectorAll("input");
+    for (var i = 0; i < inputs.length; i++) {
+      var id = inputs[i].id.replace(/-\d+$/, "-" + n);
+      inputs[i].id = id;
+      inputs[i].value = "";
+      labels[i].setAttribute("for", id);
+      labels[i].textContent = labels[i].textContent.replace(/\d+/, String(n));
+    }
+    rows[rows.length - 1].after(row);
+    row.querySelector("input").focus();
+  }
+
   document.addEventListener("click", function (event) {
     var button = event.target.closest && event.target.closest("button[data-copy]");
     if (button) copyFrom(button);
+    var add = event.target.closest && event.target.closest("button[data-add-row]");
+    if (add) addRow(add);
   });
   // Log boxes open at their newest line and stay there while new lines come, unless the reader scrolled
   // up; lines loaded at the top ("Load earlier lines") leave the reader where they were.
