@@ -6,7 +6,7 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import NodeStatus
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import NodeDrainSchema
-from fleetd.services import cluster, fleets, nodes
+from fleetd.services import cluster, fleets, nodes, validation
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
@@ -93,7 +93,8 @@ def node_page(node_id):
                if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
     gpus, tasks = _gpu_rows(rt, node)
     return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)),
-                           actions=actions, drain=node.drain, now=rt.clock.now(), form={}, errors={})
+                           actions=actions, drain=node.drain, now=rt.clock.now(), form={}, errors={},
+                           validation=validation.latest_validation(node_id))
 
 
 @bp.route("/nodes/<string:node_id>/<any(cordon, uncordon, drain, undrain, revoke):action>", methods=["POST"])
