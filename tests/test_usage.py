@@ -8,10 +8,11 @@ import io
 
 import pytest
 
+from fleetd.auth import Principal
 from fleetd.db import database, fenced_by
 from fleetd.models import UsageDay, UsageRecord
 from fleetd.replicas import Fenced
-from fleetd.services import ledger
+from fleetd.services import ledger, usage
 from tests.conftest import T0, ApiClient, gpus
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -167,6 +168,16 @@ def test_reports_group_filter_and_show_a_submitter_only_its_own_and_csv_matches_
     assert [r["group"] for r in api.get("/api/v1/usage?group_by=gpu_model").get_json()["rows"]] == [H100]
     assert [(r["group"], r["runs"]) for r in api.get("/api/v1/usage?group_by=workload&team=cv").get_json()[
         "rows"]] == [(f"job/{bob_job['id']}", 1)]
+    rt = app.extensions["fleetd"]
+    as_admin = Principal(kind="api", id="x", role="admin", name="x")
+    with app.app_context(), database.connection_context():
+        chart = usage.usage_by_day_and_team(rt, as_admin)
+        assert [(r["day"], r["team"], r["gpu_hours_allocated"]) for r in chart] == [
+            ("2026-01-01", "cv", 1.0), ("2026-01-01", "ml", 1.0)]
+        own = usage.workload_usage(rt, as_admin, bob_job["id"])
+        assert [(r["gpus"], r["gpu_hours_allocated"], r["cost"]) for r in own["runs"]] == [(2.0, 1.0, 2.0)]
+        assert own["totals"]["runs"] == 1
+        assert usage.workload_usage(rt, Principal(kind="api", id="y", role="submitter"), bob_job["id"])["runs"] == []
     own = alice.get("/api/v1/usage?group_by=team").get_json()
     assert [r["group"] for r in own["rows"]] == ["ml"] and own["totals"]["cost"] == 2.0
     assert [r["group"] for r in alice.get("/api/v1/usage?group_by=team&team=cv").get_json()["rows"]] == []

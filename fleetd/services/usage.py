@@ -118,6 +118,45 @@ def _by_workload(first, last, own, team, owner, fleet):
     return sorted(groups.items())
 
 
+def usage_by_day_and_team(rt, principal, start=None, end=None):
+    """GPU-hours allocated and used and cost per UTC day and team (for a stacked chart of
+    GPU-hours by team over time): [{day, team, gpu_hours_allocated, gpu_hours_used, efficiency,
+    cost, runs}], by day then team. A submitter gets its own usage only."""
+    first, last = report_days(rt.clock.now(), start, end)
+    query = (UsageDay.select(UsageDay.day, UsageDay.team, fn.SUM(UsageDay.gpu_seconds),
+                             fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.sampled_gpu_seconds),
+                             fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
+             .where((UsageDay.day >= first) & (UsageDay.day <= last)))
+    if principal.role != "admin":
+        query = query.where(UsageDay.owner_token_id == principal.id)
+    rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples()
+    return [{"day": day.isoformat() if isinstance(day, dt.date) else str(day), "team": team or None,
+             **_figures(*sums)} for day, team, *sums in rows]
+
+
+def workload_usage(rt, principal, workload_id):
+    """A job's or instance's own usage from the ledger (for its page): its runs, each
+    {id, attempt, node_id, fleet, gpu_model, gpus, started_at, ended_at, gpu_hours_allocated,
+    gpu_hours_used, efficiency, cost}, oldest first, and their totals with the storage cost of an
+    instance's volume. Admins see any workload's, a submitter its own (others read as empty)."""
+    query = UsageRecord.select().where(UsageRecord.workload_id == workload_id)
+    if principal.role != "admin":
+        query = query.where(UsageRecord.owner_token_id == principal.id)
+    runs, totals = [], [0.0, 0.0, 0.0, 0.0, 0]
+    for record in query.order_by(UsageRecord.started_at):
+        sums = (record.gpu_seconds, record.used_gpu_seconds, record.sampled_gpu_seconds, record.cost, 1)
+        for i, value in enumerate(sums):
+            totals[i] += value
+        runs.append({"id": record.id, "attempt": record.attempt, "node_id": record.node_id or None,
+                     "fleet": record.fleet or None, "gpu_model": record.gpu_model or None, "gpus": record.gpus,
+                     "started_at": isoformat(record.started_at), "ended_at": isoformat(record.ended_at),
+                     **{k: v for k, v in _figures(*sums).items() if k != "runs"}})
+    storage = StorageRecord.get_or_none_by_id(workload_id)
+    if storage is not None and (principal.role == "admin" or storage.owner_token_id == principal.id):
+        totals[3] += storage_costs(rt, [workload_id]).get(workload_id, 0.0)
+    return {"workload_id": workload_id, "runs": runs, "totals": _figures(*totals)}
+
+
 def report_csv(report):
     """A report's rows as CSV text (the columns of COLUMNS; empty where a figure is unknown)."""
     out = io.StringIO()
