@@ -141,6 +141,7 @@ class RunOfInstance:
     volume_mount_path: str = DEFAULT_MOUNT
     image: str | None = None
     idle_stop: IdleStop | None = None
+    scratch_bytes: int = 0  # the most its scratch space may hold (0: no limit)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunOfInstance:
@@ -148,12 +149,13 @@ class RunOfInstance:
                    ports=tuple(Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()),
                    volume_bytes=data.get("volume_bytes") or 0,
                    volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT, image=data.get("image"),
-                   idle_stop=_idle_stop(data.get("idle_stop")))
+                   idle_stop=_idle_stop(data.get("idle_stop")), scratch_bytes=data.get("scratch_bytes") or 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"restart": self.restart, "ports": [p.to_dict() for p in self.ports],
                 "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path,
-                "image": self.image, "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None}
+                "image": self.image, "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None,
+                "scratch_bytes": self.scratch_bytes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +251,7 @@ class InstanceSpec:
     restart: str = "on-failure"
     idle_stop: IdleStop | None = None
     team: str | None = None
+    scratch_bytes: int = 0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceSpec:
@@ -262,6 +265,7 @@ class InstanceSpec:
             priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"),
             node_selector=_selector_from_dict(data.get("node_selector")), restart=data.get("restart") or "on-failure",
             idle_stop=_idle_stop(data.get("idle_stop")), team=data.get("team"),
+            scratch_bytes=data.get("scratch_bytes") or 0,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,6 +279,7 @@ class InstanceSpec:
             "ports": [p.to_dict() for p in self.ports], "priority_class": self.priority_class, "bid": self.bid,
             "node_selector": _selector_to_dict(self.node_selector), "restart": self.restart,
             "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None, "team": self.team,
+            "scratch_bytes": self.scratch_bytes,
         }
 
     def run(self, node_id: str | None) -> JobSpec:
@@ -289,7 +294,7 @@ class InstanceSpec:
             priority_class=self.priority_class, bid=self.bid, node_selector=selector, retry=NO_RETRY,
             instance=RunOfInstance(restart=self.restart, ports=self.ports, volume_bytes=self.volume_bytes,
                                    volume_mount_path=self.volume_mount_path, image=self.image,
-                                   idle_stop=self.idle_stop),
+                                   idle_stop=self.idle_stop, scratch_bytes=self.scratch_bytes),
         )
 
 

@@ -38,6 +38,7 @@ class InstanceSpec:
     image: str | None
     idle_below_percent: float | None  # idle_stop.gpu_util_below_percent
     idle_for_seconds: float | None  # idle_stop.for_seconds
+    scratch_bytes: int = 0  # the most its scratch space may hold (0: no limit)
 
     @classmethod
     def from_wire(cls, data):
@@ -62,9 +63,12 @@ class InstanceSpec:
                                   or any(c.isspace() or c == "\0" for c in image)):
             raise ValueError("instance.image must be an image reference")
         below, for_seconds = cls._idle_stop(data.get("idle_stop"))
+        scratch_bytes = data.get("scratch_bytes") or 0
+        if not _is_int(scratch_bytes) or scratch_bytes < 0:
+            raise ValueError("instance.scratch_bytes must be a non-negative integer")
         return cls(id=instance_id, name=str(data.get("name") or instance_id)[:128], restart=restart, ports=ports,
                    volume_bytes=volume_bytes, volume_mount_path=mount, image=image or None,
-                   idle_below_percent=below, idle_for_seconds=for_seconds)
+                   idle_below_percent=below, idle_for_seconds=for_seconds, scratch_bytes=scratch_bytes)
 
     @staticmethod
     def _ports(ports):

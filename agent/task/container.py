@@ -297,6 +297,17 @@ class ContainerRuntime:
         if code != 0 and "no such container" not in err.lower() and "no container with name" not in err.lower():
             log.warning("container %s: %s rm -f: %s", name, self.name, err[-300:])
 
+    def writable_bytes(self, name):
+        """Bytes the container's own writable layer holds (`inspect --size`: SizeRw), or None when it
+        cannot be read now."""
+        try:
+            code, out, _err = self._call(["container", "inspect", "--size", "--format", "{{.SizeRw}}", name],
+                                         timeout=30)
+        except ContainerError:
+            return None
+        value = out.strip()
+        return int(value) if code == 0 and value.isdigit() else None
+
     def stats(self, name):
         """(cpu percent, memory percent) of a running container, or None when it cannot be read now."""
         try:

@@ -37,6 +37,7 @@ from agent.task.journal import compact_state
 from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
 from agent.task.supervisor import check_executable, read_exit_status
 from agent.task.task import Task
+from agent.task.volumes import tree_bytes
 
 log = logging.getLogger("agent.runner")
 
@@ -149,6 +150,21 @@ class InstanceTask(Task):
             return max(0.0, round((uptime_ticks() - self._start_ticks) / CLOCK_TICKS, 1))
         except OSError:
             return 0
+
+    def check_scratch(self):
+        """Bytes its scratch space holds now (its working directory, and a container's own writable
+        layer), or None when that cannot be read; a run holding more than its `scratch_bytes` is
+        stopped, failed, with the reason."""
+        used = tree_bytes(self.workdir, f"the scratch space of instance {self.spec.id}")
+        if self.container and self.runner.containers is not None:
+            layer = self.runner.containers.writable_bytes(self.container)
+            if layer is not None:
+                used = (used or 0) + layer
+        limit = self.spec.scratch_bytes
+        if used is not None and limit and used > limit:
+            self.cancel(f"scratch space over its size: it holds {used} bytes, more than its {limit} "
+                        "(scratch_bytes); stopped by fleet-agent", outcome="failed")
+        return used
 
     def container_stats(self):
         """(cpu percent, memory percent) of the container, or None."""

@@ -22,6 +22,7 @@ CONTAINER_EVERY_SECONDS = 10.0
 PORTS_EVERY_SECONDS = 5.0
 PORT_UNKNOWN = "unknown"  # before the first look
 VOLUME_EVERY_SECONDS = 30.0
+SCRATCH_EVERY_SECONDS = 10.0  # a run over its scratch size is stopped within this (and a walk's time)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -92,7 +93,8 @@ class InstanceMonitor:
         self.volume_used_bytes = None
         self.port_states = {}  # host port -> state (agent/ports.py), from the last look (task.check_ports)
         self._usage = ProcessUsage()
-        self._due = {"process": 0.0, "volume": 0.0, "ports": 0.0}
+        self.scratch_used_bytes = None
+        self._due = {"process": 0.0, "volume": 0.0, "ports": 0.0, "scratch": 0.0}
         self._stop = threading.Event()
         self._job = None
 
@@ -136,6 +138,9 @@ class InstanceMonitor:
         if now >= self._due["volume"]:
             self._due["volume"] = now + VOLUME_EVERY_SECONDS
             self.volume_used_bytes = task.runner.volumes.used_bytes(task.spec.id)
+        if running and task.spec.scratch_bytes and now >= self._due["scratch"]:
+            self._due["scratch"] = now + SCRATCH_EVERY_SECONDS
+            self.scratch_used_bytes = task.check_scratch()
 
     def _sample(self, now):
         task = self.task

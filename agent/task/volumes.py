@@ -98,24 +98,32 @@ class Volumes:
         """Bytes the volume's files take on disk (allocated blocks), or None when it cannot be read."""
         try:
             path = self.path(instance_id)
-            total, stack, seen = os.lstat(path).st_blocks * 512, [path], 0
-        except (OSError, ValueError):
+        except ValueError:
             return None
-        for _ in range(MAX_WALK_ENTRIES):
-            if not stack:
-                return total
-            try:
-                with os.scandir(stack.pop()) as entries:
-                    for entry in entries:
-                        seen += 1
-                        info = entry.stat(follow_symlinks=False)
-                        total += info.st_blocks * 512
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-            except OSError:
-                continue  # removed while walked, or unreadable: what was counted stands
-            if seen >= MAX_WALK_ENTRIES:
-                break
-        log.warning("volume %s: more than %d entries; its size is counted up to there", instance_id,
-                    MAX_WALK_ENTRIES)
-        return total
+        return tree_bytes(path, f"volume {instance_id}")
+
+
+def tree_bytes(path, what):
+    """Bytes the files under `path` take on disk (allocated blocks; no link followed), or None when
+    `path` cannot be read. `what` names it in the warning of a walk cut short."""
+    try:
+        total, stack, seen = os.lstat(path).st_blocks * 512, [path], 0
+    except OSError:
+        return None
+    for _ in range(MAX_WALK_ENTRIES):
+        if not stack:
+            return total
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue  # removed while walked, or unreadable: what was counted stands
+        if seen >= MAX_WALK_ENTRIES:
+            break
+    log.warning("%s: more than %d entries; its size is counted up to there", what, MAX_WALK_ENTRIES)
+    return total

@@ -56,7 +56,8 @@ def pod(view):
         "env": [f"{k}={v}" for k, v in (spec.get("env") or {}).items()],
         "gpuCount": resources.get("gpus") or 0, "vcpuCount": resources.get("cpus") or 0,
         "memoryInGb": _gib(resources.get("memory_bytes")), "volumeInGb": _gib(spec.get("volume_bytes")),
-        "volumeMountPath": spec.get("volume_mount_path"), "containerDiskInGb": None,
+        "volumeMountPath": spec.get("volume_mount_path"),
+        "containerDiskInGb": _gib(spec.get("scratch_bytes")) if spec.get("scratch_bytes") else None,
         "podType": "INTERRUPTABLE" if spec.get("priority_class") == "spot" else "RESERVED",
         "costPerHr": view["price_per_hour"], "bidPerGpu": spec.get("bid"), "costSoFar": view["cost_so_far"],
         "storageCostSoFar": view.get("storage_cost_so_far"),
@@ -118,8 +119,8 @@ def _command(text):
 def instance_body(data, spot, cloud_labels=None):
     """The REST InstanceSpec body a create input stands for (docs/api.md, GraphQL: field mapping).
     `cloud_labels`: the node labels the input's cloudType selects (settings.cloud_type_labels).
-    Input fields fleetd has no notion of (startSsh, supportPublicIp, countryCode, containerDiskInGb,
-    allowedCudaVersions, minDownload, minUpload, deployCost) are ignored."""
+    Input fields fleetd has no notion of (startSsh, supportPublicIp, countryCode, allowedCudaVersions,
+    minDownload, minUpload, deployCost) are ignored."""
     for unsupported in ("templateId", "networkVolumeId"):
         if data.get(unsupported):
             raise InvalidRequest(f"{unsupported}: fleetd has no templates or network volumes; send the image, "
@@ -136,6 +137,8 @@ def instance_body(data, spot, cloud_labels=None):
             "volume_bytes": int((data.get("volumeInGb") or 0) * GIB), "ports": _ports(data.get("ports"))}
     if data.get("volumeMountPath"):
         body["volume_mount_path"] = data["volumeMountPath"]
+    if data.get("containerDiskInGb"):
+        body["scratch_bytes"] = int(data["containerDiskInGb"] * GIB)
     selector = {}
     if data.get("dataCenterId"):
         selector["fleet"] = data["dataCenterId"]

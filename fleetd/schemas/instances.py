@@ -70,6 +70,10 @@ class InstanceSpecSchema(Schema):
     resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
     volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
     volume_mount_path = Text(max_length=1024, load_default=DEFAULT_MOUNT, validate=[MOUNT_PATH])
+    scratch_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0, metadata={
+        "description": "the most its scratch space (wiped at every start) may hold: its working directory, and a "
+                       "container's own writable layer; measured by its node, which stops the run (failed, with the "
+                       "reason) once it holds more. 0: no limit"})
     ports = fields.List(fields.Nested(PortSchema), validate=[validate.Length(max=32), _distinct], load_default=list)
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)

@@ -231,7 +231,7 @@ def test_the_runpod_sdk_creates_lists_stops_resumes_and_terminates_a_pod(fleet, 
                              and found, timeout=90, message="the pod running with its port")
         assert running["desiredStatus"] == "RUNNING" and running["costPerHr"] == 2.5 and running["gpuCount"] == 1
         assert running["machine"] == {"gpuDisplayName": MODEL} and running["ports"] == "8000/http"
-        assert running["volumeMountPath"] == "/workspace" and running["containerDiskInGb"] is None
+        assert running["volumeMountPath"] == "/workspace" and running["containerDiskInGb"] == 10  # the SDK's default
         (port,) = running["runtime"]["ports"]
         (Path(agent.state_dir) / "volumes" / pod["id"] / "index.html").write_text("from the sdk")
         url = f"http://127.0.0.1:{port['publicPort']}/index.html"
