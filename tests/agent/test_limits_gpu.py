@@ -1,9 +1,11 @@
-"""The VRAM watchdog against a real GPU and real NVML (`pytest -m gpu`; skipped without NVML).
+"""The VRAM watchdog and the validation checks against a real GPU and real NVML (`pytest -m gpu`; skipped
+without NVML).
 
 The issue's H200 check: a task limited to 2 GiB that allocates 4 GiB is stopped with
 gpu_memory_limit_exceeded (the time from its allocation to its stop is printed for the notes,
 not asserted); a task that stays under 2 GiB finishes; the agent's device report matches
-`nvidia-smi`. Allocation is done with PyTorch where it is installed, else with the CUDA driver
+`nvidia-smi`; the validation suite reads the driver, PCIe link and ECC state as `nvidia-smi` shows them
+and runs `dcgmi diag -r 1` where DCGM is installed. Allocation is done with PyTorch where it is installed, else with the CUDA driver
 API through ctypes (libcuda ships with the driver), so the check needs nothing but the driver.
 """
 
@@ -18,9 +20,11 @@ import pytest
 
 from agent.client import FleetClient
 from agent.devices import DeviceManager
+from agent.isolation import Isolation
 from agent.task.limits import Limits, LimitSettings
 from agent.task.logs import LogSettings
 from agent.task.runner import Runner
+from agent.validator import Validator
 from agent.workers import Workers
 from tests.agent.fakefleetd import FakeFleetd
 from tests.support import wire
@@ -137,3 +141,54 @@ def test_the_device_report_matches_nvidia_smi(gpu_host):
             for d in inventory.devices]
     print("\n" + json.dumps({"nvidia-smi": rows, "agent": ours}, indent=1))
     assert [(int(r[0]), r[1], r[2], int(r[3])) for r in rows] == ours
+
+
+SMI_FIELDS = "index,driver_version,serial,pcie.link.gen.max,pcie.link.width.max,ecc.mode.current,persistence_mode"
+
+
+def test_the_validation_suite_reads_driver_pcie_and_ecc_as_nvidia_smi_does_and_runs_dcgmi_where_present(tmp_path):
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        pytest.skip("nvidia-smi is not installed")
+    out = subprocess.run([smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    rows = [dict(zip(SMI_FIELDS.split(","), (c.strip() for c in line.split(",")))) for line in out.strip().splitlines()]
+    devices = DeviceManager("nvml", watch_xids=False)
+    devices.discover()
+    validator = Validator(devices, None, Isolation(), str(tmp_path), threading.Event())
+    try:
+        body = validator.run_suite("gpu-check", {"expected_gpus": len(rows), "dcgm_level": 1, "max_temperature_c": 85,
+                                                 "checks": ["gpus_present", "driver_version", "persistence_mode",
+                                                            "ecc_mode", "retired_pages", "row_remap", "ecc_errors",
+                                                            "pcie_link", "clocks_throttle", "temperature",
+                                                            "mig_mode", "dcgm"]})
+    finally:
+        devices.close()
+    print("\n" + json.dumps({"nvidia-smi": rows, "checks": body["checks"]}, indent=1)[:60000])
+    checks = {(c["name"], c["gpu"]): c for c in body["checks"]}
+    assert checks[("gpus_present", None)]["status"] == "passed"
+    assert body["system"]["driver_version"] == rows[0]["driver_version"]
+    assert rows[0]["driver_version"] in checks[("driver_version", None)]["detail"]
+    for row in rows:
+        index = int(row["index"])
+        link = checks[("pcie_link", index)]
+        if link["status"] != "not_supported":  # the maximum nvidia-smi shows, whatever the idle link runs at
+            assert f"Gen{row['pcie.link.gen.max']}" in link["detail"] and f"x{row['pcie.link.width.max']}" in \
+                link["detail"], (row, link)
+        ecc = checks[("ecc_mode", index)]
+        if row["ecc.mode.current"] == "Enabled":
+            assert ecc["status"] in ("passed", "failed") and "ECC is off" not in ecc["detail"], (row, ecc)
+        elif row["ecc.mode.current"] == "Disabled":
+            assert ecc["status"] == "failed" and ecc["detail"] == "ECC is off", (row, ecc)
+        persistence = checks[("persistence_mode", index)]
+        assert persistence["status"] == ("passed" if row["persistence_mode"] == "Enabled" else "failed"), \
+            (row, persistence)
+        if row["serial"] not in ("", "[N/A]"):
+            assert link.get("serial") == row["serial"], (row, link)
+        for name in ("row_remap", "ecc_errors", "clocks_throttle", "temperature"):
+            assert checks[(name, index)]["status"] in ("passed", "failed", "not_supported"), checks[(name, index)]
+    dcgm = checks[("dcgm", None)]
+    if shutil.which("dcgmi", path="/usr/bin:/usr/local/bin:/usr/sbin:/bin"):
+        assert dcgm["status"] in ("passed", "failed") and dcgm["output"], dcgm
+    else:
+        assert dcgm["status"] == "skipped" and "not installed" in dcgm["detail"]
