@@ -133,7 +133,8 @@ def main():
             admin = Principal(kind="api", id="bench", role="admin", name="bench")
             submitter = Principal(kind="api", id="tok00007", role="submitter", name="user-7")
             cases = [("team", admin, {}), ("owner", admin, {}), ("fleet", admin, {}), ("gpu_model", admin, {}),
-                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {"team": "team-3"})]
+                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {"team": "team-3"}),
+                     ("workload", submitter, {})]
             for group_by, who, extra in cases:
                 took, report = timed(lambda: usage.usage_report(
                     rt, who, group_by, MONTH.date(), (MONTH + dt.timedelta(days=30)).date(), **extra), args.repeat)

@@ -586,6 +586,10 @@ class UsageRecord(BaseModel):
     cost = peewee.FloatField(default=0.0)
     price_per_hour = peewee.FloatField(null=True)  # per GPU-hour, in force at accounted_until
 
+    class Meta:
+        # a team's or an owner's runs over a time range (reports by workload) without reading the others'
+        indexes = ((("team", "started_at"), False), (("owner_token_id", "started_at"), False))
+
 
 class UsageDay(BaseModel):
     """The ledger's sums per UTC day, kind and (team, owner, fleet, GPU model): what reports read.

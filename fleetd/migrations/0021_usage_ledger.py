@@ -45,7 +45,8 @@ def up(migrator, db):
         class Meta:
             database = db
             table_name = 'usage_record'
-            indexes = ((('started_at',), False), (('workload_id',), False), (('ended_at',), False))
+            indexes = ((('started_at',), False), (('workload_id',), False), (('ended_at',), False),
+                       (('team', 'started_at'), False), (('owner_token_id', 'started_at'), False))
 
     class UsageDay(Model):
         id = AutoField()

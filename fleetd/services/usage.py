@@ -31,6 +31,7 @@ from fleetd.services.ledger import (
 GROUP_BY = ("team", "owner", "fleet", "gpu_model", "day", "workload")
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
 MAX_DAYS = 3660  # a report spans at most about ten years
+MAX_WORKLOAD_ROWS = 10_000  # rows of a report by workload: the costliest
 
 
 def _figures(allocated, used, sampled, cost, runs):
@@ -59,20 +60,21 @@ def usage_report(rt, principal, group_by="team", start=None, end=None, team=None
     """GPU-hours allocated and used, efficiency, cost and runs per group over whole UTC days, with
     totals: admins see everyone's, a submitter its own. `runs` counts the runs that started in the
     range; cost includes instance volumes' storage. By workload, each run counts whole (its figures
-    as of the ledger's last pass) when it overlapped the range."""
+    as of the ledger's last pass) when it overlapped the range, and only the MAX_WORKLOAD_ROWS
+    costliest workloads are listed (the totals count them all)."""
     if group_by not in GROUP_BY:
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}", {"fields": {"group_by": [
             f"one of {', '.join(GROUP_BY)}"]}})
     first, last = report_days(rt.clock.now(), start, end)
     own = None if principal.role == "admin" else principal.id
     if group_by == "workload":
-        rows = _by_workload(first, last, own, team, owner, fleet)
+        rows, totals = _by_workload(first, last, own, team, owner, fleet)
     else:
         rows = _by_dimension(group_by, first, last, own, team, owner, fleet)
-    totals = [0.0, 0.0, 0.0, 0.0, 0]
-    for _, sums in rows:
-        for i, value in enumerate(sums):
-            totals[i] += value
+        totals = [0.0, 0.0, 0.0, 0.0, 0]
+        for _, sums in rows:
+            for i, value in enumerate(sums):
+                totals[i] += value
     return {"from": first.isoformat(), "to": last.isoformat(), "group_by": group_by,
             "rows": [{"group": group, **_figures(*sums)} for group, sums in rows], "totals": _figures(*totals)}
 
@@ -93,29 +95,37 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
 
 
 def _by_workload(first, last, own, team, owner, fleet):
+    """(rows, totals) by workload: the MAX_WORKLOAD_ROWS costliest, totals over all of them."""
     start = dt.datetime.combine(first, dt.time())
     end = dt.datetime.combine(last, dt.time()) + dt.timedelta(days=1)
-    query = (UsageRecord.select(UsageRecord.kind, UsageRecord.workload_id, fn.SUM(UsageRecord.gpu_seconds),
-                                fn.SUM(UsageRecord.used_gpu_seconds), fn.SUM(UsageRecord.sampled_gpu_seconds),
-                                fn.SUM(UsageRecord.cost), fn.COUNT(UsageRecord.id))
-             .where((UsageRecord.started_at < end)
-                    & (UsageRecord.ended_at.is_null() | (UsageRecord.ended_at >= start))))
+    sums = (fn.SUM(UsageRecord.gpu_seconds), fn.SUM(UsageRecord.used_gpu_seconds),
+            fn.SUM(UsageRecord.sampled_gpu_seconds), fn.SUM(UsageRecord.cost), fn.COUNT(UsageRecord.id))
+    where = (UsageRecord.started_at < end) & (UsageRecord.ended_at.is_null() | (UsageRecord.ended_at >= start))
     for field, value in ((UsageRecord.owner_token_id, own), (UsageRecord.team, team), (UsageRecord.owner, owner),
                          (UsageRecord.fleet, fleet)):
         if value is not None:
-            query = query.where(field == value)
-    groups = {}
-    for kind, workload, *sums in query.group_by(UsageRecord.kind, UsageRecord.workload_id).tuples():
-        groups[f"{kind}/{workload}"] = list(sums)
-    storage = StorageRecord.select(StorageRecord.id, StorageRecord.cost).where(
-        (StorageRecord.started_at < end) & (StorageRecord.ended_at.is_null() | (StorageRecord.ended_at >= start)))
+            where &= field == value
+    storage_where = (StorageRecord.started_at < end) & (StorageRecord.ended_at.is_null()
+                                                        | (StorageRecord.ended_at >= start))
     for field, value in ((StorageRecord.owner_token_id, own), (StorageRecord.team, team),
                          (StorageRecord.owner, owner), (StorageRecord.fleet, fleet)):
         if value is not None:
-            storage = storage.where(field == value)
-    for row in storage:
-        groups.setdefault(f"instance/{row.id}", [0.0, 0.0, 0.0, 0.0, 0])[3] += row.cost
-    return sorted(groups.items())
+            storage_where &= field == value
+    storage = {row.id: row.cost for row in StorageRecord.select(StorageRecord.id, StorageRecord.cost)
+               .where(storage_where)}
+    groups = {}
+    query = (UsageRecord.select(UsageRecord.kind, UsageRecord.workload_id, *sums).where(where)
+             .group_by(UsageRecord.kind, UsageRecord.workload_id).order_by(fn.SUM(UsageRecord.cost).desc())
+             .limit(MAX_WORKLOAD_ROWS))
+    for kind, workload, *figures in query.tuples():
+        groups[f"{kind}/{workload}"] = [value or 0 for value in figures]
+    for instance_id, cost in storage.items():
+        if len(groups) < MAX_WORKLOAD_ROWS or f"instance/{instance_id}" in groups:
+            groups.setdefault(f"instance/{instance_id}", [0.0, 0.0, 0.0, 0.0, 0])[3] += cost
+    totals = [value or 0 for value in UsageRecord.select(*sums).where(where).tuples().first()]
+    totals[3] += sum(storage.values())
+    rows = sorted(groups.items(), key=lambda item: (-item[1][3], item[0]))
+    return rows, totals
 
 
 def usage_by_day_and_team(rt, principal, start=None, end=None):
