@@ -110,8 +110,10 @@ def resolve_instance(principal, handle, limit=100):
             or list(named.where(Instance.state == InstanceState.DELETED.value)))
 
 
-def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None, team=None):
-    """One page of instances, oldest first; deleted ones only when asked for by state."""
+def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None, team=None, fleet=None,
+                   search=None):
+    """One page of instances, oldest first; deleted ones only when asked for by state. `fleet`: those whose
+    node (where they run, or keep their volume) is one of its nodes; `search`: names that hold it (any case)."""
     query = _visible(Instance.select(), principal)
     if state:
         query = query.where(Instance.state == state)
@@ -123,6 +125,10 @@ def list_instances(principal, limit, cursor=None, state=None, owner=None, name=N
         query = query.where(Instance.name == name)
     if team:
         query = query.where(Instance.team == team)
+    if fleet:
+        query = query.where(Instance.node_id.in_(Node.select(Node.id).where(Node.fleet == fleet)))
+    if search:
+        query = query.where(Instance.name.contains(search))
     return paginate(query, Instance.id, limit, cursor)
 
 

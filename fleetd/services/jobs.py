@@ -5,7 +5,7 @@ import dataclasses
 
 from fleetd.db import hand_back, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
-from fleetd.models import Event, Job, JobState, LogLine, Task, TaskState, new_id
+from fleetd.models import Event, Job, JobState, LogLine, Node, Task, TaskState, new_id
 from fleetd.services import limits, policy, scheduling
 from fleetd.services.artifacts import readable_artifacts
 from fleetd.services.events import list_events, record_event
@@ -79,8 +79,10 @@ def _visible(query, principal):
     return query.where(Job.owner_token_id == principal.id)
 
 
-def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None):
-    """One page of jobs, oldest first, with their tasks."""
+def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None, fleet=None,
+              search=None):
+    """One page of jobs, oldest first, with their tasks. `fleet`: those with a task placed on one of its
+    nodes; `search`: those whose name holds it (any case)."""
     query = _visible(Job.select(), principal).where(Job.instance_id.is_null())  # runs of instances: see instances
     if state:
         query = query.where(Job.state == state)
@@ -90,6 +92,11 @@ def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, 
         query = query.where(Job.team == team)
     if name:
         query = query.where(Job.name == name)
+    if fleet:
+        query = query.where(Job.id.in_(Task.select(Task.job).where(
+            Task.node.in_(Node.select(Node.id).where(Node.fleet == fleet)))))
+    if search:
+        query = query.where(Job.name.contains(search))
     jobs, next_cursor = paginate(query, Job.id, limit, cursor)
     attach_tasks(jobs)
     return jobs, next_cursor

@@ -129,3 +129,22 @@ def test_the_overview_queued_card_equals_the_sum_of_its_series_rows(admin_ui, ap
     status = api.get("/api/v1/cluster/status").get_json()["gpu"]
     assert card == status["queued"] == sum(rows) == 8
     assert len(rows) == len(status["series"]) and 'data-series="any"' in page
+
+
+def test_lists_filter_by_fleet_and_by_a_part_of_the_name(admin_ui, api):
+    _, session = enrol(api, fleet="gpu-a", gpu_count=2)
+    placed = api.submit(name="Train-LLM", command=["x"], resources={"gpus": 1})
+    api.start_task(session)
+    waiting = api.submit(name="sweep_50%", command=["x"], resources={"gpus": 64})
+    jobs_in_a = admin_ui.text("/ui/jobs?state=any&fleet=gpu-a")
+    assert f'data-job="{placed["id"]}"' in jobs_in_a and f'data-job="{waiting["id"]}"' not in jobs_in_a
+    assert f'data-job="{placed["id"]}"' not in admin_ui.text("/ui/jobs?state=any&fleet=other")
+    by_name = admin_ui.text("/ui/jobs?state=any&name=llm")
+    assert f'data-job="{placed["id"]}"' in by_name and f'data-job="{waiting["id"]}"' not in by_name
+    literal = admin_ui.text("/ui/jobs?state=any&name=_50%25")  # LIKE's wildcards are plain characters
+    assert f'data-job="{waiting["id"]}"' in literal and f'data-job="{placed["id"]}"' not in literal
+    inst = api.post("/api/v1/instances", {"name": "Notebook", "command": ["x"], "resources": {"gpus": 1}}).get_json()
+    assert inst["node_id"]
+    assert f'data-instance="{inst["id"]}"' in admin_ui.text("/ui/instances?fleet=gpu-a&name=BOOK")
+    assert f'data-instance="{inst["id"]}"' not in admin_ui.text("/ui/instances?fleet=other")
+    assert f'data-instance="{inst["id"]}"' not in admin_ui.text("/ui/instances?name=train")

@@ -40,14 +40,16 @@ def instance_list():
     owner = request.args.get("owner", "").strip() or None
     team = request.args.get("team", "").strip() or None
     name = request.args.get("name", "").strip() or None
+    fleet = request.args.get("fleet", "").strip() or None
     cursor = request.args.get("cursor") or None
     states = [s.value for s in InstanceState]
     if state is not None and state not in states:
         raise InvalidRequest(f"unknown instance state {state!r}")
-    rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner, name, team)
+    rows, next_cursor = instances.list_instances(g.ui_principal, LIST_LIMIT, cursor, state, owner, team=team,
+                                                fleet=fleet, search=name)
     return render_template("instances.html", rows=instances.instance_views(current_runtime(), rows),
                            state=state or "", owner=owner or "", team=team or "",
-                           name=name or "", states=states, next_cursor=next_cursor)
+                           name=name or "", fleet=fleet or "", states=states, next_cursor=next_cursor)
 
 
 PORT_STATE_TEXT = {

@@ -19,9 +19,10 @@ EVENTS_SHOWN = 100
 ACTIVE = "active"
 
 
-def _page(principal, state, owner, team, name, cursor):
+def _page(principal, state, owner, team, filters, cursor):
     """One page of jobs with the list's filters."""
-    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team, name)
+    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team, fleet=filters["fleet"],
+                          search=filters["name"])
 
 
 @bp.route("/jobs")
@@ -32,7 +33,8 @@ def job_list():
     state = request.args.get("state", ACTIVE) or ACTIVE
     owner = request.args.get("owner", "").strip() or None
     team = request.args.get("team", "").strip() or None
-    name = request.args.get("name", "").strip() or None
+    filters = {"fleet": request.args.get("fleet", "").strip() or None,
+               "name": request.args.get("name", "").strip() or None}
     cursor = request.args.get("cursor") or None
     states = [s.value for s in JobState]
     if state not in states + [ACTIVE, "any"]:
@@ -40,14 +42,14 @@ def job_list():
     if state == ACTIVE:
         sections = []
         for wanted in (JobState.RUNNING.value, JobState.QUEUED.value):
-            rows, more = _page(principal, wanted, owner, team, name, None)
+            rows, more = _page(principal, wanted, owner, team, filters, None)
             sections.append((wanted, rows, more))
         next_cursor = None
     else:
-        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, name, cursor)
+        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, filters, cursor)
         sections = [(state, rows, None)]
     return render_template("jobs.html", sections=sections, state=state, owner=owner or "", team=team or "",
-                           name=name or "", states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
+                           name=filters["name"] or "", fleet=filters["fleet"] or "", states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
 
 
 def _hostnames(job):
