@@ -62,7 +62,8 @@ class NodeSnapshot:
     gpus: tuple[GpuSnapshot, ...] = ()
     fleet: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
-    schedulable: bool = True  # False for cordoned, draining, drained, lost, revoked, pending
+    # False for cordoned, draining, drained, lost, revoked, pending, validating and failed_validation nodes
+    schedulable: bool = True
     status: str = "ready"
     cpu_free_milli: int = 0
     memory_free_bytes: int = 0
