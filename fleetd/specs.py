@@ -142,6 +142,7 @@ class RunOfInstance:
     image: str | None = None
     idle_stop: IdleStop | None = None
     scratch_bytes: int = 0  # the most its scratch space may hold (0: no limit)
+    runtime_args: tuple[str, ...] = ()  # extra container runtime arguments (fleetwire's allow-list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunOfInstance:
@@ -149,13 +150,14 @@ class RunOfInstance:
                    ports=tuple(Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()),
                    volume_bytes=data.get("volume_bytes") or 0,
                    volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT, image=data.get("image"),
-                   idle_stop=_idle_stop(data.get("idle_stop")), scratch_bytes=data.get("scratch_bytes") or 0)
+                   idle_stop=_idle_stop(data.get("idle_stop")), scratch_bytes=data.get("scratch_bytes") or 0,
+                   runtime_args=tuple(data.get("runtime_args") or ()))
 
     def to_dict(self) -> dict[str, Any]:
         return {"restart": self.restart, "ports": [p.to_dict() for p in self.ports],
                 "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path,
                 "image": self.image, "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None,
-                "scratch_bytes": self.scratch_bytes}
+                "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +254,7 @@ class InstanceSpec:
     idle_stop: IdleStop | None = None
     team: str | None = None
     scratch_bytes: int = 0
+    runtime_args: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceSpec:
@@ -265,7 +268,7 @@ class InstanceSpec:
             priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"),
             node_selector=_selector_from_dict(data.get("node_selector")), restart=data.get("restart") or "on-failure",
             idle_stop=_idle_stop(data.get("idle_stop")), team=data.get("team"),
-            scratch_bytes=data.get("scratch_bytes") or 0,
+            scratch_bytes=data.get("scratch_bytes") or 0, runtime_args=tuple(data.get("runtime_args") or ()),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,7 +282,7 @@ class InstanceSpec:
             "ports": [p.to_dict() for p in self.ports], "priority_class": self.priority_class, "bid": self.bid,
             "node_selector": _selector_to_dict(self.node_selector), "restart": self.restart,
             "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None, "team": self.team,
-            "scratch_bytes": self.scratch_bytes,
+            "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args),
         }
 
     def run(self, node_id: str | None) -> JobSpec:
@@ -294,7 +297,8 @@ class InstanceSpec:
             priority_class=self.priority_class, bid=self.bid, node_selector=selector, retry=NO_RETRY,
             instance=RunOfInstance(restart=self.restart, ports=self.ports, volume_bytes=self.volume_bytes,
                                    volume_mount_path=self.volume_mount_path, image=self.image,
-                                   idle_stop=self.idle_stop, scratch_bytes=self.scratch_bytes),
+                                   idle_stop=self.idle_stop, scratch_bytes=self.scratch_bytes,
+                                   runtime_args=self.runtime_args),
         )
 
 

@@ -13,6 +13,34 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GPU_UUID_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 RESTART_POLICIES = ("always", "on-failure", "never")
+# The container runtime arguments an instance may add (`runtime_args`), each one `--flag[=value]`
+# token: nothing that reaches the host (devices, mounts, namespaces, capabilities, users, security
+# options, the network) is among them. The agent puts them before its own flags, so that its own
+# (--user, --cap-drop, the ulimits it sets) win.
+RUNTIME_ARGS = {
+    "--shm-size": re.compile(r"^[1-9][0-9]{0,12}[kmg]?$"),  # /dev/shm's size: 1g, 512m
+    "--ulimit": re.compile(r"^(memlock|stack|core)=(-1|[0-9]{1,19})(:(-1|[0-9]{1,19}))?$"),
+    "--init": None,  # an init process that reaps zombies
+    "--workdir": re.compile(r"^(/(?!\.\.(?:/|$))[A-Za-z0-9._@+-]*)+$"),
+    "--entrypoint": re.compile(r"^(/(?!\.\.(?:/|$))[A-Za-z0-9._@+-]*)+$"),
+    "--hostname": re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"),
+}
+MAX_RUNTIME_ARGS = 16
+
+
+def runtime_arg_error(arg):
+    """Why `arg` is not an allowed container runtime argument, or None when it is."""
+    if not isinstance(arg, str):
+        return "a runtime argument must be a string"
+    flag, sep, value = arg.partition("=")
+    if flag not in RUNTIME_ARGS:
+        return f"{arg[:64]!r} is not allowed; allowed: {', '.join(sorted(RUNTIME_ARGS))} (as --flag=value)"
+    pattern = RUNTIME_ARGS[flag]
+    if pattern is None:
+        return None if not sep else f"{flag} takes no value"
+    if not sep or not pattern.match(value):
+        return f"{flag}=VALUE: {value[:64]!r} is not a value it takes"
+    return None
 PORT_PROTOCOLS = ("http", "tcp")
 MAX_INSTANCE_PORTS = 32
 
@@ -39,6 +67,7 @@ class InstanceSpec:
     idle_below_percent: float | None  # idle_stop.gpu_util_below_percent
     idle_for_seconds: float | None  # idle_stop.for_seconds
     scratch_bytes: int = 0  # the most its scratch space may hold (0: no limit)
+    runtime_args: tuple = ()  # extra container runtime arguments, each allowed (runtime_arg_error)
 
     @classmethod
     def from_wire(cls, data):
@@ -66,9 +95,19 @@ class InstanceSpec:
         scratch_bytes = data.get("scratch_bytes") or 0
         if not _is_int(scratch_bytes) or scratch_bytes < 0:
             raise ValueError("instance.scratch_bytes must be a non-negative integer")
+        runtime_args = data.get("runtime_args") or []
+        if not isinstance(runtime_args, list) or len(runtime_args) > MAX_RUNTIME_ARGS:
+            raise ValueError(f"instance.runtime_args must be a list of at most {MAX_RUNTIME_ARGS}")
+        for arg in runtime_args:
+            error = runtime_arg_error(arg)
+            if error is not None:
+                raise ValueError(f"instance.runtime_args: {error}")
+        if runtime_args and image is None:
+            raise ValueError("instance.runtime_args apply to an image only")
         return cls(id=instance_id, name=str(data.get("name") or instance_id)[:128], restart=restart, ports=ports,
                    volume_bytes=volume_bytes, volume_mount_path=mount, image=image or None,
-                   idle_below_percent=below, idle_for_seconds=for_seconds, scratch_bytes=scratch_bytes)
+                   idle_below_percent=below, idle_for_seconds=for_seconds, scratch_bytes=scratch_bytes,
+                   runtime_args=tuple(runtime_args))
 
     @staticmethod
     def _ports(ports):

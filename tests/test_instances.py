@@ -58,7 +58,7 @@ def test_an_instance_runs_stops_resumes_on_its_node_and_is_deleted(api, fleet):
     a = start(api, session, [(8888, 40001)])
     assert a["instance"] == {"id": inst["id"], "name": "nb", "restart": "on-failure", "ports": [
         {"port": 8888, "protocol": "http"}], "volume_bytes": 10 << 30, "volume_mount_path": "/workspace",
-        "image": None, "idle_stop": None, "scratch_bytes": 0}
+        "image": None, "idle_stop": None, "scratch_bytes": 0, "runtime_args": []}
     assert a["max_runtime_seconds"] is None
     shown = show(api, inst["id"])
     assert shown["state"] == "running" and shown["runtime"]["ports"] == [

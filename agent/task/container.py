@@ -32,6 +32,7 @@ import time
 
 from agent.procfs import find_processes, read_command, read_pid_max
 from agent.state import write_private
+from fleetwire.assignment import runtime_arg_error
 
 log = logging.getLogger("agent.runner")
 
@@ -202,11 +203,17 @@ class ContainerRuntime:
             return self.probe()
         return self.status
 
-    def run_argv(self, name, image, command, volume, mount_path, ports, env_file, user, gpus, cdi=None):
+    def run_argv(self, name, image, command, volume, mount_path, ports, env_file, user, gpus, cdi=None, extra=()):
         """`run` in the foreground as `user` ((uid, gid)): removed at its end, no privilege, the host's
-        limits, its variables from `env_file`, its volume and ports, its GPUs."""
+        limits, its variables from `env_file`, its volume and ports, its GPUs. `extra`: the instance's
+        runtime arguments (fleetwire's allow-list, checked again here), before the agent's own flags so
+        that those win."""
         uid, gid = user
-        argv = [*self.argv, "run", "--rm", "--name", name, "--pull=never", "--user", f"{uid}:{gid}",
+        for arg in extra:
+            error = runtime_arg_error(arg)
+            if error is not None:
+                raise ContainerError(f"runtime argument refused: {error}")
+        argv = [*self.argv, "run", *extra, "--rm", "--name", name, "--pull=never", "--user", f"{uid}:{gid}",
                 "--security-opt=no-new-privileges", "--cap-drop=all", *ulimit_flags(), "--env-file", env_file,
                 "-v", f"{volume}:{mount_path}"]
         for port, host_port in sorted(ports.items()):

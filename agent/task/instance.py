@@ -291,9 +291,12 @@ class InstanceTask(Task):
                 self._system("[fleet-agent] no CDI spec for nvidia.com/gpu on this host: the container does not "
                              "see its GPUs (nvidia-ctk cdi generate makes one)")
             self._write_env_file()
-            inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
-                                     self.spec.volume_mount_path, self.ports, self.env_file,
-                                     (self.run_as.uid, self.run_as.gid), uuids, cdi)
+            try:
+                inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
+                                         self.spec.volume_mount_path, self.ports, self.env_file,
+                                         (self.run_as.uid, self.run_as.gid), uuids, cdi, self.spec.runtime_args)
+            except ContainerError as exc:
+                raise TaskError(str(exc)) from None
         else:
             inner = list(self.assignment.command)
         check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))

@@ -9,6 +9,7 @@ from fleetd.schemas.agent import PORT_STATES
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.jobs import ENV_NAME, MIN_GPU_FRACTION, GpuCount, NodeSelectorSchema, _at_most_256
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
+from fleetwire.assignment import MAX_RUNTIME_ARGS, RUNTIME_ARGS, runtime_arg_error
 
 IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
                         error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
@@ -54,6 +55,12 @@ def _a_handle(name):
         raise ValidationError("20 lowercase hex digits is the shape of an id; choose a name that is not one")
 
 
+def _runtime_arg(arg):
+    error = runtime_arg_error(arg)
+    if error is not None:
+        raise ValidationError(error)
+
+
 def _distinct(ports):
     seen = [p["port"] for p in ports]
     if len(set(seen)) != len(seen):
@@ -70,6 +77,10 @@ class InstanceSpecSchema(Schema):
     resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
     volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
     volume_mount_path = Text(max_length=1024, load_default=DEFAULT_MOUNT, validate=[MOUNT_PATH])
+    runtime_args = fields.List(fields.String(validate=_runtime_arg), validate=validate.Length(max=MAX_RUNTIME_ARGS),
+                               load_default=list, metadata={
+        "description": "extra container runtime arguments, image only, each --flag=value from an allow-list: "
+                       + ", ".join(sorted(RUNTIME_ARGS))})
     scratch_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0, metadata={
         "description": "the most its scratch space (wiped at every start) may hold: its working directory, and a "
                        "container's own writable layer; measured by its node, which stops the run (failed, with the "
@@ -91,6 +102,8 @@ class InstanceSpecSchema(Schema):
             raise ValidationError("idle stop watches GPU utilisation: the instance needs GPUs", "idle_stop")
         if any(name.startswith("FLEET_") for name in data.get("env") or {}):
             raise ValidationError("FLEET_* variables are set by fleet-agent", "env")
+        if data.get("runtime_args") and not data.get("image"):
+            raise ValidationError("runtime arguments apply to an image (a container) only", "runtime_args")
 
     @post_load
     def _typed(self, data, **kwargs):
