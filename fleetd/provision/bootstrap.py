@@ -65,6 +65,9 @@ class BootstrapOptions:
     # (it never enrols), and its config and unit stay as they are (rewriting them is bootstrap's job).
     upgrade_only: bool = False
     readmit: bool = False  # enrol a host whose node was revoked again, under its old id
+    # The fleet has a validation gate: an upgraded node passes its suite before it is back in service.
+    validate: bool = False
+    validation_timeout: float = 3600.0
 
     @property
     def server_urls(self):
@@ -99,6 +102,7 @@ class HostResult:
     reason: str = ""
     preflight: str = ""
     version: str = ""
+    validation: str = ""  # an upgrade in a gated fleet: "passed", or why it did not run
 
     @property
     def ok(self):
@@ -423,6 +427,8 @@ class Bootstrapper:
         else:
             result.result = "unchanged"
         result.reason = ", ".join(changed) if changed else "already installed, configured and ready"
+        if result.validation:
+            result.reason += f"; validation {result.validation}"
         if previous in ("draining", "drained"):
             result.reason += f"; node stays {node_now['status']} as an operator left it ({operator_reason(node)})"
         elif previous == "cordoned":
@@ -601,6 +607,8 @@ class Bootstrapper:
             sha = self.options.bundle.sha256
             self._poll(result.node_id, lambda n: n.get("bundle_sha256") == sha, timeout,
                        f"running bundle {sha[:12]} after the restart")
+        if upgrading and before is not None and self.options.validate:
+            self._validate(result)
         if upgrading:
             self.progress(result.host, "ready", f"ending the upgrade: node {result.node_id} goes back to {previous}")
             bundle = self.options.bundle
@@ -608,6 +616,24 @@ class Bootstrapper:
             self.client.post(f"/api/v1/nodes/{result.node_id}/upgrade/end", {"outcome": "succeeded", "detail": detail})
         targets = RETURNS_TO.get(previous, ("ready",))
         return self._poll(result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets))
+
+    def _validate(self, result):
+        """Run the fleet's validation suite on the upgraded node while it is still out of service
+        (POST /nodes/{id}/validate; it comes back drained once it passes). HostFailed when it fails."""
+        self.progress(result.host, "ready", f"validating node {result.node_id} (its fleet's validation suite)")
+        try:
+            self.client.post(f"/api/v1/nodes/{result.node_id}/validate")
+        except ClientError as exc:
+            if exc.status != 409:
+                raise
+            # An operator's drain whose tasks still run: no validation now; the node stays out of service.
+            result.validation = f"not run ({exc.message})"
+            return
+        node = self._poll(result.node_id, lambda n: n["status"] != "validating", self.options.validation_timeout,
+                          "through its validation")
+        if node["status"] == "failed_validation":
+            raise HostFailed(f"validation failed: {node.get('status_reason') or 'no reason given'}")
+        result.validation = "passed"
 
     # ------------------------------------------------------------------ removal
 

@@ -235,7 +235,7 @@ def bootstrap(hosts, fleet_name, remove, force, allow_downgrade, readmit, url, t
     ssh = ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo)
     if not remove:
         try:
-            client.get(f"/api/v1/fleets/{fleet_name}")
+            options.validate = client.get(f"/api/v1/fleets/{fleet_name}").get("validation") is not None
             options.bundle = read_bundle(bundle_path) if bundle_path else _default_bundle()
         except ClientError as exc:
             raise click.ClickException(f"fleet {fleet_name}: {exc.message}") from None
@@ -383,7 +383,8 @@ def rollout_start(fleet_name, bundle_path, batch, canary, max_failures, window_s
         raise click.ClickException(str(exc)) from None
     options = bs.BootstrapOptions(fleet=fleet["name"], server_url=client.url, bundle=bundle, python=python,
                                   install_dir=install_dir, wait_timeout=wait_timeout, drain_deadline=drain_deadline,
-                                  allow_downgrade=allow_downgrade, upgrade_only=True, check_server_url=False)
+                                  allow_downgrade=allow_downgrade, upgrade_only=True, check_server_url=False,
+                                  validate=fleet.get("validation") is not None)
     driver = rs.RolloutDriver(client, options, ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys,
                                                            connect_timeout, sudo))
     try:

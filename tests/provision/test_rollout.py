@@ -72,6 +72,15 @@ def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_oper
     assert lab.api.node(ids[serving.hostname])["status"] == "ready"
     assert lab.api.node(ids[repair.hostname])["status"] == "drained"
 
+    # In a fleet with a validation gate an upgrade validates the node before it is back: the failed
+    # canary, upgraded again with a good bundle, passes the built-in checks and is ready again.
+    lab.api("PATCH", f"/api/v1/fleets/{FLEET}", expect=200, json={"validation": {}})
+    code, rows, stderr = lab.bootstrap(bundle, canary)
+    assert code == 0 and rows[canary.address]["validation"] == "passed", (rows, stderr)
+    assert f"validating node {ids[canary.hostname]}" in stderr
+    assert lab.api.node(ids[canary.hostname])["status"] == "ready"
+    assert any(e["kind"] == "node.validation" for e in lab.api.events(ids[canary.hostname]))
+
     # The CLI shows a node's bundle, cordons with a reason and lists every fleet's join tokens.
     shown = lab.fleetd_cli("node", "show", ids[serving.hostname])
     assert shown.returncode == 0 and bundle.sha256 in shown.stdout, shown.stdout + shown.stderr
