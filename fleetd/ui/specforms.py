@@ -6,6 +6,7 @@ call. Text that does not parse (a port of "abc") is passed on as it is, so the s
 with the API's own words. Each message is shown beside the form field it is about.
 """
 
+import math
 import shlex
 
 import yaml
@@ -97,9 +98,13 @@ def run_service(call, field_of):
 
 
 def number(raw):
-    """A form's number as int or float; text that is not one is passed on for the schema to refuse."""
+    """A form's number as int or float; text that is not one (nor finite) is passed on for the schema to
+    refuse."""
     raw = (raw or "").strip()
-    return parse_number(raw) if raw else None
+    value = parse_number(raw) if raw else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return raw
+    return value
 
 
 def command(raw):
@@ -146,11 +151,17 @@ def env_rows(form, spare=2, prefix="env"):
     return rows + [("", "")] * spare
 
 
+MAX_SPEC_DEPTH = 32  # deeper than any JobSpec field goes
+MAX_SPEC_VALUES = 100_000  # values in a spec, aliases counted each time they are used
+
+
 def spec_text(raw):
     """A YAML or JSON spec from a text box -> a mapping; FormError beside the box when it is not one."""
     raw = raw or ""
     if len(raw) > MAX_SPEC_CHARS:
         raise FormError({"spec": [f"at most {MAX_SPEC_CHARS} characters"]})
+    if _flow_depth(raw) > MAX_SPEC_DEPTH:  # before the parser, whose time grows fast with [[[[ ...
+        raise FormError({"spec": [f"nested more than {MAX_SPEC_DEPTH} levels deep"]})
     try:
         data = yaml.safe_load(raw)  # YAML is a superset of JSON: both work
     except yaml.YAMLError as exc:
@@ -158,16 +169,62 @@ def spec_text(raw):
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise FormError({"spec": [f"not YAML or JSON: {where}{problem}"]}) from None
+    except RecursionError:
+        raise FormError({"spec": [f"nested more than {MAX_SPEC_DEPTH} levels deep"]}) from None
     if not isinstance(data, dict):
         raise FormError({"spec": ["a spec is a mapping of fields (name, command, resources, ...)"]})
+    _check_size(data)
     return data
 
 
-def gib_to_bytes(raw):
+def _flow_depth(text):
+    """How deep [ and { nest in a text, quoted or not: a cheap upper bound of a YAML or JSON document's
+    flow nesting (a spec holding more than a few brackets in its strings is not a JobSpec anyone writes)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _check_size(data):
+    """FormError when a loaded spec nests too deep or holds too many values: YAML aliases can make a short
+    text stand for a huge document."""
+    stack, seen = [(data, 1)], 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > MAX_SPEC_DEPTH:
+            raise FormError({"spec": [f"nested more than {MAX_SPEC_DEPTH} levels deep"]})
+        if seen > MAX_SPEC_VALUES:
+            raise FormError({"spec": [f"more than {MAX_SPEC_VALUES} values (aliases count each time they are used)"]})
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def scaled(raw, factor, whole=False):
+    """A form's number in another unit (minutes -> seconds: 60); None when empty; text the schema refuses
+    when it is not a number or the result is not finite."""
     value = number(raw)
-    if isinstance(value, (int, float)):
-        return int(value * GIB)
-    return value
+    if not isinstance(value, (int, float)):
+        return value
+    result = value * factor
+    if isinstance(result, float) and not math.isfinite(result):
+        return str(raw).strip()
+    if whole or (isinstance(result, float) and result.is_integer()):
+        return int(result)
+    return result
+
+
+def gib_to_bytes(raw):
+    """GiB as typed -> bytes (whole)."""
+    return scaled(raw, GIB, whole=True)
 
 
 def labels(raw, field="labels"):

@@ -63,9 +63,8 @@ def instance_body(form):
         body["volume_mount_path"] = form["volume_mount_path"].strip()
     if form.get("restart"):
         body["restart"] = form["restart"]
-    below, minutes = specforms.number(form.get("idle_below")), specforms.number(form.get("idle_minutes"))
-    if below is not None or minutes is not None:
-        seconds = minutes * 60 if isinstance(minutes, (int, float)) else minutes
+    below, seconds = specforms.number(form.get("idle_below")), specforms.scaled(form.get("idle_minutes"), 60)
+    if below is not None or seconds is not None:
         body["idle_stop"] = {"gpu_util_below_percent": below, "for_seconds": seconds}
     return body
 
@@ -97,10 +96,10 @@ def instance_new():
 def job_body(form):
     """The job form's common fields -> the body of POST /api/v1/jobs."""
     body = _common(form)
-    for field, name in (("num_nodes", "num_nodes"), ("max_runtime", "max_runtime_seconds")):
-        value = specforms.number(form.get(field))
+    for name, value in (("num_nodes", specforms.number(form.get("num_nodes"))),
+                        ("max_runtime_seconds", specforms.scaled(form.get("max_runtime"), 60))):
         if value is not None:
-            body[name] = value * 60 if field == "max_runtime" and isinstance(value, (int, float)) else value
+            body[name] = value
     if form.get("fleet", "").strip():
         body["node_selector"] = {"fleet": form["fleet"].strip()}
     return body

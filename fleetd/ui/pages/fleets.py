@@ -29,10 +29,9 @@ def fleet_body(form):
     spans = specforms.windows(form.get("windows"))
     body["availability"] = {"timezone": form.get("timezone", "").strip() or "UTC", "windows": spans} if spans \
         else None
-    drain = specforms.number(form.get("drain_after_minutes"))
     body["health_policy"] = {
         "cordon_on_gpu_fault": specforms.checked(form, "cordon_on_gpu_fault"),
-        "drain_after_seconds": drain * 60 if isinstance(drain, (int, float)) else drain,
+        "drain_after_seconds": specforms.scaled(form.get("drain_after_minutes"), 60),
         "uncordon_when_healthy": specforms.checked(form, "uncordon_when_healthy")}
     return body
 
