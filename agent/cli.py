@@ -209,6 +209,33 @@ def _mismatch(node, local):
 
 
 @cli.command()
+@click.option("--off", is_flag=True, help="Say the host takes work again (ends the cordon it asked for).")
+@click.option("--local-api", "local_api", help="The running agent's local API URL (default: from local_api.listen).")
+@config_option
+def drain(off, local_api, config_path):
+    """Tell fleetd through the running agent that this host takes no new work: fleetd cordons the node
+    ("agent draining") from the next heartbeat until `fleet-agent drain --off`. Running work goes on."""
+    config = _load(config_path)
+    setup_logging("error", stream=sys.stderr)
+    token = State(config.state_dir).local_api_token(create=False)
+    host, port = config.local_api_host_port
+    base = local_api or \
+        f"{'https' if config.local_api_tls_cert else 'http'}://{'[' + host + ']' if ':' in host else host}:{port}"
+    if not token:
+        raise click.ClickException(f"no local API token in {config.state_dir}: is the agent enrolled here?")
+    try:
+        resp = _local_api_http(config).request(
+            "POST", base + "/api/v1/draining", body=json.dumps({"draining": not off}), timeout=10,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
+        raise click.ClickException(f"cannot reach the running agent at {base}: {exc}") from None
+    if resp.status != 200:
+        raise click.ClickException(f"the agent answered {resp.status}: {resp.data.decode(errors='replace')[:300]}")
+    click.echo("draining: fleetd cordons this node at the next heartbeat" if not off else
+               "not draining: fleetd ends the cordon this host asked for at the next heartbeat")
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @config_option
 def status(as_json, config_path):

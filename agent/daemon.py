@@ -249,6 +249,9 @@ class Agent:
         self.session_ok = False  # a heartbeat succeeded with the stored session
         self.fleetd_error = ""  # why the last heartbeat failed, empty when it succeeded
         self.node_status = None
+        # What the operator said on this host (local API POST /api/v1/draining, `fleet-agent drain`): sent in
+        # every heartbeat once said, so that fleetd cordons the node while it is true; None: never said.
+        self.draining = None
         self.exit_code = EXIT_OK
         self._threads = []
         self._acquire_thread = None
@@ -516,6 +519,8 @@ class Agent:
                                                                    "used", "limit", "detected_at")}
                                             for d in self.limits.recent_detections()[-20:]]}
         body = {"tasks": self.workers.report(), "metrics": metrics, "volumes": self.runner.volumes.list()}
+        if self.draining is not None:
+            body["draining"] = self.draining
         instances = self.runner.instances_report()
         if instances:
             body["instances"] = instances

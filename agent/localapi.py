@@ -52,6 +52,8 @@ class Routes:
             ("GET", re.compile(r"^/api/v1/limiter$"), self.limiter),
             ("GET", re.compile(r"^/api/v1/limiter/node$"), self.limiter_node),
             ("POST", re.compile(r"^/api/v1/trap$"), self.trap),
+            ("GET", re.compile(r"^/api/v1/draining$"), self.get_draining),
+            ("POST", re.compile(r"^/api/v1/draining$"), self.set_draining),
         ]
 
     def match(self, method, path):
@@ -133,6 +135,20 @@ class Routes:
         if limits is None:
             raise ApiError(503, "unavailable", "the limits watchdog is not running")
         return 200, dict(limits.report(), violations=limits.recent_detections())
+
+    def get_draining(self, body):
+        """Whether this host says it is draining (null: it never said), and the node's status as fleetd
+        last answered."""
+        return 200, {"draining": self.agent.draining, "node_status": self.agent.node_status}
+
+    def set_draining(self, body):
+        """{draining: true|false}: the next heartbeats say so, and fleetd cordons the node with the reason
+        "agent draining" while it is true (and only that cordon ends when it is false)."""
+        if not isinstance(body, dict) or not isinstance(body.get("draining"), bool):
+            raise ApiError(400, "invalid_request", "draining (true or false) is required")
+        self.agent.draining = body["draining"]
+        log.info("the local API says this host is %sdraining", "" if body["draining"] else "no longer ")
+        return 200, {"draining": self.agent.draining, "node_status": self.agent.node_status}
 
     def trap(self, body):
         """VRAM pressure on a GPU: the workers to stop, lowest priority first."""
