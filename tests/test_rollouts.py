@@ -1,7 +1,12 @@
 """Rollouts in fleetd (the plan, the policy that pauses, the requests any CLI makes) and the webhooks of
 a node's lifecycle (enrolled, drained with why, upgraded, revoked, deleted), in process."""
 
+import datetime as dt
 import json
+import types
+import urllib.parse
+
+import pytest
 
 from fleetd.db import database
 from fleetd.models import WebhookDelivery
@@ -155,3 +160,65 @@ def test_a_deleted_hosts_node_comes_back_under_its_old_id_with_its_history(api):
     assert other["node_id"] != node_id
     assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
     assert api.register(api.create_join_token("gpu-a"), machine_id="gpu-1", hostname="gpu-1")["node_id"] == node_id
+
+
+class InProcess:
+    """The calls of fleetd.client.Client that the rollout driver makes, answered by the app in process."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def _call(self, method, path, body=None):
+        from fleetd.client import ClientError
+
+        resp = self.api.call(method, path, json=body)
+        data = resp.get_json()
+        if resp.status_code >= 400:
+            raise ClientError(data["error"]["message"], resp.status_code, data["error"]["code"])
+        return data
+
+    def get(self, path, **params):
+        return self._call("GET", path + ("?" + urllib.parse.urlencode(params) if params else ""))
+
+    def post(self, path, body=None):
+        return self._call("POST", path, body or {})
+
+    def patch(self, path, body):
+        return self._call("PATCH", path, body)
+
+
+def test_the_driver_begins_no_node_outside_the_window_or_while_paused_and_stops_when_aborted(api):
+    from fleetd.provision.bootstrap import BootstrapOptions
+    from fleetd.provision.rollout import RolloutDriver, parse_window
+
+    api.create_fleet("gpu-a")
+    _nodes(api, 2, api.create_join_token("gpu-a", max_uses=10))
+    said = []
+    options = BootstrapOptions(fleet="gpu-a", bundle=types.SimpleNamespace(version="0.2.0", sha256=SHA))
+    noon = dt.datetime(2026, 1, 5, 12, 0, tzinfo=dt.timezone.utc)  # a Monday
+
+    def driver(on_wait):
+        return RolloutDriver(InProcess(api), options, ssh_options=None, progress=lambda *a: said.append(a[2]),
+                             sleep=lambda _s: on_wait(), now=lambda: noon)
+
+    # Outside its window (Europe/Paris nights) no node begins; an abort from anywhere ends the wait.
+    window = parse_window(["22:00-06:00"], "Europe/Paris")
+    rollout = driver(None).start("gpu-a", 1, 1, 0, window)
+    abort = lambda: api.post(f"/api/v1/rollouts/{rollout['id']}/abort")  # noqa: E731
+    final = driver(abort).run(rollout["id"])
+    assert final["state"] == "aborted" and {n["state"] for n in final["nodes"]} == {"skipped"}
+    assert said == ["outside its window: no node begins until 2026-01-05T21:00:00Z"], said
+
+    # Paused: the driver waits on it, and begins nothing.
+    said.clear()
+    rollout = driver(None).start("gpu-a", "50%", 0, 0, None)
+    api.post(f"/api/v1/rollouts/{rollout['id']}/pause")
+    final = driver(lambda: api.post(f"/api/v1/rollouts/{rollout['id']}/abort")).run(rollout["id"])
+    assert final["state"] == "aborted" and said[0].startswith("paused: paused by token:"), said
+    assert f"`fleetd rollout resume {rollout['id']}` continues it" in said[0]
+
+    for bad in (["22:00"], ["25:00-06:00"], ["xyz 22:00-06:00"]):
+        with pytest.raises(ValueError):
+            parse_window(bad)
+    assert parse_window(["sat,sun 00:00-23:59"]) == {"timezone": "UTC", "windows": [
+        {"start": "00:00", "end": "23:59", "days": ["sat", "sun"]}]}
