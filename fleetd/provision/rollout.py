@@ -90,7 +90,9 @@ class RolloutDriver:
             batch = min(n["batch"] for n in pending)
             nodes = [n for n in pending if n["batch"] == batch]
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-                list(pool.map(lambda n: self._node(rollout_id, n), nodes))
+                began = list(pool.map(lambda n: self._node(rollout_id, n), nodes))
+            if not any(began):  # fleetd let none begin (a canary still under way): look again in a while
+                self.sleep(POLL_SECONDS)
         raise bs.HostFailed("the rollout did not end")  # pragma: no cover - bounded above
 
     def _until_runnable(self, rollout_id):
@@ -124,14 +126,15 @@ class RolloutDriver:
                                  {"state": state, "detail": detail[:2000]})
 
     def _node(self, rollout_id, node):
-        """One node: upgrading (fleetd may refuse: paused or aborted meanwhile), the upgrade, its outcome."""
+        """One node: upgrading (fleetd may refuse: paused or aborted meanwhile), the upgrade, its outcome.
+        Returns whether it began."""
         host = node["address"] or node["hostname"]
         try:
             self._report(rollout_id, node["node_id"], "upgrading")
         except ClientError as exc:
             if exc.status == 409:
                 self.progress(host, "wait", f"node {node['node_id']} does not begin: {exc.message}")
-                return
+                return False
             raise
         spec = RolloutHost(host=host, node_id=node["node_id"])
         # Bootstrapper reports the failure in the result, never raises: its host is on its own.
@@ -141,3 +144,4 @@ class RolloutDriver:
             self._report(rollout_id, node["node_id"], "done", detail)
         else:
             self._report(rollout_id, node["node_id"], "failed", result.reason)
+        return True
