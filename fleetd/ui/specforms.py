@@ -63,15 +63,16 @@ def to_fields(messages, field_of):
 
 def service_errors(error, field_of):
     """A service's refusal (FleetdError) of a form -> {form field: [text]}: its `fields` details beside
-    their fields, a taken name beside the name, anything else above the form."""
+    their fields, a taken name or a refused team beside that field, anything else above the form."""
     details = error.details if isinstance(error.details, dict) else {}
     if isinstance(details.get("fields"), dict):
         named = details["fields"]
         if isinstance(named.get("json"), dict):  # where the API found it (the body); a form has no body
             named = named["json"]
         return to_fields(named, field_of)
-    if error.http_status == 409 and "name" in details and "instance_id" in details:
-        return {field_of if isinstance(field_of, str) else "name": [error.message]}
+    for field in ("name", "team"):  # a taken name (409), a team the token may not name (403)
+        if field in details:
+            return {field_of if isinstance(field_of, str) else field: [error.message]}
     return {GENERAL: [error.message]}
 
 
@@ -84,12 +85,13 @@ def load(schema, body, field_of):
 
 
 def run_service(call, field_of):
-    """call(), or FormError when the service refuses with a client error (4xx): the form is shown again
-    with the service's words; server errors pass."""
+    """call(), or FormError when the service refuses what the form says (a 4xx: a bid under the minimum, a
+    team the token may not name, a taken name): the form is shown again with the service's words. Server
+    errors, a session that ended (401) and too many requests (429) pass."""
     try:
         return call()
     except FleetdError as exc:
-        if exc.http_status >= 500 or exc.http_status in (401, 403, 404, 429):
+        if exc.http_status >= 500 or exc.http_status in (401, 429):
             raise
         raise FormError(service_errors(exc, field_of)) from None
 

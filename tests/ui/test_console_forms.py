@@ -4,7 +4,7 @@ own schemas and services (the same errors, beside their fields), roles as the AP
 import re
 
 from tests.conftest import gpus
-from tests.ui.conftest import enrol
+from tests.ui.conftest import UiClient, enrol
 
 H100 = gpus(1)[0]["model"]
 
@@ -148,3 +148,15 @@ def test_lists_filter_by_fleet_and_by_a_part_of_the_name(admin_ui, api):
     assert f'data-instance="{inst["id"]}"' in admin_ui.text("/ui/instances?fleet=gpu-a&name=BOOK")
     assert f'data-instance="{inst["id"]}"' not in admin_ui.text("/ui/instances?fleet=other")
     assert f'data-instance="{inst["id"]}"' not in admin_ui.text("/ui/instances?name=train")
+
+
+def test_a_submitter_names_only_its_own_team_in_the_job_form(app, api):
+    token = api.post("/api/v1/tokens", {"name": "carol", "role": "submitter", "team": "ml"}).get_json()["token"]
+    carol = UiClient(app)
+    carol.login(token)
+    carol.get("/ui/jobs/new")
+    form = {"mode": "fields", "name": "t", "command": "x", "gpus": "0", "num_nodes": "1", "action": "submit"}
+    other = carol.post("/ui/jobs/new", dict(form, team="vision"))
+    assert other.status_code == 400
+    assert field_error(other.get_data(as_text=True), "team") == "this token submits for team ml, not vision"
+    assert carol.post("/ui/jobs/new", form).status_code == 302

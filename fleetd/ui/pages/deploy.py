@@ -102,6 +102,8 @@ def job_body(form):
             body[name] = value
     if form.get("fleet", "").strip():
         body["node_selector"] = {"fleet": form["fleet"].strip()}
+    if form.get("team", "").strip():
+        body["team"] = form["team"].strip()
     return body
 
 
