@@ -1,6 +1,19 @@
 """REST API blueprints: MethodViews only; the work happens in fleetd.services."""
 
-from fleetd.api import admin, agent, cluster, fleets, health, instances, jobs, metrics, nodes, rollouts, tokens, webhooks
+from fleetd.api import (
+    admin,
+    agent,
+    cluster,
+    fleets,
+    health,
+    instances,
+    jobs,
+    metrics,
+    nodes,
+    rollouts,
+    tokens,
+    webhooks,
+)
 
 BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp,
               webhooks.blp, rollouts.blp]
