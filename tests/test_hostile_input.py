@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import GPU_H100, admin_client, gpus
+from tests.support.examples import examples
 
 DEEP = 1000
 # Raw JSON text, spliced into bodies as written: json.dumps cannot write most of these.
@@ -73,6 +74,7 @@ BASE_BODIES = {
     ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"},
                                          "health_policy": {"drain_after_seconds": None}},
     ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
+    ("POST", "/api/v1/nodes/{node_id}/cordon"): {"reason": "r"},
     ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60, "repair": True},
     ("POST", "/api/v1/gpus/{serial}/rma"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/agent/validations/{validation_id}"): {
@@ -416,7 +418,7 @@ def test_hostile_json_anywhere_in_any_body_is_refused(world):
             token = f'{{"x": {token}}}'
         return method, path, name, where, as_key, raw_json(body, token)
 
-    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(attack=attacks())
     def check(attack):
         method, path, name, where, as_key, raw = attack
