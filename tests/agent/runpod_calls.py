@@ -9,7 +9,8 @@ import sys
 import runpod
 
 MARKER = "RESULT "
-CALLS = ("create_pod", "get_pods", "get_pod", "stop_pod", "resume_pod", "terminate_pod", "get_gpus", "get_gpu")
+CALLS = ("create_pod", "get_pods", "get_pod", "stop_pod", "resume_pod", "terminate_pod", "get_gpus", "get_gpu",
+         "get_user")
 
 
 def main():

@@ -248,5 +248,14 @@ def test_the_runpod_sdk_creates_lists_stops_resumes_and_terminates_a_pod(fleet, 
         wait_gone(http, pod["id"])
         assert sdk("get_pods") == []
         assert sdk.answer("get_pod", pod["id"])["error"] == "QueryError"  # not_found, in the SDK's words
+
+        # Without a GPU type the SDK deploys a CPU pod (deployCpuPod, its default template named); get_user.
+        assert sdk("get_user")["networkVolumes"] == []
+        cpu = sdk("create_pod", "sdk-cpu", IMAGE, docker_args="sleep 600", instance_id="cpu3c-1-1")
+        assert cpu["imageName"] == IMAGE
+        resources = http("GET", f"/api/v1/instances/{cpu['id']}", expect=200).json()["spec"]["resources"]
+        assert (resources["gpus"], resources["cpus"], resources["memory_bytes"]) == (0, 1, 1 << 30)
+        assert sdk("terminate_pod", cpu["id"]) is None
+        wait_gone(http, cpu["id"])
     finally:
         sdk.close()
