@@ -354,7 +354,8 @@ def test_gpu_types_prices_are_set_and_validated(admin_ui, api, signed_in):
     assert admin_ui.post("/ui/gpu-types/set", {"model": model, "price_per_hour": "2.5",
                                                "spot_min_bid": "0.8"}).status_code == 302
     types = api.get("/api/v1/gpu-types").get_json()["items"]
-    assert types == [{"model": model, "memory_bytes": 80 * 2**30, "total": 2, "available": 2, "max_per_node": 2,
+    assert types == [{"model": model, "display_name": "H100 80GB HBM3", "manufacturer": "NVIDIA",
+                      "memory_bytes": 80 * 2**30, "total": 2, "available": 2, "max_per_node": 2,
                       "price_per_hour": 2.5, "spot_min_bid": 0.8}]
     bad = admin_ui.post("/ui/gpu-types/set", {"model": model, "price_per_hour": "-1"})
     assert bad.status_code == 400 and "price_per_hour" in bad.get_data(as_text=True)
