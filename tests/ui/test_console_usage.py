@@ -38,3 +38,22 @@ def test_usage_page_shows_the_reports_figures_budgets_and_idle_gpus(app, api, ad
     mine = bob.text("/ui/usage")
     assert 'data-team="ml"' not in mine and 'id="usage-idle"' not in mine  # not his usage; idle list: admins
     assert "Usage" in mine and 'href="/ui/usage"' in mine
+
+
+def test_an_admin_sets_a_budget_on_the_usage_page(admin_ui, api):
+    admin_ui.get("/ui/usage")
+    none = admin_ui.post("/ui/usage/budgets", {"team": "ml", "on_exceed": "block"})
+    assert none.status_code == 400 and "limit_cost or limit_gpu_hours is required" in none.get_data(as_text=True)
+    bad = admin_ui.post("/ui/usage/budgets", {"team": "ml", "limit_cost": "-5"})
+    assert bad.status_code == 400 and 'id="err-limit_cost"' in bad.get_data(as_text=True)
+    saved = admin_ui.post("/ui/usage/budgets", {"team": "ml", "limit_gpu_hours": "100", "on_exceed": "block"})
+    assert saved.status_code == 302
+    budget = api.get("/api/v1/budgets/ml").get_json()
+    assert (budget["limit_gpu_hours"], budget["limit_cost"], budget["on_exceed"]) == (100.0, None, "block")
+    assert "Budgets of teams without usage in these days: ml (0% this month)" in admin_ui.text("/ui/usage")
+
+
+def test_a_submitter_cannot_set_a_budget(signed_in):
+    bob = signed_in("submitter", "bob")
+    assert 'id="budget-form"' not in bob.text("/ui/usage")
+    assert bob.post("/ui/usage/budgets", {"team": "ml", "limit_cost": "1"}).status_code == 403

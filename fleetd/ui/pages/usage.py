@@ -3,14 +3,17 @@ the workloads holding idle GPUs: the figures of GET /api/v1/usage, /budgets and 
 
 import datetime as dt
 
-from flask import g, render_template, request
+from flask import flash, g, redirect, render_template, request, url_for
 
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.runtime import current_runtime
+from fleetd.schemas.usage import BudgetUpdateSchema
 from fleetd.services import budgets, usage
-from fleetd.ui import roles
+from fleetd.services.budgets import ON_EXCEED
+from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.charts import SERIES_CLASSES, stacked_bars
+from fleetd.ui.forms import FormError
 from fleetd.ui.security import ui_require
 
 SPANS = (7, 14, 31)  # days a page may show (one report per day feeds the chart)
@@ -36,6 +39,30 @@ def daily_by_team(rt, principal, days, team=None):
 def usage_page():
     """GPU-hours by team over the last days, efficiency, cost, budgets and idle-held GPUs (a submitter: its own
     usage, its team's budget)."""
+    return _usage_page()
+
+
+@bp.route("/usage/budgets", methods=["POST"])
+@ui_require(roles.BUDGET_SET)
+def budget_set():
+    """Set a team's monthly budget (the API's schema and set_budget)."""
+    rt, principal = current_runtime(), g.ui_principal
+    team = request.form.get("team", "").strip()[:200]
+    body = {"limit_cost": specforms.number(request.form.get("limit_cost")),
+            "limit_gpu_hours": specforms.number(request.form.get("limit_gpu_hours")),
+            "on_exceed": request.form.get("on_exceed") or "notify"}
+    try:
+        if not team or "\x00" in team:
+            raise FormError({"team": ["a team name (at most 200 characters)"]})
+        data = specforms.load(BudgetUpdateSchema(), body, {})
+        budget = specforms.run_service(lambda: budgets.set_budget(rt, principal, team, **data), {})
+    except FormError as exc:
+        return _usage_page(form=request.form, errors=exc.errors, status=400)
+    flash(f"Team {budget['team']}'s budget saved: {budget['used_percent']:.0f}% used this month.")
+    return redirect(url_for("ui.usage_page"))
+
+
+def _usage_page(form=None, errors=None, status=200):
     rt, principal = current_runtime(), g.ui_principal
     try:
         days = int(request.args.get("days") or 14)
@@ -57,7 +84,8 @@ def usage_page():
     idle = usage.idle_workloads(rt, principal, IDLE_MINUTES, IDLE_BELOW) if principal.role in roles.IDLE else None
     return render_template("usage.html", report=report, chart=chart, legend=list(stacks), days=days, spans=SPANS,
                            team=team or "", budgets=shown_budgets, idle=idle, idle_minutes=IDLE_MINUTES,
-                           idle_below=IDLE_BELOW, classes=SERIES_CLASSES, none_team=NONE_TEAM)
+                           idle_below=IDLE_BELOW, classes=SERIES_CLASSES, none_team=NONE_TEAM,
+                           form=form or {}, errors=errors or {}, on_exceed=ON_EXCEED), status
 
 
 def _own_budget(rt, principal):
