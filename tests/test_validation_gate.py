@@ -179,3 +179,17 @@ def test_a_gpu_serial_keeps_its_history_across_hosts_and_an_rma_mark_flags_it_wh
     assert api.get("/api/v1/gpus/nope").status_code == 404
     assert api.post("/api/v1/gpus/nope/rma", {"reason": "x"}).status_code == 404
     assert api.post("/api/v1/gpus/S0001/rma", {}).status_code == 400
+
+
+def test_marking_a_gpu_again_keeps_its_nodes_repair_drain_and_a_validating_node_fails_on_it(gated):
+    api = gated
+    node_id, session = _enrol(api, "host-r")
+    assert api.post("/api/v1/gpus/S0000/rma", {"reason": "first"}).status_code == 200  # validating: not drained
+    validation = api.heartbeat(session)["validation"]
+    _report(api, session, validation["id"], [dict(PASS, name="gpus_present")])
+    node = api.node(node_id)
+    assert node["status"] == "failed_validation" and "serial S0000 is marked for RMA: first" in node["status_reason"]
+    assert api.post("/api/v1/gpus/S0000/rma", {"reason": "again"}).get_json()["rma"]["reason"] == "again"
+    assert api.node(node_id)["drain"]["repair"] is True
+    assert api.post("/api/v1/gpus/S0000/rma", {"reason": "third"}).status_code == 200  # already drained for repair
+    assert [e["kind"] for e in api.get("/api/v1/gpus/S0000").get_json()["history"]].count("gpu.rma") == 3

@@ -11,6 +11,7 @@ from fleetd.services.pagination import last_rows
 
 # A node in one of these is drained for repair when one of its GPUs is marked for RMA.
 DRAINABLE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.FAILED_VALIDATION.value)
+OUT_OF_SERVICE = (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)  # their drain becomes one for repair
 
 
 def get_gpu(serial, history=200):
@@ -32,7 +33,8 @@ def get_gpu(serial, history=200):
 def mark_rma(rt, serial, reason, deadline_seconds):
     """Mark a board for RMA: it is reported unhealthy from now on (it takes no work), its history
     says so, and its node is drained for repair (undrained, the node validates before it takes work
-    again, and fails while the board is still in it). Returns the record."""
+    again, and fails while the board is still in it). One transaction: a drain refused marks nothing.
+    Returns the record."""
     now = rt.clock.now()
     with write_transaction():
         record = GpuRecord.get_or_none(GpuRecord.serial == serial)
@@ -46,7 +48,7 @@ def mark_rma(rt, serial, reason, deadline_seconds):
         healthy, why = gpu_history.rma_health({}, reason)
         Gpu.update(healthy=healthy, health_reason=why).where(Gpu.serial == serial).execute()
         node = Node.get_or_none(Node.id == record.node_id) if record.node_id else None
-    if node is not None and (node.status in DRAINABLE or node.status in (NodeStatus.DRAINING.value,
-                                                                         NodeStatus.DRAINED.value)):
-        nodes.drain_node(rt, node.id, f"GPU serial {serial} marked for RMA: {reason}", deadline_seconds, repair=True)
+        if node is not None and (node.status in DRAINABLE or (node.status in OUT_OF_SERVICE and not node.drain_repair)):
+            nodes.drain_node(rt, node.id, f"GPU serial {serial} marked for RMA: {reason}", deadline_seconds,
+                             repair=True)
     return get_gpu(serial)
