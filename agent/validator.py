@@ -73,6 +73,9 @@ class Validator:
             log.exception("validation %s crashed", validation_id)
             body = {"checks": [result("agent", "failed", f"the agent's validation crashed: {exc!r}"[:1000])],
                     "system": {}}
+        if self.stop.is_set():  # cut short by the agent's stop: the next agent runs it again (fleetd still asks)
+            log.info("validation %s: stopped before it finished; not reported", validation_id)
+            return
         failed = [c for c in body["checks"] if c["status"] == "failed"]
         log.info("validation %s: %s in %.1fs%s", validation_id, "failed" if failed else "passed",
                  time.monotonic() - started,
