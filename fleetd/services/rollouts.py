@@ -16,6 +16,7 @@ from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Fleet, Node, Rollout, RolloutNode, new_id
 from fleetd.services.events import current_actor, record_event
 from fleetd.services.pagination import paginate
+from fleetd.services.upgrades import UPGRADABLE  # a node in another status is skipped
 
 RUNNING, PAUSED, DONE, ABORTED = "running", "paused", "done", "aborted"
 ACTIVE = (RUNNING, PAUSED)
@@ -23,8 +24,6 @@ PENDING, UPGRADING, NODE_DONE, FAILED, SKIPPED = "pending", "upgrading", "done",
 NODE_STATES = (PENDING, UPGRADING, NODE_DONE, FAILED, SKIPPED)
 #: What a driver may report of a node, from the state it is in.
 NODE_MOVES = {PENDING: (UPGRADING, SKIPPED), UPGRADING: (NODE_DONE, FAILED)}
-#: Node statuses an upgrade takes a node from (services.upgrades.UPGRADABLE); others are skipped.
-UPGRADABLE = ("ready", "cordoned", "draining", "drained")
 
 
 def batch_size(batch, count):
