@@ -107,3 +107,16 @@ def test_budget_roles_and_bad_input(api, team):
     assert api.get("/api/v1/budgets/ml").status_code == 404
     assert api.delete("/api/v1/budgets/cv").status_code == 204
     assert api.delete("/api/v1/budgets/cv").status_code == 404
+
+
+def test_stop_spot_stops_the_teams_spot_instances_too(api, team, clock):
+    session, alice = team
+    put_budget(api, "ml", limit_cost=0.5, on_exceed="stop_spot")
+    inst = alice.post("/api/v1/instances", {"name": "nb", "command": ["sleep", "1d"], "resources": {"gpus": 1},
+                                           "priority_class": "spot", "bid": 1.0}).get_json()
+    assignment = run_hours(api, session, 1, clock)
+    shown = alice.get(f"/api/v1/instances/{inst['id']}").get_json()
+    assert shown["state"] == "stopping" and shown["desired_state"] == "stopped"
+    assert "budget" in shown["status_reason"], shown["status_reason"]
+    api.task_call(session, assignment, "finish", outcome="cancelled", reason="stopped")
+    assert alice.get(f"/api/v1/instances/{inst['id']}").get_json()["state"] == "stopped"
