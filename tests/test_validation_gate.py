@@ -193,3 +193,12 @@ def test_marking_a_gpu_again_keeps_its_nodes_repair_drain_and_a_validating_node_
     assert api.node(node_id)["drain"]["repair"] is True
     assert api.post("/api/v1/gpus/S0000/rma", {"reason": "third"}).status_code == 200  # already drained for repair
     assert [e["kind"] for e in api.get("/api/v1/gpus/S0000").get_json()["history"]].count("gpu.rma") == 3
+
+
+def test_a_gpu_that_fell_off_the_bus_is_still_expected_at_the_next_validation(gated):
+    api = gated
+    node_id, session = _enrol(api, "host-s")
+    _report(api, session, api.heartbeat(session)["validation"]["id"], [dict(PASS, name="gpus_present")])
+    api.heartbeat(session, gpus=_gpus(1))  # one GPU is gone: the health policy drains the node
+    assert api.post(f"/api/v1/nodes/{node_id}/validate").get_json()["status"] == "validating"
+    assert api.heartbeat(session)["validation"]["suite"]["expected_gpus"] == 2

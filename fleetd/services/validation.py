@@ -67,8 +67,8 @@ def resolve_suite(node, setting):
     setting = dict(setting or {})
     checks = [c for c in (setting.get("checks") or BUILTIN_CHECKS) if c in BUILTIN_CHECKS]
     expected = setting.get("expected_gpus")
-    if expected is None:
-        expected = Gpu.select().where(Gpu.node == node.id).count()
+    if expected is None:  # as many as it reports, and never fewer than its last passed validation found
+        expected = max(Gpu.select().where(Gpu.node == node.id).count(), _last_passed_count(node.id))
     prevailing = prevailing_versions(node.fleet_id, node.id)
     return {
         "checks": checks,
@@ -85,6 +85,14 @@ def resolve_suite(node, setting):
         "timeout_seconds": setting.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS,
         "command_as_root": bool(setting.get("command_as_root")),
     }
+
+
+def _last_passed_count(node_id):
+    """How many GPUs the node's latest passed validation expected (0: none passed): a GPU that fell off
+    the bus since is missed, not forgotten."""
+    row = (Validation.select(Validation.suite).where((Validation.node_id == node_id) & (Validation.state == "passed"))
+           .order_by(Validation.id.desc()).first())
+    return int((row.suite or {}).get("expected_gpus") or 0) if row is not None else 0
 
 
 def _deadline(now, suite):
