@@ -10,6 +10,8 @@ A result: {name, gpu (index, or None for the node), uuid?, serial?, status: pass
 not_supported | skipped, detail}.
 """
 
+import dataclasses
+
 from agent.nvml import Unread
 
 # Clock event reasons that are not slowdowns: an idle GPU drops its clocks, an operator may set
@@ -37,7 +39,7 @@ def _unread(name, value, device):
 
 def check_gpus_present(suite, inventory, readings):
     """Every expected GPU is there and NVML can read each."""
-    count, expected = len(inventory.devices), suite.get("expected_gpus") or 0
+    count, expected = len(inventory.devices), suite.expected_gpus
     unreadable = [f"GPU {i}: {why}" for i, why in sorted(readings.items()) if isinstance(why, str)]
     unreadable += [f"GPU {d.gpu.index}: {d.gpu.health_reason}" for d in inventory.devices
                    if d.gpu.index not in readings and not d.gpu.healthy and "unavailable" in d.gpu.health_reason]
@@ -76,13 +78,12 @@ def _version_check(name, have, want, pinned):
 
 def check_driver_version(suite, inventory, readings):
     """The driver is the fleet's (its pin, else what most of its validated nodes run)."""
-    return _version_check("driver_version", inventory.driver_version, suite.get("driver_version"),
-                          suite.get("driver_pinned"))
+    return _version_check("driver_version", inventory.driver_version, suite.driver_version, suite.driver_pinned)
 
 
 def check_cuda_version(suite, inventory, readings):
     """The CUDA driver version is the fleet's."""
-    return _version_check("cuda_version", inventory.cuda_version, suite.get("cuda_version"), suite.get("cuda_pinned"))
+    return _version_check("cuda_version", inventory.cuda_version, suite.cuda_version, suite.cuda_pinned)
 
 
 def _per_gpu(name, inventory, readings, key, decide):
@@ -147,7 +148,7 @@ def check_ecc_errors(suite, inventory, readings):
 def check_pcie_link(suite, inventory, readings):
     """The link's maximum generation is the GPU's and its maximum width the expected one. The maximum,
     not the current: an idle link trains down (its current generation and width are shown)."""
-    want_width = suite.get("pcie_width") or DEFAULT_PCIE_WIDTH
+    want_width = suite.pcie_width or DEFAULT_PCIE_WIDTH
 
     def decide(max_gen, reading):
         gpu_gen, width = reading.get("pcie_gpu_max_gen"), reading.get("pcie_max_width")
@@ -182,7 +183,7 @@ def check_clocks_throttle(suite, inventory, readings):
 
 def check_temperature(suite, inventory, readings):
     """The idle GPU is cooler than the fleet's limit and its slowdown threshold."""
-    limit = suite.get("max_temperature_c")
+    limit = suite.max_temperature_c
 
     def decide(temp, reading):
         slowdown = reading.get("slowdown_temperature_c")
@@ -197,7 +198,7 @@ def check_temperature(suite, inventory, readings):
 
 def check_mig_mode(suite, inventory, readings):
     """MIG mode is as the fleet configures it, with no change waiting for a GPU reset."""
-    want = suite.get("mig_mode")
+    want = suite.mig_mode
     out = []
     for device in inventory.devices:
         reading = readings.get(device.gpu.index)
@@ -237,10 +238,39 @@ CHECKS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """What fleetd asks the node to run (the heartbeat answer's `validation.suite`), read once at the edge."""
+
+    checks: tuple = tuple(CHECKS) + ("dcgm",)
+    expected_gpus: int = 0
+    driver_version: str | None = None
+    driver_pinned: bool = False  # driver_version is the fleet's pin, not what its nodes run
+    cuda_version: str | None = None
+    cuda_pinned: bool = False
+    mig_mode: str | None = None
+    max_temperature_c: int | None = None
+    pcie_width: int | None = None
+    dcgm_level: int = 1
+    command: tuple = ()
+    timeout_seconds: int = 600
+    command_as_root: bool = False
+
+    @classmethod
+    def from_wire(cls, data):
+        """The Suite of a wire dict; unknown keys (a newer fleetd's) are ignored, nulls take the defaults."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in (data or {}).items() if k in known and v is not None}
+        for key in ("checks", "command"):
+            if key in values:
+                values[key] = tuple(str(v) for v in values[key])
+        return cls(**values)
+
+
 def run_checks(suite, inventory, readings):
     """The results of the suite's NVML checks (dcgm and the fleet's command run in agent/validator.py)."""
     out = []
-    for name in suite.get("checks") or CHECKS:
+    for name in suite.checks:
         check = CHECKS.get(name)
         if check is not None:
             out += check(suite, inventory, readings)

@@ -17,7 +17,7 @@ import threading
 import time
 
 from agent.client import FleetdError, backoff_delay
-from agent.validation import result, run_checks
+from agent.validation import Suite, result, run_checks
 
 log = logging.getLogger("agent.validator")
 
@@ -53,8 +53,9 @@ class Validator:
             if validation_id in self._seen or (self._thread is not None and self._thread.is_alive()):
                 return False
             self._seen.add(validation_id)
-            self._thread = threading.Thread(target=self._run, args=(validation_id, request.get("suite") or {}),
-                                            name="validation", daemon=True)
+            suite = Suite.from_wire(request.get("suite"))
+            self._thread = threading.Thread(target=self._run, args=(validation_id, suite), name="validation",
+                                            daemon=True)
             self._thread.start()
         return True
 
@@ -65,7 +66,7 @@ class Validator:
             thread.join(timeout)
 
     def _run(self, validation_id, suite):
-        log.info("validation %s: running %s", validation_id, ", ".join(suite.get("checks") or []) or "built-in checks")
+        log.info("validation %s: running %s", validation_id, ", ".join(suite.checks) or "no check")
         started = time.monotonic()
         try:
             body = self.run_suite(validation_id, suite)
@@ -87,9 +88,9 @@ class Validator:
         """{checks, system}: the NVML checks, DCGM, then the fleet's command."""
         inventory, readings = self.devices.validation_readings()
         checks = run_checks(suite, inventory, readings)
-        if "dcgm" in (suite.get("checks") or ["dcgm"]):
-            checks.append(self._dcgm(suite.get("dcgm_level")))
-        if suite.get("command"):
+        if "dcgm" in suite.checks:
+            checks.append(self._dcgm(suite.dcgm_level))
+        if suite.command:
             checks.append(self._command(validation_id, suite))
         return {"checks": checks, "system": {"driver_version": inventory.driver_version,
                                              "cuda_version": inventory.cuda_version}}
@@ -112,8 +113,8 @@ class Validator:
         return dict(result("dcgm", status, detail), output=output[-OUTPUT_TAIL:])
 
     def _command(self, validation_id, suite):
-        argv, timeout = list(suite["command"]), int(suite.get("timeout_seconds") or 600)
-        run_as = self.isolation.resolve({"source": "root"} if suite.get("command_as_root") else None)
+        argv, timeout = list(suite.command), int(suite.timeout_seconds)
+        run_as = self.isolation.resolve({"source": "root"} if suite.command_as_root else None)
         workdir = os.path.join(self.dir, "".join(c for c in validation_id if c.isalnum())[:64] or "run")
         os.makedirs(self.dir, exist_ok=True)
         self.isolation.passable(self.dir)

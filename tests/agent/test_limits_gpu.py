@@ -24,6 +24,7 @@ from agent.isolation import Isolation
 from agent.task.limits import Limits, LimitSettings
 from agent.task.logs import LogSettings
 from agent.task.runner import Runner
+from agent.validation import Suite
 from agent.validator import Validator
 from agent.workers import Workers
 from tests.agent.fakefleetd import FakeFleetd
@@ -157,11 +158,10 @@ def test_the_validation_suite_reads_driver_pcie_and_ecc_as_nvidia_smi_does_and_r
     devices.discover()
     validator = Validator(devices, None, Isolation(), str(tmp_path), threading.Event())
     try:
-        body = validator.run_suite("gpu-check", {"expected_gpus": len(rows), "dcgm_level": 1, "max_temperature_c": 85,
-                                                 "checks": ["gpus_present", "driver_version", "persistence_mode",
-                                                            "ecc_mode", "retired_pages", "row_remap", "ecc_errors",
-                                                            "pcie_link", "clocks_throttle", "temperature",
-                                                            "mig_mode", "dcgm"]})
+        body = validator.run_suite("gpu-check", Suite.from_wire({
+            "expected_gpus": len(rows), "dcgm_level": 1, "max_temperature_c": 85,
+            "checks": ["gpus_present", "driver_version", "persistence_mode", "ecc_mode", "retired_pages", "row_remap",
+                       "ecc_errors", "pcie_link", "clocks_throttle", "temperature", "mig_mode", "dcgm"]}))
     finally:
         devices.close()
     print("\n" + json.dumps({"nvidia-smi": rows, "checks": body["checks"]}, indent=1)[:60000])

@@ -7,7 +7,7 @@ import threading
 
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
-from agent.validation import run_checks
+from agent.validation import Suite, run_checks
 from agent.validator import Validator
 from tests.agent.conftest import rewrite_shape
 
@@ -21,7 +21,7 @@ def _results(path, suite=SUITE):
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         manager.discover()
-        return run_checks(suite, *manager.validation_readings())
+        return run_checks(Suite.from_wire(suite), *manager.validation_readings())
     finally:
         manager.close()
 
@@ -80,9 +80,9 @@ def test_the_fleets_command_runs_unprivileged_with_a_time_limit_and_dcgm_is_skip
     stop = threading.Event()
     validator = Validator(manager, None, Isolation(), str(tmp_path), stop, dcgmi="")
     try:
-        body = validator.run_suite("v1", dict(SUITE, checks=["gpus_present", "dcgm"], dcgm_level=1,
-                                              command=["sh", "-c", "echo started; id -u; exec sleep 30"],
-                                              timeout_seconds=1))
+        body = validator.run_suite("v1", Suite.from_wire(dict(
+            SUITE, checks=["gpus_present", "dcgm"], dcgm_level=1, command=["sh", "-c", "echo started; id -u; exec sleep 30"],
+            timeout_seconds=1, future_field="ignored")))
     finally:
         manager.close()
     by_name = {r["name"]: r for r in body["checks"]}
