@@ -301,7 +301,9 @@ def _flush_running(run, batch):
                 Task.id.in_(ids[i:i + batch]) & (Task.state == TaskState.RUNNING.value)
                 & Task.started_at.is_null(False)))
             known = _records([f"{t.id}.{t.epoch}" for t in tasks])
-            since = min([r.accounted_until for r in known.values()] + [t.started_at for t in tasks], default=run.now)
+            # samples from where each run's row stands (a long run's older samples were counted before)
+            since = min((known[f"{t.id}.{t.epoch}"].accounted_until if f"{t.id}.{t.epoch}" in known else t.started_at
+                         for t in tasks), default=run.now)
             run.load_samples({g.get("uuid") for t in tasks for g in t.gpus or [] if isinstance(g, dict)}, since)
             created, touched = set(), []
             for task in tasks:
