@@ -269,7 +269,8 @@ def _flush_ended(run, batch):
                 return done
             known = _records([f"{m.task_id}.{m.epoch}" for m in marks])
             run.load_samples({g.get("uuid") for m in marks for g in m.gpus or [] if isinstance(g, dict)},
-                             min(m.started_at for m in marks))
+                             min(known[f"{m.task_id}.{m.epoch}"].accounted_until if f"{m.task_id}.{m.epoch}" in known
+                                 else m.started_at for m in marks))
             created, touched = set(), {}
             for mark in marks:
                 key = f"{mark.task_id}.{mark.epoch}"
