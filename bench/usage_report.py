@@ -4,8 +4,9 @@ SQLite database, with the day sums written by the ledger's own code (fleetd.serv
 each report of GET /api/v1/usage timed through fleetd.services.usage (no HTTP), best of `--repeat`.
 
     .venv/bin/python bench/usage_report.py --runs 1000000
+    .venv/bin/python bench/usage_report.py --runs 1000000 --database-url postgresql://USER@HOST:PORT/DB
 
-Prints one JSON line per step.
+Prints one JSON line per step. A PostgreSQL database must be empty (the bench migrates it).
 """
 
 import argparse
@@ -17,6 +18,8 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
+
+import peewee
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
@@ -93,12 +96,17 @@ def fill(runs, teams, owners, seed, batch=2000):
 
 
 def _insert(columns, rows):
-    """Plain executemany (peewee's insert_many builds a statement per batch, slower for a million rows)."""
-    marks = ", ".join("?" for _ in columns)
+    """Plain executemany on SQLite, execute_values on PostgreSQL (peewee's insert_many builds a
+    statement per batch, slower for a million rows)."""
+    sql = f"INSERT INTO usage_record ({', '.join(columns)}) VALUES "  # nosec B608  # fixed names
     with database.atomic():
-        database.cursor().executemany(
-            f"INSERT INTO usage_record ({', '.join(columns)}) VALUES ({marks})",  # nosec B608  # fixed names
-            rows)
+        cursor = database.cursor()
+        if isinstance(database.obj, peewee.PostgresqlDatabase):
+            from psycopg2.extras import execute_values
+
+            execute_values(cursor, sql + "%s", rows, page_size=len(rows))
+        else:
+            cursor.executemany(sql + f"({', '.join('?' for _ in columns)})", rows)
 
 
 def timed(fn, repeat):
@@ -118,14 +126,17 @@ def main():
     parser.add_argument("--owners", type=int, default=800)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=34)
+    parser.add_argument("--database-url", help="an empty PostgreSQL database (default: SQLite in a temporary directory)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        db = open_database(f"sqlite:///{tmp}/usage.db")
+        db = open_database(args.database_url or f"sqlite:///{tmp}/usage.db")
         upgrade(db)
         bind(db)
         with database.connection_context():
             started = time.perf_counter()
             fill(args.runs, args.teams, args.owners, args.seed)
+            if isinstance(database.obj, peewee.PostgresqlDatabase):
+                database.execute_sql("ANALYZE")  # what autovacuum does to a table this size soon after
             days = database.execute_sql("SELECT COUNT(*) FROM usage_day").fetchone()[0]
             print(json.dumps({"step": "fill", "ledger_rows": args.runs, "day_rows": days,
                               "seconds": round(time.perf_counter() - started, 1)}), flush=True)
