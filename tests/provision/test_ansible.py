@@ -163,6 +163,10 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
     nodes = {n["hostname"]: n for n in lab.api.nodes()}
     inventory = write_inventory(lab, tmp_path / "inventory.ini")
     control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    # The fleet validates its nodes: each upgraded node passes the checks before it is back (these two
+    # hosts' fake drivers differ, which the built-in driver_version check would rightly refuse).
+    lab.api("PATCH", f"/api/v1/fleets/{FLEET}", expect=200,
+            json={"validation": {"checks": ["gpus_present", "gpu_health", "pcie_link"]}})
     try:
         before = {h.hostname: agent_pids(h) for h in lab.hosts}
         upgrade = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
@@ -174,10 +178,10 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
             version = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
             assert version == next_bundle.version
             assert agent_pids(host) and agent_pids(host) != before[host.hostname]
-            events = [e for e in lab.api.events(node_id) if e.get("to_status")]
+            events = [e for e in lab.api.events(node_id) if e.get("to_status") and e["kind"] == "node.status"]
             statuses = [e["to_status"] for e in events]
-            assert statuses[-3:] == ["draining", "drained", "ready"], statuses
-            spans[host.hostname] = (events[-3]["at"], events[-1]["at"])
+            assert statuses[-5:] == ["draining", "drained", "validating", "drained", "ready"], statuses
+            spans[host.hostname] = (events[-5]["at"], events[-1]["at"])
         first, second = (spans[h.hostname] for h in lab.hosts)
         # One at a time: the first host was back (undrained) before the second one started draining.
         assert first[1] <= second[0], spans
