@@ -84,14 +84,27 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     query = (UsageDay.select(column, fn.SUM(UsageDay.gpu_seconds), fn.SUM(UsageDay.used_gpu_seconds),
                              fn.SUM(UsageDay.sampled_gpu_seconds), fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
              .where((UsageDay.day >= first) & (UsageDay.day <= last)))
-    for field, value in ((UsageDay.owner_token_id, own), (UsageDay.team, team), (UsageDay.owner, owner),
-                         (UsageDay.fleet, fleet)):
-        if value is not None:
-            query = query.where(field == value)
+    narrowed = _narrowed(UsageDay, True, own, team, owner, fleet)
+    if narrowed is not True:
+        query = query.where(narrowed)
     out = []
     for group, *sums in query.group_by(column).order_by(column).tuples():
         out.append((group.isoformat() if isinstance(group, dt.date) else (str(group) if group else None), sums))
     return out
+
+
+def _overlapping(model, start, end):
+    """Rows of `model` (the ledger's or the storage's) whose time overlaps [start, end)."""
+    return (model.started_at < end) & (model.ended_at.is_null() | (model.ended_at >= start))
+
+
+def _narrowed(model, where, own, team, owner, fleet):
+    """`where` and the filters a report was given (`own`: the submitter's token id)."""
+    for field, value in ((model.owner_token_id, own), (model.team, team), (model.owner, owner),
+                         (model.fleet, fleet)):
+        if value is not None:
+            where = field == value if where is True else where & (field == value)
+    return where
 
 
 def _by_workload(first, last, own, team, owner, fleet):
@@ -100,17 +113,8 @@ def _by_workload(first, last, own, team, owner, fleet):
     end = dt.datetime.combine(last, dt.time()) + dt.timedelta(days=1)
     sums = (fn.SUM(UsageRecord.gpu_seconds), fn.SUM(UsageRecord.used_gpu_seconds),
             fn.SUM(UsageRecord.sampled_gpu_seconds), fn.SUM(UsageRecord.cost), fn.COUNT(UsageRecord.id))
-    where = (UsageRecord.started_at < end) & (UsageRecord.ended_at.is_null() | (UsageRecord.ended_at >= start))
-    for field, value in ((UsageRecord.owner_token_id, own), (UsageRecord.team, team), (UsageRecord.owner, owner),
-                         (UsageRecord.fleet, fleet)):
-        if value is not None:
-            where &= field == value
-    storage_where = (StorageRecord.started_at < end) & (StorageRecord.ended_at.is_null()
-                                                        | (StorageRecord.ended_at >= start))
-    for field, value in ((StorageRecord.owner_token_id, own), (StorageRecord.team, team),
-                         (StorageRecord.owner, owner), (StorageRecord.fleet, fleet)):
-        if value is not None:
-            storage_where &= field == value
+    where = _narrowed(UsageRecord, _overlapping(UsageRecord, start, end), own, team, owner, fleet)
+    storage_where = _narrowed(StorageRecord, _overlapping(StorageRecord, start, end), own, team, owner, fleet)
     storage = {row.id: row.cost for row in StorageRecord.select(StorageRecord.id, StorageRecord.cost)
                .where(storage_where)}
     groups = {}
