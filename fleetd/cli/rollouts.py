@@ -29,12 +29,22 @@ NODE_COLUMNS = [("NODE", "node_id"), ("HOST", lambda n: n["address"] or n["hostn
                 ("CANARY", lambda n: "yes" if n["canary"] else ""), ("STATE", "state"), ("DETAIL", "detail")]
 
 
+def _window(rollout):
+    """A rollout's window as --window wrote it: "sat,sun 00:00-23:59, 22:00-06:00 (Europe/Paris)"; "any time"."""
+    window = rollout.get("window")
+    if not window:
+        return "any time"
+    spans = [(",".join(w["days"]) + " " if w.get("days") else "") + f"{w['start']}-{w['end']}"
+             for w in window["windows"]]
+    return f"{', '.join(spans)} ({window.get('timezone') or 'UTC'})"
+
+
 def show_rollout(data):
     """A rollout and its nodes, as `rollout status ID` and `rollout start` print them."""
     show_record(data, [("ID", "id"), ("FLEET", "fleet"), ("BUNDLE", lambda r: f"{r['bundle_version']} (sha256 "
                                                                              f"{r['bundle_sha256'][:12]})"),
                        ("STATE", "state"), ("REASON", "state_reason"), ("BATCH", "batch"), ("CANARY", "canary"),
-                       ("MAX FAILURES", "max_failures"), ("WINDOW", "window"), ("STARTED", "created_at"),
+                       ("MAX FAILURES", "max_failures"), ("WINDOW", _window), ("STARTED", "created_at"),
                        ("BY", "created_by")])
     click.echo("")
     show_table(data["nodes"], NODE_COLUMNS)
