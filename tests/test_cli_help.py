@@ -58,6 +58,7 @@ def test_retries_help_gives_its_default():
     assert "default: 2" in " ".join(retries.split())
 
 
+@pytest.mark.integration  # real processes
 @pytest.mark.parametrize("argv", [["-m", "agent", "-h"], ["-m", "agent", "status", "-h"],
                                   ["-m", "fleetd", "node", "cordon", "-h"]])
 def test_dash_h_works_in_a_real_process(argv):

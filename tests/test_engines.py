@@ -10,6 +10,7 @@ import hypothesis.strategies as st
 from fleetd import scheduler
 from fleetd.services.cluster import current_state, gpu_summary
 from tests.conftest import admin_client
+from tests.support.examples import examples
 from tests.support.gpus import gpus as gpu_list
 from tests.support.http import ApiClient
 
@@ -116,7 +117,7 @@ class _Fleet:
         return resp.status_code < 300
 
 
-@hypothesis.settings(max_examples=40, deadline=None,
+@hypothesis.settings(max_examples=examples(40), deadline=None,
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(ops=OPS)
 def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(make_app, clock, tmp_path, ops):
@@ -184,7 +185,7 @@ def _summary_of_rows(rows):
     return counts(rows), {sid: (of[0]["model"], counts(of)) for sid, of in by_series.items()}, notes
 
 
-@hypothesis.settings(max_examples=25, deadline=None,
+@hypothesis.settings(max_examples=examples(25), deadline=None,
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(ops=OPS)
 def test_the_gpu_summary_counts_every_gpu_as_its_allocation_row_classifies_it(make_app, clock, tmp_path, ops):

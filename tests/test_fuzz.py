@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import admin_client
+from tests.support.examples import examples
 from tests.test_auth import ROLE_TABLE
 
 json_values = st.recursive(
@@ -29,7 +30,7 @@ def _fuzz(api, session, join, method, path):
     token = join if path == "/api/v1/agent/register" else session
     url = re.sub(r"\{[a-z_]+\}", "gpu-a", path)
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(body=bodies, query=queries)
     def check(body, query):
         resp = api.call(method, url, token=token if agent else api.token, agent=agent,
@@ -53,7 +54,7 @@ def test_no_route_answers_500_to_random_input(make_app, clock):
 
 
 def test_fleet_create_is_all_or_nothing_under_random_input(api):
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(body=st.fixed_dictionaries({"name": st.text(max_size=70)},
                                       optional={"description": json_values, "labels": json_values}))
     def check(body):

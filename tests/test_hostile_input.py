@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import GPU_H100, admin_client, gpus
+from tests.support.examples import examples
 
 DEEP = 1000
 # Raw JSON text, spliced into bodies as written: json.dumps cannot write most of these.
@@ -417,7 +418,7 @@ def test_hostile_json_anywhere_in_any_body_is_refused(world):
             token = f'{{"x": {token}}}'
         return method, path, name, where, as_key, raw_json(body, token)
 
-    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(attack=attacks())
     def check(attack):
         method, path, name, where, as_key, raw = attack

@@ -22,6 +22,7 @@ from fleetd.db import bind, open_database, upgrade
 from fleetd.models import Fleet, Gpu, Job, Node, Task
 from fleetd.server import MAX_HEADERS, RequestHeaders
 from fleetd.sql import Statement, by_pk
+from tests.support.examples import examples
 
 T0 = dt.datetime(2026, 12, 1, 3, 0, 0)
 
@@ -126,7 +127,7 @@ def _ours(raw):
     return True, [(line.split(":", 1)[0].lower(), line.split(":", 1)[1].strip(" \t\r\n")) for line in headers.headers]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(BLOCK)
 def test_the_header_parser_accepts_what_gevents_accepts(lines):
     raw = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")

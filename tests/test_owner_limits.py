@@ -45,6 +45,7 @@ def refused(resp, limit, value, use):
     return error
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_a_tokens_limits_refuse_jobs_instances_and_specs_past_them_before_anything_is_stored(server, admin, data_dir):
     http = Http(server.url, admin)
     bob = token(http, "bob", max_active_jobs=2, max_instances=1, max_spec_bytes=2000)
@@ -85,6 +86,7 @@ def test_a_tokens_limits_refuse_jobs_instances_and_specs_past_them_before_anythi
     bob("PATCH", f"/api/v1/tokens/{who['token_id']}", expect=403, json={"limits": {"max_instances": 9}})
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_artifact_bytes_count_each_owners_uploads_as_if_not_shared_and_refuse_before_storing(server, admin,
                                                                                             data_dir):
     http = Http(server.url, admin)
@@ -110,6 +112,7 @@ def test_artifact_bytes_count_each_owners_uploads_as_if_not_shared_and_refuse_be
     assert os.listdir(store) and bob("GET", "/api/v1/whoami").json()["use"]["artifact_bytes"] == 600
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_concurrent_submits_never_pass_the_default_limit_from_the_settings(server_factory, admin, data_dir):
     server = server_factory(FLEETD_LIMITS_MAX_ACTIVE_JOBS="5", FLEETD_LIMITS_MAX_INSTANCES="0")
     http = Http(server.url, admin)
@@ -127,6 +130,7 @@ def test_concurrent_submits_never_pass_the_default_limit_from_the_settings(serve
     assert rows(data_dir, "instance") == 0
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_the_request_rate_answers_429_with_retry_after_per_token_and_node_sessions_are_exempt(server_factory,
                                                                                              admin):
     # Every token may make five requests at once (0.01/s with a burst of 500 s); none comes back within the test.
@@ -167,6 +171,7 @@ def test_a_tokens_bucket_refills_at_its_rate_and_says_when_the_next_request_may_
         rates.take("c", 0, now=100.0)
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_the_cli_sets_a_tokens_limits_at_create_and_changes_them(run, server):  # noqa: F811
     made = json.loads(run("token", "create", "--name", "ci", "--role", "submitter", "--max-instances", "3",
                           "--max-spec-bytes", "64K", "--requests-per-second", "50", "--json").stdout)

@@ -3,6 +3,7 @@ are stored once), and token names that name one live token (events also carry th
 
 import hashlib
 
+import pytest
 from playhouse.migrations import Runner
 
 from fleetd.credentials import API_PREFIX, hash_token, make_token
@@ -22,6 +23,7 @@ def _token(http, name, role="submitter"):
     return http("POST", "/api/v1/tokens", expect=201, json={"name": name, "role": role}).json()
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_alice_uploading_bobs_bytes_learns_nothing_of_his_name_or_kind(server, admin):
     http = Http(server.url, admin)
     alice, bob = _token(http, "alice")["token"], _token(http, "bob")["token"]
@@ -42,6 +44,7 @@ def test_alice_uploading_bobs_bytes_learns_nothing_of_his_name_or_kind(server, a
     assert http("GET", f"/api/v1/artifacts/{sha}", token=carol).status_code == 404
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_token_names_are_single_line_text_unique_among_live_tokens(server, admin):
     http = Http(server.url, admin)
     for name in ("x\nnode:0123456789abcdef0123", "ops\r", " ops", "ops ", "o\tps", "ops\u2028node:1", "op\u202es",
@@ -67,6 +70,7 @@ def test_an_expired_tokens_name_is_free_again(api, clock):
     assert second.status_code == 201 and second.get_json()["id"] != first.get_json()["id"]
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_events_name_the_token_that_caused_them_by_id(server, admin):
     http = Http(server.url, admin)
     http("POST", "/api/v1/fleets", expect=201, json={"name": "lab"})
@@ -90,6 +94,7 @@ def test_events_name_the_token_that_caused_them_by_id(server, admin):
     assert all(e["actor_token_id"] is None for e in events if not e["actor"].startswith("token:"))
 
 
+@pytest.mark.integration  # a real fleetd serve
 def test_fleetd_upgrading_an_old_database_renames_ambiguous_tokens_and_shows_why(data_dir, server_factory):
     """A database at migration 0016 with two live tokens named ops and a forged two-line name: the first
     `fleetd serve` upgrades it, and each renamed token's events say what became of it."""

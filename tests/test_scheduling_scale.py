@@ -11,6 +11,7 @@ from fleetd.liveness import LivenessTracker
 from fleetd.services import scheduling
 from tests.conftest import FakeClock
 from tests.support import wait_until
+from tests.support.examples import examples
 
 
 @pytest.fixture
@@ -307,7 +308,7 @@ def _view(inventory):
     return nodes, gpus, fleets, derived
 
 
-@hypothesis.settings(max_examples=25, deadline=None,
+@hypothesis.settings(max_examples=examples(25), deadline=None,
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(ops=OPS)
 def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, clock, tmp_path, ops):

@@ -14,6 +14,8 @@ from tests.support.http import Http
 from tests.support.server import fleetd_cmd
 from tests.support.webhooks import SECRET, Receiver, receiver  # noqa: F401 - receiver is a fixture
 
+pytestmark = pytest.mark.integration  # every test runs a real fleetd serve
+
 NOTHING_ALLOWED = {"FLEETD_WEBHOOKS_ALLOW_TARGETS": ""}
 
 REFUSED = [

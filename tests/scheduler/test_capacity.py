@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from fleetd.scheduler import gpu_capacity
 from tests.scheduler.factories import make_cluster, make_node
 from tests.scheduler.test_properties import clusters
+from tests.support.examples import examples
 
 
 def test_counts_used_free_and_blocked_with_reason_codes():
@@ -22,7 +23,7 @@ def test_counts_used_free_and_blocked_with_reason_codes():
     assert series["A100"].blocked_by == {"drained": 2, "outside_window": 2}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(snapshot=clusters())
 def test_total_is_used_plus_free_plus_blocked_everywhere(snapshot):
     total, series = gpu_capacity(snapshot, closed_fleets={"b"})

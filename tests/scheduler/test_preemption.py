@@ -15,6 +15,7 @@ from fleetd.scheduler import (
 )
 from tests.scheduler.factories import GIB, make_cluster, make_node
 from tests.scheduler.test_properties import check_placements, clusters, requests
+from tests.support.examples import examples
 
 
 def busy_node(node_id, held):
@@ -95,7 +96,7 @@ def test_freed_gives_back_shares_and_whole_gpus():
     assert [g.idle for g in after.gpus] == [True, True]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     snapshot=clusters(),
     stream=st.lists(st.tuples(requests(), st.sampled_from(["spot", "on-demand"]), st.floats(0, 5)), max_size=8),

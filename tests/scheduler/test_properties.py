@@ -22,6 +22,7 @@ from fleetd.scheduler import (
     Unschedulable,
     profile_from_requests,
 )
+from tests.support.examples import examples
 
 GIB = 1024**3
 MODELS = ("A100", "H100")
@@ -150,7 +151,7 @@ def check_placements(snapshot, placed):
             assert gmem.get(gpu.uuid, 0) <= gpu.free_memory
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     snapshot=clusters(),
     stream=st.lists(requests(), min_size=1, max_size=12),
@@ -174,7 +175,7 @@ def test_no_overallocation_gangs_whole_and_refusals_explained(snapshot, stream, 
     check_placements(snapshot, placed)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     snapshot=clusters(),
     stream=st.lists(requests(), min_size=1, max_size=8),
@@ -189,7 +190,7 @@ def test_release_returns_every_reservation(snapshot, stream, policy):
     assert engine_state(engine) == start
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(snapshot=clusters(), request=requests())
 def test_simulate_matches_place_and_reserves_nothing(snapshot, request):
     engine = PlacementEngine(snapshot, policy="bestfit")
@@ -202,7 +203,7 @@ def test_simulate_matches_place_and_reserves_nothing(snapshot, request):
         assert simulated.ranks == placed.ranks
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     snapshot=clusters(),
     first=st.lists(requests(), min_size=1, max_size=6),
