@@ -61,7 +61,6 @@ _NOTIFYING = {
     "instance.state": lambda _f, to: "instance.interrupted" if to == "interrupted" else None,
     "leader.changed": lambda _f, _t: "leader.changed",
     "node.validation": lambda _f, _t: "node.validation",
-    "node.validation": lambda _f, _t: "node.validation",
     "budget.threshold": lambda _f, _t: "budget.threshold",
     "node.registered": lambda f, _t: "node.enrolled" if f is None else None,
     "node.deleted": lambda _f, _t: "node.deleted",
