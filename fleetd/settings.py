@@ -59,6 +59,7 @@ class Settings:
     http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
     instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
+    instances_resume_preempted: bool = True  # a preempted instance that should run resumes by itself when there is room
     task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
     # GraphQL's cloudType: the node labels (k=v,k=v) each type selects; empty: any node
     secure_cloud_labels: str = ""

@@ -30,7 +30,7 @@ from fleetd.services import limits, policy, scheduling
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
-from fleetd.services.runs import new_run, run_active, settle_deleting, stop_job, volumes_removed
+from fleetd.services.runs import new_run, resumes_by_itself, run_active, settle_deleting, stop_job, volumes_removed
 from fleetd.services.terms import task_request
 from fleetd.services.usage import storage_costs
 
@@ -172,11 +172,12 @@ def stop_instance(rt, principal, instance_id):
 
 def stop_by_fleetd(rt, instance_id, reason):
     """Stop an instance for fleetd's own reason (a team budget's stop_spot), as stop_instance does;
-    nothing when it holds no run."""
+    nothing when it holds no run (an interrupted one that resumes by itself holds its queued run)."""
     now = rt.clock.now()
     with write_transaction():
         inst = Instance.get_or_none_by_id(instance_id)
-        if inst is None or not InstanceState(inst.state).holds_run() or inst.state == InstanceState.STOPPING.value:
+        if inst is None or inst.state == InstanceState.STOPPING.value or not (
+                InstanceState(inst.state).holds_run() or resumes_by_itself(inst)):
             return
         inst.desired_state = "stopped"
         held = _end_run(inst, InstanceState.STOPPED, reason, now)
@@ -245,6 +246,9 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         request = task_request(spec.run(inst.node_id), inst.owner_token_id)
         policy.check_bid(spec)
         inst.spec = spec.to_dict()
+        queued = Job.get_by_id(inst.run_id) if resumes_by_itself(inst) else None
+        if queued is not None:  # the run it was to resume with by itself: replaced by this one, of the new spec
+            stop_job(queued, f"replaced by the run of the resume by {principal.label}", now)
         new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))
         record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
                      actor=principal.label)
@@ -312,7 +316,8 @@ def _view(inst, job, task, node, now, samples):
     if state is InstanceState.RUNNING and inst.running_since is not None:
         cost += (inst.price_per_hour or 0.0) * max(0.0, (now - inst.running_since).total_seconds()) / 3600
     pending = ""
-    if state is InstanceState.PENDING:
+    if state is InstanceState.PENDING or (state is InstanceState.INTERRUPTED and job is not None
+                                          and job.state == JobState.QUEUED.value):  # it resumes by itself
         pending = (job.pending_reason if job is not None else "") or "waiting for the scheduler"
     return {
         "id": inst.id, "name": inst.name, "owner": inst.owner, "team": inst.team, "state": inst.state,
@@ -401,7 +406,8 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         current = released(lambda: find_instance(principal, instance_id))
         state = InstanceState(current.state)
         if state in (InstanceState.STOPPED, InstanceState.STOPPING, InstanceState.FAILED, InstanceState.DELETING) or (
-                state is InstanceState.INTERRUPTED and current.interrupted_by != "node_lost"):
+                state is InstanceState.INTERRUPTED and current.interrupted_by != "node_lost"
+                and not released(lambda: resumes_by_itself(current))):
             raise Conflict(f"instance {instance_id} is {state.value}; resume it first", {"state": state.value})
         mapped = {p["port"]: p for p in current.ports or []}
         if state is not InstanceState.RUNNING or port not in mapped:

@@ -49,13 +49,14 @@ TASKS_OF_JOB = Statement(lambda v: Task.select().where(Task.job == v("job_id")).
 
 
 def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False,
-             preempted_by=None):
+             preempted_by=None, resume=False):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
     `reported`: its node said so (a finish report); otherwise its node is told to stop it.
     `free_retry`: the job is requeued whatever its retry policy and keeps its attempt number
     (its agent stopped it while shutting down: not the job's failure, and no attempt spent).
-    `preempted_by`: the Workload whose placement preempted it (an instance records it).
+    `preempted_by`: the Workload whose placement preempted it (an instance records it); `resume`:
+    an instance it interrupts queues its next run at once (settings.instances_resume_preempted).
     Runs inside the caller's transaction. Returns the job.
     """
     outcome = TaskState(outcome)
@@ -65,7 +66,7 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     if JobState(job.state).is_terminal():
         return job
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
-        return run_ended(job, task, outcome, reason, now, preempted_by)
+        return run_ended(job, task, outcome, reason, now, preempted_by, resume)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
     if job.state == JobState.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
@@ -152,8 +153,9 @@ def stop_tasks_of_node(node_id, reason, now):
     return jobs
 
 
-def new_run(inst, now, waiting_reason=None):
-    """Queue a new run of the instance (inside the caller's transaction): pending."""
+def new_run(inst, now, waiting_reason=None, interrupted=False):
+    """Queue a new run of the instance (inside the caller's transaction): pending, or still
+    `interrupted` (naming what interrupted it) until the run is placed."""
     spec = inst.instance_spec.run(inst.node_id)
     job = Job.create(id=new_id(), name=inst.name, owner=inst.owner, owner_token_id=inst.owner_token_id, team=inst.team,
                      state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec.priority_class,
@@ -164,7 +166,9 @@ def new_run(inst, now, waiting_reason=None):
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1
     inst.desired_state = "running"
-    if inst.state != InstanceState.PENDING.value:
+    if interrupted:
+        inst.save()
+    elif inst.state != InstanceState.PENDING.value:
         where = f" on node {inst.node_id}, which holds its volume" if inst.node_id else ""
         switch_instance_state(inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
     else:
@@ -257,7 +261,7 @@ def run_restarting(task, last_exit, now):
                                                           f"policy {policy})", now)
 
 
-def run_ended(job, task, outcome, reason, now, preempted_by=None):
+def run_ended(job, task, outcome, reason, now, preempted_by=None, resume=False):
     """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
     retry) and the instance becomes stopped, deleting (or deleted), failed or interrupted. Returns the job."""
     outcome = TaskState(outcome)
@@ -270,11 +274,11 @@ def run_ended(job, task, outcome, reason, now, preempted_by=None):
     switch_job_state(job, ended, f"run ended: {outcome.value} ({reason})", now)
     inst = _of_run(job)
     if inst is not None and inst.state != InstanceState.DELETED.value:
-        _settle(inst, task, outcome, reason, now, preempted_by)
+        _settle(inst, task, outcome, reason, now, preempted_by, resume)
     return job
 
 
-def _settle(inst, task, outcome, reason, now, preempted_by):
+def _settle(inst, task, outcome, reason, now, preempted_by, resume=False):
     # Only its node's report says its processes ended; a lost run (its lease expired) says nothing of them.
     ended = (f"its node did not report that its processes ended ({reason})" if outcome is TaskState.LOST
              else f"its processes ended ({reason})")
@@ -285,7 +289,7 @@ def _settle(inst, task, outcome, reason, now, preempted_by):
     elif outcome is TaskState.LOST:
         _interrupt(inst, "node_lost", reason, now)
     elif outcome is TaskState.PREEMPTED:
-        _interrupt(inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by)
+        _interrupt(inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by, resume)
     else:
         inst.desired_state = "stopped"
         if outcome is TaskState.FAILED:
@@ -305,20 +309,43 @@ def _signal_of(reason):
     return found.group(1) if found else None
 
 
-def _interrupt(inst, why, reason, now, preempted_by=None):
+def _interrupt(inst, why, reason, now, preempted_by=None, resume=False):
     """Interrupted (`why`: node_lost, preempted or drain; `preempted_by` the preempting Workload):
-    resumable; after a lost node it resumes by itself when the node is back."""
-    if inst.state == InstanceState.INTERRUPTED.value:
+    resumable; after a lost node it resumes by itself when the node is back, after a preemption
+    (with `resume`) its next run is queued at once and placed once its node has room again (after
+    the preemptor, which outranks it), the instance staying `interrupted` until then."""
+    first = inst.state != InstanceState.INTERRUPTED.value
+    if first:
+        switch_instance_state(inst, InstanceState.INTERRUPTED, f"{reason}; {_after_interruption(inst, why, resume)}",
+                              now)
+        inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
+    else:
         if inst.interrupted_by is None:
             inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
         inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
-        inst.save()
-    else:
-        switch_instance_state(inst, InstanceState.INTERRUPTED, reason, now)
-        inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
-        inst.save()
+    inst.save()
     if why == "node_lost" and _node_live(inst.node_id):
         new_run(inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
+    elif first and why == "preempted" and resume:
+        new_run(inst, now, "waiting for room on its node after the preemption", interrupted=True)
+
+
+def _after_interruption(inst, why, resume):
+    """What happens next to an instance interrupted for `why`, in words (its status reason's end)."""
+    where = f"node {inst.node_id}" if inst.node_id else "its node"
+    if why == "preempted" and resume:
+        return f"it resumes by itself on {where} once there is room"
+    if why == "preempted":
+        return "resume it to run it again (fleetd is set not to resume preempted instances by itself)"
+    if why == "drain":
+        return f"{where} is being drained, so it does not resume by itself; resume it to run it again"
+    return f"it runs again by itself on {where}"
+
+
+def resumes_by_itself(inst):
+    """True while an interrupted instance has its next run queued (after a preemption)."""
+    return (inst.state == InstanceState.INTERRUPTED.value and bool(inst.run_id)
+            and Job.select().where((Job.id == inst.run_id) & (Job.state == JobState.QUEUED.value)).exists())
 
 
 def settle_deleting(inst, why, now):
