@@ -1,11 +1,13 @@
 """Cluster capacity, schedule simulation, GPU types and quotas."""
 
+from flask import request
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.cluster import (
+    SIMULATE_BODY,
     AllocationQuerySchema,
     ClusterAllocationSchema,
     ClusterStatusSchema,
@@ -55,10 +57,12 @@ class ClusterAllocation(MethodView):
 @blp.route("/cluster/simulate-schedule")
 class SimulateSchedule(MethodView):
     @require(ADMIN, SUBMITTER)
-    @blp.arguments(SimulateSpecSchema())
+    @blp.doc(requestBody=SIMULATE_BODY)
     @blp.response(200, SimulationSchema)
-    def post(self, spec):
+    def post(self):
         """Where this JobSpec or InstanceSpec would be placed now, or per node why not; reserves nothing."""
+        # Parsed here, not by @blp.arguments: the document states the body as either spec (anyOf).
+        spec = blp.ARGUMENTS_PARSER.parse(SimulateSpecSchema(), request, location="json")
         return policy.simulate(current_runtime(), current_principal(), spec)
 
 

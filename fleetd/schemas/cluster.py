@@ -1,7 +1,5 @@
 """Schemas of the cluster views, GPU types, quotas and schedule simulation."""
 
-import copy
-
 from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.schemas.common import Int, Text, page_schema
@@ -91,25 +89,17 @@ class ClusterAllocationSchema(Schema):
     gpu_to_tasks = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
 
 
-INSTANCE_ONLY = ("image", "volume_bytes", "volume_mount_path", "ports", "restart", "idle_stop")
-_INSTANCE_SPEC = InstanceSpecSchema()
+INSTANCE_ONLY = ("image", "volume_bytes", "volume_mount_path", "ports", "restart", "idle_stop", "scratch_bytes",
+                 "runtime_args")
+# The body of simulate-schedule as the OpenAPI document states it: either spec (both are components).
+SIMULATE_BODY = {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+    {"$ref": "#/components/schemas/JobSpec"}, {"$ref": "#/components/schemas/InstanceSpec"}]}}}}
 
 
-class SimulateSpecSchema(JobSpecSchema):
-    """A JobSpec, or an InstanceSpec: `kind` says which, else a body with a field only instances have
-    (ports, volume_bytes, image...) is an InstanceSpec. Either loads to the JobSpec of what the scheduler
-    would place (an instance: its run)."""
-
-    kind = fields.String(validate=validate.OneOf(["job", "instance"]), metadata={
-        "description": "job (a JobSpec) or instance (an InstanceSpec); by default instance when the body has "
-                       "a field only instances have"})
-    # The instance-only fields, as InstanceSpecSchema declares them (documented here; loaded there).
-    image = copy.deepcopy(_INSTANCE_SPEC.fields["image"])
-    volume_bytes = copy.deepcopy(_INSTANCE_SPEC.fields["volume_bytes"])
-    volume_mount_path = copy.deepcopy(_INSTANCE_SPEC.fields["volume_mount_path"])
-    ports = copy.deepcopy(_INSTANCE_SPEC.fields["ports"])
-    restart = copy.deepcopy(_INSTANCE_SPEC.fields["restart"])
-    idle_stop = copy.deepcopy(_INSTANCE_SPEC.fields["idle_stop"])
+class SimulateSpecSchema(Schema):
+    """A JobSpec, or an InstanceSpec: `kind` ("job" or "instance") says which, else a body with a field
+    only instances have (ports, volume_bytes, image...) is an InstanceSpec. Either loads to the JobSpec
+    of what the scheduler would place (an instance: its run)."""
 
     def load(self, data, **kwargs):
         """The JobSpec to simulate, from either kind of body (ValidationError as that kind's schema says)."""

@@ -66,12 +66,13 @@ ALLOWED = [
     ("positive_data_acceptance", r"POST /api/v1/(instances|agent/.*finish|agent/tasks/\{task_id\}/start)",
      r"each port at most once|each declared port at most once",
      "uniqueness of one key (port) across array items is not expressible in OpenAPI 3.0"),
-    ("positive_data_acceptance", r"POST /api/v1/instances(/\{instance_id\}/resume)?",
+    ("positive_data_acceptance", r"POST /api/v1/(instances(/\{instance_id\}/resume)?|cluster/simulate-schedule)",
      r"a bid applies to spot instances only|a command is required without an image|idle stop watches GPU"
-     r"|FLEET_\* variables are set",
-     "rules across two fields (bid needs spot; no image needs a command; an idle rule needs GPUs; on resume, a "
-     "bid needs the instance to be spot, which is the server's state) and reserved env names (FLEET_*, set by "
-     "the agent; OpenAPI 3.0 cannot constrain keys): the document describes fields one by one"),
+     r"|FLEET_\* variables are set|runtime arguments apply to an image",
+     "rules across two fields (bid needs spot; no image needs a command; an idle rule needs GPUs; runtime "
+     "arguments need an image; on resume, a bid needs the instance to be spot, which is the server's state) and "
+     "reserved env names (FLEET_*, set by the agent; OpenAPI 3.0 cannot constrain keys): the document describes "
+     "fields one by one (simulate-schedule takes an InstanceSpec too)"),
     ("positive_data_acceptance", r"GET /api/v1/instances/\{instance_id\}/connection", r"declares several ports",
      "`port` may be left out only when the instance declares one port: which ports it declares is the server's "
      "state, not the document's"),
