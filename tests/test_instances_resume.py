@@ -3,6 +3,7 @@ it stays `interrupted` naming its preemptor until that run is placed after the p
 stop, delete and resume replace or cancel that queued run (instances_resume_preempted)."""
 
 from fleetd.models import Instance, Job
+from fleetd.services import instances
 from tests.conftest import admin_client
 from tests.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
 
@@ -90,4 +91,28 @@ def test_with_the_setting_off_a_preempted_instance_waits_for_its_owner(make_app,
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     api.run_task("scheduling")
     assert show(api, inst["id"])["state"] == "interrupted" and api.acquire(session) is None
+    assert "queued" not in _runs(api, inst)[1].values()
+
+
+def test_fleetd_stopping_it_while_it_waits_cancels_the_queued_run(api, fleet):
+    """As a team budget's stop_spot does (services.budgets)."""
+    _, _, session = fleet
+    inst, _, _ = preempted(api, session)
+    with api.app.app_context():
+        instances.stop_by_fleetd(api.app.extensions["fleetd"], inst["id"], "team ml's budget is exceeded")
+    stopped = show(api, inst["id"])
+    assert stopped["state"] == "stopped" and "budget" in stopped["status_reason"], stopped
+    assert "queued" not in _runs(api, inst)[1].values()
+
+
+def test_an_instance_interrupted_by_a_drain_deadline_does_not_resume_by_itself_and_says_so(api, fleet, clock):
+    _, node, session = fleet
+    inst = create(api, name="cheap", priority_class="spot")
+    start(api, session)
+    api.post(f"/api/v1/nodes/{node}/drain", {"reason": "BIOS update", "deadline_seconds": 60})
+    clock.advance(61)
+    api.run_task("drains")
+    shown = show(api, inst["id"])
+    assert (shown["state"], shown["interruption"], shown["pending_reason"]) == ("interrupted", "drain", ""), shown
+    assert "does not resume by itself" in shown["status_reason"], shown
     assert "queued" not in _runs(api, inst)[1].values()
