@@ -26,6 +26,10 @@ RUNTIME_ARGS = {
     "--hostname": re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"),
 }
 MAX_RUNTIME_ARGS = 16
+# The allow-list as one pattern (ECMAScript and Python alike), for documents that describe the field.
+RUNTIME_ARG_PATTERN = "^(" + "|".join(
+    flag if value is None else f"{flag}=({value.pattern.removeprefix('^').removesuffix('$')})"
+    for flag, value in RUNTIME_ARGS.items()) + ")$"
 
 
 def runtime_arg_error(arg):

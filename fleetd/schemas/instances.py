@@ -9,7 +9,7 @@ from fleetd.schemas.agent import PORT_STATES
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.jobs import ENV_NAME, MIN_GPU_FRACTION, GpuCount, NodeSelectorSchema, _at_most_256
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
-from fleetwire.assignment import MAX_RUNTIME_ARGS, RUNTIME_ARGS, runtime_arg_error
+from fleetwire.assignment import MAX_RUNTIME_ARGS, RUNTIME_ARG_PATTERN, RUNTIME_ARGS, runtime_arg_error
 
 IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
                         error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
@@ -77,7 +77,8 @@ class InstanceSpecSchema(Schema):
     resources = fields.Nested(InstanceResourcesSchema, load_default=lambda: InstanceResourcesSchema().load({}))
     volume_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0)
     volume_mount_path = Text(max_length=1024, load_default=DEFAULT_MOUNT, validate=[MOUNT_PATH])
-    runtime_args = fields.List(fields.String(validate=_runtime_arg), validate=validate.Length(max=MAX_RUNTIME_ARGS),
+    runtime_args = fields.List(fields.String(validate=_runtime_arg, metadata={"pattern": RUNTIME_ARG_PATTERN}),
+                               validate=validate.Length(max=MAX_RUNTIME_ARGS),
                                load_default=list, metadata={
         "description": "extra container runtime arguments, image only, each --flag=value from an allow-list: "
                        + ", ".join(sorted(RUNTIME_ARGS))})

@@ -42,3 +42,12 @@ def test_the_wire_takes_allowed_arguments_for_an_image_only():
         InstanceSpec.from_wire(dict(spec, runtime_args=["--privileged"]))
     with pytest.raises(ValueError, match="image only"):
         InstanceSpec.from_wire(dict(spec, image=None, runtime_args=["--init"]))
+
+
+def test_the_documents_pattern_says_what_the_check_says():
+    import re
+
+    from fleetwire.assignment import RUNTIME_ARG_PATTERN
+
+    for arg in ALLOWED + HOSTILE:
+        assert (re.match(RUNTIME_ARG_PATTERN, arg) is not None) == (runtime_arg_error(arg) is None), arg
