@@ -339,7 +339,7 @@ def _after_interruption(inst, why, resume):
         return "resume it to run it again (fleetd is set not to resume preempted instances by itself)"
     if why == "drain":
         return f"{where} is being drained, so it does not resume by itself; resume it to run it again"
-    return f"it runs again by itself on {where}"
+    return f"it runs again by itself on {where}" + ("" if _node_live(inst.node_id) else " when that node is back")
 
 
 def resumes_by_itself(inst):
