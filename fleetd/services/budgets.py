@@ -130,6 +130,7 @@ def _stop_spot(rt, team, reason, now):
             held += stop_job(job, reason, now)
     owe_stops(held)
     spot = [i.id for i in Instance.select(Instance.id, Instance.spec, Instance.state).where(Instance.team == team)
-            if i.instance_spec.priority_class == "spot" and InstanceState(i.state).holds_run()]
+            if i.instance_spec.priority_class == "spot"
+            and (InstanceState(i.state).holds_run() or i.state == InstanceState.INTERRUPTED.value)]
     for instance_id in spot:
         instances.stop_by_fleetd(rt, instance_id, reason)
