@@ -30,7 +30,9 @@ REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
 #: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.upgrades.UPGRADABLE).
 UPGRADABLE = ("ready", "cordoned", "draining", "drained")
 #: Where a node of each status before a run is once it is done.
-RETURNS_TO = {"cordoned": ("cordoned",), "draining": ("draining", "drained"), "drained": ("draining", "drained")}
+RETURNS_TO = {"cordoned": ("cordoned",), "draining": ("draining", "drained"), "drained": ("draining", "drained"),
+              # The validation gate's: a failed node stays so (an operator decides); one validating is left to it.
+              "failed_validation": ("failed_validation",), "validating": ("validating", "ready", "failed_validation")}
 AGENT_LOG_LINES = 15
 
 
@@ -411,7 +413,10 @@ class Bootstrapper:
         else:
             before = None  # nothing restarted: no fresh heartbeat to wait for
 
-        if previous in ("draining", "drained", "cordoned"):
+        if previous == "validating":
+            self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it is validating "
+                          "(its validation decides where it goes)")
+        elif previous in ("draining", "drained", "cordoned", "failed_validation"):
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it stays "
                           f"{previous} as an operator left it ({operator_reason(node)})")
         else:
