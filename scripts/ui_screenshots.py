@@ -21,11 +21,10 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support.gpus import gpus  # noqa: E402 - after the path is set
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402 - after the path is set
+from tests.support.gpus import gpus  # noqa: E402
 from tests.support.server import FleetdProcess, fleetd_init  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 H100 = gpus(1)[0]["model"]
 AGENT = {"X-Fleet-Protocol": "1"}
 

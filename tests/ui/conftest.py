@@ -3,6 +3,7 @@
 
 import pytest
 
+from tests.support.browser import launch
 from tests.support.http import CSRF_RE, UiClient  # noqa: F401 - tests import them from here
 
 
@@ -39,3 +40,14 @@ def signed_in(app, api):
         return client
 
     return make
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for a browser test module (tests/support/browser.py)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = launch(pw)
+        yield chromium
+        chromium.close()

@@ -4,44 +4,22 @@ Nodes enrol through the agent protocol with requests, as agents would. A screens
 page goes to $FLEETD_TEST_ARTIFACTS (or the test's tmp dir).
 """
 
-import os
 import re
 
 import pytest
 import requests
 
 from tests.conftest import gpus
+from tests.support.browser import BROWSER_MARKS, artifacts_dir, checked_page, shot  # noqa: F401 - tests import shot from here
 from tests.support.http import Http
 from tests.ui.conftest import CSRF_RE
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh) for browser tests"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture
 def artifacts(request, tmp_path):
-    """Where screenshots go: $FLEETD_TEST_ARTIFACTS/<test name>, else the test's tmp dir."""
-    root = os.environ.get("FLEETD_TEST_ARTIFACTS")
-    path = os.path.join(root, "ui", request.node.name) if root else str(tmp_path / "screenshots")
-    os.makedirs(path, exist_ok=True)
-    return path
+    return artifacts_dir(request.node.name, tmp_path)
 
 
 @pytest.fixture
@@ -57,21 +35,9 @@ def http(server, admin):  # noqa: F811
 
 @pytest.fixture
 def page(browser, server, artifacts):
-    """A fresh browser context (no cookies) and page; fails the test on any console error."""
-    context = browser.new_context(base_url=server.url, timezone_id="Asia/Tokyo", locale="en-US")
-    tab = context.new_page()
-    errors = []
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.artifacts = artifacts
-    yield tab
-    context.close()
-    # 4xx pages the test provokes log "Failed to load resource"; anything else (CSP, script errors) fails.
-    assert [e for e in errors if "Failed to load resource" not in e] == []
-
-
-def shot(page, name):
-    page.screenshot(path=os.path.join(page.artifacts, f"{name}.png"), full_page=True)
+    """A fresh browser context and page in Tokyo's time zone; fails the test on any console error."""
+    with checked_page(browser, server.url, artifacts, timezone_id="Asia/Tokyo") as tab:
+        yield tab
 
 
 def enrol(http, server, fleet, hostname, gpu_count):

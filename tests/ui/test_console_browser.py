@@ -4,7 +4,6 @@ the field), see a log line appear without reloading, and a submitter who sees ne
 the admin pages. Each test enrols its own node and cordons it at the end, so that tests sharing the server
 never get each other's work."""
 
-import os
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,25 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from tests.support.browser import BROWSER_MARKS, artifacts_dir, checked_page, shot
 from tests.support.http import Http
 from tests.support.server import FleetdProcess, fleetd_init
-from tests.ui.test_browser import CHROMIUM, CHROMIUM_ARGS, agent_call, enrol, sign_in
+from tests.ui.test_browser import agent_call, enrol, sign_in
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh) for browser tests"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +57,14 @@ def node(request, http, server):
 
 @pytest.fixture
 def artifacts(request, tmp_path):
-    root = os.environ.get("FLEETD_TEST_ARTIFACTS")
-    path = os.path.join(root, "ui", request.node.name) if root else str(tmp_path / "screenshots")
-    os.makedirs(path, exist_ok=True)
-    return path
+    return artifacts_dir(request.node.name, tmp_path)
 
 
 @pytest.fixture
 def page(browser, server, artifacts):
     """A fresh browser context (no cookies) and page; fails the test on any console error."""
-    context = browser.new_context(base_url=server.url, locale="en-US")
-    tab = context.new_page()
-    errors = []
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.artifacts = artifacts
-    yield tab
-    context.close()
-    # 4xx answers the tests provoke log "Failed to load resource"; anything else (CSP, script errors) fails.
-    assert [e for e in errors if "Failed to load resource" not in e] == []
-
-
-def shot(page, name):
-    page.screenshot(path=os.path.join(page.artifacts, f"{name}.png"), full_page=True)
+    with checked_page(browser, server.url, artifacts) as tab:
+        yield tab
 
 
 class _Hello(BaseHTTPRequestHandler):
