@@ -1,18 +1,24 @@
 """Schemas of rollouts: what the driving CLI creates and reports, what any CLI reads."""
 
+import re
+
 from marshmallow import Schema, ValidationError, fields, validate, validates
 
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.fleets import AvailabilitySchema
 from fleetd.services.rollouts import NODE_MOVES, NODE_STATES
 
+PERCENT_PATTERN = r"^0*([1-9][0-9]?|100)%$"  # ASCII digits only: 1% to 100%
+
 
 class RolloutCreateSchema(Schema):
     fleet = Text(required=True, min_length=1, max_length=64)
     bundle_version = Text(required=True, min_length=1, max_length=64)
     bundle_sha256 = Text(required=True, validate=[validate.Regexp(r"^[0-9a-f]{64}$", error="64 hex digits")])
-    batch = fields.Raw(load_default=1, metadata={"description": "nodes per batch: a number, or a percentage "
-                                                                "of the nodes such as \"10%\" (default 1)"})
+    batch = fields.Raw(load_default=1, metadata={
+        "description": "nodes per batch: a number, or a percentage of the nodes such as \"10%\" (default 1)",
+        "oneOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
+                  {"type": "string", "pattern": PERCENT_PATTERN}]})
     canary = Int(minimum=0, maximum=1000, load_default=1,
                  metadata={"description": "nodes upgraded first, alone; any failure among them pauses the rollout"})
     max_failures = Int(minimum=0, maximum=100000, load_default=0,
@@ -29,7 +35,7 @@ class RolloutCreateSchema(Schema):
             if not 1 <= value <= 100000:
                 raise ValidationError("1 to 100000 nodes")
             return
-        if not (value.endswith("%") and value[:-1].isdigit() and 1 <= int(value[:-1]) <= 100):
+        if not re.fullmatch(PERCENT_PATTERN, value):
             raise ValidationError("a percentage from 1% to 100%")
 
 

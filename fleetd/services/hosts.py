@@ -7,8 +7,11 @@ from fleetd.models import Node, RetiredNode
 
 def retire(node, now):
     """Remember the node of a host about to be deleted (inside the delete's transaction)."""
+    # An upsert that SQLite and PostgreSQL both take (PostgreSQL has no INSERT OR REPLACE).
     RetiredNode.insert(machine_id=node.machine_id, node_id=node.id, fleet=node.fleet_id, retired_at=now) \
-        .on_conflict_replace().execute()
+        .on_conflict(conflict_target=[RetiredNode.machine_id],
+                     update={RetiredNode.node_id: node.id, RetiredNode.fleet: node.fleet_id,
+                             RetiredNode.retired_at: now}).execute()
 
 
 def returning_node(machine_id):
