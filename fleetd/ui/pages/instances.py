@@ -9,7 +9,7 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import InstanceState
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import ResumeSchema
-from fleetd.services import instances, nodes
+from fleetd.services import instances, nodes, usage
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import load_form
@@ -118,7 +118,8 @@ def instance_page(instance_id):
         lines = instances.instance_logs_tail(principal, instance_id, logs.SHOWN)
     log = logs.box(lines, _log_url(instance_id), context["live"], INSTANCE_QUIET)
     return render_template("instance.html", events=list(reversed(events)), log=log,
-                           spec_text=masked_spec_text(view["spec"]), **context)
+                           spec_text=masked_spec_text(view["spec"]),
+                           usage=usage.workload_usage(rt, principal, view["id"]), **context)
 
 
 INSTANCE_QUIET = "it runs no process now; the page follows its log again after a resume."

@@ -7,7 +7,7 @@ from markupsafe import Markup
 from fleetd.errors import InvalidRequest
 from fleetd.models import JobState
 from fleetd.runtime import current_runtime
-from fleetd.services import jobs, nodes, policy
+from fleetd.services import jobs, nodes, policy, usage
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.pages import logs
@@ -90,7 +90,8 @@ def job_page(job_id):
     return render_template(
         "job.html", job=job, spec=masked_spec_text(job.spec), hostnames=_hostnames(job),
         events=list(reversed(events)), log=logs.box(lines, _log_url(job_id), not terminal, JOB_DONE),
-        terminal=terminal, simulation=simulation, now=rt.clock.now())
+        terminal=terminal, simulation=simulation, now=rt.clock.now(),
+        usage=usage.workload_usage(rt, principal, job.id))
 
 
 @bp.route("/jobs/<string:job_id>/log")
