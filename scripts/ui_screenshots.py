@@ -14,14 +14,14 @@ import os
 import sys
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402 - after the path is set
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, HelloPage  # noqa: E402 - after the path is set
 from tests.support.gpus import gpus  # noqa: E402
 from tests.support.server import FleetdProcess, fleetd_init  # noqa: E402
 
@@ -48,19 +48,6 @@ class Api:
         if resp.status_code >= 400:
             raise SystemExit(f"agent {path}: {resp.status_code} {resp.text}")
         return resp.json() if resp.content else None
-
-
-class Hello(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the stdlib's name
-        body = b"<!doctype html><title>notebook</title><h1>hello from the instance</h1>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 def enrol(api, fleet, hostname, count):
@@ -153,7 +140,7 @@ def main():
     if not os.path.exists(CHROMIUM):
         raise SystemExit(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh)")
     os.makedirs(args.out, exist_ok=True)
-    web = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    web = ThreadingHTTPServer(("127.0.0.1", 0), HelloPage)
     threading.Thread(target=web.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="fleetd-shots-") as tmp:
         data_dir = os.path.join(tmp, "data")

@@ -262,7 +262,7 @@ def _save(records, created):
 def _flush_ended(run, batch):
     """Account runs that ended (their marks), BATCH per transaction; returns how many."""
     done = 0
-    while True:
+    for _ in range(UsageMark.select().count() // batch + 1):  # each round deletes the marks it read
         with write_transaction():
             marks = list(UsageMark.select().order_by(UsageMark.id).limit(batch))
             if not marks:
@@ -290,6 +290,7 @@ def _flush_ended(run, batch):
             done += len(marks)
         if len(marks) < batch:
             return done
+    return done  # marks written meanwhile wait for the next pass
 
 
 def _flush_running(run, batch):

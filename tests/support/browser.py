@@ -3,6 +3,7 @@ launched, and the marks of a module that needs it."""
 
 import contextlib
 import os
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -50,3 +51,18 @@ def checked_page(browser, base_url, artifacts, **context_options):
 def shot(page, name):
     """A full-page screenshot into the test's artifacts."""
     page.screenshot(path=os.path.join(page.artifacts, f"{name}.png"), full_page=True)
+
+
+class HelloPage(BaseHTTPRequestHandler):
+    """What a deployed instance serves in the browser tests and screenshots: one small HTML page."""
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        body = b"<!doctype html><title>notebook</title><h1>hello from the instance</h1>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass

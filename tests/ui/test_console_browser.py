@@ -6,12 +6,12 @@ never get each other's work."""
 
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 import requests
 
-from tests.support.browser import BROWSER_MARKS, artifacts_dir, checked_page, shot
+from tests.support.browser import BROWSER_MARKS, HelloPage, artifacts_dir, checked_page, shot
 from tests.support.http import Http
 from tests.support.server import FleetdProcess, fleetd_init
 from tests.ui.test_browser import agent_call, enrol, sign_in
@@ -67,23 +67,10 @@ def page(browser, server, artifacts):
         yield tab
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the stdlib's name
-        body = b"<!doctype html><title>notebook</title><h1>hello from the instance</h1>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def workload():
     """What the instance serves: a real HTTP server on a loopback port (its node's published host port)."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), HelloPage)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv.server_address[1]
