@@ -136,7 +136,9 @@ def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed(flee
     assert "gave up after 2 restarts" in failed["status_reason"] and failed["last_exit"]["exit_code"] == 126
     states = [e["to_status"] for e in http("GET", f"/api/v1/instances/{instance_id}/events", expect=200)
               .json()["items"] if e["to_status"]]
-    assert states[-1] == "failed" and "restarting" in states and "running" in states, states
+    # One restarting per exit the limit allowed, then failed. Whether "running" shows between them
+    # depends on whether the agent saw the process up before it exited (it exits at once).
+    assert states[-1] == "failed" and states.count("restarting") == 2, states
 
 
 def test_a_container_instance_is_served_through_its_published_port(fleet, tmp_path):
