@@ -2,10 +2,10 @@
 GPUs and fleets, so the scheduler keeps them in memory and reads them again only when it moved."""
 from peewee import *
 
-# Node columns placement reads; a heartbeat's last_heartbeat_at or a drain's reason do not count.
-NODE_COLUMNS = "fleet, hostname, status, labels, cpu_count, memory_bytes"
-FLEET_COLUMNS = "availability, labels"
-TABLES = (("node", NODE_COLUMNS), ("gpu", None), ("fleet", FLEET_COLUMNS))
+from fleetd.inventory_columns import watched
+
+# Node and fleet columns placement reads (fleetd.inventory_columns); every GPU column counts.
+TABLES = (("node", watched("node", 6)), ("gpu", None), ("fleet", watched("fleet", 6)))
 
 
 def up(migrator, db):

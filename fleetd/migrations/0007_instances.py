@@ -2,8 +2,10 @@
 reports (placement reads it, so the node's inventory trigger watches it too)."""
 from peewee import *
 
-OLD_NODE_COLUMNS = "fleet, hostname, status, labels, cpu_count, memory_bytes"
-NODE_COLUMNS = OLD_NODE_COLUMNS + ", container_runtime"
+from fleetd.inventory_columns import watched
+
+OLD_NODE_COLUMNS = watched("node", 6)
+NODE_COLUMNS = watched("node", 7)
 
 
 def up(migrator, db):

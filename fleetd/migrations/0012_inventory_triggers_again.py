@@ -4,7 +4,9 @@ and 0007 (what bumps the inventory version when placement's view of a node chang
 again. PostgreSQL adds such columns in place and keeps its triggers."""
 from peewee import *
 
-NODE_COLUMNS = "fleet, hostname, status, labels, cpu_count, memory_bytes, container_runtime"
+from fleetd.inventory_columns import watched
+
+NODE_COLUMNS = watched("node", 12)
 BUMP = "UPDATE inventory_version SET version = version + 1 WHERE id = 1"
 
 

@@ -4,7 +4,9 @@ scheduler reads again only the nodes that changed since the inventory it holds, 
 Fleet changes still only bump the version (fleets are few and read again in full)."""
 from peewee import *
 
-NODE_COLUMNS = "fleet, hostname, status, labels, cpu_count, memory_bytes, container_runtime"
+from fleetd.inventory_columns import watched
+
+NODE_COLUMNS = watched("node", 13)
 BUMP = "UPDATE inventory_version SET version = version + 1 WHERE id = 1"
 
 

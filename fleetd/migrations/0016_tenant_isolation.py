@@ -9,10 +9,12 @@ database itself: on SQLite the migrator would otherwise rebuild the fleet table,
 triggers and, with foreign keys on, empties what refers to it."""
 from peewee import *
 
-OLD_NODE_COLUMNS = "fleet, hostname, status, labels, cpu_count, memory_bytes, container_runtime"
-NODE_COLUMNS = OLD_NODE_COLUMNS + ", capabilities"
-OLD_FLEET_COLUMNS = "availability, labels"
-FLEET_COLUMNS = OLD_FLEET_COLUMNS + ", allow_root_tasks, require_isolation, allowed_images"
+from fleetd.inventory_columns import watched
+
+OLD_NODE_COLUMNS = watched("node", 15)
+NODE_COLUMNS = watched("node", 16)
+OLD_FLEET_COLUMNS = watched("fleet", 15)
+FLEET_COLUMNS = watched("fleet", 16)
 BUMP = "UPDATE inventory_version SET version = version + 1 WHERE id = 1"
 NOTE = ("INSERT INTO inventory_change (node_id, version) SELECT NEW.id, version FROM inventory_version "
         "WHERE id = 1 ON CONFLICT (node_id) DO UPDATE SET version = excluded.version")
