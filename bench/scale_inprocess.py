@@ -180,7 +180,7 @@ def engine_breakdown(rt, app, database):
 
         with app.app_context(), database.connection_context():
             t0 = time.perf_counter()
-            state = ClusterState(rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+            state = ClusterState(rt.terms, rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
             out["state_load_s"] = round(time.perf_counter() - t0, 3)
             t0 = time.perf_counter()
             snapshot = state.snapshot()

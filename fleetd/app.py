@@ -12,16 +12,10 @@ from fleetd.api import BLUEPRINTS, docs, graphql
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.api.parser import forbidden_text, null_means_null
 from fleetd.auth import resolve_token
-from fleetd.background import TaskRunner
 from fleetd.db import bind, database, hand_back, open_database, request_durable, request_started
 from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
 from fleetd.schemas.common import ErrorSchema
-from fleetd.services import lifecycle
-from fleetd.services.cluster import InventoryCache
-from fleetd.services.engines import Engines
-from fleetd.services.metrics import Instruments
-from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
 from fleetd.settings import Settings
 from fleetd.ui import init_ui, is_ui_endpoint
 
@@ -49,8 +43,9 @@ class FleetApi(Api):
         return handle_error(error)
 
 
-def create_app(settings=None, clock=None, db=None):
-    """Build the app. Background tasks are registered but only `fleetd serve` starts them."""
+def create_app(settings=None, clock=None, db=None, offload=None, after_full_read=None):
+    """Build the app. Background tasks are registered but only `fleetd serve` starts them
+    (`offload` and `after_full_read`: see Runtime.build)."""
     settings = settings or Settings.load()
     app = Flask("fleetd")
     app.config.update(
@@ -67,9 +62,7 @@ def create_app(settings=None, clock=None, db=None):
         },
     )
     bind(db or open_database(settings.database_url, settings.sqlite_synchronous))
-    rt = Runtime.build(settings, clock)
-    app.extensions["fleetd"] = rt
-    lifecycle.NOTIFIERS.add(rt.notifier)  # instance changes wake this app's waiters
+    app.extensions["fleetd"] = Runtime.build(settings, clock, app, offload, after_full_read)
 
     api = FleetApi(app)
     api.ma_plugin.converter.add_attribute_function(null_means_null)
@@ -82,7 +75,6 @@ def create_app(settings=None, clock=None, db=None):
     app.register_blueprint(docs.blp)
     app.register_blueprint(graphql.blp)
     app.add_url_rule("/", "root", _root)
-    rt.instruments = Instruments(rt)
     app.before_request(request_started)
     app.before_request(_start_timer)
     app.after_request(_observe_latency)
@@ -91,11 +83,6 @@ def create_app(settings=None, clock=None, db=None):
     app.before_request(_authenticate)
     app.before_request(_check_url)
     app.teardown_request(_close_db)
-    rt.tasks = TaskRunner(app, rt)
-    rt.scheduler = SchedulerLoop(app, rt)
-    rt.parked = ParkedGroups()
-    rt.inventory = InventoryCache()
-    rt.engines = Engines()
     return app
 
 

@@ -171,6 +171,8 @@ def write_transaction():
     outermost = not database.in_transaction()
     atomic = database.atomic("IMMEDIATE") if isinstance(database.obj, peewee.SqliteDatabase) else database.atomic()
     fence = getattr(_FENCE, "fn", None) if outermost else None
+    if outermost:
+        _AFTER_COMMIT.fns = []
     try:
         with atomic:
             if fence is not None:
@@ -178,24 +180,44 @@ def write_transaction():
             yield atomic
     except BaseException:
         if outermost:
-            _AFTER_COMMIT.fns = []
+            _AFTER_COMMIT.fns = None
         raise
     if outermost:
-        fns, _AFTER_COMMIT.fns = getattr(_AFTER_COMMIT, "fns", []), []
+        fns, _AFTER_COMMIT.fns = _AFTER_COMMIT.fns, None
         for fn in fns:
             fn()
 
 
+@contextlib.contextmanager
+def savepoint():
+    """A nested transaction inside a write_transaction: if it rolls back, so does what after_commit()
+    registered inside it (a refused report's wake-ups are not sent)."""
+    fns = _open_hooks()
+    mark = len(fns)
+    try:
+        with database.atomic():
+            yield
+    except BaseException:
+        del fns[mark:]
+        raise
+
+
 def after_commit(fn):
     """Call fn() once the current write_transaction commits (dropped if it rolls back); at once
-    outside a transaction. For wake-ups: a waiter woken before the commit would read the old rows."""
+    outside a transaction. The one way to act on a change: a waiter woken, a pass kicked or a peer
+    told before the commit would read the old rows (Notifier.notify and SchedulerLoop.kick defer
+    through it)."""
     if not database.in_transaction():
         fn()
         return
+    _open_hooks().append(fn)
+
+
+def _open_hooks():
     fns = getattr(_AFTER_COMMIT, "fns", None)
-    if fns is None:
-        fns = _AFTER_COMMIT.fns = []
-    fns.append(fn)
+    if fns is None:  # a bare database.atomic(): nothing would ever run them
+        raise RuntimeError("after_commit() inside a transaction that write_transaction() did not open")
+    return fns
 
 
 def upgrade(db=None):

@@ -5,6 +5,8 @@ import math
 import threading
 import time
 
+from fleetd.db import after_commit
+
 
 @dataclasses.dataclass
 class Seen:
@@ -310,7 +312,11 @@ class Notifier:
                         del self._waiters[key]
 
     def notify(self, key, local=False):
-        """Wake everyone waiting on `key` (on the other replicas too, unless `local`)."""
+        """Wake everyone waiting on `key` (on the other replicas too, unless `local`) once the
+        current write_transaction commits (at once outside one): a waiter reads the new rows."""
+        after_commit(lambda: self._notify(key, local))
+
+    def _notify(self, key, local):
         with self._lock:
             waiters = list(self._waiters.get(key, ()))
         for event in waiters:

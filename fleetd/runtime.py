@@ -1,48 +1,64 @@
 """The per-process state that services need besides the database."""
 
 import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from flask import current_app, request
 
 from fleetd.auth import FailureLimiter, RequestRates, client_address
+from fleetd.background import TaskRunner
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamples
 from fleetd.replicas import Leadership
-from fleetd.services.cluster import call
+from fleetd.services.cluster import InventoryCache, call
+from fleetd.services.engines import Engines
 from fleetd.services.identities import Identities
+from fleetd.services.lifecycle import NodeStops
+from fleetd.services.metrics import Instruments
+from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
+from fleetd.services.terms import TermsCache
 
 
 @dataclasses.dataclass
 class Runtime:
-    """Settings, clock and the in-memory trackers of one fleetd process."""
+    """Settings, clock, caches and trackers of one fleetd process: all of its state besides the
+    database, made by build() (create_app calls it; tests get the same machine as `fleetd serve`)."""
 
-    settings: object
+    settings: Any  # fleetd.settings.Settings
     clock: Clock
     liveness: LivenessTracker
     limiter: FailureLimiter
     leases: LeaseTracker
     notifier: Notifier
+    identities: Identities  # who tasks run as
+    samples: RuntimeSamples  # what nodes last reported of their instance runs
+    rates: RequestRates  # each API token's request rate
+    trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
+    stops: NodeStops = dataclasses.field(default_factory=NodeStops)  # stops nodes owe their processes
+    terms: TermsCache = dataclasses.field(default_factory=TermsCache)  # a job's placement terms, by id
+    parked: ParkedGroups = dataclasses.field(default_factory=ParkedGroups)  # groups that fit nowhere
+    inventory: InventoryCache = dataclasses.field(default_factory=InventoryCache)  # nodes, GPUs, fleets
+    engines: Engines = dataclasses.field(default_factory=Engines)  # placement engines kept between passes
+    pass_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # passes never overlap
     nominations: dict = dataclasses.field(default_factory=dict)  # job id -> task ids preempted for it
     storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
-    instruments: object = None  # services.metrics.Instruments, set by create_app
-    tasks: object = None  # background.TaskRunner, set by create_app
-    scheduler: object = None  # services.scheduling.SchedulerLoop, set by create_app
-    trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
-    parked: object = None  # services.scheduling.ParkedGroups, set by create_app
-    inventory: object = None  # services.cluster.InventoryCache, set by create_app
-    engines: object = None  # services.engines.Engines (placement engines kept between passes), set by create_app
-    # Runs CPU-heavy pure work (a pass's decisions) off the request loop: fleetd serve sets it to
-    # gevent's thread pool; elsewhere it is a plain call.
-    offload: object = call
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
-    identities: Identities | None = None  # who tasks run as (services.identities), set by build()
-    samples: RuntimeSamples | None = None  # what nodes last reported of their instance runs, set by build()
-    rates: RequestRates | None = None  # each API token's request rate, set by build()
+    # Runs CPU-heavy pure work (a pass's decisions) off the request loop: `fleetd serve` gives
+    # gevent's thread pool; elsewhere it is a plain call.
+    offload: Callable = call
+    instruments: Instruments | None = None  # the app's Prometheus instruments
+    tasks: TaskRunner | None = None  # the background tasks (`fleetd serve` starts them)
+    scheduler: SchedulerLoop | None = None  # passes after kicks (`fleetd serve` starts its thread)
 
     @classmethod
-    def build(cls, settings, clock=None):
-        """Create the runtime for these settings."""
+    def build(cls, settings, clock=None, app=None, offload=None, after_full_read=None):
+        """The runtime for these settings, and for `app` its instruments, background tasks and
+        scheduler loop. `offload`: where CPU-heavy work runs (`fleetd serve`: a thread pool; its
+        inventory reads are then throttled), `after_full_read`: called after a full inventory read
+        or engine build (`fleetd serve` freezes what lives long)."""
         clock = clock or Clock()
         liveness = LivenessTracker(
             clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace,
@@ -51,9 +67,20 @@ class Runtime:
         limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
                                  settings.auth_failure_global_limit)
         leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
-        return cls(settings, clock, liveness, limiter, leases, Notifier(), trusted_networks=settings.trusted_networks,
-                   identities=Identities(settings.task_uids), samples=RuntimeSamples(clock),
-                   rates=RequestRates(settings.limits_requests_per_second, settings.limits_request_burst_seconds))
+        rt = cls(settings, clock, liveness, limiter, leases, Notifier(), Identities(settings.task_uids),
+                 RuntimeSamples(clock),
+                 RequestRates(settings.limits_requests_per_second, settings.limits_request_burst_seconds),
+                 trusted_networks=settings.trusted_networks)
+        if offload is not None:
+            rt.offload = rt.inventory.offload = offload
+            rt.inventory.throttle = True  # a view a few seconds old while reads would come faster
+        if after_full_read is not None:
+            rt.inventory.after_full_read = rt.engines.after_build = after_full_read
+        if app is not None:
+            rt.instruments = Instruments(rt)
+            rt.tasks = TaskRunner(app, rt)
+            rt.scheduler = SchedulerLoop(app, rt)
+        return rt
 
 
 def current_runtime():

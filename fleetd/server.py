@@ -239,18 +239,17 @@ def serve(settings, ready_callback=None):
     applied = upgrade(db)
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
-    app = create_app(settings, db=db)
-    rt = app.extensions["fleetd"]
     # A pass's decisions are pure CPU work: a worker thread takes them, and the event loop goes
-    # on answering heartbeats and submits meanwhile.
+    # on answering heartbeats and submits meanwhile. What start-up builds lives as long as the
+    # process: the collector's full passes skip it (freeze_long_lived).
     pool = gevent.get_hub().threadpool
-    rt.offload = rt.inventory.offload = lambda fn, *args: pool.apply(fn, args)
+    app = create_app(settings, db=db, offload=lambda fn, *args: pool.apply(fn, args),
+                     after_full_read=freeze_long_lived)
+    rt = app.extensions["fleetd"]
     # The loop gives up the GIL in every SQLite call and then waits for a busy worker thread to
     # hand it back, up to the switch interval each time (5 ms by default): a heartbeat's few reads
     # took ~20 ms while a pass decided, and requests queued for seconds behind one another.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    rt.inventory.throttle = True
-    rt.inventory.after_full_read = rt.engines.after_build = freeze_long_lived
     # What start-up built lives as long as the process: the collector's full passes skip it.
     gc.collect()
     gc.freeze()

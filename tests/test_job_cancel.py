@@ -9,7 +9,6 @@ import pytest
 from fleetd.errors import Conflict
 from fleetd.models import JobState
 from fleetd.services import lifecycle
-from fleetd.services.lifecycle import STOPS
 from tests.conftest import T0, ApiClient, admin_client
 
 J = JobState
@@ -224,10 +223,11 @@ def test_a_stop_the_database_never_confirms_is_dropped_without_being_told(api, f
     node_id, session = api.ready_node(fleet, "n1")
     api.submit(resources={"gpus": 1})
     task = api.start_task(session)
-    monkeypatch.setattr(STOPS, "confirm_seconds", 0.2)
-    STOPS.owe(node_id, task["task_id"], task["epoch"])  # as a transaction that then rolled back would
+    stops = api.app.extensions["fleetd"].stops
+    monkeypatch.setattr(stops, "confirm_seconds", 0.2)
+    stops.owe(node_id, task["task_id"], task["epoch"])  # as a transaction that then rolled back would
     assert _acquire(api, session, wait_seconds=1) == {"assignment": None, "cancel": []}
-    assert STOPS.owed(node_id) == {}
+    assert stops.owed(node_id) == {}
 
 
 def test_revoking_a_node_ends_its_tasks_as_lost_and_tells_its_waiting_acquire(api, fleet):

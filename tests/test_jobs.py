@@ -7,7 +7,7 @@ import pytest
 
 from fleetd.clock import isoformat
 from fleetd.db import database
-from fleetd.services.terms import _TermsCache
+from fleetd.services.terms import TermsCache
 from tests.conftest import ApiClient
 
 
@@ -444,7 +444,7 @@ def test_jobs_that_need_nothing_go_to_the_least_busy_node(api, fleet):
 
 def test_job_terms_cache_keeps_the_newest_entries_up_to_its_size(api):
     ids = [api.submit(name=f"j{i}")["id"] for i in range(5)]  # no node: they stay queued
-    cache = _TermsCache(size=3)
+    cache = TermsCache(size=3)
     with database.connection_context():
         terms = cache.get_many(ids)
         assert sorted(terms) == sorted(ids)  # all returned, the newest three kept

@@ -192,7 +192,7 @@ def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, f
     with api.app.app_context():
         jobs = list(Job.select())
     assert len(jobs) == 3 and len({job.group_key for job in jobs}) == 3
-    found = terms.TERMS.get_many([job.id for job in jobs])
+    found = api.app.extensions["fleetd"].terms.get_many([job.id for job in jobs])
     for job in jobs:
         assert job.group_key == terms.group_key(found[job.id].group), job.name
 
@@ -371,19 +371,27 @@ def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
     assert others and all(n is before.by_id[n.id] for n in others)  # unchanged nodes were not read again
 
 
-def test_never_fits_answers_are_kept_for_one_inventory_at_a_time():
-    memo = scheduling._NeverFitsMemo()
-    old, new = object(), object()
+def test_never_fits_answers_are_kept_for_one_inventory_at_a_time(api, fleet, monkeypatch):
+    from fleetd.db import database
+    from tests.conftest import gpus
+
+    first = api.ready_node(fleet, "n1")
+    rt = api.app.extensions["fleetd"]
     asked = []
-
-    def compute(answer):
-        asked.append(answer)
-        return answer
-
-    assert memo.get(old, "shape", lambda: compute("old")) == "old"
-    assert memo.get(old, "shape", lambda: compute("again")) == "old"  # answered once per shape
-    assert memo.get(new, "shape", lambda: compute("new")) == "new"  # another inventory: asked anew
-    assert asked == ["old", "new"]
+    answer = scheduling._never_fits
+    monkeypatch.setattr(scheduling, "_never_fits", lambda inventory, request: asked.append(request.gpus)
+                        or answer(inventory, request))
+    with database.connection_context():
+        old = rt.inventory.get()
+    request = scheduler.TaskRequest(gpus=64)
+    reason = scheduling.never_fits(old, request)
+    assert reason and scheduling.never_fits(old, scheduler.TaskRequest(gpus=64)) == reason  # once per shape
+    assert scheduling.never_fits(old, scheduler.TaskRequest(gpus=1)) is None
+    api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(4)}, token=first[1], agent=True)
+    with database.connection_context():
+        new = rt.inventory.get()
+    assert new is not old and "most any matching node has is 4" in scheduling.never_fits(new, request)  # asked anew
+    assert asked == [64, 1, 64]
 
 
 def test_inventories_and_engines_hold_no_reference_cycles(api, fleet):

@@ -31,7 +31,7 @@ from fleetd.models import (
     Task,
 )
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
-from fleetd.services.terms import TERMS, JobTerms
+from fleetd.services.terms import JobTerms, TermsCache
 from fleetd.sql import Statement
 
 BLOCK_TEXT = {
@@ -127,9 +127,9 @@ def _ended_holds_statement(count):
 _ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
 
 
-def load_holds(ended=None):
+def load_holds(terms_cache, ended=None):
     """Hold rows of the active tasks, or of those of the task ids in `ended` that are no longer
-    active: narrow queries compiled once, job terms from the cache."""
+    active: narrow queries compiled once, job terms from `terms_cache` (rt.terms)."""
     if ended is None:
         rows = _ACTIVE_HOLDS.raw_tuples()
     else:
@@ -137,7 +137,7 @@ def load_holds(ended=None):
         for start in range(0, len(ended), _ENDED_CHUNK):
             chunk = ended[start:start + _ENDED_CHUNK]
             rows += _ENDED_HOLDS[len(chunk)].raw_tuples(**{f"id{i}": task_id for i, task_id in enumerate(chunk)})
-    terms = TERMS.get_many(list({row[1] for row in rows}))
+    terms = terms_cache.get_many(list({row[1] for row in rows}))
     gpus_value = Task.gpus.python_value
     return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id], run_as)
             for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows if job_id in terms]
@@ -158,6 +158,9 @@ class Inventory(typing.NamedTuple):
     # ((version, ids of the nodes changed after it), ...): how this inventory was patched from
     # earlier ones, the last few reads at most; () when it was read in full.
     history: tuple = ()
+    # scheduling.never_fits answers about this inventory by request shape: a deep queue of alike
+    # submits costs one look at the nodes, not one per submit (any thread may add one)
+    answers: dict | None = None
 
 
 _INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
@@ -248,7 +251,7 @@ def _assemble(version, fleets, nodes, gpus, models):
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
     return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
-                     frozenset().union(*models.values()), {node.id: node for node in nodes})
+                     frozenset().union(*models.values()), {node.id: node for node in nodes}, answers={})
 
 
 def _holds(inventory, version):
@@ -323,20 +326,22 @@ class InventoryCache:
 def current_state(rt):
     """The ClusterState of this moment, over the inventory kept in memory (for the API's views);
     liveness is frozen into it, so its pure parts may run off the event loop."""
-    return ClusterState(rt.clock.now(), rt.liveness.overdue_view(), rt.liveness.reported_running(),
+    return ClusterState(rt.terms, rt.clock.now(), rt.liveness.overdue_view(), rt.liveness.reported_running(),
                         rt.inventory.get())
 
 
 class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 
-    def __init__(self, now, silent=lambda node_id: False, reported=None, inventory=None):
-        """`reported`: {task id: (node id, epoch)} that nodes last said are still running;
-        `inventory`: fleets, nodes and GPUs when the caller has them (else read now)."""
+    def __init__(self, terms: TermsCache, now, silent=lambda node_id: False, reported=None, inventory=None):
+        """`terms`: the runtime's job terms; `reported`: {task id: (node id, epoch)} that nodes last
+        said are still running; `inventory`: fleets, nodes and GPUs when the caller has them (else
+        read now)."""
+        self.terms = terms
         self.now = now
         self.inventory = inventory = inventory or load_inventory()
         self.fleets, self.nodes, self.gpus = inventory.fleets, inventory.nodes, inventory.gpus
-        self.tasks = load_holds()
+        self.tasks = load_holds(terms)
         # Tasks the control plane ended (cancelled, preempted, requeued) whose process still runs:
         # their GPUs are not free until the node stops reporting them.
         # Only tasks that are not active can be stopping: most of what nodes report is active, and
@@ -345,15 +350,15 @@ class ClusterState:
         ended = [task_id for task_id in (reported or ()) if task_id not in active]
         self.stopping = []
         if ended:
-            self.stopping = [t for t in load_holds(ended)
+            self.stopping = [t for t in load_holds(terms, ended)
                              if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
         self.held, self.node_use = self._reservations()
         self._silent = silent
-        self.owner_ports = {}  # node id -> {owner: host ports its instances hold there}; see load_owner_ports
+        self.owner_ports: dict = {}  # node id -> {owner: host ports its instances hold there}; see load_owner_ports
         self.mps_owners = self._mps_owners()  # (node id, uuid) -> the owner whose MPS slices share it
-        self._blocks = {}  # node id -> NodeBlock or None, made when first asked
-        self._closed = {}  # fleet name -> NodeBlock while outside its window, else None
+        self._blocks: dict = {}  # node id -> NodeBlock or None, made when first asked
+        self._closed: dict = {}  # fleet name -> NodeBlock while outside its window, else None
         self._held_by_node = None
 
     def overdue_ids(self, node_ids=None):
@@ -516,7 +521,7 @@ class ClusterState:
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms cache."""
         ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
         demand = {}
-        for terms in TERMS.get_each(ids)[0].values():
+        for terms in self.terms.get_each(ids)[0].values():
             request = terms.request
             gpus = float(request.gpus or 0) * request.num_nodes
             if not gpus:

@@ -70,7 +70,7 @@ def _drop_stale_listings(rt):
     freed = 0
     for node_id, seen in rt.liveness.listings_older_than(limit).items():
         listed = {t["id"]: t["epoch"] for t in seen.tasks}
-        held = [h for h in load_holds(list(listed)) if h.node_id == node_id and listed[h.id] == h.epoch and h.gpus]
+        held = [h for h in load_holds(rt.terms, list(listed)) if h.node_id == node_id and listed[h.id] == h.epoch and h.gpus]
         rt.liveness.drop_listing(node_id, seen)
         for hold in held:
             log.warning("freed a leaked GPU hold: task %s/%d is %s, but node %s's listing of it from %s still held "

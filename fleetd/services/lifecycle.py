@@ -9,7 +9,8 @@ switch states through it.
 import contextlib
 import threading
 import time
-import weakref
+
+from flask import current_app, has_app_context
 
 from fleetd.db import after_commit
 from fleetd.errors import Conflict
@@ -71,7 +72,7 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
                        {"state": task.state})
     if tell_node and to_state.is_terminal() and is_held(task):
         # fleetd ended a task whose process a node may still run: that node is told at once.
-        STOPS.owe(task.node_id, task.id, task.epoch)
+        owe_stops([task])
     if to_state.is_terminal() and not from_state.is_terminal():
         record_run_end(task, now)  # the usage ledger accounts the run (if it ran) at its next pass
     task.state = to_state.value
@@ -86,9 +87,17 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
 
 
 def owe_stops(tasks):
-    """The nodes that hold these tasks must stop them now (after the commit that ended them)."""
-    for task in tasks:
-        STOPS.owe(task.node_id, task.id, task.epoch)
+    """The nodes that hold these tasks must stop them now (their acquires are woken after the commit
+    that ended them). Outside an app (a CLI tool) no node waits here: the heartbeat's cancel list tells them."""
+    rt = _runtime()
+    if rt is not None:
+        for task in tasks:
+            rt.stops.owe(task.node_id, task.id, task.epoch)
+
+
+def _runtime():
+    """The Runtime of the app this runs in (fleetd.runtime), None outside one."""
+    return current_app.extensions.get("fleetd") if has_app_context() else None
 
 
 def is_held(task):
@@ -108,11 +117,11 @@ class NodeStops:
 
     A task that fleetd ends while a node holds it (cancel, preemption, a drain's deadline, a
     gang's stop, a requeue) owes that node a stop of (task, epoch), and the node's waiting
-    acquire long-polls are woken at once. Stops are owed from inside the transaction that ends
-    the task (callers need no runtime), so acquire hands one out only once the database shows it
+    acquire long-polls are woken once that commits. Stops are owed from inside the transaction
+    that ends the task (switch_task_state, owe_stops), and acquire hands one out only once the database shows it
     (work.acquire); one the database never confirms (a rolled-back transaction) is dropped after
-    `confirm_seconds`. Process-wide: node ids are unique. The heartbeat's `cancel` list remains
-    the fallback (a lost reply, another replica).
+    `confirm_seconds`. The heartbeat's `cancel` list remains
+    the fallback (a lost reply, another replica). One per Runtime.
     """
 
     def __init__(self, confirm_seconds=5.0):
@@ -168,9 +177,6 @@ class NodeStops:
                         del self._watchers[node_id]
 
 
-STOPS = NodeStops()
-
-
 # state -> the states it may go to. A process that keeps ending is `restarting` (again at each exit
 # while its node restarts it); `deleting` lasts until its processes ended and its node removed the volume.
 INSTANCE_TRANSITIONS = transition_table(InstanceState, {
@@ -188,10 +194,6 @@ INSTANCE_TRANSITIONS = transition_table(InstanceState, {
 
 
 ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
-
-
-# Every runtime's notifier: an instance's change wakes its waiters, whichever app serves them.
-NOTIFIERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def switch_instance_state(inst, to_state, reason, now):
@@ -228,8 +230,9 @@ def switch_instance_state(inst, to_state, reason, now):
     inst.status_reason = reason
     inst.save()
     record_event(now, "instance.state", "instance", inst.id, reason, from_state.value, to_state.value)
-    instance_id = inst.id
-    after_commit(lambda: _wake(instance_id))
+    rt = _runtime()
+    if rt is not None:
+        rt.notifier.notify(("instance", inst.id))  # after the commit
     return inst
 
 
@@ -239,11 +242,6 @@ def accrue_cost(inst, now):
         hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
         inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
         inst.running_since = now
-
-
-def _wake(instance_id):
-    for notifier in list(NOTIFIERS):
-        notifier.notify(("instance", instance_id))
 
 
 # Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it

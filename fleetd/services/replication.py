@@ -6,7 +6,6 @@ import threading
 
 from fleetd.db import hand_back
 from fleetd.replicas import Bus, Leadership
-from fleetd.services.lifecycle import STOPS
 from fleetd.services.nodes import record_heartbeat_times
 from fleetd.services.work import record_lease_renewals
 
@@ -19,11 +18,11 @@ def replicate(rt, db, settings, spawn, wait_readable):
     leader = rt.leader = Leadership(settings.leader_lease_seconds, shared=True)
     bus = Bus(lambda: psycopg2.connect(database=db.database, **db.connect_params), leader.replica_id, {
         "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
-        "stop": lambda node_id, task_id, epoch: STOPS.owe(node_id, task_id, epoch, local=True),
+        "stop": lambda node_id, task_id, epoch: rt.stops.owe(node_id, task_id, epoch, local=True),
         "kick": lambda capacity, fleet: rt.scheduler.kick(capacity, fleet) if leader.leading() else None,
     })
     rt.notifier.publish = lambda key: bus.publish("wake", list(key))
-    STOPS.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
+    rt.stops.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
     rt.scheduler.publish = lambda capacity, fleet: bus.publish("kick", capacity, fleet)
 
     def changed(leading, epoch):
@@ -53,7 +52,7 @@ def replicate(rt, db, settings, spawn, wait_readable):
         for greenlet in greenlets:
             greenlet.join(5)
         leader.resign()
-        rt.notifier.publish = STOPS.publish = rt.scheduler.publish = None
+        rt.notifier.publish = rt.stops.publish = rt.scheduler.publish = None
 
     return stop
 

@@ -13,7 +13,7 @@ import peewee
 
 from fleetd import scheduler
 from fleetd.clock import utcnow
-from fleetd.db import database, write_transaction
+from fleetd.db import after_commit, database, write_transaction
 from fleetd.models import Fleet, GpuType, Job, JobState, Node, NodeStatus, Quota, Task, TaskState
 from fleetd.replicas import Fenced
 from fleetd.services.budget_state import blocked_teams
@@ -22,7 +22,7 @@ from fleetd.services.events import FLEETD, acting_as
 from fleetd.services.identities import UidsExhausted
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_job_state, switch_task_state
 from fleetd.services.runs import TASKS_OF_JOB, end_task, run_placed
-from fleetd.services.terms import TERMS, group_key
+from fleetd.services.terms import group_key
 from fleetd.sql import Statement
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,6 @@ def _allocation(gpu):
     return out
 
 
-_PASS_LOCK = threading.Lock()
-
-
 def run_pass(rt, full=True):
     """One scheduling pass over the queued jobs; returns {"assigned": jobs, "pending": jobs}.
 
@@ -56,7 +53,7 @@ def run_pass(rt, full=True):
     """
     if not rt.leader.leading():
         return {"assigned": 0, "pending": 0, "skipped": "this replica does not lead"}
-    with _PASS_LOCK, acting_as(FLEETD):  # placements and preemptions are fleetd's, even when a request kicked
+    with rt.pass_lock, acting_as(FLEETD):  # placements and preemptions are fleetd's, even when a request kicked
         started = time.perf_counter()
         try:
             return _run_pass(rt, full)
@@ -92,13 +89,13 @@ def _run_pass(rt, full, read_all=False):
         if not queued and not unread:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
-        queued, terms, aside = _evaluable(queued)
+        queued, terms, aside = _evaluable(rt.terms, queued)
         followed = {first for _, _, first in unread}  # read (in a full pass) for a group with unread jobs
-        unread = _unread_requests(unread)
+        unread = _unread_requests(rt.terms, unread)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
-        state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
+        state = ClusterState(rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
             state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
         rules = Rules.load(state, now)
@@ -222,30 +219,6 @@ def capacity_reason(rt, request):
     return never_fits(rt.inventory.get(), request)
 
 
-class _NeverFitsMemo:
-    """never_fits answers for the inventory last asked about, by request shape: a deep queue of
-    alike submits costs one look at the nodes, not one per submit. Any thread may use it (a lost
-    race computes an answer twice)."""
-
-    def __init__(self):
-        self._memo = (None, {})  # (inventory, {key: answer}), replaced whole: a thread that asks
-        # about another inventory meanwhile never writes into this one's answers
-
-    def get(self, inventory, key, compute):
-        memo = self._memo
-        if memo[0] is not inventory:
-            memo = self._memo = (inventory, {})
-        answers = memo[1]
-        if key not in answers:
-            if len(answers) >= 4096:  # shapes are few; bound them all the same
-                answers.clear()
-            answers[key] = compute()
-        return answers[key]
-
-
-_NEVER_FITS = _NeverFitsMemo()
-
-
 def never_fits(inventory, request):
     """Why no enrolled node could ever hold the request, whatever ran or left service (None when
     some could: it waits for capacity). Counts GPUs, CPUs and memory of the nodes its selector
@@ -254,7 +227,14 @@ def never_fits(inventory, request):
     key = (selector.fleet, tuple(sorted(selector.labels.items())), selector.node_id, selector.container,
            selector.image, request.gpu_count, frozenset(request.gpu_types), request.cpu_milli, request.memory_bytes,
            request.num_nodes)
-    return _NEVER_FITS.get(inventory, key, lambda: _never_fits(inventory, request))
+    answers = inventory.answers
+    if answers is None:
+        return _never_fits(inventory, request)
+    if key not in answers:  # a lost race between threads computes an answer twice
+        if len(answers) >= 4096:  # shapes are few; bound them all the same
+            answers.clear()
+        answers[key] = _never_fits(inventory, request)
+    return answers[key]
 
 
 def _never_fits(inventory, request):
@@ -428,16 +408,16 @@ def _read_queue(parked, first_of_each=False):
     return list(map(Queued._make, rows)), unread
 
 
-def _unread_requests(unread):
+def _unread_requests(terms_cache, unread):
     """[(request, jobs)] of the unread groups, from one job of each (its terms are cached)."""
-    terms, _failed = TERMS.get_each([some for _, _, some in unread])  # a failed one is read next time
+    terms, _failed = terms_cache.get_each([some for _, _, some in unread])  # a failed one is read next time
     return [(terms[some].request, count) for _, count, some in unread if some in terms]
 
 
-def _evaluable(queued):
+def _evaluable(terms_cache, queued):
     """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
     and why each of the others is set aside (it stays queued; the rest go on)."""
-    terms, failed = TERMS.get_each([job.id for job in queued])
+    terms, failed = terms_cache.get_each([job.id for job in queued])
     aside = {}
     for job in queued:
         if job.id in failed:
@@ -624,7 +604,7 @@ def _preempt(rt, job, plan, now):
     """Requeue the victims of a preemption plan (in the write transaction). Their GPUs count as
     held until their node stops reporting them (ClusterState.stopping); the job is placed by a
     later pass."""
-    workload = TERMS.get_many([job.id])[job.id].workload  # read by this pass: cached
+    workload = rt.terms.get_many([job.id])[job.id].workload  # read by this pass: cached
     by = f"on-demand {workload.kind} {workload.name} (id {workload.id})"
     for job_id in plan.victim_jobs:
         first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
@@ -659,8 +639,12 @@ class SchedulerLoop:
 
         `capacity`: the event may let parked work fit (capacity freed, a node joined, a quota
         raised), on `fleet` only when given; a submit is not such an event. A kicked pass skips
-        parked groups otherwise.
+        parked groups otherwise. Inside a write transaction the kick waits for its commit (a pass
+        reads what it wrote), and answers False.
         """
+        if database.in_transaction():
+            after_commit(lambda: self.kick(capacity, fleet))
+            return False
         if capacity:
             self.rt.parked.bump(fleet)
         if self.rt.leader.shared and not self.rt.leader.leading():

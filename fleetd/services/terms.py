@@ -62,9 +62,10 @@ def group_key_of(spec: JobSpec, team, priority_class, owner="") -> str:
     return group_key(group_of(task_request(spec, owner), team, priority_class, spec.bid))
 
 
-class _TermsCache:
+class TermsCache:
     """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
-    never reused, so an entry never goes stale; the oldest entries go beyond `size`."""
+    never reused, so an entry never goes stale; the oldest entries go beyond `size`. One per
+    Runtime (rt.terms)."""
 
     def __init__(self, size=50_000):
         self.size = size
@@ -110,5 +111,3 @@ class _TermsCache:
                     failed[job_id] = exc
             return found, failed
 
-
-TERMS = _TermsCache()

@@ -4,10 +4,10 @@ import datetime as dt
 import time
 
 from fleetd.clock import isoformat
-from fleetd.db import database, released, write_transaction
+from fleetd.db import released, savepoint, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Node, Task, TaskState
-from fleetd.services.lifecycle import ACTIVE_TASK_STATES, STOPS, switch_task_state
+from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_task_state
 from fleetd.services.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
@@ -47,7 +47,7 @@ def acquire(rt, node_id, wait_seconds, limit=1):
         return []
 
     def take():
-        cancel = _take_stops(node_id)
+        cancel = _take_stops(rt.stops, node_id)
         found = take_assignments()
         return {"assignments": found, "cancel": cancel} if found or cancel else None
 
@@ -56,24 +56,24 @@ def acquire(rt, node_id, wait_seconds, limit=1):
     if found or wait_seconds <= 0:
         return found or {"assignments": [], "cancel": []}
     deadline = time.monotonic() + wait_seconds
-    with STOPS.watching(node_id, rt.notifier):
+    with rt.stops.watching(node_id, rt.notifier):
         for _ in range(1_000_000):  # bounded; each round waits for a notify, a commit to look for, or the end
             remaining = deadline - time.monotonic()
             if remaining <= 0 or rt.notifier.closed:  # shutting down: answer now, do not spin
                 break
             # A stop is owed from inside the transaction that ends its task: until that commits,
             # look for it again shortly rather than wait for the next notify.
-            pause = min(remaining, CONFIRM_POLL_SECONDS) if STOPS.owed(node_id) else remaining
+            pause = min(remaining, CONFIRM_POLL_SECONDS) if rt.stops.owed(node_id) else remaining
             found = rt.notifier.wait(("node", node_id), pause, lambda: released(take))
             if found:
                 return found
     return {"assignments": [], "cancel": []}
 
 
-def _take_stops(node_id):
+def _take_stops(stops, node_id):
     """Ids of the tasks this node must stop, from the stops owed to it that the database confirms;
     those are forgotten, and so are those it will never confirm (see NodeStops)."""
-    owed = STOPS.owed(node_id)
+    owed = stops.owed(node_id)
     if not owed:
         return []
     rows = {row["id"]: row for row in _stop_rows(list(owed))}
@@ -81,12 +81,12 @@ def _take_stops(node_id):
     now = time.monotonic()
     for task_id, (epoch, since) in owed.items():
         verdict = _must_stop(rows.get(task_id), node_id, epoch, superseded=False)
-        if verdict is None and now - since < STOPS.confirm_seconds:
+        if verdict is None and now - since < stops.confirm_seconds:
             continue  # not committed yet
         done[task_id] = epoch
         if verdict:
             cancel.append(task_id)
-    STOPS.discard(node_id, done)
+    stops.discard(node_id, done)
     return cancel
 
 
@@ -358,7 +358,7 @@ def finish_tasks(rt, node_id, finishes):
     with write_transaction():
         for f in finishes:
             try:
-                with database.atomic():
+                with savepoint():
                     task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
                                           f["lost"], f["pid"], f["started_seconds_ago"], now,
                                           f.get("agent_stopping", False), f.get("idle", False), f.get("ports"))
