@@ -21,7 +21,8 @@ from fleetd.services import lifecycle
 from fleetd.services.cluster import InventoryCache
 from fleetd.services.engines import Engines
 from fleetd.services.metrics import Instruments
-from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
+from fleetd.services.parking import ParkedGroups
+from fleetd.services.scheduling import SchedulerLoop
 from fleetd.settings import Settings
 from fleetd.ui import init_ui, is_ui_endpoint
 
