@@ -123,7 +123,6 @@ class ParkedGroups:
         self._by_place = {}  # (fleet or None, GPU type or None) -> {key}
         self._by_team = {}  # team -> {key}
         self._lock = threading.Lock()
-        self.woken = 0  # groups woken by events (for tests and /metrics readers)
 
     def bump(self, event=None):
         """Something changed (`event`, a Capacity; None: not known what): wake the parked groups
@@ -133,7 +132,6 @@ class ParkedGroups:
             self._log.append((self._seq, event))
             for key in [k for k in self._candidates(event) if wakes(event, k, self._groups[k][1])]:
                 self._drop(key)
-                self.woken += 1
 
     def _candidates(self, event):
         if event is None:
