@@ -225,3 +225,11 @@ def test_a_pass_older_than_the_events_remembered_parks_nothing(monkeypatch):
         parked.bump(parking.team_allowance("other"))
     parked.update({_group(): ("no room", parking.CAPACITY)}, since)
     assert parked.parked() == {}
+
+
+def test_a_kick_from_another_replica_carries_what_changed():
+    event = parking.node_capacity("n1", "gpu-a", WEST, [B200, H100], 8, team="vision", ended=True)
+    assert parking.Capacity.from_wire(event.to_wire()) == event
+    assert parking.Capacity.from_wire(parking.team_allowance("vision").to_wire()) == parking.team_allowance("vision")
+    assert parking.Capacity.from_wire("gpu-a") == parking.fleet_changed("gpu-a")  # a replica of the version before
+    assert parking.Capacity.from_wire(None) is None  # not known what: every group wakes
