@@ -592,7 +592,7 @@ def run_inprocess(args):
         log(f"in-process: {n} nodes, {args.backlog} queued jobs")
         cmd = [sys.executable, str(ROOT / "bench" / "scale_inprocess.py"), "--nodes", str(n),
                "--backlog", str(args.backlog), "--passes", str(args.inprocess_passes),
-               "--budget", str(args.inprocess_timeout)]
+               "--budget", str(args.inprocess_timeout)] + (["--unscoped-backlog"] if args.unscoped_backlog else [])
         steps, timed_out = [], False
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
