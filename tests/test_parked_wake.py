@@ -233,3 +233,8 @@ def test_a_kick_from_another_replica_carries_what_changed():
     assert parking.Capacity.from_wire(parking.team_allowance("vision").to_wire()) == parking.team_allowance("vision")
     assert parking.Capacity.from_wire("gpu-a") == parking.fleet_changed("gpu-a")  # a replica of the version before
     assert parking.Capacity.from_wire(None) is None  # not known what: every group wakes
+
+
+def test_a_kick_too_long_for_the_replicas_bus_wakes_every_group():
+    labels = {f"label-{i}": "v" * 60 for i in range(64)}
+    assert parking.node_capacity("n1", "gpu-a", labels, [B200], 8).to_wire() is None

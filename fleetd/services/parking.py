@@ -12,6 +12,7 @@ window opening) is seen by the periodic pass, which looks at every group.
 """
 
 import collections
+import json
 import math
 import threading
 import typing
@@ -22,6 +23,7 @@ from fleetd.services.terms import TERMS
 CAPACITY = "capacity"  # parked because no node could take it
 ALLOWANCE = "allowance"  # parked because its team may not hold more now (quota or budget)
 
+WIRE_MAX = 4000  # characters of a Capacity on the replicas' bus (whose messages hold 7,000)
 LOG_EVENTS = 10_000  # events remembered for the pass in flight (more since it began: it parks nothing)
 
 
@@ -44,11 +46,12 @@ class Capacity(typing.NamedTuple):
     team: str | None = None
 
     def to_wire(self):
-        """A JSON-able form, for the replicas' bus."""
+        """A JSON-able form, for the replicas' bus; None (every group wakes) when it would be too
+        long for one message (a node with many long labels)."""
         out = self._asdict()
         out["labels"] = None if self.labels is None else [list(pair) for pair in self.labels]
         out["models"] = None if self.models is None else sorted(self.models)
-        return out
+        return out if len(json.dumps(out)) <= WIRE_MAX else None
 
     @classmethod
     def from_wire(cls, data):
