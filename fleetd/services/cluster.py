@@ -323,7 +323,6 @@ class InventoryCache:
         return node, current.models.get(node_id, frozenset()), len(current.gpus.get(node_id, ()))
 
 
-
 def current_state(rt):
     """The ClusterState of this moment, over the inventory kept in memory (for the API's views);
     liveness is frozen into it, so its pure parts may run off the event loop."""
