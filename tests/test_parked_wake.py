@@ -238,3 +238,36 @@ def test_a_kick_from_another_replica_carries_what_changed():
 def test_a_kick_too_long_for_the_replicas_bus_wakes_every_group():
     labels = {f"label-{i}": "v" * 60 for i in range(64)}
     assert parking.node_capacity("n1", "gpu-a", labels, [B200], 8).to_wire() is None
+
+
+def test_a_pass_on_a_throttled_inventory_does_not_park_a_group_that_a_node_it_does_not_show_yet_could_serve(
+        api, fleets, monkeypatch):
+    import time
+
+    join_a, join_b = fleets
+    rt = api.app.extensions["fleetd"]
+    _ready(api, join_a, "h100", 2)
+    backlog = [api.submit(name=f"b{i}", resources={"gpus": 1, "gpu_types": [B200]})["id"] for i in range(2)]
+    assert len(_parked_keys(api)) == 1
+    now = [time.monotonic() + 1000]  # as under fleetd serve: an inventory read at most once a second
+    monkeypatch.setattr(rt.inventory, "throttle", True)
+    monkeypatch.setattr(rt.inventory, "_monotonic", lambda: now[0])
+    _ready(api, join_a, "h100-2", 2)  # its pass reads the inventory fresh
+    _ready(api, join_a, "h100-3", 2)  # the next ones see a view without this node for a second
+    assert api.run_task("scheduling") == {"assigned": 0, "pending": 2, "retry_in": 1.0}  # asks the group on it
+    assert len(_parked_keys(api)) == 1  # no node it could use came meanwhile
+    _ready(api, join_b, "b200", 2, model=B200)  # wakes the group; its pass's view does not show the node yet
+    assert {api.job(j)["state"] for j in backlog} == {"queued"} and not _parked_keys(api)
+    now[0] += 1
+    with api.app.app_context(), database.connection_context():  # the pass fleetd serve runs once the view may be read
+        assert scheduling.run_pass(rt, full=False)["assigned"] == 2
+
+
+def test_a_pass_knows_from_which_event_on_its_inventory_may_miss_a_change():
+    parked = parking.ParkedGroups()
+    assert parked.view_since(7, 3, stale=True) is None  # a view no pass read fresh: not known
+    assert parked.view_since(7, 5, stale=False) == 5
+    assert parked.view_since(7, 9, stale=True) == 5  # the same view, throttled, in a later pass
+    assert parked.view_since(8, 9, stale=True) is None
+    parked.update({_group(): ("no room", parking.CAPACITY)}, None)
+    assert parked.parked() == {}

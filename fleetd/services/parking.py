@@ -125,6 +125,7 @@ class ParkedGroups:
         self._groups = {}  # key -> (reason, kind)
         self._by_place = {}  # (fleet or None, GPU type or None) -> {key}
         self._by_team = {}  # team -> {key}
+        self._view = (None, 0)  # (inventory version a pass last read fresh, the events before that pass)
         self._lock = threading.Lock()
 
     def bump(self, event=None):
@@ -178,6 +179,17 @@ class ParkedGroups:
         with self._lock:
             return self._seq
 
+    def view_since(self, version, since, stale):
+        """From which event on a pass that began at `since` (stamps()) checks what it parks: its
+        start; or, on a throttled inventory (`stale`) read before it began, the start of the last
+        pass that read that inventory (`version`) fresh, since the events after may concern nodes
+        it does not show; None when that is not known (the pass parks nothing)."""
+        with self._lock:
+            if not stale:
+                self._view = (version, since)
+                return since
+            return self._view[1] if version is not None and self._view[0] == version else None
+
     def parked(self):
         """{key: reason} of the groups parked now (a copy, for the compute phase)."""
         with self._lock:
@@ -187,11 +199,13 @@ class ParkedGroups:
         """Record what a pass that began at `since` (stamps()) found: `parked` {key: (reason,
         kind)} of the groups that did not fit, `looked` the groups it asked (those that fit are
         parked no more). A group an event since could have let fit is not parked; nor is any
-        when more events came since than are remembered."""
+        when more events came since than are remembered, or when `since` is None (not known)."""
         with self._lock:
             for key in looked:
                 if key in self._groups:
                     self._drop(key)
+            if since is None:
+                return
             missed = [event for seq, event in self._log if seq > since]
             if self._seq - since > len(missed):
                 return  # the log no longer reaches back to the pass's start: wake rather than guess

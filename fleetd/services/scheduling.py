@@ -100,6 +100,7 @@ def _run_pass(rt, full, read_all=False):
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
+        since = rt.parked.view_since(inventory.version, stamps, stale_for > 0)
         state = ClusterState(now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
             state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
@@ -113,7 +114,7 @@ def _run_pass(rt, full, read_all=False):
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
-    rt.parked.update(plan.parked, stamps, plan.looked)
+    rt.parked.update(plan.parked, since, plan.looked)
     assigned, woken = _write(rt, plan, now, inventory)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
@@ -670,6 +671,5 @@ class SchedulerLoop:
                 log.exception("scheduling pass failed")
             pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
             if result.get("retry_in"):  # the inventory was a throttled view: a pass on the new one
-                pause = max(pause, result["retry_in"])
-                self.rt.parked.bump()
+                pause = max(pause, result["retry_in"])  # (what that view did not show yet woke its groups)
                 self._kicked.set()
