@@ -5,6 +5,7 @@ HTTP), with this process's memory. One JSON line per step on stdout, so that a r
 time limit still says how far it got. Run by bench/scale.py, one fresh process per size.
 
     .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000
+    .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000 --unscoped-backlog  # names no fleet
 """
 
 import argparse
@@ -48,7 +49,7 @@ def insert_sql(table, columns):
     return f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
 
 
-def run(n_nodes, backlog, passes, budget):
+def run(n_nodes, backlog, passes, budget, unscoped=False):
     """Build the fleet and the backlog, then time passes; one JSON line per step."""
 
     def emit(step, **fields):
@@ -106,6 +107,8 @@ def run(n_nodes, backlog, passes, budget):
         t0 = time.perf_counter()
         spec = {"name": "backlog", "command": ["true"], "node_selector": {"fleet": "sim"},
                 "resources": {"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]}}
+        if unscoped:  # as users mostly submit: the backlog, and the jobs that fit, name no fleet
+            del spec["node_selector"]
         for _ in range(backlog):
             resp = http.post("/api/v1/jobs", json=spec, headers=headers)
             assert resp.status_code == 201, resp.get_json()
@@ -211,8 +214,9 @@ def main():
     parser.add_argument("--backlog", type=int, default=3000)
     parser.add_argument("--passes", type=int, default=3, help="timed passes (the first one is cold)")
     parser.add_argument("--budget", type=float, default=900, help="no new step after this many seconds")
+    parser.add_argument("--unscoped-backlog", action="store_true", help="the backlog names no fleet")
     args = parser.parse_args()
-    run(args.nodes, args.backlog, args.passes, args.budget)
+    run(args.nodes, args.backlog, args.passes, args.budget, args.unscoped_backlog)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from fleetd.services.engines import Engines
 from fleetd.services.identities import Identities
 from fleetd.services.lifecycle import NodeStops
 from fleetd.services.metrics import Instruments
-from fleetd.services.scheduling import ParkedGroups, SchedulerLoop
+from fleetd.services.parking import ParkedGroups
+from fleetd.services.scheduling import SchedulerLoop
 from fleetd.services.terms import TermsCache
 
 

@@ -459,16 +459,18 @@ def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api
     api.create_fleet("real")
     api.create_fleet("sim")
     _, session = api.ready_node(api.create_join_token("real"), "r1", gpu_count=1)
-    api.ready_node(api.create_join_token("sim"), "s1", gpu_count=1)
-    typed = {"gpus": 1, "gpu_types": ["NVIDIA B300"]}
-    api.submit(name="sim-backlog", resources=typed, node_selector={"fleet": "sim"})
-    api.submit(name="anywhere", resources=typed)
+    sim_node, _ = api.ready_node(api.create_join_token("sim"), "s1", gpu_count=1)
+    api.post(f"/api/v1/nodes/{sim_node}/cordon")
     running = api.submit(name="real-job", resources={"gpus": 1}, node_selector={"fleet": "real"})
     assert running["state"] == "running"
+    api.submit(name="sim-backlog", resources={"gpus": 1}, node_selector={"fleet": "sim"})
+    api.submit(name="typed", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})  # no node has its type
+    anywhere = api.submit(name="anywhere", resources={"gpus": 1})
     calls = _count_engine_calls(monkeypatch)
     assignment = api.start_task(session)
-    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)  # frees a GPU in "real"
-    assert [c.node_selector.fleet for c in calls] == [None]  # the fleet-less group only
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)  # frees an H100 in "real"
+    assert [(c.node_selector.fleet, tuple(c.gpu_types)) for c in calls] == [(None, ())]  # the group that can use it
+    assert api.job(anywhere["id"])["state"] == "running"
 
 
 def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_stale(api, fleet):

@@ -19,6 +19,7 @@ from fleetd.services.nodes import (
     settle_drain_of,
     switch_node_status,
 )
+from fleetd.services.parking import node_changed
 from fleetd.services.work import reconcile_reported_tasks
 
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
@@ -199,7 +200,7 @@ def heartbeat(rt, node, body):
     if node.status == NodeStatus.DRAINING.value and node.drain_deadline is not None and node.drain_deadline <= now:
         settle_drain_of(rt, node_id)  # the leader stops what is left, fenced; another replica leaves it
     if changed and rt.scheduler is not None:
-        rt.scheduler.kick()  # new or returning capacity
+        rt.scheduler.kick(what=node_changed(node))  # new or returning capacity
     interval = rt.liveness.heartbeat_interval()
     suite = validation.heartbeat_validation(rt, node, now)  # the suite to run while validating (or it timed out)
     reply = {

@@ -12,6 +12,7 @@ from fleetd.services.budget_state import month_usage, percent_used
 from fleetd.services.events import record_event
 from fleetd.services.ledger import month_of
 from fleetd.services.lifecycle import owe_stops
+from fleetd.services.parking import team_allowance
 from fleetd.services.runs import stop_job
 
 ON_EXCEED = ("notify", "block", "stop_spot")
@@ -64,7 +65,7 @@ def set_budget(rt, principal, team, limit_cost=None, limit_gpu_hours=None, on_ex
         budget.save(force_insert=created)
         record_event(now, "budget.set", "team", team, f"budget per month: cost {limit_cost}, GPU-hours "
                                                       f"{limit_gpu_hours}, on_exceed {on_exceed}")
-    _kick(rt)
+    _kick(rt, team)
     return budget_view(budget, now)
 
 
@@ -75,12 +76,12 @@ def delete_budget(rt, principal, team):
         if not Budget.delete().where(Budget.team == team).execute():
             raise NotFound(f"team {team!r} has no budget")
         record_event(now, "budget.deleted", "team", team, f"budget removed by {principal.label}")
-    _kick(rt)
+    _kick(rt, team)
 
 
-def _kick(rt):
+def _kick(rt, team):
     if rt.scheduler is not None:
-        rt.scheduler.kick(capacity=True)  # waiting work may run now
+        rt.scheduler.kick(capacity=True, what=team_allowance(team))  # the team's waiting work may run now
 
 
 def check_budgets(rt):
@@ -113,7 +114,7 @@ def check_budgets(rt):
                 budget.exceeded_month = exceeded
                 budget.save()
                 if exceeded is None:
-                    after_commit(lambda: _kick(rt))
+                    after_commit(lambda team=team: _kick(rt, team))
             if exceeded and budget.on_exceed == "stop_spot":
                 stop.append(team)
     for team in stop:

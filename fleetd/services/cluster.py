@@ -317,10 +317,13 @@ class InventoryCache:
             self.after_full_read()
         return current
 
-    def fleet_of(self, node_id):
-        """The fleet of a node as last read (None when not known yet)."""
+    def node_of(self, node_id):
+        """(node, its GPU models, its GPU count) as last read; None when not known yet."""
         current = self._current
-        return None if current is None else current.node_fleet.get(node_id)
+        node = None if current is None else current.by_id.get(node_id)
+        if node is None:
+            return None
+        return node, current.models.get(node_id, frozenset()), len(current.gpus.get(node_id, ()))
 
 
 def current_state(rt):

@@ -10,6 +10,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import DEFAULT_HEALTH_POLICY, Fleet, Gpu, JoinToken, Node
 from fleetd.services.pagination import paginate
+from fleetd.services.parking import fleet_changed
 
 
 def _with_counts(query):
@@ -84,7 +85,7 @@ def update_fleet(rt, name, changes):
             given = changes["health_policy"]
             fleet.health_policy = None if given is None else _policy(dict(fleet.health_policy or {}, **given))
         fleet.save()
-    rt.scheduler.kick()
+    rt.scheduler.kick(what=fleet_changed(name))
     return get_fleet(name)
 
 

@@ -8,6 +8,7 @@ from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Node
 from fleetd.services.events import record_event
 from fleetd.services.nodes import get_node
+from fleetd.services.parking import node_changed
 
 MAX_LABELS = 64
 
@@ -52,5 +53,5 @@ def set_node_labels(rt, node_id, changes):
         node.save()
         said = ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted(changes.items()))
         record_event(now, "node.labels", "node", node_id, f"labels set through the API: {said}")
-    rt.scheduler.kick()  # a job whose selector names these labels may fit now
+    rt.scheduler.kick(what=node_changed(node))  # a job whose selector names these labels may fit now
     return get_node(node_id)

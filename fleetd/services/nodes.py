@@ -12,6 +12,7 @@ from fleetd.services import gpu_history, hosts, validation
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
+from fleetd.services.parking import node_changed
 from fleetd.services.runs import end_task, stop_tasks_of_node, switch_node_status
 from fleetd.sql import Statement
 
@@ -111,7 +112,7 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
                 raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
             operator_takes_over(node)
             switch_node_status(node, NodeStatus.READY, reason, now)
-    rt.scheduler.kick()
+    rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
 
 
@@ -229,7 +230,7 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
             return get_node(node_id)
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
         switch_node_status(node, NodeStatus.READY, reason, now)
-    rt.scheduler.kick()
+    rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
 
 

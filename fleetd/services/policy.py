@@ -6,6 +6,7 @@ from fleetd.errors import Forbidden, InvalidRequest, NotFound
 from fleetd.models import Fleet, GpuType, Quota
 from fleetd.services.cluster import current_state
 from fleetd.services.ledger import GPU, record_price
+from fleetd.services.parking import team_allowance
 from fleetd.services.runs import reprice_instances
 from fleetd.services.scheduling import Rules
 from fleetd.services.terms import task_request
@@ -70,7 +71,7 @@ def set_quota(rt, team, priority_class, max_gpus):
     with write_transaction():
         Quota.insert(team=team, priority_class=priority_class, max_gpus=max_gpus).on_conflict(
             conflict_target=[Quota.team, Quota.priority_class], update={Quota.max_gpus: max_gpus}).execute()
-    rt.scheduler.kick()
+    rt.scheduler.kick(what=team_allowance(team))
     return Quota.get((Quota.team == team) & (Quota.priority_class == priority_class))
 
 
@@ -82,7 +83,7 @@ def delete_quota(rt, team, priority_class=None):
             query = query.where(Quota.priority_class == priority_class)
         if not query.execute():
             raise NotFound(f"team {team!r} has no such quota")
-    rt.scheduler.kick()
+    rt.scheduler.kick(what=team_allowance(team))
 
 
 def check_bid(spec):

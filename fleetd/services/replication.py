@@ -7,6 +7,7 @@ import threading
 from fleetd.db import hand_back
 from fleetd.replicas import Bus, Leadership
 from fleetd.services.nodes import record_heartbeat_times
+from fleetd.services.parking import Capacity
 from fleetd.services.work import record_lease_renewals
 
 
@@ -19,11 +20,11 @@ def replicate(rt, db, settings, spawn, wait_readable):
     bus = Bus(lambda: psycopg2.connect(database=db.database, **db.connect_params), leader.replica_id, {
         "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
         "stop": lambda node_id, task_id, epoch: rt.stops.owe(node_id, task_id, epoch, local=True),
-        "kick": lambda capacity, fleet: rt.scheduler.kick(capacity, fleet) if leader.leading() else None,
+        "kick": lambda capacity, what: rt.scheduler.kick(capacity, Capacity.from_wire(what)) if leader.leading() else None,
     })
     rt.notifier.publish = lambda key: bus.publish("wake", list(key))
     rt.stops.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
-    rt.scheduler.publish = lambda capacity, fleet: bus.publish("kick", capacity, fleet)
+    rt.scheduler.publish = lambda capacity, what: bus.publish("kick", capacity, what)
 
     def changed(leading, epoch):
         if rt.instruments is not None:

@@ -21,6 +21,7 @@ from fleetd.services.cluster import ClusterState, raw_rows
 from fleetd.services.events import FLEETD, acting_as
 from fleetd.services.identities import UidsExhausted
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_job_state, switch_task_state
+from fleetd.services.parking import ALLOWANCE, CAPACITY
 from fleetd.services.runs import TASKS_OF_JOB, end_task, run_placed
 from fleetd.services.terms import group_key
 from fleetd.sql import Statement
@@ -69,7 +70,8 @@ class _Plan:
     placed: list = dataclasses.field(default_factory=list)  # (job, request, Placement)
     waiting: dict = dataclasses.field(default_factory=dict)  # job id -> reason
     preempt: list = dataclasses.field(default_factory=list)  # (job, PreemptionPlan) to carry out
-    parked: dict = dataclasses.field(default_factory=dict)  # group key -> reason (found not to fit)
+    parked: dict = dataclasses.field(default_factory=dict)  # group key -> (reason, kind): found not to fit
+    looked: set = dataclasses.field(default_factory=set)  # group keys asked (their parking is settled anew)
     errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
     bounded: bool = False  # stopped early at the pass's bound
 
@@ -95,6 +97,7 @@ def _run_pass(rt, full, read_all=False):
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
+        since = rt.parked.view_since(inventory.version, stamps, stale_for > 0)
         state = ClusterState(rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
         if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
             state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
@@ -108,7 +111,7 @@ def _run_pass(rt, full, read_all=False):
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
-    rt.parked.update(plan.parked, stamps)
+    rt.parked.update(plan.parked, since, plan.looked)
     assigned, woken = _write(rt, plan, now, inventory)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
@@ -156,9 +159,13 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             plan.bounded = True
             break
         request = terms[job.id].request
+        plan.looked.add(key)
         engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
+        held_back = None
         try:
-            request, reason = rules.request_for(request, job.team, job.priority_class)
+            held_back = rules.team_limit(request, job.team, job.priority_class)
+            request, reason = (None, held_back) if held_back is not None else \
+                rules.request_for(request, job.team, job.priority_class)
             if request is not None and request.host_ports:
                 request = dataclasses.replace(request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node)
             result = None if reason is not None else engine.place(request, explain=True)
@@ -168,6 +175,8 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                 plan.errors[job.id] = reason
             plan.wait(job, reason)
             continue
+        if held_back is not None:  # parked until the team's quota, budget or tasks change
+            plan.parked[key] = (held_back, ALLOWANCE)
         if result is not None and result.schedulable:
             rules.charge(job, request)
             plan.placed.append((job, request, result))
@@ -181,7 +190,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                 reason = never if candidates is not None and not result.filter_detail else f"{never}; {reason}"
             elif request.node_selector.node_id is not None:
                 reason = _pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
-            plan.parked[key] = reason
+            plan.parked[key] = (reason, CAPACITY)
             if job.priority_class == "on-demand" and result.filter_detail:
                 why, victims = _preemption(state, candidates, request, engine.policy, nominations.get(job.id))
                 reason = why or reason
@@ -433,64 +442,6 @@ def _set_aside_reason(exc):
     return f"set aside: fleetd cannot evaluate this job ({type(exc).__name__}: {str(exc)[:200]})"
 
 
-class ParkedGroups:
-    """Groups of equivalent queued jobs that fit nowhere, each with the capacity generation at
-    which that was found (as the Kubernetes scheduler's unschedulable queue).
-
-    A pass that an event kicked skips them until something that could make them fit happens:
-    capacity freed, a node joined or came back, a quota raised (bump()). An event on one fleet
-    (a task ended on one of its nodes) only wakes the groups that name that fleet or none. The
-    periodic pass looks at every group, so what no event announces (a window opening) is seen
-    within it.
-    """
-
-    def __init__(self):
-        self.generation = 0  # events anywhere
-        self._fleets = {}  # fleet -> events on that fleet
-        self._fleet_events = 0  # events on any one fleet
-        self._groups = {}  # key -> (stamp, reason)
-        self._lock = threading.Lock()
-
-    def bump(self, fleet=None):
-        """Something could make parked work fit (on this fleet, or anywhere)."""
-        with self._lock:
-            if fleet is None:
-                self.generation += 1
-            else:
-                self._fleets[fleet] = self._fleets.get(fleet, 0) + 1
-                self._fleet_events += 1
-
-    def _stamp(self, key):
-        fleet = key.fleet
-        return (self.generation, self._fleets.get(fleet, 0) if fleet is not None else self._fleet_events)
-
-    def stamps(self):
-        """The state to hand a pass: parked groups are compared against it at its end."""
-        with self._lock:
-            return self.generation, dict(self._fleets), self._fleet_events
-
-    def parked(self):
-        """{key: reason} of the groups still parked now (a copy, for the compute phase)."""
-        with self._lock:
-            return {k: reason for k, (stamp, reason) in self._groups.items() if stamp == self._stamp(k)}
-
-    def update(self, parked, stamps):
-        """Record the groups ({key: reason}) a pass found not to fit, when no event happened
-        since its start (`stamps`) that could concern them; forget the stale ones."""
-        with self._lock:
-            generation, fleets, fleet_events = stamps
-            self._groups = {k: v for k, v in self._groups.items() if v[0] == self._stamp(k)}
-            for key, reason in parked.items():
-                fleet = key.fleet
-                then = (generation, fleets.get(fleet, 0) if fleet is not None else fleet_events)
-                if then == self._stamp(key):
-                    self._groups[key] = (then, reason)
-
-    def clear(self):
-        with self._lock:
-            self._groups.clear()
-
-
 def _tasks_of(job_ids):
     """{(job id, rank): Task} of these jobs."""
     return {(task.job_id, task.rank): task for job_id in job_ids for task in TASKS_OF_JOB.rows(job_id=job_id)}
@@ -550,20 +501,28 @@ class Rules:
             return sum(v for (t, _), v in self.usage.items() if t == team)
         return self.usage.get((team, priority_class), 0)
 
-    def request_for(self, request, team, priority_class):
-        """(TaskRequest, None) or (None, why it waits) for a job of this team and class: the
-        request, or a narrower one (the GPU types its spot bid affords)."""
+    def team_limit(self, request, team, priority_class):
+        """Why a job of this team and class may not run now whatever the nodes (its team's budget
+        holds it back, or the team is at its quota), or None."""
         team = team or ""
         held_back = self.budgets.get(team)
         if held_back is not None and (held_back[0] is None or priority_class in held_back[0]):
-            return None, held_back[1]
+            return held_back[1]
         need = gpus_of(request)
         for klass in (priority_class, "any"):
             limit = self.quotas.get((team, klass))
             if limit is not None and need and self.held(team, klass) + need > limit + 1e-9:
                 label = "all classes" if klass == "any" else klass
-                return None, (f"team {team or '(none)'} at its quota for {label}: holds "
-                              f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}")
+                return (f"team {team or '(none)'} at its quota for {label}: holds "
+                        f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}")
+        return None
+
+    def request_for(self, request, team, priority_class):
+        """(TaskRequest, None) or (None, why it waits) for a job of this team and class: the
+        request, or a narrower one (the GPU types its spot bid affords)."""
+        held_back = self.team_limit(request, team, priority_class)
+        if held_back is not None:
+            return None, held_back
         if priority_class == "spot" and request.gpu_count:
             accepted = set(request.gpu_types) or self.models
             bid = request.bid or 0
@@ -634,22 +593,23 @@ class SchedulerLoop:
         self._thread = None
         self.publish = None  # replicas: fn(capacity, fleet) that asks the leader for a pass
 
-    def kick(self, capacity=True, fleet=None):
+    def kick(self, capacity=True, what=None):
         """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller.
 
         `capacity`: the event may let parked work fit (capacity freed, a node joined, a quota
-        raised), on `fleet` only when given; a submit is not such an event. A kicked pass skips
-        parked groups otherwise. Inside a write transaction the kick waits for its commit (a pass
-        reads what it wrote), and answers False.
+        raised); `what` (a parking.Capacity) says what changed, and only the parked groups it
+        could let fit are woken (all of them when not given). A submit is no such event. A
+        kicked pass skips parked groups. Inside a write transaction the kick waits for its commit
+        (a pass reads what it wrote), and answers False.
         """
         if database.in_transaction():
-            after_commit(lambda: self.kick(capacity, fleet))
+            after_commit(lambda: self.kick(capacity, what))
             return False
         if capacity:
-            self.rt.parked.bump(fleet)
+            self.rt.parked.bump(what)
         if self.rt.leader.shared and not self.rt.leader.leading():
-            if self.publish is not None:
-                self.publish(capacity, fleet)  # the leader runs the pass
+            if self.publish is not None:  # the leader runs the pass
+                self.publish(capacity, what.to_wire() if capacity and what is not None else None)
             return False
         if self._thread is None:
             run_pass(self.rt, full=False)
@@ -695,6 +655,5 @@ class SchedulerLoop:
                 log.exception("scheduling pass failed")
             pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
             if result.get("retry_in"):  # the inventory was a throttled view: a pass on the new one
-                pause = max(pause, result["retry_in"])
-                self.rt.parked.bump()
+                pause = max(pause, result["retry_in"])  # (what that view did not show yet woke its groups)
                 self._kicked.set()

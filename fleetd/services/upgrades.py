@@ -16,6 +16,7 @@ from fleetd.errors import Conflict, NotFound
 from fleetd.models import Node, NodeStatus
 from fleetd.services.events import record_event
 from fleetd.services.nodes import get_node, settle_drain
+from fleetd.services.parking import node_changed
 from fleetd.services.runs import switch_node_status
 
 #: Statuses an upgrade takes a node from: ready and cordoned are drained by it; an operator's
@@ -83,7 +84,7 @@ def end_upgrade(rt, node_id, outcome, detail=""):
         record_event(now, "node.upgraded", "node", node_id, said,
                      data={"outcome": outcome, "detail": detail, "status": node.status})
     if node.status == NodeStatus.READY.value:
-        rt.scheduler.kick()
+        rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
 
 

@@ -13,6 +13,7 @@ Each run is one Validation row; its GPUs' verdicts go to their history (services
 
 import collections
 import datetime as dt
+import functools
 
 from fleetd.db import after_commit, write_transaction
 from fleetd.errors import Conflict, NotFound
@@ -20,6 +21,7 @@ from fleetd.models import Fleet, Gpu, Node, NodeStatus, Task, Validation, new_id
 from fleetd.services import gpu_history
 from fleetd.services.events import current_actor, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
+from fleetd.services.parking import node_changed
 from fleetd.services.runs import switch_node_status
 
 # The built-in checks, in the order the agent runs them (docs/validation.md).
@@ -242,7 +244,7 @@ def _finish(rt, node_id, validation_id, checks, system, now):
                                                      "failed": [c for c in checks if not c["passed"]][:50],
                                                      "fleet": node.fleet_id, "hostname": node.hostname})
     if passed and rt.scheduler is not None:
-        after_commit(rt.scheduler.kick)  # new capacity
+        after_commit(functools.partial(rt.scheduler.kick, what=node_changed(node)))  # new capacity
     return passed
 
 

@@ -7,6 +7,7 @@ from fleetd.clock import isoformat
 from fleetd.db import released, savepoint, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
 from fleetd.models import Job, JobState, LogLine, Node, Task, TaskState
+from fleetd.services import parking
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_task_state
 from fleetd.services.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
@@ -377,11 +378,11 @@ HARDWARE_REASONS = ("gpu_unhealthy:",)
 
 
 def _after_task_end(rt, job_id, node_id=None):
-    """Wake who waits on the job; capacity freed on the node's fleet (any fleet, not knowing the
-    node) may let parked work fit."""
+    """Wake who waits on the job; GPUs freed on the node, and the job's team's allowance, may let
+    parked work fit (the work that node or that team could serve: services.parking)."""
     rt.notifier.notify(("job", job_id))
     if rt.scheduler is not None:
-        rt.scheduler.kick(fleet=rt.inventory.fleet_of(node_id) if node_id else None)
+        rt.scheduler.kick(what=parking.ended_on(rt, node_id, job_id))
 
 
 def _renewed_elsewhere(rt, task, now):
@@ -451,7 +452,7 @@ def expire_leases(rt):
             verdicts.append((t, "reconciled", f"reconciled: node {t.node_id} is alive and has not listed the task "
                                               f"since {isoformat(since)} (its heartbeat at {isoformat(heard)} did "
                                               "not)"))
-    jobs, counts = set(), {"expired": 0, "reconciled": 0}
+    ended, counts = set(), {"expired": 0, "reconciled": 0}  # (job id, the node its task ended on)
     for stale, kind, reason in verdicts:
         with write_transaction():
             rt.leader.fence()
@@ -459,11 +460,11 @@ def expire_leases(rt):
             if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
                 continue
             end_task(task, TaskState.LOST, reason, now)
-            jobs.add(task.job_id)
+            ended.add((task.job_id, task.node_id))
         counts[kind] += 1
         rt.leases.forget(stale.id)
-    for job_id in jobs:
-        _after_task_end(rt, job_id)
+    for job_id, node_id in sorted(ended):
+        _after_task_end(rt, job_id, node_id)
     return counts
 
 
