@@ -19,6 +19,21 @@ T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
 LOOPBACK_RECEIVERS = ALLOW_LOOPBACK_WEBHOOKS["FLEETD_WEBHOOKS_ALLOW_TARGETS"]
 
 
+# The tests that take a minute or more each (their own hosts and playbooks, fuzzers, browsers, real
+# agents), longest first: they start first, side by side on the two workers, and the short ones fill
+# in behind them, so a run does not end with one worker waiting on a long test the other began late.
+LONG_FIRST = ("tests/integration/test_schemathesis.py", "tests/provision/test_ansible.py",
+              "tests/provision/test_bootstrap.py", "tests/provision/", "tests/agent/test_graphql_e2e.py",
+              "tests/integration/test_cli_first_hour.py", "tests/ui/", "tests/integration/", "tests/agent/")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the same order on every worker
+
+
 class FakeClock:
     """A clock that moves only when a test says so."""
 
