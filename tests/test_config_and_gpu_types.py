@@ -30,6 +30,17 @@ def test_config_redacts_the_password_of_a_database_url():
     assert config["redacted"] == ["database_url", "db_url"] and config["config_file"] == "/etc/fleetd/fleetd.toml"
 
 
+def test_config_redacts_secret_query_parameters_of_a_database_url():
+    url = "postgresql://db.internal/fleetd?sslmode=require&password=hunter2&SSLPassword=s3cr%26t&application_name=f"
+    config = effective_config(Settings.load(environ={"FLEETD_DB_URL": url}), environ={})
+    assert "hunter2" not in str(config) and "s3cr" not in str(config)
+    assert config["settings"]["db_url"] == ("postgresql://db.internal/fleetd?sslmode=require&password=(redacted)"
+                                            "&SSLPassword=(redacted)&application_name=f")
+    assert config["redacted"] == ["database_url", "db_url"]
+    plain = "postgresql://db.internal/fleetd?sslmode=require"
+    assert effective_config(Settings.load(environ={"FLEETD_DB_URL": plain}), environ={})["settings"]["db_url"] == plain
+
+
 def test_a_gpu_type_is_read_by_id_with_its_display_name_and_lowest_prices(api):
     api.create_fleet()
     api.ready_node(api.create_join_token(), "a", gpu_count=4)

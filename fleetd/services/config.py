@@ -11,19 +11,32 @@ _SECRET_WORDS = ("secret", "password", "passwd", "private_key", "api_key")
 _URL_SETTINGS = ("db_url", "database_url", "public_url")
 
 
+# Query parameters that carry a secret (libpq takes ?password= and ?sslpassword= as well as user info).
+_SECRET_PARAMETERS = (*_SECRET_WORDS, "token")
+
+
 def _redacted_url(url):
-    """`url` with the password of its user info replaced (postgresql://fleetd:(redacted)@db/fleetd)."""
+    """`url` with the password of its user info and the values of its secret query parameters
+    replaced (postgresql://fleetd:(redacted)@db/fleetd, ...?sslmode=require&password=(redacted))."""
     try:
         parts = urllib.parse.urlsplit(url)
+        password = parts.password
+        port = parts.port
     except ValueError:
         return REDACTED
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username}:{REDACTED}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    if password is not None:
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        parts = parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}" + (f":{port}" if port else ""))
+    pairs, hidden = [], password is not None
+    for pair in parts.query.split("&") if parts.query else ():
+        name = pair.partition("=")[0]
+        secret = any(word in urllib.parse.unquote_plus(name).lower() for word in _SECRET_PARAMETERS)
+        pairs.append(f"{name}={REDACTED}" if secret else pair)
+        hidden = hidden or secret
+    # Rebuilt only when something was hidden: urlunsplit drops the empty host of sqlite:///path.
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(pairs))) if hidden else url
 
 
 def _value(name, value):
