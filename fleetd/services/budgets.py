@@ -4,7 +4,7 @@ ledger after each of its passes: `budget.threshold` events (and their webhooks) 
 new work waits, its pending reason naming the budget) or stop_spot (its spot work is stopped and
 its new spot work waits) until the budget is raised or the month ends."""
 
-from fleetd.db import after_commit, write_transaction
+from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Budget, BudgetNotice, Instance, InstanceState, Job, JobState
 from fleetd.services import instances
@@ -114,7 +114,7 @@ def check_budgets(rt):
                 budget.exceeded_month = exceeded
                 budget.save()
                 if exceeded is None:
-                    after_commit(lambda team=team: _kick(rt, team))
+                    _kick(rt, team)  # the kick waits for the commit
             if exceeded and budget.on_exceed == "stop_spot":
                 stop.append(team)
     for team in stop:

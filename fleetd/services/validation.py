@@ -13,9 +13,8 @@ Each run is one Validation row; its GPUs' verdicts go to their history (services
 
 import collections
 import datetime as dt
-import functools
 
-from fleetd.db import after_commit, write_transaction
+from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Fleet, Gpu, Node, NodeStatus, Task, Validation, new_id
 from fleetd.services import gpu_history
@@ -244,7 +243,7 @@ def _finish(rt, node_id, validation_id, checks, system, now):
                                                      "failed": [c for c in checks if not c["passed"]][:50],
                                                      "fleet": node.fleet_id, "hostname": node.hostname})
     if passed and rt.scheduler is not None:
-        after_commit(functools.partial(rt.scheduler.kick, what=node_changed(node)))  # new capacity
+        rt.scheduler.kick(what=node_changed(node))  # new capacity (the kick waits for the commit)
     return passed
 
 
