@@ -141,6 +141,37 @@ def test_node_lifecycle_webhooks_say_enrolled_drained_why_upgraded_revoked_and_d
                             "upgrade done (to 0.2.0): 0.2.0; cordoned as before (cordoned by admin)"], reasons
 
 
+def test_a_retried_upgrade_is_accepted_on_a_node_gone_lost_after_its_failed_upgrade(api, clock):
+    # The agent of a failed upgrade is down: the node may be declared lost between the retry reading it
+    # (drained) and beginning. fleetd accepts the retry on the record it holds; the node stays lost
+    # until the new agent heartbeats, then it is drained for the upgrade and put back as it was.
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a", max_uses=10)
+    node_id, session = api.ready_node(token, "gpu-1")
+    lost_id, _ = api.ready_node(token, "gpu-2")
+    api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.0", "deadline_seconds": 60})
+    failed = api.post(f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "failed", "detail": "agent died"}).get_json()
+    assert failed["status"] == "drained" and failed["upgrade"]["failed"], failed
+    clock.advance(3600)
+    api.run_task("liveness_sweep")
+    assert api.node(node_id)["status"] == "lost" and api.node(lost_id)["status"] == "lost"
+
+    again = api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.1", "deadline_seconds": 60})
+    assert again.status_code == 200, again.get_json()
+    assert again.get_json()["status"] == "lost" and not again.get_json()["upgrade"]["failed"], again.get_json()
+    reasons = [e["reason"] for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]]
+    assert "upgrade: to 0.2.1; the node stays lost until its new agent's heartbeat (it went silent after the " \
+           "upgrade that failed)" in reasons, reasons
+    # A lost node that no upgrade left out of service is not upgraded through fleetd.
+    refused = api.post(f"/api/v1/nodes/{lost_id}/upgrade", {"reason": "to 0.2.1", "deadline_seconds": 60})
+    assert refused.status_code == 409 and refused.get_json()["error"]["details"]["status"] == "lost"
+
+    api.heartbeat(session)  # the new agent
+    assert api.node(node_id)["status"] == "drained"
+    done = api.post(f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "succeeded", "detail": "0.2.1"}).get_json()
+    assert done["status"] == "ready" and done["upgrade"] is None, done
+
+
 def test_a_deleted_hosts_node_comes_back_under_its_old_id_with_its_history(api):
     # What Terraform's -replace does to a host: `fleetd bootstrap --remove` deletes its node, then the
     # same host enrols again with a new join token.

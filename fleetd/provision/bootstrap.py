@@ -343,7 +343,9 @@ class Bootstrapper:
                       if node["status"] in ("ready", "cordoned") else reason)
         self.client.post(f"/api/v1/nodes/{node['id']}/upgrade",
                          {"reason": reason, "deadline_seconds": options.drain_deadline})
-        self._poll(node["id"], lambda n: n["status"] == "drained", options.drain_deadline + 60, "drained")
+        # lost: the agent of an upgrade that failed before went silent since the node was read; it is
+        # out of service all the same, and fleetd kept the upgrade's record.
+        self._poll(node["id"], lambda n: n["status"] in ("drained", "lost"), options.drain_deadline + 60, "drained")
         return node
 
     def _agent_log(self, remote):

@@ -7,6 +7,9 @@ straight back where it was (a cordoned node goes drained -> cordoned and is neve
 way), or, when the upgrade failed, keeps it drained with a reason that names the failure. The
 record outlives a failed upgrade: the next attempt still returns the node to the operator's state.
 An operator who acts on the node meanwhile takes over (nodes.operator_takes_over drops the record).
+A node whose agent died in a failed upgrade may be declared lost before the retry begins: the retry
+is accepted on the record it holds, and the node stays lost until the new agent's heartbeat brings it
+back to where it was when it went silent (drained, for the upgrade's own drain).
 """
 
 import datetime as dt
@@ -42,15 +45,18 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
     now = rt.clock.now()
     with write_transaction():
         node = _node(node_id)
-        if node.status not in UPGRADABLE:
+        retry_of_lost = node.status == NodeStatus.LOST.value and node.upgrade is not None
+        if node.status not in UPGRADABLE and not retry_of_lost:
             raise Conflict(f"node {node_id} is {node.status}: only a {', '.join(UPGRADABLE[:-1])} or "
-                           f"{UPGRADABLE[-1]} node is upgraded through fleetd", {"status": node.status})
+                           f"{UPGRADABLE[-1]} node is upgraded through fleetd (or a lost one whose upgrade failed)",
+                           {"status": node.status})
         record = node.upgrade
         if record is None:  # a retry after a failed upgrade keeps what the first attempt remembered
             record = {"before": {"status": node.status, "reason": node.status_reason,
                                  "drain_reason": node.drain_reason, "drain_deadline": _when(node.drain_deadline),
                                  "drain_started_at": _when(node.drain_started_at)},
                       "drained": node.status in ("ready", "cordoned")}
+        failed_before = record.get("failed")
         record.update(reason=reason, started_at=now.isoformat(), failed=None)
         node.upgrade = record
         node.save()
@@ -60,6 +66,10 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
             node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
             switch_node_status(node, NodeStatus.DRAINING, f"upgrade: {reason}", now)
             settle_drain(node, now)
+        elif retry_of_lost:
+            record_event(now, "node.upgrade", "node", node_id,
+                         f"upgrade: {reason}; the node stays lost until its new agent's heartbeat "
+                         f"(it went silent {'after the upgrade that failed' if failed_before else 'during an upgrade'})")
         else:
             record_event(now, "node.upgrade", "node", node_id,
                          f"upgrade: {reason}; the node stays {node.status} as an operator left it "
