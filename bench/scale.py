@@ -159,13 +159,16 @@ class Api:
             self.conn.close()
 
 
-def start_fleetd(data_dir, log_path):
-    """`fleetd init` and `fleetd serve` on 127.0.0.1:0; returns (process, url, admin token)."""
-    init = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir], check=True,
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    admin = init.stdout.strip().splitlines()[-1]
-    logfile = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", "127.0.0.1:0",
+def start_fleetd(data_dir, log_path, bind="127.0.0.1:0", init=True):
+    """`fleetd init` (unless `init` is false: a restart) and `fleetd serve` on `bind`; returns
+    (process, url, admin token or None)."""
+    admin = None
+    if init:
+        done = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir], check=True,
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        admin = done.stdout.strip().splitlines()[-1]
+    logfile = open(log_path, "a")
+    proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", bind,
                              "--data-dir", data_dir], stderr=subprocess.PIPE, text=True, cwd=ROOT)
     url = None
     deadline = time.monotonic() + 120
@@ -462,9 +465,12 @@ class Simulator:
             raise SystemExit(f"the simulator exited (status {self.proc.poll()})")
         return item
 
-    def report(self, timeout=120):
-        self.proc.stdin.write("report\n")
+    def send(self, word):
+        self.proc.stdin.write(word + "\n")
         self.proc.stdin.flush()
+
+    def report(self, timeout=120):
+        self.send("report")
         return self.next(timeout)
 
     def stop(self, timeout=120):

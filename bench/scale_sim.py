@@ -10,8 +10,10 @@ does). Each heartbeat's latency is measured from that due time, so a heartbeat t
 free connection here is counted as late, not hidden.
 
 Control on stdin, one word a line: `report` prints the figures since the last report as one JSON
-line on stdout and starts a new window; `stop` (or end of input) prints the last window and exits.
-The first line on stdout is the registration's figures.
+line on stdout and starts a new window; `stop` (or end of input) prints the last window and exits;
+`mark` starts counting the nodes answered from now on, and prints `{"event": "all_heard"}` once
+every registered node has had a heartbeat answered since (bench/storms.py: when a storm of
+returning nodes is over). The first line on stdout is the registration's figures.
 
     .venv/bin/python bench/scale_sim.py --url http://127.0.0.1:8080 --join flj_... --nodes 1000
 """
@@ -178,6 +180,8 @@ class Fleet:
         self.window = Window()
         self.total = None  # every heartbeat after the registration
         self.stopping = False
+        self.mark_at = None  # `mark`: nodes answered since then, until all were
+        self.heard = set()
 
     def sinks(self):
         return (self.window,) if self.total is None else (self.window, self.total)
@@ -271,6 +275,11 @@ class Fleet:
                 continue
             done = time.monotonic()
             self.failed[i] = 0
+            if self.mark_at is not None:
+                self.heard.add(i)
+                if len(self.heard) >= sum(t is not None for t in self.tokens) - self.revoked:
+                    emit({"event": "all_heard", "seconds": round(done - self.mark_at, 2), "nodes": len(self.heard)})
+                    self.mark_at = None
             gap = done - self.last_ok[i]
             self.last_ok[i] = done
             for w in self.sinks():
@@ -318,6 +327,8 @@ def read_commands(fleet, deadline):
             word = line.strip().decode()
             if word == "report":
                 fleet.report()
+            elif word == "mark":
+                fleet.mark_at, fleet.heard = time.monotonic(), set()
             elif word == "stop":
                 return
 

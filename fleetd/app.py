@@ -43,9 +43,9 @@ class FleetApi(Api):
         return handle_error(error)
 
 
-def create_app(settings=None, clock=None, db=None, offload=None, after_full_read=None):
+def create_app(settings=None, clock=None, db=None, offload=None, after_full_read=None, pause=None):
     """Build the app. Background tasks are registered but only `fleetd serve` starts them
-    (`offload` and `after_full_read`: see Runtime.build)."""
+    (`offload`, `after_full_read` and `pause`: see Runtime.build)."""
     settings = settings or Settings.load()
     app = Flask("fleetd")
     app.config.update(
@@ -62,7 +62,7 @@ def create_app(settings=None, clock=None, db=None, offload=None, after_full_read
         },
     )
     bind(db or open_database(settings.database_url, settings.sqlite_synchronous))
-    app.extensions["fleetd"] = Runtime.build(settings, clock, app, offload, after_full_read)
+    app.extensions["fleetd"] = Runtime.build(settings, clock, app, offload, after_full_read, pause)
 
     api = FleetApi(app)
     api.ma_plugin.converter.add_attribute_function(null_means_null)

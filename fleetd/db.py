@@ -147,6 +147,13 @@ def released(fn):
         hand_back()
 
 
+def writing():
+    """True inside a write_transaction: this greenlet may hold SQLite's write lock, so it must not
+    give the event loop away (another writer's BEGIN IMMEDIATE would wait inside SQLite, blocking
+    the loop this one needs to finish)."""
+    return getattr(_AFTER_COMMIT, "fns", None) is not None
+
+
 _FENCE = threading.local()  # the fence of the leader work this thread does (fenced_by)
 
 

@@ -55,11 +55,12 @@ class Runtime:
     scheduler: SchedulerLoop | None = None  # passes after kicks (`fleetd serve` starts its thread)
 
     @classmethod
-    def build(cls, settings, clock=None, app=None, offload=None, after_full_read=None):
+    def build(cls, settings, clock=None, app=None, offload=None, after_full_read=None, pause=None):
         """The runtime for these settings, and for `app` its instruments, background tasks and
         scheduler loop. `offload`: where CPU-heavy work runs (`fleetd serve`: a thread pool; its
         inventory reads are then throttled), `after_full_read`: called after a full inventory read
-        or engine build (`fleetd serve` freezes what lives long)."""
+        or engine build (`fleetd serve` freezes what lives long), `pause`: gives the event loop
+        away between the chunks of a long read (`fleetd serve`: gevent.sleep)."""
         clock = clock or Clock()
         liveness = LivenessTracker(
             clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace,
@@ -75,6 +76,8 @@ class Runtime:
         if offload is not None:
             rt.offload = rt.inventory.offload = offload
             rt.inventory.throttle = True  # a view a few seconds old while reads would come faster
+        if pause is not None:
+            rt.inventory.pause = pause
         if after_full_read is not None:
             rt.inventory.after_full_read = rt.engines.after_build = after_full_read
         if app is not None:

@@ -244,7 +244,7 @@ def serve(settings, ready_callback=None):
     # process: the collector's full passes skip it (freeze_long_lived).
     pool = gevent.get_hub().threadpool
     app = create_app(settings, db=db, offload=lambda fn, *args: pool.apply(fn, args),
-                     after_full_read=freeze_long_lived)
+                     after_full_read=freeze_long_lived, pause=gevent.sleep)
     rt = app.extensions["fleetd"]
     # The loop gives up the GIL in every SQLite call and then waits for a busy worker thread to
     # hand it back, up to the switch interval each time (5 ms by default): a heartbeat's few reads

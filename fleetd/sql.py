@@ -104,15 +104,32 @@ class Statement:
         rows = self.rows(**values)
         return rows[0] if rows else None
 
-    def raw_tuples(self, **values):
-        """Rows of a SELECT as the driver returns them, no field conversion (the caller converts)."""
+    def raw_tuples(self, pause=None, **values):
+        """Rows of a SELECT as the driver returns them, no field conversion (the caller converts).
+        With `pause`, rows are fetched a chunk at a time and pause() is called between chunks (fleetd
+        serve: a yield to the event loop, so a read of every node and GPU does not hold it)."""
         _model, sql, params, _columns = self._get()
-        return database.execute_sql(sql, self._bind(params, values)).fetchall()
+        cursor = database.execute_sql(sql, self._bind(params, values))
+        return cursor.fetchall() if pause is None else fetch_in_chunks(cursor, pause)
 
     def execute(self, **values):
         """Run an INSERT, UPDATE or DELETE; returns the rows it changed."""
         _model, sql, params, _columns = self._get()
         return database.execute_sql(sql, self._bind(params, values)).rowcount
+
+
+FETCH_CHUNK = 2000  # rows fetched between two pauses: a few milliseconds of SQLite's work
+
+
+def fetch_in_chunks(cursor, pause):
+    """Every row of `cursor`, FETCH_CHUNK at a time, calling pause() between two chunks."""
+    rows, size = [], FETCH_CHUNK
+    while True:
+        chunk = cursor.fetchmany(size)
+        rows += chunk
+        if len(chunk) < size:
+            return rows
+        pause()
 
 
 _BY_PK: dict = {}  # model -> Statement selecting one row by primary key

@@ -15,7 +15,7 @@ import typing
 from fleetd import scheduler, windows
 from fleetd.clock import isoformat
 from fleetd.credentials import ADMIN
-from fleetd.db import database
+from fleetd.db import database, writing
 from fleetd.errors import NotFound
 from fleetd.models import (
     Fleet,
@@ -174,9 +174,11 @@ FULL_READ_SHARE = 0.25  # more of the fleet changed than this: one scan of every
 _CHUNK = 500  # node ids per IN (...) list
 
 
-def load_inventory(version=None, offload=call, previous=None):
+def load_inventory(version=None, offload=call, previous=None, pause=None):
     """The inventory from the tables (read inside the caller's transaction). The rows are fetched
-    here; turning them into objects (most of the cost at 10,000 nodes) goes through `offload`.
+    here, a chunk at a time with pause() between chunks when given (fleetd serve: the event loop
+    answers heartbeats meanwhile; a full read at 100,000 nodes fetches 900,000 rows); turning
+    them into objects (most of the cost) goes through `offload`.
 
     With `previous` (an inventory read earlier), only the nodes the triggers noted as changed
     since its version are read, and the rest of `previous` is kept as it is."""
@@ -189,8 +191,10 @@ def load_inventory(version=None, offload=call, previous=None):
                 chunk = changed[at:at + _CHUNK]
                 node_rows += raw_rows(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
                 gpu_rows += raw_rows(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
+                if pause is not None:
+                    pause()
             return offload(_patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows)
-    return offload(_inventory, version, fleets, _NODES.raw_tuples(), _GPUS.raw_tuples())
+    return offload(_inventory, version, fleets, _NODES.raw_tuples(pause=pause), _GPUS.raw_tuples(pause=pause))
 
 
 def raw_rows(query):
@@ -284,6 +288,7 @@ class InventoryCache:
         self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
         self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
         self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
+        self.pause = None  # fleetd serve: fn() that gives the event loop away, called between fetched chunks
         # One read at a time: under fleetd serve a read yields the loop while its rows become
         # objects, and every request arriving meanwhile would otherwise start the same read (and
         # hold its own copy). Callers that arrive during a read wait for it and take what it read.
@@ -311,7 +316,9 @@ class InventoryCache:
         if current is not None and self.throttle and wait > 0:
             self.stale_for = wait
             return current
-        current = self._current = load_inventory(version, self.offload, previous=current)
+        # Never inside a write transaction: a writer that gives the loop away stalls every other.
+        pause = None if writing() else self.pause
+        current = self._current = load_inventory(version, self.offload, previous=current, pause=pause)
         self._loaded_at, self._cost = now, self._monotonic() - now
         if not current.history and self.after_full_read is not None:
             self.after_full_read()
