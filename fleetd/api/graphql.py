@@ -7,6 +7,7 @@ import logging
 from ariadne import graphql_sync
 from flask import Blueprint, jsonify, request
 from flask.views import MethodView
+from graphql import GraphQLError
 
 from fleetd.api.parser import BadJson, loads
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
@@ -27,7 +28,8 @@ blp = Blueprint("graphql", __name__)
 
 def format_error(error, debug=False):
     """A GraphQL error with `extensions.code`: a FleetdError's code and details, invalid_request for a
-    document that does not parse or validate, internal (logged, never shown) for anything else."""
+    document that does not parse or validate or a variable of the wrong type, internal (logged, never
+    shown) for anything else."""
     formatted = dict(error.formatted)
     original = error.original_error
     while getattr(original, "original_error", None) is not None:  # a GraphQLError wrapping the cause
@@ -36,7 +38,7 @@ def format_error(error, debug=False):
         formatted["message"] = original.message
         formatted["extensions"] = {"code": original.code, **({"details": original.details} if original.details
                                                              else {})}
-    elif original is None:
+    elif original is None or isinstance(original, GraphQLError):  # GraphQL's own: a variable of the wrong type
         formatted["extensions"] = {"code": "invalid_request"}
     else:
         log.error("unhandled error in a GraphQL resolver", exc_info=original)

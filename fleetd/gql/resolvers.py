@@ -4,6 +4,7 @@ InstanceSpecSchema validates, a stop, resume or terminate is the REST route's se
 
 import re
 import shlex
+import time
 
 from ariadne import MutationType, ObjectType, QueryType, ScalarType
 from marshmallow import ValidationError
@@ -58,6 +59,7 @@ def pod(view):
         "memoryInGb": _gib(resources.get("memory_bytes")), "volumeInGb": _gib(spec.get("volume_bytes")),
         "volumeMountPath": spec.get("volume_mount_path"),
         "containerDiskInGb": _gib(spec.get("scratch_bytes")) if spec.get("scratch_bytes") else None,
+        "runtimeArgs": spec.get("runtime_args") or [],
         "podType": "INTERRUPTABLE" if spec.get("priority_class") == "spot" else "RESERVED",
         "costPerHr": view["price_per_hour"], "bidPerGpu": spec.get("bid"), "costSoFar": view["cost_so_far"],
         "storageCostSoFar": view.get("storage_cost_so_far"),
@@ -139,6 +141,8 @@ def instance_body(data, spot, cloud_labels=None):
         body["volume_mount_path"] = data["volumeMountPath"]
     if data.get("containerDiskInGb"):
         body["scratch_bytes"] = int(data["containerDiskInGb"] * GIB)
+    if data.get("runtimeArgs"):
+        body["runtime_args"] = list(data["runtimeArgs"])
     selector = {}
     if data.get("dataCenterId"):
         selector["fleet"] = data["dataCenterId"]
@@ -254,6 +258,23 @@ def resolve_pods(_, info):
 def resolve_pod(_, info, input):  # noqa: A002
     rt, principal = _ctx(info)
     return _pod_of(rt, instances.get_instance(principal, _instance_id(input)))
+
+
+@query.field("podConnection")
+@query.field("clusterConnection")
+def resolve_connection(_, info, input):  # noqa: A002
+    """REST's connection of a declared port, waiting up to waitSeconds (0 to 300) in long-poll slices."""
+    rt, principal = _ctx(info)
+    most = instances.CONNECTION_WAIT_MAX_SECONDS
+    wait, port = input.get("waitSeconds") or 0, input.get("port")
+    if not 0 <= wait <= most:
+        raise InvalidRequest(f"waitSeconds: 0 to {most}", {"fields": {"waitSeconds": [f"0 to {most}"]}})
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidRequest("port: 1 to 65535", {"fields": {"port": ["1 to 65535"]}})
+    # The waits of one document share one budget: aliases of this field do not wait 300 s each.
+    deadline = info.context.setdefault("connection_wait_deadline", time.monotonic() + most)
+    wait = min(wait, max(0.0, deadline - time.monotonic()))
+    return instances.connection_within(rt, principal, _instance_id(input), port, wait)
 
 
 # ---------------------------------------------------------------- GPU types

@@ -10,6 +10,9 @@ the volume.
 
 import dataclasses
 import ipaddress
+import logging
+import math
+import time
 
 from peewee import IntegrityError, fn
 
@@ -33,6 +36,9 @@ from fleetd.services.pagination import last_rows, paginate
 from fleetd.services.runs import new_run, resumes_by_itself, run_active, settle_deleting, stop_job, volumes_removed
 from fleetd.services.terms import task_request
 from fleetd.services.usage import storage_costs
+
+log = logging.getLogger(__name__)
+CONNECTION_WAIT_MAX_SECONDS = 300  # the longest connection wait, in slices (GraphQL; the CLI's --timeout asks REST)
 
 # ---------------------------------------------------------------- create, read
 
@@ -428,6 +434,24 @@ def connection(rt, principal, instance_id, port=None, wait_seconds=0):
         raise Timeout(f"instance {instance_id} is not running yet ({state}); its connection is known once it runs",
                       {"state": state})
     return found
+
+
+def connection_within(rt, principal, instance_id, port=None, wait_seconds=0):
+    """connection(), waiting up to `wait_seconds` (at most CONNECTION_WAIT_MAX_SECONDS) in slices: each
+    slice is the REST long poll's wait (at most long_poll_max_seconds), so the instance is read afresh
+    at least once a slice, whatever wake-up went missing. Timeout when it does not run in time."""
+    wait_seconds = min(max(0.0, wait_seconds), CONNECTION_WAIT_MAX_SECONDS)
+    slice_seconds = rt.settings.long_poll_max_seconds
+    deadline = time.monotonic() + wait_seconds
+    slices = math.ceil(wait_seconds / slice_seconds) if slice_seconds > 0 else 1
+    for number in range(1, slices):  # bounded; every slice but the last
+        if deadline - time.monotonic() <= slice_seconds or rt.notifier.closed:
+            break
+        try:
+            return connection(rt, principal, instance_id, port, slice_seconds)
+        except Timeout:
+            log.debug("instance %s has no connection after wait slice %d; waiting on", instance_id, number)
+    return connection(rt, principal, instance_id, port, max(0.0, min(slice_seconds, deadline - time.monotonic())))
 
 
 def _refuse_taken_port(rt, inst, port, host_port):
