@@ -41,6 +41,20 @@ def test_invalid_job_specs_are_refused_naming_the_field(api, spec, field):
     assert api.get("/api/v1/jobs").get_json()["items"] == []
 
 
+def test_a_job_named_new_is_refused_because_the_admin_ui_takes_that_path_for_its_form(api):
+    resp = api.post("/api/v1/jobs", {"name": "new", "command": ["true"]})
+    assert resp.status_code == 400, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["details"]["fields"]["json"]["name"] == ["'new' is reserved (the admin UI's /ui/jobs/new); "
+                                                          "choose another name"]
+    simulated = api.post("/api/v1/cluster/simulate-schedule", {"name": "new", "command": ["true"]})
+    assert simulated.status_code == 400 and "reserved" in str(simulated.get_json()["error"]["details"])
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+    for near in ("New", "new-1", "renew"):
+        assert api.post("/api/v1/jobs", {"name": near, "command": ["true"]}).status_code == 201, near
+
+
 def test_job_referring_to_an_unknown_artifact_is_refused(api):
     resp = api.post("/api/v1/jobs", {"name": "j", "command": ["true"],
                                       "artifacts": [{"sha256": "a" * 64, "path": "data.bin"}]})

@@ -7,7 +7,14 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate, va
 from fleetd.models import InstanceState
 from fleetd.schemas.agent import PORT_STATES
 from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
-from fleetd.schemas.jobs import ENV_NAME, MIN_GPU_FRACTION, GpuCount, NodeSelectorSchema, _at_most_256
+from fleetd.schemas.jobs import (
+    ENV_NAME,
+    MIN_GPU_FRACTION,
+    GpuCount,
+    NodeSelectorSchema,
+    _at_most_256,
+    reserved_name_error,
+)
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
 from fleetwire.assignment import MAX_RUNTIME_ARGS, RUNTIME_ARG_PATTERN, RUNTIME_ARGS, runtime_arg_error
 
@@ -43,14 +50,14 @@ class IdleStopSchema(Schema):
 
 # The shape of an id (fleetd.models.new_id): a name of that shape could name two instances at once.
 ID_SHAPE = re.compile(r"[0-9a-f]{20}")
-RESERVED_NAMES = ("new",)  # /ui/instances/new is the UI's create form
 
 
 def _a_handle(name):
     """Instance names are handles (`fleetd instance show NAME`, /ui/instances/NAME): none may read as
     something else."""
-    if name in RESERVED_NAMES:
-        raise ValidationError(f"{name!r} is reserved (the admin UI's /ui/instances/{name}); choose another name")
+    reserved = reserved_name_error(name, "instances")
+    if reserved is not None:
+        raise ValidationError(reserved)
     if ID_SHAPE.fullmatch(name):
         raise ValidationError("20 lowercase hex digits is the shape of an id; choose a name that is not one")
 

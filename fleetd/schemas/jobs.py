@@ -28,6 +28,24 @@ def _relative_path(value):
         raise ValidationError("a relative path inside the task's working directory, without '..'")
 
 
+# Names the admin UI's paths take for themselves: /ui/jobs/new and /ui/instances/new are its create forms, so a
+# job or an instance of that name could not be opened by name there.
+RESERVED_NAMES = ("new",)
+
+
+def reserved_name_error(name, kind):
+    """Why `name` may not name a workload of `kind` ("jobs", "instances"), or None when it may."""
+    if name in RESERVED_NAMES:
+        return f"{name!r} is reserved (the admin UI's /ui/{kind}/{name}); choose another name"
+    return None
+
+
+def _not_reserved(name):
+    error = reserved_name_error(name, "jobs")
+    if error is not None:
+        raise ValidationError(error)
+
+
 MIN_GPU_FRACTION = 0.01
 
 
@@ -87,7 +105,8 @@ _NODE_SELECTOR = NodeSelectorSchema()
 
 
 class JobSpecSchema(Schema):
-    name = Text(required=True, min_length=1, max_length=200)
+    name = Text(required=True, min_length=1, max_length=200, validate=[_not_reserved],
+                metadata={"description": "not `new` (the admin UI's /ui/jobs/new)"})
     command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
     env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
                       validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})

@@ -20,13 +20,16 @@ GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "ma
               "mig_mode", "serial", "board_part_number", "vbios")
 
 
-def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None):
-    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or hostname."""
+def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None, search=None):
+    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or hostname;
+    `search`: those whose hostname holds it (any case)."""
     query = Node.select()
     if agent_version:
         query = query.where(Node.agent_version == agent_version)
     if hostname:
         query = query.where(Node.hostname == hostname)
+    if search:
+        query = query.where(Node.hostname.contains(search))
     if fleet:
         query = query.where(Node.fleet == fleet)
     if status:

@@ -234,7 +234,7 @@ def test_every_page_renders_for_an_admin_without_console_errors(page, http, serv
     sign_in(page, admin)
     pages = {"api-tokens": "/ui/api-tokens", "maintenance": "/ui/maintenance", "gpu-types": "/ui/gpu-types",
              "job-queued": f"/ui/jobs/{queued['id']}", "job-running": f"/ui/jobs/{job['id']}",
-             "node-page": f"/ui/nodes/{node_id}"}
+             "node-page": f"/ui/nodes/{node_id}", "usage": "/ui/usage"}
     for name, path in pages.items():
         page.goto(path)
         assert page.locator("h1").count() == 1 and page.locator(".error-page").count() == 0, name

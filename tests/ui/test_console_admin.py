@@ -1,9 +1,11 @@
 """The console's admin pages through Flask's test client: fleets (create, change labels, windows and health
-policy), quotas, webhooks (secret shown once, deliveries); the API's errors beside their fields; admins only
-where the API says so."""
+policy), quotas, webhooks (secret shown once, deliveries with their status, posted to a receiver on loopback);
+the API's errors beside their fields; admins only where the API says so."""
 
 import re
 
+from tests.support.webhooks import receiver  # noqa: F401 - a fixture: a loopback receiver of deliveries
+from tests.ui.conftest import enrol
 from tests.ui.test_console_forms import field_error
 
 
@@ -89,6 +91,39 @@ def test_a_webhook_secret_is_generated_and_shown_once(admin_ui, api):
     assert refused.status_code == 400 and field_error(text, "url") and field_error(text, "events")
     assert field_error(text, "secret") and 'value="short"' not in text
     assert admin_ui.get("/ui/webhooks/00000000000000000000").status_code == 404
+
+
+def test_the_webhook_page_shows_each_delivery_with_its_status_as_it_is_retried(admin_ui, api, clock, receiver):
+    admin_ui.get("/ui/webhooks")
+    assert admin_ui.post("/ui/webhooks", {"url": receiver.url, "events": ["job.failed"]}).status_code == 200
+    [hook] = api.get("/api/v1/webhooks").get_json()["items"]
+    _, session = enrol(api)
+    job = api.submit(name="doomed", command=["false"])
+    api.task_call(session, api.start_task(session), "finish", outcome="failed", exit_code=3)
+    assert api.job(job["id"])["state"] == "failed"  # the event a delivery is queued for
+
+    def delivery_row():
+        page = admin_ui.text(f"/ui/webhooks/{hook['id']}")
+        rows = re.findall(r'<tr data-delivery="([^"]+)">(.*?)</tr>', page, re.S)
+        assert len(rows) == 1, page
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[0][1], re.S)]
+        return rows[0][0], dict(zip(("at", "event", "state", "attempts", "status", "error", "next"), cells))
+
+    delivery_id, row = delivery_row()
+    assert (row["event"], row["state"], row["attempts"], row["status"]) == ("job.failed", "pending", "0", "–")
+    receiver.statuses = [503]
+    assert api.run_task("webhooks")["retrying"] == 1
+    _, row = delivery_row()
+    assert (row["state"], row["attempts"], row["status"], row["error"]) == ("pending", "1", "503", "HTTP 503")
+    assert row["next"] != "–"  # when it is tried again
+    clock.advance(5)
+    assert api.run_task("webhooks")["delivered"] == 1
+    again, row = delivery_row()
+    assert again == delivery_id and (row["state"], row["attempts"], row["status"], row["error"], row["next"]) == (
+        "delivered", "2", "204", "", "–")
+    [listed] = api.get(f"/api/v1/webhooks/{hook['id']}/deliveries").get_json()["items"]
+    assert (listed["id"], listed["state"], listed["status_code"]) == (delivery_id, "delivered", 204)
+    assert len(receiver.requests) == 2 and all(path == "/hook" for path, _, _ in receiver.requests)
 
 
 def test_submitters_read_fleets_but_not_quotas_webhooks_or_fleet_changes(signed_in, api):

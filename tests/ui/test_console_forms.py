@@ -160,3 +160,5 @@ def test_a_submitter_names_only_its_own_team_in_the_job_form(app, api):
     assert other.status_code == 400
     assert field_error(other.get_data(as_text=True), "team") == "this token submits for team ml, not vision"
     assert carol.post("/ui/jobs/new", form).status_code == 302
+    reserved = carol.post("/ui/jobs/new", dict(form, name="new"))
+    assert reserved.status_code == 400 and "is reserved" in field_error(reserved.get_data(as_text=True), "name")

@@ -14,6 +14,7 @@ from tests.test_instances import create, show
 from tests.ui.conftest import UiClient, enrol
 from tests.ui.test_browser import agent_call, artifacts, http, page, server, shot, sign_in  # noqa: F401
 from tests.ui.test_browser import enrol as enrol_over_http
+from tests.ui.test_console_forms import field_error
 
 H100 = gpus(1)[0]["model"]
 
@@ -65,6 +66,34 @@ def test_the_list_shows_where_each_runs_and_why_others_wait_and_filters_by_state
     assert api.delete(f"/api/v1/instances/{waits['id']}").status_code == 204
     assert not row_of(admin_ui.text("/ui/instances"), waits["id"])  # deleted: only when asked for
     assert row_of(admin_ui.text("/ui/instances?state=deleted"), waits["id"])
+
+
+def test_the_list_filters_by_owner_and_team_within_what_the_viewer_may_see(app, admin_ui, api):
+    def teammate(name, team):
+        resp = api.post("/api/v1/tokens", {"name": name, "role": "submitter", "team": team})
+        assert resp.status_code == 201, resp.get_json()
+        return resp.get_json()["token"]
+
+    alice_token, bob_token = teammate("alice", "vision"), teammate("bob", "nlp")
+    alices = create(ApiClient(app, alice_token), name="a-nb", resources={"gpus": 4})
+    bobs = create(ApiClient(app, bob_token), name="b-nb", resources={"gpus": 4})
+    admins = create(api, name="admin-nb", resources={"gpus": 4})
+    assert (show(api, alices["id"])["owner"], show(api, alices["id"])["team"]) == ("alice", "vision")
+
+    def shown(client, query):
+        page = client.text(f"/ui/instances?{query}")
+        return {i["id"] for i in (alices, bobs, admins) if row_of(page, i["id"])}
+
+    assert shown(admin_ui, "owner=alice") == {alices["id"]}
+    assert shown(admin_ui, "team=nlp") == {bobs["id"]}
+    assert shown(admin_ui, "owner=alice&team=nlp") == set()  # both filters hold at once
+    assert shown(admin_ui, "owner=") == {alices["id"], bobs["id"], admins["id"]}  # an empty filter is none
+    assert 'id="f-owner" name="owner" value="alice"' in admin_ui.text("/ui/instances?owner=alice")
+    assert 'id="f-team" name="team" value="nlp"' in admin_ui.text("/ui/instances?team=nlp")
+    alice = UiClient(app)
+    alice.login(alice_token)
+    assert shown(alice, "owner=bob") == set() and shown(alice, "team=nlp") == set()  # not another's, by filter
+    assert shown(alice, "team=vision") == {alices["id"]}
 
 
 def test_an_instance_page_shows_its_runtime_ports_as_links_its_log_and_events(admin_ui, api, clock):
@@ -148,8 +177,11 @@ def test_stop_resume_and_delete_each_ask_first_then_do_what_the_api_does(admin_u
     for value, message in (("many", "a number"), ("1.5", "an integer from 0 to 1024")):
         resp = admin_ui.post(f"/ui/instances/{iid}/resume", {"gpus": value, "confirm": "yes"})
         body = resp.get_data(as_text=True)
-        assert resp.status_code == 400 and "<strong>gpus</strong>" in body and message in body, value
-        assert "Traceback" not in body
+        assert resp.status_code == 400 and message in (field_error(body, "gpus") or ""), value
+        tag = re.search(r'<input id="resume-gpus"[^>]*>', body).group(0)  # the instance's page, the field kept
+        assert 'aria-describedby="err-gpus"' in tag and f'value="{value}"' in tag and "Traceback" not in body
+    on_demand = admin_ui.post(f"/ui/instances/{iid}/resume", {"bid": "2", "confirm": "yes"})  # the service's no
+    assert on_demand.status_code == 400 and "spot only" in field_error(on_demand.get_data(as_text=True), "bid")
     assert show(api, iid)["state"] == "stopped"
     confirm = admin_ui.post(f"/ui/instances/{iid}/resume", {"gpus": "2"}).get_data(as_text=True)
     assert "Resume instance nb?" in confirm and '<input type="hidden" name="gpus" value="2">' in confirm
@@ -167,6 +199,21 @@ def test_stop_resume_and_delete_each_ask_first_then_do_what_the_api_does(admin_u
     listing = admin_ui.text("/ui/instances")
     assert "Instance nb is deleting" in listing and 'status-deleting">deleting<' in row_of(listing, iid)
     assert 'id="action-delete"' not in admin_ui.text(f"/ui/instances/{iid}")
+
+
+def test_a_spot_resume_under_the_minimum_bid_is_refused_beside_the_bid_on_the_instance_page(admin_ui, api):
+    _, session = enrol(api, gpu_count=2)
+    assert api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"spot_min_bid": 0.8}).status_code == 200
+    inst, assignment = running(api, session, priority_class="spot", bid=1.0)
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    api.task_call(session, assignment, "finish", outcome="cancelled", exit_code=143)
+    admin_ui.get(f"/ui/instances/{inst['id']}")
+    resp = admin_ui.post(f"/ui/instances/{inst['id']}/resume", {"bid": "0.5", "confirm": "yes"})
+    body = resp.get_data(as_text=True)
+    assert resp.status_code == 400 and field_error(body, "bid") == "at least 0.8"
+    tag = re.search(r'<input id="resume-bid"[^>]*>', body).group(0)
+    assert 'value="0.5"' in tag and 'aria-invalid="true"' in tag and 'id="action-resume"' in body
+    assert show(api, inst["id"])["state"] == "stopped" and show(api, inst["id"])["spec"]["bid"] == 1.0
 
 
 def test_an_action_without_the_csrf_token_is_refused_and_changes_nothing(admin_ui, api):
@@ -235,7 +282,8 @@ def test_bad_input_gets_a_readable_refusal_never_a_server_error(admin_ui, api):
                         ({"bid": "nan"}, "bid"), ({"bid": "-1"}, "bid")]:
         resp = admin_ui.post(f"/ui/instances/{inst['id']}/resume", dict(form, confirm="yes"))
         body = resp.get_data(as_text=True)
-        assert resp.status_code == 400 and f"<strong>{field}</strong>" in body and "Traceback" not in body, form
+        assert resp.status_code == 400 and field_error(body, field) and "Traceback" not in body, form
+        assert len(body) < 100_000  # what was typed is kept, not all of it
     resp = admin_ui.post(f"/ui/instances/{inst['id']}/resume", {"bid": "5", "confirm": "yes"})
     assert resp.status_code == 400 and "a bid applies to spot instances only" in resp.get_data(as_text=True)
     assert show(api, inst["id"])["state"] == "stopped"

@@ -5,6 +5,7 @@ import re
 
 from fleetd.ui.charts import line_chart
 from tests.ui.conftest import enrol
+from tests.ui.test_console_forms import field_error
 
 
 def _number(page, element_id):
@@ -98,6 +99,20 @@ def test_node_table_filters_by_fleet_and_status(admin_ui, api):
     assert admin_ui.get("/ui/nodes?status=nonsense").status_code == 400
 
 
+def test_node_table_searches_hostnames_by_a_part_in_any_case(admin_ui, api):
+    alpha, _ = enrol(api, fleet="gpu-a", name="rack7-alpha")
+    beta, _ = enrol(api, fleet="gpu-a", name="rack9-beta")
+    page = admin_ui.text("/ui/nodes?name=RACK7")
+    assert f'data-node="{alpha}"' in page and f'data-node="{beta}"' not in page
+    assert 'id="f-name" name="name" value="RACK7"' in page  # the filter keeps what was asked
+    both = admin_ui.text("/ui/nodes?name=rack")
+    assert f'data-node="{alpha}"' in both and f'data-node="{beta}"' in both
+    none = admin_ui.text("/ui/nodes?name=nowhere&fleet=gpu-a")
+    assert "data-node=" not in none and "No nodes match these filters." in none
+    assert "data-node=" not in admin_ui.text("/ui/nodes?name=%25")  # a % is a character, not a wildcard
+    assert admin_ui.get("/ui/nodes?name=" + "x" * 5000).status_code == 200
+
+
 def test_node_page_shows_unhealthy_gpus_and_live_readings(admin_ui, api):
     api.create_fleet("gpu-a")
     from tests.conftest import gpus
@@ -134,17 +149,22 @@ def test_drain_from_the_node_page_asks_for_confirmation_then_drains(admin_ui, ap
     assert api.node(node_id)["status"] == "ready"
 
 
-def test_drain_form_is_validated_on_the_server(admin_ui, api):
+def test_drain_form_errors_stand_beside_their_fields_on_the_node_page(admin_ui, api):
     node_id, _ = enrol(api)
     admin_ui.get(f"/ui/nodes/{node_id}")
-    for form, field in [({"reason": "", "deadline_minutes": "5"}, "reason"),
-                        ({"reason": "x", "deadline_minutes": "soon"}, "deadline_seconds"),
-                        ({"reason": "x", "deadline_minutes": "-1"}, "deadline_seconds"),
-                        ({"reason": "x" * 501}, "reason")]:
+    for form, field, message in [({"reason": "", "deadline_minutes": "5"}, "reason", "required"),
+                                 ({"reason": "x", "deadline_minutes": "soon"}, "deadline_minutes", "integer"),
+                                 ({"reason": "x", "deadline_minutes": "-1"}, "deadline_minutes", "0"),
+                                 ({"reason": "x" * 501}, "reason", "500")]:
         resp = admin_ui.post(f"/ui/nodes/{node_id}/drain", dict(form, confirm="yes"))
         body = resp.get_data(as_text=True)
-        assert resp.status_code == 400 and f"<strong>{field}</strong>" in body, form
-        assert "Traceback" not in body
+        assert resp.status_code == 400 and message in (field_error(body, field) or ""), (form, body)
+        assert 'id="node-facts"' in body and "Traceback" not in body  # the node's own page, not an error page
+        input_id = {"reason": "drain-reason", "deadline_minutes": "drain-deadline"}[field]
+        tag = re.search(rf'<input id="{input_id}"[^>]*>', body).group(0)
+        assert f'aria-describedby="err-{field}"' in tag and 'aria-invalid="true"' in tag
+    kept = admin_ui.post(f"/ui/nodes/{node_id}/drain", {"reason": "BIOS <update>", "deadline_minutes": "soon"})
+    assert 'value="BIOS &lt;update&gt;"' in kept.get_data(as_text=True)  # what was typed stays, escaped
     assert api.node(node_id)["status"] == "ready"
 
 

@@ -10,15 +10,16 @@ from fleetd.models import InstanceState
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import ResumeSchema
 from fleetd.services import instances, nodes, usage
-from fleetd.ui import roles
+from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
-from fleetd.ui.forms import load_form
+from fleetd.ui.forms import FormError, load_form
 from fleetd.ui.pages import logs
 from fleetd.ui.pages.common import allow, answer_by_name, confirmed, masked_spec_text
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
 EVENTS_SHOWN = 100
+KEPT_CHARS = 100  # of a number typed into the resume form, shown back (a number needs no more)
 # While an instance is on its way somewhere (or runs, with figures that move), its page refreshes itself.
 LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping", "deleting")
 
@@ -101,15 +102,28 @@ def instance_page(instance_id):
     if other is not None:
         return other
     view = instances.instance_view(rt, matches[0])
-    node = nodes.find_node(view["node_id"]) if view["node_id"] and principal.role in roles.NODES else None
-    command = view["spec"].get("command")
-    context = {"inst": view, "node": node, "ports": _ports(view), "actions": _actions(view),
-               "command": shlex.join(command) if command else "", "live": view["state"] in LIVE_STATES}
+    context = _context(view)
     if request.args.get("partial") == "live":
         if request.args.get("actions", "") != ",".join(name for name, _ in context["actions"]):
             # What may be done changed (it stopped, say): the whole page again, with the right buttons.
             return "", 204, {"HX-Refresh": "true"}
         return render_template("_instance_live.html", **context)
+    return _full_page(rt, view, context)
+
+
+def _context(view):
+    """What both the whole page and its live part show of an instance."""
+    principal = g.ui_principal
+    node = nodes.find_node(view["node_id"]) if view["node_id"] and principal.role in roles.NODES else None
+    command = view["spec"].get("command")
+    return {"inst": view, "node": node, "ports": _ports(view), "actions": _actions(view),
+            "command": shlex.join(command) if command else "", "live": view["state"] in LIVE_STATES}
+
+
+def _full_page(rt, view, context, form=None, errors=None, status=200):
+    """The instance's whole page; with `errors`, the resume form shown again with what was typed in `form`
+    and each message beside its field."""
+    principal, instance_id = g.ui_principal, view["id"]
     events = []
     if principal.role in roles.INSTANCE_EVENTS:
         events = instances.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
@@ -118,8 +132,8 @@ def instance_page(instance_id):
         lines = instances.instance_logs_tail(principal, instance_id, logs.SHOWN)
     log = logs.box(lines, _log_url(instance_id), context["live"], INSTANCE_QUIET)
     return render_template("instance.html", events=list(reversed(events)), log=log,
-                           spec_text=masked_spec_text(view["spec"]),
-                           usage=usage.workload_usage(rt, principal, view["id"]), **context)
+                           spec_text=masked_spec_text(view["spec"]), form=form or {}, errors=errors or {},
+                           usage=usage.workload_usage(rt, principal, view["id"]), **context), status
 
 
 INSTANCE_QUIET = "it runs no process now; the page follows its log again after a resume."
@@ -152,15 +166,23 @@ def instance_action(instance_id, action):
     inst = instances.get_instance(principal, instance_id)
     resume, hidden = {}, {}
     if action == "resume":
-        resume = load_form(ResumeSchema(), request.form)
-        hidden = {k: request.form[k].strip() for k in ("gpus", "bid") if request.form.get(k, "").strip()}
+        hidden = {k: request.form[k].strip()[:KEPT_CHARS] for k in ("gpus", "bid") if request.form.get(k, "").strip()}
+        try:
+            resume = load_form(ResumeSchema(), request.form)
+        except FormError as exc:
+            return _resume_refused(rt, inst, hidden, exc.errors)
     if not confirmed(request.form):
         return render_template("confirm_instance.html", inst=inst, action=action, title=ACTIONS[action][0],
                                explanation=ACTIONS[action][1], hidden=hidden)
     if action == "stop":
         inst = instances.stop_instance(rt, principal, instance_id)
     elif action == "resume":
-        inst = instances.resume_instance(rt, principal, instance_id, resume["gpus"], resume["bid"])
+        try:
+            inst = instances.resume_instance(rt, principal, instance_id, resume["gpus"], resume["bid"])
+        except InvalidRequest as exc:  # a bid under the minimum, or on an on-demand instance
+            errors = specforms.service_errors(exc, {})
+            errors.setdefault(specforms.GENERAL, [exc.message])  # the whole sentence above the form as well
+            return _resume_refused(rt, inst, hidden, errors)
     else:
         inst = instances.delete_instance(rt, principal, instance_id)
         if inst.state == InstanceState.DELETED.value:
@@ -171,3 +193,12 @@ def instance_action(instance_id, action):
         return redirect(url_for("ui.instance_list"))
     flash(f"Instance {inst.name} is now {inst.state}.")
     return redirect(url_for("ui.instance_page", instance_id=instance_id))
+
+
+def _resume_refused(rt, inst, form, errors):
+    """The instance's page again (400), its resume form holding what was typed, each message beside its field."""
+    view = instances.instance_view(rt, inst)
+    context = _context(view)
+    if "resume" not in dict(context["actions"]):  # no resume form on the page: the error page says it
+        raise FormError(errors)
+    return _full_page(rt, view, context, form, errors, 400)

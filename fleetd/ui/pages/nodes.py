@@ -9,12 +9,14 @@ from fleetd.schemas.nodes import NodeDrainSchema
 from fleetd.services import cluster, fleets, nodes, validation
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
-from fleetd.ui.forms import load_form
+from fleetd.ui.forms import FormError, load_form
 from fleetd.ui.pages.common import allow, answer_by_name, confirmed
 from fleetd.ui.security import ui_require
 
 LIST_LIMIT = 200
 EVENTS_SHOWN = 50
+KEPT_CHARS = 1000  # of what was typed into the drain form, shown back (a reason may have 500)
+DRAIN_FIELDS = {"deadline_seconds": "deadline_minutes"}  # the schema's field -> the drain form's
 
 ACTIONS = {
     "cordon": ("Cordon", "No new work will be placed on this node; running tasks continue."),
@@ -40,17 +42,19 @@ def _gpu_summary(node):
 @bp.route("/nodes")
 @ui_require(roles.NODES)
 def node_list():
-    """Every node (or those of a fleet / status) with GPUs and their health, heartbeat age and labels."""
+    """Every node (or those of a fleet / status, or whose hostname holds a text) with GPUs and their health,
+    heartbeat age and labels."""
     fleet = request.args.get("fleet") or None
     status = request.args.get("status") or None
+    name = request.args.get("name", "").strip() or None
     if status is not None and status not in {s.value for s in NodeStatus}:
         raise InvalidRequest(f"unknown node status {status!r}")
     cursor = request.args.get("cursor") or None
-    rows, next_cursor = nodes.list_nodes(LIST_LIMIT, cursor, fleet, status)
+    rows, next_cursor = nodes.list_nodes(LIST_LIMIT, cursor, fleet, status, search=name)
     fleet_names = [f.name for f in fleets.list_fleets(1000)[0]] if g.ui_principal.role in roles.FLEETS else []
     summaries = {node.id: _gpu_summary(node) for node in rows}
     return render_template("nodes.html", nodes=_live(rows), summaries=summaries, next_cursor=next_cursor,
-                           fleet=fleet, status=status, fleets=fleet_names,
+                           fleet=fleet, status=status, name=name or "", fleets=fleet_names,
                            statuses=[s.value for s in NodeStatus], now=current_runtime().clock.now())
 
 
@@ -81,20 +85,26 @@ def node_page(node_id):
                             ("registered", "registered_at")])
     if other is not None:
         return other
+    return _node_page(node_id)
+
+
+def _node_page(node_id, form=None, errors=None, status=200):
+    """The node's page; with `errors`, the drain form shown again with what was typed in `form` and each
+    message beside its field."""
     rt = current_runtime()
     node = _live([nodes.get_node(node_id)])[0]
     events = []
     if g.ui_principal.role in roles.NODE_EVENTS:
         events = nodes.node_events_tail(node_id, EVENTS_SHOWN)
-    status = NodeStatus(node.status)
-    available = {action: status.allows(action) for action in ("cordon", "uncordon", "drain", "undrain")}
-    available["revoke"] = status is not NodeStatus.REVOKED
+    now_status = NodeStatus(node.status)
+    available = {action: now_status.allows(action) for action in ("cordon", "uncordon", "drain", "undrain")}
+    available["revoke"] = now_status is not NodeStatus.REVOKED
     actions = [(name, ACTIONS[name][0]) for name, ok in available.items()
                if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]]
     gpus, tasks = _gpu_rows(rt, node)
     return render_template("node.html", node=node, gpus=gpus, tasks=tasks, events=list(reversed(events)),
-                           actions=actions, drain=node.drain, now=rt.clock.now(), form={}, errors={},
-                           validation=validation.latest_validation(node_id))
+                           actions=actions, drain=node.drain, now=rt.clock.now(), form=form or {},
+                           errors=errors or {}, validation=validation.latest_validation(node_id)), status
 
 
 @bp.route("/nodes/<string:node_id>/<any(cordon, uncordon, drain, undrain, revoke):action>", methods=["POST"])
@@ -106,8 +116,16 @@ def node_action(node_id, action):
     node = nodes.get_node(node_id)
     drain = None
     if action == "drain":
-        form = {"reason": request.form.get("reason", ""), "deadline_seconds": request.form.get("deadline_minutes", "")}
-        drain = load_form(NodeDrainSchema(), form, multipliers={"deadline_seconds": 60})
+        typed = {name: request.form.get(name, "")[:KEPT_CHARS] for name in ("reason", "deadline_minutes")}
+        try:
+            drain = load_form(NodeDrainSchema(), {"reason": typed["reason"],
+                                                  "deadline_seconds": typed["deadline_minutes"]},
+                              multipliers={"deadline_seconds": 60})
+        except FormError as exc:
+            if not NodeStatus(node.status).allows("drain"):
+                raise  # the page has no drain form to show the messages beside: the error page says them
+            errors = {DRAIN_FIELDS.get(name, name): messages for name, messages in exc.errors.items()}
+            return _node_page(node_id, typed, errors, 400)
     if not confirmed(request.form):
         return render_template("confirm_node.html", node=node, action=action, title=ACTIONS[action][0],
                                explanation=ACTIONS[action][1], drain=drain,
