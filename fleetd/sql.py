@@ -117,6 +117,11 @@ class Statement:
         _model, sql, params, _columns = self._get()
         return database.execute_sql(sql, self._bind(params, values)).rowcount
 
+    def execute_many(self, rows):
+        """Run an INSERT, UPDATE or DELETE once per dict of values in `rows`, in one call to the driver."""
+        _model, sql, params, _columns = self._get()
+        return database.cursor().executemany(sql, [self._bind(params, values) for values in rows]).rowcount
+
 
 FETCH_CHUNK = 2000  # rows fetched between two pauses: a few milliseconds of SQLite's work
 
@@ -166,12 +171,22 @@ def save_by_pk(instance, field_dict):
     return statement.execute(__pk__=instance._pk, **field_dict)
 
 
-def insert_row(model, field_dict):
-    """INSERT one row of `model` with `field_dict` (its primary key among them unless it is automatic)."""
-    names = tuple(sorted(field_dict))
+def _insert(model, names):
     fields = model._meta.fields
 
     def build(v):
         return model.insert({fields[n]: v(n, fields[n]) for n in names})
 
-    return _cached(_INSERTS, (model, names), build).execute(**field_dict)
+    return _cached(_INSERTS, (model, names), build)
+
+
+def insert_row(model, field_dict):
+    """INSERT one row of `model` with `field_dict` (its primary key among them unless it is automatic)."""
+    return _insert(model, tuple(sorted(field_dict))).execute(**field_dict)
+
+
+def insert_rows(model, field_dicts):
+    """INSERT rows of `model`, each a dict of the same field names (insert_many without compiling
+    the statement anew each time)."""
+    if field_dicts:
+        _insert(model, tuple(sorted(field_dicts[0]))).execute_many(field_dicts)

@@ -21,7 +21,9 @@ from fleetd.services.nodes import (
 )
 from fleetd.services.parking import node_changed
 from fleetd.services.work import reconcile_reported_tasks
+from fleetd.sql import Statement
 
+_NODE_OF_MACHINE = Statement(lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1))
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
 AGENT_DRAINING = "agent draining"  # the reason of a cordon the agent asked for (heartbeat draining: true)
 
@@ -59,10 +61,10 @@ def register_node(rt, join_token_id, info):
         join_token_id=join_token_id,
     )
     with write_transaction():
-        token = JoinToken.get_or_none(JoinToken.id == join_token_id)
+        token = JoinToken.get_or_none_by_id(join_token_id)
         if token is None or not consume_join_token(now, join_token_id):
             raise Unauthorized("join token expired, revoked or used up")
-        node = Node.get_or_none(Node.machine_id == info["machine_id"])
+        node = _NODE_OF_MACHINE.first(machine_id=info["machine_id"])
         if node is not None:
             _check_takeover(rt, node, token.fleet_id)
         returning, retired = hosts.returning_node(info["machine_id"]) if node is None else (None, None)

@@ -11,6 +11,7 @@ from fleetd.errors import Conflict, NotFound
 from fleetd.models import DEFAULT_HEALTH_POLICY, Fleet, Gpu, JoinToken, Node
 from fleetd.services.pagination import paginate
 from fleetd.services.parking import fleet_changed
+from fleetd.sql import Statement
 
 
 def _with_counts(query):
@@ -154,14 +155,12 @@ def consume_join_token(now, token_id):
     Call inside the registration transaction: the conditional UPDATE is what makes a
     single-use token admit exactly one host however many try at once.
     """
-    updated = (
-        JoinToken.update(uses=JoinToken.uses + 1)
-        .where(
-            (JoinToken.id == token_id)
-            & (JoinToken.revoked == False)  # noqa: E712 - SQL expression
-            & (JoinToken.expires_at > now)
-            & (JoinToken.max_uses.is_null() | (JoinToken.uses < JoinToken.max_uses))
-        )
-        .execute()
-    )
-    return updated == 1
+    return _CONSUME.execute(id=token_id, now=now) == 1
+
+
+# Compiled once: a registration storm runs it thousands of times a minute.
+_CONSUME = Statement(lambda v: JoinToken.update(uses=JoinToken.uses + 1).where(
+    (JoinToken.id == v("id"))
+    & (JoinToken.revoked == False)  # noqa: E712 - SQL expression
+    & (JoinToken.expires_at > v("now", JoinToken.expires_at))
+    & (JoinToken.max_uses.is_null() | (JoinToken.uses < JoinToken.max_uses))))

@@ -15,16 +15,22 @@ from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
 from fleetd.services import gpu_history, nodes
 from fleetd.services.events import FLEETD, acting_as, record_event
 from fleetd.services.runs import switch_node_status
+from fleetd.sql import Statement
 
 REASON_MAX = 1000
 MISSING_MAX = 64  # GPUs remembered as missing (a node has far fewer)
 HELD = (NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
 
 
+# Compiled once: a heartbeat that reports GPUs runs them.
+_GPU_HEALTH_OF = Statement(lambda v: Gpu.select(Gpu.uuid, Gpu.index, Gpu.healthy, Gpu.health_reason)
+                           .where(Gpu.node == v("node")).order_by(Gpu.index))
+_POLICY_OF = Statement(lambda v: Fleet.select(Fleet.health_policy).where(Fleet.name == v("name")))
+
+
 def _fault(node_id, missing):
     """(what is wrong, GPUs still missing) from the node's stored GPUs; ("", []) when healthy."""
-    rows = list(Gpu.select(Gpu.uuid, Gpu.index, Gpu.healthy, Gpu.health_reason).where(Gpu.node == node_id)
-                .order_by(Gpu.index))
+    rows = _GPU_HEALTH_OF.rows(node=node_id)
     present = {g.uuid for g in rows}
     problems = [f"GPU {g.index} ({g.uuid}) unhealthy: {g.health_reason or 'no reason given'}"
                 for g in rows if not g.healthy]
@@ -45,8 +51,8 @@ def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=F
     gone = set(gpu_change.gone) if gpu_change else set()
     missing = (gone | set((hold or {}).get("missing", [])))
     fault, still_missing = _fault(node.id, missing)
-    policy = effective_health_policy(Fleet.select(Fleet.health_policy).where(Fleet.name == node.fleet_id).scalar()
-                              if node.fleet_id else None)
+    fleet = _POLICY_OF.first(name=node.fleet_id) if node.fleet_id else None
+    policy = effective_health_policy(fleet.health_policy if fleet is not None else None)
     with acting_as(FLEETD):
         if fault:
             return _on_fault(rt, node, now, policy, hold, fault, still_missing)

@@ -17,8 +17,8 @@ def retire(node, now):
 def returning_node(machine_id):
     """(node id, retired row) a host of this machine id had before its node was deleted, or (None, None)
     (also when that id is in use again). Call inside the registering transaction."""
-    row = RetiredNode.get_or_none(RetiredNode.machine_id == machine_id)
-    if row is None or Node.select().where(Node.id == row.node_id).exists():
+    row = RetiredNode.get_or_none_by_id(machine_id)
+    if row is None or Node.get_or_none_by_id(row.node_id) is not None:
         return None, None
     return row.node_id, row
 

@@ -14,7 +14,7 @@ from fleetd.services.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.parking import node_changed
 from fleetd.services.runs import end_task, stop_tasks_of_node, switch_node_status
-from fleetd.sql import Statement
+from fleetd.sql import Statement, insert_rows
 
 GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason",
               "mig_mode", "serial", "board_part_number", "vbios")
@@ -46,7 +46,7 @@ def _attach_gpus(nodes):
 
 def find_node(node_id):
     """The node with this id, or None."""
-    return Node.get_or_none(Node.id == node_id)
+    return Node.get_or_none_by_id(node_id)
 
 
 def resolve_node(handle, limit=100):
@@ -311,7 +311,7 @@ def set_gpu_status(node, status, reason, now):
 def replace_gpus(node, gpus, now):
     """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
     (always truthy) if so, else False."""
-    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in Gpu.select().where(Gpu.node == node.id)}
+    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in _GPUS_OF.rows(node=node.id)}
     marked = gpu_history.rma_overrides(gpus)
     if marked:  # a board marked for RMA takes no work, whatever its agent says of it
         gpus = [dict(g, **dict(zip(("healthy", "health_reason"), gpu_history.rma_health(g, marked[g["serial"]]))))
@@ -320,15 +320,19 @@ def replace_gpus(node, gpus, now):
     reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
     if current == reported:
         return False
-    Gpu.delete().where(Gpu.node == node.id).execute()
-    if reported:
-        Gpu.insert_many([dict(fields, node=node.id, uuid=uuid) for uuid, fields in reported.items()]).execute()
+    _DELETE_GPUS_OF.execute(node=node.id)
+    insert_rows(Gpu, [dict(fields, node=node.id, uuid=uuid) for uuid, fields in reported.items()])
     unhealthy = sorted(u for u, f in reported.items() if not f["healthy"])
     reason = f"GPU inventory: {len(reported)} GPU(s) (was {len(current)})"
     if unhealthy:
         reason += f", unhealthy: {', '.join(unhealthy)}"
     record_event(now, "node.gpus", "node", node.id, reason)
     return GpuChange(gone=tuple(sorted(set(current) - set(reported))))
+
+
+# Compiled once: every registration and every heartbeat that reports GPUs runs these.
+_GPUS_OF = Statement(lambda v: Gpu.select().where(Gpu.node == v("node")))
+_DELETE_GPUS_OF = Statement(lambda v: Gpu.delete().where(Gpu.node == v("node")))
 
 
 def mark_node_lost(now, node_id, silent_seconds, fence=None):

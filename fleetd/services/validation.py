@@ -22,6 +22,7 @@ from fleetd.services.events import current_actor, record_event
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
 from fleetd.services.parking import node_changed
 from fleetd.services.runs import switch_node_status
+from fleetd.sql import Statement
 
 # The built-in checks, in the order the agent runs them (docs/validation.md).
 BUILTIN_CHECKS = ("gpus_present", "gpu_health", "driver_version", "cuda_version", "persistence_mode", "ecc_mode",
@@ -42,7 +43,11 @@ DETAIL_MAX = 1000
 
 def fleet_setting(fleet_id):
     """The fleet's validation setting (None: no gate)."""
-    return Fleet.select(Fleet.validation).where(Fleet.name == fleet_id).scalar() if fleet_id else None
+    fleet = _SETTING_OF.first(name=fleet_id) if fleet_id else None
+    return fleet.validation if fleet is not None else None
+
+
+_SETTING_OF = Statement(lambda v: Fleet.select(Fleet.validation).where(Fleet.name == v("name")))  # every first heartbeat
 
 
 def prevailing_versions(fleet_id, node_id):
