@@ -180,6 +180,7 @@ def engine_breakdown(rt, app, database):
         from fleetd.models import Job
         from fleetd.services.cluster import ClusterState
         from fleetd.services.terms import task_request
+        from fleetd.specs import JobSpec
 
         with app.app_context(), database.connection_context():
             t0 = time.perf_counter()
@@ -196,7 +197,7 @@ def engine_breakdown(rt, app, database):
         out["engine_build_s"] = round(time.perf_counter() - t0, 3)
         # A sample: each place() on its own (no grouping of equal requests, as a pass may do) scans the
         # cluster, and the whole backlog one by one would take minutes at 100k nodes.
-        requests = [task_request(spec) for spec in specs[:PLACE_SAMPLE]]
+        requests = [task_request(JobSpec.from_dict(spec)) for spec in specs[:PLACE_SAMPLE]]
         t0 = time.perf_counter()
         placed = sum(engine.place(r, explain=True).schedulable for r in requests)
         elapsed = time.perf_counter() - t0
