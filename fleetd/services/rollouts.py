@@ -2,15 +2,17 @@
 
 fleetd holds the plan and the state; the CLI that runs `fleetd rollout start` drives it over SSH
 (docs/architecture.md, Rollouts) and reports each node here. The policy lives here, so that every
-driver obeys the same one: a failed canary or more failures than `max_failures` pause the rollout
-by themselves; a paused or aborted rollout lets no further node begin (its driver sees 409 and
-waits, or stops). Pause, resume and abort are requests any admin makes from anywhere.
+driver obeys the same one: a failed canary, a node that failed its validation after the upgrade, or
+more failures than `max_failures` pause the rollout by themselves; a paused or aborted rollout, or
+one outside its window, lets no further node begin (its driver sees 409 and waits, or stops).
+Pause, resume and abort are requests any admin makes from anywhere.
 """
 
 import math
 
 import peewee
 
+from fleetd import windows
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Fleet, Node, Rollout, RolloutNode, new_id
@@ -142,10 +144,21 @@ def _settle(rollout, now):
         _switch(rollout, DONE, ", ".join(f"{counts[s]} {s}" for s in NODE_STATES if counts.get(s)), now)
 
 
+def _failed_validation(node_id):
+    """The node's validation failed after its upgrade: it is failed_validation now, which no node
+    is when its upgrade begins (services.upgrades.UPGRADABLE), so this upgrade put it there. fleetd
+    reads it from the node itself, whatever the driver says."""
+    node = Node.get_or_none(Node.id == node_id)
+    if node is None or node.status != "failed_validation":
+        return None
+    return node.status_reason or "no reason given"
+
+
 def report_node(rt, rollout_id, node_id, state, detail=""):
-    """The driver reports a node: upgrading (refused, 409, unless the rollout is running: that is how
-    a pause or an abort reaches the driver between nodes), then done or failed; or skipped. A failed
-    canary, or more failures than max_failures, pauses the rollout. Returns the rollout."""
+    """The driver reports a node: upgrading (refused, 409, unless the rollout is running and inside
+    its window: that is how a pause, an abort or the window's end reaches the driver between nodes),
+    then done or failed; or skipped. A failed canary, a node that failed its validation, or more
+    failures than max_failures pauses the rollout. Returns the rollout."""
     now = rt.clock.now()
     with write_transaction():
         rollout = _get(rollout_id)
@@ -158,6 +171,12 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
         if state in (UPGRADING, SKIPPED) and rollout.state != RUNNING:
             raise Conflict(f"rollout {rollout_id} is {rollout.state} ({rollout.state_reason}): no node begins",
                            {"state": rollout.state})
+        window = rollout.options.get("window")
+        if state == UPGRADING and window and not windows.is_open(window, now):
+            opens = windows.next_open_at(window, now)
+            raise Conflict(f"rollout {rollout_id} is outside its window: no node begins until "
+                           + (f"{opens.isoformat()}Z" if opens else "its window opens"),
+                           {"state": rollout.state, "opens_at": f"{opens.isoformat()}Z" if opens else None})
         if state == UPGRADING and row.canary is False and RolloutNode.select().where(
                 (RolloutNode.rollout == rollout_id) & (RolloutNode.canary == True)  # noqa: E712 - SQL
                 & RolloutNode.state.in_([PENDING, UPGRADING])).exists():
@@ -174,8 +193,12 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
             failures = RolloutNode.select().where((RolloutNode.rollout == rollout_id)
                                                   & (RolloutNode.state == FAILED)).count()
             allowed = int(rollout.options.get("max_failures") or 0)
+            invalid = _failed_validation(node_id)
             if row.canary:
                 _switch(rollout, PAUSED, f"paused by fleetd: canary node {node_id} failed ({detail[:500]})", now)
+            elif invalid is not None:
+                _switch(rollout, PAUSED, f"paused by fleetd: node {node_id} failed its validation after the "
+                                         f"upgrade ({invalid[:500]})", now)
             elif failures > allowed:
                 _switch(rollout, PAUSED, f"paused by fleetd: {failures} node(s) failed, more than --max-failures "
                                          f"{allowed} (last: node {node_id}: {detail[:300]})", now)
