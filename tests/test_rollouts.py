@@ -155,6 +155,10 @@ def test_a_retried_upgrade_is_accepted_on_a_node_gone_lost_after_its_failed_upgr
     clock.advance(3600)
     api.run_task("liveness_sweep")
     assert api.node(node_id)["status"] == "lost" and api.node(lost_id)["status"] == "lost"
+    # A rollout after the failed one takes the node again; a node lost for no upgrade is skipped.
+    rollout = _start(api, canary=0)
+    assert {n["node_id"]: n["state"] for n in rollout["nodes"]} == {node_id: "pending", lost_id: "skipped"}
+    api.post(f"/api/v1/rollouts/{rollout['id']}/abort")
 
     again = api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.1", "deadline_seconds": 60})
     assert again.status_code == 200, again.get_json()

@@ -18,7 +18,7 @@ from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Fleet, Node, Rollout, RolloutNode, new_id
 from fleetd.services.events import current_actor, record_event
 from fleetd.services.pagination import paginate
-from fleetd.services.upgrades import UPGRADABLE  # a node in another status is skipped
+from fleetd.services.upgrades import can_upgrade  # another node is skipped
 
 RUNNING, PAUSED, DONE, ABORTED = "running", "paused", "done", "aborted"
 ACTIVE = (RUNNING, PAUSED)
@@ -92,7 +92,8 @@ def _switch(rollout, state, reason, now):
 def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, max_failures=0, window=None,
                    drain_deadline_seconds=3600):
     """Plan a rollout of the fleet's nodes to a bundle: its nodes not on that bundle yet, canaries
-    first. Nodes that are pending, lost or revoked are listed as skipped. Conflict while another
+    first. Nodes that are pending, lost or revoked are listed as skipped, but for a lost one whose
+    agent went silent in an upgrade that failed (a rollout after a failed one takes it again). Conflict while another
     rollout of the fleet is running or paused. Returns the rollout."""
     now = rt.clock.now()
     actor = current_actor()
@@ -110,7 +111,7 @@ def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, 
         if not nodes:
             raise Conflict(f"every node of fleet {fleet} runs bundle {bundle_sha256[:12]} already (or it has none)",
                            {"fleet": fleet})
-        upgradable = [n for n in nodes if n.status in UPGRADABLE]
+        upgradable = [n for n in nodes if can_upgrade(n)]
         rollout = Rollout.create(
             id=new_id(), fleet=fleet, bundle_version=bundle_version, bundle_sha256=bundle_sha256, state=RUNNING,
             state_reason=f"started by {actor}", created_at=now, updated_at=now, created_by=actor,
@@ -123,7 +124,7 @@ def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, 
         rows += [dict(rollout=rollout.id, node_id=n.id, hostname=n.hostname, address=n.address,
                       position=len(rows) + i, batch=last + 1, canary=False, state=SKIPPED,
                       detail=f"not upgraded: the node is {n.status}", updated_at=now)
-                 for i, n in enumerate(n for n in nodes if n.status not in UPGRADABLE)]
+                 for i, n in enumerate(n for n in nodes if not can_upgrade(n))]
         RolloutNode.insert_many(rows).execute()
         _record(now, rollout, f"rollout of fleet {fleet} to fleet-agent {bundle_version} (bundle sha256 "
                               f"{bundle_sha256[:12]}): {len(upgradable)} node(s), {min(canary, len(upgradable))} "
