@@ -155,6 +155,10 @@ def test_a_retried_upgrade_is_accepted_on_a_node_gone_lost_after_its_failed_upgr
     clock.advance(3600)
     api.run_task("liveness_sweep")
     assert api.node(node_id)["status"] == "lost" and api.node(lost_id)["status"] == "lost"
+    # A rollout after the failed one takes the node again; a node lost for no upgrade is skipped.
+    rollout = _start(api, canary=0)
+    assert {n["node_id"]: n["state"] for n in rollout["nodes"]} == {node_id: "pending", lost_id: "skipped"}
+    api.post(f"/api/v1/rollouts/{rollout['id']}/abort")
 
     again = api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.1", "deadline_seconds": 60})
     assert again.status_code == 200, again.get_json()
@@ -253,3 +257,57 @@ def test_the_driver_begins_no_node_outside_the_window_or_while_paused_and_stops_
             parse_window(bad)
     assert parse_window(["sat,sun 00:00-23:59"]) == {"timezone": "UTC", "windows": [
         {"start": "00:00", "end": "23:59", "days": ["sat", "sun"]}]}
+
+
+def test_a_node_that_fails_its_validation_after_the_upgrade_pauses_the_rollout_at_once(api):
+    # Not a canary, and well under --max-failures: fleetd reads the failed validation from the node
+    # itself (failed_validation), whatever the driver's report says, and pauses at once.
+    api.create_fleet("gpu-a")
+    token = api.create_join_token("gpu-a", max_uses=10)
+    sessions = {f"gpu-{i}": api.ready_node(token, f"gpu-{i}") for i in (1, 2, 3)}
+    assert api.patch("/api/v1/fleets/gpu-a", {"validation": {}}).status_code == 200
+    assert api.post("/api/v1/webhooks", {"url": "https://hooks.example.com/x", "secret": "0123456789abcdef",
+                                         "events": ["rollout.state"]}).status_code == 201
+    rollout = _start(api, canary=0, batch=1, max_failures=5)
+    plain, invalid = sessions["gpu-1"][0], sessions["gpu-2"][0]
+    _report(api, rollout, plain, "upgrading")
+    assert _report(api, rollout, plain, "failed", detail="the agent did not start")["state"] == "running"
+
+    node_id, session = sessions["gpu-2"]
+    _report(api, rollout, node_id, "upgrading")
+    api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.0", "deadline_seconds": 60})
+    api.heartbeat(session)
+    assert api.post(f"/api/v1/nodes/{node_id}/validate").status_code == 200
+    validation = api.heartbeat(session)["validation"]
+    resp = api.post(f"/api/v1/agent/validations/{validation['id']}",
+                    {"checks": [{"name": "pcie_link", "gpu": 0, "status": "failed", "detail": "max link width x8"}]},
+                    token=session, agent=True)
+    assert resp.status_code == 204, resp.get_json()
+    api.post(f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "failed", "detail": "validation failed"})
+    assert api.node(node_id)["status"] == "failed_validation"
+    paused = _report(api, rollout, invalid, "failed", detail="the driver says nothing of validation")
+    assert paused["state"] == "paused", paused
+    assert paused["state_reason"].startswith(f"paused by fleetd: node {invalid} failed its validation after the "
+                                             "upgrade (") and "pcie_link GPU 0" in paused["state_reason"], paused
+    assert ("rollout.state", "paused") in [(k, b["data"]["to_status"]) for k, b in _deliveries()]
+    assert "is paused" in _report(api, rollout, sessions["gpu-3"][0], "upgrading", 409)["error"]["message"]
+
+
+def test_fleetd_refuses_a_node_that_begins_outside_the_rollouts_window(api, clock):
+    # Whatever client drives the rollout, fleetd's clock holds it to the window.
+    api.create_fleet("gpu-a")
+    ids = _nodes(api, 1, api.create_join_token("gpu-a", max_uses=10))
+    night = {"timezone": "UTC", "windows": [{"start": "22:00", "end": "06:00"}]}
+    rollout = _start(api, canary=0, window=night)
+    hours = (22 - clock.now().hour) % 24 or 24  # to the window's next opening
+    clock.advance(hours * 3600 - clock.now().minute * 60 - clock.now().second - 60)
+    refused = _report(api, rollout, ids["gpu-1"], "upgrading", 409)["error"]
+    opens = clock.now().replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    assert refused["message"] == f"rollout {rollout['id']} is outside its window: no node begins until " \
+                                 f"{opens.isoformat()}Z", refused
+    assert refused["details"]["opens_at"] == f"{opens.isoformat()}Z"
+    assert api.get(f"/api/v1/rollouts/{rollout['id']}").get_json()["nodes"][0]["state"] == "pending"
+    clock.advance(60)
+    assert _report(api, rollout, ids["gpu-1"], "upgrading")["nodes"][0]["state"] == "upgrading"
+    clock.advance(8 * 3600)  # the window closed: a node under way finishes
+    assert _report(api, rollout, ids["gpu-1"], "done")["state"] == "done"

@@ -7,7 +7,7 @@ import click
 from fleetd.cli.output import cell, emit, plural, show_record, show_table
 from fleetd.cli.params import Duration, parse_labels
 from fleetd.cli.remote import client_command, current_client
-from fleetd.cli.validation import describe_validation, validation_body, validation_options
+from fleetd.cli.validation import describe_validation, validation_options
 
 
 @click.group()
@@ -51,14 +51,13 @@ def _isolation(fleet):
 @click.option("--description", default="", help="What the fleet is (free text).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
 @isolation_options
-@validation_options
-def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images, validation,
-                 validation_command, validation_timeout, dcgm_level):
+@validation_options(default={})
+def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images, validation):
     """Create a fleet. Its new and repaired nodes are validated before they take work (the built-in GPU
     checks), unless --no-validation."""
     body = {"name": name, "description": description, "labels": parse_labels(labels),
             **_isolation_body(allow_root_tasks, require_isolation, allowed_images),
-            "validation": validation_body(validation, validation_command, validation_timeout, dcgm_level, {})}
+            "validation": validation}
     data = current_client().post("/api/v1/fleets", body)
     emit(data, lambda d: click.echo(f"created fleet {d['name']}; validation: {describe_validation(d)}"))
 
@@ -99,15 +98,14 @@ def fleet_show(name):
 @click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window.")
 @click.option("--always-open", is_flag=True, help="Remove the availability windows.")
 @isolation_options
-@validation_options
+@validation_options(default=...)
 def fleet_update(name, description, labels, windows, timezone, always_open, allow_root_tasks, require_isolation,
-                 allowed_images, validation, validation_command, validation_timeout, dcgm_level):
+                 allowed_images, validation):
     """Change a fleet's description, labels, availability windows, isolation rules or validation (the
     validation options replace its whole setting)."""
     body = _isolation_body(allow_root_tasks, require_isolation, allowed_images)
-    gate = validation_body(validation, validation_command, validation_timeout, dcgm_level, ...)
-    if gate is not ...:
-        body["validation"] = gate
+    if validation is not ...:
+        body["validation"] = validation
     if description is not None:
         body["description"] = description
     if labels:

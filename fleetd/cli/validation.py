@@ -1,6 +1,7 @@
 """The validation gate and GPU history on the command line: `fleetd node validate`, `fleetd gpu show|rma`,
 the options of a fleet's validation (fleet create, update) and what `node show` prints of a validation."""
 
+import functools
 import shlex
 import time
 
@@ -14,37 +15,91 @@ from fleetd.client import ClientError
 POLL_SECONDS = 1.0
 
 
-def validation_options(fn):
-    """--validation/--no-validation, --validation-command, --validation-timeout and --dcgm-level."""
-    fn = click.option("--dcgm-level", type=click.IntRange(0, 4), default=None,
-                      help="Run `dcgmi diag -r N` where DCGM is installed (default 1; 0: never).")(fn)
-    fn = click.option("--validation-timeout", type=Duration(), default=None,
-                      help="Time limit of --validation-command (default 10m).")(fn)
-    fn = click.option("--validation-command", default=None, metavar="COMMAND",
-                      help="A command nodes also run to validate (a burn-in, an NCCL test), as an unprivileged "
-                           "user; it must exit 0. Split like a shell would.")(fn)
-    fn = click.option("--validation/--no-validation", "validation", default=None,
-                      help="Validate new and repaired nodes before they take work (fleet create: on).")(fn)
-    return fn
+# The CLI's options of a fleet's validation setting, in the order `--help` lists them: (option,
+# the setting's key, click's keywords). Each value goes through the API's own schema before it is sent.
+_SETTING_OPTIONS = (
+    ("--validation-check", "checks", dict(
+        multiple=True, metavar="CHECK", help="A built-in check to run, repeatable (default: every one; the "
+                                             "names are in docs/validation.md, e.g. pcie_link).")),
+    ("--dcgm-level", "dcgm_level", dict(type=click.IntRange(0, 4), help="Run `dcgmi diag -r N` where DCGM is "
+                                                                        "installed (default 1; 0: never).")),
+    ("--validation-command", "command", dict(
+        metavar="COMMAND", help="A command nodes also run to validate (a burn-in, an NCCL test), as an "
+                                "unprivileged user; it must exit 0. Split like a shell would.")),
+    ("--validation-timeout", "timeout_seconds", dict(type=Duration(), help="Time limit of --validation-command "
+                                                                           "(default 10m).")),
+    ("--validation-command-as-root", "command_as_root", dict(
+        is_flag=True, default=None, help="Run --validation-command as root (default: as an unprivileged user).")),
+    ("--expected-gpus", "expected_gpus", dict(type=int, help="GPUs every node must have (default: as many as "
+                                                             "the node reports).")),
+    ("--driver-version", "driver_version", dict(help="Pin the driver version nodes must run, e.g. 550.54.15 "
+                                                     "(default: what most of the fleet's validated nodes run).")),
+    ("--cuda-version", "cuda_version", dict(help="Pin the CUDA driver version, e.g. 12.4 (default: the fleet's "
+                                                 "most common).")),
+    ("--mig-mode", "mig_mode", dict(type=click.Choice(["enabled", "disabled"]),
+                                    help="The MIG mode every GPU must be in (default: any, no change pending).")),
+    ("--max-temperature", "max_temperature_c", dict(type=int, metavar="CELSIUS",
+                                                    help="The hottest an idle GPU may be (default 85).")),
+    ("--pcie-width", "pcie_width", dict(type=int, help="The PCIe link width each GPU's link must reach at its "
+                                                       "maximum (default 16).")),
+)
 
 
-def validation_body(validation, command, timeout, dcgm_level, default):
-    """The `validation` field of a fleet's body: None (no gate), a dict, or `default` when nothing was said
-    (... for update: leave it as it is)."""
-    detail = {}
-    if command is not None:
-        detail["command"] = shlex.split(command)
-    if timeout is not None:
-        detail["timeout_seconds"] = int(timeout)
-    if dcgm_level is not None:
-        detail["dcgm_level"] = dcgm_level
+def validation_options(default):
+    """--validation/--no-validation and one option per key of a fleet's validation setting; the command
+    receives them as one `validation` argument: the setting (validation_body), or `default` when none
+    was given."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def command(**kwargs):
+            given = {key: kwargs.pop(key) for _, key, _ in _SETTING_OPTIONS}
+            kwargs["validation"] = validation_body(kwargs.pop("validation"), given, default)
+            return fn(**kwargs)
+
+        for option, key, extra in reversed(_SETTING_OPTIONS):
+            extra = dict(extra)
+            extra.setdefault("default", None)
+            command = click.option(option, key, **extra)(command)
+        return click.option("--validation/--no-validation", "validation", default=None,
+                            help="Validate new and repaired nodes before they take work (fleet create: on). "
+                                 "The other validation options replace a fleet's whole setting.")(command)
+    return decorate
+
+
+def validation_body(validation, given, default):
+    """The `validation` field of a fleet's body from the options `given` ({setting key: value or None}):
+    None (no gate), the setting, loaded through the API's schema (a bad value is a usage error here, with
+    the API's words), or `default` when nothing was said (... for update: leave it as it is)."""
+    # The server's own rules; imported here, so that the CLI loads no server module until it needs one.
+    from fleetd.schemas.validation import ValidationSettingSchema
+
+    detail = {key: value for key, value in given.items() if value is not None and value is not False and value != ()}
+    if "command" in detail:
+        detail["command"] = shlex.split(detail["command"])
+    if "timeout_seconds" in detail:
+        detail["timeout_seconds"] = int(detail["timeout_seconds"])
+    if "checks" in detail:
+        detail["checks"] = list(detail["checks"])
     if validation is False:
         if detail:
             raise click.UsageError("--no-validation takes no other validation option")
         return None
     if validation is None and not detail:
         return default
+    errors = ValidationSettingSchema().validate(detail)
+    if errors:
+        flags = {key: option for option, key, _ in _SETTING_OPTIONS}
+        said = "; ".join(f"{flags.get(key, key)}: {' '.join(_flatten(msgs))}" for key, msgs in sorted(errors.items()))
+        raise click.UsageError(f"bad validation setting: {said}")
     return detail
+
+
+def _flatten(messages):
+    if isinstance(messages, dict):
+        return [m for value in messages.values() for m in _flatten(value)]
+    if isinstance(messages, list):
+        return [m for value in messages for m in _flatten(value)]
+    return [str(messages)]
 
 
 def describe_validation(fleet):
@@ -54,8 +109,15 @@ def describe_validation(fleet):
         return "none: nodes take work at their first heartbeat (set it with --validation)"
     parts = [f"built-in checks{'' if not setting.get('checks') else ' ' + ', '.join(setting['checks'])}"]
     parts.append(f"dcgmi diag -r {setting.get('dcgm_level', 1)}" if setting.get("dcgm_level", 1) else "no DCGM")
+    pins = [text.format(setting[key]) for key, text in (
+        ("expected_gpus", "{} GPUs"), ("driver_version", "driver {}"), ("cuda_version", "CUDA {}"),
+        ("mig_mode", "MIG {}"), ("max_temperature_c", "idle below {} °C"), ("pcie_width", "PCIe x{}"))
+        if setting.get(key) is not None]
+    if pins:
+        parts.append(", ".join(pins))
     if setting.get("command"):
-        parts.append(f"then `{shlex.join(setting['command'])}` (limit {setting.get('timeout_seconds') or 600} s)")
+        parts.append(f"then `{shlex.join(setting['command'])}` (limit {setting.get('timeout_seconds') or 600} s"
+                     + (", as root)" if setting.get("command_as_root") else ")"))
     return "new and repaired nodes must pass: " + "; ".join(parts)
 
 

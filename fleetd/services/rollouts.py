@@ -2,21 +2,23 @@
 
 fleetd holds the plan and the state; the CLI that runs `fleetd rollout start` drives it over SSH
 (docs/architecture.md, Rollouts) and reports each node here. The policy lives here, so that every
-driver obeys the same one: a failed canary or more failures than `max_failures` pause the rollout
-by themselves; a paused or aborted rollout lets no further node begin (its driver sees 409 and
-waits, or stops). Pause, resume and abort are requests any admin makes from anywhere.
+driver obeys the same one: a failed canary, a node that failed its validation after the upgrade, or
+more failures than `max_failures` pause the rollout by themselves; a paused or aborted rollout, or
+one outside its window, lets no further node begin (its driver sees 409 and waits, or stops).
+Pause, resume and abort are requests any admin makes from anywhere.
 """
 
 import math
 
 import peewee
 
+from fleetd import windows
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Fleet, Node, Rollout, RolloutNode, new_id
 from fleetd.services.events import current_actor, record_event
 from fleetd.services.pagination import paginate
-from fleetd.services.upgrades import UPGRADABLE  # a node in another status is skipped
+from fleetd.services.upgrades import can_upgrade  # another node is skipped
 
 RUNNING, PAUSED, DONE, ABORTED = "running", "paused", "done", "aborted"
 ACTIVE = (RUNNING, PAUSED)
@@ -90,7 +92,8 @@ def _switch(rollout, state, reason, now):
 def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, max_failures=0, window=None,
                    drain_deadline_seconds=3600):
     """Plan a rollout of the fleet's nodes to a bundle: its nodes not on that bundle yet, canaries
-    first. Nodes that are pending, lost or revoked are listed as skipped. Conflict while another
+    first. Nodes that are pending, lost or revoked are listed as skipped, but for a lost one whose
+    agent went silent in an upgrade that failed (a rollout after a failed one takes it again). Conflict while another
     rollout of the fleet is running or paused. Returns the rollout."""
     now = rt.clock.now()
     actor = current_actor()
@@ -108,7 +111,7 @@ def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, 
         if not nodes:
             raise Conflict(f"every node of fleet {fleet} runs bundle {bundle_sha256[:12]} already (or it has none)",
                            {"fleet": fleet})
-        upgradable = [n for n in nodes if n.status in UPGRADABLE]
+        upgradable = [n for n in nodes if can_upgrade(n)]
         rollout = Rollout.create(
             id=new_id(), fleet=fleet, bundle_version=bundle_version, bundle_sha256=bundle_sha256, state=RUNNING,
             state_reason=f"started by {actor}", created_at=now, updated_at=now, created_by=actor,
@@ -121,7 +124,7 @@ def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, 
         rows += [dict(rollout=rollout.id, node_id=n.id, hostname=n.hostname, address=n.address,
                       position=len(rows) + i, batch=last + 1, canary=False, state=SKIPPED,
                       detail=f"not upgraded: the node is {n.status}", updated_at=now)
-                 for i, n in enumerate(n for n in nodes if n.status not in UPGRADABLE)]
+                 for i, n in enumerate(n for n in nodes if not can_upgrade(n))]
         RolloutNode.insert_many(rows).execute()
         _record(now, rollout, f"rollout of fleet {fleet} to fleet-agent {bundle_version} (bundle sha256 "
                               f"{bundle_sha256[:12]}): {len(upgradable)} node(s), {min(canary, len(upgradable))} "
@@ -142,10 +145,21 @@ def _settle(rollout, now):
         _switch(rollout, DONE, ", ".join(f"{counts[s]} {s}" for s in NODE_STATES if counts.get(s)), now)
 
 
+def _failed_validation(node_id):
+    """The node's validation failed after its upgrade: it is failed_validation now, which no node
+    is when its upgrade begins (services.upgrades.UPGRADABLE), so this upgrade put it there. fleetd
+    reads it from the node itself, whatever the driver says."""
+    node = Node.get_or_none(Node.id == node_id)
+    if node is None or node.status != "failed_validation":
+        return None
+    return node.status_reason or "no reason given"
+
+
 def report_node(rt, rollout_id, node_id, state, detail=""):
-    """The driver reports a node: upgrading (refused, 409, unless the rollout is running: that is how
-    a pause or an abort reaches the driver between nodes), then done or failed; or skipped. A failed
-    canary, or more failures than max_failures, pauses the rollout. Returns the rollout."""
+    """The driver reports a node: upgrading (refused, 409, unless the rollout is running and inside
+    its window: that is how a pause, an abort or the window's end reaches the driver between nodes),
+    then done or failed; or skipped. A failed canary, a node that failed its validation, or more
+    failures than max_failures pauses the rollout. Returns the rollout."""
     now = rt.clock.now()
     with write_transaction():
         rollout = _get(rollout_id)
@@ -158,6 +172,12 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
         if state in (UPGRADING, SKIPPED) and rollout.state != RUNNING:
             raise Conflict(f"rollout {rollout_id} is {rollout.state} ({rollout.state_reason}): no node begins",
                            {"state": rollout.state})
+        window = rollout.options.get("window")
+        if state == UPGRADING and window and not windows.is_open(window, now):
+            opens = windows.next_open_at(window, now)
+            raise Conflict(f"rollout {rollout_id} is outside its window: no node begins until "
+                           + (f"{opens.isoformat()}Z" if opens else "its window opens"),
+                           {"state": rollout.state, "opens_at": f"{opens.isoformat()}Z" if opens else None})
         if state == UPGRADING and row.canary is False and RolloutNode.select().where(
                 (RolloutNode.rollout == rollout_id) & (RolloutNode.canary == True)  # noqa: E712 - SQL
                 & RolloutNode.state.in_([PENDING, UPGRADING])).exists():
@@ -174,8 +194,12 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
             failures = RolloutNode.select().where((RolloutNode.rollout == rollout_id)
                                                   & (RolloutNode.state == FAILED)).count()
             allowed = int(rollout.options.get("max_failures") or 0)
+            invalid = _failed_validation(node_id)
             if row.canary:
                 _switch(rollout, PAUSED, f"paused by fleetd: canary node {node_id} failed ({detail[:500]})", now)
+            elif invalid is not None:
+                _switch(rollout, PAUSED, f"paused by fleetd: node {node_id} failed its validation after the "
+                                         f"upgrade ({invalid[:500]})", now)
             elif failures > allowed:
                 _switch(rollout, PAUSED, f"paused by fleetd: {failures} node(s) failed, more than --max-failures "
                                          f"{allowed} (last: node {node_id}: {detail[:300]})", now)

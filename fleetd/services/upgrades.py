@@ -39,6 +39,12 @@ def _when(value):
     return value.isoformat() if value is not None else None
 
 
+def can_upgrade(node):
+    """Whether fleetd takes the node through an upgrade: a ready, cordoned, draining or drained one,
+    or a lost one whose agent went silent in an upgrade (its record says where it returns)."""
+    return node.status in UPGRADABLE or (node.status == NodeStatus.LOST.value and node.upgrade is not None)
+
+
 def begin_upgrade(rt, node_id, reason, deadline_seconds):
     """Take a node out of service for an agent upgrade: remember its state and drain it when it is
     ready or cordoned (an operator's drain stays). Returns the node."""
@@ -46,7 +52,7 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
     with write_transaction():
         node = _node(node_id)
         retry_of_lost = node.status == NodeStatus.LOST.value and node.upgrade is not None
-        if node.status not in UPGRADABLE and not retry_of_lost:
+        if not can_upgrade(node):
             raise Conflict(f"node {node_id} is {node.status}: only a {', '.join(UPGRADABLE[:-1])} or "
                            f"{UPGRADABLE[-1]} node is upgraded through fleetd (or a lost one whose upgrade failed)",
                            {"status": node.status})

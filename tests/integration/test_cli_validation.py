@@ -59,3 +59,20 @@ def test_the_gate_and_gpu_history_through_the_cli(run):
     assert node["status"] == "failed_validation" and "serial SN-1 is marked for RMA: flaky link" in \
         node["status_reason"]  # the marked board is still in the node
     assert "fleetd: not_found" in run("gpu", "show", "nope", expect=1).stderr
+
+    # Every key of the setting has its option; the API's own schema checks them before anything is sent.
+    updated = json.loads(run(
+        "fleet", "update", "gpu-a", "--validation-check", "pcie_link", "--validation-check", "driver_version",
+        "--driver-version", "550.54.15", "--cuda-version", "12.4", "--mig-mode", "disabled", "--expected-gpus", "8",
+        "--max-temperature", "80", "--pcie-width", "8", "--validation-command", "/opt/burn/run -g 8",
+        "--validation-timeout", "20m", "--validation-command-as-root", "--dcgm-level", "0", "--json").stdout)
+    assert updated["validation"] == {
+        "checks": ["pcie_link", "driver_version"], "driver_version": "550.54.15", "cuda_version": "12.4",
+        "mig_mode": "disabled", "expected_gpus": 8, "max_temperature_c": 80, "pcie_width": 8,
+        "command": ["/opt/burn/run", "-g", "8"], "timeout_seconds": 1200, "command_as_root": True, "dcgm_level": 0}
+    shown = run("fleet", "show", "gpu-a").stdout
+    assert "8 GPUs, driver 550.54.15, CUDA 12.4, MIG disabled, idle below 80 °C, PCIe x8" in shown, shown
+    assert "(limit 1200 s, as root)" in shown, shown
+    bad = run("fleet", "update", "gpu-a", "--validation-check", "nope", "--max-temperature", "500", expect=2).stderr
+    assert "--validation-check: Must be one of:" in bad and "--max-temperature: Must be" in bad, bad
+    assert json.loads(run("fleet", "show", "gpu-a", "--json").stdout)["validation"] == updated["validation"]

@@ -331,10 +331,10 @@ def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accept
         assert not [r for r in after_rma if r.startswith("undrained")], after_rma
         assert to_statuses(lab, ids[second.hostname])[-4:] == ["cordoned", "draining", "drained", "cordoned"]
 
-        # bootstrap.yml again on the drained and the cordoned node: both are accepted as the operator
-        # left them, at once, and stay so.
+        # bootstrap.yml again on the drained and the cordoned node, with a new label: both are accepted
+        # as the operator left them, at once, and stay so; the label reaches fleetd.
         rerun = playbook(lab, inventory, "bootstrap.yml", next_bundle, control_dir,
-                         extra=("-e", "fleet_agent_wait_timeout=20"))
+                         extra=("-e", "fleet_agent_wait_timeout=20", "-e", '{"fleet_agent_labels": {"rack": "r13"}}'))
         assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
         said = " ".join(rerun.stdout.split())
         assert f"node {ids[second.hostname]} is cordoned (upgrade done" in said, said[-4000:]
@@ -342,6 +342,9 @@ def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accept
         assert f"node {ids[first.hostname]} is drained (RMA pending): it stays so, as an operator left it" \
             in said, said[-4000:]
         assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]
+        for host in lab.hosts:
+            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["labels"] == {"rack": "r13"}, 60,
+                       message="fleetd to learn the rerun's label")
 
         # The same bundle again changes nothing, and an older one is refused before any drain.
         again = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)

@@ -284,6 +284,11 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
     assert "node stays cordoned as an operator left it" in results[rolled.address]["reason"]
+    # The progress names a rebuild as one (not "V -> V"), and a cordoned node is not "waited to be ready".
+    assert f"upgrading the agent {next_bundle.version} (rebuilt bundle of the same version, sha256 " \
+           f"{rebuilt.sha256[:12]})" in stderr, stderr
+    assert f"{next_bundle.version} -> {next_bundle.version}" not in stderr
+    assert f"waiting for node {ids[rolled.address]} to be ready" not in stderr
     assert json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"] == rebuilt.sha256
     statuses = to_statuses(lab, ids[rolled.address])
     assert statuses[statuses.index("cordoned"):] == ["cordoned", "draining", "drained", "cordoned"], statuses

@@ -1,4 +1,6 @@
-"""`fleetd rollout` over real SSH test hosts: a broken canary stops the rollout before any other node."""
+"""`fleetd rollout` over real SSH test hosts: a broken canary stops the rollout before any other node;
+a rollout of a good bundle then takes every node, the failed canary too, and leaves each where its
+operator left it."""
 
 import json
 import subprocess
@@ -13,22 +15,24 @@ from tests.support.server import fleetd_cmd
 pytestmark = pytest.mark.integration
 
 
-def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_operator_drain_as_it_was(
+def test_a_broken_canary_pauses_the_rollout_and_a_good_one_then_takes_every_node_back_to_its_operators_state(
         lab_factory, bundle, tmp_path):
-    # Three hosts show it: the canary (ready), a node in service and a node an operator drained.
-    lab = lab_factory(["l4_x4", "l4_x4", "l4_x4"])
+    # Four hosts show it: the canary (ready), a node in service, one an operator drained and one an
+    # operator cordoned.
+    lab = lab_factory(["l4_x4", "l4_x4", "l4_x4", "l4_x4"])
     code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
     assert code == 0, (results, stderr)
     ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
-    canary, serving, repair = lab.hosts
+    canary, serving, repair, cordoned = lab.hosts
     lab.api("POST", f"/api/v1/nodes/{ids[repair.hostname]}/drain", expect=200,
             json={"reason": "RMA pending", "deadline_seconds": 60})
+    lab.api("POST", f"/api/v1/nodes/{ids[cordoned.hostname]}/cordon", expect=200, json={"reason": "fan noise"})
     lab.api.wait_status(ids[repair.hostname], "drained")
     for host in lab.hosts:  # fleetd knows each node's bundle: the rollout takes those not on the new one
         wait_until(lambda h=host: lab.api.node(ids[h.hostname])["bundle_sha256"] == bundle.sha256, 60,
                    message="the node to report its bundle")
     before = {h.hostname: (agent_pids(h), h.path("/opt/fleet-agent/bundle.json").read_text(),
-                           to_statuses(lab, ids[h.hostname])) for h in (serving, repair)}
+                           to_statuses(lab, ids[h.hostname])) for h in (serving, repair, cordoned)}
 
     broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
     driver = subprocess.Popen(
@@ -44,12 +48,12 @@ def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_oper
         assert [n["hostname"] for n in rollout["nodes"]][0] == canary.hostname and nodes[canary.hostname]["canary"]
         assert nodes[canary.hostname]["state"] == "failed" and BROKEN_AGENT in nodes[canary.hostname]["detail"]
         assert rollout["state_reason"].startswith(f"paused by fleetd: canary node {ids[canary.hostname]} failed")
-        assert nodes[serving.hostname]["state"] == nodes[repair.hostname]["state"] == "pending"
+        assert {nodes[h.hostname]["state"] for h in (serving, repair, cordoned)} == {"pending"}
         # The canary stays out of service; the others were never touched (same agent process, same
         # bundle, no new state), and the operator's drain is as it was.
         node = lab.api.node(ids[canary.hostname])
         assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
-        for host in (serving, repair):
+        for host in (serving, repair, cordoned):
             assert (agent_pids(host), host.path("/opt/fleet-agent/bundle.json").read_text(),
                     to_statuses(lab, ids[host.hostname])) == before[host.hostname]
         assert lab.api.node(ids[serving.hostname])["status"] == "ready"
@@ -72,29 +76,47 @@ def test_a_broken_canary_pauses_the_rollout_and_leaves_every_other_node_and_oper
     assert lab.api.node(ids[serving.hostname])["status"] == "ready"
     assert lab.api.node(ids[repair.hostname])["status"] == "drained"
 
-    # In a fleet with a validation gate an upgrade validates the node before it is back: the failed
-    # canary, upgraded again with a good bundle, passes the built-in checks and is ready again.
+    # A good bundle (rebuilt, same version), in a fleet that now has a validation gate: a new rollout
+    # takes every node, the failed canary too (drained, or lost since its agent died), two at a time;
+    # each is validated before it is back, and goes back where its operator left it.
     lab.api("PATCH", f"/api/v1/fleets/{FLEET}", expect=200, json={"validation": {}})
-    code, rows, stderr = lab.bootstrap(bundle, canary)
-    assert code == 0 and rows[canary.address]["validation"] == "passed", (rows, stderr)
-    assert f"validating node {ids[canary.hostname]}" in stderr
-    assert lab.api.node(ids[canary.hostname])["status"] == "ready"
+    good = repack_bundle(bundle, tmp_path / "good")
+    run = lab.fleetd_cli("rollout", "start", "--fleet", FLEET, "--bundle", str(good.path), "--canary", "0",
+                         "--batch", "2", "--user", "root", "--key", str(lab.ssh.client_key), "--known-hosts",
+                         str(lab.ssh.known_hosts), "--wait-timeout", "60", "--drain-deadline", "60", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    final = json.loads(run.stdout)
+    assert final["state"] == "done" and final["state_reason"] == "4 done", final
+    assert [n["batch"] for n in final["nodes"]] == [1, 1, 2, 2], final
+    for node in final["nodes"]:
+        assert "validation passed" in node["detail"], node
+    assert f"validating node {ids[canary.hostname]}" in run.stderr
     assert any(e["kind"] == "node.validation" for e in lab.api.events(ids[canary.hostname]))
+    back = {h.hostname: lab.api.node(ids[h.hostname]) for h in lab.hosts}
+    assert {h: (n["status"], n["upgrade"], n["bundle_sha256"]) for h, n in back.items()} == {
+        canary.hostname: ("ready", None, good.sha256), serving.hostname: ("ready", None, good.sha256),
+        repair.hostname: ("drained", None, good.sha256), cordoned.hostname: ("cordoned", None, good.sha256)}, back
+    assert back[repair.hostname]["drain"]["reason"] == "RMA pending"
+    assert back[cordoned.hostname]["status_reason"].endswith("cordoned as before (cordon: fan noise)"), back
+    for host in (repair, cordoned):  # never ready on the way (after the first heartbeat's ready)
+        statuses = [e["to_status"] for e in lab.api.events(ids[host.hostname])
+                    if e.get("to_status") and e["kind"] != "rollout.node"]
+        assert "ready" not in statuses[2:] and statuses[-1] == back[host.hostname]["status"], statuses
 
     # The CLI shows a node's bundle, cordons with a reason and lists every fleet's join tokens.
     shown = lab.fleetd_cli("node", "show", ids[serving.hostname])
-    assert shown.returncode == 0 and bundle.sha256 in shown.stdout, shown.stdout + shown.stderr
-    cordoned = lab.fleetd_cli("node", "cordon", ids[serving.hostname], "--reason", "fan noise", "--json")
-    assert json.loads(cordoned.stdout)["status_reason"] == "cordon: fan noise", cordoned.stdout + cordoned.stderr
+    assert shown.returncode == 0 and good.sha256 in shown.stdout, shown.stdout + shown.stderr
+    cordon = lab.fleetd_cli("node", "cordon", ids[serving.hostname], "--reason", "fan noise", "--json")
+    assert json.loads(cordon.stdout)["status_reason"] == "cordon: fan noise", cordon.stdout + cordon.stderr
     tokens = lab.fleetd_cli("join-token", "list", "--json")
     assert tokens.returncode == 0 and {t["fleet"] for t in json.loads(tokens.stdout)} == {FLEET}, tokens.stderr
 
     # A revoke holds: a rerun refuses the host; --readmit enrols it again under its old id.
     lab.api("POST", f"/api/v1/nodes/{ids[serving.hostname]}/revoke", expect=200)
-    code, rows, _ = lab.bootstrap(bundle, serving)
+    code, rows, _ = lab.bootstrap(good, serving)
     assert code == 1 and "was revoked (revoked by admin): a rerun does not admit it again; give --readmit" \
         in rows[serving.address]["reason"], rows
     assert lab.api.node(ids[serving.hostname])["status"] == "revoked"
-    code, rows, stderr = lab.bootstrap(bundle, serving, extra=["--readmit"])
+    code, rows, stderr = lab.bootstrap(good, serving, extra=["--readmit"])
     assert code == 0 and rows[serving.address]["node_id"] == ids[serving.hostname], (rows, stderr)
     lab.api.wait_status(ids[serving.hostname], "ready")
