@@ -201,12 +201,15 @@ def start_agents(url, join, data_dir, count, fleet):
             root = pathlib.Path(data_dir) / f"agent-{fleet}-{i}"
             root.mkdir()
             config = root / "agent.toml"
-            config.write_text(f'state_dir = "{root / "state"}"\nmachine_id = "bench-{fleet}-{i}"\n'
+            servers = json.dumps(url.split(","))  # replicas: every URL, tried in turn
+            config.write_text(f'server_url = {servers}\nstate_dir = "{root / "state"}"\nmachine_id = "bench-{fleet}-{i}"\n'
                               f'log_level = "warning"\n[local_api]\nlisten = "127.0.0.1:0"\n'
                               f'[devices]\nbackend = "fake:{SHAPE}"\n')
             env = dict(os.environ, FLEET_AGENT_JOIN_TOKEN=join, FLEET_AGENT_MACHINE_ID=f"bench-{fleet}-{i}")
-            subprocess.run([sys.executable, "-m", "agent", "join", "--server", url, "--config", str(config)],
-                           check=True, capture_output=True, timeout=120, env=env, cwd=ROOT)
+            joined = subprocess.run([sys.executable, "-m", "agent", "join", "--config", str(config)],
+                                    capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+            if joined.returncode:
+                raise SystemExit(f"fleet-agent join failed: {joined.stderr[-2000:]}")
             agents.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)],
                                            stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "w"),
                                            env=env, cwd=ROOT))

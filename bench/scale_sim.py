@@ -166,8 +166,10 @@ class Fleet:
     """N simulated nodes: their session tokens, intervals and when each is due next."""
 
     def __init__(self, args):
-        split = urllib.parse.urlsplit(args.url)
-        self.host, self.port = split.hostname, split.port or 80
+        # Several URLs (replicas): each connection starts at one of them in turn and moves to the
+        # next when its replica stops answering, as an agent with a server_url list does.
+        self.servers = [(split.hostname, split.port or 80)
+                        for split in map(urllib.parse.urlsplit, args.url.split(","))]
         self.args = args
         self.rng = random.Random(args.seed)
         self.tokens = [None] * args.nodes
@@ -201,7 +203,8 @@ class Fleet:
         deadline = started + self.args.register_timeout
 
         def worker():
-            conn = Connection(self.host, self.port, 60)
+            at = next(turns)
+            conn = Connection(*self.servers[at % len(self.servers)], 60)
             for i in nxt:
                 body = self.body(i)
                 for attempt in range(5):
@@ -216,6 +219,10 @@ class Fleet:
                     except (OSError, HttpError) as exc:
                         kind = f"http {exc.status}" if isinstance(exc, HttpError) else type(exc).__name__
                         failures[kind] = failures.get(kind, 0) + 1
+                        if isinstance(exc, OSError):
+                            at += 1
+                            conn.close()
+                            conn = Connection(*self.servers[at % len(self.servers)], 60)
                         gevent.sleep(min(8, 0.5 * 2 ** attempt))
                         continue
                     now = time.monotonic()
@@ -228,6 +235,7 @@ class Fleet:
                     break
             conn.close()
 
+        turns = iter(range(self.args.register_concurrency))
         workers = [gevent.spawn(worker) for _ in range(self.args.register_concurrency)]
         gevent.joinall(workers)
         wall = time.monotonic() - started
@@ -247,8 +255,8 @@ class Fleet:
             wait = self.due[0][0] - now if self.due else 0.05
             gevent.sleep(min(0.05, max(0.001, wait)))
 
-    def heartbeat_worker(self):
-        conn = Connection(self.host, self.port, self.args.request_timeout)
+    def heartbeat_worker(self, at=0):
+        conn = Connection(*self.servers[at % len(self.servers)], self.args.request_timeout)
         body = b'{"tasks": []}'
         while not self.stopping:
             try:
@@ -266,6 +274,10 @@ class Fleet:
                 for w in self.sinks():
                     w.failures[kind] = w.failures.get(kind, 0) + 1
                 self.failed[i] += 1
+                if isinstance(exc, OSError) and len(self.servers) > 1:  # that replica is gone: the next one
+                    at += 1
+                    conn.close()
+                    conn = Connection(*self.servers[at % len(self.servers)], self.args.request_timeout)
                 if isinstance(exc, HttpError) and exc.status == 401:
                     self.revoked += 1  # the session is gone: this agent would stop
                     continue
@@ -335,7 +347,7 @@ def read_commands(fleet, deadline):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, help="fleetd's URL, or its replicas' URLs separated by commas")
     parser.add_argument("--join", required=True, help="a join token of the simulated nodes' fleet")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--prefix", default="sim")
@@ -350,7 +362,7 @@ def main():
     deadline = time.monotonic() + args.max_seconds
     fleet = Fleet(args)
     # Heartbeats start as nodes register: the dispatcher and connections run during registration.
-    greenlets = [gevent.spawn(fleet.dispatch)] + [gevent.spawn(fleet.heartbeat_worker) for _ in range(args.connections)]
+    greenlets = [gevent.spawn(fleet.dispatch)] + [gevent.spawn(fleet.heartbeat_worker, k) for k in range(args.connections)]
     emit(fleet.register_all())
     fleet.report()  # the heartbeats sent while registering
     fleet.total = Window()

@@ -7,6 +7,9 @@ One `fleetd serve` (SQLite) with 2 real agents (fleet `real`) and --backlog jobs
      register --register-concurrency at a time, and heartbeat from then on;
   2. restart storm: fleetd is killed (SIGKILL, as a crash) and started again on the same port and
      database; every node's heartbeat comes back at once (each agent retries with its backoff).
+     With --replicas: two `fleetd serve` replicas on a throwaway PostgreSQL (bench/replicas.py's),
+     nodes and agents given both URLs and spread over them; instead of a restart, the leader is
+     killed (SIGKILL) in the middle of the loaded phase and the survivor takes over (failover).
 A probe (its own thread, its own connection) submits jobs to fleet `real` one after another the
 whole time, each a `true` waited for by long poll as `fleetd job submit --wait` does; each job's
 submit -> running comes from fleetd's timestamps and submit -> ended from the client's clock.
@@ -17,6 +20,10 @@ than fleetd's start-up grace plus a TTL) and no simulated node may ever have bee
 
     .venv/bin/python bench/storms.py --nodes 2000 --backlog 500 --after-seconds 30   # a quick look
     .venv/bin/python bench/storms.py                     # 10,000 nodes, 3,000 queued jobs
+    .venv/bin/python bench/storms.py --replicas          # the same on two replicas, with a failover
+
+Each probe job must end `succeeded` with one task (none lost, none run twice); at the end no
+probe job may be left queued, running or failed.
 """
 
 import argparse
@@ -34,6 +41,7 @@ import urllib.parse
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
 from scale import (  # noqa: E402 - bench/ is on the path above
     MISSING_GPU_TYPE,
@@ -59,10 +67,11 @@ WINDOWS = (("during the storm", None, 0.0), ("first 10 s after", 0.0, 10.0), ("1
 class Probe:
     """Jobs on fleet `real`, one after another, until stopped; each with its submit time (wall)."""
 
-    def __init__(self, url, admin):
-        self.url, self.admin = url, admin
+    def __init__(self, urls, admin):
+        self.urls, self.admin = urls, admin
         self.samples = []  # (submitted at, wall; submit -> running s or None; submit -> ended s, client)
         self.errors = {}
+        self.anomalies = []  # jobs that did not end succeeded with exactly one task
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -75,12 +84,14 @@ class Probe:
         self._thread.join(120)
 
     def _run(self):
-        api = Api(self.url, self.admin, timeout=60)
+        at = 0
+        api = Api(self.urls[at], self.admin, timeout=60)
         spec = job_spec("real", 1)
         for _ in range(100_000):  # bounded; stop() ends it first
             if self._stop.is_set():
                 break
             wall, t0 = time.time(), time.perf_counter()
+            job = None
             try:
                 job = api.call("POST", "/api/v1/jobs", spec)
                 done = job
@@ -92,12 +103,18 @@ class Probe:
                 kind = type(exc).__name__
                 self.errors[kind] = self.errors.get(kind, 0) + 1
                 api.close()
+                if isinstance(exc, OSError) and len(self.urls) > 1:  # that replica is gone: the other
+                    at += 1
+                    api = Api(self.urls[at % len(self.urls)], self.admin, timeout=60)
                 self._stop.wait(0.2)
-                continue
+                continue  # a job submitted before the error is checked at the end (leftover_probe_jobs)
             client = time.perf_counter() - t0
             task = (done.get("tasks") or [{}])[0]
             started = (_parse_ts(task["started_at"]) - _parse_ts(done["submitted_at"])
                        if done["state"] == "succeeded" and task.get("started_at") else None)
+            if done["state"] != "succeeded" or len(done.get("tasks") or ()) != 1:
+                self.anomalies.append({"id": done["id"], "state": done["state"],
+                                       "tasks": len(done.get("tasks") or ())})
             self.samples.append((wall, started, client))
         api.close()
 
@@ -113,30 +130,143 @@ class Probe:
         return out
 
 
-def storm_phase(name, probe_url, admin, run_storm, after=20.0):
+def storm_phase(name, urls, admin, run_storm, after=20.0):
     """Probe jobs through a storm (run_storm() returns the storm's end, wall clock) and `after` s more."""
-    probe = Probe(probe_url, admin).start()
+    probe = Probe(urls, admin).start()
     try:
         storm_end, detail = run_storm()
         time.sleep(max(0.0, storm_end + after - time.time()))
     finally:
         probe.stop()
-    figures = {"storm": detail, "windows": probe.windows(storm_end), "probe_errors": probe.errors}
+    figures = {"storm": detail, "windows": probe.windows(storm_end), "probe_errors": probe.errors,
+               "probe_anomalies": probe.anomalies[:20], "probe_anomaly_count": len(probe.anomalies)}
     first = figures["windows"]["first 10 s after"]
     log(f"{name}: {detail}; first 10 s after: {first['jobs']} jobs, submit -> running p50 "
         f"{first['submit_to_running']['p50_ms']} ms, client p50 {first['client_submit_to_end']['p50_ms']} ms")
     return figures
 
 
+def lost_in_postgres(url):
+    """Simulated nodes ever declared lost, from fleetd's events in PostgreSQL."""
+    import psycopg2
+
+    conn = psycopg2.connect(url)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT COUNT(DISTINCT e.subject_id) FROM event e JOIN node n ON n.id = e.subject_id "
+                           "WHERE e.subject_type = 'node' AND e.to_status = 'lost' AND n.fleet = 'sim'")
+            return cursor.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def leftover_probe_jobs(api):
+    """Probe jobs (named noop) not succeeded at the end: lost, stuck or failed."""
+    left = []
+    for state in ("queued", "running", "failed", "cancelled"):
+        left += [j["id"] for j in api.pages("/api/v1/jobs", {"state": state}) if j.get("name") == "noop"]
+    return left
+
+
+class Single:
+    """One `fleetd serve` on SQLite; restart() kills it (SIGKILL) and starts it on the same port."""
+
+    def __init__(self, args, data_dir):
+        self.args, self.data_dir = args, data_dir
+        self.log_path = os.path.join(data_dir, "fleetd.log")
+        self.proc, url, self.admin = start_fleetd(data_dir, self.log_path)
+        self.urls = [url]
+        self.procs = [self.proc]
+
+    def interrupt(self, sim):
+        log("restart storm: fleetd killed (SIGKILL) and started again on the same port")
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        time.sleep(self.args.down_seconds)
+        t0 = time.time()
+        port = urllib.parse.urlsplit(self.urls[0]).port
+        self.proc, _, _ = start_fleetd(self.data_dir, self.log_path, bind=f"127.0.0.1:{port}", init=False)
+        self.procs.append(self.proc)
+        listening = time.time()
+        sim.send("mark")
+        heard = sim.next(timeout=600)
+        return time.time(), {"down_s": self.args.down_seconds, "start_to_listening_s": round(listening - t0, 2),
+                             "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
+
+    def lost(self, api):
+        return lost_nodes(api, self.data_dir)
+
+    def memory(self):
+        return {"fleetd": proc_status(self.proc.pid)}
+
+    def close(self):
+        stop_processes([self.proc])
+
+
+class Replicated:
+    """Two `fleetd serve` replicas on a throwaway PostgreSQL; interrupt() kills the leader (SIGKILL)."""
+
+    def __init__(self, args, data_dir):
+        from bench.replicas import Postgres, Replica
+
+        self.pg = Postgres()
+        try:
+            self.db_url = self.pg.database()
+            env = dict(os.environ, FLEETD_DB_URL=self.db_url, FLEETD_DATA_DIR=data_dir)
+            init = subprocess.run([sys.executable, "-m", "fleetd", "init"], check=True, capture_output=True,
+                                  text=True, timeout=120, env=env, cwd=ROOT)
+            self.admin = init.stdout.strip().splitlines()[-1]
+            self.replicas = [Replica(env).start(), Replica(env).start()]
+        except BaseException:
+            self.pg.stop()
+            raise
+        self.urls = [r.url for r in self.replicas]
+        self.procs = [r.proc for r in self.replicas]
+
+    def _leader(self, among, seconds=60):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for replica in among:
+                if replica.leads():
+                    return replica
+            time.sleep(0.05)
+        raise SystemExit(f"no replica leads after {seconds} s")
+
+    def interrupt(self, sim):
+        leader = self._leader(self.replicas)
+        survivor = next(r for r in self.replicas if r is not leader)
+        log(f"failover: the leader {leader.url} killed (SIGKILL); {survivor.url} takes over")
+        killed = time.time()
+        leader.stop(signal.SIGKILL)
+        sim.send("mark")
+        self._leader([survivor])
+        led = time.time()
+        heard = sim.next(timeout=600)
+        self.replicas = [survivor]
+        return time.time(), {"kill_to_new_leader_s": round(led - killed, 2),
+                             "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
+
+    def lost(self, api):
+        now = [n["id"] for n in api.pages("/api/v1/nodes", {"status": "lost", "fleet": "sim"})]
+        return {"lost_now": len(now), "ever_lost": lost_in_postgres(self.db_url)}
+
+    def memory(self):
+        return {r.url: proc_status(r.proc.pid) for r in self.replicas if r.proc.poll() is None}
+
+    def close(self):
+        for replica in self.replicas:
+            replica.stop()
+        self.pg.stop()
+
+
 def run(args, data_dir):
     results = {}
-    procs = []
     sim = None
-    log_path = os.path.join(data_dir, "fleetd.log")
-    fleetd, url, admin = start_fleetd(data_dir, log_path)
-    procs.append(fleetd)
-    port = urllib.parse.urlsplit(url).port
-    api = Api(url, admin)
+    control = Replicated(args, data_dir) if args.replicas else Single(args, data_dir)
+    urls, admin = control.urls, control.admin
+    url = ",".join(urls)
+    procs = []
+    api = Api(urls[0], admin)
     try:
         for fleet in ("real", "sim"):
             api.call("POST", "/api/v1/fleets", {"name": fleet})
@@ -149,7 +279,7 @@ def run(args, data_dir):
         if not args.scoped_backlog:
             del spec["node_selector"]
         log(f"fleetd at {url}; submitting {args.backlog} jobs that fit nowhere")
-        results["backlog"] = submit_backlog(url, admin, spec, args.backlog, 500, 8)
+        results["backlog"] = submit_backlog(urls[-1], admin, spec, args.backlog, 500, 8)
 
         def registration():
             nonlocal sim
@@ -165,36 +295,23 @@ def run(args, data_dir):
             return end, {"nodes": registered["nodes"], "seconds": registered["seconds"],
                          "per_s": registered["per_s"], "failures": registered["failures"]}
 
-        results["registration"] = storm_phase("registration storm", url, admin, registration)
-
-        def restart():
-            nonlocal fleetd
-            log("restart storm: fleetd killed (SIGKILL) and started again on the same port")
-            fleetd.send_signal(signal.SIGKILL)
-            fleetd.wait(30)
-            time.sleep(args.down_seconds)
-            t0 = time.time()
-            fleetd, _, _ = start_fleetd(data_dir, log_path, bind=f"127.0.0.1:{port}", init=False)
-            procs.append(fleetd)
-            listening = time.time()
-            sim.send("mark")
-            heard = sim.next(timeout=600)
-            end = time.time()
-            return end, {"down_s": args.down_seconds, "start_to_listening_s": round(listening - t0, 2),
-                         "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
-
-        results["restart"] = storm_phase("restart storm", url, admin, restart)
+        results["registration"] = storm_phase("registration storm", urls, admin, registration)
+        phase = "failover" if args.replicas else "restart"
+        results[phase] = storm_phase(f"{phase} storm", urls, admin, lambda: control.interrupt(sim))
         log(f"heartbeats for {args.after_seconds:.0f} s more, then the lost check")
         time.sleep(args.after_seconds)
         results["heartbeats_after"] = sim.report()
-        results["lost"] = lost_nodes(Api(url, admin), data_dir)
-        results["fleetd_memory"] = proc_status(fleetd.pid)
+        survivor = Api(control.urls[-1] if args.replicas else urls[0], admin)
+        results["lost"] = control.lost(survivor)
+        results["leftover_probe_jobs"] = leftover_probe_jobs(survivor)
+        survivor.close()
+        results["fleetd_memory"] = control.memory()
     finally:
         api.close()
         if sim is not None:
             sim.stop()
-        stop_processes([p for p in procs if p is not fleetd])
-        stop_processes([fleetd])
+        stop_processes(procs)
+        control.close()
     return results
 
 
@@ -202,11 +319,13 @@ def print_report(results, args):
     print(f"\n{args.nodes:,} simulated nodes x 8 GPUs + 2 real agents, {args.backlog:,} queued jobs that fit "
           f"nowhere ({'in fleet sim' if args.scoped_backlog else 'naming no fleet'}); {os.cpu_count()} cores, "
           f"load average at start {results['load_average_at_start'][0]:.2f}")
-    for phase in ("registration", "restart"):
+    phases = ("registration", "failover" if args.replicas else "restart")
+    for phase in phases:
         got = results.get(phase)
         if not got:
             continue
-        print(f"\n{phase} storm: {got['storm']}; probe errors while fleetd was away: {got['probe_errors'] or 'none'}")
+        print(f"\n{phase} storm: {got['storm']}; probe errors while fleetd was away: {got['probe_errors'] or 'none'}; "
+              f"probe jobs not succeeded once: {got['probe_anomaly_count']}")
         print(f"  {'jobs submitted':<22}{'jobs':>6}{'running p50 ms':>16}{'p95':>8}{'client p50 ms':>15}{'p95':>8}")
         for name, w in got["windows"].items():
             print(f"  {name:<22}{w['jobs']:>6}{str(w['submit_to_running']['p50_ms']):>16}"
@@ -218,7 +337,7 @@ def print_report(results, args):
           f"failures {hb.get('failures') or 'none'}; nodes lost now {lost.get('lost_now')}, ever "
           f"{lost.get('ever_lost')}; fleetd RSS {results.get('fleetd_memory')}")
     print("targets:")
-    for phase in ("registration", "restart"):
+    for phase in phases:
         w = ((results.get(phase) or {}).get("windows") or {}).get("first 10 s after")
         p50 = w and w["submit_to_running"]["p50_ms"]
         ok = p50 is not None and p50 < TARGET_P50_MS
@@ -226,6 +345,15 @@ def print_report(results, args):
               f"10 s of the storm's end: {p50} ms (client {w and w['client_submit_to_end']['p50_ms']} ms)")
     ok = lost.get("lost_now") == 0 and lost.get("ever_lost") == 0
     print(f"  {'PASS' if ok else 'FAIL'}  no simulated node ever declared lost")
+    bad = sum((results.get(p) or {}).get("probe_anomaly_count", 0) for p in phases)
+    left = results.get("leftover_probe_jobs")
+    ok = bad == 0 and left == []
+    print(f"  {'PASS' if ok else 'FAIL'}  no probe job lost or run twice: {bad} not succeeded with one task, "
+          f"{len(left or [])} left unfinished")
+    failover = (results.get("failover") or {}).get("storm")
+    if failover:
+        ok = failover["kill_to_new_leader_s"] <= 15
+        print(f"  {'PASS' if ok else 'FAIL'}  a new leader within 15 s of the kill: {failover['kill_to_new_leader_s']} s")
 
 
 def main():
@@ -233,6 +361,8 @@ def main():
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--backlog", type=int, default=3000)
     parser.add_argument("--scoped-backlog", action="store_true", help="the backlog names fleet sim")
+    parser.add_argument("--replicas", action="store_true",
+                        help="two replicas on PostgreSQL, and a failover instead of a restart")
     parser.add_argument("--register-concurrency", type=int, default=64)
     parser.add_argument("--sim-connections", type=int, default=256)
     parser.add_argument("--down-seconds", type=float, default=5.0, help="how long fleetd stays down")

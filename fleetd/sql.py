@@ -120,7 +120,9 @@ class Statement:
     def execute_many(self, rows):
         """Run an INSERT, UPDATE or DELETE once per dict of values in `rows`, in one call to the driver."""
         _model, sql, params, _columns = self._get()
-        return database.cursor().executemany(sql, [self._bind(params, values) for values in rows]).rowcount
+        cursor = database.cursor()
+        cursor.executemany(sql, [self._bind(params, values) for values in rows])  # psycopg2's returns None
+        return cursor.rowcount
 
 
 FETCH_CHUNK = 2000  # rows fetched between two pauses: a few milliseconds of SQLite's work
