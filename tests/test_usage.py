@@ -183,6 +183,8 @@ def test_reports_group_filter_and_show_a_submitter_only_its_own_and_csv_matches_
     assert [r["group"] for r in alice.get("/api/v1/usage?group_by=team&team=cv").get_json()["rows"]] == []
     resp = api.get("/api/v1/usage?group_by=team", headers={"Accept": "text/csv"})
     assert resp.status_code == 200 and resp.mimetype == "text/csv"
+    spec = api.get("/api/openapi.json").get_json()["paths"]["/api/v1/usage"]["get"]["responses"]["200"]
+    assert set(spec["content"]) == {"application/json", "text/csv"}  # the CSV is declared too
     parsed = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
     as_json = api.get("/api/v1/usage?group_by=team").get_json()["rows"]
     assert [{k: (None if v == "" else v) for k, v in row.items()} for row in parsed] == [

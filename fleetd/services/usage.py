@@ -152,17 +152,19 @@ def _whole_month(first, last, today):
     return min(last, today) >= min(month_end, today) and (last <= month_end or today <= month_end)
 
 
-def usage_by_day_and_team(rt, principal, start=None, end=None):
+def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
     """GPU-hours allocated and used and cost per UTC day and team (for a stacked chart of
     GPU-hours by team over time): [{day, team, gpu_hours_allocated, gpu_hours_used, efficiency,
-    cost, runs}], by day then team. A submitter gets its own usage only."""
+    cost, runs}], by day then team, one query. A submitter gets its own usage only; `team` keeps
+    that team's."""
     first, last = report_days(rt.clock.now(), start, end)
     query = (UsageDay.select(UsageDay.day, UsageDay.team, fn.SUM(UsageDay.gpu_seconds),
                              fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.sampled_gpu_seconds),
                              fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
              .where((UsageDay.day >= first) & (UsageDay.day <= last)))
-    if principal.role != "admin":
-        query = query.where(UsageDay.owner_token_id == principal.id)
+    narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.id, team, None, None)
+    if narrowed is not True:
+        query = query.where(narrowed)
     rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples()
     return [{"day": day.isoformat() if isinstance(day, dt.date) else str(day), "team": team or None,
              **_figures(*sums)} for day, team, *sums in rows]
