@@ -637,8 +637,8 @@ class UsageWorkloadDay(_UsageWorkloadSums):
     fleet = peewee.CharField(max_length=63, default="")
 
     class Meta:
-        indexes = ((("day", "kind", "workload_id", "fleet"), True), (("team", "day"), False),
-                   (("owner_token_id", "day"), False), (("owner", "day"), False))
+        indexes = ((("day", "kind", "workload_id", "fleet"), True), (("fleet", "day"), False),
+                   (("team", "day"), False), (("owner_token_id", "day"), False), (("owner", "day"), False))
 
 
 class UsageWorkloadMonth(_UsageWorkloadSums):

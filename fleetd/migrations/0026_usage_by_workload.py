@@ -35,8 +35,8 @@ def up(migrator, db):
 
         class Meta:
             table_name = 'usage_workload_day'
-            indexes = ((('day', 'kind', 'workload_id', 'fleet'), True), (('team', 'day'), False),
-                       (('owner_token_id', 'day'), False), (('owner', 'day'), False))
+            indexes = ((('day', 'kind', 'workload_id', 'fleet'), True), (('fleet', 'day'), False),
+                       (('team', 'day'), False), (('owner_token_id', 'day'), False), (('owner', 'day'), False))
 
     class UsageWorkloadMonth(Sums):
         id = AutoField()
