@@ -4,7 +4,8 @@ Runs are accounted off the request path by the `usage` background task (leader o
 each pass moves every open run's row from its `accounted_until` to now (or to the run's end) in
 write transactions of at most BATCH runs, adding allocated GPU-seconds, utilisation-weighted
 GPU-seconds (from the GPU samples stored in that interval), and cost at the prices in force
-(PriceChange, integrated piecewise) to the run's row and to the per-day sums (UsageDay). A pass
+(PriceChange, integrated piecewise) to the run's row and to the sums reports read (per day:
+UsageDay; per workload and day, and per workload and month: UsageWorkloadDay, UsageWorkloadMonth). A pass
 that fails or is fenced commits nothing of its batch; the next one starts again from
 `accounted_until`, so a restart or a failover loses and doubles nothing, and a price set later
 never rewrites what was accounted. The only write on the request path is a UsageMark as a task
