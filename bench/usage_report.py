@@ -73,23 +73,26 @@ def generate(runs, teams, owners, seed):
                "cost": gpus * length / 3600 * price, "price_per_hour": price}
 
 
-def fill(runs, teams, owners, seed, batch=2000):
-    """Write the ledger rows, and their day sums through the ledger's own code (_Pass.add_day,
-    write_days), as its passes would."""
+def fill(runs, teams, owners, seed, batch=2000, sums_every=50_000):
+    """Write the ledger rows, and their sums (per day; per workload and day; per workload and
+    month) through the ledger's own code (_Pass.add, write_days), as its passes would."""
     rows, run = [], ledger._Pass(MONTH + dt.timedelta(days=31))
     columns = None
-    for row in generate(runs, teams, owners, seed):
+    for i, row in enumerate(generate(runs, teams, owners, seed), 1):
         record = SimpleNamespace(**row)
-        run.add_day(ledger._day_key(record.started_at, record.kind, record), runs=1)
+        run.add(record.started_at, record.kind, record, runs=1)
         for a, b in ledger.split_days(record.started_at, record.ended_at):
             share = (b - a).total_seconds() / (record.ended_at - record.started_at).total_seconds()
-            run.add_day(ledger._day_key(a, record.kind, record), record.gpu_seconds * share,
-                        record.used_gpu_seconds * share, record.sampled_gpu_seconds * share, record.cost * share)
+            run.add(a, record.kind, record, record.gpu_seconds * share, record.used_gpu_seconds * share,
+                    record.sampled_gpu_seconds * share, record.cost * share)
         columns = columns or list(row)
         rows.append(tuple(row[c] for c in columns))
         if len(rows) >= batch:
             _insert(columns, rows)
             rows = []
+        if i % sums_every == 0:
+            with database.atomic():
+                run.write_days()
     if rows:
         _insert(columns, rows)
     with database.atomic():
@@ -140,19 +143,23 @@ def main():
                 fill(args.runs, args.teams, args.owners, args.seed)
                 if isinstance(database.obj, peewee.PostgresqlDatabase):
                     database.execute_sql("ANALYZE")  # what autovacuum does to a table this size soon after
-            days = database.execute_sql("SELECT COUNT(*) FROM usage_day").fetchone()[0]
-            rows = database.execute_sql("SELECT COUNT(*) FROM usage_record").fetchone()[0]
-            print(json.dumps({"step": "fill" if not filled else "reuse", "ledger_rows": rows, "day_rows": days,
+            counts = {f"{table}_rows": database.execute_sql(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # nosec B608
+                      for table in ("usage_record", "usage_day", "usage_workload_day", "usage_workload_month")}
+            print(json.dumps({"step": "fill" if not filled else "reuse", **counts,
                               "seconds": round(time.perf_counter() - started, 1)}), flush=True)
             rt = _Runtime(MONTH + dt.timedelta(days=31))
             admin = Principal(kind="api", id="bench", role="admin", name="bench")
             submitter = Principal(kind="api", id="tok00007", role="submitter", name="user-7")
             cases = [("team", admin, {}), ("owner", admin, {}), ("fleet", admin, {}), ("gpu_model", admin, {}),
-                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {"team": "team-3"}),
+                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {}),
+                     ("workload", admin, {"team": "team-3"}), ("workload", admin, {"fleet": "gpu-a"}),
                      ("workload", submitter, {})]
+            whole, half = (MONTH + dt.timedelta(days=30)).date(), (MONTH + dt.timedelta(days=14)).date()
+            cases += [("workload", admin, {"end": half})]  # not a whole month: the day sums
             for group_by, who, extra in cases:
-                took, report = timed(lambda: usage.usage_report(
-                    rt, who, group_by, MONTH.date(), (MONTH + dt.timedelta(days=30)).date(), **extra), args.repeat)
+                extra = {"end": whole, **extra}
+                took, report = timed(lambda: usage.usage_report(rt, who, group_by, MONTH.date(), **extra), args.repeat)
+                extra["end"] = extra["end"].isoformat()
                 print(json.dumps({"step": "report", "group_by": group_by, "as": who.role, **extra,
                                   "rows": len(report["rows"]), "runs": report["totals"]["runs"],
                                   "gpu_hours": round(report["totals"]["gpu_hours_allocated"]),

@@ -613,6 +613,47 @@ class UsageDay(BaseModel):
         indexes = ((("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model"), True),)
 
 
+class _UsageWorkloadSums(BaseModel):
+    """The ledger's sums of one workload (kind job or instance, its id) per period: what reports
+    by workload read. Storage cost counts on the instance; `runs` counts the runs that started."""
+
+    kind = peewee.CharField(max_length=16)
+    workload_id = peewee.CharField(max_length=32)
+    team = peewee.CharField(max_length=200, default="")
+    owner_token_id = peewee.CharField(max_length=32)
+    owner = peewee.CharField(max_length=200)
+    gpu_seconds = peewee.FloatField(default=0.0)
+    used_gpu_seconds = peewee.FloatField(default=0.0)
+    sampled_gpu_seconds = peewee.FloatField(default=0.0)
+    cost = peewee.FloatField(default=0.0)
+    runs = peewee.IntegerField(default=0)
+
+
+class UsageWorkloadDay(_UsageWorkloadSums):
+    """A workload's sums per UTC day and fleet (a report by workload over any days)."""
+
+    id = peewee.AutoField()
+    day = peewee.DateField()
+    fleet = peewee.CharField(max_length=63, default="")
+
+    class Meta:
+        indexes = ((("day", "kind", "workload_id", "fleet"), True), (("fleet", "day"), False),
+                   (("team", "day"), False), (("owner_token_id", "day"), False), (("owner", "day"), False))
+
+
+class UsageWorkloadMonth(_UsageWorkloadSums):
+    """A workload's sums per UTC month (`month`: its first day), all fleets together: a month's
+    report by workload reads its costliest rows straight from the (month, ..., cost) indexes."""
+
+    id = peewee.AutoField()
+    month = peewee.DateField()
+
+    class Meta:
+        indexes = ((("month", "kind", "workload_id"), True), (("month", "cost"), False),
+                   (("month", "team", "cost"), False), (("month", "owner_token_id", "cost"), False),
+                   (("month", "owner", "cost"), False))
+
+
 class UsageMark(BaseModel):
     """A run that ended and is not in the ledger yet: written as its task ends (a requeue then
     clears the task's times, node and GPUs), read and removed by the `usage` background task."""
@@ -843,4 +884,4 @@ MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Inst
           Rollout, RolloutNode, RetiredNode]
 MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrations 0023, 0024)
 # Usage and budgets (migrations 0021, 0022).
-MODELS += [UsageRecord, UsageDay, UsageMark, StorageRecord, PriceChange, Budget, BudgetNotice]
+MODELS += [UsageRecord, UsageDay, UsageWorkloadDay, UsageWorkloadMonth, UsageMark, StorageRecord, PriceChange, Budget, BudgetNotice]

@@ -1,6 +1,6 @@
 """Team budgets over the real API: thresholds delivered once each to a real receiver, a blocked
-team's job waits naming the budget and runs when it is raised, stop_spot stops the team's spot
-work, the roles and bad input."""
+team's job and new instance wait naming the budget and run when it is raised, stop_spot stops the
+team's spot work, the roles and bad input."""
 
 import json
 
@@ -120,3 +120,22 @@ def test_stop_spot_stops_the_teams_spot_instances_too(api, team, clock):
     assert "budget" in shown["status_reason"], shown["status_reason"]
     api.task_call(session, assignment, "finish", outcome="cancelled", reason="stopped")
     assert alice.get(f"/api/v1/instances/{inst['id']}").get_json()["state"] == "stopped"
+
+
+def test_a_blocked_teams_new_instance_waits_naming_the_budget_and_starts_when_it_is_raised(api, team, clock):
+    session, alice = team
+    put_budget(api, "ml", limit_gpu_hours=1.0, on_exceed="block")
+    alice.submit(resources={"gpus": 2})
+    assignment = run_hours(api, session, 0.5, clock)  # 1 GPU-hour: 100 %
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    api.run_task("usage")
+    created = alice.post("/api/v1/instances", {"name": "nb", "command": ["sleep", "1d"], "resources": {"gpus": 1}})
+    assert created.status_code == 201, created.get_json()
+    inst = created.get_json()
+    shown = alice.get(f"/api/v1/instances/{inst['id']}").get_json()
+    assert shown["state"] == "pending" and shown["node_id"] is None, shown
+    assert shown["pending_reason"].startswith("team ml's budget for 2026-01 (1 GPU-hours) is exceeded"), shown
+    assert api.acquire(session) is None  # nothing of it reaches the node
+    put_budget(api, "ml", limit_gpu_hours=5.0, on_exceed="block")
+    api.start_task(session)
+    assert alice.get(f"/api/v1/instances/{inst['id']}").get_json()["state"] in ("starting", "running")

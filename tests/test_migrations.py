@@ -190,3 +190,33 @@ def test_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token
     db = open_database(f"sqlite:///{tmp_path}/old.db")
     check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names(db)
     db.close()
+
+
+def test_0026_fills_the_workload_sums_from_the_ledger_spread_over_the_days_of_each_run(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/usage.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0025_rollouts")
+        db.execute_sql(
+            "INSERT INTO usage_record (id, kind, workload_id, workload_name, task_id, job_id, owner, owner_token_id, "
+            "team, fleet, node_id, gpu_model, rank, attempt, priority_class, gpus, gpu_uuids, started_at, ended_at, "
+            "accounted_until, gpu_seconds, used_gpu_seconds, sampled_gpu_seconds, cost) VALUES ('t.1', 'job', 'j', "
+            "'train', 't', 'j', 'alice', 'tok', 'ml', 'gpu-a', 'n', '', 0, 1, 'on-demand', 1.0, '[]', "
+            "'2026-01-01 23:00:00', '2026-01-02 01:00:00', '2026-01-02 01:00:00', 7200, 3600, 7200, 4.0)")
+        db.execute_sql(  # an instance's volume, still accruing: to where the ledger got
+            "INSERT INTO storage_record (id, owner, owner_token_id, team, fleet, volume_bytes, started_at, "
+            "accounted_until, cost) VALUES ('i', 'bob', 'tok2', '', 'gpu-a', 1, '2026-01-31 12:00:00', "
+            "'2026-02-01 12:00:00', 2.0)")
+    assert "0026_usage_by_workload" in upgrade(db)
+    with db.connection_context():
+        days = db.execute_sql("SELECT day, kind, workload_id, fleet, team, owner, gpu_seconds, used_gpu_seconds, "
+                              "cost, runs FROM usage_workload_day ORDER BY workload_id, day").fetchall()
+        assert [(str(d[0]), *d[1:]) for d in days] == [
+            ("2026-01-31", "instance", "i", "gpu-a", "", "bob", 0.0, 0.0, 1.0, 0),
+            ("2026-02-01", "instance", "i", "gpu-a", "", "bob", 0.0, 0.0, 1.0, 0),
+            ("2026-01-01", "job", "j", "gpu-a", "ml", "alice", 3600.0, 1800.0, 2.0, 1),
+            ("2026-01-02", "job", "j", "gpu-a", "ml", "alice", 3600.0, 1800.0, 2.0, 0)]
+        months = db.execute_sql("SELECT month, workload_id, gpu_seconds, cost, runs FROM usage_workload_month "
+                                "ORDER BY workload_id, month").fetchall()
+        assert [(str(m[0]), *m[1:]) for m in months] == [
+            ("2026-01-01", "i", 0.0, 1.0, 0), ("2026-02-01", "i", 0.0, 1.0, 0), ("2026-01-01", "j", 7200.0, 4.0, 1)]
+    db.close()

@@ -34,6 +34,8 @@ class Usage(MethodView):
     @require(ADMIN, SUBMITTER)
     @blp.arguments(UsageQuerySchema(), location="query")
     @blp.response(200, UsageReportSchema)
+    @blp.doc(responses={200: {"content": {"text/csv": {"schema": {"type": "string"}, "example": (
+        "group,gpu_hours_allocated,gpu_hours_used,efficiency,cost,runs\nml,12.5,9.1,0.728,31.25,4\n")}}}})
     def get(self, query):
         """GPU-hours allocated and used, efficiency, cost and runs per team, owner, fleet, GPU model,
         day or workload over whole UTC days, with totals (a submitter sees its own usage). With

@@ -4,7 +4,8 @@ Runs are accounted off the request path by the `usage` background task (leader o
 each pass moves every open run's row from its `accounted_until` to now (or to the run's end) in
 write transactions of at most BATCH runs, adding allocated GPU-seconds, utilisation-weighted
 GPU-seconds (from the GPU samples stored in that interval), and cost at the prices in force
-(PriceChange, integrated piecewise) to the run's row and to the per-day sums (UsageDay). A pass
+(PriceChange, integrated piecewise) to the run's row and to the sums reports read (per day:
+UsageDay; per workload and day, and per workload and month: UsageWorkloadDay, UsageWorkloadMonth). A pass
 that fails or is fenced commits nothing of its batch; the next one starts again from
 `accounted_until`, so a restart or a failover loses and doubles nothing, and a price set later
 never rewrites what was accounted. The only write on the request path is a UsageMark as a task
@@ -33,6 +34,8 @@ from fleetd.models import (
     UsageDay,
     UsageMark,
     UsageRecord,
+    UsageWorkloadDay,
+    UsageWorkloadMonth,
 )
 
 BATCH = 500  # runs accounted per write transaction
@@ -138,13 +141,22 @@ def _price_pieces(record, book, start, end):
     return book.pieces(GPU, record.gpu_model, start, end)
 
 
+_SUMS = ("gpu_seconds", "used_gpu_seconds", "sampled_gpu_seconds", "cost", "runs")
+_ROLLUPS = (  # (model, its key's columns): the ledger's sums that reports read
+    (UsageDay, ("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model")),
+    (UsageWorkloadDay, ("day", "kind", "workload_id", "fleet")),
+    (UsageWorkloadMonth, ("month", "kind", "workload_id")),
+)
+
+
 class _Pass:
-    """One pass's state: the price book, the GPU samples read, and the per-day sums to add."""
+    """One pass's state: the price book, the GPU samples read, and the sums to add to the rollups
+    (per day; per workload and day; per workload and month)."""
 
     def __init__(self, now):
         self.now = now
         self.book = PriceBook.load()
-        self.days = {}  # (day, kind, team, owner_token_id, owner, fleet, gpu_model) -> [5 sums]
+        self.sums = {model: {} for model, _ in _ROLLUPS}  # model -> {key: [5 sums, attributes]}
         self.samples = {}  # uuid -> [(at, utilisation)]
 
     def load_samples(self, uuids, since):
@@ -158,10 +170,20 @@ class _Pass:
             for uuid, at, util in query:
                 self.samples.setdefault(uuid, []).append((at, util))
 
-    def add_day(self, key, allocated=0.0, used=0.0, sampled=0.0, cost=0.0, runs=0):
-        sums = self.days.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0])
-        for i, value in enumerate((allocated, used, sampled, cost, runs)):
-            sums[i] += value
+    def add(self, at, kind, record, allocated=0.0, used=0.0, sampled=0.0, cost=0.0, runs=0):
+        """Add to the rollups' sums of `at`'s day and month: a run's (`record` a UsageRecord, `kind`
+        its own) or an instance volume's (a StorageRecord, kind "storage", counted on the instance)."""
+        day = at.date()
+        workload = ("instance", record.id) if kind == STORAGE else (record.kind, record.workload_id)
+        attributes = {"team": record.team or "", "owner_token_id": record.owner_token_id, "owner": record.owner}
+        keys = {UsageDay: (day, kind, record.team or "", record.owner_token_id, record.owner, record.fleet or "",
+                           getattr(record, "gpu_model", "") or ""),
+                UsageWorkloadDay: (day, *workload, record.fleet or ""),
+                UsageWorkloadMonth: (day.replace(day=1), *workload)}
+        for model, key in keys.items():
+            entry = self.sums[model].setdefault(key, [0.0, 0.0, 0.0, 0.0, 0, attributes])
+            for i, value in enumerate((allocated, used, sampled, cost, runs)):
+                entry[i] += value
 
     def accrue(self, record, start, end):
         """Add [start, end) of a run to its row and to the day sums."""
@@ -182,29 +204,22 @@ class _Pass:
             record.used_gpu_seconds += used
             record.sampled_gpu_seconds += sampled
             record.cost += cost
-            self.add_day(_day_key(a, record.kind, record), allocated, used, sampled, cost)
+            self.add(a, record.kind, record, allocated, used, sampled, cost)
         record.price_per_hour = run_price(record, self.book, end)
 
     def write_days(self):
-        """Add this batch's day sums to UsageDay (inside the batch's transaction)."""
-        if not self.days:
-            return
-        rows = [dict(zip(("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model"), key),
-                     gpu_seconds=s[0], used_gpu_seconds=s[1], sampled_gpu_seconds=s[2], cost=s[3], runs=s[4])
-                for key, s in self.days.items()]
-        for i in range(0, len(rows), 100):
-            UsageDay.insert_many(rows[i:i + 100]).on_conflict(
-                conflict_target=[UsageDay.day, UsageDay.kind, UsageDay.team, UsageDay.owner_token_id,
-                                 UsageDay.owner, UsageDay.fleet, UsageDay.gpu_model],
-                update={field: field + peewee.EXCLUDED[field.column_name] for field in (
-                    UsageDay.gpu_seconds, UsageDay.used_gpu_seconds, UsageDay.sampled_gpu_seconds, UsageDay.cost,
-                    UsageDay.runs)}).execute()
-        self.days = {}
-
-
-def _day_key(at, kind, record):
-    return (at.date(), kind, record.team or "", record.owner_token_id, record.owner, record.fleet or "",
-            getattr(record, "gpu_model", "") or "")
+        """Add this batch's sums to the rollups (inside the batch's transaction), the same
+        transaction that moves the ledger's rows."""
+        for model, columns in _ROLLUPS:
+            sums = self.sums[model]
+            rows = [{**dict(zip(columns, key)), **(s[5] if model is not UsageDay else {}),
+                     **dict(zip(_SUMS, s[:5]))} for key, s in sums.items()]
+            fields = [getattr(model, name) for name in _SUMS]
+            for i in range(0, len(rows), 100):
+                model.insert_many(rows[i:i + 100]).on_conflict(
+                    conflict_target=[getattr(model, name) for name in columns],
+                    update={field: field + peewee.EXCLUDED[field.column_name] for field in fields}).execute()
+            sums.clear()
 
 
 def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
@@ -281,7 +296,7 @@ def _flush_ended(run, batch):
                     if record is None:
                         continue
                     created.add(key)
-                    run.add_day(_day_key(record.started_at, record.kind, record), runs=1)
+                    run.add(record.started_at, record.kind, record, runs=1)
                 if _account(run, record, max(mark.ended_at, record.started_at), mark.ended_at):
                     touched[key] = record
             _save(touched.values(), created)
@@ -316,7 +331,7 @@ def _flush_running(run, batch):
                     if record is None:
                         continue
                     created.add(key)
-                    run.add_day(_day_key(record.started_at, record.kind, record), runs=1)
+                    run.add(record.started_at, record.kind, record, runs=1)
                 if _account(run, record, max(run.now, record.started_at)):
                     touched.append(record)
             _save(touched, created)
@@ -374,7 +389,7 @@ def _flush_storage(run, batch):
                 for a, b in split_days(record.accounted_until, until):
                     piece = storage_cost(record.volume_bytes, run.book, a, b)
                     cost += piece
-                    run.add_day(_day_key(a, STORAGE, record), cost=piece)
+                    run.add(a, STORAGE, record, cost=piece)
                 record.cost += cost
                 record.accounted_until = until
                 if gone:

@@ -16,7 +16,18 @@ from prometheus_client.core import CounterMetricFamily
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest
-from fleetd.models import GpuSample, Instance, Job, StorageRecord, Task, TaskState, UsageDay, UsageRecord
+from fleetd.models import (
+    GpuSample,
+    Instance,
+    Job,
+    StorageRecord,
+    Task,
+    TaskState,
+    UsageDay,
+    UsageRecord,
+    UsageWorkloadDay,
+    UsageWorkloadMonth,
+)
 from fleetd.services.ledger import (
     GB,
     STORAGE,
@@ -59,8 +70,7 @@ def report_days(now, start=None, end=None):
 def usage_report(rt, principal, group_by="team", start=None, end=None, team=None, owner=None, fleet=None):
     """GPU-hours allocated and used, efficiency, cost and runs per group over whole UTC days, with
     totals: admins see everyone's, a submitter its own. `runs` counts the runs that started in the
-    range; cost includes instance volumes' storage. By workload, each run counts whole (its figures
-    as of the ledger's last pass) when it overlapped the range, and only the MAX_WORKLOAD_ROWS
+    range; cost includes instance volumes' storage. By workload, only the MAX_WORKLOAD_ROWS
     costliest workloads are listed (the totals count them all)."""
     if group_by not in GROUP_BY:
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}", {"fields": {"group_by": [
@@ -68,7 +78,7 @@ def usage_report(rt, principal, group_by="team", start=None, end=None, team=None
     first, last = report_days(rt.clock.now(), start, end)
     own = None if principal.role == "admin" else principal.id
     if group_by == "workload":
-        rows, totals = _by_workload(first, last, own, team, owner, fleet)
+        rows, totals = _by_workload(first, last, rt.clock.now().date(), own, team, owner, fleet)
     else:
         rows = _by_dimension(group_by, first, last, own, team, owner, fleet)
         totals = [0.0, 0.0, 0.0, 0.0, 0]
@@ -93,56 +103,68 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     return out
 
 
-def _overlapping(model, start, end):
-    """Rows of `model` (the ledger's or the storage's) whose time overlaps [start, end)."""
-    return (model.started_at < end) & (model.ended_at.is_null() | (model.ended_at >= start))
-
-
 def _narrowed(model, where, own, team, owner, fleet):
     """`where` and the filters a report was given (`own`: the submitter's token id)."""
-    for field, value in ((model.owner_token_id, own), (model.team, team), (model.owner, owner),
-                         (model.fleet, fleet)):
+    for name, value in (("owner_token_id", own), ("team", team), ("owner", owner), ("fleet", fleet)):
         if value is not None:
+            field = getattr(model, name)
             where = field == value if where is True else where & (field == value)
     return where
 
 
-def _by_workload(first, last, own, team, owner, fleet):
-    """(rows, totals) by workload: the MAX_WORKLOAD_ROWS costliest, totals over all of them."""
-    start = dt.datetime.combine(first, dt.time())
-    end = dt.datetime.combine(last, dt.time()) + dt.timedelta(days=1)
-    sums = (fn.SUM(UsageRecord.gpu_seconds), fn.SUM(UsageRecord.used_gpu_seconds),
-            fn.SUM(UsageRecord.sampled_gpu_seconds), fn.SUM(UsageRecord.cost), fn.COUNT(UsageRecord.id))
-    where = _narrowed(UsageRecord, _overlapping(UsageRecord, start, end), own, team, owner, fleet)
-    storage_where = _narrowed(StorageRecord, _overlapping(StorageRecord, start, end), own, team, owner, fleet)
-    storage = {row.id: row.cost for row in StorageRecord.select(StorageRecord.id, StorageRecord.cost)
-               .where(storage_where)}
-    groups = {}
-    query = (UsageRecord.select(UsageRecord.kind, UsageRecord.workload_id, *sums).where(where)
-             .group_by(UsageRecord.kind, UsageRecord.workload_id).order_by(fn.SUM(UsageRecord.cost).desc())
-             .limit(MAX_WORKLOAD_ROWS))
-    for kind, workload, *figures in query.tuples():
-        groups[f"{kind}/{workload}"] = [value or 0 for value in figures]
-    for instance_id, cost in storage.items():
-        if len(groups) < MAX_WORKLOAD_ROWS or f"instance/{instance_id}" in groups:
-            groups.setdefault(f"instance/{instance_id}", [0.0, 0.0, 0.0, 0.0, 0])[3] += cost
-    totals = [value or 0 for value in UsageRecord.select(*sums).where(where).tuples().first()]
-    totals[3] += sum(storage.values())
-    rows = sorted(groups.items(), key=lambda item: (-item[1][3], item[0]))
+def _by_workload(first, last, today, own, team, owner, fleet):
+    """(rows, totals) by workload: the MAX_WORKLOAD_ROWS costliest, totals over all of them. A whole
+    month (to today in this month) without a fleet is read from the month sums in cost order; any
+    other range groups the day sums."""
+    sums = [fn.SUM(field) for field in (UsageWorkloadDay.gpu_seconds, UsageWorkloadDay.used_gpu_seconds,
+                                         UsageWorkloadDay.sampled_gpu_seconds, UsageWorkloadDay.cost,
+                                         UsageWorkloadDay.runs)]
+    query = (UsageWorkloadDay.select(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id, *sums)
+             .where((UsageWorkloadDay.day >= first) & (UsageWorkloadDay.day <= last))
+             .group_by(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id).order_by(sums[3].desc()))
+    if fleet is None and _whole_month(first, last, today):
+        query = (UsageWorkloadMonth.select(UsageWorkloadMonth.kind, UsageWorkloadMonth.workload_id,
+                                           UsageWorkloadMonth.gpu_seconds, UsageWorkloadMonth.used_gpu_seconds,
+                                           UsageWorkloadMonth.sampled_gpu_seconds, UsageWorkloadMonth.cost,
+                                           UsageWorkloadMonth.runs)
+                 .where(UsageWorkloadMonth.month == first).order_by(UsageWorkloadMonth.cost.desc()))
+    model = query.model
+    narrowed = _narrowed(model, True, own, team, owner, fleet)
+    if narrowed is not True:
+        query = query.where(narrowed)
+    # plain tuples from the cursor: the columns need no conversion, and peewee's costs more than the query
+    rows = [(f"{kind}/{workload}", [value or 0 for value in figures])
+            for kind, workload, *figures in model._meta.database.execute(query.limit(MAX_WORKLOAD_ROWS)).fetchall()]
+    rows.sort(key=lambda item: (-item[1][3], item[0]))
+    totals = [0.0, 0.0, 0.0, 0.0, 0]
+    for _, figures in _by_dimension("kind", first, last, own, team, owner, fleet):
+        for i, value in enumerate(figures):
+            totals[i] += value or 0
     return rows, totals
 
 
-def usage_by_day_and_team(rt, principal, start=None, end=None):
+def _whole_month(first, last, today):
+    """Whether [first, last] holds exactly one calendar month of the ledger (which holds nothing
+    after today)."""
+    if first.day != 1:
+        return False
+    month_end = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
+    return min(last, today) >= min(month_end, today) and (last <= month_end or today <= month_end)
+
+
+def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
     """GPU-hours allocated and used and cost per UTC day and team (for a stacked chart of
     GPU-hours by team over time): [{day, team, gpu_hours_allocated, gpu_hours_used, efficiency,
-    cost, runs}], by day then team. A submitter gets its own usage only."""
+    cost, runs}], by day then team, one query. A submitter gets its own usage only; `team` keeps
+    that team's."""
     first, last = report_days(rt.clock.now(), start, end)
     query = (UsageDay.select(UsageDay.day, UsageDay.team, fn.SUM(UsageDay.gpu_seconds),
                              fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.sampled_gpu_seconds),
                              fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
              .where((UsageDay.day >= first) & (UsageDay.day <= last)))
-    if principal.role != "admin":
-        query = query.where(UsageDay.owner_token_id == principal.id)
+    narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.id, team, None, None)
+    if narrowed is not True:
+        query = query.where(narrowed)
     rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples()
     return [{"day": day.isoformat() if isinstance(day, dt.date) else str(day), "team": team or None,
              **_figures(*sums)} for day, team, *sums in rows]
@@ -306,18 +328,25 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
     return sorted(by_workload.values(), key=lambda e: (-e["idle_minutes"], e["id"]))
 
 
-MAX_TEAM_LABELS = 50  # teams with the most allocated GPU-seconds get their own series; the rest are "other"
+MAX_TEAM_LABELS = 50  # the first teams seen (the costliest first) get their own series; later ones are "other"
 MAX_FLEET_LABELS = 100
 
 
 class UsageCollector:
     """Prometheus counters of the ledger by team and fleet (bounded label sets), read from its day
-    sums at most once per `cache_seconds` (the ledger moves only at its passes)."""
+    sums at most once per `cache_seconds` (the ledger moves only at its passes).
+
+    A counter never goes down: a team (fleet) keeps the label it was given for the life of the
+    process, and once MAX_TEAM_LABELS teams (MAX_FLEET_LABELS fleets) have one, every new team
+    counts under "other" for good, so each series sums a set of ledger sums that only grows. The
+    labels are given in order of allocated GPU-seconds when first seen, so a new process gives the
+    largest teams theirs."""
 
     def __init__(self, rt, cache_seconds=30.0):
         self.rt = rt
         self.cache_seconds = cache_seconds
         self._cached = None  # (monotonic time, rows)
+        self._teams, self._fleets = set(), set()  # the labels given
 
     def describe(self):
         return []
@@ -338,11 +367,11 @@ class UsageCollector:
         for team, fleet, allocated, _, _ in rows:
             teams[team] = teams.get(team, 0.0) + (allocated or 0.0)
             fleets[fleet] = fleets.get(fleet, 0.0) + (allocated or 0.0)
-        kept_teams = set(sorted(teams, key=lambda t: (-teams[t], t))[:MAX_TEAM_LABELS])
-        kept_fleets = set(sorted(fleets, key=lambda f: (-fleets[f], f))[:MAX_FLEET_LABELS])
+        _give_labels(self._teams, teams, MAX_TEAM_LABELS)
+        _give_labels(self._fleets, fleets, MAX_FLEET_LABELS)
         sums = {}
         for team, fleet, allocated, used, cost in rows:
-            key = (team if team in kept_teams else "other", fleet if fleet in kept_fleets else "other")
+            key = (team if team in self._teams else "other", fleet if fleet in self._fleets else "other")
             entry = sums.setdefault(key, [0.0, 0.0, 0.0])
             entry[0] += allocated or 0.0
             entry[1] += used or 0.0
@@ -355,3 +384,12 @@ class UsageCollector:
             for family, value in zip(families, values):
                 family.add_metric([team or "", fleet or ""], value)
         yield from families
+
+
+def _give_labels(given, totals, cap):
+    """Give labels to names not seen before (`totals`: name -> allocated), the largest first,
+    while fewer than `cap` are given; a name left out now stays out."""
+    for name in sorted(set(totals) - given, key=lambda n: (-totals[n], n)):
+        if len(given) >= cap:
+            return
+        given.add(name)
