@@ -230,7 +230,8 @@ class Replicated:
                 if replica.leads():
                     return replica
             time.sleep(0.05)
-        raise SystemExit(f"no replica leads after {seconds} s")
+        logs = "".join(line for r in among for line in r.lines[-40:])
+        raise SystemExit(f"no replica leads after {seconds} s; their logs end:\n{logs}")
 
     def interrupt(self, sim):
         leader = self._leader(self.replicas)

@@ -87,10 +87,12 @@ class _SqliteDatabase(PooledSqliteDatabase):
         return super().execute_sql(sql, params)
 
 
-def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeout_seconds=None):
+def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeout_seconds=None,
+                  pool_wait_seconds=10):
     """Create (not connect) a Peewee database for a sqlite:// or postgresql:// URL; PostgreSQL's
     pool holds at most `pool_size` connections, whose statements run at most
-    `statement_timeout_seconds` (None: the server's setting)."""
+    `statement_timeout_seconds` (None: the server's setting); with all of them in use, a request
+    waits up to `pool_wait_seconds` (whole seconds, at least 1) for one before it is refused."""
     if url.startswith("sqlite:"):
         sync = sqlite_synchronous.upper()
         if sync not in _SYNCHRONOUS:
@@ -118,8 +120,9 @@ def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeou
             timeout = f"-c statement_timeout={int(statement_timeout_seconds * 1000)}"
             parsed["options"] = f"{parsed['options']} {timeout}" if parsed.get("options") else timeout
         # Bounded pool: PostgreSQL connections are costly and limited on the server.
+        # A storm (thousands of agents at once) queues for a connection instead of failing at once.
         return PooledPostgresqlDatabase(parsed.pop("database"), max_connections=pool_size, stale_timeout=300,
-                                        **parsed)
+                                        timeout=max(1, int(pool_wait_seconds)), **parsed)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://...")
 
 

@@ -182,6 +182,14 @@ class LivenessTracker:
                     out[node_id] = seen.at
         return out
 
+    def unflushed_again(self, taken):
+        """What take_unflushed() gave was not written after all: those not heard of since are taken next time."""
+        with self._lock:
+            for node_id, at in taken.items():
+                seen = self._seen.get(node_id)
+                if seen is not None and seen.at == at:
+                    seen.flushed = False
+
 
 class RuntimeSamples:
     """The last runtime figures each node reported for its instance runs (the heartbeat's
@@ -243,6 +251,12 @@ class LeaseTracker:
         with self._lock:
             out, self._unflushed = self._unflushed, {}
         return out
+
+    def unflushed_again(self, taken):
+        """What take_unflushed() gave was not written after all: taken next time, unless renewed since."""
+        with self._lock:
+            for task_id, renewal in taken.items():
+                self._unflushed.setdefault(task_id, renewal)
 
     def restart_grace(self):
         """Treat every lease as renewed now (a new leader gives the nodes time to reach it)."""

@@ -234,7 +234,7 @@ def serve(settings, ready_callback=None):
     # synchronous=FULL's guarantee (an acknowledged write is on disk) with one fsync for many commits.
     use_group_commit = sqlite and settings.sqlite_synchronous.upper() == "FULL"
     db = open_database(settings.database_url, "NORMAL" if use_group_commit else settings.sqlite_synchronous,
-                       settings.db_pool_size, settings.db_statement_timeout_seconds)
+                       settings.db_pool_size, settings.db_statement_timeout_seconds, settings.db_pool_wait_seconds)
     lock = SingleProcessLock(db.database).acquire() if sqlite and db.database != ":memory:" else None
     applied = upgrade(db)
     if applied:

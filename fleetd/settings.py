@@ -54,6 +54,7 @@ class Settings:
     shutdown_timeout_seconds: float = 10.0
     leader_lease_seconds: float = 8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
     db_pool_size: int = 32  # PostgreSQL connections per replica
+    db_pool_wait_seconds: int = 10  # PostgreSQL: a request waits this long for a pooled connection, then 503
     db_statement_timeout_seconds: float = 30.0  # PostgreSQL: a statement running longer is cancelled
     max_connections: int = 10000
     http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
@@ -132,6 +133,8 @@ class Settings:
         self.webhook_allowed_networks  # noqa: B018 - raises on a bad list
         self.task_uids  # noqa: B018 - raises on a bad range
         self.cloud_type_labels  # noqa: B018 - raises on a bad label list
+        if self.db_pool_wait_seconds < 1:  # whole seconds (the pool's own unit); 0 would wait for ever
+            raise ValueError("db_pool_wait_seconds must be >= 1")
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
         for name in ("limits_max_active_jobs", "limits_max_instances", "limits_max_spec_bytes",

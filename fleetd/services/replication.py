@@ -2,6 +2,7 @@
 writes down what it heard for the leader to read, and passes wake-ups, stops and kicks to the
 others over the bus."""
 
+import logging
 import threading
 
 from fleetd.db import hand_back
@@ -9,6 +10,8 @@ from fleetd.replicas import Bus, Leadership
 from fleetd.services.nodes import record_heartbeat_times
 from fleetd.services.parking import Capacity
 from fleetd.services.work import record_lease_renewals
+
+log = logging.getLogger(__name__)
 
 
 def replicate(rt, db, settings, spawn, wait_readable):
@@ -60,11 +63,20 @@ def replicate(rt, db, settings, spawn, wait_readable):
 
 def sync(rt):
     """Write down what this replica heard (last heartbeats, lease renewals) for the leader to read,
-    then renew or take the leader lease. One round; `fleetd serve` runs it every few seconds."""
+    then renew or take the leader lease. One round; `fleetd serve` runs it every few seconds.
+
+    A write that fails (the database away, every pooled connection busy in a storm) is kept for
+    the next round, and the lease is still renewed or taken: this round's failure must neither
+    lose what the nodes said nor stop this replica from leading (or taking over)."""
+    heard = rt.liveness.take_unflushed()
+    renewals = rt.leases.take_unflushed() if rt.leader.shared else {}
     try:
-        record_heartbeat_times(rt.liveness.take_unflushed())
-        if rt.leader.shared:
-            record_lease_renewals(rt.leases.take_unflushed())
+        record_heartbeat_times(heard)
+        record_lease_renewals(renewals)
+    except Exception:  # noqa: BLE001 - any database error: the next round writes them
+        log.exception("replication: what this replica heard was not written down; the next round tries again")
+        rt.liveness.unflushed_again(heard)
+        rt.leases.unflushed_again(renewals)
     finally:
         hand_back()
     rt.leader.tick()

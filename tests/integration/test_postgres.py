@@ -178,3 +178,57 @@ def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
     finish(pg_api, session, run)
     resumed = pg_api.post(f"/api/v1/instances/{inst['id']}/resume", {}).get_json()
     assert resumed["state"] == "starting" and resumed["node_id"] == node
+
+
+def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_round(pg_api, postgres_url, clock):
+    # A registration storm can hold every pooled connection: the replica's round that writes down
+    # the heartbeats it heard fails. It must keep them for the next round (the leader reads them to
+    # tell live nodes from lost ones) and go on renewing its lease, not stop its loop.
+    import threading
+
+    from fleetd.db import bind, database, open_database
+    from fleetd.models import Node
+    from fleetd.services.replication import sync
+
+    rt = pg_api.app.extensions["fleetd"]
+    pg_api.create_fleet("gpu-a")
+    node_id, session = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "gpu-1")
+    sync(rt)
+    clock.advance(5)
+    pg_api.heartbeat(session)  # heard: kept in memory until the next round writes it down
+    heard_at = rt.liveness.get(node_id).at
+
+    def stored():
+        with database.connection_context():
+            return Node.get_by_id(node_id).last_heartbeat_at
+
+    before = stored()
+    assert before < heard_at
+    shared = database.obj
+    small = bind(open_database(postgres_url, pool_size=2, pool_wait_seconds=1))
+    release, holding = threading.Event(), threading.Barrier(3, timeout=30)
+
+    def hold():
+        with database.connection_context():
+            database.execute_sql("SELECT 1")
+            holding.wait()
+            release.wait(30)
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    try:
+        try:
+            for holder in holders:
+                holder.start()
+            holding.wait()
+            sync(rt)  # every connection is held: the write fails after its wait, and nothing raises
+            assert rt.leader.leading()
+        finally:
+            release.set()
+            for holder in holders:
+                holder.join(30)
+        assert stored() == before  # not written yet
+        sync(rt)
+        assert stored() == heard_at
+    finally:
+        small.close_all()
+        bind(shared)
