@@ -1,6 +1,7 @@
 """Declare silent nodes lost, and persist last-heartbeat times in one batch."""
 
-from fleetd.services.nodes import live_nodes_last_heard, mark_node_lost, record_heartbeat_times
+from fleetd.services.nodes import live_nodes_last_heard, mark_node_lost
+from fleetd.services.replication import write_down_heard
 
 NAME = "liveness_sweep"
 DESCRIPTION = "Marks nodes lost after TTL + grace without a heartbeat; saves last-heartbeat times"
@@ -10,7 +11,7 @@ def run(rt):
     """One sweep; returns how many nodes were declared lost and heartbeat times saved. With
     replicas, a heartbeat another replica wrote down (Node.last_heartbeat_at) counts too."""
     tracker = rt.liveness
-    saved = record_heartbeat_times(tracker.take_unflushed())
+    saved = write_down_heard(rt)  # kept for the next sweep when the write fails
     lost = 0
     if not tracker.in_failover_grace() and rt.leader.leading():
         now = rt.clock.now()

@@ -68,15 +68,26 @@ def sync(rt):
     A write that fails (the database away, every pooled connection busy in a storm) is kept for
     the next round, and the lease is still renewed or taken: this round's failure must neither
     lose what the nodes said nor stop this replica from leading (or taking over)."""
+    try:
+        write_down_heard(rt)
+    finally:
+        hand_back()
+    rt.leader.tick()
+
+
+def write_down_heard(rt):
+    """Write down the heartbeat times (and, with replicas, the lease renewals) this replica heard
+    since the last time; when the write fails they are kept for the next one, never dropped (the
+    leader reads them to tell live nodes from lost ones). Returns how many heartbeat times were
+    written (0 when the write failed)."""
     heard = rt.liveness.take_unflushed()
     renewals = rt.leases.take_unflushed() if rt.leader.shared else {}
     try:
-        record_heartbeat_times(heard)
+        saved = record_heartbeat_times(heard)
         record_lease_renewals(renewals)
     except Exception:  # noqa: BLE001 - any database error: the next round writes them
         log.exception("replication: what this replica heard was not written down; the next round tries again")
         rt.liveness.unflushed_again(heard)
         rt.leases.unflushed_again(renewals)
-    finally:
-        hand_back()
-    rt.leader.tick()
+        return 0
+    return saved

@@ -181,11 +181,13 @@ def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
 
 
 def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_round(pg_api, postgres_url, clock):
-    # A registration storm can hold every pooled connection: the replica's round that writes down
-    # the heartbeats it heard fails. It must keep them for the next round (the leader reads them to
-    # tell live nodes from lost ones) and go on renewing its lease, not stop its loop.
+    # A registration storm can hold every pooled connection: the replica's round (and the liveness
+    # sweep) that writes down the heartbeats it heard fails. It must keep them for the next round
+    # (the leader reads them to tell live nodes from lost ones) and go on renewing its lease, not
+    # stop its loop.
     import threading
 
+    from fleetd.background import liveness_sweep
     from fleetd.db import bind, database, open_database
     from fleetd.models import Node
     from fleetd.services.replication import sync
@@ -220,7 +222,9 @@ def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_roun
             for holder in holders:
                 holder.start()
             holding.wait()
-            sync(rt)  # every connection is held: the write fails after its wait, and nothing raises
+            # Every connection is held: the writes fail after their wait, and nothing raises.
+            assert liveness_sweep.run(rt) == {"lost": 0, "heartbeats_saved": 0}
+            sync(rt)
             assert rt.leader.leading()
         finally:
             release.set()
