@@ -51,8 +51,12 @@ def playbook(lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REP
                   PWD=str(cwd))  # as a shell that cd'd there sets it
     cmd = [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name), "-e", f"fleetd_url={lab.fleetd.url}",
            "-e", f"fleet_agent_bundle={bundle_arg or bundle.path}", "-e", f"fleet_agent_fleet={FLEET}", *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(cwd),
-                            stdin=subprocess.DEVNULL)
+    try:  # well inside the test's own timeout, so that a run that hangs says where
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(cwd),
+                                stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"ansible-playbook {name} still ran after 240 s; its output ends:\n{out[-6000:]}")
     assert "flj_" not in result.stdout + result.stderr and lab.api.token not in result.stdout + result.stderr
     return result
 
