@@ -493,6 +493,11 @@ class Simulator:
                 self.proc.wait(timeout=10)
 
 
+#: Simulated nodes ever declared lost, from fleetd's events (the same SQL on SQLite and PostgreSQL).
+EVER_LOST_SQL = ("SELECT COUNT(DISTINCT e.subject_id) FROM event e JOIN node n ON n.id = e.subject_id "
+                 "WHERE e.subject_type = 'node' AND e.to_status = 'lost' AND n.fleet = 'sim'")
+
+
 def lost_nodes(api, data_dir):
     """Simulated nodes lost now (the API) and ever (fleetd's events, read from its database)."""
     now = [n["id"] for n in api.pages("/api/v1/nodes", {"status": "lost", "fleet": "sim"})]
@@ -500,9 +505,7 @@ def lost_nodes(api, data_dir):
     try:
         db = sqlite3.connect(f"file:{os.path.join(data_dir, 'fleetd.db')}?mode=ro", uri=True, timeout=30)
         try:
-            ever = db.execute("SELECT COUNT(DISTINCT e.subject_id) FROM event e JOIN node n ON n.id = e.subject_id "
-                              "WHERE e.subject_type = 'node' AND e.to_status = 'lost' AND n.fleet = 'sim'"
-                              ).fetchone()[0]
+            ever = db.execute(EVER_LOST_SQL).fetchone()[0]
         finally:
             db.close()
     except sqlite3.Error as exc:

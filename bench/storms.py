@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 from scale import (  # noqa: E402 - bench/ is on the path above
+    EVER_LOST_SQL,
     MISSING_GPU_TYPE,
     Api,
     Simulator,
@@ -153,8 +154,7 @@ def lost_in_postgres(url):
     conn = psycopg2.connect(url)
     try:
         with conn.cursor() as cursor:
-            cursor.execute("SELECT COUNT(DISTINCT e.subject_id) FROM event e JOIN node n ON n.id = e.subject_id "
-                           "WHERE e.subject_type = 'node' AND e.to_status = 'lost' AND n.fleet = 'sim'")
+            cursor.execute(EVER_LOST_SQL)
             return cursor.fetchone()[0]
     finally:
         conn.close()

@@ -59,6 +59,10 @@ def register_node(rt, join_token_id, info):
         session_id=session_id,
         session_hash=hash_token(session_token),
         join_token_id=join_token_id,
+        # Written with the row: a node is heard when it registers. Another replica's leader reads
+        # this until this replica's next round writes down the node's heartbeats (no time at all
+        # would read as a node silent since forever, and declare it lost).
+        last_heartbeat_at=now,
     )
     with write_transaction():
         token = JoinToken.get_or_none_by_id(join_token_id)

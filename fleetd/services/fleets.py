@@ -20,6 +20,17 @@ def _with_counts(query):
     return query.select_extend(node_count.alias("node_count"), gpu_count.alias("gpu_count"))
 
 
+# Compiled once: every first heartbeat reads the node's fleet's health policy and validation gate.
+_COLUMN_OF = {column: Statement(lambda v, c=column: Fleet.select(getattr(Fleet, c)).where(Fleet.name == v("name")))
+              for column in ("health_policy", "validation")}
+
+
+def fleet_column(name, column):
+    """One setting of a fleet, `health_policy` or `validation` (None without a fleet or a value)."""
+    row = _COLUMN_OF[column].first(name=name) if name else None
+    return getattr(row, column) if row is not None else None
+
+
 def list_fleets(limit, cursor=None):
     """One page of fleets by name, with node and GPU counts."""
     return paginate(_with_counts(Fleet.select()), Fleet.name, limit, cursor)

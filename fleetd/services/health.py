@@ -11,9 +11,10 @@ import datetime as dt
 
 from fleetd.clock import isoformat
 from fleetd.db import after_commit
-from fleetd.models import Fleet, Gpu, NodeStatus, effective_health_policy
+from fleetd.models import Gpu, NodeStatus, effective_health_policy
 from fleetd.services import gpu_history, nodes
 from fleetd.services.events import FLEETD, acting_as, record_event
+from fleetd.services.fleets import fleet_column
 from fleetd.services.runs import switch_node_status
 from fleetd.sql import Statement
 
@@ -25,7 +26,6 @@ HELD = (NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED
 # Compiled once: a heartbeat that reports GPUs runs them.
 _GPU_HEALTH_OF = Statement(lambda v: Gpu.select(Gpu.uuid, Gpu.index, Gpu.healthy, Gpu.health_reason)
                            .where(Gpu.node == v("node")).order_by(Gpu.index))
-_POLICY_OF = Statement(lambda v: Fleet.select(Fleet.health_policy).where(Fleet.name == v("name")))
 
 
 def _fault(node_id, missing):
@@ -51,8 +51,7 @@ def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=F
     gone = set(gpu_change.gone) if gpu_change else set()
     missing = (gone | set((hold or {}).get("missing", [])))
     fault, still_missing = _fault(node.id, missing)
-    fleet = _POLICY_OF.first(name=node.fleet_id) if node.fleet_id else None
-    policy = effective_health_policy(fleet.health_policy if fleet is not None else None)
+    policy = effective_health_policy(fleet_column(node.fleet_id, "health_policy"))
     with acting_as(FLEETD):
         if fault:
             return _on_fault(rt, node, now, policy, hold, fault, still_missing)

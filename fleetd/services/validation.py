@@ -16,13 +16,13 @@ import datetime as dt
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import Fleet, Gpu, Node, NodeStatus, Task, Validation, new_id
+from fleetd.models import Gpu, Node, NodeStatus, Task, Validation, new_id
 from fleetd.services import gpu_history
 from fleetd.services.events import current_actor, record_event
+from fleetd.services.fleets import fleet_column
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES
 from fleetd.services.parking import node_changed
 from fleetd.services.runs import switch_node_status
-from fleetd.sql import Statement
 
 # The built-in checks, in the order the agent runs them (docs/validation.md).
 BUILTIN_CHECKS = ("gpus_present", "gpu_health", "driver_version", "cuda_version", "persistence_mode", "ecc_mode",
@@ -43,11 +43,7 @@ DETAIL_MAX = 1000
 
 def fleet_setting(fleet_id):
     """The fleet's validation setting (None: no gate)."""
-    fleet = _SETTING_OF.first(name=fleet_id) if fleet_id else None
-    return fleet.validation if fleet is not None else None
-
-
-_SETTING_OF = Statement(lambda v: Fleet.select(Fleet.validation).where(Fleet.name == v("name")))  # every first heartbeat
+    return fleet_column(fleet_id, "validation")
 
 
 def prevailing_versions(fleet_id, node_id):

@@ -236,3 +236,30 @@ def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_roun
     finally:
         small.close_all()
         bind(shared)
+
+
+def test_a_node_another_replica_registered_is_not_declared_lost_before_that_replica_writes_down_its_heartbeats(
+        pg_api, clock):
+    # The leader has never heard a node that registered (and heartbeated) on another replica: until
+    # that replica's next round writes down what it heard, the leader knows the node only from its
+    # row, whose heartbeat time the registration wrote. In a registration storm the other replica's
+    # rounds run late; a row without that time read as silent since forever, and the node was lost.
+    from fleetd.background import liveness_sweep
+    from fleetd.replicas import Leadership
+
+    rt = pg_api.app.extensions["fleetd"]
+    rt.leader = Leadership(rt.settings.leader_lease_seconds, shared=True)  # one of several replicas
+    assert rt.leader.tick()
+    try:
+        clock.advance(rt.liveness.failover_grace + rt.liveness.limit() + 5)  # the leader has run for long
+        pg_api.create_fleet("gpu-a")
+        node_id, _ = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "gpu-1")
+        rt.liveness.forget(node_id)  # heard by the other replica only: nothing here, nothing written down yet
+        assert liveness_sweep.run(rt) == {"lost": 0, "heartbeats_saved": 0}
+        assert pg_api.node(node_id)["status"] == "ready"
+        # A node that really went silent is still declared lost once its time is older than the TTL.
+        clock.advance(rt.liveness.limit() + 1)
+        assert liveness_sweep.run(rt)["lost"] == 1
+        assert pg_api.node(node_id)["status"] == "lost"
+    finally:
+        rt.leader.resign()
