@@ -65,8 +65,8 @@ def register_node(rt, join_token_id, info):
         last_heartbeat_at=now,
     )
     with write_transaction():
-        token = JoinToken.get_or_none_by_id(join_token_id)
-        if token is None or not consume_join_token(now, join_token_id):
+        token = JoinToken.get_or_none_by_id(join_token_id)  # checked when the request was authenticated
+        if token is None:
             raise Unauthorized("join token expired, revoked or used up")
         node = _NODE_OF_MACHINE.first(machine_id=info["machine_id"])
         if node is not None:
@@ -104,6 +104,11 @@ def register_node(rt, join_token_id, info):
                                    actor=f"node:{node.id}")
         with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
             replace_gpus(node, info.get("gpus") or [], now)
+        # Last: its conditional UPDATE is what admits one host per use, and it locks the token's row
+        # until commit. Taken first, every other registration with this token (a storm) waited for
+        # the whole of this one, each holding a pooled connection.
+        if not consume_join_token(now, join_token_id):
+            raise Unauthorized("join token expired, revoked or used up")
     rt.liveness.touch(node.id)
     return node, session_token
 

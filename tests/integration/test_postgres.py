@@ -263,3 +263,50 @@ def test_a_node_another_replica_registered_is_not_declared_lost_before_that_repl
         assert pg_api.node(node_id)["status"] == "lost"
     finally:
         rt.leader.resign()
+
+
+def test_a_registration_under_way_holds_up_no_other_registration_on_postgres(pg_api, monkeypatch):
+    # A registration storm with one join token on replicas: a registration's transaction locked the
+    # token's row from its first statement, and the inventory version's row from its node's insert,
+    # each until commit, so every other registration (on any replica) queued behind it, each holding
+    # a pooled connection. Now the token is used last and the inventory triggers run at commit.
+    import threading
+
+    from fleetd.services import agents
+
+    pg_api.create_fleet("gpu-a")
+    join = pg_api.create_join_token("gpu-a")
+    paused, resume = threading.Event(), threading.Event()
+    original = agents.replace_gpus
+
+    def slow_for_one(node, reported, now):
+        changed = original(node, reported, now)  # its node and GPU rows are written, uncommitted
+        if node.hostname == "slow":
+            paused.set()
+            resume.wait(30)
+        return changed
+
+    monkeypatch.setattr(agents, "replace_gpus", slow_for_one)
+    answers = {}
+
+    def register(name):
+        answers[name] = ApiClient(pg_api.app).post("/api/v1/agent/register", {
+            "hostname": name, "machine_id": f"m-{name}", "agent_version": "0.1.0", "address": "10.0.0.1",
+            "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(2)}, token=join, agent=True).status_code
+
+    slow = threading.Thread(target=register, args=("slow",))
+    slow.start()
+    try:
+        assert paused.wait(30)
+        fast = threading.Thread(target=register, args=("fast",))
+        fast.start()
+        fast.join(10)
+        assert answers.get("fast") == 201, "the second registration waited for the first one's commit"
+    finally:
+        resume.set()
+        slow.join(30)
+    assert answers == {"slow": 201, "fast": 201}
+    assert [t["uses"] for t in pg_api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]] == [2]
+    nodes = pg_api.get("/api/v1/nodes").get_json()["items"]
+    assert sorted(n["hostname"] for n in nodes) == ["fast", "slow"]
+    assert all(len(n["gpus"]) == 2 for n in nodes)
