@@ -243,7 +243,7 @@ class Replicated:
         self._leader([survivor])
         led = time.time()
         heard = sim.next(timeout=600)
-        self.replicas = [survivor]
+        self.replicas, self.urls = [survivor], [survivor.url]
         return time.time(), {"kill_to_new_leader_s": round(led - killed, 2),
                              "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
 
