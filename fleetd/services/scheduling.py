@@ -168,7 +168,11 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                 rules.request_for(request, job.team, job.priority_class)
             if request is not None and request.host_ports:
                 request = dataclasses.replace(request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node)
-            result = None if reason is not None else engine.place(request, explain=True)
+            # A request no enrolled node could ever hold is not put to the engine: its explanation
+            # visits every node it may use (all of them, for a job that names no fleet), and the
+            # answer is known already (computed once per inventory and request shape).
+            never = never_fits(state.inventory, request) if reason is None else None
+            result = None if reason is not None or never else engine.place(request, explain=True)
         except Exception as exc:  # a job the engine cannot evaluate must not stop the others
             reason = _set_aside_reason(exc)
             if job.pending_reason != reason:
@@ -177,6 +181,11 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             continue
         if held_back is not None:  # parked until the team's quota, budget or tasks change
             plan.parked[key] = (held_back, ALLOWANCE)
+        if never:  # until a node that could hold it joins or changes (preemption cannot help)
+            plan.parked[key] = (never, CAPACITY)
+            plan.wait(job, never)
+            blocked[key] = never
+            continue
         if result is not None and result.schedulable:
             rules.charge(job, request)
             plan.placed.append((job, request, result))
@@ -185,10 +194,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             reason = result.reason
             if candidates is not None and not result.filter_detail:
                 reason += _nowhere(request)
-            never = never_fits(state.inventory, request)
-            if never:
-                reason = never if candidates is not None and not result.filter_detail else f"{never}; {reason}"
-            elif request.node_selector.node_id is not None:
+            if request.node_selector.node_id is not None:
                 reason = _pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
             plan.parked[key] = (reason, CAPACITY)
             if job.priority_class == "on-demand" and result.filter_detail:
@@ -249,7 +255,11 @@ def never_fits(inventory, request):
 def _never_fits(inventory, request):
     selector, need = request.node_selector, request.gpu_count
     types = set(request.gpu_types)
-    matching = able = most = 0
+    # Nodes its fleet (or its one node) holds; of those, with its labels; of those, able to run it
+    # (a container runtime and an allowed image); of those, of its GPU types: which filter left
+    # none is what the reason says.
+    enrolled = labelled = with_runtime = runnable = matching = able = most = 0
+    models_seen, runtimes_seen, fleets_seen = set(), set(), set()
     if selector.node_id is not None:
         node = inventory.by_id.get(selector.node_id)
         nodes = [node] if node is not None else []
@@ -260,18 +270,27 @@ def _never_fits(inventory, request):
     for node in nodes:
         if selector.fleet is not None and node.fleet_id != selector.fleet:
             continue
-        if any((node.labels or {}).get(k) != v for k, v in selector.labels.items()):
-            continue
         if selector.node_id is not None and node.id != selector.node_id:
             continue
-        if selector.container and node.containers != scheduler.READY:
+        enrolled += 1
+        if any((node.labels or {}).get(k) != v for k, v in selector.labels.items()):
             continue
+        labelled += 1
+        if selector.container and node.containers != scheduler.READY:
+            if len(runtimes_seen) < 3:
+                runtimes_seen.add(node.containers)
+            continue
+        with_runtime += 1
         fleet = inventory.fleets.get(node.fleet_id)
         if selector.image is not None and fleet is not None and \
                 not scheduler.image_allowed(selector.image, tuple(fleet.allowed_images)):
+            if len(fleets_seen) < 3:
+                fleets_seen.add(node.fleet_id)
             continue
+        runnable += 1
         models = inventory.models.get(node.id, frozenset())
         if need and types and not (models and models <= types):
+            models_seen |= models
             continue
         matching += 1
         gpus = len(inventory.gpus.get(node.id, ()))
@@ -282,17 +301,38 @@ def _never_fits(inventory, request):
     if able >= request.num_nodes:
         return None
     if not matching:
-        if selector.node_id is not None:
-            return f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of its GPU types)"
-        if selector.container:
-            return ("no enrolled node of its fleet, labels and GPU types can run its image (a ready container "
-                    "runtime, in a fleet whose allowed_images admit it)")
-        return "no enrolled node matches its fleet, labels and GPU types"
+        return _none_matches(selector, types, (enrolled, labelled, with_runtime, runnable),
+                             (models_seen, runtimes_seen, fleets_seen))
     if need > most:
         return f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any matching node has is {most}"
     if not able:
         return "no enrolled node could ever hold it: no matching node has the CPUs and memory it asks for"
     return f"no enrolled nodes could ever hold it: {able} node(s) could take a rank, it needs {request.num_nodes}"
+
+
+def _none_matches(selector, types, counts, seen):
+    """Why no enrolled node matches, by the first of its filters that left none: `counts` of the
+    nodes left after each filter, `seen` what the last ones left had instead (a few of each)."""
+    enrolled, labelled, with_runtime, runnable = counts
+    models_seen, runtimes_seen, fleets_seen = seen
+    if selector.node_id is not None:
+        return f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of its GPU types)"
+    where = f" of fleet {selector.fleet}" if selector.fleet is not None else ""
+    if not enrolled:
+        return f"no node is enrolled in fleet {selector.fleet}" if selector.fleet is not None else "no node is enrolled"
+    if not labelled:
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.labels.items()))
+        return f"no enrolled node{where} has the labels it selects ({wanted})"
+    where += " with the labels it selects" if selector.labels else ""
+    if not with_runtime:
+        return (f"no enrolled node{where} can run its image: none has a ready container runtime "
+                f"(containers {'; '.join(sorted(runtimes_seen))})")
+    if not runnable:
+        return (f"no enrolled node{where} can run its image: their fleet's allowed_images do not admit "
+                f"{selector.image} ({', '.join(sorted(fleets_seen))})")
+    have = sorted(models_seen)
+    return (f"no enrolled node{where} has GPUs of the types it asks for ({', '.join(sorted(types))}); their GPUs: "
+            f"{', '.join(have[:5]) or 'none'}{f' and {len(have) - 5} more' if len(have) > 5 else ''}")
 
 
 def _pinned_reason(node_id, details):
