@@ -137,6 +137,18 @@ def test_an_image_that_names_no_fleet_is_refused_only_by_every_fleet_and_runs_on
     assert a != b
 
 
+def test_a_queued_image_its_fleet_stopped_allowing_waits_and_says_which_fleet_refuses_it(api):
+    api.create_fleet("gpu-a")  # any image, no node yet: the instance is queued
+    inst = instance(api, image="docker.io/library/python:3.12", node_selector={"fleet": "gpu-a"})
+    assert inst["state"] == "pending" and inst["pending_reason"] == "no node is enrolled in fleet gpu-a"
+    api.patch("/api/v1/fleets/gpu-a", {"allowed_images": ["quay.io/*"]})
+    node(api, "gpu-a", "host-a", resources={"cpu_count": 64, "memory_bytes": 1 << 39, "container_runtime": "podman"})
+    shown = api.get(f"/api/v1/instances/{inst['id']}").get_json()
+    assert shown["state"] == "pending" and shown["pending_reason"] == (
+        "no enrolled node of fleet gpu-a can run its image: their fleet's allowed_images do not admit "
+        "docker.io/library/python:3.12 (gpu-a)")
+
+
 # ---------------------------------------------------------------- node capabilities
 
 
