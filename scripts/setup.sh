@@ -15,13 +15,26 @@ case "${1:-}" in
     *) echo "usage: scripts/setup.sh [--run]" >&2; exit 2 ;;
 esac
 
-python3 - <<'PY' || { echo "fleetd needs Python >= 3.10 (python3 is $(python3 --version 2>&1))" >&2; exit 1; }
-import sys
-sys.exit(0 if sys.version_info >= (3, 10) else 1)
-PY
+# The interpreter .venv is built from: FLEETD_PYTHON when set; otherwise the distribution's own
+# /usr/bin/python3 when it is new enough, which is what a fresh machine runs (a pyenv or other
+# python3 earlier on PATH would hide what that interpreter lacks); otherwise python3 on PATH.
+new_enough() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; }
+if [ -n "${FLEETD_PYTHON:-}" ]; then
+    python=$FLEETD_PYTHON why="FLEETD_PYTHON"
+elif [ -x /usr/bin/python3 ] && new_enough /usr/bin/python3; then
+    python=/usr/bin/python3 why="the distribution's"
+else
+    python=$(command -v python3 || true) why="python3 on PATH"
+fi
+if [ -z "$python" ] || ! new_enough "$python"; then
+    echo "fleetd needs Python >= 3.10 (${python:-no python3}: $("${python:-python3}" --version 2>&1 || true));" \
+        "set FLEETD_PYTHON to one" >&2
+    exit 1
+fi
+python=$(command -v "$python")
 
 packages=()
-python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
+"$python" -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 if [ "$extras" = dev ]; then
     # A real PostgreSQL server for the tests of the HA database path.
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null || packages+=(postgresql)
@@ -45,5 +58,25 @@ if [ ${#packages[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
+# A .venv built from another interpreter than the one chosen is built again.
+version() { "$1" -c 'import platform, sys; print(platform.python_version(), sys.base_prefix)'; }
+want=$(version "$python")
+if [ -x .venv/bin/python ] && [ "$(version .venv/bin/python 2>/dev/null || true)" != "$want" ]; then
+    echo "rebuilding .venv: it was made from Python $(version .venv/bin/python 2>/dev/null || echo '(broken)')," \
+        "not from $python ($want)" >&2
+    rm -rf .venv
+fi
+if [ ! -x .venv/bin/python ]; then
+    echo "making .venv from $python (Python ${want%% *}, $why)"
+    "$python" -m venv .venv
+fi
+# pip runs only when what it would install changed: the requirements, the constraints or the extras
+# (a rerun of scripts/run.sh then starts in a second instead of a no-op pip run's 12 s).
+stamp=.venv/.fleetd-installed
+key="$extras $(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -c1-64)"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" = "$key" ] || { [ "$extras" != dev ] && [ "${have#dev }" = "${key#"$extras" }" ]; }; then
+    exit 0
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$extras]"
+echo "$key" > "$stamp"

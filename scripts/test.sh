@@ -13,6 +13,8 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 scripts/setup.sh
 .venv/bin/ruff check fleetd agent fleetwire fleetconf tests bench scripts  # static checks first: a lint error fails fast
+# Nothing newer than the oldest Python setup.cfg admits: vermin, configured in setup.cfg [vermin].
+.venv/bin/vermin --violations fleetd agent fleetwire fleetconf tests bench scripts
 # Security scan of what ships, medium and high severity; an exception is a per-line `# nosec BXXX  # why`.
 .venv/bin/bandit -q -r fleetd agent fleetwire fleetconf --severity-level medium
 .venv/bin/mypy  # every package that ships (pyproject.toml [tool.mypy])

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,20 @@ def copy_source(source):
     return source
 
 
+def extract(archive, dest):
+    """Extract a tar archive's regular files and folders under dest, on every Python fleetd supports:
+    `extractall(filter=...)` came in 3.12 (and 3.10.12, 3.11.4), so a member that is a link, a device
+    or a path leaving dest is refused here first, and the filter is added where it exists."""
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for member in members:
+            parts = Path(member.name).parts
+            if not (member.isfile() or member.isdir()) or Path(member.name).is_absolute() or ".." in parts:
+                raise ValueError(f"{archive}: refusing to extract {member.name!r}")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, members=members, **safe)  # nosec B202  # every member checked above
+
+
 @pytest.fixture(scope="session")
 def next_bundle(tmp_path_factory, bundle):
     """A bundle of the same code with a higher version, for upgrades (dependencies from `bundle`)."""
@@ -149,8 +164,7 @@ def next_bundle(tmp_path_factory, bundle):
     init = source / "fleetd" / "__init__.py"
     init.write_text(re.sub(r'__version__ = "([^"]+)"', r'__version__ = "\1.post1"', init.read_text()))
     wheels = tmp_path_factory.mktemp("deps")
-    with __import__("tarfile").open(bundle.path) as tar:
-        tar.extractall(wheels, filter="data")
+    extract(bundle.path, wheels)
     links = [str(p) for p in wheels.glob("*/wheels")]
     return build_bundle(tmp_path_factory.mktemp("next-bundle"), source=source, find_links=links)
 
