@@ -120,23 +120,70 @@ def test_api_key_in_the_query_string_or_bearer_and_the_same_roles_as_rest(api, f
     assert api.get(f"/api/v1/whoami?api_key={key}", token=None).status_code == 401  # /graphql only
 
 
-def test_get_runs_queries_only(api):
+def test_get_runs_queries_only_and_a_mutation_by_get_is_405(api):
     got = api.get("/graphql?query={myself{id}}")
     assert got.status_code == 200 and got.get_json() == {"data": {"myself": {"id": "admin"}}}
     mutation = api.get('/graphql?query=mutation{podStop(input:{podId:"x"}){id}}')
-    assert mutation.status_code == 400 and mutation.get_json()["errors"][0]["extensions"]["code"] == "invalid_request"
+    assert mutation.status_code == 405 and mutation.headers["Allow"] == "POST"
+    error = mutation.get_json()["errors"][0]
+    assert error["extensions"]["code"] == "invalid_request" and "mutation runs by POST" in error["message"]
+    named = api.get('/graphql?query=query q{myself{id}} mutation m{podStop(input:{podId:"x"}){id}}&operationName=q')
+    assert named.status_code == 200 and named.get_json()["data"] == {"myself": {"id": "admin"}}
 
 
-def test_introspection_works_and_depth_and_cost_are_limited(api):
-    schema = gql(api, "{ __schema { queryType { name } mutationType { fields { name } } } }")["data"]["__schema"]
+def test_the_standard_introspection_query_of_graphql_tools_runs(api):
+    from graphql import get_introspection_query
+
+    schema = gql(api, get_introspection_query(descriptions=True))["data"]["__schema"]
     assert {"podFindAndDeployOnDemand", "clusterBidResume", "podTerminate"} <= {
-        f["name"] for f in schema["mutationType"]["fields"]}
-    deep = "{ __schema { types { " + "ofType { " * 16 + "name" + " }" * 16 + " } } }"
-    error = gql(api, deep, expect=400)["errors"][0]
-    assert error["extensions"]["code"] == "invalid_request" and "levels deep" in error["message"]
-    wide = "{ " + " ".join(f"a{i}: myself {{ pods {{ id name state }} }}" for i in range(600)) + " }"
-    error = gql(api, wide, expect=400)["errors"][0]
-    assert error["extensions"]["code"] == "invalid_request" and "cost" in error["message"].lower()
+        f["name"] for t in schema["types"] if t["name"] == "Mutation" for f in t["fields"]}
+
+
+def doubling(n, leaf="__typename"):
+    """The audit's 1 KB document: each fragment spreads the next twice, so the last runs 2^n times."""
+    chain = " ".join(f"fragment F{i} on Query {{ ...F{i + 1} ...F{i + 1} }}" for i in range(n))
+    return f"query {{ ...F0 }} {chain} fragment F{n} on Query {{ {leaf} }}"
+
+
+def wide(fields, spreads):
+    """One fragment of `fields` __typename aliases spread `spreads` times: cost fields x spreads."""
+    aliases = " ".join(f"t{i}: __typename" for i in range(fields))
+    return "query { " + " ".join(["...W"] * spreads) + f" }} fragment W on Query {{ {aliases} }}"
+
+
+@pytest.mark.parametrize("document, limit", [
+    (doubling(26), "the cost limit"),  # 2^26 spreads: minutes of the event loop before
+    (doubling(40, "myself { id }"), "the cost limit"),
+    (wide(1000, 11), "the cost limit"),  # __typename costs 1 like any field
+    ("{ " + " ".join(f"a{i}: myself {{ pods {{ id name }} }}" for i in range(2600)) + " }", "the size limit"),
+    ("{ " + "__typename " * 6000 + "}", "the size limit"),
+    ("{ " + "a " * 6000 + "}", "the token limit"),
+    ("{ " + "__typename @skip(if: false) " * 1000 + "}", "the token limit"),
+    (" ".join(f"query q{i} {{ __typename }}" for i in range(101)), "the definition limit"),
+    ("{ " + "a { " * 13 + "b" + " }" * 13 + " }", "the depth limit"),
+    ("query { a { ...D } } fragment D on Query { " + "a { " * 12 + "b" + " }" * 12 + " }", "the depth limit"),
+    ("query { ...A } fragment A on Query { ...B } fragment B on Query { ...A }", "spreads itself"),
+], ids=["doubling-26", "doubling-40", "typename-aliases", "aliased-fields", "typename", "tokens", "skips",
+        "operations", "depth", "depth-fragment", "cycle"])
+def test_a_document_over_a_limit_is_refused_naming_it_before_anything_runs(api, document, limit):
+    for call in (lambda: api.call("POST", "/graphql", json={"query": document}),
+                 lambda: api.get("/graphql", query_string={"query": document})):
+        resp = call()
+        assert resp.status_code == 400, resp.get_json()
+        error = resp.get_json()["errors"][0]
+        assert error["extensions"]["code"] == "invalid_request" and limit in error["message"], error
+
+
+def test_a_document_at_the_limits_runs(api):
+    assert gql(api, wide(1000, 10))["data"]["t999"] == "Query"  # cost 10,000 exactly
+    assert gql(api, doubling(12))["data"] == {"__typename": "Query"}  # 4,096 spreads of one field
+    many = " ".join(f"query q{i} {{ __typename }}" for i in range(100))
+    assert api.call("POST", "/graphql", json={"query": many, "operationName": "q99"}).get_json() == {
+        "data": {"__typename": "Query"}}
+    deep = "query { ...D } fragment D on Query { " + "a { " * 11 + "b" + " }" * 11 + " }"
+    error = gql(api, deep, expect=400)["errors"][0]  # 12 levels pass the limit; GraphQL then names the field
+    assert "Cannot query field 'a'" in error["message"] and error["extensions"]["code"] == "invalid_request"
+    assert "Syntax Error" in gql(api, "{ myself {", expect=400)["errors"][0]["message"]
 
 
 @pytest.mark.parametrize("line", ['"POST /graphql?api_key=fla_x.SECRET HTTP/1.1" 200',
@@ -162,3 +209,13 @@ def test_an_id_no_database_can_hold_is_refused_before_any_lookup(api):
     assert "NUL" in escaped["errors"][0]["message"]
     in_json = gql(api, "query one($id: String!) { pod(input: {podId: $id}) { id } }", {"id": "a\x00b"}, expect=400)
     assert in_json["errors"][0]["extensions"]["code"] == "invalid_request"
+
+
+def test_an_empty_pod_id_is_not_found_and_an_endless_size_is_refused_naming_it(api):
+    """Two inputs schemathesis's GraphQL run found answered `internal` (tests/integration/test_schemathesis.py)."""
+    error = gql(api, '{ pod(input: {podId: ""}) { id } }')["errors"][0]
+    assert error["extensions"]["code"] == "not_found"
+    huge = ('mutation { podFindAndDeployOnDemand(input: { name: "x", gpuCount: 0, dockerArgs: "sleep 1",'
+            ' minMemoryInGb: -1.7976931348623157e+308 }) { id } }')
+    error = gql(api, huge)["errors"][0]
+    assert error["extensions"] == {"code": "invalid_request", "details": {"fields": {"minMemoryInGb": ["not a size"]}}}

@@ -8,6 +8,7 @@ from ariadne import graphql_sync
 from flask import Blueprint, jsonify, request
 from flask.views import MethodView
 from graphql import GraphQLError
+from werkzeug.exceptions import MethodNotAllowed
 
 from fleetd.api.parser import BadJson, loads
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
@@ -84,13 +85,33 @@ def _json(text):
     return data
 
 
+def _prepare(data, query_only, rt):
+    """The document parsed, bounded and validated (fleetd.gql.limits) in a worker thread, so that no
+    document holds the event loop: a refusal is a 400 naming the limit; a mutation sent by GET 405."""
+    query, operation = data.get("query"), data.get("operationName")
+    if not isinstance(query, str) or not query:
+        return None  # Ariadne answers it in GraphQL's words
+    try:
+        limits.check_size(query)  # before the body's text goes anywhere
+        prepared = rt.offload(limits.prepare, SCHEMA, query, operation if isinstance(operation, str) else None)
+    except limits.Refused as exc:
+        raise InvalidRequest(str(exc)) from None
+    except GraphQLError:
+        return None  # a syntax error: Ariadne parses it again and reports it in GraphQL's words
+    if query_only and prepared.mutation:
+        raise MethodNotAllowed(["POST"], "a mutation runs by POST; GET runs queries only")
+    return prepared
+
+
 def _run(query_only):
     data = _request_data()
-    variables = data.get("variables") if isinstance(data.get("variables"), dict) else None
+    rt = current_runtime()
+    prepared = _prepare(data, query_only, rt)
+    checked = {} if prepared is None else {
+        "query_document": prepared.document, "query_validator": lambda *_args, **_kwargs: prepared.errors}
     _, result = graphql_sync(
-        SCHEMA, data, context_value={"rt": current_runtime(), "principal": current_principal()},
-        validation_rules=limits.rules(variables), require_query=query_only, introspection=True,
-        error_formatter=format_error, logger=_ARIADNE_LOG)
+        SCHEMA, data, context_value={"rt": rt, "principal": current_principal()},
+        require_query=query_only, introspection=True, error_formatter=format_error, logger=_ARIADNE_LOG, **checked)
     # Nothing ran (the document did not parse or validate, or named no single operation): 400.
     return jsonify(result), 400 if result.get("data") is None else 200
 

@@ -426,3 +426,29 @@ def test_agent_routes_pass_every_schemathesis_check(tmp_path):
     finally:
         server.kill()
 
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)  # the run's own bound, not pytest's default 300 s
+def test_graphql_documents_from_the_schema_give_no_internal_error(tmp_path):
+    """Schemathesis's GraphQL fuzzing over every query and mutation of /graphql (its schema read by
+    introspection), with an admin token against a fleet with a node and a job: no 5xx and no error
+    coded `internal` (tests/integration/schemathesis_graphql_hooks.py says why its own server-error
+    check is replaced)."""
+    server, admin = _start_server(tmp_path)
+    try:
+        seed = _Seed(server.url, admin)
+        seed.register(seed.fleet_and_join_token("gpu-a"), "m1")
+        seed.submit()
+        config = _write_config(tmp_path / "schemathesis.toml", headers={"Authorization": f"Bearer {admin}"})
+        cmd = [SCHEMATHESIS, "--config-file", str(config), "run", server.url + "/graphql",
+               "--checks", "no_internal_graphql_error", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
+               "--workers", "1", "--request-timeout", "10", "--suppress-health-check", "all",
+               "--continue-on-failure", "--generation-database", "none"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path,
+                              env=dict(os.environ, NO_COLOR="1",
+                                       SCHEMATHESIS_HOOKS="tests.integration.schemathesis_graphql_hooks",
+                                       PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+        assert proc.returncode == 0 and re.search(r"\d+ passed", proc.stdout), proc.stdout[-6000:] + proc.stderr[-2000:]
+        assert seed("GET", "/api/v1/whoami").status_code == 200
+    finally:
+        server.kill()

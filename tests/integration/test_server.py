@@ -8,6 +8,7 @@ import sqlite3
 import time
 
 import pytest
+import requests
 
 from tests.support.gpus import gpus
 from tests.support.http import Http
@@ -210,3 +211,31 @@ def test_a_client_that_never_finishes_its_headers_is_cut_off(server_factory, adm
     finally:
         slow.close()
         idle.close()
+
+
+def test_hostile_graphql_documents_are_refused_while_health_and_heartbeats_answer(server, admin):
+    """The audit's documents against a real fleetd: each is refused naming its limit, and the
+    event loop answers /health and a node's heartbeats all the while (a document that held it,
+    like 2^26 fragment spreads did for about 4 minutes, would leave a probe unanswered)."""
+    import concurrent.futures
+
+    from tests.test_graphql import doubling, wide
+
+    http = Http(server.url, admin)
+    _, session = _session(http, "gql", "gql-host")
+    documents = [doubling(26), doubling(60, "myself { id }"), wide(1000, 11),
+                 " ".join(f"query q{i} {{ __typename }}" for i in range(20000)),
+                 "{ " + " ".join(f"a{i}: __typename" for i in range(40000)) + " }",
+                 "{ " + "__typename @skip(if: false) " * 20000 + "}"] * 3
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        sent = [pool.submit(Http(server.url, admin), "POST", "/graphql", json={"query": d}) for d in documents]
+        probes = 0
+        while not all(f.done() for f in sent) and probes < 200:
+            probe = requests.get(server.url + "/api/v1/health", timeout=5)
+            assert probe.status_code == 200
+            http("POST", "/api/v1/agent/heartbeat", expect=200, agent_token=session, json={"tasks": []})
+            probes += 1
+        answers = [f.result() for f in sent]
+    for document, answer in zip(documents, answers):
+        error = answer.json()["errors"][0]
+        assert answer.status_code == 400 and "limit" in error["message"], (document[:80], error)
