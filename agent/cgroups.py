@@ -1,9 +1,10 @@
 """Per-task cgroups (v2): the one module that writes cgroupfs.
 
-A task's cgroup bounds its host CPU (cpu.max) and memory (memory.max, no swap) where the host
-has cgroup v2 with those controllers writable, and is the most reliable way to find its
-processes: nothing a process does takes it out, short of root. Where no cgroup can be made,
-`Cgroups.why` says why and the limits are reported "not enforced".
+A task's cgroup bounds its host CPU (cpu.max), memory (memory.max, no swap) and processes and
+threads (pids.max) where the host has cgroup v2 with those controllers writable, and is the most
+reliable way to find its processes: nothing a process does takes it out, short of root. Where no
+cgroup can be made, `Cgroups.why` says why and the limits are reported "not enforced" (the pid
+limit then falls back to RLIMIT_NPROC: agent/task/limits.py).
 """
 
 import logging
@@ -14,6 +15,7 @@ import time
 from agent.procfs import cgroup_procs, cgroup_tree_pids, find_mount, read_bytes, signal_pids
 
 log = logging.getLogger("agent.limits")  # the name operators filter on since before the split
+CONTROLLERS = ("cpu", "memory", "pids")
 
 
 def _read(path):
@@ -59,16 +61,16 @@ class Cgroups:
                                  for i in range(len(self.parent.split("/")) - 1)] + [path]
         for level in levels:
             available = set((_read(os.path.join(level, "cgroup.controllers")) or "").split())
-            for name in ("cpu", "memory"):
+            for name in CONTROLLERS:
                 if name in available:
                     try:
                         _write(os.path.join(level, "cgroup.subtree_control"), f"+{name}")
                     except OSError as exc:
                         log.info("cgroup v2: cannot enable %s below %s: %s", name, level, exc.strerror or exc)
         enabled = set((_read(os.path.join(path, "cgroup.subtree_control")) or "").split())
-        self.controllers = enabled & {"cpu", "memory"}
-        if self.controllers != {"cpu", "memory"}:
-            missing = sorted({"cpu", "memory"} - self.controllers)
+        self.controllers = enabled & set(CONTROLLERS)
+        if self.controllers != set(CONTROLLERS):
+            missing = sorted(set(CONTROLLERS) - self.controllers)
             self.why = (f"cgroup v2 controller(s) {', '.join(missing)} not available at {self.mount} "
                         f"(available: {_read(os.path.join(self.mount, 'cgroup.controllers')) or 'none'})")
         log.info("cgroup v2 at %s: task cgroups under %s, controllers %s", self.mount, path,
@@ -78,12 +80,13 @@ class Cgroups:
         """The form /proc/<pid>/cgroup shows for `path`."""
         return "/" + os.path.relpath(path, self.mount) if path else None
 
-    def create(self, name, cpus=None, memory_bytes=None, shared=False):
+    def create(self, name, cpus=None, memory_bytes=None, shared=False, pids=None):
         """(cgroup path or None, host-limits record) for one task; never raises. Unless `shared`, a cgroup
         of that name that already holds processes is refused (see below)."""
         record = {
             "cpus": {"limit": cpus, "enforced": False, "how": None},
             "memory_bytes": {"limit": memory_bytes, "enforced": False, "how": None},
+            "pids": {"limit": pids, "enforced": False, "how": None},
         }
         if self.path is None:
             for item in record.values():
@@ -112,6 +115,7 @@ class Cgroups:
         settings = {
             "cpus": ("cpu", "cpu.max", lambda v: f"{max(1000, int(v * 100000))} 100000"),
             "memory_bytes": ("memory", "memory.max", lambda v: str(int(v))),
+            "pids": ("pids", "pids.max", lambda v: str(int(v))),
         }
         for key, (controller, filename, render) in settings.items():
             item = record[key]

@@ -145,7 +145,9 @@ def _ask_local_agent(config, state):
         out["error"] = f"cannot verify the local API: local_api.tls_cert: {exc}"
         return out
     try:
-        ready = http.request("GET", base + "/readyz", timeout=3)
+        # With the token the answer carries the details (node id, fleetd's URL), else only ready or not.
+        ready = http.request("GET", base + "/readyz", timeout=3,
+                             headers={"Authorization": f"Bearer {token}"} if token else None)
     except urllib3.exceptions.SSLError:
         out["error"] = f"what answers at {base} is not the local API of local_api.tls_cert (another certificate)"
         return out

@@ -93,7 +93,7 @@ class Config:
                     value = fh.read().strip()
             except OSError as exc:
                 raise ConfigError(f"machine_id is not set and {MACHINE_ID_PATH} is unreadable: {exc}") from None
-        if not MACHINE_ID_RE.match(value):
+        if not MACHINE_ID_RE.fullmatch(value):
             raise ConfigError("machine_id must be 1-128 letters, digits or ._:-")
         return value
 

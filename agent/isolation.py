@@ -25,6 +25,7 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 import time
 
 from agent.task.errors import TaskError
@@ -150,6 +151,49 @@ class Isolation:
     def passable(self, path):
         """Make a directory of the agent's one that tasks pass through: 0711 where users are switched."""
         os.chmod(path, PASSABLE if self.enabled else 0o700)
+
+    def check_reachable(self, run_as, path):
+        """TaskError naming the directory on the way to `path` (the state dir) that `run_as` cannot pass,
+        where users are switched: the task could not enter its own directory ("Permission denied")."""
+        if not self.enabled or run_as.uid == 0:
+            return
+        groups = {run_as.gid}
+        if run_as.host_groups and run_as.user:
+            try:
+                groups.update(os.getgrouplist(run_as.user, run_as.gid))
+            except OSError:
+                pass
+        blocked = blocked_directory(path, run_as.uid, groups)
+        if blocked is not None:
+            directory, mode = blocked
+            raise TaskError(f"the task's uid {run_as.uid} cannot pass {directory} (mode {mode:04o}) on the way to "
+                            f"the agent's state dir {path}: make it passable (chmod o+x {directory}) or move "
+                            "state_dir")
+
+
+def blocked_directory(path, uid=None, gids=()):
+    """(directory, mode) of the first directory from / down to `path` (as far as it exists) that `uid`
+    (None: a uid that owns none of them and is in none of their groups) cannot pass, or None."""
+    current = "/"
+    for part in [p for p in os.path.realpath(path).split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            info = os.stat(current)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        if info.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid in gids:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return current, stat.S_IMODE(info.st_mode)
+    return None
 
 
 def _host_user(name, source):

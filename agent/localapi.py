@@ -1,8 +1,9 @@
 """The node-local device/worker API (docs/api.md "Agent local API"), 127.0.0.1:8001 by default.
 
 Success is ``{"data": ...}``, failure the fleetd error envelope. Every route except
-/healthz and /readyz needs the bearer token from state_dir/local-api.token. A
-non-loopback address is refused unless TLS is configured.
+/healthz and /readyz needs the bearer token from state_dir/local-api.token; without it /readyz
+says only whether the agent is ready (its details, the node id and fleetd's URL among them, need
+the token). A non-loopback address is refused unless TLS is configured.
 """
 
 import hmac
@@ -69,16 +70,19 @@ class Routes:
             raise ApiError(405, "invalid_request", f"{method} is not allowed on {path}")
         raise _not_found(f"route {path}")
 
-    def healthz(self, body):
+    def healthz(self, body, authorized=False):
         """The process is up."""
         return 200, {"status": "ok"}
 
-    def readyz(self, body):
-        """Ready once devices are discovered and fleetd accepted the session."""
+    def readyz(self, body, authorized=False):
+        """Ready once devices are discovered and fleetd accepted the session; the details (node id,
+        fleetd's URL, what is missing) only to a caller with the token."""
         ready, details = self.agent.readiness()
+        if not authorized:
+            details = None
         if not ready:
             raise ApiError(503, "unavailable", "not ready", details)
-        return 200, dict(details, status="ready")
+        return 200, dict(details or {}, status="ready")
 
     def _inventory(self):
         inventory = self.agent.devices.inventory
@@ -187,9 +191,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._read_body()
-            if path not in PUBLIC_PATHS and not api.authorized(self.headers.get("Authorization", "")):
+            authorized = api.authorized(self.headers.get("Authorization", ""))
+            if path not in PUBLIC_PATHS and not authorized:
                 raise ApiError(401, "unauthorized", "missing or wrong bearer token (see local-api.token in the state dir)")
             view, kwargs = api.routes.match(method, path)
+            if path in PUBLIC_PATHS:
+                kwargs["authorized"] = authorized  # what a public route tells depends on it
             status, data = view(body, **kwargs)
             self._send(status, {"data": data})
         except ApiError as exc:

@@ -10,6 +10,7 @@ import re
 import secrets
 
 from fleetd.models import Role, new_id
+from fleetd.names import name_problem
 
 API_PREFIX = "fla_"
 JOIN_PREFIX = "flj_"
@@ -63,4 +64,4 @@ def token_name_problem(name):
     if not _TOKEN_NAME.fullmatch(name):
         return ("a token name is printable text on one line (no line breaks, control or invisible characters, "
                 "no space but the ASCII one) that neither starts nor ends with a space")
-    return None
+    return name_problem(name)  # and no look-alike of another name (mixed scripts, compatibility forms)

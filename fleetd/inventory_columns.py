@@ -54,6 +54,10 @@ NOT_WATCHED = {
         "created_at": "a time",
         "health_policy": "read by health checks, which change node status",
         "validation": "read by the validation gate, which changes node status",
+        "task_pids_max": "sent with each assignment as the task's pid limit; placement reserves no pids",
+        "task_memory_default_bytes": "sent with each assignment as the memory bound of a task that sets none; "
+                                     "placement reserves only the memory_bytes a spec asks for",
+        "task_path": "sent with each assignment as the task's PATH",
     },
 }
 

@@ -178,7 +178,8 @@ class BaseModel(peewee.Model):
 
 
 # The limits an admin can set on an API token (`ApiToken.limits`; services.limits checks them).
-LIMIT_NAMES = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_artifact_bytes", "requests_per_second")
+LIMIT_NAMES = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_stored_spec_bytes", "max_artifact_bytes",
+               "requests_per_second")
 
 
 class ApiToken(BaseModel):
@@ -197,6 +198,28 @@ class ApiToken(BaseModel):
     limits = JSONText(null=True)  # {limit name: value} an admin set; a name not there is the setting's (migration 0018)
 
 
+class OwnerSpecBytes(BaseModel):
+    """The bytes of the specs an owner's jobs, instances and runs of instances store (their `spec`
+    column, as stored), kept as the rows come and go (services.limits; migration 0029): so that
+    `max_stored_spec_bytes` is checked without summing the owner's rows at every submit."""
+
+    token_id = peewee.CharField(primary_key=True, max_length=32)
+    bytes = peewee.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = "owner_spec_bytes"
+
+
+# A fleet's task defaults (docs/api.md, Fleets): a fork bomb stops at 4096 processes and threads; a task
+# that sets no memory_bytes is bounded at 32 GiB, under any GPU host's memory, so that its runaway
+# meets its own OOM kill and not the host's; a PATH of the system's directories only.
+DEFAULT_TASK_PIDS_MAX = 4096
+DEFAULT_TASK_MEMORY_BYTES = 32 * 1024 ** 3
+MIN_TASK_MEMORY_BYTES = 64 * 1024 ** 2  # a default under this starves the task's own shell and interpreter
+MAX_TASK_MEMORY_BYTES = 1 << 50  # 1 PiB: as good as no bound, but still one that cgroups take
+DEFAULT_TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 class Fleet(BaseModel):
     """A named group of nodes that share join tokens and defaults."""
 
@@ -212,6 +235,12 @@ class Fleet(BaseModel):
     # What a new or repaired node must pass before it takes work (fleetd.services.validation): None, no
     # gate; {} the built-in checks (migration 0023)
     validation = JSONText(null=True)
+    # What each task on the fleet's nodes gets unless its spec says otherwise (migration 0028): the most
+    # processes and threads it may hold (a spec's `pids` may ask for fewer), its host memory bound when
+    # it sets no `memory_bytes`, and the PATH it starts with (never the agent's own)
+    task_pids_max = peewee.IntegerField(default=DEFAULT_TASK_PIDS_MAX)
+    task_memory_default_bytes = peewee.BigIntegerField(default=DEFAULT_TASK_MEMORY_BYTES)
+    task_path = peewee.TextField(default=DEFAULT_TASK_PATH)
 
     @property
     def effective_health_policy(self):
@@ -885,3 +914,4 @@ MODELS = [ApiToken, Fleet, JoinToken, Node, Gpu, Event, Setting, Job, Task, Inst
 MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrations 0023, 0024)
 # Usage and budgets (migrations 0021, 0022).
 MODELS += [UsageRecord, UsageDay, UsageWorkloadDay, UsageWorkloadMonth, UsageMark, StorageRecord, PriceChange, Budget, BudgetNotice]
+MODELS += [OwnerSpecBytes]  # per-owner stored spec bytes (migration 0029)

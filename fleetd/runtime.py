@@ -69,8 +69,8 @@ class Runtime:
         limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
                                  settings.auth_failure_global_limit)
         leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
-        rt = cls(settings, clock, liveness, limiter, leases, Notifier(), Identities(settings.task_uids),
-                 RuntimeSamples(clock),
+        rt = cls(settings, clock, liveness, limiter, leases, Notifier(),
+                 Identities(settings.task_uids, settings.allowed_system_users), RuntimeSamples(clock),
                  RequestRates(settings.limits_requests_per_second, settings.limits_request_burst_seconds),
                  trusted_networks=settings.trusted_networks)
         if offload is not None:

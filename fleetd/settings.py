@@ -5,6 +5,7 @@ import ipaddress
 import os
 
 import fleetconf
+from fleetwire.assignment import USER_NAME_RE
 
 DEFAULT_DATA_DIR = "/var/lib/fleetd"
 
@@ -59,17 +60,25 @@ class Settings:
     max_connections: int = 10000
     http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
+    http_body_timeout_seconds: float = 30.0  # and its body within this, plus its length at the rate below
+    http_body_min_bytes_per_second: int = 102400  # the slowest upload a long body may take (100 KiB/s)
+    max_connections_per_address: int = 2048  # connections one client address may hold open at once
     instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
     instances_resume_preempted: bool = True  # a preempted instance that should run resumes by itself when there is room
     task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
+    # Host users below uid 1000 (or nobody, 65534) that a token's unix_user may still name: comma-separated
+    # (e.g. "ci-runner"); empty: none. Tokens run as system accounts only where the operator says so here.
+    tokens_allow_system_users: str = ""
     # GraphQL's cloudType: the node labels (k=v,k=v) each type selects; empty: any node
     secure_cloud_labels: str = ""
     community_cloud_labels: str = "cloud_type=community"
     # Per-owner limits ([limits] in the file): each API token's, unless an admin set its own on the token.
     limits_max_active_jobs: int = 10_000  # its jobs queued, running or cancelling
     limits_max_instances: int = 100  # its instances that are not deleted
-    limits_max_spec_bytes: int = 1024 * 1024  # one job or instance spec as stored (max_body_bytes caps it anyway)
-    limits_max_artifact_bytes: int = 100 * 1024**3  # what it uploaded, counted as if nothing were shared
+    limits_max_spec_bytes: int = 256 * 1024  # one job or instance spec as stored
+    # the specs its jobs, instances and runs store, ended ones included until the gc deletes them
+    limits_max_stored_spec_bytes: int = 1024**3
+    limits_max_artifact_bytes: int = 10 * 1024**3  # what it uploaded, counted as if nothing were shared
     limits_requests_per_second: float = 1000.0  # its API requests (node sessions are exempt); 0: no limit
     limits_request_burst_seconds: float = 2.0  # a token may spend this many seconds' worth of requests at once
 
@@ -120,6 +129,16 @@ class Settings:
         return uids
 
     @property
+    def allowed_system_users(self):
+        """tokens_allow_system_users as a frozenset of user names."""
+        names = frozenset(filter(None, (part.strip() for part in self.tokens_allow_system_users.split(","))))
+        for name in names:
+            if not USER_NAME_RE.fullmatch(name) or name == "root":
+                raise ValueError(f"tokens_allow_system_users wants host user names other than root, "
+                                 f"comma-separated, got {name[:64]!r}")
+        return names
+
+    @property
     def cloud_type_labels(self):
         """{cloudType: {label: value}} the GraphQL cloud types select (ALL: any node)."""
         return {"ALL": {}, "SECURE": _labels("secure_cloud_labels", self.secure_cloud_labels),
@@ -132,13 +151,14 @@ class Settings:
         self.trusted_networks  # noqa: B018 - raises on a bad list
         self.webhook_allowed_networks  # noqa: B018 - raises on a bad list
         self.task_uids  # noqa: B018 - raises on a bad range
+        self.allowed_system_users  # noqa: B018 - raises on a bad list
         self.cloud_type_labels  # noqa: B018 - raises on a bad label list
         if self.db_pool_wait_seconds < 1:  # whole seconds (the pool's own unit); 0 would wait for ever
             raise ValueError("db_pool_wait_seconds must be >= 1")
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
         for name in ("limits_max_active_jobs", "limits_max_instances", "limits_max_spec_bytes",
-                     "limits_max_artifact_bytes", "limits_requests_per_second", "limits_request_burst_seconds"):
+                     "limits_max_stored_spec_bytes", "limits_max_artifact_bytes", "limits_requests_per_second", "limits_request_burst_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 

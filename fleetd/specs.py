@@ -42,6 +42,7 @@ class Resources:
     gpu_types: tuple[str, ...] = ()
     cpus: float = 0
     memory_bytes: int = 0
+    pids: int | None = None  # the most processes and threads (None: the fleet's task_pids_max); not reserved
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Resources:
@@ -49,12 +50,15 @@ class Resources:
         return cls(gpus=data.get("gpus") or 0, gpu_memory_bytes=data.get("gpu_memory_bytes"),
                    gpu_compute_percent=data.get("gpu_compute_percent"),
                    gpu_types=tuple(data.get("gpu_types") or ()), cpus=data.get("cpus") or 0,
-                   memory_bytes=data.get("memory_bytes") or 0)
+                   memory_bytes=data.get("memory_bytes") or 0, pids=data.get("pids"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "gpu_memory_bytes": self.gpu_memory_bytes,
-                "gpu_compute_percent": self.gpu_compute_percent, "gpu_types": list(self.gpu_types),
-                "cpus": self.cpus, "memory_bytes": self.memory_bytes}
+        out = {"gpus": self.gpus, "gpu_memory_bytes": self.gpu_memory_bytes,
+               "gpu_compute_percent": self.gpu_compute_percent, "gpu_types": list(self.gpu_types),
+               "cpus": self.cpus, "memory_bytes": self.memory_bytes}
+        if self.pids is not None:  # optional (docs/api.md): specs stored before it read as before
+            out["pids"] = self.pids
+        return out
 
 
 def _selector_from_dict(data: Mapping[str, Any] | None) -> scheduler.NodeSelector:
@@ -277,7 +281,9 @@ class InstanceSpec:
         return {
             "name": self.name, "command": list(self.command), "image": self.image, "env": dict(self.env),
             "resources": {"gpus": res.gpus, "gpu_types": list(res.gpu_types), "cpus": res.cpus,
-                          "memory_bytes": res.memory_bytes},
+                          "memory_bytes": res.memory_bytes, **({"pids": res.pids} if res.pids is not None else {}),
+                          # optional, as pids: specs stored before it read as before
+                          **({"gpu_memory_bytes": res.gpu_memory_bytes} if res.gpu_memory_bytes is not None else {})},
             "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path,
             "ports": [p.to_dict() for p in self.ports], "priority_class": self.priority_class, "bid": self.bid,
             "node_selector": _selector_to_dict(self.node_selector), "restart": self.restart,
@@ -293,7 +299,8 @@ class InstanceSpec:
         res = self.resources
         return JobSpec(
             name=self.name, command=self.command, env=self.env, num_nodes=1, team=self.team,
-            resources=Resources(gpus=res.gpus, gpu_types=res.gpu_types, cpus=res.cpus, memory_bytes=res.memory_bytes),
+            resources=Resources(gpus=res.gpus, gpu_types=res.gpu_types, cpus=res.cpus, memory_bytes=res.memory_bytes,
+                                pids=res.pids, gpu_memory_bytes=res.gpu_memory_bytes),
             priority_class=self.priority_class, bid=self.bid, node_selector=selector, retry=NO_RETRY,
             instance=RunOfInstance(restart=self.restart, ports=self.ports, volume_bytes=self.volume_bytes,
                                    volume_mount_path=self.volume_mount_path, image=self.image,

@@ -36,7 +36,7 @@ def validate(availability):
         if not isinstance(w, dict) or set(w) - {"start", "end", "days"}:
             raise WindowError("a window is {start: 'HH:MM', end: 'HH:MM', days?: ['mon', ...]}")
         for key in ("start", "end"):
-            if not isinstance(w.get(key), str) or not _HHMM.match(w[key]):
+            if not isinstance(w.get(key), str) or not _HHMM.fullmatch(w[key]):
                 raise WindowError(f"window {key} must be HH:MM (24 h)")
         days = w.get("days", list(DAYS))
         if not isinstance(days, list) or not days or any(d not in DAYS for d in days):

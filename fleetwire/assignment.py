@@ -26,6 +26,11 @@ RUNTIME_ARGS = {
     "--hostname": re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"),
 }
 MAX_RUNTIME_ARGS = 16
+# /dev/shm is a tmpfs: its pages are memory, charged to the container's memory limit. Its size is at
+# most the instance's `resources.memory_bytes` where the spec sets one (fleetd's schema checks that)
+# and never more than this, whatever the host.
+MAX_SHM_BYTES = 1024**4  # 1 TiB
+_SIZE_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
 # The allow-list as one pattern (ECMAScript and Python alike), for documents that describe the field.
 RUNTIME_ARG_PATTERN = "^(" + "|".join(
     flag if value is None else f"{flag}=({value.pattern.removeprefix('^').removesuffix('$')})"
@@ -42,11 +47,27 @@ def runtime_arg_error(arg):
     pattern = RUNTIME_ARGS[flag]
     if pattern is None:
         return None if not sep else f"{flag} takes no value"
-    if not sep or not pattern.match(value):
+    if not sep or not pattern.fullmatch(value):
         return f"{flag}=VALUE: {value[:64]!r} is not a value it takes"
+    if flag == "--shm-size" and shm_size_bytes(value) > MAX_SHM_BYTES:
+        return f"--shm-size={value[:64]} is more than {MAX_SHM_BYTES // 1024**3}g"
     return None
+
+
+def shm_size_bytes(value):
+    """The bytes of a --shm-size value its pattern took (`512m`: 512 MiB; no unit: bytes)."""
+    unit = _SIZE_UNITS.get(value[-1:], 1)
+    return int(value[:-1] if unit > 1 else value) * unit
 PORT_PROTOCOLS = ("http", "tcp")
 MAX_INSTANCE_PORTS = 32
+# A task's pid limit (`pids`: processes and threads, as cgroup v2 pids.max and RLIMIT_NPROC count them):
+# at least a few, for the agent's shell that records the exit status and the task's first processes,
+# at most the kernel's own ceiling (PID_MAX_LIMIT on 64-bit).
+MIN_TASK_PIDS = 16
+MAX_TASK_PIDS = 4 * 1024 * 1024
+MAX_TASK_PATH = 4096  # characters of a task's PATH
+# A task's PATH: absolute directories separated by ':', no empty entry (the working directory).
+TASK_PATH_RE = re.compile(r"^/[^:\x00-\x1f]*(:/[^:\x00-\x1f]*)*$")
 
 
 def _is_int(value):
@@ -79,7 +100,7 @@ class InstanceSpec:
         if not isinstance(data, dict):
             raise ValueError("instance must be an object")
         instance_id = data.get("id")
-        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id) or instance_id in (".", ".."):
+        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.fullmatch(instance_id) or instance_id in (".", ".."):
             raise ValueError("instance.id must be 1-128 letters, digits or ._:- (not . or ..)")
         restart = data.get("restart") or "on-failure"
         if restart not in RESTART_POLICIES:
@@ -141,6 +162,18 @@ class InstanceSpec:
 
 RUN_AS_SOURCES = ("unix_user", "dynamic", "root")
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+FIRST_USER_UID = 1000  # below: the host's system accounts (daemon is 1, bin 2...)
+NOBODY_UID = 65534  # the overflow user, whose files are everyone's unmapped ones
+
+
+def system_uid_problem(user, uid):
+    """Why a token's `unix_user` (`user`, whose uid is `uid`) is a system account that its tasks may
+    run as only where the operator allowed it (fleetd's `tokens_allow_system_users`), or None."""
+    if uid < FIRST_USER_UID or uid == NOBODY_UID:
+        return (f"host user {user!r} has uid {uid}, a system account's (below {FIRST_USER_UID}, or "
+                f"{NOBODY_UID}): tokens run as such users only where the setting tokens_allow_system_users "
+                f"names them")
+    return None
 
 
 @dataclasses.dataclass
@@ -162,7 +195,10 @@ class Assignment:
     priority_class: str = "on-demand"
     bid: float | None = None
     cpus: float | None = None  # host CPU limit (cgroup v2 cpu.max) from the JobSpec
-    memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max) from the JobSpec
+    memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max): the JobSpec's, else the fleet's
+    memory_default: bool = False  # memory_bytes is the fleet's task_memory_default_bytes (the spec set none)
+    pids: int | None = None  # the most processes and threads the task may hold (None: fleetd did not say)
+    task_path: str | None = None  # the task's PATH, the fleet's (None: fleetd did not say; the agent's default)
     instance: InstanceSpec | None = None  # an instance run's extra terms; None for a batch task
     run_as: dict | None = None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
 
@@ -172,7 +208,7 @@ class Assignment:
         if not isinstance(data, dict):
             raise ValueError("assignment must be an object")
         task_id = data.get("task_id")
-        if not isinstance(task_id, str) or not TASK_ID_RE.match(task_id):
+        if not isinstance(task_id, str) or not TASK_ID_RE.fullmatch(task_id):
             raise ValueError("task_id must be 1-128 letters, digits or ._:-")
         epoch = data.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
@@ -188,14 +224,14 @@ class Assignment:
                 or any("\0" in a for a in command) or not (command or (instance and instance.image)):
             raise ValueError("command must be a non-empty list of strings (empty only for an instance with an image)")
         env = data.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME_RE.match(k) for k in env):
+        if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME_RE.fullmatch(k) for k in env):
             raise ValueError("env must map variable names to values")
         env = {k: "" if v is None else str(v) for k, v in env.items()}
         if any("\0" in v for v in env.values()):
             raise ValueError("env values must not contain NUL")
         gpus = data.get("gpus") or []
         if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str)
-                                                  and GPU_UUID_RE.match(g["uuid"]) for g in gpus):
+                                                  and GPU_UUID_RE.fullmatch(g["uuid"]) for g in gpus):
             raise ValueError("gpus must be a list of {uuid, ...}")
         max_runtime = data.get("max_runtime_seconds")
         if max_runtime is not None and (isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float))
@@ -206,7 +242,7 @@ class Assignment:
             raise ValueError("artifacts must be a list")
         for item in artifacts:
             if not isinstance(item, dict) or not isinstance(item.get("sha256"), str) \
-                    or not SHA256_RE.match(item["sha256"]) or not isinstance(item.get("path"), str):
+                    or not SHA256_RE.fullmatch(item["sha256"]) or not isinstance(item.get("path"), str):
                 raise ValueError("artifacts must be [{sha256 (64 lowercase hex digits), path}]")
         workdir = data.get("workdir") or ""
         if not isinstance(workdir, str):
@@ -217,23 +253,32 @@ class Assignment:
             if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
                 raise ValueError(f"{name} must be a non-negative number")
             numbers[name] = value if name == "bid" else (value or None)
+        pids = data.get("pids")
+        if pids is not None and (not _is_int(pids) or not MIN_TASK_PIDS <= pids <= MAX_TASK_PIDS):
+            raise ValueError(f"pids must be an integer from {MIN_TASK_PIDS} to {MAX_TASK_PIDS}")
+        task_path = data.get("task_path")
+        if task_path is not None and (not isinstance(task_path, str) or len(task_path) > MAX_TASK_PATH
+                                      or not TASK_PATH_RE.fullmatch(task_path)):
+            raise ValueError("task_path must be absolute directories separated by ':' (no empty entry)")
         run_as = cls._run_as(data.get("run_as"))
         return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
                    num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
                    gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
                    max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
                    priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, run_as=run_as,
-                   **numbers)
+                   memory_default=data.get("memory_default") is True, pids=pids, task_path=task_path, **numbers)
 
     @staticmethod
     def _run_as(value):
-        """{source, user, uid, gid} checked for shape (what they mean is the agent's to check), or None."""
+        """{source, user, uid, gid, allow_system_user?} checked for shape (what they mean is the agent's
+        to check), or None. `allow_system_user`: true when fleetd's operator allowed this unix_user
+        although it is a system account (sent only then)."""
         if value is None:
             return None
         if not isinstance(value, dict) or value.get("source") not in RUN_AS_SOURCES:
             raise ValueError(f"run_as must be {{source: {' | '.join(RUN_AS_SOURCES)}, user?, uid?, gid?}}")
         user = value.get("user")
-        if user is not None and (not isinstance(user, str) or not USER_NAME_RE.match(user)):
+        if user is not None and (not isinstance(user, str) or not USER_NAME_RE.fullmatch(user)):
             raise ValueError("run_as.user must be a user name (letters, digits, _ and -, at most 32)")
         ids = {}
         for name in ("uid", "gid"):
@@ -242,4 +287,8 @@ class Assignment:
                                        or not 0 <= number < 2 ** 31 - 1):
                 raise ValueError(f"run_as.{name} must be a non-negative integer")
             ids[name] = number
-        return {"source": value["source"], "user": user, **ids}
+        allow_system_user = value.get("allow_system_user", False)
+        if not isinstance(allow_system_user, bool):
+            raise ValueError("run_as.allow_system_user must be true or false")
+        extra = {"allow_system_user": True} if allow_system_user else {}
+        return {"source": value["source"], "user": user, **ids, **extra}

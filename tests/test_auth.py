@@ -72,6 +72,7 @@ ROLE_TABLE = {
     ("POST", "/api/v1/instances/{instance_id}/stop"): AS,
     ("POST", "/api/v1/instances/{instance_id}/resume"): AS,
     ("GET", "/api/v1/instances/{instance_id}/connection"): AS,
+    ("POST", "/api/assign-host-port"): AS,  # seed 000's route: the host port of an instance's declared port
     ("GET", "/api/v1/instances/{instance_id}/logs"): AS,
     ("GET", "/api/v1/instances/{instance_id}/events"): AS,
     ("PUT", "/api/v1/artifacts"): AS,

@@ -117,7 +117,8 @@ def test_fleet_crud(api):
                                                                "drain_after_seconds": 600,
                                                                "uncordon_when_healthy": True},
                        "allow_root_tasks": False, "require_isolation": False, "allowed_images": ["*"],
-                       "validation": None}
+                       "validation": None, "task_pids_max": 4096, "task_memory_default_bytes": 32 * 1024 ** 3,
+                       "task_path": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"
     reg = api.register(api.create_join_token("gpu-a"), gpu_count=8)
@@ -284,3 +285,23 @@ def test_a_nullable_nested_object_is_that_shape_or_null_in_the_document(api):
         branches = schemas[schema]["properties"][field]["anyOf"]
         assert {"type": "object", "nullable": True, "enum": [None]} in branches
         assert {"type": "object", "nullable": True} not in branches
+
+
+@pytest.mark.parametrize("path, text, key", [
+    ("/api/v1/fleets", '{"name": "gpu-a", "name": "gpu-b"}', "name"),
+    ("/api/v1/jobs", '{"name": "j", "command": ["true"], "resources": {"gpus": 0, "gpus": 8}}', "gpus"),
+    ("/api/v1/tokens", '{"name": "ci", "role": "submitter", "role": "admin"}', "role"),
+])
+def test_a_key_given_twice_in_one_object_is_refused_naming_the_key(api, path, text, key):
+    resp = api.call("POST", path, data=text, headers={"Content-Type": "application/json"})
+    err = _error(resp, 400, "invalid_request")
+    assert repr(key) in err["message"] and "more than once" in err["message"], err
+    assert api.get("/api/v1/fleets").get_json()["items"] == []
+    assert api.get("/api/v1/jobs").get_json()["items"] == []
+    assert [t["name"] for t in api.get("/api/v1/tokens").get_json()["items"]] == ["admin"]
+
+
+def test_equal_keys_in_different_objects_are_fine(api):
+    text = '{"name": "gpu-a", "labels": {"name": "x"}}'
+    resp = api.call("POST", "/api/v1/fleets", data=text, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 201, resp.get_json()

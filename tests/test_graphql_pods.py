@@ -13,18 +13,25 @@ SLICE_LOG = "fleetd.services.instances"
 
 
 def test_a_spot_pod_is_rented_stopped_and_bid_resumed_by_the_pod_names(api, fleet):  # noqa: F811
-    _, session = fleet
+    node_id, session = fleet
     made = gql(api, """mutation { podRentInterruptable(input: {bidPerGpu: 0.2, gpuCount: 1, name: "spot",
         dockerArgs: "sleep 1000", cloudType: ALL}) { id podType bidPerGpu desiredStatus } }""")
     pod = made["data"]["podRentInterruptable"]
     assert (pod["podType"], pod["bidPerGpu"], pod["desiredStatus"]) == ("INTERRUPTABLE", 0.2, "RUNNING")
     assignment = start(api, session)
+    assert gql(api, f'{{ pod(input: {{podId: "{pod["id"]}"}}) {{ costPerHr }} }}')["data"]["pod"] == {"costPerHr": 0.2}
     gql(api, f'mutation {{ podStop(input: {{podId: "{pod["id"]}"}}) {{ id }} }}')
     api.task_call(session, assignment, "finish", outcome="cancelled")
+    assert api.post(f"/api/v1/nodes/{node_id}/cordon").status_code == 200  # the resumed run waits, unplaced
     resumed = gql(api, f"""mutation {{ podBidResume(input: {{podId: "{pod['id']}", bidPerGpu: 0.35, gpuCount: 1}})
-        {{ id desiredStatus bidPerGpu podType }} }}""")["data"]["podBidResume"]
-    assert resumed == {"id": pod["id"], "desiredStatus": "RUNNING", "bidPerGpu": 0.35, "podType": "INTERRUPTABLE"}
-    assert api.get(f"/api/v1/instances/{pod['id']}").get_json()["spec"]["bid"] == 0.35
+        {{ id desiredStatus bidPerGpu podType costPerHr }} }}""")["data"]["podBidResume"]
+    assert resumed == {"id": pod["id"], "desiredStatus": "RUNNING", "bidPerGpu": 0.35, "podType": "INTERRUPTABLE",
+                       "costPerHr": 0.35}  # the new bid's price, not the last run's
+    shown = api.get(f"/api/v1/instances/{pod['id']}").get_json()
+    assert (shown["state"], shown["spec"]["bid"], shown["price_per_hour"]) == ("pending", 0.35, 0.35)
+    assert api.post(f"/api/v1/nodes/{node_id}/uncordon").status_code == 200
+    start(api, session)  # placed: the same price
+    assert api.get(f"/api/v1/instances/{pod['id']}").get_json()["price_per_hour"] == 0.35
     again = gql(api, f'mutation {{ podBidResume(input: {{podId: "{pod["id"]}", bidPerGpu: 0.5}}) {{ id }} }}')
     assert again["data"]["podBidResume"] is None and again["errors"][0]["extensions"]["code"] == "conflict"
 

@@ -78,11 +78,17 @@ def test_myself_pods_reads_every_page_of_the_list(api, monkeypatch):
     assert capped["data"] is None and "GET /api/v1/instances" in capped["errors"][0]["message"]
 
 
-def test_a_pods_costs_are_the_instances_costs_and_its_volume_is_billed_while_stopped(api, fleet, clock):
+def test_a_pods_costs_are_the_instances_costs_and_its_volume_is_billed_while_stopped(api, clock):
+    api.create_fleet("gpu-a")
+    _, session = api.ready_node(api.create_join_token("gpu-a"), "host-1", gpu_count=2)
     assert api.call("PUT", "/api/v1/prices/storage", json={"per_gb_month": 0.1}).status_code == 200
     made = gql(api, """mutation { podFindAndDeployOnDemand(input: {name: "v", gpuCount: 0, volumeInGb: 10,
         dockerArgs: "sleep 100"}) { id } }""")["data"]["podFindAndDeployOnDemand"]
+    # Its volume exists from its first start (a volume that never fitted is never billed).
+    assignment = api.acquire(session)
+    api.task_call(session, assignment, "start", pid=4242, ports=[])
     assert api.post(f"/api/v1/instances/{made['id']}/stop").status_code == 200
+    api.task_call(session, assignment, "finish", outcome="cancelled", reason="stopped")
     clock.advance(30 * 86400)
     api.run_task("usage")
     pod = gql(api, f'{{ pod(input: {{podId: "{made["id"]}"}}) {{ costSoFar storageCostSoFar desiredStatus }} }}')

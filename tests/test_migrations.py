@@ -220,3 +220,22 @@ def test_0026_fills_the_workload_sums_from_the_ledger_spread_over_the_days_of_ea
         assert [(str(m[0]), *m[1:]) for m in months] == [
             ("2026-01-01", "i", 0.0, 1.0, 0), ("2026-02-01", "i", 0.0, 1.0, 0), ("2026-01-01", "j", 7200.0, 4.0, 1)]
     db.close()
+
+
+def test_0029_counts_the_spec_bytes_each_owner_already_stores(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/specs.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0027_inventory_triggers_deferred")
+        for job_id, owner, spec in (("j1", "tok", '{"a": "xx"}'), ("j2", "tok", '{"b": 1}'), ("j3", "tok2", '{}')):
+            db.execute_sql("INSERT INTO job (id, name, owner, owner_token_id, state, pending_reason, attempt, "
+                           "max_attempts, num_nodes, priority_class, spec, outcome_reason, submitted_at) VALUES "
+                           "(?, 'j', 'alice', ?, 'cancelled', '', 1, 1, 1, 'on-demand', ?, '', '2026-01-01 00:00:00')",
+                           (job_id, owner, spec))
+        db.execute_sql("INSERT INTO instance (id, name, owner, owner_token_id, state, status_reason, desired_state, "
+                       "spec, runs, ports, created_at, cost_accrued) VALUES ('i1', 'nb', 'alice', 'tok', 'deleted', "
+                       "'', 'stopped', '{\"c\": [1, 2]}', 1, '[]', '2026-01-01 00:00:00', 0)")
+    assert "0029_owner_spec_bytes" in upgrade(db)
+    with db.connection_context():
+        counted = dict(db.execute_sql("SELECT token_id, bytes FROM owner_spec_bytes").fetchall())
+    assert counted == {"tok": len('{"a": "xx"}') + len('{"b": 1}') + len('{"c": [1, 2]}'), "tok2": 2}
+    db.close()

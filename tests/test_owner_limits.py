@@ -28,6 +28,24 @@ def rows(data_dir, table):
         db.close()
 
 
+def spec_bytes_in_db(data_dir, token_id):
+    """The bytes of the `spec` column of a token's jobs (runs of instances too) and instances, as stored."""
+    db = sqlite3.connect(f"file:{data_dir / 'fleetd.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        return db.execute("SELECT COALESCE(SUM(LENGTH(spec)), 0) FROM (SELECT spec, owner_token_id FROM job "
+                          "UNION ALL SELECT spec, owner_token_id FROM instance) WHERE owner_token_id = ?",
+                          (token_id,)).fetchone()[0]
+    finally:
+        db.close()
+
+
+def stored_spec_bytes(data_dir, client):
+    """What whoami says a token stores of specs, checked against the database itself."""
+    who = client("GET", "/api/v1/whoami", expect=200).json()
+    assert who["use"]["stored_spec_bytes"] == spec_bytes_in_db(data_dir, who["token_id"]), who
+    return who["use"]["stored_spec_bytes"]
+
+
 def token(http, name, **limits):
     """A submitter token with these limits of its own; returns an Http client for it."""
     made = http("POST", "/api/v1/tokens", expect=201, json={"name": name, "role": "submitter", "limits": limits})
@@ -69,21 +87,91 @@ def test_a_tokens_limits_refuse_jobs_instances_and_specs_past_them_before_anythi
     who = bob("GET", "/api/v1/whoami", expect=200).json()
     assert who["token_id"] and who["team"] is None
     assert who["limits"] == {"max_active_jobs": 2, "max_instances": 1, "max_spec_bytes": 2000,
-                             "max_artifact_bytes": 100 * 1024**3, "requests_per_second": 1000.0}
+                             "max_stored_spec_bytes": 1024**3, "max_artifact_bytes": 10 * 1024**3,
+                             "requests_per_second": 1000.0}
+    stored = who["use"].pop("stored_spec_bytes")
     assert who["use"] == {"active_jobs": 2, "instances": 1, "artifact_bytes": 0}
+    assert stored == stored_spec_bytes(data_dir, bob)  # three jobs (one ended), an instance and its run
 
     # An admin changes them: a value sets one, null gives it back to the setting, the rest stay.
     changed = http("PATCH", f"/api/v1/tokens/{who['token_id']}", expect=200,
                    json={"limits": {"max_active_jobs": 3, "max_spec_bytes": None}}).json()
     assert changed["limits"] == {"max_active_jobs": 3, "max_instances": 1, "max_spec_bytes": None,
-                                 "max_artifact_bytes": None, "requests_per_second": None}
+                                 "max_stored_spec_bytes": None, "max_artifact_bytes": None,
+                                 "requests_per_second": None}
     assert "token" not in changed
     bob("POST", "/api/v1/jobs", expect=201, json=dict(JOB, command=["echo", "x" * 3000]))
     refused(bob("POST", "/api/v1/jobs", json=JOB), "max_active_jobs", 3, 3)
-    assert bob("GET", "/api/v1/whoami").json()["limits"]["max_spec_bytes"] == 1024 * 1024
+    assert bob("GET", "/api/v1/whoami").json()["limits"]["max_spec_bytes"] == 256 * 1024
     http("PATCH", "/api/v1/tokens/nope", expect=404, json={"limits": {}})
     assert http("PATCH", f"/api/v1/tokens/{who['token_id']}", json={"limits": {"max_instances": -1}}).status_code == 400
     bob("PATCH", f"/api/v1/tokens/{who['token_id']}", expect=403, json={"limits": {"max_instances": 9}})
+
+
+@pytest.mark.integration  # a real fleetd serve
+def test_stored_spec_bytes_count_ended_jobs_and_deleted_instances_until_the_gc_deletes_them(server, admin,
+                                                                                             data_dir):
+    http = Http(server.url, admin)
+    bob = token(http, "bob", max_stored_spec_bytes=100_000)
+    big = dict(JOB, env={"PAD": "x" * 20_000})  # a spec of about 20 KB
+
+    # Submit and cancel: an ended job holds no place among the active ones, but its spec is still stored.
+    for _ in range(4):
+        job = bob("POST", "/api/v1/jobs", expect=201, json=big).json()
+        bob("POST", f"/api/v1/jobs/{job['id']}/cancel", expect=200)
+    use = stored_spec_bytes(data_dir, bob)
+    assert 80_000 < use < 100_000
+    before = {table: rows(data_dir, table) for table in ("job", "task", "event", "instance")}
+    error = refused(bob("POST", "/api/v1/jobs", json=big), "max_stored_spec_bytes", 100_000, use)
+    assert "until the gc deletes them" in error["message"]
+    # An instance stores its spec twice (its own and its first run's): about 2 x 10 KB, too many.
+    refused(bob("POST", "/api/v1/instances", json=dict(INSTANCE, name="a", env={"PAD": "x" * 10_000})),
+            "max_stored_spec_bytes", 100_000, use)
+    assert {table: rows(data_dir, table) for table in before} == before
+    assert stored_spec_bytes(data_dir, bob) == use
+
+    # The gc deletes the ended jobs: their bytes are free again, and only theirs.
+    http("POST", "/api/v1/admin/gc", expect=200, json={"older_than_seconds": 0, "delete_jobs": True,
+                                                        "dry_run": False})
+    assert stored_spec_bytes(data_dir, bob) == 0
+    inst = bob("POST", "/api/v1/instances", expect=201, json=dict(INSTANCE, name="a", env={"PAD": "x" * 20_000}))
+    inst = inst.json()
+    with_instance = stored_spec_bytes(data_dir, bob)
+    assert 40_000 < with_instance < 45_000  # the instance's spec and its first run's
+    bob("POST", f"/api/v1/instances/{inst['id']}/stop", expect=200)
+    bob("POST", f"/api/v1/instances/{inst['id']}/resume", expect=200)  # a second run: a third copy
+    assert 60_000 < stored_spec_bytes(data_dir, bob) < 65_000
+    bob("POST", f"/api/v1/instances/{inst['id']}/stop", expect=200)
+    assert bob("DELETE", f"/api/v1/instances/{inst['id']}").status_code in (202, 204)
+    assert 60_000 < stored_spec_bytes(data_dir, bob) < 65_000  # deleted, not yet collected
+    http("POST", "/api/v1/admin/gc", expect=200, json={"older_than_seconds": 0, "delete_jobs": True,
+                                                        "dry_run": False})
+    assert stored_spec_bytes(data_dir, bob) == 0 and rows(data_dir, "instance") == 0
+
+
+@pytest.mark.integration  # a real fleetd serve
+def test_the_default_limits_refuse_a_large_spec_and_a_resume_past_the_stored_spec_bytes(server, admin, data_dir):
+    http = Http(server.url, admin)
+    carol = token(http, "carol")
+    who = carol("GET", "/api/v1/whoami", expect=200).json()
+    assert who["limits"]["max_spec_bytes"] == 256 * 1024 and who["limits"]["max_stored_spec_bytes"] == 1024**3
+    assert who["limits"]["max_artifact_bytes"] == 10 * 1024**3
+    large = {f"PAD{i}": "x" * 60_000 for i in range(5)}  # 300 KB: a request body may be 1 MiB
+    refused(carol("POST", "/api/v1/jobs", json=dict(JOB, env=large)), "max_spec_bytes", 256 * 1024,
+            lambda size: 300_000 < size < 301_000)
+    assert rows(data_dir, "job") == 0
+
+    # A resume stores a new run: past the owner's stored spec bytes it is refused, and nothing changes.
+    dan = token(http, "dan", max_stored_spec_bytes=50_000)
+    inst = dan("POST", "/api/v1/instances", expect=201, json=dict(INSTANCE, name="a", env={"PAD": "x" * 20_000}))
+    inst = inst.json()
+    dan("POST", f"/api/v1/instances/{inst['id']}/stop", expect=200)
+    use = stored_spec_bytes(data_dir, dan)
+    refused(dan("POST", f"/api/v1/instances/{inst['id']}/resume"), "max_stored_spec_bytes", 50_000, use)
+    assert dan("GET", f"/api/v1/instances/{inst['id']}", expect=200).json()["state"] == "stopped"
+    assert stored_spec_bytes(data_dir, dan) == use
+    http("POST", f"/api/v1/instances/{inst['id']}/resume", expect=200)  # an admin's resume is not held to them
+    assert stored_spec_bytes(data_dir, dan) > use
 
 
 @pytest.mark.integration  # a real fleetd serve
@@ -176,13 +264,15 @@ def test_the_cli_sets_a_tokens_limits_at_create_and_changes_them(run, server):  
     made = json.loads(run("token", "create", "--name", "ci", "--role", "submitter", "--max-instances", "3",
                           "--max-spec-bytes", "64K", "--requests-per-second", "50", "--json").stdout)
     assert made["limits"] == {"max_active_jobs": None, "max_instances": 3, "max_spec_bytes": 65536,
-                              "max_artifact_bytes": None, "requests_per_second": 50.0}
+                              "max_stored_spec_bytes": None, "max_artifact_bytes": None, "requests_per_second": 50.0}
     changed = json.loads(run("token", "update", made["id"], "--max-active-jobs", "7", "--reset", "max_spec_bytes",
-                             "--json").stdout)
+                             "--max-stored-spec-bytes", "500M", "--json").stdout)
     assert changed["limits"] == {"max_active_jobs": 7, "max_instances": 3, "max_spec_bytes": None,
-                                 "max_artifact_bytes": None, "requests_per_second": 50.0}
+                                 "max_stored_spec_bytes": 500 * 1024**2, "max_artifact_bytes": None,
+                                 "requests_per_second": 50.0}
     who = Http(server.url, made["token"])("GET", "/api/v1/whoami", expect=200).json()
-    assert who["limits"]["max_active_jobs"] == 7 and who["limits"]["max_spec_bytes"] == 1024 * 1024
+    assert who["limits"]["max_active_jobs"] == 7 and who["limits"]["max_spec_bytes"] == 256 * 1024
     assert "max_active_jobs=7" in run("token", "list").stdout
     assert "name a limit" in run("token", "update", made["id"], expect=2).stderr
-    assert "your use: 0/10000 active jobs, 0/100 instances, 0 B/100.0 GiB of artifacts" in run("status").stdout
+    assert ("your use: 0/10000 active jobs, 0/100 instances, 0 B/1.0 GiB of specs, 0 B/10.0 GiB of artifacts"
+            in run("status").stdout)

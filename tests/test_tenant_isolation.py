@@ -52,8 +52,48 @@ def test_a_token_takes_a_posix_unix_user_never_root_and_lists_it(api):
     assert listed["alice"]["unix_user"] == "alice" and listed["admin"]["unix_user"] is None
     assert "root" in str(error(api.post("/api/v1/tokens", {"name": "r", "role": "admin", "unix_user": "root"}),
                                400)["details"])
-    for bad in ("Alice", "1x", "a" * 33, "a b", "../etc"):
+    for bad in ("Alice", "1x", "a" * 33, "a b", "../etc", "alice\n"):
         error(api.post("/api/v1/tokens", {"name": "b", "role": "submitter", "unix_user": bad}), 400)
+
+
+@pytest.mark.parametrize("system_user", ["daemon", "bin", "nobody"])  # uid 1, 2 and 65534 on every Debian
+def test_a_unix_user_that_is_a_system_account_is_refused_unless_the_operator_allows_it(make_app, clock,
+                                                                                        system_user):
+    from tests.conftest import admin_client
+
+    api = admin_client(make_app(), clock)
+    err = error(api.post("/api/v1/tokens", {"name": "svc", "role": "submitter", "unix_user": system_user}), 400)
+    assert err["code"] == "invalid_request" and "tokens_allow_system_users" in err["message"], err
+    assert err["details"]["fields"]["json"]["unix_user"]
+    assert [t["name"] for t in api.get("/api/v1/tokens").get_json()["items"]] == ["admin"]
+
+    api = ApiClient(make_app(tokens_allow_system_users=f"ci-runner, {system_user}"), api.token)  # a restart
+    api.create_fleet("gpu-a")
+    _, session = node(api, "gpu-a", "host", gpu_count=1)
+    client(api, "svc", unix_user=system_user).submit(resources={"gpus": 1})
+    # The node is told, so that its own check at launch lets this user through too.
+    assert _run_as(api, session) == {"source": "unix_user", "user": system_user, "uid": None, "gid": None,
+                                     "allow_system_user": True}
+
+
+def test_a_bad_allow_list_of_system_users_is_refused_at_start(make_settings):
+    with pytest.raises(ValueError, match="tokens_allow_system_users"):
+        make_settings(tokens_allow_system_users="daemon, root")
+
+
+def test_two_live_tokens_share_a_unix_user_only_when_the_request_says_they_are_one_tenant(api):
+    first = api.post("/api/v1/tokens", {"name": "alice-ci", "role": "submitter", "unix_user": "alice"}).get_json()
+    err = error(api.post("/api/v1/tokens", {"name": "alice-2", "role": "submitter", "unix_user": "alice"}), 409)
+    assert err["code"] == "conflict" and "share_unix_user" in err["message"]
+    assert err["details"] == {"unix_user": "alice", "token_id": first["id"]}
+    shared = api.post("/api/v1/tokens", {"name": "alice-2", "role": "submitter", "unix_user": "alice",
+                                         "share_unix_user": True})
+    assert shared.status_code == 201 and "share_unix_user" not in shared.get_json()
+    assert api.post("/api/v1/tokens", {"name": "bob", "role": "submitter", "unix_user": "bob"}).status_code == 201
+    # Once no live token has the user, a new one takes it without saying so.
+    for token_id in (first["id"], shared.get_json()["id"]):
+        assert api.delete(f"/api/v1/tokens/{token_id}").status_code == 204
+    assert api.post("/api/v1/tokens", {"name": "alice-3", "role": "submitter", "unix_user": "alice"}).status_code == 201
 
 
 def _cli(api, monkeypatch, *args):
@@ -86,6 +126,9 @@ def _cli(api, monkeypatch, *args):
 def test_the_cli_creates_a_token_with_a_unix_user(api, monkeypatch):
     out = _cli(api, monkeypatch, "token", "create", "--name", "bob", "--role", "submitter", "--unix-user", "bob")
     assert '"unix_user": "bob"' in out
+    out = _cli(api, monkeypatch, "token", "create", "--name", "bob-ci", "--role", "submitter", "--unix-user", "bob",
+               "--share-unix-user")
+    assert '"unix_user": "bob"' in out and '"name": "bob-ci"' in out
 
 
 def test_the_cli_sets_a_fleets_isolation_rules(api, monkeypatch):

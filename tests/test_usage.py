@@ -5,12 +5,13 @@ idle-held list; the metrics."""
 
 import csv
 import io
+import threading
 
 import pytest
 
 from fleetd.auth import Principal
-from fleetd.db import database, fenced_by
-from fleetd.models import UsageDay, UsageRecord
+from fleetd.db import database, fenced_by, write_transaction
+from fleetd.models import Instance, StorageRecord, UsageDay, UsageRecord
 from fleetd.replicas import Fenced
 from fleetd.services import ledger, usage
 from tests.conftest import T0, ApiClient, gpus
@@ -75,7 +76,7 @@ def test_a_run_is_accounted_to_the_second_with_its_samples_and_a_price_changed_m
     api.run_task("usage")  # nothing more, and the later price rewrote nothing
     assert records(app)[0].cost == pytest.approx(5.0)
     shown = api.job(job["id"])
-    assert shown["cost_so_far"] == pytest.approx(5.0) and shown["price_per_hour"] is None
+    assert shown["cost_so_far"] == pytest.approx(5.0) and shown["price_per_hour"] == 6.0  # what it last ran at
 
 
 def test_a_restart_and_a_fenced_pass_in_the_middle_of_a_run_lose_and_double_nothing(app, make_app, api, node,
@@ -110,6 +111,110 @@ def test_a_restart_and_a_fenced_pass_in_the_middle_of_a_run_lose_and_double_noth
     with restarted.app_context(), database.connection_context():
         days = list(UsageDay.select())
     assert [(d.gpu_seconds, d.runs) for d in days] == [(900, 1)]
+
+
+def test_a_sample_written_while_a_pass_runs_counts_in_the_next_pass(app, api, node, clock):
+    """`fleetd serve` (the quick start): the GPU sampler and the ledger's pass both run every 60 s, at the same
+    moments; while the sampler waits on the thread pool for its GPU summary, the pass runs. The sample it then
+    writes is the next pass's, and counts there (it used to be stamped before that pass began and never count)."""
+    _, session = node
+    api.submit(resources={"gpus": 2})
+    api.start_task(session)
+    rt = app.extensions["fleetd"]
+    api.heartbeat(session, metrics=readings((40, 40)))
+    clock.advance(60)
+    passes = []
+
+    def offload(fn, *args):  # as gevent: another task runs while this one waits on the pool, a moment later
+        if not passes:
+            clock.advance(0.5)
+            other = threading.Thread(target=lambda: passes.append(rt.tasks.run("usage").last_status))
+            other.start()
+            other.join(60)
+        return fn(*args)
+
+    own, rt.offload = rt.offload, offload
+    try:
+        api.run_task("metrics_sampler")
+    finally:
+        rt.offload = own
+    assert passes == ["ok"]
+    clock.advance(59.5)
+    api.run_task("usage")
+    (row,) = records(app)
+    assert row.gpu_seconds == 2 * 120 and row.sampled_gpu_seconds == 2 * 59.5  # the sample's stretch
+    assert row.used_gpu_seconds == pytest.approx(0.4 * 2 * 59.5)
+    totals = api.get("/api/v1/usage").get_json()["totals"]
+    assert totals["efficiency"] == pytest.approx(0.4) and totals["gpu_hours_used"] == pytest.approx(0.4 * 119 / 3600,
+                                                                                                    abs=1e-6)
+
+
+def test_a_run_that_ended_since_the_last_pass_shows_its_cost_end_and_price_at_once(app, api, node, clock):
+    """Between the ledger's passes (every 60 s) a finished job shows what the next pass will write: its cost to
+    its end (not 0), its run ended (not running), the price it ran at (not null, after the pass too)."""
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    job = api.submit(resources={"gpus": 2})
+    assignment = api.start_task(session)
+    clock.advance(600)
+    sample(api, session, (40, 60))
+    clock.advance(300)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    clock.advance(30)  # no pass since it started
+    rt = app.extensions["fleetd"]
+    as_admin = Principal(kind="api", id="x", role="admin", name="x")
+
+    def shown():
+        with app.app_context(), database.connection_context():
+            own = usage.workload_usage(rt, as_admin, job["id"])
+        return api.job(job["id"]), own
+
+    before, own = shown()
+    assert before["cost_so_far"] == pytest.approx(2 * 900 / 3600 * 2.0) and before["price_per_hour"] == 4.0
+    (run,) = own["runs"]
+    assert run["ended_at"] == "2026-01-01T12:15:00.000Z" and run["gpu_hours_allocated"] == 0.5
+    assert run["efficiency"] == 0.5 and run["cost"] == pytest.approx(1.0)  # its sample weighs the stretch
+    api.run_task("usage")
+    assert shown() == (before, own)  # what the pass wrote
+
+
+def test_a_volume_that_never_fitted_is_not_billed(app, api, node, clock):
+    """An instance whose first run never started (its volume did not fit on the node) has no volume: no storage
+    cost, however long it stays; a row an older fleetd billed from its placement is taken back, sums too."""
+    _, session = node
+    api.call("PUT", "/api/v1/prices/storage", json={"per_gb_month": 0.1})
+    inst = api.post("/api/v1/instances", {"name": "big", "command": ["sleep", "1d"], "resources": {"gpus": 1},
+                                         "volume_bytes": 100 * 10**9}).get_json()
+    assignment = api.acquire(session)  # placed, then refused by its node
+    api.task_call(session, assignment, "finish", outcome="failed",
+                  reason="the volume of 100000000000 bytes does not fit on this host")
+    assert api.get(f"/api/v1/instances/{inst['id']}").get_json()["state"] == "failed"
+    for _ in range(3):
+        clock.advance(86400)
+        api.run_task("usage")
+    assert api.get(f"/api/v1/instances/{inst['id']}").get_json()["storage_cost_so_far"] == 0.0
+    assert api.get("/api/v1/usage?group_by=workload").get_json()["rows"] == []
+    with app.app_context(), database.connection_context():
+        assert not StorageRecord.select().exists()
+        with write_transaction():  # what an older fleetd accounted: from the placement to now, sums too
+            older = ledger._Pass(clock.now())
+            owner = Instance.get_by_id(inst["id"])
+            record = StorageRecord.create(id=owner.id, owner=owner.owner, owner_token_id=owner.owner_token_id,
+                                          team="", fleet="gpu-a", volume_bytes=100 * 10**9, started_at=T0,
+                                          accounted_until=clock.now())
+            for a, b in ledger.split_days(T0, clock.now()):
+                piece = ledger.storage_cost(record.volume_bytes, older.book, a, b)
+                record.cost += piece
+                older.add(a, ledger.STORAGE, record, cost=piece)
+            record.save()
+            older.write_days()
+    assert api.get(f"/api/v1/instances/{inst['id']}").get_json()["storage_cost_so_far"] == pytest.approx(
+        100 * 0.1 * 3 / 31)
+    api.run_task("usage")
+    assert api.get(f"/api/v1/instances/{inst['id']}").get_json()["storage_cost_so_far"] == 0.0
+    assert api.get("/api/v1/usage?group_by=team").get_json()["totals"]["cost"] == pytest.approx(0.0, abs=1e-9)
+    with app.app_context(), database.connection_context():
+        assert not StorageRecord.select().exists()
 
 
 def test_a_requeued_attempt_keeps_its_own_row(app, api, node, clock):

@@ -192,3 +192,60 @@ def test_deliveries_verify_with_the_standard_webhooks_library_and_keep_their_id_
             "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}))
     with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
         standardwebhooks.Webhook("whsec_" + base64.b64encode(b"another secret").decode()).verify(body, headers)
+
+
+@pytest.mark.parametrize("url", [
+    "http://[::127.0.0.1]:8080/hook",  # IPv4-compatible (::/96)
+    "http://[::ffff:0:127.0.0.1]/hook",  # IPv4-translated (SIIT)
+    "http://①②⑦.0.0.1/hook",  # the resolver's IDNA codec reads the circled digits as 127
+    "http://127。0。0。1/hook",  # ... and the ideographic full stop as a dot
+    "http://１２７．０．０．１:8080/hook",
+    "http://ｌｏｃａｌｈｏｓｔ/hook",
+])
+def test_webhook_targets_that_the_resolver_reads_as_loopback_are_refused_at_create(make_app, clock, url):
+    api = admin_client(make_app(webhooks_allow_targets=""), clock)
+    resp = api.post("/api/v1/webhooks", {"url": url, "secret": SECRET, "events": ["node.lost"]})
+    assert resp.status_code == 400, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["code"] == "invalid_request" and "127.0.0.1" in error["message"], error
+    assert error["details"]["fields"]["json"]["url"]
+    assert api.get("/api/v1/webhooks").get_json()["items"] == []
+
+
+def test_an_ipv4_compatible_target_is_judged_by_its_ipv4_address_and_names_stay_unresolved(make_app, clock):
+    api = admin_client(make_app(webhooks_allow_targets="127.0.0.0/8"), clock)
+    for url in ("http://[::127.0.0.1]:8080/hook", "https://bücher.example/hook", "https://8.8.8.8/x"):
+        resp = api.post("/api/v1/webhooks", {"url": url, "secret": SECRET, "events": ["node.lost"]})
+        assert resp.status_code == 201, (url, resp.get_json())
+    resp = api.post("/api/v1/webhooks", {"url": "http://[::10.0.0.1]/", "secret": SECRET, "events": ["node.lost"]})
+    assert resp.status_code == 400 and "10.0.0.1" in resp.get_json()["error"]["message"]
+    unreadable = "http://" + "ü" * 64 + ".example/hook"  # a label IDNA refuses: no resolver could look it up
+    resp = api.post("/api/v1/webhooks", {"url": unreadable, "secret": SECRET, "events": ["node.lost"]})
+    assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["json"]["url"]
+
+
+def test_a_standard_webhooks_secret_signs_with_its_decoded_key_so_the_receivers_library_verifies(env, receiver):
+    app, api = env
+    whsec = "whsec_" + base64.b64encode(bytes(range(7, 39))).decode()  # as receivers' libraries make them
+    resp = api.post("/api/v1/webhooks", {"url": receiver.url, "secret": whsec, "events": ["node.drained"]})
+    assert resp.status_code == 201, resp.get_json()
+    node_id, _ = api.ready_node(api.create_join_token(), "host-a")
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60})
+    assert api.run_task("webhooks")["delivered"] == 1
+    [(_path, headers, body)] = receiver.requests
+    assert standardwebhooks.Webhook(whsec).verify(body, headers)["kind"] == "node.drained"
+    unpadded = whsec.rstrip("=")
+    assert standardwebhooks.Webhook(unpadded).verify(body, headers)["kind"] == "node.drained"
+    # fleetd's own header keeps its contract: the HMAC of the body with the secret as given.
+    assert headers["X-Fleetd-Signature"] == "sha256=" + hmac.new(whsec.encode(), body, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize("secret", ["whsec_this is not base64!!", "whsec_" + base64.b64encode(b"twelve bytes").decode()])
+def test_a_malformed_standard_webhooks_secret_is_refused_at_create(api, secret):
+    resp = api.post("/api/v1/webhooks", {"url": "https://hooks.example.com/x", "secret": secret,
+                                         "events": ["node.lost"]})
+    assert resp.status_code == 400, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["code"] == "invalid_request" and "whsec_" in error["message"]
+    assert error["details"]["fields"]["json"]["secret"]
+    assert api.get("/api/v1/webhooks").get_json()["items"] == []

@@ -6,8 +6,10 @@ import socket
 
 from agent.task.errors import TaskError
 
-# What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets).
-PASSTHROUGH_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "USER", "LOGNAME", "SHELL")
+# What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets). Not
+# PATH: the agent's own may name directories of root's (a pyenv's shims) that a task's uid cannot enter.
+PASSTHROUGH_ENV = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "USER", "LOGNAME", "SHELL")
+# A task's PATH where fleetd sends none (a fleetd older than the fleet's task_path); the fleet's default.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -28,14 +30,15 @@ def inside(root, relative, what, allow_root=False):
 def task_env(assignment, master_addr, master_port, environ=None, extra=None):
     """(the task's whole environment, the variables the agent injected).
 
-    The spec's env goes over a small passthrough of the agent's own; the injected variables go
-    over both, so a spec cannot widen its GPUs or fake its rank. `extra` are the limits'
+    The spec's env goes over a small passthrough of the agent's own and the PATH of the task's
+    fleet (`task_path`; never the agent's own); the injected variables go over both, so a spec
+    cannot widen its GPUs or fake its rank. `extra` are the limits'
     variables (MPS); NVIDIA_VISIBLE_DEVICES carries the same UUIDs for nested containers
     ("none" without GPUs).
     """
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in PASSTHROUGH_ENV if k in environ}
-    env.setdefault("PATH", DEFAULT_PATH)
+    env["PATH"] = assignment.task_path or DEFAULT_PATH
     env["PYTHONUNBUFFERED"] = "1"  # Python tasks' output reaches the log as it is printed
     env.update(assignment.env)
     uuids = [g["uuid"] for g in assignment.gpus]

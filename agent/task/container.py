@@ -10,8 +10,11 @@ otherwise steer the root client. The spec's variables and the injected ones reac
 through an env file (`write_env_file`: 0600 root in the root-owned task directory, removed once
 the container exists), so that no value shows on a command line or in the client's environment.
 The container runs as the task's uid (`--user uid:gid`), with no-new-privileges and every
-capability dropped, and with the host's own limits on open files and processes (`ulimit_flags`),
-which podman's defaults exceed on hosts with a low hard RLIMIT_NOFILE.
+capability dropped, with the host's own limit on open files (`ulimit_flags`), which podman's
+defaults exceed on hosts with a low hard RLIMIT_NOFILE, and the task's bounds (`limit_flags`): its
+pid limit (--pids-limit, and RLIMIT_NPROC to match) and its memory (--memory, no swap), the spec's
+or its fleet's defaults. The runtime puts the container's processes in a cgroup of its own, not the
+task's, so it is the runtime that bounds them.
 
 A stop also asks the runtime to stop and remove the container by name, since SIGKILL to the
 client alone would leave the container running. GPUs are handed in as CDI devices
@@ -80,7 +83,7 @@ def env_file_text(env):
     lines = []
     for name in sorted(env):
         value = env[name]
-        if not ENV_NAME_RE.match(name):
+        if not ENV_NAME_RE.fullmatch(name):
             raise ValueError(f"variable name {name!r} cannot go into a container")
         if any(char in value for char in "\n\r\0"):
             raise ValueError(f"variable {name} holds a line break or NUL, which a container's env file cannot carry")
@@ -106,17 +109,28 @@ def remove_env_file(path):
         log.warning("cannot remove %s: %s", path, exc)
 
 
-def ulimit_flags():
+def ulimit_flags(pids=None):
     """--ulimit for open files and processes at the host's own hard limits (nproc at most pid_max, as
-    podman lowers its own to): podman's defaults (1048576) exceed a low hard limit, which the
-    container's start cannot raise (`error setting rlimit type 7`). podman and docker take both."""
+    podman lowers its own to, and at most the task's pid limit `pids`): podman's defaults (1048576)
+    exceed a low hard limit, which the container's start cannot raise (`error setting rlimit type 7`).
+    podman and docker take both."""
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     pid_max = read_pid_max()
-    if pid_max and (nproc == resource.RLIM_INFINITY or nproc > pid_max):
-        nproc = pid_max
+    for ceiling in (pid_max, pids):
+        if ceiling and (nproc == resource.RLIM_INFINITY or nproc > ceiling):
+            nproc = ceiling
     nofile, nproc = (-1 if limit == resource.RLIM_INFINITY else limit for limit in (nofile, nproc))
     return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
+
+
+def limit_flags(memory_bytes=None, pids=None):
+    """The task's bounds as podman's and docker's flags: its pids (processes and threads of the container)
+    and its memory, swap included (--memory-swap equal to --memory: none)."""
+    flags = [f"--pids-limit={int(pids)}"] if pids else []
+    if memory_bytes:
+        flags += [f"--memory={int(memory_bytes)}", f"--memory-swap={int(memory_bytes)}"]
+    return flags
 
 
 def cdi_has_nvidia(dirs=CDI_DIRS):
@@ -203,18 +217,20 @@ class ContainerRuntime:
             return self.probe()
         return self.status
 
-    def run_argv(self, name, image, command, volume, mount_path, ports, env_file, user, gpus, cdi=None, extra=()):
+    def run_argv(self, name, image, command, volume, mount_path, ports, env_file, user, gpus, cdi=None, extra=(),
+                 memory_bytes=None, pids=None):
         """`run` in the foreground as `user` ((uid, gid)): removed at its end, no privilege, the host's
-        limits, its variables from `env_file`, its volume and ports, its GPUs. `extra`: the instance's
-        runtime arguments (fleetwire's allow-list, checked again here), before the agent's own flags so
-        that those win."""
+        limits and the task's (`memory_bytes`, `pids`), its variables from `env_file`, its volume and
+        ports, its GPUs. `extra`: the instance's runtime arguments (fleetwire's allow-list, checked again
+        here), before the agent's own flags so that those win."""
         uid, gid = user
         for arg in extra:
             error = runtime_arg_error(arg)
             if error is not None:
                 raise ContainerError(f"runtime argument refused: {error}")
         argv = [*self.argv, "run", *extra, "--rm", "--name", name, "--pull=never", "--user", f"{uid}:{gid}",
-                "--security-opt=no-new-privileges", "--cap-drop=all", *ulimit_flags(), "--env-file", env_file,
+                "--security-opt=no-new-privileges", "--cap-drop=all", *ulimit_flags(pids),
+                *limit_flags(memory_bytes, pids), "--env-file", env_file,
                 "-v", f"{volume}:{mount_path}"]
         for port, host_port in sorted(ports.items()):
             argv += ["-p", f"{host_port}:{port}/tcp"]

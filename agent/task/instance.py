@@ -294,7 +294,8 @@ class InstanceTask(Task):
             try:
                 inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
                                          self.spec.volume_mount_path, self.ports, self.env_file,
-                                         (self.run_as.uid, self.run_as.gid), uuids, cdi, self.spec.runtime_args)
+                                         (self.run_as.uid, self.run_as.gid), uuids, cdi, self.spec.runtime_args,
+                                         memory_bytes=self.assignment.memory_bytes, pids=self.assignment.pids)
             except ContainerError as exc:
                 raise TaskError(str(exc)) from None
         else:

@@ -25,9 +25,15 @@ unsets a variable, a nested container). Here everything is decided on the host, 
 * **Compute share.** Per-process SM utilisation from NVML is reported per worker. With MPS the
   driver enforces the share; without MPS it is *reported, not throttled*: the worker record says
   so and flags a task over its share while another process on the GPU is active.
-* **Host CPU and memory** (``cpus``, ``memory_bytes`` of the JobSpec) through a cgroup v2 per task
-  where the host has cgroup v2 with the cpu/memory controllers writable; where not, the worker's
-  record says "not enforced" and why. The task cgroup, when it can be created at all, is also the
+* **Host CPU, memory and processes** (``cpus`` and ``memory_bytes`` of the JobSpec, else the fleet's
+  ``task_memory_default_bytes``; ``pids``, else the fleet's ``task_pids_max``) through a cgroup v2 per
+  task where the host has cgroup v2 with the cpu/memory/pids controllers writable; where not, the
+  worker's record says "not enforced" and why. Without the pids controller the pid limit falls back
+  to RLIMIT_NPROC, set by ``prlimit`` (util-linux) on the task's process before it switches to its
+  uid: that one counts every process and thread of the task's uid on the node (its owner's other
+  tasks too), and binds no root task. A container gets both from its runtime instead
+  (``--pids-limit``, ``--memory``: agent/task/container.py), since its processes live in the
+  runtime's cgroup, not the task's. The task cgroup, when it can be created at all, is also the
   most reliable way to find a task's processes.
 
 The tolerance: NVML counts a process's whole footprint (CUDA context, allocator rounding to 2 MiB
@@ -37,8 +43,10 @@ allowed; usage at ``limit + tolerance`` is within, one byte more is over.
 
 import dataclasses
 import os
+import shutil
 
 from agent.cgroups import Cgroups, shim_command
+from agent.isolation import SETPRIV_PATH
 from agent.task.errors import LimitError
 from agent.task.mps import MIB, MpsSupervisor, mps_client_env
 from agent.task.watchdog import MAX_POLL_SECONDS, Watchdog, grant_number
@@ -87,6 +95,7 @@ class TaskLimits:
     gpu_enforcement: dict = dataclasses.field(default_factory=dict)  # uuid -> {memory, compute}
     tolerance_bytes: int = 0
     kill_grace_seconds: float = 0.5
+    nproc: int | None = None  # RLIMIT_NPROC for the task's process (the pid limit without a pids cgroup)
 
     def describe(self):
         """The `limits` part of the local API's worker record."""
@@ -103,8 +112,9 @@ class TaskLimits:
 class Limits:
     """Sets up each task's limits and runs the watchdog over all of them."""
 
-    def __init__(self, settings=None, devices=None, workers=None, state_dir=None, cgroups=None):
+    def __init__(self, settings=None, devices=None, workers=None, state_dir=None, cgroups=None, prlimit=None):
         self.settings = settings or LimitSettings()
+        self.prlimit = prlimit if prlimit is not None else shutil.which("prlimit", path=SETPRIV_PATH)
         self.devices = devices
         self.workers = workers
         base = self.settings.mps_dir or os.path.join(state_dir or ".", "mps")
@@ -116,8 +126,9 @@ class Limits:
 
     # Per task.
 
-    def prepare(self, assignment):
-        """TaskLimits for an assignment; LimitError when it cannot run here as asked."""
+    def prepare(self, assignment, run_as=None):
+        """TaskLimits for an assignment (run as `run_as`, agent.isolation.RunAs; None: unknown); LimitError
+        when it cannot run here as asked."""
         isolation = assignment.isolation if assignment.isolation in ISOLATION_MODES else None
         if isolation is None:
             raise LimitError(f"unknown isolation {assignment.isolation!r}: use exclusive, shared or mps")
@@ -158,16 +169,50 @@ class Limits:
         name = f"task-{assignment.task_id}.{assignment.epoch}"
         cpus = getattr(assignment, "cpus", None)
         memory_bytes = getattr(assignment, "memory_bytes", None)
-        path, host = self.cgroups.create(name, cpus=cpus, memory_bytes=memory_bytes)
+        pids = getattr(assignment, "pids", None)
+        path, host = self.cgroups.create(name, cpus=cpus, memory_bytes=memory_bytes, pids=pids)
+        if getattr(assignment, "memory_default", False) and memory_bytes:
+            host["memory_bytes"]["source"] = "fleet task_memory_default_bytes"
+        nproc = None
+        instance = getattr(assignment, "instance", None)
+        if instance is not None and instance.image:
+            # A container's processes are in its runtime's cgroup: the runtime bounds them (container.py).
+            for key, flag in (("memory_bytes", "--memory"), ("pids", "--pids-limit")):
+                if host[key]["limit"]:
+                    host[key].update(enforced=True, how=f"container runtime {flag}={int(host[key]['limit'])}")
+        elif pids and not host["pids"]["enforced"]:
+            nproc = self._nproc_fallback(host["pids"], run_as)
         return TaskLimits(task_id=assignment.task_id, epoch=assignment.epoch, isolation=isolation, gpus=gpus,
                           env=env, cgroup=path, cgroup_rel=self.cgroups.relative(path), host=host,
                           gpu_enforcement=enforcement, tolerance_bytes=self.settings.memory_tolerance_bytes,
-                          kill_grace_seconds=self.settings.kill_grace_seconds)
+                          kill_grace_seconds=self.settings.kill_grace_seconds, nproc=nproc)
+
+    def _nproc_fallback(self, record, run_as):
+        """The RLIMIT_NPROC that stands in for a pid limit no cgroup enforces (None where it cannot), its
+        record updated to say how or why not."""
+        why = record["how"].removeprefix("not enforced: ")
+        limit = int(record["limit"])
+        if run_as is None or run_as.uid == 0:
+            record["how"] = f"not enforced: {why}; RLIMIT_NPROC does not bind root"
+        elif run_as.source == "agent":
+            record["how"] = (f"not enforced: {why}; the task runs as the agent's own uid {run_as.uid} (isolation: "
+                             "none), all of whose processes RLIMIT_NPROC would count")
+        elif not self.prlimit:
+            record["how"] = f"not enforced: {why}; prlimit (util-linux) is not installed for RLIMIT_NPROC"
+        else:
+            record.update(enforced=True, how=f"RLIMIT_NPROC = {limit} for uid {run_as.uid} (it counts all of that "
+                                             f"uid's processes and threads on this node), since {why}")
+            return limit
+        return None
 
     def command(self, task_limits, argv, status_path=None):
         """The argv to spawn: through the cgroup shim when the task has a cgroup; with `status_path`,
         under the root-owned shell that records its exit status there (agent/cgroups.py shim_command)."""
         cgroup = task_limits.cgroup if task_limits is not None else None
+        if task_limits is not None and task_limits.nproc:
+            # Set as root just before the switch to the task's uid (setpriv), so that the root shell
+            # that records the exit status is not bound, and the task cannot raise it.
+            argv = [self.prlimit, f"--nproc={task_limits.nproc}", "--", *argv]
         if not cgroup and status_path is None:
             return list(argv)
         return shim_command(cgroup, argv, status_path)

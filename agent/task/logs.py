@@ -347,7 +347,10 @@ class FileTail:
     def _write(self, offsets):
         tmp = self.offsets_path + ".new"
         try:
-            with open(tmp, "w") as fh:
+            # 0600, the agent's alone: how much a task wrote is its owner's business (as its output files are).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                os.fchmod(fd, 0o600)  # one left by an older agent kept its mode through O_CREAT
                 json.dump(offsets, fh)
             os.replace(tmp, self.offsets_path)
         except OSError as exc:

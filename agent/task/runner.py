@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 
-from agent.isolation import Isolation
+from agent.isolation import Isolation, blocked_directory
 from agent.ports import PortAllocator
 from agent.procfs import read_boot_id, read_proc, recorded_pids, signal_pids, wait_gone
 from agent.task.container import ContainerRuntime
@@ -56,6 +56,8 @@ class Runner:
         # Tasks pass through the state dir to their own directories, and list nothing in it.
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.isolation.passable(state_dir)
+        self.state_dir = state_dir
+        self._warn_if_unreachable(state_dir)
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
         # Tasks running as their own uid pass through the directory of all tasks and their own.
         self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR), mode=0o711 if self.isolation.enabled else 0o700)
@@ -82,6 +84,16 @@ class Runner:
         self._threads = []
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
         self.finishes = FinishReports()
+
+    def _warn_if_unreachable(self, state_dir):
+        """Say at start, naming it, which directory on the way to the state dir other uids cannot pass:
+        every task run as its own uid would fail there (each is refused with that reason, and root's run)."""
+        blocked = blocked_directory(state_dir) if self.isolation.enabled else None
+        if blocked is not None:
+            directory, mode = blocked
+            log.warning("state dir %s: %s (mode %04o) on the way to it is not passable by other users, so no task "
+                        "can run as its own uid here (each is refused; root's tasks run): chmod o+x %s, or put "
+                        "state_dir where other users may pass (as /var/lib)", state_dir, directory, mode, directory)
 
     @classmethod
     def from_config(cls, config, state_dir, workers, client_factory, address, limits=None, isolation=None):

@@ -31,6 +31,7 @@ from agent.task.logs import FileTail, LogShipper
 from agent.task.supervisor import Supervisor, check_executable, describe_exit, read_exit_status
 from agent.threads import UNTIL_STOPPED, Job
 from agent.workers import Worker
+from fleetwire.assignment import system_uid_problem
 
 log = logging.getLogger("agent.runner")
 
@@ -265,6 +266,8 @@ class Task:
             return self._supervise(client)
         try:
             self._resolve_user()
+            self._refuse_system_user()
+            self.runner.isolation.check_reachable(self.run_as, self.runner.state_dir)
             self.runner.dirs.make(self.dir, (self.run_as.uid, self.run_as.gid))
             self._prepare_limits()  # the cgroup exists before the state file that names it
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
@@ -283,6 +286,15 @@ class Task:
         except Stopped:
             return self._stop[0], None, self._stop[1]
         return self._supervise(client)
+
+    def _refuse_system_user(self):
+        """TaskError before a launch as a token's unix_user that is a system account on this node (below
+        uid 1000, or nobody), unless fleetd's operator allowed that user (run_as.allow_system_user). A
+        task taken back after a restart is not asked again: its process runs already."""
+        if self.run_as.source == "unix_user" and not (self.assignment.run_as or {}).get("allow_system_user"):
+            problem = system_uid_problem(self.run_as.user, self.run_as.uid)
+            if problem:
+                raise TaskError(problem)
 
     def _resolve_user(self):
         """Whom the task runs as (TaskError when this node cannot run it so)."""
@@ -365,7 +377,7 @@ class Task:
     def _prepare_limits(self):
         """Set up the task's limits (MPS, cgroup); TaskError when they cannot be met here."""
         try:
-            self.task_limits = self.runner.limits.prepare(self.assignment)
+            self.task_limits = self.runner.limits.prepare(self.assignment, self.run_as)
         except LimitError as exc:
             raise TaskError(str(exc)) from None
         except OSError as exc:
@@ -515,9 +527,12 @@ class Task:
             return "succeeded", 0, None
         oom = self.runner.limits.cgroups.oom_kills(self.task_limits.cgroup if self.task_limits else None)
         if oom:
-            limit = self.task_limits.host.get("memory_bytes", {}).get("limit")
-            return "failed", exit_code, (f"host_memory_limit_exceeded: memory_bytes {limit}, the kernel OOM-killed "
-                                         f"{oom} process(es) of the task ({how})")
+            record = self.task_limits.host.get("memory_bytes", {})
+            limit = record.get("limit")
+            default = (" (the fleet's task_memory_default_bytes: the spec sets no memory_bytes)"
+                       if record.get("source") else "")
+            return "failed", exit_code, (f"host_memory_limit_exceeded: memory_bytes {limit}{default}, the kernel "
+                                         f"OOM-killed {oom} process(es) of the task ({how})")
         return "failed", exit_code, how
 
     def _report_start(self, client, attempts):

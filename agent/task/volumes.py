@@ -35,7 +35,7 @@ class Volumes:
 
     def path(self, instance_id):
         """The directory of an instance's volume; ValueError for an id that is no instance id."""
-        if not INSTANCE_ID_RE.match(instance_id or "") or instance_id in (".", ".."):
+        if not INSTANCE_ID_RE.fullmatch(instance_id or "") or instance_id in (".", ".."):
             raise ValueError(f"{instance_id!r} is not an instance id")
         return os.path.join(self.root, instance_id)
 
@@ -69,7 +69,7 @@ class Volumes:
         try:
             with os.scandir(self.root) as entries:
                 return sorted(e.name for e in entries
-                              if e.is_dir(follow_symlinks=False) and INSTANCE_ID_RE.match(e.name)
+                              if e.is_dir(follow_symlinks=False) and INSTANCE_ID_RE.fullmatch(e.name)
                               and e.name not in (".", ".."))
         except FileNotFoundError:
             return []

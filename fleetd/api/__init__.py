@@ -29,3 +29,7 @@ BLUEPRINTS += [config.blp]
 from fleetd.api import usage  # noqa: E402 - usage, chargeback and budgets (issue 34)
 
 BLUEPRINTS += [usage.blp]
+
+from fleetd.api import host_ports  # noqa: E402 - seed 000's assign-host-port (issue 44)
+
+BLUEPRINTS += [host_ports.blp]

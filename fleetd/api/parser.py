@@ -3,7 +3,9 @@
 Python's json module accepts NaN, Infinity and -Infinity (not JSON), turns 1e400 into
 infinity, decodes "\\ud800" into an unpaired surrogate that no database can encode, and
 gives up with a RecursionError or a ValueError on deep nesting or huge integers. Each of
-those reached a 500 or, worse, a stored job that broke every scheduling pass. Here each is
+those reached a 500 or, worse, a stored job that broke every scheduling pass. It also keeps
+the last of two equal keys in one object, so that what a proxy or an audit log read
+(`{"name": "a", "name": "b"}`: the first, to many parsers) is not what fleetd did. Here each is
 a 400 with the error envelope before any schema sees the body.
 """
 
@@ -34,6 +36,18 @@ def _finite_float(text):
     value = float(text)
     if not math.isfinite(value):
         raise BadJson(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _unique_keys(pairs):
+    """An object's members as a dict; BadJson naming the first key that appears twice."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen = set()
+        for key, _item in pairs:
+            if key in seen:
+                raise BadJson(f"the key {key[:64]!r} appears more than once in one object")
+            seen.add(key)
     return value
 
 
@@ -71,7 +85,8 @@ def loads(body):
     except UnicodeDecodeError as exc:
         raise BadJson(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
+                           object_pairs_hook=_unique_keys)
     except RecursionError:
         raise BadJson(f"nested deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as exc:

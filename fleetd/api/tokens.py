@@ -28,7 +28,9 @@ class Tokens(MethodView):
     @blp.response(201, TokenCreatedSchema)
     def post(self, body):
         """Create an API token; the secret is in this response only."""
-        row, token = tokens.create_api_token(current_runtime().clock.now(), **body)
+        rt = current_runtime()
+        row, token = tokens.create_api_token(rt.clock.now(), allowed_system_users=rt.settings.allowed_system_users,
+                                             **body)
         row.token = token
         return row
 

@@ -136,7 +136,9 @@ def status():
             use, limits = who["use"], who["limits"]
             click.echo(f"your use: {use['active_jobs']}/{limits['max_active_jobs']} active jobs, "
                        f"{use['instances']}/{limits['max_instances']} instances, "
-                       f"{byte_size(use['artifact_bytes'])}/{byte_size(limits['max_artifact_bytes'])} of artifacts")
+                       + (f"{byte_size(use['stored_spec_bytes'])}/{byte_size(limits['max_stored_spec_bytes'])} of "
+                          "specs, " if "stored_spec_bytes" in use else "")  # an older server counts none
+                       + f"{byte_size(use['artifact_bytes'])}/{byte_size(limits['max_artifact_bytes'])} of artifacts")
         nodes = cluster["nodes"]
         summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
         click.echo(f"nodes: {sum(nodes.values())} ({summary})")

@@ -4,8 +4,8 @@ import shlex
 
 import click
 
-from fleetd.cli.output import cell, emit, plural, show_record, show_table
-from fleetd.cli.params import Duration, parse_labels
+from fleetd.cli.output import byte_size, cell, emit, plural, show_record, show_table
+from fleetd.cli.params import Duration, Size, parse_labels
 from fleetd.cli.remote import client_command, current_client
 from fleetd.cli.validation import describe_validation, validation_options
 
@@ -37,6 +37,29 @@ def _isolation_body(allow_root_tasks, require_isolation, allowed_images):
     return {k: v for k, v in body.items() if v is not None}
 
 
+def task_options(fn):
+    """--task-pids-max, --task-memory-default and --task-path, for create and update."""
+    fn = click.option("--task-path", help="The PATH a task starts with (default: the system's directories).")(fn)
+    fn = click.option("--task-memory-default", "task_memory_default_bytes", type=Size(),
+                      help="Host memory bound of a task that sets no memory_bytes, e.g. 32G (default 32G).")(fn)
+    fn = click.option("--task-pids-max", type=int,
+                      help="The most processes and threads a task may hold, and the default (4096).")(fn)
+    return fn
+
+
+def _task_body(task_pids_max, task_memory_default_bytes, task_path):
+    body = {"task_pids_max": task_pids_max, "task_memory_default_bytes": task_memory_default_bytes,
+            "task_path": task_path}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _task_defaults(fleet):
+    if "task_pids_max" not in fleet:
+        return "-"
+    return (f"{fleet['task_pids_max']} pids, memory {byte_size(fleet['task_memory_default_bytes'])} unless set, "
+            f"PATH {fleet['task_path']}")
+
+
 def _isolation(fleet):
     rules = [f"images {', '.join(fleet.get('allowed_images') or []) or 'none'}"]
     if fleet.get("allow_root_tasks"):
@@ -51,13 +74,15 @@ def _isolation(fleet):
 @click.option("--description", default="", help="What the fleet is (free text).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
 @isolation_options
+@task_options
 @validation_options(default={})
-def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images, validation):
+def fleet_create(name, description, labels, allow_root_tasks, require_isolation, allowed_images, task_pids_max,
+                 task_memory_default_bytes, task_path, validation):
     """Create a fleet. Its new and repaired nodes are validated before they take work (the built-in GPU
     checks), unless --no-validation."""
     body = {"name": name, "description": description, "labels": parse_labels(labels),
             **_isolation_body(allow_root_tasks, require_isolation, allowed_images),
-            "validation": validation}
+            **_task_body(task_pids_max, task_memory_default_bytes, task_path), "validation": validation}
     data = current_client().post("/api/v1/fleets", body)
     emit(data, lambda d: click.echo(f"created fleet {d['name']}; validation: {describe_validation(d)}"))
 
@@ -85,7 +110,8 @@ def fleet_show(name):
     """Show one fleet, with its availability windows."""
     data = current_client().get(f"/api/v1/fleets/{name}")
     emit(data, lambda d: show_record(d, FLEET_COLUMNS + [("AVAILABILITY", _availability),
-                                                         ("ISOLATION", _isolation), ("VALIDATION", describe_validation),
+                                                         ("ISOLATION", _isolation), ("TASKS", _task_defaults),
+                                                         ("VALIDATION", describe_validation),
                                                          ("CREATED", "created_at")]))
 
 
@@ -98,12 +124,14 @@ def fleet_show(name):
 @click.option("--timezone", default="UTC", show_default=True, help="Time zone of --window.")
 @click.option("--always-open", is_flag=True, help="Remove the availability windows.")
 @isolation_options
+@task_options
 @validation_options(default=...)
 def fleet_update(name, description, labels, windows, timezone, always_open, allow_root_tasks, require_isolation,
-                 allowed_images, validation):
+                 allowed_images, task_pids_max, task_memory_default_bytes, task_path, validation):
     """Change a fleet's description, labels, availability windows, isolation rules or validation (the
     validation options replace its whole setting)."""
     body = _isolation_body(allow_root_tasks, require_isolation, allowed_images)
+    body.update(_task_body(task_pids_max, task_memory_default_bytes, task_path))
     if validation is not ...:
         body["validation"] = validation
     if description is not None:

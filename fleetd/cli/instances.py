@@ -177,6 +177,8 @@ def _wait_running(instance_id, data, timeout, verb):
               help="InstanceSpec as YAML or JSON; the options below override it.")
 @click.option("--name", help="Instance name (default: the command's first word, or the image's name).")
 @click.option("--gpus", type=GpuCount(), help="GPUs to reserve.")
+@click.option("--gpu-memory", "gpu_memory_bytes", type=Size(),
+              help="GPU memory of its slice of one GPU, e.g. 20G (binary units: 20G = 20 GiB).")
 @click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
 @click.option("--cpus", type=click.FloatRange(min=0), help="Host CPUs, reserved and enforced (default: no limit).")
 @click.option("--memory", "memory_bytes", type=Size(), help="Host memory, e.g. 64G (binary units: 64G = 64 GiB).")
@@ -200,7 +202,7 @@ def _wait_running(instance_id, data, timeout, verb):
               help="Wait until it runs; exit 0 once it does, 1 if it stopped or failed first.")
 @click.option("--timeout", type=Duration(), help="With --wait: give up after this long (exit 2).")
 @click.argument("command", nargs=-1)
-def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image, ports, volume_bytes,
+def instance_create(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, memory_bytes, image, ports, volume_bytes,
                     volume_mount_path, env, spot, bid, fleet_name, labels, restart, idle_stop, wait_running, timeout,
                     command):
     """Create an instance: fleetd instance create [OPTIONS] [-- COMMAND [ARGS]...]"""
@@ -217,7 +219,8 @@ def instance_create(spec_file, name, gpus, gpu_types, cpus, memory_bytes, image,
                     else str(spec["image"]).rsplit("/", 1)[-1].split("@")[0].split(":")[0])
     spec["name"] = name or spec.get("name") or default_name or "instance"
     resources = spec.setdefault("resources", {})
-    for key, value in (("gpus", gpus), ("cpus", cpus), ("memory_bytes", memory_bytes)):
+    for key, value in (("gpus", gpus), ("gpu_memory_bytes", gpu_memory_bytes), ("cpus", cpus),
+                       ("memory_bytes", memory_bytes)):
         if value is not None:
             resources[key] = value
     resources.setdefault("gpus", 0)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from fleetd.cli.output import emit, log_printer, money, show_record, show_table, wants_json
-from fleetd.cli.params import Duration, GpuCount, load_spec, parse_labels
+from fleetd.cli.params import Duration, GpuCount, Size, load_spec, parse_labels
 from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
 from fleetd.client import ClientError
 
@@ -28,7 +28,8 @@ JOB_COLUMNS = [("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("STATE", "st
 @click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="JobSpec as YAML or JSON.")
 @click.option("--name", help="Job name (default: the command's first word).")
 @click.option("--gpus", type=GpuCount(), help="Whole GPUs per node, or a fraction 0 < x < 1 of one GPU.")
-@click.option("--gpu-memory", "gpu_memory_bytes", type=click.IntRange(min=1), help="GPU memory per task, bytes.")
+@click.option("--gpu-memory", "gpu_memory_bytes", type=Size(),
+              help="GPU memory of each rank's slice of one GPU, e.g. 20G (binary units: 20G = 20 GiB).")
 @click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
 @click.option("--cpus", type=click.FloatRange(min=0),
               help="Host CPUs per node, reserved and enforced (default: no limit).")

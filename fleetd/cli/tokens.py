@@ -12,7 +12,8 @@ def token():
     """API tokens."""
 
 
-LIMITS = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_artifact_bytes", "requests_per_second")
+LIMITS = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_stored_spec_bytes", "max_artifact_bytes",
+          "requests_per_second")
 
 
 def own_limits(row):
@@ -31,6 +32,9 @@ def limit_options(command):
         click.option("--max-active-jobs", type=click.IntRange(0), help="Jobs it may have queued or running at once."),
         click.option("--max-instances", type=click.IntRange(0), help="Instances it may hold (not deleted)."),
         click.option("--max-spec-bytes", type=Size(), help="Size of one job or instance spec, e.g. 64K."),
+        click.option("--max-stored-spec-bytes", type=Size(),
+                     help="Bytes the specs of its jobs and instances may take in the database, e.g. 500M (ended "
+                          "ones count until the gc deletes them)."),
         click.option("--max-artifact-bytes", type=Size(),
                      help="Bytes of artifacts it may store, e.g. 500G (each counted as if it were its alone)."),
         click.option("--requests-per-second", type=click.FloatRange(0.01), help="Its API requests per second."),
@@ -51,13 +55,16 @@ def given_limits(values):
               help="admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and status.")
 @click.option("--team", help="Team of a submitter token.")
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
-@click.option("--unix-user", help="Host user the token's tasks run as (must exist on the nodes; not root). "
-                                  "Default: a uid fleetd allocates for the token.")
+@click.option("--unix-user", help="Host user the token's tasks run as (must exist on the nodes; not root, no "
+                                  "system account unless the server allows it). Default: a uid fleetd allocates "
+                                  "for the token.")
+@click.option("--share-unix-user", is_flag=True, default=None,
+              help="Let --unix-user be one that a live token has already: both are one tenant on the hosts.")
 @limit_options
-def token_create(name, role, team, expires_in, unix_user, **limits):
+def token_create(name, role, team, expires_in, unix_user, share_unix_user, **limits):
     """Create an API token; its secret is printed once. The limits not given are the server's settings."""
     body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in, "unix_user": unix_user,
-            "limits": given_limits(limits) or None}
+            "share_unix_user": share_unix_user, "limits": given_limits(limits) or None}
     data = current_client().post("/api/v1/tokens", {k: v for k, v in body.items() if v is not None})
 
     def human(d):

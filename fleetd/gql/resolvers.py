@@ -2,6 +2,7 @@
 answers mapped onto GraphQL's field names. Nothing here decides: a create is the REST body
 InstanceSpecSchema validates, a stop, resume or terminate is the REST route's service call."""
 
+import math
 import re
 import shlex
 import time
@@ -17,6 +18,9 @@ from fleetd.services import cluster, instances
 GIB = 1 << 30
 PODS_PAGE = 1000  # myself { pods } reads the REST list page by page (its largest page), oldest first ...
 MAX_POD_PAGES = 100  # ... to at most 100,000 instances; past that, the REST list and its cursor
+# The imageName that asks for a host process (docs/api.md, GraphQL): the SDKs' create_pod always sends
+# an image. An image of that name is still reached by its full reference (docker.io/library/host).
+HOST_PROCESS_IMAGE = "host"
 CPU_INSTANCE = re.compile(r"^cpu\d*[a-z]*-(\d{1,4})-(\d{1,5})$")  # deployCpuPod's instanceId: cpu3c-2-4 (vCPUs, GB)
 
 query = QueryType()
@@ -93,7 +97,7 @@ def _pod_of(rt, inst):
 def _instance_id(data):
     """The podId or clusterId of an input; a NUL or an unpaired surrogate (which no database takes) is
     refused as the REST routes refuse it in a path."""
-    instance_id = data.get("podId") or data.get("clusterId")
+    instance_id = next((data[key] for key in ("podId", "clusterId") if data.get(key) is not None), "")
     if forbidden_text(instance_id):
         raise InvalidRequest("the id holds a NUL character or an unpaired surrogate")
     return instance_id
@@ -118,6 +122,14 @@ def _command(text):
         raise InvalidRequest(f"dockerArgs: {exc}", {"fields": {"dockerArgs": [str(exc)]}}) from None
 
 
+def _bytes_of_gb(data, key):
+    """A size in GB of an input as bytes; one no byte count can hold (1e308 GB) is refused naming it."""
+    size = (data.get(key) or 0) * GIB
+    if not math.isfinite(size) or abs(size) >= 2**63:
+        raise InvalidRequest(f"{key}: {data[key]} GB is not a size", {"fields": {key: ["not a size"]}})
+    return int(size)
+
+
 def instance_body(data, spot, cloud_labels=None):
     """The REST InstanceSpec body a create input stands for (docs/api.md, GraphQL: field mapping).
     `cloud_labels`: the node labels the input's cloudType selects (settings.cloud_type_labels).
@@ -133,14 +145,16 @@ def instance_body(data, spot, cloud_labels=None):
     if data.get("minVcpuCount"):
         resources["cpus"] = data["minVcpuCount"]
     if data.get("minMemoryInGb"):
-        resources["memory_bytes"] = int(data["minMemoryInGb"] * GIB)
-    body = {"name": data["name"], "command": _command(data.get("dockerArgs")), "image": data.get("imageName") or None,
+        resources["memory_bytes"] = _bytes_of_gb(data, "minMemoryInGb")
+    image = data.get("imageName") or None
+    body = {"name": data["name"], "command": _command(data.get("dockerArgs")),
+            "image": None if image == HOST_PROCESS_IMAGE else image,
             "env": {e["key"]: e["value"] for e in data.get("env") or ()}, "resources": resources,
-            "volume_bytes": int((data.get("volumeInGb") or 0) * GIB), "ports": _ports(data.get("ports"))}
+            "volume_bytes": _bytes_of_gb(data, "volumeInGb"), "ports": _ports(data.get("ports"))}
     if data.get("volumeMountPath"):
         body["volume_mount_path"] = data["volumeMountPath"]
     if data.get("containerDiskInGb"):
-        body["scratch_bytes"] = int(data["containerDiskInGb"] * GIB)
+        body["scratch_bytes"] = _bytes_of_gb(data, "containerDiskInGb")
     if data.get("runtimeArgs"):
         body["runtime_args"] = list(data["runtimeArgs"])
     selector = {}

@@ -2,10 +2,10 @@
 
 from marshmallow import Schema, ValidationError, fields, validate
 
-from fleetd.schemas.common import Bool, Int, Labels, Text
+from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
 
-MACHINE_ID = validate.Regexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
+MACHINE_ID = FullRegexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
 
 
 class GpuReportSchema(Schema):
@@ -67,7 +67,7 @@ class CapabilitiesSchema(Schema):
         "description": "uid: the agent runs each task as its owner's uid; none: it cannot switch users "
                        "(not root); left out by older agents (read as none)"})
     isolation_reason = Text(max_length=500, metadata={"description": "why isolation is none"})
-    containers = Text(max_length=500, validate=[validate.Regexp(r"^(ready|unavailable: .+)$", error=CONTAINERS_ERROR),
+    containers = Text(max_length=500, validate=[FullRegexp(r"^(ready|unavailable: .+)$", error=CONTAINERS_ERROR),
                                                 _one_line], metadata={
         "description": 'whether the container runtime works: "ready" or "unavailable: <reason>"'})
     host_uids = fields.List(Int(maximum=2**32 - 1), validate=validate.Length(max=MAX_HOST_UIDS), metadata={
@@ -151,7 +151,7 @@ class HeartbeatSchema(Schema):
                           allow_none=True, metadata={"description": "the instance volumes present on the node"})
     agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
         "description": "the agent's version; sent on the first heartbeat after the agent starts and on change"})
-    bundle_sha256 = fields.String(load_default=None, validate=validate.Regexp(
+    bundle_sha256 = fields.String(load_default=None, validate=FullRegexp(
         r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"), metadata={
         "description": "SHA-256 of the offline bundle the agent was installed from ('' when none); sent with "
                        "agent_version"})

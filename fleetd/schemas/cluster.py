@@ -48,6 +48,7 @@ class GpuCapacitySchema(Schema):
 
 class ProfileSchema(Schema):
     name = fields.String()
+    label = fields.String(metadata={"description": "the shape as people read it (seed 003's label)"})
     series = fields.String()
     num_nodes = fields.Integer()
     gpus_per_node = fields.Integer()

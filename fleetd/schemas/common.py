@@ -26,6 +26,16 @@ class Text(fields.String):
         return value
 
 
+class FullRegexp(validate.Regexp):
+    """marshmallow's Regexp read in full: its `match` lets a pattern that ends in `$` take a trailing
+    newline ("alice\n"). The pattern itself stays as written (`^...$`), as OpenAPI documents it."""
+
+    def __call__(self, value):
+        if self.regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
+
+
 class Int(fields.Integer):
     """A strict integer (no strings, no floats) within the range of a database BIGINT."""
 

@@ -6,8 +6,16 @@ import zoneinfo
 from marshmallow import Schema, fields, validate
 
 from fleetd import windows
-from fleetd.schemas.common import Bool, Int, Labels, Text, Time, page_schema
+from fleetd.models import (
+    DEFAULT_TASK_MEMORY_BYTES,
+    DEFAULT_TASK_PATH,
+    DEFAULT_TASK_PIDS_MAX,
+    MAX_TASK_MEMORY_BYTES,
+    MIN_TASK_MEMORY_BYTES,
+)
+from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
+from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 
@@ -20,14 +28,14 @@ def _enum_name(zone):
 
 TIME_ZONE_NAMES = [_enum_name(zone) for zone in TIME_ZONES]
 
-FLEET_NAME = validate.Regexp(
+FLEET_NAME = FullRegexp(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", error="lowercase letters, digits and '-', at most 63, like a DNS label"
 )
 
 
 class WindowSchema(Schema):
-    start = fields.String(required=True, validate=validate.Regexp(windows.HHMM, error="HH:MM (24 h)"))
-    end = fields.String(required=True, validate=validate.Regexp(windows.HHMM, error="HH:MM (24 h)"))
+    start = fields.String(required=True, validate=FullRegexp(windows.HHMM, error="HH:MM (24 h)"))
+    end = fields.String(required=True, validate=FullRegexp(windows.HHMM, error="HH:MM (24 h)"))
     days = fields.List(fields.String(validate=validate.OneOf(windows.DAYS)), validate=validate.Length(min=1, max=7),
                        metadata={"description": "days on which the window starts (default: every day)"})
 
@@ -69,6 +77,20 @@ AllowedImages = lambda **kw: fields.List(  # noqa: E731
     metadata={"description": "glob patterns (fnmatch) an instance's image must match to run here "
                              "(default [\"*\"]: any image)"}, **kw)
 
+TaskPidsMax = lambda **kw: Int(  # noqa: E731
+    minimum=MIN_TASK_PIDS, maximum=MAX_TASK_PIDS, metadata={
+        "description": "the most processes and threads a task may hold on the fleet's nodes, and what one gets "
+                       f"whose spec sets no resources.pids (default {DEFAULT_TASK_PIDS_MAX})"}, **kw)
+TaskMemoryDefault = lambda **kw: Int(  # noqa: E731
+    minimum=MIN_TASK_MEMORY_BYTES, maximum=MAX_TASK_MEMORY_BYTES, metadata={
+        "description": "the host memory bound of a task whose spec sets no resources.memory_bytes (default "
+                       f"{DEFAULT_TASK_MEMORY_BYTES}: 32 GiB); nothing is reserved for it at placement"}, **kw)
+TaskPath = lambda **kw: Text(  # noqa: E731
+    min_length=1, max_length=MAX_TASK_PATH, validate=[FullRegexp(
+        TASK_PATH_RE, error="absolute directories separated by ':', no empty entry")], metadata={
+        "description": f"the PATH a task starts with, never the agent's own (default {DEFAULT_TASK_PATH}); a "
+                       "spec's env may set its own"}, **kw)
+
 
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
@@ -80,6 +102,9 @@ class FleetCreateSchema(Schema):
     require_isolation = RequireIsolation(load_default=False)
     allowed_images = AllowedImages(load_default=lambda: ["*"])
     validation = ValidationSetting(load_default=None)
+    task_pids_max = TaskPidsMax(load_default=DEFAULT_TASK_PIDS_MAX)
+    task_memory_default_bytes = TaskMemoryDefault(load_default=DEFAULT_TASK_MEMORY_BYTES)
+    task_path = TaskPath(load_default=DEFAULT_TASK_PATH)
 
 
 class FleetUpdateSchema(Schema):
@@ -91,6 +116,9 @@ class FleetUpdateSchema(Schema):
     require_isolation = RequireIsolation()
     allowed_images = AllowedImages()
     validation = ValidationSetting()
+    task_pids_max = TaskPidsMax()
+    task_memory_default_bytes = TaskMemoryDefault()
+    task_path = TaskPath()
 
 
 class FleetSchema(Schema):
@@ -108,6 +136,9 @@ class FleetSchema(Schema):
     allowed_images = fields.List(fields.String())
     validation = fields.Nested(ValidationSettingSchema, allow_none=True, metadata={
         "description": "the validation gate: null, none; {} the built-in checks"})
+    task_pids_max = fields.Integer()
+    task_memory_default_bytes = fields.Integer()
+    task_path = fields.String()
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

@@ -5,36 +5,52 @@ import re
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import InstanceState
+from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.agent import PORT_STATES
-from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.jobs import (
     ENV_NAME,
     MIN_GPU_FRACTION,
     GpuCount,
     NodeSelectorSchema,
+    Pids,
     _at_most_256,
+    _slice_memory,
     reserved_name_error,
 )
 from fleetd.specs import DEFAULT_MOUNT, InstanceSpec
-from fleetwire.assignment import MAX_RUNTIME_ARGS, RUNTIME_ARG_PATTERN, RUNTIME_ARGS, runtime_arg_error
+from fleetwire.assignment import (
+    MAX_RUNTIME_ARGS,
+    MAX_SHM_BYTES,
+    RUNTIME_ARG_PATTERN,
+    RUNTIME_ARGS,
+    runtime_arg_error,
+    shm_size_bytes,
+)
 
-IMAGE = validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
-                        error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
+IMAGE = FullRegexp(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$",
+                   error="an image reference: letters, digits and ._/:@+- (e.g. localhost/app:1)")
 MAX_VOLUME_BYTES = 1 << 50  # 1 PiB
 
 
 # An absolute path of segments that are not '..' and hold no ':' or ',' (podman's -v separators).
-MOUNT_PATH = validate.Regexp(r"^(/(?!\.\.(?:/|$))[^/:,\x00-\x1f]*)+$",
-                             error="an absolute path inside the container, without '..', ':' or ','")
+MOUNT_PATH = FullRegexp(r"^(/(?!\.\.(?:/|$))[^/:,\x00-\x1f]*)+$",
+                        error="an absolute path inside the container, without '..', ':' or ','")
 
 
 class InstanceResourcesSchema(Schema):
     gpus = GpuCount(load_default=0, metadata={"oneOf": [
         {"type": "integer", "minimum": 0, "maximum": 1024},
         {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1, "exclusiveMaximum": True}]})
+    gpu_memory_bytes = fields.Integer(strict=True, validate=[validate.Range(max=2**63 - 1), _slice_memory],
+                                      load_default=None, allow_none=True, metadata={
+        "minimum": MIN_SLICE_MEMORY_BYTES,
+        "description": "GPU memory of a slice of one GPU, as for jobs: the scheduler reserves it and the node stops "
+                       "the run past it (gpu_memory_limit_exceeded)"})
     gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
     memory_bytes = Int(load_default=0)
+    pids = Pids()
 
 
 class PortSchema(Schema):
@@ -76,7 +92,8 @@ def _distinct(ports):
 
 class InstanceSpecSchema(Schema):
     name = Text(required=True, min_length=1, max_length=200, validate=[_a_handle], metadata={
-        "description": "unique among the owner's instances that are not deleted; not `new`, not shaped like an id"})
+        "description": "unique among the owner's instances that are not deleted; not `new`, not shaped like an id; "
+                       "visible characters of one script in NFKC form (no bidi controls, no invisible ones)"})
     command = fields.List(Text(max_length=65536), validate=validate.Length(max=4096), load_default=list)
     image = fields.String(validate=IMAGE, load_default=None, allow_none=True)
     env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
@@ -88,7 +105,8 @@ class InstanceSpecSchema(Schema):
                                validate=validate.Length(max=MAX_RUNTIME_ARGS),
                                load_default=list, metadata={
         "description": "extra container runtime arguments, image only, each --flag=value from an allow-list: "
-                       + ", ".join(sorted(RUNTIME_ARGS))})
+                       + ", ".join(sorted(RUNTIME_ARGS)) + f"; --shm-size at most resources.memory_bytes where "
+                       f"set, and at most {MAX_SHM_BYTES // 1024**3}g"})
     scratch_bytes = Int(maximum=MAX_VOLUME_BYTES, load_default=0, metadata={
         "description": "the most its scratch space (wiped at every start) may hold: its working directory, and a "
                        "container's own writable layer; measured by its node, which stops the run (failed, with the "
@@ -112,6 +130,12 @@ class InstanceSpecSchema(Schema):
             raise ValidationError("FLEET_* variables are set by fleet-agent", "env")
         if data.get("runtime_args") and not data.get("image"):
             raise ValidationError("runtime arguments apply to an image (a container) only", "runtime_args")
+        memory = (data.get("resources") or {}).get("memory_bytes") or 0
+        for arg in data.get("runtime_args") or ():
+            flag, _, value = arg.partition("=")
+            if flag == "--shm-size" and memory and shm_size_bytes(value) > memory:
+                raise ValidationError(f"--shm-size={value} is more than resources.memory_bytes ({memory}): /dev/shm "
+                                      f"is memory, charged to the instance's limit", "runtime_args")
 
     @post_load
     def _typed(self, data, **kwargs):
@@ -233,3 +257,14 @@ class ConnectionSchema(Schema):
     host = fields.String()
     port = fields.Integer()
     protocol = fields.String()
+
+
+class HostPortQuerySchema(Schema):
+    """Seed 000's assign-host-port query: `podName` names an instance."""
+
+    pod_name = Text(data_key="podName", required=True, min_length=1, max_length=200, metadata={
+        "description": "the instance: its id, or its name among your instances"})
+    port = Int(minimum=1, maximum=65535, load_default=None, strict=False, metadata={
+        "description": "the declared port (may be left out when the instance declares one)"})
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0, metadata={
+        "description": "wait this long for the instance to run"})

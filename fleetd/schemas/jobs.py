@@ -6,15 +6,17 @@ import typing
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import JobState
+from fleetd.names import name_problem
 from fleetd.runtime import current_runtime
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
-from fleetd.schemas.common import Bool, Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema, Text, Time, page_schema
 from fleetd.services.usage import job_cost
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
+from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
 
-ENV_NAME = validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
-SHA256 = validate.Regexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
+ENV_NAME = FullRegexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
+SHA256 = FullRegexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
 
 
 def _at_most_256(env):
@@ -34,10 +36,11 @@ RESERVED_NAMES = ("new",)
 
 
 def reserved_name_error(name, kind):
-    """Why `name` may not name a workload of `kind` ("jobs", "instances"), or None when it may."""
+    """Why `name` may not name a workload of `kind` ("jobs", "instances"), or None when it may: not
+    reserved, and nothing that passes it off as another name (fleetd.names)."""
     if name in RESERVED_NAMES:
         return f"{name!r} is reserved (the admin UI's /ui/{kind}/{name}); choose another name"
-    return None
+    return name_problem(name)
 
 
 def _not_reserved(name):
@@ -71,6 +74,13 @@ def _slice_memory(value):
                               f"({MIN_SLICE_MEMORY_BYTES // 1024**2} MiB), got {value}")
 
 
+def Pids():
+    """A task's pid limit (`resources.pids`), for jobs and instances alike."""
+    return Int(minimum=MIN_TASK_PIDS, maximum=MAX_TASK_PIDS, allow_none=True, metadata={
+        "description": "the most processes and threads each rank may hold (absent: the fleet's task_pids_max, "
+                       "which is also the most it gets)"})
+
+
 class ResourcesSchema(Schema):
     gpus = GpuCount(load_default=0, metadata={"oneOf": [
         {"type": "integer", "minimum": 0, "maximum": 1024},
@@ -82,7 +92,10 @@ class ResourcesSchema(Schema):
                                        load_default=None, allow_none=True, metadata={"exclusiveMinimum": True})
     gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
-    memory_bytes = Int(load_default=0)
+    memory_bytes = Int(load_default=0, metadata={
+        "description": "host memory each rank holds (reserved, and its bound); 0 or absent: the fleet's "
+                       "task_memory_default_bytes bounds it, nothing is reserved"})
+    pids = Pids()
 
 
 class NodeSelectorSchema(Schema):
@@ -106,7 +119,8 @@ _NODE_SELECTOR = NodeSelectorSchema()
 
 class JobSpecSchema(Schema):
     name = Text(required=True, min_length=1, max_length=200, validate=[_not_reserved],
-                metadata={"description": "not `new` (the admin UI's /ui/jobs/new)"})
+                metadata={"description": "not `new` (the admin UI's /ui/jobs/new); visible characters of one "
+                                         "script in NFKC form (no bidi controls, no invisible ones)"})
     command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
     env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
                       validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
@@ -170,9 +184,10 @@ class JobStatusSchema(Schema):
     spec = fields.Dict()
     tasks = fields.List(fields.Nested(TaskStatusSchema), attribute="task_list")
     price_per_hour = fields.Function(lambda job: job_cost(current_runtime(), job)[0], allow_none=True, metadata={
-        "description": "what its running tasks cost per hour now (null when nothing runs or it is unpriced)"})
+        "description": "what its running tasks cost per hour now; once none runs, what its last attempt's cost "
+                       "(null when it never ran or is unpriced)"})
     cost_so_far = fields.Function(lambda job: job_cost(current_runtime(), job)[1], metadata={
-        "description": "its cost so far from the usage ledger, running tasks carried on to now"})
+        "description": "its cost so far from the usage ledger, ended tasks to their end and running ones to now"})
 
 
 JobPageSchema = page_schema(JobStatusSchema, "JobPage")
@@ -190,7 +205,15 @@ class SubmitQuerySchema(Schema):
 
 
 class JobWaitSchema(Schema):
-    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=0)
+    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=None, metadata={
+        "default": 0, "description": "hold the answer until the job is terminal, at most this long"})
+    wait = fields.Float(validate=validate.Range(min=0, max=30), load_default=None, metadata={
+        "description": "the same as wait_seconds (seed 004's name); wait_seconds wins when both are given"})
+
+    @post_load
+    def _wait_seconds(self, data, **kwargs):
+        wait = data.pop("wait", None)
+        return {**data, "wait_seconds": data["wait_seconds"] if data.get("wait_seconds") is not None else wait or 0}
 
 
 class JobResultTaskSchema(Schema):
@@ -263,7 +286,11 @@ class AssignmentSchema(Schema):
     max_runtime_seconds = fields.Integer(allow_none=True)
     artifacts = fields.List(fields.Nested(ArtifactRefSchema))
     cpus = fields.Float(allow_none=True, metadata={"description": "host CPUs to enforce (cgroup), if any"})
-    memory_bytes = fields.Integer(allow_none=True, metadata={"description": "host memory to enforce, if any"})
+    memory_bytes = fields.Integer(allow_none=True, metadata={
+        "description": "host memory to enforce: the spec's, else the fleet's task_memory_default_bytes"})
+    memory_default = fields.Boolean(metadata={"description": "memory_bytes is the fleet's default"})
+    pids = fields.Integer(allow_none=True, metadata={"description": "the most processes and threads the task holds"})
+    task_path = fields.String(allow_none=True, metadata={"description": "the task's PATH (the fleet's task_path)"})
     priority_class = fields.String()
     bid = fields.Float(allow_none=True)
     instance = fields.Dict(allow_none=True, metadata={

@@ -3,7 +3,7 @@
 from marshmallow import Schema, fields, validate
 
 from fleetd.models import NodeStatus
-from fleetd.schemas.common import Bool, Int, PageQuerySchema, Text, Time, check_labels, page_schema
+from fleetd.schemas.common import Bool, FullRegexp, Int, PageQuerySchema, Text, Time, check_labels, page_schema
 
 
 class GpuSchema(Schema):
@@ -162,7 +162,7 @@ class BootstrapRunSchema(Schema):
     outcome = fields.String(required=True, validate=validate.OneOf(
         ["enrolled", "upgraded", "downgraded", "updated", "unchanged", "failed"]))
     bundle_version = Text(max_length=64, load_default="")
-    bundle_sha256 = fields.String(validate=validate.Regexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"),
+    bundle_sha256 = fields.String(validate=FullRegexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"),
                                   load_default="")
     detail = Text(max_length=1000, load_default="", metadata={"description": "what the run did, or why it failed"})
 

@@ -4,7 +4,7 @@ import re
 
 from marshmallow import Schema, ValidationError, fields, validate, validates
 
-from fleetd.schemas.common import Int, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.fleets import AvailabilitySchema
 from fleetd.services.rollouts import NODE_MOVES, NODE_STATES
 
@@ -14,7 +14,7 @@ PERCENT_PATTERN = r"^0*([1-9][0-9]?|100)%$"  # ASCII digits only: 1% to 100%
 class RolloutCreateSchema(Schema):
     fleet = Text(required=True, min_length=1, max_length=64)
     bundle_version = Text(required=True, min_length=1, max_length=64)
-    bundle_sha256 = Text(required=True, validate=[validate.Regexp(r"^[0-9a-f]{64}$", error="64 hex digits")])
+    bundle_sha256 = Text(required=True, validate=[FullRegexp(r"^[0-9a-f]{64}$", error="64 hex digits")])
     batch = fields.Raw(load_default=1, metadata={
         "description": "nodes per batch: a number, or a percentage of the nodes such as \"10%\" (default 1)",
         "oneOf": [{"type": "integer", "minimum": 1, "maximum": 100000},

@@ -4,9 +4,9 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.credentials import TOKEN_NAME_MAX, TOKEN_NAME_PATTERN, token_name_problem
 from fleetd.models import LIMIT_NAMES, Role
-from fleetd.schemas.common import Int, Text, Time, page_schema
+from fleetd.schemas.common import Bool, FullRegexp, Int, Text, Time, page_schema
 
-POSIX_USER = validate.Regexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
+POSIX_USER = FullRegexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
 
 
 def _token_name(name):
@@ -29,6 +29,9 @@ class LimitsSchema(Schema):
     max_instances = Int(maximum=10**6, allow_none=True, metadata={"description": "its instances that are not deleted"})
     max_spec_bytes = Int(maximum=1024**3, allow_none=True, metadata={
         "description": "one job or instance spec as stored (a request body is at most 1 MiB anyway)"})
+    max_stored_spec_bytes = Int(maximum=2**60, allow_none=True, metadata={
+        "description": "the bytes of the specs its jobs, instances and their runs store; ended jobs and deleted "
+                       "instances count until the gc deletes them"})
     max_artifact_bytes = Int(maximum=2**60, allow_none=True, metadata={
         "description": "the bytes of what it uploaded, each artifact counted as if no one else had it"})
     requests_per_second = fields.Float(allow_none=True, validate=validate.Range(min=0.01, max=1e6), metadata={
@@ -37,14 +40,20 @@ class LimitsSchema(Schema):
 
 class TokenCreateSchema(Schema):
     name = Text(required=True, min_length=1, max_length=TOKEN_NAME_MAX, validate=[_token_name], metadata={
-        "pattern": TOKEN_NAME_PATTERN, "description": "printable text on one line, no space at either end; unique "
-                                                      "among the tokens that are neither revoked nor expired"})
+        "pattern": TOKEN_NAME_PATTERN, "description": "printable text on one line, no space at either end, "
+                                                      "letters of one script, in NFKC form; unique among the "
+                                                      "tokens that are neither revoked nor expired"})
     role = fields.String(required=True, validate=validate.OneOf([r.value for r in Role]))
     team = Text(max_length=200, load_default=None, allow_none=True)
     expires_in_seconds = Int(minimum=60, maximum=10 * 365 * 86400, load_default=None, allow_none=True)
     unix_user = fields.String(validate=[POSIX_USER, _not_root], load_default=None, allow_none=True, metadata={
         "description": "the host user this token's tasks run as (it must exist on the nodes); none: a uid fleetd "
-                       "allocates for the token"})
+                       "allocates for the token. Not a system account (uid below 1000, or nobody) unless the "
+                       "server's tokens_allow_system_users names it; not another live token's user unless "
+                       "share_unix_user"})
+    share_unix_user = Bool(load_default=False, load_only=True, metadata={
+        "description": "true: take a unix_user that a live token already has (409 otherwise): both tokens are "
+                       "one tenant on the hosts, whose tasks read each other's files"})
     limits = fields.Nested(LimitsSchema, load_default=None, allow_none=True, metadata={
         "description": "this token's own limits; those left out are the server's settings"})
 
@@ -79,6 +88,7 @@ TokenPageSchema = page_schema(TokenSchema, "TokenPage")
 class OwnerUseSchema(Schema):
     active_jobs = fields.Integer()
     instances = fields.Integer()
+    stored_spec_bytes = fields.Integer(metadata={"description": "what max_stored_spec_bytes counts"})
     artifact_bytes = fields.Integer()
 
 

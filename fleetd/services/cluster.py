@@ -705,16 +705,24 @@ def _node_counts(state):
 
 
 def profiles(state):
-    """Shapes that exist: for each series and GPUs-per-node, how many nodes have it."""
-    shapes = {}
+    """Shapes that exist: for each series and GPUs-per-node, how many nodes have it, with a `label`
+    to show (seed 003's profile summary)."""
+    shapes, models = {}, {}
     for node in state.nodes:
         by_series = {}
         for gpu in state.gpus.get(node.id, ()):
             by_series.setdefault(series_id(gpu.model), []).append(gpu)
+            models.setdefault(series_id(gpu.model), gpu.model)
         for sid, gpus in by_series.items():
             shapes[(sid, len(gpus))] = shapes.get((sid, len(gpus)), 0) + 1
-    return [{"name": f"{count}x{per}x{sid}", "series": sid, "num_nodes": count, "gpus_per_node": per}
+    return [{"name": f"{count}x{per}x{sid}", "label": profile_label(models[sid], per, count), "series": sid,
+             "num_nodes": count, "gpus_per_node": per}
             for (sid, per), count in sorted(shapes.items())]
+
+
+def profile_label(model, per_node, nodes):
+    """A profile as people read it: "8 x NVIDIA H100 80GB HBM3 per node, 2 nodes"."""
+    return f"{per_node} x {model} per node, {nodes} node{'' if nodes == 1 else 's'}"
 
 
 def cluster_allocation(state, node_id=None):

@@ -8,7 +8,16 @@ import peewee
 from fleetd.credentials import JOIN_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
-from fleetd.models import DEFAULT_HEALTH_POLICY, Fleet, Gpu, JoinToken, Node
+from fleetd.models import (
+    DEFAULT_HEALTH_POLICY,
+    DEFAULT_TASK_MEMORY_BYTES,
+    DEFAULT_TASK_PATH,
+    DEFAULT_TASK_PIDS_MAX,
+    Fleet,
+    Gpu,
+    JoinToken,
+    Node,
+)
 from fleetd.services.pagination import paginate
 from fleetd.services.parking import fleet_changed
 from fleetd.sql import Statement
@@ -66,9 +75,11 @@ def terraform_state(name):
 
 
 def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None,
-                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",), validation=None):
+                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",), validation=None,
+                 task_pids_max=DEFAULT_TASK_PIDS_MAX, task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
+                 task_path=DEFAULT_TASK_PATH):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see services.health (None: defaults);
-    the isolation rules: see docs/api.md, Fleets."""
+    the isolation rules and the task defaults: see docs/api.md, Fleets."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:
@@ -76,7 +87,8 @@ def create_fleet(now, name, description="", labels=None, availability=None, heal
             Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
                          availability=availability, health_policy=_policy(health_policy),
                          allow_root_tasks=allow_root_tasks, require_isolation=require_isolation,
-                         allowed_images=list(allowed_images), validation=validation)
+                         allowed_images=list(allowed_images), validation=validation, task_pids_max=task_pids_max,
+                         task_memory_default_bytes=task_memory_default_bytes, task_path=task_path)
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
@@ -90,7 +102,7 @@ def update_fleet(rt, name, changes):
         if fleet is None:
             raise NotFound(f"fleet {name!r} not found")
         for field in ("description", "labels", "availability", "allow_root_tasks", "require_isolation",
-                      "allowed_images", "validation"):
+                      "allowed_images", "validation", "task_pids_max", "task_memory_default_bytes", "task_path"):
             if field in changes:
                 setattr(fleet, field, changes[field])
         if "health_policy" in changes:  # fields left out keep their value; null: back to the defaults

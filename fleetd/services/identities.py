@@ -7,6 +7,7 @@ in memory once read (the `Identities` of the Runtime), and a scheduling pass tha
 of tasks reads nothing for them but what it already holds.
 """
 
+import pwd
 import threading
 
 import peewee
@@ -14,6 +15,7 @@ import peewee
 from fleetd.credentials import ADMIN
 from fleetd.db import write_transaction
 from fleetd.models import ApiToken, Node, OwnerUid
+from fleetwire.assignment import system_uid_problem
 
 UNIX_USER, ROOT, DYNAMIC = "unix_user", "root", "dynamic"
 _ALLOCATION_TRIES = 5  # another replica may take the uid this one chose: choose again
@@ -23,8 +25,29 @@ class UidsExhausted(Exception):
     """Every uid of the configured range is allocated (or a host user's)."""
 
 
-def run_as_unix_user(name):
-    return {"source": UNIX_USER, "user": name, "uid": None, "gid": None}
+def run_as_unix_user(name, allow_system_user=False):
+    """A unix_user's run_as; `allow_system_user` (sent only when true) tells the node that the operator
+    allowed this user although it is a system account (settings.tokens_allow_system_users)."""
+    run_as = {"source": UNIX_USER, "user": name, "uid": None, "gid": None}
+    if allow_system_user:
+        run_as["allow_system_user"] = True
+    return run_as
+
+
+def unix_user_problem(name, allowed_system_users):
+    """Why a token may not take host user `name` as its unix_user, or None: a system account (below
+    uid 1000, or nobody) that the operator did not allow, as this fleetd host's user database reads
+    it. A name unknown here is the nodes' to resolve; each node refuses a system account again at
+    launch, by its own database (fleetwire.assignment.system_uid_problem)."""
+    if name in allowed_system_users:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    if entry.pw_uid == 0 or entry.pw_gid == 0:
+        return f"host user {name!r} has uid or gid 0: tasks never run as root through a token"
+    return system_uid_problem(name, entry.pw_uid)
 
 
 RUN_AS_ROOT = {"source": ROOT, "user": "root", "uid": 0, "gid": 0}
@@ -37,8 +60,9 @@ def run_as_uid(uid):
 class Identities:
     """Tokens' role and unix_user, and owners' allocated uids, read (or allocated) once."""
 
-    def __init__(self, uids):
+    def __init__(self, uids, allowed_system_users=frozenset()):
         self.uids = uids  # the range owners' uids come from (settings.task_uids)
+        self.allowed_system_users = allowed_system_users  # settings.allowed_system_users
         self._tokens = {}  # token id -> (role or None, unix_user or None)
         self._owner_uids = {}  # token id -> uid
         self._lock = threading.Lock()
@@ -50,7 +74,7 @@ class Identities:
         of the caller's."""
         role, unix_user = self._token(owner)
         if unix_user:
-            return run_as_unix_user(unix_user)
+            return run_as_unix_user(unix_user, unix_user in self.allowed_system_users)
         if role == ADMIN and allows_root():
             return dict(RUN_AS_ROOT)
         return run_as_uid(self.uid(owner, now))

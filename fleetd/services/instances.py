@@ -33,7 +33,15 @@ from fleetd.services import limits, policy, scheduling
 from fleetd.services.events import list_events, record_event
 from fleetd.services.lifecycle import owe_stops, switch_instance_state
 from fleetd.services.pagination import last_rows, paginate
-from fleetd.services.runs import new_run, resumes_by_itself, run_active, settle_deleting, stop_job, volumes_removed
+from fleetd.services.runs import (
+    new_run,
+    resumed_price,
+    resumes_by_itself,
+    run_active,
+    settle_deleting,
+    stop_job,
+    volumes_removed,
+)
 from fleetd.services.terms import task_request
 from fleetd.services.usage import storage_costs
 
@@ -55,13 +63,15 @@ def create_instance(rt, principal, spec):
     try:
         with write_transaction():
             allowed = limits.hold_owner(rt.settings, principal)
-            limits.check_spec(allowed, spec, "instance")
+            size = limits.check_spec(allowed, principal, spec, "instance",
+                                     stored=limits.spec_bytes(spec) + limits.spec_bytes(spec.run(None)))
             limits.check_new_instance(allowed, principal)
             _refuse_taken_name(principal, spec.name)
             inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
                                    team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
                                    spec=spec.to_dict(),
                                    created_at=now, status_reason=f"created by {principal.label}")
+            limits.count_stored(principal.id, size)  # its first run counts itself (runs.new_run)
             record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
                          InstanceState.PENDING.value, actor=principal.label)
             new_run(inst, now, never)
@@ -251,11 +261,18 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
             spec = dataclasses.replace(spec, bid=bid)
         request = task_request(spec.run(inst.node_id), inst.owner_token_id)
         policy.check_bid(spec)
+        # The new run stores its spec, and a changed spec takes its own size: both count for the owner.
+        grown = limits.spec_bytes(spec) - limits.stored_size(inst.spec)
+        if inst.owner_token_id == principal.id:  # an admin's resume of another's instance is not held to its limits
+            limits.check_stored(limits.hold_owner(rt.settings, principal), principal,
+                                grown + limits.spec_bytes(spec.run(inst.node_id)), "resume")
         inst.spec = spec.to_dict()
+        inst.price_per_hour = resumed_price(inst, spec)  # the new run's (a new bid's, a new GPU count's)
         queued = Job.get_by_id(inst.run_id) if resumes_by_itself(inst) else None
         if queued is not None:  # the run it was to resume with by itself: replaced by this one, of the new spec
             stop_job(queued, f"replaced by the run of the resume by {principal.label}", now)
         new_run(inst, now, scheduling.never_fits(rt.inventory.get(), request))
+        limits.count_stored(inst.owner_token_id, grown)
         record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
                      actor=principal.label)
     _kick(rt)
@@ -454,6 +471,19 @@ def connection_within(rt, principal, instance_id, port=None, wait_seconds=0):
     return connection(rt, principal, instance_id, port, max(0.0, min(slice_seconds, deadline - time.monotonic())))
 
 
+def host_port(rt, principal, handle, port=None, wait_seconds=0):
+    """The host port its node gave one declared port of the instance `handle` names (an id, or a name
+    among the caller's instances): seed 000's assign-host-port, whose ports fleetd's nodes hand out
+    from their own range when the instance starts. Waits, refuses and times out as connection()."""
+    named = released(lambda: resolve_instance(principal, handle, limit=2))
+    if not named:
+        raise NotFound(f"instance {handle} not found", {"pod_name": handle})
+    if len(named) > 1:
+        raise Conflict(f"{handle!r} names instances of several owners; give the instance's id",
+                       {"instances": [i.id for i in named]})
+    return connection(rt, principal, named[0].id, port, wait_seconds)["port"]
+
+
 def _refuse_taken_port(rt, inst, port, host_port):
     """Conflict when the node of the instance's current run reports another process on the host port."""
     task = released(lambda: Task.get_or_none(Task.job == inst.run_id)) if inst.run_id else None
@@ -479,6 +509,7 @@ def delete_records(instance_ids):
     for start in range(0, len(instance_ids), 500):
         chunk = instance_ids[start:start + 500]
         Event.delete().where((Event.subject_type == "instance") & Event.subject_id.in_(chunk)).execute()
+        limits.release_stored(Instance, chunk)
         Instance.delete().where(Instance.id.in_(chunk)).execute()
 
 

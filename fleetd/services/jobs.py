@@ -40,7 +40,7 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
     job_id = new_id()
     with write_transaction():
         allowed = limits.hold_owner(settings, principal)
-        limits.check_spec(allowed, spec, "job")
+        size = limits.check_spec(allowed, principal, spec, "job")
         limits.check_new_job(allowed, principal)
         wanted = {a.sha256 for a in spec.artifacts}
         known = readable_artifacts(principal, wanted)  # another token's upload is unknown to this one
@@ -67,6 +67,7 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
                          for rank in range(job.num_nodes)]
         for task in job.task_list:
             task.save(force_insert=True)
+        limits.count_stored(principal.id, size)
         record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None,
                      JobState.QUEUED.value, actor=principal.label)
     return job
@@ -250,6 +251,7 @@ def records_of(job_ids):
 def delete_jobs(job_ids):
     """Delete these jobs with their tasks, log lines and events (inside the caller's transaction)."""
     for chunk in _chunks(job_ids):
+        limits.release_stored(Job, chunk)
         Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).execute()
         LogLine.delete().where(LogLine.job.in_(chunk)).execute()
         Task.delete().where(Task.job.in_(chunk)).execute()

@@ -10,11 +10,14 @@ that fails or is fenced commits nothing of its batch; the next one starts again 
 `accounted_until`, so a restart or a failover loses and doubles nothing, and a price set later
 never rewrites what was accounted. The only write on the request path is a UsageMark as a task
 ends (a requeue clears the task's own times). Instance volumes accrue storage cost per GB-month
-(the storage price, months in UTC) from their first placement to their deletion.
+(the storage price, months in UTC) from their instance's first start (its node made the volume, and
+it fitted) to their deletion. Between passes, runs_to_date shows a workload's rows as the next pass
+will leave them.
 """
 
 import calendar
 import datetime as dt
+import threading
 
 import peewee
 
@@ -41,6 +44,12 @@ from fleetd.models import (
 BATCH = 500  # runs accounted per write transaction
 GPU, STORAGE = "gpu", "storage"
 GB = 1_000_000_000  # storage is priced per GB (10^9 bytes) and month
+# The GPU sampler (services.metrics.record_sample) stamps and commits its samples holding this lock, and a pass
+# reads its clock holding it: a sample stamped before a pass's `now` has committed before that pass reads
+# samples, and one stamped after it is the next pass's. Without it, a sample stamped just before a pass
+# began but committed after the pass read (`fleetd serve`: the sampler waits on the thread pool while the
+# pass runs, both every 60 s, at the same moments) fell before the next pass's start and never counted.
+SAMPLES_LOCK = threading.Lock()
 
 
 def month_of(at):
@@ -153,9 +162,9 @@ class _Pass:
     """One pass's state: the price book, the GPU samples read, and the sums to add to the rollups
     (per day; per workload and day; per workload and month)."""
 
-    def __init__(self, now):
+    def __init__(self, now, book=None):
         self.now = now
-        self.book = PriceBook.load()
+        self.book = book or PriceBook.load()
         self.sums = {model: {} for model, _ in _ROLLUPS}  # model -> {key: [5 sums, attributes]}
         self.samples = {}  # uuid -> [(at, utilisation)]
 
@@ -339,6 +348,44 @@ def _flush_running(run, batch):
     return len(ids)
 
 
+def runs_to_date(workload_id, now, book=None, samples=False):
+    """A job's or instance's ledger rows as a pass at `now` would leave them, none saved: the runs that
+    ended since the last pass closed at their ends (their marks), the runs started since added, the others
+    carried on to `now`. `samples`: their GPUs' samples weigh the stretches added (else used and sampled
+    GPU-seconds stand where the last pass left them). Oldest first."""
+    run = _Pass(now, book)
+    records = {r.id: r for r in UsageRecord.select().where(UsageRecord.workload_id == workload_id)}
+    jobs = Job.select(Job.id).where((Job.id == workload_id) | (Job.instance_id == workload_id))
+    marks = list(UsageMark.select().where(UsageMark.task_id.in_(Task.select(Task.id).where(Task.job.in_(jobs))))
+                 .order_by(UsageMark.id))
+    running = list(Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
+        Task.job.in_(jobs) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)))
+    ends = {}  # row id -> (until, ended at or None)
+    for mark in marks:
+        key = f"{mark.task_id}.{mark.epoch}"
+        if key not in records:
+            record = record_for_run(mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus, mark.attempt)
+            if record is None:
+                continue
+            records[key] = record
+        ends[key] = (max(mark.ended_at, records[key].started_at), mark.ended_at)
+    for task in running:
+        key = f"{task.id}.{task.epoch}"
+        if key not in records:
+            record = record_for_run(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
+            if record is not None:
+                records[key] = record
+    open_rows = [r for r in records.values() if r.ended_at is None]
+    if samples and open_rows:
+        run.load_samples({uuid for r in open_rows for uuid in r.gpu_uuids or []},
+                         min(r.accounted_until for r in open_rows))
+    for record in open_rows:
+        until, ended_at = ends.get(record.id, (max(now, record.started_at), None))
+        _account(run, record, until, ended_at)
+        record.price_per_hour = run_price(record, run.book, until)  # a run not a second old has one too
+    return sorted(records.values(), key=lambda r: (r.started_at, r.id))
+
+
 def _first_event(instance_id, to_status):
     row = (Event.select(Event.at).where((Event.subject_type == "instance") & (Event.subject_id == instance_id)
                                         & (Event.to_status == to_status)).order_by(Event.id).first())
@@ -354,8 +401,28 @@ def storage_cost(volume_bytes, book, start, end):
     return total
 
 
+def _first_runs(instance_ids):
+    """{instance id: when its process first started}: its volume was made, and fitted on its node, then (a run
+    that never started, its volume refused for want of room on the node, left no volume to bill)."""
+    out = {}
+    for subject, at in (Event.select(Event.subject_id, Event.at)
+                        .where((Event.subject_type == "instance") & Event.subject_id.in_(instance_ids)
+                               & (Event.to_status == InstanceState.RUNNING.value)).order_by(Event.id).tuples()):
+        out.setdefault(subject, at)
+    return out
+
+
+def _withdraw(run, record):
+    """Take back all a volume's row accounted, from the sums too, and delete it (inside the batch's
+    transaction): the prices are kept, so the same pieces come out."""
+    for a, b in split_days(record.started_at, record.accounted_until):
+        run.add(a, STORAGE, record, cost=-storage_cost(record.volume_bytes, run.book, a, b))
+    record.delete_instance()
+
+
 def _flush_storage(run, batch):
-    """Account instance volumes: from their first placement until their deletion; returns how many."""
+    """Account instance volumes: from their first start (the volume made) until their deletion; returns how
+    many."""
     live = list(Instance.select(Instance.id).where((Instance.state != InstanceState.DELETED.value)
                                                    & Instance.node_id.is_null(False)))
     open_ids = [r.id for r in StorageRecord.select(StorageRecord.id).where(StorageRecord.ended_at.is_null())]
@@ -365,20 +432,24 @@ def _flush_storage(run, batch):
             chunk = ids[i:i + batch]
             instances = {inst.id: inst for inst in Instance.select().where(Instance.id.in_(chunk))}
             records = {r.id: r for r in StorageRecord.select().where(StorageRecord.id.in_(chunk))}
+            started = _first_runs(chunk)
             for instance_id in chunk:
                 inst, record = instances.get(instance_id), records.get(instance_id)
                 gone = inst is None or inst.state == InstanceState.DELETED.value
                 if record is None:
                     volume = inst.instance_spec.volume_bytes if inst is not None else 0
-                    placed = _first_event(instance_id, InstanceState.STARTING.value) if not gone else None
-                    if gone or not volume or placed is None:
+                    first = started.get(instance_id)
+                    if gone or not volume or first is None:
                         continue
                     node = Node.select(Node.fleet).where(Node.id == inst.node_id).first()
                     record = StorageRecord(id=inst.id, owner=inst.owner, owner_token_id=inst.owner_token_id,
                                            team=inst.team or "", fleet=node.fleet_id if node is not None else "",
-                                           volume_bytes=volume, started_at=placed, accounted_until=placed)
+                                           volume_bytes=volume, started_at=first, accounted_until=first)
                     record.save(force_insert=True)
                 elif record.ended_at is not None:
+                    continue
+                elif inst is not None and instance_id not in started:
+                    _withdraw(run, record)  # billed from a placement by an older fleetd: its run never started
                     continue
                 until = run.now
                 if gone:
@@ -402,7 +473,9 @@ def _flush_storage(run, batch):
 def flush(rt, batch=BATCH):
     """One pass of the ledger (the `usage` background task): ended runs, running ones, volumes.
     Returns how many of each it accounted."""
-    run = _Pass(rt.clock.now())
+    with SAMPLES_LOCK:  # every sample stamped before `now` is in the database
+        now = rt.clock.now()
+    run = _Pass(now)
     ended = _flush_ended(run, batch)
     running = _flush_running(run, batch)
     volumes = _flush_storage(run, batch)

@@ -1,7 +1,14 @@
-"""Per-owner limits: what one API token may hold (active jobs, instances, stored artifact bytes) and
-how large one of its specs may be. Each limit is the token's own when an admin set it
-(`api_token.limits`), else the `limits_*` setting. The request rate is checked per request
+"""Per-owner limits: what one API token may hold (active jobs, instances, stored spec bytes, stored
+artifact bytes) and how large one of its specs may be. Each limit is the token's own when an admin
+set it (`api_token.limits`), else the `limits_*` setting. The request rate is checked per request
 (auth.RequestRates), not here.
+
+Stored spec bytes are the bytes of the `spec` column of the owner's jobs, instances and runs of
+instances, ended ones included until the gc deletes them: what its submits make the database hold,
+whatever their state. They are kept in `owner_spec_bytes` (one row per owner) as the rows are written
+and deleted, so a submit reads one row and writes one, never sums the owner's rows. The row is
+written last in a transaction (after the jobs and instances it counts), so on PostgreSQL a pass that
+queues a run of an instance (and counts it) never waits for a submit that waits for that instance.
 
 A check runs inside the transaction that writes what it counts, after `hold_owner` has taken the
 owner's lock: on SQLite every writer already queues up front (BEGIN IMMEDIATE); on PostgreSQL the
@@ -14,7 +21,18 @@ import peewee
 
 from fleetd.db import database
 from fleetd.errors import LimitExceeded, NotFound
-from fleetd.models import LIMIT_NAMES, ApiToken, Artifact, ArtifactUpload, Instance, InstanceState, Job, JobState
+from fleetd.models import (
+    LIMIT_NAMES,
+    ApiToken,
+    Artifact,
+    ArtifactUpload,
+    Instance,
+    InstanceState,
+    Job,
+    JobState,
+    OwnerSpecBytes,
+)
+from fleetd.sql import Statement
 
 ACTIVE_JOB_STATES = [s.value for s in JobState if not s.is_terminal()]
 _COUNT = peewee.fn.COUNT(peewee.SQL("*"))
@@ -39,16 +57,74 @@ def hold_owner(settings, principal):
     return effective(settings, row.limits)
 
 
+def stored_size(stored):
+    """The bytes a `spec` column takes for this value: models.JSONText writes sort-keyed JSON with
+    everything past ASCII escaped, so its characters are its bytes (and the database's LENGTH agrees)."""
+    return len(json.dumps(stored, sort_keys=True))
+
+
 def spec_bytes(spec):
     """The size of a spec as it is stored (models.JSONText's form)."""
-    return len(json.dumps(spec.to_dict(), sort_keys=True).encode())
+    return stored_size(spec.to_dict())
 
 
-def check_spec(limits, spec, what):
-    """LimitExceeded when this spec is larger than the owner may store."""
+def check_spec(limits, principal, spec, what, stored=None):
+    """LimitExceeded when this spec is larger than one spec may be, or when storing it would pass the
+    spec bytes the owner may store (`stored`: the bytes its rows will take, by default the spec's own
+    size: an instance also stores its first run's). Returns the spec's size."""
     size = spec_bytes(spec)
     if size > limits["max_spec_bytes"]:
         raise LimitExceeded("max_spec_bytes", limits["max_spec_bytes"], size, f"{what} refused: its spec is too large")
+    check_stored(limits, principal, size if stored is None else stored, what)
+    return size
+
+
+def check_stored(limits, principal, adding, what):
+    """LimitExceeded when `adding` more bytes of specs would pass what the owner may store."""
+    use = stored_spec_bytes(principal.id)
+    if use + adding > limits["max_stored_spec_bytes"]:
+        raise LimitExceeded("max_stored_spec_bytes", limits["max_stored_spec_bytes"], use,
+                            f"{what} refused: the specs of your jobs and instances would pass the bytes you may "
+                            "store; ended jobs and deleted instances count until the gc deletes them "
+                            "(job_retention_seconds)")
+
+
+def count_stored(token_id, size):
+    """Inside the transaction that stored (or, with a negative size, shrank) an owner's specs: add `size`
+    to what it stores. Call it after the rows it counts are written (see the module's doc)."""
+    if not size or token_id is None:
+        return
+    _COUNT_STORED.execute(token_id=token_id, first=max(size, 0), size=size)
+
+
+def release_stored(model, ids):
+    """Inside the transaction that deletes these rows of `model` (Job or Instance), before it does: take
+    their specs off their owners' stored bytes (one statement per owner among them)."""
+    sizes = (model.select(model.owner_token_id, peewee.fn.SUM(peewee.fn.LENGTH(model.spec)))
+             .where(model.id.in_(ids)).group_by(model.owner_token_id).tuples())
+    for token_id, size in list(sizes):
+        if token_id is not None and size:
+            OwnerSpecBytes.update(bytes=_at_least_zero(OwnerSpecBytes.bytes - int(size))).where(
+                OwnerSpecBytes.token_id == token_id).execute()
+
+
+def _at_least_zero(expression):
+    """The expression, or 0 where it is negative (rows stored before the count by other means)."""
+    return peewee.Case(None, [(expression > 0, expression)], 0)
+
+
+def stored_spec_bytes(token_id):
+    """The bytes of the specs the owner's jobs, instances and runs store (one row read)."""
+    rows = _STORED.raw_tuples(token_id=token_id)
+    return int(rows[0][0]) if rows else 0
+
+
+# Compiled once (fleetd.sql): a submit runs both, and peewee's query building would cost more than they do.
+_STORED = Statement(lambda v: OwnerSpecBytes.select(OwnerSpecBytes.bytes).where(
+    OwnerSpecBytes.token_id == v("token_id")))
+_COUNT_STORED = Statement(lambda v: OwnerSpecBytes.insert(token_id=v("token_id"), bytes=v("first")).on_conflict(
+    conflict_target=[OwnerSpecBytes.token_id],
+    update={OwnerSpecBytes.bytes: _at_least_zero(OwnerSpecBytes.bytes + v("size"))}))
 
 
 def check_new_job(limits, principal):
@@ -103,7 +179,7 @@ def artifact_bytes(token_id):
 def owner_use(token_id):
     """What the owner holds of what its limits count."""
     return {"active_jobs": active_jobs(token_id), "instances": instances(token_id),
-            "artifact_bytes": artifact_bytes(token_id)}
+            "stored_spec_bytes": stored_spec_bytes(token_id), "artifact_bytes": artifact_bytes(token_id)}
 
 
 def limits_of(settings, principal):

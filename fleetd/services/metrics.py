@@ -15,6 +15,7 @@ from fleetd.models import ClusterSample, GpuSample, InstanceState, Job, JobState
 from fleetd.services import instances
 from fleetd.services.artifacts import store_dir
 from fleetd.services.cluster import cluster_status, current_state, gpu_summary
+from fleetd.services.ledger import SAMPLES_LOCK
 from fleetd.services.usage import UsageCollector
 
 MAX_HISTORY_MINUTES = 24 * 60
@@ -156,15 +157,16 @@ def _number(value):
 
 
 def record_sample(rt, with_gpus=True):
-    """Store one cluster sample (and per-GPU samples); returns the counts written."""
-    now = rt.clock.now()
+    """Store one cluster sample (and per-GPU samples); returns the counts written. The samples are stamped
+    and written holding the ledger's SAMPLES_LOCK (see there), after the figures are gathered."""
     state = current_state(rt)
     gpu = rt.offload(gpu_summary, state, state.queued_demand())
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]
     running = Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value])).count()
     waiting = Job.select().where(Job.state == JobState.QUEUED.value).count()
-    with write_transaction():
+    with SAMPLES_LOCK, write_transaction():
+        now = rt.clock.now()
         ClusterSample.create(at=now, jobs_running=running, jobs_waiting=waiting, gpus_total=gpu["total"],
                              gpus_used=gpu["used"], gpus_blocked=gpu["blocked"],
                              gpu_util_percent=sum(utils) / len(utils) if utils else None)
@@ -238,13 +240,30 @@ def measure_storage(rt):
 
 
 def storage_view(rt):
-    """The last storage measurement, with `stale` when it is older than two intervals."""
+    """The last storage measurement, with `stale` when it is older than two intervals, and seed 003's
+    names for it (seed_storage_fields)."""
     if not rt.storage:
-        return {"measured_at": None, "stale": True}
+        return {"measured_at": None, "stale": True, **seed_storage_fields(rt.settings, None)}
     age = rt.clock.monotonic() - rt.storage["measured_at_monotonic"]
     view = {k: v for k, v in rt.storage.items() if k != "measured_at_monotonic"}
     view["stale"] = age > 2 * rt.settings.storage_measure_seconds
-    return view
+    return {**view, **seed_storage_fields(rt.settings, rt.storage)}
+
+
+def seed_storage_fields(settings, measured):
+    """Seed 003's storage summary from a measurement (None: none yet): `measured`; the data dir's disk as
+    `total_bytes`, `free_bytes`, `used_bytes`; `runs_bytes`, what runs leave on the control plane (the
+    database: jobs, logs, events; null on PostgreSQL, which fleetd does not measure); `cache_bytes`, the
+    artifact store (uploads kept to be fetched again); `watermark_pct`; `root`, the data dir."""
+    if measured is None:
+        return {"measured": False, "total_bytes": 0, "free_bytes": 0, "used_bytes": 0, "runs_bytes": 0,
+                "cache_bytes": 0, "watermark_pct": round(settings.storage_watermark_percent),
+                "root": os.path.abspath(settings.data_dir)}
+    total, free = measured["disk_total_bytes"], measured["disk_free_bytes"]
+    return {"measured": True, "total_bytes": total or 0, "free_bytes": free or 0,
+            "used_bytes": (total - free) if total is not None and free is not None else 0,
+            "runs_bytes": measured["database_bytes"], "cache_bytes": measured["artifacts_bytes"],
+            "watermark_pct": round(measured["watermark_percent"]), "root": measured["data_dir"]}
 
 
 def expired_samples(settings, now):

@@ -10,23 +10,33 @@ from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import ApiToken, Event, JoinToken, Role, Setting, UiSession
 from fleetd.services.events import list_events
+from fleetd.services.identities import unix_user_problem
 from fleetd.services.pagination import paginate
 
 FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 
-def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None):
+def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None,
+                     share_unix_user=False, allowed_system_users=frozenset()):
     """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
     the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.limits).
     The name must be single-line printable text (InvalidRequest) that no live token (neither revoked
-    nor expired) has (Conflict): events name their actor `token:<name>`."""
+    nor expired) has (Conflict): events name their actor `token:<name>`. A unix_user is no system
+    account unless `allowed_system_users` names it (InvalidRequest), and no other live token's unless
+    `share_unix_user` says that both are one tenant on the hosts (Conflict): their tasks read each
+    other's files."""
     problem = token_name_problem(name)
     if problem:
         raise InvalidRequest(problem, {"fields": {"json": {"name": [problem]}}})
+    problem = unix_user_problem(unix_user, allowed_system_users) if unix_user else None
+    if problem:
+        raise InvalidRequest(problem, {"fields": {"json": {"unix_user": [problem]}}})
     token_id, token = make_token(API_PREFIX)
     expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
     with write_transaction():
         _refuse_live_name(now, name)
+        if unix_user and not share_unix_user:
+            _refuse_shared_unix_user(now, unix_user)
         row = ApiToken.create(
             id=token_id,
             name=name,
@@ -53,6 +63,20 @@ def _refuse_live_name(now, name):
         database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.name:" + name,))
     if ApiToken.select(ApiToken.id).where(live_tokens(now) & (ApiToken.name == name)).exists():
         raise Conflict(f"a live token is already named {name!r}; revoke it or choose another name", {"name": name})
+
+
+def _refuse_shared_unix_user(now, unix_user):
+    """Conflict when a live token runs its tasks as this host user (inside the creating transaction;
+    locked on PostgreSQL as the name is)."""
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.unix_user:" + unix_user,))
+    holder = ApiToken.select(ApiToken.id, ApiToken.name).where(
+        live_tokens(now) & (ApiToken.unix_user == unix_user)).first()
+    if holder is not None:
+        raise Conflict(f"live token {holder.name!r} ({holder.id}) already runs its tasks as host user "
+                       f"{unix_user!r}: two tokens as one user read each other's files; revoke it, choose another "
+                       f"user, or say share_unix_user: true when both are one tenant",
+                       {"unix_user": unix_user, "token_id": holder.id})
 
 
 def set_token_limits(token_id, limits):

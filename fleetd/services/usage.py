@@ -24,7 +24,6 @@ from fleetd.models import (
     Task,
     TaskState,
     UsageDay,
-    UsageRecord,
     UsageWorkloadDay,
     UsageWorkloadMonth,
 )
@@ -32,9 +31,8 @@ from fleetd.services.ledger import (
     GB,
     STORAGE,
     PriceBook,
-    record_for_run,
     record_price,
-    run_price,
+    runs_to_date,
     storage_cost,
     storage_price,
 )
@@ -175,11 +173,11 @@ def workload_usage(rt, principal, workload_id):
     {id, attempt, node_id, fleet, gpu_model, gpus, started_at, ended_at, gpu_hours_allocated,
     gpu_hours_used, efficiency, cost}, oldest first, and their totals with the storage cost of an
     instance's volume. Admins see any workload's, a submitter its own (others read as empty)."""
-    query = UsageRecord.select().where(UsageRecord.workload_id == workload_id)
-    if principal.role != "admin":
-        query = query.where(UsageRecord.owner_token_id == principal.id)
+    records = runs_to_date(workload_id, rt.clock.now(), samples=True)  # ended runs to their ends, at once
     runs, totals = [], [0.0, 0.0, 0.0, 0.0, 0]
-    for record in query.order_by(UsageRecord.started_at):
+    for record in records:
+        if principal.role != "admin" and record.owner_token_id != principal.id:
+            continue
         sums = (record.gpu_seconds, record.used_gpu_seconds, record.sampled_gpu_seconds, record.cost, 1)
         for i, value in enumerate(sums):
             totals[i] += value
@@ -204,31 +202,25 @@ def report_csv(report):
 
 
 def workload_cost(rt, workload_id, book=None):
-    """(price per hour now, cost so far) of a job or instance from the ledger, its open runs
-    carried on from the ledger's last pass to now at the prices in force; price None when nothing runs."""
-    now = rt.clock.now()
-    book = book or PriceBook.load()
-    cost, price = 0.0, None
-    seen = set()
-    open_records = []
-    for record in UsageRecord.select().where(UsageRecord.workload_id == workload_id):
-        cost += record.cost
-        seen.add(record.id)
-        if record.ended_at is None:
-            open_records.append(record)
-    # A job's runs that started since the ledger's last pass: from their start.
-    for task in Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
-            (Task.job == workload_id) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)):
-        if f"{task.id}.{task.epoch}" not in seen:
-            record = record_for_run(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
-            if record is not None:
-                open_records.append(record)
-    for record in open_records:
-        per_gpu = run_price(record, book, now)
-        if per_gpu is not None:
-            cost += record.gpus * per_gpu * max(0.0, (now - record.accounted_until).total_seconds()) / 3600
-            price = (price or 0.0) + record.gpus * per_gpu
-    return price, round(cost, 6)
+    """(price per hour, cost so far) of a job or instance from the ledger as its next pass will leave it
+    (runs_to_date: ended runs to their ends, running ones to now, at the prices in force). The price is
+    its running runs'; once none runs, its last attempt's (None: unpriced, or it never ran)."""
+    runs = runs_to_date(workload_id, rt.clock.now(), book or PriceBook.load())
+    return _price_per_hour(runs), round(sum((r.cost for r in runs), 0.0), 6)
+
+
+def _price_per_hour(runs):
+    """Per hour, the runs that run now; once none does, the last run of each rank in the last attempt."""
+    current = [r for r in runs if r.ended_at is None]
+    if not current and runs:
+        last = max(r.attempt for r in runs)
+        by_rank = {}
+        for record in runs:  # oldest first: a requeue's later run of a rank replaces the earlier one
+            if record.attempt == last:
+                by_rank[record.rank] = record
+        current = list(by_rank.values())
+    prices = [r.gpus * r.price_per_hour for r in current if r.price_per_hour is not None]
+    return round(sum(prices), 6) if prices else None
 
 
 def job_cost(rt, job):

@@ -5,7 +5,11 @@ name is not resolved a second time, so a rebinding DNS answer cannot switch it),
 verifies the certificate against the host name.
 
 Numeric hosts are read the way the C library reads them (`inet_aton`): `2130706433`, `0x7f.1`,
-`127.1` and `017700000001` are all 127.0.0.1, and each is refused as such."""
+`127.1` and `017700000001` are all 127.0.0.1, and each is refused as such. A host is first put
+in the form the resolver is given (Python's IDNA codec, which `socket.getaddrinfo` applies to a
+text host): `①②⑦.0.0.1` and `127。0。0。1` are 127.0.0.1 to it, and so to this check. An IPv6
+address that carries an IPv4 one (mapped, IPv4-compatible `::a.b.c.d`, translated, 6to4, NAT64,
+Teredo) is judged by that IPv4 address too."""
 
 import ipaddress
 import re
@@ -17,6 +21,8 @@ MAX_ADDRESSES = 16  # addresses of one name that are checked (and tried) at most
 # Networks that are not global although Python's `is_global` may say so, or that embed an IPv4
 # address whose own rank decides (NAT64).
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated (RFC 4291 2.5.5.1); :: and ::1 are not such
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT (RFC 2765)
 _SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 _NUMBER = re.compile(r"^(0x[0-9a-f]*|0[0-7]*|[1-9][0-9]*)$")
 
@@ -70,7 +76,7 @@ def _embedded_ipv4(address):
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64:
+    if address in _NAT64 or address in _IPV4_TRANSLATED or (address in _IPV4_COMPATIBLE and int(address) > 1):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     if address.teredo is not None:
         return address.teredo[1]
@@ -123,11 +129,25 @@ def _resolve(host, port):
 
 
 def _host_and_port(url):
+    """The URL's host as the resolver reads it (see resolver_host) and its port."""
     try:
         parts = urllib.parse.urlsplit(url)
-        return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise TargetRefused("not a URL with a valid host and port") from None
+    return resolver_host(host), port
+
+
+def resolver_host(host):
+    """`host` as `socket.getaddrinfo` is given it: an IPv6 literal as it is, any other host through
+    Python's IDNA codec (nameprep maps `①` to `1` and full-width letters to ASCII, and `。`, `．`,
+    `｡` separate labels as `.` does). TargetRefused when the codec refuses it (the resolver would)."""
+    if ":" in host or host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise TargetRefused("the URL must name a host that the resolver can read (IDNA refuses this one)") from None
 
 
 def _is_local_name(host):

@@ -97,13 +97,48 @@ def sign(secret, body):
     return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
 
 
+STANDARD_PREFIX = "whsec_"  # a Standard Webhooks secret: this, then the base64 of the key's bytes
+MIN_STANDARD_KEY_BYTES = 16
+
+
+def _decoded_key(secret):
+    """The key of a `whsec_` secret (its base64, padded or not, decoded); ValueError when it is no base64."""
+    text = secret.removeprefix(STANDARD_PREFIX)
+    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+
+
+def standard_key_problem(secret):
+    """Why a secret in the Standard Webhooks form (`whsec_` + base64) cannot be used, or None (also
+    for a plain secret, whose key is its UTF-8 bytes)."""
+    if not secret.startswith(STANDARD_PREFIX):
+        return None
+    try:
+        key = _decoded_key(secret)
+    except ValueError:
+        return (f"a secret that starts with {STANDARD_PREFIX} is a Standard Webhooks secret: {STANDARD_PREFIX} "
+                "and the base64 of the key (give a plain secret without that prefix)")
+    if len(key) < MIN_STANDARD_KEY_BYTES:
+        return (f"a Standard Webhooks secret ({STANDARD_PREFIX} and base64) holds a key of at least "
+                f"{MIN_STANDARD_KEY_BYTES} bytes")
+    return None
+
+
+def standard_key(secret):
+    """The HMAC key of the Standard Webhooks signature, read from the secret as the specification
+    says: after `whsec_`, the base64 of the key's bytes (what receivers' libraries generate and
+    verify with); a plain secret's key is its UTF-8 bytes (such a receiver names it `whsec_` +
+    base64(secret))."""
+    if secret.startswith(STANDARD_PREFIX) and standard_key_problem(secret) is None:
+        return _decoded_key(secret)
+    return secret.encode("utf-8")  # plain, or stored before create refused a malformed whsec_ secret
+
+
 def standard_headers(secret, delivery_id, timestamp, body):
     """The Standard Webhooks headers: `webhook-id` (the delivery's id, the same on every retry),
     `webhook-timestamp` (this attempt, in Unix seconds) and `webhook-signature` (`v1,` and the
-    base64 HMAC-SHA256 of `id.timestamp.body`). The key is the secret's UTF-8 bytes, which a
-    Standard Webhooks receiver names `whsec_` + base64(secret)."""
+    base64 HMAC-SHA256 of `id.timestamp.body` with the key `standard_key` reads from the secret)."""
     signed = f"{delivery_id}.{timestamp}.".encode() + body
-    digest = hmac.new(secret.encode("utf-8"), signed, hashlib.sha256).digest()
+    digest = hmac.new(standard_key(secret), signed, hashlib.sha256).digest()
     return {"webhook-id": delivery_id, "webhook-timestamp": str(timestamp),
             "webhook-signature": "v1," + base64.b64encode(digest).decode("ascii")}
 
@@ -114,11 +149,14 @@ def standard_headers(secret, delivery_id, timestamp, body):
 def create_webhook(rt, principal, url, secret, events):
     """Store a webhook; the secret is kept to sign deliveries and never shown again. A URL whose host
     is, or resolves to, an address webhooks may not post to is refused (resolved before the
-    transaction: no network call inside it)."""
+    transaction: no network call inside it). A secret in the Standard Webhooks form must decode."""
     try:
         webhook_targets.check_url(url, rt.settings.webhook_allowed_networks)
     except webhook_targets.TargetRefused as exc:
         raise InvalidRequest(f"webhook url refused: {exc}", {"fields": {"json": {"url": [str(exc)]}}}) from None
+    problem = standard_key_problem(secret)
+    if problem:
+        raise InvalidRequest(f"webhook secret refused: {problem}", {"fields": {"json": {"secret": [problem]}}})
     now = rt.clock.now()
     with write_transaction():
         return Webhook.create(id=new_id(), url=url, secret=secret, events=sorted(set(events)), created_at=now,

@@ -6,7 +6,18 @@ import time
 from fleetd.clock import isoformat
 from fleetd.db import released, savepoint, write_transaction
 from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
-from fleetd.models import Job, JobState, LogLine, Node, Task, TaskState
+from fleetd.models import (
+    DEFAULT_TASK_MEMORY_BYTES,
+    DEFAULT_TASK_PATH,
+    DEFAULT_TASK_PIDS_MAX,
+    Fleet,
+    Job,
+    JobState,
+    LogLine,
+    Node,
+    Task,
+    TaskState,
+)
 from fleetd.services import parking
 from fleetd.services.lifecycle import ACTIVE_TASK_STATES, switch_task_state
 from fleetd.services.runs import end_task, run_restarting, run_started
@@ -111,6 +122,25 @@ def _must_stop(row, node_id, epoch, superseded=True):
     return None
 
 
+# The task defaults of the fleet of a task's node (one indexed read per assignment handed out).
+_TASK_DEFAULTS = Statement(lambda v: (
+    Fleet.select(Fleet.task_pids_max, Fleet.task_memory_default_bytes, Fleet.task_path)
+    .join(Node, on=(Node.fleet == Fleet.name)).where(Node.id == v("node_id")).limit(1)))
+
+
+def task_limits(spec, node_id):
+    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on this node: the spec's own
+    memory_bytes, else its fleet's task_memory_default_bytes; the spec's pids up to its fleet's
+    task_pids_max (which is also the default); its fleet's PATH."""
+    fleet = _TASK_DEFAULTS.first(node_id=node_id)
+    pids_max = fleet.task_pids_max if fleet is not None else DEFAULT_TASK_PIDS_MAX
+    default_memory = fleet.task_memory_default_bytes if fleet is not None else DEFAULT_TASK_MEMORY_BYTES
+    asked = spec.resources.memory_bytes or None
+    return {"memory_bytes": asked or default_memory, "memory_default": asked is None,
+            "pids": min(spec.resources.pids or pids_max, pids_max),
+            "task_path": fleet.task_path if fleet is not None else DEFAULT_TASK_PATH}
+
+
 def assignment(task, job):
     """The Assignment (docs/api.md) for a task."""
     spec = job.job_spec
@@ -131,7 +161,7 @@ def assignment(task, job):
         "max_runtime_seconds": spec.max_runtime_seconds,
         "artifacts": [a.to_dict() for a in spec.artifacts],
         "cpus": spec.resources.cpus or None,
-        "memory_bytes": spec.resources.memory_bytes or None,
+        **task_limits(spec, task.node_id),  # memory_bytes, memory_default, pids, task_path
         "priority_class": spec.priority_class,
         "bid": spec.bid,
         # a run of an instance: what its node supervises

@@ -130,16 +130,18 @@ def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, adm
                           env={"FLEET_AGENT_LOCAL_API_LISTEN": listen})
     agent.start()
     agent.wait_for_line(r"not enrolled yet")
-    resp = local_get(agent, "/readyz")
+    resp = local_get(agent, "/readyz", agent.local_token())  # the details need the token
     assert resp.status_code == 503
     assert resp.json()["error"]["details"]["enrolled"] is False
+    assert "details" not in local_get(agent, "/readyz").json()["error"]
     assert local_get(agent, "/healthz").status_code == 200
     assert local_get(agent, "/api/v1/devices").status_code == 401
 
     result = agent.join(join["token"], server.url)
     assert "enrolled as node" in result.stdout
-    ready = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(local_get(agent, "/readyz")),
-                       timeout=30, message="readyz 200")
+    ready = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(
+        local_get(agent, "/readyz", agent.local_token())), timeout=30, message="readyz 200")
+    assert local_get(agent, "/readyz").json() == {"data": {"status": "ready"}}
     assert ready.json()["data"]["node_id"] == agent.node()["node_id"]
     devices = local_get(agent, "/api/v1/devices", agent.local_token()).json()["data"]
     assert len(devices) == 4

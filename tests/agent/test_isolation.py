@@ -244,3 +244,13 @@ def test_a_tasks_workdir_and_artifacts_are_its_users_to_change(runner, fleetd):
                            artifacts=[{"sha256": digest, "path": "inputs/model.bin"}])
     assert finish["outcome"] == "succeeded", (finish, err)
     assert out == ["weights+tuned 61301 61301"]
+
+
+def test_a_unix_user_that_is_a_system_account_runs_only_where_fleetd_allowed_it(runner, fleetd):
+    finish, _, _ = run(runner, fleetd, "t-daemon", PROBE, {"source": "unix_user", "user": "daemon"})
+    assert finish["outcome"] == "failed" and "system account" in finish["reason"], finish
+    assert "tokens_allow_system_users" in finish["reason"]
+    allowed = {"source": "unix_user", "user": "daemon", "allow_system_user": True}
+    finish, out, _ = run(runner, fleetd, "t-daemon-ok", PROBE, allowed)
+    assert finish["outcome"] == "succeeded", finish
+    assert json.loads(out[0])["uid"] == 1

@@ -320,7 +320,8 @@ def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_thr
     pid_file = tmp_path / "daemon.pid"
     task = running(runner, fleetd, runner.submit(
         assignment("t-escape", [PY, "-c", ESCAPE, str(pid_file)],
-                   gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}], cpus=1.5, memory_bytes=2 * GIB)).assignment.task_id)
+                   gpus=[{"uuid": GPU[1], "memory_limit_bytes": GIB}], cpus=1.5, memory_bytes=2 * GIB,
+                   pids=256)).assignment.task_id)
     daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), message="the daemon's pid"))
     info = read_proc(daemon)
     assert info.ppid != task.proc.pid and info.session != task.proc.pid  # reparented, own session
@@ -329,10 +330,10 @@ def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_thr
     assert key.cgroup == f"/{cgroup_parent}/task-t-escape.1"
     assert ProcessMapper([key]).owner(daemon) == key  # but in the task's cgroup
     host_limits = runner.workers.get("t-escape").limits["host"]
-    for name, value in (("cpus", 1.5), ("memory_bytes", 2 * GIB)):
+    for name, value in (("cpus", 1.5), ("memory_bytes", 2 * GIB), ("pids", 256)):
         record = host_limits[name]
         assert record["limit"] == value
-        controller = "cpu" if name == "cpus" else "memory"
+        controller = {"cpus": "cpu", "memory_bytes": "memory", "pids": "pids"}[name]
         if controller in limits.cgroups.controllers:
             assert record["enforced"] is True and record["how"].startswith("cgroup v2")
         else:

@@ -3,6 +3,7 @@
 import pytest
 import requests
 
+from agent.client import ServerUrls
 from agent.config import Config, ConfigError
 from agent.daemon import Agent
 from agent.localapi import LocalApi
@@ -47,13 +48,30 @@ def test_every_private_route_refuses_a_missing_or_wrong_token(local):
 
 
 def test_healthz_is_public_and_readyz_waits_for_the_fleetd_session(local):
-    agent, api, http, _ok = local
+    agent, api, http, ok = local
     assert http.get(api.url + "/healthz", timeout=10).json() == {"data": {"status": "ok"}}
-    resp = http.get(api.url + "/readyz", timeout=10)
+    resp = http.get(api.url + "/readyz", headers=ok, timeout=10)
     assert resp.status_code == 503
     assert resp.json()["error"]["details"]["session"] == "not yet confirmed by fleetd"
     agent.session_ok = True
     assert http.get(api.url + "/readyz", timeout=10).json()["data"]["status"] == "ready"
+
+
+def test_readyz_without_the_token_says_ready_or_not_and_nothing_of_the_node_or_fleetd(local):
+    agent, api, http, ok = local
+    agent.node = {"node_id": "n-secret", "fleet": "lab"}
+    agent.urls = ServerUrls(["https://fleetd.internal:8443"])
+    for ready in (False, True):
+        agent.session_ok = ready
+        for auth in (None, "Bearer wrong"):
+            resp = http.get(api.url + "/readyz", headers={"Authorization": auth} if auth else {}, timeout=10)
+            assert resp.status_code == (200 if ready else 503)
+            assert "n-secret" not in resp.text and "fleetd.internal" not in resp.text, resp.text
+            assert resp.json() == ({"data": {"status": "ready"}} if ready else
+                                   {"error": {"code": "unavailable", "message": "not ready"}})
+        told = http.get(api.url + "/readyz", headers=ok, timeout=10).json()
+        details = told["data"] if ready else told["error"]["details"]
+        assert details["node_id"] == "n-secret" and details["fleetd_url"] == "https://fleetd.internal:8443"
 
 
 def test_devices_with_the_token_return_gpus_with_live_readings(local):

@@ -99,6 +99,14 @@ ALLOWED = [
     ("negative_data_rejection", r"POST /api/v1/.*", r'"code":"payload_too_large"',
      "a body over max_body_bytes is refused 413 before it is parsed: one that also breaks the schema gets 413, "
      "not the 400 the check expects"),
+    ("positive_data_acceptance", r"POST /api/v1/(jobs|instances|tokens|cluster/simulate-schedule)",
+     r"a name holds no invisible|a name is written in plain characters|a name's letters come from one script",
+     "a name is in Unicode NFKC form, its letters of one script, with no invisible, format or separator "
+     "character (docs/api.md#names): Unicode categories, normalization and scripts are more than a pattern "
+     "(without \\p{...}) can state, so the document gives the rule in words"),
+    ("positive_data_acceptance", r"POST /api/v1/tokens", r"tokens_allow_system_users",
+     "a unix_user may not be a system account of fleetd's host unless the operator allows it: which users "
+     "exist there is the host's state, not the document's"),
     ("positive_data_acceptance", r"POST /api/v1/agent/heartbeat", r"is out of range|nested deeper than",
      "the free-form `metrics` object is held to fleetd's JSON limits for every body (integers of at most 20 "
      "digits, nesting at most 32 deep), which a free-form schema cannot state"),

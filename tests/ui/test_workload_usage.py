@@ -47,3 +47,15 @@ def test_an_instances_page_shows_its_runs_usage_while_it_runs(api, admin_ui, nod
     api.run_task("usage")  # accounted while it runs
     text = usage_section(admin_ui.get(f"/ui/instances/{inst['id']}").get_data(as_text=True))
     assert "GPU-hours allocated 1.000" in text and "cost 2.00" in text and "running" in text, text
+
+
+def test_a_jobs_page_shows_its_ended_run_and_cost_before_the_ledgers_next_pass(api, admin_ui, node, clock):
+    _node_id, session = node
+    job = api.submit(resources={"gpus": 2}, team="ml")
+    assignment = api.start_task(session)
+    clock.advance(1800)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    clock.advance(30)  # the ledger's pass has not come yet
+    text = usage_section(admin_ui.get(f"/ui/jobs/{job['id']}").get_data(as_text=True))
+    assert "GPU-hours allocated 1.000" in text and "cost 2.00" in text, text
+    assert "2026-01-01T12:30:00.000Z" in text and "running" not in text, text  # ended, at its end

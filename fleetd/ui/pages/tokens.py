@@ -94,7 +94,8 @@ def api_token_create():
         body = load_form(TokenCreateSchema(), request.form, multipliers={"expires_in_seconds": 86400})
     except FormError as exc:
         return _api_tokens_page(form=request.form, errors=exc.errors, status=400)
-    row, token = tokens.create_api_token(current_runtime().clock.now(), **body)
+    rt = current_runtime()
+    row, token = tokens.create_api_token(rt.clock.now(), allowed_system_users=rt.settings.allowed_system_users, **body)
     return _api_tokens_page(created={"row": row, "token": token})
 
 
