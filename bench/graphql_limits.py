@@ -14,10 +14,7 @@ used more): fragments that double at every spread, 20,000 operations, 40,000 __t
 import argparse
 import json
 import multiprocessing
-import pathlib
-import re
-import statistics
-import subprocess
+import os
 import sys
 import tempfile
 import threading
@@ -25,7 +22,8 @@ import time
 
 import requests
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.scale import ROOT, cpu_seconds, percentiles, start_fleetd, stop_processes  # noqa: E402
 
 
 def documents():
@@ -45,16 +43,6 @@ def documents():
         "accepted: 1,000 aliases x 10 spreads": "query { " + "...W " * 10 + "} fragment W on Query { "
                                                 + " ".join(f"t{i}: __typename" for i in range(1000)) + " }",
     }
-
-
-def percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def cpu_seconds(pid):
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks of 10 ms
 
 
 def send(url, admin, document, rounds, senders, out):
@@ -88,25 +76,12 @@ def main():
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as data_dir:
-        init = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir], check=True,
-                              capture_output=True, text=True, timeout=60)
-        admin = init.stdout.strip().splitlines()[-1]
-        proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", "127.0.0.1:0", "--data-dir",
-                                 data_dir], stderr=subprocess.PIPE, text=True)
+        proc, url, admin = start_fleetd(data_dir, os.path.join(data_dir, "fleetd.log"))
         try:
-            url = None
-            for line in proc.stderr:
-                match = re.search(r"listening on (http://\S+)", line)
-                if match:
-                    url = match.group(1)
-                    break
-            assert url, "fleetd did not start"
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             for name, document in documents().items():
                 results[name] = measure(url, admin, proc.pid, document, args)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_processes([proc])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "graphql_limits.json").write_text(json.dumps(results, indent=2))
@@ -132,11 +107,10 @@ def measure(url, admin, pid, document, args):
     times, statuses = queue.get(timeout=600)
     sender.join(timeout=60)
     cpu = cpu_seconds(pid) - cpu_before
+    sent, probes = percentiles(times), percentiles(health)
     return {"bytes": len(document.encode()), "status": "/".join(sorted({str(s) for s in statuses})),
-            "p50_ms": statistics.median(times) * 1000, "max_ms": max(times) * 1000,
-            "fleetd_cpu_ms_per_request": cpu * 1000 / len(times),
-            "health_probes": len(health), "health_p99_ms": percentile(health, 0.99) * 1000,
-            "health_max_ms": max(health, default=float("nan")) * 1000}
+            "p50_ms": sent["p50_ms"], "max_ms": sent["max_ms"], "fleetd_cpu_ms_per_request": cpu * 1000 / len(times),
+            "health_probes": probes["count"], "health_p99_ms": probes["p99_ms"], "health_max_ms": probes["max_ms"]}
 
 
 if __name__ == "__main__":

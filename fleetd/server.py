@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import sys
+import time
 import urllib.parse
 
 import gevent
@@ -16,7 +17,8 @@ import gevent.event
 import gevent.pool
 import gevent.socket
 from apscheduler.schedulers.gevent import GeventScheduler
-from gevent.pywsgi import MAX_REQUEST_LINE, LoggingLogAdapter, WSGIHandler, WSGIServer
+from gevent.pywsgi import MAX_REQUEST_LINE, Input, LoggingLogAdapter, WSGIHandler, WSGIServer
+from werkzeug.exceptions import RequestTimeout
 
 import fleetconf
 from fleetd.app import create_app
@@ -93,6 +95,51 @@ class RequestHeaders:
         self.headers = [line for line in self.headers if line.partition(":")[0].strip().lower() != name]
 
 
+class _BodyWithDeadline(Input):
+    """A request's body (wsgi.input) that must arrive by a deadline: the body timeout after the headers,
+    plus its length (or, chunked, what arrived so far) at the minimum rate. A client that sends a byte
+    every few seconds would otherwise hold a connection and a greenlet for as long as it likes. Past the
+    deadline the read raises RequestTimeout (408 in the error envelope) and the connection is closed."""
+
+    __slots__ = ("handler", "started")
+
+    def __init__(self, handler, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.handler = handler
+        self.started = time.monotonic()
+
+    def _remaining(self):
+        server = self.handler.server
+        expected = self.content_length if self.content_length is not None else self.position
+        return self.started + server.body_timeout + expected / server.body_min_rate - time.monotonic()
+
+    def _within(self, read, *args):
+        timer = gevent.Timeout(max(self._remaining(), 0.001))
+        timer.start()
+        try:
+            return read(*args)
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            self._chunked_input_error = True  # gevent must not wait for the rest before closing
+            self.handler.close_connection = True
+            raise RequestTimeout("the request's body did not arrive in time") from None
+        finally:
+            timer.close()
+
+    def read(self, length=None):
+        return self._within(super().read, length)
+
+    def readline(self, size=None):
+        return self._within(super().readline, size)
+
+    def _discard(self):
+        try:
+            self._within(super()._discard)
+        except RequestTimeout:
+            pass  # the connection closes instead
+
+
 class _Handler(WSGIHandler):
     """Tracks connections idle between keep-alive requests, so shutdown need not wait for them."""
 
@@ -117,6 +164,15 @@ class _Handler(WSGIHandler):
         finally:
             idle.discard(self)
         return line
+
+    def get_environ(self):
+        env = super().get_environ()
+        if env.get("wsgi.input") is self.wsgi_input:  # not an upgraded connection
+            old = self.wsgi_input
+            self.wsgi_input = _BodyWithDeadline(self, old.rfile, old.content_length, socket=old.socket,
+                                                chunked_input=old.chunked_input)
+            env["wsgi.input"] = self.wsgi_input
+        return env
 
     def read_request(self, raw_requestline):
         """Read the headers, which must all arrive within the header timeout (slow clients that
@@ -176,25 +232,52 @@ _EARLY_ERRORS = {
     400: ("Bad Request", "the request line or headers are malformed"),
     408: ("Request Timeout", "the request's headers did not arrive in time"),
     414: ("URI Too Long", f"the request line is longer than {MAX_REQUEST_LINE} bytes"),
+    503: ("Service Unavailable", "too many connections from this address; close some and retry"),
 }
 
 
 def _early_error(status):
     """A complete HTTP response carrying the error envelope, for requests refused before the app."""
     reason, message = _EARLY_ERRORS.get(status, _EARLY_ERRORS[400])
-    body = json.dumps(envelope("invalid_request", message)).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    body = json.dumps(envelope("unavailable" if status == 503 else "invalid_request", message)).encode()
+    retry = "Retry-After: 1\r\n" if status == 503 else ""
+    return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n{retry}"
             f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
 
 class _Server(WSGIServer):
     handler_class = _Handler
 
-    def __init__(self, *args, idle_timeout=300.0, header_timeout=10.0, **kwargs):
+    def __init__(self, *args, idle_timeout=300.0, header_timeout=10.0, body_timeout=30.0, body_min_rate=102400,
+                 max_per_address=0, **kwargs):
         super().__init__(*args, **kwargs)
         self.idle_handlers = set()
         self.idle_timeout = idle_timeout  # a keep-alive connection may wait this long for its next request
         self.header_timeout = header_timeout  # and then has this long to send all its headers
+        self.body_timeout = body_timeout  # and this (plus its length at body_min_rate) for its body
+        self.body_min_rate = max(1, body_min_rate)
+        self.max_per_address = max_per_address  # 0: no bound
+        self.per_address = {}  # client address -> connections open
+
+    def handle(self, sock, address):
+        """Serve one connection, unless its address already holds max_per_address: then 503 and close."""
+        host = address[0] if isinstance(address, tuple) else address
+        held = self.per_address.get(host, 0)
+        if self.max_per_address and held >= self.max_per_address:
+            try:
+                sock.sendall(_early_error(503))
+            except OSError:
+                pass
+            finally:
+                sock.close()
+            return
+        self.per_address[host] = held + 1
+        try:
+            super().handle(sock, address)
+        finally:
+            left = self.per_address.pop(host, 1) - 1
+            if left > 0:
+                self.per_address[host] = left
 
     def shutdown(self, timeout):
         """Stop accepting, close idle connections, give in-flight requests `timeout` seconds."""
@@ -267,6 +350,9 @@ def serve(settings, ready_callback=None):
         error_log=LoggingLogAdapter(logging.getLogger("fleetd.http"), logging.ERROR),
         idle_timeout=settings.http_idle_timeout_seconds,
         header_timeout=settings.http_header_timeout_seconds,
+        body_timeout=settings.http_body_timeout_seconds,
+        body_min_rate=settings.http_body_min_bytes_per_second,
+        max_per_address=settings.max_connections_per_address,
     )
     stop = gevent.event.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -10,7 +10,9 @@ scripts/setup.sh --run
 dev=${FLEETD_DEV_DIR:-$PWD/.dev}
 bind=${FLEETD_BIND:-127.0.0.1:8080}
 url="http://$bind"
-mkdir -p "$dev" && chmod 700 "$dev"
+# Traversable, not listable: tasks run as other uids and reach their volumes under the agent's state
+# dir below; what is secret here (admin.token, fleetd's database) has its own 0600/0700 modes.
+mkdir -p "$dev" && chmod 711 "$dev"
 export FLEETD_DATA_DIR="$dev/fleetd"
 bin="$PWD/.venv/bin"
 
@@ -70,8 +72,23 @@ export FLEETD_URL="$url" FLEETD_TOKEN="$token"
 # labelled simulated=true so that nobody mistakes it for hardware.
 agent_dir="$dev/agent"
 config="$agent_dir/agent.toml"
+mkdir -p "$agent_dir" && chmod 711 "$agent_dir"
+# Every folder above the state dir must let other uids through (a checkout in root's 0700 home does
+# not): otherwise the state dir goes where they can reach it.
+state_dir="$agent_dir/state"
+blocked=""
+dir=$(cd "$agent_dir" && pwd -P)
+while [ "$dir" != / ]; do
+    dir=$(dirname "$dir")
+    [ -n "$(find "$dir" -maxdepth 0 -perm -o+x 2>/dev/null)" ] || { blocked=$dir; break; }
+done
+if [ -n "$blocked" ]; then
+    state_dir="/var/tmp/fleetd-dev-$(id -u)-$(echo "$PWD" | sha256sum | cut -c1-8)/agent-state"
+    mkdir -p "$(dirname "$state_dir")" && chmod 711 "$(dirname "$state_dir")"
+    echo "$blocked does not let other users through, so tasks (which run as other uids) could not reach" \
+        "their volumes under it: the agent keeps its state in $state_dir" >&2
+fi
 if [ ! -s "$config" ]; then
-    mkdir -p "$agent_dir" && chmod 700 "$agent_dir"
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         backend="nvml" labels=""
     else
@@ -79,7 +96,7 @@ if [ ! -s "$config" ]; then
     fi
     cat > "$config" <<TOML
 server_url = "$url"
-state_dir = "$agent_dir/state"
+state_dir = "$state_dir"
 machine_id = "local-$(hostname)"
 
 [labels]
@@ -93,9 +110,13 @@ backend = "$backend"
 TOML
 fi
 if [ ! -s "$agent_dir/state/node.json" ]; then
-    # This machine as it is: no validation gate (a workstation GPU often runs without persistence mode or ECC).
-    "$bin/fleetd" fleet show local >/dev/null 2>&1 || "$bin/fleetd" fleet create local --description "this machine" \
-        --allow-root-tasks --no-validation
+    # This machine as it is: no validation gate (a workstation GPU often runs without persistence mode or ECC),
+    # and the admin token's work may run as root, as a developer's own machine expects.
+    if ! "$bin/fleetd" fleet show local >/dev/null 2>&1; then
+        "$bin/fleetd" fleet create local --description "this machine" --allow-root-tasks --no-validation
+        echo "fleet 'local' lets admin tokens' tasks run as root on this machine (--allow-root-tasks);" \
+            "submitter tokens' tasks run as their own uids. Turn it off: fleetd fleet update local --no-allow-root-tasks" >&2
+    fi
     join=$("$bin/fleetd" join-token create --fleet local --single-use --ttl 10m --json \
         | "$bin/python" -c 'import json, sys; print(json.load(sys.stdin)["token"])')
     # The token goes in the environment, not argv, so that it stays out of `ps`.
@@ -116,6 +137,7 @@ admin token: $token
   export FLEETD_URL=$url FLEETD_TOKEN=$token
   .venv/bin/fleetd node list
 
-Ctrl-C stops the agent (its jobs are requeued), then fleetd.
+fleet 'local' runs admin tokens' tasks as root (--allow-root-tasks); submitters' tasks run as their own uids.
+Ctrl-C stops the agent (its jobs' tasks are stopped and requeued; instances keep running), then fleetd.
 INFO
 wait -n "$fleetd_pid" "$agent_pid"

@@ -219,3 +219,33 @@ def test_an_empty_pod_id_is_not_found_and_an_endless_size_is_refused_naming_it(a
             ' minMemoryInGb: -1.7976931348623157e+308 }) { id } }')
     error = gql(api, huge)["errors"][0]
     assert error["extensions"] == {"code": "invalid_request", "details": {"fields": {"minMemoryInGb": ["not a size"]}}}
+
+
+@pytest.mark.parametrize("document", [
+    '{ a(s: "x\\"y # z", b: """blo"ck\\""" q""", c: -1.5e3, d: [1,2], e: $v) @skip(if: true) { ...F } } '
+    'fragment F on Q { x }',
+    "# a comment { a b }\n{ a,b , c }",
+    'query ($x: Int = 3) { a(x: $x) { ... on T { b } } }',
+    '{ a(b: """x\n"y"\n""") }',
+    "\ufeff{ myself { id } }",
+])
+def test_the_token_count_is_graphqls_own(document):
+    from graphql import get_introspection_query
+    from graphql.language import Lexer, Source, TokenKind
+
+    from fleetd.gql.limits import count_tokens
+
+    for text in (document, get_introspection_query(descriptions=True)):
+        lexer, tokens = Lexer(Source(text)), 0
+        while lexer.advance().kind != TokenKind.EOF:
+            tokens += 1
+        assert count_tokens(text, 10**6) == tokens
+
+
+def test_unterminated_strings_are_counted_in_one_pass():
+    """A quote followed by escaped quotes to the end made the expression scan the rest again from
+    each quote (quadratic: 15 s for 60 KB); an unterminated string is now one token."""
+    from fleetd.gql.limits import count_tokens
+
+    assert count_tokens('"' + '\\"' * 30000) == 1 and count_tokens('"\\' * 30000) == 1
+    assert count_tokens('"""' + "a" * 65000) == 1

@@ -562,3 +562,21 @@ def test_the_name_filter_keeps_to_what_the_caller_may_see(api, app):
     assert named(api, "web", owner="alice") == [alices["id"]]
     assert named(alice, "web") == [alices["id"]]
     assert named(bob, "web") == [] and named(api, "we") == []
+
+
+def test_a_port_its_node_moved_while_it_was_stopped_is_an_event(api, fleet):
+    """Another process took the kept host port while the instance was stopped: its node gives the
+    port another one at the next start, and an `instance.port` event names both (its old URL now
+    reaches someone else)."""
+    token, node, session = fleet
+    inst = create(api, ports=[{"port": 22, "protocol": "tcp"}, {"port": 8888}])
+    a = start(api, session, [(22, 40022), (8888, 40888)])
+    api.post(f"/api/v1/instances/{inst['id']}/stop")
+    finish(api, session, a, "cancelled", reason="stopped")
+    api.post(f"/api/v1/instances/{inst['id']}/resume", {})
+    start(api, session, [(22, 40022), (8888, 40889)])
+    conn = api.get(f"/api/v1/instances/{inst['id']}/connection?port=8888").get_json()
+    assert conn["port"] == 40889
+    moved = [e for e in api.get(f"/api/v1/instances/{inst['id']}/events").get_json()["items"]
+             if e["kind"] == "instance.port"]
+    assert len(moved) == 1 and "port 8888 moved from host port 40888 to 40889" in moved[0]["reason"]

@@ -23,6 +23,7 @@ from fleetd.models import (
     TaskState,
     new_id,
 )
+from fleetd.services import limits
 from fleetd.services.events import record_event
 from fleetd.services.lifecycle import (
     ACTIVE_TASK_STATES,
@@ -173,6 +174,7 @@ def new_run(inst, now, waiting_reason=None, interrupted=False):
         switch_instance_state(inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
     else:
         inst.save()
+    limits.count_stored(inst.owner_token_id, limits.stored_size(job.spec))  # last: see services.limits
     return job
 
 
@@ -203,6 +205,14 @@ def _price(spec, gpus):
     return None if price is None or price.price_per_hour is None else price.price_per_hour * count
 
 
+def resumed_price(inst, spec):
+    """Per hour, the run that resumes `inst` with `spec`: it runs on the node that keeps its volume, so its
+    price (the bid for spot, else that node's GPU type's price) is known before it is placed; None when
+    unpriced or that node holds no GPU."""
+    gpu = Gpu.select(Gpu.uuid).where(Gpu.node == inst.node_id).first() if inst.node_id else None
+    return _price(spec, [{"uuid": gpu.uuid}] if gpu is not None else [])
+
+
 def reprice_instances(model, now):
     """The prices of GPU model `model` changed (inside the caller's transaction): the instances whose
     current run holds GPUs of it pay the new price from `now`, their cost so far kept at the old one."""
@@ -231,6 +241,7 @@ def run_started(task, ports, now):
     if inst is None:
         return
     if ports is not None:
+        _note_moved_ports(inst, ports, now)
         inst.ports = ports
     if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
         switch_instance_state(inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
@@ -239,6 +250,20 @@ def run_started(task, ports, now):
                                                            f"{inst.instance_spec.restart})", now)
     else:
         inst.save()
+
+
+def _note_moved_ports(inst, ports, now):
+    """An instance keeps its host ports from run to run, but while it was stopped another process on
+    its node may have taken one (its old URL then reached that process); the node gave it another
+    one: an `instance.port` event says which, so whoever kept the old URL learns it changed."""
+    before = {p["port"]: p["host_port"] for p in inst.ports or () if isinstance(p, dict)}
+    for new in ports:
+        old = before.get(new.get("port"))
+        if old is not None and old != new.get("host_port"):
+            record_event(now, "instance.port", "instance", inst.id,
+                         f"port {new['port']} moved from host port {old} to {new['host_port']}: another process "
+                         f"took {old} on its node while the instance was not running; its old URL no longer "
+                         "reaches it")
 
 
 def run_restarting(task, last_exit, now):

@@ -10,6 +10,7 @@ import time
 import pytest
 import requests
 
+from tests.support import wait_until
 from tests.support.gpus import gpus
 from tests.support.http import Http
 
@@ -239,3 +240,68 @@ def test_hostile_graphql_documents_are_refused_while_health_and_heartbeats_answe
     for document, answer in zip(documents, answers):
         error = answer.json()["errors"][0]
         assert answer.status_code == 400 and "limit" in error["message"], (document[:80], error)
+
+
+def _port(server):
+    return int(server.url.rsplit(":", 1)[1])
+
+
+def test_a_body_that_trickles_in_is_cut_at_its_deadline_and_the_connection_closed(server_factory, admin):
+    """A client sending its body a byte at a time (the audit's slow POSTs stayed open past 75 s) is
+    answered 408 in the error envelope once the body timeout (here 2 s, plus 1 s per 100 bytes at the
+    rate set) has passed, and its connection is closed; a whole body sent at once is served."""
+    server = server_factory(FLEETD_HTTP_BODY_TIMEOUT_SECONDS="2", FLEETD_HTTP_BODY_MIN_BYTES_PER_SECOND="100")
+    body = b'{"name": "slow-fleet", "description": "' + b"x" * 60 + b'"}'
+    with socket.create_connection(("127.0.0.1", _port(server)), timeout=30) as sock:
+        sock.sendall(b"POST /api/v1/fleets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {admin}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        reply = b""
+        for i in range(40):  # a byte every 0.25 s: 10 s for the whole body, past its 2.7 s deadline
+            try:
+                sock.sendall(body[i:i + 1])
+            except OSError:
+                break
+            time.sleep(0.25)
+            sock.setblocking(False)
+            try:
+                reply += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+            if reply:
+                break
+        sock.settimeout(10)
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert b'"code":"invalid_request"' in reply.replace(b" ", b"") and b"did not arrive in time" in reply
+        assert sock.recv(65536) == b""  # closed
+    http = Http(server.url, admin)
+    http("POST", "/api/v1/fleets", expect=201, data=body, headers={"Content-Type": "application/json"})
+    assert "slow-fleet" in {f["name"] for f in http("GET", "/api/v1/fleets", expect=200).json()["items"]}
+
+
+def test_one_address_holds_at_most_its_share_of_connections(server_factory, admin):
+    """Past max_connections_per_address, a further connection from that address is answered 503 with
+    Retry-After and closed; once one closes, the address is served again."""
+    server = server_factory(FLEETD_MAX_CONNECTIONS_PER_ADDRESS="5")
+    held = [socket.create_connection(("127.0.0.1", _port(server)), timeout=10) for _ in range(5)]
+    try:
+        for sock in held:  # each inside an unfinished request, so that the server counts it now
+            sock.sendall(b"POST /api/v1/agent/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        with socket.create_connection(("127.0.0.1", _port(server)), timeout=10) as extra:
+            reply = b""
+            while chunk := extra.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply
+        assert b'"code": "unavailable"' in reply and b"too many connections from this address" in reply
+        held.pop().close()
+        wait_until(lambda: Http(server.url, admin)("GET", "/api/v1/whoami").status_code == 200, 10, 0.1,
+                   "a connection served once one closed")
+    finally:
+        for sock in held:
+            sock.close()
