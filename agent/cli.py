@@ -201,7 +201,8 @@ def _mismatch(node, local):
     if not local["running"]:
         return None
     running_node = local.get("readiness", {}).get("node_id")
-    if node is None and (running_node or local.get("readiness", {}).get("enrolled")):
+    # A ready agent has a node; without this state dir's token it does not say which.
+    if node is None and (running_node or local.get("readiness", {}).get("enrolled") or local.get("ready")):
         return (f"an agent answers at {local['url']}" + (f" as node {running_node}" if running_node else "")
                 + ", but this state dir holds no enrolment: that agent runs with another config")
     if node is not None and running_node and running_node != node["node_id"]:

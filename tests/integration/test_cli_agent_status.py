@@ -48,7 +48,7 @@ def test_status_of_an_unenrolled_config_while_another_agent_runs_says_so_instead
     assert lines["state"].strip() == str(tmp_path / "empty-state")
     assert lines["node"].strip().startswith("not enrolled in this state dir")
     assert lines["agent"].strip().startswith(
-        f"an agent answers at http://{listen} as node {node_id}, but this state dir holds no enrolment: "
+        f"an agent answers at http://{listen}, but this state dir holds no enrolment: "
         "that agent runs with another config; run `fleet-agent status --config FILE`")
     assert ", ready" not in lines["agent"]
     report = json.loads(subprocess.run([sys.executable, "-m", "agent", "status", "--json", "--config", str(other)],
