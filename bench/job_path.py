@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from fleetd.app import create_app  # noqa: E402
 from fleetd.clock import Clock  # noqa: E402
 from fleetd.db import database, open_database, upgrade  # noqa: E402
-from fleetd.services.tokens import issue_first_admin_token  # noqa: E402
+from fleetd.services.identity.tokens import issue_first_admin_token  # noqa: E402
 from fleetd.settings import Settings  # noqa: E402
 
 

@@ -16,7 +16,7 @@ Phases, in one run so that the noisy machine affects them alike:
      ever have been declared lost (GET /api/v1/nodes?status=lost, and fleetd's events);
   4. (--inprocess-nodes) for each N, in a fresh process (bench/scale_inprocess.py): N nodes x 8
      GPUs and --backlog unschedulable jobs in a fresh SQLite database, scheduling passes timed
-     through fleetd.services.scheduling.run_pass (no HTTP), with the process's memory; the first
+     through fleetd.services.placement.scheduling.run_pass (no HTTP), with the process's memory; the first
      pass reads everything from the database, the later ones are timed as "warm".
 fleetd's figures come from its own /metrics (fleetd_scheduling_pass_seconds, the heartbeat
 route's latency) and /proc (VmHWM: peak RSS). Prints a table and writes JSON to

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The scheduling pass in one process, for bench/scale.py: N nodes x 8 GPUs and a backlog of jobs that
-fit nowhere in a fresh SQLite database; passes timed through fleetd.services.scheduling.run_pass (no
+fit nowhere in a fresh SQLite database; passes timed through fleetd.services.placement.scheduling.run_pass (no
 HTTP), with this process's memory. One JSON line per step on stdout, so that a run cut short by its
 time limit still says how far it got. Run by bench/scale.py, one fresh process per size.
 
@@ -24,8 +24,8 @@ from fleetd.clock import Clock  # noqa: E402
 from fleetd.db import database, open_database, upgrade  # noqa: E402
 from fleetd.models import Gpu, Node, new_id  # noqa: E402
 from fleetd.server import freeze_long_lived  # noqa: E402
-from fleetd.services import scheduling  # noqa: E402
-from fleetd.services.tokens import issue_first_admin_token  # noqa: E402
+from fleetd.services.identity.tokens import issue_first_admin_token  # noqa: E402
+from fleetd.services.placement import scheduling
 from fleetd.settings import Settings  # noqa: E402
 
 MISSING_GPU_TYPE = "NVIDIA B300"  # no node has it: the backlog fits nowhere
@@ -178,8 +178,8 @@ def engine_breakdown(rt, app, database):
     try:
         from fleetd import scheduler
         from fleetd.models import Job
-        from fleetd.services.cluster import ClusterState
-        from fleetd.services.terms import task_request
+        from fleetd.services.placement.cluster import ClusterState
+        from fleetd.services.placement.terms import task_request
         from fleetd.specs import JobSpec
 
         with app.app_context(), database.connection_context():

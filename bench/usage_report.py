@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Usage reports over a month of a 1,000-GPU fleet's runs: about a million ledger rows in a fresh
-SQLite database, with the day sums written by the ledger's own code (fleetd.services.ledger), then
-each report of GET /api/v1/usage timed through fleetd.services.usage (no HTTP), best of `--repeat`.
+SQLite database, with the day sums written by the ledger's own code (fleetd.services.accounting.ledger), then
+each report of GET /api/v1/usage timed through fleetd.services.accounting.usage (no HTTP), best of `--repeat`.
 
     .venv/bin/python bench/usage_report.py --runs 1000000
     .venv/bin/python bench/usage_report.py --runs 1000000 --database-url postgresql://USER@HOST:PORT/DB
@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from fleetd.auth import Principal  # noqa: E402
 from fleetd.db import bind, database, open_database, upgrade  # noqa: E402
-from fleetd.services import ledger, usage  # noqa: E402
+from fleetd.services.accounting import ledger, usage
 
 MONTH = dt.datetime(2026, 3, 1)
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S")

@@ -47,7 +47,7 @@ class Conflict(FleetdError):
 
 
 class LimitExceeded(FleetdError):
-    """An owner's limit (services.limits) would be passed: `limit` names it, `value` is what it
+    """An owner's limit (services.identity.limits) would be passed: `limit` names it, `value` is what it
     allows, `use` what the owner holds (or would, for one spec's size); nothing was stored."""
 
     http_status, code = 409, "limit_exceeded"

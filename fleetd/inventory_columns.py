@@ -1,7 +1,7 @@
 """The node and fleet columns that placement reads, which the inventory triggers watch.
 
 A change to a watched column bumps the inventory version (and notes the node as changed), so the
-scheduler reads that node or the fleets again (services.cluster.InventoryCache); a change to any
+scheduler reads that node or the fleets again (services.placement.inventory.InventoryCache); a change to any
 other column does not. Every GPU column is watched. The migrations that create the triggers take
 their columns from here by their own number, so what each installed stays what it was, and the
 history of the watched columns is in one place. A new column of either table is listed in WATCHED

@@ -57,7 +57,7 @@ class NodeStatus(str, enum.Enum):
 
 
 # An operator's actions on a node: (the statuses it applies to, the status it leads to). Each such
-# move is one of the node state machine's transitions (fleetd.services.lifecycle.NODE_TRANSITIONS).
+# move is one of the node state machine's transitions (fleetd.services.workloads.lifecycle.NODE_TRANSITIONS).
 NODE_ACTIONS = {
     "cordon": ("ready", "cordoned"),
     "uncordon": ("cordoned", "ready"),
@@ -177,7 +177,7 @@ class BaseModel(peewee.Model):
         return sql.by_pk(cls).first(pk=pk)
 
 
-# The limits an admin can set on an API token (`ApiToken.limits`; services.limits checks them).
+# The limits an admin can set on an API token (`ApiToken.limits`; services.identity.limits checks them).
 LIMIT_NAMES = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_stored_spec_bytes", "max_artifact_bytes",
                "requests_per_second")
 
@@ -200,7 +200,7 @@ class ApiToken(BaseModel):
 
 class OwnerSpecBytes(BaseModel):
     """The bytes of the specs an owner's jobs, instances and runs of instances store (their `spec`
-    column, as stored), kept as the rows come and go (services.limits; migration 0029): so that
+    column, as stored), kept as the rows come and go (services.identity.limits; migration 0029): so that
     `max_stored_spec_bytes` is checked without summing the owner's rows at every submit."""
 
     token_id = peewee.CharField(primary_key=True, max_length=32)
@@ -228,11 +228,11 @@ class Fleet(BaseModel):
     labels = JSONText(default=dict)
     created_at = peewee.DateTimeField()
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
-    health_policy = JSONText(null=True)  # see fleetd.services.health; None: the defaults (on)
+    health_policy = JSONText(null=True)  # see fleetd.services.nodes.health; None: the defaults (on)
     allow_root_tasks = peewee.BooleanField(default=False)  # admins' work may run as root on its nodes
     require_isolation = peewee.BooleanField(default=False)  # nodes take work only with isolation "uid"
     allowed_images = JSONText(default=lambda: ["*"])  # glob patterns an instance's image must match
-    # What a new or repaired node must pass before it takes work (fleetd.services.validation): None, no
+    # What a new or repaired node must pass before it takes work (fleetd.services.nodes.validation): None, no
     # gate; {} the built-in checks (migration 0023)
     validation = JSONText(null=True)
     # What each task on the fleet's nodes gets unless its spec says otherwise (migration 0028): the most
@@ -247,7 +247,7 @@ class Fleet(BaseModel):
         return effective_health_policy(self.health_policy)
 
 
-# A fleet's node health policy where it says nothing (fleetd.services.health acts on it).
+# A fleet's node health policy where it says nothing (fleetd.services.nodes.health acts on it).
 DEFAULT_HEALTH_POLICY = {"cordon_on_gpu_fault": True, "drain_after_seconds": 600, "uncordon_when_healthy": True}
 
 
@@ -279,7 +279,7 @@ class Node(BaseModel):
     machine_id = peewee.CharField(max_length=128, unique=True)
     hostname = peewee.CharField(max_length=255)
     address = peewee.CharField(max_length=255, default="")
-    labels = JSONText(default=dict)  # what placement reads: agent_labels, label_overrides on top (services.labels)
+    labels = JSONText(default=dict)  # what placement reads: agent_labels, label_overrides on top (services.nodes.labels)
     agent_labels = JSONText(null=True)  # from the agent's config file, as it last reported them
     label_overrides = JSONText(null=True)  # set through the API (PATCH /nodes/{id}); they win per key
     agent_version = peewee.CharField(max_length=64, default="")
@@ -305,7 +305,7 @@ class Node(BaseModel):
     join_token_id = peewee.CharField(max_length=32, null=True)
     # Set while the health policy holds the node out of service for a GPU fault: {reason, since, missing, cleared?}
     health_hold = JSONText(null=True)
-    # While an agent upgrade is under way or failed, the state it returns to (fleetd.services.upgrades)
+    # While an agent upgrade is under way or failed, the state it returns to (fleetd.services.nodes.upgrades)
     upgrade = JSONText(null=True)
     drain_repair = peewee.BooleanField(default=False)  # drained for repair: undrain validates it first (0023)
 
@@ -355,7 +355,7 @@ class Gpu(BaseModel):
 
 
 class Validation(BaseModel):
-    """One run of a node's validation suite (fleetd.services.validation): what it checks, and per
+    """One run of a node's validation suite (fleetd.services.nodes.validation): what it checks, and per
     check and GPU whether it passed (migration 0023)."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
@@ -433,7 +433,7 @@ class Job(BaseModel):
     started_at = peewee.DateTimeField(null=True)
     ended_at = peewee.DateTimeField(null=True)
     instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
-    # services.terms.group_key of its JobTerms (None: unknown, the pass always reads the job)
+    # services.placement.terms.group_key of its JobTerms (None: unknown, the pass always reads the job)
     group_key = peewee.CharField(max_length=20, null=True)
 
     class Meta:
@@ -586,7 +586,7 @@ class Quota(BaseModel):
 class UsageRecord(BaseModel):
     """The usage ledger: one row per run of a workload (a job's task in one attempt, keyed
     "<task id>.<epoch>"; an instance's run), its GPU-seconds and cost as far as `accounted_until`
-    (the `usage` background task moves it on; fleetd.services.usage)."""
+    (the `usage` background task moves it on; fleetd.services.accounting.usage)."""
 
     id = peewee.CharField(primary_key=True, max_length=48)
     kind = peewee.CharField(max_length=16)  # job or instance
@@ -728,7 +728,7 @@ class PriceChange(BaseModel):
 
 
 class Budget(BaseModel):
-    """A team's budget per calendar month (UTC), in currency and/or GPU-hours (fleetd.services.budgets)."""
+    """A team's budget per calendar month (UTC), in currency and/or GPU-hours (fleetd.services.accounting.budgets)."""
 
     team = peewee.CharField(primary_key=True, max_length=200)
     limit_cost = peewee.FloatField(null=True)
@@ -803,14 +803,14 @@ class LeaderLease(BaseModel):
     expires_at = peewee.DateTimeField()
 
 
-# The event kinds a webhook can receive (fleetd.services.webhooks decides which Event notifies which).
+# The event kinds a webhook can receive (fleetd.services.notify.webhooks decides which Event notifies which).
 WEBHOOK_KINDS: tuple[str, ...] = (
                  "node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
                  "leader.changed", "node.enrolled", "node.upgraded", "node.revoked", "node.deleted", "rollout.node",
                  "rollout.state")
 
 
-WEBHOOK_KINDS += ("node.validation",)  # a node's validation passed or failed (services.validation)
+WEBHOOK_KINDS += ("node.validation",)  # a node's validation passed or failed (services.nodes.validation)
 WEBHOOK_KINDS += ("budget.threshold",)  # a team's month crossed 50, 80 or 100 % of its budget
 
 
@@ -848,7 +848,7 @@ class WebhookDelivery(BaseModel):
 
 class Rollout(BaseModel):
     """An agent rollout over a fleet (`fleetd rollout start`): the CLI that drives it over SSH records
-    each node's progress here, and any CLI reads it, pauses, resumes or aborts it (services.rollouts)."""
+    each node's progress here, and any CLI reads it, pauses, resumes or aborts it (services.fleet_ops.rollouts)."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
     fleet = peewee.CharField(max_length=64, index=True)
@@ -884,7 +884,7 @@ class RolloutNode(BaseModel):
 
 class RetiredNode(BaseModel):
     """The node a host had before its node was deleted, by the host's machine id: the same host
-    enrolling again gets that id back (services.hosts)."""
+    enrolling again gets that id back (services.nodes.hosts)."""
 
     machine_id = peewee.CharField(primary_key=True, max_length=128)
     node_id = peewee.CharField(max_length=32)

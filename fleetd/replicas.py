@@ -12,7 +12,7 @@ made once: scheduling passes, lost nodes, expired leases, drain deadlines, backg
   not expired. A leader paused past its lease (SIGSTOP, a long GC) therefore cannot assign work or
   declare nodes lost after another took over: the write rolls back.
 - Shared liveness: heartbeats and lease renewals land in the memory of whichever replica got them;
-  each replica writes them down in batches (services.replication.sync()), and the leader's decisions read them back.
+  each replica writes them down in batches (services.fleet_ops.replication.sync()), and the leader's decisions read them back.
 - Wake-ups cross processes over LISTEN/NOTIFY (`Bus`): a long poll answered by one replica wakes
   when another one assigns, cancels or changes what it waits for; kicks reach the leader.
 
@@ -30,7 +30,7 @@ import time
 import uuid
 
 from fleetd.db import database, hand_back
-from fleetd.services.events import FLEETD, record_event
+from fleetd.services.notify.events import FLEETD, record_event
 
 log = logging.getLogger("fleetd.replicas")
 CHANNEL = "fleetd"

@@ -12,14 +12,14 @@ from fleetd.background import TaskRunner
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamples
 from fleetd.replicas import Leadership
-from fleetd.services.cluster import InventoryCache, call
-from fleetd.services.engines import Engines
-from fleetd.services.identities import Identities
-from fleetd.services.lifecycle import NodeStops
-from fleetd.services.metrics import Instruments
-from fleetd.services.parking import ParkedGroups
-from fleetd.services.scheduling import SchedulerLoop
-from fleetd.services.terms import TermsCache
+from fleetd.services.fleet_ops.metrics import Instruments
+from fleetd.services.identity.identities import Identities
+from fleetd.services.placement.engines import Engines
+from fleetd.services.placement.inventory import InventoryCache, call
+from fleetd.services.placement.parking import ParkedGroups
+from fleetd.services.placement.scheduling import SchedulerLoop
+from fleetd.services.placement.terms import TermsCache
+from fleetd.services.workloads.lifecycle import NodeStops
 
 
 @dataclasses.dataclass

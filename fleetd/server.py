@@ -25,7 +25,7 @@ from fleetd.app import create_app
 from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 from fleetd.errors import envelope
 from fleetd.replicas import SingleProcessLock
-from fleetd.services.replication import replicate
+from fleetd.services.fleet_ops.replication import replicate
 
 log = logging.getLogger("fleetd")
 

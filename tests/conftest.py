@@ -9,7 +9,7 @@ import pytest
 
 from fleetd.app import create_app
 from fleetd.db import open_database, upgrade
-from fleetd.services.tokens import issue_first_admin_token
+from fleetd.services.identity.tokens import issue_first_admin_token
 from fleetd.settings import Settings
 from tests.support.gpus import GPU_H100, gpus  # noqa: F401 - tests import them from here
 from tests.support.http import ApiClient  # tests import it from here too

@@ -3,7 +3,7 @@ display names and manufacturers, are read one by id, and give their lowest price
 
 from urllib.parse import quote
 
-from fleetd.services.config import effective_config
+from fleetd.services.fleet_ops.config import effective_config
 from fleetd.settings import Settings
 from tests.conftest import ApiClient
 
@@ -66,7 +66,7 @@ def test_a_gpu_type_is_read_by_id_with_its_display_name_and_lowest_prices(api):
 
 
 def test_display_names_drop_the_vendor_and_brand_as_gpu_clouds_show_them():
-    from fleetd.services.cluster import display_name
+    from fleetd.services.placement.capacity import display_name
 
     assert display_name("NVIDIA GeForce RTX 3090") == ("NVIDIA", "RTX 3090")
     assert display_name("NVIDIA RTX A6000") == ("NVIDIA", "RTX A6000")

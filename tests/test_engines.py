@@ -1,4 +1,4 @@
-"""Placement engines kept between passes (fleetd.services.engines): after any sequence of events,
+"""Placement engines kept between passes (fleetd.services.placement.engines): after any sequence of events,
 restarts of fleetd among them, the engine a pass decides with holds exactly what one built afresh
 from the tables would."""
 
@@ -8,7 +8,8 @@ import hypothesis
 import hypothesis.strategies as st
 
 from fleetd import scheduler
-from fleetd.services.cluster import current_state, gpu_summary
+from fleetd.services.placement.capacity import gpu_summary
+from fleetd.services.placement.cluster import current_state
 from tests.conftest import admin_client
 from tests.support.examples import examples
 from tests.support.gpus import gpus as gpu_list

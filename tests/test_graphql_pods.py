@@ -9,7 +9,7 @@ from tests.support.http import ApiClient
 from tests.test_graphql import fleet, gql  # noqa: F401 - the fixture
 from tests.test_instances import start
 
-SLICE_LOG = "fleetd.services.instances"
+SLICE_LOG = "fleetd.services.workloads.instances"
 
 
 def test_a_spot_pod_is_rented_stopped_and_bid_resumed_by_the_pod_names(api, fleet):  # noqa: F811

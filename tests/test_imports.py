@@ -106,26 +106,54 @@ def test_no_module_imports_itself_through_others(package):
 def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path):
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [["a", "b", "c"]]
-    source = "import os\n\ndef f():\n    from fleetd.services import jobs\n    return jobs\n"
+    source = "import os\n\ndef f():\n    from fleetd.services.workloads import jobs\n    return jobs\n"
     node = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)][0]
-    modules = {"fleetd.services", "fleetd.services.jobs", "fleetd.services.runs"}
-    assert _imported("fleetd.services.runs", node, modules, False) == {"fleetd.services.jobs"}
+    modules = {"fleetd.services.workloads", "fleetd.services.workloads.jobs", "fleetd.services.workloads.runs"}
+    assert _imported("fleetd.services.workloads.runs", node, modules, False) == {"fleetd.services.workloads.jobs"}
+
+
+def _reach(graph, module):
+    reached, todo = set(), [module]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in reached:
+                reached.add(nxt)
+                todo.append(nxt)
+    return reached
 
 
 def test_services_are_layered_state_machines_below_runs_below_use_cases():
     graph = import_graph("fleetd")
-    below = {"fleetd.services.lifecycle": {"fleetd.services.runs", "fleetd.services.jobs", "fleetd.services.instances",
-                                           "fleetd.services.nodes", "fleetd.services.scheduling"},
-             "fleetd.services.runs": {"fleetd.services.jobs", "fleetd.services.instances", "fleetd.services.nodes",
-                                      "fleetd.services.scheduling", "fleetd.services.cluster"},
-             "fleetd.services.cluster": {"fleetd.services.jobs", "fleetd.services.instances", "fleetd.services.policy",
-                                         "fleetd.services.scheduling", "fleetd.runtime"},
-             "fleetd.scheduler": {"fleetd.services", "fleetd.models", "fleetd.db"}}
+    s = "fleetd.services."
+    below = {
+        s + "workloads.lifecycle": {s + "workloads.runs", s + "workloads.jobs", s + "workloads.instances",
+                                    s + "nodes.nodes", s + "placement.scheduling"},
+        s + "workloads.runs": {s + "workloads.jobs", s + "workloads.instances", s + "nodes.nodes",
+                               s + "placement.scheduling", s + "placement.cluster"},
+        s + "placement.cluster": {s + "workloads.jobs", s + "workloads.instances", s + "placement.policy",
+                                  s + "placement.scheduling", s + "placement.capacity", "fleetd.runtime"},
+    }
     for module, must_not_reach in below.items():
-        reached, todo = set(), [module]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in reached:
-                    reached.add(nxt)
-                    todo.append(nxt)
+        reached = _reach(graph, module)
         assert not reached & must_not_reach, (module, sorted(reached & must_not_reach))
+
+
+def test_the_scheduler_reaches_no_service_model_or_database():
+    reached = _reach(import_graph("fleetd"), "fleetd.scheduler")
+    assert reached  # it was walked
+    assert not {m for m in reached if m.startswith(("fleetd.services", "fleetd.models", "fleetd.db"))}
+
+
+SERVICES = ROOT / "fleetd" / "services"
+MAX_SERVICE_LINES = 500
+
+
+def test_services_live_in_domains_and_no_service_module_is_long():
+    flat = sorted(p.name for p in SERVICES.glob("*.py") if p.name not in {"__init__.py", "pagination.py"})
+    assert flat == []  # a new service goes in its domain's package
+    for domain in (p for p in SERVICES.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        init = domain / "__init__.py"
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), domain  # the domain's map
+        for module in domain.glob("*.py"):
+            lines = len(module.read_text().splitlines())
+            assert lines <= MAX_SERVICE_LINES, (str(module.relative_to(ROOT)), lines)

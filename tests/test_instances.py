@@ -7,7 +7,7 @@ import pytest
 
 from fleetd.db import database
 from fleetd.models import Event, Instance, Job
-from fleetd.services import instances
+from fleetd.services.workloads import instances
 from tests.conftest import ApiClient, admin_client
 
 

@@ -3,7 +3,7 @@ it stays `interrupted` naming its preemptor until that run is placed after the p
 stop, delete and resume replace or cancel that queued run (instances_resume_preempted)."""
 
 from fleetd.models import Instance, Job
-from fleetd.services import instances
+from fleetd.services.workloads import instances
 from tests.conftest import admin_client
 from tests.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
 
@@ -95,7 +95,7 @@ def test_with_the_setting_off_a_preempted_instance_waits_for_its_owner(make_app,
 
 
 def test_fleetd_stopping_it_while_it_waits_cancels_the_queued_run(api, fleet):
-    """As a team budget's stop_spot does (services.budgets)."""
+    """As a team budget's stop_spot does (services.accounting.budgets)."""
     _, _, session = fleet
     inst, _, _ = preempted(api, session)
     with api.app.app_context():

@@ -8,7 +8,7 @@ import pytest
 
 from fleetd.errors import Conflict
 from fleetd.models import JobState
-from fleetd.services import lifecycle
+from fleetd.services.workloads import lifecycle
 from tests.conftest import T0, ApiClient, admin_client
 
 J = JobState

@@ -7,7 +7,7 @@ import pytest
 
 from fleetd.clock import isoformat
 from fleetd.db import database
-from fleetd.services.terms import TermsCache
+from fleetd.services.placement.terms import TermsCache
 from tests.conftest import ApiClient
 
 

@@ -1,12 +1,12 @@
 """A parked group is woken only by an event that could let it fit: capacity on a node of its fleet,
 labels, GPU models and size, or a change to its team's allowance; its jobs are neither read nor
-rewritten meanwhile (services.parking)."""
+rewritten meanwhile (services.placement.parking)."""
 
 import pytest
 
 from fleetd.db import database
 from fleetd.models import Job
-from fleetd.services import parking, scheduling
+from fleetd.services.placement import parking, scheduling
 from fleetd.specs import Group
 from tests.support.gpus import gpus
 

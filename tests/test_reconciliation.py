@@ -1,6 +1,6 @@
 """The server reconciles what it holds with what nodes say: a task a live node stops listing ends
-`lost` after the delivery grace (services/work.py), and a GPU hold that outlived its task is freed
-and counted (services/holds.py)."""
+`lost` after the delivery grace (services/agents/work.py), and a GPU hold that outlived its task is freed
+and counted (services/nodes/holds.py)."""
 
 import pytest
 

@@ -204,7 +204,7 @@ def test_unknown_policy_names_are_refused_at_start_up():
 
 
 def test_gpus_of_many_cancelled_tasks_stay_held_while_their_node_reports_them(api, join):
-    # More ended-but-reported tasks than one statement reads by id (cluster._ENDED_CHUNK).
+    # More ended-but-reported tasks than one statement reads by id (inventory._ENDED_CHUNK).
     _, session = _node(api, join, "n1", 1)
     jobs = [api.submit(name=f"small-{i}", resources={"gpus": 0.02}) for i in range(40)]
     started = [api.start_task(session) for _ in jobs]

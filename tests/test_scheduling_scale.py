@@ -8,7 +8,8 @@ import pytest
 
 from fleetd import scheduler
 from fleetd.liveness import LivenessTracker
-from fleetd.services import scheduling
+from fleetd.services.placement import reasons as placement_reasons
+from fleetd.services.placement import scheduling
 from tests.conftest import FakeClock, gpus
 from tests.support import wait_until
 from tests.support.examples import examples
@@ -206,7 +207,7 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
 
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
     from fleetd.models import Job
-    from fleetd.services import terms
+    from fleetd.services.placement import terms
     from tests.test_instances import create, finish, start
 
     _, session = api.ready_node(fleet, "n1", gpu_count=2)
@@ -347,7 +348,7 @@ def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, cl
     import uuid
 
     from fleetd.db import database
-    from fleetd.services.cluster import load_inventory
+    from fleetd.services.placement.inventory import load_inventory
     from tests.conftest import admin_client, gpus
 
     app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex))  # a fresh database for every example
@@ -385,7 +386,7 @@ def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, cl
 
 def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
     from fleetd.db import database
-    from fleetd.services.cluster import changed_since
+    from fleetd.services.placement.inventory import changed_since
     from tests.conftest import gpus
 
     first = api.ready_node(fleet, "n1")
@@ -410,19 +411,19 @@ def test_never_fits_answers_are_kept_for_one_inventory_at_a_time(api, fleet, mon
     first = api.ready_node(fleet, "n1")
     rt = api.app.extensions["fleetd"]
     asked = []
-    answer = scheduling._never_fits
-    monkeypatch.setattr(scheduling, "_never_fits", lambda inventory, request: asked.append(request.gpus)
+    answer = placement_reasons._never_fits
+    monkeypatch.setattr(placement_reasons, "_never_fits", lambda inventory, request: asked.append(request.gpus)
                         or answer(inventory, request))
     with database.connection_context():
         old = rt.inventory.get()
     request = scheduler.TaskRequest(gpus=64)
-    reason = scheduling.never_fits(old, request)
-    assert reason and scheduling.never_fits(old, scheduler.TaskRequest(gpus=64)) == reason  # once per shape
-    assert scheduling.never_fits(old, scheduler.TaskRequest(gpus=1)) is None
+    reason = placement_reasons.never_fits(old, request)
+    assert reason and placement_reasons.never_fits(old, scheduler.TaskRequest(gpus=64)) == reason  # once per shape
+    assert placement_reasons.never_fits(old, scheduler.TaskRequest(gpus=1)) is None
     api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(4)}, token=first[1], agent=True)
     with database.connection_context():
         new = rt.inventory.get()
-    assert new is not old and "most any matching node has is 4" in scheduling.never_fits(new, request)  # asked anew
+    assert new is not old and "most any matching node has is 4" in placement_reasons.never_fits(new, request)  # asked anew
     assert asked == [64, 1, 64]
 
 
@@ -433,7 +434,8 @@ def test_inventories_and_engines_hold_no_reference_cycles(api, fleet):
 
     from fleetd.db import database
     from fleetd.models import InventoryVersion
-    from fleetd.services.cluster import current_state, load_inventory
+    from fleetd.services.placement.cluster import current_state
+    from fleetd.services.placement.inventory import load_inventory
 
     api.ready_node(fleet, "n1", gpu_count=4)
     api.ready_node(fleet, "n2", gpu_count=2)
@@ -507,7 +509,7 @@ def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api
 
 def test_a_throttled_inventory_is_reloaded_at_most_once_a_second_and_says_how_stale(api, fleet):
     from fleetd.db import database
-    from fleetd.services.cluster import InventoryCache
+    from fleetd.services.placement.inventory import InventoryCache
 
     now = [100.0]
     cache = InventoryCache(throttle=True, monotonic=lambda: now[0])
@@ -524,7 +526,7 @@ def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read
     import threading
 
     from fleetd.db import database
-    from fleetd.services.cluster import InventoryCache
+    from fleetd.services.placement.inventory import InventoryCache
 
     reads, reading, release = [], threading.Event(), threading.Event()
 

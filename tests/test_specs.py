@@ -9,7 +9,7 @@ from fleetd import scheduler
 from fleetd.errors import InvalidRequest
 from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.schemas.jobs import JobSpecSchema
-from fleetd.services.terms import group_key_of, task_request
+from fleetd.services.placement.terms import group_key_of, task_request
 from fleetd.specs import DEFAULT_RETRY, NO_RETRY, InstanceSpec, JobSpec, Port, Resources, group_key, group_of
 
 TRAIN = {"name": "train", "command": ["python", "t.py"], "resources": {"gpus": 2, "gpu_types": ["NVIDIA H100 80GB HBM3"]},

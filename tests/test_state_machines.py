@@ -3,7 +3,7 @@
 import pytest
 
 from fleetd.models import NODE_ACTIONS, InstanceState, JobState, NodeStatus, TaskState, transition_table
-from fleetd.services import lifecycle
+from fleetd.services.workloads import lifecycle
 
 
 @pytest.mark.parametrize("action", sorted(NODE_ACTIONS))

@@ -13,7 +13,7 @@ from fleetd.auth import Principal
 from fleetd.db import database, fenced_by, write_transaction
 from fleetd.models import Instance, StorageRecord, UsageDay, UsageRecord
 from fleetd.replicas import Fenced
-from fleetd.services import ledger, usage
+from fleetd.services.accounting import ledger, usage
 from tests.conftest import T0, ApiClient, gpus
 
 H100 = "NVIDIA H100 80GB HBM3"

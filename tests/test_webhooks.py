@@ -147,7 +147,7 @@ def test_webhooks_are_for_admins_only(api, app):
 
 
 def test_webhook_kinds_of_events():
-    from fleetd.services.webhooks import webhook_kind
+    from fleetd.services.notify.webhooks import webhook_kind
 
     assert webhook_kind("node.status", "ready", "lost") == "node.lost"
     assert webhook_kind("node.status", "lost", "cordoned") == "node.returned"

@@ -6,7 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema, GcResultSchema, GcSchema
-from fleetd.services import retention
+from fleetd.services.fleet_ops import retention
 
 blp = Blueprint("admin", __name__, url_prefix="/api/v1/admin", description="Administration")
 

@@ -19,7 +19,8 @@ from fleetd.schemas.jobs import (
     TaskRestartSchema,
     TaskStartSchema,
 )
-from fleetd.services import agents, work
+from fleetd.services.agents import sessions as agents
+from fleetd.services.agents import work
 
 blp = Blueprint("agent", __name__, url_prefix="/api/v1/agent", description="Agent protocol; needs X-Fleet-Protocol: 1")
 

@@ -22,8 +22,9 @@ from fleetd.schemas.cluster import (
     SimulateSpecSchema,
     SimulationSchema,
 )
-from fleetd.services import cluster, metrics, policy
-from fleetd.services.cluster import current_state
+from fleetd.services.fleet_ops import metrics
+from fleetd.services.placement import capacity, policy
+from fleetd.services.placement.cluster import current_state
 
 blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
 
@@ -41,7 +42,7 @@ class ClusterStatus(MethodView):
         """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
         principal = current_principal()
         storage = metrics.storage_view(current_runtime()) if principal.role == ADMIN else {}
-        return cluster.cluster_status(_state(), principal, storage, current_runtime().offload)
+        return capacity.cluster_status(_state(), principal, storage, current_runtime().offload)
 
 
 @blp.route("/cluster/allocation")
@@ -51,7 +52,7 @@ class ClusterAllocation(MethodView):
     @blp.response(200, ClusterAllocationSchema)
     def get(self, query):
         """Every GPU with its reservations, every node, every task's allocation (of one node with ?node_id=)."""
-        return current_runtime().offload(cluster.cluster_allocation, _state(), query["node_id"])
+        return current_runtime().offload(capacity.cluster_allocation, _state(), query["node_id"])
 
 
 @blp.route("/cluster/simulate-schedule")
@@ -72,7 +73,7 @@ class GpuTypes(MethodView):
     @blp.response(200, GpuTypePageSchema)
     def get(self):
         """GPU models in the fleet with capacity, availability and prices."""
-        return {"items": cluster.gpu_types(_state()), "next_cursor": None}
+        return {"items": capacity.gpu_types(_state()), "next_cursor": None}
 
 
 @blp.route("/gpu-types/<path:model>")
@@ -82,7 +83,7 @@ class GpuTypeByModel(MethodView):
     @blp.response(200, GpuTypeSchema)
     def get(self, query, model):
         """One GPU model by its id (the model name); with ?gpu_count=, its lowest prices for that many GPUs."""
-        return cluster.get_gpu_type(_state(), model, query["gpu_count"])
+        return capacity.get_gpu_type(_state(), model, query["gpu_count"])
 
     @require(ADMIN)
     @blp.arguments(GpuTypeUpdateSchema(), required=False)
@@ -90,7 +91,7 @@ class GpuTypeByModel(MethodView):
     def put(self, body, model):
         """Set the price per hour and the spot minimum bid of a GPU model."""
         policy.set_gpu_type(current_runtime(), model[:128], **body)
-        return next(t for t in cluster.gpu_types(_state()) if t["model"] == model[:128])
+        return next(t for t in capacity.gpu_types(_state()) if t["model"] == model[:128])
 
     @require(ADMIN)
     @blp.response(204)

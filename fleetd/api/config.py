@@ -6,7 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.config import EffectiveConfigSchema
-from fleetd.services.config import effective_config
+from fleetd.services.fleet_ops.config import effective_config
 
 blp = Blueprint("config", __name__, url_prefix="/api/v1", description="Configuration")
 

@@ -15,7 +15,7 @@ from fleetd.schemas.fleets import (
     JoinTokenCreateSchema,
     JoinTokenPageSchema,
 )
-from fleetd.services import fleets
+from fleetd.services.fleet_ops import fleets
 
 blp = Blueprint("fleets", __name__, url_prefix="/api/v1", description="Fleets and join tokens")
 

@@ -6,7 +6,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.validation import GpuRecordSchema, GpuRmaSchema, HistoryQuerySchema
-from fleetd.services import gpus
+from fleetd.services.nodes import gpus
 
 blp = Blueprint("gpus", __name__, url_prefix="/api/v1/gpus", description="GPUs by serial number")
 

@@ -7,7 +7,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ANY_ROLE, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.tokens import HealthSchema, WhoamiSchema
-from fleetd.services import limits
+from fleetd.services.identity import limits
 
 blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health and identity")
 

@@ -7,7 +7,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import HostPortQuerySchema
-from fleetd.services import instances
+from fleetd.services.workloads import connections
 
 blp = Blueprint("host-ports", __name__, url_prefix="/api", description="Host ports (seed 000's controller API)")
 
@@ -23,6 +23,6 @@ class AssignHostPort(MethodView):
 
         Nodes hand host ports out from their own range when an instance starts, so this assigns none:
         it answers as the instance's connection does, waiting up to wait_seconds for it to run."""
-        port = instances.host_port(current_runtime(), current_principal(), query["pod_name"], query["port"],
+        port = connections.host_port(current_runtime(), current_principal(), query["pod_name"], query["port"],
                                    query["wait_seconds"])
         return Response(str(port), mimetype="text/plain")  # no newline: callers parse it as a number

@@ -19,7 +19,7 @@ from fleetd.schemas.instances import (
 )
 from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services import instances
+from fleetd.services.workloads import connections, instances
 
 blp = Blueprint("instances", __name__, url_prefix="/api/v1", description="Instances (long-running reserved workloads)")
 
@@ -96,7 +96,7 @@ class InstanceConnection(MethodView):
     @blp.response(200, ConnectionSchema)
     def get(self, query, instance_id):
         """Where one of its declared ports is reached; waits (wait_seconds) until it runs; 409 while stopped."""
-        return instances.connection(current_runtime(), current_principal(), instance_id, query["port"],
+        return connections.connection(current_runtime(), current_principal(), instance_id, query["port"],
                                     query["wait_seconds"])
 
 

@@ -21,7 +21,7 @@ from fleetd.schemas.jobs import (
     SubmitQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services import artifacts, jobs
+from fleetd.services.workloads import artifacts, jobs
 
 blp = Blueprint("jobs", __name__, url_prefix="/api/v1", description="Jobs and artifacts")
 

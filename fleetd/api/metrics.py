@@ -9,7 +9,7 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, METRICS, SUBMITTER, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import Int
-from fleetd.services import metrics
+from fleetd.services.fleet_ops import metrics
 
 blp = Blueprint("metrics", __name__, description="Prometheus metrics and history")
 

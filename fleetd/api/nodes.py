@@ -19,7 +19,7 @@ from fleetd.schemas.nodes import (
     NodeUpgradeEndSchema,
     NodeUpgradeSchema,
 )
-from fleetd.services import labels, nodes, upgrades
+from fleetd.services.nodes import labels, nodes, upgrades
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1/nodes", description="Nodes")
 

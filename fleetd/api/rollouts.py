@@ -13,7 +13,7 @@ from fleetd.schemas.rollouts import (
     RolloutQuerySchema,
     RolloutSchema,
 )
-from fleetd.services import rollouts
+from fleetd.services.fleet_ops import rollouts
 
 blp = Blueprint("rollouts", __name__, url_prefix="/api/v1/rollouts", description="Rollouts")
 

@@ -8,7 +8,7 @@ from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
 from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema
 from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema, TokenSchema, TokenUpdateSchema
-from fleetd.services import tokens
+from fleetd.services.identity import tokens
 
 blp = Blueprint("tokens", __name__, url_prefix="/api/v1/tokens", description="API tokens")
 

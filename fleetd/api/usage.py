@@ -18,7 +18,7 @@ from fleetd.schemas.usage import (
     UsageQuerySchema,
     UsageReportSchema,
 )
-from fleetd.services import budgets, usage
+from fleetd.services.accounting import budgets, usage
 
 blp = Blueprint("usage", __name__, url_prefix="/api/v1", description="Usage, chargeback and budgets")
 

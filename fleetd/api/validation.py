@@ -9,7 +9,7 @@ from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import NodeSchema
 from fleetd.schemas.validation import ValidationReportSchema, ValidationSchema
-from fleetd.services import nodes, validation
+from fleetd.services.nodes import nodes, validation
 
 blp = Blueprint("validation", __name__, url_prefix="/api/v1", description="Node validation")
 

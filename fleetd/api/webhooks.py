@@ -7,7 +7,7 @@ from fleetd.auth import ADMIN, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
 from fleetd.schemas.webhooks import DeliveryPageSchema, WebhookCreateSchema, WebhookPageSchema, WebhookSchema
-from fleetd.services import webhooks
+from fleetd.services.notify import webhooks
 
 blp = Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks", description="Webhooks")
 

@@ -20,7 +20,7 @@ from fleetd.background import (
 )
 from fleetd.errors import Conflict, NotFound
 from fleetd.replicas import Fenced
-from fleetd.services.events import FLEETD, acting_as
+from fleetd.services.notify.events import FLEETD, acting_as
 
 log = logging.getLogger(__name__)
 

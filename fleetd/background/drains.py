@@ -1,6 +1,6 @@
 """Finish drains whose nodes run nothing any more or whose deadline has passed."""
 
-from fleetd.services.nodes import settle_drains
+from fleetd.services.nodes.nodes import settle_drains
 
 NAME = "drains"
 DESCRIPTION = "Moves draining nodes to drained when their tasks are done or the deadline passes"

@@ -1,6 +1,6 @@
 """Free GPUs held by tasks that are no longer active."""
 
-from fleetd.services.holds import free_leaked_gpus
+from fleetd.services.nodes.holds import free_leaked_gpus
 
 NAME = "gpu_holds"
 DESCRIPTION = "Frees GPUs still held by tasks that are not active (counted in fleetd_leaked_gpus_freed_total)"

@@ -1,6 +1,6 @@
 """Expire task leases that their nodes stopped renewing, and reconcile what live nodes list."""
 
-from fleetd.services.work import expire_leases
+from fleetd.services.agents.leases import expire_leases
 
 NAME = "leases"
 DESCRIPTION = ("Marks tasks lost when their node stops renewing the lease, or sooner when their live node stops "

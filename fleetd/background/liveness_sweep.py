@@ -1,7 +1,7 @@
 """Declare silent nodes lost, and persist last-heartbeat times in one batch."""
 
-from fleetd.services.nodes import live_nodes_last_heard, mark_node_lost
-from fleetd.services.replication import write_down_heard
+from fleetd.services.fleet_ops.replication import write_down_heard
+from fleetd.services.nodes.nodes import live_nodes_last_heard, mark_node_lost
 
 NAME = "liveness_sweep"
 DESCRIPTION = "Marks nodes lost after TTL + grace without a heartbeat; saves last-heartbeat times"

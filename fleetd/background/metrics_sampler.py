@@ -1,6 +1,6 @@
 """Record the cluster's and each GPU's readings for the 24 h history."""
 
-from fleetd.services.metrics import record_sample
+from fleetd.services.fleet_ops.metrics import record_sample
 
 NAME = "metrics_sampler"
 DESCRIPTION = "Stores a sample of jobs, GPU capacity and per-GPU readings for /api/v1/metrics/history"

@@ -1,6 +1,6 @@
 """Maintenance: drop metric samples past retention, and old jobs when job_retention_seconds is set."""
 
-from fleetd.services.retention import collect_garbage
+from fleetd.services.fleet_ops.retention import collect_garbage
 
 NAME = "gc"  # the name operators know it by (GET /api/v1/admin/tasks)
 DESCRIPTION = "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"

@@ -1,6 +1,6 @@
 """The periodic scheduling pass (passes also run right after submits, task ends and node changes)."""
 
-from fleetd.services.scheduling import run_pass
+from fleetd.services.placement.scheduling import run_pass
 
 NAME = "scheduling"
 DESCRIPTION = "Places queued jobs and refreshes their pending reasons"

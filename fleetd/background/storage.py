@@ -1,6 +1,6 @@
 """Measure fleetd's data dir: database, artifacts, free disk."""
 
-from fleetd.services.metrics import measure_storage
+from fleetd.services.fleet_ops.metrics import measure_storage
 
 NAME = "storage"
 DESCRIPTION = "Measures the database, the artifact store and the free disk of the data dir"

@@ -1,6 +1,6 @@
 """Delete tokens that expired or were revoked longer ago than the retention period."""
 
-from fleetd.services.tokens import delete_expired_tokens
+from fleetd.services.identity.tokens import delete_expired_tokens
 
 NAME = "token_cleanup"
 DESCRIPTION = "Deletes API and join tokens expired or revoked longer ago than token_retention_seconds"

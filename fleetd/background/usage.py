@@ -1,7 +1,7 @@
 """Account the usage ledger up to now, then check the teams' budgets against it."""
 
-from fleetd.services.budgets import check_budgets
-from fleetd.services.ledger import flush
+from fleetd.services.accounting.budgets import check_budgets
+from fleetd.services.accounting.ledger import flush
 
 NAME = "usage"
 DESCRIPTION = "Accounts running and ended runs and instance volumes in the usage ledger, then checks team budgets"

@@ -1,6 +1,6 @@
 """Send the webhook deliveries that are due (the outbox), retrying failed ones with back-off."""
 
-from fleetd.services.webhooks import send_due
+from fleetd.services.notify.webhooks import send_due
 
 NAME = "webhooks"
 DESCRIPTION = "Posts queued webhook deliveries (signed), retries failures with back-off, forgets old ones"

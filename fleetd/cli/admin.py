@@ -53,7 +53,7 @@ def _open_upgraded(settings):
 def init(db_url, data_dir):
     """Create the database and print the first admin token (once)."""
     from fleetd.clock import utcnow
-    from fleetd.services.tokens import issue_first_admin_token
+    from fleetd.services.identity.tokens import issue_first_admin_token
 
     settings = _server_settings(db_url=db_url, data_dir=data_dir)
     db, applied = _open_upgraded(settings)

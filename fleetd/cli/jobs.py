@@ -261,7 +261,7 @@ def job_why(handle):
     emit(result, human)
 
 
-# The pending reasons of rules that hold a job whatever the nodes (fleetd/services/scheduling.py).
+# The pending reasons of rules that hold a job whatever the nodes (fleetd/services/placement/scheduling.py).
 _RULE_RE = re.compile(r"at its quota|spot minimum|^set aside:")
 
 

@@ -13,7 +13,8 @@ from marshmallow import ValidationError
 from fleetd.api.parser import forbidden_text
 from fleetd.errors import InvalidRequest
 from fleetd.schemas.instances import InstanceSpecSchema
-from fleetd.services import cluster, instances
+from fleetd.services.placement import capacity, cluster
+from fleetd.services.workloads import connections, instances
 
 GIB = 1 << 30
 PODS_PAGE = 1000  # myself { pods } reads the REST list page by page (its largest page), oldest first ...
@@ -288,7 +289,7 @@ def resolve_connection(_, info, input):  # noqa: A002
     # The waits of one document share one budget: aliases of this field do not wait 300 s each.
     deadline = info.context.setdefault("connection_wait_deadline", time.monotonic() + most)
     wait = min(wait, max(0.0, deadline - time.monotonic()))
-    return instances.connection_within(rt, principal, _instance_id(input), port, wait)
+    return connections.connection_within(rt, principal, _instance_id(input), port, wait)
 
 
 # ---------------------------------------------------------------- GPU types
@@ -312,13 +313,13 @@ def resolve_gpu_types(_, info, input=None):  # noqa: A002
     rt, _principal = _ctx(info)
     wanted = (input or {}).get("id")
     state = cluster.current_state(rt)
-    clouds = {kind: cluster.models_on_nodes_with(state, labels) for kind, labels in rt.settings.cloud_type_labels.items()}
-    return [_gpu_type(e, clouds) for e in cluster.gpu_types(state) if wanted is None or e["model"] == wanted]
+    clouds = {kind: capacity.models_on_nodes_with(state, labels) for kind, labels in rt.settings.cloud_type_labels.items()}
+    return [_gpu_type(e, clouds) for e in capacity.gpu_types(state) if wanted is None or e["model"] == wanted]
 
 
 @gpu_type.field("lowestPrice")
 def resolve_lowest_price(gpu, _info, input=None):  # noqa: A002
-    price = cluster.lowest_price(gpu["entry"], (input or {}).get("gpuCount") or 1)
+    price = capacity.lowest_price(gpu["entry"], (input or {}).get("gpuCount") or 1)
     return {"gpuCount": price["gpu_count"], "available": price["available"],
             "minimumBidPrice": price["minimum_bid_price"], "uninterruptablePrice": price["uninterruptable_price"]}
 

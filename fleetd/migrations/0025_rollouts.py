@@ -1,7 +1,7 @@
 """Rollouts: an agent rollout over a fleet (`fleetd rollout start`) and each of its nodes, in the
 order the driving CLI takes them (batch 0 holds the canaries), with how far each got. And the
 node a deleted host had, by machine id (retired_node), so that the host enrolling again gets it
-back (services.hosts)."""
+back (services.nodes.hosts)."""
 from peewee import *
 
 

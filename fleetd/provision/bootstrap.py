@@ -27,7 +27,7 @@ POLL_SECONDS = 0.5
 JOIN_TOKEN_TTL_SECONDS = 3600
 STEPS = ("connect", "preflight", "install", "configure", "enrol", "start", "ready")
 REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
-#: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.upgrades.UPGRADABLE).
+#: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.nodes.upgrades.UPGRADABLE).
 UPGRADABLE = ("ready", "cordoned", "draining", "drained")
 #: Where a node of each status before a run is once it is done.
 RETURNS_TO = {"cordoned": ("cordoned",), "draining": ("draining", "drained"), "drained": ("draining", "drained"),

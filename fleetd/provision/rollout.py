@@ -1,6 +1,6 @@
 """`fleetd rollout start`: upgrade a fleet's agents to a bundle, canaries first, then batch by batch.
 
-fleetd holds the rollout (its plan, each node's progress, pause and abort requests: services.rollouts);
+fleetd holds the rollout (its plan, each node's progress, pause and abort requests: services.fleet_ops.rollouts);
 this process drives it over SSH with the operator's own credentials, as `fleetd bootstrap` does,
 so that fleetd itself never holds SSH keys to the hosts (docs/architecture.md, Rollouts). Each node
 goes through the upgrade `fleetd bootstrap` makes (bootstrap.Bootstrapper with upgrade_only): drain

@@ -10,7 +10,7 @@ from fleetd.names import name_problem
 from fleetd.runtime import current_runtime
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema, Text, Time, page_schema
-from fleetd.services.usage import job_cost
+from fleetd.services.accounting.usage import job_cost
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS

@@ -6,7 +6,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates
 
 from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.fleets import AvailabilitySchema
-from fleetd.services.rollouts import NODE_MOVES, NODE_STATES
+from fleetd.services.fleet_ops.rollouts import NODE_MOVES, NODE_STATES
 
 PERCENT_PATTERN = r"^0*([1-9][0-9]?|100)%$"  # ASCII digits only: 1% to 100%
 

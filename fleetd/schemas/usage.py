@@ -5,8 +5,8 @@ import datetime as dt
 from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.schemas.common import Text, Time
-from fleetd.services.budgets import ON_EXCEED
-from fleetd.services.usage import GROUP_BY
+from fleetd.services.accounting.budgets import ON_EXCEED
+from fleetd.services.accounting.usage import GROUP_BY
 
 MAX_MONEY = 1e12
 

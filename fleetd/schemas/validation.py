@@ -5,7 +5,7 @@ from marshmallow import Schema, fields, validate
 
 from fleetd.schemas.common import Bool, Int, Text, Time
 from fleetd.schemas.nodes import EventSchema
-from fleetd.services.validation import BUILTIN_CHECKS, RESULT_STATUSES, STATES
+from fleetd.services.nodes.validation import BUILTIN_CHECKS, RESULT_STATUSES, STATES
 
 
 class ValidationSettingSchema(Schema):

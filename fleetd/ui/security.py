@@ -18,7 +18,7 @@ from flask.sessions import SecureCookieSessionInterface
 
 from fleetd.auth import resolve_api_token_id
 from fleetd.errors import Forbidden, InvalidRequest, Unauthorized
-from fleetd.services.tokens import end_ui_session, start_ui_session, ui_session_token
+from fleetd.services.identity.tokens import end_ui_session, start_ui_session, ui_session_token
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 def pg_api(make_app, postgres_url, clock):
     from fleetd.db import database
     from fleetd.models import MODELS, InventoryVersion, LeaderLease
-    from fleetd.services.tokens import issue_first_admin_token
+    from fleetd.services.identity.tokens import issue_first_admin_token
 
     app = make_app(db_url=postgres_url)
     with database.connection_context():
@@ -147,7 +147,7 @@ def test_the_inventory_version_moves_on_postgres_with_what_placement_reads(pg_ap
 
 def test_a_reload_reads_only_the_changed_nodes_on_postgres_and_equals_a_full_read(pg_api):
     from fleetd.db import database
-    from fleetd.services.cluster import load_inventory
+    from fleetd.services.placement.inventory import load_inventory
 
     pg_api.create_fleet("gpu-a")
     join = pg_api.create_join_token("gpu-a", max_uses=10)
@@ -190,7 +190,7 @@ def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_roun
     from fleetd.background import liveness_sweep
     from fleetd.db import bind, database, open_database
     from fleetd.models import Node
-    from fleetd.services.replication import sync
+    from fleetd.services.fleet_ops.replication import sync
 
     rt = pg_api.app.extensions["fleetd"]
     pg_api.create_fleet("gpu-a")
@@ -272,7 +272,7 @@ def test_a_registration_under_way_holds_up_no_other_registration_on_postgres(pg_
     # a pooled connection. Now the token is used last and the inventory triggers run at commit.
     import threading
 
-    from fleetd.services import agents
+    from fleetd.services.agents import sessions as agents
 
     pg_api.create_fleet("gpu-a")
     join = pg_api.create_join_token("gpu-a")

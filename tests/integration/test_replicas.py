@@ -14,7 +14,7 @@ import psycopg2
 import pytest
 import requests
 
-from fleetd.services.tokens import issue_first_admin_token
+from fleetd.services.identity.tokens import issue_first_admin_token
 from tests.support import wait_until
 from tests.support.gpus import gpus
 from tests.support.http import ApiClient, Http

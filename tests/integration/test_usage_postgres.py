@@ -7,7 +7,7 @@ import pytest
 from fleetd.db import database
 from fleetd.models import UsageRecord
 from fleetd.replicas import Leadership
-from fleetd.services.tokens import issue_first_admin_token
+from fleetd.services.identity.tokens import issue_first_admin_token
 from tests.integration.test_replicas import replica_db  # noqa: F401 - the fixture
 from tests.support import wait_until
 from tests.support.http import ApiClient

@@ -6,7 +6,7 @@ import pytest
 from fleetd.db import bind, open_database, upgrade, write_transaction
 from fleetd.replicas import Fenced, Leadership
 from fleetd.runtime import Runtime
-from fleetd.services.webhooks import create_webhook, enqueue, list_deliveries, send_due
+from fleetd.services.notify.webhooks import create_webhook, enqueue, list_deliveries, send_due
 from fleetd.settings import Settings
 from tests.integration.test_replicas import replica_db  # noqa: F401 - fixture
 from tests.support import wait_until

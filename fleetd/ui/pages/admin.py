@@ -4,7 +4,7 @@ from flask import flash, g, redirect, render_template, request, url_for
 
 from fleetd.runtime import current_runtime
 from fleetd.schemas.cluster import GpuTypeUpdateSchema
-from fleetd.services import cluster, policy
+from fleetd.services.placement import capacity, cluster, policy
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form
@@ -33,7 +33,7 @@ def maintenance_run(name):
 
 
 def _gpu_types_page(form=None, errors=None, status=200):
-    types = cluster.gpu_types(cluster.current_state(current_runtime()))
+    types = capacity.gpu_types(cluster.current_state(current_runtime()))
     return render_template("gpu_types.html", types=types, form=form or {}, errors=errors or {},
                            editable=g.ui_principal.role in roles.GPU_TYPE_SET), status
 

@@ -5,8 +5,10 @@ from flask import flash, g, redirect, render_template, request, url_for
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.schemas.jobs import JobSpecSchema
-from fleetd.services import cluster, fleets, instances, jobs, policy, scheduling
-from fleetd.services.terms import task_request
+from fleetd.services.fleet_ops import fleets
+from fleetd.services.placement import capacity, cluster, policy, reasons
+from fleetd.services.placement.terms import task_request
+from fleetd.services.workloads import instances, jobs
 from fleetd.specs import DEFAULT_MOUNT
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
@@ -28,7 +30,7 @@ num_nodes: 1
 
 
 def _gpu_types():
-    return cluster.gpu_types(cluster.current_state(current_runtime()))
+    return capacity.gpu_types(cluster.current_state(current_runtime()))
 
 
 def _common(form):
@@ -117,7 +119,7 @@ def _job_spec(form):
 def fit(rt, principal, spec):
     """Whether a job would be placed now (the simulate-schedule answer) and, if never, why not."""
     simulation = policy.simulate(rt, principal, spec) if principal.role in roles.SIMULATE else None
-    never = scheduling.capacity_reason(rt, task_request(spec, principal.id))
+    never = reasons.capacity_reason(rt, task_request(spec, principal.id))
     return {"simulation": simulation, "never": never}
 
 

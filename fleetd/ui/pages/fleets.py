@@ -7,7 +7,8 @@ from fleetd.errors import InvalidRequest
 from fleetd.runtime import current_runtime
 from fleetd.schemas.cluster import QuotaUpdateSchema
 from fleetd.schemas.fleets import TIME_ZONES, FleetCreateSchema, FleetUpdateSchema
-from fleetd.services import fleets, policy
+from fleetd.services.fleet_ops import fleets
+from fleetd.services.placement import policy
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError

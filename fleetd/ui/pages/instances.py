@@ -9,7 +9,9 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import InstanceState
 from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import ResumeSchema
-from fleetd.services import instances, nodes, usage
+from fleetd.services.accounting import usage
+from fleetd.services.nodes import nodes
+from fleetd.services.workloads import instances
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form

@@ -7,7 +7,10 @@ from markupsafe import Markup
 from fleetd.errors import InvalidRequest
 from fleetd.models import JobState
 from fleetd.runtime import current_runtime
-from fleetd.services import jobs, nodes, policy, usage
+from fleetd.services.accounting import usage
+from fleetd.services.nodes import nodes
+from fleetd.services.placement import policy
+from fleetd.services.workloads import jobs
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.pages import logs

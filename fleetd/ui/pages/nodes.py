@@ -6,7 +6,9 @@ from fleetd.errors import InvalidRequest
 from fleetd.models import NodeStatus
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import NodeDrainSchema
-from fleetd.services import cluster, fleets, nodes, validation
+from fleetd.services.fleet_ops import fleets
+from fleetd.services.nodes import nodes, validation
+from fleetd.services.placement import capacity, cluster
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form
@@ -65,7 +67,7 @@ def _gpu_rows(rt, node):
     readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None and seen.metrics else {}
     allocation, tasks = {}, None
     if g.ui_principal.role in roles.ALLOCATION:
-        view = cluster.cluster_allocation(cluster.current_state(rt))
+        view = capacity.cluster_allocation(cluster.current_state(rt))
         allocation = {row["uuid"]: row for row in view["gpus"] if row["node_id"] == node.id}
         tasks = [a for a in view["allocations"] if a["node_id"] == node.id]
     rows = []

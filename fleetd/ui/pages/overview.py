@@ -5,8 +5,9 @@ import datetime as dt
 from flask import g, redirect, render_template, request, url_for
 
 from fleetd.runtime import current_runtime
-from fleetd.services import cluster, metrics
-from fleetd.services.cluster import current_state
+from fleetd.services.fleet_ops import metrics
+from fleetd.services.placement import capacity
+from fleetd.services.placement.cluster import current_state
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.charts import line_chart
@@ -44,7 +45,7 @@ def overview():
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}
-    status = cluster.cluster_status(current_state(rt), principal, storage, rt.offload)
+    status = capacity.cluster_status(current_state(rt), principal, storage, rt.offload)
     labels = {s["id"]: s["label"] for s in status["gpu"]["series"]}
     context = {"status": status, "gpu": status["gpu"], "labels": labels, "storage": storage}
     if request.args.get("partial") == "capacity":

@@ -7,7 +7,8 @@ from fleetd.models import Role
 from fleetd.runtime import current_runtime, public_url
 from fleetd.schemas.fleets import JoinTokenCreateSchema
 from fleetd.schemas.tokens import TokenCreateSchema
-from fleetd.services import fleets, tokens
+from fleetd.services.fleet_ops import fleets
+from fleetd.services.identity import tokens
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form

@@ -8,8 +8,8 @@ from flask import flash, g, redirect, render_template, request, url_for
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.runtime import current_runtime
 from fleetd.schemas.usage import BudgetUpdateSchema
-from fleetd.services import budgets, usage
-from fleetd.services.budgets import ON_EXCEED
+from fleetd.services.accounting import budgets, usage
+from fleetd.services.accounting.budgets import ON_EXCEED
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.charts import SERIES_CLASSES, stacked_bars

@@ -8,7 +8,7 @@ from flask import flash, g, redirect, render_template, request, url_for
 from fleetd.models import WEBHOOK_KINDS
 from fleetd.runtime import current_runtime
 from fleetd.schemas.webhooks import WebhookCreateSchema
-from fleetd.services import webhooks
+from fleetd.services.notify import webhooks
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError

@@ -1,0 +1,417 @@
+"""The worker side of the agent protocol: acquire, start, rendezvous, logs, finish, leases."""
+
+import datetime as dt
+import time
+
+from fleetd.clock import isoformat
+from fleetd.db import released, savepoint, write_transaction
+from fleetd.errors import Conflict, FleetdError, NotFound, Timeout, envelope
+from fleetd.models import (
+    DEFAULT_TASK_MEMORY_BYTES,
+    DEFAULT_TASK_PATH,
+    DEFAULT_TASK_PIDS_MAX,
+    Fleet,
+    Job,
+    JobState,
+    LogLine,
+    Node,
+    Task,
+    TaskState,
+)
+from fleetd.services.placement import parking
+from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, switch_task_state
+from fleetd.services.workloads.runs import end_task, run_restarting, run_started
+from fleetd.sql import Statement
+from fleetwire import MAX_ASSIGNMENTS
+
+_NEXT_ASSIGNED = Statement(lambda v: (
+    Task.select()
+    .where((Task.node == v("node_id")) & (Task.state == TaskState.ASSIGNED.value) & Task.delivered_at.is_null())
+    .order_by(Task.assigned_at, Task.id).limit(MAX_ASSIGNMENTS)))
+_DELIVER = Statement(lambda v: (
+    Task.update(delivered_at=v("now", Task.delivered_at))
+    .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()
+           & (Task.state == TaskState.ASSIGNED.value))))
+
+
+CONFIRM_POLL_SECONDS = 0.02  # how often a waiting acquire looks for a stop's commit
+
+
+def acquire(rt, node_id, wait_seconds, limit=1):
+    """Work for this node: {"assignments": up to `limit` undelivered assignments, oldest first,
+    each delivered once; "cancel": ids of tasks whose processes the node must stop now (cancel,
+    preemption, a drain's deadline), each told once}. Waits up to `wait_seconds` for either;
+    a stop owed to the node wakes the wait at once."""
+
+    def take_assignments():
+        # Read first: most checks find nothing, and a read takes no write lock.
+        for _ in range(3):  # another acquire of the same node may win the race for these tasks
+            tasks = _NEXT_ASSIGNED.rows(node_id=node_id)[:limit]
+            if not tasks:
+                return []
+            now = rt.clock.now()
+            with write_transaction():
+                taken = [t for t in tasks if _DELIVER.execute(now=now, id=t.id, epoch=t.epoch)]
+            if taken:
+                for task in taken:
+                    rt.leases.renew(task.id, task.epoch)
+                return [assignment(task, Job.get_by_id(task.job_id)) for task in taken]
+        return []
+
+    def take():
+        cancel = _take_stops(rt.stops, node_id)
+        found = take_assignments()
+        return {"assignments": found, "cancel": cancel} if found or cancel else None
+
+    wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    found = released(take)
+    if found or wait_seconds <= 0:
+        return found or {"assignments": [], "cancel": []}
+    deadline = time.monotonic() + wait_seconds
+    with rt.stops.watching(node_id, rt.notifier):
+        for _ in range(1_000_000):  # bounded; each round waits for a notify, a commit to look for, or the end
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or rt.notifier.closed:  # shutting down: answer now, do not spin
+                break
+            # A stop is owed from inside the transaction that ends its task: until that commits,
+            # look for it again shortly rather than wait for the next notify.
+            pause = min(remaining, CONFIRM_POLL_SECONDS) if rt.stops.owed(node_id) else remaining
+            found = rt.notifier.wait(("node", node_id), pause, lambda: released(take))
+            if found:
+                return found
+    return {"assignments": [], "cancel": []}
+
+
+def _take_stops(stops, node_id):
+    """Ids of the tasks this node must stop, from the stops owed to it that the database confirms;
+    those are forgotten, and so are those it will never confirm (see NodeStops)."""
+    owed = stops.owed(node_id)
+    if not owed:
+        return []
+    rows = {row["id"]: row for row in stop_rows(list(owed))}
+    cancel, done = [], {}
+    now = time.monotonic()
+    for task_id, (epoch, since) in owed.items():
+        verdict = must_stop(rows.get(task_id), node_id, epoch, superseded=False)
+        if verdict is None and now - since < stops.confirm_seconds:
+            continue  # not committed yet
+        done[task_id] = epoch
+        if verdict:
+            cancel.append(task_id)
+    stops.discard(node_id, done)
+    return cancel
+
+
+def stop_rows(ids):
+    """[{id, node, epoch, state, job_state}] of these tasks."""
+    return list(Task.select(Task.id, Task.node, Task.epoch, Task.state, Job.state.alias("job_state"))
+                .join(Job, on=(Task.job == Job.id)).where(Task.id.in_(ids)).dicts())
+
+
+def must_stop(row, node_id, epoch, superseded=True):
+    """Must this node stop its process of (task, epoch)? `row`: the task's id, node, epoch, state
+    and job_state (None: no such task). True: stop it; None: the node may run it; False (only
+    when not `superseded`): the task runs again on this node at a newer epoch, whose assignment
+    ends the old process anyway, and a stop by id would end the new one."""
+    if row is None or row["node"] != node_id:
+        return True
+    if row["epoch"] != epoch:
+        return True if superseded or row["state"] not in ACTIVE_TASK_STATES else False
+    if row["state"] not in ACTIVE_TASK_STATES or row["job_state"] == JobState.CANCELLING.value:
+        return True
+    return None
+
+
+# The task defaults of the fleet of a task's node (one indexed read per assignment handed out).
+_TASK_DEFAULTS = Statement(lambda v: (
+    Fleet.select(Fleet.task_pids_max, Fleet.task_memory_default_bytes, Fleet.task_path)
+    .join(Node, on=(Node.fleet == Fleet.name)).where(Node.id == v("node_id")).limit(1)))
+
+
+def task_limits(spec, node_id):
+    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on this node: the spec's own
+    memory_bytes, else its fleet's task_memory_default_bytes; the spec's pids up to its fleet's
+    task_pids_max (which is also the default); its fleet's PATH."""
+    fleet = _TASK_DEFAULTS.first(node_id=node_id)
+    pids_max = fleet.task_pids_max if fleet is not None else DEFAULT_TASK_PIDS_MAX
+    default_memory = fleet.task_memory_default_bytes if fleet is not None else DEFAULT_TASK_MEMORY_BYTES
+    asked = spec.resources.memory_bytes or None
+    return {"memory_bytes": asked or default_memory, "memory_default": asked is None,
+            "pids": min(spec.resources.pids or pids_max, pids_max),
+            "task_path": fleet.task_path if fleet is not None else DEFAULT_TASK_PATH}
+
+
+def assignment(task, job):
+    """The Assignment (docs/api.md) for a task."""
+    spec = job.job_spec
+    return {
+        "task_id": task.id,
+        "job_id": job.id,
+        "epoch": task.epoch,
+        "attempt": job.attempt,
+        "rank": task.rank,
+        "num_nodes": job.num_nodes,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "workdir": spec.workdir,
+        "gpus": [{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
+                 for g in task.gpus],
+        "isolation": spec.isolation or ("shared" if any(not g.get("exclusive") for g in task.gpus)
+                                        else "exclusive"),
+        "max_runtime_seconds": spec.max_runtime_seconds,
+        "artifacts": [a.to_dict() for a in spec.artifacts],
+        "cpus": spec.resources.cpus or None,
+        **task_limits(spec, task.node_id),  # memory_bytes, memory_default, pids, task_path
+        "priority_class": spec.priority_class,
+        "bid": spec.bid,
+        # a run of an instance: what its node supervises
+        "instance": (dict(spec.instance.to_dict(), id=job.instance_id, name=job.name)
+                     if spec.instance is not None else None),
+        # who it runs as: decided when the scheduler placed it (services.identity.identities)
+        "run_as": task.run_as,
+    }
+
+
+def _leased_task(node_id, task_id, epoch):
+    """The task if this node holds its lease at this epoch; 409 (fencing) otherwise."""
+    task = Task.get_or_none_by_id(task_id)
+    if task is None:
+        raise NotFound(f"task {task_id} not found")
+    if task.node_id != node_id or task.epoch != epoch or task.state == TaskState.PENDING.value:
+        raise Conflict(f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
+                       {"task_id": task_id, "epoch": epoch})
+    return task
+
+
+def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
+    """The agent started the process of an assigned task (an instance's run: with the host ports
+    its node assigned to the declared ports; `restarts` > 0: a restart of its process)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.state == TaskState.RUNNING.value:
+            if restarts:
+                run_started(task, ports, now)  # restarting -> running; a retried report changes nothing
+            return  # a retried start whose first answer was lost: same node, same epoch
+        if task.state != TaskState.ASSIGNED.value:
+            raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
+        _mark_started(task, pid, now, ports=ports)
+    rt.leases.renew(task_id, epoch)
+
+
+def restart_task(rt, node_id, task_id, epoch, last_exit):
+    """The process of an instance's run ended and its node's restart policy starts it again after
+    `last_exit['backoff_seconds']`: the instance is restarting (docs/api.md, Instance)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.state not in ACTIVE_TASK_STATES:
+            raise Conflict(f"task {task_id} is {task.state}, not running", {"state": task.state})
+        if Job.select(Job.instance_id).where(Job.id == task.job_id).scalar() is None:
+            raise Conflict(f"task {task_id} is a job's, not an instance's run: it has no restart policy",
+                           {"state": task.state})
+        if task.state == TaskState.ASSIGNED.value:  # it ended before its start was reported
+            task.started_at = now
+            switch_task_state(task, TaskState.RUNNING, "started", now)
+        run_restarting(task, dict(last_exit, at=isoformat(now)), now)
+    rt.leases.renew(task_id, epoch)
+
+
+def _mark_started(task, pid, now, started_at=None, save=True, ports=None):
+    task.started_at = now if started_at is None else started_at
+    task.pid = pid
+    switch_task_state(task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
+    run_started(task, ports, now)
+
+
+def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
+    """Rank 0 says where the other ranks find it."""
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        if task.rank != 0:
+            raise Conflict("only rank 0 publishes the rendezvous", {"rank": task.rank})
+        if not TaskState(task.state).is_active():
+            raise Conflict(f"task {task_id} is {task.state}", {"state": task.state})
+        task.rendezvous_addr, task.rendezvous_port = addr, port
+        task.save()
+    rt.notifier.notify(("rendezvous", task.job_id))
+
+
+def wait_rendezvous(rt, node_id, task_id, wait_seconds):
+    """Rank 0's address and port for this task's job, once every rank of the attempt has arrived;
+    Timeout if that does not happen in time.
+
+    The start barrier of a gang: a rank's first call records that it arrived (rank 0 arrives by
+    publishing), and no rank learns the address, so no rank's command starts, before all ranks of
+    the attempt are placed and here. Rank 0 asks too, after publishing, and so waits for the others.
+    """
+    task = Task.get_or_none_by_id(task_id)
+    if task is None or task.node_id != node_id:
+        raise NotFound(f"task {task_id} not found on this node")
+    job_id, epoch = task.job_id, task.epoch
+    wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    if task.rank != 0 and task.rendezvous_addr is None:
+        _arrive(rt, node_id, task_id, epoch)
+
+    def published():
+        current = Task.get_or_none_by_id(task_id)
+        if current is None or current.epoch != epoch or not TaskState(current.state).is_active():
+            raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
+        ranks = list(Task.select(Task.rank, Task.state, Task.rendezvous_addr, Task.rendezvous_port)
+                     .where(Task.job == job_id))
+        rank0 = next((r for r in ranks if r.rank == 0), None)
+        met = rank0 is not None and rank0.rendezvous_port is not None and all(
+            r.rendezvous_addr is not None for r in ranks)
+        if rank0 is not None and rank0.state == TaskState.SUCCEEDED.value:
+            # Every rank had arrived: the gang started together, and rank 0 was simply quick (this
+            # rank's answer came between two of its polls). Otherwise it ran to its end without this
+            # rank: they can never meet.
+            return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
+        if not met or not all(TaskState(r.state).is_active() for r in ranks):
+            return None  # rank 0 has not published, or a rank is not placed or not here yet: nobody starts
+        return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
+
+    found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
+                                                      lambda: released(published))
+    if found == GANG_OVER:
+        _end_unmet_rank(rt, node_id, task_id, epoch)
+    if not found:
+        raise Timeout(f"the ranks of job {job_id} have not all arrived at the rendezvous within {wait_seconds}s")
+    return found
+
+
+def _arrive(rt, node_id, task_id, epoch):
+    """A rank > 0 is at the rendezvous: recorded (its node's address) so that the others may start."""
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        rank0 = Task.get_or_none((Task.job == task.job_id) & (Task.rank == 0))
+        late = rank0 is not None and rank0.state == TaskState.SUCCEEDED.value  # an arrival after the end is none
+        if task.rendezvous_addr is None and task.state in ACTIVE_TASK_STATES and not late:
+            node = Node.get_or_none_by_id(node_id)
+            task.rendezvous_addr = (node.address if node is not None else None) or "arrived"
+            task.save()
+    rt.notifier.notify(("rendezvous", task.job_id))
+
+
+GANG_OVER = {"gang_over": True}  # published()'s answer when rank 0 ended before this rank joined
+
+
+def _end_unmet_rank(rt, node_id, task_id, epoch):
+    """A rank still waiting for the rendezvous after rank 0 ran to its end: the gang's ranks did not start
+    together, so this attempt is over (the job retries as a whole or fails, per its policy). The rank is
+    ended here rather than left to wait out its rendezvous timeout holding its GPUs; the node is told
+    409, which stops the rank's preparation (no process of it started)."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = Task.get_or_none_by_id(task_id)
+        if task is not None and task.node_id == node_id and task.epoch == epoch \
+                and task.state in ACTIVE_TASK_STATES:
+            end_task(task, TaskState.FAILED, f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
+                                             "already run to its end, so the gang did not start together", now,
+                     reported=True)
+    after_task_end(rt, task.job_id if task is not None else None, node_id)
+    raise Conflict(f"task {task_id}: rank 0 of its job ran to its end before this rank joined; the attempt is over",
+                   {"task_id": task_id, "reason": "gang_not_met"})
+
+
+def append_logs(rt, node_id, task_id, epoch, lines):
+    """Store a batch of log lines of a task, in order."""
+    now = rt.clock.now()
+    with write_transaction():
+        task = _leased_task(node_id, task_id, epoch)
+        job = Job.get_by_id(task.job_id)
+        rows = [{"job": task.job_id, "rank": line[2] if len(line) > 2 else task.rank, "attempt": job.attempt,
+                 "at": now, "stream": line[0], "text": line[1]} for line in lines]
+        if rows:
+            LogLine.insert_many(rows).execute()
+
+
+def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None,
+                started_seconds_ago=None, agent_stopping=False, idle=False, ports=None):
+    """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
+
+    `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
+    the task counts as lost, so the job retries as after a lost node. With `agent_stopping`
+    too, the agent stopped it because it was shutting down (a stop, an upgrade): the job is
+    requeued whatever its retry policy and uses no attempt. `pid`: the process
+    ended before the agent reported its start, and this report carries the start as well
+    (one call instead of two for short tasks); the task goes through running all the same,
+    started `started_seconds_ago` before now when the agent says so (never before it was
+    assigned: the interval comes from another host). `idle`: an instance's run that its idle
+    rule stopped; `ports`: with `pid`, the host ports of its start.
+    """
+    now = rt.clock.now()
+    with write_transaction():
+        task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
+                              agent_stopping, idle, ports)
+    _after_finish(rt, node_id, task)
+
+
+def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
+                   agent_stopping=False, idle=False, ports=None):
+    """finish_task's writes, inside the caller's transaction; returns the task."""
+    task = _leased_task(node_id, task_id, epoch)
+    if pid is not None and task.state == TaskState.ASSIGNED.value:
+        started_at = None
+        if started_seconds_ago is not None:
+            started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
+        _mark_started(task, pid, now, started_at, save=False, ports=ports)  # saved as it ends, just below
+    if idle and not reason.startswith("idle"):
+        reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
+    # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
+    if not TaskState(task.state).is_terminal():
+        reason = reason or (f"exit code {exit_code}" if exit_code is not None else outcome)
+        # A broken GPU is not the job's fault either: it retries like a lost node.
+        hardware = reason.startswith(HARDWARE_REASONS)
+        lost = (lost or hardware) and outcome == "failed"
+        end_task(task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
+                 free_retry=lost and agent_stopping and not hardware)
+    return task
+
+
+def _after_finish(rt, node_id, task):
+    """What follows a settled finish, once it is committed."""
+    rt.leases.forget(task.id)
+    rt.liveness.drop_task(node_id, task.id)
+    after_task_end(rt, task.job_id, node_id)
+
+
+def finish_tasks(rt, node_id, finishes):
+    """Several finish reports of one node in one call, settled in one transaction: each as
+    finish_task settles it (in a savepoint of its own, so a refused one leaves the others) and
+    answered on its own. Returns one result per report, in order: {task_id, status: 204,
+    error: null}, or the status and error of a refused report (409 for a stale epoch, 404 for
+    an unknown task). A database failure settles none of them; a report sent again is
+    answered as before.
+    """
+    now = rt.clock.now()
+    results, settled = [], []
+    with write_transaction():
+        for f in finishes:
+            try:
+                with savepoint():
+                    task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
+                                          f["lost"], f["pid"], f["started_seconds_ago"], now,
+                                          f.get("agent_stopping", False), f.get("idle", False), f.get("ports"))
+            except FleetdError as exc:
+                results.append({"task_id": f["task_id"], "status": exc.http_status,
+                                "error": envelope(exc.code, exc.message, exc.details)["error"]})
+            else:
+                settled.append(task)
+                results.append({"task_id": f["task_id"], "status": 204, "error": None})
+    for task in settled:
+        _after_finish(rt, node_id, task)
+    return results
+
+
+HARDWARE_REASONS = ("gpu_unhealthy:",)
+
+
+def after_task_end(rt, job_id, node_id=None):
+    """Wake who waits on the job; GPUs freed on the node, and the job's team's allowance, may let
+    parked work fit (the work that node or that team could serve: services.placement.parking)."""
+    rt.notifier.notify(("job", job_id))
+    if rt.scheduler is not None:
+        rt.scheduler.kick(what=parking.ended_on(rt, node_id, job_id))
+
+

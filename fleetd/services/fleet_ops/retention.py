@@ -1,0 +1,43 @@
+"""Retention: what fleetd forgets, and when. One collection removes metric samples past their
+retention and, when asked, jobs (with their tasks, logs and events) and deleted instances that
+ended longer ago than a cutoff, then artifacts no remaining job refers to. Each kind of record is
+found by its own service; this module only puts the collection together, in one transaction."""
+
+import datetime as dt
+import os
+
+from fleetd.db import write_transaction
+from fleetd.services.fleet_ops import metrics
+from fleetd.services.workloads import artifacts, instances, jobs
+
+
+def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
+    """Remove (or, with dry_run, count) what is past retention; returns the counts."""
+    now = rt.clock.now()
+    cutoff = now - dt.timedelta(seconds=older_than_seconds)
+    counts, orphans = {}, []
+    with write_transaction():
+        samples = metrics.expired_samples(rt.settings, now)
+        for name, (model, condition) in samples.items():
+            counts[name] = model.select().where(condition).count()
+        old_jobs = jobs.ended_before(cutoff) if delete_jobs else []
+        counts.update(jobs.records_of(old_jobs))
+        old_instances = instances.deleted_before(cutoff) if delete_jobs else []
+        counts["instances"] = len(old_instances)
+        if delete_jobs:
+            orphans = artifacts.unreferenced(cutoff, keep_jobs_except=old_jobs)
+        counts["artifacts"] = len(orphans)
+        if not dry_run:
+            for model, condition in samples.values():
+                model.delete().where(condition).execute()
+            jobs.delete_jobs(old_jobs)
+            instances.delete_records(old_instances)
+            artifacts.delete_records(orphans)
+    if not dry_run:
+        for sha in orphans:  # files go after the rows are gone for good
+            try:
+                os.unlink(artifacts.artifact_path(rt.settings, sha))
+            except FileNotFoundError:
+                pass
+    counts["dry_run"] = dry_run
+    return counts

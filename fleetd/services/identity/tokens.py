@@ -1,0 +1,178 @@
+"""API tokens: create, list, revoke; and the first admin token of a new installation."""
+
+import datetime as dt
+import secrets
+
+import peewee
+
+from fleetd.credentials import API_PREFIX, hash_token, make_token, token_name_problem
+from fleetd.db import database, write_transaction
+from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.models import ApiToken, Event, JoinToken, Role, Setting, UiSession
+from fleetd.services.identity.identities import unix_user_problem
+from fleetd.services.notify.events import list_events
+from fleetd.services.pagination import paginate
+
+FIRST_ADMIN_KEY = "first_admin_token_issued"
+
+
+def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None,
+                     share_unix_user=False, allowed_system_users=frozenset()):
+    """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
+    the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.identity.limits).
+    The name must be single-line printable text (InvalidRequest) that no live token (neither revoked
+    nor expired) has (Conflict): events name their actor `token:<name>`. A unix_user is no system
+    account unless `allowed_system_users` names it (InvalidRequest), and no other live token's unless
+    `share_unix_user` says that both are one tenant on the hosts (Conflict): their tasks read each
+    other's files."""
+    problem = token_name_problem(name)
+    if problem:
+        raise InvalidRequest(problem, {"fields": {"json": {"name": [problem]}}})
+    problem = unix_user_problem(unix_user, allowed_system_users) if unix_user else None
+    if problem:
+        raise InvalidRequest(problem, {"fields": {"json": {"unix_user": [problem]}}})
+    token_id, token = make_token(API_PREFIX)
+    expires_at = now + dt.timedelta(seconds=expires_in_seconds) if expires_in_seconds else None
+    with write_transaction():
+        _refuse_live_name(now, name)
+        if unix_user and not share_unix_user:
+            _refuse_shared_unix_user(now, unix_user)
+        row = ApiToken.create(
+            id=token_id,
+            name=name,
+            role=Role(role).value,
+            team=team,
+            token_hash=hash_token(token),
+            created_at=now,
+            expires_at=expires_at,
+            unix_user=unix_user,
+            limits=_own_limits({}, limits),
+        )
+    return row, token
+
+
+def live_tokens(now):
+    """The condition of tokens that still work: not revoked, not expired."""
+    return ApiToken.revoked_at.is_null() & (ApiToken.expires_at.is_null() | (ApiToken.expires_at > now))
+
+
+def _refuse_live_name(now, name):
+    """Conflict when a live token has this name (inside the creating transaction). On PostgreSQL a lock
+    on the name keeps two creations of it from passing this check at once; SQLite's writers queue."""
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.name:" + name,))
+    if ApiToken.select(ApiToken.id).where(live_tokens(now) & (ApiToken.name == name)).exists():
+        raise Conflict(f"a live token is already named {name!r}; revoke it or choose another name", {"name": name})
+
+
+def _refuse_shared_unix_user(now, unix_user):
+    """Conflict when a live token runs its tasks as this host user (inside the creating transaction;
+    locked on PostgreSQL as the name is)."""
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.unix_user:" + unix_user,))
+    holder = ApiToken.select(ApiToken.id, ApiToken.name).where(
+        live_tokens(now) & (ApiToken.unix_user == unix_user)).first()
+    if holder is not None:
+        raise Conflict(f"live token {holder.name!r} ({holder.id}) already runs its tasks as host user "
+                       f"{unix_user!r}: two tokens as one user read each other's files; revoke it, choose another "
+                       f"user, or say share_unix_user: true when both are one tenant",
+                       {"unix_user": unix_user, "token_id": holder.id})
+
+
+def set_token_limits(token_id, limits):
+    """Change a token's own limits: a value sets one, None gives it back to the setting, a limit not
+    named stays. The next request of the token (and its next write) sees them."""
+    with write_transaction():
+        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        row.limits = _own_limits(row.limits or {}, limits)
+        row.save()
+    return row
+
+
+def _own_limits(stored, changes):
+    """The limits a token keeps after `changes` ({name: value or None}); None when it has none of its own."""
+    merged = {name: value for name, value in {**stored, **(changes or {})}.items() if value is not None}
+    return merged or None
+
+
+def list_api_tokens(limit, cursor=None):
+    """One page of tokens, oldest first, without secrets."""
+    return paginate(ApiToken.select(), ApiToken.id, limit, cursor)
+
+
+def list_token_events(token_id, limit, cursor=None, after=None):
+    """A token's own events, oldest first (`token.renamed`: migration 0017 renamed it); NotFound for
+    an id that is neither a token nor the subject of an event (one deleted after its retention)."""
+    rows, next_cursor = list_events("token", token_id, limit, cursor, after)
+    if not rows and ApiToken.get_or_none(ApiToken.id == token_id) is None:
+        seen = Event.select().where((Event.subject_type == "token") & (Event.subject_id == token_id)).exists()
+        if not seen:
+            raise NotFound(f"token {token_id} not found")
+    return rows, next_cursor
+
+
+def revoke_api_token(now, token_id):
+    """Revoke a token; it stops working at once. Revoking twice is harmless."""
+    with write_transaction():
+        row = ApiToken.get_or_none(ApiToken.id == token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        if row.revoked_at is None:
+            row.revoked_at = now
+            row.save()
+    return row
+
+
+def issue_first_admin_token(now):
+    """Create the first admin token of this database once; None if it was issued before."""
+    token_id, token = make_token(API_PREFIX)
+    with write_transaction():
+        if Setting.get_or_none(Setting.key == FIRST_ADMIN_KEY) is not None:
+            return None
+        ApiToken.create(
+            id=token_id,
+            name="admin",
+            role=Role.ADMIN.value,
+            token_hash=hash_token(token),
+            created_at=now,
+        )
+        Setting.create(key=FIRST_ADMIN_KEY, value=token_id)
+    return token
+
+
+def delete_expired_tokens(now, retention_seconds):
+    """Delete API and join tokens that expired or were revoked more than `retention_seconds` ago."""
+    cutoff = now - dt.timedelta(seconds=retention_seconds)
+    with write_transaction():
+        api = (
+            ApiToken.delete()
+            .where((ApiToken.expires_at < cutoff) | (ApiToken.revoked_at < cutoff))
+            .execute()
+        )
+        join = JoinToken.delete().where(JoinToken.expires_at < cutoff).execute()
+        sessions = UiSession.delete().where(UiSession.expires_at < now).execute()
+    return {"api_tokens": api, "join_tokens": join, "ui_sessions": sessions}
+
+
+def start_ui_session(now, token_id, lifetime):
+    """Record a new admin UI session of an API token; returns its secret id (kept only hashed)."""
+    session_id = secrets.token_urlsafe(32)
+    with write_transaction():
+        UiSession.create(id=hash_token(session_id), token_id=token_id, created_at=now, expires_at=now + lifetime)
+    return session_id
+
+
+def ui_session_token(now, session_id):
+    """The API token id of a live UI session, or None when it ended, expired or never was."""
+    row = UiSession.get_or_none_by_id(hash_token(session_id))
+    if row is None or row.expires_at <= now:
+        return None
+    return row.token_id
+
+
+def end_ui_session(session_id):
+    """End a UI session at once (sign-out): its cookie no longer signs anyone in."""
+    with write_transaction():
+        UiSession.delete().where(UiSession.id == hash_token(session_id)).execute()

@@ -1,0 +1,402 @@
+"""Nodes: admin actions (cordon, drain, revoke, delete), drains, liveness and inventory (the state
+machine is in lifecycle, switch_node_status in runs)."""
+
+import collections
+import datetime as dt
+
+from fleetd.db import write_transaction
+from fleetd.errors import Conflict, NotFound
+from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
+from fleetd.replicas import Fenced
+from fleetd.services.nodes import gpu_history, hosts, validation
+from fleetd.services.notify.events import list_events, record_event
+from fleetd.services.pagination import attach, last_rows, paginate
+from fleetd.services.placement.parking import node_changed
+from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
+from fleetd.services.workloads.runs import end_task, stop_tasks_of_node, switch_node_status
+from fleetd.sql import Statement, insert_rows
+
+GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason",
+              "mig_mode", "serial", "board_part_number", "vbios")
+
+
+def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None, search=None):
+    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or hostname;
+    `search`: those whose hostname holds it (any case)."""
+    query = Node.select()
+    if agent_version:
+        query = query.where(Node.agent_version == agent_version)
+    if hostname:
+        query = query.where(Node.hostname == hostname)
+    if search:
+        query = query.where(Node.hostname.contains(search))
+    if fleet:
+        query = query.where(Node.fleet == fleet)
+    if status:
+        query = query.where(Node.status == status)
+    rows, next_cursor = paginate(query, Node.id, limit, cursor)
+    _attach_gpus(rows)
+    return rows, next_cursor
+
+
+def _attach_gpus(nodes):
+    """Load the GPUs of these nodes in one query (node.gpu_list, by index)."""
+    return attach(nodes, Gpu.select().order_by(Gpu.node, Gpu.index), Gpu.node, "gpu_list")
+
+
+def find_node(node_id):
+    """The node with this id, or None."""
+    return Node.get_or_none_by_id(node_id)
+
+
+def resolve_node(handle, limit=100):
+    """The nodes `handle` names, oldest first: the one whose id it is, else those of that hostname. At
+    most `limit`."""
+    node = find_node(handle)
+    if node is not None:
+        return [node]
+    return list(Node.select().where(Node.hostname == handle).order_by(Node.id).limit(limit))
+
+
+def get_node(node_id):
+    """The node with this id and its GPUs; NotFound if there is none."""
+    node = find_node(node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found")
+    _attach_gpus([node])
+    return node
+
+
+def _locked_node(node_id):
+    node = find_node(node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found")
+    return node
+
+
+def operator_takes_over(node):
+    """An operator acts on the node: whatever the health policy or an agent upgrade did is theirs
+    now; neither the policy nor the end of an upgrade returns the node to a state by itself (call
+    before the node is saved)."""
+    if node.health_hold is not None or node.upgrade is not None:
+        node.health_hold = node.upgrade = None
+        node.save()
+
+
+def _refuse_if_lost(node, action):
+    if node.status == NodeStatus.LOST.value:
+        raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
+
+
+def cordon_node(rt, node_id, reason="cordoned by admin"):
+    """Stop new placements on a ready node."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "cordon")
+        # Only a ready node: the state machine lets a drained one become cordoned at the end of an
+        # agent upgrade (services.nodes.upgrades), which is not an operator's cordon.
+        if node.status != NodeStatus.CORDONED.value and not NodeStatus(node.status).allows("cordon"):
+            raise Conflict(f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status})
+        operator_takes_over(node)
+        if node.status != NodeStatus.CORDONED.value:
+            switch_node_status(node, NodeStatus.CORDONED, reason, now)
+    return get_node(node_id)
+
+
+def uncordon_node(rt, node_id, reason="uncordoned by admin"):
+    """Allow placements on a cordoned node again; queued work may fit there now."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "uncordon")
+        if node.status != NodeStatus.READY.value:
+            if not NodeStatus(node.status).allows("uncordon"):
+                raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
+            operator_takes_over(node)
+            switch_node_status(node, NodeStatus.READY, reason, now)
+    rt.scheduler.kick(what=node_changed(node))
+    return get_node(node_id)
+
+
+def drain_node(rt, node_id, reason, deadline_seconds, repair=False):
+    """Stop placements now; the node becomes drained when its tasks are done or the deadline passes.
+    `repair`: the node comes back through a validation when it is undrained (services.nodes.validation)."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "drain")
+        if node.status in (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value):
+            if repair and not node.drain_repair:  # already out of service: it now comes back through validation
+                node.drain_repair = True
+                node.save()
+                record_event(now, "node.drain", "node", node_id, f"drain for repair: {reason}", node.status,
+                             node.status)
+                return get_node(node_id)
+            raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
+        if not NodeStatus(node.status).allows("drain"):
+            raise Conflict(f"node {node_id} cannot go from {node.status} to draining", {"status": node.status})
+        operator_takes_over(node)
+        node.drain_repair = bool(repair)
+        node.drain_reason = reason
+        node.drain_started_at = now
+        node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
+        switch_node_status(node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now)
+        settle_drain(node, now)
+    return get_node(node_id)
+
+
+def active_task_ids(node_id):
+    """Ids of the tasks assigned to or running on a node."""
+    return [t.id for t in Task.select(Task.id).where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))]
+
+
+def settle_drain(node, now, deadline=True):
+    """Finish a drain whose node runs nothing any more; at the deadline (unless `deadline` is False),
+    stop and requeue its tasks.
+
+    Runs inside the caller's transaction; returns the ids of jobs that were requeued. Stopping tasks
+    at the deadline is the leader's work, under its fence (settle_drains, settle_drain_of): a path
+    any replica runs (a heartbeat) passes deadline=False.
+    """
+    if node.status != NodeStatus.DRAINING.value:
+        return None
+    active = active_task_ids(node.id)
+    if not active:
+        switch_node_status(node, NodeStatus.DRAINED, "drain complete: no running tasks", now)
+        return set()
+    if deadline and node.drain_deadline is not None and node.drain_deadline <= now:
+        jobs = stop_tasks_of_node(node.id, "node drain deadline passed", now)
+        switch_node_status(node, NodeStatus.DRAINED,
+                           f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
+        return jobs
+    return None
+
+
+def settle_drains(rt):
+    """Finish the drains that are done or past their deadline, each node in its own transaction;
+    requeued jobs' waiters are woken and a pass kicked. Returns (nodes drained, jobs requeued)."""
+    finished, requeued = 0, set()
+    draining = [n.id for n in Node.select(Node.id).where(Node.status == NodeStatus.DRAINING.value)]
+    for node_id in draining:
+        jobs = _settle_drain_fenced(rt, node_id)
+        if jobs is not None:
+            finished += 1
+            requeued |= jobs
+    _requeued(rt, requeued)
+    return finished, len(requeued)
+
+
+def settle_drain_of(rt, node_id):
+    """On the leader only, in a fenced transaction of its own: settle one node's drain (its deadline
+    passed while a heartbeat was being answered). A replica that does not lead leaves it to the leader."""
+    if not rt.leader.leading():
+        return
+    try:
+        jobs = _settle_drain_fenced(rt, node_id)
+    except Fenced:
+        return  # another replica leads since: it settles the drain
+    _requeued(rt, jobs or ())
+
+
+def _settle_drain_fenced(rt, node_id):
+    with write_transaction():
+        rt.leader.fence()
+        node = find_node(node_id)
+        return settle_drain(node, rt.clock.now()) if node is not None else None
+
+
+def _requeued(rt, jobs):
+    for job_id in jobs:
+        rt.notifier.notify(("job", job_id))
+    if jobs:
+        rt.scheduler.kick()
+
+
+def live_nodes_last_heard():
+    """(node id, last heartbeat written down) of every node that should be heartbeating."""
+    return list(Node.select(Node.id, Node.last_heartbeat_at)
+                .where(Node.status.in_([s.value for s in LIVE_STATUSES])).tuples())
+
+
+def undrain_node(rt, node_id, reason="undrained by admin"):
+    """End a drain; the node takes work again (queued work may fit there now)."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        _refuse_if_lost(node, "undrain")
+        if not NodeStatus(node.status).allows("undrain"):
+            raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
+        operator_takes_over(node)
+        if node.drain_repair:  # back from repair: it takes work once it passes validation
+            validation.undrain_for_repair(node, now)
+            return get_node(node_id)
+        node.drain_reason = node.drain_deadline = node.drain_started_at = None
+        switch_node_status(node, NodeStatus.READY, reason, now)
+    rt.scheduler.kick(what=node_changed(node))
+    return get_node(node_id)
+
+
+def revoke_node(rt, node_id, reason="revoked by admin"):
+    """Revoke a node: its session stops working, its tasks end as lost (their jobs retry as for a
+    lost node, and are placed again at once) and its agent is told at once, through a waiting
+    acquire, to stop them."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        if node.status != NodeStatus.REVOKED.value:
+            operator_takes_over(node)
+            node.drain_reason = node.drain_deadline = node.drain_started_at = None
+            switch_node_status(node, NodeStatus.REVOKED, reason, now)
+            for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
+                task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
+                if task.state in ACTIVE_TASK_STATES:
+                    end_task(task, TaskState.LOST, f"node {node_id} revoked", now)
+    rt.scheduler.kick()
+    return get_node(node_id)
+
+
+def delete_node(rt, node_id):
+    """Forget a node and its GPUs; Conflict while it still runs tasks."""
+    now = rt.clock.now()
+    with write_transaction():
+        node = _locked_node(node_id)
+        active_tasks = active_task_ids(node_id)
+        if active_tasks:
+            raise Conflict(
+                f"node {node_id} still runs {len(active_tasks)} task(s); drain it first",
+                {"tasks": active_tasks[:100]},
+            )
+        Gpu.delete().where(Gpu.node == node_id).execute()
+        hosts.retire(node, now)  # the same host enrolling again gets this id back
+        node.delete_instance()
+        record_event(now, "node.deleted", "node", node_id, "deleted by admin", node.status, None)
+    rt.liveness.forget(node_id)
+
+
+GpuChange = collections.namedtuple("GpuChange", "gone")  # uuids of GPUs the node no longer reports
+
+
+# What a node's GPUs are: "ok" (it has some), "cpu_only" (no NVIDIA driver, no NVML library, or
+# no GPU: a CPU-only host) or "driver_error" (a driver is there and NVML failed: a GPU host that
+# needs attention).
+GPU_STATUSES = ("ok", "cpu_only", "driver_error")
+_NO_DRIVER = ("not installed", "Library Not Found", "libnvidia-ml", "No such file", "NVML_ERROR_LIBRARY_NOT_FOUND")
+
+
+def learned_gpu_status(node, gpus, metrics):
+    """(status, reason) when a heartbeat (its GPU list, its metrics' devices_reason) says something
+    new of the node's GPUs, else None. Reads the database only when a reason went away."""
+    if gpus is None and metrics is None:
+        return None
+    reason = str((metrics or {}).get("devices_reason") or "")[:500]
+    if reason:
+        found = ("cpu_only" if any(mark in reason for mark in _NO_DRIVER) else "driver_error", reason)
+    elif gpus is not None:
+        found = ("ok", "") if gpus else ("cpu_only", "no GPU found")
+    elif node.gpu_status == "ok":
+        return None
+    else:  # the agent no longer says why it has none: look at what it reported last
+        found = ("ok", "") if Gpu.select().where(Gpu.node == node.id).exists() else ("cpu_only", "no GPU found")
+    return None if found == (node.gpu_status, node.gpu_status_reason) else found
+
+
+def set_gpu_status(node, status, reason, now):
+    """Store what the node's GPUs are (inside the caller's transaction), with an Event."""
+    node.gpu_status, node.gpu_status_reason = status, reason
+    node.save()
+    record_event(now, "node.gpus", "node", node.id, f"GPUs: {status}{': ' + reason if reason else ''}")
+
+
+def replace_gpus(node, gpus, now):
+    """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
+    (always truthy) if so, else False."""
+    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in _GPUS_OF.rows(node=node.id)}
+    marked = gpu_history.rma_overrides(gpus)
+    if marked:  # a board marked for RMA takes no work, whatever its agent says of it
+        gpus = [dict(g, **dict(zip(("healthy", "health_reason"), gpu_history.rma_health(g, marked[g["serial"]]))))
+                if g.get("serial") in marked else g for g in gpus]
+    gpu_history.observe(node, gpus, current, now)
+    reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
+    if current == reported:
+        return False
+    _DELETE_GPUS_OF.execute(node=node.id)
+    insert_rows(Gpu, [dict(fields, node=node.id, uuid=uuid) for uuid, fields in reported.items()])
+    unhealthy = sorted(u for u, f in reported.items() if not f["healthy"])
+    reason = f"GPU inventory: {len(reported)} GPU(s) (was {len(current)})"
+    if unhealthy:
+        reason += f", unhealthy: {', '.join(unhealthy)}"
+    record_event(now, "node.gpus", "node", node.id, reason)
+    return GpuChange(gone=tuple(sorted(set(current) - set(reported))))
+
+
+# Compiled once: every registration and every heartbeat that reports GPUs runs these.
+_GPUS_OF = Statement(lambda v: Gpu.select().where(Gpu.node == v("node")))
+_DELETE_GPUS_OF = Statement(lambda v: Gpu.delete().where(Gpu.node == v("node")))
+
+
+def mark_node_lost(now, node_id, silent_seconds, fence=None):
+    """Declare a live node lost after missed heartbeats; no-op if it is no longer live. `fence`:
+    the leader's check, inside the transaction (replicas.Leadership.fence)."""
+    with write_transaction():
+        if fence is not None:
+            fence()
+        node = find_node(node_id)
+        if node is None or NodeStatus(node.status) not in LIVE_STATUSES:
+            return False
+        switch_node_status(node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
+    return True
+
+
+def record_heartbeat_times(times):
+    """Persist last-heartbeat times in one transaction ({node_id: datetime})."""
+    if not times:
+        return 0
+    with write_transaction():
+        for node_id, at in times.items():
+            _SEEN_AT.execute(at=at, id=node_id)
+    return len(times)
+
+
+# Compiled once: a sweep at 10,000 nodes writes thousands of these.
+_SEEN_AT = Statement(lambda v: Node.update(last_heartbeat_at=v("at", Node.last_heartbeat_at)).where(Node.id == v("id")))
+
+
+def list_node_events(node_id, limit, cursor=None, after=None):
+    """A node's events (kept after the node is deleted); NotFound for an id never seen."""
+    rows, next_cursor = list_events("node", node_id, limit, cursor, after)
+    if not rows and find_node(node_id) is None:
+        seen = Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)).exists()
+        if not seen:
+            raise NotFound(f"node {node_id} not found")
+    return rows, next_cursor
+
+
+def record_bootstrap_run(rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""):
+    """Record a provisioning run on a node as one of its events; its actor is whoever called (the
+    operator's token). Returns the Event."""
+    now = rt.clock.now()
+    bundle = f"bundle {bundle_version or 'of unknown version'}" + (f", sha256 {bundle_sha256}" if bundle_sha256 else "")
+    reason = f"bootstrap on {host}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
+    with write_transaction():
+        if find_node(node_id) is None:
+            raise NotFound(f"node {node_id} not found")
+        record_event(now, "node.bootstrap", "node", node_id, reason)
+        return Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)
+                                    & (Event.kind == "node.bootstrap") & (Event.at == now)
+                                    & (Event.reason == reason)).order_by(Event.id.desc()).get()
+
+
+def node_events_tail(node_id, count):
+    """The last `count` events of a node, oldest first."""
+    return last_rows(Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)), Event.id,
+                     count)
+
+
+def with_last_heartbeat(node_list, liveness):
+    """Overlay the in-memory last heartbeat, which is newer than the stored one."""
+    for node in node_list:
+        seen = liveness.get(node.id)
+        if seen is not None:
+            node.last_heartbeat_at = seen.at
+    return node_list

@@ -1,0 +1,6 @@
+"""What happened, and who hears of it.
+
+- ``events``           the audit trail of state changes and their actors
+- ``webhooks``         receivers, the outbox and its sender
+- ``webhook_targets``  where a webhook may post
+"""

@@ -1,0 +1,84 @@
+"""Events: the audit trail of state changes, and who caused each one (its actor)."""
+
+import contextlib
+import contextvars
+
+from fleetd.models import Event
+from fleetd.services.notify import webhooks
+from fleetd.services.pagination import paginate
+from fleetd.sql import insert_row
+
+# fleetd's own decisions (liveness, leases, drains' deadlines, the scheduler, the health policy).
+FLEETD = "fleetd"
+ACTOR_MAX = 200
+
+# Who the code running now acts for. Greenlets and threads each have their own context, so a
+# request's actor never leaks into another request or into a background task.
+_ACTOR = contextvars.ContextVar("fleetd_actor", default=None)
+
+
+@contextlib.contextmanager
+def acting_as(actor):
+    """Record the events written inside this block as caused by `actor` (token:<name>,
+    node:<id> or fleetd), unless a call names another actor itself."""
+    token = _ACTOR.set(actor)
+    try:
+        yield
+    finally:
+        _ACTOR.reset(token)
+
+
+def _request_principal():
+    from flask import g, has_request_context  # services also run outside Flask (CLI tools)
+
+    if has_request_context():
+        return g.get("principal") or g.get("ui_principal")
+    return None
+
+
+def current_actor():
+    """The actor of the code running now: the innermost acting_as, else the authenticated
+    principal of this request (API token or UI session), else fleetd."""
+    actor = _ACTOR.get()
+    if actor is not None:
+        return actor
+    principal = _request_principal()
+    return principal.label if principal is not None else FLEETD
+
+
+def actor_token_id(actor):
+    """The id of the API token that `actor` names, when it is this request's own token (its label):
+    two tokens may have had one name over time, their ids tell them apart. None for nodes, fleetd
+    and outside requests."""
+    principal = _request_principal()
+    if principal is not None and principal.kind == "api" and principal.label == actor:
+        return principal.id
+    return None
+
+
+def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None,
+                 data=None):
+    """Write one Event (call inside the transaction that made the change), through a compiled
+    INSERT: peewee's Event.create and insert_many build their SQL anew each time. `actor`: who
+    caused it; by default the actor of the code running now (current_actor). An event that
+    webhooks receive (webhooks.webhook_kind) queues their deliveries in the same transaction, with
+    `data` added to what they carry. Returns the actor."""
+    actor = (actor or current_actor())[:ACTOR_MAX]
+    token_id = actor_token_id(actor)
+    insert_row(Event, {"at": now, "kind": kind, "subject_type": subject_type, "subject_id": subject_id,
+                       "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor,
+                       "actor_token_id": token_id})
+    notify = webhooks.webhook_kind(kind, from_status, to_status)
+    if notify is not None:
+        webhooks.enqueue(now, notify, f"{subject_type}/{subject_id}",
+                         dict(data or {}, from_status=from_status, to_status=to_status, reason=reason, actor=actor,
+                              actor_token_id=token_id))
+    return actor
+
+
+def list_events(subject_type, subject_id, limit, cursor=None, after=None):
+    """Events of one subject, oldest first, after an event id if given."""
+    query = Event.select().where((Event.subject_type == subject_type) & (Event.subject_id == subject_id))
+    if after is not None:
+        query = query.where(Event.id > after)
+    return paginate(query, Event.id, limit, cursor)

@@ -1,0 +1,286 @@
+"""The capacity views operators read: cluster status, GPU summary and allocation, GPU types and
+their prices, display names of GPU models. They read a ClusterState (placement.cluster)."""
+
+from fleetd import scheduler
+from fleetd.clock import isoformat
+from fleetd.credentials import ADMIN
+from fleetd.errors import NotFound
+from fleetd.models import (
+    GpuType,
+    Instance,
+    Job,
+    JobState,
+    Task,
+)
+from fleetd.services.placement.inventory import BLOCK_TEXT, call, series_id
+
+
+def cluster_status(state, principal=None, storage=None, offload=call):
+    """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series.
+
+    Running jobs (`active_jobs`) and instances whose run holds capacity (`active_instances`,
+    named as instances: never by their internal runs) are listed in full to admins (and to fleetd
+    itself: no principal); anyone else sees its own, and the others only as counts (their names,
+    owners and teams are not theirs to read, as GET /jobs/{id} says). `offload` runs the per-GPU
+    part (rt.offload: off the event loop; at 10,000 nodes that is 80,000 GPUs).
+    """
+    demand = state.queued_demand()
+    gpu = offload(gpu_summary, state, demand)
+    # A cancelling job still holds its GPUs until its processes have stopped.
+    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+              .order_by(Job.id))
+    tasks_by_job = {}
+    for task in state.tasks:
+        tasks_by_job.setdefault(task.job_id, []).append(task)
+    active = list(active)
+    runs = [j.instance_id for j in active if j.instance_id is not None]
+    instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
+    listed = {"jobs": [], "instances": []}
+    others = {"jobs": {"count": 0, "gpus": 0}, "instances": {"count": 0, "gpus": 0}}
+    for j in active:
+        kind = "jobs" if j.instance_id is None else "instances"
+        gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
+        if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.id:
+            others[kind]["count"] += 1
+            others[kind]["gpus"] += gpus
+            continue
+        nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
+        if kind == "jobs":
+            listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
+                                 "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes,
+                                 **job_row_times(j, state.now), **retry_view(j)})
+            continue
+        inst = instances.get(j.instance_id)
+        listed[kind].append({"id": j.instance_id, "name": j.name, "owner": j.owner, "team": j.team,
+                             "state": inst.state if inst is not None else "deleted",
+                             "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
+                             "gpus": gpus, "nodes": nodes})
+    return {"gpu": gpu, "storage": storage or {}, "active_count": len(active),
+            "active_jobs": listed["jobs"], "other_active_jobs": others["jobs"],
+            "active_instances": listed["instances"], "other_active_instances": others["instances"],
+            "profiles": profiles(state), "nodes": _node_counts(state)}
+
+
+def job_row_times(job, now):
+    """When a job was submitted, started and ended, and how long it has run (or ran) in seconds."""
+    end = job.ended_at or now
+    return {"submitted_at": isoformat(job.submitted_at), "ended_at": isoformat(job.ended_at),
+            "duration_seconds": round(max(0.0, (end - job.started_at).total_seconds()), 3) if job.started_at else None}
+
+
+def retry_view(job):
+    """How often a job was retried and whether one more retry is possible (its retry policy and
+    attempts left), with the reason when it is not."""
+    on = ((job.spec or {}).get("retry") or {}).get("on") or []
+    if job.max_attempts <= 1 or not on:
+        blocker = "its spec has no retry policy"
+    elif job.attempt >= job.max_attempts:
+        blocker = f"no attempts left ({job.attempt} of {job.max_attempts} used)"
+    else:
+        blocker = ""
+    return {"retry_count": max(0, job.attempt - 1), "can_retry": not blocker, "retry_blocker": blocker,
+            "retry_on": list(on)}
+
+
+def _gpus_held(allocations):
+    """GPUs a task holds: whole ones count 1, a shared slice its fraction (0.25 for a quarter)."""
+    return sum(1 if g.get("exclusive", True) else round(g.get("compute_milli", scheduler.MILLI) / scheduler.MILLI, 3)
+               for g in allocations)
+
+
+def gpu_summary(state, demand):
+    """The `gpu` part of cluster status: counts overall and per series, and why GPUs are blocked.
+    Pure (no database, no locks): it may run in a worker thread.
+
+    Each GPU is classified as `scheduler.gpu_state` would classify it in `state.gpu_rows()`, but
+    counted straight from the inventory and the holds: no row or snapshot is built per GPU (at
+    80,000 GPUs that took about a second of CPU for every scrape of /metrics)."""
+    held, series_of = state.held, {}
+    overall = {"total": 0, "used": 0, "free": 0, "blocked": 0}
+    series, labels, notes = {}, {}, {}
+    for node in state.nodes:
+        gpus = state.gpus.get(node.id, ())
+        if not gpus:
+            continue
+        block = state.block(node)
+        for gpu in gpus:
+            sid = series_of.get(gpu.model)
+            if sid is None:
+                sid = series_of[gpu.model] = series_id(gpu.model)
+            counts = series.get(sid)
+            if counts is None:
+                counts = series[sid] = {"total": 0, "used": 0, "free": 0, "blocked": 0}
+                labels[sid] = gpu.model
+            h = held.get((node.id, gpu.uuid))
+            if h is not None and (h[2] or h[0] > 0 or (h[1] > 0 and gpu.memory_total_bytes > 0)):
+                kind = "used"
+            elif block is not None or not gpu.healthy:
+                kind = "blocked"
+                code = block.code if block is not None else "unhealthy"
+                note = notes.get((code, sid))
+                if note is None:
+                    note = notes[(code, sid)] = {"code": code, "series": sid, "count": 0,
+                                                 "reason": BLOCK_TEXT.get(code, code)}
+                note["count"] += 1
+                if block is not None and block.next_open_at:
+                    note["next_open_at"] = isoformat(block.next_open_at)
+            else:
+                kind = "free"
+            counts["total"] += 1
+            counts[kind] += 1
+            overall["total"] += 1
+            overall[kind] += 1
+    rows = [dict(id=sid, label=labels[sid], **counts, queued=round(demand.get(sid, 0), 3),
+                 note=_series_note(notes, sid)) for sid, counts in sorted(series.items())]
+    # Demand no series row holds (a job that takes any model or one of several, or a model no node
+    # has) is a row of its own, so that the rows' queued add up to the card's.
+    elsewhere = round(sum(gpus for sid, gpus in demand.items() if sid not in series), 3)
+    if elsewhere:
+        rows.append(dict(id=ANY_SERIES, label=ANY_SERIES_LABEL, total=0, used=0, free=0, blocked=0, queued=elsewhere,
+                         note=None))
+    return dict(overall, queued=round(sum(demand.values()), 3), blocked_reason=blocked_sentence(notes.values(), labels),
+                blocked_notes=list(notes.values()), series=rows)
+
+
+ANY_SERIES = "any"
+ANY_SERIES_LABEL = "any GPU model"  # work that takes any model, one of several, or one that no node has
+
+
+def _series_note(notes, sid):
+    """The note that blocks most of a series' GPUs ({code, series, next_open_at?}), or None."""
+    mine = [note for (code, series), note in notes.items() if series == sid]
+    if not mine:
+        return None
+    top = max(mine, key=lambda note: note["count"])
+    return {k: top[k] for k in ("code", "series", "next_open_at") if k in top}
+
+
+def blocked_sentence(notes, labels):
+    """Why GPUs are blocked, in one sentence ('' when none is): the most blocked first."""
+    parts = []
+    for note in sorted(notes, key=lambda n: (-n["count"], n["series"], n["code"])):
+        until = f" until {note['next_open_at']}" if note.get("next_open_at") else ""
+        gpus = "GPU" if note["count"] == 1 else "GPUs"
+        parts.append(f"{note['count']} {labels.get(note['series'], note['series'])} {gpus}: {note['reason']}{until}")
+    return "; ".join(parts) + ("." if parts else "")
+
+
+def _node_counts(state):
+    counts = {}
+    for node in state.nodes:
+        counts[node.status] = counts.get(node.status, 0) + 1
+    return counts
+
+
+def profiles(state):
+    """Shapes that exist: for each series and GPUs-per-node, how many nodes have it, with a `label`
+    to show (seed 003's profile summary)."""
+    shapes, models = {}, {}
+    for node in state.nodes:
+        by_series = {}
+        for gpu in state.gpus.get(node.id, ()):
+            by_series.setdefault(series_id(gpu.model), []).append(gpu)
+            models.setdefault(series_id(gpu.model), gpu.model)
+        for sid, gpus in by_series.items():
+            shapes[(sid, len(gpus))] = shapes.get((sid, len(gpus)), 0) + 1
+    return [{"name": f"{count}x{per}x{sid}", "label": profile_label(models[sid], per, count), "series": sid,
+             "num_nodes": count, "gpus_per_node": per}
+            for (sid, per), count in sorted(shapes.items())]
+
+
+def profile_label(model, per_node, nodes):
+    """A profile as people read it: "8 x NVIDIA H100 80GB HBM3 per node, 2 nodes"."""
+    return f"{per_node} x {model} per node, {nodes} node{'' if nodes == 1 else 's'}"
+
+
+def cluster_allocation(state, node_id=None):
+    """GET /api/v1/cluster/allocation: every GPU, node and task allocation (of one node, with
+    `node_id`). Pure: it may run off the event loop."""
+    chosen = state.nodes if node_id is None else [n for n in state.nodes if n.id == node_id]
+    rows = state.gpu_rows(chosen)
+    for row in rows:
+        row["next_open_at"] = isoformat(row.get("next_open_at"))
+    nodes = {}
+    for node in chosen:
+        cpu, mem, _ = state.node_use.get(node.id, (0, 0, 0))
+        block = state.block(node)
+        nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
+                          "schedulable": block is None, "blocked_reason": block.text if block else None,
+                          "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
+                          "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
+    allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
+                    "workload": t.job.workload.as_dict(), "run_as": Task.run_as.python_value(t.run_as),
+                    "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
+                   if node_id is None or t.node_id == node_id]
+    gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}
+    return {"gpus": rows, "nodes": nodes, "allocations": allocations, "gpu_to_tasks": gpu_to_tasks}
+
+
+def _gpu_type_entry(model, memory_bytes=None):
+    manufacturer, display = display_name(model)
+    return {"model": model, "display_name": display, "manufacturer": manufacturer, "memory_bytes": memory_bytes,
+            "total": 0, "available": 0, "max_per_node": 0, "price_per_hour": None, "spot_min_bid": None}
+
+
+def gpu_types(state):
+    """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
+    prices = {t.model: t for t in GpuType.select()}
+    out = {}
+    per_node = {}
+    for row in state.gpu_rows():
+        entry = out.get(row["model"])
+        if entry is None:
+            entry = out[row["model"]] = _gpu_type_entry(row["model"], row["memory_total_bytes"])
+        entry["total"] += 1
+        entry["available"] += row["state"] == "free"
+        per_node[row["model"], row["node_id"]] = count = per_node.get((row["model"], row["node_id"]), 0) + 1
+        entry["max_per_node"] = max(entry["max_per_node"], count)
+    for model, priced in prices.items():
+        entry = out.setdefault(model, _gpu_type_entry(model))
+        entry["price_per_hour"] = priced.price_per_hour
+        entry["spot_min_bid"] = priced.spot_min_bid
+    return sorted(out.values(), key=lambda e: e["model"])
+
+
+def models_on_nodes_with(state, labels):
+    """The GPU models on enrolled nodes that carry all of `labels` (every node's for no labels)."""
+    wanted = dict(labels).items()
+    return {gpu.model for node in state.nodes if wanted <= (node.labels or {}).items()
+            for gpu in state.gpus.get(node.id, ())}
+
+
+def get_gpu_type(state, model, gpu_count=None):
+    """GET /api/v1/gpu-types/{model}: one model as the list has it (NotFound when neither a node has it nor
+    an admin priced it), with its lowest prices for `gpu_count` GPUs when asked."""
+    entry = next((e for e in gpu_types(state) if e["model"] == model), None)
+    if entry is None:
+        raise NotFound(f"GPU type {model!r} not found: no node has it and no price is set for it")
+    if gpu_count is not None:
+        entry["lowest_price"] = lowest_price(entry, gpu_count)
+    return entry
+
+
+def lowest_price(entry, gpu_count):
+    """The lowest prices per GPU-hour of `gpu_count` GPUs of a model on one node: the on-demand price and
+    the spot minimum bid set by an admin (null when none is set, or when no node has that many)."""
+    available = 0 < gpu_count <= entry["max_per_node"]
+    return {"gpu_count": gpu_count, "available": available,
+            "minimum_bid_price": entry["spot_min_bid"] if available else None,
+            "uninterruptable_price": entry["price_per_hour"] if available else None}
+
+
+_VENDORS = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+_BRANDS = ("GeForce ", "Radeon ", "Tesla ", "Quadro ")
+
+
+def display_name(model):
+    """(manufacturer or None, the model's short name): 'NVIDIA GeForce RTX 3090' -> ('NVIDIA', 'RTX 3090'),
+    'NVIDIA H100 80GB HBM3' -> ('NVIDIA', 'H100 80GB HBM3'), as GPU clouds show them."""
+    first, _, rest = model.partition(" ")
+    manufacturer = _VENDORS.get(first.lower())
+    if manufacturer is None or not rest:
+        return manufacturer, model
+    for brand in _BRANDS:
+        if rest.startswith(brand) and len(rest) > len(brand):
+            rest = rest[len(brand):]
+    return manufacturer, rest

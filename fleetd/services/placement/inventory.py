@@ -1,0 +1,321 @@
+"""The inventory the scheduler reads: nodes, GPUs and fleets as of one version, patched node by node
+from the changes since the last read, and the GPU holds of active tasks."""
+
+import dataclasses
+import functools
+import re
+import threading
+import time
+import typing
+
+from fleetd.db import database, writing
+from fleetd.models import (
+    Fleet,
+    Gpu,
+    InventoryChange,
+    InventoryVersion,
+    Node,
+    NodeStatus,
+    Task,
+)
+from fleetd.services.placement.terms import JobTerms
+from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
+from fleetd.sql import Statement
+
+BLOCK_TEXT = {
+    "pending": "node enrolled, waiting for its first heartbeat",
+    "validating": "node validating: it takes work once its GPUs pass the checks",
+    "failed_validation": "node failed validation",
+    "cordoned": "node cordoned by an admin",
+    "draining": "node draining",
+    "drained": "node drained for maintenance",
+    "lost": "node lost: no heartbeats",
+    "unresponsive": "heartbeats overdue",
+    "outside_window": "fleet outside its availability window",
+    "unhealthy": "GPU unhealthy",
+    "isolation_required": "fleet requires isolation; the node's agent cannot run tasks as other users",
+}
+
+
+
+def call(fn, *args):
+    """Run fn here (the default offload: fleetd serve hands CPU-heavy work to its thread pool)."""
+    return fn(*args)
+
+
+@functools.lru_cache(maxsize=1024)  # a handful of models, asked for once per GPU of the fleet
+def series_id(model):
+    """A stable id for a GPU model: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "unknown"
+
+
+@dataclasses.dataclass
+class NodeBlock:
+    code: str
+    text: str
+    next_open_at: object = None
+
+
+class Hold(typing.NamedTuple):
+    """A task that holds capacity (active, or ended here but still reported running by its node).
+
+    A tuple, not a model: a scheduling pass reads every active task, and with a deep backlog
+    that is thousands of rows per pass.
+    """
+
+    id: str
+    job_id: str
+    rank: int
+    node_id: str
+    epoch: int
+    state: str
+    gpus: list
+    job: JobTerms
+    run_as: str | None = None  # as stored (JSON text): only the allocation view reads it
+
+
+def _hold_columns():
+    return Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus, Task.run_as)
+
+
+_ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
+_FLEETS = Statement(lambda v: Fleet.select())
+_NODES = Statement(lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
+
+
+def _gpu_columns():
+    return Gpu.select(Gpu.node, Gpu.uuid, Gpu.index, Gpu.model, Gpu.memory_total_bytes, Gpu.numa_node, Gpu.healthy,
+                      Gpu.health_reason)
+
+
+_GPUS = Statement(lambda v: _gpu_columns().order_by(Gpu.node, Gpu.index))
+
+
+class GpuRow(typing.NamedTuple):
+    """What capacity needs of a GPU: a tuple, not a model (a pass reads every GPU of the fleet)."""
+
+    node_id: str
+    uuid: str
+    index: int  # type: ignore[assignment]  # the GPU's index shadows tuple.index, which nothing calls on a row
+    model: str
+    memory_total_bytes: int
+    numa_node: int | None
+    healthy: bool
+    health_reason: str
+
+
+_ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 shapes at most
+
+
+def _ended_holds_statement(count):
+    return Statement(lambda v: _hold_columns().where(
+        Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)))
+
+
+_ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
+
+
+def load_holds(terms_cache, ended=None):
+    """Hold rows of the active tasks, or of those of the task ids in `ended` that are no longer
+    active: narrow queries compiled once, job terms from `terms_cache` (rt.terms)."""
+    if ended is None:
+        rows = _ACTIVE_HOLDS.raw_tuples()
+    else:
+        rows = []
+        for start in range(0, len(ended), _ENDED_CHUNK):
+            chunk = ended[start:start + _ENDED_CHUNK]
+            rows += _ENDED_HOLDS[len(chunk)].raw_tuples(**{f"id{i}": task_id for i, task_id in enumerate(chunk)})
+    terms = terms_cache.get_many(list({row[1] for row in rows}))
+    gpus_value = Task.gpus.python_value
+    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id], run_as)
+            for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows if job_id in terms]
+
+
+class Inventory(typing.NamedTuple):
+    """Fleets, nodes and GPUs as placement reads them, at one inventory version."""
+
+    version: int
+    fleets: dict
+    nodes: list
+    gpus: dict  # node id -> [GpuRow]
+    by_fleet: dict  # fleet name -> [node]
+    models: dict  # node id -> frozenset of its GPU models
+    node_fleet: dict  # node id -> fleet name
+    all_models: frozenset  # every GPU model in the fleet
+    by_id: dict  # node id -> node
+    # ((version, ids of the nodes changed after it), ...): how this inventory was patched from
+    # earlier ones, the last few reads at most; () when it was read in full.
+    history: tuple = ()
+    # reasons.never_fits answers about this inventory by request shape: a deep queue of alike
+    # submits costs one look at the nodes, not one per submit (any thread may add one)
+    answers: dict | None = None
+
+
+_INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
+                               .where(InventoryVersion.id == 1))
+
+
+_CHANGED_SINCE = Statement(lambda v: InventoryChange.select(InventoryChange.node_id)
+                           .where(InventoryChange.version > v("version")))
+HISTORY = 8  # patches an inventory remembers (changed_since)
+FULL_READ_SHARE = 0.25  # more of the fleet changed than this: one scan of every row costs less
+_CHUNK = 500  # node ids per IN (...) list
+
+
+def load_inventory(version=None, offload=call, previous=None, pause=None):
+    """The inventory from the tables (read inside the caller's transaction). The rows are fetched
+    here, a chunk at a time with pause() between chunks when given (fleetd serve: the event loop
+    answers heartbeats meanwhile; a full read at 100,000 nodes fetches 900,000 rows); turning
+    them into objects (most of the cost) goes through `offload`.
+
+    With `previous` (an inventory read earlier), only the nodes the triggers noted as changed
+    since its version are read, and the rest of `previous` is kept as it is."""
+    fleets = {f.name: f for f in _FLEETS.rows()}
+    if previous is not None and previous.version is not None and version is not None:
+        changed = [row[0] for row in _CHANGED_SINCE.raw_tuples(version=previous.version)]
+        if len(changed) <= max(64, FULL_READ_SHARE * len(previous.nodes)):
+            node_rows, gpu_rows = [], []
+            for at in range(0, len(changed), _CHUNK):
+                chunk = changed[at:at + _CHUNK]
+                node_rows += raw_rows(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
+                gpu_rows += raw_rows(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
+                if pause is not None:
+                    pause()
+            return offload(_patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows)
+    return offload(_inventory, version, fleets, _NODES.raw_tuples(pause=pause), _GPUS.raw_tuples(pause=pause))
+
+
+def raw_rows(query):
+    """A query's rows as the driver returns them (as Statement.raw_tuples: converted later)."""
+    return database.execute_sql(*query.sql()).fetchall()
+
+
+def _gpu_rows(rows):
+    gpus = {}
+    for row in rows:
+        gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
+        gpus.setdefault(gpu.node_id, []).append(gpu)
+    return gpus
+
+
+def _inventory(version, fleets, node_rows, gpu_rows):
+    gpus = _gpu_rows(gpu_rows)
+    nodes = _NODES.instances(node_rows)
+    models = {node_id: frozenset(g.model for g in rows) for node_id, rows in gpus.items()}
+    return _assemble(version, fleets, nodes, gpus, models)
+
+
+def _patched(previous, version, fleets, changed, node_rows, gpu_rows):
+    """`previous` with the rows of the `changed` nodes read anew (a node not among the rows was
+    deleted or revoked). Unchanged nodes keep their objects."""
+    by_id = {node_id: node for node_id, node in previous.by_id.items() if node_id not in changed}
+    for node in _NODES.instances(node_rows):
+        by_id[node.id] = node
+    fresh = _gpu_rows(gpu_rows)
+    gpus = {node_id: rows for node_id, rows in previous.gpus.items() if node_id not in changed}
+    gpus.update(fresh)
+    models = {node_id: m for node_id, m in previous.models.items() if node_id not in changed}
+    models.update({node_id: frozenset(g.model for g in rows) for node_id, rows in fresh.items()})
+    nodes = sorted(by_id.values(), key=_node_id)  # the order a full read gives (ORDER BY id)
+    history = previous.history[-(HISTORY - 1):] + ((previous.version, changed),)
+    return _assemble(version, fleets, nodes, gpus, models)._replace(history=history)
+
+
+def changed_since(inventory, version):
+    """Ids of the nodes whose rows or GPUs changed between inventory `version` and this one, or
+    None when that is not known (read in full since, or too long ago)."""
+    if version == inventory.version:
+        return frozenset()
+    out = set()
+    for since, changed in reversed(inventory.history):
+        out |= changed
+        if since == version:
+            return out
+    return None
+
+
+def _node_id(node):
+    return node.id
+
+
+def _assemble(version, fleets, nodes, gpus, models):
+    by_fleet = {}
+    for node in nodes:
+        by_fleet.setdefault(node.fleet_id, []).append(node)
+    return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
+                     frozenset().union(*models.values()), {node.id: node for node in nodes}, answers={})
+
+
+def _holds(inventory, version):
+    """True when `inventory` is at `version` or newer (read by a caller whose transaction began later)."""
+    return inventory is not None and None not in (version, inventory.version) and inventory.version >= version
+
+
+class InventoryCache:
+    """The inventory kept in memory, read again only when the database's inventory version moved.
+
+    Triggers (migration 0006) bump the version on every change placement reads (a node enrolled,
+    its status, labels or resources changed, its GPUs reported anew, a fleet's window changed),
+    whoever made it, so a pass at 10,000 nodes reads one row instead of every node and GPU; and
+    when it moved, only the nodes the triggers noted as changed since (migration 0013) are read.
+    The rows are shared: read them, never change them.
+    """
+
+    # While nodes enrol by the thousand every pass would read them all again: a reload waits
+    # until the last one is this many of its own durations old (at least MIN_AGE seconds). Work
+    # placed on the older view is safe: the pass's write phase checks each node still takes work.
+    MIN_AGE = 1.0
+    AGE_FACTOR = 3
+
+    def __init__(self, offload=call, throttle=False, monotonic=time.monotonic):
+        self._monotonic = monotonic
+        self._current = None
+        self._loaded_at = 0.0
+        self._cost = 0.0
+        self.offload = offload
+        self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
+        self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
+        self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
+        self.pause = None  # fleetd serve: fn() that gives the event loop away, called between fetched chunks
+        # One read at a time: under fleetd serve a read yields the loop while its rows become
+        # objects, and every request arriving meanwhile would otherwise start the same read (and
+        # hold its own copy). Callers that arrive during a read wait for it and take what it read.
+        self._reading = threading.Lock()
+
+    def get(self):
+        """The inventory at the database's version (call inside the pass's read transaction) or a
+        newer one another caller just read, or, throttled, a view at most a few seconds old while
+        reloads would come faster than that."""
+        rows = _INVENTORY_VERSION.raw_tuples()
+        version = rows[0][0] if rows else None
+        self.stale_for = 0.0
+        current = self._current
+        if _holds(current, version):
+            return current
+        with self._reading:
+            return self._read(version)
+
+    def _read(self, version):
+        current = self._current
+        if _holds(current, version):  # another caller read it while this one waited
+            return current
+        now = self._monotonic()
+        wait = max(self.MIN_AGE, self.AGE_FACTOR * self._cost) - (now - self._loaded_at)
+        if current is not None and self.throttle and wait > 0:
+            self.stale_for = wait
+            return current
+        # Never inside a write transaction: a writer that gives the loop away stalls every other.
+        pause = None if writing() else self.pause
+        current = self._current = load_inventory(version, self.offload, previous=current, pause=pause)
+        self._loaded_at, self._cost = now, self._monotonic() - now
+        if not current.history and self.after_full_read is not None:
+            self.after_full_read()
+        return current
+
+    def node_of(self, node_id):
+        """(node, its GPU models, its GPU count) as last read; None when not known yet."""
+        current = self._current
+        node = None if current is None else current.by_id.get(node_id)
+        if node is None:
+            return None
+        return node, current.models.get(node_id, frozenset()), len(current.gpus.get(node_id, ()))

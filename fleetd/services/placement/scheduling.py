@@ -1,0 +1,467 @@
+"""Scheduling passes: build a snapshot from the tables, ask the pure engine, write assignments back."""
+
+import collections
+import dataclasses
+import functools
+import logging
+import operator
+import threading
+import time
+import typing
+
+import peewee
+
+from fleetd import scheduler
+from fleetd.db import after_commit, database, write_transaction
+from fleetd.models import Fleet, Job, JobState, Node, NodeStatus, TaskState
+from fleetd.replicas import Fenced
+from fleetd.services.identity.identities import UidsExhausted
+from fleetd.services.notify.events import FLEETD, acting_as
+from fleetd.services.placement.cluster import ClusterState
+from fleetd.services.placement.inventory import raw_rows
+from fleetd.services.placement.parking import ALLOWANCE, CAPACITY
+from fleetd.services.placement.reasons import never_fits, nowhere, pinned_reason
+from fleetd.services.placement.rules import Rules, preempt, preemption
+from fleetd.services.placement.terms import group_key
+from fleetd.services.workloads.lifecycle import switch_job_state, switch_task_state
+from fleetd.services.workloads.runs import TASKS_OF_JOB, run_placed
+from fleetd.sql import Statement
+
+log = logging.getLogger(__name__)
+
+PRIORITY_ORDER = {"on-demand": 0, "spot": 1}
+
+
+def _allocation(gpu):
+    """A GpuAllocation as stored on the task and sent in the Assignment."""
+    out = {"uuid": gpu.uuid, "exclusive": gpu.exclusive, "compute_milli": gpu.compute_milli}
+    if not gpu.exclusive:
+        out["memory_limit_bytes"] = gpu.memory_limit_bytes
+        out["compute_percent"] = gpu.compute_milli / 10
+    return out
+
+
+def run_pass(rt, full=True):
+    """One scheduling pass over the queued jobs; returns {"assigned": jobs, "pending": jobs}.
+
+    Three phases, so that the costly one never holds the database or the event loop:
+    1. read the queue and the cluster (short, on the loop);
+    2. decide in the pure engine (rt.offload: a worker thread under `fleetd serve`), one
+       feasibility answer per group of equivalent jobs; a kicked pass skips parked groups, a
+       `full` one asks each through its first job (their other jobs stay unread either way);
+    3. write the assignments in one short transaction, each checked against what changed in
+       the meantime (a job cancelled, a node cordoned): those wait for the next pass.
+    Passes never overlap; nodes that got work are woken after the commit.
+    """
+    if not rt.leader.leading():
+        return {"assigned": 0, "pending": 0, "skipped": "this replica does not lead"}
+    with rt.pass_lock, acting_as(FLEETD):  # placements and preemptions are fleetd's, even when a request kicked
+        started = time.perf_counter()
+        try:
+            return _run_pass(rt, full)
+        finally:
+            if rt.instruments is not None:
+                rt.instruments.scheduling_pass.observe(time.perf_counter() - started)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the compute phase decided: placements, reasons to wait, and what to try to preempt for."""
+
+    placed: list = dataclasses.field(default_factory=list)  # (job, request, Placement)
+    waiting: dict = dataclasses.field(default_factory=dict)  # job id -> reason
+    preempt: list = dataclasses.field(default_factory=list)  # (job, PreemptionPlan) to carry out
+    parked: dict = dataclasses.field(default_factory=dict)  # group key -> (reason, kind): found not to fit
+    looked: set = dataclasses.field(default_factory=set)  # group keys asked (their parking is settled anew)
+    errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
+    bounded: bool = False  # stopped early at the pass's bound
+
+    def wait(self, job, reason):
+        """The job waits for `reason`: written only when that is news."""
+        if job.pending_reason != reason:
+            self.waiting[job.id] = reason
+
+
+def _run_pass(rt, full, read_all=False):
+    now = rt.clock.now()
+    stamps = rt.parked.stamps()
+    parked = None if read_all else rt.parked.parked()
+    with database.atomic():  # one consistent read
+        # A full pass looks at every group, parked ones through their first job (see _read_queue).
+        queued, unread = _read_queue(parked, first_of_each=full)
+        if not queued and not unread:
+            rt.parked.clear()
+            return {"assigned": 0, "pending": 0}
+        queued, terms, aside = _evaluable(rt.terms, queued)
+        followed = {first for _, _, first in unread}  # read (in a full pass) for a group with unread jobs
+        unread = _unread_requests(rt.terms, unread)
+        # The worker thread takes no locks: liveness is handed over frozen.
+        inventory = rt.inventory.get()
+        stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
+        since = rt.parked.view_since(inventory.version, stamps, stale_for > 0)
+        state = ClusterState(rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
+        if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
+            state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
+        rules = Rules.load(state, now)
+    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, None if full else parked,
+                      dict(rt.nominations), rt.engines, unread)
+    if any(job.id in followed for job, _, _ in plan.placed):
+        # A parked group fits after all (what no event announced, a window opening): its other
+        # jobs were not read, so decide again over every queued job, in placement order.
+        return _run_pass(rt, full, read_all=True)
+    plan.waiting.update(aside)
+    for job_id, reason in plan.errors.items():
+        log.error("scheduling: job %s set aside: %s", job_id, reason)
+    rt.parked.update(plan.parked, since, plan.looked)
+    assigned, woken = _write(rt, plan, now, inventory)
+    for node_id in woken:
+        rt.notifier.notify(("node", node_id))
+    if plan.bounded and rt.instruments is not None:
+        rt.instruments.scheduling_bounded.inc()
+    # The rest of the queue in the next pass; or a parked group's reason changed, which its first
+    # job has been told: the next pass reads and tells the others.
+    if (plan.bounded or followed & plan.waiting.keys()) and rt.scheduler is not None and rt.scheduler.running:
+        rt.scheduler.kick(capacity=False)
+    result = {"assigned": assigned, "pending": len(queued) + len(aside) + sum(c for _, c in unread) - assigned}
+    if stale_for:  # decided on a view some seconds old: look again once it is new
+        result["retry_in"] = stale_for
+    return result
+
+
+def _decide(settings, queued, terms, state, rules, parked, nominations, engines, unread=()):
+    """The compute phase: place queued jobs in order, one engine answer per group of equivalent
+    jobs; `parked`: {key: reason} of groups to skip (None: look at every group); `unread`:
+    [(request, jobs)] of the queued jobs of parked groups that were not read (they know why).
+
+    It runs in a worker thread: no database, no locks, no logging here. The engine sees only the
+    nodes some job to look at could use (its fleet, its GPU types), and is kept from pass to pass
+    (`engines`, which passes use one at a time): only nodes that changed are brought up to date.
+    """
+    plan = _Plan()
+    keys = {job.id: terms[job.id].group for job in queued}
+    todo = [job for job in queued if parked is None or keys[job.id] not in parked]
+    for job in queued:
+        if parked is not None and keys[job.id] in parked:
+            plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
+    if not todo:
+        return plan
+    profile = _profile(state, keys, terms, unread)
+    engine, candidates = engines.engine(state, [terms[j.id].request for j in todo],
+                                        settings.scheduler_policy or None, profile)
+    by_fleet = settings.policy_by_fleet
+    deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
+    blocked = {}  # group key -> reason, for this pass
+    for job in todo:
+        key = keys[job.id]
+        if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
+            plan.wait(job, blocked[key])
+            continue
+        if len(plan.placed) >= settings.scheduler_max_placements_per_pass or time.perf_counter() > deadline:
+            plan.bounded = True
+            break
+        request = terms[job.id].request
+        plan.looked.add(key)
+        engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
+        held_back = None
+        try:
+            held_back = rules.team_limit(request, job.team, job.priority_class)
+            request, reason = (None, held_back) if held_back is not None else \
+                rules.request_for(request, job.team, job.priority_class)
+            if request is not None and request.host_ports:
+                request = dataclasses.replace(request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node)
+            # A request no enrolled node could ever hold is not put to the engine: its explanation
+            # visits every node it may use (all of them, for a job that names no fleet), and the
+            # answer is known already (computed once per inventory and request shape).
+            never = never_fits(state.inventory, request) if reason is None else None
+            result = None if reason is not None or never else engine.place(request, explain=True)
+        except Exception as exc:  # a job the engine cannot evaluate must not stop the others
+            reason = _set_aside_reason(exc)
+            if job.pending_reason != reason:
+                plan.errors[job.id] = reason
+            plan.wait(job, reason)
+            continue
+        if held_back is not None:  # parked until the team's quota, budget or tasks change
+            plan.parked[key] = (held_back, ALLOWANCE)
+        if never:  # until a node that could hold it joins or changes (preemption cannot help)
+            plan.parked[key] = (never, CAPACITY)
+            plan.wait(job, never)
+            blocked[key] = never
+            continue
+        if result is not None and result.schedulable:
+            rules.charge(job, request)
+            plan.placed.append((job, request, result))
+            continue
+        if result is not None:  # it does not fit (not a quota or a bid): preemption may help
+            reason = result.reason
+            if candidates is not None and not result.filter_detail:
+                reason += nowhere(request)
+            if request.node_selector.node_id is not None:
+                reason = pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
+            plan.parked[key] = (reason, CAPACITY)
+            if job.priority_class == "on-demand" and result.filter_detail:
+                why, victims = preemption(state, candidates, request, engine.policy, nominations.get(job.id))
+                reason = why or reason
+                if victims is not None:
+                    plan.preempt.append((job, victims))
+        plan.wait(job, reason)
+        blocked[key] = reason
+    return plan
+
+
+def _profile(state, keys, terms, unread=()):
+    """The shapes that arrive (queued and running work): what fragmentation is measured against.
+    Equivalent requests are counted together (a deep queue is a few groups); `keys` is
+    {queued job id: its group}, so the queue costs one count per job; `unread` adds
+    [(request, jobs)] of queued jobs the pass did not read."""
+    members = collections.Counter(keys.values())
+    some = {key: job_id for job_id, key in keys.items()}  # one job of each group
+    requests = [t.job.request for t in {t.job_id: t for t in state.tasks}.values()]
+    requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
+                 for key, count in members.items()]
+    requests += [dataclasses.replace(request, num_nodes=request.num_nodes * count) for request, count in unread]
+    groups = {}
+    for request in requests:
+        key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
+               request.gpu_types)
+        count = groups.get(key, (request, 0))[1]
+        groups[key] = (request, count + request.num_nodes)
+    return scheduler.profile_from_requests(
+        [dataclasses.replace(request, num_nodes=count) for request, count in groups.values()])
+
+
+def _write(rt, plan, now, inventory):
+    """The write phase: preemptions, then assignments that still hold, then changed reasons."""
+    assigned, woken = 0, set()
+    with write_transaction():
+        rt.leader.fence()  # a replica that lost the lead meanwhile writes nothing
+        for job, victims in plan.preempt:
+            preempt(rt, job, victims, now)
+        schedulable = _schedulable_nodes({r.node_id for _, _, result in plan.placed for r in result.ranks})
+        jobs = {j.id: j for j in _jobs_by_id([job.id for job, _, _ in plan.placed])}
+        tasks = _tasks_of(list(jobs))
+        for job, _, result in plan.placed:
+            fresh = jobs.get(job.id)
+            ranks = [tasks.get((job.id, r.rank)) for r in result.ranks]
+            if (fresh is None or fresh.state != JobState.QUEUED.value or not set(result.node_ids) <= schedulable
+                    or any(t is None or t.state != TaskState.PENDING.value for t in ranks)):
+                continue  # cancelled, or its node left service, while the engine decided: next pass
+            try:
+                run_as = [_run_as(rt, inventory, fresh, r.node_id, now) for r in result.ranks]
+            except UidsExhausted as exc:
+                plan.waiting[job.id] = f"cannot run: no uid to run its tasks as ({exc}); an admin can widen " \
+                                       "task_uid_range or give its token a unix_user"
+                continue
+            _assign(rt, fresh, ranks, result, now, woken, run_as)
+            assigned += 1
+        for job_id, reason in plan.waiting.items():
+            _RECORD_REASON.execute(id=job_id, reason=reason)
+    return assigned, woken
+
+
+def _run_as(rt, inventory, job, node_id, now):
+    """Who the job's task runs as on this node (services.identity.identities): root only for an admin's work
+    in a fleet that allows root tasks."""
+    fleet = inventory.node_fleet.get(node_id)
+    # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root is
+    # never granted on a view older than the fleet's rule (an admin just turned it off).
+    return rt.identities.run_as(job.owner_token_id, functools.partial(_allows_root, fleet), now)
+
+
+def _allows_root(fleet):
+    return bool(fleet and Fleet.select(Fleet.allow_root_tasks).where(Fleet.name == fleet).scalar())
+
+
+def _assign(rt, job, tasks, result, now, woken, run_as):
+    rt.nominations.pop(job.id, None)
+    for task, rank, identity in zip(tasks, result.ranks, run_as):
+        task.node = rank.node_id
+        task.run_as = identity
+        task.gpus = [_allocation(g) for g in rank.gpus]
+        task.epoch += 1
+        task.assigned_at = now
+        task.delivered_at = None
+        switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+        rt.leases.renew(task.id, task.epoch)
+        woken.add(rank.node_id)
+    if rt.instruments is not None and job.attempt == 1:
+        rt.instruments.queue_wait.observe(max(0.0, (now - job.submitted_at).total_seconds()))
+    job.pending_reason = ""
+    switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
+    if job.instance_id is not None:
+        run_placed(job, tasks[0], now)
+
+
+def _schedulable_nodes(node_ids):
+    """The ids among these of nodes that still take new work (read in the write transaction)."""
+    ids = sorted(node_ids)
+    out = set()
+    for start in range(0, len(ids), 500):
+        rows = Node.select(Node.id).where(Node.id.in_(ids[start:start + 500])
+                                          & (Node.status == NodeStatus.READY.value))
+        out.update(row.id for row in rows)
+    return out
+
+
+def _jobs_by_id(job_ids):
+    out = []
+    for start in range(0, len(job_ids), 500):
+        out += list(Job.select().where(Job.id.in_(job_ids[start:start + 500])))
+    return out
+
+
+MAX_UNREAD_GROUPS = 200  # parked groups a kicked pass leaves out of its read (more: it reads all)
+
+
+def _read_queue(parked, first_of_each=False):
+    """(the queued jobs to read, in placement order, [(group key, jobs, one job id)] of those left
+    unread). A pass that skips parked groups (`parked`: {group: reason}) does not read their jobs
+    that already say why they wait: a parked backlog of thousands costs it one count per group,
+    not a row per job. With `first_of_each` (a pass that looks at every group) the first of those
+    jobs of each parked group is read too, and is no longer counted among the unread: the group
+    is asked once, as always, through it. Jobs with no group key (stored before it existed) are
+    always read."""
+    if not parked or len(parked) > MAX_UNREAD_GROUPS:
+        return list(map(Queued._make, _QUEUED.raw_tuples())), []
+    told = functools.reduce(operator.or_, [(Job.group_key == group_key(key)) & (Job.pending_reason == reason)
+                                           for key, reason in parked.items()])
+    queued = Job.state == JobState.QUEUED.value
+    # A group shares its priority class, so its first job in placement order is its lowest id.
+    unread = raw_rows(Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
+                      .where(queued & Job.group_key.is_null(False) & told).group_by(Job.group_key))
+    read = Job.group_key.is_null() | ~told
+    if first_of_each and unread:
+        read |= Job.id.in_([first for _, _, first in unread])
+        unread = [(key, count - 1, first) for key, count, first in unread if count > 1]
+    columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
+    rows = raw_rows(Job.select(*columns).where(queued & read).order_by(*_PLACEMENT_ORDER))
+    return list(map(Queued._make, rows)), unread
+
+
+def _unread_requests(terms_cache, unread):
+    """[(request, jobs)] of the unread groups, from one job of each (its terms are cached)."""
+    terms, _failed = terms_cache.get_each([some for _, _, some in unread])  # a failed one is read next time
+    return [(terms[some].request, count) for _, count, some in unread if some in terms]
+
+
+def _evaluable(terms_cache, queued):
+    """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
+    and why each of the others is set aside (it stays queued; the rest go on)."""
+    terms, failed = terms_cache.get_each([job.id for job in queued])
+    aside = {}
+    for job in queued:
+        if job.id in failed:
+            reason = _set_aside_reason(failed[job.id])
+            if job.pending_reason != reason:
+                log.error("scheduling: job %s set aside", job.id, exc_info=failed[job.id])
+                aside[job.id] = reason
+    return [job for job in queued if job.id in terms], terms, aside
+
+
+def _set_aside_reason(exc):
+    """Why a job that cannot be evaluated waits."""
+    return f"set aside: fleetd cannot evaluate this job ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+def _tasks_of(job_ids):
+    """{(job id, rank): Task} of these jobs."""
+    return {(task.job_id, task.rank): task for job_id in job_ids for task in TASKS_OF_JOB.rows(job_id=job_id)}
+
+
+class Queued(typing.NamedTuple):
+    """What a pass reads of a queued job (its spec is in the terms cache)."""
+
+    id: str
+    team: str
+    priority_class: str
+    pending_reason: str
+
+
+_PLACEMENT_ORDER = (peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id)
+_QUEUED = Statement(lambda v: Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
+                    .where(Job.state == JobState.QUEUED.value).order_by(*_PLACEMENT_ORDER))
+_RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
+    (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
+
+
+class SchedulerLoop:
+    """Runs a pass soon after each kick (submit, task end, node change), coalescing kicks.
+
+    The periodic pass is the `scheduling` background task. Without a started loop (tests,
+    one-off tools), kick() runs a pass in the caller.
+    """
+
+    COALESCE_SECONDS = 0.005
+    MAX_PAUSE_SECONDS = 0.1
+
+    def __init__(self, app, rt):
+        self.app = app
+        self.rt = rt
+        self._kicked = threading.Event()
+        self._stop = threading.Event()
+        self._thread = None
+        self.publish = None  # replicas: fn(capacity, fleet) that asks the leader for a pass
+
+    def kick(self, capacity=True, what=None):
+        """Ask for a pass soon (now, when no loop runs); True when the pass ran in the caller.
+
+        `capacity`: the event may let parked work fit (capacity freed, a node joined, a quota
+        raised); `what` (a parking.Capacity) says what changed, and only the parked groups it
+        could let fit are woken (all of them when not given). A submit is no such event. A
+        kicked pass skips parked groups. Inside a write transaction the kick waits for its commit
+        (a pass reads what it wrote), and answers False.
+        """
+        if database.in_transaction():
+            after_commit(lambda: self.kick(capacity, what))
+            return False
+        if capacity:
+            self.rt.parked.bump(what)
+        if self.rt.leader.shared and not self.rt.leader.leading():
+            if self.publish is not None:  # the leader runs the pass
+                self.publish(capacity, what.to_wire() if capacity and what is not None else None)
+            return False
+        if self._thread is None:
+            run_pass(self.rt, full=False)
+            return True
+        self._kicked.set()
+        return False
+
+    @property
+    def running(self):
+        """True while the loop runs passes on its own (`fleetd serve`)."""
+        return self._thread is not None
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout=10):
+        self._stop.set()
+        self._kicked.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self):
+        pause = self.COALESCE_SECONDS
+        while not self._stop.is_set():
+            self._kicked.wait()
+            # Let a burst of submits and task ends land first: one pass then places them all.
+            # The pause is at least as long as the last pass took, so that passes (which read
+            # every active task) take at most about half of fleetd's time however deep the backlog.
+            self._stop.wait(pause)
+            self._kicked.clear()
+            if self._stop.is_set():
+                return
+            started = time.perf_counter()
+            result = {}
+            try:
+                with self.app.app_context(), database.connection_context():
+                    result = run_pass(self.rt, full=False)
+            except Fenced as exc:  # the lead moved while the pass decided: the new leader places it
+                log.warning("scheduling pass not written: %s", exc)
+            except Exception:  # a failed pass is logged; the next kick or interval retries
+                log.exception("scheduling pass failed")
+            pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
+            if result.get("retry_in"):  # the inventory was a throttled view: a pass on the new one
+                pause = max(pause, result["retry_in"])  # (what that view did not show yet woke its groups)
+                self._kicked.set()

@@ -1,0 +1,8 @@
+"""Workloads: what users run.
+
+- ``lifecycle``  each state machine's table and switch (jobs, tasks, instances, nodes); stops owed
+- ``runs``       what a task's end does; the runs of instances; a node's status change
+- ``jobs``       submit, read, cancel, logs, events
+- ``instances``  long-running reserved workloads: ports, a volume, stop and resume
+- ``artifacts``  content-addressed files jobs refer to
+"""

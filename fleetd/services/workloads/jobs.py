@@ -1,0 +1,264 @@
+"""Jobs: submit, read, cancel, logs, events and retention (the use cases; the state machines are
+in lifecycle, what a task's end does in runs)."""
+
+import dataclasses
+
+from fleetd.db import hand_back, released, write_transaction
+from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.models import Event, Job, JobState, LogLine, Node, Task, TaskState, new_id
+from fleetd.services.identity import limits
+from fleetd.services.notify.events import list_events, record_event
+from fleetd.services.pagination import attach, last_rows, paginate
+from fleetd.services.placement import policy, reasons
+from fleetd.services.placement.terms import group_key_of, task_request
+from fleetd.services.workloads.artifacts import readable_artifacts
+from fleetd.services.workloads.lifecycle import owe_stops
+from fleetd.services.workloads.runs import TASKS_OF_JOB, stop_job
+
+# ---------------------------------------------------------------- submit and read
+
+
+def submit(rt, principal, spec, wait_for_capacity=True):
+    """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
+    no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
+    scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
+    request = task_request(spec, principal.id)  # the engine's own checks, before anything is stored
+    policy.check_bid(spec)
+    never = reasons.capacity_reason(rt, request)
+    if never and not wait_for_capacity:
+        raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
+    job = submit_job(rt.settings, rt.clock.now(), principal, spec, never)
+    if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
+        job = get_job(principal, job.id)
+    return job
+
+
+def submit_job(settings, now, principal, spec, waiting_reason=None):
+    """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler).
+    LimitExceeded, with nothing stored, past the owner's limits."""
+    team = policy.team_of(principal, spec)
+    spec = dataclasses.replace(spec, team=team)  # the team it runs as, so that the spec alone says it
+    job_id = new_id()
+    with write_transaction():
+        allowed = limits.hold_owner(settings, principal)
+        size = limits.check_spec(allowed, principal, spec, "job")
+        limits.check_new_job(allowed, principal)
+        wanted = {a.sha256 for a in spec.artifacts}
+        known = readable_artifacts(principal, wanted)  # another token's upload is unknown to this one
+        if wanted - known:
+            missing = sorted(wanted - known)
+            raise InvalidRequest(f"unknown artifact(s): {', '.join(missing)}; upload them first",
+                                 {"fields": {"artifacts": missing}})
+        job = Job.create(
+            id=job_id,
+            name=spec.name,
+            owner=principal.name,
+            owner_token_id=principal.id,
+            team=team,
+            state=JobState.QUEUED.value,
+            pending_reason=waiting_reason or "waiting for the scheduler",
+            max_attempts=spec.retry_policy.max_attempts,
+            num_nodes=spec.num_nodes,
+            priority_class=spec.priority_class,
+            spec=spec.to_dict(),
+            submitted_at=now,
+            group_key=group_key_of(spec, team, spec.priority_class, principal.id),
+        )
+        job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
+                         for rank in range(job.num_nodes)]
+        for task in job.task_list:
+            task.save(force_insert=True)
+        limits.count_stored(principal.id, size)
+        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None,
+                     JobState.QUEUED.value, actor=principal.label)
+    return job
+
+
+def _visible(query, principal):
+    """Admins see every job; a submitter only its own."""
+    if principal.role == "admin":
+        return query
+    return query.where(Job.owner_token_id == principal.id)
+
+
+def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None, fleet=None,
+              search=None):
+    """One page of jobs, oldest first, with their tasks. `fleet`: those with a task placed on one of its
+    nodes; `search`: those whose name holds it (any case)."""
+    query = _visible(Job.select(), principal).where(Job.instance_id.is_null())  # runs of instances: see instances
+    if state:
+        query = query.where(Job.state == state)
+    if owner:
+        query = query.where(Job.owner == owner)
+    if team:
+        query = query.where(Job.team == team)
+    if name:
+        query = query.where(Job.name == name)
+    if fleet:
+        query = query.where(Job.id.in_(Task.select(Task.job).where(
+            Task.node.in_(Node.select(Node.id).where(Node.fleet == fleet)))))
+    if search:
+        query = query.where(Job.name.contains(search))
+    jobs, next_cursor = paginate(query, Job.id, limit, cursor)
+    attach_tasks(jobs)
+    return jobs, next_cursor
+
+
+def attach_tasks(jobs):
+    """Load the tasks of these jobs in one query (job.task_list, by rank)."""
+    return attach(jobs, Task.select().order_by(Task.job, Task.rank), Task.job, "task_list")
+
+
+def find_visible_job(principal, job_id):
+    """The job if this principal may see it, else None."""
+    job = Job.get_or_none_by_id(job_id)
+    if job is None or job.instance_id is not None or (principal.role != "admin"
+                                                      and job.owner_token_id != principal.id):
+        return None  # the runs of instances are not jobs to their users: see instances
+    return job
+
+
+def resolve_job(principal, handle, limit=100):
+    """The jobs `handle` names for this principal, oldest first: the one whose id it is, else those of
+    that name (never an instance's runs). At most `limit`."""
+    job = find_visible_job(principal, handle)
+    if job is not None:
+        return [job]
+    return list(_visible(Job.select(), principal).where((Job.name == handle) & Job.instance_id.is_null())
+                .order_by(Job.id).limit(limit))
+
+
+def get_job(principal, job_id):
+    """A job with its tasks; NotFound if it does not exist or belongs to someone else."""
+    job = find_visible_job(principal, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    job.task_list = TASKS_OF_JOB.rows(job_id=job.id)
+    return job
+
+
+def wait_job(rt, principal, job_id, wait_seconds):
+    """A job; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as it is then).
+    No pooled connection is held while waiting."""
+    job = get_job(principal, job_id)
+    if wait_seconds <= 0 or JobState(job.state).is_terminal():
+        return job
+
+    def terminal():
+        current = get_job(principal, job_id)
+        return current if JobState(current.state).is_terminal() else None
+
+    hand_back()
+    wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
+    return rt.notifier.wait(("job", job_id), wait, lambda: released(terminal)) or released(
+        lambda: get_job(principal, job_id))
+
+
+def job_result(principal, job_id):
+    """The outcome of a job and of each rank."""
+    job = get_job(principal, job_id)
+    return {
+        "outcome": job.outcome,
+        "reason": job.outcome_reason,
+        "attempt": job.attempt,
+        "tasks": [
+            {"rank": t.rank, "node_id": t.node_id, "run_as": t.run_as, "exit_code": t.exit_code,
+             "outcome": t.state if TaskState(t.state).is_terminal() else None, "reason": t.reason}
+            for t in job.task_list
+        ],
+    }
+
+
+def job_logs(principal, job_id, limit, after=None, rank=None):
+    """Log lines of a job in order; `after` is the last seq seen."""
+    get_job(principal, job_id)
+    query = LogLine.select().where(LogLine.job == job_id)
+    if rank is not None:
+        query = query.where(LogLine.rank == rank)
+    if after is not None:
+        query = query.where(LogLine.id > after)
+    return paginate(query, LogLine.id, limit)
+
+
+def job_logs_tail(principal, job_id, count, before=None):
+    """The last `count` log lines of a job (before the line numbered `before`, if given), oldest first."""
+    get_job(principal, job_id)
+    query = LogLine.select().where(LogLine.job == job_id)
+    if before is not None:
+        query = query.where(LogLine.id < before)
+    return last_rows(query, LogLine.id, count)
+
+
+def job_events_tail(principal, job_id, count):
+    """The last `count` events of a job, oldest first."""
+    get_job(principal, job_id)
+    return last_rows(Event.select().where((Event.subject_type == "job") & (Event.subject_id == job_id)), Event.id,
+                     count)
+
+
+def job_events(principal, job_id, limit, cursor=None, after=None):
+    """Events of a job and its tasks."""
+    get_job(principal, job_id)
+    return list_events("job", job_id, limit, cursor, after)
+
+
+def cancel_job(rt, principal, job_id):
+    """Cancel a job. Tasks that no node holds yet are cancelled at once; the nodes that hold the
+    others are told to stop them now (their acquire long-poll wakes), and the job is `cancelling`
+    until those tasks end (the node reports each finish, or its lease expires), then `cancelled`.
+    A job that holds no process (queued, or not yet delivered) is `cancelled` at once.
+
+    The job's waiters are woken after the commit.
+    """
+    now = rt.clock.now()
+    with write_transaction():
+        job = find_visible_job(principal, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        if JobState(job.state).is_terminal() and job.state != JobState.CANCELLED.value:
+            raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
+        held = stop_job(job, f"cancelled by {principal.label}", now)
+    owe_stops(held)
+    rt.notifier.notify(("job", job.id))
+    return job
+
+
+# ---------------------------------------------------------------- a task ends
+
+
+# ---------------------------------------------------------------- retention
+
+
+def ended_before(cutoff):
+    """Ids of the jobs that ended before `cutoff` (runs of instances included)."""
+    terminal = [s.value for s in JobState if s.is_terminal()]
+    return [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
+
+
+def _chunks(ids, size=500):
+    return [ids[start:start + size] for start in range(0, len(ids), size)]
+
+
+def records_of(job_ids):
+    """{jobs, tasks, log_lines, events}: how many rows these jobs hold."""
+    counts = {"jobs": len(job_ids), "tasks": 0, "log_lines": 0, "events": 0}
+    for chunk in _chunks(job_ids):
+        counts["tasks"] += Task.select().where(Task.job.in_(chunk)).count()
+        counts["log_lines"] += LogLine.select().where(LogLine.job.in_(chunk)).count()
+        counts["events"] += Event.select().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).count()
+    return counts
+
+
+def delete_jobs(job_ids):
+    """Delete these jobs with their tasks, log lines and events (inside the caller's transaction)."""
+    for chunk in _chunks(job_ids):
+        limits.release_stored(Job, chunk)
+        Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).execute()
+        LogLine.delete().where(LogLine.job.in_(chunk)).execute()
+        Task.delete().where(Task.job.in_(chunk)).execute()
+        Job.delete().where(Job.id.in_(chunk)).execute()
+
+
+# ---------------------------------------------------------------- stops owed to nodes
+
+
