@@ -79,7 +79,7 @@ def _is_number(value):
 
 
 @dataclasses.dataclass(frozen=True)
-class InstanceSpec:
+class AssignedInstance:
     """The `instance` of an instance run's assignment (a long-running reserved workload)."""
 
     id: str
@@ -199,7 +199,7 @@ class Assignment:
     memory_default: bool = False  # memory_bytes is the fleet's task_memory_default_bytes (the spec set none)
     pids: int | None = None  # the most processes and threads the task may hold (None: fleetd did not say)
     task_path: str | None = None  # the task's PATH, the fleet's (None: fleetd did not say; the agent's default)
-    instance: InstanceSpec | None = None  # an instance run's extra terms; None for a batch task
+    instance: AssignedInstance | None = None  # an instance run's extra terms; None for a batch task
     run_as: dict | None = None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
 
     @classmethod
@@ -218,7 +218,7 @@ class Assignment:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_nodes, rank)) \
                 or num_nodes < 1 or not 0 <= rank < num_nodes:
             raise ValueError("rank and num_nodes must be integers with 0 <= rank < num_nodes")
-        instance = None if data.get("instance") is None else InstanceSpec.from_wire(data["instance"])
+        instance = None if data.get("instance") is None else AssignedInstance.from_wire(data["instance"])
         command = data.get("command")
         if not isinstance(command, list) or not all(isinstance(a, str) for a in command) \
                 or any("\0" in a for a in command) or not (command or (instance and instance.image)):

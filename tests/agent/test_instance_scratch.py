@@ -5,7 +5,7 @@ import pytest
 
 from agent.ports import PortAllocator
 from agent.task import monitor
-from fleetwire.assignment import InstanceSpec
+from fleetwire.assignment import AssignedInstance
 from tests.agent.instance_support import PY, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
 from tests.support.workloads import hold
@@ -42,7 +42,7 @@ def test_a_run_within_its_scratch_size_runs_on(runner, fleetd):
 
 def test_the_wire_takes_a_scratch_size_and_refuses_a_bad_one():
     spec = {"id": "i", "name": "n", "restart": "never", "ports": [], "volume_bytes": 0}
-    assert InstanceSpec.from_wire(dict(spec, scratch_bytes=10)).scratch_bytes == 10
-    assert InstanceSpec.from_wire(spec).scratch_bytes == 0  # an older fleetd sends none: no limit
+    assert AssignedInstance.from_wire(dict(spec, scratch_bytes=10)).scratch_bytes == 10
+    assert AssignedInstance.from_wire(spec).scratch_bytes == 0  # an older fleetd sends none: no limit
     with pytest.raises(ValueError, match="scratch_bytes"):
-        InstanceSpec.from_wire(dict(spec, scratch_bytes=-1))
+        AssignedInstance.from_wire(dict(spec, scratch_bytes=-1))

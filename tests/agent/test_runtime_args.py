@@ -4,7 +4,7 @@ flags (so that --user, --cap-drop and its ulimits win), checked again on the nod
 import pytest
 
 from agent.task.container import ContainerError, ContainerRuntime
-from fleetwire.assignment import InstanceSpec, runtime_arg_error
+from fleetwire.assignment import AssignedInstance, runtime_arg_error
 
 ALLOWED = ["--shm-size=1g", "--ulimit=memlock=-1:-1", "--init", "--workdir=/srv/app", "--entrypoint=/bin/sh",
            "--hostname=box-1"]
@@ -37,11 +37,11 @@ def test_the_arguments_go_before_the_agents_own_flags_and_a_bad_one_is_refused_o
 
 def test_the_wire_takes_allowed_arguments_for_an_image_only():
     spec = {"id": "i", "name": "n", "restart": "never", "ports": [], "volume_bytes": 0, "image": "localhost/a:1"}
-    assert InstanceSpec.from_wire(dict(spec, runtime_args=["--init"])).runtime_args == ("--init",)
+    assert AssignedInstance.from_wire(dict(spec, runtime_args=["--init"])).runtime_args == ("--init",)
     with pytest.raises(ValueError, match="runtime_args"):
-        InstanceSpec.from_wire(dict(spec, runtime_args=["--privileged"]))
+        AssignedInstance.from_wire(dict(spec, runtime_args=["--privileged"]))
     with pytest.raises(ValueError, match="image only"):
-        InstanceSpec.from_wire(dict(spec, image=None, runtime_args=["--init"]))
+        AssignedInstance.from_wire(dict(spec, image=None, runtime_args=["--init"]))
 
 
 def test_the_documents_pattern_says_what_the_check_says():
