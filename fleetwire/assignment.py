@@ -134,6 +134,15 @@ class AssignedInstance:
                    idle_below_percent=below, idle_for_seconds=for_seconds, scratch_bytes=scratch_bytes,
                    runtime_args=tuple(runtime_args))
 
+    def to_wire(self):
+        """The `instance` object as fleetd sends it (from_wire reads it back equal)."""
+        idle = None if self.idle_below_percent is None else {
+            "gpu_util_below_percent": self.idle_below_percent, "for_seconds": self.idle_for_seconds}
+        return {"id": self.id, "name": self.name, "restart": self.restart,
+                "ports": [{"port": port, "protocol": protocol} for port, protocol in self.ports],
+                "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path, "image": self.image,
+                "idle_stop": idle, "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args)}
+
     @staticmethod
     def _ports(ports):
         if not isinstance(ports, list) or len(ports) > MAX_INSTANCE_PORTS:
@@ -201,6 +210,7 @@ class Assignment:
     task_path: str | None = None  # the task's PATH, the fleet's (None: fleetd did not say; the agent's default)
     instance: AssignedInstance | None = None  # an instance run's extra terms; None for a batch task
     run_as: dict | None = None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
+    attempt: int = 1  # the job's attempt this task belongs to (its retries count them)
 
     @classmethod
     def from_wire(cls, data):
@@ -266,7 +276,20 @@ class Assignment:
                    gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
                    max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
                    priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, run_as=run_as,
-                   memory_default=data.get("memory_default") is True, pids=pids, task_path=task_path, **numbers)
+                   memory_default=data.get("memory_default") is True, pids=pids, task_path=task_path,
+                   attempt=cls._attempt(data.get("attempt", 1)), **numbers)
+
+    def to_wire(self):
+        """The Assignment as fleetd sends it (from_wire reads it back equal)."""
+        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        out["instance"] = self.instance.to_wire() if self.instance is not None else None
+        return out
+
+    @staticmethod
+    def _attempt(value):
+        if not _is_int(value) or value < 1:
+            raise ValueError("attempt must be a positive integer")
+        return value
 
     @staticmethod
     def _run_as(value):

@@ -23,6 +23,7 @@ from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, switch_task_
 from fleetd.services.workloads.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
+from fleetwire.assignment import AssignedInstance, Assignment
 
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select()
@@ -142,34 +143,28 @@ def task_limits(spec, node_id):
 
 
 def assignment(task, job):
-    """The Assignment (docs/api.md) for a task."""
+    """The Assignment (docs/api.md) for a task, built through its one definition (fleetwire)."""
     spec = job.job_spec
-    return {
-        "task_id": task.id,
-        "job_id": job.id,
-        "epoch": task.epoch,
-        "attempt": job.attempt,
-        "rank": task.rank,
-        "num_nodes": job.num_nodes,
-        "command": list(spec.command),
-        "env": dict(spec.env),
-        "workdir": spec.workdir,
-        "gpus": [{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
-                 for g in task.gpus],
-        "isolation": spec.isolation or ("shared" if any(not g.get("exclusive") for g in task.gpus)
-                                        else "exclusive"),
-        "max_runtime_seconds": spec.max_runtime_seconds,
-        "artifacts": [a.to_dict() for a in spec.artifacts],
-        "cpus": spec.resources.cpus or None,
+    run = spec.instance
+    instance = None if run is None else AssignedInstance(
+        id=job.instance_id, name=job.name, restart=run.restart,
+        ports=tuple((p.port, p.protocol) for p in run.ports), volume_bytes=run.volume_bytes,
+        volume_mount_path=run.volume_mount_path, image=run.image,
+        idle_below_percent=run.idle_stop.gpu_util_below_percent if run.idle_stop else None,
+        idle_for_seconds=run.idle_stop.for_seconds if run.idle_stop else None,
+        scratch_bytes=run.scratch_bytes, runtime_args=run.runtime_args)
+    return Assignment(
+        task_id=task.id, job_id=job.id, epoch=task.epoch, attempt=job.attempt, rank=task.rank,
+        num_nodes=job.num_nodes, command=list(spec.command), env=dict(spec.env), workdir=spec.workdir or "",
+        gpus=[{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
+              for g in task.gpus],
+        isolation=spec.isolation or ("shared" if any(not g.get("exclusive") for g in task.gpus) else "exclusive"),
+        max_runtime_seconds=spec.max_runtime_seconds, artifacts=[a.to_dict() for a in spec.artifacts],
+        cpus=spec.resources.cpus or None,
         **task_limits(spec, task.node_id),  # memory_bytes, memory_default, pids, task_path
-        "priority_class": spec.priority_class,
-        "bid": spec.bid,
-        # a run of an instance: what its node supervises
-        "instance": (dict(spec.instance.to_dict(), id=job.instance_id, name=job.name)
-                     if spec.instance is not None else None),
-        # who it runs as: decided when the scheduler placed it (services.identity.identities)
-        "run_as": task.run_as,
-    }
+        priority_class=spec.priority_class, bid=spec.bid, instance=instance,
+        run_as=task.run_as,  # decided when the scheduler placed it (services.identity.identities)
+    ).to_wire()
 
 
 def _leased_task(node_id, task_id, epoch):
