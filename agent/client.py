@@ -22,6 +22,8 @@ import urllib.parse
 
 import urllib3
 
+from fleetwire.heartbeat import HeartbeatReply
+
 log = logging.getLogger("agent.client")
 
 PROTOCOL_HEADER = "X-Fleet-Protocol"
@@ -167,9 +169,14 @@ class FleetClient:
         """POST /agent/register with a join token -> {node_id, fleet, session_token, heartbeat_interval_seconds}."""
         return self._post("/api/v1/agent/register", body, join_token)
 
-    def heartbeat(self, body):
-        """POST /agent/heartbeat -> {status, drain, revoked, cancel, heartbeat_interval_seconds}."""
-        return self._post("/api/v1/agent/heartbeat", body, self.session_token)
+    def heartbeat(self, beat):
+        """POST a Heartbeat (fleetwire.heartbeat) -> fleetd's HeartbeatReply. An answer that is not one
+        is a FleetdError, as a refused heartbeat is."""
+        data = self._post("/api/v1/agent/heartbeat", beat.to_wire(), self.session_token)
+        try:
+            return HeartbeatReply.from_wire(data)
+        except ValueError as exc:
+            raise FleetdError(f"fleetd's answer to a heartbeat is not one: {exc}") from exc
 
     def report_validation(self, validation_id, body):
         """POST the results of a validation fleetd gave this node ({checks, system})."""

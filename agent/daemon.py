@@ -4,6 +4,7 @@ Every loop waits on one stop event, so SIGTERM ends them all within one wait (th
 poll ends with its request). Tasks themselves run in agent/task/.
 """
 
+import dataclasses
 import functools
 import gc
 import importlib.metadata
@@ -30,6 +31,7 @@ from agent.task.limits import Limits, LimitSettings
 from agent.task.runner import Runner
 from agent.validator import Validator
 from agent.workers import Workers
+from fleetwire.heartbeat import Heartbeat
 
 log = logging.getLogger("agent.daemon")
 
@@ -453,13 +455,13 @@ class Agent:
             while not self.stop.is_set():
                 version = self.devices.version
                 capabilities = self._capabilities()
-                body = self._heartbeat_body(version != sent_version,
+                beat = self._heartbeat_body(version != sent_version,
                                             capabilities if capabilities != sent_capabilities else None)
                 if info != sent_info:
-                    body.update(info)
+                    beat = dataclasses.replace(beat, **info)
                 sent_at = time.monotonic()
                 try:
-                    reply = client.heartbeat(body)
+                    reply = client.heartbeat(beat)
                 except Rejected as exc:
                     self.session_ok = False
                     log.error("fleetd rejected this node's session (%s): the node was revoked, deleted or "
@@ -489,7 +491,7 @@ class Agent:
                 if failures:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
-                self.lease.renewed(sent_at, reply.get("lease_seconds"))
+                self.lease.renewed(sent_at, reply.lease_seconds)
                 self._tell_keeper()
                 sent_version, sent_capabilities, sent_info = version, capabilities, info
                 self.fleetd_error = ""
@@ -498,8 +500,8 @@ class Agent:
                     sd_notify("STATUS=connected to fleetd")
                 if not self._follow(reply):
                     return EXIT_REVOKED
-                if not self.config.heartbeat_interval_seconds and reply.get("heartbeat_interval_seconds"):
-                    interval = float(reply["heartbeat_interval_seconds"])
+                if not self.config.heartbeat_interval_seconds:
+                    interval = float(reply.heartbeat_interval_seconds)
                 delay = jittered(interval, self.rng)
                 self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
                 self.stop.wait(delay)
@@ -508,7 +510,8 @@ class Agent:
         return EXIT_OK
 
     def _heartbeat_body(self, send_gpus, capabilities):
-        """{tasks, metrics, volumes, instances?, gpus?, capabilities?} of one heartbeat."""
+        """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus when `send_gpus`,
+        capabilities when given."""
         inventory = self.devices.inventory
         metrics = inventory.metrics()
         limits = self.limits.report()
@@ -518,17 +521,10 @@ class Agent:
                              "violations": [{k: d.get(k) for k in ("task_id", "epoch", "kind", "gpu_uuid",
                                                                    "used", "limit", "detected_at")}
                                             for d in self.limits.recent_detections()[-20:]]}
-        body = {"tasks": self.workers.report(), "metrics": metrics, "volumes": self.runner.volumes.list()}
-        if self.draining is not None:
-            body["draining"] = self.draining
-        instances = self.runner.instances_report()
-        if instances:
-            body["instances"] = instances
-        if send_gpus:
-            body["gpus"] = inventory.wire_gpus()
-        if capabilities is not None:
-            body["capabilities"] = capabilities
-        return body
+        return Heartbeat(tasks=tuple(self.workers.report()),
+                         metrics=metrics, volumes=tuple(self.runner.volumes.list()), draining=self.draining,
+                         instances=tuple(self.runner.instances_report() or ()),
+                         gpus=tuple(inventory.wire_gpus()) if send_gpus else None, capabilities=capabilities)
 
     def _capabilities(self):
         """{container_runtime, containers, isolation...}: the runtime looked for again every few minutes, so
@@ -571,22 +567,23 @@ class Agent:
             self.stop.wait(LEASE_CHECK_SECONDS if left is None or left <= 0 else min(left, LEASE_CHECK_SECONDS))
 
     def _follow(self, reply):
-        """Do what a heartbeat's answer says; False when the node was revoked (the agent exits)."""
-        if reply.get("revoked"):
+        """Do what a heartbeat's answer (a HeartbeatReply) says; False when the node was revoked (the
+        agent exits)."""
+        if reply.revoked:
             log.error("node %s was revoked by fleetd: stopping all work and exiting; "
                       "re-enrol with a new join token to return", self.node["node_id"])
-            self.workers.cancel(reply.get("cancel") or [], "node revoked")
+            self.workers.cancel(list(reply.cancel), "node revoked")
             self.workers.stop_all("node revoked")
             return False
-        if reply.get("cancel"):
-            self.workers.cancel(reply["cancel"], "cancelled by fleetd")
-        if reply.get("delete_volumes"):
-            self.runner.delete_volumes(reply["delete_volumes"])
-        if reply.get("validation") and self.validator is not None:
-            self.validator.want(reply["validation"])  # the node validates: run the suite (once)
-        if reply.get("status") != self.node_status:
-            log.info("node %s status: %s", self.node["node_id"], reply.get("status"))
-            self.node_status = reply.get("status")
+        if reply.cancel:
+            self.workers.cancel(list(reply.cancel), "cancelled by fleetd")
+        if reply.delete_volumes:
+            self.runner.delete_volumes(list(reply.delete_volumes))
+        if reply.validation and self.validator is not None:
+            self.validator.want(reply.validation)  # the node validates: run the suite (once)
+        if reply.status != self.node_status:
+            log.info("node %s status: %s", self.node["node_id"], reply.status)
+            self.node_status = reply.status
         return True
 
     def _leave(self):

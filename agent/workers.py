@@ -8,6 +8,8 @@ import dataclasses
 import logging
 import threading
 
+from fleetwire.heartbeat import TaskReport
+
 log = logging.getLogger("agent.workers")
 
 PRIORITY_ORDER = {"spot": 0, "on-demand": 1}
@@ -101,8 +103,8 @@ class Workers:
             return self._workers.get(task_id)
 
     def report(self):
-        """The heartbeat's `tasks`: [{id, epoch, state}]."""
-        return [{"id": w.task_id, "epoch": w.epoch, "state": w.state} for w in self.all()]
+        """The heartbeat's `tasks`: a TaskReport per task."""
+        return [TaskReport(w.task_id, w.epoch, w.state) for w in self.all()]
 
     def cancel(self, task_ids, reason):
         """Stop the listed tasks (fleetd said so); unknown ids are ignored."""

@@ -14,7 +14,7 @@ class Seen:
 
     monotonic: float
     at: object  # naive UTC datetime
-    tasks: list
+    tasks: list  # fleetwire.heartbeat.TaskReport
     metrics: dict | None = None
     flushed: bool = False
 
@@ -99,7 +99,7 @@ class LivenessTracker:
         with self._lock:
             seen = self._seen.get(node_id)
             if seen is not None:
-                seen.tasks = [t for t in seen.tasks if t.get("id") != task_id]
+                seen.tasks = [t for t in seen.tasks if t.id != task_id]
                 if seen.tasks:
                     self._reporting[node_id] = seen.tasks
                 else:
@@ -128,8 +128,8 @@ class LivenessTracker:
         out = {}
         for node_id, tasks in reporting:
             for task in tasks:
-                if task.get("state") not in ("succeeded", "failed", "cancelled", "lost", "preempted"):
-                    out[task["id"]] = (node_id, task["epoch"])
+                if task.state not in ("succeeded", "failed", "cancelled", "lost", "preempted"):
+                    out[task.id] = (node_id, task.epoch)
         return out
 
     def restart_grace(self):

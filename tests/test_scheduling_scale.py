@@ -10,6 +10,7 @@ from fleetd import scheduler
 from fleetd.liveness import LivenessTracker
 from fleetd.services.placement import reasons as placement_reasons
 from fleetd.services.placement import scheduling
+from fleetwire.heartbeat import TaskReport
 from tests.conftest import FakeClock, gpus
 from tests.support import wait_until
 from tests.support.examples import examples
@@ -275,15 +276,15 @@ def test_a_parked_groups_new_reason_reaches_its_first_job_at_once_and_the_others
 
 def test_reported_running_follows_each_nodes_last_heartbeat():
     live = LivenessTracker(FakeClock(), ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0)
-    live.touch("a", [{"id": "t1", "epoch": 1, "state": "running"}, {"id": "t2", "epoch": 3, "state": "succeeded"}])
-    live.touch("b", [{"id": "t3", "epoch": 2, "state": "starting"}])
+    live.touch("a", [TaskReport("t1", 1, "running"), TaskReport("t2", 3, "succeeded")])
+    live.touch("b", [TaskReport("t3", 2, "starting")])
     live.touch("c")
     assert live.reported_running() == {"t1": ("a", 1), "t3": ("b", 2)}
     live.drop_task("a", "t1")
     live.touch("b", [])  # b's next heartbeat lists nothing
     assert live.reported_running() == {}
-    live.touch("a", [{"id": "t4", "epoch": 1, "state": "running"}])
-    live.touch("b", [{"id": "t5", "epoch": 1, "state": "running"}])
+    live.touch("a", [TaskReport("t4", 1, "running")])
+    live.touch("b", [TaskReport("t5", 1, "running")])
     live.forget("b")
     assert live.reported_running() == {"t4": ("a", 1)}
 

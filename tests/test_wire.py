@@ -1,8 +1,11 @@
 """The messages of the agent wire read back equal from what their own side built (fleetwire)."""
 
+import dataclasses
+
 import pytest
 
 from fleetwire.assignment import AssignedInstance, Assignment
+from fleetwire.heartbeat import Heartbeat, HeartbeatReply, TaskReport
 
 
 def _assignment(**changes):
@@ -29,3 +32,32 @@ def test_an_assignment_of_an_older_fleetd_without_attempt_is_its_first():
     assert Assignment.from_wire(wire).attempt == 1
     with pytest.raises(ValueError, match="attempt"):
         Assignment.from_wire(dict(wire, attempt=0))
+
+
+def test_a_heartbeat_and_its_answer_read_back_equal_from_their_wire_forms():
+    beat = Heartbeat(tasks=(TaskReport("t-1", 2, "running"),), metrics={"gpus": []}, volumes=("i-1",),
+                     instances=({"task_id": "t-1", "epoch": 2},), gpus=({"uuid": "GPU-1", "index": 0},),
+                     capabilities={"containers": "ready"}, draining=True, agent_version="0.1.3",
+                     bundle_sha256="", labels={"rack": "a"})
+    assert Heartbeat.from_wire(beat.to_wire()) == beat
+    assert Heartbeat.from_wire(Heartbeat().to_wire()) == Heartbeat() == Heartbeat.from_wire({})
+    reply = HeartbeatReply(status="ready", heartbeat_interval_seconds=10, cancel=("t-9",), delete_volumes=("i-2",),
+                           lease_seconds=40.0, validation={"id": "v-1", "suite": []}, drain=None)
+    assert HeartbeatReply.from_wire(reply.to_wire()) == reply
+    revoked = HeartbeatReply(status="revoked", heartbeat_interval_seconds=10, revoked=True, cancel=("t-1",))
+    assert HeartbeatReply.from_wire(revoked.to_wire()) == revoked
+
+
+@pytest.mark.parametrize("body, field", [({"tasks": [{"id": "t", "epoch": "1", "state": "running"}]}, "tasks"),
+                                         ({"volumes": "i-1"}, "volumes"), ({"draining": "yes"}, "draining"),
+                                         ({"gpus": [1]}, "gpus")])
+def test_a_heartbeat_of_the_wrong_shape_is_refused_by_name(body, field):
+    with pytest.raises(ValueError, match=field):
+        Heartbeat.from_wire(body)
+
+
+def test_fleetds_heartbeat_schemas_name_exactly_the_wires_fields():
+    from fleetd.schemas.agent import HeartbeatReplySchema, HeartbeatSchema
+
+    assert set(HeartbeatSchema().fields) == {f.name for f in dataclasses.fields(Heartbeat)}
+    assert set(HeartbeatReplySchema().fields) == {f.name for f in dataclasses.fields(HeartbeatReply)}

@@ -58,7 +58,7 @@ class AgentHeartbeat(MethodView):
         """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
         rt = current_runtime()
         rt.instruments.heartbeats.inc()
-        return agents.heartbeat(rt, current_principal().node, body)
+        return agents.heartbeat(rt, current_principal().node, body).to_wire()
 
 
 @blp.route("/deregister", parameters=[PROTOCOL_PARAMETER])

@@ -1,9 +1,10 @@
 """Schemas of the agent protocol."""
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
+from fleetwire.heartbeat import Heartbeat
 
 MACHINE_ID = FullRegexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
 
@@ -161,6 +162,14 @@ class HeartbeatSchema(Schema):
     labels = Labels(load_default=None, allow_none=True, metadata={
         "description": "the labels of the agent's config file; sent with agent_version. fleetd keeps them as the "
                        "node's agent_labels; labels set through the API win per key"})
+
+    @post_load
+    def _typed(self, data, **kwargs):
+        """The checked body as the wire's one definition of a heartbeat (fleetwire.heartbeat)."""
+        try:
+            return Heartbeat.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class HeartbeatReplySchema(Schema):

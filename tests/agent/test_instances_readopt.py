@@ -11,6 +11,7 @@ import pytest
 from agent.ports import PortAllocator
 from agent.procfs import read_proc, wait_gone
 from agent.task.journal import append_state, read_state
+from fleetwire.heartbeat import TaskReport
 from tests.agent.conftest import wait_until
 from tests.agent.instance_support import PY, instance_assignment, kill_left_instances, port_range
 from tests.agent.test_runner import make_runner  # noqa: F401 (fixture)
@@ -72,7 +73,7 @@ def test_a_stopping_agent_leaves_the_instance_running_and_the_next_one_ships_its
     again = node()
     assert again.recover() == []  # nothing killed, nothing reported
     assert again.get("t-chatty") is not None
-    wait_until(lambda: again.workers.report() == [{"id": "t-chatty", "epoch": 1, "state": "running"}],
+    wait_until(lambda: again.workers.report() == [TaskReport("t-chatty", 1, "running")],
                message="the heartbeat's view of it (its lease renewed)")
     release.open()
     finish = fleetd.wait_finished("t-chatty")

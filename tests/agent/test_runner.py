@@ -19,6 +19,7 @@ from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
 from agent.workers import Workers
 from fleetwire.assignment import Assignment
+from fleetwire.heartbeat import TaskReport
 from tests.agent.conftest import wait_until
 from tests.support import wire
 from tests.support.workloads import GATE_WAIT, STUBBORN, WAIT_FOR_GATE, hold
@@ -102,7 +103,7 @@ def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(
     assert len(view["pids"]) == 2
     assert view["env"]["CUDA_VISIBLE_DEVICES"] == GPU_A and view["gpus"] == [{"uuid": GPU_A}]
     assert view["limits"]["max_runtime_seconds"] == 300
-    assert runner.workers.report() == [{"id": "t-reg", "epoch": 1, "state": "running"}]
+    assert runner.workers.report() == [TaskReport("t-reg", 1, "running")]
     gate.open()
     assert fleetd.wait_finished("t-reg")["outcome"] == "succeeded"
     wait_until(lambda: runner.workers.all() == [], message="the worker to be removed")
@@ -327,7 +328,7 @@ def test_finish_is_retried_through_a_fleetd_outage(make_runner, fleetd):
     runner.submit(assignment("t-outage", [PY, "-c", "print('done')"]))
     fleetd.wait_for(lambda: sum(1 for _, p, _b in fleetd.calls if p.endswith("t-outage/finish")) >= 2,
                     message="finish retries")
-    assert runner.workers.report() == [{"id": "t-outage", "epoch": 1, "state": "finishing"}]
+    assert runner.workers.report() == [TaskReport("t-outage", 1, "finishing")]
     fleetd.down.discard("finish")
     assert fleetd.wait_outcome("t-outage") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-outage") == ["done"]

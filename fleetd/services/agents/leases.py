@@ -36,19 +36,19 @@ _RENEWED = Statement(lambda v: Task.update(renewed_at=v("at", Task.renewed_at))
 
 
 def reconcile_reported_tasks(rt, node, reported):
-    """Renew the leases of tasks this node really holds; return the ids it must stop (the
+    """`reported`: the heartbeat's TaskReports (fleetwire.heartbeat). Renew the leases of tasks this node really holds; return the ids it must stop (the
     fallback for stops that its acquire did not deliver). A task of a cancelling job is not
     renewed: if its node never reports the end, its lease expires and settles it."""
     if not reported:
         return []
-    current = {row["id"]: row for row in stop_rows([r["id"] for r in reported])}
+    current = {row["id"]: row for row in stop_rows([r.id for r in reported])}
     cancel = []
     for r in reported:
-        verdict = must_stop(current.get(r["id"]), node.id, r["epoch"], superseded=False)
+        verdict = must_stop(current.get(r.id), node.id, r.epoch, superseded=False)
         if verdict is None:
-            rt.leases.renew(r["id"], r["epoch"])
+            rt.leases.renew(r.id, r.epoch)
         elif verdict:
-            cancel.append(r["id"])
+            cancel.append(r.id)
         # False: the task runs again on this node at a newer epoch; a stop by id would end the new
         # run, and the new assignment ends the old process anyway.
     return cancel
@@ -107,7 +107,7 @@ def _unlisted(rt, task, grace):
     if task.delivered_at is None and task.state == TaskState.ASSIGNED.value:
         return None
     seen = rt.liveness.get(task.node_id)
-    if seen is None or any(listed.get("id") == task.id for listed in seen.tasks):
+    if seen is None or any(listed.id == task.id for listed in seen.tasks):
         return None
     if seen.monotonic - rt.leases.last_renewed(task.id, task.epoch) <= grace:
         return None

@@ -1,4 +1,8 @@
-"""The agent protocol: register, heartbeat, deregister."""
+"""The agent protocol's sessions: register, heartbeat (one step per concern), deregister."""
+
+import dataclasses
+import datetime
+import typing
 
 from fleetd.credentials import NODE_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
@@ -23,6 +27,7 @@ from fleetd.services.notify.events import acting_as, record_event
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads import instances
 from fleetd.sql import Statement
+from fleetwire.heartbeat import Heartbeat, HeartbeatReply
 
 _NODE_OF_MACHINE = Statement(lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1))
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
@@ -139,96 +144,171 @@ def _check_takeover(rt, node, fleet):
                        {"node_id": node.id, "reason": "alive"})
 
 
-def heartbeat(rt, node, body):
-    """Renew liveness in memory; touch the database only when something changed. The answer
-    says the interval to the next heartbeat and the task lease (docs/api.md, Heartbeat).
+@dataclasses.dataclass
+class Beat:
+    """One heartbeat being applied: what the node sent, and what its steps learned on the way."""
 
-    `node` is the Node row loaded when its session token was checked in this request.
+    rt: typing.Any
+    node: Node
+    beat: Heartbeat
+    now: datetime.datetime
+    runtime: str | None = None  # the container runtime it reports (else the one known)
+    capabilities: dict | None = None  # what the node keeps of its reported capabilities
+    gpu_status: tuple | None = None  # (status, reason) its GPUs' readings say, when that changed
+    joined: bool = False  # it was pending: this is its first heartbeat
+    gpu_change: typing.Any = None  # what replace_gpus changed
+
+    def new_agent(self):
+        beat, node = self.beat, self.node
+        return (beat.agent_version is not None and beat.agent_version != node.agent_version) or \
+            (beat.bundle_sha256 is not None and beat.bundle_sha256 != node.bundle_sha256)
+
+    def new_labels(self):
+        return self.beat.labels is not None and self.beat.labels != self.node.agent_labels
+
+
+def heartbeat(rt, node, beat):
+    """Renew liveness in memory; touch the database only when something changed, one step per
+    concern (STEPS). The answer says the interval to the next heartbeat and the task lease
+    (docs/api.md, Heartbeat).
+
+    `node` is the Node row loaded when its session token was checked in this request; `beat` a
+    fleetwire Heartbeat. Returns a fleetwire HeartbeatReply.
     """
-    now = rt.clock.now()
-    node_id = node.id
-    reported = body.get("tasks") or []
     if node.status == NodeStatus.REVOKED.value:
         rt.liveness.forget(node.id)
-        return {"status": node.status, "drain": None, "revoked": True, "cancel": [t["id"] for t in reported],
-                "heartbeat_interval_seconds": rt.liveness.heartbeat_interval()}
-    rt.liveness.touch(node.id, reported, body.get("metrics"))
-    cancel = reconcile_reported_tasks(rt, node, reported)
-    if body.get("instances"):
-        rt.samples.put(body["instances"])
-    if body.get("volumes") is not None:
-        instances.volumes_reported(rt, node_id, body["volumes"])
-    gpus = body.get("gpus")
-    reported = body.get("capabilities")
-    runtime = (reported or {}).get("container_runtime", node.container_runtime)
-    capabilities = node.capabilities if reported is None else stored_capabilities(reported)
-    version = body.get("agent_version")
-    bundle_sha = body.get("bundle_sha256")
-    agent_labels = body.get("labels")
-    new_labels = agent_labels is not None and agent_labels != node.agent_labels
-    new_agent = (version is not None and version != node.agent_version) or \
-        (bundle_sha is not None and bundle_sha != node.bundle_sha256)
-    gpu_status = learned_gpu_status(node, gpus, body.get("metrics"))
-    draining = body.get("draining")
+        return HeartbeatReply(status=node.status, revoked=True, cancel=tuple(t.id for t in beat.tasks),
+                              heartbeat_interval_seconds=rt.liveness.heartbeat_interval())
+    cancel = renew(rt, node, beat)
+    step = Beat(rt, node, beat, rt.clock.now())
+    learn(step)
     changed = False
-    if new_agent or new_labels or gpus is not None or runtime != node.container_runtime or gpu_status is not None or \
-            capabilities != node.capabilities or agent_drain_step(node, draining) is not None or \
-            node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value):
+    if needs_write(step):
         with write_transaction():
-            node = find_node(node_id)
-            if gpu_status is not None:
-                set_gpu_status(node, *gpu_status, now)
-            if new_agent:
-                # An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here.
-                node.agent_version = version if version is not None else node.agent_version
-                node.bundle_sha256 = bundle_sha if bundle_sha is not None else node.bundle_sha256
-                node.save()
-            if new_labels:  # the agent's config file changed (a rerun of provisioning with other labels)
-                changed = apply_agent_labels(node, agent_labels) or changed
-            joined, gpu_change = node.status == NodeStatus.PENDING.value, None
-            if gpus is not None:
-                gpu_change = replace_gpus(node, gpus, now)
-                changed = gpu_change or changed
-            if runtime != node.container_runtime or capabilities != node.capabilities:
-                node.container_runtime, node.capabilities = runtime, capabilities
-                node.save()
-                changed = True
-            if node.status == NodeStatus.PENDING.value:
-                validation.gate_first_heartbeat(node, now)  # ready, or validating in a gated fleet
-                changed = True
-            elif node.status == NodeStatus.LOST.value:
-                back_to = node.status_before_lost or NodeStatus.READY.value
-                if back_to == NodeStatus.PENDING.value:
-                    back_to = NodeStatus.READY.value
-                switch_node_status(node, back_to, "heartbeats resumed", now)
-                changed = True
-            step = agent_drain_step(node, draining)
-            if step is not None:
-                switch_node_status(node, step, AGENT_DRAINING if step == NodeStatus.CORDONED else
-                                   "agent no longer draining", now)
-                changed = True
-            changed = apply_health_policy(rt, node, now, gpu_change, gpus is not None, joined) or changed
-            changed = settle_drain(node, now, deadline=False) is not None or changed
+            step.node = find_node(node.id)
+            for apply in STEPS:
+                changed = apply(step) or changed  # every step runs; any may say capacity changed
+    node, now = step.node, step.now
     if node.status == NodeStatus.DRAINING.value and node.drain_deadline is not None and node.drain_deadline <= now:
-        settle_drain_of(rt, node_id)  # the leader stops what is left, fenced; another replica leaves it
+        settle_drain_of(rt, node.id)  # the leader stops what is left, fenced; another replica leaves it
     if changed and rt.scheduler is not None:
         rt.scheduler.kick(what=node_changed(node))  # new or returning capacity
-    interval = rt.liveness.heartbeat_interval()
-    suite = validation.heartbeat_validation(rt, node, now)  # the suite to run while validating (or it timed out)
-    reply = {
-        "status": node.status,
-        "drain": node.drain,
-        "revoked": False,
-        "cancel": cancel,
-        "delete_volumes": instances.volumes_to_delete(node_id, body["volumes"]) if body.get("volumes") else [],
-        "heartbeat_interval_seconds": interval,
+    return HeartbeatReply(
+        status=node.status, drain=node.drain, cancel=tuple(cancel),
+        delete_volumes=tuple(instances.volumes_to_delete(node.id, list(beat.volumes))) if beat.volumes else (),
+        heartbeat_interval_seconds=rt.liveness.heartbeat_interval(),
         # The node stops its job tasks before this runs out unheard (agent/lease.py): told on every
         # answer, widened with the interval just given.
-        "lease_seconds": rt.leases.ttl,
-    }
-    if suite is not None:
-        reply["validation"] = suite
-    return reply
+        lease_seconds=rt.leases.ttl,
+        validation=validation.heartbeat_validation(rt, node, now))  # the suite to run while validating
+
+
+def renew(rt, node, beat):
+    """What every heartbeat does, in memory or without a transaction of its own: liveness, the
+    leases of the tasks it lists (returns those it must stop), its instances' figures, its volumes."""
+    rt.liveness.touch(node.id, beat.tasks, beat.metrics)
+    cancel = reconcile_reported_tasks(rt, node, beat.tasks)
+    if beat.instances:
+        rt.samples.put(list(beat.instances))
+    if beat.volumes is not None:
+        instances.volumes_reported(rt, node.id, list(beat.volumes))
+    return cancel
+
+
+def learn(step):
+    """What the heartbeat says that the node row does not know yet (read without a transaction)."""
+    node, beat = step.node, step.beat
+    reported = beat.capabilities
+    step.runtime = (reported or {}).get("container_runtime", node.container_runtime)
+    step.capabilities = node.capabilities if reported is None else stored_capabilities(reported)
+    step.gpu_status = learned_gpu_status(node, None if beat.gpus is None else list(beat.gpus), beat.metrics)
+
+
+def needs_write(step):
+    """True when the node's row must change (or its status may): else the heartbeat writes nothing."""
+    node = step.node
+    return step.new_agent() or step.new_labels() or step.beat.gpus is not None or \
+        step.runtime != node.container_runtime or step.gpu_status is not None or \
+        step.capabilities != node.capabilities or agent_drain_step(node, step.beat.draining) is not None or \
+        node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value)
+
+
+# The steps of a heartbeat that writes, in order, inside one transaction. Each takes the Beat and
+# returns True when the node's capacity changed (the scheduler is kicked after the commit).
+
+def step_gpu_status(step):
+    if step.gpu_status is not None:
+        set_gpu_status(step.node, *step.gpu_status, step.now)
+    return False
+
+
+def step_agent_version(step):
+    """An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here."""
+    if step.new_agent():
+        node, beat = step.node, step.beat
+        node.agent_version = beat.agent_version if beat.agent_version is not None else node.agent_version
+        node.bundle_sha256 = beat.bundle_sha256 if beat.bundle_sha256 is not None else node.bundle_sha256
+        node.save()
+    return False
+
+
+def step_agent_labels(step):
+    """The agent's config file changed (a rerun of provisioning with other labels)."""
+    return bool(step.new_labels() and apply_agent_labels(step.node, step.beat.labels))
+
+
+def step_gpus(step):
+    step.joined = step.node.status == NodeStatus.PENDING.value
+    if step.beat.gpus is None:
+        return False
+    step.gpu_change = replace_gpus(step.node, list(step.beat.gpus), step.now)
+    return bool(step.gpu_change)
+
+
+def step_capabilities(step):
+    node = step.node
+    if step.runtime == node.container_runtime and step.capabilities == node.capabilities:
+        return False
+    node.container_runtime, node.capabilities = step.runtime, step.capabilities
+    node.save()
+    return True
+
+
+def step_first_or_returning(step):
+    """A pending node's first heartbeat (ready, or validating in a gated fleet); a lost node's return."""
+    node = step.node
+    if node.status == NodeStatus.PENDING.value:
+        validation.gate_first_heartbeat(node, step.now)
+        return True
+    if node.status == NodeStatus.LOST.value:
+        back_to = node.status_before_lost or NodeStatus.READY.value
+        if back_to == NodeStatus.PENDING.value:
+            back_to = NodeStatus.READY.value
+        switch_node_status(node, back_to, "heartbeats resumed", step.now)
+        return True
+    return False
+
+
+def step_agent_drain(step):
+    to = agent_drain_step(step.node, step.beat.draining)
+    if to is None:
+        return False
+    switch_node_status(step.node, to, AGENT_DRAINING if to == NodeStatus.CORDONED else "agent no longer draining",
+                       step.now)
+    return True
+
+
+def step_health(step):
+    return bool(apply_health_policy(step.rt, step.node, step.now, step.gpu_change, step.beat.gpus is not None,
+                                    step.joined))
+
+
+def step_drain(step):
+    return settle_drain(step.node, step.now, deadline=False) is not None
+
+
+STEPS = (step_gpu_status, step_agent_version, step_agent_labels, step_gpus, step_capabilities,
+         step_first_or_returning, step_agent_drain, step_health, step_drain)
 
 
 def agent_drain_step(node, draining):
