@@ -23,6 +23,7 @@ import urllib.parse
 import urllib3
 
 from fleetwire.heartbeat import HeartbeatReply
+from fleetwire.registration import Registered
 
 log = logging.getLogger("agent.client")
 
@@ -165,9 +166,13 @@ class FleetClient:
         """Close pooled connections."""
         self.http.clear()
 
-    def register(self, join_token, body):
-        """POST /agent/register with a join token -> {node_id, fleet, session_token, heartbeat_interval_seconds}."""
-        return self._post("/api/v1/agent/register", body, join_token)
+    def register(self, join_token, registration):
+        """POST a Registration (fleetwire.registration) with a join token -> fleetd's Registered."""
+        data = self._post("/api/v1/agent/register", registration.to_wire(), join_token)
+        try:
+            return Registered.from_wire(data)
+        except ValueError as exc:
+            raise FleetdError(f"fleetd's answer to a registration is not one: {exc}") from exc
 
     def heartbeat(self, beat):
         """POST a Heartbeat (fleetwire.heartbeat) -> fleetd's HeartbeatReply. An answer that is not one

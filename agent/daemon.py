@@ -32,6 +32,7 @@ from agent.task.runner import Runner
 from agent.validator import Validator
 from agent.workers import Workers
 from fleetwire.heartbeat import Heartbeat
+from fleetwire.registration import Registration, Resources
 
 log = logging.getLogger("agent.daemon")
 
@@ -144,16 +145,10 @@ def detect_address(server_url):
 
 
 def register_body(config, inventory, machine_id, labels):
-    """The body of POST /agent/register: exactly the fields fleetd accepts."""
-    return {
-        "hostname": socket.gethostname()[:255],
-        "machine_id": machine_id,
-        "agent_version": agent_version(),
-        "address": config.address or detect_address(config.server_urls),
-        "labels": labels,
-        "resources": host_resources(runtime_name(config)),
-        "gpus": inventory.wire_gpus(),
-    }
+    """The Registration (fleetwire.registration) this host sends with a join token."""
+    return Registration(hostname=socket.gethostname()[:255], machine_id=machine_id, agent_version=agent_version(),
+                        address=config.address or detect_address(config.server_urls), labels=dict(labels),
+                        resources=Resources(**host_resources(runtime_name(config))), gpus=tuple(inventory.wire_gpus()))
 
 
 def make_client(config, server_url, session_token=None):
@@ -198,16 +193,16 @@ def enrol(config, join_token, force=False, devices=None):
     finally:
         client.close()
     node = {
-        "node_id": reply["node_id"],
-        "fleet": reply["fleet"],
+        "node_id": reply.node_id,
+        "fleet": reply.fleet,
         "server_url": urls[0],  # what agents that know one URL read
         "server_urls": urls,
         "machine_id": machine_id,
-        "heartbeat_interval_seconds": reply.get("heartbeat_interval_seconds"),
+        "heartbeat_interval_seconds": reply.heartbeat_interval_seconds,
         "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    state.save_enrolment(node, reply["session_token"])
-    log.info("enrolled as node %s in fleet %s with %d GPU(s)", node["node_id"], node["fleet"], len(body["gpus"]))
+    state.save_enrolment(node, reply.session_token)
+    log.info("enrolled as node %s in fleet %s with %d GPU(s)", node["node_id"], node["fleet"], len(body.gpus))
     return node, True
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from fleetwire.assignment import AssignedInstance, Assignment
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply, TaskReport
+from fleetwire.registration import Registered, Registration, Resources
 
 
 def _assignment(**changes):
@@ -61,3 +62,23 @@ def test_fleetds_heartbeat_schemas_name_exactly_the_wires_fields():
 
     assert set(HeartbeatSchema().fields) == {f.name for f in dataclasses.fields(Heartbeat)}
     assert set(HeartbeatReplySchema().fields) == {f.name for f in dataclasses.fields(HeartbeatReply)}
+
+
+def test_a_registration_and_its_answer_read_back_equal_from_their_wire_forms():
+    reg = Registration(hostname="gpu-1", machine_id="m-1", agent_version="0.1.3", address="10.0.0.5",
+                       resources=Resources(cpu_count=64, memory_bytes=1 << 40, container_runtime="podman"),
+                       gpus=({"uuid": "GPU-1", "index": 0, "model": "NVIDIA H100", "memory_total_bytes": 1 << 30},),
+                       labels={"rack": "a"}, capabilities={"containers": "ready"})
+    assert Registration.from_wire(reg.to_wire()) == reg
+    answer = Registered(node_id="n-1", fleet="lab", session_token="fln_x", heartbeat_interval_seconds=10)
+    assert Registered.from_wire(answer.to_wire()) == answer
+    with pytest.raises(ValueError, match="resources"):
+        Registration.from_wire(dict(reg.to_wire(), resources=None))
+
+
+def test_fleetds_registration_schemas_name_exactly_the_wires_fields():
+    from fleetd.schemas.agent import RegisteredSchema, RegisterSchema, ReportedResourcesSchema
+
+    assert set(RegisterSchema().fields) == {f.name for f in dataclasses.fields(Registration)}
+    assert set(ReportedResourcesSchema().fields) == {f.name for f in dataclasses.fields(Resources)}
+    assert set(RegisteredSchema().fields) == {f.name for f in dataclasses.fields(Registered)}

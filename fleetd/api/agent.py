@@ -1,4 +1,5 @@
-"""The agent protocol (X-Fleet-Protocol: 1): register, heartbeat, deregister."""
+"""The agent protocol (X-Fleet-Protocol: 1): the node's session (register, heartbeat, deregister) and its
+work (acquire, start, restart, rendezvous, logs, finish); the messages are fleetwire's."""
 
 from flask.views import MethodView
 
@@ -40,13 +41,7 @@ class AgentRegister(MethodView):
     def post(self, body):
         """Enrol a host with a join token; returns its node id and session token."""
         rt = current_runtime()
-        node, session_token = agents.register_node(rt, current_principal().id, body)
-        return {
-            "node_id": node.id,
-            "fleet": node.fleet_id,
-            "session_token": session_token,
-            "heartbeat_interval_seconds": rt.liveness.heartbeat_interval(),
-        }
+        return agents.register_node(rt, current_principal().id, body).to_wire()
 
 
 @blp.route("/heartbeat", parameters=[PROTOCOL_PARAMETER])

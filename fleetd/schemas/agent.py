@@ -5,6 +5,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
 from fleetwire.heartbeat import Heartbeat
+from fleetwire.registration import Registration
 
 MACHINE_ID = FullRegexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
 
@@ -125,6 +126,14 @@ class RegisterSchema(Schema):
     gpus = GpuList(required=True)
     capabilities = fields.Nested(CapabilitiesSchema, load_default=None, allow_none=True, metadata={
         "description": "what the host can run (as in heartbeats)"})
+
+    @post_load
+    def _typed(self, data, **kwargs):
+        """The checked body as the wire's one definition of a registration (fleetwire.registration)."""
+        try:
+            return Registration.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class RegisteredSchema(Schema):

@@ -54,7 +54,7 @@ def test_register_body_passes_fleetds_strict_schema(fake_nvml, scenario):
     manager.close()
     config = Config(server_url="http://127.0.0.1:9", machine_id="m-1")
     body = register_body(config, inventory, "m-1", {"simulated": "true"})
-    assert schemas.RegisterSchema().validate(body) == {}
+    assert schemas.RegisterSchema().validate(body.to_wire()) == {}
     assert schemas.HeartbeatSchema().validate({"gpus": inventory.wire_gpus(), "metrics": inventory.metrics(),
                                                "tasks": []}) == {}
-    assert body["address"] == "127.0.0.1"
+    assert body.address == "127.0.0.1"

@@ -28,6 +28,7 @@ from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads import instances
 from fleetd.sql import Statement
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply
+from fleetwire.registration import Registered
 
 _NODE_OF_MACHINE = Statement(lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1))
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
@@ -42,26 +43,24 @@ def stored_capabilities(reported):
     return kept or None
 
 
-def register_node(rt, join_token_id, info):
-    """Admit a host with a join token; the same machine_id gets its old node and a new session.
-
-    Returns (node, session_token).
-    """
+def register_node(rt, join_token_id, reg):
+    """Admit a host with a join token (`reg`: a fleetwire Registration); the same machine_id gets its
+    old node and a new session. Returns the fleetwire Registered (the session token shown once)."""
     now = rt.clock.now()
     session_id, session_token = make_token(NODE_PREFIX)
-    capabilities = info.get("capabilities") or {}
+    capabilities = reg.capabilities or {}
     fields = dict(
-        hostname=info["hostname"],
-        address=info.get("address") or "",
-        labels=info.get("labels") or {},
-        agent_labels=info.get("labels") or {},
-        agent_version=info.get("agent_version") or "",
-        cpu_count=info["resources"]["cpu_count"],
-        memory_bytes=info["resources"]["memory_bytes"],
-        container_runtime=capabilities.get("container_runtime", info["resources"].get("container_runtime")),
+        hostname=reg.hostname,
+        address=reg.address or "",
+        labels=reg.labels or {},
+        agent_labels=reg.labels or {},
+        agent_version=reg.agent_version or "",
+        cpu_count=reg.resources.cpu_count,
+        memory_bytes=reg.resources.memory_bytes,
+        container_runtime=capabilities.get("container_runtime", reg.resources.container_runtime),
         capabilities=stored_capabilities(capabilities),
-        gpu_status="ok" if info["gpus"] else "cpu_only",
-        gpu_status_reason="" if info["gpus"] else "no GPU reported at registration",
+        gpu_status="ok" if reg.gpus else "cpu_only",
+        gpu_status_reason="" if reg.gpus else "no GPU reported at registration",
         session_id=session_id,
         session_hash=hash_token(session_token),
         join_token_id=join_token_id,
@@ -74,15 +73,15 @@ def register_node(rt, join_token_id, info):
         token = JoinToken.get_or_none_by_id(join_token_id)  # checked when the request was authenticated
         if token is None:
             raise Unauthorized("join token expired, revoked or used up")
-        node = _NODE_OF_MACHINE.first(machine_id=info["machine_id"])
+        node = _NODE_OF_MACHINE.first(machine_id=reg.machine_id)
         if node is not None:
             _check_takeover(rt, node, token.fleet_id)
-        returning, retired = hosts.returning_node(info["machine_id"]) if node is None else (None, None)
+        returning, retired = hosts.returning_node(reg.machine_id) if node is None else (None, None)
         if node is None:
             node = Node.create(
                 id=returning or new_id(),
                 fleet=token.fleet_id,
-                machine_id=info["machine_id"],
+                machine_id=reg.machine_id,
                 status=NodeStatus.PENDING.value,
                 status_reason="registered; waiting for the first heartbeat",
                 registered_at=now,
@@ -109,14 +108,15 @@ def register_node(rt, join_token_id, info):
                 switch_node_status(node, NodeStatus.PENDING, "re-enrolled with a new join token", now,
                                    actor=f"node:{node.id}")
         with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
-            replace_gpus(node, info.get("gpus") or [], now)
+            replace_gpus(node, list(reg.gpus), now)
         # Last: its conditional UPDATE is what admits one host per use, and it locks the token's row
         # until commit. Taken first, every other registration with this token (a storm) waited for
         # the whole of this one, each holding a pooled connection.
         if not consume_join_token(now, join_token_id):
             raise Unauthorized("join token expired, revoked or used up")
     rt.liveness.touch(node.id)
-    return node, session_token
+    return Registered(node_id=node.id, fleet=node.fleet_id, session_token=session_token,
+                      heartbeat_interval_seconds=rt.liveness.heartbeat_interval())
 
 
 _LIVE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value,
