@@ -4,7 +4,8 @@ Each task gets ``<state>/tasks/<task>.<epoch>/`` holding its state file and its 
 Making and removing them costs three inodes a task, and an inode is dear on ext4: the allocator
 searches the block group for a free one and, on a file system without a journal, passes over
 every inode freed in the last half minute. At a few hundred short tasks a second each `mkdir`
-cost 50-400 µs of CPU on the benchmark VM (docs/benchmarks.md).
+cost 50-400 µs of CPU on the benchmark VM (measured 2026-11-30; in the history of docs/benchmarks.md:
+`git log -S '400 µs' -- docs/benchmarks.md`).
 
 So a task directory that its task left exactly as it was made (an empty work directory of mode
 0700, the task directory of its mode and ours, its output and exit-status files ours and of no
