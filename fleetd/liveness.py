@@ -6,6 +6,7 @@ import threading
 import time
 
 from fleetd.db import after_commit
+from fleetwire.heartbeat import TaskReport
 
 
 @dataclasses.dataclass
@@ -14,7 +15,7 @@ class Seen:
 
     monotonic: float
     at: object  # naive UTC datetime
-    tasks: list  # fleetwire.heartbeat.TaskReport
+    tasks: list[TaskReport]
     metrics: dict | None = None
     flushed: bool = False
 

@@ -40,10 +40,10 @@ def test_runtime_args_refuse_a_trailing_newline_and_a_shm_size_beyond_memory_or_
 
 
 def test_the_wire_refuses_what_the_schema_refuses_so_a_node_never_runs_it():
-    from fleetwire.assignment import InstanceSpec
+    from fleetwire.assignment import AssignedInstance
 
     base = {"id": "i1", "image": "localhost/app:1"}
-    assert InstanceSpec.from_wire(dict(base, runtime_args=["--shm-size=1024g"])).runtime_args == ("--shm-size=1024g",)
+    assert AssignedInstance.from_wire(dict(base, runtime_args=["--shm-size=1024g"])).runtime_args == ("--shm-size=1024g",)
     for bad in (["--shm-size=1g\n"], ["--shm-size=2048g"], ["--hostname=a\n"]):
         with pytest.raises(ValueError, match="runtime_args"):
-            InstanceSpec.from_wire(dict(base, runtime_args=bad))
+            AssignedInstance.from_wire(dict(base, runtime_args=bad))

@@ -193,14 +193,15 @@ def heartbeat(rt, node, beat):
         settle_drain_of(rt, node.id)  # the leader stops what is left, fenced; another replica leaves it
     if changed and rt.scheduler is not None:
         rt.scheduler.kick(what=node_changed(node))  # new or returning capacity
+    # First: a validation past its deadline fails here, and the answer's status says so.
+    suite = validation.heartbeat_validation(rt, node, now)  # the suite to run while validating
     return HeartbeatReply(
         status=node.status, drain=node.drain, cancel=tuple(cancel),
         delete_volumes=tuple(instances.volumes_to_delete(node.id, list(beat.volumes))) if beat.volumes else (),
         heartbeat_interval_seconds=rt.liveness.heartbeat_interval(),
         # The node stops its job tasks before this runs out unheard (agent/lease.py): told on every
         # answer, widened with the interval just given.
-        lease_seconds=rt.leases.ttl,
-        validation=validation.heartbeat_validation(rt, node, now))  # the suite to run while validating
+        lease_seconds=rt.leases.ttl, validation=suite)
 
 
 def renew(rt, node, beat):

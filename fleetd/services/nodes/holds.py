@@ -69,7 +69,7 @@ def _drop_stale_listings(rt):
     limit = STALE_LISTING_LIMITS * rt.liveness.limit()
     freed = 0
     for node_id, seen in rt.liveness.listings_older_than(limit).items():
-        listed = {t["id"]: t["epoch"] for t in seen.tasks}
+        listed = {t.id: t.epoch for t in seen.tasks}
         held = [h for h in load_holds(rt.terms, list(listed)) if h.node_id == node_id and listed[h.id] == h.epoch and h.gpus]
         rt.liveness.drop_listing(node_id, seen)
         for hold in held:
