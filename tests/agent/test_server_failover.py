@@ -15,10 +15,11 @@ import threading
 import pytest
 
 from agent.client import Conflict, FleetClient, FleetdError, ServerUrls, Unreachable, display_url
+from fleetwire.heartbeat import Heartbeat
 from tests.agent.test_tls import _Heartbeat, cert  # noqa: F401 - the TLS stand-in and its certificate fixture
 
 TOKEN = "fln_s.secret-session-token"
-HEARTBEAT = {"tasks": [], "metrics": {}}
+HEARTBEAT = Heartbeat(metrics={})
 
 
 @pytest.fixture
@@ -57,9 +58,9 @@ def test_a_dead_first_url_fails_over_to_the_next_within_the_call_and_stays_there
     urls = ServerUrls([dead_url, live.url])
     c = client(urls)
     with caplog.at_level(logging.WARNING, logger="agent.client"):
-        assert c.heartbeat(HEARTBEAT)["status"] == "ready"
+        assert c.heartbeat(HEARTBEAT).status == "ready"
         assert urls.current == live.url and c.base == live.url
-        assert c.heartbeat(HEARTBEAT)["status"] == "ready"
+        assert c.heartbeat(HEARTBEAT).status == "ready"
     assert heartbeats(live) == 2
     lines = switches(caplog)
     assert len(lines) == 1, lines  # the second call went straight to the live URL
@@ -150,7 +151,7 @@ def test_a_url_that_never_answers_times_out_and_the_call_goes_on_to_the_next(fak
     live = fakes[0]
     urls = ServerUrls([silent_url, live.url])
     c = client(urls, timeout=0.5)
-    assert c.heartbeat(HEARTBEAT)["status"] == "ready"
+    assert c.heartbeat(HEARTBEAT).status == "ready"
     assert urls.current == live.url and heartbeats(live) == 1
     # A long poll connects within the request timeout, not its own wait, to a host that is down.
     live.assign({"task_id": "t-9"})
@@ -179,7 +180,7 @@ def test_clients_sharing_the_urls_switch_once_when_they_fail_together(fakes, dea
         c = client(urls)
         try:
             barrier.wait(timeout=10)
-            results.append(c.heartbeat(HEARTBEAT)["status"])
+            results.append(c.heartbeat(HEARTBEAT).status)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -227,10 +228,10 @@ def test_the_tls_pin_applies_to_every_url(cert, dead_url):  # noqa: F811 - the f
     try:
         first, second = (f"https://127.0.0.1:{s.server_address[1]}" for s in servers)
         pinned = FleetClient([dead_url.replace("http:", "https:"), first, second], TOKEN, tls_pin=cert[2], timeout=5)
-        assert pinned.heartbeat(HEARTBEAT)["status"] == "ready" and pinned.base == first
+        assert pinned.heartbeat(HEARTBEAT).status == "ready" and pinned.base == first
         servers[0].shutdown()
         servers[0].server_close()
-        assert pinned.heartbeat(HEARTBEAT)["status"] == "ready" and pinned.base == second
+        assert pinned.heartbeat(HEARTBEAT).status == "ready" and pinned.base == second
         wrong = FleetClient([first, second], TOKEN, tls_pin="00" * 32, timeout=5)
         with pytest.raises(Unreachable, match="every one of the 2 fleetd URLs failed"):
             wrong.heartbeat(HEARTBEAT)

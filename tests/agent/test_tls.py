@@ -16,6 +16,7 @@ from agent.client import FleetClient, Unreachable
 from agent.config import Config
 from agent.daemon import Agent
 from agent.localapi import LocalApi
+from fleetwire.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -65,24 +66,24 @@ def test_pinned_fingerprint_is_accepted_with_colons_or_without(tls_server, cert)
     colons = ":".join(pin[i:i + 2] for i in range(0, len(pin), 2)).upper()
     for value in (pin, colons):
         client = FleetClient(tls_server, "fln_x", tls_pin=value, timeout=10)
-        assert client.heartbeat({"tasks": []})["status"] == "ready"
+        assert client.heartbeat(Heartbeat()).status == "ready"
         client.close()
 
 
 def test_wrong_pin_and_untrusted_certificate_are_refused(tls_server):
     client = FleetClient(tls_server, "fln_x", tls_pin="00" * 32, timeout=10)
     with pytest.raises(Unreachable, match="TLS|ingerprint"):
-        client.heartbeat({"tasks": []})
+        client.heartbeat(Heartbeat())
     client.close()
     client = FleetClient(tls_server, "fln_x", timeout=10)
     with pytest.raises(Unreachable, match="TLS"):
-        client.heartbeat({"tasks": []})
+        client.heartbeat(Heartbeat())
     client.close()
 
 
 def test_ca_file_trusts_the_server(tls_server, cert):
     client = FleetClient(tls_server, "fln_x", ca_file=str(cert[0]), timeout=10)
-    assert client.heartbeat({"tasks": []})["revoked"] is False
+    assert client.heartbeat(Heartbeat()).revoked is False
     client.close()
 
 
