@@ -148,19 +148,20 @@ class BaseModel(peewee.Model):
 
     def save(self, force_insert=False, only=None):
         meta = self._meta
-        pk_value = self._pk
+        pk_value = self._pk  # type: ignore[attr-defined]  # peewee's own stubs lack Model._pk and _dirty
         if only is None and pk_value is not None and not meta.composite_key and meta.primary_key is not False:
             data = self.__data__
+            dirty = self._dirty  # type: ignore[attr-defined]  # the set of fields assigned since the load
             if force_insert:
                 sql.insert_row(type(self), data.copy())
-                self._dirty.clear()
+                dirty.clear()
                 return 1
-            field_dict = {name: data[name] for name in self._dirty if name in data}
+            field_dict = {name: data[name] for name in dirty if name in data}
             field_dict.pop(meta.primary_key.name, None)
             if not field_dict:
                 return 0
             rows = sql.save_by_pk(self, field_dict)
-            self._dirty -= set(field_dict)
+            dirty -= set(field_dict)
             return rows
         return super().save(force_insert=force_insert, only=only)
 
@@ -168,7 +169,8 @@ class BaseModel(peewee.Model):
     def get_by_id(cls, pk):
         row = cls.get_or_none_by_id(pk)
         if row is None:
-            raise cls.DoesNotExist(f"{cls.__name__} {pk!r} does not exist")
+            # ModelBase makes each model's DoesNotExist; peewee's stubs do not declare it.
+            raise cls.DoesNotExist(f"{cls.__name__} {pk!r} does not exist")  # type: ignore[attr-defined]
         return row
 
     @classmethod
