@@ -176,7 +176,8 @@ def heartbeat(rt, node, body):
         with write_transaction():
             node = find_node(node_id)
             if gpu_status is not None:
-                set_gpu_status(node, *gpu_status, now)
+                status, reason = gpu_status
+                set_gpu_status(node, status, reason, now)
             if new_agent:
                 # An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here.
                 node.agent_version = version if version is not None else node.agent_version

@@ -203,9 +203,9 @@ def raw_rows(query):
 
 
 def _gpu_rows(rows):
-    gpus = {}
+    gpus: dict[str, list[GpuRow]] = {}
     for row in rows:
-        gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
+        gpu = GpuRow(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7] or "")
         gpus.setdefault(gpu.node_id, []).append(gpu)
     return gpus
 
@@ -251,7 +251,7 @@ def _node_id(node):
 
 
 def _assemble(version, fleets, nodes, gpus, models):
-    by_fleet = {}
+    by_fleet: dict[str, list[Node]] = {}
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
     return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
@@ -327,7 +327,9 @@ class InventoryCache:
     def node_of(self, node_id):
         """(node, its GPU models, its GPU count) as last read; None when not known yet."""
         current = self._current
-        node = None if current is None else current.by_id.get(node_id)
+        if current is None:
+            return None
+        node = current.by_id.get(node_id)
         if node is None:
             return None
         return node, current.models.get(node_id, frozenset()), len(current.gpus.get(node_id, ()))
@@ -369,7 +371,7 @@ class ClusterState:
         self.mps_owners = self._mps_owners()  # (node id, uuid) -> the owner whose MPS slices share it
         self._blocks: dict = {}  # node id -> NodeBlock or None, made when first asked
         self._closed: dict = {}  # fleet name -> NodeBlock while outside its window, else None
-        self._held_by_node = None
+        self._held_by_node: dict[str, tuple] | None = None
 
     def overdue_ids(self, node_ids=None):
         """Ids of the nodes (of these) whose heartbeats are overdue."""
@@ -380,7 +382,7 @@ class ClusterState:
         """{node id: ((uuid, compute milli, memory bytes, exclusive, task ids), ...)} of the GPUs
         that tasks hold, in uuid order; nodes whose GPUs nobody holds are not there."""
         if self._held_by_node is None:
-            out = {}
+            out: dict[str, list[tuple]] = {}
             for (node_id, uuid), (milli, memory, exclusive, tasks) in sorted(self.held.items()):
                 out.setdefault(node_id, []).append((uuid, milli, memory, exclusive, tuple(tasks)))
             self._held_by_node = {node_id: tuple(gpus) for node_id, gpus in out.items()}
@@ -456,7 +458,7 @@ class ClusterState:
         declares, on the node that keeps its volume, until it is deleted (call inside the pass's read
         transaction; only a pass that places a new instance with ports needs it)."""
         rows = _INSTANCE_PORTS.raw_tuples()
-        out = {}
+        out: dict[str, dict[str, int]] = {}
         spec_value = Instance.spec.python_value
         for owner, node_id, spec in rows:
             declared = len((spec_value(spec) or {}).get("ports") or ())
@@ -467,7 +469,8 @@ class ClusterState:
 
     def _reservations(self):
         """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
-        held, node_use = {}, {}
+        held: dict[tuple[str, str], list] = {}  # (node id, uuid) -> [milli, memory, exclusive, task ids]
+        node_use: dict[str, list[int]] = {}  # node id -> [cpu milli, memory bytes, tasks]
         for task in self.tasks + self.stopping:
             req = task.job.request
             use = node_use.setdefault(task.node_id, [0, 0, 0])
@@ -530,7 +533,7 @@ class ClusterState:
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms cache."""
         ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
-        demand = {}
+        demand: dict[str | None, float] = {}
         for terms in self.terms.get_each(ids)[0].values():
             request = terms.request
             gpus = float(request.gpus or 0) * request.num_nodes
@@ -559,15 +562,15 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     demand = state.queued_demand()
     gpu = offload(gpu_summary, state, demand)
     # A cancelling job still holds its GPUs until its processes have stopped.
-    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
-              .order_by(Job.id))
-    tasks_by_job = {}
+    active_query = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+                    .order_by(Job.id))
+    tasks_by_job: dict[str, list] = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
-    active = list(active)
+    active = list(active_query)
     runs = [j.instance_id for j in active if j.instance_id is not None]
     instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
-    listed = {"jobs": [], "instances": []}
+    listed: dict[str, list[dict]] = {"jobs": [], "instances": []}
     others = {"jobs": {"count": 0, "gpus": 0}, "instances": {"count": 0, "gpus": 0}}
     for j in active:
         kind = "jobs" if j.instance_id is None else "instances"
@@ -577,7 +580,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
             others[kind]["gpus"] += gpus
             continue
         nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
-        if kind == "jobs":
+        if j.instance_id is None:  # kind "jobs"
             listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
                                  "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes,
                                  **job_row_times(j, state.now), **retry_view(j)})
@@ -627,9 +630,12 @@ def gpu_summary(state, demand):
     Each GPU is classified as `scheduler.gpu_state` would classify it in `state.gpu_rows()`, but
     counted straight from the inventory and the holds: no row or snapshot is built per GPU (at
     80,000 GPUs that took about a second of CPU for every scrape of /metrics)."""
-    held, series_of = state.held, {}
+    held = state.held
+    series_of: dict[str, str] = {}  # model -> its series
     overall = {"total": 0, "used": 0, "free": 0, "blocked": 0}
-    series, labels, notes = {}, {}, {}
+    series: dict[str, dict[str, int]] = {}
+    labels: dict[str, str] = {}
+    notes: dict[tuple[str, str], dict] = {}
     for node in state.nodes:
         gpus = state.gpus.get(node.id, ())
         if not gpus:
@@ -698,7 +704,7 @@ def blocked_sentence(notes, labels):
 
 
 def _node_counts(state):
-    counts = {}
+    counts: dict[str, int] = {}
     for node in state.nodes:
         counts[node.status] = counts.get(node.status, 0) + 1
     return counts
@@ -707,9 +713,10 @@ def _node_counts(state):
 def profiles(state):
     """Shapes that exist: for each series and GPUs-per-node, how many nodes have it, with a `label`
     to show (seed 003's profile summary)."""
-    shapes, models = {}, {}
+    shapes: dict[tuple[str, int], int] = {}  # (series, GPUs per node) -> nodes
+    models: dict[str, str] = {}  # series -> a model of it
     for node in state.nodes:
-        by_series = {}
+        by_series: dict[str, list[GpuRow]] = {}
         for gpu in state.gpus.get(node.id, ()):
             by_series.setdefault(series_id(gpu.model), []).append(gpu)
             models.setdefault(series_id(gpu.model), gpu.model)
@@ -757,8 +764,8 @@ def _gpu_type_entry(model, memory_bytes=None):
 def gpu_types(state):
     """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
     prices = {t.model: t for t in GpuType.select()}
-    out = {}
-    per_node = {}
+    out: dict[str, dict] = {}
+    per_node: dict[tuple[str, str], int] = {}
     for row in state.gpu_rows():
         entry = out.get(row["model"])
         if entry is None:

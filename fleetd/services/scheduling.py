@@ -149,7 +149,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                                         settings.scheduler_policy or None, profile)
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
-    blocked = {}  # group key -> reason, for this pass
+    blocked: dict[str, str] = {}  # group key -> reason, for this pass
     for job in todo:
         key = keys[job.id]
         if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
@@ -218,7 +218,7 @@ def _profile(state, keys, terms, unread=()):
     requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
                  for key, count in members.items()]
     requests += [dataclasses.replace(request, num_nodes=request.num_nodes * count) for request, count in unread]
-    groups = {}
+    groups: dict[tuple, tuple] = {}  # request's shape -> (a request of it, nodes asked for)
     for request in requests:
         key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
                request.gpu_types)
@@ -259,7 +259,9 @@ def _never_fits(inventory, request):
     # (a container runtime and an allowed image); of those, of its GPU types: which filter left
     # none is what the reason says.
     enrolled = labelled = with_runtime = runnable = matching = able = most = 0
-    models_seen, runtimes_seen, fleets_seen = set(), set(), set()
+    models_seen: set[str] = set()
+    runtimes_seen: set[str] = set()
+    fleets_seen: set[str] = set()
     if selector.node_id is not None:
         node = inventory.by_id.get(selector.node_id)
         nodes = [node] if node is not None else []
@@ -351,7 +353,8 @@ def _nowhere(request):
 
 def _write(rt, plan, now, inventory):
     """The write phase: preemptions, then assignments that still hold, then changed reasons."""
-    assigned, woken = 0, set()
+    assigned = 0
+    woken: set[str] = set()  # nodes that got work
     with write_transaction():
         rt.leader.fence()  # a replica that lost the lead meanwhile writes nothing
         for job, victims in plan.preempt:
@@ -414,7 +417,7 @@ def _assign(rt, job, tasks, result, now, woken, run_as):
 def _schedulable_nodes(node_ids):
     """The ids among these of nodes that still take new work (read in the write transaction)."""
     ids = sorted(node_ids)
-    out = set()
+    out: set[str] = set()
     for start in range(0, len(ids), 500):
         rows = Node.select(Node.id).where(Node.id.in_(ids[start:start + 500])
                                           & (Node.status == NodeStatus.READY.value))
@@ -526,7 +529,7 @@ class Rules:
     def load(cls, state, now=None):
         quotas = {(q.team, q.priority_class): q.max_gpus for q in _QUOTAS.rows()}
         prices = {t.model: t for t in _GPU_TYPES.rows()}
-        usage = {}
+        usage: dict[tuple[str, str], float] = {}  # (team, priority class) -> GPUs held
         seen = set()
         for task in state.tasks:
             if task.job_id in seen:
