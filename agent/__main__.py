@@ -3,7 +3,7 @@
 from agent.cli import cli
 
 
-def main():
+def main() -> None:
     """Run the fleet-agent command line."""
     cli(prog_name="fleet-agent")
 

@@ -69,7 +69,7 @@ def join(server_urls, token, labels, force, config_path):
 @cli.command()
 @click.option("--deregister-on-stop", is_flag=True, help="Leave the fleet when stopped with SIGTERM.")
 @config_option
-def run(deregister_on_stop, config_path):
+def run(deregister_on_stop: bool, config_path: str | None) -> None:
     """Run the agent service until SIGTERM (exit 3: revoked, re-enrol)."""
     config = _load(config_path)
     setup_logging(config.log_level)

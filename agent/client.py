@@ -261,7 +261,7 @@ class FleetClient:
         results = reply.get("results")
         if not isinstance(results, list) or len(results) != len(reports):
             raise Unreachable(f"fleetd answered {len(reports)} finish reports with a reply that does not match them")
-        out = []
+        out: list[FleetdError | None] = []
         for result in results:
             status = result.get("status") if isinstance(result, dict) else None
             if status == 204:
@@ -340,11 +340,13 @@ class FleetClient:
         timeout = timeout or self.timeout
         # Connecting is quick or it fails: a long poll's wait is no reason to wait longer for a dead host.
         limits = urllib3.Timeout(connect=min(self.timeout, timeout), read=timeout)
-        tried = set()
-        error = None
+        tried: set[int] = set()
+        error: FleetdError | None = None
         while True:
             index = self.urls.next_to_try(tried)
             if index is None:
+                # ServerUrls is never empty: the first URL is always tried, and every try that fails sets error.
+                assert error is not None
                 if len(tried) > 1:
                     error.args = (f"{error.args[0]} (every one of the {len(tried)} fleetd URLs failed)",)
                 raise error

@@ -155,7 +155,8 @@ def parse_server_urls(value):
         items = list(value)
     else:
         raise ConfigError(f"server_url must be a URL or a list of URLs, got {value!r}")
-    urls, seen = [], {}
+    urls: list[str] = []
+    seen: dict[str, int] = {}
     for position, item in enumerate(items, 1):
         if not isinstance(item, str):
             raise ConfigError(f"server_url entry {position} must be a string, got {item!r}")

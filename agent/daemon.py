@@ -18,7 +18,7 @@ import time
 import urllib.parse
 
 from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreachable, backoff_delay, display_url
-from agent.config import ConfigError, node_server_urls
+from agent.config import Config, ConfigError, node_server_urls
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
 from agent.keeper import start_keeper, stop_keeper, write_lease
@@ -228,7 +228,8 @@ class Deadlines:
 class Agent:
     """`fleet-agent run`: the service."""
 
-    def __init__(self, config, deregister_on_stop=False, stop=None, rng=None):
+    def __init__(self, config: Config, deregister_on_stop: bool = False, stop: threading.Event | None = None,
+                 rng: random.Random | None = None) -> None:
         self.config = config
         self.state = State(config.state_dir)
         self.deregister_on_stop = deregister_on_stop
@@ -237,12 +238,12 @@ class Agent:
         self.devices = DeviceManager(config.devices_backend)
         self.workers = Workers()
         self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
-        self.runner = None  # created once enrolled
-        self.validator = None  # runs the validations fleetd asks for, once enrolled
+        self.runner: Runner | None = None  # created once enrolled
+        self.validator: Validator | None = None  # runs the validations fleetd asks for, once enrolled
         self._keeper = None  # the fence keeper's Popen (agent/keeper.py)
         self.lease = LeaseClock(self.config.tasks_kill_grace_seconds)  # job tasks stop when it runs out
         self.deadlines = Deadlines()
-        self.node = None
+        self.node: dict | None = None  # node.json, once enrolled
         self.session_ok = False  # a heartbeat succeeded with the stored session
         self.fleetd_error = ""  # why the last heartbeat failed, empty when it succeeded
         self.node_status = None
@@ -250,10 +251,10 @@ class Agent:
         # every heartbeat once said, so that fleetd cordons the node while it is true; None: never said.
         self.draining = None
         self.exit_code = EXIT_OK
-        self._threads = []
+        self._threads: list[threading.Thread] = []
         self._acquire_thread = None
-        self._runtime_checked = None  # monotonic time the container runtime was last looked for
-        self.urls = None  # ServerUrls shared by every client, once enrolled
+        self._runtime_checked: float | None = None  # monotonic time the container runtime was last looked for
+        self.urls: ServerUrls | None = None  # shared by every client, once enrolled
 
     # Readiness, as /readyz reports it.
 
@@ -276,7 +277,7 @@ class Agent:
 
     # The service.
 
-    def run(self):
+    def run(self) -> int:
         """Run until stopped, revoked or rejected; returns the process exit code."""
         self.state.ensure_dir()
         api = LocalApi(self, self.config, self.state.local_api_token())
@@ -370,6 +371,16 @@ class Agent:
             raise ConfigError("no fleetd URL: set server_url")
         return urls
 
+    def _enrolled(self) -> tuple[dict, ServerUrls]:
+        """(node.json, the shared ServerUrls): _wait_for_enrolment set both before any work starts."""
+        assert self.node is not None and self.urls is not None, "the work starts once enrolled"
+        return self.node, self.urls
+
+    def _working(self) -> Runner:
+        """The Runner: _start_work made it before the loops that use it started."""
+        assert self.runner is not None, "the runner is made before the loops that use it"
+        return self.runner
+
     def _client(self):
         """A FleetClient (one per thread) on the agent's shared URLs: a switch by one moves all."""
         return make_client(self.config, self.urls, self.state.session_token())
@@ -380,7 +391,8 @@ class Agent:
 
     def _start_work(self):
         """Recover from a restart (kill and report what it left running), then start acquiring work."""
-        address = self.config.address or detect_address(list(self.urls.urls))
+        _node, urls = self._enrolled()
+        address = self.config.address or detect_address(list(urls.urls))
         self.isolation = Isolation()
         self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
                                          limits=self.limits, isolation=self.isolation)
@@ -403,9 +415,10 @@ class Agent:
         The long poll stays open whatever runs here (the agent takes every assignment fleetd
         places), so a stop (cancel, preemption, a drain's deadline) arrives the moment it is
         decided; the heartbeat's `cancel` repeats it should a reply be lost."""
+        runner = self._working()
         client = self._client()
         failures = 0
-        batch = ACQUIRE_BATCH
+        batch: int | None = ACQUIRE_BATCH
         try:
             while not self.stop.is_set():
                 self.deadlines.beat("acquire", self._round_seconds(ACQUIRE_WAIT_SECONDS
@@ -427,25 +440,26 @@ class Agent:
                     continue
                 failures = 0
                 if cancel:  # before the assignments: a stop never concerns a task of this reply
-                    self.runner.cancel(cancel, "cancelled by fleetd")
+                    runner.cancel(cancel, "cancelled by fleetd")
                 for assignment in assignments:
                     if self.stop.is_set():
-                        self.runner.closing.set()  # the runner hands it back, as any that comes from now on
-                    self.runner.submit(assignment)
+                        runner.closing.set()  # the runner hands it back, as any that comes from now on
+                    runner.submit(assignment)
         finally:
             client.close()
 
     def _heartbeat_loop(self):
+        node, urls = self._enrolled()
         client = self._client()
-        interval = self.config.heartbeat_interval_seconds or self.node.get("heartbeat_interval_seconds") \
+        interval = self.config.heartbeat_interval_seconds or node.get("heartbeat_interval_seconds") \
             or DEFAULT_HEARTBEAT_SECONDS
         failures = 0
         sent_version = sent_capabilities = None
         # What this agent is (version, bundle, labels): sent until fleetd took it, then again only on change.
         # Labels too: a changed config file (provisioning run again with other labels) reaches fleetd.
         sent_info, info = None, dict(installed_bundle(), labels=dict(self.config.labels))
-        log.info("heartbeating to %s as node %s%s", display_url(client.base), self.node["node_id"],
-                 f" (fleetd URLs: {', '.join(map(display_url, self.urls.urls))})" if len(self.urls) > 1 else "")
+        log.info("heartbeating to %s as node %s%s", display_url(client.base), node["node_id"],
+                 f" (fleetd URLs: {', '.join(map(display_url, urls.urls))})" if len(urls) > 1 else "")
         try:
             while not self.stop.is_set():
                 version = self.devices.version
@@ -507,6 +521,7 @@ class Agent:
     def _heartbeat_body(self, send_gpus, capabilities):
         """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus when `send_gpus`,
         capabilities when given."""
+        runner = self._working()
         inventory = self.devices.inventory
         metrics = inventory.metrics()
         limits = self.limits.report()
@@ -517,26 +532,28 @@ class Agent:
                                                                    "used", "limit", "detected_at")}
                                             for d in self.limits.recent_detections()[-20:]]}
         return Heartbeat(tasks=tuple(self.workers.report()),
-                         metrics=metrics, volumes=tuple(self.runner.volumes.list()), draining=self.draining,
-                         instances=tuple(self.runner.instances_report() or ()),
+                         metrics=metrics, volumes=tuple(runner.volumes.list()), draining=self.draining,
+                         instances=tuple(runner.instances_report() or ()),
                          gpus=tuple(inventory.wire_gpus()) if send_gpus else None, capabilities=capabilities)
 
     def _capabilities(self):
         """{container_runtime, containers, isolation...}: the runtime looked for again every few minutes, so
         that one installed since is used, and probed (`<runtime> info`) each time: "ready" or
         "unavailable: <why>"."""
+        runner = self.runner
+        assert runner is not None, "the runner is made before the heartbeat loop starts"
         now = time.monotonic()
         if self._runtime_checked is None or now - self._runtime_checked >= RUNTIME_DETECT_SECONDS:
             self._runtime_checked = now
             runtime = ContainerRuntime.detect(self.config.containers_command)
-            if repr(runtime) != repr(self.runner.containers):
+            if repr(runtime) != repr(runner.containers):
                 log.info("container runtime: %s", runtime or "none")
-                self.runner.containers = runtime
-            if self.runner.containers is not None:
-                self.runner.containers.probe()
-        caps = {"container_runtime": self.runner.containers.name if self.runner.containers else None,
-                "containers": ContainerRuntime.capability(self.runner.containers)}
-        caps.update(self.runner.isolation.capabilities())
+                runner.containers = runtime
+            if runner.containers is not None:
+                runner.containers.probe()
+        caps = {"container_runtime": runner.containers.name if runner.containers else None,
+                "containers": ContainerRuntime.capability(runner.containers)}
+        caps.update(runner.isolation.capabilities())
         return caps
 
     def _tell_keeper(self):
@@ -564,25 +581,27 @@ class Agent:
     def _follow(self, reply):
         """Do what a heartbeat's answer (a HeartbeatReply) says; False when the node was revoked (the
         agent exits)."""
+        node, _urls = self._enrolled()
         if reply.revoked:
             log.error("node %s was revoked by fleetd: stopping all work and exiting; "
-                      "re-enrol with a new join token to return", self.node["node_id"])
+                      "re-enrol with a new join token to return", node["node_id"])
             self.workers.cancel(list(reply.cancel), "node revoked")
             self.workers.stop_all("node revoked")
             return False
         if reply.cancel:
             self.workers.cancel(list(reply.cancel), "cancelled by fleetd")
         if reply.delete_volumes:
-            self.runner.delete_volumes(list(reply.delete_volumes))
+            self._working().delete_volumes(list(reply.delete_volumes))
         if reply.validation and self.validator is not None:
             self.validator.want(reply.validation)  # the node validates: run the suite (once)
         if reply.status != self.node_status:
-            log.info("node %s status: %s", self.node["node_id"], reply.status)
+            log.info("node %s status: %s", node["node_id"], reply.status)
             self.node_status = reply.status
         return True
 
     def _leave(self):
-        if not (self.deregister_on_stop and self.node and self.exit_code == EXIT_OK):
+        # Enrolled, but with no fleetd URL (the agent stopped for that) there is no one to tell.
+        if not (self.deregister_on_stop and self.node and self.urls is not None and self.exit_code == EXIT_OK):
             return
         client = self._client()
         try:

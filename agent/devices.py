@@ -151,7 +151,7 @@ class Inventory:
 
     def metrics(self):
         """Live readings for the heartbeat's free-form `metrics`."""
-        out = {"gpus": {d.gpu.uuid: {"memory_used_bytes": d.memory_used_bytes,
+        out: dict[str, object] = {"gpus": {d.gpu.uuid: {"memory_used_bytes": d.memory_used_bytes,
                                      "utilization_percent": d.utilization_percent,
                                      "temperature_c": d.temperature_c, "power_w": d.power_w}
                         for d in self.devices}}
@@ -247,7 +247,7 @@ class DeviceManager:
             self.discovered_monotonic = time.monotonic()
             inventory = self._snapshot()
             if self._nvml is not None and self.watch_xids:
-                self._start_xid_watch()
+                self._start_xid_watch(self._nvml)
             return inventory
 
     def poll(self):
@@ -308,7 +308,7 @@ class DeviceManager:
         with self._lock:
             inventory = self.poll()
             nvml = self._nvml
-            out = {}
+            out: dict[int, dict | str] = {}
             if nvml is None:
                 return inventory, out
             for device in inventory.devices:
@@ -325,7 +325,7 @@ class DeviceManager:
             self._close_session()
 
     def _close_session(self):
-        if self._xid_stop is not None:
+        if self._xid_stop is not None and self._xid_thread is not None:  # set together (_start_xid_watch)
             self._xid_stop.set()
             self._xid_thread.join(timeout=5)
             self._xid_thread = self._xid_stop = None
@@ -333,15 +333,15 @@ class DeviceManager:
             self._nvml.close()
             self._nvml = None
 
-    def _start_xid_watch(self):
+    def _start_xid_watch(self, nvml):
         handles = {}
-        for index in range(self._nvml.count()):
+        for index in range(nvml.count()):
             try:
-                handles[index] = self._nvml.handle(index)
+                handles[index] = nvml.handle(index)
             except DeviceError:
                 continue
         if handles:
-            self._xid_thread, self._xid_stop = start_xid_thread(self._nvml, handles, self._on_xid)
+            self._xid_thread, self._xid_stop = start_xid_thread(nvml, handles, self._on_xid)
 
     def _on_xid(self, index, xid):
         known = self._known.get(index)

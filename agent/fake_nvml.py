@@ -164,10 +164,10 @@ def use_shape(path):
         _shape_path = os.fspath(path)
 
 
-def _read_shape():
-    with open(_shape_path, "rb") as fh:
+def _read_shape(path):
+    with open(path, "rb") as fh:
         data = json.load(fh)
-    return data, os.stat(_shape_path).st_mtime_ns
+    return data, os.stat(path).st_mtime_ns
 
 
 def _reload_if_changed():
@@ -181,7 +181,7 @@ def _reload_if_changed():
     if mtime == _mtime:
         return
     try:
-        data, mtime = _read_shape()
+        data, mtime = _read_shape(_shape_path)
     except (OSError, ValueError):
         return  # a half-written file: keep the last good shape
     _shape, _mtime = data, mtime
@@ -197,6 +197,14 @@ def _reload_if_changed():
 def _check_init():
     if not _initialized:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+
+def _loaded_shape() -> dict:
+    """The shape nvmlInit loaded; NVMLError as the real library's while it is not initialized."""
+    _check_init()
+    if _shape is None:  # reset() came between
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    return _shape
 
 
 def _call(handle, function):
@@ -229,7 +237,7 @@ def nvmlInit():
         if _shape_path is None:
             raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
         if not _initialized:
-            data, mtime = _read_shape()
+            data, mtime = _read_shape(_shape_path)
             if data.get("no_driver"):
                 raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
             _shape, _mtime = data, mtime
@@ -248,13 +256,11 @@ def nvmlShutdown():
 
 
 def nvmlSystemGetDriverVersion():
-    _check_init()
-    return _shape.get("driver_version", "")
+    return _loaded_shape().get("driver_version", "")
 
 
 def nvmlSystemGetCudaDriverVersion_v2():
-    _check_init()
-    return int(_optional(_shape, "cuda_driver_version"))
+    return int(_optional(_loaded_shape(), "cuda_driver_version"))
 
 
 def nvmlSystemGetCudaDriverVersion():
@@ -505,7 +511,7 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
 class _EventSet:
     def __init__(self):
         self.handles = []
-        self.queue = queue.Queue()
+        self.queue: queue.Queue[SimpleNamespace] = queue.Queue()
 
 
 def nvmlEventSetCreate():

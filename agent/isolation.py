@@ -69,7 +69,7 @@ class Isolation:
         elif not self.setpriv:
             self.reason = "setpriv (util-linux) is not installed: tasks cannot be started as another user"
         self.mode = "none" if self.reason else "uid"
-        self._host_uids = (None, [])  # (monotonic time listed, uids)
+        self._host_uids: tuple[float | None, list[int]] = (None, [])  # (monotonic time listed, uids)
         if self.reason:
             log.warning("isolation: none: %s", self.reason)
 

@@ -103,7 +103,7 @@ def run(state_dir, me=None, clock=boottime, sleep=time.sleep):
     """The keeper's loop; returns why it ended."""
     me = os.getpid() if me is None else me
     fenced_for = None
-    named_by = time.monotonic() + START_WAIT_SECONDS
+    named_by: float | None = time.monotonic() + START_WAIT_SECONDS
     for _ in range(MAX_POLLS):
         if not os.path.isdir(state_dir):
             return "the state dir is gone"

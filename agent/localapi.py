@@ -173,6 +173,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
     timeout = 30  # a client that stalls mid-request does not hold a thread for ever
+    server: "_Server"  # the one server that makes these handlers (http.server types it as any BaseServer)
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         self._handle("GET")
@@ -299,7 +300,9 @@ class LocalApi:
     def stop(self):
         """Stop serving and close the socket."""
         if self._server is not None:
-            self._server.shutdown()
+            if self._thread is not None:  # serving (a start that failed at TLS never served: shutdown would wait)
+                self._server.shutdown()
             self._server.server_close()
-            self._thread.join(timeout=10)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
             self._server = None

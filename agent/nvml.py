@@ -269,7 +269,7 @@ class Nvml:
     def process_utilization(self, handle, since_us=0):
         """{pid: SM utilisation percent} from samples newer than `since_us` (NVML's timestamps); {} when none."""
         samples = self._optional("nvmlDeviceGetProcessUtilization", handle, since_us)
-        out = {}
+        out: dict[int, int] = {}
         for sample in samples or []:
             pid = int(sample.pid)
             out[pid] = max(out.get(pid, 0), int(sample.smUtil))

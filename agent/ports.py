@@ -92,7 +92,7 @@ class PortAllocator:
         with self._lock:
             kept = self._table.get(instance_id, {})
             others = {hp for other, table in self._table.items() if other != instance_id for hp in table.values()}
-            chosen = {}
+            chosen: dict[int, int] = {}
             for port in ports:
                 host_port = kept.get(str(port))
                 if host_port is not None and not (self.low <= host_port <= self.high and host_port not in others

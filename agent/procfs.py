@@ -394,7 +394,7 @@ TCP_LISTEN = b"0A"  # the `st` column of a listening socket (include/net/tcp_sta
 def tcp_listeners(ports, paths=NET_TCP_FILES):
     """{port: inodes of the sockets listening on TCP `port`, on any address} for each of `ports`, in
     this network namespace (the agent's, the host's); a port nothing listens on has an empty set."""
-    wanted = {int(port): set() for port in ports}
+    wanted: dict[int, set[int]] = {int(port): set() for port in ports}
     for path in paths:
         data = read_bytes(path)
         for line in (data.splitlines()[1:] if data else ()):

@@ -60,7 +60,7 @@ class Pool:
                 return
             self._started += 1
             number = self._started
-        inbox = queue.SimpleQueue()
+        inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
         inbox.put(job)
         threading.Thread(target=self._serve, args=(inbox,), name=f"{self.name}-{number}", daemon=True).start()
 

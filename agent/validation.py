@@ -97,7 +97,8 @@ def _per_gpu(name, inventory, readings, key, decide):
         if isinstance(value, Unread):
             out.append(_unread(name, value, device))
         else:
-            out.append(result(name, *decide(value, reading), device))
+            status, detail = decide(value, reading)
+            out.append(result(name, status, detail, device))
     return out
 
 
@@ -204,7 +205,7 @@ def check_mig_mode(suite, inventory, readings):
         reading = readings.get(device.gpu.index)
         if not isinstance(reading, dict):
             continue
-        mode = reading.get("mig_mode")
+        mode = reading["mig_mode"]  # a list or an Unread: NvmlSession.validation_readings always reads it
         if isinstance(mode, Unread):
             if want == "enabled" and mode.not_supported:
                 out.append(result("mig_mode", "failed", "the fleet wants MIG enabled; this GPU has no MIG", device))

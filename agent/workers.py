@@ -7,6 +7,7 @@ it once fleetd has the task's outcome; with no tasks every view here is an empty
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable, Iterable
 
 from fleetwire.heartbeat import TaskReport
 
@@ -29,9 +30,9 @@ class Worker:
     gpus: list = dataclasses.field(default_factory=list)  # [{uuid, memory_limit_bytes?, compute_percent?}]
     env: dict = dataclasses.field(default_factory=dict)  # what the agent injected (CUDA_VISIBLE_DEVICES, ...)
     started_at: str = ""
-    stop: object = None  # callable(reason) supplied by the runner
+    stop: Callable[..., object] | None = None  # callable(reason) supplied by the runner
     limits: dict = dataclasses.field(default_factory=dict)  # max_runtime_seconds, kill grace, ...
-    list_pids: object = None  # callable() -> the live pids of the task (group, cgroup, markers), from the runner
+    list_pids: Callable[[], Iterable[int]] | None = None  # callable() -> the live pids of the task (group, cgroup, markers), from the runner
     bid: float | None = None  # spot bid; the trap stops lower bids first
     pgid: int | None = None  # the leader's session/process group while it is not reaped
     cgroup: str | None = None  # the task's cgroup v2 path as /proc/<pid>/cgroup shows it

@@ -1,6 +1,7 @@
 """Console entry point of `fleetd`."""
 
 import sys
+from typing import NoReturn
 
 
 def _is_serve(argv):
@@ -11,7 +12,7 @@ def _is_serve(argv):
     return False
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> NoReturn:
     """Run the fleetd CLI; `serve` patches the standard library for gevent first."""
     argv = sys.argv[1:] if argv is None else argv
     if _is_serve(argv):
@@ -20,7 +21,7 @@ def main(argv=None):
         monkey.patch_all()
     from fleetd.cli import cli
 
-    return cli.main(args=argv, prog_name="fleetd")
+    cli.main(args=argv, prog_name="fleetd")  # exits: click's standalone mode
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ class FleetApi(Api):
         return handle_error(error)
 
 
-def create_app(settings=None, clock=None, db=None, offload=None, after_full_read=None, pause=None):
+def create_app(settings: Settings | None = None, clock=None, db=None, offload=None, after_full_read=None,
+               pause=None) -> Flask:
     """Build the app. Background tasks are registered but only `fleetd serve` starts them
     (`offload`, `after_full_read` and `pause`: see Runtime.build)."""
     settings = settings or Settings.load()

@@ -132,7 +132,7 @@ class FailureLimiter:
         self.global_limit = global_limit
         self.max_addresses = max_addresses
         self._failures = {}
-        self._all = collections.deque()
+        self._all: collections.deque[float] = collections.deque()  # monotonic times of every recent failure
         self._lock = threading.Lock()
 
     def fail(self, address, now):
@@ -250,7 +250,7 @@ def require(*roles):
                                 {"role": principal.role, "required_roles": list(roles)})
             return view(*args, **kwargs)
 
-        wrapper.required_roles = roles
+        vars(wrapper)["required_roles"] = roles  # fleetd/ui/roles.py reads it
         return wrapper
 
     return decorator

@@ -156,7 +156,7 @@ class Client:
 
     def _tls_problem(self, exc):
         """Why a TLS handshake failed, in words: most often an https:// URL of a plain-HTTP server."""
-        plain = urlunsplit(("http",) + tuple(urlsplit(self.url))[1:])
+        plain = urlunsplit(urlsplit(self.url)._replace(scheme="http"))
         try:
             answer = requests.get(plain + "/api/v1/health", timeout=min(self.timeout, 5.0))  # nosec B113  # it has one: at most 5 s
         except requests.RequestException:

@@ -114,7 +114,7 @@ class LivenessTracker:
             return {node_id: self._seen[node_id] for node_id in self._reporting
                     if node_id in self._seen and now - self._seen[node_id].monotonic > seconds}
 
-    def drop_listing(self, node_id, seen):
+    def drop_listing(self, node_id: str, seen: Seen) -> None:
         """Stop counting the tasks that heartbeat (`seen`) of the node listed, unless a newer one came."""
         with self._lock:
             if self._seen.get(node_id) is seen:

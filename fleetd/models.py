@@ -148,19 +148,20 @@ class BaseModel(peewee.Model):
 
     def save(self, force_insert=False, only=None):
         meta = self._meta
-        pk_value = self._pk
+        pk_value = self._pk  # type: ignore[attr-defined]  # peewee's own stubs lack Model._pk and _dirty
         if only is None and pk_value is not None and not meta.composite_key and meta.primary_key is not False:
             data = self.__data__
+            dirty = self._dirty  # type: ignore[attr-defined]  # the set of fields assigned since the load
             if force_insert:
                 sql.insert_row(type(self), data.copy())
-                self._dirty.clear()
+                dirty.clear()
                 return 1
-            field_dict = {name: data[name] for name in self._dirty if name in data}
+            field_dict = {name: data[name] for name in dirty if name in data}
             field_dict.pop(meta.primary_key.name, None)
             if not field_dict:
                 return 0
             rows = sql.save_by_pk(self, field_dict)
-            self._dirty -= set(field_dict)
+            dirty -= set(field_dict)
             return rows
         return super().save(force_insert=force_insert, only=only)
 
@@ -168,7 +169,8 @@ class BaseModel(peewee.Model):
     def get_by_id(cls, pk):
         row = cls.get_or_none_by_id(pk)
         if row is None:
-            raise cls.DoesNotExist(f"{cls.__name__} {pk!r} does not exist")
+            # ModelBase makes each model's DoesNotExist; peewee's stubs do not declare it.
+            raise cls.DoesNotExist(f"{cls.__name__} {pk!r} does not exist")  # type: ignore[attr-defined]
         return row
 
     @classmethod
@@ -276,6 +278,7 @@ class Node(BaseModel):
 
     id = peewee.CharField(primary_key=True, max_length=32)
     fleet = peewee.ForeignKeyField(Fleet, backref="nodes", on_delete="RESTRICT", column_name="fleet")
+    fleet_id: str  # the column's value, as peewee's accessor gives it (its stubs declare only the fields)
     machine_id = peewee.CharField(max_length=128, unique=True)
     hostname = peewee.CharField(max_length=255)
     address = peewee.CharField(max_length=255, default="")
@@ -335,6 +338,7 @@ class Node(BaseModel):
 class Gpu(BaseModel):
     """One GPU of a node, as its agent last reported it."""
 
+    id = peewee.AutoField()  # what peewee adds without a primary key; declared, so that its stubs know it
     node = peewee.ForeignKeyField(Node, backref="gpus", on_delete="CASCADE", column_name="node")
     uuid = peewee.CharField(max_length=128)
     index = peewee.IntegerField()  # type: ignore[assignment]  # the GPU's index; shadows Model.index (unused)
@@ -392,6 +396,11 @@ class GpuRecord(BaseModel):
     ecc_uncorrected = peewee.BigIntegerField(null=True)  # volatile uncorrectable ECC errors, as last reported
     rma = JSONText(null=True)  # {reason, at, actor, node_id} once marked for RMA
     flagged = peewee.TextField(default="")  # why it is flagged (an RMA-marked board that came back), else ""
+    # Not columns: what services.gpus.get_gpu adds for the API's answer.
+    hostname: str | None
+    healthy: bool | None
+    health_reason: str | None
+    history: list
 
 
 class Event(BaseModel):
@@ -435,6 +444,9 @@ class Job(BaseModel):
     instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
     # services.placement.terms.group_key of its JobTerms (None: unknown, the pass always reads the job)
     group_key = peewee.CharField(max_length=20, null=True)
+
+    # Not a column: the job's Task rows by rank, where a service loaded them (services.jobs).
+    task_list: "list[Task]"
 
     class Meta:
         indexes = ((("state", "group_key"), False),)
@@ -498,6 +510,9 @@ class Task(BaseModel):
     rank = peewee.IntegerField()
     state = peewee.CharField(max_length=16, index=True)
     node = peewee.ForeignKeyField(Node, null=True, backref="tasks", on_delete="SET NULL", column_name="node")
+    # The columns' values, as peewee's accessors give them (its stubs declare only the fields).
+    job_id: str
+    node_id: str | None
     epoch = peewee.IntegerField(default=0)
     gpus = JSONText(default=list)  # [{uuid, memory_limit_bytes?, compute_percent?}]
     delivered_at = peewee.DateTimeField(null=True)
@@ -868,6 +883,7 @@ class RolloutNode(BaseModel):
 
     id = peewee.AutoField()
     rollout = peewee.ForeignKeyField(Rollout, backref="nodes", on_delete="CASCADE", column_name="rollout")
+    rollout_id: str  # the column's value, as peewee's accessor gives it
     node_id = peewee.CharField(max_length=32)
     hostname = peewee.CharField(max_length=255, default="")
     address = peewee.CharField(max_length=255, default="")

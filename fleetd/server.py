@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 
 import gevent
 import gevent.event
@@ -26,6 +27,7 @@ from fleetd.db import GroupCommit, enable_group_commit, open_database, upgrade
 from fleetd.errors import envelope
 from fleetd.replicas import SingleProcessLock
 from fleetd.services.fleet_ops.replication import replicate
+from fleetd.settings import Settings
 
 log = logging.getLogger("fleetd")
 
@@ -51,7 +53,7 @@ class RequestHeaders:
 
     def __init__(self, fp=None, *_args):
         self.status = ""
-        self.headers = []  # raw "Name: value\r\n" lines, as gevent builds the WSGI environ from them
+        self.headers: list[str] = []  # raw "Name: value\r\n" lines, as gevent builds the WSGI environ from them
         self._fields = []  # (lower-case name, value) in order
         if fp is None:
             return
@@ -121,7 +123,9 @@ class _BodyWithDeadline(Input):
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
-            self._chunked_input_error = True  # gevent must not wait for the rest before closing
+            # gevent must not wait for the rest before closing. The slot is Input's: gevent is untyped here,
+            # so mypy takes this class's own __slots__ for all of them.
+            self._chunked_input_error = True  # type: ignore[misc]
             self.handler.close_connection = True
             raise RequestTimeout("the request's body did not arrive in time") from None
         finally:
@@ -144,6 +148,7 @@ class _Handler(WSGIHandler):
     """Tracks connections idle between keep-alive requests, so shutdown need not wait for them."""
 
     MessageClass = RequestHeaders
+    wsgi_input: Input  # gevent's, then a _BodyWithDeadline (get_environ)
 
     def handle(self):
         # Small JSON replies must not wait for delayed ACKs (Nagle): ~40 ms per request otherwise.
@@ -306,7 +311,7 @@ def parse_bind(bind):
     return fleetconf.parse_host_port(bind, ValueError, "bind", default_host="0.0.0.0")  # nosec B104  # only when the operator binds an empty host; the default is 127.0.0.1
 
 
-def serve(settings, ready_callback=None):
+def serve(settings: Settings, ready_callback: Callable[[str], object] | None = None) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get shutdown_timeout_seconds to finish."""
     host, port = parse_bind(settings.bind)
     sqlite = settings.database_url.startswith("sqlite:")

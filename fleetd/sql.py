@@ -47,7 +47,7 @@ class Statement:
         return compiled
 
     def _compile(self, key):
-        slots = {}
+        slots: dict[str, _Slot] = {}
 
         def value(name, field=None):
             slot = slots.get(name)
@@ -60,7 +60,7 @@ class Statement:
         model = getattr(query, "model", None)
         columns = None
         if isinstance(query, peewee.Select) and model is not None:
-            returning = query._returning
+            returning = query._returning  # type: ignore[attr-defined]  # peewee's stubs lack Select._returning
             if all(isinstance(f, peewee.Field) and f.model is model for f in returning):
                 columns = tuple((f.name, f.python_value) for f in returning)
         compiled = (model, sql, tuple(params), columns)

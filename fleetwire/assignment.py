@@ -6,6 +6,7 @@ passes it.
 
 import dataclasses
 import re
+from typing import TypeGuard
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -70,11 +71,11 @@ MAX_TASK_PATH = 4096  # characters of a task's PATH
 TASK_PATH_RE = re.compile(r"^/[^:\x00-\x1f]*(:/[^:\x00-\x1f]*)*$")
 
 
-def _is_int(value):
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value):
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -199,7 +200,7 @@ class Assignment:
     workdir: str
     gpus: list
     isolation: str
-    max_runtime_seconds: float
+    max_runtime_seconds: float | None  # None: no limit
     artifacts: list
     priority_class: str = "on-demand"
     bid: float | None = None
@@ -257,12 +258,15 @@ class Assignment:
         workdir = data.get("workdir") or ""
         if not isinstance(workdir, str):
             raise ValueError("workdir must be a string")
-        numbers = {}
-        for name, kind in (("bid", (int, float)), ("cpus", (int, float)), ("memory_bytes", (int,))):
+        numbers: dict[str, float | None] = {}
+        for name in ("bid", "cpus"):
             value = data.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
+            if value is not None and (not _is_number(value) or value < 0):
                 raise ValueError(f"{name} must be a non-negative number")
             numbers[name] = value if name == "bid" else (value or None)
+        memory_bytes = data.get("memory_bytes")
+        if memory_bytes is not None and (not _is_int(memory_bytes) or memory_bytes < 0):
+            raise ValueError("memory_bytes must be a non-negative number")
         pids = data.get("pids")
         if pids is not None and (not _is_int(pids) or not MIN_TASK_PIDS <= pids <= MAX_TASK_PIDS):
             raise ValueError(f"pids must be an integer from {MIN_TASK_PIDS} to {MAX_TASK_PIDS}")
@@ -277,7 +281,8 @@ class Assignment:
                    max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
                    priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, run_as=run_as,
                    memory_default=data.get("memory_default") is True, pids=pids, task_path=task_path,
-                   attempt=cls._attempt(data.get("attempt", 1)), **numbers)
+                   attempt=cls._attempt(data.get("attempt", 1)), bid=numbers["bid"], cpus=numbers["cpus"],
+                   memory_bytes=memory_bytes or None)
 
     def to_wire(self):
         """The Assignment as fleetd sends it (from_wire reads it back equal)."""

@@ -11,11 +11,20 @@ import json
 import os
 import sys
 import tarfile
+from typing import NoReturn
 
 
-def fail(message):
+def fail(message: str) -> NoReturn:
     sys.stderr.write(message + "\n")
     sys.exit(2)
+
+
+def regular_file(tar, member, path):
+    """The contents of a bundle's member; fails when it is no regular file (a directory, a device)."""
+    fh = tar.extractfile(member)
+    if fh is None:
+        fail(f"{path}: {member.name} is not a regular file")
+    return fh
 
 
 def main(argv):
@@ -41,7 +50,7 @@ def main(argv):
             if len(manifests) != 1:
                 fail(f"{path} is not a fleet-agent bundle (no single manifest.json)")
             top = manifests[0].split("/")[0]
-            manifest = json.load(tar.extractfile(members[manifests[0]]))
+            manifest = json.load(regular_file(tar, members[manifests[0]], path))
             version, wheels = manifest.get("version"), manifest.get("wheels")
             if not isinstance(version, str) or not version or not isinstance(wheels, dict) or not wheels:
                 fail(f"{path}: manifest.json has no version or no wheels")
@@ -51,7 +60,7 @@ def main(argv):
                 member = members.get(f"{top}/wheels/{name}")
                 if member is None:
                     fail(f"{path}: {name} is in the manifest but not in the bundle")
-                if hashlib.sha256(tar.extractfile(member).read()).hexdigest() != expected:
+                if hashlib.sha256(regular_file(tar, member, path).read()).hexdigest() != expected:
                     fail(f"{path}: {name} does not match its SHA-256 in the manifest")
     except (OSError, tarfile.TarError, ValueError, AttributeError) as exc:
         fail(f"cannot read the bundle {path}: {exc}")

@@ -162,7 +162,7 @@ class ContainerRuntime:
         self.name = name  # "podman" or "docker": what the node's capabilities say
         self.env = client_env()
         self.status = None  # "ready" or "unavailable: <why>" from the last probe; None before one
-        self._probed_at = None
+        self._probed_at = 0.0  # time.monotonic() at the last probe (meaningless while status is None)
 
     def __repr__(self):
         return f"ContainerRuntime({self.name}: {shlex.join(self.argv)})"

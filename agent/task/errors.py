@@ -20,7 +20,13 @@ class Detached(Exception):
 
 
 class Stopped(Exception):
-    """The task was cancelled (or the agent is stopping) before its process started."""
+    """The task was cancelled (or the agent is stopping) before its process started: the stop's
+    (outcome, reason)."""
+
+    def __init__(self, outcome, reason):
+        super().__init__(reason)
+        self.outcome = outcome
+        self.reason = reason
 
 
 def is_fencing(exc):

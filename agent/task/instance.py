@@ -97,8 +97,10 @@ class InstanceTask(Task):
         self._ran = False  # a process was started or found again: an agent stop leaves it running
         self._container_stopping = False
         self._container_removed = False  # after the last run, before the finish report
-        self.worker.instance = {"id": self.spec.id, "name": self.spec.name, "restart": self.spec.restart,
-                                "image": self.spec.image, "ports": [], "restarts": 0, "volume": None}
+        # The worker's `instance` entry (the local API's and the heartbeat's), kept up to date from here.
+        self._entry: dict = {"id": self.spec.id, "name": self.spec.name, "restart": self.spec.restart,
+                             "image": self.spec.image, "ports": [], "restarts": 0, "volume": None}
+        self.worker.instance = self._entry
         if adopted is not None:
             self.worker.state = "running"  # as fleetd knows it: it ran before the agent restarted
 
@@ -180,14 +182,14 @@ class InstanceTask(Task):
         runtime = self.runner.containers
         if self.container:
             state = runtime.state(self.container) if runtime is not None and self._ran else None
-            running = bool(state) and (state.get("Running") is True or state.get("Status") == "running")
-            owners = [*runtime.forwarder_pids(self.container, state), state.get("Pid")] if running else []
+            running = state is not None and (state.get("Running") is True or state.get("Status") == "running")
+            owners = [*runtime.forwarder_pids(self.container, state), state.get("Pid")] if state and running else []
             states = port_states(self.ports.values(), [pid for pid in owners if isinstance(pid, int) and pid > 0],
                                  published=running)
         else:
             states = port_states(self.ports.values(), self.pids())
         self.monitor.port_states = states
-        self.worker.instance["ports"] = [dict(port, state=states.get(port["host_port"])) for port in self._wire_ports()]
+        self._entry["ports"] = [dict(port, state=states.get(port["host_port"])) for port in self._wire_ports()]
         return states
 
     def settle_env_file(self):
@@ -257,14 +259,14 @@ class InstanceTask(Task):
             raise TaskError(str(exc)) from None
         except OSError as exc:
             raise TaskError(f"cannot record the instance's host ports: {exc}") from None
-        self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)
+        self._entry.update(ports=self._wire_ports(), volume=self.volume)
 
     def _wire_ports(self):
         return [{"port": port, "host_port": self.ports[port], "protocol": protocol}
                 for port, protocol in self.spec.ports if port in self.ports]
 
     def _instance_env(self, addr, port):
-        extra = dict(self.task_limits.env)
+        extra = dict(self._prepared_limits().env)
         extra["FLEET_INSTANCE_ID"] = self.spec.id
         extra["FLEET_VOLUME"] = self.spec.volume_mount_path if self.container else self.volume
         extra.update({f"FLEET_PORT_{p}": str(hp) for p, hp in self.ports.items()})
@@ -274,6 +276,9 @@ class InstanceTask(Task):
 
     def _argv(self):
         """What to spawn for one run: the command (or the container's run) under the status wrapper."""
+        # Each run comes after the user was resolved and the env made (_spawn, _prepare_taken_back).
+        run_as, env = self.run_as, self._env
+        assert run_as is not None and env is not None
         if self.container:
             runtime = self.runner.containers
             if runtime is None:
@@ -294,13 +299,13 @@ class InstanceTask(Task):
             try:
                 inner = runtime.run_argv(self.container, self.spec.image, self.assignment.command, self.volume,
                                          self.spec.volume_mount_path, self.ports, self.env_file,
-                                         (self.run_as.uid, self.run_as.gid), uuids, cdi, self.spec.runtime_args,
+                                         (run_as.uid, run_as.gid), uuids, cdi, self.spec.runtime_args,
                                          memory_bytes=self.assignment.memory_bytes, pids=self.assignment.pids)
             except ContainerError as exc:
                 raise TaskError(str(exc)) from None
         else:
             inner = list(self.assignment.command)
-        check_executable(inner[0], self._cwd, self._env.get("PATH", DEFAULT_PATH))
+        check_executable(inner[0], self._cwd, env.get("PATH", DEFAULT_PATH))
         if not self.container:  # a container's user is the runtime's to set (--user); its client stays root
             inner = self.runner.isolation.wrap(self.run_as, inner)
         # The shell that records the exit status is root's: the task cannot forge it.
@@ -319,6 +324,7 @@ class InstanceTask(Task):
             os.unlink(self.status_path)
         except FileNotFoundError:
             pass
+        assert self.tail is not None  # made before the first run (_spawn, _take_back)
         stdout, stderr = self.tail.open_output()
         try:
             pid, start_ticks = self._launch(argv, self._cwd, env, output=(stdout, stderr),
@@ -367,8 +373,8 @@ class InstanceTask(Task):
                 gave_up = self._restart(result, client)
             except TaskError as exc:
                 return "failed", None, str(exc)
-            except Stopped:
-                return self._stop[0], None, self._stop[1]
+            except Stopped as stopped:
+                return stopped.outcome, None, stopped.reason
             if gave_up is not None:
                 return gave_up
             result = None
@@ -396,7 +402,7 @@ class InstanceTask(Task):
             self.process = self._new_supervisor()
             self.process.identity = identity
         self.restarts += 1
-        self.worker.instance["restarts"] = self.restarts
+        self._entry["restarts"] = self.restarts
         self._start_reported = False  # each restart's start is reported: fleetd shows it running again
         self._run_once()
         return None
@@ -424,7 +430,7 @@ class InstanceTask(Task):
             if self._detached:
                 raise Detached()
             if self._stop is not None:
-                raise Stopped(self._stop[1])
+                raise Stopped(*self._stop)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -473,9 +479,9 @@ class InstanceTask(Task):
             self.volume = self._ensure_volume()
         except (OSError, ValueError) as exc:
             raise TaskError(f"cannot find the instance's volume: {exc}") from None
-        self.worker.instance.update(ports=self._wire_ports(), volume=self.volume)
+        self._entry.update(ports=self._wire_ports(), volume=self.volume)
         self._env = self._instance_env(record.get("master_addr") or self.runner.address, record.get("master_port") or 0)
-        self.restarts = self.worker.instance["restarts"] = int(record.get("restarts") or 0)
+        self.restarts = self._entry["restarts"] = int(record.get("restarts") or 0)
 
     def _taken_back(self, record, alive):
         self._ran = True
@@ -492,7 +498,7 @@ class InstanceTask(Task):
         self.monitor.stop()
         if self.container:
             self.settle_env_file()  # else it waits for the next agent start
-        if self.tail is not None:
+        if self.tail is not None and self.shipper is not None:  # made together (_make_tail)
             self.tail.stop(drain=True, deadline=time.monotonic() + LEAVE_LOGS_SECONDS, abandon=lambda: bool(self._fenced))
             self.shipper.close()
             self.shipper.join(LEAVE_LOGS_SECONDS)

@@ -51,9 +51,9 @@ class LogShipper:
         self._give_up = give_up  # callable() -> True once undelivered lines should be abandoned
         self.label = label
         self._cond = threading.Condition()
-        self._buf = collections.deque()
+        self._buf: collections.deque[tuple[str, str, int]] = collections.deque()  # (stream, text, size)
         self._buf_bytes = 0
-        self._due_at = None  # monotonic time by which the oldest buffered line must be on its way
+        self._due_at: float | None = None  # monotonic time by which the oldest buffered line must be on its way
         self._dropped = 0
         self._closing = False
         self._aborted = False
@@ -148,9 +148,10 @@ class LogShipper:
                 now = time.monotonic()
                 if self._buf:
                     full = len(self._buf) >= self.settings.batch_lines or self._buf_bytes >= self.settings.batch_bytes
-                    if full or self._closing or now >= self._due_at:
+                    due_at = self._due_at  # set whenever the buffer holds a line (add, _cut)
+                    if full or self._closing or due_at is None or now >= due_at:
                         return self._cut(now)
-                    self._cond.wait(self._due_at - now)
+                    self._cond.wait(due_at - now)
                 elif self._closing:
                     return None
                 else:
@@ -190,7 +191,7 @@ class LogShipper:
 
     def _ship(self, client):
         failures = 0
-        pending = []  # a stack of parts of the current batch, next part last
+        pending: list[list] = []  # a stack of parts of the current batch, next part last
         while True:
             if not pending:
                 batch = self._take()

@@ -203,9 +203,10 @@ class Runner:
 
     def forget(self, task):
         """The task's supervisor is done with it."""
+        task_id = task.assignment.task_id
         with self._lock:
-            if self._tasks.get(task.assignment.task_id) is task:
-                del self._tasks[task.assignment.task_id]
+            if self._tasks.get(task_id) is task:
+                del self._tasks[task_id]
 
     # After a restart.
 

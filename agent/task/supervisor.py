@@ -104,11 +104,11 @@ class Supervisor:
         self.on_reaped = on_reaped  # called (holding `lock`) once the leader's pid may be reused
         self.threads = threads  # a threads.Pool for the watcher (and the exit waiter before Linux 5.3)
         self.cgroups = cgroups
-        self.identity = None
+        self.identity = None  # a TaskKey: the owner sets it as it makes the supervisor
         self.lock = threading.Lock()
         self.wake = threading.Event()  # set on the exit and by owners: the supervising loop re-checks
         self.exited = threading.Event()  # the leader exited (not yet reaped)
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | Adopted | None = None  # the leader (spawn, adopt)
         self.pgid = None
         self.reaped = False
         self.kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
@@ -123,7 +123,14 @@ class Supervisor:
 
     def key(self):
         """The TaskKey that finds the processes (with the group while the leader is not reaped)."""
-        return dataclasses.replace(self.identity, pgid=None if self._pid_free() else self.pgid)
+        identity = self.identity
+        assert identity is not None  # set by the owner as it makes the supervisor, before any process
+        return dataclasses.replace(identity, pgid=None if self._pid_free() else self.pgid)
+
+    def _leader(self) -> "subprocess.Popen[bytes] | Adopted":
+        """The process spawn() or adopt() started: the callers of this run only after one of them."""
+        assert self.proc is not None, f"task {self.label}: no process started"
+        return self.proc
 
     def _pid_free(self):
         """True once the leader's pid may be another process's: reaped, or, adopted, exited (init reaps it)."""
@@ -191,7 +198,7 @@ class Supervisor:
 
     def start_ticks(self):
         """The leader's start time in clock ticks (zombie or not), or None once it is gone."""
-        info = read_stat(self.proc.pid)
+        info = read_stat(self._leader().pid)
         return info.start_ticks if info else None
 
     # Signals; called with `lock` held.
@@ -204,11 +211,12 @@ class Supervisor:
         supervisor having seen it before, still ties it to the workload.
         """
         # Only while the leader is not reaped: until then its pid (the pgid) cannot be reused.
-        others = self.remember(task_pids(self.key()))
+        key = self.key()
+        others = self.remember(task_pids(key))
         if not self._pid_free():
             signal_group(self.pgid, sig)
-        if sig == signal.SIGKILL and self.cgroups is not None and self.identity.cgroup_dir:
-            self.cgroups.kill(self.identity.cgroup_dir)
+        if sig == signal.SIGKILL and self.cgroups is not None and key.cgroup_dir:
+            self.cgroups.kill(key.cgroup_dir)
         signal_pids(others, sig)
 
     def terminate(self, grace):
@@ -271,7 +279,7 @@ class Supervisor:
             kill_at = self.kill_at
         if kill_at is not None:
             for _ in range(int(grace_seconds / 0.05) + 2):
-                if abandon() or time.monotonic() >= kill_at or not group_pids(self.pgid, exclude=(self.proc.pid,)):
+                if abandon() or time.monotonic() >= kill_at or not group_pids(self.pgid, exclude=(self._leader().pid,)):
                     break
                 time.sleep(0.05)
         with self.lock:
@@ -282,7 +290,7 @@ class Supervisor:
     def reap(self):
         """Wait for the leader's exit status (it exited); the pgid may be reused from now on."""
         with self.lock:
-            code = self.proc.wait()
+            code = self._leader().wait()
             self.reaped = True
             if self.on_reaped is not None:
                 self.on_reaped()
@@ -316,10 +324,11 @@ class Supervisor:
         """Read stdout and stderr into `on_output` and, given a pidfd, notice the leader's exit: one
         thread per process instead of three. Ends once both pipes are closed and the exit was seen,
         or when released."""
+        proc = self._leader()
         selector = selectors.DefaultSelector()
         pending = {}
         try:
-            for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+            for pipe, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
                 if pipe is None:  # output into files
                     continue
                 os.set_blocking(pipe.fileno(), False)
@@ -352,7 +361,7 @@ class Supervisor:
             if pidfd is not None:
                 os.close(pidfd)
             selector.close()
-            for pipe in (self.proc.stdout, self.proc.stderr):
+            for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
             with self._unwatch_lock:
@@ -364,14 +373,15 @@ class Supervisor:
     def _wait_exit(self):
         # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.
         try:
-            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            os.waitid(os.P_PID, self._leader().pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass
         self._saw_exit()
 
     def _poll_exit(self, start_ticks):
+        pid = self._leader().pid
         for _ in range(UNTIL_STOPPED):
-            info = read_proc(self.proc.pid)
+            info = read_proc(pid)
             if info is None or info.start_ticks != start_ticks:
                 break
             if self.released.wait(ADOPTED_POLL_SECONDS):

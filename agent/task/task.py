@@ -250,7 +250,7 @@ class Task:
         if self._fenced:
             raise Fenced(self._fenced)
         if self._stop is not None:
-            raise Stopped(self._stop[1])
+            raise Stopped(*self._stop)
 
     def _run_to_result(self, client):
         """(outcome, exit_code, reason) of the task: run, or taken back after an agent restart."""
@@ -265,41 +265,43 @@ class Task:
                 return "failed", None, str(exc)
             return self._supervise(client)
         try:
-            self._resolve_user()
-            self._refuse_system_user()
-            self.runner.isolation.check_reachable(self.run_as, self.runner.state_dir)
-            self.runner.dirs.make(self.dir, (self.run_as.uid, self.run_as.gid))
-            self._prepare_limits()  # the cgroup exists before the state file that names it
+            run_as = self._resolve_user()
+            self._refuse_system_user(run_as)
+            self.runner.isolation.check_reachable(run_as, self.runner.state_dir)
+            self.runner.dirs.make(self.dir, (run_as.uid, run_as.gid))
+            task_limits = self._prepare_limits()  # the cgroup exists before the state file that names it
             self._save(state="starting", created_ticks=uptime_ticks() - 1, boot_id=read_boot_id(),
-                       cgroup=self.task_limits.cgroup, run_as=self.run_as.describe())
+                       cgroup=task_limits.cgroup, run_as=run_as.describe())
             cwd = self.workdir
             if self.assignment.workdir:
                 cwd = inside(self.workdir, self.assignment.workdir, "workdir", allow_root=True)
                 os.makedirs(cwd, exist_ok=True)
-                self.runner.isolation.own_below(self.run_as, self.workdir, cwd)
+                self.runner.isolation.own_below(run_as, self.workdir, cwd)
             self._download_artifacts(client, cwd)
             addr, port = self._rendezvous(client)
             self._spawn(cwd, addr, port)
         except TaskError as exc:
             log.warning("task %s: cannot run: %s", self.label, exc)
             return "failed", None, str(exc)
-        except Stopped:
-            return self._stop[0], None, self._stop[1]
+        except Stopped as stopped:
+            return stopped.outcome, None, stopped.reason
         return self._supervise(client)
 
-    def _refuse_system_user(self):
-        """TaskError before a launch as a token's unix_user that is a system account on this node (below
-        uid 1000, or nobody), unless fleetd's operator allowed that user (run_as.allow_system_user). A
-        task taken back after a restart is not asked again: its process runs already."""
-        if self.run_as.source == "unix_user" and not (self.assignment.run_as or {}).get("allow_system_user"):
-            problem = system_uid_problem(self.run_as.user, self.run_as.uid)
+    def _refuse_system_user(self, run_as):
+        """TaskError before a launch as a token's unix_user (`run_as`, the resolved user) that is a system
+        account on this node (below uid 1000, or nobody), unless fleetd's operator allowed that user
+        (run_as.allow_system_user). A task taken back after a restart is not asked again: its process
+        runs already."""
+        if run_as.source == "unix_user" and not (self.assignment.run_as or {}).get("allow_system_user"):
+            problem = system_uid_problem(run_as.user, run_as.uid)
             if problem:
                 raise TaskError(problem)
 
     def _resolve_user(self):
-        """Whom the task runs as (TaskError when this node cannot run it so)."""
-        self.run_as = self.runner.isolation.resolve(self.assignment.run_as)
-        self.worker.run_as = self.run_as.describe()
+        """Whom the task runs as, also kept as `run_as` (TaskError when this node cannot run it so)."""
+        run_as = self.run_as = self.runner.isolation.resolve(self.assignment.run_as)
+        self.worker.run_as = run_as.describe()
+        return run_as
 
     def _call(self, what, fn, deadline, fencing=is_fencing):
         """fn() retried while fleetd is unreachable, until `deadline` (monotonic); fencing raises Fenced."""
@@ -389,16 +391,22 @@ class Task:
         self.process.identity = TaskKey(self.assignment.task_id, self.assignment.epoch, None,
                                         self.task_limits.cgroup_rel, self.task_limits.cgroup,
                                         self.run_as.uid if self.run_as is not None else None)
+        return self.task_limits
+
+    def _prepared_limits(self):
+        """The task's limits: _prepare_limits set them before anything that starts a process of the task."""
+        assert self.task_limits is not None, f"task {self.label}: its limits are not prepared"
+        return self.task_limits
 
     def _spawn(self, cwd, addr, port):
-        env, injected = task_env(self.assignment, addr, port, extra=self.task_limits.env)
+        env, injected = task_env(self.assignment, addr, port, extra=self._prepared_limits().env)
         env = self.runner.isolation.env(self.run_as, env, self.workdir)
         check_executable(self.assignment.command[0], cwd, env.get("PATH", DEFAULT_PATH))
         # The cgroup first, then the root shell that records the exit status, then the task's own uid.
         command = self.runner.isolation.wrap(self.run_as, self.assignment.command)
         argv = self.runner.limits.command(self.task_limits, command, self.status_path)
-        self._make_tail()
-        stdout, stderr = self.tail.open_output()  # files, not pipes: the task outlives an agent that dies
+        tail = self._make_tail()
+        stdout, stderr = tail.open_output()  # files, not pipes: the task outlives an agent that dies
         try:
             pid, start_ticks = self._launch(argv, cwd, env, output=(stdout, stderr))
         finally:
@@ -413,6 +421,7 @@ class Task:
         self.shipper = self._new_shipper()
         self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
         self.tail.start(self.runner.threads, self.runner.log_settings.interval_seconds, f"tail-{self.label}")
+        return self.tail
 
     def _take_back(self, record):
         """Supervise again the task a journal record describes (the agent restarted while it ran), its
@@ -525,9 +534,10 @@ class Task:
             return outcome, exit_code, f"{reason} ({how})"
         if code == 0:
             return "succeeded", 0, None
-        oom = self.runner.limits.cgroups.oom_kills(self.task_limits.cgroup if self.task_limits else None)
-        if oom:
-            record = self.task_limits.host.get("memory_bytes", {})
+        task_limits = self.task_limits
+        oom = self.runner.limits.cgroups.oom_kills(task_limits.cgroup if task_limits else None)
+        if oom and task_limits:  # oom_kills(None) is 0
+            record = task_limits.host.get("memory_bytes", {})
             limit = record.get("limit")
             default = (" (the fleet's task_memory_default_bytes: the spec sets no memory_bytes)"
                        if record.get("source") else "")

@@ -89,7 +89,10 @@ class Volumes:
         def note(_fn, failed, exc):  # onexc gets the exception, onerror its exc_info
             errors.append((failed, exc[1] if isinstance(exc, tuple) else exc))
 
-        shutil.rmtree(path, **({"onexc": note} if sys.version_info >= (3, 12) else {"onerror": note}))
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=note)  # novermin - this branch runs on 3.12 and later only
+        else:
+            shutil.rmtree(path, onerror=note)
         for failed, exc in errors[:5]:
             log.error("volume %s: cannot delete %s: %s", instance_id, failed, exc)
         return not os.path.lexists(path)

@@ -48,7 +48,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self.polls = 0
         self.foreign = []  # the last poll's GPU processes that belong to no task
-        self.detections = collections.deque(maxlen=DETECTIONS_KEPT)
+        self.detections: collections.deque[dict] = collections.deque(maxlen=DETECTIONS_KEPT)
         self._within = {}  # (task_id, epoch, uuid) -> last poll number at which usage was within the limit
         self._killed_foreign = {}  # pid -> (start ticks, SIGTERM time): SIGKILL follows after the grace
         self._warned = set()
@@ -80,13 +80,13 @@ class Watchdog:
             poll = self.polls
         keys = {}
         for worker in workers:
-            key = TaskKey(worker.task_id, worker.epoch, worker.pgid, worker.cgroup,
-                          uid=(worker.run_as or {}).get("uid"))
-            keys[key] = worker
+            task_key = TaskKey(worker.task_id, worker.epoch, worker.pgid, worker.cgroup,
+                               uid=(worker.run_as or {}).get("uid"))
+            keys[task_key] = worker
         mapper = ProcessMapper(keys)
         me = os.getpid()
-        usage = {w.task_id: {} for w in workers}  # task_id -> uuid -> {used, processes}
-        foreign = []
+        usage: dict[str, dict[str, dict]] = {w.task_id: {} for w in workers}  # task_id -> uuid -> {used, processes}
+        foreign: list[dict] = []
         for uuid, reading in readings.items():
             if reading.get("error"):
                 self._warn_once(("error", uuid), "limits: GPU %s: %s; memory limits on it cannot be enforced",

@@ -74,7 +74,7 @@ def init(db_url, data_dir):
 @click.option("--log-level", envvar="FLEETD_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Least severe log lines written to stderr (FLEETD_LOG_LEVEL).")
-def serve(bind, db_url, data_dir, log_level):
+def serve(bind: str | None, db_url: str | None, data_dir: str | None, log_level: str) -> None:
     """Run the API server and background tasks until SIGTERM."""
     from fleetd.server import serve as run_server
 

@@ -64,6 +64,7 @@ class IdleStop(click.ParamType):
         if isinstance(value, dict):
             return value
         percent, sep, duration = value.strip().partition(":")
+        below: float | None
         try:
             below = float(percent)
             seconds = parse_duration(duration) if sep else None

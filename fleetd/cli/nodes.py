@@ -64,7 +64,7 @@ def _node_allocation(node_id, gpus):
         if exc.status == 403:
             return None
         raise
-    held = {}  # gpu uuid -> what holds it
+    held: dict[str, list[dict]] = {}  # gpu uuid -> what holds it
     for task in allocation["allocations"]:
         if task["node_id"] != node_id:
             continue

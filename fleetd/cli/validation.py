@@ -4,6 +4,7 @@ the options of a fleet's validation (fleet create, update) and what `node show` 
 import functools
 import shlex
 import time
+from typing import Any
 
 import click
 
@@ -17,7 +18,7 @@ POLL_SECONDS = 1.0
 
 # The CLI's options of a fleet's validation setting, in the order `--help` lists them: (option,
 # the setting's key, click's keywords). Each value goes through the API's own schema before it is sent.
-_SETTING_OPTIONS = (
+_SETTING_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (  # click.option's keywords: of many types
     ("--validation-check", "checks", dict(
         multiple=True, metavar="CHECK", help="A built-in check to run, repeatable (default: every one; the "
                                              "names are in docs/validation.md, e.g. pcie_link).")),

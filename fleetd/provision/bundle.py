@@ -108,7 +108,7 @@ def check_host_compat(wheels, python_version, arch):
     """'' when every project in the wheelhouse has a wheel for this Python and architecture, else why not."""
     if not python_version:
         return "no Python found"
-    projects = {}
+    projects: dict[str, bool] = {}
     for filename in wheels:
         tags = _parse_wheel(filename)
         ok = _python_tag_ok(tags["py"], tags["abi"], python_version) and _platform_ok(tags["plat"], arch)
@@ -221,6 +221,14 @@ def _write_archive(root, path):
                 tar.addfile(info)
 
 
+def _regular_file(tar, member, path):
+    """The contents of a bundle's member; BundleError when it is no regular file (a directory, a device)."""
+    fh = tar.extractfile(member)
+    if fh is None:
+        raise BundleError(f"{path}: {member.name} is not a regular file")
+    return fh
+
+
 def read_bundle(path):
     """Open a bundle, check its wheels against the manifest; returns a Bundle."""
     path = Path(path)
@@ -231,12 +239,12 @@ def read_bundle(path):
             if len(manifests) != 1:
                 raise BundleError(f"{path} is not a fleet-agent bundle (no single manifest.json)")
             top = manifests[0].split("/")[0]
-            manifest = json.load(io.TextIOWrapper(tar.extractfile(members[manifests[0]])))
+            manifest = json.load(io.TextIOWrapper(_regular_file(tar, members[manifests[0]], path)))
             for name, digest in manifest.get("wheels", {}).items():
                 member = members.get(f"{top}/wheels/{name}")
                 if member is None:
                     raise BundleError(f"{path}: {name} is in the manifest but not in the bundle")
-                actual = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+                actual = hashlib.sha256(_regular_file(tar, member, path).read()).hexdigest()
                 if actual != digest:
                     raise BundleError(f"{path}: {name} does not match its SHA-256 in the manifest")
     except (OSError, tarfile.TarError, ValueError) as exc:

@@ -137,7 +137,7 @@ class Remote:
         self.conn = None
 
     def _connection(self, spec, gateway=None):
-        kwargs = {"look_for_keys": not self.options.key_filenames, "allow_agent": True}
+        kwargs: dict[str, object] = {"look_for_keys": not self.options.key_filenames, "allow_agent": True}
         if self.options.key_filenames:
             kwargs["key_filename"] = [os.path.expanduser(k) for k in self.options.key_filenames]
         conn = Connection(spec.host, user=spec.user or self.options.user, port=spec.port or self.options.port,
@@ -165,6 +165,12 @@ class Remote:
             raise _describe_connect_error(target, exc) from None
         return self
 
+    def _connected(self):
+        """The connection open() made (every command comes after it: Remote(...).open(), or `with`)."""
+        if self.conn is None:
+            raise SshError(f"{self.spec}: not connected")
+        return self.conn
+
     def close(self):
         if self.conn is not None:
             try:
@@ -191,7 +197,7 @@ class Remote:
     def run(self, command, stdin=None, timeout=300.0, check=True):
         """Run `command` (a shell command line); returns (exit code, stdout, stderr)."""
         try:
-            chan = self.conn.transport.open_session(timeout=self.options.connect_timeout)
+            chan = self._connected().transport.open_session(timeout=self.options.connect_timeout)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SshError(f"{self.spec}: cannot open a session: {exc}") from None
         out, err = bytearray(), bytearray()
@@ -240,7 +246,7 @@ class Remote:
     def put(self, local_path, remote_path):
         """Upload a file over SFTP."""
         try:
-            sftp = self.conn.sftp()
+            sftp = self._connected().sftp()
             sftp.put(str(local_path), remote_path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise SshError(f"{self.spec}: upload of {Path(local_path).name} failed: {exc}") from None
@@ -248,7 +254,7 @@ class Remote:
     def put_text(self, text, remote_path, mode=0o600):
         """Write a small text file over SFTP with `mode`."""
         try:
-            sftp = self.conn.sftp()
+            sftp = self._connected().sftp()
             with sftp.open(remote_path, "w") as fh:
                 fh.chmod(mode)
                 fh.write(text.encode())

@@ -104,7 +104,7 @@ class _Node:
         self.model = "|".join(models)
         self.gpus = [_Gpu(g) for g in snap.gpus]
         self.owner_ports = dict(snap.owner_ports) if snap.owner_ports else {}
-        self.key = None
+        self.key: tuple[str, int, tuple[int, ...]] | None = None  # make_key's, once made
         self.cid = -1
 
     def usable_gpus(self):

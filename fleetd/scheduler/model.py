@@ -12,6 +12,7 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import ClassVar, Literal
 
 MILLI = 1000
 MIN_SLICE_MEMORY_BYTES = 256 * 1024**2  # a GPU whose memory share for a slice would be smaller is no fit
@@ -237,7 +238,7 @@ class Placement:
     policy: str
     score: float = 0.0
 
-    schedulable = True
+    schedulable: ClassVar[Literal[True]] = True
 
     @property
     def node_ids(self) -> tuple[str, ...]:
@@ -301,7 +302,7 @@ class Unschedulable:
     filter_detail: tuple[FilterDetail, ...] = ()
     placed_ranks: int = 0  # for gangs: ranks that fitted before the group was given up
 
-    schedulable = False
+    schedulable: ClassVar[Literal[False]] = False
 
 
 PlacementResult = Placement | Unschedulable
@@ -375,4 +376,4 @@ class PreemptionPlan:
     victim_jobs: tuple[str, ...]
     victim_tasks: tuple[str, ...]
 
-    schedulable = True
+    schedulable: ClassVar[Literal[True]] = True

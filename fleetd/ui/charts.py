@@ -25,7 +25,7 @@ def _nice_max(value):
 
 def _bucketed(points, start, span, columns):
     """At most one point per column of the plot: the mean of each line's values in it."""
-    buckets = {}
+    buckets: dict[int, list] = {}  # column -> [(at, row)]
     for at, row in points:
         column = int(columns * max(0.0, min(1.0, (at - start).total_seconds() / span)))
         buckets.setdefault(column, []).append((at, row))
@@ -82,7 +82,8 @@ def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
         label = "now" if hours_back == 0 else f"-{hours_back}h"
         parts.append(f'<text class="axis" x="{x(at):.1f}" y="{HEIGHT - 8}" text-anchor="middle">{label}</text>')
     for key, cls, label in lines:
-        segments, current = [], []
+        segments: list[list[str]] = []
+        current: list[str] = []  # "x,y" of the points since the last gap
         for at, row in points:
             value = row[label]
             if value is None:

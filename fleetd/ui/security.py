@@ -15,6 +15,7 @@ import secrets
 
 from flask import g, request, session
 from flask.sessions import SecureCookieSessionInterface
+from itsdangerous import URLSafeTimedSerializer
 
 from fleetd.auth import resolve_api_token_id
 from fleetd.errors import Forbidden, InvalidRequest, Unauthorized
@@ -75,7 +76,7 @@ class UiSessionInterface(SecureCookieSessionInterface):
     The signer is made once per secret key rather than per request.
     """
 
-    _signer = (None, None)  # (secret key, serializer)
+    _signer: tuple[str | bytes | None, URLSafeTimedSerializer | None] = (None, None)  # (secret key, serializer)
 
     def open_session(self, app, request):
         if not request.path.startswith(app.config["SESSION_COOKIE_PATH"]):
@@ -170,7 +171,7 @@ def ui_require(roles):
                 raise Forbidden(f"your token's role ({principal.role}) may not open this page or do this")
             return view(*args, **kwargs)
 
-        wrapper.required_roles = roles
+        vars(wrapper)["required_roles"] = roles  # fleetd/ui/roles.py reads it
         return wrapper
 
     return decorator

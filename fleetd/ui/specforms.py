@@ -22,7 +22,7 @@ GENERAL = "_form"  # errors about the whole form: shown above it
 
 def flatten(messages, prefix=""):
     """marshmallow's nested messages -> {"resources.gpus": [text, ...], ...}."""
-    out = {}
+    out: dict[str, list[str]] = {}
     if isinstance(messages, dict):
         for key, value in messages.items():
             path = f"{prefix}.{key}" if prefix else str(key)
@@ -43,7 +43,7 @@ def to_fields(messages, field_of):
     """Flattened schema messages -> {form field: [text]}: a path goes to the field `field_of` names for its
     longest known prefix; a message about a nested item keeps its path in the text. `field_of` a string:
     every message goes beside that one field (a spec box), each with its whole path."""
-    out = {}
+    out: dict[str, list[str]] = {}
     if isinstance(field_of, str):
         return {field_of: [f"{path}: {t}" if path != GENERAL else t
                            for path, texts in flatten(messages).items() for t in texts]}

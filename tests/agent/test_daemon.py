@@ -58,3 +58,20 @@ def test_register_body_passes_fleetds_strict_schema(fake_nvml, scenario):
     assert schemas.HeartbeatSchema().validate({"gpus": inventory.wire_gpus(), "metrics": inventory.metrics(),
                                                "tasks": []}) == {}
     assert body.address == "127.0.0.1"
+
+
+def test_run_with_no_fleetd_url_anywhere_says_so_even_when_it_would_deregister_on_stop(tmp_path, fake_nvml):
+    # Enrolled (node.json and session.token), but neither node.json nor the config names a fleetd URL:
+    # the agent stops with the ConfigError, and its deregistration at the stop, which has no URL to
+    # call, must not replace that error with another (nor skip the clean-up after it).
+    from agent.config import ConfigError
+    from agent.daemon import Agent
+    from agent.state import State
+
+    config = Config(state_dir=str(tmp_path / "state"), local_api_listen="127.0.0.1:0", limits_cgroup_parent="",
+                    devices_backend=f"fake:{fake_nvml.use('h100_x8')}")
+    State(config.state_dir).save_enrolment({"node_id": "n-1", "fleet": "default"}, "fls_session")
+    agent = Agent(config, deregister_on_stop=True)
+    with pytest.raises(ConfigError, match="no fleetd URL"):
+        agent.run()
+    assert agent.stop.is_set()

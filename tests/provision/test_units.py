@@ -1,12 +1,15 @@
 """Pure pieces of provisioning: host specs, the host-key policy, preflight verdicts, bundle compatibility."""
 
+import io
+import json
+import tarfile
 import threading
 
 import paramiko
 import pytest
 
 from fleetd.provision.bootstrap import BootstrapOptions, HostFailed, judge_preflight, parse_facts
-from fleetd.provision.bundle import check_host_compat
+from fleetd.provision.bundle import BundleError, check_host_compat, read_bundle
 from fleetd.provision.ssh import HostKeyRejected, HostSpec, StrictHostKeyPolicy, fingerprint
 
 GOOD_FACTS = {"facts_version": "1", "uid": "0", "arch": "x86_64", "python": "3.11.2", "python_venv": "yes",
@@ -95,6 +98,30 @@ def test_bundle_compatibility_follows_the_wheel_tags():
     assert "pyyaml" in check_host_compat(wheels, "3.12.1", "x86_64")
     assert "pyyaml" in check_host_compat(wheels, "3.11.4", "aarch64")
     assert "cryptography" not in check_host_compat(wheels, "3.12.1", "aarch64")
+
+
+def _bundle_with(path, members):
+    """A bundle tarball of `members`: {name: bytes, or None for a directory}."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("directory", ["manifest.json", "wheels/a-1-py3-none-any.whl"])
+def test_a_bundle_whose_manifest_or_wheel_is_no_regular_file_is_refused_with_a_bundle_error(tmp_path, directory):
+    top = "fleet-agent-bundle-1.0"
+    manifest = json.dumps({"format": 1, "version": "1.0", "wheels": {"a-1-py3-none-any.whl": "0" * 64}}).encode()
+    members = {f"{top}/manifest.json": manifest, f"{top}/wheels/a-1-py3-none-any.whl": b"wheel"}
+    members[f"{top}/{directory}"] = None
+    with pytest.raises(BundleError, match=f"{top}/{directory} is not a regular file"):
+        read_bundle(_bundle_with(tmp_path / "bundle.tar.gz", members))
 
 
 class FakeClient:

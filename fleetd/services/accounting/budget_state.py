@@ -29,7 +29,7 @@ def blocked_teams(now):
     """{team: (classes held back or None for all, why)} of the budgets exceeded this month whose
     on_exceed holds new work back (the scheduler's Rules read it each pass)."""
     month = month_of(now)
-    out = {}
+    out: dict[str, tuple[tuple[str, ...] | None, str]] = {}  # team -> (classes it may still run, why)
     for budget in Budget.select().where((Budget.exceeded_month == month) & (Budget.on_exceed != "notify")):
         limits = [f"{budget.limit_cost:g}" if budget.limit_cost is not None else None,
                   f"{budget.limit_gpu_hours:g} GPU-hours" if budget.limit_gpu_hours is not None else None]

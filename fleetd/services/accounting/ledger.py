@@ -84,7 +84,7 @@ class PriceBook:
     """Every price as it was set (PriceChange), to look up the one in force over any interval."""
 
     def __init__(self, rows):
-        self._changes = {}  # (kind, model) -> [(at, price)] oldest first
+        self._changes: dict[tuple[str, str], list[tuple]] = {}  # (kind, model) -> [(at, price)] oldest first
         for row in rows:
             self._changes.setdefault((row.kind, row.model), []).append((row.at, row.price))
 
@@ -165,7 +165,8 @@ class _Pass:
     def __init__(self, now, book=None):
         self.now = now
         self.book = book or PriceBook.load()
-        self.sums = {model: {} for model, _ in _ROLLUPS}  # model -> {key: [5 sums, attributes]}
+        # model -> {key: [5 sums, attributes]}
+        self.sums: dict[type[peewee.Model], dict[tuple, list]] = {model: {} for model, _ in _ROLLUPS}
         self.samples = {}  # uuid -> [(at, utilisation)]
 
     def load_samples(self, uuids, since):
@@ -175,7 +176,7 @@ class _Pass:
         for i in range(0, len(uuids), 500):
             query = (GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
                      .where(GpuSample.uuid.in_(uuids[i:i + 500]) & (GpuSample.at >= since) & (GpuSample.at < self.now)
-                            & GpuSample.utilization_percent.is_null(False)).tuples())
+                            & GpuSample.utilization_percent.is_null(False)).tuples().execute())
             for uuid, at, util in query:
                 self.samples.setdefault(uuid, []).append((at, util))
 
@@ -295,7 +296,8 @@ def _flush_ended(run, batch):
             run.load_samples({g.get("uuid") for m in marks for g in m.gpus or [] if isinstance(g, dict)},
                              min(known[f"{m.task_id}.{m.epoch}"].accounted_until if f"{m.task_id}.{m.epoch}" in known
                                  else m.started_at for m in marks))
-            created, touched = set(), {}
+            created: set[str] = set()
+            touched: dict[str, UsageRecord] = {}
             for mark in marks:
                 key = f"{mark.task_id}.{mark.epoch}"
                 record = touched.get(key) or known.get(key)
@@ -329,7 +331,7 @@ def _flush_running(run, batch):
             known = _records([f"{t.id}.{t.epoch}" for t in tasks])
             # samples from where each run's row stands (a long run's older samples were counted before)
             since = min((known[f"{t.id}.{t.epoch}"].accounted_until if f"{t.id}.{t.epoch}" in known else t.started_at
-                         for t in tasks), default=run.now)
+                         for t in tasks if t.started_at is not None), default=run.now)  # all: the query says so
             run.load_samples({g.get("uuid") for t in tasks for g in t.gpus or [] if isinstance(g, dict)}, since)
             created, touched = set(), []
             for task in tasks:
@@ -404,10 +406,11 @@ def storage_cost(volume_bytes, book, start, end):
 def _first_runs(instance_ids):
     """{instance id: when its process first started}: its volume was made, and fitted on its node, then (a run
     that never started, its volume refused for want of room on the node, left no volume to bill)."""
-    out = {}
+    out: dict[str, dt.datetime] = {}
     for subject, at in (Event.select(Event.subject_id, Event.at)
                         .where((Event.subject_type == "instance") & Event.subject_id.in_(instance_ids)
-                               & (Event.to_status == InstanceState.RUNNING.value)).order_by(Event.id).tuples()):
+                               & (Event.to_status == InstanceState.RUNNING.value)).order_by(Event.id)
+                        .tuples().execute()):
         out.setdefault(subject, at)
     return out
 
@@ -439,7 +442,7 @@ def _flush_storage(run, batch):
                 if record is None:
                     volume = inst.instance_spec.volume_bytes if inst is not None else 0
                     first = started.get(instance_id)
-                    if gone or not volume or first is None:
+                    if inst is None or gone or not volume or first is None:
                         continue
                     node = Node.select(Node.fleet).where(Node.id == inst.node_id).first()
                     record = StorageRecord(id=inst.id, owner=inst.owner, owner_token_id=inst.owner_token_id,

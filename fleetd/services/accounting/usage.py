@@ -10,7 +10,7 @@ import datetime as dt
 import io
 
 from flask import g, has_app_context
-from peewee import fn
+from peewee import ModelSelect, fn
 from prometheus_client.core import CounterMetricFamily
 
 from fleetd.clock import isoformat
@@ -96,7 +96,7 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     if narrowed is not True:
         query = query.where(narrowed)
     out = []
-    for group, *sums in query.group_by(column).order_by(column).tuples():
+    for group, *sums in query.group_by(column).order_by(column).tuples().execute():
         out.append((group.isoformat() if isinstance(group, dt.date) else (str(group) if group else None), sums))
     return out
 
@@ -117,6 +117,7 @@ def _by_workload(first, last, today, own, team, owner, fleet):
     sums = [fn.SUM(field) for field in (UsageWorkloadDay.gpu_seconds, UsageWorkloadDay.used_gpu_seconds,
                                          UsageWorkloadDay.sampled_gpu_seconds, UsageWorkloadDay.cost,
                                          UsageWorkloadDay.runs)]
+    query: ModelSelect[UsageWorkloadDay] | ModelSelect[UsageWorkloadMonth]
     query = (UsageWorkloadDay.select(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id, *sums)
              .where((UsageWorkloadDay.day >= first) & (UsageWorkloadDay.day <= last))
              .group_by(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id).order_by(sums[3].desc()))
@@ -163,7 +164,7 @@ def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
     narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.id, team, None, None)
     if narrowed is not True:
         query = query.where(narrowed)
-    rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples()
+    rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples().execute()
     return [{"day": day.isoformat() if isinstance(day, dt.date) else str(day), "team": team or None,
              **_figures(*sums)} for day, team, *sums in rows]
 
@@ -281,16 +282,17 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
         query = query.join(Job).where(Job.owner_token_id == principal.id)
     tasks = list(query)
     uuids = {g["uuid"] for t in tasks for g in t.gpus or [] if isinstance(g, dict) and g.get("uuid")}
-    samples = {}
+    samples: dict[str, list[tuple]] = {}  # uuid -> [(at, utilisation)]
     if uuids:
-        oldest = max(min(t.started_at for t in tasks), now - dt.timedelta(days=1))
+        oldest = max(min(t.started_at for t in tasks if t.started_at is not None),  # all: the query says so
+                     now - dt.timedelta(days=1))
         for uuid, at, util in (GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
                                .where(GpuSample.uuid.in_(sorted(uuids)) & (GpuSample.at >= oldest)
                                       & (GpuSample.at <= now) & GpuSample.utilization_percent.is_null(False))
-                               .tuples()):
+                               .tuples().execute()):
             samples.setdefault(uuid, []).append((at, util))
     jobs = {j.id: j for j in Job.select().where(Job.id.in_([t.job_id for t in tasks]))} if tasks else {}
-    by_workload = {}
+    by_workload: dict[str, dict] = {}  # instance or job id -> its row
     book = PriceBook.load()
     for task in tasks:
         job = jobs.get(task.job_id)
@@ -355,13 +357,14 @@ class UsageCollector:
 
     def collect(self):
         rows = self._rows()
-        teams, fleets = {}, {}
+        teams: dict[str, float] = {}
+        fleets: dict[str, float] = {}
         for team, fleet, allocated, _, _ in rows:
             teams[team] = teams.get(team, 0.0) + (allocated or 0.0)
             fleets[fleet] = fleets.get(fleet, 0.0) + (allocated or 0.0)
         _give_labels(self._teams, teams, MAX_TEAM_LABELS)
         _give_labels(self._fleets, fleets, MAX_FLEET_LABELS)
-        sums = {}
+        sums: dict[tuple[str, str], list[float]] = {}
         for team, fleet, allocated, used, cost in rows:
             key = (team if team in self._teams else "other", fleet if fleet in self._fleets else "other")
             entry = sums.setdefault(key, [0.0, 0.0, 0.0])

@@ -239,7 +239,8 @@ def needs_write(step):
 
 def step_gpu_status(step):
     if step.gpu_status is not None:
-        set_gpu_status(step.node, *step.gpu_status, step.now)
+        status, reason = step.gpu_status
+        set_gpu_status(step.node, status, reason, step.now)
     return False
 
 

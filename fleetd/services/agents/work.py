@@ -262,7 +262,7 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
             # rank's answer came between two of its polls). Otherwise it ran to its end without this
             # rank: they can never meet.
             return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
-        if not met or not all(TaskState(r.state).is_active() for r in ranks):
+        if rank0 is None or not met or not all(TaskState(r.state).is_active() for r in ranks):
             return None  # rank 0 has not published, or a rank is not placed or not here yet: nobody starts
         return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
 

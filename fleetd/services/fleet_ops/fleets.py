@@ -66,7 +66,7 @@ def terraform_state(name):
     if not Fleet.select().where(Fleet.name == name).exists():
         raise NotFound(f"fleet {name!r} not found")
     rows = Node.select(Node.id, Node.status, Node.status_reason, Node.hostname, Node.address, Node.agent_version) \
-        .where(Node.fleet == name).order_by(Node.id).tuples()
+        .where(Node.fleet == name).order_by(Node.id).tuples().execute()
     nodes = {node_id: {"status": status, "reason": reason, "hostname": hostname, "address": address,
                        "agent_version": version}
              for node_id, status, reason, hostname, address, version in rows}

@@ -93,7 +93,7 @@ class _StateCollector:
         jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state (runs of instances not included).", labels=["state"])
         counts = {s.value: 0 for s in JobState}
         for state_name, count in (Job.select(Job.state, fn.COUNT(Job.id)).where(Job.instance_id.is_null())
-                                  .group_by(Job.state).tuples()):
+                                  .group_by(Job.state).tuples().execute()):
             counts[state_name] = count
         for name, count in sorted(counts.items()):
             jobs.add_metric([name], count)
@@ -188,7 +188,7 @@ def history(rt, minutes, gpus=True):
                 "gpus_total": s.gpus_total, "gpus_used": s.gpus_used, "gpus_blocked": s.gpus_blocked,
                 "gpu_util_percent": s.gpu_util_percent}
                for s in ClusterSample.select().where(ClusterSample.at >= since).order_by(ClusterSample.at)]
-    per_gpu = {}
+    per_gpu: dict[str, dict] = {}
     query = GpuSample.select().where(GpuSample.at >= since).order_by(GpuSample.at) if gpus else ()
     for s in query:
         entry = per_gpu.setdefault(s.uuid, {"uuid": s.uuid, "node_id": s.node_id, "samples": []})

@@ -141,7 +141,7 @@ def _settle(rollout, now):
                                       & RolloutNode.state.in_([PENDING, UPGRADING])).exists()
     if not left:
         counts = dict(RolloutNode.select(RolloutNode.state, peewee.fn.COUNT(RolloutNode.id))
-                      .where(RolloutNode.rollout == rollout.id).group_by(RolloutNode.state).tuples())
+                      .where(RolloutNode.rollout == rollout.id).group_by(RolloutNode.state).tuples().execute())
         _switch(rollout, DONE, ", ".join(f"{counts[s]} {s}" for s in NODE_STATES if counts.get(s)), now)
 
 

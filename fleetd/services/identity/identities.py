@@ -110,8 +110,9 @@ class Identities:
 
     def _free_uid(self):
         taken = {uid for (uid,) in OwnerUid.select(OwnerUid.uid).where(
-            (OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop)).tuples()}
-        for (capabilities,) in Node.select(Node.capabilities).where(Node.capabilities.is_null(False)).tuples():
+            (OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop)).tuples().execute()}
+        for (capabilities,) in (Node.select(Node.capabilities).where(Node.capabilities.is_null(False))
+                                .tuples().execute()):
             taken.update((capabilities or {}).get("host_uids") or ())
         for uid in self.uids:
             if uid not in taken:

@@ -54,7 +54,7 @@ def observe(node, gpus, before, now):
         record = records.get(serial)
         where = _where(node, gpu["index"], gpu["uuid"])
         new = record is None
-        if new:
+        if record is None:
             record = GpuRecord(serial=serial, uuid=gpu["uuid"], first_seen_at=now, xids=[], flagged="")
             _event(now, serial, "gpu.seen", f"first seen in {where}", actor)
         elif record.node_id != node.id:

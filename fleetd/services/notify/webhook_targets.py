@@ -120,7 +120,10 @@ def _resolve(host, port):
     """The addresses a name resolves to (at most MAX_ADDRESSES, in the resolver's order)."""
     found = []
     for _family, _type, _proto, _name, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        text = sockaddr[0]
+        if not isinstance(text, str):  # an IPv6 address of a Python built without IPv6: (flow info, bytes)
+            raise ValueError(f"{host} resolves to an address with no text form")
+        address = ipaddress.ip_address(text.split("%", 1)[0])
         if address not in found:
             found.append(address)
         if len(found) >= MAX_ADDRESSES:

@@ -12,7 +12,7 @@ from fleetd.models import (
     JobState,
     Task,
 )
-from fleetd.services.placement.inventory import BLOCK_TEXT, call, series_id
+from fleetd.services.placement.inventory import BLOCK_TEXT, GpuRow, call, series_id
 
 
 def cluster_status(state, principal=None, storage=None, offload=call):
@@ -27,15 +27,15 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     demand = state.queued_demand()
     gpu = offload(gpu_summary, state, demand)
     # A cancelling job still holds its GPUs until its processes have stopped.
-    active = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
-              .order_by(Job.id))
-    tasks_by_job = {}
+    active_query = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+                    .order_by(Job.id))
+    tasks_by_job: dict[str, list] = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
-    active = list(active)
+    active = list(active_query)
     runs = [j.instance_id for j in active if j.instance_id is not None]
     instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
-    listed = {"jobs": [], "instances": []}
+    listed: dict[str, list[dict]] = {"jobs": [], "instances": []}
     others = {"jobs": {"count": 0, "gpus": 0}, "instances": {"count": 0, "gpus": 0}}
     for j in active:
         kind = "jobs" if j.instance_id is None else "instances"
@@ -45,7 +45,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
             others[kind]["gpus"] += gpus
             continue
         nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
-        if kind == "jobs":
+        if j.instance_id is None:  # kind "jobs"
             listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
                                  "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes,
                                  **job_row_times(j, state.now), **retry_view(j)})
@@ -95,9 +95,12 @@ def gpu_summary(state, demand):
     Each GPU is classified as `scheduler.gpu_state` would classify it in `state.gpu_rows()`, but
     counted straight from the inventory and the holds: no row or snapshot is built per GPU (at
     80,000 GPUs that took about a second of CPU for every scrape of /metrics)."""
-    held, series_of = state.held, {}
+    held = state.held
+    series_of: dict[str, str] = {}  # model -> its series
     overall = {"total": 0, "used": 0, "free": 0, "blocked": 0}
-    series, labels, notes = {}, {}, {}
+    series: dict[str, dict[str, int]] = {}
+    labels: dict[str, str] = {}
+    notes: dict[tuple[str, str], dict] = {}
     for node in state.nodes:
         gpus = state.gpus.get(node.id, ())
         if not gpus:
@@ -166,7 +169,7 @@ def blocked_sentence(notes, labels):
 
 
 def _node_counts(state):
-    counts = {}
+    counts: dict[str, int] = {}
     for node in state.nodes:
         counts[node.status] = counts.get(node.status, 0) + 1
     return counts
@@ -175,9 +178,10 @@ def _node_counts(state):
 def profiles(state):
     """Shapes that exist: for each series and GPUs-per-node, how many nodes have it, with a `label`
     to show (seed 003's profile summary)."""
-    shapes, models = {}, {}
+    shapes: dict[tuple[str, int], int] = {}  # (series, GPUs per node) -> nodes
+    models: dict[str, str] = {}  # series -> a model of it
     for node in state.nodes:
-        by_series = {}
+        by_series: dict[str, list[GpuRow]] = {}
         for gpu in state.gpus.get(node.id, ()):
             by_series.setdefault(series_id(gpu.model), []).append(gpu)
             models.setdefault(series_id(gpu.model), gpu.model)
@@ -225,8 +229,8 @@ def _gpu_type_entry(model, memory_bytes=None):
 def gpu_types(state):
     """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
     prices = {t.model: t for t in GpuType.select()}
-    out = {}
-    per_node = {}
+    out: dict[str, dict] = {}
+    per_node: dict[tuple[str, str], int] = {}
     for row in state.gpu_rows():
         entry = out.get(row["model"])
         if entry is None:

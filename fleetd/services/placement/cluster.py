@@ -58,7 +58,7 @@ class ClusterState:
         self.mps_owners = self._mps_owners()  # (node id, uuid) -> the owner whose MPS slices share it
         self._blocks: dict = {}  # node id -> NodeBlock or None, made when first asked
         self._closed: dict = {}  # fleet name -> NodeBlock while outside its window, else None
-        self._held_by_node = None
+        self._held_by_node: dict[str, tuple] | None = None
 
     def overdue_ids(self, node_ids=None):
         """Ids of the nodes (of these) whose heartbeats are overdue."""
@@ -69,7 +69,7 @@ class ClusterState:
         """{node id: ((uuid, compute milli, memory bytes, exclusive, task ids), ...)} of the GPUs
         that tasks hold, in uuid order; nodes whose GPUs nobody holds are not there."""
         if self._held_by_node is None:
-            out = {}
+            out: dict[str, list[tuple]] = {}
             for (node_id, uuid), (milli, memory, exclusive, tasks) in sorted(self.held.items()):
                 out.setdefault(node_id, []).append((uuid, milli, memory, exclusive, tuple(tasks)))
             self._held_by_node = {node_id: tuple(gpus) for node_id, gpus in out.items()}
@@ -145,7 +145,7 @@ class ClusterState:
         declares, on the node that keeps its volume, until it is deleted (call inside the pass's read
         transaction; only a pass that places a new instance with ports needs it)."""
         rows = _INSTANCE_PORTS.raw_tuples()
-        out = {}
+        out: dict[str, dict[str, int]] = {}
         spec_value = Instance.spec.python_value
         for owner, node_id, spec in rows:
             declared = len((spec_value(spec) or {}).get("ports") or ())
@@ -156,7 +156,8 @@ class ClusterState:
 
     def _reservations(self):
         """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
-        held, node_use = {}, {}
+        held: dict[tuple[str, str], list] = {}  # (node id, uuid) -> [milli, memory, exclusive, task ids]
+        node_use: dict[str, list[int]] = {}  # node id -> [cpu milli, memory bytes, tasks]
         for task in self.tasks + self.stopping:
             req = task.job.request
             use = node_use.setdefault(task.node_id, [0, 0, 0])
@@ -219,7 +220,7 @@ class ClusterState:
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms cache."""
         ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
-        demand = {}
+        demand: dict[str | None, float] = {}
         for terms in self.terms.get_each(ids)[0].values():
             request = terms.request
             gpus = float(request.gpus or 0) * request.num_nodes

@@ -40,7 +40,8 @@ class Engines:
     def __init__(self, size=4):
         self.size = size
         self._kept = collections.OrderedDict()  # wants -> _Kept
-        self._static = (None, {}, frozenset())  # (inventory, {node id: static view} as asked, ids not ready)
+        # (inventory, {node id: static view} as asked, ids not ready)
+        self._static: tuple[object, dict, frozenset[str]] = (None, {}, frozenset())
         self.built = 0  # engines built afresh (for tests and the benchmark)
         self.after_build = None  # fleetd serve: fn() called once an engine built afresh is kept
         self.refreshed = 0  # nodes brought up to date in a kept engine

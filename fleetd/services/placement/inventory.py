@@ -191,9 +191,9 @@ def raw_rows(query):
 
 
 def _gpu_rows(rows):
-    gpus = {}
+    gpus: dict[str, list[GpuRow]] = {}
     for row in rows:
-        gpu = GpuRow(*row[:6], bool(row[6]), row[7] or "")
+        gpu = GpuRow(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7] or "")
         gpus.setdefault(gpu.node_id, []).append(gpu)
     return gpus
 
@@ -239,7 +239,7 @@ def _node_id(node):
 
 
 def _assemble(version, fleets, nodes, gpus, models):
-    by_fleet = {}
+    by_fleet: dict[str, list[Node]] = {}
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
     return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
@@ -315,7 +315,9 @@ class InventoryCache:
     def node_of(self, node_id):
         """(node, its GPU models, its GPU count) as last read; None when not known yet."""
         current = self._current
-        node = None if current is None else current.by_id.get(node_id)
+        if current is None:
+            return None
+        node = current.by_id.get(node_id)
         if node is None:
             return None
         return node, current.models.get(node_id, frozenset()), len(current.gpus.get(node_id, ()))

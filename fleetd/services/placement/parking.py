@@ -120,7 +120,7 @@ class ParkedGroups:
 
     def __init__(self):
         self._seq = 0  # events so far
-        self._log = collections.deque(maxlen=LOG_EVENTS)  # (seq, Capacity or None)
+        self._log: collections.deque[tuple[int, Capacity | None]] = collections.deque(maxlen=LOG_EVENTS)  # (seq, ...)
         self._groups = {}  # key -> (reason, kind)
         self._by_place = {}  # (fleet or None, GPU type or None) -> {key}
         self._by_team = {}  # team -> {key}
@@ -236,7 +236,7 @@ def ended_on(rt, node_id, job_id):
 def node_changed(node):
     """The Capacity of a change to a node (a row as just written: it joined, came back, was
     uncordoned, passed validation, its labels or GPUs changed), with its GPUs as stored."""
-    models = [model for (model,) in Gpu.select(Gpu.model).where(Gpu.node == node.id).tuples()]
+    models = [model for (model,) in Gpu.select(Gpu.model).where(Gpu.node == node.id).tuples().execute()]
     return node_capacity(node.id, node.fleet_id, node.labels or {}, models, len(models))
 
 

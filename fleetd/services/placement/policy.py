@@ -95,7 +95,7 @@ def check_bid(spec):
     query = GpuType.select().where(GpuType.spot_min_bid.is_null(False))
     if accepted:
         query = query.where(GpuType.model.in_(accepted))
-    minimums = {t.model: t.spot_min_bid for t in query}
+    minimums = {t.model: t.spot_min_bid for t in query if t.spot_min_bid is not None}  # all: the query says so
     if not minimums:
         return
     bid = spec.bid
@@ -103,7 +103,7 @@ def check_bid(spec):
     if bid is None or bid < lowest:
         if accepted and len(minimums) < len(accepted):
             return  # some accepted type has no minimum
-        cheapest = min(minimums, key=minimums.get)
+        cheapest = min(minimums, key=minimums.__getitem__)
         raise InvalidRequest(
             f"spot bid {bid if bid is not None else 'missing'} is under the minimum of {lowest:g} ({cheapest})",
             {"fields": {"bid": [f"at least {lowest:g}"]}, "spot_min_bid": minimums})

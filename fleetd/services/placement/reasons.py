@@ -35,7 +35,9 @@ def _never_fits(inventory, request):
     # (a container runtime and an allowed image); of those, of its GPU types: which filter left
     # none is what the reason says.
     enrolled = labelled = with_runtime = runnable = matching = able = most = 0
-    models_seen, runtimes_seen, fleets_seen = set(), set(), set()
+    models_seen: set[str] = set()
+    runtimes_seen: set[str] = set()
+    fleets_seen: set[str] = set()
     if selector.node_id is not None:
         node = inventory.by_id.get(selector.node_id)
         nodes = [node] if node is not None else []

@@ -36,7 +36,7 @@ class Rules:
     def load(cls, state, now=None):
         quotas = {(q.team, q.priority_class): q.max_gpus for q in _QUOTAS.rows()}
         prices = {t.model: t for t in _GPU_TYPES.rows()}
-        usage = {}
+        usage: dict[tuple[str, str], float] = {}  # (team, priority class) -> GPUs held
         seen = set()
         for task in state.tasks:
             if task.job_id in seen:

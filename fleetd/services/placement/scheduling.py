@@ -150,7 +150,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                                         settings.scheduler_policy or None, profile)
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
-    blocked = {}  # group key -> reason, for this pass
+    blocked: dict[str, str] = {}  # group key -> reason, for this pass
     for job in todo:
         key = keys[job.id]
         if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
@@ -219,7 +219,7 @@ def _profile(state, keys, terms, unread=()):
     requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
                  for key, count in members.items()]
     requests += [dataclasses.replace(request, num_nodes=request.num_nodes * count) for request, count in unread]
-    groups = {}
+    groups: dict[tuple, tuple] = {}  # request's shape -> (a request of it, nodes asked for)
     for request in requests:
         key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
                request.gpu_types)
@@ -231,7 +231,8 @@ def _profile(state, keys, terms, unread=()):
 
 def _write(rt, plan, now, inventory):
     """The write phase: preemptions, then assignments that still hold, then changed reasons."""
-    assigned, woken = 0, set()
+    assigned = 0
+    woken: set[str] = set()  # nodes that got work
     with write_transaction():
         rt.leader.fence()  # a replica that lost the lead meanwhile writes nothing
         for job, victims in plan.preempt:
@@ -294,7 +295,7 @@ def _assign(rt, job, tasks, result, now, woken, run_as):
 def _schedulable_nodes(node_ids):
     """The ids among these of nodes that still take new work (read in the write transaction)."""
     ids = sorted(node_ids)
-    out = set()
+    out: set[str] = set()
     for start in range(0, len(ids), 500):
         rows = Node.select(Node.id).where(Node.id.in_(ids[start:start + 500])
                                           & (Node.status == NodeStatus.READY.value))

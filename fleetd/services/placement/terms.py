@@ -79,7 +79,7 @@ class TermsCache:
         for start in range(0, len(missing), 500):  # bounded IN lists
             rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class, Job.name, Job.instance_id,
                                Job.owner_token_id)
-                    .where(Job.id.in_(missing[start:start + 500])).tuples())
+                    .where(Job.id.in_(missing[start:start + 500])).tuples().execute())
             for job_id, spec, team, priority_class, name, instance_id, owner in rows:
                 found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class,
                                        workload_of(job_id, name, instance_id), owner)

@@ -35,6 +35,7 @@ def store_artifact(settings, now, stream, name, kind, principal):
     os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
     digest = hashlib.sha256()
     size = 0
+    tmp: str | None  # the upload's file, until it is the artifact's
     fd, tmp = tempfile.mkstemp(dir=store_dir(settings), prefix=".upload-")
     try:
         with os.fdopen(fd, "wb") as out:
@@ -93,10 +94,9 @@ def readable_artifacts(principal, shas):
     if not shas:
         return set()
     if principal.role == ADMIN:
-        rows = Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))
-    else:
-        rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
-            (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(shas))
+        return {row.sha256 for row in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))}
+    rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
+        (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(shas))
     return {row.sha256 for row in rows}
 
 

@@ -436,7 +436,7 @@ def instance_events_tail(principal, instance_id, count):
 
 def counts_by_state():
     """{state: count} of instances, for metrics."""
-    return dict(Instance.select(Instance.state, fn.COUNT(Instance.id)).group_by(Instance.state).tuples())
+    return dict(Instance.select(Instance.state, fn.COUNT(Instance.id)).group_by(Instance.state).tuples().execute())
 
 
 PORT_TAKEN = "taken_by_other_process"

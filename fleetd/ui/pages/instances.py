@@ -74,7 +74,7 @@ def _ports(view):
         state = public.get("state") if public else None
         url = public.get("url") if public and state != "taken_by_other_process" else None
         out.append({"port": port["port"], "protocol": protocol, "url": url, "state": state,
-                    "state_text": PORT_STATE_TEXT.get(state, ""),
+                    "state_text": PORT_STATE_TEXT.get(state or "", ""),
                     "public": bool(public and public.get("is_ip_public"))})
     return out
 

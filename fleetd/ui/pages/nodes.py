@@ -132,7 +132,7 @@ def node_action(node_id, action):
         return render_template("confirm_node.html", node=node, action=action, title=ACTIONS[action][0],
                                explanation=ACTIONS[action][1], drain=drain,
                                deadline_minutes=request.form.get("deadline_minutes", ""))
-    if action == "drain":
+    if drain is not None:  # a drain: its form was loaded above
         node = nodes.drain_node(rt, node_id, drain["reason"], drain["deadline_seconds"])
     else:
         node = {"cordon": nodes.cordon_node, "uncordon": nodes.uncordon_node, "undrain": nodes.undrain_node,

@@ -27,7 +27,7 @@ def daily_by_team(rt, principal, days, team=None):
     today = rt.clock.now().date()
     columns = [today - dt.timedelta(days=n) for n in range(days - 1, -1, -1)]
     index = {day.isoformat(): i for i, day in enumerate(columns)}
-    stacks = {}
+    stacks: dict[str, list[float]] = {}
     for row in usage.usage_by_day_and_team(rt, principal, columns[0], today, team=team):
         name = row["team"] or NONE_TEAM
         stacks.setdefault(name, [0.0] * len(columns))[index[row["day"]]] += row["gpu_hours_allocated"]
