@@ -184,7 +184,7 @@ class Cgroups:
         return False
 
 
-def shim_command(cgroup_path, argv, status_path=None):
+def shim_command(cgroup_path, argv, status_path=None, nproc=None):
     """The command that first moves itself into the task cgroup (where there is one), then execs the
     task (same pid); with `status_path`, runs it instead as a child and writes its exit status there.
 
@@ -192,10 +192,31 @@ def shim_command(cgroup_path, argv, status_path=None):
     the outcome is on disk for the agent's next start. It catches SIGTERM (a caught signal is the
     default again in the task, which gets its own SIGTERM as one of the group), so a stop ends with
     how the task ended. One shell for both: an exec less per task.
+
+    `nproc`: (the shell's ulimit flag, limit): the shell sets RLIMIT_NPROC for what it starts (root,
+    it is not bound itself; the task, once setpriv switched its uid, is, and cannot raise it).
     """
     procs = os.path.join(cgroup_path, "cgroup.procs") if cgroup_path else ""
+    limit = "" if nproc is None else f"ulimit {nproc[0]} {int(nproc[1])} || exit 126; "
     if status_path is None:
-        return ["/bin/sh", "-c", 'echo 0 > "$0" || exit 126; exec "$@"', procs, *argv]
-    script = ('[ -z "$0" ] || echo 0 > "$0" || exit 126; s="$1"; shift; trap : TERM; "$@"; r=$?; '
+        return ["/bin/sh", "-c", limit + 'echo 0 > "$0" || exit 126; exec "$@"' if procs else
+                limit + 'exec "$@"', procs, *argv]
+    script = (limit + '[ -z "$0" ] || echo 0 > "$0" || exit 126; s="$1"; shift; trap : TERM; "$@"; r=$?; '
               'echo "$r" > "$s"; exit "$r"')
     return ["/bin/sh", "-c", script, procs, status_path, *argv]
+
+
+def shell_nproc_flag(shell="/bin/sh"):
+    """The flag of `shell`'s ulimit that sets RLIMIT_NPROC (bash and busybox: -u; dash: -p), or None
+    when it has none (the agent then execs prlimit for it)."""
+    import subprocess
+
+    for flag, says in (("-u", None), ("-p", "process")):
+        try:
+            done = subprocess.run([shell, "-c", f"ulimit {flag} && ulimit -a"], capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode == 0 and (says is None or any(line.startswith(says) for line in done.stdout.splitlines())):
+            return flag
+    return None

@@ -92,6 +92,7 @@ def main():
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="agent-footprint-") as tmp:
+        os.chmod(tmp, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
         fleetd, url, admin = start_fleetd(os.path.join(tmp, "fleetd"))
         agent = baseline = None
         try:

@@ -123,6 +123,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=50)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
+        os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
         proc, url, admin = start_fleetd(data_dir)
         agent = None
         try:

@@ -81,6 +81,7 @@ def main():
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
+        os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
         init = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir], check=True,
                               capture_output=True, text=True, timeout=60)
         admin = init.stdout.strip().splitlines()[-1]
@@ -225,6 +226,8 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
         for _ in range(30):  # idle fleet: one job at a time
             job = http.post(url + "/api/v1/jobs", json=spec, timeout=30).json()
             done = http.get(f"{url}/api/v1/jobs/{job['id']}?wait_seconds=30", timeout=60).json()
+            if done["tasks"][0]["started_at"] is None:
+                raise SystemExit(f"job {job['id']} did not start: {json.dumps(done)[:2000]}")
             starts.append(_parse(done["tasks"][0]["started_at"]) - _parse(done["submitted_at"]))
         phases = {f"submit -> start, idle fleet, {args.real_agents} agents": summary(starts, 0)}
         ids, lock, failures = [], threading.Lock(), []

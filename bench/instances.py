@@ -93,6 +93,7 @@ def main():
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as data_dir:
+        os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
         containers, env = podman_setup(data_dir)
         skipped = None
         if containers is None:

@@ -807,6 +807,7 @@ def main():
     t0 = time.perf_counter()
     if not args.skip_fleet:
         with tempfile.TemporaryDirectory() as data_dir:
+            os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
             results["fleet"] = run_fleet(args, data_dir)
         results["fleet_seconds"] = round(time.perf_counter() - t0, 1)
     t1 = time.perf_counter()

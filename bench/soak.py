@@ -1006,6 +1006,7 @@ def main():
         raise SystemExit("tasks run as their submitters' uids: run as root, with setpriv installed")
 
     top = tempfile.mkdtemp(prefix="fleet-soak-")
+    os.chmod(top, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
     os.chmod(top, 0o711)  # the agents' task dirs lie below: every task uid must pass
     soak = Soak(args, top)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -711,6 +711,9 @@ class UsageMark(BaseModel):
     started_at = peewee.DateTimeField()
     ended_at = peewee.DateTimeField()
 
+    class Meta:
+        indexes = ((("task_id",), False),)  # a job's cost reads its runs' marks (migration 0030)
+
 
 class StorageRecord(BaseModel):
     """An instance volume's storage cost (per GB-month at the storage price in force), as far as

@@ -29,8 +29,8 @@ unsets a variable, a nested container). Here everything is decided on the host, 
   ``task_memory_default_bytes``; ``pids``, else the fleet's ``task_pids_max``) through a cgroup v2 per
   task where the host has cgroup v2 with the cpu/memory/pids controllers writable; where not, the
   worker's record says "not enforced" and why. Without the pids controller the pid limit falls back
-  to RLIMIT_NPROC, set by ``prlimit`` (util-linux) on the task's process before it switches to its
-  uid: that one counts every process and thread of the task's uid on the node (its owner's other
+  to RLIMIT_NPROC, set by the task's root shell (its ``ulimit``; ``prlimit`` where it has none) before
+  the task's process switches to its uid: that one counts every process and thread of the task's uid on the node (its owner's other
   tasks too), and binds no root task. A container gets both from its runtime instead
   (``--pids-limit``, ``--memory``: agent/task/container.py), since its processes live in the
   runtime's cgroup, not the task's. The task cgroup, when it can be created at all, is also the
@@ -45,7 +45,7 @@ import dataclasses
 import os
 import shutil
 
-from agent.cgroups import Cgroups, shim_command
+from agent.cgroups import Cgroups, shell_nproc_flag, shim_command
 from agent.isolation import SETPRIV_PATH
 from agent.task.errors import LimitError
 from agent.task.mps import MIB, MpsSupervisor, mps_client_env
@@ -112,9 +112,12 @@ class TaskLimits:
 class Limits:
     """Sets up each task's limits and runs the watchdog over all of them."""
 
-    def __init__(self, settings=None, devices=None, workers=None, state_dir=None, cgroups=None, prlimit=None):
+    def __init__(self, settings=None, devices=None, workers=None, state_dir=None, cgroups=None, prlimit=None,
+                 nproc_flag=None):
         self.settings = settings or LimitSettings()
         self.prlimit = prlimit if prlimit is not None else shutil.which("prlimit", path=SETPRIV_PATH)
+        # RLIMIT_NPROC is set by the task's root shell where its ulimit can (no exec), else by prlimit.
+        self.nproc_flag = shell_nproc_flag() if nproc_flag is None else (nproc_flag or None)
         self.devices = devices
         self.workers = workers
         base = self.settings.mps_dir or os.path.join(state_dir or ".", "mps")
@@ -197,8 +200,9 @@ class Limits:
         elif run_as.source == "agent":
             record["how"] = (f"not enforced: {why}; the task runs as the agent's own uid {run_as.uid} (isolation: "
                              "none), all of whose processes RLIMIT_NPROC would count")
-        elif not self.prlimit:
-            record["how"] = f"not enforced: {why}; prlimit (util-linux) is not installed for RLIMIT_NPROC"
+        elif not self.prlimit and not self.nproc_flag:
+            record["how"] = (f"not enforced: {why}; neither /bin/sh's ulimit nor prlimit (util-linux) can set "
+                             "RLIMIT_NPROC here")
         else:
             record.update(enforced=True, how=f"RLIMIT_NPROC = {limit} for uid {run_as.uid} (it counts all of that "
                                              f"uid's processes and threads on this node), since {why}")
@@ -207,15 +211,18 @@ class Limits:
 
     def command(self, task_limits, argv, status_path=None):
         """The argv to spawn: through the cgroup shim when the task has a cgroup; with `status_path`,
-        under the root-owned shell that records its exit status there (agent/cgroups.py shim_command)."""
+        under the root-owned shell that records its exit status there (agent/cgroups.py shim_command).
+        A pid limit no cgroup holds is RLIMIT_NPROC, set as root just before the switch to the task's
+        uid (setpriv), so that the root shell is not bound and the task cannot raise it: by that shell's
+        ulimit, or by prlimit where the shell cannot (an exec more)."""
         cgroup = task_limits.cgroup if task_limits is not None else None
-        if task_limits is not None and task_limits.nproc:
-            # Set as root just before the switch to the task's uid (setpriv), so that the root shell
-            # that records the exit status is not bound, and the task cannot raise it.
-            argv = [self.prlimit, f"--nproc={task_limits.nproc}", "--", *argv]
-        if not cgroup and status_path is None:
+        nproc = task_limits.nproc if task_limits is not None else None
+        if nproc and self.nproc_flag is None:
+            argv = [self.prlimit, f"--nproc={nproc}", "--", *argv]
+            nproc = None
+        if not cgroup and status_path is None and not nproc:
             return list(argv)
-        return shim_command(cgroup, argv, status_path)
+        return shim_command(cgroup, argv, status_path, nproc=(self.nproc_flag, nproc) if nproc else None)
 
     def release(self, task_limits):
         """After the task: remove its cgroup (the supervisor read its OOM kills before, if it failed).

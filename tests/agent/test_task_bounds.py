@@ -118,3 +118,20 @@ def test_a_state_dir_other_uids_cannot_reach_is_named_at_start_and_refuses_their
         assert fleetd.texts("t-uid-again", "stdout") == ["ran"]
     finally:
         runner.shutdown("test over", timeout=15)
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash"])
+def test_the_task_shells_ulimit_sets_the_rlimit_nproc_its_command_starts_with(shell, tmp_path):
+    import subprocess
+
+    from agent.cgroups import shell_nproc_flag, shim_command
+
+    if not os.path.exists(shell):
+        pytest.skip(f"no {shell} here")
+    flag = shell_nproc_flag(shell)
+    assert flag == ("-u" if os.path.realpath(shell).endswith("bash") else flag) and flag in ("-u", "-p")
+    argv = shim_command("", [PY, "-c", PRINT_NPROC], str(tmp_path / "status"), nproc=(flag, 77))
+    argv[0] = shell
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.split() == ["77"], done
+    assert (tmp_path / "status").read_text().strip() == "0"  # the shell still records the exit status

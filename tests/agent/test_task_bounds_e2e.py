@@ -100,8 +100,10 @@ def worker(agent, job_id, http):
     """The local API's record of the job's one running task."""
     task_id = http("GET", f"/api/v1/jobs/{job_id}", expect=200).json()["tasks"][0]["id"]
     local = Http(agent.local_url, agent.local_token())
+    # The record is listed as the task is taken, its limits once they are set up: wait for those.
     return wait_until(lambda: next((w for w in local("GET", "/api/v1/workers", expect=200).json()["data"]
-                                    if w["task_id"] == task_id), None), timeout=30, message="the worker record")
+                                    if w["task_id"] == task_id and "host" in (w.get("limits") or {})), None),
+                      timeout=30, message="the worker record with its limits")
 
 
 def test_a_task_forking_ten_thousand_processes_stops_at_its_fleets_pid_limit_and_the_node_stays_healthy(node):

@@ -40,6 +40,7 @@ from fleetd.models import (
     UsageWorkloadDay,
     UsageWorkloadMonth,
 )
+from fleetd.sql import Statement
 
 BATCH = 500  # runs accounted per write transaction
 GPU, STORAGE = "gpu", "storage"
@@ -80,6 +81,9 @@ def split_days(start, end):
     return out
 
 
+_PRICE_CHANGES = Statement(lambda v: PriceChange.select().order_by(PriceChange.at, PriceChange.id))
+
+
 class PriceBook:
     """Every price as it was set (PriceChange), to look up the one in force over any interval."""
 
@@ -91,7 +95,7 @@ class PriceBook:
     @classmethod
     def load(cls):
         """The whole history (a few rows per GPU model and price change)."""
-        return cls(PriceChange.select().order_by(PriceChange.at, PriceChange.id))
+        return cls(_PRICE_CHANGES.rows())
 
     def at(self, kind, model, when):
         """The price in force at `when` (None: unpriced)."""
@@ -350,18 +354,28 @@ def _flush_running(run, batch):
     return len(ids)
 
 
+# What runs_to_date reads, compiled once: a job's cost is read at every view of the job.
+def _tasks_of(v):
+    """The tasks of a job, or of every run of an instance."""
+    return Task.select(Task.id).where(Task.job.in_(
+        Job.select(Job.id).where((Job.id == v("workload")) | (Job.instance_id == v("workload")))))
+
+
+_RECORDS_OF = Statement(lambda v: UsageRecord.select().where(UsageRecord.workload_id == v("workload")))
+_MARKS_OF = Statement(lambda v: UsageMark.select().where(UsageMark.task_id.in_(_tasks_of(v))).order_by(UsageMark.id))
+_RUNNING_OF = Statement(lambda v: Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
+    Task.id.in_(_tasks_of(v)) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)))
+
+
 def runs_to_date(workload_id, now, book=None, samples=False):
     """A job's or instance's ledger rows as a pass at `now` would leave them, none saved: the runs that
     ended since the last pass closed at their ends (their marks), the runs started since added, the others
     carried on to `now`. `samples`: their GPUs' samples weigh the stretches added (else used and sampled
     GPU-seconds stand where the last pass left them). Oldest first."""
     run = _Pass(now, book)
-    records = {r.id: r for r in UsageRecord.select().where(UsageRecord.workload_id == workload_id)}
-    jobs = Job.select(Job.id).where((Job.id == workload_id) | (Job.instance_id == workload_id))
-    marks = list(UsageMark.select().where(UsageMark.task_id.in_(Task.select(Task.id).where(Task.job.in_(jobs))))
-                 .order_by(UsageMark.id))
-    running = list(Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
-        Task.job.in_(jobs) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)))
+    records = {r.id: r for r in _RECORDS_OF.rows(workload=workload_id)}
+    marks = _MARKS_OF.rows(workload=workload_id)
+    running = _RUNNING_OF.rows(workload=workload_id)
     ends = {}  # row id -> (until, ended at or None)
     for mark in marks:
         key = f"{mark.task_id}.{mark.epoch}"
