@@ -11,7 +11,7 @@ from fleetd import __version__
 from fleetd.api import BLUEPRINTS, docs, graphql
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.api.parser import forbidden_text, null_means_null
-from fleetd.auth import resolve_token
+from fleetd.auth import enter_actor, leave_actors, resolve_token
 from fleetd.db import bind, database, hand_back, open_database, request_durable, request_started
 from fleetd.errors import FleetdError, InvalidRequest, ProtocolMismatch, Unauthorized, handle_error
 from fleetd.runtime import Runtime, current_runtime, request_address
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None, clock=None, db=None, offload=No
     app.after_request(_no_store)
     app.before_request(_authenticate)
     app.before_request(_check_url)
+    app.teardown_request(leave_actors)
     app.teardown_request(_close_db)
     return app
 
@@ -113,6 +114,7 @@ def _authenticate():
         rt.limiter.fail(request_address(), rt.clock.monotonic())  # 429 once over the failure budget
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
+    enter_actor(g.principal)
     if g.principal.kind == "api":  # node sessions and join tokens are exempt
         rt.rates.take(g.principal.id, g.principal.rate, rt.clock.monotonic())  # 429 past the token's rate
     if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:

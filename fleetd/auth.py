@@ -26,6 +26,7 @@ from fleetd.credentials import (  # noqa: F401 - views take the roles from here,
 )
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
 from fleetd.models import ApiToken, JoinToken, Node, NodeStatus
+from fleetd.services.notify import events
 from fleetd.sql import Statement
 
 
@@ -254,3 +255,17 @@ def require(*roles):
         return wrapper
 
     return decorator
+
+
+def enter_actor(principal):
+    """Events written while this request is served name its principal as their actor: the services
+    read it from fleetd.services.notify.events, never from the request (called once the request is
+    authenticated; leave_actors, at its teardown, ends it)."""
+    entered = events.enter_request(principal.label, principal.id if principal.kind == "api" else None)
+    g.setdefault("fleetd_actors", []).append(entered)
+
+
+def leave_actors(exc=None):
+    """At a request's teardown: what enter_actor() began ends."""
+    for entered in reversed(g.pop("fleetd_actors", [])):
+        events.leave_request(entered)

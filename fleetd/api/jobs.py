@@ -33,8 +33,9 @@ class Jobs(MethodView):
     @blp.response(200, JobPageSchema)
     def get(self, query):
         """List jobs (a submitter sees its own), oldest first."""
-        items, next_cursor = jobs.list_jobs(current_principal(), query["limit"], query["cursor"], query["state"],
-                                            query["owner"], name=query["name"])
+        items, next_cursor = jobs.list_job_views(current_runtime(), current_principal(), query["limit"],
+                                                 query["cursor"], state=query["state"], owner=query["owner"],
+                                                 name=query["name"])
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)
@@ -65,9 +66,7 @@ class JobCancel(MethodView):
     def post(self, job_id):
         """Cancel a job: `cancelling` while its nodes stop its processes (told at once), then
         `cancelled`; a job that runs nothing yet is `cancelled` at once."""
-        rt = current_runtime()
-        jobs.cancel_job(rt, current_principal(), job_id)
-        return jobs.get_job(current_principal(), job_id)
+        return jobs.cancel_job(current_runtime(), current_principal(), job_id)
 
 
 @blp.route("/jobs/<string:job_id>/result")

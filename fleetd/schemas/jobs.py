@@ -7,10 +7,8 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate, va
 
 from fleetd.models import JobState
 from fleetd.names import name_problem
-from fleetd.runtime import current_runtime
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema, Text, Time, page_schema
-from fleetd.services.accounting.usage import job_cost
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
@@ -183,10 +181,11 @@ class JobStatusSchema(Schema):
     outcome = fields.String(allow_none=True)
     spec = fields.Dict()
     tasks = fields.List(fields.Nested(TaskStatusSchema), attribute="task_list")
-    price_per_hour = fields.Function(lambda job: job_cost(current_runtime(), job)[0], allow_none=True, metadata={
+    # Set by the service that returns the job (services.accounting.usage.with_costs).
+    price_per_hour = fields.Float(allow_none=True, metadata={
         "description": "what its running tasks cost per hour now; once none runs, what its last attempt's cost "
                        "(null when it never ran or is unpriced)"})
-    cost_so_far = fields.Function(lambda job: job_cost(current_runtime(), job)[1], metadata={
+    cost_so_far = fields.Float(metadata={
         "description": "its cost so far from the usage ledger, ended tasks to their end and running ones to now"})
 
 

@@ -8,6 +8,7 @@ from flask import Blueprint, g, redirect, render_template, request, url_for
 from markupsafe import Markup, escape
 from werkzeug.exceptions import HTTPException
 
+from fleetd.auth import enter_actor
 from fleetd.clock import isoformat
 from fleetd.errors import FleetdError
 from fleetd.runtime import current_runtime
@@ -33,6 +34,8 @@ def _load_session():
     if request.endpoint == "ui.static":
         return None
     g.ui_principal = session_principal(current_runtime().clock.now())
+    if g.ui_principal is not None:
+        enter_actor(g.ui_principal)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         check_csrf()
     return None

@@ -9,7 +9,6 @@ import csv
 import datetime as dt
 import io
 
-from flask import g, has_app_context
 from peewee import ModelSelect, fn
 from prometheus_client.core import CounterMetricFamily
 
@@ -224,18 +223,13 @@ def _price_per_hour(runs):
     return round(sum(prices), 6) if prices else None
 
 
-def job_cost(rt, job):
-    """(price_per_hour, cost_so_far) of a job, computed once per row shown (the prices read once
-    per request)."""
-    cached = job.__dict__.get("_usage_cost")
-    if cached is None:
-        book = g.get("fleetd_price_book") if has_app_context() else None
-        if book is None:
-            book = PriceBook.load()
-            if has_app_context():
-                g.fleetd_price_book = book
-        cached = job.__dict__["_usage_cost"] = workload_cost(rt, job.id, book)
-    return cached
+def with_costs(rt, jobs):
+    """The jobs, each with its `price_per_hour` and `cost_so_far` (workload_cost; the prices read
+    once for all of them): what a view of a job shows."""
+    book = PriceBook.load() if jobs else None
+    for job in jobs:
+        job.price_per_hour, job.cost_so_far = workload_cost(rt, job.id, book)
+    return jobs
 
 
 def storage_costs(rt, instance_ids):

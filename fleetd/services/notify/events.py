@@ -28,12 +28,21 @@ def acting_as(actor):
         _ACTOR.reset(token)
 
 
-def _request_principal():
-    from flask import g, has_request_context  # services also run outside Flask (CLI tools)
+# Who the request being served acts for: (its principal's label, its API token's id or None), set by
+# the API layer once it authenticated the request (enter_request) and reset when the request ends.
+_REQUEST: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar("fleetd_request_actor",
+                                                                                  default=None)
 
-    if has_request_context():
-        return g.get("principal") or g.get("ui_principal")
-    return None
+
+def enter_request(label, token_id=None):
+    """The API layer: the request being served acts for `label` (the id of its API token, when it
+    has one); returns what leave_request takes when the request ends."""
+    return _REQUEST.set((label, token_id))
+
+
+def leave_request(entered):
+    """The API layer: the request that enter_request() named ended."""
+    _REQUEST.reset(entered)
 
 
 def current_actor():
@@ -42,17 +51,17 @@ def current_actor():
     actor = _ACTOR.get()
     if actor is not None:
         return actor
-    principal = _request_principal()
-    return principal.label if principal is not None else FLEETD
+    request = _REQUEST.get()
+    return request[0] if request is not None else FLEETD
 
 
 def actor_token_id(actor):
     """The id of the API token that `actor` names, when it is this request's own token (its label):
     two tokens may have had one name over time, their ids tell them apart. None for nodes, fleetd
     and outside requests."""
-    principal = _request_principal()
-    if principal is not None and principal.kind == "api" and principal.label == actor:
-        return principal.id
+    request = _REQUEST.get()
+    if request is not None and request[1] is not None and request[0] == actor:
+        return request[1]
     return None
 
 

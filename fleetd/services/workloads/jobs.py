@@ -6,6 +6,7 @@ import dataclasses
 from fleetd.db import hand_back, released, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
 from fleetd.models import Event, Job, JobState, LogLine, Node, Task, TaskState, new_id
+from fleetd.services.accounting.usage import with_costs
 from fleetd.services.identity import limits
 from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
@@ -30,6 +31,7 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     job = submit_job(rt.settings, rt.clock.now(), principal, spec, never)
     if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
         job = get_job(principal, job.id)
+    job.price_per_hour, job.cost_so_far = None, 0.0  # nothing ran yet: what with_costs() would find
     return job
 
 
@@ -137,9 +139,19 @@ def get_job(principal, job_id):
     return job
 
 
+def list_job_views(rt, principal, limit, cursor=None, **filters):
+    """list_jobs with each job's costs (the API's listing)."""
+    items, next_cursor = list_jobs(principal, limit, cursor, **filters)
+    return with_costs(rt, items), next_cursor
+
+
 def wait_job(rt, principal, job_id, wait_seconds):
-    """A job; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as it is then).
-    No pooled connection is held while waiting."""
+    """A job with its costs; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as
+    it is then). No pooled connection is held while waiting."""
+    return with_costs(rt, [_wait_job(rt, principal, job_id, wait_seconds)])[0]
+
+
+def _wait_job(rt, principal, job_id, wait_seconds):
     job = get_job(principal, job_id)
     if wait_seconds <= 0 or JobState(job.state).is_terminal():
         return job
@@ -220,7 +232,7 @@ def cancel_job(rt, principal, job_id):
         held = stop_job(job, f"cancelled by {principal.label}", now)
     owe_stops(held)
     rt.notifier.notify(("job", job.id))
-    return job
+    return wait_job(rt, principal, job_id, 0)  # as it is now, with its tasks and costs
 
 
 # ---------------------------------------------------------------- a task ends
