@@ -22,6 +22,7 @@ import urllib.parse
 
 import urllib3
 
+from fleetwire.finish import FinishResult, TaskFinish
 from fleetwire.heartbeat import HeartbeatReply
 from fleetwire.registration import Registered
 
@@ -246,30 +247,33 @@ class FleetClient:
         self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
 
     def task_finish_body(self, task_id, body):
-        """POST /agent/tasks/{id}/finish with a body from finish_body()."""
-        self._post(_task_path(task_id, "finish"), body, self.session_token)
+        """POST /agent/tasks/{id}/finish with a TaskFinish (finish_body())."""
+        self._post(_task_path(task_id, "finish"), body.to_wire(), self.session_token)
 
     def task_finishes(self, reports):
-        """POST /agent/finish: several finish reports at once, [(task_id, finish_body()), ...].
+        """POST /agent/finish: several finish reports at once, [(task_id, TaskFinish), ...].
 
         Returns one entry per report, in order: None when fleetd settled it, else the error a
         single finish would have raised (Conflict for a stale epoch). Errors of the call itself
         raise as for any call; an older fleetd without the route answers 404 or 405.
         """
-        finishes = [dict(body, task_id=task_id) for task_id, body in reports]
+        finishes = [dict(body.to_wire(), task_id=task_id) for task_id, body in reports]
         reply = self._post("/api/v1/agent/finish", {"finishes": finishes}, self.session_token) or {}
         results = reply.get("results")
-        if not isinstance(results, list) or len(results) != len(reports):
+        try:
+            parsed = [FinishResult.from_wire(result) for result in results] if isinstance(results, list) else None
+        except ValueError:
+            parsed = None
+        if parsed is None or [r.task_id for r in parsed] != [task_id for task_id, _ in reports]:
             raise Unreachable(f"fleetd answered {len(reports)} finish reports with a reply that does not match them")
         out: list[FleetdError | None] = []
-        for result in results:
-            status = result.get("status") if isinstance(result, dict) else None
-            if status == 204:
+        for result in parsed:
+            if result.status == 204:
                 out.append(None)
                 continue
-            error = (result.get("error") if isinstance(result, dict) else None) or {}
+            error = result.error or {}
             details = error.get("details")
-            out.append(error_for(status, error.get("code", ""), error.get("message", ""),
+            out.append(error_for(result.status, error.get("code", ""), error.get("message", ""),
                                  details if isinstance(details, dict) else {}))
         return out
 
@@ -369,20 +373,10 @@ class FleetClient:
 
 
 def finish_body(epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None):
-    """The body of a finish report: succeeded, failed or cancelled (`lost`: the agent ended it;
-    `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
-    body = {"epoch": epoch, "outcome": outcome}
-    if exit_code is not None:
-        body["exit_code"] = exit_code
-    if reason:
-        body["reason"] = reason
-    if lost:
-        body["lost"] = True
-    if pid is not None:
-        body["pid"] = pid
-        if started_seconds_ago is not None:
-            body["started_seconds_ago"] = round(started_seconds_ago, 6)
-    return body
+    """A finish report (fleetwire.finish.TaskFinish): succeeded, failed or cancelled (`lost`: the agent
+    ended it; `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
+    return TaskFinish(epoch=epoch, outcome=outcome, exit_code=exit_code, reason=reason or "", lost=lost, pid=pid,
+                      started_seconds_ago=started_seconds_ago if pid is not None else None)
 
 
 def _task_path(task_id, action):

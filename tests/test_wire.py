@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from fleetwire.assignment import AssignedInstance, Assignment
+from fleetwire.finish import FinishResult, TaskFinish
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply, TaskReport
 from fleetwire.registration import Registered, Registration, Resources
 
@@ -82,3 +83,24 @@ def test_fleetds_registration_schemas_name_exactly_the_wires_fields():
     assert set(RegisterSchema().fields) == {f.name for f in dataclasses.fields(Registration)}
     assert set(ReportedResourcesSchema().fields) == {f.name for f in dataclasses.fields(Resources)}
     assert set(RegisteredSchema().fields) == {f.name for f in dataclasses.fields(Registered)}
+
+
+def test_a_finish_report_and_a_batchs_result_read_back_equal_from_their_wire_forms():
+    plain = TaskFinish(epoch=2, outcome="succeeded", exit_code=0)
+    assert plain.to_wire() == {"epoch": 2, "outcome": "succeeded", "exit_code": 0}  # an older fleetd reads it
+    full = TaskFinish(epoch=3, outcome="failed", exit_code=-9, reason="killed", lost=True, agent_stopping=True,
+                      pid=4242, started_seconds_ago=0.25, idle=True, ports=({"port": 8000, "host_port": 41000},))
+    for finish in (plain, full):
+        assert TaskFinish.from_wire(finish.to_wire()) == finish
+    for result in (FinishResult("t-1", 204), FinishResult("t-2", 409, {"code": "conflict", "message": "stale"})):
+        assert FinishResult.from_wire(result.to_wire()) == result
+    with pytest.raises(ValueError, match="outcome"):
+        TaskFinish.from_wire({"epoch": 1, "outcome": "exploded"})
+
+
+def test_fleetds_finish_schemas_name_exactly_the_wires_fields():
+    from fleetd.schemas.jobs import TaskFinishItemSchema, TaskFinishResultSchema, TaskFinishSchema
+
+    assert set(TaskFinishSchema().fields) == {f.name for f in dataclasses.fields(TaskFinish)}
+    assert set(TaskFinishItemSchema().fields) == {f.name for f in dataclasses.fields(TaskFinish)} | {"task_id"}
+    assert set(TaskFinishResultSchema().fields) == {f.name for f in dataclasses.fields(FinishResult)}

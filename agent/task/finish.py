@@ -1,5 +1,6 @@
 """Finish reports: each task's outcome to fleetd, retried through an outage, batched when they come together."""
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,9 +32,9 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
             ago = None if pid is None or started_monotonic is None else max(0.0, time.monotonic() - started_monotonic)
             body = finish_body(epoch, outcome, exit_code, (reason or "")[:1000] or None, lost=lost, pid=pid,
                                started_seconds_ago=ago)
-            if agent_stopping and lost:
-                body["agent_stopping"] = True
-            body.update({k: v for k, v in (extra or {}).items() if k != "ports" or pid is not None})
+            extra = extra or {}
+            body = dataclasses.replace(body, agent_stopping=agent_stopping and lost, idle=bool(extra.get("idle")),
+                                       ports=tuple(extra["ports"]) if pid is not None and "ports" in extra else None)
             runner.finishes.send(client, task_id, body)
             log.info("task %s: %s%s%s", label, outcome, f", exit code {exit_code}" if exit_code is not None else "",
                      f" ({reason})" if reason else "")
@@ -54,8 +55,7 @@ def report_finish(client, runner, task_id, epoch, result, label, lost=False, pid
                 log.info("task %s: fleetd does not take the start in a finish report (%s); reporting it first",
                          label, exc)
                 try:
-                    client.task_start(task_id, epoch, pid, extra={k: v for k, v in (extra or {}).items()
-                                                                  if k == "ports"})
+                    client.task_start(task_id, epoch, pid, extra={k: v for k, v in extra.items() if k == "ports"})
                 except FleetdError as start_exc:
                     if is_fencing(start_exc):
                         raise Fenced(str(start_exc)) from None
@@ -105,7 +105,7 @@ class FinishReports:
         self._sending = False  # a call is on its way; the queue waits for it
 
     def send(self, client, task_id, body):
-        """Report one finish (a finish_body()); raises what a single finish call would."""
+        """Report one finish (a TaskFinish); raises what a single finish call would."""
         report = _Report(task_id, body)
         with self._lock:
             self._queue.append(report)

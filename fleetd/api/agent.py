@@ -141,9 +141,7 @@ class AgentTaskFinish(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process ended with this outcome."""
-        work.finish_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["outcome"],
-                         body["exit_code"], body["reason"], body["lost"], body["pid"], body["started_seconds_ago"],
-                         body["agent_stopping"], idle=body["idle"], ports=body["ports"])
+        work.finish_task(current_runtime(), current_principal().node_id, task_id, body)
 
 
 @blp.route("/finish", parameters=[PROTOCOL_PARAMETER])
@@ -153,4 +151,5 @@ class AgentFinish(MethodView):
     @blp.response(200, TaskFinishBatchReplySchema)
     def post(self, body):
         """Several tasks' processes ended: each report is settled and answered on its own."""
-        return {"results": work.finish_tasks(current_runtime(), current_principal().node_id, body["finishes"])}
+        results = work.finish_tasks(current_runtime(), current_principal().node_id, body["finishes"])
+        return {"results": [result.to_wire() for result in results]}

@@ -12,6 +12,7 @@ from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
+from fleetwire.finish import TaskFinish
 
 ENV_NAME = FullRegexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = FullRegexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
@@ -414,9 +415,27 @@ class TaskFinishSchema(Schema):
             raise ValidationError("only a finish that carries the start (pid) says when it started",
                                   "started_seconds_ago")
 
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's one definition of a finish report (fleetwire.finish)."""
+        try:
+            return TaskFinish.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
+
 
 class TaskFinishItemSchema(TaskFinishSchema):
     task_id = Text(required=True, min_length=1, max_length=128)
+
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """(task id, its TaskFinish)."""
+        data = dict(data)
+        task_id = data.pop("task_id")
+        try:
+            return task_id, TaskFinish.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class TaskFinishBatchSchema(Schema):
@@ -425,7 +444,7 @@ class TaskFinishBatchSchema(Schema):
 
     @validates_schema
     def _once_each(self, data, **_kwargs):
-        ids = [f["task_id"] for f in data.get("finishes", [])]
+        ids = [task_id for task_id, _finish in data.get("finishes", [])]
         if len(set(ids)) != len(ids):
             raise ValidationError("each task may be reported once per call", "finishes")
 

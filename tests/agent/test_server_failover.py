@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from agent.client import Conflict, FleetClient, FleetdError, ServerUrls, Unreachable, display_url
+from fleetwire.finish import TaskFinish
 from fleetwire.heartbeat import Heartbeat
 from tests.agent.test_tls import _Heartbeat, cert  # noqa: F401 - the TLS stand-in and its certificate fixture
 
@@ -97,7 +98,7 @@ def test_long_polls_and_finish_reports_fail_over_like_any_call(fakes):
     assert [a["task_id"] for a in c.acquire(wait_seconds=5, max_assignments=4)] == ["t-5"]
     assert urls.current == second.url
     urls.failed(1)  # back to the first, whose finish route answers 503
-    assert c.task_finishes([("t-5", {"epoch": 1, "outcome": "succeeded", "exit_code": 0})]) == [None]
+    assert c.task_finishes([("t-5", TaskFinish(epoch=1, outcome="succeeded", exit_code=0))]) == [None]
     assert second.finished["t-5"]["outcome"] == "succeeded" and "t-5" not in first.finished
     c.close()
 

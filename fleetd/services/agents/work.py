@@ -24,6 +24,7 @@ from fleetd.services.workloads.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
 from fleetwire.assignment import AssignedInstance, Assignment
+from fleetwire.finish import FinishResult
 
 _NEXT_ASSIGNED = Statement(lambda v: (
     Task.select()
@@ -321,9 +322,9 @@ def append_logs(rt, node_id, task_id, epoch, lines):
             LogLine.insert_many(rows).execute()
 
 
-def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="", lost=False, pid=None,
-                started_seconds_ago=None, agent_stopping=False, idle=False, ports=None):
-    """The process of a task ended; settle the job (retry, fail, succeed) and free its GPUs.
+def finish_task(rt, node_id, task_id, finish):
+    """The process of a task ended (`finish`: a fleetwire TaskFinish); settle the job (retry, fail,
+    succeed) and free its GPUs.
 
     `lost` says the agent itself ended the task (it stopped, restarted or was upgraded):
     the task counts as lost, so the job retries as after a lost node. With `agent_stopping`
@@ -337,21 +338,21 @@ def finish_task(rt, node_id, task_id, epoch, outcome, exit_code=None, reason="",
     """
     now = rt.clock.now()
     with write_transaction():
-        task = _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
-                              agent_stopping, idle, ports)
+        task = _settle_finish(node_id, task_id, finish, now)
     _after_finish(rt, node_id, task)
 
 
-def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pid, started_seconds_ago, now,
-                   agent_stopping=False, idle=False, ports=None):
+def _settle_finish(node_id, task_id, finish, now):
     """finish_task's writes, inside the caller's transaction; returns the task."""
+    epoch, outcome, exit_code, reason, lost = finish.epoch, finish.outcome, finish.exit_code, finish.reason, finish.lost
+    pid, started_seconds_ago, ports = finish.pid, finish.started_seconds_ago, finish.ports
     task = _leased_task(node_id, task_id, epoch)
     if pid is not None and task.state == TaskState.ASSIGNED.value:
         started_at = None
         if started_seconds_ago is not None:
             started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-        _mark_started(task, pid, now, started_at, save=False, ports=ports)  # saved as it ends, just below
-    if idle and not reason.startswith("idle"):
+        _mark_started(task, pid, now, started_at, save=False, ports=None if ports is None else list(ports))
+    if finish.idle and not reason.startswith("idle"):
         reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
     # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
     if not TaskState(task.state).is_terminal():
@@ -360,7 +361,7 @@ def _settle_finish(node_id, task_id, epoch, outcome, exit_code, reason, lost, pi
         hardware = reason.startswith(HARDWARE_REASONS)
         lost = (lost or hardware) and outcome == "failed"
         end_task(task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
-                 free_retry=lost and agent_stopping and not hardware)
+                 free_retry=lost and finish.agent_stopping and not hardware)
     return task
 
 
@@ -372,28 +373,25 @@ def _after_finish(rt, node_id, task):
 
 
 def finish_tasks(rt, node_id, finishes):
-    """Several finish reports of one node in one call, settled in one transaction: each as
-    finish_task settles it (in a savepoint of its own, so a refused one leaves the others) and
-    answered on its own. Returns one result per report, in order: {task_id, status: 204,
-    error: null}, or the status and error of a refused report (409 for a stale epoch, 404 for
-    an unknown task). A database failure settles none of them; a report sent again is
-    answered as before.
+    """Several finish reports of one node in one call (`finishes`: [(task id, TaskFinish)]), settled in
+    one transaction: each as finish_task settles it (in a savepoint of its own, so a refused one leaves
+    the others) and answered on its own. Returns a fleetwire FinishResult per report, in order: status
+    204, or the status and error of a refused report (409 for a stale epoch, 404 for an unknown task).
+    A database failure settles none of them; a report sent again is answered as before.
     """
     now = rt.clock.now()
     results, settled = [], []
     with write_transaction():
-        for f in finishes:
+        for task_id, finish in finishes:
             try:
                 with savepoint():
-                    task = _settle_finish(node_id, f["task_id"], f["epoch"], f["outcome"], f["exit_code"], f["reason"],
-                                          f["lost"], f["pid"], f["started_seconds_ago"], now,
-                                          f.get("agent_stopping", False), f.get("idle", False), f.get("ports"))
+                    task = _settle_finish(node_id, task_id, finish, now)
             except FleetdError as exc:
-                results.append({"task_id": f["task_id"], "status": exc.http_status,
-                                "error": envelope(exc.code, exc.message, exc.details)["error"]})
+                results.append(FinishResult(task_id, exc.http_status,
+                                            envelope(exc.code, exc.message, exc.details)["error"]))
             else:
                 settled.append(task)
-                results.append({"task_id": f["task_id"], "status": 204, "error": None})
+                results.append(FinishResult(task_id, 204))
     for task in settled:
         _after_finish(rt, node_id, task)
     return results
