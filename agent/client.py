@@ -25,6 +25,15 @@ import urllib3
 from fleetwire.finish import FinishResult, TaskFinish
 from fleetwire.heartbeat import HeartbeatReply
 from fleetwire.registration import Registered
+from fleetwire.tasks import (
+    Acquire,
+    AcquireReply,
+    LogBatch,
+    Rendezvous,
+    RendezvousPublish,
+    TaskRestarting,
+    TaskStarted,
+)
 
 log = logging.getLogger("agent.client")
 
@@ -202,32 +211,30 @@ class FleetClient:
         """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now); both
         empty when nothing came in time. A fleetd that predates `cancel` never sends stops here
         (the heartbeat's `cancel` carries them)."""
-        body = {"wait_seconds": wait_seconds}
-        if max_assignments is not None:
-            body["max_assignments"] = max_assignments
-        reply = self._post("/api/v1/agent/acquire", body, self.session_token, timeout=wait_seconds + self.timeout) or {}
-        cancel = [task_id for task_id in reply.get("cancel") or () if isinstance(task_id, str)]
-        if "assignments" in reply:
-            return list(reply["assignments"] or []), cancel
-        return ([reply["assignment"]] if reply.get("assignment") else []), cancel
+        reply = self._post("/api/v1/agent/acquire", Acquire(wait_seconds, max_assignments).to_wire(),
+                           self.session_token, timeout=wait_seconds + self.timeout)
+        try:
+            work = AcquireReply.from_wire(reply)
+        except ValueError as exc:
+            raise FleetdError(f"fleetd's answer to an acquire is not one: {exc}") from exc
+        return list(work.assignments), list(work.cancel)
 
     def task_start(self, task_id, epoch, pid=None, extra=None):
         """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's `ports`)."""
-        body = {"epoch": epoch}
-        if pid is not None:
-            body["pid"] = pid
-        body.update(extra or {})
-        self._post(_task_path(task_id, "start"), body, self.session_token)
+        extra = extra or {}
+        started = TaskStarted(epoch=epoch, pid=pid, restarts=extra.get("restarts") or 0,
+                              ports=None if extra.get("ports") is None else tuple(extra["ports"]))
+        self._post(_task_path(task_id, "start"), started.to_wire(), self.session_token)
 
     def task_restart(self, task_id, epoch, exit_code, signal, reason, backoff_seconds):
         """POST /agent/tasks/{id}/restart: an instance run's process ended and starts again after the back-off."""
-        self._post(_task_path(task_id, "restart"), {"epoch": epoch, "exit_code": exit_code, "signal": signal,
-                                                    "reason": reason, "backoff_seconds": backoff_seconds},
-                   self.session_token)
+        report = TaskRestarting(epoch=epoch, backoff_seconds=backoff_seconds, exit_code=exit_code, signal=signal,
+                                reason=reason or "")
+        self._post(_task_path(task_id, "restart"), report.to_wire(), self.session_token)
 
     def publish_rendezvous(self, task_id, epoch, addr, port):
         """POST /agent/tasks/{id}/rendezvous (rank 0): where the other ranks find it."""
-        self._post(_task_path(task_id, "rendezvous"), {"epoch": epoch, "addr": addr, "port": port},
+        self._post(_task_path(task_id, "rendezvous"), RendezvousPublish(epoch, addr, port).to_wire(),
                    self.session_token)
 
     def wait_rendezvous(self, task_id, wait_seconds=30):
@@ -240,11 +247,16 @@ class FleetClient:
             if exc.status == 504:
                 return None
             raise
-        return reply["addr"], int(reply["port"])
+        try:
+            point = Rendezvous.from_wire(reply)
+        except ValueError as exc:
+            raise FleetdError(f"fleetd's rendezvous is not one: {exc}") from exc
+        return point.addr, point.port
 
     def task_logs(self, task_id, epoch, lines):
         """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
-        self._post(_task_path(task_id, "logs"), {"epoch": epoch, "lines": lines}, self.session_token)
+        self._post(_task_path(task_id, "logs"), LogBatch(epoch, tuple(lines)).to_wire(),
+                   self.session_token)
 
     def task_finish_body(self, task_id, body):
         """POST /agent/tasks/{id}/finish with a TaskFinish (finish_body())."""

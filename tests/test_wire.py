@@ -1,6 +1,7 @@
 """The messages of the agent wire read back equal from what their own side built (fleetwire)."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -8,6 +9,15 @@ from fleetwire.assignment import AssignedInstance, Assignment
 from fleetwire.finish import FinishResult, TaskFinish
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply, TaskReport
 from fleetwire.registration import Registered, Registration, Resources
+from fleetwire.tasks import (
+    Acquire,
+    AcquireReply,
+    LogBatch,
+    Rendezvous,
+    RendezvousPublish,
+    TaskRestarting,
+    TaskStarted,
+)
 
 
 def _assignment(**changes):
@@ -104,3 +114,26 @@ def test_fleetds_finish_schemas_name_exactly_the_wires_fields():
     assert set(TaskFinishSchema().fields) == {f.name for f in dataclasses.fields(TaskFinish)}
     assert set(TaskFinishItemSchema().fields) == {f.name for f in dataclasses.fields(TaskFinish)} | {"task_id"}
     assert set(TaskFinishResultSchema().fields) == {f.name for f in dataclasses.fields(FinishResult)}
+
+
+@pytest.mark.parametrize("message", [
+    Acquire(), Acquire(wait_seconds=5, max_assignments=16),
+    AcquireReply(), AcquireReply(({"task_id": "t-1"},), ("t-2",), batched=True), AcquireReply(({"task_id": "t-1"},)),
+    TaskStarted(epoch=1), TaskStarted(epoch=2, pid=77, ports=({"port": 8000, "host_port": 41000, "protocol": "http"},),
+                                      restarts=3),
+    TaskRestarting(epoch=1, backoff_seconds=2.5, exit_code=1, signal=None, reason="exit code 1"),
+    RendezvousPublish(epoch=1, addr="10.0.0.5", port=29500), Rendezvous(addr="10.0.0.5", port=29500),
+    LogBatch(epoch=1, lines=(["stdout", "hello"], ["stderr", "oops", 1])),
+])
+def test_the_work_messages_read_back_equal_from_their_json_wire_forms(message):
+    assert type(message).from_wire(json.loads(json.dumps(message.to_wire()))) == message
+
+
+def test_fleetds_work_schemas_name_exactly_the_wires_fields():
+    from fleetd.schemas import jobs
+
+    for schema, message in ((jobs.AcquireSchema, Acquire), (jobs.TaskStartSchema, TaskStarted),
+                            (jobs.TaskRestartSchema, TaskRestarting), (jobs.RendezvousPublishSchema, RendezvousPublish),
+                            (jobs.RendezvousSchema, Rendezvous), (jobs.LogBatchSchema, LogBatch)):
+        assert set(schema().fields) == {f.name for f in dataclasses.fields(message)}, schema
+    assert set(jobs.AcquireReplySchema().fields) == {"assignment", "assignments", "cancel"}  # batched: which is sent

@@ -22,6 +22,7 @@ from fleetd.schemas.jobs import (
 )
 from fleetd.services.agents import sessions as agents
 from fleetd.services.agents import work
+from fleetwire.tasks import AcquireReply
 
 blp = Blueprint("agent", __name__, url_prefix="/api/v1/agent", description="Agent protocol; needs X-Fleet-Protocol: 1")
 
@@ -73,14 +74,9 @@ class AgentAcquire(MethodView):
     def post(self, body):
         """Long-poll for work: answers as soon as an assignment exists or a task of this node must be
         stopped (`cancel`), or after wait_seconds with null."""
-        principal = current_principal()
-        batch = body["max_assignments"]
-        work_ = work.acquire(current_runtime(), principal.node_id, body["wait_seconds"], batch or 1)
-        found = work_["assignments"]
-        reply = {"assignment": found[0] if found else None, "cancel": work_["cancel"]}
-        if batch is not None:
-            reply["assignments"] = found
-        return reply
+        batch = body.max_assignments
+        found = work.acquire(current_runtime(), current_principal().node_id, body.wait_seconds, batch or 1)
+        return AcquireReply(tuple(found["assignments"]), tuple(found["cancel"]), batched=batch is not None).to_wire()
 
 
 @blp.route("/tasks/<string:task_id>/start", parameters=[PROTOCOL_PARAMETER])
@@ -90,8 +86,8 @@ class AgentTaskStart(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process started; a stale epoch gets 409."""
-        work.start_task(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["pid"],
-                        body["ports"], body["restarts"])
+        work.start_task(current_runtime(), current_principal().node_id, task_id, body.epoch, body.pid,
+                        None if body.ports is None else list(body.ports), body.restarts)
 
 
 @blp.route("/tasks/<string:task_id>/restart", parameters=[PROTOCOL_PARAMETER])
@@ -102,8 +98,9 @@ class AgentTaskRestart(MethodView):
     def post(self, body, task_id):
         """An instance run's process ended and its restart policy starts it again after a back-off; a stale
         epoch gets 409."""
-        work.restart_task(current_runtime(), current_principal().node_id, task_id, body["epoch"],
-                          {k: body[k] for k in ("exit_code", "signal", "reason", "backoff_seconds")})
+        work.restart_task(current_runtime(), current_principal().node_id, task_id, body.epoch,
+                          {"exit_code": body.exit_code, "signal": body.signal, "reason": body.reason,
+                           "backoff_seconds": body.backoff_seconds})
 
 
 @blp.route("/tasks/<string:task_id>/rendezvous", parameters=[PROTOCOL_PARAMETER])
@@ -113,8 +110,8 @@ class AgentTaskRendezvous(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """Rank 0 publishes the address and port the other ranks connect to."""
-        work.publish_rendezvous(current_runtime(), current_principal().node_id, task_id, body["epoch"],
-                                body["addr"], body["port"])
+        work.publish_rendezvous(current_runtime(), current_principal().node_id, task_id, body.epoch, body.addr,
+                                body.port)
 
     @require(NODE)
     @blp.arguments(RendezvousQuerySchema(), location="query")
@@ -131,7 +128,8 @@ class AgentTaskLogs(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """A batch of output lines; 413 over the request size limit."""
-        work.append_logs(current_runtime(), current_principal().node_id, task_id, body["epoch"], body["lines"])
+        work.append_logs(current_runtime(), current_principal().node_id, task_id, body.epoch,
+                         list(body.lines))
 
 
 @blp.route("/tasks/<string:task_id>/finish", parameters=[PROTOCOL_PARAMETER])

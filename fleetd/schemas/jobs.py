@@ -13,6 +13,7 @@ from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
 from fleetwire.finish import TaskFinish
+from fleetwire.tasks import Acquire, LogBatch, RendezvousPublish, TaskRestarting, TaskStarted
 
 ENV_NAME = FullRegexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = FullRegexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
@@ -264,6 +265,14 @@ class AcquireSchema(Schema):
                                          "description": "deliver up to this many assignments at once, in "
                                                         "`assignments` (`assignment` is the first of them)"})
 
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's Acquire (fleetwire.tasks)."""
+        try:
+            return Acquire.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
+
 
 class AssignmentGpuSchema(Schema):
     uuid = fields.String()
@@ -333,6 +342,14 @@ class TaskStartSchema(Schema):
         "description": "an instance's run: how many times its restart policy restarted the process (0: its first "
                        "start); each restart's start is reported again"})
 
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's TaskStarted (fleetwire.tasks)."""
+        try:
+            return TaskStarted.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
+
 
 class TaskRestartSchema(Schema):
     epoch = Int(required=True)
@@ -343,11 +360,27 @@ class TaskRestartSchema(Schema):
     backoff_seconds = fields.Float(required=True, validate=validate.Range(min=0, max=86400), metadata={
         "description": "how long the node waits before starting the process again"})
 
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's TaskRestarting (fleetwire.tasks)."""
+        try:
+            return TaskRestarting.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
+
 
 class RendezvousPublishSchema(Schema):
     epoch = Int(required=True)
     addr = Text(required=True, min_length=1, max_length=255)
     port = Int(required=True, minimum=1, maximum=65535)
+
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's RendezvousPublish (fleetwire.tasks)."""
+        try:
+            return RendezvousPublish.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class RendezvousQuerySchema(Schema):
@@ -386,6 +419,14 @@ class LogLineField(fields.Field):
 class LogBatchSchema(Schema):
     epoch = Int(required=True)
     lines = fields.List(LogLineField(), required=True, validate=validate.Length(max=5000))
+
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's LogBatch (fleetwire.tasks)."""
+        try:
+            return LogBatch.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class TaskFinishSchema(Schema):
