@@ -193,9 +193,9 @@ class FleetClient:
         except ValueError as exc:
             raise FleetdError(f"fleetd's answer to a heartbeat is not one: {exc}") from exc
 
-    def report_validation(self, validation_id, body):
-        """POST the results of a validation fleetd gave this node ({checks, system})."""
-        self._post(f"/api/v1/agent/validations/{urllib.parse.quote(validation_id, safe='')}", body,
+    def report_validation(self, validation_id, report):
+        """POST the results of a validation fleetd gave this node (a fleetwire ValidationReport)."""
+        self._post(f"/api/v1/agent/validations/{urllib.parse.quote(validation_id, safe='')}", report.to_wire(),
                    self.session_token)
 
     def deregister(self):

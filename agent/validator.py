@@ -18,6 +18,7 @@ import time
 
 from agent.client import FleetdError, backoff_delay
 from agent.validation import Suite, result, run_checks
+from fleetwire.tasks import ValidationReport
 
 log = logging.getLogger("agent.validator")
 
@@ -165,7 +166,8 @@ class Validator:
         try:
             for attempt in range(1, MAX_POST_ATTEMPTS + 1):
                 try:
-                    client.report_validation(validation_id, body)
+                    client.report_validation(validation_id, ValidationReport(tuple(body["checks"]),
+                                                                             body.get("system") or {}))
                     return True
                 except FleetdError as exc:
                     if exc.status in GONE:

@@ -212,3 +212,25 @@ class LogBatch:
                                                   for line in lines):
             raise ValueError("lines must be [[stream, text] or [stream, text, rank], ...]")
         return cls(epoch=_epoch(data), lines=tuple(lines))
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """A node's results of a validation fleetd gave it: each check, for the node or one GPU, and what
+    the agent read of the system (driver and CUDA versions)."""
+
+    checks: tuple[dict[str, Any], ...]
+    system: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"checks": [dict(check) for check in self.checks], "system": dict(self.system)}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ValidationReport:
+        data = _object(data, "a validation report")
+        checks, system = data.get("checks"), data.get("system") or {}
+        if not isinstance(checks, list) or not checks or not all(isinstance(c, dict) for c in checks):
+            raise ValueError("checks must be a non-empty list of objects")
+        if not isinstance(system, dict):
+            raise ValueError("system must be an object")
+        return cls(checks=tuple(dict(c) for c in checks), system=dict(system))

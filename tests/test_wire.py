@@ -17,6 +17,7 @@ from fleetwire.tasks import (
     RendezvousPublish,
     TaskRestarting,
     TaskStarted,
+    ValidationReport,
 )
 
 
@@ -124,6 +125,8 @@ def test_fleetds_finish_schemas_name_exactly_the_wires_fields():
     TaskRestarting(epoch=1, backoff_seconds=2.5, exit_code=1, signal=None, reason="exit code 1"),
     RendezvousPublish(epoch=1, addr="10.0.0.5", port=29500), Rendezvous(addr="10.0.0.5", port=29500),
     LogBatch(epoch=1, lines=(["stdout", "hello"], ["stderr", "oops", 1])),
+    ValidationReport(checks=({"name": "gpus_present", "gpu": None, "status": "passed", "detail": "8 GPUs"},),
+                     system={"driver_version": "550.54.15", "cuda_version": "12.4"}),
 ])
 def test_the_work_messages_read_back_equal_from_their_json_wire_forms(message):
     assert type(message).from_wire(json.loads(json.dumps(message.to_wire()))) == message
@@ -131,9 +134,11 @@ def test_the_work_messages_read_back_equal_from_their_json_wire_forms(message):
 
 def test_fleetds_work_schemas_name_exactly_the_wires_fields():
     from fleetd.schemas import jobs
+    from fleetd.schemas.validation import ValidationReportSchema
 
     for schema, message in ((jobs.AcquireSchema, Acquire), (jobs.TaskStartSchema, TaskStarted),
                             (jobs.TaskRestartSchema, TaskRestarting), (jobs.RendezvousPublishSchema, RendezvousPublish),
-                            (jobs.RendezvousSchema, Rendezvous), (jobs.LogBatchSchema, LogBatch)):
+                            (jobs.RendezvousSchema, Rendezvous), (jobs.LogBatchSchema, LogBatch),
+                            (ValidationReportSchema, ValidationReport)):
         assert set(schema().fields) == {f.name for f in dataclasses.fields(message)}, schema
     assert set(jobs.AcquireReplySchema().fields) == {"assignment", "assignments", "cancel"}  # batched: which is sent

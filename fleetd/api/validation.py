@@ -44,5 +44,5 @@ class AgentValidationReport(MethodView):
     def post(self, body, validation_id):
         """The node's agent reports the results of a validation it was given; one already finished is
         accepted and ignored (a retry)."""
-        validation.record_result(current_runtime(), current_principal().node_id, validation_id, body["checks"],
-                                 body["system"])
+        validation.record_result(current_runtime(), current_principal().node_id, validation_id, list(body.checks),
+                                 body.system)

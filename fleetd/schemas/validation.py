@@ -1,11 +1,12 @@
 """Schemas of the validation gate (a fleet's setting, a node's validation, the agent's results) and of
 GPU records by serial."""
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from fleetd.schemas.common import Bool, Int, Text, Time
 from fleetd.schemas.nodes import EventSchema
 from fleetd.services.nodes.validation import BUILTIN_CHECKS, RESULT_STATUSES, STATES
+from fleetwire.tasks import ValidationReport
 
 
 class ValidationSettingSchema(Schema):
@@ -70,6 +71,14 @@ class ValidationReportSchema(Schema):
 
     checks = fields.List(fields.Nested(CheckResultSchema), required=True, validate=validate.Length(min=1, max=4096))
     system = fields.Nested(SystemSchema, load_default=dict)
+
+    @post_load
+    def _typed(self, data, **_kwargs):
+        """The checked body as the wire's ValidationReport (fleetwire.tasks)."""
+        try:
+            return ValidationReport.from_wire(data)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from exc
 
 
 class CheckSchema(Schema):
