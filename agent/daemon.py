@@ -389,6 +389,12 @@ class Agent:
         """The longest one call may take: every URL tried once, each up to `call_seconds`."""
         return call_seconds * (len(self.urls) if self.urls is not None else 1)
 
+    def _retry_delay(self, failures, exc):
+        """Seconds to wait after `failures` failed calls in a row, the last one `exc`: the backoff, or
+        fleetd's Retry-After where that is longer; either at most backoff_max_seconds."""
+        cap = self.config.backoff_max_seconds
+        return max(backoff_delay(failures, cap, self.rng), min(exc.retry_after or 0, cap))
+
     def _start_work(self):
         """Recover from a restart (kill and report what it left running), then start acquiring work."""
         _node, urls = self._enrolled()
@@ -431,8 +437,7 @@ class Agent:
                         batch = None
                         continue
                     failures += 1
-                    delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
-                                min(exc.retry_after or 0, self.config.backoff_max_seconds))
+                    delay = self._retry_delay(failures, exc)
                     if failures == 1 or failures % 10 == 0:
                         log.warning("acquire failed (attempt %d): %s; retrying in %.1fs", failures, exc, delay)
                     self.deadlines.beat("acquire", delay + 30)
@@ -485,8 +490,7 @@ class Agent:
                         sent_info = info
                         continue
                     failures += 1
-                    delay = max(backoff_delay(failures, self.config.backoff_max_seconds, self.rng),
-                                min(exc.retry_after or 0, self.config.backoff_max_seconds))
+                    delay = self._retry_delay(failures, exc)
                     self.fleetd_error = str(exc)
                     kind = "fleetd unreachable" if isinstance(exc, Unreachable) else "heartbeat refused"
                     left = self.lease.seconds_left()

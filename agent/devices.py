@@ -160,41 +160,57 @@ class Inventory:
         return out
 
 
-def assess_health(health, temperature_c, xids):
-    """(healthy, reason) from health readings, the current temperature and critical XIDs seen."""
-    reasons = []
+def _critical_xids(health, temperature_c, xids):
     critical = [x for x in xids if x not in APPLICATION_XIDS]
-    if critical:
-        reasons.append("critical XID " + ", ".join(str(x) for x in sorted(set(critical))))
-    if health.get("ecc_uncorrected_volatile"):
-        reasons.append(f"{health['ecc_uncorrected_volatile']} uncorrectable ECC error(s) since driver load")
-    if health.get("retired_pages_pending"):
-        reasons.append("retired pages pending: GPU reset required")
-    if health.get("remapped_rows_failure"):
-        reasons.append("row remapping failed")
-    if health.get("remapped_rows_pending"):
-        reasons.append("remapped rows pending: GPU reset required")
+    return "critical XID " + ", ".join(str(x) for x in sorted(set(critical))) if critical else None
+
+
+def _reading(key, reason):
+    """A problem named by one health reading: `reason` (its value in place of {}) when the reading is set."""
+    def problem(health, temperature_c, xids):
+        return reason.format(health[key]) if health.get(key) else None
+    return problem
+
+
+def _too_hot(health, temperature_c, xids):
     slowdown = health.get("slowdown_temperature_c")
     if temperature_c is not None and slowdown and temperature_c >= slowdown:
-        reasons.append(f"temperature {temperature_c} C at or above the slowdown threshold {slowdown} C")
+        return f"temperature {temperature_c} C at or above the slowdown threshold {slowdown} C"
+    return None
+
+
+# Every health problem, in the order reasons name them: (problem, fatal). A problem takes
+# (health, temperature_c, xids) and returns its reason, or None when the GPU does not have it. Each
+# one makes a GPU unhealthy (assess_health); a fatal one stops its running tasks too (fatal_health).
+HEALTH_PROBLEMS = (
+    (_critical_xids, True),
+    (_reading("ecc_uncorrected_volatile", "{} uncorrectable ECC error(s) since driver load"), True),
+    (_reading("retired_pages_pending", "retired pages pending: GPU reset required"), False),
+    (_reading("remapped_rows_failure", "row remapping failed"), True),
+    (_reading("remapped_rows_pending", "remapped rows pending: GPU reset required"), False),
+    (_too_hot, False),
+)
+
+
+def _health_reasons(health, temperature_c, xids, fatal_only):
+    reasons = (problem(health, temperature_c, xids) for problem, fatal in HEALTH_PROBLEMS if fatal or not fatal_only)
+    return [reason for reason in reasons if reason]
+
+
+def assess_health(health, temperature_c, xids):
+    """(healthy, reason) from health readings, the current temperature and critical XIDs seen."""
+    reasons = _health_reasons(health, temperature_c, xids, fatal_only=False)
     return not reasons, "; ".join(reasons)[:HEALTH_REASON_MAX]
 
 
 def fatal_health(health, xids):
     """Why running tasks on a GPU must stop ("" when they need not).
 
-    Narrower than assess_health: a hot GPU or a pending row remap is not schedulable but its
-    running tasks are fine; critical XIDs, uncorrectable ECC errors and a failed row remap are not.
+    Narrower than assess_health (the fatal problems of HEALTH_PROBLEMS): a hot GPU or a pending
+    row remap is not schedulable but its running tasks are fine; critical XIDs, uncorrectable ECC
+    errors and a failed row remap are not.
     """
-    reasons = []
-    critical = [x for x in xids if x not in APPLICATION_XIDS]
-    if critical:
-        reasons.append("critical XID " + ", ".join(str(x) for x in sorted(set(critical))))
-    if health.get("ecc_uncorrected_volatile"):
-        reasons.append(f"{health['ecc_uncorrected_volatile']} uncorrectable ECC error(s) since driver load")
-    if health.get("remapped_rows_failure"):
-        reasons.append("row remapping failed")
-    return "; ".join(reasons)[:HEALTH_REASON_MAX]
+    return "; ".join(_health_reasons(health, None, xids, fatal_only=True))[:HEALTH_REASON_MAX]
 
 
 def _now():

@@ -11,8 +11,9 @@ LOCAL_API_TOKEN_FILE = "local-api.token"
 LOCAL_API_TOKEN_PREFIX = "fll_"
 
 
-def write_private(path, text):
-    """Write `text` to `path` atomically (temp file, fsync, rename, fsync dir) with mode 0600."""
+def _private_temp(path, text):
+    """A temp file beside `path` with `text` in it, mode 0600, fsynced: (its path, the directory).
+    Removed again if writing it fails."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
     try:
@@ -21,12 +22,26 @@ def write_private(path, text):
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        _remove(tmp)
+        raise
+    return tmp, directory
+
+
+def _remove(tmp):
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
+def write_private(path, text):
+    """Write `text` to `path` atomically (temp file, fsync, rename, fsync dir) with mode 0600."""
+    tmp, directory = _private_temp(path, text)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _remove(tmp)
         raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
@@ -37,14 +52,8 @@ def write_private(path, text):
 
 def create_private(path, text):
     """Create `path` (mode 0600) with `text` unless it exists; returns False if it already did."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    tmp, _ = _private_temp(path, text)
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
         try:
             os.link(tmp, path)  # atomic and exclusive: two racing creators agree on one token
         except FileExistsError:

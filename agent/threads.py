@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 UNTIL_STOPPED = 1_000_000_000_000  # bounds the loops of a thread that lives as long as the agent
 
 
-class Job:
+class PoolWork:
     """A callable run by a Pool, with the `join` and `is_alive` of a thread."""
 
     __slots__ = ("fn", "args", "name", "_done")
@@ -32,40 +32,40 @@ class Job:
         return self._done.wait(timeout)
 
     def is_alive(self):
-        """True until the callable returned; a job not yet run counts as alive."""
+        """True until the callable returned; work not yet run counts as alive."""
         return not self._done.is_set()
 
 
 class Pool:
-    """Runs Jobs, each on a thread of its own for as long as it runs; threads are reused."""
+    """Runs PoolWork, each on a thread of its own for as long as it runs; threads are reused."""
 
     def __init__(self, name, idle_seconds=60.0):
         self.name = name
         self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
-        self._idle = []  # the inboxes of threads waiting for a job; the one idle the shortest last
+        self._idle = []  # the inboxes of threads waiting for work; the one idle the shortest last
         self._started = 0
 
     def run(self, fn, *args, name=None):
-        """Run fn(*args) on a thread now; returns its Job."""
-        job = Job(fn, *args, name=name or self.name)
-        self.submit(job)
-        return job
+        """Run fn(*args) on a thread now; returns its PoolWork."""
+        work = PoolWork(fn, *args, name=name or self.name)
+        self.submit(work)
+        return work
 
-    def submit(self, job):
-        """Run a Job made beforehand."""
+    def submit(self, work):
+        """Run PoolWork made beforehand."""
         with self._lock:
             if self._idle:
-                self._idle.pop().put(job)  # under the lock: the thread cannot time out in between
+                self._idle.pop().put(work)  # under the lock: the thread cannot time out in between
                 return
             self._started += 1
             number = self._started
-        inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
-        inbox.put(job)
+        inbox: queue.SimpleQueue[PoolWork] = queue.SimpleQueue()
+        inbox.put(work)
         threading.Thread(target=self._serve, args=(inbox,), name=f"{self.name}-{number}", daemon=True).start()
 
     def idle(self):
-        """How many threads wait for a job."""
+        """How many threads wait for work."""
         with self._lock:
             return len(self._idle)
 
@@ -74,20 +74,20 @@ class Pool:
         own_name = me.name
         for _ in range(UNTIL_STOPPED):
             try:
-                job = inbox.get(timeout=self.idle_seconds)
+                work = inbox.get(timeout=self.idle_seconds)
             except queue.Empty:
                 with self._lock:
                     if inbox in self._idle:
                         self._idle.remove(inbox)
                         return
-                job = inbox.get()  # handed a job as the wait timed out: it is in the inbox already
-            me.name = job.name
+                work = inbox.get()  # handed work as the wait timed out: it is in the inbox already
+            me.name = work.name
             try:
-                job.fn(*job.args)
-            except Exception:  # the job's own bug: the thread lives on for the next one
-                log.exception("thread %s failed", job.name)
+                work.fn(*work.args)
+            except Exception:  # the work's own bug: the thread lives on for the next one
+                log.exception("thread %s failed", work.name)
             finally:
                 me.name = own_name
-                job._done.set()
+                work._done.set()
             with self._lock:
                 self._idle.append(inbox)

@@ -157,13 +157,17 @@ def writing():
     return getattr(_AFTER_COMMIT, "fns", None) is not None
 
 
+class Fenced(Exception):
+    """A write made for leadership by a replica that no longer leads (or whose lease lapsed)."""
+
+
 _FENCE = threading.local()  # the fence of the leader work this thread does (fenced_by)
 
 
 @contextlib.contextmanager
 def fenced_by(fence):
     """Leader work: every outermost write_transaction in this block calls `fence()` first, inside the
-    transaction (it raises to refuse: replicas.Leadership.fence), so no write made for leadership
+    transaction (it raises Fenced to refuse: replicas.Leadership.fence), so no write made for leadership
     commits once another replica leads. None: no fence (work every replica does)."""
     previous = getattr(_FENCE, "fn", None)
     _FENCE.fn = fence

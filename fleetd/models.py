@@ -230,7 +230,7 @@ class Fleet(BaseModel):
     labels = JSONText(default=dict)
     created_at = peewee.DateTimeField()
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
-    health_policy = JSONText(null=True)  # see fleetd.services.nodes.health; None: the defaults (on)
+    health_policy = JSONText(null=True)  # see fleetd.services.nodes.health_policy; None: the defaults (on)
     allow_root_tasks = peewee.BooleanField(default=False)  # admins' work may run as root on its nodes
     require_isolation = peewee.BooleanField(default=False)  # nodes take work only with isolation "uid"
     allowed_images = JSONText(default=lambda: ["*"])  # glob patterns an instance's image must match
@@ -249,7 +249,7 @@ class Fleet(BaseModel):
         return effective_health_policy(self.health_policy)
 
 
-# A fleet's node health policy where it says nothing (fleetd.services.nodes.health acts on it).
+# A fleet's node health policy where it says nothing (fleetd.services.nodes.health_policy acts on it).
 DEFAULT_HEALTH_POLICY = {"cordon_on_gpu_fault": True, "drain_after_seconds": 600, "uncordon_when_healthy": True}
 
 

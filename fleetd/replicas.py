@@ -29,15 +29,11 @@ import threading
 import time
 import uuid
 
-from fleetd.db import database, hand_back
+from fleetd.db import Fenced, database, hand_back
 from fleetd.services.notify.events import FLEETD, record_event
 
 log = logging.getLogger("fleetd.replicas")
 CHANNEL = "fleetd"
-
-
-class Fenced(Exception):
-    """A write made for leadership by a replica that no longer leads (or whose lease lapsed)."""
 
 
 class Leadership:

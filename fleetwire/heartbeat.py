@@ -33,22 +33,21 @@ def _optional(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) ->
     return value
 
 
-def _strings(data: dict[str, Any], name: str) -> tuple[str, ...] | None:
+def _list_of(data: dict[str, Any], name: str, kind: type, what: str) -> tuple[Any, ...] | None:
     value = data.get(name)
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"{name} must be a list of strings")
+    if not isinstance(value, list) or not all(isinstance(item, kind) for item in value):
+        raise ValueError(f"{name} must be a list of {what}")
     return tuple(value)
+
+
+def _strings(data: dict[str, Any], name: str) -> tuple[str, ...] | None:
+    return _list_of(data, name, str, "strings")
 
 
 def _objects(data: dict[str, Any], name: str) -> tuple[dict[str, Any], ...] | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise ValueError(f"{name} must be a list of objects")
-    return tuple(value)
+    return _list_of(data, name, dict, "objects")
 
 
 @dataclasses.dataclass(frozen=True)

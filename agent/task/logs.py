@@ -10,7 +10,7 @@ import time
 
 from agent.client import FleetdError, TooLarge, Unreachable, backoff_delay
 from agent.task.errors import is_fencing
-from agent.threads import UNTIL_STOPPED, Job
+from agent.threads import UNTIL_STOPPED, PoolWork
 
 log = logging.getLogger("agent.runner")
 
@@ -60,7 +60,7 @@ class LogShipper:
         self._busy = False  # a batch is on its way (taken from the buffer, not yet settled)
         self.delivered = 0
         self.lost = 0  # lines dropped for good: overflow, refused or abandoned
-        self._thread = Job(self._run, name=f"logs-{label}")  # on one of the runner's threads
+        self._thread = PoolWork(self._run, name=f"logs-{label}")  # on one of the runner's threads
         self._started = False
 
     def add(self, stream, text):

@@ -114,7 +114,7 @@ class Supervisor:
         self.kill_at = None  # monotonic time of the SIGKILL that follows a SIGTERM
         self.grace = None  # of the stop asked for
         self.started_monotonic = None
-        self.watcher = None  # the Job that reads the pipes (and sees the exit)
+        self.watcher = None  # the PoolWork that reads the pipes (and sees the exit)
         self.adopted = False  # the process is no child of this agent (found again after a restart)
         self._unwatch = None  # (read, write) ends of a pipe that ends the watcher: see release()
         self._unwatch_lock = threading.Lock()  # the pipe is written only while it is open

@@ -29,7 +29,7 @@ from agent.task.finish import report_finish
 from agent.task.journal import append_state
 from agent.task.logs import FileTail, LogShipper
 from agent.task.supervisor import Supervisor, check_executable, describe_exit, read_exit_status
-from agent.threads import UNTIL_STOPPED, Job
+from agent.threads import UNTIL_STOPPED, PoolWork
 from agent.workers import Worker
 from fleetwire.assignment import system_uid_problem
 
@@ -93,7 +93,7 @@ class Task:
                                      "kill_grace_seconds": runner.kill_grace_seconds,
                                      "isolation": assignment.isolation},
                              list_pids=self.pids)
-        self.thread = Job(self._main, name=f"task-{self.label}")  # run on one of the runner's threads
+        self.thread = PoolWork(self._main, name=f"task-{self.label}")  # run on one of the runner's threads
 
     @property
     def epoch(self):

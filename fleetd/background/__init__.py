@@ -18,8 +18,8 @@ from fleetd.background import (
     usage,
     webhooks,
 )
+from fleetd.db import Fenced
 from fleetd.errors import Conflict, NotFound
-from fleetd.replicas import Fenced
 from fleetd.services.notify.events import FLEETD, acting_as
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 import threading
 
-from agent.threads import Job, Pool
+from agent.threads import Pool, PoolWork
 from tests.support import wait_until
 
 
@@ -34,7 +34,7 @@ def test_busy_threads_are_not_shared():
 def test_a_job_made_beforehand_is_alive_until_it_ran():
     pool = Pool("t")
     ran = threading.Event()
-    job = Job(ran.set, name="later")
+    job = PoolWork(ran.set, name="later")
     assert job.is_alive() and not job.join(0.01)
     pool.submit(job)
     assert job.join(5) and ran.is_set()

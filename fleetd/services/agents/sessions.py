@@ -11,7 +11,7 @@ from fleetd.models import JoinToken, Node, NodeStatus, new_id
 from fleetd.services.agents.leases import reconcile_reported_tasks
 from fleetd.services.fleet_ops.fleets import consume_join_token
 from fleetd.services.nodes import hosts, validation
-from fleetd.services.nodes.health import apply_health_policy
+from fleetd.services.nodes.health_policy import apply_health_policy
 from fleetd.services.nodes.labels import apply_agent_labels, merged_labels
 from fleetd.services.nodes.nodes import (
     LIVE_STATUSES,

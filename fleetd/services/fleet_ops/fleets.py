@@ -78,8 +78,8 @@ def create_fleet(now, name, description="", labels=None, availability=None, heal
                  allow_root_tasks=False, require_isolation=False, allowed_images=("*",), validation=None,
                  task_pids_max=DEFAULT_TASK_PIDS_MAX, task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
                  task_path=DEFAULT_TASK_PATH):
-    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.nodes.health (None: defaults);
-    the isolation rules and the task defaults: see docs/api.md, Fleets."""
+    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.nodes.health_policy
+    (None: defaults); the isolation rules and the task defaults: see docs/api.md, Fleets."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:

@@ -4,10 +4,9 @@ machine is in lifecycle, switch_node_status in runs)."""
 import collections
 import datetime as dt
 
-from fleetd.db import write_transaction
+from fleetd.db import Fenced, write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
-from fleetd.replicas import Fenced
 from fleetd.services.nodes import gpu_history, hosts, validation
 from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate

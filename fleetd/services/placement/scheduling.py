@@ -12,9 +12,8 @@ import typing
 import peewee
 
 from fleetd import scheduler
-from fleetd.db import after_commit, database, write_transaction
+from fleetd.db import Fenced, after_commit, database, write_transaction
 from fleetd.models import Fleet, Job, JobState, Node, NodeStatus, TaskState
-from fleetd.replicas import Fenced
 from fleetd.services.identity.identities import UidsExhausted
 from fleetd.services.notify.events import FLEETD, acting_as
 from fleetd.services.placement.cluster import ClusterState
