@@ -157,3 +157,17 @@ def test_services_live_in_domains_and_no_service_module_is_long():
         for module in domain.glob("*.py"):
             lines = len(module.read_text().splitlines())
             assert lines <= MAX_SERVICE_LINES, (str(module.relative_to(ROOT)), lines)
+
+
+def test_no_service_imports_flask_and_state_is_passed_not_looked_up():
+    """Services take the Runtime (and whatever else they need) as arguments: no Flask, no request or app
+    globals below the API layer."""
+    found = []
+    for path in SERVICES.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "flask" for a in node.names):
+                found.append(str(path.relative_to(ROOT)))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flask":
+                found.append(str(path.relative_to(ROOT)))
+    assert found == []

@@ -22,7 +22,7 @@ def run(rt):
                 continue
             if rt.leader.shared and seen_at is not None and (now - seen_at).total_seconds() <= limit:
                 continue  # it heartbeats to another replica
-            if mark_node_lost(now, node_id, tracker.silent_for(node_id), rt.leader.fence):
+            if mark_node_lost(rt, now, node_id, tracker.silent_for(node_id), rt.leader.fence):
                 tracker.forget(node_id)
                 lost += 1
     return {"lost": lost, "heartbeats_saved": saved}

@@ -128,8 +128,8 @@ def _stop_spot(rt, team, reason, now):
         held = []
         for job in Job.select().where((Job.team == team) & (Job.priority_class == "spot") & Job.instance_id.is_null()
                                       & Job.state.in_([JobState.QUEUED.value, JobState.RUNNING.value])):
-            held += stop_job(job, reason, now)
-    owe_stops(held)
+            held += stop_job(rt, job, reason, now)
+    owe_stops(rt, held)
     spot = [i.id for i in Instance.select(Instance.id, Instance.spec, Instance.state).where(Instance.team == team)
             if i.instance_spec.priority_class == "spot"
             and (InstanceState(i.state).holds_run() or i.state == InstanceState.INTERRUPTED.value)]

@@ -89,7 +89,7 @@ def expire_leases(rt):
             task = Task.get_or_none(Task.id == stale.id)
             if task is None or task.epoch != stale.epoch or task.state not in ACTIVE_TASK_STATES:
                 continue
-            end_task(task, TaskState.LOST, reason, now)
+            end_task(rt, task, TaskState.LOST, reason, now)
             ended.add((task.job_id, task.node_id))
         counts[kind] += 1
         rt.leases.forget(stale.id)

@@ -105,7 +105,7 @@ def register_node(rt, join_token_id, reg):
             record_event(now, "node.registered", "node", node.id, reason, node.status, node.status,
                          actor=f"node:{node.id}")
             if node.status == NodeStatus.REVOKED.value:
-                switch_node_status(node, NodeStatus.PENDING, "re-enrolled with a new join token", now,
+                switch_node_status(rt, node, NodeStatus.PENDING, "re-enrolled with a new join token", now,
                                    actor=f"node:{node.id}")
         with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
             replace_gpus(node, list(reg.gpus), now)
@@ -280,13 +280,13 @@ def step_first_or_returning(step):
     """A pending node's first heartbeat (ready, or validating in a gated fleet); a lost node's return."""
     node = step.node
     if node.status == NodeStatus.PENDING.value:
-        validation.gate_first_heartbeat(node, step.now)
+        validation.gate_first_heartbeat(step.rt, node, step.now)
         return True
     if node.status == NodeStatus.LOST.value:
         back_to = node.status_before_lost or NodeStatus.READY.value
         if back_to == NodeStatus.PENDING.value:
             back_to = NodeStatus.READY.value
-        switch_node_status(node, back_to, "heartbeats resumed", step.now)
+        switch_node_status(step.rt, node, back_to, "heartbeats resumed", step.now)
         return True
     return False
 
@@ -295,7 +295,7 @@ def step_agent_drain(step):
     to = agent_drain_step(step.node, step.beat.draining)
     if to is None:
         return False
-    switch_node_status(step.node, to, AGENT_DRAINING if to == NodeStatus.CORDONED else "agent no longer draining",
+    switch_node_status(step.rt, step.node, to, AGENT_DRAINING if to == NodeStatus.CORDONED else "agent no longer draining",
                        step.now)
     return True
 
@@ -306,7 +306,7 @@ def step_health(step):
 
 
 def step_drain(step):
-    return settle_drain(step.node, step.now, deadline=False) is not None
+    return settle_drain(step.rt, step.node, step.now, deadline=False) is not None
 
 
 STEPS = (step_gpu_status, step_agent_version, step_agent_labels, step_gpus, step_capabilities,
@@ -334,5 +334,5 @@ def deregister_node(rt, node_id):
         node.session_id = node.session_hash = None
         node.save()
         if NodeStatus(node.status) in LIVE_STATUSES:
-            switch_node_status(node, NodeStatus.LOST, "agent deregistered (graceful leave)", now)
+            switch_node_status(rt, node, NodeStatus.LOST, "agent deregistered (graceful leave)", now)
     rt.liveness.forget(node_id)

@@ -187,11 +187,11 @@ def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
         task = _leased_task(node_id, task_id, epoch)
         if task.state == TaskState.RUNNING.value:
             if restarts:
-                run_started(task, ports, now)  # restarting -> running; a retried report changes nothing
+                run_started(rt, task, ports, now)  # restarting -> running; a retried report changes nothing
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != TaskState.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
-        _mark_started(task, pid, now, ports=ports)
+        _mark_started(rt, task, pid, now, ports=ports)
     rt.leases.renew(task_id, epoch)
 
 
@@ -208,16 +208,16 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
                            {"state": task.state})
         if task.state == TaskState.ASSIGNED.value:  # it ended before its start was reported
             task.started_at = now
-            switch_task_state(task, TaskState.RUNNING, "started", now)
-        run_restarting(task, dict(last_exit, at=isoformat(now)), now)
+            switch_task_state(rt, task, TaskState.RUNNING, "started", now)
+        run_restarting(rt, task, dict(last_exit, at=isoformat(now)), now)
     rt.leases.renew(task_id, epoch)
 
 
-def _mark_started(task, pid, now, started_at=None, save=True, ports=None):
+def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
-    switch_task_state(task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
-    run_started(task, ports, now)
+    switch_task_state(rt, task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
+    run_started(rt, task, ports, now)
 
 
 def publish_rendezvous(rt, node_id, task_id, epoch, addr, port):
@@ -302,7 +302,7 @@ def _end_unmet_rank(rt, node_id, task_id, epoch):
         task = Task.get_or_none_by_id(task_id)
         if task is not None and task.node_id == node_id and task.epoch == epoch \
                 and task.state in ACTIVE_TASK_STATES:
-            end_task(task, TaskState.FAILED, f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
+            end_task(rt, task, TaskState.FAILED, f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
                                              "already run to its end, so the gang did not start together", now,
                      reported=True)
     after_task_end(rt, task.job_id if task is not None else None, node_id)
@@ -338,11 +338,11 @@ def finish_task(rt, node_id, task_id, finish):
     """
     now = rt.clock.now()
     with write_transaction():
-        task = _settle_finish(node_id, task_id, finish, now)
+        task = _settle_finish(rt, node_id, task_id, finish, now)
     _after_finish(rt, node_id, task)
 
 
-def _settle_finish(node_id, task_id, finish, now):
+def _settle_finish(rt, node_id, task_id, finish, now):
     """finish_task's writes, inside the caller's transaction; returns the task."""
     epoch, outcome, exit_code, reason, lost = finish.epoch, finish.outcome, finish.exit_code, finish.reason, finish.lost
     pid, started_seconds_ago, ports = finish.pid, finish.started_seconds_ago, finish.ports
@@ -351,7 +351,7 @@ def _settle_finish(node_id, task_id, finish, now):
         started_at = None
         if started_seconds_ago is not None:
             started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-        _mark_started(task, pid, now, started_at, save=False, ports=None if ports is None else list(ports))
+        _mark_started(rt, task, pid, now, started_at, save=False, ports=None if ports is None else list(ports))
     if finish.idle and not reason.startswith("idle"):
         reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
     # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
@@ -360,7 +360,7 @@ def _settle_finish(node_id, task_id, finish, now):
         # A broken GPU is not the job's fault either: it retries like a lost node.
         hardware = reason.startswith(HARDWARE_REASONS)
         lost = (lost or hardware) and outcome == "failed"
-        end_task(task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
+        end_task(rt, task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
                  free_retry=lost and finish.agent_stopping and not hardware)
     return task
 
@@ -385,7 +385,7 @@ def finish_tasks(rt, node_id, finishes):
         for task_id, finish in finishes:
             try:
                 with savepoint():
-                    task = _settle_finish(node_id, task_id, finish, now)
+                    task = _settle_finish(rt, node_id, task_id, finish, now)
             except FleetdError as exc:
                 results.append(FinishResult(task_id, exc.http_status,
                                             envelope(exc.code, exc.message, exc.details)["error"]))

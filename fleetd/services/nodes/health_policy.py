@@ -70,17 +70,17 @@ def _on_fault(rt, node, now, policy, hold, fault, missing):
         return False  # the policy is off, or an operator already took the node out of service
     reason = f"health policy: {fault}"[:REASON_MAX]
     node.health_hold = {"reason": fault, "since": isoformat(now), "missing": missing[:MISSING_MAX]}
-    switch_node_status(node, NodeStatus.CORDONED, reason, now)
+    switch_node_status(rt, node, NodeStatus.CORDONED, reason, now)
     _step(rt, node, now, "cordon", reason, NodeStatus.READY.value, NodeStatus.CORDONED.value, fault)
     after = policy["drain_after_seconds"]
     if after is not None:
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=after)
-        switch_node_status(node, NodeStatus.DRAINING, f"drain: {reason}", now)
+        switch_node_status(rt, node, NodeStatus.DRAINING, f"drain: {reason}", now)
         _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s",
               NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, fault)
-        nodes.settle_drain(node, now, deadline=False)  # a deadline already due: the heartbeat's caller settles it
+        nodes.settle_drain(rt, node, now, deadline=False)  # a deadline already due: the heartbeat's caller settles it
     return True
 
 
@@ -97,7 +97,7 @@ def _on_recovery(rt, node, now, policy, hold):
     node.health_hold = None
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     reason = f"health policy: GPUs healthy again (out of service since {hold.get('since')}: {hold.get('reason')})"
-    switch_node_status(node, NodeStatus.READY, reason[:REASON_MAX], now)
+    switch_node_status(rt, node, NodeStatus.READY, reason[:REASON_MAX], now)
     _step(rt, node, now, "return", reason[:REASON_MAX], was, NodeStatus.READY.value, "")
     return True
 

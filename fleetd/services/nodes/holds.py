@@ -57,7 +57,7 @@ def _end_tasks_of_ended_jobs(rt):
                 continue
             reason = (f"reconciled: its job {job.id} is {job.state}, yet the task was {task.state} on node "
                       f"{task.node_id} holding {len(task.gpus or [])} GPU(s)")
-            switch_task_state(task, TaskState.CANCELLED, reason, now)  # its node is told to stop it
+            switch_task_state(rt, task, TaskState.CANCELLED, reason, now)  # its node is told to stop it
         log.warning("freed a leaked GPU hold: task %s/%d %s", task.id, task.epoch, reason)
         freed += len(task.gpus or [])
     return freed

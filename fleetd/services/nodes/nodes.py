@@ -99,7 +99,7 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
             raise Conflict(f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status})
         operator_takes_over(node)
         if node.status != NodeStatus.CORDONED.value:
-            switch_node_status(node, NodeStatus.CORDONED, reason, now)
+            switch_node_status(rt, node, NodeStatus.CORDONED, reason, now)
     return get_node(node_id)
 
 
@@ -113,7 +113,7 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
             if not NodeStatus(node.status).allows("uncordon"):
                 raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
             operator_takes_over(node)
-            switch_node_status(node, NodeStatus.READY, reason, now)
+            switch_node_status(rt, node, NodeStatus.READY, reason, now)
     rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
 
@@ -140,8 +140,8 @@ def drain_node(rt, node_id, reason, deadline_seconds, repair=False):
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
-        switch_node_status(node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now)
-        settle_drain(node, now)
+        switch_node_status(rt, node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now)
+        settle_drain(rt, node, now)
     return get_node(node_id)
 
 
@@ -150,7 +150,7 @@ def active_task_ids(node_id):
     return [t.id for t in Task.select(Task.id).where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))]
 
 
-def settle_drain(node, now, deadline=True):
+def settle_drain(rt, node, now, deadline=True):
     """Finish a drain whose node runs nothing any more; at the deadline (unless `deadline` is False),
     stop and requeue its tasks.
 
@@ -162,11 +162,11 @@ def settle_drain(node, now, deadline=True):
         return None
     active = active_task_ids(node.id)
     if not active:
-        switch_node_status(node, NodeStatus.DRAINED, "drain complete: no running tasks", now)
+        switch_node_status(rt, node, NodeStatus.DRAINED, "drain complete: no running tasks", now)
         return set()
     if deadline and node.drain_deadline is not None and node.drain_deadline <= now:
-        jobs = stop_tasks_of_node(node.id, "node drain deadline passed", now)
-        switch_node_status(node, NodeStatus.DRAINED,
+        jobs = stop_tasks_of_node(rt, node.id, "node drain deadline passed", now)
+        switch_node_status(rt, node, NodeStatus.DRAINED,
                            f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
         return jobs
     return None
@@ -202,7 +202,7 @@ def _settle_drain_fenced(rt, node_id):
     with write_transaction():
         rt.leader.fence()
         node = find_node(node_id)
-        return settle_drain(node, rt.clock.now()) if node is not None else None
+        return settle_drain(rt, node, rt.clock.now()) if node is not None else None
 
 
 def _requeued(rt, jobs):
@@ -228,10 +228,10 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
             raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
         operator_takes_over(node)
         if node.drain_repair:  # back from repair: it takes work once it passes validation
-            validation.undrain_for_repair(node, now)
+            validation.undrain_for_repair(rt, node, now)
             return get_node(node_id)
         node.drain_reason = node.drain_deadline = node.drain_started_at = None
-        switch_node_status(node, NodeStatus.READY, reason, now)
+        switch_node_status(rt, node, NodeStatus.READY, reason, now)
     rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
 
@@ -246,11 +246,11 @@ def revoke_node(rt, node_id, reason="revoked by admin"):
         if node.status != NodeStatus.REVOKED.value:
             operator_takes_over(node)
             node.drain_reason = node.drain_deadline = node.drain_started_at = None
-            switch_node_status(node, NodeStatus.REVOKED, reason, now)
+            switch_node_status(rt, node, NodeStatus.REVOKED, reason, now)
             for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
                 task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
                 if task.state in ACTIVE_TASK_STATES:
-                    end_task(task, TaskState.LOST, f"node {node_id} revoked", now)
+                    end_task(rt, task, TaskState.LOST, f"node {node_id} revoked", now)
     rt.scheduler.kick()
     return get_node(node_id)
 
@@ -334,7 +334,7 @@ _GPUS_OF = Statement(lambda v: Gpu.select().where(Gpu.node == v("node")))
 _DELETE_GPUS_OF = Statement(lambda v: Gpu.delete().where(Gpu.node == v("node")))
 
 
-def mark_node_lost(now, node_id, silent_seconds, fence=None):
+def mark_node_lost(rt, now, node_id, silent_seconds, fence=None):
     """Declare a live node lost after missed heartbeats; no-op if it is no longer live. `fence`:
     the leader's check, inside the transaction (replicas.Leadership.fence)."""
     with write_transaction():
@@ -343,7 +343,7 @@ def mark_node_lost(now, node_id, silent_seconds, fence=None):
         node = find_node(node_id)
         if node is None or NodeStatus(node.status) not in LIVE_STATUSES:
             return False
-        switch_node_status(node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
+        switch_node_status(rt, node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
     return True
 
 

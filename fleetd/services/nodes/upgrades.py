@@ -70,8 +70,8 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
             node.drain_reason = reason
             node.drain_started_at = now
             node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
-            switch_node_status(node, NodeStatus.DRAINING, f"upgrade: {reason}", now)
-            settle_drain(node, now)
+            switch_node_status(rt, node, NodeStatus.DRAINING, f"upgrade: {reason}", now)
+            settle_drain(rt, node, now)
         elif retry_of_lost:
             record_event(now, "node.upgrade", "node", node_id,
                          f"upgrade: {reason}; the node stays lost until its new agent's heartbeat "
@@ -95,7 +95,7 @@ def end_upgrade(rt, node_id, outcome, detail=""):
         if outcome == "failed":
             said = _fail(node, record, detail, now)
         else:
-            said = _restore(node, record, detail, now)
+            said = _restore(rt, node, record, detail, now)
         # One event per upgrade's end, whatever became of the node: node.upgraded webhooks receive it.
         record_event(now, "node.upgraded", "node", node_id, said,
                      data={"outcome": outcome, "detail": detail, "status": node.status})
@@ -116,7 +116,7 @@ def _fail(node, record, detail, now):
     return f"{why}; the node stays {node.status}"
 
 
-def _restore(node, record, detail, now):
+def _restore(rt, node, record, detail, now):
     before = record["before"]
     done = f"upgrade done ({record['reason']})" + (f": {detail}" if detail else "")
     node.upgrade = None
@@ -128,8 +128,8 @@ def _restore(node, record, detail, now):
                        f"{before['status']}", {"status": node.status})
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     if before["status"] == NodeStatus.CORDONED.value:
-        switch_node_status(node, NodeStatus.CORDONED, f"{done}; cordoned as before"
+        switch_node_status(rt, node, NodeStatus.CORDONED, f"{done}; cordoned as before"
                            + (f" ({before['reason']})" if before.get("reason") else ""), now)
     else:
-        switch_node_status(node, NodeStatus.READY, done, now)
+        switch_node_status(rt, node, NodeStatus.READY, done, now)
     return f"{done}; the node is {node.status} again"

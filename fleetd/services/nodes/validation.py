@@ -109,7 +109,7 @@ def latest_validation(node_id):
     return Validation.select().where(Validation.node_id == node_id).order_by(Validation.id.desc()).first()
 
 
-def start_validation(node, now, reason, then_status, setting=None, actor=None):
+def start_validation(rt, node, now, reason, then_status, setting=None, actor=None):
     """Inside the caller's transaction: a new Validation of the node, which becomes `validating`
     (it takes no work until the suite passes, then goes to `then_status`). A validation still
     running is superseded. Returns the Validation."""
@@ -123,18 +123,18 @@ def start_validation(node, now, reason, then_status, setting=None, actor=None):
     actor = actor or current_actor()
     row = Validation.create(id=new_id(), node_id=node.id, state="running", reason=reason[:REASON_MAX], suite=suite,
                             then_status=then_status, started_at=now, deadline=_deadline(now, suite), actor=actor)
-    switch_node_status(node, NodeStatus.VALIDATING, f"validating: {reason}"[:REASON_MAX], now, actor=actor)
+    switch_node_status(rt, node, NodeStatus.VALIDATING, f"validating: {reason}"[:REASON_MAX], now, actor=actor)
     return row
 
 
-def gate_first_heartbeat(node, now):
+def gate_first_heartbeat(rt, node, now):
     """Inside the heartbeat's transaction: a pending node's first heartbeat. In a gated fleet it
     validates, else it is ready at once. Returns True when it validates."""
     setting = fleet_setting(node.fleet_id)
     if setting is None:
-        switch_node_status(node, NodeStatus.READY, "first heartbeat", now)
+        switch_node_status(rt, node, NodeStatus.READY, "first heartbeat", now)
         return False
-    start_validation(node, now, f"new node: fleet {node.fleet_id} validates nodes before they take work",
+    start_validation(rt, node, now, f"new node: fleet {node.fleet_id} validates nodes before they take work",
                      NodeStatus.READY.value, setting)
     return True
 
@@ -164,11 +164,11 @@ def validate_node(rt, node_id):
         if running:
             raise Conflict(f"node {node_id} runs {running} task(s): drain it first (a validation needs its GPUs "
                            "idle)", {"status": node.status, "tasks": running})
-        start_validation(node, now, f"requested by {current_actor()}", then_status)
+        start_validation(rt, node, now, f"requested by {current_actor()}", then_status)
     return node_id
 
 
-def undrain_for_repair(node, now):
+def undrain_for_repair(rt, node, now):
     """Inside the undrain's transaction: a node drained for repair validates before it is ready
     (the built-in checks where its fleet has no gate). Conflict while tasks still run on it."""
     running = Task.select().where((Task.node == node.id) & Task.state.in_(ACTIVE_TASK_STATES)).count()
@@ -177,7 +177,7 @@ def undrain_for_repair(node, now):
                        "once they are done (wait for drained)", {"status": node.status, "tasks": running})
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     node.drain_repair = False
-    start_validation(node, now, "back from repair", NodeStatus.READY.value, fleet_setting(node.fleet_id) or {})
+    start_validation(rt, node, now, "back from repair", NodeStatus.READY.value, fleet_setting(node.fleet_id) or {})
 
 
 def heartbeat_validation(rt, node, now):
@@ -235,10 +235,10 @@ def _finish(rt, node_id, validation_id, checks, system, now):
         if passed:
             reason = f"validation {row.id} passed ({len(checks)} checks)"
             node.drain_repair = False
-            switch_node_status(node, row.then_status, reason, now, actor=f"node:{node_id}")
+            switch_node_status(rt, node, row.then_status, reason, now, actor=f"node:{node_id}")
         else:
             reason = f"validation {row.id} failed: {failing_summary(checks)}"[:REASON_MAX]
-            switch_node_status(node, NodeStatus.FAILED_VALIDATION, reason, now, actor=f"node:{node_id}")
+            switch_node_status(rt, node, NodeStatus.FAILED_VALIDATION, reason, now, actor=f"node:{node_id}")
         record_event(now, "node.validation", "node", node_id, reason, NodeStatus.VALIDATING.value, node.status,
                      actor=f"node:{node_id}", data={"validation_id": row.id, "passed": passed,
                                                      "failed": [c for c in checks if not c["passed"]][:50],

@@ -119,7 +119,7 @@ def preempt(rt, job, plan, now):
         first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
                  .order_by(Task.rank).first())
         if first is not None:
-            end_task(first, TaskState.PREEMPTED, f"preempted by {by}", now, preempted_by=workload,
+            end_task(rt, first, TaskState.PREEMPTED, f"preempted by {by}", now, preempted_by=workload,
                      resume=rt.settings.instances_resume_preempted)
         rt.notifier.notify(("job", job_id))
     rt.nominations[job.id] = set(plan.victim_tasks)

@@ -280,7 +280,7 @@ def _assign(rt, job, tasks, result, now, woken, run_as):
         task.epoch += 1
         task.assigned_at = now
         task.delivered_at = None
-        switch_task_state(task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+        switch_task_state(rt, task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
         rt.leases.renew(task.id, task.epoch)
         woken.add(rank.node_id)
     if rt.instruments is not None and job.attempt == 1:
@@ -288,7 +288,7 @@ def _assign(rt, job, tasks, result, now, woken, run_as):
     job.pending_reason = ""
     switch_job_state(job, JobState.RUNNING, f"placed by policy {result.policy}", now)
     if job.instance_id is not None:
-        run_placed(job, tasks[0], now)
+        run_placed(rt, job, tasks[0], now)
 
 
 def _schedulable_nodes(node_ids):

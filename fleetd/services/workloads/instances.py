@@ -73,7 +73,7 @@ def create_instance(rt, principal, spec):
             limits.count_stored(principal.id, size)  # its first run counts itself (runs.new_run)
             record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
                          InstanceState.PENDING.value, actor=principal.label)
-            new_run(inst, now, never)
+            new_run(rt, inst, now, never)
     except IntegrityError:
         # A create of the same name committed between our check and our insert (PostgreSQL; SQLite's
         # writers queue up front): the unique index refused ours, and nothing of it was stored.
@@ -178,8 +178,8 @@ def stop_instance(rt, principal, instance_id):
         if inst.state == InstanceState.DELETING.value:
             raise Conflict(f"instance {instance_id} is being deleted", {"state": inst.state})
         inst.desired_state = "stopped"
-        held = _end_run(inst, InstanceState.STOPPED, f"stopped by {principal.label}", now)
-    owe_stops(held)
+        held = _end_run(rt, inst, InstanceState.STOPPED, f"stopped by {principal.label}", now)
+    owe_stops(rt, held)
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
@@ -195,8 +195,8 @@ def stop_by_fleetd(rt, instance_id, reason):
                 InstanceState(inst.state).holds_run() or resumes_by_itself(inst)):
             return
         inst.desired_state = "stopped"
-        held = _end_run(inst, InstanceState.STOPPED, reason, now)
-    owe_stops(held)
+        held = _end_run(rt, inst, InstanceState.STOPPED, reason, now)
+    owe_stops(rt, held)
     _kick(rt)
 
 def delete_instance(rt, principal, instance_id):
@@ -208,31 +208,31 @@ def delete_instance(rt, principal, instance_id):
         if inst.state in (InstanceState.DELETED.value, InstanceState.DELETING.value):
             return inst
         inst.desired_state = "deleted"
-        held = _end_run(inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
-    owe_stops(held)
+        held = _end_run(rt, inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
+    owe_stops(rt, held)
     _kick(rt, capacity=True)  # its host ports are free on its node: an instance parked at its owner's cap may fit
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
-def _end_run(inst, final, reason, now):
+def _end_run(rt, inst, final, reason, now):
     """Stop the current run (if any) towards `final` (stopped or deleted); returns the tasks whose
     nodes must be told. With processes still running the instance is `stopping` (`deleting`) until
     they end."""
     job = Job.get_or_none_by_id(inst.run_id) if inst.run_id else None
     held = []
     if job is not None and not JobState(job.state).is_terminal():
-        held = stop_job(job, reason, now)
+        held = stop_job(rt, job, reason, now)
     on_the_way = InstanceState.DELETING if final is InstanceState.DELETED else InstanceState.STOPPING
     if job is not None and job.state == JobState.CANCELLING.value:
         if inst.state != on_the_way.value:
-            switch_instance_state(inst, on_the_way, f"{reason}; stopping its processes", now)
+            switch_instance_state(rt, inst, on_the_way, f"{reason}; stopping its processes", now)
         else:
             inst.save()
     elif final is InstanceState.DELETED:
-        settle_deleting(inst, reason, now)
+        settle_deleting(rt, inst, reason, now)
     elif inst.state != final.value and not (
             final is InstanceState.STOPPED and inst.state in (InstanceState.STOPPED.value, InstanceState.FAILED.value)):
-        switch_instance_state(inst, final, reason, now)
+        switch_instance_state(rt, inst, final, reason, now)
     else:
         inst.save()
     return held
@@ -269,8 +269,8 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         inst.price_per_hour = resumed_price(inst, spec)  # the new run's (a new bid's, a new GPU count's)
         queued = Job.get_by_id(inst.run_id) if resumes_by_itself(inst) else None
         if queued is not None:  # the run it was to resume with by itself: replaced by this one, of the new spec
-            stop_job(queued, f"replaced by the run of the resume by {principal.label}", now)
-        new_run(inst, now, reasons.never_fits(rt.inventory.get(), request))
+            stop_job(rt, queued, f"replaced by the run of the resume by {principal.label}", now)
+        new_run(rt, inst, now, reasons.never_fits(rt.inventory.get(), request))
         limits.count_stored(inst.owner_token_id, grown)
         record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
                      actor=principal.label)
@@ -306,7 +306,7 @@ def volumes_reported(rt, node_id, present):
     if not any(i not in present for i in deleting):
         return
     with write_transaction():
-        volumes_removed(node_id, present, rt.clock.now())
+        volumes_removed(rt, node_id, present, rt.clock.now())
     _kick(rt, capacity=True)  # their host ports are free on that node now
 
 

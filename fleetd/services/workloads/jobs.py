@@ -229,8 +229,8 @@ def cancel_job(rt, principal, job_id):
             raise NotFound(f"job {job_id} not found")
         if JobState(job.state).is_terminal() and job.state != JobState.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
-        held = stop_job(job, f"cancelled by {principal.label}", now)
-    owe_stops(held)
+        held = stop_job(rt, job, f"cancelled by {principal.label}", now)
+    owe_stops(rt, held)
     rt.notifier.notify(("job", job.id))
     return wait_job(rt, principal, job_id, 0)  # as it is now, with its tasks and costs
 

@@ -10,8 +10,6 @@ import contextlib
 import threading
 import time
 
-from flask import current_app, has_app_context
-
 from fleetd.db import after_commit
 from fleetd.errors import Conflict
 from fleetd.models import InstanceState, JobState, NodeStatus, TaskState, transition_table
@@ -61,7 +59,7 @@ def switch_job_state(job, to_state, reason, now):
     return job
 
 
-def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
+def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True):
     """The one way a task changes state; its Event is listed with its job's events. `save=False`:
     the caller saves the row itself, with the next change it makes in the same transaction.
     `tell_node=False`: the node itself reported the end (its process is gone; nothing to stop)."""
@@ -72,7 +70,7 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
                        {"state": task.state})
     if tell_node and to_state.is_terminal() and is_held(task):
         # fleetd ended a task whose process a node may still run: that node is told at once.
-        owe_stops([task])
+        owe_stops(rt, [task])
     if to_state.is_terminal() and not from_state.is_terminal():
         record_run_end(task, now)  # the usage ledger accounts the run (if it ran) at its next pass
     task.state = to_state.value
@@ -86,18 +84,13 @@ def switch_task_state(task, to_state, reason, now, save=True, tell_node=True):
     return task
 
 
-def owe_stops(tasks):
+def owe_stops(rt, tasks):
     """The nodes that hold these tasks must stop them now (their acquires are woken after the commit
-    that ended them). Outside an app (a CLI tool) no node waits here: the heartbeat's cancel list tells them."""
-    rt = _runtime()
+    that ended them). `rt`: the Runtime whose nodes listen; None outside one (a CLI tool), where no node
+    waits: the heartbeat's cancel list tells them."""
     if rt is not None:
         for task in tasks:
             rt.stops.owe(task.node_id, task.id, task.epoch)
-
-
-def _runtime():
-    """The Runtime of the app this runs in (fleetd.runtime), None outside one."""
-    return current_app.extensions.get("fleetd") if has_app_context() else None
 
 
 def is_held(task):
@@ -196,7 +189,7 @@ INSTANCE_TRANSITIONS = transition_table(InstanceState, {
 ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
 
 
-def switch_instance_state(inst, to_state, reason, now):
+def switch_instance_state(rt, inst, to_state, reason, now):
     """The one way an instance changes state: checks the transition, keeps the cost's running
     interval (only `running` is billed) and the current process's start, saves, records an Event;
     its waiters are woken after the commit."""
@@ -230,8 +223,7 @@ def switch_instance_state(inst, to_state, reason, now):
     inst.status_reason = reason
     inst.save()
     record_event(now, "instance.state", "instance", inst.id, reason, from_state.value, to_state.value)
-    rt = _runtime()
-    if rt is not None:
+    if rt is not None:  # None outside a Runtime (a CLI tool): no waiter listens
         rt.notifier.notify(("instance", inst.id))  # after the commit
     return inst
 

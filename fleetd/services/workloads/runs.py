@@ -49,7 +49,7 @@ SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")
 TASKS_OF_JOB = Statement(lambda v: Task.select().where(Task.job == v("job_id")).order_by(Task.rank))
 
 
-def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False,
+def end_task(rt, task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False,
              preempted_by=None, resume=False):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
@@ -62,12 +62,12 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     """
     outcome = TaskState(outcome)
     task.exit_code = exit_code
-    switch_task_state(task, outcome, reason, now, tell_node=not reported)
+    switch_task_state(rt, task, outcome, reason, now, tell_node=not reported)
     job = Job.get_by_id(task.job_id)
     if JobState(job.state).is_terminal():
         return job
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
-        return run_ended(job, task, outcome, reason, now, preempted_by, resume)
+        return run_ended(rt, job, task, outcome, reason, now, preempted_by, resume)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
     if job.state == JobState.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
@@ -81,17 +81,17 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     # A rank that did not succeed ends the attempt for the whole gang.
     for other in tasks:
         if other.id != task.id and other.state in ACTIVE_TASK_STATES:
-            switch_task_state(other, TaskState.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
+            switch_task_state(rt, other, TaskState.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
     kind = RETRY_KIND.get(outcome)
     retry_on = job.job_spec.retry_policy.on
     if outcome is TaskState.CANCELLED:
         job.outcome, job.outcome_reason = JobState.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
         switch_job_state(job, JobState.CANCELLED, job.outcome_reason, now)
     elif free_retry:
-        requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
+        requeue_job(rt, job, tasks, f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
                                 "requeued without using an attempt", now, new_attempt=False)
     elif force_requeue or (kind in retry_on and job.attempt < job.max_attempts):
-        requeue_job(job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
+        requeue_job(rt, job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
     else:
         job.outcome = JobState.FAILED.value
         job.outcome_reason = f"rank {task.rank} {outcome.value}: {reason}"
@@ -101,7 +101,7 @@ def end_task(task, outcome, reason, now, exit_code=None, force_requeue=False, re
     return job
 
 
-def requeue_job(job, tasks, reason, now, new_attempt=True):
+def requeue_job(rt, job, tasks, reason, now, new_attempt=True):
     """Put a job back in the queue with attempt + 1 (the same attempt without `new_attempt`);
     its ranks start over as pending."""
     if new_attempt:
@@ -110,16 +110,16 @@ def requeue_job(job, tasks, reason, now, new_attempt=True):
     switch_job_state(job, JobState.QUEUED, f"{reason} (attempt {job.attempt})", now)
     for task in tasks:
         if task.state in ACTIVE_TASK_STATES:
-            switch_task_state(task, TaskState.CANCELLED, "requeued", now)
+            switch_task_state(rt, task, TaskState.CANCELLED, "requeued", now)
         # node and gpus stay until the next placement: while the old process still runs there,
         # its GPUs are not free (see ClusterState).
         task.delivered_at = task.assigned_at = task.started_at = task.ended_at = None
         task.pid = task.exit_code = None
         task.rendezvous_addr = task.rendezvous_port = None
-        switch_task_state(task, TaskState.PENDING, f"attempt {job.attempt}", now)
+        switch_task_state(rt, task, TaskState.PENDING, f"attempt {job.attempt}", now)
 
 
-def stop_job(job, reason, now):
+def stop_job(rt, job, reason, now):
     """Cancel a job that is not terminal (inside the caller's transaction): tasks no node holds end
     at once, the job is `cancelling` while nodes hold the others (or `cancelled`). Returns the held
     tasks: after commit, owe_stops() tells their nodes (again, for a job already cancelling)."""
@@ -129,7 +129,7 @@ def stop_job(job, reason, now):
             if is_held(task):
                 held.append(task)  # stays active until its node says the process ended
             else:
-                switch_task_state(task, TaskState.CANCELLED, reason, now)
+                switch_task_state(rt, task, TaskState.CANCELLED, reason, now)
         job.outcome, job.outcome_reason = JobState.CANCELLED.value, reason
         if held:
             switch_job_state(job, JobState.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
@@ -140,7 +140,7 @@ def stop_job(job, reason, now):
     return held
 
 
-def stop_tasks_of_node(node_id, reason, now):
+def stop_tasks_of_node(rt, node_id, reason, now):
     """Stop a node's tasks and requeue their jobs whatever their retry policy (a drain's deadline).
 
     Runs inside the caller's transaction; returns the ids of the jobs touched.
@@ -149,12 +149,12 @@ def stop_tasks_of_node(node_id, reason, now):
     for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
         task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
         if task.state in ACTIVE_TASK_STATES:
-            end_task(task, TaskState.PREEMPTED, reason, now, force_requeue=True)
+            end_task(rt, task, TaskState.PREEMPTED, reason, now, force_requeue=True)
             jobs.add(task.job_id)
     return jobs
 
 
-def new_run(inst, now, waiting_reason=None, interrupted=False):
+def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
     """Queue a new run of the instance (inside the caller's transaction): pending, or still
     `interrupted` (naming what interrupted it) until the run is placed."""
     spec = inst.instance_spec.run(inst.node_id)
@@ -171,7 +171,7 @@ def new_run(inst, now, waiting_reason=None, interrupted=False):
         inst.save()
     elif inst.state != InstanceState.PENDING.value:
         where = f" on node {inst.node_id}, which holds its volume" if inst.node_id else ""
-        switch_instance_state(inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
+        switch_instance_state(rt, inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
     else:
         inst.save()
     limits.count_stored(inst.owner_token_id, limits.stored_size(job.spec))  # last: see services.identity.limits
@@ -183,14 +183,14 @@ def _of_run(job):
     return inst if inst is not None and inst.run_id == job.id else None
 
 
-def run_placed(job, task, now):
+def run_placed(rt, job, task, now):
     """The scheduler placed a run (inside its write transaction): starting on that node."""
     inst = _of_run(job)
     if inst is None:
         return
     inst.node_id = task.node_id
     inst.price_per_hour = _price(inst.instance_spec, task.gpus)
-    switch_instance_state(inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
+    switch_instance_state(rt, inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
 
 
 def _price(spec, gpus):
@@ -232,7 +232,7 @@ def reprice_instances(model, now):
         inst.save()
 
 
-def run_started(task, ports, now):
+def run_started(rt, task, ports, now):
     """The agent started a run's process (inside the caller's transaction): running."""
     job = Job.get_by_id(task.job_id)
     if job.instance_id is None:
@@ -244,9 +244,9 @@ def run_started(task, ports, now):
         _note_moved_ports(inst, ports, now)
         inst.ports = ports
     if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
-        switch_instance_state(inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
+        switch_instance_state(rt, inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
     elif inst.state == InstanceState.RESTARTING.value:
-        switch_instance_state(inst, InstanceState.RUNNING, f"restarted on node {task.node_id} (restart policy "
+        switch_instance_state(rt, inst, InstanceState.RUNNING, f"restarted on node {task.node_id} (restart policy "
                                                            f"{inst.instance_spec.restart})", now)
     else:
         inst.save()
@@ -266,7 +266,7 @@ def _note_moved_ports(inst, ports, now):
                          "reaches it")
 
 
-def run_restarting(task, last_exit, now):
+def run_restarting(rt, task, last_exit, now):
     """The process of a run ended and its node starts it again after `last_exit['backoff_seconds']`
     (inside the caller's transaction): restarting, with the exit; not billed until it runs again."""
     job = Job.get_by_id(task.job_id)
@@ -281,12 +281,12 @@ def run_restarting(task, last_exit, now):
     backoff = last_exit.get("backoff_seconds") or 0.0
     inst.next_start_at = now + datetime.timedelta(seconds=backoff)
     policy = inst.instance_spec.restart
-    switch_instance_state(inst, InstanceState.RESTARTING, f"its process ended ({last_exit['reason']}); node "
+    switch_instance_state(rt, inst, InstanceState.RESTARTING, f"its process ended ({last_exit['reason']}); node "
                                                           f"{task.node_id} starts it again in {backoff:g}s (restart "
                                                           f"policy {policy})", now)
 
 
-def run_ended(job, task, outcome, reason, now, preempted_by=None, resume=False):
+def run_ended(rt, job, task, outcome, reason, now, preempted_by=None, resume=False):
     """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
     retry) and the instance becomes stopped, deleting (or deleted), failed or interrupted. Returns the job."""
     outcome = TaskState(outcome)
@@ -299,33 +299,33 @@ def run_ended(job, task, outcome, reason, now, preempted_by=None, resume=False):
     switch_job_state(job, ended, f"run ended: {outcome.value} ({reason})", now)
     inst = _of_run(job)
     if inst is not None and inst.state != InstanceState.DELETED.value:
-        _settle(inst, task, outcome, reason, now, preempted_by, resume)
+        _settle(rt, inst, task, outcome, reason, now, preempted_by, resume)
     return job
 
 
-def _settle(inst, task, outcome, reason, now, preempted_by, resume=False):
+def _settle(rt, inst, task, outcome, reason, now, preempted_by, resume=False):
     # Only its node's report says its processes ended; a lost run (its lease expired) says nothing of them.
     ended = (f"its node did not report that its processes ended ({reason})" if outcome is TaskState.LOST
              else f"its processes ended ({reason})")
     if inst.desired_state == "deleted":
-        settle_deleting(inst, ended, now)
+        settle_deleting(rt, inst, ended, now)
     elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
-        switch_instance_state(inst, InstanceState.STOPPED, f"stopped; {ended}", now)
+        switch_instance_state(rt, inst, InstanceState.STOPPED, f"stopped; {ended}", now)
     elif outcome is TaskState.LOST:
-        _interrupt(inst, "node_lost", reason, now)
+        _interrupt(rt, inst, "node_lost", reason, now)
     elif outcome is TaskState.PREEMPTED:
-        _interrupt(inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by, resume)
+        _interrupt(rt, inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by, resume)
     else:
         inst.desired_state = "stopped"
         if outcome is TaskState.FAILED:
             inst.last_exit = {"exit_code": task.exit_code, "signal": _signal_of(reason), "reason": reason,
                               "at": isoformat(now), "backoff_seconds": None}
-            switch_instance_state(inst, InstanceState.FAILED, reason, now)
+            switch_instance_state(rt, inst, InstanceState.FAILED, reason, now)
         elif reason.startswith("idle"):
-            switch_instance_state(inst, InstanceState.STOPPED, reason, now)
+            switch_instance_state(rt, inst, InstanceState.STOPPED, reason, now)
         else:
             policy = inst.instance_spec.restart
-            switch_instance_state(inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
+            switch_instance_state(rt, inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
 
 
 def _signal_of(reason):
@@ -334,14 +334,14 @@ def _signal_of(reason):
     return found.group(1) if found else None
 
 
-def _interrupt(inst, why, reason, now, preempted_by=None, resume=False):
+def _interrupt(rt, inst, why, reason, now, preempted_by=None, resume=False):
     """Interrupted (`why`: node_lost, preempted or drain; `preempted_by` the preempting Workload):
     resumable; after a lost node it resumes by itself when the node is back, after a preemption
     (with `resume`) its next run is queued at once and placed once its node has room again (after
     the preemptor, which outranks it), the instance staying `interrupted` until then."""
     first = inst.state != InstanceState.INTERRUPTED.value
     if first:
-        switch_instance_state(inst, InstanceState.INTERRUPTED, f"{reason}; {_after_interruption(inst, why, resume)}",
+        switch_instance_state(rt, inst, InstanceState.INTERRUPTED, f"{reason}; {_after_interruption(inst, why, resume)}",
                               now)
         inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
     else:
@@ -350,9 +350,9 @@ def _interrupt(inst, why, reason, now, preempted_by=None, resume=False):
         inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
     inst.save()
     if why == "node_lost" and _node_live(inst.node_id):
-        new_run(inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
+        new_run(rt, inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
     elif first and why == "preempted" and resume:
-        new_run(inst, now, "waiting for room on its node after the preemption", interrupted=True)
+        new_run(rt, inst, now, "waiting for room on its node after the preemption", interrupted=True)
 
 
 def _after_interruption(inst, why, resume):
@@ -373,25 +373,25 @@ def resumes_by_itself(inst):
             and Job.select().where((Job.id == inst.run_id) & (Job.state == JobState.QUEUED.value)).exists())
 
 
-def settle_deleting(inst, why, now):
+def settle_deleting(rt, inst, why, now):
     """A deleted instance whose processes ended (inside the caller's transaction): deleted once no
     volume of it can be left on a live node, else `deleting` until that node's heartbeat shows the
     volume gone (volumes_removed). A node that is lost or gone removes it when it is back."""
     if _node_live(inst.node_id):
-        switch_instance_state(inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} to "
+        switch_instance_state(rt, inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} to "
                                                             "remove its volume", now)
     else:
-        switch_instance_state(inst, InstanceState.DELETED, f"deleted; {why}", now)
+        switch_instance_state(rt, inst, InstanceState.DELETED, f"deleted; {why}", now)
 
 
-def volumes_removed(node_id, present, now):
+def volumes_removed(rt, node_id, present, now):
     """A heartbeat of `node_id` listed the volumes `present` (inside the caller's transaction): its
     deleting instances whose processes ended and whose volume is no longer there are deleted."""
     present = set(present)
     for inst in Instance.select().where((Instance.node_id == node_id)
                                         & (Instance.state == InstanceState.DELETING.value)):
         if inst.id not in present and not run_active(inst):
-            switch_instance_state(inst, InstanceState.DELETED, f"deleted; node {node_id} removed its volume", now)
+            switch_instance_state(rt, inst, InstanceState.DELETED, f"deleted; node {node_id} removed its volume", now)
 
 
 def run_active(inst):
@@ -406,19 +406,19 @@ def _node_live(node_id):
                                                 NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
 
 
-def node_lost(node_id, reason, now):
+def node_lost(rt, node_id, reason, now):
     """A node was declared lost (inside switch_node_status): its running instances are interrupted.
     Their runs stay until their leases expire: if the node comes back first, they run on."""
     for inst in Instance.select().where((Instance.node_id == node_id)
                                         & Instance.state.in_([InstanceState.STARTING.value,
                                                               InstanceState.RUNNING.value,
                                                               InstanceState.RESTARTING.value])):
-        switch_instance_state(inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
+        switch_instance_state(rt, inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
         inst.interrupted_by = "node_lost"
         inst.save()
 
 
-def node_returned(node_id, now):
+def node_returned(rt, node_id, now):
     """A lost node is back (inside switch_node_status): its instances interrupted by the loss run
     again, the process they still have there, or a new run on it."""
     for inst in Instance.select().where((Instance.node_id == node_id)
@@ -428,14 +428,14 @@ def node_returned(node_id, now):
             continue
         task = Task.select().where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES)).first()
         if task is None:
-            new_run(inst, now)
+            new_run(rt, inst, now)
         elif task.state == TaskState.RUNNING.value:
-            switch_instance_state(inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
+            switch_instance_state(rt, inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
         else:
-            switch_instance_state(inst, InstanceState.STARTING, f"node {node_id} is back", now)
+            switch_instance_state(rt, inst, InstanceState.STARTING, f"node {node_id} is back", now)
 
 
-def switch_node_status(node, to_status, reason, now, actor=None):
+def switch_node_status(rt, node, to_status, reason, now, actor=None):
     """The one way a node changes state: checks the transition, saves, records an Event (caused
     by `actor`, by default the actor of the code running now: events.current_actor)."""
     from_status = NodeStatus(node.status)
@@ -454,7 +454,7 @@ def switch_node_status(node, to_status, reason, now, actor=None):
     record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor,
                  data=data)
     if to_status is NodeStatus.LOST:
-        node_lost(node.id, reason, now)
+        node_lost(rt, node.id, reason, now)
     elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:
-        node_returned(node.id, now)
+        node_returned(rt, node.id, now)
     return node
