@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite (extra arguments go to pytest).
 #   scripts/test.sh --fast   the inner loop: lint, types, and the unit and API tests (without the
-#                            agent, provisioning and UI packages and what is marked integration;
-#                            property tests try a fifth of their examples)
+#                            agent, provisioning and UI packages and what is marked integration or
+#                            sweep; property tests try a fifth of their examples)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=()
 if [ "${1:-}" = "--fast" ]; then
     shift
-    fast=(-m "not integration" --ignore=tests/agent --ignore=tests/provision --ignore=tests/ui)
+    fast=(-m "not integration and not sweep" --ignore=tests/agent --ignore=tests/provision --ignore=tests/ui)
     export FLEETD_TESTS_FAST=1  # property tests try a fifth of their examples (tests/support/examples.py)
 fi
 scripts/setup.sh

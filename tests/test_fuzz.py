@@ -2,12 +2,15 @@
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import admin_client
 from tests.support.examples import examples
 from tests.test_auth import ROLE_TABLE
+
+pytestmark = pytest.mark.sweep  # fuzzers: the full tier (scripts/test.sh --fast leaves them out)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats(allow_nan=False)
