@@ -1,7 +1,7 @@
 """What bounds a task on its node, against the stand-in fleetd with real processes (issue 44): the pid limit
 where no cgroup holds it (RLIMIT_NPROC), the container runtime's flags, the output offsets file's mode, and
 a state dir that tasks of other uids cannot reach. Fleetd's side, and the fork bomb end to end:
-tests/test_task_bounds.py, tests/agent/test_task_bounds_e2e.py."""
+tests/fleetd/services/fleet_ops/test_task_bounds.py, tests/agent/test_task_bounds_e2e.py."""
 
 import json
 import logging

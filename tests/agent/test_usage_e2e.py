@@ -66,7 +66,7 @@ def test_the_quick_starts_usage_page_shows_used_gpu_hours_and_efficiency(server_
     """The quick start (scripts/run.sh) end to end: its fake 8 x H100 host, here at 40 %, and the GPU sampler
     and the ledger's pass on one period, as its defaults (both 60 s); the usage page shows used GPU-hours
     and the efficiency. The race of those two tasks that lost the samples is pinned down in
-    tests/test_usage.py (here timing decides how many are lost, never all)."""
+    tests/fleetd/services/accounting/test_usage.py (here timing decides how many are lost, never all)."""
     period = "1"  # both 60 s by default: the same period, the same phase
     http = Http(server_factory(FLEETD_HEARTBEAT_INTERVAL_SECONDS="1", FLEETD_SCHEDULER_INTERVAL_SECONDS="0.5",
                                FLEETD_METRICS_SAMPLE_SECONDS=period, FLEETD_USAGE_FLUSH_SECONDS=period).url, admin)

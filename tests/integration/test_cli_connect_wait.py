@@ -6,10 +6,10 @@ import json
 import pytest
 import requests
 
+from tests.fleetd.cli.test_cli_instances import Agent, in_thread
 from tests.integration.conftest import admin, data_dir, server_factory  # noqa: F401 - fixtures
 from tests.integration.test_cli import run  # noqa: F401 - the fixture
 from tests.support import wait_until
-from tests.test_cli_instances import Agent, in_thread
 
 pytestmark = pytest.mark.integration
 

@@ -59,14 +59,14 @@ def own_database(postgres_url, name):
 
 
 def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgres_url):
-    from tests.test_migrations import check_duplicate_names_are_renamed_by_the_upgrade
+    from tests.fleetd.test_migrations import check_duplicate_names_are_renamed_by_the_upgrade
 
     with own_database(postgres_url, "fleetd_names") as db:
         check_duplicate_names_are_renamed_by_the_upgrade(db)
 
 
 def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(postgres_url):
-    from tests.test_migrations import (
+    from tests.fleetd.test_migrations import (
         check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names as check,
     )
 
@@ -83,13 +83,13 @@ def test_concurrent_creates_of_one_token_name_make_exactly_one_on_postgres(pg_ap
 
 
 def test_concurrent_creates_of_one_instance_name_make_exactly_one_on_postgres(pg_api):
-    from tests.test_instances import check_concurrent_creates_make_one
+    from tests.fleetd.services.workloads.test_instances import check_concurrent_creates_make_one
 
     check_concurrent_creates_make_one(pg_api)
 
 
 def test_the_index_refuses_a_create_of_a_taken_name_whose_check_passed_on_postgres(pg_api, monkeypatch):
-    from tests.test_instances import check_the_index_refuses_a_create_whose_check_passed
+    from tests.fleetd.services.workloads.test_instances import check_the_index_refuses_a_create_whose_check_passed
 
     check_the_index_refuses_a_create_whose_check_passed(pg_api, monkeypatch)
 
@@ -166,7 +166,7 @@ def test_a_reload_reads_only_the_changed_nodes_on_postgres_and_equals_a_full_rea
 
 
 def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
-    from tests.test_instances import create, finish, show, start
+    from tests.fleetd.services.workloads.test_instances import create, finish, show, start
 
     pg_api.create_fleet("gpu-a")
     node, session = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "host-1", gpu_count=2)

@@ -42,7 +42,7 @@ PHASES = "examples,coverage,fuzzing,stateful"
 ALLOWED = [
     ("positive_data_acceptance", r"GET /api/v1/.*", r'"message":"invalid cursor"',
      "a cursor is opaque: only one the server issued is valid, and no schema can describe that set; "
-     "any other string is refused 400 invalid_request (tests/test_bad_input.py)"),
+     "any other string is refused 400 invalid_request (tests/fleetd/api/test_bad_input.py)"),
     ("positive_data_acceptance", r"POST /api/v1/agent/(register|heartbeat)", r"GPU uuids must be unique",
      "uniqueness of one key across array items is not expressible in OpenAPI 3.0 (uniqueItems compares whole "
      "items)"),
@@ -58,7 +58,7 @@ ALLOWED = [
      "needs a fraction of one GPU; started_seconds_ago needs pid): OpenAPI 3.0 describes fields one by one"),
     ("positive_data_acceptance", r"POST /api/v1/(jobs|cluster/simulate-schedule)", r"unknown artifact",
      "a job may name only artifacts its token uploaded: which exist is the server's state, not the "
-     "document's (the refusal names them; tests/test_artifacts.py)"),
+     "document's (the refusal names them; tests/fleetd/services/workloads/test_artifacts.py)"),
     ("positive_data_acceptance", r"POST /api/v1/agent/tasks/\{task_id\}/logs",
      r"stream must be stdout|text must be a string|rank must be an integer",
      "a log line is a tuple [stream, text, rank?]; OpenAPI 3.0 has no tuples (prefixItems came with 3.1), so "
@@ -115,18 +115,18 @@ ALLOWED = [
 # Generated strings are valid UTF-8 without NUL. fleetd refuses NUL and unpaired surrogates in
 # every string by design (PostgreSQL and SQLite's UTF-8 text cannot hold them) and OpenAPI 3.0 has
 # no way to say so, so schema-valid cases holding them would be "rejected positive data" that no
-# fix can remove. tests/test_hostile_input.py checks that refusal itself, for every route.
+# fix can remove. tests/fleetd/api/test_hostile_input.py checks that refusal itself, for every route.
 GENERATION = ["--generation-codec", "utf-8", "--generation-allow-x00", "false"]
 
 SERVER_ENV = {
     # The ignored_auth check sends wrong tokens on purpose; past the limits on failed
-    # authentications (tested in tests/test_auth.py) those would be answered 429 instead of 401.
+    # authentications (tested in tests/fleetd/test_auth.py) those would be answered 429 instead of 401.
     "FLEETD_AUTH_FAILURE_LIMIT": "1000000000",
     "FLEETD_AUTH_FAILURE_GLOBAL_LIMIT": "1000000000",
     # acquire, job wait and rendezvous wait are long polls of up to 30 s; fuzzed cases must not wait.
     "FLEETD_LONG_POLL_MAX_SECONDS": "0.2",
     # Which hosts a webhook may target depends on what they are or resolve to (loopback, private, ...),
-    # which a URL's schema cannot state; the fuzzer checks the document, tests/test_webhook_targets.py
+    # which a URL's schema cannot state; the fuzzer checks the document, tests/fleetd/services/notify/test_webhook_targets.py
     # checks the refusals.
     "FLEETD_WEBHOOKS_ALLOW_TARGETS": "0.0.0.0/0,::/0",
     # ... and the fuzzed webhooks are never posted to: their targets are anywhere (tests reach only
@@ -383,7 +383,7 @@ def test_api_routes_pass_every_schemathesis_check(tmp_path):
                         "path.sha256": ("artifacts", 0.5), "path.model": ("models", 0.3)},
             operations=[
                 # Revoking the token this run authenticates with would leave every later case a 401;
-                # the route itself is covered by tests/test_auth.py. Deletion is aimed at another token.
+                # the route itself is covered by tests/fleetd/test_auth.py. Deletion is aimed at another token.
                 {"path_regex": r"^/api/v1/tokens/\{token_id\}$", "pinned": {"path.token_id": victim["id"]}},
             ],
         )

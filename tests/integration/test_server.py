@@ -220,7 +220,7 @@ def test_hostile_graphql_documents_are_refused_while_health_and_heartbeats_answe
     like 2^26 fragment spreads did for about 4 minutes, would leave a probe unanswered)."""
     import concurrent.futures
 
-    from tests.test_graphql import doubling, wide
+    from tests.fleetd.gql.test_graphql import doubling, wide
 
     http = Http(server.url, admin)
     _, session = _session(http, "gql", "gql-host")

@@ -4,7 +4,7 @@ ones before them until the start, and an instance's box follows new lines as a j
 import re
 
 from fleetd.ui.pages import logs
-from tests.test_instances import create
+from tests.fleetd.services.workloads.test_instances import create
 from tests.ui.conftest import enrol
 from tests.ui.test_instances_ui import start
 

@@ -4,7 +4,7 @@ equal to GET /api/v1/usage, budget bars, idle-held GPUs (admins), a submitter's 
 import re
 
 from tests.conftest import gpus
-from tests.test_usage import sample
+from tests.fleetd.services.accounting.test_usage import sample
 
 H100 = gpus(1)[0]["model"]
 

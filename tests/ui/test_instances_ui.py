@@ -9,8 +9,8 @@ import pytest
 
 from fleetd.ui import roles
 from tests.conftest import ApiClient, gpus
+from tests.fleetd.services.workloads.test_instances import create, show
 from tests.support.browser import CHROMIUM
-from tests.test_instances import create, show
 from tests.ui.conftest import UiClient, enrol
 from tests.ui.test_browser import agent_call, artifacts, http, page, server, shot, sign_in  # noqa: F401
 from tests.ui.test_browser import enrol as enrol_over_http

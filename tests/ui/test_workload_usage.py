@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.test_instances import create, start
+from tests.fleetd.services.workloads.test_instances import create, start
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -1,7 +1,7 @@
 """An InstanceSpec's scratch_bytes (GraphQL's containerDiskInGb) is stored, shown and sent to the node in
 its run's assignment, where the agent enforces it (tests/agent/test_instance_scratch.py)."""
 
-from tests.test_graphql import gql
+from tests.fleetd.gql.test_graphql import gql
 
 
 def test_scratch_bytes_reaches_the_assignment_and_graphql_maps_container_disk_onto_it(api):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 TRACES = ROOT / "tests" / "fixtures" / "traces"
 NODES = TRACES / "openb_node_list_gpu_node_every50.csv"
 PODS = TRACES / "openb_pod_list_gpuspec10_first300.csv"

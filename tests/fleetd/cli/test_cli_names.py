@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from tests.fleetd.cli.test_cli_instances import Agent
 from tests.integration.conftest import admin, data_dir, server, server_factory  # noqa: F401 - fixtures
 from tests.integration.test_cli import run  # noqa: F401 - the fixture
-from tests.test_cli_instances import Agent
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from fleetd.scheduler import (
     freed,
     plan_preemption,
 )
-from tests.scheduler.factories import GIB, make_cluster, make_node
-from tests.scheduler.test_properties import check_placements, clusters, requests
+from tests.fleetd.scheduler.factories import GIB, make_cluster, make_node
+from tests.fleetd.scheduler.test_properties import check_placements, clusters, requests
 from tests.support.examples import examples
 
 

@@ -22,9 +22,9 @@ from fleetd.scheduler import (
     profile_from_requests,
     schedule,
 )
-from tests.scheduler.factories import GIB, make_cluster, make_node
+from tests.fleetd.scheduler.factories import GIB, make_cluster, make_node
 
-SCHEDULER_DIR = pathlib.Path(__file__).resolve().parents[2] / "fleetd" / "scheduler"
+SCHEDULER_DIR = pathlib.Path(__file__).resolve().parents[3] / "fleetd" / "scheduler"
 
 
 def gpu_uuids(result):

@@ -2,7 +2,7 @@
 pose as jobs (job routes answer 404 for them), the cluster status and allocation name the
 instance, and a preemption names the workload that caused it."""
 
-from tests.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
+from tests.fleetd.services.workloads.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
 
 
 def _run_id(api, inst):

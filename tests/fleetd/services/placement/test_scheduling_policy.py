@@ -33,7 +33,7 @@ def _assert_sums(status):
 
 def test_capacity_adds_up_and_says_why_gpus_are_blocked(api, join, clock):
     # Only the unhealthy GPU is blocked here: the fleet's health policy would take its whole node out
-    # (tests/test_health_policy.py).
+    # (tests/fleetd/services/nodes/test_health_policy.py).
     api.patch("/api/v1/fleets/gpu-a", {"health_policy": {"cordon_on_gpu_fault": False}})
     n1, s1 = _node(api, join, "n1", 4)
     n2, _ = _node(api, join, "n2", 2)

@@ -6,7 +6,7 @@ number in any table holds such a value, and a scheduling pass still runs and pla
 The routes come from the app's own OpenAPI document, so a new route is covered without a
 change here; BASE_BODIES gives each known route a valid body to hide the hostile value in.
 
-Run: .venv/bin/pytest tests/test_hostile_input.py -v
+Run: .venv/bin/pytest tests/fleetd/api/test_hostile_input.py -v
 """
 
 import json

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import admin_client
+from tests.fleetd.test_auth import ROLE_TABLE
 from tests.support.examples import examples
-from tests.test_auth import ROLE_TABLE
 
 pytestmark = pytest.mark.sweep  # fuzzers: the full tier (scripts/test.sh --fast leaves them out)
 

@@ -5,7 +5,7 @@ stop, delete and resume replace or cancel that queued run (instances_resume_pree
 from fleetd.models import Instance, Job
 from fleetd.services.workloads import instances
 from tests.conftest import admin_client
-from tests.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
+from tests.fleetd.services.workloads.test_instances import create, finish, fleet, show, start  # noqa: F401 (fleet is a fixture)
 
 
 def _runs(api, inst):

@@ -4,10 +4,10 @@ REST InstanceSpec's allow-list, and the connection wait that goes on past one lo
 import logging
 import threading
 
+from tests.fleetd.gql.test_graphql import fleet, gql  # noqa: F401 - the fixture
+from tests.fleetd.services.workloads.test_instances import start
 from tests.support import wait_until
 from tests.support.http import ApiClient
-from tests.test_graphql import fleet, gql  # noqa: F401 - the fixture
-from tests.test_instances import start
 
 SLICE_LOG = "fleetd.services.workloads.instances"
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from tests.conftest import ApiClient
+from tests.fleetd.gql.test_graphql import gql
+from tests.fleetd.services.workloads.test_instances import create, finish, show, start
 from tests.integration.test_cli import run  # noqa: F401 - the fixture
 from tests.support.gpus import GPU_H100
-from tests.test_graphql import gql
-from tests.test_instances import create, finish, show, start
 
 GIB = 1 << 30
 

@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 
 from fleetd.scheduler import gpu_capacity
-from tests.scheduler.factories import make_cluster, make_node
-from tests.scheduler.test_properties import clusters
+from tests.fleetd.scheduler.factories import make_cluster, make_node
+from tests.fleetd.scheduler.test_properties import clusters
 from tests.support.examples import examples
 
 

@@ -209,7 +209,7 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
 def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, fleet):
     from fleetd.models import Job
     from fleetd.services.placement import terms
-    from tests.test_instances import create, finish, start
+    from tests.fleetd.services.workloads.test_instances import create, finish, start
 
     _, session = api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="job", resources={"gpus": 4}, priority_class="spot", bid=1.5)

@@ -121,7 +121,7 @@ def test_heartbeat_with_changed_gpus_updates_inventory_and_records_an_event(api,
     assert [g["healthy"] for g in node["gpus"]] == [True, False]
     assert node["gpus"][1]["health_reason"].startswith("XID 79")
     events = api.get(f"/api/v1/nodes/{reg['node_id']}/events").get_json()["items"]
-    # The GPU event first; the fleet's health policy then takes the node out (tests/test_health_policy.py).
+    # The GPU event first; the fleet's health policy then takes the node out (tests/fleetd/services/nodes/test_health_policy.py).
     assert [e for e in events if e["kind"] == "node.gpus"][-1]["reason"].endswith("unhealthy: " + changed[1]["uuid"])
 
 

@@ -4,7 +4,7 @@ get_user, cloudType mapped to node labels, and myself { pods } past one page of 
 import pytest
 
 from fleetd.gql import resolvers
-from tests.test_graphql import MODEL, gql
+from tests.fleetd.gql.test_graphql import MODEL, gql
 
 # What create_pod("cpu", "localhost/app:1", instance_id="cpu3c-2-4") sends, as the SDK writes it.
 CPU_POD = """mutation { deployCpuPod( input: { name: "cpu", imageName: "localhost/app:1", cloudType: ALL,

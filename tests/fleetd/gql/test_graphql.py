@@ -5,8 +5,8 @@ depth and cost limits. tests/agent/test_graphql_e2e.py runs them against real pr
 import pytest
 
 from fleetd.server import scrub_secrets
+from tests.fleetd.services.workloads.test_instances import start
 from tests.support.gpus import GPU_H100
-from tests.test_instances import start
 
 MODEL = GPU_H100["model"]
 DEPLOY = """mutation deploy($model: String) { clusterFindAndDeployOnDemand(input: {

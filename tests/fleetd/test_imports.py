@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("fleetd", "agent", "fleetwire", "fleetconf")
 
 
