@@ -5,7 +5,7 @@ scheduler reads that node or the fleets again (services.placement.inventory.Inve
 other column does not. Every GPU column is watched. The migrations that create the triggers take
 their columns from here by their own number, so what each installed stays what it was, and the
 history of the watched columns is in one place. A new column of either table is listed in WATCHED
-(with a migration that re-creates the triggers) or in NOT_WATCHED with why (tests/test_inventory_triggers.py).
+(with a migration that re-creates the triggers) or in NOT_WATCHED with why (tests/fleetd/test_inventory_triggers.py).
 """
 
 # table -> {the migration that changed the triggers: the columns watched from then on}
