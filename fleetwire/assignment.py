@@ -6,7 +6,8 @@ passes it.
 
 import dataclasses
 import re
-from typing import TypeGuard
+
+from fleetwire.checks import is_int, is_number
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -71,12 +72,6 @@ MAX_TASK_PATH = 4096  # characters of a task's PATH
 TASK_PATH_RE = re.compile(r"^/[^:\x00-\x1f]*(:/[^:\x00-\x1f]*)*$")
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +103,7 @@ class AssignedInstance:
             raise ValueError("instance.restart must be always, on-failure or never")
         ports = cls._ports(data.get("ports") or [])
         volume_bytes = data.get("volume_bytes") or 0
-        if not _is_int(volume_bytes) or volume_bytes < 0:
+        if not is_int(volume_bytes) or volume_bytes < 0:
             raise ValueError("instance.volume_bytes must be a non-negative integer")
         mount = data.get("volume_mount_path") or "/workspace"
         if not isinstance(mount, str) or not mount.startswith("/") or any(c in mount for c in ":,\0\n"):
@@ -119,7 +114,7 @@ class AssignedInstance:
             raise ValueError("instance.image must be an image reference")
         below, for_seconds = cls._idle_stop(data.get("idle_stop"))
         scratch_bytes = data.get("scratch_bytes") or 0
-        if not _is_int(scratch_bytes) or scratch_bytes < 0:
+        if not is_int(scratch_bytes) or scratch_bytes < 0:
             raise ValueError("instance.scratch_bytes must be a non-negative integer")
         runtime_args = data.get("runtime_args") or []
         if not isinstance(runtime_args, list) or len(runtime_args) > MAX_RUNTIME_ARGS:
@@ -152,7 +147,7 @@ class AssignedInstance:
         for item in ports:
             port = item.get("port") if isinstance(item, dict) else None
             protocol = (item.get("protocol") or "tcp") if isinstance(item, dict) else None
-            if not _is_int(port) or not 1 <= port <= 65535 or protocol not in PORT_PROTOCOLS:
+            if not is_int(port) or not 1 <= port <= 65535 or protocol not in PORT_PROTOCOLS:
                 raise ValueError("instance.ports must be [{port (1-65535), protocol (http or tcp)}]")
             out.append((port, protocol))
         if len({port for port, _ in out}) != len(out):
@@ -165,7 +160,7 @@ class AssignedInstance:
             return None, None
         below = idle.get("gpu_util_below_percent") if isinstance(idle, dict) else None
         for_seconds = idle.get("for_seconds") if isinstance(idle, dict) else None
-        if not _is_number(below) or not 0 < below <= 100 or not _is_number(for_seconds) or for_seconds <= 0:
+        if not is_number(below) or not 0 < below <= 100 or not is_number(for_seconds) or for_seconds <= 0:
             raise ValueError("instance.idle_stop must be {gpu_util_below_percent (0-100], for_seconds (> 0)}")
         return float(below), float(for_seconds)
 
@@ -261,14 +256,14 @@ class Assignment:
         numbers: dict[str, float | None] = {}
         for name in ("bid", "cpus"):
             value = data.get(name)
-            if value is not None and (not _is_number(value) or value < 0):
+            if value is not None and (not is_number(value) or value < 0):
                 raise ValueError(f"{name} must be a non-negative number")
             numbers[name] = value if name == "bid" else (value or None)
         memory_bytes = data.get("memory_bytes")
-        if memory_bytes is not None and (not _is_int(memory_bytes) or memory_bytes < 0):
+        if memory_bytes is not None and (not is_int(memory_bytes) or memory_bytes < 0):
             raise ValueError("memory_bytes must be a non-negative number")
         pids = data.get("pids")
-        if pids is not None and (not _is_int(pids) or not MIN_TASK_PIDS <= pids <= MAX_TASK_PIDS):
+        if pids is not None and (not is_int(pids) or not MIN_TASK_PIDS <= pids <= MAX_TASK_PIDS):
             raise ValueError(f"pids must be an integer from {MIN_TASK_PIDS} to {MAX_TASK_PIDS}")
         task_path = data.get("task_path")
         if task_path is not None and (not isinstance(task_path, str) or len(task_path) > MAX_TASK_PATH
@@ -292,7 +287,7 @@ class Assignment:
 
     @staticmethod
     def _attempt(value):
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError("attempt must be a positive integer")
         return value
 

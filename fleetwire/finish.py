@@ -9,11 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fleetwire.checks import is_int
+
 OUTCOMES = ("succeeded", "failed", "cancelled")
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +53,14 @@ class TaskFinish:
         if not isinstance(data, dict):
             raise ValueError("a finish report must be an object")
         epoch, outcome = data.get("epoch"), data.get("outcome")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError("epoch must be a non-negative integer")
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
         exit_code, pid, ago = data.get("exit_code"), data.get("pid"), data.get("started_seconds_ago")
-        if exit_code is not None and not _is_int(exit_code):
+        if exit_code is not None and not is_int(exit_code):
             raise ValueError("exit_code must be an integer or null")
-        if pid is not None and (not _is_int(pid) or pid < 1):
+        if pid is not None and (not is_int(pid) or pid < 1):
             raise ValueError("pid must be a positive integer or null")
         if ago is not None and (not isinstance(ago, (int, float)) or isinstance(ago, bool) or ago < 0):
             raise ValueError("started_seconds_ago must be a non-negative number or null")
@@ -96,7 +95,7 @@ class FinishResult:
 
     @classmethod
     def from_wire(cls, data: Any) -> FinishResult:
-        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) or not _is_int(data.get("status")):
+        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) or not is_int(data.get("status")):
             raise ValueError("a finish result must be {task_id, status, error}")
         error = data.get("error")
         if error is not None and not isinstance(error, dict):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from fleetwire.checks import is_int
+
 
 class TaskReport(NamedTuple):
     """A task the node holds, as its heartbeat lists it."""
@@ -21,9 +23,6 @@ class TaskReport(NamedTuple):
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "epoch": self.epoch, "state": self.state}
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _optional(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -90,7 +89,7 @@ class Heartbeat:
             raise ValueError("a heartbeat must be an object")
         tasks = []
         for item in data.get("tasks") or ():
-            if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not _is_int(item.get("epoch")) \
+            if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not is_int(item.get("epoch")) \
                     or not isinstance(item.get("state"), str):
                 raise ValueError("tasks must be [{id, epoch, state}]")
             tasks.append(TaskReport(item["id"], item["epoch"], item["state"]))

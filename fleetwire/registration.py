@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fleetwire.checks import is_int
+
 
 def _text(data: dict[str, Any], name: str, required: bool = True) -> str:
     value = data.get(name)
@@ -19,7 +21,7 @@ def _text(data: dict[str, Any], name: str, required: bool = True) -> str:
 
 def _count(data: dict[str, Any], name: str) -> int:
     value = data.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer")
     return value
 

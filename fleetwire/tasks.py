@@ -10,13 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+from fleetwire.checks import is_int, is_number
 
 
 def _object(data: Any, what: str) -> dict[str, Any]:
@@ -27,7 +21,7 @@ def _object(data: Any, what: str) -> dict[str, Any]:
 
 def _epoch(data: dict[str, Any]) -> int:
     epoch = data.get("epoch")
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise ValueError("epoch must be a non-negative integer")
     return epoch
 
@@ -58,9 +52,9 @@ class Acquire:
     def from_wire(cls, data: Any) -> Acquire:
         data = _object(data or {}, "an acquire")
         wait, most = data.get("wait_seconds", 30), data.get("max_assignments")
-        if not _is_number(wait) or wait < 0:
+        if not is_number(wait) or wait < 0:
             raise ValueError("wait_seconds must be a non-negative number")
-        if most is not None and (not _is_int(most) or most < 1):
+        if most is not None and (not is_int(most) or most < 1):
             raise ValueError("max_assignments must be a positive integer")
         return cls(wait_seconds=wait, max_assignments=most)
 
@@ -119,9 +113,9 @@ class TaskStarted:
     def from_wire(cls, data: Any) -> TaskStarted:
         data = _object(data, "a start report")
         pid, restarts = data.get("pid"), data.get("restarts", 0)
-        if pid is not None and (not _is_int(pid) or pid < 1):
+        if pid is not None and (not is_int(pid) or pid < 1):
             raise ValueError("pid must be a positive integer or null")
-        if not _is_int(restarts) or restarts < 0:
+        if not is_int(restarts) or restarts < 0:
             raise ValueError("restarts must be a non-negative integer")
         return cls(epoch=_epoch(data), pid=pid, ports=_ports(data), restarts=restarts)
 
@@ -144,9 +138,9 @@ class TaskRestarting:
     def from_wire(cls, data: Any) -> TaskRestarting:
         data = _object(data, "a restart report")
         backoff, exit_code, signal = data.get("backoff_seconds"), data.get("exit_code"), data.get("signal")
-        if not _is_number(backoff) or backoff < 0:
+        if not is_number(backoff) or backoff < 0:
             raise ValueError("backoff_seconds must be a non-negative number")
-        if exit_code is not None and not _is_int(exit_code):
+        if exit_code is not None and not is_int(exit_code):
             raise ValueError("exit_code must be an integer or null")
         if signal is not None and not isinstance(signal, str):
             raise ValueError("signal must be a string or null")
@@ -172,7 +166,7 @@ class Rendezvous:
         addr, port = data.get("addr"), data.get("port")
         if not isinstance(addr, str) or not addr:
             raise ValueError("addr must be a non-empty string")
-        if not _is_int(port) or not 1 <= port <= 65535:
+        if not is_int(port) or not 1 <= port <= 65535:
             raise ValueError("port must be an integer from 1 to 65535")
         return cls(addr=addr, port=port)
 
