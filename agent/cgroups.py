@@ -7,9 +7,11 @@ cgroup can be made, `Cgroups.why` says why and the limits are reported "not enfo
 limit then falls back to RLIMIT_NPROC: agent/task/limits.py).
 """
 
+import functools
 import logging
 import os
 import signal
+import subprocess
 import time
 
 from agent.procfs import cgroup_procs, cgroup_tree_pids, find_mount, read_bytes, signal_pids
@@ -206,11 +208,10 @@ def shim_command(cgroup_path, argv, status_path=None, nproc=None):
     return ["/bin/sh", "-c", script, procs, status_path, *argv]
 
 
+@functools.lru_cache(maxsize=8)
 def shell_nproc_flag(shell="/bin/sh"):
     """The flag of `shell`'s ulimit that sets RLIMIT_NPROC (bash and busybox: -u; dash: -p), or None
-    when it has none (the agent then execs prlimit for it)."""
-    import subprocess
-
+    when it has none (the agent then execs prlimit for it). Asked once per shell and process."""
     for flag, says in (("-u", None), ("-p", "process")):
         try:
             done = subprocess.run([shell, "-c", f"ulimit {flag} && ulimit -a"], capture_output=True, text=True,

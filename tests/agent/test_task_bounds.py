@@ -129,7 +129,7 @@ def test_the_task_shells_ulimit_sets_the_rlimit_nproc_its_command_starts_with(sh
     if not os.path.exists(shell):
         pytest.skip(f"no {shell} here")
     flag = shell_nproc_flag(shell)
-    assert flag == ("-u" if os.path.realpath(shell).endswith("bash") else flag) and flag in ("-u", "-p")
+    assert flag == {"bash": "-u", "dash": "-p"}[os.path.basename(os.path.realpath(shell))]
     argv = shim_command("", [PY, "-c", PRINT_NPROC], str(tmp_path / "status"), nproc=(flag, 77))
     argv[0] = shell
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
