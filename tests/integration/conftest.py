@@ -24,7 +24,9 @@ def _pg_bin(name):
 def _as_postgres(args):
     """Run a PostgreSQL tool as the postgres user when we are root (initdb refuses root)."""
     if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--", *args]
+        # runuser is in /usr/sbin (util-linux): found there even on a PATH without the sbin directories
+        runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin") or "runuser"
+        return [runuser, "-u", "postgres", "--", *args]
     return args
 
 
