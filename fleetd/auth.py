@@ -7,34 +7,44 @@ import functools
 import ipaddress
 import threading
 
-from flask import g
+import peewee
+from flask import g, request
 
 from fleetd.credentials import (  # noqa: F401 - views take the roles from here, with the checks
     ADMIN,
     ANY_ROLE,
     API_PREFIX,
+    DEFAULT_PROJECT,
     JOIN,
     JOIN_PREFIX,
+    MEMBER,
     METRICS,
     NODE,
     NODE_PREFIX,
+    OPERATOR,
+    SCIM,
+    SESSION_PREFIX,
     SUBMITTER,
     TOKEN_RE,
+    VIEWER,
     hash_token,
     make_token,
     matches,
 )
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
-from fleetd.models import ApiToken, JoinToken, Node, NodeStatus
+from fleetd.models import ApiToken, AuthSession, JoinToken, Node, NodeStatus, User
 from fleetd.services.notify import events
 from fleetd.sql import Statement
 
 
 @dataclasses.dataclass(frozen=True)
 class Principal:
-    """Who is calling: an API token, a node session or a join token."""
+    """Who is calling: an API token, a user's session, a node session or a join token.
 
-    kind: str  # "api", "node" or "join"
+    `owner_id` owns what it submits: its user's id, or a service account's own token id (a service
+    account is a token of a project, without a user). `id` is the token's (or session's) own id."""
+
+    kind: str  # "api", "session", "node" or "join"
     id: str
     role: str
     name: str = ""
@@ -43,22 +53,47 @@ class Principal:
     fleet: str | None = None
     rate: float | None = None  # an API token's own requests_per_second (None: the setting's)
     node: object = dataclasses.field(default=None, compare=False, repr=False)  # the whole row, for heartbeats
+    user_id: str | None = None
+    login: str | None = None  # its user's login
+    project: str | None = None  # a service account's project
+    default_project: str | None = None
+
+    @property
+    def owner_id(self):
+        return self.user_id or self.id
 
     @property
     def label(self):
-        """The principal as whoami shows it, e.g. token:ci-bot or node:<id>."""
+        """The principal as whoami and events show it: user:alice, token:ci-bot (a service account
+        or a token without a user) or node:<id>."""
+        if self.login:
+            return f"user:{self.login}"
         if self.kind == "api":
             return f"token:{self.name}"
         if self.kind == "node":
             return f"node:{self.node_id}"
         return f"join-token:{self.id}"
 
+    @property
+    def token_id(self):
+        """The API token's id, for events' actor_token_id (None for a session, node or join token)."""
+        return self.id if self.kind == "api" else None
+
 
 # Every request reads one of these: only the columns the check needs, so that no JSON or
 # timestamp it does not look at is decoded.
 _API_TOKEN_AUTH = Statement(lambda v: ApiToken.select(
     ApiToken.id, ApiToken.name, ApiToken.role, ApiToken.team, ApiToken.token_hash, ApiToken.expires_at,
-    ApiToken.revoked_at, ApiToken.limits).where(ApiToken.id == v("id")).limit(1))
+    ApiToken.revoked_at, ApiToken.limits, ApiToken.user_id, ApiToken.project, User.login, User.active,
+    User.default_project).join(User, peewee.JOIN.LEFT_OUTER, on=(User.id == ApiToken.user_id))
+    .where(ApiToken.id == v("id")).limit(1))
+# A session, then its user: a deactivated user's next request is refused.
+_SESSION_AUTH = Statement(lambda v: AuthSession.select(
+    AuthSession.id, AuthSession.user_id, AuthSession.token_hash, AuthSession.expires_at, AuthSession.ended_at)
+    .where(AuthSession.id == v("id")).limit(1))
+_SESSION_USER = Statement(lambda v: User.select(
+    User.id, User.login, User.role, User.team, User.active, User.default_project, User.limits)
+    .where(User.id == v("id")).limit(1))
 _NODE_AUTH = Statement(lambda v: Node.select(Node.id, Node.hostname, Node.fleet, Node.status, Node.session_hash)
                        .where(Node.session_id == v("session_id")).limit(1))
 _NODE_BY_SESSION = Statement(lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1))
@@ -80,6 +115,8 @@ def resolve_token(token, now, allow_revoked_node=False):
         if row is None or not matches(token, row.token_hash):
             raise Unauthorized("malformed or unknown token")
         return api_token_principal(row, now)
+    if prefix == SESSION_PREFIX:
+        return session_principal(_SESSION_AUTH.first(id=token_id), token, now)
     if prefix == NODE_PREFIX:
         node = (_NODE_BY_SESSION if allow_revoked_node else _NODE_AUTH).first(session_id=token_id)
         if node is None or not matches(token, node.session_hash):
@@ -101,18 +138,41 @@ def resolve_token(token, now, allow_revoked_node=False):
 
 
 def api_token_principal(row, now):
-    """The Principal of a stored API token; Unauthorized when it is revoked or expired."""
+    """The Principal of a stored API token (read by _API_TOKEN_AUTH, with its user); Unauthorized when
+    it is revoked or expired, or its user is deactivated."""
     if row.revoked_at is not None:
         raise Unauthorized("token revoked")
     if row.expires_at is not None and row.expires_at <= now:
         raise Unauthorized("token expired")
+    # The user's columns come flat on the row (peewee maps a joined model's columns onto the first).
+    login = getattr(row, "login", None)
+    if row.user_id is not None and (login is None or not row.active):
+        raise Unauthorized("the token's user is deactivated")
     return Principal("api", row.id, row.role, name=row.name, team=row.team, rate=(row.limits or {}).get(
-        "requests_per_second"))
+        "requests_per_second"), user_id=row.user_id, login=login, project=row.project,
+        default_project=row.default_project if login else (row.project or DEFAULT_PROJECT))
+
+
+def session_principal(row, token, now):
+    """The Principal of a user's session (fls_...): Unauthorized when it is unknown, ended or expired,
+    or its user is deactivated."""
+    if row is None or not matches(token, row.token_hash):
+        raise Unauthorized("malformed or unknown token")
+    if row.ended_at is not None:
+        raise Unauthorized("session ended")
+    if row.expires_at <= now:
+        raise Unauthorized("session expired; refresh it or sign in again")
+    user = _SESSION_USER.first(id=row.user_id)
+    if user is None or not user.active:
+        raise Unauthorized("the user is deactivated")
+    return Principal("session", row.id, user.role, name=user.login, team=user.team, user_id=user.id,
+                     login=user.login, default_project=user.default_project,
+                     rate=(user.limits or {}).get("requests_per_second"))
 
 
 def resolve_api_token_id(token_id, now):
     """The Principal of the API token with this id (already authenticated once, e.g. a UI session)."""
-    row = ApiToken.get_or_none_by_id(token_id)
+    row = _API_TOKEN_AUTH.first(id=token_id)
     if row is None:
         raise Unauthorized("unknown token")
     return api_token_principal(row, now)
@@ -237,8 +297,27 @@ def current_principal():
     return g.principal
 
 
+# Roles a view's list implies: what a submitter may, a member may; a read (GET) that a member may
+# make, a viewer and an operator may make too.
+_WITH_SUBMITTER = (MEMBER,)
+_READERS = (VIEWER, OPERATOR)
+
+
+def allowed_roles(roles, method):
+    """Every role that may call a view that names `roles`, with the HTTP `method` of the call."""
+    allowed = set(roles)
+    if SUBMITTER in allowed:
+        allowed.update(_WITH_SUBMITTER)
+        if method in ("GET", "HEAD"):
+            allowed.update(_READERS)
+    return allowed
+
+
 def require(*roles):
-    """Allow a view method only to principals whose role is one of `roles`."""
+    """Allow a view method only to principals whose role is one of `roles` (with what they imply:
+    allowed_roles)."""
+    readable = frozenset(allowed_roles(roles, "GET"))
+    writable = frozenset(allowed_roles(roles, "POST"))
 
     def decorator(view):
         @functools.wraps(view)
@@ -246,7 +325,7 @@ def require(*roles):
             principal = g.get("principal")
             if principal is None:
                 raise Unauthorized("authentication required")
-            if principal.role not in roles:
+            if principal.role not in (readable if request.method in ("GET", "HEAD") else writable):
                 raise Forbidden(f"role {principal.role!r} may not do this",
                                 {"role": principal.role, "required_roles": list(roles)})
             return view(*args, **kwargs)
@@ -261,7 +340,7 @@ def enter_actor(principal):
     """Events written while this request is served name its principal as their actor: the services
     read it from fleetd.services.notify.events, never from the request (called once the request is
     authenticated; leave_actors, at its teardown, ends it)."""
-    entered = events.enter_request(principal.label, principal.id if principal.kind == "api" else None)
+    entered = events.enter_request(principal.label, principal.token_id)
     g.setdefault("fleetd_actors", []).append(entered)
 
 

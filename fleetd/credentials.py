@@ -15,16 +15,24 @@ from fleetd.names import name_problem
 API_PREFIX = "fla_"
 JOIN_PREFIX = "flj_"
 NODE_PREFIX = "fln_"
+SESSION_PREFIX = "fls_"
 
-# Roles as views name them: the three API token roles, then node sessions and join tokens.
+# Roles as views name them: the roles of users and API tokens, then node sessions and join tokens.
 ADMIN = Role.ADMIN.value
+OPERATOR = Role.OPERATOR.value
+MEMBER = Role.MEMBER.value
 SUBMITTER = Role.SUBMITTER.value
+VIEWER = Role.VIEWER.value
 METRICS = Role.METRICS.value
+SCIM = Role.SCIM.value
 NODE = "node"
 JOIN = "join"
-ANY_ROLE = (ADMIN, SUBMITTER, METRICS, NODE, JOIN)
+ANY_ROLE = (ADMIN, OPERATOR, MEMBER, SUBMITTER, VIEWER, METRICS, SCIM, NODE, JOIN)
+USER_ROLES = (ADMIN, OPERATOR, MEMBER, VIEWER)  # what a user (or a binding rule) may be given
+PROJECT_ROLES = ("admin", "member", "viewer")
+DEFAULT_PROJECT = "default"  # where work of a token without a user or project goes (migration 0031 makes it)
 
-TOKEN_RE = re.compile(r"^(fla_|flj_|fln_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
+TOKEN_RE = re.compile(r"^(fla_|flj_|fln_|fls_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
 
 
 def hash_token(token):

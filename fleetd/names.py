@@ -68,3 +68,9 @@ def name_problem(name):
         return (f"a name's letters come from one script (mixed scripts pass one name off as another): "
                 f"{name[:64]!r} mixes {', '.join(sorted(s.title() for s in scripts))}")
     return None
+
+
+# A project's key: lower-case, a letter first, 2 to 32 characters (it appears in paths and CLIs).
+PROJECT_KEY = r"^[a-z][a-z0-9-]{1,31}$"
+# A user's login: a POSIX user name's shape, so that NSS can resolve it on the nodes.
+LOGIN = r"^[a-z_][a-z0-9_.-]{0,63}$"

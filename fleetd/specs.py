@@ -178,6 +178,7 @@ class JobSpec:
     priority_class: str = "on-demand"
     bid: float | None = None
     team: str | None = None
+    project: str | None = None  # its project's key (None: the submitter's default project)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     node_selector: scheduler.NodeSelector = scheduler.NodeSelector()
     max_runtime_seconds: int | None = None
@@ -195,6 +196,7 @@ class JobSpec:
             workdir=data.get("workdir"), num_nodes=data.get("num_nodes") or 1,
             resources=Resources.from_dict(data.get("resources")), isolation=data.get("isolation"),
             priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"), team=data.get("team"),
+            project=data.get("project"),
             labels=_plain(data.get("labels")), node_selector=_selector_from_dict(data.get("node_selector")),
             max_runtime_seconds=data.get("max_runtime_seconds"),
             retry=Retry.from_dict(retry) if retry else None,
@@ -213,6 +215,8 @@ class JobSpec:
             "retry": self.retry.to_dict() if self.retry else None,
             "artifacts": [a.to_dict() for a in self.artifacts],
         }
+        if self.project is not None:  # as the body named it; the job's `project` is where it landed
+            out["project"] = self.project
         if self.instance is not None:
             out["instance"] = self.instance.to_dict()
         return out
@@ -259,6 +263,7 @@ class InstanceSpec:
     team: str | None = None
     scratch_bytes: int = 0
     runtime_args: tuple[str, ...] = ()
+    project: str | None = None  # its project's key (None: the creator's default project)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceSpec:
@@ -273,6 +278,7 @@ class InstanceSpec:
             node_selector=_selector_from_dict(data.get("node_selector")), restart=data.get("restart") or "on-failure",
             idle_stop=_idle_stop(data.get("idle_stop")), team=data.get("team"),
             scratch_bytes=data.get("scratch_bytes") or 0, runtime_args=tuple(data.get("runtime_args") or ()),
+            project=data.get("project"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +295,7 @@ class InstanceSpec:
             "node_selector": _selector_to_dict(self.node_selector), "restart": self.restart,
             "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None, "team": self.team,
             "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args),
+            **({"project": self.project} if self.project is not None else {}),
         }
 
     def run(self, node_id: str | None) -> JobSpec:

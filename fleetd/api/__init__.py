@@ -33,3 +33,7 @@ BLUEPRINTS += [usage.blp]
 from fleetd.api import host_ports  # noqa: E402 - seed 000's assign-host-port (issue 44)
 
 BLUEPRINTS += [host_ports.blp]
+
+from fleetd.api import people  # noqa: E402 - users, projects and who is calling (issue 45)
+
+BLUEPRINTS += [people.blp]

@@ -45,7 +45,19 @@ from fleetd.models.fleet import (
     Validation,
     effective_health_policy,
 )
-from fleetd.models.identity import LIMIT_NAMES, ApiToken, OwnerSpecBytes, OwnerUid, Role, UiSession
+from fleetd.models.identity import (
+    LIMIT_NAMES,
+    ApiToken,
+    AuthProvider,
+    AuthSession,
+    OwnerSpecBytes,
+    OwnerUid,
+    Project,
+    ProjectMember,
+    Role,
+    UiSession,
+    User,
+)
 from fleetd.models.ops import (
     WEBHOOK_KINDS,
     ClusterSample,
@@ -70,7 +82,8 @@ from fleetd.models.workloads import (
 
 __all__ = [
     "BaseModel", "JSONText", "new_id", "transition_table",
-    "LIMIT_NAMES", "ApiToken", "OwnerSpecBytes", "OwnerUid", "Role", "UiSession",
+    "LIMIT_NAMES", "ApiToken", "OwnerSpecBytes", "OwnerUid", "Role", "UiSession", "User", "Project",
+    "ProjectMember", "AuthSession", "AuthProvider",
     "DEFAULT_HEALTH_POLICY", "DEFAULT_TASK_MEMORY_BYTES", "DEFAULT_TASK_PATH", "DEFAULT_TASK_PIDS_MAX",
     "MAX_TASK_MEMORY_BYTES", "MIN_TASK_MEMORY_BYTES", "NODE_ACTIONS", "Fleet", "Gpu", "GpuRecord",
     "InventoryChange", "InventoryVersion", "JoinToken", "Node", "NodeStatus", "RetiredNode", "Rollout",
@@ -93,3 +106,4 @@ MODELS += [Validation, GpuRecord]  # the validation gate and GPU history (migrat
 MODELS += [UsageRecord, UsageDay, UsageWorkloadDay, UsageWorkloadMonth, UsageMark, StorageRecord, PriceChange,
            Budget, BudgetNotice]
 MODELS += [OwnerSpecBytes]  # per-owner stored spec bytes (migration 0029)
+MODELS += [User, Project, ProjectMember, AuthSession, AuthProvider]  # people and projects (migration 0031)

@@ -11,8 +11,12 @@ class Role(str, enum.Enum):
     """Roles of API tokens (docs/api.md, Roles)."""
 
     ADMIN = "admin"
-    SUBMITTER = "submitter"
+    OPERATOR = "operator"  # cordon, drain, rollouts, node labels; reads what members read; no tokens or prices
+    MEMBER = "member"  # submits and manages its own work
+    SUBMITTER = "submitter"  # what a member may: the name tokens made before users keep
+    VIEWER = "viewer"  # reads what members read
     METRICS = "metrics"
+    SCIM = "scim"  # an identity provider's SCIM client: /scim/v2 only
 
 
 # The limits an admin can set on an API token (`ApiToken.limits`; services.identity.limits checks them).
@@ -33,6 +37,15 @@ class ApiToken(BaseModel):
     revoked_at = peewee.DateTimeField(null=True)
     last_used_at = peewee.DateTimeField(null=True)
     unix_user = peewee.CharField(max_length=32, null=True)  # tasks of this token run as this host user
+    # Its owner: a user (migration 0031 made one per token name), or, for a service account, the
+    # project it belongs to (user_id null). The owner of work is `owner_id`: the user's id, or a
+    # service account's own token id.
+    user_id = peewee.CharField(max_length=32, null=True, index=True)
+    project = peewee.CharField(max_length=32, null=True)
+
+    @property
+    def owner_id(self):
+        return self.user_id or self.id
     limits = JSONText(null=True)  # {limit name: value} an admin set; a name not there is the setting's (migration 0018)
 
 
@@ -66,3 +79,85 @@ class OwnerUid(BaseModel):
     allocated_at = peewee.DateTimeField()
 
 
+
+
+class User(BaseModel):
+    """A person (or a migrated token's name): one owner for its work, usage, limits and uid on the
+    nodes, whichever of its tokens or sessions acts. A user made from a token by migration 0031 has
+    that token's id, so the work, usage and uid recorded under the token's id are the user's."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    login = peewee.CharField(max_length=64, unique=True)
+    display_name = peewee.CharField(max_length=200, default="")
+    email = peewee.CharField(max_length=320, null=True)
+    active = peewee.BooleanField(default=True)
+    role = peewee.CharField(max_length=20)
+    team = peewee.CharField(max_length=200, null=True)
+    default_project = peewee.CharField(max_length=32, null=True)
+    unix_user = peewee.CharField(max_length=32, null=True)  # an admin-set host user (a migrated token's)
+    posix = JSONText(null=True)  # {uid, gid, groups} from the provider's claims, where it sends them
+    limits = JSONText(null=True)  # {limit name: value} an admin set (a migrated token's own)
+    source = peewee.CharField(max_length=8)  # "token", "oidc" or "scim"
+    provider = peewee.CharField(max_length=64, null=True)  # the OIDC provider it signs in with
+    subject = peewee.CharField(max_length=255, null=True)  # its `sub` there
+    scim_id = peewee.CharField(max_length=64, null=True, unique=True)
+    external_id = peewee.CharField(max_length=255, null=True)
+    groups = JSONText(null=True)  # the provider's (or SCIM's) groups at its last sign-in or update
+    created_at = peewee.DateTimeField()
+    deactivated_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("provider", "subject"), True),)
+
+
+class Project(BaseModel):
+    """A group of work inside one team: every job and instance belongs to exactly one."""
+
+    key = peewee.CharField(primary_key=True, max_length=32)
+    name = peewee.CharField(max_length=200)
+    display_name = peewee.CharField(max_length=200)
+    team = peewee.CharField(max_length=200, null=True)
+    description = peewee.TextField(default="")
+    created_at = peewee.DateTimeField()
+
+
+class ProjectMember(BaseModel):
+    """A user's role in a project (admin, member or viewer); `bound`: set by the binding rules at
+    sign-in (and taken away by them), not by an admin."""
+
+    project = peewee.CharField(max_length=32)
+    user_id = peewee.CharField(max_length=32, index=True)
+    role = peewee.CharField(max_length=8)
+    bound = peewee.BooleanField(default=False)
+
+    class Meta:
+        primary_key = peewee.CompositeKey("project", "user_id")
+
+
+class AuthSession(BaseModel):
+    """A signed-in user's session (fls_<id>.<secret>) and its refresh token; only hashes are kept."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    user_id = peewee.CharField(max_length=32, index=True)
+    provider = peewee.CharField(max_length=64, null=True)
+    token_hash = peewee.CharField(max_length=64)
+    refresh_hash = peewee.CharField(max_length=64, unique=True)
+    created_at = peewee.DateTimeField()
+    expires_at = peewee.DateTimeField()
+    refresh_expires_at = peewee.DateTimeField(index=True)
+    ended_at = peewee.DateTimeField(null=True)
+
+
+class AuthProvider(BaseModel):
+    """An OpenID Connect provider users sign in with, or an issuer whose JWTs are bearers."""
+
+    name = peewee.CharField(primary_key=True, max_length=64)
+    kind = peewee.CharField(max_length=8)  # "oidc" or "jwt"
+    issuer = peewee.CharField(max_length=500)
+    client_id = peewee.CharField(max_length=255, null=True)
+    client_secret = peewee.CharField(max_length=500, null=True)  # write-only through the API
+    audience = peewee.CharField(max_length=255, null=True)
+    jwks_url = peewee.CharField(max_length=500, null=True)
+    scopes = JSONText(null=True)
+    claims = JSONText(null=True)
+    created_at = peewee.DateTimeField()

@@ -71,8 +71,10 @@ class Job(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     name = peewee.CharField(max_length=200)
     owner = peewee.CharField(max_length=200, index=True)  # the submitting token's name
-    owner_token_id = peewee.CharField(max_length=32)
+    owner_token_id = peewee.CharField(max_length=32)  # the owner's id: its user's (or a service account's)
     team = peewee.CharField(max_length=200, null=True)
+    project = peewee.CharField(max_length=32, null=True, index=True)  # its project's key (runs: the instance's)
+    user = peewee.CharField(max_length=64, null=True, column_name="user_login")  # null: a service account's
     state = peewee.CharField(max_length=16, index=True)
     pending_reason = peewee.TextField(default="")
     attempt = peewee.IntegerField(default=1)
@@ -108,8 +110,10 @@ class Instance(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     name = peewee.CharField(max_length=200)
     owner = peewee.CharField(max_length=200, index=True)
-    owner_token_id = peewee.CharField(max_length=32)
+    owner_token_id = peewee.CharField(max_length=32)  # the owner's id: its user's (or a service account's)
     team = peewee.CharField(max_length=200, null=True)
+    project = peewee.CharField(max_length=32, null=True, index=True)
+    user = peewee.CharField(max_length=64, null=True, column_name="user_login")
     state = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
     desired_state = peewee.CharField(max_length=16, default="running")

@@ -5,6 +5,7 @@ import re
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import InstanceState
+from fleetd.names import PROJECT_KEY
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.agent import PORT_STATES
 from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
@@ -113,6 +114,8 @@ class InstanceSpecSchema(Schema):
                        "reason) once it holds more. 0: no limit"})
     ports = fields.List(fields.Nested(PortSchema), validate=[validate.Length(max=32), _distinct], load_default=list)
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
+    project = fields.String(validate=FullRegexp(PROJECT_KEY), load_default=None, allow_none=True, metadata={
+        "description": "the key of its project (default: the creator's default project)"})
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
     node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: NodeSelectorSchema().load({}))
     restart = fields.String(validate=validate.OneOf(["always", "on-failure", "never"]), load_default="on-failure")
@@ -202,6 +205,8 @@ class InstanceSchema(Schema):
     name = fields.String()
     owner = fields.String()
     team = fields.String(allow_none=True)
+    project = fields.String(allow_none=True, metadata={"description": "its project's key"})
+    user = fields.String(allow_none=True, metadata={"description": "its user's login (null: a service account's)"})
     state = fields.String(metadata={"enum": [s.value for s in InstanceState]})
     status_reason = fields.String(metadata={"description": "why it is in its state (the last change's reason)"})
     desired_state = fields.String(metadata={"enum": ["running", "stopped"]})

@@ -6,7 +6,7 @@ import typing
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 
 from fleetd.models import JobState
-from fleetd.names import name_problem
+from fleetd.names import PROJECT_KEY, name_problem
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema, Text, Time, page_schema
 from fleetd.specs import RETRY_ON, JobSpec
@@ -132,6 +132,8 @@ class JobSpecSchema(Schema):
     priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
     team = Text(max_length=200, load_default=None, allow_none=True)
+    project = fields.String(validate=FullRegexp(PROJECT_KEY), load_default=None, allow_none=True, metadata={
+        "description": "the key of its project (default: the submitter's default project)"})
     labels = Labels(load_default=dict)
     node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: _NODE_SELECTOR.load({}))
     max_runtime_seconds = Int(minimum=1, maximum=365 * 86400, load_default=None, allow_none=True)
@@ -174,6 +176,8 @@ class JobStatusSchema(Schema):
     name = fields.String()
     owner = fields.String()
     team = fields.String(allow_none=True)
+    project = fields.String(allow_none=True, metadata={"description": "its project's key"})
+    user = fields.String(allow_none=True, metadata={"description": "its user's login (null: a service account's)"})
     state = fields.String()
     pending_reason = fields.String()
     attempt = fields.Integer()

@@ -4,6 +4,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd.credentials import TOKEN_NAME_MAX, TOKEN_NAME_PATTERN, token_name_problem
 from fleetd.models import LIMIT_NAMES, Role
+from fleetd.names import LOGIN
 from fleetd.schemas.common import Bool, FullRegexp, Int, Text, Time, page_schema
 
 POSIX_USER = FullRegexp(r"^[a-z_][a-z0-9_-]{0,31}$", error="a POSIX user name: a lowercase letter or _, then at most 31 of a-z 0-9 _ -")
@@ -56,6 +57,10 @@ class TokenCreateSchema(Schema):
                        "one tenant on the hosts, whose tasks read each other's files"})
     limits = fields.Nested(LimitsSchema, load_default=None, allow_none=True, metadata={
         "description": "this token's own limits; those left out are the server's settings"})
+    user = fields.String(validate=FullRegexp(LOGIN, error="a login: a lower-case letter or _, then at most 63 of "
+                                                          "a-z 0-9 _ . -"), load_default=None, allow_none=True,
+                         metadata={"description": "the login of the user that owns it (made if none has it): all "
+                                                  "its tokens are one owner; none: the token owns its work itself"})
 
 
 class TokenUpdateSchema(Schema):
@@ -74,6 +79,8 @@ class TokenSchema(Schema):
     expires_at = Time()
     revoked_at = Time()
     revoked = fields.Function(lambda t: t.revoked_at is not None)
+    user_id = fields.String(allow_none=True, metadata={"description": "the id of the user that owns it"})
+    project = fields.String(allow_none=True, metadata={"description": "a service account's project"})
     limits = fields.Function(lambda t: {name: (t.limits or {}).get(name) for name in LIMIT_NAMES}, metadata={
         "description": "the limits set on this token; null: the server's setting"})
 
@@ -90,17 +97,6 @@ class OwnerUseSchema(Schema):
     instances = fields.Integer()
     stored_spec_bytes = fields.Integer(metadata={"description": "what max_stored_spec_bytes counts"})
     artifact_bytes = fields.Integer()
-
-
-class WhoamiSchema(Schema):
-    principal = fields.String()
-    role = fields.String()
-    team = fields.String(allow_none=True)
-    node_id = fields.String(allow_none=True)
-    token_id = fields.String(allow_none=True, metadata={"description": "the API token's id; null for a node"})
-    limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
-        "description": "the limits that hold for this token (its own, else the server's settings)"})
-    use = fields.Nested(OwnerUseSchema, allow_none=True, metadata={"description": "what it holds of what they count"})
 
 
 class HealthSchema(Schema):

@@ -239,3 +239,47 @@ def test_0029_counts_the_spec_bytes_each_owner_already_stores(tmp_path):
         counted = dict(db.execute_sql("SELECT token_id, bytes FROM owner_spec_bytes").fetchall())
     assert counted == {"tok": len('{"a": "xx"}') + len('{"b": 1}') + len('{"c": [1, 2]}'), "tok2": 2}
     db.close()
+
+
+def test_0031_makes_a_user_of_each_token_name_and_a_project_of_each_team(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/people.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0030_usage_mark_task")
+        for token_id, name, role, team, created, revoked in (
+                ("t1", "alice", "submitter", "ML Research", "00:01", "00:02"),  # revoked, older
+                ("t2", "alice", "submitter", "ML Research", "00:03", None),
+                ("t3", "CI bot", "admin", None, "00:04", None)):
+            db.execute_sql("INSERT INTO api_token (id, name, role, team, token_hash, created_at, revoked_at, limits) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (token_id, name, role, team, "h" + token_id, f"2026-01-01 00:{created}",
+                            f"2026-01-01 00:{revoked}" if revoked else None,
+                            '{"max_active_jobs": 3}' if token_id == "t2" else None))
+        for job_id, owner, team in (("j1", "t1", "ML Research"), ("j2", "t2", "ML Research"), ("j3", "t3", None)):
+            db.execute_sql("INSERT INTO job (id, name, owner, owner_token_id, team, state, pending_reason, attempt, "
+                           "max_attempts, num_nodes, priority_class, spec, outcome_reason, submitted_at) VALUES "
+                           "(?, 'j', 'x', ?, ?, 'queued', '', 1, 1, 1, 'on-demand', '{}', '', '2026-01-01 00:00:00')",
+                           (job_id, owner, team))
+        for inst_id, owner in (("i1", "t1"), ("i2", "t2")):  # the same live name: the older token's is renamed
+            db.execute_sql("INSERT INTO instance (id, name, owner, owner_token_id, team, state, status_reason, "
+                           "desired_state, spec, runs, ports, created_at, cost_accrued) VALUES (?, 'nb', 'alice', ?, "
+                           "'ML Research', 'stopped', '', 'stopped', '{}', 1, '[]', '2026-01-01 00:00:00', 0)",
+                           (inst_id, owner))
+    assert "0031_people_and_projects" in upgrade(db)
+    with db.connection_context():
+        users = db.execute_sql("SELECT id, login, display_name, role, team, default_project, limits, source "
+                               "FROM user ORDER BY id").fetchall()
+        assert users == [("t2", "alice", "alice", "submitter", "ML Research", "ml-research", '{"max_active_jobs": 3}',
+                          "token"),
+                         ("t3", "ci-bot", "CI bot", "admin", None, "default", None, "token")]
+        assert db.execute_sql("SELECT key, name, team FROM project ORDER BY key").fetchall() == [
+            ("default", "default", None), ("ml-research", "ML Research", "ML Research")]
+        assert db.execute_sql("SELECT project, user_id, role FROM project_member ORDER BY user_id").fetchall() == [
+            ("ml-research", "t2", "member"), ("default", "t3", "member")]
+        assert dict(db.execute_sql("SELECT id, user_id FROM api_token").fetchall()) == {
+            "t1": "t2", "t2": "t2", "t3": "t3"}
+        assert db.execute_sql("SELECT id, owner_token_id, project, user_login FROM job ORDER BY id").fetchall() == [
+            ("j1", "t2", "ml-research", "alice"), ("j2", "t2", "ml-research", "alice"),
+            ("j3", "t3", "default", "ci-bot")]
+        assert db.execute_sql("SELECT id, owner_token_id, name, project FROM instance ORDER BY id").fetchall() == [
+            ("i1", "t2", "nb-i1", "ml-research"), ("i2", "t2", "nb", "ml-research")]
+    db.close()

@@ -37,6 +37,9 @@ class ApiClient:
     def patch(self, path, json=None, **kw):
         return self.call("PATCH", path, json=json, **kw)
 
+    def put(self, path, json=None, **kw):
+        return self.call("PUT", path, json=json, **kw)
+
     def delete(self, path, **kw):
         return self.call("DELETE", path, **kw)
 

@@ -73,7 +73,7 @@ def usage_report(rt, principal, group_by="team", start=None, end=None, team=None
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}", {"fields": {"group_by": [
             f"one of {', '.join(GROUP_BY)}"]}})
     first, last = report_days(rt.clock.now(), start, end)
-    own = None if principal.role == "admin" else principal.id
+    own = None if principal.role == "admin" else principal.owner_id
     if group_by == "workload":
         rows, totals = _by_workload(first, last, rt.clock.now().date(), own, team, owner, fleet)
     else:
@@ -160,7 +160,7 @@ def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
                              fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.sampled_gpu_seconds),
                              fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
              .where((UsageDay.day >= first) & (UsageDay.day <= last)))
-    narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.id, team, None, None)
+    narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.owner_id, team, None, None)
     if narrowed is not True:
         query = query.where(narrowed)
     rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples().execute()
@@ -176,7 +176,7 @@ def workload_usage(rt, principal, workload_id):
     records = runs_to_date(workload_id, rt.clock.now(), samples=True)  # ended runs to their ends, at once
     runs, totals = [], [0.0, 0.0, 0.0, 0.0, 0]
     for record in records:
-        if principal.role != "admin" and record.owner_token_id != principal.id:
+        if principal.role != "admin" and record.owner_token_id != principal.owner_id:
             continue
         sums = (record.gpu_seconds, record.used_gpu_seconds, record.sampled_gpu_seconds, record.cost, 1)
         for i, value in enumerate(sums):
@@ -186,7 +186,7 @@ def workload_usage(rt, principal, workload_id):
                      "started_at": isoformat(record.started_at), "ended_at": isoformat(record.ended_at),
                      **{k: v for k, v in _figures(*sums).items() if k != "runs"}})
     storage = StorageRecord.get_or_none_by_id(workload_id)
-    if storage is not None and (principal.role == "admin" or storage.owner_token_id == principal.id):
+    if storage is not None and (principal.role == "admin" or storage.owner_token_id == principal.owner_id):
         totals[3] += storage_costs(rt, [workload_id]).get(workload_id, 0.0)
     return {"workload_id": workload_id, "runs": runs, "totals": _figures(*totals)}
 
@@ -273,7 +273,7 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
     query = Task.select(Task.id, Task.job, Task.gpus, Task.started_at).where(
         (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False) & (Task.started_at <= window))
     if principal.role != "admin":
-        query = query.join(Job).where(Job.owner_token_id == principal.id)
+        query = query.join(Job).where(Job.owner_token_id == principal.owner_id)
     tasks = list(query)
     uuids = {g["uuid"] for t in tasks for g in t.gpus or [] if isinstance(g, dict) and g.get("uuid")}
     samples: dict[str, list[tuple]] = {}  # uuid -> [(at, utilisation)]

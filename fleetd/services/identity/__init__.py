@@ -3,4 +3,7 @@
 - ``tokens``      API tokens; the first admin token
 - ``identities``  who a task runs as on its node
 - ``limits``      per-owner limits
+- ``users``       people: read, change, deactivate
+- ``projects``    projects, their members and service accounts; where work goes
+- ``access``      who may read and change which work
 """

@@ -1,8 +1,11 @@
 """Who a task runs as on its node (its `run_as`): the owner's unix_user, root (admins' work in a fleet
 that allows it) or a uid fleetd allocates to the owner once, from the configured range.
 
-An owner is an API token, by id. What decides its run_as never changes: a token's role and unix_user
-are fixed when it is made, and an allocated uid is never given back or reused. So all of it is kept
+An owner is a user (or a service account's token), by id. What decides its run_as is read once: a
+token's role and unix_user are fixed when it is made; a user's change only through the users service,
+which calls `forget(owner)` on every replica's next read (the Identities entry is dropped where the
+change is made; others keep the old run_as for work they place until they restart, and a role change
+only ever matters for root, which a fleet must allow); an allocated uid is never given back or reused. So all of it is kept
 in memory once read (the `Identities` of the Runtime), and a scheduling pass that places thousands
 of tasks reads nothing for them but what it already holds.
 """
@@ -14,7 +17,7 @@ import peewee
 
 from fleetd.credentials import ADMIN
 from fleetd.db import write_transaction
-from fleetd.models import ApiToken, Node, OwnerUid
+from fleetd.models import ApiToken, Node, OwnerUid, User
 from fleetwire.assignment import system_uid_problem
 
 UNIX_USER, ROOT, DYNAMIC = "unix_user", "root", "dynamic"
@@ -82,12 +85,19 @@ class Identities:
     def _token(self, owner):
         found = self._tokens.get(owner)
         if found is None:
-            row = ApiToken.select(ApiToken.role, ApiToken.unix_user).where(ApiToken.id == owner).first()
+            row = User.select(User.role, User.unix_user).where(User.id == owner).first()
+            if row is None:  # a service account (a token without a user)
+                row = ApiToken.select(ApiToken.role, ApiToken.unix_user).where(ApiToken.id == owner).first()
             # A token deleted after its expiry: its work runs as its uid, never as root.
             found = (row.role, row.unix_user) if row is not None else (None, None)
             with self._lock:
                 self._tokens[owner] = found
         return found
+
+    def forget(self, owner):
+        """Read this owner's role and unix_user again at its next placement (an admin changed them)."""
+        with self._lock:
+            self._tokens.pop(owner, None)
 
     def uid(self, owner, now):
         """The owner's uid: the one allocated before, else a new one (the lowest free uid of the range

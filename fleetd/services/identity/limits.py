@@ -1,6 +1,7 @@
-"""Per-owner limits: what one API token may hold (active jobs, instances, stored spec bytes, stored
-artifact bytes) and how large one of its specs may be. Each limit is the token's own when an admin
-set it (`api_token.limits`), else the `limits_*` setting. The request rate is checked per request
+"""Per-owner limits: what one owner (a user, or a service account) may hold (active jobs, instances,
+stored spec bytes, stored artifact bytes) and how large one of its specs may be. Each limit is the
+calling token's own when an admin set it (`api_token.limits`), else the user's (`user.limits`), else
+the `limits_*` setting. The request rate is checked per request
 (auth.RequestRates), not here.
 
 Stored spec bytes are the bytes of the `spec` column of the owner's jobs, instances and runs of
@@ -12,8 +13,8 @@ queues a run of an instance (and counts it) never waits for a submit that waits 
 
 A check runs inside the transaction that writes what it counts, after `hold_owner` has taken the
 owner's lock: on SQLite every writer already queues up front (BEGIN IMMEDIATE); on PostgreSQL the
-token's row is locked (SELECT ... FOR UPDATE), so two submits of one owner count one after the other
-and cannot both pass the last free place."""
+owner's row (its user's, or a service account's token's) is locked (SELECT ... FOR UPDATE), so two
+submits of one owner count one after the other and cannot both pass the last free place."""
 
 import json
 
@@ -31,6 +32,7 @@ from fleetd.models import (
     Job,
     JobState,
     OwnerSpecBytes,
+    User,
 )
 from fleetd.sql import Statement
 
@@ -38,23 +40,33 @@ ACTIVE_JOB_STATES = [s.value for s in JobState if not s.is_terminal()]
 _COUNT = peewee.fn.COUNT(peewee.SQL("*"))
 
 
-def effective(settings, own):
-    """{name: value} of every limit: the token's own (`own`, as stored; None or missing: the setting)."""
-    own = own or {}
-    return {name: own[name] if own.get(name) is not None else getattr(settings, f"limits_{name}")
+def effective(settings, own, owners=None):
+    """{name: value} of every limit: the token's own (`own`, as stored; None or missing: the user's,
+    `owners`), else the setting."""
+    merged = {**(owners or {}), **{k: v for k, v in (own or {}).items() if v is not None}}
+    return {name: merged[name] if merged.get(name) is not None else getattr(settings, f"limits_{name}")
             for name in LIMIT_NAMES}
 
 
 def hold_owner(settings, principal):
-    """Inside a write transaction: lock this API token's row (PostgreSQL) and return its limits read
-    afresh (an admin may have changed them since the request was authenticated)."""
-    query = ApiToken.select(ApiToken.limits).where(ApiToken.id == principal.id)
-    if not isinstance(database.obj, peewee.SqliteDatabase):
-        query = query.for_update()
-    row = query.first()
-    if row is None:
-        raise NotFound(f"token {principal.id} not found")
-    return effective(settings, row.limits)
+    """Inside a write transaction: lock the owner's row (PostgreSQL: its user's, or a service account's
+    token's) and return the limits read afresh (an admin may have changed them since the request was
+    authenticated)."""
+    locking = not isinstance(database.obj, peewee.SqliteDatabase)
+    own = None
+    if principal.kind == "api":
+        query = ApiToken.select(ApiToken.limits).where(ApiToken.id == principal.id)
+        row = (query.for_update() if locking and principal.user_id is None else query).first()
+        if row is None:
+            raise NotFound(f"token {principal.id} not found")
+        own = row.limits
+    if principal.user_id is None:
+        return effective(settings, own)
+    users = User.select(User.limits).where(User.id == principal.user_id)
+    user = (users.for_update() if locking else users).first()
+    if user is None:
+        raise NotFound(f"user {principal.login} not found")
+    return effective(settings, own, user.limits)
 
 
 def stored_size(stored):
@@ -81,7 +93,7 @@ def check_spec(limits, principal, spec, what, stored=None):
 
 def check_stored(limits, principal, adding, what):
     """LimitExceeded when `adding` more bytes of specs would pass what the owner may store."""
-    use = stored_spec_bytes(principal.id)
+    use = stored_spec_bytes(principal.owner_id)
     if use + adding > limits["max_stored_spec_bytes"]:
         raise LimitExceeded("max_stored_spec_bytes", limits["max_stored_spec_bytes"], use,
                             f"{what} refused: the specs of your jobs and instances would pass the bytes you may "
@@ -129,7 +141,7 @@ _COUNT_STORED = Statement(lambda v: OwnerSpecBytes.insert(token_id=v("token_id")
 
 def check_new_job(limits, principal):
     """LimitExceeded when this owner already has as many active jobs as it may."""
-    use = active_jobs(principal.id)
+    use = active_jobs(principal.owner_id)
     if use + 1 > limits["max_active_jobs"]:
         raise LimitExceeded("max_active_jobs", limits["max_active_jobs"], use,
                             "job refused: you have as many queued and running jobs as you may")
@@ -137,7 +149,7 @@ def check_new_job(limits, principal):
 
 def check_new_instance(limits, principal):
     """LimitExceeded when this owner already holds as many instances as it may."""
-    use = instances(principal.id)
+    use = instances(principal.owner_id)
     if use + 1 > limits["max_instances"]:
         raise LimitExceeded("max_instances", limits["max_instances"], use,
                             "instance refused: you hold as many instances as you may (delete one first)")
@@ -146,11 +158,11 @@ def check_new_instance(limits, principal):
 def check_new_artifact(limits, principal, sha256, size):
     """LimitExceeded when storing `size` more bytes would pass the owner's artifact bytes; bytes it
     uploaded before cost nothing again."""
-    mine = ArtifactUpload.select().where((ArtifactUpload.token_id == principal.id)
+    mine = ArtifactUpload.select().where((ArtifactUpload.token_id == principal.owner_id)
                                          & (ArtifactUpload.sha256 == sha256)).exists()
     if mine:
         return
-    use = artifact_bytes(principal.id)
+    use = artifact_bytes(principal.owner_id)
     if use + size > limits["max_artifact_bytes"]:
         raise LimitExceeded("max_artifact_bytes", limits["max_artifact_bytes"], use,
                             f"artifact of {size} bytes refused: your uploads would pass the bytes you may store")
@@ -183,9 +195,12 @@ def owner_use(token_id):
 
 
 def limits_of(settings, principal):
-    """{token_id, limits, use} of an API token principal (whoami); nulls for a node or a join token."""
-    if principal.kind != "api":
+    """{token_id, limits, use} of a token's or a session's principal (whoami); nulls for a node or a
+    join token."""
+    if principal.kind not in ("api", "session"):
         return {"token_id": None, "limits": None, "use": None}
-    row = ApiToken.get_or_none_by_id(principal.id)
-    return {"token_id": principal.id, "limits": effective(settings, row.limits if row else None),
-            "use": owner_use(principal.id)}
+    row = ApiToken.get_or_none_by_id(principal.id) if principal.kind == "api" else None
+    user = User.get_or_none_by_id(principal.user_id) if principal.user_id else None
+    return {"token_id": principal.token_id, "limits": effective(settings, row.limits if row else None,
+                                                                user.limits if user else None),
+            "use": owner_use(principal.owner_id)}

@@ -5,10 +5,18 @@ import secrets
 
 import peewee
 
-from fleetd.credentials import API_PREFIX, hash_token, make_token, token_name_problem
+from fleetd.credentials import (
+    API_PREFIX,
+    DEFAULT_PROJECT,
+    MEMBER,
+    USER_ROLES,
+    hash_token,
+    make_token,
+    token_name_problem,
+)
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
-from fleetd.models import ApiToken, Event, JoinToken, Role, Setting, UiSession
+from fleetd.models import ApiToken, Event, JoinToken, Project, ProjectMember, Role, Setting, UiSession, User
 from fleetd.services.identity.identities import unix_user_problem
 from fleetd.services.notify.events import list_events
 from fleetd.services.pagination import paginate
@@ -17,14 +25,16 @@ FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 
 def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None,
-                     share_unix_user=False, allowed_system_users=frozenset()):
+                     share_unix_user=False, allowed_system_users=frozenset(), user=None):
     """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
     the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.identity.limits).
     The name must be single-line printable text (InvalidRequest) that no live token (neither revoked
     nor expired) has (Conflict): events name their actor `token:<name>`. A unix_user is no system
     account unless `allowed_system_users` names it (InvalidRequest), and no other live token's unless
     `share_unix_user` says that both are one tenant on the hosts (Conflict): their tasks read each
-    other's files."""
+    other's files. `user`: the login of the user that owns it (one is made, of the token's role and
+    team, when none has that login), so that all its tokens are one owner; without it the token is
+    its own owner."""
     problem = token_name_problem(name)
     if problem:
         raise InvalidRequest(problem, {"fields": {"json": {"name": [problem]}}})
@@ -47,8 +57,29 @@ def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_u
             expires_at=expires_at,
             unix_user=unix_user,
             limits=_own_limits({}, limits),
+            user_id=_owning_user(now, user, token_id, role, team) if user else None,
         )
     return row, token
+
+
+def _owning_user(now, login, token_id, role, team):
+    """The id of the user of this login (inside the creating transaction); a new user, with the
+    token's id, role and team and a member of its team's project (else the default one), if none has
+    it. Conflict for a deactivated user."""
+    found = User.get_or_none(User.login == login)
+    if found is not None:
+        if not found.active:
+            raise Conflict(f"user {login} is deactivated", {"user": login})
+        return found.id
+    project = Project.select(Project.key).where(Project.team == team).order_by(Project.key).first() if team else None
+    key = project.key if project is not None else DEFAULT_PROJECT
+    if Project.get_or_none_by_id(key) is None:
+        key = None
+    User.create(id=token_id, login=login, display_name=login, role=role if role in USER_ROLES else MEMBER,
+                team=team, default_project=key, source="token", created_at=now)
+    if key is not None:
+        ProjectMember.create(project=key, user_id=token_id, role="member")
+    return token_id
 
 
 def live_tokens(now):

@@ -40,7 +40,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     for j in active:
         kind = "jobs" if j.instance_id is None else "instances"
         gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
-        if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.id:
+        if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.owner_id:
             others[kind]["count"] += 1
             others[kind]["gpus"] += gpus
             continue

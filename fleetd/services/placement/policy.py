@@ -113,7 +113,7 @@ def simulate(rt, principal, spec):
     """Where a JobSpec would go now, or why not, reserving nothing."""
     state = current_state(rt)
     rules = Rules.load(state, rt.clock.now())
-    request, blocked = rules.request_for(task_request(spec, principal.id), team_of(principal, spec), spec.priority_class)
+    request, blocked = rules.request_for(task_request(spec, principal.owner_id), team_of(principal, spec), spec.priority_class)
     engine = scheduler.PlacementEngine(state.snapshot(), policy=rt.settings.scheduler_policy or None)
     if blocked is not None:
         return {"schedulable": False, "placement": None, "error": blocked, "reason": blocked,
@@ -134,10 +134,16 @@ def _detail(d):
     return {"node_id": d.node_id, "stage": d.stage, "reason": d.reason}
 
 
-def team_of(principal, spec):
-    """The team a job of this principal runs as: the token's own; the body may only repeat it
-    (Forbidden otherwise), except that an admin may name any team."""
+def team_of(principal, spec, project_team=None):
+    """The team a job of this principal runs as: its project's team where the project has one (the
+    body may only repeat it), else the token's own; the body may only repeat it (Forbidden
+    otherwise), except that an admin may name any team."""
     wanted = spec.team
+    if project_team is not None:
+        if wanted and wanted != project_team:
+            raise InvalidRequest(f"project {spec.project or '(default)'} belongs to team {project_team}, not {wanted}",
+                                 {"fields": {"json": {"team": [f"the project's team is {project_team}"]}}})
+        return project_team
     if not wanted or principal.role == "admin":
         return wanted or principal.team
     if wanted != principal.team:

@@ -60,9 +60,9 @@ def store_artifact(settings, now, stream, name, kind, principal):
             tmp = None
             if Artifact.get_or_none(Artifact.sha256 == sha256) is None:
                 Artifact.create(sha256=sha256, size=size, created_at=now)
-            mine = (ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.id)
+            mine = (ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.owner_id)
             if not ArtifactUpload.update(name=name, kind=kind).where(mine).execute():
-                ArtifactUpload.create(sha256=sha256, token_id=principal.id, uploaded_at=now, name=name, kind=kind)
+                ArtifactUpload.create(sha256=sha256, token_id=principal.owner_id, uploaded_at=now, name=name, kind=kind)
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
@@ -96,7 +96,7 @@ def readable_artifacts(principal, shas):
     if principal.role == ADMIN:
         return {row.sha256 for row in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))}
     rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
-        (ArtifactUpload.token_id == principal.id) & ArtifactUpload.sha256.in_(shas))
+        (ArtifactUpload.token_id == principal.owner_id) & ArtifactUpload.sha256.in_(shas))
     return {row.sha256 for row in rows}
 
 
@@ -114,7 +114,7 @@ def open_artifact(settings, principal, sha256):
         raise NotFound(f"artifact {sha256} not found")  # whether others uploaded it is not this token's business
     own = None
     if principal.kind == "api":
-        own = ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.id))
+        own = ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.owner_id))
     return (own.name if own is not None and own.name else sha256), artifact_path(settings, sha256)
 
 

@@ -15,7 +15,7 @@ import logging
 from peewee import IntegrityError, fn
 
 from fleetd.db import released, write_transaction
-from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from fleetd.models import (
     Event,
     Instance,
@@ -28,7 +28,8 @@ from fleetd.models import (
     new_id,
 )
 from fleetd.services.accounting.usage import storage_costs
-from fleetd.services.identity import limits
+from fleetd.services.identity import access, limits
+from fleetd.services.identity.projects import project_for
 from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import last_rows, paginate
 from fleetd.services.placement import policy, reasons
@@ -54,8 +55,10 @@ def create_instance(rt, principal, spec):
     """Create an instance from a validated InstanceSpec and queue its first run; Conflict when its owner
     (this token) already has an instance of that name that is not deleted, LimitExceeded past its limits."""
     now = rt.clock.now()
-    spec = dataclasses.replace(spec, team=principal.team)  # the team comes from the token, never from the body
-    request = task_request(spec.run(None), principal.id)  # the engine's own checks, before anything is stored
+    project = project_for(principal, spec.project)
+    # The team is the project's, else the token's; never the body's.
+    spec = dataclasses.replace(spec, team=project.team or principal.team)
+    request = task_request(spec.run(None), principal.owner_id)  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     policy.check_image(spec.image, spec.node_selector.fleet)
     never = reasons.capacity_reason(rt, request)
@@ -66,11 +69,12 @@ def create_instance(rt, principal, spec):
                                      stored=limits.spec_bytes(spec) + limits.spec_bytes(spec.run(None)))
             limits.check_new_instance(allowed, principal)
             _refuse_taken_name(principal, spec.name)
-            inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name, owner_token_id=principal.id,
-                                   team=principal.team, state=InstanceState.PENDING.value, desired_state="running",
+            inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name,
+                                   owner_token_id=principal.owner_id, team=spec.team, project=project.key,
+                                   user=principal.login, state=InstanceState.PENDING.value, desired_state="running",
                                    spec=spec.to_dict(),
                                    created_at=now, status_reason=f"created by {principal.label}")
-            limits.count_stored(principal.id, size)  # its first run counts itself (runs.new_run)
+            limits.count_stored(principal.owner_id, size)  # its first run counts itself (runs.new_run)
             record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
                          InstanceState.PENDING.value, actor=principal.label)
             new_run(rt, inst, now, never)
@@ -87,7 +91,7 @@ def _refuse_taken_name(principal, name):
     """Conflict when this token owns an instance of this name that is not deleted (migration 0015's
     unique index says the same inside the database)."""
     holder = Instance.select(Instance.id).where(
-        (Instance.owner_token_id == principal.id) & (Instance.name == name)
+        (Instance.owner_token_id == principal.owner_id) & (Instance.name == name)
         & (Instance.state != InstanceState.DELETED.value)).first()
     if holder is not None:
         raise Conflict(f"instance name {name!r} is taken by instance {holder.id}: names are unique among your "
@@ -100,16 +104,25 @@ def _kick(rt, capacity=False):
 
 
 def _visible(query, principal):
-    return query if principal.role == "admin" else query.where(Instance.owner_token_id == principal.id)
+    return access.readable(query, principal, Instance.owner_token_id, Instance.project)
 
 
 def find_instance(principal, instance_id, deleted=False):
     """The instance if this principal may see it; NotFound otherwise, and for a deleted one unless
     `deleted` (a deleted instance is gone: only lists by state, logs and events still show it)."""
     inst = Instance.get_or_none_by_id(instance_id)
-    if inst is None or (principal.role != "admin" and inst.owner_token_id != principal.id) or (
+    if inst is None or not access.may_read(principal, inst.owner_token_id, inst.project) or (
             not deleted and inst.state == InstanceState.DELETED.value):
         raise NotFound(f"instance {instance_id} not found")
+    return inst
+
+
+def changeable_instance(principal, instance_id, deleted=False):
+    """find_instance, and Forbidden unless this principal may change it (access.may_change)."""
+    inst = find_instance(principal, instance_id, deleted)
+    if not access.may_change(principal, inst.owner_token_id, inst.project):
+        raise Forbidden(f"only its owner, an admin of project {inst.project} or an admin may change instance "
+                        f"{instance_id}", {"instance_id": instance_id})
     return inst
 
 
@@ -174,7 +187,7 @@ def stop_instance(rt, principal, instance_id):
     """Stop an instance: its processes end, its GPUs are freed, its volume is kept. Idempotent."""
     now = rt.clock.now()
     with write_transaction():
-        inst = find_instance(principal, instance_id)
+        inst = changeable_instance(principal, instance_id)
         if inst.state == InstanceState.DELETING.value:
             raise Conflict(f"instance {instance_id} is being deleted", {"state": inst.state})
         inst.desired_state = "stopped"
@@ -204,7 +217,7 @@ def delete_instance(rt, principal, instance_id):
     volume, else `deleting` until its processes ended and its node removed the volume."""
     now = rt.clock.now()
     with write_transaction():
-        inst = find_instance(principal, instance_id, deleted=True)
+        inst = changeable_instance(principal, instance_id, deleted=True)
         if inst.state in (InstanceState.DELETED.value, InstanceState.DELETING.value):
             return inst
         inst.desired_state = "deleted"
@@ -243,7 +256,7 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
     `gpus` and `bid` (spot) change its spec from now on."""
     now = rt.clock.now()
     with write_transaction():
-        inst = find_instance(principal, instance_id)
+        inst = changeable_instance(principal, instance_id)
         state = InstanceState(inst.state)
         if not state.can_resume():
             raise Conflict(f"instance {instance_id} is {state.value}; only a stopped, interrupted or failed "
@@ -262,7 +275,7 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         policy.check_bid(spec)
         # The new run stores its spec, and a changed spec takes its own size: both count for the owner.
         grown = limits.spec_bytes(spec) - limits.stored_size(inst.spec)
-        if inst.owner_token_id == principal.id:  # an admin's resume of another's instance is not held to its limits
+        if inst.owner_token_id == principal.owner_id:  # an admin's resume of another's instance is not held to its limits
             limits.check_stored(limits.hold_owner(rt.settings, principal), principal,
                                 grown + limits.spec_bytes(spec.run(inst.node_id)), "resume")
         inst.spec = spec.to_dict()

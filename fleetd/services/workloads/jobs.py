@@ -4,10 +4,11 @@ in lifecycle, what a task's end does in runs)."""
 import dataclasses
 
 from fleetd.db import hand_back, released, write_transaction
-from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from fleetd.models import Event, Job, JobState, LogLine, Node, Task, TaskState, new_id
 from fleetd.services.accounting.usage import with_costs
-from fleetd.services.identity import limits
+from fleetd.services.identity import access, limits
+from fleetd.services.identity.projects import project_for
 from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.placement import policy, reasons
@@ -23,7 +24,7 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
     no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
     scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
-    request = task_request(spec, principal.id)  # the engine's own checks, before anything is stored
+    request = task_request(spec, principal.owner_id)  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     never = reasons.capacity_reason(rt, request)
     if never and not wait_for_capacity:
@@ -38,7 +39,8 @@ def submit(rt, principal, spec, wait_for_capacity=True):
 def submit_job(settings, now, principal, spec, waiting_reason=None):
     """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler).
     LimitExceeded, with nothing stored, past the owner's limits."""
-    team = policy.team_of(principal, spec)
+    project = project_for(principal, spec.project)
+    team = policy.team_of(principal, spec, project.team)
     spec = dataclasses.replace(spec, team=team)  # the team it runs as, so that the spec alone says it
     job_id = new_id()
     with write_transaction():
@@ -55,8 +57,10 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
             id=job_id,
             name=spec.name,
             owner=principal.name,
-            owner_token_id=principal.id,
+            owner_token_id=principal.owner_id,
             team=team,
+            project=project.key,
+            user=principal.login,
             state=JobState.QUEUED.value,
             pending_reason=waiting_reason or "waiting for the scheduler",
             max_attempts=spec.retry_policy.max_attempts,
@@ -64,23 +68,21 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
             priority_class=spec.priority_class,
             spec=spec.to_dict(),
             submitted_at=now,
-            group_key=group_key_of(spec, team, spec.priority_class, principal.id),
+            group_key=group_key_of(spec, team, spec.priority_class, principal.owner_id),
         )
         job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
                          for rank in range(job.num_nodes)]
         for task in job.task_list:
             task.save(force_insert=True)
-        limits.count_stored(principal.id, size)
+        limits.count_stored(principal.owner_id, size)
         record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None,
                      JobState.QUEUED.value, actor=principal.label)
     return job
 
 
 def _visible(query, principal):
-    """Admins see every job; a submitter only its own."""
-    if principal.role == "admin":
-        return query
-    return query.where(Job.owner_token_id == principal.id)
+    """The jobs this principal may read (access.readable)."""
+    return access.readable(query, principal, Job.owner_token_id, Job.project)
 
 
 def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None, fleet=None,
@@ -114,8 +116,8 @@ def attach_tasks(jobs):
 def find_visible_job(principal, job_id):
     """The job if this principal may see it, else None."""
     job = Job.get_or_none_by_id(job_id)
-    if job is None or job.instance_id is not None or (principal.role != "admin"
-                                                      and job.owner_token_id != principal.id):
+    if job is None or job.instance_id is not None or not access.may_read(principal, job.owner_token_id,
+                                                                          job.project):
         return None  # the runs of instances are not jobs to their users: see instances
     return job
 
@@ -227,6 +229,9 @@ def cancel_job(rt, principal, job_id):
         job = find_visible_job(principal, job_id)
         if job is None:
             raise NotFound(f"job {job_id} not found")
+        if not access.may_change(principal, job.owner_token_id, job.project):
+            raise Forbidden(f"only its owner, an admin of project {job.project} or an admin may cancel job {job_id}",
+                            {"job_id": job_id})
         if JobState(job.state).is_terminal() and job.state != JobState.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
         held = stop_job(rt, job, f"cancelled by {principal.label}", now)

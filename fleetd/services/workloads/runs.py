@@ -159,6 +159,7 @@ def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
     `interrupted` (naming what interrupted it) until the run is placed."""
     spec = inst.instance_spec.run(inst.node_id)
     job = Job.create(id=new_id(), name=inst.name, owner=inst.owner, owner_token_id=inst.owner_token_id, team=inst.team,
+                     project=inst.project, user=inst.user,
                      state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec.priority_class,
                      spec=spec.to_dict(), submitted_at=now, instance_id=inst.id,
                      pending_reason=waiting_reason or "waiting for the scheduler",

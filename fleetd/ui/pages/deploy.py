@@ -119,7 +119,7 @@ def _job_spec(form):
 def fit(rt, principal, spec):
     """Whether a job would be placed now (the simulate-schedule answer) and, if never, why not."""
     simulation = policy.simulate(rt, principal, spec) if principal.role in roles.SIMULATE else None
-    never = reasons.capacity_reason(rt, task_request(spec, principal.id))
+    never = reasons.capacity_reason(rt, task_request(spec, principal.owner_id))
     return {"simulation": simulation, "never": never}
 
 

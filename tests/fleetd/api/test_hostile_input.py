@@ -60,6 +60,12 @@ BASE_BODIES = {
                                  "unix_user": "alice", "limits": {"max_active_jobs": 10, "max_instances": 2,
                                                                   "max_spec_bytes": 4096, "max_artifact_bytes": 2**30,
                                                                   "requests_per_second": 50.5}},
+    ("POST", "/api/v1/projects"): {"key": "vision", "name": "Vision", "display_name": "Vision lab", "team": "team-a",
+                                   "description": "d"},
+    ("PATCH", "/api/v1/projects/{key}"): {"name": "p", "display_name": "P", "team": "team-a", "description": "d"},
+    ("PUT", "/api/v1/projects/{key}/members/{login}"): {"role": "member"},
+    ("POST", "/api/v1/projects/{key}/service-accounts"): {"name": "ci", "expires_in_seconds": 3600},
+    ("PATCH", "/api/v1/users/{login}"): {"role": "member", "default_project": "{key}"},
     ("PATCH", "/api/v1/tokens/{token_id}"): {"limits": {"max_active_jobs": 10, "max_instances": None,
                                                         "requests_per_second": 2}},
     ("POST", "/api/v1/fleets"): {"name": "gpu-z", "description": "d", "labels": {"k": "v"},
@@ -145,12 +151,15 @@ class World:
         instance = self.api.post("/api/v1/instances", {"name": "nb", "command": ["true"]}).get_json()
         self.api.post(f"/api/v1/instances/{instance['id']}/stop")
         limited = self.api.post("/api/v1/tokens", {"name": "limited", "role": "metrics"}).get_json()
+        self.api.post("/api/v1/projects", {"key": "proj-a", "team": "team-a"})
+        self.api.post("/api/v1/tokens", {"name": "alice's", "role": "submitter", "user": "alice"})
+        self.api.put("/api/v1/projects/proj-a/members/alice", {"role": "member"})
         rollout = self.api.post("/api/v1/rollouts", {"fleet": "gpu-a", "bundle_version": "0.2.0",
                                                      "bundle_sha256": "cd" * 32}).get_json()
         self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
                        "rollout_id": rollout["id"], "serial": "1650924060001", "validation_id": "v-none",
                        "instance_id": instance["id"], "token_id": limited["id"],
-                       "model": GPU_H100["model"], "team": "team-a", "epoch": self.assignment["epoch"]}
+                       "model": GPU_H100["model"], "team": "team-a", "key": "proj-a", "login": "alice", "epoch": self.assignment["epoch"]}
         self.routes = json_routes(self.app)
 
     def url(self, path):
