@@ -40,7 +40,7 @@ class Cgroups:
         self.controllers = set()
         self.why = ""
         if not self.parent:
-            self.why = "cgroups disabled by limits.cgroup_parent = \"\""
+            self.why = 'cgroups disabled by limits.cgroup_parent = ""'
         elif not self.mount:
             self.why = "no cgroup v2 hierarchy is mounted"
         else:
@@ -59,8 +59,14 @@ class Cgroups:
         self.path = path
         # Each level hands the controllers down; the mount root is exempt from the "no internal
         # processes" rule, our parent holds no process itself.
-        levels = [self.mount] + [os.path.join(self.mount, *self.parent.split("/")[:i + 1])
-                                 for i in range(len(self.parent.split("/")) - 1)] + [path]
+        levels = (
+            [self.mount]
+            + [
+                os.path.join(self.mount, *self.parent.split("/")[: i + 1])
+                for i in range(len(self.parent.split("/")) - 1)
+            ]
+            + [path]
+        )
         for level in levels:
             available = set((_read(os.path.join(level, "cgroup.controllers")) or "").split())
             for name in CONTROLLERS:
@@ -68,23 +74,35 @@ class Cgroups:
                     try:
                         _write(os.path.join(level, "cgroup.subtree_control"), f"+{name}")
                     except OSError as exc:
-                        log.info("cgroup v2: cannot enable %s below %s: %s", name, level, exc.strerror or exc)
+                        log.info(
+                            "cgroup v2: cannot enable %s below %s: %s",
+                            name,
+                            level,
+                            exc.strerror or exc,
+                        )
         enabled = set((_read(os.path.join(path, "cgroup.subtree_control")) or "").split())
         self.controllers = enabled & set(CONTROLLERS)
         if self.controllers != set(CONTROLLERS):
             missing = sorted(set(CONTROLLERS) - self.controllers)
-            self.why = (f"cgroup v2 controller(s) {', '.join(missing)} not available at {self.mount} "
-                        f"(available: {_read(os.path.join(self.mount, 'cgroup.controllers')) or 'none'})")
-        log.info("cgroup v2 at %s: task cgroups under %s, controllers %s", self.mount, path,
-                 ", ".join(sorted(self.controllers)) or "none (processes are tracked, host limits not enforced)")
+            self.why = (
+                f"cgroup v2 controller(s) {', '.join(missing)} not available at {self.mount} "
+                f"(available: {_read(os.path.join(self.mount, 'cgroup.controllers')) or 'none'})"
+            )
+        log.info(
+            "cgroup v2 at %s: task cgroups under %s, controllers %s",
+            self.mount,
+            path,
+            ", ".join(sorted(self.controllers))
+            or "none (processes are tracked, host limits not enforced)",
+        )
 
     def relative(self, path):
         """The form /proc/<pid>/cgroup shows for `path`."""
         return "/" + os.path.relpath(path, self.mount) if path else None
 
     def create(self, name, cpus=None, memory_bytes=None, shared=False, pids=None):
-        """(cgroup path or None, host-limits record) for one task; never raises. Unless `shared`, a cgroup
-        of that name that already holds processes is refused (see below)."""
+        """(cgroup path or None, host-limits record) for one task; never raises. Unless `shared`, a
+        cgroup of that name that already holds processes is refused (see below)."""
         record = {
             "cpus": {"limit": cpus, "enforced": False, "how": None},
             "memory_bytes": {"limit": memory_bytes, "enforced": False, "how": None},
@@ -99,20 +117,25 @@ class Cgroups:
             try:
                 os.mkdir(path)
             except FileExistsError:
-                # Left by this agent before a crash (made, never used) it is empty and ours again. With
-                # processes in it, it is someone else's: another agent on this host with the same
-                # limits.cgroup_parent, given the same task id. Sharing it would let either task's end
-                # kill the other, so the task runs without one.
+                # Left by this agent before a crash (made, never used) it is empty and ours again.
+                # With processes in it, it is someone else's: another agent on this host with the
+                # same limits.cgroup_parent, given the same task id. Sharing it would let either
+                # task's end kill the other, so the task runs without one.
                 if not shared and cgroup_tree_pids(path):
-                    raise OSError(f"it already holds processes (does another agent on this host use "
-                                  f"limits.cgroup_parent = {self.parent!r}?)") from None
+                    raise OSError(
+                        f"it already holds processes (does another agent on this host use "
+                        f"limits.cgroup_parent = {self.parent!r}?)"
+                    ) from None
             except FileNotFoundError:  # the parent went (an operator removed it): made again
                 os.makedirs(path, exist_ok=True)
         except OSError as exc:
             log.warning("task cgroup %s not used: %s", path, exc.strerror or exc)
             for item in record.values():
-                item["how"] = f"not enforced: cannot create {path}: {exc.strerror or exc}" if item["limit"] else \
-                    "no limit"
+                item["how"] = (
+                    f"not enforced: cannot create {path}: {exc.strerror or exc}"
+                    if item["limit"]
+                    else "no limit"
+                )
             return None, record
         settings = {
             "cpus": ("cpu", "cpu.max", lambda v: f"{max(1000, int(v * 100000))} 100000"),
@@ -188,7 +211,8 @@ class Cgroups:
 
 def shim_command(cgroup_path, argv, status_path=None, nproc=None):
     """The command that first moves itself into the task cgroup (where there is one), then execs the
-    task (same pid); with `status_path`, runs it instead as a child and writes its exit status there.
+    task (same pid); with `status_path`, runs it instead as a child and writes its exit status
+    there.
 
     That shell is root's and outlives an agent that dies, so the task cannot forge its outcome and
     the outcome is on disk for the agent's next start. It catches SIGTERM (a caught signal is the
@@ -201,10 +225,17 @@ def shim_command(cgroup_path, argv, status_path=None, nproc=None):
     procs = os.path.join(cgroup_path, "cgroup.procs") if cgroup_path else ""
     limit = "" if nproc is None else f"ulimit {nproc[0]} {int(nproc[1])} || exit 126; "
     if status_path is None:
-        return ["/bin/sh", "-c", limit + 'echo 0 > "$0" || exit 126; exec "$@"' if procs else
-                limit + 'exec "$@"', procs, *argv]
-    script = (limit + '[ -z "$0" ] || echo 0 > "$0" || exit 126; s="$1"; shift; trap : TERM; "$@"; r=$?; '
-              'echo "$r" > "$s"; exit "$r"')
+        return [
+            "/bin/sh",
+            "-c",
+            limit + 'echo 0 > "$0" || exit 126; exec "$@"' if procs else limit + 'exec "$@"',
+            procs,
+            *argv,
+        ]
+    script = (
+        limit + '[ -z "$0" ] || echo 0 > "$0" || exit 126; s="$1"; shift; trap : TERM; "$@"; r=$?; '
+        'echo "$r" > "$s"; exit "$r"'
+    )
     return ["/bin/sh", "-c", script, procs, status_path, *argv]
 
 
@@ -214,10 +245,16 @@ def shell_nproc_flag(shell="/bin/sh"):
     when it has none (the agent then execs prlimit for it). Asked once per shell and process."""
     for flag, says in (("-u", None), ("-p", "process")):
         try:
-            done = subprocess.run([shell, "-c", f"ulimit {flag} && ulimit -a"], capture_output=True, text=True,
-                                  timeout=10)
+            done = subprocess.run(
+                [shell, "-c", f"ulimit {flag} && ulimit -a"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
-        if done.returncode == 0 and (says is None or any(line.startswith(says) for line in done.stdout.splitlines())):
+        if done.returncode == 0 and (
+            says is None or any(line.startswith(says) for line in done.stdout.splitlines())
+        ):
             return flag
     return None

@@ -123,8 +123,8 @@ class ServerUrls:
             return self.urls[self._index]
 
     def next_to_try(self, tried):
-        """Index of the URL a call tries next: the one in use unless this call tried it already, else
-        the first untried one after it; None once the call tried them all."""
+        """Index of the URL a call tries next: the one in use unless this call tried it already,
+        else the first untried one after it; None once the call tried them all."""
         with self._lock:
             start = self._index
         for step in range(len(self.urls)):
@@ -134,15 +134,21 @@ class ServerUrls:
         return None
 
     def failed(self, index, reason=""):
-        """The call to urls[index] failed (no connection, a timeout, a 5xx): the next call goes to the
-        next URL. A no-op when the URL in use has moved on already, or there is only one."""
+        """The call to urls[index] failed (no connection, a timeout, a 5xx): the next call goes to
+        the next URL. A no-op when the URL in use has moved on already, or there is only one."""
         with self._lock:
             if len(self.urls) == 1 or index != self._index:
                 return
             self._index = (index + 1) % len(self.urls)
             new = self.urls[self._index]
-        log.warning("fleetd at %s failed (%s); switching to %s (%d of %d)", display_url(self.urls[index]),
-                    reason or "no answer", display_url(new), self.urls.index(new) + 1, len(self.urls))
+        log.warning(
+            "fleetd at %s failed (%s); switching to %s (%d of %d)",
+            display_url(self.urls[index]),
+            reason or "no answer",
+            display_url(new),
+            self.urls.index(new) + 1,
+            len(self.urls),
+        )
 
 
 class FleetClient:
@@ -165,7 +171,9 @@ class FleetClient:
         # No proxy from the environment: node credentials never go through one. No retries here but
         # the failover to another URL: the callers decide (backoff, fencing); one connection per
         # client and URL, kept alive.
-        self.http = urllib3.PoolManager(num_pools=max(2, len(self.urls)), maxsize=1, retries=False, **tls)
+        self.http = urllib3.PoolManager(
+            num_pools=max(2, len(self.urls)), maxsize=1, retries=False, **tls
+        )
 
     @property
     def base(self):
@@ -185,8 +193,8 @@ class FleetClient:
             raise FleetdError(f"fleetd's answer to a registration is not one: {exc}") from exc
 
     def heartbeat(self, beat):
-        """POST a Heartbeat (fleetwire.heartbeat) -> fleetd's HeartbeatReply. An answer that is not one
-        is a FleetdError, as a refused heartbeat is."""
+        """POST a Heartbeat (fleetwire.heartbeat) -> fleetd's HeartbeatReply. An answer that is not
+        one is a FleetdError, as a refused heartbeat is."""
         data = self._post("/api/v1/agent/heartbeat", beat.to_wire(), self.session_token)
         try:
             return HeartbeatReply.from_wire(data)
@@ -195,24 +203,31 @@ class FleetClient:
 
     def report_validation(self, validation_id, report):
         """POST the results of a validation fleetd gave this node (a fleetwire ValidationReport)."""
-        self._post(f"/api/v1/agent/validations/{urllib.parse.quote(validation_id, safe='')}", report.to_wire(),
-                   self.session_token)
+        self._post(
+            f"/api/v1/agent/validations/{urllib.parse.quote(validation_id, safe='')}",
+            report.to_wire(),
+            self.session_token,
+        )
 
     def deregister(self):
         """POST /agent/deregister: leave the fleet."""
         self._post("/api/v1/agent/deregister", {}, self.session_token)
 
     def acquire(self, wait_seconds=30, max_assignments=None):
-        """POST /agent/acquire, a long poll -> the Assignments delivered ([] when none came in time);
-        with `max_assignments`, up to that many at once."""
+        """POST /agent/acquire, a long poll -> the Assignments delivered ([] when none came in
+        time); with `max_assignments`, up to that many at once."""
         return self.acquire_work(wait_seconds, max_assignments)[0]
 
     def acquire_work(self, wait_seconds=30, max_assignments=None):
-        """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now); both
-        empty when nothing came in time. A fleetd that predates `cancel` never sends stops here
+        """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now);
+        both empty when nothing came in time. A fleetd that predates `cancel` never sends stops here
         (the heartbeat's `cancel` carries them)."""
-        reply = self._post("/api/v1/agent/acquire", Acquire(wait_seconds, max_assignments).to_wire(),
-                           self.session_token, timeout=wait_seconds + self.timeout)
+        reply = self._post(
+            "/api/v1/agent/acquire",
+            Acquire(wait_seconds, max_assignments).to_wire(),
+            self.session_token,
+            timeout=wait_seconds + self.timeout,
+        )
         try:
             work = AcquireReply.from_wire(reply)
         except ValueError as exc:
@@ -220,29 +235,49 @@ class FleetClient:
         return list(work.assignments), list(work.cancel)
 
     def task_start(self, task_id, epoch, pid=None, extra=None):
-        """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's `ports`)."""
+        """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's
+        `ports`)."""
         extra = extra or {}
-        started = TaskStarted(epoch=epoch, pid=pid, restarts=extra.get("restarts") or 0,
-                              ports=None if extra.get("ports") is None else tuple(extra["ports"]))
+        started = TaskStarted(
+            epoch=epoch,
+            pid=pid,
+            restarts=extra.get("restarts") or 0,
+            ports=None if extra.get("ports") is None else tuple(extra["ports"]),
+        )
         self._post(_task_path(task_id, "start"), started.to_wire(), self.session_token)
 
     def task_restart(self, task_id, epoch, exit_code, signal, reason, backoff_seconds):
-        """POST /agent/tasks/{id}/restart: an instance run's process ended and starts again after the back-off."""
-        report = TaskRestarting(epoch=epoch, backoff_seconds=backoff_seconds, exit_code=exit_code, signal=signal,
-                                reason=reason or "")
+        """POST /agent/tasks/{id}/restart: an instance run's process ended and starts again after
+        the back-off."""
+        report = TaskRestarting(
+            epoch=epoch,
+            backoff_seconds=backoff_seconds,
+            exit_code=exit_code,
+            signal=signal,
+            reason=reason or "",
+        )
         self._post(_task_path(task_id, "restart"), report.to_wire(), self.session_token)
 
     def publish_rendezvous(self, task_id, epoch, addr, port):
         """POST /agent/tasks/{id}/rendezvous (rank 0): where the other ranks find it."""
-        self._post(_task_path(task_id, "rendezvous"), RendezvousPublish(epoch, addr, port).to_wire(),
-                   self.session_token)
+        self._post(
+            _task_path(task_id, "rendezvous"),
+            RendezvousPublish(epoch, addr, port).to_wire(),
+            self.session_token,
+        )
 
     def wait_rendezvous(self, task_id, wait_seconds=30):
-        """GET /agent/tasks/{id}/rendezvous, a long poll -> (addr, port), or None when not published in time."""
+        """GET /agent/tasks/{id}/rendezvous, a long poll -> (addr, port), or None when not published
+        in time."""
         try:
-            reply = self._request("GET", _task_path(task_id, "rendezvous"), self.session_token,
-                                  params={"wait_seconds": wait_seconds}, timeout=wait_seconds + self.timeout,
-                                  answers=(504,))  # 504: not published in time, fleetd's answer
+            reply = self._request(
+                "GET",
+                _task_path(task_id, "rendezvous"),
+                self.session_token,
+                params={"wait_seconds": wait_seconds},
+                timeout=wait_seconds + self.timeout,
+                answers=(504,),
+            )  # 504: not published in time, fleetd's answer
         except Unreachable as exc:
             if exc.status == 504:
                 return None
@@ -254,9 +289,11 @@ class FleetClient:
         return point.addr, point.port
 
     def task_logs(self, task_id, epoch, lines):
-        """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the limit."""
-        self._post(_task_path(task_id, "logs"), LogBatch(epoch, tuple(lines)).to_wire(),
-                   self.session_token)
+        """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the
+        limit."""
+        self._post(
+            _task_path(task_id, "logs"), LogBatch(epoch, tuple(lines)).to_wire(), self.session_token
+        )
 
     def task_finish_body(self, task_id, body):
         """POST /agent/tasks/{id}/finish with a TaskFinish (finish_body())."""
@@ -273,11 +310,18 @@ class FleetClient:
         reply = self._post("/api/v1/agent/finish", {"finishes": finishes}, self.session_token) or {}
         results = reply.get("results")
         try:
-            parsed = [FinishResult.from_wire(result) for result in results] if isinstance(results, list) else None
+            parsed = (
+                [FinishResult.from_wire(result) for result in results]
+                if isinstance(results, list)
+                else None
+            )
         except ValueError:
             parsed = None
         if parsed is None or [r.task_id for r in parsed] != [task_id for task_id, _ in reports]:
-            raise Unreachable(f"fleetd answered {len(reports)} finish reports with a reply that does not match them")
+            raise Unreachable(
+                f"fleetd answered {len(reports)} finish reports with a reply that does not match "
+                f"them"
+            )
         out: list[FleetdError | None] = []
         for result in parsed:
             if result.status == 204:
@@ -285,12 +329,19 @@ class FleetClient:
                 continue
             error = result.error or {}
             details = error.get("details")
-            out.append(error_for(result.status, error.get("code", ""), error.get("message", ""),
-                                 details if isinstance(details, dict) else {}))
+            out.append(
+                error_for(
+                    result.status,
+                    error.get("code", ""),
+                    error.get("message", ""),
+                    details if isinstance(details, dict) else {},
+                )
+            )
         return out
 
     def download_artifact(self, sha256, dest):
-        """GET /artifacts/{sha256} streamed into the file `dest`; DigestMismatch unless the bytes hash to sha256.
+        """GET /artifacts/{sha256} streamed into the file `dest`; DigestMismatch unless the bytes
+        hash to sha256.
 
         The file is written next to `dest` and renamed into place only once verified.
         """
@@ -318,14 +369,22 @@ class FleetClient:
             resp.release_conn()
         if digest.hexdigest() != sha256:
             _unlink(tmp)
-            raise DigestMismatch(f"artifact {sha256} failed verification: its {size} bytes hash to "
-                                 f"{digest.hexdigest()}")
+            raise DigestMismatch(
+                f"artifact {sha256} failed verification: its {size} bytes hash to "
+                f"{digest.hexdigest()}"
+            )
         os.replace(tmp, dest)
         return size
 
     def _post(self, path, body, token, timeout=None):
-        return self._request("POST", path, token, body=json.dumps(body).encode(), timeout=timeout,
-                             content_type="application/json")
+        return self._request(
+            "POST",
+            path,
+            token,
+            body=json.dumps(body).encode(),
+            timeout=timeout,
+            content_type="application/json",
+        )
 
     @staticmethod
     def _headers(token, content_type=None):
@@ -334,17 +393,34 @@ class FleetClient:
             headers["Content-Type"] = content_type
         return headers
 
-    def _request(self, method, path, token, timeout=None, params=None, body=None, content_type=None, answers=()):
+    def _request(
+        self,
+        method,
+        path,
+        token,
+        timeout=None,
+        params=None,
+        body=None,
+        content_type=None,
+        answers=(),
+    ):
         if params:
             path += "?" + urllib.parse.urlencode(params)
-        resp = self._send(method, path, self._headers(token, content_type), body=body, timeout=timeout,
-                          answers=answers)
+        resp = self._send(
+            method,
+            path,
+            self._headers(token, content_type),
+            body=body,
+            timeout=timeout,
+            answers=answers,
+        )
         if resp.status in (200, 201):
             try:
                 return json.loads(resp.data)
             except ValueError:
-                raise Unreachable(f"fleetd answered {resp.status} with a body that is not JSON",
-                                  resp.status) from None
+                raise Unreachable(
+                    f"fleetd answered {resp.status} with a body that is not JSON", resp.status
+                ) from None
         if resp.status == 204:
             return None
         _raise_for(resp)
@@ -354,22 +430,32 @@ class FleetClient:
         connection error, a timeout or a 5xx (but `answers`) moves on to the next URL; the response
         otherwise. Unreachable (the last URL's error) when every URL failed."""
         timeout = timeout or self.timeout
-        # Connecting is quick or it fails: a long poll's wait is no reason to wait longer for a dead host.
+        # Connecting is quick or it fails: a long poll's wait is no reason to wait longer for a dead
+        # host.
         limits = urllib3.Timeout(connect=min(self.timeout, timeout), read=timeout)
         tried: set[int] = set()
         error: FleetdError | None = None
         while True:
             index = self.urls.next_to_try(tried)
             if index is None:
-                # ServerUrls is never empty: the first URL is always tried, and every try that fails sets error.
+                # ServerUrls is never empty: the first URL is always tried, and every try that fails
+                # sets error.
                 assert error is not None
                 if len(tried) > 1:
-                    error.args = (f"{error.args[0]} (every one of the {len(tried)} fleetd URLs failed)",)
+                    error.args = (
+                        f"{error.args[0]} (every one of the {len(tried)} fleetd URLs failed)",
+                    )
                 raise error
             tried.add(index)
             try:
-                resp = self.http.request(method, self.urls.urls[index] + path, body=body, timeout=limits,
-                                         headers=headers, preload_content=not stream)
+                resp = self.http.request(
+                    method,
+                    self.urls.urls[index] + path,
+                    body=body,
+                    timeout=limits,
+                    headers=headers,
+                    preload_content=not stream,
+                )
             except urllib3.exceptions.SSLError as exc:
                 error = Unreachable(f"TLS error talking to fleetd: {_short(exc)}")
             except urllib3.exceptions.HTTPError as exc:
@@ -384,11 +470,21 @@ class FleetClient:
             self.urls.failed(index, str(error))
 
 
-def finish_body(epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None):
-    """A finish report (fleetwire.finish.TaskFinish): succeeded, failed or cancelled (`lost`: the agent
-    ended it; `pid`: the start was not reported, this reports it too, with `started_seconds_ago`)."""
-    return TaskFinish(epoch=epoch, outcome=outcome, exit_code=exit_code, reason=reason or "", lost=lost, pid=pid,
-                      started_seconds_ago=started_seconds_ago if pid is not None else None)
+def finish_body(
+    epoch, outcome, exit_code=None, reason=None, lost=False, pid=None, started_seconds_ago=None
+):
+    """A finish report (fleetwire.finish.TaskFinish): succeeded, failed or cancelled (`lost`: the
+    agent ended it; `pid`: the start was not reported, this reports it too, with
+    `started_seconds_ago`)."""
+    return TaskFinish(
+        epoch=epoch,
+        outcome=outcome,
+        exit_code=exit_code,
+        reason=reason or "",
+        lost=lost,
+        pid=pid,
+        started_seconds_ago=started_seconds_ago if pid is not None else None,
+    )
 
 
 def _task_path(task_id, action):
@@ -413,8 +509,13 @@ def error_for(status, code, message, details=None, retry_after=None):
 def _error_of(resp):
     code, message = _error(resp)
     retry_after = resp.headers.get("Retry-After")
-    return error_for(resp.status, code, message, _details(resp) if resp.status == 409 else None,
-                     float(retry_after) if retry_after and retry_after.isdigit() else None)
+    return error_for(
+        resp.status,
+        code,
+        message,
+        _details(resp) if resp.status == 409 else None,
+        float(retry_after) if retry_after and retry_after.isdigit() else None,
+    )
 
 
 def _raise_for(resp):

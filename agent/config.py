@@ -48,25 +48,45 @@ class Config:
     local_api_tls_key: str = ""
     devices_backend: str = "nvml"  # or fake:<path to shape json>
     devices_poll_seconds: float = 1.0
-    devices_rediscover_seconds: float = 300.0  # full NVML re-initialisation (new driver, swapped GPU)
-    tasks_kill_grace_seconds: float = 10.0  # cancel: SIGTERM to the process group, SIGKILL this much later
-    tasks_rendezvous_timeout_seconds: float = 600.0  # how long a rank > 0 waits for rank 0's address
-    tasks_report_retry_seconds: float = 7 * 86400.0  # how long a finish report is retried through an outage
+    devices_rediscover_seconds: float = (
+        300.0  # full NVML re-initialisation (new driver, swapped GPU)
+    )
+    tasks_kill_grace_seconds: float = (
+        10.0  # cancel: SIGTERM to the process group, SIGKILL this much later
+    )
+    tasks_rendezvous_timeout_seconds: float = (
+        600.0  # how long a rank > 0 waits for rank 0's address
+    )
+    tasks_report_retry_seconds: float = (
+        7 * 86400.0
+    )  # how long a finish report is retried through an outage
     tasks_log_batch_lines: int = 1000  # most lines in one POST .../logs
     tasks_log_batch_bytes: int = 256 * 1024  # most text in one POST .../logs
     tasks_log_interval_seconds: float = 0.25  # a line waits at most this long for its batch
     tasks_log_buffer_bytes: int = 8 * 1024 * 1024  # per task; over it the oldest lines are dropped
     limits_poll_seconds: float = 0.25  # VRAM watchdog period; at most 0.5
-    limits_memory_tolerance_bytes: int = 32 * 1024 * 1024  # usage over a GPU memory limit by at most this is allowed
-    limits_kill_grace_seconds: float = 0.5  # a task over a limit: SIGTERM, then SIGKILL this much later
+    limits_memory_tolerance_bytes: int = (
+        32 * 1024 * 1024
+    )  # usage over a GPU memory limit by at most this is allowed
+    limits_kill_grace_seconds: float = (
+        0.5  # a task over a limit: SIGTERM, then SIGKILL this much later
+    )
     limits_foreign_processes: str = "report"  # GPU processes of no task: "report" or "kill"
-    limits_mps_enabled: bool = False  # start and supervise an MPS control daemon per GPU for mps tasks
+    limits_mps_enabled: bool = (
+        False  # start and supervise an MPS control daemon per GPU for mps tasks
+    )
     limits_mps_control_command: str = "nvidia-cuda-mps-control"
     limits_mps_dir: str = ""  # MPS pipe and log directories; empty: <state_dir>/mps
-    limits_cgroup_parent: str = "fleet-agent"  # task cgroups under <cgroup v2 mount>/<this>; empty: none
+    limits_cgroup_parent: str = (
+        "fleet-agent"  # task cgroups under <cgroup v2 mount>/<this>; empty: none
+    )
     ports_range: str = "40000-41000"  # host ports handed to instances' declared ports ("low-high")
-    containers_command: str = ""  # podman/docker command line (shlex); empty: podman, else docker; "none": off
-    instances_restart_limit: int = 10  # restarts in a row, each after a run under 60 s, before a policy gives up; 0: none
+    containers_command: str = (
+        ""  # podman/docker command line (shlex); empty: podman, else docker; "none": off
+    )
+    instances_restart_limit: int = (
+        10  # restarts in a row, each after a run under 60 s, before a policy gives up; 0: none
+    )
     log_level: str = "info"
 
     @property
@@ -92,7 +112,9 @@ class Config:
                 with open(MACHINE_ID_PATH) as fh:
                     value = fh.read().strip()
             except OSError as exc:
-                raise ConfigError(f"machine_id is not set and {MACHINE_ID_PATH} is unreadable: {exc}") from None
+                raise ConfigError(
+                    f"machine_id is not set and {MACHINE_ID_PATH} is unreadable: {exc}"
+                ) from None
         if not MACHINE_ID_RE.fullmatch(value):
             raise ConfigError("machine_id must be 1-128 letters, digits or ._:-")
         return value
@@ -103,37 +125,68 @@ class Config:
             raise ConfigError("local_api.tls_cert and local_api.tls_key go together")
         host, _port = self.local_api_host_port
         if not is_loopback(host) and not (self.local_api_tls_cert and self.local_api_tls_key):
-            raise ConfigError(f"local_api.listen {self.local_api_listen} is not a loopback address; "
-                              "set local_api.tls_cert and local_api.tls_key to serve it over TLS")
+            raise ConfigError(
+                f"local_api.listen {self.local_api_listen} is not a loopback address; "
+                "set local_api.tls_cert and local_api.tls_key to serve it over TLS"
+            )
         if self.devices_poll_seconds <= 0 or self.devices_rediscover_seconds <= 0:
-            raise ConfigError("devices.poll_seconds and devices.rediscover_seconds must be positive")
-        if self.heartbeat_interval_seconds < 0 or self.backoff_max_seconds <= 0 or self.request_timeout_seconds <= 0:
-            raise ConfigError("heartbeat_interval_seconds, backoff_max_seconds and request_timeout_seconds "
-                              "must be positive (heartbeat 0 means: as fleetd says)")
-        if self.tasks_kill_grace_seconds < 0 or self.tasks_rendezvous_timeout_seconds <= 0 \
-                or self.tasks_report_retry_seconds <= 0 or self.tasks_log_interval_seconds <= 0:
-            raise ConfigError("tasks.kill_grace_seconds must be >= 0; tasks.rendezvous_timeout_seconds, "
-                              "tasks.report_retry_seconds and tasks.log_interval_seconds must be positive")
-        if self.tasks_log_batch_lines < 1 or self.tasks_log_batch_bytes < 1024 \
-                or self.tasks_log_buffer_bytes < self.tasks_log_batch_bytes:
-            raise ConfigError("tasks.log_batch_lines must be >= 1, tasks.log_batch_bytes >= 1024 and "
-                              "tasks.log_buffer_bytes >= tasks.log_batch_bytes")
-        if self.tls_pin and not re.fullmatch(r"[0-9a-f]{64}", self.tls_pin.replace(":", "").lower()):
-            raise ConfigError("tls_pin must be a SHA-256 fingerprint: 64 hex digits, colons allowed")
+            raise ConfigError(
+                "devices.poll_seconds and devices.rediscover_seconds must be positive"
+            )
+        if (
+            self.heartbeat_interval_seconds < 0
+            or self.backoff_max_seconds <= 0
+            or self.request_timeout_seconds <= 0
+        ):
+            raise ConfigError(
+                "heartbeat_interval_seconds, backoff_max_seconds and request_timeout_seconds "
+                "must be positive (heartbeat 0 means: as fleetd says)"
+            )
+        if (
+            self.tasks_kill_grace_seconds < 0
+            or self.tasks_rendezvous_timeout_seconds <= 0
+            or self.tasks_report_retry_seconds <= 0
+            or self.tasks_log_interval_seconds <= 0
+        ):
+            raise ConfigError(
+                "tasks.kill_grace_seconds must be >= 0; tasks.rendezvous_timeout_seconds, "
+                "tasks.report_retry_seconds and tasks.log_interval_seconds must be positive"
+            )
+        if (
+            self.tasks_log_batch_lines < 1
+            or self.tasks_log_batch_bytes < 1024
+            or self.tasks_log_buffer_bytes < self.tasks_log_batch_bytes
+        ):
+            raise ConfigError(
+                "tasks.log_batch_lines must be >= 1, tasks.log_batch_bytes >= 1024 and "
+                "tasks.log_buffer_bytes >= tasks.log_batch_bytes"
+            )
+        if self.tls_pin and not re.fullmatch(
+            r"[0-9a-f]{64}", self.tls_pin.replace(":", "").lower()
+        ):
+            raise ConfigError(
+                "tls_pin must be a SHA-256 fingerprint: 64 hex digits, colons allowed"
+            )
         if self.devices_backend != "nvml" and not self.devices_backend.startswith("fake:"):
             raise ConfigError("devices.backend must be 'nvml' or 'fake:<path to shape json>'")
         if not 0 < self.limits_poll_seconds <= 0.5:
             raise ConfigError("limits.poll_seconds must be > 0 and at most 0.5")
         if self.limits_memory_tolerance_bytes < 0 or self.limits_kill_grace_seconds < 0:
-            raise ConfigError("limits.memory_tolerance_bytes and limits.kill_grace_seconds must be >= 0")
+            raise ConfigError(
+                "limits.memory_tolerance_bytes and limits.kill_grace_seconds must be >= 0"
+            )
         if self.limits_foreign_processes not in ("report", "kill"):
             raise ConfigError("limits.foreign_processes must be 'report' or 'kill'")
         if self.limits_mps_enabled and not self.limits_mps_control_command:
-            raise ConfigError("limits.mps_control_command is required when limits.mps_enabled is true")
+            raise ConfigError(
+                "limits.mps_control_command is required when limits.mps_enabled is true"
+            )
         self.server_url = parse_server_urls(self.server_url)
         self.ports_bounds  # noqa: B018 - raises ConfigError for a bad ports.range
         if self.instances_restart_limit < 0:
-            raise ConfigError("instances.restart_limit must be >= 0 (0: a restart policy never gives up)")
+            raise ConfigError(
+                "instances.restart_limit must be >= 0 (0: a restart policy never gives up)"
+            )
         try:
             shlex.split(self.containers_command)
         except ValueError as exc:
@@ -142,7 +195,8 @@ class Config:
 
 
 def parse_server_urls(value):
-    """server_url as given (a URL, 'URL,URL', or a list of URLs) -> [URL, ...] without trailing slashes.
+    """server_url as given (a URL, 'URL,URL', or a list of URLs) -> [URL, ...] without trailing
+    slashes.
 
     Each must be http:// or https:// with a host; at most MAX_SERVER_URLS, none twice. ConfigError
     names the entry that is wrong."""
@@ -172,21 +226,34 @@ def parse_server_urls(value):
         except ValueError as exc:
             raise ConfigError(f"server_url {given!r} is not a valid URL: {exc}") from None
         if not parsed.hostname or any(c.isspace() for c in url):
-            raise ConfigError(f"server_url {given!r} is not a valid URL: it needs a host and no spaces")
-        key = urllib.parse.urlunsplit((parsed.scheme.lower(), parsed.netloc.lower(), parsed.path, parsed.query,
-                                       parsed.fragment))
+            raise ConfigError(
+                f"server_url {given!r} is not a valid URL: it needs a host and no spaces"
+            )
+        key = urllib.parse.urlunsplit(
+            (
+                parsed.scheme.lower(),
+                parsed.netloc.lower(),
+                parsed.path,
+                parsed.query,
+                parsed.fragment,
+            )
+        )
         if key in seen:
-            raise ConfigError(f"server_url {given!r} is given twice (entries {seen[key]} and {position})")
+            raise ConfigError(
+                f"server_url {given!r} is given twice (entries {seen[key]} and {position})"
+            )
         seen[key] = position
         urls.append(url)
     if len(urls) > MAX_SERVER_URLS:
-        raise ConfigError(f"server_url lists {len(urls)} URLs; at most {MAX_SERVER_URLS} are allowed")
+        raise ConfigError(
+            f"server_url lists {len(urls)} URLs; at most {MAX_SERVER_URLS} are allowed"
+        )
     return urls
 
 
 def node_server_urls(node):
-    """The fleetd URLs a node.json holds: `server_urls` (a list, since several are allowed), else the
-    single `server_url` older agents wrote; [] when neither is usable."""
+    """The fleetd URLs a node.json holds: `server_urls` (a list, since several are allowed), else
+    the single `server_url` older agents wrote; [] when neither is usable."""
     if not node:
         return []
     for key in ("server_urls", "server_url"):
@@ -200,7 +267,8 @@ def node_server_urls(node):
 
 
 def parse_port_range(value):
-    """'40000-41000' -> (40000, 41000): two integers 1..65535, low <= high; ConfigError otherwise."""
+    """'40000-41000' -> (40000, 41000): two integers 1..65535, low <= high; ConfigError
+    otherwise."""
     match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", str(value))
     if not match:
         raise ConfigError(f"ports.range {value!r} must be 'low-high', e.g. '40000-41000'")
@@ -250,5 +318,13 @@ def load_config(path=None, environ=None, **overrides):
     explicit = path or environ.get(ENV_PREFIX + "CONFIG")
     path = explicit or DEFAULT_CONFIG_PATH
     values = fleetconf.read_toml(path, ConfigError) if explicit or os.path.exists(path) else {}
-    return fleetconf.load(Config, ENV_PREFIX, values, environ, overrides, ConfigError, where=path,
-                          special={"server_url": parse_server_urls, "labels": _labels}).validate()
+    return fleetconf.load(
+        Config,
+        ENV_PREFIX,
+        values,
+        environ,
+        overrides,
+        ConfigError,
+        where=path,
+        special={"server_url": parse_server_urls, "labels": _labels},
+    ).validate()

@@ -17,7 +17,15 @@ import threading
 import time
 import urllib.parse
 
-from agent.client import FleetClient, FleetdError, Rejected, ServerUrls, Unreachable, backoff_delay, display_url
+from agent.client import (
+    FleetClient,
+    FleetdError,
+    Rejected,
+    ServerUrls,
+    Unreachable,
+    backoff_delay,
+    display_url,
+)
 from agent.config import Config, ConfigError, node_server_urls
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
@@ -48,8 +56,12 @@ ACQUIRE_BATCH = 16  # assignments one acquire may deliver (a fleetd that predate
 # After a stop that requeued tasks: how long the acquire in flight may take to bring back an
 # assignment (fleetd may place a requeued job on this node again at once) so it is handed back.
 HAND_BACK_SECONDS = 2.0
-LEASE_CHECK_SECONDS = 0.5  # how often the job tasks' lease is looked at (the stop comes this late at most)
-RUNTIME_DETECT_SECONDS = 300.0  # how often the container runtime is looked for again (one installed since)
+LEASE_CHECK_SECONDS = (
+    0.5  # how often the job tasks' lease is looked at (the stop comes this late at most)
+)
+RUNTIME_DETECT_SECONDS = (
+    300.0  # how often the container runtime is looked for again (one installed since)
+)
 
 
 def agent_version():
@@ -61,9 +73,10 @@ def agent_version():
 
 
 def installed_bundle(prefix=None):
-    """{agent_version, bundle_sha256} of this agent: the package version and the SHA-256 of the offline
-    bundle it was installed from (bundle.json beside the venv, written by the installer; '' when the agent
-    was not installed from a bundle). Sent in heartbeats so fleetd learns of in-place upgrades."""
+    """{agent_version, bundle_sha256} of this agent: the package version and the SHA-256 of the
+    offline bundle it was installed from (bundle.json beside the venv, written by the installer; ''
+    when the agent was not installed from a bundle). Sent in heartbeats so fleetd learns of in-place
+    upgrades."""
     import json
 
     path = os.path.join(prefix or sys.prefix, "bundle.json")
@@ -71,7 +84,11 @@ def installed_bundle(prefix=None):
     try:
         with open(path) as fh:
             value = json.load(fh).get("bundle_sha256", "")
-        if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        if (
+            isinstance(value, str)
+            and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value)
+        ):
             sha = value
     except (OSError, ValueError, AttributeError):
         pass
@@ -118,11 +135,15 @@ def host_resources(container_runtime=None):
     memory = read_memory_total()
     if memory is None:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return {"cpu_count": os.cpu_count() or 1, "memory_bytes": memory, "container_runtime": container_runtime}
+    return {
+        "cpu_count": os.cpu_count() or 1,
+        "memory_bytes": memory,
+        "container_runtime": container_runtime,
+    }
 
 
 def runtime_name(config):
-    """"podman", "docker" or None: the container runtime containers.command gives."""
+    """ "podman", "docker" or None: the container runtime containers.command gives."""
     runtime = ContainerRuntime.detect(config.containers_command)
     return runtime.name if runtime is not None else None
 
@@ -146,15 +167,27 @@ def detect_address(server_url):
 
 def register_body(config, inventory, machine_id, labels):
     """The Registration (fleetwire.registration) this host sends with a join token."""
-    return Registration(hostname=socket.gethostname()[:255], machine_id=machine_id, agent_version=agent_version(),
-                        address=config.address or detect_address(config.server_urls), labels=dict(labels),
-                        resources=Resources(**host_resources(runtime_name(config))), gpus=tuple(inventory.wire_gpus()))
+    return Registration(
+        hostname=socket.gethostname()[:255],
+        machine_id=machine_id,
+        agent_version=agent_version(),
+        address=config.address or detect_address(config.server_urls),
+        labels=dict(labels),
+        resources=Resources(**host_resources(runtime_name(config))),
+        gpus=tuple(inventory.wire_gpus()),
+    )
 
 
 def make_client(config, server_url, session_token=None):
-    """A FleetClient with the configured TLS trust; `server_url`: a URL, a list, or a shared ServerUrls."""
-    return FleetClient(server_url, session_token, ca_file=config.ca_file, tls_pin=config.tls_pin,
-                       timeout=config.request_timeout_seconds)
+    """A FleetClient with the configured TLS trust; `server_url`: a URL, a list, or a shared
+    ServerUrls."""
+    return FleetClient(
+        server_url,
+        session_token,
+        ca_file=config.ca_file,
+        tls_pin=config.tls_pin,
+        timeout=config.request_timeout_seconds,
+    )
 
 
 def enrol(config, join_token, force=False, devices=None):
@@ -170,13 +203,20 @@ def enrol(config, join_token, force=False, devices=None):
     if node is not None and state.session_token() and not force:
         stored = node_server_urls(node)
         if stored and not {u.lower() for u in stored} & {u.lower() for u in urls}:
-            raise ConfigError(f"already enrolled with {', '.join(stored)}; use --force to enrol with "
-                              f"{', '.join(urls)} instead")
+            raise ConfigError(
+                f"already enrolled with {', '.join(stored)}; use --force to enrol with "
+                f"{', '.join(urls)} instead"
+            )
         if stored and stored != urls:
-            # The same control plane (a URL in common) with replicas added or removed: keep the list.
+            # The same control plane (a URL in common) with replicas added or removed: keep the
+            # list.
             node = dict(node, server_url=urls[0], server_urls=urls)
             state.save_enrolment(node, state.session_token())
-            log.info("fleetd URLs of node %s are now %s", node.get("node_id"), ", ".join(map(display_url, urls)))
+            log.info(
+                "fleetd URLs of node %s are now %s",
+                node.get("node_id"),
+                ", ".join(map(display_url, urls)),
+            )
         return node, False
     machine_id = config.resolve_machine_id()
     state.ensure_dir()
@@ -202,7 +242,12 @@ def enrol(config, join_token, force=False, devices=None):
         "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     state.save_enrolment(node, reply.session_token)
-    log.info("enrolled as node %s in fleet %s with %d GPU(s)", node["node_id"], node["fleet"], len(body.gpus))
+    log.info(
+        "enrolled as node %s in fleet %s with %d GPU(s)",
+        node["node_id"],
+        node["fleet"],
+        len(body.gpus),
+    )
     return node, True
 
 
@@ -228,8 +273,13 @@ class Deadlines:
 class Agent:
     """`fleet-agent run`: the service."""
 
-    def __init__(self, config: Config, deregister_on_stop: bool = False, stop: threading.Event | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        deregister_on_stop: bool = False,
+        stop: threading.Event | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.config = config
         self.state = State(config.state_dir)
         self.deregister_on_stop = deregister_on_stop
@@ -237,23 +287,32 @@ class Agent:
         self.rng = rng or random.Random()
         self.devices = DeviceManager(config.devices_backend)
         self.workers = Workers()
-        self.limits = Limits(LimitSettings.from_config(config), self.devices, self.workers, config.state_dir)
+        self.limits = Limits(
+            LimitSettings.from_config(config), self.devices, self.workers, config.state_dir
+        )
         self.runner: Runner | None = None  # created once enrolled
-        self.validator: Validator | None = None  # runs the validations fleetd asks for, once enrolled
+        self.validator: Validator | None = (
+            None  # runs the validations fleetd asks for, once enrolled
+        )
         self._keeper = None  # the fence keeper's Popen (agent/keeper.py)
-        self.lease = LeaseClock(self.config.tasks_kill_grace_seconds)  # job tasks stop when it runs out
+        self.lease = LeaseClock(
+            self.config.tasks_kill_grace_seconds
+        )  # job tasks stop when it runs out
         self.deadlines = Deadlines()
         self.node: dict | None = None  # node.json, once enrolled
         self.session_ok = False  # a heartbeat succeeded with the stored session
         self.fleetd_error = ""  # why the last heartbeat failed, empty when it succeeded
         self.node_status = None
-        # What the operator said on this host (local API POST /api/v1/draining, `fleet-agent drain`): sent in
-        # every heartbeat once said, so that fleetd cordons the node while it is true; None: never said.
+        # What the operator said on this host (local API POST /api/v1/draining,
+        # `fleet-agent drain`): sent in every heartbeat once said, so that fleetd cordons the node
+        # while it is true; None: never said.
         self.draining = None
         self.exit_code = EXIT_OK
         self._threads: list[threading.Thread] = []
         self._acquire_thread = None
-        self._runtime_checked: float | None = None  # monotonic time the container runtime was last looked for
+        self._runtime_checked: float | None = (
+            None  # monotonic time the container runtime was last looked for
+        )
         self.urls: ServerUrls | None = None  # shared by every client, once enrolled
 
     # Readiness, as /readyz reports it.
@@ -282,13 +341,26 @@ class Agent:
         self.state.ensure_dir()
         api = LocalApi(self, self.config, self.state.local_api_token())
         api.start()
-        log.info("agent %s starting: local API on %s, devices backend %s", agent_version(), api.url,
-                 self.config.devices_backend)
+        log.info(
+            "agent %s starting: local API on %s, devices backend %s",
+            agent_version(),
+            api.url,
+            self.config.devices_backend,
+        )
         try:
             inventory = self.devices.discover()
-            log.info("devices: %d GPU(s)%s", len(inventory.devices), f" ({inventory.reason})" if inventory.reason else "")
+            log.info(
+                "devices: %d GPU(s)%s",
+                len(inventory.devices),
+                f" ({inventory.reason})" if inventory.reason else "",
+            )
             self._spawn("device-poller", self._poll_devices)
-            self._spawn("limits", self.limits.run, self.stop, functools.partial(self.deadlines.beat, "limits"))
+            self._spawn(
+                "limits",
+                self.limits.run,
+                self.stop,
+                functools.partial(self.deadlines.beat, "limits"),
+            )
             interval = watchdog_interval()
             if interval:
                 self._spawn("watchdog", self._watchdog, interval)
@@ -303,8 +375,11 @@ class Agent:
                 thread.join(timeout=10)
             if self.runner is not None:
                 revoked = self.exit_code == EXIT_REVOKED  # the one stop that ends instances too
-                stopped = self.runner.shutdown("node revoked" if revoked else "fleet-agent stopped", lost=not revoked,
-                                               stop_instances=revoked)
+                stopped = self.runner.shutdown(
+                    "node revoked" if revoked else "fleet-agent stopped",
+                    lost=not revoked,
+                    stop_instances=revoked,
+                )
                 if stopped and self._acquire_thread is not None:
                     self._acquire_thread.join(HAND_BACK_SECONDS)
                 stop_keeper(self.state.dir, self._keeper)
@@ -319,7 +394,9 @@ class Agent:
         def guarded():
             try:
                 target(*args)
-            except Exception:  # a bug in a loop must end the service loudly, not leave it half-alive
+            except (
+                Exception
+            ):  # a bug in a loop must end the service loudly, not leave it half-alive
                 log.exception("%s crashed; stopping the agent", name)
                 self.exit_code = EXIT_FAILURE
                 self.stop.set()
@@ -358,7 +435,9 @@ class Agent:
                 self.urls = ServerUrls(self._server_urls())
                 return True
             if not logged:
-                log.warning("not enrolled yet: waiting for `fleet-agent join` to write %s", self.state.dir)
+                log.warning(
+                    "not enrolled yet: waiting for `fleet-agent join` to write %s", self.state.dir
+                )
                 logged = True
             self.deadlines.beat("heartbeat", ENROLMENT_POLL_SECONDS + 30)
             self.stop.wait(ENROLMENT_POLL_SECONDS)
@@ -372,7 +451,8 @@ class Agent:
         return urls
 
     def _enrolled(self) -> tuple[dict, ServerUrls]:
-        """(node.json, the shared ServerUrls): _wait_for_enrolment set both before any work starts."""
+        """(node.json, the shared ServerUrls): _wait_for_enrolment set both before any work
+        starts."""
         assert self.node is not None and self.urls is not None, "the work starts once enrolled"
         return self.node, self.urls
 
@@ -390,21 +470,35 @@ class Agent:
         return call_seconds * (len(self.urls) if self.urls is not None else 1)
 
     def _retry_delay(self, failures, exc):
-        """Seconds to wait after `failures` failed calls in a row, the last one `exc`: the backoff, or
-        fleetd's Retry-After where that is longer; either at most backoff_max_seconds."""
+        """Seconds to wait after `failures` failed calls in a row, the last one `exc`: the backoff,
+        or fleetd's Retry-After where that is longer; either at most backoff_max_seconds."""
         cap = self.config.backoff_max_seconds
         return max(backoff_delay(failures, cap, self.rng), min(exc.retry_after or 0, cap))
 
     def _start_work(self):
-        """Recover from a restart (kill and report what it left running), then start acquiring work."""
+        """Recover from a restart (kill and report what it left running), then start acquiring
+        work."""
         _node, urls = self._enrolled()
         address = self.config.address or detect_address(list(urls.urls))
         self.isolation = Isolation()
-        self.runner = Runner.from_config(self.config, self.state.dir, self.workers, self._client, address,
-                                         limits=self.limits, isolation=self.isolation)
+        self.runner = Runner.from_config(
+            self.config,
+            self.state.dir,
+            self.workers,
+            self._client,
+            address,
+            limits=self.limits,
+            isolation=self.isolation,
+        )
         log.info("container runtime for instances: %s", self.runner.containers or "none")
-        self.validator = Validator(self.devices, self._client, self.isolation, self.state.dir, self.stop,
-                                   backoff_max=self.config.backoff_max_seconds)
+        self.validator = Validator(
+            self.devices,
+            self._client,
+            self.isolation,
+            self.state.dir,
+            self.stop,
+            backoff_max=self.config.backoff_max_seconds,
+        )
         self.runner.recover()
         self._keeper = start_keeper(self.state.dir, self.limits.cgroups)
         # What start-up built lives as long as the agent: the collector's full passes skip it.
@@ -416,7 +510,8 @@ class Agent:
         self._spawn("lease", self._lease_loop)
 
     def _acquire_loop(self):
-        """Long-poll fleetd for work: stop the tasks it says to stop, hand each assignment to the runner.
+        """Long-poll fleetd for work: stop the tasks it says to stop, hand each assignment to the
+        runner.
 
         The long poll stays open whatever runs here (the agent takes every assignment fleetd
         places), so a stop (cancel, preemption, a drain's deadline) arrives the moment it is
@@ -427,19 +522,33 @@ class Agent:
         batch: int | None = ACQUIRE_BATCH
         try:
             while not self.stop.is_set():
-                self.deadlines.beat("acquire", self._round_seconds(ACQUIRE_WAIT_SECONDS
-                                                                   + self.config.request_timeout_seconds) + 30)
+                self.deadlines.beat(
+                    "acquire",
+                    self._round_seconds(ACQUIRE_WAIT_SECONDS + self.config.request_timeout_seconds)
+                    + 30,
+                )
                 try:
-                    assignments, cancel = client.acquire_work(ACQUIRE_WAIT_SECONDS, max_assignments=batch)
+                    assignments, cancel = client.acquire_work(
+                        ACQUIRE_WAIT_SECONDS, max_assignments=batch
+                    )
                 except FleetdError as exc:
                     if batch is not None and exc.status == 400:
-                        log.info("fleetd does not deliver assignments in batches (%s); asking for one at a time", exc)
+                        log.info(
+                            "fleetd does not deliver assignments in batches (%s); asking for one "
+                            "at a time",
+                            exc,
+                        )
                         batch = None
                         continue
                     failures += 1
                     delay = self._retry_delay(failures, exc)
                     if failures == 1 or failures % 10 == 0:
-                        log.warning("acquire failed (attempt %d): %s; retrying in %.1fs", failures, exc, delay)
+                        log.warning(
+                            "acquire failed (attempt %d): %s; retrying in %.1fs",
+                            failures,
+                            exc,
+                            delay,
+                        )
                     self.deadlines.beat("acquire", delay + 30)
                     self.stop.wait(delay)
                     continue
@@ -456,21 +565,31 @@ class Agent:
     def _heartbeat_loop(self):
         node, urls = self._enrolled()
         client = self._client()
-        interval = self.config.heartbeat_interval_seconds or node.get("heartbeat_interval_seconds") \
+        interval = (
+            self.config.heartbeat_interval_seconds
+            or node.get("heartbeat_interval_seconds")
             or DEFAULT_HEARTBEAT_SECONDS
+        )
         failures = 0
         sent_version = sent_capabilities = None
-        # What this agent is (version, bundle, labels): sent until fleetd took it, then again only on change.
-        # Labels too: a changed config file (provisioning run again with other labels) reaches fleetd.
+        # What this agent is (version, bundle, labels): sent until fleetd took it, then again only
+        # on change. Labels too: a changed config file (provisioning run again with other labels)
+        # reaches fleetd.
         sent_info, info = None, dict(installed_bundle(), labels=dict(self.config.labels))
-        log.info("heartbeating to %s as node %s%s", display_url(client.base), node["node_id"],
-                 f" (fleetd URLs: {', '.join(map(display_url, urls.urls))})" if len(urls) > 1 else "")
+        log.info(
+            "heartbeating to %s as node %s%s",
+            display_url(client.base),
+            node["node_id"],
+            f" (fleetd URLs: {', '.join(map(display_url, urls.urls))})" if len(urls) > 1 else "",
+        )
         try:
             while not self.stop.is_set():
                 version = self.devices.version
                 capabilities = self._capabilities()
-                beat = self._heartbeat_body(version != sent_version,
-                                            capabilities if capabilities != sent_capabilities else None)
+                beat = self._heartbeat_body(
+                    version != sent_version,
+                    capabilities if capabilities != sent_capabilities else None,
+                )
                 if info != sent_info:
                     beat = dataclasses.replace(beat, **info)
                 sent_at = time.monotonic()
@@ -478,27 +597,50 @@ class Agent:
                     reply = client.heartbeat(beat)
                 except Rejected as exc:
                     self.session_ok = False
-                    log.error("fleetd rejected this node's session (%s): the node was revoked, deleted or "
-                              "enrolled again elsewhere; stopping all work. Re-enrol with `fleet-agent join --force`.",
-                              exc)
+                    log.error(
+                        "fleetd rejected this node's session (%s): the node was revoked, deleted "
+                        "or enrolled again elsewhere; stopping all work. Re-enrol with "
+                        "`fleet-agent join --force`.",
+                        exc,
+                    )
                     self.workers.stop_all("session rejected by fleetd")
                     return EXIT_REVOKED
                 except FleetdError as exc:
                     if info != sent_info and exc.status == 422:
                         # A fleetd older than these fields refuses them: go on without.
-                        log.warning("fleetd does not take the agent version in heartbeats (%s); not sending it", exc)
+                        log.warning(
+                            "fleetd does not take the agent version in heartbeats (%s); not "
+                            "sending it",
+                            exc,
+                        )
                         sent_info = info
                         continue
                     failures += 1
                     delay = self._retry_delay(failures, exc)
                     self.fleetd_error = str(exc)
-                    kind = "fleetd unreachable" if isinstance(exc, Unreachable) else "heartbeat refused"
+                    kind = (
+                        "fleetd unreachable"
+                        if isinstance(exc, Unreachable)
+                        else "heartbeat refused"
+                    )
                     left = self.lease.seconds_left()
-                    log.warning("%s (attempt %d): %s; retrying in %.1fs; %s",
-                                kind, failures, exc, delay,
-                                "running tasks keep running" if left is None else
-                                f"job tasks stop in {max(0.0, left):.0f}s unless fleetd answers (their lease)")
-                    self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
+                    log.warning(
+                        "%s (attempt %d): %s; retrying in %.1fs; %s",
+                        kind,
+                        failures,
+                        exc,
+                        delay,
+                        "running tasks keep running"
+                        if left is None
+                        else (
+                            f"job tasks stop in {max(0.0, left):.0f}s unless fleetd answers (their "
+                            f"lease)"
+                        ),
+                    )
+                    self.deadlines.beat(
+                        "heartbeat",
+                        delay + self._round_seconds(self.config.request_timeout_seconds) + 30,
+                    )
                     self.stop.wait(delay)
                     continue
                 if failures:
@@ -516,34 +658,57 @@ class Agent:
                 if not self.config.heartbeat_interval_seconds:
                     interval = float(reply.heartbeat_interval_seconds)
                 delay = jittered(interval, self.rng)
-                self.deadlines.beat("heartbeat", delay + self._round_seconds(self.config.request_timeout_seconds) + 30)
+                self.deadlines.beat(
+                    "heartbeat",
+                    delay + self._round_seconds(self.config.request_timeout_seconds) + 30,
+                )
                 self.stop.wait(delay)
         finally:
             client.close()
         return EXIT_OK
 
     def _heartbeat_body(self, send_gpus, capabilities):
-        """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus when `send_gpus`,
-        capabilities when given."""
+        """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus when
+        `send_gpus`, capabilities when given."""
         runner = self._working()
         inventory = self.devices.inventory
         metrics = inventory.metrics()
         limits = self.limits.report()
         metrics["foreign_processes"] = limits["foreign_processes"]
-        metrics["limits"] = {"polls": limits["polls"], "poll_seconds": limits["poll_seconds"],
-                             "foreign_policy": limits["foreign_policy"],
-                             "violations": [{k: d.get(k) for k in ("task_id", "epoch", "kind", "gpu_uuid",
-                                                                   "used", "limit", "detected_at")}
-                                            for d in self.limits.recent_detections()[-20:]]}
-        return Heartbeat(tasks=tuple(self.workers.report()),
-                         metrics=metrics, volumes=tuple(runner.volumes.list()), draining=self.draining,
-                         instances=tuple(runner.instances_report() or ()),
-                         gpus=tuple(inventory.wire_gpus()) if send_gpus else None, capabilities=capabilities)
+        metrics["limits"] = {
+            "polls": limits["polls"],
+            "poll_seconds": limits["poll_seconds"],
+            "foreign_policy": limits["foreign_policy"],
+            "violations": [
+                {
+                    k: d.get(k)
+                    for k in (
+                        "task_id",
+                        "epoch",
+                        "kind",
+                        "gpu_uuid",
+                        "used",
+                        "limit",
+                        "detected_at",
+                    )
+                }
+                for d in self.limits.recent_detections()[-20:]
+            ],
+        }
+        return Heartbeat(
+            tasks=tuple(self.workers.report()),
+            metrics=metrics,
+            volumes=tuple(runner.volumes.list()),
+            draining=self.draining,
+            instances=tuple(runner.instances_report() or ()),
+            gpus=tuple(inventory.wire_gpus()) if send_gpus else None,
+            capabilities=capabilities,
+        )
 
     def _capabilities(self):
-        """{container_runtime, containers, isolation...}: the runtime looked for again every few minutes, so
-        that one installed since is used, and probed (`<runtime> info`) each time: "ready" or
-        "unavailable: <why>"."""
+        """{container_runtime, containers, isolation...}: the runtime looked for again every few
+        minutes, so that one installed since is used, and probed (`<runtime> info`) each time:
+        "ready" or "unavailable: <why>"."""
         runner = self.runner
         assert runner is not None, "the runner is made before the heartbeat loop starts"
         now = time.monotonic()
@@ -555,40 +720,55 @@ class Agent:
                 runner.containers = runtime
             if runner.containers is not None:
                 runner.containers.probe()
-        caps = {"container_runtime": runner.containers.name if runner.containers else None,
-                "containers": ContainerRuntime.capability(runner.containers)}
+        caps = {
+            "container_runtime": runner.containers.name if runner.containers else None,
+            "containers": ContainerRuntime.capability(runner.containers),
+        }
         caps.update(runner.isolation.capabilities())
         return caps
 
     def _tell_keeper(self):
-        """The new moment job tasks must have stopped by, for the keeper (which acts if this agent dies)."""
+        """The new moment job tasks must have stopped by, for the keeper (which acts if this agent
+        dies)."""
         fence_at = self.lease.fence_at()
         if fence_at is None or self.runner is None:
             return
         try:
             write_lease(self.state.dir, fence_at)
         except OSError as exc:
-            log.warning("cannot write the tasks' lease for the fence keeper: %s", exc.strerror or exc)
+            log.warning(
+                "cannot write the tasks' lease for the fence keeper: %s", exc.strerror or exc
+            )
 
     def _lease_loop(self):
         """Stop the job tasks once fleetd has not answered a heartbeat for as long as their lease
-        (less the margins of agent/lease.py), before fleetd may run their jobs elsewhere; instances run
-        on. Its own thread: a heartbeat call blocked on a dead connection must not delay the stop."""
+        (less the margins of agent/lease.py), before fleetd may run their jobs elsewhere; instances
+        run on. Its own thread: a heartbeat call blocked on a dead connection must not delay the
+        stop."""
         while not self.stop.is_set():
             left = self.lease.seconds_left()
             if self.lease.due() and self.runner is not None:
-                reason = (f"fleetd could not be reached for {self.lease.lease_seconds:.0f}s, the tasks' lease: "
-                          "stopped so that the job never runs in two places")
-                log.error("%s (%d job task(s))", reason, self.runner.fence_jobs(reason, self.lease.grace))
-            self.stop.wait(LEASE_CHECK_SECONDS if left is None or left <= 0 else min(left, LEASE_CHECK_SECONDS))
+                reason = (
+                    f"fleetd could not be reached for {self.lease.lease_seconds:.0f}s, the tasks' "
+                    "lease: stopped so that the job never runs in two places"
+                )
+                log.error(
+                    "%s (%d job task(s))", reason, self.runner.fence_jobs(reason, self.lease.grace)
+                )
+            self.stop.wait(
+                LEASE_CHECK_SECONDS if left is None or left <= 0 else min(left, LEASE_CHECK_SECONDS)
+            )
 
     def _follow(self, reply):
-        """Do what a heartbeat's answer (a HeartbeatReply) says; False when the node was revoked (the
-        agent exits)."""
+        """Do what a heartbeat's answer (a HeartbeatReply) says; False when the node was revoked
+        (the agent exits)."""
         node, _urls = self._enrolled()
         if reply.revoked:
-            log.error("node %s was revoked by fleetd: stopping all work and exiting; "
-                      "re-enrol with a new join token to return", node["node_id"])
+            log.error(
+                "node %s was revoked by fleetd: stopping all work and exiting; "
+                "re-enrol with a new join token to return",
+                node["node_id"],
+            )
             self.workers.cancel(list(reply.cancel), "node revoked")
             self.workers.stop_all("node revoked")
             return False
@@ -605,7 +785,12 @@ class Agent:
 
     def _leave(self):
         # Enrolled, but with no fleetd URL (the agent stopped for that) there is no one to tell.
-        if not (self.deregister_on_stop and self.node and self.urls is not None and self.exit_code == EXIT_OK):
+        if not (
+            self.deregister_on_stop
+            and self.node
+            and self.urls is not None
+            and self.exit_code == EXIT_OK
+        ):
             return
         client = self._client()
         try:

@@ -23,14 +23,14 @@ log = logging.getLogger("agent.devices")
 
 # (major, minor) -> (CUDA cores per SM, dense FP16 tensor FLOP per clock per SM).
 ARCHITECTURES = {
-    (7, 0): (64, 1024),    # Volta V100
-    (7, 2): (64, 1024),    # Xavier
-    (7, 5): (64, 1024),    # Turing T4
-    (8, 0): (64, 2048),    # Ampere A100, A30
-    (8, 6): (128, 1024),   # Ampere A10, A40, RTX A6000
-    (8, 7): (128, 1024),   # Orin
-    (8, 9): (128, 1024),   # Ada L4, L40S
-    (9, 0): (128, 4096),   # Hopper H100, H200
+    (7, 0): (64, 1024),  # Volta V100
+    (7, 2): (64, 1024),  # Xavier
+    (7, 5): (64, 1024),  # Turing T4
+    (8, 0): (64, 2048),  # Ampere A100, A30
+    (8, 6): (128, 1024),  # Ampere A10, A40, RTX A6000
+    (8, 7): (128, 1024),  # Orin
+    (8, 9): (128, 1024),  # Ada L4, L40S
+    (9, 0): (128, 4096),  # Hopper H100, H200
     (10, 0): (128, 8192),  # Blackwell B200
     (10, 3): (128, 8192),  # Blackwell B300
     (12, 0): (128, 1024),  # Blackwell RTX
@@ -115,7 +115,9 @@ class Device:
     def to_dict(self):
         """Gpu fields plus details, flat, for the local API."""
         out = self.gpu.to_wire()
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "gpu"})
+        out.update(
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "gpu"}
+        )
         return out
 
 
@@ -151,10 +153,17 @@ class Inventory:
 
     def metrics(self):
         """Live readings for the heartbeat's free-form `metrics`."""
-        out: dict[str, object] = {"gpus": {d.gpu.uuid: {"memory_used_bytes": d.memory_used_bytes,
-                                     "utilization_percent": d.utilization_percent,
-                                     "temperature_c": d.temperature_c, "power_w": d.power_w}
-                        for d in self.devices}}
+        out: dict[str, object] = {
+            "gpus": {
+                d.gpu.uuid: {
+                    "memory_used_bytes": d.memory_used_bytes,
+                    "utilization_percent": d.utilization_percent,
+                    "temperature_c": d.temperature_c,
+                    "power_w": d.power_w,
+                }
+                for d in self.devices
+            }
+        }
         if self.reason:
             out["devices_reason"] = self.reason
         return out
@@ -166,9 +175,12 @@ def _critical_xids(health, temperature_c, xids):
 
 
 def _reading(key, reason):
-    """A problem named by one health reading: `reason` (its value in place of {}) when the reading is set."""
+    """A problem named by one health reading: `reason` (its value in place of {}) when the reading
+    is set."""
+
     def problem(health, temperature_c, xids):
         return reason.format(health[key]) if health.get(key) else None
+
     return problem
 
 
@@ -193,7 +205,11 @@ HEALTH_PROBLEMS = (
 
 
 def _health_reasons(health, temperature_c, xids, fatal_only):
-    reasons = (problem(health, temperature_c, xids) for problem, fatal in HEALTH_PROBLEMS if fatal or not fatal_only)
+    reasons = (
+        problem(health, temperature_c, xids)
+        for problem, fatal in HEALTH_PROBLEMS
+        if fatal or not fatal_only
+    )
     return [reason for reason in reasons if reason]
 
 
@@ -233,7 +249,9 @@ class DeviceManager:
         self._static = {}  # uuid -> static properties (read once per NVML session)
         self._known = {}  # index -> last identity seen, for GPUs that become unreadable
         self._xids = {}  # uuid -> critical XIDs seen by this process
-        self._xid_lock = threading.Lock()  # not self._lock: discover() joins the XID thread holding it
+        self._xid_lock = (
+            threading.Lock()
+        )  # not self._lock: discover() joins the XID thread holding it
         self._xid_thread = None
         self._xid_stop = None
         self._inventory = None
@@ -302,25 +320,44 @@ class DeviceManager:
                     processes = nvml.processes(handle)
                 except DeviceError as exc:
                     if known is not None and exc.lost:
-                        out[known["uuid"]] = {"index": index, "healthy": False, "processes": [], "sm_util": {},
-                                              "reason": f"GPU {index} unavailable: {exc}"}
+                        out[known["uuid"]] = {
+                            "index": index,
+                            "healthy": False,
+                            "processes": [],
+                            "sm_util": {},
+                            "reason": f"GPU {index} unavailable: {exc}",
+                        }
                     elif known is not None:
-                        # Processes not readable (not supported, no permission): nothing to enforce on
-                        # this GPU, which is said, but its tasks are not failed for it.
-                        out[known["uuid"]] = {"index": index, "healthy": True, "processes": [], "sm_util": {},
-                                              "reason": "", "error": f"cannot read its processes: {exc}"}
+                        # Processes not readable (not supported, no permission): nothing to enforce
+                        # on this GPU, which is said, but its tasks are not failed for it.
+                        out[known["uuid"]] = {
+                            "index": index,
+                            "healthy": True,
+                            "processes": [],
+                            "sm_util": {},
+                            "reason": "",
+                            "error": f"cannot read its processes: {exc}",
+                        }
                     continue
                 uuid = known["uuid"]
                 device = inventory.find(uuid) if inventory is not None else None
-                reason = fatal_health(device.health if device is not None else {}, xids.get(uuid, []))
+                reason = fatal_health(
+                    device.health if device is not None else {}, xids.get(uuid, [])
+                )
                 healthy = not reason
-                out[uuid] = {"index": index, "healthy": healthy, "reason": reason, "processes": processes,
-                             "sm_util": nvml.process_utilization(handle, since)}
+                out[uuid] = {
+                    "index": index,
+                    "healthy": healthy,
+                    "reason": reason,
+                    "processes": processes,
+                    "sm_util": nvml.process_utilization(handle, since),
+                }
             return out
 
     def validation_readings(self):
-        """(inventory, {index: readings or a DeviceError's text}) for a validation (agent/validation.py):
-        a fresh poll, then what NVML says of each GPU's link, ECC, clocks and modes."""
+        """(inventory, {index: readings or a DeviceError's text}) for a validation
+        (agent/validation.py): a fresh poll, then what NVML says of each GPU's link, ECC, clocks and
+        modes."""
         with self._lock:
             inventory = self.poll()
             nvml = self._nvml
@@ -341,7 +378,9 @@ class DeviceManager:
             self._close_session()
 
     def _close_session(self):
-        if self._xid_stop is not None and self._xid_thread is not None:  # set together (_start_xid_watch)
+        if (
+            self._xid_stop is not None and self._xid_thread is not None
+        ):  # set together (_start_xid_watch)
             self._xid_stop.set()
             self._xid_thread.join(timeout=5)
             self._xid_thread = self._xid_stop = None
@@ -363,9 +402,13 @@ class DeviceManager:
         known = self._known.get(index)
         uuid = known["uuid"] if known else f"unknown-gpu-{index}"
         if xid in APPLICATION_XIDS:
-            log.info("gpu %s (index %s) reported application XID %d; health unchanged", uuid, index, xid)
+            log.info(
+                "gpu %s (index %s) reported application XID %d; health unchanged", uuid, index, xid
+            )
             return
-        log.error("gpu %s (index %s) reported critical XID %d; marking it unhealthy", uuid, index, xid)
+        log.error(
+            "gpu %s (index %s) reported critical XID %d; marking it unhealthy", uuid, index, xid
+        )
         with self._xid_lock:
             self._xids.setdefault(uuid, []).append(xid)
 
@@ -382,8 +425,13 @@ class DeviceManager:
                 self._reason = f"NVML could not count GPUs: {exc}"
             for index in range(count):
                 devices.append(self._read_device(nvml, index))
-        inventory = Inventory(backend=self.backend_spec, devices=devices, reason=self._reason,
-                              discovered_at=_now(), **system)
+        inventory = Inventory(
+            backend=self.backend_spec,
+            devices=devices,
+            reason=self._reason,
+            discovered_at=_now(),
+            **system,
+        )
         previous = self._inventory
         if previous is None or previous.wire_gpus() != inventory.wire_gpus():
             self.version += 1
@@ -400,7 +448,9 @@ class DeviceManager:
         self._known[index] = ident
         static = self._static.get(ident["uuid"])
         if static is None:
-            static = self._static[ident["uuid"]] = dict(nvml.properties(handle), **nvml.board(handle))
+            static = self._static[ident["uuid"]] = dict(
+                nvml.properties(handle), **nvml.board(handle)
+            )
         live = nvml.live(handle)
         health = nvml.health(handle)
         with self._xid_lock:
@@ -408,43 +458,78 @@ class DeviceManager:
         healthy, reason = assess_health(health, live["temperature_c"], xids)
         cc = static["compute_capability"]
         gpu = Gpu(
-            uuid=ident["uuid"], index=index, vendor="nvidia", model=ident["name"],
-            memory_total_bytes=ident["memory_total_bytes"], numa_node=static["numa_node"],
+            uuid=ident["uuid"],
+            index=index,
+            vendor="nvidia",
+            model=ident["name"],
+            memory_total_bytes=ident["memory_total_bytes"],
+            numa_node=static["numa_node"],
             max_tflops=max_tflops(cc, static["cuda_cores"], static["max_sm_clock_mhz"]),
-            healthy=healthy, health_reason=reason, mig_mode=static["mig_mode"], serial=static["serial"],
-            board_part_number=static["board_part_number"], vbios=static["vbios"], xids=tuple(xids),
+            healthy=healthy,
+            health_reason=reason,
+            mig_mode=static["mig_mode"],
+            serial=static["serial"],
+            board_part_number=static["board_part_number"],
+            vbios=static["vbios"],
+            xids=tuple(xids),
             ecc_uncorrected=health["ecc_uncorrected_volatile"],
         )
         return Device(
-            gpu=gpu, pci_bus_id=static["pci_bus_id"], compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-            sm_count=sm_count(cc, static["cuda_cores"]), max_sm_clock_mhz=static["max_sm_clock_mhz"],
-            memory_used_bytes=live["memory_used_bytes"], utilization_percent=live["utilization_percent"],
+            gpu=gpu,
+            pci_bus_id=static["pci_bus_id"],
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+            sm_count=sm_count(cc, static["cuda_cores"]),
+            max_sm_clock_mhz=static["max_sm_clock_mhz"],
+            memory_used_bytes=live["memory_used_bytes"],
+            utilization_percent=live["utilization_percent"],
             memory_utilization_percent=live["memory_utilization_percent"],
-            temperature_c=live["temperature_c"], slowdown_temperature_c=health["slowdown_temperature_c"],
-            power_w=live["power_w"], power_limit_w=live["power_limit_w"], processes=live["processes"],
-            mig_devices=static["mig_devices"], health=health, xids=xids,
+            temperature_c=live["temperature_c"],
+            slowdown_temperature_c=health["slowdown_temperature_c"],
+            power_w=live["power_w"],
+            power_limit_w=live["power_limit_w"],
+            processes=live["processes"],
+            mig_devices=static["mig_devices"],
+            health=health,
+            xids=xids,
         )
 
     def _unavailable(self, index, error):
         """An unhealthy entry for a GPU NVML cannot read, keeping its last known identity."""
         known = self._known.get(index) or {}
-        return Device(gpu=Gpu(
-            uuid=known.get("uuid") or f"unknown-gpu-{index}", index=index, vendor="nvidia",
-            model=known.get("name") or "unknown", memory_total_bytes=known.get("memory_total_bytes") or 0,
-            numa_node=None, max_tflops=None, healthy=False,
-            health_reason=f"GPU {index} unavailable: {error}"[:HEALTH_REASON_MAX], mig_mode=None,
-        ))
+        return Device(
+            gpu=Gpu(
+                uuid=known.get("uuid") or f"unknown-gpu-{index}",
+                index=index,
+                vendor="nvidia",
+                model=known.get("name") or "unknown",
+                memory_total_bytes=known.get("memory_total_bytes") or 0,
+                numa_node=None,
+                max_tflops=None,
+                healthy=False,
+                health_reason=f"GPU {index} unavailable: {error}"[:HEALTH_REASON_MAX],
+                mig_mode=None,
+            )
+        )
 
     def _log_changes(self, previous, current):
         before = {d.gpu.uuid: d.gpu for d in previous.devices} if previous else {}
         for device in current.devices:
             gpu, old = device.gpu, before.pop(device.gpu.uuid, None)
             if old is None:
-                log.info("gpu %s found: index %d, %s, %s", gpu.uuid, gpu.index, gpu.model,
-                         "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason)
+                log.info(
+                    "gpu %s found: index %d, %s, %s",
+                    gpu.uuid,
+                    gpu.index,
+                    gpu.model,
+                    "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason,
+                )
             elif old.healthy != gpu.healthy or old.health_reason != gpu.health_reason:
                 level = logging.INFO if gpu.healthy else logging.ERROR
-                log.log(level, "gpu %s health changed: %s", gpu.uuid,
-                        "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason)
+                log.log(
+                    level,
+                    "gpu %s health changed: %s",
+                    gpu.uuid,
+                    "healthy" if gpu.healthy else "unhealthy: " + gpu.health_reason,
+                )
         for uuid in before:
             log.warning("gpu %s is gone", uuid)

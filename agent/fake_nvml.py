@@ -11,18 +11,19 @@ A shape file looks like::
                "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "compute_capability": [9, 0],
                "cuda_cores": 16896, "max_sm_clock_mhz": 1980, ...}]}
 
-Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``, ``memory_utilization_percent``,
-``temperature_c``,
+Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``,
+``memory_utilization_percent``, ``temperature_c``,
 ``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
 ("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
 ``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,
-uncorrectable, pending, failure}), ``serial``, ``board_part_number``, ``vbios``, ``persistence_mode`` (bool),
-``ecc_mode`` and ``ecc_mode_pending`` ("enabled"/"disabled"), ``pcie`` ({gen, max_gen, gpu_max_gen, width,
-max_width, replays}), ``clock_event_reasons`` (["gpu_idle", "hw_slowdown", ...]), ``mig_mode_pending``
-(what validation reads; a key left out answers NotSupported), ``processes`` ([{pid, used_bytes, sm_util?}]), ``xid_events``
-([xid, ...] delivered once each through event sets), ``lost`` (every call on the GPU raises
-GpuIsLost) and ``errors`` ({"nvmlDeviceGetPowerUsage": "NotSupported", ...}). A top-level
-``"no_driver": true`` makes ``nvmlInit`` fail as on a host without the NVIDIA driver.
+uncorrectable, pending, failure}), ``serial``, ``board_part_number``, ``vbios``,
+``persistence_mode`` (bool), ``ecc_mode`` and ``ecc_mode_pending`` ("enabled"/"disabled"), ``pcie``
+({gen, max_gen, gpu_max_gen, width, max_width, replays}), ``clock_event_reasons`` (["gpu_idle",
+"hw_slowdown", ...]), ``mig_mode_pending`` (what validation reads; a key left out answers
+NotSupported), ``processes`` ([{pid, used_bytes, sm_util?}]), ``xid_events`` ([xid, ...] delivered
+once each through event sets), ``lost`` (every call on the GPU raises GpuIsLost) and ``errors``
+({"nvmlDeviceGetPowerUsage": "NotSupported", ...}). A top-level ``"no_driver": true`` makes
+``nvmlInit`` fail as on a host without the NVIDIA driver.
 
 The file is read at ``nvmlInit``; when its modification time changes, live readings and
 health fields are reloaded at the next ``nvmlDeviceGetCount`` (the device set changes only at
@@ -61,9 +62,17 @@ nvmlClocksEventReasonSwThermalSlowdown = 0x20
 nvmlClocksEventReasonHwThermalSlowdown = 0x40
 nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
 nvmlClocksEventReasonDisplayClockSetting = 0x100
-_CLOCK_EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-                     "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
-                     "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+_CLOCK_EVENT_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
 
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -230,6 +239,7 @@ def _optional(gpu, key):
 
 # Library and system.
 
+
 def nvmlInit():
     """Load the shape; fails like the real library when the shape says there is no driver."""
     global _initialized, _shape, _mtime, _devices
@@ -287,6 +297,7 @@ def nvmlDeviceGetHandleByIndex(index):
 
 # Device identity and static properties.
 
+
 def nvmlDeviceGetUUID(handle):
     if handle.mig:
         _call(handle, "nvmlDeviceGetUUID")
@@ -318,7 +329,9 @@ def nvmlDeviceGetNumaNodeId(handle):
 
 
 def nvmlDeviceGetCudaComputeCapability(handle):
-    major, minor = _optional(_call(handle, "nvmlDeviceGetCudaComputeCapability"), "compute_capability")
+    major, minor = _optional(
+        _call(handle, "nvmlDeviceGetCudaComputeCapability"), "compute_capability"
+    )
     return (major, minor)
 
 
@@ -355,8 +368,10 @@ def nvmlDeviceGetEccMode(handle):
     gpu = _call(handle, "nvmlDeviceGetEccMode")
     current = _optional(gpu, "ecc_mode") == "enabled"
     pending = gpu.get("ecc_mode_pending", gpu["ecc_mode"]) == "enabled"
-    return [NVML_FEATURE_ENABLED if current else NVML_FEATURE_DISABLED,
-            NVML_FEATURE_ENABLED if pending else NVML_FEATURE_DISABLED]
+    return [
+        NVML_FEATURE_ENABLED if current else NVML_FEATURE_DISABLED,
+        NVML_FEATURE_ENABLED if pending else NVML_FEATURE_DISABLED,
+    ]
 
 
 def _pcie(handle, function, key):
@@ -389,8 +404,11 @@ def nvmlDeviceGetPcieReplayCounter(handle):
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle):
-    """A bit mask; the shape lists the reasons by name (``clock_event_reasons``: ["gpu_idle"], ...)."""
-    reasons = _optional(_call(handle, "nvmlDeviceGetCurrentClocksEventReasons"), "clock_event_reasons")
+    """A bit mask; the shape lists the reasons by name (``clock_event_reasons``: ["gpu_idle"],
+    ...)."""
+    reasons = _optional(
+        _call(handle, "nvmlDeviceGetCurrentClocksEventReasons"), "clock_event_reasons"
+    )
     mask = 0
     for name in reasons:
         mask |= _CLOCK_EVENT_BITS[name]
@@ -403,6 +421,7 @@ def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
 
 # Live readings.
 
+
 def nvmlDeviceGetMemoryInfo(handle, version=None):
     gpu = _call(handle, "nvmlDeviceGetMemoryInfo")
     if handle.mig:
@@ -410,14 +429,19 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
         used = handle.mig.get("memory_used_bytes", 0)
     else:
         total = gpu["memory_total_bytes"]
-        used = gpu.get("memory_used_bytes", 0) + sum(p["used_bytes"] for p in gpu.get("processes", []))
+        used = gpu.get("memory_used_bytes", 0) + sum(
+            p["used_bytes"] for p in gpu.get("processes", [])
+        )
     used = min(used, total)
     return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
 
 
 def nvmlDeviceGetUtilizationRates(handle):
     gpu = _call(handle, "nvmlDeviceGetUtilizationRates")
-    return SimpleNamespace(gpu=int(_optional(gpu, "utilization_percent")), memory=int(gpu.get("memory_utilization_percent", 0)))
+    return SimpleNamespace(
+        gpu=int(_optional(gpu, "utilization_percent")),
+        memory=int(gpu.get("memory_utilization_percent", 0)),
+    )
 
 
 def nvmlDeviceGetTemperature(handle, sensor):
@@ -436,27 +460,51 @@ def nvmlDeviceGetTemperatureThreshold(handle, threshold):
 
 def nvmlDeviceGetPowerUsage(handle):
     """Milliwatts, as NVML reports."""
-    return int(round(float(_optional(_call(handle, "nvmlDeviceGetPowerUsage"), "power_draw_w")) * 1000))
+    return int(
+        round(float(_optional(_call(handle, "nvmlDeviceGetPowerUsage"), "power_draw_w")) * 1000)
+    )
 
 
 def nvmlDeviceGetEnforcedPowerLimit(handle):
     """Milliwatts, as NVML reports."""
-    return int(round(float(_optional(_call(handle, "nvmlDeviceGetEnforcedPowerLimit"), "power_limit_w")) * 1000))
+    return int(
+        round(
+            float(_optional(_call(handle, "nvmlDeviceGetEnforcedPowerLimit"), "power_limit_w"))
+            * 1000
+        )
+    )
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
     gpu = _call(handle, "nvmlDeviceGetComputeRunningProcesses")
-    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_bytes"], gpuInstanceId=0xFFFFFFFF,
-                            computeInstanceId=0xFFFFFFFF) for p in gpu.get("processes", [])]
+    return [
+        SimpleNamespace(
+            pid=p["pid"],
+            usedGpuMemory=p["used_bytes"],
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+        for p in gpu.get("processes", [])
+    ]
 
 
 def nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp):
-    """One sample per process that has an ``sm_util`` in the shape; NotFound when there is none, as NVML."""
+    """One sample per process that has an ``sm_util`` in the shape; NotFound when there is none, as
+    NVML."""
     gpu = _call(handle, "nvmlDeviceGetProcessUtilization")
     now_us = int(time.time() * 1e6)
-    samples = [SimpleNamespace(pid=p["pid"], timeStamp=now_us, smUtil=int(p["sm_util"]),
-                               memUtil=int(p.get("mem_util", 0)), encUtil=0, decUtil=0)
-               for p in gpu.get("processes", []) if p.get("sm_util") is not None]
+    samples = [
+        SimpleNamespace(
+            pid=p["pid"],
+            timeStamp=now_us,
+            smUtil=int(p["sm_util"]),
+            memUtil=int(p.get("mem_util", 0)),
+            encUtil=0,
+            decUtil=0,
+        )
+        for p in gpu.get("processes", [])
+        if p.get("sm_util") is not None
+    ]
     if not samples:
         raise NVMLError(NVML_ERROR_NOT_FOUND)
     return samples
@@ -464,31 +512,49 @@ def nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp):
 
 # Health.
 
+
 def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
     gpu = _call(handle, "nvmlDeviceGetTotalEccErrors")
     if errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
         return int(gpu.get("ecc_corrected_volatile", 0))
-    return int(_optional(gpu, "ecc_uncorrected_volatile" if counterType == NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"))
+    return int(
+        _optional(
+            gpu,
+            "ecc_uncorrected_volatile"
+            if counterType == NVML_VOLATILE_ECC
+            else "ecc_uncorrected_aggregate",
+        )
+    )
 
 
 def nvmlDeviceGetRetiredPagesPendingStatus(handle):
-    pending = _optional(_call(handle, "nvmlDeviceGetRetiredPagesPendingStatus"), "retired_pages_pending")
+    pending = _optional(
+        _call(handle, "nvmlDeviceGetRetiredPagesPendingStatus"), "retired_pages_pending"
+    )
     return NVML_FEATURE_ENABLED if pending else NVML_FEATURE_DISABLED
 
 
 def nvmlDeviceGetRemappedRows(handle):
     rows = _optional(_call(handle, "nvmlDeviceGetRemappedRows"), "remapped_rows")
-    return (int(rows.get("correctable", 0)), int(rows.get("uncorrectable", 0)),
-            int(bool(rows.get("pending"))), int(bool(rows.get("failure"))))
+    return (
+        int(rows.get("correctable", 0)),
+        int(rows.get("uncorrectable", 0)),
+        int(bool(rows.get("pending"))),
+        int(bool(rows.get("failure"))),
+    )
 
 
 # MIG.
+
 
 def nvmlDeviceGetMigMode(handle):
     gpu = _call(handle, "nvmlDeviceGetMigMode")
     mode = _optional(gpu, "mig_mode")
     pending = gpu.get("mig_mode_pending", mode)
-    return [NVML_DEVICE_MIG_ENABLE if m == "enabled" else NVML_DEVICE_MIG_DISABLE for m in (mode, pending)]
+    return [
+        NVML_DEVICE_MIG_ENABLE if m == "enabled" else NVML_DEVICE_MIG_DISABLE
+        for m in (mode, pending)
+    ]
 
 
 def nvmlDeviceGetMaxMigDeviceCount(handle):
@@ -507,6 +573,7 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
 
 
 # Events.
+
 
 class _EventSet:
     def __init__(self):
@@ -534,10 +601,16 @@ def _pending_xids(event_set):
         _reload_if_changed()
         for handle in event_set.handles:
             xids = handle.gpu.get("xid_events") or []
-            for xid in xids[handle.xids_delivered:]:
-                event_set.queue.put(SimpleNamespace(device=handle, eventType=nvmlEventTypeXidCriticalError,
-                                                    eventData=int(xid), gpuInstanceId=0xFFFFFFFF,
-                                                    computeInstanceId=0xFFFFFFFF))
+            for xid in xids[handle.xids_delivered :]:
+                event_set.queue.put(
+                    SimpleNamespace(
+                        device=handle,
+                        eventType=nvmlEventTypeXidCriticalError,
+                        eventData=int(xid),
+                        gpuInstanceId=0xFFFFFFFF,
+                        computeInstanceId=0xFFFFFFFF,
+                    )
+                )
             handle.xids_delivered = len(xids)
 
 
@@ -563,6 +636,7 @@ def nvmlEventSetFree(eventSet):
 
 # Helpers for tests in the same process.
 
+
 def _device(index):
     with _lock:
         _check_init()
@@ -570,7 +644,8 @@ def _device(index):
 
 
 def add_process(index, pid, used_bytes, sm_util=None):
-    """Say that process `pid` now uses `used_bytes` on GPU `index` (0 bytes removes it), at `sm_util` percent."""
+    """Say that process `pid` now uses `used_bytes` on GPU `index` (0 bytes removes it), at
+    `sm_util` percent."""
     with _lock:
         gpu = _device(index).gpu
         procs = [p for p in gpu.get("processes", []) if p["pid"] != pid]

@@ -61,15 +61,24 @@ class Isolation:
 
     def __init__(self, euid=None, setpriv=None):
         self.euid = os.geteuid() if euid is None else euid
-        self.setpriv = setpriv if setpriv is not None else shutil.which("setpriv", path=SETPRIV_PATH)
+        self.setpriv = (
+            setpriv if setpriv is not None else shutil.which("setpriv", path=SETPRIV_PATH)
+        )
         self.reason = ""
         if self.euid != 0:
-            self.reason = (f"fleet-agent runs as uid {self.euid}, not root: it cannot switch users, so tasks run "
-                           f"as uid {self.euid}")
+            self.reason = (
+                f"fleet-agent runs as uid {self.euid}, not root: it cannot switch users, so tasks "
+                f"run as uid {self.euid}"
+            )
         elif not self.setpriv:
-            self.reason = "setpriv (util-linux) is not installed: tasks cannot be started as another user"
+            self.reason = (
+                "setpriv (util-linux) is not installed: tasks cannot be started as another user"
+            )
         self.mode = "none" if self.reason else "uid"
-        self._host_uids: tuple[float | None, list[int]] = (None, [])  # (monotonic time listed, uids)
+        self._host_uids: tuple[float | None, list[int]] = (
+            None,
+            [],
+        )  # (monotonic time listed, uids)
         if self.reason:
             log.warning("isolation: none: %s", self.reason)
 
@@ -90,7 +99,8 @@ class Isolation:
         return caps
 
     def resolve(self, run_as):
-        """The RunAs for an assignment's `run_as` (None: the fallback user); TaskError when it cannot be met."""
+        """The RunAs for an assignment's `run_as` (None: the fallback user); TaskError when it
+        cannot be met."""
         if not self.enabled:
             try:
                 entry = pwd.getpwuid(self.euid)
@@ -110,17 +120,27 @@ class Isolation:
         raise TaskError(f"run_as.source {source!r} is not one of unix_user, dynamic, root")
 
     def wrap(self, run_as, argv):
-        """`argv` started as `run_as` with no_new_privs (unchanged where this host cannot switch users)."""
+        """`argv` started as `run_as` with no_new_privs (unchanged where this host cannot switch
+        users)."""
         if not self.enabled:
             return list(argv)
         if run_as.uid == 0:
             return [self.setpriv, "--no-new-privs", "--", *argv]
         groups = "--init-groups" if run_as.host_groups else "--clear-groups"
-        return [self.setpriv, f"--reuid={run_as.uid}", f"--regid={run_as.gid}", groups, "--no-new-privs",
-                "--inh-caps=-all", "--", *argv]
+        return [
+            self.setpriv,
+            f"--reuid={run_as.uid}",
+            f"--regid={run_as.gid}",
+            groups,
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--",
+            *argv,
+        ]
 
     def env(self, run_as, env, home):
-        """`env` with HOME, USER and LOGNAME of `run_as` (HOME: its own, else `home`, the task's directory)."""
+        """`env` with HOME, USER and LOGNAME of `run_as` (HOME: its own, else `home`, the task's
+        directory)."""
         if not self.enabled:
             return env
         env["HOME"] = run_as.home if run_as.home and run_as.source != "dynamic" else home
@@ -149,12 +169,14 @@ class Isolation:
             current = os.path.dirname(current)
 
     def passable(self, path):
-        """Make a directory of the agent's one that tasks pass through: 0711 where users are switched."""
+        """Make a directory of the agent's one that tasks pass through: 0711 where users are
+        switched."""
         os.chmod(path, PASSABLE if self.enabled else 0o700)
 
     def check_reachable(self, run_as, path):
-        """TaskError naming the directory on the way to `path` (the state dir) that `run_as` cannot pass,
-        where users are switched: the task could not enter its own directory ("Permission denied")."""
+        """TaskError naming the directory on the way to `path` (the state dir) that `run_as` cannot
+        pass, where users are switched: the task could not enter its own directory ("Permission
+        denied")."""
         if not self.enabled or run_as.uid == 0:
             return
         groups = {run_as.gid}
@@ -166,14 +188,17 @@ class Isolation:
         blocked = blocked_directory(path, run_as.uid, groups)
         if blocked is not None:
             directory, mode = blocked
-            raise TaskError(f"the task's uid {run_as.uid} cannot pass {directory} (mode {mode:04o}) on the way to "
-                            f"the agent's state dir {path}: make it passable (chmod o+x {directory}) or move "
-                            "state_dir")
+            raise TaskError(
+                f"the task's uid {run_as.uid} cannot pass {directory} (mode {mode:04o}) on the way "
+                f"to the agent's state dir {path}: make it passable (chmod o+x {directory}) or "
+                "move state_dir"
+            )
 
 
 def blocked_directory(path, uid=None, gids=()):
-    """(directory, mode) of the first directory from / down to `path` (as far as it exists) that `uid`
-    (None: a uid that owns none of them and is in none of their groups) cannot pass, or None."""
+    """(directory, mode) of the first directory from / down to `path` (as far as it exists) that
+    `uid` (None: a uid that owns none of them and is in none of their groups) cannot pass, or
+    None."""
     current = "/"
     for part in [p for p in os.path.realpath(path).split("/") if p]:
         current = os.path.join(current, part)
@@ -202,26 +227,34 @@ def _host_user(name, source):
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        raise TaskError(f"host user {name!r} does not exist on this node (the token's unix_user must be a user "
-                        "on every node that runs its tasks)") from None
+        raise TaskError(
+            f"host user {name!r} does not exist on this node (the token's unix_user must be a user "
+            "on every node that runs its tasks)"
+        ) from None
     if entry.pw_uid == 0 or entry.pw_gid == 0:
-        raise TaskError(f"host user {name!r} has uid or gid 0: tasks never run as root through unix_user")
+        raise TaskError(
+            f"host user {name!r} has uid or gid 0: tasks never run as root through unix_user"
+        )
     return RunAs(entry.pw_uid, entry.pw_gid, entry.pw_name, source, entry.pw_dir, host_groups=True)
 
 
 def _dynamic(uid, gid):
-    if not isinstance(uid, int) or isinstance(uid, bool) or uid < MIN_TASK_UID or uid >= 2 ** 31 - 1:
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid < MIN_TASK_UID or uid >= 2**31 - 1:
         raise TaskError(f"run_as.uid {uid!r} is not a task uid (at least {MIN_TASK_UID})")
     gid = uid if gid is None else gid
-    if not isinstance(gid, int) or isinstance(gid, bool) or gid < MIN_TASK_UID or gid >= 2 ** 31 - 1:
+    if not isinstance(gid, int) or isinstance(gid, bool) or gid < MIN_TASK_UID or gid >= 2**31 - 1:
         raise TaskError(f"run_as.gid {gid!r} is not a task gid (at least {MIN_TASK_UID})")
     user, group = _name_of(pwd.getpwuid, uid), _name_of(grp.getgrgid, gid)
     if user is not None:
-        raise TaskError(f"uid {uid} belongs to host user {user!r} on this node: fleetd's task uid range overlaps "
-                        "the host's users")
+        raise TaskError(
+            f"uid {uid} belongs to host user {user!r} on this node: fleetd's task uid range "
+            "overlaps the host's users"
+        )
     if group is not None:
-        raise TaskError(f"gid {gid} belongs to host group {group!r} on this node: fleetd's task uid range overlaps "
-                        "the host's groups")
+        raise TaskError(
+            f"gid {gid} belongs to host group {group!r} on this node: fleetd's task uid range "
+            "overlaps the host's groups"
+        )
     return RunAs(uid, gid, None, "dynamic")
 
 

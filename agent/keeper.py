@@ -38,7 +38,7 @@ KEEPER_FILE = "keeper.json"
 TASKS_DIR = "tasks"
 POLL_SECONDS = 1.0
 SLACK_SECONDS = 0.5  # after the moment: a live agent stops its tasks itself, first
-MAX_POLLS = 10 ** 9  # about 30 years at one a second: the loop ends for the reasons above
+MAX_POLLS = 10**9  # about 30 years at one a second: the loop ends for the reasons above
 START_WAIT_SECONDS = 10.0  # a new keeper waits this long for the agent to name it in keeper.json
 
 
@@ -78,7 +78,12 @@ def job_tasks(state_dir):
             record = read_state(os.path.join(tasks_dir, entry, "task.json"))
         except (OSError, ValueError):
             continue
-        if record.get("instance") or record.get("outcome") or not record.get("pid") or not record.get("task_id"):
+        if (
+            record.get("instance")
+            or record.get("outcome")
+            or not record.get("pid")
+            or not record.get("task_id")
+        ):
             continue
         found.append((os.path.join(tasks_dir, entry), record))
     return found
@@ -91,7 +96,9 @@ def fence(state_dir):
         pids = recorded_pids(record)
         cgroup = record.get("cgroup")
         if cgroup and os.path.isdir(cgroup):
-            Cgroups.kill(cgroup)  # all of it at once where the kernel can; the pids below in any case
+            Cgroups.kill(
+                cgroup
+            )  # all of it at once where the kernel can; the pids below in any case
         if pids:
             signal_pids(pids, signal.SIGKILL)
             fenced += 1
@@ -109,21 +116,33 @@ def run(state_dir, me=None, clock=boottime, sleep=time.sleep):
             return "the state dir is gone"
         keeper = read_json(os.path.join(state_dir, KEEPER_FILE)) or {}
         if keeper.get("pid") != me:
-            if named_by is not None and time.monotonic() < named_by:  # the agent writes it once we run
+            if (
+                named_by is not None and time.monotonic() < named_by
+            ):  # the agent writes it once we run
                 sleep(0.05)
                 continue
             return "replaced by another keeper"
         named_by = None
         lease = read_json(os.path.join(state_dir, LEASE_FILE)) or {}
         fence_at = lease.get("fence_at_boottime")
-        if isinstance(fence_at, (int, float)) and fence_at != fenced_for and clock() > fence_at + SLACK_SECONDS:
+        if (
+            isinstance(fence_at, (int, float))
+            and fence_at != fenced_for
+            and clock() > fence_at + SLACK_SECONDS
+        ):
             fenced_for = fence_at
             tasks, pids = fence(state_dir)
             if tasks:
-                log.error("the job tasks' lease ran out %.1fs ago and no agent stopped them: killed %d process(es) of "
-                          "%d job task(s), so that no job runs in two places", clock() - fence_at, pids, tasks)
+                log.error(
+                    "the job tasks' lease ran out %.1fs ago and no agent stopped them: killed %d "
+                    "process(es) of %d job task(s), so that no job runs in two places",
+                    clock() - fence_at,
+                    pids,
+                    tasks,
+                )
         if not same_process(keeper, "agent_pid", "agent_start_ticks") and not any(
-                recorded_pids(record) for _path, record in job_tasks(state_dir)):
+            recorded_pids(record) for _path, record in job_tasks(state_dir)
+        ):
             return "the agent is gone and no job task is left"
         sleep(POLL_SECONDS)
     return "ran out of polls"
@@ -133,40 +152,75 @@ def run(state_dir, me=None, clock=boottime, sleep=time.sleep):
 
 
 def write_lease(state_dir, fence_at_monotonic):
-    """Tell the keeper the moment (the agent's monotonic clock) by which job tasks must have stopped."""
+    """Tell the keeper the moment (the agent's monotonic clock) by which job tasks must have
+    stopped."""
     at = boottime() + (fence_at_monotonic - time.monotonic())
-    write_private(os.path.join(state_dir, LEASE_FILE), json.dumps({"fence_at_boottime": round(at, 3)}) + "\n")
+    write_private(
+        os.path.join(state_dir, LEASE_FILE), json.dumps({"fence_at_boottime": round(at, 3)}) + "\n"
+    )
 
 
 def start_keeper(state_dir, cgroups):
-    """Start this agent's keeper (an earlier agent's goes: the keeper runs this agent's code), in a cgroup
-    of its own where the host has them; returns its Popen."""
+    """Start this agent's keeper (an earlier agent's goes: the keeper runs this agent's code), in a
+    cgroup of its own where the host has them; returns its Popen."""
     path = os.path.join(state_dir, KEEPER_FILE)
     old = read_json(path) or {}
     if same_process(old):
         signal_pids([old["pid"]], signal.SIGTERM)
-    output = os.open(os.path.join(state_dir, "keeper.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                     0o600)
+    output = os.open(
+        os.path.join(state_dir, "keeper.log"),
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+        0o600,
+    )
     try:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH")}
-        proc = subprocess.Popen([sys.executable, "-m", "agent.keeper", state_dir], stdin=subprocess.DEVNULL,
-                                stdout=output, stderr=output, start_new_session=True, close_fds=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.keeper", state_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
     finally:
         os.close(output)
     threading.Thread(target=proc.wait, name="keeper-reaper", daemon=True).start()
-    cgroup, _ = cgroups.create("keeper", shared=True)  # an earlier agent's keeper may not have gone yet
+    cgroup, _ = cgroups.create(
+        "keeper", shared=True
+    )  # an earlier agent's keeper may not have gone yet
     if cgroup:
         try:
             cgroups.move(proc.pid, cgroup)
         except OSError as exc:
-            log.warning("fence keeper: cannot move it into %s (%s): a stop of the agent's service may end it", cgroup,
-                        exc.strerror or exc)
+            log.warning(
+                "fence keeper: cannot move it into %s (%s): a stop of the agent's service may end "
+                "it",
+                cgroup,
+                exc.strerror or exc,
+            )
     else:
-        log.warning("fence keeper: no cgroup of its own (%s): a stop of the agent's service may end it", cgroups.why)
+        log.warning(
+            "fence keeper: no cgroup of its own (%s): a stop of the agent's service may end it",
+            cgroups.why,
+        )
     me, keeper = read_proc(os.getpid()), read_proc(proc.pid)
-    write_private(path, json.dumps({"pid": proc.pid, "start_ticks": keeper.start_ticks if keeper else None,
-                                    "agent_pid": os.getpid(), "agent_start_ticks": me.start_ticks if me else None}))
-    log.info("fence keeper started (pid %d): it stops job tasks whose lease runs out while no agent runs", proc.pid)
+    write_private(
+        path,
+        json.dumps(
+            {
+                "pid": proc.pid,
+                "start_ticks": keeper.start_ticks if keeper else None,
+                "agent_pid": os.getpid(),
+                "agent_start_ticks": me.start_ticks if me else None,
+            }
+        ),
+    )
+    log.info(
+        "fence keeper started (pid %d): it stops job tasks whose lease runs out while no agent "
+        "runs",
+        proc.pid,
+    )
     return proc
 
 
@@ -184,7 +238,10 @@ def stop_keeper(state_dir, proc):
 def main(argv=None):
     """`python -m agent.keeper <state dir>`."""
     args = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r")
+    logging.basicConfig(
+        level=logging.INFO,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
+    )
     if len(args) != 1:
         print("usage: python -m agent.keeper <state dir>", file=sys.stderr)
         return 2

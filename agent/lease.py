@@ -13,7 +13,9 @@ import time
 
 CLOCK_RATE_MARGIN = 0.02  # the node's monotonic clock may run this much slower than fleetd's
 SAFETY_SECONDS = 2.0
-MAX_STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when the lease runs out: short, the deadline is near
+MAX_STOP_GRACE_SECONDS = (
+    5.0  # SIGTERM to SIGKILL when the lease runs out: short, the deadline is near
+)
 
 
 class LeaseClock:
@@ -28,7 +30,11 @@ class LeaseClock:
 
     def renewed(self, sent_at, lease_seconds):
         """fleetd answered the heartbeat sent at `sent_at` (monotonic) with this lease."""
-        if isinstance(lease_seconds, (int, float)) and not isinstance(lease_seconds, bool) and lease_seconds > 0:
+        if (
+            isinstance(lease_seconds, (int, float))
+            and not isinstance(lease_seconds, bool)
+            and lease_seconds > 0
+        ):
             self.lease_seconds = float(lease_seconds)
         self.sent_at = sent_at
 
@@ -37,7 +43,12 @@ class LeaseClock:
         while fleetd has not told a lease."""
         if self.lease_seconds is None or self.sent_at is None:
             return None
-        return self.sent_at + self.lease_seconds * (1 - CLOCK_RATE_MARGIN) - self.grace - SAFETY_SECONDS
+        return (
+            self.sent_at
+            + self.lease_seconds * (1 - CLOCK_RATE_MARGIN)
+            - self.grace
+            - SAFETY_SECONDS
+        )
 
     def seconds_left(self):
         """Seconds until the fence, or None."""
@@ -45,7 +56,8 @@ class LeaseClock:
         return None if at is None else at - self.clock()
 
     def due(self):
-        """True once, when the lease ran out since fleetd last answered: the caller stops the job tasks."""
+        """True once, when the lease ran out since fleetd last answered: the caller stops the job
+        tasks."""
         left = self.seconds_left()
         if left is None or left > 0 or self.fenced_for == self.sent_at:
             return False

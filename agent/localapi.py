@@ -24,7 +24,8 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 class ApiError(Exception):
-    """An error answer: HTTP status, code and message as in fleetd's error envelope (docs/api.md "Errors")."""
+    """An error answer: HTTP status, code and message as in fleetd's error envelope (docs/api.md
+    "Errors")."""
 
     def __init__(self, status, code, message, details=None):
         super().__init__(message)
@@ -134,24 +135,27 @@ class Routes:
         return 200, self.agent.workers.limiter(self.agent.devices.inventory)
 
     def limiter_node(self, body):
-        """The watchdog on this node: polls, foreign GPU processes, cgroups, MPS daemons, recent violations."""
+        """The watchdog on this node: polls, foreign GPU processes, cgroups, MPS daemons, recent
+        violations."""
         limits = getattr(self.agent, "limits", None)
         if limits is None:
             raise ApiError(503, "unavailable", "the limits watchdog is not running")
         return 200, dict(limits.report(), violations=limits.recent_detections())
 
     def get_draining(self, body):
-        """Whether this host says it is draining (null: it never said), and the node's status as fleetd
-        last answered."""
+        """Whether this host says it is draining (null: it never said), and the node's status as
+        fleetd last answered."""
         return 200, {"draining": self.agent.draining, "node_status": self.agent.node_status}
 
     def set_draining(self, body):
-        """{draining: true|false}: the next heartbeats say so, and fleetd cordons the node with the reason
-        "agent draining" while it is true (and only that cordon ends when it is false)."""
+        """{draining: true|false}: the next heartbeats say so, and fleetd cordons the node with the
+        reason "agent draining" while it is true (and only that cordon ends when it is false)."""
         if not isinstance(body, dict) or not isinstance(body.get("draining"), bool):
             raise ApiError(400, "invalid_request", "draining (true or false) is required")
         self.agent.draining = body["draining"]
-        log.info("the local API says this host is %sdraining", "" if body["draining"] else "no longer ")
+        log.info(
+            "the local API says this host is %sdraining", "" if body["draining"] else "no longer "
+        )
         return 200, {"draining": self.agent.draining, "node_status": self.agent.node_status}
 
     def trap(self, body):
@@ -159,13 +163,19 @@ class Routes:
         if not isinstance(body, dict) or not isinstance(body.get("gpu_uuid"), str):
             raise ApiError(400, "invalid_request", "gpu_uuid (string) is required")
         pressure = body.get("pressure_bytes")
-        if pressure is not None and (not isinstance(pressure, int) or isinstance(pressure, bool) or pressure < 0):
+        if pressure is not None and (
+            not isinstance(pressure, int) or isinstance(pressure, bool) or pressure < 0
+        ):
             raise ApiError(400, "invalid_request", "pressure_bytes must be a non-negative integer")
         inventory = self._inventory()
         if inventory.find(body["gpu_uuid"]) is None:
             raise _not_found(f"GPU {body['gpu_uuid']}")
         candidates = self.agent.workers.trap(inventory, body["gpu_uuid"], pressure)
-        return 200, {"gpu_uuid": body["gpu_uuid"], "pressure_bytes": pressure, "candidates": candidates}
+        return 200, {
+            "gpu_uuid": body["gpu_uuid"],
+            "pressure_bytes": pressure,
+            "candidates": candidates,
+        }
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -194,7 +204,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = self._read_body()
             authorized = api.authorized(self.headers.get("Authorization", ""))
             if path not in PUBLIC_PATHS and not authorized:
-                raise ApiError(401, "unauthorized", "missing or wrong bearer token (see local-api.token in the state dir)")
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    "missing or wrong bearer token (see local-api.token in the state dir)",
+                )
             view, kwargs = api.routes.match(method, path)
             if path in PUBLIC_PATHS:
                 kwargs["authorized"] = authorized  # what a public route tells depends on it
@@ -272,35 +286,46 @@ class LocalApi:
     def authorized(self, header):
         """Constant-time check of `Authorization: Bearer <token>`."""
         scheme, _, value = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self._token)
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            value.strip().encode(), self._token
+        )
 
     def start(self):
         """Bind and serve; ConfigError for a non-loopback bind without TLS."""
         host, port = self.config.local_api_host_port
         tls = bool(self.config.local_api_tls_cert and self.config.local_api_tls_key)
         if not is_loopback(host) and not tls:
-            raise ConfigError(f"refusing to serve the local API on non-loopback {host}:{port} without TLS "
-                              "(set local_api.tls_cert and local_api.tls_key)")
+            raise ConfigError(
+                f"refusing to serve the local API on non-loopback {host}:{port} without TLS "
+                "(set local_api.tls_cert and local_api.tls_key)"
+            )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._server = _Server((host, port), family, self)
         scheme = "http"
         if tls:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.config.local_api_tls_cert, self.config.local_api_tls_key)
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
-                                                      do_handshake_on_connect=False)
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
             scheme = "https"
         bound_port = self._server.server_address[1]
         self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{bound_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.25},
-                                        name="local-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.25},
+            name="local-api",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
     def stop(self):
         """Stop serving and close the socket."""
         if self._server is not None:
-            if self._thread is not None:  # serving (a start that failed at TLS never served: shutdown would wait)
+            if (
+                self._thread is not None
+            ):  # serving (a start that failed at TLS never served: shutdown would wait)
                 self._server.shutdown()
             self._server.server_close()
             if self._thread is not None:

@@ -28,9 +28,15 @@ class LogfmtFormatter(logging.Formatter):
     """ts=... level=... logger=... msg="..." [error="..."]"""
 
     def format(self, record):
-        ts = dt.datetime.fromtimestamp(record.created, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        parts = [f"ts={ts[:-4]}Z", f"level={record.levelname.lower()}", f"logger={record.name}",
-                 f"msg={_quote(redact(record.getMessage()))}"]
+        ts = dt.datetime.fromtimestamp(record.created, dt.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ"
+        )
+        parts = [
+            f"ts={ts[:-4]}Z",
+            f"level={record.levelname.lower()}",
+            f"logger={record.name}",
+            f"msg={_quote(redact(record.getMessage()))}",
+        ]
         if record.exc_info:
             parts.append(f"error={_quote(redact(self.formatException(record.exc_info)))}")
         return " ".join(parts)

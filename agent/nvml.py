@@ -39,7 +39,7 @@ def load_backend(spec):
         except ImportError as exc:
             raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
     if spec.startswith(FAKE_PREFIX):
-        path = spec[len(FAKE_PREFIX):]
+        path = spec[len(FAKE_PREFIX) :]
         if not os.path.isfile(path):
             raise ValueError(f"fake device shape {path!r} does not exist")
         from agent import fake_nvml
@@ -65,12 +65,19 @@ class Unread:
         return f"Unread({self.reason!r})"
 
 
-# Clock event (throttle) reasons, NVML's bit values: (name, bit). Idle, an applications-clocks setting and
-# a display clock setting are not slowdowns.
-CLOCK_EVENT_REASONS = (("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
-                       ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
-                       ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80),
-                       ("display_clock_setting", 0x100))
+# Clock event (throttle) reasons, NVML's bit values: (name, bit). Idle, an applications-clocks
+# setting and a display clock setting are not slowdowns.
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
 
 
 class Nvml:
@@ -104,8 +111,14 @@ class Nvml:
         try:
             return getattr(self.nv, fn)(*args)
         except self.nv.NVMLError as exc:
-            gone = tuple(c for c in (getattr(self.nv, "NVMLError_GpuIsLost", None),
-                                     getattr(self.nv, "NVMLError_ResetRequired", None)) if c is not None)
+            gone = tuple(
+                c
+                for c in (
+                    getattr(self.nv, "NVMLError_GpuIsLost", None),
+                    getattr(self.nv, "NVMLError_ResetRequired", None),
+                )
+                if c is not None
+            )
             raise DeviceError(str(exc), lost=bool(gone) and isinstance(exc, gone)) from None
 
     def _optional(self, fn, *args):
@@ -118,7 +131,8 @@ class Nvml:
             return None
 
     def _reading(self, fn, *args):
-        """The value, or an Unread saying why not (NotSupported, an older library without the call, ...)."""
+        """The value, or an Unread saying why not (NotSupported, an older library without the call,
+        ...)."""
         func = getattr(self.nv, fn, None)
         if func is None:
             return Unread(f"{fn} is not in this NVML library", True)
@@ -131,15 +145,19 @@ class Nvml:
     def board(self, handle):
         """{serial, board_part_number, vbios}, None where NVML cannot say."""
         out = {}
-        for key, fn in (("serial", "nvmlDeviceGetSerial"), ("board_part_number", "nvmlDeviceGetBoardPartNumber"),
-                        ("vbios", "nvmlDeviceGetVbiosVersion")):
+        for key, fn in (
+            ("serial", "nvmlDeviceGetSerial"),
+            ("board_part_number", "nvmlDeviceGetBoardPartNumber"),
+            ("vbios", "nvmlDeviceGetVbiosVersion"),
+        ):
             value = self._optional(fn, handle)
             text = _text(value).strip() if value is not None else ""
             out[key] = text[:64] if text and text not in ("N/A", "0") else None
         return out
 
     def validation_readings(self, handle):
-        """What a validation reads of one GPU: each value, or an Unread (agent/validation.py decides)."""
+        """What a validation reads of one GPU: each value, or an Unread (agent/validation.py
+        decides)."""
         nv = self.nv
         ecc = self._reading("nvmlDeviceGetEccMode", handle)
         mig = self._reading("nvmlDeviceGetMigMode", handle)
@@ -150,27 +168,45 @@ class Nvml:
         retired = self._reading("nvmlDeviceGetRetiredPagesPendingStatus", handle)
         persistence = self._reading("nvmlDeviceGetPersistenceMode", handle)
         return {
-            "persistence_mode": persistence if isinstance(persistence, Unread) else persistence == nv.NVML_FEATURE_ENABLED,
+            "persistence_mode": persistence
+            if isinstance(persistence, Unread)
+            else persistence == nv.NVML_FEATURE_ENABLED,
             "ecc_mode": ecc if isinstance(ecc, Unread) else [bool(ecc[0]), bool(ecc[1])],
-            "retired_pages_pending": retired if isinstance(retired, Unread) else retired == nv.NVML_FEATURE_ENABLED,
-            "remapped_rows": rows if isinstance(rows, Unread) else {
-                "correctable": int(rows[0]), "uncorrectable": int(rows[1]), "pending": bool(rows[2]),
-                "failure": bool(rows[3])},
-            "ecc_uncorrected_volatile": self._reading("nvmlDeviceGetTotalEccErrors", handle,
-                                                      nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+            "retired_pages_pending": retired
+            if isinstance(retired, Unread)
+            else retired == nv.NVML_FEATURE_ENABLED,
+            "remapped_rows": rows
+            if isinstance(rows, Unread)
+            else {
+                "correctable": int(rows[0]),
+                "uncorrectable": int(rows[1]),
+                "pending": bool(rows[2]),
+                "failure": bool(rows[3]),
+            },
+            "ecc_uncorrected_volatile": self._reading(
+                "nvmlDeviceGetTotalEccErrors",
+                handle,
+                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            ),
             "pcie_max_gen": self._reading("nvmlDeviceGetMaxPcieLinkGeneration", handle),
             "pcie_gpu_max_gen": self._reading("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
             "pcie_max_width": self._reading("nvmlDeviceGetMaxPcieLinkWidth", handle),
             "pcie_gen": self._reading("nvmlDeviceGetCurrPcieLinkGeneration", handle),
             "pcie_width": self._reading("nvmlDeviceGetCurrPcieLinkWidth", handle),
             "pcie_replays": self._reading("nvmlDeviceGetPcieReplayCounter", handle),
-            "clock_event_reasons": reasons if isinstance(reasons, Unread) else [
-                name for name, bit in CLOCK_EVENT_REASONS if int(reasons) & bit],
-            "temperature_c": self._reading("nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU),
-            "slowdown_temperature_c": self._reading("nvmlDeviceGetTemperatureThreshold", handle,
-                                                    nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-            "mig_mode": mig if isinstance(mig, Unread) else [
-                "enabled" if m == nv.NVML_DEVICE_MIG_ENABLE else "disabled" for m in mig[:2]],
+            "clock_event_reasons": reasons
+            if isinstance(reasons, Unread)
+            else [name for name, bit in CLOCK_EVENT_REASONS if int(reasons) & bit],
+            "temperature_c": self._reading(
+                "nvmlDeviceGetTemperature", handle, nv.NVML_TEMPERATURE_GPU
+            ),
+            "slowdown_temperature_c": self._reading(
+                "nvmlDeviceGetTemperatureThreshold", handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            ),
+            "mig_mode": mig
+            if isinstance(mig, Unread)
+            else ["enabled" if m == nv.NVML_DEVICE_MIG_ENABLE else "disabled" for m in mig[:2]],
         }
 
     def system(self):
@@ -200,7 +236,8 @@ class Nvml:
         }
 
     def properties(self, handle):
-        """Static optional readings: PCI bus id, NUMA node, compute capability, cores, max SM clock, MIG."""
+        """Static optional readings: PCI bus id, NUMA node, compute capability, cores, max SM clock,
+        MIG."""
         pci = self._optional("nvmlDeviceGetPciInfo", handle)
         bus_id = _text(pci.busId) if pci is not None else None
         numa = self._optional("nvmlDeviceGetNumaNodeId", handle)
@@ -218,7 +255,9 @@ class Nvml:
             "numa_node": numa,
             "compute_capability": tuple(cc) if cc is not None else None,
             "cuda_cores": self._optional("nvmlDeviceGetNumGpuCores", handle),
-            "max_sm_clock_mhz": self._optional("nvmlDeviceGetMaxClockInfo", handle, self.nv.NVML_CLOCK_SM),
+            "max_sm_clock_mhz": self._optional(
+                "nvmlDeviceGetMaxClockInfo", handle, self.nv.NVML_CLOCK_SM
+            ),
             "mig_mode": mig_mode,
             "mig_devices": self._mig_devices(handle) if mig_mode == "enabled" else [],
         }
@@ -231,15 +270,18 @@ class Nvml:
                 continue
             uuid = self._optional("nvmlDeviceGetUUID", mig)
             memory = self._optional("nvmlDeviceGetMemoryInfo", mig)
-            out.append({
-                "uuid": _text(uuid) if uuid is not None else None,
-                "memory_total_bytes": int(memory.total) if memory is not None else None,
-                "memory_used_bytes": int(memory.used) if memory is not None else None,
-            })
+            out.append(
+                {
+                    "uuid": _text(uuid) if uuid is not None else None,
+                    "memory_total_bytes": int(memory.total) if memory is not None else None,
+                    "memory_used_bytes": int(memory.used) if memory is not None else None,
+                }
+            )
         return out
 
     def live(self, handle):
-        """Live optional readings: memory used, utilization (SM and memory), temperature, power draw and limit, processes."""
+        """Live optional readings: memory used, utilization (SM and memory), temperature, power draw
+        and limit, processes."""
         memory = self._optional("nvmlDeviceGetMemoryInfo", handle)
         util = self._optional("nvmlDeviceGetUtilizationRates", handle)
         power = self._optional("nvmlDeviceGetPowerUsage", handle)
@@ -249,12 +291,14 @@ class Nvml:
             "memory_used_bytes": int(memory.used) if memory is not None else None,
             "utilization_percent": int(util.gpu) if util is not None else None,
             "memory_utilization_percent": int(util.memory) if util is not None else None,
-            "temperature_c": self._optional("nvmlDeviceGetTemperature", handle, self.nv.NVML_TEMPERATURE_GPU),
+            "temperature_c": self._optional(
+                "nvmlDeviceGetTemperature", handle, self.nv.NVML_TEMPERATURE_GPU
+            ),
             "power_w": round(power / 1000, 1) if power is not None else None,
             "power_limit_w": round(limit / 1000, 1) if limit is not None else None,
-            "processes": None if procs is None else [
-                {"pid": int(p.pid), "used_memory_bytes": _process_memory(p)} for p in procs
-            ],
+            "processes": None
+            if procs is None
+            else [{"pid": int(p.pid), "used_memory_bytes": _process_memory(p)} for p in procs],
         }
 
     def processes(self, handle):
@@ -267,7 +311,8 @@ class Nvml:
         return [{"pid": int(p.pid), "used_memory_bytes": _process_memory(p)} for p in procs]
 
     def process_utilization(self, handle, since_us=0):
-        """{pid: SM utilisation percent} from samples newer than `since_us` (NVML's timestamps); {} when none."""
+        """{pid: SM utilisation percent} from samples newer than `since_us` (NVML's timestamps); {}
+        when none."""
         samples = self._optional("nvmlDeviceGetProcessUtilization", handle, since_us)
         out: dict[int, int] = {}
         for sample in samples or []:
@@ -277,17 +322,26 @@ class Nvml:
 
     def health(self, handle):
         """Health readings; each is None where the GPU does not support it."""
-        ecc = self._optional("nvmlDeviceGetTotalEccErrors", handle, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                             self.nv.NVML_VOLATILE_ECC)
+        ecc = self._optional(
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            self.nv.NVML_VOLATILE_ECC,
+        )
         retired = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle)
         rows = self._optional("nvmlDeviceGetRemappedRows", handle)
         return {
             "ecc_uncorrected_volatile": ecc,
-            "retired_pages_pending": None if retired is None else retired == self.nv.NVML_FEATURE_ENABLED,
+            "retired_pages_pending": None
+            if retired is None
+            else retired == self.nv.NVML_FEATURE_ENABLED,
             "remapped_rows_pending": None if rows is None else bool(rows[2]),
             "remapped_rows_failure": None if rows is None else bool(rows[3]),
-            "slowdown_temperature_c": self._optional("nvmlDeviceGetTemperatureThreshold", handle,
-                                                     self.nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            "slowdown_temperature_c": self._optional(
+                "nvmlDeviceGetTemperatureThreshold",
+                handle,
+                self.nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            ),
         }
 
     def watch_xids(self, handles, on_event, stop, timeout_ms=250):
@@ -305,7 +359,9 @@ class Nvml:
         try:
             for index, handle in handles.items():
                 try:
-                    self.nv.nvmlDeviceRegisterEvents(handle, self.nv.nvmlEventTypeXidCriticalError, event_set)
+                    self.nv.nvmlDeviceRegisterEvents(
+                        handle, self.nv.nvmlEventTypeXidCriticalError, event_set
+                    )
                     by_handle[id(handle)] = index
                 except self.nv.NVMLError as exc:
                     log.info("xid events not supported on gpu %d: %s", index, exc)
@@ -353,6 +409,8 @@ def _sysfs_numa_node(bus_id):
 def start_xid_thread(nvml, handles, on_event):
     """Run watch_xids in a daemon thread; returns (thread, stop event)."""
     stop = threading.Event()
-    thread = threading.Thread(target=nvml.watch_xids, args=(handles, on_event, stop), name="xid-events", daemon=True)
+    thread = threading.Thread(
+        target=nvml.watch_xids, args=(handles, on_event, stop), name="xid-events", daemon=True
+    )
     thread.start()
     return thread, stop

@@ -69,10 +69,13 @@ class PortAllocator:
             log.error("%s cannot be read (%s): instances get new host ports", self.path, exc)
             return {}
         table = {}
-        for instance_id, ports in (data.items() if isinstance(data, dict) else ()):
+        for instance_id, ports in data.items() if isinstance(data, dict) else ():
             if isinstance(ports, dict):
-                table[instance_id] = {str(p): hp for p, hp in ports.items()
-                                      if str(p).isdigit() and isinstance(hp, int) and 1 <= hp <= 65535}
+                table[instance_id] = {
+                    str(p): hp
+                    for p, hp in ports.items()
+                    if str(p).isdigit() and isinstance(hp, int) and 1 <= hp <= 65535
+                }
         return table
 
     def _save(self):
@@ -91,14 +94,28 @@ class PortAllocator:
         """
         with self._lock:
             kept = self._table.get(instance_id, {})
-            others = {hp for other, table in self._table.items() if other != instance_id for hp in table.values()}
+            others = {
+                hp
+                for other, table in self._table.items()
+                if other != instance_id
+                for hp in table.values()
+            }
             chosen: dict[int, int] = {}
             for port in ports:
                 host_port = kept.get(str(port))
-                if host_port is not None and not (self.low <= host_port <= self.high and host_port not in others
-                                                  and host_port not in chosen.values() and not self.in_use(host_port)):
-                    log.warning("instance %s: host port %d of port %d is taken or out of range now; choosing another",
-                                instance_id, host_port, port)
+                if host_port is not None and not (
+                    self.low <= host_port <= self.high
+                    and host_port not in others
+                    and host_port not in chosen.values()
+                    and not self.in_use(host_port)
+                ):
+                    log.warning(
+                        "instance %s: host port %d of port %d is taken or out of range now; "
+                        "choosing another",
+                        instance_id,
+                        host_port,
+                        port,
+                    )
                     host_port = None
                 if host_port is None:
                     host_port = self._pick(others | set(chosen.values()) | set(kept.values()))

@@ -51,11 +51,12 @@ def read_bytes(path):
 
 
 def _stat_fields(pid):
-    """The fields of /proc/<pid>/stat after the command name (fields[0] is proc(5)'s field 3), or None."""
+    """The fields of /proc/<pid>/stat after the command name (fields[0] is proc(5)'s field 3), or
+    None."""
     data = read_bytes(f"/proc/{pid}/stat")
     if data is None or b")" not in data:
         return None
-    return data[data.rindex(b")") + 2:].split()
+    return data[data.rindex(b")") + 2 :].split()
 
 
 def read_stat(pid):
@@ -63,7 +64,9 @@ def read_stat(pid):
     fields = _stat_fields(pid)
     try:
         # proc(5): state (field 3), then ppid, pgrp, session; starttime is field 22.
-        return ProcInfo(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+        return ProcInfo(
+            pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+        )
     except (TypeError, ValueError, IndexError):
         return None
 
@@ -228,7 +231,9 @@ class TaskKey:
     pgid: int | None = None  # the leader's pid = its session and process group (while not reaped)
     cgroup: str | None = None  # the task's cgroup v2 path relative to the mount, when it has one
     cgroup_dir: str | None = None  # the same cgroup's directory (absolute), to read its members
-    uid: int | None = None  # the task's uid: a process of another uid never counts as the task's by its markers
+    uid: int | None = (
+        None  # the task's uid: a process of another uid never counts as the task's by its markers
+    )
 
 
 class ProcessMapper:
@@ -279,7 +284,8 @@ class ProcessMapper:
             return key
         key = self._by_marker.get(read_markers(info.pid))
         # Markers are only the environment, which any process may set: another tenant's process
-        # that copies them must not count as this task's (it could get the task stopped for its GPU use).
+        # that copies them must not count as this task's (it could get the task stopped for its GPU
+        # use).
         if key is not None and key.uid is not None and proc_uid(info.pid) != key.uid:
             return None
         return key
@@ -298,10 +304,13 @@ def task_pids(key, exclude=()):
         found = set(cgroup_tree_pids(key.cgroup_dir))
         if key.pgid:
             found.add(key.pgid)
-        return sorted(pid for pid in found
-                      if pid != me and pid not in exclude and read_proc(pid) is not None)
+        return sorted(
+            pid for pid in found if pid != me and pid not in exclude and read_proc(pid) is not None
+        )
     mapper = ProcessMapper([key])
-    return sorted(pid for pid in all_pids() if pid != me and pid not in exclude and mapper.owner(pid) is key)
+    return sorted(
+        pid for pid in all_pids() if pid != me and pid not in exclude and mapper.owner(pid) is key
+    )
 
 
 def recorded_pids(record):
@@ -316,12 +325,18 @@ def recorded_pids(record):
         return []
     pgid = record.get("pgid")
     leader = read_stat(pgid) if pgid else None
-    group_is_ours = bool(pgid) and (leader is None or leader.start_ticks == record.get("start_ticks"))
+    group_is_ours = bool(pgid) and (
+        leader is None or leader.start_ticks == record.get("start_ticks")
+    )
     run_as = record.get("run_as") if isinstance(record.get("run_as"), dict) else {}
     uid = run_as.get("uid") if isinstance(run_as.get("uid"), int) else None
     key = TaskKey(record["task_id"], record["epoch"], pgid if group_is_ours else None, uid=uid)
     created = record.get("created_ticks") or 0
-    return [pid for pid in task_pids(key) if (info := read_stat(pid)) is not None and info.start_ticks >= created]
+    return [
+        pid
+        for pid in task_pids(key)
+        if (info := read_stat(pid)) is not None and info.start_ticks >= created
+    ]
 
 
 def group_pids(pgid, exclude=()):
@@ -397,7 +412,7 @@ def tcp_listeners(ports, paths=NET_TCP_FILES):
     wanted: dict[int, set[int]] = {int(port): set() for port in ports}
     for path in paths:
         data = read_bytes(path)
-        for line in (data.splitlines()[1:] if data else ()):
+        for line in data.splitlines()[1:] if data else ():
             fields = line.split()
             # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
             if len(fields) < 10 or fields[3] != TCP_LISTEN:
@@ -412,7 +427,8 @@ def tcp_listeners(ports, paths=NET_TCP_FILES):
 
 
 def socket_inodes(pid):
-    """The inodes of the sockets process `pid` holds open (empty once it is gone or cannot be read)."""
+    """The inodes of the sockets process `pid` holds open (empty once it is gone or cannot be
+    read)."""
     base = f"/proc/{pid}/fd"
     try:
         names = os.listdir(base)

@@ -1,4 +1,5 @@
-"""Files in the state dir: node.json, session.token, local-api.token; mode 0600, written atomically."""
+"""Files in the state dir: node.json, session.token, local-api.token; mode 0600, written
+atomically."""
 
 import json
 import os

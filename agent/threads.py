@@ -62,7 +62,9 @@ class Pool:
             number = self._started
         inbox: queue.SimpleQueue[PoolWork] = queue.SimpleQueue()
         inbox.put(work)
-        threading.Thread(target=self._serve, args=(inbox,), name=f"{self.name}-{number}", daemon=True).start()
+        threading.Thread(
+            target=self._serve, args=(inbox,), name=f"{self.name}-{number}", daemon=True
+        ).start()
 
     def idle(self):
         """How many threads wait for work."""

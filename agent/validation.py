@@ -2,9 +2,9 @@
 
 fleetd sends a suite (which checks, and what to expect: the GPU count, the fleet's driver and CUDA
 versions or a pin, the MIG mode, the hottest idle temperature, the PCIe width); agent/validator.py
-reads the GPUs (DeviceManager.validation_readings), runs DCGM and the fleet's command, and posts what
-these functions decide. A reading the driver answers NotSupported is reported (`not_supported`),
-never failed; a reading that fails otherwise fails its check, saying why.
+reads the GPUs (DeviceManager.validation_readings), runs DCGM and the fleet's command, and posts
+what these functions decide. A reading the driver answers NotSupported is reported
+(`not_supported`), never failed; a reading that fails otherwise fails its check, saying why.
 
 A result: {name, gpu (index, or None for the node), uuid?, serial?, status: passed | failed |
 not_supported | skipped, detail}.
@@ -16,7 +16,9 @@ from agent.nvml import Unread
 
 # Clock event reasons that are not slowdowns: an idle GPU drops its clocks, an operator may set
 # applications clocks, a display may ask for its clock.
-HARMLESS_CLOCK_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
+HARMLESS_CLOCK_REASONS = frozenset(
+    {"gpu_idle", "applications_clocks_setting", "display_clock_setting"}
+)
 DEFAULT_PCIE_WIDTH = 16
 
 
@@ -33,7 +35,9 @@ def result(name, status, detail, device=None):
 def _unread(name, value, device):
     """The result for a reading NVML did not give."""
     if value.not_supported:
-        return result(name, "not_supported", f"not supported by this GPU or driver ({value.reason})", device)
+        return result(
+            name, "not_supported", f"not supported by this GPU or driver ({value.reason})", device
+        )
     return result(name, "failed", f"NVML could not read it: {value.reason}", device)
 
 
@@ -41,16 +45,28 @@ def check_gpus_present(suite, inventory, readings):
     """Every expected GPU is there and NVML can read each."""
     count, expected = len(inventory.devices), suite.expected_gpus
     unreadable = [f"GPU {i}: {why}" for i, why in sorted(readings.items()) if isinstance(why, str)]
-    unreadable += [f"GPU {d.gpu.index}: {d.gpu.health_reason}" for d in inventory.devices
-                   if d.gpu.index not in readings and not d.gpu.healthy and "unavailable" in d.gpu.health_reason]
+    unreadable += [
+        f"GPU {d.gpu.index}: {d.gpu.health_reason}"
+        for d in inventory.devices
+        if d.gpu.index not in readings
+        and not d.gpu.healthy
+        and "unavailable" in d.gpu.health_reason
+    ]
     if inventory.reason and not count:
-        return [result("gpus_present", "failed" if expected else "passed",
-                       f"no GPU: {inventory.reason}" + (f"; expected {expected}" if expected else ""))]
+        return [
+            result(
+                "gpus_present",
+                "failed" if expected else "passed",
+                f"no GPU: {inventory.reason}" + (f"; expected {expected}" if expected else ""),
+            )
+        ]
     if count < expected:
         return [result("gpus_present", "failed", f"{count} GPU(s) found, {expected} expected")]
     if unreadable:
         return [result("gpus_present", "failed", "; ".join(unreadable))]
-    return [result("gpus_present", "passed", f"{count} GPU(s) found, {expected} expected, all readable")]
+    return [
+        result("gpus_present", "passed", f"{count} GPU(s) found, {expected} expected, all readable")
+    ]
 
 
 def check_gpu_health(suite, inventory, readings):
@@ -58,9 +74,16 @@ def check_gpu_health(suite, inventory, readings):
     out = []
     for device in inventory.devices:
         xids = sorted(set(device.gpu.xids))
-        out.append(result("gpu_health", "failed" if xids else "passed",
-                          f"critical XID {', '.join(map(str, xids))} since the agent started" if xids
-                          else "no critical XID", device))
+        out.append(
+            result(
+                "gpu_health",
+                "failed" if xids else "passed",
+                f"critical XID {', '.join(map(str, xids))} since the agent started"
+                if xids
+                else "no critical XID",
+                device,
+            )
+        )
     return out
 
 
@@ -69,7 +92,11 @@ def _version_check(name, have, want, pinned):
     if have is None:
         return [result(name, "not_supported", f"NVML does not report the {label}")]
     if not want:
-        return [result(name, "passed", f"{label} {have} (no validated node of the fleet to compare with)")]
+        return [
+            result(
+                name, "passed", f"{label} {have} (no validated node of the fleet to compare with)"
+            )
+        ]
     if have != want:
         source = "pinned by the fleet" if pinned else "what the fleet's validated nodes run"
         return [result(name, "failed", f"{label} {have}, expected {want} ({source})")]
@@ -78,12 +105,16 @@ def _version_check(name, have, want, pinned):
 
 def check_driver_version(suite, inventory, readings):
     """The driver is the fleet's (its pin, else what most of its validated nodes run)."""
-    return _version_check("driver_version", inventory.driver_version, suite.driver_version, suite.driver_pinned)
+    return _version_check(
+        "driver_version", inventory.driver_version, suite.driver_version, suite.driver_pinned
+    )
 
 
 def check_cuda_version(suite, inventory, readings):
     """The CUDA driver version is the fleet's."""
-    return _version_check("cuda_version", inventory.cuda_version, suite.cuda_version, suite.cuda_pinned)
+    return _version_check(
+        "cuda_version", inventory.cuda_version, suite.cuda_version, suite.cuda_pinned
+    )
 
 
 def _per_gpu(name, inventory, readings, key, decide):
@@ -104,13 +135,22 @@ def _per_gpu(name, inventory, readings, key, decide):
 
 def check_persistence_mode(suite, inventory, readings):
     """Persistence mode is on (the driver stays loaded between processes)."""
-    return _per_gpu("persistence_mode", inventory, readings, "persistence_mode", lambda on, _r: (
-        ("passed", "persistence mode on") if on else
-        ("failed", "persistence mode off (run nvidia-persistenced, or nvidia-smi -pm 1)")))
+    return _per_gpu(
+        "persistence_mode",
+        inventory,
+        readings,
+        "persistence_mode",
+        lambda on, _r: (
+            ("passed", "persistence mode on")
+            if on
+            else ("failed", "persistence mode off (run nvidia-persistenced, or nvidia-smi -pm 1)")
+        ),
+    )
 
 
 def check_ecc_mode(suite, inventory, readings):
     """ECC is on, with no change waiting for a reboot."""
+
     def decide(mode, _r):
         current, pending = mode
         if not current:
@@ -118,43 +158,74 @@ def check_ecc_mode(suite, inventory, readings):
         if pending != current:
             return "failed", "an ECC mode change is pending: reboot"
         return "passed", "ECC on"
+
     return _per_gpu("ecc_mode", inventory, readings, "ecc_mode", decide)
 
 
 def check_retired_pages(suite, inventory, readings):
     """No retired page waits for a GPU reset (GPUs before Ampere)."""
-    return _per_gpu("retired_pages", inventory, readings, "retired_pages_pending", lambda pending, _r: (
-        ("failed", "retired pages pending: GPU reset required") if pending else ("passed", "no retired page pending")))
+    return _per_gpu(
+        "retired_pages",
+        inventory,
+        readings,
+        "retired_pages_pending",
+        lambda pending, _r: (
+            ("failed", "retired pages pending: GPU reset required")
+            if pending
+            else ("passed", "no retired page pending")
+        ),
+    )
 
 
 def check_row_remap(suite, inventory, readings):
     """No row remap pending or failed (Ampere and later)."""
+
     def decide(rows, _r):
-        counts = f"{rows['correctable']} correctable, {rows['uncorrectable']} uncorrectable remapped row(s)"
+        counts = (
+            f"{rows['correctable']} correctable, {rows['uncorrectable']} uncorrectable remapped "
+            f"row(s)"
+        )
         if rows["failure"]:
             return "failed", f"row remapping failed: the GPU needs service ({counts})"
         if rows["pending"]:
             return "failed", f"remapped rows pending: GPU reset required ({counts})"
         return "passed", counts
+
     return _per_gpu("row_remap", inventory, readings, "remapped_rows", decide)
 
 
 def check_ecc_errors(suite, inventory, readings):
     """No uncorrectable ECC error since the driver loaded."""
-    return _per_gpu("ecc_errors", inventory, readings, "ecc_uncorrected_volatile", lambda count, _r: (
-        ("failed", f"{count} uncorrectable ECC error(s) since the driver loaded") if count else
-        ("passed", "no uncorrectable ECC error since the driver loaded")))
+    return _per_gpu(
+        "ecc_errors",
+        inventory,
+        readings,
+        "ecc_uncorrected_volatile",
+        lambda count, _r: (
+            ("failed", f"{count} uncorrectable ECC error(s) since the driver loaded")
+            if count
+            else ("passed", "no uncorrectable ECC error since the driver loaded")
+        ),
+    )
 
 
 def check_pcie_link(suite, inventory, readings):
-    """The link's maximum generation is the GPU's and its maximum width the expected one. The maximum,
-    not the current: an idle link trains down (its current generation and width are shown)."""
+    """The link's maximum generation is the GPU's and its maximum width the expected one. The
+    maximum, not the current: an idle link trains down (its current generation and width are
+    shown)."""
     want_width = suite.pcie_width or DEFAULT_PCIE_WIDTH
 
     def decide(max_gen, reading):
         gpu_gen, width = reading.get("pcie_gpu_max_gen"), reading.get("pcie_max_width")
-        now = "" if isinstance(reading.get("pcie_gen"), Unread) or isinstance(reading.get("pcie_width"), Unread) \
-            else f"; now Gen{reading['pcie_gen']} x{reading['pcie_width']} (an idle link trains down)"
+        now = (
+            ""
+            if isinstance(reading.get("pcie_gen"), Unread)
+            or isinstance(reading.get("pcie_width"), Unread)
+            else (
+                f"; now Gen{reading['pcie_gen']} x{reading['pcie_width']} (an idle link trains "
+                f"down)"
+            )
+        )
         replays = reading.get("pcie_replays")
         now += "" if isinstance(replays, Unread) or replays is None else f"; {replays} replay(s)"
         problems = []
@@ -169,16 +240,19 @@ def check_pcie_link(suite, inventory, readings):
             return "failed", "degraded PCIe link: " + "; ".join(problems) + now
         shown = f"x{width}" if not isinstance(width, Unread) else "width not reported"
         return "passed", f"link max Gen{max_gen} {shown}{now}"
+
     return _per_gpu("pcie_link", inventory, readings, "pcie_max_gen", decide)
 
 
 def check_clocks_throttle(suite, inventory, readings):
     """Clocks are not held down at idle (the idle reason itself is ignored)."""
+
     def decide(reasons, _r):
         bad = [r for r in reasons if r not in HARMLESS_CLOCK_REASONS]
         if bad:
             return "failed", f"clocks held down at idle: {', '.join(bad)}"
         return "passed", f"no slowdown ({', '.join(reasons) or 'no clock event'})"
+
     return _per_gpu("clocks_throttle", inventory, readings, "clock_event_reasons", decide)
 
 
@@ -194,6 +268,7 @@ def check_temperature(suite, inventory, readings):
         if limit and temp >= limit:
             return "failed", f"{temp} C idle, the limit is {limit} C"
         return "passed", f"{temp} C" + (f" (slowdown at {slowdown} C)" if slowdown else "")
+
     return _per_gpu("temperature", inventory, readings, "temperature_c", decide)
 
 
@@ -205,18 +280,33 @@ def check_mig_mode(suite, inventory, readings):
         reading = readings.get(device.gpu.index)
         if not isinstance(reading, dict):
             continue
-        mode = reading["mig_mode"]  # a list or an Unread: NvmlSession.validation_readings always reads it
+        mode = reading[
+            "mig_mode"
+        ]  # a list or an Unread: NvmlSession.validation_readings always reads it
         if isinstance(mode, Unread):
             if want == "enabled" and mode.not_supported:
-                out.append(result("mig_mode", "failed", "the fleet wants MIG enabled; this GPU has no MIG", device))
+                out.append(
+                    result(
+                        "mig_mode",
+                        "failed",
+                        "the fleet wants MIG enabled; this GPU has no MIG",
+                        device,
+                    )
+                )
             else:
                 out.append(_unread("mig_mode", mode, device))
             continue
         current, pending = mode
         if current != pending:
-            out.append(result("mig_mode", "failed", f"MIG {current}, {pending} pending a GPU reset", device))
+            out.append(
+                result(
+                    "mig_mode", "failed", f"MIG {current}, {pending} pending a GPU reset", device
+                )
+            )
         elif want and current != want:
-            out.append(result("mig_mode", "failed", f"MIG {current}, the fleet wants it {want}", device))
+            out.append(
+                result("mig_mode", "failed", f"MIG {current}, the fleet wants it {want}", device)
+            )
         else:
             out.append(result("mig_mode", "passed", f"MIG {current}", device))
     return out
@@ -241,7 +331,8 @@ CHECKS = {
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """What fleetd asks the node to run (the heartbeat answer's `validation.suite`), read once at the edge."""
+    """What fleetd asks the node to run (the heartbeat answer's `validation.suite`), read once at
+    the edge."""
 
     checks: tuple = tuple(CHECKS) + ("dcgm",)
     expected_gpus: int = 0
@@ -259,7 +350,8 @@ class Suite:
 
     @classmethod
     def from_wire(cls, data):
-        """The Suite of a wire dict; unknown keys (a newer fleetd's) are ignored, nulls take the defaults."""
+        """The Suite of a wire dict; unknown keys (a newer fleetd's) are ignored, nulls take the
+        defaults."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in (data or {}).items() if k in known and v is not None}
         for key in ("checks", "command"):
@@ -269,7 +361,8 @@ class Suite:
 
 
 def run_checks(suite, inventory, readings):
-    """The results of the suite's NVML checks (dcgm and the fleet's command run in agent/validator.py)."""
+    """The results of the suite's NVML checks (dcgm and the fleet's command run in
+    agent/validator.py)."""
     out = []
     for name in suite.checks:
         check = CHECKS.get(name)

@@ -1,11 +1,13 @@
-"""Runs the validation suites fleetd asks for (docs/validation.md), one at a time, on a thread of its own.
+"""Runs the validation suites fleetd asks for (docs/validation.md), one at a time, on a thread of
+its own.
 
-A heartbeat's answer carries `validation: {id, suite}` while the node validates; `want()` starts that
-suite once (a repeat of the same id while it runs or after it ran is ignored). The suite reads the GPUs
-(agent/validation.py decides each check), runs `dcgmi diag -r N` where DCGM is installed, then the
-fleet's command, if any, with its time limit, as an unprivileged user like tasks (nobody) unless the
-fleet says root, in a directory of its own; the end of each command's output is kept with its result.
-The results are posted to fleetd, retried with back-off until fleetd takes them or refuses them for good.
+A heartbeat's answer carries `validation: {id, suite}` while the node validates; `want()` starts
+that suite once (a repeat of the same id while it runs or after it ran is ignored). The suite reads
+the GPUs (agent/validation.py decides each check), runs `dcgmi diag -r N` where DCGM is installed,
+then the fleet's command, if any, with its time limit, as an unprivileged user like tasks (nobody)
+unless the fleet says root, in a directory of its own; the end of each command's output is kept with
+its result. The results are posted to fleetd, retried with back-off until fleetd takes them or
+refuses them for good.
 """
 
 import logging
@@ -27,13 +29,21 @@ DCGM_SECONDS = {1: 120, 2: 600, 3: 1800, 4: 7200}
 DCGM_PATH = "/usr/bin:/usr/local/bin:/usr/sbin:/bin"
 KILL_WAIT_SECONDS = 10
 MAX_POST_ATTEMPTS = 1000  # bounded: then the validation is left to its deadline in fleetd
-GONE = (400, 404, 409, 413, 422)  # fleetd will never take these results (refused, replaced, or the node left)
+GONE = (
+    400,
+    404,
+    409,
+    413,
+    422,
+)  # fleetd will never take these results (refused, replaced, or the node left)
 
 
 class Validator:
     """One validation at a time; `client_factory()` gives a FleetClient of this node."""
 
-    def __init__(self, devices, client_factory, isolation, state_dir, stop, backoff_max=30.0, dcgmi=None):
+    def __init__(
+        self, devices, client_factory, isolation, state_dir, stop, backoff_max=30.0, dcgmi=None
+    ):
         self.devices = devices
         self.client_factory = client_factory
         self.isolation = isolation
@@ -46,17 +56,21 @@ class Validator:
         self._thread = None
 
     def want(self, request):
-        """fleetd asks for validation `request` ({id, suite}): run it unless it ran or runs already."""
+        """fleetd asks for validation `request` ({id, suite}): run it unless it ran or runs
+        already."""
         validation_id = request.get("id")
         if not validation_id:
             return False
         with self._lock:
-            if validation_id in self._seen or (self._thread is not None and self._thread.is_alive()):
+            if validation_id in self._seen or (
+                self._thread is not None and self._thread.is_alive()
+            ):
                 return False
             self._seen.add(validation_id)
             suite = Suite.from_wire(request.get("suite"))
-            self._thread = threading.Thread(target=self._run, args=(validation_id, suite), name="validation",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(validation_id, suite), name="validation", daemon=True
+            )
             self._thread.start()
         return True
 
@@ -71,18 +85,34 @@ class Validator:
         started = time.monotonic()
         try:
             body = self.run_suite(validation_id, suite)
-        except Exception as exc:  # a bug must still give fleetd an answer, not leave the node validating
+        except (
+            Exception
+        ) as exc:  # a bug must still give fleetd an answer, not leave the node validating
             log.exception("validation %s crashed", validation_id)
-            body = {"checks": [result("agent", "failed", f"the agent's validation crashed: {exc!r}"[:1000])],
-                    "system": {}}
-        if self.stop.is_set():  # cut short by the agent's stop: the next agent runs it again (fleetd still asks)
+            body = {
+                "checks": [
+                    result("agent", "failed", f"the agent's validation crashed: {exc!r}"[:1000])
+                ],
+                "system": {},
+            }
+        if (
+            self.stop.is_set()
+        ):  # cut short by the agent's stop: the next agent runs it again (fleetd still asks)
             log.info("validation %s: stopped before it finished; not reported", validation_id)
             return
         failed = [c for c in body["checks"] if c["status"] == "failed"]
-        log.info("validation %s: %s in %.1fs%s", validation_id, "failed" if failed else "passed",
-                 time.monotonic() - started,
-                 "".join(f"; {c['name']}" + (f" GPU {c['gpu']}" if c["gpu"] is not None else "") + f": {c['detail']}"
-                         for c in failed[:10]))
+        log.info(
+            "validation %s: %s in %.1fs%s",
+            validation_id,
+            "failed" if failed else "passed",
+            time.monotonic() - started,
+            "".join(
+                f"; {c['name']}"
+                + (f" GPU {c['gpu']}" if c["gpu"] is not None else "")
+                + f": {c['detail']}"
+                for c in failed[:10]
+            ),
+        )
         self._post(validation_id, body)
 
     def run_suite(self, validation_id, suite):
@@ -93,8 +123,13 @@ class Validator:
             checks.append(self._dcgm(suite.dcgm_level))
         if suite.command:
             checks.append(self._command(validation_id, suite))
-        return {"checks": checks, "system": {"driver_version": inventory.driver_version,
-                                             "cuda_version": inventory.cuda_version}}
+        return {
+            "checks": checks,
+            "system": {
+                "driver_version": inventory.driver_version,
+                "cuda_version": inventory.cuda_version,
+            },
+        }
 
     def _dcgm(self, level):
         if not level:
@@ -102,13 +137,21 @@ class Validator:
         if not self.dcgmi:
             return result("dcgm", "skipped", "DCGM is not installed (no dcgmi)")
         argv = [self.dcgmi, "diag", "-r", str(int(level))]
-        code, output, timed_out = self._execute(argv, DCGM_SECONDS.get(int(level), 7200), env=_base_env())
+        code, output, timed_out = self._execute(
+            argv, DCGM_SECONDS.get(int(level), 7200), env=_base_env()
+        )
         failed_lines = [line.strip() for line in output.splitlines() if "Fail" in line]
         if timed_out:
-            status, detail = "failed", f"dcgmi diag -r {level} did not finish in {DCGM_SECONDS.get(int(level))} s"
+            status, detail = (
+                "failed",
+                f"dcgmi diag -r {level} did not finish in {DCGM_SECONDS.get(int(level))} s",
+            )
         elif code != 0 or failed_lines:
-            status, detail = "failed", f"dcgmi diag -r {level} exited {code}" + (
-                f": {'; '.join(failed_lines[:5])}" if failed_lines else "")
+            status, detail = (
+                "failed",
+                f"dcgmi diag -r {level} exited {code}"
+                + (f": {'; '.join(failed_lines[:5])}" if failed_lines else ""),
+            )
         else:
             status, detail = "passed", f"dcgmi diag -r {level} passed"
         return dict(result("dcgm", status, detail), output=output[-OUTPUT_TAIL:])
@@ -116,14 +159,20 @@ class Validator:
     def _command(self, validation_id, suite):
         argv, timeout = list(suite.command), int(suite.timeout_seconds)
         run_as = self.isolation.resolve({"source": "root"} if suite.command_as_root else None)
-        workdir = os.path.join(self.dir, "".join(c for c in validation_id if c.isalnum())[:64] or "run")
+        workdir = os.path.join(
+            self.dir, "".join(c for c in validation_id if c.isalnum())[:64] or "run"
+        )
         os.makedirs(self.dir, exist_ok=True)
         self.isolation.passable(self.dir)
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir, mode=0o700)
         self.isolation.own(run_as, workdir)
-        env = self.isolation.env(run_as, dict(_base_env(), FLEET_VALIDATION_ID=validation_id), workdir)
-        code, output, timed_out = self._execute(self.isolation.wrap(run_as, argv), timeout, env=env, cwd=workdir)
+        env = self.isolation.env(
+            run_as, dict(_base_env(), FLEET_VALIDATION_ID=validation_id), workdir
+        )
+        code, output, timed_out = self._execute(
+            self.isolation.wrap(run_as, argv), timeout, env=env, cwd=workdir
+        )
         who = f"as {run_as.user or run_as.uid}"
         if timed_out:
             status, detail = "failed", f"{argv[0]} did not finish in {timeout} s ({who})"
@@ -135,15 +184,23 @@ class Validator:
         return dict(result("command", status, detail), output=output[-OUTPUT_TAIL:])
 
     def _execute(self, argv, timeout, env, cwd=None):
-        """(exit code, output tail, timed out): argv in a session of its own, its output in a file the
-        agent owns, killed with its group at the time limit (or when the agent stops)."""
+        """(exit code, output tail, timed out): argv in a session of its own, its output in a file
+        the agent owns, killed with its group at the time limit (or when the agent stops)."""
         os.makedirs(self.dir, exist_ok=True)
         out_path = os.path.join(self.dir, f"output-{os.getpid()}-{threading.get_ident()}.log")
         with open(out_path, "w+b") as out:
             os.chmod(out_path, 0o600)
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,  # nosec B603  # argv from the fleet's admin-only setting, run unprivileged
-                                        cwd=cwd, env=env, start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,  # nosec B603  # argv from the fleet's admin-only setting, run unprivileged
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
             except OSError as exc:
                 return 127, f"cannot start {argv[0]}: {exc.strerror or exc}", False
             deadline = time.monotonic() + timeout
@@ -166,15 +223,26 @@ class Validator:
         try:
             for attempt in range(1, MAX_POST_ATTEMPTS + 1):
                 try:
-                    client.report_validation(validation_id, ValidationReport(tuple(body["checks"]),
-                                                                             body.get("system") or {}))
+                    client.report_validation(
+                        validation_id,
+                        ValidationReport(tuple(body["checks"]), body.get("system") or {}),
+                    )
                     return True
                 except FleetdError as exc:
                     if exc.status in GONE:
-                        log.warning("validation %s: fleetd no longer takes its results (%s)", validation_id, exc)
+                        log.warning(
+                            "validation %s: fleetd no longer takes its results (%s)",
+                            validation_id,
+                            exc,
+                        )
                         return False
                     delay = backoff_delay(attempt, self.backoff_max)
-                    log.warning("validation %s: reporting failed (%s); retrying in %.1fs", validation_id, exc, delay)
+                    log.warning(
+                        "validation %s: reporting failed (%s); retrying in %.1fs",
+                        validation_id,
+                        exc,
+                        delay,
+                    )
                     if self.stop.wait(delay):
                         return False
             return False
@@ -194,4 +262,7 @@ def _kill_group(proc):
 
 
 def _base_env():
-    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+    }

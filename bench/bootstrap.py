@@ -59,7 +59,9 @@ def timed_bootstrap(lab, bundle, hosts, verbose=False):
     try:
         rows = json.loads(result.stdout)
     except ValueError:
-        raise SystemExit(f"fleetd bootstrap printed no JSON (exit {result.returncode}):\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"fleetd bootstrap printed no JSON (exit {result.returncode}):\n{result.stderr[-3000:]}"
+        )
     return seconds, busy, controller, rows, result.returncode
 
 
@@ -76,7 +78,9 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="bench-bootstrap-") as tmp:
         tmp = Path(tmp)
-        bundle = read_bundle(args.bundle) if args.bundle else build_bundle(tmp / "bundle", source=ROOT)
+        bundle = (
+            read_bundle(args.bundle) if args.bundle else build_bundle(tmp / "bundle", source=ROOT)
+        )
         ssh_lab = SshLab(tmp / "lab")
         fleetd = None
         try:
@@ -93,15 +97,27 @@ def main():
             runs = []
             for label, group in (("1 host", hosts[:1]), (f"{args.hosts} hosts", hosts[1:])):
                 for kind in ("first run", "second run (no change)"):
-                    seconds, busy, controller, rows, code = timed_bootstrap(lab, bundle, group, args.verbose)
+                    seconds, busy, controller, rows, code = timed_bootstrap(
+                        lab, bundle, group, args.verbose
+                    )
                     results = sorted({r["result"] for r in rows})
-                    runs.append({"hosts": len(group), "label": label, "run": kind, "seconds": round(seconds, 2),
-                                 "cpu_busy_seconds": round(busy, 1),
-                                 "controller_cpu_seconds": round(controller, 1),
-                                 "cpu_utilisation": round(busy / (seconds * os.cpu_count()), 2),
-                                 "exit_code": code, "results": results})
+                    runs.append(
+                        {
+                            "hosts": len(group),
+                            "label": label,
+                            "run": kind,
+                            "seconds": round(seconds, 2),
+                            "cpu_busy_seconds": round(busy, 1),
+                            "controller_cpu_seconds": round(controller, 1),
+                            "cpu_utilisation": round(busy / (seconds * os.cpu_count()), 2),
+                            "exit_code": code,
+                            "results": results,
+                        }
+                    )
                     if code != 0:
-                        failed = [f"{r['host']}: {r['reason']}" for r in rows if r["result"] == "failed"]
+                        failed = [
+                            f"{r['host']}: {r['reason']}" for r in rows if r["result"] == "failed"
+                        ]
                         raise SystemExit("bootstrap failed:\n" + "\n".join(failed))
         finally:
             if fleetd is not None:
@@ -111,16 +127,29 @@ def main():
     first = {r["hosts"]: r["seconds"] for r in runs if r["run"] == "first run"}
     again = {r["hosts"]: r["seconds"] for r in runs if r["run"] != "first run"}
     ratio = first[args.hosts] / first[1]
-    print(f"{'hosts':>5}  {'run':<24} {'seconds':>8} {'CPU busy s':>10} {'CPU use':>8} {'bootstrap CPU s':>15}"
-          "  results")
+    print(
+        f"{'hosts':>5}  {'run':<24} {'seconds':>8} {'CPU busy s':>10} {'CPU use':>8} "
+        f"{'bootstrap CPU s':>15}"
+        "  results"
+    )
     for r in runs:
-        print(f"{r['hosts']:>5}  {r['run']:<24} {r['seconds']:>8.2f} {r['cpu_busy_seconds']:>10.1f} "
-              f"{r['cpu_utilisation']:>7.0%} {r['controller_cpu_seconds']:>15.1f}  {', '.join(r['results'])}")
-    print(f"ratio {args.hosts} hosts / 1 host: first run {ratio:.2f}, second run {again[args.hosts] / again[1]:.2f} "
-          f"(target < 2)")
-    report = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-              "bundle_version": bundle.version, "runs": runs, "ratio_first_run": round(ratio, 2),
-              "ratio_second_run": round(again[args.hosts] / again[1], 2)}
+        print(
+            f"{r['hosts']:>5}  {r['run']:<24} {r['seconds']:>8.2f} {r['cpu_busy_seconds']:>10.1f} "
+            f"{r['cpu_utilisation']:>7.0%} {r['controller_cpu_seconds']:>15.1f}  "
+            f"{', '.join(r['results'])}"
+        )
+    print(
+        f"ratio {args.hosts} hosts / 1 host: first run {ratio:.2f}, second run "
+        f"{again[args.hosts] / again[1]:.2f} (target < 2)"
+    )
+    report = {
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "bundle_version": bundle.version,
+        "runs": runs,
+        "ratio_first_run": round(ratio, 2),
+        "ratio_second_run": round(again[args.hosts] / again[1], 2),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

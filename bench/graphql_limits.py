@@ -34,19 +34,30 @@ def documents():
     return {
         "2^26 fragment spreads (1 KB)": doubling(26),
         "20,000 operations": " ".join(f"query q{i} {{ __typename }}" for i in range(20000)),
-        "40,000 __typename aliases": "{ " + " ".join(f"a{i}: __typename" for i in range(40000)) + " }",
-        "30,000 aliased fields": "{ " + " ".join(f"a{i}: myself {{ id }}" for i in range(30000)) + " }",
+        "40,000 __typename aliases": "{ "
+        + " ".join(f"a{i}: __typename" for i in range(40000))
+        + " }",
+        "30,000 aliased fields": "{ "
+        + " ".join(f"a{i}: myself {{ id }}" for i in range(30000))
+        + " }",
         "20,000 @skip": "{ " + "__typename @skip(if: false) " * 20000 + "}",
         "5,000 tokens under 64 KiB": "{ " + "a " * 5000 + "}",
-        "1,000 aliases x 11 spreads": "query { " + "...W " * 11 + "} fragment W on Query { "
-                                      + " ".join(f"t{i}: __typename" for i in range(1000)) + " }",
-        "accepted: 1,000 aliases x 10 spreads": "query { " + "...W " * 10 + "} fragment W on Query { "
-                                                + " ".join(f"t{i}: __typename" for i in range(1000)) + " }",
+        "1,000 aliases x 11 spreads": "query { "
+        + "...W " * 11
+        + "} fragment W on Query { "
+        + " ".join(f"t{i}: __typename" for i in range(1000))
+        + " }",
+        "accepted: 1,000 aliases x 10 spreads": "query { "
+        + "...W " * 10
+        + "} fragment W on Query { "
+        + " ".join(f"t{i}: __typename" for i in range(1000))
+        + " }",
     }
 
 
 def send(url, admin, document, rounds, senders, out):
-    """The load generator (its own process): `rounds` requests from `senders` threads; client times."""
+    """The load generator (its own process): `rounds` requests from `senders` threads; client
+    times."""
     times, statuses, lock = [], [], threading.Lock()
 
     def worker(count):
@@ -60,8 +71,10 @@ def send(url, admin, document, rounds, senders, out):
                 times.append(elapsed)
                 statuses.append(resp.status_code)
 
-    threads = [threading.Thread(target=worker, args=(rounds // senders + (i < rounds % senders),))
-               for i in range(senders)]
+    threads = [
+        threading.Thread(target=worker, args=(rounds // senders + (i < rounds % senders),))
+        for i in range(senders)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -85,17 +98,23 @@ def main():
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "graphql_limits.json").write_text(json.dumps(results, indent=2))
-    print(f"{'document':<38}{'bytes':>8}{'status':>8}{'p50 ms':>9}{'max ms':>9}{'fleetd CPU ms':>15}"
-          f"{'/health p99 ms':>16}{'max ms':>9}")
+    print(
+        f"{'document':<38}{'bytes':>8}{'status':>8}{'p50 ms':>9}{'max ms':>9}{'fleetd CPU ms':>15}"
+        f"{'/health p99 ms':>16}{'max ms':>9}"
+    )
     for name, r in results.items():
-        print(f"{name:<38}{r['bytes']:>8}{r['status']:>8}{r['p50_ms']:>9.1f}{r['max_ms']:>9.1f}"
-              f"{r['fleetd_cpu_ms_per_request']:>15.1f}{r['health_p99_ms']:>16.1f}{r['health_max_ms']:>9.1f}")
+        print(
+            f"{name:<38}{r['bytes']:>8}{r['status']:>8}{r['p50_ms']:>9.1f}{r['max_ms']:>9.1f}"
+            f"{r['fleetd_cpu_ms_per_request']:>15.1f}{r['health_p99_ms']:>16.1f}{r['health_max_ms']:>9.1f}"
+        )
 
 
 def measure(url, admin, pid, document, args):
     queue = multiprocessing.Queue()
     cpu_before = cpu_seconds(pid)
-    sender = multiprocessing.Process(target=send, args=(url, admin, document, args.rounds, args.senders, queue))
+    sender = multiprocessing.Process(
+        target=send, args=(url, admin, document, args.rounds, args.senders, queue)
+    )
     sender.start()
     health = []
     deadline = time.monotonic() + 600
@@ -108,9 +127,16 @@ def measure(url, admin, pid, document, args):
     sender.join(timeout=60)
     cpu = cpu_seconds(pid) - cpu_before
     sent, probes = percentiles(times), percentiles(health)
-    return {"bytes": len(document.encode()), "status": "/".join(sorted({str(s) for s in statuses})),
-            "p50_ms": sent["p50_ms"], "max_ms": sent["max_ms"], "fleetd_cpu_ms_per_request": cpu * 1000 / len(times),
-            "health_probes": probes["count"], "health_p99_ms": probes["p99_ms"], "health_max_ms": probes["max_ms"]}
+    return {
+        "bytes": len(document.encode()),
+        "status": "/".join(sorted({str(s) for s in statuses})),
+        "p50_ms": sent["p50_ms"],
+        "max_ms": sent["max_ms"],
+        "fleetd_cpu_ms_per_request": cpu * 1000 / len(times),
+        "health_probes": probes["count"],
+        "health_p99_ms": probes["p99_ms"],
+        "health_max_ms": probes["max_ms"],
+    }
 
 
 if __name__ == "__main__":

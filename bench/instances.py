@@ -38,13 +38,24 @@ def start_agent(url, join, root, containers, env):
     root.mkdir()
     config = root / "agent.toml"
     command = json.dumps(" ".join(containers) if containers else "none")
-    config.write_text(f'state_dir = "{root / "state"}"\nmachine_id = "bench-instances"\nlog_level = "warning"\n'
-                      f'[local_api]\nlisten = "127.0.0.1:0"\n[devices]\nbackend = "fake:{SHAPE}"\n'
-                      f'[ports]\nrange = "42000-42999"\n[containers]\ncommand = {command}\n')
-    subprocess.run([sys.executable, "-m", "agent", "join", "--server", url, "--config", str(config)], check=True,
-                   capture_output=True, timeout=60, env=dict(env, FLEET_AGENT_JOIN_TOKEN=join))
-    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.write_text(
+        f'state_dir = "{root / "state"}"\nmachine_id = "bench-instances"\nlog_level = "warning"\n'
+        f'[local_api]\nlisten = "127.0.0.1:0"\n[devices]\nbackend = "fake:{SHAPE}"\n'
+        f'[ports]\nrange = "42000-42999"\n[containers]\ncommand = {command}\n'
+    )
+    subprocess.run(
+        [sys.executable, "-m", "agent", "join", "--server", url, "--config", str(config)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        env=dict(env, FLEET_AGENT_JOIN_TOKEN=join),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--config", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def podman_setup(directory):
@@ -64,7 +75,9 @@ def one_round(http, url, spec):
     inst = http.post(url + "/api/v1/instances", json=spec, timeout=30).json()
     conn = None
     for _ in range(10):
-        resp = http.get(f"{url}/api/v1/instances/{inst['id']}/connection?wait_seconds=30", timeout=60)
+        resp = http.get(
+            f"{url}/api/v1/instances/{inst['id']}/connection?wait_seconds=30", timeout=60
+        )
         if resp.status_code == 200:
             conn = resp.json()
             break
@@ -82,7 +95,12 @@ def one_round(http, url, spec):
     elapsed = time.perf_counter() - started
     http.delete(f"{url}/api/v1/instances/{inst['id']}", timeout=30)
     for _ in range(10):
-        if http.get(f"{url}/api/v1/instances/{inst['id']}?wait_seconds=10", timeout=30).json()["state"] == "deleted":
+        if (
+            http.get(f"{url}/api/v1/instances/{inst['id']}?wait_seconds=10", timeout=30).json()[
+                "state"
+            ]
+            == "deleted"
+        ):
             break
     return elapsed
 
@@ -93,7 +111,9 @@ def main():
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as data_dir:
-        os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: their state dir must be passable
+        os.chmod(
+            data_dir, 0o711
+        )  # the agents' tasks run as other uids: their state dir must be passable
         containers, env = podman_setup(data_dir)
         skipped = None
         if containers is None:
@@ -104,23 +124,43 @@ def main():
             http = requests.Session()
             http.headers["Authorization"] = f"Bearer {admin}"
             http.post(url + "/api/v1/fleets", json={"name": "bench"}, timeout=30).raise_for_status()
-            join = http.post(url + "/api/v1/fleets/bench/join-tokens", json={}, timeout=30).json()["token"]
+            join = http.post(url + "/api/v1/fleets/bench/join-tokens", json={}, timeout=30).json()[
+                "token"
+            ]
             agent = start_agent(url, join, pathlib.Path(data_dir) / "agent", containers, env)
             for _ in range(600):
                 nodes = http.get(url + "/api/v1/nodes?fleet=bench", timeout=30).json()["items"]
                 if nodes and nodes[0]["status"] == "ready":
                     break
                 time.sleep(0.1)
-            kinds = {"host process": {"name": "web", "resources": {"gpus": 1}, "ports": [{"port": 8000}],
-                                      "command": ["sh", "-c", "exec python3 -m http.server $FLEET_PORT_8000"]}}
+            kinds = {
+                "host process": {
+                    "name": "web",
+                    "resources": {"gpus": 1},
+                    "ports": [{"port": 8000}],
+                    "command": ["sh", "-c", "exec python3 -m http.server $FLEET_PORT_8000"],
+                }
+            }
             if containers:
-                kinds["container"] = {"name": "web-c", "resources": {"gpus": 1}, "ports": [{"port": 8000}],
-                                      "image": "localhost/fleet-test-busybox:latest",
-                                      "command": ["sh", "-c", "echo ok > /tmp/index.html && exec httpd -f -p 8000 -h /tmp"]}
+                kinds["container"] = {
+                    "name": "web-c",
+                    "resources": {"gpus": 1},
+                    "ports": [{"port": 8000}],
+                    "image": "localhost/fleet-test-busybox:latest",
+                    "command": [
+                        "sh",
+                        "-c",
+                        "echo ok > /tmp/index.html && exec httpd -f -p 8000 -h /tmp",
+                    ],
+                }
             for kind, spec in kinds.items():
                 times = [one_round(http, url, spec) for _ in range(args.rounds)]
-                results[kind] = {"rounds": len(times), "p50_s": statistics.median(times),
-                                 "p90_s": sorted(times)[int(0.9 * (len(times) - 1))], "max_s": max(times)}
+                results[kind] = {
+                    "rounds": len(times),
+                    "p50_s": statistics.median(times),
+                    "p90_s": sorted(times)[int(0.9 * (len(times) - 1))],
+                    "max_s": max(times),
+                }
             if skipped:
                 results["container"] = {"skipped": skipped}
         finally:
@@ -129,7 +169,9 @@ def main():
                 agent.wait(timeout=60)
                 from tests.agent.instance_support import kill_left_instances
 
-                kill_left_instances(pathlib.Path(data_dir) / "agent" / "state")  # instances outlive their agent
+                kill_left_instances(
+                    pathlib.Path(data_dir) / "agent" / "state"
+                )  # instances outlive their agent
             proc.terminate()
             proc.wait(timeout=60)
     out = ROOT / "bench" / "results"
@@ -139,8 +181,11 @@ def main():
         if "skipped" in r:
             print(f"{kind:<14} skipped: {r['skipped']}")
         else:
-            print(f"{kind:<14} create -> answering  p50 {r['p50_s'] * 1000:.0f} ms  p90 {r['p90_s'] * 1000:.0f} ms"
-                  f"  max {r['max_s'] * 1000:.0f} ms  ({r['rounds']} rounds)")
+            print(
+                f"{kind:<14} create -> answering  p50 {r['p50_s'] * 1000:.0f} ms  p90 "
+                f"{r['p90_s'] * 1000:.0f} ms  max {r['max_s'] * 1000:.0f} ms  ({r['rounds']} "
+                f"rounds)"
+            )
 
 
 if __name__ == "__main__":

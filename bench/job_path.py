@@ -49,28 +49,56 @@ def main():
 
         call("/api/v1/fleets", {"name": "bench"})
         join = call("/api/v1/fleets/bench/join-tokens", {})["token"]
-        gpus = [{"uuid": f"GPU-{i}", "index": i, "model": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 << 30}
-                for i in range(8)]
-        node = call("/api/v1/agent/register", {"hostname": "h", "machine_id": "m", "agent_version": "bench",
-                                               "address": "127.0.0.1", "gpus": gpus,
-                                               "resources": {"cpu_count": 64, "memory_bytes": 1 << 39}},
-                    token=join, agent=True)
+        gpus = [
+            {
+                "uuid": f"GPU-{i}",
+                "index": i,
+                "model": "NVIDIA H100 80GB HBM3",
+                "memory_total_bytes": 80 << 30,
+            }
+            for i in range(8)
+        ]
+        node = call(
+            "/api/v1/agent/register",
+            {
+                "hostname": "h",
+                "machine_id": "m",
+                "agent_version": "bench",
+                "address": "127.0.0.1",
+                "gpus": gpus,
+                "resources": {"cpu_count": 64, "memory_bytes": 1 << 39},
+            },
+            token=join,
+            agent=True,
+        )
         session = node["session_token"]
         call("/api/v1/agent/heartbeat", {"tasks": []}, token=session, agent=True)
 
         def one_job():
             call("/api/v1/jobs", {"name": "noop", "command": ["true"]})
-            task = call("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)["assignment"]
-            call(f"/api/v1/agent/tasks/{task['task_id']}/start", {"epoch": task["epoch"], "pid": 1},
-                 token=session, agent=True)
-            call(f"/api/v1/agent/tasks/{task['task_id']}/finish",
-                 {"epoch": task["epoch"], "outcome": "succeeded", "exit_code": 0}, token=session, agent=True)
+            task = call("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)[
+                "assignment"
+            ]
+            call(
+                f"/api/v1/agent/tasks/{task['task_id']}/start",
+                {"epoch": task["epoch"], "pid": 1},
+                token=session,
+                agent=True,
+            )
+            call(
+                f"/api/v1/agent/tasks/{task['task_id']}/finish",
+                {"epoch": task["epoch"], "outcome": "succeeded", "exit_code": 0},
+                token=session,
+                agent=True,
+            )
 
         for _ in range(20):  # warm-up: statements compiled, caches filled
             one_job()
         statements = []
         execute_sql = type(db).execute_sql
-        type(db).execute_sql = lambda self, sql, params=None: statements.append(sql) or execute_sql(self, sql, params)
+        type(db).execute_sql = lambda self, sql, params=None: (
+            statements.append(sql) or execute_sql(self, sql, params)
+        )
         try:
             one_job()
         finally:
@@ -79,8 +107,11 @@ def main():
         for _ in range(args.jobs):
             one_job()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    print(f"{args.jobs} jobs: fleetd CPU {1000 * cpu / args.jobs:.2f} ms/job, wall {1000 * wall / args.jobs:.2f} ms/job, "
-          f"{len(statements)} SQL statements/job (besides BEGIN/COMMIT)")
+    print(
+        f"{args.jobs} jobs: fleetd CPU {1000 * cpu / args.jobs:.2f} ms/job, wall "
+        f"{1000 * wall / args.jobs:.2f} ms/job, {len(statements)} SQL statements/job (besides "
+        f"BEGIN/COMMIT)"
+    )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,14 @@ PUBLISHED_NAMES = {
     "bestfit": "BestFit",
     "fgd": "FGD",
 }
-METRICS = ["alloc_at_80", "alloc_at_90", "alloc_at_100", "alloc_final", "unallocated_final_pct", "frag_ratio_at_90"]
+METRICS = [
+    "alloc_at_80",
+    "alloc_at_90",
+    "alloc_at_100",
+    "alloc_final",
+    "unallocated_final_pct",
+    "frag_ratio_at_90",
+]
 
 
 def load_nodes(path) -> list[NodeSnapshot]:
@@ -133,7 +140,10 @@ def to_request(pod: dict) -> TaskRequest:
     else:
         gpus = pod["num_gpu"]
     return TaskRequest(
-        gpus=gpus, cpus=pod["cpu"] / 1000, memory_bytes=pod["memory"], gpu_types=pod["spec"] if gpus else ()
+        gpus=gpus,
+        cpus=pod["cpu"] / 1000,
+        memory_bytes=pod["memory"],
+        gpu_types=pod["spec"] if gpus else (),
     )
 
 
@@ -142,7 +152,12 @@ def workload_profile(pods: list[dict]) -> WorkloadProfile:
     counts: dict[tuple, float] = {}
     for p in pods:
         req = to_request(p)
-        key = (req.cpu_milli, req.gpu_milli if req.gpu_count else 0, req.gpu_count, tuple(sorted(req.gpu_types)))
+        key = (
+            req.cpu_milli,
+            req.gpu_milli if req.gpu_count else 0,
+            req.gpu_count,
+            tuple(sorted(req.gpu_types)),
+        )
         counts[key] = counts.get(key, 0) + 1
     return WorkloadProfile.from_counts(counts)
 
@@ -255,12 +270,22 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds (42, 43, ...)")
     ap.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, or all")
     ap.add_argument(
-        "--max-pods", type=int, default=0, help="replay only the first N pods of each seed's sequence (0: all)"
+        "--max-pods",
+        type=int,
+        default=0,
+        help="replay only the first N pods of each seed's sequence (0: all)",
     )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (runs are independent)")
-    ap.add_argument("--typical-coverage", type=float, default=0.95, help="share of pods the typical shapes cover")
-    ap.add_argument("--published", help="PUBLISHED.md to compare with (default: beside the pod list)")
+    ap.add_argument(
+        "--typical-coverage",
+        type=float,
+        default=0.95,
+        help="share of pods the typical shapes cover",
+    )
+    ap.add_argument(
+        "--published", help="PUBLISHED.md to compare with (default: beside the pod list)"
+    )
     args = ap.parse_args(argv)
 
     if args.policy == "all":
@@ -270,7 +295,11 @@ def main(argv=None) -> int:
     else:
         ap.error(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}, all")
     seeds = [SEED_BASE + i for i in range(args.seeds)]
-    jobs = [(args.nodes, args.pods, p, s, args.max_pods, args.typical_coverage) for p in policies for s in seeds]
+    jobs = [
+        (args.nodes, args.pods, p, s, args.max_pods, args.typical_coverage)
+        for p in policies
+        for s in seeds
+    ]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             runs = list(pool.map(run_one, *zip(*jobs)))
@@ -281,15 +310,23 @@ def main(argv=None) -> int:
     for p in policies:
         mine = [r for (job, r) in zip(jobs, runs) if job[2] == p]
         agg = {k: mean_or_none([r[k] for r in mine], 2) for k in METRICS}
-        agg["decisions_per_second"] = round(statistics.fmean(r["decisions_per_second"] for r in mine), 1)
+        agg["decisions_per_second"] = round(
+            statistics.fmean(r["decisions_per_second"] for r in mine), 1
+        )
         agg["seeds"] = len(mine)
         agg["pods_per_seed"] = round(statistics.fmean(r["pods"] for r in mine), 1)
         results[p] = agg
 
     trace = pathlib.Path(args.pods).stem
-    published_path = pathlib.Path(args.published) if args.published else pathlib.Path(args.pods).parent / "PUBLISHED.md"
+    published_path = (
+        pathlib.Path(args.published)
+        if args.published
+        else pathlib.Path(args.pods).parent / "PUBLISHED.md"
+    )
     published = read_published(published_path, trace)
-    print(f"{trace}: {len(seeds)} seed(s), policies {', '.join(policies)}, default {DEFAULT_POLICY}")
+    print(
+        f"{trace}: {len(seeds)} seed(s), policies {', '.join(policies)}, default {DEFAULT_POLICY}"
+    )
     columns = ("alloc@80", "alloc@90", "alloc@100", "final", "unalloc%", "frag@90")
     header = f"{'policy':<10}" + "".join(f"{k:>23}" for k in columns) + f"{'dec/s':>9}"
     print(header)
@@ -300,7 +337,11 @@ def main(argv=None) -> int:
             v = results[p][k]
             shown = f"{v:7.2f}" if v is not None else f"{'-':>7}"
             cells.append(f"{shown} (pub {ref[k]:6.2f})" if ref else f"{shown}{'':13}")
-        print(f"{p:<10}" + "".join(f"{c:>23}" for c in cells) + f"{results[p]['decisions_per_second']:9.0f}")
+        print(
+            f"{p:<10}"
+            + "".join(f"{c:>23}" for c in cells)
+            + f"{results[p]['decisions_per_second']:9.0f}"
+        )
     if published:
         print(f"(pub: {published_path.name}; {DEFAULT_POLICY} is compared with the published FGD)")
 

@@ -1,6 +1,6 @@
 """The quick start as a user restarts it: `scripts/run.sh` started `--runs` times in this checkout
-(the first one may set up .venv and the database), each timed by the client's clock from the start of
-the script until `fleetd node list` shows the local node ready, then stopped with SIGTERM (as its
+(the first one may set up .venv and the database), each timed by the client's clock from the start
+of the script until `fleetd node list` shows the local node ready, then stopped with SIGTERM (as its
 terminal's Ctrl-C would) and timed until it exited. Its own ports (--port, --port + 1) and the
 checkout's .dev/ are used; nothing else may run scripts/run.sh here meanwhile.
 
@@ -30,8 +30,13 @@ def _admin_token(out_path, deadline):
 
 def _node_ready(url, token):
     env = dict(os.environ, FLEETD_URL=url, FLEETD_TOKEN=token)
-    done = subprocess.run([str(ROOT / ".venv" / "bin" / "fleetd"), "node", "list", "--json"], capture_output=True,
-                          text=True, timeout=30, env=env)
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fleetd"), "node", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     if done.returncode != 0:
         return False
     items = json.loads(done.stdout)
@@ -41,12 +46,22 @@ def _node_ready(url, token):
 
 def one_run(port, out_path, timeout):
     url = f"http://127.0.0.1:{port}"
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "FLEETD_BIND": f"127.0.0.1:{port}",
-           "FLEET_AGENT_LOCAL_API_LISTEN": f"127.0.0.1:{port + 1}"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "FLEETD_BIND": f"127.0.0.1:{port}",
+        "FLEET_AGENT_LOCAL_API_LISTEN": f"127.0.0.1:{port + 1}",
+    }
     started = time.monotonic()
     with out_path.open("w") as out:
-        proc = subprocess.Popen(["scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["scripts/run.sh"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = started + timeout
         token = _admin_token(out_path, deadline)
@@ -71,15 +86,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--port", type=int, default=18741)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one start (the first may install)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds for one start (the first may install)"
+    )
     args = parser.parse_args()
     out_path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"quick-start-{os.getpid()}.log"
     results = []
     for number in range(1, args.runs + 1):
         ready, stopped = one_run(args.port, out_path, args.timeout)
-        results.append({"run": number, "ready_seconds": round(ready, 2), "stop_seconds": round(stopped, 2)})
-        print(f"run {number}: ready after {ready:.2f} s (client clock, start to node ready); "
-              f"stopped {stopped:.2f} s after SIGTERM", flush=True)
+        results.append(
+            {"run": number, "ready_seconds": round(ready, 2), "stop_seconds": round(stopped, 2)}
+        )
+        print(
+            f"run {number}: ready after {ready:.2f} s (client clock, start to node ready); "
+            f"stopped {stopped:.2f} s after SIGTERM",
+            flush=True,
+        )
     out_path.unlink(missing_ok=True)
     json.dump({"runs": results}, sys.stdout)
     print()

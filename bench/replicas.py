@@ -61,11 +61,30 @@ class Postgres:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         data = self.base / "data"
-        subprocess.run(_as_postgres([_pg("initdb"), "-D", str(data), "-A", "trust", "-U", "fleetd"]), check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run(_as_postgres([_pg("pg_ctl"), "-D", str(data), "-o", f"-h 127.0.0.1 -p {self.port} -k {self.base}",
-                                     "-l", str(self.base / "log"), "-w", "start"]), check=True, capture_output=True,
-                       timeout=120)
+        subprocess.run(
+            _as_postgres([_pg("initdb"), "-D", str(data), "-A", "trust", "-U", "fleetd"]),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            _as_postgres(
+                [
+                    _pg("pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-o",
+                    f"-h 127.0.0.1 -p {self.port} -k {self.base}",
+                    "-l",
+                    str(self.base / "log"),
+                    "-w",
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         self.url = f"postgresql://fleetd@127.0.0.1:{self.port}/postgres"
 
     def database(self):
@@ -78,8 +97,13 @@ class Postgres:
         return self.url.rsplit("/", 1)[0] + "/" + name
 
     def stop(self):
-        subprocess.run(_as_postgres([_pg("pg_ctl"), "-D", str(self.base / "data"), "-m", "immediate", "-w", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_postgres(
+                [_pg("pg_ctl"), "-D", str(self.base / "data"), "-m", "immediate", "-w", "stop"]
+            ),
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -90,14 +114,20 @@ class Replica:
         self.url = None
 
     def start(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", "127.0.0.1:0"],
-                                     stderr=subprocess.PIPE, text=True, env=self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetd", "serve", "--bind", "127.0.0.1:0"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
         for line in self.proc.stderr:
             match = re.search(r"listening on (http://\S+)", line)
             if match:
                 self.url = match.group(1)
                 self.lines = []
-                threading.Thread(target=lambda: [self.lines.append(x) for x in self.proc.stderr], daemon=True).start()
+                threading.Thread(
+                    target=lambda: [self.lines.append(x) for x in self.proc.stderr], daemon=True
+                ).start()
                 return self
         raise SystemExit("a replica did not start")
 
@@ -126,10 +156,19 @@ def until(condition, seconds, what):
 def register(url, join, count, prefix):
     out = []
     for i in range(count):
-        resp = requests.post(url + "/api/v1/agent/register", timeout=30, headers={
-            "Authorization": f"Bearer {join}", "X-Fleet-Protocol": "1"}, json={
-            "hostname": f"{prefix}-{i}", "machine_id": f"{prefix}-{i}", "agent_version": "0.1.0",
-            "address": "10.0.0.9", "resources": {"cpu_count": 8, "memory_bytes": 1 << 34}, "gpus": gpus(1)})
+        resp = requests.post(
+            url + "/api/v1/agent/register",
+            timeout=30,
+            headers={"Authorization": f"Bearer {join}", "X-Fleet-Protocol": "1"},
+            json={
+                "hostname": f"{prefix}-{i}",
+                "machine_id": f"{prefix}-{i}",
+                "agent_version": "0.1.0",
+                "address": "10.0.0.9",
+                "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
+                "gpus": gpus(1),
+            },
+        )
         resp.raise_for_status()
         out.append(resp.json()["session_token"])
     return out
@@ -149,8 +188,11 @@ def heartbeats(urls, sessions, clients, seconds):
         t.start()
     for t in threads:
         t.join()
-    return {"ops_per_s": len(latencies) / seconds, "p50_ms": percentile(latencies, 0.5),
-            "p99_ms": percentile(latencies, 0.99)}
+    return {
+        "ops_per_s": len(latencies) / seconds,
+        "p50_ms": percentile(latencies, 0.5),
+        "p99_ms": percentile(latencies, 0.99),
+    }
 
 
 def failover_round(replicas, admin, node_headers):
@@ -158,15 +200,23 @@ def failover_round(replicas, admin, node_headers):
     follower = next(r for r in replicas if r is not leader)
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {admin}"
-    requests.post(follower.url + "/api/v1/agent/heartbeat", json={"tasks": []}, headers=node_headers,
-                  timeout=30).raise_for_status()
+    requests.post(
+        follower.url + "/api/v1/agent/heartbeat",
+        json={"tasks": []},
+        headers=node_headers,
+        timeout=30,
+    ).raise_for_status()
     got = {}
 
     def wait_for_work():
         for _ in range(4):
             try:
-                resp = requests.post(follower.url + "/api/v1/agent/acquire", json={"wait_seconds": 30}, timeout=60,
-                                     headers=node_headers)
+                resp = requests.post(
+                    follower.url + "/api/v1/agent/acquire",
+                    json={"wait_seconds": 30},
+                    timeout=60,
+                    headers=node_headers,
+                )
             except requests.ConnectionError as exc:
                 got["error"] = f"{follower.url}: {exc}"
                 continue
@@ -181,19 +231,35 @@ def failover_round(replicas, admin, node_headers):
     time.sleep(0.5)  # the long poll is waiting on the follower
     killed = time.perf_counter()
     leader.stop(signal.SIGKILL)
-    job = http.post(follower.url + "/api/v1/jobs", timeout=30, json={
-        "name": "after-failover", "command": ["true"], "resources": {"gpus": 1},
-        "node_selector": {"fleet": "failover"}}).json()
+    job = http.post(
+        follower.url + "/api/v1/jobs",
+        timeout=30,
+        json={
+            "name": "after-failover",
+            "command": ["true"],
+            "resources": {"gpus": 1},
+            "node_selector": {"fleet": "failover"},
+        },
+    ).json()
     until(follower.leads, 60, "the follower to lead")
     led = time.perf_counter() - killed
     waiter.join(120)
     if "assignment" not in got:
-        raise SystemExit(f"no assignment after the failover ({got.get('error')}; leader was {leader.url}); "
-                         "the follower's log:\n" + "".join(follower.lines[-30:]))
+        raise SystemExit(
+            f"no assignment after the failover ({got.get('error')}; leader was {leader.url}); "
+            "the follower's log:\n" + "".join(follower.lines[-30:])
+        )
     assignment = got["assignment"]
-    for action, body in (("start", {"pid": 42}), ("finish", {"outcome": "succeeded", "exit_code": 0})):
-        requests.post(f"{follower.url}/api/v1/agent/tasks/{assignment['task_id']}/{action}", timeout=30,
-                      headers=node_headers, json=dict(body, epoch=assignment["epoch"])).raise_for_status()
+    for action, body in (
+        ("start", {"pid": 42}),
+        ("finish", {"outcome": "succeeded", "exit_code": 0}),
+    ):
+        requests.post(
+            f"{follower.url}/api/v1/agent/tasks/{assignment['task_id']}/{action}",
+            timeout=30,
+            headers=node_headers,
+            json=dict(body, epoch=assignment["epoch"]),
+        ).raise_for_status()
     assert assignment["job_id"] == job["id"]
     leader.start()  # back as a follower
     return {"new_leader_s": led, "first_assignment_s": got["at"] - killed}
@@ -210,28 +276,55 @@ def main():
     replicas = []
     try:
         env = dict(os.environ, FLEETD_DB_URL=pg.database(), FLEETD_DATA_DIR=tempfile.mkdtemp())
-        init = subprocess.run([sys.executable, "-m", "fleetd", "init"], check=True, capture_output=True, text=True,
-                              timeout=60, env=env)
+        init = subprocess.run(
+            [sys.executable, "-m", "fleetd", "init"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         admin = init.stdout.strip().splitlines()[-1]
         replicas = [Replica(env).start(), Replica(env).start()]
         http = requests.Session()
         http.headers["Authorization"] = f"Bearer {admin}"
-        http.post(replicas[0].url + "/api/v1/fleets", json={"name": "bench"}, timeout=30).raise_for_status()
-        join = http.post(replicas[0].url + "/api/v1/fleets/bench/join-tokens", json={}, timeout=30).json()["token"]
+        http.post(
+            replicas[0].url + "/api/v1/fleets", json={"name": "bench"}, timeout=30
+        ).raise_for_status()
+        join = http.post(
+            replicas[0].url + "/api/v1/fleets/bench/join-tokens", json={}, timeout=30
+        ).json()["token"]
         sessions = register(replicas[0].url, join, args.nodes, "hb")
-        results = {"heartbeats": {
-            "one replica": heartbeats([replicas[0].url], sessions, args.clients, args.seconds),
-            "two replicas": heartbeats([r.url for r in replicas], sessions, args.clients, args.seconds)}}
-        http.post(replicas[0].url + "/api/v1/fleets", json={"name": "failover"}, timeout=30).raise_for_status()
-        join = http.post(replicas[0].url + "/api/v1/fleets/failover/join-tokens", json={}, timeout=30).json()["token"]
+        results = {
+            "heartbeats": {
+                "one replica": heartbeats([replicas[0].url], sessions, args.clients, args.seconds),
+                "two replicas": heartbeats(
+                    [r.url for r in replicas], sessions, args.clients, args.seconds
+                ),
+            }
+        }
+        http.post(
+            replicas[0].url + "/api/v1/fleets", json={"name": "failover"}, timeout=30
+        ).raise_for_status()
+        join = http.post(
+            replicas[0].url + "/api/v1/fleets/failover/join-tokens", json={}, timeout=30
+        ).json()["token"]
         worker = register(replicas[1].url, join, 1, "worker")[0]
         headers = {"Authorization": f"Bearer {worker}", "X-Fleet-Protocol": "1"}
-        requests.post(replicas[1].url + "/api/v1/agent/heartbeat", json={"tasks": []}, headers=headers,
-                      timeout=30).raise_for_status()
+        requests.post(
+            replicas[1].url + "/api/v1/agent/heartbeat",
+            json={"tasks": []},
+            headers=headers,
+            timeout=30,
+        ).raise_for_status()
         rounds = [failover_round(replicas, admin, headers) for _ in range(args.rounds)]
         results["failover"] = {
-            key: {"median": statistics.median(r[key] for r in rounds), "max": max(r[key] for r in rounds)}
-            for key in ("new_leader_s", "first_assignment_s")}
+            key: {
+                "median": statistics.median(r[key] for r in rounds),
+                "max": max(r[key] for r in rounds),
+            }
+            for key in ("new_leader_s", "first_assignment_s")
+        }
         results["rounds"] = rounds
     finally:
         for replica in replicas:
@@ -241,7 +334,10 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "replicas.json").write_text(json.dumps(results, indent=2))
     for name, r in results["heartbeats"].items():
-        print(f"heartbeats, {name:<14}{r['ops_per_s']:>8.0f}/s  p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms")
+        print(
+            f"heartbeats, {name:<14}{r['ops_per_s']:>8.0f}/s  p50 {r['p50_ms']:.1f} ms  p99 "
+            f"{r['p99_ms']:.1f} ms"
+        )
     for key, r in results["failover"].items():
         print(f"failover {key:<22} median {r['median']:.2f} s  max {r['max']:.2f} s")
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The scheduling pass in one process, for bench/scale.py: N nodes x 8 GPUs and a backlog of jobs that
-fit nowhere in a fresh SQLite database; passes timed through fleetd.services.placement.scheduling.run_pass (no
-HTTP), with this process's memory. One JSON line per step on stdout, so that a run cut short by its
-time limit still says how far it got. Run by bench/scale.py, one fresh process per size.
+fit nowhere in a fresh SQLite database; passes timed through
+fleetd.services.placement.scheduling.run_pass (no HTTP), with this process's memory. One JSON line
+per step on stdout, so that a run cut short by its time limit still says how far it got. Run by
+bench/scale.py, one fresh process per size.
 
     .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000
     .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000 --unscoped-backlog  # names no fleet
@@ -78,14 +79,40 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
         t0 = time.perf_counter()
         now = clock.now()
         node_ids = [new_id() for _ in range(n_nodes)]
-        # Rows written straight into the tables (registering through the API, about 200/s here, would take
-        # most of 10 minutes at 100k nodes): the columns a registration fills, in the models' own formats.
+        # Rows written straight into the tables (registering through the API, about 200/s here,
+        # would take most of 10 minutes at 100k nodes): the columns a registration fills, in the
+        # models' own formats.
         nf, gf = Node._meta.fields, Gpu._meta.fields
-        node_cols = ["id", "fleet", "machine_id", "hostname", "address", "labels", "agent_version", "status",
-                     "status_reason", "registered_at", "last_heartbeat_at", "cpu_count", "memory_bytes", "bundle_sha256",
-                     "gpu_status", "gpu_status_reason"]
-        gpu_cols = ["node", "uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "healthy",
-                    "health_reason", "mig_mode"]
+        node_cols = [
+            "id",
+            "fleet",
+            "machine_id",
+            "hostname",
+            "address",
+            "labels",
+            "agent_version",
+            "status",
+            "status_reason",
+            "registered_at",
+            "last_heartbeat_at",
+            "cpu_count",
+            "memory_bytes",
+            "bundle_sha256",
+            "gpu_status",
+            "gpu_status_reason",
+        ]
+        gpu_cols = [
+            "node",
+            "uuid",
+            "index",
+            "vendor",
+            "model",
+            "memory_total_bytes",
+            "numa_node",
+            "healthy",
+            "health_reason",
+            "mig_mode",
+        ]
         ts = nf["registered_at"].db_value(now)
         labels = nf["labels"].db_value({})
         healthy = gf["healthy"].db_value(True)
@@ -94,19 +121,58 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
             with database.atomic():
                 conn.executemany(
                     insert_sql(Node._meta.table_name, [nf[c].column_name for c in node_cols]),
-                    ((nid, "sim", f"sim-{i:06d}", f"sim-{i:06d}", "127.0.0.1", labels, "bench-sim", "ready",
-                      "first heartbeat", ts, ts, 128, 2 << 40, "", "ok", "") for i, nid in enumerate(node_ids)))
+                    (
+                        (
+                            nid,
+                            "sim",
+                            f"sim-{i:06d}",
+                            f"sim-{i:06d}",
+                            "127.0.0.1",
+                            labels,
+                            "bench-sim",
+                            "ready",
+                            "first heartbeat",
+                            ts,
+                            ts,
+                            128,
+                            2 << 40,
+                            "",
+                            "ok",
+                            "",
+                        )
+                        for i, nid in enumerate(node_ids)
+                    ),
+                )
                 conn.executemany(
                     insert_sql(Gpu._meta.table_name, [gf[c].column_name for c in gpu_cols]),
-                    ((nid, f"GPU-sim-{i:06d}-{k}", k, "nvidia", "NVIDIA H100 80GB HBM3", 80 << 30, k // 4, healthy,
-                      "", "disabled") for i, nid in enumerate(node_ids) for k in range(8)))
+                    (
+                        (
+                            nid,
+                            f"GPU-sim-{i:06d}-{k}",
+                            k,
+                            "nvidia",
+                            "NVIDIA H100 80GB HBM3",
+                            80 << 30,
+                            k // 4,
+                            healthy,
+                            "",
+                            "disabled",
+                        )
+                        for i, nid in enumerate(node_ids)
+                        for k in range(8)
+                    ),
+                )
         for nid in node_ids:
             rt.liveness.touch(nid)
         emit("nodes", seconds=round(time.perf_counter() - t0, 2))
 
         t0 = time.perf_counter()
-        spec = {"name": "backlog", "command": ["true"], "node_selector": {"fleet": "sim"},
-                "resources": {"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]}}
+        spec = {
+            "name": "backlog",
+            "command": ["true"],
+            "node_selector": {"fleet": "sim"},
+            "resources": {"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]},
+        }
         if unscoped:  # as users mostly submit: the backlog, and the jobs that fit, name no fleet
             del spec["node_selector"]
         for _ in range(backlog):
@@ -127,12 +193,17 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
             with app.app_context(), database.connection_context():
                 outcome = scheduling.run_pass(rt)
             timings.append(time.perf_counter() - t0)
-            emit("pass", index=k, seconds=round(timings[-1], 3), cpu_seconds=round(time.process_time() - cpu0, 3),
-                 outcome=outcome)
+            emit(
+                "pass",
+                index=k,
+                seconds=round(timings[-1], 3),
+                cpu_seconds=round(time.process_time() - cpu0, 3),
+                outcome=outcome,
+            )
 
         if time.monotonic() - started < budget:
-            # Jobs that fit, one at a time, each placed by the pass that its submit would kick (which
-            # skips the parked backlog): what a submit to a large fleet costs the scheduler.
+            # Jobs that fit, one at a time, each placed by the pass that its submit would kick
+            # (which skips the parked backlog): what a submit to a large fleet costs the scheduler.
             placeable = dict(spec, name="fits", resources={"gpus": 1})
             kicked = []
             heard_from_all()
@@ -144,8 +215,12 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
                 kicked.append(time.perf_counter() - t0)
                 assert outcome["assigned"] == 1, outcome
             kicked.sort()
-            emit("placeable", jobs=PLACEABLE, p50_seconds=round(kicked[len(kicked) // 2], 4),
-                 max_seconds=round(kicked[-1], 4))
+            emit(
+                "placeable",
+                jobs=PLACEABLE,
+                p50_seconds=round(kicked[len(kicked) // 2], 4),
+                max_seconds=round(kicked[-1], 4),
+            )
 
         breakdown = {}
         if time.monotonic() - started < budget:
@@ -153,7 +228,8 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
             emit("breakdown", **breakdown)
 
         if time.monotonic() - started < budget:
-            # Memory a pass allocates (peak) and keeps (after), by Python's own count; slow, so last.
+            # Memory a pass allocates (peak) and keeps (after), by Python's own count; slow, so
+            # last.
             tracemalloc.start()
             with app.app_context(), database.connection_context():
                 scheduling.run_pass(rt)
@@ -172,8 +248,8 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
 
 
 def engine_breakdown(rt, app, database):
-    """Where a pass's time goes, through fleetd's internals (these change as the scheduler is rewritten:
-    a missing piece is reported, not fatal)."""
+    """Where a pass's time goes, through fleetd's internals (these change as the scheduler is
+    rewritten: a missing piece is reported, not fatal)."""
     out = {}
     try:
         from fleetd import scheduler
@@ -184,7 +260,9 @@ def engine_breakdown(rt, app, database):
 
         with app.app_context(), database.connection_context():
             t0 = time.perf_counter()
-            state = ClusterState(rt.terms, rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running())
+            state = ClusterState(
+                rt.terms, rt.clock.now(), rt.liveness.is_overdue, rt.liveness.reported_running()
+            )
             out["state_load_s"] = round(time.perf_counter() - t0, 3)
             t0 = time.perf_counter()
             snapshot = state.snapshot()
@@ -195,8 +273,8 @@ def engine_breakdown(rt, app, database):
         t0 = time.perf_counter()
         engine = scheduler.PlacementEngine(snapshot)
         out["engine_build_s"] = round(time.perf_counter() - t0, 3)
-        # A sample: each place() on its own (no grouping of equal requests, as a pass may do) scans the
-        # cluster, and the whole backlog one by one would take minutes at 100k nodes.
+        # A sample: each place() on its own (no grouping of equal requests, as a pass may do) scans
+        # the cluster, and the whole backlog one by one would take minutes at 100k nodes.
         requests = [task_request(JobSpec.from_dict(spec)) for spec in specs[:PLACE_SAMPLE]]
         t0 = time.perf_counter()
         placed = sum(engine.place(r, explain=True).schedulable for r in requests)
@@ -213,9 +291,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--backlog", type=int, default=3000)
-    parser.add_argument("--passes", type=int, default=3, help="timed passes (the first one is cold)")
-    parser.add_argument("--budget", type=float, default=900, help="no new step after this many seconds")
-    parser.add_argument("--unscoped-backlog", action="store_true", help="the backlog names no fleet")
+    parser.add_argument(
+        "--passes", type=int, default=3, help="timed passes (the first one is cold)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=900, help="no new step after this many seconds"
+    )
+    parser.add_argument(
+        "--unscoped-backlog", action="store_true", help="the backlog names no fleet"
+    )
     args = parser.parse_args()
     run(args.nodes, args.backlog, args.passes, args.budget, args.unscoped_backlog)
 

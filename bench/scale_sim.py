@@ -72,9 +72,11 @@ class Connection:
             self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            self.sock.sendall(b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
-                              b"X-Fleet-Protocol: 1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                              % (path, self.host.encode(), auth, len(body), body))
+            self.sock.sendall(
+                b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                b"X-Fleet-Protocol: 1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (path, self.host.encode(), auth, len(body), body)
+            )
             return self._read()
         except Exception:
             self.close()
@@ -94,13 +96,13 @@ class Connection:
             self._recv()
         else:
             raise ConnectionError("reply headers too long")
-        head, self.buf = self.buf[:end].lower(), self.buf[end + 4:]
+        head, self.buf = self.buf[:end].lower(), self.buf[end + 4 :]
         status = int(head[9:12])
         at = head.find(b"\ncontent-length:")
         if at < 0:
             raise ConnectionError(f"reply without Content-Length: {head[:200]!r}")
         line_end = head.find(b"\r", at + 1)
-        length = int(head[at + 16:line_end if line_end > 0 else len(head)])
+        length = int(head[at + 16 : line_end if line_end > 0 else len(head)])
         for _ in range(100_000):
             if len(self.buf) >= length:
                 break
@@ -109,8 +111,6 @@ class Connection:
         if b"\nconnection: close" in head:
             self.close()
         return status, body
-
-
 
 
 class Window:
@@ -130,7 +130,8 @@ class Window:
         self.max_queue = 0
 
     def add(self, due, sent, done, gap, reply, ttl):
-        """One answered heartbeat: due, sent and answered at these monotonic times, `gap` after the last."""
+        """One answered heartbeat: due, sent and answered at these monotonic times, `gap` after the
+        last."""
         self.latency.append(done - due)
         self.service.append(done - sent)
         self.late.append(sent - due)
@@ -147,14 +148,22 @@ class Window:
 
     def summary(self, ttl):
         wall = time.monotonic() - self.started
-        return {"seconds": round(wall, 2), "heartbeats": len(self.latency),
-                "per_s": round(len(self.latency) / wall, 1) if wall else None,
-                "latency": percentiles(self.latency), "service": percentiles(self.service),
-                "late": percentiles(self.late), "failures": self.failures, "statuses": self.statuses,
-                "intervals": {str(k): v for k, v in self.intervals.items()},
-                "max_gap_s": round(self.max_gap, 2), "gaps_over_ttl_s": ttl, "gaps_over_ttl": self.gaps_over_ttl,
-                "max_queue": self.max_queue,
-                "client_cpu_percent": round(100 * (_cpu() - self.cpu) / wall, 1) if wall else None}
+        return {
+            "seconds": round(wall, 2),
+            "heartbeats": len(self.latency),
+            "per_s": round(len(self.latency) / wall, 1) if wall else None,
+            "latency": percentiles(self.latency),
+            "service": percentiles(self.service),
+            "late": percentiles(self.late),
+            "failures": self.failures,
+            "statuses": self.statuses,
+            "intervals": {str(k): v for k, v in self.intervals.items()},
+            "max_gap_s": round(self.max_gap, 2),
+            "gaps_over_ttl_s": ttl,
+            "gaps_over_ttl": self.gaps_over_ttl,
+            "max_queue": self.max_queue,
+            "client_cpu_percent": round(100 * (_cpu() - self.cpu) / wall, 1) if wall else None,
+        }
 
 
 def _cpu():
@@ -168,8 +177,10 @@ class Fleet:
     def __init__(self, args):
         # Several URLs (replicas): each connection starts at one of them in turn and moves to the
         # next when its replica stops answering, as an agent with a server_url list does.
-        self.servers = [(split.hostname, split.port or 80)
-                        for split in map(urllib.parse.urlsplit, args.url.split(","))]
+        self.servers = [
+            (split.hostname, split.port or 80)
+            for split in map(urllib.parse.urlsplit, args.url.split(","))
+        ]
         self.args = args
         self.rng = random.Random(args.seed)
         self.tokens = [None] * args.nodes
@@ -189,11 +200,26 @@ class Fleet:
         return (self.window,) if self.total is None else (self.window, self.total)
 
     def body(self, i):
-        gpus = [{"uuid": f"GPU-sim-{i:06d}-{k}", "index": k, "model": GPU_MODEL, "memory_total_bytes": 80 << 30,
-                 "numa_node": k // 4} for k in range(8)]
-        return json.dumps({"hostname": f"{self.args.prefix}-{i:06d}", "machine_id": f"{self.args.prefix}-{i:06d}",
-                           "agent_version": "bench-sim", "address": "127.0.0.1",
-                           "resources": {"cpu_count": 128, "memory_bytes": 2 << 40}, "gpus": gpus}).encode()
+        gpus = [
+            {
+                "uuid": f"GPU-sim-{i:06d}-{k}",
+                "index": k,
+                "model": GPU_MODEL,
+                "memory_total_bytes": 80 << 30,
+                "numa_node": k // 4,
+            }
+            for k in range(8)
+        ]
+        return json.dumps(
+            {
+                "hostname": f"{self.args.prefix}-{i:06d}",
+                "machine_id": f"{self.args.prefix}-{i:06d}",
+                "agent_version": "bench-sim",
+                "address": "127.0.0.1",
+                "resources": {"cpu_count": 128, "memory_bytes": 2 << 40},
+                "gpus": gpus,
+            }
+        ).encode()
 
     def register_all(self):
         """Register every node, `register_concurrency` at a time; returns the figures."""
@@ -217,13 +243,17 @@ class Fleet:
                         if status != 201:
                             raise HttpError(status, reply)
                     except (OSError, HttpError) as exc:
-                        kind = f"http {exc.status}" if isinstance(exc, HttpError) else type(exc).__name__
+                        kind = (
+                            f"http {exc.status}"
+                            if isinstance(exc, HttpError)
+                            else type(exc).__name__
+                        )
                         failures[kind] = failures.get(kind, 0) + 1
                         if isinstance(exc, OSError):
                             at += 1
                             conn.close()
                             conn = Connection(*self.servers[at % len(self.servers)], 60)
-                        gevent.sleep(min(8, 0.5 * 2 ** attempt))
+                        gevent.sleep(min(8, 0.5 * 2**attempt))
                         continue
                     now = time.monotonic()
                     latencies.append(now - t0)
@@ -239,10 +269,17 @@ class Fleet:
         workers = [gevent.spawn(worker) for _ in range(self.args.register_concurrency)]
         gevent.joinall(workers)
         wall = time.monotonic() - started
-        return {"event": "registered", "nodes": sum(t is not None for t in self.tokens), "wanted": self.args.nodes,
-                "seconds": round(wall, 2), "per_s": round(len(latencies) / wall, 1) if wall else None,
-                "concurrency": self.args.register_concurrency, "latency": percentiles(latencies),
-                "failures": failures, "interval_s": sorted({x for x in self.interval if x is not None})}
+        return {
+            "event": "registered",
+            "nodes": sum(t is not None for t in self.tokens),
+            "wanted": self.args.nodes,
+            "seconds": round(wall, 2),
+            "per_s": round(len(latencies) / wall, 1) if wall else None,
+            "concurrency": self.args.register_concurrency,
+            "latency": percentiles(latencies),
+            "failures": failures,
+            "interval_s": sorted({x for x in self.interval if x is not None}),
+        }
 
     def dispatch(self):
         """Hand each node to a connection when its next heartbeat is due."""
@@ -274,23 +311,35 @@ class Fleet:
                 for w in self.sinks():
                     w.failures[kind] = w.failures.get(kind, 0) + 1
                 self.failed[i] += 1
-                if isinstance(exc, OSError) and len(self.servers) > 1:  # that replica is gone: the next one
+                if (
+                    isinstance(exc, OSError) and len(self.servers) > 1
+                ):  # that replica is gone: the next one
                     at += 1
                     conn.close()
-                    conn = Connection(*self.servers[at % len(self.servers)], self.args.request_timeout)
+                    conn = Connection(
+                        *self.servers[at % len(self.servers)], self.args.request_timeout
+                    )
                 if isinstance(exc, HttpError) and exc.status == 401:
                     self.revoked += 1  # the session is gone: this agent would stop
                     continue
                 done = time.monotonic()
                 # The agent's backoff: 1 s, doubling, at most the interval.
-                heapq.heappush(self.due, (done + min(self.interval[i], 2 ** min(self.failed[i] - 1, 6)), i))
+                heapq.heappush(
+                    self.due, (done + min(self.interval[i], 2 ** min(self.failed[i] - 1, 6)), i)
+                )
                 continue
             done = time.monotonic()
             self.failed[i] = 0
             if self.mark_at is not None:
                 self.heard.add(i)
                 if len(self.heard) >= sum(t is not None for t in self.tokens) - self.revoked:
-                    emit({"event": "all_heard", "seconds": round(done - self.mark_at, 2), "nodes": len(self.heard)})
+                    emit(
+                        {
+                            "event": "all_heard",
+                            "seconds": round(done - self.mark_at, 2),
+                            "nodes": len(self.heard),
+                        }
+                    )
                     self.mark_at = None
             gap = done - self.last_ok[i]
             self.last_ok[i] = done
@@ -313,7 +362,9 @@ class Fleet:
         summary["revoked_or_unauthorized"] = self.revoked
         # Silence right now: a node whose last answered heartbeat is older than the TTL.
         now = time.monotonic()
-        summary["silent_over_ttl_now"] = sum(1 for t in self.last_ok if t is not None and now - t > self.args.ttl)
+        summary["silent_over_ttl_now"] = sum(
+            1 for t in self.last_ok if t is not None and now - t > self.args.ttl
+        )
         self.window = Window()
         emit(summary)
 
@@ -347,22 +398,32 @@ def read_commands(fleet, deadline):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True, help="fleetd's URL, or its replicas' URLs separated by commas")
+    parser.add_argument(
+        "--url", required=True, help="fleetd's URL, or its replicas' URLs separated by commas"
+    )
     parser.add_argument("--join", required=True, help="a join token of the simulated nodes' fleet")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--prefix", default="sim")
     parser.add_argument("--register-concurrency", type=int, default=16)
     parser.add_argument("--register-timeout", type=float, default=3600)
-    parser.add_argument("--connections", type=int, default=256, help="keep-alive connections for heartbeats")
+    parser.add_argument(
+        "--connections", type=int, default=256, help="keep-alive connections for heartbeats"
+    )
     parser.add_argument("--request-timeout", type=float, default=30)
-    parser.add_argument("--ttl", type=float, default=30, help="a silence this long is counted (fleetd's node TTL)")
-    parser.add_argument("--max-seconds", type=float, default=7200, help="stop by itself after this long")
+    parser.add_argument(
+        "--ttl", type=float, default=30, help="a silence this long is counted (fleetd's node TTL)"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=7200, help="stop by itself after this long"
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     deadline = time.monotonic() + args.max_seconds
     fleet = Fleet(args)
     # Heartbeats start as nodes register: the dispatcher and connections run during registration.
-    greenlets = [gevent.spawn(fleet.dispatch)] + [gevent.spawn(fleet.heartbeat_worker, k) for k in range(args.connections)]
+    greenlets = [gevent.spawn(fleet.dispatch)] + [
+        gevent.spawn(fleet.heartbeat_worker, k) for k in range(args.connections)
+    ]
     emit(fleet.register_all())
     fleet.report()  # the heartbeats sent while registering
     fleet.total = Window()

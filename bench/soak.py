@@ -3,14 +3,14 @@
 stuck or leaked.
 
 One `fleetd serve` (SQLite, a temporary data dir, a fixed loopback port so that it can be restarted
-where its agents look for it) and three `fleet-agent run` processes on fake 8 x H100 hosts, in a fleet
-without `allow_root_tasks`: every task runs as its submitter's own uid. The load comes from processes
-of its own (this file with --role): three submitters, each with its own submitter token, about 9 jobs/s
-together (1-3 s of `sleep`, a tenth exiting 1 on purpose, a tenth two-node gangs, half-GPU and 2-GPU
-jobs, a third with retry {max_attempts: 3, on: [node_lost, failed]}), and one that creates, stops,
-resumes and deletes an instance in a loop. Chaos meanwhile: every --agent-kill-every seconds one agent
-(in turn) gets SIGKILL (SIGTERM with --sigterm) and is started again 5 s after it ended; once, mid-run,
-fleetd gets SIGKILL and is started again at once.
+where its agents look for it) and three `fleet-agent run` processes on fake 8 x H100 hosts, in a
+fleet without `allow_root_tasks`: every task runs as its submitter's own uid. The load comes from
+processes of its own (this file with --role): three submitters, each with its own submitter token,
+about 9 jobs/s together (1-3 s of `sleep`, a tenth exiting 1 on purpose, a tenth two-node gangs,
+half-GPU and 2-GPU jobs, a third with retry {max_attempts: 3, on: [node_lost, failed]}), and one
+that creates, stops, resumes and deletes an instance in a loop. Chaos meanwhile: every
+--agent-kill-every seconds one agent (in turn) gets SIGKILL (SIGTERM with --sigterm) and is started
+again 5 s after it ended; once, mid-run, fleetd gets SIGKILL and is started again at once.
 
 Every task writes its own run into a side-effect log (a 1777 directory), independently of fleetd:
 `S|E|K job epoch rank pid time [exit]` at its start, its end, and on SIGTERM. After the load stops
@@ -27,10 +27,11 @@ the queue gets --drain-seconds to drain; then:
   leaked GPUs    GPUs cluster/allocation shows held by no live task or instance (after the holds
                  settled), and fleetd_leaked_gpus_freed_total (summed over fleetd's lives)
 
-with fleetd's RSS every 10 s. Prints a table, writes JSON to bench/results/soak.json (or --json), and
-exits 1 when any of lost, ran twice, ran at once, wrong outcome, stuck or leaked is not 0. Every process it starts is
-stopped by its pid at the end (also on Ctrl-C), and the temporary directory removed (kept with --keep;
-its logs are copied to bench/results/soak-logs/ when the run found something).
+with fleetd's RSS every 10 s. Prints a table, writes JSON to bench/results/soak.json (or --json),
+and exits 1 when any of lost, ran twice, ran at once, wrong outcome, stuck or leaked is not 0. Every
+process it starts is stopped by its pid at the end (also on Ctrl-C), and the temporary directory
+removed (kept with --keep; its logs are copied to bench/results/soak-logs/ when the run found
+something).
 
     .venv/bin/python bench/soak.py --seconds 120          # about 5 minutes with the drain
     .venv/bin/python bench/soak.py                        # the issue's run: 10 minutes of load
@@ -66,7 +67,8 @@ AGENTS = 3
 SUBMITTERS = 3
 LEAK_METRIC = "fleetd_leaked_gpus_freed_total"
 
-# Runs as the submitter's uid under /bin/sh (dash): one line per event, each one write(2) in O_APPEND.
+# Runs as the submitter's uid under /bin/sh (dash): one line per event, each one write(2) in
+# O_APPEND.
 TASK_SCRIPT = r"""L="$SOAK_LOG"; me="$FLEET_JOB_ID $FLEET_TASK_EPOCH $FLEET_NODE_RANK $$"
 echo "S $me $(date +%s.%N)" >>"$L"
 trap 'echo "K $me $(date +%s.%N) 143" >>"$L"; exit 143' TERM INT HUP
@@ -90,7 +92,8 @@ class Api:
         self.conn = None
 
     def request(self, method, path, body=None):
-        """(status, parsed body); raises OSError when no answer came (the request may have been sent)."""
+        """(status, parsed body); raises OSError when no answer came (the request may have been
+        sent)."""
         data = None if body is None else json.dumps(body).encode()
         if self.conn is None:
             self.conn = HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -106,8 +109,8 @@ class Api:
         return resp.status, raw.decode(errors="replace")
 
     def call(self, method, path, body=None, expect=(200, 201, 202, 204), retry_seconds=0.0):
-        """The parsed answer of a call that must succeed (202: accepted, e.g. an instance `deleting` until
-        its node removed the volume); connection failures retried for `retry_seconds`."""
+        """The parsed answer of a call that must succeed (202: accepted, e.g. an instance `deleting`
+        until its node removed the volume); connection failures retried for `retry_seconds`."""
         deadline = time.monotonic() + retry_seconds
         for _ in range(10_000):
             try:
@@ -130,7 +133,9 @@ class Api:
         items, cursor = [], None
         for _ in range(1000):
             query = dict(params, limit=1000, **({"cursor": cursor} if cursor else {}))
-            page = self.call("GET", f"{path}?{urllib.parse.urlencode(query)}", retry_seconds=retry_seconds)
+            page = self.call(
+                "GET", f"{path}?{urllib.parse.urlencode(query)}", retry_seconds=retry_seconds
+            )
             items += page["items"]
             cursor = page.get("next_cursor")
             if not cursor:
@@ -167,17 +172,27 @@ def job_spec(rng, name, side_log, run_id):
         kind, gpus = "half", 0.5
     elif draw < 0.6:
         kind, gpus = "2gpu", 2
-    spec = {"name": name, "command": ["/bin/sh", "-c", TASK_SCRIPT], "num_nodes": nodes,
-            "resources": {"gpus": gpus}, "node_selector": {"fleet": FLEET},
-            "env": {"SOAK_LOG": side_log, "SOAK_SLEEP": f"{rng.uniform(1, 3):.1f}", "SOAK_EXIT": str(code),
-                    "SOAK_RUN": run_id}}
+    spec = {
+        "name": name,
+        "command": ["/bin/sh", "-c", TASK_SCRIPT],
+        "num_nodes": nodes,
+        "resources": {"gpus": gpus},
+        "node_selector": {"fleet": FLEET},
+        "env": {
+            "SOAK_LOG": side_log,
+            "SOAK_SLEEP": f"{rng.uniform(1, 3):.1f}",
+            "SOAK_EXIT": str(code),
+            "SOAK_RUN": run_id,
+        },
+    }
     if rng.random() < 1 / 3:
         spec["retry"] = {"max_attempts": 3, "on": ["node_lost", "failed"]}
     return spec, kind
 
 
 def role_submitter(args):
-    """Submit jobs at --rate per second until --seconds pass or SIGTERM; every 201 is written at once."""
+    """Submit jobs at --rate per second until --seconds pass or SIGTERM; every 201 is written at
+    once."""
     stopping = Stopping()
     rng = random.Random(args.seed)
     api = Api(args.url, args.token, timeout=30)
@@ -201,7 +216,8 @@ def role_submitter(args):
             try:
                 status, answer = api.request("POST", "/api/v1/jobs", spec)
             except OSError as exc:
-                # Refused: never reached fleetd. Anything else may have been stored without an answer.
+                # Refused: never reached fleetd. Anything else may have been stored without an
+                # answer.
                 if isinstance(exc.__cause__, ConnectionRefusedError):
                     counts["refused"] += 1
                 else:
@@ -210,13 +226,17 @@ def role_submitter(args):
                 status = None
             if status == 201:
                 counts["acknowledged"] += 1
-                acked.write(f"{answer['id']} {name} {kind} {spec['env']['SOAK_SLEEP']} "
-                            f"{int('retry' in spec)}\n")
+                acked.write(
+                    f"{answer['id']} {name} {kind} {spec['env']['SOAK_SLEEP']} "
+                    f"{int('retry' in spec)}\n"
+                )
                 acked.flush()
             elif status is not None:
                 counts["statuses"][str(status)] = counts["statuses"].get(str(status), 0) + 1
             next_at += interval
-            if next_at < time.monotonic() - 1.0:  # more than a second behind: drop the backlog, keep the rate
+            if (
+                next_at < time.monotonic() - 1.0
+            ):  # more than a second behind: drop the backlog, keep the rate
                 skipped = int((time.monotonic() - next_at) / interval)
                 counts["skipped"] += skipped
                 next_at += skipped * interval
@@ -226,7 +246,8 @@ def role_submitter(args):
 
 
 def _wait_instance(api, instance_id, states, seconds, stopping=None):
-    """Wait until the instance is in one of `states` (404 counts as deleted); returns (state, waited s)."""
+    """Wait until the instance is in one of `states` (404 counts as deleted); returns (state, waited
+    s)."""
     t0 = time.monotonic()
     state = None
     for _ in range(int(seconds) + 10):
@@ -234,12 +255,19 @@ def _wait_instance(api, instance_id, states, seconds, stopping=None):
         if left <= 0 or (stopping is not None and stopping.flag.is_set()):
             break
         try:
-            status, answer = api.request("GET", f"/api/v1/instances/{instance_id}?wait_seconds="
-                                                 f"{max(1, min(10, int(left)))}")
+            status, answer = api.request(
+                "GET", f"/api/v1/instances/{instance_id}?wait_seconds={max(1, min(10, int(left)))}"
+            )
         except OSError:
             time.sleep(1)
             continue
-        state = "deleted" if status == 404 else answer.get("state") if isinstance(answer, dict) else None
+        state = (
+            "deleted"
+            if status == 404
+            else answer.get("state")
+            if isinstance(answer, dict)
+            else None
+        )
         if state in states:
             break
         if status >= 500:
@@ -251,8 +279,13 @@ def role_instances(args):
     """Create, stop, resume and delete an instance in a loop until --seconds pass or SIGTERM."""
     stopping = Stopping()
     api = Api(args.url, args.token, timeout=40)
-    spec = {"command": ["/bin/sh", "-c", "sleep 900"], "resources": {"gpus": 1}, "restart": "never",
-            "node_selector": {"fleet": FLEET}, "env": {"SOAK_RUN": args.run_id}}
+    spec = {
+        "command": ["/bin/sh", "-c", "sleep 900"],
+        "resources": {"gpus": 1},
+        "restart": "never",
+        "node_selector": {"fleet": FLEET},
+        "env": {"SOAK_RUN": args.run_id},
+    }
     steps, current = [], None
     deadline = time.monotonic() + args.seconds
     step_limit = 120
@@ -265,34 +298,64 @@ def role_instances(args):
             state, waited = _wait_instance(api, instance_id, states, step_limit)
         except (OSError, RuntimeError) as exc:
             state, waited = f"error: {exc}", round(time.monotonic() - t0, 1)
-        steps.append({"cycle": cycle, "step": what, "instance": instance_id, "state": state, "seconds": waited,
-                      "ok": state in states})
+        steps.append(
+            {
+                "cycle": cycle,
+                "step": what,
+                "instance": instance_id,
+                "state": state,
+                "seconds": waited,
+                "ok": state in states,
+            }
+        )
         return state in states
 
     for cycle in range(int(args.seconds) // 10 + 1):
         if stopping.flag.is_set() or time.monotonic() >= deadline:
             break
         try:
-            made = api.call("POST", "/api/v1/instances", dict(spec, name=f"soak-nb-{cycle}"), retry_seconds=60)
+            made = api.call(
+                "POST", "/api/v1/instances", dict(spec, name=f"soak-nb-{cycle}"), retry_seconds=60
+            )
         except (OSError, RuntimeError) as exc:
-            steps.append({"cycle": cycle, "step": "create", "instance": None, "state": f"error: {exc}",
-                          "seconds": 0, "ok": False})
+            steps.append(
+                {
+                    "cycle": cycle,
+                    "step": "create",
+                    "instance": None,
+                    "state": f"error: {exc}",
+                    "seconds": 0,
+                    "ok": False,
+                }
+            )
             stopping.flag.wait(5)
             continue
         current = made["id"]
         ok = step(cycle, "running", current, None, ("running",))
         if ok and not stopping.flag.wait(3):
-            ok = step(cycle, "stop", current, ("POST", f"/api/v1/instances/{current}/stop"), ("stopped",))
+            ok = step(
+                cycle, "stop", current, ("POST", f"/api/v1/instances/{current}/stop"), ("stopped",)
+            )
             if ok and not stopping.flag.is_set():
-                ok = step(cycle, "resume", current, ("POST", f"/api/v1/instances/{current}/resume", {}),
-                          ("running",))
+                ok = step(
+                    cycle,
+                    "resume",
+                    current,
+                    ("POST", f"/api/v1/instances/{current}/resume", {}),
+                    ("running",),
+                )
                 stopping.flag.wait(3)
         if step(cycle, "delete", current, ("DELETE", f"/api/v1/instances/{current}"), ("deleted",)):
             current = None
-    if current is not None:  # a delete that did not finish: once more, so that nothing is left running
+    if (
+        current is not None
+    ):  # a delete that did not finish: once more, so that nothing is left running
         step(-1, "delete", current, ("DELETE", f"/api/v1/instances/{current}"), ("deleted",))
-    summary = {"cycles": len({s["cycle"] for s in steps if s["step"] == "delete" and s["ok"]}),
-               "steps": steps, "left": current}
+    summary = {
+        "cycles": len({s["cycle"] for s in steps if s["step"] == "delete" and s["ok"]}),
+        "steps": steps,
+        "left": current,
+    }
     (pathlib.Path(args.out) / "instances.json").write_text(json.dumps(summary))
     api.close()
 
@@ -330,7 +393,8 @@ def stop_process(proc, grace=30.0):
 
 
 class Soak:
-    """The run: fleetd, agents, load, chaos, drain and the verdict, with every process it started."""
+    """The run: fleetd, agents, load, chaos, drain and the verdict, with every process it
+    started."""
 
     def __init__(self, args, top):
         self.args = args
@@ -367,9 +431,22 @@ class Soak:
         logfile = open(self.fleetd_log, "a")
         logfile.write(f"==== soak: fleetd starting at {time.strftime('%H:%M:%S')}\n")
         logfile.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "fleetd", "serve", "--bind", f"127.0.0.1:{self.port}",
-                                 "--data-dir", str(self.top / "fleetd")], stderr=subprocess.PIPE, text=True,
-                                cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fleetd",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--data-dir",
+                str(self.top / "fleetd"),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         self.fleetd = proc
         deadline = time.monotonic() + 120
         listening = False
@@ -392,16 +469,29 @@ class Soak:
 
     def bootstrap(self):
         """`fleetd init`, fleetd, the fleet, three submitter tokens and one for instances."""
-        init = subprocess.run([sys.executable, "-m", "fleetd", "init", "--data-dir", str(self.top / "fleetd")],
-                              check=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        init = subprocess.run(
+            [sys.executable, "-m", "fleetd", "init", "--data-dir", str(self.top / "fleetd")],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         self.admin = init.stdout.strip().splitlines()[-1]
         self.start_fleetd()
         self.api = Api(self.url, self.admin, timeout=60)
-        self.api.call("POST", "/api/v1/fleets", {"name": FLEET})  # allow_root_tasks: false, the default
-        self.tokens = [self.api.call("POST", "/api/v1/tokens", {"name": f"soak-submitter-{i}", "role": "submitter"})
-                       ["token"] for i in range(SUBMITTERS)]
-        self.instance_token = self.api.call("POST", "/api/v1/tokens", {"name": "soak-instances",
-                                                                       "role": "submitter"})["token"]
+        self.api.call(
+            "POST", "/api/v1/fleets", {"name": FLEET}
+        )  # allow_root_tasks: false, the default
+        self.tokens = [
+            self.api.call(
+                "POST", "/api/v1/tokens", {"name": f"soak-submitter-{i}", "role": "submitter"}
+            )["token"]
+            for i in range(SUBMITTERS)
+        ]
+        self.instance_token = self.api.call(
+            "POST", "/api/v1/tokens", {"name": "soak-instances", "role": "submitter"}
+        )["token"]
 
     # agents
 
@@ -411,20 +501,45 @@ class Soak:
             root = self.top / f"agent-{i}"
             root.mkdir()
             config = root / "agent.toml"
-            config.write_text(f'state_dir = "{root / "state"}"\nmachine_id = "soak-{self.run_id}-{i}"\n'
-                              f'log_level = "info"\n[local_api]\nlisten = "127.0.0.1:0"\n'
-                              f'[devices]\nbackend = "fake:{SHAPE}"\n')
+            config.write_text(
+                f'state_dir = "{root / "state"}"\nmachine_id = "soak-{self.run_id}-{i}"\n'
+                f'log_level = "info"\n[local_api]\nlisten = "127.0.0.1:0"\n'
+                f'[devices]\nbackend = "fake:{SHAPE}"\n'
+            )
             env = self.agent_env(i, FLEET_AGENT_JOIN_TOKEN=join)
-            joined = subprocess.run([sys.executable, "-m", "agent", "join", "--server", self.url, "--config",
-                                     str(config)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+            joined = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent",
+                    "join",
+                    "--server",
+                    self.url,
+                    "--config",
+                    str(config),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+                cwd=ROOT,
+            )
             if joined.returncode != 0:
-                raise SystemExit(f"fleet-agent join failed ({joined.returncode}): {joined.stderr.strip()}")
+                raise SystemExit(
+                    f"fleet-agent join failed ({joined.returncode}): {joined.stderr.strip()}"
+                )
             self.agent_dirs.append(root)
             self.start_agent(i)
         for _ in range(1200):
             nodes = self.api.call("GET", f"/api/v1/nodes?fleet={FLEET}&limit=1000")["items"]
-            if sum(n["status"] == "ready" and (n.get("capabilities") or {}).get("isolation") == "uid"
-                   for n in nodes) == AGENTS:
+            if (
+                sum(
+                    n["status"] == "ready"
+                    and (n.get("capabilities") or {}).get("isolation") == "uid"
+                    for n in nodes
+                )
+                == AGENTS
+            ):
                 return
             time.sleep(0.1)
         raise SystemExit(f"the {AGENTS} agents did not become ready with uid isolation in 120 s")
@@ -438,28 +553,65 @@ class Soak:
         with open(root / "agent.log", "a") as logfile:
             logfile.write(f"==== soak: agent {i} starting at {time.strftime('%H:%M:%S')}\n")
             logfile.flush()
-            self.agents[i] = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config",
-                                               str(root / "agent.toml")], stdout=logfile,
-                                              stderr=subprocess.STDOUT, env=self.agent_env(i), cwd=ROOT,
-                                              start_new_session=True)
+            self.agents[i] = subprocess.Popen(
+                [sys.executable, "-m", "agent", "run", "--config", str(root / "agent.toml")],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                env=self.agent_env(i),
+                cwd=ROOT,
+                start_new_session=True,
+            )
 
     # the load
 
     def start_load(self):
-        common = [sys.executable, str(pathlib.Path(__file__).resolve()), "--url", self.url, "--out",
-                  str(self.load_dir), "--seconds", str(self.args.seconds), "--run-id", self.run_id]
+        common = [
+            sys.executable,
+            str(pathlib.Path(__file__).resolve()),
+            "--url",
+            self.url,
+            "--out",
+            str(self.load_dir),
+            "--seconds",
+            str(self.args.seconds),
+            "--run-id",
+            self.run_id,
+        ]
         for i in range(SUBMITTERS):
-            self.loaders.append(subprocess.Popen(
-                common + ["--role", "submitter", "--token", self.tokens[i], "--index", str(i),
-                          "--rate", str(self.args.rate / SUBMITTERS), "--seed", str(self.args.seed + i),
-                          "--side-log", str(self.side_log)], cwd=ROOT, start_new_session=True))
-        self.loaders.append(subprocess.Popen(common + ["--role", "instances", "--token", self.instance_token],
-                                             cwd=ROOT, start_new_session=True))
+            self.loaders.append(
+                subprocess.Popen(
+                    common
+                    + [
+                        "--role",
+                        "submitter",
+                        "--token",
+                        self.tokens[i],
+                        "--index",
+                        str(i),
+                        "--rate",
+                        str(self.args.rate / SUBMITTERS),
+                        "--seed",
+                        str(self.args.seed + i),
+                        "--side-log",
+                        str(self.side_log),
+                    ],
+                    cwd=ROOT,
+                    start_new_session=True,
+                )
+            )
+        self.loaders.append(
+            subprocess.Popen(
+                common + ["--role", "instances", "--token", self.instance_token],
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        )
 
     # chaos and sampling
 
     def schedule(self):
-        """[(seconds after the load began, action, agent index)]: agent kills in turn, one fleetd kill."""
+        """[(seconds after the load began, action, agent index)]: agent kills in turn, one fleetd
+        kill."""
         seconds, every = self.args.seconds, self.args.agent_kill_every
         kills, at = [], min(45.0, seconds / 4)
         while at < seconds - 5 and len(kills) < 1000:
@@ -478,8 +630,14 @@ class Soak:
         """fleetd's RSS and its leak counter."""
         pid = self.fleetd.pid if self.fleetd else None
         rss = proc_rss(pid) if pid else None
-        self.rss.append({"at": round(time.monotonic() - self.t0, 1), "pid": pid, "phase": self.phase,
-                         "rss_mib": round(rss / 2**20, 1) if rss else None})
+        self.rss.append(
+            {
+                "at": round(time.monotonic() - self.t0, 1),
+                "pid": pid,
+                "phase": self.phase,
+                "rss_mib": round(rss / 2**20, 1) if rss else None,
+            }
+        )
         try:
             status, text = Api(self.url, self.admin, timeout=10).request("GET", "/metrics")
         except OSError:
@@ -490,7 +648,8 @@ class Soak:
                 self.leak_metric[pid] = float(match.group(1))
 
     def chaos_loop(self):
-        """The load's time: chaos on schedule, samples every 10 s; agents restarted 5 s after they ended."""
+        """The load's time: chaos on schedule, samples every 10 s; agents restarted 5 s after they
+        ended."""
         events = self.schedule()
         self.note("load started", schedule=[(round(t, 1), a, i) for t, a, i in events])
         load_t0 = time.monotonic()
@@ -504,7 +663,11 @@ class Soak:
                 break
             while events and events[0][0] <= elapsed:
                 _, action, i = events.pop(0)
-                if action == "kill_agent" and self.agents[i] is not None and self.agents[i].poll() is None:
+                if (
+                    action == "kill_agent"
+                    and self.agents[i] is not None
+                    and self.agents[i].poll() is None
+                ):
                     if self.args.sigterm:
                         self.agents[i].terminate()
                         ending[i] = now + 60
@@ -550,7 +713,8 @@ class Soak:
             self.note("agent started again (end of load)", agent=i, pid=self.agents[i].pid)
 
     def stop_load(self):
-        """SIGTERM to the load processes: submitters stop, the instance loop deletes its instance."""
+        """SIGTERM to the load processes: submitters stop, the instance loop deletes its
+        instance."""
         for proc in self.loaders:
             if proc.poll() is None:
                 proc.terminate()
@@ -570,8 +734,10 @@ class Soak:
         for _ in range(int(self.args.drain_seconds) + 10):
             if time.monotonic() - t0 >= self.args.drain_seconds:
                 break
-            left = sum(len(self.api.pages("/api/v1/jobs", {"state": s})) for s in ("queued", "running",
-                                                                                    "cancelling"))
+            left = sum(
+                len(self.api.pages("/api/v1/jobs", {"state": s}))
+                for s in ("queued", "running", "cancelling")
+            )
             if time.monotonic() - t0 >= next_sample:
                 self.sample()
                 next_sample = time.monotonic() - t0 + 10
@@ -589,8 +755,12 @@ class Soak:
             for line in path.read_text().splitlines():
                 parts = line.split()
                 if len(parts) == 5:
-                    acked[parts[0]] = {"name": parts[1], "kind": parts[2], "sleep": float(parts[3]),
-                                       "retry": parts[4] == "1"}
+                    acked[parts[0]] = {
+                        "name": parts[1],
+                        "kind": parts[2],
+                        "sleep": float(parts[3]),
+                        "retry": parts[4] == "1",
+                    }
         return acked
 
     def read_runs(self):
@@ -601,13 +771,20 @@ class Soak:
         for line in text.splitlines():
             parts = line.split()
             try:
-                what, job, epoch, rank, pid, at = parts[0], parts[1], int(parts[2]), int(parts[3]), int(parts[4]), \
-                    float(parts[5])
+                what, job, epoch, rank, pid, at = (
+                    parts[0],
+                    parts[1],
+                    int(parts[2]),
+                    int(parts[3]),
+                    int(parts[4]),
+                    float(parts[5]),
+                )
             except (IndexError, ValueError):
                 malformed += 1
                 continue
-            run = runs.setdefault((job, rank), {}).setdefault((epoch, pid), {"start": None, "end": None,
-                                                                             "how": None, "exit": None})
+            run = runs.setdefault((job, rank), {}).setdefault(
+                (epoch, pid), {"start": None, "end": None, "how": None, "exit": None}
+            )
             if what == "S":
                 run["start"] = at
             elif what in ("E", "K") and run["end"] is None:
@@ -625,7 +802,8 @@ class Soak:
             return False
 
     def holds(self, jobs_by_id):
-        """GPUs cluster/allocation shows held, and those held by nothing alive: ({uuid}, {uuid: holders})."""
+        """GPUs cluster/allocation shows held, and those held by nothing alive: ({uuid}, {uuid:
+        holders})."""
         allocation = self.api.call("GET", "/api/v1/cluster/allocation", retry_seconds=60)
         runs, _, _ = self.read_runs()
         instance_state = {}
@@ -636,27 +814,45 @@ class Soak:
             if workload.get("kind") == "instance":
                 if workload["id"] not in instance_state:
                     status, answer = self.api.request("GET", f"/api/v1/instances/{workload['id']}")
-                    instance_state[workload["id"]] = answer.get("state") if status == 200 else "not found"
-                live = live and instance_state[workload["id"]] not in ("deleted", "stopped", "not found")
+                    instance_state[workload["id"]] = (
+                        answer.get("state") if status == 200 else "not found"
+                    )
+                live = live and instance_state[workload["id"]] not in (
+                    "deleted",
+                    "stopped",
+                    "not found",
+                )
             else:
                 job = jobs_by_id.get(workload.get("id") or alloc.get("job_id"))
                 if job is None:
                     status, job = self.api.request("GET", f"/api/v1/jobs/{alloc['job_id']}")
                     job = job if status == 200 else {"state": "not found"}
-                live = live and job["state"] not in TERMINAL and any(
-                    r["end"] is None and self.alive(pid, alloc["job_id"])
-                    for (_, pid), r in runs.get((alloc["job_id"], alloc["rank"]), {}).items())
+                live = (
+                    live
+                    and job["state"] not in TERMINAL
+                    and any(
+                        r["end"] is None and self.alive(pid, alloc["job_id"])
+                        for (_, pid), r in runs.get((alloc["job_id"], alloc["rank"]), {}).items()
+                    )
+                )
             for gpu in alloc.get("gpus") or []:
                 held.add(gpu["uuid"])
                 if not live:
                     dead.setdefault(gpu["uuid"], []).append(
-                        {"task": alloc.get("task_id"), "job": alloc.get("job_id"), "rank": alloc.get("rank"),
-                         "state": alloc.get("state"), "workload": workload})
+                        {
+                            "task": alloc.get("task_id"),
+                            "job": alloc.get("job_id"),
+                            "rank": alloc.get("rank"),
+                            "state": alloc.get("state"),
+                            "workload": workload,
+                        }
+                    )
         live_held = {u for u in held if u not in dead}
         return held, {u: h for u, h in dead.items() if u not in live_held}
 
     def settle_holds(self):
-        """Wait (bounded) for GPU holds of ended work to go; returns the jobs listing and the holds left."""
+        """Wait (bounded) for GPU holds of ended work to go; returns the jobs listing and the holds
+        left."""
         jobs = {}
         for _ in range(20):
             jobs = {j["id"]: j for j in self.api.pages("/api/v1/jobs", {})}
@@ -674,7 +870,15 @@ class Soak:
         status = self.api.call("GET", "/api/v1/cluster/status", retry_seconds=60)
         self.sample()
         outcomes = {}
-        not_found, not_terminal, twice, twice_unsucceeded, at_once, maybe_at_once, stuck = [], [], [], [], [], [], []
+        not_found, not_terminal, twice, twice_unsucceeded, at_once, maybe_at_once, stuck = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         no_end = 0
         wrong = []
         for job_id, meta in acked.items():
@@ -685,33 +889,62 @@ class Soak:
                     not_found.append(job_id)
                     continue
             outcomes[job["state"]] = outcomes.get(job["state"], 0) + 1
-            # Nobody cancels here, only "fails" jobs exit non-zero: any other ending is a wrong outcome.
-            if job["state"] == "cancelled" or (job["state"] == "failed") != (meta["kind"] == "fails") \
-                    and job["state"] in TERMINAL:
-                wrong.append({"job": job_id, "kind": meta["kind"], "state": job["state"],
-                              "attempt": job.get("attempt"),
-                              "tasks": [(t["rank"], t["state"], t["reason"]) for t in job.get("tasks") or []]})
+            # Nobody cancels here, only "fails" jobs exit non-zero: any other ending is a wrong
+            # outcome.
+            if (
+                job["state"] == "cancelled"
+                or (job["state"] == "failed") != (meta["kind"] == "fails")
+                and job["state"] in TERMINAL
+            ):
+                wrong.append(
+                    {
+                        "job": job_id,
+                        "kind": meta["kind"],
+                        "state": job["state"],
+                        "attempt": job.get("attempt"),
+                        "tasks": [
+                            (t["rank"], t["state"], t["reason"]) for t in job.get("tasks") or []
+                        ],
+                    }
+                )
             if job["state"] not in TERMINAL:
                 not_terminal.append(job_id)
             for task in job.get("tasks") or []:
                 mine = runs.get((job_id, task["rank"]), {})
                 if task["state"] in ACTIVE_TASK and not any(
-                        r["end"] is None and self.alive(pid, job_id) for (_, pid), r in mine.items()):
-                    stuck.append({"job": job_id, "task": task["id"], "rank": task["rank"], "state": task["state"],
-                                  "node": task["node_id"]})
+                    r["end"] is None and self.alive(pid, job_id) for (_, pid), r in mine.items()
+                ):
+                    stuck.append(
+                        {
+                            "job": job_id,
+                            "task": task["id"],
+                            "rank": task["rank"],
+                            "state": task["state"],
+                            "node": task["node_id"],
+                        }
+                    )
             for rank in range(2 if meta["kind"] == "gang" else 1):
                 mine = runs.get((job_id, rank), {})
                 completed = [k for k, r in mine.items() if r["how"] == "E" and r["exit"] == 0]
                 if len(completed) > 1:
-                    # A gang's rank that completed, then ran again because a peer of that attempt did not:
-                    # the documented gang retry, told apart from a single task run twice.
+                    # A gang's rank that completed, then ran again because a peer of that attempt
+                    # did not: the documented gang retry, told apart from a single task run twice.
                     peers = [runs.get((job_id, other), {}) for other in range(2) if other != rank]
                     first = min(epoch for epoch, _ in completed)
-                    peer_done = any(e == first and r["how"] == "E" and r["exit"] == 0
-                                    for peer in peers for (e, _), r in peer.items())
+                    peer_done = any(
+                        e == first and r["how"] == "E" and r["exit"] == 0
+                        for peer in peers
+                        for (e, _), r in peer.items()
+                    )
                     (twice if job["state"] == "succeeded" else twice_unsucceeded).append(
-                        {"job": job_id, "rank": rank, "runs": sorted(completed), "gang": meta["kind"] == "gang",
-                         "peer_completed_in_first_epoch": peer_done if peers else None})
+                        {
+                            "job": job_id,
+                            "rank": rank,
+                            "runs": sorted(completed),
+                            "gang": meta["kind"] == "gang",
+                            "peer_completed_in_first_epoch": peer_done if peers else None,
+                        }
+                    )
                 spans = []
                 for (epoch, pid), r in mine.items():
                     if r["start"] is None:
@@ -727,105 +960,179 @@ class Soak:
                         b_end = b[1] if not b[2] else b[0] + meta["sleep"] + 0.5
                         if a[0] < b_end and b[0] < a_end:
                             (maybe_at_once if a[2] or b[2] else at_once).append(
-                                {"job": job_id, "rank": rank, "runs": [(a[3], a[4]), (b[3], b[4])],
-                                 "overlap_s": round(min(a_end, b_end) - max(a[0], b[0]), 2)})
+                                {
+                                    "job": job_id,
+                                    "rank": rank,
+                                    "runs": [(a[3], a[4]), (b[3], b[4])],
+                                    "overlap_s": round(min(a_end, b_end) - max(a[0], b[0]), 2),
+                                }
+                            )
         ambiguous = self.resolve_ambiguous()
         instances = self.read_json(self.load_dir / "instances.json") or {}
         bad_steps = [s for s in instances.get("steps", []) if not s["ok"]]
         leak_metric = sum(self.leak_metric.values())
-        submitters = [self.read_json(self.load_dir / f"submitter-{i}.json") or {} for i in range(SUBMITTERS)]
+        submitters = [
+            self.read_json(self.load_dir / f"submitter-{i}.json") or {} for i in range(SUBMITTERS)
+        ]
         rss = [s["rss_mib"] for s in self.rss if s["rss_mib"]]
-        by_phase = {p: [s["rss_mib"] for s in self.rss if s["rss_mib"] and s["phase"] == p]
-                    for p in ("idle", "load", "drain", "verdict")}
+        by_phase = {
+            p: [s["rss_mib"] for s in self.rss if s["rss_mib"] and s["phase"] == p]
+            for p in ("idle", "load", "drain", "verdict")
+        }
         results = {
-            "commit": git_commit(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.wall0)),
+            "commit": git_commit(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.wall0)),
             "args": {k: v for k, v in vars(self.args).items() if k not in ("token",)},
-            "acknowledged": len(acked), "by_kind": count_by(acked.values(), "kind"),
-            "outcomes": outcomes, "lost": len(not_found) + len(not_terminal),
-            "lost_not_found": not_found, "lost_not_terminal": not_terminal,
-            "ran_twice": len({t["job"] for t in twice}), "ran_twice_detail": twice,
+            "acknowledged": len(acked),
+            "by_kind": count_by(acked.values(), "kind"),
+            "outcomes": outcomes,
+            "lost": len(not_found) + len(not_terminal),
+            "lost_not_found": not_found,
+            "lost_not_terminal": not_terminal,
+            "ran_twice": len({t["job"] for t in twice}),
+            "ran_twice_detail": twice,
             "ran_twice_single_node": len({t["job"] for t in twice if not t["gang"]}),
-            "ran_twice_gang_rerun": len({t["job"] for t in twice if t["gang"]
-                                         and not t["peer_completed_in_first_epoch"]}),
+            "ran_twice_gang_rerun": len(
+                {t["job"] for t in twice if t["gang"] and not t["peer_completed_in_first_epoch"]}
+            ),
             "completed_twice_not_succeeded": twice_unsucceeded,
-            "ran_at_once": len({t["job"] for t in at_once}), "ran_at_once_detail": at_once,
+            "ran_at_once": len({t["job"] for t in at_once}),
+            "ran_at_once_detail": at_once,
             "maybe_ran_at_once (an end inferred)": maybe_at_once,
-            "wrong_outcome": len(wrong), "wrong_outcome_detail": wrong,
-            "stuck": len(stuck) + len(bad_steps), "stuck_tasks": stuck, "instance_steps_not_reached": bad_steps,
-            "instance_cycles": instances.get("cycles"), "instance_left": instances.get("left"),
-            "leaked_gpus": len(leaked), "leaked_detail": leaked, "gpus_held_at_end": len(held),
-            "cluster_status_gpu": status.get("gpu"), LEAK_METRIC: leak_metric,
+            "wrong_outcome": len(wrong),
+            "wrong_outcome_detail": wrong,
+            "stuck": len(stuck) + len(bad_steps),
+            "stuck_tasks": stuck,
+            "instance_steps_not_reached": bad_steps,
+            "instance_cycles": instances.get("cycles"),
+            "instance_left": instances.get("left"),
+            "leaked_gpus": len(leaked),
+            "leaked_detail": leaked,
+            "gpus_held_at_end": len(held),
+            "cluster_status_gpu": status.get("gpu"),
+            LEAK_METRIC: leak_metric,
             "leak_metric_by_fleetd_pid": self.leak_metric,
             "side_log": {"lines": lines, "malformed": malformed, "runs_without_end": no_end},
-            "submitters": submitters, "ambiguous_submissions": ambiguous, "drain_seconds": drain_seconds,
-            "fleetd_rss_mib": {"first": rss[0] if rss else None, "max": max(rss) if rss else None,
-                               "last": rss[-1] if rss else None,
-                               "max_under_load": max(by_phase["load"], default=None),
-                               "end_of_drain": (by_phase["drain"] or [None])[-1],
-                               "after_final_listing": max(by_phase["verdict"], default=None),
-                               "samples": self.rss},
-            "timeline": self.timeline, "log_counts": self.log_counts(),
+            "submitters": submitters,
+            "ambiguous_submissions": ambiguous,
+            "drain_seconds": drain_seconds,
+            "fleetd_rss_mib": {
+                "first": rss[0] if rss else None,
+                "max": max(rss) if rss else None,
+                "last": rss[-1] if rss else None,
+                "max_under_load": max(by_phase["load"], default=None),
+                "end_of_drain": (by_phase["drain"] or [None])[-1],
+                "after_final_listing": max(by_phase["verdict"], default=None),
+                "samples": self.rss,
+            },
+            "timeline": self.timeline,
+            "log_counts": self.log_counts(),
         }
         results["evidence"] = self.evidence(results)
         return results
 
     def resolve_ambiguous(self):
-        """Submissions that got no answer: did fleetd store them? (not counted as acknowledged either way)"""
+        """Submissions that got no answer: did fleetd store them? (not counted as acknowledged
+        either way)"""
         names = []
         for i in range(SUBMITTERS):
-            names += (self.read_json(self.load_dir / f"submitter-{i}.json") or {}).get("ambiguous_names", [])
+            names += (self.read_json(self.load_dir / f"submitter-{i}.json") or {}).get(
+                "ambiguous_names", []
+            )
         found = {}
         for name in names[:200]:
-            items = self.api.call("GET", f"/api/v1/jobs?name={urllib.parse.quote(name)}", retry_seconds=30)["items"]
+            items = self.api.call(
+                "GET", f"/api/v1/jobs?name={urllib.parse.quote(name)}", retry_seconds=30
+            )["items"]
             found[name] = [(j["id"], j["state"]) for j in items]
-        return {"count": len(names), "stored": sum(bool(v) for v in found.values()), "detail": found}
+        return {
+            "count": len(names),
+            "stored": sum(bool(v) for v in found.values()),
+            "detail": found,
+        }
 
     def log_counts(self):
         """Lines of note in the agents' and fleetd's logs."""
-        patterns = {"agent: left from before the agent restarted": r"left from before the agent restarted",
-                    "agent: left from before, exit status unknown": r"exit status is unknown",
-                    "agent: taken back after a restart": r"left from before the agent restarted; taking it back",
-                    "agent: lease ran out (fence)": r"lease ran out|fenced",
-                    "agent: stale epoch, forgotten": r"stale epoch",
-                    "agent: tracebacks": r"Traceback",
-                    "fleetd: reconciled": r"reconciled",
-                    "fleetd: freed a leaked GPU hold": r"freed a leaked GPU hold",
-                    "fleetd: cannot go from": r"cannot go from",
-                    "fleetd: tracebacks": r"Traceback"}
-        agent_text = "".join((d / "agent.log").read_text(errors="replace") for d in self.agent_dirs
-                             if (d / "agent.log").exists())
-        fleetd_text = self.fleetd_log.read_text(errors="replace") if self.fleetd_log.exists() else ""
-        return {name: len(re.findall(pattern, agent_text if name.startswith("agent") else fleetd_text))
-                for name, pattern in patterns.items()}
+        patterns = {
+            "agent: left from before the agent restarted": r"left from before the agent restarted",
+            "agent: left from before, exit status unknown": r"exit status is unknown",
+            "agent: taken back after a restart": (
+                r"left from before the agent restarted; taking it back"
+            ),
+            "agent: lease ran out (fence)": r"lease ran out|fenced",
+            "agent: stale epoch, forgotten": r"stale epoch",
+            "agent: tracebacks": r"Traceback",
+            "fleetd: reconciled": r"reconciled",
+            "fleetd: freed a leaked GPU hold": r"freed a leaked GPU hold",
+            "fleetd: cannot go from": r"cannot go from",
+            "fleetd: tracebacks": r"Traceback",
+        }
+        agent_text = "".join(
+            (d / "agent.log").read_text(errors="replace")
+            for d in self.agent_dirs
+            if (d / "agent.log").exists()
+        )
+        fleetd_text = (
+            self.fleetd_log.read_text(errors="replace") if self.fleetd_log.exists() else ""
+        )
+        return {
+            name: len(re.findall(pattern, agent_text if name.startswith("agent") else fleetd_text))
+            for name, pattern in patterns.items()
+        }
 
     def evidence(self, results):
-        """For up to 10 flagged jobs: fleetd's view, its events, the side-log lines and the log lines naming it."""
-        flagged = ([("not found", j) for j in results["lost_not_found"]]
-                   + [("not terminal", j) for j in results["lost_not_terminal"]]
-                   + [("ran twice", t["job"]) for t in results["ran_twice_detail"]]
-                   + [("ran at once", t["job"]) for t in results["ran_at_once_detail"]]
-                   + [("stuck", t["job"]) for t in results["stuck_tasks"]]
-                   + [("wrong outcome", t["job"]) for t in results["wrong_outcome_detail"]]
-                   + [("leaked", h["job"]) for holders in results["leaked_detail"].values() for h in holders
-                      if h.get("job")])
+        """For up to 10 flagged jobs: fleetd's view, its events, the side-log lines and the log
+        lines naming it."""
+        flagged = (
+            [("not found", j) for j in results["lost_not_found"]]
+            + [("not terminal", j) for j in results["lost_not_terminal"]]
+            + [("ran twice", t["job"]) for t in results["ran_twice_detail"]]
+            + [("ran at once", t["job"]) for t in results["ran_at_once_detail"]]
+            + [("stuck", t["job"]) for t in results["stuck_tasks"]]
+            + [("wrong outcome", t["job"]) for t in results["wrong_outcome_detail"]]
+            + [
+                ("leaked", h["job"])
+                for holders in results["leaked_detail"].values()
+                for h in holders
+                if h.get("job")
+            ]
+        )
         seen, out = set(), []
         side = self.side_log.read_text().splitlines() if self.side_log.exists() else []
-        logs = [(f"agent-{i}", (d / "agent.log").read_text(errors="replace").splitlines())
-                for i, d in enumerate(self.agent_dirs) if (d / "agent.log").exists()]
-        logs.append(("fleetd", self.fleetd_log.read_text(errors="replace").splitlines()
-                     if self.fleetd_log.exists() else []))
+        logs = [
+            (f"agent-{i}", (d / "agent.log").read_text(errors="replace").splitlines())
+            for i, d in enumerate(self.agent_dirs)
+            if (d / "agent.log").exists()
+        ]
+        logs.append(
+            (
+                "fleetd",
+                self.fleetd_log.read_text(errors="replace").splitlines()
+                if self.fleetd_log.exists()
+                else [],
+            )
+        )
         for why, job_id in flagged:
             if job_id in seen or len(out) >= 10:
                 continue
             seen.add(job_id)
             code, job = self.api.request("GET", f"/api/v1/jobs/{job_id}")
             code_e, events = self.api.request("GET", f"/api/v1/jobs/{job_id}/events?limit=1000")
-            ids = [job_id] + [t["id"] for t in (job.get("tasks") or [])] if code == 200 else [job_id]
-            lines = {name: [ln for ln in text if any(i in ln for i in ids)][:40] for name, text in logs}
-            out.append({"why": why, "job": job if code == 200 else None,
-                        "events": events.get("items") if code_e == 200 else None,
-                        "side_log": [ln for ln in side if f" {job_id} " in ln],
-                        "log_lines": {k: v for k, v in lines.items() if v}})
+            ids = (
+                [job_id] + [t["id"] for t in (job.get("tasks") or [])] if code == 200 else [job_id]
+            )
+            lines = {
+                name: [ln for ln in text if any(i in ln for i in ids)][:40] for name, text in logs
+            }
+            out.append(
+                {
+                    "why": why,
+                    "job": job if code == 200 else None,
+                    "events": events.get("items") if code_e == 200 else None,
+                    "side_log": [ln for ln in side if f" {job_id} " in ln],
+                    "log_lines": {k: v for k, v in lines.items() if v},
+                }
+            )
         return out
 
     @staticmethod
@@ -881,7 +1188,8 @@ class Soak:
             log(f"could not delete instances at the end: {exc}")
 
     def kill_task_processes(self):
-        """Tasks and instances of this run still alive (their environment carries this run's id): SIGKILL."""
+        """Tasks and instances of this run still alive (their environment carries this run's id):
+        SIGKILL."""
         marker = f"SOAK_RUN={self.run_id}".encode()
         killed = []
         for entry in os.listdir("/proc"):
@@ -924,10 +1232,29 @@ def count_by(items, key):
 
 def git_commit():
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "fleetd", "agent",
-                                "fleetwire"], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "fleetd",
+                "agent",
+                "fleetwire",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=10,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -943,25 +1270,45 @@ def print_report(r):
     rows = [
         ("acknowledged jobs (201)", f"{r['acknowledged']:,}", ""),
         ("  by kind", ", ".join(f"{k} {v}" for k, v in sorted(r["by_kind"].items())), ""),
-        ("  not acknowledged: refused / no answer / other status",
-         f"{sum(s.get('refused', 0) for s in subs)} / {r['ambiguous_submissions']['count']} "
-         f"(stored {r['ambiguous_submissions']['stored']}) / "
-         f"{sum(sum(s.get('statuses', {}).values()) for s in subs)}", ""),
-        ("succeeded / failed / cancelled", " / ".join(str(outcomes.get(s, 0)) for s in TERMINAL), ""),
-        ("lost (not found / not terminal)", f"{r['lost']} ({len(r['lost_not_found'])} / "
-                                            f"{len(r['lost_not_terminal'])})", "0"),
-        ("ran twice (succeeded, a rank completed twice)", f"{r['ran_twice']} (single-node "
-         f"{r['ran_twice_single_node']}, gang rank rerun {r['ran_twice_gang_rerun']})", "0"),
+        (
+            "  not acknowledged: refused / no answer / other status",
+            f"{sum(s.get('refused', 0) for s in subs)} / {r['ambiguous_submissions']['count']} "
+            f"(stored {r['ambiguous_submissions']['stored']}) / "
+            f"{sum(sum(s.get('statuses', {}).values()) for s in subs)}",
+            "",
+        ),
+        (
+            "succeeded / failed / cancelled",
+            " / ".join(str(outcomes.get(s, 0)) for s in TERMINAL),
+            "",
+        ),
+        (
+            "lost (not found / not terminal)",
+            f"{r['lost']} ({len(r['lost_not_found'])} / {len(r['lost_not_terminal'])})",
+            "0",
+        ),
+        (
+            "ran twice (succeeded, a rank completed twice)",
+            f"{r['ran_twice']} (single-node "
+            f"{r['ran_twice_single_node']}, gang rank rerun {r['ran_twice_gang_rerun']})",
+            "0",
+        ),
         ("ran at once (two runs of a rank overlapped)", str(r["ran_at_once"]), "0"),
         ("wrong outcome (cancelled, or failed though it exits 0)", str(r["wrong_outcome"]), "0"),
-        ("stuck (tasks with no process, instance steps)", f"{r['stuck']} ({len(r['stuck_tasks'])} / "
-                                                          f"{len(r['instance_steps_not_reached'])})", "0"),
+        (
+            "stuck (tasks with no process, instance steps)",
+            f"{r['stuck']} ({len(r['stuck_tasks'])} / {len(r['instance_steps_not_reached'])})",
+            "0",
+        ),
         ("leaked GPUs at the end", str(r["leaked_gpus"]), "0"),
         (LEAK_METRIC, f"{r[LEAK_METRIC]:g}", "0"),
         ("instance cycles (create, stop, resume, delete)", str(r["instance_cycles"]), ""),
         ("drain after the load, s", str(r["drain_seconds"]), "<= 180"),
-        ("fleetd RSS idle / max under load / end of drain, MiB",
-         f"{rss['first']} / {rss['max_under_load']} / {rss['end_of_drain']}", ""),
+        (
+            "fleetd RSS idle / max under load / end of drain, MiB",
+            f"{rss['first']} / {rss['max_under_load']} / {rss['end_of_drain']}",
+            "",
+        ),
         ("fleetd RSS after the bench listed every job, MiB", str(rss["after_final_listing"]), ""),
     ]
     print(f"{'measure':<52}{'value':>28}  want")
@@ -972,8 +1319,11 @@ def print_report(r):
         print(f"\n{len(r['evidence'])} flagged job(s), details in the JSON; first ones:")
         for item in r["evidence"][:5]:
             job = item["job"] or {}
-            print(f"  {item['why']}: job {job.get('id')} {job.get('state')} attempt {job.get('attempt')} "
-                  f"tasks {[(t['rank'], t['state'], t['reason'][:80]) for t in job.get('tasks') or []]}")
+            print(
+                f"  {item['why']}: job {job.get('id')} {job.get('state')} attempt "
+                f"{job.get('attempt')} tasks "
+                f"{[(t['rank'], t['state'], t['reason'][:80]) for t in job.get('tasks') or []]}"
+            )
 
 
 def _interrupt(*_):
@@ -982,18 +1332,27 @@ def _interrupt(*_):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=600, help="how long the load and the chaos last")
-    parser.add_argument("--rate", type=float, default=9.0, help="jobs per second, all submitters together")
+    parser.add_argument(
+        "--seconds", type=float, default=600, help="how long the load and the chaos last"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=9.0, help="jobs per second, all submitters together"
+    )
     parser.add_argument("--agent-kill-every", type=float, default=90.0)
-    parser.add_argument("--sigterm", action="store_true", help="restart agents with SIGTERM instead of SIGKILL")
+    parser.add_argument(
+        "--sigterm", action="store_true", help="restart agents with SIGTERM instead of SIGKILL"
+    )
     parser.add_argument("--no-fleetd-kill", action="store_true")
     parser.add_argument("--drain-seconds", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, state)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory (logs, state)"
+    )
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "soak.json"))
     # The load processes: this file again.
-    parser.add_argument("--role", choices=("main", "submitter", "instances"), default="main",
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=("main", "submitter", "instances"), default="main", help=argparse.SUPPRESS
+    )
     for name in ("--url", "--token", "--out", "--side-log", "--run-id"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -1025,8 +1384,15 @@ def main():
         logs.mkdir(parents=True)
         for path in [soak.fleetd_log, soak.side_log] + [d / "agent.log" for d in soak.agent_dirs]:
             if path.exists():
-                shutil.copy(path, logs / (path.parent.name + "-" + path.name if "agent" in path.parent.name
-                                          else path.name))
+                shutil.copy(
+                    path,
+                    logs
+                    / (
+                        path.parent.name + "-" + path.name
+                        if "agent" in path.parent.name
+                        else path.name
+                    ),
+                )
         log(f"logs copied to {logs}")
     if args.keep:
         log(f"kept {top}")
@@ -1037,10 +1403,32 @@ def main():
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))
-    print(json.dumps({k: results[k] for k in ("commit", "acknowledged", "outcomes", "lost", "ran_twice",
-                                              "ran_at_once", "wrong_outcome", "stuck", "leaked_gpus", LEAK_METRIC,
-                                              "instance_cycles", "drain_seconds")}
-                     | {"fleetd_rss_mib": {k: v for k, v in results["fleetd_rss_mib"].items() if k != "samples"}}))
+    print(
+        json.dumps(
+            {
+                k: results[k]
+                for k in (
+                    "commit",
+                    "acknowledged",
+                    "outcomes",
+                    "lost",
+                    "ran_twice",
+                    "ran_at_once",
+                    "wrong_outcome",
+                    "stuck",
+                    "leaked_gpus",
+                    LEAK_METRIC,
+                    "instance_cycles",
+                    "drain_seconds",
+                )
+            }
+            | {
+                "fleetd_rss_mib": {
+                    k: v for k, v in results["fleetd_rss_mib"].items() if k != "samples"
+                }
+            }
+        )
+    )
     print_report(results)
     print(f"\nJSON: {out}")
     return 1 if failed else 0

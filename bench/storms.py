@@ -62,7 +62,11 @@ from scale import (  # noqa: E402 - bench/ is on the path above
 )
 
 TARGET_P50_MS = 100
-WINDOWS = (("during the storm", None, 0.0), ("first 10 s after", 0.0, 10.0), ("10-20 s after", 10.0, 20.0))
+WINDOWS = (
+    ("during the storm", None, 0.0),
+    ("first 10 s after", 0.0, 10.0),
+    ("10-20 s after", 10.0, 20.0),
+)
 
 
 class Probe:
@@ -104,18 +108,28 @@ class Probe:
                 kind = type(exc).__name__
                 self.errors[kind] = self.errors.get(kind, 0) + 1
                 api.close()
-                if isinstance(exc, OSError) and len(self.urls) > 1:  # that replica is gone: the other
+                if (
+                    isinstance(exc, OSError) and len(self.urls) > 1
+                ):  # that replica is gone: the other
                     at += 1
                     api = Api(self.urls[at % len(self.urls)], self.admin, timeout=60)
                 self._stop.wait(0.2)
                 continue  # a job submitted before the error is checked at the end (leftover_probe_jobs)
             client = time.perf_counter() - t0
             task = (done.get("tasks") or [{}])[0]
-            started = (_parse_ts(task["started_at"]) - _parse_ts(done["submitted_at"])
-                       if done["state"] == "succeeded" and task.get("started_at") else None)
+            started = (
+                _parse_ts(task["started_at"]) - _parse_ts(done["submitted_at"])
+                if done["state"] == "succeeded" and task.get("started_at")
+                else None
+            )
             if done["state"] != "succeeded" or len(done.get("tasks") or ()) != 1:
-                self.anomalies.append({"id": done["id"], "state": done["state"],
-                                       "tasks": len(done.get("tasks") or ())})
+                self.anomalies.append(
+                    {
+                        "id": done["id"],
+                        "state": done["state"],
+                        "tasks": len(done.get("tasks") or ()),
+                    }
+                )
             self.samples.append((wall, started, client))
         api.close()
 
@@ -123,27 +137,42 @@ class Probe:
         """{window: figures} of the jobs submitted in each window relative to the storm's end."""
         out = {}
         for name, lo, hi in WINDOWS:
-            picked = [(s, c) for wall, s, c in self.samples
-                      if (lo is None or wall - storm_end >= lo) and wall - storm_end < hi]
-            out[name] = {"jobs": len(picked), "failed": sum(s is None for s, _ in picked),
-                         "submit_to_running": percentiles([s for s, _ in picked if s is not None]),
-                         "client_submit_to_end": percentiles([c for _, c in picked])}
+            picked = [
+                (s, c)
+                for wall, s, c in self.samples
+                if (lo is None or wall - storm_end >= lo) and wall - storm_end < hi
+            ]
+            out[name] = {
+                "jobs": len(picked),
+                "failed": sum(s is None for s, _ in picked),
+                "submit_to_running": percentiles([s for s, _ in picked if s is not None]),
+                "client_submit_to_end": percentiles([c for _, c in picked]),
+            }
         return out
 
 
 def storm_phase(name, urls, admin, run_storm, after=20.0):
-    """Probe jobs through a storm (run_storm() returns the storm's end, wall clock) and `after` s more."""
+    """Probe jobs through a storm (run_storm() returns the storm's end, wall clock) and `after` s
+    more."""
     probe = Probe(urls, admin).start()
     try:
         storm_end, detail = run_storm()
         time.sleep(max(0.0, storm_end + after - time.time()))
     finally:
         probe.stop()
-    figures = {"storm": detail, "windows": probe.windows(storm_end), "probe_errors": probe.errors,
-               "probe_anomalies": probe.anomalies[:20], "probe_anomaly_count": len(probe.anomalies)}
+    figures = {
+        "storm": detail,
+        "windows": probe.windows(storm_end),
+        "probe_errors": probe.errors,
+        "probe_anomalies": probe.anomalies[:20],
+        "probe_anomaly_count": len(probe.anomalies),
+    }
     first = figures["windows"]["first 10 s after"]
-    log(f"{name}: {detail}; first 10 s after: {first['jobs']} jobs, submit -> running p50 "
-        f"{first['submit_to_running']['p50_ms']} ms, client p50 {first['client_submit_to_end']['p50_ms']} ms")
+    log(
+        f"{name}: {detail}; first 10 s after: {first['jobs']} jobs, submit -> running p50 "
+        f"{first['submit_to_running']['p50_ms']} ms, client p50 "
+        f"{first['client_submit_to_end']['p50_ms']} ms"
+    )
     return figures
 
 
@@ -164,7 +193,9 @@ def leftover_probe_jobs(api):
     """Probe jobs (named noop) not succeeded at the end: lost, stuck or failed."""
     left = []
     for state in ("queued", "running", "failed", "cancelled"):
-        left += [j["id"] for j in api.pages("/api/v1/jobs", {"state": state}) if j.get("name") == "noop"]
+        left += [
+            j["id"] for j in api.pages("/api/v1/jobs", {"state": state}) if j.get("name") == "noop"
+        ]
     return left
 
 
@@ -185,13 +216,19 @@ class Single:
         time.sleep(self.args.down_seconds)
         t0 = time.time()
         port = urllib.parse.urlsplit(self.urls[0]).port
-        self.proc, _, _ = start_fleetd(self.data_dir, self.log_path, bind=f"127.0.0.1:{port}", init=False)
+        self.proc, _, _ = start_fleetd(
+            self.data_dir, self.log_path, bind=f"127.0.0.1:{port}", init=False
+        )
         self.procs.append(self.proc)
         listening = time.time()
         sim.send("mark")
         heard = sim.next(timeout=600)
-        return time.time(), {"down_s": self.args.down_seconds, "start_to_listening_s": round(listening - t0, 2),
-                             "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
+        return time.time(), {
+            "down_s": self.args.down_seconds,
+            "start_to_listening_s": round(listening - t0, 2),
+            "all_nodes_heard_after_s": heard["seconds"],
+            "nodes": heard["nodes"],
+        }
 
     def lost(self, api):
         return lost_nodes(api, self.data_dir)
@@ -204,7 +241,8 @@ class Single:
 
 
 class Replicated:
-    """Two `fleetd serve` replicas on a throwaway PostgreSQL; interrupt() kills the leader (SIGKILL)."""
+    """Two `fleetd serve` replicas on a throwaway PostgreSQL; interrupt() kills the leader
+    (SIGKILL)."""
 
     def __init__(self, args, data_dir):
         from bench.replicas import Postgres, Replica
@@ -213,8 +251,15 @@ class Replicated:
         try:
             self.db_url = self.pg.database()
             env = dict(os.environ, FLEETD_DB_URL=self.db_url, FLEETD_DATA_DIR=data_dir)
-            init = subprocess.run([sys.executable, "-m", "fleetd", "init"], check=True, capture_output=True,
-                                  text=True, timeout=120, env=env, cwd=ROOT)
+            init = subprocess.run(
+                [sys.executable, "-m", "fleetd", "init"],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+                cwd=ROOT,
+            )
             self.admin = init.stdout.strip().splitlines()[-1]
             self.replicas = [Replica(env).start(), Replica(env).start()]
         except BaseException:
@@ -244,8 +289,11 @@ class Replicated:
         led = time.time()
         heard = sim.next(timeout=600)
         self.replicas, self.urls = [survivor], [survivor.url]
-        return time.time(), {"kill_to_new_leader_s": round(led - killed, 2),
-                             "all_nodes_heard_after_s": heard["seconds"], "nodes": heard["nodes"]}
+        return time.time(), {
+            "kill_to_new_leader_s": round(led - killed, 2),
+            "all_nodes_heard_after_s": heard["seconds"],
+            "nodes": heard["nodes"],
+        }
 
     def lost(self, api):
         now = [n["id"] for n in api.pages("/api/v1/nodes", {"status": "lost", "fleet": "sim"})]
@@ -276,7 +324,11 @@ def run(args, data_dir):
         agents = start_agents(url, real_join, data_dir, 2, "real")
         procs.extend(agents)
         wait_ready(api, "real", 2)
-        spec = dict(job_spec("sim", 1), name="backlog", resources={"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]})
+        spec = dict(
+            job_spec("sim", 1),
+            name="backlog",
+            resources={"gpus": 1, "gpu_types": [MISSING_GPU_TYPE]},
+        )
         if not args.scoped_backlog:
             del spec["node_selector"]
         log(f"fleetd at {url}; submitting {args.backlog} jobs that fit nowhere")
@@ -285,16 +337,27 @@ def run(args, data_dir):
         def registration():
             nonlocal sim
             log(f"registration storm: {args.nodes} nodes, {args.register_concurrency} at a time")
-            sim = Simulator(url, sim_join, types.SimpleNamespace(
-                nodes=args.nodes, register_concurrency=args.register_concurrency,
-                sim_connections=args.sim_connections, max_seconds=args.max_seconds),
-                os.path.join(data_dir, "sim.log"))
+            sim = Simulator(
+                url,
+                sim_join,
+                types.SimpleNamespace(
+                    nodes=args.nodes,
+                    register_concurrency=args.register_concurrency,
+                    sim_connections=args.sim_connections,
+                    max_seconds=args.max_seconds,
+                ),
+                os.path.join(data_dir, "sim.log"),
+            )
             procs.append(sim.proc)
             registered = sim.next(timeout=args.max_seconds)
             end = time.time()
             sim.next(timeout=120)  # the heartbeats' window of the registration
-            return end, {"nodes": registered["nodes"], "seconds": registered["seconds"],
-                         "per_s": registered["per_s"], "failures": registered["failures"]}
+            return end, {
+                "nodes": registered["nodes"],
+                "seconds": registered["seconds"],
+                "per_s": registered["per_s"],
+                "failures": registered["failures"],
+            }
 
         results["registration"] = storm_phase("registration storm", urls, admin, registration)
         phase = "failover" if args.replicas else "restart"
@@ -317,44 +380,63 @@ def run(args, data_dir):
 
 
 def print_report(results, args):
-    print(f"\n{args.nodes:,} simulated nodes x 8 GPUs + 2 real agents, {args.backlog:,} queued jobs that fit "
-          f"nowhere ({'in fleet sim' if args.scoped_backlog else 'naming no fleet'}); {os.cpu_count()} cores, "
-          f"load average at start {results['load_average_at_start'][0]:.2f}")
+    print(
+        f"\n{args.nodes:,} simulated nodes x 8 GPUs + 2 real agents, {args.backlog:,} queued jobs "
+        f"that fit nowhere ({'in fleet sim' if args.scoped_backlog else 'naming no fleet'}); "
+        f"{os.cpu_count()} cores, load average at start {results['load_average_at_start'][0]:.2f}"
+    )
     phases = ("registration", "failover" if args.replicas else "restart")
     for phase in phases:
         got = results.get(phase)
         if not got:
             continue
-        print(f"\n{phase} storm: {got['storm']}; probe errors while fleetd was away: {got['probe_errors'] or 'none'}; "
-              f"probe jobs not succeeded once: {got['probe_anomaly_count']}")
-        print(f"  {'jobs submitted':<22}{'jobs':>6}{'running p50 ms':>16}{'p95':>8}{'client p50 ms':>15}{'p95':>8}")
+        print(
+            f"\n{phase} storm: {got['storm']}; probe errors while fleetd was away: "
+            f"{got['probe_errors'] or 'none'}; probe jobs not succeeded once: "
+            f"{got['probe_anomaly_count']}"
+        )
+        print(
+            f"  {'jobs submitted':<22}{'jobs':>6}{'running p50 ms':>16}{'p95':>8}{'client p50 ms':>15}{'p95':>8}"
+        )
         for name, w in got["windows"].items():
-            print(f"  {name:<22}{w['jobs']:>6}{str(w['submit_to_running']['p50_ms']):>16}"
-                  f"{str(w['submit_to_running']['p95_ms']):>8}{str(w['client_submit_to_end']['p50_ms']):>15}"
-                  f"{str(w['client_submit_to_end']['p95_ms']):>8}")
+            print(
+                f"  {name:<22}{w['jobs']:>6}{str(w['submit_to_running']['p50_ms']):>16}"
+                f"{str(w['submit_to_running']['p95_ms']):>8}{str(w['client_submit_to_end']['p50_ms']):>15}"
+                f"{str(w['client_submit_to_end']['p95_ms']):>8}"
+            )
     lost = results.get("lost") or {}
     hb = results.get("heartbeats_after") or {}
-    print(f"\nafter the storms: heartbeats p99 {hb.get('latency', {}).get('p99_ms')} ms (agent side), "
-          f"failures {hb.get('failures') or 'none'}; nodes lost now {lost.get('lost_now')}, ever "
-          f"{lost.get('ever_lost')}; fleetd RSS {results.get('fleetd_memory')}")
+    print(
+        f"\nafter the storms: heartbeats p99 {hb.get('latency', {}).get('p99_ms')} ms (agent "
+        f"side), failures {hb.get('failures') or 'none'}; nodes lost now {lost.get('lost_now')}, "
+        f"ever {lost.get('ever_lost')}; fleetd RSS {results.get('fleetd_memory')}"
+    )
     print("targets:")
     for phase in phases:
         w = ((results.get(phase) or {}).get("windows") or {}).get("first 10 s after")
         p50 = w and w["submit_to_running"]["p50_ms"]
         ok = p50 is not None and p50 < TARGET_P50_MS
-        print(f"  {'PASS' if ok else 'FAIL'}  {phase}: jobs that fit start with p50 < {TARGET_P50_MS} ms within "
-              f"10 s of the storm's end: {p50} ms (client {w and w['client_submit_to_end']['p50_ms']} ms)")
+        print(
+            f"  {'PASS' if ok else 'FAIL'}  {phase}: jobs that fit start with p50 < "
+            f"{TARGET_P50_MS} ms within 10 s of the storm's end: {p50} ms (client "
+            f"{w and w['client_submit_to_end']['p50_ms']} ms)"
+        )
     ok = lost.get("lost_now") == 0 and lost.get("ever_lost") == 0
     print(f"  {'PASS' if ok else 'FAIL'}  no simulated node ever declared lost")
     bad = sum((results.get(p) or {}).get("probe_anomaly_count", 0) for p in phases)
     left = results.get("leftover_probe_jobs")
     ok = bad == 0 and left == []
-    print(f"  {'PASS' if ok else 'FAIL'}  no probe job lost or run twice: {bad} not succeeded with one task, "
-          f"{len(left or [])} left unfinished")
+    print(
+        f"  {'PASS' if ok else 'FAIL'}  no probe job lost or run twice: {bad} not succeeded with "
+        f"one task, {len(left or [])} left unfinished"
+    )
     failover = (results.get("failover") or {}).get("storm")
     if failover:
         ok = failover["kill_to_new_leader_s"] <= 15
-        print(f"  {'PASS' if ok else 'FAIL'}  a new leader within 15 s of the kill: {failover['kill_to_new_leader_s']} s")
+        print(
+            f"  {'PASS' if ok else 'FAIL'}  a new leader within 15 s of the kill: "
+            f"{failover['kill_to_new_leader_s']} s"
+        )
 
 
 def main():
@@ -362,21 +444,38 @@ def main():
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--backlog", type=int, default=3000)
     parser.add_argument("--scoped-backlog", action="store_true", help="the backlog names fleet sim")
-    parser.add_argument("--replicas", action="store_true",
-                        help="two replicas on PostgreSQL, and a failover instead of a restart")
+    parser.add_argument(
+        "--replicas",
+        action="store_true",
+        help="two replicas on PostgreSQL, and a failover instead of a restart",
+    )
     parser.add_argument("--register-concurrency", type=int, default=64)
     parser.add_argument("--sim-connections", type=int, default=256)
-    parser.add_argument("--down-seconds", type=float, default=5.0, help="how long fleetd stays down")
-    parser.add_argument("--after-seconds", type=float, default=90.0,
-                        help="heartbeats after the restart storm before the lost check (more than fleetd's "
-                             "start-up grace of 2 x TTL is what makes the check mean something)")
+    parser.add_argument(
+        "--down-seconds", type=float, default=5.0, help="how long fleetd stays down"
+    )
+    parser.add_argument(
+        "--after-seconds",
+        type=float,
+        default=90.0,
+        help="heartbeats after the restart storm before the lost check (more than fleetd's "
+        "start-up grace of 2 x TTL is what makes the check mean something)",
+    )
     parser.add_argument("--max-seconds", type=float, default=3600)
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "storms.json"))
     args = parser.parse_args()
-    results = {"args": vars(args), "load_average_at_start": os.getloadavg(),
-               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    results["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=ROOT, timeout=10).stdout.strip()
+    results = {
+        "args": vars(args),
+        "load_average_at_start": os.getloadavg(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    results["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=10,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory() as data_dir:
         results.update(run(args, data_dir))
     print_report(results, args)

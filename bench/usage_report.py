@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Usage reports over a month of a 1,000-GPU fleet's runs: about a million ledger rows in a fresh
-SQLite database, with the day sums written by the ledger's own code (fleetd.services.accounting.ledger), then
-each report of GET /api/v1/usage timed through fleetd.services.accounting.usage (no HTTP), best of `--repeat`.
+SQLite database, with the day sums written by the ledger's own code
+(fleetd.services.accounting.ledger), then each report of GET /api/v1/usage timed through
+fleetd.services.accounting.usage (no HTTP), best of `--repeat`.
 
     .venv/bin/python bench/usage_report.py --runs 1000000
     .venv/bin/python bench/usage_report.py --runs 1000000 --database-url postgresql://USER@HOST:PORT/DB
@@ -63,14 +64,34 @@ def generate(runs, teams, owners, seed):
         fleet = owner % len(FLEETS)
         price = (4.0, 2.5, 1.2, 4.0)[fleet]
         end = start + dt.timedelta(seconds=length)
-        yield {"id": f"t{i:08d}.1", "kind": "instance" if i % 10 == 0 else "job", "workload_id": f"w{i:08d}",
-               "workload_name": f"run-{i}", "task_id": f"t{i:08d}", "job_id": f"j{i:08d}", "rank": 0, "attempt": 1,
-               "owner": f"user-{owner}", "owner_token_id": f"tok{owner:05d}", "team": f"team-{owner % teams}",
-               "fleet": FLEETS[fleet], "node_id": f"n{i % 125:04d}", "gpu_model": MODELS[fleet % len(MODELS)],
-               "priority_class": "on-demand", "gpus": gpus, "gpu_uuids": "[]", "bid": None, "started_at": start,
-               "ended_at": end, "accounted_until": end, "gpu_seconds": gpus * length,
-               "used_gpu_seconds": gpus * length * rng.random(), "sampled_gpu_seconds": gpus * length,
-               "cost": gpus * length / 3600 * price, "price_per_hour": price}
+        yield {
+            "id": f"t{i:08d}.1",
+            "kind": "instance" if i % 10 == 0 else "job",
+            "workload_id": f"w{i:08d}",
+            "workload_name": f"run-{i}",
+            "task_id": f"t{i:08d}",
+            "job_id": f"j{i:08d}",
+            "rank": 0,
+            "attempt": 1,
+            "owner": f"user-{owner}",
+            "owner_token_id": f"tok{owner:05d}",
+            "team": f"team-{owner % teams}",
+            "fleet": FLEETS[fleet],
+            "node_id": f"n{i % 125:04d}",
+            "gpu_model": MODELS[fleet % len(MODELS)],
+            "priority_class": "on-demand",
+            "gpus": gpus,
+            "gpu_uuids": "[]",
+            "bid": None,
+            "started_at": start,
+            "ended_at": end,
+            "accounted_until": end,
+            "gpu_seconds": gpus * length,
+            "used_gpu_seconds": gpus * length * rng.random(),
+            "sampled_gpu_seconds": gpus * length,
+            "cost": gpus * length / 3600 * price,
+            "price_per_hour": price,
+        }
 
 
 def fill(runs, teams, owners, seed, batch=2000, sums_every=50_000):
@@ -83,8 +104,15 @@ def fill(runs, teams, owners, seed, batch=2000, sums_every=50_000):
         run.add(record.started_at, record.kind, record, runs=1)
         for a, b in ledger.split_days(record.started_at, record.ended_at):
             share = (b - a).total_seconds() / (record.ended_at - record.started_at).total_seconds()
-            run.add(a, record.kind, record, record.gpu_seconds * share, record.used_gpu_seconds * share,
-                    record.sampled_gpu_seconds * share, record.cost * share)
+            run.add(
+                a,
+                record.kind,
+                record,
+                record.gpu_seconds * share,
+                record.used_gpu_seconds * share,
+                record.sampled_gpu_seconds * share,
+                record.cost * share,
+            )
         columns = columns or list(row)
         rows.append(tuple(row[c] for c in columns))
         if len(rows) >= batch:
@@ -130,7 +158,10 @@ def main():
     parser.add_argument("--owners", type=int, default=800)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=34)
-    parser.add_argument("--database-url", help="an empty PostgreSQL database (default: SQLite in a temporary directory)")
+    parser.add_argument(
+        "--database-url",
+        help="an empty PostgreSQL database (default: SQLite in a temporary directory)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = open_database(args.database_url or f"sqlite:///{tmp}/usage.db")
@@ -142,28 +173,70 @@ def main():
             if not filled:  # a PostgreSQL database filled by an earlier run is timed again as it is
                 fill(args.runs, args.teams, args.owners, args.seed)
                 if isinstance(database.obj, peewee.PostgresqlDatabase):
-                    database.execute_sql("ANALYZE")  # what autovacuum does to a table this size soon after
-            counts = {f"{table}_rows": database.execute_sql(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # nosec B608
-                      for table in ("usage_record", "usage_day", "usage_workload_day", "usage_workload_month")}
-            print(json.dumps({"step": "fill" if not filled else "reuse", **counts,
-                              "seconds": round(time.perf_counter() - started, 1)}), flush=True)
+                    database.execute_sql(
+                        "ANALYZE"
+                    )  # what autovacuum does to a table this size soon after
+            counts = {
+                f"{table}_rows": database.execute_sql(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # nosec B608
+                for table in (
+                    "usage_record",
+                    "usage_day",
+                    "usage_workload_day",
+                    "usage_workload_month",
+                )
+            }
+            print(
+                json.dumps(
+                    {
+                        "step": "fill" if not filled else "reuse",
+                        **counts,
+                        "seconds": round(time.perf_counter() - started, 1),
+                    }
+                ),
+                flush=True,
+            )
             rt = _Runtime(MONTH + dt.timedelta(days=31))
             admin = Principal(kind="api", id="bench", role="admin", name="bench")
             submitter = Principal(kind="api", id="tok00007", role="submitter", name="user-7")
-            cases = [("team", admin, {}), ("owner", admin, {}), ("fleet", admin, {}), ("gpu_model", admin, {}),
-                     ("day", admin, {}), ("team", submitter, {}), ("workload", admin, {}),
-                     ("workload", admin, {"team": "team-3"}), ("workload", admin, {"fleet": "gpu-a"}),
-                     ("workload", submitter, {})]
-            whole, half = (MONTH + dt.timedelta(days=30)).date(), (MONTH + dt.timedelta(days=14)).date()
+            cases = [
+                ("team", admin, {}),
+                ("owner", admin, {}),
+                ("fleet", admin, {}),
+                ("gpu_model", admin, {}),
+                ("day", admin, {}),
+                ("team", submitter, {}),
+                ("workload", admin, {}),
+                ("workload", admin, {"team": "team-3"}),
+                ("workload", admin, {"fleet": "gpu-a"}),
+                ("workload", submitter, {}),
+            ]
+            whole, half = (
+                (MONTH + dt.timedelta(days=30)).date(),
+                (MONTH + dt.timedelta(days=14)).date(),
+            )
             cases += [("workload", admin, {"end": half})]  # not a whole month: the day sums
             for group_by, who, extra in cases:
                 extra = {"end": whole, **extra}
-                took, report = timed(lambda: usage.usage_report(rt, who, group_by, MONTH.date(), **extra), args.repeat)
+                took, report = timed(
+                    lambda: usage.usage_report(rt, who, group_by, MONTH.date(), **extra),
+                    args.repeat,
+                )
                 extra["end"] = extra["end"].isoformat()
-                print(json.dumps({"step": "report", "group_by": group_by, "as": who.role, **extra,
-                                  "rows": len(report["rows"]), "runs": report["totals"]["runs"],
-                                  "gpu_hours": round(report["totals"]["gpu_hours_allocated"]),
-                                  "seconds": round(took, 4)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "step": "report",
+                            "group_by": group_by,
+                            "as": who.role,
+                            **extra,
+                            "rows": len(report["rows"]),
+                            "runs": report["totals"]["runs"],
+                            "gpu_hours": round(report["totals"]["gpu_hours_allocated"]),
+                            "seconds": round(took, 4),
+                        }
+                    ),
+                    flush=True,
+                )
         db.close()
 
 

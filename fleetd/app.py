@@ -23,7 +23,14 @@ log = logging.getLogger(__name__)
 
 # Endpoints that need no token (docs/api.md, Conventions).
 PUBLIC_ENDPOINTS = frozenset(
-    {"health.Health", "api-docs.openapi_json", "api-docs-ui.page", "api-docs-ui.start", "api-docs-ui.assets", "root"}
+    {
+        "health.Health",
+        "api-docs.openapi_json",
+        "api-docs-ui.page",
+        "api-docs-ui.start",
+        "api-docs-ui.assets",
+        "root",
+    }
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
 # Endpoints whose callers cannot send a bearer token and present it as HTTP Basic's password
@@ -43,8 +50,14 @@ class FleetApi(Api):
         return handle_error(error)
 
 
-def create_app(settings: Settings | None = None, clock=None, db=None, offload=None, after_full_read=None,
-               pause=None) -> Flask:
+def create_app(
+    settings: Settings | None = None,
+    clock=None,
+    db=None,
+    offload=None,
+    after_full_read=None,
+    pause=None,
+) -> Flask:
     """Build the app. Background tasks are registered but only `fleetd serve` starts them
     (`offload`, `after_full_read` and `pause`: see Runtime.build)."""
     settings = settings or Settings.load()
@@ -59,7 +72,9 @@ def create_app(settings: Settings | None = None, clock=None, db=None, offload=No
         API_SPEC_OPTIONS={
             "security": [{"bearerAuth": []}],
             "components": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
-            "info": {"description": "The fleetd REST API, v1. Errors always use the error envelope."},
+            "info": {
+                "description": "The fleetd REST API, v1. Errors always use the error envelope."
+            },
         },
     )
     bind(db or open_database(settings.database_url, settings.sqlite_synchronous))
@@ -109,17 +124,25 @@ def _authenticate():
         raise Unauthorized("missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     rt = current_runtime()
     try:
-        g.principal = resolve_token(token.strip(), rt.clock.now(), allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT)
+        g.principal = resolve_token(
+            token.strip(), rt.clock.now(), allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT
+        )
     except Unauthorized as exc:
         rt.limiter.fail(request_address(), rt.clock.monotonic())  # 429 once over the failure budget
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
     enter_actor(g.principal)
     if g.principal.kind == "api":  # node sessions and join tokens are exempt
-        rt.rates.take(g.principal.id, g.principal.rate, rt.clock.monotonic())  # 429 past the token's rate
-    if request.path.startswith("/api/v1/agent/") and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
+        rt.rates.take(
+            g.principal.id, g.principal.rate, rt.clock.monotonic()
+        )  # 429 past the token's rate
+    if (
+        request.path.startswith("/api/v1/agent/")
+        and request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION
+    ):
         raise ProtocolMismatch(
-            f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: {PROTOCOL_VERSION}",
+            f"this server speaks agent protocol {PROTOCOL_VERSION}; send {PROTOCOL_HEADER}: "
+            f"{PROTOCOL_VERSION}",
             {"supported": [PROTOCOL_VERSION]},
         )
 
@@ -170,8 +193,9 @@ def _observe_latency(response):
     started = g.get("started")
     if started is not None:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        current_runtime().instruments.http_latency.labels(request.method, route, str(response.status_code)).observe(
-            time.perf_counter() - started)
+        current_runtime().instruments.http_latency.labels(
+            request.method, route, str(response.status_code)
+        ).observe(time.perf_counter() - started)
     return response
 
 

@@ -52,7 +52,9 @@ class Principal:
     node_id: str | None = None
     fleet: str | None = None
     rate: float | None = None  # an API token's own requests_per_second (None: the setting's)
-    node: object = dataclasses.field(default=None, compare=False, repr=False)  # the whole row, for heartbeats
+    node: object = dataclasses.field(
+        default=None, compare=False, repr=False
+    )  # the whole row, for heartbeats
     user_id: str | None = None
     login: str | None = None  # its user's login
     project: str | None = None  # a service account's project
@@ -76,27 +78,74 @@ class Principal:
 
     @property
     def token_id(self):
-        """The API token's id, for events' actor_token_id (None for a session, node or join token)."""
+        """The API token's id, for events' actor_token_id (None for a session, node or join
+        token)."""
         return self.id if self.kind == "api" else None
 
 
 # Every request reads one of these: only the columns the check needs, so that no JSON or
 # timestamp it does not look at is decoded.
-_API_TOKEN_AUTH = Statement(lambda v: ApiToken.select(
-    ApiToken.id, ApiToken.name, ApiToken.role, ApiToken.team, ApiToken.token_hash, ApiToken.expires_at,
-    ApiToken.revoked_at, ApiToken.limits, ApiToken.user_id, ApiToken.project, User.login, User.active,
-    User.default_project).join(User, peewee.JOIN.LEFT_OUTER, on=(User.id == ApiToken.user_id))
-    .where(ApiToken.id == v("id")).limit(1))
+_API_TOKEN_AUTH = Statement(
+    lambda v: (
+        ApiToken.select(
+            ApiToken.id,
+            ApiToken.name,
+            ApiToken.role,
+            ApiToken.team,
+            ApiToken.token_hash,
+            ApiToken.expires_at,
+            ApiToken.revoked_at,
+            ApiToken.limits,
+            ApiToken.user_id,
+            ApiToken.project,
+            User.login,
+            User.active,
+            User.default_project,
+        )
+        .join(User, peewee.JOIN.LEFT_OUTER, on=(User.id == ApiToken.user_id))
+        .where(ApiToken.id == v("id"))
+        .limit(1)
+    )
+)
 # A session, then its user: a deactivated user's next request is refused.
-_SESSION_AUTH = Statement(lambda v: AuthSession.select(
-    AuthSession.id, AuthSession.user_id, AuthSession.token_hash, AuthSession.expires_at, AuthSession.ended_at)
-    .where(AuthSession.id == v("id")).limit(1))
-_SESSION_USER = Statement(lambda v: User.select(
-    User.id, User.login, User.role, User.team, User.active, User.default_project, User.limits)
-    .where(User.id == v("id")).limit(1))
-_NODE_AUTH = Statement(lambda v: Node.select(Node.id, Node.hostname, Node.fleet, Node.status, Node.session_hash)
-                       .where(Node.session_id == v("session_id")).limit(1))
-_NODE_BY_SESSION = Statement(lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1))
+_SESSION_AUTH = Statement(
+    lambda v: (
+        AuthSession.select(
+            AuthSession.id,
+            AuthSession.user_id,
+            AuthSession.token_hash,
+            AuthSession.expires_at,
+            AuthSession.ended_at,
+        )
+        .where(AuthSession.id == v("id"))
+        .limit(1)
+    )
+)
+_SESSION_USER = Statement(
+    lambda v: (
+        User.select(
+            User.id,
+            User.login,
+            User.role,
+            User.team,
+            User.active,
+            User.default_project,
+            User.limits,
+        )
+        .where(User.id == v("id"))
+        .limit(1)
+    )
+)
+_NODE_AUTH = Statement(
+    lambda v: (
+        Node.select(Node.id, Node.hostname, Node.fleet, Node.status, Node.session_hash)
+        .where(Node.session_id == v("session_id"))
+        .limit(1)
+    )
+)
+_NODE_BY_SESSION = Statement(
+    lambda v: Node.select().where(Node.session_id == v("session_id")).limit(1)
+)
 _REVOKED = NodeStatus.REVOKED.value
 
 
@@ -123,8 +172,15 @@ def resolve_token(token, now, allow_revoked_node=False):
             raise Unauthorized("malformed or unknown token")
         if node.status == _REVOKED and not allow_revoked_node:
             raise Unauthorized("node revoked")
-        return Principal("node", token_id, NODE, name=node.hostname, node_id=node.id, fleet=node.fleet_id,
-                         node=node if allow_revoked_node else None)
+        return Principal(
+            "node",
+            token_id,
+            NODE,
+            name=node.hostname,
+            node_id=node.id,
+            fleet=node.fleet_id,
+            node=node if allow_revoked_node else None,
+        )
     row = JoinToken.get_or_none_by_id(token_id)
     if row is None or not matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")
@@ -138,8 +194,8 @@ def resolve_token(token, now, allow_revoked_node=False):
 
 
 def api_token_principal(row, now):
-    """The Principal of a stored API token (read by _API_TOKEN_AUTH, with its user); Unauthorized when
-    it is revoked or expired, or its user is deactivated."""
+    """The Principal of a stored API token (read by _API_TOKEN_AUTH, with its user); Unauthorized
+    when it is revoked or expired, or its user is deactivated."""
     if row.revoked_at is not None:
         raise Unauthorized("token revoked")
     if row.expires_at is not None and row.expires_at <= now:
@@ -148,14 +204,23 @@ def api_token_principal(row, now):
     login = getattr(row, "login", None)
     if row.user_id is not None and (login is None or not row.active):
         raise Unauthorized("the token's user is deactivated")
-    return Principal("api", row.id, row.role, name=row.name, team=row.team, rate=(row.limits or {}).get(
-        "requests_per_second"), user_id=row.user_id, login=login, project=row.project,
-        default_project=row.default_project if login else (row.project or DEFAULT_PROJECT))
+    return Principal(
+        "api",
+        row.id,
+        row.role,
+        name=row.name,
+        team=row.team,
+        rate=(row.limits or {}).get("requests_per_second"),
+        user_id=row.user_id,
+        login=login,
+        project=row.project,
+        default_project=row.default_project if login else (row.project or DEFAULT_PROJECT),
+    )
 
 
 def session_principal(row, token, now):
-    """The Principal of a user's session (fls_...): Unauthorized when it is unknown, ended or expired,
-    or its user is deactivated."""
+    """The Principal of a user's session (fls_...): Unauthorized when it is unknown, ended or
+    expired, or its user is deactivated."""
     if row is None or not matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")
     if row.ended_at is not None:
@@ -165,13 +230,22 @@ def session_principal(row, token, now):
     user = _SESSION_USER.first(id=row.user_id)
     if user is None or not user.active:
         raise Unauthorized("the user is deactivated")
-    return Principal("session", row.id, user.role, name=user.login, team=user.team, user_id=user.id,
-                     login=user.login, default_project=user.default_project,
-                     rate=(user.limits or {}).get("requests_per_second"))
+    return Principal(
+        "session",
+        row.id,
+        user.role,
+        name=user.login,
+        team=user.team,
+        user_id=user.id,
+        login=user.login,
+        default_project=user.default_project,
+        rate=(user.limits or {}).get("requests_per_second"),
+    )
 
 
 def resolve_api_token_id(token_id, now):
-    """The Principal of the API token with this id (already authenticated once, e.g. a UI session)."""
+    """The Principal of the API token with this id (already authenticated once, e.g. a UI
+    session)."""
     row = _API_TOKEN_AUTH.first(id=token_id)
     if row is None:
         raise Unauthorized("unknown token")
@@ -193,7 +267,9 @@ class FailureLimiter:
         self.global_limit = global_limit
         self.max_addresses = max_addresses
         self._failures = {}
-        self._all: collections.deque[float] = collections.deque()  # monotonic times of every recent failure
+        self._all: collections.deque[float] = (
+            collections.deque()
+        )  # monotonic times of every recent failure
         self._lock = threading.Lock()
 
     def fail(self, address, now):
@@ -206,12 +282,17 @@ class FailureLimiter:
             if self.global_limit:
                 over_all = self._add(self._all, now, self.global_limit)
                 if over_all is not None and (over is None or over_all > over):
-                    raise RateLimited("too many failed authentications; retry later", retry_after=over_all)
+                    raise RateLimited(
+                        "too many failed authentications; retry later", retry_after=over_all
+                    )
             if over is not None:
-                raise RateLimited("too many failed authentications from this address", retry_after=over)
+                raise RateLimited(
+                    "too many failed authentications from this address", retry_after=over
+                )
 
     def _add(self, times, now, limit):
-        """Append a failure at `now`; seconds until the budget is back when it is exceeded, else None."""
+        """Append a failure at `now`; seconds until the budget is back when it is exceeded, else
+        None."""
         while times and times[0] <= now - self.window:
             times.popleft()
         times.append(now)
@@ -258,14 +339,17 @@ class RequestRates:
             bucket[1] = now
             if left < 1.0:
                 bucket[0] = left
-                raise RateLimited(f"too many requests for this token (limit {rate:g}/s); retry later",
-                                  retry_after=(1.0 - left) / rate)
+                raise RateLimited(
+                    f"too many requests for this token (limit {rate:g}/s); retry later",
+                    retry_after=(1.0 - left) / rate,
+                )
             bucket[0] = left - 1.0
 
 
 def client_address(remote_addr, forwarded_for, trusted):
     """The address of the client: `remote_addr`, or when that is a trusted proxy the nearest
-    address in X-Forwarded-For that is not one (proxies append, so only the right end is trusted)."""
+    address in X-Forwarded-For that is not one (proxies append, so only the right end is
+    trusted)."""
     address = remote_addr or "unknown"
     if not trusted or not forwarded_for or not _in_networks(address, trusted):
         return address
@@ -326,8 +410,10 @@ def require(*roles):
             if principal is None:
                 raise Unauthorized("authentication required")
             if principal.role not in (readable if request.method in ("GET", "HEAD") else writable):
-                raise Forbidden(f"role {principal.role!r} may not do this",
-                                {"role": principal.role, "required_roles": list(roles)})
+                raise Forbidden(
+                    f"role {principal.role!r} may not do this",
+                    {"role": principal.role, "required_roles": list(roles)},
+                )
             return view(*args, **kwargs)
 
         vars(wrapper)["required_roles"] = roles  # fleetd/ui/roles.py reads it

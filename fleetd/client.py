@@ -42,7 +42,10 @@ def field_errors(fields):
 
     def walk(node, path):
         if isinstance(node, dict):
-            for key in sorted(node, key=lambda k: (not str(k).isdigit(), int(k) if str(k).isdigit() else 0, str(k))):
+            for key in sorted(
+                node,
+                key=lambda k: (not str(k).isdigit(), int(k) if str(k).isdigit() else 0, str(k)),
+            ):
                 part = f"[{key}]" if str(key).isdigit() else (f".{key}" if path else str(key))
                 walk(node[key], path + part)
         elif isinstance(node, (list, tuple)):
@@ -64,11 +67,15 @@ def normalise_url(url):
     if not text:
         raise ClientError("no fleetd URL: give --url or FLEETD_URL, e.g. http://127.0.0.1:8080")
     if "://" not in text:
-        raise ClientError(f"fleetd URL {text!r} has no scheme: use http://{text} (or https:// when fleetd is "
-                          "served with TLS)")
+        raise ClientError(
+            f"fleetd URL {text!r} has no scheme: use http://{text} (or https:// when fleetd is "
+            "served with TLS)"
+        )
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
-        raise ClientError(f"fleetd URL {text!r} must start with http:// or https://, not {parts.scheme}://")
+        raise ClientError(
+            f"fleetd URL {text!r} must start with http:// or https://, not {parts.scheme}://"
+        )
     if not parts.hostname:
         raise ClientError(f"fleetd URL {text!r} names no host, e.g. http://127.0.0.1:8080")
     try:
@@ -133,14 +140,23 @@ class Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
             resp = self.session.request(
-                method, self.url + path, json=json, params=params, headers=headers, timeout=self.timeout
+                method,
+                self.url + path,
+                json=json,
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
             )
         except requests.exceptions.SSLError as exc:
             raise ClientError(self._tls_problem(exc)) from None
         except requests.ConnectionError:
-            raise ClientError(f"cannot connect to fleetd at {self.url} (is it running? check --url/FLEETD_URL)") from None
+            raise ClientError(
+                f"cannot connect to fleetd at {self.url} (is it running? check --url/FLEETD_URL)"
+            ) from None
         except requests.Timeout:
-            raise ClientError(f"fleetd at {self.url} did not answer within {self.timeout:.0f}s") from None
+            raise ClientError(
+                f"fleetd at {self.url} did not answer within {self.timeout:.0f}s"
+            ) from None
         except requests.RequestException as exc:
             raise ClientError(f"request to {self.url} failed: {exc}") from None
         if resp.status_code == 204 or not expect_json:
@@ -152,10 +168,14 @@ class Client:
         try:
             return resp.json()
         except ValueError:
-            raise ClientError(f"{self.url} answered {resp.status_code} with a body that is not JSON; is it fleetd?") from None
+            raise ClientError(
+                f"{self.url} answered {resp.status_code} with a body that is not JSON; is it "
+                f"fleetd?"
+            ) from None
 
     def _tls_problem(self, exc):
-        """Why a TLS handshake failed, in words: most often an https:// URL of a plain-HTTP server."""
+        """Why a TLS handshake failed, in words: most often an https:// URL of a plain-HTTP
+        server."""
         plain = urlunsplit(urlsplit(self.url)._replace(scheme="http"))
         try:
             answer = requests.get(plain + "/api/v1/health", timeout=min(self.timeout, 5.0))  # nosec B113  # it has one: at most 5 s
@@ -166,8 +186,10 @@ class Client:
         reason = str(exc)
         untrusted = re.search(r"certificate verify failed: ([^(')]+)", reason)
         if untrusted:
-            return (f"the TLS certificate of {self.url} is not trusted ({untrusted.group(1).strip()}): "
-                    "point REQUESTS_CA_BUNDLE at the CA file that signed it")
+            return (
+                f"the TLS certificate of {self.url} is not trusted ({untrusted.group(1).strip()}): "
+                "point REQUESTS_CA_BUNDLE at the CA file that signed it"
+            )
         return f"TLS with {self.url} failed: {reason}"
 
     def _error(self, resp):
@@ -176,12 +198,19 @@ class Client:
             message, code, details = err["message"], err["code"], err.get("details")
         except (ValueError, KeyError, TypeError):
             message, code, details = f"HTTP {resp.status_code}", None, None
-            return ClientError(f"HTTP {resp.status_code}, not an answer of fleetd's (is {self.url} fleetd's URL, "
-                               "and is fleetd running behind it?)", resp.status_code, code, details)
+            return ClientError(
+                f"HTTP {resp.status_code}, not an answer of fleetd's (is {self.url} fleetd's URL, "
+                "and is fleetd running behind it?)",
+                resp.status_code,
+                code,
+                details,
+            )
         if resp.status_code == 404 and message.startswith("The requested URL was not found"):
             # Flask's own 404: no such route, so the base URL is wrong (a path too many or too few).
-            message = (f"{self.url} has no fleetd API at {urlsplit(resp.url).path}: the URL must be fleetd's root, "
-                       "like http://HOST:8080")
+            message = (
+                f"{self.url} has no fleetd API at {urlsplit(resp.url).path}: the URL must be "
+                "fleetd's root, like http://HOST:8080"
+            )
         return ClientError(message, resp.status_code, code, details)
 
     def get(self, path, **params):

@@ -30,7 +30,9 @@ JOIN = "join"
 ANY_ROLE = (ADMIN, OPERATOR, MEMBER, SUBMITTER, VIEWER, METRICS, SCIM, NODE, JOIN)
 USER_ROLES = (ADMIN, OPERATOR, MEMBER, VIEWER)  # what a user (or a binding rule) may be given
 PROJECT_ROLES = ("admin", "member", "viewer")
-DEFAULT_PROJECT = "default"  # where work of a token without a user or project goes (migration 0031 makes it)
+DEFAULT_PROJECT = (
+    "default"  # where work of a token without a user or project goes (migration 0031 makes it)
+)
 
 TOKEN_RE = re.compile(r"^(fla_|flj_|fln_|fls_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
 
@@ -55,8 +57,10 @@ TOKEN_NAME_MAX = 200
 # What a token name may not hold: control characters (C0, DEL, C1: line breaks among them), the line
 # and paragraph separators, invisible format characters (zero-width, direction marks and overrides,
 # the byte order mark, the soft hyphen) and every space but the ASCII one.
-_NOT_IN_NAMES = (r"\u0000-\u001f\u007f-\u00a0\u00ad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f"
-                 r"\u3000\ufeff")
+_NOT_IN_NAMES = (
+    r"\u0000-\u001f\u007f-\u00a0\u00ad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f"
+    r"\u3000\ufeff"
+)
 # A name is printable text on one line, with no space at either end. The API's OpenAPI document
 # states this pattern (anchored, as JSON Schema patterns are read in full here).
 TOKEN_NAME_PATTERN = rf"^[^ {_NOT_IN_NAMES}](?:[^{_NOT_IN_NAMES}]*[^ {_NOT_IN_NAMES}])?$"
@@ -70,6 +74,10 @@ def token_name_problem(name):
     if not 1 <= len(name) <= TOKEN_NAME_MAX:
         return f"a token name has 1 to {TOKEN_NAME_MAX} characters"
     if not _TOKEN_NAME.fullmatch(name):
-        return ("a token name is printable text on one line (no line breaks, control or invisible characters, "
-                "no space but the ASCII one) that neither starts nor ends with a space")
-    return name_problem(name)  # and no look-alike of another name (mixed scripts, compatibility forms)
+        return (
+            "a token name is printable text on one line (no line breaks, control or invisible "
+            "characters, no space but the ASCII one) that neither starts nor ends with a space"
+        )
+    return name_problem(
+        name
+    )  # and no look-alike of another name (mixed scripts, compatibility forms)

@@ -87,8 +87,13 @@ class _SqliteDatabase(PooledSqliteDatabase):
         return super().execute_sql(sql, params)
 
 
-def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeout_seconds=None,
-                  pool_wait_seconds=10):
+def open_database(
+    url,
+    sqlite_synchronous="FULL",
+    pool_size=32,
+    statement_timeout_seconds=None,
+    pool_wait_seconds=10,
+):
     """Create (not connect) a Peewee database for a sqlite:// or postgresql:// URL; PostgreSQL's
     pool holds at most `pool_size` connections, whose statements run at most
     `statement_timeout_seconds` (None: the server's setting); with all of them in use, a request
@@ -118,11 +123,18 @@ def open_database(url, sqlite_synchronous="FULL", pool_size=32, statement_timeou
         parsed = db_url.parse(url)
         if statement_timeout_seconds:
             timeout = f"-c statement_timeout={int(statement_timeout_seconds * 1000)}"
-            parsed["options"] = f"{parsed['options']} {timeout}" if parsed.get("options") else timeout
+            parsed["options"] = (
+                f"{parsed['options']} {timeout}" if parsed.get("options") else timeout
+            )
         # Bounded pool: PostgreSQL connections are costly and limited on the server.
         # A storm (thousands of agents at once) queues for a connection instead of failing at once.
-        return PooledPostgresqlDatabase(parsed.pop("database"), max_connections=pool_size, stale_timeout=300,
-                                        timeout=max(1, int(pool_wait_seconds)), **parsed)
+        return PooledPostgresqlDatabase(
+            parsed.pop("database"),
+            max_connections=pool_size,
+            stale_timeout=300,
+            timeout=max(1, int(pool_wait_seconds)),
+            **parsed,
+        )
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://...")
 
 
@@ -143,7 +155,8 @@ def hand_back():
 
 
 def released(fn):
-    """fn(), then hand the pooled connection back (a check made between the waits of a long poll)."""
+    """fn(), then hand the pooled connection back (a check made between the waits of a long
+    poll)."""
     try:
         return fn()
     finally:
@@ -166,9 +179,9 @@ _FENCE = threading.local()  # the fence of the leader work this thread does (fen
 
 @contextlib.contextmanager
 def fenced_by(fence):
-    """Leader work: every outermost write_transaction in this block calls `fence()` first, inside the
-    transaction (it raises Fenced to refuse: replicas.Leadership.fence), so no write made for leadership
-    commits once another replica leads. None: no fence (work every replica does)."""
+    """Leader work: every outermost write_transaction in this block calls `fence()` first, inside
+    the transaction (it raises Fenced to refuse: replicas.Leadership.fence), so no write made for
+    leadership commits once another replica leads. None: no fence (work every replica does)."""
     previous = getattr(_FENCE, "fn", None)
     _FENCE.fn = fence
     try:
@@ -180,10 +193,14 @@ def fenced_by(fence):
 @contextlib.contextmanager
 def write_transaction():
     """A transaction for read-modify-write: BEGIN IMMEDIATE on SQLite, so writers queue up front.
-    What after_commit() registered inside it runs once the outermost one commits. Inside fenced_by(),
-    the fence is checked first."""
+    What after_commit() registered inside it runs once the outermost one commits. Inside
+    fenced_by(), the fence is checked first."""
     outermost = not database.in_transaction()
-    atomic = database.atomic("IMMEDIATE") if isinstance(database.obj, peewee.SqliteDatabase) else database.atomic()
+    atomic = (
+        database.atomic("IMMEDIATE")
+        if isinstance(database.obj, peewee.SqliteDatabase)
+        else database.atomic()
+    )
     fence = getattr(_FENCE, "fn", None) if outermost else None
     if outermost:
         _AFTER_COMMIT.fns = []
@@ -204,8 +221,8 @@ def write_transaction():
 
 @contextlib.contextmanager
 def savepoint():
-    """A nested transaction inside a write_transaction: if it rolls back, so does what after_commit()
-    registered inside it (a refused report's wake-ups are not sent)."""
+    """A nested transaction inside a write_transaction: if it rolls back, so does what
+    after_commit() registered inside it (a refused report's wake-ups are not sent)."""
     fns = _open_hooks()
     mark = len(fns)
     try:
@@ -230,7 +247,9 @@ def after_commit(fn):
 def _open_hooks():
     fns = getattr(_AFTER_COMMIT, "fns", None)
     if fns is None:  # a bare database.atomic(): nothing would ever run them
-        raise RuntimeError("after_commit() inside a transaction that write_transaction() did not open")
+        raise RuntimeError(
+            "after_commit() inside a transaction that write_transaction() did not open"
+        )
     return fns
 
 
@@ -245,4 +264,8 @@ def pending_migrations(db=None):
     """Names of migrations not yet applied."""
     db = db or database.obj
     with db.connection_context():
-        return [m.name for m in Runner(db, MIGRATIONS_DIR, table_name="schema_migration").status() if not m.applied]
+        return [
+            m.name
+            for m in Runner(db, MIGRATIONS_DIR, table_name="schema_migration").status()
+            if not m.applied
+        ]

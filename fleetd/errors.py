@@ -47,14 +47,17 @@ class Conflict(FleetdError):
 
 
 class LimitExceeded(FleetdError):
-    """An owner's limit (services.identity.limits) would be passed: `limit` names it, `value` is what it
-    allows, `use` what the owner holds (or would, for one spec's size); nothing was stored."""
+    """An owner's limit (services.identity.limits) would be passed: `limit` names it, `value` is
+    what it allows, `use` what the owner holds (or would, for one spec's size); nothing was
+    stored."""
 
     http_status, code = 409, "limit_exceeded"
 
     def __init__(self, limit, value, use, what):
-        super().__init__(f"{what}: over the limit {limit} of {value} (use: {use})",
-                         {"limit": limit, "value": value, "use": use})
+        super().__init__(
+            f"{what}: over the limit {limit} of {value} (use: {use})",
+            {"limit": limit, "value": value, "use": use},
+        )
 
 
 class PayloadTooLarge(FleetdError):
@@ -132,7 +135,11 @@ def handle_error(error):
     elif isinstance(error, (peewee.OperationalError, MaxConnectionsExceeded)):
         # The database is busy or unreachable: the client may retry; nothing was committed.
         log.warning("database unavailable: %s", error)
-        status, body, headers = 503, envelope("unavailable", "database unavailable; retry later"), {"Retry-After": "1"}
+        status, body, headers = (
+            503,
+            envelope("unavailable", "database unavailable; retry later"),
+            {"Retry-After": "1"},
+        )
     else:
         log.error("unhandled error", exc_info=error)
         status, body, headers = 500, envelope("internal", "internal server error"), {}

@@ -1,20 +1,37 @@
 """The node and fleet columns that placement reads, which the inventory triggers watch.
 
 A change to a watched column bumps the inventory version (and notes the node as changed), so the
-scheduler reads that node or the fleets again (services.placement.inventory.InventoryCache); a change to any
-other column does not. Every GPU column is watched. The migrations that create the triggers take
-their columns from here by their own number, so what each installed stays what it was, and the
-history of the watched columns is in one place. A new column of either table is listed in WATCHED
-(with a migration that re-creates the triggers) or in NOT_WATCHED with why (tests/fleetd/test_inventory_triggers.py).
+scheduler reads that node or the fleets again (services.placement.inventory.InventoryCache); a
+change to any other column does not. Every GPU column is watched. The migrations that create the
+triggers take their columns from here by their own number, so what each installed stays what it was,
+and the history of the watched columns is in one place. A new column of either table is listed in
+WATCHED (with a migration that re-creates the triggers) or in NOT_WATCHED with why
+(tests/fleetd/test_inventory_triggers.py).
 """
 
 # table -> {the migration that changed the triggers: the columns watched from then on}
 WATCHED = {
     "node": {
         6: ("fleet", "hostname", "status", "labels", "cpu_count", "memory_bytes"),
-        7: ("fleet", "hostname", "status", "labels", "cpu_count", "memory_bytes", "container_runtime"),
-        16: ("fleet", "hostname", "status", "labels", "cpu_count", "memory_bytes", "container_runtime",
-             "capabilities"),
+        7: (
+            "fleet",
+            "hostname",
+            "status",
+            "labels",
+            "cpu_count",
+            "memory_bytes",
+            "container_runtime",
+        ),
+        16: (
+            "fleet",
+            "hostname",
+            "status",
+            "labels",
+            "cpu_count",
+            "memory_bytes",
+            "container_runtime",
+            "capabilities",
+        ),
     },
     "fleet": {
         6: ("availability", "labels"),
@@ -54,9 +71,13 @@ NOT_WATCHED = {
         "created_at": "a time",
         "health_policy": "read by health checks, which change node status",
         "validation": "read by the validation gate, which changes node status",
-        "task_pids_max": "sent with each assignment as the task's pid limit; placement reserves no pids",
-        "task_memory_default_bytes": "sent with each assignment as the memory bound of a task that sets none; "
-                                     "placement reserves only the memory_bytes a spec asks for",
+        "task_pids_max": (
+            "sent with each assignment as the task's pid limit; placement reserves no pids"
+        ),
+        "task_memory_default_bytes": (
+            "sent with each assignment as the memory bound of a task that sets none; "
+            "placement reserves only the memory_bytes a spec asks for"
+        ),
         "task_path": "sent with each assignment as the task's PATH",
     },
 }

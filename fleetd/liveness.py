@@ -23,8 +23,15 @@ class Seen:
 class LivenessTracker:
     """Decides which nodes are overdue, allowing every node a failover grace after start-up."""
 
-    def __init__(self, clock, ttl_seconds, grace_seconds, failover_grace_seconds, interval_seconds=10,
-                 max_heartbeats_per_second=0):
+    def __init__(
+        self,
+        clock,
+        ttl_seconds,
+        grace_seconds,
+        failover_grace_seconds,
+        interval_seconds=10,
+        max_heartbeats_per_second=0,
+    ):
         self.clock = clock
         self.ttl = ttl_seconds
         self.grace = grace_seconds
@@ -51,9 +58,9 @@ class LivenessTracker:
         return interval
 
     def scale(self):
-        """How much the longest interval handed out within the last (scaled) TTL widens the configured
-        one (>= 1): a node told to wait longer may, until it has heard the shorter interval. Node TTLs
-        and task leases are scaled by it."""
+        """How much the longest interval handed out within the last (scaled) TTL widens the
+        configured one (>= 1): a node told to wait longer may, until it has heard the shorter
+        interval. Node TTLs and task leases are scaled by it."""
         longest = self.base_interval
         now = self.clock.monotonic()
         with self._lock:
@@ -64,7 +71,8 @@ class LivenessTracker:
         return max(1.0, longest / max(1, self.base_interval))
 
     def longest_interval(self):
-        """Seconds between heartbeats of a node that follows the longest interval handed out lately."""
+        """Seconds between heartbeats of a node that follows the longest interval handed out
+        lately."""
         return self.base_interval * self.scale()
 
     def _ttl(self):
@@ -107,15 +115,19 @@ class LivenessTracker:
                     self._reporting.pop(node_id, None)
 
     def listings_older_than(self, seconds):
-        """{node id: its last Seen} of the nodes whose last heartbeat here listed tasks and came more
-        than `seconds` ago."""
+        """{node id: its last Seen} of the nodes whose last heartbeat here listed tasks and came
+        more than `seconds` ago."""
         now = self.clock.monotonic()
         with self._lock:
-            return {node_id: self._seen[node_id] for node_id in self._reporting
-                    if node_id in self._seen and now - self._seen[node_id].monotonic > seconds}
+            return {
+                node_id: self._seen[node_id]
+                for node_id in self._reporting
+                if node_id in self._seen and now - self._seen[node_id].monotonic > seconds
+            }
 
     def drop_listing(self, node_id: str, seen: Seen) -> None:
-        """Stop counting the tasks that heartbeat (`seen`) of the node listed, unless a newer one came."""
+        """Stop counting the tasks that heartbeat (`seen`) of the node listed, unless a newer one
+        came."""
         with self._lock:
             if self._seen.get(node_id) is seen:
                 seen.tasks = []
@@ -123,7 +135,8 @@ class LivenessTracker:
 
     def reported_running(self):
         """{task id: (node id, epoch)} for every task a node's last heartbeat listed as not finished
-        (only nodes that listed any are looked at: most heartbeats of a large idle fleet list none)."""
+        (only nodes that listed any are looked at: most heartbeats of a large idle fleet list
+        none)."""
         with self._lock:
             reporting = list(self._reporting.items())
         out = {}
@@ -146,7 +159,8 @@ class LivenessTracker:
         return self.clock.monotonic() - self.started < self.failover_grace
 
     def is_overdue(self, node_id):
-        """True when a node has been silent for longer than TTL + grace (never during failover grace)."""
+        """True when a node has been silent for longer than TTL + grace (never during failover
+        grace)."""
         if self.in_failover_grace():
             return False
         seen = self.get(node_id)
@@ -165,6 +179,7 @@ class LivenessTracker:
         def overdue(node_id):
             last = seen.get(node_id)
             return now - (started if last is None else last.monotonic) > limit
+
         return overdue
 
     def silent_for(self, node_id):
@@ -184,7 +199,8 @@ class LivenessTracker:
         return out
 
     def unflushed_again(self, taken):
-        """What take_unflushed() gave was not written after all: those not heard of since are taken next time."""
+        """What take_unflushed() gave was not written after all: those not heard of since are taken
+        next time."""
         with self._lock:
             for node_id, at in taken.items():
                 seen = self._seen.get(node_id)
@@ -209,7 +225,9 @@ class RuntimeSamples:
             for sample in samples:
                 self._samples[sample["task_id"]] = (now, sample)
             if len(self._samples) > 100_000:
-                self._samples = {k: v for k, v in self._samples.items() if now - v[0] < self.ttl_seconds}
+                self._samples = {
+                    k: v for k, v in self._samples.items() if now - v[0] < self.ttl_seconds
+                }
 
     def get(self, task_id):
         """The task's last sample, or None when there is none within the TTL."""
@@ -230,7 +248,9 @@ class LeaseTracker:
     def __init__(self, clock, ttl_seconds, scale=None):
         self.clock = clock
         self.base_ttl = ttl_seconds
-        self.scale = scale or (lambda: 1.0)  # the heartbeat interval's widening (LivenessTracker.scale)
+        self.scale = scale or (
+            lambda: 1.0
+        )  # the heartbeat interval's widening (LivenessTracker.scale)
         self.started = clock.monotonic()
         self._renewed = {}
         self._unflushed = {}
@@ -254,7 +274,8 @@ class LeaseTracker:
         return out
 
     def unflushed_again(self, taken):
-        """What take_unflushed() gave was not written after all: taken next time, unless renewed since."""
+        """What take_unflushed() gave was not written after all: taken next time, unless renewed
+        since."""
         with self._lock:
             for task_id, renewal in taken.items():
                 self._unflushed.setdefault(task_id, renewal)
@@ -303,7 +324,8 @@ class Notifier:
         return self._closed
 
     def wait(self, key, timeout, ready):
-        """Wait up to `timeout` seconds until `ready()` is true, re-checking after each notify(key)."""
+        """Wait up to `timeout` seconds until `ready()` is true, re-checking after each
+        notify(key)."""
         deadline = time.monotonic() + timeout
         event = threading.Event()
         with self._lock:

@@ -22,12 +22,17 @@ import unicodedata
 # Characters of otherwise allowed categories that show nothing.
 _INVISIBLE = frozenset(
     [0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x180B, 0x180C, 0x180D, 0x180F, 0x2800, 0x3164, 0xFFA0]
-    + list(range(0xFE00, 0xFE10)) + list(range(0xE0100, 0xE01F0)))
+    + list(range(0xFE00, 0xFE10))
+    + list(range(0xE0100, 0xE01F0))
+)
 _REFUSED_CATEGORIES = frozenset(["Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"])
 # Scripts that go together in one name (besides a single script alone).
 _HAN = "CJK"
-_MIXES = (frozenset(["LATIN", _HAN, "HIRAGANA", "KATAKANA"]), frozenset(["LATIN", _HAN, "HANGUL"]),
-          frozenset(["LATIN", _HAN, "BOPOMOFO"]))
+_MIXES = (
+    frozenset(["LATIN", _HAN, "HIRAGANA", "KATAKANA"]),
+    frozenset(["LATIN", _HAN, "HANGUL"]),
+    frozenset(["LATIN", _HAN, "BOPOMOFO"]),
+)
 # First words of character names that are no script of their own.
 _COMMON_WORDS = frozenset(["MODIFIER", "KATAKANA-HIRAGANA", "COMBINING"])
 _SCRIPT_WORDS = {"IDEOGRAPHIC": _HAN, "CJK": _HAN, "HALFWIDTH": "KATAKANA"}
@@ -35,8 +40,15 @@ _SCRIPT_WORDS = {"IDEOGRAPHIC": _HAN, "CJK": _HAN, "HALFWIDTH": "KATAKANA"}
 
 def _character_problem(char):
     category = unicodedata.category(char)
-    if category in _REFUSED_CATEGORIES or (category == "Zs" and char != " ") or ord(char) in _INVISIBLE:
-        return f"U+{ord(char):04X} ({unicodedata.name(char, category)}) is invisible, a control or a separator"
+    if (
+        category in _REFUSED_CATEGORIES
+        or (category == "Zs" and char != " ")
+        or ord(char) in _INVISIBLE
+    ):
+        return (
+            f"U+{ord(char):04X} ({unicodedata.name(char, category)}) is invisible, a control or a "
+            f"separator"
+        )
     return None
 
 
@@ -61,12 +73,16 @@ def name_problem(name):
             return f"a name holds no invisible, control, format or separator character: {problem}"
     if unicodedata.normalize("NFKC", name) != name:
         plain = unicodedata.normalize("NFKC", name)
-        return (f"a name is written in plain characters (Unicode NFKC form): {name[:64]!r} would be "
-                f"{plain[:64]!r}")
+        return (
+            f"a name is written in plain characters (Unicode NFKC form): {name[:64]!r} would be "
+            f"{plain[:64]!r}"
+        )
     scripts = {script for script in map(_script, name) if script is not None}
     if len(scripts) > 1 and not any(scripts <= mix for mix in _MIXES):
-        return (f"a name's letters come from one script (mixed scripts pass one name off as another): "
-                f"{name[:64]!r} mixes {', '.join(sorted(s.title() for s in scripts))}")
+        return (
+            f"a name's letters come from one script (mixed scripts pass one name off as another): "
+            f"{name[:64]!r} mixes {', '.join(sorted(s.title() for s in scripts))}"
+        )
     return None
 
 

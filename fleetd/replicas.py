@@ -12,7 +12,8 @@ made once: scheduling passes, lost nodes, expired leases, drain deadlines, backg
   not expired. A leader paused past its lease (SIGSTOP, a long GC) therefore cannot assign work or
   declare nodes lost after another took over: the write rolls back.
 - Shared liveness: heartbeats and lease renewals land in the memory of whichever replica got them;
-  each replica writes them down in batches (services.fleet_ops.replication.sync()), and the leader's decisions read them back.
+  each replica writes them down in batches (services.fleet_ops.replication.sync()), and the leader's
+  decisions read them back.
 - Wake-ups cross processes over LISTEN/NOTIFY (`Bus`): a long poll answered by one replica wakes
   when another one assigns, cancels or changes what it waits for; kicks reach the leader.
 
@@ -86,25 +87,42 @@ class Leadership:
 
     def _claim(self):
         cursor = database.execute_sql(
-            "SELECT holder, epoch, expires_at > now() FROM leader_lease WHERE id = 1 FOR UPDATE")
+            "SELECT holder, epoch, expires_at > now() FROM leader_lease WHERE id = 1 FOR UPDATE"
+        )
         holder, epoch, live = cursor.fetchone()
         self.leader_epoch = epoch
         interval = f"{self.lease_seconds} seconds"
         if holder == self.replica_id and live and epoch == self.epoch:
-            database.execute_sql("UPDATE leader_lease SET expires_at = now() + %s::interval WHERE id = 1",
-                                 (interval,))
+            database.execute_sql(
+                "UPDATE leader_lease SET expires_at = now() + %s::interval WHERE id = 1",
+                (interval,),
+            )
             return True
         if live:
             return False
-        database.execute_sql("UPDATE leader_lease SET holder = %s, epoch = epoch + 1, "
-                             "expires_at = now() + %s::interval WHERE id = 1", (self.replica_id, interval))
+        database.execute_sql(
+            "UPDATE leader_lease SET holder = %s, epoch = epoch + 1, "
+            "expires_at = now() + %s::interval WHERE id = 1",
+            (self.replica_id, interval),
+        )
         self.epoch = self.leader_epoch = epoch + 1
         # An Event (and its webhook deliveries) in the transaction that took the lease.
-        record_event(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "leader.changed", "cluster", self.replica_id,
-                     f"replica {self.replica_id} leads now (epoch {self.epoch}; previous holder {holder or 'none'})",
-                     actor=FLEETD, data={"replica_id": self.replica_id, "epoch": self.epoch, "previous": holder or None})
-        log.warning("replica %s leads now (epoch %d; previous holder %r)", self.replica_id, self.epoch,
-                    holder or None)
+        record_event(
+            dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
+            "leader.changed",
+            "cluster",
+            self.replica_id,
+            f"replica {self.replica_id} leads now (epoch {self.epoch}; previous holder "
+            f"{holder or 'none'})",
+            actor=FLEETD,
+            data={"replica_id": self.replica_id, "epoch": self.epoch, "previous": holder or None},
+        )
+        log.warning(
+            "replica %s leads now (epoch %d; previous holder %r)",
+            self.replica_id,
+            self.epoch,
+            holder or None,
+        )
         return True
 
     def _notice(self):
@@ -126,8 +144,11 @@ class Leadership:
         self._valid_until = 0.0
         try:
             with database.atomic():
-                database.execute_sql("UPDATE leader_lease SET expires_at = now() WHERE id = 1 AND holder = %s "
-                                     "AND epoch = %s", (self.replica_id, self.epoch))
+                database.execute_sql(
+                    "UPDATE leader_lease SET expires_at = now() WHERE id = 1 AND holder = %s "
+                    "AND epoch = %s",
+                    (self.replica_id, self.epoch),
+                )
         except Exception:
             log.exception("leader lease: could not hand it back")
         self._notice()
@@ -140,14 +161,21 @@ class Leadership:
         if not self.leading():
             raise Fenced(f"replica {self.replica_id} does not lead")
         holder, epoch, live = database.execute_sql(
-            "SELECT holder, epoch, expires_at > now() FROM leader_lease WHERE id = 1 FOR SHARE").fetchone()
+            "SELECT holder, epoch, expires_at > now() FROM leader_lease WHERE id = 1 FOR SHARE"
+        ).fetchone()
         if holder != self.replica_id or epoch != self.epoch or not live:
             self._valid_until = 0.0
-            raise Fenced(f"replica {self.replica_id} at epoch {self.epoch} is fenced off: the lease is "
-                         f"{holder!r}'s at epoch {epoch}{'' if live else ', expired'}")
+            raise Fenced(
+                f"replica {self.replica_id} at epoch {self.epoch} is fenced off: the lease is "
+                f"{holder!r}'s at epoch {epoch}{'' if live else ', expired'}"
+            )
 
     def status(self):
-        return {"replica_id": self.replica_id, "leader": self.leading(), "leader_epoch": self.leader_epoch}
+        return {
+            "replica_id": self.replica_id,
+            "leader": self.leading(),
+            "leader_epoch": self.leader_epoch,
+        }
 
 
 class Bus:
@@ -253,9 +281,11 @@ class SingleProcessLock:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise AlreadyServing(
-                f"another fleetd serve (pid {holder}) already uses this SQLite database ({self.path[:-5]}); "
-                "SQLite serves one process: stop it, or use PostgreSQL (--db postgresql://...) to run "
-                "several replicas") from None
+                f"another fleetd serve (pid {holder}) already uses this SQLite database "
+                f"({self.path[:-5]}); "
+                "SQLite serves one process: stop it, or use PostgreSQL (--db postgresql://...) to "
+                "run several replicas"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -265,4 +295,3 @@ class SingleProcessLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-

@@ -25,7 +25,8 @@ from fleetd.services.workloads.lifecycle import NodeStops
 @dataclasses.dataclass
 class Runtime:
     """Settings, clock, caches and trackers of one fleetd process: all of its state besides the
-    database, made by build() (create_app calls it; tests get the same machine as `fleetd serve`)."""
+    database, made by build() (create_app calls it; tests get the same machine as
+    `fleetd serve`)."""
 
     settings: Any  # fleetd.settings.Settings
     clock: Clock
@@ -37,13 +38,27 @@ class Runtime:
     samples: RuntimeSamples  # what nodes last reported of their instance runs
     rates: RequestRates  # each API token's request rate
     trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
-    stops: NodeStops = dataclasses.field(default_factory=NodeStops)  # stops nodes owe their processes
-    terms: TermsCache = dataclasses.field(default_factory=TermsCache)  # a job's placement terms, by id
-    parked: ParkedGroups = dataclasses.field(default_factory=ParkedGroups)  # groups that fit nowhere
-    inventory: InventoryCache = dataclasses.field(default_factory=InventoryCache)  # nodes, GPUs, fleets
-    engines: Engines = dataclasses.field(default_factory=Engines)  # placement engines kept between passes
-    pass_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # passes never overlap
-    nominations: dict = dataclasses.field(default_factory=dict)  # job id -> task ids preempted for it
+    stops: NodeStops = dataclasses.field(
+        default_factory=NodeStops
+    )  # stops nodes owe their processes
+    terms: TermsCache = dataclasses.field(
+        default_factory=TermsCache
+    )  # a job's placement terms, by id
+    parked: ParkedGroups = dataclasses.field(
+        default_factory=ParkedGroups
+    )  # groups that fit nowhere
+    inventory: InventoryCache = dataclasses.field(
+        default_factory=InventoryCache
+    )  # nodes, GPUs, fleets
+    engines: Engines = dataclasses.field(
+        default_factory=Engines
+    )  # placement engines kept between passes
+    pass_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock
+    )  # passes never overlap
+    nominations: dict = dataclasses.field(
+        default_factory=dict
+    )  # job id -> task ids preempted for it
     storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
@@ -63,16 +78,33 @@ class Runtime:
         away between the chunks of a long read (`fleetd serve`: gevent.sleep)."""
         clock = clock or Clock()
         liveness = LivenessTracker(
-            clock, settings.node_ttl_seconds, settings.node_grace_seconds, settings.failover_grace,
-            settings.heartbeat_interval_seconds, settings.max_heartbeats_per_second,
+            clock,
+            settings.node_ttl_seconds,
+            settings.node_grace_seconds,
+            settings.failover_grace,
+            settings.heartbeat_interval_seconds,
+            settings.max_heartbeats_per_second,
         )
-        limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds,
-                                 settings.auth_failure_global_limit)
+        limiter = FailureLimiter(
+            settings.auth_failure_limit,
+            settings.auth_failure_window_seconds,
+            settings.auth_failure_global_limit,
+        )
         leases = LeaseTracker(clock, settings.task_lease_seconds, liveness.scale)
-        rt = cls(settings, clock, liveness, limiter, leases, Notifier(),
-                 Identities(settings.task_uids, settings.allowed_system_users), RuntimeSamples(clock),
-                 RequestRates(settings.limits_requests_per_second, settings.limits_request_burst_seconds),
-                 trusted_networks=settings.trusted_networks)
+        rt = cls(
+            settings,
+            clock,
+            liveness,
+            limiter,
+            leases,
+            Notifier(),
+            Identities(settings.task_uids, settings.allowed_system_users),
+            RuntimeSamples(clock),
+            RequestRates(
+                settings.limits_requests_per_second, settings.limits_request_burst_seconds
+            ),
+            trusted_networks=settings.trusted_networks,
+        )
         if offload is not None:
             rt.offload = rt.inventory.offload = offload
             rt.inventory.throttle = True  # a view a few seconds old while reads would come faster
@@ -100,4 +132,6 @@ def public_url():
 def request_address():
     """The client's address for this request (behind a trusted proxy, from X-Forwarded-For)."""
     rt = current_runtime()
-    return client_address(request.remote_addr, request.headers.get("X-Forwarded-For"), rt.trusted_networks)
+    return client_address(
+        request.remote_addr, request.headers.get("X-Forwarded-For"), rt.trusted_networks
+    )

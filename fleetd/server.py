@@ -53,7 +53,9 @@ class RequestHeaders:
 
     def __init__(self, fp=None, *_args):
         self.status = ""
-        self.headers: list[str] = []  # raw "Name: value\r\n" lines, as gevent builds the WSGI environ from them
+        self.headers: list[
+            str
+        ] = []  # raw "Name: value\r\n" lines, as gevent builds the WSGI environ from them
         self._fields = []  # (lower-case name, value) in order
         if fp is None:
             return
@@ -94,14 +96,17 @@ class RequestHeaders:
     def __delitem__(self, name):
         name = name.lower()
         self._fields = [(k, v) for k, v in self._fields if k != name]
-        self.headers = [line for line in self.headers if line.partition(":")[0].strip().lower() != name]
+        self.headers = [
+            line for line in self.headers if line.partition(":")[0].strip().lower() != name
+        ]
 
 
 class _BodyWithDeadline(Input):
-    """A request's body (wsgi.input) that must arrive by a deadline: the body timeout after the headers,
-    plus its length (or, chunked, what arrived so far) at the minimum rate. A client that sends a byte
-    every few seconds would otherwise hold a connection and a greenlet for as long as it likes. Past the
-    deadline the read raises RequestTimeout (408 in the error envelope) and the connection is closed."""
+    """A request's body (wsgi.input) that must arrive by a deadline: the body timeout after the
+    headers, plus its length (or, chunked, what arrived so far) at the minimum rate. A client that
+    sends a byte every few seconds would otherwise hold a connection and a greenlet for as long as
+    it likes. Past the deadline the read raises RequestTimeout (408 in the error envelope) and the
+    connection is closed."""
 
     __slots__ = ("handler", "started")
 
@@ -113,7 +118,9 @@ class _BodyWithDeadline(Input):
     def _remaining(self):
         server = self.handler.server
         expected = self.content_length if self.content_length is not None else self.position
-        return self.started + server.body_timeout + expected / server.body_min_rate - time.monotonic()
+        return (
+            self.started + server.body_timeout + expected / server.body_min_rate - time.monotonic()
+        )
 
     def _within(self, read, *args):
         timer = gevent.Timeout(max(self._remaining(), 0.001))
@@ -123,8 +130,8 @@ class _BodyWithDeadline(Input):
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
-            # gevent must not wait for the rest before closing. The slot is Input's: gevent is untyped here,
-            # so mypy takes this class's own __slots__ for all of them.
+            # gevent must not wait for the rest before closing. The slot is Input's: gevent is
+            # untyped here, so mypy takes this class's own __slots__ for all of them.
             self._chunked_input_error = True  # type: ignore[misc]
             self.handler.close_connection = True
             raise RequestTimeout("the request's body did not arrive in time") from None
@@ -174,8 +181,13 @@ class _Handler(WSGIHandler):
         env = super().get_environ()
         if env.get("wsgi.input") is self.wsgi_input:  # not an upgraded connection
             old = self.wsgi_input
-            self.wsgi_input = _BodyWithDeadline(self, old.rfile, old.content_length, socket=old.socket,
-                                                chunked_input=old.chunked_input)
+            self.wsgi_input = _BodyWithDeadline(
+                self,
+                old.rfile,
+                old.content_length,
+                socket=old.socket,
+                chunked_input=old.chunked_input,
+            )
             env["wsgi.input"] = self.wsgi_input
         return env
 
@@ -194,7 +206,9 @@ class _Handler(WSGIHandler):
         if self.server.closed:
             return None  # shutting down: no further requests on this connection
         result = super().handle_one_request()
-        if isinstance(result, tuple):  # refused before the app: gevent's bare reply, as the envelope
+        if isinstance(
+            result, tuple
+        ):  # refused before the app: gevent's bare reply, as the envelope
             status = "408" if getattr(self, "header_timed_out", False) else result[0]
             return status, _early_error(int(status))
         return result
@@ -209,7 +223,8 @@ class _Handler(WSGIHandler):
         return scrub_secrets(super().format_request())
 
     def log_error(self, msg, *args):
-        """gevent's error line (a malformed request quotes its request line), scrubbed the same way."""
+        """gevent's error line (a malformed request quotes its request line), scrubbed the same
+        way."""
         try:
             message = msg % args if args else msg
         except (TypeError, ValueError):
@@ -244,20 +259,34 @@ _EARLY_ERRORS = {
 def _early_error(status):
     """A complete HTTP response carrying the error envelope, for requests refused before the app."""
     reason, message = _EARLY_ERRORS.get(status, _EARLY_ERRORS[400])
-    body = json.dumps(envelope("unavailable" if status == 503 else "invalid_request", message)).encode()
+    body = json.dumps(
+        envelope("unavailable" if status == 503 else "invalid_request", message)
+    ).encode()
     retry = "Retry-After: 1\r\n" if status == 503 else ""
-    return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n{retry}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"{retry}Content-Length: {len(body)}\r\n\r\n"
+    ).encode("ascii") + body
 
 
 class _Server(WSGIServer):
     handler_class = _Handler
 
-    def __init__(self, *args, idle_timeout=300.0, header_timeout=10.0, body_timeout=30.0, body_min_rate=102400,
-                 max_per_address=0, **kwargs):
+    def __init__(
+        self,
+        *args,
+        idle_timeout=300.0,
+        header_timeout=10.0,
+        body_timeout=30.0,
+        body_min_rate=102400,
+        max_per_address=0,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.idle_handlers = set()
-        self.idle_timeout = idle_timeout  # a keep-alive connection may wait this long for its next request
+        self.idle_timeout = (
+            idle_timeout  # a keep-alive connection may wait this long for its next request
+        )
         self.header_timeout = header_timeout  # and then has this long to send all its headers
         self.body_timeout = body_timeout  # and this (plus its length at body_min_rate) for its body
         self.body_min_rate = max(1, body_min_rate)
@@ -265,7 +294,8 @@ class _Server(WSGIServer):
         self.per_address = {}  # client address -> connections open
 
     def handle(self, sock, address):
-        """Serve one connection, unless its address already holds max_per_address: then 503 and close."""
+        """Serve one connection, unless its address already holds max_per_address: then 503 and
+        close."""
         host = address[0] if isinstance(address, tuple) else address
         held = self.per_address.get(host, 0)
         if self.max_per_address and held >= self.max_per_address:
@@ -315,15 +345,25 @@ def serve(settings: Settings, ready_callback: Callable[[str], object] | None = N
     """Run until SIGTERM or SIGINT; in-flight requests get shutdown_timeout_seconds to finish."""
     host, port = parse_bind(settings.bind)
     sqlite = settings.database_url.startswith("sqlite:")
-    if not sqlite:  # psycopg2 waits for PostgreSQL through gevent: a query blocks its greenlet, not the loop
+    if (
+        not sqlite
+    ):  # psycopg2 waits for PostgreSQL through gevent: a query blocks its greenlet, not the loop
         import psycogreen.gevent
 
         psycogreen.gevent.patch_psycopg()
-    # synchronous=FULL's guarantee (an acknowledged write is on disk) with one fsync for many commits.
+    # synchronous=FULL's guarantee (an acknowledged write is on disk) with one fsync for many
+    # commits.
     use_group_commit = sqlite and settings.sqlite_synchronous.upper() == "FULL"
-    db = open_database(settings.database_url, "NORMAL" if use_group_commit else settings.sqlite_synchronous,
-                       settings.db_pool_size, settings.db_statement_timeout_seconds, settings.db_pool_wait_seconds)
-    lock = SingleProcessLock(db.database).acquire() if sqlite and db.database != ":memory:" else None
+    db = open_database(
+        settings.database_url,
+        "NORMAL" if use_group_commit else settings.sqlite_synchronous,
+        settings.db_pool_size,
+        settings.db_statement_timeout_seconds,
+        settings.db_pool_wait_seconds,
+    )
+    lock = (
+        SingleProcessLock(db.database).acquire() if sqlite and db.database != ":memory:" else None
+    )
     applied = upgrade(db)
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
@@ -331,8 +371,13 @@ def serve(settings: Settings, ready_callback: Callable[[str], object] | None = N
     # on answering heartbeats and submits meanwhile. What start-up builds lives as long as the
     # process: the collector's full passes skip it (freeze_long_lived).
     pool = gevent.get_hub().threadpool
-    app = create_app(settings, db=db, offload=lambda fn, *args: pool.apply(fn, args),
-                     after_full_read=freeze_long_lived, pause=gevent.sleep)
+    app = create_app(
+        settings,
+        db=db,
+        offload=lambda fn, *args: pool.apply(fn, args),
+        after_full_read=freeze_long_lived,
+        pause=gevent.sleep,
+    )
     rt = app.extensions["fleetd"]
     # The loop gives up the GIL in every SQLite call and then waits for a busy worker thread to
     # hand it back, up to the switch interval each time (5 ms by default): a heartbeat's few reads
@@ -343,7 +388,9 @@ def serve(settings: Settings, ready_callback: Callable[[str], object] | None = N
     gc.freeze()
     group_commit = None
     if use_group_commit:  # its fsyncs run in gevent's threadpool, not on the event loop
-        group_commit = GroupCommit(os.path.abspath(db.database) + "-wal", gevent.get_hub().threadpool.apply)
+        group_commit = GroupCommit(
+            os.path.abspath(db.database) + "-wal", gevent.get_hub().threadpool.apply
+        )
         enable_group_commit(group_commit)
 
     # One greenlet per connection: thousands of agents may wait in long polls at once.
@@ -369,12 +416,20 @@ def serve(settings: Settings, ready_callback: Callable[[str], object] | None = N
     rt.tasks.start(GeventScheduler(timezone=dt.timezone.utc))
     rt.scheduler.start()
     url = f"http://{settings.bind.rpartition(':')[0] or host}:{server.server_port}"
-    log.info("fleetd %s listening on %s (database %s); admin UI at %s/ui/", _version(), url,
-             _redact(settings.database_url), url)
+    log.info(
+        "fleetd %s listening on %s (database %s); admin UI at %s/ui/",
+        _version(),
+        url,
+        _redact(settings.database_url),
+        url,
+    )
     if ready_callback:
         ready_callback(url)
     stop.wait()
-    log.info("shutting down: no new connections; waiting up to %ss for requests", settings.shutdown_timeout_seconds)
+    log.info(
+        "shutting down: no new connections; waiting up to %ss for requests",
+        settings.shutdown_timeout_seconds,
+    )
     rt.notifier.close()  # long polls answer now instead of holding the shutdown
     server.shutdown(settings.shutdown_timeout_seconds)
     rt.scheduler.stop()

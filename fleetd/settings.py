@@ -20,13 +20,17 @@ class Settings:
     public_url: str = ""  # how agents reach fleetd; empty: the URL of the request
     sqlite_synchronous: str = "FULL"
     heartbeat_interval_seconds: int = 10
-    max_heartbeats_per_second: float = 200.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
+    max_heartbeats_per_second: float = (
+        200.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
+    )
     node_ttl_seconds: float = 30.0
     node_grace_seconds: float = 10.0
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
     max_body_bytes: int = 1024 * 1024
     auth_failure_limit: int = 20  # failed authentications per client address ...
-    auth_failure_window_seconds: float = 60.0  # ... within this window, then 429 for failing requests
+    auth_failure_window_seconds: float = (
+        60.0  # ... within this window, then 429 for failing requests
+    )
     auth_failure_global_limit: int = 1000  # failed authentications from all addresses in the window
     trusted_proxies: str = ""  # comma-separated addresses/CIDRs whose X-Forwarded-For is believed
     token_retention_seconds: int = 86400  # keep expired tokens listed this long
@@ -36,8 +40,12 @@ class Settings:
     task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
     lease_sweep_seconds: float = 5.0
-    gpu_hold_check_seconds: float = 60.0  # the check that frees GPUs held by tasks that are not active
-    scheduler_max_placements_per_pass: int = 1000  # the rest of the queue waits for the next pass ...
+    gpu_hold_check_seconds: float = (
+        60.0  # the check that frees GPUs held by tasks that are not active
+    )
+    scheduler_max_placements_per_pass: int = (
+        1000  # the rest of the queue waits for the next pass ...
+    )
     scheduler_max_pass_seconds: float = 2.0  # ... as it does once a pass has decided for this long
     scheduler_policy: str = ""  # empty: the engine's default policy
     fleet_policies: str = ""  # per fleet, for jobs that select it: "gpu-a=packing,gpu-b=fgd"
@@ -45,47 +53,81 @@ class Settings:
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
     metrics_retention_seconds: int = 86400
-    usage_flush_seconds: float = 60.0  # how often the usage ledger accounts running work (and budgets are checked)
+    usage_flush_seconds: float = (
+        60.0  # how often the usage ledger accounts running work (and budgets are checked)
+    )
     storage_measure_seconds: float = 300.0
     storage_watermark_percent: float = 85.0
     gc_interval_seconds: float = 3600.0
-    webhook_send_seconds: float = 2.0  # how often queued webhook deliveries are sent (and retried when due)
-    webhooks_allow_targets: str = ""  # comma-separated CIDRs webhooks may target although not global (a LAN receiver)
+    webhook_send_seconds: float = (
+        2.0  # how often queued webhook deliveries are sent (and retried when due)
+    )
+    webhooks_allow_targets: str = (
+        ""  # comma-separated CIDRs webhooks may target although not global (a LAN receiver)
+    )
     job_retention_seconds: int = 0  # > 0: the gc task deletes jobs ended longer ago than this
     shutdown_timeout_seconds: float = 10.0
-    leader_lease_seconds: float = 8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
+    leader_lease_seconds: float = (
+        8.0  # replicas on PostgreSQL: the leader renews its lease every quarter of this
+    )
     db_pool_size: int = 32  # PostgreSQL connections per replica
-    db_pool_wait_seconds: int = 10  # PostgreSQL: a request waits this long for a pooled connection, then 503
-    db_statement_timeout_seconds: float = 30.0  # PostgreSQL: a statement running longer is cancelled
+    db_pool_wait_seconds: int = (
+        10  # PostgreSQL: a request waits this long for a pooled connection, then 503
+    )
+    db_statement_timeout_seconds: float = (
+        30.0  # PostgreSQL: a statement running longer is cancelled
+    )
     max_connections: int = 10000
-    http_idle_timeout_seconds: float = 300.0  # a keep-alive connection with no request this long is closed
+    http_idle_timeout_seconds: float = (
+        300.0  # a keep-alive connection with no request this long is closed
+    )
     http_header_timeout_seconds: float = 10.0  # a request's headers must all arrive within this
-    http_body_timeout_seconds: float = 30.0  # and its body within this, plus its length at the rate below
-    http_body_min_bytes_per_second: int = 102400  # the slowest upload a long body may take (100 KiB/s)
+    http_body_timeout_seconds: float = (
+        30.0  # and its body within this, plus its length at the rate below
+    )
+    http_body_min_bytes_per_second: int = (
+        102400  # the slowest upload a long body may take (100 KiB/s)
+    )
     max_connections_per_address: int = 2048  # connections one client address may hold open at once
-    instances_max_host_ports_per_owner_per_node: int = 64  # declared ports an owner's instances may hold on a node
-    instances_resume_preempted: bool = True  # a preempted instance that should run resumes by itself when there is room
-    task_uid_range: str = "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
-    # Host users below uid 1000 (or nobody, 65534) that a token's unix_user may still name: comma-separated
-    # (e.g. "ci-runner"); empty: none. Tokens run as system accounts only where the operator says so here.
+    instances_max_host_ports_per_owner_per_node: int = (
+        64  # declared ports an owner's instances may hold on a node
+    )
+    instances_resume_preempted: bool = (
+        True  # a preempted instance that should run resumes by itself when there is room
+    )
+    task_uid_range: str = (
+        "61184-65519"  # uids allocated to owners without a unix_user (systemd's DynamicUser range)
+    )
+    # Host users below uid 1000 (or nobody, 65534) that a token's unix_user may still name:
+    # comma-separated (e.g. "ci-runner"); empty: none. Tokens run as system accounts only where the
+    # operator says so here.
     tokens_allow_system_users: str = ""
     # GraphQL's cloudType: the node labels (k=v,k=v) each type selects; empty: any node
     secure_cloud_labels: str = ""
     community_cloud_labels: str = "cloud_type=community"
-    # Per-owner limits ([limits] in the file): each API token's, unless an admin set its own on the token.
+    # Per-owner limits ([limits] in the file): each API token's, unless an admin set its own on the
+    # token.
     limits_max_active_jobs: int = 10_000  # its jobs queued, running or cancelling
     limits_max_instances: int = 100  # its instances that are not deleted
     limits_max_spec_bytes: int = 256 * 1024  # one job or instance spec as stored
     # the specs its jobs, instances and runs store, ended ones included until the gc deletes them
     limits_max_stored_spec_bytes: int = 1024**3
-    limits_max_artifact_bytes: int = 10 * 1024**3  # what it uploaded, counted as if nothing were shared
-    limits_requests_per_second: float = 1000.0  # its API requests (node sessions are exempt); 0: no limit
-    limits_request_burst_seconds: float = 2.0  # a token may spend this many seconds' worth of requests at once
+    limits_max_artifact_bytes: int = (
+        10 * 1024**3
+    )  # what it uploaded, counted as if nothing were shared
+    limits_requests_per_second: float = (
+        1000.0  # its API requests (node sessions are exempt); 0: no limit
+    )
+    limits_request_burst_seconds: float = (
+        2.0  # a token may spend this many seconds' worth of requests at once
+    )
 
     @property
     def database_url(self):
         """The database URL, defaulting to SQLite in the data directory."""
-        return self.db_url or "sqlite:///" + os.path.join(os.path.abspath(self.data_dir), "fleetd.db")
+        return self.db_url or "sqlite:///" + os.path.join(
+            os.path.abspath(self.data_dir), "fleetd.db"
+        )
 
     @property
     def failover_grace(self):
@@ -113,7 +155,9 @@ class Settings:
     @property
     def webhook_allowed_networks(self):
         """webhooks_allow_targets as a tuple of ip_network."""
-        return _networks("webhooks_allow_targets (FLEETD_WEBHOOKS_ALLOW_TARGETS)", self.webhooks_allow_targets)
+        return _networks(
+            "webhooks_allow_targets (FLEETD_WEBHOOKS_ALLOW_TARGETS)", self.webhooks_allow_targets
+        )
 
     @property
     def task_uids(self):
@@ -124,25 +168,34 @@ class Settings:
         except ValueError:
             uids = None
         if not sep or uids is None or not uids or uids.start < 1000 or uids.stop > 2**31:
-            raise ValueError(f"task_uid_range wants FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, "
-                             f"got {self.task_uid_range!r}")
+            raise ValueError(
+                f"task_uid_range wants FIRST-LAST with 1000 <= FIRST <= LAST < 2^31, "
+                f"got {self.task_uid_range!r}"
+            )
         return uids
 
     @property
     def allowed_system_users(self):
         """tokens_allow_system_users as a frozenset of user names."""
-        names = frozenset(filter(None, (part.strip() for part in self.tokens_allow_system_users.split(","))))
+        names = frozenset(
+            filter(None, (part.strip() for part in self.tokens_allow_system_users.split(",")))
+        )
         for name in names:
             if not USER_NAME_RE.fullmatch(name) or name == "root":
-                raise ValueError(f"tokens_allow_system_users wants host user names other than root, "
-                                 f"comma-separated, got {name[:64]!r}")
+                raise ValueError(
+                    f"tokens_allow_system_users wants host user names other than root, "
+                    f"comma-separated, got {name[:64]!r}"
+                )
         return names
 
     @property
     def cloud_type_labels(self):
         """{cloudType: {label: value}} the GraphQL cloud types select (ALL: any node)."""
-        return {"ALL": {}, "SECURE": _labels("secure_cloud_labels", self.secure_cloud_labels),
-                "COMMUNITY": _labels("community_cloud_labels", self.community_cloud_labels)}
+        return {
+            "ALL": {},
+            "SECURE": _labels("secure_cloud_labels", self.secure_cloud_labels),
+            "COMMUNITY": _labels("community_cloud_labels", self.community_cloud_labels),
+        }
 
     def validate(self):
         """Raise ValueError for settings that cannot work (unknown policy names, bad lists)."""
@@ -153,18 +206,29 @@ class Settings:
         self.task_uids  # noqa: B018 - raises on a bad range
         self.allowed_system_users  # noqa: B018 - raises on a bad list
         self.cloud_type_labels  # noqa: B018 - raises on a bad label list
-        if self.db_pool_wait_seconds < 1:  # whole seconds (the pool's own unit); 0 would wait for ever
+        if (
+            self.db_pool_wait_seconds < 1
+        ):  # whole seconds (the pool's own unit); 0 would wait for ever
             raise ValueError("db_pool_wait_seconds must be >= 1")
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
-        for name in ("limits_max_active_jobs", "limits_max_instances", "limits_max_spec_bytes",
-                     "limits_max_stored_spec_bytes", "limits_max_artifact_bytes", "limits_requests_per_second", "limits_request_burst_seconds"):
+        for name in (
+            "limits_max_active_jobs",
+            "limits_max_instances",
+            "limits_max_spec_bytes",
+            "limits_max_stored_spec_bytes",
+            "limits_max_artifact_bytes",
+            "limits_requests_per_second",
+            "limits_request_burst_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
         for name in [self.scheduler_policy, *self.policy_by_fleet.values()]:
             if name and name not in POLICIES:
-                raise ValueError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+                raise ValueError(
+                    f"unknown scheduler policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+                )
         return self
 
     @classmethod
@@ -173,12 +237,13 @@ class Settings:
         environ = os.environ if environ is None else environ
         path = environ.get("FLEETD_CONFIG")
         values = fleetconf.read_toml(path, ValueError) if path else {}
-        return fleetconf.load(cls, "FLEETD_", values, environ, overrides, ValueError,
-                              where=path or "settings").validate()
+        return fleetconf.load(
+            cls, "FLEETD_", values, environ, overrides, ValueError, where=path or "settings"
+        ).validate()
 
 
 def _labels(name, text):
-    """"k=v,k=v" as a dict; ValueError naming the setting."""
+    """ "k=v,k=v" as a dict; ValueError naming the setting."""
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
@@ -189,7 +254,8 @@ def _labels(name, text):
 
 
 def _networks(name, text):
-    """A comma-separated list of addresses or CIDRs as a tuple of ip_network; ValueError naming the setting."""
+    """A comma-separated list of addresses or CIDRs as a tuple of ip_network; ValueError naming the
+    setting."""
     out = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         try:

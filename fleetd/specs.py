@@ -42,20 +42,32 @@ class Resources:
     gpu_types: tuple[str, ...] = ()
     cpus: float = 0
     memory_bytes: int = 0
-    pids: int | None = None  # the most processes and threads (None: the fleet's task_pids_max); not reserved
+    pids: int | None = (
+        None  # the most processes and threads (None: the fleet's task_pids_max); not reserved
+    )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Resources:
         data = data or {}
-        return cls(gpus=data.get("gpus") or 0, gpu_memory_bytes=data.get("gpu_memory_bytes"),
-                   gpu_compute_percent=data.get("gpu_compute_percent"),
-                   gpu_types=tuple(data.get("gpu_types") or ()), cpus=data.get("cpus") or 0,
-                   memory_bytes=data.get("memory_bytes") or 0, pids=data.get("pids"))
+        return cls(
+            gpus=data.get("gpus") or 0,
+            gpu_memory_bytes=data.get("gpu_memory_bytes"),
+            gpu_compute_percent=data.get("gpu_compute_percent"),
+            gpu_types=tuple(data.get("gpu_types") or ()),
+            cpus=data.get("cpus") or 0,
+            memory_bytes=data.get("memory_bytes") or 0,
+            pids=data.get("pids"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"gpus": self.gpus, "gpu_memory_bytes": self.gpu_memory_bytes,
-               "gpu_compute_percent": self.gpu_compute_percent, "gpu_types": list(self.gpu_types),
-               "cpus": self.cpus, "memory_bytes": self.memory_bytes}
+        out = {
+            "gpus": self.gpus,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpu_compute_percent": self.gpu_compute_percent,
+            "gpu_types": list(self.gpu_types),
+            "cpus": self.cpus,
+            "memory_bytes": self.memory_bytes,
+        }
         if self.pids is not None:  # optional (docs/api.md): specs stored before it read as before
             out["pids"] = self.pids
         return out
@@ -63,9 +75,13 @@ class Resources:
 
 def _selector_from_dict(data: Mapping[str, Any] | None) -> scheduler.NodeSelector:
     data = data or {}
-    return scheduler.NodeSelector(fleet=data.get("fleet"), labels=_plain(data.get("labels")),
-                                  node_id=data.get("node_id"), container=bool(data.get("container")),
-                                  image=data.get("image"))
+    return scheduler.NodeSelector(
+        fleet=data.get("fleet"),
+        labels=_plain(data.get("labels")),
+        node_id=data.get("node_id"),
+        container=bool(data.get("container")),
+        image=data.get("image"),
+    )
 
 
 def _selector_to_dict(selector: scheduler.NodeSelector) -> dict[str, Any]:
@@ -128,7 +144,10 @@ class IdleStop:
     for_seconds: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu_util_below_percent": self.gpu_util_below_percent, "for_seconds": self.for_seconds}
+        return {
+            "gpu_util_below_percent": self.gpu_util_below_percent,
+            "for_seconds": self.for_seconds,
+        }
 
 
 def _idle_stop(data: Mapping[str, Any] | None) -> IdleStop | None:
@@ -150,18 +169,30 @@ class RunOfInstance:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunOfInstance:
-        return cls(restart=data.get("restart") or "on-failure",
-                   ports=tuple(Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()),
-                   volume_bytes=data.get("volume_bytes") or 0,
-                   volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT, image=data.get("image"),
-                   idle_stop=_idle_stop(data.get("idle_stop")), scratch_bytes=data.get("scratch_bytes") or 0,
-                   runtime_args=tuple(data.get("runtime_args") or ()))
+        return cls(
+            restart=data.get("restart") or "on-failure",
+            ports=tuple(
+                Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()
+            ),
+            volume_bytes=data.get("volume_bytes") or 0,
+            volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT,
+            image=data.get("image"),
+            idle_stop=_idle_stop(data.get("idle_stop")),
+            scratch_bytes=data.get("scratch_bytes") or 0,
+            runtime_args=tuple(data.get("runtime_args") or ()),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"restart": self.restart, "ports": [p.to_dict() for p in self.ports],
-                "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path,
-                "image": self.image, "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None,
-                "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args)}
+        return {
+            "restart": self.restart,
+            "ports": [p.to_dict() for p in self.ports],
+            "volume_bytes": self.volume_bytes,
+            "volume_mount_path": self.volume_mount_path,
+            "image": self.image,
+            "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None,
+            "scratch_bytes": self.scratch_bytes,
+            "runtime_args": list(self.runtime_args),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,24 +223,41 @@ class JobSpec:
         retry = data.get("retry")
         instance = data.get("instance")
         return cls(
-            name=data["name"], command=tuple(data.get("command") or ()), env=_plain(data.get("env")),
-            workdir=data.get("workdir"), num_nodes=data.get("num_nodes") or 1,
-            resources=Resources.from_dict(data.get("resources")), isolation=data.get("isolation"),
-            priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"), team=data.get("team"),
+            name=data["name"],
+            command=tuple(data.get("command") or ()),
+            env=_plain(data.get("env")),
+            workdir=data.get("workdir"),
+            num_nodes=data.get("num_nodes") or 1,
+            resources=Resources.from_dict(data.get("resources")),
+            isolation=data.get("isolation"),
+            priority_class=data.get("priority_class") or "on-demand",
+            bid=data.get("bid"),
+            team=data.get("team"),
             project=data.get("project"),
-            labels=_plain(data.get("labels")), node_selector=_selector_from_dict(data.get("node_selector")),
+            labels=_plain(data.get("labels")),
+            node_selector=_selector_from_dict(data.get("node_selector")),
             max_runtime_seconds=data.get("max_runtime_seconds"),
             retry=Retry.from_dict(retry) if retry else None,
-            artifacts=tuple(ArtifactRef(a["sha256"], a["path"]) for a in data.get("artifacts") or ()),
+            artifacts=tuple(
+                ArtifactRef(a["sha256"], a["path"]) for a in data.get("artifacts") or ()
+            ),
             instance=RunOfInstance.from_dict(instance) if instance is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: stored with the job and shown as its `spec`."""
         out = {
-            "name": self.name, "command": list(self.command), "env": dict(self.env), "workdir": self.workdir,
-            "num_nodes": self.num_nodes, "resources": self.resources.to_dict(), "isolation": self.isolation,
-            "priority_class": self.priority_class, "bid": self.bid, "team": self.team, "labels": dict(self.labels),
+            "name": self.name,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "workdir": self.workdir,
+            "num_nodes": self.num_nodes,
+            "resources": self.resources.to_dict(),
+            "isolation": self.isolation,
+            "priority_class": self.priority_class,
+            "bid": self.bid,
+            "team": self.team,
+            "labels": dict(self.labels),
             "node_selector": _selector_to_dict(self.node_selector),
             "max_runtime_seconds": self.max_runtime_seconds,
             "retry": self.retry.to_dict() if self.retry else None,
@@ -231,12 +279,24 @@ class JobSpec:
         a new instance takes, MPS slices); ValueError when the engine cannot evaluate it."""
         res = self.resources
         request = scheduler.TaskRequest(
-            gpus=res.gpus, num_nodes=self.num_nodes, gpu_memory_bytes=res.gpu_memory_bytes,
-            gpu_compute_percent=res.gpu_compute_percent, gpu_types=res.gpu_types, cpus=res.cpus,
-            memory_bytes=res.memory_bytes, node_selector=self.node_selector, priority_class=self.priority_class,
-            bid=self.bid, name=self.name)
+            gpus=res.gpus,
+            num_nodes=self.num_nodes,
+            gpu_memory_bytes=res.gpu_memory_bytes,
+            gpu_compute_percent=res.gpu_compute_percent,
+            gpu_types=res.gpu_types,
+            cpus=res.cpus,
+            memory_bytes=res.memory_bytes,
+            node_selector=self.node_selector,
+            priority_class=self.priority_class,
+            bid=self.bid,
+            name=self.name,
+        )
         # A resumed run's ports are already held on the node that keeps its volume.
-        ports = len(self.instance.ports) if self.instance is not None and self.node_selector.node_id is None else 0
+        ports = (
+            len(self.instance.ports)
+            if self.instance is not None and self.node_selector.node_id is None
+            else 0
+        )
         mps = self.isolation == "mps" and request.shared
         if ports or mps:
             request = dataclasses.replace(request, owner=owner, host_ports=ports, mps=mps)
@@ -269,15 +329,24 @@ class InstanceSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceSpec:
         """The spec of a validated body, or of a stored row."""
         return cls(
-            name=data["name"], command=tuple(data.get("command") or ()), image=data.get("image"),
-            env=_plain(data.get("env")), resources=Resources.from_dict(data.get("resources")),
+            name=data["name"],
+            command=tuple(data.get("command") or ()),
+            image=data.get("image"),
+            env=_plain(data.get("env")),
+            resources=Resources.from_dict(data.get("resources")),
             volume_bytes=data.get("volume_bytes") or 0,
             volume_mount_path=data.get("volume_mount_path") or DEFAULT_MOUNT,
-            ports=tuple(Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()),
-            priority_class=data.get("priority_class") or "on-demand", bid=data.get("bid"),
-            node_selector=_selector_from_dict(data.get("node_selector")), restart=data.get("restart") or "on-failure",
-            idle_stop=_idle_stop(data.get("idle_stop")), team=data.get("team"),
-            scratch_bytes=data.get("scratch_bytes") or 0, runtime_args=tuple(data.get("runtime_args") or ()),
+            ports=tuple(
+                Port(p["port"], p.get("protocol", "http")) for p in data.get("ports") or ()
+            ),
+            priority_class=data.get("priority_class") or "on-demand",
+            bid=data.get("bid"),
+            node_selector=_selector_from_dict(data.get("node_selector")),
+            restart=data.get("restart") or "on-failure",
+            idle_stop=_idle_stop(data.get("idle_stop")),
+            team=data.get("team"),
+            scratch_bytes=data.get("scratch_bytes") or 0,
+            runtime_args=tuple(data.get("runtime_args") or ()),
             project=data.get("project"),
         )
 
@@ -285,34 +354,74 @@ class InstanceSpec:
         """The JSON form: stored with the instance and shown as its `spec`."""
         res = self.resources
         return {
-            "name": self.name, "command": list(self.command), "image": self.image, "env": dict(self.env),
-            "resources": {"gpus": res.gpus, "gpu_types": list(res.gpu_types), "cpus": res.cpus,
-                          "memory_bytes": res.memory_bytes, **({"pids": res.pids} if res.pids is not None else {}),
-                          # optional, as pids: specs stored before it read as before
-                          **({"gpu_memory_bytes": res.gpu_memory_bytes} if res.gpu_memory_bytes is not None else {})},
-            "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path,
-            "ports": [p.to_dict() for p in self.ports], "priority_class": self.priority_class, "bid": self.bid,
-            "node_selector": _selector_to_dict(self.node_selector), "restart": self.restart,
-            "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None, "team": self.team,
-            "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args),
+            "name": self.name,
+            "command": list(self.command),
+            "image": self.image,
+            "env": dict(self.env),
+            "resources": {
+                "gpus": res.gpus,
+                "gpu_types": list(res.gpu_types),
+                "cpus": res.cpus,
+                "memory_bytes": res.memory_bytes,
+                **({"pids": res.pids} if res.pids is not None else {}),
+                # optional, as pids: specs stored before it read as before
+                **(
+                    {"gpu_memory_bytes": res.gpu_memory_bytes}
+                    if res.gpu_memory_bytes is not None
+                    else {}
+                ),
+            },
+            "volume_bytes": self.volume_bytes,
+            "volume_mount_path": self.volume_mount_path,
+            "ports": [p.to_dict() for p in self.ports],
+            "priority_class": self.priority_class,
+            "bid": self.bid,
+            "node_selector": _selector_to_dict(self.node_selector),
+            "restart": self.restart,
+            "idle_stop": self.idle_stop.to_dict() if self.idle_stop else None,
+            "team": self.team,
+            "scratch_bytes": self.scratch_bytes,
+            "runtime_args": list(self.runtime_args),
             **({"project": self.project} if self.project is not None else {}),
         }
 
     def run(self, node_id: str | None) -> JobSpec:
         """The spec of one run (held to `node_id`, the node that keeps its volume, when set)."""
-        selector = dataclasses.replace(self.node_selector, node_id=node_id,
-                                       container=bool(self.image) or self.node_selector.container,
-                                       image=self.image or None)
+        selector = dataclasses.replace(
+            self.node_selector,
+            node_id=node_id,
+            container=bool(self.image) or self.node_selector.container,
+            image=self.image or None,
+        )
         res = self.resources
         return JobSpec(
-            name=self.name, command=self.command, env=self.env, num_nodes=1, team=self.team,
-            resources=Resources(gpus=res.gpus, gpu_types=res.gpu_types, cpus=res.cpus, memory_bytes=res.memory_bytes,
-                                pids=res.pids, gpu_memory_bytes=res.gpu_memory_bytes),
-            priority_class=self.priority_class, bid=self.bid, node_selector=selector, retry=NO_RETRY,
-            instance=RunOfInstance(restart=self.restart, ports=self.ports, volume_bytes=self.volume_bytes,
-                                   volume_mount_path=self.volume_mount_path, image=self.image,
-                                   idle_stop=self.idle_stop, scratch_bytes=self.scratch_bytes,
-                                   runtime_args=self.runtime_args),
+            name=self.name,
+            command=self.command,
+            env=self.env,
+            num_nodes=1,
+            team=self.team,
+            resources=Resources(
+                gpus=res.gpus,
+                gpu_types=res.gpu_types,
+                cpus=res.cpus,
+                memory_bytes=res.memory_bytes,
+                pids=res.pids,
+                gpu_memory_bytes=res.gpu_memory_bytes,
+            ),
+            priority_class=self.priority_class,
+            bid=self.bid,
+            node_selector=selector,
+            retry=NO_RETRY,
+            instance=RunOfInstance(
+                restart=self.restart,
+                ports=self.ports,
+                volume_bytes=self.volume_bytes,
+                volume_mount_path=self.volume_mount_path,
+                image=self.image,
+                idle_stop=self.idle_stop,
+                scratch_bytes=self.scratch_bytes,
+                runtime_args=self.runtime_args,
+            ),
         )
 
 
@@ -340,19 +449,37 @@ class Group(NamedTuple):
     mps: bool
 
 
-def group_of(request: scheduler.TaskRequest, team: str | None, priority_class: str, bid: float | None) -> Group:
+def group_of(
+    request: scheduler.TaskRequest, team: str | None, priority_class: str, bid: float | None
+) -> Group:
     """The group of a job with this request, team, class and bid."""
     selector = request.node_selector
-    return Group(gpus=request.gpus, num_nodes=request.num_nodes, gpu_memory_bytes=request.gpu_memory_bytes,
-                 gpu_compute_percent=request.gpu_compute_percent, gpu_types=tuple(request.gpu_types),
-                 cpus=request.cpus, memory_bytes=request.memory_bytes, fleet=selector.fleet,
-                 labels=tuple(sorted(selector.labels.items())), node_id=selector.node_id,
-                 container=selector.container, team=team or "", priority_class=priority_class, bid=bid,
-                 image=selector.image, owner=request.owner, host_ports=request.host_ports, mps=request.mps)
+    return Group(
+        gpus=request.gpus,
+        num_nodes=request.num_nodes,
+        gpu_memory_bytes=request.gpu_memory_bytes,
+        gpu_compute_percent=request.gpu_compute_percent,
+        gpu_types=tuple(request.gpu_types),
+        cpus=request.cpus,
+        memory_bytes=request.memory_bytes,
+        fleet=selector.fleet,
+        labels=tuple(sorted(selector.labels.items())),
+        node_id=selector.node_id,
+        container=selector.container,
+        team=team or "",
+        priority_class=priority_class,
+        bid=bid,
+        image=selector.image,
+        owner=request.owner,
+        host_ports=request.host_ports,
+        mps=request.mps,
+    )
 
 
 def group_key(group: Group) -> str:
     """A group as a short text stored on the job (Job.group_key): a hash of its named fields and
     GROUP_KEY_VERSION in canonical JSON, so equal groups have equal keys in every process."""
-    text = json.dumps({"version": GROUP_KEY_VERSION, **group._asdict()}, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(
+        {"version": GROUP_KEY_VERSION, **group._asdict()}, sort_keys=True, separators=(",", ":")
+    )
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()

@@ -86,14 +86,17 @@ class Statement:
         return self.instances(database.execute_sql(sql, self._bind(params, values)).fetchall())
 
     def instances(self, rows):
-        """Model instances of rows that raw_tuples() returned (no database: any thread may do it)."""
+        """Model instances of rows that raw_tuples() returned (no database: any thread may do
+        it)."""
         model, _sql, _params, columns = self._get()
         out = []
         for row in rows:
             # What peewee's cursor wrapper does, without matching column names on every query.
             instance = model.__new__(model)
-            instance.__data__ = {name: None if value is None else convert(value)
-                                 for (name, convert), value in zip(columns, row)}
+            instance.__data__ = {
+                name: None if value is None else convert(value)
+                for (name, convert), value in zip(columns, row)
+            }
             instance._dirty = set()
             instance.__rel__ = {}
             out.append(instance)
@@ -106,8 +109,9 @@ class Statement:
 
     def raw_tuples(self, pause=None, **values):
         """Rows of a SELECT as the driver returns them, no field conversion (the caller converts).
-        With `pause`, rows are fetched a chunk at a time and pause() is called between chunks (fleetd
-        serve: a yield to the event loop, so a read of every node and GPU does not hold it)."""
+        With `pause`, rows are fetched a chunk at a time and pause() is called between chunks
+        (fleetd serve: a yield to the event loop, so a read of every node and GPU does not hold
+        it)."""
         _model, sql, params, _columns = self._get()
         cursor = database.execute_sql(sql, self._bind(params, values))
         return cursor.fetchall() if pause is None else fetch_in_chunks(cursor, pause)
@@ -118,10 +122,13 @@ class Statement:
         return database.execute_sql(sql, self._bind(params, values)).rowcount
 
     def execute_many(self, rows):
-        """Run an INSERT, UPDATE or DELETE once per dict of values in `rows`, in one call to the driver."""
+        """Run an INSERT, UPDATE or DELETE once per dict of values in `rows`, in one call to the
+        driver."""
         _model, sql, params, _columns = self._get()
         cursor = database.cursor()
-        cursor.executemany(sql, [self._bind(params, values) for values in rows])  # psycopg2's returns None
+        cursor.executemany(
+            sql, [self._bind(params, values) for values in rows]
+        )  # psycopg2's returns None
         return cursor.rowcount
 
 
@@ -155,7 +162,9 @@ def _cached(cache, key, build):
 
 def by_pk(model):
     """The Statement that selects one row of `model` by its primary key (value `pk`)."""
-    return _cached(_BY_PK, model, lambda v: model.select().where(model._meta.primary_key == v("pk")).limit(1))
+    return _cached(
+        _BY_PK, model, lambda v: model.select().where(model._meta.primary_key == v("pk")).limit(1)
+    )
 
 
 def save_by_pk(instance, field_dict):
@@ -166,8 +175,9 @@ def save_by_pk(instance, field_dict):
     fields = model._meta.fields
 
     def build(v):
-        return (model.update({fields[n]: v(n, fields[n]) for n in names})
-                .where(pk == v("__pk__", pk)))
+        return model.update({fields[n]: v(n, fields[n]) for n in names}).where(
+            pk == v("__pk__", pk)
+        )
 
     statement = _cached(_SAVES, (model, names), build)
     return statement.execute(__pk__=instance._pk, **field_dict)
@@ -183,7 +193,8 @@ def _insert(model, names):
 
 
 def insert_row(model, field_dict):
-    """INSERT one row of `model` with `field_dict` (its primary key among them unless it is automatic)."""
+    """INSERT one row of `model` with `field_dict` (its primary key among them unless it is
+    automatic)."""
     return _insert(model, tuple(sorted(field_dict))).execute(**field_dict)
 
 

@@ -1,8 +1,8 @@
 """Availability windows of a fleet: when its GPUs may take work (pure functions, no I/O).
 
 A fleet's `availability` is None (always open) or
-``{"timezone": "Europe/Paris", "windows": [{"start": "20:00", "end": "08:00", "days": ["mon", ...]}]}``.
-A window whose end is not after its start runs past midnight into the next day; `days`
+``{"timezone": "Europe/Paris", "windows": [{"start": "20:00", "end": "08:00", "days": ["mon",
+...]}]}``. A window whose end is not after its start runs past midnight into the next day; `days`
 (default: every day) names the days on which a window starts.
 """
 

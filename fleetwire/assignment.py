@@ -33,10 +33,16 @@ MAX_RUNTIME_ARGS = 16
 # and never more than this, whatever the host.
 MAX_SHM_BYTES = 1024**4  # 1 TiB
 _SIZE_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
-# The allow-list as one pattern (ECMAScript and Python alike), for documents that describe the field.
-RUNTIME_ARG_PATTERN = "^(" + "|".join(
-    flag if value is None else f"{flag}=({value.pattern.removeprefix('^').removesuffix('$')})"
-    for flag, value in RUNTIME_ARGS.items()) + ")$"
+# The allow-list as one pattern (ECMAScript and Python alike), for documents that describe the
+# field.
+RUNTIME_ARG_PATTERN = (
+    "^("
+    + "|".join(
+        flag if value is None else f"{flag}=({value.pattern.removeprefix('^').removesuffix('$')})"
+        for flag, value in RUNTIME_ARGS.items()
+    )
+    + ")$"
+)
 
 
 def runtime_arg_error(arg):
@@ -45,7 +51,10 @@ def runtime_arg_error(arg):
         return "a runtime argument must be a string"
     flag, sep, value = arg.partition("=")
     if flag not in RUNTIME_ARGS:
-        return f"{arg[:64]!r} is not allowed; allowed: {', '.join(sorted(RUNTIME_ARGS))} (as --flag=value)"
+        return (
+            f"{arg[:64]!r} is not allowed; allowed: {', '.join(sorted(RUNTIME_ARGS))} (as "
+            f"--flag=value)"
+        )
     pattern = RUNTIME_ARGS[flag]
     if pattern is None:
         return None if not sep else f"{flag} takes no value"
@@ -60,18 +69,18 @@ def shm_size_bytes(value):
     """The bytes of a --shm-size value its pattern took (`512m`: 512 MiB; no unit: bytes)."""
     unit = _SIZE_UNITS.get(value[-1:], 1)
     return int(value[:-1] if unit > 1 else value) * unit
+
+
 PORT_PROTOCOLS = ("http", "tcp")
 MAX_INSTANCE_PORTS = 32
-# A task's pid limit (`pids`: processes and threads, as cgroup v2 pids.max and RLIMIT_NPROC count them):
-# at least a few, for the agent's shell that records the exit status and the task's first processes,
-# at most the kernel's own ceiling (PID_MAX_LIMIT on 64-bit).
+# A task's pid limit (`pids`: processes and threads, as cgroup v2 pids.max and RLIMIT_NPROC count
+# them): at least a few, for the agent's shell that records the exit status and the task's first
+# processes, at most the kernel's own ceiling (PID_MAX_LIMIT on 64-bit).
 MIN_TASK_PIDS = 16
 MAX_TASK_PIDS = 4 * 1024 * 1024
 MAX_TASK_PATH = 4096  # characters of a task's PATH
 # A task's PATH: absolute directories separated by ':', no empty entry (the working directory).
 TASK_PATH_RE = re.compile(r"^/[^:\x00-\x1f]*(:/[^:\x00-\x1f]*)*$")
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +105,11 @@ class AssignedInstance:
         if not isinstance(data, dict):
             raise ValueError("instance must be an object")
         instance_id = data.get("id")
-        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.fullmatch(instance_id) or instance_id in (".", ".."):
+        if (
+            not isinstance(instance_id, str)
+            or not INSTANCE_ID_RE.fullmatch(instance_id)
+            or instance_id in (".", "..")
+        ):
             raise ValueError("instance.id must be 1-128 letters, digits or ._:- (not . or ..)")
         restart = data.get("restart") or "on-failure"
         if restart not in RESTART_POLICIES:
@@ -106,11 +119,21 @@ class AssignedInstance:
         if not is_int(volume_bytes) or volume_bytes < 0:
             raise ValueError("instance.volume_bytes must be a non-negative integer")
         mount = data.get("volume_mount_path") or "/workspace"
-        if not isinstance(mount, str) or not mount.startswith("/") or any(c in mount for c in ":,\0\n"):
-            raise ValueError("instance.volume_mount_path must be an absolute path without ':' or ','")
+        if (
+            not isinstance(mount, str)
+            or not mount.startswith("/")
+            or any(c in mount for c in ":,\0\n")
+        ):
+            raise ValueError(
+                "instance.volume_mount_path must be an absolute path without ':' or ','"
+            )
         image = data.get("image")
-        if image is not None and (not isinstance(image, str) or not image.strip() or image.startswith("-")
-                                  or any(c.isspace() or c == "\0" for c in image)):
+        if image is not None and (
+            not isinstance(image, str)
+            or not image.strip()
+            or image.startswith("-")
+            or any(c.isspace() or c == "\0" for c in image)
+        ):
             raise ValueError("instance.image must be an image reference")
         below, for_seconds = cls._idle_stop(data.get("idle_stop"))
         scratch_bytes = data.get("scratch_bytes") or 0
@@ -125,19 +148,42 @@ class AssignedInstance:
                 raise ValueError(f"instance.runtime_args: {error}")
         if runtime_args and image is None:
             raise ValueError("instance.runtime_args apply to an image only")
-        return cls(id=instance_id, name=str(data.get("name") or instance_id)[:128], restart=restart, ports=ports,
-                   volume_bytes=volume_bytes, volume_mount_path=mount, image=image or None,
-                   idle_below_percent=below, idle_for_seconds=for_seconds, scratch_bytes=scratch_bytes,
-                   runtime_args=tuple(runtime_args))
+        return cls(
+            id=instance_id,
+            name=str(data.get("name") or instance_id)[:128],
+            restart=restart,
+            ports=ports,
+            volume_bytes=volume_bytes,
+            volume_mount_path=mount,
+            image=image or None,
+            idle_below_percent=below,
+            idle_for_seconds=for_seconds,
+            scratch_bytes=scratch_bytes,
+            runtime_args=tuple(runtime_args),
+        )
 
     def to_wire(self):
         """The `instance` object as fleetd sends it (from_wire reads it back equal)."""
-        idle = None if self.idle_below_percent is None else {
-            "gpu_util_below_percent": self.idle_below_percent, "for_seconds": self.idle_for_seconds}
-        return {"id": self.id, "name": self.name, "restart": self.restart,
-                "ports": [{"port": port, "protocol": protocol} for port, protocol in self.ports],
-                "volume_bytes": self.volume_bytes, "volume_mount_path": self.volume_mount_path, "image": self.image,
-                "idle_stop": idle, "scratch_bytes": self.scratch_bytes, "runtime_args": list(self.runtime_args)}
+        idle = (
+            None
+            if self.idle_below_percent is None
+            else {
+                "gpu_util_below_percent": self.idle_below_percent,
+                "for_seconds": self.idle_for_seconds,
+            }
+        )
+        return {
+            "id": self.id,
+            "name": self.name,
+            "restart": self.restart,
+            "ports": [{"port": port, "protocol": protocol} for port, protocol in self.ports],
+            "volume_bytes": self.volume_bytes,
+            "volume_mount_path": self.volume_mount_path,
+            "image": self.image,
+            "idle_stop": idle,
+            "scratch_bytes": self.scratch_bytes,
+            "runtime_args": list(self.runtime_args),
+        }
 
     @staticmethod
     def _ports(ports):
@@ -148,7 +194,9 @@ class AssignedInstance:
             port = item.get("port") if isinstance(item, dict) else None
             protocol = (item.get("protocol") or "tcp") if isinstance(item, dict) else None
             if not is_int(port) or not 1 <= port <= 65535 or protocol not in PORT_PROTOCOLS:
-                raise ValueError("instance.ports must be [{port (1-65535), protocol (http or tcp)}]")
+                raise ValueError(
+                    "instance.ports must be [{port (1-65535), protocol (http or tcp)}]"
+                )
             out.append((port, protocol))
         if len({port for port, _ in out}) != len(out):
             raise ValueError("instance.ports must not declare a port twice")
@@ -160,8 +208,15 @@ class AssignedInstance:
             return None, None
         below = idle.get("gpu_util_below_percent") if isinstance(idle, dict) else None
         for_seconds = idle.get("for_seconds") if isinstance(idle, dict) else None
-        if not is_number(below) or not 0 < below <= 100 or not is_number(for_seconds) or for_seconds <= 0:
-            raise ValueError("instance.idle_stop must be {gpu_util_below_percent (0-100], for_seconds (> 0)}")
+        if (
+            not is_number(below)
+            or not 0 < below <= 100
+            or not is_number(for_seconds)
+            or for_seconds <= 0
+        ):
+            raise ValueError(
+                "instance.idle_stop must be {gpu_util_below_percent (0-100], for_seconds (> 0)}"
+            )
         return float(below), float(for_seconds)
 
 
@@ -175,9 +230,11 @@ def system_uid_problem(user, uid):
     """Why a token's `unix_user` (`user`, whose uid is `uid`) is a system account that its tasks may
     run as only where the operator allowed it (fleetd's `tokens_allow_system_users`), or None."""
     if uid < FIRST_USER_UID or uid == NOBODY_UID:
-        return (f"host user {user!r} has uid {uid}, a system account's (below {FIRST_USER_UID}, or "
-                f"{NOBODY_UID}): tokens run as such users only where the setting tokens_allow_system_users "
-                f"names them")
+        return (
+            f"host user {user!r} has uid {uid}, a system account's (below {FIRST_USER_UID}, or "
+            f"{NOBODY_UID}): tokens run as such users only where the setting "
+            f"tokens_allow_system_users names them"
+        )
     return None
 
 
@@ -200,12 +257,22 @@ class Assignment:
     priority_class: str = "on-demand"
     bid: float | None = None
     cpus: float | None = None  # host CPU limit (cgroup v2 cpu.max) from the JobSpec
-    memory_bytes: int | None = None  # host memory limit (cgroup v2 memory.max): the JobSpec's, else the fleet's
-    memory_default: bool = False  # memory_bytes is the fleet's task_memory_default_bytes (the spec set none)
-    pids: int | None = None  # the most processes and threads the task may hold (None: fleetd did not say)
-    task_path: str | None = None  # the task's PATH, the fleet's (None: fleetd did not say; the agent's default)
+    memory_bytes: int | None = (
+        None  # host memory limit (cgroup v2 memory.max): the JobSpec's, else the fleet's
+    )
+    memory_default: bool = (
+        False  # memory_bytes is the fleet's task_memory_default_bytes (the spec set none)
+    )
+    pids: int | None = (
+        None  # the most processes and threads the task may hold (None: fleetd did not say)
+    )
+    task_path: str | None = (
+        None  # the task's PATH, the fleet's (None: fleetd did not say; the agent's default)
+    )
     instance: AssignedInstance | None = None  # an instance run's extra terms; None for a batch task
-    run_as: dict | None = None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
+    run_as: dict | None = (
+        None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
+    )
     attempt: int = 1  # the job's attempt this task belongs to (its retries count them)
 
     @classmethod
@@ -221,34 +288,59 @@ class Assignment:
             raise ValueError("epoch must be a non-negative integer")
         num_nodes = data.get("num_nodes") or 1
         rank = data.get("rank") or 0
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_nodes, rank)) \
-                or num_nodes < 1 or not 0 <= rank < num_nodes:
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_nodes, rank))
+            or num_nodes < 1
+            or not 0 <= rank < num_nodes
+        ):
             raise ValueError("rank and num_nodes must be integers with 0 <= rank < num_nodes")
-        instance = None if data.get("instance") is None else AssignedInstance.from_wire(data["instance"])
+        instance = (
+            None if data.get("instance") is None else AssignedInstance.from_wire(data["instance"])
+        )
         command = data.get("command")
-        if not isinstance(command, list) or not all(isinstance(a, str) for a in command) \
-                or any("\0" in a for a in command) or not (command or (instance and instance.image)):
-            raise ValueError("command must be a non-empty list of strings (empty only for an instance with an image)")
+        if (
+            not isinstance(command, list)
+            or not all(isinstance(a, str) for a in command)
+            or any("\0" in a for a in command)
+            or not (command or (instance and instance.image))
+        ):
+            raise ValueError(
+                "command must be a non-empty list of strings (empty only for an instance with an "
+                "image)"
+            )
         env = data.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME_RE.fullmatch(k) for k in env):
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and ENV_NAME_RE.fullmatch(k) for k in env
+        ):
             raise ValueError("env must map variable names to values")
         env = {k: "" if v is None else str(v) for k, v in env.items()}
         if any("\0" in v for v in env.values()):
             raise ValueError("env values must not contain NUL")
         gpus = data.get("gpus") or []
-        if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str)
-                                                  and GPU_UUID_RE.fullmatch(g["uuid"]) for g in gpus):
+        if not isinstance(gpus, list) or not all(
+            isinstance(g, dict)
+            and isinstance(g.get("uuid"), str)
+            and GPU_UUID_RE.fullmatch(g["uuid"])
+            for g in gpus
+        ):
             raise ValueError("gpus must be a list of {uuid, ...}")
         max_runtime = data.get("max_runtime_seconds")
-        if max_runtime is not None and (isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float))
-                                        or max_runtime <= 0):
+        if max_runtime is not None and (
+            isinstance(max_runtime, bool)
+            or not isinstance(max_runtime, (int, float))
+            or max_runtime <= 0
+        ):
             raise ValueError("max_runtime_seconds must be a positive number")
         artifacts = data.get("artifacts") or []
         if not isinstance(artifacts, list):
             raise ValueError("artifacts must be a list")
         for item in artifacts:
-            if not isinstance(item, dict) or not isinstance(item.get("sha256"), str) \
-                    or not SHA256_RE.fullmatch(item["sha256"]) or not isinstance(item.get("path"), str):
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("sha256"), str)
+                or not SHA256_RE.fullmatch(item["sha256"])
+                or not isinstance(item.get("path"), str)
+            ):
                 raise ValueError("artifacts must be [{sha256 (64 lowercase hex digits), path}]")
         workdir = data.get("workdir") or ""
         if not isinstance(workdir, str):
@@ -266,18 +358,39 @@ class Assignment:
         if pids is not None and (not is_int(pids) or not MIN_TASK_PIDS <= pids <= MAX_TASK_PIDS):
             raise ValueError(f"pids must be an integer from {MIN_TASK_PIDS} to {MAX_TASK_PIDS}")
         task_path = data.get("task_path")
-        if task_path is not None and (not isinstance(task_path, str) or len(task_path) > MAX_TASK_PATH
-                                      or not TASK_PATH_RE.fullmatch(task_path)):
-            raise ValueError("task_path must be absolute directories separated by ':' (no empty entry)")
+        if task_path is not None and (
+            not isinstance(task_path, str)
+            or len(task_path) > MAX_TASK_PATH
+            or not TASK_PATH_RE.fullmatch(task_path)
+        ):
+            raise ValueError(
+                "task_path must be absolute directories separated by ':' (no empty entry)"
+            )
         run_as = cls._run_as(data.get("run_as"))
-        return cls(task_id=task_id, job_id=str(data.get("job_id") or ""), epoch=epoch, rank=rank,
-                   num_nodes=num_nodes, command=list(command), env=env, workdir=workdir,
-                   gpus=[dict(g) for g in gpus], isolation=str(data.get("isolation") or "exclusive"),
-                   max_runtime_seconds=max_runtime, artifacts=[dict(a) for a in artifacts],
-                   priority_class=str(data.get("priority_class") or "on-demand"), instance=instance, run_as=run_as,
-                   memory_default=data.get("memory_default") is True, pids=pids, task_path=task_path,
-                   attempt=cls._attempt(data.get("attempt", 1)), bid=numbers["bid"], cpus=numbers["cpus"],
-                   memory_bytes=memory_bytes or None)
+        return cls(
+            task_id=task_id,
+            job_id=str(data.get("job_id") or ""),
+            epoch=epoch,
+            rank=rank,
+            num_nodes=num_nodes,
+            command=list(command),
+            env=env,
+            workdir=workdir,
+            gpus=[dict(g) for g in gpus],
+            isolation=str(data.get("isolation") or "exclusive"),
+            max_runtime_seconds=max_runtime,
+            artifacts=[dict(a) for a in artifacts],
+            priority_class=str(data.get("priority_class") or "on-demand"),
+            instance=instance,
+            run_as=run_as,
+            memory_default=data.get("memory_default") is True,
+            pids=pids,
+            task_path=task_path,
+            attempt=cls._attempt(data.get("attempt", 1)),
+            bid=numbers["bid"],
+            cpus=numbers["cpus"],
+            memory_bytes=memory_bytes or None,
+        )
 
     def to_wire(self):
         """The Assignment as fleetd sends it (from_wire reads it back equal)."""
@@ -293,21 +406,28 @@ class Assignment:
 
     @staticmethod
     def _run_as(value):
-        """{source, user, uid, gid, allow_system_user?} checked for shape (what they mean is the agent's
-        to check), or None. `allow_system_user`: true when fleetd's operator allowed this unix_user
-        although it is a system account (sent only then)."""
+        """{source, user, uid, gid, allow_system_user?} checked for shape (what they mean is the
+        agent's to check), or None. `allow_system_user`: true when fleetd's operator allowed this
+        unix_user although it is a system account (sent only then)."""
         if value is None:
             return None
         if not isinstance(value, dict) or value.get("source") not in RUN_AS_SOURCES:
-            raise ValueError(f"run_as must be {{source: {' | '.join(RUN_AS_SOURCES)}, user?, uid?, gid?}}")
+            raise ValueError(
+                f"run_as must be {{source: {' | '.join(RUN_AS_SOURCES)}, user?, uid?, gid?}}"
+            )
         user = value.get("user")
         if user is not None and (not isinstance(user, str) or not USER_NAME_RE.fullmatch(user)):
-            raise ValueError("run_as.user must be a user name (letters, digits, _ and -, at most 32)")
+            raise ValueError(
+                "run_as.user must be a user name (letters, digits, _ and -, at most 32)"
+            )
         ids = {}
         for name in ("uid", "gid"):
             number = value.get(name)
-            if number is not None and (isinstance(number, bool) or not isinstance(number, int)
-                                       or not 0 <= number < 2 ** 31 - 1):
+            if number is not None and (
+                isinstance(number, bool)
+                or not isinstance(number, int)
+                or not 0 <= number < 2**31 - 1
+            ):
                 raise ValueError(f"run_as.{name} must be a non-negative integer")
             ids[name] = number
         allow_system_user = value.get("allow_system_user", False)

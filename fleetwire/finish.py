@@ -1,7 +1,8 @@
 """A task's finish report on the wire, defined once (docs/api.md "Agent protocol"): what fleet-agent
 sends when a task's process ended (TaskFinish, alone or several in one call) and what fleetd answers
 for each in a batch (FinishResult). Each side builds its own message as one of these and reads the
-other's with `from_wire` (ValueError names the bad field); fleetd's API schema checks the values first.
+other's with `from_wire` (ValueError names the bad field); fleetd's API schema checks the values
+first.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 from fleetwire.checks import is_int
 
 OUTCOMES = ("succeeded", "failed", "cancelled")
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,9 @@ class TaskFinish:
     pid: int | None = None  # the process ended before its start was reported: this reports it too
     started_seconds_ago: float | None = None  # with pid: how long before this report it started
     idle: bool = False  # an instance's run that its idle rule stopped
-    ports: tuple[dict[str, int], ...] | None = None  # with pid: an instance's host ports at its start
+    ports: tuple[dict[str, int], ...] | None = (
+        None  # with pid: an instance's host ports at its start
+    )
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch, "outcome": self.outcome}
@@ -57,12 +59,18 @@ class TaskFinish:
             raise ValueError("epoch must be a non-negative integer")
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
-        exit_code, pid, ago = data.get("exit_code"), data.get("pid"), data.get("started_seconds_ago")
+        exit_code, pid, ago = (
+            data.get("exit_code"),
+            data.get("pid"),
+            data.get("started_seconds_ago"),
+        )
         if exit_code is not None and not is_int(exit_code):
             raise ValueError("exit_code must be an integer or null")
         if pid is not None and (not is_int(pid) or pid < 1):
             raise ValueError("pid must be a positive integer or null")
-        if ago is not None and (not isinstance(ago, (int, float)) or isinstance(ago, bool) or ago < 0):
+        if ago is not None and (
+            not isinstance(ago, (int, float)) or isinstance(ago, bool) or ago < 0
+        ):
             raise ValueError("started_seconds_ago must be a non-negative number or null")
         reason = data.get("reason") or ""
         if not isinstance(reason, str):
@@ -74,11 +82,20 @@ class TaskFinish:
                 raise ValueError(f"{flag} must be true or false")
             flags[flag] = value
         ports = data.get("ports")
-        if ports is not None and (not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports)):
+        if ports is not None and (
+            not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports)
+        ):
             raise ValueError("ports must be a list of objects")
-        return cls(epoch=epoch, outcome=outcome, exit_code=exit_code, reason=reason, pid=pid,
-                   started_seconds_ago=None if ago is None else float(ago),
-                   ports=None if ports is None else tuple(dict(p) for p in ports), **flags)
+        return cls(
+            epoch=epoch,
+            outcome=outcome,
+            exit_code=exit_code,
+            reason=reason,
+            pid=pid,
+            started_seconds_ago=None if ago is None else float(ago),
+            ports=None if ports is None else tuple(dict(p) for p in ports),
+            **flags,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +112,11 @@ class FinishResult:
 
     @classmethod
     def from_wire(cls, data: Any) -> FinishResult:
-        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) or not is_int(data.get("status")):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("task_id"), str)
+            or not is_int(data.get("status"))
+        ):
             raise ValueError("a finish result must be {task_id, status, error}")
         error = data.get("error")
         if error is not None and not isinstance(error, dict):

@@ -24,11 +24,12 @@ class TaskReport(NamedTuple):
         return {"id": self.id, "epoch": self.epoch, "state": self.state}
 
 
-
 def _optional(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = data.get(name)
     if value is not None and not isinstance(value, kind):
-        raise ValueError(f"{name} must be {getattr(kind, '__name__', 'a value of its kind')} or absent")
+        raise ValueError(
+            f"{name} must be {getattr(kind, '__name__', 'a value of its kind')} or absent"
+        )
     return value
 
 
@@ -69,7 +70,14 @@ class Heartbeat:
     def to_wire(self) -> dict[str, Any]:
         """The request body: absent fields left out."""
         out: dict[str, Any] = {"tasks": [task.to_wire() for task in self.tasks]}
-        for name in ("metrics", "capabilities", "draining", "agent_version", "bundle_sha256", "labels"):
+        for name in (
+            "metrics",
+            "capabilities",
+            "draining",
+            "agent_version",
+            "bundle_sha256",
+            "labels",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -89,15 +97,26 @@ class Heartbeat:
             raise ValueError("a heartbeat must be an object")
         tasks = []
         for item in data.get("tasks") or ():
-            if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not is_int(item.get("epoch")) \
-                    or not isinstance(item.get("state"), str):
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("id"), str)
+                or not is_int(item.get("epoch"))
+                or not isinstance(item.get("state"), str)
+            ):
                 raise ValueError("tasks must be [{id, epoch, state}]")
             tasks.append(TaskReport(item["id"], item["epoch"], item["state"]))
-        return cls(tasks=tuple(tasks), metrics=_optional(data, "metrics", dict), volumes=_strings(data, "volumes"),
-                   instances=_objects(data, "instances") or (), gpus=_objects(data, "gpus"),
-                   capabilities=_optional(data, "capabilities", dict), draining=_optional(data, "draining", bool),
-                   agent_version=_optional(data, "agent_version", str),
-                   bundle_sha256=_optional(data, "bundle_sha256", str), labels=_optional(data, "labels", dict))
+        return cls(
+            tasks=tuple(tasks),
+            metrics=_optional(data, "metrics", dict),
+            volumes=_strings(data, "volumes"),
+            instances=_objects(data, "instances") or (),
+            gpus=_objects(data, "gpus"),
+            capabilities=_optional(data, "capabilities", dict),
+            draining=_optional(data, "draining", bool),
+            agent_version=_optional(data, "agent_version", str),
+            bundle_sha256=_optional(data, "bundle_sha256", str),
+            labels=_optional(data, "labels", dict),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,9 +133,14 @@ class HeartbeatReply:
     validation: dict[str, Any] | None = None  # the suite to run while the node validates
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status, "drain": self.drain, "revoked": self.revoked,
-                               "cancel": list(self.cancel), "delete_volumes": list(self.delete_volumes),
-                               "heartbeat_interval_seconds": self.heartbeat_interval_seconds}
+        out: dict[str, Any] = {
+            "status": self.status,
+            "drain": self.drain,
+            "revoked": self.revoked,
+            "cancel": list(self.cancel),
+            "delete_volumes": list(self.delete_volumes),
+            "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
+        }
         if self.lease_seconds is not None:
             out["lease_seconds"] = self.lease_seconds
         if self.validation is not None:
@@ -131,12 +155,20 @@ class HeartbeatReply:
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
             raise ValueError("heartbeat_interval_seconds must be a positive number")
         lease = data.get("lease_seconds")
-        if lease is not None and (not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0):
+        if lease is not None and (
+            not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0
+        ):
             raise ValueError("lease_seconds must be a positive number")
         revoked = data.get("revoked", False)
         if not isinstance(revoked, bool):
             raise ValueError("revoked must be true or false")
-        return cls(status=data["status"], heartbeat_interval_seconds=interval, revoked=revoked,
-                   cancel=_strings(data, "cancel") or (), drain=_optional(data, "drain", dict),
-                   delete_volumes=_strings(data, "delete_volumes") or (), lease_seconds=lease,
-                   validation=_optional(data, "validation", dict))
+        return cls(
+            status=data["status"],
+            heartbeat_interval_seconds=interval,
+            revoked=revoked,
+            cancel=_strings(data, "cancel") or (),
+            drain=_optional(data, "drain", dict),
+            delete_volumes=_strings(data, "delete_volumes") or (),
+            lease_seconds=lease,
+            validation=_optional(data, "validation", dict),
+        )

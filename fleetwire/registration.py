@@ -35,8 +35,11 @@ class Resources:
     container_runtime: str | None = None  # podman | docker | None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"cpu_count": self.cpu_count, "memory_bytes": self.memory_bytes,
-                "container_runtime": self.container_runtime}
+        return {
+            "cpu_count": self.cpu_count,
+            "memory_bytes": self.memory_bytes,
+            "container_runtime": self.container_runtime,
+        }
 
     @classmethod
     def from_wire(cls, data: Any) -> Resources:
@@ -45,8 +48,11 @@ class Resources:
         runtime = data.get("container_runtime")
         if runtime is not None and not isinstance(runtime, str):
             raise ValueError("resources.container_runtime must be a string or null")
-        return cls(cpu_count=_count(data, "cpu_count"), memory_bytes=_count(data, "memory_bytes"),
-                   container_runtime=runtime)
+        return cls(
+            cpu_count=_count(data, "cpu_count"),
+            memory_bytes=_count(data, "memory_bytes"),
+            container_runtime=runtime,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +65,21 @@ class Registration:
     address: str
     resources: Resources
     gpus: tuple[dict[str, Any], ...]  # as the heartbeat reports them
-    labels: dict[str, str] = dataclasses.field(default_factory=dict)  # the agent's own (its config file)
+    labels: dict[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # the agent's own (its config file)
     capabilities: dict[str, Any] | None = None  # as in heartbeats
 
     def to_wire(self) -> dict[str, Any]:
-        out = {"hostname": self.hostname, "machine_id": self.machine_id, "agent_version": self.agent_version,
-               "address": self.address, "labels": dict(self.labels), "resources": self.resources.to_wire(),
-               "gpus": list(self.gpus)}
+        out = {
+            "hostname": self.hostname,
+            "machine_id": self.machine_id,
+            "agent_version": self.agent_version,
+            "address": self.address,
+            "labels": dict(self.labels),
+            "resources": self.resources.to_wire(),
+            "gpus": list(self.gpus),
+        }
         if self.capabilities is not None:
             out["capabilities"] = self.capabilities
         return out
@@ -83,10 +97,16 @@ class Registration:
         capabilities = data.get("capabilities")
         if capabilities is not None and not isinstance(capabilities, dict):
             raise ValueError("capabilities must be an object or null")
-        return cls(hostname=_text(data, "hostname"), machine_id=_text(data, "machine_id"),
-                   agent_version=_text(data, "agent_version", required=False),
-                   address=_text(data, "address", required=False), resources=Resources.from_wire(data.get("resources")),
-                   gpus=tuple(gpus), labels=dict(labels), capabilities=capabilities)
+        return cls(
+            hostname=_text(data, "hostname"),
+            machine_id=_text(data, "machine_id"),
+            agent_version=_text(data, "agent_version", required=False),
+            address=_text(data, "address", required=False),
+            resources=Resources.from_wire(data.get("resources")),
+            gpus=tuple(gpus),
+            labels=dict(labels),
+            capabilities=capabilities,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,5 +128,9 @@ class Registered:
         interval = data.get("heartbeat_interval_seconds")
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
             raise ValueError("heartbeat_interval_seconds must be a positive number")
-        return cls(node_id=_text(data, "node_id"), fleet=_text(data, "fleet"),
-                   session_token=_text(data, "session_token"), heartbeat_interval_seconds=interval)
+        return cls(
+            node_id=_text(data, "node_id"),
+            fleet=_text(data, "fleet"),
+            session_token=_text(data, "session_token"),
+            heartbeat_interval_seconds=interval,
+        )

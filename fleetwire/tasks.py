@@ -1,8 +1,8 @@
 """The agent's work on the wire, defined once (docs/api.md "Agent protocol"): the long poll for work
-(Acquire, AcquireReply) and what a node reports of a task while it runs (TaskStarted, TaskRestarting,
-RendezvousPublish, Rendezvous, LogBatch); finish reports are in fleetwire.finish. Each side builds its
-own message as one of these and reads the other's with `from_wire` (ValueError names the bad field);
-fleetd's API schemas check the values first.
+(Acquire, AcquireReply) and what a node reports of a task while it runs (TaskStarted,
+TaskRestarting, RendezvousPublish, Rendezvous, LogBatch); finish reports are in fleetwire.finish.
+Each side builds its own message as one of these and reads the other's with `from_wire` (ValueError
+names the bad field); fleetd's API schemas check the values first.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class Acquire:
     """The long poll for work: wait up to `wait_seconds` for assignments or stops."""
 
     wait_seconds: float = 30
-    max_assignments: int | None = None  # up to this many at once (`assignments`); None: one (`assignment`)
+    max_assignments: int | None = (
+        None  # up to this many at once (`assignments`); None: one (`assignment`)
+    )
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"wait_seconds": self.wait_seconds}
@@ -61,16 +63,18 @@ class Acquire:
 
 @dataclasses.dataclass(frozen=True)
 class AcquireReply:
-    """The answer to an acquire. Each assignment stays in its wire form here: the agent checks each one
-    on its own (fleetwire.assignment.Assignment.from_wire) and refuses only a bad one."""
+    """The answer to an acquire. Each assignment stays in its wire form here: the agent checks each
+    one on its own (fleetwire.assignment.Assignment.from_wire) and refuses only a bad one."""
 
     assignments: tuple[dict[str, Any], ...] = ()
     cancel: tuple[str, ...] = ()  # tasks whose processes the node must stop now
     batched: bool = False  # the acquire asked for several: the answer carries `assignments`
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"assignment": self.assignments[0] if self.assignments else None,
-                               "cancel": list(self.cancel)}
+        out: dict[str, Any] = {
+            "assignment": self.assignments[0] if self.assignments else None,
+            "cancel": list(self.cancel),
+        }
         if self.batched:
             out["assignments"] = list(self.assignments)
         return out
@@ -96,8 +100,12 @@ class TaskStarted:
 
     epoch: int
     pid: int | None = None
-    ports: tuple[dict[str, Any], ...] | None = None  # an instance's run: its host port for each declared port
-    restarts: int = 0  # an instance's run: restarts by its policy so far (each restart is reported again)
+    ports: tuple[dict[str, Any], ...] | None = (
+        None  # an instance's run: its host port for each declared port
+    )
+    restarts: int = (
+        0  # an instance's run: restarts by its policy so far (each restart is reported again)
+    )
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch}
@@ -122,7 +130,8 @@ class TaskStarted:
 
 @dataclasses.dataclass(frozen=True)
 class TaskRestarting:
-    """An instance run's process ended; its restart policy starts it again after `backoff_seconds`."""
+    """An instance run's process ended; its restart policy starts it again after
+    `backoff_seconds`."""
 
     epoch: int
     backoff_seconds: float
@@ -131,13 +140,22 @@ class TaskRestarting:
     reason: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "exit_code": self.exit_code, "signal": self.signal, "reason": self.reason,
-                "backoff_seconds": self.backoff_seconds}
+        return {
+            "epoch": self.epoch,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "backoff_seconds": self.backoff_seconds,
+        }
 
     @classmethod
     def from_wire(cls, data: Any) -> TaskRestarting:
         data = _object(data, "a restart report")
-        backoff, exit_code, signal = data.get("backoff_seconds"), data.get("exit_code"), data.get("signal")
+        backoff, exit_code, signal = (
+            data.get("backoff_seconds"),
+            data.get("exit_code"),
+            data.get("signal"),
+        )
         if not is_number(backoff) or backoff < 0:
             raise ValueError("backoff_seconds must be a non-negative number")
         if exit_code is not None and not is_int(exit_code):
@@ -147,7 +165,13 @@ class TaskRestarting:
         reason = data.get("reason") or ""
         if not isinstance(reason, str):
             raise ValueError("reason must be a string")
-        return cls(epoch=_epoch(data), backoff_seconds=backoff, exit_code=exit_code, signal=signal, reason=reason)
+        return cls(
+            epoch=_epoch(data),
+            backoff_seconds=backoff,
+            exit_code=exit_code,
+            signal=signal,
+            reason=reason,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +214,13 @@ class RendezvousPublish:
 
 @dataclasses.dataclass(frozen=True)
 class LogBatch:
-    """Output lines of a task: (stream, text) or (stream, text, rank); stream is stdout, stderr or system."""
+    """Output lines of a task: (stream, text) or (stream, text, rank); stream is stdout, stderr or
+    system."""
 
     epoch: int
-    lines: tuple[Any, ...]  # each [stream, text] or [stream, text, rank] as it came (a list or a tuple)
+    lines: tuple[
+        Any, ...
+    ]  # each [stream, text] or [stream, text, rank] as it came (a list or a tuple)
 
     def to_wire(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "lines": list(self.lines)}  # JSON writes a tuple as an array
@@ -202,16 +229,17 @@ class LogBatch:
     def from_wire(cls, data: Any) -> LogBatch:
         data = _object(data, "a log batch")
         lines = data.get("lines")
-        if not isinstance(lines, list) or not all(isinstance(line, (list, tuple)) and len(line) in (2, 3)
-                                                  for line in lines):
+        if not isinstance(lines, list) or not all(
+            isinstance(line, (list, tuple)) and len(line) in (2, 3) for line in lines
+        ):
             raise ValueError("lines must be [[stream, text] or [stream, text, rank], ...]")
         return cls(epoch=_epoch(data), lines=tuple(lines))
 
 
 @dataclasses.dataclass(frozen=True)
 class ValidationReport:
-    """A node's results of a validation fleetd gave it: each check, for the node or one GPU, and what
-    the agent read of the system (driver and CUDA versions)."""
+    """A node's results of a validation fleetd gave it: each check, for the node or one GPU, and
+    what the agent read of the system (driver and CUDA versions)."""
 
     checks: tuple[dict[str, Any], ...]
     system: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -223,7 +251,11 @@ class ValidationReport:
     def from_wire(cls, data: Any) -> ValidationReport:
         data = _object(data, "a validation report")
         checks, system = data.get("checks"), data.get("system") or {}
-        if not isinstance(checks, list) or not checks or not all(isinstance(c, dict) for c in checks):
+        if (
+            not isinstance(checks, list)
+            or not checks
+            or not all(isinstance(c, dict) for c in checks)
+        ):
             raise ValueError("checks must be a non-empty list of objects")
         if not isinstance(system, dict):
             raise ValueError("system must be an object")

@@ -3,12 +3,13 @@ chromium:
 
     .venv/bin/python scripts/ui_screenshots.py [--out docs/ui]
 
-It starts its own `fleetd serve` on a loopback port over a temporary data directory, enrols two simulated
-8-GPU hosts through the agent protocol (the script speaks the agent's side), deploys an instance whose port a
-small HTTP server answers, runs, fails and queues jobs with log lines, sets prices, a quota, a budget, an API
-token and a webhook whose deliveries a small receiver on loopback answers, then signs in with Chromium and saves
-one PNG per page (the join-token page after creating one, to show its join command; the job form after a check
-of a job that never fits). Everything it started is stopped at the end.
+It starts its own `fleetd serve` on a loopback port over a temporary data directory, enrols two
+simulated 8-GPU hosts through the agent protocol (the script speaks the agent's side), deploys an
+instance whose port a small HTTP server answers, runs, fails and queues jobs with log lines, sets
+prices, a quota, a budget, an API token and a webhook whose deliveries a small receiver on loopback
+answers, then signs in with Chromium and saves one PNG per page (the join-token page after creating
+one, to show its join command; the job form after a check of a job that never fits). Everything it
+started is stopped at the end.
 """
 
 import argparse
@@ -46,8 +47,12 @@ class Api:
         return resp.json() if resp.content else None
 
     def agent(self, token, path, **body):
-        resp = requests.post(self.url + "/api/v1/agent" + path, json=body, timeout=30,
-                             headers=dict(AGENT, Authorization=f"Bearer {token}"))
+        resp = requests.post(
+            self.url + "/api/v1/agent" + path,
+            json=body,
+            timeout=30,
+            headers=dict(AGENT, Authorization=f"Bearer {token}"),
+        )
         if resp.status_code >= 400:
             raise SystemExit(f"agent {path}: {resp.status_code} {resp.text}")
         return resp.json() if resp.content else None
@@ -55,8 +60,16 @@ class Api:
 
 def enrol(api, fleet, hostname, count):
     join = api("POST", f"/api/v1/fleets/{fleet}/join-tokens")["token"]
-    reg = api.agent(join, "/register", hostname=hostname, machine_id=hostname, agent_version="0.1",
-                    address="127.0.0.1", resources={"cpu_count": 64, "memory_bytes": 2**39}, gpus=gpus(count))
+    reg = api.agent(
+        join,
+        "/register",
+        hostname=hostname,
+        machine_id=hostname,
+        agent_version="0.1",
+        address="127.0.0.1",
+        resources={"cpu_count": 64, "memory_bytes": 2**39},
+        gpus=gpus(count),
+    )
     api.agent(reg["session_token"], "/heartbeat", tasks=[])
     return reg["session_token"]
 
@@ -64,48 +77,103 @@ def enrol(api, fleet, hostname, count):
 def start_next(api, session, ports=()):
     """The node acquires its next assignment and reports it started."""
     assignment = api.agent(session, "/acquire", wait_seconds=5)["assignment"]
-    api.agent(session, f"/tasks/{assignment['task_id']}/start", epoch=assignment["epoch"], pid=4242,
-              ports=[{"port": p, "host_port": h, "protocol": proto} for p, h, proto in ports])
+    api.agent(
+        session,
+        f"/tasks/{assignment['task_id']}/start",
+        epoch=assignment["epoch"],
+        pid=4242,
+        ports=[{"port": p, "host_port": h, "protocol": proto} for p, h, proto in ports],
+    )
     return assignment
 
 
 def seed(api, web_port, hook_url):
     """A small fleet at work: what each page shows. Returns the webhook's id."""
     api("POST", "/api/v1/fleets", name="gpu-a", description="rack 7", labels={"zone": "a"})
-    api("POST", "/api/v1/fleets", name="night", labels={"zone": "b"}, availability={
-        "timezone": "Europe/Berlin", "windows": [{"start": "22:00", "end": "06:00"}]})
+    api(
+        "POST",
+        "/api/v1/fleets",
+        name="night",
+        labels={"zone": "b"},
+        availability={"timezone": "Europe/Berlin", "windows": [{"start": "22:00", "end": "06:00"}]},
+    )
     api("PUT", f"/api/v1/gpu-types/{H100}", price_per_hour=2.5, spot_min_bid=0.8)
-    hook = api("POST", "/api/v1/webhooks", url=hook_url, secret="example-secret-0123456789",
-               events=["node.enrolled", "node.lost", "job.failed"])
+    hook = api(
+        "POST",
+        "/api/v1/webhooks",
+        url=hook_url,
+        secret="example-secret-0123456789",
+        events=["node.enrolled", "node.lost", "job.failed"],
+    )
     a = enrol(api, "gpu-a", "gpu-host-1", 8)
     enrol(api, "night", "gpu-host-2", 8)
-    # Pinned to gpu-a: inside the night fleet's window its node would do as well, and gpu-host-1 is the one
-    # whose side of the agent protocol this script speaks.
+    # Pinned to gpu-a: inside the night fleet's window its node would do as well, and gpu-host-1 is
+    # the one whose side of the agent protocol this script speaks.
     here = {"fleet": "gpu-a"}
-    api("POST", "/api/v1/jobs", name="train-llm", command=["python", "train.py", "--epochs", "40"],
-        resources={"gpus": 4}, team="ml", node_selector=here)
+    api(
+        "POST",
+        "/api/v1/jobs",
+        name="train-llm",
+        command=["python", "train.py", "--epochs", "40"],
+        resources={"gpus": 4},
+        team="ml",
+        node_selector=here,
+    )
     run = start_next(api, a)
-    api.agent(a, f"/tasks/{run['task_id']}/logs", epoch=run["epoch"],
-              lines=[["stdout", f"epoch {i} loss {1.0 / (i + 1):.3f}"] for i in range(1, 41)])
-    api("POST", "/api/v1/instances", name="notebook", command=["jupyter", "lab", "--port", "8888"],
-        resources={"gpus": 1}, ports=[{"port": 8888, "protocol": "http"}], volume_bytes=50 * 2**30,
-        node_selector=here)
+    api.agent(
+        a,
+        f"/tasks/{run['task_id']}/logs",
+        epoch=run["epoch"],
+        lines=[["stdout", f"epoch {i} loss {1.0 / (i + 1):.3f}"] for i in range(1, 41)],
+    )
+    api(
+        "POST",
+        "/api/v1/instances",
+        name="notebook",
+        command=["jupyter", "lab", "--port", "8888"],
+        resources={"gpus": 1},
+        ports=[{"port": 8888, "protocol": "http"}],
+        volume_bytes=50 * 2**30,
+        node_selector=here,
+    )
     served = start_next(api, a, [(8888, web_port, "http")])
-    api.agent(a, f"/tasks/{served['task_id']}/logs", epoch=served["epoch"],
-              lines=[["stdout", "Jupyter Server is running at http://0.0.0.0:8888/lab"]])
-    api("POST", "/api/v1/jobs", name="sweep", command=["python", "sweep.py"], resources={"gpus": 16},
-        num_nodes=2, team="vision")
-    failed = api("POST", "/api/v1/jobs", name="eval", command=["python", "eval.py"], resources={"gpus": 1},
-                 team="ml", node_selector=here)
+    api.agent(
+        a,
+        f"/tasks/{served['task_id']}/logs",
+        epoch=served["epoch"],
+        lines=[["stdout", "Jupyter Server is running at http://0.0.0.0:8888/lab"]],
+    )
+    api(
+        "POST",
+        "/api/v1/jobs",
+        name="sweep",
+        command=["python", "sweep.py"],
+        resources={"gpus": 16},
+        num_nodes=2,
+        team="vision",
+    )
+    failed = api(
+        "POST",
+        "/api/v1/jobs",
+        name="eval",
+        command=["python", "eval.py"],
+        resources={"gpus": 1},
+        team="ml",
+        node_selector=here,
+    )
     run = start_next(api, a)
     if run["job_id"] != failed["id"]:
         raise SystemExit(f"gpu-host-1 was given {run['job_id']}, not the job eval")
-    api.agent(a, f"/tasks/{run['task_id']}/finish", epoch=run["epoch"], outcome="failed", exit_code=1)
+    api.agent(
+        a, f"/tasks/{run['task_id']}/finish", epoch=run["epoch"], outcome="failed", exit_code=1
+    )
     api("PUT", "/api/v1/quotas/vision", priority_class="any", max_gpus=8)
     api("PUT", "/api/v1/budgets/ml", limit_cost=500.0, on_exceed="notify")
     api("POST", "/api/v1/tokens", name="ci", role="submitter", team="ml")
     api("POST", "/api/v1/admin/tasks/usage/run")
-    api("POST", "/api/v1/admin/tasks/webhooks/run")  # the receiver refuses the first, so one row is retrying
+    api(
+        "POST", "/api/v1/admin/tasks/webhooks/run"
+    )  # the receiver refuses the first, so one row is retrying
     return hook["id"]
 
 
@@ -126,7 +194,8 @@ def check_a_job_that_never_fits(page):
     page.locator("#never-fits").wait_for()
 
 
-# (PNG name, path, what is done on the page before it is taken); {webhook} is the seeded webhook's id.
+# (PNG name, path, what is done on the page before it is taken); {webhook} is the seeded webhook's
+# id.
 PAGES = [
     ("overview", "/ui/", None),
     ("instance-new", "/ui/instances/new", None),
@@ -163,8 +232,9 @@ def shoot(url, admin, out, webhook_id):
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(base_url=url, viewport={"width": 1280, "height": 900}, locale="en-US",
-                                      timezone_id="UTC")
+        context = browser.new_context(
+            base_url=url, viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC"
+        )
         page = context.new_page()
         page.goto("/ui/login")
         save(page, out, "login", "/ui/login")
@@ -189,14 +259,18 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     web = ThreadingHTTPServer(("127.0.0.1", 0), HelloPage)
     threading.Thread(target=web.serve_forever, daemon=True).start()
-    receiver = Receiver()  # the webhook's receiver, on loopback (the fleetd below allows 127.0.0.0/8)
+    receiver = (
+        Receiver()
+    )  # the webhook's receiver, on loopback (the fleetd below allows 127.0.0.0/8)
     receiver.statuses = [503]
     with tempfile.TemporaryDirectory(prefix="fleetd-shots-") as tmp:
         data_dir = os.path.join(tmp, "data")
         admin = fleetd_init(data_dir)
-        # The webhooks task is run by the seed: a slow periodic run keeps the retrying row as it was.
-        server = FleetdProcess(data_dir, {"FLEETD_NODE_TTL_SECONDS": "3600",
-                                          "FLEETD_WEBHOOK_SEND_SECONDS": "3600"}).start()
+        # The webhooks task is run by the seed: a slow periodic run keeps the retrying row as it
+        # was.
+        server = FleetdProcess(
+            data_dir, {"FLEETD_NODE_TTL_SECONDS": "3600", "FLEETD_WEBHOOK_SEND_SECONDS": "3600"}
+        ).start()
         try:
             webhook_id = seed(Api(server.url, admin), web.server_address[1], receiver.url)
             shoot(server.url, admin, args.out, webhook_id)

@@ -6,6 +6,7 @@ manifest, and every wheel matches its SHA-256 in the manifest. Prints one JSON o
 Usage: fleet-agent-bundle-check.py BUNDLE [BASE_DIR]  (a relative BUNDLE is taken from BASE_DIR: the
 directory ansible-playbook runs in, which modules do not run in; default the current directory)
 """
+
 import hashlib
 import json
 import os
@@ -20,7 +21,8 @@ def fail(message: str) -> NoReturn:
 
 
 def regular_file(tar, member, path):
-    """The contents of a bundle's member; fails when it is no regular file (a directory, a device)."""
+    """The contents of a bundle's member; fails when it is no regular file (a directory, a
+    device)."""
     fh = tar.extractfile(member)
     if fh is None:
         fail(f"{path}: {member.name} is not a regular file")
@@ -29,10 +31,16 @@ def regular_file(tar, member, path):
 
 def main(argv):
     if len(argv) not in (2, 3) or not argv[1]:
-        fail("set fleet_agent_bundle to a fleet-agent-bundle-<version>.tar.gz made by `fleetd bundle build`")
+        fail(
+            "set fleet_agent_bundle to a fleet-agent-bundle-<version>.tar.gz made by `fleetd "
+            "bundle build`"
+        )
     base = argv[2] if len(argv) == 3 and os.path.isabs(argv[2]) else os.getcwd()
     path = os.path.normpath(os.path.join(base, os.path.expanduser(argv[1])))
-    where = f"{argv[1]} (looked for {path}; a relative path is taken from the directory ansible-playbook runs in)"
+    where = (
+        f"{argv[1]} (looked for {path}; a relative path is taken from the directory "
+        f"ansible-playbook runs in)"
+    )
     if not os.path.exists(path):
         fail(f"no bundle at {where}")
     if not os.path.isfile(path):
@@ -52,7 +60,12 @@ def main(argv):
             top = manifests[0].split("/")[0]
             manifest = json.load(regular_file(tar, members[manifests[0]], path))
             version, wheels = manifest.get("version"), manifest.get("wheels")
-            if not isinstance(version, str) or not version or not isinstance(wheels, dict) or not wheels:
+            if (
+                not isinstance(version, str)
+                or not version
+                or not isinstance(wheels, dict)
+                or not wheels
+            ):
                 fail(f"{path}: manifest.json has no version or no wheels")
             if top != f"fleet-agent-bundle-{version}":
                 fail(f"{path}: top directory {top} does not match version {version}")

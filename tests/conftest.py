@@ -1,5 +1,5 @@
-"""Shared fixtures: a fresh SQLite database per test, an injected clock, API helpers, factories; real
-`fleetd serve` processes (tests/support/server.py) for every test package."""
+"""Shared fixtures: a fresh SQLite database per test, an injected clock, API helpers, factories;
+real `fleetd serve` processes (tests/support/server.py) for every test package."""
 
 import datetime as dt
 import os
@@ -22,14 +22,25 @@ LOOPBACK_RECEIVERS = ALLOW_LOOPBACK_WEBHOOKS["FLEETD_WEBHOOKS_ALLOW_TARGETS"]
 # The tests that take a minute or more each (their own hosts and playbooks, fuzzers, browsers, real
 # agents), longest first: they start first, side by side on the two workers, and the short ones fill
 # in behind them, so a run does not end with one worker waiting on a long test the other began late.
-LONG_FIRST = ("tests/integration/test_schemathesis.py", "tests/provision/test_ansible.py",
-              "tests/provision/test_bootstrap.py", "tests/provision/", "tests/agent/test_graphql_e2e.py",
-              "tests/integration/test_cli_first_hour.py", "tests/ui/", "tests/integration/", "tests/agent/")
+LONG_FIRST = (
+    "tests/integration/test_schemathesis.py",
+    "tests/provision/test_ansible.py",
+    "tests/provision/test_bootstrap.py",
+    "tests/provision/",
+    "tests/agent/test_graphql_e2e.py",
+    "tests/integration/test_cli_first_hour.py",
+    "tests/ui/",
+    "tests/integration/",
+    "tests/agent/",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     def rank(item):
-        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+        return next(
+            (i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)),
+            len(LONG_FIRST),
+        )
 
     items.sort(key=rank)  # stable: the same order on every worker
 
@@ -65,7 +76,9 @@ def make_settings(tmp_path):
         overrides.setdefault("data_dir", str(tmp_path / "data"))
         overrides.setdefault("auth_failure_limit", 10_000)
         overrides.setdefault("long_poll_max_seconds", 0.5)  # long polls in tests end quickly
-        overrides.setdefault("limits_requests_per_second", 0)  # a FakeClock never refills a token's bucket
+        overrides.setdefault(
+            "limits_requests_per_second", 0
+        )  # a FakeClock never refills a token's bucket
         overrides.setdefault("webhooks_allow_targets", LOOPBACK_RECEIVERS)
         return Settings.load(environ={}, **overrides)
 
@@ -80,7 +93,9 @@ def migrated_sqlite(tmp_path_factory):
     path = tmp_path_factory.mktemp("migrated") / "fleetd.db"
     db = open_database(f"sqlite:///{path}")
     upgrade(db)
-    db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the main file, which is what is copied
+    db.execute_sql(
+        "PRAGMA wal_checkpoint(TRUNCATE)"
+    )  # everything in the main file, which is what is copied
     db.close_all()
     return path
 

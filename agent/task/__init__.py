@@ -1,4 +1,5 @@
-"""Supervised workloads on this host: tasks now, and what else the agent runs as supervised processes.
+"""Supervised workloads on this host: tasks now, and what else the agent runs as supervised
+processes.
 
 - `assignment`  the environment and paths a task gets from its Assignment (fleetwire validates it)
 - `supervisor`  a process in its own session and cgroup: spawn, watch, stop with a grace, reap

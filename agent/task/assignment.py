@@ -6,23 +6,39 @@ import socket
 
 from agent.task.errors import TaskError
 
-# What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets). Not
-# PATH: the agent's own may name directories of root's (a pyenv's shims) that a task's uid cannot enter.
-PASSTHROUGH_ENV = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "USER", "LOGNAME", "SHELL")
-# A task's PATH where fleetd sends none (a fleetd older than the fleet's task_path); the fleet's default.
+# What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets).
+# Not PATH: the agent's own may name directories of root's (a pyenv's shims) that a task's uid
+# cannot enter.
+PASSTHROUGH_ENV = (
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+)
+# A task's PATH where fleetd sends none (a fleetd older than the fleet's task_path); the fleet's
+# default.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def inside(root, relative, what, allow_root=False):
-    """`root`/`relative` for a relative path that stays inside `root` (symlinks resolved); TaskError otherwise."""
+    """`root`/`relative` for a relative path that stays inside `root` (symlinks resolved); TaskError
+    otherwise."""
     if not relative or "\0" in relative or os.path.isabs(relative):
-        raise TaskError(f"{what} {relative!r} must be a relative path inside the task's working directory")
+        raise TaskError(
+            f"{what} {relative!r} must be a relative path inside the task's working directory"
+        )
     if ".." in relative.split("/"):
         raise TaskError(f"{what} {relative!r} must not contain '..'")
     path = os.path.normpath(os.path.join(root, relative))
     real_root = os.path.realpath(root)
-    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root \
-            or (path == os.path.normpath(root) and not allow_root):
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root or (
+        path == os.path.normpath(root) and not allow_root
+    ):
         raise TaskError(f"{what} {relative!r} leaves the task's working directory")
     return path
 

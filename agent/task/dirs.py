@@ -4,8 +4,8 @@ Each task gets ``<state>/tasks/<task>.<epoch>/`` holding its state file and its 
 Making and removing them costs three inodes a task, and an inode is dear on ext4: the allocator
 searches the block group for a free one and, on a file system without a journal, passes over
 every inode freed in the last half minute. At a few hundred short tasks a second each `mkdir`
-cost 50-400 µs of CPU on the benchmark VM (measured 2026-11-30; in the history of docs/benchmarks.md:
-`git log -S '400 µs' -- docs/benchmarks.md`).
+cost 50-400 µs of CPU on the benchmark VM (measured 2026-11-30; in the history of
+docs/benchmarks.md: `git log -S '400 µs' -- docs/benchmarks.md`).
 
 So a task directory that its task left exactly as it was made (an empty work directory of mode
 0700, the task directory of its mode and ours, its output and exit-status files ours and of no
@@ -71,8 +71,10 @@ def remove_task_dir(path):
 def _xattrs(path):
     """{name: value} of a path's extended attributes; {} where the file system has none."""
     try:
-        return {name: os.getxattr(path, name, follow_symlinks=False)
-                for name in os.listxattr(path, follow_symlinks=False)}
+        return {
+            name: os.getxattr(path, name, follow_symlinks=False)
+            for name in os.listxattr(path, follow_symlinks=False)
+        }
     except OSError:
         return {}
 
@@ -110,8 +112,11 @@ class TaskDirs:
                 self._born = {stat.S_IFDIR: _xattrs(spare_dir), stat.S_IFREG: _xattrs(probe)}
                 os.unlink(probe)
             except OSError as exc:
-                log.warning("cannot create %s (%s): task directories are not reused", spare_dir,
-                            exc.strerror or exc)
+                log.warning(
+                    "cannot create %s (%s): task directories are not reused",
+                    spare_dir,
+                    exc.strerror or exc,
+                )
                 self.keep = 0
 
     def make(self, path, owner=None):
@@ -145,7 +150,9 @@ class TaskDirs:
         if reuse and len(self._spares) < self.keep and self._clean(path):
             spare = os.path.join(self.spare_dir, str(next(self._names)))
             try:
-                for name in KEPT_FILES:  # emptied, not removed: the next task's writes allocate no inode
+                for (
+                    name
+                ) in KEPT_FILES:  # emptied, not removed: the next task's writes allocate no inode
                     kept = os.path.join(path, name)
                     if os.path.exists(kept) and os.stat(kept).st_size:
                         os.truncate(kept, 0)
@@ -167,22 +174,34 @@ class TaskDirs:
     def _clean(self, path):
         state, work = os.path.join(path, STATE_FILE), os.path.join(path, WORK_DIR)
         # The work directory may belong to the task's user: it is given to the next task's at reuse.
-        made = ((path, stat.S_IFDIR, self.mode, True), (work, stat.S_IFDIR, 0o700, False),
-                (state, stat.S_IFREG, 0o600, True))
+        made = (
+            (path, stat.S_IFDIR, self.mode, True),
+            (work, stat.S_IFDIR, 0o700, False),
+            (state, stat.S_IFREG, 0o600, True),
+        )
         try:
             with os.scandir(path) as entries:
                 names = {entry.name for entry in entries}
-            if not {STATE_FILE, WORK_DIR} <= names or not names <= {STATE_FILE, WORK_DIR, *KEPT_FILES}:
+            if not {STATE_FILE, WORK_DIR} <= names or not names <= {
+                STATE_FILE,
+                WORK_DIR,
+                *KEPT_FILES,
+            }:
                 return False
             # The output files are 0600; the wrapper's shell makes the exit status 0644.
-            made += tuple((os.path.join(path, name), stat.S_IFREG, (0o600, 0o644), True)
-                          for name in sorted(names & set(KEPT_FILES)))
+            made += tuple(
+                (os.path.join(path, name), stat.S_IFREG, (0o600, 0o644), True)
+                for name in sorted(names & set(KEPT_FILES))
+            )
             for p, kind, mode, ours in made:
                 st = os.lstat(p)
-                if (stat.S_IFMT(st.st_mode) != kind or stat.S_IMODE(st.st_mode) not in
-                        (mode if isinstance(mode, tuple) else (mode,))
-                        or (ours and (st.st_uid != self._uid or st.st_gid != self._gid))
-                        or (kind == stat.S_IFREG and st.st_nlink != 1)):  # the file has no other name
+                if (
+                    stat.S_IFMT(st.st_mode) != kind
+                    or stat.S_IMODE(st.st_mode)
+                    not in (mode if isinstance(mode, tuple) else (mode,))
+                    or (ours and (st.st_uid != self._uid or st.st_gid != self._gid))
+                    or (kind == stat.S_IFREG and st.st_nlink != 1)
+                ):  # the file has no other name
                     return False
             with os.scandir(work) as entries:
                 if next(entries, None) is not None:

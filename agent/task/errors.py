@@ -1,4 +1,5 @@
-"""Why a task stops early: the exceptions its lifecycle raises, and the fleetd answers that fence it off."""
+"""Why a task stops early: the exceptions its lifecycle raises, and the fleetd answers that fence it
+off."""
 
 from agent.client import Conflict, Rejected
 
@@ -16,7 +17,8 @@ class Fenced(Exception):
 
 
 class Detached(Exception):
-    """The agent stops and leaves the process running (an instance's): stop supervising it, kill nothing."""
+    """The agent stops and leaves the process running (an instance's): stop supervising it, kill
+    nothing."""
 
 
 class Stopped(Exception):

@@ -1,4 +1,5 @@
-"""The state journal of a task: one JSON record a line in its state file; the last whole line is its state."""
+"""The state journal of a task: one JSON record a line in its state file; the last whole line is its
+state."""
 
 import json
 import os
@@ -19,8 +20,10 @@ def append_state(path, record):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         view = memoryview(data)
-        for _ in range(len(data)):  # write() may take less than all of it (disk full raises OSError)
-            view = view[os.write(fd, view):]
+        for _ in range(
+            len(data)
+        ):  # write() may take less than all of it (disk full raises OSError)
+            view = view[os.write(fd, view) :]
             if not view:
                 break
     finally:
@@ -28,9 +31,10 @@ def append_state(path, record):
 
 
 def compact_state(path, record, over_bytes):
-    """append_state, but first, when the file is over `over_bytes`, start it again with the record alone
-    (written beside it and renamed over it): a journal that a long-lived workload appends to for months
-    stays small. The rename leaves either the old file or the new one, never a torn one."""
+    """append_state, but first, when the file is over `over_bytes`, start it again with the record
+    alone (written beside it and renamed over it): a journal that a long-lived workload appends to
+    for months stays small. The rename leaves either the old file or the new one, never a torn
+    one."""
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:

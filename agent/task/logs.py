@@ -15,7 +15,9 @@ from agent.threads import UNTIL_STOPPED, PoolWork
 log = logging.getLogger("agent.runner")
 
 MAX_LINE_BYTES = 16 * 1024  # longer lines reach fleetd in pieces of this size
-MIN_TRUNCATED_CHARS = 256  # a single line that fleetd still refuses (413) is halved down to this, then dropped
+MIN_TRUNCATED_CHARS = (
+    256  # a single line that fleetd still refuses (413) is halved down to this, then dropped
+)
 TRUNCATED_MARK = " [truncated by fleet-agent]"
 
 
@@ -43,7 +45,9 @@ class LogShipper:
     """
 
     def __init__(self, clients, task_id, epoch, settings, on_fenced, give_up, label):
-        self._clients = clients  # checkout_client() / checkin_client(): a FleetClient for this thread
+        self._clients = (
+            clients  # checkout_client() / checkin_client(): a FleetClient for this thread
+        )
         self.task_id = task_id
         self.epoch = epoch
         self.settings = settings
@@ -51,9 +55,13 @@ class LogShipper:
         self._give_up = give_up  # callable() -> True once undelivered lines should be abandoned
         self.label = label
         self._cond = threading.Condition()
-        self._buf: collections.deque[tuple[str, str, int]] = collections.deque()  # (stream, text, size)
+        self._buf: collections.deque[tuple[str, str, int]] = (
+            collections.deque()
+        )  # (stream, text, size)
         self._buf_bytes = 0
-        self._due_at: float | None = None  # monotonic time by which the oldest buffered line must be on its way
+        self._due_at: float | None = (
+            None  # monotonic time by which the oldest buffered line must be on its way
+        )
         self._dropped = 0
         self._closing = False
         self._aborted = False
@@ -81,15 +89,19 @@ class LogShipper:
                 self.lost += 1
             if self._due_at is None:
                 self._due_at = time.monotonic() + self.settings.interval_seconds
-            if len(self._buf) >= self.settings.batch_lines or self._buf_bytes >= self.settings.batch_bytes:
+            if (
+                len(self._buf) >= self.settings.batch_lines
+                or self._buf_bytes >= self.settings.batch_bytes
+            ):
                 self._cond.notify_all()
 
     def feed(self, buf, stream, eof):
-        """Queue the complete lines of `buf` (at most MAX_LINE_BYTES each; all of it at EOF); return what is left."""
+        """Queue the complete lines of `buf` (at most MAX_LINE_BYTES each; all of it at EOF); return
+        what is left."""
         for _ in range(len(buf) + 1):
             cut = buf.find(b"\n", 0, MAX_LINE_BYTES)
             if cut >= 0:
-                line, buf = buf[:cut + 1], buf[cut + 1:]
+                line, buf = buf[: cut + 1], buf[cut + 1 :]
             elif len(buf) >= MAX_LINE_BYTES or (eof and buf):
                 line, buf = buf[:MAX_LINE_BYTES], buf[MAX_LINE_BYTES:]
             else:
@@ -118,7 +130,8 @@ class LogShipper:
             self._cond.notify_all()
 
     def settled(self):
-        """True when every line added so far was delivered or given up (none buffered or on its way)."""
+        """True when every line added so far was delivered or given up (none buffered or on its
+        way)."""
         with self._cond:
             return not self._buf and not self._busy
 
@@ -141,13 +154,17 @@ class LogShipper:
         return self._thread.join(timeout)
 
     def _take(self):
-        """The next batch as a list, or None when closed and empty (or aborted); waits until one is due."""
+        """The next batch as a list, or None when closed and empty (or aborted); waits until one is
+        due."""
         with self._cond:
             self._busy = False  # called only once the batch before is settled
             while not self._aborted:
                 now = time.monotonic()
                 if self._buf:
-                    full = len(self._buf) >= self.settings.batch_lines or self._buf_bytes >= self.settings.batch_bytes
+                    full = (
+                        len(self._buf) >= self.settings.batch_lines
+                        or self._buf_bytes >= self.settings.batch_bytes
+                    )
                     due_at = self._due_at  # set whenever the buffer holds a line (add, _cut)
                     if full or self._closing or due_at is None or now >= due_at:
                         return self._cut(now)
@@ -162,8 +179,13 @@ class LogShipper:
         self._busy = True
         batch, size = [], 0
         if self._dropped:
-            batch.append(["system", f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
-                                    "fleetd was too slow or unreachable"])
+            batch.append(
+                [
+                    "system",
+                    f"[fleet-agent] {self._dropped} line(s) of output dropped here: "
+                    "fleetd was too slow or unreachable",
+                ]
+            )
             self._dropped = 0
         while self._buf and len(batch) < self.settings.batch_lines:
             stream, text, line_size = self._buf[0]
@@ -210,14 +232,21 @@ class LogShipper:
                 if self._give_up() or self._aborted:
                     abandoned = sum(len(p) for p in pending)
                     self.lost += abandoned
-                    log.warning("task %s: %d log line(s) not delivered: %s", self.label, abandoned, exc)
+                    log.warning(
+                        "task %s: %d log line(s) not delivered: %s", self.label, abandoned, exc
+                    )
                     pending = []
                     if self._aborted:
                         return
                     continue
                 if failures == 1 or failures % 10 == 0:
-                    log.warning("task %s: logs not delivered yet (attempt %d): %s; buffering, the task keeps "
-                                "running", self.label, failures, exc)
+                    log.warning(
+                        "task %s: logs not delivered yet (attempt %d): %s; buffering, the task "
+                        "keeps running",
+                        self.label,
+                        failures,
+                        exc,
+                    )
                 self._wait(backoff_delay(failures, self.settings.backoff_max_seconds))
                 continue
             except FleetdError as exc:
@@ -231,17 +260,22 @@ class LogShipper:
             self.delivered += len(part)
 
     def _split(self, part):
-        """Halves of a refused batch (first half last, so it goes first), or a truncated single line."""
+        """Halves of a refused batch (first half last, so it goes first), or a truncated single
+        line."""
         if len(part) > 1:
             middle = len(part) // 2
             return [part[middle:], part[:middle]]
         stream, text = part[0]
-        body = text[:-len(TRUNCATED_MARK)] if text.endswith(TRUNCATED_MARK) else text
+        body = text[: -len(TRUNCATED_MARK)] if text.endswith(TRUNCATED_MARK) else text
         if len(body) <= MIN_TRUNCATED_CHARS:
             self.lost += 1
-            log.error("task %s: fleetd refused a %d-character log line even truncated; dropped", self.label, len(text))
+            log.error(
+                "task %s: fleetd refused a %d-character log line even truncated; dropped",
+                self.label,
+                len(text),
+            )
             return []
-        return [[[stream, body[:len(body) // 2] + TRUNCATED_MARK]]]
+        return [[[stream, body[: len(body) // 2] + TRUNCATED_MARK]]]
 
 
 OUTPUT_FILES = (("stdout", "stdout.log"), ("stderr", "stderr.log"))
@@ -252,7 +286,8 @@ OFFSETS_SAVE_SECONDS = 1.0  # the offsets file is written at most this often
 
 
 class FileTail:
-    """A process's output, read from the files it writes (which outlive the agent) into a LogShipper.
+    """A process's output, read from the files it writes (which outlive the agent) into a
+    LogShipper.
 
     What was shipped is kept as a byte offset per file in ``output-offsets.json`` beside them; a
     tail made after an agent restart starts there. An offset is saved only once the shipper has
@@ -283,13 +318,16 @@ class FileTail:
         try:
             with open(self.offsets_path) as fh:
                 data = json.load(fh)
-            offsets.update({s: int(data[s]) for s in offsets if isinstance(data.get(s), int) and data[s] >= 0})
+            offsets.update(
+                {s: int(data[s]) for s in offsets if isinstance(data.get(s), int) and data[s] >= 0}
+            )
         except (OSError, ValueError, AttributeError):
             pass
         return offsets
 
     def open_output(self):
-        """(stdout, stderr) descriptors for a new process: appended to, created mode 0600; the caller closes them."""
+        """(stdout, stderr) descriptors for a new process: appended to, created mode 0600; the
+        caller closes them."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         return tuple(os.open(self.paths[stream], flags, 0o600) for stream in ("stdout", "stderr"))
 
@@ -319,7 +357,9 @@ class FileTail:
         try:
             with open(self.paths[stream], "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                if size < self._read[stream]:  # emptied since (by this tail before a restart, or by hand)
+                if (
+                    size < self._read[stream]
+                ):  # emptied since (by this tail before a restart, or by hand)
                     self._read[stream], self._partial[stream] = 0, b""
                 fh.seek(self._read[stream])
                 data = fh.read(min(room, READ_BYTES))
@@ -328,7 +368,9 @@ class FileTail:
         self._read[stream] += len(data)
         at_end = self._read[stream] >= size
         if data or (eof and at_end and self._partial[stream]):
-            self._partial[stream] = self.shipper.feed(self._partial[stream] + data, stream, eof and at_end)
+            self._partial[stream] = self.shipper.feed(
+                self._partial[stream] + data, stream, eof and at_end
+            )
         return at_end
 
     def _shipped(self):
@@ -348,7 +390,8 @@ class FileTail:
     def _write(self, offsets):
         tmp = self.offsets_path + ".new"
         try:
-            # 0600, the agent's alone: how much a task wrote is its owner's business (as its output files are).
+            # 0600, the agent's alone: how much a task wrote is its owner's business (as its output
+            # files are).
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as fh:
                 os.fchmod(fd, 0o600)  # one left by an older agent kept its mode through O_CREAT
@@ -371,8 +414,8 @@ class FileTail:
         self._write(self._shipped())
 
     def stop(self, drain, eof=False, deadline=None, abandon=lambda: False):
-        """Stop reading on the thread; with `drain`, read the files to their end first, waiting for the
-        shipper's room until `deadline` (monotonic) or `abandon()`."""
+        """Stop reading on the thread; with `drain`, read the files to their end first, waiting for
+        the shipper's room until `deadline` (monotonic) or `abandon()`."""
         self._stop.set()
         if self._job is not None:
             self._job.join(5.0)

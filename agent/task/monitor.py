@@ -22,7 +22,9 @@ CONTAINER_EVERY_SECONDS = 10.0
 PORTS_EVERY_SECONDS = 5.0
 PORT_UNKNOWN = "unknown"  # before the first look
 VOLUME_EVERY_SECONDS = 30.0
-SCRATCH_EVERY_SECONDS = 10.0  # a run over its scratch size is stopped within this (and a walk's time)
+SCRATCH_EVERY_SECONDS = (
+    10.0  # a run over its scratch size is stopped within this (and a walk's time)
+)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -49,8 +51,10 @@ class IdleWatch:
 
     def reason(self):
         """The finish reason of an idle stop."""
-        return (f"idle: GPU utilisation below {self.threshold:g}% on every GPU for {self.seconds:g}s; "
-                "stopped by fleet-agent")
+        return (
+            f"idle: GPU utilisation below {self.threshold:g}% on every GPU for {self.seconds:g}s; "
+            "stopped by fleet-agent"
+        )
 
 
 class ProcessUsage:
@@ -64,7 +68,8 @@ class ProcessUsage:
         self._last = None
 
     def sample(self, pids, now):
-        """(CPU percent since the last sample or None on the first, memory percent of the host's)."""
+        """(CPU percent since the last sample or None on the first, memory percent of the
+        host's)."""
         ticks, rss = {}, 0
         for pid in pids:
             usage = read_usage(pid)
@@ -86,8 +91,11 @@ class InstanceMonitor:
     def __init__(self, task):
         self.task = task
         spec = task.spec
-        self.idle = IdleWatch(spec.idle_below_percent, spec.idle_for_seconds) \
-            if spec.idle_below_percent is not None and task.assignment.gpus else None
+        self.idle = (
+            IdleWatch(spec.idle_below_percent, spec.idle_for_seconds)
+            if spec.idle_below_percent is not None and task.assignment.gpus
+            else None
+        )
         self.cpu_percent = None
         self.memory_percent = None
         self.volume_used_bytes = None
@@ -130,7 +138,9 @@ class InstanceMonitor:
             if self.idle.observe(now, [g["gpu_util_percent"] for g in self.gpus()]):
                 task.stop_idle(self.idle.reason())
         if running and now >= self._due["process"]:
-            self._due["process"] = now + (CONTAINER_EVERY_SECONDS if task.container else PROCESS_EVERY_SECONDS)
+            self._due["process"] = now + (
+                CONTAINER_EVERY_SECONDS if task.container else PROCESS_EVERY_SECONDS
+            )
             self._sample(now)
         if now >= self._due["ports"]:
             self._due["ports"] = now + PORTS_EVERY_SECONDS
@@ -151,24 +161,39 @@ class InstanceMonitor:
             self.cpu_percent, self.memory_percent = self._usage.sample(task.pids(), now)
 
     def gpus(self):
-        """[{uuid, gpu_util_percent, memory_util_percent}] of the task's GPUs, from the device poller."""
+        """[{uuid, gpu_util_percent, memory_util_percent}] of the task's GPUs, from the device
+        poller."""
         devices = getattr(self.task.runner.limits, "devices", None)
         inventory = devices.inventory if devices is not None else None
         out = []
         for grant in self.task.assignment.gpus:
             device = inventory.find(grant["uuid"]) if inventory is not None else None
-            out.append({"uuid": grant["uuid"],
-                        "gpu_util_percent": device.utilization_percent if device else None,
-                        "memory_util_percent": device.memory_utilization_percent if device else None})
+            out.append(
+                {
+                    "uuid": grant["uuid"],
+                    "gpu_util_percent": device.utilization_percent if device else None,
+                    "memory_util_percent": device.memory_utilization_percent if device else None,
+                }
+            )
         return out
 
     def figures(self):
         """The heartbeat's `instances` entry of this task."""
         task = self.task
-        return {"task_id": task.assignment.task_id, "epoch": task.assignment.epoch,
-                "uptime_seconds": task.uptime_seconds(), "restarts": task.restarts, "gpus": self.gpus(),
-                "container": {"cpu_percent": self.cpu_percent, "memory_percent": self.memory_percent},
-                "volume_used_bytes": self.volume_used_bytes,
-                "ports": [{"port": port, "host_port": host_port,
-                           "state": self.port_states.get(host_port, PORT_UNKNOWN)}
-                          for port, host_port in sorted(task.ports.items())]}
+        return {
+            "task_id": task.assignment.task_id,
+            "epoch": task.assignment.epoch,
+            "uptime_seconds": task.uptime_seconds(),
+            "restarts": task.restarts,
+            "gpus": self.gpus(),
+            "container": {"cpu_percent": self.cpu_percent, "memory_percent": self.memory_percent},
+            "volume_used_bytes": self.volume_used_bytes,
+            "ports": [
+                {
+                    "port": port,
+                    "host_port": host_port,
+                    "state": self.port_states.get(host_port, PORT_UNKNOWN),
+                }
+                for port, host_port in sorted(task.ports.items())
+            ],
+        }

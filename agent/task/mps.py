@@ -1,4 +1,5 @@
-"""MPS: one control daemon per GPU for `mps` tasks, and the variables that make a task its client."""
+"""MPS: one control daemon per GPU for `mps` tasks, and the variables that make a task its
+client."""
 
 import logging
 import os
@@ -27,7 +28,13 @@ def mps_daemon_command(control, base, uuid, environ=None):
     pipe, logs = mps_dirs(base, uuid)
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in ("PATH", "LANG", "LC_ALL", "HOME") if k in environ}
-    env.update({"CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs})
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": pipe,
+            "CUDA_MPS_LOG_DIRECTORY": logs,
+        }
+    )
     return [control, "-f"], env
 
 
@@ -36,14 +43,19 @@ def mps_client_env(base, uuid, grant):
     pipe, logs = mps_dirs(base, uuid)
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
     if grant.get("compute_percent"):
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, int(round(float(grant["compute_percent"]))))))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(
+            max(1, min(100, int(round(float(grant["compute_percent"])))))
+        )
     if grant.get("memory_limit_bytes"):
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, int(grant['memory_limit_bytes']) // MIB)}M"
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = (
+            f"0={max(1, int(grant['memory_limit_bytes']) // MIB)}M"
+        )
     return env
 
 
 class MpsSupervisor:
-    """One MPS control daemon per GPU, started on first use, restarted when it dies, quit on close."""
+    """One MPS control daemon per GPU, started on first use, restarted when it dies, quit on
+    close."""
 
     def __init__(self, control, base, restart_backoff_max=30.0):
         self.control = control
@@ -75,12 +87,25 @@ class MpsSupervisor:
         for path in (pipe, logs):
             os.makedirs(path, mode=0o755, exist_ok=True)
         try:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as exc:
             raise LimitError(f"mps: cannot start {argv[0]}: {exc.strerror or exc}") from None
         starts = (entry or {}).get("starts", 0) + 1
-        self._daemons[uuid] = {"proc": proc, "starts": starts, "next_start": None, "argv": argv, "env": env}
+        self._daemons[uuid] = {
+            "proc": proc,
+            "starts": starts,
+            "next_start": None,
+            "argv": argv,
+            "env": env,
+        }
         log.info("mps: control daemon for gpu %s started (pid %d, pipe %s)", uuid, proc.pid, pipe)
 
     def supervise(self):
@@ -97,7 +122,12 @@ class MpsSupervisor:
                     code = proc.returncode if proc is not None else None
                     delay = min(self.restart_backoff_max, 0.5 * 2 ** min(entry["starts"], 8))
                     entry["next_start"] = now + delay
-                    log.error("mps: control daemon for gpu %s exited (%s); restarting in %.1fs", uuid, code, delay)
+                    log.error(
+                        "mps: control daemon for gpu %s exited (%s); restarting in %.1fs",
+                        uuid,
+                        code,
+                        delay,
+                    )
                     continue
                 if now >= entry["next_start"]:
                     try:
@@ -109,10 +139,16 @@ class MpsSupervisor:
     def status(self):
         """{uuid: {pid, running, starts, argv, env}} for the local API."""
         with self._lock:
-            return {uuid: {"pid": e["proc"].pid if e["proc"] else None,
-                           "running": e["proc"] is not None and e["proc"].poll() is None,
-                           "starts": e["starts"], "argv": e["argv"], "env": e["env"]}
-                    for uuid, e in self._daemons.items()}
+            return {
+                uuid: {
+                    "pid": e["proc"].pid if e["proc"] else None,
+                    "running": e["proc"] is not None and e["proc"].poll() is None,
+                    "starts": e["starts"],
+                    "argv": e["argv"],
+                    "env": e["env"],
+                }
+                for uuid, e in self._daemons.items()
+            }
 
     def close(self, timeout=5.0):
         """`quit` each daemon through its pipe, then SIGTERM, then SIGKILL; bounded."""
@@ -124,11 +160,21 @@ class MpsSupervisor:
             if proc is None or proc.poll() is not None:
                 continue
             try:
-                subprocess.run([entry["argv"][0]], input=b"quit\n", env=entry["env"], timeout=timeout,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    [entry["argv"][0]],
+                    input=b"quit\n",
+                    env=entry["env"],
+                    timeout=timeout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             except (OSError, subprocess.SubprocessError) as exc:
                 log.warning("mps: quit for gpu %s failed: %s", uuid, exc)
-            for sig, wait in ((None, timeout), (signal.SIGTERM, timeout), (signal.SIGKILL, timeout)):
+            for sig, wait in (
+                (None, timeout),
+                (signal.SIGTERM, timeout),
+                (signal.SIGKILL, timeout),
+            ):
                 if sig is not None:
                     signal_group(proc.pid, sig)
                 try:

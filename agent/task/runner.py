@@ -48,10 +48,23 @@ MAX_IDLE_CLIENTS = 8
 class Runner:
     """Every task on this host: accepts assignments, recovers after a restart, stops them all."""
 
-    def __init__(self, state_dir, workers, client_factory, address, kill_grace_seconds=10.0,
-                 rendezvous_timeout_seconds=600.0, report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
-                 backoff_max_seconds=60.0, log_settings=None, limits=None, ports=None, containers=None,
-                 isolation=None, restart_limit=10):
+    def __init__(
+        self,
+        state_dir,
+        workers,
+        client_factory,
+        address,
+        kill_grace_seconds=10.0,
+        rendezvous_timeout_seconds=600.0,
+        report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
+        backoff_max_seconds=60.0,
+        log_settings=None,
+        limits=None,
+        ports=None,
+        containers=None,
+        isolation=None,
+        restart_limit=10,
+    ):
         self.isolation = isolation or Isolation()
         # Tasks pass through the state dir to their own directories, and list nothing in it.
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -60,18 +73,24 @@ class Runner:
         self._warn_if_unreachable(state_dir)
         self.tasks_dir = os.path.join(state_dir, TASKS_DIR)
         # Tasks running as their own uid pass through the directory of all tasks and their own.
-        self.dirs = TaskDirs(os.path.join(state_dir, SPARE_DIR), mode=0o711 if self.isolation.enabled else 0o700)
+        self.dirs = TaskDirs(
+            os.path.join(state_dir, SPARE_DIR), mode=0o711 if self.isolation.enabled else 0o700
+        )
         # Without a Limits from the daemon: env and isolation checks only, no cgroups, no MPS.
         self.limits = limits or Limits(LimitSettings(cgroup_parent=""), state_dir=state_dir)
         self.volumes = Volumes(state_dir, root_mode=0o711 if self.isolation.enabled else 0o700)
         self.volumes.prepare()
         self.ports = ports or PortAllocator(state_dir)
-        self.containers = containers  # a ContainerRuntime, or None: instances with an image cannot run
+        self.containers = (
+            containers  # a ContainerRuntime, or None: instances with an image cannot run
+        )
         self.workers = workers
         self.new_client = client_factory  # callable() -> a FleetClient for one thread
         self.address = address
         self.kill_grace_seconds = kill_grace_seconds
-        self.restart_limit = restart_limit  # an instance's restarts in a row under 60 s before its policy gives up
+        self.restart_limit = (
+            restart_limit  # an instance's restarts in a row under 60 s before its policy gives up
+        )
         self.rendezvous_timeout_seconds = rendezvous_timeout_seconds
         self.report_retry_seconds = report_retry_seconds
         self.backoff_max_seconds = backoff_max_seconds
@@ -86,31 +105,51 @@ class Runner:
         self.finishes = FinishReports()
 
     def _warn_if_unreachable(self, state_dir):
-        """Say at start, naming it, which directory on the way to the state dir other uids cannot pass:
-        every task run as its own uid would fail there (each is refused with that reason, and root's run)."""
+        """Say at start, naming it, which directory on the way to the state dir other uids cannot
+        pass: every task run as its own uid would fail there (each is refused with that reason, and
+        root's run)."""
         blocked = blocked_directory(state_dir) if self.isolation.enabled else None
         if blocked is not None:
             directory, mode = blocked
-            log.warning("state dir %s: %s (mode %04o) on the way to it is not passable by other users, so no task "
-                        "can run as its own uid here (each is refused; root's tasks run): chmod o+x %s, or put "
-                        "state_dir where other users may pass (as /var/lib)", state_dir, directory, mode, directory)
+            log.warning(
+                "state dir %s: %s (mode %04o) on the way to it is not passable by other users, so "
+                "no task can run as its own uid here (each is refused; root's tasks run): chmod "
+                "o+x %s, or put state_dir where other users may pass (as /var/lib)",
+                state_dir,
+                directory,
+                mode,
+                directory,
+            )
 
     @classmethod
-    def from_config(cls, config, state_dir, workers, client_factory, address, limits=None, isolation=None):
+    def from_config(
+        cls, config, state_dir, workers, client_factory, address, limits=None, isolation=None
+    ):
         """A Runner with the [tasks] settings of the agent config."""
-        settings = LogSettings(batch_lines=config.tasks_log_batch_lines, batch_bytes=config.tasks_log_batch_bytes,
-                               interval_seconds=config.tasks_log_interval_seconds,
-                               buffer_bytes=config.tasks_log_buffer_bytes,
-                               backoff_max_seconds=config.backoff_max_seconds)
+        settings = LogSettings(
+            batch_lines=config.tasks_log_batch_lines,
+            batch_bytes=config.tasks_log_batch_bytes,
+            interval_seconds=config.tasks_log_interval_seconds,
+            buffer_bytes=config.tasks_log_buffer_bytes,
+            backoff_max_seconds=config.backoff_max_seconds,
+        )
         low, high = config.ports_bounds
-        return cls(state_dir, workers, client_factory, address,
-                   kill_grace_seconds=config.tasks_kill_grace_seconds,
-                   rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
-                   report_retry_seconds=config.tasks_report_retry_seconds,
-                   backoff_max_seconds=config.backoff_max_seconds, log_settings=settings, limits=limits,
-                   ports=PortAllocator(state_dir, low, high),
-                   containers=ContainerRuntime.detect(config.containers_command), isolation=isolation,
-                   restart_limit=config.instances_restart_limit)
+        return cls(
+            state_dir,
+            workers,
+            client_factory,
+            address,
+            kill_grace_seconds=config.tasks_kill_grace_seconds,
+            rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
+            report_retry_seconds=config.tasks_report_retry_seconds,
+            backoff_max_seconds=config.backoff_max_seconds,
+            log_settings=settings,
+            limits=limits,
+            ports=PortAllocator(state_dir, low, high),
+            containers=ContainerRuntime.detect(config.containers_command),
+            isolation=isolation,
+            restart_limit=config.instances_restart_limit,
+        )
 
     def checkout_client(self):
         """A FleetClient for one thread's use (reused: short tasks need no new connection each)."""
@@ -149,25 +188,39 @@ class Runner:
             closing = self.closing.is_set()
             old = None if closing else self._tasks.get(assignment.task_id)
             if old is not None and old.epoch >= assignment.epoch:
-                log.warning("task %s: assignment for epoch %d ignored, epoch %d runs here", assignment.task_id,
-                            assignment.epoch, old.epoch)
+                log.warning(
+                    "task %s: assignment for epoch %d ignored, epoch %d runs here",
+                    assignment.task_id,
+                    assignment.epoch,
+                    old.epoch,
+                )
                 return None
             if not closing:
-                task = InstanceTask(self, assignment, data) if assignment.instance else Task(self, assignment, data)
+                task = (
+                    InstanceTask(self, assignment, data)
+                    if assignment.instance
+                    else Task(self, assignment, data)
+                )
                 self._tasks[assignment.task_id] = task
         if closing:  # handed back outside the lock: the report is a network call
             self.decline(assignment.task_id, assignment.epoch)
             return None
         if old is not None:
             old.fence(f"superseded by epoch {assignment.epoch}")
-        log.info("task %s: assigned (job %s, rank %d of %d, %d GPU(s))", task.label, assignment.job_id,
-                 assignment.rank, assignment.num_nodes, len(assignment.gpus))
+        log.info(
+            "task %s: assigned (job %s, rank %d of %d, %d GPU(s))",
+            task.label,
+            assignment.job_id,
+            assignment.rank,
+            assignment.num_nodes,
+            len(assignment.gpus),
+        )
         task.start()
         return task
 
     def cancel(self, task_ids, reason):
-        """Stop these tasks (fleetd said so): SIGTERM now, SIGKILL after the grace; each then reports
-        its finish. Ids of tasks not running here are ignored."""
+        """Stop these tasks (fleetd said so): SIGTERM now, SIGKILL after the grace; each then
+        reports its finish. Ids of tasks not running here are ignored."""
         for task_id in task_ids:
             task = self.get(task_id)
             if task is not None:
@@ -175,9 +228,9 @@ class Runner:
                 task.cancel(reason)
 
     def fence_jobs(self, reason, grace):
-        """Stop every job task (not the instances): their lease ran out while fleetd was unreachable.
-        Each is reported `lost` once fleetd answers again (fleetd has declared it lost by then, or
-        does at that report). Returns how many were stopped."""
+        """Stop every job task (not the instances): their lease ran out while fleetd was
+        unreachable. Each is reported `lost` once fleetd answers again (fleetd has declared it lost
+        by then, or does at that report). Returns how many were stopped."""
         stopped = 0
         for task in self.tasks():
             if task.assignment.instance is None:
@@ -186,20 +239,41 @@ class Runner:
         return stopped
 
     def decline(self, task_id, epoch):
-        """Hand back an assignment that came while the agent stops, not started: reported failed with
-        `lost` and `agent_stopping`, so fleetd requeues its job without using an attempt (rather than
-        waiting for its lease to expire). One try: a report not delivered leaves it to the lease."""
-        log.warning("task %s/%s: not started, the agent is stopping; handing it back to fleetd", task_id, epoch)
-        self._report_orphan(None, task_id, epoch, ("failed", None, "not started: fleet-agent is stopping"),
-                            lost=True, agent_stopping=True)
+        """Hand back an assignment that came while the agent stops, not started: reported failed
+        with `lost` and `agent_stopping`, so fleetd requeues its job without using an attempt
+        (rather than waiting for its lease to expire). One try: a report not delivered leaves it to
+        the lease."""
+        log.warning(
+            "task %s/%s: not started, the agent is stopping; handing it back to fleetd",
+            task_id,
+            epoch,
+        )
+        self._report_orphan(
+            None,
+            task_id,
+            epoch,
+            ("failed", None, "not started: fleet-agent is stopping"),
+            lost=True,
+            agent_stopping=True,
+        )
 
     def _refuse(self, data, reason):
-        """Report an assignment that cannot even be parsed as failed, when it names a task and epoch."""
-        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str) \
-                or not isinstance(data.get("epoch"), int):
+        """Report an assignment that cannot even be parsed as failed, when it names a task and
+        epoch."""
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("task_id"), str)
+            or not isinstance(data.get("epoch"), int)
+        ):
             return
-        self._background(f"refuse-{data['task_id']}", self._report_orphan, None, data["task_id"], data["epoch"],
-                         ("failed", None, reason))
+        self._background(
+            f"refuse-{data['task_id']}",
+            self._report_orphan,
+            None,
+            data["task_id"],
+            data["epoch"],
+            ("failed", None, reason),
+        )
 
     def forget(self, task):
         """The task's supervisor is done with it."""
@@ -211,10 +285,11 @@ class Runner:
     # After a restart.
 
     def recover(self):
-        """Take back the instance runs left from before a restart; kill the processes of the other tasks
-        left and report those tasks to fleetd.
+        """Take back the instance runs left from before a restart; kill the processes of the other
+        tasks left and report those tasks to fleetd.
 
-        Returns [(task_id, epoch, killed pids)] of the tasks killed; the reports go on in background threads.
+        Returns [(task_id, epoch, killed pids)] of the tasks killed; the reports go on in background
+        threads.
         """
         try:
             entries = sorted(os.listdir(self.tasks_dir))
@@ -236,16 +311,24 @@ class Runner:
 
     def _take_back(self, record):
         """A task (or an instance run) whose process was started and whose outcome was not recorded:
-        supervised again, its process alive (watched, its outcome reported as it would have been live)
-        or not (the exit status its root-owned wrapper recorded is the outcome; none: lost). False for
-        anything else, which is killed and reported."""
-        if record.get("outcome") in OUTCOMES or not record.get("pid") or not record.get("assignment"):
+        supervised again, its process alive (watched, its outcome reported as it would have been
+        live) or not (the exit status its root-owned wrapper recorded is the outcome; none: lost).
+        False for anything else, which is killed and reported."""
+        if (
+            record.get("outcome") in OUTCOMES
+            or not record.get("pid")
+            or not record.get("assignment")
+        ):
             return False
         try:
             assignment = Assignment.from_wire(record["assignment"])
         except (KeyError, TypeError, ValueError) as exc:
-            log.error("task %s/%s: its journal holds no usable assignment (%s)", record["task_id"], record["epoch"],
-                      exc)
+            log.error(
+                "task %s/%s: its journal holds no usable assignment (%s)",
+                record["task_id"],
+                record["epoch"],
+                exc,
+            )
             return False
         if (assignment.task_id, assignment.epoch) != (record["task_id"], int(record["epoch"])):
             return False
@@ -253,13 +336,24 @@ class Runner:
             pids = recorded_pids(record)
             signal_pids(pids, signal.SIGKILL)
             if pids and not wait_gone(pids, RECOVERY_KILL_WAIT_SECONDS):
-                log.error("task %s/%d: process(es) %s survived SIGKILL", assignment.task_id, assignment.epoch, pids)
+                log.error(
+                    "task %s/%d: process(es) %s survived SIGKILL",
+                    assignment.task_id,
+                    assignment.epoch,
+                    pids,
+                )
         kind = InstanceTask if assignment.instance is not None else Task
         task = kind(self, assignment, record["assignment"], adopted=record)
         with self._lock:
             self._tasks[assignment.task_id] = task
-        what = f"an instance run (instance {assignment.instance.id})" if assignment.instance else "a task"
-        log.info("task %s: %s left from before the agent restarted; taking it back", task.label, what)
+        what = (
+            f"an instance run (instance {assignment.instance.id})"
+            if assignment.instance
+            else "a task"
+        )
+        log.info(
+            "task %s: %s left from before the agent restarted; taking it back", task.label, what
+        )
         task.start()
         return True
 
@@ -275,27 +369,68 @@ class Runner:
             lost = bool(record.get("lost"))
             stopping = lost and bool(record.get("agent_stopping"))
         elif pids:
-            result = ("failed", None, "fleet-agent restarted while the task ran; its processes were killed")
+            result = (
+                "failed",
+                None,
+                "fleet-agent restarted while the task ran; its processes were killed",
+            )
         elif not record.get("pid"):  # still preparing (directories, artifacts, the rendezvous)
-            result = ("failed", None, "fleet-agent restarted before the task's command started; nothing of it ran")
+            result = (
+                "failed",
+                None,
+                "fleet-agent restarted before the task's command started; nothing of it ran",
+            )
         else:
-            result = ("failed", None, "fleet-agent restarted; the task's process had ended and its exit "
-                                      "status is unknown")
-        log.warning("task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
-                    task_id, epoch, len(pids), result[0])
+            result = (
+                "failed",
+                None,
+                "fleet-agent restarted; the task's process had ended and its exit "
+                "status is unknown",
+            )
+        log.warning(
+            "task %s/%d: left from before the agent restarted; killed %d process(es); reporting %s",
+            task_id,
+            epoch,
+            len(pids),
+            result[0],
+        )
         extra = {"idle": True} if record.get("idle") else None
-        self._background(f"recover-{task_id}", self._report_orphan, path, task_id, epoch, result, lost, stopping,
-                         extra)
+        self._background(
+            f"recover-{task_id}",
+            self._report_orphan,
+            path,
+            task_id,
+            epoch,
+            result,
+            lost,
+            stopping,
+            extra,
+        )
         return task_id, epoch, pids
 
-    def _report_orphan(self, path, task_id, epoch, result, lost=False, agent_stopping=False, extra=None):
+    def _report_orphan(
+        self, path, task_id, epoch, result, lost=False, agent_stopping=False, extra=None
+    ):
         client = self.checkout_client()
         label = f"{task_id}/{epoch}"
         try:
-            done = report_finish(client, self, task_id, epoch, result, label, lost=lost, agent_stopping=agent_stopping,
-                                 extra=extra)
+            done = report_finish(
+                client,
+                self,
+                task_id,
+                epoch,
+                result,
+                label,
+                lost=lost,
+                agent_stopping=agent_stopping,
+                extra=extra,
+            )
         except Fenced as exc:
-            log.warning("task %s: %s; the task is no longer this node's (stale epoch), forgotten", label, exc)
+            log.warning(
+                "task %s: %s; the task is no longer this node's (stale epoch), forgotten",
+                label,
+                exc,
+            )
             done = True
         finally:
             self.checkin_client(client)
@@ -315,7 +450,8 @@ class Runner:
     # Stopping.
 
     def shutdown(self, reason, timeout=None, lost=True, stop_instances=False):
-        """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors, bounded.
+        """Stop every task (SIGTERM, SIGKILL after the grace) and wait for their supervisors,
+        bounded.
 
         The tasks are reported failed with `lost` and `agent_stopping` (the agent stopped them as it
         shuts down: fleetd requeues their jobs without using an attempt). Finish reports get one
@@ -358,21 +494,31 @@ class Runner:
         return [report for report in reports if report is not None]
 
     def delete_volumes(self, instance_ids, reason="fleetd asked"):
-        """Delete volumes (in the background) and free their instances' host ports; never the volume of an
-        instance that has a run on this host."""
-        busy = {task.assignment.instance.id for task in self.tasks() if task.assignment.instance is not None}
+        """Delete volumes (in the background) and free their instances' host ports; never the volume
+        of an instance that has a run on this host."""
+        busy = {
+            task.assignment.instance.id
+            for task in self.tasks()
+            if task.assignment.instance is not None
+        }
         present = set(self.volumes.list())
         for instance_id in instance_ids:
-            if not isinstance(instance_id, str) or (instance_id not in present and not self.ports.get(instance_id)):
+            if not isinstance(instance_id, str) or (
+                instance_id not in present and not self.ports.get(instance_id)
+            ):
                 continue
             if instance_id in busy:
-                log.warning("volume %s: not deleted (%s): its instance runs here", instance_id, reason)
+                log.warning(
+                    "volume %s: not deleted (%s): its instance runs here", instance_id, reason
+                )
                 continue
             with self._lock:
                 if instance_id in self._deleting:
                     continue
                 self._deleting.add(instance_id)
-            self._background(f"delete-volume-{instance_id}", self._delete_volume, instance_id, reason)
+            self._background(
+                f"delete-volume-{instance_id}", self._delete_volume, instance_id, reason
+            )
 
     def _delete_volume(self, instance_id, reason):
         try:
@@ -389,7 +535,8 @@ class Runner:
 
 
 def _leader_alive(record):
-    """True when the process a journal record started is still running (same boot, same start time)."""
+    """True when the process a journal record started is still running (same boot, same start
+    time)."""
     if record.get("boot_id") and record["boot_id"] != read_boot_id():
         return False
     info = read_proc(record["pid"]) if isinstance(record.get("pid"), int) else None

@@ -1,4 +1,5 @@
-"""A supervised process: started in its own session (and cgroup), watched until reaped, stopped with a grace.
+"""A supervised process: started in its own session (and cgroup), watched until reaped, stopped with
+a grace.
 
 What a task and any other supervised workload on this host share: the process is the leader of
 a new session, so its pid is its process group's id until it is reaped (`waitid(WNOWAIT)` and a
@@ -20,16 +21,29 @@ import subprocess
 import threading
 import time
 
-from agent.procfs import group_pids, read_proc, read_stat, signal_group, signal_pids, task_pids, uptime_ticks, wait_gone
+from agent.procfs import (
+    group_pids,
+    read_proc,
+    read_stat,
+    signal_group,
+    signal_pids,
+    task_pids,
+    uptime_ticks,
+    wait_gone,
+)
 from agent.task.errors import TaskError
 from agent.threads import UNTIL_STOPPED
 
 log = logging.getLogger("agent.runner")
 
 MAX_FOUND_IN_PATH = 1024
-_FOUND_IN_PATH: dict[tuple[str, str], str | None] = {}  # (program, PATH) -> where shutil.which last found it
+_FOUND_IN_PATH: dict[
+    tuple[str, str], str | None
+] = {}  # (program, PATH) -> where shutil.which last found it
 EXIT_WAIT_SECONDS = 30  # after SIGKILL; longer means the process is stuck in the kernel
-ADOPTED_POLL_SECONDS = 0.5  # how often an adopted process is looked at where the kernel has no pidfd
+ADOPTED_POLL_SECONDS = (
+    0.5  # how often an adopted process is looked at where the kernel has no pidfd
+)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -75,8 +89,8 @@ def read_exit_status(path):
 
 
 class Adopted:
-    """The Popen face of a process left from before an agent restart (no child of this agent): its exit
-    status is what its wrapper wrote into `status_path`, None when nothing was written."""
+    """The Popen face of a process left from before an agent restart (no child of this agent): its
+    exit status is what its wrapper wrote into `status_path`, None when nothing was written."""
 
     def __init__(self, pid, status_path):
         self.pid = pid
@@ -102,11 +116,15 @@ class Supervisor:
     def __init__(self, label, threads, cgroups=None, on_reaped=None):
         self.label = label
         self.on_reaped = on_reaped  # called (holding `lock`) once the leader's pid may be reused
-        self.threads = threads  # a threads.Pool for the watcher (and the exit waiter before Linux 5.3)
+        self.threads = (
+            threads  # a threads.Pool for the watcher (and the exit waiter before Linux 5.3)
+        )
         self.cgroups = cgroups
         self.identity = None  # a TaskKey: the owner sets it as it makes the supervisor
         self.lock = threading.Lock()
-        self.wake = threading.Event()  # set on the exit and by owners: the supervising loop re-checks
+        self.wake = (
+            threading.Event()
+        )  # set on the exit and by owners: the supervising loop re-checks
         self.exited = threading.Event()  # the leader exited (not yet reaped)
         self.proc: subprocess.Popen[bytes] | Adopted | None = None  # the leader (spawn, adopt)
         self.pgid = None
@@ -124,16 +142,20 @@ class Supervisor:
     def key(self):
         """The TaskKey that finds the processes (with the group while the leader is not reaped)."""
         identity = self.identity
-        assert identity is not None  # set by the owner as it makes the supervisor, before any process
+        assert (
+            identity is not None
+        )  # set by the owner as it makes the supervisor, before any process
         return dataclasses.replace(identity, pgid=None if self._pid_free() else self.pgid)
 
     def _leader(self) -> "subprocess.Popen[bytes] | Adopted":
-        """The process spawn() or adopt() started: the callers of this run only after one of them."""
+        """The process spawn() or adopt() started: the callers of this run only after one of
+        them."""
         assert self.proc is not None, f"task {self.label}: no process started"
         return self.proc
 
     def _pid_free(self):
-        """True once the leader's pid may be another process's: reaped, or, adopted, exited (init reaps it)."""
+        """True once the leader's pid may be another process's: reaped, or, adopted, exited (init
+        reaps it)."""
         return self.reaped or (self.adopted and self.exited.is_set())
 
     def spawn(self, argv, cwd, env, on_output=None, output=None):
@@ -145,8 +167,16 @@ class Supervisor:
         OSError when it cannot start. From the return on, the process is watched.
         """
         stdout, stderr = output if output is not None else (subprocess.PIPE, subprocess.PIPE)
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                     start_new_session=True, close_fds=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            close_fds=True,
+        )
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
         self.started_monotonic = time.monotonic()
         if output is not None:
@@ -160,8 +190,8 @@ class Supervisor:
         self.watcher = self.threads.run(self._watch, pidfd, on_output, name=f"watch-{self.label}")
 
     def adopt(self, pid, start_ticks, status_path):
-        """Watch a process this agent started before a restart (the leader of its session, writing its
-        output into files, its exit status into `status_path`); the caller holds `lock`.
+        """Watch a process this agent started before a restart (the leader of its session, writing
+        its output into files, its exit status into `status_path`); the caller holds `lock`.
 
         False when `pid` is not that process any more (it ended, or the pid is another's now). The
         pidfd is opened before the start time is compared, so that it is the compared process's.
@@ -204,7 +234,8 @@ class Supervisor:
     # Signals; called with `lock` held.
 
     def signal(self, sig):
-        """Signal the process group, and the processes that left it (setsid) but are still the workload's.
+        """Signal the process group, and the processes that left it (setsid) but are still the
+        workload's.
 
         The processes are listed before the group is signalled: once the leader dies, a child
         that left its session and environment is reparented and only its cgroup, or this
@@ -234,7 +265,8 @@ class Supervisor:
             self.signal(signal.SIGKILL)
 
     def kill_if_due(self, now):
-        """SIGKILL once the grace after a SIGTERM is over; returns when the next one is due, or None."""
+        """SIGKILL once the grace after a SIGTERM is over; returns when the next one is due, or
+        None."""
         if self.kill_at is not None and now >= self.kill_at:
             log.warning("task %s: still running %gs after SIGTERM; SIGKILL", self.label, self.grace)
             self.signal(signal.SIGKILL)
@@ -242,7 +274,8 @@ class Supervisor:
         return self.kill_at
 
     def remember(self, pids):
-        """Remember `pids` as the workload's; returns every remembered process still alive (same start time)."""
+        """Remember `pids` as the workload's; returns every remembered process still alive (same
+        start time)."""
         for pid in pids:
             info = read_proc(pid)
             if info is not None:
@@ -271,7 +304,8 @@ class Supervisor:
     # The end.
 
     def end_group(self, grace_seconds, abandon):
-        """The leader exited: let the rest of the group end within what is left of a grace, then SIGKILL it.
+        """The leader exited: let the rest of the group end within what is left of a grace, then
+        SIGKILL it.
 
         `abandon()` True cuts the wait short.
         """
@@ -279,7 +313,11 @@ class Supervisor:
             kill_at = self.kill_at
         if kill_at is not None:
             for _ in range(int(grace_seconds / 0.05) + 2):
-                if abandon() or time.monotonic() >= kill_at or not group_pids(self.pgid, exclude=(self._leader().pid,)):
+                if (
+                    abandon()
+                    or time.monotonic() >= kill_at
+                    or not group_pids(self.pgid, exclude=(self._leader().pid,))
+                ):
                     break
                 time.sleep(0.05)
         with self.lock:
@@ -371,7 +409,8 @@ class Supervisor:
                     self._unwatch = None
 
     def _wait_exit(self):
-        # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap it.
+        # WNOWAIT leaves the leader a zombie, so its pid (= the pgid) stays reserved until we reap
+        # it.
         try:
             os.waitid(os.P_PID, self._leader().pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
@@ -394,7 +433,8 @@ class Supervisor:
 
 
 def kill_recorded(record, pids, cgroups, wait_seconds):
-    """Kill the processes of a workload left from before a restart and remove its cgroup; False when some survived."""
+    """Kill the processes of a workload left from before a restart and remove its cgroup; False when
+    some survived."""
     survived = False
     if pids:
         signal_pids(pids, signal.SIGKILL)

@@ -1,4 +1,5 @@
-"""Instance volumes: ``<state_dir>/volumes/<instance id>/``, kept from one run of an instance to the next.
+"""Instance volumes: ``<state_dir>/volumes/<instance id>/``, kept from one run of an instance to the
+next.
 
 A volume is made at an instance's first start and outlives its runs (stop, resume, an agent
 restart); it goes only when fleetd lists it in a heartbeat reply's `delete_volumes`. Deleting
@@ -25,7 +26,9 @@ class Volumes:
 
     def __init__(self, state_dir, root_mode=0o700):
         self.root = os.path.join(state_dir, VOLUMES_DIR)
-        self.root_mode = root_mode  # 0711 where tasks run as their own uid: they pass through, never list
+        self.root_mode = (
+            root_mode  # 0711 where tasks run as their own uid: they pass through, never list
+        )
 
     def prepare(self):
         """Make the directory of all volumes, of its mode (an older agent's may have another)."""
@@ -40,7 +43,8 @@ class Volumes:
         return os.path.join(self.root, instance_id)
 
     def ensure(self, instance_id, mode=0o700):
-        """The volume's directory, made (with `mode`) when missing; OSError when it is not a directory."""
+        """The volume's directory, made (with `mode`) when missing; OSError when it is not a
+        directory."""
         path = self.path(instance_id)
         self.prepare()
         try:
@@ -61,16 +65,22 @@ class Volumes:
         needed = size - (self.used_bytes(instance_id) or 0)
         if needed <= free:
             return None
-        return (f"the volume of {size} bytes does not fit on this host: {free} bytes are free on {self.root}'s "
-                f"file system and it needs {needed} more")
+        return (
+            f"the volume of {size} bytes does not fit on this host: {free} bytes are free on "
+            f"{self.root}'s file system and it needs {needed} more"
+        )
 
     def list(self):
         """The instance ids whose volume directory is present."""
         try:
             with os.scandir(self.root) as entries:
-                return sorted(e.name for e in entries
-                              if e.is_dir(follow_symlinks=False) and INSTANCE_ID_RE.fullmatch(e.name)
-                              and e.name not in (".", ".."))
+                return sorted(
+                    e.name
+                    for e in entries
+                    if e.is_dir(follow_symlinks=False)
+                    and INSTANCE_ID_RE.fullmatch(e.name)
+                    and e.name not in (".", "..")
+                )
         except FileNotFoundError:
             return []
 
@@ -98,7 +108,8 @@ class Volumes:
         return not os.path.lexists(path)
 
     def used_bytes(self, instance_id):
-        """Bytes the volume's files take on disk (allocated blocks), or None when it cannot be read."""
+        """Bytes the volume's files take on disk (allocated blocks), or None when it cannot be
+        read."""
         try:
             path = self.path(instance_id)
         except ValueError:

@@ -15,8 +15,20 @@ from fleetd.api import (
     webhooks,
 )
 
-BLUEPRINTS = [health.blp, tokens.blp, fleets.blp, nodes.blp, jobs.blp, instances.blp, cluster.blp, agent.blp, admin.blp, metrics.blp,
-              webhooks.blp, rollouts.blp]
+BLUEPRINTS = [
+    health.blp,
+    tokens.blp,
+    fleets.blp,
+    nodes.blp,
+    jobs.blp,
+    instances.blp,
+    cluster.blp,
+    agent.blp,
+    admin.blp,
+    metrics.blp,
+    webhooks.blp,
+    rollouts.blp,
+]
 
 from fleetd.api import gpus, validation  # noqa: E402 - the validation gate and GPU history (issue 35)
 

@@ -5,7 +5,12 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
-from fleetd.schemas.admin import BackgroundTaskPageSchema, BackgroundTaskSchema, GcResultSchema, GcSchema
+from fleetd.schemas.admin import (
+    BackgroundTaskPageSchema,
+    BackgroundTaskSchema,
+    GcResultSchema,
+    GcSchema,
+)
 from fleetd.services.fleet_ops import retention
 
 blp = Blueprint("admin", __name__, url_prefix="/api/v1/admin", description="Administration")
@@ -35,5 +40,6 @@ class GarbageCollection(MethodView):
     @blp.arguments(GcSchema(), required=False)
     @blp.response(200, GcResultSchema)
     def post(self, body):
-        """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced artifacts."""
+        """Remove old metric samples and, with delete_jobs, ended jobs and unreferenced
+        artifacts."""
         return retention.collect_garbage(current_runtime(), **body)

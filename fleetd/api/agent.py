@@ -1,12 +1,17 @@
-"""The agent protocol (X-Fleet-Protocol: 1): the node's session (register, heartbeat, deregister) and its
-work (acquire, start, restart, rendezvous, logs, finish); the messages are fleetwire's."""
+"""The agent protocol (X-Fleet-Protocol: 1): the node's session (register, heartbeat, deregister)
+and its work (acquire, start, restart, rendezvous, logs, finish); the messages are fleetwire's."""
 
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
 from fleetd.auth import JOIN, NODE, current_principal, require
 from fleetd.runtime import current_runtime
-from fleetd.schemas.agent import HeartbeatReplySchema, HeartbeatSchema, RegisteredSchema, RegisterSchema
+from fleetd.schemas.agent import (
+    HeartbeatReplySchema,
+    HeartbeatSchema,
+    RegisteredSchema,
+    RegisterSchema,
+)
 from fleetd.schemas.jobs import (
     AcquireReplySchema,
     AcquireSchema,
@@ -24,12 +29,20 @@ from fleetd.services.agents import sessions as agents
 from fleetd.services.agents import work
 from fleetwire.tasks import AcquireReply
 
-blp = Blueprint("agent", __name__, url_prefix="/api/v1/agent", description="Agent protocol; needs X-Fleet-Protocol: 1")
+blp = Blueprint(
+    "agent",
+    __name__,
+    url_prefix="/api/v1/agent",
+    description="Agent protocol; needs X-Fleet-Protocol: 1",
+)
 
 PROTOCOL_HEADER = "X-Fleet-Protocol"
 PROTOCOL_VERSION = "1"
 PROTOCOL_PARAMETER = {
-    "in": "header", "name": PROTOCOL_HEADER, "required": True, "schema": {"type": "string", "enum": [PROTOCOL_VERSION]},
+    "in": "header",
+    "name": PROTOCOL_HEADER,
+    "required": True,
+    "schema": {"type": "string", "enum": [PROTOCOL_VERSION]},
     "description": "the agent protocol version; another value or none gets 400 protocol_mismatch",
 }
 
@@ -51,7 +64,8 @@ class AgentHeartbeat(MethodView):
     @blp.arguments(HeartbeatSchema(), required=False)
     @blp.response(200, HeartbeatReplySchema)
     def post(self, body):
-        """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to cancel."""
+        """Report liveness, inventory changes and tasks; learn drain, revocation and tasks to
+        cancel."""
         rt = current_runtime()
         rt.instruments.heartbeats.inc()
         return agents.heartbeat(rt, current_principal().node, body).to_wire()
@@ -72,11 +86,15 @@ class AgentAcquire(MethodView):
     @blp.arguments(AcquireSchema(), required=False)
     @blp.response(200, AcquireReplySchema)
     def post(self, body):
-        """Long-poll for work: answers as soon as an assignment exists or a task of this node must be
-        stopped (`cancel`), or after wait_seconds with null."""
+        """Long-poll for work: answers as soon as an assignment exists or a task of this node must
+        be stopped (`cancel`), or after wait_seconds with null."""
         batch = body.max_assignments
-        found = work.acquire(current_runtime(), current_principal().node_id, body.wait_seconds, batch or 1)
-        return AcquireReply(tuple(found["assignments"]), tuple(found["cancel"]), batched=batch is not None).to_wire()
+        found = work.acquire(
+            current_runtime(), current_principal().node_id, body.wait_seconds, batch or 1
+        )
+        return AcquireReply(
+            tuple(found["assignments"]), tuple(found["cancel"]), batched=batch is not None
+        ).to_wire()
 
 
 @blp.route("/tasks/<string:task_id>/start", parameters=[PROTOCOL_PARAMETER])
@@ -86,8 +104,15 @@ class AgentTaskStart(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """The task's process started; a stale epoch gets 409."""
-        work.start_task(current_runtime(), current_principal().node_id, task_id, body.epoch, body.pid,
-                        None if body.ports is None else list(body.ports), body.restarts)
+        work.start_task(
+            current_runtime(),
+            current_principal().node_id,
+            task_id,
+            body.epoch,
+            body.pid,
+            None if body.ports is None else list(body.ports),
+            body.restarts,
+        )
 
 
 @blp.route("/tasks/<string:task_id>/restart", parameters=[PROTOCOL_PARAMETER])
@@ -96,11 +121,20 @@ class AgentTaskRestart(MethodView):
     @blp.arguments(TaskRestartSchema())
     @blp.response(204)
     def post(self, body, task_id):
-        """An instance run's process ended and its restart policy starts it again after a back-off; a stale
-        epoch gets 409."""
-        work.restart_task(current_runtime(), current_principal().node_id, task_id, body.epoch,
-                          {"exit_code": body.exit_code, "signal": body.signal, "reason": body.reason,
-                           "backoff_seconds": body.backoff_seconds})
+        """An instance run's process ended and its restart policy starts it again after a back-off;
+        a stale epoch gets 409."""
+        work.restart_task(
+            current_runtime(),
+            current_principal().node_id,
+            task_id,
+            body.epoch,
+            {
+                "exit_code": body.exit_code,
+                "signal": body.signal,
+                "reason": body.reason,
+                "backoff_seconds": body.backoff_seconds,
+            },
+        )
 
 
 @blp.route("/tasks/<string:task_id>/rendezvous", parameters=[PROTOCOL_PARAMETER])
@@ -110,15 +144,23 @@ class AgentTaskRendezvous(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """Rank 0 publishes the address and port the other ranks connect to."""
-        work.publish_rendezvous(current_runtime(), current_principal().node_id, task_id, body.epoch, body.addr,
-                                body.port)
+        work.publish_rendezvous(
+            current_runtime(),
+            current_principal().node_id,
+            task_id,
+            body.epoch,
+            body.addr,
+            body.port,
+        )
 
     @require(NODE)
     @blp.arguments(RendezvousQuerySchema(), location="query")
     @blp.response(200, RendezvousSchema)
     def get(self, query, task_id):
         """Rank 0's address and port; 504 if it is not published within wait_seconds."""
-        return work.wait_rendezvous(current_runtime(), current_principal().node_id, task_id, query["wait_seconds"])
+        return work.wait_rendezvous(
+            current_runtime(), current_principal().node_id, task_id, query["wait_seconds"]
+        )
 
 
 @blp.route("/tasks/<string:task_id>/logs", parameters=[PROTOCOL_PARAMETER])
@@ -128,8 +170,9 @@ class AgentTaskLogs(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """A batch of output lines; 413 over the request size limit."""
-        work.append_logs(current_runtime(), current_principal().node_id, task_id, body.epoch,
-                         list(body.lines))
+        work.append_logs(
+            current_runtime(), current_principal().node_id, task_id, body.epoch, list(body.lines)
+        )
 
 
 @blp.route("/tasks/<string:task_id>/finish", parameters=[PROTOCOL_PARAMETER])
@@ -149,5 +192,7 @@ class AgentFinish(MethodView):
     @blp.response(200, TaskFinishBatchReplySchema)
     def post(self, body):
         """Several tasks' processes ended: each report is settled and answered on its own."""
-        results = work.finish_tasks(current_runtime(), current_principal().node_id, body["finishes"])
+        results = work.finish_tasks(
+            current_runtime(), current_principal().node_id, body["finishes"]
+        )
         return {"results": [result.to_wire() for result in results]}

@@ -26,7 +26,9 @@ from fleetd.services.fleet_ops import metrics
 from fleetd.services.placement import capacity, policy
 from fleetd.services.placement.cluster import current_state
 
-blp = Blueprint("cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy")
+blp = Blueprint(
+    "cluster", __name__, url_prefix="/api/v1", description="Capacity, scheduling policy"
+)
 
 
 def _state():
@@ -39,7 +41,8 @@ class ClusterStatus(MethodView):
     @require(ADMIN, SUBMITTER, METRICS)
     @blp.response(200, ClusterStatusSchema)
     def get(self):
-        """GPUs used, free and blocked (total = used + free + blocked), queued demand, active jobs."""
+        """GPUs used, free and blocked (total = used + free + blocked), queued demand, active
+        jobs."""
         principal = current_principal()
         storage = metrics.storage_view(current_runtime()) if principal.role == ADMIN else {}
         return capacity.cluster_status(_state(), principal, storage, current_runtime().offload)
@@ -51,7 +54,8 @@ class ClusterAllocation(MethodView):
     @blp.arguments(AllocationQuerySchema(), location="query")
     @blp.response(200, ClusterAllocationSchema)
     def get(self, query):
-        """Every GPU with its reservations, every node, every task's allocation (of one node with ?node_id=)."""
+        """Every GPU with its reservations, every node, every task's allocation (of one node with
+        ?node_id=)."""
         return current_runtime().offload(capacity.cluster_allocation, _state(), query["node_id"])
 
 
@@ -61,7 +65,8 @@ class SimulateSchedule(MethodView):
     @blp.doc(requestBody=SIMULATE_BODY)
     @blp.response(200, SimulationSchema)
     def post(self):
-        """Where this JobSpec or InstanceSpec would be placed now, or per node why not; reserves nothing."""
+        """Where this JobSpec or InstanceSpec would be placed now, or per node why not; reserves
+        nothing."""
         # Parsed here, not by @blp.arguments: the document states the body as either spec (anyOf).
         spec = blp.ARGUMENTS_PARSER.parse(SimulateSpecSchema(), request, location="json")
         return policy.simulate(current_runtime(), current_principal(), spec)
@@ -82,7 +87,8 @@ class GpuTypeByModel(MethodView):
     @blp.arguments(GpuTypeQuerySchema(), location="query")
     @blp.response(200, GpuTypeSchema)
     def get(self, query, model):
-        """One GPU model by its id (the model name); with ?gpu_count=, its lowest prices for that many GPUs."""
+        """One GPU model by its id (the model name); with ?gpu_count=, its lowest prices for that
+        many GPUs."""
         return capacity.get_gpu_type(_state(), model, query["gpu_count"])
 
     @require(ADMIN)
@@ -116,7 +122,9 @@ class QuotaByTeam(MethodView):
     @blp.response(200, QuotaSchema)
     def put(self, body, team):
         """Set the most GPUs a team's running jobs may hold (per priority class, or "any")."""
-        return policy.set_quota(current_runtime(), team[:200], body["priority_class"], body["max_gpus"])
+        return policy.set_quota(
+            current_runtime(), team[:200], body["priority_class"], body["max_gpus"]
+        )
 
     @require(ADMIN)
     @blp.arguments(QuotaDeleteQuerySchema(), location="query")

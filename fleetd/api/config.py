@@ -16,5 +16,6 @@ class Config(MethodView):
     @require(ADMIN)
     @blp.response(200, EffectiveConfigSchema)
     def get(self):
-        """The settings this process runs with (defaults, the config file, FLEETD_* variables), secrets redacted."""
+        """The settings this process runs with (defaults, the config file, FLEETD_* variables),
+        secrets redacted."""
         return effective_config(current_runtime().settings)

@@ -10,8 +10,11 @@ from flask import Blueprint, Response, send_from_directory
 blp = Blueprint("api-docs-ui", __name__)
 
 # Swagger UI sets styles from its scripts and draws icons as data: images.
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' "
+    "data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; "
+    "object-src 'none'"
+)
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en">

@@ -17,8 +17,8 @@ class GpuBySerial(MethodView):
     @blp.arguments(HistoryQuerySchema(), location="query")
     @blp.response(200, GpuRecordSchema)
     def get(self, query, serial):
-        """A GPU by serial: identity, the node it is in, its RMA mark and its history (hosts, XIDs, ECC
-        errors, validation verdicts, health actions), oldest first."""
+        """A GPU by serial: identity, the node it is in, its RMA mark and its history (hosts, XIDs,
+        ECC errors, validation verdicts, health actions), oldest first."""
         return gpus.get_gpu(serial, query["limit"])
 
 
@@ -28,6 +28,6 @@ class GpuRma(MethodView):
     @blp.arguments(GpuRmaSchema())
     @blp.response(200, GpuRecordSchema)
     def post(self, body, serial):
-        """Mark a GPU for RMA: it takes no more work, its node is drained for repair (undrained, the node
-        validates first), and the board is flagged wherever it shows up again."""
+        """Mark a GPU for RMA: it takes no more work, its node is drained for repair (undrained, the
+        node validates first), and the board is flagged wherever it shows up again."""
         return gpus.mark_rma(current_runtime(), serial, body["reason"], body["deadline_seconds"])

@@ -28,18 +28,24 @@ blp = Blueprint("graphql", __name__)
 
 
 def format_error(error, debug=False):
-    """A GraphQL error with `extensions.code`: a FleetdError's code and details, invalid_request for a
-    document that does not parse or validate or a variable of the wrong type, internal (logged, never
-    shown) for anything else."""
+    """A GraphQL error with `extensions.code`: a FleetdError's code and details, invalid_request for
+    a document that does not parse or validate or a variable of the wrong type, internal (logged,
+    never shown) for anything else."""
     formatted = dict(error.formatted)
     original = error.original_error
-    while getattr(original, "original_error", None) is not None:  # a GraphQLError wrapping the cause
+    while (
+        getattr(original, "original_error", None) is not None
+    ):  # a GraphQLError wrapping the cause
         original = original.original_error
     if isinstance(original, FleetdError):
         formatted["message"] = original.message
-        formatted["extensions"] = {"code": original.code, **({"details": original.details} if original.details
-                                                             else {})}
-    elif original is None or isinstance(original, GraphQLError):  # GraphQL's own: a variable of the wrong type
+        formatted["extensions"] = {
+            "code": original.code,
+            **({"details": original.details} if original.details else {}),
+        }
+    elif original is None or isinstance(
+        original, GraphQLError
+    ):  # GraphQL's own: a variable of the wrong type
         formatted["extensions"] = {"code": "invalid_request"}
     else:
         log.error("unhandled error in a GraphQL resolver", exc_info=original)
@@ -55,7 +61,9 @@ def _as_graphql_error(error):
     extensions = {"code": body["error"]["code"]}
     if body["error"].get("details"):
         extensions["details"] = body["error"]["details"]
-    response = jsonify({"errors": [{"message": body["error"]["message"], "extensions": extensions}]})
+    response = jsonify(
+        {"errors": [{"message": body["error"]["message"], "extensions": extensions}]}
+    )
     response.headers.update(headers)
     return response, status
 
@@ -81,19 +89,24 @@ def _json(text):
     except BadJson as exc:
         raise InvalidRequest(str(exc)) from None
     if not isinstance(data, dict):
-        raise InvalidRequest("the GraphQL request is a JSON object: {query, variables?, operationName?}")
+        raise InvalidRequest(
+            "the GraphQL request is a JSON object: {query, variables?, operationName?}"
+        )
     return data
 
 
 def _prepare(data, query_only, rt):
     """The document parsed, bounded and validated (fleetd.gql.limits) in a worker thread, so that no
-    document holds the event loop: a refusal is a 400 naming the limit; a mutation sent by GET 405."""
+    document holds the event loop: a refusal is a 400 naming the limit; a mutation sent by GET
+    405."""
     query, operation = data.get("query"), data.get("operationName")
     if not isinstance(query, str) or not query:
         return None  # Ariadne answers it in GraphQL's words
     try:
         limits.check_size(query)  # before the body's text goes anywhere
-        prepared = rt.offload(limits.prepare, SCHEMA, query, operation if isinstance(operation, str) else None)
+        prepared = rt.offload(
+            limits.prepare, SCHEMA, query, operation if isinstance(operation, str) else None
+        )
     except limits.Refused as exc:
         raise InvalidRequest(str(exc)) from None
     except GraphQLError:
@@ -107,11 +120,24 @@ def _run(query_only):
     data = _request_data()
     rt = current_runtime()
     prepared = _prepare(data, query_only, rt)
-    checked = {} if prepared is None else {
-        "query_document": prepared.document, "query_validator": lambda *_args, **_kwargs: prepared.errors}
+    checked = (
+        {}
+        if prepared is None
+        else {
+            "query_document": prepared.document,
+            "query_validator": lambda *_args, **_kwargs: prepared.errors,
+        }
+    )
     _, result = graphql_sync(
-        SCHEMA, data, context_value={"rt": rt, "principal": current_principal()},
-        require_query=query_only, introspection=True, error_formatter=format_error, logger=_ARIADNE_LOG, **checked)
+        SCHEMA,
+        data,
+        context_value={"rt": rt, "principal": current_principal()},
+        require_query=query_only,
+        introspection=True,
+        error_formatter=format_error,
+        logger=_ARIADNE_LOG,
+        **checked,
+    )
     # Nothing ran (the document did not parse or validate, or named no single operation): 400.
     return jsonify(result), 400 if result.get("data") is None else 200
 
@@ -124,7 +150,8 @@ class GraphQL(MethodView):
 
     @require(ADMIN, SUBMITTER)
     def post(self):
-        """Run a GraphQL query or mutation given as a JSON body {query, variables?, operationName?}."""
+        """Run a GraphQL query or mutation given as a JSON body {query, variables?,
+        operationName?}."""
         return _run(query_only=False)
 
 

@@ -21,7 +21,12 @@ from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
 from fleetd.schemas.nodes import EventPageSchema
 from fleetd.services.workloads import connections, instances
 
-blp = Blueprint("instances", __name__, url_prefix="/api/v1", description="Instances (long-running reserved workloads)")
+blp = Blueprint(
+    "instances",
+    __name__,
+    url_prefix="/api/v1",
+    description="Instances (long-running reserved workloads)",
+)
 
 
 def _view(inst):
@@ -34,10 +39,20 @@ class Instances(MethodView):
     @blp.arguments(InstanceQuerySchema(), location="query")
     @blp.response(200, InstancePageSchema)
     def get(self, query):
-        """List instances (a submitter sees its own), oldest first; deleted ones only with state=deleted."""
-        items, next_cursor = instances.list_instances(current_principal(), query["limit"], query["cursor"],
-                                                      query["state"], query["owner"], query["name"])
-        return {"items": instances.instance_views(current_runtime(), items), "next_cursor": next_cursor}
+        """List instances (a submitter sees its own), oldest first; deleted ones only with
+        state=deleted."""
+        items, next_cursor = instances.list_instances(
+            current_principal(),
+            query["limit"],
+            query["cursor"],
+            query["state"],
+            query["owner"],
+            query["name"],
+        )
+        return {
+            "items": instances.instance_views(current_runtime(), items),
+            "next_cursor": next_cursor,
+        }
 
     @require(ADMIN, SUBMITTER)
     @blp.arguments(InstanceSpecSchema())
@@ -54,12 +69,19 @@ class InstanceById(MethodView):
     @blp.response(200, InstanceSchema)
     def get(self, query, instance_id):
         """An instance; with wait_seconds the answer comes as soon as its state changes."""
-        return _view(instances.wait_instance(current_runtime(), current_principal(), instance_id,
-                                             query["wait_seconds"]))
+        return _view(
+            instances.wait_instance(
+                current_runtime(), current_principal(), instance_id, query["wait_seconds"]
+            )
+        )
 
     @require(ADMIN, SUBMITTER)
-    @blp.response(202, InstanceSchema, description="the instance, `deleting` until its processes ended and its "
-                                                    "node removed its volume")
+    @blp.response(
+        202,
+        InstanceSchema,
+        description="the instance, `deleting` until its processes ended and its "
+        "node removed its volume",
+    )
     @blp.alt_response(204, description="the instance is gone: a GET of it answers 404")
     def delete(self, instance_id):
         """Delete an instance: its processes are stopped and its node deletes its volume."""
@@ -85,8 +107,11 @@ class InstanceResume(MethodView):
     @blp.response(200, InstanceSchema)
     def post(self, body, instance_id):
         """Run a stopped, interrupted or failed instance again on the node that holds its volume."""
-        return _view(instances.resume_instance(current_runtime(), current_principal(), instance_id, body["gpus"],
-                                               body["bid"]))
+        return _view(
+            instances.resume_instance(
+                current_runtime(), current_principal(), instance_id, body["gpus"], body["bid"]
+            )
+        )
 
 
 @blp.route("/instances/<string:instance_id>/connection")
@@ -95,9 +120,15 @@ class InstanceConnection(MethodView):
     @blp.arguments(ConnectionQuerySchema(), location="query")
     @blp.response(200, ConnectionSchema)
     def get(self, query, instance_id):
-        """Where one of its declared ports is reached; waits (wait_seconds) until it runs; 409 while stopped."""
-        return connections.connection(current_runtime(), current_principal(), instance_id, query["port"],
-                                    query["wait_seconds"])
+        """Where one of its declared ports is reached; waits (wait_seconds) until it runs; 409 while
+        stopped."""
+        return connections.connection(
+            current_runtime(),
+            current_principal(),
+            instance_id,
+            query["port"],
+            query["wait_seconds"],
+        )
 
 
 @blp.route("/instances/<string:instance_id>/logs")
@@ -107,8 +138,13 @@ class InstanceLogs(MethodView):
     @blp.response(200, LogPageSchema)
     def get(self, query, instance_id):
         """Log lines of every run, in order; pass the last `seq` as `after` to follow."""
-        items, _ = instances.instance_logs(current_principal(), instance_id, query["limit"], query["after"])
-        return {"items": items, "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None}
+        items, _ = instances.instance_logs(
+            current_principal(), instance_id, query["limit"], query["after"]
+        )
+        return {
+            "items": items,
+            "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None,
+        }
 
 
 @blp.route("/instances/<string:instance_id>/events")
@@ -118,6 +154,7 @@ class InstanceEvents(MethodView):
     @blp.response(200, EventPageSchema)
     def get(self, query, instance_id):
         """An instance's events, oldest first."""
-        items, next_cursor = instances.instance_events(current_principal(), instance_id, query["limit"],
-                                                       query["cursor"], query["after"])
+        items, next_cursor = instances.instance_events(
+            current_principal(), instance_id, query["limit"], query["cursor"], query["after"]
+        )
         return {"items": items, "next_cursor": next_cursor}

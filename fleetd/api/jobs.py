@@ -33,9 +33,15 @@ class Jobs(MethodView):
     @blp.response(200, JobPageSchema)
     def get(self, query):
         """List jobs (a submitter sees its own), oldest first."""
-        items, next_cursor = jobs.list_job_views(current_runtime(), current_principal(), query["limit"],
-                                                 query["cursor"], state=query["state"], owner=query["owner"],
-                                                 name=query["name"])
+        items, next_cursor = jobs.list_job_views(
+            current_runtime(),
+            current_principal(),
+            query["limit"],
+            query["cursor"],
+            state=query["state"],
+            owner=query["owner"],
+            name=query["name"],
+        )
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN, SUBMITTER)
@@ -85,8 +91,13 @@ class JobLogs(MethodView):
     @blp.response(200, LogPageSchema)
     def get(self, query, job_id):
         """Log lines in order; pass the last `seq` as `after` to follow."""
-        items, _ = jobs.job_logs(current_principal(), job_id, query["limit"], query["after"], query["rank"])
-        return {"items": items, "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None}
+        items, _ = jobs.job_logs(
+            current_principal(), job_id, query["limit"], query["after"], query["rank"]
+        )
+        return {
+            "items": items,
+            "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None,
+        }
 
 
 @blp.route("/jobs/<string:job_id>/events")
@@ -96,20 +107,34 @@ class JobEvents(MethodView):
     @blp.response(200, EventPageSchema)
     def get(self, query, job_id):
         """A job's events and its tasks' events, oldest first."""
-        items, next_cursor = jobs.job_events(current_principal(), job_id, query["limit"], query["cursor"],
-                                             query["after"])
+        items, next_cursor = jobs.job_events(
+            current_principal(), job_id, query["limit"], query["cursor"], query["after"]
+        )
         return {"items": items, "next_cursor": next_cursor}
 
 
 _UPLOAD_DOC = {
     "parameters": [
-        {"in": "header", "name": "X-Artifact-Name", "required": True, "description": "the file's name",
-         "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
-        {"in": "header", "name": "X-Artifact-Kind", "required": False, "description": "a free-form kind",
-         "schema": {"type": "string", "maxLength": 64}},
+        {
+            "in": "header",
+            "name": "X-Artifact-Name",
+            "required": True,
+            "description": "the file's name",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        },
+        {
+            "in": "header",
+            "name": "X-Artifact-Kind",
+            "required": False,
+            "description": "a free-form kind",
+            "schema": {"type": "string", "maxLength": 64},
+        },
     ],
-    "requestBody": {"required": False, "description": "the file's bytes (none: an empty file)",
-                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    "requestBody": {
+        "required": False,
+        "description": "the file's bytes (none: an empty file)",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
 }
 
 
@@ -124,12 +149,20 @@ class Artifacts(MethodView):
         name = request.headers.get("X-Artifact-Name", "")
         kind = request.headers.get("X-Artifact-Kind", "")
         if not name or len(name) > 255 or len(kind) > 64 or "\x00" in name + kind:
-            raise InvalidRequest("X-Artifact-Name (1-255 characters) is required; X-Artifact-Kind at most 64")
+            raise InvalidRequest(
+                "X-Artifact-Name (1-255 characters) is required; X-Artifact-Kind at most 64"
+            )
         request.max_content_length = rt.settings.artifact_max_bytes
-        if request.content_length is not None and request.content_length > rt.settings.artifact_max_bytes:
-            raise PayloadTooLarge(f"artifact larger than the limit of {rt.settings.artifact_max_bytes} bytes")
-        return artifacts.store_artifact(rt.settings, rt.clock.now(), request.stream, name, kind,
-                                        current_principal())
+        if (
+            request.content_length is not None
+            and request.content_length > rt.settings.artifact_max_bytes
+        ):
+            raise PayloadTooLarge(
+                f"artifact larger than the limit of {rt.settings.artifact_max_bytes} bytes"
+            )
+        return artifacts.store_artifact(
+            rt.settings, rt.clock.now(), request.stream, name, kind, current_principal()
+        )
 
 
 @blp.route("/artifacts/<string:sha256>")
@@ -138,6 +171,14 @@ class ArtifactBySha(MethodView):
     @blp.response(200, content_type="application/octet-stream")
     def get(self, sha256):
         """Download an artifact; a node may fetch only artifacts of its current tasks."""
-        name, path = artifacts.open_artifact(current_runtime().settings, current_principal(), sha256)
-        return send_file(path, mimetype="application/octet-stream", download_name=name, etag=sha256,
-                         conditional=True, max_age=0)
+        name, path = artifacts.open_artifact(
+            current_runtime().settings, current_principal(), sha256
+        )
+        return send_file(
+            path,
+            mimetype="application/octet-stream",
+            download_name=name,
+            etag=sha256,
+            conditional=True,
+            max_age=0,
+        )

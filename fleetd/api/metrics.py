@@ -29,8 +29,11 @@ class PrometheusMetrics(MethodView):
     @require(ADMIN, SUBMITTER, METRICS)
     @blp.response(200, content_type=CONTENT_TYPE_LATEST)
     def get(self):
-        """Prometheus text format: nodes, GPUs per series and state, jobs, latencies, DCGM-named GPU gauges."""
-        return Response(generate_latest(current_runtime().instruments.registry), mimetype=CONTENT_TYPE_LATEST)
+        """Prometheus text format: nodes, GPUs per series and state, jobs, latencies, DCGM-named GPU
+        gauges."""
+        return Response(
+            generate_latest(current_runtime().instruments.registry), mimetype=CONTENT_TYPE_LATEST
+        )
 
 
 @blp.route("/api/v1/metrics/history")

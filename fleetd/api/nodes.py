@@ -35,8 +35,14 @@ class Nodes(MethodView):
     @blp.response(200, NodePageSchema)
     def get(self, query):
         """List nodes, optionally of one fleet, status, agent version or hostname."""
-        items, next_cursor = nodes.list_nodes(query["limit"], query["cursor"], query["fleet"], query["status"],
-                                              query["agent_version"], query["hostname"])
+        items, next_cursor = nodes.list_nodes(
+            query["limit"],
+            query["cursor"],
+            query["fleet"],
+            query["status"],
+            query["agent_version"],
+            query["hostname"],
+        )
         return {"items": _live(items), "next_cursor": next_cursor}
 
 
@@ -52,8 +58,8 @@ class NodeById(MethodView):
     @blp.arguments(NodePatchSchema())
     @blp.response(200, NodeSchema)
     def patch(self, body, node_id):
-        """Set or drop labels through the API: they win per key over the agent's config file, which fills
-        the rest."""
+        """Set or drop labels through the API: they win per key over the agent's config file, which
+        fills the rest."""
         return _live([labels.set_node_labels(current_runtime(), node_id, body["labels"])])[0]
 
     @require(ADMIN)
@@ -71,8 +77,15 @@ class NodeCordon(MethodView):
     def post(self, body, node_id):
         """Stop new placements on a node; `reason` (optional) says why."""
         reason = body.get("reason")
-        return _live([nodes.cordon_node(current_runtime(), node_id, f"cordon: {reason}" if reason else
-                                        "cordoned by admin")])[0]
+        return _live(
+            [
+                nodes.cordon_node(
+                    current_runtime(),
+                    node_id,
+                    f"cordon: {reason}" if reason else "cordoned by admin",
+                )
+            ]
+        )[0]
 
 
 @blp.route("/<string:node_id>/uncordon")
@@ -91,8 +104,17 @@ class NodeDrain(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Drain a node: no new work; running tasks may finish until the deadline."""
-        return _live([nodes.drain_node(current_runtime(), node_id, body["reason"], body["deadline_seconds"],
-                                       body["repair"])])[0]
+        return _live(
+            [
+                nodes.drain_node(
+                    current_runtime(),
+                    node_id,
+                    body["reason"],
+                    body["deadline_seconds"],
+                    body["repair"],
+                )
+            ]
+        )[0]
 
 
 @blp.route("/<string:node_id>/undrain")
@@ -100,7 +122,8 @@ class NodeUndrain(MethodView):
     @require(ADMIN)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
-        """End a drain; the node takes work again (after a drain for repair, once it passes validation)."""
+        """End a drain; the node takes work again (after a drain for repair, once it passes
+        validation)."""
         return _live([nodes.undrain_node(current_runtime(), node_id)])[0]
 
 
@@ -110,10 +133,15 @@ class NodeUpgrade(MethodView):
     @blp.arguments(NodeUpgradeSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
-        """Begin an agent upgrade: fleetd remembers the node's state and drains a ready or cordoned node
-        (an operator's drain stays); 409 for a node that is pending, lost or revoked."""
-        return _live([upgrades.begin_upgrade(current_runtime(), node_id, body["reason"],
-                                             body["deadline_seconds"])])[0]
+        """Begin an agent upgrade: fleetd remembers the node's state and drains a ready or cordoned
+        node (an operator's drain stays); 409 for a node that is pending, lost or revoked."""
+        return _live(
+            [
+                upgrades.begin_upgrade(
+                    current_runtime(), node_id, body["reason"], body["deadline_seconds"]
+                )
+            ]
+        )[0]
 
 
 @blp.route("/<string:node_id>/upgrade/end")
@@ -122,10 +150,12 @@ class NodeUpgradeEnd(MethodView):
     @blp.arguments(NodeUpgradeEndSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
-        """End an agent upgrade. succeeded: the node returns, in one step, to the state it was in before
-        (a cordoned node is never ready on the way); failed: it stays drained, its reason naming the
-        failure. 409 when no upgrade is in progress."""
-        return _live([upgrades.end_upgrade(current_runtime(), node_id, body["outcome"], body["detail"])])[0]
+        """End an agent upgrade. succeeded: the node returns, in one step, to the state it was in
+        before (a cordoned node is never ready on the way); failed: it stays drained, its reason
+        naming the failure. 409 when no upgrade is in progress."""
+        return _live(
+            [upgrades.end_upgrade(current_runtime(), node_id, body["outcome"], body["detail"])]
+        )[0]
 
 
 @blp.route("/<string:node_id>/revoke")
@@ -144,14 +174,16 @@ class NodeEvents(MethodView):
     @blp.response(200, EventPageSchema)
     def get(self, query, node_id):
         """A node's events, oldest first; `after` is an event id."""
-        items, next_cursor = nodes.list_node_events(node_id, query["limit"], query["cursor"], query["after"])
+        items, next_cursor = nodes.list_node_events(
+            node_id, query["limit"], query["cursor"], query["after"]
+        )
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
     @blp.arguments(BootstrapRunSchema())
     @blp.response(201, EventSchema)
     def post(self, run, node_id):
-        """Record a provisioning run on a node (`fleetd bootstrap` records each: the host, the bundle's
-        version and sha256, the outcome); the event's actor is the caller."""
+        """Record a provisioning run on a node (`fleetd bootstrap` records each: the host, the
+        bundle's version and sha256, the outcome); the event's actor is the caller."""
         del run["kind"]
         return nodes.record_bootstrap_run(current_runtime(), node_id, **run)

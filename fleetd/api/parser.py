@@ -85,12 +85,19 @@ def loads(body):
     except UnicodeDecodeError as exc:
         raise BadJson(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
-                           object_pairs_hook=_unique_keys)
+        value = json.loads(
+            text,
+            parse_constant=_no_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_unique_keys,
+        )
     except RecursionError:
         raise BadJson(f"nested deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
-        raise BadJson(f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        raise BadJson(
+            f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
     # Only an escape can make a NUL or a surrogate (the decoder refuses raw control characters
     # and the UTF-8 decode above refuses encoded surrogates); only brackets can nest.
     if "\\u" in text or text.count("[") + text.count("{") > MAX_DEPTH:
@@ -107,8 +114,10 @@ class StrictParser(FlaskParser):
         if not body.strip():
             return core.missing
         if not is_json_request(req):
-            raise InvalidRequest("the body must be JSON, sent with Content-Type: application/json",
-                                 {"fields": {"json": ["not JSON"]}})
+            raise InvalidRequest(
+                "the body must be JSON, sent with Content-Type: application/json",
+                {"fields": {"json": ["not JSON"]}},
+            )
         try:
             return loads(body)
         except BadJson as exc:
@@ -124,7 +133,12 @@ def null_means_null(self, field, ret):
     branches = ret.get("anyOf")
     if not branches or {"type": "object", "nullable": True} not in branches:
         return {}
-    return {"anyOf": [dict(b, enum=[None]) if b == {"type": "object", "nullable": True} else b for b in branches]}
+    return {
+        "anyOf": [
+            dict(b, enum=[None]) if b == {"type": "object", "nullable": True} else b
+            for b in branches
+        ]
+    }
 
 
 class Blueprint(flask_smorest.Blueprint):

@@ -3,7 +3,16 @@
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
-from fleetd.auth import ADMIN, ANY_ROLE, MEMBER, OPERATOR, SUBMITTER, VIEWER, current_principal, require
+from fleetd.auth import (
+    ADMIN,
+    ANY_ROLE,
+    MEMBER,
+    OPERATOR,
+    SUBMITTER,
+    VIEWER,
+    current_principal,
+    require,
+)
 from fleetd.models import User
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
@@ -26,9 +35,17 @@ from fleetd.schemas.people import (
 )
 from fleetd.services.identity import limits, projects, users
 
-PEOPLE = (ADMIN, OPERATOR, MEMBER, SUBMITTER, VIEWER)  # every role a person (or a service account) may have
+PEOPLE = (
+    ADMIN,
+    OPERATOR,
+    MEMBER,
+    SUBMITTER,
+    VIEWER,
+)  # every role a person (or a service account) may have
 
-blp = Blueprint("people", __name__, url_prefix="/api/v1", description="Users, projects and who is calling")
+blp = Blueprint(
+    "people", __name__, url_prefix="/api/v1", description="Users, projects and who is calling"
+)
 
 
 def whoami():
@@ -39,10 +56,17 @@ def whoami():
         roles = projects.project_roles(p.user_id)
     else:
         roles = [{"key": p.project, "role": "member"}] if p.project else []
-    return {"principal": p.label, "role": p.role, "team": p.team, "node_id": p.node_id,
-            "user": user, "projects": roles, "default_project": p.default_project,
-            "auth": {"api": "token", "session": "session"}.get(p.kind),
-            **limits.limits_of(current_runtime().settings, p)}
+    return {
+        "principal": p.label,
+        "role": p.role,
+        "team": p.team,
+        "node_id": p.node_id,
+        "user": user,
+        "projects": roles,
+        "default_project": p.default_project,
+        "auth": {"api": "token", "session": "session"}.get(p.kind),
+        **limits.limits_of(current_runtime().settings, p),
+    }
 
 
 @blp.route("/whoami")
@@ -50,8 +74,8 @@ class Whoami(MethodView):
     @require(*ANY_ROLE)
     @blp.response(200, WhoamiSchema)
     def get(self):
-        """Who the presented token belongs to: its user and projects, its role, and for a user's token or
-        session the limits that hold and what it holds."""
+        """Who the presented token belongs to: its user and projects, its role, and for a user's
+        token or session the limits that hold and what it holds."""
         return whoami()
 
 
@@ -87,14 +111,16 @@ class UserByLogin(MethodView):
     @blp.arguments(UserPatchSchema())
     @blp.response(200, UserSchema)
     def patch(self, body, login):
-        """Change a user's role, default project or `active` (false ends its sessions and tokens at once)."""
+        """Change a user's role, default project or `active` (false ends its sessions and tokens at
+        once)."""
         rt = current_runtime()
         return users.update_user(rt, rt.clock.now(), login, body)
 
     @require(ADMIN)
     @blp.response(204)
     def delete(self, login):
-        """Deactivate a user and take its project memberships away; its work and usage keep its name."""
+        """Deactivate a user and take its project memberships away; its work and usage keep its
+        name."""
         rt = current_runtime()
         users.delete_user(rt, rt.clock.now(), login)
 
@@ -106,7 +132,9 @@ class Projects(MethodView):
     @blp.response(200, ProjectPageSchema)
     def get(self, query):
         """List projects: every one for admins, operators and viewers; a member's own."""
-        items, next_cursor = projects.list_projects(current_principal(), query["limit"], query["cursor"])
+        items, next_cursor = projects.list_projects(
+            current_principal(), query["limit"], query["cursor"]
+        )
         return {"items": items, "next_cursor": next_cursor}
 
     @require(ADMIN)
@@ -135,7 +163,8 @@ class ProjectByKey(MethodView):
     @require(ADMIN)
     @blp.response(204)
     def delete(self, key):
-        """Delete a project that holds no live work (409 otherwise); its service accounts are revoked."""
+        """Delete a project that holds no live work (409 otherwise); its service accounts are
+        revoked."""
         projects.delete_project(current_runtime().clock.now(), key)
 
 
@@ -154,8 +183,11 @@ class Member(MethodView):
     @blp.arguments(MemberPutSchema())
     @blp.response(200, MemberSchema)
     def put(self, body, key, login):
-        """Make a user a member of the project with a role (an admin, or an admin of the project)."""
-        return projects.set_member(current_principal(), current_runtime().clock.now(), key, login, body["role"])
+        """Make a user a member of the project with a role (an admin, or an admin of the
+        project)."""
+        return projects.set_member(
+            current_principal(), current_runtime().clock.now(), key, login, body["role"]
+        )
 
     @require(ADMIN, MEMBER, SUBMITTER)
     @blp.response(204)
@@ -176,8 +208,14 @@ class ServiceAccounts(MethodView):
     @blp.arguments(ServiceAccountCreateSchema())
     @blp.response(201, ServiceAccountCreatedSchema)
     def post(self, body, key):
-        """A token of the project, role member there, that expires: for CI. The token is shown once."""
-        row, token = projects.create_service_account(current_principal(), current_runtime().clock.now(), key,
-                                                     body["name"], body["expires_in_seconds"])
+        """A token of the project, role member there, that expires: for CI. The token is shown
+        once."""
+        row, token = projects.create_service_account(
+            current_principal(),
+            current_runtime().clock.now(),
+            key,
+            body["name"],
+            body["expires_in_seconds"],
+        )
         row.token = token
         return row

@@ -33,7 +33,8 @@ class Rollouts(MethodView):
     @blp.response(201, RolloutSchema)
     def post(self, body):
         """Plan a rollout of a fleet to a bundle (the driving CLI calls this): its nodes not on the
-        bundle yet, canaries first, then in batches; 409 while another rollout of the fleet is active."""
+        bundle yet, canaries first, then in batches; 409 while another rollout of the fleet is
+        active."""
         return rollouts.create_rollout(current_runtime(), **body)
 
 
@@ -53,8 +54,11 @@ class RolloutNodeById(MethodView):
     @blp.response(200, RolloutSchema)
     def patch(self, body, rollout_id, node_id):
         """The driver reports a node: upgrading (409 unless the rollout is running), then done or
-        failed, or skipped. A failed canary, or more failures than max_failures, pauses the rollout."""
-        return rollouts.report_node(current_runtime(), rollout_id, node_id, body["state"], body["detail"])
+        failed, or skipped. A failed canary, or more failures than max_failures, pauses the
+        rollout."""
+        return rollouts.report_node(
+            current_runtime(), rollout_id, node_id, body["state"], body["detail"]
+        )
 
 
 def _action(name, doc):
@@ -71,4 +75,8 @@ def _action(name, doc):
 
 _action("pause", "Pause a running rollout: its driver begins no further node until it is resumed.")
 _action("resume", "Resume a paused rollout (one fleetd or an operator paused).")
-_action("abort", "Abort a running or paused rollout: no further node begins; nodes that never began are skipped.")
+_action(
+    "abort",
+    "Abort a running or paused rollout: no further node begins; nodes that never began are "
+    "skipped.",
+)

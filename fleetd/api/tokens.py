@@ -7,7 +7,13 @@ from fleetd.auth import ADMIN, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
 from fleetd.schemas.nodes import EventPageSchema, EventQuerySchema
-from fleetd.schemas.tokens import TokenCreatedSchema, TokenCreateSchema, TokenPageSchema, TokenSchema, TokenUpdateSchema
+from fleetd.schemas.tokens import (
+    TokenCreatedSchema,
+    TokenCreateSchema,
+    TokenPageSchema,
+    TokenSchema,
+    TokenUpdateSchema,
+)
 from fleetd.services.identity import tokens
 
 blp = Blueprint("tokens", __name__, url_prefix="/api/v1/tokens", description="API tokens")
@@ -29,8 +35,9 @@ class Tokens(MethodView):
     def post(self, body):
         """Create an API token; the secret is in this response only."""
         rt = current_runtime()
-        row, token = tokens.create_api_token(rt.clock.now(), allowed_system_users=rt.settings.allowed_system_users,
-                                             **body)
+        row, token = tokens.create_api_token(
+            rt.clock.now(), allowed_system_users=rt.settings.allowed_system_users, **body
+        )
         row.token = token
         return row
 
@@ -57,6 +64,9 @@ class TokenEvents(MethodView):
     @blp.arguments(EventQuerySchema(), location="query")
     @blp.response(200, EventPageSchema)
     def get(self, query, token_id):
-        """A token's own events, oldest first (a rename by migration 0017); `after` is an event id."""
-        items, next_cursor = tokens.list_token_events(token_id, query["limit"], query["cursor"], query["after"])
+        """A token's own events, oldest first (a rename by migration 0017); `after` is an event
+        id."""
+        items, next_cursor = tokens.list_token_events(
+            token_id, query["limit"], query["cursor"], query["after"]
+        )
         return {"items": items, "next_cursor": next_cursor}

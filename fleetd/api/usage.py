@@ -20,12 +20,16 @@ from fleetd.schemas.usage import (
 )
 from fleetd.services.accounting import budgets, usage
 
-blp = Blueprint("usage", __name__, url_prefix="/api/v1", description="Usage, chargeback and budgets")
+blp = Blueprint(
+    "usage", __name__, url_prefix="/api/v1", description="Usage, chargeback and budgets"
+)
 
 
 def _team(team):
     if len(team) > 200 or "\x00" in team:
-        raise InvalidRequest("a team name has at most 200 characters and no NUL", {"fields": {"team": ["invalid"]}})
+        raise InvalidRequest(
+            "a team name has at most 200 characters and no NUL", {"fields": {"team": ["invalid"]}}
+        )
     return team
 
 
@@ -34,14 +38,34 @@ class Usage(MethodView):
     @require(ADMIN, SUBMITTER)
     @blp.arguments(UsageQuerySchema(), location="query")
     @blp.response(200, UsageReportSchema)
-    @blp.doc(responses={200: {"content": {"text/csv": {"schema": {"type": "string"}, "example": (
-        "group,gpu_hours_allocated,gpu_hours_used,efficiency,cost,runs\nml,12.5,9.1,0.728,31.25,4\n")}}}})
+    @blp.doc(
+        responses={
+            200: {
+                "content": {
+                    "text/csv": {
+                        "schema": {"type": "string"},
+                        "example": (
+                            "group,gpu_hours_allocated,gpu_hours_used,efficiency,cost,runs\nml,12.5,9.1,0.728,31.25,4\n"
+                        ),
+                    }
+                }
+            }
+        }
+    )
     def get(self, query):
-        """GPU-hours allocated and used, efficiency, cost and runs per team, owner, fleet, GPU model,
-        day or workload over whole UTC days, with totals (a submitter sees its own usage). With
-        `Accept: text/csv` the rows come as CSV."""
-        report = usage.usage_report(current_runtime(), current_principal(), query["group_by"], query["from_"],
-                                    query["to"], query["team"], query["owner"], query["fleet"])
+        """GPU-hours allocated and used, efficiency, cost and runs per team, owner, fleet, GPU
+        model, day or workload over whole UTC days, with totals (a submitter sees its own usage).
+        With `Accept: text/csv` the rows come as CSV."""
+        report = usage.usage_report(
+            current_runtime(),
+            current_principal(),
+            query["group_by"],
+            query["from_"],
+            query["to"],
+            query["team"],
+            query["owner"],
+            query["fleet"],
+        )
         if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
             return Response(usage.report_csv(report), mimetype="text/csv")
         return report
@@ -55,8 +79,11 @@ class IdleWorkloads(MethodView):
     def get(self, query):
         """Workloads holding GPUs that all stayed under `below_percent` utilisation for at least
         `min_minutes`, with their owners and cost so far, longest idle first."""
-        return {"items": usage.idle_workloads(current_runtime(), current_principal(), query["min_minutes"],
-                                              query["below_percent"])}
+        return {
+            "items": usage.idle_workloads(
+                current_runtime(), current_principal(), query["min_minutes"], query["below_percent"]
+            )
+        }
 
 
 @blp.route("/budgets")

@@ -19,7 +19,8 @@ class NodeValidation(MethodView):
     @require(ADMIN, SUBMITTER)
     @blp.response(200, ValidationSchema)
     def get(self, node_id):
-        """The node's latest validation: its state and each check's result, per GPU; 404 when it has none."""
+        """The node's latest validation: its state and each check's result, per GPU; 404 when it has
+        none."""
         return validation.get_validation(node_id)
 
 
@@ -28,9 +29,9 @@ class NodeValidate(MethodView):
     @require(ADMIN)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
-        """Validate a node now: it takes no new work until its agent's checks pass, then returns to where it
-        was (ready, cordoned or drained). 409 while tasks run on it, and for a pending, draining, lost or
-        revoked node."""
+        """Validate a node now: it takes no new work until its agent's checks pass, then returns to
+        where it was (ready, cordoned or drained). 409 while tasks run on it, and for a pending,
+        draining, lost or revoked node."""
         rt = current_runtime()
         validation.validate_node(rt, node_id)
         return nodes.with_last_heartbeat([nodes.get_node(node_id)], rt.liveness)[0]
@@ -42,7 +43,12 @@ class AgentValidationReport(MethodView):
     @blp.arguments(ValidationReportSchema())
     @blp.response(204)
     def post(self, body, validation_id):
-        """The node's agent reports the results of a validation it was given; one already finished is
-        accepted and ignored (a retry)."""
-        validation.record_result(current_runtime(), current_principal().node_id, validation_id, list(body.checks),
-                                 body.system)
+        """The node's agent reports the results of a validation it was given; one already finished
+        is accepted and ignored (a retry)."""
+        validation.record_result(
+            current_runtime(),
+            current_principal().node_id,
+            validation_id,
+            list(body.checks),
+            body.system,
+        )

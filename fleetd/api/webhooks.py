@@ -6,7 +6,12 @@ from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.common import PageQuerySchema
-from fleetd.schemas.webhooks import DeliveryPageSchema, WebhookCreateSchema, WebhookPageSchema, WebhookSchema
+from fleetd.schemas.webhooks import (
+    DeliveryPageSchema,
+    WebhookCreateSchema,
+    WebhookPageSchema,
+    WebhookSchema,
+)
 from fleetd.services.notify import webhooks
 
 blp = Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks", description="Webhooks")
@@ -26,8 +31,8 @@ class Webhooks(MethodView):
     @blp.arguments(WebhookCreateSchema())
     @blp.response(201, WebhookSchema)
     def post(self, body):
-        """Add a webhook: each event of these kinds is POSTed to the URL, signed with the secret. A URL
-        whose host is, or resolves to, a loopback, link-local, private, multicast or unspecified
+        """Add a webhook: each event of these kinds is POSTed to the URL, signed with the secret. A
+        URL whose host is, or resolves to, a loopback, link-local, private, multicast or unspecified
         address is refused unless the setting webhooks_allow_targets allows its network."""
         return webhooks.create_webhook(current_runtime(), current_principal(), **body)
 

@@ -58,7 +58,9 @@ class TaskRecord:
     last_error: str | None = None
     next_run_at: object = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    run_at_start: bool = False  # also run once as soon as the scheduler starts (not an interval later)
+    run_at_start: bool = (
+        False  # also run once as soon as the scheduler starts (not an interval later)
+    )
 
 
 class TaskRunner:
@@ -100,8 +102,11 @@ class TaskRunner:
             record.last_started_at = self.rt.clock.now()
             record.last_status = "running"
             if name not in EVERY_REPLICA and not self.rt.leader.leading():
-                record.last_result, record.last_status, record.last_error = {
-                    "skipped": f"replica {self.rt.leader.replica_id} does not lead"}, "ok", None
+                record.last_result, record.last_status, record.last_error = (
+                    {"skipped": f"replica {self.rt.leader.replica_id} does not lead"},
+                    "ok",
+                    None,
+                )
                 record.last_finished_at = self.rt.clock.now()
                 return record
             try:
@@ -114,7 +119,9 @@ class TaskRunner:
                     with database.connection_context(), acting_as(FLEETD), fenced_by(fence):
                         record.last_result = record.func(self.rt)
                 record.last_status, record.last_error = "ok", None
-            except Fenced as exc:  # another replica took the lead meanwhile: nothing of this run committed
+            except (
+                Fenced
+            ) as exc:  # another replica took the lead meanwhile: nothing of this run committed
                 log.warning("background task %s: %s", name, exc)
                 record.last_status, record.last_error = "error", f"Fenced: {exc}"
             except Exception as exc:  # a failed run is recorded and retried next interval
@@ -136,8 +143,11 @@ class TaskRunner:
         """Register every task with an APScheduler scheduler and start it."""
         self.scheduler = scheduler
         for record in self.records.values():
-            # APScheduler takes next_run_time=None as "paused": only a task that runs at start names one.
-            first = {"next_run_time": dt.datetime.now(dt.timezone.utc)} if record.run_at_start else {}
+            # APScheduler takes next_run_time=None as "paused": only a task that runs at start names
+            # one.
+            first = (
+                {"next_run_time": dt.datetime.now(dt.timezone.utc)} if record.run_at_start else {}
+            )
             scheduler.add_job(
                 self._scheduled,
                 "interval",
@@ -163,4 +173,6 @@ class TaskRunner:
         for record in self.records.values():
             job = self.scheduler.get_job(record.name)
             if job is not None and job.next_run_time is not None:
-                record.next_run_at = job.next_run_time.astimezone(dt.timezone.utc).replace(tzinfo=None)
+                record.next_run_at = job.next_run_time.astimezone(dt.timezone.utc).replace(
+                    tzinfo=None
+                )

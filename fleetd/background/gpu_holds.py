@@ -3,7 +3,9 @@
 from fleetd.services.nodes.holds import free_leaked_gpus
 
 NAME = "gpu_holds"
-DESCRIPTION = "Frees GPUs still held by tasks that are not active (counted in fleetd_leaked_gpus_freed_total)"
+DESCRIPTION = (
+    "Frees GPUs still held by tasks that are not active (counted in fleetd_leaked_gpus_freed_total)"
+)
 
 
 def run(rt):

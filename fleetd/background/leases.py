@@ -3,8 +3,10 @@
 from fleetd.services.agents.leases import expire_leases
 
 NAME = "leases"
-DESCRIPTION = ("Marks tasks lost when their node stops renewing the lease, or sooner when their live node stops "
-               "listing them; requeues or fails their jobs")
+DESCRIPTION = (
+    "Marks tasks lost when their node stops renewing the lease, or sooner when their live node "
+    "stops listing them; requeues or fails their jobs"
+)
 
 
 def run(rt):

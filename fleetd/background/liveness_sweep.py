@@ -20,7 +20,11 @@ def run(rt):
         for node_id, seen_at in live_nodes_last_heard():
             if not overdue(node_id):
                 continue
-            if rt.leader.shared and seen_at is not None and (now - seen_at).total_seconds() <= limit:
+            if (
+                rt.leader.shared
+                and seen_at is not None
+                and (now - seen_at).total_seconds() <= limit
+            ):
                 continue  # it heartbeats to another replica
             if mark_node_lost(rt, now, node_id, tracker.silent_for(node_id), rt.leader.fence):
                 tracker.forget(node_id)

@@ -3,7 +3,9 @@
 from fleetd.services.fleet_ops.metrics import record_sample
 
 NAME = "metrics_sampler"
-DESCRIPTION = "Stores a sample of jobs, GPU capacity and per-GPU readings for /api/v1/metrics/history"
+DESCRIPTION = (
+    "Stores a sample of jobs, GPU capacity and per-GPU readings for /api/v1/metrics/history"
+)
 
 
 def run(rt):

@@ -1,9 +1,12 @@
-"""Maintenance: drop metric samples past retention, and old jobs when job_retention_seconds is set."""
+"""Maintenance: drop metric samples past retention, and old jobs when job_retention_seconds is
+set."""
 
 from fleetd.services.fleet_ops.retention import collect_garbage
 
 NAME = "gc"  # the name operators know it by (GET /api/v1/admin/tasks)
-DESCRIPTION = "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"
+DESCRIPTION = (
+    "Deletes metric samples past retention and jobs older than job_retention_seconds (if set)"
+)
 
 
 def run(rt):

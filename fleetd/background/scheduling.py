@@ -1,4 +1,5 @@
-"""The periodic scheduling pass (passes also run right after submits, task ends and node changes)."""
+"""The periodic scheduling pass (passes also run right after submits, task ends and node
+changes)."""
 
 from fleetd.services.placement.scheduling import run_pass
 

@@ -4,7 +4,9 @@ from fleetd.services.fleet_ops.metrics import measure_storage
 
 NAME = "storage"
 DESCRIPTION = "Measures the database, the artifact store and the free disk of the data dir"
-RUN_AT_START = True  # else cluster status would have no storage figures for an interval after every start
+RUN_AT_START = (
+    True  # else cluster status would have no storage figures for an interval after every start
+)
 
 
 def run(rt):

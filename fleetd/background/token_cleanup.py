@@ -3,7 +3,9 @@
 from fleetd.services.identity.tokens import delete_expired_tokens
 
 NAME = "token_cleanup"
-DESCRIPTION = "Deletes API and join tokens expired or revoked longer ago than token_retention_seconds"
+DESCRIPTION = (
+    "Deletes API and join tokens expired or revoked longer ago than token_retention_seconds"
+)
 
 
 def run(rt):

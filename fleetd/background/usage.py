@@ -4,7 +4,10 @@ from fleetd.services.accounting.budgets import check_budgets
 from fleetd.services.accounting.ledger import flush
 
 NAME = "usage"
-DESCRIPTION = "Accounts running and ended runs and instance volumes in the usage ledger, then checks team budgets"
+DESCRIPTION = (
+    "Accounts running and ended runs and instance volumes in the usage ledger, then checks team "
+    "budgets"
+)
 
 
 def run(rt):

@@ -3,7 +3,9 @@
 from fleetd.services.notify.webhooks import send_due
 
 NAME = "webhooks"
-DESCRIPTION = "Posts queued webhook deliveries (signed), retries failures with back-off, forgets old ones"
+DESCRIPTION = (
+    "Posts queued webhook deliveries (signed), retries failures with back-off, forgets old ones"
+)
 
 
 def run(rt):

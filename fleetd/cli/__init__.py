@@ -1,14 +1,26 @@
 """The `fleetd` command line: local admin commands (init, serve, db) and REST client commands.
 
-Its modules follow fleetd/api/ (admin, tokens, fleets, nodes, jobs, instances, cluster); each lists its top-level
-commands in COMMANDS, and the root group `cli` here takes them all. The shared parts: output.py (what is printed),
-params.py (option values), remote.py (the REST client of a command). `bootstrap` and `bundle`
-(fleetd/provision/cli.py) are loaded only when used.
+Its modules follow fleetd/api/ (admin, tokens, fleets, nodes, jobs, instances, cluster); each lists
+its top-level commands in COMMANDS, and the root group `cli` here takes them all. The shared parts:
+output.py (what is printed), params.py (option values), remote.py (the REST client of a command).
+`bootstrap` and `bundle` (fleetd/provision/cli.py) are loaded only when used.
 """
 
 import click
 
-from fleetd.cli import admin, cluster, fleets, instances, jobs, nodes, rollouts, tokens, usage, validation, webhooks
+from fleetd.cli import (
+    admin,
+    cluster,
+    fleets,
+    instances,
+    jobs,
+    nodes,
+    rollouts,
+    tokens,
+    usage,
+    validation,
+    webhooks,
+)
 from fleetd.cli.lazy import load_command
 
 
@@ -26,14 +38,29 @@ class LazyGroup(click.Group):
         return load_command(name, self.lazy[name])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="fleetd", prog_name="fleetd")
 def cli():
     """fleetd: manage a fleet of GPU servers."""
 
 
 def _add_commands():
-    for module in (admin, tokens, fleets, nodes, jobs, instances, cluster, rollouts, webhooks, usage, validation):
+    for module in (
+        admin,
+        tokens,
+        fleets,
+        nodes,
+        jobs,
+        instances,
+        cluster,
+        rollouts,
+        webhooks,
+        usage,
+        validation,
+    ):
         for command in module.COMMANDS:
             cli.add_command(command)
 

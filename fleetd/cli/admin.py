@@ -6,7 +6,16 @@ import sys
 
 import click
 
-from fleetd.cli.output import byte_size, cell, describe_error, emit, fail, number, plural, show_table
+from fleetd.cli.output import (
+    byte_size,
+    cell,
+    describe_error,
+    emit,
+    fail,
+    number,
+    plural,
+    show_table,
+)
 from fleetd.cli.remote import client_command, current_client
 from fleetd.client import DEFAULT_URL, Client, ClientError, save_config
 
@@ -29,8 +38,12 @@ def _setup_logging(level="INFO"):
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
-db_option = click.option("--db", "db_url", help="Database URL (FLEETD_DB_URL): sqlite:///PATH or postgresql://...")
-data_dir_option = click.option("--data-dir", help="Data directory (FLEETD_DATA_DIR; default /var/lib/fleetd).")
+db_option = click.option(
+    "--db", "db_url", help="Database URL (FLEETD_DB_URL): sqlite:///PATH or postgresql://..."
+)
+data_dir_option = click.option(
+    "--data-dir", help="Data directory (FLEETD_DATA_DIR; default /var/lib/fleetd)."
+)
 
 
 def _open_upgraded(settings):
@@ -61,7 +74,9 @@ def init(db_url, data_dir):
         token = issue_first_admin_token(utcnow())
     click.echo(f"database ready: {settings.database_url} ({len(applied)} migration(s) applied)")
     if token is None:
-        click.echo("an admin token was issued before; create more with `fleetd token create --role admin`")
+        click.echo(
+            "an admin token was issued before; create more with `fleetd token create --role admin`"
+        )
         return
     click.echo("first admin token (shown once, store it now):")
     click.echo(token)
@@ -71,9 +86,14 @@ def init(db_url, data_dir):
 @click.option("--bind", help="HOST:PORT to listen on (FLEETD_BIND; default 127.0.0.1:8080).")
 @db_option
 @data_dir_option
-@click.option("--log-level", envvar="FLEETD_LOG_LEVEL", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Least severe log lines written to stderr (FLEETD_LOG_LEVEL).")
+@click.option(
+    "--log-level",
+    envvar="FLEETD_LOG_LEVEL",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Least severe log lines written to stderr (FLEETD_LOG_LEVEL).",
+)
 def serve(bind: str | None, db_url: str | None, data_dir: str | None, log_level: str) -> None:
     """Run the API server and background tasks until SIGTERM."""
     from fleetd.server import serve as run_server
@@ -106,7 +126,9 @@ def db_upgrade(db_url, data_dir):
 
 
 @click.command()
-@click.option("--url", envvar="FLEETD_URL", default=DEFAULT_URL, show_default=True, help="fleetd URL.")
+@click.option(
+    "--url", envvar="FLEETD_URL", default=DEFAULT_URL, show_default=True, help="fleetd URL."
+)
 @click.option("--token", envvar="FLEETD_TOKEN", help="API token; asked for when not given.")
 def login(url, token):
     """Check a token against fleetd and save URL and token for later commands."""
@@ -131,26 +153,52 @@ def status():
 
     def human(d):
         gpu = cluster["gpu"]
-        click.echo(f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})")
+        click.echo(
+            f"fleetd {d['version']} at {d['url']}, you are {who['principal']} ({who['role']})"
+        )
         if who.get("use"):  # an API token: what it holds of its limits
             use, limits = who["use"], who["limits"]
-            click.echo(f"your use: {use['active_jobs']}/{limits['max_active_jobs']} active jobs, "
-                       f"{use['instances']}/{limits['max_instances']} instances, "
-                       + (f"{byte_size(use['stored_spec_bytes'])}/{byte_size(limits['max_stored_spec_bytes'])} of "
-                          "specs, " if "stored_spec_bytes" in use else "")  # an older server counts none
-                       + f"{byte_size(use['artifact_bytes'])}/{byte_size(limits['max_artifact_bytes'])} of artifacts")
+            click.echo(
+                f"your use: {use['active_jobs']}/{limits['max_active_jobs']} active jobs, "
+                f"{use['instances']}/{limits['max_instances']} instances, "
+                + (
+                    f"{byte_size(use['stored_spec_bytes'])}/{byte_size(limits['max_stored_spec_bytes'])} of "
+                    "specs, "
+                    if "stored_spec_bytes" in use
+                    else ""
+                )  # an older server counts none
+                + (
+                    f"{byte_size(use['artifact_bytes'])}/{byte_size(limits['max_artifact_bytes'])} "
+                    f"of artifacts"
+                )
+            )
         nodes = cluster["nodes"]
         summary = ", ".join(f"{n} {s}" for s, n in sorted(nodes.items())) or "none"
         click.echo(f"nodes: {sum(nodes.values())} ({summary})")
         # The series' QUEUED add up to the total: work that takes any model has a row of its own.
-        click.echo(f"GPUs: {number(gpu['total'])} total = {number(gpu['used'])} used + {number(gpu['free'])} free"
-                   f" + {number(gpu['blocked'])} blocked; {number(gpu['queued'])} queued")
+        click.echo(
+            f"GPUs: {number(gpu['total'])} total = {number(gpu['used'])} used + "
+            f"{number(gpu['free'])} free + {number(gpu['blocked'])} blocked; "
+            f"{number(gpu['queued'])} queued"
+        )
         if gpu["series"]:
-            show_table(gpu["series"], [("SERIES", "label"), ("TOTAL", "total"), ("USED", "used"), ("FREE", "free"),
-                                       ("BLOCKED", "blocked"), ("QUEUED", "queued")])
+            show_table(
+                gpu["series"],
+                [
+                    ("SERIES", "label"),
+                    ("TOTAL", "total"),
+                    ("USED", "used"),
+                    ("FREE", "free"),
+                    ("BLOCKED", "blocked"),
+                    ("QUEUED", "queued"),
+                ],
+            )
         for note in gpu["blocked_notes"]:
             when = f", opens {cell(note['next_open_at'])} UTC" if note.get("next_open_at") else ""
-            click.echo(f"  blocked: {plural(note['count'], note['series'] + ' GPU')}: {note['reason']}{when}")
+            click.echo(
+                f"  blocked: {plural(note['count'], note['series'] + ' GPU')}: "
+                f"{note['reason']}{when}"
+            )
 
     emit(data, human)
 

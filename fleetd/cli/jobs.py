@@ -19,35 +19,82 @@ def job():
     """Jobs: submit, list, show, logs, cancel, wait."""
 
 
-JOB_COLUMNS = [("ID", "id"), ("NAME", "name"), ("OWNER", "owner"), ("STATE", "state"), ("ATTEMPT", "attempt"),
-               ("NODES", lambda j: ",".join(t["node_id"] or "-" for t in j["tasks"])),
-               ("SUBMITTED", "submitted_at"), ("PENDING REASON", "pending_reason")]
+JOB_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("OWNER", "owner"),
+    ("STATE", "state"),
+    ("ATTEMPT", "attempt"),
+    ("NODES", lambda j: ",".join(t["node_id"] or "-" for t in j["tasks"])),
+    ("SUBMITTED", "submitted_at"),
+    ("PENDING REASON", "pending_reason"),
+]
 
 
 @client_command(job, "submit", context_settings={"ignore_unknown_options": False})
-@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="JobSpec as YAML or JSON.")
+@click.option(
+    "-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="JobSpec as YAML or JSON."
+)
 @click.option("--name", help="Job name (default: the command's first word).")
-@click.option("--gpus", type=GpuCount(), help="Whole GPUs per node, or a fraction 0 < x < 1 of one GPU.")
-@click.option("--gpu-memory", "gpu_memory_bytes", type=Size(),
-              help="GPU memory of each rank's slice of one GPU, e.g. 20G (binary units: 20G = 20 GiB).")
+@click.option(
+    "--gpus", type=GpuCount(), help="Whole GPUs per node, or a fraction 0 < x < 1 of one GPU."
+)
+@click.option(
+    "--gpu-memory",
+    "gpu_memory_bytes",
+    type=Size(),
+    help="GPU memory of each rank's slice of one GPU, e.g. 20G (binary units: 20G = 20 GiB).",
+)
 @click.option("--gpu-type", "gpu_types", multiple=True, help="Acceptable GPU model (repeatable).")
-@click.option("--cpus", type=click.FloatRange(min=0),
-              help="Host CPUs per node, reserved and enforced (default: no limit).")
+@click.option(
+    "--cpus",
+    type=click.FloatRange(min=0),
+    help="Host CPUs per node, reserved and enforced (default: no limit).",
+)
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Nodes (ranks) of a gang job.")
 @click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
 @click.option("--max-runtime", type=Duration(), help="Stop the job after this long, e.g. 2h.")
-@click.option("--retries", type=click.IntRange(min=0),
-              help="Extra attempts after a lost node, a preemption or a failure of the job (default: 2, after a "
-                   "lost node or a preemption only).")
-@click.option("--wait", "wait_for_end", is_flag=True,
-              help="Print the job's output while it runs, then its end; exit 0 only if it succeeded.")
-@click.option("--no-wait-for-capacity", "refuse_if_never", is_flag=True,
-              help="Refuse the job when no enrolled node could ever hold it, instead of queueing it for nodes "
-                   "that may join later.")
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    help=(
+        "Extra attempts after a lost node, a preemption or a failure of the job (default: 2, after "
+        "a lost node or a preemption only)."
+    ),
+)
+@click.option(
+    "--wait",
+    "wait_for_end",
+    is_flag=True,
+    help="Print the job's output while it runs, then its end; exit 0 only if it succeeded.",
+)
+@click.option(
+    "--no-wait-for-capacity",
+    "refuse_if_never",
+    is_flag=True,
+    help=(
+        "Refuse the job when no enrolled node could ever hold it, instead of queueing it for nodes "
+        "that may join later."
+    ),
+)
 @click.argument("command", nargs=-1)
-def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nodes, env, fleet_name, max_runtime,
-               retries, wait_for_end, refuse_if_never, command):
+def job_submit(
+    spec_file,
+    name,
+    gpus,
+    gpu_memory_bytes,
+    gpu_types,
+    cpus,
+    num_nodes,
+    env,
+    fleet_name,
+    max_runtime,
+    retries,
+    wait_for_end,
+    refuse_if_never,
+    command,
+):
     """Submit a job: fleetd job submit [OPTIONS] -- COMMAND [ARGS]..."""
     spec = load_spec(spec_file) if spec_file else {}
     if command:
@@ -73,26 +120,45 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
         spec["max_runtime_seconds"] = max_runtime
     if retries is not None:
         spec["retry"] = {"max_attempts": retries + 1, "on": ["node_lost", "preempted", "failed"]}
-    data = current_client().request("POST", "/api/v1/jobs", json=spec,
-                                    params={"wait_for_capacity": "false"} if refuse_if_never else None)
+    data = current_client().request(
+        "POST",
+        "/api/v1/jobs",
+        json=spec,
+        params={"wait_for_capacity": "false"} if refuse_if_never else None,
+    )
     if wait_for_end:
         if wants_json():
             data = _wait_job(data["id"], None)  # stdout is the JSON of the ended job, nothing else
         else:
-            # As `docker run`: the job's output as it comes (stderr lines to stderr), then how it ended.
-            click.echo(f"job {data['id']} {data['state']}; printing its output until it ends "
-                       f"(Ctrl-C stops the waiting, not the job: `fleetd job cancel {data['id']}`)", err=True)
+            # As `docker run`: the job's output as it comes (stderr lines to stderr), then how it
+            # ended.
+            click.echo(
+                f"job {data['id']} {data['state']}; printing its output until it ends "
+                f"(Ctrl-C stops the waiting, not the job: `fleetd job cancel {data['id']}`)",
+                err=True,
+            )
             try:
                 data = _follow_logs(data["id"], None, log_printer(len(data["tasks"]) > 1))
             except KeyboardInterrupt:
                 job_id = data["id"]
-                click.echo(f"\nstopped waiting; job {job_id} goes on (`fleetd job logs -f {job_id}` follows it, "
-                           f"`fleetd job cancel {job_id}` stops it)", err=True)
+                click.echo(
+                    f"\nstopped waiting; job {job_id} goes on (`fleetd job logs -f {job_id}` "
+                    f"follows it, `fleetd job cancel {job_id}` stops it)",
+                    err=True,
+                )
                 sys.exit(130)
-    emit(data, lambda d: click.echo(f"job {d['id']} {d['state']}"
-                                    + (f": {d['pending_reason']}" if d["pending_reason"] else "")
-                                    + (f" ({_result_reason(d['id'])})" if wait_for_end
-                                       and d["state"] != "succeeded" else "")))
+    emit(
+        data,
+        lambda d: click.echo(
+            f"job {d['id']} {d['state']}"
+            + (f": {d['pending_reason']}" if d["pending_reason"] else "")
+            + (
+                f" ({_result_reason(d['id'])})"
+                if wait_for_end and d["state"] != "succeeded"
+                else ""
+            )
+        ),
+    )
     if wait_for_end and data["state"] != "succeeded":
         sys.exit(1)
 
@@ -100,14 +166,20 @@ def job_submit(spec_file, name, gpus, gpu_memory_bytes, gpu_types, cpus, num_nod
 def _result_reason(job_id):
     """Why an ended job did not succeed, as its result says (`rank 1 failed (exit code 3)`)."""
     try:
-        return current_client().get(f"/api/v1/jobs/{job_id}/result").get("reason") or "no reason recorded"
+        return (
+            current_client().get(f"/api/v1/jobs/{job_id}/result").get("reason")
+            or "no reason recorded"
+        )
     except ClientError as exc:
         return f"its result cannot be read: {exc.message}"
 
 
 @client_command(job, "list")
-@click.option("--state", type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]),
-              help="Only jobs in this state.")
+@click.option(
+    "--state",
+    type=click.Choice(["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]),
+    help="Only jobs in this state.",
+)
 @click.option("--owner", help="Only jobs submitted by the token of this name.")
 @click.option("--name", help="Only jobs of this name.")
 def job_list(state, owner, name):
@@ -123,14 +195,32 @@ def job_show(handle):
     job_id = resolve_id("job", handle)
 
     def human(d):
-        show_record(d, JOB_COLUMNS[:5] + [("STARTED", "started_at"), ("ENDED", "ended_at"),
-                                          ("OUTCOME", "outcome"), ("PRICE/H", lambda j: money(j.get("price_per_hour"))),
-                                          ("COST", lambda j: money(j.get("cost_so_far"))),
-                                          ("PENDING REASON", "pending_reason"),
-                                          ("COMMAND", lambda j: shlex.join(j["spec"]["command"]))])
+        show_record(
+            d,
+            JOB_COLUMNS[:5]
+            + [
+                ("STARTED", "started_at"),
+                ("ENDED", "ended_at"),
+                ("OUTCOME", "outcome"),
+                ("PRICE/H", lambda j: money(j.get("price_per_hour"))),
+                ("COST", lambda j: money(j.get("cost_so_far"))),
+                ("PENDING REASON", "pending_reason"),
+                ("COMMAND", lambda j: shlex.join(j["spec"]["command"])),
+            ],
+        )
         click.echo("")
-        show_table(d["tasks"], [("RANK", "rank"), ("TASK", "id"), ("NODE", "node_id"), ("STATE", "state"),
-                                ("EXIT", "exit_code"), ("GPUS", "gpus"), ("REASON", "reason")])
+        show_table(
+            d["tasks"],
+            [
+                ("RANK", "rank"),
+                ("TASK", "id"),
+                ("NODE", "node_id"),
+                ("STATE", "state"),
+                ("EXIT", "exit_code"),
+                ("GPUS", "gpus"),
+                ("REASON", "reason"),
+            ],
+        )
 
     emit(current_client().get(f"/api/v1/jobs/{job_id}"), human)
 
@@ -138,11 +228,14 @@ def job_show(handle):
 @client_command(job, "logs")
 @click.argument("handle", metavar="JOB")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
-@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's lines (default: every rank).")
+@click.option(
+    "--rank", type=click.IntRange(min=0), help="Only this rank's lines (default: every rank)."
+)
 def job_logs(handle, follow, rank):
     """Print a job's output in order, by id or name (stderr lines go to stderr)."""
     job_id = resolve_id("job", handle)
     if wants_json():
+
         def show(line):
             click.echo(json.dumps(line, sort_keys=True))
     else:
@@ -172,10 +265,15 @@ def _follow_logs(job_id, rank, show):
 
 @client_command(job, "cancel")
 @click.argument("handle", metavar="JOB")
-@click.option("--wait", "wait_for_end", is_flag=True,
-              help="Wait until its processes have stopped (the job is cancelled), not only until asked.")
+@click.option(
+    "--wait",
+    "wait_for_end",
+    is_flag=True,
+    help="Wait until its processes have stopped (the job is cancelled), not only until asked.",
+)
 def job_cancel(handle, wait_for_end):
-    """Cancel a job (by id or name): `cancelling` while its nodes stop its processes, then `cancelled`."""
+    """Cancel a job (by id or name): `cancelling` while its nodes stop its processes, then
+    `cancelled`."""
     job_id = resolve_id("job", handle)
     data = current_client().post(f"/api/v1/jobs/{job_id}/cancel")
     if wait_for_end and data["state"] not in JOB_ENDED:
@@ -183,8 +281,10 @@ def job_cancel(handle, wait_for_end):
 
     def human(d):
         if d["state"] == "cancelling":
-            click.echo(f"job {job_id} cancelling: its processes are being stopped "
-                       f"(`fleetd job wait {job_id}` waits until they have)")
+            click.echo(
+                f"job {job_id} cancelling: its processes are being stopped "
+                f"(`fleetd job wait {job_id}` waits until they have)"
+            )
         else:
             click.echo(f"job {job_id} {d['state']}")
 
@@ -214,8 +314,12 @@ def job_wait(handle, timeout):
     """Wait for a job (by id or name) to end; exit 0 if it succeeded, 1 if not, 2 on timeout."""
     job_id = resolve_id("job", handle)
     data = _wait_job(job_id, timeout)
-    emit(data, lambda d: click.echo(f"job {job_id} {d['state']}"
-                                    + (f" ({d['outcome']})" if d.get("outcome") else "")))
+    emit(
+        data,
+        lambda d: click.echo(
+            f"job {job_id} {d['state']}" + (f" ({d['outcome']})" if d.get("outcome") else "")
+        ),
+    )
     if data["state"] not in JOB_ENDED:
         sys.exit(2)
     if data["state"] != "succeeded":
@@ -225,43 +329,68 @@ def job_wait(handle, timeout):
 @client_command(job, "why")
 @click.argument("handle", metavar="JOB")
 def job_why(handle):
-    """Why a job (by id or name) waits: its pending reason and, per node, the filter that rejects it."""
+    """Why a job (by id or name) waits: its pending reason and, per node, the filter that rejects
+    it."""
     job_id = resolve_id("job", handle)
     client = current_client()
     data = client.get(f"/api/v1/jobs/{job_id}")
     if data["state"] != "queued":
-        emit({"job": data, "simulation": None}, lambda d: click.echo(
-            f"job {job_id} is {data['state']}: it waits for nothing"
-            + ("" if data["state"] in JOB_ENDED else f" (`fleetd job show {job_id}` says where it runs)")))
+        emit(
+            {"job": data, "simulation": None},
+            lambda d: click.echo(
+                f"job {job_id} is {data['state']}: it waits for nothing"
+                + (
+                    ""
+                    if data["state"] in JOB_ENDED
+                    else f" (`fleetd job show {job_id}` says where it runs)"
+                )
+            ),
+        )
         return
     explanation = client.post("/api/v1/cluster/simulate-schedule", data["spec"])
     result = {"job": data, "simulation": explanation}
-    # A rule (a quota, a bid, a set-aside) holds the job before any node is tried; where it would go once
-    # that is lifted is a simulation without the job's team (and so without its quota).
-    blocker = explanation.get("error") or (data["pending_reason"] if _RULE_RE.search(data["pending_reason"] or "")
-                                           else None)
+    # A rule (a quota, a bid, a set-aside) holds the job before any node is tried; where it would go
+    # once that is lifted is a simulation without the job's team (and so without its quota).
+    blocker = explanation.get("error") or (
+        data["pending_reason"] if _RULE_RE.search(data["pending_reason"] or "") else None
+    )
     if blocker and not explanation["schedulable"] and data["spec"].get("team"):
-        explanation = client.post("/api/v1/cluster/simulate-schedule", dict(data["spec"], team=None))
+        explanation = client.post(
+            "/api/v1/cluster/simulate-schedule", dict(data["spec"], team=None)
+        )
         result["simulation"] = explanation
 
     def human(d):
         if blocker:
             click.echo(f"job {job_id} is queued, blocked: {blocker}")
             if explanation["schedulable"]:
-                click.echo("it would go to " + ", ".join(p["node_id"] for p in explanation["placement"])
-                           + " once that is lifted")
+                click.echo(
+                    "it would go to "
+                    + ", ".join(p["node_id"] for p in explanation["placement"])
+                    + " once that is lifted"
+                )
         else:
-            click.echo(f"job {job_id} is queued" + (f": {data['pending_reason']}" if data["pending_reason"] else ""))
+            click.echo(
+                f"job {job_id} is queued"
+                + (f": {data['pending_reason']}" if data["pending_reason"] else "")
+            )
             if explanation["schedulable"]:
-                click.echo("it fits now on " + ", ".join(p["node_id"] for p in explanation["placement"])
-                           + " (the scheduler places it within moments)")
+                click.echo(
+                    "it fits now on "
+                    + ", ".join(p["node_id"] for p in explanation["placement"])
+                    + " (the scheduler places it within moments)"
+                )
         if not explanation["schedulable"] and explanation["filter_detail"]:
-            show_table(explanation["filter_detail"], [("NODE", "node_id"), ("STAGE", "stage"), ("REASON", "reason")])
+            show_table(
+                explanation["filter_detail"],
+                [("NODE", "node_id"), ("STAGE", "stage"), ("REASON", "reason")],
+            )
 
     emit(result, human)
 
 
-# The pending reasons of rules that hold a job whatever the nodes (fleetd/services/placement/scheduling.py).
+# The pending reasons of rules that hold a job whatever the nodes
+# (fleetd/services/placement/scheduling.py).
 _RULE_RE = re.compile(r"at its quota|spot minimum|^set aside:")
 
 

@@ -17,6 +17,9 @@ def load_command(name, where):
 
     @click.command(name, help=f"(needs: pip install 'fleetd[provision]'; {absent} is missing)")
     def missing():
-        fail(f"`fleetd {name}` needs the provision extra: pip install 'fleetd[provision]' ({absent} is missing)")
+        fail(
+            f"`fleetd {name}` needs the provision extra: pip install 'fleetd[provision]' ({absent} "
+            f"is missing)"
+        )
 
     return missing

@@ -22,42 +22,83 @@ def _gpus_cell(row):
     return f"0 ({status.replace('_', ' ')})"
 
 
-NODE_COLUMNS = [("ID", "id"), ("HOSTNAME", "hostname"), ("FLEET", "fleet"), ("STATUS", "status"),
-                ("GPUS", _gpus_cell), ("LAST HEARTBEAT", "last_heartbeat_at"),
-                ("REASON", "status_reason")]
+NODE_COLUMNS = [
+    ("ID", "id"),
+    ("HOSTNAME", "hostname"),
+    ("FLEET", "fleet"),
+    ("STATUS", "status"),
+    ("GPUS", _gpus_cell),
+    ("LAST HEARTBEAT", "last_heartbeat_at"),
+    ("REASON", "status_reason"),
+]
 
 
 def _show_node(data):
-    show_record(data, NODE_COLUMNS[:4] + [
-        ("REASON", "status_reason"), ("ADDRESS", "address"), ("AGENT", "agent_version"),
-        ("BUNDLE", "bundle_sha256"), ("LABELS", "labels"), ("REGISTERED", "registered_at"),
-        ("LAST HEARTBEAT", "last_heartbeat_at"),
-        ("CPUS", lambda x: x["resources"]["cpu_count"]),
-        ("MEMORY", lambda x: byte_size(x["resources"]["memory_bytes"])),
-        ("DRAIN", lambda x: x["drain"] and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"
-                            + ("; for repair: undrain validates it" if x["drain"].get("repair") else "")),
-        ("GPU STATUS", lambda x: x.get("gpu_status") and " - ".join(
-            filter(None, [x["gpu_status"].replace("_", " "), x.get("gpu_status_reason")]))),
-    ])
+    show_record(
+        data,
+        NODE_COLUMNS[:4]
+        + [
+            ("REASON", "status_reason"),
+            ("ADDRESS", "address"),
+            ("AGENT", "agent_version"),
+            ("BUNDLE", "bundle_sha256"),
+            ("LABELS", "labels"),
+            ("REGISTERED", "registered_at"),
+            ("LAST HEARTBEAT", "last_heartbeat_at"),
+            ("CPUS", lambda x: x["resources"]["cpu_count"]),
+            ("MEMORY", lambda x: byte_size(x["resources"]["memory_bytes"])),
+            (
+                "DRAIN",
+                lambda x: (
+                    x["drain"]
+                    and f"{x['drain']['reason']} (deadline {x['drain']['deadline']})"
+                    + ("; for repair: undrain validates it" if x["drain"].get("repair") else "")
+                ),
+            ),
+            (
+                "GPU STATUS",
+                lambda x: (
+                    x.get("gpu_status")
+                    and " - ".join(
+                        filter(
+                            None, [x["gpu_status"].replace("_", " "), x.get("gpu_status_reason")]
+                        )
+                    )
+                ),
+            ),
+        ],
+    )
     if data["gpus"]:
         click.echo("")
-        columns = [("IDX", "index"), ("UUID", "uuid"), ("MODEL", "model"),
-                   ("MEMORY", lambda g: byte_size(g["memory_total_bytes"])), ("NUMA", "numa_node"),
-                   ("HEALTHY", "healthy")]
+        columns = [
+            ("IDX", "index"),
+            ("UUID", "uuid"),
+            ("MODEL", "model"),
+            ("MEMORY", lambda g: byte_size(g["memory_total_bytes"])),
+            ("NUMA", "numa_node"),
+            ("HEALTHY", "healthy"),
+        ]
         if data.get("allocation") is None:
             show_table(data["gpus"], columns + [("REASON", "health_reason")])
             click.echo("(which GPUs are in use, and by what, is shown to admins only)")
         else:
             allocation = data["allocation"]
-            show_table(data["gpus"], columns + [("STATE", lambda g: allocation[g["uuid"]]["state"]),
-                                                ("USED BY / REASON", lambda g: allocation[g["uuid"]]["detail"])])
+            show_table(
+                data["gpus"],
+                columns
+                + [
+                    ("STATE", lambda g: allocation[g["uuid"]]["state"]),
+                    ("USED BY / REASON", lambda g: allocation[g["uuid"]]["detail"]),
+                ],
+            )
     if data.get("validation"):
         click.echo("")
         show_validation(data["validation"], only_failed=data["validation"]["state"] == "passed")
 
 
 def _node_allocation(node_id, gpus):
-    """{gpu uuid: {state, detail, tasks}} from the admin-only allocation view; None for other roles."""
+    """{gpu uuid: {state, detail, tasks}} from the admin-only allocation view; None for other
+    roles."""
     try:
         allocation = current_client().get("/api/v1/cluster/allocation", node_id=node_id)
     except ClientError as exc:
@@ -69,10 +110,19 @@ def _node_allocation(node_id, gpus):
         if task["node_id"] != node_id:
             continue
         for gpu in task["gpus"]:
-            share = "" if gpu.get("exclusive", True) else f", {number(gpu.get('compute_percent') or 0)}% compute"
-            held.setdefault(gpu["uuid"], []).append({
-                "task_id": task["task_id"], "job_id": task["job_id"], "rank": task["rank"],
-                "text": f"job {task['job_id']} rank {task['rank']} ({task['state']}{share})"})
+            share = (
+                ""
+                if gpu.get("exclusive", True)
+                else f", {number(gpu.get('compute_percent') or 0)}% compute"
+            )
+            held.setdefault(gpu["uuid"], []).append(
+                {
+                    "task_id": task["task_id"],
+                    "job_id": task["job_id"],
+                    "rank": task["rank"],
+                    "text": f"job {task['job_id']} rank {task['rank']} ({task['state']}{share})",
+                }
+            )
     out = {}
     listed = {g["uuid"]: g for g in allocation["gpus"] if g["node_id"] == node_id}
     for gpu in gpus:
@@ -81,30 +131,64 @@ def _node_allocation(node_id, gpus):
         if held.get(gpu["uuid"]):
             detail = "; ".join(h["text"] for h in held[gpu["uuid"]])
         elif state == "blocked":
-            detail = seen.get("blocked_reason") or seen.get("blocked_code") or gpu.get("health_reason") or ""
+            detail = (
+                seen.get("blocked_reason")
+                or seen.get("blocked_code")
+                or gpu.get("health_reason")
+                or ""
+            )
         else:
             detail = gpu.get("health_reason") or ""
-        out[gpu["uuid"]] = {"state": state, "detail": detail or None, "tasks": held.get(gpu["uuid"], [])}
+        out[gpu["uuid"]] = {
+            "state": state,
+            "detail": detail or None,
+            "tasks": held.get(gpu["uuid"], []),
+        }
     return out
 
 
 @client_command(node, "list")
 @click.option("--fleet", "fleet_name", help="Only nodes of this fleet.")
-@click.option("--status", type=click.Choice(["pending", "validating", "failed_validation", "ready", "cordoned",
-                                             "draining", "drained", "lost", "revoked"]), help="Only nodes in this state.")
-@click.option("--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout).")
+@click.option(
+    "--status",
+    type=click.Choice(
+        [
+            "pending",
+            "validating",
+            "failed_validation",
+            "ready",
+            "cordoned",
+            "draining",
+            "drained",
+            "lost",
+            "revoked",
+        ]
+    ),
+    help="Only nodes in this state.",
+)
+@click.option(
+    "--version", "agent_version", help="Only nodes whose agent runs this version (track a rollout)."
+)
 @click.option("--hostname", help="Only nodes of this hostname.")
 def node_list(fleet_name, status, agent_version, hostname):
     """List nodes."""
-    items = list(current_client().paginate("/api/v1/nodes", fleet=fleet_name, status=status,
-                                           agent_version=agent_version, hostname=hostname))
+    items = list(
+        current_client().paginate(
+            "/api/v1/nodes",
+            fleet=fleet_name,
+            status=status,
+            agent_version=agent_version,
+            hostname=hostname,
+        )
+    )
     emit(items, lambda rows: show_table(rows, NODE_COLUMNS + [("AGENT", "agent_version")]))
 
 
 @client_command(node, "show")
 @click.argument("handle", metavar="NODE")
 def node_show(handle):
-    """Show a node (by id or hostname) and its GPUs: used, free or blocked, and by which job (admins)."""
+    """Show a node (by id or hostname) and its GPUs: used, free or blocked, and by which job
+    (admins)."""
     node_id = resolve_id("node", handle)
     data = current_client().get(f"/api/v1/nodes/{node_id}")
     data["allocation"] = _node_allocation(node_id, data["gpus"]) if data["gpus"] else {}
@@ -118,52 +202,85 @@ def _node_action(action, done, help_text):
         data = current_client().post(f"/api/v1/nodes/{node_id}/{action}")
         emit(data, lambda d: click.echo(f"{done} node {node_id}: now {d['status']}"))
 
-    # The help is set before click reads it: a docstring assigned after the decorators would be lost.
+    # The help is set before click reads it: a docstring assigned after the decorators would be
+    # lost.
     command.__doc__ = help_text
     return client_command(node, action)(click.argument("handle", metavar="NODE")(command))
 
 
 @client_command(node, "cordon")
 @click.argument("handle", metavar="NODE")
-@click.option("--reason", help="Why (the node's status reason and event; default: cordoned by admin).")
+@click.option(
+    "--reason", help="Why (the node's status reason and event; default: cordoned by admin)."
+)
 def node_cordon(handle, reason):
     """Cordon a ready node (by id or hostname): it takes no new work; what runs on it continues."""
     node_id = resolve_id("node", handle)
-    data = current_client().post(f"/api/v1/nodes/{node_id}/cordon", {"reason": reason} if reason else {})
+    data = current_client().post(
+        f"/api/v1/nodes/{node_id}/cordon", {"reason": reason} if reason else {}
+    )
     emit(data, lambda d: click.echo(f"cordoned node {node_id}: now {d['status']}"))
 
 
-node_uncordon = _node_action("uncordon", "uncordoned", "Uncordon a node (by id or hostname): it takes new work again.")
-node_undrain = _node_action("undrain", "undrained", "Undrain a draining or drained node (by id or hostname): it is "
-                                                    "ready and takes new work again.")
-node_revoke = _node_action("revoke", "revoked",
-                           "Revoke a node (by id or hostname): its session token stops working and its tasks end lost "
-                           "(their jobs retry); the host must join again to come back.")
+node_uncordon = _node_action(
+    "uncordon", "uncordoned", "Uncordon a node (by id or hostname): it takes new work again."
+)
+node_undrain = _node_action(
+    "undrain",
+    "undrained",
+    "Undrain a draining or drained node (by id or hostname): it is ready and takes new work again.",
+)
+node_revoke = _node_action(
+    "revoke",
+    "revoked",
+    "Revoke a node (by id or hostname): its session token stops working and its tasks end lost "
+    "(their jobs retry); the host must join again to come back.",
+)
 
 
 @client_command(node, "drain")
 @click.argument("handle", metavar="NODE")
 @click.option("--reason", required=True, help="Why (recorded in the node's events).")
-@click.option("--deadline", type=Duration(), default="1h", show_default=True,
-              help="Running tasks are stopped after this.")
-@click.option("--repair", is_flag=True, help="A drain for repair: undrain validates the node before it takes work.")
+@click.option(
+    "--deadline",
+    type=Duration(),
+    default="1h",
+    show_default=True,
+    help="Running tasks are stopped after this.",
+)
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="A drain for repair: undrain validates the node before it takes work.",
+)
 def node_drain(handle, reason, deadline, repair):
-    """Drain a node (by id or hostname): no new work; running tasks may finish until the deadline."""
+    """Drain a node (by id or hostname): no new work; running tasks may finish until the
+    deadline."""
     node_id = resolve_id("node", handle)
-    data = current_client().post(f"/api/v1/nodes/{node_id}/drain", {"reason": reason, "deadline_seconds": deadline,
-                                                                     "repair": repair})
+    data = current_client().post(
+        f"/api/v1/nodes/{node_id}/drain",
+        {"reason": reason, "deadline_seconds": deadline, "repair": repair},
+    )
     emit(data, lambda d: click.echo(f"draining node {node_id}: now {d['status']}"))
 
 
 @client_command(node, "label")
 @click.argument("handle", metavar="NODE")
 @click.argument("pairs", nargs=-1, metavar="KEY=VALUE...")
-@click.option("--remove", "removed", multiple=True, metavar="KEY",
-              help="Drop the label set through fleetd under KEY (repeatable); the agent's value, if its config "
-                   "file has one, shows again.")
+@click.option(
+    "--remove",
+    "removed",
+    multiple=True,
+    metavar="KEY",
+    help=(
+        "Drop the label set through fleetd under KEY (repeatable); the agent's value, if its "
+        "config file has one, shows again."
+    ),
+)
 def node_label(handle, pairs, removed):
-    """Set labels on a node (by id or hostname) through fleetd. They win per key over the labels of the
-    agent's config file, which fill the rest, and survive agent restarts and provisioning reruns."""
+    """Set labels on a node (by id or hostname) through fleetd. They win per key over the labels of
+    the agent's config file, which fill the rest, and survive agent restarts and provisioning
+    reruns."""
     changes = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -178,8 +295,13 @@ def node_label(handle, pairs, removed):
         raise click.UsageError("give KEY=VALUE to set, or --remove KEY")
     node_id = resolve_id("node", handle)
     data = current_client().patch(f"/api/v1/nodes/{node_id}", {"labels": changes})
-    emit(data, lambda d: click.echo(f"node {node_id}: labels " + (", ".join(
-        f"{k}={v}" for k, v in sorted(d["labels"].items())) or "none")))
+    emit(
+        data,
+        lambda d: click.echo(
+            f"node {node_id}: labels "
+            + (", ".join(f"{k}={v}" for k, v in sorted(d["labels"].items())) or "none")
+        ),
+    )
 
 
 @client_command(node, "rm")

@@ -8,7 +8,8 @@ import click
 
 
 def fail(message):
-    """Print the message to stderr (its first line prefixed `fleetd: `, the rest indented) and exit 1."""
+    """Print the message to stderr (its first line prefixed `fleetd: `, the rest indented) and exit
+    1."""
     first, *rest = message.splitlines() or [""]
     click.echo(f"fleetd: {first}", err=True)
     for line in rest:
@@ -17,7 +18,8 @@ def fail(message):
 
 
 _ROLE_REFUSED_RE = re.compile(r"^role '(\w+)' may not do this$")
-# What a role may not do needs one of these (docs/api.md, Roles): a submitter's refusals are admin-only routes.
+# What a role may not do needs one of these (docs/api.md, Roles): a submitter's refusals are
+# admin-only routes.
 _OTHER_ROLES = {"submitter": "an admin token", "metrics": "an admin or submitter token"}
 
 
@@ -34,9 +36,14 @@ def describe_error(exc):
         if match:
             ctx = click.get_current_context(silent=True)
             command = f"`{ctx.command_path}`" if ctx else "this command"
-            message += f": {command} needs {_OTHER_ROLES.get(match.group(1), 'a token of another role')}"
+            message += (
+                f": {command} needs {_OTHER_ROLES.get(match.group(1), 'a token of another role')}"
+            )
     fields = exc.field_errors()
-    if len(fields) == 1 and message in ("the request did not validate", fields[0].split(": ", 1)[1]):
+    if len(fields) == 1 and message in (
+        "the request did not validate",
+        fields[0].split(": ", 1)[1],
+    ):
         return f"{label}: {fields[0]}"  # the message said only what the field's line says
     return "\n".join([f"{label}: {message}"] + fields)
 
@@ -98,7 +105,9 @@ def show_table(rows, columns, title=None):
         else:
             table.add_column(header)
     for row in rows:
-        table.add_row(*[cell(getter(row) if callable(getter) else row.get(getter)) for _, getter in columns])
+        table.add_row(
+            *[cell(getter(row) if callable(getter) else row.get(getter)) for _, getter in columns]
+        )
     _console().print(table)
 
 
@@ -111,8 +120,14 @@ def show_record(record, fields):
 
 
 # The columns of a node's or an instance's events.
-EVENT_COLUMNS = [("AT", "at"), ("KIND", "kind"), ("FROM", "from_status"), ("TO", "to_status"), ("ACTOR", "actor"),
-                 ("REASON", "reason")]
+EVENT_COLUMNS = [
+    ("AT", "at"),
+    ("KIND", "kind"),
+    ("FROM", "from_status"),
+    ("TO", "to_status"),
+    ("ACTOR", "actor"),
+    ("REASON", "reason"),
+]
 _TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?Z$")
 
 
@@ -147,7 +162,8 @@ def emit(data, human):
 
 
 def log_printer(with_rank):
-    """A printer of log lines: stdout lines to stdout, stderr and the agent's own lines to stderr."""
+    """A printer of log lines: stdout lines to stdout, stderr and the agent's own lines to
+    stderr."""
 
     def show(line):
         prefix = f"[rank {line['rank']}] " if with_rank else ""

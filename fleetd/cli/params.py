@@ -36,7 +36,9 @@ def parse_size(value):
     """'10G', '512Mi', '1.5TiB' or plain bytes -> bytes; K, M, G, T, P are powers of 1024."""
     match = _SIZE_RE.match(value.strip().lower())
     if not match or (match.group(3) and not match.group(2) and match.group(3) != "b"):
-        raise click.BadParameter(f"{value!r} is not a size like 512M, 10G or 2T (binary units: 10G = 10 GiB)")
+        raise click.BadParameter(
+            f"{value!r} is not a size like 512M, 10G or 2T (binary units: 10G = 10 GiB)"
+        )
     number = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
     if not number.is_integer():
         raise click.BadParameter(f"{value!r} is not a whole number of bytes")
@@ -87,9 +89,13 @@ def load_spec(path):
         with open(path) as fh:
             spec = yaml.safe_load(fh)  # YAML is a superset of JSON: both work
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="SPEC_FILE") from None
+        raise click.BadParameter(
+            f"cannot read {path}: {exc.strerror}", param_hint="SPEC_FILE"
+        ) from None
     except yaml.YAMLError as exc:
-        raise click.BadParameter(f"{path} is not YAML or JSON: {exc}", param_hint="SPEC_FILE") from None
+        raise click.BadParameter(
+            f"{path} is not YAML or JSON: {exc}", param_hint="SPEC_FILE"
+        ) from None
     if not isinstance(spec, dict):
         raise click.BadParameter(f"{path} must hold a JobSpec object", param_hint="SPEC_FILE")
     return spec

@@ -1,5 +1,5 @@
-"""The plumbing of the commands that call fleetd's REST API: their --url/--token/--json options, the client of
-the running command, the ids that names stand for, and reading a log page by page."""
+"""The plumbing of the commands that call fleetd's REST API: their --url/--token/--json options, the
+client of the running command, the ids that names stand for, and reading a log page by page."""
 
 import functools
 import re
@@ -11,16 +11,26 @@ from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
 
 
 def client_command(group, name, **kwargs):
-    """A command that talks to the REST API: adds --url/--token/--json and turns errors into one line.
+    """A command that talks to the REST API: adds --url/--token/--json and turns errors into one
+    line.
 
-    `group` is the command group it belongs to, or None for a command of the root group (fleetd.cli adds those).
+    `group` is the command group it belongs to, or None for a command of the root group (fleetd.cli
+    adds those).
     """
     make_command = click.command if group is None else group.command
 
     def decorator(fn):
         @make_command(name, **kwargs)
-        @click.option("--url", envvar="FLEETD_URL", help="fleetd URL (FLEETD_URL; default: saved by `fleetd login`).")
-        @click.option("--token", envvar="FLEETD_TOKEN", help="API token (FLEETD_TOKEN; default: saved by login).")
+        @click.option(
+            "--url",
+            envvar="FLEETD_URL",
+            help="fleetd URL (FLEETD_URL; default: saved by `fleetd login`).",
+        )
+        @click.option(
+            "--token",
+            envvar="FLEETD_TOKEN",
+            help="API token (FLEETD_TOKEN; default: saved by login).",
+        )
         @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
         @click.pass_context
         @functools.wraps(fn)
@@ -32,7 +42,9 @@ def client_command(group, name, **kwargs):
                 except ClientError as exc:
                     fail(exc.message)
             ctx.obj = {
-                "client": Client(url or saved.get("url") or DEFAULT_URL, token or saved.get("token")),
+                "client": Client(
+                    url or saved.get("url") or DEFAULT_URL, token or saved.get("token")
+                ),
                 "json": as_json,
             }
             try:
@@ -53,21 +65,32 @@ def current_client():
 # Ids are 20 lowercase hex characters (docs/api.md, Conventions): anything else can only be a name.
 ID_RE = re.compile(r"[0-9a-f]{20}")
 CANDIDATES_SHOWN = 20
-# kind -> (its collection, the list filter that names one, the columns that tell same-named ones apart)
+# kind -> (its collection, the list filter that names one, the columns that tell same-named ones
+# apart)
 HANDLES = {
-    "instance": ("/api/v1/instances", "name",
-                 [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("CREATED", "created_at")]),
-    "job": ("/api/v1/jobs", "name",
-            [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("SUBMITTED", "submitted_at")]),
-    "node": ("/api/v1/nodes", "hostname",
-             [("ID", "id"), ("FLEET", "fleet"), ("STATUS", "status"), ("REGISTERED", "registered_at")]),
+    "instance": (
+        "/api/v1/instances",
+        "name",
+        [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("CREATED", "created_at")],
+    ),
+    "job": (
+        "/api/v1/jobs",
+        "name",
+        [("ID", "id"), ("OWNER", "owner"), ("STATE", "state"), ("SUBMITTED", "submitted_at")],
+    ),
+    "node": (
+        "/api/v1/nodes",
+        "hostname",
+        [("ID", "id"), ("FLEET", "fleet"), ("STATUS", "status"), ("REGISTERED", "registered_at")],
+    ),
 }
 
 
 def resolve_id(kind, handle):
-    """The id of the instance, job or node `handle` names: an existing id as it is; else the one of that name
-    (a node's hostname) among those the token may see; for an instance, its live one before deleted ones.
-    ClientError when none or several match (those listed, to pick an id from)."""
+    """The id of the instance, job or node `handle` names: an existing id as it is; else the one of
+    that name (a node's hostname) among those the token may see; for an instance, its live one
+    before deleted ones. ClientError when none or several match (those listed, to pick an id
+    from)."""
     path, key, columns = HANDLES[kind]
     client = current_client()
     if ID_RE.fullmatch(handle):
@@ -86,18 +109,26 @@ def resolve_id(kind, handle):
         return found[0]["id"]
     if not found:
         tried = f"that id or {key}" if ID_RE.fullmatch(handle) else f"that {key}"
-        raise ClientError(f"{kind} {handle} not found: no {kind} this token may see has {tried}", 404, "not_found")
+        raise ClientError(
+            f"{kind} {handle} not found: no {kind} this token may see has {tried}", 404, "not_found"
+        )
     shown = found[:CANDIDATES_SHOWN]
-    rows = [[header for header, _ in columns]] + [[cell(item.get(field)) for _, field in columns] for item in shown]
+    rows = [[header for header, _ in columns]] + [
+        [cell(item.get(field)) for _, field in columns] for item in shown
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     more = f" (the first {CANDIDATES_SHOWN} shown)" if len(found) > len(shown) else ""
-    raise ClientError("\n".join([f"{key} {handle!r} names several {kind}s{more}; give the id of the one you mean:"]
-                                + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]))
+    raise ClientError(
+        "\n".join(
+            [f"{key} {handle!r} names several {kind}s{more}; give the id of the one you mean:"]
+            + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        )
+    )
 
 
 def _deleted_instance(client, path, instance_id):
-    """True when `instance_id` is a deleted instance this token may see: GET of it answers 404, its events
-    (and logs) remain."""
+    """True when `instance_id` is a deleted instance this token may see: GET of it answers 404, its
+    events (and logs) remain."""
     try:
         client.get(f"{path}/{instance_id}/events", limit=1)
         return True
@@ -108,7 +139,8 @@ def _deleted_instance(client, path, instance_id):
 
 
 def read_log_pages(path, after, show, **params):
-    """Print every line of a log (a job's, an instance's) after `after`; returns the seq of the last one."""
+    """Print every line of a log (a job's, an instance's) after `after`; returns the seq of the last
+    one."""
     client = current_client()
     for _ in range(1_000_000):  # bounded: a log of a billion lines would still end
         page = client.get(path, after=after, limit=1000, **params)

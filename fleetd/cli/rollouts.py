@@ -1,5 +1,5 @@
-"""`fleetd rollout`: start (drives a rollout over SSH; needs the provision extra), status, pause, resume,
-abort (from any machine: the rollout lives in fleetd)."""
+"""`fleetd rollout`: start (drives a rollout over SSH; needs the provision extra), status, pause,
+resume, abort (from any machine: the rollout lives in fleetd)."""
 
 import click
 
@@ -25,27 +25,47 @@ def rollout():
     """Rollouts of a bundle over a fleet: start, status, pause, resume, abort."""
 
 
-NODE_COLUMNS = [("NODE", "node_id"), ("HOST", lambda n: n["address"] or n["hostname"]), ("BATCH", "batch"),
-                ("CANARY", lambda n: "yes" if n["canary"] else ""), ("STATE", "state"), ("DETAIL", "detail")]
+NODE_COLUMNS = [
+    ("NODE", "node_id"),
+    ("HOST", lambda n: n["address"] or n["hostname"]),
+    ("BATCH", "batch"),
+    ("CANARY", lambda n: "yes" if n["canary"] else ""),
+    ("STATE", "state"),
+    ("DETAIL", "detail"),
+]
 
 
 def _window(rollout):
-    """A rollout's window as --window wrote it: "sat,sun 00:00-23:59, 22:00-06:00 (Europe/Paris)"; "any time"."""
+    """A rollout's window as --window wrote it: "sat,sun 00:00-23:59, 22:00-06:00 (Europe/Paris)";
+    "any time"."""
     window = rollout.get("window")
     if not window:
         return "any time"
-    spans = [(",".join(w["days"]) + " " if w.get("days") else "") + f"{w['start']}-{w['end']}"
-             for w in window["windows"]]
+    spans = [
+        (",".join(w["days"]) + " " if w.get("days") else "") + f"{w['start']}-{w['end']}"
+        for w in window["windows"]
+    ]
     return f"{', '.join(spans)} ({window.get('timezone') or 'UTC'})"
 
 
 def show_rollout(data):
     """A rollout and its nodes, as `rollout status ID` and `rollout start` print them."""
-    show_record(data, [("ID", "id"), ("FLEET", "fleet"), ("BUNDLE", lambda r: f"{r['bundle_version']} (sha256 "
-                                                                             f"{r['bundle_sha256'][:12]})"),
-                       ("STATE", "state"), ("REASON", "state_reason"), ("BATCH", "batch"), ("CANARY", "canary"),
-                       ("MAX FAILURES", "max_failures"), ("WINDOW", _window), ("STARTED", "created_at"),
-                       ("BY", "created_by")])
+    show_record(
+        data,
+        [
+            ("ID", "id"),
+            ("FLEET", "fleet"),
+            ("BUNDLE", lambda r: f"{r['bundle_version']} (sha256 {r['bundle_sha256'][:12]})"),
+            ("STATE", "state"),
+            ("REASON", "state_reason"),
+            ("BATCH", "batch"),
+            ("CANARY", "canary"),
+            ("MAX FAILURES", "max_failures"),
+            ("WINDOW", _window),
+            ("STARTED", "created_at"),
+            ("BY", "created_by"),
+        ],
+    )
     click.echo("")
     show_table(data["nodes"], NODE_COLUMNS)
 
@@ -60,23 +80,46 @@ def rollout_status(rollout_id, fleet_name):
         emit(client.get(f"/api/v1/rollouts/{rollout_id}"), show_rollout)
         return
     items = list(client.paginate("/api/v1/rollouts", fleet=fleet_name))
-    emit(items, lambda rows: show_table(rows, [
-        ("ID", "id"), ("FLEET", "fleet"), ("BUNDLE", "bundle_version"), ("STATE", "state"),
-        ("NODES", lambda r: f"{sum(n['state'] == 'done' for n in r['nodes'])}/{len(r['nodes'])} done"),
-        ("REASON", "state_reason")]))
+    emit(
+        items,
+        lambda rows: show_table(
+            rows,
+            [
+                ("ID", "id"),
+                ("FLEET", "fleet"),
+                ("BUNDLE", "bundle_version"),
+                ("STATE", "state"),
+                (
+                    "NODES",
+                    lambda r: (
+                        f"{sum(n['state'] == 'done' for n in r['nodes'])}/{len(r['nodes'])} done"
+                    ),
+                ),
+                ("REASON", "state_reason"),
+            ],
+        ),
+    )
 
 
 def _request(action, help_text):
     def command(rollout_id):
         data = current_client().post(f"/api/v1/rollouts/{rollout_id}/{action}")
-        emit(data, lambda d: click.echo(f"rollout {rollout_id}: {d['state']} ({d['state_reason']})"))
+        emit(
+            data, lambda d: click.echo(f"rollout {rollout_id}: {d['state']} ({d['state_reason']})")
+        )
 
     command.__doc__ = help_text
     return client_command(rollout, action)(click.argument("rollout_id", metavar="ROLLOUT")(command))
 
 
-rollout_pause = _request("pause", "Pause a rollout: its driver begins no further node until it is resumed.")
-rollout_resume = _request("resume", "Resume a paused rollout (paused by fleetd after a failure, or by an operator).")
-rollout_abort = _request("abort", "Abort a rollout: no further node begins; a node being upgraded finishes.")
+rollout_pause = _request(
+    "pause", "Pause a rollout: its driver begins no further node until it is resumed."
+)
+rollout_resume = _request(
+    "resume", "Resume a paused rollout (paused by fleetd after a failure, or by an operator)."
+)
+rollout_abort = _request(
+    "abort", "Abort a rollout: no further node begins; a node being upgraded finishes."
+)
 
 COMMANDS = [rollout]

@@ -12,32 +12,70 @@ def token():
     """API tokens."""
 
 
-LIMITS = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_stored_spec_bytes", "max_artifact_bytes",
-          "requests_per_second")
+LIMITS = (
+    "max_active_jobs",
+    "max_instances",
+    "max_spec_bytes",
+    "max_stored_spec_bytes",
+    "max_artifact_bytes",
+    "requests_per_second",
+)
 
 
 def own_limits(row):
     """The limits set on a token, as name=value; "-" when all are the server's settings."""
-    own = [f"{name}={value}" for name, value in (row.get("limits") or {}).items() if value is not None]
+    own = [
+        f"{name}={value}" for name, value in (row.get("limits") or {}).items() if value is not None
+    ]
     return ", ".join(own) or "-"
 
 
-TOKEN_COLUMNS = [("ID", "id"), ("NAME", "name"), ("ROLE", "role"), ("TEAM", "team"),
-                 ("UNIX USER", "unix_user"), ("LIMITS", own_limits), ("EXPIRES", "expires_at"), ("REVOKED", "revoked")]
+TOKEN_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("ROLE", "role"),
+    ("TEAM", "team"),
+    ("UNIX USER", "unix_user"),
+    ("LIMITS", own_limits),
+    ("EXPIRES", "expires_at"),
+    ("REVOKED", "revoked"),
+]
 
 
 def limit_options(command):
     """The options that set a token's own limits (a limit not given is the server's setting)."""
     options = [
-        click.option("--max-active-jobs", type=click.IntRange(0), help="Jobs it may have queued or running at once."),
-        click.option("--max-instances", type=click.IntRange(0), help="Instances it may hold (not deleted)."),
-        click.option("--max-spec-bytes", type=Size(), help="Size of one job or instance spec, e.g. 64K."),
-        click.option("--max-stored-spec-bytes", type=Size(),
-                     help="Bytes the specs of its jobs and instances may take in the database, e.g. 500M (ended "
-                          "ones count until the gc deletes them)."),
-        click.option("--max-artifact-bytes", type=Size(),
-                     help="Bytes of artifacts it may store, e.g. 500G (each counted as if it were its alone)."),
-        click.option("--requests-per-second", type=click.FloatRange(0.01), help="Its API requests per second."),
+        click.option(
+            "--max-active-jobs",
+            type=click.IntRange(0),
+            help="Jobs it may have queued or running at once.",
+        ),
+        click.option(
+            "--max-instances", type=click.IntRange(0), help="Instances it may hold (not deleted)."
+        ),
+        click.option(
+            "--max-spec-bytes", type=Size(), help="Size of one job or instance spec, e.g. 64K."
+        ),
+        click.option(
+            "--max-stored-spec-bytes",
+            type=Size(),
+            help=(
+                "Bytes the specs of its jobs and instances may take in the database, e.g. 500M "
+                "(ended ones count until the gc deletes them)."
+            ),
+        ),
+        click.option(
+            "--max-artifact-bytes",
+            type=Size(),
+            help=(
+                "Bytes of artifacts it may store, e.g. 500G (each counted as if it were its alone)."
+            ),
+        ),
+        click.option(
+            "--requests-per-second",
+            type=click.FloatRange(0.01),
+            help="Its API requests per second.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -51,20 +89,42 @@ def given_limits(values):
 
 @client_command(token, "create")
 @click.option("--name", required=True, help="What the token is for.")
-@click.option("--role", required=True, type=click.Choice(["admin", "submitter", "metrics"]),
-              help="admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and status.")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(["admin", "submitter", "metrics"]),
+    help=(
+        "admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and "
+        "status."
+    ),
+)
 @click.option("--team", help="Team of a submitter token.")
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
-@click.option("--unix-user", help="Host user the token's tasks run as (must exist on the nodes; not root, no "
-                                  "system account unless the server allows it). Default: a uid fleetd allocates "
-                                  "for the token.")
-@click.option("--share-unix-user", is_flag=True, default=None,
-              help="Let --unix-user be one that a live token has already: both are one tenant on the hosts.")
+@click.option(
+    "--unix-user",
+    help="Host user the token's tasks run as (must exist on the nodes; not root, no "
+    "system account unless the server allows it). Default: a uid fleetd allocates "
+    "for the token.",
+)
+@click.option(
+    "--share-unix-user",
+    is_flag=True,
+    default=None,
+    help="Let --unix-user be one that a live token has already: both are one tenant on the hosts.",
+)
 @limit_options
 def token_create(name, role, team, expires_in, unix_user, share_unix_user, **limits):
-    """Create an API token; its secret is printed once. The limits not given are the server's settings."""
-    body = {"name": name, "role": role, "team": team, "expires_in_seconds": expires_in, "unix_user": unix_user,
-            "share_unix_user": share_unix_user, "limits": given_limits(limits) or None}
+    """Create an API token; its secret is printed once. The limits not given are the server's
+    settings."""
+    body = {
+        "name": name,
+        "role": role,
+        "team": team,
+        "expires_in_seconds": expires_in,
+        "unix_user": unix_user,
+        "share_unix_user": share_unix_user,
+        "limits": given_limits(limits) or None,
+    }
     data = current_client().post("/api/v1/tokens", {k: v for k, v in body.items() if v is not None})
 
     def human(d):
@@ -84,8 +144,13 @@ def token_list():
 @client_command(token, "update")
 @click.argument("token_id")
 @limit_options
-@click.option("--reset", "reset", multiple=True, type=click.Choice(LIMITS),
-              help="Give this limit back to the server's setting (repeatable).")
+@click.option(
+    "--reset",
+    "reset",
+    multiple=True,
+    type=click.Choice(LIMITS),
+    help="Give this limit back to the server's setting (repeatable).",
+)
 def token_update(token_id, reset, **limits):
     """Change a token's own limits; those not named stay as they are."""
     changes = {**given_limits(limits), **dict.fromkeys(reset)}

@@ -34,8 +34,8 @@ MAX_DEPTH = 12  # fields nested in fields, through fragments (introspection asid
 MAX_COST = 10_000  # every selected field costs 1 (__typename and introspection too), a fragment at each spread
 
 
-# Introspection nests deeper than any of fleetd's fields (a type's ofType chain: the standard query of
-# GraphQL tools is 14 levels deep) and is bounded by GraphQL's own MaxIntrospectionDepthRule: its
+# Introspection nests deeper than any of fleetd's fields (a type's ofType chain: the standard query
+# of GraphQL tools is 14 levels deep) and is bounded by GraphQL's own MaxIntrospectionDepthRule: its
 # depth does not count here, its cost does.
 _INTROSPECTION = frozenset({"__schema", "__type"})
 
@@ -46,7 +46,8 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A document that passed the limits, with GraphQL's own validation errors (empty: it may run)."""
+    """A document that passed the limits, with GraphQL's own validation errors (empty: it may
+    run)."""
 
     document: DocumentNode
     errors: list[GraphQLError]
@@ -64,7 +65,8 @@ def check_size(query: str) -> None:
 # strings whole, numbers, names, punctuators; comments, white space and commas match as ignored. A
 # string's closing quotes are optional, so that an unterminated one is one token (the parser refuses
 # it) and no input makes the expression scan the rest of the text again from each quote.
-_TOKENS = re.compile(r'''
+_TOKENS = re.compile(
+    r'''
     (?P<ignored>\#[^\n\r]*|[\s,\ufeff]+)
   | """(?:\\"""|[^"]|"(?!""))*(?:""")?
   | "(?:\\.|[^"\\\n\r])*"?
@@ -72,12 +74,15 @@ _TOKENS = re.compile(r'''
   | [_A-Za-z][_0-9A-Za-z]*
   | \.\.\.
   | [!$&()\:=@\[\]{|}]
-''', re.VERBOSE)
+''',
+    re.VERBOSE,
+)
 
 
 def count_tokens(query: str, most: int = MAX_TOKENS) -> int:
-    """GraphQL's tokens in `query`, counted in C by one regular expression, up to `most` + 1: a document
-    far over the limit is refused without the (pure Python) parser building a node for each token."""
+    """GraphQL's tokens in `query`, counted in C by one regular expression, up to `most` + 1: a
+    document far over the limit is refused without the (pure Python) parser building a node for each
+    token."""
     count = 0
     for match in _TOKENS.finditer(query):
         if match.lastgroup != "ignored":
@@ -88,8 +93,9 @@ def count_tokens(query: str, most: int = MAX_TOKENS) -> int:
 
 
 def prepare(schema: GraphQLSchema, query: str, operation_name: str | None) -> Prepared:
-    """Parse, bound and validate a document (pure CPU work: fleetd serve runs it in a worker thread).
-    Raise Refused for a broken limit; a syntax error is a GraphQLError, as GraphQL reports it."""
+    """Parse, bound and validate a document (pure CPU work: fleetd serve runs it in a worker
+    thread). Raise Refused for a broken limit; a syntax error is a GraphQLError, as GraphQL reports
+    it."""
     check_size(query)
     if count_tokens(query) > MAX_TOKENS:
         raise Refused(f"the GraphQL document has more than {MAX_TOKENS:,} tokens (the token limit)")
@@ -97,24 +103,38 @@ def prepare(schema: GraphQLSchema, query: str, operation_name: str | None) -> Pr
         document = parse(query, max_tokens=MAX_TOKENS)
     except GraphQLError as exc:
         if "more than" in exc.message and "tokens" in exc.message:
-            raise Refused(f"the GraphQL document has more than {MAX_TOKENS:,} tokens (the token limit)") from None
+            raise Refused(
+                f"the GraphQL document has more than {MAX_TOKENS:,} tokens (the token limit)"
+            ) from None
         raise
     definitions = document.definitions
     if len(definitions) > MAX_DEFINITIONS:
-        raise Refused(f"the GraphQL document has {len(definitions):,} definitions; at most {MAX_DEFINITIONS}"
-                      " are allowed (the definition limit)")
-    measure = _Measure({d.name.value: d for d in definitions if isinstance(d, FragmentDefinitionNode)})
+        raise Refused(
+            f"the GraphQL document has {len(definitions):,} definitions; at most {MAX_DEFINITIONS}"
+            " are allowed (the definition limit)"
+        )
+    measure = _Measure(
+        {d.name.value: d for d in definitions if isinstance(d, FragmentDefinitionNode)}
+    )
     for definition in definitions:
         if isinstance(definition, OperationDefinitionNode):
             name = repr(definition.name.value) if definition.name else "anonymous"
             cost, depth = measure.selections(definition.selection_set)
             if depth > MAX_DEPTH:
-                raise Refused(f"operation {name} nests {depth} levels deep; at most {MAX_DEPTH} are allowed"
-                              " (the depth limit, fragments followed)")
+                raise Refused(
+                    f"operation {name} nests {depth} levels deep; at most {MAX_DEPTH} are allowed"
+                    " (the depth limit, fragments followed)"
+                )
             if cost > MAX_COST:
-                raise Refused(f"operation {name} costs over {MAX_COST:,}: each selected field counts 1, a"
-                              f" fragment at each of its spreads (the cost limit)")
-    return Prepared(document, validate(schema, document, specified_rules), _selects_mutation(document, operation_name))
+                raise Refused(
+                    f"operation {name} costs over {MAX_COST:,}: each selected field counts 1, a"
+                    f" fragment at each of its spreads (the cost limit)"
+                )
+    return Prepared(
+        document,
+        validate(schema, document, specified_rules),
+        _selects_mutation(document, operation_name),
+    )
 
 
 class _Measure:
@@ -126,7 +146,8 @@ class _Measure:
         self.open: set[str] = set()  # fragments being measured: spreading one again is a cycle
 
     def selections(self, selection_set: SelectionSetNode | None) -> tuple[int, int]:
-        """(cost, depth): fields selected, fragments expanded, and how many levels of fields nest."""
+        """(cost, depth): fields selected, fragments expanded, and how many levels of fields
+        nest."""
         if selection_set is None:
             return 0, 0
         cost = depth = 0
@@ -135,7 +156,9 @@ class _Measure:
                 inner_cost, inner_depth = self.selections(selection.selection_set)
                 cost += 1 + inner_cost
                 if selection.name.value not in _INTROSPECTION:
-                    depth = max(depth, inner_depth + 1 if selection.selection_set is not None else 0)
+                    depth = max(
+                        depth, inner_depth + 1 if selection.selection_set is not None else 0
+                    )
             elif isinstance(selection, InlineFragmentNode):
                 inner_cost, inner_depth = self.selections(selection.selection_set)
                 cost, depth = cost + inner_cost, max(depth, inner_depth)
@@ -163,5 +186,9 @@ class _Measure:
 
 def _selects_mutation(document: DocumentNode, operation_name: str | None) -> bool:
     operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
-    chosen = [o for o in operations if operation_name is None or (o.name and o.name.value == operation_name)]
+    chosen = [
+        o
+        for o in operations
+        if operation_name is None or (o.name and o.name.value == operation_name)
+    ]
     return len(chosen) == 1 and chosen[0].operation == OperationType.MUTATION

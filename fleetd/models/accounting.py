@@ -57,7 +57,8 @@ class UsageRecord(BaseModel):
     price_per_hour = peewee.FloatField(null=True)  # per GPU-hour, in force at accounted_until
 
     class Meta:
-        # a team's or an owner's runs over a time range (reports by workload) without reading the others'
+        # a team's or an owner's runs over a time range (reports by workload) without reading the
+        # others'
         indexes = ((("team", "started_at"), False), (("owner_token_id", "started_at"), False))
 
 
@@ -80,7 +81,9 @@ class UsageDay(BaseModel):
     runs = peewee.IntegerField(default=0)
 
     class Meta:
-        indexes = ((("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model"), True),)
+        indexes = (
+            (("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model"), True),
+        )
 
 
 class _UsageWorkloadSums(BaseModel):
@@ -107,8 +110,13 @@ class UsageWorkloadDay(_UsageWorkloadSums):
     fleet = peewee.CharField(max_length=63, default="")
 
     class Meta:
-        indexes = ((("day", "kind", "workload_id", "fleet"), True), (("fleet", "day"), False),
-                   (("team", "day"), False), (("owner_token_id", "day"), False), (("owner", "day"), False))
+        indexes = (
+            (("day", "kind", "workload_id", "fleet"), True),
+            (("fleet", "day"), False),
+            (("team", "day"), False),
+            (("owner_token_id", "day"), False),
+            (("owner", "day"), False),
+        )
 
 
 class UsageWorkloadMonth(_UsageWorkloadSums):
@@ -119,9 +127,13 @@ class UsageWorkloadMonth(_UsageWorkloadSums):
     month = peewee.DateField()
 
     class Meta:
-        indexes = ((("month", "kind", "workload_id"), True), (("month", "cost"), False),
-                   (("month", "team", "cost"), False), (("month", "owner_token_id", "cost"), False),
-                   (("month", "owner", "cost"), False))
+        indexes = (
+            (("month", "kind", "workload_id"), True),
+            (("month", "cost"), False),
+            (("month", "team", "cost"), False),
+            (("month", "owner_token_id", "cost"), False),
+            (("month", "owner", "cost"), False),
+        )
 
 
 class UsageMark(BaseModel):
@@ -172,19 +184,23 @@ class PriceChange(BaseModel):
 
 
 class Budget(BaseModel):
-    """A team's budget per calendar month (UTC), in currency and/or GPU-hours (fleetd.services.accounting.budgets)."""
+    """A team's budget per calendar month (UTC), in currency and/or GPU-hours
+    (fleetd.services.accounting.budgets)."""
 
     team = peewee.CharField(primary_key=True, max_length=200)
     limit_cost = peewee.FloatField(null=True)
     limit_gpu_hours = peewee.FloatField(null=True)
     on_exceed = peewee.CharField(max_length=16, default="notify")  # notify, block or stop_spot
-    exceeded_month = peewee.CharField(max_length=7, null=True)  # "YYYY-MM" it was last found exceeded
+    exceeded_month = peewee.CharField(
+        max_length=7, null=True
+    )  # "YYYY-MM" it was last found exceeded
     updated_at = peewee.DateTimeField()
     updated_by = peewee.CharField(max_length=200, default="")
 
 
 class BudgetNotice(BaseModel):
-    """A threshold (50, 80, 100) of a team's budget that one month crossed: its webhook went out once."""
+    """A threshold (50, 80, 100) of a team's budget that one month crossed: its webhook went out
+    once."""
 
     team = peewee.CharField(max_length=200)
     month = peewee.CharField(max_length=7)
@@ -193,5 +209,3 @@ class BudgetNotice(BaseModel):
 
     class Meta:
         primary_key = peewee.CompositeKey("team", "month", "threshold")
-
-

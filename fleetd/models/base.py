@@ -26,8 +26,12 @@ class JSONText(peewee.TextField):
 
 
 def transition_table(states, table):
-    """{state: frozenset of the states it may go to} from {"state": "to to ..."}, which names every state."""
-    out = {states(state): frozenset(states(to) for to in targets.split()) for state, targets in table.items()}
+    """{state: frozenset of the states it may go to} from {"state": "to to ..."}, which names every
+    state."""
+    out = {
+        states(state): frozenset(states(to) for to in targets.split())
+        for state, targets in table.items()
+    }
     missing = set(states) - set(out)
     if missing:
         raise ValueError(f"transition table lacks {sorted(s.value for s in missing)}")
@@ -52,7 +56,12 @@ class BaseModel(peewee.Model):
     def save(self, force_insert=False, only=None):
         meta = self._meta
         pk_value = self._pk  # type: ignore[attr-defined]  # peewee's own stubs lack Model._pk and _dirty
-        if only is None and pk_value is not None and not meta.composite_key and meta.primary_key is not False:
+        if (
+            only is None
+            and pk_value is not None
+            and not meta.composite_key
+            and meta.primary_key is not False
+        ):
             data = self.__data__
             dirty = self._dirty  # type: ignore[attr-defined]  # the set of fields assigned since the load
             if force_insert:
@@ -80,5 +89,3 @@ class BaseModel(peewee.Model):
     def get_or_none_by_id(cls, pk):
         """The row with this primary key, or None."""
         return sql.by_pk(cls).first(pk=pk)
-
-

@@ -22,7 +22,8 @@ class NodeStatus(str, enum.Enum):
     REVOKED = "revoked"
 
     def allows(self, action):
-        """Whether an operator's `action` (cordon, uncordon, drain, undrain) applies to a node in this status."""
+        """Whether an operator's `action` (cordon, uncordon, drain, undrain) applies to a node in
+        this status."""
         return self.value in NODE_ACTIONS[action][0].split()
 
     def is_schedulable(self):
@@ -30,7 +31,8 @@ class NodeStatus(str, enum.Enum):
 
 
 # An operator's actions on a node: (the statuses it applies to, the status it leads to). Each such
-# move is one of the node state machine's transitions (fleetd.services.workloads.lifecycle.NODE_TRANSITIONS).
+# move is one of the node state machine's transitions
+# (fleetd.services.workloads.lifecycle.NODE_TRANSITIONS).
 NODE_ACTIONS = {
     "cordon": ("ready", "cordoned"),
     "uncordon": ("cordoned", "ready"),
@@ -39,12 +41,14 @@ NODE_ACTIONS = {
 }
 
 
-# A fleet's task defaults (docs/api.md, Fleets): a fork bomb stops at 4096 processes and threads; a task
-# that sets no memory_bytes is bounded at 32 GiB, under any GPU host's memory, so that its runaway
-# meets its own OOM kill and not the host's; a PATH of the system's directories only.
+# A fleet's task defaults (docs/api.md, Fleets): a fork bomb stops at 4096 processes and threads; a
+# task that sets no memory_bytes is bounded at 32 GiB, under any GPU host's memory, so that its
+# runaway meets its own OOM kill and not the host's; a PATH of the system's directories only.
 DEFAULT_TASK_PIDS_MAX = 4096
-DEFAULT_TASK_MEMORY_BYTES = 32 * 1024 ** 3
-MIN_TASK_MEMORY_BYTES = 64 * 1024 ** 2  # a default under this starves the task's own shell and interpreter
+DEFAULT_TASK_MEMORY_BYTES = 32 * 1024**3
+MIN_TASK_MEMORY_BYTES = (
+    64 * 1024**2
+)  # a default under this starves the task's own shell and interpreter
 MAX_TASK_MEMORY_BYTES = 1 << 50  # 1 PiB: as good as no bound, but still one that cgroups take
 DEFAULT_TASK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -57,16 +61,22 @@ class Fleet(BaseModel):
     labels = JSONText(default=dict)
     created_at = peewee.DateTimeField()
     availability = JSONText(null=True)  # see fleetd.windows; None: always open
-    health_policy = JSONText(null=True)  # see fleetd.services.nodes.health_policy; None: the defaults (on)
-    allow_root_tasks = peewee.BooleanField(default=False)  # admins' work may run as root on its nodes
-    require_isolation = peewee.BooleanField(default=False)  # nodes take work only with isolation "uid"
+    health_policy = JSONText(
+        null=True
+    )  # see fleetd.services.nodes.health_policy; None: the defaults (on)
+    allow_root_tasks = peewee.BooleanField(
+        default=False
+    )  # admins' work may run as root on its nodes
+    require_isolation = peewee.BooleanField(
+        default=False
+    )  # nodes take work only with isolation "uid"
     allowed_images = JSONText(default=lambda: ["*"])  # glob patterns an instance's image must match
-    # What a new or repaired node must pass before it takes work (fleetd.services.nodes.validation): None, no
-    # gate; {} the built-in checks (migration 0023)
+    # What a new or repaired node must pass before it takes work (fleetd.services.nodes.validation):
+    # None, no gate; {} the built-in checks (migration 0023)
     validation = JSONText(null=True)
-    # What each task on the fleet's nodes gets unless its spec says otherwise (migration 0028): the most
-    # processes and threads it may hold (a spec's `pids` may ask for fewer), its host memory bound when
-    # it sets no `memory_bytes`, and the PATH it starts with (never the agent's own)
+    # What each task on the fleet's nodes gets unless its spec says otherwise (migration 0028): the
+    # most processes and threads it may hold (a spec's `pids` may ask for fewer), its host memory
+    # bound when it sets no `memory_bytes`, and the PATH it starts with (never the agent's own)
     task_pids_max = peewee.IntegerField(default=DEFAULT_TASK_PIDS_MAX)
     task_memory_default_bytes = peewee.BigIntegerField(default=DEFAULT_TASK_MEMORY_BYTES)
     task_path = peewee.TextField(default=DEFAULT_TASK_PATH)
@@ -76,12 +86,18 @@ class Fleet(BaseModel):
         return effective_health_policy(self.health_policy)
 
 
-# A fleet's node health policy where it says nothing (fleetd.services.nodes.health_policy acts on it).
-DEFAULT_HEALTH_POLICY = {"cordon_on_gpu_fault": True, "drain_after_seconds": 600, "uncordon_when_healthy": True}
+# A fleet's node health policy where it says nothing (fleetd.services.nodes.health_policy acts on
+# it).
+DEFAULT_HEALTH_POLICY = {
+    "cordon_on_gpu_fault": True,
+    "drain_after_seconds": 600,
+    "uncordon_when_healthy": True,
+}
 
 
 def effective_health_policy(stored):
-    """A fleet's stored health policy with the defaults filled in (None: all defaults, which is on)."""
+    """A fleet's stored health policy with the defaults filled in (None: all defaults, which is
+    on)."""
     return dict(DEFAULT_HEALTH_POLICY, **(stored or {}))
 
 
@@ -89,7 +105,9 @@ class JoinToken(BaseModel):
     """A join token (flj_<id>.<secret>) that admits hosts into one fleet."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
-    fleet = peewee.ForeignKeyField(Fleet, backref="join_tokens", on_delete="CASCADE", column_name="fleet")
+    fleet = peewee.ForeignKeyField(
+        Fleet, backref="join_tokens", on_delete="CASCADE", column_name="fleet"
+    )
     token_hash = peewee.CharField(max_length=64)
     description = peewee.TextField(default="")
     created_at = peewee.DateTimeField()
@@ -104,17 +122,29 @@ class Node(BaseModel):
     """An enrolled host. Its session token is fln_<session_id>.<secret>."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
-    fleet = peewee.ForeignKeyField(Fleet, backref="nodes", on_delete="RESTRICT", column_name="fleet")
-    fleet_id: str  # the column's value, as peewee's accessor gives it (its stubs declare only the fields)
+    fleet = peewee.ForeignKeyField(
+        Fleet, backref="nodes", on_delete="RESTRICT", column_name="fleet"
+    )
+    fleet_id: (
+        str  # the column's value, as peewee's accessor gives it (its stubs declare only the fields)
+    )
     machine_id = peewee.CharField(max_length=128, unique=True)
     hostname = peewee.CharField(max_length=255)
     address = peewee.CharField(max_length=255, default="")
-    labels = JSONText(default=dict)  # what placement reads: agent_labels, label_overrides on top (services.nodes.labels)
+    labels = JSONText(
+        default=dict
+    )  # what placement reads: agent_labels, label_overrides on top (services.nodes.labels)
     agent_labels = JSONText(null=True)  # from the agent's config file, as it last reported them
-    label_overrides = JSONText(null=True)  # set through the API (PATCH /nodes/{id}); they win per key
+    label_overrides = JSONText(
+        null=True
+    )  # set through the API (PATCH /nodes/{id}); they win per key
     agent_version = peewee.CharField(max_length=64, default="")
-    bundle_sha256 = peewee.CharField(max_length=64, default="")  # the offline bundle the agent came from
-    gpu_status = peewee.CharField(max_length=16, null=True)  # ok, cpu_only or driver_error (nodes.GPU_STATUSES)
+    bundle_sha256 = peewee.CharField(
+        max_length=64, default=""
+    )  # the offline bundle the agent came from
+    gpu_status = peewee.CharField(
+        max_length=16, null=True
+    )  # ok, cpu_only or driver_error (nodes.GPU_STATUSES)
     gpu_status_reason = peewee.TextField(default="")
     status = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
@@ -126,46 +156,63 @@ class Node(BaseModel):
     drain_started_at = peewee.DateTimeField(null=True)
     cpu_count = peewee.IntegerField(default=0)
     memory_bytes = peewee.BigIntegerField(default=0)
-    container_runtime = peewee.CharField(max_length=16, null=True)  # podman or docker, as the agent reports
+    container_runtime = peewee.CharField(
+        max_length=16, null=True
+    )  # podman or docker, as the agent reports
     # What else the agent reported it can do: {isolation, isolation_reason?, containers, host_uids}
     # (fleetd.services.capabilities); None: nothing reported (an older agent)
     capabilities = JSONText(null=True)
     session_id = peewee.CharField(max_length=32, null=True, unique=True)
     session_hash = peewee.CharField(max_length=64, null=True)
     join_token_id = peewee.CharField(max_length=32, null=True)
-    # Set while the health policy holds the node out of service for a GPU fault: {reason, since, missing, cleared?}
+    # Set while the health policy holds the node out of service for a GPU fault: {reason, since,
+    # missing, cleared?}
     health_hold = JSONText(null=True)
-    # While an agent upgrade is under way or failed, the state it returns to (fleetd.services.nodes.upgrades)
+    # While an agent upgrade is under way or failed, the state it returns to
+    # (fleetd.services.nodes.upgrades)
     upgrade = JSONText(null=True)
-    drain_repair = peewee.BooleanField(default=False)  # drained for repair: undrain validates it first (0023)
+    drain_repair = peewee.BooleanField(
+        default=False
+    )  # drained for repair: undrain validates it first (0023)
 
     @property
     def isolation(self):
-        """"uid" when its agent runs tasks as other users, else "none" (also when it never said)."""
+        """ "uid" when its agent runs tasks as other users, else "none" (also when it never
+        said)."""
         return (self.capabilities or {}).get("isolation") or "none"
 
     @property
     def containers(self):
-        """"ready" or "unavailable: <reason>" as its agent said; an agent that never said is ready
+        """ "ready" or "unavailable: <reason>" as its agent said; an agent that never said is ready
         when it reported a container runtime."""
         said = (self.capabilities or {}).get("containers")
         if said:
             return said
-        return "ready" if self.container_runtime else "unavailable: no container runtime (podman or docker)"
+        return (
+            "ready"
+            if self.container_runtime
+            else "unavailable: no container runtime (podman or docker)"
+        )
 
     @property
     def drain(self):
         """The node's drain as the API shows it ({reason, deadline, started_at}), or None."""
         if self.drain_started_at is None:
             return None
-        return {"reason": self.drain_reason, "deadline": self.drain_deadline, "started_at": self.drain_started_at,
-                "repair": bool(self.drain_repair)}
+        return {
+            "reason": self.drain_reason,
+            "deadline": self.drain_deadline,
+            "started_at": self.drain_started_at,
+            "repair": bool(self.drain_repair),
+        }
 
 
 class Gpu(BaseModel):
     """One GPU of a node, as its agent last reported it."""
 
-    id = peewee.AutoField()  # what peewee adds without a primary key; declared, so that its stubs know it
+    id = (
+        peewee.AutoField()
+    )  # what peewee adds without a primary key; declared, so that its stubs know it
     node = peewee.ForeignKeyField(Node, backref="gpus", on_delete="CASCADE", column_name="node")
     uuid = peewee.CharField(max_length=128)
     index = peewee.IntegerField()  # type: ignore[assignment]  # the GPU's index; shadows Model.index (unused)
@@ -177,7 +224,9 @@ class Gpu(BaseModel):
     healthy = peewee.BooleanField(default=True)
     health_reason = peewee.TextField(default="")
     mig_mode = peewee.CharField(max_length=16, null=True)
-    serial = peewee.CharField(max_length=64, null=True, index=True)  # the board's serial number (0024)
+    serial = peewee.CharField(
+        max_length=64, null=True, index=True
+    )  # the board's serial number (0024)
     board_part_number = peewee.CharField(max_length=64, null=True)
     vbios = peewee.CharField(max_length=64, null=True)
 
@@ -186,15 +235,19 @@ class Gpu(BaseModel):
 
 
 class Validation(BaseModel):
-    """One run of a node's validation suite (fleetd.services.nodes.validation): what it checks, and per
-    check and GPU whether it passed (migration 0023)."""
+    """One run of a node's validation suite (fleetd.services.nodes.validation): what it checks, and
+    per check and GPU whether it passed (migration 0023)."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
     node_id = peewee.CharField(max_length=32)
     state = peewee.CharField(max_length=16)  # running, passed, failed
-    reason = peewee.TextField(default="")  # why it runs: a new node, a repair, an operator's request
+    reason = peewee.TextField(
+        default=""
+    )  # why it runs: a new node, a repair, an operator's request
     suite = JSONText()  # what the agent is asked to run (the fleet's setting, resolved)
-    then_status = peewee.CharField(max_length=16, default="ready")  # where the node goes once it passes
+    then_status = peewee.CharField(
+        max_length=16, default="ready"
+    )  # where the node goes once it passes
     started_at = peewee.DateTimeField()
     deadline = peewee.DateTimeField()  # no result by then: failed
     finished_at = peewee.DateTimeField(null=True)
@@ -215,14 +268,22 @@ class GpuRecord(BaseModel):
     model = peewee.CharField(max_length=128, default="")
     board_part_number = peewee.CharField(max_length=64, null=True)
     vbios = peewee.CharField(max_length=64, null=True)
-    node_id = peewee.CharField(max_length=32, null=True, index=True)  # None: not in any node's inventory now
+    node_id = peewee.CharField(
+        max_length=32, null=True, index=True
+    )  # None: not in any node's inventory now
     index = peewee.IntegerField(null=True)  # type: ignore[assignment]  # as Gpu.index
     first_seen_at = peewee.DateTimeField()
     last_seen_at = peewee.DateTimeField()
-    xids = JSONText(default=list)  # critical XIDs its node's agent reported since that agent started
-    ecc_uncorrected = peewee.BigIntegerField(null=True)  # volatile uncorrectable ECC errors, as last reported
+    xids = JSONText(
+        default=list
+    )  # critical XIDs its node's agent reported since that agent started
+    ecc_uncorrected = peewee.BigIntegerField(
+        null=True
+    )  # volatile uncorrectable ECC errors, as last reported
     rma = JSONText(null=True)  # {reason, at, actor, node_id} once marked for RMA
-    flagged = peewee.TextField(default="")  # why it is flagged (an RMA-marked board that came back), else ""
+    flagged = peewee.TextField(
+        default=""
+    )  # why it is flagged (an RMA-marked board that came back), else ""
     # Not columns: what services.gpus.get_gpu adds for the API's answer.
     hostname: str | None
     healthy: bool | None
@@ -247,8 +308,9 @@ class InventoryChange(BaseModel):
 
 
 class Rollout(BaseModel):
-    """An agent rollout over a fleet (`fleetd rollout start`): the CLI that drives it over SSH records
-    each node's progress here, and any CLI reads it, pauses, resumes or aborts it (services.fleet_ops.rollouts)."""
+    """An agent rollout over a fleet (`fleetd rollout start`): the CLI that drives it over SSH
+    records each node's progress here, and any CLI reads it, pauses, resumes or aborts it
+    (services.fleet_ops.rollouts)."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
     fleet = peewee.CharField(max_length=64, index=True)
@@ -267,7 +329,9 @@ class RolloutNode(BaseModel):
     and how far it got."""
 
     id = peewee.AutoField()
-    rollout = peewee.ForeignKeyField(Rollout, backref="nodes", on_delete="CASCADE", column_name="rollout")
+    rollout = peewee.ForeignKeyField(
+        Rollout, backref="nodes", on_delete="CASCADE", column_name="rollout"
+    )
     rollout_id: str  # the column's value, as peewee's accessor gives it
     node_id = peewee.CharField(max_length=32)
     hostname = peewee.CharField(max_length=255, default="")
@@ -291,5 +355,3 @@ class RetiredNode(BaseModel):
     node_id = peewee.CharField(max_length=32)
     fleet = peewee.CharField(max_length=64)
     retired_at = peewee.DateTimeField()
-
-

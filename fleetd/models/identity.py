@@ -19,9 +19,16 @@ class Role(str, enum.Enum):
     SCIM = "scim"  # an identity provider's SCIM client: /scim/v2 only
 
 
-# The limits an admin can set on an API token (`ApiToken.limits`; services.identity.limits checks them).
-LIMIT_NAMES = ("max_active_jobs", "max_instances", "max_spec_bytes", "max_stored_spec_bytes", "max_artifact_bytes",
-               "requests_per_second")
+# The limits an admin can set on an API token (`ApiToken.limits`; services.identity.limits checks
+# them).
+LIMIT_NAMES = (
+    "max_active_jobs",
+    "max_instances",
+    "max_spec_bytes",
+    "max_stored_spec_bytes",
+    "max_artifact_bytes",
+    "requests_per_second",
+)
 
 
 class ApiToken(BaseModel):
@@ -36,7 +43,9 @@ class ApiToken(BaseModel):
     expires_at = peewee.DateTimeField(null=True, index=True)
     revoked_at = peewee.DateTimeField(null=True)
     last_used_at = peewee.DateTimeField(null=True)
-    unix_user = peewee.CharField(max_length=32, null=True)  # tasks of this token run as this host user
+    unix_user = peewee.CharField(
+        max_length=32, null=True
+    )  # tasks of this token run as this host user
     # Its owner: a user (migration 0031 made one per token name), or, for a service account, the
     # project it belongs to (user_id null). The owner of work is `owner_id`: the user's id, or a
     # service account's own token id.
@@ -46,13 +55,16 @@ class ApiToken(BaseModel):
     @property
     def owner_id(self):
         return self.user_id or self.id
-    limits = JSONText(null=True)  # {limit name: value} an admin set; a name not there is the setting's (migration 0018)
+
+    limits = JSONText(
+        null=True
+    )  # {limit name: value} an admin set; a name not there is the setting's (migration 0018)
 
 
 class OwnerSpecBytes(BaseModel):
     """The bytes of the specs an owner's jobs, instances and runs of instances store (their `spec`
-    column, as stored), kept as the rows come and go (services.identity.limits; migration 0029): so that
-    `max_stored_spec_bytes` is checked without summing the owner's rows at every submit."""
+    column, as stored), kept as the rows come and go (services.identity.limits; migration 0029): so
+    that `max_stored_spec_bytes` is checked without summing the owner's rows at every submit."""
 
     token_id = peewee.CharField(primary_key=True, max_length=32)
     bytes = peewee.BigIntegerField(default=0)
@@ -79,8 +91,6 @@ class OwnerUid(BaseModel):
     allocated_at = peewee.DateTimeField()
 
 
-
-
 class User(BaseModel):
     """A person (or a migrated token's name): one owner for its work, usage, limits and uid on the
     nodes, whichever of its tokens or sessions acts. A user made from a token by migration 0031 has
@@ -94,8 +104,12 @@ class User(BaseModel):
     role = peewee.CharField(max_length=20)
     team = peewee.CharField(max_length=200, null=True)
     default_project = peewee.CharField(max_length=32, null=True)
-    unix_user = peewee.CharField(max_length=32, null=True)  # an admin-set host user (a migrated token's)
-    posix = JSONText(null=True)  # {uid, gid, groups} from the provider's claims, where it sends them
+    unix_user = peewee.CharField(
+        max_length=32, null=True
+    )  # an admin-set host user (a migrated token's)
+    posix = JSONText(
+        null=True
+    )  # {uid, gid, groups} from the provider's claims, where it sends them
     limits = JSONText(null=True)  # {limit name: value} an admin set (a migrated token's own)
     source = peewee.CharField(max_length=8)  # "token", "oidc" or "scim"
     provider = peewee.CharField(max_length=64, null=True)  # the OIDC provider it signs in with
@@ -135,7 +149,8 @@ class ProjectMember(BaseModel):
 
 
 class AuthSession(BaseModel):
-    """A signed-in user's session (fls_<id>.<secret>) and its refresh token; only hashes are kept."""
+    """A signed-in user's session (fls_<id>.<secret>) and its refresh token; only hashes are
+    kept."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
     user_id = peewee.CharField(max_length=32, index=True)

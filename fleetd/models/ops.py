@@ -18,7 +18,9 @@ class Event(BaseModel):
     to_status = peewee.CharField(max_length=16, null=True)
     reason = peewee.TextField(default="")
     actor = peewee.CharField(max_length=200, default="fleetd")  # token:<name>, node:<id> or fleetd
-    actor_token_id = peewee.CharField(max_length=32, null=True)  # the API token's id when a token caused it (0017)
+    actor_token_id = peewee.CharField(
+        max_length=32, null=True
+    )  # the API token's id when a token caused it (0017)
 
     class Meta:
         indexes = ((("subject_type", "subject_id", "id"), False),)
@@ -60,14 +62,28 @@ class LeaderLease(BaseModel):
     expires_at = peewee.DateTimeField()
 
 
-# The event kinds a webhook can receive (fleetd.services.notify.webhooks decides which Event notifies which).
+# The event kinds a webhook can receive (fleetd.services.notify.webhooks decides which Event
+# notifies which).
 WEBHOOK_KINDS: tuple[str, ...] = (
-                 "node.lost", "node.returned", "node.health", "node.drained", "job.failed", "instance.interrupted",
-                 "leader.changed", "node.enrolled", "node.upgraded", "node.revoked", "node.deleted", "rollout.node",
-                 "rollout.state")
+    "node.lost",
+    "node.returned",
+    "node.health",
+    "node.drained",
+    "job.failed",
+    "instance.interrupted",
+    "leader.changed",
+    "node.enrolled",
+    "node.upgraded",
+    "node.revoked",
+    "node.deleted",
+    "rollout.node",
+    "rollout.state",
+)
 
 
-WEBHOOK_KINDS += ("node.validation",)  # a node's validation passed or failed (services.nodes.validation)
+WEBHOOK_KINDS += (
+    "node.validation",
+)  # a node's validation passed or failed (services.nodes.validation)
 WEBHOOK_KINDS += ("budget.threshold",)  # a team's month crossed 50, 80 or 100 % of its budget
 
 
@@ -88,7 +104,9 @@ class WebhookDelivery(BaseModel):
     caused it, sent (and retried) by the `webhooks` background task."""
 
     id = peewee.CharField(primary_key=True, max_length=32)
-    webhook = peewee.ForeignKeyField(Webhook, backref="deliveries", on_delete="CASCADE", column_name="webhook")
+    webhook = peewee.ForeignKeyField(
+        Webhook, backref="deliveries", on_delete="CASCADE", column_name="webhook"
+    )
     kind = peewee.CharField(max_length=64)
     at = peewee.DateTimeField()  # when the event happened
     body = peewee.TextField()  # the JSON document sent, exactly the bytes that are signed
@@ -108,5 +126,3 @@ class Setting(BaseModel):
 
     key = peewee.CharField(primary_key=True, max_length=64)
     value = peewee.TextField()
-
-

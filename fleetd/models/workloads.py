@@ -58,8 +58,13 @@ class InstanceState(str, enum.Enum):
 
     def holds_run(self):
         """True while a run (an internal job) of the instance is queued, placed or running."""
-        return self in (InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING,
-                        InstanceState.RESTARTING, InstanceState.STOPPING)
+        return self in (
+            InstanceState.PENDING,
+            InstanceState.STARTING,
+            InstanceState.RUNNING,
+            InstanceState.RESTARTING,
+            InstanceState.STOPPING,
+        )
 
     def can_resume(self):
         return self in (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED)
@@ -71,10 +76,16 @@ class Job(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     name = peewee.CharField(max_length=200)
     owner = peewee.CharField(max_length=200, index=True)  # the submitting token's name
-    owner_token_id = peewee.CharField(max_length=32)  # the owner's id: its user's (or a service account's)
+    owner_token_id = peewee.CharField(
+        max_length=32
+    )  # the owner's id: its user's (or a service account's)
     team = peewee.CharField(max_length=200, null=True)
-    project = peewee.CharField(max_length=32, null=True, index=True)  # its project's key (runs: the instance's)
-    user = peewee.CharField(max_length=64, null=True, column_name="user_login")  # null: a service account's
+    project = peewee.CharField(
+        max_length=32, null=True, index=True
+    )  # its project's key (runs: the instance's)
+    user = peewee.CharField(
+        max_length=64, null=True, column_name="user_login"
+    )  # null: a service account's
     state = peewee.CharField(max_length=16, index=True)
     pending_reason = peewee.TextField(default="")
     attempt = peewee.IntegerField(default=1)
@@ -87,8 +98,11 @@ class Job(BaseModel):
     submitted_at = peewee.DateTimeField()
     started_at = peewee.DateTimeField(null=True)
     ended_at = peewee.DateTimeField(null=True)
-    instance_id = peewee.CharField(max_length=32, null=True, index=True)  # set on a run of an instance
-    # services.placement.terms.group_key of its JobTerms (None: unknown, the pass always reads the job)
+    instance_id = peewee.CharField(
+        max_length=32, null=True, index=True
+    )  # set on a run of an instance
+    # services.placement.terms.group_key of its JobTerms (None: unknown, the pass always reads the
+    # job)
     group_key = peewee.CharField(max_length=20, null=True)
 
     # Not a column: the job's Task rows by rank, where a service loaded them (services.jobs).
@@ -110,14 +124,18 @@ class Instance(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     name = peewee.CharField(max_length=200)
     owner = peewee.CharField(max_length=200, index=True)
-    owner_token_id = peewee.CharField(max_length=32)  # the owner's id: its user's (or a service account's)
+    owner_token_id = peewee.CharField(
+        max_length=32
+    )  # the owner's id: its user's (or a service account's)
     team = peewee.CharField(max_length=200, null=True)
     project = peewee.CharField(max_length=32, null=True, index=True)
     user = peewee.CharField(max_length=64, null=True, column_name="user_login")
     state = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")
     desired_state = peewee.CharField(max_length=16, default="running")
-    interrupted_by = peewee.CharField(max_length=16, null=True)  # the cause: node_lost, preempted, drain
+    interrupted_by = peewee.CharField(
+        max_length=16, null=True
+    )  # the cause: node_lost, preempted, drain
     preempted_by = JSONText(null=True)  # {kind, id, name} of the workload that preempted it
     spec = JSONText()
     run_id = peewee.CharField(max_length=32, null=True)  # the current (or last) run's job id
@@ -126,9 +144,15 @@ class Instance(BaseModel):
     ports = JSONText(default=list)  # [{port, host_port, protocol}] as its node assigned them
     created_at = peewee.DateTimeField()
     started_at = peewee.DateTimeField(null=True)  # the current run's start
-    process_started_at = peewee.DateTimeField(null=True)  # the current process's (latest restart's) start
-    last_exit = JSONText(null=True)  # {exit_code, signal, reason, at, backoff_seconds} of its last process
-    next_start_at = peewee.DateTimeField(null=True)  # while restarting: when its node starts it again
+    process_started_at = peewee.DateTimeField(
+        null=True
+    )  # the current process's (latest restart's) start
+    last_exit = JSONText(
+        null=True
+    )  # {exit_code, signal, reason, at, backoff_seconds} of its last process
+    next_start_at = peewee.DateTimeField(
+        null=True
+    )  # while restarting: when its node starts it again
     stopped_at = peewee.DateTimeField(null=True)
     price_per_hour = peewee.FloatField(null=True)  # of the current (or last) run
     running_since = peewee.DateTimeField(null=True)  # while it runs: since when it accrues cost
@@ -140,14 +164,21 @@ class Instance(BaseModel):
         return InstanceSpec.from_dict(self.spec)
 
 
-# An owner's active jobs are counted at every submit (its limit): from this index, never its other jobs
-# (migration 0018).
-Job.add_index(Job.owner_token_id, Job.state, where=peewee.SQL("instance_id IS NULL"), name="job_owner_state")
+# An owner's active jobs are counted at every submit (its limit): from this index, never its other
+# jobs (migration 0018).
+Job.add_index(
+    Job.owner_token_id, Job.state, where=peewee.SQL("instance_id IS NULL"), name="job_owner_state"
+)
 
 
 # Names are handles: unique among one owner's instances until they are deleted (migration 0015).
-Instance.add_index(Instance.owner_token_id, Instance.name, unique=True, where=peewee.SQL("state != 'deleted'"),
-                   name="instance_owner_name_live")
+Instance.add_index(
+    Instance.owner_token_id,
+    Instance.name,
+    unique=True,
+    where=peewee.SQL("state != 'deleted'"),
+    name="instance_owner_name_live",
+)
 
 
 class Task(BaseModel):
@@ -157,7 +188,9 @@ class Task(BaseModel):
     job = peewee.ForeignKeyField(Job, backref="tasks", on_delete="CASCADE", column_name="job")
     rank = peewee.IntegerField()
     state = peewee.CharField(max_length=16, index=True)
-    node = peewee.ForeignKeyField(Node, null=True, backref="tasks", on_delete="SET NULL", column_name="node")
+    node = peewee.ForeignKeyField(
+        Node, null=True, backref="tasks", on_delete="SET NULL", column_name="node"
+    )
     # The columns' values, as peewee's accessors give them (its stubs declare only the fields).
     job_id: str
     node_id: str | None
@@ -170,7 +203,9 @@ class Task(BaseModel):
     pid = peewee.IntegerField(null=True)
     exit_code = peewee.IntegerField(null=True)
     reason = peewee.TextField(default="")
-    renewed_at = peewee.DateTimeField(null=True)  # its lease's last renewal that a replica wrote down
+    renewed_at = peewee.DateTimeField(
+        null=True
+    )  # its lease's last renewal that a replica wrote down
     rendezvous_addr = peewee.CharField(max_length=255, null=True)
     rendezvous_port = peewee.IntegerField(null=True)
     run_as = JSONText(null=True)  # {source, user, uid, gid} as delivered in its assignment
@@ -215,6 +250,6 @@ class ArtifactUpload(BaseModel):
 
     class Meta:
         primary_key = peewee.CompositeKey("sha256", "token_id")
-        indexes = ((("token_id",), False),)  # an owner's stored bytes are summed at every upload (migration 0018)
-
-
+        indexes = (
+            (("token_id",), False),
+        )  # an owner's stored bytes are summed at every upload (migration 0018)

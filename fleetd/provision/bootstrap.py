@@ -6,8 +6,8 @@ render config and unit from the shared templates, enrol with a single-use join t
 for that host, enable and start the service, and wait until fleetd reports the node `ready`.
 Running it again changes nothing on an enrolled host of the same bundle; another bundle is an
 in-place upgrade that fleetd wraps (POST /nodes/{id}/upgrade, then .../upgrade/end): the node is
-drained and put back in the state the operator left it in, or kept drained if the upgrade fails. `remove` drains, stops, uninstalls
-and deletes the node.
+drained and put back in the state the operator left it in, or kept drained if the upgrade fails.
+`remove` drains, stops, uninstalls and deletes the node.
 """
 
 import concurrent.futures
@@ -30,9 +30,15 @@ REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
 #: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.nodes.upgrades.UPGRADABLE).
 UPGRADABLE = ("ready", "cordoned", "draining", "drained")
 #: Where a node of each status before a run is once it is done.
-RETURNS_TO = {"cordoned": ("cordoned",), "draining": ("draining", "drained"), "drained": ("draining", "drained"),
-              # The validation gate's: a failed node stays so (an operator decides); one validating is left to it.
-              "failed_validation": ("failed_validation",), "validating": ("validating", "ready", "failed_validation")}
+RETURNS_TO = {
+    "cordoned": ("cordoned",),
+    "draining": ("draining", "drained"),
+    "drained": ("draining", "drained"),
+    # The validation gate's: a failed node stays so (an operator decides); one validating is left to
+    # it.
+    "failed_validation": ("failed_validation",),
+    "validating": ("validating", "ready", "failed_validation"),
+}
 AGENT_LOG_LINES = 15
 
 
@@ -45,7 +51,9 @@ class BootstrapOptions:
     """What to install and how (everything but SSH, which is `SshOptions`)."""
 
     fleet: str = ""
-    server_url: object = ""  # how agents reach fleetd: a URL, or a list of them (replicas), tried in turn
+    server_url: object = (
+        ""  # how agents reach fleetd: a URL, or a list of them (replicas), tried in turn
+    )
     bundle: object = None  # fleetd.provision.bundle.Bundle
     python: str = "python3"
     labels: dict = dataclasses.field(default_factory=dict)
@@ -61,13 +69,17 @@ class BootstrapOptions:
     min_free_mb: int = 512
     command_timeout: float = 600.0
     allow_downgrade: bool = False
-    force_remove: bool = False  # remove: drain and delete the node in fleetd when the host cannot be reached
+    force_remove: bool = (
+        False  # remove: drain and delete the node in fleetd when the host cannot be reached
+    )
     check_server_url: bool = True  # preflight: can the host reach fleetd's /api/v1/health?
     # A rollout's upgrade of an enrolled node (fleetd.provision.rollout): the host must be that node
-    # (it never enrols), and its config and unit stay as they are (rewriting them is bootstrap's job).
+    # (it never enrols), and its config and unit stay as they are (rewriting them is bootstrap's
+    # job).
     upgrade_only: bool = False
     readmit: bool = False  # enrol a host whose node was revoked again, under its old id
-    # The fleet has a validation gate: an upgraded node passes its suite before it is back in service.
+    # The fleet has a validation gate: an upgraded node passes its suite before it is back in
+    # service.
     validate: bool = False
     validation_timeout: float = 3600.0
 
@@ -87,10 +99,16 @@ class BootstrapOptions:
     def template_values(self):
         """The template variables for this run."""
         return rendering.template_vars(
-            server_url=self.server_url, labels=self.labels, devices_backend=self.devices_backend,
-            tls_pin=self.tls_pin, ca_file=posixpath.join(self.config_dir, "ca.pem") if self.ca_pem else "",
-            install_dir=self.install_dir, config_dir=self.config_dir, state_dir=self.state_dir,
-            unit_dir=self.unit_dir)
+            server_url=self.server_url,
+            labels=self.labels,
+            devices_backend=self.devices_backend,
+            tls_pin=self.tls_pin,
+            ca_file=posixpath.join(self.config_dir, "ca.pem") if self.ca_pem else "",
+            install_dir=self.install_dir,
+            config_dir=self.config_dir,
+            state_dir=self.state_dir,
+            unit_dir=self.unit_dir,
+        )
 
 
 @dataclasses.dataclass
@@ -98,7 +116,9 @@ class HostResult:
     """One row of the final table."""
 
     host: str
-    result: str = "failed"  # enrolled | upgraded | downgraded | updated | unchanged | removed | failed
+    result: str = (
+        "failed"  # enrolled | upgraded | downgraded | updated | unchanged | removed | failed
+    )
     node_id: str = ""
     gpus: int | None = None
     reason: str = ""
@@ -122,7 +142,9 @@ def parse_facts(text):
         if sep and re.fullmatch(r"[a-z_0-9]+", key):
             facts[key] = value.strip()
     if "facts_version" not in facts:
-        raise HostFailed("the host's facts script printed nothing usable: " + (text.strip()[:200] or "(empty)"))
+        raise HostFailed(
+            "the host's facts script printed nothing usable: " + (text.strip()[:200] or "(empty)")
+        )
     return facts
 
 
@@ -150,8 +172,10 @@ def install_plan(facts, bundle, allow_downgrade=False):
     if installed == bundle.version and facts.get("installed_sha256", "") == bundle.sha256:
         return False, False
     if installed and not allow_downgrade and is_downgrade(installed, bundle.version):
-        raise HostFailed(f"refusing to downgrade fleet-agent {installed} to {bundle.version} (bundle "
-                         f"{bundle.path.name}); give --allow-downgrade to do it anyway")
+        raise HostFailed(
+            f"refusing to downgrade fleet-agent {installed} to {bundle.version} (bundle "
+            f"{bundle.path.name}); give --allow-downgrade to do it anyway"
+        )
     return True, bool(installed)
 
 
@@ -179,7 +203,9 @@ def judge_preflight(facts, options):
         problems.append(f"not root (uid {facts.get('uid', '?')}): use --sudo or log in as root")
     python = facts.get("python", "")
     if not python:
-        problems.append(f"no {options.python} on the host (Python >= {'.'.join(map(str, MIN_PYTHON))} needed)")
+        problems.append(
+            f"no {options.python} on the host (Python >= {'.'.join(map(str, MIN_PYTHON))} needed)"
+        )
     elif _version_tuple(python) < MIN_PYTHON:
         problems.append(f"Python {python} < {'.'.join(map(str, MIN_PYTHON))}")
     else:
@@ -201,7 +227,10 @@ def judge_preflight(facts, options):
         free_mb = int(free_kb) // 1024
         parts.append(f"{free_mb / 1024:.1f} GiB free for {options.install_dir}")
         if free_mb < options.min_free_mb:
-            problems.append(f"only {free_mb} MiB free for {options.install_dir} (need {options.min_free_mb} MiB)")
+            problems.append(
+                f"only {free_mb} MiB free for {options.install_dir} (need {options.min_free_mb} "
+                f"MiB)"
+            )
     else:
         problems.append(f"cannot tell the free disk space for {options.install_dir}")
     driver = facts.get("nvidia_driver", "")
@@ -216,17 +245,22 @@ def judge_preflight(facts, options):
         if facts["fleetd_reachable"]:
             parts.append(f"reaches fleetd at {facts['fleetd_reachable']}")
         else:
-            problems.append(f"the host cannot reach fleetd at {', '.join(options.server_urls)}: "
-                            f"{facts.get('fleetd_unreachable') or 'no answer'} (is --server-url the URL the hosts "
-                            "reach fleetd at?)")
+            problems.append(
+                f"the host cannot reach fleetd at {', '.join(options.server_urls)}: "
+                f"{facts.get('fleetd_unreachable') or 'no answer'} (is --server-url the URL the "
+                "hosts reach fleetd at?)"
+            )
     verdict = "ok" if not problems else "FAILED: " + "; ".join(problems)
     return problems, f"{verdict} ({', '.join(parts)})" if parts else verdict
 
 
 class Bootstrapper:
-    """Runs bootstrap or removal on many hosts in parallel; `progress(host, step, message)` reports."""
+    """Runs bootstrap or removal on many hosts in parallel; `progress(host, step, message)`
+    reports."""
 
-    def __init__(self, client, options, ssh_options, progress=None, clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self, client, options, ssh_options, progress=None, clock=time.monotonic, sleep=time.sleep
+    ):
         self.client = client
         self.options = options
         self.ssh = ssh_options
@@ -239,7 +273,9 @@ class Bootstrapper:
     def run(self, specs, parallel=10, remove=False):
         """Bootstrap (or remove) every host; returns HostResults in the order of `specs`."""
         work = self.remove_host if remove else self.bootstrap_host
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(specs)))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, min(parallel, len(specs)))
+        ) as pool:
             futures = [pool.submit(self._guarded, work, spec, not remove) for spec in specs]
             return [f.result() for f in futures]
 
@@ -249,22 +285,33 @@ class Bootstrapper:
             work(spec, result)
         except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
             result.result = "failed"
-            result.reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
-        except Exception as exc:  # one host's surprise must never sink the others; it is reported, not hidden
+            result.reason = (
+                str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
+            )
+        except (
+            Exception
+        ) as exc:  # one host's surprise must never sink the others; it is reported, not hidden
             result.result = "failed"
             result.reason = f"unexpected {type(exc).__name__}: {exc}"
         if record and result.node_id:
             self._record_run(result)
-        self.progress(result.host, "done" if result.ok else "failed", result.reason or result.result)
+        self.progress(
+            result.host, "done" if result.ok else "failed", result.reason or result.result
+        )
         return result
 
     def _record_run(self, result):
-        """The run as an event of its node: the host, the bundle's version and sha256, the outcome. A
-        fleetd that cannot take it costs a note in the result, never the run."""
+        """The run as an event of its node: the host, the bundle's version and sha256, the outcome.
+        A fleetd that cannot take it costs a note in the result, never the run."""
         bundle = self.options.bundle
-        body = {"kind": "node.bootstrap", "host": result.host[:255], "outcome": result.result,
-                "bundle_version": bundle.version if bundle is not None else "",
-                "bundle_sha256": bundle.sha256 if bundle is not None else "", "detail": result.reason[:1000]}
+        body = {
+            "kind": "node.bootstrap",
+            "host": result.host[:255],
+            "outcome": result.result,
+            "bundle_version": bundle.version if bundle is not None else "",
+            "bundle_sha256": bundle.sha256 if bundle is not None else "",
+            "detail": result.reason[:1000],
+        }
         try:
             self.client.post(f"/api/v1/nodes/{result.node_id}/events", body)
         except ClientError as exc:
@@ -281,7 +328,13 @@ class Bootstrapper:
 
     def _facts(self, remote, check_urls=False):
         options = self.options
-        args = [options.python, options.install_dir, options.config_dir, options.state_dir, options.unit_path]
+        args = [
+            options.python,
+            options.install_dir,
+            options.config_dir,
+            options.state_dir,
+            options.unit_path,
+        ]
         if check_urls and options.check_server_url:
             args.append(",".join(options.server_urls))
         _, out, _ = remote.run_script(rendering.script(rendering.FACTS_SCRIPT), args, timeout=120)
@@ -304,71 +357,109 @@ class Bootstrapper:
                 result.node_id = node["id"]
             expected = getattr(spec, "node_id", None)  # a rollout's host names the node it must be
             if options.upgrade_only and (node is None or (expected and node["id"] != expected)):
-                raise HostFailed(f"the host is not enrolled as node {expected or '?'} of fleet {options.fleet} (its "
-                                 f"node.json says {facts.get('node_id') or 'nothing'}): a rollout upgrades enrolled "
-                                 "nodes only; left untouched")
+                raise HostFailed(
+                    f"the host is not enrolled as node {expected or '?'} of fleet {options.fleet} "
+                    f"(its node.json says {facts.get('node_id') or 'nothing'}): a rollout upgrades "
+                    "enrolled nodes only; left untouched"
+                )
             install, upgrade = install_plan(facts, options.bundle, options.allow_downgrade)
-            # An upgrade that failed before (node.upgrade still set) ends with this run, installing or not.
+            # An upgrade that failed before (node.upgrade still set) ends with this run, installing
+            # or not.
             upgrading = node is not None and (
-                (node["status"] in UPGRADABLE and install and upgrade) or node.get("upgrade") is not None)
+                (node["status"] in UPGRADABLE and install and upgrade)
+                or node.get("upgrade") is not None
+            )
             if upgrading:
                 node = self._begin_upgrade(node, facts, install, result)
             try:
-                self._bootstrap_after_drain(remote, facts, node, install, upgrade, upgrading, result)
+                self._bootstrap_after_drain(
+                    remote, facts, node, install, upgrade, upgrading, result
+                )
             except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
                 if not upgrading:
                     raise
                 reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
                 reason += self._agent_log(remote)
-                raise HostFailed(f"{reason}; {self._fail_upgrade(node['id'], reason, result)}") from None
+                raise HostFailed(
+                    f"{reason}; {self._fail_upgrade(node['id'], reason, result)}"
+                ) from None
         finally:
             remote.close()
 
     def _begin_upgrade(self, node, facts, install, result):
-        """Tell fleetd an upgrade begins: it remembers the node's state and drains a ready or cordoned
-        node (an operator's drain stays); wait until the node is drained. Returns the node as it was."""
+        """Tell fleetd an upgrade begins: it remembers the node's state and drains a ready or
+        cordoned node (an operator's drain stays); wait until the node is drained. Returns the node
+        as it was."""
         options = self.options
         installed = facts.get("installed_version", "")
-        verb = "downgrading" if install and is_downgrade(installed, options.bundle.version) else "upgrading"
+        verb = (
+            "downgrading"
+            if install and is_downgrade(installed, options.bundle.version)
+            else "upgrading"
+        )
         if not install:
             what = f"{installed} (ending the upgrade that failed before)"
         elif installed != options.bundle.version:
             what = f"{installed} -> {options.bundle.version}"
         else:
-            what = f"{installed} (rebuilt bundle of the same version, sha256 {options.bundle.sha256[:12]})"
+            what = (
+                f"{installed} (rebuilt bundle of the same version, sha256 "
+                f"{options.bundle.sha256[:12]})"
+            )
         reason = f"fleetd bootstrap: {verb} the agent {what}"
         if node["status"] not in UPGRADABLE:
             return node  # lost (its agent died in the upgrade that failed): fleetd holds the record already
-        self.progress(result.host, "install", f"draining node {node['id']} for the upgrade: {reason}"
-                      if node["status"] in ("ready", "cordoned") else reason)
-        self.client.post(f"/api/v1/nodes/{node['id']}/upgrade",
-                         {"reason": reason, "deadline_seconds": options.drain_deadline})
-        # lost: the agent of an upgrade that failed before went silent since the node was read; it is
-        # out of service all the same, and fleetd kept the upgrade's record.
-        self._poll(node["id"], lambda n: n["status"] in ("drained", "lost"), options.drain_deadline + 60, "drained")
+        self.progress(
+            result.host,
+            "install",
+            f"draining node {node['id']} for the upgrade: {reason}"
+            if node["status"] in ("ready", "cordoned")
+            else reason,
+        )
+        self.client.post(
+            f"/api/v1/nodes/{node['id']}/upgrade",
+            {"reason": reason, "deadline_seconds": options.drain_deadline},
+        )
+        # lost: the agent of an upgrade that failed before went silent since the node was read; it
+        # is out of service all the same, and fleetd kept the upgrade's record.
+        self._poll(
+            node["id"],
+            lambda n: n["status"] in ("drained", "lost"),
+            options.drain_deadline + 60,
+            "drained",
+        )
         return node
 
     def _agent_log(self, remote):
         """The last lines the agent logged ('' when there are none), for a failure's message."""
         try:
-            _, out, _ = remote.run_script(rendering.script(rendering.LOG_SCRIPT), [AGENT_LOG_LINES], timeout=60)
+            _, out, _ = remote.run_script(
+                rendering.script(rendering.LOG_SCRIPT), [AGENT_LOG_LINES], timeout=60
+            )
         except (SshError, rendering.TemplateError):
             return ""
         lines = [line.strip() for line in out.splitlines() if line.strip()][-AGENT_LOG_LINES:]
         return f" (the agent's log ends: {' | '.join(lines)[-1500:]})" if lines else ""
 
     def _fail_upgrade(self, node_id, reason, result):
-        """Tell fleetd the upgrade failed: the node stays out of service, its reason naming the failure.
-        Says what became of the node."""
-        self.progress(result.host, "failed", f"the upgrade of node {node_id} failed; it stays out of service")
+        """Tell fleetd the upgrade failed: the node stays out of service, its reason naming the
+        failure. Says what became of the node."""
+        self.progress(
+            result.host, "failed", f"the upgrade of node {node_id} failed; it stays out of service"
+        )
         try:
-            now = self.client.post(f"/api/v1/nodes/{node_id}/upgrade/end",
-                                   {"outcome": "failed", "detail": reason[:1000]})
+            now = self.client.post(
+                f"/api/v1/nodes/{node_id}/upgrade/end",
+                {"outcome": "failed", "detail": reason[:1000]},
+            )
         except ClientError as exc:
             return f"node {node_id}: fleetd did not take the failed upgrade ({exc.message})"
         kept = (now.get("upgrade") or {}).get("returns_to") or {}
-        return (f"node {node_id} stays out of service (upgrade failed; it is {now.get('status')}): fix the agent "
-                f"and run again, which returns it to {kept.get('status') or 'its state'}, or undrain it")
+        return (
+            f"node {node_id} stays out of service (upgrade failed; it is {now.get('status')}): fix "
+            f"the agent and run again, which returns it to {kept.get('status') or 'its state'}, or "
+            f"undrain it"
+        )
 
     def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, upgrading, result):
         options = self.options
@@ -378,11 +469,18 @@ class Bootstrapper:
         installed = facts.get("installed_version", "")
         changed = []
         if install:
-            self.progress(result.host, "install", f"installing fleet-agent {options.bundle.version}"
-                          + (f" over {installed}" if installed else ""))
+            self.progress(
+                result.host,
+                "install",
+                f"installing fleet-agent {options.bundle.version}"
+                + (f" over {installed}" if installed else ""),
+            )
             self._install(remote)
-            changed.append(("downgraded" if is_downgrade(installed, options.bundle.version) else "upgraded")
-                           if upgrade else "installed")
+            changed.append(
+                ("downgraded" if is_downgrade(installed, options.bundle.version) else "upgraded")
+                if upgrade
+                else "installed"
+            )
         else:
             self.progress(result.host, "install", f"fleet-agent {installed} already installed")
         result.version = options.bundle.version
@@ -396,8 +494,12 @@ class Bootstrapper:
 
         if node is None:
             stale = bool(facts.get("node_id"))
-            self.progress(result.host, "enrol", "enrolling with a single-use join token"
-                          + (" (the stored node is gone, revoked or elsewhere)" if stale else ""))
+            self.progress(
+                result.host,
+                "enrol",
+                "enrolling with a single-use join token"
+                + (" (the stored node is gone, revoked or elsewhere)" if stale else ""),
+            )
             self._enrol(remote, result)
             changed.append("enrolled")
         else:
@@ -406,8 +508,15 @@ class Bootstrapper:
 
         restart = bool(changed)
         active = facts.get("service_active") == "active"
-        self.progress(result.host, "start", "restarting fleet-agent" if active and restart else
-                      "fleet-agent already running" if active else "starting fleet-agent")
+        self.progress(
+            result.host,
+            "start",
+            "restarting fleet-agent"
+            if active and restart
+            else "fleet-agent already running"
+            if active
+            else "starting fleet-agent",
+        )
         before = self._node(result.node_id)
         action = self._start(remote, facts, restart=restart, reload_units=unit_changed)
         if action:
@@ -416,11 +525,19 @@ class Bootstrapper:
             before = None  # nothing restarted: no fresh heartbeat to wait for
 
         if previous == "validating":
-            self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it is validating "
-                          "(its validation decides where it goes)")
+            self.progress(
+                result.host,
+                "ready",
+                f"waiting for node {result.node_id} to heartbeat; it is validating "
+                "(its validation decides where it goes)",
+            )
         elif previous in ("draining", "drained", "cordoned", "failed_validation"):
-            self.progress(result.host, "ready", f"waiting for node {result.node_id} to heartbeat; it stays "
-                          f"{previous} as an operator left it ({operator_reason(node)})")
+            self.progress(
+                result.host,
+                "ready",
+                f"waiting for node {result.node_id} to heartbeat; it stays "
+                f"{previous} as an operator left it ({operator_reason(node)})",
+            )
         else:
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
         node_now = self._wait_ready(result, before, upgrading, previous)
@@ -437,7 +554,10 @@ class Bootstrapper:
         if result.validation:
             result.reason += f"; validation {result.validation}"
         if previous in ("draining", "drained"):
-            result.reason += f"; node stays {node_now['status']} as an operator left it ({operator_reason(node)})"
+            result.reason += (
+                f"; node stays {node_now['status']} as an operator left it "
+                f"({operator_reason(node)})"
+            )
         elif previous == "cordoned":
             result.reason += "; node stays cordoned as an operator left it"
 
@@ -457,17 +577,28 @@ class Bootstrapper:
         # node.json of an agent that knows several URLs lists them all (node_server_urls); an older
         # one holds one. Another fleetd (no URL in common) means enrolling again; a list that only
         # gained or lost replicas of the same one does not (the rewritten config brings it).
-        stored = {u.strip().rstrip("/").lower() for u in
-                  (facts.get("node_server_urls") or facts.get("node_server_url", "")).split(",") if u.strip()}
-        # A rollout (upgrade_only) never enrols: the node its fleetd knows it as is the one it checks.
-        if stored and not self.options.upgrade_only and not stored & {u.lower() for u in self.options.server_urls}:
+        stored = {
+            u.strip().rstrip("/").lower()
+            for u in (facts.get("node_server_urls") or facts.get("node_server_url", "")).split(",")
+            if u.strip()
+        }
+        # A rollout (upgrade_only) never enrols: the node its fleetd knows it as is the one it
+        # checks.
+        if (
+            stored
+            and not self.options.upgrade_only
+            and not stored & {u.lower() for u in self.options.server_urls}
+        ):
             return None
         node = self._node(node_id)
         if node is not None and node["status"] == "revoked" and not self.options.readmit:
             # A revoke is an operator's decision: a routine rerun must not undo it.
             why = node.get("status_reason") or "no reason given"
-            raise HostFailed(f"node {node_id} of this host was revoked ({why}): a rerun does not admit it again; "
-                             "give --readmit to enrol the host again (under its old node id, with a new join token)")
+            raise HostFailed(
+                f"node {node_id} of this host was revoked ({why}): a rerun does not admit it "
+                "again; give --readmit to enrol the host again (under its old node id, with a new "
+                "join token)"
+            )
         if node is None or node["status"] == "revoked" or node.get("fleet") != self.options.fleet:
             return None
         return node
@@ -482,10 +613,16 @@ class Bootstrapper:
             _, out, _ = remote.run(f"sha256sum {shlex.quote(bundle_remote)}", timeout=120)
             if out.split()[:1] != [options.bundle.sha256]:
                 raise HostFailed("the uploaded bundle does not match its SHA-256")
-            _, out, _ = remote.run_script(rendering.script(rendering.INSTALL_SCRIPT),
-                                          [bundle_remote, options.python, options.install_dir], timeout=options.command_timeout)
+            _, out, _ = remote.run_script(
+                rendering.script(rendering.INSTALL_SCRIPT),
+                [bundle_remote, options.python, options.install_dir],
+                timeout=options.command_timeout,
+            )
             if f"installed={options.bundle.version}" not in out:
-                raise HostFailed(f"the install script did not confirm version {options.bundle.version}: {out.strip()[-200:]}")
+                raise HostFailed(
+                    f"the install script did not confirm version {options.bundle.version}: "
+                    f"{out.strip()[-200:]}"
+                )
         finally:
             remote.run(f"rm -rf {shlex.quote(tmp)}", timeout=60, check=False)
 
@@ -507,15 +644,20 @@ class Bootstrapper:
         _, tmp, _ = remote.run("mktemp -d", timeout=60)
         tmp = tmp.strip()
         try:
-            commands = [f"install -d -m 0755 {shlex.quote(options.config_dir)} {shlex.quote(options.unit_dir)}"]
+            commands = [
+                f"install -d -m 0755 {shlex.quote(options.config_dir)} "
+                f"{shlex.quote(options.unit_dir)}"
+            ]
             written = []
             for index, (text, target, mode) in enumerate(files):
                 staged = posixpath.join(tmp, f"{index}.staged")
                 remote.put_text(text, staged)
                 # cmp: a CA bundle that is already there unchanged is not a change.
-                commands.append(f"if ! cmp -s {shlex.quote(staged)} {shlex.quote(target)}; then "
-                                f"install -m {mode} {shlex.quote(staged)} {shlex.quote(target)} && "
-                                f"echo wrote={shlex.quote(target)}; fi")
+                commands.append(
+                    f"if ! cmp -s {shlex.quote(staged)} {shlex.quote(target)}; then "
+                    f"install -m {mode} {shlex.quote(staged)} {shlex.quote(target)} && "
+                    f"echo wrote={shlex.quote(target)}; fi"
+                )
                 written.append(target)
             _, out, _ = remote.run_script("set -e\n" + "\n".join(commands) + "\n", timeout=120)
         finally:
@@ -527,22 +669,35 @@ class Bootstrapper:
 
     def _enrol(self, remote, result):
         options = self.options
-        token = self.client.post(f"/api/v1/fleets/{options.fleet}/join-tokens", {
-            "ttl_seconds": JOIN_TOKEN_TTL_SECONDS, "max_uses": 1,
-            "description": f"fleetd bootstrap {result.host}"[:200]})
+        token = self.client.post(
+            f"/api/v1/fleets/{options.fleet}/join-tokens",
+            {
+                "ttl_seconds": JOIN_TOKEN_TTL_SECONDS,
+                "max_uses": 1,
+                "description": f"fleetd bootstrap {result.host}"[:200],
+            },
+        )
         agent = posixpath.join(options.install_dir, "bin", "fleet-agent")
-        # The token travels on stdin into the environment of `fleet-agent join`: never in an argument.
-        # --force: this host was found not to be validly enrolled, whatever credentials it still has.
-        join = (f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --force --server "
-                f"{shlex.quote(','.join(options.server_urls))} --config {shlex.quote(options.config_path)}")
+        # The token travels on stdin into the environment of `fleet-agent join`: never in an
+        # argument. --force: this host was found not to be validly enrolled, whatever credentials it
+        # still has.
+        join = (
+            f"FLEET_AGENT_JOIN_TOKEN=$(head -n 1) exec {shlex.quote(agent)} join --force --server "
+            f"{shlex.quote(','.join(options.server_urls))} --config "
+            f"{shlex.quote(options.config_path)}"
+        )
         command = remote.privileged("sh -c " + shlex.quote(join))
         try:
-            code, out, err = remote.run(command, stdin=token["token"] + "\n", timeout=120, check=False)
+            code, out, err = remote.run(
+                command, stdin=token["token"] + "\n", timeout=120, check=False
+            )
         finally:
             token["token"] = None
         if code != 0:
             self._revoke_token(token["id"])
-            raise HostFailed(f"fleet-agent join failed (exit {code}): {first_cause(err.strip() or out)}")
+            raise HostFailed(
+                f"fleet-agent join failed (exit {code}): {first_cause(err.strip() or out)}"
+            )
         match = re.search(r"enrolled as node (\S+)", out)
         if not match:
             raise HostFailed(f"fleet-agent join did not say which node: {out.strip()[-200:]}")
@@ -555,14 +710,18 @@ class Bootstrapper:
             pass  # already used or expired: nothing is left to revoke
 
     def _start(self, remote, facts, restart, reload_units):
-        """Enable, and start or restart the service as needed; returns "started", "restarted" or None."""
+        """Enable, and start or restart the service as needed; returns "started", "restarted" or
+        None."""
         commands, action = [], None
         if reload_units:
             commands.append("systemctl daemon-reload")
         enable = facts.get("service_enabled") != "enabled"
         if facts.get("service_active") != "active":
-            commands.append("systemctl enable --now fleet-agent.service" if enable else
-                            "systemctl start fleet-agent.service")
+            commands.append(
+                "systemctl enable --now fleet-agent.service"
+                if enable
+                else "systemctl start fleet-agent.service"
+            )
             action = "started"
             enable = False
         if enable:
@@ -587,57 +746,103 @@ class Bootstrapper:
             if self.clock() >= deadline:
                 break
             self.sleep(POLL_SECONDS)
-        state = "gone" if node is None else f"{node['status']} ({node.get('status_reason') or 'no reason given'})"
+        state = (
+            "gone"
+            if node is None
+            else f"{node['status']} ({node.get('status_reason') or 'no reason given'})"
+        )
         raise HostFailed(f"node {node_id} not {what} after {timeout:.0f}s: it is {state}")
 
     def _drain(self, node, reason, result, step="install"):
-        """Drain the node and wait until it is drained (an operator's drain is waited for, not redone)."""
+        """Drain the node and wait until it is drained (an operator's drain is waited for, not
+        redone)."""
         if node["status"] in ("drained", "lost"):
             return
         if node["status"] != "draining":
             self.progress(result.host, step, f"draining node {node['id']}: {reason}")
-            self.client.post(f"/api/v1/nodes/{node['id']}/drain",
-                             {"reason": reason, "deadline_seconds": self.options.drain_deadline})
-        self._poll(node["id"], lambda n: n["status"] == "drained", self.options.drain_deadline + 60, "drained")
+            self.client.post(
+                f"/api/v1/nodes/{node['id']}/drain",
+                {"reason": reason, "deadline_seconds": self.options.drain_deadline},
+            )
+        self._poll(
+            node["id"],
+            lambda n: n["status"] == "drained",
+            self.options.drain_deadline + 60,
+            "drained",
+        )
 
     def _wait_ready(self, result, before, upgrading, previous):
-        """Wait for a fresh heartbeat after a (re)start, end the upgrade when there is one (fleetd puts
-        the node back where it was, in one step), and wait for the node to be there: ready, or cordoned
-        or drained when an operator had put it there."""
+        """Wait for a fresh heartbeat after a (re)start, end the upgrade when there is one (fleetd
+        puts the node back where it was, in one step), and wait for the node to be there: ready, or
+        cordoned or drained when an operator had put it there."""
         timeout = self.options.wait_timeout
         if before is not None:
             last = before.get("last_heartbeat_at")
-            self._poll(result.node_id, lambda n: n.get("last_heartbeat_at") and n["last_heartbeat_at"] != last
-                       and n["status"] not in ("lost", "pending"), timeout, "heartbeating after the restart")
+            self._poll(
+                result.node_id,
+                lambda n: (
+                    n.get("last_heartbeat_at")
+                    and n["last_heartbeat_at"] != last
+                    and n["status"] not in ("lost", "pending")
+                ),
+                timeout,
+                "heartbeating after the restart",
+            )
         if upgrading and before is not None and self.options.bundle is not None:
-            # Validate: the restarted agent runs the new bundle (it reports it at its first heartbeat).
+            # Validate: the restarted agent runs the new bundle (it reports it at its first
+            # heartbeat).
             sha = self.options.bundle.sha256
-            self._poll(result.node_id, lambda n: n.get("bundle_sha256") == sha, timeout,
-                       f"running bundle {sha[:12]} after the restart")
+            self._poll(
+                result.node_id,
+                lambda n: n.get("bundle_sha256") == sha,
+                timeout,
+                f"running bundle {sha[:12]} after the restart",
+            )
         if upgrading and before is not None and self.options.validate:
             self._validate(result)
         if upgrading:
-            self.progress(result.host, "ready", f"ending the upgrade: node {result.node_id} goes back to {previous}")
+            self.progress(
+                result.host,
+                "ready",
+                f"ending the upgrade: node {result.node_id} goes back to {previous}",
+            )
             bundle = self.options.bundle
-            detail = f"fleet-agent {bundle.version} (bundle sha256 {bundle.sha256[:12]})" if bundle else ""
-            self.client.post(f"/api/v1/nodes/{result.node_id}/upgrade/end", {"outcome": "succeeded", "detail": detail})
+            detail = (
+                f"fleet-agent {bundle.version} (bundle sha256 {bundle.sha256[:12]})"
+                if bundle
+                else ""
+            )
+            self.client.post(
+                f"/api/v1/nodes/{result.node_id}/upgrade/end",
+                {"outcome": "succeeded", "detail": detail},
+            )
         targets = RETURNS_TO.get(previous, ("ready",))
-        return self._poll(result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets))
+        return self._poll(
+            result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets)
+        )
 
     def _validate(self, result):
         """Run the fleet's validation suite on the upgraded node while it is still out of service
-        (POST /nodes/{id}/validate; it comes back drained once it passes). HostFailed when it fails."""
-        self.progress(result.host, "ready", f"validating node {result.node_id} (its fleet's validation suite)")
+        (POST /nodes/{id}/validate; it comes back drained once it passes). HostFailed when it
+        fails."""
+        self.progress(
+            result.host, "ready", f"validating node {result.node_id} (its fleet's validation suite)"
+        )
         try:
             self.client.post(f"/api/v1/nodes/{result.node_id}/validate")
         except ClientError as exc:
             if exc.status != 409:
                 raise
-            # An operator's drain whose tasks still run: no validation now; the node stays out of service.
+            # An operator's drain whose tasks still run: no validation now; the node stays out of
+            # service.
             result.validation = f"not run ({exc.message})"
             return
-        node = self._poll(result.node_id, lambda n: n["status"] != "validating", self.options.validation_timeout,
-                          "through its validation")
+        node = self._poll(
+            result.node_id,
+            lambda n: n["status"] != "validating",
+            self.options.validation_timeout,
+            "through its validation",
+        )
         if node["status"] == "failed_validation":
             raise HostFailed(f"validation failed: {node.get('status_reason') or 'no reason given'}")
         result.validation = "passed"
@@ -653,27 +858,36 @@ class Bootstrapper:
             if isinstance(exc, HostKeyRejected) or "host key" in str(exc).lower():
                 raise  # a refused host key is never "unreachable": that host may be an impostor
             if not options.force_remove:
-                raise HostFailed(f"{exc}; if the host is gone for good, --remove --force drains and deletes its "
-                                 "node in fleetd without touching the host") from None
+                raise HostFailed(
+                    f"{exc}; if the host is gone for good, --remove --force drains and deletes its "
+                    "node in fleetd without touching the host"
+                ) from None
             self._remove_unreachable(spec, result, exc)
             return
         try:
             facts = self._facts(remote)
             if facts.get("uid") != "0":
-                raise HostFailed(f"not root (uid {facts.get('uid', '?')}): use --sudo or log in as root")
+                raise HostFailed(
+                    f"not root (uid {facts.get('uid', '?')}): use --sudo or log in as root"
+                )
             node_id = facts.get("node_id") or ""
             node = self._node(node_id) if node_id else None
             result.node_id = node_id
             if node is not None:
                 result.gpus = len(node.get("gpus") or [])
                 if node["status"] not in ("drained", "lost", "revoked", "pending"):
-                    self._drain(node, "removing the host (fleetd bootstrap --remove)", result, step="drain")
+                    self._drain(
+                        node, "removing the host (fleetd bootstrap --remove)", result, step="drain"
+                    )
             self.progress(result.host, "stop", "stopping and disabling fleet-agent")
             unit = shlex.quote(options.unit_path)
             remote.run_script(
                 f"if command -v systemctl >/dev/null 2>&1 && [ -e {unit} ]; then\n"
-                "    systemctl disable --now fleet-agent.service || systemctl stop fleet-agent.service\n"
-                "fi\n", timeout=180)
+                "    systemctl disable --now fleet-agent.service || systemctl stop "
+                "fleet-agent.service\n"
+                "fi\n",
+                timeout=180,
+            )
             # Right after the agent stops, before fleetd could declare the silent node lost.
             if node is not None:
                 self.progress(result.host, "delete", f"deleting node {node_id}")
@@ -681,8 +895,11 @@ class Bootstrapper:
             remote.run_script(uninstall_script(options), timeout=180)
             self.progress(result.host, "uninstall", "removed the agent, its config, state and unit")
             result.result = "removed"
-            result.reason = f"node {node_id} drained and deleted" if node is not None else \
-                "no enrolled node found; the agent's files were removed"
+            result.reason = (
+                f"node {node_id} drained and deleted"
+                if node is not None
+                else "no enrolled node found; the agent's files were removed"
+            )
         finally:
             remote.close()
 
@@ -695,40 +912,66 @@ class Bootstrapper:
 
     def _remove_unreachable(self, spec, result, why):
         """--remove --force on a host SSH cannot reach: drain and delete its node in fleetd only."""
-        self.progress(result.host, "connect", f"unreachable ({why}); --force: removing its node in fleetd only")
+        self.progress(
+            result.host,
+            "connect",
+            f"unreachable ({why}); --force: removing its node in fleetd only",
+        )
         nodes = self._nodes_of_host(spec.host)
         if not nodes:
-            raise HostFailed(f"{why}; --force: fleetd has no node with address or hostname {spec.host}")
+            raise HostFailed(
+                f"{why}; --force: fleetd has no node with address or hostname {spec.host}"
+            )
         if len(nodes) > 1:
-            raise HostFailed(f"{why}; --force: {len(nodes)} nodes have address or hostname {spec.host} "
-                             f"({', '.join(n['id'] for n in nodes)}): delete the right one with `fleetd node delete`")
+            raise HostFailed(
+                f"{why}; --force: {len(nodes)} nodes have address or hostname {spec.host} "
+                f"({', '.join(n['id'] for n in nodes)}): delete the right one with `fleetd node "
+                f"delete`"
+            )
         node = nodes[0]
         result.node_id = node["id"]
         result.gpus = len(node.get("gpus") or [])
         if node["status"] not in ("drained", "lost", "revoked", "pending"):
             self.progress(result.host, "drain", f"draining node {node['id']}")
             try:
-                self.client.post(f"/api/v1/nodes/{node['id']}/drain",
-                                 {"reason": "removing an unreachable host (fleetd bootstrap --remove --force)",
-                                  "deadline_seconds": self.options.drain_deadline})
+                self.client.post(
+                    f"/api/v1/nodes/{node['id']}/drain",
+                    {
+                        "reason": (
+                            "removing an unreachable host (fleetd bootstrap --remove --force)"
+                        ),
+                        "deadline_seconds": self.options.drain_deadline,
+                    },
+                )
             except ClientError as exc:
                 if exc.status != 409:  # already draining or drained, or lost meanwhile
                     raise
-            # A dead agent reports no finished tasks: the drain ends at its deadline, or the node is lost.
-            self._poll(node["id"], lambda n: n["status"] in ("drained", "lost"), self.options.drain_deadline + 60,
-                       "drained or lost")
+            # A dead agent reports no finished tasks: the drain ends at its deadline, or the node is
+            # lost.
+            self._poll(
+                node["id"],
+                lambda n: n["status"] in ("drained", "lost"),
+                self.options.drain_deadline + 60,
+                "drained or lost",
+            )
         self.progress(result.host, "delete", f"deleting node {node['id']}")
         self._delete_node(node["id"])
         result.result = "removed"
-        result.reason = (f"host unreachable ({why}); --force: node {node['id']} drained and deleted in fleetd, "
-                         "nothing on the host was touched")
+        result.reason = (
+            f"host unreachable ({why}); --force: node {node['id']} drained and deleted in fleetd, "
+            "nothing on the host was touched"
+        )
 
     def _nodes_of_host(self, host):
         """Nodes whose address or hostname is `host` (pages bounded)."""
         found, cursor = [], None
         for _ in range(1000):
-            page = self.client.get("/api/v1/nodes" + (f"?cursor={urllib.parse.quote(cursor)}" if cursor else ""))
-            found += [n for n in page.get("items", []) if host in (n.get("address"), n.get("hostname"))]
+            page = self.client.get(
+                "/api/v1/nodes" + (f"?cursor={urllib.parse.quote(cursor)}" if cursor else "")
+            )
+            found += [
+                n for n in page.get("items", []) if host in (n.get("address"), n.get("hostname"))
+            ]
             cursor = page.get("next_cursor")
             if not cursor:
                 break
@@ -736,14 +979,18 @@ class Bootstrapper:
 
 
 def uninstall_script(options):
-    """Remove the agent, its config, its state and its unit. The state directory (and the others) may
-    be mount points: their contents go, the mount point stays."""
-    dirs = " ".join(shlex.quote(p) for p in (options.install_dir, options.config_dir, options.state_dir))
-    return (f"for dir in {dirs}; do\n"
-            "    [ -d \"$dir\" ] || continue\n"
-            "    find \"$dir\" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\n"
-            "    if mountpoint -q \"$dir\" 2>/dev/null; then echo \"kept mount point $dir (emptied)\"; "
-            "else rmdir -- \"$dir\"; fi\n"
-            "done\n"
-            f"rm -f -- {shlex.quote(options.unit_path)}\n"
-            "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n")
+    """Remove the agent, its config, its state and its unit. The state directory (and the others)
+    may be mount points: their contents go, the mount point stays."""
+    dirs = " ".join(
+        shlex.quote(p) for p in (options.install_dir, options.config_dir, options.state_dir)
+    )
+    return (
+        f"for dir in {dirs}; do\n"
+        '    [ -d "$dir" ] || continue\n'
+        '    find "$dir" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\n'
+        '    if mountpoint -q "$dir" 2>/dev/null; then echo "kept mount point $dir (emptied)"; '
+        'else rmdir -- "$dir"; fi\n'
+        "done\n"
+        f"rm -f -- {shlex.quote(options.unit_path)}\n"
+        "if command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload; fi\n"
+    )

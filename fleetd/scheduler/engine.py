@@ -56,12 +56,24 @@ from fleetd.scheduler.model import (
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 
-PLACEMENT_GROUP = 4  # tasks one pass places on a node before an equally good, equally busy one gets its turn
+PLACEMENT_GROUP = (
+    4  # tasks one pass places on a node before an equally good, equally busy one gets its turn
+)
 
 
 class _Gpu:
-    __slots__ = ("uuid", "model", "memory_total", "memory_free", "milli_free", "numa", "usable", "holders",
-                 "mps_owner", "mps_holders")
+    __slots__ = (
+        "uuid",
+        "model",
+        "memory_total",
+        "memory_free",
+        "milli_free",
+        "numa",
+        "usable",
+        "holders",
+        "mps_owner",
+        "mps_holders",
+    )
 
     def __init__(self, snap):
         self.uuid = snap.uuid
@@ -92,7 +104,18 @@ class _Gpu:
 
 
 class _Node:
-    __slots__ = ("index", "snap", "cpu_free", "memory_free", "model", "gpus", "key", "cid", "placed", "owner_ports")
+    __slots__ = (
+        "index",
+        "snap",
+        "cpu_free",
+        "memory_free",
+        "model",
+        "gpus",
+        "key",
+        "cid",
+        "placed",
+        "owner_ports",
+    )
 
     def __init__(self, index: int, snap: NodeSnapshot):
         self.index = index
@@ -111,7 +134,11 @@ class _Node:
         return [g for g in self.gpus if g.usable]
 
     def make_key(self):
-        self.key = (self.model, self.cpu_free, tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)))
+        self.key = (
+            self.model,
+            self.cpu_free,
+            tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)),
+        )
         return self.key
 
     @property
@@ -195,7 +222,8 @@ class PlacementEngine:
                 self._enter(node)
 
     def rescore(self, policy: str | Policy | None, profile: WorkloadProfile | None = None) -> None:
-        """Score from now on with this policy and workload profile (a new pass's); reservations stay."""
+        """Score from now on with this policy and workload profile (a new pass's); reservations
+        stay."""
         self.policy = policy if isinstance(policy, Policy) else make_policy(policy, profile)
         self._memo.clear()
 
@@ -252,7 +280,11 @@ class PlacementEngine:
                 res = memo[cid]
             else:
                 key = self._class_keys[cid]
-                res = self.policy.score(key[0], key[1], key[2], shape) if self._class_fits(key, shape) else None
+                res = (
+                    self.policy.score(key[0], key[1], key[2], shape)
+                    if self._class_fits(key, shape)
+                    else None
+                )
                 memo[cid] = res
             if res is not None:
                 busy, index = members[0].rank
@@ -286,7 +318,11 @@ class PlacementEngine:
                 gpu = self.rng.choice(fitting)
             else:
                 preferred = [g for g in fitting if g.key == slice_of]
-                gpu = preferred[0] if preferred else min(fitting, key=lambda g: (g.milli_free, g.memory_free))
+                gpu = (
+                    preferred[0]
+                    if preferred
+                    else min(fitting, key=lambda g: (g.milli_free, g.memory_free))
+                )
             return [(gpu, shape.gpu_milli, request.gpu_memory_for(gpu.memory_total))]
         idle = [g for g in node.gpus if g.idle]
         if len(idle) < shape.gpu_count:
@@ -314,10 +350,18 @@ class PlacementEngine:
         """False when the request's host ports would take its owner over the per-node cap."""
         if not request.host_ports or request.max_owner_ports is None:
             return True
-        return node.owner_ports.get(request.owner, 0) + request.host_ports <= request.max_owner_ports
+        return (
+            node.owner_ports.get(request.owner, 0) + request.host_ports <= request.max_owner_ports
+        )
 
-    def _node_ok(self, node: _Node, request: TaskRequest, shape: Shape, slice_of, exclude) -> list | None:
-        if node.index in exclude or node.memory_free < request.memory_bytes or not self._selector_ok(node, request):
+    def _node_ok(
+        self, node: _Node, request: TaskRequest, shape: Shape, slice_of, exclude
+    ) -> list | None:
+        if (
+            node.index in exclude
+            or node.memory_free < request.memory_bytes
+            or not self._selector_ok(node, request)
+        ):
             return None
         if not self._ports_ok(node, request):
             return None
@@ -390,8 +434,15 @@ class PlacementEngine:
             gpu.milli_free -= milli
             gpu.memory_free -= memory
             gpu.holders += 1
-        r = _Reservation(node, request.cpu_milli, request.memory_bytes, devices, request.owner, request.host_ports,
-                         request.mps and request.shared)
+        r = _Reservation(
+            node,
+            request.cpu_milli,
+            request.memory_bytes,
+            devices,
+            request.owner,
+            request.host_ports,
+            request.mps and request.shared,
+        )
         self._hold(r, 1)
         if node.snap.schedulable:
             self._enter(node)
@@ -428,7 +479,9 @@ class PlacementEngine:
 
     # ---- public API ----------------------------------------------------------------------
 
-    def use_policy(self, policy: str | Policy | None, profile: WorkloadProfile | None = None) -> None:
+    def use_policy(
+        self, policy: str | Policy | None, profile: WorkloadProfile | None = None
+    ) -> None:
         """Score later placements with another policy; what is reserved so far stays reserved."""
         chosen = policy if isinstance(policy, Policy) else make_policy(policy, profile)
         if chosen.name != self.policy.name:
@@ -458,7 +511,10 @@ class PlacementEngine:
                     node_id=node.snap.id,
                     gpus=tuple(
                         GpuAllocation(
-                            uuid=g.uuid, memory_limit_bytes=mem, compute_milli=milli, exclusive=not shape.shared
+                            uuid=g.uuid,
+                            memory_limit_bytes=mem,
+                            compute_milli=milli,
+                            exclusive=not shape.shared,
                         )
                         for g, milli, mem in devices
                     ),
@@ -484,8 +540,17 @@ class PlacementEngine:
             node = self.by_id[rank.node_id]
             uuids = {g.uuid: g for g in node.gpus}
             devices = [(uuids[a.uuid], a.compute_milli, a.memory_limit_bytes) for a in rank.gpus]
-            self._unreserve(_Reservation(node, rank.cpu_milli, rank.memory_bytes, devices, rank.owner, rank.host_ports,
-                                         rank.mps))
+            self._unreserve(
+                _Reservation(
+                    node,
+                    rank.cpu_milli,
+                    rank.memory_bytes,
+                    devices,
+                    rank.owner,
+                    rank.host_ports,
+                    rank.mps,
+                )
+            )
 
     def snapshot(self) -> ClusterSnapshot:
         """The engine's accounting now, as a snapshot (what is left after its placements)."""
@@ -500,8 +565,16 @@ class PlacementEngine:
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
-            nodes.append(replace(node.snap, gpus=gpus, cpu_free_milli=node.cpu_free, memory_free_bytes=node.memory_free,
-                                 tasks=node.tasks, owner_ports=dict(node.owner_ports)))
+            nodes.append(
+                replace(
+                    node.snap,
+                    gpus=gpus,
+                    cpu_free_milli=node.cpu_free,
+                    memory_free_bytes=node.memory_free,
+                    tasks=node.tasks,
+                    owner_ports=dict(node.owner_ports),
+                )
+            )
         return ClusterSnapshot(tuple(nodes))
 
     def explain(self, request: TaskRequest) -> tuple[FilterDetail, ...]:
@@ -523,48 +596,86 @@ class PlacementEngine:
         if not self._selector_ok(node, request):
             sel = request.node_selector
             if sel.fleet is not None and snap.fleet != sel.fleet:
-                return STAGE_SELECTOR, f"node is in fleet {snap.fleet!r}, job asks for {sel.fleet!r}"
+                return (
+                    STAGE_SELECTOR,
+                    f"node is in fleet {snap.fleet!r}, job asks for {sel.fleet!r}",
+                )
             if sel.node_id is not None and snap.id != sel.node_id:
                 return STAGE_SELECTOR, f"the instance's volume is on node {sel.node_id}"
             if sel.container and not snap.containers_ready:
                 if snap.containers is not None:
-                    return STAGE_CONTAINERS, f"node cannot run the image: containers {snap.containers}"
-                return STAGE_SELECTOR, "node has no container runtime (podman or docker) for the image"
+                    return (
+                        STAGE_CONTAINERS,
+                        f"node cannot run the image: containers {snap.containers}",
+                    )
+                return (
+                    STAGE_SELECTOR,
+                    "node has no container runtime (podman or docker) for the image",
+                )
             if sel.image is not None and not image_allowed(sel.image, tuple(snap.allowed_images)):
-                return STAGE_IMAGE, (f"node's fleet {snap.fleet!r} does not allow image {sel.image!r} "
-                                        f"(allowed_images: {', '.join(snap.allowed_images) or 'none'})")
+                return STAGE_IMAGE, (
+                    f"node's fleet {snap.fleet!r} does not allow image {sel.image!r} "
+                    f"(allowed_images: {', '.join(snap.allowed_images) or 'none'})"
+                )
             missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
-            return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(f"{k}={sel.labels[k]}" for k in missing)
+            return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(
+                f"{k}={sel.labels[k]}" for k in missing
+            )
         if shape.gpu_count:
             models = set(node.model.split("|")) if node.model else set()
             if shape.gpu_types and not (models and models <= shape.gpu_types):
                 have = node.model or "no GPUs"
-                return STAGE_GPU_TYPE, f"node has {have}, job accepts {', '.join(sorted(shape.gpu_types))}"
+                return (
+                    STAGE_GPU_TYPE,
+                    f"node has {have}, job accepts {', '.join(sorted(shape.gpu_types))}",
+                )
             usable = node.usable_gpus()
             if len(usable) < shape.gpu_count:
                 bad = len(node.gpus) - len(usable)
                 extra = f" ({bad} unhealthy or held)" if bad else ""
-                return STAGE_GPU_COUNT, f"node has {len(usable)} usable GPU(s){extra}, job needs {shape.gpu_count}"
+                return (
+                    STAGE_GPU_COUNT,
+                    f"node has {len(usable)} usable GPU(s){extra}, job needs {shape.gpu_count}",
+                )
         if node.cpu_free < request.cpu_milli:
-            return STAGE_CPU, f"{node.cpu_free / MILLI:g} CPUs free, job needs {request.cpu_milli / MILLI:g}"
+            return (
+                STAGE_CPU,
+                f"{node.cpu_free / MILLI:g} CPUs free, job needs {request.cpu_milli / MILLI:g}",
+            )
         if node.memory_free < request.memory_bytes:
-            return STAGE_MEMORY, f"{node.memory_free} bytes of memory free, job needs {request.memory_bytes}"
+            return (
+                STAGE_MEMORY,
+                f"{node.memory_free} bytes of memory free, job needs {request.memory_bytes}",
+            )
         if not self._ports_ok(node, request):
             held = node.owner_ports.get(request.owner, 0)
-            return STAGE_PORTS, (f"its owner's instances hold {held} host port(s) on this node, the cap per owner "
-                                 f"and node is {request.max_owner_ports}, this instance declares {request.host_ports}")
+            return STAGE_PORTS, (
+                f"its owner's instances hold {held} host port(s) on this node, the cap per owner "
+                f"and node is {request.max_owner_ports}, this instance declares "
+                f"{request.host_ports}"
+            )
         if shape.gpu_count:
             if shape.shared:
                 fit = [g for g in node.gpus if g.usable and g.milli_free >= shape.gpu_milli]
                 if not fit:
                     best = max((g.milli_free for g in node.gpus if g.usable), default=0)
                     need = shape.gpu_milli / MILLI
-                    return STAGE_GPU, f"largest free GPU share is {best / MILLI:.3f}, job needs {need:.3f}"
-                if not any(request.gpu_memory_for(g.memory_total) >= MIN_SLICE_MEMORY_BYTES for g in fit):
-                    return STAGE_SLICE_MEMORY, (f"a slice's memory share of each GPU with enough free share is "
-                                                f"under {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
+                    return (
+                        STAGE_GPU,
+                        f"largest free GPU share is {best / MILLI:.3f}, job needs {need:.3f}",
+                    )
+                if not any(
+                    request.gpu_memory_for(g.memory_total) >= MIN_SLICE_MEMORY_BYTES for g in fit
+                ):
+                    return STAGE_SLICE_MEMORY, (
+                        f"a slice's memory share of each GPU with enough free share is "
+                        f"under {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB"
+                    )
                 if request.mps and not any(g.takes_mps_of(request.owner) for g in fit):
-                    return STAGE_MPS, "each GPU with enough free share serves another owner's MPS work"
+                    return (
+                        STAGE_MPS,
+                        "each GPU with enough free share serves another owner's MPS work",
+                    )
                 if not any(g.memory_free >= request.gpu_memory_for(g.memory_total) for g in fit):
                     return STAGE_GPU_MEMORY, "no GPU with enough free share has enough free memory"
             else:
@@ -582,7 +693,11 @@ class PlacementEngine:
             if explain:
                 rejected = {d.node_id for d in detail}
                 detail = detail + tuple(
-                    FilterDetail(n.snap.id, STAGE_GANG, "node fits one rank, but the gang needs more such nodes")
+                    FilterDetail(
+                        n.snap.id,
+                        STAGE_GANG,
+                        "node fits one rank, but the gang needs more such nodes",
+                    )
                     for n in self.nodes
                     if n.snap.id not in rejected
                 )
@@ -595,8 +710,14 @@ class PlacementEngine:
                 counts[d.stage] = counts.get(d.stage, 0) + 1
                 if d.stage in EXPLAINED_STAGES:
                     quoted.setdefault(d.stage, d.reason)
-            reason += " (" + ", ".join(f"{stage}: {n} node(s)" + (f": {quoted[stage]}" if stage in quoted else "")
-                                       for stage, n in counts.items()) + ")"
+            reason += (
+                " ("
+                + ", ".join(
+                    f"{stage}: {n} node(s)" + (f": {quoted[stage]}" if stage in quoted else "")
+                    for stage, n in counts.items()
+                )
+                + ")"
+            )
         return Unschedulable(reason=reason, filter_detail=detail, placed_ranks=placed)
 
 
@@ -613,7 +734,9 @@ def schedule(
     return [engine.place(r, explain=explain) for r in requests]
 
 
-def profile_from_requests(requests: Sequence[TaskRequest], coverage: float = 1.0) -> WorkloadProfile:
+def profile_from_requests(
+    requests: Sequence[TaskRequest], coverage: float = 1.0
+) -> WorkloadProfile:
     """A workload profile from recent or queued requests (one count per rank)."""
     counts: dict[tuple, float] = {}
     for r in requests:

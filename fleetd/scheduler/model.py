@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 MILLI = 1000
-MIN_SLICE_MEMORY_BYTES = 256 * 1024**2  # a GPU whose memory share for a slice would be smaller is no fit
+MIN_SLICE_MEMORY_BYTES = (
+    256 * 1024**2
+)  # a GPU whose memory share for a slice would be smaller is no fit
 READY = "ready"  # a node's containers when its runtime can run images
 
 
@@ -37,7 +39,9 @@ class GpuSnapshot:
     numa_node: int = 0
     healthy: bool = True
     exclusive: bool = False  # held whole by a task
-    mps_owner: str | None = None  # the owner whose MPS slices share it (MPS serves one uid per GPU at a time)
+    mps_owner: str | None = (
+        None  # the owner whose MPS slices share it (MPS serves one uid per GPU at a time)
+    )
 
     @property
     def free_memory(self) -> int:
@@ -63,7 +67,8 @@ class NodeSnapshot:
     gpus: tuple[GpuSnapshot, ...] = ()
     fleet: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
-    # False for cordoned, draining, drained, lost, revoked, pending, validating and failed_validation nodes
+    # False for cordoned, draining, drained, lost, revoked, pending, validating and
+    # failed_validation nodes
     schedulable: bool = True
     status: str = "ready"
     cpu_free_milli: int = 0
@@ -74,7 +79,9 @@ class NodeSnapshot:
     # reported a container runtime
     containers: str | None = None
     allowed_images: tuple[str, ...] = ("*",)  # its fleet's patterns for instance images
-    owner_ports: Mapping[str, int] = field(default_factory=dict)  # owner -> host ports its instances hold here
+    owner_ports: Mapping[str, int] = field(
+        default_factory=dict
+    )  # owner -> host ports its instances hold here
     block_reason: str = ""  # why it takes no work, when not schedulable (else its status says)
 
     @property
@@ -107,8 +114,13 @@ class NodeSelector:
 
     @property
     def restricts(self) -> bool:
-        return (self.fleet is not None or bool(self.labels) or self.node_id is not None or self.container
-                or self.image is not None)
+        return (
+            self.fleet is not None
+            or bool(self.labels)
+            or self.node_id is not None
+            or self.container
+            or self.image is not None
+        )
 
     def matches(self, node: NodeSnapshot) -> bool:
         """True when the node is in the fleet (if given), has every label, is the node asked for,
@@ -173,7 +185,9 @@ class TaskRequest:
         """True when each rank takes a slice of one GPU rather than whole GPUs."""
         if 0 < self.gpus < 1:
             return True
-        return self.gpus >= 1 and (self.gpu_memory_bytes is not None or self.gpu_compute_percent is not None)
+        return self.gpus >= 1 and (
+            self.gpu_memory_bytes is not None or self.gpu_compute_percent is not None
+        )
 
     @property
     def gpu_count(self) -> int:
@@ -290,8 +304,9 @@ STAGES = (
 )
 # Stages whose reason a pending job's one-line reason quotes (one node's verdict), not only counts:
 # what an owner can act on, or must know to understand the wait.
-EXPLAINED_STAGES = frozenset({STAGE_ISOLATION, STAGE_CONTAINERS, STAGE_IMAGE, STAGE_PORTS, STAGE_MPS,
-                              STAGE_SLICE_MEMORY})
+EXPLAINED_STAGES = frozenset(
+    {STAGE_ISOLATION, STAGE_CONTAINERS, STAGE_IMAGE, STAGE_PORTS, STAGE_MPS, STAGE_SLICE_MEMORY}
+)
 
 
 @dataclass(frozen=True)
@@ -334,8 +349,14 @@ class WorkloadProfile:
         total = float(sum(counts.values()))
         if total <= 0:
             return cls(())
-        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], kv[0][3]), reverse=True)
-        return cls(tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / total) for k, c in ordered)).typical(coverage)
+        ordered = sorted(
+            counts.items(),
+            key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], kv[0][3]),
+            reverse=True,
+        )
+        return cls(
+            tuple(TaskShape(k[0], k[1], k[2], tuple(k[3]), c / total) for k, c in ordered)
+        ).typical(coverage)
 
     def typical(self, coverage: float) -> WorkloadProfile:
         """The most popular shapes that together make up `coverage` of tasks, weights renormalised.

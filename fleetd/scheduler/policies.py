@@ -81,7 +81,8 @@ class FragmentationModel:
     def __init__(self, profile: WorkloadProfile | None):
         shapes = profile.shapes if profile is not None else ()
         self.shapes = tuple(
-            (s.cpu_milli, s.gpu_milli, s.gpu_count, frozenset(s.gpu_types), s.weight) for s in shapes
+            (s.cpu_milli, s.gpu_milli, s.gpu_count, frozenset(s.gpu_types), s.weight)
+            for s in shapes
         )
         self._memo: dict[tuple, float] = {}
 
@@ -119,8 +120,11 @@ class Policy:
     def __init__(self, profile: WorkloadProfile | None = None):
         self.profile = profile
 
-    def score(self, model: str, cpu_free: int, gpus: tuple[int, ...], shape: Shape) -> tuple[float, int | None]:
-        """Higher is better; `slice_of` is the free share of the GPU to slice (None for whole GPUs)."""
+    def score(
+        self, model: str, cpu_free: int, gpus: tuple[int, ...], shape: Shape
+    ) -> tuple[float, int | None]:
+        """Higher is better; `slice_of` is the free share of the GPU to slice (None for whole
+        GPUs)."""
         raise TypeError(f"{type(self).__name__} does not score nodes")
 
 
@@ -153,7 +157,8 @@ class DotProductPolicy(Policy):
     name = "dotprod"
 
     def score(self, model, cpu_free, gpus, shape):
-        """The paper's integer score 100 x (1 - dot/2) over vectors normalised by the largest node."""
+        """The paper's integer score 100 x (1 - dot/2) over vectors normalised by the largest
+        node."""
         dot = (cpu_free / MAX_SPEC_CPU) * (shape.cpu_milli / MAX_SPEC_CPU)
         dot += (sum(gpus) / MAX_SPEC_GPU) * (shape.total_gpu_milli / MAX_SPEC_GPU)
         return float(int(100 * (1 - dot / 2))), best_fit_slice(gpus, shape)
@@ -192,7 +197,9 @@ class FgdPolicy(Policy):
 
     def __init__(self, profile: WorkloadProfile | None = None):
         super().__init__(profile)
-        self.frag = FragmentationModel(profile.typical(self.TYPICAL_COVERAGE) if profile is not None else None)
+        self.frag = FragmentationModel(
+            profile.typical(self.TYPICAL_COVERAGE) if profile is not None else None
+        )
 
     def _quantised(self, drop: float) -> float:
         return float(int(100.0 / (1.0 + math.exp(-drop / 1000.0))))
@@ -205,7 +212,9 @@ class FgdPolicy(Policy):
             return self._quantised(before - after), None
         best, best_slice = None, None
         for g in slice_candidates(gpus, shape):
-            s = self._quantised(before - self.frag.amount(model, *after_placement(cpu_free, gpus, shape, g)))
+            s = self._quantised(
+                before - self.frag.amount(model, *after_placement(cpu_free, gpus, shape, g))
+            )
             if best is None or s > best:
                 best, best_slice = s, g
         return best, best_slice
@@ -238,7 +247,9 @@ class FragBalPolicy(Policy):
             if s.gpu_count:
                 gpu += s.weight * s.gpu_milli * s.gpu_count
                 cpu += s.weight * s.cpu_milli
-        self.gpu_per_cpu = gpu / cpu if cpu else 0.0  # milli-GPU the typical task uses per milli-CPU
+        self.gpu_per_cpu = (
+            gpu / cpu if cpu else 0.0
+        )  # milli-GPU the typical task uses per milli-CPU
         self._memo: dict[tuple, float] = {}
 
     def unusable(self, model: str, cpu_free: int, gpus: tuple[int, ...]) -> float:
@@ -285,5 +296,7 @@ def make_policy(name: str | None = None, profile: WorkloadProfile | None = None)
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}") from None
+        raise ValueError(
+            f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}"
+        ) from None
     return factory(profile)

@@ -21,7 +21,9 @@ BackgroundTaskPageSchema = page_schema(BackgroundTaskSchema, "BackgroundTaskPage
 
 
 class GcSchema(Schema):
-    older_than_seconds = Int(maximum=100 * 365 * 86400, load_default=7 * 86400)  # beyond that: before year 1
+    older_than_seconds = Int(
+        maximum=100 * 365 * 86400, load_default=7 * 86400
+    )  # beyond that: before year 1
     delete_jobs = Bool(load_default=False)
     dry_run = Bool(load_default=True)
 
@@ -32,7 +34,9 @@ class GcResultSchema(Schema):
     log_lines = fields.Integer()
     events = fields.Integer()
     artifacts = fields.Integer()
-    instances = fields.Integer(metadata={"description": "deleted instances forgotten (with delete_jobs)"})
+    instances = fields.Integer(
+        metadata={"description": "deleted instances forgotten (with delete_jobs)"}
+    )
     cluster_samples = fields.Integer()
     gpu_samples = fields.Integer()
     dry_run = fields.Boolean()

@@ -7,7 +7,9 @@ from fleetd.schemas.nodes import DrainSchema
 from fleetwire.heartbeat import Heartbeat
 from fleetwire.registration import Registration
 
-MACHINE_ID = FullRegexp(r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128")
+MACHINE_ID = FullRegexp(
+    r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128"
+)
 
 
 class GpuReportSchema(Schema):
@@ -17,18 +19,35 @@ class GpuReportSchema(Schema):
     model = Text(required=True, max_length=128)
     memory_total_bytes = Int(required=True)
     numa_node = Int(maximum=1023, load_default=None, allow_none=True)
-    max_tflops = fields.Float(load_default=None, allow_none=True, validate=validate.Range(min=0, max=1e7))
+    max_tflops = fields.Float(
+        load_default=None, allow_none=True, validate=validate.Range(min=0, max=1e7)
+    )
     healthy = Bool(load_default=True)
     health_reason = Text(max_length=500, load_default="")
     mig_mode = Text(max_length=16, load_default=None, allow_none=True)
-    serial = Text(max_length=64, load_default=None, allow_none=True, metadata={
-        "description": "the board serial number: the GPU's history follows it across hosts"})
+    serial = Text(
+        max_length=64,
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": "the board serial number: the GPU's history follows it across hosts"
+        },
+    )
     board_part_number = Text(max_length=64, load_default=None, allow_none=True)
     vbios = Text(max_length=64, load_default=None, allow_none=True)
-    xids = fields.List(Int(maximum=2**31), validate=validate.Length(max=64), load_default=list, metadata={
-        "description": "critical XIDs the agent saw on this GPU since it started"})
-    ecc_uncorrected = Int(load_default=None, allow_none=True, metadata={
-        "description": "uncorrectable ECC errors since the driver loaded (null: not supported)"})
+    xids = fields.List(
+        Int(maximum=2**31),
+        validate=validate.Length(max=64),
+        load_default=list,
+        metadata={"description": "critical XIDs the agent saw on this GPU since it started"},
+    )
+    ecc_uncorrected = Int(
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": "uncorrectable ECC errors since the driver loaded (null: not supported)"
+        },
+    )
 
 
 def _unique_uuids(gpus):
@@ -42,8 +61,12 @@ GpuList = lambda **kw: fields.List(  # noqa: E731 - one definition for register 
 )
 
 
-CONTAINER_RUNTIME = fields.String(validate=validate.OneOf(["podman", "docker"]), load_default=None, allow_none=True,
-                                  metadata={"description": "the container runtime that can run images here"})
+CONTAINER_RUNTIME = fields.String(
+    validate=validate.OneOf(["podman", "docker"]),
+    load_default=None,
+    allow_none=True,
+    metadata={"description": "the container runtime that can run images here"},
+)
 
 
 class ReportedResourcesSchema(Schema):
@@ -56,7 +79,9 @@ CONTAINERS_ERROR = '"ready" or "unavailable: <reason>" (one line)'
 
 
 def _one_line(value):
-    if "\n" in value or "\r" in value:  # Python's `$` would let a trailing newline through the pattern
+    if (
+        "\n" in value or "\r" in value
+    ):  # Python's `$` would let a trailing newline through the pattern
         raise ValidationError(CONTAINERS_ERROR)
 
 
@@ -65,20 +90,42 @@ MAX_HOST_UIDS = 4096
 
 class CapabilitiesSchema(Schema):
     container_runtime = CONTAINER_RUNTIME
-    isolation = fields.String(validate=validate.OneOf(["uid", "none"]), metadata={
-        "description": "uid: the agent runs each task as its owner's uid; none: it cannot switch users "
-                       "(not root); left out by older agents (read as none)"})
+    isolation = fields.String(
+        validate=validate.OneOf(["uid", "none"]),
+        metadata={
+            "description": (
+                "uid: the agent runs each task as its owner's uid; none: it cannot switch users "
+                "(not root); left out by older agents (read as none)"
+            )
+        },
+    )
     isolation_reason = Text(max_length=500, metadata={"description": "why isolation is none"})
-    containers = Text(max_length=500, validate=[FullRegexp(r"^(ready|unavailable: .+)$", error=CONTAINERS_ERROR),
-                                                _one_line], metadata={
-        "description": 'whether the container runtime works: "ready" or "unavailable: <reason>"'})
-    host_uids = fields.List(Int(maximum=2**32 - 1), validate=validate.Length(max=MAX_HOST_UIDS), metadata={
-        "description": "uids of the host's own users (>= 1000): fleetd never allocates them to task owners"})
+    containers = Text(
+        max_length=500,
+        validate=[FullRegexp(r"^(ready|unavailable: .+)$", error=CONTAINERS_ERROR), _one_line],
+        metadata={
+            "description": 'whether the container runtime works: "ready" or "unavailable: <reason>"'
+        },
+    )
+    host_uids = fields.List(
+        Int(maximum=2**32 - 1),
+        validate=validate.Length(max=MAX_HOST_UIDS),
+        metadata={
+            "description": (
+                "uids of the host's own users (>= 1000): fleetd never allocates them to task owners"
+            )
+        },
+    )
 
 
 class Percent(fields.Float):
     def __init__(self, **kwargs):
-        super().__init__(validate=validate.Range(min=0, max=100_000), load_default=None, allow_none=True, **kwargs)
+        super().__init__(
+            validate=validate.Range(min=0, max=100_000),
+            load_default=None,
+            allow_none=True,
+            **kwargs,
+        )
 
 
 class InstanceGpuSampleSchema(Schema):
@@ -97,23 +144,40 @@ MAX_INSTANCE_PORTS = 32  # as an instance declares at most
 
 
 class InstancePortSampleSchema(Schema):
-    port = Int(required=True, minimum=1, maximum=65535, metadata={"description": "the declared port"})
-    host_port = Int(required=True, minimum=1, maximum=65535, metadata={"description": "the node's port for it"})
-    state = fields.String(required=True, validate=validate.OneOf(PORT_STATES), metadata={
-        "description": "whose listener the host port has: ok (the instance's), not_listening, "
-                       "taken_by_other_process, unknown (not looked at yet)"})
+    port = Int(
+        required=True, minimum=1, maximum=65535, metadata={"description": "the declared port"}
+    )
+    host_port = Int(
+        required=True, minimum=1, maximum=65535, metadata={"description": "the node's port for it"}
+    )
+    state = fields.String(
+        required=True,
+        validate=validate.OneOf(PORT_STATES),
+        metadata={
+            "description": "whose listener the host port has: ok (the instance's), not_listening, "
+            "taken_by_other_process, unknown (not looked at yet)"
+        },
+    )
 
 
 class InstanceSampleSchema(Schema):
     task_id = Text(required=True, min_length=1, max_length=64)
     epoch = Int(required=True)
-    uptime_seconds = fields.Float(validate=validate.Range(min=0, max=1e10), load_default=None, allow_none=True)
+    uptime_seconds = fields.Float(
+        validate=validate.Range(min=0, max=1e10), load_default=None, allow_none=True
+    )
     restarts = Int(load_default=0, maximum=10**9)
-    gpus = fields.List(fields.Nested(InstanceGpuSampleSchema), validate=validate.Length(max=64), load_default=list)
+    gpus = fields.List(
+        fields.Nested(InstanceGpuSampleSchema), validate=validate.Length(max=64), load_default=list
+    )
     container = fields.Nested(InstanceContainerSampleSchema, load_default=None, allow_none=True)
     volume_used_bytes = Int(load_default=None, allow_none=True)
-    ports = fields.List(fields.Nested(InstancePortSampleSchema), validate=validate.Length(max=MAX_INSTANCE_PORTS),
-                        load_default=list, metadata={"description": "the state of each host port of the run"})
+    ports = fields.List(
+        fields.Nested(InstancePortSampleSchema),
+        validate=validate.Length(max=MAX_INSTANCE_PORTS),
+        load_default=list,
+        metadata={"description": "the state of each host port of the run"},
+    )
 
 
 class RegisterSchema(Schema):
@@ -124,12 +188,17 @@ class RegisterSchema(Schema):
     labels = Labels(load_default=dict)
     resources = fields.Nested(ReportedResourcesSchema, required=True)
     gpus = GpuList(required=True)
-    capabilities = fields.Nested(CapabilitiesSchema, load_default=None, allow_none=True, metadata={
-        "description": "what the host can run (as in heartbeats)"})
+    capabilities = fields.Nested(
+        CapabilitiesSchema,
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "what the host can run (as in heartbeats)"},
+    )
 
     @post_load
     def _typed(self, data, **kwargs):
-        """The checked body as the wire's one definition of a registration (fleetwire.registration)."""
+        """The checked body as the wire's one definition of a registration
+        (fleetwire.registration)."""
         try:
             return Registration.from_wire(data)
         except ValueError as exc:
@@ -139,7 +208,9 @@ class RegisterSchema(Schema):
 class RegisteredSchema(Schema):
     node_id = fields.String()
     fleet = fields.String()
-    session_token = fields.String(metadata={"description": "The node's secret; shown only in this response."})
+    session_token = fields.String(
+        metadata={"description": "The node's secret; shown only in this response."}
+    )
     heartbeat_interval_seconds = fields.Integer()
 
 
@@ -152,25 +223,76 @@ class TaskReportSchema(Schema):
 class HeartbeatSchema(Schema):
     gpus = GpuList(load_default=None, allow_none=True)
     metrics = fields.Dict(load_default=None, allow_none=True)
-    tasks = fields.List(fields.Nested(TaskReportSchema), validate=validate.Length(max=1024), load_default=list)
-    capabilities = fields.Nested(CapabilitiesSchema, load_default=None, allow_none=True, metadata={
-        "description": "what the host can run; sent on the first heartbeat after the agent starts and on change"})
-    instances = fields.List(fields.Nested(InstanceSampleSchema), validate=validate.Length(max=1024),
-                            load_default=list, metadata={"description": "runtime figures of the instance runs"})
-    volumes = fields.List(Text(min_length=1, max_length=64), validate=validate.Length(max=1024), load_default=None,
-                          allow_none=True, metadata={"description": "the instance volumes present on the node"})
-    agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
-        "description": "the agent's version; sent on the first heartbeat after the agent starts and on change"})
-    bundle_sha256 = fields.String(load_default=None, validate=FullRegexp(
-        r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"), metadata={
-        "description": "SHA-256 of the offline bundle the agent was installed from ('' when none); sent with "
-                       "agent_version"})
-    draining = Bool(load_default=None, allow_none=True, metadata={
-        "description": "true: the agent takes no new work (fleetd cordons a ready node with the reason \"agent "
-                       "draining\"); false: it does again (that cordon ends; an admin's stays); left out: no change"})
-    labels = Labels(load_default=None, allow_none=True, metadata={
-        "description": "the labels of the agent's config file; sent with agent_version. fleetd keeps them as the "
-                       "node's agent_labels; labels set through the API win per key"})
+    tasks = fields.List(
+        fields.Nested(TaskReportSchema), validate=validate.Length(max=1024), load_default=list
+    )
+    capabilities = fields.Nested(
+        CapabilitiesSchema,
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "what the host can run; sent on the first heartbeat after the agent starts and on "
+                "change"
+            )
+        },
+    )
+    instances = fields.List(
+        fields.Nested(InstanceSampleSchema),
+        validate=validate.Length(max=1024),
+        load_default=list,
+        metadata={"description": "runtime figures of the instance runs"},
+    )
+    volumes = fields.List(
+        Text(min_length=1, max_length=64),
+        validate=validate.Length(max=1024),
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "the instance volumes present on the node"},
+    )
+    agent_version = Text(
+        min_length=1,
+        max_length=64,
+        load_default=None,
+        metadata={
+            "description": (
+                "the agent's version; sent on the first heartbeat after the agent starts and on "
+                "change"
+            )
+        },
+    )
+    bundle_sha256 = fields.String(
+        load_default=None,
+        validate=FullRegexp(r"^([0-9a-f]{64})?$", error="a SHA-256 in lowercase hex, or empty"),
+        metadata={
+            "description": (
+                "SHA-256 of the offline bundle the agent was installed from ('' when none); sent "
+                "with agent_version"
+            )
+        },
+    )
+    draining = Bool(
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "true: the agent takes no new work (fleetd cordons a ready node with the reason "
+                '"agent '
+                "draining\"); false: it does again (that cordon ends; an admin's stays); left out: "
+                "no change"
+            )
+        },
+    )
+    labels = Labels(
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "the labels of the agent's config file; sent with agent_version. fleetd keeps them "
+                "as the node's agent_labels; labels set through the API win per key"
+            )
+        },
+    )
 
     @post_load
     def _typed(self, data, **kwargs):
@@ -187,11 +309,29 @@ class HeartbeatReplySchema(Schema):
     revoked = fields.Boolean()
     cancel = fields.List(fields.String())
     heartbeat_interval_seconds = fields.Integer()
-    delete_volumes = fields.List(fields.String(), metadata={
-        "description": "instance volumes the node must delete (their instance is deleted or elsewhere)"})
-    validation = fields.Dict(allow_none=True, metadata={
-        "description": "while the node validates: {id, suite}, the checks its agent runs and posts to "
-                       "/agent/validations/{id} (docs/validation.md); null otherwise"})
-    lease_seconds = fields.Float(metadata={
-        "description": "how long a task's lease lasts without a heartbeat that fleetd answers (task_lease_seconds, "
-                       "widened with the heartbeat interval): the node stops its job tasks before it runs out"})
+    delete_volumes = fields.List(
+        fields.String(),
+        metadata={
+            "description": (
+                "instance volumes the node must delete (their instance is deleted or elsewhere)"
+            )
+        },
+    )
+    validation = fields.Dict(
+        allow_none=True,
+        metadata={
+            "description": (
+                "while the node validates: {id, suite}, the checks its agent runs and posts to "
+                "/agent/validations/{id} (docs/validation.md); null otherwise"
+            )
+        },
+    )
+    lease_seconds = fields.Float(
+        metadata={
+            "description": (
+                "how long a task's lease lasts without a heartbeat that fleetd answers "
+                "(task_lease_seconds, widened with the heartbeat interval): the node stops its job "
+                "tasks before it runs out"
+            )
+        }
+    )

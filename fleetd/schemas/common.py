@@ -44,7 +44,8 @@ class Int(fields.Integer):
 
 
 class Bool(fields.Boolean):
-    """A JSON true or false, nothing else (marshmallow's Boolean also takes 0, 1, "yes", "on"...)."""
+    """A JSON true or false, nothing else (marshmallow's Boolean also takes 0, 1, "yes",
+    "on"...)."""
 
     def _deserialize(self, value, attr, data, **kwargs):
         if not isinstance(value, bool):
@@ -64,12 +65,16 @@ def check_labels(labels):
         raise ValidationError(f"at most {MAX_LABELS} labels")
     for key in labels:
         if not LABEL_KEY_RE.match(key):
-            raise ValidationError(f"invalid label key {key[:64]!r}: letters, digits and ._/- (at most 128)")
+            raise ValidationError(
+                f"invalid label key {key[:64]!r}: letters, digits and ._/- (at most 128)"
+            )
 
 
 def Labels(**kwargs):
     """A {key: value} map of strings with bounded size."""
-    return fields.Dict(keys=fields.String(), values=Text(max_length=255), validate=check_labels, **kwargs)
+    return fields.Dict(
+        keys=fields.String(), values=Text(max_length=255), validate=check_labels, **kwargs
+    )
 
 
 class PageQuerySchema(Schema):
@@ -82,7 +87,10 @@ class PageQuerySchema(Schema):
 def page_schema(item_schema, name):
     """A {items, next_cursor} list schema for `item_schema`."""
     return Schema.from_dict(
-        {"items": fields.List(fields.Nested(item_schema)), "next_cursor": fields.String(allow_none=True)},
+        {
+            "items": fields.List(fields.Nested(item_schema)),
+            "next_cursor": fields.String(allow_none=True),
+        },
         name=name,
     )
 

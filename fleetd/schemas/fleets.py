@@ -23,73 +23,147 @@ TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 def _enum_name(zone):
     """A constant's name for a zone in generated clients: 'Etc/GMT+0' -> 'ETC_GMT_PLUS_0' (a
     generator's own names upper-case the value, and 'GMT0', 'GMT+0' and 'GMT-0' all become GMT0)."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", zone.replace("+", "_PLUS_").replace("-", "_MINUS_")).strip("_").upper()
+    return (
+        re.sub(r"[^A-Za-z0-9]+", "_", zone.replace("+", "_PLUS_").replace("-", "_MINUS_"))
+        .strip("_")
+        .upper()
+    )
 
 
 TIME_ZONE_NAMES = [_enum_name(zone) for zone in TIME_ZONES]
 
 FLEET_NAME = FullRegexp(
-    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", error="lowercase letters, digits and '-', at most 63, like a DNS label"
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    error="lowercase letters, digits and '-', at most 63, like a DNS label",
 )
 
 
 class WindowSchema(Schema):
     start = fields.String(required=True, validate=FullRegexp(windows.HHMM, error="HH:MM (24 h)"))
     end = fields.String(required=True, validate=FullRegexp(windows.HHMM, error="HH:MM (24 h)"))
-    days = fields.List(fields.String(validate=validate.OneOf(windows.DAYS)), validate=validate.Length(min=1, max=7),
-                       metadata={"description": "days on which the window starts (default: every day)"})
+    days = fields.List(
+        fields.String(validate=validate.OneOf(windows.DAYS)),
+        validate=validate.Length(min=1, max=7),
+        metadata={"description": "days on which the window starts (default: every day)"},
+    )
 
 
 class AvailabilitySchema(Schema):
-    timezone = fields.String(allow_none=True, validate=validate.OneOf(TIME_ZONES, error="an IANA time zone"),
-                             metadata={"description": "an IANA time zone (default UTC)",
-                                       "x-enum-varnames": TIME_ZONE_NAMES})
-    windows = fields.List(fields.Nested(WindowSchema), required=True, validate=validate.Length(min=1, max=64))
+    timezone = fields.String(
+        allow_none=True,
+        validate=validate.OneOf(TIME_ZONES, error="an IANA time zone"),
+        metadata={
+            "description": "an IANA time zone (default UTC)",
+            "x-enum-varnames": TIME_ZONE_NAMES,
+        },
+    )
+    windows = fields.List(
+        fields.Nested(WindowSchema), required=True, validate=validate.Length(min=1, max=64)
+    )
 
 
 Availability = lambda **kw: fields.Nested(  # noqa: E731 - one definition for create and update
-    AvailabilitySchema, allow_none=True,
-    metadata={"description": "null: always open; else when the fleet's GPUs may take work"}, **kw)
+    AvailabilitySchema,
+    allow_none=True,
+    metadata={"description": "null: always open; else when the fleet's GPUs may take work"},
+    **kw,
+)
 
 
 class HealthPolicySchema(Schema):
-    cordon_on_gpu_fault = Bool(metadata={"description": "cordon a node whose GPU turns unhealthy or disappears "
-                                                        "(default true)"})
-    drain_after_seconds = Int(minimum=0, maximum=7 * 86400, allow_none=True,
-                              metadata={"description": "then drain it: its tasks may run this long (default 600); "
-                                                       "null: stay cordoned"})
-    uncordon_when_healthy = Bool(metadata={"description": "return the node to ready when the fault clears, if the "
-                                                          "policy took it out (default true)"})
+    cordon_on_gpu_fault = Bool(
+        metadata={
+            "description": "cordon a node whose GPU turns unhealthy or disappears (default true)"
+        }
+    )
+    drain_after_seconds = Int(
+        minimum=0,
+        maximum=7 * 86400,
+        allow_none=True,
+        metadata={
+            "description": "then drain it: its tasks may run this long (default 600); "
+            "null: stay cordoned"
+        },
+    )
+    uncordon_when_healthy = Bool(
+        metadata={
+            "description": "return the node to ready when the fault clears, if the "
+            "policy took it out (default true)"
+        }
+    )
 
 
 HealthPolicy = lambda **kw: fields.Nested(  # noqa: E731 - one definition for create and update
-    HealthPolicySchema, allow_none=True,
-    metadata={"description": "the node health policy; fields left out (or null) keep the defaults"}, **kw)
+    HealthPolicySchema,
+    allow_none=True,
+    metadata={"description": "the node health policy; fields left out (or null) keep the defaults"},
+    **kw,
+)
 
 
-AllowRootTasks = lambda **kw: Bool(metadata={  # noqa: E731 - one definition for create and update
-    "description": "work an admin token submitted may run as root on the fleet's nodes (default false)"}, **kw)
-RequireIsolation = lambda **kw: Bool(metadata={  # noqa: E731
-    "description": "the fleet's nodes take work only when their agent can run tasks as other users "
-                   "(capabilities.isolation uid; default false)"}, **kw)
+AllowRootTasks = lambda **kw: Bool(
+    metadata={  # noqa: E731 - one definition for create and update
+        "description": (
+            "work an admin token submitted may run as root on the fleet's nodes (default false)"
+        )
+    },
+    **kw,
+)
+RequireIsolation = lambda **kw: Bool(
+    metadata={  # noqa: E731
+        "description": (
+            "the fleet's nodes take work only when their agent can run tasks as other users "
+            "(capabilities.isolation uid; default false)"
+        )
+    },
+    **kw,
+)
 AllowedImages = lambda **kw: fields.List(  # noqa: E731
-    Text(min_length=1, max_length=255), validate=validate.Length(max=64),
-    metadata={"description": "glob patterns (fnmatch) an instance's image must match to run here "
-                             "(default [\"*\"]: any image)"}, **kw)
+    Text(min_length=1, max_length=255),
+    validate=validate.Length(max=64),
+    metadata={
+        "description": "glob patterns (fnmatch) an instance's image must match to run here "
+        '(default ["*"]: any image)'
+    },
+    **kw,
+)
 
 TaskPidsMax = lambda **kw: Int(  # noqa: E731
-    minimum=MIN_TASK_PIDS, maximum=MAX_TASK_PIDS, metadata={
-        "description": "the most processes and threads a task may hold on the fleet's nodes, and what one gets "
-                       f"whose spec sets no resources.pids (default {DEFAULT_TASK_PIDS_MAX})"}, **kw)
+    minimum=MIN_TASK_PIDS,
+    maximum=MAX_TASK_PIDS,
+    metadata={
+        "description": (
+            "the most processes and threads a task may hold on the fleet's nodes, and what one "
+            f"gets whose spec sets no resources.pids (default {DEFAULT_TASK_PIDS_MAX})"
+        )
+    },
+    **kw,
+)
 TaskMemoryDefault = lambda **kw: Int(  # noqa: E731
-    minimum=MIN_TASK_MEMORY_BYTES, maximum=MAX_TASK_MEMORY_BYTES, metadata={
-        "description": "the host memory bound of a task whose spec sets no resources.memory_bytes (default "
-                       f"{DEFAULT_TASK_MEMORY_BYTES}: 32 GiB); nothing is reserved for it at placement"}, **kw)
+    minimum=MIN_TASK_MEMORY_BYTES,
+    maximum=MAX_TASK_MEMORY_BYTES,
+    metadata={
+        "description": (
+            "the host memory bound of a task whose spec sets no resources.memory_bytes (default "
+            f"{DEFAULT_TASK_MEMORY_BYTES}: 32 GiB); nothing is reserved for it at placement"
+        )
+    },
+    **kw,
+)
 TaskPath = lambda **kw: Text(  # noqa: E731
-    min_length=1, max_length=MAX_TASK_PATH, validate=[FullRegexp(
-        TASK_PATH_RE, error="absolute directories separated by ':', no empty entry")], metadata={
-        "description": f"the PATH a task starts with, never the agent's own (default {DEFAULT_TASK_PATH}); a "
-                       "spec's env may set its own"}, **kw)
+    min_length=1,
+    max_length=MAX_TASK_PATH,
+    validate=[
+        FullRegexp(TASK_PATH_RE, error="absolute directories separated by ':', no empty entry")
+    ],
+    metadata={
+        "description": (
+            f"the PATH a task starts with, never the agent's own (default {DEFAULT_TASK_PATH}); a "
+            "spec's env may set its own"
+        )
+    },
+    **kw,
+)
 
 
 class FleetCreateSchema(Schema):
@@ -129,13 +203,18 @@ class FleetSchema(Schema):
     gpu_count = fields.Integer()
     created_at = Time()
     availability = fields.Nested(AvailabilitySchema, allow_none=True)
-    health_policy = fields.Function(lambda f: f.effective_health_policy,
-                                    metadata={"description": "the node health policy in force (defaults filled in)"})
+    health_policy = fields.Function(
+        lambda f: f.effective_health_policy,
+        metadata={"description": "the node health policy in force (defaults filled in)"},
+    )
     allow_root_tasks = fields.Boolean()
     require_isolation = fields.Boolean()
     allowed_images = fields.List(fields.String())
-    validation = fields.Nested(ValidationSettingSchema, allow_none=True, metadata={
-        "description": "the validation gate: null, none; {} the built-in checks"})
+    validation = fields.Nested(
+        ValidationSettingSchema,
+        allow_none=True,
+        metadata={"description": "the validation gate: null, none; {} the built-in checks"},
+    )
     task_pids_max = fields.Integer()
     task_memory_default_bytes = fields.Integer()
     task_path = fields.String()

@@ -8,7 +8,16 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate, va
 from fleetd.models import JobState
 from fleetd.names import PROJECT_KEY, name_problem
 from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
-from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.common import (
+    Bool,
+    FullRegexp,
+    Int,
+    Labels,
+    PageQuerySchema,
+    Text,
+    Time,
+    page_schema,
+)
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
@@ -30,8 +39,8 @@ def _relative_path(value):
         raise ValidationError("a relative path inside the task's working directory, without '..'")
 
 
-# Names the admin UI's paths take for themselves: /ui/jobs/new and /ui/instances/new are its create forms, so a
-# job or an instance of that name could not be opened by name there.
+# Names the admin UI's paths take for themselves: /ui/jobs/new and /ui/instances/new are its create
+# forms, so a job or an instance of that name could not be opened by name there.
 RESERVED_NAMES = ("new",)
 
 
@@ -60,41 +69,87 @@ class GpuCount(fields.Number):
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValidationError("a number: whole GPUs, or a fraction 0.01 <= x < 1 of one GPU")
-        if not math.isfinite(value) or value < 0 or value > 1024 or (value >= 1 and value != int(value)):
-            raise ValidationError("an integer from 0 to 1024, or a fraction 0.01 <= x < 1 of one GPU")
+        if (
+            not math.isfinite(value)
+            or value < 0
+            or value > 1024
+            or (value >= 1 and value != int(value))
+        ):
+            raise ValidationError(
+                "an integer from 0 to 1024, or a fraction 0.01 <= x < 1 of one GPU"
+            )
         if 0 < value < MIN_GPU_FRACTION:
-            raise ValidationError(f"a fraction of a GPU must be at least {MIN_GPU_FRACTION} (got {value:g}); "
-                                  f"its memory share must also be at least {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB")
+            raise ValidationError(
+                f"a fraction of a GPU must be at least {MIN_GPU_FRACTION} (got {value:g}); "
+                f"its memory share must also be at least {MIN_SLICE_MEMORY_BYTES // 1024**2} MiB"
+            )
         return int(value) if value >= 1 or value == 0 else float(value)
 
 
 def _slice_memory(value):
     if value is not None and value < MIN_SLICE_MEMORY_BYTES:
-        raise ValidationError(f"a slice's GPU memory must be at least {MIN_SLICE_MEMORY_BYTES} bytes "
-                              f"({MIN_SLICE_MEMORY_BYTES // 1024**2} MiB), got {value}")
+        raise ValidationError(
+            f"a slice's GPU memory must be at least {MIN_SLICE_MEMORY_BYTES} bytes "
+            f"({MIN_SLICE_MEMORY_BYTES // 1024**2} MiB), got {value}"
+        )
 
 
 def Pids():
     """A task's pid limit (`resources.pids`), for jobs and instances alike."""
-    return Int(minimum=MIN_TASK_PIDS, maximum=MAX_TASK_PIDS, allow_none=True, metadata={
-        "description": "the most processes and threads each rank may hold (absent: the fleet's task_pids_max, "
-                       "which is also the most it gets)"})
+    return Int(
+        minimum=MIN_TASK_PIDS,
+        maximum=MAX_TASK_PIDS,
+        allow_none=True,
+        metadata={
+            "description": (
+                "the most processes and threads each rank may hold (absent: the fleet's "
+                "task_pids_max, which is also the most it gets)"
+            )
+        },
+    )
 
 
 class ResourcesSchema(Schema):
-    gpus = GpuCount(load_default=0, metadata={"oneOf": [
-        {"type": "integer", "minimum": 0, "maximum": 1024},
-        {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1, "exclusiveMaximum": True}]})
-    gpu_memory_bytes = fields.Integer(strict=True, validate=[validate.Range(max=2**63 - 1), _slice_memory],
-                                      load_default=None, allow_none=True,
-                                      metadata={"minimum": MIN_SLICE_MEMORY_BYTES})
-    gpu_compute_percent = fields.Float(validate=validate.Range(min=0, max=100, min_inclusive=False),
-                                       load_default=None, allow_none=True, metadata={"exclusiveMinimum": True})
-    gpu_types = fields.List(Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list)
+    gpus = GpuCount(
+        load_default=0,
+        metadata={
+            "oneOf": [
+                {"type": "integer", "minimum": 0, "maximum": 1024},
+                {
+                    "type": "number",
+                    "minimum": MIN_GPU_FRACTION,
+                    "maximum": 1,
+                    "exclusiveMaximum": True,
+                },
+            ]
+        },
+    )
+    gpu_memory_bytes = fields.Integer(
+        strict=True,
+        validate=[validate.Range(max=2**63 - 1), _slice_memory],
+        load_default=None,
+        allow_none=True,
+        metadata={"minimum": MIN_SLICE_MEMORY_BYTES},
+    )
+    gpu_compute_percent = fields.Float(
+        validate=validate.Range(min=0, max=100, min_inclusive=False),
+        load_default=None,
+        allow_none=True,
+        metadata={"exclusiveMinimum": True},
+    )
+    gpu_types = fields.List(
+        Text(min_length=1, max_length=128), validate=validate.Length(max=32), load_default=list
+    )
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
-    memory_bytes = Int(load_default=0, metadata={
-        "description": "host memory each rank holds (reserved, and its bound); 0 or absent: the fleet's "
-                       "task_memory_default_bytes bounds it, nothing is reserved"})
+    memory_bytes = Int(
+        load_default=0,
+        metadata={
+            "description": (
+                "host memory each rank holds (reserved, and its bound); 0 or absent: the fleet's "
+                "task_memory_default_bytes bounds it, nothing is reserved"
+            )
+        },
+    )
     pids = Pids()
 
 
@@ -118,27 +173,52 @@ _NODE_SELECTOR = NodeSelectorSchema()
 
 
 class JobSpecSchema(Schema):
-    name = Text(required=True, min_length=1, max_length=200, validate=[_not_reserved],
-                metadata={"description": "not `new` (the admin UI's /ui/jobs/new); visible characters of one "
-                                         "script in NFKC form (no bidi controls, no invisible ones)"})
-    command = fields.List(Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096))
-    env = fields.Dict(keys=fields.String(validate=ENV_NAME), values=Text(max_length=65536),
-                      validate=_at_most_256, load_default=dict, metadata={"maxProperties": 256})
+    name = Text(
+        required=True,
+        min_length=1,
+        max_length=200,
+        validate=[_not_reserved],
+        metadata={
+            "description": "not `new` (the admin UI's /ui/jobs/new); visible characters of one "
+            "script in NFKC form (no bidi controls, no invisible ones)"
+        },
+    )
+    command = fields.List(
+        Text(max_length=65536), required=True, validate=validate.Length(min=1, max=4096)
+    )
+    env = fields.Dict(
+        keys=fields.String(validate=ENV_NAME),
+        values=Text(max_length=65536),
+        validate=_at_most_256,
+        load_default=dict,
+        metadata={"maxProperties": 256},
+    )
     workdir = Text(max_length=1024, load_default=None, allow_none=True, validate=[_relative_path])
     num_nodes = Int(minimum=1, maximum=1024, load_default=1)
     resources = fields.Nested(ResourcesSchema, load_default=lambda: _RESOURCES.load({}))
-    isolation = fields.String(validate=validate.OneOf(["exclusive", "shared", "mps"]), load_default=None,
-                              allow_none=True)
-    priority_class = fields.String(validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand")
+    isolation = fields.String(
+        validate=validate.OneOf(["exclusive", "shared", "mps"]), load_default=None, allow_none=True
+    )
+    priority_class = fields.String(
+        validate=validate.OneOf(["on-demand", "spot"]), load_default="on-demand"
+    )
     bid = fields.Float(validate=validate.Range(min=0, max=1e9), load_default=None, allow_none=True)
     team = Text(max_length=200, load_default=None, allow_none=True)
-    project = fields.String(validate=FullRegexp(PROJECT_KEY), load_default=None, allow_none=True, metadata={
-        "description": "the key of its project (default: the submitter's default project)"})
+    project = fields.String(
+        validate=FullRegexp(PROJECT_KEY),
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": "the key of its project (default: the submitter's default project)"
+        },
+    )
     labels = Labels(load_default=dict)
     node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: _NODE_SELECTOR.load({}))
     max_runtime_seconds = Int(minimum=1, maximum=365 * 86400, load_default=None, allow_none=True)
     retry = fields.Nested(RetrySchema, load_default=None, allow_none=True)
-    artifacts = fields.List(fields.Nested(ArtifactRefSchema), validate=validate.Length(max=100), load_default=list)
+    artifacts = fields.List(
+        fields.Nested(ArtifactRefSchema), validate=validate.Length(max=100), load_default=list
+    )
 
     @validates_schema
     def _consistent(self, data, **kwargs):
@@ -163,8 +243,15 @@ class TaskStatusSchema(Schema):
     node_id = fields.Function(lambda t: t.node_id if _placed(t) else None)
     state = fields.String()
     gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus] if _placed(t) else [])
-    run_as = fields.Function(lambda t: t.run_as if _placed(t) else None, metadata={
-        "description": "who its process runs as on its node: {source: unix_user | dynamic | root, user, uid, gid}"})
+    run_as = fields.Function(
+        lambda t: t.run_as if _placed(t) else None,
+        metadata={
+            "description": (
+                "who its process runs as on its node: {source: unix_user | dynamic | root, user, "
+                "uid, gid}"
+            )
+        },
+    )
     exit_code = fields.Integer(allow_none=True)
     reason = fields.String()
     started_at = Time()
@@ -177,7 +264,9 @@ class JobStatusSchema(Schema):
     owner = fields.String()
     team = fields.String(allow_none=True)
     project = fields.String(allow_none=True, metadata={"description": "its project's key"})
-    user = fields.String(allow_none=True, metadata={"description": "its user's login (null: a service account's)"})
+    user = fields.String(
+        allow_none=True, metadata={"description": "its user's login (null: a service account's)"}
+    )
     state = fields.String()
     pending_reason = fields.String()
     attempt = fields.Integer()
@@ -188,11 +277,23 @@ class JobStatusSchema(Schema):
     spec = fields.Dict()
     tasks = fields.List(fields.Nested(TaskStatusSchema), attribute="task_list")
     # Set by the service that returns the job (services.accounting.usage.with_costs).
-    price_per_hour = fields.Float(allow_none=True, metadata={
-        "description": "what its running tasks cost per hour now; once none runs, what its last attempt's cost "
-                       "(null when it never ran or is unpriced)"})
-    cost_so_far = fields.Float(metadata={
-        "description": "its cost so far from the usage ledger, ended tasks to their end and running ones to now"})
+    price_per_hour = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": (
+                "what its running tasks cost per hour now; once none runs, what its last attempt's "
+                "cost (null when it never ran or is unpriced)"
+            )
+        },
+    )
+    cost_so_far = fields.Float(
+        metadata={
+            "description": (
+                "its cost so far from the usage ledger, ended tasks to their end and running ones "
+                "to now"
+            )
+        }
+    )
 
 
 JobPageSchema = page_schema(JobStatusSchema, "JobPage")
@@ -201,24 +302,53 @@ JobPageSchema = page_schema(JobStatusSchema, "JobPage")
 class JobQuerySchema(PageQuerySchema):
     state = fields.String(validate=validate.OneOf([s.value for s in JobState]), load_default=None)
     owner = Text(max_length=200, load_default=None)
-    name = Text(max_length=200, load_default=None, metadata={"description": "only jobs of exactly this name"})
+    name = Text(
+        max_length=200,
+        load_default=None,
+        metadata={"description": "only jobs of exactly this name"},
+    )
 
 
 class SubmitQuerySchema(Schema):
-    wait_for_capacity = fields.Boolean(load_default=True, metadata={
-        "description": "false: refuse (409) a job that no enrolled node could ever hold, instead of queueing it"})
+    wait_for_capacity = fields.Boolean(
+        load_default=True,
+        metadata={
+            "description": (
+                "false: refuse (409) a job that no enrolled node could ever hold, instead of "
+                "queueing it"
+            )
+        },
+    )
 
 
 class JobWaitSchema(Schema):
-    wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=None, metadata={
-        "default": 0, "description": "hold the answer until the job is terminal, at most this long"})
-    wait = fields.Float(validate=validate.Range(min=0, max=30), load_default=None, metadata={
-        "description": "the same as wait_seconds (seed 004's name); wait_seconds wins when both are given"})
+    wait_seconds = fields.Float(
+        validate=validate.Range(min=0, max=30),
+        load_default=None,
+        metadata={
+            "default": 0,
+            "description": "hold the answer until the job is terminal, at most this long",
+        },
+    )
+    wait = fields.Float(
+        validate=validate.Range(min=0, max=30),
+        load_default=None,
+        metadata={
+            "description": (
+                "the same as wait_seconds (seed 004's name); wait_seconds wins when both are given"
+            )
+        },
+    )
 
     @post_load
     def _wait_seconds(self, data, **kwargs):
         wait = data.pop("wait", None)
-        return {**data, "wait_seconds": data["wait_seconds"] if data.get("wait_seconds") is not None else wait or 0}
+        return {
+            **data,
+            "wait_seconds": data["wait_seconds"]
+            if data.get("wait_seconds") is not None
+            else wait or 0,
+        }
 
 
 class JobResultTaskSchema(Schema):
@@ -264,10 +394,15 @@ class EventQuerySchema(PageQuerySchema):
 
 class AcquireSchema(Schema):
     wait_seconds = fields.Float(validate=validate.Range(min=0, max=30), load_default=30)
-    max_assignments = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_ASSIGNMENTS),
-                                     load_default=None, metadata={
-                                         "description": "deliver up to this many assignments at once, in "
-                                                        "`assignments` (`assignment` is the first of them)"})
+    max_assignments = fields.Integer(
+        strict=True,
+        validate=validate.Range(min=1, max=MAX_ASSIGNMENTS),
+        load_default=None,
+        metadata={
+            "description": "deliver up to this many assignments at once, in "
+            "`assignments` (`assignment` is the first of them)"
+        },
+    )
 
     @post_load
     def _typed(self, data, **_kwargs):
@@ -298,28 +433,58 @@ class AssignmentSchema(Schema):
     isolation = fields.String()
     max_runtime_seconds = fields.Integer(allow_none=True)
     artifacts = fields.List(fields.Nested(ArtifactRefSchema))
-    cpus = fields.Float(allow_none=True, metadata={"description": "host CPUs to enforce (cgroup), if any"})
-    memory_bytes = fields.Integer(allow_none=True, metadata={
-        "description": "host memory to enforce: the spec's, else the fleet's task_memory_default_bytes"})
+    cpus = fields.Float(
+        allow_none=True, metadata={"description": "host CPUs to enforce (cgroup), if any"}
+    )
+    memory_bytes = fields.Integer(
+        allow_none=True,
+        metadata={
+            "description": (
+                "host memory to enforce: the spec's, else the fleet's task_memory_default_bytes"
+            )
+        },
+    )
     memory_default = fields.Boolean(metadata={"description": "memory_bytes is the fleet's default"})
-    pids = fields.Integer(allow_none=True, metadata={"description": "the most processes and threads the task holds"})
-    task_path = fields.String(allow_none=True, metadata={"description": "the task's PATH (the fleet's task_path)"})
+    pids = fields.Integer(
+        allow_none=True, metadata={"description": "the most processes and threads the task holds"}
+    )
+    task_path = fields.String(
+        allow_none=True, metadata={"description": "the task's PATH (the fleet's task_path)"}
+    )
     priority_class = fields.String()
     bid = fields.Float(allow_none=True)
-    instance = fields.Dict(allow_none=True, metadata={
-        "description": "a run of an instance: {id, name, restart, ports, volume_bytes, volume_mount_path, image, "
-                       "idle_stop}; absent or null for batch work"})
-    run_as = fields.Dict(allow_none=True, metadata={
-        "description": "who the task runs as: {source: unix_user (user: a host user the agent resolves) | "
-                       "dynamic (uid and gid fleetd allocated to the owner) | root, user, uid, gid}"})
+    instance = fields.Dict(
+        allow_none=True,
+        metadata={
+            "description": (
+                "a run of an instance: {id, name, restart, ports, volume_bytes, volume_mount_path, "
+                "image, idle_stop}; absent or null for batch work"
+            )
+        },
+    )
+    run_as = fields.Dict(
+        allow_none=True,
+        metadata={
+            "description": (
+                "who the task runs as: {source: unix_user (user: a host user the agent resolves) | "
+                "dynamic (uid and gid fleetd allocated to the owner) | root, user, uid, gid}"
+            )
+        },
+    )
 
 
 class AcquireReplySchema(Schema):
     assignment = fields.Nested(AssignmentSchema, allow_none=True)
     assignments = fields.List(fields.Nested(AssignmentSchema))  # only when max_assignments was sent
-    cancel = fields.List(fields.String(), metadata={
-        "description": "ids of tasks whose processes this node must stop now (cancelled, preempted, past a "
-                       "drain's deadline); each is told once, and the heartbeat's `cancel` repeats them"})
+    cancel = fields.List(
+        fields.String(),
+        metadata={
+            "description": (
+                "ids of tasks whose processes this node must stop now (cancelled, preempted, past "
+                "a drain's deadline); each is told once, and the heartbeat's `cancel` repeats them"
+            )
+        },
+    )
 
 
 class PortMappingSchema(Schema):
@@ -334,17 +499,30 @@ def _distinct_ports(ports):
 
 
 PORT_MAPPINGS: dict[str, typing.Any] = dict(
-    validate=[validate.Length(max=64), _distinct_ports], load_default=None, allow_none=True,
-    metadata={"description": "an instance's run: the host port its node assigned to each declared port"})
+    validate=[validate.Length(max=64), _distinct_ports],
+    load_default=None,
+    allow_none=True,
+    metadata={
+        "description": "an instance's run: the host port its node assigned to each declared port"
+    },
+)
 
 
 class TaskStartSchema(Schema):
     epoch = Int(required=True)
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True)
     ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
-    restarts = Int(minimum=0, maximum=10**9, load_default=0, metadata={
-        "description": "an instance's run: how many times its restart policy restarted the process (0: its first "
-                       "start); each restart's start is reported again"})
+    restarts = Int(
+        minimum=0,
+        maximum=10**9,
+        load_default=0,
+        metadata={
+            "description": (
+                "an instance's run: how many times its restart policy restarted the process (0: "
+                "its first start); each restart's start is reported again"
+            )
+        },
+    )
 
     @post_load
     def _typed(self, data, **_kwargs):
@@ -358,11 +536,22 @@ class TaskStartSchema(Schema):
 class TaskRestartSchema(Schema):
     epoch = Int(required=True)
     exit_code = Int(minimum=-255, maximum=255, load_default=None, allow_none=True)
-    signal = Text(max_length=32, load_default=None, allow_none=True, metadata={
-        "description": "the signal that ended the process (SIGKILL), if one did"})
-    reason = Text(max_length=2000, load_default="", metadata={"description": "how the process ended, in words"})
-    backoff_seconds = fields.Float(required=True, validate=validate.Range(min=0, max=86400), metadata={
-        "description": "how long the node waits before starting the process again"})
+    signal = Text(
+        max_length=32,
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "the signal that ended the process (SIGKILL), if one did"},
+    )
+    reason = Text(
+        max_length=2000,
+        load_default="",
+        metadata={"description": "how the process ended, in words"},
+    )
+    backoff_seconds = fields.Float(
+        required=True,
+        validate=validate.Range(min=0, max=86400),
+        metadata={"description": "how long the node waits before starting the process again"},
+    )
 
     @post_load
     def _typed(self, data, **_kwargs):
@@ -402,9 +591,21 @@ class LogLineField(fields.Field):
     # OpenAPI 3.0 has no tuples: the document says "2 or 3 items, strings or ranks"; the
     # positions are checked here.
     def __init__(self, **kwargs):
-        super().__init__(metadata={"type": "array", "minItems": 2, "maxItems": 3, "items": {"oneOf": [
-            {"type": "string", "maxLength": 65536}, {"type": "integer", "minimum": 0, "maximum": 1023}]},
-            "description": "[stream (stdout, stderr or system), text] or [stream, text, rank]"}, **kwargs)
+        super().__init__(
+            metadata={
+                "type": "array",
+                "minItems": 2,
+                "maxItems": 3,
+                "items": {
+                    "oneOf": [
+                        {"type": "string", "maxLength": 65536},
+                        {"type": "integer", "minimum": 0, "maximum": 1023},
+                    ]
+                },
+                "description": "[stream (stdout, stderr or system), text] or [stream, text, rank]",
+            },
+            **kwargs,
+        )
 
     def _deserialize(self, value, attr, data, **kwargs):
         if not isinstance(value, list) or len(value) not in (2, 3):
@@ -414,8 +615,9 @@ class LogLineField(fields.Field):
             raise ValidationError("stream must be stdout, stderr or system")
         if not isinstance(text, str) or len(text) > 65536 or "\x00" in text:
             raise ValidationError("text must be a string of at most 65536 characters without NUL")
-        if len(value) == 3 and (isinstance(value[2], bool) or not isinstance(value[2], int)
-                                or not 0 <= value[2] < 1024):
+        if len(value) == 3 and (
+            isinstance(value[2], bool) or not isinstance(value[2], int) or not 0 <= value[2] < 1024
+        ):
             raise ValidationError("rank must be an integer from 0 to 1023")
         return list(value)
 
@@ -435,30 +637,69 @@ class LogBatchSchema(Schema):
 
 class TaskFinishSchema(Schema):
     epoch = Int(required=True)
-    outcome = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "cancelled"]))
-    exit_code = fields.Integer(strict=True, validate=validate.Range(min=-255, max=255), load_default=None,
-                               allow_none=True)
+    outcome = fields.String(
+        required=True, validate=validate.OneOf(["succeeded", "failed", "cancelled"])
+    )
+    exit_code = fields.Integer(
+        strict=True, validate=validate.Range(min=-255, max=255), load_default=None, allow_none=True
+    )
     reason = Text(max_length=2000, load_default="")
-    lost = Bool(load_default=False, metadata={
-        "description": "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"})
-    agent_stopping = Bool(load_default=False, metadata={
-        "description": "with lost: the agent stopped the task because it is shutting down (stop, upgrade): "
-                       "the job is requeued without using an attempt"})
-    pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True, metadata={
-        "description": "the process ended before its start was reported: this finish reports the start too"})
-    idle = Bool(load_default=False, metadata={
-        "description": "an instance's run stopped by its idle rule (GPU utilisation under its threshold)"})
+    lost = Bool(
+        load_default=False,
+        metadata={
+            "description": (
+                "the agent ended the task itself (stop, restart, upgrade): retried as a lost node"
+            )
+        },
+    )
+    agent_stopping = Bool(
+        load_default=False,
+        metadata={
+            "description": (
+                "with lost: the agent stopped the task because it is shutting down (stop, "
+                "upgrade): the job is requeued without using an attempt"
+            )
+        },
+    )
+    pid = Int(
+        minimum=1,
+        maximum=2**31,
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "the process ended before its start was reported: this finish reports the start too"
+            )
+        },
+    )
+    idle = Bool(
+        load_default=False,
+        metadata={
+            "description": (
+                "an instance's run stopped by its idle rule (GPU utilisation under its threshold)"
+            )
+        },
+    )
     ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
-    started_seconds_ago = fields.Float(validate=validate.Range(min=0, max=366 * 86400), load_default=None,
-                                       allow_none=True, metadata={
-        "description": "with pid: how long before this report the process started (the agent's own clock "
-                       "measures the interval, so host clocks need not agree)"})
+    started_seconds_ago = fields.Float(
+        validate=validate.Range(min=0, max=366 * 86400),
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "with pid: how long before this report the process started (the agent's own clock "
+                "measures the interval, so host clocks need not agree)"
+            )
+        },
+    )
 
     @validates_schema
     def _ago_needs_pid(self, data, **_kwargs):
         if data.get("started_seconds_ago") is not None and data.get("pid") is None:
-            raise ValidationError("only a finish that carries the start (pid) says when it started",
-                                  "started_seconds_ago")
+            raise ValidationError(
+                "only a finish that carries the start (pid) says when it started",
+                "started_seconds_ago",
+            )
 
     @post_load
     def _typed(self, data, **_kwargs):
@@ -484,8 +725,11 @@ class TaskFinishItemSchema(TaskFinishSchema):
 
 
 class TaskFinishBatchSchema(Schema):
-    finishes = fields.List(fields.Nested(TaskFinishItemSchema), required=True,
-                           validate=validate.Length(min=1, max=MAX_FINISHES))
+    finishes = fields.List(
+        fields.Nested(TaskFinishItemSchema),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_FINISHES),
+    )
 
     @validates_schema
     def _once_each(self, data, **_kwargs):
@@ -496,8 +740,12 @@ class TaskFinishBatchSchema(Schema):
 
 class TaskFinishResultSchema(Schema):
     task_id = fields.String()
-    status = fields.Integer(metadata={"description": "204 when settled, else the status a single finish would get"})
-    error = fields.Dict(allow_none=True, metadata={"description": "the error envelope's `error` object, or null"})
+    status = fields.Integer(
+        metadata={"description": "204 when settled, else the status a single finish would get"}
+    )
+    error = fields.Dict(
+        allow_none=True, metadata={"description": "the error envelope's `error` object, or null"}
+    )
 
 
 class TaskFinishBatchReplySchema(Schema):

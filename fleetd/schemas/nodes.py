@@ -3,7 +3,16 @@
 from marshmallow import Schema, fields, validate
 
 from fleetd.models import NodeStatus
-from fleetd.schemas.common import Bool, FullRegexp, Int, PageQuerySchema, Text, Time, check_labels, page_schema
+from fleetd.schemas.common import (
+    Bool,
+    FullRegexp,
+    Int,
+    PageQuerySchema,
+    Text,
+    Time,
+    check_labels,
+    page_schema,
+)
 
 
 class GpuSchema(Schema):
@@ -17,7 +26,9 @@ class GpuSchema(Schema):
     healthy = fields.Boolean()
     health_reason = fields.String()
     mig_mode = fields.String(allow_none=True)
-    serial = fields.String(allow_none=True, metadata={"description": "the board serial number (GET /gpus/{serial})"})
+    serial = fields.String(
+        allow_none=True, metadata={"description": "the board serial number (GET /gpus/{serial})"}
+    )
     board_part_number = fields.String(allow_none=True)
     vbios = fields.String(allow_none=True)
 
@@ -26,7 +37,9 @@ class DrainSchema(Schema):
     reason = fields.String()
     deadline = Time()
     started_at = Time()
-    repair = fields.Boolean(metadata={"description": "drained for repair: undrain validates the node first"})
+    repair = fields.Boolean(
+        metadata={"description": "drained for repair: undrain validates the node first"}
+    )
 
 
 class ResourcesSchema(Schema):
@@ -41,44 +54,91 @@ class NodeSchema(Schema):
     address = fields.String()
     status = fields.String()
     status_reason = fields.String()
-    labels = fields.Dict(metadata={"description": "the node's labels, as placement reads them: agent_labels with "
-                                                  "label_overrides on top"})
-    agent_labels = fields.Function(lambda node: node.agent_labels or {}, metadata={
-        "description": "labels of the agent's config file, as it last reported them"})
-    label_overrides = fields.Function(lambda node: node.label_overrides or {}, metadata={
-        "description": "labels set through the API (PATCH); they win per key over the agent's"})
+    labels = fields.Dict(
+        metadata={
+            "description": "the node's labels, as placement reads them: agent_labels with "
+            "label_overrides on top"
+        }
+    )
+    agent_labels = fields.Function(
+        lambda node: node.agent_labels or {},
+        metadata={"description": "labels of the agent's config file, as it last reported them"},
+    )
+    label_overrides = fields.Function(
+        lambda node: node.label_overrides or {},
+        metadata={
+            "description": "labels set through the API (PATCH); they win per key over the agent's"
+        },
+    )
     agent_version = fields.String()
-    bundle_sha256 = fields.String(metadata={"description": "SHA-256 of the offline bundle the agent was installed "
-                                                           "from, as its heartbeats report ('' when unknown)"})
+    bundle_sha256 = fields.String(
+        metadata={
+            "description": "SHA-256 of the offline bundle the agent was installed "
+            "from, as its heartbeats report ('' when unknown)"
+        }
+    )
     registered_at = Time()
     last_heartbeat_at = Time()
     drain = fields.Method("_drain")
     resources = fields.Method("_resources")
     gpus = fields.List(fields.Nested(GpuSchema), attribute="gpu_list")
-    gpu_status = fields.String(allow_none=True, metadata={
-        "enum": ["ok", "cpu_only", "driver_error", None],
-        "description": "ok: it has GPUs; cpu_only: no NVIDIA driver or no GPU (a CPU-only host); driver_error: "
-                       "a driver is there and NVML failed (a GPU host that needs attention); null before it said"})
-    gpu_status_reason = fields.String(metadata={"description": "why it has no usable GPU, as its agent says"})
-    capabilities = fields.Method("_capabilities", metadata={
-        "description": "isolation: uid (tasks run as their owner's uid) or none (the agent cannot switch users, "
-                       "or never said); containers: ready or unavailable: <reason>; container_runtime"})
+    gpu_status = fields.String(
+        allow_none=True,
+        metadata={
+            "enum": ["ok", "cpu_only", "driver_error", None],
+            "description": (
+                "ok: it has GPUs; cpu_only: no NVIDIA driver or no GPU (a CPU-only host); "
+                "driver_error: a driver is there and NVML failed (a GPU host that needs "
+                "attention); null before it said"
+            ),
+        },
+    )
+    gpu_status_reason = fields.String(
+        metadata={"description": "why it has no usable GPU, as its agent says"}
+    )
+    capabilities = fields.Method(
+        "_capabilities",
+        metadata={
+            "description": (
+                "isolation: uid (tasks run as their owner's uid) or none (the agent cannot switch "
+                "users, or never said); containers: ready or unavailable: <reason>; "
+                "container_runtime"
+            )
+        },
+    )
 
-    upgrade = fields.Method("_upgrade", metadata={
-        "description": "while an agent upgrade is under way or has failed: {reason, started_at, failed, "
-                       "returns_to: {status, reason}}, the state the node goes back to once it succeeds; null "
-                       "otherwise"})
+    upgrade = fields.Method(
+        "_upgrade",
+        metadata={
+            "description": (
+                "while an agent upgrade is under way or has failed: {reason, started_at, failed, "
+                "returns_to: {status, reason}}, the state the node goes back to once it succeeds; "
+                "null otherwise"
+            )
+        },
+    )
 
     def _upgrade(self, node):
         record = node.upgrade
         if record is None:
             return None
         before = record["before"]
-        return {"reason": record["reason"], "started_at": record["started_at"], "failed": record.get("failed"),
-                "returns_to": {"status": before["status"], "reason": before.get("drain_reason") or before.get("reason")}}
+        return {
+            "reason": record["reason"],
+            "started_at": record["started_at"],
+            "failed": record.get("failed"),
+            "returns_to": {
+                "status": before["status"],
+                "reason": before.get("drain_reason") or before.get("reason"),
+            },
+        }
 
     def _capabilities(self, node):
-        out = {"isolation": node.isolation, "containers": node.containers, "container_runtime": node.container_runtime}
+        out = {
+            "isolation": node.isolation,
+            "containers": node.containers,
+            "container_runtime": node.container_runtime,
+        }
         reason = (node.capabilities or {}).get("isolation_reason")
         if reason:
             out["isolation_reason"] = reason
@@ -97,42 +157,81 @@ NodePageSchema = page_schema(NodeSchema, "NodePage")
 
 class NodeQuerySchema(PageQuerySchema):
     fleet = Text(max_length=63, load_default=None)
-    status = fields.String(validate=validate.OneOf([s.value for s in NodeStatus]), load_default=None)
-    agent_version = Text(min_length=1, max_length=64, load_default=None, metadata={
-        "description": "only nodes whose agent reports this version (track a rollout)"})
-    hostname = Text(max_length=255, load_default=None, metadata={"description": "only nodes of exactly this hostname"})
+    status = fields.String(
+        validate=validate.OneOf([s.value for s in NodeStatus]), load_default=None
+    )
+    agent_version = Text(
+        min_length=1,
+        max_length=64,
+        load_default=None,
+        metadata={"description": "only nodes whose agent reports this version (track a rollout)"},
+    )
+    hostname = Text(
+        max_length=255,
+        load_default=None,
+        metadata={"description": "only nodes of exactly this hostname"},
+    )
 
 
 class NodeCordonSchema(Schema):
-    reason = Text(min_length=1, max_length=500, metadata={"description": "why (the node's status reason and "
-                                                                           "event); default \"cordoned by admin\""})
+    reason = Text(
+        min_length=1,
+        max_length=500,
+        metadata={
+            "description": 'why (the node\'s status reason and event); default "cordoned by admin"'
+        },
+    )
 
 
 class NodeDrainSchema(Schema):
     reason = Text(required=True, min_length=1, max_length=500)
     deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600)
-    repair = Bool(load_default=False, metadata={
-        "description": "a drain for repair: undraining the node validates it before it takes work (on a node "
-                       "already draining or drained, marks that drain for repair)"})
+    repair = Bool(
+        load_default=False,
+        metadata={
+            "description": (
+                "a drain for repair: undraining the node validates it before it takes work (on a "
+                "node already draining or drained, marks that drain for repair)"
+            )
+        },
+    )
 
 
 class NodePatchSchema(Schema):
-    labels = fields.Dict(keys=fields.String(), values=Text(max_length=255, allow_none=True), required=True,
-                         validate=check_labels, metadata={
-                             "description": "{key: value} sets a label through the API (it wins over the agent's "
-                                            "file); {key: null} drops the one set through the API"})
+    labels = fields.Dict(
+        keys=fields.String(),
+        values=Text(max_length=255, allow_none=True),
+        required=True,
+        validate=check_labels,
+        metadata={
+            "description": "{key: value} sets a label through the API (it wins over the agent's "
+            "file); {key: null} drops the one set through the API"
+        },
+    )
 
 
 class NodeUpgradeSchema(Schema):
-    reason = Text(required=True, min_length=1, max_length=500, metadata={
-        "description": "what is installed, e.g. 'fleet-agent 0.1.0 -> 0.1.1'"})
-    deadline_seconds = Int(minimum=0, maximum=30 * 86400, load_default=3600, metadata={
-        "description": "drain deadline of a ready or cordoned node"})
+    reason = Text(
+        required=True,
+        min_length=1,
+        max_length=500,
+        metadata={"description": "what is installed, e.g. 'fleet-agent 0.1.0 -> 0.1.1'"},
+    )
+    deadline_seconds = Int(
+        minimum=0,
+        maximum=30 * 86400,
+        load_default=3600,
+        metadata={"description": "drain deadline of a ready or cordoned node"},
+    )
 
 
 class NodeUpgradeEndSchema(Schema):
     outcome = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed"]))
-    detail = Text(max_length=1000, load_default="", metadata={"description": "what was installed, or why it failed"})
+    detail = Text(
+        max_length=1000,
+        load_default="",
+        metadata={"description": "what was installed, or why it failed"},
+    )
 
 
 class EventSchema(Schema):
@@ -144,27 +243,50 @@ class EventSchema(Schema):
     to_status = fields.String(allow_none=True)
     reason = fields.String()
     actor = fields.String()  # who caused it: token:<name>, node:<id> or fleetd
-    actor_token_id = fields.String(allow_none=True, metadata={
-        "description": "the id of the API token that caused it (names of tokens are reused over time); null when "
-                       "a node or fleetd did"})
+    actor_token_id = fields.String(
+        allow_none=True,
+        metadata={
+            "description": (
+                "the id of the API token that caused it (names of tokens are reused over time); "
+                "null when a node or fleetd did"
+            )
+        },
+    )
 
 
 EventPageSchema = page_schema(EventSchema, "EventPage")
 
 
 class BootstrapRunSchema(Schema):
-    """A provisioning run on a node, recorded as its event (`fleetd bootstrap` sends one per host)."""
+    """A provisioning run on a node, recorded as its event (`fleetd bootstrap` sends one per
+    host)."""
 
-    kind = fields.String(required=True, validate=validate.OneOf(["node.bootstrap"]),
-                         metadata={"description": "what is recorded; node.bootstrap is the one kind"})
-    host = Text(required=True, min_length=1, max_length=255, metadata={"description": "the host as bootstrap "
-                                                                                      "reached it (user@address:port)"})
-    outcome = fields.String(required=True, validate=validate.OneOf(
-        ["enrolled", "upgraded", "downgraded", "updated", "unchanged", "failed"]))
+    kind = fields.String(
+        required=True,
+        validate=validate.OneOf(["node.bootstrap"]),
+        metadata={"description": "what is recorded; node.bootstrap is the one kind"},
+    )
+    host = Text(
+        required=True,
+        min_length=1,
+        max_length=255,
+        metadata={"description": "the host as bootstrap reached it (user@address:port)"},
+    )
+    outcome = fields.String(
+        required=True,
+        validate=validate.OneOf(
+            ["enrolled", "upgraded", "downgraded", "updated", "unchanged", "failed"]
+        ),
+    )
     bundle_version = Text(max_length=64, load_default="")
-    bundle_sha256 = fields.String(validate=FullRegexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"),
-                                  load_default="")
-    detail = Text(max_length=1000, load_default="", metadata={"description": "what the run did, or why it failed"})
+    bundle_sha256 = fields.String(
+        validate=FullRegexp(r"^([0-9a-f]{64})?$", error="must be 64 hex digits"), load_default=""
+    )
+    detail = Text(
+        max_length=1000,
+        load_default="",
+        metadata={"description": "what the run did, or why it failed"},
+    )
 
 
 class EventQuerySchema(PageQuerySchema):

@@ -7,7 +7,10 @@ from fleetd.names import PROJECT_KEY
 from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.tokens import LimitsSchema, OwnerUseSchema
 
-_KEY = FullRegexp(PROJECT_KEY, error="a key is 2 to 32 characters: lower-case letters, digits and '-', a letter first")
+_KEY = FullRegexp(
+    PROJECT_KEY,
+    error="a key is 2 to 32 characters: lower-case letters, digits and '-', a letter first",
+)
 
 
 class PosixSchema(Schema):
@@ -24,10 +27,17 @@ class UserSchema(Schema):
     role = fields.String(metadata={"enum": list(USER_ROLES)})
     team = fields.String(allow_none=True)
     default_project = fields.String(allow_none=True)
-    posix = fields.Nested(PosixSchema, allow_none=True, metadata={
-        "description": "the POSIX identity its provider sends, where it sends one"})
-    unix_user = fields.String(allow_none=True, metadata={"description": "the host user its tasks run as, if set"})
-    source = fields.String(metadata={"enum": ["oidc", "scim", "token"], "description": "how fleetd came to know it"})
+    posix = fields.Nested(
+        PosixSchema,
+        allow_none=True,
+        metadata={"description": "the POSIX identity its provider sends, where it sends one"},
+    )
+    unix_user = fields.String(
+        allow_none=True, metadata={"description": "the host user its tasks run as, if set"}
+    )
+    source = fields.String(
+        metadata={"enum": ["oidc", "scim", "token"], "description": "how fleetd came to know it"}
+    )
     created_at = Time()
     deactivated_at = Time(allow_none=True)
 
@@ -36,11 +46,15 @@ UserPageSchema = page_schema(UserSchema, "UserPage")
 
 
 class UserQuerySchema(PageQuerySchema):
-    active = fields.Boolean(truthy={"true"}, falsy={"false"}, load_default=None)  # a query string: true or false
+    active = fields.Boolean(
+        truthy={"true"}, falsy={"false"}, load_default=None
+    )  # a query string: true or false
 
 
 class UserPatchSchema(Schema):
-    active = fields.Boolean(metadata={"description": "false: its sessions end and its tokens are revoked at once"})
+    active = fields.Boolean(
+        metadata={"description": "false: its sessions end and its tokens are revoked at once"}
+    )
     role = fields.String(validate=validate.OneOf(USER_ROLES))
     default_project = fields.String(validate=_KEY, allow_none=True)
 
@@ -49,7 +63,9 @@ class ProjectSchema(Schema):
     key = fields.String()
     name = fields.String()
     display_name = fields.String()
-    team = fields.String(allow_none=True, metadata={"description": "the team its work runs as (budgets, quotas)"})
+    team = fields.String(
+        allow_none=True, metadata={"description": "the team its work runs as (budgets, quotas)"}
+    )
     description = fields.String()
     created_at = Time()
 
@@ -89,8 +105,12 @@ class MemberPutSchema(Schema):
 
 class ServiceAccountCreateSchema(Schema):
     name = Text(required=True, min_length=1, max_length=TOKEN_NAME_MAX)
-    expires_in_seconds = Int(required=True, minimum=60, maximum=366 * 86400, metadata={
-        "description": "a service account always expires (at most a year)"})
+    expires_in_seconds = Int(
+        required=True,
+        minimum=60,
+        maximum=366 * 86400,
+        metadata={"description": "a service account always expires (at most a year)"},
+    )
 
 
 class ServiceAccountSchema(Schema):
@@ -123,14 +143,30 @@ class WhoamiUserSchema(Schema):
 
 class WhoamiSchema(Schema):
     principal = fields.String(metadata={"description": "user:<login>, token:<name> or node:<id>"})
-    user = fields.Nested(WhoamiUserSchema, allow_none=True, metadata={"description": "null: no user owns it"})
+    user = fields.Nested(
+        WhoamiUserSchema, allow_none=True, metadata={"description": "null: no user owns it"}
+    )
     role = fields.String()
     team = fields.String(allow_none=True)
     projects = fields.List(fields.Nested(ProjectRoleSchema))
     default_project = fields.String(allow_none=True)
     auth = fields.String(allow_none=True, metadata={"enum": ["session", "token"]})
     node_id = fields.String(allow_none=True)
-    token_id = fields.String(allow_none=True, metadata={"description": "the API token's id; null for a node"})
-    limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
-        "description": "the limits that hold for this token (its own, else its user's, else the server's settings)"})
-    use = fields.Nested(OwnerUseSchema, allow_none=True, metadata={"description": "what it holds of what they count"})
+    token_id = fields.String(
+        allow_none=True, metadata={"description": "the API token's id; null for a node"}
+    )
+    limits = fields.Nested(
+        LimitsSchema,
+        allow_none=True,
+        metadata={
+            "description": (
+                "the limits that hold for this token (its own, else its user's, else the server's "
+                "settings)"
+            )
+        },
+    )
+    use = fields.Nested(
+        OwnerUseSchema,
+        allow_none=True,
+        metadata={"description": "what it holds of what they count"},
+    )

@@ -30,8 +30,13 @@ class Day(fields.Field):
 
 
 class UsageQuerySchema(Schema):
-    from_ = Day(data_key="from", load_default=None, metadata={
-        "description": "first UTC day (YYYY-MM-DD or a time); default: the first of this month"})
+    from_ = Day(
+        data_key="from",
+        load_default=None,
+        metadata={
+            "description": "first UTC day (YYYY-MM-DD or a time); default: the first of this month"
+        },
+    )
     to = Day(load_default=None, metadata={"description": "last UTC day, included; default: today"})
     group_by = fields.String(validate=validate.OneOf(GROUP_BY), load_default="team")
     team = Text(max_length=200, load_default=None)
@@ -41,16 +46,31 @@ class UsageQuerySchema(Schema):
 
 class UsageFiguresSchema(Schema):
     gpu_hours_allocated = fields.Float()
-    gpu_hours_used = fields.Float(allow_none=True, metadata={
-        "description": "utilisation-weighted, over the part with GPU samples; null where none came"})
-    efficiency = fields.Float(allow_none=True, metadata={"description": "used / allocated where sampled, 0 to 1"})
+    gpu_hours_used = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": (
+                "utilisation-weighted, over the part with GPU samples; null where none came"
+            )
+        },
+    )
+    efficiency = fields.Float(
+        allow_none=True, metadata={"description": "used / allocated where sampled, 0 to 1"}
+    )
     cost = fields.Float()
     runs = fields.Integer(metadata={"description": "runs that started in the range"})
 
 
 class UsageRowSchema(UsageFiguresSchema):
-    group = fields.String(allow_none=True, metadata={
-        "description": "the team, owner, fleet, GPU model, day (YYYY-MM-DD) or workload (kind/id); null: none"})
+    group = fields.String(
+        allow_none=True,
+        metadata={
+            "description": (
+                "the team, owner, fleet, GPU model, day (YYYY-MM-DD) or workload (kind/id); null: "
+                "none"
+            )
+        },
+    )
 
 
 class UsageReportSchema(Schema):
@@ -83,9 +103,12 @@ class IdleListSchema(Schema):
 
 
 class BudgetUpdateSchema(Schema):
-    limit_cost = fields.Float(validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True)
-    limit_gpu_hours = fields.Float(validate=validate.Range(min=0, max=MAX_MONEY), load_default=None,
-                                   allow_none=True)
+    limit_cost = fields.Float(
+        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
+    )
+    limit_gpu_hours = fields.Float(
+        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
+    )
     on_exceed = fields.String(validate=validate.OneOf(ON_EXCEED), load_default="notify")
 
 
@@ -109,7 +132,9 @@ class BudgetListSchema(Schema):
 
 
 class StoragePriceUpdateSchema(Schema):
-    per_gb_month = fields.Float(required=True, allow_none=True, validate=validate.Range(min=0, max=MAX_MONEY))
+    per_gb_month = fields.Float(
+        required=True, allow_none=True, validate=validate.Range(min=0, max=MAX_MONEY)
+    )
 
 
 class StoragePriceSchema(Schema):

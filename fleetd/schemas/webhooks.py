@@ -27,11 +27,16 @@ def valid_url(url):
 
 
 class WebhookCreateSchema(Schema):
-    url = Text(required=True, min_length=1, max_length=2048, validate=[validate.Regexp(r"^https?://")])
+    url = Text(
+        required=True, min_length=1, max_length=2048, validate=[validate.Regexp(r"^https?://")]
+    )
     secret = Text(required=True, min_length=16, max_length=256, load_only=True)
-    events = fields.List(fields.String(validate=validate.OneOf(KINDS)), required=True,
-                         validate=validate.Length(min=1, max=len(KINDS) * 4),
-                         metadata={"description": "event kinds: " + ", ".join(KINDS)})
+    events = fields.List(
+        fields.String(validate=validate.OneOf(KINDS)),
+        required=True,
+        validate=validate.Length(min=1, max=len(KINDS) * 4),
+        metadata={"description": "event kinds: " + ", ".join(KINDS)},
+    )
 
     @validates("url")
     def _url(self, value, **_):

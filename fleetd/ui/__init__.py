@@ -26,5 +26,6 @@ def init_ui(app, settings):
 
 
 def is_ui_endpoint(endpoint):
-    """Whether a request goes to the UI, which authenticates with its session, not a bearer token."""
+    """Whether a request goes to the UI, which authenticates with its session, not a bearer
+    token."""
     return endpoint is not None and endpoint.startswith(ENDPOINT_PREFIX)

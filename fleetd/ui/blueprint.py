@@ -18,13 +18,21 @@ from fleetd.ui.security import CSRF_FIELD, SignInRequired, check_csrf, csrf_toke
 
 log = logging.getLogger(__name__)
 
-bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates", static_folder="static",
-               static_url_path="/static")
+bp = Blueprint(
+    "ui",
+    __name__,
+    url_prefix="/ui",
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
 
 PUBLIC = frozenset({"ui.login", "ui.static"})
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src "
+    "'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"
+)
 
 
 @bp.before_request
@@ -56,10 +64,19 @@ def _headers(response):
 @bp.context_processor
 def _context():
     principal = g.get("ui_principal")
-    nav = [(endpoint, label) for endpoint, label, allowed in roles.NAV
-           if principal is not None and principal.role in allowed]
-    return {"principal": principal, "nav": nav, "csrf_token": csrf_token, "csrf_field": CSRF_FIELD,
-            "roles": roles, "may": lambda allowed: principal is not None and principal.role in allowed}
+    nav = [
+        (endpoint, label)
+        for endpoint, label, allowed in roles.NAV
+        if principal is not None and principal.role in allowed
+    ]
+    return {
+        "principal": principal,
+        "nav": nav,
+        "csrf_token": csrf_token,
+        "csrf_field": CSRF_FIELD,
+        "roles": roles,
+        "may": lambda allowed: principal is not None and principal.role in allowed,
+    }
 
 
 @bp.errorhandler(SignInRequired)
@@ -77,29 +94,46 @@ def _fleetd_error(error):
     if status >= 500:
         log.error("admin UI: %s", error.message)
     fields = error.errors if isinstance(error, FormError) else {}
-    return render_template("error.html", status=status, code=error.code, message=error.message,
-                           fields=fields), status, {k: v for k, v in error.headers.items() if k == "Retry-After"}
+    return (
+        render_template(
+            "error.html", status=status, code=error.code, message=error.message, fields=fields
+        ),
+        status,
+        {k: v for k, v in error.headers.items() if k == "Retry-After"},
+    )
 
 
 @bp.errorhandler(HTTPException)
 def _http_error(error):
     status = error.code or 500
-    message = error.description if status < 500 else "something went wrong on the server; see fleetd's log"
-    return render_template("error.html", status=status, code=error.name, message=message, fields={}), status
+    message = (
+        error.description
+        if status < 500
+        else "something went wrong on the server; see fleetd's log"
+    )
+    return render_template(
+        "error.html", status=status, code=error.name, message=message, fields={}
+    ), status
 
 
 @bp.errorhandler(Exception)
 def _unexpected(error):
     log.error("admin UI: unhandled error", exc_info=error)
-    return render_template("error.html", status=500, code="internal",
-                           message="something went wrong on the server; see fleetd's log", fields={}), 500
+    return render_template(
+        "error.html",
+        status=500,
+        code="internal",
+        message="something went wrong on the server; see fleetd's log",
+        fields={},
+    ), 500
 
 
 @bp.route("/<path:_rest>")
 def not_found(_rest):
     """Any other path under /ui/: a readable 404."""
-    return render_template("error.html", status=404, code="not_found", message="there is no such page",
-                           fields={}), 404
+    return render_template(
+        "error.html", status=404, code="not_found", message="there is no such page", fields={}
+    ), 404
 
 
 # ---------------------------------------------------------------- template filters
@@ -127,7 +161,7 @@ def num(value):
 def when(value):
     """A <time> element in UTC that the page's script rewrites in the reader's time zone."""
     if value is None or value == "":
-        return Markup("<span class=\"muted\">never</span>")
+        return Markup('<span class="muted">never</span>')
     iso = value if isinstance(value, str) else isoformat(value)
     text = iso.replace("T", " ")[:19] + " UTC"
     return Markup(f'<time datetime="{escape(iso)}" data-local>{escape(text)}</time>')  # nosec B704  # both values escaped

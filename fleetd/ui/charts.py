@@ -69,18 +69,29 @@ def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
     def y(value):
         return TOP + plot_h * (1 - min(1.0, max(0.0, value / top)))
 
-    parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
-             f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">',
-             f"<title>{escape(title)}</title>"]
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(title)}" preserveAspectRatio="none" '
+        f'xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}</title>",
+    ]
     for fraction in (0, 0.5, 1):
         gy = TOP + plot_h * (1 - fraction)
         label = f"{top * fraction:g}{unit}"
-        parts.append(f'<line class="grid" x1="{LEFT}" y1="{gy:.1f}" x2="{WIDTH - RIGHT}" y2="{gy:.1f}"/>')
-        parts.append(f'<text class="axis" x="{LEFT - 4}" y="{gy + 4:.1f}" text-anchor="end">{escape(label)}</text>')
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" y1="{gy:.1f}" x2="{WIDTH - RIGHT}" y2="{gy:.1f}"/>'
+        )
+        parts.append(
+            f'<text class="axis" x="{LEFT - 4}" y="{gy + 4:.1f}" '
+            f'text-anchor="end">{escape(label)}</text>'
+        )
     for hours_back in range(0, int(span // 3600) + 1, max(1, int(span // 3600) // 6 or 1)):
         at = end - dt.timedelta(hours=hours_back)
         label = "now" if hours_back == 0 else f"-{hours_back}h"
-        parts.append(f'<text class="axis" x="{x(at):.1f}" y="{HEIGHT - 8}" text-anchor="middle">{label}</text>')
+        parts.append(
+            f'<text class="axis" x="{x(at):.1f}" y="{HEIGHT - 8}" '
+            f'text-anchor="middle">{label}</text>'
+        )
     for key, cls, label in lines:
         segments: list[list[str]] = []
         current: list[str] = []  # "x,y" of the points since the last gap
@@ -97,10 +108,16 @@ def line_chart(samples, lines, start, end, y_max=None, unit="", title=""):
         for segment in segments:
             if len(segment) == 1:
                 cx, cy = segment[0].split(",")
-                parts.append(f'<circle class="{cls}" cx="{cx}" cy="{cy}" r="2"><title>{escape(label)}</title></circle>')
+                parts.append(
+                    f'<circle class="{cls}" cx="{cx}" cy="{cy}" '
+                    f'r="2"><title>{escape(label)}</title></circle>'
+                )
             else:
-                parts.append(f'<polyline class="{cls}" points="{" ".join(segment)}"><title>{escape(label)}</title>'
-                             f"</polyline>")
+                parts.append(
+                    f'<polyline class="{cls}" '
+                    f'points="{" ".join(segment)}"><title>{escape(label)}</title>'
+                    f"</polyline>"
+                )
     parts.append("</svg>")
     return Markup("".join(parts))  # nosec B704  # numbers, the callers' constant classes and escaped text
 
@@ -109,21 +126,29 @@ SERIES_CLASSES = 8  # .s-k0 ... .s-k7 in the stylesheet, reused in turn
 
 
 def stacked_bars(columns, stacks, unit="", title=""):
-    """An SVG chart of one bar per column (a day), stacked from `stacks` {name: [value per column]} in the
-    order given; each piece has a tooltip. Series take the classes s-k0, s-k1, ... in turn."""
+    """An SVG chart of one bar per column (a day), stacked from `stacks` {name: [value per column]}
+    in the order given; each piece has a tooltip. Series take the classes s-k0, s-k1, ... in
+    turn."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     totals = [sum((values[i] or 0) for values in stacks.values()) for i in range(len(columns))]
     top = _nice_max(max(totals) if totals else 1)
     slot = plot_w / max(1, len(columns))
     bar = max(1.0, slot * 0.7)
-    parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
-             f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">',
-             f"<title>{escape(title)}</title>"]
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(title)}" preserveAspectRatio="none" '
+        f'xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}</title>",
+    ]
     for fraction in (0, 0.5, 1):
         gy = TOP + plot_h * (1 - fraction)
-        parts.append(f'<line class="grid" x1="{LEFT}" y1="{gy:.1f}" x2="{WIDTH - RIGHT}" y2="{gy:.1f}"/>')
-        parts.append(f'<text class="axis" x="{LEFT - 4}" y="{gy + 4:.1f}" text-anchor="end">'
-                     f"{escape(f'{top * fraction:g}{unit}')}</text>")
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" y1="{gy:.1f}" x2="{WIDTH - RIGHT}" y2="{gy:.1f}"/>'
+        )
+        parts.append(
+            f'<text class="axis" x="{LEFT - 4}" y="{gy + 4:.1f}" text-anchor="end">'
+            f"{escape(f'{top * fraction:g}{unit}')}</text>"
+        )
     every = max(1, len(columns) // 7)
     for i, column in enumerate(columns):
         x = LEFT + slot * i + (slot - bar) / 2
@@ -134,10 +159,14 @@ def stacked_bars(columns, stacks, unit="", title=""):
                 continue
             height = plot_h * value / top
             base -= height
-            parts.append(f'<rect class="s-k{n % SERIES_CLASSES}" x="{x:.1f}" y="{base:.1f}" width="{bar:.1f}" '
-                         f'height="{height:.1f}"><title>{escape(f"{column} {name}: {value:g}{unit}")}</title></rect>')
+            parts.append(
+                f'<rect class="s-k{n % SERIES_CLASSES}" x="{x:.1f}" y="{base:.1f}" width="{bar:.1f}" '
+                f'height="{height:.1f}"><title>{escape(f"{column} {name}: {value:g}{unit}")}</title></rect>'
+            )
         if i % every == 0 or i == len(columns) - 1:
-            parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle">'
-                         f"{escape(str(column)[5:])}</text>")
+            parts.append(
+                f'<text class="axis" x="{x + bar / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle">'
+                f"{escape(str(column)[5:])}</text>"
+            )
     parts.append("</svg>")
     return Markup("".join(parts))  # nosec B704  # numbers, constant classes and escaped text

@@ -29,13 +29,16 @@ def _convert(field, raw):
             return float(raw)
         except ValueError:
             return raw
-    if isinstance(field, fields.Number):  # a number of either kind (a GPU count: 2, or 0.5 of one GPU)
+    if isinstance(
+        field, fields.Number
+    ):  # a number of either kind (a GPU count: 2, or 0.5 of one GPU)
         return parse_number(raw)
     return raw
 
 
 def parse_number(raw):
-    """Text -> int, else float; text that is neither is returned as it is, for the schema to refuse."""
+    """Text -> int, else float; text that is neither is returned as it is, for the schema to
+    refuse."""
     for kind in (int, float):
         try:
             return kind(raw)

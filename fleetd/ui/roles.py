@@ -4,7 +4,18 @@ The roles are read from the API's own `require` decorators, so the UI cannot dri
 API: a page that shows what GET /api/v1/nodes shows admits exactly the roles that route admits.
 """
 
-from fleetd.api import admin, cluster, fleets, instances, jobs, metrics, nodes, tokens, usage, webhooks
+from fleetd.api import (
+    admin,
+    cluster,
+    fleets,
+    instances,
+    jobs,
+    metrics,
+    nodes,
+    tokens,
+    usage,
+    webhooks,
+)
 
 
 def _roles(view, method):

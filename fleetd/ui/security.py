@@ -34,7 +34,8 @@ class SignInRequired(Exception):
 
 
 def load_secret_key(data_dir):
-    """The key that signs UI session cookies: data_dir/ui-secret (mode 0600), created on first use."""
+    """The key that signs UI session cookies: data_dir/ui-secret (mode 0600), created on first
+    use."""
     path = os.path.join(data_dir, SECRET_FILE)
     try:
         with open(path, "rb") as fh:
@@ -59,12 +60,16 @@ def load_secret_key(data_dir):
 
 
 def secret_key_for(data_dir):
-    """load_secret_key, or a per-process key (sessions then end at restart) when the data dir is unwritable."""
+    """load_secret_key, or a per-process key (sessions then end at restart) when the data dir is
+    unwritable."""
     try:
         return load_secret_key(data_dir)
     except OSError as exc:
-        log.warning("admin UI: cannot keep a session key in %s (%s); sign-ins last until fleetd restarts",
-                    data_dir, exc)
+        log.warning(
+            "admin UI: cannot keep a session key in %s (%s); sign-ins last until fleetd restarts",
+            data_dir,
+            exc,
+        )
         return secrets.token_hex(32).encode("ascii")
 
 
@@ -76,7 +81,10 @@ class UiSessionInterface(SecureCookieSessionInterface):
     The signer is made once per secret key rather than per request.
     """
 
-    _signer: tuple[str | bytes | None, URLSafeTimedSerializer | None] = (None, None)  # (secret key, serializer)
+    _signer: tuple[str | bytes | None, URLSafeTimedSerializer | None] = (
+        None,
+        None,
+    )  # (secret key, serializer)
 
     def open_session(self, app, request):
         if not request.path.startswith(app.config["SESSION_COOKIE_PATH"]):
@@ -121,11 +129,14 @@ def check_csrf():
     expected = session.get("csrf")
     sent = request.form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
     if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise InvalidRequest("the form expired or did not come from this site; reload the page and try again")
+        raise InvalidRequest(
+            "the form expired or did not come from this site; reload the page and try again"
+        )
 
 
 def sign_in(principal, now):
-    """Start a session for an API token's principal (recorded server-side; a fresh CSRF token too)."""
+    """Start a session for an API token's principal (recorded server-side; a fresh CSRF token
+    too)."""
     if principal.kind != "api":
         raise InvalidRequest("sign in with an API token (fla_...), not a node or join token")
     session.clear()
@@ -158,7 +169,8 @@ def session_principal(now):
 
 
 def ui_require(roles):
-    """Allow a UI view only to signed-in principals whose role is in `roles` (the API's roles for it)."""
+    """Allow a UI view only to signed-in principals whose role is in `roles` (the API's roles for
+    it)."""
     roles = frozenset(roles)
 
     def decorator(view):
@@ -168,11 +180,12 @@ def ui_require(roles):
             if principal is None:
                 raise SignInRequired()
             if principal.role not in roles:
-                raise Forbidden(f"your token's role ({principal.role}) may not open this page or do this")
+                raise Forbidden(
+                    f"your token's role ({principal.role}) may not open this page or do this"
+                )
             return view(*args, **kwargs)
 
         vars(wrapper)["required_roles"] = roles  # fleetd/ui/roles.py reads it
         return wrapper
 
     return decorator
-

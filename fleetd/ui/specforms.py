@@ -1,4 +1,5 @@
-"""Create forms: the fields a person fills in -> the API's request body, checked by the API's own schema.
+"""Create forms: the fields a person fills in -> the API's request body, checked by the API's own
+schema.
 
 A form is turned into exactly the JSON body the REST API takes (POST /api/v1/instances,
 POST /api/v1/jobs), which then goes through the same marshmallow schema and the same service
@@ -40,13 +41,19 @@ def flatten(messages, prefix=""):
 
 
 def to_fields(messages, field_of):
-    """Flattened schema messages -> {form field: [text]}: a path goes to the field `field_of` names for its
-    longest known prefix; a message about a nested item keeps its path in the text. `field_of` a string:
-    every message goes beside that one field (a spec box), each with its whole path."""
+    """Flattened schema messages -> {form field: [text]}: a path goes to the field `field_of` names
+    for its longest known prefix; a message about a nested item keeps its path in the text.
+    `field_of` a string: every message goes beside that one field (a spec box), each with its whole
+    path."""
     out: dict[str, list[str]] = {}
     if isinstance(field_of, str):
-        return {field_of: [f"{path}: {t}" if path != GENERAL else t
-                           for path, texts in flatten(messages).items() for t in texts]}
+        return {
+            field_of: [
+                f"{path}: {t}" if path != GENERAL else t
+                for path, texts in flatten(messages).items()
+                for t in texts
+            ]
+        }
     for path, texts in flatten(messages).items():
         parts = path.split(".")
         target = None
@@ -57,17 +64,22 @@ def to_fields(messages, field_of):
                 break
         if target is None:
             target, rest = (GENERAL if parts[0] == "_schema" else parts[0]), ".".join(parts[1:])
-        out.setdefault(target, []).extend(f"{rest}: {t}" if rest and not rest.isdigit() else t for t in texts)
+        out.setdefault(target, []).extend(
+            f"{rest}: {t}" if rest and not rest.isdigit() else t for t in texts
+        )
     return out
 
 
 def service_errors(error, field_of):
-    """A service's refusal (FleetdError) of a form -> {form field: [text]}: its `fields` details beside
-    their fields, a taken name or a refused team beside that field, anything else above the form."""
+    """A service's refusal (FleetdError) of a form -> {form field: [text]}: its `fields` details
+    beside their fields, a taken name or a refused team beside that field, anything else above the
+    form."""
     details = error.details if isinstance(error.details, dict) else {}
     if isinstance(details.get("fields"), dict):
         named = details["fields"]
-        if isinstance(named.get("json"), dict):  # where the API found it (the body); a form has no body
+        if isinstance(
+            named.get("json"), dict
+        ):  # where the API found it (the body); a form has no body
             named = named["json"]
         return to_fields(named, field_of)
     for field in ("name", "team"):  # a taken name (409), a team the token may not name (403)
@@ -85,9 +97,9 @@ def load(schema, body, field_of):
 
 
 def run_service(call, field_of):
-    """call(), or FormError when the service refuses what the form says (a 4xx: a bid under the minimum, a
-    team the token may not name, a taken name): the form is shown again with the service's words. Server
-    errors, a session that ended (401) and too many requests (429) pass."""
+    """call(), or FormError when the service refuses what the form says (a 4xx: a bid under the
+    minimum, a team the token may not name, a taken name): the form is shown again with the
+    service's words. Server errors, a session that ended (401) and too many requests (429) pass."""
     try:
         return call()
     except FleetdError as exc:
@@ -100,8 +112,8 @@ def run_service(call, field_of):
 
 
 def number(raw):
-    """A form's number as int or float; text that is not one (nor finite) is passed on for the schema to
-    refuse."""
+    """A form's number as int or float; text that is not one (nor finite) is passed on for the
+    schema to refuse."""
     raw = (raw or "").strip()
     value = parse_number(raw) if raw else None
     if isinstance(value, float) and not math.isfinite(value):
@@ -110,7 +122,8 @@ def number(raw):
 
 
 def command(raw):
-    """A command line as the shell splits it (quotes keep spaces); FormError on unbalanced quotes."""
+    """A command line as the shell splits it (quotes keep spaces); FormError on unbalanced
+    quotes."""
     raw = (raw or "").strip()
     if not raw:
         return []
@@ -146,8 +159,8 @@ def env(form, prefix="env"):
 
 
 def env_rows(form, spare=2, prefix="env"):
-    """The env rows to show again after a refused post (values included: they are the sender's own), and
-    `spare` empty ones."""
+    """The env rows to show again after a refused post (values included: they are the sender's own),
+    and `spare` empty ones."""
     names, values = form.getlist(f"{prefix}_name"), form.getlist(f"{prefix}_value")
     rows = [(n, values[i] if i < len(values) else "") for i, n in enumerate(names) if n.strip()]
     return rows + [("", "")] * spare
@@ -158,7 +171,8 @@ MAX_SPEC_VALUES = 100_000  # values in a spec, aliases counted each time they ar
 
 
 def spec_text(raw):
-    """A YAML or JSON spec from a text box -> a mapping; FormError beside the box when it is not one."""
+    """A YAML or JSON spec from a text box -> a mapping; FormError beside the box when it is not
+    one."""
     raw = raw or ""
     if len(raw) > MAX_SPEC_CHARS:
         raise FormError({"spec": [f"at most {MAX_SPEC_CHARS} characters"]})
@@ -180,8 +194,9 @@ def spec_text(raw):
 
 
 def _flow_depth(text):
-    """How deep [ and { nest in a text, quoted or not: a cheap upper bound of a YAML or JSON document's
-    flow nesting (a spec holding more than a few brackets in its strings is not a JobSpec anyone writes)."""
+    """How deep [ and { nest in a text, quoted or not: a cheap upper bound of a YAML or JSON
+    document's flow nesting (a spec holding more than a few brackets in its strings is not a JobSpec
+    anyone writes)."""
     depth = deepest = 0
     for char in text:
         if char in "[{":
@@ -193,8 +208,8 @@ def _flow_depth(text):
 
 
 def _check_size(data):
-    """FormError when a loaded spec nests too deep or holds too many values: YAML aliases can make a short
-    text stand for a huge document."""
+    """FormError when a loaded spec nests too deep or holds too many values: YAML aliases can make a
+    short text stand for a huge document."""
     stack, seen = [(data, 1)], 0
     while stack:
         value, depth = stack.pop()
@@ -202,7 +217,14 @@ def _check_size(data):
         if depth > MAX_SPEC_DEPTH:
             raise FormError({"spec": [f"nested more than {MAX_SPEC_DEPTH} levels deep"]})
         if seen > MAX_SPEC_VALUES:
-            raise FormError({"spec": [f"more than {MAX_SPEC_VALUES} values (aliases count each time they are used)"]})
+            raise FormError(
+                {
+                    "spec": [
+                        f"more than {MAX_SPEC_VALUES} values (aliases count each time they are "
+                        f"used)"
+                    ]
+                }
+            )
         if isinstance(value, dict):
             stack.extend((v, depth + 1) for v in value.values())
             stack.extend((k, depth + 1) for k in value)
@@ -211,8 +233,8 @@ def _check_size(data):
 
 
 def scaled(raw, factor, whole=False):
-    """A form's number in another unit (minutes -> seconds: 60); None when empty; text the schema refuses
-    when it is not a number or the result is not finite."""
+    """A form's number in another unit (minutes -> seconds: 60); None when empty; text the schema
+    refuses when it is not a number or the result is not finite."""
     value = number(raw)
     if not isinstance(value, (int, float)):
         return value
@@ -230,7 +252,8 @@ def gib_to_bytes(raw):
 
 
 def labels(raw, field="labels"):
-    """'gpu=h100, zone=a' -> {"gpu": "h100", "zone": "a"}; FormError beside `field` for an item without '='."""
+    """'gpu=h100, zone=a' -> {"gpu": "h100", "zone": "a"}; FormError beside `field` for an item
+    without '='."""
     out = {}
     for item in (raw or "").replace("\n", ",").split(","):
         item = item.strip()
@@ -244,8 +267,8 @@ def labels(raw, field="labels"):
 
 
 def windows(raw):
-    """Lines 'HH:MM-HH:MM [mon,tue,...]' -> [{start, end, days?}] (text that does not parse is passed on for
-    the schema to refuse with its own words)."""
+    """Lines 'HH:MM-HH:MM [mon,tue,...]' -> [{start, end, days?}] (text that does not parse is
+    passed on for the schema to refuse with its own words)."""
     out = []
     for line in (raw or "").splitlines():
         line = line.strip()
@@ -255,7 +278,9 @@ def windows(raw):
         start, _, end = span.partition("-")
         window = {"start": start.strip(), "end": end.strip()}
         if days.strip():
-            window["days"] = [d.strip().lower() for d in days.replace(" ", ",").split(",") if d.strip()]
+            window["days"] = [
+                d.strip().lower() for d in days.replace(" ", ",").split(",") if d.strip()
+            ]
         out.append(window)
     return out
 

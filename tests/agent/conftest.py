@@ -1,5 +1,6 @@
-"""Agent fixtures: the fake NVML with scenarios, stand-in fleetds (`fleetd`, `fakes`) and fleet-agent
-processes; real `fleetd serve` processes come from tests/conftest.py (tests/support/server.py)."""
+"""Agent fixtures: the fake NVML with scenarios, stand-in fleetds (`fleetd`, `fakes`) and
+fleet-agent processes; real `fleetd serve` processes come from tests/conftest.py
+(tests/support/server.py)."""
 
 import json
 import os
@@ -34,8 +35,8 @@ def shape_path(name):
 
 
 class FakeNvml:
-    """Scenarios for the fake NVML: `use(name)` copies a shape to a writable file and returns its path;
-    the other methods act on the shape in use in this process."""
+    """Scenarios for the fake NVML: `use(name)` copies a shape to a writable file and returns its
+    path; the other methods act on the shape in use in this process."""
 
     def __init__(self, root):
         self.root = root
@@ -70,7 +71,8 @@ def rewrite_shape(path, change):
 
 
 class AgentProcess(LoggedProcess):
-    """`fleet-agent` commands with their own config, state dir and fake host shape; `run` keeps its output."""
+    """`fleet-agent` commands with their own config, state dir and fake host shape; `run` keeps its
+    output."""
 
     def __init__(self, root, name, shape="h100_x8", server_url="", extra=None, env=None):
         super().__init__()
@@ -81,17 +83,30 @@ class AgentProcess(LoggedProcess):
         shutil.copy(shape_path(shape), self.shape)
         self.state_dir = self.root / "state"
         self.config = self.root / "agent.toml"
-        # Task cgroups are named by task id, and the stand-in fleetd's ids repeat from test to test: each
-        # agent gets a cgroup parent of its own, so that agents of tests run at once never share one.
+        # Task cgroups are named by task id, and the stand-in fleetd's ids repeat from test to test:
+        # each agent gets a cgroup parent of its own, so that agents of tests run at once never
+        # share one.
         self.cgroup_parent = f"{TEST_CGROUPS}/{name}-{os.getpid()}-{secrets.token_hex(4)}"
-        settings = {"state_dir": str(self.state_dir), "machine_id": name, "backoff_max_seconds": 1.0,
-                    "request_timeout_seconds": 5.0, "limits_cgroup_parent": self.cgroup_parent}
+        settings = {
+            "state_dir": str(self.state_dir),
+            "machine_id": name,
+            "backoff_max_seconds": 1.0,
+            "request_timeout_seconds": 5.0,
+            "limits_cgroup_parent": self.cgroup_parent,
+        }
         if server_url:
             settings["server_url"] = server_url
         settings.update(extra or {})
         lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
-        lines += ["[labels]", 'simulated = "true"', "[local_api]", 'listen = "127.0.0.1:0"',
-                  "[devices]", f"backend = {json.dumps('fake:' + str(self.shape))}", "poll_seconds = 0.2"]
+        lines += [
+            "[labels]",
+            'simulated = "true"',
+            "[local_api]",
+            'listen = "127.0.0.1:0"',
+            "[devices]",
+            f"backend = {json.dumps('fake:' + str(self.shape))}",
+            "poll_seconds = 0.2",
+        ]
         self.config.write_text("\n".join(lines) + "\n")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_AGENT_")}
         self.env.update(env or {})
@@ -101,16 +116,25 @@ class AgentProcess(LoggedProcess):
 
     def join(self, token, server_url, *extra, check=True):
         """Run `fleet-agent join`; returns the CompletedProcess."""
-        result = subprocess.run(self.cmd("join", "--server", server_url, *extra), capture_output=True, text=True,
-                                timeout=60, env=dict(self.env, FLEET_AGENT_JOIN_TOKEN=token))
+        result = subprocess.run(
+            self.cmd("join", "--server", server_url, *extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(self.env, FLEET_AGENT_JOIN_TOKEN=token),
+        )
         if check:
             assert result.returncode == 0, result.stderr
         return result
 
     def start(self, *extra, env=None):
         """Start `fleet-agent run` in the background."""
-        self._spawn(self.cmd("run", *extra), dict(self.env, **(env or {})), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT)
+        self._spawn(
+            self.cmd("run", *extra),
+            dict(self.env, **(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         return self
 
     @property
@@ -129,8 +153,8 @@ class AgentProcess(LoggedProcess):
         return record["pid"] if same_process(record) else None
 
     def remove_task_cgroups(self):
-        """Kill what is left in the task cgroups of a killed agent and remove them (a restart would), and
-        its fence keeper (which would go by itself once no job task is left)."""
+        """Kill what is left in the task cgroups of a killed agent and remove them (a restart
+        would), and its fence keeper (which would go by itself once no job task is left)."""
         keeper = self.keeper_pid()
         if keeper is not None:
             signal_pids([keeper], signal.SIGKILL)
@@ -144,7 +168,10 @@ class AgentProcess(LoggedProcess):
                 cgroups.remove(path)
         mount = find_mount("cgroup2")
         if mount:
-            for parent in (self.cgroup_parent, TEST_CGROUPS):  # the second only once no test uses it
+            for parent in (
+                self.cgroup_parent,
+                TEST_CGROUPS,
+            ):  # the second only once no test uses it
                 try:
                     os.rmdir(os.path.join(mount, parent))
                 except OSError:

@@ -34,14 +34,22 @@ class FakeFleetd:
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
         self.delete_volumes = []  # instance ids the heartbeat's reply asks the node to delete the volumes of
-        self.strict_finish = False  # refuse (400) a finish with fields fleetd may not know, like `lost`
-        self.strict_acquire = False  # refuse (400) an acquire asking for a batch, as an older fleetd would
+        self.strict_finish = (
+            False  # refuse (400) a finish with fields fleetd may not know, like `lost`
+        )
+        self.strict_acquire = (
+            False  # refuse (400) an acquire asking for a batch, as an older fleetd would
+        )
         self.finish_batches = True  # take several finish reports in one call (POST /agent/finish); older fleetds do not
         self.hold_finish = threading.Event()  # while clear, finish calls wait (bounded) for it
         self.hold_finish.set()
         self.fenced = set()  # task ids answered 409
-        self.down = set()  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
-        self.lease_seconds = None  # told in heartbeat replies when set (the agent stops job tasks past it)
+        self.down = (
+            set()
+        )  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
+        self.lease_seconds = (
+            None  # told in heartbeat replies when set (the agent stops job tasks past it)
+        )
         self.max_log_body = None  # bytes; larger log bodies get 413
         self.hold_logs = threading.Event()  # while clear, log requests wait (bounded) for it
         self.hold_logs.set()
@@ -54,7 +62,9 @@ class FakeFleetd:
 
     def start(self):
         self._server = _Server(("127.0.0.1", 0), self)
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        ).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         return self
 
@@ -71,22 +81,37 @@ class FakeFleetd:
             self.cond.notify_all()
 
     def wait_for(self, predicate, timeout=30.0, message="condition"):
-        """Wait until predicate() (called under the lock) is truthy, looking again at every call; bounded."""
+        """Wait until predicate() (called under the lock) is truthy, looking again at every call;
+        bounded."""
         with self.cond:
-            return wait_until(predicate, timeout, 0.5, message, pause=self.cond.wait,
-                              details=lambda: f"calls: {[c[:2] for c in self.calls][-20:]}")
+            return wait_until(
+                predicate,
+                timeout,
+                0.5,
+                message,
+                pause=self.cond.wait,
+                details=lambda: f"calls: {[c[:2] for c in self.calls][-20:]}",
+            )
 
     def wait_finished(self, task_id, timeout=30.0):
         return self.wait_for(lambda: self.finished.get(task_id), timeout, f"finish of {task_id}")
 
     def wait_outcome(self, task_id, timeout=30.0):
-        """The finish body without the start it may carry (`pid`, `started_seconds_ago`: a process that ended within
-        the agent's start-report delay)."""
-        return {k: v for k, v in self.wait_finished(task_id, timeout).items() if k not in ("pid", "started_seconds_ago")}
+        """The finish body without the start it may carry (`pid`, `started_seconds_ago`: a process
+        that ended within the agent's start-report delay)."""
+        return {
+            k: v
+            for k, v in self.wait_finished(task_id, timeout).items()
+            if k not in ("pid", "started_seconds_ago")
+        }
 
     def texts(self, task_id, stream=None):
         with self.cond:
-            return [line[1] for line in self.logs.get(task_id, []) if stream is None or line[0] == stream]
+            return [
+                line[1]
+                for line in self.logs.get(task_id, [])
+                if stream is None or line[0] == stream
+            ]
 
     def paths(self, method=None):
         with self.cond:
@@ -104,7 +129,9 @@ class FakeFleetd:
                     break
         match = re.match(r"^/api/v1/agent/tasks/(?P<id>[^/]+)/(?P<action>\w+)$", path)
         if match:
-            return self._task(method, urllib.parse.unquote(match["id"]), match["action"], query, body, raw_size)
+            return self._task(
+                method, urllib.parse.unquote(match["id"]), match["action"], query, body, raw_size
+            )
         if path == "/api/v1/agent/acquire":
             return self._acquire(body)
         if path == "/api/v1/agent/heartbeat":
@@ -133,7 +160,9 @@ class FakeFleetd:
                 if self.hold_logs.wait(0.1):
                     break
             if self.max_log_body is not None and raw_size > self.max_log_body:
-                return 413, {"error": {"code": "payload_too_large", "message": "log batch too large"}}
+                return 413, {
+                    "error": {"code": "payload_too_large", "message": "log batch too large"}
+                }
             with self.cond:
                 self.logs.setdefault(task_id, []).extend(body["lines"])
                 self.log_batches.setdefault(task_id, []).append(len(body["lines"]))
@@ -172,7 +201,9 @@ class FakeFleetd:
                     self.cond.wait(deadline - time.monotonic())
                 found = self.rendezvous.get(gang)
             if found is None:
-                return 504, {"error": {"code": "timeout", "message": "rendezvous not published yet"}}
+                return 504, {
+                    "error": {"code": "timeout", "message": "rendezvous not published yet"}
+                }
             return 200, found
         return 404, {"error": {"code": "not_found", "message": "no such task route"}}
 
@@ -185,7 +216,13 @@ class FakeFleetd:
             report = dict(report)
             task_id = report.pop("task_id")
             status, payload = self._task("POST", task_id, "finish", {}, report, 0)
-            results.append({"task_id": task_id, "status": status, "error": payload["error"] if payload else None})
+            results.append(
+                {
+                    "task_id": task_id,
+                    "status": status,
+                    "error": payload["error"] if payload else None,
+                }
+            )
         return 200, {"results": results}
 
     def _acquire(self, body):
@@ -198,8 +235,8 @@ class FakeFleetd:
         with self.cond:
             while not self.assignments and time.monotonic() < deadline:
                 self.cond.wait(deadline - time.monotonic())
-            taken = self.assignments[:batch or 1]
-            del self.assignments[:len(taken)]
+            taken = self.assignments[: batch or 1]
+            del self.assignments[: len(taken)]
         reply = {"assignment": taken[0] if taken else None}
         if batch is not None:
             reply["assignments"] = taken
@@ -213,8 +250,14 @@ class FakeFleetd:
             reported = {t["id"] for t in body.get("tasks", [])}
             cancel = sorted(self.cancel & reported)
             self.cond.notify_all()
-        reply = {"status": "revoked" if self.revoked else "ready", "drain": None, "revoked": self.revoked,
-                 "cancel": cancel, "delete_volumes": list(self.delete_volumes), "heartbeat_interval_seconds": 1}
+        reply = {
+            "status": "revoked" if self.revoked else "ready",
+            "drain": None,
+            "revoked": self.revoked,
+            "cancel": cancel,
+            "delete_volumes": list(self.delete_volumes),
+            "heartbeat_interval_seconds": 1,
+        }
         if self.lease_seconds is not None:
             reply["lease_seconds"] = self.lease_seconds
         return 200, reply
@@ -235,14 +278,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
         if parsed.path.startswith("/api/v1/agent/") and self.headers.get("X-Fleet-Protocol") != "1":
-            status, payload = 400, {"error": {"code": "protocol_mismatch", "message": "X-Fleet-Protocol: 1"}}
+            status, payload = (
+                400,
+                {"error": {"code": "protocol_mismatch", "message": "X-Fleet-Protocol: 1"}},
+            )
         else:
-            status, payload = self.server.fake.handle(method, parsed.path, urllib.parse.parse_qs(parsed.query),
-                                                      body, len(raw))
+            status, payload = self.server.fake.handle(
+                method, parsed.path, urllib.parse.parse_qs(parsed.query), body, len(raw)
+            )
         if isinstance(payload, bytes):
             data, kind = payload, "application/octet-stream"
         else:
-            data, kind = (b"" if payload is None else json.dumps(payload).encode()), "application/json"
+            data, kind = (
+                (b"" if payload is None else json.dumps(payload).encode()),
+                "application/json",
+            )
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
@@ -261,5 +311,6 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
     def handle_error(self, request, client_address):
-        # A killed agent or a client that gave up on a long poll is part of these tests, not an error.
+        # A killed agent or a client that gave up on a long poll is part of these tests, not an
+        # error.
         pass

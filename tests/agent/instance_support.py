@@ -1,4 +1,5 @@
-"""Helpers of the instance tests: assignments of instance runs, a port range of their own, HTTP probes."""
+"""Helpers of the instance tests: assignments of instance runs, a port range of their own, HTTP
+probes."""
 
 import os
 import random
@@ -17,23 +18,48 @@ from tests.support.wire import ROOT
 PY = sys.executable
 
 # Serves HTTP on $FLEET_PORT_8000 from the volume (a file 'index.html' there answers GET /).
-HTTP_SERVER = ("import functools, http.server, os\n"
-               "handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.environ['FLEET_VOLUME'])\n"
-               "print('serving on', os.environ['FLEET_PORT_8000'], flush=True)\n"
-               "http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ['FLEET_PORT_8000'])), handler)"
-               ".serve_forever()\n")
+HTTP_SERVER = (
+    "import functools, http.server, os\n"
+    "handler = functools.partial(http.server.SimpleHTTPRequestHandler, "
+    "directory=os.environ['FLEET_VOLUME'])\n"
+    "print('serving on', os.environ['FLEET_PORT_8000'], flush=True)\n"
+    "http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ['FLEET_PORT_8000'])), handler)"
+    ".serve_forever()\n"
+)
 
 
-def instance_assignment(task_id, command, instance_id="inst-1", epoch=1, gpus=None, run_as=ROOT, **instance):
+def instance_assignment(
+    task_id, command, instance_id="inst-1", epoch=1, gpus=None, run_as=ROOT, **instance
+):
     """An instance run's assignment (docs: the instances contract) with the given `instance` fields,
     run as `run_as` (root by default: see tests.support.wire.ROOT)."""
-    spec = {"id": instance_id, "name": f"name-{instance_id}", "restart": "never", "ports": [],
-            "volume_bytes": 0, "volume_mount_path": "/workspace", "image": None, "idle_stop": None}
+    spec = {
+        "id": instance_id,
+        "name": f"name-{instance_id}",
+        "restart": "never",
+        "ports": [],
+        "volume_bytes": 0,
+        "volume_mount_path": "/workspace",
+        "image": None,
+        "idle_stop": None,
+    }
     spec.update(instance)
-    return {"task_id": task_id, "job_id": f"job-{task_id}", "epoch": epoch, "rank": 0, "num_nodes": 1,
-            "command": command, "env": {"GREETING": "hi"}, "workdir": "", "gpus": gpus or [],
-            "isolation": "exclusive", "max_runtime_seconds": None, "artifacts": [], "instance": spec,
-            "run_as": run_as}
+    return {
+        "task_id": task_id,
+        "job_id": f"job-{task_id}",
+        "epoch": epoch,
+        "rank": 0,
+        "num_nodes": 1,
+        "command": command,
+        "env": {"GREETING": "hi"},
+        "workdir": "",
+        "gpus": gpus or [],
+        "isolation": "exclusive",
+        "max_runtime_seconds": None,
+        "artifacts": [],
+        "instance": spec,
+        "run_as": run_as,
+    }
 
 
 PORTS_FLOOR = 10_000  # test port ranges lie between this and the kernel's ephemeral ports
@@ -66,8 +92,8 @@ def http_get(url, timeout=2.0):
 
 
 def kill_left_instances(state_dir):
-    """SIGKILL the processes of every run a state dir's journals name (what a failed test left running:
-    instance processes outlive the agent by design). Returns the pids killed."""
+    """SIGKILL the processes of every run a state dir's journals name (what a failed test left
+    running: instance processes outlive the agent by design). Returns the pids killed."""
     killed = []
     for path in Path(state_dir).glob("tasks/*/task.json"):
         try:
@@ -84,26 +110,38 @@ def kill_left_instances(state_dir):
 
 
 def start_instance_agent(http, server_url, agent_factory, fleet="lab", env=None, **extra):
-    """A started fleet-agent with 4 fake L4 GPUs in `fleet`, ready for instances (a port range of its own,
-    no container runtime unless `extra` names one); returns it once its node is ready."""
-    join = http("POST", f"/api/v1/fleets/{fleet}/join-tokens", expect=201, json={"max_uses": 1}).json()
+    """A started fleet-agent with 4 fake L4 GPUs in `fleet`, ready for instances (a port range of
+    its own, no container runtime unless `extra` names one); returns it once its node is ready."""
+    join = http(
+        "POST", f"/api/v1/fleets/{fleet}/join-tokens", expect=201, json={"max_uses": 1}
+    ).json()
     low, high = port_range()
-    settings = {"tasks_kill_grace_seconds": 2.0, "ports_range": f"{low}-{high}", "containers_command": "none"}
+    settings = {
+        "tasks_kill_grace_seconds": 2.0,
+        "ports_range": f"{low}-{high}",
+        "containers_command": "none",
+    }
     settings.update(extra)
     agent = agent_factory("host", shape="l4_x4", extra=settings, env=env)
     agent.join(join["token"], server_url, check=True)
     agent.start()
     node_id = agent.node()["node_id"]
-    wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
-               timeout=60, message="the node ready")
+    wait_until(
+        lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
+        timeout=60,
+        message="the node ready",
+    )
     return agent
 
 
 def wait_instance_state(http, instance_id, state, timeout=60):
-    """The instance (REST) once it is in `state`; each look waits on fleetd's long poll for a change."""
+    """The instance (REST) once it is in `state`; each look waits on fleetd's long poll for a
+    change."""
 
     def check():
         found = http("GET", f"/api/v1/instances/{instance_id}?wait_seconds=2", expect=200).json()
         return found if found["state"] == state else None
 
-    return wait_until(check, timeout=timeout, interval=0.05, message=f"instance {instance_id} {state}")
+    return wait_until(
+        check, timeout=timeout, interval=0.05, message=f"instance {instance_id} {state}"
+    )

@@ -21,7 +21,8 @@ BUSYBOX_APPLETS = ("sh", "httpd", "echo", "cat", "sleep", "ls", "env", "wget")
 
 
 def podman_env(directory):
-    """The environment podman gets in the tests: this process's, with CONTAINERS_CONF in `directory`."""
+    """The environment podman gets in the tests: this process's, with CONTAINERS_CONF in
+    `directory`."""
     conf = os.path.join(directory, "containers.conf")
     with open(conf, "w") as fh:
         fh.write(CONTAINERS_CONF)
@@ -30,7 +31,9 @@ def podman_env(directory):
 
 def podman(env, *args, timeout=120, stdin=None):
     """One podman command -> CompletedProcess (output as bytes)."""
-    return subprocess.run([*PODMAN, *args], env=env, input=stdin, capture_output=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [*PODMAN, *args], env=env, input=stdin, capture_output=True, timeout=timeout, check=False
+    )
 
 
 def _rootfs_tar(directory):
@@ -38,8 +41,13 @@ def _rootfs_tar(directory):
     if busybox is None:
         pytest.skip("busybox-static is not installed (scripts/setup.sh installs it)")
     with open(busybox, "rb") as fh:
-        if b"/ld-linux" in fh.read(4096):  # a dynamic busybox (Debian's 'busybox') names its loader early on
-            pytest.skip(f"{busybox} is linked dynamically: the image needs busybox-static (scripts/setup.sh)")
+        if b"/ld-linux" in fh.read(
+            4096
+        ):  # a dynamic busybox (Debian's 'busybox') names its loader early on
+            pytest.skip(
+                f"{busybox} is linked dynamically: the image needs busybox-static "
+                f"(scripts/setup.sh)"
+            )
     path = os.path.join(directory, "rootfs.tar")
     with tarfile.open(path, "w") as tar:
         tar.add(busybox, arcname="bin/busybox")
@@ -62,7 +70,9 @@ def prepare_podman(directory):
     env = podman_env(directory)
     info = podman(env, "info", "--format", "{{.Host.OCIRuntime.Name}}")
     if info.returncode != 0:
-        pytest.skip(f"podman cannot run on this host: {info.stderr.decode(errors='replace').strip()[-500:]}")
+        pytest.skip(
+            f"podman cannot run on this host: {info.stderr.decode(errors='replace').strip()[-500:]}"
+        )
     with open(_rootfs_tar(directory), "rb") as fh:
         imported = podman(env, "import", "-", IMAGE, stdin=fh.read())
     assert imported.returncode == 0, imported.stderr

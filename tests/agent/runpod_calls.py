@@ -1,6 +1,7 @@
-"""Run in a venv of its own with the `runpod` SDK (tests/agent/test_graphql_e2e.py makes it): one SDK
-call per line read from stdin ({"call", "args", "kwargs"} as JSON), its result or its error as one
-JSON line on stdout after the marker. RUNPOD_API_BASE_URL names fleetd; FLEETD_TOKEN is the key."""
+"""Run in a venv of its own with the `runpod` SDK (tests/agent/test_graphql_e2e.py makes it): one
+SDK call per line read from stdin ({"call", "args", "kwargs"} as JSON), its result or its error as
+one JSON line on stdout after the marker. RUNPOD_API_BASE_URL names fleetd; FLEETD_TOKEN is the
+key."""
 
 import json
 import os
@@ -9,8 +10,17 @@ import sys
 import runpod
 
 MARKER = "RESULT "
-CALLS = ("create_pod", "get_pods", "get_pod", "stop_pod", "resume_pod", "terminate_pod", "get_gpus", "get_gpu",
-         "get_user")
+CALLS = (
+    "create_pod",
+    "get_pods",
+    "get_pod",
+    "stop_pod",
+    "resume_pod",
+    "terminate_pod",
+    "get_gpus",
+    "get_gpu",
+    "get_user",
+)
 
 
 def main():
@@ -21,8 +31,11 @@ def main():
             answer = {"error": "UnknownCall", "message": request["call"]}
         else:
             try:
-                answer = {"result": getattr(runpod, request["call"])(*request.get("args", ()),
-                                                                     **request.get("kwargs", {}))}
+                answer = {
+                    "result": getattr(runpod, request["call"])(
+                        *request.get("args", ()), **request.get("kwargs", {})
+                    )
+                }
             except Exception as exc:  # noqa: BLE001 - every error goes back to the test as data
                 answer = {"error": type(exc).__name__, "message": str(exc)}
         print(MARKER + json.dumps(answer), flush=True)

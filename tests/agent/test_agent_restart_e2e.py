@@ -30,8 +30,11 @@ SLEEP = ["sh", "-c", 'echo "started $$ epoch $FLEET_TASK_EPOCH"; exec sleep 600'
 
 def _started(http, job_id, count):
     """The pid of the count-th start of the job's task, from its log."""
+
     def find():
-        lines = [line["text"] for line in job_logs(http, job_id) if line["text"].startswith("started ")]
+        lines = [
+            line["text"] for line in job_logs(http, job_id) if line["text"].startswith("started ")
+        ]
         return lines if len(lines) >= count else None
 
     lines = wait_until(find, timeout=60, message=f"start {count} in the job's log")
@@ -43,7 +46,8 @@ def _running(job):
 
 
 def test_an_agent_restart_requeues_its_task_without_using_an_attempt_and_an_outside_kill_still_fails(
-        server_factory, admin, agent_factory):
+    server_factory, admin, agent_factory
+):
     server = server_factory(**SETTINGS)
     http = Http(server.url, admin)
     http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
@@ -63,14 +67,23 @@ def test_an_agent_restart_requeues_its_task_without_using_an_attempt_and_an_outs
         again = http("GET", f"/api/v1/jobs/{job['id']}", expect=200).json()
         assert again["state"] in ("queued", "running") and again["attempt"] == 1, (again, agent.log)
         agent.start()
-        again = wait_job(http, job["id"], _running, message=f"the job to run after restart {restart}")
+        again = wait_job(
+            http, job["id"], _running, message=f"the job to run after restart {restart}"
+        )
         assert again["attempt"] == 1
         first = _started(http, job["id"], restart + 1)
     events = http("GET", f"/api/v1/jobs/{job['id']}/events", expect=200).json()["items"]
-    requeued = [e["reason"] for e in events if e["to_status"] == "queued" and "without using an attempt" in e["reason"]]
-    # One per stop; fleetd may also have placed the job on the stopping agent again, which handed it back.
+    requeued = [
+        e["reason"]
+        for e in events
+        if e["to_status"] == "queued" and "without using an attempt" in e["reason"]
+    ]
+    # One per stop; fleetd may also have placed the job on the stopping agent again, which handed it
+    # back.
     assert sum("fleet-agent stopped" in r for r in requeued) == 2, requeued
-    assert all("fleet-agent stopped" in r or "not started: fleet-agent is stopping" in r for r in requeued), requeued
+    assert all(
+        "fleet-agent stopped" in r or "not started: fleet-agent is stopping" in r for r in requeued
+    ), requeued
 
     # Killed from outside while the agent runs: the job's own failure, and no retry is left.
     os.kill(first, signal.SIGKILL)

@@ -21,17 +21,26 @@ def test_a_shutdown_reports_its_tasks_as_stopped_by_the_agent(make_runner, fleet
     assert runner.shutdown("fleet-agent stopped", timeout=15) == 1
     assert wait_gone([pid], 10)
     finish = fleetd.wait_finished("t-stop")
-    assert finish["outcome"] == "failed" and finish["lost"] is True and finish["agent_stopping"] is True
+    assert (
+        finish["outcome"] == "failed"
+        and finish["lost"] is True
+        and finish["agent_stopping"] is True
+    )
 
 
-def test_an_undelivered_shutdown_report_keeps_agent_stopping_for_the_next_start(make_runner, fleetd, tmp_path):
+def test_an_undelivered_shutdown_report_keeps_agent_stopping_for_the_next_start(
+    make_runner, fleetd, tmp_path
+):
     fleetd.down.add("finish")
     runner = make_runner("node")
     runner.submit(assignment("t-later", ["sh", "-c", "sleep 300"]))
     pid = _pid(fleetd, "t-later")
     runner.shutdown("fleet-agent stopped", timeout=15)
     assert wait_gone([pid], 10)
-    assert read_state(tmp_path / "node" / "tasks" / "t-later.1" / "task.json")["agent_stopping"] is True
+    assert (
+        read_state(tmp_path / "node" / "tasks" / "t-later.1" / "task.json")["agent_stopping"]
+        is True
+    )
     fleetd.down.clear()
     make_runner("node").recover()
     finish = fleetd.wait_finished("t-later")
@@ -51,8 +60,13 @@ def test_an_assignment_that_comes_while_the_agent_stops_is_handed_back(make_runn
     runner.shutdown("fleet-agent stopped", timeout=5)
     assert runner.submit(assignment("t-late", ["sh", "-c", "sleep 300"], epoch=4)) is None
     finish = fleetd.wait_finished("t-late")
-    assert finish == {"epoch": 4, "outcome": "failed", "reason": "not started: fleet-agent is stopping",
-                      "lost": True, "agent_stopping": True}
+    assert finish == {
+        "epoch": 4,
+        "outcome": "failed",
+        "reason": "not started: fleet-agent is stopping",
+        "lost": True,
+        "agent_stopping": True,
+    }
     assert "t-late" not in fleetd.started
 
 

@@ -1,5 +1,5 @@
-"""Cancel end to end: a real `fleetd serve` and a real `fleet-agent run` on fake GPUs. The stop reaches
-the agent through its acquire long-poll, long before a heartbeat could carry it."""
+"""Cancel end to end: a real `fleetd serve` and a real `fleet-agent run` on fake GPUs. The stop
+reaches the agent through its acquire long-poll, long before a heartbeat could carry it."""
 
 import sys
 
@@ -25,24 +25,35 @@ HEARTBEAT_SECONDS = 60.0
 
 
 def test_cancel_of_a_running_job_stops_its_process_long_before_a_heartbeat_then_it_is_cancelled(
-        server_factory, admin, agent_factory):
+    server_factory, admin, agent_factory
+):
     server = server_factory(**SLOW_HEARTBEAT)
     http = Http(server.url, admin)
     http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
     join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={}).json()
-    agent = agent_factory("host-0", shape="l4_x4", extra={"heartbeat_interval_seconds": HEARTBEAT_SECONDS,
-                                                          "tasks_kill_grace_seconds": 30.0})
+    agent = agent_factory(
+        "host-0",
+        shape="l4_x4",
+        extra={"heartbeat_interval_seconds": HEARTBEAT_SECONDS, "tasks_kill_grace_seconds": 30.0},
+    )
     agent.join(join["token"], server.url)
     agent.start()
     node_id = agent.node()["node_id"]
-    wait_until(lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
-               timeout=60, message="the node to be ready")
+    wait_until(
+        lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
+        timeout=60,
+        message="the node to be ready",
+    )
     code = "import os\nprint(os.getpid(), flush=True)\n" + hold(600)
     job = submit(http, [PY, "-c", code], name="cancel-me")
-    lines = wait_until(lambda: job_logs(http, job["id"]), timeout=60, interval=0.05, message="the pid in the log")
+    lines = wait_until(
+        lambda: job_logs(http, job["id"]), timeout=60, interval=0.05, message="the pid in the log"
+    )
     pid = int(lines[0]["text"])
     assert alive(pid)
-    heartbeat_before = http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["last_heartbeat_at"]
+    heartbeat_before = http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()[
+        "last_heartbeat_at"
+    ]
 
     answer = http("POST", f"/api/v1/jobs/{job['id']}/cancel", expect=200).json()
     assert answer["state"] == "cancelling" and answer["tasks"][0]["state"] == "running"
@@ -51,6 +62,9 @@ def test_cancel_of_a_running_job_stops_its_process_long_before_a_heartbeat_then_
     done = wait_job(http, job["id"], timeout=30)
     assert done["state"] == "cancelled" and done["tasks"][0]["state"] == "cancelled", done
     # No heartbeat came between the cancel and the end: none can have carried the stop.
-    assert http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["last_heartbeat_at"] == heartbeat_before
+    assert (
+        http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["last_heartbeat_at"]
+        == heartbeat_before
+    )
     agent.wait_for_line(r"task \S+: cancelled, exit code 143")
     assert "stopping task" in agent.log and "cancelled by fleetd" in agent.log

@@ -9,8 +9,10 @@ from agent.cli import cli
 
 def config_file(tmp_path, backend):
     path = tmp_path / "agent.toml"
-    path.write_text(f'state_dir = "{tmp_path / "state"}"\nmachine_id = "cli-1"\n[local_api]\n'
-                    f'listen = "127.0.0.1:9"\n[devices]\nbackend = "fake:{backend}"\n')
+    path.write_text(
+        f'state_dir = "{tmp_path / "state"}"\nmachine_id = "cli-1"\n[local_api]\n'
+        f'listen = "127.0.0.1:9"\n[devices]\nbackend = "fake:{backend}"\n'
+    )
     return str(path)
 
 
@@ -20,7 +22,9 @@ def test_devices_lists_gpus_like_nvidia_smi_and_names_the_lost_one(tmp_path, fak
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("GPU ")]
     assert len(lines) == 4
-    assert lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000000) 80 GiB")
+    assert lines[0].startswith(
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000000) 80 GiB"
+    )
     assert "UNHEALTHY: GPU 2 unavailable: GPU is lost" in lines[2]
 
 
@@ -52,6 +56,8 @@ def test_join_without_server_url_or_with_unreachable_fleetd_fails_clearly(tmp_pa
     config = config_file(tmp_path, fake_nvml.use("l4_x4"))
     result = CliRunner().invoke(cli, ["join", "--token", "flj_x.y", "--config", config])
     assert result.exit_code == 2 and "no fleetd URL" in result.output
-    result = CliRunner().invoke(cli, ["join", "--server", "http://127.0.0.1:9", "--token", "flj_x.y", "--config", config])
+    result = CliRunner().invoke(
+        cli, ["join", "--server", "http://127.0.0.1:9", "--token", "flj_x.y", "--config", config]
+    )
     assert result.exit_code == 1 and "enrolment failed: fleetd unreachable" in result.output
     assert "flj_x.y" not in result.output

@@ -54,11 +54,15 @@ exec {podman} "$@"
 """
 
 # Prints what the container sees, writes its uid into the volume and serves the volume on 8000.
-SHOW = ('echo "conf=$CONTAINERS_CONF"; echo "path=$PATH"; echo "preload=$LD_PRELOAD"; echo "host=$CONTAINER_HOST"; '
-        'echo "greeting=$GREETING"; echo "uid=$(/bin/busybox id -u):$(/bin/busybox id -g)"; '
-        'if ls /agent-state >/dev/null 2>&1; then echo agent-state=visible; else echo agent-state=absent; fi; '
-        'echo hello > "$FLEET_VOLUME/index.html"; /bin/busybox id -u > "$FLEET_VOLUME/uid"; '
-        'exec /bin/httpd -f -p 8000 -h "$FLEET_VOLUME"')
+SHOW = (
+    'echo "conf=$CONTAINERS_CONF"; echo "path=$PATH"; echo "preload=$LD_PRELOAD"; echo '
+    '"host=$CONTAINER_HOST"; echo "greeting=$GREETING"; echo "uid=$(/bin/busybox id '
+    '-u):$(/bin/busybox id -g)"; '
+    "if ls /agent-state >/dev/null 2>&1; then echo agent-state=visible; else echo "
+    "agent-state=absent; fi; "
+    'echo hello > "$FLEET_VOLUME/index.html"; /bin/busybox id -u > "$FLEET_VOLUME/uid"; '
+    'exec /bin/httpd -f -p 8000 -h "$FLEET_VOLUME"'
+)
 
 
 def failing_runtime(directory, words):
@@ -80,71 +84,115 @@ def state_dir():
 
 
 def make_runner(state_dir, fleetd, runtime, ports=None):
-    return Runner(state_dir, Workers(), lambda: FleetClient(fleetd.url, "fln_test", timeout=10), "127.0.0.1",
-                  kill_grace_seconds=1.0, backoff_max_seconds=0.2, ports=ports, containers=runtime,
-                  log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
+    return Runner(
+        state_dir,
+        Workers(),
+        lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
+        "127.0.0.1",
+        kill_grace_seconds=1.0,
+        backoff_max_seconds=0.2,
+        ports=ports,
+        containers=runtime,
+        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+    )
 
 
 # ------------------------------------------------------------------ without a container runtime at work
 
 
 def test_the_client_environment_is_fixed_and_takes_nothing_of_the_agents_but_its_runtime_dir():
-    agent_env = {"PATH": "/evil", "LD_PRELOAD": "/x.so", "CONTAINERS_CONF": "/c", "CONTAINER_HOST": "tcp://x",
-                 "DOCKER_HOST": "tcp://y", "FLEET_AGENT_JOIN_TOKEN": "flj_x", "XDG_RUNTIME_DIR": "/run/user/0"}
+    agent_env = {
+        "PATH": "/evil",
+        "LD_PRELOAD": "/x.so",
+        "CONTAINERS_CONF": "/c",
+        "CONTAINER_HOST": "tcp://x",
+        "DOCKER_HOST": "tcp://y",
+        "FLEET_AGENT_JOIN_TOKEN": "flj_x",
+        "XDG_RUNTIME_DIR": "/run/user/0",
+    }
     env = client_env(agent_env)
     assert set(env) == {"PATH", "HOME", "LANG", "XDG_RUNTIME_DIR"}
-    assert (env["PATH"], env["LANG"], env["XDG_RUNTIME_DIR"]) == (CLIENT_PATH, "C.UTF-8", "/run/user/0")
+    assert (env["PATH"], env["LANG"], env["XDG_RUNTIME_DIR"]) == (
+        CLIENT_PATH,
+        "C.UTF-8",
+        "/run/user/0",
+    )
     assert "XDG_RUNTIME_DIR" not in client_env({})
 
 
-def test_an_env_file_is_private_one_line_per_variable_and_refuses_what_a_line_cannot_carry(tmp_path):
+def test_an_env_file_is_private_one_line_per_variable_and_refuses_what_a_line_cannot_carry(
+    tmp_path,
+):
     path = str(tmp_path / "container.env")
     write_env_file(path, {"B": "two = 2", "A": " spaced ", "PATH": "/x:/bin"})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as fh:
         assert fh.read() == "A= spaced \nB=two = 2\nPATH=/x:/bin\n"
-    for bad, words in (({"X": "a\nY=b"}, "line break"), ({"X": "a\rb"}, "line break"),
-                       ({"BAD NAME": "x"}, "name"), ({"X": "v" * 70000}, "longer")):
+    for bad, words in (
+        ({"X": "a\nY=b"}, "line break"),
+        ({"X": "a\rb"}, "line break"),
+        ({"BAD NAME": "x"}, "name"),
+        ({"X": "v" * 70000}, "longer"),
+    ):
         with pytest.raises(ValueError, match=words):
             env_file_text(bad)
 
 
 def test_a_runtime_that_does_not_answer_info_is_unavailable_with_its_own_words(tmp_path):
     runtime = failing_runtime(str(tmp_path), "Error: cannot connect to the service: no such socket")
-    assert runtime.probe() == "unavailable: podman info: Error: cannot connect to the service: no such socket"
+    assert (
+        runtime.probe()
+        == "unavailable: podman info: Error: cannot connect to the service: no such socket"
+    )
     assert ContainerRuntime.capability(None) == NO_RUNTIME
     assert NO_RUNTIME == "unavailable: no container runtime (neither podman nor docker found)"
 
 
 def test_node_capabilities_say_containers_and_keep_isolation(tmp_path):
     down = failing_runtime(str(tmp_path), "podman is broken")
-    agent = types.SimpleNamespace(_runtime_checked=None, config=types.SimpleNamespace(containers_command=down.argv[0]),
-                                  runner=types.SimpleNamespace(containers=None, isolation=Isolation()))
+    agent = types.SimpleNamespace(
+        _runtime_checked=None,
+        config=types.SimpleNamespace(containers_command=down.argv[0]),
+        runner=types.SimpleNamespace(containers=None, isolation=Isolation()),
+    )
     caps = Agent._capabilities(agent)
-    assert caps["container_runtime"] == "podman" and caps["containers"] == "unavailable: podman info: podman is broken"
+    assert (
+        caps["container_runtime"] == "podman"
+        and caps["containers"] == "unavailable: podman info: podman is broken"
+    )
     assert caps["isolation"] in ("uid", "none") and "host_uids" in caps
-    agent = types.SimpleNamespace(_runtime_checked=None, config=types.SimpleNamespace(containers_command="none"),
-                                  runner=types.SimpleNamespace(containers=None, isolation=Isolation()))
+    agent = types.SimpleNamespace(
+        _runtime_checked=None,
+        config=types.SimpleNamespace(containers_command="none"),
+        runner=types.SimpleNamespace(containers=None, isolation=Isolation()),
+    )
     assert Agent._capabilities(agent)["containers"] == NO_RUNTIME
 
 
 def test_an_image_instance_on_a_node_whose_runtime_is_unavailable_fails_at_once_with_the_reason(
-        state_dir, fleetd, tmp_path):
-    runner = make_runner(state_dir, fleetd, failing_runtime(str(tmp_path), "Error: storage is corrupt"))
+    state_dir, fleetd, tmp_path
+):
+    runner = make_runner(
+        state_dir, fleetd, failing_runtime(str(tmp_path), "Error: storage is corrupt")
+    )
     try:
         runner.submit(instance_assignment("t-down", [], instance_id="c-down", image=IMAGE))
         finish = fleetd.wait_finished("t-down", timeout=30)
     finally:
         runner.shutdown("test over", timeout=15)
     assert finish["outcome"] == "failed"
-    assert finish["reason"] == f"cannot run image {IMAGE}: containers unavailable: podman info: Error: storage is corrupt"
+    assert finish["reason"] == (
+        f"cannot run image {IMAGE}: containers unavailable: podman info: Error: storage is corrupt"
+    )
 
 
 # ------------------------------------------------------------------ real podman
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="running a container as another uid needs root and setpriv (CI runs as root)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="running a container as another uid needs root and setpriv (CI runs as root)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +220,8 @@ def test_podman_here_is_ready(podman_env):
 @pytest.mark.integration
 @needs_root
 def test_a_specs_client_variables_reach_the_container_only_and_it_runs_as_its_owner_with_no_privilege(
-        state_dir, fleetd, recorded):
+    state_dir, fleetd, recorded
+):
     runtime, record = recorded
     low, high = port_range()
     runner = make_runner(state_dir, fleetd, runtime, ports=PortAllocator(state_dir, low, high))
@@ -181,35 +230,75 @@ def test_a_specs_client_variables_reach_the_container_only_and_it_runs_as_its_ow
     conf = os.path.join(os.path.dirname(state_dir), "evil-containers.conf")
     with open(conf, "w") as fh:
         fh.write(f'[containers]\nvolumes = ["{state_dir}:/agent-state"]\n')
-    hostile = {"CONTAINERS_CONF": conf, "PATH": "/fleet-evil/bin:/bin", "LD_PRELOAD": "/fleet-evil/libevil.so",
-               "CONTAINER_HOST": "unix:///fleet-evil/podman.sock"}
-    wire = instance_assignment("t-c-iso", ["/bin/sh", "-c", SHOW], instance_id="c-iso", restart="never", image=IMAGE,
-                               ports=[{"port": 8000, "protocol": "http"}])
+    hostile = {
+        "CONTAINERS_CONF": conf,
+        "PATH": "/fleet-evil/bin:/bin",
+        "LD_PRELOAD": "/fleet-evil/libevil.so",
+        "CONTAINER_HOST": "unix:///fleet-evil/podman.sock",
+    }
+    wire = instance_assignment(
+        "t-c-iso",
+        ["/bin/sh", "-c", SHOW],
+        instance_id="c-iso",
+        restart="never",
+        image=IMAGE,
+        ports=[{"port": 8000, "protocol": "http"}],
+    )
     wire.update(run_as=OWNER, env={"GREETING": "hi", **hostile})
     try:
         task = runner.submit(wire)
         fleetd.wait_for(lambda: fleetd.started.get("t-c-iso"), timeout=60, message="the start")
-        assert wait_until(lambda: http_get(f"http://127.0.0.1:{low}/index.html"), timeout=60,
-                          message="the container's URL") == (200, "hello\n")
-        out = wait_until(lambda: (lambda lines: lines if len(lines) >= 7 else None)(fleetd.texts("t-c-iso", "stdout")),
-                         timeout=30, message="what the container saw")
+        assert wait_until(
+            lambda: http_get(f"http://127.0.0.1:{low}/index.html"),
+            timeout=60,
+            message="the container's URL",
+        ) == (200, "hello\n")
+        out = wait_until(
+            lambda: (lambda lines: lines if len(lines) >= 7 else None)(
+                fleetd.texts("t-c-iso", "stdout")
+            ),
+            timeout=30,
+            message="what the container saw",
+        )
         # The env file was the agent's alone, and is gone while the container runs.
         assert (record / "env-file-stat").read_text().split() == ["600", "0", "0"]
-        wait_until(lambda: not os.path.exists(task.env_file), timeout=30, message="the env file's removal")
+        wait_until(
+            lambda: not os.path.exists(task.env_file), timeout=30, message="the env file's removal"
+        )
         assert os.path.dirname(task.env_file) == task.dir and os.stat(task.dir).st_uid == 0
-        ports = wait_until(lambda: (runner.instances_report() or [{}])[0].get("ports"), timeout=30,
-                           message="the port figures")
-        wait_until(lambda: task.check_ports() == {low: "ok"}, timeout=30, message="the port read as the container's")
+        ports = wait_until(
+            lambda: (runner.instances_report() or [{}])[0].get("ports"),
+            timeout=30,
+            message="the port figures",
+        )
+        wait_until(
+            lambda: task.check_ports() == {low: "ok"},
+            timeout=30,
+            message="the port read as the container's",
+        )
         assert ports[0]["port"] == 8000 and ports[0]["host_port"] == low
     finally:
         runner.shutdown("test over", timeout=30, stop_instances=True)
     seen = dict(line.split("=", 1) for line in out if "=" in line)
-    assert seen == {"conf": conf, "path": hostile["PATH"], "preload": hostile["LD_PRELOAD"],
-                    "host": hostile["CONTAINER_HOST"], "greeting": "hi", "uid": "61310:61310",
-                    "agent-state": "absent"}
+    assert seen == {
+        "conf": conf,
+        "path": hostile["PATH"],
+        "preload": hostile["LD_PRELOAD"],
+        "host": hostile["CONTAINER_HOST"],
+        "greeting": "hi",
+        "uid": "61310:61310",
+        "agent-state": "absent",
+    }
     # The client had the agent's fixed environment, none of the spec's.
-    client = dict(line.split("=", 1) for line in (record / "client-env").read_text().splitlines() if "=" in line)
-    assert not {"CONTAINERS_CONF", "LD_PRELOAD", "CONTAINER_HOST"} & set(client) and client["PATH"] == CLIENT_PATH
+    client = dict(
+        line.split("=", 1)
+        for line in (record / "client-env").read_text().splitlines()
+        if "=" in line
+    )
+    assert (
+        not {"CONTAINERS_CONF", "LD_PRELOAD", "CONTAINER_HOST"} & set(client)
+        and client["PATH"] == CLIENT_PATH
+    )
     assert not {"GREETING", "FLEET_INSTANCE_ID"} & set(client)
     assert "GREETING=hi\n" in (record / "env-file-copy").read_text()
     volume = runner.volumes.path("c-iso")
@@ -221,13 +310,20 @@ def test_a_specs_client_variables_reach_the_container_only_and_it_runs_as_its_ow
 @pytest.mark.integration
 @needs_root
 def test_a_container_has_no_capabilities_and_no_new_privileges_and_root_only_when_fleetd_says_root(
-        state_dir, fleetd, recorded):
+    state_dir, fleetd, recorded
+):
     runtime, _record = recorded
-    show = ["/bin/sh", "-c", "/bin/busybox id -u; /bin/busybox grep -e ^CapEff -e ^NoNewPrivs /proc/self/status"]
+    show = [
+        "/bin/sh",
+        "-c",
+        "/bin/busybox id -u; /bin/busybox grep -e ^CapEff -e ^NoNewPrivs /proc/self/status",
+    ]
     runner = make_runner(state_dir, fleetd, runtime)
     try:
-        for task_id, run_as in (("t-c-caps", OWNER), ("t-c-root", {"source": "root", "user": "root", "uid": 0,
-                                                                   "gid": 0})):
+        for task_id, run_as in (
+            ("t-c-caps", OWNER),
+            ("t-c-root", {"source": "root", "user": "root", "uid": 0, "gid": 0}),
+        ):
             wire = instance_assignment(task_id, show, instance_id=task_id, image=IMAGE)
             wire["run_as"] = run_as
             runner.submit(wire)

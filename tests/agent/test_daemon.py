@@ -13,7 +13,7 @@ from agent.devices import DeviceManager
 def test_backoff_grows_exponentially_with_jitter_and_stays_under_the_cap():
     rng = random.Random(7)
     for attempt in range(1, 12):
-        ceiling = min(60, 2 ** attempt)
+        ceiling = min(60, 2**attempt)
         delays = [backoff_delay(attempt, 60, rng) for _ in range(200)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len({round(d, 6) for d in delays}) > 100  # jittered, not one fixed value
@@ -42,7 +42,10 @@ def test_watchdog_interval_is_half_of_watchdog_usec_and_only_for_this_process():
 
     assert watchdog_interval({"WATCHDOG_USEC": "4000000"}) == 2.0
     assert watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": str(os.getpid())}) == 2.0
-    assert watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": str(os.getpid() + 1)}) is None
+    assert (
+        watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": str(os.getpid() + 1)})
+        is None
+    )
     assert watchdog_interval({}) is None
 
 
@@ -55,21 +58,31 @@ def test_register_body_passes_fleetds_strict_schema(fake_nvml, scenario):
     config = Config(server_url="http://127.0.0.1:9", machine_id="m-1")
     body = register_body(config, inventory, "m-1", {"simulated": "true"})
     assert schemas.RegisterSchema().validate(body.to_wire()) == {}
-    assert schemas.HeartbeatSchema().validate({"gpus": inventory.wire_gpus(), "metrics": inventory.metrics(),
-                                               "tasks": []}) == {}
+    assert (
+        schemas.HeartbeatSchema().validate(
+            {"gpus": inventory.wire_gpus(), "metrics": inventory.metrics(), "tasks": []}
+        )
+        == {}
+    )
     assert body.address == "127.0.0.1"
 
 
-def test_run_with_no_fleetd_url_anywhere_says_so_even_when_it_would_deregister_on_stop(tmp_path, fake_nvml):
-    # Enrolled (node.json and session.token), but neither node.json nor the config names a fleetd URL:
-    # the agent stops with the ConfigError, and its deregistration at the stop, which has no URL to
-    # call, must not replace that error with another (nor skip the clean-up after it).
+def test_run_with_no_fleetd_url_anywhere_says_so_even_when_it_would_deregister_on_stop(
+    tmp_path, fake_nvml
+):
+    # Enrolled (node.json and session.token), but neither node.json nor the config names a fleetd
+    # URL: the agent stops with the ConfigError, and its deregistration at the stop, which has no
+    # URL to call, must not replace that error with another (nor skip the clean-up after it).
     from agent.config import ConfigError
     from agent.daemon import Agent
     from agent.state import State
 
-    config = Config(state_dir=str(tmp_path / "state"), local_api_listen="127.0.0.1:0", limits_cgroup_parent="",
-                    devices_backend=f"fake:{fake_nvml.use('h100_x8')}")
+    config = Config(
+        state_dir=str(tmp_path / "state"),
+        local_api_listen="127.0.0.1:0",
+        limits_cgroup_parent="",
+        devices_backend=f"fake:{fake_nvml.use('h100_x8')}",
+    )
     State(config.state_dir).save_enrolment({"node_id": "n-1", "fleet": "default"}, "fls_session")
     agent = Agent(config, deregister_on_stop=True)
     with pytest.raises(ConfigError, match="no fleetd URL"):

@@ -1,4 +1,5 @@
-"""End to end with real processes: `fleetd serve` and `fleet-agent run` with fake device backends."""
+"""End to end with real processes: `fleetd serve` and `fleet-agent run` with fake device
+backends."""
 
 import json
 import signal
@@ -31,7 +32,9 @@ def shape_gpus(name):
 def setup_fleet(url, admin, uses=10):
     http = Http(url, admin)
     http.create_root_fleet("lab")  # not about isolation: the admin's work runs as root
-    join = http("POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": uses}).json()
+    join = http(
+        "POST", "/api/v1/fleets/lab/join-tokens", expect=201, json={"max_uses": uses}
+    ).json()
     return http, join
 
 
@@ -40,8 +43,12 @@ def node_of(http, agent):
 
 
 def wait_status(http, agent, status, timeout=60):
-    return wait_until(lambda: (lambda n: n if n["status"] == status else None)(node_of(http, agent)),
-                      timeout=timeout, interval=0.2, message=f"node {agent.name} to become {status}")
+    return wait_until(
+        lambda: (lambda n: n if n["status"] == status else None)(node_of(http, agent)),
+        timeout=timeout,
+        interval=0.2,
+        message=f"node {agent.name} to become {status}",
+    )
 
 
 def local_get(agent, path, token=None):
@@ -50,7 +57,8 @@ def local_get(agent, path, token=None):
 
 
 def test_two_agents_become_ready_and_a_killed_one_is_lost_then_returns_as_the_same_node(
-        server_factory, admin, agent_factory):
+    server_factory, admin, agent_factory
+):
     server = server_factory(**FAST)
     http, join = setup_fleet(server.url, admin)
     hopper = agent_factory("hopper", shape="h100_x8")
@@ -82,14 +90,19 @@ def test_two_agents_become_ready_and_a_killed_one_is_lost_then_returns_as_the_sa
 
 
 def test_agents_keep_retrying_through_a_fleetd_outage_and_recover_without_re_enrolling(
-        tmp_path, admin, data_dir, agent_factory):
+    tmp_path, admin, data_dir, agent_factory
+):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = FleetdProcess(data_dir, FAST, bind=f"127.0.0.1:{port}").start()  # the same URL after a restart
+    server = FleetdProcess(
+        data_dir, FAST, bind=f"127.0.0.1:{port}"
+    ).start()  # the same URL after a restart
     try:
         http, join = setup_fleet(server.url, admin)
-        agents = [agent_factory(f"host-{i}", shape=shape) for i, shape in enumerate(("h100_x8", "l4_x4"))]
+        agents = [
+            agent_factory(f"host-{i}", shape=shape) for i, shape in enumerate(("h100_x8", "l4_x4"))
+        ]
         for agent in agents:
             agent.join(join["token"], server.url)
             agent.start()
@@ -103,9 +116,15 @@ def test_agents_keep_retrying_through_a_fleetd_outage_and_recover_without_re_enr
         for agent in agents:
             agent.wait_for_line(r"fleetd unreachable \(attempt 3\)", timeout=OUTAGE_SECONDS + 30)
         # The outage lasts as long as the issue asks, and the agents keep running through it.
-        wait_until(lambda: time.monotonic() - stopped_at >= OUTAGE_SECONDS or any(a.proc.poll() is not None
-                                                                                   for a in agents),
-                   timeout=OUTAGE_SECONDS + 5, interval=0.5, message="the outage to last")
+        wait_until(
+            lambda: (
+                time.monotonic() - stopped_at >= OUTAGE_SECONDS
+                or any(a.proc.poll() is not None for a in agents)
+            ),
+            timeout=OUTAGE_SECONDS + 5,
+            interval=0.5,
+            message="the outage to last",
+        )
         for agent in agents:
             assert agent.proc.poll() is None, agent.log
 
@@ -126,8 +145,9 @@ def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, adm
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         listen = f"127.0.0.1:{probe.getsockname()[1]}"
-    agent = agent_factory("late", shape="l4_x4", server_url=server.url,
-                          env={"FLEET_AGENT_LOCAL_API_LISTEN": listen})
+    agent = agent_factory(
+        "late", shape="l4_x4", server_url=server.url, env={"FLEET_AGENT_LOCAL_API_LISTEN": listen}
+    )
     agent.start()
     agent.wait_for_line(r"not enrolled yet")
     resp = local_get(agent, "/readyz", agent.local_token())  # the details need the token
@@ -139,13 +159,20 @@ def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, adm
 
     result = agent.join(join["token"], server.url)
     assert "enrolled as node" in result.stdout
-    ready = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(
-        local_get(agent, "/readyz", agent.local_token())), timeout=30, message="readyz 200")
+    ready = wait_until(
+        lambda: (lambda r: r if r.status_code == 200 else None)(
+            local_get(agent, "/readyz", agent.local_token())
+        ),
+        timeout=30,
+        message="readyz 200",
+    )
     assert local_get(agent, "/readyz").json() == {"data": {"status": "ready"}}
     assert ready.json()["data"]["node_id"] == agent.node()["node_id"]
     devices = local_get(agent, "/api/v1/devices", agent.local_token()).json()["data"]
     assert len(devices) == 4
-    status = subprocess.run(agent.cmd("status", "--json"), capture_output=True, text=True, timeout=60, env=agent.env)
+    status = subprocess.run(
+        agent.cmd("status", "--json"), capture_output=True, text=True, timeout=60, env=agent.env
+    )
     report = json.loads(status.stdout)
     assert report["node"]["node_id"] == agent.node()["node_id"] and report["session"] == "stored"
     assert report["agent"]["running"] and report["agent"]["ready"]
@@ -153,13 +180,19 @@ def test_readyz_is_503_before_enrolment_and_ready_after_join(server_factory, adm
     again = agent.join(join["token"], server.url)
     assert "already enrolled" in again.stdout
     # No secret ever reaches the logs.
-    secrets = [join["token"], (agent.state_dir / "session.token").read_text().strip(), agent.local_token()]
+    secrets = [
+        join["token"],
+        (agent.state_dir / "session.token").read_text().strip(),
+        agent.local_token(),
+    ]
     for text in (agent.log, result.stdout + result.stderr, server.log):
         for secret in secrets:
             assert secret.split(".")[-1] not in text
 
 
-def test_gpu_health_change_reaches_fleetd_at_the_next_heartbeat(server_factory, admin, agent_factory):
+def test_gpu_health_change_reaches_fleetd_at_the_next_heartbeat(
+    server_factory, admin, agent_factory
+):
     server = server_factory(**FAST)
     http, join = setup_fleet(server.url, admin)
     agent = agent_factory("ecc", shape="h100_x8")
@@ -174,7 +207,9 @@ def test_gpu_health_change_reaches_fleetd_at_the_next_heartbeat(server_factory, 
 
     gpu = wait_until(gpu6_unhealthy, timeout=30, message="GPU 6 unhealthy in fleetd")
     assert gpu["health_reason"] == "remapped rows pending: GPU reset required"
-    events = http("GET", f"/api/v1/nodes/{agent.node()['node_id']}/events", expect=200).json()["items"]
+    events = http("GET", f"/api/v1/nodes/{agent.node()['node_id']}/events", expect=200).json()[
+        "items"
+    ]
     assert any(e["kind"] == "node.gpus" and "unhealthy" in (e["reason"] or "") for e in events)
 
 
@@ -190,7 +225,9 @@ def test_revoked_node_stops_the_agent_with_exit_code_3(server_factory, admin, ag
     assert "was revoked by fleetd" in agent.log or "rejected this node's session" in agent.log
 
 
-def test_sigterm_stops_cleanly_and_deregister_on_stop_leaves_the_fleet(server_factory, admin, agent_factory):
+def test_sigterm_stops_cleanly_and_deregister_on_stop_leaves_the_fleet(
+    server_factory, admin, agent_factory
+):
     server = server_factory(**FAST)
     http, join = setup_fleet(server.url, admin)
     agent = agent_factory("leaver", shape="l4_x4")

@@ -25,7 +25,9 @@ def _send_all(fleetd, reports, task_ids):
     fleetd.hold_finish.clear()
     threads = [threading.Thread(target=send, args=(task_ids[0],))]
     threads[0].start()
-    fleetd.wait_for(lambda: any(path.endswith("/finish") for _m, path, _b in fleetd.calls), 10, "the first call")
+    fleetd.wait_for(
+        lambda: any(path.endswith("/finish") for _m, path, _b in fleetd.calls), 10, "the first call"
+    )
     for task_id in task_ids[1:]:
         threads.append(threading.Thread(target=send, args=(task_id,)))
         threads[-1].start()
@@ -46,17 +48,24 @@ def test_reports_that_wait_for_a_call_go_in_the_next_one(fleetd):
     ids = ["t0", "t1", "t2", "t3"]
     assert _send_all(fleetd, reports, ids) == dict.fromkeys(ids)
     calls = _finish_calls(fleetd)
-    assert calls[0] == ("/api/v1/agent/tasks/t0/finish", {"epoch": 1, "outcome": "succeeded", "exit_code": 0})
+    assert calls[0] == (
+        "/api/v1/agent/tasks/t0/finish",
+        {"epoch": 1, "outcome": "succeeded", "exit_code": 0},
+    )
     assert len(calls) == 2 and calls[1][0] == "/api/v1/agent/finish"
     assert sorted(f["task_id"] for f in calls[1][1]["finishes"]) == ["t1", "t2", "t3"]
     assert sorted(fleetd.finished) == ids
-    assert sum(len(body["finishes"]) if "finishes" in body else 1 for _path, body in calls) == 4  # 4 in 2 calls
+    assert (
+        sum(len(body["finishes"]) if "finishes" in body else 1 for _path, body in calls) == 4
+    )  # 4 in 2 calls
     # Nothing on its way: the next report goes at once, alone, by the single-finish route.
     client = FleetClient(fleetd.url, session_token="fln_s.secret")
     reports.send(client, "t4", finish_body(1, "failed", 2))
     client.close()
-    assert _finish_calls(fleetd)[-1] == ("/api/v1/agent/tasks/t4/finish",
-                                         {"epoch": 1, "outcome": "failed", "exit_code": 2})
+    assert _finish_calls(fleetd)[-1] == (
+        "/api/v1/agent/tasks/t4/finish",
+        {"epoch": 1, "outcome": "failed", "exit_code": 2},
+    )
 
 
 def test_a_refused_report_fails_only_its_own_thread(fleetd):
@@ -84,6 +93,7 @@ def test_a_fleetd_without_the_route_gets_the_reports_one_by_one(fleetd):
     paths = [path for path, _body in _finish_calls(fleetd)]
     assert paths.count("/api/v1/agent/finish") == 1  # tried once, then never again
     assert sorted(p for p in paths if p != "/api/v1/agent/finish") == [
-        f"/api/v1/agent/tasks/t{i}/finish" for i in range(3)]
+        f"/api/v1/agent/tasks/t{i}/finish" for i in range(3)
+    ]
     assert not reports.batch
     assert sorted(fleetd.finished) == ["t0", "t1", "t2"]

@@ -1,6 +1,7 @@
 """Tenants on one node: each task runs as its owner's uid and reaches neither another's data nor the
-agent's secrets. Real processes, real files and real uids (the tests run as root, as CI does), against
-the stand-in fleetd; the tasks run /usr/bin/python3, which every uid can execute (the venv is root's)."""
+agent's secrets. Real processes, real files and real uids (the tests run as root, as CI does),
+against the stand-in fleetd; the tasks run /usr/bin/python3, which every uid can execute (the venv
+is root's)."""
 
 import hashlib
 import json
@@ -25,8 +26,10 @@ from tests.agent.instance_support import instance_assignment
 from tests.support import wait_until, wire
 from tests.support.workloads import hold
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="switching users needs root and setpriv (CI runs as root)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="switching users needs root and setpriv (CI runs as root)",
+)
 
 PY = "/usr/bin/python3"
 ALICE = {"source": "dynamic", "user": None, "uid": 61301, "gid": 61301}
@@ -35,8 +38,8 @@ MALLORY = {"source": "dynamic", "user": None, "uid": 61302, "gid": 61302}
 
 @pytest.fixture
 def state_dir():
-    """A state dir that other uids may pass through on the way to it, as /var/lib is (pytest's own temporary
-    directories are root's, 0700)."""
+    """A state dir that other uids may pass through on the way to it, as /var/lib is (pytest's own
+    temporary directories are root's, 0700)."""
     top = tempfile.mkdtemp(prefix="fleet-isolation-")
     os.chmod(top, 0o711)
     yield os.path.join(top, "state")
@@ -45,9 +48,15 @@ def state_dir():
 
 @pytest.fixture
 def runner(state_dir, fleetd):
-    made = Runner(state_dir, Workers(), lambda: FleetClient(fleetd.url, "fln_test", timeout=10), "127.0.0.1",
-                  kill_grace_seconds=1.0, backoff_max_seconds=0.2,
-                  log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
+    made = Runner(
+        state_dir,
+        Workers(),
+        lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
+        "127.0.0.1",
+        kill_grace_seconds=1.0,
+        backoff_max_seconds=0.2,
+        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+    )
     yield made
     made.shutdown("test over", timeout=15)
 
@@ -59,12 +68,17 @@ def run(runner, fleetd, task_id, code, run_as, **overrides):
     return finish, fleetd.texts(task_id, "stdout"), fleetd.texts(task_id, "stderr")
 
 
-PROBE = ("import json, os\n"
-         "print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
-         "    'cwd': os.getcwd(), 'home': os.environ.get('HOME'), 'user': os.environ.get('USER'),\n"
-         "    'nnp': [l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')][0].split()[1],\n"
-         "    'cap_eff': [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1],\n"
-         "    'mode': oct(os.stat('.').st_mode & 0o777), 'owner': os.stat('.').st_uid}))\n")
+PROBE = (
+    "import json, os\n"
+    "print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(), 'groups': "
+    "os.getgroups(),\n"
+    "    'cwd': os.getcwd(), 'home': os.environ.get('HOME'), 'user': os.environ.get('USER'),\n"
+    "    'nnp': [l for l in open('/proc/self/status') if "
+    "l.startswith('NoNewPrivs')][0].split()[1],\n"
+    "    'cap_eff': [l for l in open('/proc/self/status') if "
+    "l.startswith('CapEff')][0].split()[1],\n"
+    "    'mode': oct(os.stat('.').st_mode & 0o777), 'owner': os.stat('.').st_uid}))\n"
+)
 
 
 def test_a_task_runs_as_its_owners_uid_with_no_privileges_in_a_directory_of_its_own(runner, fleetd):
@@ -89,18 +103,20 @@ def test_root_only_when_fleetd_says_so_and_nobody_when_it_says_nothing(runner, f
 def test_a_task_cannot_read_the_agents_tokens_nor_list_its_state(runner, fleetd, state_dir):
     write_private(os.path.join(state_dir, "session.token"), "fln_secret\n")
     write_private(os.path.join(state_dir, "local-api.token"), "fll_secret\n")
-    code = ("import os, sys\n"
-            "state = sys.argv[1]\n"
-            "for what in ('session.token', 'local-api.token'):\n"
-            "    try:\n"
-            "        open(os.path.join(state, what)).read(); print(what, 'READ')\n"
-            "    except OSError as exc:\n"
-            "        print(what, type(exc).__name__)\n"
-            "for where in (state, os.path.join(state, 'tasks'), os.path.join(state, 'volumes')):\n"
-            "    try:\n"
-            "        os.listdir(where); print(where, 'LISTED')\n"
-            "    except OSError as exc:\n"
-            "        print(where, type(exc).__name__)\n")
+    code = (
+        "import os, sys\n"
+        "state = sys.argv[1]\n"
+        "for what in ('session.token', 'local-api.token'):\n"
+        "    try:\n"
+        "        open(os.path.join(state, what)).read(); print(what, 'READ')\n"
+        "    except OSError as exc:\n"
+        "        print(what, type(exc).__name__)\n"
+        "for where in (state, os.path.join(state, 'tasks'), os.path.join(state, 'volumes')):\n"
+        "    try:\n"
+        "        os.listdir(where); print(where, 'LISTED')\n"
+        "    except OSError as exc:\n"
+        "        print(where, type(exc).__name__)\n"
+    )
     runner.submit(wire.assignment("t-snoop", [PY, "-c", code, state_dir], run_as=MALLORY))
     assert fleetd.wait_outcome("t-snoop")["outcome"] == "succeeded"
     lines = fleetd.texts("t-snoop", "stdout")
@@ -112,53 +128,90 @@ def test_a_task_cannot_read_the_agents_tokens_nor_list_its_state(runner, fleetd,
     assert stat.S_IMODE(os.stat(state_dir).st_mode) == 0o711
 
 
-def test_one_owners_task_cannot_read_anothers_volume_while_the_owner_reads_it(runner, fleetd, state_dir):
-    secret = ("import os\n"
-              "open(os.path.join(os.environ['FLEET_VOLUME'], 'secret.txt'), 'w').write('alice only')\n")
-    runner.submit(instance_assignment("t-alice-inst", [PY, "-c", secret], instance_id="inst-alice", run_as=ALICE))
+def test_one_owners_task_cannot_read_anothers_volume_while_the_owner_reads_it(
+    runner, fleetd, state_dir
+):
+    secret = (
+        "import os\n"
+        "open(os.path.join(os.environ['FLEET_VOLUME'], 'secret.txt'), 'w').write('alice only')\n"
+    )
+    runner.submit(
+        instance_assignment(
+            "t-alice-inst", [PY, "-c", secret], instance_id="inst-alice", run_as=ALICE
+        )
+    )
     assert fleetd.wait_outcome("t-alice-inst")["outcome"] == "succeeded"
     volume = os.path.join(state_dir, "volumes", "inst-alice")
     st = os.stat(volume)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (61301, 0o700)
-    steal = ("import sys\n"
-             "try:\n"
-             "    print(open(sys.argv[1]).read())\n"
-             "except OSError as exc:\n"
-             "    print(type(exc).__name__, exc.errno)\n")
+    steal = (
+        "import sys\n"
+        "try:\n"
+        "    print(open(sys.argv[1]).read())\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__, exc.errno)\n"
+    )
     target = os.path.join(volume, "secret.txt")
     runner.submit(wire.assignment("t-mallory", [PY, "-c", steal, target], run_as=MALLORY))
     assert fleetd.wait_outcome("t-mallory")["outcome"] == "succeeded"
     assert fleetd.texts("t-mallory", "stdout") == ["PermissionError 13"]
-    runner.submit(instance_assignment("t-alice-again", [PY, "-c", steal, target], instance_id="inst-alice",
-                                      epoch=2, run_as=ALICE))
+    runner.submit(
+        instance_assignment(
+            "t-alice-again",
+            [PY, "-c", steal, target],
+            instance_id="inst-alice",
+            epoch=2,
+            run_as=ALICE,
+        )
+    )
     assert fleetd.wait_outcome("t-alice-again")["outcome"] == "succeeded"
     assert fleetd.texts("t-alice-again", "stdout") == ["alice only"]
 
 
-def test_an_instances_exit_status_is_recorded_by_root_where_its_task_cannot_forge_it(runner, fleetd, state_dir):
-    forge = ("import glob, os, sys\n"
-             "for path in glob.glob(os.path.join(sys.argv[1], 'tasks', '*', 'exit-status')) + "
-             "[os.path.join(sys.argv[1], 'tasks', 't-forge.1', 'exit-status')]:\n"
-             "    try:\n"
-             "        open(path, 'w').write('0'); print('FORGED', path)\n"
-             "    except OSError as exc:\n"
-             "        print(type(exc).__name__)\n"
-             "sys.exit(3)\n")
-    runner.submit(instance_assignment("t-forge", [PY, "-c", forge, state_dir], instance_id="inst-forge",
-                                      run_as=MALLORY))
+def test_an_instances_exit_status_is_recorded_by_root_where_its_task_cannot_forge_it(
+    runner, fleetd, state_dir
+):
+    forge = (
+        "import glob, os, sys\n"
+        "for path in glob.glob(os.path.join(sys.argv[1], 'tasks', '*', 'exit-status')) + "
+        "[os.path.join(sys.argv[1], 'tasks', 't-forge.1', 'exit-status')]:\n"
+        "    try:\n"
+        "        open(path, 'w').write('0'); print('FORGED', path)\n"
+        "    except OSError as exc:\n"
+        "        print(type(exc).__name__)\n"
+        "sys.exit(3)\n"
+    )
+    runner.submit(
+        instance_assignment(
+            "t-forge", [PY, "-c", forge, state_dir], instance_id="inst-forge", run_as=MALLORY
+        )
+    )
     finish = fleetd.wait_outcome("t-forge")
     assert (finish["outcome"], finish["exit_code"]) == ("failed", 3), finish
     assert fleetd.texts("t-forge", "stdout") == ["PermissionError"]
 
 
 def test_a_dynamic_uid_that_is_a_host_users_is_refused(runner, fleetd):
-    finish, _, _ = run(runner, fleetd, "t-taken", PROBE, {"source": "dynamic", "user": None, "uid": 65534,
-                                                              "gid": 65534})
-    assert finish["outcome"] == "failed" and "belongs to host user 'nobody'" in finish["reason"], finish
-    finish, _, _ = run(runner, fleetd, "t-system", PROBE, {"source": "dynamic", "user": None, "uid": 0, "gid": 0})
+    finish, _, _ = run(
+        runner,
+        fleetd,
+        "t-taken",
+        PROBE,
+        {"source": "dynamic", "user": None, "uid": 65534, "gid": 65534},
+    )
+    assert finish["outcome"] == "failed" and "belongs to host user 'nobody'" in finish["reason"], (
+        finish
+    )
+    finish, _, _ = run(
+        runner, fleetd, "t-system", PROBE, {"source": "dynamic", "user": None, "uid": 0, "gid": 0}
+    )
     assert finish["outcome"] == "failed" and "is not a task uid" in finish["reason"], finish
-    finish, _, _ = run(runner, fleetd, "t-no-user", PROBE, {"source": "unix_user", "user": "no-such-user-here"})
-    assert finish["outcome"] == "failed" and "does not exist on this node" in finish["reason"], finish
+    finish, _, _ = run(
+        runner, fleetd, "t-no-user", PROBE, {"source": "unix_user", "user": "no-such-user-here"}
+    )
+    assert finish["outcome"] == "failed" and "does not exist on this node" in finish["reason"], (
+        finish
+    )
 
 
 def test_the_worker_record_says_whom_the_task_runs_as(runner, fleetd):
@@ -188,7 +241,9 @@ def test_another_tenants_process_that_copies_a_tasks_markers_is_not_the_tasks():
         wait_until(lambda: proc_uid(spoofer.pid) == 61302, message="the spoofer runs as its uid")
         assert ProcessMapper([TaskKey("victim", 1, uid=61301)]).owner(spoofer.pid) is None
         mine = TaskKey("victim", 1, uid=61302)
-        assert ProcessMapper([mine]).owner(spoofer.pid) is mine  # the same uid: its own task's markers
+        assert (
+            ProcessMapper([mine]).owner(spoofer.pid) is mine
+        )  # the same uid: its own task's markers
     finally:
         spoofer.kill()
         spoofer.wait()
@@ -212,22 +267,52 @@ runner.shutdown("done", timeout=15)
 """
 
 
-def test_a_tokens_unix_user_runs_the_task_as_that_host_user_with_its_groups(fleetd, state_dir, tmp_path):
+def test_a_tokens_unix_user_runs_the_task_as_that_host_user_with_its_groups(
+    fleetd, state_dir, tmp_path
+):
     if not shutil.which("unshare"):
         pytest.skip("unshare (util-linux) is needed to make a user in a private mount namespace")
     # The user exists only in a private mount namespace: the machine's /etc is never touched.
     passwd, group = tmp_path / "passwd", tmp_path / "group"
-    passwd.write_text(open("/etc/passwd").read() + "carol:x:61400:61400:Carol:/home/carol:/bin/sh\n")
+    passwd.write_text(
+        open("/etc/passwd").read() + "carol:x:61400:61400:Carol:/home/carol:/bin/sh\n"
+    )
     group.write_text(open("/etc/group").read() + "carol:x:61400:\nml-data:x:61401:carol\n")
     shell = 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"'
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", shell, "sh",
-                           str(passwd), str(group), sys.executable, "-c", RUN_ONE, fleetd.url, state_dir, PROBE],
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            shell,
+            "sh",
+            str(passwd),
+            str(group),
+            sys.executable,
+            "-c",
+            RUN_ONE,
+            fleetd.url,
+            state_dir,
+            PROBE,
+        ],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert fleetd.wait_outcome("t-carol")["outcome"] == "succeeded"
     seen = json.loads(fleetd.texts("t-carol", "stdout")[0])
-    assert (seen["uid"], seen["gid"], sorted(seen["groups"])) == (61400, 61400, [61400, 61401])  # initgroups
+    assert (seen["uid"], seen["gid"], sorted(seen["groups"])) == (
+        61400,
+        61400,
+        [61400, 61401],
+    )  # initgroups
     assert (seen["home"], seen["user"], seen["nnp"]) == ("/home/carol", "carol", "1")
     assert "carol" not in open("/etc/passwd").read()
 
@@ -236,12 +321,22 @@ def test_a_tasks_workdir_and_artifacts_are_its_users_to_change(runner, fleetd):
     data = b"weights"
     digest = hashlib.sha256(data).hexdigest()
     fleetd.artifacts[digest] = data
-    code = ("import os\n"
-            "open('inputs/model.bin', 'ab').write(b'+tuned')\n"
-            "os.makedirs('out'); open('out/log.txt', 'w').write('ok')\n"
-            "print(open('inputs/model.bin', 'rb').read().decode(), os.stat('inputs').st_uid, os.stat('out').st_uid)\n")
-    finish, out, err = run(runner, fleetd, "t-art", code, ALICE, workdir="job/run1",
-                           artifacts=[{"sha256": digest, "path": "inputs/model.bin"}])
+    code = (
+        "import os\n"
+        "open('inputs/model.bin', 'ab').write(b'+tuned')\n"
+        "os.makedirs('out'); open('out/log.txt', 'w').write('ok')\n"
+        "print(open('inputs/model.bin', 'rb').read().decode(), os.stat('inputs').st_uid, "
+        "os.stat('out').st_uid)\n"
+    )
+    finish, out, err = run(
+        runner,
+        fleetd,
+        "t-art",
+        code,
+        ALICE,
+        workdir="job/run1",
+        artifacts=[{"sha256": digest, "path": "inputs/model.bin"}],
+    )
     assert finish["outcome"] == "succeeded", (finish, err)
     assert out == ["weights+tuned 61301 61301"]
 

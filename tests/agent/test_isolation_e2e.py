@@ -1,6 +1,6 @@
-"""Tenants end to end: a real `fleetd serve` decides whom each task runs as and a real `fleet-agent run`
-runs it so. The agent's state dir lies where other uids may pass (as /var/lib is); the tasks run
-/usr/bin/python3, which every uid can execute."""
+"""Tenants end to end: a real `fleetd serve` decides whom each task runs as and a real
+`fleet-agent run` runs it so. The agent's state dir lies where other uids may pass (as /var/lib is);
+the tasks run /usr/bin/python3, which every uid can execute."""
 
 import os
 import shutil
@@ -10,9 +10,13 @@ import pytest
 
 from tests.agent.conftest import AgentProcess, Http, wait_until
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                 reason="switching users needs root and setpriv (CI runs as root)")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("setpriv"),
+        reason="switching users needs root and setpriv (CI runs as root)",
+    ),
+]
 
 FAST = {"FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1", "FLEETD_NODE_TTL_SECONDS": "5"}
 WHO = "import os; print(os.getuid(), os.getgid())"
@@ -32,9 +36,17 @@ def node(server_factory, admin):
         agent.join(join["token"], server.url)
         agent.start()
         node_id = agent.node()["node_id"]
-        ready = wait_until(lambda: (lambda n: n if n["status"] == "ready" and n["capabilities"]["isolation"] == "uid"
-                                    else None)(http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()),
-                           timeout=60, message="the node ready, with isolation")
+        ready = wait_until(
+            lambda: (
+                lambda n: (
+                    n
+                    if n["status"] == "ready" and n["capabilities"]["isolation"] == "uid"
+                    else None
+                )
+            )(http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()),
+            timeout=60,
+            message="the node ready, with isolation",
+        )
         assert ready["capabilities"]["isolation"] == "uid"
         yield http, agent
     finally:
@@ -44,15 +56,28 @@ def node(server_factory, admin):
 
 
 def token(http, name):
-    return http("POST", "/api/v1/tokens", expect=201, json={"name": name, "role": "submitter"}).json()["token"]
+    return http(
+        "POST", "/api/v1/tokens", expect=201, json={"name": name, "role": "submitter"}
+    ).json()["token"]
 
 
 def run_job(http, as_token=None):
-    """Submit WHO (as `as_token`, else the admin) and wait for it: (job status, its output lines)."""
-    job = http("POST", "/api/v1/jobs", expect=201, token=as_token,
-               json={"name": "who", "command": ["/usr/bin/python3", "-c", WHO], "resources": {"gpus": 1}}).json()
-    done = wait_until(lambda: (lambda j: j if j["state"] in ("succeeded", "failed") else None)(
-        http("GET", f"/api/v1/jobs/{job['id']}", expect=200).json()), timeout=60, message="the job's end")
+    """Submit WHO (as `as_token`, else the admin) and wait for it: (job status, its output
+    lines)."""
+    job = http(
+        "POST",
+        "/api/v1/jobs",
+        expect=201,
+        token=as_token,
+        json={"name": "who", "command": ["/usr/bin/python3", "-c", WHO], "resources": {"gpus": 1}},
+    ).json()
+    done = wait_until(
+        lambda: (lambda j: j if j["state"] in ("succeeded", "failed") else None)(
+            http("GET", f"/api/v1/jobs/{job['id']}", expect=200).json()
+        ),
+        timeout=60,
+        message="the job's end",
+    )
     logs = http("GET", f"/api/v1/jobs/{job['id']}/logs", expect=200).json()
     items = logs["items"] if isinstance(logs, dict) else logs
     return done, [line["text"] for line in items if line["stream"] == "stdout"]

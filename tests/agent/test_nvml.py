@@ -23,8 +23,23 @@ def discover(path):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml, scenario):
     inventory = discover(fake_nvml.use(scenario))
-    keys = {"uuid", "index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy",
-            "health_reason", "mig_mode", "serial", "board_part_number", "vbios", "xids", "ecc_uncorrected"}
+    keys = {
+        "uuid",
+        "index",
+        "vendor",
+        "model",
+        "memory_total_bytes",
+        "numa_node",
+        "max_tflops",
+        "healthy",
+        "health_reason",
+        "mig_mode",
+        "serial",
+        "board_part_number",
+        "vbios",
+        "xids",
+        "ecc_uncorrected",
+    }
     for gpu in inventory.wire_gpus():
         assert set(gpu) == keys
     uuids = [g["uuid"] for g in inventory.wire_gpus()]
@@ -90,9 +105,16 @@ def test_gpu_lost_after_discovery_keeps_its_last_known_identity(fake_nvml):
 
 def test_optional_reading_error_degrades_to_null(fake_nvml):
     path = fake_nvml.use("h100_x8")
-    rewrite_shape(path, lambda d: d["gpus"][1].update(errors={"nvmlDeviceGetPowerUsage": "Unknown",
-                                                              "nvmlDeviceGetTemperature": "NotSupported",
-                                                              "nvmlDeviceGetNumaNodeId": "NoPermission"}))
+    rewrite_shape(
+        path,
+        lambda d: d["gpus"][1].update(
+            errors={
+                "nvmlDeviceGetPowerUsage": "Unknown",
+                "nvmlDeviceGetTemperature": "NotSupported",
+                "nvmlDeviceGetNumaNodeId": "NoPermission",
+            }
+        ),
+    )
     device = discover(path).devices[1]
     assert device.power_w is None and device.temperature_c is None and device.gpu.numa_node is None
     assert device.gpu.healthy and device.power_limit_w == 700.0
@@ -100,7 +122,9 @@ def test_optional_reading_error_degrades_to_null(fake_nvml):
 
 def test_required_reading_error_marks_the_gpu_unhealthy_with_the_reason(fake_nvml):
     path = fake_nvml.use("l4_x4")
-    rewrite_shape(path, lambda d: d["gpus"][3].update(errors={"nvmlDeviceGetMemoryInfo": "Unknown"}))
+    rewrite_shape(
+        path, lambda d: d["gpus"][3].update(errors={"nvmlDeviceGetMemoryInfo": "Unknown"})
+    )
     device = discover(path).devices[3]
     assert not device.gpu.healthy and "Unknown Error" in device.gpu.health_reason
 
@@ -117,8 +141,13 @@ def test_rediscovery_picks_up_a_driver_installed_after_start(fake_nvml):
     manager = DeviceManager(f"fake:{path}", watch_xids=False)
     try:
         assert manager.discover().devices == []
-        rewrite_shape(path, lambda d: d.update(no_driver=False, gpus=[__import__("json").loads(
-            shape_path("l4_x4").read_text())["gpus"][0]]))
+        rewrite_shape(
+            path,
+            lambda d: d.update(
+                no_driver=False,
+                gpus=[__import__("json").loads(shape_path("l4_x4").read_text())["gpus"][0]],
+            ),
+        )
         inventory = manager.discover()
         assert len(inventory.devices) == 1 and inventory.reason == ""
     finally:
@@ -147,8 +176,11 @@ def test_critical_xid_marks_the_gpu_unhealthy_but_an_application_xid_does_not(fa
         manager.discover()
         fake_nvml.inject_xid(2, 13)  # graphics engine exception: the application's fault
         fake_nvml.inject_xid(4, 79)  # fallen off the bus
-        device = wait_until(lambda: (lambda d: d if not d.gpu.healthy else None)(manager.poll().devices[4]),
-                            timeout=10, message="XID 79 to mark GPU 4 unhealthy")
+        device = wait_until(
+            lambda: (lambda d: d if not d.gpu.healthy else None)(manager.poll().devices[4]),
+            timeout=10,
+            message="XID 79 to mark GPU 4 unhealthy",
+        )
         assert "critical XID 79" in device.gpu.health_reason
         assert manager.poll().devices[2].gpu.healthy
     finally:
@@ -178,7 +210,9 @@ def test_every_nvml_call_the_adapter_makes_exists_in_the_fake():
     import agent.nvml
 
     source = Path(agent.nvml.__file__).read_text()
-    called = set(re.findall(r'"(nvml[A-Za-z0-9_]+)"', source)) | set(re.findall(r"\.nv\.(nvml[A-Za-z0-9_]+)", source))
+    called = set(re.findall(r'"(nvml[A-Za-z0-9_]+)"', source)) | set(
+        re.findall(r"\.nv\.(nvml[A-Za-z0-9_]+)", source)
+    )
     assert called, "the adapter calls nothing?"
     missing = sorted(name for name in called if not hasattr(fake_module, name))
     assert missing == []
@@ -205,9 +239,16 @@ def test_real_nvml_reports_what_nvidia_smi_reports():
         pytest.skip(f"no NVML here: {exc}")
     if not shutil.which("nvidia-smi"):
         pytest.skip("nvidia-smi not installed")
-    out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,name,memory.total", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,name,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     expected = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
     inventory = DeviceManager("nvml", watch_xids=False).discover()
-    got = [[d.gpu.uuid, d.gpu.model, str(d.gpu.memory_total_bytes // 2**20)] for d in inventory.devices]
+    got = [
+        [d.gpu.uuid, d.gpu.model, str(d.gpu.memory_total_bytes // 2**20)] for d in inventory.devices
+    ]
     assert got == expected

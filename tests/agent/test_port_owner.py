@@ -23,16 +23,24 @@ from tests.support.workloads import hold
 PY = "/usr/bin/python3"  # every uid can run it (the venv is root's)
 OWNER = {"source": "dynamic", "user": None, "uid": 61320, "gid": 61320}
 SQUATTER_UID = 61321
-LISTEN = ("import socket, sys\n"
-          "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
-          "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
-          "print('listening', flush=True)\n" + hold(600))
+LISTEN = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
+    "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
+    "print('listening', flush=True)\n" + hold(600)
+)
 
 
 def listen_as(uid, address, port):
     """A process of `uid` (this one's uid when None) listening on address:port, once it does."""
-    prefix = [] if uid is None else [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    proc = subprocess.Popen([*prefix, PY, "-c", LISTEN, address, str(port)], stdout=subprocess.PIPE, text=True)
+    prefix = (
+        []
+        if uid is None
+        else [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    )
+    proc = subprocess.Popen(
+        [*prefix, PY, "-c", LISTEN, address, str(port)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "listening"
     return proc
 
@@ -59,7 +67,7 @@ def test_listeners_are_read_from_proc_net_tcp_and_their_holders_from_the_fds():
         inodes = {os.fstat(s.fileno()).st_ino for s in (v4, v6) if s is not None}
         assert tcp_listeners([low, low + 1]) == {low: inodes, low + 1: set()}
         assert inodes <= socket_inodes(os.getpid())
-        assert socket_inodes(2 ** 22 + 12345) == set()  # no such process
+        assert socket_inodes(2**22 + 12345) == set()  # no such process
     finally:
         for s in (v4, v6):
             if s is not None:
@@ -72,15 +80,22 @@ def test_a_port_is_ok_only_while_every_listener_on_it_is_held_by_the_instance():
     own.bind(("127.0.0.1", low))
     own.listen()
     try:
-        assert port_states([low, low + 1], [os.getpid()]) == {low: PORT_OK, low + 1: PORT_NOT_LISTENING}
-        assert port_states([low + 1], [], published=True) == {low + 1: PORT_OK}  # the runtime forwards it
+        assert port_states([low, low + 1], [os.getpid()]) == {
+            low: PORT_OK,
+            low + 1: PORT_NOT_LISTENING,
+        }
+        assert port_states([low + 1], [], published=True) == {
+            low + 1: PORT_OK
+        }  # the runtime forwards it
         other = listen_as(None, "127.0.0.2", low)  # beside the instance's, on another address
         try:
             assert port_states([low], [os.getpid()]) == {low: PORT_TAKEN}
             assert port_states([low], [os.getpid(), other.pid]) == {low: PORT_OK}
         finally:
             stop(other)
-        assert port_states([low], [other.pid]) == {low: PORT_TAKEN}  # not the instance's, whoever it is
+        assert port_states([low], [other.pid]) == {
+            low: PORT_TAKEN
+        }  # not the instance's, whoever it is
     finally:
         own.close()
 
@@ -88,8 +103,10 @@ def test_a_port_is_ok_only_while_every_listener_on_it_is_held_by_the_instance():
 # ------------------------------------------------------------------ instances run as their owner
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="switching users needs root and setpriv (CI runs as root)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="switching users needs root and setpriv (CI runs as root)",
+)
 
 
 @pytest.fixture
@@ -99,9 +116,16 @@ def node(fleetd):
     os.chmod(top, 0o711)
     state_dir = os.path.join(top, "state")
     low, high = port_range()
-    runner = Runner(state_dir, Workers(), lambda: FleetClient(fleetd.url, "fln_test", timeout=10), "127.0.0.1",
-                    kill_grace_seconds=1.0, backoff_max_seconds=0.2, ports=PortAllocator(state_dir, low, high),
-                    log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
+    runner = Runner(
+        state_dir,
+        Workers(),
+        lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
+        "127.0.0.1",
+        kill_grace_seconds=1.0,
+        backoff_max_seconds=0.2,
+        ports=PortAllocator(state_dir, low, high),
+        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+    )
     runner.low = low
     yield runner
     runner.shutdown("test over", timeout=15, stop_instances=True)
@@ -117,41 +141,76 @@ def reported_ports(runner, task_id):
 
 
 @needs_root
-def test_the_instances_own_listener_reads_ok_and_another_uids_beside_it_makes_the_port_taken(node, fleetd):
-    wire = instance_assignment("t-own", [PY, "-c", HTTP_SERVER], instance_id="p-own", restart="never",
-                               ports=[{"port": 8000, "protocol": "http"}])
+def test_the_instances_own_listener_reads_ok_and_another_uids_beside_it_makes_the_port_taken(
+    node, fleetd
+):
+    wire = instance_assignment(
+        "t-own",
+        [PY, "-c", HTTP_SERVER],
+        instance_id="p-own",
+        restart="never",
+        ports=[{"port": 8000, "protocol": "http"}],
+    )
     wire["run_as"] = OWNER
     task = node.submit(wire)
     port = node.low
-    wait_until(lambda: http_get(f"http://127.0.0.1:{port}/"), timeout=30, message="the instance's server")
-    wait_until(lambda: task.check_ports() == {port: PORT_OK}, timeout=30, message="its own listener")
-    assert wait_until(lambda: reported_ports(node, "t-own"), timeout=30, message="the heartbeat's figures") == \
-        [{"port": 8000, "host_port": port, "state": PORT_OK}]
-    assert node.get("t-own").worker.instance["ports"][0]["state"] == PORT_OK  # the local API's worker record
-    squatter = listen_as(SQUATTER_UID, "127.0.0.2", port)  # another tenant's server on another loopback address
+    wait_until(
+        lambda: http_get(f"http://127.0.0.1:{port}/"), timeout=30, message="the instance's server"
+    )
+    wait_until(
+        lambda: task.check_ports() == {port: PORT_OK}, timeout=30, message="its own listener"
+    )
+    assert wait_until(
+        lambda: reported_ports(node, "t-own"), timeout=30, message="the heartbeat's figures"
+    ) == [{"port": 8000, "host_port": port, "state": PORT_OK}]
+    assert (
+        node.get("t-own").worker.instance["ports"][0]["state"] == PORT_OK
+    )  # the local API's worker record
+    squatter = listen_as(
+        SQUATTER_UID, "127.0.0.2", port
+    )  # another tenant's server on another loopback address
     try:
         assert task.check_ports() == {port: PORT_TAKEN}
-        assert task.worker.instance["ports"] == [{"port": 8000, "host_port": port, "protocol": "http",
-                                                  "state": PORT_TAKEN}]
+        assert task.worker.instance["ports"] == [
+            {"port": 8000, "host_port": port, "protocol": "http", "state": PORT_TAKEN}
+        ]
     finally:
         stop(squatter)
     assert task.check_ports() == {port: PORT_OK}
 
 
 @needs_root
-def test_a_port_its_instance_does_not_listen_on_reads_not_listening_until_another_uid_takes_it(node, fleetd):
-    wire = instance_assignment("t-idle", [PY, "-c", hold(600)], instance_id="p-idle",
-                               ports=[{"port": 8000, "protocol": "http"}])
+def test_a_port_its_instance_does_not_listen_on_reads_not_listening_until_another_uid_takes_it(
+    node, fleetd
+):
+    wire = instance_assignment(
+        "t-idle",
+        [PY, "-c", hold(600)],
+        instance_id="p-idle",
+        ports=[{"port": 8000, "protocol": "http"}],
+    )
     wire["run_as"] = OWNER
     task = node.submit(wire)
     fleetd.wait_for(lambda: fleetd.started.get("t-idle"), timeout=30, message="the start")
     port = node.low
-    wait_until(lambda: task.check_ports() == {port: PORT_NOT_LISTENING}, timeout=30, message="no listener yet")
+    wait_until(
+        lambda: task.check_ports() == {port: PORT_NOT_LISTENING},
+        timeout=30,
+        message="no listener yet",
+    )
     squatter = listen_as(SQUATTER_UID, "0.0.0.0", port)
     try:
         assert task.check_ports() == {port: PORT_TAKEN}
-        assert wait_until(lambda: (lambda ports: ports if ports and ports[0]["state"] == PORT_TAKEN else None)(
-            reported_ports(node, "t-idle")), timeout=30, message="the heartbeat's figures")[0]["host_port"] == port
+        assert (
+            wait_until(
+                lambda: (
+                    lambda ports: ports if ports and ports[0]["state"] == PORT_TAKEN else None
+                )(reported_ports(node, "t-idle")),
+                timeout=30,
+                message="the heartbeat's figures",
+            )[0]["host_port"]
+            == port
+        )
     finally:
         stop(squatter)
     assert task.check_ports() == {port: PORT_NOT_LISTENING}

@@ -1,4 +1,5 @@
-"""The task runner with real processes against a stand-in fleetd on loopback (tests/agent/fakefleetd.py)."""
+"""The task runner with real processes against a stand-in fleetd on loopback
+(tests/agent/fakefleetd.py)."""
 
 import hashlib
 import json
@@ -31,15 +32,22 @@ GPU_B = "GPU-5f3c6b1e-7a1d-4c2e-9b0f-000000000001"
 
 @pytest.fixture
 def make_runner(tmp_path, fleetd):
-    """Runner(s) with fast retries and a small grace, each with its own state dir; all shut down at the end."""
+    """Runner(s) with fast retries and a small grace, each with its own state dir; all shut down at
+    the end."""
     made = []
 
     def make(name="node", log_settings=None, **kwargs):
         kwargs.setdefault("kill_grace_seconds", 1.0)
-        runner = Runner(str(tmp_path / name), Workers(), lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
-                        "127.0.0.1", backoff_max_seconds=0.2,
-                        log_settings=log_settings or LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
-                        **kwargs)
+        runner = Runner(
+            str(tmp_path / name),
+            Workers(),
+            lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
+            "127.0.0.1",
+            backoff_max_seconds=0.2,
+            log_settings=log_settings
+            or LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+            **kwargs,
+        )
         made.append(runner)
         return runner
 
@@ -55,21 +63,35 @@ def alive(pid):
     return read_proc(pid) is not None
 
 
-def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_runner, fleetd, monkeypatch, tmp_path):
+def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(
+    make_runner, fleetd, monkeypatch, tmp_path
+):
     monkeypatch.setenv("FLEET_AGENT_JOIN_TOKEN", "flj_abc.secret")
     runner = make_runner()
-    code = ("import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd(), 'pid': os.getpid(), "
-            "'pgid': os.getpgrp(), 'sid': os.getsid(0)}))")
-    task = runner.submit(assignment("t-env", [PY, "-c", code], epoch=7,
-                                    env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "all"},
-                                    gpus=[{"uuid": GPU_A}, {"uuid": GPU_B, "memory_limit_bytes": 1 << 30}]))
+    code = (
+        "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd(), 'pid': "
+        "os.getpid(), 'pgid': os.getpgrp(), 'sid': os.getsid(0)}))"
+    )
+    task = runner.submit(
+        assignment(
+            "t-env",
+            [PY, "-c", code],
+            epoch=7,
+            env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "all"},
+            gpus=[{"uuid": GPU_A}, {"uuid": GPU_B, "memory_limit_bytes": 1 << 30}],
+        )
+    )
     assert fleetd.wait_outcome("t-env") == {"epoch": 7, "outcome": "succeeded", "exit_code": 0}
     seen = json.loads(fleetd.texts("t-env", "stdout")[0])
     env = seen["env"]
     assert env["FOO"] == "bar"
     assert env["CUDA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"  # the spec cannot widen its GPUs
     assert env["FLEET_JOB_ID"] == "job-t-env" and env["FLEET_TASK_ID"] == "t-env"
-    assert (env["FLEET_NODE_RANK"], env["FLEET_NUM_NODES"], env["FLEET_GPUS_PER_NODE"]) == ("0", "1", "2")
+    assert (env["FLEET_NODE_RANK"], env["FLEET_NUM_NODES"], env["FLEET_GPUS_PER_NODE"]) == (
+        "0",
+        "1",
+        "2",
+    )
     assert (env["NODE_RANK"], env["WORLD_SIZE"]) == ("0", "1")
     assert env["MASTER_ADDR"] == env["FLEET_MASTER_ADDR"] == "127.0.0.1"
     assert env["MASTER_PORT"] == env["FLEET_MASTER_PORT"] and int(env["MASTER_PORT"]) > 0
@@ -79,12 +101,18 @@ def test_task_runs_in_its_own_session_and_workdir_with_the_injected_env(make_run
     assert seen["pid"] != seen["sid"]
     assert seen["cwd"] == os.path.join(str(tmp_path / "node"), "tasks", "t-env.7", "work")
     assert fleetd.started["t-env"]["epoch"] == 7
-    wait_until(lambda: not os.path.exists(task.dir), message="the task dir to be removed once reported")
+    wait_until(
+        lambda: not os.path.exists(task.dir), message="the task dir to be removed once reported"
+    )
 
 
-def test_a_relative_workdir_is_created_inside_the_task_directory_and_an_escaping_one_refused(make_runner, fleetd):
+def test_a_relative_workdir_is_created_inside_the_task_directory_and_an_escaping_one_refused(
+    make_runner, fleetd
+):
     runner = make_runner()
-    runner.submit(assignment("t-wd", [PY, "-c", "import os; print(os.getcwd())"], workdir="src/app"))
+    runner.submit(
+        assignment("t-wd", [PY, "-c", "import os; print(os.getcwd())"], workdir="src/app")
+    )
     runner.submit(assignment("t-wd-up", [PY, "-c", "print('ran')"], workdir="../../.."))
     assert fleetd.wait_finished("t-wd")["outcome"] == "succeeded"
     assert fleetd.texts("t-wd")[0].endswith(os.path.join("tasks", "t-wd.1", "work", "src", "app"))
@@ -92,14 +120,24 @@ def test_a_relative_workdir_is_created_inside_the_task_directory_and_an_escaping
     assert refused["outcome"] == "failed" and "workdir" in refused["reason"]
 
 
-def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(make_runner, fleetd, gate):
+def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(
+    make_runner, fleetd, gate
+):
     runner = make_runner()
-    runner.submit(assignment("t-reg", [PY, "-c", WAIT_FOR_GATE, gate.path], gpus=[{"uuid": GPU_A}],
-                             max_runtime_seconds=300))
+    runner.submit(
+        assignment(
+            "t-reg",
+            [PY, "-c", WAIT_FOR_GATE, gate.path],
+            gpus=[{"uuid": GPU_A}],
+            max_runtime_seconds=300,
+        )
+    )
     fleetd.wait_for(lambda: "t-reg" in fleetd.started, message="start")
     worker = runner.workers.get("t-reg")
     view = worker.to_dict()
-    assert view["state"] == "running" and view["pids"][0] == fleetd.started["t-reg"]["pid"]  # the wrapper, then the task
+    assert (
+        view["state"] == "running" and view["pids"][0] == fleetd.started["t-reg"]["pid"]
+    )  # the wrapper, then the task
     assert len(view["pids"]) == 2
     assert view["env"]["CUDA_VISIBLE_DEVICES"] == GPU_A and view["gpus"] == [{"uuid": GPU_A}]
     assert view["limits"]["max_runtime_seconds"] == 300
@@ -109,72 +147,121 @@ def test_worker_registry_shows_the_running_task_and_forgets_it_after_the_finish(
     wait_until(lambda: runner.workers.all() == [], message="the worker to be removed")
 
 
-def test_failing_command_is_failed_with_its_exit_code_and_a_missing_program_cannot_start(make_runner, fleetd):
+def test_failing_command_is_failed_with_its_exit_code_and_a_missing_program_cannot_start(
+    make_runner, fleetd
+):
     runner = make_runner()
-    runner.submit(assignment("t-fail", [PY, "-c", "import sys; print('bye', file=sys.stderr); sys.exit(3)"]))
+    runner.submit(
+        assignment("t-fail", [PY, "-c", "import sys; print('bye', file=sys.stderr); sys.exit(3)"])
+    )
     runner.submit(assignment("t-missing", ["/nonexistent/program"]))
-    assert fleetd.wait_outcome("t-fail") == {"epoch": 1, "outcome": "failed", "exit_code": 3, "reason": "exit code 3"}
+    assert fleetd.wait_outcome("t-fail") == {
+        "epoch": 1,
+        "outcome": "failed",
+        "exit_code": 3,
+        "reason": "exit code 3",
+    }
     assert fleetd.texts("t-fail", "stderr") == ["bye"]
     missing = fleetd.wait_finished("t-missing")
-    assert missing["outcome"] == "failed" and "cannot start '/nonexistent/program'" in missing["reason"]
+    assert (
+        missing["outcome"] == "failed"
+        and "cannot start '/nonexistent/program'" in missing["reason"]
+    )
     assert "t-missing" not in fleetd.started
 
 
-def test_logs_arrive_complete_and_in_order_in_bounded_batches_before_the_finish(make_runner, fleetd):
-    runner = make_runner(log_settings=LogSettings(batch_lines=100, interval_seconds=0.05, backoff_max_seconds=0.2))
-    code = ("import sys\n"
-            "for i in range(3000):\n"
-            "    print(f'out {i}')\n"
-            "    if i % 30 == 0:\n"
-            "        print(f'err {i}', file=sys.stderr)\n"
-            "print('no newline at the end', end='')\n")
+def test_logs_arrive_complete_and_in_order_in_bounded_batches_before_the_finish(
+    make_runner, fleetd
+):
+    runner = make_runner(
+        log_settings=LogSettings(batch_lines=100, interval_seconds=0.05, backoff_max_seconds=0.2)
+    )
+    code = (
+        "import sys\n"
+        "for i in range(3000):\n"
+        "    print(f'out {i}')\n"
+        "    if i % 30 == 0:\n"
+        "        print(f'err {i}', file=sys.stderr)\n"
+        "print('no newline at the end', end='')\n"
+    )
     runner.submit(assignment("t-logs", [PY, "-c", code]))
     fleetd.wait_finished("t-logs")
-    assert fleetd.texts("t-logs", "stdout") == [f"out {i}" for i in range(3000)] + ["no newline at the end"]
+    assert fleetd.texts("t-logs", "stdout") == [f"out {i}" for i in range(3000)] + [
+        "no newline at the end"
+    ]
     assert fleetd.texts("t-logs", "stderr") == [f"err {i}" for i in range(0, 3000, 30)]
     assert max(fleetd.log_batches["t-logs"]) <= 100
     paths = fleetd.paths("POST")
     assert paths.index("/api/v1/agent/tasks/t-logs/finish") > max(
-        i for i, p in enumerate(paths) if p == "/api/v1/agent/tasks/t-logs/logs")
+        i for i, p in enumerate(paths) if p == "/api/v1/agent/tasks/t-logs/logs"
+    )
 
 
 def test_long_lines_arrive_in_pieces_and_line_ends_and_nuls_are_normalised(make_runner, fleetd):
     runner = make_runner(log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
-    code = ("import sys\n"
-            "sys.stdout.write('y' * 40000 + '\\n')\n"
-            "sys.stdout.write('a\\r\\nb\\0c\\n')\n"
-            "sys.stderr.write('e' * 16384 + 'tail')\n")
+    code = (
+        "import sys\n"
+        "sys.stdout.write('y' * 40000 + '\\n')\n"
+        "sys.stdout.write('a\\r\\nb\\0c\\n')\n"
+        "sys.stderr.write('e' * 16384 + 'tail')\n"
+    )
     runner.submit(assignment("t-long", [PY, "-c", code]))
     assert fleetd.wait_finished("t-long")["outcome"] == "succeeded"
-    assert fleetd.texts("t-long", "stdout") == ["y" * 16384, "y" * 16384, "y" * (40000 - 2 * 16384), "a", "b\ufffdc"]
+    assert fleetd.texts("t-long", "stdout") == [
+        "y" * 16384,
+        "y" * 16384,
+        "y" * (40000 - 2 * 16384),
+        "a",
+        "b\ufffdc",
+    ]
     assert fleetd.texts("t-long", "stderr") == ["e" * 16384, "tail"]
 
 
 def test_a_batch_over_fleetds_limit_is_split_and_a_huge_line_truncated(make_runner, fleetd):
     fleetd.max_log_body = 4096
-    runner = make_runner(log_settings=LogSettings(batch_lines=1000, interval_seconds=0.2, backoff_max_seconds=0.2))
-    code = ("for i in range(300):\n"
-            "    print(f'{i:04d} ' + 'x' * 95)\n"
-            "print('H' * 10000)\n"
-            "print('last')\n")
+    runner = make_runner(
+        log_settings=LogSettings(batch_lines=1000, interval_seconds=0.2, backoff_max_seconds=0.2)
+    )
+    code = (
+        "for i in range(300):\n"
+        "    print(f'{i:04d} ' + 'x' * 95)\n"
+        "print('H' * 10000)\n"
+        "print('last')\n"
+    )
     runner.submit(assignment("t-413", [PY, "-c", code]))
     assert fleetd.wait_finished("t-413")["outcome"] == "succeeded"
     texts = fleetd.texts("t-413")
     assert texts[:300] == [f"{i:04d} " + "x" * 95 for i in range(300)]
-    assert texts[300].startswith("HHHH") and texts[300].endswith(TRUNCATED_MARK) and len(texts[300]) < 4096
+    assert (
+        texts[300].startswith("HHHH")
+        and texts[300].endswith(TRUNCATED_MARK)
+        and len(texts[300]) < 4096
+    )
     assert texts[301:] == ["last"]
     assert len(fleetd.log_batches["t-413"]) > 2  # split, not sent whole
 
 
 def test_a_slow_fleetd_never_blocks_the_task_and_every_line_arrives_in_order(make_runner, fleetd):
     fleetd.hold_logs.clear()
-    settings = LogSettings(batch_lines=200, batch_bytes=16 * 1024, interval_seconds=0.05, buffer_bytes=64 * 1024,
-                           backoff_max_seconds=0.2)
+    settings = LogSettings(
+        batch_lines=200,
+        batch_bytes=16 * 1024,
+        interval_seconds=0.05,
+        buffer_bytes=64 * 1024,
+        backoff_max_seconds=0.2,
+    )
     runner = make_runner(log_settings=settings)
-    runner.submit(assignment("t-slow", [PY, "-c", "for i in range(20000): print(f'line {i:05d} ' + 'y' * 80)"]))
+    runner.submit(
+        assignment(
+            "t-slow", [PY, "-c", "for i in range(20000): print(f'line {i:05d} ' + 'y' * 80)"]
+        )
+    )
     # The process ends while fleetd still holds the first log request.
-    wait_until(lambda: (w := runner.workers.get("t-slow")) is not None and w.state == "finishing", timeout=60,
-               message="the task to exit while fleetd is slow")
+    wait_until(
+        lambda: (w := runner.workers.get("t-slow")) is not None and w.state == "finishing",
+        timeout=60,
+        message="the task to exit while fleetd is slow",
+    )
     assert "t-slow" not in fleetd.finished
     fleetd.hold_logs.set()
     assert fleetd.wait_finished("t-slow", timeout=60)["outcome"] == "succeeded"
@@ -182,7 +269,9 @@ def test_a_slow_fleetd_never_blocks_the_task_and_every_line_arrives_in_order(mak
     assert fleetd.texts("t-slow") == [f"line {i:05d} " + "y" * 80 for i in range(20000)]
 
 
-def test_cancel_sigterms_the_group_and_sigkills_what_ignores_it_after_the_grace(make_runner, fleetd):
+def test_cancel_sigterms_the_group_and_sigkills_what_ignores_it_after_the_grace(
+    make_runner, fleetd
+):
     runner = make_runner(kill_grace_seconds=1.0)
     runner.submit(assignment("t-stubborn", [PY, "-c", STUBBORN]))
     fleetd.wait_for(lambda: fleetd.logs.get("t-stubborn"), message="the pids")
@@ -207,7 +296,13 @@ def test_cancel_of_a_task_that_handles_sigterm_ends_it_with_sigterm(make_runner,
 
 def test_max_runtime_is_enforced_as_a_failure(make_runner, fleetd):
     runner = make_runner()
-    runner.submit(assignment("t-long", [PY, "-c", "import threading; threading.Event().wait(120)"], max_runtime_seconds=1))
+    runner.submit(
+        assignment(
+            "t-long",
+            [PY, "-c", "import threading; threading.Event().wait(120)"],
+            max_runtime_seconds=1,
+        )
+    )
     finish = fleetd.wait_finished("t-long")
     assert finish["outcome"] == "failed" and "exceeded max_runtime_seconds=1" in finish["reason"]
     assert wait_gone([fleetd.started["t-long"]["pid"]], 10)
@@ -220,35 +315,59 @@ def test_what_the_leader_leaves_behind_in_its_group_is_killed_when_it_exits(make
     assert wait_gone([int(fleetd.texts("t-bg")[0])], 10)
 
 
-def test_artifacts_are_downloaded_verified_and_kept_inside_the_workdir(make_runner, fleetd, tmp_path):
+def test_artifacts_are_downloaded_verified_and_kept_inside_the_workdir(
+    make_runner, fleetd, tmp_path
+):
     data = os.urandom(300_000)
     good = hashlib.sha256(data).hexdigest()
     fleetd.artifacts[good] = data
     runner = make_runner()
-    code = "import hashlib; print(hashlib.sha256(open('inputs/model.bin', 'rb').read()).hexdigest())"
-    runner.submit(assignment("t-art", [PY, "-c", code], artifacts=[{"sha256": good, "path": "inputs/model.bin"}]))
+    code = (
+        "import hashlib; print(hashlib.sha256(open('inputs/model.bin', 'rb').read()).hexdigest())"
+    )
+    runner.submit(
+        assignment(
+            "t-art", [PY, "-c", code], artifacts=[{"sha256": good, "path": "inputs/model.bin"}]
+        )
+    )
     assert fleetd.wait_finished("t-art")["outcome"] == "succeeded"
     assert fleetd.texts("t-art") == [good]
 
     wrong = hashlib.sha256(b"what was uploaded").hexdigest()
     fleetd.artifacts[wrong] = b"something else"
-    runner.submit(assignment("t-bad", [PY, "-c", "print('ran')"], artifacts=[{"sha256": wrong, "path": "x"}]))
+    runner.submit(
+        assignment("t-bad", [PY, "-c", "print('ran')"], artifacts=[{"sha256": wrong, "path": "x"}])
+    )
     bad = fleetd.wait_finished("t-bad")
     assert bad["outcome"] == "failed" and "failed verification" in bad["reason"]
     assert "t-bad" not in fleetd.started
 
-    for task_id, path in (("t-up", "../escape"), ("t-abs", str(tmp_path / "abs")), ("t-deep", "a/../../b")):
-        runner.submit(assignment(task_id, [PY, "-c", "print('ran')"], artifacts=[{"sha256": good, "path": path}]))
+    for task_id, path in (
+        ("t-up", "../escape"),
+        ("t-abs", str(tmp_path / "abs")),
+        ("t-deep", "a/../../b"),
+    ):
+        runner.submit(
+            assignment(
+                task_id, [PY, "-c", "print('ran')"], artifacts=[{"sha256": good, "path": path}]
+            )
+        )
         refused = fleetd.wait_finished(task_id)
         assert refused["outcome"] == "failed" and "artifact path" in refused["reason"]
         assert task_id not in fleetd.started
     assert not (tmp_path / "abs").exists() and not (tmp_path / "node" / "tasks" / "escape").exists()
-    assert not [p for p in fleetd.paths("GET") if p.endswith(wrong)][1:]  # a mismatch is not retried
+    assert not [p for p in fleetd.paths("GET") if p.endswith(wrong)][
+        1:
+    ]  # a mismatch is not retried
 
 
 def test_missing_artifact_fails_the_task_with_fleetds_answer(make_runner, fleetd):
     runner = make_runner()
-    runner.submit(assignment("t-404", [PY, "-c", "print('ran')"], artifacts=[{"sha256": "a" * 64, "path": "x"}]))
+    runner.submit(
+        assignment(
+            "t-404", [PY, "-c", "print('ran')"], artifacts=[{"sha256": "a" * 64, "path": "x"}]
+        )
+    )
     finish = fleetd.wait_finished("t-404")
     assert finish["outcome"] == "failed" and "404 not_found" in finish["reason"]
     assert "t-404" not in fleetd.started
@@ -258,19 +377,25 @@ def test_409_on_start_kills_the_process_group_at_once_and_reports_nothing(make_r
     fleetd.fenced.add("t-stale")
     runner = make_runner(kill_grace_seconds=60.0)
     runner.submit(assignment("t-stale", ["sh", "-c", "trap '' TERM; sleep 300"]))
-    pid = fleetd.wait_for(lambda: next((b["pid"] for m, p, b in fleetd.calls if p.endswith("t-stale/start")), None),
-                          message="the start call")
+    pid = fleetd.wait_for(
+        lambda: next((b["pid"] for m, p, b in fleetd.calls if p.endswith("t-stale/start")), None),
+        message="the start call",
+    )
     assert wait_gone([pid], 10)  # well within the 60 s grace: SIGKILL, not SIGTERM
-    wait_until(lambda: runner.get("t-stale") is None and runner.workers.get("t-stale") is None,
-               message="the task to be forgotten")
+    wait_until(
+        lambda: runner.get("t-stale") is None and runner.workers.get("t-stale") is None,
+        message="the task to be forgotten",
+    )
     assert "t-stale" not in fleetd.finished
 
 
 def test_409_on_a_log_batch_kills_a_running_task(make_runner, fleetd, gate):
     runner = make_runner(kill_grace_seconds=60.0)
     # Three lines, then one more once the test has fenced the task: that batch is answered 409.
-    code = ("import sys\n" + GATE_WAIT + "for i in range(3):\n    print(i, flush=True)\n"
-            "gate_wait(sys.argv[1])\nprint('after the fence', flush=True)\n" + hold(300))
+    code = (
+        "import sys\n" + GATE_WAIT + "for i in range(3):\n    print(i, flush=True)\n"
+        "gate_wait(sys.argv[1])\nprint('after the fence', flush=True)\n" + hold(300)
+    )
     runner.submit(assignment("t-fence", [PY, "-c", code, gate.path]))
     fleetd.wait_for(lambda: len(fleetd.logs.get("t-fence", [])) >= 3, message="some logs")
     pid = fleetd.started["t-fence"]["pid"]
@@ -284,24 +409,34 @@ def test_409_on_a_log_batch_kills_a_running_task(make_runner, fleetd, gate):
 def test_two_ranks_rendezvous_and_talk_over_tcp(make_runner, fleetd, gate):
     fleetd.rendezvous_wait_cap = 0.3  # rank 1 sees 504s before rank 0 publishes
     fleetd.gangs.update({"t-r0": "job-gang", "t-r1": "job-gang"})
-    server = ("import os, socket\n"
-              "s = socket.create_server((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
-              "s.settimeout(60)\n"
-              "print('listening', flush=True)\n"
-              "conn, _ = s.accept()\n"
-              "msg = conn.recv(100).decode()\n"
-              "conn.sendall(b'hello rank 1, this is rank ' + os.environ['NODE_RANK'].encode())\n"
-              "print('rank 0 got:', msg)\n")
+    server = (
+        "import os, socket\n"
+        "s = socket.create_server((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+        "s.settimeout(60)\n"
+        "print('listening', flush=True)\n"
+        "conn, _ = s.accept()\n"
+        "msg = conn.recv(100).decode()\n"
+        "conn.sendall(b'hello rank 1, this is rank ' + os.environ['NODE_RANK'].encode())\n"
+        "print('rank 0 got:', msg)\n"
+    )
     # Rank 1 connects once the test has seen rank 0 listening.
-    client = ("import os, socket, sys\n" + GATE_WAIT +
-              "gate_wait(sys.argv[1])\n"
-              "c = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 5)\n"
-              "c.sendall(b'hello from rank ' + os.environ['FLEET_NODE_RANK'].encode())\n"
-              "print('rank 1 got:', c.recv(100).decode(), os.environ['WORLD_SIZE'])\n")
+    client = (
+        "import os, socket, sys\n" + GATE_WAIT + "gate_wait(sys.argv[1])\n"
+        "c = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), "
+        "5)\n"
+        "c.sendall(b'hello from rank ' + os.environ['FLEET_NODE_RANK'].encode())\n"
+        "print('rank 1 got:', c.recv(100).decode(), os.environ['WORLD_SIZE'])\n"
+    )
     node0, node1 = make_runner("node0"), make_runner("node1")
-    node1.submit(assignment("t-r1", [PY, "-c", client, gate.path], job_id="job-gang", rank=1, num_nodes=2))
-    fleetd.wait_for(lambda: sum(1 for m, p, _ in fleetd.calls if m == "GET" and p.endswith("t-r1/rendezvous")) >= 2,
-                    message="rank 1 to wait through a 504")
+    node1.submit(
+        assignment("t-r1", [PY, "-c", client, gate.path], job_id="job-gang", rank=1, num_nodes=2)
+    )
+    fleetd.wait_for(
+        lambda: (
+            sum(1 for m, p, _ in fleetd.calls if m == "GET" and p.endswith("t-r1/rendezvous")) >= 2
+        ),
+        message="rank 1 to wait through a 504",
+    )
     assert "t-r1" not in fleetd.started
     node0.submit(assignment("t-r0", [PY, "-c", server], job_id="job-gang", rank=0, num_nodes=2))
     fleetd.wait_for(lambda: "listening" in fleetd.texts("t-r0"), message="rank 0 to listen")
@@ -318,7 +453,9 @@ def test_rank_1_gives_up_when_rank_0_never_publishes(make_runner, fleetd):
     runner = make_runner(rendezvous_timeout_seconds=1.0)
     runner.submit(assignment("t-alone", [PY, "-c", "print('ran')"], rank=1, num_nodes=2))
     finish = fleetd.wait_finished("t-alone")
-    assert finish["outcome"] == "failed" and "did not all arrive at the rendezvous" in finish["reason"]
+    assert (
+        finish["outcome"] == "failed" and "did not all arrive at the rendezvous" in finish["reason"]
+    )
     assert "t-alone" not in fleetd.started
 
 
@@ -326,15 +463,19 @@ def test_finish_is_retried_through_a_fleetd_outage(make_runner, fleetd):
     fleetd.down.add("finish")
     runner = make_runner()
     runner.submit(assignment("t-outage", [PY, "-c", "print('done')"]))
-    fleetd.wait_for(lambda: sum(1 for _, p, _b in fleetd.calls if p.endswith("t-outage/finish")) >= 2,
-                    message="finish retries")
+    fleetd.wait_for(
+        lambda: sum(1 for _, p, _b in fleetd.calls if p.endswith("t-outage/finish")) >= 2,
+        message="finish retries",
+    )
     assert runner.workers.report() == [TaskReport("t-outage", 1, "finishing")]
     fleetd.down.discard("finish")
     assert fleetd.wait_outcome("t-outage") == {"epoch": 1, "outcome": "succeeded", "exit_code": 0}
     assert fleetd.texts("t-outage") == ["done"]
 
 
-def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_start(make_runner, fleetd, tmp_path):
+def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_start(
+    make_runner, fleetd, tmp_path
+):
     fleetd.down.add("finish")
     runner = make_runner("node")
     runner.submit(assignment("t-stop", ["sh", "-c", "sleep 300"]))
@@ -349,7 +490,10 @@ def test_shutdown_stops_tasks_and_an_unreported_finish_is_reported_by_the_next_s
     finish = fleetd.wait_finished("t-stop")
     assert finish["outcome"] == "failed" and finish["reason"].startswith("fleet-agent stopped")
     assert finish["lost"] is True  # the agent ended it: fleetd retries it as for a lost node
-    wait_until(lambda: not (tmp_path / "node" / "tasks" / "t-stop.1").exists(), message="the state to be removed")
+    wait_until(
+        lambda: not (tmp_path / "node" / "tasks" / "t-stop.1").exists(),
+        message="the state to be removed",
+    )
 
 
 def _orphan(tmp_path, task_id, epoch, record_pid=True, journal=False):
@@ -360,46 +504,96 @@ def _orphan(tmp_path, task_id, epoch, record_pid=True, journal=False):
     created = uptime_ticks() - 1
     env = dict(os.environ, FLEET_TASK_ID=task_id, FLEET_TASK_EPOCH=str(epoch))
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300"], start_new_session=True, env=env)
-    record = {"task_id": task_id, "epoch": epoch, "job_id": "j", "rank": 0, "state": "starting",
-              "created_ticks": created, "boot_id": read_boot_id()}
+    record = {
+        "task_id": task_id,
+        "epoch": epoch,
+        "job_id": "j",
+        "rank": 0,
+        "state": "starting",
+        "created_ticks": created,
+        "boot_id": read_boot_id(),
+    }
     lines = [json.dumps(record)]
     if record_pid:
-        record.update(state="running", pid=proc.pid, pgid=proc.pid, start_ticks=read_stat(proc.pid).start_ticks)
+        record.update(
+            state="running",
+            pid=proc.pid,
+            pgid=proc.pid,
+            start_ticks=read_stat(proc.pid).start_ticks,
+        )
     lines.append(json.dumps(record))
     if journal:  # a host crash may tear the line being written: the one before it counts
-        text = "\n".join(lines) + "\n" + json.dumps(dict(record, state="finished", outcome="succeeded"))[:40]
+        text = (
+            "\n".join(lines)
+            + "\n"
+            + json.dumps(dict(record, state="finished", outcome="succeeded"))[:40]
+        )
     else:
         text = lines[-1]
     (task_dir / "task.json").write_text(text)
     return proc
 
 
-def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(make_runner, fleetd, tmp_path):
+def test_recover_kills_processes_left_from_before_a_restart_and_reports_them(
+    make_runner, fleetd, tmp_path
+):
     orphan = _orphan(tmp_path, "t-orphan", 3, journal=True)
-    unrecorded = _orphan(tmp_path, "t-early", 2, record_pid=False)  # died before the pid reached the file
-    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True,
-                                 env=dict(os.environ, FLEET_TASK_ID="t-orphan", FLEET_TASK_EPOCH="4"))
+    unrecorded = _orphan(
+        tmp_path, "t-early", 2, record_pid=False
+    )  # died before the pid reached the file
+    bystander = subprocess.Popen(
+        ["sleep", "300"],
+        start_new_session=True,
+        env=dict(os.environ, FLEET_TASK_ID="t-orphan", FLEET_TASK_EPOCH="4"),
+    )
     fenced = _orphan(tmp_path, "t-moved", 1)
     fleetd.fenced.add("t-moved")
     (tmp_path / "node" / "tasks" / "junk").mkdir()
     try:
-        wait_until(lambda: all(len([p for p in os.listdir("/proc") if p.isdigit()
-                                    and (s := read_stat(int(p))) and s.pgrp == proc.pid]) >= 2
-                               for proc in (orphan, unrecorded, fenced)), message="the orphans' children")
-        groups = {proc.pid: [int(p) for p in os.listdir("/proc") if p.isdigit()
-                             and (s := read_stat(int(p))) and s.pgrp == proc.pid]
-                  for proc in (orphan, unrecorded, fenced)}
+        wait_until(
+            lambda: all(
+                len(
+                    [
+                        p
+                        for p in os.listdir("/proc")
+                        if p.isdigit() and (s := read_stat(int(p))) and s.pgrp == proc.pid
+                    ]
+                )
+                >= 2
+                for proc in (orphan, unrecorded, fenced)
+            ),
+            message="the orphans' children",
+        )
+        groups = {
+            proc.pid: [
+                int(p)
+                for p in os.listdir("/proc")
+                if p.isdigit() and (s := read_stat(int(p))) and s.pgrp == proc.pid
+            ]
+            for proc in (orphan, unrecorded, fenced)
+        }
         runner = make_runner("node")
         recovered = sorted(runner.recover())
         assert [(t, e, sorted(pids)) for t, e, pids in recovered] == sorted(
-            [("t-early", 2, sorted(groups[unrecorded.pid])), ("t-moved", 1, sorted(groups[fenced.pid])),
-             ("t-orphan", 3, sorted(groups[orphan.pid]))])
+            [
+                ("t-early", 2, sorted(groups[unrecorded.pid])),
+                ("t-moved", 1, sorted(groups[fenced.pid])),
+                ("t-orphan", 3, sorted(groups[orphan.pid])),
+            ]
+        )
         assert all(wait_gone(pids, 10) for pids in groups.values())
         assert alive(bystander.pid)  # same task id, another epoch: not this agent's
         for task_id in ("t-orphan", "t-early"):
             finish = fleetd.wait_finished(task_id)
-            assert finish["outcome"] == "failed" and "restarted" in finish["reason"] and finish["lost"] is True
-        wait_until(lambda: not (tmp_path / "node" / "tasks" / "t-moved.1").exists(), message="the fenced one forgotten")
+            assert (
+                finish["outcome"] == "failed"
+                and "restarted" in finish["reason"]
+                and finish["lost"] is True
+            )
+        wait_until(
+            lambda: not (tmp_path / "node" / "tasks" / "t-moved.1").exists(),
+            message="the fenced one forgotten",
+        )
         assert "t-moved" not in fleetd.finished
         assert not (tmp_path / "node" / "tasks" / "junk").exists()
     finally:
@@ -448,12 +642,21 @@ def test_an_invalid_assignment_is_reported_failed_and_never_run(make_runner, fle
     assert runner.submit({"task_id": "../../etc", "epoch": 1, "command": ["true"]}) is None
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"task_id": "a/b"}, "task_id"), ({"epoch": -1}, "epoch"), ({"epoch": True}, "epoch"),
-    ({"rank": 2, "num_nodes": 2}, "rank"), ({"command": []}, "command"), ({"command": ["a\0b"]}, "command"),
-    ({"env": {"1X": "y"}}, "env"), ({"gpus": [{"index": 0}]}, "gpus"), ({"max_runtime_seconds": 0}, "max_runtime"),
-    ({"artifacts": [{"sha256": "ABC", "path": "x"}]}, "artifacts"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"task_id": "a/b"}, "task_id"),
+        ({"epoch": -1}, "epoch"),
+        ({"epoch": True}, "epoch"),
+        ({"rank": 2, "num_nodes": 2}, "rank"),
+        ({"command": []}, "command"),
+        ({"command": ["a\0b"]}, "command"),
+        ({"env": {"1X": "y"}}, "env"),
+        ({"gpus": [{"index": 0}]}, "gpus"),
+        ({"max_runtime_seconds": 0}, "max_runtime"),
+        ({"artifacts": [{"sha256": "ABC", "path": "x"}]}, "artifacts"),
+    ],
+)
 def test_assignment_validation_names_the_bad_field(change, message):
     with pytest.raises(ValueError, match=message):
         Assignment.from_wire(dict(assignment("t-1", ["true"]), **change))
@@ -476,13 +679,18 @@ def test_submit_returns_while_the_task_still_waits_for_its_rendezvous(make_runne
     fleetd.rendezvous_wait_cap = 0.2
     task = runner.submit(assignment("t-wait", ["true"], rank=1, num_nodes=2))
     assert task is not None and task.thread.is_alive() and "t-wait" not in fleetd.started
-    fleetd.wait_for(lambda: any(p.endswith("t-wait/rendezvous") for p in fleetd.paths("GET")), message="the wait")
+    fleetd.wait_for(
+        lambda: any(p.endswith("t-wait/rendezvous") for p in fleetd.paths("GET")),
+        message="the wait",
+    )
     runner.workers.cancel(["t-wait"], "cancelled by fleetd")
     assert fleetd.wait_finished("t-wait")["outcome"] == "cancelled"
     assert "t-wait" not in fleetd.started
 
 
-def test_a_process_that_ends_at_once_reports_its_start_once_before_or_with_its_finish(make_runner, fleetd):
+def test_a_process_that_ends_at_once_reports_its_start_once_before_or_with_its_finish(
+    make_runner, fleetd
+):
     runner = make_runner()
     for i in range(5):
         runner.submit(assignment(f"t-quick-{i}", ["true"]))
@@ -490,9 +698,16 @@ def test_a_process_that_ends_at_once_reports_its_start_once_before_or_with_its_f
         finish = fleetd.wait_finished(f"t-quick-{i}")
         assert finish["outcome"] == "succeeded"
         paths = fleetd.paths("POST")
-        start, end = f"/api/v1/agent/tasks/t-quick-{i}/start", f"/api/v1/agent/tasks/t-quick-{i}/finish"
+        start, end = (
+            f"/api/v1/agent/tasks/t-quick-{i}/start",
+            f"/api/v1/agent/tasks/t-quick-{i}/finish",
+        )
         if start in paths:  # reported while the process ran
-            assert paths.count(start) == 1 and paths.index(start) < paths.index(end) and "pid" not in finish
+            assert (
+                paths.count(start) == 1
+                and paths.index(start) < paths.index(end)
+                and "pid" not in finish
+            )
         else:  # it had ended already: the finish carries the start
             assert finish["pid"] == fleetd.started[f"t-quick-{i}"]["pid"] > 0
 
@@ -507,13 +722,17 @@ def test_a_start_not_reported_before_the_process_ended_rides_on_the_finish(make_
     assert fleetd.paths("POST").count("/api/v1/agent/tasks/t-late/start") >= 1  # tried while it ran
 
 
-def test_a_fleetd_that_does_not_take_the_start_in_a_finish_gets_a_start_report_first(make_runner, fleetd):
+def test_a_fleetd_that_does_not_take_the_start_in_a_finish_gets_a_start_report_first(
+    make_runner, fleetd
+):
     fleetd.strict_finish = True
     fleetd.down = {"start"}
     runner = make_runner()
     runner.submit(assignment("t-old", [PY, "-c", "import threading; threading.Event().wait(0.3)"]))
-    fleetd.wait_for(lambda: fleetd.paths("POST").count("/api/v1/agent/tasks/t-old/finish") >= 1,
-                    message="the refused finish")
+    fleetd.wait_for(
+        lambda: fleetd.paths("POST").count("/api/v1/agent/tasks/t-old/finish") >= 1,
+        message="the refused finish",
+    )
     fleetd.down = set()
     finish = fleetd.wait_finished("t-old")
     assert finish["outcome"] == "succeeded" and "pid" not in finish

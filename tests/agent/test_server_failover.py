@@ -43,7 +43,9 @@ def silent_url():
 
 
 def client(urls, timeout=5.0):
-    return FleetClient(urls if isinstance(urls, ServerUrls) else ServerUrls(urls), TOKEN, timeout=timeout)
+    return FleetClient(
+        urls if isinstance(urls, ServerUrls) else ServerUrls(urls), TOKEN, timeout=timeout
+    )
 
 
 def heartbeats(fake):
@@ -51,10 +53,16 @@ def heartbeats(fake):
 
 
 def switches(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "agent.client" and "switching to" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "agent.client" and "switching to" in r.getMessage()
+    ]
 
 
-def test_a_dead_first_url_fails_over_to_the_next_within_the_call_and_stays_there(fakes, dead_url, caplog):
+def test_a_dead_first_url_fails_over_to_the_next_within_the_call_and_stays_there(
+    fakes, dead_url, caplog
+):
     live = fakes[0]
     urls = ServerUrls([dead_url, live.url])
     c = client(urls)
@@ -65,7 +73,10 @@ def test_a_dead_first_url_fails_over_to_the_next_within_the_call_and_stays_there
     assert heartbeats(live) == 2
     lines = switches(caplog)
     assert len(lines) == 1, lines  # the second call went straight to the live URL
-    assert f"fleetd at {dead_url} failed" in lines[0] and f"switching to {live.url} (2 of 2)" in lines[0]
+    assert (
+        f"fleetd at {dead_url} failed" in lines[0]
+        and f"switching to {live.url} (2 of 2)" in lines[0]
+    )
     assert TOKEN not in caplog.text
     c.close()
 
@@ -98,7 +109,9 @@ def test_long_polls_and_finish_reports_fail_over_like_any_call(fakes):
     assert [a["task_id"] for a in c.acquire(wait_seconds=5, max_assignments=4)] == ["t-5"]
     assert urls.current == second.url
     urls.failed(1)  # back to the first, whose finish route answers 503
-    assert c.task_finishes([("t-5", TaskFinish(epoch=1, outcome="succeeded", exit_code=0))]) == [None]
+    assert c.task_finishes([("t-5", TaskFinish(epoch=1, outcome="succeeded", exit_code=0))]) == [
+        None
+    ]
     assert second.finished["t-5"]["outcome"] == "succeeded" and "t-5" not in first.finished
     c.close()
 
@@ -131,7 +144,9 @@ def test_every_url_failing_raises_once_after_one_round(fakes, dead_url):
         c.heartbeat(HEARTBEAT)
     # Each URL once, in order from the one in use: the caller's back-off comes once per round.
     assert (heartbeats(first), heartbeats(second)) == (1, 1)
-    assert failed.value.status == 503 and "every one of the 3 fleetd URLs failed" in str(failed.value)
+    assert failed.value.status == 503 and "every one of the 3 fleetd URLs failed" in str(
+        failed.value
+    )
     with pytest.raises(Unreachable):
         c.heartbeat(HEARTBEAT)
     assert (heartbeats(first), heartbeats(second)) == (2, 2)
@@ -224,11 +239,15 @@ def test_the_tls_pin_applies_to_every_url(cert, dead_url):  # noqa: F811 - the f
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(str(cert[0]), str(cert[1]))
         server.socket = context.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        ).start()
         servers.append(server)
     try:
         first, second = (f"https://127.0.0.1:{s.server_address[1]}" for s in servers)
-        pinned = FleetClient([dead_url.replace("http:", "https:"), first, second], TOKEN, tls_pin=cert[2], timeout=5)
+        pinned = FleetClient(
+            [dead_url.replace("http:", "https:"), first, second], TOKEN, tls_pin=cert[2], timeout=5
+        )
         assert pinned.heartbeat(HEARTBEAT).status == "ready" and pinned.base == first
         servers[0].shutdown()
         servers[0].server_close()

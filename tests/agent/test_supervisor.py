@@ -14,10 +14,12 @@ from tests.support import wait_until
 
 PY = sys.executable
 # Prints a line, then ignores SIGTERM: only the SIGKILL after the grace ends it.
-STUBBORN = ("import signal, threading\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "print('ready', flush=True)\n"
-            "threading.Event().wait(300)\n")
+STUBBORN = (
+    "import signal, threading\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "threading.Event().wait(300)\n"
+)
 
 
 class Lines:
@@ -53,9 +55,13 @@ def test_a_process_that_ignores_sigterm_is_killed_once_the_grace_is_over(supervi
     with supervisor.lock:
         assert supervisor.terminate(0.3)
         assert supervisor.kill_if_due(time.monotonic()) is not None  # still within the grace
-    assert read_proc(supervisor.proc.pid) is not None  # SIGTERM ignored (its handler was set before "ready")
+    assert (
+        read_proc(supervisor.proc.pid) is not None
+    )  # SIGTERM ignored (its handler was set before "ready")
     with supervisor.lock:
-        assert supervisor.kill_if_due(time.monotonic() + 0.3) is None  # the grace is over: SIGKILL sent
+        assert (
+            supervisor.kill_if_due(time.monotonic() + 0.3) is None
+        )  # the grace is over: SIGKILL sent
     assert supervisor.exited.wait(10)
     assert describe_exit(supervisor.reap()) == (128 + signal.SIGKILL, "killed by SIGKILL")
     assert wait_gone([supervisor.proc.pid], 5)

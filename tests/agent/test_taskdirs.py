@@ -35,7 +35,9 @@ def test_a_clean_directory_is_reused_with_a_blank_state_file(dirs, tmp_path):
     dirs.make(second)
     assert _inode(second) == inode and dirs.spares() == 0
     with open(os.path.join(second, STATE_FILE), "rb") as fh:
-        assert fh.read() == b"\n"  # the last task's records are gone; not truncated to 0 (see _blank)
+        assert (
+            fh.read() == b"\n"
+        )  # the last task's records are gone; not truncated to 0 (see _blank)
     with pytest.raises(ValueError):
         read_state(os.path.join(second, STATE_FILE))  # a blank state file holds no record
     assert os.listdir(os.path.join(second, WORK_DIR)) == []
@@ -80,8 +82,19 @@ def _work_replaced(path):
     os.symlink("/tmp", os.path.join(path, WORK_DIR))
 
 
-@pytest.mark.parametrize("change", [_leave_file, _leave_dir, _chmod_work, _chmod_state, _file_beside, _hard_link,
-                                    _xattr, _work_replaced])
+@pytest.mark.parametrize(
+    "change",
+    [
+        _leave_file,
+        _leave_dir,
+        _chmod_work,
+        _chmod_state,
+        _file_beside,
+        _hard_link,
+        _xattr,
+        _work_replaced,
+    ],
+)
 def test_a_directory_its_task_changed_is_removed_not_reused(dirs, tmp_path, change):
     path = _run(dirs, tmp_path, "t1.1")
     inode = _inode(path)
@@ -91,7 +104,9 @@ def test_a_directory_its_task_changed_is_removed_not_reused(dirs, tmp_path, chan
     assert os.listdir(tmp_path / SPARE_DIR) == []
     fresh = str(tmp_path / "tasks" / "t2.1")
     dirs.make(fresh)
-    assert os.path.isdir(os.path.join(fresh, WORK_DIR)) and not os.path.islink(os.path.join(fresh, WORK_DIR))
+    assert os.path.isdir(os.path.join(fresh, WORK_DIR)) and not os.path.islink(
+        os.path.join(fresh, WORK_DIR)
+    )
     assert os.listdir(os.path.join(fresh, WORK_DIR)) == []
     assert not os.path.exists(os.path.join(fresh, STATE_FILE)) or _inode(fresh) != inode
 

@@ -12,7 +12,9 @@ def test_a_finished_thread_takes_the_next_job():
     first = pool.run(lambda: seen.append(threading.get_ident()), name="one")
     assert first.join(5)
     assert wait_until(lambda: pool.idle() == 1, 5.0, 0.01, "one idle thread in the pool")
-    second = pool.run(lambda: seen.append((threading.get_ident(), threading.current_thread().name)), name="two")
+    second = pool.run(
+        lambda: seen.append((threading.get_ident(), threading.current_thread().name)), name="two"
+    )
     assert second.join(5)
     assert seen == [seen[0], (seen[0], "two")]  # the same thread, named after the job while it runs
     assert not second.is_alive()
@@ -22,7 +24,9 @@ def test_busy_threads_are_not_shared():
     pool = Pool("t")
     gate = threading.Event()
     idents = []
-    jobs = [pool.run(lambda: (idents.append(threading.get_ident()), gate.wait(5))) for _ in range(3)]
+    jobs = [
+        pool.run(lambda: (idents.append(threading.get_ident()), gate.wait(5))) for _ in range(3)
+    ]
     assert wait_until(lambda: len(idents) == 3, 5.0, 0.01, "three jobs running")
     assert len(set(idents)) == 3
     assert all(job.is_alive() for job in jobs)
@@ -58,5 +62,7 @@ def test_idle_threads_end():
     assert pool.run(lambda: threads.append(threading.current_thread())).join(5)
     assert wait_until(lambda: not threads[0].is_alive(), 5.0, 0.01, "the idle thread to end")
     assert pool.idle() == 0
-    assert pool.run(lambda: threads.append(threading.current_thread())).join(5)  # a new thread for the next job
+    assert pool.run(lambda: threads.append(threading.current_thread())).join(
+        5
+    )  # a new thread for the next job
     assert threads[1] is not threads[0] and threads[1].name == "t-2"

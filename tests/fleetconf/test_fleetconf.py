@@ -27,19 +27,33 @@ def test_file_then_environment_then_overrides():
     assert load({}, {"T_COUNT": ""}) == Conf()  # an empty variable is no value
 
 
-@pytest.mark.parametrize("text, value", [("false", False), ("no", False), ("0", False), ("off", False),
-                                         ("TRUE", True), ("yes", True), ("1", True), ("on", True)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("false", False),
+        ("no", False),
+        ("0", False),
+        ("off", False),
+        ("TRUE", True),
+        ("yes", True),
+        ("1", True),
+        ("on", True),
+    ],
+)
 def test_a_bool_from_the_environment_reads_as_people_write_it(text, value):
     assert load(environ={"T_ENABLED": text}).enabled is value
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"enabled": "maybe"}, "enabled must be true or false"),
-    ({"count": "many"}, "count must be int"),
-    ({"count": 1.5}, "count must be int"),
-    ({"ratio": "half"}, "ratio must be float"),
-    ({"colour": "red"}, "unknown key(s) in config: colour"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"enabled": "maybe"}, "enabled must be true or false"),
+        ({"count": "many"}, "count must be int"),
+        ({"count": 1.5}, "count must be int"),
+        ({"ratio": "half"}, "ratio must be float"),
+        ({"colour": "red"}, "unknown key(s) in config: colour"),
+    ],
+)
 def test_bad_values_and_unknown_keys_are_named(values, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(values)
@@ -47,9 +61,14 @@ def test_bad_values_and_unknown_keys_are_named(values, message):
 
 def test_tables_flatten_and_host_port_parses():
     assert fleetconf.flatten({"local_api": {"listen": "x"}, "labels": {"a": "b"}}) == {
-        "local_api_listen": "x", "labels": {"a": "b"}}
+        "local_api_listen": "x",
+        "labels": {"a": "b"},
+    }
     assert fleetconf.parse_host_port("[::1]:8001", ValueError) == ("::1", 8001)
-    assert fleetconf.parse_host_port(":8080", ValueError, default_host="0.0.0.0") == ("0.0.0.0", 8080)
+    assert fleetconf.parse_host_port(":8080", ValueError, default_host="0.0.0.0") == (
+        "0.0.0.0",
+        8080,
+    )
     for bad in ("8080", "host:", "host:70000", ":8080"):
         with pytest.raises(ValueError, match="must be HOST:PORT"):
             fleetconf.parse_host_port(bad, ValueError)
@@ -58,7 +77,9 @@ def test_tables_flatten_and_host_port_parses():
 def test_fleetd_settings_use_it(tmp_path):
     config = tmp_path / "fleetd.toml"
     config.write_text("node_ttl_seconds = 45\n")
-    settings = Settings.load(environ={"FLEETD_CONFIG": str(config), "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "5"})
+    settings = Settings.load(
+        environ={"FLEETD_CONFIG": str(config), "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "5"}
+    )
     assert settings.node_ttl_seconds == 45.0 and settings.heartbeat_interval_seconds == 5
     with pytest.raises(ValueError, match="node_ttl_seconds must be float"):
         Settings.load(environ={"FLEETD_NODE_TTL_SECONDS": "soon"})

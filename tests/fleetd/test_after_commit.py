@@ -1,4 +1,5 @@
-"""One way to act after a commit (db.after_commit), and a Runtime that holds all of a process's state."""
+"""One way to act after a commit (db.after_commit), and a Runtime that holds all of a process's
+state."""
 
 import pytest
 
@@ -60,6 +61,18 @@ def test_two_apps_in_one_process_share_no_state(make_app):
     first, second = make_app().extensions["fleetd"], make_app().extensions["fleetd"]
     first.stops.owe("node-1", "task-1", 1)
     assert first.stops.owed("node-1") and not second.stops.owed("node-1")
-    for name in ("stops", "terms", "parked", "inventory", "engines", "pass_lock", "notifier", "scheduler", "tasks",
-                 "instruments"):
-        assert getattr(first, name) is not None and getattr(first, name) is not getattr(second, name), name
+    for name in (
+        "stops",
+        "terms",
+        "parked",
+        "inventory",
+        "engines",
+        "pass_lock",
+        "notifier",
+        "scheduler",
+        "tasks",
+        "instruments",
+    ):
+        assert getattr(first, name) is not None and getattr(first, name) is not getattr(
+            second, name
+        ), name

@@ -1,4 +1,5 @@
-"""Authentication and authorization: the role table of docs/api.md on every route, token storage, rate limits."""
+"""Authentication and authorization: the role table of docs/api.md on every route, token storage,
+rate limits."""
 
 import re
 import sqlite3
@@ -87,7 +88,10 @@ ROLE_TABLE = {
     ("POST", "/api/v1/instances/{instance_id}/stop"): AS,
     ("POST", "/api/v1/instances/{instance_id}/resume"): AS,
     ("GET", "/api/v1/instances/{instance_id}/connection"): AS,
-    ("POST", "/api/assign-host-port"): AS,  # seed 000's route: the host port of an instance's declared port
+    (
+        "POST",
+        "/api/assign-host-port",
+    ): AS,  # seed 000's route: the host port of an instance's declared port
     ("GET", "/api/v1/instances/{instance_id}/logs"): AS,
     ("GET", "/api/v1/instances/{instance_id}/events"): AS,
     ("PUT", "/api/v1/artifacts"): AS,
@@ -167,7 +171,9 @@ def test_every_route_enforces_the_role_table_of_api_md(api):
         allowed = ROLE_TABLE[(method, path)]
         for who, token in principals():
             body = {} if method in ("POST", "PATCH", "PUT") else None
-            resp = api.call(method, url, token=token, agent=path.startswith("/api/v1/agent/"), json=body)
+            resp = api.call(
+                method, url, token=token, agent=path.startswith("/api/v1/agent/"), json=body
+            )
             status = resp.status_code
             context = f"{method} {path} as {who}: {status} {resp.get_data(as_text=True)[:200]}"
             assert status < 500, context
@@ -197,9 +203,15 @@ def test_tokens_have_the_documented_prefixes_and_are_shown_once(api):
     api.create_fleet()
     jt = api.post("/api/v1/fleets/gpu-a/join-tokens", {}).get_json()
     assert re.fullmatch(r"flj_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", jt["token"])
-    # The secret goes in the environment, never in argv (where `ps` and shell history would show it).
-    assert jt["join_command"] == f"FLEET_AGENT_JOIN_TOKEN={jt['token']} fleet-agent join --server http://localhost"
-    assert all("token" not in t for t in api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"])
+    # The secret goes in the environment, never in argv (where `ps` and shell history would show
+    # it).
+    assert (
+        jt["join_command"]
+        == f"FLEET_AGENT_JOIN_TOKEN={jt['token']} fleet-agent join --server http://localhost"
+    )
+    assert all(
+        "token" not in t for t in api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]
+    )
     session = api.register(jt["token"])["session_token"]
     assert re.fullmatch(r"fln_[0-9a-f]{20}\.[A-Za-z0-9_-]{43}", session)
 
@@ -232,13 +244,25 @@ def test_revoked_token_stops_working_at_once(api):
 
 
 def test_expired_token_is_refused(api, clock):
-    token = api.post("/api/v1/tokens", {"name": "short", "role": "admin", "expires_in_seconds": 60}).get_json()["token"]
+    token = api.post(
+        "/api/v1/tokens", {"name": "short", "role": "admin", "expires_in_seconds": 60}
+    ).get_json()["token"]
     assert api.get("/api/v1/whoami", token=token).status_code == 200
     clock.advance(61)
     assert api.get("/api/v1/whoami", token=token).status_code == 401
 
 
-@pytest.mark.parametrize("header", ["", "Bearer", "Bearer ", "Basic abc", "Bearer fla_nothex.x", "Bearer " + "fla_" + "0" * 20 + "." + "A" * 43])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic abc",
+        "Bearer fla_nothex.x",
+        "Bearer " + "fla_" + "0" * 20 + "." + "A" * 43,
+    ],
+)
 def test_malformed_or_unknown_credentials_get_401_in_the_envelope(api, header):
     resp = api.http.get("/api/v1/whoami", headers={"Authorization": header} if header else {})
     assert resp.status_code == 401
@@ -256,8 +280,11 @@ def test_repeated_failed_authentication_from_one_address_is_rate_limited(make_ap
     assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "rate_limited"
     assert 1 <= int(resp.headers["Retry-After"]) <= 60
     # Another client address is not affected.
-    other = api.http.get("/api/v1/whoami", headers={"Authorization": f"Bearer {bad}"},
-                         environ_base={"REMOTE_ADDR": "127.0.0.2"})
+    other = api.http.get(
+        "/api/v1/whoami",
+        headers={"Authorization": f"Bearer {bad}"},
+        environ_base={"REMOTE_ADDR": "127.0.0.2"},
+    )
     assert other.status_code == 401
     clock.advance(61)
     assert api.get("/api/v1/whoami", token=bad).status_code == 401
@@ -290,25 +317,39 @@ def test_hosts_retrying_a_spent_join_token_do_not_lock_out_their_neighbours(make
 
 
 def test_the_global_failure_cap_limits_failures_spread_over_many_addresses(make_app, clock):
-    app = make_app(auth_failure_limit=5, auth_failure_global_limit=10, auth_failure_window_seconds=60)
+    app = make_app(
+        auth_failure_limit=5, auth_failure_global_limit=10, auth_failure_window_seconds=60
+    )
     api = admin_client(app, clock)
     bad = {"Authorization": "Bearer fla_" + "0" * 20 + "." + "B" * 43}
-    statuses = [api.http.get("/api/v1/whoami", headers=bad, environ_base={"REMOTE_ADDR": f"10.0.0.{n}"}).status_code
-                for n in range(12)]
+    statuses = [
+        api.http.get(
+            "/api/v1/whoami", headers=bad, environ_base={"REMOTE_ADDR": f"10.0.0.{n}"}
+        ).status_code
+        for n in range(12)
+    ]
     assert statuses == [401] * 10 + [429] * 2
     assert api.get("/api/v1/whoami").status_code == 200
 
 
 def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(make_app, clock):
-    app = make_app(auth_failure_limit=2, auth_failure_window_seconds=60, trusted_proxies="127.0.0.0/8, 10.9.0.0/16")
+    app = make_app(
+        auth_failure_limit=2,
+        auth_failure_window_seconds=60,
+        trusted_proxies="127.0.0.0/8, 10.9.0.0/16",
+    )
     api = ApiClient(app)
     bad = "Bearer fla_" + "0" * 20 + "." + "B" * 43
 
     def attempt(forwarded, remote="127.0.0.1"):
-        return api.http.get("/api/v1/whoami", headers={"Authorization": bad, "X-Forwarded-For": forwarded},
-                            environ_base={"REMOTE_ADDR": remote}).status_code
+        return api.http.get(
+            "/api/v1/whoami",
+            headers={"Authorization": bad, "X-Forwarded-For": forwarded},
+            environ_base={"REMOTE_ADDR": remote},
+        ).status_code
 
-    # Through two trusted proxies: the client is the nearest untrusted hop, whatever it claims before.
+    # Through two trusted proxies: the client is the nearest untrusted hop, whatever it claims
+    # before.
     assert [attempt("6.6.6.6, 192.0.2.7, 10.9.0.3") for _ in range(3)] == [401, 401, 429]
     assert attempt("192.0.2.8, 10.9.0.3") == 401  # another client behind the same proxies
     # From an untrusted peer the header is ignored: the peer itself is the client.
@@ -332,4 +373,7 @@ def test_agent_routes_check_the_token_before_the_protocol_header(api):
 def test_a_forbidden_answer_names_the_roles_that_may(api):
     submitter = api.create_token("submitter", "sub")
     err = api.post("/api/v1/fleets", {"name": "x"}, token=submitter).get_json()["error"]
-    assert err["code"] == "forbidden" and err["details"] == {"role": "submitter", "required_roles": ["admin"]}
+    assert err["code"] == "forbidden" and err["details"] == {
+        "role": "submitter",
+        "required_roles": ["admin"],
+    }

@@ -1,4 +1,5 @@
-"""The first minutes with a running fleetd: `/` leads to the admin UI, and `fleetd serve` says where it is."""
+"""The first minutes with a running fleetd: `/` leads to the admin UI, and `fleetd serve` says where
+it is."""
 
 import pytest
 import requests
@@ -9,7 +10,9 @@ def test_the_root_redirects_to_the_admin_ui_without_a_token(api):
     assert resp.status_code == 302
     assert resp.headers["Location"].endswith("/ui/")
     ui = api.get(resp.headers["Location"], token=None)
-    assert ui.status_code in (200, 302) and not ui.is_json  # the UI (or its sign-in), not a JSON error
+    assert (
+        ui.status_code in (200, 302) and not ui.is_json
+    )  # the UI (or its sign-in), not a JSON error
 
 
 @pytest.mark.integration

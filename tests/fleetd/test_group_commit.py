@@ -81,7 +81,9 @@ def test_requests_that_write_wait_for_a_sync_and_reads_do_not(api, group):
     assert group.done == 0
     assert api.post("/api/v1/fleets", {"name": "gc"}).status_code == 201
     assert group.done == 1
-    assert api.post("/api/v1/fleets", {"name": "gc"}).status_code == 409  # nothing written, nothing synced
+    assert (
+        api.post("/api/v1/fleets", {"name": "gc"}).status_code == 409
+    )  # nothing written, nothing synced
     assert group.done == 1
     api.submit(name="durable")
     assert group.done == 2

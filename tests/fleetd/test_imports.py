@@ -18,7 +18,9 @@ def _module_name(path):
 
 
 def _modules(package):
-    return {_module_name(p): p for p in (ROOT / package).rglob("*.py") if "migrations" not in p.parts}
+    return {
+        _module_name(p): p for p in (ROOT / package).rglob("*.py") if "migrations" not in p.parts
+    }
 
 
 def _imported(name, node, modules, is_package):
@@ -106,10 +108,18 @@ def test_no_module_imports_itself_through_others(package):
 def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path):
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [["a", "b", "c"]]
-    source = "import os\n\ndef f():\n    from fleetd.services.workloads import jobs\n    return jobs\n"
+    source = (
+        "import os\n\ndef f():\n    from fleetd.services.workloads import jobs\n    return jobs\n"
+    )
     node = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)][0]
-    modules = {"fleetd.services.workloads", "fleetd.services.workloads.jobs", "fleetd.services.workloads.runs"}
-    assert _imported("fleetd.services.workloads.runs", node, modules, False) == {"fleetd.services.workloads.jobs"}
+    modules = {
+        "fleetd.services.workloads",
+        "fleetd.services.workloads.jobs",
+        "fleetd.services.workloads.runs",
+    }
+    assert _imported("fleetd.services.workloads.runs", node, modules, False) == {
+        "fleetd.services.workloads.jobs"
+    }
 
 
 def _reach(graph, module):
@@ -126,12 +136,28 @@ def test_services_are_layered_state_machines_below_runs_below_use_cases():
     graph = import_graph("fleetd")
     s = "fleetd.services."
     below = {
-        s + "workloads.lifecycle": {s + "workloads.runs", s + "workloads.jobs", s + "workloads.instances",
-                                    s + "nodes.nodes", s + "placement.scheduling"},
-        s + "workloads.runs": {s + "workloads.jobs", s + "workloads.instances", s + "nodes.nodes",
-                               s + "placement.scheduling", s + "placement.cluster"},
-        s + "placement.cluster": {s + "workloads.jobs", s + "workloads.instances", s + "placement.policy",
-                                  s + "placement.scheduling", s + "placement.capacity", "fleetd.runtime"},
+        s + "workloads.lifecycle": {
+            s + "workloads.runs",
+            s + "workloads.jobs",
+            s + "workloads.instances",
+            s + "nodes.nodes",
+            s + "placement.scheduling",
+        },
+        s + "workloads.runs": {
+            s + "workloads.jobs",
+            s + "workloads.instances",
+            s + "nodes.nodes",
+            s + "placement.scheduling",
+            s + "placement.cluster",
+        },
+        s + "placement.cluster": {
+            s + "workloads.jobs",
+            s + "workloads.instances",
+            s + "placement.policy",
+            s + "placement.scheduling",
+            s + "placement.capacity",
+            "fleetd.runtime",
+        },
     }
     for module, must_not_reach in below.items():
         reached = _reach(graph, module)
@@ -141,7 +167,9 @@ def test_services_are_layered_state_machines_below_runs_below_use_cases():
 def test_the_scheduler_reaches_no_service_model_or_database():
     reached = _reach(import_graph("fleetd"), "fleetd.scheduler")
     assert reached  # it was walked
-    assert not {m for m in reached if m.startswith(("fleetd.services", "fleetd.models", "fleetd.db"))}
+    assert not {
+        m for m in reached if m.startswith(("fleetd.services", "fleetd.models", "fleetd.db"))
+    }
 
 
 SERVICES = ROOT / "fleetd" / "services"
@@ -149,24 +177,30 @@ MAX_SERVICE_LINES = 500
 
 
 def test_services_live_in_domains_and_no_service_module_is_long():
-    flat = sorted(p.name for p in SERVICES.glob("*.py") if p.name not in {"__init__.py", "pagination.py"})
+    flat = sorted(
+        p.name for p in SERVICES.glob("*.py") if p.name not in {"__init__.py", "pagination.py"}
+    )
     assert flat == []  # a new service goes in its domain's package
     for domain in (p for p in SERVICES.iterdir() if p.is_dir() and p.name != "__pycache__"):
         init = domain / "__init__.py"
-        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), domain  # the domain's map
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), (
+            domain
+        )  # the domain's map
         for module in domain.glob("*.py"):
             lines = len(module.read_text().splitlines())
             assert lines <= MAX_SERVICE_LINES, (str(module.relative_to(ROOT)), lines)
 
 
 def test_no_service_imports_flask_and_state_is_passed_not_looked_up():
-    """Services take the Runtime (and whatever else they need) as arguments: no Flask, no request or app
-    globals below the API layer."""
+    """Services take the Runtime (and whatever else they need) as arguments: no Flask, no request or
+    app globals below the API layer."""
     found = []
     for path in SERVICES.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "flask" for a in node.names):
+            if isinstance(node, ast.Import) and any(
+                a.name.split(".")[0] == "flask" for a in node.names
+            ):
                 found.append(str(path.relative_to(ROOT)))
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flask":
                 found.append(str(path.relative_to(ROOT)))

@@ -20,14 +20,17 @@ def test_every_column_is_watched_or_said_not_to_matter(model):
     current = set(watched(table).split(", "))
     assert not current & set(NOT_WATCHED[table]), "a column is both watched and not"
     assert columns == current | set(NOT_WATCHED[table]), (
-        f"decide for {sorted(columns - current - set(NOT_WATCHED[table]))} (watched, with a migration, or not "
-        f"and why); drop {sorted((current | set(NOT_WATCHED[table])) - columns)}")
+        f"decide for {sorted(columns - current - set(NOT_WATCHED[table]))} (watched, with a "
+        f"migration, or not and why); drop {sorted((current | set(NOT_WATCHED[table])) - columns)}"
+    )
 
 
 def test_the_migrated_database_watches_the_current_columns(migrated_sqlite):
     db = open_database(f"sqlite:///{migrated_sqlite}")
     try:
-        sql = dict(db.execute_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall())
+        sql = dict(
+            db.execute_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
+        )
     finally:
         db.close_all()
     for table in WATCHED:
@@ -41,21 +44,40 @@ def test_a_watched_column_bumps_the_inventory_and_another_does_not(migrated_sqli
     path.write_bytes(migrated_sqlite.read_bytes())
     db = open_database(f"sqlite:///{path}")
     try:
+
         def version():
-            return db.execute_sql("SELECT version FROM inventory_version WHERE id = 1").fetchone()[0]
+            return db.execute_sql("SELECT version FROM inventory_version WHERE id = 1").fetchone()[
+                0
+            ]
 
         bind(db)  # what create_app does
         with database.connection_context():
             Fleet.create(name="f", created_at=NOW)
-            Node.create(id="n1", fleet="f", machine_id="m", hostname="h", status="ready", registered_at=NOW,
-                        agent_version="1", cpu_count=4, memory_bytes=1)
+            Node.create(
+                id="n1",
+                fleet="f",
+                machine_id="m",
+                hostname="h",
+                status="ready",
+                registered_at=NOW,
+                agent_version="1",
+                cpu_count=4,
+                memory_bytes=1,
+            )
         start = version()
-        db.execute_sql("UPDATE node SET last_heartbeat_at = '2026-01-02', drain_reason = 'x' WHERE id = 'n1'")
+        db.execute_sql(
+            "UPDATE node SET last_heartbeat_at = '2026-01-02', drain_reason = 'x' WHERE id = 'n1'"
+        )
         db.execute_sql("UPDATE fleet SET description = 'd' WHERE name = 'f'")
         assert version() == start
         db.execute_sql("UPDATE node SET status = 'cordoned' WHERE id = 'n1'")
         assert version() == start + 1
-        assert db.execute_sql("SELECT version FROM inventory_change WHERE node_id = 'n1'").fetchone()[0] == start + 1
+        assert (
+            db.execute_sql("SELECT version FROM inventory_change WHERE node_id = 'n1'").fetchone()[
+                0
+            ]
+            == start + 1
+        )
         db.execute_sql("UPDATE fleet SET require_isolation = 1 WHERE name = 'f'")
         assert version() == start + 2
     finally:

@@ -1,6 +1,6 @@
-"""Names that people read (tokens', jobs', instances') cannot pass for other names: no bidi controls or
-invisible characters, no compatibility look-alikes, no letters of two scripts; plain names, accented
-and CJK ones among them, still work."""
+"""Names that people read (tokens', jobs', instances') cannot pass for other names: no bidi controls
+or invisible characters, no compatibility look-alikes, no letters of two scripts; plain names,
+accented and CJK ones among them, still work."""
 
 import pytest
 
@@ -22,7 +22,15 @@ SPOOFS = {
     "line separator": "a\u2028b",
     "no-break space": "a\u00a0b",
 }
-PLAIN = ["train-7b (v2)", "Jürgen's CI", "résumé", "日本語のテスト", "한국어 job", "Ελληνικά", "naïve_bayes #3"]
+PLAIN = [
+    "train-7b (v2)",
+    "Jürgen's CI",
+    "résumé",
+    "日本語のテスト",
+    "한국어 job",
+    "Ελληνικά",
+    "naïve_bayes #3",
+]
 
 
 @pytest.mark.parametrize("kind", ["job", "instance", "token"])
@@ -46,7 +54,9 @@ def test_a_name_that_passes_for_another_is_refused_with_the_reason(api, kind, sp
 def test_plain_names_in_any_one_script_still_name_jobs_instances_and_tokens(api):
     api.create_fleet()
     for i, name in enumerate(PLAIN):
-        assert api.post("/api/v1/jobs", {"name": name, "command": ["true"]}).status_code == 201, name
+        assert api.post("/api/v1/jobs", {"name": name, "command": ["true"]}).status_code == 201, (
+            name
+        )
         made = api.post("/api/v1/instances", {"name": name, "command": ["sleep", "1d"]})
         assert made.status_code == 201, (name, made.get_json())
         made = api.post("/api/v1/tokens", {"name": name, "role": "submitter"})
@@ -55,7 +65,11 @@ def test_plain_names_in_any_one_script_still_name_jobs_instances_and_tokens(api)
 
 
 def test_the_name_rule_says_which_character_or_script_is_wrong():
-    assert "U+202E" in name_problem("x\u202ey") and "RIGHT-TO-LEFT OVERRIDE" in name_problem("x\u202ey")
+    assert "U+202E" in name_problem("x\u202ey") and "RIGHT-TO-LEFT OVERRIDE" in name_problem(
+        "x\u202ey"
+    )
     assert "Cyrillic, Latin" in name_problem("\u0430dmin")
     assert "'admin'" in name_problem("\uff41\uff44\uff4d\uff49\uff4e")
-    assert name_problem("データ々ー") is None  # iteration and prolonged sound marks go with their script
+    assert (
+        name_problem("データ々ー") is None
+    )  # iteration and prolonged sound marks go with their script

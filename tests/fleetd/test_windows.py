@@ -27,7 +27,10 @@ def test_summer_time_moves_the_window_in_utc():
 
 
 def test_weekend_only_window():
-    weekends = {"timezone": "UTC", "windows": [{"start": "00:00", "end": "00:00", "days": ["sat", "sun"]}]}
+    weekends = {
+        "timezone": "UTC",
+        "windows": [{"start": "00:00", "end": "00:00", "days": ["sat", "sun"]}],
+    }
     assert not is_open(weekends, utc(2026, 1, 9, 23, 59))  # Friday
     assert is_open(weekends, utc(2026, 1, 10, 0, 0))  # Saturday
     assert is_open(weekends, utc(2026, 1, 11, 23, 59))
@@ -38,14 +41,17 @@ def test_no_availability_means_always_open():
     assert is_open(None, utc(2026, 1, 1, 3, 0)) and next_open_at(None, utc(2026, 1, 1)) is None
 
 
-@pytest.mark.parametrize("bad", [
-    {"timezone": "Mars/Olympus", "windows": [{"start": "20:00", "end": "08:00"}]},
-    {"timezone": "UTC", "windows": []},
-    {"timezone": "UTC", "windows": [{"start": "25:00", "end": "08:00"}]},
-    {"timezone": "UTC", "windows": [{"start": "20:00", "end": "08:00", "days": ["someday"]}]},
-    {"timezone": "UTC", "windows": [{"start": "20:00"}]},
-    {"tz": "UTC"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"timezone": "Mars/Olympus", "windows": [{"start": "20:00", "end": "08:00"}]},
+        {"timezone": "UTC", "windows": []},
+        {"timezone": "UTC", "windows": [{"start": "25:00", "end": "08:00"}]},
+        {"timezone": "UTC", "windows": [{"start": "20:00", "end": "08:00", "days": ["someday"]}]},
+        {"timezone": "UTC", "windows": [{"start": "20:00"}]},
+        {"tz": "UTC"},
+    ],
+)
 def test_malformed_availability_is_refused(bad):
     with pytest.raises(WindowError):
         validate(bad)

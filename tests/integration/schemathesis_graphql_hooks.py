@@ -1,4 +1,5 @@
-"""Schemathesis hooks for the GraphQL run (SCHEMATHESIS_HOOKS=tests.integration.schemathesis_graphql_hooks).
+"""Schemathesis hooks for the GraphQL run
+(SCHEMATHESIS_HOOKS=tests.integration.schemathesis_graphql_hooks).
 
 Schemathesis's own `not_a_server_error` counts every resolver error as a server error, and fleetd's
 GraphQL reports an expected outcome (a pod not found, a bid under the minimum) as an error with its
@@ -20,4 +21,6 @@ def no_internal_graphql_error(ctx, response, case):
     for error in body.get("errors") or []:
         code = (error.get("extensions") or {}).get("code")
         if code in (None, "internal"):
-            raise AssertionError(f"GraphQL error without an expected code: {error.get('message')!r}")
+            raise AssertionError(
+                f"GraphQL error without an expected code: {error.get('message')!r}"
+            )

@@ -1,5 +1,6 @@
-"""`fleetd instance connect --timeout` waits for a connection in long-poll slices, at most that long. The
-server here caps a long poll at 0.5 s, so every wait takes several slices, and writes its access log."""
+"""`fleetd instance connect --timeout` waits for a connection in long-poll slices, at most that
+long. The server here caps a long poll at 0.5 s, so every wait takes several slices, and writes its
+access log."""
 
 import json
 
@@ -20,8 +21,14 @@ def server(server_factory, admin):  # noqa: F811 - short long-poll slices, acces
 
 
 def test_connect_with_a_timeout_gives_up_with_exit_2_when_the_instance_never_runs(run):
-    inst = json.loads(run("instance", "create", "--gpus", "4", "--port", "8888", "--json", "--", "sleep", "1d").stdout)
-    proc = run("instance", "connect", inst["id"], "--timeout", "1s", expect=2)  # no node: pending throughout
+    inst = json.loads(
+        run(
+            "instance", "create", "--gpus", "4", "--port", "8888", "--json", "--", "sleep", "1d"
+        ).stdout
+    )
+    proc = run(
+        "instance", "connect", inst["id"], "--timeout", "1s", expect=2
+    )  # no node: pending throughout
     assert proc.stderr.strip() == f"fleetd: instance {inst['id']} did not run within 1 s"
     assert proc.stdout == ""
 
@@ -31,14 +38,22 @@ CONNECTION_ANSWER = r'"GET /api/v1/instances/{}/connection\S* HTTP/1\.1" {}'
 
 def test_connect_waits_on_past_a_slice_and_prints_the_url_once_the_instance_runs(run, server):
     agent = Agent(run, server.url)
-    inst = json.loads(run("instance", "create", "--gpus", "1", "--port", "8888", "--json", "--", "sleep", "1d").stdout)
+    inst = json.loads(
+        run(
+            "instance", "create", "--gpus", "1", "--port", "8888", "--json", "--", "sleep", "1d"
+        ).stdout
+    )
     waiting, out = in_thread(lambda: run("instance", "connect", inst["id"], "--timeout", "60s"))
-    # A first slice ended (504: not running yet) and the CLI asked again; only now does the node start it.
+    # A first slice ended (504: not running yet) and the CLI asked again; only now does the node
+    # start it.
     server.wait_for_line(CONNECTION_ANSWER.format(inst["id"], 504), timeout=30)
     shown = f"{server.url}/api/v1/instances/{inst['id']}"
     headers = {"Authorization": f"Bearer {run.env['FLEETD_TOKEN']}"}
-    wait_until(lambda: requests.get(shown, headers=headers, timeout=10).json()["state"] == "starting", timeout=30,
-               message="the scheduler to place the instance on the stand-in's node")  # before a 0.5 s acquire
+    wait_until(
+        lambda: requests.get(shown, headers=headers, timeout=10).json()["state"] == "starting",
+        timeout=30,
+        message="the scheduler to place the instance on the stand-in's node",
+    )  # before a 0.5 s acquire
     agent.start([(8888, 40888, "http")])
     waiting.join(timeout=60)
     assert out and out[0].stdout == "http://127.0.0.1:40888/\n", "connect did not print the URL"

@@ -20,7 +20,10 @@ def pg_api(make_app, postgres_url, clock):
     with database.connection_context():
         # Each test starts from empty tables on the shared server.
         for model in reversed(MODELS):
-            if model not in (InventoryVersion, LeaderLease):  # one row each, kept (migrations made them)
+            if model not in (
+                InventoryVersion,
+                LeaderLease,
+            ):  # one row each, kept (migrations made them)
                 model.delete().execute()
         token = issue_first_admin_token(clock.now())
     return ApiClient(app, token)
@@ -38,7 +41,8 @@ def test_migrations_are_recorded_and_idempotent_on_postgres(pg_api, postgres_url
 
 @contextlib.contextmanager
 def own_database(postgres_url, name):
-    """A database of its own (the shared one is already at the newest migration), dropped afterwards."""
+    """A database of its own (the shared one is already at the newest migration), dropped
+    afterwards."""
     import psycopg2
 
     from fleetd.db import open_database
@@ -65,7 +69,9 @@ def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgre
         check_duplicate_names_are_renamed_by_the_upgrade(db)
 
 
-def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(postgres_url):
+def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(
+    postgres_url,
+):
     from tests.fleetd.test_migrations import (
         check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names as check,
     )
@@ -76,10 +82,14 @@ def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_o
 
 def test_concurrent_creates_of_one_token_name_make_exactly_one_on_postgres(pg_api):
     def create(_i):
-        return ApiClient(pg_api.app, pg_api.token).post("/api/v1/tokens", {"name": "ci-bot", "role": "submitter"})
+        return ApiClient(pg_api.app, pg_api.token).post(
+            "/api/v1/tokens", {"name": "ci-bot", "role": "submitter"}
+        )
 
     assert all_at_once(10, create) == [201] + [409] * 9
-    assert [t["name"] for t in pg_api.get("/api/v1/tokens").get_json()["items"]].count("ci-bot") == 1
+    assert [t["name"] for t in pg_api.get("/api/v1/tokens").get_json()["items"]].count(
+        "ci-bot"
+    ) == 1
 
 
 def test_concurrent_creates_of_one_instance_name_make_exactly_one_on_postgres(pg_api):
@@ -88,8 +98,12 @@ def test_concurrent_creates_of_one_instance_name_make_exactly_one_on_postgres(pg
     check_concurrent_creates_make_one(pg_api)
 
 
-def test_the_index_refuses_a_create_of_a_taken_name_whose_check_passed_on_postgres(pg_api, monkeypatch):
-    from tests.fleetd.services.workloads.test_instances import check_the_index_refuses_a_create_whose_check_passed
+def test_the_index_refuses_a_create_of_a_taken_name_whose_check_passed_on_postgres(
+    pg_api, monkeypatch
+):
+    from tests.fleetd.services.workloads.test_instances import (
+        check_the_index_refuses_a_create_whose_check_passed,
+    )
 
     check_the_index_refuses_a_create_whose_check_passed(pg_api, monkeypatch)
 
@@ -99,9 +113,19 @@ def test_single_use_token_admits_one_host_under_concurrency_on_postgres(pg_api):
     join = pg_api.create_join_token("gpu-a", max_uses=1)
 
     def register(i):
-        return ApiClient(pg_api.app).post("/api/v1/agent/register", {
-            "hostname": f"h{i}", "machine_id": f"m-{i}", "agent_version": "0.1.0", "address": "10.0.0.1",
-            "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(1)}, token=join, agent=True)
+        return ApiClient(pg_api.app).post(
+            "/api/v1/agent/register",
+            {
+                "hostname": f"h{i}",
+                "machine_id": f"m-{i}",
+                "agent_version": "0.1.0",
+                "address": "10.0.0.1",
+                "resources": {"cpu_count": 1, "memory_bytes": 1},
+                "gpus": gpus(1),
+            },
+            token=join,
+            agent=True,
+        )
 
     assert all_at_once(20, register) == [201] + [401] * 19
     assert len(pg_api.get("/api/v1/nodes").get_json()["items"]) == 1
@@ -112,13 +136,22 @@ def test_node_lifecycle_on_postgres(pg_api, clock):
     reg = pg_api.register(pg_api.create_join_token("gpu-a"), gpu_count=8)
     pg_api.heartbeat(reg["session_token"])
     node_id = reg["node_id"]
-    assert pg_api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"] == "drained"
+    assert (
+        pg_api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"]
+        == "drained"
+    )
     assert pg_api.post(f"/api/v1/nodes/{node_id}/undrain").get_json()["status"] == "ready"
     assert pg_api.get("/api/v1/fleets/gpu-a").get_json()["gpu_count"] == 8
     page = pg_api.get(f"/api/v1/nodes/{node_id}/events?limit=2").get_json()
     rest = pg_api.get(f"/api/v1/nodes/{node_id}/events?cursor={page['next_cursor']}").get_json()
-    assert len(page["items"]) == 2 and rest["items"] and rest["items"][0]["id"] != page["items"][-1]["id"]
-    assert pg_api.post("/api/v1/fleets", {"name": "bad", "description": "nul\x00"}).status_code == 400
+    assert (
+        len(page["items"]) == 2
+        and rest["items"]
+        and rest["items"][0]["id"] != page["items"][-1]["id"]
+    )
+    assert (
+        pg_api.post("/api/v1/fleets", {"name": "bad", "description": "nul\x00"}).status_code == 400
+    )
     assert pg_api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
 
 
@@ -151,18 +184,29 @@ def test_a_reload_reads_only_the_changed_nodes_on_postgres_and_equals_a_full_rea
 
     pg_api.create_fleet("gpu-a")
     join = pg_api.create_join_token("gpu-a", max_uses=10)
-    first, second = (pg_api.register(join, machine_id=f"m{n}", hostname=f"h{n}", gpu_count=2) for n in range(2))
+    first, second = (
+        pg_api.register(join, machine_id=f"m{n}", hostname=f"h{n}", gpu_count=2) for n in range(2)
+    )
     rt = pg_api.app.extensions["fleetd"]
     with database.connection_context():
         before = rt.inventory.get()
-    pg_api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(3)}, token=first["session_token"], agent=True)
+    pg_api.post(
+        "/api/v1/agent/heartbeat",
+        {"tasks": [], "gpus": gpus(3)},
+        token=first["session_token"],
+        agent=True,
+    )
     pg_api.delete(f"/api/v1/nodes/{second['node_id']}")
     with database.connection_context():
         after = rt.inventory.get()
         full = load_inventory()
     assert after.history[-1] == (before.version, {first["node_id"], second["node_id"]})
     assert [n.id for n in after.nodes] == [n.id for n in full.nodes] == [first["node_id"]]
-    assert after.gpus == full.gpus and after.models == full.models and after.nodes[0].status == full.nodes[0].status
+    assert (
+        after.gpus == full.gpus
+        and after.models == full.models
+        and after.nodes[0].status == full.nodes[0].status
+    )
 
 
 def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
@@ -170,7 +214,9 @@ def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
 
     pg_api.create_fleet("gpu-a")
     node, session = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "host-1", gpu_count=2)
-    pg_api.heartbeat(session, capabilities={"container_runtime": "podman"})  # a node column the inventory reads
+    pg_api.heartbeat(
+        session, capabilities={"container_runtime": "podman"}
+    )  # a node column the inventory reads
     inst = create(pg_api, ports=[{"port": 8888}])
     run = start(pg_api, session, [(8888, 40001)])
     assert show(pg_api, inst["id"])["runtime"]["ports"][0]["public_port"] == 40001
@@ -180,7 +226,9 @@ def test_an_instance_runs_stops_and_resumes_on_its_node_on_postgres(pg_api):
     assert resumed["state"] == "starting" and resumed["node_id"] == node
 
 
-def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_round(pg_api, postgres_url, clock):
+def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_round(
+    pg_api, postgres_url, clock
+):
     # A registration storm can hold every pooled connection: the replica's round (and the liveness
     # sweep) that writes down the heartbeats it heard fails. It must keep them for the next round
     # (the leader reads them to tell live nodes from lost ones) and go on renewing its lease, not
@@ -239,7 +287,8 @@ def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_roun
 
 
 def test_a_node_another_replica_registered_is_not_declared_lost_before_that_replica_writes_down_its_heartbeats(
-        pg_api, clock):
+    pg_api, clock
+):
     # The leader has never heard a node that registered (and heartbeated) on another replica: until
     # that replica's next round writes down what it heard, the leader knows the node only from its
     # row, whose heartbeat time the registration wrote. In a registration storm the other replica's
@@ -251,10 +300,14 @@ def test_a_node_another_replica_registered_is_not_declared_lost_before_that_repl
     rt.leader = Leadership(rt.settings.leader_lease_seconds, shared=True)  # one of several replicas
     assert rt.leader.tick()
     try:
-        clock.advance(rt.liveness.failover_grace + rt.liveness.limit() + 5)  # the leader has run for long
+        clock.advance(
+            rt.liveness.failover_grace + rt.liveness.limit() + 5
+        )  # the leader has run for long
         pg_api.create_fleet("gpu-a")
         node_id, _ = pg_api.ready_node(pg_api.create_join_token("gpu-a"), "gpu-1")
-        rt.liveness.forget(node_id)  # heard by the other replica only: nothing here, nothing written down yet
+        rt.liveness.forget(
+            node_id
+        )  # heard by the other replica only: nothing here, nothing written down yet
         assert liveness_sweep.run(rt) == {"lost": 0, "heartbeats_saved": 0}
         assert pg_api.node(node_id)["status"] == "ready"
         # A node that really went silent is still declared lost once its time is older than the TTL.
@@ -290,9 +343,23 @@ def test_a_registration_under_way_holds_up_no_other_registration_on_postgres(pg_
     answers = {}
 
     def register(name):
-        answers[name] = ApiClient(pg_api.app).post("/api/v1/agent/register", {
-            "hostname": name, "machine_id": f"m-{name}", "agent_version": "0.1.0", "address": "10.0.0.1",
-            "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(2)}, token=join, agent=True).status_code
+        answers[name] = (
+            ApiClient(pg_api.app)
+            .post(
+                "/api/v1/agent/register",
+                {
+                    "hostname": name,
+                    "machine_id": f"m-{name}",
+                    "agent_version": "0.1.0",
+                    "address": "10.0.0.1",
+                    "resources": {"cpu_count": 1, "memory_bytes": 1},
+                    "gpus": gpus(2),
+                },
+                token=join,
+                agent=True,
+            )
+            .status_code
+        )
 
     slow = threading.Thread(target=register, args=("slow",))
     slow.start()
@@ -301,12 +368,16 @@ def test_a_registration_under_way_holds_up_no_other_registration_on_postgres(pg_
         fast = threading.Thread(target=register, args=("fast",))
         fast.start()
         fast.join(10)
-        assert answers.get("fast") == 201, "the second registration waited for the first one's commit"
+        assert answers.get("fast") == 201, (
+            "the second registration waited for the first one's commit"
+        )
     finally:
         resume.set()
         slow.join(30)
     assert answers == {"slow": 201, "fast": 201}
-    assert [t["uses"] for t in pg_api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]] == [2]
+    assert [
+        t["uses"] for t in pg_api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]
+    ] == [2]
     nodes = pg_api.get("/api/v1/nodes").get_json()["items"]
     assert sorted(n["hostname"] for n in nodes) == ["fast", "slow"]
     assert all(len(n["gpus"]) == 2 for n in nodes)

@@ -44,9 +44,15 @@ def replica_db(postgres_url):
 @pytest.fixture
 def cluster(replica_db, tmp_path):
     """start(n) -> n replicas on one database, and the first admin token."""
-    env = {"FLEETD_DB_URL": replica_db, "FLEETD_LEADER_LEASE_SECONDS": LEASE, "FLEETD_NODE_TTL_SECONDS": "6",
-           "FLEETD_NODE_GRACE_SECONDS": "2", "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
-           "FLEETD_TASK_LEASE_SECONDS": "8", "FLEETD_LONG_POLL_MAX_SECONDS": "30"}
+    env = {
+        "FLEETD_DB_URL": replica_db,
+        "FLEETD_LEADER_LEASE_SECONDS": LEASE,
+        "FLEETD_NODE_TTL_SECONDS": "6",
+        "FLEETD_NODE_GRACE_SECONDS": "2",
+        "FLEETD_HEARTBEAT_INTERVAL_SECONDS": "1",
+        "FLEETD_TASK_LEASE_SECONDS": "8",
+        "FLEETD_LONG_POLL_MAX_SECONDS": "30",
+    }
     token = fleetd_init(tmp_path / "init", env)
     started = []
 
@@ -74,8 +80,11 @@ def leaders(procs):
 
 
 def one_leader(procs, timeout=30):
-    found = wait_until(lambda: (lambda led: led if len(led) == 1 else None)(leaders(procs)), timeout,
-                       message="exactly one leader")
+    found = wait_until(
+        lambda: (lambda led: led if len(led) == 1 else None)(leaders(procs)),
+        timeout,
+        message="exactly one leader",
+    )
     return found[0]
 
 
@@ -84,23 +93,45 @@ class StandIn:
 
     def __init__(self, http, join, name):
         self.http = http
-        reply = http("POST", "/api/v1/agent/register", 201, agent_token=join, json={
-            "hostname": name, "machine_id": name, "agent_version": "0.1.0", "address": "10.0.0.9",
-            "resources": {"cpu_count": 8, "memory_bytes": 1 << 34}, "gpus": gpus(2)}).json()
+        reply = http(
+            "POST",
+            "/api/v1/agent/register",
+            201,
+            agent_token=join,
+            json={
+                "hostname": name,
+                "machine_id": name,
+                "agent_version": "0.1.0",
+                "address": "10.0.0.9",
+                "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
+                "gpus": gpus(2),
+            },
+        ).json()
         self.node_id, self.session = reply["node_id"], reply["session_token"]
         self.heartbeat([])
 
     def heartbeat(self, tasks):
-        return self.http("POST", "/api/v1/agent/heartbeat", 200, agent_token=self.session,
-                         json={"tasks": tasks}).json()
+        return self.http(
+            "POST", "/api/v1/agent/heartbeat", 200, agent_token=self.session, json={"tasks": tasks}
+        ).json()
 
     def acquire(self, wait):
-        return self.http("POST", "/api/v1/agent/acquire", 200, agent_token=self.session,
-                         json={"wait_seconds": wait}).json()["assignment"]
+        return self.http(
+            "POST",
+            "/api/v1/agent/acquire",
+            200,
+            agent_token=self.session,
+            json={"wait_seconds": wait},
+        ).json()["assignment"]
 
     def call(self, assignment, action, **body):
-        return self.http("POST", f"/api/v1/agent/tasks/{assignment['task_id']}/{action}", 204,
-                         agent_token=self.session, json=dict(body, epoch=assignment["epoch"]))
+        return self.http(
+            "POST",
+            f"/api/v1/agent/tasks/{assignment['task_id']}/{action}",
+            204,
+            agent_token=self.session,
+            json=dict(body, epoch=assignment["epoch"]),
+        )
 
 
 def test_replicas_elect_one_leader_and_followers_serve_everything(cluster):
@@ -120,7 +151,12 @@ def test_replicas_elect_one_leader_and_followers_serve_everything(cluster):
     found = []
     waiter = threading.Thread(target=lambda: found.append(node.acquire(30)), daemon=True)
     waiter.start()
-    job = b("POST", "/api/v1/jobs", 201, json={"name": "j", "command": ["true"], "resources": {"gpus": 1}}).json()
+    job = b(
+        "POST",
+        "/api/v1/jobs",
+        201,
+        json={"name": "j", "command": ["true"], "resources": {"gpus": 1}},
+    ).json()
     waiter.join(15)
     assert found and found[0] is not None and found[0]["job_id"] == job["id"], found
     node.call(found[0], "start", pid=42)
@@ -128,7 +164,10 @@ def test_replicas_elect_one_leader_and_followers_serve_everything(cluster):
     done = b("GET", f"/api/v1/jobs/{job['id']}?wait_seconds=10", 200).json()
     assert done["state"] == "succeeded"
     metrics = Http(leader.url, token)("GET", "/metrics", 200).text
-    assert "fleetd_leader{" in metrics and "} 1.0" in metrics.split("fleetd_leader{")[1].splitlines()[0]
+    assert (
+        "fleetd_leader{" in metrics
+        and "} 1.0" in metrics.split("fleetd_leader{")[1].splitlines()[0]
+    )
 
 
 def test_kill_of_the_leader_hands_the_lead_over_and_work_goes_on(cluster):
@@ -141,12 +180,20 @@ def test_kill_of_the_leader_hands_the_lead_over_and_work_goes_on(cluster):
     join = http("POST", "/api/v1/fleets/gpu-a/join-tokens", 201, json={}).json()["token"]
     node = StandIn(http, join, "host-1")
     epoch = health(leader)["leader_epoch"]
-    submitted = [http("POST", "/api/v1/jobs", 201, json={"name": f"j{i}", "command": ["true"],
-                                                          "resources": {"gpus": 1}}).json()["id"] for i in range(3)]
+    submitted = [
+        http(
+            "POST",
+            "/api/v1/jobs",
+            201,
+            json={"name": f"j{i}", "command": ["true"], "resources": {"gpus": 1}},
+        ).json()["id"]
+        for i in range(3)
+    ]
     leader.kill()  # kill -9
     new = one_leader([follower])
     assert health(new)["leader_epoch"] > epoch
-    # Every acknowledged job runs exactly once through the survivor; the node is never declared lost.
+    # Every acknowledged job runs exactly once through the survivor; the node is never declared
+    # lost.
     finished = {}
     for _ in range(60):
         node.heartbeat([])
@@ -159,7 +206,9 @@ def test_kill_of_the_leader_hands_the_lead_over_and_work_goes_on(cluster):
         node.call(assignment, "finish", outcome="succeeded", exit_code=0)
         finished[assignment["job_id"]] = finished.get(assignment["job_id"], 0) + 1
     assert finished == {job_id: 1 for job_id in submitted}
-    assert {http("GET", f"/api/v1/jobs/{j}", 200).json()["state"] for j in submitted} == {"succeeded"}
+    assert {http("GET", f"/api/v1/jobs/{j}", 200).json()["state"] for j in submitted} == {
+        "succeeded"
+    }
     assert http("GET", f"/api/v1/nodes/{node.node_id}", 200).json()["status"] == "ready"
 
 
@@ -174,7 +223,11 @@ def test_a_paused_leader_is_fenced_off_and_comes_back_as_a_follower(cluster):
         assert one_leader([other]) is other
     finally:
         leader.signal(signal.SIGCONT)
-    wait_until(lambda: (health(leader) or {}).get("leader") is False, 30, message="the old leader to see it lost the lead")
+    wait_until(
+        lambda: (health(leader) or {}).get("leader") is False,
+        30,
+        message="the old leader to see it lost the lead",
+    )
     assert health(other)["leader"] and health(other)["leader_epoch"] > epoch
     assert leaders(procs) == [other]
     leader.signal(signal.SIGTERM)  # a restart: it comes back as a follower
@@ -185,7 +238,8 @@ def test_a_paused_leader_is_fenced_off_and_comes_back_as_a_follower(cluster):
 
 def test_a_stale_leaders_write_is_refused_by_the_fence(replica_db):
     """Two leaderships in one process on the real database: the one whose lease lapsed and was
-    taken over cannot write for leadership, even if it still believes it leads (a paused process)."""
+    taken over cannot write for leadership, even if it still believes it leads (a paused
+    process)."""
     from fleetd.db import bind, database, open_database, upgrade
     from fleetd.replicas import Fenced, Leadership
 
@@ -210,10 +264,17 @@ def test_sqlite_serves_one_process(tmp_path):
     fleetd_init(data)
     first = FleetdProcess(data).start()
     try:
-        second = subprocess.run(fleetd_cmd("serve", "--bind", "127.0.0.1:0", "--data-dir", str(data)),
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            fleetd_cmd("serve", "--bind", "127.0.0.1:0", "--data-dir", str(data)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode != 0
-        assert "already uses this SQLite database" in second.stderr and str(first.proc.pid) in second.stderr
+        assert (
+            "already uses this SQLite database" in second.stderr
+            and str(first.proc.pid) in second.stderr
+        )
         assert health(first)["leader"] is True
     finally:
         first.kill()
@@ -221,8 +282,8 @@ def test_sqlite_serves_one_process(tmp_path):
 
 def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_db, make_app, clock):
     """In-process on the real database: this app's replica still believes it leads (a paused process
-    whose clock has not moved), another one took the lease. Its heartbeat path, drain deadlines, token
-    clean-up, metric samples and garbage collection commit nothing; the holder's do."""
+    whose clock has not moved), another one took the lease. Its heartbeat path, drain deadlines,
+    token clean-up, metric samples and garbage collection commit nothing; the holder's do."""
     from fleetd.db import database
     from fleetd.models import ApiToken, GpuSample, Task
     from fleetd.replicas import Leadership
@@ -238,7 +299,9 @@ def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_d
     job = api.submit(resources={"gpus": 1})
     task = api.start_task(session)
     running = [{"id": task["task_id"], "epoch": task["epoch"], "state": "running"}]
-    resp = api.post(f"/api/v1/nodes/{node}/drain", {"reason": "maintenance", "deadline_seconds": 30})
+    resp = api.post(
+        f"/api/v1/nodes/{node}/drain", {"reason": "maintenance", "deadline_seconds": 30}
+    )
     assert resp.status_code == 200 and resp.get_json()["status"] == "draining", resp.get_json()
     revoked = api.post("/api/v1/tokens", {"name": "gone", "role": "submitter"}).get_json()["id"]
     assert api.delete(f"/api/v1/tokens/{revoked}").status_code == 204
@@ -246,12 +309,17 @@ def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_d
     new = Leadership(lease_seconds=1, shared=True)
     wait_until(new.tick, 10, message="the lease to lapse and another replica to take it")
     assert new.epoch == 2 and old.leading()  # by its own stopped clock, the old one still leads
-    clock.advance(rt.settings.token_retention_seconds + 60)  # the drain deadline and the token's retention are past
+    clock.advance(
+        rt.settings.token_retention_seconds + 60
+    )  # the drain deadline and the token's retention are past
 
     def counts():
         with database.connection_context():
-            return (Task.get_by_id(task["task_id"]).state, ApiToken.select().where(ApiToken.id == revoked).count(),
-                    GpuSample.select().count())
+            return (
+                Task.get_by_id(task["task_id"]).state,
+                ApiToken.select().where(ApiToken.id == revoked).count(),
+                GpuSample.select().count(),
+            )
 
     def paused():  # a fence that refuses teaches the replica it lost the lead: each path below comes first
         old._valid_until = old.lease_seconds - old.margin
@@ -264,7 +332,10 @@ def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_d
     for name in ("drains", "token_cleanup", "metrics_sampler", "gc"):  # each has something to write
         paused()
         result = api.post(f"/api/v1/admin/tasks/{name}/run").get_json()
-        assert result["last_status"] == "error" and result["last_error"].startswith("Fenced: "), (name, result)
+        assert result["last_status"] == "error" and result["last_error"].startswith("Fenced: "), (
+            name,
+            result,
+        )
     assert counts() == before
     assert api.node(node)["status"] == "draining" and api.job(job["id"])["state"] == "running"
 

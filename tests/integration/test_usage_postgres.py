@@ -54,10 +54,21 @@ def test_a_failover_in_the_middle_of_a_run_loses_and_doubles_nothing(replica_db,
     api.run_task("usage")
     assert row() == (2400.0, pytest.approx(2.0))
     report = api.get("/api/v1/usage?group_by=team&from=2026-01-01&to=2026-01-01").get_json()
-    assert report["rows"] == [{"group": "ml", "gpu_hours_allocated": 0.666667, "gpu_hours_used": None,
-                               "efficiency": None, "cost": 2.0, "runs": 1}]
+    assert report["rows"] == [
+        {
+            "group": "ml",
+            "gpu_hours_allocated": 0.666667,
+            "gpu_hours_used": None,
+            "efficiency": None,
+            "cost": 2.0,
+            "runs": 1,
+        }
+    ]
     # by workload: the month's sums (read in cost order) and the day's, the same exact figures
     month = api.get("/api/v1/usage?group_by=workload").get_json()["rows"]
-    day = api.get("/api/v1/usage?group_by=workload&from=2026-01-01&to=2026-01-01").get_json()["rows"]
+    day = api.get("/api/v1/usage?group_by=workload&from=2026-01-01&to=2026-01-01").get_json()[
+        "rows"
+    ]
     assert month == day and [(r["gpu_hours_allocated"], r["cost"], r["runs"]) for r in month] == [
-        (0.666667, 2.0, 1)]
+        (0.666667, 2.0, 1)
+    ]

@@ -19,9 +19,17 @@ def test_a_deposed_leader_sends_no_webhook_and_records_nothing(replica_db, recei
     db = bind(open_database(replica_db))
     upgrade(db)
     try:
-        rt = Runtime.build(Settings.load(environ={}, db_url=replica_db, data_dir=str(tmp_path),
-                                         webhooks_allow_targets="127.0.0.0/8"))
-        old = Leadership(lease_seconds=1, shared=True, monotonic=lambda: 0.0)  # a paused clock: never lapses
+        rt = Runtime.build(
+            Settings.load(
+                environ={},
+                db_url=replica_db,
+                data_dir=str(tmp_path),
+                webhooks_allow_targets="127.0.0.0/8",
+            )
+        )
+        old = Leadership(
+            lease_seconds=1, shared=True, monotonic=lambda: 0.0
+        )  # a paused clock: never lapses
         assert old.tick()
         rt.leader = old
         hook = create_webhook(rt, None, receiver.url, SECRET, ["node.drained"])

@@ -1,4 +1,5 @@
-"""Provisioning fixtures: SSH test hosts, fleetd listening where the hosts reach it, a built bundle."""
+"""Provisioning fixtures: SSH test hosts, fleetd listening where the hosts reach it, a built
+bundle."""
 
 import json
 import os
@@ -69,8 +70,12 @@ class Api(Http):
         return self("GET", f"/api/v1/nodes/{node_id}/events", expect=200).json()["items"]
 
     def wait_status(self, node_id, status, timeout=60):
-        return wait_until(lambda: (lambda n: n if n and n["status"] == status else None)(self.node(node_id)),
-                          timeout, interval=0.2, message=f"node {node_id} to be {status}")
+        return wait_until(
+            lambda: (lambda n: n if n and n["status"] == status else None)(self.node(node_id)),
+            timeout,
+            interval=0.2,
+            message=f"node {node_id} to be {status}",
+        )
 
 
 class Lab:
@@ -88,31 +93,63 @@ class Lab:
     def env(self, **extra):
         """Environment for `fleetd bootstrap`: the admin token travels here, never in arguments."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETD_", "FLEET_AGENT_"))}
-        env.update(FLEETD_URL=self.fleetd.url, FLEETD_TOKEN=self.api.token, HOME=str(self.ssh.root / "home"))
+        env.update(
+            FLEETD_URL=self.fleetd.url,
+            FLEETD_TOKEN=self.api.token,
+            HOME=str(self.ssh.root / "home"),
+        )
         env.update(extra)
         return env
 
     def bootstrap_args(self, bundle, *hosts, extra=()):
         """Arguments of `fleetd bootstrap`; bundle None: no --bundle (the CLI builds one)."""
-        return ["bootstrap", *[h.address for h in hosts], "--fleet", FLEET, "--user", "root",
-                "--key", str(self.ssh.client_key), "--known-hosts", str(self.ssh.known_hosts),
-                *(["--bundle", str(bundle.path)] if bundle is not None else []),
-                "--devices-backend", "fake:/opt/fake-gpus/shape.json",
-                "--wait-timeout", "90", "--drain-deadline", "60", "--json", *extra]
+        return [
+            "bootstrap",
+            *[h.address for h in hosts],
+            "--fleet",
+            FLEET,
+            "--user",
+            "root",
+            "--key",
+            str(self.ssh.client_key),
+            "--known-hosts",
+            str(self.ssh.known_hosts),
+            *(["--bundle", str(bundle.path)] if bundle is not None else []),
+            "--devices-backend",
+            "fake:/opt/fake-gpus/shape.json",
+            "--wait-timeout",
+            "90",
+            "--drain-deadline",
+            "60",
+            "--json",
+            *extra,
+        ]
 
     def fleetd_cli(self, *args, timeout=300, env=None, cwd=None):
-        """Run the `fleetd` CLI (with cwd: the fleetd of that source tree); returns the CompletedProcess."""
-        return subprocess.run(fleetd_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              env=env or self.env(), stdin=subprocess.DEVNULL, cwd=cwd)
+        """Run the `fleetd` CLI (with cwd: the fleetd of that source tree); returns the
+        CompletedProcess."""
+        return subprocess.run(
+            fleetd_cmd(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env or self.env(),
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
 
     def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None):
         """`fleetd bootstrap --json` on hosts; returns (exit code, {address: result}, stderr)."""
-        result = self.fleetd_cli(*self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd)
+        result = self.fleetd_cli(
+            *self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd
+        )
         try:
             rows = json.loads(result.stdout)
         except ValueError:
-            raise AssertionError(f"no JSON from fleetd bootstrap (exit {result.returncode}):\n"
-                                 f"{result.stdout}\n{result.stderr}") from None
+            raise AssertionError(
+                f"no JSON from fleetd bootstrap (exit {result.returncode}):\n"
+                f"{result.stdout}\n{result.stderr}"
+            ) from None
         return result.returncode, {row["host"]: row for row in rows}, result.stderr
 
 
@@ -130,26 +167,44 @@ def bundle(tmp_path_factory):
 def copy_source(source):
     """A copy of this checkout's sources into directory `source`: what building a bundle reads."""
     # Every top-level package (fleetd, agent, fleetconf, ...) and what building needs.
-    packages = sorted(p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name != "tests")
-    for name in (*packages, "setup.cfg", "pyproject.toml", "README.md", "templates", "constraints.txt"):
+    packages = sorted(
+        p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"
+    )
+    for name in (
+        *packages,
+        "setup.cfg",
+        "pyproject.toml",
+        "README.md",
+        "templates",
+        "constraints.txt",
+    ):
         path = REPO / name
         if path.is_dir():
-            shutil.copytree(path, source / name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                path,
+                source / name,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+            )
         elif path.exists():
             shutil.copy2(path, source / name)
     return source
 
 
 def extract(archive, dest):
-    """Extract a tar archive's regular files and folders under dest, on every Python fleetd supports:
-    `extractall(filter=...)` came in 3.12 (and 3.10.12, 3.11.4), so a member that is a link, a device
-    or a path leaving dest is refused here first, and the filter is added where it exists."""
+    """Extract a tar archive's regular files and folders under dest, on every Python fleetd
+    supports: `extractall(filter=...)` came in 3.12 (and 3.10.12, 3.11.4), so a member that is a
+    link, a device or a path leaving dest is refused here first, and the filter is added where it
+    exists."""
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
         for member in members:
             parts = Path(member.name).parts
-            if not (member.isfile() or member.isdir()) or Path(member.name).is_absolute() or ".." in parts:
+            if (
+                not (member.isfile() or member.isdir())
+                or Path(member.name).is_absolute()
+                or ".." in parts
+            ):
                 raise ValueError(f"{archive}: refusing to extract {member.name!r}")
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(dest, members=members, **safe)  # nosec B202  # every member checked above
@@ -157,12 +212,15 @@ def extract(archive, dest):
 
 @pytest.fixture(scope="session")
 def next_bundle(tmp_path_factory, bundle):
-    """A bundle of the same code with a higher version, for upgrades (dependencies from `bundle`)."""
+    """A bundle of the same code with a higher version, for upgrades (dependencies from
+    `bundle`)."""
     from fleetd.provision.bundle import build_bundle
 
     source = copy_source(tmp_path_factory.mktemp("next-source"))
     init = source / "fleetd" / "__init__.py"
-    init.write_text(re.sub(r'__version__ = "([^"]+)"', r'__version__ = "\1.post1"', init.read_text()))
+    init.write_text(
+        re.sub(r'__version__ = "([^"]+)"', r'__version__ = "\1.post1"', init.read_text())
+    )
     wheels = tmp_path_factory.mktemp("deps")
     extract(bundle.path, wheels)
     links = [str(p) for p in wheels.glob("*/wheels")]
@@ -218,7 +276,10 @@ def _break_agent(wheel):
     import zipfile
 
     out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(wheel)) as old, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as new:
+    with (
+        zipfile.ZipFile(io.BytesIO(wheel)) as old,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as new,
+    ):
         for info in old.infolist():
             data = old.read(info)
             if info.filename == "agent/__main__.py":
@@ -228,9 +289,9 @@ def _break_agent(wheel):
 
 
 def repack_bundle(source, directory, drop_pip=False, break_agent=False):
-    """A copy of bundle `source` with the same version and another SHA-256 (a rebuilt bundle): a note
-    added at its top; with drop_pip, its pip wheel left out (and out of its manifest), so that the
-    controller accepts it and the install on the host fails; with break_agent, an agent that
+    """A copy of bundle `source` with the same version and another SHA-256 (a rebuilt bundle): a
+    note added at its top; with drop_pip, its pip wheel left out (and out of its manifest), so that
+    the controller accepts it and the install on the host fails; with break_agent, an agent that
     installs and then exits at once (BROKEN_AGENT), so that its restart fails."""
     import hashlib
     import io
@@ -258,14 +319,21 @@ def repack_bundle(source, directory, drop_pip=False, break_agent=False):
                 member.size = len(data)
             if member.name == f"{top}/manifest.json" and (drop_pip or changed):
                 manifest = json.loads(data)
-                manifest["wheels"] = {k: v for k, v in manifest["wheels"].items()
-                                      if not (drop_pip and k.startswith("pip-"))}
-                manifest["wheels"].update({k: hashlib.sha256(v).hexdigest() for k, v in changed.items()})
+                manifest["wheels"] = {
+                    k: v
+                    for k, v in manifest["wheels"].items()
+                    if not (drop_pip and k.startswith("pip-"))
+                }
+                manifest["wheels"].update(
+                    {k: hashlib.sha256(v).hexdigest() for k, v in changed.items()}
+                )
                 data = json.dumps(manifest, indent=2, sort_keys=True).encode()
                 member.size = len(data)
             new.addfile(member, io.BytesIO(data) if data is not None else None)
-        note = f"rebuilt from {source.sha256}{' without pip' if drop_pip else ''}" \
-               f"{' with a broken agent' if break_agent else ''}\n".encode()
+        note = (
+            f"rebuilt from {source.sha256}{' without pip' if drop_pip else ''}"
+            f"{' with a broken agent' if break_agent else ''}\n".encode()
+        )
         info = tarfile.TarInfo(f"{top}/REBUILT")
         info.size, info.mode = len(note), 0o644
         new.addfile(info, io.BytesIO(note))

@@ -36,14 +36,19 @@ def _run(*cmd, check=True, timeout=30):
 
 def systemctl_stand_in():
     """Path of the docker-systemctl-replacement script installed beside this Python."""
-    candidates = [Path(sys.executable).parent / "systemctl3.py", Path(sys.executable).parent / "systemctl3"]
+    candidates = [
+        Path(sys.executable).parent / "systemctl3.py",
+        Path(sys.executable).parent / "systemctl3",
+    ]
     found = shutil.which("systemctl3.py") or shutil.which("systemctl3")
     if found:
         candidates.append(Path(found))
     for path in candidates:
         if path.exists():
             return path
-    raise RuntimeError("docker-systemctl-replacement is not installed (pip install docker-systemctl-replacement)")
+    raise RuntimeError(
+        "docker-systemctl-replacement is not installed (pip install docker-systemctl-replacement)"
+    )
 
 
 def _host_uuid(value, host_index):
@@ -90,7 +95,8 @@ class TestHost:
         return self.root / name.strip("/").replace("/", "_")
 
     def path(self, inside):
-        """The real path of what the host sees at `inside` (through its sshd's root; sshd must run)."""
+        """The real path of what the host sees at `inside` (through its sshd's root; sshd must
+        run)."""
         if self.sshd is None or self.sshd.poll() is not None:
             raise AssertionError(f"{self.name} has no sshd: its files cannot be seen")
         return Path(f"/proc/{self.sshd.pid}/root") / inside.lstrip("/")
@@ -100,9 +106,23 @@ class TestHost:
         for name in (*BIND_DIRS, "etc_upper", "etc_work", "systemd_system"):
             self.source(name).mkdir(parents=True, exist_ok=True)
         (self.source("etc_upper") / "machine-id").write_text(uuid.uuid4().hex + "\n")
-        write_shape(self.shape_name, self.source("/opt") / "fake-gpus" / "shape.json",
-                    self.index + 1 + self.lab.octet * 16)
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.hostname, "-f", str(self.root / "host_key"))
+        write_shape(
+            self.shape_name,
+            self.source("/opt") / "fake-gpus" / "shape.json",
+            self.index + 1 + self.lab.octet * 16,
+        )
+        _run(
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            self.hostname,
+            "-f",
+            str(self.root / "host_key"),
+        )
         self.host_key = (self.root / "host_key.pub").read_text().split()[:2]
         veth = f"fpv{self.lab.octet}v{self.index}"
         # This lab owns the octet (it made the bridge): a namespace of that name is a crashed run's.
@@ -134,28 +154,48 @@ class TestHost:
             "MaxStartups 100:30:200",
             "MaxSessions 50",
             "Subsystem sftp internal-sftp",
-            # The login environment of a real host: the system PATH (sshd's default), nothing from the tests.
+            # The login environment of a real host: the system PATH (sshd's default), nothing from
+            # the tests.
             "SetEnv PIP_CONFIG_FILE=/dev/null",
         ]
         (self.root / "sshd_config").write_text("\n".join(config) + "\n")
 
     def start_sshd(self):
-        """Start sshd in the namespace, in a private mount and UTS namespace; wait until it accepts."""
+        """Start sshd in the namespace, in a private mount and UTS namespace; wait until it
+        accepts."""
         mounts = [f"mount --bind {self.source(d)} {d}" for d in BIND_DIRS]
-        mounts += [f"mount -t overlay overlay -o lowerdir=/etc,upperdir={self.source('etc_upper')},"
-                   f"workdir={self.source('etc_work')} /etc",
-                   f"mount --bind {self.source('systemd_system')} /etc/systemd/system",
-                   "mount -t tmpfs -o mode=0755 tmpfs /run",
-                   "mkdir -p /run/sshd",
-                   f"mount --bind {self.lab.systemctl} /usr/bin/systemctl",
-                   f"hostname {self.hostname}"]
+        mounts += [
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={self.source('etc_upper')},"
+            f"workdir={self.source('etc_work')} /etc",
+            f"mount --bind {self.source('systemd_system')} /etc/systemd/system",
+            "mount -t tmpfs -o mode=0755 tmpfs /run",
+            "mkdir -p /run/sshd",
+            f"mount --bind {self.lab.systemctl} /usr/bin/systemctl",
+            f"hostname {self.hostname}",
+        ]
         script = " && ".join(mounts) + f" && exec {SSHD} -D -e -f {self.root / 'sshd_config'}"
         log = open(self.sshd_log, "ab")
         try:
             self.sshd = subprocess.Popen(
-                ["ip", "netns", "exec", self.name, "unshare", "--mount", "--uts", "--propagation", "private",
-                 "sh", "-c", script],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.name,
+                    "unshare",
+                    "--mount",
+                    "--uts",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             log.close()
         wait_until(self._accepts, START_TIMEOUT, message=f"sshd on {self.address}")
@@ -182,7 +222,18 @@ class TestHost:
         if self.sshd is None or self.sshd.poll() is not None:
             raise AssertionError(f"{self.name} has no sshd to enter")
         # sshd is exec'd by `sh` in the unshared namespaces: its pid is the Popen pid's namespaces.
-        return _run("nsenter", "-t", str(self.sshd.pid), "-n", "-m", "-u", "--", *cmd, timeout=timeout, check=check)
+        return _run(
+            "nsenter",
+            "-t",
+            str(self.sshd.pid),
+            "-n",
+            "-m",
+            "-u",
+            "--",
+            *cmd,
+            timeout=timeout,
+            check=check,
+        )
 
     def accepted_logins(self):
         """How many SSH logins the host's sshd accepted so far."""
@@ -236,14 +287,28 @@ class SshLab:
         for step in range(250):
             octet = (start + step) % 250 + 1
             name = f"fpvbr{octet}"
-            if _run("ip", "link", "add", "name", name, "type", "bridge", check=False).returncode == 0:
+            if (
+                _run("ip", "link", "add", "name", name, "type", "bridge", check=False).returncode
+                == 0
+            ):
                 self.bridge, self.octet = name, octet
                 break
         if self.bridge is None:
             raise RuntimeError("no free test subnet in 10.213.0.0/16")
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fleetd-tests", "-f", str(self.client_key))
+        _run(
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "fleetd-tests",
+            "-f",
+            str(self.client_key),
+        )
         self.known_hosts.write_text("")
         return self
 

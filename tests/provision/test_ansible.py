@@ -35,29 +35,61 @@ def write_inventory(lab, path):
         "ansible_user=root",
         f"ansible_ssh_private_key_file={lab.ssh.client_key}",
         # Host key checking stays on: the test hosts' keys are in this known_hosts, nothing else is.
-        f"ansible_ssh_common_args='-o UserKnownHostsFile={lab.ssh.known_hosts} -o GlobalKnownHostsFile=/dev/null "
-        "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'",
+        f"ansible_ssh_common_args='-o UserKnownHostsFile={lab.ssh.known_hosts} -o "
+        "GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'",
         "ansible_python_interpreter=/usr/bin/python3",
         "fleet_agent_devices_backend=fake:/opt/fake-gpus/shape.json",
-        "fleet_agent_labels='{\"rack\": \"r12\"}'",
+        'fleet_agent_labels=\'{"rack": "r12"}\'',
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def playbook(lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REPO, extra=()):
-    env = lab.env(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
-                  ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-                  PWD=str(cwd))  # as a shell that cd'd there sets it
-    cmd = [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name), "-e", f"fleetd_url={lab.fleetd.url}",
-           "-e", f"fleet_agent_bundle={bundle_arg or bundle.path}", "-e", f"fleet_agent_fleet={FLEET}", *extra]
+    env = lab.env(
+        ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"),
+        ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
+        ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        PWD=str(cwd),
+    )  # as a shell that cd'd there sets it
+    cmd = [
+        tool("ansible-playbook"),
+        "-i",
+        str(inventory),
+        str(PLAYBOOKS / name),
+        "-e",
+        f"fleetd_url={lab.fleetd.url}",
+        "-e",
+        f"fleet_agent_bundle={bundle_arg or bundle.path}",
+        "-e",
+        f"fleet_agent_fleet={FLEET}",
+        *extra,
+    ]
     try:  # well inside the test's own timeout, so that a run that hangs says where
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(cwd),
-                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+            cwd=str(cwd),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        pytest.fail(f"ansible-playbook {name} still ran after 240 s; its output ends:\n{out[-6000:]}")
-    assert "flj_" not in result.stdout + result.stderr and lab.api.token not in result.stdout + result.stderr
+        out = (
+            exc.stdout.decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
+            else exc.stdout or ""
+        )
+        pytest.fail(
+            f"ansible-playbook {name} still ran after 240 s; its output ends:\n{out[-6000:]}"
+        )
+    assert (
+        "flj_" not in result.stdout + result.stderr
+        and lab.api.token not in result.stdout + result.stderr
+    )
     return result
 
 
@@ -73,8 +105,14 @@ def recap(output):
 
 
 def test_ansible_lint_passes_on_the_playbooks_and_the_role():
-    result = subprocess.run([tool("ansible-lint"), "--offline", "--nocolor", "playbooks/"], capture_output=True,
-                            text=True, timeout=300, cwd=str(REPO), env=dict(os.environ, ANSIBLE_LINT_NODEPS="1"))
+    result = subprocess.run(
+        [tool("ansible-lint"), "--offline", "--nocolor", "playbooks/"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        env=dict(os.environ, ANSIBLE_LINT_NODEPS="1"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 failure(s), 0 warning(s)" in result.stdout + result.stderr
 
@@ -82,7 +120,9 @@ def test_ansible_lint_passes_on_the_playbooks_and_the_role():
 def mount_state_dir(host):
     """Make /var/lib/fleet-agent a mount point on the host (a tmpfs, as a volume would be)."""
     assert host.exec("mkdir", "-p", "/var/lib/fleet-agent").returncode == 0
-    mounted = host.exec("mount", "-t", "tmpfs", "-o", "mode=0700,size=16m", "fleet-state", "/var/lib/fleet-agent")
+    mounted = host.exec(
+        "mount", "-t", "tmpfs", "-o", "mode=0700,size=16m", "fleet-state", "/var/lib/fleet-agent"
+    )
     assert mounted.returncode == 0, mounted.stderr
 
 
@@ -91,8 +131,8 @@ def is_mount_point(host, path):
 
 
 def bootstrapped(lab_factory, bundle, tmp_path, shapes, mounted=()):
-    """Two test hosts enrolled by bootstrap.yml; returns (lab, inventory, control dir, nodes by hostname).
-    The hosts at the indexes in `mounted` have their state directory on a mount point."""
+    """Two test hosts enrolled by bootstrap.yml; returns (lab, inventory, control dir, nodes by
+    hostname). The hosts at the indexes in `mounted` have their state directory on a mount point."""
     lab = lab_factory(shapes)
     for index in mounted:
         mount_state_dir(lab.hosts[index])
@@ -113,9 +153,11 @@ def bootstrapped(lab_factory, bundle, tmp_path, shapes, mounted=()):
 
 
 def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_drain_undrain_remove_work(
-        lab_factory, bundle, tmp_path):
-    lab, inventory, control_dir, nodes = bootstrapped(lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"],
-                                                      mounted=[0])
+    lab_factory, bundle, tmp_path
+):
+    lab, inventory, control_dir, nodes = bootstrapped(
+        lab_factory, bundle, tmp_path, ["l4_x4", "a100_mig_x2"], mounted=[0]
+    )
     mounted = lab.hosts[0]
     assert is_mount_point(mounted, "/var/lib/fleet-agent")
     assert mounted.path("/var/lib/fleet-agent/node.json").exists()
@@ -125,12 +167,16 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_dr
         assert again.returncode == 0, again.stdout[-4000:]
         counts = recap(again.stdout)
         assert sorted(counts) == sorted(h.hostname for h in lab.hosts)
-        assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), again.stdout[-4000:]
+        assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), again.stdout[
+            -4000:
+        ]
         assert {h.hostname: agent_pids(h) for h in lab.hosts} == before
         assert len(lab.api.join_tokens()) == 2
 
         checked = playbook(lab, inventory, "preflight.yml", bundle, control_dir)
-        assert checked.returncode == 0 and checked.stdout.count("preflight ok") == 2, checked.stdout[-3000:]
+        assert checked.returncode == 0 and checked.stdout.count("preflight ok") == 2, (
+            checked.stdout[-3000:]
+        )
         assert all(c["changed"] == 0 for c in recap(checked.stdout).values())
         drained = playbook(lab, inventory, "drain.yml", bundle, control_dir)
         assert drained.returncode == 0, drained.stdout[-4000:]
@@ -143,9 +189,17 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_dr
         assert removed.returncode == 0, removed.stdout[-6000:] + removed.stderr[-3000:]
         assert lab.api.nodes() == []
         for host in lab.hosts:
-            statuses = [e["to_status"] for e in lab.api.events(nodes[host.hostname]["id"]) if e.get("to_status")]
+            statuses = [
+                e["to_status"]
+                for e in lab.api.events(nodes[host.hostname]["id"])
+                if e.get("to_status")
+            ]
             assert statuses[-2:] == ["draining", "drained"], statuses
-            for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/etc/systemd/system/fleet-agent.service"):
+            for path in (
+                "/opt/fleet-agent",
+                "/etc/fleet-agent",
+                "/etc/systemd/system/fleet-agent.service",
+            ):
                 assert not host.path(path).exists(), path
             if host is mounted:
                 # A mount point is emptied, not removed (removing it would fail).
@@ -159,7 +213,8 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_dr
 
 
 def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrain(
-        lab_factory, bundle, next_bundle, tmp_path):
+    lab_factory, bundle, next_bundle, tmp_path
+):
     # Enrolled by `fleetd bootstrap`: the role takes over what the other path installed.
     lab = lab_factory(["h100_x8", "l4_x4"])
     code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
@@ -167,10 +222,14 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
     nodes = {n["hostname"]: n for n in lab.api.nodes()}
     inventory = write_inventory(lab, tmp_path / "inventory.ini")
     control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
-    # The fleet validates its nodes: each upgraded node passes the checks before it is back (these two
-    # hosts' fake drivers differ, which the built-in driver_version check would rightly refuse).
-    lab.api("PATCH", f"/api/v1/fleets/{FLEET}", expect=200,
-            json={"validation": {"checks": ["gpus_present", "gpu_health", "pcie_link"]}})
+    # The fleet validates its nodes: each upgraded node passes the checks before it is back (these
+    # two hosts' fake drivers differ, which the built-in driver_version check would rightly refuse).
+    lab.api(
+        "PATCH",
+        f"/api/v1/fleets/{FLEET}",
+        expect=200,
+        json={"validation": {"checks": ["gpus_present", "gpu_health", "pcie_link"]}},
+    )
     try:
         before = {h.hostname: agent_pids(h) for h in lab.hosts}
         upgrade = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
@@ -182,9 +241,15 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
             version = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
             assert version == next_bundle.version
             assert agent_pids(host) and agent_pids(host) != before[host.hostname]
-            events = [e for e in lab.api.events(node_id) if e.get("to_status") and e["kind"] == "node.status"]
+            events = [
+                e
+                for e in lab.api.events(node_id)
+                if e.get("to_status") and e["kind"] == "node.status"
+            ]
             statuses = [e["to_status"] for e in events]
-            assert statuses[-5:] == ["draining", "drained", "validating", "drained", "ready"], statuses
+            assert statuses[-5:] == ["draining", "drained", "validating", "drained", "ready"], (
+                statuses
+            )
             spans[host.hostname] = (events[-5]["at"], events[-1]["at"])
         first, second = (spans[h.hostname] for h in lab.hosts)
         # One at a time: the first host was back (undrained) before the second one started draining.
@@ -202,53 +267,108 @@ def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tm
     extra.write_text(json.dumps({"fleet_agent_server_url": [dead, lab.fleetd.url]}))
     control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
     try:
-        env = lab.env(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
-                      ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"), ANSIBLE_NOCOLOR="1")
+        env = lab.env(
+            ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"),
+            ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
+            ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"),
+            ANSIBLE_NOCOLOR="1",
+        )
         result = subprocess.run(
-            [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "bootstrap.yml"),
-             "-e", f"fleetd_url={lab.fleetd.url}", "-e", f"fleet_agent_bundle={bundle.path}",
-             "-e", f"fleet_agent_fleet={FLEET}", "-e", f"@{extra}"],
-            capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+            [
+                tool("ansible-playbook"),
+                "-i",
+                str(inventory),
+                str(PLAYBOOKS / "bootstrap.yml"),
+                "-e",
+                f"fleetd_url={lab.fleetd.url}",
+                "-e",
+                f"fleet_agent_bundle={bundle.path}",
+                "-e",
+                f"fleet_agent_fleet={FLEET}",
+                "-e",
+                f"@{extra}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
         assert "flj_" not in result.stdout + result.stderr
         config = host.path("/etc/fleet-agent/agent.toml").read_text()
-        assert f'server_url = {json.dumps([dead, lab.fleetd.url])}' in config.splitlines()
+        assert f"server_url = {json.dumps([dead, lab.fleetd.url])}" in config.splitlines()
         stored = json.loads(host.path("/var/lib/fleet-agent/node.json").read_text())
         assert stored["server_urls"] == [dead, lab.fleetd.url]
         lab.api.wait_status(stored["node_id"], "ready")
         # The run is on the node's record, as the CLI's runs are.
         (run,) = [e for e in lab.api.events(stored["node_id"]) if e["kind"] == "node.bootstrap"]
-        assert run["reason"].startswith(f"bootstrap on {host.hostname}: enrolled; bundle {bundle.version}"), run
+        assert run["reason"].startswith(
+            f"bootstrap on {host.hostname}: enrolled; bundle {bundle.version}"
+        ), run
 
         # The CLI takes over what the role wrote with the same settings: the same files (their
         # "Managed by" line names every path), so nothing is rewritten and the agent keeps running.
         pids = agent_pids(host)
-        code, rows, stderr = lab.bootstrap(bundle, host, extra=["--server-url", dead, "--server-url", lab.fleetd.url,
-                                                                "--label", "rack=r12"])
+        code, rows, stderr = lab.bootstrap(
+            bundle,
+            host,
+            extra=["--server-url", dead, "--server-url", lab.fleetd.url, "--label", "rack=r12"],
+        )
         assert code == 0 and rows[host.address]["result"] == "unchanged", (rows, stderr)
         assert agent_pids(host) == pids
 
         # A revoke holds: the role refuses the host before changing anything on it.
         lab.api("POST", f"/api/v1/nodes/{stored['node_id']}/revoke", expect=200)
         refused = subprocess.run(
-            [tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "bootstrap.yml"),
-             "-e", f"fleetd_url={lab.fleetd.url}", "-e", f"fleet_agent_bundle={bundle.path}",
-             "-e", f"fleet_agent_fleet={FLEET}", "-e", f"@{extra}"],
-            capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+            [
+                tool("ansible-playbook"),
+                "-i",
+                str(inventory),
+                str(PLAYBOOKS / "bootstrap.yml"),
+                "-e",
+                f"fleetd_url={lab.fleetd.url}",
+                "-e",
+                f"fleet_agent_bundle={bundle.path}",
+                "-e",
+                f"fleet_agent_fleet={FLEET}",
+                "-e",
+                f"@{extra}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
         said = " ".join(refused.stdout.split())
-        assert refused.returncode != 0 and f"node {stored['node_id']} of {host.hostname} was revoked" in said, said[-3000:]
-        assert "set fleet_agent_readmit=true" in said and lab.api.node(stored["node_id"])["status"] == "revoked"
+        assert (
+            refused.returncode != 0
+            and f"node {stored['node_id']} of {host.hostname} was revoked" in said
+        ), said[-3000:]
+        assert (
+            "set fleet_agent_readmit=true" in said
+            and lab.api.node(stored["node_id"])["status"] == "revoked"
+        )
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 
 
 def enrolled_by_the_cli(lab_factory, bundle, tmp_path):
-    """Two test hosts enrolled by `fleetd bootstrap`; returns (lab, node ids by hostname, inventory, control dir)."""
+    """Two test hosts enrolled by `fleetd bootstrap`; returns (lab, node ids by hostname, inventory,
+    control dir)."""
     lab = lab_factory(["h100_x8", "l4_x4"])
     code, results, stderr = lab.bootstrap(bundle, *lab.hosts)
     assert code == 0, (results, stderr)
     ids = {h.hostname: results[h.address]["node_id"] for h in lab.hosts}
-    return lab, ids, write_inventory(lab, tmp_path / "inventory.ini"), tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    return (
+        lab,
+        ids,
+        write_inventory(lab, tmp_path / "inventory.ini"),
+        tempfile.mkdtemp(prefix="acp", dir="/tmp"),
+    )
 
 
 def to_statuses(lab, node_id):
@@ -256,28 +376,47 @@ def to_statuses(lab, node_id):
 
 
 def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node_never_ready(
-        lab_factory, bundle, next_bundle, tmp_path):
+    lab_factory, bundle, next_bundle, tmp_path
+):
     from tests.provision.conftest import repack_bundle
 
     lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)
     first, second = lab.hosts
     try:
         # A bundle path that is not there stops the run before any node is drained.
-        missing = playbook(lab, inventory, "upgrade.yml", bundle, control_dir, bundle_arg="dist/nothing-here.tar.gz",
-                           cwd=tmp_path)
+        missing = playbook(
+            lab,
+            inventory,
+            "upgrade.yml",
+            bundle,
+            control_dir,
+            bundle_arg="dist/nothing-here.tar.gz",
+            cwd=tmp_path,
+        )
         assert missing.returncode != 0
-        assert f"no bundle at dist/nothing-here.tar.gz (looked for {tmp_path}/dist/nothing-here.tar.gz" \
-            in " ".join(missing.stdout.split()), missing.stdout[-3000:]
+        assert (
+            f"no bundle at dist/nothing-here.tar.gz (looked for {tmp_path}/dist/nothing-here.tar.gz"
+            in " ".join(missing.stdout.split())
+        ), missing.stdout[-3000:]
         assert all(to_statuses(lab, node_id) == ["pending", "ready"] for node_id in ids.values())
 
         # A bundle whose agent does not start: the first host's upgrade fails, its node stays out of
         # service (drained, its reason naming the failed upgrade, never ready) and the run gives the
         # cause from the agent's log; the second host is never touched.
         broken = repack_bundle(next_bundle, tmp_path / "broken", break_agent=True)
-        failed = playbook(lab, inventory, "upgrade.yml", broken, control_dir, extra=("-e", "fleet_agent_wait_timeout=30"))
+        failed = playbook(
+            lab,
+            inventory,
+            "upgrade.yml",
+            broken,
+            control_dir,
+            extra=("-e", "fleet_agent_wait_timeout=30"),
+        )
         assert failed.returncode != 0
         out = " ".join(failed.stdout.split())  # the YAML callback folds long messages
-        assert f"node {ids[first.hostname]} stays out of service (upgrade failed" in out, out[-4000:]
+        assert f"node {ids[first.hostname]} stays out of service (upgrade failed" in out, out[
+            -4000:
+        ]
         assert BROKEN_AGENT in out, out[-4000:]
         node = lab.api.node(ids[first.hostname])
         assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
@@ -291,71 +430,135 @@ def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node
         lab.api("POST", f"/api/v1/nodes/{ids[second.hostname]}/cordon", expect=200)
         (tmp_path / "dist").mkdir()
         shutil.copy2(next_bundle.path, tmp_path / "dist" / next_bundle.path.name)
-        upgraded = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir,
-                            bundle_arg=f"dist/{next_bundle.path.name}", cwd=tmp_path)
+        upgraded = playbook(
+            lab,
+            inventory,
+            "upgrade.yml",
+            next_bundle,
+            control_dir,
+            bundle_arg=f"dist/{next_bundle.path.name}",
+            cwd=tmp_path,
+        )
         assert upgraded.returncode == 0, upgraded.stdout[-6000:] + upgraded.stderr[-3000:]
         said = " ".join(upgraded.stdout.split())
-        assert f"node {ids[second.hostname]} is cordoned (cordoned by admin): it is upgraded and stays cordoned, " \
-               "as an operator left it" in said, said[-4000:]
+        assert (
+            f"node {ids[second.hostname]} is cordoned (cordoned by admin): it is upgraded and "
+            "stays cordoned, as an operator left it" in said
+        ), said[-4000:]
         lab.api.wait_status(ids[first.hostname], "ready")
         assert lab.api.node(ids[first.hostname])["upgrade"] is None
-        assert to_statuses(lab, ids[second.hostname])[-4:] == ["cordoned", "draining", "drained", "cordoned"]
+        assert to_statuses(lab, ids[second.hostname])[-4:] == [
+            "cordoned",
+            "draining",
+            "drained",
+            "cordoned",
+        ]
         for host in lab.hosts:
             installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
-            assert (installed["version"], installed["bundle_sha256"]) == (next_bundle.version, next_bundle.sha256)
+            assert (installed["version"], installed["bundle_sha256"]) == (
+                next_bundle.version,
+                next_bundle.sha256,
+            )
             # fleetd learns the new version from the heartbeats.
-            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version, 60,
-                       message="fleetd to learn the upgrade")
-        listed = lab.api("GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200).json()["items"]
+            wait_until(
+                lambda h=host: (
+                    lab.api.node(ids[h.hostname])["agent_version"] == next_bundle.version
+                ),
+                60,
+                message="fleetd to learn the upgrade",
+            )
+        listed = lab.api(
+            "GET", f"/api/v1/nodes?agent_version={next_bundle.version}", expect=200
+        ).json()["items"]
         assert sorted(n["id"] for n in listed) == sorted(ids.values())
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 
 
 def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accepts_drained_and_cordoned_nodes(
-        lab_factory, bundle, next_bundle, tmp_path):
+    lab_factory, bundle, next_bundle, tmp_path
+):
     lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)
     first, second = lab.hosts
     try:
-        # An operator drained the first node (RMA pending) and cordoned the second: the upgrade keeps
-        # both as they are, and says so.
-        lab.api("POST", f"/api/v1/nodes/{ids[first.hostname]}/drain", expect=200,
-                json={"reason": "RMA pending", "deadline_seconds": 60})
+        # An operator drained the first node (RMA pending) and cordoned the second: the upgrade
+        # keeps both as they are, and says so.
+        lab.api(
+            "POST",
+            f"/api/v1/nodes/{ids[first.hostname]}/drain",
+            expect=200,
+            json={"reason": "RMA pending", "deadline_seconds": 60},
+        )
         lab.api.wait_status(ids[first.hostname], "drained")
         lab.api("POST", f"/api/v1/nodes/{ids[second.hostname]}/cordon", expect=200)
         upgraded = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
         assert upgraded.returncode == 0, upgraded.stdout[-6000:] + upgraded.stderr[-3000:]
         said = " ".join(upgraded.stdout.split())
-        assert f"node {ids[first.hostname]} is drained (RMA pending): it is upgraded and stays drained, as an " \
-               "operator left it" in said, said[-4000:]
+        assert (
+            f"node {ids[first.hostname]} is drained (RMA pending): it is upgraded and stays "
+            "drained, as an operator left it" in said
+        ), said[-4000:]
         node = lab.api.node(ids[first.hostname])
         assert node["status"] == "drained" and node["drain"]["reason"] == "RMA pending", node
         reasons = [e.get("reason") or "" for e in lab.api.events(ids[first.hostname])]
-        after_rma = reasons[reasons.index("drain: RMA pending"):]
+        after_rma = reasons[reasons.index("drain: RMA pending") :]
         assert not [r for r in after_rma if r.startswith("undrained")], after_rma
-        assert to_statuses(lab, ids[second.hostname])[-4:] == ["cordoned", "draining", "drained", "cordoned"]
+        assert to_statuses(lab, ids[second.hostname])[-4:] == [
+            "cordoned",
+            "draining",
+            "drained",
+            "cordoned",
+        ]
 
-        # bootstrap.yml again on the drained and the cordoned node, with a new label: both are accepted
-        # as the operator left them, at once, and stay so; the label reaches fleetd.
-        rerun = playbook(lab, inventory, "bootstrap.yml", next_bundle, control_dir,
-                         extra=("-e", "fleet_agent_wait_timeout=20", "-e", '{"fleet_agent_labels": {"rack": "r13"}}'))
+        # bootstrap.yml again on the drained and the cordoned node, with a new label: both are
+        # accepted as the operator left them, at once, and stay so; the label reaches fleetd.
+        rerun = playbook(
+            lab,
+            inventory,
+            "bootstrap.yml",
+            next_bundle,
+            control_dir,
+            extra=(
+                "-e",
+                "fleet_agent_wait_timeout=20",
+                "-e",
+                '{"fleet_agent_labels": {"rack": "r13"}}',
+            ),
+        )
         assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
         said = " ".join(rerun.stdout.split())
         assert f"node {ids[second.hostname]} is cordoned (upgrade done" in said, said[-4000:]
-        assert "cordoned as before (cordoned by admin)): it stays so, as an operator left it" in said, said[-4000:]
-        assert f"node {ids[first.hostname]} is drained (RMA pending): it stays so, as an operator left it" \
-            in said, said[-4000:]
-        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]
+        assert (
+            "cordoned as before (cordoned by admin)): it stays so, as an operator left it" in said
+        ), said[-4000:]
+        assert (
+            f"node {ids[first.hostname]} is drained (RMA pending): it stays so, as an operator "
+            f"left it" in said
+        ), said[-4000:]
+        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == [
+            "drained",
+            "cordoned",
+        ]
         for host in lab.hosts:
-            wait_until(lambda h=host: lab.api.node(ids[h.hostname])["labels"] == {"rack": "r13"}, 60,
-                       message="fleetd to learn the rerun's label")
+            wait_until(
+                lambda h=host: lab.api.node(ids[h.hostname])["labels"] == {"rack": "r13"},
+                60,
+                message="fleetd to learn the rerun's label",
+            )
 
         # The same bundle again changes nothing, and an older one is refused before any drain.
         again = playbook(lab, inventory, "upgrade.yml", next_bundle, control_dir)
-        assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values())
+        assert again.returncode == 0 and all(
+            c["changed"] == 0 for c in recap(again.stdout).values()
+        )
         older = playbook(lab, inventory, "upgrade.yml", bundle, control_dir)
-        assert older.returncode != 0 and "refusing to downgrade fleet-agent" in " ".join(older.stdout.split())
-        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == ["drained", "cordoned"]
+        assert older.returncode != 0 and "refusing to downgrade fleet-agent" in " ".join(
+            older.stdout.split()
+        )
+        assert [lab.api.node(ids[h.hostname])["status"] for h in lab.hosts] == [
+            "drained",
+            "cordoned",
+        ]
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
 
@@ -364,17 +567,59 @@ def test_a_playbook_whose_group_matches_no_host_fails_and_says_which_group(tmp_p
     inventory = tmp_path / "inventory.ini"
     inventory.write_text("[gpus]\ngpu-01 ansible_host=192.0.2.1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETD_", "FLEET_AGENT_"))}
-    env.update(ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), HOME=str(tmp_path))
-    for name in ("preflight.yml", "bootstrap.yml", "upgrade.yml", "drain.yml", "undrain.yml", "remove.yml"):
-        result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name),
-                                 "-e", "fleetd_url=http://192.0.2.2:1"], capture_output=True, text=True,
-                                timeout=300, env=env, cwd=str(tmp_path), stdin=subprocess.DEVNULL)
+    env.update(
+        ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+        HOME=str(tmp_path),
+    )
+    for name in (
+        "preflight.yml",
+        "bootstrap.yml",
+        "upgrade.yml",
+        "drain.yml",
+        "undrain.yml",
+        "remove.yml",
+    ):
+        result = subprocess.run(
+            [
+                tool("ansible-playbook"),
+                "-i",
+                str(inventory),
+                str(PLAYBOOKS / name),
+                "-e",
+                "fleetd_url=http://192.0.2.2:1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=str(tmp_path),
+            stdin=subprocess.DEVNULL,
+        )
         assert result.returncode != 0, (name, result.stdout[-2000:])
-        assert "no host in the inventory matches fleet_agents" in result.stdout, (name, result.stdout[-2000:])
+        assert "no host in the inventory matches fleet_agents" in result.stdout, (
+            name,
+            result.stdout[-2000:],
+        )
     # The group named explicitly is taken (and here unreachable, which is another failure).
-    result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "drain.yml"),
-                             "-e", "fleetd_url=http://192.0.2.2:1", "-e", "fleet_agent_target=gpus",
-                             "--syntax-check"], capture_output=True, text=True, timeout=300, env=env,
-                            cwd=str(tmp_path), stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [
+            tool("ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(PLAYBOOKS / "drain.yml"),
+            "-e",
+            "fleetd_url=http://192.0.2.2:1",
+            "-e",
+            "fleet_agent_target=gpus",
+            "--syntax-check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=str(tmp_path),
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

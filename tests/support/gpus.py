@@ -16,4 +16,7 @@ GPU_H100 = {
 
 def gpus(count, model=GPU_H100["model"]):
     """`count` distinct H100-like GPU reports."""
-    return [dict(GPU_H100, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", index=i, model=model) for i in range(count)]
+    return [
+        dict(GPU_H100, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", index=i, model=model)
+        for i in range(count)
+    ]

@@ -1,5 +1,6 @@
-"""The HTTP clients of the tests: `ApiClient` (the JSON API through Flask's test client), `UiClient` (the
-admin UI through Flask's test client, like a browser) and `Http` (requests to a real `fleetd serve`)."""
+"""The HTTP clients of the tests: `ApiClient` (the JSON API through Flask's test client), `UiClient`
+(the admin UI through Flask's test client, like a browser) and `Http` (requests to a real
+`fleetd serve`)."""
 
 import re
 
@@ -61,8 +62,8 @@ class ApiClient:
         return resp.get_json()["token"]
 
     def create_token(self, role, name=None):
-        """A new API token; its name by default `<role>-token`, then `<role>-token-2`, ... (names of live
-        tokens are unique)."""
+        """A new API token; its name by default `<role>-token`, then `<role>-token-2`, ... (names of
+        live tokens are unique)."""
         if name is None:
             self.default_names[role] = self.default_names.get(role, 0) + 1
             count = self.default_names[role]
@@ -71,7 +72,15 @@ class ApiClient:
         assert resp.status_code == 201, resp.get_json()
         return resp.get_json()["token"]
 
-    def register(self, join_token, machine_id="machine-1", hostname="gpu-host-1", gpu_count=2, expect=201, **extra):
+    def register(
+        self,
+        join_token,
+        machine_id="machine-1",
+        hostname="gpu-host-1",
+        gpu_count=2,
+        expect=201,
+        **extra,
+    ):
         body = {
             "hostname": hostname,
             "machine_id": machine_id,
@@ -92,7 +101,8 @@ class ApiClient:
         return resp.get_json()
 
     def ready_node(self, join_token, name, gpu_count=2):
-        """Register a host as `name` and heartbeat once (it is ready); returns (node id, session token)."""
+        """Register a host as `name` and heartbeat once (it is ready); returns (node id, session
+        token)."""
         reg = self.register(join_token, machine_id=name, hostname=name, gpu_count=gpu_count)
         self.heartbeat(reg["session_token"])
         return reg["node_id"], reg["session_token"]
@@ -109,14 +119,20 @@ class ApiClient:
         return resp.get_json()
 
     def acquire(self, session_token, wait_seconds=0):
-        resp = self.post("/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, token=session_token, agent=True)
+        resp = self.post(
+            "/api/v1/agent/acquire", {"wait_seconds": wait_seconds}, token=session_token, agent=True
+        )
         assert resp.status_code == 200, resp.get_json()
         return resp.get_json()["assignment"]
 
     def task_call(self, session_token, assignment, action, expect=204, **body):
         body.setdefault("epoch", assignment["epoch"])
-        resp = self.post(f"/api/v1/agent/tasks/{assignment['task_id']}/{action}", body, token=session_token,
-                         agent=True)
+        resp = self.post(
+            f"/api/v1/agent/tasks/{assignment['task_id']}/{action}",
+            body,
+            token=session_token,
+            agent=True,
+        )
         assert resp.status_code == expect, resp.get_json()
         return resp
 
@@ -177,7 +193,8 @@ class UiClient:
 
 
 class Http:
-    """requests against a real fleetd with a bearer token; `token` and `session` for callers that need them."""
+    """requests against a real fleetd with a bearer token; `token` and `session` for callers that
+    need them."""
 
     def __init__(self, url, token):
         self.url = url
@@ -185,9 +202,12 @@ class Http:
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
 
-    def __call__(self, method, path, expect=None, agent_token=None, *, token=None, agent=False, **kw):
-        """One request: with `token` instead of this client's; `agent` adds the agent protocol header;
-        `agent_token` is both. Headers given in `headers` come last. `expect`: the status it must answer."""
+    def __call__(
+        self, method, path, expect=None, agent_token=None, *, token=None, agent=False, **kw
+    ):
+        """One request: with `token` instead of this client's; `agent` adds the agent protocol
+        header; `agent_token` is both. Headers given in `headers` come last. `expect`: the status it
+        must answer."""
         if agent_token:
             token, agent = agent_token, True
         headers = {}
@@ -202,6 +222,8 @@ class Http:
         return resp
 
     def create_root_fleet(self, name="lab", **body):
-        """A fleet whose admins' work runs as root on its nodes (`allow_root_tasks`): for tests of real
-        agents that are not about isolation. Returns the fleet."""
-        return self("POST", "/api/v1/fleets", expect=201, json=dict(body, name=name, allow_root_tasks=True)).json()
+        """A fleet whose admins' work runs as root on its nodes (`allow_root_tasks`): for tests of
+        real agents that are not about isolation. Returns the fleet."""
+        return self(
+            "POST", "/api/v1/fleets", expect=201, json=dict(body, name=name, allow_root_tasks=True)
+        ).json()

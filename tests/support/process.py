@@ -10,8 +10,8 @@ from tests.support.polling import wait_until
 
 
 class LoggedProcess:
-    """A child started by `_spawn` with one output stream piped; its lines are kept (`lines`, `log`) and can
-    be waited for (`wait_for_line`)."""
+    """A child started by `_spawn` with one output stream piped; its lines are kept (`lines`, `log`)
+    and can be waited for (`wait_for_line`)."""
 
     def __init__(self):
         self.proc = None
@@ -20,7 +20,8 @@ class LoggedProcess:
         self._new_line = threading.Condition()
 
     def _spawn(self, argv, env, **popen):
-        """Popen(argv) with stdout or stderr set to subprocess.PIPE in `popen`: that stream is kept."""
+        """Popen(argv) with stdout or stderr set to subprocess.PIPE in `popen`: that stream is
+        kept."""
         with self._new_line:
             self.lines, self._eof = [], False
         self.proc = subprocess.Popen(argv, text=True, env=env, **popen)
@@ -39,7 +40,8 @@ class LoggedProcess:
             self._new_line.notify_all()
 
     def wait_for_line(self, pattern, timeout=30.0, count=1):
-        """The count-th log line matching `pattern` (a regex match); AssertionError on timeout or exit."""
+        """The count-th log line matching `pattern` (a regex match); AssertionError on timeout or
+        exit."""
         regex = re.compile(pattern)
         what = f"{count} line(s) matching {pattern!r}"
 
@@ -52,7 +54,9 @@ class LoggedProcess:
             return None
 
         with self._new_line:
-            return wait_until(found, timeout, 0.5, what, pause=self._new_line.wait, details=lambda: self.log)
+            return wait_until(
+                found, timeout, 0.5, what, pause=self._new_line.wait, details=lambda: self.log
+            )
 
     @property
     def log(self):

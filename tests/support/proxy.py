@@ -62,7 +62,9 @@ class TcpProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for src, dst in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pump, args=(src, dst), name="proxy-pump", daemon=True)
+                thread = threading.Thread(
+                    target=self._pump, args=(src, dst), name="proxy-pump", daemon=True
+                )
                 thread.start()
                 self._threads.append(thread)
 
@@ -71,7 +73,9 @@ class TcpProxy:
         for _ in range(MAX_POLLS):
             if self.closed.is_set():
                 break
-            if not self.forwarding.is_set():  # cut: the bytes stay where they are, nothing is closed
+            if (
+                not self.forwarding.is_set()
+            ):  # cut: the bytes stay where they are, nothing is closed
                 self.forwarding.wait(POLL_SECONDS)
                 continue
             try:

@@ -1,6 +1,6 @@
-"""Real `fleetd serve` processes on loopback, and the fixtures that start them (exposed to every test
-package by tests/conftest.py): `data_dir`, `admin` (`fleetd init`'s first admin token), `server_factory`
-(start(**env) -> FleetdProcess; every one is killed at the end) and `server`."""
+"""Real `fleetd serve` processes on loopback, and the fixtures that start them (exposed to every
+test package by tests/conftest.py): `data_dir`, `admin` (`fleetd init`'s first admin token),
+`server_factory` (start(**env) -> FleetdProcess; every one is killed at the end) and `server`."""
 
 import os
 import subprocess
@@ -21,8 +21,8 @@ def fleetd_cmd(*args):
 
 
 class FleetdProcess(LoggedProcess):
-    """`fleetd serve` on `bind` (a free loopback port unless told otherwise); the log (stderr) is kept for
-    assertions and `url` is where it listens once started."""
+    """`fleetd serve` on `bind` (a free loopback port unless told otherwise); the log (stderr) is
+    kept for assertions and `url` is where it listens once started."""
 
     def __init__(self, data_dir, env=None, bind="127.0.0.1:0"):
         super().__init__()
@@ -32,8 +32,12 @@ class FleetdProcess(LoggedProcess):
         self.url = None
 
     def start(self):
-        self._spawn(fleetd_cmd("serve", "--bind", self.bind, "--data-dir", str(self.data_dir)), self.env,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._spawn(
+            fleetd_cmd("serve", "--bind", self.bind, "--data-dir", str(self.data_dir)),
+            self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             self.url = self.wait_for_line(r"listening on (http://\S+)", START_TIMEOUT).group(1)
         except AssertionError:
@@ -44,8 +48,14 @@ class FleetdProcess(LoggedProcess):
 
 def fleetd_init(data_dir, env=None):
     """Run `fleetd init` (with `env` added to the environment); returns the first admin token."""
-    out = subprocess.run(fleetd_cmd("init", "--data-dir", str(data_dir)), capture_output=True, text=True,
-                         timeout=60, check=True, env=dict(os.environ, **(env or {}))).stdout
+    out = subprocess.run(
+        fleetd_cmd("init", "--data-dir", str(data_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=dict(os.environ, **(env or {})),
+    ).stdout
     return out.strip().splitlines()[-1]
 
 
@@ -56,7 +66,8 @@ def data_dir(tmp_path):
 
 @pytest.fixture
 def server_factory(data_dir):
-    """start(**env) -> a started FleetdProcess over `data_dir`; every one started is killed at the end."""
+    """start(**env) -> a started FleetdProcess over `data_dir`; every one started is killed at the
+    end."""
     started = []
 
     def start(**env):

@@ -1,5 +1,5 @@
-"""A real HTTP receiver of webhook deliveries on loopback (fleetd allows 127.0.0.0/8 in tests), and its
-fixture `receiver`."""
+"""A real HTTP receiver of webhook deliveries on loopback (fleetd allows 127.0.0.0/8 in tests), and
+its fixture `receiver`."""
 
 import http.server
 import ssl
@@ -11,7 +11,8 @@ SECRET = "s3cret-for-the-receiver-0123"
 
 
 class Receiver:
-    """An HTTP server on 127.0.0.1 in a thread: records each POST, answers with the next queued status."""
+    """An HTTP server on 127.0.0.1 in a thread: records each POST, answers with the next queued
+    status."""
 
     def __init__(self, tls=None):
         """`tls`: (certificate, key) files to answer over HTTPS; the server names clients ask for
@@ -46,7 +47,9 @@ class Receiver:
             context.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
             self.url = f"https://127.0.0.1:{self.port}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def close(self):

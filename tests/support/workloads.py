@@ -32,14 +32,16 @@ GATE_WAIT = (
     "    except OSError:\n"
     "        return False\n"
     "    finally:\n"
-    "        conn.close()\n")
+    "        conn.close()\n"
+)
 
 # A task that waits for its gate (argv[1]) and exits 0.
 WAIT_FOR_GATE = "import sys\n" + GATE_WAIT + "gate_wait(sys.argv[1])\n"
 
 
 def hold(seconds=300):
-    """A Python program that runs until it is signalled, at most `seconds` (then SIGALRM ends it)."""
+    """A Python program that runs until it is signalled, at most `seconds` (then SIGALRM ends
+    it)."""
     return f"import signal\nsignal.alarm({int(seconds)})\nsignal.pause()\n"
 
 
@@ -116,38 +118,44 @@ class Gate:
 
 def ticks(interval=0.05, seconds=600):
     """A Python program that appends `<FLEET_TASK_EPOCH> <wall clock>` to the file argv[1] every
-    `interval` seconds (an interval timer, between which it blocks in `pause`), for at most `seconds`:
-    the marks say when each copy of a task ran, so a test can see whether two copies overlapped."""
-    return ("import os, signal, sys, time\n"
-            "def tick(*_):\n"
-            "    with open(sys.argv[1], 'a') as fh:\n"
-            "        fh.write(f\"{os.environ.get('FLEET_TASK_EPOCH', '')} {time.time()}\\n\")\n"
-            "signal.signal(signal.SIGALRM, tick)\n"
-            f"signal.setitimer(signal.ITIMER_REAL, {interval}, {interval})\n"
-            f"for _ in range({int(seconds / interval)}):\n"
-            "    signal.pause()\n")
+    `interval` seconds (an interval timer, between which it blocks in `pause`), for at most
+    `seconds`: the marks say when each copy of a task ran, so a test can see whether two copies
+    overlapped."""
+    return (
+        "import os, signal, sys, time\n"
+        "def tick(*_):\n"
+        "    with open(sys.argv[1], 'a') as fh:\n"
+        "        fh.write(f\"{os.environ.get('FLEET_TASK_EPOCH', '')} {time.time()}\\n\")\n"
+        "signal.signal(signal.SIGALRM, tick)\n"
+        f"signal.setitimer(signal.ITIMER_REAL, {interval}, {interval})\n"
+        f"for _ in range({int(seconds / interval)}):\n"
+        "    signal.pause()\n"
+    )
 
 
 # Parent and forked child ignore SIGTERM and print their pids, then hold until SIGKILLed (an alarm
 # bounds each at 120 s): a task that only its kill grace's end can stop.
-STUBBORN = ("import os, signal\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "child = os.fork()\n"
-            "signal.alarm(120)\n"
-            "if child == 0:\n"
-            "    signal.pause()\n"
-            "    os._exit(0)\n"
-            "print(os.getpid(), child, flush=True)\n"
-            "signal.pause()\n")
+STUBBORN = (
+    "import os, signal\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = os.fork()\n"
+    "signal.alarm(120)\n"
+    "if child == 0:\n"
+    "    signal.pause()\n"
+    "    os._exit(0)\n"
+    "print(os.getpid(), child, flush=True)\n"
+    "signal.pause()\n"
+)
 
 
 # Prints its pid, waits for the gate at argv[1] (without one: holds until stopped, 300 s at most),
 # then prints 'released' and exits 0.
-GATED = ("import os, signal, sys\n" + GATE_WAIT +
-         "print(os.getpid(), flush=True)\n"
-         "if len(sys.argv) > 1:\n"
-         "    gate_wait(sys.argv[1], 300)\n"
-         "else:\n"
-         "    signal.alarm(300)\n"
-         "    signal.pause()\n"
-         "print('released', flush=True)\n")
+GATED = (
+    "import os, signal, sys\n" + GATE_WAIT + "print(os.getpid(), flush=True)\n"
+    "if len(sys.argv) > 1:\n"
+    "    gate_wait(sys.argv[1], 300)\n"
+    "else:\n"
+    "    signal.alarm(300)\n"
+    "    signal.pause()\n"
+    "print('released', flush=True)\n"
+)

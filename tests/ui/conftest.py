@@ -1,5 +1,5 @@
-"""The admin UI through Flask's test client: fixtures of the browser-like client with cookies and CSRF tokens
-(tests/support/http.py)."""
+"""The admin UI through Flask's test client: fixtures of the browser-like client with cookies and
+CSRF tokens (tests/support/http.py)."""
 
 import pytest
 
@@ -11,7 +11,9 @@ def enrol(api, fleet="gpu-a", name="gpu-host-1", gpu_count=2):
     """A node that registered and sent its first heartbeat: (node_id, session_token)."""
     if api.get(f"/api/v1/fleets/{fleet}").status_code == 404:
         api.create_fleet(fleet)
-    reg = api.register(api.create_join_token(fleet), machine_id=name, hostname=name, gpu_count=gpu_count)
+    reg = api.register(
+        api.create_join_token(fleet), machine_id=name, hostname=name, gpu_count=gpu_count
+    )
     api.heartbeat(reg["session_token"])
     return reg["node_id"], reg["session_token"]
 
@@ -32,7 +34,8 @@ def admin_ui(app, api):
 
 @pytest.fixture
 def signed_in(app, api):
-    """Sign in a new UI client with a fresh token of this role: signed_in("submitter") -> UiClient."""
+    """Sign in a new UI client with a fresh token of this role: signed_in("submitter") ->
+    UiClient."""
 
     def make(role, name=None):
         client = UiClient(app)

@@ -35,7 +35,8 @@ def http(server, admin):  # noqa: F811
 
 @pytest.fixture
 def page(browser, server, artifacts):
-    """A fresh browser context and page in Tokyo's time zone; fails the test on any console error."""
+    """A fresh browser context and page in Tokyo's time zone; fails the test on any console
+    error."""
     with checked_page(browser, server.url, artifacts, timezone_id="Asia/Tokyo") as tab:
         yield tab
 
@@ -46,21 +47,38 @@ def enrol(http, server, fleet, hostname, gpu_count):
         http("POST", "/api/v1/fleets", json={"name": fleet}, expect=201)
     join = http("POST", f"/api/v1/fleets/{fleet}/join-tokens", json={}, expect=201).json()["token"]
     agent = {"X-Fleet-Protocol": "1"}
-    reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, headers=dict(
-        agent, Authorization=f"Bearer {join}"), json={
-        "hostname": hostname, "machine_id": hostname, "agent_version": "0.1", "address": "127.0.0.1",
-        "resources": {"cpu_count": 32, "memory_bytes": 2**37}, "gpus": gpus(gpu_count)})
+    reg = requests.post(
+        server.url + "/api/v1/agent/register",
+        timeout=30,
+        headers=dict(agent, Authorization=f"Bearer {join}"),
+        json={
+            "hostname": hostname,
+            "machine_id": hostname,
+            "agent_version": "0.1",
+            "address": "127.0.0.1",
+            "resources": {"cpu_count": 32, "memory_bytes": 2**37},
+            "gpus": gpus(gpu_count),
+        },
+    )
     assert reg.status_code == 201, reg.text
     session = reg.json()["session_token"]
-    beat = requests.post(server.url + "/api/v1/agent/heartbeat", timeout=30, json={"tasks": []},
-                         headers=dict(agent, Authorization=f"Bearer {session}"))
+    beat = requests.post(
+        server.url + "/api/v1/agent/heartbeat",
+        timeout=30,
+        json={"tasks": []},
+        headers=dict(agent, Authorization=f"Bearer {session}"),
+    )
     assert beat.status_code == 200, beat.text
     return reg.json()["node_id"], session
 
 
 def agent_call(server, session, path, body):
-    resp = requests.post(server.url + "/api/v1/agent" + path, json=body, timeout=60,
-                         headers={"Authorization": f"Bearer {session}", "X-Fleet-Protocol": "1"})
+    resp = requests.post(
+        server.url + "/api/v1/agent" + path,
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {session}", "X-Fleet-Protocol": "1"},
+    )
     assert resp.status_code in (200, 204), resp.text
     return resp.json() if resp.status_code == 200 else None
 
@@ -71,7 +89,12 @@ def start_job(http, server, session, **spec):
     job = http("POST", "/api/v1/jobs", json=spec, expect=201).json()
     assignment = agent_call(server, session, "/acquire", {"wait_seconds": 10})["assignment"]
     assert assignment is not None and assignment["job_id"] == job["id"]
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/start", {"epoch": assignment["epoch"], "pid": 42})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/start",
+        {"epoch": assignment["epoch"], "pid": 42},
+    )
     return job, assignment
 
 
@@ -91,11 +114,20 @@ def test_sign_in_and_the_overview_numbers_equal_cluster_status(page, http, serve
     a, session_a = enrol(http, server, "gpu-a", "alpha", 8)
     b, _ = enrol(http, server, "gpu-a", "beta", 2)
     enrol(http, server, "night", "gamma", 4)
-    http("PATCH", "/api/v1/fleets/night", json={"availability": {"timezone": "UTC", "windows": [
-        {"start": "00:00", "end": "00:01"}]}}, expect=200)
+    http(
+        "PATCH",
+        "/api/v1/fleets/night",
+        json={"availability": {"timezone": "UTC", "windows": [{"start": "00:00", "end": "00:01"}]}},
+        expect=200,
+    )
     http("POST", f"/api/v1/nodes/{b}/cordon", expect=200)
     start_job(http, server, session_a, name="runs", resources={"gpus": 2})
-    http("POST", "/api/v1/jobs", json={"name": "waits", "command": ["x"], "resources": {"gpus": 16}}, expect=201)
+    http(
+        "POST",
+        "/api/v1/jobs",
+        json={"name": "waits", "command": ["x"], "resources": {"gpus": 16}},
+        expect=201,
+    )
 
     sign_in(page, admin)
     status = http("GET", "/api/v1/cluster/status", expect=200).json()["gpu"]
@@ -156,16 +188,26 @@ def test_drain_a_node_from_its_page(page, http, server, admin):  # noqa: F811
 def test_cancel_a_job_from_its_page_while_its_log_follows(page, http, server, admin):  # noqa: F811
     _, session = enrol(http, server, "gpu-a", "alpha", 2)
     job, assignment = start_job(http, server, session, name="train", resources={"gpus": 1})
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/logs",
-               {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 1 loss 0.9"]]})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/logs",
+        {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 1 loss 0.9"]]},
+    )
     sign_in(page, admin)
     page.click("nav >> text=Jobs")
     shot(page, "jobs")
     page.click(f'tr[data-job="{job["id"]}"] >> text=train')
     assert "epoch 1 loss 0.9" in page.inner_text("#log-lines")
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/logs",
-               {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 2 loss 0.5"]]})
-    page.locator("#log-lines >> text=epoch 2 loss 0.5").wait_for(timeout=20_000)  # htmx polls every 2 s
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/logs",
+        {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 2 loss 0.5"]]},
+    )
+    page.locator("#log-lines >> text=epoch 2 loss 0.5").wait_for(
+        timeout=20_000
+    )  # htmx polls every 2 s
     shot(page, "job")
     page.click("#cancel")
     shot(page, "job-cancel-confirm")
@@ -174,8 +216,16 @@ def test_cancel_a_job_from_its_page_while_its_log_follows(page, http, server, ad
     # Its process runs on until the node stops it: cancelling, then cancelled.
     assert http("GET", f"/api/v1/jobs/{job['id']}", expect=200).json()["state"] == "cancelling"
     assert page.inner_text("#job-state") == "cancelling"
-    beat = agent_call(server, session, "/heartbeat", {"tasks": [
-        {"id": assignment["task_id"], "epoch": assignment["epoch"], "state": "running"}]})
+    beat = agent_call(
+        server,
+        session,
+        "/heartbeat",
+        {
+            "tasks": [
+                {"id": assignment["task_id"], "epoch": assignment["epoch"], "state": "running"}
+            ]
+        },
+    )
     assert beat["cancel"] == [assignment["task_id"]]
 
 
@@ -190,7 +240,10 @@ def test_create_a_join_token_and_read_it_once(page, http, server, admin):  # noq
     page.click("text=Create join token")
     token = page.input_value("#new-token")
     command = page.input_value("#join-command")
-    assert token.startswith("flj_") and command == f"FLEET_AGENT_JOIN_TOKEN={token} fleet-agent join --server {server.url}"
+    assert (
+        token.startswith("flj_")
+        and command == f"FLEET_AGENT_JOIN_TOKEN={token} fleet-agent join --server {server.url}"
+    )
     page.click('button[data-copy="join-command"]')
     page.locator(".copy-status").filter(has_text="op").wait_for()
     shot(page, "join-token-created")
@@ -199,19 +252,33 @@ def test_create_a_join_token_and_read_it_once(page, http, server, admin):  # noq
     assert token not in content and token.split(".")[1] not in content and "rack 7" in content
     assert page.locator("#new-token").count() == 0
     shot(page, "join-tokens")
-    reg = requests.post(server.url + "/api/v1/agent/register", timeout=30, headers={
-        "Authorization": f"Bearer {token}", "X-Fleet-Protocol": "1"}, json={
-        "hostname": "h", "machine_id": "m", "agent_version": "0.1", "address": "127.0.0.1",
-        "resources": {"cpu_count": 8, "memory_bytes": 2**34}, "gpus": gpus(1)})
+    reg = requests.post(
+        server.url + "/api/v1/agent/register",
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}", "X-Fleet-Protocol": "1"},
+        json={
+            "hostname": "h",
+            "machine_id": "m",
+            "agent_version": "0.1",
+            "address": "127.0.0.1",
+            "resources": {"cpu_count": 8, "memory_bytes": 2**34},
+            "gpus": gpus(1),
+        },
+    )
     assert reg.status_code == 201, reg.text
 
 
 def test_form_post_without_the_csrf_token_is_refused(http, server, admin):  # noqa: F811
     node_id, _ = enrol(http, server, "gpu-a", "alpha", 2)
     browser_like = requests.Session()
-    assert browser_like.post(server.url + "/ui/login", data={"token": admin}, timeout=30).status_code == 400
+    assert (
+        browser_like.post(server.url + "/ui/login", data={"token": admin}, timeout=30).status_code
+        == 400
+    )
     csrf = CSRF_RE.search(browser_like.get(server.url + "/ui/login", timeout=30).text).group(1)
-    signed = browser_like.post(server.url + "/ui/login", data={"token": admin, "csrf_token": csrf}, timeout=30)
+    signed = browser_like.post(
+        server.url + "/ui/login", data={"token": admin, "csrf_token": csrf}, timeout=30
+    )
     assert signed.status_code == 200 and "gpu-total" in signed.text
     assert CSRF_RE.search(signed.text).group(1) != csrf  # signing in starts a new CSRF token
     csrf = CSRF_RE.search(signed.text).group(1)
@@ -220,8 +287,9 @@ def test_form_post_without_the_csrf_token_is_refused(http, server, admin):  # no
     assert refused.status_code == 400 and "did not come from this site" in refused.text
     assert "Traceback" not in refused.text
     assert http("GET", f"/api/v1/nodes/{node_id}").json()["status"] == "ready"
-    accepted = browser_like.post(f"{server.url}/ui/nodes/{node_id}/drain", data=dict(form, csrf_token=csrf),
-                                 timeout=30)
+    accepted = browser_like.post(
+        f"{server.url}/ui/nodes/{node_id}/drain", data=dict(form, csrf_token=csrf), timeout=30
+    )
     assert accepted.status_code == 200
     assert http("GET", f"/api/v1/nodes/{node_id}").json()["status"] == "drained"
 
@@ -229,12 +297,22 @@ def test_form_post_without_the_csrf_token_is_refused(http, server, admin):  # no
 def test_every_page_renders_for_an_admin_without_console_errors(page, http, server, admin):  # noqa: F811
     node_id, session = enrol(http, server, "gpu-a", "alpha", 2)
     job, _ = start_job(http, server, session, name="train", resources={"gpus": 1})
-    queued = http("POST", "/api/v1/jobs", json={"name": "waits", "command": ["x"], "resources": {"gpus": 8}},
-                  expect=201).json()
+    queued = http(
+        "POST",
+        "/api/v1/jobs",
+        json={"name": "waits", "command": ["x"], "resources": {"gpus": 8}},
+        expect=201,
+    ).json()
     sign_in(page, admin)
-    pages = {"api-tokens": "/ui/api-tokens", "maintenance": "/ui/maintenance", "gpu-types": "/ui/gpu-types",
-             "job-queued": f"/ui/jobs/{queued['id']}", "job-running": f"/ui/jobs/{job['id']}",
-             "node-page": f"/ui/nodes/{node_id}", "usage": "/ui/usage"}
+    pages = {
+        "api-tokens": "/ui/api-tokens",
+        "maintenance": "/ui/maintenance",
+        "gpu-types": "/ui/gpu-types",
+        "job-queued": f"/ui/jobs/{queued['id']}",
+        "job-running": f"/ui/jobs/{job['id']}",
+        "node-page": f"/ui/nodes/{node_id}",
+        "usage": "/ui/usage",
+    }
     for name, path in pages.items():
         page.goto(path)
         assert page.locator("h1").count() == 1 and page.locator(".error-page").count() == 0, name
@@ -253,7 +331,9 @@ def _tab_to(page, selector, limit=60):
     """Press Tab until `selector` has the focus; fails if it is not reachable by keyboard."""
     for _ in range(limit):
         page.keyboard.press("Tab")
-        if page.evaluate("(sel) => document.activeElement === document.querySelector(sel)", selector):
+        if page.evaluate(
+            "(sel) => document.activeElement === document.querySelector(sel)", selector
+        ):
             return
     raise AssertionError(f"{selector} is not reachable with Tab")
 

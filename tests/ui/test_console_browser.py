@@ -1,8 +1,8 @@
-"""The console in Debian's headless Chromium (Playwright) against one real `fleetd serve` for the module: deploy
-an instance from its form and open its URL, submit a job from the form and from a YAML spec (an error beside
-the field), see a log line appear without reloading, and a submitter who sees neither another's instance nor
-the admin pages. Each test enrols its own node and cordons it at the end, so that tests sharing the server
-never get each other's work."""
+"""The console in Debian's headless Chromium (Playwright) against one real `fleetd serve` for the
+module: deploy an instance from its form and open its URL, submit a job from the form and from a
+YAML spec (an error beside the field), see a log line appear without reloading, and a submitter who
+sees neither another's instance nor the admin pages. Each test enrols its own node and cordons it at
+the end, so that tests sharing the server never get each other's work."""
 
 import re
 import threading
@@ -21,8 +21,8 @@ pytestmark = BROWSER_MARKS
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    """One fleetd for the module: (process, first admin token). Long node TTL: a slow browser step must not
-    turn the tests' nodes lost."""
+    """One fleetd for the module: (process, first admin token). Long node TTL: a slow browser step
+    must not turn the tests' nodes lost."""
     data_dir = tmp_path_factory.mktemp("console") / "fleetd-data"
     admin = fleetd_init(data_dir)
     proc = FleetdProcess(data_dir, {"FLEETD_NODE_TTL_SECONDS": "3600"}).start()
@@ -47,8 +47,8 @@ def http(server, admin):
 
 @pytest.fixture
 def node(request, http, server):
-    """A node of its own for this test, 2 GPUs, cordoned at the end so that later tests' work goes elsewhere:
-    (node id, session token)."""
+    """A node of its own for this test, 2 GPUs, cordoned at the end so that later tests' work goes
+    elsewhere: (node id, session token)."""
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40]
     node_id, session = enrol(http, server, "console", name, 2)
     yield node_id, session
@@ -69,7 +69,8 @@ def page(browser, server, artifacts):
 
 @pytest.fixture
 def workload():
-    """What the instance serves: a real HTTP server on a loopback port (its node's published host port)."""
+    """What the instance serves: a real HTTP server on a loopback port (its node's published host
+    port)."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), HelloPage)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -88,7 +89,9 @@ def _acquire(server, session):
 # ---------------------------------------------------------------- tests
 
 
-def test_deploy_an_instance_from_the_form_and_open_its_url(page, http, server, admin, node, workload):
+def test_deploy_an_instance_from_the_form_and_open_its_url(
+    page, http, server, admin, node, workload
+):
     _, session = node
     sign_in(page, admin)
     page.click("nav >> text=Instances")
@@ -113,12 +116,21 @@ def test_deploy_an_instance_from_the_form_and_open_its_url(page, http, server, a
     assert "hf_not_shown" not in page.content()
     assert page.inner_text("#instance-state") in ("pending", "starting")
 
-    # Its node starts it while the page is open; the page follows by itself and names the URL to open.
+    # Its node starts it while the page is open; the page follows by itself and names the URL to
+    # open.
     assignment = _acquire(server, session)
     assert assignment["instance"] is not None
     assert assignment["env"]["HF_TOKEN"] == "hf_not_shown" and assignment["env"]["MODEL"] == "llama"
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/start", {
-        "epoch": assignment["epoch"], "pid": 42, "ports": [{"port": 8888, "host_port": workload, "protocol": "http"}]})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/start",
+        {
+            "epoch": assignment["epoch"],
+            "pid": 42,
+            "ports": [{"port": 8888, "host_port": workload, "protocol": "http"}],
+        },
+    )
     page.locator("#instance-url a").wait_for(timeout=20_000)
     url = http("GET", f"/api/v1/instances/{inst_id}/connection?port=8888", expect=200).json()["url"]
     assert page.get_attribute("#instance-url a", "href") == url == f"http://127.0.0.1:{workload}/"
@@ -133,11 +145,17 @@ def test_deploy_an_instance_from_the_form_and_open_its_url(page, http, server, a
     assert url in page.inner_text(f'tr[data-instance="{inst_id}"]')  # the list shows the URL
     shot(page, "instances")
     http("DELETE", f"/api/v1/instances/{inst_id}")
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/finish", {
-        "epoch": assignment["epoch"], "outcome": "cancelled", "exit_code": 143})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/finish",
+        {"epoch": assignment["epoch"], "outcome": "cancelled", "exit_code": 143},
+    )
 
 
-def test_submit_a_job_from_the_form_and_watch_its_log_without_reloading(page, http, server, admin, node):
+def test_submit_a_job_from_the_form_and_watch_its_log_without_reloading(
+    page, http, server, admin, node
+):
     _, session = node
     sign_in(page, admin)
     page.goto("/ui/jobs/new")
@@ -146,7 +164,9 @@ def test_submit_a_job_from_the_form_and_watch_its_log_without_reloading(page, ht
     page.get_by_label("GPUs per node").fill("16")
     page.click("#job-check")
     assert "It never fits on the nodes enrolled now" in page.inner_text("#never-fits")
-    assert http("GET", "/api/v1/jobs?name=train", expect=200).json()["items"] == []  # nothing submitted
+    assert (
+        http("GET", "/api/v1/jobs?name=train", expect=200).json()["items"] == []
+    )  # nothing submitted
     shot(page, "job-new-never-fits")
     page.get_by_label("GPUs per node").fill("1")
     page.get_by_label("Gang size (nodes)").fill("1")
@@ -159,14 +179,29 @@ def test_submit_a_job_from_the_form_and_watch_its_log_without_reloading(page, ht
 
     assignment = _acquire(server, session)
     assert assignment["job_id"] == job_id
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/start", {"epoch": assignment["epoch"], "pid": 7})
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/logs",
-               {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 1 loss 0.91"]]})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/start",
+        {"epoch": assignment["epoch"], "pid": 7},
+    )
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/logs",
+        {"epoch": assignment["epoch"], "lines": [["stdout", "epoch 1 loss 0.91"]]},
+    )
     page.locator("#log-lines >> text=epoch 1 loss 0.91").wait_for(timeout=20_000)  # no reload
-    page.locator("#job-state", has_text="running").wait_for(timeout=20_000)  # the state too, in place
+    page.locator("#job-state", has_text="running").wait_for(
+        timeout=20_000
+    )  # the state too, in place
     shot(page, "job-log-live")
-    agent_call(server, session, f"/tasks/{assignment['task_id']}/finish", {
-        "epoch": assignment["epoch"], "outcome": "succeeded", "exit_code": 0})
+    agent_call(
+        server,
+        session,
+        f"/tasks/{assignment['task_id']}/finish",
+        {"epoch": assignment["epoch"], "outcome": "succeeded", "exit_code": 0},
+    )
     page.locator("#job-state", has_text="succeeded").wait_for(timeout=20_000)
 
 
@@ -180,7 +215,9 @@ def test_a_yaml_spec_with_an_error_shows_it_beside_the_box_then_submits(page, ht
     assert "num_nodes:" in error.inner_text()
     assert page.get_attribute("#j-spec", "aria-describedby") == "err-spec"
     shot(page, "job-new-spec-error")
-    page.get_by_label("Spec", exact=True).fill('{"name": "sweep", "command": ["python", "sweep.py"], "num_nodes": 2}')
+    page.get_by_label("Spec", exact=True).fill(
+        '{"name": "sweep", "command": ["python", "sweep.py"], "num_nodes": 2}'
+    )
     page.click("#spec-submit")
     page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f]{20}$"))
     job = http("GET", "/api/v1/jobs/" + page.url.rsplit("/", 1)[1], expect=200).json()
@@ -189,13 +226,27 @@ def test_a_yaml_spec_with_an_error_shows_it_beside_the_box_then_submits(page, ht
 
 
 def test_a_submitter_sees_neither_anothers_instance_nor_the_admin_pages(page, http, server):
-    alice = http("POST", "/api/v1/tokens", json={"name": "alice", "role": "submitter"}, expect=201).json()["token"]
-    bob = http("POST", "/api/v1/tokens", json={"name": "bob", "role": "submitter"}, expect=201).json()["token"]
-    hers = http("POST", "/api/v1/instances", token=alice, expect=201, json={
-        "name": "alices-notebook", "command": ["jupyter", "lab"], "resources": {"gpus": 64}}).json()
+    alice = http(
+        "POST", "/api/v1/tokens", json={"name": "alice", "role": "submitter"}, expect=201
+    ).json()["token"]
+    bob = http(
+        "POST", "/api/v1/tokens", json={"name": "bob", "role": "submitter"}, expect=201
+    ).json()["token"]
+    hers = http(
+        "POST",
+        "/api/v1/instances",
+        token=alice,
+        expect=201,
+        json={"name": "alices-notebook", "command": ["jupyter", "lab"], "resources": {"gpus": 64}},
+    ).json()
     sign_in(page, bob)
     nav = page.inner_text("nav")
-    assert "Instances" in nav and "API tokens" not in nav and "Join tokens" not in nav and "Maintenance" not in nav
+    assert (
+        "Instances" in nav
+        and "API tokens" not in nav
+        and "Join tokens" not in nav
+        and "Maintenance" not in nav
+    )
     page.goto("/ui/instances")
     assert page.locator(f'tr[data-instance="{hers["id"]}"]').count() == 0
     page.goto(f"/ui/instances/{hers['id']}")
@@ -211,8 +262,12 @@ def test_a_submitter_sees_neither_anothers_instance_nor_the_admin_pages(page, ht
     page.get_by_label("Command").fill("sleep infinity")
     page.click("#deploy")
     page.wait_for_url(re.compile(r"/ui/instances/[0-9a-f]{20}$"))
-    assert requests.get(server.url + "/api/v1/instances", timeout=30, headers={
-        "Authorization": f"Bearer {bob}"}).json()["items"][0]["owner"] == "bob"
+    assert (
+        requests.get(
+            server.url + "/api/v1/instances", timeout=30, headers={"Authorization": f"Bearer {bob}"}
+        ).json()["items"][0]["owner"]
+        == "bob"
+    )
     http("DELETE", f"/api/v1/instances/{hers['id']}")
 
 

@@ -1,13 +1,17 @@
-"""Hostile input to every console form through Flask's test client: a readable refusal (400) or a create, never
-a server error, never a traceback, and for a refusal nothing stored."""
+"""Hostile input to every console form through Flask's test client: a readable refusal (400) or a
+create, never a server error, never a traceback, and for a refusal nothing stored."""
 
 from tests.ui.test_console_admin import fleet_form
 from tests.ui.test_console_forms import deploy_form
 
 ODD = ["1e400", "nan", "-0", "\x00", "é" * 300, "9" * 5000, "'unbalanced", "a=b=c/udp"]
-LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)) + \
-    "name: t\ncommand: [x]\nlabels: *i\n"
+LAUGHS = (
+    "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)
+    )
+    + "name: t\ncommand: [x]\nlabels: *i\n"
+)
 
 
 def _no_server_error(resp):
@@ -18,40 +22,98 @@ def _no_server_error(resp):
 
 def test_the_deploy_form_refuses_odd_values_readably(admin_ui, api):
     admin_ui.get("/ui/instances/new")
-    for field in ("name", "gpus", "gpu_type", "image", "command", "ports", "volume_gib", "volume_mount_path", "bid",
-                  "restart", "idle_below", "idle_minutes", "priority_class", "env_name"):
+    for field in (
+        "name",
+        "gpus",
+        "gpu_type",
+        "image",
+        "command",
+        "ports",
+        "volume_gib",
+        "volume_mount_path",
+        "bid",
+        "restart",
+        "idle_below",
+        "idle_minutes",
+        "priority_class",
+        "env_name",
+    ):
         for i, value in enumerate(ODD):
-            status = _no_server_error(admin_ui.post("/ui/instances/new", deploy_form(**{
-                "name": f"{field}-{i}", field: value})))
+            status = _no_server_error(
+                admin_ui.post(
+                    "/ui/instances/new", deploy_form(**{"name": f"{field}-{i}", field: value})
+                )
+            )
             assert status in (302, 400), (field, value)
 
 
 def test_the_job_form_and_spec_box_refuse_odd_values_readably(admin_ui, api):
     admin_ui.get("/ui/jobs/new")
     base = {"mode": "fields", "name": "t", "command": "x", "gpus": "1", "num_nodes": "1"}
-    for field in ("gpus", "num_nodes", "max_runtime", "bid", "gpu_type", "fleet", "command", "name"):
+    for field in (
+        "gpus",
+        "num_nodes",
+        "max_runtime",
+        "bid",
+        "gpu_type",
+        "fleet",
+        "command",
+        "name",
+    ):
         for i, value in enumerate(ODD):  # each value once, checked or submitted in turn
             action = ("check", "submit")[i % 2]
-            _no_server_error(admin_ui.post("/ui/jobs/new", dict(base, **{field: value, "action": action})))
+            _no_server_error(
+                admin_ui.post("/ui/jobs/new", dict(base, **{field: value, "action": action}))
+            )
     before = len(api.get("/api/v1/jobs").get_json()["items"])
-    for spec in ["[" * 5000 + "]" * 5000, "{a: " * 3000 + "1" + "}" * 3000, LAUGHS, "!!python/object:os.system x",
-                 "- a\n- b", "name: t\ncommand: x", "\x00", "name: t\ncommand: [x]\nresources: {gpus: .nan}",
-                 "name: t\ncommand: [x]\nnum_nodes: 1e400"]:
+    for spec in [
+        "[" * 5000 + "]" * 5000,
+        "{a: " * 3000 + "1" + "}" * 3000,
+        LAUGHS,
+        "!!python/object:os.system x",
+        "- a\n- b",
+        "name: t\ncommand: x",
+        "\x00",
+        "name: t\ncommand: [x]\nresources: {gpus: .nan}",
+        "name: t\ncommand: [x]\nnum_nodes: 1e400",
+    ]:
         resp = admin_ui.post("/ui/jobs/new", {"mode": "spec", "action": "submit", "spec": spec})
         assert _no_server_error(resp) == 400, spec[:40]
-    assert len(api.get("/api/v1/jobs").get_json()["items"]) == before  # no refused spec stored anything
+    assert (
+        len(api.get("/api/v1/jobs").get_json()["items"]) == before
+    )  # no refused spec stored anything
 
 
 def test_the_admin_forms_refuse_odd_values_readably(admin_ui, api):
     admin_ui.get("/ui/fleets")
-    for field in ("name", "labels", "windows", "timezone", "drain_after_minutes", "allowed_images", "description"):
+    for field in (
+        "name",
+        "labels",
+        "windows",
+        "timezone",
+        "drain_after_minutes",
+        "allowed_images",
+        "description",
+    ):
         for value in ODD:
             _no_server_error(admin_ui.post("/ui/fleets", fleet_form(**{field: value})))
             _no_server_error(admin_ui.post("/ui/fleets/gpu-b", fleet_form(**{field: value})))
     for value in ODD:
-        _no_server_error(admin_ui.post("/ui/quotas", {"team": value, "priority_class": value, "max_gpus": value}))
-        _no_server_error(admin_ui.post(f"/ui/quotas/{value.strip() or 'x'}/remove", {"priority_class": value}))
-        _no_server_error(admin_ui.post("/ui/webhooks", {"url": value, "events": [value], "secret": value}))
-    for path in ("/ui/usage?days=x", "/ui/usage?team=%00", "/ui/jobs/x/log?after=x", "/ui/jobs?name=%25",
-                 "/ui/instances?fleet=%00", "/ui/webhooks/%00"):
+        _no_server_error(
+            admin_ui.post("/ui/quotas", {"team": value, "priority_class": value, "max_gpus": value})
+        )
+        _no_server_error(
+            admin_ui.post(f"/ui/quotas/{value.strip() or 'x'}/remove", {"priority_class": value})
+        )
+        _no_server_error(
+            admin_ui.post("/ui/webhooks", {"url": value, "events": [value], "secret": value})
+        )
+    for path in (
+        "/ui/usage?days=x",
+        "/ui/usage?team=%00",
+        "/ui/jobs/x/log?after=x",
+        "/ui/jobs?name=%25",
+        "/ui/instances?fleet=%00",
+        "/ui/webhooks/%00",
+    ):
         _no_server_error(admin_ui.get(path))

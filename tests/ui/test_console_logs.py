@@ -1,5 +1,6 @@
-"""Log boxes through Flask's test client: a page opens with the newest lines, "Load earlier lines" brings the
-ones before them until the start, and an instance's box follows new lines as a job's does."""
+"""Log boxes through Flask's test client: a page opens with the newest lines, "Load earlier lines"
+brings the ones before them until the start, and an instance's box follows new lines as a job's
+does."""
 
 import re
 
@@ -18,14 +19,20 @@ def _shown(text):
     return re.findall(r'<span class="rank">\d+</span>(line \d+)', text)
 
 
-def test_a_long_job_log_opens_at_its_newest_lines_and_loads_earlier_ones_to_the_start(admin_ui, api):
+def test_a_long_job_log_opens_at_its_newest_lines_and_loads_earlier_ones_to_the_start(
+    admin_ui, api
+):
     _, session = enrol(api)
     job = api.submit(name="train", command=["python", "train.py"], resources={"gpus": 1})
     assignment = api.start_task(session)
     total = logs.SHOWN + 50
-    api.task_call(session, assignment, "logs", lines=[["stdout", f"line {i}"] for i in range(total)])
+    api.task_call(
+        session, assignment, "logs", lines=[["stdout", f"line {i}"] for i in range(total)]
+    )
     page = admin_ui.text(f"/ui/jobs/{job['id']}")
-    assert _shown(page) == [f"line {i}" for i in range(50, total)]  # the newest, oldest of them first
+    assert _shown(page) == [
+        f"line {i}" for i in range(50, total)
+    ]  # the newest, oldest of them first
     earlier = admin_ui.text(_hx_get(page, "log-earlier"))
     assert 'hx-swap-oob="afterbegin:#log-lines"' in earlier
     assert _shown(earlier) == [f"line {i}" for i in range(50)]
@@ -34,7 +41,10 @@ def test_a_long_job_log_opens_at_its_newest_lines_and_loads_earlier_ones_to_the_
     # Its state and tasks change in place with the log's poll.
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     poll = admin_ui.text(_hx_get(page, "log-poller"))
-    assert '<div id="job-live" hx-swap-oob="true">' in poll and '<dd id="job-state">succeeded</dd>' in poll
+    assert (
+        '<div id="job-live" hx-swap-oob="true">' in poll
+        and '<dd id="job-state">succeeded</dd>' in poll
+    )
     assert 'id="tasks-live" hx-swap-oob="true"' in poll and "the log is complete" in poll
 
 

@@ -47,11 +47,17 @@ def test_cookie_is_secure_when_the_request_came_over_https(app, api):
     assert "Secure" in _cookie(resp)
 
 
-@pytest.mark.parametrize("token, message", [
-    ("garbage", "malformed or unknown token"),
-    ("fla_00000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "malformed or unknown token"),
-    ("", "paste an API token"),
-])
+@pytest.mark.parametrize(
+    "token, message",
+    [
+        ("garbage", "malformed or unknown token"),
+        (
+            "fla_00000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            "malformed or unknown token",
+        ),
+        ("", "paste an API token"),
+    ],
+)
 def test_sign_in_is_refused_with_a_bad_token(ui, token, message):
     resp = ui.login(token, expect=401)
     body = resp.get_data(as_text=True)
@@ -149,12 +155,18 @@ def test_session_survives_a_restart_of_fleetd(make_app, api):
 
 def test_post_without_the_csrf_token_is_refused_and_changes_nothing(admin_ui, api):
     node_id, _ = enrol(api)
-    resp = admin_ui.post(f"/ui/nodes/{node_id}/drain",
-                         {"reason": "bios", "deadline_minutes": "5", "confirm": "yes"}, csrf=False)
+    resp = admin_ui.post(
+        f"/ui/nodes/{node_id}/drain",
+        {"reason": "bios", "deadline_minutes": "5", "confirm": "yes"},
+        csrf=False,
+    )
     assert resp.status_code == 400 and "did not come from this site" in resp.get_data(as_text=True)
     assert api.node(node_id)["status"] == "ready"
-    resp = admin_ui.post(f"/ui/nodes/{node_id}/drain",
-                         {"reason": "bios", "confirm": "yes", "csrf_token": "forged"}, csrf=False)
+    resp = admin_ui.post(
+        f"/ui/nodes/{node_id}/drain",
+        {"reason": "bios", "confirm": "yes", "csrf_token": "forged"},
+        csrf=False,
+    )
     assert resp.status_code == 400 and api.node(node_id)["status"] == "ready"
 
 
@@ -164,7 +176,9 @@ def test_csrf_token_of_another_session_is_refused(app, api):
     attacker.login(api.token)
     victim.login(api.token)
     victim.get("/ui/")
-    resp = victim.post(f"/ui/nodes/{node_id}/cordon", {"confirm": "yes", "csrf_token": attacker.csrf}, csrf=False)
+    resp = victim.post(
+        f"/ui/nodes/{node_id}/cordon", {"confirm": "yes", "csrf_token": attacker.csrf}, csrf=False
+    )
     assert resp.status_code == 400 and api.node(node_id)["status"] == "ready"
 
 
@@ -205,9 +219,14 @@ def test_submitter_cannot_see_admin_pages_or_do_admin_actions(signed_in, api):
     assert client.post("/ui/join-tokens/create", {"fleet": "gpu-a"}).status_code == 403
     assert client.post("/ui/api-tokens/create", {"name": "x", "role": "admin"}).status_code == 403
     assert client.post("/ui/maintenance/liveness_sweep/run").status_code == 403
-    assert client.post("/ui/gpu-types/set", {"model": "X", "price_per_hour": "1"}).status_code == 403
+    assert (
+        client.post("/ui/gpu-types/set", {"model": "X", "price_per_hour": "1"}).status_code == 403
+    )
     assert api.node(node_id)["status"] == "ready"
-    assert [t["name"] for t in api.get("/api/v1/tokens").get_json()["items"]] == ["admin", "submitter-token"]
+    assert [t["name"] for t in api.get("/api/v1/tokens").get_json()["items"]] == [
+        "admin",
+        "submitter-token",
+    ]
 
 
 def test_metrics_role_sees_only_the_overview(signed_in, api):

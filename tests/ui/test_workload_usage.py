@@ -19,8 +19,8 @@ def node(api):
 
 def usage_section(html):
     """The text of the page's Usage section, tags dropped and spaces folded."""
-    section = html[html.index('id="usage-h"'):]
-    section = section[:section.index("</section>")]
+    section = html[html.index('id="usage-h"') :]
+    section = section[: section.index("</section>")]
     return " ".join(re.sub(r"<[^>]+>", " ", section).split())
 
 
@@ -34,8 +34,11 @@ def test_a_jobs_page_shows_what_the_ledger_accounted_of_its_run(api, admin_ui, n
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     api.run_task("usage")
     text = usage_section(admin_ui.get(f"/ui/jobs/{job['id']}").get_data(as_text=True))
-    # 2 GPUs for half an hour at 2.00 per GPU-hour; no utilisation samples came, so "used" is unknown.
-    assert "GPU-hours allocated 1.000" in text and "GPU-hours used –" in text and "cost 2.00" in text, text
+    # 2 GPUs for half an hour at 2.00 per GPU-hour; no utilisation samples came, so "used" is
+    # unknown.
+    assert (
+        "GPU-hours allocated 1.000" in text and "GPU-hours used –" in text and "cost 2.00" in text
+    ), text
     assert H100 in text and "2 " in text
 
 
@@ -49,7 +52,9 @@ def test_an_instances_page_shows_its_runs_usage_while_it_runs(api, admin_ui, nod
     assert "GPU-hours allocated 1.000" in text and "cost 2.00" in text and "running" in text, text
 
 
-def test_a_jobs_page_shows_its_ended_run_and_cost_before_the_ledgers_next_pass(api, admin_ui, node, clock):
+def test_a_jobs_page_shows_its_ended_run_and_cost_before_the_ledgers_next_pass(
+    api, admin_ui, node, clock
+):
     _node_id, session = node
     job = api.submit(resources={"gpus": 2}, team="ml")
     assignment = api.start_task(session)

@@ -23,10 +23,20 @@ def budget_view(budget, now):
     """A budget as the API shows it, with the month's use so far."""
     cost, gpu_hours = month_usage(budget.team, now)
     percent = percent_used(budget, cost, gpu_hours)
-    return {"team": budget.team, "period": "month", "month": month_of(now), "limit_cost": budget.limit_cost,
-            "limit_gpu_hours": budget.limit_gpu_hours, "on_exceed": budget.on_exceed,
-            "used_cost": round(cost, 6), "used_gpu_hours": round(gpu_hours, 6), "used_percent": round(percent, 3),
-            "exceeded": percent >= 100, "updated_at": budget.updated_at, "updated_by": budget.updated_by}
+    return {
+        "team": budget.team,
+        "period": "month",
+        "month": month_of(now),
+        "limit_cost": budget.limit_cost,
+        "limit_gpu_hours": budget.limit_gpu_hours,
+        "on_exceed": budget.on_exceed,
+        "used_cost": round(cost, 6),
+        "used_gpu_hours": round(gpu_hours, 6),
+        "used_percent": round(percent, 3),
+        "exceeded": percent >= 100,
+        "updated_at": budget.updated_at,
+        "updated_by": budget.updated_by,
+    }
 
 
 def list_budgets(rt):
@@ -38,7 +48,9 @@ def list_budgets(rt):
 def get_budget(rt, principal, team):
     """A team's budget with its month's use: admins any team's, a submitter its own team's."""
     budget = Budget.get_or_none_by_id(team)
-    if budget is None or (principal.role != "admin" and principal.team != team):  # another team's: not shown
+    if budget is None or (
+        principal.role != "admin" and principal.team != team
+    ):  # another team's: not shown
         raise NotFound(f"team {team!r} has no budget")
     return budget_view(budget, rt.clock.now())
 
@@ -47,24 +59,40 @@ def set_budget(rt, principal, team, limit_cost=None, limit_gpu_hours=None, on_ex
     """Create or replace a team's monthly budget (admin). A raised budget lets the team's waiting
     work run at once; a lowered one is acted on at the ledger's next pass."""
     if limit_cost is None and limit_gpu_hours is None:
-        raise InvalidRequest("a budget needs limit_cost or limit_gpu_hours (or both)",
-                             {"fields": {"limit_cost": ["limit_cost or limit_gpu_hours is required"]}})
+        raise InvalidRequest(
+            "a budget needs limit_cost or limit_gpu_hours (or both)",
+            {"fields": {"limit_cost": ["limit_cost or limit_gpu_hours is required"]}},
+        )
     if on_exceed not in ON_EXCEED:
-        raise InvalidRequest(f"on_exceed must be one of {', '.join(ON_EXCEED)}",
-                             {"fields": {"on_exceed": [f"one of {', '.join(ON_EXCEED)}"]}})
+        raise InvalidRequest(
+            f"on_exceed must be one of {', '.join(ON_EXCEED)}",
+            {"fields": {"on_exceed": [f"one of {', '.join(ON_EXCEED)}"]}},
+        )
     now = rt.clock.now()
     with write_transaction():
         budget = Budget.get_or_none_by_id(team)
         created = budget is None
         if created:
             budget = Budget(team=team)
-        budget.limit_cost, budget.limit_gpu_hours, budget.on_exceed = limit_cost, limit_gpu_hours, on_exceed
+        budget.limit_cost, budget.limit_gpu_hours, budget.on_exceed = (
+            limit_cost,
+            limit_gpu_hours,
+            on_exceed,
+        )
         budget.updated_at, budget.updated_by = now, principal.label
         cost, gpu_hours = month_usage(team, now)
-        budget.exceeded_month = month_of(now) if percent_used(budget, cost, gpu_hours) >= 100 else None
+        budget.exceeded_month = (
+            month_of(now) if percent_used(budget, cost, gpu_hours) >= 100 else None
+        )
         budget.save(force_insert=created)
-        record_event(now, "budget.set", "team", team, f"budget per month: cost {limit_cost}, GPU-hours "
-                                                      f"{limit_gpu_hours}, on_exceed {on_exceed}")
+        record_event(
+            now,
+            "budget.set",
+            "team",
+            team,
+            f"budget per month: cost {limit_cost}, GPU-hours "
+            f"{limit_gpu_hours}, on_exceed {on_exceed}",
+        )
     _kick(rt, team)
     return budget_view(budget, now)
 
@@ -81,7 +109,9 @@ def delete_budget(rt, principal, team):
 
 def _kick(rt, team):
     if rt.scheduler is not None:
-        rt.scheduler.kick(capacity=True, what=team_allowance(team))  # the team's waiting work may run now
+        rt.scheduler.kick(
+            capacity=True, what=team_allowance(team)
+        )  # the team's waiting work may run now
 
 
 def check_budgets(rt):
@@ -97,17 +127,33 @@ def check_budgets(rt):
                 continue
             cost, gpu_hours = month_usage(team, now)
             percent = percent_used(budget, cost, gpu_hours)
-            sent = {n.threshold for n in BudgetNotice.select(BudgetNotice.threshold).where(
-                (BudgetNotice.team == team) & (BudgetNotice.month == month))}
+            sent = {
+                n.threshold
+                for n in BudgetNotice.select(BudgetNotice.threshold).where(
+                    (BudgetNotice.team == team) & (BudgetNotice.month == month)
+                )
+            }
             for threshold in THRESHOLDS:
                 if percent >= threshold and threshold not in sent:
                     BudgetNotice.create(team=team, month=month, threshold=threshold, at=now)
-                    record_event(now, "budget.threshold", "team", team,
-                                 f"team {team} used {percent:.1f} % of its budget for {month}",
-                                 data={"team": team, "month": month, "threshold": threshold,
-                                       "used_percent": round(percent, 3), "used_cost": round(cost, 6),
-                                       "used_gpu_hours": round(gpu_hours, 6), "limit_cost": budget.limit_cost,
-                                       "limit_gpu_hours": budget.limit_gpu_hours, "on_exceed": budget.on_exceed})
+                    record_event(
+                        now,
+                        "budget.threshold",
+                        "team",
+                        team,
+                        f"team {team} used {percent:.1f} % of its budget for {month}",
+                        data={
+                            "team": team,
+                            "month": month,
+                            "threshold": threshold,
+                            "used_percent": round(percent, 3),
+                            "used_cost": round(cost, 6),
+                            "used_gpu_hours": round(gpu_hours, 6),
+                            "limit_cost": budget.limit_cost,
+                            "limit_gpu_hours": budget.limit_gpu_hours,
+                            "on_exceed": budget.on_exceed,
+                        },
+                    )
                     notices += 1
             exceeded = month if percent >= 100 else None
             if exceeded != budget.exceeded_month:
@@ -118,7 +164,9 @@ def check_budgets(rt):
             if exceeded and budget.on_exceed == "stop_spot":
                 stop.append(team)
     for team in stop:
-        _stop_spot(rt, team, f"team {team}'s budget for {month} is exceeded (on_exceed stop_spot)", now)
+        _stop_spot(
+            rt, team, f"team {team}'s budget for {month} is exceeded (on_exceed stop_spot)", now
+        )
     return {"notices": notices, "stopped_spot_teams": len(stop)}
 
 
@@ -126,12 +174,21 @@ def _stop_spot(rt, team, reason, now):
     """Stop a team's running or queued spot jobs and instances."""
     with write_transaction():
         held = []
-        for job in Job.select().where((Job.team == team) & (Job.priority_class == "spot") & Job.instance_id.is_null()
-                                      & Job.state.in_([JobState.QUEUED.value, JobState.RUNNING.value])):
+        for job in Job.select().where(
+            (Job.team == team)
+            & (Job.priority_class == "spot")
+            & Job.instance_id.is_null()
+            & Job.state.in_([JobState.QUEUED.value, JobState.RUNNING.value])
+        ):
             held += stop_job(rt, job, reason, now)
     owe_stops(rt, held)
-    spot = [i.id for i in Instance.select(Instance.id, Instance.spec, Instance.state).where(Instance.team == team)
-            if i.instance_spec.priority_class == "spot"
-            and (InstanceState(i.state).holds_run() or i.state == InstanceState.INTERRUPTED.value)]
+    spot = [
+        i.id
+        for i in Instance.select(Instance.id, Instance.spec, Instance.state).where(
+            Instance.team == team
+        )
+        if i.instance_spec.priority_class == "spot"
+        and (InstanceState(i.state).holds_run() or i.state == InstanceState.INTERRUPTED.value)
+    ]
     for instance_id in spot:
         instances.stop_by_fleetd(rt, instance_id, reason)

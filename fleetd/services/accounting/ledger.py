@@ -5,8 +5,8 @@ each pass moves every open run's row from its `accounted_until` to now (or to th
 write transactions of at most BATCH runs, adding allocated GPU-seconds, utilisation-weighted
 GPU-seconds (from the GPU samples stored in that interval), and cost at the prices in force
 (PriceChange, integrated piecewise) to the run's row and to the sums reports read (per day:
-UsageDay; per workload and day, and per workload and month: UsageWorkloadDay, UsageWorkloadMonth). A pass
-that fails or is fenced commits nothing of its batch; the next one starts again from
+UsageDay; per workload and day, and per workload and month: UsageWorkloadDay, UsageWorkloadMonth). A
+pass that fails or is fenced commits nothing of its batch; the next one starts again from
 `accounted_until`, so a restart or a failover loses and doubles nothing, and a price set later
 never rewrites what was accounted. The only write on the request path is a UsageMark as a task
 ends (a requeue clears the task's own times). Instance volumes accrue storage cost per GB-month
@@ -45,11 +45,12 @@ from fleetd.sql import Statement
 BATCH = 500  # runs accounted per write transaction
 GPU, STORAGE = "gpu", "storage"
 GB = 1_000_000_000  # storage is priced per GB (10^9 bytes) and month
-# The GPU sampler (services.fleet_ops.metrics.record_sample) stamps and commits its samples holding this lock, and a pass
-# reads its clock holding it: a sample stamped before a pass's `now` has committed before that pass reads
-# samples, and one stamped after it is the next pass's. Without it, a sample stamped just before a pass
-# began but committed after the pass read (`fleetd serve`: the sampler waits on the thread pool while the
-# pass runs, both every 60 s, at the same moments) fell before the next pass's start and never counted.
+# The GPU sampler (services.fleet_ops.metrics.record_sample) stamps and commits its samples holding
+# this lock, and a pass reads its clock holding it: a sample stamped before a pass's `now` has
+# committed before that pass reads samples, and one stamped after it is the next pass's. Without it,
+# a sample stamped just before a pass began but committed after the pass read (`fleetd serve`: the
+# sampler waits on the thread pool while the pass runs, both every 60 s, at the same moments) fell
+# before the next pass's start and never counted.
 SAMPLES_LOCK = threading.Lock()
 
 
@@ -88,7 +89,9 @@ class PriceBook:
     """Every price as it was set (PriceChange), to look up the one in force over any interval."""
 
     def __init__(self, rows):
-        self._changes: dict[tuple[str, str], list[tuple]] = {}  # (kind, model) -> [(at, price)] oldest first
+        self._changes: dict[
+            tuple[str, str], list[tuple]
+        ] = {}  # (kind, model) -> [(at, price)] oldest first
         for row in rows:
             self._changes.setdefault((row.kind, row.model), []).append((row.at, row.price))
 
@@ -121,7 +124,9 @@ def record_price(now, kind, model, price):
 
 def storage_price(when=None):
     """The storage price per GB-month in force (now, or at `when`), or None."""
-    query = PriceChange.select(PriceChange.price).where((PriceChange.kind == STORAGE) & (PriceChange.model == ""))
+    query = PriceChange.select(PriceChange.price).where(
+        (PriceChange.kind == STORAGE) & (PriceChange.model == "")
+    )
     if when is not None:
         query = query.where(PriceChange.at <= when)
     row = query.order_by(PriceChange.at.desc(), PriceChange.id.desc()).first()
@@ -134,9 +139,15 @@ def record_run_end(task, now):
     if task.started_at is None:
         return
     job = Job.select(Job.attempt).where(Job.id == task.job_id).first()
-    UsageMark.insert(task_id=task.id, epoch=task.epoch, node_id=task.node_id or "", gpus=task.gpus or [],
-                     attempt=job.attempt if job is not None else 1, started_at=task.started_at,
-                     ended_at=now).execute()
+    UsageMark.insert(
+        task_id=task.id,
+        epoch=task.epoch,
+        node_id=task.node_id or "",
+        gpus=task.gpus or [],
+        attempt=job.attempt if job is not None else 1,
+        started_at=task.started_at,
+        ended_at=now,
+    ).execute()
 
 
 def run_price(record, book, when):
@@ -170,7 +181,9 @@ class _Pass:
         self.now = now
         self.book = book or PriceBook.load()
         # model -> {key: [5 sums, attributes]}
-        self.sums: dict[type[peewee.Model], dict[tuple, list]] = {model: {} for model, _ in _ROLLUPS}
+        self.sums: dict[type[peewee.Model], dict[tuple, list]] = {
+            model: {} for model, _ in _ROLLUPS
+        }
         self.samples = {}  # uuid -> [(at, utilisation)]
 
     def load_samples(self, uuids, since):
@@ -178,22 +191,44 @@ class _Pass:
         self.samples = {}
         uuids = sorted(uuids)
         for i in range(0, len(uuids), 500):
-            query = (GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
-                     .where(GpuSample.uuid.in_(uuids[i:i + 500]) & (GpuSample.at >= since) & (GpuSample.at < self.now)
-                            & GpuSample.utilization_percent.is_null(False)).tuples().execute())
+            query = (
+                GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
+                .where(
+                    GpuSample.uuid.in_(uuids[i : i + 500])
+                    & (GpuSample.at >= since)
+                    & (GpuSample.at < self.now)
+                    & GpuSample.utilization_percent.is_null(False)
+                )
+                .tuples()
+                .execute()
+            )
             for uuid, at, util in query:
                 self.samples.setdefault(uuid, []).append((at, util))
 
     def add(self, at, kind, record, allocated=0.0, used=0.0, sampled=0.0, cost=0.0, runs=0):
         """Add to the rollups' sums of `at`'s day and month: a run's (`record` a UsageRecord, `kind`
-        its own) or an instance volume's (a StorageRecord, kind "storage", counted on the instance)."""
+        its own) or an instance volume's (a StorageRecord, kind "storage", counted on the
+        instance)."""
         day = at.date()
         workload = ("instance", record.id) if kind == STORAGE else (record.kind, record.workload_id)
-        attributes = {"team": record.team or "", "owner_token_id": record.owner_token_id, "owner": record.owner}
-        keys = {UsageDay: (day, kind, record.team or "", record.owner_token_id, record.owner, record.fleet or "",
-                           getattr(record, "gpu_model", "") or ""),
-                UsageWorkloadDay: (day, *workload, record.fleet or ""),
-                UsageWorkloadMonth: (day.replace(day=1), *workload)}
+        attributes = {
+            "team": record.team or "",
+            "owner_token_id": record.owner_token_id,
+            "owner": record.owner,
+        }
+        keys = {
+            UsageDay: (
+                day,
+                kind,
+                record.team or "",
+                record.owner_token_id,
+                record.owner,
+                record.fleet or "",
+                getattr(record, "gpu_model", "") or "",
+            ),
+            UsageWorkloadDay: (day, *workload, record.fleet or ""),
+            UsageWorkloadMonth: (day.replace(day=1), *workload),
+        }
         for model, key in keys.items():
             entry = self.sums[model].setdefault(key, [0.0, 0.0, 0.0, 0.0, 0, attributes])
             for i, value in enumerate((allocated, used, sampled, cost, runs)):
@@ -212,8 +247,10 @@ class _Pass:
                 if values:
                     sampled += share * seconds
                     used += share * seconds * min(100.0, max(0.0, sum(values) / len(values))) / 100
-            cost = sum(record.gpus * (pb - pa).total_seconds() / 3600 * (price or 0.0)
-                       for pa, pb, price in _price_pieces(record, self.book, a, b))
+            cost = sum(
+                record.gpus * (pb - pa).total_seconds() / 3600 * (price or 0.0)
+                for pa, pb, price in _price_pieces(record, self.book, a, b)
+            )
             record.gpu_seconds += allocated
             record.used_gpu_seconds += used
             record.sampled_gpu_seconds += sampled
@@ -226,18 +263,26 @@ class _Pass:
         transaction that moves the ledger's rows."""
         for model, columns in _ROLLUPS:
             sums = self.sums[model]
-            rows = [{**dict(zip(columns, key)), **(s[5] if model is not UsageDay else {}),
-                     **dict(zip(_SUMS, s[:5]))} for key, s in sums.items()]
+            rows = [
+                {
+                    **dict(zip(columns, key)),
+                    **(s[5] if model is not UsageDay else {}),
+                    **dict(zip(_SUMS, s[:5])),
+                }
+                for key, s in sums.items()
+            ]
             fields = [getattr(model, name) for name in _SUMS]
             for i in range(0, len(rows), 100):
-                model.insert_many(rows[i:i + 100]).on_conflict(
+                model.insert_many(rows[i : i + 100]).on_conflict(
                     conflict_target=[getattr(model, name) for name in columns],
-                    update={field: field + peewee.EXCLUDED[field.column_name] for field in fields}).execute()
+                    update={field: field + peewee.EXCLUDED[field.column_name] for field in fields},
+                ).execute()
             sums.clear()
 
 
 def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
-    """A ledger row for this run (not saved, nothing accounted yet), or None when its job is gone."""
+    """A ledger row for this run (not saved, nothing accounted yet), or None when its job is
+    gone."""
     task = Task.select(Task.id, Task.job, Task.rank).where(Task.id == task_id).first()
     job = Job.get_or_none_by_id(task.job_id) if task is not None else None
     if job is None:
@@ -249,14 +294,27 @@ def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
     node = Node.select(Node.fleet).where(Node.id == node_id).first() if node_id else None
     instance = job.instance_id
     return UsageRecord(
-        id=f"{task_id}.{epoch}", kind="instance" if instance else "job", workload_id=instance or job.id,
-        workload_name=job.name, task_id=task_id, job_id=job.id, rank=task.rank,
+        id=f"{task_id}.{epoch}",
+        kind="instance" if instance else "job",
+        workload_id=instance or job.id,
+        workload_name=job.name,
+        task_id=task_id,
+        job_id=job.id,
+        rank=task.rank,
         attempt=_run_number(instance) if instance else (attempt or job.attempt),
-        owner=job.owner, owner_token_id=job.owner_token_id, team=job.team or "",
-        fleet=node.fleet_id if node is not None else "", node_id=node_id or "",
-        gpu_model=model.model if model is not None else "", priority_class=job.priority_class,
-        gpus=float(requested if requested and uuids else len(uuids)), gpu_uuids=uuids,
-        bid=spec.get("bid"), started_at=started_at, accounted_until=started_at)
+        owner=job.owner,
+        owner_token_id=job.owner_token_id,
+        team=job.team or "",
+        fleet=node.fleet_id if node is not None else "",
+        node_id=node_id or "",
+        gpu_model=model.model if model is not None else "",
+        priority_class=job.priority_class,
+        gpus=float(requested if requested and uuids else len(uuids)),
+        gpu_uuids=uuids,
+        bid=spec.get("bid"),
+        started_at=started_at,
+        accounted_until=started_at,
+    )
 
 
 def _run_number(instance_id):
@@ -297,17 +355,29 @@ def _flush_ended(run, batch):
             if not marks:
                 return done
             known = _records([f"{m.task_id}.{m.epoch}" for m in marks])
-            run.load_samples({g.get("uuid") for m in marks for g in m.gpus or [] if isinstance(g, dict)},
-                             min(known[f"{m.task_id}.{m.epoch}"].accounted_until if f"{m.task_id}.{m.epoch}" in known
-                                 else m.started_at for m in marks))
+            run.load_samples(
+                {g.get("uuid") for m in marks for g in m.gpus or [] if isinstance(g, dict)},
+                min(
+                    known[f"{m.task_id}.{m.epoch}"].accounted_until
+                    if f"{m.task_id}.{m.epoch}" in known
+                    else m.started_at
+                    for m in marks
+                ),
+            )
             created: set[str] = set()
             touched: dict[str, UsageRecord] = {}
             for mark in marks:
                 key = f"{mark.task_id}.{mark.epoch}"
                 record = touched.get(key) or known.get(key)
                 if record is None:
-                    record = record_for_run(mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus,
-                                         mark.attempt)
+                    record = record_for_run(
+                        mark.task_id,
+                        mark.epoch,
+                        mark.started_at,
+                        mark.node_id,
+                        mark.gpus,
+                        mark.attempt,
+                    )
                     if record is None:
                         continue
                     created.add(key)
@@ -325,24 +395,45 @@ def _flush_ended(run, batch):
 
 def _flush_running(run, batch):
     """Account running tasks up to now, BATCH per transaction; returns how many."""
-    ids = [t.id for t in Task.select(Task.id).where((Task.state == TaskState.RUNNING.value)
-                                                    & Task.started_at.is_null(False))]
+    ids = [
+        t.id
+        for t in Task.select(Task.id).where(
+            (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)
+        )
+    ]
     for i in range(0, len(ids), batch):
         with write_transaction():
-            tasks = list(Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
-                Task.id.in_(ids[i:i + batch]) & (Task.state == TaskState.RUNNING.value)
-                & Task.started_at.is_null(False)))
+            tasks = list(
+                Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
+                    Task.id.in_(ids[i : i + batch])
+                    & (Task.state == TaskState.RUNNING.value)
+                    & Task.started_at.is_null(False)
+                )
+            )
             known = _records([f"{t.id}.{t.epoch}" for t in tasks])
-            # samples from where each run's row stands (a long run's older samples were counted before)
-            since = min((known[f"{t.id}.{t.epoch}"].accounted_until if f"{t.id}.{t.epoch}" in known else t.started_at
-                         for t in tasks if t.started_at is not None), default=run.now)  # all: the query says so
-            run.load_samples({g.get("uuid") for t in tasks for g in t.gpus or [] if isinstance(g, dict)}, since)
+            # samples from where each run's row stands (a long run's older samples were counted
+            # before)
+            since = min(
+                (
+                    known[f"{t.id}.{t.epoch}"].accounted_until
+                    if f"{t.id}.{t.epoch}" in known
+                    else t.started_at
+                    for t in tasks
+                    if t.started_at is not None
+                ),
+                default=run.now,
+            )  # all: the query says so
+            run.load_samples(
+                {g.get("uuid") for t in tasks for g in t.gpus or [] if isinstance(g, dict)}, since
+            )
             created, touched = set(), []
             for task in tasks:
                 key = f"{task.id}.{task.epoch}"
                 record = known.get(key)
                 if record is None:
-                    record = record_for_run(task.id, task.epoch, task.started_at, task.node_id, task.gpus)
+                    record = record_for_run(
+                        task.id, task.epoch, task.started_at, task.node_id, task.gpus
+                    )
                     if record is None:
                         continue
                     created.add(key)
@@ -357,21 +448,33 @@ def _flush_running(run, batch):
 # What runs_to_date reads, compiled once: a job's cost is read at every view of the job.
 def _tasks_of(v):
     """The tasks of a job, or of every run of an instance."""
-    return Task.select(Task.id).where(Task.job.in_(
-        Job.select(Job.id).where((Job.id == v("workload")) | (Job.instance_id == v("workload")))))
+    return Task.select(Task.id).where(
+        Task.job.in_(
+            Job.select(Job.id).where((Job.id == v("workload")) | (Job.instance_id == v("workload")))
+        )
+    )
 
 
-_RECORDS_OF = Statement(lambda v: UsageRecord.select().where(UsageRecord.workload_id == v("workload")))
-_MARKS_OF = Statement(lambda v: UsageMark.select().where(UsageMark.task_id.in_(_tasks_of(v))).order_by(UsageMark.id))
-_RUNNING_OF = Statement(lambda v: Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
-    Task.id.in_(_tasks_of(v)) & (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False)))
+_RECORDS_OF = Statement(
+    lambda v: UsageRecord.select().where(UsageRecord.workload_id == v("workload"))
+)
+_MARKS_OF = Statement(
+    lambda v: UsageMark.select().where(UsageMark.task_id.in_(_tasks_of(v))).order_by(UsageMark.id)
+)
+_RUNNING_OF = Statement(
+    lambda v: Task.select(Task.id, Task.epoch, Task.node, Task.gpus, Task.started_at).where(
+        Task.id.in_(_tasks_of(v))
+        & (Task.state == TaskState.RUNNING.value)
+        & Task.started_at.is_null(False)
+    )
+)
 
 
 def runs_to_date(workload_id, now, book=None, samples=False):
-    """A job's or instance's ledger rows as a pass at `now` would leave them, none saved: the runs that
-    ended since the last pass closed at their ends (their marks), the runs started since added, the others
-    carried on to `now`. `samples`: their GPUs' samples weigh the stretches added (else used and sampled
-    GPU-seconds stand where the last pass left them). Oldest first."""
+    """A job's or instance's ledger rows as a pass at `now` would leave them, none saved: the runs
+    that ended since the last pass closed at their ends (their marks), the runs started since added,
+    the others carried on to `now`. `samples`: their GPUs' samples weigh the stretches added (else
+    used and sampled GPU-seconds stand where the last pass left them). Oldest first."""
     run = _Pass(now, book)
     records = {r.id: r for r in _RECORDS_OF.rows(workload=workload_id)}
     marks = _MARKS_OF.rows(workload=workload_id)
@@ -380,7 +483,9 @@ def runs_to_date(workload_id, now, book=None, samples=False):
     for mark in marks:
         key = f"{mark.task_id}.{mark.epoch}"
         if key not in records:
-            record = record_for_run(mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus, mark.attempt)
+            record = record_for_run(
+                mark.task_id, mark.epoch, mark.started_at, mark.node_id, mark.gpus, mark.attempt
+            )
             if record is None:
                 continue
             records[key] = record
@@ -393,38 +498,61 @@ def runs_to_date(workload_id, now, book=None, samples=False):
                 records[key] = record
     open_rows = [r for r in records.values() if r.ended_at is None]
     if samples and open_rows:
-        run.load_samples({uuid for r in open_rows for uuid in r.gpu_uuids or []},
-                         min(r.accounted_until for r in open_rows))
+        run.load_samples(
+            {uuid for r in open_rows for uuid in r.gpu_uuids or []},
+            min(r.accounted_until for r in open_rows),
+        )
     for record in open_rows:
         until, ended_at = ends.get(record.id, (max(now, record.started_at), None))
         _account(run, record, until, ended_at)
-        record.price_per_hour = run_price(record, run.book, until)  # a run not a second old has one too
+        record.price_per_hour = run_price(
+            record, run.book, until
+        )  # a run not a second old has one too
     return sorted(records.values(), key=lambda r: (r.started_at, r.id))
 
 
 def _first_event(instance_id, to_status):
-    row = (Event.select(Event.at).where((Event.subject_type == "instance") & (Event.subject_id == instance_id)
-                                        & (Event.to_status == to_status)).order_by(Event.id).first())
+    row = (
+        Event.select(Event.at)
+        .where(
+            (Event.subject_type == "instance")
+            & (Event.subject_id == instance_id)
+            & (Event.to_status == to_status)
+        )
+        .order_by(Event.id)
+        .first()
+    )
     return row.at if row is not None else None
 
 
 def storage_cost(volume_bytes, book, start, end):
-    """Cost of a volume over [start, end) at the storage prices in force, per GB-month of each UTC month."""
+    """Cost of a volume over [start, end) at the storage prices in force, per GB-month of each UTC
+    month."""
     total = 0.0
     for a, b in split_days(start, end):
         for pa, pb, price in book.pieces(STORAGE, "", a, b):
-            total += volume_bytes / GB * (price or 0.0) * (pb - pa).total_seconds() / _month_seconds(pa)
+            total += (
+                volume_bytes / GB * (price or 0.0) * (pb - pa).total_seconds() / _month_seconds(pa)
+            )
     return total
 
 
 def _first_runs(instance_ids):
-    """{instance id: when its process first started}: its volume was made, and fitted on its node, then (a run
-    that never started, its volume refused for want of room on the node, left no volume to bill)."""
+    """{instance id: when its process first started}: its volume was made, and fitted on its node,
+    then (a run that never started, its volume refused for want of room on the node, left no volume
+    to bill)."""
     out: dict[str, dt.datetime] = {}
-    for subject, at in (Event.select(Event.subject_id, Event.at)
-                        .where((Event.subject_type == "instance") & Event.subject_id.in_(instance_ids)
-                               & (Event.to_status == InstanceState.RUNNING.value)).order_by(Event.id)
-                        .tuples().execute()):
+    for subject, at in (
+        Event.select(Event.subject_id, Event.at)
+        .where(
+            (Event.subject_type == "instance")
+            & Event.subject_id.in_(instance_ids)
+            & (Event.to_status == InstanceState.RUNNING.value)
+        )
+        .order_by(Event.id)
+        .tuples()
+        .execute()
+    ):
         out.setdefault(subject, at)
     return out
 
@@ -438,15 +566,20 @@ def _withdraw(run, record):
 
 
 def _flush_storage(run, batch):
-    """Account instance volumes: from their first start (the volume made) until their deletion; returns how
-    many."""
-    live = list(Instance.select(Instance.id).where((Instance.state != InstanceState.DELETED.value)
-                                                   & Instance.node_id.is_null(False)))
-    open_ids = [r.id for r in StorageRecord.select(StorageRecord.id).where(StorageRecord.ended_at.is_null())]
+    """Account instance volumes: from their first start (the volume made) until their deletion;
+    returns how many."""
+    live = list(
+        Instance.select(Instance.id).where(
+            (Instance.state != InstanceState.DELETED.value) & Instance.node_id.is_null(False)
+        )
+    )
+    open_ids = [
+        r.id for r in StorageRecord.select(StorageRecord.id).where(StorageRecord.ended_at.is_null())
+    ]
     ids = sorted({i.id for i in live} | set(open_ids))
     for i in range(0, len(ids), batch):
         with write_transaction():
-            chunk = ids[i:i + batch]
+            chunk = ids[i : i + batch]
             instances = {inst.id: inst for inst in Instance.select().where(Instance.id.in_(chunk))}
             records = {r.id: r for r in StorageRecord.select().where(StorageRecord.id.in_(chunk))}
             started = _first_runs(chunk)
@@ -459,19 +592,31 @@ def _flush_storage(run, batch):
                     if inst is None or gone or not volume or first is None:
                         continue
                     node = Node.select(Node.fleet).where(Node.id == inst.node_id).first()
-                    record = StorageRecord(id=inst.id, owner=inst.owner, owner_token_id=inst.owner_token_id,
-                                           team=inst.team or "", fleet=node.fleet_id if node is not None else "",
-                                           volume_bytes=volume, started_at=first, accounted_until=first)
+                    record = StorageRecord(
+                        id=inst.id,
+                        owner=inst.owner,
+                        owner_token_id=inst.owner_token_id,
+                        team=inst.team or "",
+                        fleet=node.fleet_id if node is not None else "",
+                        volume_bytes=volume,
+                        started_at=first,
+                        accounted_until=first,
+                    )
                     record.save(force_insert=True)
                 elif record.ended_at is not None:
                     continue
                 elif inst is not None and instance_id not in started:
-                    _withdraw(run, record)  # billed from a placement by an older fleetd: its run never started
+                    _withdraw(
+                        run, record
+                    )  # billed from a placement by an older fleetd: its run never started
                     continue
                 until = run.now
                 if gone:
-                    until = (_first_event(instance_id, InstanceState.DELETED.value) if inst is not None else None) \
-                        or run.now
+                    until = (
+                        _first_event(instance_id, InstanceState.DELETED.value)
+                        if inst is not None
+                        else None
+                    ) or run.now
                 until = max(until, record.accounted_until)
                 cost = 0.0
                 for a, b in split_days(record.accounted_until, until):

@@ -1,6 +1,6 @@
-"""Usage reports from the ledger (fleetd.services.accounting.ledger): GPU-hours allocated and used, efficiency
-and cost by team, owner, fleet, GPU model, day or workload; a workload's running cost; an instance
-volume's storage cost; the workloads holding GPUs that stay idle; the storage price.
+"""Usage reports from the ledger (fleetd.services.accounting.ledger): GPU-hours allocated and used,
+efficiency and cost by team, owner, fleet, GPU model, day or workload; a workload's running cost; an
+instance volume's storage cost; the workloads holding GPUs that stay idle; the storage price.
 
 These are plain functions (principal and runtime in, dicts out) for the API, the CLI's API
 calls and the console alike."""
@@ -44,34 +44,43 @@ MAX_WORKLOAD_ROWS = 10_000  # rows of a report by workload: the costliest
 
 def _figures(allocated, used, sampled, cost, runs):
     """A report row's figures from seconds: used and efficiency are None where no samples came."""
-    return {"gpu_hours_allocated": round(allocated / 3600, 6),
-            "gpu_hours_used": round(used / 3600, 6) if sampled else None,
-            "efficiency": round(used / sampled, 6) if sampled else None,
-            "cost": round(cost, 6), "runs": int(runs)}
+    return {
+        "gpu_hours_allocated": round(allocated / 3600, 6),
+        "gpu_hours_used": round(used / 3600, 6) if sampled else None,
+        "efficiency": round(used / sampled, 6) if sampled else None,
+        "cost": round(cost, 6),
+        "runs": int(runs),
+    }
 
 
 def report_days(now, start=None, end=None):
     """(first day, last day) of a report: `start` and `end` (dates or datetimes, UTC) at day
     granularity, both days included; by default from the first of this month to today."""
-    first = (start or dt.datetime(now.year, now.month, 1))
+    first = start or dt.datetime(now.year, now.month, 1)
     last = end or now
     first = first.date() if isinstance(first, dt.datetime) else first
     last = last.date() if isinstance(last, dt.datetime) else last
     if last < first:
         raise InvalidRequest("`to` is before `from`", {"fields": {"to": ["on or after from"]}})
     if (last - first).days > MAX_DAYS:
-        raise InvalidRequest(f"a report spans at most {MAX_DAYS} days", {"fields": {"from": ["too far back"]}})
+        raise InvalidRequest(
+            f"a report spans at most {MAX_DAYS} days", {"fields": {"from": ["too far back"]}}
+        )
     return first, last
 
 
-def usage_report(rt, principal, group_by="team", start=None, end=None, team=None, owner=None, fleet=None):
+def usage_report(
+    rt, principal, group_by="team", start=None, end=None, team=None, owner=None, fleet=None
+):
     """GPU-hours allocated and used, efficiency, cost and runs per group over whole UTC days, with
     totals: admins see everyone's, a submitter its own. `runs` counts the runs that started in the
     range; cost includes instance volumes' storage. By workload, only the MAX_WORKLOAD_ROWS
     costliest workloads are listed (the totals count them all)."""
     if group_by not in GROUP_BY:
-        raise InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}", {"fields": {"group_by": [
-            f"one of {', '.join(GROUP_BY)}"]}})
+        raise InvalidRequest(
+            f"group_by must be one of {', '.join(GROUP_BY)}",
+            {"fields": {"group_by": [f"one of {', '.join(GROUP_BY)}"]}},
+        )
     first, last = report_days(rt.clock.now(), start, end)
     own = None if principal.role == "admin" else principal.owner_id
     if group_by == "workload":
@@ -82,27 +91,49 @@ def usage_report(rt, principal, group_by="team", start=None, end=None, team=None
         for _, sums in rows:
             for i, value in enumerate(sums):
                 totals[i] += value
-    return {"from": first.isoformat(), "to": last.isoformat(), "group_by": group_by,
-            "rows": [{"group": group, **_figures(*sums)} for group, sums in rows], "totals": _figures(*totals)}
+    return {
+        "from": first.isoformat(),
+        "to": last.isoformat(),
+        "group_by": group_by,
+        "rows": [{"group": group, **_figures(*sums)} for group, sums in rows],
+        "totals": _figures(*totals),
+    }
 
 
 def _by_dimension(group_by, first, last, own, team, owner, fleet):
     column = getattr(UsageDay, group_by)
-    query = (UsageDay.select(column, fn.SUM(UsageDay.gpu_seconds), fn.SUM(UsageDay.used_gpu_seconds),
-                             fn.SUM(UsageDay.sampled_gpu_seconds), fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
-             .where((UsageDay.day >= first) & (UsageDay.day <= last)))
+    query = UsageDay.select(
+        column,
+        fn.SUM(UsageDay.gpu_seconds),
+        fn.SUM(UsageDay.used_gpu_seconds),
+        fn.SUM(UsageDay.sampled_gpu_seconds),
+        fn.SUM(UsageDay.cost),
+        fn.SUM(UsageDay.runs),
+    ).where((UsageDay.day >= first) & (UsageDay.day <= last))
     narrowed = _narrowed(UsageDay, True, own, team, owner, fleet)
     if narrowed is not True:
         query = query.where(narrowed)
     out = []
     for group, *sums in query.group_by(column).order_by(column).tuples().execute():
-        out.append((group.isoformat() if isinstance(group, dt.date) else (str(group) if group else None), sums))
+        out.append(
+            (
+                group.isoformat()
+                if isinstance(group, dt.date)
+                else (str(group) if group else None),
+                sums,
+            )
+        )
     return out
 
 
 def _narrowed(model, where, own, team, owner, fleet):
     """`where` and the filters a report was given (`own`: the submitter's token id)."""
-    for name, value in (("owner_token_id", own), ("team", team), ("owner", owner), ("fleet", fleet)):
+    for name, value in (
+        ("owner_token_id", own),
+        ("team", team),
+        ("owner", owner),
+        ("fleet", fleet),
+    ):
         if value is not None:
             field = getattr(model, name)
             where = field == value if where is True else where & (field == value)
@@ -113,26 +144,49 @@ def _by_workload(first, last, today, own, team, owner, fleet):
     """(rows, totals) by workload: the MAX_WORKLOAD_ROWS costliest, totals over all of them. A whole
     month (to today in this month) without a fleet is read from the month sums in cost order; any
     other range groups the day sums."""
-    sums = [fn.SUM(field) for field in (UsageWorkloadDay.gpu_seconds, UsageWorkloadDay.used_gpu_seconds,
-                                         UsageWorkloadDay.sampled_gpu_seconds, UsageWorkloadDay.cost,
-                                         UsageWorkloadDay.runs)]
+    sums = [
+        fn.SUM(field)
+        for field in (
+            UsageWorkloadDay.gpu_seconds,
+            UsageWorkloadDay.used_gpu_seconds,
+            UsageWorkloadDay.sampled_gpu_seconds,
+            UsageWorkloadDay.cost,
+            UsageWorkloadDay.runs,
+        )
+    ]
     query: ModelSelect[UsageWorkloadDay] | ModelSelect[UsageWorkloadMonth]
-    query = (UsageWorkloadDay.select(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id, *sums)
-             .where((UsageWorkloadDay.day >= first) & (UsageWorkloadDay.day <= last))
-             .group_by(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id).order_by(sums[3].desc()))
+    query = (
+        UsageWorkloadDay.select(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id, *sums)
+        .where((UsageWorkloadDay.day >= first) & (UsageWorkloadDay.day <= last))
+        .group_by(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id)
+        .order_by(sums[3].desc())
+    )
     if fleet is None and _whole_month(first, last, today):
-        query = (UsageWorkloadMonth.select(UsageWorkloadMonth.kind, UsageWorkloadMonth.workload_id,
-                                           UsageWorkloadMonth.gpu_seconds, UsageWorkloadMonth.used_gpu_seconds,
-                                           UsageWorkloadMonth.sampled_gpu_seconds, UsageWorkloadMonth.cost,
-                                           UsageWorkloadMonth.runs)
-                 .where(UsageWorkloadMonth.month == first).order_by(UsageWorkloadMonth.cost.desc()))
+        query = (
+            UsageWorkloadMonth.select(
+                UsageWorkloadMonth.kind,
+                UsageWorkloadMonth.workload_id,
+                UsageWorkloadMonth.gpu_seconds,
+                UsageWorkloadMonth.used_gpu_seconds,
+                UsageWorkloadMonth.sampled_gpu_seconds,
+                UsageWorkloadMonth.cost,
+                UsageWorkloadMonth.runs,
+            )
+            .where(UsageWorkloadMonth.month == first)
+            .order_by(UsageWorkloadMonth.cost.desc())
+        )
     model = query.model
     narrowed = _narrowed(model, True, own, team, owner, fleet)
     if narrowed is not True:
         query = query.where(narrowed)
-    # plain tuples from the cursor: the columns need no conversion, and peewee's costs more than the query
-    rows = [(f"{kind}/{workload}", [value or 0 for value in figures])
-            for kind, workload, *figures in model._meta.database.execute(query.limit(MAX_WORKLOAD_ROWS)).fetchall()]
+    # plain tuples from the cursor: the columns need no conversion, and peewee's costs more than the
+    # query
+    rows = [
+        (f"{kind}/{workload}", [value or 0 for value in figures])
+        for kind, workload, *figures in model._meta.database.execute(
+            query.limit(MAX_WORKLOAD_ROWS)
+        ).fetchall()
+    ]
     rows.sort(key=lambda item: (-item[1][3], item[0]))
     totals = [0.0, 0.0, 0.0, 0.0, 0]
     for _, figures in _by_dimension("kind", first, last, own, team, owner, fleet):
@@ -156,16 +210,34 @@ def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
     cost, runs}], by day then team, one query. A submitter gets its own usage only; `team` keeps
     that team's."""
     first, last = report_days(rt.clock.now(), start, end)
-    query = (UsageDay.select(UsageDay.day, UsageDay.team, fn.SUM(UsageDay.gpu_seconds),
-                             fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.sampled_gpu_seconds),
-                             fn.SUM(UsageDay.cost), fn.SUM(UsageDay.runs))
-             .where((UsageDay.day >= first) & (UsageDay.day <= last)))
-    narrowed = _narrowed(UsageDay, True, None if principal.role == "admin" else principal.owner_id, team, None, None)
+    query = UsageDay.select(
+        UsageDay.day,
+        UsageDay.team,
+        fn.SUM(UsageDay.gpu_seconds),
+        fn.SUM(UsageDay.used_gpu_seconds),
+        fn.SUM(UsageDay.sampled_gpu_seconds),
+        fn.SUM(UsageDay.cost),
+        fn.SUM(UsageDay.runs),
+    ).where((UsageDay.day >= first) & (UsageDay.day <= last))
+    narrowed = _narrowed(
+        UsageDay, True, None if principal.role == "admin" else principal.owner_id, team, None, None
+    )
     if narrowed is not True:
         query = query.where(narrowed)
-    rows = query.group_by(UsageDay.day, UsageDay.team).order_by(UsageDay.day, UsageDay.team).tuples().execute()
-    return [{"day": day.isoformat() if isinstance(day, dt.date) else str(day), "team": team or None,
-             **_figures(*sums)} for day, team, *sums in rows]
+    rows = (
+        query.group_by(UsageDay.day, UsageDay.team)
+        .order_by(UsageDay.day, UsageDay.team)
+        .tuples()
+        .execute()
+    )
+    return [
+        {
+            "day": day.isoformat() if isinstance(day, dt.date) else str(day),
+            "team": team or None,
+            **_figures(*sums),
+        }
+        for day, team, *sums in rows
+    ]
 
 
 def workload_usage(rt, principal, workload_id):
@@ -173,20 +245,39 @@ def workload_usage(rt, principal, workload_id):
     {id, attempt, node_id, fleet, gpu_model, gpus, started_at, ended_at, gpu_hours_allocated,
     gpu_hours_used, efficiency, cost}, oldest first, and their totals with the storage cost of an
     instance's volume. Admins see any workload's, a submitter its own (others read as empty)."""
-    records = runs_to_date(workload_id, rt.clock.now(), samples=True)  # ended runs to their ends, at once
+    records = runs_to_date(
+        workload_id, rt.clock.now(), samples=True
+    )  # ended runs to their ends, at once
     runs, totals = [], [0.0, 0.0, 0.0, 0.0, 0]
     for record in records:
         if principal.role != "admin" and record.owner_token_id != principal.owner_id:
             continue
-        sums = (record.gpu_seconds, record.used_gpu_seconds, record.sampled_gpu_seconds, record.cost, 1)
+        sums = (
+            record.gpu_seconds,
+            record.used_gpu_seconds,
+            record.sampled_gpu_seconds,
+            record.cost,
+            1,
+        )
         for i, value in enumerate(sums):
             totals[i] += value
-        runs.append({"id": record.id, "attempt": record.attempt, "node_id": record.node_id or None,
-                     "fleet": record.fleet or None, "gpu_model": record.gpu_model or None, "gpus": record.gpus,
-                     "started_at": isoformat(record.started_at), "ended_at": isoformat(record.ended_at),
-                     **{k: v for k, v in _figures(*sums).items() if k != "runs"}})
+        runs.append(
+            {
+                "id": record.id,
+                "attempt": record.attempt,
+                "node_id": record.node_id or None,
+                "fleet": record.fleet or None,
+                "gpu_model": record.gpu_model or None,
+                "gpus": record.gpus,
+                "started_at": isoformat(record.started_at),
+                "ended_at": isoformat(record.ended_at),
+                **{k: v for k, v in _figures(*sums).items() if k != "runs"},
+            }
+        )
     storage = StorageRecord.get_or_none_by_id(workload_id)
-    if storage is not None and (principal.role == "admin" or storage.owner_token_id == principal.owner_id):
+    if storage is not None and (
+        principal.role == "admin" or storage.owner_token_id == principal.owner_id
+    ):
         totals[3] += storage_costs(rt, [workload_id]).get(workload_id, 0.0)
     return {"workload_id": workload_id, "runs": runs, "totals": _figures(*totals)}
 
@@ -202,20 +293,24 @@ def report_csv(report):
 
 
 def workload_cost(rt, workload_id, book=None):
-    """(price per hour, cost so far) of a job or instance from the ledger as its next pass will leave it
-    (runs_to_date: ended runs to their ends, running ones to now, at the prices in force). The price is
-    its running runs'; once none runs, its last attempt's (None: unpriced, or it never ran)."""
+    """(price per hour, cost so far) of a job or instance from the ledger as its next pass will
+    leave it (runs_to_date: ended runs to their ends, running ones to now, at the prices in force).
+    The price is its running runs'; once none runs, its last attempt's (None: unpriced, or it never
+    ran)."""
     runs = runs_to_date(workload_id, rt.clock.now(), book or PriceBook.load())
     return _price_per_hour(runs), round(sum((r.cost for r in runs), 0.0), 6)
 
 
 def _price_per_hour(runs):
-    """Per hour, the runs that run now; once none does, the last run of each rank in the last attempt."""
+    """Per hour, the runs that run now; once none does, the last run of each rank in the last
+    attempt."""
     current = [r for r in runs if r.ended_at is None]
     if not current and runs:
         last = max(r.attempt for r in runs)
         by_rank = {}
-        for record in runs:  # oldest first: a requeue's later run of a rank replaces the earlier one
+        for (
+            record
+        ) in runs:  # oldest first: a requeue's later run of a rank replaces the earlier one
             if record.attempt == last:
                 by_rank[record.rank] = record
         current = list(by_rank.values())
@@ -271,27 +366,50 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
     now = rt.clock.now()
     window = now - dt.timedelta(minutes=min_minutes)
     query = Task.select(Task.id, Task.job, Task.gpus, Task.started_at).where(
-        (Task.state == TaskState.RUNNING.value) & Task.started_at.is_null(False) & (Task.started_at <= window))
+        (Task.state == TaskState.RUNNING.value)
+        & Task.started_at.is_null(False)
+        & (Task.started_at <= window)
+    )
     if principal.role != "admin":
         query = query.join(Job).where(Job.owner_token_id == principal.owner_id)
     tasks = list(query)
-    uuids = {g["uuid"] for t in tasks for g in t.gpus or [] if isinstance(g, dict) and g.get("uuid")}
+    uuids = {
+        g["uuid"] for t in tasks for g in t.gpus or [] if isinstance(g, dict) and g.get("uuid")
+    }
     samples: dict[str, list[tuple]] = {}  # uuid -> [(at, utilisation)]
     if uuids:
-        oldest = max(min(t.started_at for t in tasks if t.started_at is not None),  # all: the query says so
-                     now - dt.timedelta(days=1))
-        for uuid, at, util in (GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
-                               .where(GpuSample.uuid.in_(sorted(uuids)) & (GpuSample.at >= oldest)
-                                      & (GpuSample.at <= now) & GpuSample.utilization_percent.is_null(False))
-                               .tuples().execute()):
+        oldest = max(
+            min(t.started_at for t in tasks if t.started_at is not None),  # all: the query says so
+            now - dt.timedelta(days=1),
+        )
+        for uuid, at, util in (
+            GpuSample.select(GpuSample.uuid, GpuSample.at, GpuSample.utilization_percent)
+            .where(
+                GpuSample.uuid.in_(sorted(uuids))
+                & (GpuSample.at >= oldest)
+                & (GpuSample.at <= now)
+                & GpuSample.utilization_percent.is_null(False)
+            )
+            .tuples()
+            .execute()
+        ):
             samples.setdefault(uuid, []).append((at, util))
-    jobs = {j.id: j for j in Job.select().where(Job.id.in_([t.job_id for t in tasks]))} if tasks else {}
+    jobs = (
+        {j.id: j for j in Job.select().where(Job.id.in_([t.job_id for t in tasks]))}
+        if tasks
+        else {}
+    )
     by_workload: dict[str, dict] = {}  # instance or job id -> its row
     book = PriceBook.load()
     for task in tasks:
         job = jobs.get(task.job_id)
         held = [g["uuid"] for g in task.gpus or [] if isinstance(g, dict) and g.get("uuid")]
-        readings = [(at, util) for uuid in held for at, util in samples.get(uuid, ()) if at >= task.started_at]
+        readings = [
+            (at, util)
+            for uuid in held
+            for at, util in samples.get(uuid, ())
+            if at >= task.started_at
+        ]
         if job is None or not readings or max(at for at, _ in readings) < window:
             continue
         busy = [at for at, util in readings if util >= below_percent]
@@ -306,9 +424,16 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
                 inst = Instance.select(Instance.name).where(Instance.id == job.instance_id).first()
                 name = inst.name if inst is not None else name
             entry = by_workload[key] = {
-                "kind": "instance" if job.instance_id else "job", "id": key, "name": name, "owner": job.owner,
-                "team": job.team, "gpus": 0.0, "idle_minutes": 0.0, "idle_since": None,
-                "cost_so_far": workload_cost(rt, key, book)[1]}
+                "kind": "instance" if job.instance_id else "job",
+                "id": key,
+                "name": name,
+                "owner": job.owner,
+                "team": job.team,
+                "gpus": 0.0,
+                "idle_minutes": 0.0,
+                "idle_since": None,
+                "cost_so_far": workload_cost(rt, key, book)[1],
+            }
         entry["gpus"] += float((job.spec.get("resources") or {}).get("gpus") or len(held))
         minutes = round((now - since).total_seconds() / 60, 3)
         if minutes > entry["idle_minutes"]:
@@ -316,7 +441,9 @@ def idle_workloads(rt, principal, min_minutes=30, below_percent=10.0):
     return sorted(by_workload.values(), key=lambda e: (-e["idle_minutes"], e["id"]))
 
 
-MAX_TEAM_LABELS = 50  # the first teams seen (the costliest first) get their own series; later ones are "other"
+MAX_TEAM_LABELS = (
+    50  # the first teams seen (the costliest first) get their own series; later ones are "other"
+)
 MAX_FLEET_LABELS = 100
 
 
@@ -343,9 +470,17 @@ class UsageCollector:
         now = self.rt.clock.monotonic()
         if self._cached is not None and now - self._cached[0] < self.cache_seconds:
             return self._cached[1]
-        rows = list(UsageDay.select(UsageDay.team, UsageDay.fleet, fn.SUM(UsageDay.gpu_seconds),
-                                    fn.SUM(UsageDay.used_gpu_seconds), fn.SUM(UsageDay.cost))
-                    .group_by(UsageDay.team, UsageDay.fleet).tuples())
+        rows = list(
+            UsageDay.select(
+                UsageDay.team,
+                UsageDay.fleet,
+                fn.SUM(UsageDay.gpu_seconds),
+                fn.SUM(UsageDay.used_gpu_seconds),
+                fn.SUM(UsageDay.cost),
+            )
+            .group_by(UsageDay.team, UsageDay.fleet)
+            .tuples()
+        )
         self._cached = (now, rows)
         return rows
 
@@ -360,15 +495,31 @@ class UsageCollector:
         _give_labels(self._fleets, fleets, MAX_FLEET_LABELS)
         sums: dict[tuple[str, str], list[float]] = {}
         for team, fleet, allocated, used, cost in rows:
-            key = (team if team in self._teams else "other", fleet if fleet in self._fleets else "other")
+            key = (
+                team if team in self._teams else "other",
+                fleet if fleet in self._fleets else "other",
+            )
             entry = sums.setdefault(key, [0.0, 0.0, 0.0])
             entry[0] += allocated or 0.0
             entry[1] += used or 0.0
             entry[2] += cost or 0.0
-        families = [CounterMetricFamily(name, text, labels=["team", "fleet"]) for name, text in (
-            ("fleetd_usage_allocated_gpu_seconds", "GPU-seconds allocated to workloads, from the usage ledger."),
-            ("fleetd_usage_used_gpu_seconds", "Utilisation-weighted GPU-seconds (where GPU samples came)."),
-            ("fleetd_usage_cost", "Cost accounted by the usage ledger (GPU time and instance storage)."))]
+        families = [
+            CounterMetricFamily(name, text, labels=["team", "fleet"])
+            for name, text in (
+                (
+                    "fleetd_usage_allocated_gpu_seconds",
+                    "GPU-seconds allocated to workloads, from the usage ledger.",
+                ),
+                (
+                    "fleetd_usage_used_gpu_seconds",
+                    "Utilisation-weighted GPU-seconds (where GPU samples came).",
+                ),
+                (
+                    "fleetd_usage_cost",
+                    "Cost accounted by the usage ledger (GPU time and instance storage).",
+                ),
+            )
+        ]
         for (team, fleet), values in sorted(sums.items()):
             for family, value in zip(families, values):
                 family.add_metric([team or "", fleet or ""], value)

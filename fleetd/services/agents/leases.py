@@ -1,5 +1,5 @@
-"""Leases: a node's running tasks renewed by its heartbeats, what it reports checked against what fleetd
-holds, and the tasks whose lease ran out ended."""
+"""Leases: a node's running tasks renewed by its heartbeats, what it reports checked against what
+fleetd holds, and the tasks whose lease ran out ended."""
 
 import datetime as dt
 
@@ -17,8 +17,11 @@ from fleetd.sql import Statement
 
 def _renewed_elsewhere(rt, task, now):
     """True when another replica wrote down a renewal of the task's lease within its TTL."""
-    return (rt.leader.shared and task.renewed_at is not None
-            and (now - task.renewed_at).total_seconds() <= rt.leases.ttl)
+    return (
+        rt.leader.shared
+        and task.renewed_at is not None
+        and (now - task.renewed_at).total_seconds() <= rt.leases.ttl
+    )
 
 
 def record_lease_renewals(renewals):
@@ -31,14 +34,18 @@ def record_lease_renewals(renewals):
     return len(renewals)
 
 
-_RENEWED = Statement(lambda v: Task.update(renewed_at=v("at", Task.renewed_at))
-                     .where((Task.id == v("id")) & (Task.epoch == v("epoch"))))
+_RENEWED = Statement(
+    lambda v: Task.update(renewed_at=v("at", Task.renewed_at)).where(
+        (Task.id == v("id")) & (Task.epoch == v("epoch"))
+    )
+)
 
 
 def reconcile_reported_tasks(rt, node, reported):
-    """`reported`: the heartbeat's TaskReports (fleetwire.heartbeat). Renew the leases of tasks this node really holds; return the ids it must stop (the
-    fallback for stops that its acquire did not deliver). A task of a cancelling job is not
-    renewed: if its node never reports the end, its lease expires and settles it."""
+    """`reported`: the heartbeat's TaskReports (fleetwire.heartbeat). Renew the leases of tasks this
+    node really holds; return the ids it must stop (the fallback for stops that its acquire did not
+    deliver). A task of a cancelling job is not renewed: if its node never reports the end, its
+    lease expires and settles it."""
     if not reported:
         return []
     current = {row["id"]: row for row in stop_rows([r.id for r in reported])}
@@ -54,7 +61,9 @@ def reconcile_reported_tasks(rt, node, reported):
     return cancel
 
 
-DELIVERY_GRACE_INTERVALS = 2  # heartbeats a node may send, after a task reached it, before it lists the task
+DELIVERY_GRACE_INTERVALS = (
+    2  # heartbeats a node may send, after a task reached it, before it lists the task
+)
 
 
 def expire_leases(rt):
@@ -69,8 +78,17 @@ def expire_leases(rt):
         return {"expired": 0, "reconciled": 0}
     now = rt.clock.now()
     grace = DELIVERY_GRACE_INTERVALS * rt.liveness.longest_interval()
-    active = list(Task.select(Task.id, Task.epoch, Task.node, Task.state, Task.delivered_at, Task.started_at,
-                              Task.renewed_at).where(Task.state.in_(ACTIVE_TASK_STATES)))
+    active = list(
+        Task.select(
+            Task.id,
+            Task.epoch,
+            Task.node,
+            Task.state,
+            Task.delivered_at,
+            Task.started_at,
+            Task.renewed_at,
+        ).where(Task.state.in_(ACTIVE_TASK_STATES))
+    )
     verdicts = []
     for t in active:
         if rt.leases.expired(t.id, t.epoch) and not _renewed_elsewhere(rt, t, now):
@@ -79,9 +97,15 @@ def expire_leases(rt):
         unlisted = _unlisted(rt, t, grace)
         if unlisted is not None:
             since, heard = unlisted
-            verdicts.append((t, "reconciled", f"reconciled: node {t.node_id} is alive and has not listed the task "
-                                              f"since {isoformat(since)} (its heartbeat at {isoformat(heard)} did "
-                                              "not)"))
+            verdicts.append(
+                (
+                    t,
+                    "reconciled",
+                    f"reconciled: node {t.node_id} is alive and has not listed the task "
+                    f"since {isoformat(since)} (its heartbeat at {isoformat(heard)} did "
+                    "not)",
+                )
+            )
     ended, counts = set(), {"expired": 0, "reconciled": 0}  # (job id, the node its task ended on)
     for stale, kind, reason in verdicts:
         with write_transaction():
@@ -116,5 +140,7 @@ def _unlisted(rt, task, grace):
     if since is None or (seen.at - since).total_seconds() <= grace:
         return None
     renewed_ago = rt.clock.monotonic() - rt.leases.last_renewed(task.id, task.epoch)
-    since = max(since, rt.clock.now() - dt.timedelta(seconds=renewed_ago))  # a listing renews in memory only
+    since = max(
+        since, rt.clock.now() - dt.timedelta(seconds=renewed_ago)
+    )  # a listing renews in memory only
     return since, seen.at

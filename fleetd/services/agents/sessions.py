@@ -30,9 +30,13 @@ from fleetd.sql import Statement
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply
 from fleetwire.registration import Registered
 
-_NODE_OF_MACHINE = Statement(lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1))
+_NODE_OF_MACHINE = Statement(
+    lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1)
+)
 CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
-AGENT_DRAINING = "agent draining"  # the reason of a cordon the agent asked for (heartbeat draining: true)
+AGENT_DRAINING = (
+    "agent draining"  # the reason of a cordon the agent asked for (heartbeat draining: true)
+)
 
 
 def stored_capabilities(reported):
@@ -44,8 +48,9 @@ def stored_capabilities(reported):
 
 
 def register_node(rt, join_token_id, reg):
-    """Admit a host with a join token (`reg`: a fleetwire Registration); the same machine_id gets its
-    old node and a new session. Returns the fleetwire Registered (the session token shown once)."""
+    """Admit a host with a join token (`reg`: a fleetwire Registration); the same machine_id gets
+    its old node and a new session. Returns the fleetwire Registered (the session token shown
+    once)."""
     now = rt.clock.now()
     session_id, session_token = make_token(NODE_PREFIX)
     capabilities = reg.capabilities or {}
@@ -70,7 +75,9 @@ def register_node(rt, join_token_id, reg):
         last_heartbeat_at=now,
     )
     with write_transaction():
-        token = JoinToken.get_or_none_by_id(join_token_id)  # checked when the request was authenticated
+        token = JoinToken.get_or_none_by_id(
+            join_token_id
+        )  # checked when the request was authenticated
         if token is None:
             raise Unauthorized("join token expired, revoked or used up")
         node = _NODE_OF_MACHINE.first(machine_id=reg.machine_id)
@@ -87,11 +94,25 @@ def register_node(rt, join_token_id, reg):
                 registered_at=now,
                 **fields,
             )
-            again = "" if retired is None else \
-                f" again, under the id its host had until its node was deleted ({retired.retired_at.isoformat()}Z)"
+            again = (
+                ""
+                if retired is None
+                else (
+                    f" again, under the id its host had until its node was deleted "
+                    f"({retired.retired_at.isoformat()}Z)"
+                )
+            )
             hosts.forget(retired)
-            record_event(now, "node.registered", "node", node.id, f"registered in fleet {token.fleet_id}{again}", None,
-                         NodeStatus.PENDING.value, actor=f"node:{node.id}")
+            record_event(
+                now,
+                "node.registered",
+                "node",
+                node.id,
+                f"registered in fleet {token.fleet_id}{again}",
+                None,
+                NodeStatus.PENDING.value,
+                actor=f"node:{node.id}",
+            )
         else:
             moved = node.fleet_id != token.fleet_id
             reason = f"re-registered by {fields['hostname']}; previous session invalidated"
@@ -99,15 +120,33 @@ def register_node(rt, join_token_id, reg):
                 reason += f"; moved from fleet {node.fleet_id} to {token.fleet_id}"
             for name, value in fields.items():
                 setattr(node, name, value)
-            node.labels = merged_labels(node.agent_labels, node.label_overrides)  # those set through the API stay
+            node.labels = merged_labels(
+                node.agent_labels, node.label_overrides
+            )  # those set through the API stay
             node.fleet = token.fleet_id
             node.save()
-            record_event(now, "node.registered", "node", node.id, reason, node.status, node.status,
-                         actor=f"node:{node.id}")
+            record_event(
+                now,
+                "node.registered",
+                "node",
+                node.id,
+                reason,
+                node.status,
+                node.status,
+                actor=f"node:{node.id}",
+            )
             if node.status == NodeStatus.REVOKED.value:
-                switch_node_status(rt, node, NodeStatus.PENDING, "re-enrolled with a new join token", now,
-                                   actor=f"node:{node.id}")
-        with acting_as(f"node:{node.id}"):  # the host reports its GPUs (its principal is the join token)
+                switch_node_status(
+                    rt,
+                    node,
+                    NodeStatus.PENDING,
+                    "re-enrolled with a new join token",
+                    now,
+                    actor=f"node:{node.id}",
+                )
+        with acting_as(
+            f"node:{node.id}"
+        ):  # the host reports its GPUs (its principal is the join token)
             replace_gpus(node, list(reg.gpus), now)
         # Last: its conditional UPDATE is what admits one host per use, and it locks the token's row
         # until commit. Taken first, every other registration with this token (a storm) waited for
@@ -115,12 +154,22 @@ def register_node(rt, join_token_id, reg):
         if not consume_join_token(now, join_token_id):
             raise Unauthorized("join token expired, revoked or used up")
     rt.liveness.touch(node.id)
-    return Registered(node_id=node.id, fleet=node.fleet_id, session_token=session_token,
-                      heartbeat_interval_seconds=rt.liveness.heartbeat_interval())
+    return Registered(
+        node_id=node.id,
+        fleet=node.fleet_id,
+        session_token=session_token,
+        heartbeat_interval_seconds=rt.liveness.heartbeat_interval(),
+    )
 
 
-_LIVE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED.value,
-         NodeStatus.VALIDATING.value, NodeStatus.FAILED_VALIDATION.value)
+_LIVE = (
+    NodeStatus.READY.value,
+    NodeStatus.CORDONED.value,
+    NodeStatus.DRAINING.value,
+    NodeStatus.DRAINED.value,
+    NodeStatus.VALIDATING.value,
+    NodeStatus.FAILED_VALIDATION.value,
+)
 
 
 def _check_takeover(rt, node, fleet):
@@ -133,15 +182,23 @@ def _check_takeover(rt, node, fleet):
     if node.status == NodeStatus.REVOKED.value:
         return
     if node.fleet_id != fleet:
-        raise Conflict(f"this machine is enrolled as node {node.id} in fleet {node.fleet_id}; a join token of "
-                       f"fleet {fleet} cannot take it over (an admin must revoke or delete that node first)",
-                       {"node_id": node.id, "reason": "other_fleet"})
+        raise Conflict(
+            f"this machine is enrolled as node {node.id} in fleet {node.fleet_id}; a join token of "
+            f"fleet {fleet} cannot take it over (an admin must revoke or delete that node first)",
+            {"node_id": node.id, "reason": "other_fleet"},
+        )
     seen = rt.liveness.get(node.id)
-    if node.status in _LIVE and seen is not None and rt.clock.monotonic() - seen.monotonic < rt.settings.node_ttl_seconds:
-        raise Conflict(f"node {node.id} with this machine id is alive (it heartbeated "
-                       f"{rt.clock.monotonic() - seen.monotonic:.0f} s ago); stop its agent and retry after "
-                       f"{rt.settings.node_ttl_seconds:g} s, or have an admin revoke it first",
-                       {"node_id": node.id, "reason": "alive"})
+    if (
+        node.status in _LIVE
+        and seen is not None
+        and rt.clock.monotonic() - seen.monotonic < rt.settings.node_ttl_seconds
+    ):
+        raise Conflict(
+            f"node {node.id} with this machine id is alive (it heartbeated "
+            f"{rt.clock.monotonic() - seen.monotonic:.0f} s ago); stop its agent and retry after "
+            f"{rt.settings.node_ttl_seconds:g} s, or have an admin revoke it first",
+            {"node_id": node.id, "reason": "alive"},
+        )
 
 
 @dataclasses.dataclass
@@ -160,8 +217,9 @@ class Beat:
 
     def new_agent(self):
         beat, node = self.beat, self.node
-        return (beat.agent_version is not None and beat.agent_version != node.agent_version) or \
-            (beat.bundle_sha256 is not None and beat.bundle_sha256 != node.bundle_sha256)
+        return (beat.agent_version is not None and beat.agent_version != node.agent_version) or (
+            beat.bundle_sha256 is not None and beat.bundle_sha256 != node.bundle_sha256
+        )
 
     def new_labels(self):
         return self.beat.labels is not None and self.beat.labels != self.node.agent_labels
@@ -177,8 +235,12 @@ def heartbeat(rt, node, beat):
     """
     if node.status == NodeStatus.REVOKED.value:
         rt.liveness.forget(node.id)
-        return HeartbeatReply(status=node.status, revoked=True, cancel=tuple(t.id for t in beat.tasks),
-                              heartbeat_interval_seconds=rt.liveness.heartbeat_interval())
+        return HeartbeatReply(
+            status=node.status,
+            revoked=True,
+            cancel=tuple(t.id for t in beat.tasks),
+            heartbeat_interval_seconds=rt.liveness.heartbeat_interval(),
+        )
     cancel = renew(rt, node, beat)
     step = Beat(rt, node, beat, rt.clock.now())
     learn(step)
@@ -189,24 +251,37 @@ def heartbeat(rt, node, beat):
             for apply in STEPS:
                 changed = apply(step) or changed  # every step runs; any may say capacity changed
     node, now = step.node, step.now
-    if node.status == NodeStatus.DRAINING.value and node.drain_deadline is not None and node.drain_deadline <= now:
-        settle_drain_of(rt, node.id)  # the leader stops what is left, fenced; another replica leaves it
+    if (
+        node.status == NodeStatus.DRAINING.value
+        and node.drain_deadline is not None
+        and node.drain_deadline <= now
+    ):
+        settle_drain_of(
+            rt, node.id
+        )  # the leader stops what is left, fenced; another replica leaves it
     if changed and rt.scheduler is not None:
         rt.scheduler.kick(what=node_changed(node))  # new or returning capacity
     # First: a validation past its deadline fails here, and the answer's status says so.
     suite = validation.heartbeat_validation(rt, node, now)  # the suite to run while validating
     return HeartbeatReply(
-        status=node.status, drain=node.drain, cancel=tuple(cancel),
-        delete_volumes=tuple(instances.volumes_to_delete(node.id, list(beat.volumes))) if beat.volumes else (),
+        status=node.status,
+        drain=node.drain,
+        cancel=tuple(cancel),
+        delete_volumes=tuple(instances.volumes_to_delete(node.id, list(beat.volumes)))
+        if beat.volumes
+        else (),
         heartbeat_interval_seconds=rt.liveness.heartbeat_interval(),
         # The node stops its job tasks before this runs out unheard (agent/lease.py): told on every
         # answer, widened with the interval just given.
-        lease_seconds=rt.leases.ttl, validation=suite)
+        lease_seconds=rt.leases.ttl,
+        validation=suite,
+    )
 
 
 def renew(rt, node, beat):
     """What every heartbeat does, in memory or without a transaction of its own: liveness, the
-    leases of the tasks it lists (returns those it must stop), its instances' figures, its volumes."""
+    leases of the tasks it lists (returns those it must stop), its instances' figures, its
+    volumes."""
     rt.liveness.touch(node.id, beat.tasks, beat.metrics)
     cancel = reconcile_reported_tasks(rt, node, beat.tasks)
     if beat.instances:
@@ -222,20 +297,31 @@ def learn(step):
     reported = beat.capabilities
     step.runtime = (reported or {}).get("container_runtime", node.container_runtime)
     step.capabilities = node.capabilities if reported is None else stored_capabilities(reported)
-    step.gpu_status = learned_gpu_status(node, None if beat.gpus is None else list(beat.gpus), beat.metrics)
+    step.gpu_status = learned_gpu_status(
+        node, None if beat.gpus is None else list(beat.gpus), beat.metrics
+    )
 
 
 def needs_write(step):
-    """True when the node's row must change (or its status may): else the heartbeat writes nothing."""
+    """True when the node's row must change (or its status may): else the heartbeat writes
+    nothing."""
     node = step.node
-    return step.new_agent() or step.new_labels() or step.beat.gpus is not None or \
-        step.runtime != node.container_runtime or step.gpu_status is not None or \
-        step.capabilities != node.capabilities or agent_drain_step(node, step.beat.draining) is not None or \
-        node.status in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value)
+    return (
+        step.new_agent()
+        or step.new_labels()
+        or step.beat.gpus is not None
+        or step.runtime != node.container_runtime
+        or step.gpu_status is not None
+        or step.capabilities != node.capabilities
+        or agent_drain_step(node, step.beat.draining) is not None
+        or node.status
+        in (NodeStatus.PENDING.value, NodeStatus.LOST.value, NodeStatus.DRAINING.value)
+    )
 
 
 # The steps of a heartbeat that writes, in order, inside one transaction. Each takes the Beat and
 # returns True when the node's capacity changed (the scheduler is kicked after the commit).
+
 
 def step_gpu_status(step):
     if step.gpu_status is not None:
@@ -248,8 +334,12 @@ def step_agent_version(step):
     """An in-place upgrade (or downgrade) keeps the node: fleetd learns the new version here."""
     if step.new_agent():
         node, beat = step.node, step.beat
-        node.agent_version = beat.agent_version if beat.agent_version is not None else node.agent_version
-        node.bundle_sha256 = beat.bundle_sha256 if beat.bundle_sha256 is not None else node.bundle_sha256
+        node.agent_version = (
+            beat.agent_version if beat.agent_version is not None else node.agent_version
+        )
+        node.bundle_sha256 = (
+            beat.bundle_sha256 if beat.bundle_sha256 is not None else node.bundle_sha256
+        )
         node.save()
     return False
 
@@ -277,7 +367,8 @@ def step_capabilities(step):
 
 
 def step_first_or_returning(step):
-    """A pending node's first heartbeat (ready, or validating in a gated fleet); a lost node's return."""
+    """A pending node's first heartbeat (ready, or validating in a gated fleet); a lost node's
+    return."""
     node = step.node
     if node.status == NodeStatus.PENDING.value:
         validation.gate_first_heartbeat(step.rt, node, step.now)
@@ -295,31 +386,52 @@ def step_agent_drain(step):
     to = agent_drain_step(step.node, step.beat.draining)
     if to is None:
         return False
-    switch_node_status(step.rt, step.node, to, AGENT_DRAINING if to == NodeStatus.CORDONED else "agent no longer draining",
-                       step.now)
+    switch_node_status(
+        step.rt,
+        step.node,
+        to,
+        AGENT_DRAINING if to == NodeStatus.CORDONED else "agent no longer draining",
+        step.now,
+    )
     return True
 
 
 def step_health(step):
-    return bool(apply_health_policy(step.rt, step.node, step.now, step.gpu_change, step.beat.gpus is not None,
-                                    step.joined))
+    return bool(
+        apply_health_policy(
+            step.rt, step.node, step.now, step.gpu_change, step.beat.gpus is not None, step.joined
+        )
+    )
 
 
 def step_drain(step):
     return settle_drain(step.rt, step.node, step.now, deadline=False) is not None
 
 
-STEPS = (step_gpu_status, step_agent_version, step_agent_labels, step_gpus, step_capabilities,
-         step_first_or_returning, step_agent_drain, step_health, step_drain)
+STEPS = (
+    step_gpu_status,
+    step_agent_version,
+    step_agent_labels,
+    step_gpus,
+    step_capabilities,
+    step_first_or_returning,
+    step_agent_drain,
+    step_health,
+    step_drain,
+)
 
 
 def agent_drain_step(node, draining):
-    """The status a heartbeat's `draining` moves the node to, or None: a ready node whose agent says it
-    is draining is cordoned (reason "agent draining"); that cordon, and only that one (an admin's stays),
-    ends when the agent says it no longer is. Without the field nothing changes."""
+    """The status a heartbeat's `draining` moves the node to, or None: a ready node whose agent says
+    it is draining is cordoned (reason "agent draining"); that cordon, and only that one (an admin's
+    stays), ends when the agent says it no longer is. Without the field nothing changes."""
     if draining is True and node.status == NodeStatus.READY.value:
         return NodeStatus.CORDONED
-    if draining is False and node.status == NodeStatus.CORDONED.value and node.status_reason == AGENT_DRAINING:
+    if (
+        draining is False
+        and node.status == NodeStatus.CORDONED.value
+        and node.status_reason == AGENT_DRAINING
+    ):
         return NodeStatus.READY
     return None
 
@@ -334,5 +446,7 @@ def deregister_node(rt, node_id):
         node.session_id = node.session_hash = None
         node.save()
         if NodeStatus(node.status) in LIVE_STATUSES:
-            switch_node_status(rt, node, NodeStatus.LOST, "agent deregistered (graceful leave)", now)
+            switch_node_status(
+                rt, node, NodeStatus.LOST, "agent deregistered (graceful leave)", now
+            )
     rt.liveness.forget(node_id)

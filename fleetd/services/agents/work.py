@@ -26,14 +26,26 @@ from fleetwire import MAX_ASSIGNMENTS
 from fleetwire.assignment import AssignedInstance, Assignment
 from fleetwire.finish import FinishResult
 
-_NEXT_ASSIGNED = Statement(lambda v: (
-    Task.select()
-    .where((Task.node == v("node_id")) & (Task.state == TaskState.ASSIGNED.value) & Task.delivered_at.is_null())
-    .order_by(Task.assigned_at, Task.id).limit(MAX_ASSIGNMENTS)))
-_DELIVER = Statement(lambda v: (
-    Task.update(delivered_at=v("now", Task.delivered_at))
-    .where((Task.id == v("id")) & (Task.epoch == v("epoch")) & Task.delivered_at.is_null()
-           & (Task.state == TaskState.ASSIGNED.value))))
+_NEXT_ASSIGNED = Statement(
+    lambda v: (
+        Task.select()
+        .where(
+            (Task.node == v("node_id"))
+            & (Task.state == TaskState.ASSIGNED.value)
+            & Task.delivered_at.is_null()
+        )
+        .order_by(Task.assigned_at, Task.id)
+        .limit(MAX_ASSIGNMENTS)
+    )
+)
+_DELIVER = Statement(
+    lambda v: Task.update(delivered_at=v("now", Task.delivered_at)).where(
+        (Task.id == v("id"))
+        & (Task.epoch == v("epoch"))
+        & Task.delivered_at.is_null()
+        & (Task.state == TaskState.ASSIGNED.value)
+    )
+)
 
 
 CONFIRM_POLL_SECONDS = 0.02  # how often a waiting acquire looks for a stop's commit
@@ -71,7 +83,9 @@ def acquire(rt, node_id, wait_seconds, limit=1):
         return found or {"assignments": [], "cancel": []}
     deadline = time.monotonic() + wait_seconds
     with rt.stops.watching(node_id, rt.notifier):
-        for _ in range(1_000_000):  # bounded; each round waits for a notify, a commit to look for, or the end
+        for _ in range(
+            1_000_000
+        ):  # bounded; each round waits for a notify, a commit to look for, or the end
             remaining = deadline - time.monotonic()
             if remaining <= 0 or rt.notifier.closed:  # shutting down: answer now, do not spin
                 break
@@ -106,8 +120,12 @@ def _take_stops(stops, node_id):
 
 def stop_rows(ids):
     """[{id, node, epoch, state, job_state}] of these tasks."""
-    return list(Task.select(Task.id, Task.node, Task.epoch, Task.state, Job.state.alias("job_state"))
-                .join(Job, on=(Task.job == Job.id)).where(Task.id.in_(ids)).dicts())
+    return list(
+        Task.select(Task.id, Task.node, Task.epoch, Task.state, Job.state.alias("job_state"))
+        .join(Job, on=(Task.job == Job.id))
+        .where(Task.id.in_(ids))
+        .dicts()
+    )
 
 
 def must_stop(row, node_id, epoch, superseded=True):
@@ -125,45 +143,78 @@ def must_stop(row, node_id, epoch, superseded=True):
 
 
 # The task defaults of the fleet of a task's node (one indexed read per assignment handed out).
-_TASK_DEFAULTS = Statement(lambda v: (
-    Fleet.select(Fleet.task_pids_max, Fleet.task_memory_default_bytes, Fleet.task_path)
-    .join(Node, on=(Node.fleet == Fleet.name)).where(Node.id == v("node_id")).limit(1)))
+_TASK_DEFAULTS = Statement(
+    lambda v: (
+        Fleet.select(Fleet.task_pids_max, Fleet.task_memory_default_bytes, Fleet.task_path)
+        .join(Node, on=(Node.fleet == Fleet.name))
+        .where(Node.id == v("node_id"))
+        .limit(1)
+    )
+)
 
 
 def task_limits(spec, node_id):
-    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on this node: the spec's own
-    memory_bytes, else its fleet's task_memory_default_bytes; the spec's pids up to its fleet's
+    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on this node: the spec's
+    own memory_bytes, else its fleet's task_memory_default_bytes; the spec's pids up to its fleet's
     task_pids_max (which is also the default); its fleet's PATH."""
     fleet = _TASK_DEFAULTS.first(node_id=node_id)
     pids_max = fleet.task_pids_max if fleet is not None else DEFAULT_TASK_PIDS_MAX
-    default_memory = fleet.task_memory_default_bytes if fleet is not None else DEFAULT_TASK_MEMORY_BYTES
+    default_memory = (
+        fleet.task_memory_default_bytes if fleet is not None else DEFAULT_TASK_MEMORY_BYTES
+    )
     asked = spec.resources.memory_bytes or None
-    return {"memory_bytes": asked or default_memory, "memory_default": asked is None,
-            "pids": min(spec.resources.pids or pids_max, pids_max),
-            "task_path": fleet.task_path if fleet is not None else DEFAULT_TASK_PATH}
+    return {
+        "memory_bytes": asked or default_memory,
+        "memory_default": asked is None,
+        "pids": min(spec.resources.pids or pids_max, pids_max),
+        "task_path": fleet.task_path if fleet is not None else DEFAULT_TASK_PATH,
+    }
 
 
 def assignment(task, job):
     """The Assignment (docs/api.md) for a task, built through its one definition (fleetwire)."""
     spec = job.job_spec
     run = spec.instance
-    instance = None if run is None else AssignedInstance(
-        id=job.instance_id, name=job.name, restart=run.restart,
-        ports=tuple((p.port, p.protocol) for p in run.ports), volume_bytes=run.volume_bytes,
-        volume_mount_path=run.volume_mount_path, image=run.image,
-        idle_below_percent=run.idle_stop.gpu_util_below_percent if run.idle_stop else None,
-        idle_for_seconds=run.idle_stop.for_seconds if run.idle_stop else None,
-        scratch_bytes=run.scratch_bytes, runtime_args=run.runtime_args)
+    instance = (
+        None
+        if run is None
+        else AssignedInstance(
+            id=job.instance_id,
+            name=job.name,
+            restart=run.restart,
+            ports=tuple((p.port, p.protocol) for p in run.ports),
+            volume_bytes=run.volume_bytes,
+            volume_mount_path=run.volume_mount_path,
+            image=run.image,
+            idle_below_percent=run.idle_stop.gpu_util_below_percent if run.idle_stop else None,
+            idle_for_seconds=run.idle_stop.for_seconds if run.idle_stop else None,
+            scratch_bytes=run.scratch_bytes,
+            runtime_args=run.runtime_args,
+        )
+    )
     return Assignment(
-        task_id=task.id, job_id=job.id, epoch=task.epoch, attempt=job.attempt, rank=task.rank,
-        num_nodes=job.num_nodes, command=list(spec.command), env=dict(spec.env), workdir=spec.workdir or "",
-        gpus=[{k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
-              for g in task.gpus],
-        isolation=spec.isolation or ("shared" if any(not g.get("exclusive") for g in task.gpus) else "exclusive"),
-        max_runtime_seconds=spec.max_runtime_seconds, artifacts=[a.to_dict() for a in spec.artifacts],
+        task_id=task.id,
+        job_id=job.id,
+        epoch=task.epoch,
+        attempt=job.attempt,
+        rank=task.rank,
+        num_nodes=job.num_nodes,
+        command=list(spec.command),
+        env=dict(spec.env),
+        workdir=spec.workdir or "",
+        gpus=[
+            {k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
+            for g in task.gpus
+        ],
+        isolation=spec.isolation
+        or ("shared" if any(not g.get("exclusive") for g in task.gpus) else "exclusive"),
+        max_runtime_seconds=spec.max_runtime_seconds,
+        artifacts=[a.to_dict() for a in spec.artifacts],
         cpus=spec.resources.cpus or None,
         **task_limits(spec, task.node_id),  # memory_bytes, memory_default, pids, task_path
-        priority_class=spec.priority_class, bid=spec.bid, instance=instance,
+        priority_class=spec.priority_class,
+        bid=spec.bid,
+        instance=instance,
         run_as=task.run_as,  # decided when the scheduler placed it (services.identity.identities)
     ).to_wire()
 
@@ -174,8 +225,10 @@ def _leased_task(node_id, task_id, epoch):
     if task is None:
         raise NotFound(f"task {task_id} not found")
     if task.node_id != node_id or task.epoch != epoch or task.state == TaskState.PENDING.value:
-        raise Conflict(f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
-                       {"task_id": task_id, "epoch": epoch})
+        raise Conflict(
+            f"stale lease for task {task_id}: epoch {epoch} is not current on this node",
+            {"task_id": task_id, "epoch": epoch},
+        )
     return task
 
 
@@ -187,7 +240,9 @@ def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
         task = _leased_task(node_id, task_id, epoch)
         if task.state == TaskState.RUNNING.value:
             if restarts:
-                run_started(rt, task, ports, now)  # restarting -> running; a retried report changes nothing
+                run_started(
+                    rt, task, ports, now
+                )  # restarting -> running; a retried report changes nothing
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != TaskState.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
@@ -204,8 +259,10 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
         if task.state not in ACTIVE_TASK_STATES:
             raise Conflict(f"task {task_id} is {task.state}, not running", {"state": task.state})
         if Job.select(Job.instance_id).where(Job.id == task.job_id).scalar() is None:
-            raise Conflict(f"task {task_id} is a job's, not an instance's run: it has no restart policy",
-                           {"state": task.state})
+            raise Conflict(
+                f"task {task_id} is a job's, not an instance's run: it has no restart policy",
+                {"state": task.state},
+            )
         if task.state == TaskState.ASSIGNED.value:  # it ended before its start was reported
             task.started_at = now
             switch_task_state(rt, task, TaskState.RUNNING, "started", now)
@@ -216,7 +273,9 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
 def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
-    switch_task_state(rt, task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save)
+    switch_task_state(
+        rt, task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save
+    )
     run_started(rt, task, ports, now)
 
 
@@ -252,36 +311,53 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
     def published():
         current = Task.get_or_none_by_id(task_id)
         if current is None or current.epoch != epoch or not TaskState(current.state).is_active():
-            raise Conflict(f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id})
-        ranks = list(Task.select(Task.rank, Task.state, Task.rendezvous_addr, Task.rendezvous_port)
-                     .where(Task.job == job_id))
+            raise Conflict(
+                f"task {task_id} is no longer leased at epoch {epoch}", {"task_id": task_id}
+            )
+        ranks = list(
+            Task.select(Task.rank, Task.state, Task.rendezvous_addr, Task.rendezvous_port).where(
+                Task.job == job_id
+            )
+        )
         rank0 = next((r for r in ranks if r.rank == 0), None)
-        met = rank0 is not None and rank0.rendezvous_port is not None and all(
-            r.rendezvous_addr is not None for r in ranks)
+        met = (
+            rank0 is not None
+            and rank0.rendezvous_port is not None
+            and all(r.rendezvous_addr is not None for r in ranks)
+        )
         if rank0 is not None and rank0.state == TaskState.SUCCEEDED.value:
             # Every rank had arrived: the gang started together, and rank 0 was simply quick (this
             # rank's answer came between two of its polls). Otherwise it ran to its end without this
             # rank: they can never meet.
-            return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
+            return (
+                {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
+            )
         if rank0 is None or not met or not all(TaskState(r.state).is_active() for r in ranks):
             return None  # rank 0 has not published, or a rank is not placed or not here yet: nobody starts
         return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
 
-    found = released(published) or rt.notifier.wait(("rendezvous", job_id), wait_seconds,
-                                                      lambda: released(published))
+    found = released(published) or rt.notifier.wait(
+        ("rendezvous", job_id), wait_seconds, lambda: released(published)
+    )
     if found == GANG_OVER:
         _end_unmet_rank(rt, node_id, task_id, epoch)
     if not found:
-        raise Timeout(f"the ranks of job {job_id} have not all arrived at the rendezvous within {wait_seconds}s")
+        raise Timeout(
+            f"the ranks of job {job_id} have not all arrived at the rendezvous within "
+            f"{wait_seconds}s"
+        )
     return found
 
 
 def _arrive(rt, node_id, task_id, epoch):
-    """A rank > 0 is at the rendezvous: recorded (its node's address) so that the others may start."""
+    """A rank > 0 is at the rendezvous: recorded (its node's address) so that the others may
+    start."""
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
         rank0 = Task.get_or_none((Task.job == task.job_id) & (Task.rank == 0))
-        late = rank0 is not None and rank0.state == TaskState.SUCCEEDED.value  # an arrival after the end is none
+        late = (
+            rank0 is not None and rank0.state == TaskState.SUCCEEDED.value
+        )  # an arrival after the end is none
         if task.rendezvous_addr is None and task.state in ACTIVE_TASK_STATES and not late:
             node = Node.get_or_none_by_id(node_id)
             task.rendezvous_addr = (node.address if node is not None else None) or "arrived"
@@ -293,21 +369,34 @@ GANG_OVER = {"gang_over": True}  # published()'s answer when rank 0 ended before
 
 
 def _end_unmet_rank(rt, node_id, task_id, epoch):
-    """A rank still waiting for the rendezvous after rank 0 ran to its end: the gang's ranks did not start
-    together, so this attempt is over (the job retries as a whole or fails, per its policy). The rank is
-    ended here rather than left to wait out its rendezvous timeout holding its GPUs; the node is told
-    409, which stops the rank's preparation (no process of it started)."""
+    """A rank still waiting for the rendezvous after rank 0 ran to its end: the gang's ranks did not
+    start together, so this attempt is over (the job retries as a whole or fails, per its policy).
+    The rank is ended here rather than left to wait out its rendezvous timeout holding its GPUs; the
+    node is told 409, which stops the rank's preparation (no process of it started)."""
     now = rt.clock.now()
     with write_transaction():
         task = Task.get_or_none_by_id(task_id)
-        if task is not None and task.node_id == node_id and task.epoch == epoch \
-                and task.state in ACTIVE_TASK_STATES:
-            end_task(rt, task, TaskState.FAILED, f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
-                                             "already run to its end, so the gang did not start together", now,
-                     reported=True)
+        if (
+            task is not None
+            and task.node_id == node_id
+            and task.epoch == epoch
+            and task.state in ACTIVE_TASK_STATES
+        ):
+            end_task(
+                rt,
+                task,
+                TaskState.FAILED,
+                f"rank {task.rank} never met rank 0 at the rendezvous: rank 0 had "
+                "already run to its end, so the gang did not start together",
+                now,
+                reported=True,
+            )
     after_task_end(rt, task.job_id if task is not None else None, node_id)
-    raise Conflict(f"task {task_id}: rank 0 of its job ran to its end before this rank joined; the attempt is over",
-                   {"task_id": task_id, "reason": "gang_not_met"})
+    raise Conflict(
+        f"task {task_id}: rank 0 of its job ran to its end before this rank joined; the attempt is "
+        f"over",
+        {"task_id": task_id, "reason": "gang_not_met"},
+    )
 
 
 def append_logs(rt, node_id, task_id, epoch, lines):
@@ -316,8 +405,17 @@ def append_logs(rt, node_id, task_id, epoch, lines):
     with write_transaction():
         task = _leased_task(node_id, task_id, epoch)
         job = Job.get_by_id(task.job_id)
-        rows = [{"job": task.job_id, "rank": line[2] if len(line) > 2 else task.rank, "attempt": job.attempt,
-                 "at": now, "stream": line[0], "text": line[1]} for line in lines]
+        rows = [
+            {
+                "job": task.job_id,
+                "rank": line[2] if len(line) > 2 else task.rank,
+                "attempt": job.attempt,
+                "at": now,
+                "stream": line[0],
+                "text": line[1],
+            }
+            for line in lines
+        ]
         if rows:
             LogLine.insert_many(rows).execute()
 
@@ -344,14 +442,24 @@ def finish_task(rt, node_id, task_id, finish):
 
 def _settle_finish(rt, node_id, task_id, finish, now):
     """finish_task's writes, inside the caller's transaction; returns the task."""
-    epoch, outcome, exit_code, reason, lost = finish.epoch, finish.outcome, finish.exit_code, finish.reason, finish.lost
+    epoch, outcome, exit_code, reason, lost = (
+        finish.epoch,
+        finish.outcome,
+        finish.exit_code,
+        finish.reason,
+        finish.lost,
+    )
     pid, started_seconds_ago, ports = finish.pid, finish.started_seconds_ago, finish.ports
     task = _leased_task(node_id, task_id, epoch)
     if pid is not None and task.state == TaskState.ASSIGNED.value:
         started_at = None
         if started_seconds_ago is not None:
-            started_at = max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
-        _mark_started(rt, task, pid, now, started_at, save=False, ports=None if ports is None else list(ports))
+            started_at = max(
+                now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now
+            )
+        _mark_started(
+            rt, task, pid, now, started_at, save=False, ports=None if ports is None else list(ports)
+        )
     if finish.idle and not reason.startswith("idle"):
         reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
     # A task already settled (e.g. cancelled while it ran) only learns that its process is gone.
@@ -360,8 +468,16 @@ def _settle_finish(rt, node_id, task_id, finish, now):
         # A broken GPU is not the job's fault either: it retries like a lost node.
         hardware = reason.startswith(HARDWARE_REASONS)
         lost = (lost or hardware) and outcome == "failed"
-        end_task(rt, task, TaskState.LOST if lost else outcome, reason, now, exit_code=exit_code, reported=True,
-                 free_retry=lost and finish.agent_stopping and not hardware)
+        end_task(
+            rt,
+            task,
+            TaskState.LOST if lost else outcome,
+            reason,
+            now,
+            exit_code=exit_code,
+            reported=True,
+            free_retry=lost and finish.agent_stopping and not hardware,
+        )
     return task
 
 
@@ -373,11 +489,12 @@ def _after_finish(rt, node_id, task):
 
 
 def finish_tasks(rt, node_id, finishes):
-    """Several finish reports of one node in one call (`finishes`: [(task id, TaskFinish)]), settled in
-    one transaction: each as finish_task settles it (in a savepoint of its own, so a refused one leaves
-    the others) and answered on its own. Returns a fleetwire FinishResult per report, in order: status
-    204, or the status and error of a refused report (409 for a stale epoch, 404 for an unknown task).
-    A database failure settles none of them; a report sent again is answered as before.
+    """Several finish reports of one node in one call (`finishes`: [(task id, TaskFinish)]), settled
+    in one transaction: each as finish_task settles it (in a savepoint of its own, so a refused one
+    leaves the others) and answered on its own. Returns a fleetwire FinishResult per report, in
+    order: status 204, or the status and error of a refused report (409 for a stale epoch, 404 for
+    an unknown task). A database failure settles none of them; a report sent again is answered as
+    before.
     """
     now = rt.clock.now()
     results, settled = [], []
@@ -387,8 +504,13 @@ def finish_tasks(rt, node_id, finishes):
                 with savepoint():
                     task = _settle_finish(rt, node_id, task_id, finish, now)
             except FleetdError as exc:
-                results.append(FinishResult(task_id, exc.http_status,
-                                            envelope(exc.code, exc.message, exc.details)["error"]))
+                results.append(
+                    FinishResult(
+                        task_id,
+                        exc.http_status,
+                        envelope(exc.code, exc.message, exc.details)["error"],
+                    )
+                )
             else:
                 settled.append(task)
                 results.append(FinishResult(task_id, 204))
@@ -406,5 +528,3 @@ def after_task_end(rt, job_id, node_id=None):
     rt.notifier.notify(("job", job_id))
     if rt.scheduler is not None:
         rt.scheduler.kick(what=parking.ended_on(rt, node_id, job_id))
-
-

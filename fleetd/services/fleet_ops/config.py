@@ -11,7 +11,8 @@ _SECRET_WORDS = ("secret", "password", "passwd", "private_key", "api_key")
 _URL_SETTINGS = ("db_url", "database_url", "public_url")
 
 
-# Query parameters that carry a secret (libpq takes ?password= and ?sslpassword= as well as user info).
+# Query parameters that carry a secret (libpq takes ?password= and ?sslpassword= as well as user
+# info).
 _SECRET_PARAMETERS = (*_SECRET_WORDS, "token")
 
 
@@ -28,7 +29,9 @@ def _redacted_url(url):
         host = parts.hostname or ""
         if ":" in host:
             host = f"[{host}]"
-        parts = parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}" + (f":{port}" if port else ""))
+        parts = parts._replace(
+            netloc=f"{parts.username}:{REDACTED}@{host}" + (f":{port}" if port else "")
+        )
     pairs, hidden = [], password is not None
     for pair in parts.query.split("&") if parts.query else ():
         name = pair.partition("=")[0]
@@ -59,7 +62,14 @@ def effective_config(settings, environ=None):
     database_url, hidden = _value("database_url", settings.database_url)
     if hidden and "database_url" not in redacted:
         redacted.append("database_url")
-    derived = {"database_url": database_url, "failover_grace_seconds": settings.failover_grace,
-               "policy_by_fleet": settings.policy_by_fleet}
-    return {"settings": values, "derived": derived, "config_file": environ.get("FLEETD_CONFIG") or None,
-            "redacted": sorted(redacted)}
+    derived = {
+        "database_url": database_url,
+        "failover_grace_seconds": settings.failover_grace,
+        "policy_by_fleet": settings.policy_by_fleet,
+    }
+    return {
+        "settings": values,
+        "derived": derived,
+        "config_file": environ.get("FLEETD_CONFIG") or None,
+        "redacted": sorted(redacted),
+    }

@@ -30,8 +30,12 @@ def _with_counts(query):
 
 
 # Compiled once: every first heartbeat reads the node's fleet's health policy and validation gate.
-_COLUMN_OF = {column: Statement(lambda v, c=column: Fleet.select(getattr(Fleet, c)).where(Fleet.name == v("name")))
-              for column in ("health_policy", "validation")}
+_COLUMN_OF = {
+    column: Statement(
+        lambda v, c=column: Fleet.select(getattr(Fleet, c)).where(Fleet.name == v("name"))
+    )
+    for column in ("health_policy", "validation")
+}
 
 
 def fleet_column(name, column):
@@ -53,9 +57,18 @@ def get_fleet(name):
     return fleet
 
 
-# The shape of each node in a fleet's Terraform state (a cty type, as Terraform's state files write it).
-_TERRAFORM_NODE_TYPE = ["object", {"status": "string", "reason": "string", "hostname": "string", "address": "string",
-                                   "agent_version": "string"}]
+# The shape of each node in a fleet's Terraform state (a cty type, as Terraform's state files write
+# it).
+_TERRAFORM_NODE_TYPE = [
+    "object",
+    {
+        "status": "string",
+        "reason": "string",
+        "hostname": "string",
+        "address": "string",
+        "agent_version": "string",
+    },
+]
 
 
 def terraform_state(name):
@@ -65,30 +78,77 @@ def terraform_state(name):
     (terraform/modules/fleet-nodes). NotFound for an unknown fleet."""
     if not Fleet.select().where(Fleet.name == name).exists():
         raise NotFound(f"fleet {name!r} not found")
-    rows = Node.select(Node.id, Node.status, Node.status_reason, Node.hostname, Node.address, Node.agent_version) \
-        .where(Node.fleet == name).order_by(Node.id).tuples().execute()
-    nodes = {node_id: {"status": status, "reason": reason, "hostname": hostname, "address": address,
-                       "agent_version": version}
-             for node_id, status, reason, hostname, address, version in rows}
-    return {"version": 4, "terraform_version": "1.5.0", "serial": 1, "lineage": f"fleetd-fleet-{name}",
-            "outputs": {"nodes": {"value": nodes, "type": ["map", _TERRAFORM_NODE_TYPE]}}, "resources": []}
+    rows = (
+        Node.select(
+            Node.id,
+            Node.status,
+            Node.status_reason,
+            Node.hostname,
+            Node.address,
+            Node.agent_version,
+        )
+        .where(Node.fleet == name)
+        .order_by(Node.id)
+        .tuples()
+        .execute()
+    )
+    nodes = {
+        node_id: {
+            "status": status,
+            "reason": reason,
+            "hostname": hostname,
+            "address": address,
+            "agent_version": version,
+        }
+        for node_id, status, reason, hostname, address, version in rows
+    }
+    return {
+        "version": 4,
+        "terraform_version": "1.5.0",
+        "serial": 1,
+        "lineage": f"fleetd-fleet-{name}",
+        "outputs": {"nodes": {"value": nodes, "type": ["map", _TERRAFORM_NODE_TYPE]}},
+        "resources": [],
+    }
 
 
-def create_fleet(now, name, description="", labels=None, availability=None, health_policy=None,
-                 allow_root_tasks=False, require_isolation=False, allowed_images=("*",), validation=None,
-                 task_pids_max=DEFAULT_TASK_PIDS_MAX, task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
-                 task_path=DEFAULT_TASK_PATH):
-    """Create a fleet; Conflict if the name is taken. `health_policy`: see services.nodes.health_policy
-    (None: defaults); the isolation rules and the task defaults: see docs/api.md, Fleets."""
+def create_fleet(
+    now,
+    name,
+    description="",
+    labels=None,
+    availability=None,
+    health_policy=None,
+    allow_root_tasks=False,
+    require_isolation=False,
+    allowed_images=("*",),
+    validation=None,
+    task_pids_max=DEFAULT_TASK_PIDS_MAX,
+    task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
+    task_path=DEFAULT_TASK_PATH,
+):
+    """Create a fleet; Conflict if the name is taken. `health_policy`: see
+    services.nodes.health_policy (None: defaults); the isolation rules and the task defaults: see
+    docs/api.md, Fleets."""
     try:
         with write_transaction():
             if Fleet.get_or_none(Fleet.name == name) is not None:
                 raise Conflict(f"fleet {name!r} already exists")
-            Fleet.create(name=name, description=description or "", labels=labels or {}, created_at=now,
-                         availability=availability, health_policy=_policy(health_policy),
-                         allow_root_tasks=allow_root_tasks, require_isolation=require_isolation,
-                         allowed_images=list(allowed_images), validation=validation, task_pids_max=task_pids_max,
-                         task_memory_default_bytes=task_memory_default_bytes, task_path=task_path)
+            Fleet.create(
+                name=name,
+                description=description or "",
+                labels=labels or {},
+                created_at=now,
+                availability=availability,
+                health_policy=_policy(health_policy),
+                allow_root_tasks=allow_root_tasks,
+                require_isolation=require_isolation,
+                allowed_images=list(allowed_images),
+                validation=validation,
+                task_pids_max=task_pids_max,
+                task_memory_default_bytes=task_memory_default_bytes,
+                task_path=task_path,
+            )
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
     return get_fleet(name)
@@ -101,13 +161,27 @@ def update_fleet(rt, name, changes):
         fleet = Fleet.get_or_none(Fleet.name == name)
         if fleet is None:
             raise NotFound(f"fleet {name!r} not found")
-        for field in ("description", "labels", "availability", "allow_root_tasks", "require_isolation",
-                      "allowed_images", "validation", "task_pids_max", "task_memory_default_bytes", "task_path"):
+        for field in (
+            "description",
+            "labels",
+            "availability",
+            "allow_root_tasks",
+            "require_isolation",
+            "allowed_images",
+            "validation",
+            "task_pids_max",
+            "task_memory_default_bytes",
+            "task_path",
+        ):
             if field in changes:
                 setattr(fleet, field, changes[field])
-        if "health_policy" in changes:  # fields left out keep their value; null: back to the defaults
+        if (
+            "health_policy" in changes
+        ):  # fields left out keep their value; null: back to the defaults
             given = changes["health_policy"]
-            fleet.health_policy = None if given is None else _policy(dict(fleet.health_policy or {}, **given))
+            fleet.health_policy = (
+                None if given is None else _policy(dict(fleet.health_policy or {}, **given))
+            )
         fleet.save()
     rt.scheduler.kick(what=fleet_changed(name))
     return get_fleet(name)
@@ -127,7 +201,9 @@ def delete_fleet(name):
             raise NotFound(f"fleet {name!r} not found")
         enrolled = Node.select().where(Node.fleet == name).count()
         if enrolled:
-            raise Conflict(f"fleet {name!r} still has {enrolled} enrolled node(s)", {"node_count": enrolled})
+            raise Conflict(
+                f"fleet {name!r} still has {enrolled} enrolled node(s)", {"node_count": enrolled}
+            )
         JoinToken.delete().where(JoinToken.fleet == name).execute()
         fleet.delete_instance()
 
@@ -152,16 +228,20 @@ def create_join_token(now, fleet_name, ttl_seconds, max_uses=None, description="
 
 
 def join_command(server_url, token):
-    """The command a host runs to join with this token; the secret is in its environment, never in argv
-    (where `ps` and shell history would show it)."""
-    return (f"FLEET_AGENT_JOIN_TOKEN={shlex.quote(token)} fleet-agent join "
-            f"--server {shlex.quote(server_url.rstrip('/'))}")
+    """The command a host runs to join with this token; the secret is in its environment, never in
+    argv (where `ps` and shell history would show it)."""
+    return (
+        f"FLEET_AGENT_JOIN_TOKEN={shlex.quote(token)} fleet-agent join "
+        f"--server {shlex.quote(server_url.rstrip('/'))}"
+    )
 
 
 def list_join_tokens(fleet_name, limit, cursor=None):
     """One page of a fleet's join tokens, without secrets."""
     get_fleet(fleet_name)
-    return paginate(JoinToken.select().where(JoinToken.fleet == fleet_name), JoinToken.id, limit, cursor)
+    return paginate(
+        JoinToken.select().where(JoinToken.fleet == fleet_name), JoinToken.id, limit, cursor
+    )
 
 
 def revoke_join_token(token_id):
@@ -182,8 +262,11 @@ def consume_join_token(now, token_id):
 
 
 # Compiled once: a registration storm runs it thousands of times a minute.
-_CONSUME = Statement(lambda v: JoinToken.update(uses=JoinToken.uses + 1).where(
-    (JoinToken.id == v("id"))
-    & (JoinToken.revoked == False)  # noqa: E712 - SQL expression
-    & (JoinToken.expires_at > v("now", JoinToken.expires_at))
-    & (JoinToken.max_uses.is_null() | (JoinToken.uses < JoinToken.max_uses))))
+_CONSUME = Statement(
+    lambda v: JoinToken.update(uses=JoinToken.uses + 1).where(
+        (JoinToken.id == v("id"))
+        & (JoinToken.revoked == False)  # noqa: E712 - SQL expression
+        & (JoinToken.expires_at > v("now", JoinToken.expires_at))
+        & (JoinToken.max_uses.is_null() | (JoinToken.uses < JoinToken.max_uses))
+    )
+)

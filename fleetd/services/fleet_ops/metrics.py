@@ -1,4 +1,5 @@
-"""Observability: Prometheus metrics, the 24 h history, storage measurement and garbage collection."""
+"""Observability: Prometheus metrics, the 24 h history, storage measurement and garbage
+collection."""
 
 import datetime as dt
 import os
@@ -35,31 +36,57 @@ class Instruments:
     def __init__(self, rt):
         self.registry = CollectorRegistry(auto_describe=True)
         self.http_latency = Histogram(
-            "fleetd_http_request_duration_seconds", "API request latency by route.",
-            ["method", "route", "status"], registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.heartbeats = Counter("fleetd_heartbeats", "Agent heartbeats received.", registry=self.registry)
+            "fleetd_http_request_duration_seconds",
+            "API request latency by route.",
+            ["method", "route", "status"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.heartbeats = Counter(
+            "fleetd_heartbeats", "Agent heartbeats received.", registry=self.registry
+        )
         self.queue_wait = Histogram(
-            "fleetd_job_queue_wait_seconds", "Time from submission (or requeue) to placement.",
-            registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400))
+            "fleetd_job_queue_wait_seconds",
+            "Time from submission (or requeue) to placement.",
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400),
+        )
         self.scheduling_pass = Histogram(
-            "fleetd_scheduling_pass_seconds", "Duration of a scheduling pass.", registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+            "fleetd_scheduling_pass_seconds",
+            "Duration of a scheduling pass.",
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         self.scheduling_bounded = Counter(
-            "fleetd_scheduling_pass_bounded", "Passes that stopped at their bound (placements or time per pass) "
-            "and left the rest of the queue to the next pass.", registry=self.registry)
+            "fleetd_scheduling_pass_bounded",
+            "Passes that stopped at their bound (placements or time per pass) "
+            "and left the rest of the queue to the next pass.",
+            registry=self.registry,
+        )
         self.leadership_changes = Counter(
-            "fleetd_leadership_changes", "Times this replica started or stopped leading.", registry=self.registry)
+            "fleetd_leadership_changes",
+            "Times this replica started or stopped leading.",
+            registry=self.registry,
+        )
         self.webhook_deliveries = Counter(
-            "fleetd_webhook_deliveries", "Webhook delivery attempts by outcome (delivered, retrying, given_up).",
-            ["outcome"], registry=self.registry)
+            "fleetd_webhook_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retrying, given_up).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.health_remediations = Counter(
-            "fleetd_health_remediations", "Steps the node health policy took (cordon, drain, uncordon).",
-            ["step"], registry=self.registry)
+            "fleetd_health_remediations",
+            "Steps the node health policy took (cordon, drain, uncordon).",
+            ["step"],
+            registry=self.registry,
+        )
         self.leaked_gpus_freed = Counter(
-            "fleetd_leaked_gpus_freed", "GPU holds the periodic check found kept by a task that is no longer "
-            "active (or a node listing no replica refreshes) and freed; each is logged. Should stay 0.",
-            registry=self.registry)
+            "fleetd_leaked_gpus_freed",
+            "GPU holds the periodic check found kept by a task that is no longer "
+            "active (or a node listing no replica refreshes) and freed; each is logged. Should "
+            "stay 0.",
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(rt))
         self.registry.register(UsageCollector(rt))  # the usage ledger by team and fleet
 
@@ -81,8 +108,11 @@ class _StateCollector:
         for name, count in sorted(status["nodes"].items()):
             nodes.add_metric([name], count)
         yield nodes
-        gpus = GaugeMetricFamily("fleetd_gpus", "GPUs by series and state (total = used + free + blocked).",
-                                 labels=["series", "state"])
+        gpus = GaugeMetricFamily(
+            "fleetd_gpus",
+            "GPUs by series and state (total = used + free + blocked).",
+            labels=["series", "state"],
+        )
         for series in status["gpu"]["series"]:
             for key in ("total", "used", "free", "blocked"):
                 gpus.add_metric([series["id"], key], series[key])
@@ -90,10 +120,17 @@ class _StateCollector:
         queued = GaugeMetricFamily("fleetd_gpus_queued", "GPUs asked for by queued jobs.")
         queued.add_metric([], status["gpu"]["queued"])
         yield queued
-        jobs = GaugeMetricFamily("fleetd_jobs", "Jobs by state (runs of instances not included).", labels=["state"])
+        jobs = GaugeMetricFamily(
+            "fleetd_jobs", "Jobs by state (runs of instances not included).", labels=["state"]
+        )
         counts = {s.value: 0 for s in JobState}
-        for state_name, count in (Job.select(Job.state, fn.COUNT(Job.id)).where(Job.instance_id.is_null())
-                                  .group_by(Job.state).tuples().execute()):
+        for state_name, count in (
+            Job.select(Job.state, fn.COUNT(Job.id))
+            .where(Job.instance_id.is_null())
+            .group_by(Job.state)
+            .tuples()
+            .execute()
+        ):
             counts[state_name] = count
         for name, count in sorted(counts.items()):
             jobs.add_metric([name], count)
@@ -103,10 +140,15 @@ class _StateCollector:
         for name, count in sorted(counts.items()):
             by_state.add_metric([name], count)
         yield by_state
-        leader = GaugeMetricFamily("fleetd_leader", "1 while this replica leads, else 0; the lease's epoch as seen.",
-                                   labels=["replica_id", "epoch"])
+        leader = GaugeMetricFamily(
+            "fleetd_leader",
+            "1 while this replica leads, else 0; the lease's epoch as seen.",
+            labels=["replica_id", "epoch"],
+        )
         status = rt.leader.status()
-        leader.add_metric([status["replica_id"], str(status["leader_epoch"])], 1 if status["leader"] else 0)
+        leader.add_metric(
+            [status["replica_id"], str(status["leader_epoch"])], 1 if status["leader"] else 0
+        )
         yield leader
         yield from _dcgm_families(rt, state)
 
@@ -114,8 +156,12 @@ class _StateCollector:
 def _dcgm_families(rt, state):
     labels = ["gpu", "UUID", "Hostname", "modelName"]
     families = {k: GaugeMetricFamily(name, text, labels=labels) for k, (name, text) in DCGM.items()}
-    fb_used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=labels)
-    fb_free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=labels)
+    fb_used = GaugeMetricFamily(
+        "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=labels
+    )
+    fb_free = GaugeMetricFamily(
+        "DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=labels
+    )
     for node in state.nodes:
         seen = rt.liveness.get(node.id)
         readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None else {}
@@ -158,36 +204,67 @@ def _number(value):
 
 
 def record_sample(rt, with_gpus=True):
-    """Store one cluster sample (and per-GPU samples); returns the counts written. The samples are stamped
-    and written holding the ledger's SAMPLES_LOCK (see there), after the figures are gathered."""
+    """Store one cluster sample (and per-GPU samples); returns the counts written. The samples are
+    stamped and written holding the ledger's SAMPLES_LOCK (see there), after the figures are
+    gathered."""
     state = current_state(rt)
     gpu = rt.offload(gpu_summary, state, state.queued_demand())
     readings = list(_gpu_readings(rt, state.nodes))
-    utils = [v["utilization_percent"] for _, _, v in readings if _number(v.get("utilization_percent")) is not None]
-    running = Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value])).count()
+    utils = [
+        v["utilization_percent"]
+        for _, _, v in readings
+        if _number(v.get("utilization_percent")) is not None
+    ]
+    running = (
+        Job.select()
+        .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+        .count()
+    )
     waiting = Job.select().where(Job.state == JobState.QUEUED.value).count()
     with SAMPLES_LOCK, write_transaction():
         now = rt.clock.now()
-        ClusterSample.create(at=now, jobs_running=running, jobs_waiting=waiting, gpus_total=gpu["total"],
-                             gpus_used=gpu["used"], gpus_blocked=gpu["blocked"],
-                             gpu_util_percent=sum(utils) / len(utils) if utils else None)
+        ClusterSample.create(
+            at=now,
+            jobs_running=running,
+            jobs_waiting=waiting,
+            gpus_total=gpu["total"],
+            gpus_used=gpu["used"],
+            gpus_blocked=gpu["blocked"],
+            gpu_util_percent=sum(utils) / len(utils) if utils else None,
+        )
         rows = []
         if with_gpus:
-            rows = [dict(at=now, node_id=node_id, uuid=uuid[:128], **{f: _number(values.get(f)) for f in GPU_FIELDS})
-                    for node_id, uuid, values in readings]
+            rows = [
+                dict(
+                    at=now,
+                    node_id=node_id,
+                    uuid=uuid[:128],
+                    **{f: _number(values.get(f)) for f in GPU_FIELDS},
+                )
+                for node_id, uuid, values in readings
+            ]
             if rows:
                 GpuSample.insert_many(rows).execute()
     return {"cluster": 1, "gpus": len(rows)}
 
 
 def history(rt, minutes, gpus=True):
-    """Samples of the last `minutes` (at most 24 h): the cluster's and (unless gpus=False) each GPU's."""
+    """Samples of the last `minutes` (at most 24 h): the cluster's and (unless gpus=False) each
+    GPU's."""
     minutes = max(1, min(int(minutes), MAX_HISTORY_MINUTES))
     since = rt.clock.now() - dt.timedelta(minutes=minutes)
-    samples = [{"at": isoformat(s.at), "jobs_running": s.jobs_running, "jobs_waiting": s.jobs_waiting,
-                "gpus_total": s.gpus_total, "gpus_used": s.gpus_used, "gpus_blocked": s.gpus_blocked,
-                "gpu_util_percent": s.gpu_util_percent}
-               for s in ClusterSample.select().where(ClusterSample.at >= since).order_by(ClusterSample.at)]
+    samples = [
+        {
+            "at": isoformat(s.at),
+            "jobs_running": s.jobs_running,
+            "jobs_waiting": s.jobs_waiting,
+            "gpus_total": s.gpus_total,
+            "gpus_used": s.gpus_used,
+            "gpus_blocked": s.gpus_blocked,
+            "gpu_util_percent": s.gpu_util_percent,
+        }
+        for s in ClusterSample.select().where(ClusterSample.at >= since).order_by(ClusterSample.at)
+    ]
     per_gpu: dict[str, dict] = {}
     query = GpuSample.select().where(GpuSample.at >= since).order_by(GpuSample.at) if gpus else ()
     for s in query:
@@ -218,7 +295,9 @@ def measure_storage(rt):
     db_bytes = None
     if settings.database_url.startswith("sqlite:"):
         path = settings.database_url.split("sqlite:///", 1)[1]
-        db_bytes = sum(os.path.getsize(p) for p in (path, path + "-wal", path + "-shm") if os.path.exists(p))
+        db_bytes = sum(
+            os.path.getsize(p) for p in (path, path + "-wal", path + "-shm") if os.path.exists(p)
+        )
     artifacts = _tree_size(store_dir(settings)) if os.path.isdir(store_dir(settings)) else 0
     usage = shutil.disk_usage(data_dir) if os.path.isdir(data_dir) else None
     used_percent = round(100 * (usage.total - usage.free) / usage.total, 1) if usage else None
@@ -233,16 +312,23 @@ def measure_storage(rt):
         "disk_free_bytes": usage.free if usage else None,
         "disk_used_percent": used_percent,
         "watermark_percent": watermark,
-        "alert": (f"disk {used_percent}% full, above the {watermark}% watermark"
-                  if used_percent is not None and used_percent >= watermark else None),
+        "alert": (
+            f"disk {used_percent}% full, above the {watermark}% watermark"
+            if used_percent is not None and used_percent >= watermark
+            else None
+        ),
         "took_seconds": round(time.monotonic() - started, 3),
     }
-    return {k: v for k, v in rt.storage.items() if k in ("database_bytes", "artifacts_bytes", "disk_used_percent")}
+    return {
+        k: v
+        for k, v in rt.storage.items()
+        if k in ("database_bytes", "artifacts_bytes", "disk_used_percent")
+    }
 
 
 def storage_view(rt):
-    """The last storage measurement, with `stale` when it is older than two intervals, and seed 003's
-    names for it (seed_storage_fields)."""
+    """The last storage measurement, with `stale` when it is older than two intervals, and seed
+    003's names for it (seed_storage_fields)."""
     if not rt.storage:
         return {"measured_at": None, "stale": True, **seed_storage_fields(rt.settings, None)}
     age = rt.clock.monotonic() - rt.storage["measured_at_monotonic"]
@@ -252,23 +338,39 @@ def storage_view(rt):
 
 
 def seed_storage_fields(settings, measured):
-    """Seed 003's storage summary from a measurement (None: none yet): `measured`; the data dir's disk as
-    `total_bytes`, `free_bytes`, `used_bytes`; `runs_bytes`, what runs leave on the control plane (the
-    database: jobs, logs, events; null on PostgreSQL, which fleetd does not measure); `cache_bytes`, the
-    artifact store (uploads kept to be fetched again); `watermark_pct`; `root`, the data dir."""
+    """Seed 003's storage summary from a measurement (None: none yet): `measured`; the data dir's
+    disk as `total_bytes`, `free_bytes`, `used_bytes`; `runs_bytes`, what runs leave on the control
+    plane (the database: jobs, logs, events; null on PostgreSQL, which fleetd does not measure);
+    `cache_bytes`, the artifact store (uploads kept to be fetched again); `watermark_pct`; `root`,
+    the data dir."""
     if measured is None:
-        return {"measured": False, "total_bytes": 0, "free_bytes": 0, "used_bytes": 0, "runs_bytes": 0,
-                "cache_bytes": 0, "watermark_pct": round(settings.storage_watermark_percent),
-                "root": os.path.abspath(settings.data_dir)}
+        return {
+            "measured": False,
+            "total_bytes": 0,
+            "free_bytes": 0,
+            "used_bytes": 0,
+            "runs_bytes": 0,
+            "cache_bytes": 0,
+            "watermark_pct": round(settings.storage_watermark_percent),
+            "root": os.path.abspath(settings.data_dir),
+        }
     total, free = measured["disk_total_bytes"], measured["disk_free_bytes"]
-    return {"measured": True, "total_bytes": total or 0, "free_bytes": free or 0,
-            "used_bytes": (total - free) if total is not None and free is not None else 0,
-            "runs_bytes": measured["database_bytes"], "cache_bytes": measured["artifacts_bytes"],
-            "watermark_pct": round(measured["watermark_percent"]), "root": measured["data_dir"]}
+    return {
+        "measured": True,
+        "total_bytes": total or 0,
+        "free_bytes": free or 0,
+        "used_bytes": (total - free) if total is not None and free is not None else 0,
+        "runs_bytes": measured["database_bytes"],
+        "cache_bytes": measured["artifacts_bytes"],
+        "watermark_pct": round(measured["watermark_percent"]),
+        "root": measured["data_dir"],
+    }
 
 
 def expired_samples(settings, now):
     """{name: (model, condition)} of the metric samples past retention."""
     cutoff = now - dt.timedelta(seconds=settings.metrics_retention_seconds)
-    return {"cluster_samples": (ClusterSample, ClusterSample.at < cutoff),
-            "gpu_samples": (GpuSample, GpuSample.at < cutoff)}
+    return {
+        "cluster_samples": (ClusterSample, ClusterSample.at < cutoff),
+        "gpu_samples": (GpuSample, GpuSample.at < cutoff),
+    }

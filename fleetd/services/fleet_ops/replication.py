@@ -16,15 +16,24 @@ log = logging.getLogger(__name__)
 
 def replicate(rt, db, settings, spawn, wait_readable):
     """`fleetd serve` on PostgreSQL: elect a leader with the other replicas, write down what this
-    one hears, and pass wake-ups between them. `spawn` starts a greenlet; returns a stop function."""
+    one hears, and pass wake-ups between them. `spawn` starts a greenlet; returns a stop
+    function."""
     import psycopg2  # the PostgreSQL driver: only replicas need it
 
     leader = rt.leader = Leadership(settings.leader_lease_seconds, shared=True)
-    bus = Bus(lambda: psycopg2.connect(database=db.database, **db.connect_params), leader.replica_id, {
-        "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
-        "stop": lambda node_id, task_id, epoch: rt.stops.owe(node_id, task_id, epoch, local=True),
-        "kick": lambda capacity, what: rt.scheduler.kick(capacity, Capacity.from_wire(what)) if leader.leading() else None,
-    })
+    bus = Bus(
+        lambda: psycopg2.connect(database=db.database, **db.connect_params),
+        leader.replica_id,
+        {
+            "wake": lambda key: rt.notifier.notify(tuple(key), local=True),
+            "stop": lambda node_id, task_id, epoch: rt.stops.owe(
+                node_id, task_id, epoch, local=True
+            ),
+            "kick": lambda capacity, what: (
+                rt.scheduler.kick(capacity, Capacity.from_wire(what)) if leader.leading() else None
+            ),
+        },
+    )
     rt.notifier.publish = lambda key: bus.publish("wake", list(key))
     rt.stops.publish = lambda node_id, task_id, epoch: bus.publish("stop", node_id, task_id, epoch)
     rt.scheduler.publish = lambda capacity, what: bus.publish("kick", capacity, what)
@@ -86,7 +95,9 @@ def write_down_heard(rt):
         saved = record_heartbeat_times(heard)
         record_lease_renewals(renewals)
     except Exception:  # noqa: BLE001 - any database error: the next round writes them
-        log.exception("replication: what this replica heard was not written down; the next round tries again")
+        log.exception(
+            "replication: what this replica heard was not written down; the next round tries again"
+        )
         rt.liveness.unflushed_again(heard)
         rt.leases.unflushed_again(renewals)
         return 0

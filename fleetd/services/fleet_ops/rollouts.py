@@ -57,8 +57,9 @@ def _get(rollout_id):
 def get_rollout(rollout_id):
     """A rollout with its nodes (in the driver's order); NotFound if there is none."""
     rollout = _get(rollout_id)
-    rollout.node_list = list(RolloutNode.select().where(RolloutNode.rollout == rollout_id)
-                             .order_by(RolloutNode.position))
+    rollout.node_list = list(
+        RolloutNode.select().where(RolloutNode.rollout == rollout_id).order_by(RolloutNode.position)
+    )
     return rollout
 
 
@@ -72,14 +73,26 @@ def list_rollouts(limit, cursor=None, fleet=None):
     for r in rows:
         r.node_list = []
     if by_id:
-        for rn in RolloutNode.select().where(RolloutNode.rollout.in_(list(by_id))).order_by(RolloutNode.position):
+        for rn in (
+            RolloutNode.select()
+            .where(RolloutNode.rollout.in_(list(by_id)))
+            .order_by(RolloutNode.position)
+        ):
             by_id[rn.rollout_id].node_list.append(rn)
     return rows, next_cursor
 
 
 def _record(now, rollout, reason, to_state=None, from_state=None):
-    record_event(now, "rollout.state", "rollout", rollout.id, reason, from_state, to_state,
-                 data={"fleet": rollout.fleet, "bundle_version": rollout.bundle_version})
+    record_event(
+        now,
+        "rollout.state",
+        "rollout",
+        rollout.id,
+        reason,
+        from_state,
+        to_state,
+        data={"fleet": rollout.fleet, "bundle_version": rollout.bundle_version},
+    )
 
 
 def _switch(rollout, state, reason, now):
@@ -89,46 +102,109 @@ def _switch(rollout, state, reason, now):
     _record(now, rollout, reason, state, before)
 
 
-def create_rollout(rt, fleet, bundle_version, bundle_sha256, batch=1, canary=1, max_failures=0, window=None,
-                   drain_deadline_seconds=3600):
+def create_rollout(
+    rt,
+    fleet,
+    bundle_version,
+    bundle_sha256,
+    batch=1,
+    canary=1,
+    max_failures=0,
+    window=None,
+    drain_deadline_seconds=3600,
+):
     """Plan a rollout of the fleet's nodes to a bundle: its nodes not on that bundle yet, canaries
     first. Nodes that are pending, lost or revoked are listed as skipped, but for a lost one whose
-    agent went silent in an upgrade that failed (a rollout after a failed one takes it again). Conflict while another
-    rollout of the fleet is running or paused. Returns the rollout."""
+    agent went silent in an upgrade that failed (a rollout after a failed one takes it again).
+    Conflict while another rollout of the fleet is running or paused. Returns the rollout."""
     now = rt.clock.now()
     actor = current_actor()
     with write_transaction():
         if not Fleet.select().where(Fleet.name == fleet).exists():
             raise NotFound(f"fleet {fleet!r} not found")
-        other = Rollout.select(Rollout.id, Rollout.state).where(
-            (Rollout.fleet == fleet) & Rollout.state.in_(ACTIVE)).first()
+        other = (
+            Rollout.select(Rollout.id, Rollout.state)
+            .where((Rollout.fleet == fleet) & Rollout.state.in_(ACTIVE))
+            .first()
+        )
         if other is not None:
-            raise Conflict(f"rollout {other.id} of fleet {fleet} is {other.state}: abort it or let it finish first",
-                           {"rollout": other.id})
-        nodes = list(Node.select().where((Node.fleet == fleet) & ((Node.bundle_sha256 != bundle_sha256)
-                                                                   | Node.bundle_sha256.is_null()))
-                     .order_by(Node.hostname, Node.id))
+            raise Conflict(
+                f"rollout {other.id} of fleet {fleet} is {other.state}: abort it or let it finish "
+                f"first",
+                {"rollout": other.id},
+            )
+        nodes = list(
+            Node.select()
+            .where(
+                (Node.fleet == fleet)
+                & ((Node.bundle_sha256 != bundle_sha256) | Node.bundle_sha256.is_null())
+            )
+            .order_by(Node.hostname, Node.id)
+        )
         if not nodes:
-            raise Conflict(f"every node of fleet {fleet} runs bundle {bundle_sha256[:12]} already (or it has none)",
-                           {"fleet": fleet})
+            raise Conflict(
+                f"every node of fleet {fleet} runs bundle {bundle_sha256[:12]} already (or it has "
+                f"none)",
+                {"fleet": fleet},
+            )
         upgradable = [n for n in nodes if can_upgrade(n)]
         rollout = Rollout.create(
-            id=new_id(), fleet=fleet, bundle_version=bundle_version, bundle_sha256=bundle_sha256, state=RUNNING,
-            state_reason=f"started by {actor}", created_at=now, updated_at=now, created_by=actor,
-            options={"batch": batch, "canary": canary, "max_failures": max_failures, "window": window,
-                     "drain_deadline_seconds": drain_deadline_seconds})
-        rows = [dict(rollout=rollout.id, node_id=n.id, hostname=n.hostname, address=n.address, position=i,
-                     batch=b, canary=c, state=PENDING, updated_at=now)
-                for i, (n, b, c) in enumerate(plan(upgradable, batch, canary))]
+            id=new_id(),
+            fleet=fleet,
+            bundle_version=bundle_version,
+            bundle_sha256=bundle_sha256,
+            state=RUNNING,
+            state_reason=f"started by {actor}",
+            created_at=now,
+            updated_at=now,
+            created_by=actor,
+            options={
+                "batch": batch,
+                "canary": canary,
+                "max_failures": max_failures,
+                "window": window,
+                "drain_deadline_seconds": drain_deadline_seconds,
+            },
+        )
+        rows = [
+            dict(
+                rollout=rollout.id,
+                node_id=n.id,
+                hostname=n.hostname,
+                address=n.address,
+                position=i,
+                batch=b,
+                canary=c,
+                state=PENDING,
+                updated_at=now,
+            )
+            for i, (n, b, c) in enumerate(plan(upgradable, batch, canary))
+        ]
         last = max((r["batch"] for r in rows), default=0)
-        rows += [dict(rollout=rollout.id, node_id=n.id, hostname=n.hostname, address=n.address,
-                      position=len(rows) + i, batch=last + 1, canary=False, state=SKIPPED,
-                      detail=f"not upgraded: the node is {n.status}", updated_at=now)
-                 for i, n in enumerate(n for n in nodes if not can_upgrade(n))]
+        rows += [
+            dict(
+                rollout=rollout.id,
+                node_id=n.id,
+                hostname=n.hostname,
+                address=n.address,
+                position=len(rows) + i,
+                batch=last + 1,
+                canary=False,
+                state=SKIPPED,
+                detail=f"not upgraded: the node is {n.status}",
+                updated_at=now,
+            )
+            for i, n in enumerate(n for n in nodes if not can_upgrade(n))
+        ]
         RolloutNode.insert_many(rows).execute()
-        _record(now, rollout, f"rollout of fleet {fleet} to fleet-agent {bundle_version} (bundle sha256 "
-                              f"{bundle_sha256[:12]}): {len(upgradable)} node(s), {min(canary, len(upgradable))} "
-                              "canary", RUNNING)
+        _record(
+            now,
+            rollout,
+            f"rollout of fleet {fleet} to fleet-agent {bundle_version} (bundle sha256 "
+            f"{bundle_sha256[:12]}): {len(upgradable)} node(s), {min(canary, len(upgradable))} "
+            "canary",
+            RUNNING,
+        )
         _settle(rollout, now)
     return get_rollout(rollout.id)
 
@@ -137,18 +213,28 @@ def _settle(rollout, now):
     """Done once no node is left to upgrade (inside the caller's transaction)."""
     if rollout.state != RUNNING:
         return
-    left = RolloutNode.select().where((RolloutNode.rollout == rollout.id)
-                                      & RolloutNode.state.in_([PENDING, UPGRADING])).exists()
+    left = (
+        RolloutNode.select()
+        .where((RolloutNode.rollout == rollout.id) & RolloutNode.state.in_([PENDING, UPGRADING]))
+        .exists()
+    )
     if not left:
-        counts = dict(RolloutNode.select(RolloutNode.state, peewee.fn.COUNT(RolloutNode.id))
-                      .where(RolloutNode.rollout == rollout.id).group_by(RolloutNode.state).tuples().execute())
-        _switch(rollout, DONE, ", ".join(f"{counts[s]} {s}" for s in NODE_STATES if counts.get(s)), now)
+        counts = dict(
+            RolloutNode.select(RolloutNode.state, peewee.fn.COUNT(RolloutNode.id))
+            .where(RolloutNode.rollout == rollout.id)
+            .group_by(RolloutNode.state)
+            .tuples()
+            .execute()
+        )
+        _switch(
+            rollout, DONE, ", ".join(f"{counts[s]} {s}" for s in NODE_STATES if counts.get(s)), now
+        )
 
 
 def _failed_validation(node_id):
     """The node's validation failed after its upgrade: it is failed_validation now, which no node
-    is when its upgrade begins (services.nodes.upgrades.UPGRADABLE), so this upgrade put it there. fleetd
-    reads it from the node itself, whatever the driver says."""
+    is when its upgrade begins (services.nodes.upgrades.UPGRADABLE), so this upgrade put it there.
+    fleetd reads it from the node itself, whatever the driver says."""
     node = Node.get_or_none(Node.id == node_id)
     if node is None or node.status != "failed_validation":
         return None
@@ -163,46 +249,90 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
     now = rt.clock.now()
     with write_transaction():
         rollout = _get(rollout_id)
-        row = RolloutNode.get_or_none((RolloutNode.rollout == rollout_id) & (RolloutNode.node_id == node_id))
+        row = RolloutNode.get_or_none(
+            (RolloutNode.rollout == rollout_id) & (RolloutNode.node_id == node_id)
+        )
         if row is None:
             raise NotFound(f"node {node_id} is not part of rollout {rollout_id}")
         if state not in NODE_MOVES.get(row.state, ()):
-            raise Conflict(f"node {node_id} is {row.state} in rollout {rollout_id}: it cannot become {state}",
-                           {"state": row.state})
+            raise Conflict(
+                f"node {node_id} is {row.state} in rollout {rollout_id}: it cannot become {state}",
+                {"state": row.state},
+            )
         if state in (UPGRADING, SKIPPED) and rollout.state != RUNNING:
-            raise Conflict(f"rollout {rollout_id} is {rollout.state} ({rollout.state_reason}): no node begins",
-                           {"state": rollout.state})
+            raise Conflict(
+                f"rollout {rollout_id} is {rollout.state} ({rollout.state_reason}): no node begins",
+                {"state": rollout.state},
+            )
         window = rollout.options.get("window")
         if state == UPGRADING and window and not windows.is_open(window, now):
             opens = windows.next_open_at(window, now)
-            raise Conflict(f"rollout {rollout_id} is outside its window: no node begins until "
-                           + (f"{opens.isoformat()}Z" if opens else "its window opens"),
-                           {"state": rollout.state, "opens_at": f"{opens.isoformat()}Z" if opens else None})
-        if state == UPGRADING and row.canary is False and RolloutNode.select().where(
-                (RolloutNode.rollout == rollout_id) & (RolloutNode.canary == True)  # noqa: E712 - SQL
-                & RolloutNode.state.in_([PENDING, UPGRADING])).exists():
-            raise Conflict(f"rollout {rollout_id}: its canaries are not through yet; node {node_id} waits",
-                           {"state": rollout.state})
+            raise Conflict(
+                f"rollout {rollout_id} is outside its window: no node begins until "
+                + (f"{opens.isoformat()}Z" if opens else "its window opens"),
+                {"state": rollout.state, "opens_at": f"{opens.isoformat()}Z" if opens else None},
+            )
+        if (
+            state == UPGRADING
+            and row.canary is False
+            and RolloutNode.select()
+            .where(
+                (RolloutNode.rollout == rollout_id)
+                & (RolloutNode.canary == True)  # noqa: E712 - SQL
+                & RolloutNode.state.in_([PENDING, UPGRADING])
+            )
+            .exists()
+        ):
+            raise Conflict(
+                f"rollout {rollout_id}: its canaries are not through yet; node {node_id} waits",
+                {"state": rollout.state},
+            )
         before = row.state
         row.state, row.detail, row.updated_at = state, detail, now
         row.save()
         what = "canary " if row.canary else ""
-        record_event(now, "rollout.node", "node", node_id,
-                     f"rollout {rollout_id} ({rollout.bundle_version}): {what}{state}" + (f": {detail}" if detail else ""),
-                     before, state, data={"rollout": rollout_id, "canary": row.canary, "detail": detail})
+        record_event(
+            now,
+            "rollout.node",
+            "node",
+            node_id,
+            f"rollout {rollout_id} ({rollout.bundle_version}): {what}{state}"
+            + (f": {detail}" if detail else ""),
+            before,
+            state,
+            data={"rollout": rollout_id, "canary": row.canary, "detail": detail},
+        )
         if state == FAILED and rollout.state == RUNNING:
-            failures = RolloutNode.select().where((RolloutNode.rollout == rollout_id)
-                                                  & (RolloutNode.state == FAILED)).count()
+            failures = (
+                RolloutNode.select()
+                .where((RolloutNode.rollout == rollout_id) & (RolloutNode.state == FAILED))
+                .count()
+            )
             allowed = int(rollout.options.get("max_failures") or 0)
             invalid = _failed_validation(node_id)
             if row.canary:
-                _switch(rollout, PAUSED, f"paused by fleetd: canary node {node_id} failed ({detail[:500]})", now)
+                _switch(
+                    rollout,
+                    PAUSED,
+                    f"paused by fleetd: canary node {node_id} failed ({detail[:500]})",
+                    now,
+                )
             elif invalid is not None:
-                _switch(rollout, PAUSED, f"paused by fleetd: node {node_id} failed its validation after the "
-                                         f"upgrade ({invalid[:500]})", now)
+                _switch(
+                    rollout,
+                    PAUSED,
+                    f"paused by fleetd: node {node_id} failed its validation after the "
+                    f"upgrade ({invalid[:500]})",
+                    now,
+                )
             elif failures > allowed:
-                _switch(rollout, PAUSED, f"paused by fleetd: {failures} node(s) failed, more than --max-failures "
-                                         f"{allowed} (last: node {node_id}: {detail[:300]})", now)
+                _switch(
+                    rollout,
+                    PAUSED,
+                    f"paused by fleetd: {failures} node(s) failed, more than --max-failures "
+                    f"{allowed} (last: node {node_id}: {detail[:300]})",
+                    now,
+                )
         _settle(rollout, now)
     return get_rollout(rollout_id)
 
@@ -212,19 +342,28 @@ def request(rt, rollout_id, action):
     or a move that does not apply. Returns the rollout."""
     now = rt.clock.now()
     actor = current_actor()
-    moves = {"pause": ((RUNNING,), PAUSED), "resume": ((PAUSED,), RUNNING), "abort": (ACTIVE, ABORTED)}
+    moves = {
+        "pause": ((RUNNING,), PAUSED),
+        "resume": ((PAUSED,), RUNNING),
+        "abort": (ACTIVE, ABORTED),
+    }
     if action not in moves:
         raise InvalidRequest(f"unknown action {action!r}")
     sources, target = moves[action]
     with write_transaction():
         rollout = _get(rollout_id)
         if rollout.state not in sources:
-            raise Conflict(f"rollout {rollout_id} is {rollout.state}: it cannot be {target}", {"state": rollout.state})
+            raise Conflict(
+                f"rollout {rollout_id} is {rollout.state}: it cannot be {target}",
+                {"state": rollout.state},
+            )
         _switch(rollout, target, f"{target} by {actor}", now)
         if target == ABORTED:
             # Nodes that never began stay as they are; the record says why they were not upgraded.
-            RolloutNode.update(state=SKIPPED, detail=f"not upgraded: the rollout was aborted by {actor}",
-                               updated_at=now).where((RolloutNode.rollout == rollout_id)
-                                                     & (RolloutNode.state == PENDING)).execute()
+            RolloutNode.update(
+                state=SKIPPED,
+                detail=f"not upgraded: the rollout was aborted by {actor}",
+                updated_at=now,
+            ).where((RolloutNode.rollout == rollout_id) & (RolloutNode.state == PENDING)).execute()
         _settle(rollout, now)
     return get_rollout(rollout_id)

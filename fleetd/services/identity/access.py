@@ -8,8 +8,13 @@ from fleetd.sql import Statement
 
 READ_ALL = (ADMIN, OPERATOR, VIEWER)
 _SEEING = ("admin", "viewer")  # project roles that read the project's whole work
-_PROJECT_ROLE = Statement(lambda v: ProjectMember.select(ProjectMember.role).where(
-    (ProjectMember.project == v("project")) & (ProjectMember.user_id == v("user_id"))).limit(1))
+_PROJECT_ROLE = Statement(
+    lambda v: (
+        ProjectMember.select(ProjectMember.role)
+        .where((ProjectMember.project == v("project")) & (ProjectMember.user_id == v("user_id")))
+        .limit(1)
+    )
+)
 
 
 def readable(query, principal, owner_field, project_field):
@@ -20,7 +25,8 @@ def readable(query, principal, owner_field, project_field):
     if principal.user_id is None:
         return query.where(own)
     seen = ProjectMember.select(ProjectMember.project).where(
-        (ProjectMember.user_id == principal.user_id) & ProjectMember.role.in_(_SEEING))
+        (ProjectMember.user_id == principal.user_id) & ProjectMember.role.in_(_SEEING)
+    )
     return query.where(own | project_field.in_(seen))
 
 
@@ -39,7 +45,8 @@ def may_read(principal, owner_id, project):
 
 
 def may_change(principal, owner_id, project):
-    """True when this principal may cancel, stop, resume or delete work of this owner in this project."""
+    """True when this principal may cancel, stop, resume or delete work of this owner in this
+    project."""
     if principal.role == ADMIN or owner_id == principal.owner_id:
         return True
     return _project_role(principal, project) == "admin"

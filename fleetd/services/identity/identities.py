@@ -1,13 +1,13 @@
-"""Who a task runs as on its node (its `run_as`): the owner's unix_user, root (admins' work in a fleet
-that allows it) or a uid fleetd allocates to the owner once, from the configured range.
+"""Who a task runs as on its node (its `run_as`): the owner's unix_user, root (admins' work in a
+fleet that allows it) or a uid fleetd allocates to the owner once, from the configured range.
 
 An owner is a user (or a service account's token), by id. What decides its run_as is read once: a
-token's role and unix_user are fixed when it is made; a user's change only through the users service,
-which calls `forget(owner)` on every replica's next read (the Identities entry is dropped where the
-change is made; others keep the old run_as for work they place until they restart, and a role change
-only ever matters for root, which a fleet must allow); an allocated uid is never given back or reused. So all of it is kept
-in memory once read (the `Identities` of the Runtime), and a scheduling pass that places thousands
-of tasks reads nothing for them but what it already holds.
+token's role and unix_user are fixed when it is made; a user's change only through the users
+service, which calls `forget(owner)` on every replica's next read (the Identities entry is dropped
+where the change is made; others keep the old run_as for work they place until they restart, and a
+role change only ever matters for root, which a fleet must allow); an allocated uid is never given
+back or reused. So all of it is kept in memory once read (the `Identities` of the Runtime), and a
+scheduling pass that places thousands of tasks reads nothing for them but what it already holds.
 """
 
 import pwd
@@ -29,8 +29,9 @@ class UidsExhausted(Exception):
 
 
 def run_as_unix_user(name, allow_system_user=False):
-    """A unix_user's run_as; `allow_system_user` (sent only when true) tells the node that the operator
-    allowed this user although it is a system account (settings.tokens_allow_system_users)."""
+    """A unix_user's run_as; `allow_system_user` (sent only when true) tells the node that the
+    operator allowed this user although it is a system account
+    (settings.tokens_allow_system_users)."""
     run_as = {"source": UNIX_USER, "user": name, "uid": None, "gid": None}
     if allow_system_user:
         run_as["allow_system_user"] = True
@@ -71,10 +72,10 @@ class Identities:
         self._lock = threading.Lock()
 
     def run_as(self, owner, allows_root, now):
-        """The run_as of a task of this owner (a token id) on a node of a fleet; `allows_root()` says
-        whether that fleet allows root tasks (asked only for an admin's work). UidsExhausted when it
-        needs a uid and none is left. A first need allocates (at `now`), in a transaction of its own or
-        of the caller's."""
+        """The run_as of a task of this owner (a token id) on a node of a fleet; `allows_root()`
+        says whether that fleet allows root tasks (asked only for an admin's work). UidsExhausted
+        when it needs a uid and none is left. A first need allocates (at `now`), in a transaction of
+        its own or of the caller's."""
         role, unix_user = self._token(owner)
         if unix_user:
             return run_as_unix_user(unix_user, unix_user in self.allowed_system_users)
@@ -87,7 +88,11 @@ class Identities:
         if found is None:
             row = User.select(User.role, User.unix_user).where(User.id == owner).first()
             if row is None:  # a service account (a token without a user)
-                row = ApiToken.select(ApiToken.role, ApiToken.unix_user).where(ApiToken.id == owner).first()
+                row = (
+                    ApiToken.select(ApiToken.role, ApiToken.unix_user)
+                    .where(ApiToken.id == owner)
+                    .first()
+                )
             # A token deleted after its expiry: its work runs as its uid, never as root.
             found = (row.role, row.unix_user) if row is not None else (None, None)
             with self._lock:
@@ -95,13 +100,14 @@ class Identities:
         return found
 
     def forget(self, owner):
-        """Read this owner's role and unix_user again at its next placement (an admin changed them)."""
+        """Read this owner's role and unix_user again at its next placement (an admin changed
+        them)."""
         with self._lock:
             self._tokens.pop(owner, None)
 
     def uid(self, owner, now):
-        """The owner's uid: the one allocated before, else a new one (the lowest free uid of the range
-        that no node lists among its host users)."""
+        """The owner's uid: the one allocated before, else a new one (the lowest free uid of the
+        range that no node lists among its host users)."""
         uid = self._owner_uids.get(owner)
         if uid is not None:
             return uid
@@ -110,22 +116,37 @@ class Identities:
                 with write_transaction():
                     row = OwnerUid.get_or_none_by_id(owner)
                     if row is None:
-                        row = OwnerUid.create(token_id=owner, uid=self._free_uid(), allocated_at=now)
+                        row = OwnerUid.create(
+                            token_id=owner, uid=self._free_uid(), allocated_at=now
+                        )
             except peewee.IntegrityError:
                 continue  # another writer took that uid (or allocated this owner's) first: look again
             with self._lock:
                 self._owner_uids[owner] = row.uid
             return row.uid
-        raise UidsExhausted(f"could not allocate a uid for owner {owner} in {_ALLOCATION_TRIES} tries")
+        raise UidsExhausted(
+            f"could not allocate a uid for owner {owner} in {_ALLOCATION_TRIES} tries"
+        )
 
     def _free_uid(self):
-        taken = {uid for (uid,) in OwnerUid.select(OwnerUid.uid).where(
-            (OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop)).tuples().execute()}
-        for (capabilities,) in (Node.select(Node.capabilities).where(Node.capabilities.is_null(False))
-                                .tuples().execute()):
+        taken = {
+            uid
+            for (uid,) in OwnerUid.select(OwnerUid.uid)
+            .where((OwnerUid.uid >= self.uids.start) & (OwnerUid.uid < self.uids.stop))
+            .tuples()
+            .execute()
+        }
+        for (capabilities,) in (
+            Node.select(Node.capabilities)
+            .where(Node.capabilities.is_null(False))
+            .tuples()
+            .execute()
+        ):
             taken.update((capabilities or {}).get("host_uids") or ())
         for uid in self.uids:
             if uid not in taken:
                 return uid
-        raise UidsExhausted(f"every uid of task_uid_range {self.uids.start}-{self.uids.stop - 1} is allocated to an "
-                            f"owner or belongs to a host user")
+        raise UidsExhausted(
+            f"every uid of task_uid_range {self.uids.start}-{self.uids.stop - 1} is allocated to "
+            f"an owner or belongs to a host user"
+        )

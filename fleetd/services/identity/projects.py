@@ -5,19 +5,43 @@ Admins manage every project; a project admin manages its members and service acc
 import datetime as dt
 import re
 
-from fleetd.credentials import ADMIN, API_PREFIX, PROJECT_ROLES, hash_token, make_token, token_name_problem
+from fleetd.credentials import (
+    ADMIN,
+    API_PREFIX,
+    PROJECT_ROLES,
+    hash_token,
+    make_token,
+    token_name_problem,
+)
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from fleetd.models import ApiToken, Instance, InstanceState, Job, JobState, Project, ProjectMember, Role, User
+from fleetd.models import (
+    ApiToken,
+    Instance,
+    InstanceState,
+    Job,
+    JobState,
+    Project,
+    ProjectMember,
+    Role,
+    User,
+)
 from fleetd.names import PROJECT_KEY
 from fleetd.services.notify.events import record_event
 from fleetd.services.pagination import paginate
 from fleetd.sql import Statement
 
 _KEY = re.compile(PROJECT_KEY)
-_PROJECT = Statement(lambda v: Project.select(Project.key, Project.team).where(Project.key == v("key")).limit(1))
-_MEMBER_ROLE = Statement(lambda v: ProjectMember.select(ProjectMember.role).where(
-    (ProjectMember.project == v("project")) & (ProjectMember.user_id == v("user_id"))).limit(1))
+_PROJECT = Statement(
+    lambda v: Project.select(Project.key, Project.team).where(Project.key == v("key")).limit(1)
+)
+_MEMBER_ROLE = Statement(
+    lambda v: (
+        ProjectMember.select(ProjectMember.role)
+        .where((ProjectMember.project == v("project")) & (ProjectMember.user_id == v("user_id")))
+        .limit(1)
+    )
+)
 _SUBMITTING = ("admin", "member")
 
 
@@ -27,35 +51,49 @@ def project_for(principal, wanted):
     principal may not submit there (admins may anywhere; a service account only to its own)."""
     key = wanted or principal.default_project
     if not key:
-        raise InvalidRequest("no project given and you have no default project; name one with `project`",
-                             {"fields": {"json": {"project": ["required: you have no default project"]}}})
+        raise InvalidRequest(
+            "no project given and you have no default project; name one with `project`",
+            {"fields": {"json": {"project": ["required: you have no default project"]}}},
+        )
     project = _PROJECT.first(key=key)
     if project is None:
-        raise InvalidRequest(f"no project {key!r}", {"fields": {"json": {"project": [f"no project {key!r}"]}}})
+        raise InvalidRequest(
+            f"no project {key!r}", {"fields": {"json": {"project": [f"no project {key!r}"]}}}
+        )
     if principal.role == ADMIN:
         return project
     if principal.user_id is None:  # a service account, or a token no user owns
         if principal.project is not None and principal.project != key:
-            raise Forbidden(f"this service account belongs to project {principal.project!r}, not {key!r}",
-                            {"project": key})
+            raise Forbidden(
+                f"this service account belongs to project {principal.project!r}, not {key!r}",
+                {"project": key},
+            )
         return project
     row = _MEMBER_ROLE.first(project=key, user_id=principal.user_id)
     if row is None or row.role not in _SUBMITTING:
-        raise Forbidden(f"you may not submit to project {key!r} ({row.role if row else 'not a member'})",
-                        {"project": key})
+        raise Forbidden(
+            f"you may not submit to project {key!r} ({row.role if row else 'not a member'})",
+            {"project": key},
+        )
     return project
 
 
 def project_roles(user_id):
     """[{key, role}] of this user's projects, by key."""
-    rows = (ProjectMember.select(ProjectMember.project, ProjectMember.role)
-            .where(ProjectMember.user_id == user_id).order_by(ProjectMember.project))
+    rows = (
+        ProjectMember.select(ProjectMember.project, ProjectMember.role)
+        .where(ProjectMember.user_id == user_id)
+        .order_by(ProjectMember.project)
+    )
     return [{"key": r.project, "role": r.role} for r in rows]
 
 
 def _key_problem(key):
-    return None if isinstance(key, str) and _KEY.match(key) else (
-        "a key is 2 to 32 characters: lower-case letters, digits and '-', a letter first")
+    return (
+        None
+        if isinstance(key, str) and _KEY.match(key)
+        else ("a key is 2 to 32 characters: lower-case letters, digits and '-', a letter first")
+    )
 
 
 def create_project(now, key, name=None, display_name=None, team=None, description=""):
@@ -65,9 +103,17 @@ def create_project(now, key, name=None, display_name=None, team=None, descriptio
     with write_transaction():
         if Project.get_or_none_by_id(key) is not None:
             raise Conflict(f"project {key!r} exists", {"key": key})
-        project = Project.create(key=key, name=name or key, display_name=display_name or name or key, team=team,
-                                 description=description or "", created_at=now)
-        record_event(now, "project.created", "project", key, f"project {key} of team {team or '(none)'}")
+        project = Project.create(
+            key=key,
+            name=name or key,
+            display_name=display_name or name or key,
+            team=team,
+            description=description or "",
+            created_at=now,
+        )
+        record_event(
+            now, "project.created", "project", key, f"project {key} of team {team or '(none)'}"
+        )
     return project
 
 
@@ -95,8 +141,13 @@ def list_projects(principal, limit, cursor=None):
         if principal.user_id is None:
             query = query.where(Project.key == principal.project)
         else:
-            query = query.where(Project.key.in_(ProjectMember.select(ProjectMember.project).where(
-                ProjectMember.user_id == principal.user_id)))
+            query = query.where(
+                Project.key.in_(
+                    ProjectMember.select(ProjectMember.project).where(
+                        ProjectMember.user_id == principal.user_id
+                    )
+                )
+            )
     return paginate(query, Project.key, limit, cursor)
 
 
@@ -107,7 +158,11 @@ def update_project(now, key, changes):
             raise NotFound(f"project {key} not found")
         for field in ("name", "display_name", "team", "description"):
             if field in changes:
-                setattr(project, field, changes[field] if field != "description" else changes[field] or "")
+                setattr(
+                    project,
+                    field,
+                    changes[field] if field != "description" else changes[field] or "",
+                )
         project.save()
     return project
 
@@ -118,16 +173,28 @@ def delete_project(now, key):
     with write_transaction():
         if Project.get_or_none_by_id(key) is None:
             raise NotFound(f"project {key} not found")
-        live_jobs = Job.select().where((Job.project == key) & Job.state.not_in(
-            [s.value for s in JobState if s.is_terminal()])).exists()
-        live_instances = Instance.select().where((Instance.project == key)
-                                                 & (Instance.state != InstanceState.DELETED.value)).exists()
+        live_jobs = (
+            Job.select()
+            .where(
+                (Job.project == key)
+                & Job.state.not_in([s.value for s in JobState if s.is_terminal()])
+            )
+            .exists()
+        )
+        live_instances = (
+            Instance.select()
+            .where((Instance.project == key) & (Instance.state != InstanceState.DELETED.value))
+            .exists()
+        )
         if live_jobs or live_instances:
-            raise Conflict(f"project {key} still holds work that has not ended; cancel or delete it first",
-                           {"key": key})
+            raise Conflict(
+                f"project {key} still holds work that has not ended; cancel or delete it first",
+                {"key": key},
+            )
         ProjectMember.delete().where(ProjectMember.project == key).execute()
-        ApiToken.update(revoked_at=now).where((ApiToken.project == key) & ApiToken.user_id.is_null()
-                                              & ApiToken.revoked_at.is_null()).execute()
+        ApiToken.update(revoked_at=now).where(
+            (ApiToken.project == key) & ApiToken.user_id.is_null() & ApiToken.revoked_at.is_null()
+        ).execute()
         User.update(default_project=None).where(User.default_project == key).execute()
         Project.delete().where(Project.key == key).execute()
         record_event(now, "project.deleted", "project", key, f"project {key} deleted")
@@ -150,8 +217,10 @@ def set_member(principal, now, key, login, role):
     """Make the user a member of the project with this role (admin, member or viewer)."""
     may_manage(principal, key)
     if role not in PROJECT_ROLES:
-        raise InvalidRequest(f"a project role is one of {', '.join(PROJECT_ROLES)}",
-                             {"fields": {"json": {"role": [f"one of {', '.join(PROJECT_ROLES)}"]}}})
+        raise InvalidRequest(
+            f"a project role is one of {', '.join(PROJECT_ROLES)}",
+            {"fields": {"json": {"role": [f"one of {', '.join(PROJECT_ROLES)}"]}}},
+        )
     with write_transaction():
         if Project.get_or_none_by_id(key) is None:
             raise NotFound(f"project {key} not found")
@@ -160,7 +229,8 @@ def set_member(principal, now, key, login, role):
             raise NotFound(f"user {login} not found")
         ProjectMember.insert(project=key, user_id=user.id, role=role, bound=False).on_conflict(
             conflict_target=[ProjectMember.project, ProjectMember.user_id],
-            update={ProjectMember.role: role, ProjectMember.bound: False}).execute()
+            update={ProjectMember.role: role, ProjectMember.bound: False},
+        ).execute()
         if user.default_project is None:
             user.default_project = key
             user.save()
@@ -172,20 +242,32 @@ def remove_member(principal, now, key, login):
     may_manage(principal, key)
     with write_transaction():
         user = User.get_or_none(User.login == login)
-        if user is None or not ProjectMember.delete().where(
-                (ProjectMember.project == key) & (ProjectMember.user_id == user.id)).execute():
+        if (
+            user is None
+            or not ProjectMember.delete()
+            .where((ProjectMember.project == key) & (ProjectMember.user_id == user.id))
+            .execute()
+        ):
             raise NotFound(f"{login} is not a member of project {key}")
         if user.default_project == key:
             user.default_project = None
             user.save()
-        record_event(now, "project.member", "project", key, f"{login} is no longer a member of {key}")
+        record_event(
+            now, "project.member", "project", key, f"{login} is no longer a member of {key}"
+        )
 
 
 def list_members(principal, key):
     get_project(principal, key)
-    rows = (ProjectMember.select(ProjectMember.project, ProjectMember.role, User.login, User.display_name)
-            .join(User, on=(User.id == ProjectMember.user_id)).where(ProjectMember.project == key)
-            .order_by(User.login).dicts())
+    rows = (
+        ProjectMember.select(
+            ProjectMember.project, ProjectMember.role, User.login, User.display_name
+        )
+        .join(User, on=(User.id == ProjectMember.user_id))
+        .where(ProjectMember.project == key)
+        .order_by(User.login)
+        .dicts()
+    )
     return list(rows)
 
 
@@ -201,14 +283,26 @@ def create_service_account(principal, now, key, name, expires_in_seconds):
         project = Project.get_or_none_by_id(key)
         if project is None:
             raise NotFound(f"project {key} not found")
-        row = ApiToken.create(id=token_id, name=name, role=Role.MEMBER.value, team=project.team,
-                              token_hash=hash_token(token), created_at=now,
-                              expires_at=now + dt.timedelta(seconds=expires_in_seconds), project=key)
-        record_event(now, "project.service_account", "project", key, f"service account {name} made for {key}")
+        row = ApiToken.create(
+            id=token_id,
+            name=name,
+            role=Role.MEMBER.value,
+            team=project.team,
+            token_hash=hash_token(token),
+            created_at=now,
+            expires_at=now + dt.timedelta(seconds=expires_in_seconds),
+            project=key,
+        )
+        record_event(
+            now, "project.service_account", "project", key, f"service account {name} made for {key}"
+        )
     return row, token
 
 
 def list_service_accounts(principal, key):
     may_manage(principal, key)
-    return list(ApiToken.select().where((ApiToken.project == key) & ApiToken.user_id.is_null())
-                .order_by(ApiToken.created_at))
+    return list(
+        ApiToken.select()
+        .where((ApiToken.project == key) & ApiToken.user_id.is_null())
+        .order_by(ApiToken.created_at)
+    )

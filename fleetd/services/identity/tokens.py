@@ -16,7 +16,17 @@ from fleetd.credentials import (
 )
 from fleetd.db import database, write_transaction
 from fleetd.errors import Conflict, InvalidRequest, NotFound
-from fleetd.models import ApiToken, Event, JoinToken, Project, ProjectMember, Role, Setting, UiSession, User
+from fleetd.models import (
+    ApiToken,
+    Event,
+    JoinToken,
+    Project,
+    ProjectMember,
+    Role,
+    Setting,
+    UiSession,
+    User,
+)
 from fleetd.services.identity.identities import unix_user_problem
 from fleetd.services.notify.events import list_events
 from fleetd.services.pagination import paginate
@@ -24,17 +34,27 @@ from fleetd.services.pagination import paginate
 FIRST_ADMIN_KEY = "first_admin_token_issued"
 
 
-def create_api_token(now, name, role, team=None, expires_in_seconds=None, unix_user=None, limits=None,
-                     share_unix_user=False, allowed_system_users=frozenset(), user=None):
+def create_api_token(
+    now,
+    name,
+    role,
+    team=None,
+    expires_in_seconds=None,
+    unix_user=None,
+    limits=None,
+    share_unix_user=False,
+    allowed_system_users=frozenset(),
+    user=None,
+):
     """Create a token; returns (row, token). The token is never stored or shown again. `unix_user`:
-    the host user its tasks run as (fixed for the token's life); `limits`: its own limits (services.identity.limits).
-    The name must be single-line printable text (InvalidRequest) that no live token (neither revoked
-    nor expired) has (Conflict): events name their actor `token:<name>`. A unix_user is no system
-    account unless `allowed_system_users` names it (InvalidRequest), and no other live token's unless
-    `share_unix_user` says that both are one tenant on the hosts (Conflict): their tasks read each
-    other's files. `user`: the login of the user that owns it (one is made, of the token's role and
-    team, when none has that login), so that all its tokens are one owner; without it the token is
-    its own owner."""
+    the host user its tasks run as (fixed for the token's life); `limits`: its own limits
+    (services.identity.limits). The name must be single-line printable text (InvalidRequest) that no
+    live token (neither revoked nor expired) has (Conflict): events name their actor `token:<name>`.
+    A unix_user is no system account unless `allowed_system_users` names it (InvalidRequest), and no
+    other live token's unless `share_unix_user` says that both are one tenant on the hosts
+    (Conflict): their tasks read each other's files. `user`: the login of the user that owns it (one
+    is made, of the token's role and team, when none has that login), so that all its tokens are one
+    owner; without it the token is its own owner."""
     problem = token_name_problem(name)
     if problem:
         raise InvalidRequest(problem, {"fields": {"json": {"name": [problem]}}})
@@ -71,12 +91,24 @@ def _owning_user(now, login, token_id, role, team):
         if not found.active:
             raise Conflict(f"user {login} is deactivated", {"user": login})
         return found.id
-    project = Project.select(Project.key).where(Project.team == team).order_by(Project.key).first() if team else None
+    project = (
+        Project.select(Project.key).where(Project.team == team).order_by(Project.key).first()
+        if team
+        else None
+    )
     key = project.key if project is not None else DEFAULT_PROJECT
     if Project.get_or_none_by_id(key) is None:
         key = None
-    User.create(id=token_id, login=login, display_name=login, role=role if role in USER_ROLES else MEMBER,
-                team=team, default_project=key, source="token", created_at=now)
+    User.create(
+        id=token_id,
+        login=login,
+        display_name=login,
+        role=role if role in USER_ROLES else MEMBER,
+        team=team,
+        default_project=key,
+        source="token",
+        created_at=now,
+    )
     if key is not None:
         ProjectMember.create(project=key, user_id=token_id, role="member")
     return token_id
@@ -84,30 +116,45 @@ def _owning_user(now, login, token_id, role, team):
 
 def live_tokens(now):
     """The condition of tokens that still work: not revoked, not expired."""
-    return ApiToken.revoked_at.is_null() & (ApiToken.expires_at.is_null() | (ApiToken.expires_at > now))
+    return ApiToken.revoked_at.is_null() & (
+        ApiToken.expires_at.is_null() | (ApiToken.expires_at > now)
+    )
 
 
 def _refuse_live_name(now, name):
-    """Conflict when a live token has this name (inside the creating transaction). On PostgreSQL a lock
-    on the name keeps two creations of it from passing this check at once; SQLite's writers queue."""
+    """Conflict when a live token has this name (inside the creating transaction). On PostgreSQL a
+    lock on the name keeps two creations of it from passing this check at once; SQLite's writers
+    queue."""
     if not isinstance(database.obj, peewee.SqliteDatabase):
-        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.name:" + name,))
+        database.execute_sql(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.name:" + name,)
+        )
     if ApiToken.select(ApiToken.id).where(live_tokens(now) & (ApiToken.name == name)).exists():
-        raise Conflict(f"a live token is already named {name!r}; revoke it or choose another name", {"name": name})
+        raise Conflict(
+            f"a live token is already named {name!r}; revoke it or choose another name",
+            {"name": name},
+        )
 
 
 def _refuse_shared_unix_user(now, unix_user):
     """Conflict when a live token runs its tasks as this host user (inside the creating transaction;
     locked on PostgreSQL as the name is)."""
     if not isinstance(database.obj, peewee.SqliteDatabase):
-        database.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.unix_user:" + unix_user,))
-    holder = ApiToken.select(ApiToken.id, ApiToken.name).where(
-        live_tokens(now) & (ApiToken.unix_user == unix_user)).first()
+        database.execute_sql(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", ("api_token.unix_user:" + unix_user,)
+        )
+    holder = (
+        ApiToken.select(ApiToken.id, ApiToken.name)
+        .where(live_tokens(now) & (ApiToken.unix_user == unix_user))
+        .first()
+    )
     if holder is not None:
-        raise Conflict(f"live token {holder.name!r} ({holder.id}) already runs its tasks as host user "
-                       f"{unix_user!r}: two tokens as one user read each other's files; revoke it, choose another "
-                       f"user, or say share_unix_user: true when both are one tenant",
-                       {"unix_user": unix_user, "token_id": holder.id})
+        raise Conflict(
+            f"live token {holder.name!r} ({holder.id}) already runs its tasks as host user "
+            f"{unix_user!r}: two tokens as one user read each other's files; revoke it, choose "
+            f"another user, or say share_unix_user: true when both are one tenant",
+            {"unix_user": unix_user, "token_id": holder.id},
+        )
 
 
 def set_token_limits(token_id, limits):
@@ -123,8 +170,11 @@ def set_token_limits(token_id, limits):
 
 
 def _own_limits(stored, changes):
-    """The limits a token keeps after `changes` ({name: value or None}); None when it has none of its own."""
-    merged = {name: value for name, value in {**stored, **(changes or {})}.items() if value is not None}
+    """The limits a token keeps after `changes` ({name: value or None}); None when it has none of
+    its own."""
+    merged = {
+        name: value for name, value in {**stored, **(changes or {})}.items() if value is not None
+    }
     return merged or None
 
 
@@ -138,7 +188,11 @@ def list_token_events(token_id, limit, cursor=None, after=None):
     an id that is neither a token nor the subject of an event (one deleted after its retention)."""
     rows, next_cursor = list_events("token", token_id, limit, cursor, after)
     if not rows and ApiToken.get_or_none(ApiToken.id == token_id) is None:
-        seen = Event.select().where((Event.subject_type == "token") & (Event.subject_id == token_id)).exists()
+        seen = (
+            Event.select()
+            .where((Event.subject_type == "token") & (Event.subject_id == token_id))
+            .exists()
+        )
         if not seen:
             raise NotFound(f"token {token_id} not found")
     return rows, next_cursor
@@ -191,7 +245,9 @@ def start_ui_session(now, token_id, lifetime):
     """Record a new admin UI session of an API token; returns its secret id (kept only hashed)."""
     session_id = secrets.token_urlsafe(32)
     with write_transaction():
-        UiSession.create(id=hash_token(session_id), token_id=token_id, created_at=now, expires_at=now + lifetime)
+        UiSession.create(
+            id=hash_token(session_id), token_id=token_id, created_at=now, expires_at=now + lifetime
+        )
     return session_id
 
 

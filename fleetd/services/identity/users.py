@@ -38,8 +38,10 @@ def update_user(rt, now, login, changes):
             raise NotFound(f"user {login} not found")
         role = changes.get("role")
         if role is not None and role not in USER_ROLES:
-            raise InvalidRequest(f"a user's role is one of {', '.join(USER_ROLES)}",
-                                 {"fields": {"json": {"role": [f"one of {', '.join(USER_ROLES)}"]}}})
+            raise InvalidRequest(
+                f"a user's role is one of {', '.join(USER_ROLES)}",
+                {"fields": {"json": {"role": [f"one of {', '.join(USER_ROLES)}"]}}},
+            )
         if "default_project" in changes and changes["default_project"] is not None:
             _check_default_project(user, changes["default_project"])
         for field in ("role", "default_project"):
@@ -57,22 +59,43 @@ def update_user(rt, now, login, changes):
 
 def _check_default_project(user, key):
     if Project.get_or_none_by_id(key) is None:
-        raise InvalidRequest(f"no project {key!r}", {"fields": {"json": {"default_project": [f"no project {key!r}"]}}})
-    if user.role != ADMIN and not ProjectMember.select().where(
-            (ProjectMember.project == key) & (ProjectMember.user_id == user.id)).exists():
-        raise InvalidRequest(f"{user.login} is not a member of project {key}", {"fields": {"json": {
-            "default_project": ["the user is not a member of it"]}}})
+        raise InvalidRequest(
+            f"no project {key!r}",
+            {"fields": {"json": {"default_project": [f"no project {key!r}"]}}},
+        )
+    if (
+        user.role != ADMIN
+        and not ProjectMember.select()
+        .where((ProjectMember.project == key) & (ProjectMember.user_id == user.id))
+        .exists()
+    ):
+        raise InvalidRequest(
+            f"{user.login} is not a member of project {key}",
+            {"fields": {"json": {"default_project": ["the user is not a member of it"]}}},
+        )
 
 
 def _deactivate(user, now, why):
-    """Inside the caller's transaction: the user is inactive, its sessions end, its tokens are revoked."""
+    """Inside the caller's transaction: the user is inactive, its sessions end, its tokens are
+    revoked."""
     user.active, user.deactivated_at = False, now
-    ended = (AuthSession.update(ended_at=now)
-             .where((AuthSession.user_id == user.id) & AuthSession.ended_at.is_null()).execute())
-    revoked = (ApiToken.update(revoked_at=now)
-               .where((ApiToken.user_id == user.id) & ApiToken.revoked_at.is_null()).execute())
-    record_event(now, "user.deactivated", "user", user.id,
-                 f"user {user.login} {why}: {ended} session(s) ended, {revoked} token(s) revoked")
+    ended = (
+        AuthSession.update(ended_at=now)
+        .where((AuthSession.user_id == user.id) & AuthSession.ended_at.is_null())
+        .execute()
+    )
+    revoked = (
+        ApiToken.update(revoked_at=now)
+        .where((ApiToken.user_id == user.id) & ApiToken.revoked_at.is_null())
+        .execute()
+    )
+    record_event(
+        now,
+        "user.deactivated",
+        "user",
+        user.id,
+        f"user {user.login} {why}: {ended} session(s) ended, {revoked} token(s) revoked",
+    )
 
 
 def delete_user(rt, now, login):

@@ -11,7 +11,10 @@ from fleetd.services.pagination import last_rows
 
 # A node in one of these is drained for repair when one of its GPUs is marked for RMA.
 DRAINABLE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.FAILED_VALIDATION.value)
-OUT_OF_SERVICE = (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)  # their drain becomes one for repair
+OUT_OF_SERVICE = (
+    NodeStatus.DRAINING.value,
+    NodeStatus.DRAINED.value,
+)  # their drain becomes one for repair
 
 
 def get_gpu(serial, history=200):
@@ -21,26 +24,39 @@ def get_gpu(serial, history=200):
     if record is None:
         raise NotFound(f"no GPU with serial {serial!r} has been seen")
     record.hostname = gpu_history.node_hostname(record.node_id)
-    row = Gpu.select(Gpu.healthy, Gpu.health_reason).where((Gpu.node == record.node_id) & (Gpu.serial == serial)) \
-        .first() if record.node_id else None
+    row = (
+        Gpu.select(Gpu.healthy, Gpu.health_reason)
+        .where((Gpu.node == record.node_id) & (Gpu.serial == serial))
+        .first()
+        if record.node_id
+        else None
+    )
     record.healthy = row.healthy if row is not None else None
     record.health_reason = row.health_reason if row is not None else None
-    record.history = last_rows(Event.select().where((Event.subject_type == "gpu") & (Event.subject_id == serial)),
-                               Event.id, history)
+    record.history = last_rows(
+        Event.select().where((Event.subject_type == "gpu") & (Event.subject_id == serial)),
+        Event.id,
+        history,
+    )
     return record
 
 
 def mark_rma(rt, serial, reason, deadline_seconds):
     """Mark a board for RMA: it is reported unhealthy from now on (it takes no work), its history
     says so, and its node is drained for repair (undrained, the node validates before it takes work
-    again, and fails while the board is still in it). One transaction: a drain refused marks nothing.
-    Returns the record."""
+    again, and fails while the board is still in it). One transaction: a drain refused marks
+    nothing. Returns the record."""
     now = rt.clock.now()
     with write_transaction():
         record = GpuRecord.get_or_none(GpuRecord.serial == serial)
         if record is None:
             raise NotFound(f"no GPU with serial {serial!r} has been seen")
-        record.rma = {"reason": reason, "at": isoformat(now), "actor": current_actor(), "node_id": record.node_id}
+        record.rma = {
+            "reason": reason,
+            "at": isoformat(now),
+            "actor": current_actor(),
+            "node_id": record.node_id,
+        }
         record.flagged = ""
         record.save()
         where = f" in node {record.node_id}" if record.node_id else ""
@@ -48,7 +64,14 @@ def mark_rma(rt, serial, reason, deadline_seconds):
         healthy, why = gpu_history.rma_health({}, reason)
         Gpu.update(healthy=healthy, health_reason=why).where(Gpu.serial == serial).execute()
         node = Node.get_or_none(Node.id == record.node_id) if record.node_id else None
-        if node is not None and (node.status in DRAINABLE or (node.status in OUT_OF_SERVICE and not node.drain_repair)):
-            nodes.drain_node(rt, node.id, f"GPU serial {serial} marked for RMA: {reason}", deadline_seconds,
-                             repair=True)
+        if node is not None and (
+            node.status in DRAINABLE or (node.status in OUT_OF_SERVICE and not node.drain_repair)
+        ):
+            nodes.drain_node(
+                rt,
+                node.id,
+                f"GPU serial {serial} marked for RMA: {reason}",
+                deadline_seconds,
+                repair=True,
+            )
     return get_gpu(serial)

@@ -24,16 +24,24 @@ HELD = (NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, NodeStatus.DRAINED
 
 
 # Compiled once: a heartbeat that reports GPUs runs them.
-_GPU_HEALTH_OF = Statement(lambda v: Gpu.select(Gpu.uuid, Gpu.index, Gpu.healthy, Gpu.health_reason)
-                           .where(Gpu.node == v("node")).order_by(Gpu.index))
+_GPU_HEALTH_OF = Statement(
+    lambda v: (
+        Gpu.select(Gpu.uuid, Gpu.index, Gpu.healthy, Gpu.health_reason)
+        .where(Gpu.node == v("node"))
+        .order_by(Gpu.index)
+    )
+)
 
 
 def _fault(node_id, missing):
     """(what is wrong, GPUs still missing) from the node's stored GPUs; ("", []) when healthy."""
     rows = _GPU_HEALTH_OF.rows(node=node_id)
     present = {g.uuid for g in rows}
-    problems = [f"GPU {g.index} ({g.uuid}) unhealthy: {g.health_reason or 'no reason given'}"
-                for g in rows if not g.healthy]
+    problems = [
+        f"GPU {g.index} ({g.uuid}) unhealthy: {g.health_reason or 'no reason given'}"
+        for g in rows
+        if not g.healthy
+    ]
     gone = sorted(set(missing) - present)
     problems += [f"GPU {uuid} gone" for uuid in gone]
     return "; ".join(problems)[:REASON_MAX], gone
@@ -49,7 +57,7 @@ def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=F
     if node.status not in (NodeStatus.READY.value,) + HELD:
         return False  # pending, lost or revoked: nothing to take out of service
     gone = set(gpu_change.gone) if gpu_change else set()
-    missing = (gone | set((hold or {}).get("missing", [])))
+    missing = gone | set((hold or {}).get("missing", []))
     fault, still_missing = _fault(node.id, missing)
     policy = effective_health_policy(fleet_column(node.fleet_id, "health_policy"))
     with acting_as(FLEETD):
@@ -62,8 +70,14 @@ def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=F
 
 def _on_fault(rt, node, now, policy, hold, fault, missing):
     if hold is not None:  # already out of service for a fault: remember what is wrong now
-        if hold.get("reason") != fault or hold.get("missing") != missing[:MISSING_MAX] or hold.get("cleared"):
-            node.health_hold = dict(hold, reason=fault, missing=missing[:MISSING_MAX], cleared=False)
+        if (
+            hold.get("reason") != fault
+            or hold.get("missing") != missing[:MISSING_MAX]
+            or hold.get("cleared")
+        ):
+            node.health_hold = dict(
+                hold, reason=fault, missing=missing[:MISSING_MAX], cleared=False
+            )
             node.save()
         return False
     if not policy["cordon_on_gpu_fault"] or node.status != NodeStatus.READY.value:
@@ -78,9 +92,19 @@ def _on_fault(rt, node, now, policy, hold, fault, missing):
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=after)
         switch_node_status(rt, node, NodeStatus.DRAINING, f"drain: {reason}", now)
-        _step(rt, node, now, "drain", f"health policy: draining; tasks may finish for {after} s",
-              NodeStatus.CORDONED.value, NodeStatus.DRAINING.value, fault)
-        nodes.settle_drain(rt, node, now, deadline=False)  # a deadline already due: the heartbeat's caller settles it
+        _step(
+            rt,
+            node,
+            now,
+            "drain",
+            f"health policy: draining; tasks may finish for {after} s",
+            NodeStatus.CORDONED.value,
+            NodeStatus.DRAINING.value,
+            fault,
+        )
+        nodes.settle_drain(
+            rt, node, now, deadline=False
+        )  # a deadline already due: the heartbeat's caller settles it
     return True
 
 
@@ -90,13 +114,25 @@ def _on_recovery(rt, node, now, policy, hold):
     if not policy["uncordon_when_healthy"] or node.status not in HELD:
         node.health_hold = dict(hold, cleared=True)
         node.save()
-        _step(rt, node, now, "fault_cleared", f"health policy: GPUs healthy again; the node stays {node.status} "
-              "(the fleet's policy does not return nodes)", node.status, node.status, "")
+        _step(
+            rt,
+            node,
+            now,
+            "fault_cleared",
+            f"health policy: GPUs healthy again; the node stays {node.status} "
+            "(the fleet's policy does not return nodes)",
+            node.status,
+            node.status,
+            "",
+        )
         return False
     was = node.status
     node.health_hold = None
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
-    reason = f"health policy: GPUs healthy again (out of service since {hold.get('since')}: {hold.get('reason')})"
+    reason = (
+        f"health policy: GPUs healthy again (out of service since {hold.get('since')}: "
+        f"{hold.get('reason')})"
+    )
     switch_node_status(rt, node, NodeStatus.READY, reason[:REASON_MAX], now)
     _step(rt, node, now, "return", reason[:REASON_MAX], was, NodeStatus.READY.value, "")
     return True
@@ -104,9 +140,20 @@ def _on_recovery(rt, node, now, policy, hold):
 
 def _step(rt, node, now, step, reason, from_status, to_status, fault):
     """A node.health Event (its webhook deliveries with it) and, after the commit, the counter."""
-    record_event(now, "node.health", "node", node.id, reason, from_status, to_status, actor=FLEETD,
-                 data={"step": step, "fault": fault, "fleet": node.fleet_id, "hostname": node.hostname})
-    gpu_history.record_health_action(node.id, step, reason, now)  # in the history of each GPU concerned
+    record_event(
+        now,
+        "node.health",
+        "node",
+        node.id,
+        reason,
+        from_status,
+        to_status,
+        actor=FLEETD,
+        data={"step": step, "fault": fault, "fleet": node.fleet_id, "hostname": node.hostname},
+    )
+    gpu_history.record_health_action(
+        node.id, step, reason, now
+    )  # in the history of each GPU concerned
     if rt is not None and rt.instruments is not None:
         counter = rt.instruments.health_remediations.labels(step)
         after_commit(counter.inc)

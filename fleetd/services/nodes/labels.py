@@ -46,12 +46,18 @@ def set_node_labels(rt, node_id, changes):
                 overrides[key] = value
         labels = merged_labels(node.agent_labels, overrides)
         if len(labels) > MAX_LABELS:
-            raise InvalidRequest(f"a node has at most {MAX_LABELS} labels ({len(labels)} with these)",
-                                 {"labels": [f"at most {MAX_LABELS} labels"]})
+            raise InvalidRequest(
+                f"a node has at most {MAX_LABELS} labels ({len(labels)} with these)",
+                {"labels": [f"at most {MAX_LABELS} labels"]},
+            )
         node.label_overrides = overrides or None
         node.labels = labels
         node.save()
-        said = ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted(changes.items()))
+        said = ", ".join(
+            f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted(changes.items())
+        )
         record_event(now, "node.labels", "node", node_id, f"labels set through the API: {said}")
-    rt.scheduler.kick(what=node_changed(node))  # a job whose selector names these labels may fit now
+    rt.scheduler.kick(
+        what=node_changed(node)
+    )  # a job whose selector names these labels may fit now
     return get_node(node_id)

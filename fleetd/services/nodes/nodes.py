@@ -15,13 +15,27 @@ from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSE
 from fleetd.services.workloads.runs import end_task, stop_tasks_of_node, switch_node_status
 from fleetd.sql import Statement, insert_rows
 
-GPU_FIELDS = ("index", "vendor", "model", "memory_total_bytes", "numa_node", "max_tflops", "healthy", "health_reason",
-              "mig_mode", "serial", "board_part_number", "vbios")
+GPU_FIELDS = (
+    "index",
+    "vendor",
+    "model",
+    "memory_total_bytes",
+    "numa_node",
+    "max_tflops",
+    "healthy",
+    "health_reason",
+    "mig_mode",
+    "serial",
+    "board_part_number",
+    "vbios",
+)
 
 
-def list_nodes(limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None, search=None):
-    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or hostname;
-    `search`: those whose hostname holds it (any case)."""
+def list_nodes(
+    limit, cursor=None, fleet=None, status=None, agent_version=None, hostname=None, search=None
+):
+    """One page of nodes (oldest first), optionally of one fleet, status, agent version and/or
+    hostname; `search`: those whose hostname holds it (any case)."""
     query = Node.select()
     if agent_version:
         query = query.where(Node.agent_version == agent_version)
@@ -49,8 +63,8 @@ def find_node(node_id):
 
 
 def resolve_node(handle, limit=100):
-    """The nodes `handle` names, oldest first: the one whose id it is, else those of that hostname. At
-    most `limit`."""
+    """The nodes `handle` names, oldest first: the one whose id it is, else those of that hostname.
+    At most `limit`."""
     node = find_node(handle)
     if node is not None:
         return [node]
@@ -84,7 +98,10 @@ def operator_takes_over(node):
 
 def _refuse_if_lost(node, action):
     if node.status == NodeStatus.LOST.value:
-        raise Conflict(f"node {node.id} is lost; {action} it once it is back, or revoke it", {"status": node.status})
+        raise Conflict(
+            f"node {node.id} is lost; {action} it once it is back, or revoke it",
+            {"status": node.status},
+        )
 
 
 def cordon_node(rt, node_id, reason="cordoned by admin"):
@@ -95,8 +112,12 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
         _refuse_if_lost(node, "cordon")
         # Only a ready node: the state machine lets a drained one become cordoned at the end of an
         # agent upgrade (services.nodes.upgrades), which is not an operator's cordon.
-        if node.status != NodeStatus.CORDONED.value and not NodeStatus(node.status).allows("cordon"):
-            raise Conflict(f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status})
+        if node.status != NodeStatus.CORDONED.value and not NodeStatus(node.status).allows(
+            "cordon"
+        ):
+            raise Conflict(
+                f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status}
+            )
         operator_takes_over(node)
         if node.status != NodeStatus.CORDONED.value:
             switch_node_status(rt, node, NodeStatus.CORDONED, reason, now)
@@ -111,7 +132,9 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
         _refuse_if_lost(node, "uncordon")
         if node.status != NodeStatus.READY.value:
             if not NodeStatus(node.status).allows("uncordon"):
-                raise Conflict(f"node {node_id} is {node.status}, not cordoned", {"status": node.status})
+                raise Conflict(
+                    f"node {node_id} is {node.status}, not cordoned", {"status": node.status}
+                )
             operator_takes_over(node)
             switch_node_status(rt, node, NodeStatus.READY, reason, now)
     rt.scheduler.kick(what=node_changed(node))
@@ -120,39 +143,58 @@ def uncordon_node(rt, node_id, reason="uncordoned by admin"):
 
 def drain_node(rt, node_id, reason, deadline_seconds, repair=False):
     """Stop placements now; the node becomes drained when its tasks are done or the deadline passes.
-    `repair`: the node comes back through a validation when it is undrained (services.nodes.validation)."""
+    `repair`: the node comes back through a validation when it is undrained
+    (services.nodes.validation)."""
     now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
         _refuse_if_lost(node, "drain")
         if node.status in (NodeStatus.DRAINING.value, NodeStatus.DRAINED.value):
-            if repair and not node.drain_repair:  # already out of service: it now comes back through validation
+            if (
+                repair and not node.drain_repair
+            ):  # already out of service: it now comes back through validation
                 node.drain_repair = True
                 node.save()
-                record_event(now, "node.drain", "node", node_id, f"drain for repair: {reason}", node.status,
-                             node.status)
+                record_event(
+                    now,
+                    "node.drain",
+                    "node",
+                    node_id,
+                    f"drain for repair: {reason}",
+                    node.status,
+                    node.status,
+                )
                 return get_node(node_id)
             raise Conflict(f"node {node_id} is already {node.status}", {"status": node.status})
         if not NodeStatus(node.status).allows("drain"):
-            raise Conflict(f"node {node_id} cannot go from {node.status} to draining", {"status": node.status})
+            raise Conflict(
+                f"node {node_id} cannot go from {node.status} to draining", {"status": node.status}
+            )
         operator_takes_over(node)
         node.drain_repair = bool(repair)
         node.drain_reason = reason
         node.drain_started_at = now
         node.drain_deadline = now + dt.timedelta(seconds=deadline_seconds)
-        switch_node_status(rt, node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now)
+        switch_node_status(
+            rt, node, NodeStatus.DRAINING, f"drain{' for repair' if repair else ''}: {reason}", now
+        )
         settle_drain(rt, node, now)
     return get_node(node_id)
 
 
 def active_task_ids(node_id):
     """Ids of the tasks assigned to or running on a node."""
-    return [t.id for t in Task.select(Task.id).where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))]
+    return [
+        t.id
+        for t in Task.select(Task.id).where(
+            (Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)
+        )
+    ]
 
 
 def settle_drain(rt, node, now, deadline=True):
-    """Finish a drain whose node runs nothing any more; at the deadline (unless `deadline` is False),
-    stop and requeue its tasks.
+    """Finish a drain whose node runs nothing any more; at the deadline (unless `deadline` is
+    False), stop and requeue its tasks.
 
     Runs inside the caller's transaction; returns the ids of jobs that were requeued. Stopping tasks
     at the deadline is the leader's work, under its fence (settle_drains, settle_drain_of): a path
@@ -166,8 +208,13 @@ def settle_drain(rt, node, now, deadline=True):
         return set()
     if deadline and node.drain_deadline is not None and node.drain_deadline <= now:
         jobs = stop_tasks_of_node(rt, node.id, "node drain deadline passed", now)
-        switch_node_status(rt, node, NodeStatus.DRAINED,
-                           f"drain deadline passed; {len(active)} task(s) stopped and requeued", now)
+        switch_node_status(
+            rt,
+            node,
+            NodeStatus.DRAINED,
+            f"drain deadline passed; {len(active)} task(s) stopped and requeued",
+            now,
+        )
         return jobs
     return None
 
@@ -188,7 +235,8 @@ def settle_drains(rt):
 
 def settle_drain_of(rt, node_id):
     """On the leader only, in a fenced transaction of its own: settle one node's drain (its deadline
-    passed while a heartbeat was being answered). A replica that does not lead leaves it to the leader."""
+    passed while a heartbeat was being answered). A replica that does not lead leaves it to the
+    leader."""
     if not rt.leader.leading():
         return
     try:
@@ -214,8 +262,11 @@ def _requeued(rt, jobs):
 
 def live_nodes_last_heard():
     """(node id, last heartbeat written down) of every node that should be heartbeating."""
-    return list(Node.select(Node.id, Node.last_heartbeat_at)
-                .where(Node.status.in_([s.value for s in LIVE_STATUSES])).tuples())
+    return list(
+        Node.select(Node.id, Node.last_heartbeat_at)
+        .where(Node.status.in_([s.value for s in LIVE_STATUSES]))
+        .tuples()
+    )
 
 
 def undrain_node(rt, node_id, reason="undrained by admin"):
@@ -225,7 +276,9 @@ def undrain_node(rt, node_id, reason="undrained by admin"):
         node = _locked_node(node_id)
         _refuse_if_lost(node, "undrain")
         if not NodeStatus(node.status).allows("undrain"):
-            raise Conflict(f"node {node_id} is {node.status}, not draining or drained", {"status": node.status})
+            raise Conflict(
+                f"node {node_id} is {node.status}, not draining or drained", {"status": node.status}
+            )
         operator_takes_over(node)
         if node.drain_repair:  # back from repair: it takes work once it passes validation
             validation.undrain_for_repair(rt, node, now)
@@ -247,7 +300,9 @@ def revoke_node(rt, node_id, reason="revoked by admin"):
             operator_takes_over(node)
             node.drain_reason = node.drain_deadline = node.drain_started_at = None
             switch_node_status(rt, node, NodeStatus.REVOKED, reason, now)
-            for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
+            for task in list(
+                Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))
+            ):
                 task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
                 if task.state in ACTIVE_TASK_STATES:
                     end_task(rt, task, TaskState.LOST, f"node {node_id} revoked", now)
@@ -280,7 +335,13 @@ GpuChange = collections.namedtuple("GpuChange", "gone")  # uuids of GPUs the nod
 # no GPU: a CPU-only host) or "driver_error" (a driver is there and NVML failed: a GPU host that
 # needs attention).
 GPU_STATUSES = ("ok", "cpu_only", "driver_error")
-_NO_DRIVER = ("not installed", "Library Not Found", "libnvidia-ml", "No such file", "NVML_ERROR_LIBRARY_NOT_FOUND")
+_NO_DRIVER = (
+    "not installed",
+    "Library Not Found",
+    "libnvidia-ml",
+    "No such file",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+)
 
 
 def learned_gpu_status(node, gpus, metrics):
@@ -290,13 +351,20 @@ def learned_gpu_status(node, gpus, metrics):
         return None
     reason = str((metrics or {}).get("devices_reason") or "")[:500]
     if reason:
-        found = ("cpu_only" if any(mark in reason for mark in _NO_DRIVER) else "driver_error", reason)
+        found = (
+            "cpu_only" if any(mark in reason for mark in _NO_DRIVER) else "driver_error",
+            reason,
+        )
     elif gpus is not None:
         found = ("ok", "") if gpus else ("cpu_only", "no GPU found")
     elif node.gpu_status == "ok":
         return None
     else:  # the agent no longer says why it has none: look at what it reported last
-        found = ("ok", "") if Gpu.select().where(Gpu.node == node.id).exists() else ("cpu_only", "no GPU found")
+        found = (
+            ("ok", "")
+            if Gpu.select().where(Gpu.node == node.id).exists()
+            else ("cpu_only", "no GPU found")
+        )
     return None if found == (node.gpu_status, node.gpu_status_reason) else found
 
 
@@ -304,7 +372,9 @@ def set_gpu_status(node, status, reason, now):
     """Store what the node's GPUs are (inside the caller's transaction), with an Event."""
     node.gpu_status, node.gpu_status_reason = status, reason
     node.save()
-    record_event(now, "node.gpus", "node", node.id, f"GPUs: {status}{': ' + reason if reason else ''}")
+    record_event(
+        now, "node.gpus", "node", node.id, f"GPUs: {status}{': ' + reason if reason else ''}"
+    )
 
 
 def replace_gpus(node, gpus, now):
@@ -313,8 +383,19 @@ def replace_gpus(node, gpus, now):
     current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in _GPUS_OF.rows(node=node.id)}
     marked = gpu_history.rma_overrides(gpus)
     if marked:  # a board marked for RMA takes no work, whatever its agent says of it
-        gpus = [dict(g, **dict(zip(("healthy", "health_reason"), gpu_history.rma_health(g, marked[g["serial"]]))))
-                if g.get("serial") in marked else g for g in gpus]
+        gpus = [
+            dict(
+                g,
+                **dict(
+                    zip(
+                        ("healthy", "health_reason"), gpu_history.rma_health(g, marked[g["serial"]])
+                    )
+                ),
+            )
+            if g.get("serial") in marked
+            else g
+            for g in gpus
+        ]
     gpu_history.observe(node, gpus, current, now)
     reported = {g["uuid"]: {f: g.get(f) for f in GPU_FIELDS} for g in gpus}
     if current == reported:
@@ -343,7 +424,9 @@ def mark_node_lost(rt, now, node_id, silent_seconds, fence=None):
         node = find_node(node_id)
         if node is None or NodeStatus(node.status) not in LIVE_STATUSES:
             return False
-        switch_node_status(rt, node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now)
+        switch_node_status(
+            rt, node, NodeStatus.LOST, f"no heartbeat for {silent_seconds:.0f}s", now
+        )
     return True
 
 
@@ -358,38 +441,62 @@ def record_heartbeat_times(times):
 
 
 # Compiled once: a sweep at 10,000 nodes writes thousands of these.
-_SEEN_AT = Statement(lambda v: Node.update(last_heartbeat_at=v("at", Node.last_heartbeat_at)).where(Node.id == v("id")))
+_SEEN_AT = Statement(
+    lambda v: Node.update(last_heartbeat_at=v("at", Node.last_heartbeat_at)).where(
+        Node.id == v("id")
+    )
+)
 
 
 def list_node_events(node_id, limit, cursor=None, after=None):
     """A node's events (kept after the node is deleted); NotFound for an id never seen."""
     rows, next_cursor = list_events("node", node_id, limit, cursor, after)
     if not rows and find_node(node_id) is None:
-        seen = Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)).exists()
+        seen = (
+            Event.select()
+            .where((Event.subject_type == "node") & (Event.subject_id == node_id))
+            .exists()
+        )
         if not seen:
             raise NotFound(f"node {node_id} not found")
     return rows, next_cursor
 
 
-def record_bootstrap_run(rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""):
+def record_bootstrap_run(
+    rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""
+):
     """Record a provisioning run on a node as one of its events; its actor is whoever called (the
     operator's token). Returns the Event."""
     now = rt.clock.now()
-    bundle = f"bundle {bundle_version or 'of unknown version'}" + (f", sha256 {bundle_sha256}" if bundle_sha256 else "")
+    bundle = f"bundle {bundle_version or 'of unknown version'}" + (
+        f", sha256 {bundle_sha256}" if bundle_sha256 else ""
+    )
     reason = f"bootstrap on {host}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
     with write_transaction():
         if find_node(node_id) is None:
             raise NotFound(f"node {node_id} not found")
         record_event(now, "node.bootstrap", "node", node_id, reason)
-        return Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)
-                                    & (Event.kind == "node.bootstrap") & (Event.at == now)
-                                    & (Event.reason == reason)).order_by(Event.id.desc()).get()
+        return (
+            Event.select()
+            .where(
+                (Event.subject_type == "node")
+                & (Event.subject_id == node_id)
+                & (Event.kind == "node.bootstrap")
+                & (Event.at == now)
+                & (Event.reason == reason)
+            )
+            .order_by(Event.id.desc())
+            .get()
+        )
 
 
 def node_events_tail(node_id, count):
     """The last `count` events of a node, oldest first."""
-    return last_rows(Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)), Event.id,
-                     count)
+    return last_rows(
+        Event.select().where((Event.subject_type == "node") & (Event.subject_id == node_id)),
+        Event.id,
+        count,
+    )
 
 
 def with_last_heartbeat(node_list, liveness):

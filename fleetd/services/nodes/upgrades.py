@@ -8,8 +8,8 @@ way), or, when the upgrade failed, keeps it drained with a reason that names the
 record outlives a failed upgrade: the next attempt still returns the node to the operator's state.
 An operator who acts on the node meanwhile takes over (nodes.operator_takes_over drops the record).
 A node whose agent died in a failed upgrade may be declared lost before the retry begins: the retry
-is accepted on the record it holds, and the node stays lost until the new agent's heartbeat brings it
-back to where it was when it went silent (drained, for the upgrade's own drain).
+is accepted on the record it holds, and the node stays lost until the new agent's heartbeat brings
+it back to where it was when it went silent (drained, for the upgrade's own drain).
 """
 
 import datetime as dt
@@ -42,7 +42,9 @@ def _when(value):
 def can_upgrade(node):
     """Whether fleetd takes the node through an upgrade: a ready, cordoned, draining or drained one,
     or a lost one whose agent went silent in an upgrade (its record says where it returns)."""
-    return node.status in UPGRADABLE or (node.status == NodeStatus.LOST.value and node.upgrade is not None)
+    return node.status in UPGRADABLE or (
+        node.status == NodeStatus.LOST.value and node.upgrade is not None
+    )
 
 
 def begin_upgrade(rt, node_id, reason, deadline_seconds):
@@ -53,15 +55,24 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
         node = _node(node_id)
         retry_of_lost = node.status == NodeStatus.LOST.value and node.upgrade is not None
         if not can_upgrade(node):
-            raise Conflict(f"node {node_id} is {node.status}: only a {', '.join(UPGRADABLE[:-1])} or "
-                           f"{UPGRADABLE[-1]} node is upgraded through fleetd (or a lost one whose upgrade failed)",
-                           {"status": node.status})
+            raise Conflict(
+                f"node {node_id} is {node.status}: only a {', '.join(UPGRADABLE[:-1])} or "
+                f"{UPGRADABLE[-1]} node is upgraded through fleetd (or a lost one whose upgrade "
+                f"failed)",
+                {"status": node.status},
+            )
         record = node.upgrade
         if record is None:  # a retry after a failed upgrade keeps what the first attempt remembered
-            record = {"before": {"status": node.status, "reason": node.status_reason,
-                                 "drain_reason": node.drain_reason, "drain_deadline": _when(node.drain_deadline),
-                                 "drain_started_at": _when(node.drain_started_at)},
-                      "drained": node.status in ("ready", "cordoned")}
+            record = {
+                "before": {
+                    "status": node.status,
+                    "reason": node.status_reason,
+                    "drain_reason": node.drain_reason,
+                    "drain_deadline": _when(node.drain_deadline),
+                    "drain_started_at": _when(node.drain_started_at),
+                },
+                "drained": node.status in ("ready", "cordoned"),
+            }
         failed_before = record.get("failed")
         record.update(reason=reason, started_at=now.isoformat(), failed=None)
         node.upgrade = record
@@ -73,13 +84,24 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
             switch_node_status(rt, node, NodeStatus.DRAINING, f"upgrade: {reason}", now)
             settle_drain(rt, node, now)
         elif retry_of_lost:
-            record_event(now, "node.upgrade", "node", node_id,
-                         f"upgrade: {reason}; the node stays lost until its new agent's heartbeat "
-                         f"(it went silent {'after the upgrade that failed' if failed_before else 'during an upgrade'})")
+            record_event(
+                now,
+                "node.upgrade",
+                "node",
+                node_id,
+                f"upgrade: {reason}; the node stays lost until its new agent's heartbeat "
+                f"(it went silent "
+                f"{'after the upgrade that failed' if failed_before else 'during an upgrade'})",
+            )
         else:
-            record_event(now, "node.upgrade", "node", node_id,
-                         f"upgrade: {reason}; the node stays {node.status} as an operator left it "
-                         f"({record['before']['drain_reason'] or record['before']['reason'] or 'no reason given'})")
+            record_event(
+                now,
+                "node.upgrade",
+                "node",
+                node_id,
+                f"upgrade: {reason}; the node stays {node.status} as an operator left it "
+                f"({record['before']['drain_reason'] or record['before']['reason'] or 'no reason given'})",
+            )
     return get_node(node_id)
 
 
@@ -96,9 +118,16 @@ def end_upgrade(rt, node_id, outcome, detail=""):
             said = _fail(node, record, detail, now)
         else:
             said = _restore(rt, node, record, detail, now)
-        # One event per upgrade's end, whatever became of the node: node.upgraded webhooks receive it.
-        record_event(now, "node.upgraded", "node", node_id, said,
-                     data={"outcome": outcome, "detail": detail, "status": node.status})
+        # One event per upgrade's end, whatever became of the node: node.upgraded webhooks receive
+        # it.
+        record_event(
+            now,
+            "node.upgraded",
+            "node",
+            node_id,
+            said,
+            data={"outcome": outcome, "detail": detail, "status": node.status},
+        )
     if node.status == NodeStatus.READY.value:
         rt.scheduler.kick(what=node_changed(node))
     return get_node(node_id)
@@ -109,7 +138,8 @@ def _fail(node, record, detail, now):
     record["failed"] = {"at": now.isoformat(), "detail": detail}
     node.upgrade = record
     if record["drained"] and node.status in ("draining", "drained"):
-        # Ours: the drain stays, now naming the failure; an operator undrains once the agent is fixed.
+        # Ours: the drain stays, now naming the failure; an operator undrains once the agent is
+        # fixed.
         node.drain_reason = why
         node.status_reason = why
     node.save()
@@ -124,12 +154,21 @@ def _restore(rt, node, record, detail, now):
         node.save()  # an operator's drain: it was never touched
         return f"{done}; the node stays {node.status} as an operator left it"
     if node.status not in ("draining", "drained"):
-        raise Conflict(f"node {node.id} is {node.status}, not drained for its upgrade: it is not put back "
-                       f"{before['status']}", {"status": node.status})
+        raise Conflict(
+            f"node {node.id} is {node.status}, not drained for its upgrade: it is not put back "
+            f"{before['status']}",
+            {"status": node.status},
+        )
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     if before["status"] == NodeStatus.CORDONED.value:
-        switch_node_status(rt, node, NodeStatus.CORDONED, f"{done}; cordoned as before"
-                           + (f" ({before['reason']})" if before.get("reason") else ""), now)
+        switch_node_status(
+            rt,
+            node,
+            NodeStatus.CORDONED,
+            f"{done}; cordoned as before"
+            + (f" ({before['reason']})" if before.get("reason") else ""),
+            now,
+        )
     else:
         switch_node_status(rt, node, NodeStatus.READY, done, now)
     return f"{done}; the node is {node.status} again"

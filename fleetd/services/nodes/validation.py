@@ -25,9 +25,22 @@ from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.services.workloads.runs import switch_node_status
 
 # The built-in checks, in the order the agent runs them (docs/validation.md).
-BUILTIN_CHECKS = ("gpus_present", "gpu_health", "driver_version", "cuda_version", "persistence_mode", "ecc_mode",
-                  "retired_pages", "row_remap", "ecc_errors", "pcie_link", "clocks_throttle", "temperature",
-                  "mig_mode", "dcgm")
+BUILTIN_CHECKS = (
+    "gpus_present",
+    "gpu_health",
+    "driver_version",
+    "cuda_version",
+    "persistence_mode",
+    "ecc_mode",
+    "retired_pages",
+    "row_remap",
+    "ecc_errors",
+    "pcie_link",
+    "clocks_throttle",
+    "temperature",
+    "mig_mode",
+    "dcgm",
+)
 COMMAND_CHECK = "command"
 STATES = ("running", "passed", "failed")
 RESULT_STATUSES = ("passed", "failed", "not_supported", "skipped")
@@ -49,12 +62,21 @@ def fleet_setting(fleet_id):
 def prevailing_versions(fleet_id, node_id):
     """{driver_version, cuda_version} most common among the latest passed validations of the
     fleet's other nodes (None where there is none)."""
-    others = [n.id for n in Node.select(Node.id).where((Node.fleet == fleet_id) & (Node.id != node_id)).limit(1000)]
+    others = [
+        n.id
+        for n in Node.select(Node.id)
+        .where((Node.fleet == fleet_id) & (Node.id != node_id))
+        .limit(1000)
+    ]
     latest = {}
     for start in range(0, len(others), 500):
-        for row in (Validation.select(Validation.node_id, Validation.system)
-                    .where(Validation.node_id.in_(others[start:start + 500]) & (Validation.state == "passed"))
-                    .order_by(Validation.id)):
+        for row in (
+            Validation.select(Validation.node_id, Validation.system)
+            .where(
+                Validation.node_id.in_(others[start : start + 500]) & (Validation.state == "passed")
+            )
+            .order_by(Validation.id)
+        ):
             latest[row.node_id] = row.system or {}
     out = {}
     for key in ("driver_version", "cuda_version"):
@@ -69,7 +91,9 @@ def resolve_suite(node, setting):
     setting = dict(setting or {})
     checks = [c for c in (setting.get("checks") or BUILTIN_CHECKS) if c in BUILTIN_CHECKS]
     expected = setting.get("expected_gpus")
-    if expected is None:  # as many as it reports, and never fewer than its last passed validation found
+    if (
+        expected is None
+    ):  # as many as it reports, and never fewer than its last passed validation found
         expected = max(Gpu.select().where(Gpu.node == node.id).count(), _last_passed_count(node.id))
     prevailing = prevailing_versions(node.fleet_id, node.id)
     return {
@@ -90,10 +114,14 @@ def resolve_suite(node, setting):
 
 
 def _last_passed_count(node_id):
-    """How many GPUs the node's latest passed validation expected (0: none passed): a GPU that fell off
-    the bus since is missed, not forgotten."""
-    row = (Validation.select(Validation.suite).where((Validation.node_id == node_id) & (Validation.state == "passed"))
-           .order_by(Validation.id.desc()).first())
+    """How many GPUs the node's latest passed validation expected (0: none passed): a GPU that fell
+    off the bus since is missed, not forgotten."""
+    row = (
+        Validation.select(Validation.suite)
+        .where((Validation.node_id == node_id) & (Validation.state == "passed"))
+        .order_by(Validation.id.desc())
+        .first()
+    )
     return int((row.suite or {}).get("expected_gpus") or 0) if row is not None else 0
 
 
@@ -106,7 +134,12 @@ def _deadline(now, suite):
 
 def latest_validation(node_id):
     """The node's most recent Validation, or None."""
-    return Validation.select().where(Validation.node_id == node_id).order_by(Validation.id.desc()).first()
+    return (
+        Validation.select()
+        .where(Validation.node_id == node_id)
+        .order_by(Validation.id.desc())
+        .first()
+    )
 
 
 def start_validation(rt, node, now, reason, then_status, setting=None, actor=None):
@@ -116,14 +149,32 @@ def start_validation(rt, node, now, reason, then_status, setting=None, actor=Non
     running = latest_validation(node.id)
     if running is not None and running.state == "running":
         running.state, running.finished_at = "failed", now
-        running.checks = [{"name": "superseded", "gpu": None, "status": "failed", "passed": False,
-                           "detail": "a new validation of the node replaced this one"}]
+        running.checks = [
+            {
+                "name": "superseded",
+                "gpu": None,
+                "status": "failed",
+                "passed": False,
+                "detail": "a new validation of the node replaced this one",
+            }
+        ]
         running.save()
     suite = resolve_suite(node, setting if setting is not None else fleet_setting(node.fleet_id))
     actor = actor or current_actor()
-    row = Validation.create(id=new_id(), node_id=node.id, state="running", reason=reason[:REASON_MAX], suite=suite,
-                            then_status=then_status, started_at=now, deadline=_deadline(now, suite), actor=actor)
-    switch_node_status(rt, node, NodeStatus.VALIDATING, f"validating: {reason}"[:REASON_MAX], now, actor=actor)
+    row = Validation.create(
+        id=new_id(),
+        node_id=node.id,
+        state="running",
+        reason=reason[:REASON_MAX],
+        suite=suite,
+        then_status=then_status,
+        started_at=now,
+        deadline=_deadline(now, suite),
+        actor=actor,
+    )
+    switch_node_status(
+        rt, node, NodeStatus.VALIDATING, f"validating: {reason}"[:REASON_MAX], now, actor=actor
+    )
     return row
 
 
@@ -134,13 +185,24 @@ def gate_first_heartbeat(rt, node, now):
     if setting is None:
         switch_node_status(rt, node, NodeStatus.READY, "first heartbeat", now)
         return False
-    start_validation(rt, node, now, f"new node: fleet {node.fleet_id} validates nodes before they take work",
-                     NodeStatus.READY.value, setting)
+    start_validation(
+        rt,
+        node,
+        now,
+        f"new node: fleet {node.fleet_id} validates nodes before they take work",
+        NodeStatus.READY.value,
+        setting,
+    )
     return True
 
 
 # Where an operator's validation leaves a node that passes, by the status it is asked in.
-_RETURNS_TO = {"ready": "ready", "cordoned": "cordoned", "drained": "drained", "failed_validation": "ready"}
+_RETURNS_TO = {
+    "ready": "ready",
+    "cordoned": "cordoned",
+    "drained": "drained",
+    "failed_validation": "ready",
+}
 
 
 def validate_node(rt, node_id):
@@ -158,12 +220,20 @@ def validate_node(rt, node_id):
         elif node.status in _RETURNS_TO:
             then_status = _RETURNS_TO[node.status]
         else:
-            raise Conflict(f"node {node_id} is {node.status}: only a ready, cordoned, drained, validating or "
-                           "failed_validation node can be validated", {"status": node.status})
-        running = Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)).count()
+            raise Conflict(
+                f"node {node_id} is {node.status}: only a ready, cordoned, drained, validating or "
+                "failed_validation node can be validated",
+                {"status": node.status},
+            )
+        running = (
+            Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)).count()
+        )
         if running:
-            raise Conflict(f"node {node_id} runs {running} task(s): drain it first (a validation needs its GPUs "
-                           "idle)", {"status": node.status, "tasks": running})
+            raise Conflict(
+                f"node {node_id} runs {running} task(s): drain it first (a validation needs its "
+                "GPUs idle)",
+                {"status": node.status, "tasks": running},
+            )
         start_validation(rt, node, now, f"requested by {current_actor()}", then_status)
     return node_id
 
@@ -171,13 +241,25 @@ def validate_node(rt, node_id):
 def undrain_for_repair(rt, node, now):
     """Inside the undrain's transaction: a node drained for repair validates before it is ready
     (the built-in checks where its fleet has no gate). Conflict while tasks still run on it."""
-    running = Task.select().where((Task.node == node.id) & Task.state.in_(ACTIVE_TASK_STATES)).count()
+    running = (
+        Task.select().where((Task.node == node.id) & Task.state.in_(ACTIVE_TASK_STATES)).count()
+    )
     if running:
-        raise Conflict(f"node {node.id} was drained for repair and still runs {running} task(s): it is validated "
-                       "once they are done (wait for drained)", {"status": node.status, "tasks": running})
+        raise Conflict(
+            f"node {node.id} was drained for repair and still runs {running} task(s): it is "
+            "validated once they are done (wait for drained)",
+            {"status": node.status, "tasks": running},
+        )
     node.drain_reason = node.drain_deadline = node.drain_started_at = None
     node.drain_repair = False
-    start_validation(rt, node, now, "back from repair", NodeStatus.READY.value, fleet_setting(node.fleet_id) or {})
+    start_validation(
+        rt,
+        node,
+        now,
+        "back from repair",
+        NodeStatus.READY.value,
+        fleet_setting(node.fleet_id) or {},
+    )
 
 
 def heartbeat_validation(rt, node, now):
@@ -189,9 +271,22 @@ def heartbeat_validation(rt, node, now):
     if row is None or row.state != "running":
         return None
     if row.deadline <= now:
-        _finish(rt, node.id, row.id, [{"name": "deadline", "gpu": None, "status": "failed", "passed": False,
-                                       "detail": f"no result from the node's agent by {row.deadline.isoformat()}Z"}],
-                None, now)
+        _finish(
+            rt,
+            node.id,
+            row.id,
+            [
+                {
+                    "name": "deadline",
+                    "gpu": None,
+                    "status": "failed",
+                    "passed": False,
+                    "detail": f"no result from the node's agent by {row.deadline.isoformat()}Z",
+                }
+            ],
+            None,
+            now,
+        )
         node.status = Node.select(Node.status).where(Node.id == node.id).scalar() or node.status
         return None
     return {"id": row.id, "suite": row.suite}
@@ -208,10 +303,27 @@ def _server_checks(node_id):
     """Checks fleetd adds to the agent's: no GPU of the node is marked for RMA."""
     marked = gpu_history.rma_marked_on(node_id)
     if not marked:
-        return [{"name": "rma", "gpu": None, "status": "passed", "passed": True,
-                 "detail": "no GPU of the node is marked for RMA"}]
-    return [{"name": "rma", "gpu": index, "uuid": uuid, "serial": serial, "status": "failed", "passed": False,
-             "detail": f"GPU serial {serial} is marked for RMA: {reason}"} for index, uuid, serial, reason in marked]
+        return [
+            {
+                "name": "rma",
+                "gpu": None,
+                "status": "passed",
+                "passed": True,
+                "detail": "no GPU of the node is marked for RMA",
+            }
+        ]
+    return [
+        {
+            "name": "rma",
+            "gpu": index,
+            "uuid": uuid,
+            "serial": serial,
+            "status": "failed",
+            "passed": False,
+            "detail": f"GPU serial {serial} is marked for RMA: {reason}",
+        }
+        for index, uuid, serial, reason in marked
+    ]
 
 
 def _finish(rt, node_id, validation_id, checks, system, now):
@@ -222,9 +334,13 @@ def _finish(rt, node_id, validation_id, checks, system, now):
             raise NotFound(f"validation {validation_id} of node {node_id} not found")
         if row.state != "running":
             return None
-        checks = [_clean(c) for c in checks] + (_server_checks(node_id) if system is not None else [])
+        checks = [_clean(c) for c in checks] + (
+            _server_checks(node_id) if system is not None else []
+        )
         passed = all(c["passed"] for c in checks)
-        gpu_history.record_validation(node_id, row.id, checks, passed, now)  # also names each GPU's serial
+        gpu_history.record_validation(
+            node_id, row.id, checks, passed, now
+        )  # also names each GPU's serial
         row.state = "passed" if passed else "failed"
         row.finished_at, row.checks, row.system = now, checks, system
         row.save()
@@ -238,11 +354,26 @@ def _finish(rt, node_id, validation_id, checks, system, now):
             switch_node_status(rt, node, row.then_status, reason, now, actor=f"node:{node_id}")
         else:
             reason = f"validation {row.id} failed: {failing_summary(checks)}"[:REASON_MAX]
-            switch_node_status(rt, node, NodeStatus.FAILED_VALIDATION, reason, now, actor=f"node:{node_id}")
-        record_event(now, "node.validation", "node", node_id, reason, NodeStatus.VALIDATING.value, node.status,
-                     actor=f"node:{node_id}", data={"validation_id": row.id, "passed": passed,
-                                                     "failed": [c for c in checks if not c["passed"]][:50],
-                                                     "fleet": node.fleet_id, "hostname": node.hostname})
+            switch_node_status(
+                rt, node, NodeStatus.FAILED_VALIDATION, reason, now, actor=f"node:{node_id}"
+            )
+        record_event(
+            now,
+            "node.validation",
+            "node",
+            node_id,
+            reason,
+            NodeStatus.VALIDATING.value,
+            node.status,
+            actor=f"node:{node_id}",
+            data={
+                "validation_id": row.id,
+                "passed": passed,
+                "failed": [c for c in checks if not c["passed"]][:50],
+                "fleet": node.fleet_id,
+                "hostname": node.hostname,
+            },
+        )
     if passed and rt.scheduler is not None:
         rt.scheduler.kick(what=node_changed(node))  # new capacity (the kick waits for the commit)
     return passed
@@ -250,8 +381,13 @@ def _finish(rt, node_id, validation_id, checks, system, now):
 
 def _clean(check):
     status = check.get("status") or ("passed" if check.get("passed") else "failed")
-    out = {"name": str(check["name"])[:64], "gpu": check.get("gpu"), "status": status,
-           "passed": status != "failed", "detail": str(check.get("detail") or "")[:DETAIL_MAX]}
+    out = {
+        "name": str(check["name"])[:64],
+        "gpu": check.get("gpu"),
+        "status": status,
+        "passed": status != "failed",
+        "detail": str(check.get("detail") or "")[:DETAIL_MAX],
+    }
     for key in ("uuid", "serial"):
         if check.get(key):
             out[key] = str(check[key])[:128]
@@ -261,13 +397,17 @@ def _clean(check):
 
 
 def failing_summary(checks):
-    """The failing checks, each with its GPU: "pcie_link GPU 3 (serial S): ...; row_remap GPU 1 ..."."""
+    """The failing checks, each with its GPU: "pcie_link GPU 3 (serial S): ...; row_remap GPU 1
+    ..."."""
     parts = []
     for c in checks:
         if c["passed"]:
             continue
-        where = "" if c.get("gpu") is None else f" GPU {c['gpu']}" + (f" (serial {c['serial']})" if c.get("serial")
-                                                                        else "")
+        where = (
+            ""
+            if c.get("gpu") is None
+            else f" GPU {c['gpu']}" + (f" (serial {c['serial']})" if c.get("serial") else "")
+        )
         parts.append(f"{c['name']}{where}: {c['detail']}")
     return "; ".join(parts) or "no check passed"
 

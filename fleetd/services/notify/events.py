@@ -30,8 +30,9 @@ def acting_as(actor):
 
 # Who the request being served acts for: (its principal's label, its API token's id or None), set by
 # the API layer once it authenticated the request (enter_request) and reset when the request ends.
-_REQUEST: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar("fleetd_request_actor",
-                                                                                  default=None)
+_REQUEST: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "fleetd_request_actor", default=None
+)
 
 
 def enter_request(label, token_id=None):
@@ -65,8 +66,17 @@ def actor_token_id(actor):
     return None
 
 
-def record_event(now, kind, subject_type, subject_id, reason, from_status=None, to_status=None, actor=None,
-                 data=None):
+def record_event(
+    now,
+    kind,
+    subject_type,
+    subject_id,
+    reason,
+    from_status=None,
+    to_status=None,
+    actor=None,
+    data=None,
+):
     """Write one Event (call inside the transaction that made the change), through a compiled
     INSERT: peewee's Event.create and insert_many build their SQL anew each time. `actor`: who
     caused it; by default the actor of the code running now (current_actor). An event that
@@ -74,20 +84,43 @@ def record_event(now, kind, subject_type, subject_id, reason, from_status=None, 
     `data` added to what they carry. Returns the actor."""
     actor = (actor or current_actor())[:ACTOR_MAX]
     token_id = actor_token_id(actor)
-    insert_row(Event, {"at": now, "kind": kind, "subject_type": subject_type, "subject_id": subject_id,
-                       "from_status": from_status, "to_status": to_status, "reason": reason, "actor": actor,
-                       "actor_token_id": token_id})
+    insert_row(
+        Event,
+        {
+            "at": now,
+            "kind": kind,
+            "subject_type": subject_type,
+            "subject_id": subject_id,
+            "from_status": from_status,
+            "to_status": to_status,
+            "reason": reason,
+            "actor": actor,
+            "actor_token_id": token_id,
+        },
+    )
     notify = webhooks.webhook_kind(kind, from_status, to_status)
     if notify is not None:
-        webhooks.enqueue(now, notify, f"{subject_type}/{subject_id}",
-                         dict(data or {}, from_status=from_status, to_status=to_status, reason=reason, actor=actor,
-                              actor_token_id=token_id))
+        webhooks.enqueue(
+            now,
+            notify,
+            f"{subject_type}/{subject_id}",
+            dict(
+                data or {},
+                from_status=from_status,
+                to_status=to_status,
+                reason=reason,
+                actor=actor,
+                actor_token_id=token_id,
+            ),
+        )
     return actor
 
 
 def list_events(subject_type, subject_id, limit, cursor=None, after=None):
     """Events of one subject, oldest first, after an event id if given."""
-    query = Event.select().where((Event.subject_type == subject_type) & (Event.subject_id == subject_id))
+    query = Event.select().where(
+        (Event.subject_type == subject_type) & (Event.subject_id == subject_id)
+    )
     if after is not None:
         query = query.where(Event.id > after)
     return paginate(query, Event.id, limit, cursor)

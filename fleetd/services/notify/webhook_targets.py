@@ -21,7 +21,9 @@ MAX_ADDRESSES = 16  # addresses of one name that are checked (and tried) at most
 # Networks that are not global although Python's `is_global` may say so, or that embed an IPv4
 # address whose own rank decides (NAT64).
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated (RFC 4291 2.5.5.1); :: and ::1 are not such
+_IPV4_COMPATIBLE = ipaddress.ip_network(
+    "::/96"
+)  # deprecated (RFC 4291 2.5.5.1); :: and ::1 are not such
 _IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT (RFC 2765)
 _SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 _NUMBER = re.compile(r"^(0x[0-9a-f]*|0[0-7]*|[1-9][0-9]*)$")
@@ -76,7 +78,11 @@ def _embedded_ipv4(address):
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64 or address in _IPV4_TRANSLATED or (address in _IPV4_COMPATIBLE and int(address) > 1):
+    if (
+        address in _NAT64
+        or address in _IPV4_TRANSLATED
+        or (address in _IPV4_COMPATIBLE and int(address) > 1)
+    ):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     if address.teredo is not None:
         return address.teredo[1]
@@ -84,7 +90,12 @@ def _embedded_ipv4(address):
 
 
 def _is_global(address):
-    if address.is_multicast or address.is_unspecified or address.is_loopback or address.is_link_local:
+    if (
+        address.is_multicast
+        or address.is_unspecified
+        or address.is_loopback
+        or address.is_link_local
+    ):
         return False
     if address.version == 6 and address in _SITE_LOCAL:
         return False
@@ -106,9 +117,13 @@ def refusal(address, allowed):
 
 
 def _rank(address):
-    for name, words in (("loopback", "a loopback address"), ("link_local", "a link-local address"),
-                        ("multicast", "a multicast address"), ("unspecified", "an unspecified address"),
-                        ("private", "a private or reserved address")):
+    for name, words in (
+        ("loopback", "a loopback address"),
+        ("link_local", "a link-local address"),
+        ("multicast", "a multicast address"),
+        ("unspecified", "an unspecified address"),
+        ("private", "a private or reserved address"),
+    ):
         if getattr(address, f"is_{name}"):
             return words
     if address.version == 6 and address in _SITE_LOCAL:
@@ -119,9 +134,13 @@ def _rank(address):
 def _resolve(host, port):
     """The addresses a name resolves to (at most MAX_ADDRESSES, in the resolver's order)."""
     found = []
-    for _family, _type, _proto, _name, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for _family, _type, _proto, _name, sockaddr in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
         text = sockaddr[0]
-        if not isinstance(text, str):  # an IPv6 address of a Python built without IPv6: (flow info, bytes)
+        if not isinstance(
+            text, str
+        ):  # an IPv6 address of a Python built without IPv6: (flow info, bytes)
             raise ValueError(f"{host} resolves to an address with no text form")
         address = ipaddress.ip_address(text.split("%", 1)[0])
         if address not in found:
@@ -144,13 +163,16 @@ def _host_and_port(url):
 def resolver_host(host):
     """`host` as `socket.getaddrinfo` is given it: an IPv6 literal as it is, any other host through
     Python's IDNA codec (nameprep maps `①` to `1` and full-width letters to ASCII, and `。`, `．`,
-    `｡` separate labels as `.` does). TargetRefused when the codec refuses it (the resolver would)."""
+    `｡` separate labels as `.` does). TargetRefused when the codec refuses it (the resolver
+    would)."""
     if ":" in host or host.isascii():
         return host
     try:
         return host.encode("idna").decode("ascii").lower()
     except UnicodeError:
-        raise TargetRefused("the URL must name a host that the resolver can read (IDNA refuses this one)") from None
+        raise TargetRefused(
+            "the URL must name a host that the resolver can read (IDNA refuses this one)"
+        ) from None
 
 
 def _is_local_name(host):
@@ -177,8 +199,10 @@ def _refuse_any(host, addresses, allowed):
         problem = refusal(address, allowed)
         if problem:
             where = "the host is" if literal_address(host) is not None else f"{host} resolves to"
-            raise TargetRefused(f"{where} {problem}; webhooks post only to global addresses unless the "
-                                f"setting webhooks_allow_targets allows its network")
+            raise TargetRefused(
+                f"{where} {problem}; webhooks post only to global addresses unless the "
+                f"setting webhooks_allow_targets allows its network"
+            )
 
 
 def check_url(url, allowed):
@@ -194,9 +218,9 @@ def check_url(url, allowed):
 
 
 def pin(url, allowed):
-    """At delivery: (host, port, [addresses]) to connect to, every one of them checked; TargetRefused
-    when any address the host has is refused (a name with one private address among public ones is
-    not trusted), OSError when the name does not resolve."""
+    """At delivery: (host, port, [addresses]) to connect to, every one of them checked;
+    TargetRefused when any address the host has is refused (a name with one private address among
+    public ones is not trusted), OSError when the name does not resolve."""
     host, port = _host_and_port(url)
     addresses = _addresses(host, port)
     if not addresses:

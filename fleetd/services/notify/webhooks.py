@@ -34,7 +34,9 @@ BACKOFF_SECONDS = (5, 15, 60, 300, 900, 1800, 3600)  # before attempt 2, 3, ...
 BATCH = 100  # deliveries one sender run takes at most
 CONCURRENCY = 8  # requests in flight at once
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
-CLAIM = dt.timedelta(minutes=5)  # a delivery being sent is not due again before this (see _claim_due)
+CLAIM = dt.timedelta(
+    minutes=5
+)  # a delivery being sent is not due again before this (see _claim_due)
 KEEP_FINISHED = dt.timedelta(days=7)  # delivered or given-up deliveries are listed this long
 ERROR_MAX = 500
 
@@ -66,7 +68,9 @@ _NOTIFYING = {
     "node.deleted": lambda _f, _t: "node.deleted",
     "node.upgraded": lambda _f, _t: "node.upgraded",
     "rollout.node": lambda _f, to: "rollout.node" if to in ("done", "failed") else None,
-    "rollout.state": lambda _f, to: "rollout.state" if to in ("paused", "done", "aborted") else None,
+    "rollout.state": lambda _f, to: (
+        "rollout.state" if to in ("paused", "done", "aborted") else None
+    ),
 }
 
 
@@ -83,10 +87,30 @@ def enqueue(now, kind, subject, data):
     rows = []
     for hook_id in hooks:
         delivery_id = new_id()
-        body = json.dumps({"id": delivery_id, "kind": kind, "at": isoformat(now), "subject": subject, "data": data},
-                          sort_keys=True, separators=(",", ":"))
-        rows.append({"id": delivery_id, "webhook": hook_id, "kind": kind, "at": now, "body": body, "state": PENDING,
-                     "attempts": 0, "next_attempt_at": now, "error": ""})
+        body = json.dumps(
+            {
+                "id": delivery_id,
+                "kind": kind,
+                "at": isoformat(now),
+                "subject": subject,
+                "data": data,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        rows.append(
+            {
+                "id": delivery_id,
+                "webhook": hook_id,
+                "kind": kind,
+                "at": now,
+                "body": body,
+                "state": PENDING,
+                "attempts": 0,
+                "next_attempt_at": now,
+                "error": "",
+            }
+        )
     if rows:
         WebhookDelivery.insert_many(rows).execute()
     return len(rows)
@@ -102,7 +126,8 @@ MIN_STANDARD_KEY_BYTES = 16
 
 
 def _decoded_key(secret):
-    """The key of a `whsec_` secret (its base64, padded or not, decoded); ValueError when it is no base64."""
+    """The key of a `whsec_` secret (its base64, padded or not, decoded); ValueError when it is no
+    base64."""
     text = secret.removeprefix(STANDARD_PREFIX)
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
@@ -115,11 +140,16 @@ def standard_key_problem(secret):
     try:
         key = _decoded_key(secret)
     except ValueError:
-        return (f"a secret that starts with {STANDARD_PREFIX} is a Standard Webhooks secret: {STANDARD_PREFIX} "
-                "and the base64 of the key (give a plain secret without that prefix)")
+        return (
+            f"a secret that starts with {STANDARD_PREFIX} is a Standard Webhooks secret: "
+            f"{STANDARD_PREFIX} "
+            "and the base64 of the key (give a plain secret without that prefix)"
+        )
     if len(key) < MIN_STANDARD_KEY_BYTES:
-        return (f"a Standard Webhooks secret ({STANDARD_PREFIX} and base64) holds a key of at least "
-                f"{MIN_STANDARD_KEY_BYTES} bytes")
+        return (
+            f"a Standard Webhooks secret ({STANDARD_PREFIX} and base64) holds a key of at least "
+            f"{MIN_STANDARD_KEY_BYTES} bytes"
+        )
     return None
 
 
@@ -130,7 +160,9 @@ def standard_key(secret):
     base64(secret))."""
     if secret.startswith(STANDARD_PREFIX) and standard_key_problem(secret) is None:
         return _decoded_key(secret)
-    return secret.encode("utf-8")  # plain, or stored before create refused a malformed whsec_ secret
+    return secret.encode(
+        "utf-8"
+    )  # plain, or stored before create refused a malformed whsec_ secret
 
 
 def standard_headers(secret, delivery_id, timestamp, body):
@@ -139,33 +171,52 @@ def standard_headers(secret, delivery_id, timestamp, body):
     base64 HMAC-SHA256 of `id.timestamp.body` with the key `standard_key` reads from the secret)."""
     signed = f"{delivery_id}.{timestamp}.".encode() + body
     digest = hmac.new(standard_key(secret), signed, hashlib.sha256).digest()
-    return {"webhook-id": delivery_id, "webhook-timestamp": str(timestamp),
-            "webhook-signature": "v1," + base64.b64encode(digest).decode("ascii")}
+    return {
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": "v1," + base64.b64encode(digest).decode("ascii"),
+    }
 
 
 # ---------------------------------------------------------------- admin: the webhooks themselves
 
 
 def create_webhook(rt, principal, url, secret, events):
-    """Store a webhook; the secret is kept to sign deliveries and never shown again. A URL whose host
-    is, or resolves to, an address webhooks may not post to is refused (resolved before the
+    """Store a webhook; the secret is kept to sign deliveries and never shown again. A URL whose
+    host is, or resolves to, an address webhooks may not post to is refused (resolved before the
     transaction: no network call inside it). A secret in the Standard Webhooks form must decode."""
     try:
         webhook_targets.check_url(url, rt.settings.webhook_allowed_networks)
     except webhook_targets.TargetRefused as exc:
-        raise InvalidRequest(f"webhook url refused: {exc}", {"fields": {"json": {"url": [str(exc)]}}}) from None
+        raise InvalidRequest(
+            f"webhook url refused: {exc}", {"fields": {"json": {"url": [str(exc)]}}}
+        ) from None
     problem = standard_key_problem(secret)
     if problem:
-        raise InvalidRequest(f"webhook secret refused: {problem}", {"fields": {"json": {"secret": [problem]}}})
+        raise InvalidRequest(
+            f"webhook secret refused: {problem}", {"fields": {"json": {"secret": [problem]}}}
+        )
     now = rt.clock.now()
     with write_transaction():
-        return Webhook.create(id=new_id(), url=url, secret=secret, events=sorted(set(events)), created_at=now,
-                              created_by=principal.label if principal is not None else "")
+        return Webhook.create(
+            id=new_id(),
+            url=url,
+            secret=secret,
+            events=sorted(set(events)),
+            created_at=now,
+            created_by=principal.label if principal is not None else "",
+        )
 
 
 def list_webhooks(limit, cursor=None):
-    return paginate(Webhook.select(Webhook.id, Webhook.url, Webhook.events, Webhook.created_at,
-                                   Webhook.created_by), Webhook.id, limit, cursor)
+    return paginate(
+        Webhook.select(
+            Webhook.id, Webhook.url, Webhook.events, Webhook.created_at, Webhook.created_by
+        ),
+        Webhook.id,
+        limit,
+        cursor,
+    )
 
 
 def delete_webhook(webhook_id):
@@ -179,8 +230,13 @@ def delete_webhook(webhook_id):
 
 def get_webhook(webhook_id):
     """A webhook without its secret; NotFound if there is none."""
-    hook = Webhook.select(Webhook.id, Webhook.url, Webhook.events, Webhook.created_at,
-                          Webhook.created_by).where(Webhook.id == webhook_id).first()
+    hook = (
+        Webhook.select(
+            Webhook.id, Webhook.url, Webhook.events, Webhook.created_at, Webhook.created_by
+        )
+        .where(Webhook.id == webhook_id)
+        .first()
+    )
     if hook is None:
         raise NotFound(f"webhook {webhook_id} not found")
     return hook
@@ -188,10 +244,17 @@ def get_webhook(webhook_id):
 
 def _deliveries(webhook_id):
     get_webhook(webhook_id)
-    return WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.at,
-                                  WebhookDelivery.state, WebhookDelivery.attempts, WebhookDelivery.status_code,
-                                  WebhookDelivery.error, WebhookDelivery.next_attempt_at,
-                                  WebhookDelivery.finished_at).where(WebhookDelivery.webhook == webhook_id)
+    return WebhookDelivery.select(
+        WebhookDelivery.id,
+        WebhookDelivery.kind,
+        WebhookDelivery.at,
+        WebhookDelivery.state,
+        WebhookDelivery.attempts,
+        WebhookDelivery.status_code,
+        WebhookDelivery.error,
+        WebhookDelivery.next_attempt_at,
+        WebhookDelivery.finished_at,
+    ).where(WebhookDelivery.webhook == webhook_id)
 
 
 def list_deliveries(webhook_id, limit, cursor=None):
@@ -222,8 +285,14 @@ def _post(url, secret, body, delivery_id, kind, allowed, may_send):
         return None, "the host name does not resolve"
     parts = urllib.parse.urlsplit(url)
     target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-    headers = {"Host": parts.netloc, "Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, raw),
-               "X-Fleetd-Delivery": delivery_id, "X-Fleetd-Event": kind, "User-Agent": "fleetd-webhooks"}
+    headers = {
+        "Host": parts.netloc,
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: sign(secret, raw),
+        "X-Fleetd-Delivery": delivery_id,
+        "X-Fleetd-Event": kind,
+        "User-Agent": "fleetd-webhooks",
+    }
     # The receiver's clock judges this timestamp: it is the wall clock's, not fleetd's injected one.
     headers.update(standard_headers(secret, delivery_id, int(time.time()), raw))
     error = "the host name resolves to no address"
@@ -232,11 +301,21 @@ def _post(url, secret, body, delivery_id, kind, allowed, may_send):
             return NOT_SENT
         pool = _pool(parts.scheme, host, port, str(address))
         try:
-            resp = pool.urlopen("POST", target, body=raw, headers=headers, redirect=False, retries=False,
-                                preload_content=False, assert_same_host=False)
+            resp = pool.urlopen(
+                "POST",
+                target,
+                body=raw,
+                headers=headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                assert_same_host=False,
+            )
             code = resp.status
             resp.release_conn()
-        except urllib3.exceptions.NewConnectionError as exc:  # refused or unreachable: try the next address
+        except (
+            urllib3.exceptions.NewConnectionError
+        ) as exc:  # refused or unreachable: try the next address
             error = _describe(exc)
             continue
         except (urllib3.exceptions.HTTPError, OSError, ValueError, UnicodeError) as exc:
@@ -255,16 +334,27 @@ def _pool(scheme, host, port, address):
     """A one-connection pool to `address` (already checked) that speaks to it as `host`."""
     timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT)
     if scheme == "https":
-        return urllib3.HTTPSConnectionPool(address, port, maxsize=1, timeout=timeout, retries=False,
-                                           cert_reqs="CERT_REQUIRED", ca_certs=_ca_bundle(),
-                                           server_hostname=host, assert_hostname=host)
+        return urllib3.HTTPSConnectionPool(
+            address,
+            port,
+            maxsize=1,
+            timeout=timeout,
+            retries=False,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=_ca_bundle(),
+            server_hostname=host,
+            assert_hostname=host,
+        )
     return urllib3.HTTPConnectionPool(address, port, maxsize=1, timeout=timeout, retries=False)
 
 
 def _ca_bundle():
     """The certificates a receiver's must chain to: those REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE names
-    (a private CA for receivers on the lab's network), else certifi's, as the requests library chose."""
-    return os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or certifi.where()
+    (a private CA for receivers on the lab's network), else certifi's, as the requests library
+    chose."""
+    return (
+        os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or certifi.where()
+    )
 
 
 def _describe(exc):
@@ -272,7 +362,9 @@ def _describe(exc):
     kind = type(exc).__name__
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
         return f"{kind}: could not connect"
-    if isinstance(exc, (urllib3.exceptions.ConnectTimeoutError, urllib3.exceptions.ReadTimeoutError)):
+    if isinstance(
+        exc, (urllib3.exceptions.ConnectTimeoutError, urllib3.exceptions.ReadTimeoutError)
+    ):
         return f"{kind}: no answer within {CONNECT_TIMEOUT:g}s (connect) / {READ_TIMEOUT:g}s (read)"
     if isinstance(exc, urllib3.exceptions.SSLError):
         return f"{kind}: the TLS handshake or the certificate's verification failed"
@@ -286,18 +378,29 @@ def _backoff(attempts):
 def _claim_due(now, leader):
     """The deliveries due now (at most BATCH), taken under the leader's fence: a replica that was
     deposed (even one paused past its lease that still believes it leads) gets Fenced here and sends
-    nothing. Each taken delivery is put off by CLAIM, so that a leader that dies while sending leaves
-    it to the next one after that, and another leader does not send it meanwhile."""
+    nothing. Each taken delivery is put off by CLAIM, so that a leader that dies while sending
+    leaves it to the next one after that, and another leader does not send it meanwhile."""
     with write_transaction():
         leader.fence()
-        due = list(WebhookDelivery.select(WebhookDelivery.id, WebhookDelivery.kind, WebhookDelivery.body,
-                                          WebhookDelivery.attempts, Webhook.url, Webhook.secret)
-                   .join(Webhook, on=(WebhookDelivery.webhook == Webhook.id))
-                   .where((WebhookDelivery.state == PENDING) & (WebhookDelivery.next_attempt_at <= now))
-                   .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(BATCH).objects())
+        due = list(
+            WebhookDelivery.select(
+                WebhookDelivery.id,
+                WebhookDelivery.kind,
+                WebhookDelivery.body,
+                WebhookDelivery.attempts,
+                Webhook.url,
+                Webhook.secret,
+            )
+            .join(Webhook, on=(WebhookDelivery.webhook == Webhook.id))
+            .where((WebhookDelivery.state == PENDING) & (WebhookDelivery.next_attempt_at <= now))
+            .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+            .limit(BATCH)
+            .objects()
+        )
         if due:
             WebhookDelivery.update(next_attempt_at=now + CLAIM).where(
-                WebhookDelivery.id.in_([d.id for d in due])).execute()
+                WebhookDelivery.id.in_([d.id for d in due])
+            ).execute()
     return due
 
 
@@ -315,8 +418,12 @@ def send_due(rt):
     results = {}
     if due:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(CONCURRENCY, len(due))) as pool:
-            futures = {pool.submit(_post, d.url, d.secret, d.body, d.id, d.kind, allowed, leader.leading): d
-                       for d in due}
+            futures = {
+                pool.submit(
+                    _post, d.url, d.secret, d.body, d.id, d.kind, allowed, leader.leading
+                ): d
+                for d in due
+            }
             for future in concurrent.futures.as_completed(futures):
                 results[futures[future].id] = future.result()
     done_at = rt.clock.now()
@@ -332,20 +439,36 @@ def send_due(rt):
                 fields.update(state=DELIVERED, finished_at=done_at, next_attempt_at=None)
                 counts["delivered"] += 1
             elif attempts >= MAX_ATTEMPTS:
-                fields.update(state=FAILED, finished_at=done_at, next_attempt_at=None,
-                              error=f"gave up after {attempts} attempts; last: {error}"[:ERROR_MAX])
+                fields.update(
+                    state=FAILED,
+                    finished_at=done_at,
+                    next_attempt_at=None,
+                    error=f"gave up after {attempts} attempts; last: {error}"[:ERROR_MAX],
+                )
                 counts["given_up"] += 1
-                log.warning("webhook delivery %s (%s) given up after %d attempts: %s", d.id, d.kind, attempts, error)
+                log.warning(
+                    "webhook delivery %s (%s) given up after %d attempts: %s",
+                    d.id,
+                    d.kind,
+                    attempts,
+                    error,
+                )
             else:
                 fields["next_attempt_at"] = done_at + _backoff(attempts)
                 counts["retrying"] += 1
-            WebhookDelivery.update(**fields).where((WebhookDelivery.id == d.id)
-                                                   & (WebhookDelivery.state == PENDING)).execute()
-        counts["forgotten"] = WebhookDelivery.delete().where(
-            (WebhookDelivery.state != PENDING) & (WebhookDelivery.finished_at < done_at - KEEP_FINISHED)).execute()
+            WebhookDelivery.update(**fields).where(
+                (WebhookDelivery.id == d.id) & (WebhookDelivery.state == PENDING)
+            ).execute()
+        counts["forgotten"] = (
+            WebhookDelivery.delete()
+            .where(
+                (WebhookDelivery.state != PENDING)
+                & (WebhookDelivery.finished_at < done_at - KEEP_FINISHED)
+            )
+            .execute()
+        )
     if rt.instruments is not None:
         for outcome in ("delivered", "retrying", "given_up"):
             if counts[outcome]:
                 rt.instruments.webhook_deliveries.labels(outcome).inc(counts[outcome])
     return counts
-

@@ -27,8 +27,11 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     demand = state.queued_demand()
     gpu = offload(gpu_summary, state, demand)
     # A cancelling job still holds its GPUs until its processes have stopped.
-    active_query = (Job.select().where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
-                    .order_by(Job.id))
+    active_query = (
+        Job.select()
+        .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
+        .order_by(Job.id)
+    )
     tasks_by_job: dict[str, list] = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
@@ -40,32 +43,67 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     for j in active:
         kind = "jobs" if j.instance_id is None else "instances"
         gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
-        if principal is not None and principal.role != ADMIN and j.owner_token_id != principal.owner_id:
+        if (
+            principal is not None
+            and principal.role != ADMIN
+            and j.owner_token_id != principal.owner_id
+        ):
             others[kind]["count"] += 1
             others[kind]["gpus"] += gpus
             continue
         nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
         if j.instance_id is None:  # kind "jobs"
-            listed[kind].append({"id": j.id, "name": j.name, "owner": j.owner, "team": j.team, "state": j.state,
-                                 "started_at": isoformat(j.started_at), "gpus": gpus, "nodes": nodes,
-                                 **job_row_times(j, state.now), **retry_view(j)})
+            listed[kind].append(
+                {
+                    "id": j.id,
+                    "name": j.name,
+                    "owner": j.owner,
+                    "team": j.team,
+                    "state": j.state,
+                    "started_at": isoformat(j.started_at),
+                    "gpus": gpus,
+                    "nodes": nodes,
+                    **job_row_times(j, state.now),
+                    **retry_view(j),
+                }
+            )
             continue
         inst = instances.get(j.instance_id)
-        listed[kind].append({"id": j.instance_id, "name": j.name, "owner": j.owner, "team": j.team,
-                             "state": inst.state if inst is not None else "deleted",
-                             "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
-                             "gpus": gpus, "nodes": nodes})
-    return {"gpu": gpu, "storage": storage or {}, "active_count": len(active),
-            "active_jobs": listed["jobs"], "other_active_jobs": others["jobs"],
-            "active_instances": listed["instances"], "other_active_instances": others["instances"],
-            "profiles": profiles(state), "nodes": _node_counts(state)}
+        listed[kind].append(
+            {
+                "id": j.instance_id,
+                "name": j.name,
+                "owner": j.owner,
+                "team": j.team,
+                "state": inst.state if inst is not None else "deleted",
+                "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
+                "gpus": gpus,
+                "nodes": nodes,
+            }
+        )
+    return {
+        "gpu": gpu,
+        "storage": storage or {},
+        "active_count": len(active),
+        "active_jobs": listed["jobs"],
+        "other_active_jobs": others["jobs"],
+        "active_instances": listed["instances"],
+        "other_active_instances": others["instances"],
+        "profiles": profiles(state),
+        "nodes": _node_counts(state),
+    }
 
 
 def job_row_times(job, now):
     """When a job was submitted, started and ended, and how long it has run (or ran) in seconds."""
     end = job.ended_at or now
-    return {"submitted_at": isoformat(job.submitted_at), "ended_at": isoformat(job.ended_at),
-            "duration_seconds": round(max(0.0, (end - job.started_at).total_seconds()), 3) if job.started_at else None}
+    return {
+        "submitted_at": isoformat(job.submitted_at),
+        "ended_at": isoformat(job.ended_at),
+        "duration_seconds": round(max(0.0, (end - job.started_at).total_seconds()), 3)
+        if job.started_at
+        else None,
+    }
 
 
 def retry_view(job):
@@ -78,14 +116,22 @@ def retry_view(job):
         blocker = f"no attempts left ({job.attempt} of {job.max_attempts} used)"
     else:
         blocker = ""
-    return {"retry_count": max(0, job.attempt - 1), "can_retry": not blocker, "retry_blocker": blocker,
-            "retry_on": list(on)}
+    return {
+        "retry_count": max(0, job.attempt - 1),
+        "can_retry": not blocker,
+        "retry_blocker": blocker,
+        "retry_on": list(on),
+    }
 
 
 def _gpus_held(allocations):
     """GPUs a task holds: whole ones count 1, a shared slice its fraction (0.25 for a quarter)."""
-    return sum(1 if g.get("exclusive", True) else round(g.get("compute_milli", scheduler.MILLI) / scheduler.MILLI, 3)
-               for g in allocations)
+    return sum(
+        1
+        if g.get("exclusive", True)
+        else round(g.get("compute_milli", scheduler.MILLI) / scheduler.MILLI, 3)
+        for g in allocations
+    )
 
 
 def gpu_summary(state, demand):
@@ -122,8 +168,12 @@ def gpu_summary(state, demand):
                 code = block.code if block is not None else "unhealthy"
                 note = notes.get((code, sid))
                 if note is None:
-                    note = notes[(code, sid)] = {"code": code, "series": sid, "count": 0,
-                                                 "reason": BLOCK_TEXT.get(code, code)}
+                    note = notes[(code, sid)] = {
+                        "code": code,
+                        "series": sid,
+                        "count": 0,
+                        "reason": BLOCK_TEXT.get(code, code),
+                    }
                 note["count"] += 1
                 if block is not None and block.next_open_at:
                     note["next_open_at"] = isoformat(block.next_open_at)
@@ -133,20 +183,45 @@ def gpu_summary(state, demand):
             counts[kind] += 1
             overall["total"] += 1
             overall[kind] += 1
-    rows = [dict(id=sid, label=labels[sid], **counts, queued=round(demand.get(sid, 0), 3),
-                 note=_series_note(notes, sid)) for sid, counts in sorted(series.items())]
+    rows = [
+        dict(
+            id=sid,
+            label=labels[sid],
+            **counts,
+            queued=round(demand.get(sid, 0), 3),
+            note=_series_note(notes, sid),
+        )
+        for sid, counts in sorted(series.items())
+    ]
     # Demand no series row holds (a job that takes any model or one of several, or a model no node
     # has) is a row of its own, so that the rows' queued add up to the card's.
     elsewhere = round(sum(gpus for sid, gpus in demand.items() if sid not in series), 3)
     if elsewhere:
-        rows.append(dict(id=ANY_SERIES, label=ANY_SERIES_LABEL, total=0, used=0, free=0, blocked=0, queued=elsewhere,
-                         note=None))
-    return dict(overall, queued=round(sum(demand.values()), 3), blocked_reason=blocked_sentence(notes.values(), labels),
-                blocked_notes=list(notes.values()), series=rows)
+        rows.append(
+            dict(
+                id=ANY_SERIES,
+                label=ANY_SERIES_LABEL,
+                total=0,
+                used=0,
+                free=0,
+                blocked=0,
+                queued=elsewhere,
+                note=None,
+            )
+        )
+    return dict(
+        overall,
+        queued=round(sum(demand.values()), 3),
+        blocked_reason=blocked_sentence(notes.values(), labels),
+        blocked_notes=list(notes.values()),
+        series=rows,
+    )
 
 
 ANY_SERIES = "any"
-ANY_SERIES_LABEL = "any GPU model"  # work that takes any model, one of several, or one that no node has
+ANY_SERIES_LABEL = (
+    "any GPU model"  # work that takes any model, one of several, or one that no node has
+)
 
 
 def _series_note(notes, sid):
@@ -164,7 +239,10 @@ def blocked_sentence(notes, labels):
     for note in sorted(notes, key=lambda n: (-n["count"], n["series"], n["code"])):
         until = f" until {note['next_open_at']}" if note.get("next_open_at") else ""
         gpus = "GPU" if note["count"] == 1 else "GPUs"
-        parts.append(f"{note['count']} {labels.get(note['series'], note['series'])} {gpus}: {note['reason']}{until}")
+        parts.append(
+            f"{note['count']} {labels.get(note['series'], note['series'])} {gpus}: "
+            f"{note['reason']}{until}"
+        )
     return "; ".join(parts) + ("." if parts else "")
 
 
@@ -187,9 +265,16 @@ def profiles(state):
             models.setdefault(series_id(gpu.model), gpu.model)
         for sid, gpus in by_series.items():
             shapes[(sid, len(gpus))] = shapes.get((sid, len(gpus)), 0) + 1
-    return [{"name": f"{count}x{per}x{sid}", "label": profile_label(models[sid], per, count), "series": sid,
-             "num_nodes": count, "gpus_per_node": per}
-            for (sid, per), count in sorted(shapes.items())]
+    return [
+        {
+            "name": f"{count}x{per}x{sid}",
+            "label": profile_label(models[sid], per, count),
+            "series": sid,
+            "num_nodes": count,
+            "gpus_per_node": per,
+        }
+        for (sid, per), count in sorted(shapes.items())
+    ]
 
 
 def profile_label(model, per_node, nodes):
@@ -208,26 +293,53 @@ def cluster_allocation(state, node_id=None):
     for node in chosen:
         cpu, mem, _ = state.node_use.get(node.id, (0, 0, 0))
         block = state.block(node)
-        nodes[node.id] = {"hostname": node.hostname, "fleet": node.fleet_id, "status": node.status,
-                          "schedulable": block is None, "blocked_reason": block.text if block else None,
-                          "cpu_count": node.cpu_count, "cpus_reserved": cpu / scheduler.MILLI,
-                          "memory_bytes": node.memory_bytes, "memory_reserved_bytes": mem}
-    allocations = [{"task_id": t.id, "job_id": t.job_id, "rank": t.rank, "node_id": t.node_id, "state": t.state,
-                    "workload": t.job.workload.as_dict(), "run_as": Task.run_as.python_value(t.run_as),
-                    "gpus": [{k: v for k, v in g.items()} for g in t.gpus]} for t in state.tasks
-                   if node_id is None or t.node_id == node_id]
+        nodes[node.id] = {
+            "hostname": node.hostname,
+            "fleet": node.fleet_id,
+            "status": node.status,
+            "schedulable": block is None,
+            "blocked_reason": block.text if block else None,
+            "cpu_count": node.cpu_count,
+            "cpus_reserved": cpu / scheduler.MILLI,
+            "memory_bytes": node.memory_bytes,
+            "memory_reserved_bytes": mem,
+        }
+    allocations = [
+        {
+            "task_id": t.id,
+            "job_id": t.job_id,
+            "rank": t.rank,
+            "node_id": t.node_id,
+            "state": t.state,
+            "workload": t.job.workload.as_dict(),
+            "run_as": Task.run_as.python_value(t.run_as),
+            "gpus": [{k: v for k, v in g.items()} for g in t.gpus],
+        }
+        for t in state.tasks
+        if node_id is None or t.node_id == node_id
+    ]
     gpu_to_tasks = {row["uuid"]: row["tasks"] for row in rows if row["tasks"]}
     return {"gpus": rows, "nodes": nodes, "allocations": allocations, "gpu_to_tasks": gpu_to_tasks}
 
 
 def _gpu_type_entry(model, memory_bytes=None):
     manufacturer, display = display_name(model)
-    return {"model": model, "display_name": display, "manufacturer": manufacturer, "memory_bytes": memory_bytes,
-            "total": 0, "available": 0, "max_per_node": 0, "price_per_hour": None, "spot_min_bid": None}
+    return {
+        "model": model,
+        "display_name": display,
+        "manufacturer": manufacturer,
+        "memory_bytes": memory_bytes,
+        "total": 0,
+        "available": 0,
+        "max_per_node": 0,
+        "price_per_hour": None,
+        "spot_min_bid": None,
+    }
 
 
 def gpu_types(state):
-    """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and prices."""
+    """GET /api/v1/gpu-types: every model in the fleet (or priced by an admin) with capacity and
+    prices."""
     prices = {t.model: t for t in GpuType.select()}
     out: dict[str, dict] = {}
     per_node: dict[tuple[str, str], int] = {}
@@ -237,7 +349,9 @@ def gpu_types(state):
             entry = out[row["model"]] = _gpu_type_entry(row["model"], row["memory_total_bytes"])
         entry["total"] += 1
         entry["available"] += row["state"] == "free"
-        per_node[row["model"], row["node_id"]] = count = per_node.get((row["model"], row["node_id"]), 0) + 1
+        per_node[row["model"], row["node_id"]] = count = (
+            per_node.get((row["model"], row["node_id"]), 0) + 1
+        )
         entry["max_per_node"] = max(entry["max_per_node"], count)
     for model, priced in prices.items():
         entry = out.setdefault(model, _gpu_type_entry(model))
@@ -249,13 +363,17 @@ def gpu_types(state):
 def models_on_nodes_with(state, labels):
     """The GPU models on enrolled nodes that carry all of `labels` (every node's for no labels)."""
     wanted = dict(labels).items()
-    return {gpu.model for node in state.nodes if wanted <= (node.labels or {}).items()
-            for gpu in state.gpus.get(node.id, ())}
+    return {
+        gpu.model
+        for node in state.nodes
+        if wanted <= (node.labels or {}).items()
+        for gpu in state.gpus.get(node.id, ())
+    }
 
 
 def get_gpu_type(state, model, gpu_count=None):
-    """GET /api/v1/gpu-types/{model}: one model as the list has it (NotFound when neither a node has it nor
-    an admin priced it), with its lowest prices for `gpu_count` GPUs when asked."""
+    """GET /api/v1/gpu-types/{model}: one model as the list has it (NotFound when neither a node has
+    it nor an admin priced it), with its lowest prices for `gpu_count` GPUs when asked."""
     entry = next((e for e in gpu_types(state) if e["model"] == model), None)
     if entry is None:
         raise NotFound(f"GPU type {model!r} not found: no node has it and no price is set for it")
@@ -265,12 +383,16 @@ def get_gpu_type(state, model, gpu_count=None):
 
 
 def lowest_price(entry, gpu_count):
-    """The lowest prices per GPU-hour of `gpu_count` GPUs of a model on one node: the on-demand price and
-    the spot minimum bid set by an admin (null when none is set, or when no node has that many)."""
+    """The lowest prices per GPU-hour of `gpu_count` GPUs of a model on one node: the on-demand
+    price and the spot minimum bid set by an admin (null when none is set, or when no node has that
+    many)."""
     available = 0 < gpu_count <= entry["max_per_node"]
-    return {"gpu_count": gpu_count, "available": available,
-            "minimum_bid_price": entry["spot_min_bid"] if available else None,
-            "uninterruptable_price": entry["price_per_hour"] if available else None}
+    return {
+        "gpu_count": gpu_count,
+        "available": available,
+        "minimum_bid_price": entry["spot_min_bid"] if available else None,
+        "uninterruptable_price": entry["price_per_hour"] if available else None,
+    }
 
 
 _VENDORS = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
@@ -278,13 +400,13 @@ _BRANDS = ("GeForce ", "Radeon ", "Tesla ", "Quadro ")
 
 
 def display_name(model):
-    """(manufacturer or None, the model's short name): 'NVIDIA GeForce RTX 3090' -> ('NVIDIA', 'RTX 3090'),
-    'NVIDIA H100 80GB HBM3' -> ('NVIDIA', 'H100 80GB HBM3'), as GPU clouds show them."""
+    """(manufacturer or None, the model's short name): 'NVIDIA GeForce RTX 3090' -> ('NVIDIA', 'RTX
+    3090'), 'NVIDIA H100 80GB HBM3' -> ('NVIDIA', 'H100 80GB HBM3'), as GPU clouds show them."""
     first, _, rest = model.partition(" ")
     manufacturer = _VENDORS.get(first.lower())
     if manufacturer is None or not rest:
         return manufacturer, model
     for brand in _BRANDS:
         if rest.startswith(brand) and len(rest) > len(brand):
-            rest = rest[len(brand):]
+            rest = rest[len(brand) :]
     return manufacturer, rest

@@ -5,7 +5,6 @@ Every GPU of an enrolled (not revoked) node is exactly one of used (held by a ta
 snapshot and the capacity views are built from the same `ClusterState`, so they agree.
 """
 
-
 from fleetd import scheduler, windows
 from fleetd.models import (
     Instance,
@@ -13,26 +12,42 @@ from fleetd.models import (
     JobState,
     NodeStatus,
 )
-from fleetd.services.placement.inventory import BLOCK_TEXT, NodeBlock, load_holds, load_inventory, series_id
+from fleetd.services.placement.inventory import (
+    BLOCK_TEXT,
+    NodeBlock,
+    load_holds,
+    load_inventory,
+    series_id,
+)
 from fleetd.services.placement.terms import TermsCache
 from fleetd.sql import Statement
 
-_INSTANCE_PORTS = Statement(lambda v: Instance.select(Instance.owner_token_id, Instance.node_id, Instance.spec).where(
-    Instance.node_id.is_null(False) & (Instance.state != "deleted")))
+_INSTANCE_PORTS = Statement(
+    lambda v: Instance.select(Instance.owner_token_id, Instance.node_id, Instance.spec).where(
+        Instance.node_id.is_null(False) & (Instance.state != "deleted")
+    )
+)
 _QUEUED_IDS = Statement(lambda v: Job.select(Job.id).where(Job.state == JobState.QUEUED.value))
 
 
 def current_state(rt):
     """The ClusterState of this moment, over the inventory kept in memory (for the API's views);
     liveness is frozen into it, so its pure parts may run off the event loop."""
-    return ClusterState(rt.terms, rt.clock.now(), rt.liveness.overdue_view(), rt.liveness.reported_running(),
-                        rt.inventory.get())
+    return ClusterState(
+        rt.terms,
+        rt.clock.now(),
+        rt.liveness.overdue_view(),
+        rt.liveness.reported_running(),
+        rt.inventory.get(),
+    )
 
 
 class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 
-    def __init__(self, terms: TermsCache, now, silent=lambda node_id: False, reported=None, inventory=None):
+    def __init__(
+        self, terms: TermsCache, now, silent=lambda node_id: False, reported=None, inventory=None
+    ):
         """`terms`: the runtime's job terms; `reported`: {task id: (node id, epoch)} that nodes last
         said are still running; `inventory`: fleets, nodes and GPUs when the caller has them (else
         read now)."""
@@ -49,13 +64,19 @@ class ClusterState:
         ended = [task_id for task_id in (reported or ()) if task_id not in active]
         self.stopping = []
         if ended:
-            self.stopping = [t for t in load_holds(terms, ended)
-                             if reported[t.id] == (t.node_id, t.epoch) and t.gpus]
-        # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu milli, memory]
+            self.stopping = [
+                t
+                for t in load_holds(terms, ended)
+                if reported[t.id] == (t.node_id, t.epoch) and t.gpus
+            ]
+        # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu
+        # milli, memory]
         self.held, self.node_use = self._reservations()
         self._silent = silent
         self.owner_ports: dict = {}  # node id -> {owner: host ports its instances hold there}; see load_owner_ports
-        self.mps_owners = self._mps_owners()  # (node id, uuid) -> the owner whose MPS slices share it
+        self.mps_owners = (
+            self._mps_owners()
+        )  # (node id, uuid) -> the owner whose MPS slices share it
         self._blocks: dict = {}  # node id -> NodeBlock or None, made when first asked
         self._closed: dict = {}  # fleet name -> NodeBlock while outside its window, else None
         self._held_by_node: dict[str, tuple] | None = None
@@ -63,7 +84,11 @@ class ClusterState:
     def overdue_ids(self, node_ids=None):
         """Ids of the nodes (of these) whose heartbeats are overdue."""
         silent = self._silent
-        return {node_id for node_id in (self.inventory.by_id if node_ids is None else node_ids) if silent(node_id)}
+        return {
+            node_id
+            for node_id in (self.inventory.by_id if node_ids is None else node_ids)
+            if silent(node_id)
+        }
 
     def held_by_node(self):
         """{node id: ((uuid, compute milli, memory bytes, exclusive, task ids), ...)} of the GPUs
@@ -92,13 +117,23 @@ class ClusterState:
         fleet = self.fleets.get(node.fleet_id)
         if fleet is not None and fleet.require_isolation and node.isolation != "uid":
             why = (node.capabilities or {}).get("isolation_reason")
-            return NodeBlock("isolation_required", f"fleet {fleet.name} requires isolation; the node reports "
-                                                   f"isolation: {node.isolation}" + (f" ({why})" if why else ""))
+            return NodeBlock(
+                "isolation_required",
+                f"fleet {fleet.name} requires isolation; the node reports "
+                f"isolation: {node.isolation}" + (f" ({why})" if why else ""),
+            )
         if node.fleet_id not in self._closed:
             fleet = self.fleets.get(node.fleet_id)
             availability = fleet.availability if fleet is not None else None
-            self._closed[node.fleet_id] = None if windows.is_open(availability, self.now) else NodeBlock(
-                "outside_window", BLOCK_TEXT["outside_window"], windows.next_open_at(availability, self.now))
+            self._closed[node.fleet_id] = (
+                None
+                if windows.is_open(availability, self.now)
+                else NodeBlock(
+                    "outside_window",
+                    BLOCK_TEXT["outside_window"],
+                    windows.next_open_at(availability, self.now),
+                )
+            )
         return self._closed[node.fleet_id]
 
     # ------------------------------------------------------------ the scheduler's view
@@ -113,22 +148,41 @@ class ClusterState:
             gpus = []
             for gpu in self.gpus.get(node.id, ()):
                 h = held.get((node.id, gpu.uuid), (0, 0, False, ()))
-                gpus.append(scheduler.GpuSnapshot(
-                    uuid=gpu.uuid, model=gpu.model, memory_total_bytes=gpu.memory_total_bytes,
-                    memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
-                    compute_free_milli=max(0, scheduler.MILLI - h[0]), numa_node=gpu.numa_node or 0,
-                    healthy=gpu.healthy, exclusive=h[2], mps_owner=self.mps_owners.get((node.id, gpu.uuid))))
+                gpus.append(
+                    scheduler.GpuSnapshot(
+                        uuid=gpu.uuid,
+                        model=gpu.model,
+                        memory_total_bytes=gpu.memory_total_bytes,
+                        memory_free_bytes=max(0, gpu.memory_total_bytes - h[1]),
+                        compute_free_milli=max(0, scheduler.MILLI - h[0]),
+                        numa_node=gpu.numa_node or 0,
+                        healthy=gpu.healthy,
+                        exclusive=h[2],
+                        mps_owner=self.mps_owners.get((node.id, gpu.uuid)),
+                    )
+                )
             cpu_used, mem_used, tasks = node_use.get(node.id, (0, 0, 0))
             fleet = self.fleets.get(node.fleet_id)
-            out.append(scheduler.NodeSnapshot(
-                id=node.id, gpus=tuple(gpus), fleet=node.fleet_id, labels=node.labels or {},
-                schedulable=block is None, status=block.code if block else node.status,
-                cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
-                memory_free_bytes=max(0, node.memory_bytes - mem_used), tasks=tasks,
-                container_runtime=node.container_runtime, containers=node.containers,
-                allowed_images=tuple(fleet.allowed_images) if fleet is not None else ("*",),
-                owner_ports=self.owner_ports.get(node.id, {}),
-                block_reason=block.text if block is not None and block.code == "isolation_required" else ""))
+            out.append(
+                scheduler.NodeSnapshot(
+                    id=node.id,
+                    gpus=tuple(gpus),
+                    fleet=node.fleet_id,
+                    labels=node.labels or {},
+                    schedulable=block is None,
+                    status=block.code if block else node.status,
+                    cpu_free_milli=max(0, node.cpu_count * scheduler.MILLI - cpu_used),
+                    memory_free_bytes=max(0, node.memory_bytes - mem_used),
+                    tasks=tasks,
+                    container_runtime=node.container_runtime,
+                    containers=node.containers,
+                    allowed_images=tuple(fleet.allowed_images) if fleet is not None else ("*",),
+                    owner_ports=self.owner_ports.get(node.id, {}),
+                    block_reason=block.text
+                    if block is not None and block.code == "isolation_required"
+                    else "",
+                )
+            )
         return scheduler.ClusterSnapshot(nodes=tuple(out))
 
     def _mps_owners(self):
@@ -142,8 +196,8 @@ class ClusterState:
 
     def load_owner_ports(self):
         """Read which host ports each owner's instances hold on each node: all the ports an instance
-        declares, on the node that keeps its volume, until it is deleted (call inside the pass's read
-        transaction; only a pass that places a new instance with ports needs it)."""
+        declares, on the node that keeps its volume, until it is deleted (call inside the pass's
+        read transaction; only a pass that places a new instance with ports needs it)."""
         rows = _INSTANCE_PORTS.raw_tuples()
         out: dict[str, dict[str, int]] = {}
         spec_value = Instance.spec.python_value
@@ -156,7 +210,9 @@ class ClusterState:
 
     def _reservations(self):
         """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
-        held: dict[tuple[str, str], list] = {}  # (node id, uuid) -> [milli, memory, exclusive, task ids]
+        held: dict[
+            tuple[str, str], list
+        ] = {}  # (node id, uuid) -> [milli, memory, exclusive, task ids]
         node_use: dict[str, list[int]] = {}  # node id -> [cpu milli, memory bytes, tasks]
         for task in self.tasks + self.stopping:
             req = task.job.request
@@ -184,13 +240,24 @@ class ClusterState:
             block = self.block(node)
             for gpu, gsnap in zip(self.gpus.get(node.id, ()), snap.gpus):
                 h = self.held.get((node.id, gpu.uuid))
-                row = {"uuid": gpu.uuid, "node_id": node.id, "hostname": node.hostname, "fleet": node.fleet_id,
-                       "index": gpu.index, "model": gpu.model, "series": series_id(gpu.model),
-                       "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
-                       "memory_reserved_bytes": (gpu.memory_total_bytes if gsnap.exclusive
-                                                 else gpu.memory_total_bytes - gsnap.free_memory),
-                       "compute_reserved_percent": (scheduler.MILLI - gsnap.compute_free_milli) / 10,
-                       "tasks": list(h[3]) if h else []}
+                row = {
+                    "uuid": gpu.uuid,
+                    "node_id": node.id,
+                    "hostname": node.hostname,
+                    "fleet": node.fleet_id,
+                    "index": gpu.index,
+                    "model": gpu.model,
+                    "series": series_id(gpu.model),
+                    "memory_total_bytes": gpu.memory_total_bytes,
+                    "healthy": gpu.healthy,
+                    "memory_reserved_bytes": (
+                        gpu.memory_total_bytes
+                        if gsnap.exclusive
+                        else gpu.memory_total_bytes - gsnap.free_memory
+                    ),
+                    "compute_reserved_percent": (scheduler.MILLI - gsnap.compute_free_milli) / 10,
+                    "tasks": list(h[3]) if h else [],
+                }
                 state, code = scheduler.gpu_state(snap, gsnap)
                 row["state"] = state
                 if state == "blocked":
@@ -208,17 +275,31 @@ class ClusterState:
         out = []
         for task in self.tasks:
             req = task.job.request
-            out.append(scheduler.RunningTask(
-                task_id=task.id, job_id=task.job_id, node_id=task.node_id,
-                gpus=tuple(scheduler.GpuAllocation(uuid=g["uuid"], memory_limit_bytes=g.get("memory_limit_bytes") or 0,
-                                                   compute_milli=g.get("compute_milli", scheduler.MILLI),
-                                                   exclusive=g.get("exclusive", False)) for g in task.gpus),
-                cpu_milli=req.cpu_milli, memory_bytes=req.memory_bytes,
-                priority_class=task.job.priority_class, bid=task.job.bid))
+            out.append(
+                scheduler.RunningTask(
+                    task_id=task.id,
+                    job_id=task.job_id,
+                    node_id=task.node_id,
+                    gpus=tuple(
+                        scheduler.GpuAllocation(
+                            uuid=g["uuid"],
+                            memory_limit_bytes=g.get("memory_limit_bytes") or 0,
+                            compute_milli=g.get("compute_milli", scheduler.MILLI),
+                            exclusive=g.get("exclusive", False),
+                        )
+                        for g in task.gpus
+                    ),
+                    cpu_milli=req.cpu_milli,
+                    memory_bytes=req.memory_bytes,
+                    priority_class=task.job.priority_class,
+                    bid=task.job.bid,
+                )
+            )
         return out
 
     def queued_demand(self):
-        """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms cache."""
+        """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms
+        cache."""
         ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
         demand: dict[str | None, float] = {}
         for terms in self.terms.get_each(ids)[0].values():

@@ -62,7 +62,9 @@ class Engines:
                 # looked at; with no such note, every candidate is.
                 changed = changed_since(inventory, kept.version)
                 kept.version = inventory.version
-                self._bring_up_to_date(state, kept, everything=changed is None, also=changed or frozenset())
+                self._bring_up_to_date(
+                    state, kept, everything=changed is None, also=changed or frozenset()
+                )
         elif kept is not None:
             self._bring_up_to_date(state, kept, everything=False)
             nodes = None if kept.every_node else [inventory.by_id[node_id] for node_id in kept.ids]
@@ -88,8 +90,14 @@ class Engines:
 
     def _bring_up_to_date(self, state, kept, everything, also=frozenset()):
         static, special = self._views_now(state, kept.views.keys())
-        touched = kept.engine.take_touched()  # reserved on by the last pass: its accounting is not its view's
-        ids = kept.views.keys() if everything else (kept.special | special | touched | also) & kept.views.keys()
+        touched = (
+            kept.engine.take_touched()
+        )  # reserved on by the last pass: its accounting is not its view's
+        ids = (
+            kept.views.keys()
+            if everything
+            else (kept.special | special | touched | also) & kept.views.keys()
+        )
         changed = []
         for node_id in ids:
             view = self._view(state, node_id, static)
@@ -103,18 +111,27 @@ class Engines:
         kept.special = special
 
     def _views_now(self, state, ids):
-        """(a memo of static views, the ids among `ids` that may take no work or hold something now)."""
+        """(a memo of static views, the ids among `ids` that may take no work or hold something
+        now)."""
         inventory = state.inventory
         if self._static[0] is not inventory:
-            self._static = (inventory, {}, frozenset(n.id for n in inventory.nodes if n.status != READY))
+            self._static = (
+                inventory,
+                {},
+                frozenset(n.id for n in inventory.nodes if n.status != READY),
+            )
         _, static, not_ready = self._static
-        special = (not_ready | state.node_use.keys() | state.overdue_ids(ids) | state.owner_ports.keys()) & ids
+        special = (
+            not_ready | state.node_use.keys() | state.overdue_ids(ids) | state.owner_ports.keys()
+        ) & ids
         for fleet, nodes in inventory.by_fleet.items():
             row = inventory.fleets.get(fleet)
             availability = getattr(row, "availability", None)
-            # A fleet's rules change no node's row: its nodes are looked at while it has any (and, being
-            # special then, once more after they are lifted).
-            restricted = row is not None and (row.require_isolation or list(row.allowed_images) != ["*"])
+            # A fleet's rules change no node's row: its nodes are looked at while it has any (and,
+            # being special then, once more after they are lifted).
+            restricted = row is not None and (
+                row.require_isolation or list(row.allowed_images) != ["*"]
+            )
             if restricted or (availability and not windows.is_open(availability, state.now)):
                 special.update(n.id for n in nodes if n.id in ids)
         return static, special
@@ -126,13 +143,25 @@ class Engines:
         fixed = static.get(node_id)
         if fixed is None:  # the node's row and GPUs as placement reads them, once per inventory
             fleet = state.inventory.fleets.get(node.fleet_id)
-            fixed = static[node_id] = (node.status, node.fleet_id, node.labels, node.cpu_count, node.memory_bytes,
-                                       node.container_runtime, node.capabilities,
-                                       tuple(fleet.allowed_images) if fleet is not None else None,
-                                       tuple(state.inventory.gpus.get(node_id, ())))
+            fixed = static[node_id] = (
+                node.status,
+                node.fleet_id,
+                node.labels,
+                node.cpu_count,
+                node.memory_bytes,
+                node.container_runtime,
+                node.capabilities,
+                tuple(fleet.allowed_images) if fleet is not None else None,
+                tuple(state.inventory.gpus.get(node_id, ())),
+            )
         block = state.block(node)
-        return (fixed, block.code if block else None, state.node_use.get(node_id), state.held_by_node().get(node_id),
-                state.owner_ports.get(node_id))
+        return (
+            fixed,
+            block.code if block else None,
+            state.node_use.get(node_id),
+            state.held_by_node().get(node_id),
+            state.owner_ports.get(node_id),
+        )
 
 
 def _wants(requests):
@@ -143,7 +172,9 @@ def _wants(requests):
         fleet = request.node_selector.fleet
         if fleet is None:
             return None
-        wants.add((fleet, frozenset(request.gpu_types) if request.gpus and request.gpu_types else None))
+        wants.add(
+            (fleet, frozenset(request.gpu_types) if request.gpus and request.gpu_types else None)
+        )
     return frozenset(wants)
 
 

@@ -33,9 +33,10 @@ BLOCK_TEXT = {
     "unresponsive": "heartbeats overdue",
     "outside_window": "fleet outside its availability window",
     "unhealthy": "GPU unhealthy",
-    "isolation_required": "fleet requires isolation; the node's agent cannot run tasks as other users",
+    "isolation_required": (
+        "fleet requires isolation; the node's agent cannot run tasks as other users"
+    ),
 }
-
 
 
 def call(fn, *args):
@@ -75,17 +76,29 @@ class Hold(typing.NamedTuple):
 
 
 def _hold_columns():
-    return Task.select(Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus, Task.run_as)
+    return Task.select(
+        Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus, Task.run_as
+    )
 
 
 _ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
 _FLEETS = Statement(lambda v: Fleet.select())
-_NODES = Statement(lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id))
+_NODES = Statement(
+    lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id)
+)
 
 
 def _gpu_columns():
-    return Gpu.select(Gpu.node, Gpu.uuid, Gpu.index, Gpu.model, Gpu.memory_total_bytes, Gpu.numa_node, Gpu.healthy,
-                      Gpu.health_reason)
+    return Gpu.select(
+        Gpu.node,
+        Gpu.uuid,
+        Gpu.index,
+        Gpu.model,
+        Gpu.memory_total_bytes,
+        Gpu.numa_node,
+        Gpu.healthy,
+        Gpu.health_reason,
+    )
 
 
 _GPUS = Statement(lambda v: _gpu_columns().order_by(Gpu.node, Gpu.index))
@@ -108,8 +121,11 @@ _ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 sha
 
 
 def _ended_holds_statement(count):
-    return Statement(lambda v: _hold_columns().where(
-        Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)))
+    return Statement(
+        lambda v: _hold_columns().where(
+            Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)
+        )
+    )
 
 
 _ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
@@ -123,12 +139,27 @@ def load_holds(terms_cache, ended=None):
     else:
         rows = []
         for start in range(0, len(ended), _ENDED_CHUNK):
-            chunk = ended[start:start + _ENDED_CHUNK]
-            rows += _ENDED_HOLDS[len(chunk)].raw_tuples(**{f"id{i}": task_id for i, task_id in enumerate(chunk)})
+            chunk = ended[start : start + _ENDED_CHUNK]
+            rows += _ENDED_HOLDS[len(chunk)].raw_tuples(
+                **{f"id{i}": task_id for i, task_id in enumerate(chunk)}
+            )
     terms = terms_cache.get_many(list({row[1] for row in rows}))
     gpus_value = Task.gpus.python_value
-    return [Hold(task_id, job_id, rank, node_id, epoch, state, gpus_value(gpus) or [], terms[job_id], run_as)
-            for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows if job_id in terms]
+    return [
+        Hold(
+            task_id,
+            job_id,
+            rank,
+            node_id,
+            epoch,
+            state,
+            gpus_value(gpus) or [],
+            terms[job_id],
+            run_as,
+        )
+        for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows
+        if job_id in terms
+    ]
 
 
 class Inventory(typing.NamedTuple):
@@ -151,12 +182,16 @@ class Inventory(typing.NamedTuple):
     answers: dict | None = None
 
 
-_INVENTORY_VERSION = Statement(lambda v: InventoryVersion.select(InventoryVersion.version)
-                               .where(InventoryVersion.id == 1))
+_INVENTORY_VERSION = Statement(
+    lambda v: InventoryVersion.select(InventoryVersion.version).where(InventoryVersion.id == 1)
+)
 
 
-_CHANGED_SINCE = Statement(lambda v: InventoryChange.select(InventoryChange.node_id)
-                           .where(InventoryChange.version > v("version")))
+_CHANGED_SINCE = Statement(
+    lambda v: InventoryChange.select(InventoryChange.node_id).where(
+        InventoryChange.version > v("version")
+    )
+)
 HISTORY = 8  # patches an inventory remembers (changed_since)
 FULL_READ_SHARE = 0.25  # more of the fleet changed than this: one scan of every row costs less
 _CHUNK = 500  # node ids per IN (...) list
@@ -176,13 +211,23 @@ def load_inventory(version=None, offload=call, previous=None, pause=None):
         if len(changed) <= max(64, FULL_READ_SHARE * len(previous.nodes)):
             node_rows, gpu_rows = [], []
             for at in range(0, len(changed), _CHUNK):
-                chunk = changed[at:at + _CHUNK]
-                node_rows += raw_rows(Node.select().where(Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)))
-                gpu_rows += raw_rows(_gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index))
+                chunk = changed[at : at + _CHUNK]
+                node_rows += raw_rows(
+                    Node.select().where(
+                        Node.id.in_(chunk) & (Node.status != NodeStatus.REVOKED.value)
+                    )
+                )
+                gpu_rows += raw_rows(
+                    _gpu_columns().where(Gpu.node.in_(chunk)).order_by(Gpu.node, Gpu.index)
+                )
                 if pause is not None:
                     pause()
-            return offload(_patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows)
-    return offload(_inventory, version, fleets, _NODES.raw_tuples(pause=pause), _GPUS.raw_tuples(pause=pause))
+            return offload(
+                _patched, previous, version, fleets, frozenset(changed), node_rows, gpu_rows
+            )
+    return offload(
+        _inventory, version, fleets, _NODES.raw_tuples(pause=pause), _GPUS.raw_tuples(pause=pause)
+    )
 
 
 def raw_rows(query):
@@ -217,7 +262,7 @@ def _patched(previous, version, fleets, changed, node_rows, gpu_rows):
     models = {node_id: m for node_id, m in previous.models.items() if node_id not in changed}
     models.update({node_id: frozenset(g.model for g in rows) for node_id, rows in fresh.items()})
     nodes = sorted(by_id.values(), key=_node_id)  # the order a full read gives (ORDER BY id)
-    history = previous.history[-(HISTORY - 1):] + ((previous.version, changed),)
+    history = previous.history[-(HISTORY - 1) :] + ((previous.version, changed),)
     return _assemble(version, fleets, nodes, gpus, models)._replace(history=history)
 
 
@@ -242,13 +287,28 @@ def _assemble(version, fleets, nodes, gpus, models):
     by_fleet: dict[str, list[Node]] = {}
     for node in nodes:
         by_fleet.setdefault(node.fleet_id, []).append(node)
-    return Inventory(version, fleets, nodes, gpus, by_fleet, models, {node.id: node.fleet_id for node in nodes},
-                     frozenset().union(*models.values()), {node.id: node for node in nodes}, answers={})
+    return Inventory(
+        version,
+        fleets,
+        nodes,
+        gpus,
+        by_fleet,
+        models,
+        {node.id: node.fleet_id for node in nodes},
+        frozenset().union(*models.values()),
+        {node.id: node for node in nodes},
+        answers={},
+    )
 
 
 def _holds(inventory, version):
-    """True when `inventory` is at `version` or newer (read by a caller whose transaction began later)."""
-    return inventory is not None and None not in (version, inventory.version) and inventory.version >= version
+    """True when `inventory` is at `version` or newer (read by a caller whose transaction began
+    later)."""
+    return (
+        inventory is not None
+        and None not in (version, inventory.version)
+        and inventory.version >= version
+    )
 
 
 class InventoryCache:
@@ -275,8 +335,12 @@ class InventoryCache:
         self.offload = offload
         self.throttle = throttle  # fleetd serve: bound the reload rate (else: always the latest)
         self.stale_for = 0.0  # after get(): seconds until the view it gave may be reloaded
-        self.after_full_read = None  # fleetd serve: fn() called once an inventory read in full is in place
-        self.pause = None  # fleetd serve: fn() that gives the event loop away, called between fetched chunks
+        self.after_full_read = (
+            None  # fleetd serve: fn() called once an inventory read in full is in place
+        )
+        self.pause = (
+            None  # fleetd serve: fn() that gives the event loop away, called between fetched chunks
+        )
         # One read at a time: under fleetd serve a read yields the loop while its rows become
         # objects, and every request arriving meanwhile would otherwise start the same read (and
         # hold its own copy). Callers that arrive during a read wait for it and take what it read.
@@ -306,7 +370,9 @@ class InventoryCache:
             return current
         # Never inside a write transaction: a writer that gives the loop away stalls every other.
         pause = None if writing() else self.pause
-        current = self._current = load_inventory(version, self.offload, previous=current, pause=pause)
+        current = self._current = load_inventory(
+            version, self.offload, previous=current, pause=pause
+        )
         self._loaded_at, self._cost = now, self._monotonic() - now
         if not current.history and self.after_full_read is not None:
             self.after_full_read()

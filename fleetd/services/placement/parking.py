@@ -23,7 +23,9 @@ CAPACITY = "capacity"  # parked because no node could take it
 ALLOWANCE = "allowance"  # parked because its team may not hold more now (quota or budget)
 
 WIRE_MAX = 4000  # characters of a Capacity on the replicas' bus (whose messages hold 7,000)
-LOG_EVENTS = 10_000  # events remembered for the pass in flight (more since it began: it parks nothing)
+LOG_EVENTS = (
+    10_000  # events remembered for the pass in flight (more since it began: it parks nothing)
+)
 
 
 class Capacity(typing.NamedTuple):
@@ -62,21 +64,35 @@ class Capacity(typing.NamedTuple):
             return None
         try:
             labels, models = data.get("labels"), data.get("models")
-            return cls(node=bool(data.get("node")), node_id=data.get("node_id"), fleet=data.get("fleet"),
-                       labels=None if labels is None else tuple((str(k), str(v)) for k, v in labels),
-                       models=None if models is None else frozenset(models), gpus=data.get("gpus"),
-                       allowance=bool(data.get("allowance")), team=data.get("team"))
+            return cls(
+                node=bool(data.get("node")),
+                node_id=data.get("node_id"),
+                fleet=data.get("fleet"),
+                labels=None if labels is None else tuple((str(k), str(v)) for k, v in labels),
+                models=None if models is None else frozenset(models),
+                gpus=data.get("gpus"),
+                allowance=bool(data.get("allowance")),
+                team=data.get("team"),
+            )
         except (TypeError, ValueError):
             return None
 
 
-def node_capacity(node_id=None, fleet=None, labels=None, models=None, gpus=None, team=None, ended=False):
+def node_capacity(
+    node_id=None, fleet=None, labels=None, models=None, gpus=None, team=None, ended=False
+):
     """The Capacity of a change on one node; `ended`: a task of `team` ended there (None: of a
     team not known), which frees that team's allowance too."""
-    return Capacity(node=True, node_id=node_id, fleet=fleet,
-                    labels=None if labels is None else tuple(sorted((labels or {}).items())),
-                    models=None if models is None else frozenset(models), gpus=gpus, allowance=ended,
-                    team=team if ended else None)
+    return Capacity(
+        node=True,
+        node_id=node_id,
+        fleet=fleet,
+        labels=None if labels is None else tuple(sorted((labels or {}).items())),
+        models=None if models is None else frozenset(models),
+        gpus=gpus,
+        allowance=ended,
+        team=team if ended else None,
+    )
 
 
 def team_allowance(team):
@@ -101,7 +117,12 @@ def wakes(event, key, kind):
         labels = dict(event.labels)
         if any(labels.get(k) != v for k, v in key.labels):
             return False
-    if key.gpus and key.gpu_types and event.models is not None and not event.models <= set(key.gpu_types):
+    if (
+        key.gpus
+        and key.gpu_types
+        and event.models is not None
+        and not event.models <= set(key.gpu_types)
+    ):
         return False  # the engine takes a node only when it accepts every model the node has
     return not (key.gpus and event.gpus is not None and math.ceil(key.gpus) > event.gpus)
 
@@ -120,11 +141,16 @@ class ParkedGroups:
 
     def __init__(self):
         self._seq = 0  # events so far
-        self._log: collections.deque[tuple[int, Capacity | None]] = collections.deque(maxlen=LOG_EVENTS)  # (seq, ...)
+        self._log: collections.deque[tuple[int, Capacity | None]] = collections.deque(
+            maxlen=LOG_EVENTS
+        )  # (seq, ...)
         self._groups = {}  # key -> (reason, kind)
         self._by_place = {}  # (fleet or None, GPU type or None) -> {key}
         self._by_team = {}  # team -> {key}
-        self._view = (None, 0)  # (inventory version a pass last read fresh, the events before that pass)
+        self._view = (
+            None,
+            0,
+        )  # (inventory version a pass last read fresh, the events before that pass)
         self._lock = threading.Lock()
 
     def bump(self, event=None):
@@ -142,8 +168,9 @@ class ParkedGroups:
         out = set()
         if event.node:
             for (fleet, model), keys in self._by_place.items():
-                if (event.fleet is None or fleet in (None, event.fleet)) and \
-                        (event.models is None or model is None or model in event.models):
+                if (event.fleet is None or fleet in (None, event.fleet)) and (
+                    event.models is None or model is None or model in event.models
+                ):
                     out |= keys
         if event.allowance:
             if event.team is None:
@@ -230,13 +257,17 @@ def ended_on(rt, node_id, job_id):
     if known is None:
         return node_capacity(team=team, ended=True)
     node, models, gpus = known
-    return node_capacity(node.id, node.fleet_id, node.labels or {}, models, gpus, team=team, ended=True)
+    return node_capacity(
+        node.id, node.fleet_id, node.labels or {}, models, gpus, team=team, ended=True
+    )
 
 
 def node_changed(node):
     """The Capacity of a change to a node (a row as just written: it joined, came back, was
     uncordoned, passed validation, its labels or GPUs changed), with its GPUs as stored."""
-    models = [model for (model,) in Gpu.select(Gpu.model).where(Gpu.node == node.id).tuples().execute()]
+    models = [
+        model for (model,) in Gpu.select(Gpu.model).where(Gpu.node == node.id).tuples().execute()
+    ]
     return node_capacity(node.id, node.fleet_id, node.labels or {}, models, len(models))
 
 

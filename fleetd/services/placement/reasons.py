@@ -1,5 +1,5 @@
-"""Why a job waits: which filter leaves it no node (fleet, labels, container runtime, allowed images,
-GPU types, GPUs per node, ranks), for the pending reasons the scheduling passes record."""
+"""Why a job waits: which filter leaves it no node (fleet, labels, container runtime, allowed
+images, GPU types, GPUs per node, ranks), for the pending reasons the scheduling passes record."""
 
 from fleetd import scheduler
 
@@ -15,9 +15,18 @@ def never_fits(inventory, request):
     some could: it waits for capacity). Counts GPUs, CPUs and memory of the nodes its selector
     and GPU types accept: only its fleet's (or its one node) are looked at."""
     selector = request.node_selector
-    key = (selector.fleet, tuple(sorted(selector.labels.items())), selector.node_id, selector.container,
-           selector.image, request.gpu_count, frozenset(request.gpu_types), request.cpu_milli, request.memory_bytes,
-           request.num_nodes)
+    key = (
+        selector.fleet,
+        tuple(sorted(selector.labels.items())),
+        selector.node_id,
+        selector.container,
+        selector.image,
+        request.gpu_count,
+        frozenset(request.gpu_types),
+        request.cpu_milli,
+        request.memory_bytes,
+        request.num_nodes,
+    )
     answers = inventory.answers
     if answers is None:
         return _never_fits(inventory, request)
@@ -60,8 +69,11 @@ def _never_fits(inventory, request):
             continue
         with_runtime += 1
         fleet = inventory.fleets.get(node.fleet_id)
-        if selector.image is not None and fleet is not None and \
-                not scheduler.image_allowed(selector.image, tuple(fleet.allowed_images)):
+        if (
+            selector.image is not None
+            and fleet is not None
+            and not scheduler.image_allowed(selector.image, tuple(fleet.allowed_images))
+        ):
             if len(fleets_seen) < 3:
                 fleets_seen.add(node.fleet_id)
             continue
@@ -73,19 +85,35 @@ def _never_fits(inventory, request):
         matching += 1
         gpus = len(inventory.gpus.get(node.id, ()))
         most = max(most, gpus)
-        if (gpus >= need and node.cpu_count * scheduler.MILLI >= request.cpu_milli
-                and node.memory_bytes >= request.memory_bytes):
+        if (
+            gpus >= need
+            and node.cpu_count * scheduler.MILLI >= request.cpu_milli
+            and node.memory_bytes >= request.memory_bytes
+        ):
             able += 1
     if able >= request.num_nodes:
         return None
     if not matching:
-        return _none_matches(selector, types, (enrolled, labelled, with_runtime, runnable),
-                             (models_seen, runtimes_seen, fleets_seen))
+        return _none_matches(
+            selector,
+            types,
+            (enrolled, labelled, with_runtime, runnable),
+            (models_seen, runtimes_seen, fleets_seen),
+        )
     if need > most:
-        return f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any matching node has is {most}"
+        return (
+            f"no enrolled node could ever hold it: it needs {need} GPUs on one node, the most any "
+            f"matching node has is {most}"
+        )
     if not able:
-        return "no enrolled node could ever hold it: no matching node has the CPUs and memory it asks for"
-    return f"no enrolled nodes could ever hold it: {able} node(s) could take a rank, it needs {request.num_nodes}"
+        return (
+            "no enrolled node could ever hold it: no matching node has the CPUs and memory it asks "
+            "for"
+        )
+    return (
+        f"no enrolled nodes could ever hold it: {able} node(s) could take a rank, it needs "
+        f"{request.num_nodes}"
+    )
 
 
 def _none_matches(selector, types, counts, seen):
@@ -94,23 +122,37 @@ def _none_matches(selector, types, counts, seen):
     enrolled, labelled, with_runtime, runnable = counts
     models_seen, runtimes_seen, fleets_seen = seen
     if selector.node_id is not None:
-        return f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of its GPU types)"
+        return (
+            f"node {selector.node_id}, which holds its volume, is no longer enrolled (or not of "
+            f"its GPU types)"
+        )
     where = f" of fleet {selector.fleet}" if selector.fleet is not None else ""
     if not enrolled:
-        return f"no node is enrolled in fleet {selector.fleet}" if selector.fleet is not None else "no node is enrolled"
+        return (
+            f"no node is enrolled in fleet {selector.fleet}"
+            if selector.fleet is not None
+            else "no node is enrolled"
+        )
     if not labelled:
         wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.labels.items()))
         return f"no enrolled node{where} has the labels it selects ({wanted})"
     where += " with the labels it selects" if selector.labels else ""
     if not with_runtime:
-        return (f"no enrolled node{where} can run its image: none has a ready container runtime "
-                f"(containers {'; '.join(sorted(runtimes_seen))})")
+        return (
+            f"no enrolled node{where} can run its image: none has a ready container runtime "
+            f"(containers {'; '.join(sorted(runtimes_seen))})"
+        )
     if not runnable:
-        return (f"no enrolled node{where} can run its image: their fleet's allowed_images do not admit "
-                f"{selector.image} ({', '.join(sorted(fleets_seen))})")
+        return (
+            f"no enrolled node{where} can run its image: their fleet's allowed_images do not admit "
+            f"{selector.image} ({', '.join(sorted(fleets_seen))})"
+        )
     have = sorted(models_seen)
-    return (f"no enrolled node{where} has GPUs of the types it asks for ({', '.join(sorted(types))}); their GPUs: "
-            f"{', '.join(have[:5]) or 'none'}{f' and {len(have) - 5} more' if len(have) > 5 else ''}")
+    return (
+        f"no enrolled node{where} has GPUs of the types it asks for ({', '.join(sorted(types))}); "
+        f"their GPUs: "
+        f"{', '.join(have[:5]) or 'none'}{f' and {len(have) - 5} more' if len(have) > 5 else ''}"
+    )
 
 
 def pinned_reason(node_id, details):
@@ -124,4 +166,7 @@ def pinned_reason(node_id, details):
 def nowhere(request):
     """Why no node was even looked at: none of its fleet has the GPU types it accepts."""
     types = ", ".join(request.gpu_types) or "any"
-    return f" (no node of fleet {request.node_selector.fleet} has GPUs of the accepted type(s): {types})"
+    return (
+        f" (no node of fleet {request.node_selector.fleet} has GPUs of the accepted type(s): "
+        f"{types})"
+    )

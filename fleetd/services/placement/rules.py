@@ -1,5 +1,5 @@
-"""The rules a pass applies beside the engine's fit: team quotas, spot bids, budgets, GPU type prices,
-and preemption of lower-priority work."""
+"""The rules a pass applies beside the engine's fit: team quotas, spot bids, budgets, GPU type
+prices, and preemption of lower-priority work."""
 
 import dataclasses
 
@@ -30,7 +30,9 @@ class Rules:
         self.prices = prices  # model -> GpuType
         self.usage = usage  # (team, class) -> GPUs held
         self.models = models  # every GPU model in the fleet
-        self.budgets = budgets or {}  # team -> (classes held back or None: all, why): exceeded budgets
+        self.budgets = (
+            budgets or {}
+        )  # team -> (classes held back or None: all, why): exceeded budgets
 
     @classmethod
     def load(cls, state, now=None):
@@ -44,7 +46,9 @@ class Rules:
             seen.add(task.job_id)
             key = (task.job.team, task.job.priority_class)
             usage[key] = usage.get(key, 0) + gpus_of(task.job.request)
-        return cls(quotas, prices, usage, set(state.inventory.all_models), blocked_teams(now or utcnow()))
+        return cls(
+            quotas, prices, usage, set(state.inventory.all_models), blocked_teams(now or utcnow())
+        )
 
     def held(self, team, priority_class):
         if priority_class == "any":
@@ -63,8 +67,10 @@ class Rules:
             limit = self.quotas.get((team, klass))
             if limit is not None and need and self.held(team, klass) + need > limit + 1e-9:
                 label = "all classes" if klass == "any" else klass
-                return (f"team {team or '(none)'} at its quota for {label}: holds "
-                        f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}")
+                return (
+                    f"team {team or '(none)'} at its quota for {label}: holds "
+                    f"{self.held(team, klass):g} of {limit:g} GPUs, job needs {need:g}"
+                )
         return None
 
     def request_for(self, request, team, priority_class):
@@ -76,9 +82,15 @@ class Rules:
         if priority_class == "spot" and request.gpu_count:
             accepted = set(request.gpu_types) or self.models
             bid = request.bid or 0
-            affordable = {m for m in accepted if (self.prices.get(m) is None
-                                                  or self.prices[m].spot_min_bid is None
-                                                  or self.prices[m].spot_min_bid <= bid)}
+            affordable = {
+                m
+                for m in accepted
+                if (
+                    self.prices.get(m) is None
+                    or self.prices[m].spot_min_bid is None
+                    or self.prices[m].spot_min_bid <= bid
+                )
+            }
             if not affordable:
                 return None, f"bid {bid:g} is under the spot minimum of every accepted GPU type"
             if affordable != accepted or not request.gpu_types:
@@ -105,8 +117,10 @@ def preemption(state, candidates, request, policy, nominated):
     plan = scheduler.plan_preemption(state.snapshot(candidates), running, request, policy=policy)
     if not plan.schedulable or not plan.victim_jobs:
         return None, None
-    return (f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "
-            f"{len(plan.victim_tasks)} task(s) stop"), plan
+    return (
+        f"preempted {len(plan.victim_jobs)} spot job(s); placed once their "
+        f"{len(plan.victim_tasks)} task(s) stop"
+    ), plan
 
 
 def preempt(rt, job, plan, now):
@@ -116,10 +130,21 @@ def preempt(rt, job, plan, now):
     workload = rt.terms.get_many([job.id])[job.id].workload  # read by this pass: cached
     by = f"on-demand {workload.kind} {workload.name} (id {workload.id})"
     for job_id in plan.victim_jobs:
-        first = (Task.select().where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
-                 .order_by(Task.rank).first())
+        first = (
+            Task.select()
+            .where((Task.job == job_id) & Task.state.in_(ACTIVE_TASK_STATES))
+            .order_by(Task.rank)
+            .first()
+        )
         if first is not None:
-            end_task(rt, first, TaskState.PREEMPTED, f"preempted by {by}", now, preempted_by=workload,
-                     resume=rt.settings.instances_resume_preempted)
+            end_task(
+                rt,
+                first,
+                TaskState.PREEMPTED,
+                f"preempted by {by}",
+                now,
+                preempted_by=workload,
+                resume=rt.settings.instances_resume_preempted,
+            )
         rt.notifier.notify(("job", job_id))
     rt.nominations[job.id] = set(plan.victim_tasks)

@@ -1,4 +1,5 @@
-"""Scheduling passes: build a snapshot from the tables, ask the pure engine, write assignments back."""
+"""Scheduling passes: build a snapshot from the tables, ask the pure engine, write assignments
+back."""
 
 import collections
 import dataclasses
@@ -54,7 +55,10 @@ def run_pass(rt, full=True):
     """
     if not rt.leader.leading():
         return {"assigned": 0, "pending": 0, "skipped": "this replica does not lead"}
-    with rt.pass_lock, acting_as(FLEETD):  # placements and preemptions are fleetd's, even when a request kicked
+    with (
+        rt.pass_lock,
+        acting_as(FLEETD),
+    ):  # placements and preemptions are fleetd's, even when a request kicked
         started = time.perf_counter()
         try:
             return _run_pass(rt, full)
@@ -65,13 +69,18 @@ def run_pass(rt, full=True):
 
 @dataclasses.dataclass
 class _Plan:
-    """What the compute phase decided: placements, reasons to wait, and what to try to preempt for."""
+    """What the compute phase decided: placements, reasons to wait, and what to try to preempt
+    for."""
 
     placed: list = dataclasses.field(default_factory=list)  # (job, request, Placement)
     waiting: dict = dataclasses.field(default_factory=dict)  # job id -> reason
     preempt: list = dataclasses.field(default_factory=list)  # (job, PreemptionPlan) to carry out
-    parked: dict = dataclasses.field(default_factory=dict)  # group key -> (reason, kind): found not to fit
-    looked: set = dataclasses.field(default_factory=set)  # group keys asked (their parking is settled anew)
+    parked: dict = dataclasses.field(
+        default_factory=dict
+    )  # group key -> (reason, kind): found not to fit
+    looked: set = dataclasses.field(
+        default_factory=set
+    )  # group keys asked (their parking is settled anew)
     errors: dict = dataclasses.field(default_factory=dict)  # job id -> reason it is newly set aside
     bounded: bool = False  # stopped early at the pass's bound
 
@@ -92,18 +101,34 @@ def _run_pass(rt, full, read_all=False):
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued, terms, aside = _evaluable(rt.terms, queued)
-        followed = {first for _, _, first in unread}  # read (in a full pass) for a group with unread jobs
+        followed = {
+            first for _, _, first in unread
+        }  # read (in a full pass) for a group with unread jobs
         unread = _unread_requests(rt.terms, unread)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
         since = rt.parked.view_since(inventory.version, stamps, stale_for > 0)
-        state = ClusterState(rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory)
-        if any(t.request.host_ports for t in terms.values()) or any(r.host_ports for r, _ in unread):
+        state = ClusterState(
+            rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory
+        )
+        if any(t.request.host_ports for t in terms.values()) or any(
+            r.host_ports for r, _ in unread
+        ):
             state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
         rules = Rules.load(state, now)
-    plan = rt.offload(_decide, rt.settings, queued, terms, state, rules, None if full else parked,
-                      dict(rt.nominations), rt.engines, unread)
+    plan = rt.offload(
+        _decide,
+        rt.settings,
+        queued,
+        terms,
+        state,
+        rules,
+        None if full else parked,
+        dict(rt.nominations),
+        rt.engines,
+        unread,
+    )
     if any(job.id in followed for job, _, _ in plan.placed):
         # A parked group fits after all (what no event announced, a window opening): its other
         # jobs were not read, so decide again over every queued job, in placement order.
@@ -119,9 +144,16 @@ def _run_pass(rt, full, read_all=False):
         rt.instruments.scheduling_bounded.inc()
     # The rest of the queue in the next pass; or a parked group's reason changed, which its first
     # job has been told: the next pass reads and tells the others.
-    if (plan.bounded or followed & plan.waiting.keys()) and rt.scheduler is not None and rt.scheduler.running:
+    if (
+        (plan.bounded or followed & plan.waiting.keys())
+        and rt.scheduler is not None
+        and rt.scheduler.running
+    ):
         rt.scheduler.kick(capacity=False)
-    result = {"assigned": assigned, "pending": len(queued) + len(aside) + sum(c for _, c in unread) - assigned}
+    result = {
+        "assigned": assigned,
+        "pending": len(queued) + len(aside) + sum(c for _, c in unread) - assigned,
+    }
     if stale_for:  # decided on a view some seconds old: look again once it is new
         result["retry_in"] = stale_for
     return result
@@ -141,12 +173,15 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
     todo = [job for job in queued if parked is None or keys[job.id] not in parked]
     for job in queued:
         if parked is not None and keys[job.id] in parked:
-            plan.wait(job, parked[keys[job.id]])  # a job that joined a parked group learns why at once
+            plan.wait(
+                job, parked[keys[job.id]]
+            )  # a job that joined a parked group learns why at once
     if not todo:
         return plan
     profile = _profile(state, keys, terms, unread)
-    engine, candidates = engines.engine(state, [terms[j.id].request for j in todo],
-                                        settings.scheduler_policy or None, profile)
+    engine, candidates = engines.engine(
+        state, [terms[j.id].request for j in todo], settings.scheduler_policy or None, profile
+    )
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
     blocked: dict[str, str] = {}  # group key -> reason, for this pass
@@ -155,19 +190,29 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
         if key in blocked:  # an equivalent job did not fit: capacity only shrinks within a pass
             plan.wait(job, blocked[key])
             continue
-        if len(plan.placed) >= settings.scheduler_max_placements_per_pass or time.perf_counter() > deadline:
+        if (
+            len(plan.placed) >= settings.scheduler_max_placements_per_pass
+            or time.perf_counter() > deadline
+        ):
             plan.bounded = True
             break
         request = terms[job.id].request
         plan.looked.add(key)
-        engine.use_policy(by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile)
+        engine.use_policy(
+            by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile
+        )
         held_back = None
         try:
             held_back = rules.team_limit(request, job.team, job.priority_class)
-            request, reason = (None, held_back) if held_back is not None else \
-                rules.request_for(request, job.team, job.priority_class)
+            request, reason = (
+                (None, held_back)
+                if held_back is not None
+                else rules.request_for(request, job.team, job.priority_class)
+            )
             if request is not None and request.host_ports:
-                request = dataclasses.replace(request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node)
+                request = dataclasses.replace(
+                    request, max_owner_ports=settings.instances_max_host_ports_per_owner_per_node
+                )
             # A request no enrolled node could ever hold is not put to the engine: its explanation
             # visits every node it may use (all of them, for a job that names no fleet), and the
             # answer is known already (computed once per inventory and request shape).
@@ -195,10 +240,14 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             if candidates is not None and not result.filter_detail:
                 reason += nowhere(request)
             if request.node_selector.node_id is not None:
-                reason = pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
+                reason = (
+                    pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
+                )
             plan.parked[key] = (reason, CAPACITY)
             if job.priority_class == "on-demand" and result.filter_detail:
-                why, victims = preemption(state, candidates, request, engine.policy, nominations.get(job.id))
+                why, victims = preemption(
+                    state, candidates, request, engine.policy, nominations.get(job.id)
+                )
                 reason = why or reason
                 if victims is not None:
                     plan.preempt.append((job, victims))
@@ -215,17 +264,30 @@ def _profile(state, keys, terms, unread=()):
     members = collections.Counter(keys.values())
     some = {key: job_id for job_id, key in keys.items()}  # one job of each group
     requests = [t.job.request for t in {t.job_id: t for t in state.tasks}.values()]
-    requests += [dataclasses.replace(terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count)
-                 for key, count in members.items()]
-    requests += [dataclasses.replace(request, num_nodes=request.num_nodes * count) for request, count in unread]
+    requests += [
+        dataclasses.replace(
+            terms[some[key]].request, num_nodes=terms[some[key]].request.num_nodes * count
+        )
+        for key, count in members.items()
+    ]
+    requests += [
+        dataclasses.replace(request, num_nodes=request.num_nodes * count)
+        for request, count in unread
+    ]
     groups: dict[tuple, tuple] = {}  # request's shape -> (a request of it, nodes asked for)
     for request in requests:
-        key = (request.cpu_milli, request.gpus, request.gpu_memory_bytes, request.gpu_compute_percent,
-               request.gpu_types)
+        key = (
+            request.cpu_milli,
+            request.gpus,
+            request.gpu_memory_bytes,
+            request.gpu_compute_percent,
+            request.gpu_types,
+        )
         count = groups.get(key, (request, 0))[1]
         groups[key] = (request, count + request.num_nodes)
     return scheduler.profile_from_requests(
-        [dataclasses.replace(request, num_nodes=count) for request, count in groups.values()])
+        [dataclasses.replace(request, num_nodes=count) for request, count in groups.values()]
+    )
 
 
 def _write(rt, plan, now, inventory):
@@ -236,20 +298,28 @@ def _write(rt, plan, now, inventory):
         rt.leader.fence()  # a replica that lost the lead meanwhile writes nothing
         for job, victims in plan.preempt:
             preempt(rt, job, victims, now)
-        schedulable = _schedulable_nodes({r.node_id for _, _, result in plan.placed for r in result.ranks})
+        schedulable = _schedulable_nodes(
+            {r.node_id for _, _, result in plan.placed for r in result.ranks}
+        )
         jobs = {j.id: j for j in _jobs_by_id([job.id for job, _, _ in plan.placed])}
         tasks = _tasks_of(list(jobs))
         for job, _, result in plan.placed:
             fresh = jobs.get(job.id)
             ranks = [tasks.get((job.id, r.rank)) for r in result.ranks]
-            if (fresh is None or fresh.state != JobState.QUEUED.value or not set(result.node_ids) <= schedulable
-                    or any(t is None or t.state != TaskState.PENDING.value for t in ranks)):
+            if (
+                fresh is None
+                or fresh.state != JobState.QUEUED.value
+                or not set(result.node_ids) <= schedulable
+                or any(t is None or t.state != TaskState.PENDING.value for t in ranks)
+            ):
                 continue  # cancelled, or its node left service, while the engine decided: next pass
             try:
                 run_as = [_run_as(rt, inventory, fresh, r.node_id, now) for r in result.ranks]
             except UidsExhausted as exc:
-                plan.waiting[job.id] = f"cannot run: no uid to run its tasks as ({exc}); an admin can widen " \
-                                       "task_uid_range or give its token a unix_user"
+                plan.waiting[job.id] = (
+                    f"cannot run: no uid to run its tasks as ({exc}); an admin can widen "
+                    "task_uid_range or give its token a unix_user"
+                )
                 continue
             _assign(rt, fresh, ranks, result, now, woken, run_as)
             assigned += 1
@@ -259,11 +329,11 @@ def _write(rt, plan, now, inventory):
 
 
 def _run_as(rt, inventory, job, node_id, now):
-    """Who the job's task runs as on this node (services.identity.identities): root only for an admin's work
-    in a fleet that allows root tasks."""
+    """Who the job's task runs as on this node (services.identity.identities): root only for an
+    admin's work in a fleet that allows root tasks."""
     fleet = inventory.node_fleet.get(node_id)
-    # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root is
-    # never granted on a view older than the fleet's rule (an admin just turned it off).
+    # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root
+    # is never granted on a view older than the fleet's rule (an admin just turned it off).
     return rt.identities.run_as(job.owner_token_id, functools.partial(_allows_root, fleet), now)
 
 
@@ -296,8 +366,9 @@ def _schedulable_nodes(node_ids):
     ids = sorted(node_ids)
     out: set[str] = set()
     for start in range(0, len(ids), 500):
-        rows = Node.select(Node.id).where(Node.id.in_(ids[start:start + 500])
-                                          & (Node.status == NodeStatus.READY.value))
+        rows = Node.select(Node.id).where(
+            Node.id.in_(ids[start : start + 500]) & (Node.status == NodeStatus.READY.value)
+        )
         out.update(row.id for row in rows)
     return out
 
@@ -305,7 +376,7 @@ def _schedulable_nodes(node_ids):
 def _jobs_by_id(job_ids):
     out = []
     for start in range(0, len(job_ids), 500):
-        out += list(Job.select().where(Job.id.in_(job_ids[start:start + 500])))
+        out += list(Job.select().where(Job.id.in_(job_ids[start : start + 500])))
     return out
 
 
@@ -322,12 +393,20 @@ def _read_queue(parked, first_of_each=False):
     always read."""
     if not parked or len(parked) > MAX_UNREAD_GROUPS:
         return list(map(Queued._make, _QUEUED.raw_tuples())), []
-    told = functools.reduce(operator.or_, [(Job.group_key == group_key(key)) & (Job.pending_reason == reason)
-                                           for key, reason in parked.items()])
+    told = functools.reduce(
+        operator.or_,
+        [
+            (Job.group_key == group_key(key)) & (Job.pending_reason == reason)
+            for key, reason in parked.items()
+        ],
+    )
     queued = Job.state == JobState.QUEUED.value
     # A group shares its priority class, so its first job in placement order is its lowest id.
-    unread = raw_rows(Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
-                      .where(queued & Job.group_key.is_null(False) & told).group_by(Job.group_key))
+    unread = raw_rows(
+        Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
+        .where(queued & Job.group_key.is_null(False) & told)
+        .group_by(Job.group_key)
+    )
     read = Job.group_key.is_null() | ~told
     if first_of_each and unread:
         read |= Job.id.in_([first for _, _, first in unread])
@@ -339,7 +418,9 @@ def _read_queue(parked, first_of_each=False):
 
 def _unread_requests(terms_cache, unread):
     """[(request, jobs)] of the unread groups, from one job of each (its terms are cached)."""
-    terms, _failed = terms_cache.get_each([some for _, _, some in unread])  # a failed one is read next time
+    terms, _failed = terms_cache.get_each(
+        [some for _, _, some in unread]
+    )  # a failed one is read next time
     return [(terms[some].request, count) for _, count, some in unread if some in terms]
 
 
@@ -364,7 +445,11 @@ def _set_aside_reason(exc):
 
 def _tasks_of(job_ids):
     """{(job id, rank): Task} of these jobs."""
-    return {(task.job_id, task.rank): task for job_id in job_ids for task in TASKS_OF_JOB.rows(job_id=job_id)}
+    return {
+        (task.job_id, task.rank): task
+        for job_id in job_ids
+        for task in TASKS_OF_JOB.rows(job_id=job_id)
+    }
 
 
 class Queued(typing.NamedTuple):
@@ -377,10 +462,20 @@ class Queued(typing.NamedTuple):
 
 
 _PLACEMENT_ORDER = (peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id)
-_QUEUED = Statement(lambda v: Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
-                    .where(Job.state == JobState.QUEUED.value).order_by(*_PLACEMENT_ORDER))
-_RECORD_REASON = Statement(lambda v: Job.update(pending_reason=v("reason")).where(
-    (Job.id == v("id")) & (Job.state == JobState.QUEUED.value) & (Job.pending_reason != v("reason"))))
+_QUEUED = Statement(
+    lambda v: (
+        Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
+        .where(Job.state == JobState.QUEUED.value)
+        .order_by(*_PLACEMENT_ORDER)
+    )
+)
+_RECORD_REASON = Statement(
+    lambda v: Job.update(pending_reason=v("reason")).where(
+        (Job.id == v("id"))
+        & (Job.state == JobState.QUEUED.value)
+        & (Job.pending_reason != v("reason"))
+    )
+)
 
 
 class SchedulerLoop:
@@ -461,7 +556,11 @@ class SchedulerLoop:
                 log.warning("scheduling pass not written: %s", exc)
             except Exception:  # a failed pass is logged; the next kick or interval retries
                 log.exception("scheduling pass failed")
-            pause = min(self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started))
+            pause = min(
+                self.MAX_PAUSE_SECONDS, max(self.COALESCE_SECONDS, time.perf_counter() - started)
+            )
             if result.get("retry_in"):  # the inventory was a throttled view: a pass on the new one
-                pause = max(pause, result["retry_in"])  # (what that view did not show yet woke its groups)
+                pause = max(
+                    pause, result["retry_in"]
+                )  # (what that view did not show yet woke its groups)
                 self._kicked.set()

@@ -42,23 +42,36 @@ class JobTerms:
     team: str
     priority_class: str
     bid: float | None
-    group: Group  # jobs with equal groups get the same answer from the scheduling rules and the engine
+    group: (
+        Group  # jobs with equal groups get the same answer from the scheduling rules and the engine
+    )
     workload: Workload  # what the job is to its users: itself, or a run of an instance
 
 
 def _terms(spec: JobSpec, team, priority_class, workload, owner) -> JobTerms:
     request = task_request(spec, owner)
-    return JobTerms(request, team or "", priority_class, spec.bid, group_of(request, team, priority_class, spec.bid),
-                    workload)
+    return JobTerms(
+        request,
+        team or "",
+        priority_class,
+        spec.bid,
+        group_of(request, team, priority_class, spec.bid),
+        workload,
+    )
 
 
 def workload_of(job_id, name, instance_id):
     """The Workload of a job row: the instance it runs, or the job itself."""
-    return Workload("instance", instance_id, name) if instance_id is not None else Workload("job", job_id, name)
+    return (
+        Workload("instance", instance_id, name)
+        if instance_id is not None
+        else Workload("job", job_id, name)
+    )
 
 
 def group_key_of(spec: JobSpec, team, priority_class, owner="") -> str:
-    """The group key of a job about to be stored; InvalidRequest when the engine cannot evaluate it."""
+    """The group key of a job about to be stored; InvalidRequest when the engine cannot evaluate
+    it."""
     return group_key(group_of(task_request(spec, owner), team, priority_class, spec.bid))
 
 
@@ -77,12 +90,28 @@ class TermsCache:
             found = {j: self._terms[j] for j in job_ids if j in self._terms}
         missing = [j for j in job_ids if j not in found]
         for start in range(0, len(missing), 500):  # bounded IN lists
-            rows = (Job.select(Job.id, Job.spec, Job.team, Job.priority_class, Job.name, Job.instance_id,
-                               Job.owner_token_id)
-                    .where(Job.id.in_(missing[start:start + 500])).tuples().execute())
+            rows = (
+                Job.select(
+                    Job.id,
+                    Job.spec,
+                    Job.team,
+                    Job.priority_class,
+                    Job.name,
+                    Job.instance_id,
+                    Job.owner_token_id,
+                )
+                .where(Job.id.in_(missing[start : start + 500]))
+                .tuples()
+                .execute()
+            )
             for job_id, spec, team, priority_class, name, instance_id, owner in rows:
-                found[job_id] = _terms(JobSpec.from_dict(spec), team, priority_class,
-                                       workload_of(job_id, name, instance_id), owner)
+                found[job_id] = _terms(
+                    JobSpec.from_dict(spec),
+                    team,
+                    priority_class,
+                    workload_of(job_id, name, instance_id),
+                    owner,
+                )
         with self._lock:
             for job_id in missing:
                 if job_id in found:
@@ -110,4 +139,3 @@ class TermsCache:
                 except Exception as exc:
                     failed[job_id] = exc
             return found, failed
-

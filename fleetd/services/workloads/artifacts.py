@@ -28,8 +28,8 @@ def artifact_path(settings, sha256):
 
 def store_artifact(settings, now, stream, name, kind, principal):
     """Read `stream` to the end into the store (at most artifact_max_bytes); returns this owner's
-    view of it, {sha256, name, kind, size}, which it may read from then on (the same bytes uploaded by
-    two tokens: both, each under its own name; uploading them again renames them for this owner).
+    view of it, {sha256, name, kind, size}, which it may read from then on (the same bytes uploaded
+    by two tokens: both, each under its own name; uploading them again renames them for this owner).
     LimitExceeded, with nothing stored, when it would pass the owner's artifact bytes."""
     limit = settings.artifact_max_bytes
     os.makedirs(store_dir(settings), mode=0o700, exist_ok=True)
@@ -39,30 +39,45 @@ def store_artifact(settings, now, stream, name, kind, principal):
     fd, tmp = tempfile.mkstemp(dir=store_dir(settings), prefix=".upload-")
     try:
         with os.fdopen(fd, "wb") as out:
-            for _ in range(limit // CHUNK + 2):  # bounded: one chunk past the limit is enough to refuse
+            for _ in range(
+                limit // CHUNK + 2
+            ):  # bounded: one chunk past the limit is enough to refuse
                 chunk = stream.read(CHUNK)
                 if not chunk:
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise PayloadTooLarge(f"artifact larger than the limit of {limit} bytes", {"limit": limit})
+                    raise PayloadTooLarge(
+                        f"artifact larger than the limit of {limit} bytes", {"limit": limit}
+                    )
                 digest.update(chunk)
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
         sha256 = digest.hexdigest()
         with write_transaction():
-            # The owner's limit first: refused, the bytes never reach the store (the upload is dropped).
-            limits.check_new_artifact(limits.hold_owner(settings, principal), principal, sha256, size)
+            # The owner's limit first: refused, the bytes never reach the store (the upload is
+            # dropped).
+            limits.check_new_artifact(
+                limits.hold_owner(settings, principal), principal, sha256, size
+            )
             final = artifact_path(settings, sha256)
             os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
             os.replace(tmp, final)
             tmp = None
             if Artifact.get_or_none(Artifact.sha256 == sha256) is None:
                 Artifact.create(sha256=sha256, size=size, created_at=now)
-            mine = (ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.owner_id)
+            mine = (ArtifactUpload.sha256 == sha256) & (
+                ArtifactUpload.token_id == principal.owner_id
+            )
             if not ArtifactUpload.update(name=name, kind=kind).where(mine).execute():
-                ArtifactUpload.create(sha256=sha256, token_id=principal.owner_id, uploaded_at=now, name=name, kind=kind)
+                ArtifactUpload.create(
+                    sha256=sha256,
+                    token_id=principal.owner_id,
+                    uploaded_at=now,
+                    name=name,
+                    kind=kind,
+                )
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
@@ -73,16 +88,23 @@ def unreferenced(cutoff, keep_jobs_except=()):
     """Shas of artifacts stored before `cutoff` that no job (but those in `keep_jobs_except`,
     about to go) refers to."""
     going = set(keep_jobs_except)
-    referenced = {a["sha256"] for job in Job.select(Job.id, Job.spec) if job.id not in going
-                  for a in job.job_spec.artifacts}
-    return [a.sha256 for a in Artifact.select(Artifact.sha256).where(Artifact.created_at < cutoff)
-            if a.sha256 not in referenced]
+    referenced = {
+        a["sha256"]
+        for job in Job.select(Job.id, Job.spec)
+        if job.id not in going
+        for a in job.job_spec.artifacts
+    }
+    return [
+        a.sha256
+        for a in Artifact.select(Artifact.sha256).where(Artifact.created_at < cutoff)
+        if a.sha256 not in referenced
+    ]
 
 
 def delete_records(shas):
     """Forget these artifacts and who uploaded them (their files are the caller's to remove)."""
     for start in range(0, len(shas), 500):
-        chunk = shas[start:start + 500]
+        chunk = shas[start : start + 500]
         Artifact.delete().where(Artifact.sha256.in_(chunk)).execute()
         ArtifactUpload.delete().where(ArtifactUpload.sha256.in_(chunk)).execute()
 
@@ -94,9 +116,12 @@ def readable_artifacts(principal, shas):
     if not shas:
         return set()
     if principal.role == ADMIN:
-        return {row.sha256 for row in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))}
+        return {
+            row.sha256 for row in Artifact.select(Artifact.sha256).where(Artifact.sha256.in_(shas))
+        }
     rows = ArtifactUpload.select(ArtifactUpload.sha256).where(
-        (ArtifactUpload.token_id == principal.owner_id) & ArtifactUpload.sha256.in_(shas))
+        (ArtifactUpload.token_id == principal.owner_id) & ArtifactUpload.sha256.in_(shas)
+    )
     return {row.sha256 for row in rows}
 
 
@@ -111,14 +136,17 @@ def open_artifact(settings, principal, sha256):
         if not _needed_by_node(principal.node_id, sha256):
             raise Forbidden("this node runs no task that uses this artifact")
     elif sha256 not in readable_artifacts(principal, [sha256]):
-        raise NotFound(f"artifact {sha256} not found")  # whether others uploaded it is not this token's business
+        raise NotFound(
+            f"artifact {sha256} not found"
+        )  # whether others uploaded it is not this token's business
     own = None
     if principal.kind == "api":
-        own = ArtifactUpload.get_or_none((ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.owner_id))
+        own = ArtifactUpload.get_or_none(
+            (ArtifactUpload.sha256 == sha256) & (ArtifactUpload.token_id == principal.owner_id)
+        )
     return (own.name if own is not None and own.name else sha256), artifact_path(settings, sha256)
 
 
 def _needed_by_node(node_id, sha256):
-    query = (Job.select(Job.spec).join(Task)
-             .where((Task.node == node_id) & Task.state.in_(_ACTIVE)))
+    query = Job.select(Job.spec).join(Task).where((Task.node == node_id) & Task.state.in_(_ACTIVE))
     return any(a.sha256 == sha256 for job in query for a in job.job_spec.artifacts)

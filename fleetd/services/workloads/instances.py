@@ -46,37 +46,66 @@ from fleetd.services.workloads.runs import (
 )
 
 log = logging.getLogger(__name__)
-CONNECTION_WAIT_MAX_SECONDS = 300  # the longest connection wait, in slices (GraphQL; the CLI's --timeout asks REST)
+CONNECTION_WAIT_MAX_SECONDS = (
+    300  # the longest connection wait, in slices (GraphQL; the CLI's --timeout asks REST)
+)
 
 # ---------------------------------------------------------------- create, read
 
 
 def create_instance(rt, principal, spec):
-    """Create an instance from a validated InstanceSpec and queue its first run; Conflict when its owner
-    (this token) already has an instance of that name that is not deleted, LimitExceeded past its limits."""
+    """Create an instance from a validated InstanceSpec and queue its first run; Conflict when its
+    owner (this token) already has an instance of that name that is not deleted, LimitExceeded past
+    its limits."""
     now = rt.clock.now()
     project = project_for(principal, spec.project)
     # The team is the project's, else the token's; never the body's.
     spec = dataclasses.replace(spec, team=project.team or principal.team)
-    request = task_request(spec.run(None), principal.owner_id)  # the engine's own checks, before anything is stored
+    request = task_request(
+        spec.run(None), principal.owner_id
+    )  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     policy.check_image(spec.image, spec.node_selector.fleet)
     never = reasons.capacity_reason(rt, request)
     try:
         with write_transaction():
             allowed = limits.hold_owner(rt.settings, principal)
-            size = limits.check_spec(allowed, principal, spec, "instance",
-                                     stored=limits.spec_bytes(spec) + limits.spec_bytes(spec.run(None)))
+            size = limits.check_spec(
+                allowed,
+                principal,
+                spec,
+                "instance",
+                stored=limits.spec_bytes(spec) + limits.spec_bytes(spec.run(None)),
+            )
             limits.check_new_instance(allowed, principal)
             _refuse_taken_name(principal, spec.name)
-            inst = Instance.create(id=new_id(), name=spec.name, owner=principal.name,
-                                   owner_token_id=principal.owner_id, team=spec.team, project=project.key,
-                                   user=principal.login, state=InstanceState.PENDING.value, desired_state="running",
-                                   spec=spec.to_dict(),
-                                   created_at=now, status_reason=f"created by {principal.label}")
-            limits.count_stored(principal.owner_id, size)  # its first run counts itself (runs.new_run)
-            record_event(now, "instance.created", "instance", inst.id, f"created by {principal.label}", None,
-                         InstanceState.PENDING.value, actor=principal.label)
+            inst = Instance.create(
+                id=new_id(),
+                name=spec.name,
+                owner=principal.name,
+                owner_token_id=principal.owner_id,
+                team=spec.team,
+                project=project.key,
+                user=principal.login,
+                state=InstanceState.PENDING.value,
+                desired_state="running",
+                spec=spec.to_dict(),
+                created_at=now,
+                status_reason=f"created by {principal.label}",
+            )
+            limits.count_stored(
+                principal.owner_id, size
+            )  # its first run counts itself (runs.new_run)
+            record_event(
+                now,
+                "instance.created",
+                "instance",
+                inst.id,
+                f"created by {principal.label}",
+                None,
+                InstanceState.PENDING.value,
+                actor=principal.label,
+            )
             new_run(rt, inst, now, never)
     except IntegrityError:
         # A create of the same name committed between our check and our insert (PostgreSQL; SQLite's
@@ -90,12 +119,21 @@ def create_instance(rt, principal, spec):
 def _refuse_taken_name(principal, name):
     """Conflict when this token owns an instance of this name that is not deleted (migration 0015's
     unique index says the same inside the database)."""
-    holder = Instance.select(Instance.id).where(
-        (Instance.owner_token_id == principal.owner_id) & (Instance.name == name)
-        & (Instance.state != InstanceState.DELETED.value)).first()
+    holder = (
+        Instance.select(Instance.id)
+        .where(
+            (Instance.owner_token_id == principal.owner_id)
+            & (Instance.name == name)
+            & (Instance.state != InstanceState.DELETED.value)
+        )
+        .first()
+    )
     if holder is not None:
-        raise Conflict(f"instance name {name!r} is taken by instance {holder.id}: names are unique among your "
-                       "instances until they are deleted", {"name": name, "instance_id": holder.id})
+        raise Conflict(
+            f"instance name {name!r} is taken by instance {holder.id}: names are unique among your "
+            "instances until they are deleted",
+            {"name": name, "instance_id": holder.id},
+        )
 
 
 def _kick(rt, capacity=False):
@@ -111,8 +149,11 @@ def find_instance(principal, instance_id, deleted=False):
     """The instance if this principal may see it; NotFound otherwise, and for a deleted one unless
     `deleted` (a deleted instance is gone: only lists by state, logs and events still show it)."""
     inst = Instance.get_or_none_by_id(instance_id)
-    if inst is None or not access.may_read(principal, inst.owner_token_id, inst.project) or (
-            not deleted and inst.state == InstanceState.DELETED.value):
+    if (
+        inst is None
+        or not access.may_read(principal, inst.owner_token_id, inst.project)
+        or (not deleted and inst.state == InstanceState.DELETED.value)
+    ):
         raise NotFound(f"instance {instance_id} not found")
     return inst
 
@@ -121,27 +162,47 @@ def changeable_instance(principal, instance_id, deleted=False):
     """find_instance, and Forbidden unless this principal may change it (access.may_change)."""
     inst = find_instance(principal, instance_id, deleted)
     if not access.may_change(principal, inst.owner_token_id, inst.project):
-        raise Forbidden(f"only its owner, an admin of project {inst.project} or an admin may change instance "
-                        f"{instance_id}", {"instance_id": instance_id})
+        raise Forbidden(
+            f"only its owner, an admin of project {inst.project} or an admin may change instance "
+            f"{instance_id}",
+            {"instance_id": instance_id},
+        )
     return inst
 
 
 def resolve_instance(principal, handle, limit=100):
-    """The instances `handle` names for this principal, oldest first: the one whose id it is; else the
-    live ones of that name (one per owner); else the deleted ones of that name. At most `limit`."""
+    """The instances `handle` names for this principal, oldest first: the one whose id it is; else
+    the live ones of that name (one per owner); else the deleted ones of that name. At most
+    `limit`."""
     try:
         return [find_instance(principal, handle, deleted=True)]
     except NotFound:
         pass
-    named = _visible(Instance.select(), principal).where(Instance.name == handle).order_by(Instance.id).limit(limit)
-    return (list(named.where(Instance.state != InstanceState.DELETED.value))
-            or list(named.where(Instance.state == InstanceState.DELETED.value)))
+    named = (
+        _visible(Instance.select(), principal)
+        .where(Instance.name == handle)
+        .order_by(Instance.id)
+        .limit(limit)
+    )
+    return list(named.where(Instance.state != InstanceState.DELETED.value)) or list(
+        named.where(Instance.state == InstanceState.DELETED.value)
+    )
 
 
-def list_instances(principal, limit, cursor=None, state=None, owner=None, name=None, team=None, fleet=None,
-                   search=None):
-    """One page of instances, oldest first; deleted ones only when asked for by state. `fleet`: those whose
-    node (where they run, or keep their volume) is one of its nodes; `search`: names that hold it (any case)."""
+def list_instances(
+    principal,
+    limit,
+    cursor=None,
+    state=None,
+    owner=None,
+    name=None,
+    team=None,
+    fleet=None,
+    search=None,
+):
+    """One page of instances, oldest first; deleted ones only when asked for by state. `fleet`:
+    those whose node (where they run, or keep their volume) is one of its nodes; `search`: names
+    that hold it (any case)."""
     query = _visible(Instance.select(), principal)
     if state:
         query = query.where(Instance.state == state)
@@ -177,7 +238,8 @@ def wait_instance(rt, principal, instance_id, wait_seconds):
 
     wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
     return rt.notifier.wait(("instance", instance_id), wait, changed) or released(
-        lambda: find_instance(principal, instance_id))
+        lambda: find_instance(principal, instance_id)
+    )
 
 
 # ---------------------------------------------------------------- stop, resume, delete
@@ -197,20 +259,24 @@ def stop_instance(rt, principal, instance_id):
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
-
 def stop_by_fleetd(rt, instance_id, reason):
     """Stop an instance for fleetd's own reason (a team budget's stop_spot), as stop_instance does;
-    nothing when it holds no run (an interrupted one that resumes by itself holds its queued run)."""
+    nothing when it holds no run (an interrupted one that resumes by itself holds its queued
+    run)."""
     now = rt.clock.now()
     with write_transaction():
         inst = Instance.get_or_none_by_id(instance_id)
-        if inst is None or inst.state == InstanceState.STOPPING.value or not (
-                InstanceState(inst.state).holds_run() or resumes_by_itself(inst)):
+        if (
+            inst is None
+            or inst.state == InstanceState.STOPPING.value
+            or not (InstanceState(inst.state).holds_run() or resumes_by_itself(inst))
+        ):
             return
         inst.desired_state = "stopped"
         held = _end_run(rt, inst, InstanceState.STOPPED, reason, now)
     owe_stops(rt, held)
     _kick(rt)
+
 
 def delete_instance(rt, principal, instance_id):
     """Delete an instance: `deleted` at once when no process of it runs and no live node keeps its
@@ -223,7 +289,9 @@ def delete_instance(rt, principal, instance_id):
         inst.desired_state = "deleted"
         held = _end_run(rt, inst, InstanceState.DELETED, f"deleted by {principal.label}", now)
     owe_stops(rt, held)
-    _kick(rt, capacity=True)  # its host ports are free on its node: an instance parked at its owner's cap may fit
+    _kick(
+        rt, capacity=True
+    )  # its host ports are free on its node: an instance parked at its owner's cap may fit
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
 
@@ -235,7 +303,9 @@ def _end_run(rt, inst, final, reason, now):
     held = []
     if job is not None and not JobState(job.state).is_terminal():
         held = stop_job(rt, job, reason, now)
-    on_the_way = InstanceState.DELETING if final is InstanceState.DELETED else InstanceState.STOPPING
+    on_the_way = (
+        InstanceState.DELETING if final is InstanceState.DELETED else InstanceState.STOPPING
+    )
     if job is not None and job.state == JobState.CANCELLING.value:
         if inst.state != on_the_way.value:
             switch_instance_state(rt, inst, on_the_way, f"{reason}; stopping its processes", now)
@@ -244,7 +314,9 @@ def _end_run(rt, inst, final, reason, now):
     elif final is InstanceState.DELETED:
         settle_deleting(rt, inst, reason, now)
     elif inst.state != final.value and not (
-            final is InstanceState.STOPPED and inst.state in (InstanceState.STOPPED.value, InstanceState.FAILED.value)):
+        final is InstanceState.STOPPED
+        and inst.state in (InstanceState.STOPPED.value, InstanceState.FAILED.value)
+    ):
         switch_instance_state(rt, inst, final, reason, now)
     else:
         inst.save()
@@ -259,34 +331,61 @@ def resume_instance(rt, principal, instance_id, gpus=None, bid=None):
         inst = changeable_instance(principal, instance_id)
         state = InstanceState(inst.state)
         if not state.can_resume():
-            raise Conflict(f"instance {instance_id} is {state.value}; only a stopped, interrupted or failed "
-                           "instance can be resumed", {"state": state.value})
+            raise Conflict(
+                f"instance {instance_id} is {state.value}; only a stopped, interrupted or failed "
+                "instance can be resumed",
+                {"state": state.value},
+            )
         if run_active(inst):
-            raise Conflict(f"instance {instance_id} still has processes on node {inst.node_id}; wait for them to "
-                           "end or stop it first", {"state": state.value})
+            raise Conflict(
+                f"instance {instance_id} still has processes on node {inst.node_id}; wait for them "
+                "to end or stop it first",
+                {"state": state.value},
+            )
         spec = inst.instance_spec
         if gpus is not None:
-            spec = dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, gpus=gpus))
+            spec = dataclasses.replace(
+                spec, resources=dataclasses.replace(spec.resources, gpus=gpus)
+            )
         if bid is not None:
             if spec.priority_class != "spot":
-                raise InvalidRequest("a bid applies to spot instances only", {"fields": {"bid": ["spot only"]}})
+                raise InvalidRequest(
+                    "a bid applies to spot instances only", {"fields": {"bid": ["spot only"]}}
+                )
             spec = dataclasses.replace(spec, bid=bid)
         request = task_request(spec.run(inst.node_id), inst.owner_token_id)
         policy.check_bid(spec)
-        # The new run stores its spec, and a changed spec takes its own size: both count for the owner.
+        # The new run stores its spec, and a changed spec takes its own size: both count for the
+        # owner.
         grown = limits.spec_bytes(spec) - limits.stored_size(inst.spec)
-        if inst.owner_token_id == principal.owner_id:  # an admin's resume of another's instance is not held to its limits
-            limits.check_stored(limits.hold_owner(rt.settings, principal), principal,
-                                grown + limits.spec_bytes(spec.run(inst.node_id)), "resume")
+        if (
+            inst.owner_token_id == principal.owner_id
+        ):  # an admin's resume of another's instance is not held to its limits
+            limits.check_stored(
+                limits.hold_owner(rt.settings, principal),
+                principal,
+                grown + limits.spec_bytes(spec.run(inst.node_id)),
+                "resume",
+            )
         inst.spec = spec.to_dict()
-        inst.price_per_hour = resumed_price(inst, spec)  # the new run's (a new bid's, a new GPU count's)
+        inst.price_per_hour = resumed_price(
+            inst, spec
+        )  # the new run's (a new bid's, a new GPU count's)
         queued = Job.get_by_id(inst.run_id) if resumes_by_itself(inst) else None
-        if queued is not None:  # the run it was to resume with by itself: replaced by this one, of the new spec
+        if (
+            queued is not None
+        ):  # the run it was to resume with by itself: replaced by this one, of the new spec
             stop_job(rt, queued, f"replaced by the run of the resume by {principal.label}", now)
         new_run(rt, inst, now, reasons.never_fits(rt.inventory.get(), request))
         limits.count_stored(inst.owner_token_id, grown)
-        record_event(now, "instance.resumed", "instance", inst.id, f"resumed by {principal.label}",
-                     actor=principal.label)
+        record_event(
+            now,
+            "instance.resumed",
+            "instance",
+            inst.id,
+            f"resumed by {principal.label}",
+            actor=principal.label,
+        )
     _kick(rt)
     return Instance.get_by_id(inst.id)  # as the pass (if it ran here) left it
 
@@ -303,19 +402,28 @@ def volumes_to_delete(node_id, present):
     present = [p for p in present if isinstance(p, str)][:1000]
     if not present:
         return []
-    keep = {i.id for i in Instance.select(Instance.id, Instance.state, Instance.run_id).where(
-        Instance.id.in_(present) & (Instance.state != InstanceState.DELETED.value) & (Instance.node_id == node_id))
-        if i.state != InstanceState.DELETING.value or run_active(i)}
+    keep = {
+        i.id
+        for i in Instance.select(Instance.id, Instance.state, Instance.run_id).where(
+            Instance.id.in_(present)
+            & (Instance.state != InstanceState.DELETED.value)
+            & (Instance.node_id == node_id)
+        )
+        if i.state != InstanceState.DELETING.value or run_active(i)
+    }
     return [p for p in present if p not in keep]
-
 
 
 def volumes_reported(rt, node_id, present):
     """A node's heartbeat listed the volumes it holds: its deleting instances whose volume is gone
     (and whose processes ended) are deleted. Reads only, unless one is."""
     present = [p for p in present if isinstance(p, str)]
-    deleting = [i.id for i in Instance.select(Instance.id).where(
-        (Instance.node_id == node_id) & (Instance.state == InstanceState.DELETING.value))]
+    deleting = [
+        i.id
+        for i in Instance.select(Instance.id).where(
+            (Instance.node_id == node_id) & (Instance.state == InstanceState.DELETING.value)
+        )
+    ]
     if not any(i not in present for i in deleting):
         return
     with write_transaction():
@@ -331,14 +439,35 @@ def instance_views(rt, instances):
     read in two queries, and what their nodes last reported of the runs (rt.samples)."""
     now = rt.clock.now()
     runs = [i.run_id for i in instances if i.run_id]
-    jobs = {j.id: j for j in Job.select(Job.id, Job.pending_reason, Job.state).where(Job.id.in_(runs))} if runs else {}
-    tasks = {t.job_id: t for t in Task.select(Task.id, Task.job).where(Task.job.in_(runs))} if runs else {}
+    jobs = (
+        {j.id: j for j in Job.select(Job.id, Job.pending_reason, Job.state).where(Job.id.in_(runs))}
+        if runs
+        else {}
+    )
+    tasks = (
+        {t.job_id: t for t in Task.select(Task.id, Task.job).where(Task.job.in_(runs))}
+        if runs
+        else {}
+    )
     node_ids = list({i.node_id for i in instances if i.node_id})
-    nodes = ({n.id: n for n in Node.select(Node.id, Node.address, Node.hostname).where(Node.id.in_(node_ids))}
-             if node_ids else {})
+    nodes = (
+        {
+            n.id: n
+            for n in Node.select(Node.id, Node.address, Node.hostname).where(Node.id.in_(node_ids))
+        }
+        if node_ids
+        else {}
+    )
     storage = storage_costs(rt, [i.id for i in instances])  # its volume's, from the usage ledger
-    return [dict(_view(i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now, rt.samples),
-                 storage_cost_so_far=storage.get(i.id, 0.0)) for i in instances]
+    return [
+        dict(
+            _view(
+                i, jobs.get(i.run_id), tasks.get(i.run_id), nodes.get(i.node_id), now, rt.samples
+            ),
+            storage_cost_so_far=storage.get(i.id, 0.0),
+        )
+        for i in instances
+    ]
 
 
 def instance_view(rt, inst):
@@ -349,24 +478,45 @@ def _view(inst, job, task, node, now, samples):
     state = InstanceState(inst.state)
     cost = inst.cost_accrued or 0.0
     if state is InstanceState.RUNNING and inst.running_since is not None:
-        cost += (inst.price_per_hour or 0.0) * max(0.0, (now - inst.running_since).total_seconds()) / 3600
+        cost += (
+            (inst.price_per_hour or 0.0)
+            * max(0.0, (now - inst.running_since).total_seconds())
+            / 3600
+        )
     pending = ""
-    if state is InstanceState.PENDING or (state is InstanceState.INTERRUPTED and job is not None
-                                          and job.state == JobState.QUEUED.value):  # it resumes by itself
+    if state is InstanceState.PENDING or (
+        state is InstanceState.INTERRUPTED
+        and job is not None
+        and job.state == JobState.QUEUED.value
+    ):  # it resumes by itself
         pending = (job.pending_reason if job is not None else "") or "waiting for the scheduler"
     return {
-        "id": inst.id, "name": inst.name, "owner": inst.owner, "team": inst.team, "state": inst.state,
+        "id": inst.id,
+        "name": inst.name,
+        "owner": inst.owner,
+        "team": inst.team,
+        "state": inst.state,
         "status_reason": inst.status_reason,
         "desired_state": "running" if inst.desired_state == "running" else "stopped",
-        "pending_reason": pending, "node_id": inst.node_id, "node_hostname": node.hostname if node else None,
+        "pending_reason": pending,
+        "node_id": inst.node_id,
+        "node_hostname": node.hostname if node else None,
         "interrupted_by": inst.preempted_by if state is InstanceState.INTERRUPTED else None,
         "interruption": inst.interrupted_by if state is InstanceState.INTERRUPTED else None,
-        "last_exit": inst.last_exit, "next_start_at": inst.next_start_at,
+        "last_exit": inst.last_exit,
+        "next_start_at": inst.next_start_at,
         "spec": _public_spec(inst.spec),
-        "created_at": inst.created_at, "started_at": inst.started_at, "stopped_at": inst.stopped_at,
-        "price_per_hour": inst.price_per_hour, "cost_so_far": round(cost, 6), "runs": inst.runs,
-        "runtime": (_runtime(inst, task, node, now, samples)
-                    if state in (InstanceState.RUNNING, InstanceState.RESTARTING) else None),
+        "created_at": inst.created_at,
+        "started_at": inst.started_at,
+        "stopped_at": inst.stopped_at,
+        "price_per_hour": inst.price_per_hour,
+        "cost_so_far": round(cost, 6),
+        "runs": inst.runs,
+        "runtime": (
+            _runtime(inst, task, node, now, samples)
+            if state in (InstanceState.RUNNING, InstanceState.RESTARTING)
+            else None
+        ),
     }
 
 
@@ -380,13 +530,25 @@ def _runtime(inst, task, node, now, samples):
     address = node.address if node is not None else ""
     return {
         # the current process's: 0 while it waits to be started again
-        "uptime_seconds": (round(max(0.0, (now - inst.process_started_at).total_seconds()), 3)
-                           if inst.process_started_at and inst.state == InstanceState.RUNNING.value else 0),
-        "ports": [{"private_port": p["port"], "public_port": p["host_port"], "ip": address,
-                   "is_ip_public": is_public(address), "type": protocols.get(p["port"], "tcp"),
-                   "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp")) if address else None,
-                   "state": port_state(sample, p["port"], p["host_port"])}
-                  for p in inst.ports or []],
+        "uptime_seconds": (
+            round(max(0.0, (now - inst.process_started_at).total_seconds()), 3)
+            if inst.process_started_at and inst.state == InstanceState.RUNNING.value
+            else 0
+        ),
+        "ports": [
+            {
+                "private_port": p["port"],
+                "public_port": p["host_port"],
+                "ip": address,
+                "is_ip_public": is_public(address),
+                "type": protocols.get(p["port"], "tcp"),
+                "url": connection_url(address, p["host_port"], protocols.get(p["port"], "tcp"))
+                if address
+                else None,
+                "state": port_state(sample, p["port"], p["host_port"]),
+            }
+            for p in inst.ports or []
+        ],
         "gpus": (sample or {}).get("gpus") or [],
         "container": (sample or {}).get("container"),
         "restarts": (sample or {}).get("restarts", 0),
@@ -399,15 +561,21 @@ def _runtime(inst, task, node, now, samples):
 
 def deleted_before(cutoff):
     """Ids of the instances deleted before `cutoff`."""
-    return [i.id for i in Instance.select(Instance.id).where((Instance.state == InstanceState.DELETED.value)
-                                                             & (Instance.stopped_at < cutoff))]
+    return [
+        i.id
+        for i in Instance.select(Instance.id).where(
+            (Instance.state == InstanceState.DELETED.value) & (Instance.stopped_at < cutoff)
+        )
+    ]
 
 
 def delete_records(instance_ids):
     """Forget these deleted instances and their events (their runs go with the old jobs)."""
     for start in range(0, len(instance_ids), 500):
-        chunk = instance_ids[start:start + 500]
-        Event.delete().where((Event.subject_type == "instance") & Event.subject_id.in_(chunk)).execute()
+        chunk = instance_ids[start : start + 500]
+        Event.delete().where(
+            (Event.subject_type == "instance") & Event.subject_id.in_(chunk)
+        ).execute()
         limits.release_stored(Instance, chunk)
         Instance.delete().where(Instance.id.in_(chunk)).execute()
 
@@ -426,8 +594,8 @@ def instance_logs(principal, instance_id, limit, after=None):
 
 
 def instance_logs_tail(principal, instance_id, count, before=None):
-    """The last `count` log lines of an instance's runs (before the line numbered `before`, if given), oldest
-    first."""
+    """The last `count` log lines of an instance's runs (before the line numbered `before`, if
+    given), oldest first."""
     find_instance(principal, instance_id, deleted=True)
     runs = Job.select(Job.id).where(Job.instance_id == instance_id)
     query = LogLine.select().where(LogLine.job.in_(runs))
@@ -443,13 +611,23 @@ def instance_events(principal, instance_id, limit, cursor=None, after=None):
 
 def instance_events_tail(principal, instance_id, count):
     find_instance(principal, instance_id, deleted=True)
-    return last_rows(Event.select().where((Event.subject_type == "instance") & (Event.subject_id == instance_id)),
-                     Event.id, count)
+    return last_rows(
+        Event.select().where(
+            (Event.subject_type == "instance") & (Event.subject_id == instance_id)
+        ),
+        Event.id,
+        count,
+    )
 
 
 def counts_by_state():
     """{state: count} of instances, for metrics."""
-    return dict(Instance.select(Instance.state, fn.COUNT(Instance.id)).group_by(Instance.state).tuples().execute())
+    return dict(
+        Instance.select(Instance.state, fn.COUNT(Instance.id))
+        .group_by(Instance.state)
+        .tuples()
+        .execute()
+    )
 
 
 PORT_TAKEN = "taken_by_other_process"

@@ -24,7 +24,9 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
     no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
     scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
-    request = task_request(spec, principal.owner_id)  # the engine's own checks, before anything is stored
+    request = task_request(
+        spec, principal.owner_id
+    )  # the engine's own checks, before anything is stored
     policy.check_bid(spec)
     never = reasons.capacity_reason(rt, request)
     if never and not wait_for_capacity:
@@ -41,18 +43,24 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
     LimitExceeded, with nothing stored, past the owner's limits."""
     project = project_for(principal, spec.project)
     team = policy.team_of(principal, spec, project.team)
-    spec = dataclasses.replace(spec, team=team)  # the team it runs as, so that the spec alone says it
+    spec = dataclasses.replace(
+        spec, team=team
+    )  # the team it runs as, so that the spec alone says it
     job_id = new_id()
     with write_transaction():
         allowed = limits.hold_owner(settings, principal)
         size = limits.check_spec(allowed, principal, spec, "job")
         limits.check_new_job(allowed, principal)
         wanted = {a.sha256 for a in spec.artifacts}
-        known = readable_artifacts(principal, wanted)  # another token's upload is unknown to this one
+        known = readable_artifacts(
+            principal, wanted
+        )  # another token's upload is unknown to this one
         if wanted - known:
             missing = sorted(wanted - known)
-            raise InvalidRequest(f"unknown artifact(s): {', '.join(missing)}; upload them first",
-                                 {"fields": {"artifacts": missing}})
+            raise InvalidRequest(
+                f"unknown artifact(s): {', '.join(missing)}; upload them first",
+                {"fields": {"artifacts": missing}},
+            )
         job = Job.create(
             id=job_id,
             name=spec.name,
@@ -70,13 +78,23 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
             submitted_at=now,
             group_key=group_key_of(spec, team, spec.priority_class, principal.owner_id),
         )
-        job.task_list = [Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
-                         for rank in range(job.num_nodes)]
+        job.task_list = [
+            Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])
+            for rank in range(job.num_nodes)
+        ]
         for task in job.task_list:
             task.save(force_insert=True)
         limits.count_stored(principal.owner_id, size)
-        record_event(now, "job.submitted", "job", job_id, f"submitted by {principal.label}", None,
-                     JobState.QUEUED.value, actor=principal.label)
+        record_event(
+            now,
+            "job.submitted",
+            "job",
+            job_id,
+            f"submitted by {principal.label}",
+            None,
+            JobState.QUEUED.value,
+            actor=principal.label,
+        )
     return job
 
 
@@ -85,11 +103,22 @@ def _visible(query, principal):
     return access.readable(query, principal, Job.owner_token_id, Job.project)
 
 
-def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, name=None, fleet=None,
-              search=None):
-    """One page of jobs, oldest first, with their tasks. `fleet`: those with a task placed on one of its
-    nodes; `search`: those whose name holds it (any case)."""
-    query = _visible(Job.select(), principal).where(Job.instance_id.is_null())  # runs of instances: see instances
+def list_jobs(
+    principal,
+    limit,
+    cursor=None,
+    state=None,
+    owner=None,
+    team=None,
+    name=None,
+    fleet=None,
+    search=None,
+):
+    """One page of jobs, oldest first, with their tasks. `fleet`: those with a task placed on one of
+    its nodes; `search`: those whose name holds it (any case)."""
+    query = _visible(Job.select(), principal).where(
+        Job.instance_id.is_null()
+    )  # runs of instances: see instances
     if state:
         query = query.where(Job.state == state)
     if owner:
@@ -99,8 +128,13 @@ def list_jobs(principal, limit, cursor=None, state=None, owner=None, team=None, 
     if name:
         query = query.where(Job.name == name)
     if fleet:
-        query = query.where(Job.id.in_(Task.select(Task.job).where(
-            Task.node.in_(Node.select(Node.id).where(Node.fleet == fleet)))))
+        query = query.where(
+            Job.id.in_(
+                Task.select(Task.job).where(
+                    Task.node.in_(Node.select(Node.id).where(Node.fleet == fleet))
+                )
+            )
+        )
     if search:
         query = query.where(Job.name.contains(search))
     jobs, next_cursor = paginate(query, Job.id, limit, cursor)
@@ -116,20 +150,27 @@ def attach_tasks(jobs):
 def find_visible_job(principal, job_id):
     """The job if this principal may see it, else None."""
     job = Job.get_or_none_by_id(job_id)
-    if job is None or job.instance_id is not None or not access.may_read(principal, job.owner_token_id,
-                                                                          job.project):
+    if (
+        job is None
+        or job.instance_id is not None
+        or not access.may_read(principal, job.owner_token_id, job.project)
+    ):
         return None  # the runs of instances are not jobs to their users: see instances
     return job
 
 
 def resolve_job(principal, handle, limit=100):
-    """The jobs `handle` names for this principal, oldest first: the one whose id it is, else those of
-    that name (never an instance's runs). At most `limit`."""
+    """The jobs `handle` names for this principal, oldest first: the one whose id it is, else those
+    of that name (never an instance's runs). At most `limit`."""
     job = find_visible_job(principal, handle)
     if job is not None:
         return [job]
-    return list(_visible(Job.select(), principal).where((Job.name == handle) & Job.instance_id.is_null())
-                .order_by(Job.id).limit(limit))
+    return list(
+        _visible(Job.select(), principal)
+        .where((Job.name == handle) & Job.instance_id.is_null())
+        .order_by(Job.id)
+        .limit(limit)
+    )
 
 
 def get_job(principal, job_id):
@@ -148,8 +189,8 @@ def list_job_views(rt, principal, limit, cursor=None, **filters):
 
 
 def wait_job(rt, principal, job_id, wait_seconds):
-    """A job with its costs; with `wait_seconds`, as soon as it is terminal (or when the wait ends, as
-    it is then). No pooled connection is held while waiting."""
+    """A job with its costs; with `wait_seconds`, as soon as it is terminal (or when the wait ends,
+    as it is then). No pooled connection is held while waiting."""
     return with_costs(rt, [_wait_job(rt, principal, job_id, wait_seconds)])[0]
 
 
@@ -165,7 +206,8 @@ def _wait_job(rt, principal, job_id, wait_seconds):
     hand_back()
     wait = min(wait_seconds, rt.settings.long_poll_max_seconds)
     return rt.notifier.wait(("job", job_id), wait, lambda: released(terminal)) or released(
-        lambda: get_job(principal, job_id))
+        lambda: get_job(principal, job_id)
+    )
 
 
 def job_result(principal, job_id):
@@ -176,8 +218,14 @@ def job_result(principal, job_id):
         "reason": job.outcome_reason,
         "attempt": job.attempt,
         "tasks": [
-            {"rank": t.rank, "node_id": t.node_id, "run_as": t.run_as, "exit_code": t.exit_code,
-             "outcome": t.state if TaskState(t.state).is_terminal() else None, "reason": t.reason}
+            {
+                "rank": t.rank,
+                "node_id": t.node_id,
+                "run_as": t.run_as,
+                "exit_code": t.exit_code,
+                "outcome": t.state if TaskState(t.state).is_terminal() else None,
+                "reason": t.reason,
+            }
             for t in job.task_list
         ],
     }
@@ -195,7 +243,8 @@ def job_logs(principal, job_id, limit, after=None, rank=None):
 
 
 def job_logs_tail(principal, job_id, count, before=None):
-    """The last `count` log lines of a job (before the line numbered `before`, if given), oldest first."""
+    """The last `count` log lines of a job (before the line numbered `before`, if given), oldest
+    first."""
     get_job(principal, job_id)
     query = LogLine.select().where(LogLine.job == job_id)
     if before is not None:
@@ -206,8 +255,11 @@ def job_logs_tail(principal, job_id, count, before=None):
 def job_events_tail(principal, job_id, count):
     """The last `count` events of a job, oldest first."""
     get_job(principal, job_id)
-    return last_rows(Event.select().where((Event.subject_type == "job") & (Event.subject_id == job_id)), Event.id,
-                     count)
+    return last_rows(
+        Event.select().where((Event.subject_type == "job") & (Event.subject_id == job_id)),
+        Event.id,
+        count,
+    )
 
 
 def job_events(principal, job_id, limit, cursor=None, after=None):
@@ -230,8 +282,11 @@ def cancel_job(rt, principal, job_id):
         if job is None:
             raise NotFound(f"job {job_id} not found")
         if not access.may_change(principal, job.owner_token_id, job.project):
-            raise Forbidden(f"only its owner, an admin of project {job.project} or an admin may cancel job {job_id}",
-                            {"job_id": job_id})
+            raise Forbidden(
+                f"only its owner, an admin of project {job.project} or an admin may cancel job "
+                f"{job_id}",
+                {"job_id": job_id},
+            )
         if JobState(job.state).is_terminal() and job.state != JobState.CANCELLED.value:
             raise Conflict(f"job {job_id} already {job.state}", {"state": job.state})
         held = stop_job(rt, job, f"cancelled by {principal.label}", now)
@@ -249,11 +304,13 @@ def cancel_job(rt, principal, job_id):
 def ended_before(cutoff):
     """Ids of the jobs that ended before `cutoff` (runs of instances included)."""
     terminal = [s.value for s in JobState if s.is_terminal()]
-    return [j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))]
+    return [
+        j.id for j in Job.select(Job.id).where(Job.state.in_(terminal) & (Job.ended_at < cutoff))
+    ]
 
 
 def _chunks(ids, size=500):
-    return [ids[start:start + size] for start in range(0, len(ids), size)]
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
 
 
 def records_of(job_ids):
@@ -262,12 +319,17 @@ def records_of(job_ids):
     for chunk in _chunks(job_ids):
         counts["tasks"] += Task.select().where(Task.job.in_(chunk)).count()
         counts["log_lines"] += LogLine.select().where(LogLine.job.in_(chunk)).count()
-        counts["events"] += Event.select().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).count()
+        counts["events"] += (
+            Event.select()
+            .where((Event.subject_type == "job") & Event.subject_id.in_(chunk))
+            .count()
+        )
     return counts
 
 
 def delete_jobs(job_ids):
-    """Delete these jobs with their tasks, log lines and events (inside the caller's transaction)."""
+    """Delete these jobs with their tasks, log lines and events (inside the caller's
+    transaction)."""
     for chunk in _chunks(job_ids):
         limits.release_stored(Job, chunk)
         Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).execute()
@@ -277,5 +339,3 @@ def delete_jobs(job_ids):
 
 
 # ---------------------------------------------------------------- stops owed to nodes
-
-

@@ -18,28 +18,34 @@ from fleetd.services.notify.events import record_event
 
 # A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
 # processes ended (or their leases expire); a queued one holds no process and is cancelled at once.
-JOB_TRANSITIONS = transition_table(JobState, {
-    "queued": "running cancelled failed",
-    "running": "queued succeeded failed cancelling cancelled",
-    "cancelling": "cancelled",
-    "succeeded": "",
-    "failed": "",
-    "cancelled": "",
-})
+JOB_TRANSITIONS = transition_table(
+    JobState,
+    {
+        "queued": "running cancelled failed",
+        "running": "queued succeeded failed cancelling cancelled",
+        "cancelling": "cancelled",
+        "succeeded": "",
+        "failed": "",
+        "cancelled": "",
+    },
+)
 
 
 # An ended task goes back to pending only when the whole job retries (all its ranks are reset):
 # a gang whose rank did not succeed runs again as a whole, its ranks that had succeeded too.
-TASK_TRANSITIONS = transition_table(TaskState, {
-    "pending": "assigned cancelled",
-    "assigned": "running succeeded failed cancelled lost preempted",
-    "running": "succeeded failed cancelled lost preempted",
-    "succeeded": "pending",
-    "failed": "pending",
-    "cancelled": "pending",
-    "lost": "pending",
-    "preempted": "pending",
-})
+TASK_TRANSITIONS = transition_table(
+    TaskState,
+    {
+        "pending": "assigned cancelled",
+        "assigned": "running succeeded failed cancelled lost preempted",
+        "running": "succeeded failed cancelled lost preempted",
+        "succeeded": "pending",
+        "failed": "pending",
+        "cancelled": "pending",
+        "lost": "pending",
+        "preempted": "pending",
+    },
+)
 
 
 def switch_job_state(job, to_state, reason, now):
@@ -47,7 +53,10 @@ def switch_job_state(job, to_state, reason, now):
     from_state = JobState(job.state)
     to_state = JobState(to_state)
     if to_state not in JOB_TRANSITIONS[from_state]:
-        raise Conflict(f"job {job.id} cannot go from {from_state.value} to {to_state.value}", {"state": job.state})
+        raise Conflict(
+            f"job {job.id} cannot go from {from_state.value} to {to_state.value}",
+            {"state": job.state},
+        )
     job.state = to_state.value
     if to_state is JobState.RUNNING and job.started_at is None:
         job.started_at = now
@@ -66,8 +75,10 @@ def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True
     from_state = TaskState(task.state)
     to_state = TaskState(to_state)
     if to_state not in TASK_TRANSITIONS[from_state]:
-        raise Conflict(f"task {task.id} cannot go from {from_state.value} to {to_state.value}",
-                       {"state": task.state})
+        raise Conflict(
+            f"task {task.id} cannot go from {from_state.value} to {to_state.value}",
+            {"state": task.state},
+        )
     if tell_node and to_state.is_terminal() and is_held(task):
         # fleetd ended a task whose process a node may still run: that node is told at once.
         owe_stops(rt, [task])
@@ -79,15 +90,22 @@ def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True
     task.reason = reason
     if save:
         task.save()
-    record_event(now, "task.state", "job", task.job_id, f"rank {task.rank}: {reason}", from_state.value,
-                 to_state.value)
+    record_event(
+        now,
+        "task.state",
+        "job",
+        task.job_id,
+        f"rank {task.rank}: {reason}",
+        from_state.value,
+        to_state.value,
+    )
     return task
 
 
 def owe_stops(rt, tasks):
     """The nodes that hold these tasks must stop them now (their acquires are woken after the commit
-    that ended them). `rt`: the Runtime whose nodes listen; None outside one (a CLI tool), where no node
-    waits: the heartbeat's cancel list tells them."""
+    that ended them). `rt`: the Runtime whose nodes listen; None outside one (a CLI tool), where no
+    node waits: the heartbeat's cancel list tells them."""
     if rt is not None:
         for task in tasks:
             rt.stops.owe(task.node_id, task.id, task.epoch)
@@ -95,8 +113,10 @@ def owe_stops(rt, tasks):
 
 def is_held(task):
     """True when a node may run the task's process: it runs, or its assignment was delivered."""
-    return task.node_id is not None and (task.state == TaskState.RUNNING.value
-                                         or (task.state == TaskState.ASSIGNED.value and task.delivered_at is not None))
+    return task.node_id is not None and (
+        task.state == TaskState.RUNNING.value
+        or (task.state == TaskState.ASSIGNED.value and task.delivered_at is not None)
+    )
 
 
 LIVE_TASK_STATES = [TaskState.PENDING.value, TaskState.ASSIGNED.value, TaskState.RUNNING.value]
@@ -111,9 +131,9 @@ class NodeStops:
     A task that fleetd ends while a node holds it (cancel, preemption, a drain's deadline, a
     gang's stop, a requeue) owes that node a stop of (task, epoch), and the node's waiting
     acquire long-polls are woken once that commits. Stops are owed from inside the transaction
-    that ends the task (switch_task_state, owe_stops), and acquire hands one out only once the database shows it
-    (work.acquire); one the database never confirms (a rolled-back transaction) is dropped after
-    `confirm_seconds`. The heartbeat's `cancel` list remains
+    that ends the task (switch_task_state, owe_stops), and acquire hands one out only once the
+    database shows it (work.acquire); one the database never confirms (a rolled-back transaction) is
+    dropped after `confirm_seconds`. The heartbeat's `cancel` list remains
     the fallback (a lost reply, another replica). One per Runtime.
     """
 
@@ -132,7 +152,9 @@ class NodeStops:
             notifiers = list(self._watchers.get(node_id, ()))
         for notifier in notifiers:
             notifier.notify(("node", node_id), local=True)
-        if self.publish is not None and not local:  # a network call: after the commit, not inside it
+        if (
+            self.publish is not None and not local
+        ):  # a network call: after the commit, not inside it
             publish = self.publish
             after_commit(lambda: publish(node_id, task_id, epoch))
 
@@ -171,22 +193,31 @@ class NodeStops:
 
 
 # state -> the states it may go to. A process that keeps ending is `restarting` (again at each exit
-# while its node restarts it); `deleting` lasts until its processes ended and its node removed the volume.
-INSTANCE_TRANSITIONS = transition_table(InstanceState, {
-    "pending": "starting stopped interrupted failed deleting deleted",
-    "starting": "running restarting stopping stopped interrupted failed deleting deleted",
-    "running": "restarting stopping stopped interrupted failed deleting deleted",
-    "restarting": "running restarting stopping stopped interrupted failed deleting deleted",
-    "stopping": "stopped deleting deleted",
-    "stopped": "pending deleting deleted",
-    "interrupted": "pending starting running restarting stopping stopped deleting deleted",
-    "failed": "pending deleting deleted",
-    "deleting": "deleting deleted",
-    "deleted": "",
-})
+# while its node restarts it); `deleting` lasts until its processes ended and its node removed the
+# volume.
+INSTANCE_TRANSITIONS = transition_table(
+    InstanceState,
+    {
+        "pending": "starting stopped interrupted failed deleting deleted",
+        "starting": "running restarting stopping stopped interrupted failed deleting deleted",
+        "running": "restarting stopping stopped interrupted failed deleting deleted",
+        "restarting": "running restarting stopping stopped interrupted failed deleting deleted",
+        "stopping": "stopped deleting deleted",
+        "stopped": "pending deleting deleted",
+        "interrupted": "pending starting running restarting stopping stopped deleting deleted",
+        "failed": "pending deleting deleted",
+        "deleting": "deleting deleted",
+        "deleted": "",
+    },
+)
 
 
-ENDED = (InstanceState.STOPPED, InstanceState.INTERRUPTED, InstanceState.FAILED, InstanceState.DELETED)
+ENDED = (
+    InstanceState.STOPPED,
+    InstanceState.INTERRUPTED,
+    InstanceState.FAILED,
+    InstanceState.DELETED,
+)
 
 
 def switch_instance_state(rt, inst, to_state, reason, now):
@@ -196,8 +227,10 @@ def switch_instance_state(rt, inst, to_state, reason, now):
     from_state = InstanceState(inst.state)
     to_state = InstanceState(to_state)
     if to_state not in INSTANCE_TRANSITIONS[from_state]:
-        raise Conflict(f"instance {inst.id} is {from_state.value}; it cannot become {to_state.value}",
-                       {"state": from_state.value})
+        raise Conflict(
+            f"instance {inst.id} is {from_state.value}; it cannot become {to_state.value}",
+            {"state": from_state.value},
+        )
     if from_state is InstanceState.RUNNING:
         accrue_cost(inst, now)
         inst.running_since = None
@@ -222,14 +255,17 @@ def switch_instance_state(rt, inst, to_state, reason, now):
     inst.state = to_state.value
     inst.status_reason = reason
     inst.save()
-    record_event(now, "instance.state", "instance", inst.id, reason, from_state.value, to_state.value)
+    record_event(
+        now, "instance.state", "instance", inst.id, reason, from_state.value, to_state.value
+    )
     if rt is not None:  # None outside a Runtime (a CLI tool): no waiter listens
         rt.notifier.notify(("instance", inst.id))  # after the commit
     return inst
 
 
 def accrue_cost(inst, now):
-    """Add its running time until `now` at its price to the instance's cost; it runs on from `now`."""
+    """Add its running time until `now` at its price to the instance's cost; it runs on from
+    `now`."""
     if inst.running_since is not None:
         hours = max(0.0, (now - inst.running_since).total_seconds()) / 3600
         inst.cost_accrued = (inst.cost_accrued or 0.0) + (inst.price_per_hour or 0.0) * hours
@@ -238,19 +274,23 @@ def accrue_cost(inst, now):
 
 # Allowed transitions (docs/architecture.md, Node states and Job states): state -> the states it
 # may go to. Lost and revoked are reachable from anywhere live; a lost node returns to where it was.
-# A node validates (services.nodes.validation) when it joins a gated fleet, after a repair drain, or when an
-# operator asks; it then goes where it was headed (ready, or back to cordoned or drained), or fails.
-NODE_TRANSITIONS = transition_table(NodeStatus, {
-    "pending": "ready validating lost revoked",
-    "validating": "ready cordoned drained failed_validation validating lost revoked",
-    "failed_validation": "validating draining lost revoked",
-    "ready": "cordoned draining validating lost revoked",
-    "cordoned": "ready draining validating lost revoked",
-    "draining": "drained ready cordoned validating lost revoked",  # cordoned: the end of an upgrade of a cordoned node
-    "drained": "ready cordoned validating lost revoked",
-    "lost": "pending ready cordoned draining drained validating failed_validation revoked",
-    "revoked": "pending",
-})
+# A node validates (services.nodes.validation) when it joins a gated fleet, after a repair drain, or
+# when an operator asks; it then goes where it was headed (ready, or back to cordoned or drained),
+# or fails.
+NODE_TRANSITIONS = transition_table(
+    NodeStatus,
+    {
+        "pending": "ready validating lost revoked",
+        "validating": "ready cordoned drained failed_validation validating lost revoked",
+        "failed_validation": "validating draining lost revoked",
+        "ready": "cordoned draining validating lost revoked",
+        "cordoned": "ready draining validating lost revoked",
+        "draining": "drained ready cordoned validating lost revoked",  # cordoned: the end of an upgrade of a cordoned node
+        "drained": "ready cordoned validating lost revoked",
+        "lost": "pending ready cordoned draining drained validating failed_validation revoked",
+        "revoked": "pending",
+    },
+)
 
 
 LIVE_STATUSES = frozenset(NODE_TRANSITIONS[NodeStatus.LOST] - {NodeStatus.REVOKED})

@@ -40,7 +40,11 @@ from fleetd.services.workloads.lifecycle import (
 from fleetd.sql import Statement
 
 # Why a task ended -> the retry condition it counts as.
-RETRY_KIND = {TaskState.FAILED: "failed", TaskState.LOST: "node_lost", TaskState.PREEMPTED: "preempted"}
+RETRY_KIND = {
+    TaskState.FAILED: "failed",
+    TaskState.LOST: "node_lost",
+    TaskState.PREEMPTED: "preempted",
+}
 
 
 SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")
@@ -49,8 +53,19 @@ SIGNAL_RE = re.compile(r"killed by (SIG[A-Z0-9+]+)")
 TASKS_OF_JOB = Statement(lambda v: Task.select().where(Task.job == v("job_id")).order_by(Task.rank))
 
 
-def end_task(rt, task, outcome, reason, now, exit_code=None, force_requeue=False, reported=False, free_retry=False,
-             preempted_by=None, resume=False):
+def end_task(
+    rt,
+    task,
+    outcome,
+    reason,
+    now,
+    exit_code=None,
+    force_requeue=False,
+    reported=False,
+    free_retry=False,
+    preempted_by=None,
+    resume=False,
+):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
     `reported`: its node said so (a finish report); otherwise its node is told to stop it.
@@ -69,9 +84,13 @@ def end_task(rt, task, outcome, reason, now, exit_code=None, force_requeue=False
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
         return run_ended(rt, job, task, outcome, reason, now, preempted_by, resume)
     tasks = [task] if job.num_nodes == 1 else TASKS_OF_JOB.rows(job_id=job.id)
-    if job.state == JobState.CANCELLING.value:  # nothing retries: the job is cancelled once no task runs
+    if (
+        job.state == JobState.CANCELLING.value
+    ):  # nothing retries: the job is cancelled once no task runs
         if not any(t.state in ACTIVE_TASK_STATES for t in tasks):
-            switch_job_state(job, JobState.CANCELLED, f"every task stopped ({job.outcome_reason})", now)
+            switch_job_state(
+                job, JobState.CANCELLED, f"every task stopped ({job.outcome_reason})", now
+            )
         return job
     if outcome is TaskState.SUCCEEDED:
         if all(t.state == TaskState.SUCCEEDED.value for t in tasks):
@@ -81,15 +100,31 @@ def end_task(rt, task, outcome, reason, now, exit_code=None, force_requeue=False
     # A rank that did not succeed ends the attempt for the whole gang.
     for other in tasks:
         if other.id != task.id and other.state in ACTIVE_TASK_STATES:
-            switch_task_state(rt, other, TaskState.CANCELLED, f"rank {task.rank} {outcome.value}: stopping the gang", now)
+            switch_task_state(
+                rt,
+                other,
+                TaskState.CANCELLED,
+                f"rank {task.rank} {outcome.value}: stopping the gang",
+                now,
+            )
     kind = RETRY_KIND.get(outcome)
     retry_on = job.job_spec.retry_policy.on
     if outcome is TaskState.CANCELLED:
-        job.outcome, job.outcome_reason = JobState.CANCELLED.value, f"rank {task.rank} cancelled: {reason}"
+        job.outcome, job.outcome_reason = (
+            JobState.CANCELLED.value,
+            f"rank {task.rank} cancelled: {reason}",
+        )
         switch_job_state(job, JobState.CANCELLED, job.outcome_reason, now)
     elif free_retry:
-        requeue_job(rt, job, tasks, f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
-                                "requeued without using an attempt", now, new_attempt=False)
+        requeue_job(
+            rt,
+            job,
+            tasks,
+            f"rank {task.rank} {outcome.value} ({reason}); its agent was stopping: "
+            "requeued without using an attempt",
+            now,
+            new_attempt=False,
+        )
     elif force_requeue or (kind in retry_on and job.attempt < job.max_attempts):
         requeue_job(rt, job, tasks, f"rank {task.rank} {outcome.value} ({reason}); retrying", now)
     else:
@@ -132,10 +167,14 @@ def stop_job(rt, job, reason, now):
                 switch_task_state(rt, task, TaskState.CANCELLED, reason, now)
         job.outcome, job.outcome_reason = JobState.CANCELLED.value, reason
         if held:
-            switch_job_state(job, JobState.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now)
+            switch_job_state(
+                job, JobState.CANCELLING, f"{reason}; stopping {len(held)} task(s)", now
+            )
         else:
             switch_job_state(job, JobState.CANCELLED, reason, now)
-    elif job.state == JobState.CANCELLING.value:  # asked again: tell the nodes again (a reply may have been lost)
+    elif (
+        job.state == JobState.CANCELLING.value
+    ):  # asked again: tell the nodes again (a reply may have been lost)
         held = list(Task.select().where((Task.job == job.id) & Task.state.in_(ACTIVE_TASK_STATES)))
     return held
 
@@ -146,7 +185,9 @@ def stop_tasks_of_node(rt, node_id, reason, now):
     Runs inside the caller's transaction; returns the ids of the jobs touched.
     """
     jobs = set()
-    for task in list(Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))):
+    for task in list(
+        Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))
+    ):
         task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
         if task.state in ACTIVE_TASK_STATES:
             end_task(rt, task, TaskState.PREEMPTED, reason, now, force_requeue=True)
@@ -158,13 +199,27 @@ def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
     """Queue a new run of the instance (inside the caller's transaction): pending, or still
     `interrupted` (naming what interrupted it) until the run is placed."""
     spec = inst.instance_spec.run(inst.node_id)
-    job = Job.create(id=new_id(), name=inst.name, owner=inst.owner, owner_token_id=inst.owner_token_id, team=inst.team,
-                     project=inst.project, user=inst.user,
-                     state=JobState.QUEUED.value, max_attempts=1, num_nodes=1, priority_class=spec.priority_class,
-                     spec=spec.to_dict(), submitted_at=now, instance_id=inst.id,
-                     pending_reason=waiting_reason or "waiting for the scheduler",
-                     group_key=group_key_of(spec, inst.team, spec.priority_class, inst.owner_token_id))
-    Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(force_insert=True)
+    job = Job.create(
+        id=new_id(),
+        name=inst.name,
+        owner=inst.owner,
+        owner_token_id=inst.owner_token_id,
+        team=inst.team,
+        project=inst.project,
+        user=inst.user,
+        state=JobState.QUEUED.value,
+        max_attempts=1,
+        num_nodes=1,
+        priority_class=spec.priority_class,
+        spec=spec.to_dict(),
+        submitted_at=now,
+        instance_id=inst.id,
+        pending_reason=waiting_reason or "waiting for the scheduler",
+        group_key=group_key_of(spec, inst.team, spec.priority_class, inst.owner_token_id),
+    )
+    Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(
+        force_insert=True
+    )
     inst.run_id = job.id
     inst.runs = (inst.runs or 0) + 1
     inst.desired_state = "running"
@@ -172,10 +227,14 @@ def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
         inst.save()
     elif inst.state != InstanceState.PENDING.value:
         where = f" on node {inst.node_id}, which holds its volume" if inst.node_id else ""
-        switch_instance_state(rt, inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now)
+        switch_instance_state(
+            rt, inst, InstanceState.PENDING, f"run {inst.runs} queued{where}", now
+        )
     else:
         inst.save()
-    limits.count_stored(inst.owner_token_id, limits.stored_size(job.spec))  # last: see services.identity.limits
+    limits.count_stored(
+        inst.owner_token_id, limits.stored_size(job.spec)
+    )  # last: see services.identity.limits
     return job
 
 
@@ -207,28 +266,43 @@ def _price(spec, gpus):
 
 
 def resumed_price(inst, spec):
-    """Per hour, the run that resumes `inst` with `spec`: it runs on the node that keeps its volume, so its
-    price (the bid for spot, else that node's GPU type's price) is known before it is placed; None when
-    unpriced or that node holds no GPU."""
+    """Per hour, the run that resumes `inst` with `spec`: it runs on the node that keeps its volume,
+    so its price (the bid for spot, else that node's GPU type's price) is known before it is placed;
+    None when unpriced or that node holds no GPU."""
     gpu = Gpu.select(Gpu.uuid).where(Gpu.node == inst.node_id).first() if inst.node_id else None
     return _price(spec, [{"uuid": gpu.uuid}] if gpu is not None else [])
 
 
 def reprice_instances(model, now):
-    """The prices of GPU model `model` changed (inside the caller's transaction): the instances whose
-    current run holds GPUs of it pay the new price from `now`, their cost so far kept at the old one."""
-    live = [InstanceState.STARTING.value, InstanceState.RUNNING.value, InstanceState.RESTARTING.value,
-            InstanceState.STOPPING.value, InstanceState.INTERRUPTED.value]
+    """The prices of GPU model `model` changed (inside the caller's transaction): the instances
+    whose current run holds GPUs of it pay the new price from `now`, their cost so far kept at the
+    old one."""
+    live = [
+        InstanceState.STARTING.value,
+        InstanceState.RUNNING.value,
+        InstanceState.RESTARTING.value,
+        InstanceState.STOPPING.value,
+        InstanceState.INTERRUPTED.value,
+    ]
     for inst in Instance.select().where(Instance.state.in_(live) & Instance.run_id.is_null(False)):
         task = Task.select(Task.gpus).where(Task.job == inst.run_id).first()
         gpus = (task.gpus if task is not None else None) or []
         row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first() if gpus else None
-        price = _price(inst.instance_spec, gpus) if row is not None and row.model == model else inst.price_per_hour
+        price = (
+            _price(inst.instance_spec, gpus)
+            if row is not None and row.model == model
+            else inst.price_per_hour
+        )
         if price == inst.price_per_hour:
             continue
         accrue_cost(inst, now)  # the time run so far, at the old price
-        record_event(now, "instance.price", "instance", inst.id, f"price per hour {inst.price_per_hour} -> {price} "
-                                                                 f"from now (GPU type {model} repriced)")
+        record_event(
+            now,
+            "instance.price",
+            "instance",
+            inst.id,
+            f"price per hour {inst.price_per_hour} -> {price} from now (GPU type {model} repriced)",
+        )
         inst.price_per_hour = price
         inst.save()
 
@@ -245,10 +319,17 @@ def run_started(rt, task, ports, now):
         _note_moved_ports(inst, ports, now)
         inst.ports = ports
     if inst.state in (InstanceState.STARTING.value, InstanceState.INTERRUPTED.value):
-        switch_instance_state(rt, inst, InstanceState.RUNNING, f"started on node {task.node_id}", now)
+        switch_instance_state(
+            rt, inst, InstanceState.RUNNING, f"started on node {task.node_id}", now
+        )
     elif inst.state == InstanceState.RESTARTING.value:
-        switch_instance_state(rt, inst, InstanceState.RUNNING, f"restarted on node {task.node_id} (restart policy "
-                                                           f"{inst.instance_spec.restart})", now)
+        switch_instance_state(
+            rt,
+            inst,
+            InstanceState.RUNNING,
+            f"restarted on node {task.node_id} (restart policy {inst.instance_spec.restart})",
+            now,
+        )
     else:
         inst.save()
 
@@ -261,10 +342,15 @@ def _note_moved_ports(inst, ports, now):
     for new in ports:
         old = before.get(new.get("port"))
         if old is not None and old != new.get("host_port"):
-            record_event(now, "instance.port", "instance", inst.id,
-                         f"port {new['port']} moved from host port {old} to {new['host_port']}: another process "
-                         f"took {old} on its node while the instance was not running; its old URL no longer "
-                         "reaches it")
+            record_event(
+                now,
+                "instance.port",
+                "instance",
+                inst.id,
+                f"port {new['port']} moved from host port {old} to {new['host_port']}: another "
+                f"process took {old} on its node while the instance was not running; its old URL "
+                "no longer reaches it",
+            )
 
 
 def run_restarting(rt, task, last_exit, now):
@@ -282,17 +368,25 @@ def run_restarting(rt, task, last_exit, now):
     backoff = last_exit.get("backoff_seconds") or 0.0
     inst.next_start_at = now + datetime.timedelta(seconds=backoff)
     policy = inst.instance_spec.restart
-    switch_instance_state(rt, inst, InstanceState.RESTARTING, f"its process ended ({last_exit['reason']}); node "
-                                                          f"{task.node_id} starts it again in {backoff:g}s (restart "
-                                                          f"policy {policy})", now)
+    switch_instance_state(
+        rt,
+        inst,
+        InstanceState.RESTARTING,
+        f"its process ended ({last_exit['reason']}); node "
+        f"{task.node_id} starts it again in {backoff:g}s (restart "
+        f"policy {policy})",
+        now,
+    )
 
 
 def run_ended(rt, job, task, outcome, reason, now, preempted_by=None, resume=False):
     """The task of a run ended (inside end_task's transaction): the run's job ends (runs never
-    retry) and the instance becomes stopped, deleting (or deleted), failed or interrupted. Returns the job."""
+    retry) and the instance becomes stopped, deleting (or deleted), failed or interrupted. Returns
+    the job."""
     outcome = TaskState(outcome)
-    ended = {TaskState.SUCCEEDED: JobState.SUCCEEDED, TaskState.CANCELLED: JobState.CANCELLED}.get(outcome,
-                                                                                                 JobState.FAILED)
+    ended = {TaskState.SUCCEEDED: JobState.SUCCEEDED, TaskState.CANCELLED: JobState.CANCELLED}.get(
+        outcome, JobState.FAILED
+    )
     if job.state == JobState.CANCELLING.value:
         ended = JobState.CANCELLED
     else:
@@ -305,9 +399,13 @@ def run_ended(rt, job, task, outcome, reason, now, preempted_by=None, resume=Fal
 
 
 def _settle(rt, inst, task, outcome, reason, now, preempted_by, resume=False):
-    # Only its node's report says its processes ended; a lost run (its lease expired) says nothing of them.
-    ended = (f"its node did not report that its processes ended ({reason})" if outcome is TaskState.LOST
-             else f"its processes ended ({reason})")
+    # Only its node's report says its processes ended; a lost run (its lease expired) says nothing
+    # of them.
+    ended = (
+        f"its node did not report that its processes ended ({reason})"
+        if outcome is TaskState.LOST
+        else f"its processes ended ({reason})"
+    )
     if inst.desired_state == "deleted":
         settle_deleting(rt, inst, ended, now)
     elif inst.desired_state == "stopped" or inst.state == InstanceState.STOPPING.value:
@@ -315,18 +413,33 @@ def _settle(rt, inst, task, outcome, reason, now, preempted_by, resume=False):
     elif outcome is TaskState.LOST:
         _interrupt(rt, inst, "node_lost", reason, now)
     elif outcome is TaskState.PREEMPTED:
-        _interrupt(rt, inst, "preempted" if preempted_by is not None else "drain", reason, now, preempted_by, resume)
+        _interrupt(
+            rt,
+            inst,
+            "preempted" if preempted_by is not None else "drain",
+            reason,
+            now,
+            preempted_by,
+            resume,
+        )
     else:
         inst.desired_state = "stopped"
         if outcome is TaskState.FAILED:
-            inst.last_exit = {"exit_code": task.exit_code, "signal": _signal_of(reason), "reason": reason,
-                              "at": isoformat(now), "backoff_seconds": None}
+            inst.last_exit = {
+                "exit_code": task.exit_code,
+                "signal": _signal_of(reason),
+                "reason": reason,
+                "at": isoformat(now),
+                "backoff_seconds": None,
+            }
             switch_instance_state(rt, inst, InstanceState.FAILED, reason, now)
         elif reason.startswith("idle"):
             switch_instance_state(rt, inst, InstanceState.STOPPED, reason, now)
         else:
             policy = inst.instance_spec.restart
-            switch_instance_state(rt, inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now)
+            switch_instance_state(
+                rt, inst, InstanceState.STOPPED, f"{reason} (restart policy {policy})", now
+            )
 
 
 def _signal_of(reason):
@@ -342,8 +455,13 @@ def _interrupt(rt, inst, why, reason, now, preempted_by=None, resume=False):
     the preemptor, which outranks it), the instance staying `interrupted` until then."""
     first = inst.state != InstanceState.INTERRUPTED.value
     if first:
-        switch_instance_state(rt, inst, InstanceState.INTERRUPTED, f"{reason}; {_after_interruption(inst, why, resume)}",
-                              now)
+        switch_instance_state(
+            rt,
+            inst,
+            InstanceState.INTERRUPTED,
+            f"{reason}; {_after_interruption(inst, why, resume)}",
+            now,
+        )
         inst.interrupted_by, inst.preempted_by = why, preempted_by and preempted_by.as_dict()
     else:
         if inst.interrupted_by is None:
@@ -351,27 +469,43 @@ def _interrupt(rt, inst, why, reason, now, preempted_by=None, resume=False):
         inst.status_reason = f"{inst.status_reason}; {reason}"[:2000]
     inst.save()
     if why == "node_lost" and _node_live(inst.node_id):
-        new_run(rt, inst, now)  # the node is fine (its lease lapsed, or its agent restarted): run again
+        new_run(
+            rt, inst, now
+        )  # the node is fine (its lease lapsed, or its agent restarted): run again
     elif first and why == "preempted" and resume:
-        new_run(rt, inst, now, "waiting for room on its node after the preemption", interrupted=True)
+        new_run(
+            rt, inst, now, "waiting for room on its node after the preemption", interrupted=True
+        )
 
 
 def _after_interruption(inst, why, resume):
-    """What happens next to an instance interrupted for `why`, in words (its status reason's end)."""
+    """What happens next to an instance interrupted for `why`, in words (its status reason's
+    end)."""
     where = f"node {inst.node_id}" if inst.node_id else "its node"
     if why == "preempted" and resume:
         return f"it resumes by itself on {where} once there is room"
     if why == "preempted":
-        return "resume it to run it again (fleetd is set not to resume preempted instances by itself)"
+        return (
+            "resume it to run it again (fleetd is set not to resume preempted instances by itself)"
+        )
     if why == "drain":
-        return f"{where} is being drained, so it does not resume by itself; resume it to run it again"
-    return f"it runs again by itself on {where}" + ("" if _node_live(inst.node_id) else " when that node is back")
+        return (
+            f"{where} is being drained, so it does not resume by itself; resume it to run it again"
+        )
+    return f"it runs again by itself on {where}" + (
+        "" if _node_live(inst.node_id) else " when that node is back"
+    )
 
 
 def resumes_by_itself(inst):
     """True while an interrupted instance has its next run queued (after a preemption)."""
-    return (inst.state == InstanceState.INTERRUPTED.value and bool(inst.run_id)
-            and Job.select().where((Job.id == inst.run_id) & (Job.state == JobState.QUEUED.value)).exists())
+    return (
+        inst.state == InstanceState.INTERRUPTED.value
+        and bool(inst.run_id)
+        and Job.select()
+        .where((Job.id == inst.run_id) & (Job.state == JobState.QUEUED.value))
+        .exists()
+    )
 
 
 def settle_deleting(rt, inst, why, now):
@@ -379,8 +513,13 @@ def settle_deleting(rt, inst, why, now):
     volume of it can be left on a live node, else `deleting` until that node's heartbeat shows the
     volume gone (volumes_removed). A node that is lost or gone removes it when it is back."""
     if _node_live(inst.node_id):
-        switch_instance_state(rt, inst, InstanceState.DELETING, f"deleting; {why}; waiting for node {inst.node_id} to "
-                                                            "remove its volume", now)
+        switch_instance_state(
+            rt,
+            inst,
+            InstanceState.DELETING,
+            f"deleting; {why}; waiting for node {inst.node_id} to remove its volume",
+            now,
+        )
     else:
         switch_instance_state(rt, inst, InstanceState.DELETED, f"deleted; {why}", now)
 
@@ -389,32 +528,51 @@ def volumes_removed(rt, node_id, present, now):
     """A heartbeat of `node_id` listed the volumes `present` (inside the caller's transaction): its
     deleting instances whose processes ended and whose volume is no longer there are deleted."""
     present = set(present)
-    for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & (Instance.state == InstanceState.DELETING.value)):
+    for inst in Instance.select().where(
+        (Instance.node_id == node_id) & (Instance.state == InstanceState.DELETING.value)
+    ):
         if inst.id not in present and not run_active(inst):
-            switch_instance_state(rt, inst, InstanceState.DELETED, f"deleted; node {node_id} removed its volume", now)
+            switch_instance_state(
+                rt, inst, InstanceState.DELETED, f"deleted; node {node_id} removed its volume", now
+            )
 
 
 def run_active(inst):
     """True while a task of the instance's current run is placed or running."""
-    return bool(inst.run_id) and Task.select().where((Task.job == inst.run_id)
-                                                     & Task.state.in_(ACTIVE_TASK_STATES)).exists()
+    return (
+        bool(inst.run_id)
+        and Task.select()
+        .where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES))
+        .exists()
+    )
 
 
 def _node_live(node_id):
     node = Node.get_or_none_by_id(node_id) if node_id else None
-    return node is not None and node.status in (NodeStatus.READY.value, NodeStatus.CORDONED.value,
-                                                NodeStatus.DRAINING.value, NodeStatus.DRAINED.value)
+    return node is not None and node.status in (
+        NodeStatus.READY.value,
+        NodeStatus.CORDONED.value,
+        NodeStatus.DRAINING.value,
+        NodeStatus.DRAINED.value,
+    )
 
 
 def node_lost(rt, node_id, reason, now):
     """A node was declared lost (inside switch_node_status): its running instances are interrupted.
     Their runs stay until their leases expire: if the node comes back first, they run on."""
-    for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & Instance.state.in_([InstanceState.STARTING.value,
-                                                              InstanceState.RUNNING.value,
-                                                              InstanceState.RESTARTING.value])):
-        switch_instance_state(rt, inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now)
+    for inst in Instance.select().where(
+        (Instance.node_id == node_id)
+        & Instance.state.in_(
+            [
+                InstanceState.STARTING.value,
+                InstanceState.RUNNING.value,
+                InstanceState.RESTARTING.value,
+            ]
+        )
+    ):
+        switch_instance_state(
+            rt, inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now
+        )
         inst.interrupted_by = "node_lost"
         inst.save()
 
@@ -422,16 +580,24 @@ def node_lost(rt, node_id, reason, now):
 def node_returned(rt, node_id, now):
     """A lost node is back (inside switch_node_status): its instances interrupted by the loss run
     again, the process they still have there, or a new run on it."""
-    for inst in Instance.select().where((Instance.node_id == node_id)
-                                        & (Instance.state == InstanceState.INTERRUPTED.value)
-                                        & (Instance.interrupted_by == "node_lost")):
+    for inst in Instance.select().where(
+        (Instance.node_id == node_id)
+        & (Instance.state == InstanceState.INTERRUPTED.value)
+        & (Instance.interrupted_by == "node_lost")
+    ):
         if inst.desired_state != "running":
             continue
-        task = Task.select().where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES)).first()
+        task = (
+            Task.select()
+            .where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES))
+            .first()
+        )
         if task is None:
             new_run(rt, inst, now)
         elif task.state == TaskState.RUNNING.value:
-            switch_instance_state(rt, inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now)
+            switch_instance_state(
+                rt, inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now
+            )
         else:
             switch_instance_state(rt, inst, InstanceState.STARTING, f"node {node_id} is back", now)
 
@@ -452,8 +618,17 @@ def switch_node_status(rt, node, to_status, reason, now, actor=None):
     node.save()
     # node.drained webhooks say why the node was drained, not only how the drain ended.
     data = {"drain_reason": node.drain_reason} if to_status is NodeStatus.DRAINED else None
-    record_event(now, "node.status", "node", node.id, reason, from_status.value, to_status.value, actor=actor,
-                 data=data)
+    record_event(
+        now,
+        "node.status",
+        "node",
+        node.id,
+        reason,
+        from_status.value,
+        to_status.value,
+        actor=actor,
+        data=data,
+    )
     if to_status is NodeStatus.LOST:
         node_lost(rt, node.id, reason, now)
     elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:

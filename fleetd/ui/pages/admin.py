@@ -34,8 +34,13 @@ def maintenance_run(name):
 
 def _gpu_types_page(form=None, errors=None, status=200):
     types = capacity.gpu_types(cluster.current_state(current_runtime()))
-    return render_template("gpu_types.html", types=types, form=form or {}, errors=errors or {},
-                           editable=g.ui_principal.role in roles.GPU_TYPE_SET), status
+    return render_template(
+        "gpu_types.html",
+        types=types,
+        form=form or {},
+        errors=errors or {},
+        editable=g.ui_principal.role in roles.GPU_TYPE_SET,
+    ), status
 
 
 @bp.route("/gpu-types")

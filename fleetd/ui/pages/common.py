@@ -23,10 +23,10 @@ def confirmed(form):
 
 
 def answer_by_name(handle, matches, kind, endpoint, columns):
-    """Where a page addressed by `handle` (an id or a name) goes instead of showing itself: nowhere (None)
-    when `handle` is the id of its one match; the id's page when a name named exactly one; a page that
-    lists them when it named several; NotFound when nothing the viewer may see matched. `columns`:
-    (heading, attribute) of what tells the matches apart."""
+    """Where a page addressed by `handle` (an id or a name) goes instead of showing itself: nowhere
+    (None) when `handle` is the id of its one match; the id's page when a name named exactly one; a
+    page that lists them when it named several; NotFound when nothing the viewer may see matched.
+    `columns`: (heading, attribute) of what tells the matches apart."""
     if len(matches) == 1 and matches[0].id == handle:
         return None
     if not matches:
@@ -34,10 +34,17 @@ def answer_by_name(handle, matches, kind, endpoint, columns):
     arg = f"{kind}_id"
     if len(matches) == 1:
         return redirect(url_for(endpoint, **{arg: matches[0].id}))
-    rows = [{"id": m.id, "url": url_for(endpoint, **{arg: m.id}),
-             "cells": [_shown(getattr(m, attribute)) for _, attribute in columns]} for m in matches]
-    return render_template("handles.html", kind=kind, handle=handle, rows=rows,
-                           headings=[h for h, _ in columns])
+    rows = [
+        {
+            "id": m.id,
+            "url": url_for(endpoint, **{arg: m.id}),
+            "cells": [_shown(getattr(m, attribute)) for _, attribute in columns],
+        }
+        for m in matches
+    ]
+    return render_template(
+        "handles.html", kind=kind, handle=handle, rows=rows, headings=[h for h, _ in columns]
+    )
 
 
 def _shown(value):
@@ -48,8 +55,8 @@ MASK = "\u2022" * 8
 
 
 def masked_spec_text(spec):
-    """A spec as indented JSON for a page, its env values masked (they are often credentials, and a page is
-    read over shoulders and in screenshots; the API gives them to their owner)."""
+    """A spec as indented JSON for a page, its env values masked (they are often credentials, and a
+    page is read over shoulders and in screenshots; the API gives them to their owner)."""
     shown = dict(spec)
     if isinstance(shown.get("env"), dict):
         shown["env"] = {name: MASK for name in shown["env"]}

@@ -1,5 +1,5 @@
-"""Jobs: the queue with filters; a job's page with spec, tasks, events, log tail, cancel and simulation."""
-
+"""Jobs: the queue with filters; a job's page with spec, tasks, events, log tail, cancel and
+simulation."""
 
 from flask import flash, g, redirect, render_template, request, url_for
 from markupsafe import Markup
@@ -24,20 +24,31 @@ ACTIVE = "active"
 
 def _page(principal, state, owner, team, filters, cursor):
     """One page of jobs with the list's filters."""
-    return jobs.list_jobs(principal, LIST_LIMIT, cursor, state, owner, team, fleet=filters["fleet"],
-                          search=filters["name"])
+    return jobs.list_jobs(
+        principal,
+        LIST_LIMIT,
+        cursor,
+        state,
+        owner,
+        team,
+        fleet=filters["fleet"],
+        search=filters["name"],
+    )
 
 
 @bp.route("/jobs")
 @ui_require(roles.JOBS)
 def job_list():
-    """Running and queued jobs (or one state, or all) with pending reasons; filters by owner and team."""
+    """Running and queued jobs (or one state, or all) with pending reasons; filters by owner and
+    team."""
     principal = g.ui_principal
     state = request.args.get("state", ACTIVE) or ACTIVE
     owner = request.args.get("owner", "").strip() or None
     team = request.args.get("team", "").strip() or None
-    filters = {"fleet": request.args.get("fleet", "").strip() or None,
-               "name": request.args.get("name", "").strip() or None}
+    filters = {
+        "fleet": request.args.get("fleet", "").strip() or None,
+        "name": request.args.get("name", "").strip() or None,
+    }
     cursor = request.args.get("cursor") or None
     states = [s.value for s in JobState]
     if state not in states + [ACTIVE, "any"]:
@@ -49,10 +60,22 @@ def job_list():
             sections.append((wanted, rows, more))
         next_cursor = None
     else:
-        rows, next_cursor = _page(principal, None if state == "any" else state, owner, team, filters, cursor)
+        rows, next_cursor = _page(
+            principal, None if state == "any" else state, owner, team, filters, cursor
+        )
         sections = [(state, rows, None)]
-    return render_template("jobs.html", sections=sections, state=state, owner=owner or "", team=team or "",
-                           name=filters["name"] or "", fleet=filters["fleet"] or "", states=states, next_cursor=next_cursor, now=current_runtime().clock.now())
+    return render_template(
+        "jobs.html",
+        sections=sections,
+        state=state,
+        owner=owner or "",
+        team=team or "",
+        name=filters["name"] or "",
+        fleet=filters["fleet"] or "",
+        states=states,
+        next_cursor=next_cursor,
+        now=current_runtime().clock.now(),
+    )
 
 
 def _hostnames(job):
@@ -71,12 +94,17 @@ def _log_url(job_id):
 @bp.route("/jobs/<string:job_id>")
 @ui_require(roles.JOB)
 def job_page(job_id):
-    """One job: spec, tasks with their nodes and GPUs, events, the end of its log, and why it waits. By name
-    too: a name goes to its job's id, or lists the jobs of that name."""
+    """One job: spec, tasks with their nodes and GPUs, events, the end of its log, and why it waits.
+    By name too: a name goes to its job's id, or lists the jobs of that name."""
     rt = current_runtime()
     principal = g.ui_principal
-    other = answer_by_name(job_id, jobs.resolve_job(principal, job_id), "job", "ui.job_page",
-                           [("name", "name"), ("owner", "owner"), ("state", "state"), ("submitted", "submitted_at")])
+    other = answer_by_name(
+        job_id,
+        jobs.resolve_job(principal, job_id),
+        "job",
+        "ui.job_page",
+        [("name", "name"), ("owner", "owner"), ("state", "state"), ("submitted", "submitted_at")],
+    )
     if other is not None:
         return other
     job = jobs.get_job(principal, job_id)
@@ -91,27 +119,42 @@ def job_page(job_id):
         simulation = policy.simulate(rt, principal, job.job_spec)
     terminal = JobState(job.state).is_terminal()
     return render_template(
-        "job.html", job=job, spec=masked_spec_text(job.spec), hostnames=_hostnames(job),
-        events=list(reversed(events)), log=logs.box(lines, _log_url(job_id), not terminal, JOB_DONE),
-        terminal=terminal, simulation=simulation, now=rt.clock.now(),
-        usage=usage.workload_usage(rt, principal, job.id))
+        "job.html",
+        job=job,
+        spec=masked_spec_text(job.spec),
+        hostnames=_hostnames(job),
+        events=list(reversed(events)),
+        log=logs.box(lines, _log_url(job_id), not terminal, JOB_DONE),
+        terminal=terminal,
+        simulation=simulation,
+        now=rt.clock.now(),
+        usage=usage.workload_usage(rt, principal, job.id),
+    )
 
 
 @bp.route("/jobs/<string:job_id>/log")
 @ui_require(roles.JOB_LOGS)
 def job_log(job_id):
-    """Log lines after `after` (the page polls this), or with `before` the lines before that one ("Load
-    earlier lines")."""
+    """Log lines after `after` (the page polls this), or with `before` the lines before that one
+    ("Load earlier lines")."""
     principal = g.ui_principal
     job = jobs.get_job(principal, job_id)
     if request.args.get("before"):
-        return logs.earlier(lambda before, n: jobs.job_logs_tail(principal, job_id, n, before=before),
-                            _log_url(job_id))
+        return logs.earlier(
+            lambda before, n: jobs.job_logs_tail(principal, job_id, n, before=before),
+            _log_url(job_id),
+        )
     # The job's state and tasks come along, so that they change in place too.
     live = render_template("_job_live.html", job=job, oob=True) + render_template(
-        "_job_tasks.html", job=job, hostnames=_hostnames(job), oob=True)
-    return logs.newer(lambda after, n: jobs.job_logs(principal, job_id, n, after=after)[0], _log_url(job_id),
-                      not JobState(job.state).is_terminal(), JOB_DONE, Markup(live))  # nosec B704  # rendered by Jinja
+        "_job_tasks.html", job=job, hostnames=_hostnames(job), oob=True
+    )
+    return logs.newer(
+        lambda after, n: jobs.job_logs(principal, job_id, n, after=after)[0],
+        _log_url(job_id),
+        not JobState(job.state).is_terminal(),
+        JOB_DONE,
+        Markup(live),
+    )  # nosec B704  # rendered by Jinja
 
 
 @bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])

@@ -1,5 +1,5 @@
-"""Log boxes of job and instance pages: the newest lines shown first, new ones appended as they come (the page
-polls), earlier ones loaded on request ("Load earlier lines")."""
+"""Log boxes of job and instance pages: the newest lines shown first, new ones appended as they come
+(the page polls), earlier ones loaded on request ("Load earlier lines")."""
 
 from flask import render_template, request
 
@@ -10,7 +10,8 @@ POLL_LIMIT = 500  # lines one poll brings at most (a full batch polls again at o
 
 
 def seq_arg(name):
-    """A log line number from the query string (None when absent); InvalidRequest when it is not one."""
+    """A log line number from the query string (None when absent); InvalidRequest when it is not
+    one."""
     raw = request.args.get(name)
     if not raw:
         return None
@@ -21,35 +22,48 @@ def seq_arg(name):
 
 
 def box(lines, url_for_log, polling, done_text):
-    """What _log_box.html needs: the newest `lines` (oldest first), where to poll for newer ones and where to
-    ask for earlier ones (when the box may not hold the start of the log). `url_for_log(**args)` makes the
-    log route's address."""
+    """What _log_box.html needs: the newest `lines` (oldest first), where to poll for newer ones and
+    where to ask for earlier ones (when the box may not hold the start of the log).
+    `url_for_log(**args)` makes the log route's address."""
     first = lines[0].id if lines else None
     last = lines[-1].id if lines else None
-    return {"lines": lines, "polling": polling, "done_text": done_text,
-            "poll_url": url_for_log(after=last) if last is not None else url_for_log(),
-            "earlier_url": url_for_log(before=first) if len(lines) >= SHOWN else None}
+    return {
+        "lines": lines,
+        "polling": polling,
+        "done_text": done_text,
+        "poll_url": url_for_log(after=last) if last is not None else url_for_log(),
+        "earlier_url": url_for_log(before=first) if len(lines) >= SHOWN else None,
+    }
 
 
 def newer(fetch_after, url_for_log, still_writing, done_text, extra=""):
-    """The poll's answer: lines after `after` (appended out of band), `extra` (other parts of the page,
-    swapped out of band) and the next poller."""
+    """The poll's answer: lines after `after` (appended out of band), `extra` (other parts of the
+    page, swapped out of band) and the next poller."""
     after = seq_arg("after")
     lines = fetch_after(after, POLL_LIMIT)
     last = lines[-1].id if lines else after
     # Keep polling while the workload may still write, and while a full batch says more is waiting.
     polling = still_writing or len(lines) == POLL_LIMIT
-    return render_template("_log_poll.html", lines=lines, polling=polling, done_text=done_text, extra=extra,
-                           poll_url=url_for_log(after=last) if last is not None else url_for_log())
+    return render_template(
+        "_log_poll.html",
+        lines=lines,
+        polling=polling,
+        done_text=done_text,
+        extra=extra,
+        poll_url=url_for_log(after=last) if last is not None else url_for_log(),
+    )
 
 
 def earlier(fetch_before, url_for_log):
-    """"Load earlier lines": up to SHOWN lines before `before` (put at the top out of band), and the button
-    again while more may come before them."""
+    """ "Load earlier lines": up to SHOWN lines before `before` (put at the top out of band), and
+    the button again while more may come before them."""
     before = seq_arg("before")
     if before is None:
         raise InvalidRequest("before is required: the number of the first line shown")
     lines = fetch_before(before, SHOWN)
     more = len(lines) == SHOWN
-    return render_template("_log_earlier.html", lines=lines,
-                           earlier_url=url_for_log(before=lines[0].id) if more else None)
+    return render_template(
+        "_log_earlier.html",
+        lines=lines,
+        earlier_url=url_for_log(before=lines[0].id) if more else None,
+    )

@@ -1,4 +1,5 @@
-"""Overview: GPU capacity (the numbers of GET /api/v1/cluster/status), blocked reasons, nodes, history."""
+"""Overview: GPU capacity (the numbers of GET /api/v1/cluster/status), blocked reasons, nodes,
+history."""
 
 import datetime as dt
 
@@ -22,18 +23,35 @@ def _allocated_percent(sample):
 
 
 def history_charts(rt):
-    """The 24 h charts (GPU utilization and allocation; jobs running and waiting), or None if no samples."""
+    """The 24 h charts (GPU utilization and allocation; jobs running and waiting), or None if no
+    samples."""
     samples = metrics.history(rt, HISTORY_MINUTES, gpus=False)["samples"]
     if not samples:
         return None
     end = rt.clock.now()
     start = end - dt.timedelta(minutes=HISTORY_MINUTES)
-    gpus = line_chart(samples, [("gpu_util_percent", "s-util", "GPU utilization %"),
-                                (_allocated_percent, "s-alloc", "GPUs allocated %")],
-                      start, end, y_max=100, unit="%", title="GPU utilization and allocation, last 24 hours")
-    jobs = line_chart(samples, [("jobs_running", "s-running", "jobs running"),
-                                ("jobs_waiting", "s-waiting", "jobs waiting")],
-                      start, end, title="Jobs running and waiting, last 24 hours")
+    gpus = line_chart(
+        samples,
+        [
+            ("gpu_util_percent", "s-util", "GPU utilization %"),
+            (_allocated_percent, "s-alloc", "GPUs allocated %"),
+        ],
+        start,
+        end,
+        y_max=100,
+        unit="%",
+        title="GPU utilization and allocation, last 24 hours",
+    )
+    jobs = line_chart(
+        samples,
+        [
+            ("jobs_running", "s-running", "jobs running"),
+            ("jobs_waiting", "s-waiting", "jobs waiting"),
+        ],
+        start,
+        end,
+        title="Jobs running and waiting, last 24 hours",
+    )
     last = samples[-1]
     return {"gpus": gpus, "jobs": jobs, "count": len(samples), "last": last}
 
@@ -41,7 +59,8 @@ def history_charts(rt):
 @bp.route("/")
 @ui_require(roles.OVERVIEW)
 def overview():
-    """GPUs total/used/free/blocked and queued, per series; why GPUs are blocked; nodes; 24 h history."""
+    """GPUs total/used/free/blocked and queued, per series; why GPUs are blocked; nodes; 24 h
+    history."""
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}

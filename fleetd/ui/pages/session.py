@@ -41,7 +41,9 @@ def login():
             raise
         sign_in(principal, rt.clock.now())
     except (Unauthorized, RateLimited, InvalidRequest) as exc:
-        return render_template("login.html", next=target, error=f"Sign-in refused: {exc.message}."), exc.http_status
+        return render_template(
+            "login.html", next=target, error=f"Sign-in refused: {exc.message}."
+        ), exc.http_status
     return redirect(target or _landing(principal))
 
 

@@ -1,5 +1,6 @@
-"""Usage: GPU-hours by team per day (a stacked chart), efficiency and cost per team with each team's budget, and
-the workloads holding idle GPUs: the figures of GET /api/v1/usage, /budgets and /usage/idle."""
+"""Usage: GPU-hours by team per day (a stacked chart), efficiency and cost per team with each team's
+budget, and the workloads holding idle GPUs: the figures of GET /api/v1/usage, /budgets and
+/usage/idle."""
 
 import datetime as dt
 
@@ -22,15 +23,17 @@ NONE_TEAM = "(no team)"
 
 
 def daily_by_team(rt, principal, days, team=None):
-    """([day, ...], {team: [GPU-hours allocated per day]}) over the last `days` UTC days, largest teams first
-    (one query of the day sums)."""
+    """([day, ...], {team: [GPU-hours allocated per day]}) over the last `days` UTC days, largest
+    teams first (one query of the day sums)."""
     today = rt.clock.now().date()
     columns = [today - dt.timedelta(days=n) for n in range(days - 1, -1, -1)]
     index = {day.isoformat(): i for i, day in enumerate(columns)}
     stacks: dict[str, list[float]] = {}
     for row in usage.usage_by_day_and_team(rt, principal, columns[0], today, team=team):
         name = row["team"] or NONE_TEAM
-        stacks.setdefault(name, [0.0] * len(columns))[index[row["day"]]] += row["gpu_hours_allocated"]
+        stacks.setdefault(name, [0.0] * len(columns))[index[row["day"]]] += row[
+            "gpu_hours_allocated"
+        ]
     ordered = dict(sorted(stacks.items(), key=lambda item: -sum(item[1])))
     return [d.isoformat() for d in columns], ordered
 
@@ -38,8 +41,8 @@ def daily_by_team(rt, principal, days, team=None):
 @bp.route("/usage")
 @ui_require(roles.USAGE)
 def usage_page():
-    """GPU-hours by team over the last days, efficiency, cost, budgets and idle-held GPUs (a submitter: its own
-    usage, its team's budget)."""
+    """GPU-hours by team over the last days, efficiency, cost, budgets and idle-held GPUs (a
+    submitter: its own usage, its team's budget)."""
     return _usage_page()
 
 
@@ -49,9 +52,11 @@ def budget_set():
     """Set a team's monthly budget (the API's schema and set_budget)."""
     rt, principal = current_runtime(), g.ui_principal
     team = request.form.get("team", "").strip()[:200]
-    body = {"limit_cost": specforms.number(request.form.get("limit_cost")),
-            "limit_gpu_hours": specforms.number(request.form.get("limit_gpu_hours")),
-            "on_exceed": request.form.get("on_exceed") or "notify"}
+    body = {
+        "limit_cost": specforms.number(request.form.get("limit_cost")),
+        "limit_gpu_hours": specforms.number(request.form.get("limit_gpu_hours")),
+        "on_exceed": request.form.get("on_exceed") or "notify",
+    }
     try:
         if not team or "\x00" in team:
             raise FormError({"team": ["a team name (at most 200 characters)"]})
@@ -75,18 +80,38 @@ def _usage_page(form=None, errors=None, status=200):
     start = rt.clock.now().date() - dt.timedelta(days=days - 1)
     report = usage.usage_report(rt, principal, "team", start, None, team=team)
     columns, stacks = daily_by_team(rt, principal, days, team)
-    chart = stacked_bars(columns, stacks, unit=" h", title=f"GPU-hours allocated by team, last {days} days")
+    chart = stacked_bars(
+        columns, stacks, unit=" h", title=f"GPU-hours allocated by team, last {days} days"
+    )
     if principal.role in roles.BUDGETS:
         shown_budgets = {b["team"]: b for b in budgets.list_budgets(rt)}
     elif principal.team:
         shown_budgets = {b["team"]: b for b in _own_budget(rt, principal)}
     else:
         shown_budgets = {}
-    idle = usage.idle_workloads(rt, principal, IDLE_MINUTES, IDLE_BELOW) if principal.role in roles.IDLE else None
-    return render_template("usage.html", report=report, chart=chart, legend=list(stacks), days=days, spans=SPANS,
-                           team=team or "", budgets=shown_budgets, idle=idle, idle_minutes=IDLE_MINUTES,
-                           idle_below=IDLE_BELOW, classes=SERIES_CLASSES, none_team=NONE_TEAM,
-                           form=form or {}, errors=errors or {}, on_exceed=ON_EXCEED), status
+    idle = (
+        usage.idle_workloads(rt, principal, IDLE_MINUTES, IDLE_BELOW)
+        if principal.role in roles.IDLE
+        else None
+    )
+    return render_template(
+        "usage.html",
+        report=report,
+        chart=chart,
+        legend=list(stacks),
+        days=days,
+        spans=SPANS,
+        team=team or "",
+        budgets=shown_budgets,
+        idle=idle,
+        idle_minutes=IDLE_MINUTES,
+        idle_below=IDLE_BELOW,
+        classes=SERIES_CLASSES,
+        none_team=NONE_TEAM,
+        form=form or {},
+        errors=errors or {},
+        on_exceed=ON_EXCEED,
+    ), status
 
 
 def _own_budget(rt, principal):

@@ -44,92 +44,251 @@ SLOT = "\x01hostile\x01"  # placeholder replaced by the raw token after json.dum
 KEY_SLOT = "\x01hostile-key\x01"
 
 TASK_EPOCH = "{epoch}"  # filled in from the seeded assignment
-GPU_REPORT = dict(GPU_H100, uuid="GPU-hostile-0", serial="1650924060001", board_part_number="699-2G520-0200-000",
-                  vbios="96.00.74.00.01", xids=[79], ecc_uncorrected=0)
+GPU_REPORT = dict(
+    GPU_H100,
+    uuid="GPU-hostile-0",
+    serial="1650924060001",
+    board_part_number="699-2G520-0200-000",
+    vbios="96.00.74.00.01",
+    xids=[79],
+    ecc_uncorrected=0,
+)
 JOB_SPEC = {
-    "name": "hostile", "command": ["sleep", "1"], "env": {"A": "b"}, "workdir": "w", "num_nodes": 1,
-    "resources": {"gpus": 1, "gpu_memory_bytes": 256 * 1024**2, "gpu_compute_percent": 50.0, "gpu_types": [GPU_H100["model"]],
-                  "cpus": 1.5, "memory_bytes": 1024},
-    "isolation": "shared", "priority_class": "spot", "bid": 1.5, "team": "team-a", "labels": {"k": "v"},
-    "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}}, "max_runtime_seconds": 60,
+    "name": "hostile",
+    "command": ["sleep", "1"],
+    "env": {"A": "b"},
+    "workdir": "w",
+    "num_nodes": 1,
+    "resources": {
+        "gpus": 1,
+        "gpu_memory_bytes": 256 * 1024**2,
+        "gpu_compute_percent": 50.0,
+        "gpu_types": [GPU_H100["model"]],
+        "cpus": 1.5,
+        "memory_bytes": 1024,
+    },
+    "isolation": "shared",
+    "priority_class": "spot",
+    "bid": 1.5,
+    "team": "team-a",
+    "labels": {"k": "v"},
+    "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}},
+    "max_runtime_seconds": 60,
     "retry": {"max_attempts": 2, "on": ["failed"]},
 }
 # A valid body per route, so that the hostile value is the only thing wrong with it.
 BASE_BODIES = {
-    ("POST", "/api/v1/tokens"): {"name": "t", "role": "submitter", "team": "team-a", "expires_in_seconds": 3600,
-                                 "unix_user": "alice", "limits": {"max_active_jobs": 10, "max_instances": 2,
-                                                                  "max_spec_bytes": 4096, "max_artifact_bytes": 2**30,
-                                                                  "requests_per_second": 50.5}},
-    ("POST", "/api/v1/projects"): {"key": "vision", "name": "Vision", "display_name": "Vision lab", "team": "team-a",
-                                   "description": "d"},
-    ("PATCH", "/api/v1/projects/{key}"): {"name": "p", "display_name": "P", "team": "team-a", "description": "d"},
+    ("POST", "/api/v1/tokens"): {
+        "name": "t",
+        "role": "submitter",
+        "team": "team-a",
+        "expires_in_seconds": 3600,
+        "unix_user": "alice",
+        "limits": {
+            "max_active_jobs": 10,
+            "max_instances": 2,
+            "max_spec_bytes": 4096,
+            "max_artifact_bytes": 2**30,
+            "requests_per_second": 50.5,
+        },
+    },
+    ("POST", "/api/v1/projects"): {
+        "key": "vision",
+        "name": "Vision",
+        "display_name": "Vision lab",
+        "team": "team-a",
+        "description": "d",
+    },
+    ("PATCH", "/api/v1/projects/{key}"): {
+        "name": "p",
+        "display_name": "P",
+        "team": "team-a",
+        "description": "d",
+    },
     ("PUT", "/api/v1/projects/{key}/members/{login}"): {"role": "member"},
     ("POST", "/api/v1/projects/{key}/service-accounts"): {"name": "ci", "expires_in_seconds": 3600},
     ("PATCH", "/api/v1/users/{login}"): {"role": "member", "default_project": "{key}"},
-    ("PATCH", "/api/v1/tokens/{token_id}"): {"limits": {"max_active_jobs": 10, "max_instances": None,
-                                                        "requests_per_second": 2}},
-    ("POST", "/api/v1/fleets"): {"name": "gpu-z", "description": "d", "labels": {"k": "v"},
-                                 "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
-                                 "health_policy": {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
-                                                   "uncordon_when_healthy": False},
-                                 "allow_root_tasks": True, "require_isolation": False, "allowed_images": ["quay.io/*"],
-                                 "validation": {"checks": ["pcie_link"], "dcgm_level": 2, "command": ["nccl", "-g", "8"],
-                                                "timeout_seconds": 60, "command_as_root": False, "expected_gpus": 8,
-                                                "driver_version": "550.54.15", "cuda_version": "12.4",
-                                                "mig_mode": "disabled", "max_temperature_c": 80, "pcie_width": 16}},
-    ("PATCH", "/api/v1/fleets/{name}"): {"description": "d", "labels": {"k": "v"},
-                                         "health_policy": {"drain_after_seconds": None}},
-    ("POST", "/api/v1/fleets/{name}/join-tokens"): {"ttl_seconds": 3600, "max_uses": 5, "description": "d"},
+    ("PATCH", "/api/v1/tokens/{token_id}"): {
+        "limits": {"max_active_jobs": 10, "max_instances": None, "requests_per_second": 2}
+    },
+    ("POST", "/api/v1/fleets"): {
+        "name": "gpu-z",
+        "description": "d",
+        "labels": {"k": "v"},
+        "availability": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "18:00"}]},
+        "health_policy": {
+            "cordon_on_gpu_fault": True,
+            "drain_after_seconds": 600,
+            "uncordon_when_healthy": False,
+        },
+        "allow_root_tasks": True,
+        "require_isolation": False,
+        "allowed_images": ["quay.io/*"],
+        "validation": {
+            "checks": ["pcie_link"],
+            "dcgm_level": 2,
+            "command": ["nccl", "-g", "8"],
+            "timeout_seconds": 60,
+            "command_as_root": False,
+            "expected_gpus": 8,
+            "driver_version": "550.54.15",
+            "cuda_version": "12.4",
+            "mig_mode": "disabled",
+            "max_temperature_c": 80,
+            "pcie_width": 16,
+        },
+    },
+    ("PATCH", "/api/v1/fleets/{name}"): {
+        "description": "d",
+        "labels": {"k": "v"},
+        "health_policy": {"drain_after_seconds": None},
+    },
+    ("POST", "/api/v1/fleets/{name}/join-tokens"): {
+        "ttl_seconds": 3600,
+        "max_uses": 5,
+        "description": "d",
+    },
     ("POST", "/api/v1/nodes/{node_id}/cordon"): {"reason": "r"},
-    ("POST", "/api/v1/nodes/{node_id}/drain"): {"reason": "r", "deadline_seconds": 60, "repair": True},
+    ("POST", "/api/v1/nodes/{node_id}/drain"): {
+        "reason": "r",
+        "deadline_seconds": 60,
+        "repair": True,
+    },
     ("POST", "/api/v1/gpus/{serial}/rma"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/agent/validations/{validation_id}"): {
-        "checks": [{"name": "pcie_link", "gpu": 0, "uuid": "u", "serial": "s", "status": "failed", "detail": "d",
-                    "output": "o"}], "system": {"driver_version": "550.54.15", "cuda_version": "12.4"}},
+        "checks": [
+            {
+                "name": "pcie_link",
+                "gpu": 0,
+                "uuid": "u",
+                "serial": "s",
+                "status": "failed",
+                "detail": "d",
+                "output": "o",
+            }
+        ],
+        "system": {"driver_version": "550.54.15", "cuda_version": "12.4"},
+    },
     ("PATCH", "/api/v1/nodes/{node_id}"): {"labels": {"rack": "r1"}},
     ("POST", "/api/v1/nodes/{node_id}/upgrade"): {"reason": "r", "deadline_seconds": 60},
     ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): {"outcome": "failed", "detail": "d"},
-    ("POST", "/api/v1/nodes/{node_id}/events"): {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"},
-    ("POST", "/api/v1/rollouts"): {"fleet": "gpu-a", "bundle_version": "0.2.0", "bundle_sha256": "ab" * 32,
-                                   "batch": "10%", "canary": 1, "max_failures": 0, "drain_deadline_seconds": 60,
-                                   "window": {"timezone": "UTC", "windows": [{"start": "22:00", "end": "06:00"}]}},
-    ("PATCH", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}"): {"state": "upgrading", "detail": "d"},
+    ("POST", "/api/v1/nodes/{node_id}/events"): {
+        "kind": "node.bootstrap",
+        "host": "h",
+        "outcome": "enrolled",
+    },
+    ("POST", "/api/v1/rollouts"): {
+        "fleet": "gpu-a",
+        "bundle_version": "0.2.0",
+        "bundle_sha256": "ab" * 32,
+        "batch": "10%",
+        "canary": 1,
+        "max_failures": 0,
+        "drain_deadline_seconds": 60,
+        "window": {"timezone": "UTC", "windows": [{"start": "22:00", "end": "06:00"}]},
+    },
+    ("PATCH", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}"): {
+        "state": "upgrading",
+        "detail": "d",
+    },
     ("POST", "/api/v1/jobs"): JOB_SPEC,
     ("POST", "/api/v1/instances"): {
-        "name": "nb", "command": ["sleep", "1d"], "env": {"A": "b"}, "resources": {"gpus": 1, "gpu_types": ["x"]},
-        "volume_bytes": 1024, "volume_mount_path": "/workspace", "ports": [{"port": 8888, "protocol": "http"}],
-        "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}}, "restart": "always",
-        "idle_stop": {"gpu_util_below_percent": 5, "for_seconds": 600}},
+        "name": "nb",
+        "command": ["sleep", "1d"],
+        "env": {"A": "b"},
+        "resources": {"gpus": 1, "gpu_types": ["x"]},
+        "volume_bytes": 1024,
+        "volume_mount_path": "/workspace",
+        "ports": [{"port": 8888, "protocol": "http"}],
+        "node_selector": {"fleet": "gpu-a", "labels": {"k": "v"}},
+        "restart": "always",
+        "idle_stop": {"gpu_util_below_percent": 5, "for_seconds": 600},
+    },
     ("POST", "/api/v1/instances/{instance_id}/resume"): {"gpus": 1},
     ("POST", "/api/v1/cluster/simulate-schedule"): JOB_SPEC,
     ("PUT", "/api/v1/gpu-types/{model}"): {"price_per_hour": 1.5, "spot_min_bid": 0.5},
     ("PUT", "/api/v1/quotas/{team}"): {"priority_class": "spot", "max_gpus": 4.5},
-    ("PUT", "/api/v1/budgets/{team}"): {"limit_cost": 100.0, "limit_gpu_hours": 10.0, "on_exceed": "block"},
+    ("PUT", "/api/v1/budgets/{team}"): {
+        "limit_cost": 100.0,
+        "limit_gpu_hours": 10.0,
+        "on_exceed": "block",
+    },
     ("PUT", "/api/v1/prices/storage"): {"per_gb_month": 0.1},
-    ("POST", "/api/v1/admin/gc"): {"older_than_seconds": 3600, "delete_jobs": False, "dry_run": True},
-    ("POST", "/api/v1/webhooks"): {"url": "https://hooks.example.com/fleetd", "secret": "0123456789abcdef",
-                                   "events": ["node.lost", "job.failed"]},
+    ("POST", "/api/v1/admin/gc"): {
+        "older_than_seconds": 3600,
+        "delete_jobs": False,
+        "dry_run": True,
+    },
+    ("POST", "/api/v1/webhooks"): {
+        "url": "https://hooks.example.com/fleetd",
+        "secret": "0123456789abcdef",
+        "events": ["node.lost", "job.failed"],
+    },
     ("POST", "/api/v1/agent/register"): {
-        "hostname": "h", "machine_id": "m-hostile", "agent_version": "0.1.0", "address": "10.0.0.9",
-        "labels": {"k": "v"}, "resources": {"cpu_count": 8, "memory_bytes": 1024}, "gpus": [GPU_REPORT]},
+        "hostname": "h",
+        "machine_id": "m-hostile",
+        "agent_version": "0.1.0",
+        "address": "10.0.0.9",
+        "labels": {"k": "v"},
+        "resources": {"cpu_count": 8, "memory_bytes": 1024},
+        "gpus": [GPU_REPORT],
+    },
     ("POST", "/api/v1/agent/heartbeat"): {
-        "gpus": gpus(2), "metrics": {"gpu_util": [50.0, 1.5], "host": {"load": 0.5}},
+        "gpus": gpus(2),
+        "metrics": {"gpu_util": [50.0, 1.5], "host": {"load": 0.5}},
         "tasks": [{"id": "{task_id}", "epoch": TASK_EPOCH, "state": "running"}],
-        "capabilities": {"container_runtime": "podman", "isolation": "uid", "isolation_reason": "r",
-                         "containers": "unavailable: r", "host_uids": [1000]},
-        "instances": [{"task_id": "{task_id}", "epoch": TASK_EPOCH, "uptime_seconds": 1.5, "restarts": 0,
-                       "ports": [{"port": 8888, "host_port": 40001, "state": "taken_by_other_process"}]}]},
+        "capabilities": {
+            "container_runtime": "podman",
+            "isolation": "uid",
+            "isolation_reason": "r",
+            "containers": "unavailable: r",
+            "host_uids": [1000],
+        },
+        "instances": [
+            {
+                "task_id": "{task_id}",
+                "epoch": TASK_EPOCH,
+                "uptime_seconds": 1.5,
+                "restarts": 0,
+                "ports": [{"port": 8888, "host_port": 40001, "state": "taken_by_other_process"}],
+            }
+        ],
+    },
     ("POST", "/api/v1/agent/acquire"): {"wait_seconds": 0, "max_assignments": 1},
     ("POST", "/api/v1/agent/tasks/{task_id}/start"): {"epoch": TASK_EPOCH, "pid": 42},
-    ("POST", "/api/v1/agent/tasks/{task_id}/restart"): {"epoch": TASK_EPOCH, "exit_code": 3, "signal": None,
-                                                         "reason": "exit code 3", "backoff_seconds": 1.0},
-    ("POST", "/api/v1/agent/tasks/{task_id}/rendezvous"): {"epoch": TASK_EPOCH, "addr": "10.0.0.1", "port": 29500},
-    ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {"epoch": TASK_EPOCH,
-                                                     "lines": [["stdout", "a"], ["stderr", "b", 0]]},
-    ("POST", "/api/v1/agent/tasks/{task_id}/finish"): {"epoch": TASK_EPOCH, "outcome": "succeeded", "exit_code": 0,
-                                                       "reason": "r"},
-    ("POST", "/api/v1/agent/finish"): {"finishes": [{"task_id": "{task_id}", "epoch": TASK_EPOCH,
-                                                     "outcome": "succeeded", "exit_code": 0, "reason": "r"}]},
+    ("POST", "/api/v1/agent/tasks/{task_id}/restart"): {
+        "epoch": TASK_EPOCH,
+        "exit_code": 3,
+        "signal": None,
+        "reason": "exit code 3",
+        "backoff_seconds": 1.0,
+    },
+    ("POST", "/api/v1/agent/tasks/{task_id}/rendezvous"): {
+        "epoch": TASK_EPOCH,
+        "addr": "10.0.0.1",
+        "port": 29500,
+    },
+    ("POST", "/api/v1/agent/tasks/{task_id}/logs"): {
+        "epoch": TASK_EPOCH,
+        "lines": [["stdout", "a"], ["stderr", "b", 0]],
+    },
+    ("POST", "/api/v1/agent/tasks/{task_id}/finish"): {
+        "epoch": TASK_EPOCH,
+        "outcome": "succeeded",
+        "exit_code": 0,
+        "reason": "r",
+    },
+    ("POST", "/api/v1/agent/finish"): {
+        "finishes": [
+            {
+                "task_id": "{task_id}",
+                "epoch": TASK_EPOCH,
+                "outcome": "succeeded",
+                "exit_code": 0,
+                "reason": "r",
+            }
+        ]
+    },
 }
 
 
@@ -148,25 +307,41 @@ class World:
         self.api.submit(name="seed", resources={"gpus": 1})
         self.api.run_task("scheduling")
         self.assignment = self.api.start_task(self.session)
-        instance = self.api.post("/api/v1/instances", {"name": "nb", "command": ["true"]}).get_json()
+        instance = self.api.post(
+            "/api/v1/instances", {"name": "nb", "command": ["true"]}
+        ).get_json()
         self.api.post(f"/api/v1/instances/{instance['id']}/stop")
         limited = self.api.post("/api/v1/tokens", {"name": "limited", "role": "metrics"}).get_json()
         self.api.post("/api/v1/projects", {"key": "proj-a", "team": "team-a"})
         self.api.post("/api/v1/tokens", {"name": "alice's", "role": "submitter", "user": "alice"})
         self.api.put("/api/v1/projects/proj-a/members/alice", {"role": "member"})
-        rollout = self.api.post("/api/v1/rollouts", {"fleet": "gpu-a", "bundle_version": "0.2.0",
-                                                     "bundle_sha256": "cd" * 32}).get_json()
-        self.values = {"name": "gpu-a", "node_id": self.node_id, "task_id": self.assignment["task_id"],
-                       "rollout_id": rollout["id"], "serial": "1650924060001", "validation_id": "v-none",
-                       "instance_id": instance["id"], "token_id": limited["id"],
-                       "model": GPU_H100["model"], "team": "team-a", "key": "proj-a", "login": "alice", "epoch": self.assignment["epoch"]}
+        rollout = self.api.post(
+            "/api/v1/rollouts",
+            {"fleet": "gpu-a", "bundle_version": "0.2.0", "bundle_sha256": "cd" * 32},
+        ).get_json()
+        self.values = {
+            "name": "gpu-a",
+            "node_id": self.node_id,
+            "task_id": self.assignment["task_id"],
+            "rollout_id": rollout["id"],
+            "serial": "1650924060001",
+            "validation_id": "v-none",
+            "instance_id": instance["id"],
+            "token_id": limited["id"],
+            "model": GPU_H100["model"],
+            "team": "team-a",
+            "key": "proj-a",
+            "login": "alice",
+            "epoch": self.assignment["epoch"],
+        }
         self.routes = json_routes(self.app)
 
     def url(self, path):
         return re.sub(r"\{(\w+)\}", lambda m: str(self.values[m.group(1)]), path)
 
     def base(self, method, path, spec_fields):
-        """The route's valid body with the seeded ids filled in; {} plus its fields for an unknown route."""
+        """The route's valid body with the seeded ids filled in; {} plus its fields for an unknown
+        route."""
         body = BASE_BODIES.get((method, path))
         if body is None:
             return {name: None for name in spec_fields}
@@ -174,9 +349,21 @@ class World:
 
     def send(self, method, path, raw):
         agent = path.startswith("/api/v1/agent/")
-        token = self.join if path == "/api/v1/agent/register" else self.session if agent else self.api.token
-        return self.api.call(method, self.url(path), token=token, agent=agent, data=raw,
-                             headers={"Content-Type": "application/json"})
+        token = (
+            self.join
+            if path == "/api/v1/agent/register"
+            else self.session
+            if agent
+            else self.api.token
+        )
+        return self.api.call(
+            method,
+            self.url(path),
+            token=token,
+            agent=agent,
+            data=raw,
+            headers={"Content-Type": "application/json"},
+        )
 
 
 def _fill(value, values):
@@ -186,7 +373,12 @@ def _fill(value, values):
         return [_fill(v, values) for v in value]
     if value == TASK_EPOCH:
         return values["epoch"]
-    if isinstance(value, str) and value.startswith("{") and value.endswith("}") and value[1:-1] in values:
+    if (
+        isinstance(value, str)
+        and value.startswith("{")
+        and value.endswith("}")
+        and value[1:-1] in values
+    ):
         return values[value[1:-1]]
     return value
 
@@ -225,7 +417,8 @@ def places(body, prefix=()):
 
 
 def plant(body, where, key=False):
-    """A copy of body with SLOT at `where` (or, with key, a KEY_SLOT key added to the object there)."""
+    """A copy of body with SLOT at `where` (or, with key, a KEY_SLOT key added to the object
+    there)."""
     body = json.loads(json.dumps(body))
     if key:
         target = body
@@ -264,8 +457,12 @@ def objects_in(body, prefix=()):
 def refusal_problem(resp):
     """None when resp is 400 invalid_request in the envelope, else what is wrong with it."""
     body = resp.get_json(silent=True)
-    ok = (resp.status_code == 400 and isinstance(body, dict) and set(body) == {"error"}
-          and body["error"].get("code") == "invalid_request")
+    ok = (
+        resp.status_code == 400
+        and isinstance(body, dict)
+        and set(body) == {"error"}
+        and body["error"].get("code") == "invalid_request"
+    )
     return None if ok else f"{resp.status_code} {resp.get_data(as_text=True)[:200]}"
 
 
@@ -288,7 +485,13 @@ def _bad_json(value):
         return f"non-finite number {value!r}"
     if isinstance(value, str):
         return _bad_text(value)
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for k, v in items:
         found = (_bad_text(k) if isinstance(k, str) else None) or _bad_json(v)
         if found:
@@ -309,9 +512,11 @@ def _bad_stored(value):
     found = _bad_text(text)
     if found:
         return found
-    if text[:1] in "[{\"" or text in ("NaN", "Infinity", "-Infinity"):
+    if text[:1] in '[{"' or text in ("NaN", "Infinity", "-Infinity"):
         try:
-            decoded = json.loads(text)  # NaN and Infinity decode to floats here: _bad_json finds them
+            decoded = json.loads(
+                text
+            )  # NaN and Infinity decode to floats here: _bad_json finds them
         except ValueError:
             return None
         return _bad_json(decoded)
@@ -319,12 +524,16 @@ def _bad_stored(value):
 
 
 def poisoned_cells(db_path):
-    """[(table, column, rowid, problem)] for every stored value holding NaN, ±Inf, a surrogate or NUL."""
+    """[(table, column, rowid, problem)] for every stored value holding NaN, ±Inf, a surrogate or
+    NUL."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     con.text_factory = bytes
     found = []
     try:
-        tables = [r[0].decode() for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        tables = [
+            r[0].decode()
+            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        ]
         for table in tables:
             cur = con.execute(f'SELECT * FROM "{table}"')
             columns = [d[0] for d in cur.description]
@@ -341,7 +550,7 @@ def poisoned_cells(db_path):
 def _db_path(app):
     url = app.extensions["fleetd"].settings.database_url
     assert url.startswith("sqlite:///"), url
-    return url[len("sqlite:///"):]
+    return url[len("sqlite:///") :]
 
 
 def scheduling_problem(world):
@@ -375,17 +584,22 @@ def test_every_json_route_is_covered(world):
         resp = world.send(method, path, json.dumps(world.base(method, path, spec_fields)))
         if resp.status_code == 400:
             refused[(method, path)] = resp.get_json()
-    assert refused == {}, "base bodies must be valid, or the hostile value is not the only thing wrong"
+    assert refused == {}, (
+        "base bodies must be valid, or the hostile value is not the only thing wrong"
+    )
 
 
 @pytest.mark.sweep  # every field of every route: the full tier (scripts/test.sh --fast leaves it out)
 def test_hostile_json_at_every_field_of_every_route_is_refused_and_never_stored(world):
-    """Each hostile value at each field (and as a key of each object) of each route's body: 400, nothing stored."""
+    """Each hostile value at each field (and as a key of each object) of each route's body: 400,
+    nothing stored."""
     problems = []
     sent = 0
     for method, path, spec_fields in world.routes:
         base = world.base(method, path, spec_fields)
-        cases = [(where, False) for where in [()] + places(base)] + [(where, True) for where in objects_in(base)]
+        cases = [(where, False) for where in [()] + places(base)] + [
+            (where, True) for where in objects_in(base)
+        ]
         for where, as_key in cases:
             tokens = HOSTILE_KEYS if as_key else HOSTILE
             for name, token in tokens.items():
@@ -394,13 +608,20 @@ def test_hostile_json_at_every_field_of_every_route_is_refused_and_never_stored(
                 problem = refusal_problem(resp)
                 if problem:
                     at = "/".join(map(str, where)) or "(whole body)"
-                    problems.append(f"{method} {path} {name} {'as a key in' if as_key else 'at'} {at}: {problem}")
+                    problems.append(
+                        f"{method} {path} {name} {'as a key in' if as_key else 'at'} {at}: "
+                        f"{problem}"
+                    )
     assert sent > 500
     stored = poisoned_cells(_db_path(world.app))
     scheduling = scheduling_problem(world)
-    report = [f"{len(problems)} of {sent} hostile bodies not refused with 400 invalid_request:", *problems,
-              f"{len(stored)} poisoned cells in the database:", *map(str, stored),
-              f"scheduling after the attack: {scheduling or 'ok'}"]
+    report = [
+        f"{len(problems)} of {sent} hostile bodies not refused with 400 invalid_request:",
+        *problems,
+        f"{len(stored)} poisoned cells in the database:",
+        *map(str, stored),
+        f"scheduling after the attack: {scheduling or 'ok'}",
+    ]
     assert not problems and not stored and scheduling is None, "\n".join(report)
 
 
@@ -429,7 +650,12 @@ def test_hostile_json_anywhere_in_any_body_is_refused(world):
             token = f'{{"x": {token}}}'
         return method, path, name, where, as_key, raw_json(body, token)
 
-    @settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(
+        max_examples=examples(500),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
     @given(attack=attacks())
     def check(attack):
         method, path, name, where, as_key, raw = attack
@@ -459,7 +685,9 @@ def test_the_database_scan_finds_each_kind_of_poison(tmp_path):
         (None, "Infinity"),
     ]
     con.executemany("INSERT INTO t VALUES (?, ?)", poison)
-    con.executemany("INSERT INTO t VALUES (?, ?)", [("fine", 1.5), ('{"x": [1, 2.5, "\\u00e9"]}', "NaNa")])
+    con.executemany(
+        "INSERT INTO t VALUES (?, ?)", [("fine", 1.5), ('{"x": [1, 2.5, "\\u00e9"]}', "NaNa")]
+    )
     con.commit()
     con.close()
     found = poisoned_cells(path)

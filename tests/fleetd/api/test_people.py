@@ -33,23 +33,39 @@ def test_the_tokens_of_a_user_are_one_owner(admin):
     events = admin.get(f"/api/v1/jobs/{job['id']}/events").get_json()["items"]
     assert [e["actor"] for e in events][:1] == ["user:alice"]
     me = ci.get("/api/v1/auth/whoami").get_json()
-    assert me["principal"] == "user:alice" and me["user"]["login"] == "alice" and me["auth"] == "token"
-    assert me["projects"] == [{"key": "default", "role": "member"}] and me["default_project"] == "default"
-    assert me["use"]["active_jobs"] == 0  # the cancelled job, counted for the user whichever token asks
+    assert (
+        me["principal"] == "user:alice" and me["user"]["login"] == "alice" and me["auth"] == "token"
+    )
+    assert (
+        me["projects"] == [{"key": "default", "role": "member"}]
+        and me["default_project"] == "default"
+    )
+    assert (
+        me["use"]["active_jobs"] == 0
+    )  # the cancelled job, counted for the user whichever token asks
     assert ci.get("/api/v1/whoami").get_json() == me
     assert laptop.get("/api/v1/users/alice").get_json()["source"] == "token"
     assert laptop.get("/api/v1/users").status_code == 403
 
 
-def test_work_lands_in_its_project_and_team_and_project_roles_decide_who_reads_and_changes_it(admin):
+def test_work_lands_in_its_project_and_team_and_project_roles_decide_who_reads_and_changes_it(
+    admin,
+):
     alice = user_client(admin, "alice", "alice")
     bob = user_client(admin, "bob", "bob")
-    assert admin.post("/api/v1/projects", {"key": "vision", "display_name": "Vision", "team": "cv"}).status_code == 201
+    assert (
+        admin.post(
+            "/api/v1/projects", {"key": "vision", "display_name": "Vision", "team": "cv"}
+        ).status_code
+        == 201
+    )
     assert admin.post("/api/v1/projects", {"key": "vision"}).status_code == 409
     refused = alice.post("/api/v1/jobs", dict(JOB, project="vision"))
     assert refused.status_code == 403 and "not a member" in refused.get_json()["error"]["message"]
     unknown = alice.post("/api/v1/jobs", dict(JOB, project="nope"))
-    assert unknown.status_code == 400 and "no project 'nope'" in unknown.get_json()["error"]["message"]
+    assert (
+        unknown.status_code == 400 and "no project 'nope'" in unknown.get_json()["error"]["message"]
+    )
     assert admin.put("/api/v1/projects/vision/members/alice", {"role": "member"}).status_code == 200
     job = alice.post("/api/v1/jobs", dict(JOB, project="vision")).get_json()
     assert (job["project"], job["team"], job["user"]) == ("vision", "cv", "alice")
@@ -66,9 +82,17 @@ def test_work_lands_in_its_project_and_team_and_project_roles_decide_who_reads_a
     assert bob.post(f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelled"
     members = admin.get("/api/v1/projects/vision/members").get_json()["items"]
     assert [(m["login"], m["role"]) for m in members] == [("alice", "member"), ("bob", "admin")]
-    assert [p["key"] for p in alice.get("/api/v1/projects").get_json()["items"]] == ["default", "vision"]
+    assert [p["key"] for p in alice.get("/api/v1/projects").get_json()["items"]] == [
+        "default",
+        "vision",
+    ]
     assert alice.patch("/api/v1/users/alice", {"default_project": "vision"}).status_code == 403
-    assert admin.patch("/api/v1/users/alice", {"default_project": "vision"}).get_json()["default_project"] == "vision"
+    assert (
+        admin.patch("/api/v1/users/alice", {"default_project": "vision"}).get_json()[
+            "default_project"
+        ]
+        == "vision"
+    )
     assert alice.post("/api/v1/jobs", JOB).get_json()["project"] == "vision"
 
 
@@ -76,8 +100,15 @@ def test_a_service_account_submits_to_its_project_only_and_dies_with_it(admin):
     alice = user_client(admin, "alice", "alice")
     admin.post("/api/v1/projects", {"key": "vision", "team": "cv"})
     admin.put("/api/v1/projects/vision/members/alice", {"role": "admin"})
-    made = alice.post("/api/v1/projects/vision/service-accounts", {"name": "vision ci", "expires_in_seconds": 3600})
-    assert made.status_code == 201 and made.get_json()["token"].startswith("fla_") and made.get_json()["expires_at"]
+    made = alice.post(
+        "/api/v1/projects/vision/service-accounts",
+        {"name": "vision ci", "expires_in_seconds": 3600},
+    )
+    assert (
+        made.status_code == 201
+        and made.get_json()["token"].startswith("fla_")
+        and made.get_json()["expires_at"]
+    )
     ci = ApiClient(admin.app, made.get_json()["token"])
     job = ci.post("/api/v1/jobs", JOB).get_json()
     assert (job["project"], job["team"], job["user"]) == ("vision", "cv", None)
@@ -85,7 +116,9 @@ def test_a_service_account_submits_to_its_project_only_and_dies_with_it(admin):
     assert ci.get("/api/v1/whoami").get_json()["principal"] == "token:vision ci"
     listed = alice.get("/api/v1/projects/vision/service-accounts").get_json()["items"]
     assert [a["name"] for a in listed] == ["vision ci"] and "token" not in listed[0]
-    assert alice.get(f"/api/v1/jobs/{job['id']}").status_code == 200  # the project admin reads the project's work
+    assert (
+        alice.get(f"/api/v1/jobs/{job['id']}").status_code == 200
+    )  # the project admin reads the project's work
     alice.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert admin.delete("/api/v1/projects/vision").status_code == 204
     assert ci.get("/api/v1/whoami").status_code == 401
@@ -96,16 +129,32 @@ def test_deactivating_a_user_ends_its_tokens_at_once_and_roles_limit_what_it_may
     viewer = user_client(admin, "vera", "vera", role="viewer")
     operator = user_client(admin, "otto", "otto", role="operator")
     job = alice.post("/api/v1/jobs", JOB).get_json()
-    assert viewer.get(f"/api/v1/jobs/{job['id']}").status_code == 200  # a viewer reads what members read
+    assert (
+        viewer.get(f"/api/v1/jobs/{job['id']}").status_code == 200
+    )  # a viewer reads what members read
     assert viewer.post("/api/v1/jobs", JOB).status_code == 403
-    assert operator.get("/api/v1/nodes").status_code == 200 and operator.get("/api/v1/tokens").status_code == 403
+    assert (
+        operator.get("/api/v1/nodes").status_code == 200
+        and operator.get("/api/v1/tokens").status_code == 403
+    )
     gone = admin.patch("/api/v1/users/alice", {"active": False}).get_json()
     assert gone["active"] is False and gone["deactivated_at"]
     assert alice.get("/api/v1/whoami").status_code == 401
     assert admin.patch("/api/v1/users/alice", {"active": True}).get_json()["active"] is True
-    assert alice.get("/api/v1/whoami").status_code == 401  # its tokens stay revoked: a new one is made
-    assert user_client(admin, "alice again", "alice").get("/api/v1/whoami").get_json()["principal"] == "user:alice"
+    assert (
+        alice.get("/api/v1/whoami").status_code == 401
+    )  # its tokens stay revoked: a new one is made
+    assert (
+        user_client(admin, "alice again", "alice").get("/api/v1/whoami").get_json()["principal"]
+        == "user:alice"
+    )
     assert admin.delete("/api/v1/users/vera").status_code == 204
     assert admin.get("/api/v1/users/vera").get_json()["active"] is False
-    assert [u["login"] for u in admin.get("/api/v1/users?active=true").get_json()["items"]] == ["alice", "otto"]
-    assert admin.post("/api/v1/tokens", {"name": "v2", "role": "viewer", "user": "vera"}).status_code == 409
+    assert [u["login"] for u in admin.get("/api/v1/users?active=true").get_json()["items"]] == [
+        "alice",
+        "otto",
+    ]
+    assert (
+        admin.post("/api/v1/tokens", {"name": "v2", "role": "viewer", "user": "vera"}).status_code
+        == 409
+    )

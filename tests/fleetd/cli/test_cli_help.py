@@ -1,4 +1,5 @@
-"""Every command of `fleetd` and `fleet-agent` explains itself: a help text, help on each option, and `-h`."""
+"""Every command of `fleetd` and `fleet-agent` explains itself: a help text, help on each option,
+and `-h`."""
 
 import subprocess
 import sys
@@ -10,8 +11,9 @@ from click.testing import CliRunner
 from agent.cli import cli as agent_cli
 from fleetd.cli import cli as fleetd_cli
 
-# Commands whose options are documented in a module this test does not own (fleetd/provision/cli.py): they
-# still must have a help text and answer -h; their options are checked by the provision tests' owners.
+# Commands whose options are documented in a module this test does not own
+# (fleetd/provision/cli.py): they still must have a help text and answer -h; their options are
+# checked by the provision tests' owners.
 FOREIGN = {("fleetd", "bootstrap"), ("fleetd", "bundle")}
 
 
@@ -37,30 +39,44 @@ def test_every_command_has_a_help_text_and_answers_dash_h(path, command):
     assert result.output.startswith(f"Usage: {' '.join(path)}"), result.output
 
 
-@pytest.mark.parametrize(("path", "command"), [(p, c) for p, c in COMMANDS if p[:2] not in FOREIGN],
-                         ids=[i for (p, _), i in zip(COMMANDS, IDS) if p[:2] not in FOREIGN])
+@pytest.mark.parametrize(
+    ("path", "command"),
+    [(p, c) for p, c in COMMANDS if p[:2] not in FOREIGN],
+    ids=[i for (p, _), i in zip(COMMANDS, IDS) if p[:2] not in FOREIGN],
+)
 def test_every_option_has_a_help_text(path, command):
-    bare = [p.opts[0] for p in command.params
-            if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()]
+    bare = [
+        p.opts[0]
+        for p in command.params
+        if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()
+    ]
     assert bare == [], f"{' '.join(path)}: options without help: {bare}"
 
 
 def test_the_walk_reaches_the_commands_of_the_issue():
     # The walk itself could silently find nothing; these were the ones reported without help.
     paths = {p for p, _ in COMMANDS}
-    assert {("fleetd", "node", name) for name in ("cordon", "uncordon", "revoke", "undrain")} <= paths
+    assert {
+        ("fleetd", "node", name) for name in ("cordon", "uncordon", "revoke", "undrain")
+    } <= paths
     assert ("fleet-agent", "status") in paths
 
 
 def test_retries_help_gives_its_default():
     result = CliRunner().invoke(fleetd_cli, ["job", "submit", "-h"], prog_name="fleetd")
-    retries = result.output[result.output.index("--retries"):].split("\n  -")[0]
+    retries = result.output[result.output.index("--retries") :].split("\n  -")[0]
     assert "default: 2" in " ".join(retries.split())
 
 
 @pytest.mark.integration  # real processes
-@pytest.mark.parametrize("argv", [["-m", "agent", "-h"], ["-m", "agent", "status", "-h"],
-                                  ["-m", "fleetd", "node", "cordon", "-h"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "agent", "-h"],
+        ["-m", "agent", "status", "-h"],
+        ["-m", "fleetd", "node", "cordon", "-h"],
+    ],
+)
 def test_dash_h_works_in_a_real_process(argv):
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

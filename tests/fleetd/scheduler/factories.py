@@ -17,7 +17,9 @@ def make_gpu(node_id="n0", index=0, model="H100", memory_gib=80, numa=None, **ov
     return GpuSnapshot(**fields)
 
 
-def make_node(node_id="n0", gpus=8, model="H100", cpus=64, memory_gib=512, gpu_overrides=None, **overrides):
+def make_node(
+    node_id="n0", gpus=8, model="H100", cpus=64, memory_gib=512, gpu_overrides=None, **overrides
+):
     """A ready node with `gpus` idle GPUs; `gpu_overrides` maps a GPU index to field overrides."""
     gpu_overrides = gpu_overrides or {}
     fields = dict(

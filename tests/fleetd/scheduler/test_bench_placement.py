@@ -1,8 +1,9 @@
 """bench/placement.py runs end to end on a small slice, so that it cannot rot.
 
 A 24-node cut of the real node list and the first 300 pods of a real pod list (committed
-under tests/fixtures/traces, so the test runs wherever the suite does) keep the whole protocol (inflation to 130%, shuffling, the 80/90/100% marks, fragmentation at
-90%) while running in seconds. Assertions are on the output, never on timings.
+under tests/fixtures/traces, so the test runs wherever the suite does) keep the whole protocol
+(inflation to 130%, shuffling, the 80/90/100% marks, fragmentation at 90%) while running in seconds.
+Assertions are on the output, never on timings.
 """
 
 import json
@@ -28,7 +29,6 @@ KEYS = {
 }
 
 
-
 @pytest.fixture(scope="module")
 def small_trace():
     # Every 50th node keeps the mix of GPU models (G2, T4, P100, V100, ...).
@@ -50,7 +50,9 @@ def run_bench(*args):
 def test_bench_runs_every_policy_and_writes_the_documented_json(small_trace, tmp_path):
     nodes, pods = small_trace
     out = tmp_path / "placement.json"
-    stdout = run_bench("--nodes", nodes, "--pods", pods, "--seeds", 2, "--policy", "all", "--json", out)
+    stdout = run_bench(
+        "--nodes", nodes, "--pods", pods, "--seeds", 2, "--policy", "all", "--json", out
+    )
     doc = json.loads(out.read_text())
     assert doc["default_policy"] == "fragbal"
     assert set(doc["policies"]) == POLICIES
@@ -58,8 +60,14 @@ def test_bench_runs_every_policy_and_writes_the_documented_json(small_trace, tmp
         assert KEYS <= set(figures), name
         for key in KEYS - {"decisions_per_second"}:
             assert 0 <= figures[key] <= 100, (name, key, figures[key])
-        assert figures["alloc_final"] + figures["unallocated_final_pct"] == pytest.approx(100, abs=0.02)
-        assert figures["alloc_at_80"] <= figures["alloc_at_100"] + 1e-9 <= figures["alloc_final"] + 1e-9
+        assert figures["alloc_final"] + figures["unallocated_final_pct"] == pytest.approx(
+            100, abs=0.02
+        )
+        assert (
+            figures["alloc_at_80"]
+            <= figures["alloc_at_100"] + 1e-9
+            <= figures["alloc_final"] + 1e-9
+        )
         assert figures["decisions_per_second"] > 0
         assert figures["seeds"] == 2
         assert name in stdout
@@ -73,7 +81,20 @@ def test_bench_runs_every_policy_and_writes_the_documented_json(small_trace, tmp
 def test_bench_max_pods_replays_a_prefix_and_reports_unreached_marks_as_null(small_trace, tmp_path):
     nodes, pods = small_trace
     out = tmp_path / "one.json"
-    run_bench("--nodes", nodes, "--pods", pods, "--seeds", 1, "--policy", "fgd", "--max-pods", 20, "--json", out)
+    run_bench(
+        "--nodes",
+        nodes,
+        "--pods",
+        pods,
+        "--seeds",
+        1,
+        "--policy",
+        "fgd",
+        "--max-pods",
+        20,
+        "--json",
+        out,
+    )
     doc = json.loads(out.read_text())
     figures = doc["policies"]["fgd"]
     assert set(doc["policies"]) == {"fgd"}

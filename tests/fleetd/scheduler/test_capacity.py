@@ -11,7 +11,13 @@ from tests.support.examples import examples
 def test_counts_used_free_and_blocked_with_reason_codes():
     cluster = make_cluster(
         make_node(
-            "a", gpus=4, gpu_overrides={0: {"exclusive": True}, 1: {"compute_free_milli": 700}, 2: {"healthy": False}}
+            "a",
+            gpus=4,
+            gpu_overrides={
+                0: {"exclusive": True},
+                1: {"compute_free_milli": 700},
+                2: {"healthy": False},
+            },
         ),
         make_node("b", gpus=2, model="A100", schedulable=False, status="drained"),
         make_node("c", gpus=2, model="A100", fleet="night"),
@@ -30,4 +36,8 @@ def test_total_is_used_plus_free_plus_blocked_everywhere(snapshot):
     for counts in [total, *series.values()]:
         assert counts.total == counts.used + counts.free + counts.blocked
         assert counts.blocked == sum(counts.blocked_by.values())
-    assert total.total == sum(s.total for s in series.values()) == sum(len(n.gpus) for n in snapshot.nodes)
+    assert (
+        total.total
+        == sum(s.total for s in series.values())
+        == sum(len(n.gpus) for n in snapshot.nodes)
+    )

@@ -37,7 +37,10 @@ def test_whole_gpus_are_exclusive_with_full_memory_limits():
     assert isinstance(result, Placement)
     (rank,) = result.ranks
     assert rank.node_id == "a" and len(rank.gpus) == 2
-    assert all(g.exclusive and g.compute_milli == 1000 and g.memory_limit_bytes == 80 * GIB for g in rank.gpus)
+    assert all(
+        g.exclusive and g.compute_milli == 1000 and g.memory_limit_bytes == 80 * GIB
+        for g in rank.gpus
+    )
     assert rank.cpu_milli == 4000
 
 
@@ -81,7 +84,11 @@ def test_compute_percent_sets_the_compute_share():
     engine = PlacementEngine(make_cluster(make_node("a", gpus=1)))
     result = engine.place(TaskRequest(gpus=1, gpu_compute_percent=30, gpu_memory_bytes=10 * GIB))
     alloc = result.ranks[0].gpus[0]
-    assert (alloc.compute_milli, alloc.memory_limit_bytes, alloc.exclusive) == (300, 10 * GIB, False)
+    assert (alloc.compute_milli, alloc.memory_limit_bytes, alloc.exclusive) == (
+        300,
+        10 * GIB,
+        False,
+    )
 
 
 def test_unhealthy_and_held_gpus_never_receive_work():
@@ -96,7 +103,9 @@ def test_unhealthy_and_held_gpus_never_receive_work():
 
 
 def test_cordoned_node_gets_nothing_and_explain_says_why():
-    cluster = make_cluster(make_node("a", schedulable=False, status="cordoned"), make_node("b", gpus=0))
+    cluster = make_cluster(
+        make_node("a", schedulable=False, status="cordoned"), make_node("b", gpus=0)
+    )
     result = PlacementEngine(cluster).place(TaskRequest(gpus=1), explain=True)
     assert not result.schedulable
     stages = {d.node_id: (d.stage, d.reason) for d in result.filter_detail}
@@ -117,18 +126,32 @@ def test_equally_good_nodes_share_work_by_how_busy_they_are():
     # groups (a node's agent gets a group in one acquire), not all to "a".
     engine = PlacementEngine(make_cluster(make_node("a"), make_node("b"), make_node("c")))
     picks = [engine.place(TaskRequest()).node_ids[0] for _ in range(3 * PLACEMENT_GROUP + 1)]
-    assert picks == ["a"] * PLACEMENT_GROUP + ["b"] * PLACEMENT_GROUP + ["c"] * PLACEMENT_GROUP + ["a"]
-    assert [n.tasks for n in engine.snapshot().nodes] == [PLACEMENT_GROUP + 1, PLACEMENT_GROUP, PLACEMENT_GROUP]
+    assert picks == ["a"] * PLACEMENT_GROUP + ["b"] * PLACEMENT_GROUP + ["c"] * PLACEMENT_GROUP + [
+        "a"
+    ]
+    assert [n.tasks for n in engine.snapshot().nodes] == [
+        PLACEMENT_GROUP + 1,
+        PLACEMENT_GROUP,
+        PLACEMENT_GROUP,
+    ]
     # Tasks already running count in full; released ones stop counting.
-    engine = PlacementEngine(make_cluster(make_node("a", tasks=3), make_node("b", tasks=1), make_node("c", tasks=1)))
+    engine = PlacementEngine(
+        make_cluster(make_node("a", tasks=3), make_node("b", tasks=1), make_node("c", tasks=1))
+    )
     first = engine.place(TaskRequest())
     assert first.node_ids == ("b",)
-    assert [engine.place(TaskRequest()).node_ids[0] for _ in range(PLACEMENT_GROUP)] == ["b"] * (PLACEMENT_GROUP - 1) + ["c"]
-    engine.release(first)  # b: 1 running + 3 placed, as busy as c (1 + 1) in steps of a group; b is earlier
+    assert [engine.place(TaskRequest()).node_ids[0] for _ in range(PLACEMENT_GROUP)] == ["b"] * (
+        PLACEMENT_GROUP - 1
+    ) + ["c"]
+    engine.release(
+        first
+    )  # b: 1 running + 3 placed, as busy as c (1 + 1) in steps of a group; b is earlier
     assert engine.place(TaskRequest()).node_ids == ("b",)
     # Busyness only breaks ties: a whole-GPU task still packs onto the node that has GPUs in use.
     held = {i: {"exclusive": True} for i in range(6)}
-    cluster = make_cluster(make_node("a", gpus=8), make_node("b", gpus=8, gpu_overrides=held, tasks=6))
+    cluster = make_cluster(
+        make_node("a", gpus=8), make_node("b", gpus=8, gpu_overrides=held, tasks=6)
+    )
     assert PlacementEngine(cluster, policy="bestfit").place(TaskRequest(gpus=1)).node_ids == ("b",)
 
 
@@ -193,7 +216,9 @@ def test_simulate_reserves_nothing_and_release_gives_back():
 
 
 def test_schedule_places_in_order_against_one_snapshot():
-    results = schedule(make_cluster(make_node("a", gpus=2)), [TaskRequest(gpus=2), TaskRequest(gpus=1)])
+    results = schedule(
+        make_cluster(make_node("a", gpus=2)), [TaskRequest(gpus=2), TaskRequest(gpus=1)]
+    )
     assert [r.schedulable for r in results] == [True, False]
     assert results[1].filter_detail[0].stage == "gpu"
 
@@ -229,7 +254,9 @@ def test_bestfit_prefers_the_fuller_node_and_random_is_seeded():
 
 def test_fgd_slices_the_gpu_that_fragments_least():
     # One GPU has 0.3 left, the other is idle; the workload is made of 0.3 and 1.0 tasks.
-    profile = WorkloadProfile((TaskShape(1000, 300, 1, weight=0.5), TaskShape(1000, 1000, 1, weight=0.5)))
+    profile = WorkloadProfile(
+        (TaskShape(1000, 300, 1, weight=0.5), TaskShape(1000, 1000, 1, weight=0.5))
+    )
     node = make_node("a", gpus=2, gpu_overrides={0: {"compute_free_milli": 300}})
     for policy in ("fgd", DEFAULT_POLICY):
         engine = PlacementEngine(make_cluster(node), policy=policy, profile=profile)
@@ -254,9 +281,16 @@ def test_fragmentation_amount_follows_the_paper_definition():
 def test_profile_keeps_the_most_popular_shapes_up_to_the_coverage():
     counts = {(1000, 0, 0, ()): 50, (2000, 500, 1, ()): 30, (4000, 1000, 8, ()): 20}
     profile = WorkloadProfile.from_counts(counts)
-    assert [(s.cpu_milli, s.weight) for s in profile.shapes] == [(1000, 0.5), (2000, 0.3), (4000, 0.2)]
+    assert [(s.cpu_milli, s.weight) for s in profile.shapes] == [
+        (1000, 0.5),
+        (2000, 0.3),
+        (4000, 0.2),
+    ]
     typical = profile.typical(0.6)
-    assert [(s.cpu_milli, round(s.weight, 3)) for s in typical.shapes] == [(1000, 0.625), (2000, 0.375)]
+    assert [(s.cpu_milli, round(s.weight, 3)) for s in typical.shapes] == [
+        (1000, 0.625),
+        (2000, 0.375),
+    ]
     assert WorkloadProfile.from_counts(counts, coverage=0.6) == typical
 
 

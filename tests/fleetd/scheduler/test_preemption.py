@@ -25,11 +25,15 @@ def busy_node(node_id, held):
 
 def spot(job_id, node_id, gpu_indexes, bid, priority_class="spot"):
     allocs = tuple(GpuAllocation(f"GPU-{node_id}-{i}", 80 * GIB, 1000, True) for i in gpu_indexes)
-    return RunningTask(f"{job_id}-t", job_id, node_id, gpus=allocs, priority_class=priority_class, bid=bid)
+    return RunningTask(
+        f"{job_id}-t", job_id, node_id, gpus=allocs, priority_class=priority_class, bid=bid
+    )
 
 
 def test_no_victims_when_the_request_fits_as_things_are():
-    plan = plan_preemption(make_cluster(busy_node("a", 4)), [spot("j1", "a", range(4), 1.0)], TaskRequest(gpus=4))
+    plan = plan_preemption(
+        make_cluster(busy_node("a", 4)), [spot("j1", "a", range(4), 1.0)], TaskRequest(gpus=4)
+    )
     assert isinstance(plan, PreemptionPlan)
     assert plan.victim_jobs == () and plan.placement.node_ids == ("a",)
 
@@ -59,7 +63,11 @@ def test_fewest_victims_unneeded_cheap_jobs_are_spared():
 
 def test_lowest_bids_go_first_even_if_more_jobs_stop():
     cluster = make_cluster(busy_node("a", 4), busy_node("b", 8))
-    running = [spot("s1", "a", [0, 1], 0.1), spot("s2", "a", [2, 3], 0.2), spot("big", "b", range(8), 0.9)]
+    running = [
+        spot("s1", "a", [0, 1], 0.1),
+        spot("s2", "a", [2, 3], 0.2),
+        spot("big", "b", range(8), 0.9),
+    ]
     plan = plan_preemption(cluster, running, TaskRequest(gpus=8))
     assert plan.victim_jobs == ("s1", "s2")
     assert plan.victim_tasks == ("s1-t", "s2-t")
@@ -86,9 +94,13 @@ def test_refused_when_even_every_spot_job_is_not_enough():
 
 
 def test_freed_gives_back_shares_and_whole_gpus():
-    node = make_node("a", gpus=2, cpus=8, gpu_overrides={0: {"exclusive": True}, 1: {"compute_free_milli": 500}})
+    node = make_node(
+        "a", gpus=2, cpus=8, gpu_overrides={0: {"exclusive": True}, 1: {"compute_free_milli": 500}}
+    )
     tasks = [
-        RunningTask("t1", "j", "a", gpus=(GpuAllocation("GPU-a-0", 80 * GIB, 1000, True),), cpu_milli=2000),
+        RunningTask(
+            "t1", "j", "a", gpus=(GpuAllocation("GPU-a-0", 80 * GIB, 1000, True),), cpu_milli=2000
+        ),
         RunningTask("t2", "j", "a", gpus=(GpuAllocation("GPU-a-1", 0, 500, False),)),
     ]
     after = freed(make_cluster(node), tasks).nodes[0]
@@ -99,7 +111,9 @@ def test_freed_gives_back_shares_and_whole_gpus():
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     snapshot=clusters(),
-    stream=st.lists(st.tuples(requests(), st.sampled_from(["spot", "on-demand"]), st.floats(0, 5)), max_size=8),
+    stream=st.lists(
+        st.tuples(requests(), st.sampled_from(["spot", "on-demand"]), st.floats(0, 5)), max_size=8
+    ),
     request=requests(),
 )
 def test_plans_stop_only_spot_jobs_and_place_within_what_they_free(snapshot, stream, request):
@@ -112,7 +126,14 @@ def test_plans_stop_only_spot_jobs_and_place_within_what_they_free(snapshot, str
             for r in placed.ranks:
                 running.append(
                     RunningTask(
-                        f"j{i}-r{r.rank}", f"j{i}", r.node_id, r.gpus, r.cpu_milli, r.memory_bytes, priority, bid
+                        f"j{i}-r{r.rank}",
+                        f"j{i}",
+                        r.node_id,
+                        r.gpus,
+                        r.cpu_milli,
+                        r.memory_bytes,
+                        priority,
+                        bid,
                     )
                 )
     now = engine.snapshot()

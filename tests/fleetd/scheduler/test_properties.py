@@ -71,7 +71,9 @@ def clusters(draw):
                 fleet=draw(st.sampled_from(["a", "b"])),
                 labels={"zone": draw(st.sampled_from(["x", "y"]))},
                 schedulable=schedulable,
-                status="ready" if schedulable else draw(st.sampled_from(["cordoned", "draining", "lost", "drained"])),
+                status="ready"
+                if schedulable
+                else draw(st.sampled_from(["cordoned", "draining", "lost", "drained"])),
                 cpu_free_milli=draw(st.integers(0, 16)) * 1000,
                 memory_free_bytes=draw(st.integers(0, 64)) * GIB,
             )
@@ -138,7 +140,9 @@ def check_placements(snapshot, placed):
                     exclusive[gpu.uuid] = exclusive.get(gpu.uuid, 0) + 1
                 else:
                     assert alloc.compute_milli == request.gpu_milli
-                    assert alloc.memory_limit_bytes == request.gpu_memory_for(gpu.memory_total_bytes)
+                    assert alloc.memory_limit_bytes == request.gpu_memory_for(
+                        gpu.memory_total_bytes
+                    )
                 compute[gpu.uuid] = compute.get(gpu.uuid, 0) + alloc.compute_milli
                 gmem[gpu.uuid] = gmem.get(gpu.uuid, 0) + alloc.memory_limit_bytes
     for node in snapshot.nodes:
@@ -170,7 +174,9 @@ def test_no_overallocation_gangs_whole_and_refusals_explained(snapshot, stream, 
         else:
             assert isinstance(result, Unschedulable)
             assert engine_state(engine) == before, "a refused gang kept some of its reservations"
-            assert len(passing) < request.num_nodes, "refused although enough nodes pass every filter"
+            assert len(passing) < request.num_nodes, (
+                "refused although enough nodes pass every filter"
+            )
             assert result.filter_detail, "a refusal without per-node detail"
     check_placements(snapshot, placed)
 
@@ -217,7 +223,9 @@ def test_a_refreshed_engine_decides_as_a_fresh_one(snapshot, first, then, policy
     touched = kept.take_touched()
     assert kept.take_touched() == set()
     by_id = {n.id: n for n in snapshot.nodes}
-    kept.refresh(by_id[node_id] for node_id in touched)  # what it reserved is forgotten: back to the snapshot
+    kept.refresh(
+        by_id[node_id] for node_id in touched
+    )  # what it reserved is forgotten: back to the snapshot
     fresh = PlacementEngine(snapshot, policy=policy)
     assert kept.snapshot() == fresh.snapshot()
     profile = profile_from_requests(then)

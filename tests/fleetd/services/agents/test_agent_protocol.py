@@ -29,8 +29,15 @@ def test_registration_returns_a_pending_node_that_becomes_ready_on_first_heartbe
     assert node["status"] == "pending" and len(node["gpus"]) == 8
     assert node["gpus"][3]["index"] == 3 and node["gpus"][3]["memory_total_bytes"] == 80 * 1024**3
     reply = api.heartbeat(reg["session_token"])
-    assert reply == {"status": "ready", "drain": None, "revoked": False, "cancel": [], "heartbeat_interval_seconds": 10,
-                     "delete_volumes": [], "lease_seconds": 40.0}
+    assert reply == {
+        "status": "ready",
+        "drain": None,
+        "revoked": False,
+        "cancel": [],
+        "heartbeat_interval_seconds": 10,
+        "delete_volumes": [],
+        "lease_seconds": 40.0,
+    }
     assert api.node(reg["node_id"])["status"] == "ready"
 
 
@@ -66,10 +73,19 @@ def _register_concurrently(app, join, count):
     """`count` hosts register at once, each in its own thread with its own connection."""
 
     def register(i):
-        return ApiClient(app).post("/api/v1/agent/register", {
-            "hostname": f"h{i}", "machine_id": f"machine-{i}", "agent_version": "0.1.0", "address": "10.0.0.1",
-            "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": gpus(1),
-        }, token=join, agent=True)
+        return ApiClient(app).post(
+            "/api/v1/agent/register",
+            {
+                "hostname": f"h{i}",
+                "machine_id": f"machine-{i}",
+                "agent_version": "0.1.0",
+                "address": "10.0.0.1",
+                "resources": {"cpu_count": 1, "memory_bytes": 1},
+                "gpus": gpus(1),
+            },
+            token=join,
+            agent=True,
+        )
 
     return all_at_once(count, register)
 
@@ -81,8 +97,11 @@ def test_expired_revoked_and_used_up_join_tokens_are_refused(api, fleet, clock):
     api.register(used_up, machine_id="m-used")
     assert api.delete(f"/api/v1/join-tokens/{revoked['id']}").status_code == 204
     clock.advance(61)
-    for token, message in ((expiring, "join token expired"), (revoked["token"], "join token revoked"),
-                           (used_up, "join token used up")):
+    for token, message in (
+        (expiring, "join token expired"),
+        (revoked["token"], "join token revoked"),
+        (used_up, "join token used up"),
+    ):
         body = api.register(token, machine_id="m-new", expect=401)
         assert body["error"]["message"] == message
 
@@ -121,8 +140,11 @@ def test_heartbeat_with_changed_gpus_updates_inventory_and_records_an_event(api,
     assert [g["healthy"] for g in node["gpus"]] == [True, False]
     assert node["gpus"][1]["health_reason"].startswith("XID 79")
     events = api.get(f"/api/v1/nodes/{reg['node_id']}/events").get_json()["items"]
-    # The GPU event first; the fleet's health policy then takes the node out (tests/fleetd/services/nodes/test_health_policy.py).
-    assert [e for e in events if e["kind"] == "node.gpus"][-1]["reason"].endswith("unhealthy: " + changed[1]["uuid"])
+    # The GPU event first; the fleet's health policy then takes the node out
+    # (tests/fleetd/services/nodes/test_health_policy.py).
+    assert [e for e in events if e["kind"] == "node.gpus"][-1]["reason"].endswith(
+        "unhealthy: " + changed[1]["uuid"]
+    )
 
 
 def test_heartbeat_without_changes_writes_nothing_to_the_database(api, fleet, app):
@@ -145,7 +167,9 @@ def test_heartbeat_without_changes_writes_nothing_to_the_database(api, fleet, ap
 
 def test_tasks_unknown_to_the_control_plane_are_cancelled(api, fleet):
     reg = api.register(api.create_join_token(fleet))
-    reply = api.heartbeat(reg["session_token"], tasks=[{"id": "t-stray", "epoch": 3, "state": "running"}])
+    reply = api.heartbeat(
+        reg["session_token"], tasks=[{"id": "t-stray", "epoch": 3, "state": "running"}]
+    )
     assert reply["cancel"] == ["t-stray"]
 
 
@@ -175,18 +199,41 @@ def test_a_join_token_of_another_fleet_cannot_take_over_a_node(api, fleet, clock
     api.heartbeat(reg["session_token"])
     clock.advance(silent_seconds)  # alive, or long silent (lost): neither may move without an admin
     other = api.create_join_token("other", max_uses=1)
-    resp = api.post("/api/v1/agent/register", {
-        "hostname": "intruder", "machine_id": "machine-1", "agent_version": "x", "address": "10.6.6.6",
-        "resources": {"cpu_count": 1, "memory_bytes": 1}, "gpus": []}, token=other, agent=True)
+    resp = api.post(
+        "/api/v1/agent/register",
+        {
+            "hostname": "intruder",
+            "machine_id": "machine-1",
+            "agent_version": "x",
+            "address": "10.6.6.6",
+            "resources": {"cpu_count": 1, "memory_bytes": 1},
+            "gpus": [],
+        },
+        token=other,
+        agent=True,
+    )
     err = resp.get_json()["error"]
-    assert resp.status_code == 409 and err["code"] == "conflict" and err["details"]["reason"] == "other_fleet"
+    assert (
+        resp.status_code == 409
+        and err["code"] == "conflict"
+        and err["details"]["reason"] == "other_fleet"
+    )
     node = api.node(reg["node_id"])
-    assert (node["fleet"], node["hostname"], node["address"], len(node["gpus"])) == (fleet, "real-host", "10.0.0.1", 2)
+    assert (node["fleet"], node["hostname"], node["address"], len(node["gpus"])) == (
+        fleet,
+        "real-host",
+        "10.0.0.1",
+        2,
+    )
     api.heartbeat(reg["session_token"])  # the real host's session still works
-    assert api.get("/api/v1/fleets/other/join-tokens").get_json()["items"][0]["uses"] == 0  # not spent
+    assert (
+        api.get("/api/v1/fleets/other/join-tokens").get_json()["items"][0]["uses"] == 0
+    )  # not spent
 
 
-def test_a_join_token_cannot_re_enrol_a_live_node_of_its_own_fleet_until_it_falls_silent(api, fleet, clock):
+def test_a_join_token_cannot_re_enrol_a_live_node_of_its_own_fleet_until_it_falls_silent(
+    api, fleet, clock
+):
     join = api.create_join_token(fleet)
     reg = api.register(join)
     api.heartbeat(reg["session_token"])
@@ -212,11 +259,23 @@ def test_every_assignment_fleetd_hands_out_is_one_the_agent_accepts(api, fleet):
     api.submit(resources={"gpus": 1}, env={"A": "1"}, max_runtime_seconds=60)
     api.submit(resources={"gpus": 0.5, "cpus": 2, "memory_bytes": 1 << 30})
     api.submit(resources={"gpus": 1}, priority_class="spot", bid=2.5)
-    created = api.post("/api/v1/instances", {"name": "web", "command": ["sleep", "1d"], "resources": {"gpus": 1},
-                                             "ports": [{"port": 8000, "protocol": "http"}], "volume_bytes": 1 << 30})
+    created = api.post(
+        "/api/v1/instances",
+        {
+            "name": "web",
+            "command": ["sleep", "1d"],
+            "resources": {"gpus": 1},
+            "ports": [{"port": 8000, "protocol": "http"}],
+            "volume_bytes": 1 << 30,
+        },
+    )
     assert created.status_code == 201, created.get_json()
-    reply = api.post("/api/v1/agent/acquire", {"wait_seconds": 0, "max_assignments": 64}, token=session,
-                     agent=True).get_json()
+    reply = api.post(
+        "/api/v1/agent/acquire",
+        {"wait_seconds": 0, "max_assignments": 64},
+        token=session,
+        agent=True,
+    ).get_json()
     assert len(reply["assignments"]) == 4
     kinds = set()
     for wire in reply["assignments"]:

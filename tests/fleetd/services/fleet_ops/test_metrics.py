@@ -1,4 +1,5 @@
-"""Observability: /metrics agrees with cluster status, DCGM-named GPU gauges, history, storage, gc."""
+"""Observability: /metrics agrees with cluster status, DCGM-named GPU gauges, history, storage,
+gc."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,13 +16,24 @@ def _enrol(api, name="n1", count=2):
     reported = gpus(count)
     for g in reported:
         g["uuid"] = f"{name}-{g['uuid']}"
-    reg = api.register(api.create_join_token("gpu-a"), machine_id=name, hostname=name, gpus=reported)
+    reg = api.register(
+        api.create_join_token("gpu-a"), machine_id=name, hostname=name, gpus=reported
+    )
     return reg["node_id"], reg["session_token"], reported
 
 
 def _readings(reported, util):
-    return {"gpus": {g["uuid"]: {"utilization_percent": util, "memory_used_bytes": 2**30, "temperature_c": 55,
-                                 "power_w": 300.5} for g in reported}}
+    return {
+        "gpus": {
+            g["uuid"]: {
+                "utilization_percent": util,
+                "memory_used_bytes": 2**30,
+                "temperature_c": 55,
+                "power_w": 300.5,
+            }
+            for g in reported
+        }
+    }
 
 
 def test_metrics_parse_and_gpu_totals_equal_cluster_status(api):
@@ -40,12 +52,18 @@ def test_metrics_parse_and_gpu_totals_equal_cluster_status(api):
     assert nodes == {"ready": 1, "pending": 1}
     util = families["DCGM_FI_DEV_GPU_UTIL"].samples
     assert {(s.labels["UUID"], s.labels["Hostname"], s.labels["gpu"], s.value) for s in util} == {
-        (g["uuid"], "n1", str(g["index"]), 87.0) for g in reported}
-    assert families["DCGM_FI_DEV_GPU_UTIL"].samples[0].labels["modelName"] == "NVIDIA H100 80GB HBM3"
+        (g["uuid"], "n1", str(g["index"]), 87.0) for g in reported
+    }
+    assert (
+        families["DCGM_FI_DEV_GPU_UTIL"].samples[0].labels["modelName"] == "NVIDIA H100 80GB HBM3"
+    )
     assert families["DCGM_FI_DEV_FB_USED"].samples[0].value == 1024.0
     assert {s.labels["state"]: s.value for s in families["fleetd_jobs"].samples}["running"] == 1
-    latency = [s for s in families["fleetd_http_request_duration_seconds"].samples
-               if s.name.endswith("_count") and s.labels["route"] == "/api/v1/agent/heartbeat"]
+    latency = [
+        s
+        for s in families["fleetd_http_request_duration_seconds"].samples
+        if s.name.endswith("_count") and s.labels["route"] == "/api/v1/agent/heartbeat"
+    ]
     assert latency and latency[0].value == 1
     assert families["fleetd_heartbeats"].samples[0].value == 1
 
@@ -61,7 +79,9 @@ def test_history_keeps_samples_for_the_window_asked_and_at_most_a_day(api, clock
     assert [s["gpu_util_percent"] for s in recent["samples"]] == [30.0]
     day = api.get("/api/v1/metrics/history?minutes=1440").get_json()
     assert [s["gpu_util_percent"] for s in day["samples"]] == [10.0, 20.0, 30.0]
-    assert len(day["gpus"]) == 2 and [s["utilization_percent"] for s in day["gpus"][0]["samples"]] == [10, 20, 30]
+    assert len(day["gpus"]) == 2 and [
+        s["utilization_percent"] for s in day["gpus"][0]["samples"]
+    ] == [10, 20, 30]
     assert api.get("/api/v1/metrics/history?minutes=1441").status_code == 400
     clock.advance(86400 - 1200)  # the first sample is now older than the 24 h retention
     assert api.run_task("gc")["cluster_samples"] == 1
@@ -73,7 +93,11 @@ def test_storage_is_measured_and_goes_stale(api, clock):
     assert status["storage"]["stale"] is True and status["storage"]["measured_at"] is None
     api.run_task("storage")
     storage = api.get("/api/v1/cluster/status").get_json()["storage"]
-    assert storage["stale"] is False and storage["database_bytes"] > 0 and storage["disk_total_bytes"] > 0
+    assert (
+        storage["stale"] is False
+        and storage["database_bytes"] > 0
+        and storage["disk_total_bytes"] > 0
+    )
     assert storage["watermark_percent"] == 85.0
     clock.advance(601)
     assert api.get("/api/v1/cluster/status").get_json()["storage"]["stale"] is True
@@ -83,7 +107,9 @@ def test_gc_dry_run_counts_and_real_run_removes_old_jobs_and_orphan_artifacts(ap
     api.create_fleet("gpu-a")
     _, session, _ = _enrol(api)
     api.heartbeat(session)
-    sha = api.call("PUT", "/api/v1/artifacts", data=b"data", headers={"X-Artifact-Name": "d"}).get_json()["sha256"]
+    sha = api.call(
+        "PUT", "/api/v1/artifacts", data=b"data", headers={"X-Artifact-Name": "d"}
+    ).get_json()["sha256"]
     old = api.submit(name="old", artifacts=[{"sha256": sha, "path": "d"}])
     assignment = api.start_task(session)
     api.task_call(session, assignment, "logs", lines=[["stdout", "hello"]])

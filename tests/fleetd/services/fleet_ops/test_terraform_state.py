@@ -24,9 +24,13 @@ def test_the_state_maps_each_node_of_the_fleet_to_its_status(api):
     nodes = state["outputs"]["nodes"]
     assert nodes["type"][0] == "map"
     assert set(nodes["value"]) == {ready, revoked}  # the other fleet's node is not there
-    assert nodes["value"][ready]["status"] == "ready" and nodes["value"][ready]["hostname"] == "host-a"
+    assert (
+        nodes["value"][ready]["status"] == "ready" and nodes["value"][ready]["hostname"] == "host-a"
+    )
     assert nodes["value"][revoked]["status"] == "revoked"
-    assert api.get("/api/v1/fleets/gpu-a/terraform-state").get_json() == state  # a bearer token works too
+    assert (
+        api.get("/api/v1/fleets/gpu-a/terraform-state").get_json() == state
+    )  # a bearer token works too
 
 
 def test_basic_credentials_are_taken_there_alone_and_checked_like_a_bearer_token(api, app):
@@ -36,7 +40,11 @@ def test_basic_credentials_are_taken_there_alone_and_checked_like_a_bearer_token
     cases = [
         ("/api/v1/fleets/gpu-a/terraform-state", _basic("fla_not.a-token"), 401),
         ("/api/v1/fleets/gpu-a/terraform-state", {"Authorization": "Basic %%%"}, 401),
-        ("/api/v1/fleets/gpu-a/terraform-state", {"Authorization": "Basic " + base64.b64encode(b"\xff").decode()}, 401),
+        (
+            "/api/v1/fleets/gpu-a/terraform-state",
+            {"Authorization": "Basic " + base64.b64encode(b"\xff").decode()},
+            401,
+        ),
         ("/api/v1/fleets/gpu-a/terraform-state", _basic(submitter), 403),
         ("/api/v1/fleets/gpu-a", _basic(api.token), 401),  # Basic is for Terraform's backend only
         ("/api/v1/fleets/no-such-fleet/terraform-state", _basic(api.token), 404),

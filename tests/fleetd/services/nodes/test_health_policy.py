@@ -17,8 +17,11 @@ def _node_events(api, node_id):
 
 
 def _health_steps(api, node_id):
-    return [(e["from_status"], e["to_status"], e["actor"]) for e in _node_events(api, node_id)
-            if e["kind"] == "node.health"]
+    return [
+        (e["from_status"], e["to_status"], e["actor"])
+        for e in _node_events(api, node_id)
+        if e["kind"] == "node.health"
+    ]
 
 
 def _metric(api, step):
@@ -35,20 +38,33 @@ def node(api):
     return api.ready_node(api.create_join_token(), "host-a", gpu_count=2)
 
 
-def test_a_gpu_fault_cordons_then_drains_after_the_tasks_and_the_node_returns_when_healthy(api, node):
+def test_a_gpu_fault_cordons_then_drains_after_the_tasks_and_the_node_returns_when_healthy(
+    api, node
+):
     node_id, session = node
-    hook = api.post("/api/v1/webhooks", {"url": "http://127.0.0.1:9/x", "secret": "0123456789abcdef",
-                                         "events": ["node.health"]}).get_json()
+    hook = api.post(
+        "/api/v1/webhooks",
+        {"url": "http://127.0.0.1:9/x", "secret": "0123456789abcdef", "events": ["node.health"]},
+    ).get_json()
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
 
     reply = api.heartbeat(session, gpus=_faulty())
     assert reply["status"] == "draining"  # cordoned, then draining: its task may finish
     shown = api.node(node_id)
-    assert "health policy" in shown["status_reason"] and "uncorrectable ECC error" in shown["status_reason"]
-    assert _health_steps(api, node_id) == [("ready", "cordoned", "fleetd"), ("cordoned", "draining", "fleetd")]
-    statuses = [(e["from_status"], e["to_status"], e["actor"]) for e in _node_events(api, node_id)
-                if e["kind"] == "node.status"]
+    assert (
+        "health policy" in shown["status_reason"]
+        and "uncorrectable ECC error" in shown["status_reason"]
+    )
+    assert _health_steps(api, node_id) == [
+        ("ready", "cordoned", "fleetd"),
+        ("cordoned", "draining", "fleetd"),
+    ]
+    statuses = [
+        (e["from_status"], e["to_status"], e["actor"])
+        for e in _node_events(api, node_id)
+        if e["kind"] == "node.status"
+    ]
     assert statuses[-2:] == [("ready", "cordoned", "fleetd"), ("cordoned", "draining", "fleetd")]
     assert api.submit(name="later", resources={"gpus": 1})["state"] == "queued"
 
@@ -60,8 +76,12 @@ def test_a_gpu_fault_cordons_then_drains_after_the_tasks_and_the_node_returns_wh
     api.heartbeat(session, gpus=gpus(2))  # the fault cleared
     assert api.node(node_id)["status"] == "ready"
     assert _health_steps(api, node_id)[-1] == ("drained", "ready", "fleetd")
-    assert _metric(api, "cordon") == 1 and _metric(api, "drain") == 1 and _metric(api, "return") == 1
-    kinds = [d["event"] for d in api.get(f"/api/v1/webhooks/{hook['id']}/deliveries").get_json()["items"]]
+    assert (
+        _metric(api, "cordon") == 1 and _metric(api, "drain") == 1 and _metric(api, "return") == 1
+    )
+    kinds = [
+        d["event"] for d in api.get(f"/api/v1/webhooks/{hook['id']}/deliveries").get_json()["items"]
+    ]
     assert kinds == ["node.health"] * 3
 
 
@@ -103,7 +123,9 @@ def test_an_operator_who_acts_on_a_held_node_takes_it_over(api, app, node):
     api.heartbeat(session, gpus=_faulty())
     assert api.node(node_id)["status"] == "cordoned"  # no drain in this policy
     ops = ApiClient(app, api.create_token("admin", name="ops"))
-    assert ops.post(f"/api/v1/nodes/{node_id}/cordon").status_code == 200  # the operator keeps it cordoned
+    assert (
+        ops.post(f"/api/v1/nodes/{node_id}/cordon").status_code == 200
+    )  # the operator keeps it cordoned
     api.heartbeat(session, gpus=gpus(2))
     assert api.node(node_id)["status"] == "cordoned"
 
@@ -111,8 +133,11 @@ def test_an_operator_who_acts_on_a_held_node_takes_it_over(api, app, node):
 def test_a_policy_that_does_not_return_nodes_leaves_them_out(api, node):
     node_id, session = node
     resp = api.patch("/api/v1/fleets/gpu-a", {"health_policy": {"uncordon_when_healthy": False}})
-    assert resp.get_json()["health_policy"] == {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
-                                                "uncordon_when_healthy": False}
+    assert resp.get_json()["health_policy"] == {
+        "cordon_on_gpu_fault": True,
+        "drain_after_seconds": 600,
+        "uncordon_when_healthy": False,
+    }
     api.heartbeat(session, gpus=_faulty())
     api.heartbeat(session, gpus=gpus(2))
     assert api.node(node_id)["status"] == "drained"
@@ -126,8 +151,12 @@ def test_a_policy_that_is_off_does_nothing(api, node):
     api.patch("/api/v1/fleets/gpu-a", {"health_policy": {"cordon_on_gpu_fault": False}})
     api.heartbeat(session, gpus=_faulty())
     assert api.node(node_id)["status"] == "ready"
-    assert api.patch("/api/v1/fleets/gpu-a", {"health_policy": None}).get_json()["health_policy"][
-        "cordon_on_gpu_fault"] is True
+    assert (
+        api.patch("/api/v1/fleets/gpu-a", {"health_policy": None}).get_json()["health_policy"][
+            "cordon_on_gpu_fault"
+        ]
+        is True
+    )
 
 
 def test_a_node_that_joins_with_a_bad_gpu_is_taken_out_at_once(api):
@@ -137,12 +166,23 @@ def test_a_node_that_joins_with_a_bad_gpu_is_taken_out_at_once(api):
     assert api.node(reg["node_id"])["status"] == "drained"
 
 
-@pytest.mark.parametrize("policy", [{"drain_after_seconds": -1}, {"cordon_on_gpu_fault": 1},
-                                    {"uncordon_when_healthy": None}, {"other": True}, "on"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"drain_after_seconds": -1},
+        {"cordon_on_gpu_fault": 1},
+        {"uncordon_when_healthy": None},
+        {"other": True},
+        "on",
+    ],
+)
 def test_bad_policies_are_refused(api, policy):
     assert api.post("/api/v1/fleets", {"name": "gpu-b", "health_policy": policy}).status_code == 400
 
 
 def test_a_new_fleet_has_the_default_policy(api):
-    assert api.create_fleet()["health_policy"] == {"cordon_on_gpu_fault": True, "drain_after_seconds": 600,
-                                                   "uncordon_when_healthy": True}
+    assert api.create_fleet()["health_policy"] == {
+        "cordon_on_gpu_fault": True,
+        "drain_after_seconds": 600,
+        "uncordon_when_healthy": True,
+    }

@@ -12,8 +12,11 @@ def ready_node(api):
 
 
 def _statuses(api, node_id):
-    return [(e["from_status"], e["to_status"]) for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
-            if e["kind"] == "node.status"]
+    return [
+        (e["from_status"], e["to_status"])
+        for e in api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
+        if e["kind"] == "node.status"
+    ]
 
 
 # ---------------------------------------------------------------- liveness
@@ -114,10 +117,16 @@ def test_cordon_and_uncordon(api, ready_node):
 
 def test_drain_of_an_idle_node_completes_at_once_with_reason_and_deadline(api, ready_node, clock):
     node_id, session = ready_node
-    node = api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "BIOS update", "deadline_seconds": 600}).get_json()
+    node = api.post(
+        f"/api/v1/nodes/{node_id}/drain", {"reason": "BIOS update", "deadline_seconds": 600}
+    ).get_json()
     assert node["status"] == "drained"
-    assert node["drain"] == {"reason": "BIOS update", "started_at": "2026-01-01T12:00:00.000Z",
-                             "deadline": "2026-01-01T12:10:00.000Z", "repair": False}
+    assert node["drain"] == {
+        "reason": "BIOS update",
+        "started_at": "2026-01-01T12:00:00.000Z",
+        "deadline": "2026-01-01T12:10:00.000Z",
+        "repair": False,
+    }
     assert api.heartbeat(session)["drain"]["reason"] == "BIOS update"
     assert _statuses(api, node_id)[-2:] == [("ready", "draining"), ("draining", "drained")]
 
@@ -126,9 +135,14 @@ def test_drain_waits_for_running_tasks_until_they_finish(api, ready_node):
     node_id, session = ready_node
     job = api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
-    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"] == "draining"
+    assert (
+        api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r"}).get_json()["status"]
+        == "draining"
+    )
     assert api.run_task("drains") == {"drained": 0, "requeued_jobs": 0}
-    assert api.submit(name="later", resources={"gpus": 1})["state"] == "queued"  # draining takes no new work
+    assert (
+        api.submit(name="later", resources={"gpus": 1})["state"] == "queued"
+    )  # draining takes no new work
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "succeeded"
     assert api.heartbeat(session)["status"] == "drained"
@@ -149,7 +163,9 @@ def test_drain_deadline_stops_and_requeues_running_tasks(api, ready_node, clock)
     assert node["status"] == "drained" and "stopped and requeued" in node["status_reason"]
     assert api.heartbeat(session, tasks=running)["cancel"] == [assignment["task_id"]]
     requeued = api.get(f"/api/v1/jobs/{job['id']}").get_json()
-    assert requeued["state"] == "queued" and requeued["attempt"] == 2  # requeued despite max_attempts 1
+    assert (
+        requeued["state"] == "queued" and requeued["attempt"] == 2
+    )  # requeued despite max_attempts 1
     api.task_call(session, assignment, "finish", expect=409, outcome="cancelled")
 
 
@@ -160,14 +176,17 @@ def test_undrain_returns_the_node_to_ready_and_clears_the_drain(api, ready_node)
     assert node["status"] == "ready" and node["drain"] is None
 
 
-@pytest.mark.parametrize("setup, action, body", [
-    ("drain", "cordon", None),
-    ("drain", "drain", {"reason": "again"}),
-    ("drain", "uncordon", None),
-    (None, "undrain", None),
-    ("revoke", "cordon", None),
-    ("revoke", "undrain", None),
-])
+@pytest.mark.parametrize(
+    "setup, action, body",
+    [
+        ("drain", "cordon", None),
+        ("drain", "drain", {"reason": "again"}),
+        ("drain", "uncordon", None),
+        (None, "undrain", None),
+        ("revoke", "cordon", None),
+        ("revoke", "undrain", None),
+    ],
+)
 def test_invalid_transitions_are_refused_with_409(api, ready_node, setup, action, body):
     node_id, _ = ready_node
     if setup:
@@ -219,7 +238,9 @@ def test_delete_is_refused_while_tasks_run_and_allowed_after(api, ready_node):
     api.submit(resources={"gpus": 1})
     assignment = api.start_task(session)
     resp = api.delete(f"/api/v1/nodes/{node_id}")
-    assert resp.status_code == 409 and resp.get_json()["error"]["details"]["tasks"] == [assignment["task_id"]]
+    assert resp.status_code == 409 and resp.get_json()["error"]["details"]["tasks"] == [
+        assignment["task_id"]
+    ]
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     assert api.delete(f"/api/v1/nodes/{node_id}").status_code == 204
     assert api.get(f"/api/v1/nodes/{node_id}").status_code == 404
@@ -247,7 +268,9 @@ def test_node_list_filters_and_paginates_in_sql(api):
     api.post(f"/api/v1/nodes/{ids[1]}/revoke")
     seen, cursor, pages = [], None, 0
     while pages < 10:
-        page = api.get("/api/v1/nodes", query_string={"limit": 3, **({"cursor": cursor} if cursor else {})}).get_json()
+        page = api.get(
+            "/api/v1/nodes", query_string={"limit": 3, **({"cursor": cursor} if cursor else {})}
+        ).get_json()
         seen += [n["id"] for n in page["items"]]
         pages += 1
         cursor = page["next_cursor"]
@@ -256,7 +279,9 @@ def test_node_list_filters_and_paginates_in_sql(api):
     assert seen == sorted(ids) and pages == 3
     fleet_a = api.get("/api/v1/nodes?fleet=gpu-a").get_json()["items"]
     assert {n["id"] for n in fleet_a} == set(ids[1::2])
-    assert [n["id"] for n in api.get("/api/v1/nodes?status=revoked").get_json()["items"]] == [ids[1]]
+    assert [n["id"] for n in api.get("/api/v1/nodes?status=revoked").get_json()["items"]] == [
+        ids[1]
+    ]
 
 
 def test_the_hostname_filter_finds_every_node_of_that_hostname_for_admins_and_submitters(api):
@@ -266,8 +291,12 @@ def test_the_hostname_filter_finds_every_node_of_that_hostname_for_admins_and_su
     other = api.register(join, machine_id="m-other", hostname="twin-2")["node_id"]
     submitter = ApiClient(api.app, api.create_token("submitter"))
     for client in (api, submitter):
-        assert [n["id"] for n in client.get("/api/v1/nodes?hostname=twin").get_json()["items"]] == twins
-        assert [n["id"] for n in client.get("/api/v1/nodes?hostname=twin-2").get_json()["items"]] == [other]
+        assert [
+            n["id"] for n in client.get("/api/v1/nodes?hostname=twin").get_json()["items"]
+        ] == twins
+        assert [
+            n["id"] for n in client.get("/api/v1/nodes?hostname=twin-2").get_json()["items"]
+        ] == [other]
         assert client.get("/api/v1/nodes?hostname=twi").get_json()["items"] == []
 
 
@@ -287,16 +316,34 @@ def test_cpu_only_hosts_are_told_apart_from_hosts_whose_driver_failed(api):
     broken = api.register(token, machine_id="broken-host", hostname="broken-host", gpu_count=0)
     assert api.node(gpu_node)["gpu_status"] == "ok"
     assert api.node(cpu["node_id"])["gpu_status"] == "cpu_only"
-    api.heartbeat(cpu["session_token"], metrics={"devices_reason": "no NVIDIA driver: NVML init failed: "
-                                                                    "NVML Shared Library Not Found"})
-    api.heartbeat(broken["session_token"], metrics={"devices_reason": "no NVIDIA driver: NVML init failed: "
-                                                                       "Driver/library version mismatch"})
-    shown = {n["hostname"]: (n["gpu_status"], n["gpu_status_reason"]) for n in api.get("/api/v1/nodes").get_json()["items"]}
+    api.heartbeat(
+        cpu["session_token"],
+        metrics={
+            "devices_reason": "no NVIDIA driver: NVML init failed: NVML Shared Library Not Found"
+        },
+    )
+    api.heartbeat(
+        broken["session_token"],
+        metrics={
+            "devices_reason": "no NVIDIA driver: NVML init failed: Driver/library version mismatch"
+        },
+    )
+    shown = {
+        n["hostname"]: (n["gpu_status"], n["gpu_status_reason"])
+        for n in api.get("/api/v1/nodes").get_json()["items"]
+    }
     assert shown["cpu-host"][0] == "cpu_only" and "Library Not Found" in shown["cpu-host"][1]
-    assert shown["broken-host"] == ("driver_error", "no NVIDIA driver: NVML init failed: Driver/library version mismatch")
+    assert shown["broken-host"] == (
+        "driver_error",
+        "no NVIDIA driver: NVML init failed: Driver/library version mismatch",
+    )
     assert shown["gpu-host"] == ("ok", "")
-    # The driver comes back with its GPUs: the host is a GPU host again, and its events say each step.
+    # The driver comes back with its GPUs: the host is a GPU host again, and its events say each
+    # step.
     api.heartbeat(broken["session_token"], gpus=gpus(2), metrics={})
     assert api.node(broken["node_id"])["gpu_status"] == "ok"
-    reasons = [e["reason"] for e in api.get(f"/api/v1/nodes/{broken['node_id']}/events").get_json()["items"]]
+    reasons = [
+        e["reason"]
+        for e in api.get(f"/api/v1/nodes/{broken['node_id']}/events").get_json()["items"]
+    ]
     assert any(r.startswith("GPUs: driver_error") for r in reasons) and "GPUs: ok" in reasons

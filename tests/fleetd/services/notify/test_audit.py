@@ -21,12 +21,25 @@ def test_cordon_by_a_named_token_records_that_token(api, app):
     events = _events(api, f"/api/v1/nodes/{node_id}/events")
     cordon = [e for e in events if e["to_status"] == "cordoned"]
     assert [e["actor"] for e in cordon] == ["token:night-ops"]
-    [night_ops] = [t["id"] for t in api.get("/api/v1/tokens").get_json()["items"] if t["name"] == "night-ops"]
+    [night_ops] = [
+        t["id"] for t in api.get("/api/v1/tokens").get_json()["items"] if t["name"] == "night-ops"
+    ]
     assert [e["actor_token_id"] for e in cordon] == [night_ops]
-    assert set(events[0]) == {"id", "at", "kind", "subject", "from_status", "to_status", "reason", "actor",
-                              "actor_token_id"}
+    assert set(events[0]) == {
+        "id",
+        "at",
+        "kind",
+        "subject",
+        "from_status",
+        "to_status",
+        "reason",
+        "actor",
+        "actor_token_id",
+    }
     # registration and the first heartbeat were the node's own doing
-    first = [e for e in events if e["kind"] == "node.registered" or e["reason"] == "first heartbeat"]
+    first = [
+        e for e in events if e["kind"] == "node.registered" or e["reason"] == "first heartbeat"
+    ]
     assert {e["actor"] for e in first} == {f"node:{node_id}"} and len(first) == 2
 
 
@@ -40,7 +53,11 @@ def test_a_lost_node_is_fleetds_decision_even_when_an_admin_runs_the_sweep(make_
     assert [e["actor"] for e in lost] == ["fleetd"]
     api.heartbeat(session)
     back = _events(api, f"/api/v1/nodes/{node_id}/events")[-1]
-    assert (back["from_status"], back["to_status"], back["actor"]) == ("lost", "ready", f"node:{node_id}")
+    assert (back["from_status"], back["to_status"], back["actor"]) == (
+        "lost",
+        "ready",
+        f"node:{node_id}",
+    )
 
 
 def test_a_finish_report_is_the_nodes_and_the_submit_the_tokens(api, app):
@@ -54,7 +71,9 @@ def test_a_finish_report_is_the_nodes_and_the_submit_the_tokens(api, app):
     for e in events:
         by_kind.setdefault((e["kind"], e["to_status"]), e["actor"])
     assert by_kind[("job.submitted", "queued")] == "token:ci-bot"
-    assert by_kind[("job.state", "running")] == "fleetd"  # the scheduler placed it, though the submit kicked
+    assert (
+        by_kind[("job.state", "running")] == "fleetd"
+    )  # the scheduler placed it, though the submit kicked
     assert by_kind[("task.state", "succeeded")] == f"node:{node_id}"
     assert by_kind[("job.state", "succeeded")] == f"node:{node_id}"
 
@@ -94,7 +113,11 @@ def test_node_events_in_the_cli_and_the_ui_show_the_actor(api, app, monkeypatch)
     monkeypatch.setattr(remote, "Client", _TestClient(api))  # the client of every REST command
     out = CliRunner().invoke(cli, ["node", "events", node_id, "--url", "http://x", "--token", "t"])
     assert out.exit_code == 0, out.output
-    assert "ACTOR" in out.output and "token:night-ops" in out.output and f"node:{node_id}" in out.output
+    assert (
+        "ACTOR" in out.output
+        and "token:night-ops" in out.output
+        and f"node:{node_id}" in out.output
+    )
     ui = UiClient(app)
     ui.login(api.token)
     page = ui.text(f"/ui/nodes/{node_id}")
@@ -105,13 +128,25 @@ def test_a_bootstrap_run_is_recorded_on_its_node_by_the_operators_token(api, app
     node_id, _ = _enrol(api)
     ops = ApiClient(app, api.create_token("admin", name="rollout"))
     sha = "ab" * 32
-    run = {"kind": "node.bootstrap", "host": "root@10.0.0.7:22", "outcome": "upgraded", "bundle_version": "0.1.1",
-           "bundle_sha256": sha, "detail": "upgraded, restarted"}
+    run = {
+        "kind": "node.bootstrap",
+        "host": "root@10.0.0.7:22",
+        "outcome": "upgraded",
+        "bundle_version": "0.1.1",
+        "bundle_sha256": sha,
+        "detail": "upgraded, restarted",
+    }
     resp = ops.post(f"/api/v1/nodes/{node_id}/events", run)
     assert resp.status_code == 201, resp.get_json()
     event = resp.get_json()
-    assert (event["kind"], event["subject"], event["actor"]) == ("node.bootstrap", f"node/{node_id}", "token:rollout")
-    assert event["reason"] == f"bootstrap on root@10.0.0.7:22: upgraded; bundle 0.1.1, sha256 {sha}; upgraded, restarted"
+    assert (event["kind"], event["subject"], event["actor"]) == (
+        "node.bootstrap",
+        f"node/{node_id}",
+        "token:rollout",
+    )
+    assert event["reason"] == (
+        f"bootstrap on root@10.0.0.7:22: upgraded; bundle 0.1.1, sha256 {sha}; upgraded, restarted"
+    )
     assert _events(api, f"/api/v1/nodes/{node_id}/events")[-1] == event
 
 
@@ -120,10 +155,22 @@ def test_recording_a_bootstrap_run_is_for_admins_and_checks_what_it_records(api,
     good = {"kind": "node.bootstrap", "host": "h", "outcome": "enrolled"}
     submitter = ApiClient(app, api.create_token("submitter", name="ci-bot"))
     assert submitter.post(f"/api/v1/nodes/{node_id}/events", good).status_code == 403
-    assert api.post("/api/v1/nodes/no-such-node/events", good).get_json()["error"]["code"] == "not_found"
+    assert (
+        api.post("/api/v1/nodes/no-such-node/events", good).get_json()["error"]["code"]
+        == "not_found"
+    )
     before = _events(api, f"/api/v1/nodes/{node_id}/events")
-    for bad in ({**good, "kind": "node.status"}, {**good, "outcome": "exploded"}, {**good, "host": ""},
-                {**good, "bundle_sha256": "xyz"}, {**good, "detail": "x" * 1001}, {"kind": "node.bootstrap"}):
+    for bad in (
+        {**good, "kind": "node.status"},
+        {**good, "outcome": "exploded"},
+        {**good, "host": ""},
+        {**good, "bundle_sha256": "xyz"},
+        {**good, "detail": "x" * 1001},
+        {"kind": "node.bootstrap"},
+    ):
         resp = api.post(f"/api/v1/nodes/{node_id}/events", bad)
-        assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "invalid_request", (bad, resp.get_json())
+        assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "invalid_request", (
+            bad,
+            resp.get_json(),
+        )
     assert _events(api, f"/api/v1/nodes/{node_id}/events") == before

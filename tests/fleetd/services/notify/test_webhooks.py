@@ -1,4 +1,5 @@
-"""Webhooks against a real local HTTP receiver: signature, retries with back-off, the delivery history."""
+"""Webhooks against a real local HTTP receiver: signature, retries with back-off, the delivery
+history."""
 
 import base64
 import hashlib
@@ -55,13 +56,23 @@ def test_a_lost_node_is_delivered_signed_and_retried_after_a_500(env, receiver, 
     assert api.run_task("webhooks")["retrying"] == 1
     [failed] = _deliveries(api, hook["id"])
     assert (failed["attempts"], failed["status_code"], failed["error"]) == (1, 500, "HTTP 500")
-    assert api.run_task("webhooks") == {"delivered": 0, "retrying": 0, "given_up": 0, "forgotten": 0}  # backing off
+    assert api.run_task("webhooks") == {
+        "delivered": 0,
+        "retrying": 0,
+        "given_up": 0,
+        "forgotten": 0,
+    }  # backing off
     assert len(receiver.requests) == 1
 
     clock.advance(5)
     assert api.run_task("webhooks")["delivered"] == 1
     [done] = _deliveries(api, hook["id"])
-    assert (done["attempts"], done["status_code"], done["error"], done["state"]) == (2, 204, "", "delivered")
+    assert (done["attempts"], done["status_code"], done["error"], done["state"]) == (
+        2,
+        204,
+        "",
+        "delivered",
+    )
     assert set(done) >= {"id", "event", "at", "status_code", "attempts", "error"}
     assert len(receiver.requests) == 2
     for path, headers, body in receiver.requests:
@@ -85,14 +96,23 @@ def test_a_receiver_that_keeps_failing_is_given_up_after_bounded_attempts(env, r
     app, api = env
     hook = _hook(api, receiver.url, ["node.drained"])
     node_id, _ = api.ready_node(api.create_join_token(), "host-a")
-    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}).status_code == 200
+    assert (
+        api.post(
+            f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}
+        ).status_code
+        == 200
+    )
     receiver.statuses = [503] * 20
     for attempt in range(1, 9):
         result = api.run_task("webhooks")
         [d] = _deliveries(api, hook["id"])
         assert d["attempts"] == attempt
         clock.advance(3600)
-    assert result["given_up"] == 1 and d["state"] == "failed" and d["error"].startswith("gave up after 8 attempts")
+    assert (
+        result["given_up"] == 1
+        and d["state"] == "failed"
+        and d["error"].startswith("gave up after 8 attempts")
+    )
     assert api.run_task("webhooks")["given_up"] == 0 and len(receiver.requests) == 8
 
 
@@ -120,20 +140,26 @@ def test_only_subscribed_kinds_are_queued_and_a_deleted_hook_stops(env, receiver
     assert api.run_task("webhooks")["delivered"] == 0 and receiver.requests == []
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"url": "ftp://127.0.0.1/x"}, "url"),
-    ({"url": "http:///nohost"}, "url"),
-    ({"url": "https://user:pw@example.com/x"}, "url"),
-    ({"url": "not a url"}, "url"),
-    ({"url": "http://127.0.0.1:99999/x"}, "url"),
-    ({"secret": "short"}, "secret"),
-    ({"secret": "x" * 257}, "secret"),
-    ({"events": []}, "events"),
-    ({"events": ["node.exploded"]}, "events"),
-    ({"events": "node.lost"}, "events"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"url": "ftp://127.0.0.1/x"}, "url"),
+        ({"url": "http:///nohost"}, "url"),
+        ({"url": "https://user:pw@example.com/x"}, "url"),
+        ({"url": "not a url"}, "url"),
+        ({"url": "http://127.0.0.1:99999/x"}, "url"),
+        ({"secret": "short"}, "secret"),
+        ({"secret": "x" * 257}, "secret"),
+        ({"events": []}, "events"),
+        ({"events": ["node.exploded"]}, "events"),
+        ({"events": "node.lost"}, "events"),
+    ],
+)
 def test_bad_webhooks_are_refused(api, body, field):
-    full = dict({"url": "https://hooks.example.com/fleetd", "secret": SECRET, "events": ["node.lost"]}, **body)
+    full = dict(
+        {"url": "https://hooks.example.com/fleetd", "secret": SECRET, "events": ["node.lost"]},
+        **body,
+    )
     resp = api.post("/api/v1/webhooks", full)
     assert resp.status_code == 400, resp.get_json()
     assert field in resp.get_json()["error"]["details"]["fields"]["json"]
@@ -142,8 +168,13 @@ def test_bad_webhooks_are_refused(api, body, field):
 def test_webhooks_are_for_admins_only(api, app):
     submitter = ApiClient(app, api.create_token("submitter"))
     assert submitter.get("/api/v1/webhooks").status_code == 403
-    assert submitter.post("/api/v1/webhooks", {"url": "https://h.example/x", "secret": SECRET,
-                                                "events": ["node.lost"]}).status_code == 403
+    assert (
+        submitter.post(
+            "/api/v1/webhooks",
+            {"url": "https://h.example/x", "secret": SECRET, "events": ["node.lost"]},
+        ).status_code
+        == 403
+    )
 
 
 def test_webhook_kinds_of_events():
@@ -164,45 +195,66 @@ def test_webhook_kinds_of_events():
     assert webhook_kind("task.state", "running", "failed") is None
 
 
-def test_deliveries_verify_with_the_standard_webhooks_library_and_keep_their_id_across_retries(env, receiver, clock):
+def test_deliveries_verify_with_the_standard_webhooks_library_and_keep_their_id_across_retries(
+    env, receiver, clock
+):
     app, api = env
     hook = _hook(api, receiver.url, ["node.drained"])
     node_id, _ = api.ready_node(api.create_join_token(), "host-a")
-    assert api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}).status_code == 200
+    assert (
+        api.post(
+            f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60}
+        ).status_code
+        == 200
+    )
     receiver.statuses = [500]
     assert api.run_task("webhooks")["retrying"] == 1
     clock.advance(5)
     assert api.run_task("webhooks")["delivered"] == 1
     [delivery] = _deliveries(api, hook["id"])
 
-    # The receiver's key is the secret's bytes: `whsec_` + base64 of them in the specification's form.
+    # The receiver's key is the secret's bytes: `whsec_` + base64 of them in the specification's
+    # form.
     whsec = "whsec_" + base64.b64encode(SECRET.encode()).decode()
     for verifier in (standardwebhooks.Webhook(whsec), standardwebhooks.Webhook(SECRET.encode())):
         for _path, headers, body in receiver.requests:
             assert verifier.verify(body, headers)["id"] == delivery["id"]
-    assert [r[1]["webhook-id"] for r in receiver.requests] == [delivery["id"]] * 2  # stable across the retry
-    assert all(_signed(headers, body) for _path, headers, body in receiver.requests)  # the old header stays
+    assert [r[1]["webhook-id"] for r in receiver.requests] == [
+        delivery["id"]
+    ] * 2  # stable across the retry
+    assert all(
+        _signed(headers, body) for _path, headers, body in receiver.requests
+    )  # the old header stays
     assert all(r[1]["Host"] == receiver.url.split("/")[2] for r in receiver.requests)
 
     _path, headers, body = receiver.requests[-1]
     with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
         standardwebhooks.Webhook(whsec).verify(body.replace(b"node.drained", b"node.lost"), headers)
     with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError, match="too old"):
-        standardwebhooks.Webhook(whsec).verify(body, dict(headers, **{
-            "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}))
+        standardwebhooks.Webhook(whsec).verify(
+            body,
+            dict(headers, **{"webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}),
+        )
     with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
-        standardwebhooks.Webhook("whsec_" + base64.b64encode(b"another secret").decode()).verify(body, headers)
+        standardwebhooks.Webhook("whsec_" + base64.b64encode(b"another secret").decode()).verify(
+            body, headers
+        )
 
 
-@pytest.mark.parametrize("url", [
-    "http://[::127.0.0.1]:8080/hook",  # IPv4-compatible (::/96)
-    "http://[::ffff:0:127.0.0.1]/hook",  # IPv4-translated (SIIT)
-    "http://①②⑦.0.0.1/hook",  # the resolver's IDNA codec reads the circled digits as 127
-    "http://127。0。0。1/hook",  # ... and the ideographic full stop as a dot
-    "http://１２７．０．０．１:8080/hook",
-    "http://ｌｏｃａｌｈｏｓｔ/hook",
-])
-def test_webhook_targets_that_the_resolver_reads_as_loopback_are_refused_at_create(make_app, clock, url):
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::127.0.0.1]:8080/hook",  # IPv4-compatible (::/96)
+        "http://[::ffff:0:127.0.0.1]/hook",  # IPv4-translated (SIIT)
+        "http://①②⑦.0.0.1/hook",  # the resolver's IDNA codec reads the circled digits as 127
+        "http://127。0。0。1/hook",  # ... and the ideographic full stop as a dot
+        "http://１２７．０．０．１:8080/hook",
+        "http://ｌｏｃａｌｈｏｓｔ/hook",
+    ],
+)
+def test_webhook_targets_that_the_resolver_reads_as_loopback_are_refused_at_create(
+    make_app, clock, url
+):
     api = admin_client(make_app(webhooks_allow_targets=""), clock)
     resp = api.post("/api/v1/webhooks", {"url": url, "secret": SECRET, "events": ["node.lost"]})
     assert resp.status_code == 400, resp.get_json()
@@ -212,22 +264,41 @@ def test_webhook_targets_that_the_resolver_reads_as_loopback_are_refused_at_crea
     assert api.get("/api/v1/webhooks").get_json()["items"] == []
 
 
-def test_an_ipv4_compatible_target_is_judged_by_its_ipv4_address_and_names_stay_unresolved(make_app, clock):
+def test_an_ipv4_compatible_target_is_judged_by_its_ipv4_address_and_names_stay_unresolved(
+    make_app, clock
+):
     api = admin_client(make_app(webhooks_allow_targets="127.0.0.0/8"), clock)
-    for url in ("http://[::127.0.0.1]:8080/hook", "https://bücher.example/hook", "https://8.8.8.8/x"):
+    for url in (
+        "http://[::127.0.0.1]:8080/hook",
+        "https://bücher.example/hook",
+        "https://8.8.8.8/x",
+    ):
         resp = api.post("/api/v1/webhooks", {"url": url, "secret": SECRET, "events": ["node.lost"]})
         assert resp.status_code == 201, (url, resp.get_json())
-    resp = api.post("/api/v1/webhooks", {"url": "http://[::10.0.0.1]/", "secret": SECRET, "events": ["node.lost"]})
+    resp = api.post(
+        "/api/v1/webhooks",
+        {"url": "http://[::10.0.0.1]/", "secret": SECRET, "events": ["node.lost"]},
+    )
     assert resp.status_code == 400 and "10.0.0.1" in resp.get_json()["error"]["message"]
-    unreadable = "http://" + "ü" * 64 + ".example/hook"  # a label IDNA refuses: no resolver could look it up
-    resp = api.post("/api/v1/webhooks", {"url": unreadable, "secret": SECRET, "events": ["node.lost"]})
+    unreadable = (
+        "http://" + "ü" * 64 + ".example/hook"
+    )  # a label IDNA refuses: no resolver could look it up
+    resp = api.post(
+        "/api/v1/webhooks", {"url": unreadable, "secret": SECRET, "events": ["node.lost"]}
+    )
     assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["json"]["url"]
 
 
-def test_a_standard_webhooks_secret_signs_with_its_decoded_key_so_the_receivers_library_verifies(env, receiver):
+def test_a_standard_webhooks_secret_signs_with_its_decoded_key_so_the_receivers_library_verifies(
+    env, receiver
+):
     app, api = env
-    whsec = "whsec_" + base64.b64encode(bytes(range(7, 39))).decode()  # as receivers' libraries make them
-    resp = api.post("/api/v1/webhooks", {"url": receiver.url, "secret": whsec, "events": ["node.drained"]})
+    whsec = (
+        "whsec_" + base64.b64encode(bytes(range(7, 39))).decode()
+    )  # as receivers' libraries make them
+    resp = api.post(
+        "/api/v1/webhooks", {"url": receiver.url, "secret": whsec, "events": ["node.drained"]}
+    )
     assert resp.status_code == 201, resp.get_json()
     node_id, _ = api.ready_node(api.create_join_token(), "host-a")
     api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "rma", "deadline_seconds": 60})
@@ -237,13 +308,20 @@ def test_a_standard_webhooks_secret_signs_with_its_decoded_key_so_the_receivers_
     unpadded = whsec.rstrip("=")
     assert standardwebhooks.Webhook(unpadded).verify(body, headers)["kind"] == "node.drained"
     # fleetd's own header keeps its contract: the HMAC of the body with the secret as given.
-    assert headers["X-Fleetd-Signature"] == "sha256=" + hmac.new(whsec.encode(), body, hashlib.sha256).hexdigest()
+    assert (
+        headers["X-Fleetd-Signature"]
+        == "sha256=" + hmac.new(whsec.encode(), body, hashlib.sha256).hexdigest()
+    )
 
 
-@pytest.mark.parametrize("secret", ["whsec_this is not base64!!", "whsec_" + base64.b64encode(b"twelve bytes").decode()])
+@pytest.mark.parametrize(
+    "secret", ["whsec_this is not base64!!", "whsec_" + base64.b64encode(b"twelve bytes").decode()]
+)
 def test_a_malformed_standard_webhooks_secret_is_refused_at_create(api, secret):
-    resp = api.post("/api/v1/webhooks", {"url": "https://hooks.example.com/x", "secret": secret,
-                                         "events": ["node.lost"]})
+    resp = api.post(
+        "/api/v1/webhooks",
+        {"url": "https://hooks.example.com/x", "secret": secret, "events": ["node.lost"]},
+    )
     assert resp.status_code == 400, resp.get_json()
     error = resp.get_json()["error"]
     assert error["code"] == "invalid_request" and "whsec_" in error["message"]

@@ -14,14 +14,21 @@ def test_only_admins_see_every_running_job_others_see_their_own_and_counts(api):
     api.create_fleet()
     reg = api.register(api.create_join_token(), gpu_count=4)
     api.heartbeat(reg["session_token"])
-    alice, bob, metrics = (api.create_token("submitter", "alice"), api.create_token("submitter", "bob"),
-                           api.create_token("metrics", "prom"))
+    alice, bob, metrics = (
+        api.create_token("submitter", "alice"),
+        api.create_token("submitter", "bob"),
+        api.create_token("metrics", "prom"),
+    )
     _running(api, alice, "alice-secret-project")
     _running(api, alice, "alice-second")
     mine = _running(api, bob, "bob-job")
 
     every = api.get("/api/v1/cluster/status").get_json()
-    assert sorted(j["name"] for j in every["active_jobs"]) == ["alice-second", "alice-secret-project", "bob-job"]
+    assert sorted(j["name"] for j in every["active_jobs"]) == [
+        "alice-second",
+        "alice-secret-project",
+        "bob-job",
+    ]
     assert every["other_active_jobs"] == {"count": 0, "gpus": 0}
 
     as_bob = ApiClient(api.app, bob).get("/api/v1/cluster/status").get_json()
@@ -31,13 +38,18 @@ def test_only_admins_see_every_running_job_others_see_their_own_and_counts(api):
     assert "alice" not in str(as_bob)
 
     as_metrics = ApiClient(api.app, metrics).get("/api/v1/cluster/status").get_json()
-    assert as_metrics["active_jobs"] == [] and as_metrics["other_active_jobs"] == {"count": 3, "gpus": 3}
+    assert as_metrics["active_jobs"] == [] and as_metrics["other_active_jobs"] == {
+        "count": 3,
+        "gpus": 3,
+    }
     assert as_metrics["gpu"]["used"] == 3
 
     ui = UiClient(api.app)
     ui.login(bob)
     page = ui.text("/ui/")
-    assert "bob-job" in page and "alice" not in page and "2 jobs of others running on 2 GPUs" in page
+    assert (
+        "bob-job" in page and "alice" not in page and "2 jobs of others running on 2 GPUs" in page
+    )
     ui = UiClient(api.app)
     ui.login(api.token)
     assert "alice-secret-project" in ui.text("/ui/")
@@ -65,6 +77,10 @@ def test_the_allocation_view_can_be_asked_for_one_node(api):
     whole = api.get("/api/v1/cluster/allocation").get_json()
     assert len(whole["gpus"]) == 5 and set(whole["nodes"]) == {n1, n2}
     one = api.get(f"/api/v1/cluster/allocation?node_id={n2}").get_json()
-    assert {g["node_id"] for g in one["gpus"]} == {n2} and len(one["gpus"]) == 3 and set(one["nodes"]) == {n2}
+    assert (
+        {g["node_id"] for g in one["gpus"]} == {n2}
+        and len(one["gpus"]) == 3
+        and set(one["nodes"]) == {n2}
+    )
     assert all(a["node_id"] == n2 for a in one["allocations"])
     assert api.get("/api/v1/cluster/allocation?node_id=unknown").get_json()["gpus"] == []

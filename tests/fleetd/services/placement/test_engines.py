@@ -1,6 +1,6 @@
-"""Placement engines kept between passes (fleetd.services.placement.engines): after any sequence of events,
-restarts of fleetd among them, the engine a pass decides with holds exactly what one built afresh
-from the tables would."""
+"""Placement engines kept between passes (fleetd.services.placement.engines): after any sequence of
+events, restarts of fleetd among them, the engine a pass decides with holds exactly what one built
+afresh from the tables would."""
 
 import uuid
 
@@ -15,11 +15,35 @@ from tests.support.examples import examples
 from tests.support.gpus import gpus as gpu_list
 from tests.support.http import ApiClient
 
-OPS = st.lists(st.tuples(
-    st.sampled_from(["register", "submit", "submit_other", "submit_any", "start", "finish", "cancel", "cordon",
-                     "uncordon", "drain", "undrain", "gpus", "sick", "silence", "heartbeat", "window", "revoke",
-                     "restart"]),
-    st.integers(min_value=0, max_value=3)), min_size=1, max_size=24)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "register",
+                "submit",
+                "submit_other",
+                "submit_any",
+                "start",
+                "finish",
+                "cancel",
+                "cordon",
+                "uncordon",
+                "drain",
+                "undrain",
+                "gpus",
+                "sick",
+                "silence",
+                "heartbeat",
+                "window",
+                "revoke",
+                "restart",
+            ]
+        ),
+        st.integers(min_value=0, max_value=3),
+    ),
+    min_size=1,
+    max_size=24,
+)
 
 
 def _checked(rt, seen):
@@ -45,8 +69,10 @@ class _Fleet:
         self.restart = restart  # () -> a new app over the same database (fleetd restarted)
         api.create_fleet("gpu-a")
         api.create_fleet("gpu-b")
-        self.joins = {"gpu-a": api.create_join_token("gpu-a", max_uses=100),
-                      "gpu-b": api.create_join_token("gpu-b", max_uses=100)}
+        self.joins = {
+            "gpu-a": api.create_join_token("gpu-a", max_uses=100),
+            "gpu-b": api.create_join_token("gpu-b", max_uses=100),
+        }
         self.nodes = {}  # n -> (node id, session token)
         self.running = []  # (session, assignment)
 
@@ -65,15 +91,25 @@ class _Fleet:
                 fleet = "gpu-a" if n % 2 == 0 else "gpu-b"
                 self.nodes[n] = api.ready_node(self.joins[fleet], name, gpu_count=n + 1)
         elif op.startswith("submit"):
-            selector = {"submit": {"fleet": "gpu-a"}, "submit_other": {"fleet": "gpu-b"}, "submit_any": {}}[op]
+            selector = {
+                "submit": {"fleet": "gpu-a"},
+                "submit_other": {"fleet": "gpu-b"},
+                "submit_any": {},
+            }[op]
             gpus = [1, 0.5, 2, 8][n]
             api.submit(resources={"gpus": gpus}, node_selector=selector)
         elif op == "start":  # every node starts what it was given
             for _, session in self.nodes.values():
-                resp = api.post("/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True)
+                resp = api.post(
+                    "/api/v1/agent/acquire", {"wait_seconds": 0}, token=session, agent=True
+                )
                 assignment = resp.get_json().get("assignment") if resp.status_code == 200 else None
-                if assignment is not None and self._agent(session, f"tasks/{assignment['task_id']}/start",
-                                                          epoch=assignment["epoch"], pid=4242):
+                if assignment is not None and self._agent(
+                    session,
+                    f"tasks/{assignment['task_id']}/start",
+                    epoch=assignment["epoch"],
+                    pid=4242,
+                ):
                     self.running.append((session, assignment))
         elif op == "restart":  # what fleetd keeps in memory starts empty; the tables stay
             if self.restart is not None:
@@ -81,8 +117,13 @@ class _Fleet:
         elif op == "finish":  # the n-th running task ends
             if self.running:
                 session, assignment = self.running.pop(n % len(self.running))
-                self._agent(session, f"tasks/{assignment['task_id']}/finish", epoch=assignment["epoch"],
-                            outcome="succeeded", exit_code=0)
+                self._agent(
+                    session,
+                    f"tasks/{assignment['task_id']}/finish",
+                    epoch=assignment["epoch"],
+                    outcome="succeeded",
+                    exit_code=0,
+                )
         elif n in self.nodes:
             self._node_op(op, n)
 
@@ -105,7 +146,10 @@ class _Fleet:
         elif op == "heartbeat":
             self._agent(session, "heartbeat", tasks=[])
         elif op == "window":
-            api.patch("/api/v1/fleets/gpu-b", {"availability": {"windows": [{"start": f"0{n}:00", "end": "01:00"}]}})
+            api.patch(
+                "/api/v1/fleets/gpu-b",
+                {"availability": {"windows": [{"start": f"0{n}:00", "end": "01:00"}]}},
+            )
         elif op == "drain":
             api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 3600})
         else:
@@ -118,10 +162,15 @@ class _Fleet:
         return resp.status_code < 300
 
 
-@hypothesis.settings(max_examples=examples(40), deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
 @hypothesis.given(ops=OPS)
-def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(make_app, clock, tmp_path, ops):
+def test_a_kept_engine_holds_what_a_fresh_one_would_after_any_events(
+    make_app, clock, tmp_path, ops
+):
     data_dir = str(tmp_path / uuid.uuid4().hex)
     seen = []
 
@@ -146,8 +195,19 @@ def test_passes_bring_a_kept_engine_up_to_date_node_by_node(api, clock):
         fleet.do("register", n)
     fleet.do("submit", 0)
     built = rt.engines.built
-    for op, n in [("submit", 0), ("start", 0), ("start", 2), ("submit", 1), ("finish", 0), ("submit", 0),
-                  ("cordon", 2), ("submit", 3), ("uncordon", 2), ("silence", 0), ("submit", 1)]:
+    for op, n in [
+        ("submit", 0),
+        ("start", 0),
+        ("start", 2),
+        ("submit", 1),
+        ("finish", 0),
+        ("submit", 0),
+        ("cordon", 2),
+        ("submit", 3),
+        ("uncordon", 2),
+        ("silence", 0),
+        ("submit", 1),
+    ]:
         fleet.do(op, n)
     assert rt.engines.built == built  # no node joined or left: the same engines, brought up to date
     assert rt.engines.refreshed > 0
@@ -171,6 +231,7 @@ def test_an_engine_is_built_afresh_when_nodes_join_and_kept_per_candidate_set(ap
 
 def _summary_of_rows(rows):
     """The gpu part of cluster status, counted from the allocation view's rows (one per GPU)."""
+
     def counts(of):
         out = {"total": len(of), "used": 0, "free": 0, "blocked": 0}
         for row in of:
@@ -186,21 +247,33 @@ def _summary_of_rows(rows):
     return counts(rows), {sid: (of[0]["model"], counts(of)) for sid, of in by_series.items()}, notes
 
 
-@hypothesis.settings(max_examples=examples(25), deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.settings(
+    max_examples=examples(25),
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
 @hypothesis.given(ops=OPS)
-def test_the_gpu_summary_counts_every_gpu_as_its_allocation_row_classifies_it(make_app, clock, tmp_path, ops):
+def test_the_gpu_summary_counts_every_gpu_as_its_allocation_row_classifies_it(
+    make_app, clock, tmp_path, ops
+):
     app = make_app(data_dir=str(tmp_path / uuid.uuid4().hex), failover_grace_seconds=0)
     rt = app.extensions["fleetd"]
     fleet = _Fleet(admin_client(app, clock), clock)
     # gpu-b leaves faulty GPUs in service: they are blocked one by one, not by a cordon.
-    assert fleet.api.patch("/api/v1/fleets/gpu-b", {"health_policy": {"cordon_on_gpu_fault": False}}).status_code == 200
+    assert (
+        fleet.api.patch(
+            "/api/v1/fleets/gpu-b", {"health_policy": {"cordon_on_gpu_fault": False}}
+        ).status_code
+        == 200
+    )
     fleet.play(ops + [("sick", 1)])
     with app.app_context():
         state = current_state(rt)
         summary = gpu_summary(state, {})
         overall, series, notes = _summary_of_rows(state.gpu_rows())
     assert {k: summary[k] for k in ("total", "used", "free", "blocked")} == overall
-    assert {s["id"]: (s["label"], {k: s[k] for k in ("total", "used", "free", "blocked")})
-            for s in summary["series"]} == series
+    assert {
+        s["id"]: (s["label"], {k: s[k] for k in ("total", "used", "free", "blocked")})
+        for s in summary["series"]
+    } == series
     assert {(n["code"], n["series"]): n["count"] for n in summary["blocked_notes"]} == notes

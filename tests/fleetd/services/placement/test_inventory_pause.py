@@ -24,7 +24,9 @@ def _read(rt, in_write=False):
             return rt.inventory.get()
 
 
-def test_a_full_read_pauses_between_chunks_and_reads_what_a_read_in_one_go_reads(app, nodes, monkeypatch):
+def test_a_full_read_pauses_between_chunks_and_reads_what_a_read_in_one_go_reads(
+    app, nodes, monkeypatch
+):
     rt = app.extensions["fleetd"]
     whole = _read(rt)
     pauses = []

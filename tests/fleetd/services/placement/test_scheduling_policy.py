@@ -1,4 +1,5 @@
-"""Capacity truth, simulate-schedule, GPU prices and bids, quotas, availability windows, preemption."""
+"""Capacity truth, simulate-schedule, GPU prices and bids, quotas, availability windows,
+preemption."""
 
 import pytest
 
@@ -32,8 +33,8 @@ def _assert_sums(status):
 
 
 def test_capacity_adds_up_and_says_why_gpus_are_blocked(api, join, clock):
-    # Only the unhealthy GPU is blocked here: the fleet's health policy would take its whole node out
-    # (tests/fleetd/services/nodes/test_health_policy.py).
+    # Only the unhealthy GPU is blocked here: the fleet's health policy would take its whole node
+    # out (tests/fleetd/services/nodes/test_health_policy.py).
     api.patch("/api/v1/fleets/gpu-a", {"health_policy": {"cordon_on_gpu_fault": False}})
     n1, s1 = _node(api, join, "n1", 4)
     n2, _ = _node(api, join, "n2", 2)
@@ -55,9 +56,16 @@ def test_capacity_adds_up_and_says_why_gpus_are_blocked(api, join, clock):
     codes = {(n["code"], n["series"]): n["count"] for n in gpu["blocked_notes"]}
     assert codes == {("cordoned", "nvidia-h100-80gb-hbm3"): 2, ("unhealthy", "nvidia-l4"): 1}
     # The queued job that takes any model is a row of its own (no GPUs: its counts are 0).
-    assert {s["id"]: s["total"] for s in gpu["series"]} == {"nvidia-h100-80gb-hbm3": 6, "nvidia-l4": 2, "any": 0}
+    assert {s["id"]: s["total"] for s in gpu["series"]} == {
+        "nvidia-h100-80gb-hbm3": 6,
+        "nvidia-l4": 2,
+        "any": 0,
+    }
     assert {(p["series"], p["gpus_per_node"]): p["num_nodes"] for p in status["profiles"]} == {
-        ("nvidia-h100-80gb-hbm3", 4): 1, ("nvidia-h100-80gb-hbm3", 2): 1, ("nvidia-l4", 2): 1}
+        ("nvidia-h100-80gb-hbm3", 4): 1,
+        ("nvidia-h100-80gb-hbm3", 2): 1,
+        ("nvidia-l4", 2): 1,
+    }
     assert status["nodes"] == {"ready": 2, "cordoned": 1}
     allocation = api.get("/api/v1/cluster/allocation").get_json()
     shared = [uuid for uuid, tasks in allocation["gpu_to_tasks"].items() if len(tasks) >= 1]
@@ -90,15 +98,32 @@ def test_simulate_schedule_explains_per_node_and_reserves_nothing(api, join):
 def test_spot_bids_under_the_minimum_are_refused_and_spot_goes_only_where_it_can_pay(api, join):
     _node(api, join, "h100", 1)
     _node(api, join, "l4", 1, model="NVIDIA L4")
-    resp = api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 4.0,
-                                                                            "spot_min_bid": 2.0})
+    resp = api.call(
+        "PUT",
+        "/api/v1/gpu-types/NVIDIA H100 80GB HBM3",
+        json={"price_per_hour": 4.0, "spot_min_bid": 2.0},
+    )
     assert resp.status_code == 200 and resp.get_json()["spot_min_bid"] == 2.0
-    api.call("PUT", "/api/v1/gpu-types/NVIDIA L4", json={"price_per_hour": 0.8, "spot_min_bid": 0.3})
+    api.call(
+        "PUT", "/api/v1/gpu-types/NVIDIA L4", json={"price_per_hour": 0.8, "spot_min_bid": 0.3}
+    )
     types = {t["model"]: t for t in api.get("/api/v1/gpu-types").get_json()["items"]}
-    assert types["NVIDIA L4"]["total"] == 1 and types["NVIDIA H100 80GB HBM3"]["price_per_hour"] == 4.0
-    low = api.post("/api/v1/jobs", {"name": "cheap", "command": ["true"], "priority_class": "spot", "bid": 0.1,
-                                    "resources": {"gpus": 1}})
-    assert low.status_code == 400 and "under the minimum of 0.3" in low.get_json()["error"]["message"]
+    assert (
+        types["NVIDIA L4"]["total"] == 1 and types["NVIDIA H100 80GB HBM3"]["price_per_hour"] == 4.0
+    )
+    low = api.post(
+        "/api/v1/jobs",
+        {
+            "name": "cheap",
+            "command": ["true"],
+            "priority_class": "spot",
+            "bid": 0.1,
+            "resources": {"gpus": 1},
+        },
+    )
+    assert (
+        low.status_code == 400 and "under the minimum of 0.3" in low.get_json()["error"]["message"]
+    )
     job = api.submit(priority_class="spot", bid=0.5, resources={"gpus": 1})
     node = api.get(f"/api/v1/nodes/{job['tasks'][0]['node_id']}").get_json()
     assert node["hostname"] == "l4"
@@ -108,14 +133,21 @@ def test_spot_bids_under_the_minimum_are_refused_and_spot_goes_only_where_it_can
 
 def test_team_quota_holds_jobs_until_raised(api, join):
     _node(api, join, "n1", 4)
-    alice = ApiClient(api.app, api.post("/api/v1/tokens", {"name": "alice", "role": "submitter",
-                                                           "team": "vision"}).get_json()["token"])
+    alice = ApiClient(
+        api.app,
+        api.post(
+            "/api/v1/tokens", {"name": "alice", "role": "submitter", "team": "vision"}
+        ).get_json()["token"],
+    )
     assert api.call("PUT", "/api/v1/quotas/vision", json={"max_gpus": 2}).status_code == 200
     first = alice.submit(resources={"gpus": 2})
     assert first["state"] == "running"
     second = alice.submit(name="second", resources={"gpus": 1})
     assert second["state"] == "queued"
-    assert second["pending_reason"] == "team vision at its quota for all classes: holds 2 of 2 GPUs, job needs 1"
+    assert (
+        second["pending_reason"]
+        == "team vision at its quota for all classes: holds 2 of 2 GPUs, job needs 1"
+    )
     assert api.submit(name="other team", resources={"gpus": 1})["state"] == "running"
     api.call("PUT", "/api/v1/quotas/vision", json={"max_gpus": 3})
     assert alice.get(f"/api/v1/jobs/{second['id']}").get_json()["state"] == "running"
@@ -124,8 +156,10 @@ def test_team_quota_holds_jobs_until_raised(api, join):
 
 def test_fleet_outside_its_window_takes_no_work_and_says_when_it_opens(api, join, clock):
     # The clock reads 2026-01-01 12:00 UTC; the fleet opens at 20:00 UTC.
-    resp = api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "UTC",
-                                                               "windows": [{"start": "20:00", "end": "08:00"}]}})
+    resp = api.patch(
+        "/api/v1/fleets/gpu-a",
+        {"availability": {"timezone": "UTC", "windows": [{"start": "20:00", "end": "08:00"}]}},
+    )
     assert resp.status_code == 200
     _, session = _node(api, join, "n1", 2)
     job = api.submit(resources={"gpus": 1})
@@ -138,7 +172,9 @@ def test_fleet_outside_its_window_takes_no_work_and_says_when_it_opens(api, join
     api.heartbeat(session)
     api.run_task("scheduling")
     assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "running"
-    bad = api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "Nowhere/Land", "windows": []}})
+    bad = api.patch(
+        "/api/v1/fleets/gpu-a", {"availability": {"timezone": "Nowhere/Land", "windows": []}}
+    )
     assert bad.status_code == 400
 
 
@@ -156,14 +192,19 @@ def test_on_demand_preempts_the_lowest_bid_spot_job_once_it_has_stopped(api, joi
     assert preempted["state"] == "queued" and preempted["attempt"] == 2
     assert api.get(f"/api/v1/jobs/{dear['id']}").get_json()["state"] == "running"
     events = api.get(f"/api/v1/jobs/{cheap['id']}/events").get_json()["items"]
-    assert any(e["to_status"] == "preempted" and f"on-demand job urgent (id {urgent['id']})" in e["reason"] for e in events)
+    assert any(
+        e["to_status"] == "preempted" and f"on-demand job urgent (id {urgent['id']})" in e["reason"]
+        for e in events
+    )
     # The cheap task still runs on the node: its GPU is not free yet.
     reply = api.heartbeat(session, tasks=running)
     victim = a if a["job_id"] == cheap["id"] else b
     assert reply["cancel"] == [victim["task_id"]]
     api.run_task("scheduling")
-    assert api.get(f"/api/v1/jobs/{urgent['id']}").get_json()["pending_reason"] == \
-        "waiting for 1 preempted spot task(s) to stop"
+    assert (
+        api.get(f"/api/v1/jobs/{urgent['id']}").get_json()["pending_reason"]
+        == "waiting for 1 preempted spot task(s) to stop"
+    )
     api.heartbeat(session, tasks=[t for t in running if t["id"] != victim["task_id"]])
     api.run_task("scheduling")
     assert api.get(f"/api/v1/jobs/{urgent['id']}").get_json()["state"] == "running"
@@ -215,7 +256,9 @@ def test_gpus_of_many_cancelled_tasks_stay_held_while_their_node_reports_them(ap
         api.task_call(session, task, "finish", outcome="cancelled")
     api.heartbeat(session, tasks=reported)  # ended, and still reported by the node
     big = api.submit(name="big", resources={"gpus": 0.3})
-    assert big["state"] == "queued"  # 40 x 0.02 of the GPU is in use until the node stops the tasks (32: room)
+    assert (
+        big["state"] == "queued"
+    )  # 40 x 0.02 of the GPU is in use until the node stops the tasks (32: room)
     api.heartbeat(session, tasks=reported[:1])
     api.run_task("scheduling")
     assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"

@@ -48,7 +48,9 @@ def _jobs_each_pass_reads(rt, monkeypatch):
     return read
 
 
-def test_equivalent_jobs_that_do_not_fit_now_cost_one_engine_answer_per_pass(api, fleet, monkeypatch):
+def test_equivalent_jobs_that_do_not_fit_now_cost_one_engine_answer_per_pass(
+    api, fleet, monkeypatch
+):
     api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="hog", resources={"gpus": 2})
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1}) for i in range(20)]
@@ -63,13 +65,18 @@ def test_jobs_no_enrolled_node_could_ever_hold_are_not_put_to_the_engine(api, fl
     # Their explanation would visit every node they may use (all of them, for jobs that name no
     # fleet: 100,000 at the largest scale measured); the inventory already says they never fit.
     api.ready_node(fleet, "n1")
-    jobs = [api.submit(name=f"j{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}) for i in range(20)]
+    jobs = [
+        api.submit(name=f"j{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
+        for i in range(20)
+    ]
     calls = _count_engine_calls(monkeypatch)
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 20}
     assert calls == []
     reasons = {api.get(f"/api/v1/jobs/{j['id']}").get_json()["pending_reason"] for j in jobs}
-    assert reasons == {"no enrolled node has GPUs of the types it asks for (NVIDIA B300); their GPUs: "
-                       "NVIDIA H100 80GB HBM3"}
+    assert reasons == {
+        "no enrolled node has GPUs of the types it asks for (NVIDIA B300); their GPUs: "
+        "NVIDIA H100 80GB HBM3"
+    }
     reg = api.register(fleet, machine_id="n2", hostname="n2", gpus=gpus(1, model="NVIDIA B300"))
     api.heartbeat(reg["session_token"])  # a node that could hold one joins: one is placed at once
     assert sorted(api.job(j["id"])["state"] for j in jobs).count("queued") == 19
@@ -80,9 +87,13 @@ def test_a_parked_group_is_skipped_until_capacity_changes_and_then_placed(api, f
     big = api.submit(name="big", resources={"gpus": 4})
     assert big["state"] == "queued"
     calls = _count_engine_calls(monkeypatch)
-    api.submit(name="small", resources={"gpus": 1})  # a submit is no capacity event: "big" stays parked
+    api.submit(
+        name="small", resources={"gpus": 1}
+    )  # a submit is no capacity event: "big" stays parked
     assert [c.gpus for c in calls] == [1]
-    api.ready_node(fleet, "n2", gpu_count=4)  # a node joined: the parked group is looked at again at once
+    api.ready_node(
+        fleet, "n2", gpu_count=4
+    )  # a node joined: the parked group is looked at again at once
     assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"
 
 
@@ -150,8 +161,14 @@ def test_a_job_cancelled_while_the_engine_decides_is_not_placed(api, fleet, monk
 
 def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
     clock = FakeClock()
-    live = LivenessTracker(clock, ttl_seconds=30, grace_seconds=10, failover_grace_seconds=0,
-                           interval_seconds=10, max_heartbeats_per_second=100)
+    live = LivenessTracker(
+        clock,
+        ttl_seconds=30,
+        grace_seconds=10,
+        failover_grace_seconds=0,
+        interval_seconds=10,
+        max_heartbeats_per_second=100,
+    )
     for n in range(900):
         live.touch(f"n{n}")
     assert live.heartbeat_interval() == 10
@@ -174,14 +191,19 @@ def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
     assert live.is_overdue("n2")  # back to 30 + 10
 
 
-def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(api, fleet, monkeypatch):
+def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(
+    api, fleet, monkeypatch
+):
     from fleetd.db import database
 
     api.ready_node(fleet, "n1", gpu_count=4)
     api.submit(name="hog", resources={"gpus": 3})
     two = {"gpus": 2}  # one GPU is left: these wait for capacity
     backlog = {api.submit(name=f"b{i}", resources=two)["id"] for i in range(5)}
-    assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parks the group; all five know why
+    assert api.run_task("scheduling") == {
+        "assigned": 0,
+        "pending": 5,
+    }  # parks the group; all five know why
     rt = api.app.extensions["fleetd"]
     read = _jobs_each_pass_reads(rt, monkeypatch)
     late = api.submit(name="late", resources=two)  # joins the parked group: read once, told why
@@ -194,7 +216,10 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
     reasons = {api.job(job_id)["pending_reason"] for job_id in backlog | {late["id"]}}
     assert reasons == {"no node can take the task now (gpu_count: 1 node(s))"}
     read.clear()
-    assert api.run_task("scheduling") == {"assigned": 0, "pending": 6}  # the periodic pass asks the group again
+    assert api.run_task("scheduling") == {
+        "assigned": 0,
+        "pending": 6,
+    }  # the periodic pass asks the group again
     assert read == [[min(backlog)]]  # through its first job; the other five are not read
     # A job that never fits learns why at its submit: the parked group's reason is the same, so no
     # pass reads it again.
@@ -202,7 +227,9 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(ap
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 7}
     read.clear()
     late_never = api.submit(name="never-late", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})
-    assert late_never["pending_reason"].startswith("no enrolled node has GPUs of the types it asks for")
+    assert late_never["pending_reason"].startswith(
+        "no enrolled node has GPUs of the types it asks for"
+    )
     assert not any(late_never["id"] in ids for ids in read)
 
 
@@ -226,44 +253,66 @@ def test_every_queued_job_stores_the_key_of_the_group_its_pass_puts_it_in(api, f
         assert job.group_key == terms.group_key(found[job.id].group), job.name
 
 
-def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_all_once_it_fits(api, fleet, clock,
-                                                                                                  monkeypatch):
+def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_all_once_it_fits(
+    api, fleet, clock, monkeypatch
+):
     rt = api.app.extensions["fleetd"]
-    api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "UTC", "windows": [{"start": "12:01", "end": "08:00"}]}})
+    api.patch(
+        "/api/v1/fleets/gpu-a",
+        {"availability": {"timezone": "UTC", "windows": [{"start": "12:01", "end": "08:00"}]}},
+    )
     _, session = api.ready_node(fleet, "n1", gpu_count=8)
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1})["id"] for i in range(5)]
-    assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}  # parked: the fleet's window is closed
+    assert api.run_task("scheduling") == {
+        "assigned": 0,
+        "pending": 5,
+    }  # parked: the fleet's window is closed
     read = _jobs_each_pass_reads(rt, monkeypatch)
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}
-    assert read == [[min(jobs)]]  # the group is asked once, through its first job; the others are not read
+    assert read == [
+        [min(jobs)]
+    ]  # the group is asked once, through its first job; the others are not read
     read.clear()
     for _ in range(2):  # the window opens: nothing announces it
         clock.advance(31)
         api.heartbeat(session)
     assert read == []  # no pass was kicked
     assert api.run_task("scheduling") == {"assigned": 5, "pending": 0}
-    assert read == [[min(jobs)], sorted(jobs)]  # it fits after all: the pass decides again over every job
+    assert read == [
+        [min(jobs)],
+        sorted(jobs),
+    ]  # it fits after all: the pass decides again over every job
     assert {api.job(job_id)["state"] for job_id in jobs} == {"running"}
 
 
 def test_a_parked_groups_new_reason_reaches_its_first_job_at_once_and_the_others_in_the_next_pass(
-        api, fleet, clock, monkeypatch):
+    api, fleet, clock, monkeypatch
+):
     from fleetd.db import database
 
     rt = api.app.extensions["fleetd"]
-    api.patch("/api/v1/fleets/gpu-a", {"availability": {"timezone": "UTC", "windows": [{"start": "11:00", "end": "12:01"}]}})
+    api.patch(
+        "/api/v1/fleets/gpu-a",
+        {"availability": {"timezone": "UTC", "windows": [{"start": "11:00", "end": "12:01"}]}},
+    )
     _, session = api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="holder", resources={"gpus": 2})
     held = api.start_task(session)
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1})["id"] for i in range(3)]
-    assert {api.job(job_id)["pending_reason"] for job_id in jobs} == {"no node can take the task now (gpu_count: 1 node(s))"}
+    assert {api.job(job_id)["pending_reason"] for job_id in jobs} == {
+        "no node can take the task now (gpu_count: 1 node(s))"
+    }
     for _ in range(2):  # the window closes: nothing announces it
         clock.advance(31)
-        api.heartbeat(session, tasks=[{"id": held["task_id"], "epoch": held["epoch"], "state": "running"}])
+        api.heartbeat(
+            session, tasks=[{"id": held["task_id"], "epoch": held["epoch"], "state": "running"}]
+        )
     read = _jobs_each_pass_reads(rt, monkeypatch)
     kicks = []  # as under fleetd serve, where the scheduler loop runs the passes it is asked for
     monkeypatch.setattr(type(rt.scheduler), "running", property(lambda self: True))
-    monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: kicks.append(capacity))
+    monkeypatch.setattr(
+        rt.scheduler, "kick", lambda capacity=True, fleet=None: kicks.append(capacity)
+    )
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 3}
     closed = "no node can take the task now (status: 1 node(s))"
     assert [api.job(job_id)["pending_reason"] for job_id in jobs][0] == closed
@@ -298,52 +347,109 @@ def test_a_job_that_joins_a_parked_group_says_why_at_once(api, fleet):
 
 def test_a_job_for_a_fleet_and_type_no_node_has_says_so(api, fleet):
     api.ready_node(fleet, "n1")
-    job = api.submit(resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}, node_selector={"fleet": "gpu-a"})
-    assert job["pending_reason"] == ("no enrolled node of fleet gpu-a has GPUs of the types it asks for "
-                                     "(NVIDIA B300); their GPUs: NVIDIA H100 80GB HBM3")
+    job = api.submit(
+        resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}, node_selector={"fleet": "gpu-a"}
+    )
+    assert job["pending_reason"] == (
+        "no enrolled node of fleet gpu-a has GPUs of the types it asks for "
+        "(NVIDIA B300); their GPUs: NVIDIA H100 80GB HBM3"
+    )
     other = api.submit(resources={"gpus": 16}, node_selector={"fleet": "gpu-a"})
-    assert other["pending_reason"] == ("no enrolled node could ever hold it: it needs 16 GPUs on one node, the most "
-                                       "any matching node has is 2")
-    labelled = api.submit(resources={"gpus": 1}, node_selector={"fleet": "gpu-a", "labels": {"rack": "r9"}})
-    assert labelled["pending_reason"] == "no enrolled node of fleet gpu-a has the labels it selects (rack=r9)"
+    assert other["pending_reason"] == (
+        "no enrolled node could ever hold it: it needs 16 GPUs on one node, the most "
+        "any matching node has is 2"
+    )
+    labelled = api.submit(
+        resources={"gpus": 1}, node_selector={"fleet": "gpu-a", "labels": {"rack": "r9"}}
+    )
+    assert (
+        labelled["pending_reason"]
+        == "no enrolled node of fleet gpu-a has the labels it selects (rack=r9)"
+    )
     api.create_fleet("empty")
     nowhere = api.submit(resources={"gpus": 1}, node_selector={"fleet": "empty"})
     assert nowhere["pending_reason"] == "no node is enrolled in fleet empty"
-    waits = api.submit(resources={"gpus": 2}, node_selector={"fleet": "gpu-a"})  # fits once the first is done
+    waits = api.submit(
+        resources={"gpus": 2}, node_selector={"fleet": "gpu-a"}
+    )  # fits once the first is done
     running = api.submit(resources={"gpus": 2})
     assert waits["state"] == "running" and "could ever" not in running["pending_reason"]
 
 
-def test_a_submit_says_at_once_when_no_enrolled_node_could_ever_hold_the_job(api, fleet, monkeypatch):
+def test_a_submit_says_at_once_when_no_enrolled_node_could_ever_hold_the_job(
+    api, fleet, monkeypatch
+):
     api.ready_node(fleet, "n1", gpu_count=8)
     rt = api.app.extensions["fleetd"]
     # As under fleetd serve: the kick only wakes the loop, whose pass comes after the answer.
     monkeypatch.setattr(rt.scheduler, "kick", lambda capacity=True, fleet=None: False)
     job = api.submit(resources={"gpus": 16})
     assert job["state"] == "queued" and job["pending_reason"].startswith(
-        "no enrolled node could ever hold it: it needs 16 GPUs on one node, the most any matching node has is 8")
+        "no enrolled node could ever hold it: it needs 16 GPUs on one node, the most any matching "
+        "node has is 8"
+    )
     assert api.submit(resources={"gpus": 8})["pending_reason"] == "waiting for the scheduler"
 
 
 # ---------------------------------------------------------------- the inventory kept in memory
 
-OPS = st.lists(st.tuples(st.sampled_from(["register", "gpus", "cordon", "uncordon", "drain", "undrain", "revoke",
-                                          "delete", "window", "heartbeat", "labels"]),
-                         st.integers(min_value=0, max_value=3)), min_size=1, max_size=12)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "register",
+                "gpus",
+                "cordon",
+                "uncordon",
+                "drain",
+                "undrain",
+                "revoke",
+                "delete",
+                "window",
+                "heartbeat",
+                "labels",
+            ]
+        ),
+        st.integers(min_value=0, max_value=3),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 def _view(inventory):
-    nodes = [(n.id, n.fleet_id, n.status, n.hostname, repr(n.labels), n.cpu_count, n.memory_bytes,
-              n.container_runtime) for n in inventory.nodes]
+    nodes = [
+        (
+            n.id,
+            n.fleet_id,
+            n.status,
+            n.hostname,
+            repr(n.labels),
+            n.cpu_count,
+            n.memory_bytes,
+            n.container_runtime,
+        )
+        for n in inventory.nodes
+    ]
     gpus = sorted((k, tuple(v)) for k, v in inventory.gpus.items())
-    fleets = sorted((name, repr(f.availability), repr(f.labels)) for name, f in inventory.fleets.items())
-    derived = ({fleet: [n.id for n in rows] for fleet, rows in inventory.by_fleet.items()}, inventory.models,
-               inventory.node_fleet, inventory.all_models, {k: n.id for k, n in inventory.by_id.items()})
+    fleets = sorted(
+        (name, repr(f.availability), repr(f.labels)) for name, f in inventory.fleets.items()
+    )
+    derived = (
+        {fleet: [n.id for n in rows] for fleet, rows in inventory.by_fleet.items()},
+        inventory.models,
+        inventory.node_fleet,
+        inventory.all_models,
+        {k: n.id for k, n in inventory.by_id.items()},
+    )
     return nodes, gpus, fleets, derived
 
 
-@hypothesis.settings(max_examples=examples(25), deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.settings(
+    max_examples=examples(25),
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
 @hypothesis.given(ops=OPS)
 def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, clock, tmp_path, ops):
     import uuid
@@ -363,20 +469,30 @@ def test_the_inventory_in_memory_equals_the_tables_after_any_events(make_app, cl
         node_id = sessions.get(machine, (None,))[0]
         if op == "register":
             clock.advance(60)  # a re-enrolment needs the old agent silent
-            reg = api.register(join, machine_id=machine, hostname=f"h{n}-{len(ops)}", gpu_count=n + 1)
+            reg = api.register(
+                join, machine_id=machine, hostname=f"h{n}-{len(ops)}", gpu_count=n + 1
+            )
             sessions[machine] = (reg["node_id"], reg["session_token"])
         elif node_id is None:
             continue
         elif op in ("gpus", "heartbeat"):
             body = {"gpus": gpus(n + 2)} if op == "gpus" else {}
-            api.post("/api/v1/agent/heartbeat", dict(body, tasks=[]), token=sessions[machine][1], agent=True)
+            api.post(
+                "/api/v1/agent/heartbeat",
+                dict(body, tasks=[]),
+                token=sessions[machine][1],
+                agent=True,
+            )
         elif op == "drain":
             api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "r", "deadline_seconds": 0})
         elif op == "delete":
             if api.delete(f"/api/v1/nodes/{node_id}").status_code == 204:
                 del sessions[machine]
         elif op == "window":
-            api.patch("/api/v1/fleets/gpu-a", {"availability": {"windows": [{"start": f"0{n}:00", "end": "09:00"}]}})
+            api.patch(
+                "/api/v1/fleets/gpu-a",
+                {"availability": {"windows": [{"start": f"0{n}:00", "end": "09:00"}]}},
+            )
         elif op == "labels":
             api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": f"z{n}"}})
         else:
@@ -402,7 +518,9 @@ def test_a_changed_node_is_read_again_alone_and_the_rest_kept(api, fleet):
     assert changed_since(after, before.version) == {first[0]} and changed_since(after, -1) is None
     assert len(after.gpus[first[0]]) == 4
     others = [n for n in after.nodes if n.id != first[0]]
-    assert others and all(n is before.by_id[n.id] for n in others)  # unchanged nodes were not read again
+    assert others and all(
+        n is before.by_id[n.id] for n in others
+    )  # unchanged nodes were not read again
 
 
 def test_never_fits_answers_are_kept_for_one_inventory_at_a_time(api, fleet, monkeypatch):
@@ -413,18 +531,25 @@ def test_never_fits_answers_are_kept_for_one_inventory_at_a_time(api, fleet, mon
     rt = api.app.extensions["fleetd"]
     asked = []
     answer = placement_reasons._never_fits
-    monkeypatch.setattr(placement_reasons, "_never_fits", lambda inventory, request: asked.append(request.gpus)
-                        or answer(inventory, request))
+    monkeypatch.setattr(
+        placement_reasons,
+        "_never_fits",
+        lambda inventory, request: asked.append(request.gpus) or answer(inventory, request),
+    )
     with database.connection_context():
         old = rt.inventory.get()
     request = scheduler.TaskRequest(gpus=64)
     reason = placement_reasons.never_fits(old, request)
-    assert reason and placement_reasons.never_fits(old, scheduler.TaskRequest(gpus=64)) == reason  # once per shape
+    assert (
+        reason and placement_reasons.never_fits(old, scheduler.TaskRequest(gpus=64)) == reason
+    )  # once per shape
     assert placement_reasons.never_fits(old, scheduler.TaskRequest(gpus=1)) is None
     api.post("/api/v1/agent/heartbeat", {"tasks": [], "gpus": gpus(4)}, token=first[1], agent=True)
     with database.connection_context():
         new = rt.inventory.get()
-    assert new is not old and "most any matching node has is 4" in placement_reasons.never_fits(new, request)  # asked anew
+    assert new is not old and "most any matching node has is 4" in placement_reasons.never_fits(
+        new, request
+    )  # asked anew
     assert asked == [64, 1, 64]
 
 
@@ -465,10 +590,14 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
     job = api.submit(resources={"gpus": 4})  # waits: 2 GPUs only
     rt = api.app.extensions["fleetd"]
     pool = gevent.get_hub().threadpool
-    monkeypatch.setattr(rt, "offload", lambda fn, *args: pool.apply(fn, args))  # as fleetd serve does
+    monkeypatch.setattr(
+        rt, "offload", lambda fn, *args: pool.apply(fn, args)
+    )  # as fleetd serve does
     decide, started, release, order = scheduling._decide, threading.Event(), threading.Event(), []
 
-    def held_decide(*args):  # in the worker thread: a pass that decides for as long as the test says
+    def held_decide(
+        *args,
+    ):  # in the worker thread: a pass that decides for as long as the test says
         started.set()
         assert release.wait(30)
         order.append("decided")
@@ -481,7 +610,9 @@ def test_requests_are_answered_while_a_pass_decides_off_the_loop(api, fleet, mon
             return scheduling.run_pass(rt)
 
     passing = gevent.spawn(one_pass)
-    wait_until(started.is_set, 3, 0.01, "the worker thread to be inside the decision", pause=gevent.sleep)
+    wait_until(
+        started.is_set, 3, 0.01, "the worker thread to be inside the decision", pause=gevent.sleep
+    )
     assert started.is_set()
     assert api.get(f"/api/v1/jobs/{job['id']}").status_code == 200  # the loop answers meanwhile
     order.append("answered")
@@ -499,12 +630,18 @@ def test_capacity_freed_in_one_fleet_wakes_only_the_groups_that_could_use_it(api
     running = api.submit(name="real-job", resources={"gpus": 1}, node_selector={"fleet": "real"})
     assert running["state"] == "running"
     api.submit(name="sim-backlog", resources={"gpus": 1}, node_selector={"fleet": "sim"})
-    api.submit(name="typed", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})  # no node has its type
+    api.submit(
+        name="typed", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]}
+    )  # no node has its type
     anywhere = api.submit(name="anywhere", resources={"gpus": 1})
     calls = _count_engine_calls(monkeypatch)
     assignment = api.start_task(session)
-    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)  # frees an H100 in "real"
-    assert [(c.node_selector.fleet, tuple(c.gpu_types)) for c in calls] == [(None, ())]  # the group that can use it
+    api.task_call(
+        session, assignment, "finish", outcome="succeeded", exit_code=0
+    )  # frees an H100 in "real"
+    assert [(c.node_selector.fleet, tuple(c.gpu_types)) for c in calls] == [
+        (None, ())
+    ]  # the group that can use it
     assert api.job(anywhere["id"])["state"] == "running"
 
 
@@ -531,7 +668,9 @@ def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read
 
     reads, reading, release = [], threading.Event(), threading.Event()
 
-    def slow(fn, *args):  # turning rows into objects takes a while (off the loop under fleetd serve)
+    def slow(
+        fn, *args
+    ):  # turning rows into objects takes a while (off the loop under fleetd serve)
         reads.append(fn.__name__)
         reading.set()
         assert release.wait(30)
@@ -573,13 +712,19 @@ def test_callers_that_arrive_while_the_inventory_is_read_wait_and_take_that_read
 
 def test_a_submit_that_will_not_wait_for_capacity_is_refused_and_stores_nothing(api, fleet):
     api.ready_node(fleet, "n1", gpu_count=8)
-    resp = api.post("/api/v1/jobs?wait_for_capacity=false", {"name": "big", "command": ["true"],
-                                                              "resources": {"gpus": 16}})
+    resp = api.post(
+        "/api/v1/jobs?wait_for_capacity=false",
+        {"name": "big", "command": ["true"], "resources": {"gpus": 16}},
+    )
     err = resp.get_json()["error"]
     assert resp.status_code == 409 and err["details"] == {"reason": "no_capacity"}
-    assert err["message"].startswith("no enrolled node could ever hold it: it needs 16 GPUs on one node")
+    assert err["message"].startswith(
+        "no enrolled node could ever hold it: it needs 16 GPUs on one node"
+    )
     assert api.get("/api/v1/jobs").get_json()["items"] == []
-    ok = api.post("/api/v1/jobs?wait_for_capacity=false", {"name": "fits", "command": ["true"],
-                                                             "resources": {"gpus": 8}})
+    ok = api.post(
+        "/api/v1/jobs?wait_for_capacity=false",
+        {"name": "fits", "command": ["true"], "resources": {"gpus": 8}},
+    )
     assert ok.status_code == 201 and ok.get_json()["state"] == "running"
     assert api.submit(resources={"gpus": 16})["state"] == "queued"  # by default it waits

@@ -10,8 +10,13 @@ def _simulate(api, body, expect=200):
 def test_an_instance_spec_with_ports_and_a_volume_is_simulated_like_its_run(api):
     api.create_fleet()
     node_id, _ = api.ready_node(api.create_join_token(), "a", gpu_count=2)
-    spec = {"name": "notebook", "command": ["sleep", "600"], "resources": {"gpus": 2},
-            "ports": [{"port": 8888, "protocol": "http"}], "volume_bytes": 10 << 30}
+    spec = {
+        "name": "notebook",
+        "command": ["sleep", "600"],
+        "resources": {"gpus": 2},
+        "ports": [{"port": 8888, "protocol": "http"}],
+        "volume_bytes": 10 << 30,
+    }
     result = _simulate(api, spec)
     assert result["schedulable"] and [r["node_id"] for r in result["placement"]] == [node_id]
     assert len(result["placement"][0]["gpus"]) == 2
@@ -20,7 +25,10 @@ def test_an_instance_spec_with_ports_and_a_volume_is_simulated_like_its_run(api)
     too_big = _simulate(api, dict(spec, resources={"gpus": 4}))
     assert not too_big["schedulable"] and too_big["filter_detail"]
     # An image needs a node whose container runtime works: this one reported none.
-    image = _simulate(api, {"kind": "instance", "name": "web", "image": "localhost/app:1", "resources": {"gpus": 1}})
+    image = _simulate(
+        api,
+        {"kind": "instance", "name": "web", "image": "localhost/app:1", "resources": {"gpus": 1}},
+    )
     assert not image["schedulable"] and image["filter_detail"][0]["node_id"] == node_id
 
 
@@ -30,8 +38,16 @@ def test_an_instance_spec_is_checked_as_instance_creation_checks_it(api):
     assert bad["error"]["code"] == "invalid_request" and "command" in str(bad["error"]["details"])
     bad = _simulate(api, {"name": "x", "command": ["true"], "ports": [{"port": 0}]}, expect=400)
     assert "ports" in str(bad["error"]["details"])
-    assert _simulate(api, {"kind": "pod", "name": "x", "command": ["true"]}, expect=400)["error"]["code"] == \
-        "invalid_request"
+    assert (
+        _simulate(api, {"kind": "pod", "name": "x", "command": ["true"]}, expect=400)["error"][
+            "code"
+        ]
+        == "invalid_request"
+    )
     # A JobSpec stays a JobSpec: an instance-only field it does not have is refused.
-    assert _simulate(api, {"kind": "job", "name": "x", "command": ["true"], "ports": []}, expect=400)["error"][
-        "code"] == "invalid_request"
+    assert (
+        _simulate(api, {"kind": "job", "name": "x", "command": ["true"], "ports": []}, expect=400)[
+            "error"
+        ]["code"]
+        == "invalid_request"
+    )

@@ -1,6 +1,6 @@
-"""Cluster status says why GPUs are blocked in a sentence and per series, counts queued demand in rows
-that add up, and shows each running job's times and retries; an agent's heartbeat can cordon its own
-node while it drains."""
+"""Cluster status says why GPUs are blocked in a sentence and per series, counts queued demand in
+rows that add up, and shows each running job's times and retries; an agent's heartbeat can cordon
+its own node while it drains."""
 
 from tests.conftest import ApiClient
 
@@ -34,23 +34,37 @@ def test_queued_demand_of_any_model_is_a_row_of_its_own_so_the_rows_add_up(api):
     api.ready_node(api.create_join_token(), "a", gpu_count=2)
     api.submit(name="any-model", resources={"gpus": 4})  # more than the node has: queued
     api.submit(name="named", resources={"gpus": 8, "gpu_types": [H100]})
-    api.submit(name="nowhere", resources={"gpus": 1, "gpu_types": ["NVIDIA B200"]})  # no node has that model
+    api.submit(
+        name="nowhere", resources={"gpus": 1, "gpu_types": ["NVIDIA B200"]}
+    )  # no node has that model
 
     gpu = _status(api)["gpu"]
     rows = {row["id"]: row for row in gpu["series"]}
     assert gpu["queued"] == 13
     assert rows[SERIES]["queued"] == 8
-    assert {k: rows["any"][k] for k in ("total", "used", "free", "blocked", "queued", "note")} == \
-        {"total": 0, "used": 0, "free": 0, "blocked": 0, "queued": 5, "note": None}
+    assert {k: rows["any"][k] for k in ("total", "used", "free", "blocked", "queued", "note")} == {
+        "total": 0,
+        "used": 0,
+        "free": 0,
+        "blocked": 0,
+        "queued": 5,
+        "note": None,
+    }
     assert sum(row["queued"] for row in gpu["series"]) == gpu["queued"]
     assert all(row["total"] == row["used"] + row["free"] + row["blocked"] for row in gpu["series"])
 
 
-def test_running_job_rows_show_times_duration_and_retries_and_active_count_counts_everyone(api, clock):
+def test_running_job_rows_show_times_duration_and_retries_and_active_count_counts_everyone(
+    api, clock
+):
     api.create_fleet()
     api.ready_node(api.create_join_token(), "a", gpu_count=2)
-    retried = api.submit(name="retried", resources={"gpus": 1}, retry={"max_attempts": 3, "on": ["failed"]})
-    plain = ApiClient(api.app, api.create_token("submitter", "bob")).submit(name="plain", resources={"gpus": 1})
+    retried = api.submit(
+        name="retried", resources={"gpus": 1}, retry={"max_attempts": 3, "on": ["failed"]}
+    )
+    plain = ApiClient(api.app, api.create_token("submitter", "bob")).submit(
+        name="plain", resources={"gpus": 1}
+    )
     assert retried["state"] == plain["state"] == "running"
     clock.advance(90)
 
@@ -58,13 +72,28 @@ def test_running_job_rows_show_times_duration_and_retries_and_active_count_count
     assert status["active_count"] == 2
     rows = {row["name"]: row for row in status["active_jobs"]}
     row = rows["retried"]
-    assert (row["submitted_at"], row["started_at"], row["ended_at"]) == \
-        (retried["submitted_at"], retried["started_at"], None)
+    assert (row["submitted_at"], row["started_at"], row["ended_at"]) == (
+        retried["submitted_at"],
+        retried["started_at"],
+        None,
+    )
     assert row["duration_seconds"] == 90
-    assert (row["retry_count"], row["can_retry"], row["retry_blocker"], row["retry_on"]) == (0, True, "", ["failed"])
-    assert (rows["plain"]["can_retry"], rows["plain"]["retry_blocker"]) == (False, "its spec has no retry policy")
+    assert (row["retry_count"], row["can_retry"], row["retry_blocker"], row["retry_on"]) == (
+        0,
+        True,
+        "",
+        ["failed"],
+    )
+    assert (rows["plain"]["can_retry"], rows["plain"]["retry_blocker"]) == (
+        False,
+        "its spec has no retry policy",
+    )
 
-    as_bob = ApiClient(api.app, api.create_token("submitter", "carol")).get("/api/v1/cluster/status").get_json()
+    as_bob = (
+        ApiClient(api.app, api.create_token("submitter", "carol"))
+        .get("/api/v1/cluster/status")
+        .get_json()
+    )
     assert as_bob["active_jobs"] == [] and as_bob["active_count"] == 2  # a count, no names
 
 
@@ -80,8 +109,10 @@ def test_an_agent_that_says_it_is_draining_cordons_its_node_until_it_says_it_is_
     assert api.heartbeat(session, draining=False)["status"] == "ready"
     assert api.job(api.get("/api/v1/jobs").get_json()["items"][0]["id"])["state"] == "running"
     events = api.get(f"/api/v1/nodes/{node_id}/events").get_json()["items"]
-    assert [(e["to_status"], e["reason"]) for e in events][-2:] == \
-        [("cordoned", "agent draining"), ("ready", "agent no longer draining")]
+    assert [(e["to_status"], e["reason"]) for e in events][-2:] == [
+        ("cordoned", "agent draining"),
+        ("ready", "agent no longer draining"),
+    ]
 
 
 def test_an_admins_cordon_outlasts_the_agent_saying_it_is_not_draining(api):
@@ -110,4 +141,6 @@ def test_storage_is_measured_as_soon_as_the_background_tasks_start(make_app):
     finally:
         rt.tasks.shutdown()
     assert rt.storage["measured_at"] is not None and rt.storage["disk_total_bytes"] > 0
-    assert rt.tasks.records["metrics_sampler"].last_started_at is None  # the others wait for their interval
+    assert (
+        rt.tasks.records["metrics_sampler"].last_started_at is None
+    )  # the others wait for their interval

@@ -1,4 +1,5 @@
-"""Artifacts are readable by the tokens that uploaded them, by admins, and by nodes running tasks that use them."""
+"""Artifacts are readable by the tokens that uploaded them, by admins, and by nodes running tasks
+that use them."""
 
 import hashlib
 
@@ -6,7 +7,9 @@ from tests.conftest import ApiClient
 
 
 def _upload(api, token, data, name="a.txt"):
-    resp = api.call("PUT", "/api/v1/artifacts", token=token, data=data, headers={"X-Artifact-Name": name})
+    resp = api.call(
+        "PUT", "/api/v1/artifacts", token=token, data=data, headers={"X-Artifact-Name": name}
+    )
     assert resp.status_code == 201, resp.get_json()
     return resp.get_json()["sha256"]
 
@@ -31,7 +34,9 @@ def test_uploading_the_same_bytes_makes_them_readable_to_both_uploaders(api):
 def test_a_token_with_the_same_name_as_the_uploader_reads_nothing(api):
     first = api.create_token("submitter", "ci")
     sha = _upload(api, first, b"x")
-    [first_id] = [t["id"] for t in api.get("/api/v1/tokens").get_json()["items"] if t["name"] == "ci"]
+    [first_id] = [
+        t["id"] for t in api.get("/api/v1/tokens").get_json()["items"] if t["name"] == "ci"
+    ]
     assert api.delete(f"/api/v1/tokens/{first_id}").status_code == 204  # the name is free again
     second = api.create_token("submitter", "ci")
     assert api.get(f"/api/v1/artifacts/{sha}", token=second).status_code == 404
@@ -40,8 +45,17 @@ def test_a_token_with_the_same_name_as_the_uploader_reads_nothing(api):
 def test_a_job_may_use_only_artifacts_its_token_may_read(api):
     alice, bob = api.create_token("submitter", "alice"), api.create_token("submitter", "bob")
     sha = _upload(api, alice, b"alice's data")
-    resp = ApiClient(api.app, bob).post("/api/v1/jobs", {"name": "j", "command": ["true"],
-                                                        "artifacts": [{"sha256": sha, "path": "in/data"}]})
-    assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"]["artifacts"] == [sha]
-    assert ApiClient(api.app, alice).submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"] == "queued"
-    assert api.submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"] == "queued"  # an admin may
+    resp = ApiClient(api.app, bob).post(
+        "/api/v1/jobs",
+        {"name": "j", "command": ["true"], "artifacts": [{"sha256": sha, "path": "in/data"}]},
+    )
+    assert resp.status_code == 400 and resp.get_json()["error"]["details"]["fields"][
+        "artifacts"
+    ] == [sha]
+    assert (
+        ApiClient(api.app, alice).submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"]
+        == "queued"
+    )
+    assert (
+        api.submit(artifacts=[{"sha256": sha, "path": "in/data"}])["state"] == "queued"
+    )  # an admin may

@@ -27,23 +27,33 @@ def preempted(api, session, **spec):
     return inst, job, api.acquire(session)
 
 
-def test_a_preempted_instance_waits_interrupted_naming_its_preemptor_then_starts_by_itself(api, fleet):
+def test_a_preempted_instance_waits_interrupted_naming_its_preemptor_then_starts_by_itself(
+    api, fleet
+):
     _, node, session = fleet
     inst, job, assignment = preempted(api, session)
     shown = show(api, inst["id"])
     assert (shown["state"], shown["interruption"]) == ("interrupted", "preempted"), shown
     assert shown["interrupted_by"] == {"kind": "job", "id": job["id"], "name": "urgent"}
-    assert f"it resumes by itself on node {node} once there is room" in shown["status_reason"], shown
+    assert f"it resumes by itself on node {node} once there is room" in shown["status_reason"], (
+        shown
+    )
     assert shown["pending_reason"], shown  # what its queued run waits for
     run_id, runs = _runs(api, inst)
     assert runs[run_id] == "queued" and list(runs.values()).count("queued") == 1
-    assert assignment["task_id"] and assignment.get("instance") is None  # the node got the job, not the run
+    assert (
+        assignment["task_id"] and assignment.get("instance") is None
+    )  # the node got the job, not the run
     api.task_call(session, assignment, "start", pid=11)
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     api.run_task("scheduling")
     placed = show(api, inst["id"])
     assert (placed["state"], placed["node_id"]) == ("starting", node), placed
-    assert placed["interrupted_by"] is None and placed["interruption"] is None and placed["pending_reason"] == ""
+    assert (
+        placed["interrupted_by"] is None
+        and placed["interruption"] is None
+        and placed["pending_reason"] == ""
+    )
     start_again = api.acquire(session)
     assert start_again["instance"] is not None
     api.task_call(session, start_again, "start", pid=12, ports=[])
@@ -55,7 +65,10 @@ def test_a_stop_while_it_waits_cancels_the_queued_run_and_it_never_starts(api, f
     inst, _, assignment = preempted(api, session)
     stopped = api.post(f"/api/v1/instances/{inst['id']}/stop", {}).get_json()
     assert stopped["state"] == "stopped" and stopped["pending_reason"] == "", stopped
-    assert set(_runs(api, inst)[1].values()) == {"failed", "cancelled"}  # the preempted run, the queued one
+    assert set(_runs(api, inst)[1].values()) == {
+        "failed",
+        "cancelled",
+    }  # the preempted run, the queued one
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
     api.run_task("scheduling")
     assert show(api, inst["id"])["state"] == "stopped" and api.acquire(session) is None
@@ -63,10 +76,18 @@ def test_a_stop_while_it_waits_cancels_the_queued_run_and_it_never_starts(api, f
 
 def test_a_resume_with_a_new_bid_while_it_waits_leaves_one_run_of_the_new_bid(api, fleet):
     _, _, session = fleet
-    api.call("PUT", "/api/v1/gpu-types/NVIDIA H100 80GB HBM3", json={"price_per_hour": 4.0, "spot_min_bid": 1.0})
+    api.call(
+        "PUT",
+        "/api/v1/gpu-types/NVIDIA H100 80GB HBM3",
+        json={"price_per_hour": 4.0, "spot_min_bid": 1.0},
+    )
     inst, _, _ = preempted(api, session, bid=1.5)
     resumed = api.post(f"/api/v1/instances/{inst['id']}/resume", {"bid": 2.0}).get_json()
-    assert resumed["state"] == "pending" and resumed["spec"]["bid"] == 2.0 and resumed["interrupted_by"] is None
+    assert (
+        resumed["state"] == "pending"
+        and resumed["spec"]["bid"] == 2.0
+        and resumed["interrupted_by"] is None
+    )
     run_id, runs = _runs(api, inst)
     assert [r for r, state in runs.items() if state == "queued"] == [run_id]
     with api.app.app_context():
@@ -99,13 +120,17 @@ def test_fleetd_stopping_it_while_it_waits_cancels_the_queued_run(api, fleet):
     _, _, session = fleet
     inst, _, _ = preempted(api, session)
     with api.app.app_context():
-        instances.stop_by_fleetd(api.app.extensions["fleetd"], inst["id"], "team ml's budget is exceeded")
+        instances.stop_by_fleetd(
+            api.app.extensions["fleetd"], inst["id"], "team ml's budget is exceeded"
+        )
     stopped = show(api, inst["id"])
     assert stopped["state"] == "stopped" and "budget" in stopped["status_reason"], stopped
     assert "queued" not in _runs(api, inst)[1].values()
 
 
-def test_an_instance_interrupted_by_a_drain_deadline_does_not_resume_by_itself_and_says_so(api, fleet, clock):
+def test_an_instance_interrupted_by_a_drain_deadline_does_not_resume_by_itself_and_says_so(
+    api, fleet, clock
+):
     _, node, session = fleet
     inst = create(api, name="cheap", priority_class="spot")
     start(api, session)
@@ -113,6 +138,10 @@ def test_an_instance_interrupted_by_a_drain_deadline_does_not_resume_by_itself_a
     clock.advance(61)
     api.run_task("drains")
     shown = show(api, inst["id"])
-    assert (shown["state"], shown["interruption"], shown["pending_reason"]) == ("interrupted", "drain", ""), shown
+    assert (shown["state"], shown["interruption"], shown["pending_reason"]) == (
+        "interrupted",
+        "drain",
+        "",
+    ), shown
     assert "does not resume by itself" in shown["status_reason"], shown
     assert "queued" not in _runs(api, inst)[1].values()

@@ -1,4 +1,5 @@
-"""A job's team comes from its submitter's token: the body may only repeat it; admins may set any."""
+"""A job's team comes from its submitter's token: the body may only repeat it; admins may set
+any."""
 
 import pytest
 
@@ -25,8 +26,10 @@ def test_a_submitter_naming_another_team_is_forbidden_and_charges_nobody(api, fl
     _submitter(api, "alice", "ta")
     bob = _submitter(api, "bob", "tb")
     assert api.call("PUT", "/api/v1/quotas/tb", json={"max_gpus": 0}).status_code == 200
-    resp = bob.post("/api/v1/jobs", {"name": "sneaky", "command": ["true"], "resources": {"gpus": 1},
-                                     "team": other_team})
+    resp = bob.post(
+        "/api/v1/jobs",
+        {"name": "sneaky", "command": ["true"], "resources": {"gpus": 1}, "team": other_team},
+    )
     assert resp.status_code == 403, resp.get_json()
     assert resp.get_json()["error"]["code"] == "forbidden"
     assert bob.get("/api/v1/jobs").get_json()["items"] == []
