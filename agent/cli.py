@@ -279,10 +279,8 @@ def drain(off, local_api, config_path):
     setup_logging("error", stream=sys.stderr)
     token = State(config.state_dir).local_api_token(create=False)
     host, port = config.local_api_host_port
-    base = (
-        local_api
-        or f"{'https' if config.local_api_tls_cert else 'http'}://{'[' + host + ']' if ':' in host else host}:{port}"
-    )
+    scheme = "https" if config.local_api_tls_cert else "http"
+    base = local_api or f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
     if not token:
         raise click.ClickException(
             f"no local API token in {config.state_dir}: is the agent enrolled here?"

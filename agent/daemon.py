@@ -557,7 +557,8 @@ class Agent:
                     runner.cancel(cancel, "cancelled by fleetd")
                 for assignment in assignments:
                     if self.stop.is_set():
-                        runner.closing.set()  # the runner hands it back, as any that comes from now on
+                        # The runner hands it back, as any that comes from now on.
+                        runner.closing.set()
                     runner.submit(assignment)
         finally:
             client.close()

@@ -183,7 +183,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
     timeout = 30  # a client that stalls mid-request does not hold a thread for ever
-    server: "_Server"  # the one server that makes these handlers (http.server types it as any BaseServer)
+    # The one server that makes these handlers (http.server types it as any BaseServer).
+    server: "_Server"
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         self._handle("GET")

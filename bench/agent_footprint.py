@@ -1,6 +1,8 @@
 """RSS and CPU of `fleet-agent run` against a real `fleetd serve`, with a fake 8xH100 host.
 
-    python bench/agent_footprint.py [--seconds 60] [--poll 1] [--shape tests/fixtures/nvml/h100_x8.json]
+    python bench/agent_footprint.py [--seconds 60] [--poll 1] [--shape FILE]
+
+--shape: the fake host's NVML shape, tests/fixtures/nvml/h100_x8.json by default.
 
 Starts fleetd (fresh data dir), enrols one agent, lets it settle, then samples
 /proc/<pid> once a second for --seconds. A bare Python interpreter is measured side by side

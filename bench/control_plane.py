@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""N simulated agents against a real `fleetd serve`: registration and heartbeat throughput and latency;
+"""N simulated agents against a real `fleetd serve`: registration and heartbeat throughput, latency;
 and with --jobs, no-op jobs run end to end by M real `fleet-agent` processes on fake GPUs.
 
 Phases, in one run so that the noisy machine affects them alike:
@@ -11,7 +11,8 @@ Phases, in one run so that the noisy machine affects them alike:
 Prints a table and writes JSON to bench/results/control_plane.json.
 
     .venv/bin/python bench/control_plane.py --agents 200 --clients 8 --seconds 10 --held 1000
-    .venv/bin/python bench/control_plane.py --agents 0 --seconds 0 --held 0 --jobs 1000 --real-agents 8
+    .venv/bin/python bench/control_plane.py --agents 0 --seconds 0 --held 0 --jobs 1000 \\
+        --real-agents 8
 """
 
 import argparse

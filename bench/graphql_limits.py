@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Hostile GraphQL documents against a real `fleetd serve`: how long each takes to be refused, by the
-client's clock, what it costs fleetd in CPU (its own /proc counters), and how /health answers
+"""Hostile GraphQL documents against a real `fleetd serve`: how long each takes to be refused (by
+the client's clock), what it costs fleetd in CPU (its own /proc counters), and how /health answers
 meanwhile.
 
 The documents are the ones an audit sent (each at the size it used, or at the 64 KiB limit where it

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Scale: one `fleetd serve` (SQLite) with 2 real agents, then with N simulated nodes heartbeating and a
-deep queue of jobs that fit nowhere; and the scheduling pass in-process from 1k to 100k nodes.
+"""Scale: one `fleetd serve` (SQLite) with 2 real agents, then with N simulated nodes heartbeating
+and a deep queue of jobs that fit nowhere; and the scheduling pass in-process from 1k to 100k nodes.
 
 Phases, in one run so that the noisy machine affects them alike:
   1. two real `fleet-agent run` processes on fake 8 x H100 hosts in fleet `real`, alone:
@@ -22,11 +22,11 @@ fleetd's figures come from its own /metrics (fleetd_scheduling_pass_seconds, the
 route's latency) and /proc (VmHWM: peak RSS). Prints a table and writes JSON to
 bench/results/scale.json (or --json).
 
-    .venv/bin/python bench/scale.py --nodes 500 --backlog 200 --inprocess-nodes 1000     # about 2 minutes
+    .venv/bin/python bench/scale.py --nodes 500 --backlog 200 --inprocess-nodes 1000  # 2 minutes
     .venv/bin/python bench/scale.py --nodes 2000 --backlog 500 --inprocess-nodes ""
-    .venv/bin/python bench/scale.py --skip-fleet                  # in-process only: 1k, 10k, 100k nodes
-    .venv/bin/python bench/scale.py                     # the issue's run: 10,000 nodes, 3,000 queued, 1k..100k
-    .venv/bin/python bench/scale.py --unscoped-backlog --inprocess-nodes ""   # the backlog names no fleet
+    .venv/bin/python bench/scale.py --skip-fleet  # in-process only: 1k, 10k, 100k nodes
+    .venv/bin/python bench/scale.py  # the issue's run: 10,000 nodes, 3,000 queued, 1k..100k
+    .venv/bin/python bench/scale.py --unscoped-backlog --inprocess-nodes ""  # no fleet named
 
 Submit -> running is given twice: from fleetd's timestamps (the task's start minus the job's
 submit), and on the client's clock: submit, then long-poll GET /jobs/{id}?wait_seconds= as
@@ -731,7 +731,7 @@ def run_fleet(args, data_dir):
     return results
 
 
-# --- in-process: the pass at 1k..100k nodes --------------------------------------------------------
+# --- in-process: the pass at 1k..100k nodes -------------------------------------------------------
 
 
 def run_inprocess(args):
@@ -817,7 +817,7 @@ def summarize_inprocess(n, steps, timed_out, returncode, stderr):
     return row
 
 
-# --- the report ----------------------------------------------------------------------------------------
+# --- the report -----------------------------------------------------------------------------------
 
 
 def _fmt(value, unit=""):
@@ -970,14 +970,16 @@ def print_report(results, args):
             f"no HTTP):"
         )
         print(
-            f"{'nodes':>8}{'GPUs':>9}{'setup s':>9}{'1st pass ms':>12}{'warm pass ms':>13}{'RSS app':>10}"
-            f"{'RSS +nodes':>12}{'RSS 1st pass':>13}{'peak RSS':>10}{'pass alloc':>12}{'state ms':>10}"
-            f"{'engine ms':>10}{'place ms/job':>13}{'fits: pass ms p50/max':>23}"
+            f"{'nodes':>8}{'GPUs':>9}{'setup s':>9}{'1st pass ms':>12}{'warm pass ms':>13}"
+            f"{'RSS app':>10}{'RSS +nodes':>12}{'RSS 1st pass':>13}{'peak RSS':>10}"
+            f"{'pass alloc':>12}{'state ms':>10}{'engine ms':>10}{'place ms/job':>13}"
+            f"{'fits: pass ms p50/max':>23}"
         )
         ms = lambda seconds: None if seconds is None else round(1000 * seconds, 1)  # noqa: E731
         for r in rows:
             b = r["breakdown"]
             alloc = r["tracemalloc_pass_peak_bytes"]
+            fits = f"{_fmt(ms(r['placeable_pass_p50_s']))} / {_fmt(ms(r['placeable_pass_max_s']))}"
             print(
                 f"{r['nodes']:>8,}{r['gpus']:>9,}{_fmt(r['setup_nodes_s']):>9}{_fmt(ms(r['first_pass_s'])):>12}"
                 f"{_fmt(ms(r['warm_pass_s'])):>13}{_mib(r['rss_app_bytes']):>10}"
@@ -986,7 +988,7 @@ def print_report(results, args):
                 f"{'n/a' if alloc is None else f'{alloc / 2**20:.1f} MiB':>12}"
                 f"{_fmt(ms(b.get('state_load_s'))):>10}{_fmt(ms(b.get('engine_build_s'))):>10}"
                 f"{_fmt(b.get('place_ms_per_job')):>13}"
-                f"{_fmt(ms(r['placeable_pass_p50_s'])) + ' / ' + _fmt(ms(r['placeable_pass_max_s'])):>23}"
+                f"{fits:>23}"
                 + ("  TIMED OUT" if r["timed_out"] else "")
                 + (f"  {r['error']}" if r.get("error") else "")
                 + (f"  breakdown: {b['error']}" if b.get("error") else "")

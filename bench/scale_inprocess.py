@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The scheduling pass in one process, for bench/scale.py: N nodes x 8 GPUs and a backlog of jobs that
-fit nowhere in a fresh SQLite database; passes timed through
+"""The scheduling pass in one process, for bench/scale.py: N nodes x 8 GPUs and a backlog of jobs
+that fit nowhere in a fresh SQLite database; passes timed through
 fleetd.services.placement.scheduling.run_pass (no HTTP), with this process's memory. One JSON line
 per step on stdout, so that a run cut short by its time limit still says how far it got. Run by
 bench/scale.py, one fresh process per size.
 
     .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000
-    .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000 --unscoped-backlog  # names no fleet
+    .venv/bin/python bench/scale_inprocess.py --nodes 10000 --backlog 3000 --unscoped-backlog
 """
 
 import argparse

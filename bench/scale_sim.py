@@ -74,8 +74,8 @@ class Connection:
         try:
             self.sock.sendall(
                 b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
-                b"X-Fleet-Protocol: 1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                % (path, self.host.encode(), auth, len(body), body)
+                b"X-Fleet-Protocol: 1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (path, self.host.encode(), auth, len(body), body)
             )
             return self._read()
         except Exception:

@@ -17,7 +17,8 @@ Every task writes its own run into a side-effect log (a 1777 directory), indepen
 the queue gets --drain-seconds to drain; then:
 
   acknowledged   jobs whose submission was answered 201
-  lost           acknowledged jobs that fleetd does not know, or that are not terminal after the drain
+  lost           acknowledged jobs that fleetd does not know, or that are not terminal after the
+                 drain
   ran twice      succeeded jobs one of whose ranks ran to completion (exit 0) more than once
   ran at once    jobs of which two runs of one rank (different epochs) overlapped in time
   wrong outcome  jobs that ended cancelled (nobody cancels here), or failed though they exit 0, or
@@ -360,7 +361,7 @@ def role_instances(args):
     api.close()
 
 
-# --- the processes under test ------------------------------------------------------------------------
+# --- the processes under test ---------------------------------------------------------------------
 
 
 def free_port():
@@ -1161,7 +1162,8 @@ class Soak:
         self.stop_load()
         self.phase = "drain"
         drain_seconds = self.drain()
-        self.phase = "verdict"  # the listings below (every job, 1,000 a page) cost fleetd memory of their own
+        # The listings below (every job, 1,000 a page) cost fleetd memory of their own.
+        self.phase = "verdict"
         return self.verdict(drain_seconds)
 
     def cleanup(self):

@@ -74,7 +74,8 @@ class Probe:
 
     def __init__(self, urls, admin):
         self.urls, self.admin = urls, admin
-        self.samples = []  # (submitted at, wall; submit -> running s or None; submit -> ended s, client)
+        # (submitted at, wall; submit -> running s or None; submit -> ended s, client)
+        self.samples = []
         self.errors = {}
         self.anomalies = []  # jobs that did not end succeeded with exactly one task
         self._stop = threading.Event()
@@ -114,7 +115,8 @@ class Probe:
                     at += 1
                     api = Api(self.urls[at % len(self.urls)], self.admin, timeout=60)
                 self._stop.wait(0.2)
-                continue  # a job submitted before the error is checked at the end (leftover_probe_jobs)
+                # A job submitted before the error is checked at the end (leftover_probe_jobs).
+                continue
             client = time.perf_counter() - t0
             task = (done.get("tasks") or [{}])[0]
             started = (
@@ -396,7 +398,8 @@ def print_report(results, args):
             f"{got['probe_anomaly_count']}"
         )
         print(
-            f"  {'jobs submitted':<22}{'jobs':>6}{'running p50 ms':>16}{'p95':>8}{'client p50 ms':>15}{'p95':>8}"
+            f"  {'jobs submitted':<22}{'jobs':>6}{'running p50 ms':>16}{'p95':>8}"
+            f"{'client p50 ms':>15}{'p95':>8}"
         )
         for name, w in got["windows"].items():
             print(

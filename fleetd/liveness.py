@@ -40,7 +40,8 @@ class LivenessTracker:
         self.max_rate = max_heartbeats_per_second
         self.started = clock.monotonic()
         self._seen = {}  # node id -> Seen (a new one for each heartbeat; `monotonic` never changes)
-        self._reporting = {}  # node id -> its last heartbeat's task list, for nodes whose list is not empty
+        # node id -> its last heartbeat's task list, for nodes whose list is not empty
+        self._reporting = {}
         self._given = []  # [(monotonic, interval)] handed out lately, longest last kept
         self._lock = threading.Lock()
 

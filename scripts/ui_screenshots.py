@@ -1,5 +1,4 @@
-"""Screenshots of the admin UI's pages for docs/ui.md, taken again by anyone with the dev extras and Debian's
-chromium:
+"""Screenshots of the admin UI's pages for docs/ui.md, for anyone with the dev extras and chromium:
 
     .venv/bin/python scripts/ui_screenshots.py [--out docs/ui]
 

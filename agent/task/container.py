@@ -123,9 +123,9 @@ def remove_env_file(path):
 
 
 def ulimit_flags(pids=None):
-    """--ulimit for open files and processes at the host's own hard limits (nproc at most pid_max, as
-    podman lowers its own to, and at most the task's pid limit `pids`): podman's defaults (1048576)
-    exceed a low hard limit, which the container's start cannot raise
+    """--ulimit for open files and processes at the host's own hard limits (nproc at most
+    pid_max, as podman lowers its own to, and at most the task's pid limit `pids`): podman's
+    defaults (1048576) exceed a low hard limit, which the container's start cannot raise
     (`error setting rlimit type 7`). podman and docker take both."""
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]

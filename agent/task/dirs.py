@@ -102,7 +102,8 @@ class TaskDirs:
         self._spares = []  # names in spare_dir, each a clean task directory with a blank state file
         self._names = itertools.count()
         self._uid, self._gid = os.geteuid(), os.getegid()
-        self._born = {}  # the extended attributes every new directory and file gets (an SELinux label)
+        # The extended attributes every new directory and file gets (an SELinux label).
+        self._born = {}
         shutil.rmtree(spare_dir, ignore_errors=True)
         if keep:
             try:

@@ -461,7 +461,8 @@ class InstanceTask(Task):
                 left,
                 LEFTOVERS_GONE_SECONDS,
             )
-        self._remove_container()  # before the finish report: a resume may publish the same host ports at once
+        # Before the finish report: a resume may publish the same host ports at once.
+        self._remove_container()
         return result
 
     def _remove_container(self):

@@ -196,8 +196,9 @@ class Limits:
                 self.mps.ensure(uuid)
                 env.update(mps_client_env(self.mps_base, uuid, gpus[0]))
                 if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env:
+                    percentage = env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
                     enforcement[uuid]["compute_enforcement"] = (
-                        f"MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}"
+                        f"MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}"
                     )
                 if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in env:
                     pinned = env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]

@@ -99,7 +99,8 @@ class InstanceMonitor:
         self.cpu_percent = None
         self.memory_percent = None
         self.volume_used_bytes = None
-        self.port_states = {}  # host port -> state (agent/ports.py), from the last look (task.check_ports)
+        # host port -> state (agent/ports.py), from the last look (task.check_ports)
+        self.port_states = {}
         self._usage = ProcessUsage()
         self.scratch_used_bytes = None
         self._due = {"process": 0.0, "volume": 0.0, "ports": 0.0, "scratch": 0.0}

@@ -99,7 +99,8 @@ class Runner:
         self._lock = threading.Lock()
         self._tasks = {}  # task_id -> Task
         self._deleting = set()  # instance ids whose volume is being deleted
-        self._idle_clients = []  # FleetClients with open keep-alive connections, for the next thread
+        # FleetClients with open keep-alive connections, for the next thread.
+        self._idle_clients = []
         self._threads = []
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
         self.finishes = FinishReports()

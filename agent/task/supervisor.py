@@ -137,7 +137,8 @@ class Supervisor:
         self._unwatch = None  # (read, write) ends of a pipe that ends the watcher: see release()
         self._unwatch_lock = threading.Lock()  # the pipe is written only while it is open
         self.released = threading.Event()
-        self._seen = {}  # pid -> start ticks of every process seen as the workload's (they may leave its tree)
+        # pid -> start ticks of every process seen as the workload's (they may leave its tree)
+        self._seen = {}
 
     def key(self):
         """The TaskKey that finds the processes (with the group while the leader is not reaped)."""

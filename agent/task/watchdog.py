@@ -62,8 +62,10 @@ class Watchdog:
         self.polls = 0
         self.foreign = []  # the last poll's GPU processes that belong to no task
         self.detections: collections.deque[dict] = collections.deque(maxlen=DETECTIONS_KEPT)
-        self._within = {}  # (task_id, epoch, uuid) -> last poll number at which usage was within the limit
-        self._killed_foreign = {}  # pid -> (start ticks, SIGTERM time): SIGKILL follows after the grace
+        # (task_id, epoch, uuid) -> last poll number at which usage was within the limit
+        self._within = {}
+        # pid -> (start ticks, SIGTERM time): SIGKILL follows after the grace
+        self._killed_foreign = {}
         self._warned = set()
 
     def run(self, stop, beat=None):

@@ -33,7 +33,9 @@ _PAGE = """<!DOCTYPE html>
 """
 
 _START = """window.addEventListener("load", function () {
-  window.ui = SwaggerUIBundle({url: "/api/openapi.json", dom_id: "#swagger-ui-container", deepLinking: true});
+  window.ui = SwaggerUIBundle({
+    url: "/api/openapi.json", dom_id: "#swagger-ui-container", deepLinking: true
+  });
 });
 """
 

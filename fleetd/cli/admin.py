@@ -162,8 +162,8 @@ def status():
                 f"your use: {use['active_jobs']}/{limits['max_active_jobs']} active jobs, "
                 f"{use['instances']}/{limits['max_instances']} instances, "
                 + (
-                    f"{byte_size(use['stored_spec_bytes'])}/{byte_size(limits['max_stored_spec_bytes'])} of "
-                    "specs, "
+                    f"{byte_size(use['stored_spec_bytes'])}/"
+                    f"{byte_size(limits['max_stored_spec_bytes'])} of specs, "
                     if "stored_spec_bytes" in use
                     else ""
                 )  # an older server counts none

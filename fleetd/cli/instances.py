@@ -199,7 +199,8 @@ def _running_or_at_rest(d):
 
 
 def _wait_running(instance_id, data, timeout, verb):
-    """--wait of create and resume: until it runs (exit 0), or rests (exit 1), or the timeout (exit 2)."""
+    """--wait of create and resume: until it runs (exit 0), or rests (exit 1), or the timeout
+    (exit 2)."""
     quiet = wants_json()
 
     def tell(d):

@@ -107,9 +107,9 @@ _SETTING_OPTIONS: tuple[
 
 
 def validation_options(default):
-    """--validation/--no-validation and one option per key of a fleet's validation setting; the command
-    receives them as one `validation` argument: the setting (validation_body), or `default` when
-    none was given."""
+    """--validation/--no-validation and one option per key of a fleet's validation setting; the
+    command receives them as one `validation` argument: the setting (validation_body), or `default`
+    when none was given."""
 
     def decorate(fn):
         @functools.wraps(fn)

@@ -30,8 +30,10 @@ from graphql.validation import specified_rules
 MAX_BYTES = 64 * 1024  # the document's text, UTF-8
 MAX_TOKENS = 5000  # GraphQL's lexical tokens (names, punctuation, values)
 MAX_DEFINITIONS = 100  # operations and fragments
-MAX_DEPTH = 12  # fields nested in fields, through fragments (introspection aside); fleetd's own deepest is 5
-MAX_COST = 10_000  # every selected field costs 1 (__typename and introspection too), a fragment at each spread
+# Fields nested in fields, through fragments (introspection aside); fleetd's own deepest is 5.
+MAX_DEPTH = 12
+# Every selected field costs 1 (__typename and introspection too), a fragment at each spread.
+MAX_COST = 10_000
 
 
 # Introspection nests deeper than any of fleetd's fields (a type's ofType chain: the standard query

@@ -27,7 +27,8 @@ POLL_SECONDS = 0.5
 JOIN_TOKEN_TTL_SECONDS = 3600
 STEPS = ("connect", "preflight", "install", "configure", "enrol", "start", "ready")
 REMOVE_STEPS = ("connect", "drain", "stop", "delete", "uninstall")
-#: Statuses an upgrade goes through fleetd's upgrade routes from (fleetd.services.nodes.upgrades.UPGRADABLE).
+#: Statuses an upgrade goes through fleetd's upgrade routes from
+#: (fleetd.services.nodes.upgrades.UPGRADABLE).
 UPGRADABLE = ("ready", "cordoned", "draining", "drained")
 #: Where a node of each status before a run is once it is done.
 RETURNS_TO = {
@@ -408,7 +409,8 @@ class Bootstrapper:
             )
         reason = f"fleetd bootstrap: {verb} the agent {what}"
         if node["status"] not in UPGRADABLE:
-            return node  # lost (its agent died in the upgrade that failed): fleetd holds the record already
+            # Lost (its agent died in the upgrade that failed): fleetd holds the record already.
+            return node
         self.progress(
             result.host,
             "install",

@@ -30,7 +30,8 @@ DEFAULTS: dict[str, object] = {
     "fleet_agent_config_dir": "/etc/fleet-agent",
     "fleet_agent_state_dir": "/var/lib/fleet-agent",
     "fleet_agent_unit_dir": "/etc/systemd/system",
-    "fleet_agent_server_url": None,  # required: one URL, several comma-separated, or a list (replicas)
+    # Required: one URL, several comma-separated, or a list (replicas).
+    "fleet_agent_server_url": None,
     "fleet_agent_ca_file": "",
     "fleet_agent_tls_pin": "",
     "fleet_agent_machine_id": "",

@@ -59,7 +59,9 @@ class HostSpec:
 
     def __str__(self):
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.user + '@' if self.user else ''}{host}{':' + str(self.port) if self.port else ''}"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{host}{port}"
 
 
 def fingerprint(key):

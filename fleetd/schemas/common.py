@@ -27,8 +27,9 @@ class Text(fields.String):
 
 
 class FullRegexp(validate.Regexp):
-    """marshmallow's Regexp read in full: its `match` lets a pattern that ends in `$` take a trailing
-    newline ("alice\n"). The pattern itself stays as written (`^...$`), as OpenAPI documents it."""
+    """marshmallow's Regexp read in full: its `match` lets a pattern that ends in `$` take a
+    trailing newline ("alice\n"). The pattern itself stays as written (`^...$`), as OpenAPI
+    documents it."""
 
     def __call__(self, value):
         if self.regex.fullmatch(value) is None:

@@ -101,16 +101,16 @@ HealthPolicy = lambda **kw: fields.Nested(  # noqa: E731 - one definition for cr
 )
 
 
-AllowRootTasks = lambda **kw: Bool(
-    metadata={  # noqa: E731 - one definition for create and update
+AllowRootTasks = lambda **kw: Bool(  # noqa: E731 - one definition for create and update
+    metadata={
         "description": (
             "work an admin token submitted may run as root on the fleet's nodes (default false)"
         )
     },
     **kw,
 )
-RequireIsolation = lambda **kw: Bool(
-    metadata={  # noqa: E731
+RequireIsolation = lambda **kw: Bool(  # noqa: E731
+    metadata={
         "description": (
             "the fleet's nodes take work only when their agent can run tasks as other users "
             "(capabilities.isolation uid; default false)"

@@ -159,9 +159,10 @@ def stacked_bars(columns, stacks, unit="", title=""):
                 continue
             height = plot_h * value / top
             base -= height
+            tip = escape(f"{column} {name}: {value:g}{unit}")
             parts.append(
-                f'<rect class="s-k{n % SERIES_CLASSES}" x="{x:.1f}" y="{base:.1f}" width="{bar:.1f}" '
-                f'height="{height:.1f}"><title>{escape(f"{column} {name}: {value:g}{unit}")}</title></rect>'
+                f'<rect class="s-k{n % SERIES_CLASSES}" x="{x:.1f}" y="{base:.1f}" '
+                f'width="{bar:.1f}" height="{height:.1f}"><title>{tip}</title></rect>'
             )
         if i % every == 0 or i == len(columns) - 1:
             parts.append(

@@ -25,7 +25,8 @@ class FakeFleetd:
         self.logs = {}  # task_id -> [[stream, text], ...] in delivery order
         self.log_batches = {}  # task_id -> [number of lines per accepted batch]
         self.finished = {}  # task_id -> finish body
-        self.started = {}  # task_id -> start body (the last one: an instance's restarts report theirs)
+        # task_id -> start body (the last one: an instance's restarts report theirs)
+        self.started = {}
         self.restarts = {}  # task_id -> [restart body, ...]
         self.rendezvous = {}  # task_id -> {addr, port}
         self.artifacts = {}  # sha256 -> bytes served
@@ -33,14 +34,16 @@ class FakeFleetd:
         self.heartbeats = []  # heartbeat bodies
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
-        self.delete_volumes = []  # instance ids the heartbeat's reply asks the node to delete the volumes of
+        # Instance ids the heartbeat's reply asks the node to delete the volumes of.
+        self.delete_volumes = []
         self.strict_finish = (
             False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         )
         self.strict_acquire = (
             False  # refuse (400) an acquire asking for a batch, as an older fleetd would
         )
-        self.finish_batches = True  # take several finish reports in one call (POST /agent/finish); older fleetds do not
+        # Take several finish reports in one call (POST /agent/finish); older fleetds do not.
+        self.finish_batches = True
         self.hold_finish = threading.Event()  # while clear, finish calls wait (bounded) for it
         self.hold_finish.set()
         self.fenced = set()  # task ids answered 409

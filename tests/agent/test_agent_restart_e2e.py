@@ -45,7 +45,7 @@ def _running(job):
     return job["state"] == "running" and job["tasks"][0]["state"] == "running"
 
 
-def test_an_agent_restart_requeues_its_task_without_using_an_attempt_and_an_outside_kill_still_fails(
+def test_an_agent_restart_requeues_its_task_without_an_attempt_and_an_outside_kill_still_fails(
     server_factory, admin, agent_factory
 ):
     server = server_factory(**SETTINGS)

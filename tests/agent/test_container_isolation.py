@@ -97,7 +97,7 @@ def make_runner(state_dir, fleetd, runtime, ports=None):
     )
 
 
-# ------------------------------------------------------------------ without a container runtime at work
+# -------------------------------------------------------------- without a container runtime at work
 
 
 def test_the_client_environment_is_fixed_and_takes_nothing_of_the_agents_but_its_runtime_dir():
@@ -219,7 +219,7 @@ def test_podman_here_is_ready(podman_env):
 
 @pytest.mark.integration
 @needs_root
-def test_a_specs_client_variables_reach_the_container_only_and_it_runs_as_its_owner_with_no_privilege(
+def test_a_specs_client_variables_reach_only_the_container_which_runs_as_its_owner_unprivileged(
     state_dir, fleetd, recorded
 ):
     runtime, record = recorded

@@ -33,7 +33,8 @@ SETTINGS = {
     "FLEETD_SCHEDULER_INTERVAL_SECONDS": "0.5",
     "FLEETD_LIVENESS_SWEEP_SECONDS": "0.5",
     "FLEETD_LEASE_SWEEP_SECONDS": "0.5",
-    "FLEETD_LOG_LEVEL": "DEBUG",  # the access log is written at DEBUG: the api_key must not be in it
+    # The access log is written at DEBUG: the api_key must not be in it.
+    "FLEETD_LOG_LEVEL": "DEBUG",
 }
 SDK = "runpod==1.12.*"
 SDK_SCRIPT = Path(__file__).resolve().parent / "runpod_calls.py"
@@ -102,7 +103,8 @@ CLUSTERS = """query clusters { myself { clusters { id name runtime { uptimeInSec
   ports { ip isIpPublic privatePort publicPort type } gpus { id gpuUtilPercent memoryUtilPercent }
   container { cpuPercent memoryPercent } } } } }"""
 ON_DEMAND = """mutation deploy($input: PodFindAndDeployOnDemandInput!) {
-  clusterFindAndDeployOnDemand(input: $input) { id imageName env machineId machine { clusterHostId } costPerHr } }"""
+  clusterFindAndDeployOnDemand(input: $input) {
+    id imageName env machineId machine { clusterHostId } costPerHr } }"""
 
 
 def test_the_seed_cluster_operations_with_api_key_on_a_real_agent(fleet):
@@ -215,7 +217,8 @@ def test_the_seed_cluster_operations_with_api_key_on_a_real_agent(fleet):
             f"""query GpuTypes {{ gpuTypes(input: {{ id: "{MODEL}" }}) {{
         id displayName memoryInGb secureCloud communityCloud maxGpuCount
         lowestPrice(input: {{ gpuCount: 1 }}) {{ minimumBidPrice uninterruptablePrice }}
-        eight: lowestPrice(input: {{ gpuCount: 8 }}) {{ minimumBidPrice uninterruptablePrice }} }} }}""",
+        eight: lowestPrice(input: {{ gpuCount: 8 }}) {{ minimumBidPrice uninterruptablePrice }}
+        }} }}""",
         )
     )["gpuTypes"]
     assert (

@@ -291,7 +291,8 @@ def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_nod
         message="the second start",
     )
 
-    victim.start()  # comes back and takes its task back; fleetd has moved it on, so the old copy is ended
+    # It comes back and takes its task back; fleetd has moved it on, so the old copy is ended.
+    victim.start()
     victim.wait_for_line(r"no longer leases it to this node \(fleetd answered 409", timeout=60)
     assert wait_gone([first_pid], 10)
     gate.open()
@@ -306,7 +307,7 @@ def test_a_sigkilled_agents_task_is_requeued_once_and_completes_on_the_other_nod
     assert texts.count("completed") == 1
 
 
-def test_an_agent_killed_and_back_before_the_lease_ends_takes_its_task_back_and_reports_the_real_outcome(
+def test_an_agent_killed_and_back_within_the_lease_takes_its_task_back_and_reports_the_real_outcome(
     fleet, gate
 ):
     """An agent SIGKILLed and restarted before the lease expires finds its task still running (its

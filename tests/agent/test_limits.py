@@ -423,7 +423,7 @@ def test_cgroup_tree_pids_lists_a_subtree_and_nothing_once_it_is_empty(cgroup_pa
     assert cgroup_tree_pids(top) == []  # gone
 
 
-def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_through_the_task_cgroup(
+def test_a_daemon_that_escaped_session_environment_and_parent_is_still_found_by_the_task_cgroup(
     cgroup_parent, host, fleetd, fake_nvml, tmp_path
 ):
     runner, limits, _devices = host(cgroup_parent=cgroup_parent)
@@ -544,11 +544,14 @@ FAKE_MPS_CONTROL = """#!/bin/sh
 # Stands in for nvidia-cuda-mps-control: records how it was run; -f stays in the foreground.
 log="$FAKE_MPS_LOG"
 [ -n "$log" ] || log="$(dirname "$0")/calls.log"
-echo "argv=$* pipe=$CUDA_MPS_PIPE_DIRECTORY logs=$CUDA_MPS_LOG_DIRECTORY visible=$CUDA_VISIBLE_DEVICES" >> "$log"
+run="argv=$* pipe=$CUDA_MPS_PIPE_DIRECTORY logs=$CUDA_MPS_LOG_DIRECTORY"
+echo "$run visible=$CUDA_VISIBLE_DEVICES" >> "$log"
 if [ "$1" = "-f" ]; then
     rm -f "$CUDA_MPS_PIPE_DIRECTORY/quit"
     i=0
-    while [ $i -lt 6000 ] && [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.1; i=$((i+1)); done
+    while [ $i -lt 6000 ] && [ ! -e "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do
+        sleep 0.1; i=$((i+1))
+    done
 else
     read cmd
     echo "stdin=$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"

@@ -191,7 +191,8 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_the_health_policy_takes_the_no
     [gpu] = [g for g in node_view["gpus"] if g["uuid"] == uuid]
     assert gpu["healthy"] is False and "critical XID 79" in gpu["health_reason"]
 
-    def all_blocked():  # the failed task's GPU counts as held until the node stops reporting its process
+    # The failed task's GPU counts as held until the node stops reporting its process.
+    def all_blocked():
         gpu_status = http("GET", "/api/v1/cluster/status", expect=200).json()["gpu"]
         return (
             gpu_status
@@ -205,7 +206,7 @@ def test_an_xid_on_a_tasks_gpu_fails_the_task_and_the_health_policy_takes_the_no
 
 
 @pytest.mark.parametrize("policy", ["report", "kill"])
-def test_a_foreign_gpu_process_is_in_the_heartbeat_and_the_local_api_and_killed_only_when_configured(
+def test_a_foreign_gpu_process_is_in_the_heartbeat_and_local_api_and_killed_only_when_configured(
     agent_factory, policy
 ):
     fleetd = FakeFleetd().start()

@@ -172,10 +172,13 @@ def test_the_device_report_matches_nvidia_smi(gpu_host):
     assert [(int(r[0]), r[1], r[2], int(r[3])) for r in rows] == ours
 
 
-SMI_FIELDS = "index,driver_version,serial,pcie.link.gen.max,pcie.link.width.max,ecc.mode.current,persistence_mode"
+SMI_FIELDS = (
+    "index,driver_version,serial,pcie.link.gen.max,pcie.link.width.max,ecc.mode.current,"
+    "persistence_mode"
+)
 
 
-def test_the_validation_suite_reads_driver_pcie_and_ecc_as_nvidia_smi_does_and_runs_dcgmi_where_present(
+def test_validation_reads_driver_pcie_and_ecc_as_nvidia_smi_does_and_runs_dcgmi_where_present(
     tmp_path,
 ):
     smi = shutil.which("nvidia-smi")

@@ -142,7 +142,7 @@ def test_the_output_offsets_file_is_the_agents_alone(runner, fleetd, gate):
 
 
 @as_other_uids
-def test_a_state_dir_other_uids_cannot_reach_is_named_at_start_and_refuses_their_tasks_with_the_reason(
+def test_a_state_dir_other_uids_cannot_reach_is_named_at_start_and_their_tasks_refused_with_reason(
     top, fleetd, caplog
 ):
     state = os.path.join(top, "state")

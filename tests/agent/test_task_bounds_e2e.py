@@ -142,7 +142,7 @@ def worker(agent, job_id, http):
     )
 
 
-def test_a_task_forking_ten_thousand_processes_stops_at_its_fleets_pid_limit_and_the_node_stays_healthy(
+def test_a_task_forking_10000_processes_stops_at_its_fleets_pid_limit_and_the_node_stays_healthy(
     node,
 ):
     http, agent = node
@@ -174,7 +174,7 @@ def test_a_tasks_path_is_its_fleets_never_the_agents_own(node):
     wait_job(http, job["id"])
 
 
-def test_a_task_that_sets_no_memory_bytes_is_bounded_by_its_fleets_default_and_one_that_does_by_its_own(
+def test_a_task_without_memory_bytes_is_bounded_by_its_fleets_default_and_one_with_them_by_its_own(
     node,
 ):
     http, agent = node

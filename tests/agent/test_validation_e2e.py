@@ -48,7 +48,7 @@ def _start(agent, server, token, change=None):
     return agent.start()
 
 
-def test_a_degraded_pcie_link_or_pending_row_remaps_fail_validation_naming_them_and_a_healthy_host_passes(
+def test_a_degraded_pcie_link_or_pending_row_remaps_fail_validation_by_name_a_healthy_host_passes(
     server_factory, admin, agent_factory
 ):
     server = server_factory(**FAST)

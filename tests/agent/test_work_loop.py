@@ -241,7 +241,7 @@ def job_and_instance_under_a_lease(worker_agent, fleetd, job="t-job", inst="t-in
     return agent, job_pid, inst_pid
 
 
-def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_out_and_keeps_instances(
+def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_ends_and_keeps_instances(
     worker_agent, fleetd
 ):
     agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd)
@@ -258,7 +258,7 @@ def test_a_node_cut_off_from_fleetd_stops_its_job_tasks_before_their_lease_runs_
     fleetd.down.clear()
 
 
-def test_a_dead_agents_fence_keeper_stops_its_job_tasks_when_their_lease_runs_out_and_keeps_instances(
+def test_a_dead_agents_fence_keeper_stops_its_job_tasks_when_their_lease_ends_and_keeps_instances(
     worker_agent, fleetd
 ):
     agent, job_pid, inst_pid = job_and_instance_under_a_lease(worker_agent, fleetd)

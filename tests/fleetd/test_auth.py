@@ -147,7 +147,7 @@ def test_openapi_describes_exactly_the_routes_of_the_role_table(api):
     assert set(openapi_routes(api)) == set(ROLE_TABLE)
 
 
-@pytest.mark.sweep  # every route as seven principals: the full tier (scripts/test.sh --fast leaves it out)
+@pytest.mark.sweep  # every route as seven principals: full tier only (test.sh --fast skips it)
 def test_every_route_enforces_the_role_table_of_api_md(api):
     api.create_fleet("gpu-a")
     join = api.create_join_token("gpu-a")

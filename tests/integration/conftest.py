@@ -13,7 +13,7 @@ import pytest
 
 # Imported from here by tests and benches (and test_cli_instances.py takes the fixtures from here).
 from tests.support.http import Http  # noqa: F401
-from tests.support.server import (
+from tests.support.server import (  # noqa: F401
     FleetdProcess,
     admin,
     data_dir,
@@ -21,7 +21,7 @@ from tests.support.server import (
     fleetd_init,
     server,
     server_factory,
-)  # noqa: F401
+)
 
 
 def _pg_bin(name):

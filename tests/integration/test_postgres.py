@@ -72,12 +72,10 @@ def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgre
 def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(
     postgres_url,
 ):
-    from tests.fleetd.test_migrations import (
-        check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names as check,
-    )
+    from tests.fleetd import test_migrations as m
 
     with own_database(postgres_url, "fleetd_0017") as db:
-        check(db)
+        m.check_0017_gives_artifact_names_to_their_uploader_and_renames_ambiguous_token_names(db)
 
 
 def test_concurrent_creates_of_one_token_name_make_exactly_one_on_postgres(pg_api):
@@ -286,7 +284,7 @@ def test_a_replica_whose_write_fails_keeps_what_it_heard_and_writes_it_next_roun
         bind(shared)
 
 
-def test_a_node_another_replica_registered_is_not_declared_lost_before_that_replica_writes_down_its_heartbeats(
+def test_a_node_another_replica_registered_is_not_lost_before_that_replica_writes_its_heartbeats(
     pg_api, clock
 ):
     # The leader has never heard a node that registered (and heartbeated) on another replica: until

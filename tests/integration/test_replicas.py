@@ -321,7 +321,8 @@ def test_a_deposed_leader_neither_writes_nor_enforces_a_drain_deadline(replica_d
                 GpuSample.select().count(),
             )
 
-    def paused():  # a fence that refuses teaches the replica it lost the lead: each path below comes first
+    # A fence that refuses teaches the replica it lost the lead: each path below comes first.
+    def paused():
         old._valid_until = old.lease_seconds - old.margin
 
     before = counts()

@@ -36,7 +36,8 @@ MAX_EXAMPLES = int(
     os.environ.get("FLEETD_SCHEMATHESIS_EXAMPLES", "50")
 )  # more for a deeper run: the env var
 SEED = int(os.environ.get("FLEETD_SCHEMATHESIS_SEED", "20260101"))
-RUN_TIMEOUT = 420  # seconds per `schemathesis run`: about 2 minutes alone here, with room for a loaded machine
+# Seconds per `schemathesis run`: about 2 minutes alone here, with room for a loaded machine.
+RUN_TIMEOUT = 420
 PHASES = "examples,coverage,fuzzing,stateful"
 
 # (check, operation regex, regex over the response body, why). Keep this short and honest: an
@@ -96,7 +97,8 @@ ALLOWED = [
     ),
     (
         "positive_data_acceptance",
-        r"POST /api/v1/(instances|cluster/simulate-schedule|agent/.*finish|agent/tasks/\{task_id\}/start)",
+        r"POST /api/v1/(instances|cluster/simulate-schedule|agent/.*finish"
+        r"|agent/tasks/\{task_id\}/start)",
         r"each port at most once|each declared port at most once",
         "uniqueness of one key (port) across array items is not expressible in OpenAPI 3.0",
     ),

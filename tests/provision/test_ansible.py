@@ -152,7 +152,7 @@ def bootstrapped(lab_factory, bundle, tmp_path, shapes, mounted=()):
     return lab, inventory, control_dir, nodes
 
 
-def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_and_drain_undrain_remove_work(
+def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_drain_undrain_remove_work(
     lab_factory, bundle, tmp_path
 ):
     lab, inventory, control_dir, nodes = bootstrapped(
@@ -475,7 +475,7 @@ def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node
         shutil.rmtree(control_dir, ignore_errors=True)
 
 
-def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_playbook_accepts_drained_and_cordoned_nodes(
+def test_upgrade_playbook_keeps_an_operators_drain_and_bootstrap_accepts_drained_and_cordoned_nodes(
     lab_factory, bundle, next_bundle, tmp_path
 ):
     lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)

@@ -45,7 +45,7 @@ def file_state(host, *paths):
     return {p: (host.path(p).stat().st_mtime_ns, host.path(p).read_bytes()) for p in paths}
 
 
-def test_three_hosts_become_ready_a_rerun_changes_nothing_starts_a_stopped_agent_and_an_unreachable_host_fails_alone(
+def test_three_hosts_get_ready_a_rerun_only_starts_a_stopped_agent_an_unreachable_host_fails_alone(
     lab_factory, bundle
 ):
     lab = lab_factory(["l4_x4", "h100_x8", "a100_mig_x2"])
@@ -245,7 +245,7 @@ def closed_port_on(address):
         return f"http://{address}:{probe.getsockname()[1]}"
 
 
-def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_when_the_list_changes(
+def test_agents_get_every_fleetd_url_enrol_past_a_dead_one_and_keep_their_node_as_the_list_changes(
     lab_factory, bundle
 ):
     lab = lab_factory(["l4_x4"])
@@ -288,7 +288,7 @@ def node_list_json(lab, *args):
     return json.loads(result.stdout)
 
 
-def test_rollouts_are_safe_downgrades_refused_rebuilds_installed_operator_states_kept_and_failed_nodes_kept_out(
+def test_rollouts_refuse_downgrades_install_rebuilds_keep_operator_states_and_keep_failed_nodes_out(
     lab_factory, bundle, next_bundle, tmp_path
 ):
     from tests.provision.conftest import repack_bundle

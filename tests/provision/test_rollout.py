@@ -15,7 +15,7 @@ from tests.support.server import fleetd_cmd
 pytestmark = pytest.mark.integration
 
 
-def test_a_broken_canary_pauses_the_rollout_and_a_good_one_then_takes_every_node_back_to_its_operators_state(
+def test_a_broken_canary_pauses_the_rollout_then_a_good_one_returns_nodes_to_their_operators_state(
     lab_factory, bundle, tmp_path
 ):
     # Four hosts show it: the canary (ready), a node in service, one an operator drained and one an

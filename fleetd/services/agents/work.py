@@ -333,7 +333,8 @@ def wait_rendezvous(rt, node_id, task_id, wait_seconds):
                 {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port} if met else GANG_OVER
             )
         if rank0 is None or not met or not all(TaskState(r.state).is_active() for r in ranks):
-            return None  # rank 0 has not published, or a rank is not placed or not here yet: nobody starts
+            # Rank 0 has not published, or a rank is not placed or not here yet: nobody starts.
+            return None
         return {"addr": rank0.rendezvous_addr, "port": rank0.rendezvous_port}
 
     found = released(published) or rt.notifier.wait(

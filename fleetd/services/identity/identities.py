@@ -120,7 +120,8 @@ class Identities:
                             token_id=owner, uid=self._free_uid(), allocated_at=now
                         )
             except peewee.IntegrityError:
-                continue  # another writer took that uid (or allocated this owner's) first: look again
+                # Another writer took that uid (or allocated this owner's) first: look again.
+                continue
             with self._lock:
                 self._owner_uids[owner] = row.uid
             return row.uid

@@ -84,23 +84,24 @@ def begin_upgrade(rt, node_id, reason, deadline_seconds):
             switch_node_status(rt, node, NodeStatus.DRAINING, f"upgrade: {reason}", now)
             settle_drain(rt, node, now)
         elif retry_of_lost:
+            when = "after the upgrade that failed" if failed_before else "during an upgrade"
             record_event(
                 now,
                 "node.upgrade",
                 "node",
                 node_id,
                 f"upgrade: {reason}; the node stays lost until its new agent's heartbeat "
-                f"(it went silent "
-                f"{'after the upgrade that failed' if failed_before else 'during an upgrade'})",
+                f"(it went silent {when})",
             )
         else:
+            before = record["before"]
+            why = before["drain_reason"] or before["reason"] or "no reason given"
             record_event(
                 now,
                 "node.upgrade",
                 "node",
                 node_id,
-                f"upgrade: {reason}; the node stays {node.status} as an operator left it "
-                f"({record['before']['drain_reason'] or record['before']['reason'] or 'no reason given'})",
+                f"upgrade: {reason}; the node stays {node.status} as an operator left it ({why})",
             )
     return get_node(node_id)
 

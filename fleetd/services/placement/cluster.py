@@ -73,7 +73,8 @@ class ClusterState:
         # milli, memory]
         self.held, self.node_use = self._reservations()
         self._silent = silent
-        self.owner_ports: dict = {}  # node id -> {owner: host ports its instances hold there}; see load_owner_ports
+        # node id -> {owner: host ports its instances hold there}; see load_owner_ports
+        self.owner_ports: dict = {}
         self.mps_owners = (
             self._mps_owners()
         )  # (node id, uuid) -> the owner whose MPS slices share it

@@ -115,7 +115,8 @@ def _run_pass(rt, full, read_all=False):
         if any(t.request.host_ports for t in terms.values()) or any(
             r.host_ports for r, _ in unread
         ):
-            state.load_owner_ports()  # a new instance with ports: its owner's ports on each node count
+            # A new instance with ports: its owner's ports on each node count.
+            state.load_owner_ports()
         rules = Rules.load(state, now)
     plan = rt.offload(
         _decide,

@@ -285,7 +285,8 @@ NODE_TRANSITIONS = transition_table(
         "failed_validation": "validating draining lost revoked",
         "ready": "cordoned draining validating lost revoked",
         "cordoned": "ready draining validating lost revoked",
-        "draining": "drained ready cordoned validating lost revoked",  # cordoned: the end of an upgrade of a cordoned node
+        # cordoned: the end of an upgrade of a cordoned node
+        "draining": "drained ready cordoned validating lost revoked",
         "drained": "ready cordoned validating lost revoked",
         "lost": "pending ready cordoned draining drained validating failed_validation revoked",
         "revoked": "pending",

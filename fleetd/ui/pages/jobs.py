@@ -153,8 +153,8 @@ def job_log(job_id):
         _log_url(job_id),
         not JobState(job.state).is_terminal(),
         JOB_DONE,
-        Markup(live),
-    )  # nosec B704  # rendered by Jinja
+        Markup(live),  # nosec B704  # rendered by Jinja
+    )
 
 
 @bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])

@@ -180,7 +180,8 @@ def node_action(node_id, action):
             )
         except FormError as exc:
             if not NodeStatus(node.status).allows("drain"):
-                raise  # the page has no drain form to show the messages beside: the error page says them
+                # The page has no drain form to show the messages beside: the error page says them.
+                raise
             errors = {
                 DRAIN_FIELDS.get(name, name): messages for name, messages in exc.errors.items()
             }

@@ -166,7 +166,7 @@ def test_fleet_crud(api):
     assert api.get("/api/v1/fleets/gpu-a").status_code == 404
 
 
-# ---------------------------------------------------------------- hostile JSON (audit: defects 1 and 5)
+# ------------------------------------------------------------ hostile JSON (audit: defects 1 and 5)
 
 
 def _raw(api, method, path, body, token=..., agent=False):
@@ -194,7 +194,8 @@ def test_non_finite_numbers_are_refused_everywhere_a_job_spec_goes(api, gpus):
 @pytest.mark.parametrize(
     "body",
     [
-        '{"name": "ok", "description": "\\ud800"}',  # an unpaired surrogate: no database can encode it
+        # An unpaired surrogate: no database can encode it.
+        '{"name": "ok", "description": "\\ud800"}',
         '{"name": "ok", "description": "\\udc00 low"}',
         '{"name": "ok", "description": "nul \\u0000"}',
         '{"name": "ok", "labels": {"k\\u0000": "v"}}',

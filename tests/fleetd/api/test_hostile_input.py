@@ -589,7 +589,7 @@ def test_every_json_route_is_covered(world):
     )
 
 
-@pytest.mark.sweep  # every field of every route: the full tier (scripts/test.sh --fast leaves it out)
+@pytest.mark.sweep  # every field of every route: full tier only (test.sh --fast skips it)
 def test_hostile_json_at_every_field_of_every_route_is_refused_and_never_stored(world):
     """Each hostile value at each field (and as a key of each object) of each route's body: 400,
     nothing stored."""
@@ -625,7 +625,7 @@ def test_hostile_json_at_every_field_of_every_route_is_refused_and_never_stored(
     assert not problems and not stored and scheduling is None, "\n".join(report)
 
 
-@pytest.mark.sweep  # a fuzzer over every route: the full tier (scripts/test.sh --fast leaves it out)
+@pytest.mark.sweep  # a fuzzer over every route: full tier only (test.sh --fast skips it)
 def test_hostile_json_anywhere_in_any_body_is_refused(world):
     """Hypothesis picks the route, the place (any depth, value or key) and the hostile value."""
     routes = world.routes

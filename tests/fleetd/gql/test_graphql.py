@@ -10,12 +10,13 @@ from tests.support.gpus import GPU_H100
 
 MODEL = GPU_H100["model"]
 DEPLOY = """mutation deploy($model: String) { clusterFindAndDeployOnDemand(input: {
-  cloudType: ALL, gpuCount: 1, volumeInGb: 40, containerDiskInGb: 40, minVcpuCount: 2, minMemoryInGb: 15,
-  gpuTypeId: $model, name: "tf", imageName: "", dockerArgs: "python3 -m http.server 8888",
-  ports: "8888/http", volumeMountPath: "/workspace", env: [{ key: "JUPYTER_PASSWORD", value: "pw" }],
+  cloudType: ALL, gpuCount: 1, volumeInGb: 40, containerDiskInGb: 40, minVcpuCount: 2,
+  minMemoryInGb: 15, gpuTypeId: $model, name: "tf", imageName: "",
+  dockerArgs: "python3 -m http.server 8888", ports: "8888/http", volumeMountPath: "/workspace",
+  env: [{ key: "JUPYTER_PASSWORD", value: "pw" }],
   startSsh: true, supportPublicIp: true, dataCenterId: null }) {
-    id imageName env machineId machine { clusterHostId podHostId } dockerArgs gpuCount memoryInGb volumeInGb
-    podType desiredStatus state } }"""
+    id imageName env machineId machine { clusterHostId podHostId } dockerArgs gpuCount memoryInGb
+    volumeInGb podType desiredStatus state } }"""
 
 
 def gql(api, query, variables=None, expect=200, token=..., params=""):
@@ -68,8 +69,9 @@ def test_runtime_stop_resume_bid_resume_and_terminate_through_the_cluster_names(
     _, session = fleet
     made = gql(
         api,
-        """mutation { clusterRentInterruptable(input: {bidPerGpu: 0.2, cloudType: SECURE, gpuCount: 1,
-        name: "spot", dockerArgs: "sleep 1000", ports: "8888/http,22/tcp"}) { id podType bidPerGpu } }""",
+        """mutation { clusterRentInterruptable(input: {bidPerGpu: 0.2, cloudType: SECURE,
+        gpuCount: 1, name: "spot", dockerArgs: "sleep 1000", ports: "8888/http,22/tcp"}) {
+        id podType bidPerGpu } }""",
     )
     pod = made["data"]["clusterRentInterruptable"]
     assert pod["podType"] == "INTERRUPTABLE" and pod["bidPerGpu"] == 0.2
@@ -77,7 +79,8 @@ def test_runtime_stop_resume_bid_resume_and_terminate_through_the_cluster_names(
     listed = gql(
         api,
         """query clusters { myself { clusters { id name runtime { uptimeInSeconds
-        ports { ip isIpPublic privatePort publicPort type } gpus { id gpuUtilPercent memoryUtilPercent }
+        ports { ip isIpPublic privatePort publicPort type }
+        gpus { id gpuUtilPercent memoryUtilPercent }
         container { cpuPercent memoryPercent } } } } }""",
     )["data"]["myself"]["clusters"]
     assert [c["id"] for c in listed] == [pod["id"]]
@@ -100,8 +103,8 @@ def test_runtime_stop_resume_bid_resume_and_terminate_through_the_cluster_names(
     assert one["data"]["cluster"] == {"state": "stopped", "runtime": None}
     resumed = gql(
         api,
-        f"""mutation {{ clusterBidResume(input: {{clusterId: "{pod["id"]}", bidPerGpu: 0.3, gpuCount: 1}})
-        {{ id desiredStatus bidPerGpu }} }}""",
+        f"""mutation {{ clusterBidResume(input: {{clusterId: "{pod["id"]}", bidPerGpu: 0.3,
+        gpuCount: 1}}) {{ id desiredStatus bidPerGpu }} }}""",
     )["data"]["clusterBidResume"]
     assert resumed["desiredStatus"] == "RUNNING" and resumed["bidPerGpu"] == 0.3
     gone = gql(api, f'mutation {{ clusterTerminate(input: {{clusterId: "{pod["id"]}"}}) }}')
@@ -117,10 +120,11 @@ def test_gpu_types_carry_prices_per_gpu_count(api, fleet):
     api.call("PUT", f"/api/v1/gpu-types/{model}", json={"price_per_hour": 2.5, "spot_min_bid": 0.8})
     found = gql(
         api,
-        f"""query GpuTypes {{ gpuTypes(input: {{id: "{model}"}}) {{ id displayName memoryInGb maxGpuCount
-        secureCloud communityCloud securePrice secureSpotPrice communityPrice
+        f"""query GpuTypes {{ gpuTypes(input: {{id: "{model}"}}) {{ id displayName memoryInGb
+        maxGpuCount secureCloud communityCloud securePrice secureSpotPrice communityPrice
         one: lowestPrice(input: {{gpuCount: 1}}) {{ minimumBidPrice uninterruptablePrice }}
-        three: lowestPrice(input: {{gpuCount: 3}}) {{ minimumBidPrice uninterruptablePrice available }} }} }}""",
+        three: lowestPrice(input: {{gpuCount: 3}}) {{
+        minimumBidPrice uninterruptablePrice available }} }} }}""",
     )
     (gpu,) = found["data"]["gpuTypes"]
     assert (

@@ -66,8 +66,10 @@ def test_a_spot_pod_is_rented_stopped_and_bid_resumed_by_the_pod_names(api, flee
     )
 
 
-CREATE_WITH_ARGS = """mutation deploy($args: [String!], $image: String) { podFindAndDeployOnDemand(input: {
-  name: "c", imageName: $image, dockerArgs: "sleep 1d", gpuCount: 0, runtimeArgs: $args}) { id runtimeArgs } }"""
+CREATE_WITH_ARGS = """mutation deploy($args: [String!], $image: String) {
+  podFindAndDeployOnDemand(input: {
+  name: "c", imageName: $image, dockerArgs: "sleep 1d", gpuCount: 0, runtimeArgs: $args}) {
+  id runtimeArgs } }"""
 
 
 def test_runtime_args_pass_the_rest_allow_list_and_read_back_on_the_pod(api):

@@ -7,10 +7,10 @@ from fleetd.gql import resolvers
 from tests.fleetd.gql.test_graphql import MODEL, gql
 
 # What create_pod("cpu", "localhost/app:1", instance_id="cpu3c-2-4") sends, as the SDK writes it.
-CPU_POD = """mutation { deployCpuPod( input: { name: "cpu", imageName: "localhost/app:1", cloudType: ALL,
-  startSsh: true, instanceId: "cpu3c-2-4", dataCenterId: null, dockerArgs: "", containerDiskInGb: 10,
-  volumeMountPath: "/runpod-volume", templateId: "runpod-ubuntu" } ) { id imageName env machineId
-  machine { podHostId } } }"""
+CPU_POD = """mutation { deployCpuPod( input: { name: "cpu", imageName: "localhost/app:1",
+  cloudType: ALL, startSsh: true, instanceId: "cpu3c-2-4", dataCenterId: null, dockerArgs: "",
+  containerDiskInGb: 10, volumeMountPath: "/runpod-volume", templateId: "runpod-ubuntu" } ) {
+  id imageName env machineId machine { podHostId } } }"""
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def _deliveries():
         ]
 
 
-def test_a_failed_canary_pauses_the_rollout_before_any_other_node_and_resume_and_abort_come_from_anywhere(
+def test_a_failed_canary_pauses_the_rollout_before_other_nodes_resume_and_abort_come_from_anywhere(
     api,
 ):
     api.create_fleet("gpu-a")

@@ -320,7 +320,7 @@ def test_a_kick_too_long_for_the_replicas_bus_wakes_every_group():
     assert parking.node_capacity("n1", "gpu-a", labels, [B200], 8).to_wire() is None
 
 
-def test_a_pass_on_a_throttled_inventory_does_not_park_a_group_that_a_node_it_does_not_show_yet_could_serve(
+def test_a_pass_on_a_throttled_inventory_parks_no_group_a_node_it_does_not_show_yet_could_serve(
     api, fleets, monkeypatch
 ):
     import time

@@ -253,7 +253,7 @@ def test_a_lost_node_interrupts_its_instances_which_run_on_when_it_returns(api, 
     assert back["state"] == "running" and "ran on" in back["status_reason"]
 
 
-def test_an_instance_on_a_lost_node_is_interrupted_by_no_workload_and_deleted_once_its_run_is_lost_too(
+def test_an_instance_on_a_lost_node_is_interrupted_by_no_workload_and_deleted_once_its_run_is_lost(
     api, fleet, clock
 ):
     token, node, session = fleet
@@ -303,7 +303,7 @@ def test_process_exit_and_idle_stop_end_the_instance(api, fleet):
     assert show(api, inst["id"])["state"] == "failed"
 
 
-def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed_and_is_billed_only_running(
+def test_a_crash_looping_process_reads_restarting_with_its_exit_then_failed_billed_only_running(
     api, fleet, clock
 ):
     token, node, session = fleet

@@ -756,7 +756,7 @@ def test_a_gang_whose_rank_succeeded_runs_again_whole_when_another_rank_fails_an
     assert api.job(job["id"])["state"] == "succeeded"
 
 
-def test_a_heartbeat_that_still_lists_the_last_epoch_never_stops_the_task_running_again_on_the_same_node(
+def test_a_heartbeat_still_listing_the_last_epoch_never_stops_the_task_running_again_on_that_node(
     api, fleet
 ):
     _, session = api.ready_node(fleet, "n1")
@@ -777,7 +777,7 @@ def test_a_heartbeat_that_still_lists_the_last_epoch_never_stops_the_task_runnin
     assert api.job(job["id"])["state"] == "succeeded"
 
 
-def test_a_rank_still_waiting_for_the_rendezvous_when_rank_0_ran_to_its_end_ends_the_attempt_at_once(
+def test_a_rank_still_waiting_for_the_rendezvous_when_rank_0_has_ended_ends_the_attempt_at_once(
     api, fleet
 ):
     _, s1 = api.ready_node(fleet, "n1")

@@ -165,7 +165,7 @@ def test_profiles_have_a_label_and_storage_has_seed_003s_names(api, fleet):
     assert storage["watermark_pct"] == 85 and storage["root"] == storage["data_dir"]
 
 
-# ---------------------------------------------------------------- GraphQL: a host process by image name
+# ------------------------------------------------------------ GraphQL: a host process by image name
 
 
 def test_the_image_name_host_makes_a_host_process_pod_as_the_sdks_create_pod_sends_it(api, fleet):
@@ -173,8 +173,9 @@ def test_the_image_name_host_makes_a_host_process_pod_as_the_sdks_create_pod_sen
     made = gql(
         api,
         """mutation create($model: String) { podFindAndDeployOnDemand(input: {name: "hp",
-        imageName: "host", gpuTypeId: $model, gpuCount: 1, cloudType: ALL, dockerArgs: "python3 -m http.server 8888",
-        ports: "8888/http"}) { id imageName dockerArgs } }""",
+        imageName: "host", gpuTypeId: $model, gpuCount: 1, cloudType: ALL,
+        dockerArgs: "python3 -m http.server 8888", ports: "8888/http"}) {
+        id imageName dockerArgs } }""",
         {"model": GPU_H100["model"]},
     )
     pod = made["data"]["podFindAndDeployOnDemand"]
@@ -190,8 +191,8 @@ def test_the_image_name_host_makes_a_host_process_pod_as_the_sdks_create_pod_sen
     assert bare["errors"][0]["extensions"]["code"] == "invalid_request"
     full = gql(
         api,
-        """mutation { podFindAndDeployOnDemand(input: {name: "y", imageName: "docker.io/library/host",
-        gpuCount: 0}) { id imageName } }""",
+        """mutation { podFindAndDeployOnDemand(input: {name: "y",
+        imageName: "docker.io/library/host", gpuCount: 0}) { id imageName } }""",
     )["data"]["podFindAndDeployOnDemand"]
     assert full["imageName"] == "docker.io/library/host"
 
