@@ -19,7 +19,7 @@ from fleetd.schemas.instances import (
 )
 from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
 from fleetd.schemas.nodes import EventPageSchema
-from fleetd.services.workloads import connections, instances
+from fleetd.services.workloads import connections, instance_views, instances
 
 blp = Blueprint(
     "instances",
@@ -30,7 +30,7 @@ blp = Blueprint(
 
 
 def _view(inst):
-    return instances.instance_view(current_runtime(), inst)
+    return instance_views.instance_view(current_runtime(), inst)
 
 
 @blp.route("/instances")
@@ -50,7 +50,7 @@ class Instances(MethodView):
             query["name"],
         )
         return {
-            "items": instances.instance_views(current_runtime(), items),
+            "items": instance_views.instance_views(current_runtime(), items),
             "next_cursor": next_cursor,
         }
 

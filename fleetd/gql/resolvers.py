@@ -14,7 +14,7 @@ from fleetd.api.parser import forbidden_text
 from fleetd.errors import InvalidRequest
 from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.services.placement import capacity, cluster
-from fleetd.services.workloads import connections, instances
+from fleetd.services.workloads import connections, instance_views, instances
 
 GIB = 1 << 30
 PODS_PAGE = (
@@ -130,7 +130,7 @@ def _runtime(runtime):
 
 
 def _pod_of(rt, inst):
-    return pod(instances.instance_view(rt, inst))
+    return pod(instance_views.instance_view(rt, inst))
 
 
 def _instance_id(data):
@@ -327,7 +327,7 @@ def resolve_pods(_, info):
     out, cursor = [], None
     for _page in range(MAX_POD_PAGES):
         items, cursor = instances.list_instances(principal, PODS_PAGE, cursor)
-        out += [pod(view) for view in instances.instance_views(rt, items)]
+        out += [pod(view) for view in instance_views.instance_views(rt, items)]
         if cursor is None:
             return out
     raise InvalidRequest(

@@ -12,7 +12,8 @@ class NodeStatus(str, enum.Enum):
     """Node states (docs/architecture.md, Node states and Job states)."""
 
     PENDING = "pending"
-    VALIDATING = "validating"  # its agent runs the fleet's validation suite; it takes no work until it passes
+    # its agent runs the fleet's validation suite; it takes no work until it passes
+    VALIDATING = "validating"
     FAILED_VALIDATION = "failed_validation"  # the suite failed (the reason names the check and GPU)
     READY = "ready"
     CORDONED = "cordoned"

@@ -11,7 +11,8 @@ class Role(str, enum.Enum):
     """Roles of API tokens (docs/api.md, Roles)."""
 
     ADMIN = "admin"
-    OPERATOR = "operator"  # cordon, drain, rollouts, node labels; reads what members read; no tokens or prices
+    # reads what members read; meant for cordon, drain, rollouts, node labels; no tokens or prices
+    OPERATOR = "operator"
     MEMBER = "member"  # submits and manages its own work
     SUBMITTER = "submitter"  # what a member may: the name tokens made before users keep
     VIEWER = "viewer"  # reads what members read

@@ -4,5 +4,6 @@
 - ``runs``       what a task's end does; the runs of instances; a node's status change
 - ``jobs``       submit, read, cancel, logs, events
 - ``instances``  long-running reserved workloads: ports, a volume, stop and resume
+- ``instance_views``  an instance as users read it: its run, node, ports and costs
 - ``artifacts``  content-addressed files jobs refer to
 """

@@ -11,13 +11,11 @@ from fleetd.models import (
     Node,
     Task,
 )
+from fleetd.services.workloads.instance_views import PORT_TAKEN, connection_url, port_state
 from fleetd.services.workloads.instances import (
     CONNECTION_WAIT_MAX_SECONDS,
-    PORT_TAKEN,
-    connection_url,
     find_instance,
     log,
-    port_state,
     resolve_instance,
 )
 from fleetd.services.workloads.runs import (

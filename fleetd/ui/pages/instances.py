@@ -11,7 +11,7 @@ from fleetd.runtime import current_runtime
 from fleetd.schemas.instances import ResumeSchema
 from fleetd.services.accounting import usage
 from fleetd.services.nodes import nodes
-from fleetd.services.workloads import instances
+from fleetd.services.workloads import instance_views, instances
 from fleetd.ui import roles, specforms
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form
@@ -63,7 +63,7 @@ def instance_list():
     )
     return render_template(
         "instances.html",
-        rows=instances.instance_views(current_runtime(), rows),
+        rows=instance_views.instance_views(current_runtime(), rows),
         state=state or "",
         owner=owner or "",
         team=team or "",
@@ -139,7 +139,7 @@ def instance_page(instance_id):
     )
     if other is not None:
         return other
-    view = instances.instance_view(rt, matches[0])
+    view = instance_views.instance_view(rt, matches[0])
     context = _context(view)
     if request.args.get("partial") == "live":
         if request.args.get("actions", "") != ",".join(name for name, _ in context["actions"]):
@@ -278,7 +278,7 @@ def instance_action(instance_id, action):
 def _resume_refused(rt, inst, form, errors):
     """The instance's page again (400), its resume form holding what was typed, each message beside
     its field."""
-    view = instances.instance_view(rt, inst)
+    view = instance_views.instance_view(rt, inst)
     context = _context(view)
     if "resume" not in dict(
         context["actions"]
