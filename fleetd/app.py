@@ -30,6 +30,11 @@ PUBLIC_ENDPOINTS = frozenset(
         "api-docs-ui.start",
         "api-docs-ui.assets",
         "root",
+        # Sign-in: the credential is in the body (a provider's token, a device or refresh code).
+        "auth.AuthDevice",
+        "auth.AuthDeviceToken",
+        "auth.AuthLogin",
+        "auth.AuthRefresh",
     }
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
@@ -132,7 +137,7 @@ def _authenticate():
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
     enter_actor(g.principal)
-    if g.principal.kind == "api":  # node sessions and join tokens are exempt
+    if g.principal.kind in ("api", "session"):  # node sessions and join tokens are exempt
         rt.rates.take(
             g.principal.id, g.principal.rate, rt.clock.monotonic()
         )  # 429 past the token's rate

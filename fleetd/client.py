@@ -104,21 +104,58 @@ def load_config(path=None):
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise ClientError(f"cannot read {path}: {exc}") from None
-    return {k: v for k, v in data.items() if k in ("url", "token") and isinstance(v, str)}
+    return {k: v for k, v in data.items() if k in SAVED and isinstance(v, str)}
 
 
-def save_config(url, token, path=None):
-    """Save the URL and token, readable by this user only (0600)."""
+SAVED = ("url", "token", "refresh_token", "expires_at")  # what `fleetd login` keeps
+REFRESH_AHEAD_SECONDS = 60  # a saved session this close to its end is refreshed before a command
+
+
+def save_config(url, token, path=None, refresh_token=None, expires_at=None):
+    """Save the URL and token (with a session's refresh token and end), readable by this user only
+    (0600)."""
     import json
 
     path = path or config_path()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    values = {"url": url, "token": token, "refresh_token": refresh_token, "expires_at": expires_at}
     with os.fdopen(fd, "w") as fh:
         # JSON strings of printable ASCII are valid TOML basic strings.
-        fh.write(f"url = {json.dumps(url)}\ntoken = {json.dumps(token)}\n")
+        fh.write("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items() if v is not None))
     os.replace(path + ".tmp", path)
     return path
+
+
+def fresh_session(saved, now=None):
+    """The saved config, with its session refreshed first (and saved) when it ends within a minute;
+    a config without a refresh token (an API token) as it is."""
+    import datetime as dt
+
+    if not saved.get("refresh_token") or not saved.get("expires_at"):
+        return saved
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        ends = dt.datetime.fromisoformat(saved["expires_at"].replace("Z", "+00:00"))
+    except ValueError:
+        return saved
+    if (ends - now).total_seconds() > REFRESH_AHEAD_SECONDS:
+        return saved
+    session = Client(saved.get("url") or DEFAULT_URL).post(
+        "/api/v1/auth/refresh", {"refresh_token": saved["refresh_token"]}
+    )
+    save_config(
+        saved["url"],
+        session["token"],
+        refresh_token=session["refresh_token"],
+        expires_at=session["expires_at"],
+    )
+    return {
+        **saved,
+        "token": session["token"],
+        "refresh_token": session["refresh_token"],
+        "expires_at": session["expires_at"],
+    }
 
 
 class Client:

@@ -144,3 +144,21 @@ def handle_error(error):
         log.error("unhandled error", exc_info=error)
         status, body, headers = 500, envelope("internal", "internal server error"), {}
     return body, status, headers
+
+
+class SignInError(FleetdError):
+    """A sign-in through an identity provider that did not (yet) give a session, with the
+    provider's own code: 428 authorization_pending or 429 slow_down while a device sign-in waits
+    for its user (RFC 8628), 400 expired_token or access_denied when it ended without one."""
+
+    def __init__(self, code, message, details=None):
+        super().__init__(message, details)
+        self.code = code
+        self.http_status = {"authorization_pending": 428, "slow_down": 429}.get(code, 400)
+
+
+class ProviderUnavailable(FleetdError):
+    """The identity provider did not answer (or answered nonsense): a new sign-in cannot be
+    checked now; sessions already made keep working until they expire."""
+
+    http_status, code = 503, "provider_unavailable"

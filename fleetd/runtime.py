@@ -14,6 +14,7 @@ from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamp
 from fleetd.replicas import Leadership
 from fleetd.services.fleet_ops.metrics import Instruments
 from fleetd.services.identity.identities import Identities
+from fleetd.services.identity.oidc import OidcCache
 from fleetd.services.placement.engines import Engines
 from fleetd.services.placement.inventory import InventoryCache, call
 from fleetd.services.placement.parking import ParkedGroups
@@ -59,6 +60,7 @@ class Runtime:
     nominations: dict = dataclasses.field(
         default_factory=dict
     )  # job id -> task ids preempted for it
+    oidc: OidcCache = dataclasses.field(default_factory=OidcCache)  # providers' discovery and keys
     storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)

@@ -49,6 +49,9 @@ if [ "$extras" = dev ]; then
     command -v podman >/dev/null || packages+=(podman)
     command -v runc >/dev/null || packages+=(runc)
     dpkg -s busybox-static >/dev/null 2>&1 || packages+=(busybox-static)
+    # Node.js runs a real OpenID provider (panva's oidc-provider, from npm) for the sign-in tests.
+    command -v node >/dev/null || packages+=(nodejs)
+    command -v npm >/dev/null || packages+=(npm)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
     sudo=""
@@ -69,6 +72,10 @@ fi
 if [ ! -x .venv/bin/python ]; then
     echo "making .venv from $python (Python ${want%% *}, $why)"
     "$python" -m venv .venv
+fi
+# The sign-in tests' OpenID provider, at the versions of its lock file (test-only; never shipped).
+if [ "$extras" = dev ] && [ ! -f tests/support/oidc/node_modules/.package-lock.json ]; then
+    npm ci --prefix tests/support/oidc --no-audit --no-fund --loglevel=error
 fi
 # pip runs only when what it would install changed: the requirements, the constraints or the extras
 # (a rerun of scripts/run.sh then starts in a second instead of a no-op pip run's 12 s).

@@ -46,6 +46,6 @@ from fleetd.api import host_ports  # noqa: E402 - seed 000's assign-host-port (i
 
 BLUEPRINTS += [host_ports.blp]
 
-from fleetd.api import people  # noqa: E402 - users, projects and who is calling (issue 45)
+from fleetd.api import auth, people  # noqa: E402 - people, projects and sign-in (issue 45)
 
-BLUEPRINTS += [people.blp]
+BLUEPRINTS += [people.blp, auth.blp]

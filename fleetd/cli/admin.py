@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+import time
 
 import click
 
@@ -130,8 +131,16 @@ def db_upgrade(db_url, data_dir):
     "--url", envvar="FLEETD_URL", default=DEFAULT_URL, show_default=True, help="fleetd URL."
 )
 @click.option("--token", envvar="FLEETD_TOKEN", help="API token; asked for when not given.")
-def login(url, token):
-    """Check a token against fleetd and save URL and token for later commands."""
+@click.option(
+    "--provider",
+    help="Sign in with this identity provider instead: open the URL shown, enter the code, and "
+    "the session is saved (refreshed by later commands).",
+)
+def login(url, token, provider):
+    """Sign in (with --provider) or check a token, and save URL and credentials for later
+    commands."""
+    if provider:
+        return _device_login(url, provider)
     token = token or click.prompt("API token", hide_input=True)
     client = Client(url, token)
     try:
@@ -140,6 +149,47 @@ def login(url, token):
         fail(describe_error(exc))
     path = save_config(client.url, token)
     click.echo(f"logged in to {client.url} as {who['principal']} ({who['role']}); saved to {path}")
+
+
+def _device_login(url, provider):
+    """The device authorization grant (RFC 8628) through fleetd: show where to go and the code,
+    then ask for the session every `interval` seconds until the person approved, refused, or the
+    code expired."""
+    client = Client(url)
+    try:
+        started = client.post("/api/v1/auth/device", {"provider": provider})
+    except ClientError as exc:
+        fail(describe_error(exc))
+    where = started.get("verification_uri_complete") or started["verification_uri"]
+    click.echo(f"Open {where} and enter the code {started['user_code']} to sign in to fleetd.")
+    interval = max(1, int(started.get("interval") or 5))
+    deadline = time.monotonic() + int(started.get("expires_in") or 600)
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        try:
+            session = client.post(
+                "/api/v1/auth/device/token",
+                {"device_code": started["device_code"], "provider": provider},
+            )
+        except ClientError as exc:
+            if exc.code == "authorization_pending":
+                continue
+            if exc.code == "slow_down":
+                interval += 5
+                continue
+            fail(describe_error(exc))
+        path = save_config(
+            client.url,
+            session["token"],
+            refresh_token=session["refresh_token"],
+            expires_at=session["expires_at"],
+        )
+        user = session["user"]
+        click.echo(
+            f"signed in to {client.url} as user:{user['login']} ({user['role']}); saved to {path}"
+        )
+        return None
+    fail("the code expired before the sign-in was approved; run `fleetd login --provider` again")
 
 
 @client_command(None, "status")

@@ -7,7 +7,7 @@ import re
 import click
 
 from fleetd.cli.output import cell, describe_error, fail
-from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
+from fleetd.client import DEFAULT_URL, Client, ClientError, fresh_session, load_config
 
 
 def client_command(group, name, **kwargs):
@@ -39,6 +39,8 @@ def client_command(group, name, **kwargs):
             if not url or not token:
                 try:
                     saved = load_config()
+                    if not token and saved.get("url") == (url or saved.get("url")):
+                        saved = fresh_session(saved)
                 except ClientError as exc:
                     fail(exc.message)
             ctx.obj = {

@@ -87,6 +87,7 @@ def up(migrator, db):
         expires_at = DateTimeField()
         refresh_expires_at = DateTimeField(index=True)
         ended_at = DateTimeField(null=True)
+        upstream_refresh = TextField(null=True)
 
         class Meta:
             database = db

@@ -162,6 +162,9 @@ class AuthSession(BaseModel):
     expires_at = peewee.DateTimeField()
     refresh_expires_at = peewee.DateTimeField(index=True)
     ended_at = peewee.DateTimeField(null=True)
+    # The provider's own refresh token, to ask it again at each refresh (binding rules see the
+    # groups of now); it cannot be hashed, since fleetd presents it. Dropped when the session ends.
+    upstream_refresh = peewee.TextField(null=True)
 
 
 class AuthProvider(BaseModel):

@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import ApiClient, admin_client
 
 PUBLIC = "public"
+SIGN_IN = "sign-in"  # no bearer: the credential is in the body, so an empty body is a 400
 ANY = {"admin", "submitter", "metrics", "node", "join"}
 A = {"admin"}
 AS = {"admin", "submitter"}
@@ -18,6 +19,17 @@ ROLE_TABLE = {
     ("GET", "/api/v1/health"): PUBLIC,
     ("GET", "/api/v1/whoami"): ANY,
     ("GET", "/api/v1/auth/whoami"): ANY,
+    ("GET", "/api/v1/auth/providers"): A,
+    ("GET", "/api/v1/auth/providers/{name}"): A,
+    ("PUT", "/api/v1/auth/providers/{name}"): A,
+    ("DELETE", "/api/v1/auth/providers/{name}"): A,
+    ("GET", "/api/v1/auth/bindings"): A,
+    ("PUT", "/api/v1/auth/bindings"): A,
+    ("POST", "/api/v1/auth/device"): SIGN_IN,
+    ("POST", "/api/v1/auth/device/token"): SIGN_IN,
+    ("POST", "/api/v1/auth/login"): SIGN_IN,
+    ("POST", "/api/v1/auth/refresh"): SIGN_IN,
+    ("POST", "/api/v1/auth/logout"): AS,
     ("GET", "/api/v1/users"): A,
     ("GET", "/api/v1/users/{login}"): AS,
     ("PATCH", "/api/v1/users/{login}"): A,
@@ -179,6 +191,8 @@ def test_every_route_enforces_the_role_table_of_api_md(api):
             assert status < 500, context
             if allowed == PUBLIC:
                 assert status == 200, context
+            elif allowed == SIGN_IN:
+                assert status == 400, context
             elif who in ("none", "revoked"):
                 assert status == 401 and resp.get_json()["error"]["code"] == "unauthorized", context
             elif who in allowed:

@@ -6,4 +6,6 @@
 - ``users``       people: read, change, deactivate
 - ``projects``    projects, their members and service accounts; where work goes
 - ``access``      who may read and change which work
+- ``oidc``        identity providers: discovery, keys, ID tokens, the device grant
+- ``signin``      binding rules, users from claims, sessions and their refresh
 """

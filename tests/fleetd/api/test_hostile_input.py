@@ -92,6 +92,39 @@ BASE_BODIES = {
             "requests_per_second": 50.5,
         },
     },
+    ("PUT", "/api/v1/auth/providers/{name}"): {
+        "kind": "oidc",
+        "issuer": "http://127.0.0.1:9/idp",
+        "client_id": "fleetd",
+        "client_secret": "s",
+        "audience": "fleetd",
+        "jwks_url": "http://127.0.0.1:9/idp/jwks",
+        "scopes": ["openid", "groups"],
+        "claims": {
+            "login": "preferred_username",
+            "display_name": "name",
+            "email": "email",
+            "groups": "groups",
+            "uid": "uid_number",
+            "gid": "gid_number",
+            "groups_gids": "gids",
+        },
+    },
+    ("PUT", "/api/v1/auth/bindings"): [
+        {
+            "provider": "lab",
+            "claim": "groups",
+            "contains": "ml",
+            "equals": None,
+            "role": "member",
+            "team": "team-a",
+            "projects": [{"project": "{key}", "role": "member"}],
+        }
+    ],
+    ("POST", "/api/v1/auth/device"): {"provider": "lab"},
+    ("POST", "/api/v1/auth/device/token"): {"device_code": "dc", "provider": "lab"},
+    ("POST", "/api/v1/auth/login"): {"provider": "lab", "id_token": "a.b.c", "access_token": None},
+    ("POST", "/api/v1/auth/refresh"): {"refresh_token": "flr_x"},
     ("POST", "/api/v1/projects"): {
         "key": "vision",
         "name": "Vision",
@@ -313,6 +346,10 @@ class World:
         self.api.post(f"/api/v1/instances/{instance['id']}/stop")
         limited = self.api.post("/api/v1/tokens", {"name": "limited", "role": "metrics"}).get_json()
         self.api.post("/api/v1/projects", {"key": "proj-a", "team": "team-a"})
+        self.api.put(
+            "/api/v1/auth/providers/lab",
+            {"kind": "oidc", "issuer": "http://127.0.0.1:9/idp", "client_id": "fleetd"},
+        )
         self.api.post("/api/v1/tokens", {"name": "alice's", "role": "submitter", "user": "alice"})
         self.api.put("/api/v1/projects/proj-a/members/alice", {"role": "member"})
         rollout = self.api.post(

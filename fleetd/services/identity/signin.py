@@ -1,0 +1,310 @@
+"""Signing in: binding rules turn a provider's claims into a user's role, team and projects, at
+every sign-in and every refresh (a group removed in the provider takes the access away at the next
+refresh); a signed-in user holds a short session (fls_...) and a refresh token, both kept only as
+hashes.
+
+A rule is `{provider, claim, contains | equals, role, team?, projects?: [{project, role}]}`; the
+rules are read in order and, per field, the first matching rule that sets it wins (the projects
+of every matching rule are given, each with the role of the first rule that names it). A user no
+rule gives a role gets no access: no user is made, and a session it held ends."""
+
+import datetime as dt
+import json
+import re
+import secrets
+
+from fleetd.credentials import SESSION_PREFIX, hash_token, make_token
+from fleetd.db import write_transaction
+from fleetd.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
+from fleetd.models import AuthProvider, AuthSession, Project, ProjectMember, Setting, User, new_id
+from fleetd.names import LOGIN
+from fleetd.services.identity.oidc import claim_names, exchange_refresh
+from fleetd.services.notify.events import record_event
+
+BINDINGS_KEY = "auth_bindings"
+SESSION_SECONDS = 3600  # a session token's life; the refresh token makes the next one
+REFRESH_SECONDS = 14 * 86400  # a refresh token's life: sign in again after two weeks without use
+REFRESH_PREFIX = "flr_"
+_LOGIN = re.compile(LOGIN)
+
+
+# ---------------------------------------------------------------- binding rules
+
+
+def get_bindings():
+    row = Setting.get_or_none_by_id(BINDINGS_KEY)
+    return json.loads(row.value) if row is not None else []
+
+
+def put_bindings(now, rules):
+    """Replace the rules (validated by the schema); InvalidRequest for a project that does not exist
+    or a rule naming an unknown provider."""
+    providers = {p.name for p in AuthProvider.select(AuthProvider.name)}
+    for n, rule in enumerate(rules):
+        if rule["provider"] not in providers:
+            raise InvalidRequest(
+                f"rule {n}: no provider {rule['provider']!r}",
+                {"fields": {"json": {str(n): {"provider": ["no such provider"]}}}},
+            )
+        for p in rule.get("projects") or ():
+            if Project.get_or_none_by_id(p["project"]) is None:
+                raise InvalidRequest(
+                    f"rule {n}: no project {p['project']!r}",
+                    {"fields": {"json": {str(n): {"projects": [f"no project {p['project']!r}"]}}}},
+                )
+    with write_transaction():
+        Setting.insert(key=BINDINGS_KEY, value=json.dumps(rules)).on_conflict(
+            conflict_target=[Setting.key], update={Setting.value: json.dumps(rules)}
+        ).execute()
+        record_event(now, "auth.bindings", "auth", "bindings", f"{len(rules)} binding rule(s) set")
+    return rules
+
+
+def _matches(rule, claims):
+    value = claims.get(rule["claim"])
+    if "equals" in rule and rule["equals"] is not None:
+        return value == rule["equals"] or (isinstance(value, list) and rule["equals"] in value)
+    wanted = rule.get("contains")
+    if wanted is None:
+        return False
+    if isinstance(value, list):
+        return wanted in value
+    return isinstance(value, str) and wanted in value
+
+
+def bind(rules, provider, claims):
+    """{role, team, projects: {key: role}} the rules give these claims, or None (no access)."""
+    role = team = None
+    projects: dict[str, str] = {}
+    for rule in rules:
+        if rule["provider"] != provider or not _matches(rule, claims):
+            continue
+        role = role or rule["role"]
+        team = team or rule.get("team")
+        for p in rule.get("projects") or ():
+            projects.setdefault(p["project"], p["role"])
+    if role is None:
+        return None
+    return {"role": role, "team": team, "projects": projects}
+
+
+# ---------------------------------------------------------------- users from claims
+
+
+def _login_of(provider, claims):
+    names = claim_names(provider)
+    raw = claims.get(names["login"])
+    login = raw.strip().lower() if isinstance(raw, str) else None
+    if login and "@" in login and names["login"] == "email":
+        login = login.split("@", 1)[0]
+    if not login or not _LOGIN.fullmatch(login):
+        raise Forbidden(
+            f"provider {provider.name}'s `{names['login']}` claim ({raw!r}) is no login fleetd "
+            "accepts (a POSIX user name: a-z, 0-9, _ . -, a letter or _ first)"
+        )
+    return login
+
+
+def _text(value, size):
+    return value[:size] if isinstance(value, str) else None
+
+
+def _posix(provider, claims):
+    names = claim_names(provider)
+    uid = claims.get(names["uid"]) if names.get("uid") else None
+    gid = claims.get(names["gid"]) if names.get("gid") else None
+    groups = claims.get(names["groups_gids"]) if names.get("groups_gids") else None
+    if not isinstance(uid, int) or isinstance(uid, bool) or not 1000 <= uid < 2**31:
+        return None  # no uid, or a system account's: never taken from a claim
+    return {
+        "uid": uid,
+        "gid": gid if isinstance(gid, int) and 0 < gid < 2**31 else uid,
+        "groups": sorted({g for g in groups if isinstance(g, int) and 0 < g < 2**31})
+        if isinstance(groups, list)
+        else [],
+    }
+
+
+def _apply(user, provider, claims, granted, now):
+    """Bring the user's fields and bound project memberships to what the claims and rules say
+    (inside the caller's transaction). Memberships an admin gave (bound = false) are kept."""
+    names = claim_names(provider)
+    user.display_name = _text(claims.get(names["display_name"]), 200) or user.login
+    user.email = _text(claims.get(names["email"]), 320)
+    groups = claims.get(names["groups"])
+    user.groups = (
+        [g for g in groups if isinstance(g, str)][:1000] if isinstance(groups, list) else []
+    )
+    user.role, user.team = granted["role"], granted["team"]
+    user.posix = _posix(provider, claims)
+    kept = {m.project: m for m in ProjectMember.select().where(ProjectMember.user_id == user.id)}
+    for key, held in kept.items():
+        if held.bound and key not in granted["projects"]:
+            ProjectMember.delete().where(
+                (ProjectMember.project == key) & (ProjectMember.user_id == user.id)
+            ).execute()
+    for key, role in granted["projects"].items():
+        member = kept.get(key)
+        if member is None:
+            ProjectMember.create(project=key, user_id=user.id, role=role, bound=True)
+        elif member.bound and member.role != role:
+            ProjectMember.update(role=role).where(
+                (ProjectMember.project == key) & (ProjectMember.user_id == user.id)
+            ).execute()
+    member_of = {
+        m.project
+        for m in ProjectMember.select(ProjectMember.project).where(ProjectMember.user_id == user.id)
+    }
+    if user.default_project not in member_of:
+        user.default_project = min(member_of) if member_of else None
+    user.save()
+
+
+def sign_in(rt, now, provider, claims, upstream_refresh=None):
+    """A session for the person these verified claims name: the user (made at its first sign-in)
+    is brought to what the binding rules give it. Forbidden when no rule gives it access, Conflict
+    when its login belongs to another user (one made from a token, or another provider's)."""
+    login = _login_of(provider, claims)
+    granted = bind(get_bindings(), provider.name, claims)
+    if granted is None:
+        raise Forbidden(
+            f"no binding rule gives {login} access to fleetd; ask an admin to add one",
+            {"login": login, "provider": provider.name},
+        )
+    with write_transaction():
+        user = User.get_or_none((User.provider == provider.name) & (User.subject == claims["sub"]))
+        if user is None:
+            taken = User.get_or_none(User.login == login)
+            if taken is not None:
+                raise Conflict(
+                    f"the login {login} belongs to another user (source {taken.source}); an admin "
+                    "must delete or rename it before it can sign in",
+                    {"login": login},
+                )
+            user = User.create(
+                id=new_id(),
+                login=login,
+                role=granted["role"],
+                source="oidc",
+                provider=provider.name,
+                subject=claims["sub"],
+                created_at=now,
+            )
+            record_event(
+                now,
+                "user.created",
+                "user",
+                user.id,
+                f"user {login} made at its first sign-in with {provider.name}",
+            )
+        elif not user.active:
+            raise Unauthorized(f"user {user.login} is deactivated")
+        _apply(user, provider, claims, granted, now)
+        session = _new_session(user, provider.name, upstream_refresh, now)
+        record_event(
+            now,
+            "user.signed_in",
+            "user",
+            user.id,
+            f"{user.login} signed in with {provider.name}",
+            actor=f"user:{user.login}",
+        )
+    rt.identities.forget(user.id)
+    return session
+
+
+def _new_session(user, provider, upstream_refresh, now):
+    session_id, token = make_token(SESSION_PREFIX)
+    refresh = REFRESH_PREFIX + secrets.token_urlsafe(32)
+    row = AuthSession.create(
+        id=session_id,
+        user_id=user.id,
+        provider=provider,
+        token_hash=hash_token(token),
+        refresh_hash=hash_token(refresh),
+        created_at=now,
+        expires_at=now + dt.timedelta(seconds=SESSION_SECONDS),
+        refresh_expires_at=now + dt.timedelta(seconds=REFRESH_SECONDS),
+        upstream_refresh=upstream_refresh,
+    )
+    return {"token": token, "expires_at": row.expires_at, "refresh_token": refresh, "user": user}
+
+
+def refresh(rt, now, refresh_token):
+    """A new session token and refresh token for a refresh token (the old ones stop working). When
+    the session came from a provider that gave a refresh token, the provider is asked again and the
+    binding rules applied to what it says now: no rule left, no session."""
+    row = AuthSession.get_or_none(AuthSession.refresh_hash == hash_token(refresh_token or ""))
+    if row is None or row.ended_at is not None or row.refresh_expires_at <= now:
+        raise Unauthorized("unknown, used or expired refresh token; sign in again")
+    user = User.get_or_none_by_id(row.user_id)
+    if user is None or not user.active:
+        raise Unauthorized("the user is deactivated")
+    provider = AuthProvider.get_or_none_by_id(row.provider) if row.provider else None
+    upstream = row.upstream_refresh
+    granted = claims = None
+    if provider is not None and upstream:
+        claims, upstream = exchange_refresh(
+            rt, provider, upstream
+        )  # ProviderUnavailable: try again later
+        upstream = upstream or row.upstream_refresh
+        granted = bind(get_bindings(), provider.name, claims)
+    with write_transaction():
+        row = AuthSession.get_by_id(row.id)
+        if row.ended_at is not None:
+            raise Unauthorized("the session ended meanwhile; sign in again")
+        if provider is not None and claims is not None and granted is None:
+            row.ended_at = now
+            row.save()
+            record_event(
+                now,
+                "user.signed_out",
+                "user",
+                user.id,
+                f"{user.login}'s session ended at refresh: no binding rule gives it access"
+                " any more",
+            )
+            forbidden = Forbidden(
+                f"no binding rule gives {user.login} access to fleetd any more",
+                {"login": user.login},
+            )
+        else:
+            forbidden = None
+            if granted is not None:
+                _apply(user, provider, claims, granted, now)
+            token = _rotate(row, upstream, now)
+    if forbidden is not None:
+        raise forbidden
+    rt.identities.forget(user.id)
+    return {
+        "token": token,
+        "expires_at": row.expires_at,
+        "refresh_token": row.refresh_token,
+        "user": user,
+    }
+
+
+def _rotate(row, upstream, now):
+    """New secrets for the session (inside the caller's transaction); returns its new token."""
+    token = f"{SESSION_PREFIX}{row.id}.{secrets.token_urlsafe(32)}"
+    refresh = REFRESH_PREFIX + secrets.token_urlsafe(32)
+    row.token_hash, row.refresh_hash = hash_token(token), hash_token(refresh)
+    row.expires_at = now + dt.timedelta(seconds=SESSION_SECONDS)
+    row.refresh_expires_at = now + dt.timedelta(seconds=REFRESH_SECONDS)
+    row.upstream_refresh = upstream
+    row.save()
+    row.refresh_token = refresh
+    return token
+
+
+def logout(now, principal):
+    """End the caller's session (its refresh token stops working too)."""
+    if principal.kind != "session":
+        raise InvalidRequest("only a session signs out; revoke an API token instead")
+    with write_transaction():
+        AuthSession.update(ended_at=now, upstream_refresh=None).where(
+            (AuthSession.id == principal.id) & AuthSession.ended_at.is_null()
+        ).execute()
+        record_event(
+            now, "user.signed_out", "user", principal.user_id, f"{principal.login} signed out"
+        )
