@@ -30,9 +30,9 @@ JOIN = "join"
 ANY_ROLE = (ADMIN, OPERATOR, MEMBER, SUBMITTER, VIEWER, METRICS, SCIM, NODE, JOIN)
 USER_ROLES = (ADMIN, OPERATOR, MEMBER, VIEWER)  # what a user (or a binding rule) may be given
 PROJECT_ROLES = ("admin", "member", "viewer")
-DEFAULT_PROJECT = (
-    "default"  # where work of a token without a user or project goes (migration 0031 makes it)
-)
+READ_ALL = (ADMIN, OPERATOR, VIEWER)  # roles that read every job and instance
+# Where work of a token without a user or project goes (migration 0031 makes it).
+DEFAULT_PROJECT = "default"
 
 TOKEN_RE = re.compile(r"^(fla_|flj_|fln_|fls_)([0-9a-f]{20})\.([A-Za-z0-9_-]{43})$")
 

@@ -92,7 +92,8 @@ class ClusterStatusSchema(Schema):
             "description": (
                 "running jobs: every one for an admin, else the caller's own: {id, name, owner, "
                 "team, state, submitted_at, started_at, ended_at, duration_seconds, gpus, nodes, "
-                "retry_count, can_retry, retry_blocker, retry_on}"
+                "retry_count, can_retry, retry_blocker, retry_on, project_key, project, "
+                "project_display_name, username, user_display_name}"
             )
         },
     )

@@ -2,11 +2,10 @@
 and instance; a member reads and changes its own work; a project's admin and viewers read the
 project's work, and its admin may change it (cancel, stop, delete)."""
 
-from fleetd.credentials import ADMIN, OPERATOR, VIEWER
+from fleetd.credentials import ADMIN, READ_ALL
 from fleetd.models import ProjectMember
 from fleetd.sql import Statement
 
-READ_ALL = (ADMIN, OPERATOR, VIEWER)
 _SEEING = ("admin", "viewer")  # project roles that read the project's whole work
 _PROJECT_ROLE = Statement(
     lambda v: (

@@ -3,14 +3,16 @@ their prices, display names of GPU models. They read a ClusterState (placement.c
 
 from fleetd import scheduler
 from fleetd.clock import isoformat
-from fleetd.credentials import ADMIN
+from fleetd.credentials import READ_ALL
 from fleetd.errors import NotFound
 from fleetd.models import (
     GpuType,
     Instance,
     Job,
     JobState,
+    Project,
     Task,
+    User,
 )
 from fleetd.services.placement.inventory import BLOCK_TEXT, GpuRow, call, series_id
 
@@ -45,7 +47,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
         gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
         if (
             principal is not None
-            and principal.role != ADMIN
+            and principal.role not in READ_ALL
             and j.owner_token_id != principal.owner_id
         ):
             others[kind]["count"] += 1
@@ -65,6 +67,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
                     "nodes": nodes,
                     **job_row_times(j, state.now),
                     **retry_view(j),
+                    **_people(j),
                 }
             )
             continue
@@ -79,8 +82,10 @@ def cluster_status(state, principal=None, storage=None, offload=call):
                 "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
                 "gpus": gpus,
                 "nodes": nodes,
+                **_people(j),
             }
         )
+    _name_people(listed["jobs"] + listed["instances"])
     return {
         "gpu": gpu,
         "storage": storage or {},
@@ -92,6 +97,26 @@ def cluster_status(state, principal=None, storage=None, offload=call):
         "profiles": profiles(state),
         "nodes": _node_counts(state),
     }
+
+
+def _people(job):
+    """A row's project and user as keys; _name_people adds their names."""
+    return {"project_key": job.project, "username": job.user}
+
+
+def _name_people(rows):
+    """Add `project`, `project_display_name` and `user_display_name` to rows (two queries)."""
+    keys = {r["project_key"] for r in rows if r["project_key"]}
+    logins = {r["username"] for r in rows if r["username"]}
+    projects = {p.key: p for p in Project.select().where(Project.key.in_(keys))} if keys else {}
+    users: dict[str, str] = {}
+    if logins:
+        users = {u.login: u.display_name for u in User.select().where(User.login.in_(logins))}
+    for row in rows:
+        project = projects.get(row["project_key"])
+        row["project"] = project.name if project is not None else None
+        row["project_display_name"] = project.display_name if project is not None else None
+        row["user_display_name"] = users.get(row["username"])
 
 
 def job_row_times(job, now):

@@ -158,3 +158,30 @@ def test_deactivating_a_user_ends_its_tokens_at_once_and_roles_limit_what_it_may
         admin.post("/api/v1/tokens", {"name": "v2", "role": "viewer", "user": "vera"}).status_code
         == 409
     )
+
+
+def test_cluster_status_names_the_project_and_user_of_each_running_job(admin):
+    alice = user_client(admin, "alice laptop", "alice")
+    admin.post("/api/v1/projects", {"key": "vision", "display_name": "Vision lab", "team": "cv"})
+    admin.put("/api/v1/projects/vision/members/alice", {"role": "member"})
+    admin.create_fleet("gpu-a")
+    _, session = admin.ready_node(admin.create_join_token("gpu-a"), "host-1")
+    job = alice.post("/api/v1/jobs", dict(JOB, project="vision", resources={"gpus": 1})).get_json()
+    admin.run_task("scheduling")
+    admin.start_task(session)
+    rows = alice.get("/api/v1/cluster/status").get_json()["active_jobs"]
+    assert [(r["id"], r["project_key"], r["project"], r["project_display_name"]) for r in rows] == [
+        (job["id"], "vision", "vision", "Vision lab")
+    ]
+    assert (rows[0]["owner"], rows[0]["username"], rows[0]["user_display_name"]) == (
+        "alice laptop",
+        "alice",
+        "alice",
+    )
+    viewer = user_client(admin, "vera", "vera", role="viewer")
+    assert [r["id"] for r in viewer.get("/api/v1/cluster/status").get_json()["active_jobs"]] == [
+        job["id"]
+    ]
+    bob = user_client(admin, "bob", "bob")
+    seen = bob.get("/api/v1/cluster/status").get_json()
+    assert seen["active_jobs"] == [] and seen["other_active_jobs"]["count"] == 1
