@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from fleetd.auth import Principal  # noqa: E402
 from fleetd.db import bind, database, open_database, upgrade  # noqa: E402
-from fleetd.services.accounting import ledger, usage
+from fleetd.services.accounting import ledger, periods, usage
 
 MONTH = dt.datetime(2026, 3, 1)
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S")
@@ -102,7 +102,7 @@ def fill(runs, teams, owners, seed, batch=2000, sums_every=50_000):
     for i, row in enumerate(generate(runs, teams, owners, seed), 1):
         record = SimpleNamespace(**row)
         run.add(record.started_at, record.kind, record, runs=1)
-        for a, b in ledger.split_days(record.started_at, record.ended_at):
+        for a, b in periods.split_days(record.started_at, record.ended_at):
             share = (b - a).total_seconds() / (record.ended_at - record.started_at).total_seconds()
             run.add(
                 a,

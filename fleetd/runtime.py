@@ -17,8 +17,8 @@ from fleetd.services.identity.identities import Identities
 from fleetd.services.identity.oidc import OidcCache
 from fleetd.services.placement.engines import Engines
 from fleetd.services.placement.inventory import InventoryCache, call
+from fleetd.services.placement.loop import SchedulerLoop
 from fleetd.services.placement.parking import ParkedGroups
-from fleetd.services.placement.scheduling import SchedulerLoop
 from fleetd.services.placement.terms import TermsCache
 from fleetd.services.workloads.lifecycle import NodeStops
 

@@ -25,8 +25,8 @@ from fleetd.schemas.jobs import (
     TaskRestartSchema,
     TaskStartSchema,
 )
+from fleetd.services.agents import rendezvous, work
 from fleetd.services.agents import sessions as agents
-from fleetd.services.agents import work
 from fleetwire.tasks import AcquireReply
 
 blp = Blueprint(
@@ -144,7 +144,7 @@ class AgentTaskRendezvous(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """Rank 0 publishes the address and port the other ranks connect to."""
-        work.publish_rendezvous(
+        rendezvous.publish_rendezvous(
             current_runtime(),
             current_principal().node_id,
             task_id,
@@ -158,7 +158,7 @@ class AgentTaskRendezvous(MethodView):
     @blp.response(200, RendezvousSchema)
     def get(self, query, task_id):
         """Rank 0's address and port; 504 if it is not published within wait_seconds."""
-        return work.wait_rendezvous(
+        return rendezvous.wait_rendezvous(
             current_runtime(), current_principal().node_id, task_id, query["wait_seconds"]
         )
 

@@ -138,7 +138,7 @@ class InstanceLogs(MethodView):
     @blp.response(200, LogPageSchema)
     def get(self, query, instance_id):
         """Log lines of every run, in order; pass the last `seq` as `after` to follow."""
-        items, _ = instances.instance_logs(
+        items, _ = instance_views.instance_logs(
             current_principal(), instance_id, query["limit"], query["after"]
         )
         return {
@@ -154,7 +154,7 @@ class InstanceEvents(MethodView):
     @blp.response(200, EventPageSchema)
     def get(self, query, instance_id):
         """An instance's events, oldest first."""
-        items, next_cursor = instances.instance_events(
+        items, next_cursor = instance_views.instance_events(
             current_principal(), instance_id, query["limit"], query["cursor"], query["after"]
         )
         return {"items": items, "next_cursor": next_cursor}

@@ -145,7 +145,7 @@ class Node(BaseModel):
     )  # the offline bundle the agent came from
     gpu_status = peewee.CharField(
         max_length=16, null=True
-    )  # ok, cpu_only or driver_error (nodes.GPU_STATUSES)
+    )  # ok, cpu_only or driver_error (services.nodes.inventory.GPU_STATUSES)
     gpu_status_reason = peewee.TextField(default="")
     status = peewee.CharField(max_length=16, index=True)
     status_reason = peewee.TextField(default="")

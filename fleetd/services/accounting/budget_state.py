@@ -5,7 +5,7 @@ back."""
 from peewee import fn
 
 from fleetd.models import Budget, UsageDay
-from fleetd.services.accounting.ledger import month_of, month_start
+from fleetd.services.accounting.periods import month_of, month_start
 
 
 def month_usage(team, now):

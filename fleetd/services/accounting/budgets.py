@@ -8,7 +8,7 @@ from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Budget, BudgetNotice, Instance, InstanceState, Job, JobState
 from fleetd.services.accounting.budget_state import month_usage, percent_used
-from fleetd.services.accounting.ledger import month_of
+from fleetd.services.accounting.periods import month_of
 from fleetd.services.notify.events import record_event
 from fleetd.services.placement.parking import team_allowance
 from fleetd.services.workloads import instances

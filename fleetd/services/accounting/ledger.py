@@ -15,23 +15,18 @@ it fitted) to their deletion. Between passes, runs_to_date shows a workload's ro
 will leave them.
 """
 
-import calendar
-import datetime as dt
 import threading
 
 import peewee
 
 from fleetd.db import write_transaction
 from fleetd.models import (
-    Event,
     Gpu,
     GpuSample,
     Instance,
-    InstanceState,
     Job,
     Node,
     PriceChange,
-    StorageRecord,
     Task,
     TaskState,
     UsageDay,
@@ -40,11 +35,12 @@ from fleetd.models import (
     UsageWorkloadDay,
     UsageWorkloadMonth,
 )
+from fleetd.services.accounting.periods import GPU, STORAGE, split_days
+from fleetd.services.accounting.volumes import flush_volumes
 from fleetd.sql import Statement
 
 BATCH = 500  # runs accounted per write transaction
-GPU, STORAGE = "gpu", "storage"
-GB = 1_000_000_000  # storage is priced per GB (10^9 bytes) and month
+
 # The GPU sampler (services.fleet_ops.metrics.record_sample) stamps and commits its samples holding
 # this lock, and a pass reads its clock holding it: a sample stamped before a pass's `now` has
 # committed before that pass reads samples, and one stamped after it is the next pass's. Without it,
@@ -52,34 +48,6 @@ GB = 1_000_000_000  # storage is priced per GB (10^9 bytes) and month
 # sampler waits on the thread pool while the pass runs, both every 60 s, at the same moments) fell
 # before the next pass's start and never counted.
 SAMPLES_LOCK = threading.Lock()
-
-
-def month_of(at):
-    """'YYYY-MM' of a naive UTC time."""
-    return f"{at.year:04d}-{at.month:02d}"
-
-
-def month_start(at):
-    """Midnight UTC of the first day of `at`'s month."""
-    return dt.datetime(at.year, at.month, 1)
-
-
-def _month_seconds(at):
-    return calendar.monthrange(at.year, at.month)[1] * 86400
-
-
-def _next_midnight(at):
-    return dt.datetime.combine(at.date(), dt.time()) + dt.timedelta(days=1)
-
-
-def split_days(start, end):
-    """[(a, b)] covering [start, end), cut at each UTC midnight."""
-    out = []
-    while start < end:
-        cut = min(end, _next_midnight(start))
-        out.append((start, cut))
-        start = cut
-    return out
 
 
 _PRICE_CHANGES = Statement(lambda v: PriceChange.select().order_by(PriceChange.at, PriceChange.id))
@@ -511,127 +479,6 @@ def runs_to_date(workload_id, now, book=None, samples=False):
     return sorted(records.values(), key=lambda r: (r.started_at, r.id))
 
 
-def _first_event(instance_id, to_status):
-    row = (
-        Event.select(Event.at)
-        .where(
-            (Event.subject_type == "instance")
-            & (Event.subject_id == instance_id)
-            & (Event.to_status == to_status)
-        )
-        .order_by(Event.id)
-        .first()
-    )
-    return row.at if row is not None else None
-
-
-def storage_cost(volume_bytes, book, start, end):
-    """Cost of a volume over [start, end) at the storage prices in force, per GB-month of each UTC
-    month."""
-    total = 0.0
-    for a, b in split_days(start, end):
-        for pa, pb, price in book.pieces(STORAGE, "", a, b):
-            total += (
-                volume_bytes / GB * (price or 0.0) * (pb - pa).total_seconds() / _month_seconds(pa)
-            )
-    return total
-
-
-def _first_runs(instance_ids):
-    """{instance id: when its process first started}: its volume was made, and fitted on its node,
-    then (a run that never started, its volume refused for want of room on the node, left no volume
-    to bill)."""
-    out: dict[str, dt.datetime] = {}
-    for subject, at in (
-        Event.select(Event.subject_id, Event.at)
-        .where(
-            (Event.subject_type == "instance")
-            & Event.subject_id.in_(instance_ids)
-            & (Event.to_status == InstanceState.RUNNING.value)
-        )
-        .order_by(Event.id)
-        .tuples()
-        .execute()
-    ):
-        out.setdefault(subject, at)
-    return out
-
-
-def _withdraw(run, record):
-    """Take back all a volume's row accounted, from the sums too, and delete it (inside the batch's
-    transaction): the prices are kept, so the same pieces come out."""
-    for a, b in split_days(record.started_at, record.accounted_until):
-        run.add(a, STORAGE, record, cost=-storage_cost(record.volume_bytes, run.book, a, b))
-    record.delete_instance()
-
-
-def _flush_storage(run, batch):
-    """Account instance volumes: from their first start (the volume made) until their deletion;
-    returns how many."""
-    live = list(
-        Instance.select(Instance.id).where(
-            (Instance.state != InstanceState.DELETED.value) & Instance.node_id.is_null(False)
-        )
-    )
-    open_ids = [
-        r.id for r in StorageRecord.select(StorageRecord.id).where(StorageRecord.ended_at.is_null())
-    ]
-    ids = sorted({i.id for i in live} | set(open_ids))
-    for i in range(0, len(ids), batch):
-        with write_transaction():
-            chunk = ids[i : i + batch]
-            instances = {inst.id: inst for inst in Instance.select().where(Instance.id.in_(chunk))}
-            records = {r.id: r for r in StorageRecord.select().where(StorageRecord.id.in_(chunk))}
-            started = _first_runs(chunk)
-            for instance_id in chunk:
-                inst, record = instances.get(instance_id), records.get(instance_id)
-                gone = inst is None or inst.state == InstanceState.DELETED.value
-                if record is None:
-                    volume = inst.instance_spec.volume_bytes if inst is not None else 0
-                    first = started.get(instance_id)
-                    if inst is None or gone or not volume or first is None:
-                        continue
-                    node = Node.select(Node.fleet).where(Node.id == inst.node_id).first()
-                    record = StorageRecord(
-                        id=inst.id,
-                        owner=inst.owner,
-                        owner_token_id=inst.owner_token_id,
-                        team=inst.team or "",
-                        fleet=node.fleet_id if node is not None else "",
-                        volume_bytes=volume,
-                        started_at=first,
-                        accounted_until=first,
-                    )
-                    record.save(force_insert=True)
-                elif record.ended_at is not None:
-                    continue
-                elif inst is not None and instance_id not in started:
-                    _withdraw(
-                        run, record
-                    )  # billed from a placement by an older fleetd: its run never started
-                    continue
-                until = run.now
-                if gone:
-                    until = (
-                        _first_event(instance_id, InstanceState.DELETED.value)
-                        if inst is not None
-                        else None
-                    ) or run.now
-                until = max(until, record.accounted_until)
-                cost = 0.0
-                for a, b in split_days(record.accounted_until, until):
-                    piece = storage_cost(record.volume_bytes, run.book, a, b)
-                    cost += piece
-                    run.add(a, STORAGE, record, cost=piece)
-                record.cost += cost
-                record.accounted_until = until
-                if gone:
-                    record.ended_at = until
-                record.save()
-            run.write_days()
-    return len(ids)
-
-
 def flush(rt, batch=BATCH):
     """One pass of the ledger (the `usage` background task): ended runs, running ones, volumes.
     Returns how many of each it accounted."""
@@ -640,5 +487,5 @@ def flush(rt, batch=BATCH):
     run = _Pass(now)
     ended = _flush_ended(run, batch)
     running = _flush_running(run, batch)
-    volumes = _flush_storage(run, batch)
+    volumes = flush_volumes(run, batch)
     return {"ended": ended, "running": running, "volumes": volumes}

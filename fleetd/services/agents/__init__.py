@@ -1,5 +1,7 @@
 """The agent protocol, fleetd's side.
 
 - ``sessions``  register, heartbeat, deregister
-- ``work``      acquire, start, rendezvous, logs, finish, leases
+- ``work``      acquire, start, logs, finish
+- ``rendezvous`` where a gang's ranks find rank 0
+- ``leases``    task leases renewed by heartbeats; tasks whose lease ran out
 """

@@ -12,13 +12,11 @@ from fleetd.services.agents.leases import reconcile_reported_tasks
 from fleetd.services.fleet_ops.fleets import consume_join_token
 from fleetd.services.nodes import hosts, validation
 from fleetd.services.nodes.health_policy import apply_health_policy
+from fleetd.services.nodes.inventory import learned_gpu_status, replace_gpus, set_gpu_status
 from fleetd.services.nodes.labels import apply_agent_labels, merged_labels
 from fleetd.services.nodes.nodes import (
     LIVE_STATUSES,
     find_node,
-    learned_gpu_status,
-    replace_gpus,
-    set_gpu_status,
     settle_drain,
     settle_drain_of,
     switch_node_status,

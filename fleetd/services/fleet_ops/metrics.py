@@ -14,7 +14,7 @@ from fleetd.clock import isoformat
 from fleetd.db import write_transaction
 from fleetd.models import ClusterSample, GpuSample, InstanceState, Job, JobState
 from fleetd.services.accounting.ledger import SAMPLES_LOCK
-from fleetd.services.accounting.usage import UsageCollector
+from fleetd.services.accounting.usage_metrics import UsageCollector
 from fleetd.services.placement.capacity import cluster_status, gpu_summary
 from fleetd.services.placement.cluster import current_state
 from fleetd.services.workloads import instances

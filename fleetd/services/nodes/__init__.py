@@ -1,6 +1,7 @@
 """Nodes and their GPUs.
 
 - ``nodes``         admin actions (cordon, drain, revoke, delete), drains, liveness, inventory
+- ``inventory``     a node's GPUs as its agent reports them
 - ``hosts``         a host's identity that outlives its node
 - ``labels``        a node's labels from the agent and from the API
 - ``gpus``          GPU boards by serial number, the RMA mark

@@ -15,7 +15,7 @@ from fleetd.models import Gpu, NodeStatus, effective_health_policy
 from fleetd.services.fleet_ops.fleets import fleet_column
 from fleetd.services.nodes import gpu_history, nodes
 from fleetd.services.notify.events import FLEETD, acting_as, record_event
-from fleetd.services.workloads.runs import switch_node_status
+from fleetd.services.workloads.node_status import switch_node_status
 from fleetd.sql import Statement
 
 REASON_MAX = 1000
@@ -49,7 +49,7 @@ def _fault(node_id, missing):
 
 def apply_health_policy(rt, node, now, gpu_change=None, reported=False, joined=False):
     """Inside the heartbeat's transaction: act on the node's GPU health. `gpu_change`: what
-    nodes.replace_gpus found changed (None: nothing); `reported`: the heartbeat carried GPUs;
+    inventory.replace_gpus found changed (None: nothing); `reported`: the heartbeat carried GPUs;
     `joined`: the node just became ready. Returns True when the node's status changed."""
     hold = node.health_hold
     if not (gpu_change or joined or (reported and hold is not None)):

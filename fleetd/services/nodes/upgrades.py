@@ -20,7 +20,7 @@ from fleetd.models import Node, NodeStatus
 from fleetd.services.nodes.nodes import get_node, settle_drain
 from fleetd.services.notify.events import record_event
 from fleetd.services.placement.parking import node_changed
-from fleetd.services.workloads.runs import switch_node_status
+from fleetd.services.workloads.node_status import switch_node_status
 
 #: Statuses an upgrade takes a node from: ready and cordoned are drained by it; an operator's
 #: drain (draining, drained) is kept as it is.

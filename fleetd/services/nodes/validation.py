@@ -22,7 +22,7 @@ from fleetd.services.nodes import gpu_history
 from fleetd.services.notify.events import current_actor, record_event
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
-from fleetd.services.workloads.runs import switch_node_status
+from fleetd.services.workloads.node_status import switch_node_status
 
 # The built-in checks, in the order the agent runs them (docs/validation.md).
 BUILTIN_CHECKS = (

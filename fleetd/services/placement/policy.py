@@ -4,12 +4,13 @@ from fleetd import scheduler
 from fleetd.db import write_transaction
 from fleetd.errors import Forbidden, InvalidRequest, NotFound
 from fleetd.models import Fleet, GpuType, Quota
-from fleetd.services.accounting.ledger import GPU, record_price
+from fleetd.services.accounting.ledger import record_price
+from fleetd.services.accounting.periods import GPU
 from fleetd.services.placement.cluster import current_state
 from fleetd.services.placement.parking import team_allowance
 from fleetd.services.placement.scheduling import Rules
 from fleetd.services.placement.terms import task_request
-from fleetd.services.workloads.runs import reprice_instances
+from fleetd.services.workloads.prices import reprice_instances
 
 
 def set_gpu_type(rt, model, price_per_hour=None, spot_min_bid=None):

@@ -1,10 +1,14 @@
 """Instances as users read them: the Instance of docs/api.md with its run's state, its node's
-address, what the node last reported of the run (ports, uptime, volume use) and its costs."""
+address, what the node last reported of the run (ports, uptime, volume use) and its costs; the
+logs and events of an instance."""
 
 import ipaddress
 
-from fleetd.models import InstanceState, Job, JobState, Node, Task
+from fleetd.models import Event, InstanceState, Job, JobState, LogLine, Node, Task
 from fleetd.services.accounting.usage import storage_costs
+from fleetd.services.notify.events import list_events
+from fleetd.services.pagination import last_rows, paginate
+from fleetd.services.workloads.instances import find_instance
 
 
 def instance_views(rt, instances):
@@ -152,3 +156,40 @@ def connection_url(host, port, protocol):
     """http://HOST:PORT/ for an http port, tcp://HOST:PORT otherwise ([HOST] for IPv6)."""
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/" if protocol == "http" else f"tcp://{shown}:{port}"
+
+
+def instance_logs(principal, instance_id, limit, after=None):
+    """Log lines of every run of an instance, in order; `after` is the last seq seen."""
+    find_instance(principal, instance_id, deleted=True)
+    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
+    query = LogLine.select().where(LogLine.job.in_(runs))
+    if after is not None:
+        query = query.where(LogLine.id > after)
+    return paginate(query, LogLine.id, limit)
+
+
+def instance_logs_tail(principal, instance_id, count, before=None):
+    """The last `count` log lines of an instance's runs (before the line numbered `before`, if
+    given), oldest first."""
+    find_instance(principal, instance_id, deleted=True)
+    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
+    query = LogLine.select().where(LogLine.job.in_(runs))
+    if before is not None:
+        query = query.where(LogLine.id < before)
+    return last_rows(query, LogLine.id, count)
+
+
+def instance_events(principal, instance_id, limit, cursor=None, after=None):
+    find_instance(principal, instance_id, deleted=True)
+    return list_events("instance", instance_id, limit, cursor, after)
+
+
+def instance_events_tail(principal, instance_id, count):
+    find_instance(principal, instance_id, deleted=True)
+    return last_rows(
+        Event.select().where(
+            (Event.subject_type == "instance") & (Event.subject_id == instance_id)
+        ),
+        Event.id,
+        count,
+    )

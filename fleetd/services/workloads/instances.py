@@ -21,20 +21,19 @@ from fleetd.models import (
     InstanceState,
     Job,
     JobState,
-    LogLine,
     Node,
     new_id,
 )
 from fleetd.services.identity import access, limits
 from fleetd.services.identity.projects import project_for
-from fleetd.services.notify.events import list_events, record_event
-from fleetd.services.pagination import last_rows, paginate
+from fleetd.services.notify.events import record_event
+from fleetd.services.pagination import paginate
 from fleetd.services.placement import policy, reasons
 from fleetd.services.placement.terms import task_request
 from fleetd.services.workloads.lifecycle import owe_stops, switch_instance_state
+from fleetd.services.workloads.prices import resumed_price
 from fleetd.services.workloads.runs import (
     new_run,
-    resumed_price,
     resumes_by_itself,
     run_active,
     settle_deleting,
@@ -453,43 +452,6 @@ def delete_records(instance_ids):
 
 
 # ---------------------------------------------------------------- logs and events
-
-
-def instance_logs(principal, instance_id, limit, after=None):
-    """Log lines of every run of an instance, in order; `after` is the last seq seen."""
-    find_instance(principal, instance_id, deleted=True)
-    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
-    query = LogLine.select().where(LogLine.job.in_(runs))
-    if after is not None:
-        query = query.where(LogLine.id > after)
-    return paginate(query, LogLine.id, limit)
-
-
-def instance_logs_tail(principal, instance_id, count, before=None):
-    """The last `count` log lines of an instance's runs (before the line numbered `before`, if
-    given), oldest first."""
-    find_instance(principal, instance_id, deleted=True)
-    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
-    query = LogLine.select().where(LogLine.job.in_(runs))
-    if before is not None:
-        query = query.where(LogLine.id < before)
-    return last_rows(query, LogLine.id, count)
-
-
-def instance_events(principal, instance_id, limit, cursor=None, after=None):
-    find_instance(principal, instance_id, deleted=True)
-    return list_events("instance", instance_id, limit, cursor, after)
-
-
-def instance_events_tail(principal, instance_id, count):
-    find_instance(principal, instance_id, deleted=True)
-    return last_rows(
-        Event.select().where(
-            (Event.subject_type == "instance") & (Event.subject_id == instance_id)
-        ),
-        Event.id,
-        count,
-    )
 
 
 def counts_by_state():

@@ -9,10 +9,7 @@ import datetime
 import re
 
 from fleetd.clock import isoformat
-from fleetd.errors import Conflict
 from fleetd.models import (
-    Gpu,
-    GpuType,
     Instance,
     InstanceState,
     Job,
@@ -28,15 +25,13 @@ from fleetd.services.notify.events import record_event
 from fleetd.services.placement.terms import group_key_of
 from fleetd.services.workloads.lifecycle import (
     ACTIVE_TASK_STATES,
-    LIVE_STATUSES,
     LIVE_TASK_STATES,
-    NODE_TRANSITIONS,
-    accrue_cost,
     is_held,
     switch_instance_state,
     switch_job_state,
     switch_task_state,
 )
+from fleetd.services.workloads.prices import price_per_hour
 from fleetd.sql import Statement
 
 # Why a task ended -> the retry condition it counts as.
@@ -179,22 +174,6 @@ def stop_job(rt, job, reason, now):
     return held
 
 
-def stop_tasks_of_node(rt, node_id, reason, now):
-    """Stop a node's tasks and requeue their jobs whatever their retry policy (a drain's deadline).
-
-    Runs inside the caller's transaction; returns the ids of the jobs touched.
-    """
-    jobs = set()
-    for task in list(
-        Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES))
-    ):
-        task = Task.get_by_id(task.id)  # an earlier rank's gang may have ended it already
-        if task.state in ACTIVE_TASK_STATES:
-            end_task(rt, task, TaskState.PREEMPTED, reason, now, force_requeue=True)
-            jobs.add(task.job_id)
-    return jobs
-
-
 def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
     """Queue a new run of the instance (inside the caller's transaction): pending, or still
     `interrupted` (naming what interrupted it) until the run is placed."""
@@ -249,62 +228,8 @@ def run_placed(rt, job, task, now):
     if inst is None:
         return
     inst.node_id = task.node_id
-    inst.price_per_hour = _price(inst.instance_spec, task.gpus)
+    inst.price_per_hour = price_per_hour(inst.instance_spec, task.gpus)
     switch_instance_state(rt, inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
-
-
-def _price(spec, gpus):
-    """Per hour: the bid (per GPU-hour) for spot, else the GPU type's price; None when unpriced."""
-    count = spec.resources.gpus
-    if not count or not gpus:
-        return None
-    if spec.priority_class == "spot" and spec.bid is not None:
-        return spec.bid * count
-    row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first()
-    price = GpuType.get_or_none(GpuType.model == row.model) if row is not None else None
-    return None if price is None or price.price_per_hour is None else price.price_per_hour * count
-
-
-def resumed_price(inst, spec):
-    """Per hour, the run that resumes `inst` with `spec`: it runs on the node that keeps its volume,
-    so its price (the bid for spot, else that node's GPU type's price) is known before it is placed;
-    None when unpriced or that node holds no GPU."""
-    gpu = Gpu.select(Gpu.uuid).where(Gpu.node == inst.node_id).first() if inst.node_id else None
-    return _price(spec, [{"uuid": gpu.uuid}] if gpu is not None else [])
-
-
-def reprice_instances(model, now):
-    """The prices of GPU model `model` changed (inside the caller's transaction): the instances
-    whose current run holds GPUs of it pay the new price from `now`, their cost so far kept at the
-    old one."""
-    live = [
-        InstanceState.STARTING.value,
-        InstanceState.RUNNING.value,
-        InstanceState.RESTARTING.value,
-        InstanceState.STOPPING.value,
-        InstanceState.INTERRUPTED.value,
-    ]
-    for inst in Instance.select().where(Instance.state.in_(live) & Instance.run_id.is_null(False)):
-        task = Task.select(Task.gpus).where(Task.job == inst.run_id).first()
-        gpus = (task.gpus if task is not None else None) or []
-        row = Gpu.select(Gpu.model).where(Gpu.uuid == gpus[0]["uuid"]).first() if gpus else None
-        price = (
-            _price(inst.instance_spec, gpus)
-            if row is not None and row.model == model
-            else inst.price_per_hour
-        )
-        if price == inst.price_per_hour:
-            continue
-        accrue_cost(inst, now)  # the time run so far, at the old price
-        record_event(
-            now,
-            "instance.price",
-            "instance",
-            inst.id,
-            f"price per hour {inst.price_per_hour} -> {price} from now (GPU type {model} repriced)",
-        )
-        inst.price_per_hour = price
-        inst.save()
 
 
 def run_started(rt, task, ports, now):
@@ -555,82 +480,3 @@ def _node_live(node_id):
         NodeStatus.DRAINING.value,
         NodeStatus.DRAINED.value,
     )
-
-
-def node_lost(rt, node_id, reason, now):
-    """A node was declared lost (inside switch_node_status): its running instances are interrupted.
-    Their runs stay until their leases expire: if the node comes back first, they run on."""
-    for inst in Instance.select().where(
-        (Instance.node_id == node_id)
-        & Instance.state.in_(
-            [
-                InstanceState.STARTING.value,
-                InstanceState.RUNNING.value,
-                InstanceState.RESTARTING.value,
-            ]
-        )
-    ):
-        switch_instance_state(
-            rt, inst, InstanceState.INTERRUPTED, f"node {node_id} lost: {reason}", now
-        )
-        inst.interrupted_by = "node_lost"
-        inst.save()
-
-
-def node_returned(rt, node_id, now):
-    """A lost node is back (inside switch_node_status): its instances interrupted by the loss run
-    again, the process they still have there, or a new run on it."""
-    for inst in Instance.select().where(
-        (Instance.node_id == node_id)
-        & (Instance.state == InstanceState.INTERRUPTED.value)
-        & (Instance.interrupted_by == "node_lost")
-    ):
-        if inst.desired_state != "running":
-            continue
-        task = (
-            Task.select()
-            .where((Task.job == inst.run_id) & Task.state.in_(ACTIVE_TASK_STATES))
-            .first()
-        )
-        if task is None:
-            new_run(rt, inst, now)
-        elif task.state == TaskState.RUNNING.value:
-            switch_instance_state(
-                rt, inst, InstanceState.RUNNING, f"node {node_id} is back; its process ran on", now
-            )
-        else:
-            switch_instance_state(rt, inst, InstanceState.STARTING, f"node {node_id} is back", now)
-
-
-def switch_node_status(rt, node, to_status, reason, now, actor=None):
-    """The one way a node changes state: checks the transition, saves, records an Event (caused
-    by `actor`, by default the actor of the code running now: events.current_actor)."""
-    from_status = NodeStatus(node.status)
-    to_status = NodeStatus(to_status)
-    if to_status not in NODE_TRANSITIONS[from_status]:
-        raise Conflict(
-            f"node {node.id} cannot go from {from_status.value} to {to_status.value}",
-            {"status": from_status.value},
-        )
-    node.status = to_status.value
-    node.status_reason = reason
-    node.status_before_lost = from_status.value if to_status is NodeStatus.LOST else None
-    node.save()
-    # node.drained webhooks say why the node was drained, not only how the drain ended.
-    data = {"drain_reason": node.drain_reason} if to_status is NodeStatus.DRAINED else None
-    record_event(
-        now,
-        "node.status",
-        "node",
-        node.id,
-        reason,
-        from_status.value,
-        to_status.value,
-        actor=actor,
-        data=data,
-    )
-    if to_status is NodeStatus.LOST:
-        node_lost(rt, node.id, reason, now)
-    elif from_status is NodeStatus.LOST and to_status in LIVE_STATUSES:
-        node_returned(rt, node.id, now)
-    return node

@@ -175,10 +175,10 @@ def _full_page(rt, view, context, form=None, errors=None, status=200):
     principal, instance_id = g.ui_principal, view["id"]
     events = []
     if principal.role in roles.INSTANCE_EVENTS:
-        events = instances.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
+        events = instance_views.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
     lines = []
     if principal.role in roles.INSTANCE_LOGS:
-        lines = instances.instance_logs_tail(principal, instance_id, logs.SHOWN)
+        lines = instance_views.instance_logs_tail(principal, instance_id, logs.SHOWN)
     log = logs.box(lines, _log_url(instance_id), context["live"], INSTANCE_QUIET)
     return render_template(
         "instance.html",
@@ -208,13 +208,13 @@ def instance_log(instance_id):
     inst = instances.find_instance(principal, instance_id, deleted=True)
     if request.args.get("before"):
         return logs.earlier(
-            lambda before, n: instances.instance_logs_tail(
+            lambda before, n: instance_views.instance_logs_tail(
                 principal, instance_id, n, before=before
             ),
             _log_url(instance_id),
         )
     return logs.newer(
-        lambda after, n: instances.instance_logs(principal, instance_id, n, after=after)[0],
+        lambda after, n: instance_views.instance_logs(principal, instance_id, n, after=after)[0],
         _log_url(instance_id),
         inst.state in LIVE_STATES,
         INSTANCE_QUIET,

@@ -13,7 +13,7 @@ from fleetd.auth import Principal
 from fleetd.db import database, fenced_by, write_transaction
 from fleetd.models import Instance, StorageRecord, UsageDay, UsageRecord
 from fleetd.replicas import Fenced
-from fleetd.services.accounting import ledger, usage
+from fleetd.services.accounting import ledger, periods, usage, usage_metrics, volumes
 from tests.conftest import T0, ApiClient, gpus
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -265,10 +265,10 @@ def test_a_volume_that_never_fitted_is_not_billed(app, api, node, clock):
                 started_at=T0,
                 accounted_until=clock.now(),
             )
-            for a, b in ledger.split_days(T0, clock.now()):
-                piece = ledger.storage_cost(record.volume_bytes, older.book, a, b)
+            for a, b in periods.split_days(T0, clock.now()):
+                piece = volumes.storage_cost(record.volume_bytes, older.book, a, b)
                 record.cost += piece
-                older.add(a, ledger.STORAGE, record, cost=piece)
+                older.add(a, periods.STORAGE, record, cost=piece)
             record.save()
             older.write_days()
     assert api.get(f"/api/v1/instances/{inst['id']}").get_json()[
@@ -626,9 +626,9 @@ def test_reports_by_workload_fleet_and_owner_match_the_ledger_across_midnight(ap
 def test_usage_counters_never_go_down_as_the_teams_ranking_changes(
     app, api, node, clock, monkeypatch
 ):
-    monkeypatch.setattr(usage, "MAX_TEAM_LABELS", 2)
+    monkeypatch.setattr(usage_metrics, "MAX_TEAM_LABELS", 2)
     _, session = node
-    collector = usage.UsageCollector(app.extensions["fleetd"], cache_seconds=0)
+    collector = usage_metrics.UsageCollector(app.extensions["fleetd"], cache_seconds=0)
 
     def counters():
         with app.app_context(), database.connection_context():
