@@ -46,7 +46,15 @@ class Providers(MethodView):
         return {"items": oidc.list_providers()}
 
 
-@blp.route("/providers/<string:name>")
+NAME_PARAMETER = {
+    "in": "path",
+    "name": "name",
+    "required": True,
+    "schema": {"type": "string", "pattern": oidc.PROVIDER_NAME_RE.pattern.join("^$")},
+}
+
+
+@blp.route("/providers/<string:name>", parameters=[NAME_PARAMETER])
 class ProviderByName(MethodView):
     @require(ADMIN)
     @blp.response(200, ProviderSchema)
@@ -142,12 +150,6 @@ class AuthLogin(MethodView):
     def post(self, body):
         """Exchange an ID token the client got from the provider (for fleetd's client id) for a
         fleetd session."""
-        if not body["id_token"]:
-            raise InvalidRequest(
-                "send the provider's id_token: an access token does not say it was issued for "
-                "fleetd",
-                {"fields": {"json": {"id_token": ["required"]}}},
-            )
         rt = current_runtime()
         provider, claims = _counted(
             lambda: oidc.login_with_token(rt, body["provider"], body["id_token"])

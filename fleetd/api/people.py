@@ -108,7 +108,7 @@ class UserByLogin(MethodView):
         return users.get_user(current_principal(), login)
 
     @require(ADMIN)
-    @blp.arguments(UserPatchSchema())
+    @blp.arguments(UserPatchSchema(), required=False)
     @blp.response(200, UserSchema)
     def patch(self, body, login):
         """Change a user's role, default project or `active` (false ends its sessions and tokens at
@@ -154,7 +154,7 @@ class ProjectByKey(MethodView):
         return projects.get_project(current_principal(), key)
 
     @require(ADMIN)
-    @blp.arguments(ProjectPatchSchema())
+    @blp.arguments(ProjectPatchSchema(), required=False)
     @blp.response(200, ProjectSchema)
     def patch(self, body, key):
         """Change a project's names, team or description."""

@@ -10,7 +10,12 @@ from fleetd.schemas.people import UserSchema
 PROVIDER_NAME = FullRegexp(
     r"^[a-z][a-z0-9-]{0,63}$", error="a provider name: a-z, 0-9 and -, a letter first"
 )
-_URL = validate.URL(schemes={"http", "https"}, require_tld=False)
+# An http(s) URL: an ASCII host name or IPv4 address (IDNs in their xn-- form), an optional port
+# and path, no query, fragment or credentials.
+_URL = FullRegexp(
+    r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?$",
+    error="an http(s) URL without credentials, query or fragment",
+)
 _CLAIM = FullRegexp(
     r"^[A-Za-z0-9_.:/-]{1,128}$", error="a claim name: letters, digits and _ . : / -"
 )
@@ -114,13 +119,13 @@ class DeviceTokenSchema(Schema):
 
 class LoginSchema(Schema):
     provider = fields.String(required=True, validate=PROVIDER_NAME)
-    id_token = Text(max_length=16384, load_default=None, allow_none=True)
-    access_token = Text(
+    id_token = Text(
+        required=True,
+        min_length=1,
         max_length=16384,
-        load_default=None,
-        allow_none=True,
         metadata={
-            "description": "not accepted: an access token does not say it was issued for fleetd"
+            "description": "the provider's ID token for fleetd's client id (an access token does "
+            "not say which client it was issued to, so none is taken)"
         },
     )
 

@@ -2,10 +2,10 @@
 
 from marshmallow import Schema, fields, validate
 
-from fleetd.credentials import PROJECT_ROLES, TOKEN_NAME_MAX, USER_ROLES
+from fleetd.credentials import PROJECT_ROLES, TOKEN_NAME_MAX, TOKEN_NAME_PATTERN, USER_ROLES
 from fleetd.names import PROJECT_KEY
-from fleetd.schemas.common import FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
-from fleetd.schemas.tokens import LimitsSchema, OwnerUseSchema
+from fleetd.schemas.common import Bool, FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
+from fleetd.schemas.tokens import LimitsSchema, OwnerUseSchema, token_name
 
 _KEY = FullRegexp(
     PROJECT_KEY,
@@ -52,7 +52,7 @@ class UserQuerySchema(PageQuerySchema):
 
 
 class UserPatchSchema(Schema):
-    active = fields.Boolean(
+    active = Bool(
         metadata={"description": "false: its sessions end and its tokens are revoked at once"}
     )
     role = fields.String(validate=validate.OneOf(USER_ROLES))
@@ -104,7 +104,13 @@ class MemberPutSchema(Schema):
 
 
 class ServiceAccountCreateSchema(Schema):
-    name = Text(required=True, min_length=1, max_length=TOKEN_NAME_MAX)
+    name = Text(
+        required=True,
+        min_length=1,
+        max_length=TOKEN_NAME_MAX,
+        validate=[token_name],
+        metadata={"pattern": TOKEN_NAME_PATTERN, "description": "as an API token's name"},
+    )
     expires_in_seconds = Int(
         required=True,
         minimum=60,

@@ -13,7 +13,7 @@ POSIX_USER = FullRegexp(
 )
 
 
-def _token_name(name):
+def token_name(name):
     problem = token_name_problem(name)
     if problem:
         raise ValidationError(problem)
@@ -82,7 +82,7 @@ class TokenCreateSchema(Schema):
         required=True,
         min_length=1,
         max_length=TOKEN_NAME_MAX,
-        validate=[_token_name],
+        validate=[token_name],
         metadata={
             "pattern": TOKEN_NAME_PATTERN,
             "description": "printable text on one line, no space at either end, "

@@ -160,6 +160,34 @@ ALLOWED = [
         "describes one by one",
     ),
     (
+        "positive_data_acceptance",
+        r"POST /api/v1/(jobs|instances)|PATCH /api/v1/users/\{login\}",
+        r"no project '",
+        "a job, an instance or a user's default may name only a project that exists: which exist "
+        "is the server's state, not the document's (the refusal names the field)",
+    ),
+    (
+        "positive_data_acceptance",
+        r"POST /api/v1/auth/(device|device/token|login)|PUT /api/v1/auth/bindings",
+        r"no oidc provider|no provider '|name the `provider`|no project '",
+        "sign-in and binding rules may name only a provider (and projects) that exist: which exist "
+        "is the server's state, not the document's",
+    ),
+    (
+        "positive_data_acceptance",
+        r"PUT /api/v1/auth/providers/\{name\}",
+        r"required for kind (oidc|jwt)",
+        "an oidc provider needs its client_id and a jwt issuer its audience: a rule across two "
+        "fields, which OpenAPI 3.0 describes one by one",
+    ),
+    (
+        "positive_data_acceptance",
+        r"PUT /api/v1/auth/bindings",
+        r"a rule has exactly one of contains and equals",
+        "a rule tests a claim with contains or with equals, not both: a rule across two fields, "
+        "which OpenAPI 3.0 describes one by one",
+    ),
+    (
         "negative_data_rejection",
         r"POST /api/v1/.*",
         r'"code":"payload_too_large"',
@@ -168,7 +196,8 @@ ALLOWED = [
     ),
     (
         "positive_data_acceptance",
-        r"POST /api/v1/(jobs|instances|tokens|cluster/simulate-schedule)",
+        r"POST /api/v1/(jobs|instances|tokens|cluster/simulate-schedule"
+        r"|projects/\{key\}/service-accounts)",
         r"a name holds no invisible|a name is written in plain characters|a name's letters come "
         r"from one script",
         "a name is in Unicode NFKC form, its letters of one script, with no invisible, format or "

@@ -5,9 +5,11 @@ Admins manage every project; a project admin manages its members and service acc
 import datetime as dt
 import re
 
+from fleetd.clock import utcnow
 from fleetd.credentials import (
     ADMIN,
     API_PREFIX,
+    DEFAULT_PROJECT,
     PROJECT_ROLES,
     hash_token,
     make_token,
@@ -56,6 +58,8 @@ def project_for(principal, wanted):
             {"fields": {"json": {"project": ["required: you have no default project"]}}},
         )
     project = _PROJECT.first(key=key)
+    if project is None and key == DEFAULT_PROJECT:
+        project = _make_default()
     if project is None:
         raise InvalidRequest(
             f"no project {key!r}", {"fields": {"json": {"project": [f"no project {key!r}"]}}}
@@ -76,6 +80,15 @@ def project_for(principal, wanted):
             {"project": key},
         )
     return project
+
+
+def _make_default():
+    """The project `default` (migration 0031 made it; a database emptied of projects lacks it)."""
+    with write_transaction():
+        Project.insert(
+            key=DEFAULT_PROJECT, name=DEFAULT_PROJECT, display_name="Default", created_at=utcnow()
+        ).on_conflict_ignore().execute()
+    return _PROJECT.first(key=DEFAULT_PROJECT)
 
 
 def project_roles(user_id):
@@ -170,6 +183,11 @@ def update_project(now, key, changes):
 def delete_project(now, key):
     """Delete a project that holds no live work (Conflict otherwise); its members and service
     accounts go with it (the accounts' tokens are revoked)."""
+    if key == DEFAULT_PROJECT:
+        raise Conflict(
+            "the project `default` holds the work of tokens without a project; it stays",
+            {"key": key},
+        )
     with write_transaction():
         if Project.get_or_none_by_id(key) is None:
             raise NotFound(f"project {key} not found")

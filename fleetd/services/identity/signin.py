@@ -300,7 +300,7 @@ def _rotate(row, upstream, now):
 def logout(now, principal):
     """End the caller's session (its refresh token stops working too)."""
     if principal.kind != "session":
-        raise InvalidRequest("only a session signs out; revoke an API token instead")
+        raise Conflict("only a session signs out; an API token is revoked instead")
     with write_transaction():
         AuthSession.update(ended_at=now, upstream_refresh=None).where(
             (AuthSession.id == principal.id) & AuthSession.ended_at.is_null()

@@ -123,7 +123,7 @@ BASE_BODIES = {
     ],
     ("POST", "/api/v1/auth/device"): {"provider": "lab"},
     ("POST", "/api/v1/auth/device/token"): {"device_code": "dc", "provider": "lab"},
-    ("POST", "/api/v1/auth/login"): {"provider": "lab", "id_token": "a.b.c", "access_token": None},
+    ("POST", "/api/v1/auth/login"): {"provider": "lab", "id_token": "a.b.c"},
     ("POST", "/api/v1/auth/refresh"): {"refresh_token": "flr_x"},
     ("POST", "/api/v1/projects"): {
         "key": "vision",

@@ -121,6 +121,7 @@ def test_a_service_account_submits_to_its_project_only_and_dies_with_it(admin):
     )  # the project admin reads the project's work
     alice.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert admin.delete("/api/v1/projects/vision").status_code == 204
+    assert admin.delete("/api/v1/projects/default").status_code == 409  # tokens' work goes there
     assert ci.get("/api/v1/whoami").status_code == 401
 
 
