@@ -11,6 +11,8 @@ import pytest
 from tests.integration.conftest import Http, fleetd_cmd
 from tests.support.oidc_provider import OidcProvider, approve_device
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def provider(tmp_path):
