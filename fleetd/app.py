@@ -130,14 +130,17 @@ def _authenticate():
     rt = current_runtime()
     try:
         g.principal = resolve_token(
-            token.strip(), rt.clock.now(), allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT
+            token.strip(),
+            rt.clock.now(),
+            allow_revoked_node=endpoint == HEARTBEAT_ENDPOINT,
+            rt=rt,
         )
     except Unauthorized as exc:
         rt.limiter.fail(request_address(), rt.clock.monotonic())  # 429 once over the failure budget
         exc.headers.setdefault("WWW-Authenticate", "Bearer")
         raise
     enter_actor(g.principal)
-    if g.principal.kind in ("api", "session"):  # node sessions and join tokens are exempt
+    if g.principal.kind in ("api", "session", "jwt"):  # node sessions and join tokens are exempt
         rt.rates.take(
             g.principal.id, g.principal.rate, rt.clock.monotonic()
         )  # 429 past the token's rate

@@ -1,10 +1,12 @@
 """Checking presented tokens: principals, the role checks views use, the failed-authentication
 limiter. Token formats, roles and making and hashing tokens are fleetd.credentials'."""
 
+import base64
 import collections
 import dataclasses
 import functools
 import ipaddress
+import json
 import threading
 
 import peewee
@@ -32,7 +34,8 @@ from fleetd.credentials import (  # noqa: F401 - views take the roles from here,
     matches,
 )
 from fleetd.errors import Forbidden, RateLimited, Unauthorized
-from fleetd.models import ApiToken, AuthSession, JoinToken, Node, NodeStatus, User
+from fleetd.models import ApiToken, AuthProvider, AuthSession, JoinToken, Node, NodeStatus, User
+from fleetd.services.identity import oidc, signin
 from fleetd.services.notify import events
 from fleetd.sql import Statement
 
@@ -149,14 +152,17 @@ _NODE_BY_SESSION = Statement(
 _REVOKED = NodeStatus.REVOKED.value
 
 
-def resolve_token(token, now, allow_revoked_node=False):
+def resolve_token(token, now, allow_revoked_node=False, rt=None):
     """Return the Principal for a bearer token, or raise Unauthorized.
 
     `allow_revoked_node`: the caller is a node's heartbeat, which a revoked node may still send
-    (to learn that it is revoked); its Principal carries the node's whole row as `node`.
+    (to learn that it is revoked); its Principal carries the node's whole row as `node`. With the
+    Runtime `rt`, a JWT of a configured `jwt` issuer is a bearer too (jwt_principal).
     """
     match = TOKEN_RE.match(token or "")
     if not match:
+        if rt is not None and token.count(".") == 2:
+            return jwt_principal(rt, token, now)
         raise Unauthorized("malformed or unknown token")
     prefix, token_id, _ = match.groups()
     if prefix == API_PREFIX:
@@ -191,6 +197,40 @@ def resolve_token(token, now, allow_revoked_node=False):
     if row.max_uses is not None and row.uses >= row.max_uses:
         raise Unauthorized("join token used up")
     return Principal("join", row.id, JOIN, fleet=row.fleet_id)
+
+
+def jwt_principal(rt, token, now):
+    """The Principal of a workload's JWT (a CI system's identity token): its issuer must be a
+    configured `jwt` provider, its signature, audience and times good, and a binding rule must give
+    it a role; it acts as a user of its own (services.identity.signin.workload_user)."""
+    try:
+        claims = json.loads(_b64decode(token.split(".")[1]))
+    except ValueError:
+        raise Unauthorized("malformed or unknown token") from None
+    issuer = claims.get("iss") if isinstance(claims, dict) else None
+    provider = (
+        AuthProvider.get_or_none((AuthProvider.kind == "jwt") & (AuthProvider.issuer == issuer))
+        if isinstance(issuer, str)
+        else None
+    )
+    if provider is None:
+        raise Unauthorized("a JWT whose issuer is no configured jwt provider")
+    verified = oidc.verify_id_token(rt, provider, token)
+    user = signin.workload_user(rt, now, provider, verified)
+    return Principal(
+        "jwt",
+        user.id,
+        user.role,
+        name=user.login,
+        team=user.team,
+        user_id=user.id,
+        login=user.login,
+        default_project=user.default_project,
+    )
+
+
+def _b64decode(segment):
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
 def api_token_principal(row, now):

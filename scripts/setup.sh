@@ -74,7 +74,11 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 # The sign-in tests' OpenID provider, at the versions of its lock file (test-only; never shipped).
+# Node.js trusts its own CA list only: the system's is added, for a registry reached through a TLS
+# proxy whose CA the system trusts.
 if [ "$extras" = dev ] && [ ! -f tests/support/oidc/node_modules/.package-lock.json ]; then
+    ca=/etc/ssl/certs/ca-certificates.crt
+    [ -n "${NODE_EXTRA_CA_CERTS:-}" ] || [ ! -f "$ca" ] || export NODE_EXTRA_CA_CERTS="$ca"
     npm ci --prefix tests/support/oidc --no-audit --no-fund --loglevel=error
 fi
 # pip runs only when what it would install changed: the requirements, the constraints or the extras

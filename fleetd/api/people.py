@@ -64,7 +64,7 @@ def whoami():
         "user": user,
         "projects": roles,
         "default_project": p.default_project,
-        "auth": {"api": "token", "session": "session"}.get(p.kind),
+        "auth": {"api": "token", "session": "session", "jwt": "jwt"}.get(p.kind),
         **limits.limits_of(current_runtime().settings, p),
     }
 

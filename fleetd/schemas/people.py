@@ -36,7 +36,10 @@ class UserSchema(Schema):
         allow_none=True, metadata={"description": "the host user its tasks run as, if set"}
     )
     source = fields.String(
-        metadata={"enum": ["oidc", "scim", "token"], "description": "how fleetd came to know it"}
+        metadata={
+            "enum": ["oidc", "jwt", "scim", "token"],
+            "description": "how fleetd came to know it",
+        }
     )
     created_at = Time()
     deactivated_at = Time(allow_none=True)
@@ -156,7 +159,7 @@ class WhoamiSchema(Schema):
     team = fields.String(allow_none=True)
     projects = fields.List(fields.Nested(ProjectRoleSchema))
     default_project = fields.String(allow_none=True)
-    auth = fields.String(allow_none=True, metadata={"enum": ["session", "token"]})
+    auth = fields.String(allow_none=True, metadata={"enum": ["session", "token", "jwt"]})
     node_id = fields.String(allow_none=True)
     token_id = fields.String(
         allow_none=True, metadata={"description": "the API token's id; null for a node"}

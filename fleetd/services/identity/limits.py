@@ -257,7 +257,7 @@ def owner_use(token_id):
 def limits_of(settings, principal):
     """{token_id, limits, use} of a token's or a session's principal (whoami); nulls for a node or a
     join token."""
-    if principal.kind not in ("api", "session"):
+    if principal.kind not in ("api", "session", "jwt"):
         return {"token_id": None, "limits": None, "use": None}
     row = ApiToken.get_or_none_by_id(principal.id) if principal.kind == "api" else None
     user = User.get_or_none_by_id(principal.user_id) if principal.user_id else None

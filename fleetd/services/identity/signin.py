@@ -20,6 +20,7 @@ from fleetd.models import AuthProvider, AuthSession, Project, ProjectMember, Set
 from fleetd.names import LOGIN
 from fleetd.services.identity.oidc import claim_names, exchange_refresh
 from fleetd.services.notify.events import record_event
+from fleetd.sql import Statement
 
 BINDINGS_KEY = "auth_bindings"
 SESSION_SECONDS = 3600  # a session token's life; the refresh token makes the next one
@@ -160,10 +161,8 @@ def _apply(user, provider, claims, granted, now):
     user.save()
 
 
-def sign_in(rt, now, provider, claims, upstream_refresh=None):
-    """A session for the person these verified claims name: the user (made at its first sign-in)
-    is brought to what the binding rules give it. Forbidden when no rule gives it access, Conflict
-    when its login belongs to another user (one made from a token, or another provider's)."""
+def _granted(provider, claims):
+    """(login, what the rules give it); Forbidden when no rule gives it access."""
     login = _login_of(provider, claims)
     granted = bind(get_bindings(), provider.name, claims)
     if granted is None:
@@ -171,35 +170,51 @@ def sign_in(rt, now, provider, claims, upstream_refresh=None):
             f"no binding rule gives {login} access to fleetd; ask an admin to add one",
             {"login": login, "provider": provider.name},
         )
+    return login, granted
+
+
+def _bound_user(now, provider, claims, login, granted, source):
+    """The user of these claims (inside the caller's transaction), made at its first use and
+    brought to what the rules give it. Conflict when its login belongs to another user (one made
+    from a token, or another provider's); Unauthorized for a deactivated one."""
+    user = User.get_or_none((User.provider == provider.name) & (User.subject == claims["sub"]))
+    if user is None:
+        taken = User.get_or_none(User.login == login)
+        if taken is not None:
+            raise Conflict(
+                f"the login {login} belongs to another user (source {taken.source}); an admin "
+                "must delete or rename it before it can sign in",
+                {"login": login},
+            )
+        user = User.create(
+            id=new_id(),
+            login=login,
+            role=granted["role"],
+            source=source,
+            provider=provider.name,
+            subject=claims["sub"],
+            created_at=now,
+        )
+        record_event(
+            now,
+            "user.created",
+            "user",
+            user.id,
+            f"user {login} made at its first sign-in with {provider.name}",
+        )
+    elif not user.active:
+        raise Unauthorized(f"user {user.login} is deactivated")
+    _apply(user, provider, claims, granted, now)
+    return user
+
+
+def sign_in(rt, now, provider, claims, upstream_refresh=None):
+    """A session for the person these verified claims name: the user (made at its first sign-in)
+    is brought to what the binding rules give it. Forbidden when no rule gives it access, Conflict
+    when its login belongs to another user (one made from a token, or another provider's)."""
+    login, granted = _granted(provider, claims)
     with write_transaction():
-        user = User.get_or_none((User.provider == provider.name) & (User.subject == claims["sub"]))
-        if user is None:
-            taken = User.get_or_none(User.login == login)
-            if taken is not None:
-                raise Conflict(
-                    f"the login {login} belongs to another user (source {taken.source}); an admin "
-                    "must delete or rename it before it can sign in",
-                    {"login": login},
-                )
-            user = User.create(
-                id=new_id(),
-                login=login,
-                role=granted["role"],
-                source="oidc",
-                provider=provider.name,
-                subject=claims["sub"],
-                created_at=now,
-            )
-            record_event(
-                now,
-                "user.created",
-                "user",
-                user.id,
-                f"user {login} made at its first sign-in with {provider.name}",
-            )
-        elif not user.active:
-            raise Unauthorized(f"user {user.login} is deactivated")
-        _apply(user, provider, claims, granted, now)
+        user = _bound_user(now, provider, claims, login, granted, "oidc")
         session = _new_session(user, provider.name, upstream_refresh, now)
         record_event(
             now,
@@ -211,6 +226,42 @@ def sign_in(rt, now, provider, claims, upstream_refresh=None):
         )
     rt.identities.forget(user.id)
     return session
+
+
+_WORKLOAD_USER = Statement(
+    lambda v: (
+        User.select(
+            User.id,
+            User.login,
+            User.role,
+            User.team,
+            User.active,
+            User.default_project,
+            User.groups,
+        )
+        .where((User.provider == v("provider")) & (User.subject == v("subject")))
+        .limit(1)
+    )
+)
+
+
+def workload_user(rt, now, provider, claims):
+    """The user a workload's JWT (a `jwt` issuer's, e.g. a CI system's) acts as: made at its first
+    use like a person's, and written again only when what the rules give it changed."""
+    login, granted = _granted(provider, claims)
+    user = _WORKLOAD_USER.first(provider=provider.name, subject=claims["sub"])
+    groups = claims.get(claim_names(provider)["groups"])
+    if (
+        user is not None
+        and user.active
+        and (user.role, user.team) == (granted["role"], granted["team"])
+        and (user.groups or []) == (groups if isinstance(groups, list) else [])
+    ):
+        return user
+    with write_transaction():
+        user = _bound_user(now, provider, claims, login, granted, "jwt")
+    rt.identities.forget(user.id)
+    return user
 
 
 def _new_session(user, provider, upstream_refresh, now):

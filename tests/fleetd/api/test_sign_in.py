@@ -212,3 +212,31 @@ def test_a_provider_that_is_down_keeps_sessions_but_refuses_new_sign_ins(admin, 
     assert "unreachable" in started.get_json()["error"]["message"]
     listed = admin.get("/api/v1/auth/providers").get_json()["items"]
     assert listed[0]["has_client_secret"] is True and "client_secret" not in listed[0]
+
+
+def test_a_workload_jwt_of_a_configured_issuer_is_a_bearer_mapped_by_the_rules(admin, provider):
+    body = {"kind": "jwt", "issuer": provider.issuer, "audience": "fleetd"}
+    assert admin.put("/api/v1/auth/providers/ci", body).status_code == 200
+    rule = {"provider": "ci", "claim": "preferred_username", "equals": "alice", "role": "member"}
+    rule["projects"] = [{"project": "vision", "role": "member"}]
+    assert admin.put("/api/v1/auth/bindings", RULES + [rule]).status_code == 200
+    workload = ApiClient(admin.app, provider.token_for("alice")["id_token"])
+    me = workload.get("/api/v1/whoami").get_json()
+    assert (me["principal"], me["auth"], me["projects"]) == (
+        "user:alice",
+        "jwt",
+        [{"key": "vision", "role": "member"}],
+    )
+    assert workload.post("/api/v1/jobs", JOB).get_json()["project"] == "vision"
+    assert admin.get("/api/v1/users/alice").get_json()["source"] == "jwt"
+    other = provider.token_for("bob", client_id="other-app", client_secret="other-secret")
+    refused = ApiClient(admin.app, other["id_token"]).get("/api/v1/whoami")
+    assert refused.status_code == 401 and "aud" in refused.get_json()["error"]["message"]
+    unbound = ApiClient(admin.app, provider.token_for("bob")["id_token"]).get("/api/v1/whoami")
+    assert unbound.status_code == 403  # bob's token verifies, but no rule gives him a role
+    assert admin.delete("/api/v1/auth/providers/ci").status_code == 204
+    gone = workload.get("/api/v1/whoami")
+    assert (
+        gone.status_code == 401
+        and "no configured jwt provider" in gone.get_json()["error"]["message"]
+    )
