@@ -259,6 +259,9 @@ class Client:
     def patch(self, path, body):
         return self.request("PATCH", path, json=body)
 
+    def put(self, path, body):
+        return self.request("PUT", path, json=body)
+
     def delete(self, path):
         return self.request("DELETE", path)
 

@@ -15,6 +15,7 @@ from fleetd.cli import (
     instances,
     jobs,
     nodes,
+    people,
     rollouts,
     tokens,
     usage,
@@ -60,6 +61,7 @@ def _add_commands():
         webhooks,
         usage,
         validation,
+        people,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)

@@ -282,6 +282,7 @@ def _wait_running(instance_id, data, timeout, verb):
 )
 @click.option("--bid", type=click.FloatRange(min=0), help="Spot bid per GPU-hour (with --spot).")
 @click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
+@click.option("--project", help="Its project's key (default: your default project).")
 @click.option(
     "--label",
     "labels",
@@ -322,6 +323,7 @@ def instance_create(
     spot,
     bid,
     fleet_name,
+    project,
     labels,
     restart,
     idle_stop,
@@ -371,6 +373,8 @@ def instance_create(
         spec["bid"] = bid
     if fleet_name:
         spec.setdefault("node_selector", {})["fleet"] = fleet_name
+    if project:
+        spec["project"] = project
     if labels:
         selector = spec.setdefault("node_selector", {})
         selector["labels"] = {**selector.get("labels", {}), **parse_labels(labels)}

@@ -54,6 +54,7 @@ JOB_COLUMNS = [
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Nodes (ranks) of a gang job.")
 @click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
+@click.option("--project", help="Its project's key (default: your default project).")
 @click.option("--max-runtime", type=Duration(), help="Stop the job after this long, e.g. 2h.")
 @click.option(
     "--retries",
@@ -89,6 +90,7 @@ def job_submit(
     num_nodes,
     env,
     fleet_name,
+    project,
     max_runtime,
     retries,
     wait_for_end,
@@ -116,6 +118,8 @@ def job_submit(
         spec["env"] = {**spec.get("env", {}), **parse_labels(env)}
     if fleet_name:
         spec.setdefault("node_selector", {})["fleet"] = fleet_name
+    if project:
+        spec["project"] = project
     if max_runtime:
         spec["max_runtime_seconds"] = max_runtime
     if retries is not None:

@@ -92,11 +92,16 @@ def given_limits(values):
 @click.option(
     "--role",
     required=True,
-    type=click.Choice(["admin", "submitter", "metrics"]),
+    type=click.Choice(["admin", "operator", "member", "submitter", "viewer", "metrics", "scim"]),
     help=(
-        "admin: everything; submitter: its own jobs, reading the fleet; metrics: metrics and "
-        "status."
+        "admin: everything; member (or submitter): its own work, reading the fleet; viewer and "
+        "operator: reading; metrics: metrics and status."
     ),
+)
+@click.option(
+    "--user",
+    help="The login of the user that owns it (made if none has it): all of a user's tokens "
+    "are one owner.",
 )
 @click.option("--team", help="Team of a submitter token.")
 @click.option("--expires-in", type=Duration(), help="Lifetime, e.g. 30d (default: no expiry).")
@@ -113,12 +118,13 @@ def given_limits(values):
     help="Let --unix-user be one that a live token has already: both are one tenant on the hosts.",
 )
 @limit_options
-def token_create(name, role, team, expires_in, unix_user, share_unix_user, **limits):
+def token_create(name, role, user, team, expires_in, unix_user, share_unix_user, **limits):
     """Create an API token; its secret is printed once. The limits not given are the server's
     settings."""
     body = {
         "name": name,
         "role": role,
+        "user": user,
         "team": team,
         "expires_in_seconds": expires_in,
         "unix_user": unix_user,
