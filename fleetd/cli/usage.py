@@ -13,7 +13,7 @@ from fleetd.cli.params import Duration
 from fleetd.cli.remote import client_command, current_client
 
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
-GROUPS = ("team", "owner", "fleet", "gpu_model", "day", "workload")
+GROUPS = ("team", "owner", "user", "fleet", "gpu_model", "day", "workload")
 
 
 def _percent(value):

@@ -24,12 +24,13 @@ from fleetd.models import (
     UsageDay,
     UsageWorkloadDay,
     UsageWorkloadMonth,
+    User,
 )
 from fleetd.services.accounting.ledger import PriceBook, record_price, runs_to_date, storage_price
 from fleetd.services.accounting.periods import GB, STORAGE
 from fleetd.services.accounting.volumes import storage_cost
 
-GROUP_BY = ("team", "owner", "fleet", "gpu_model", "day", "workload")
+GROUP_BY = ("team", "owner", "user", "fleet", "gpu_model", "day", "workload")
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
 MAX_DAYS = 3660  # a report spans at most about ten years
 MAX_WORKLOAD_ROWS = 10_000  # rows of a report by workload: the costliest
@@ -94,9 +95,11 @@ def usage_report(
 
 
 def _by_dimension(group_by, first, last, own, team, owner, fleet):
-    column = getattr(UsageDay, group_by)
+    # By user: by owner id (a user's, or a token's of its own), named by the user's login.
+    column = UsageDay.owner_token_id if group_by == "user" else getattr(UsageDay, group_by)
     query = UsageDay.select(
         column,
+        fn.MAX(UsageDay.owner),
         fn.SUM(UsageDay.gpu_seconds),
         fn.SUM(UsageDay.used_gpu_seconds),
         fn.SUM(UsageDay.sampled_gpu_seconds),
@@ -106,8 +109,15 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     narrowed = _narrowed(UsageDay, True, own, team, owner, fleet)
     if narrowed is not True:
         query = query.where(narrowed)
+    rows = list(query.group_by(column).order_by(column).tuples().execute())
+    logins = {}
+    if group_by == "user" and rows:
+        ids = [r[0] for r in rows]
+        logins = dict(User.select(User.id, User.login).where(User.id.in_(ids)).tuples())
     out = []
-    for group, *sums in query.group_by(column).order_by(column).tuples().execute():
+    for group, owner_name, *sums in rows:
+        if group_by == "user":
+            group = logins.get(group) or f"token:{owner_name}"
         out.append(
             (
                 group.isoformat()
@@ -116,6 +126,8 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
                 sums,
             )
         )
+    if group_by == "user":
+        out.sort(key=lambda row: row[0] or "")
     return out
 
 

@@ -653,3 +653,28 @@ def test_usage_counters_never_go_down_as_the_teams_ranking_changes(
     teams = {labels[0] for _, labels in seen}
     assert teams == {"ml", "cv", "other"}  # nlp and rl came after the cap: "other" for good
     assert seen[("fleetd_usage_allocated_gpu_seconds_total", ("other", "gpu-a"))] == 6000
+
+
+def test_a_report_by_user_puts_every_token_of_a_user_in_one_row(app, api, node, clock):
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+
+    def token(name, user=None):
+        body = {"name": name, "role": "submitter", **({"user": user} if user else {})}
+        resp = api.post("/api/v1/tokens", body)
+        assert resp.status_code == 201, resp.get_json()
+        return ApiClient(api.app, resp.get_json()["token"])
+
+    laptop, ci, bot = token("alice laptop", "alice"), token("alice ci", "alice"), token("bot")
+    for client in (laptop, ci, bot):
+        run_for(api, client, session, 1, 1800, clock)
+    api.run_task("usage")
+    rows = api.get("/api/v1/usage?group_by=user").get_json()["rows"]
+    assert [(r["group"], r["gpu_hours_allocated"], r["runs"]) for r in rows] == [
+        ("alice", 1.0, 2),
+        ("token:bot", 0.5, 1),
+    ]
+    owners = api.get("/api/v1/usage?group_by=owner").get_json()["rows"]
+    assert sorted(r["group"] for r in owners) == ["alice ci", "alice laptop", "bot"]
+    mine = laptop.get("/api/v1/usage?group_by=user").get_json()["rows"]
+    assert [(r["group"], r["runs"]) for r in mine] == [("alice", 2)]  # its user's, both tokens
