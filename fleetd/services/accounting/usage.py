@@ -110,10 +110,10 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     if narrowed is not True:
         query = query.where(narrowed)
     rows = list(query.group_by(column).order_by(column).tuples().execute())
-    logins = {}
+    logins: dict[str, str] = {}
     if group_by == "user" and rows:
         ids = [r[0] for r in rows]
-        logins = dict(User.select(User.id, User.login).where(User.id.in_(ids)).tuples())
+        logins = {u.id: u.login for u in User.select(User.id, User.login).where(User.id.in_(ids))}
     out = []
     for group, owner_name, *sums in rows:
         if group_by == "user":
