@@ -1,7 +1,6 @@
 """Checking presented tokens: principals, the role checks views use, the failed-authentication
 limiter. Token formats, roles and making and hashing tokens are fleetd.credentials'."""
 
-import base64
 import collections
 import dataclasses
 import functools
@@ -204,7 +203,7 @@ def jwt_principal(rt, token, now):
     configured `jwt` provider, its signature, audience and times good, and a binding rule must give
     it a role; it acts as a user of its own (services.identity.signin.workload_user)."""
     try:
-        claims = json.loads(_b64decode(token.split(".")[1]))
+        claims = json.loads(oidc.b64decode(token.split(".")[1]))
     except ValueError:
         raise Unauthorized("malformed or unknown token") from None
     issuer = claims.get("iss") if isinstance(claims, dict) else None
@@ -227,10 +226,6 @@ def jwt_principal(rt, token, now):
         login=user.login,
         default_project=user.default_project,
     )
-
-
-def _b64decode(segment):
-    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
 def api_token_principal(row, now):

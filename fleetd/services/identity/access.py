@@ -29,7 +29,8 @@ def readable(query, principal, owner_field, project_field):
     return query.where(own | project_field.in_(seen))
 
 
-def _project_role(principal, project):
+def project_role(principal, project):
+    """The principal's role in the project (admin, member, viewer), or None."""
     if principal.user_id is None or project is None:
         return None
     row = _PROJECT_ROLE.first(project=project, user_id=principal.user_id)
@@ -40,7 +41,7 @@ def may_read(principal, owner_id, project):
     """True when this principal may read work of this owner in this project."""
     if principal.role in READ_ALL or owner_id == principal.owner_id:
         return True
-    return _project_role(principal, project) in _SEEING
+    return project_role(principal, project) in _SEEING
 
 
 def may_change(principal, owner_id, project):
@@ -48,4 +49,4 @@ def may_change(principal, owner_id, project):
     project."""
     if principal.role == ADMIN or owner_id == principal.owner_id:
         return True
-    return _project_role(principal, project) == "admin"
+    return project_role(principal, project) == "admin"

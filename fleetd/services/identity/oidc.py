@@ -203,7 +203,7 @@ def verify_id_token(rt, provider, token, nonce=None, audience=None):
     if not isinstance(token, str) or token.count(".") != 2 or len(token) > 16384:
         raise Unauthorized("not a signed JWT")
     try:
-        header = json.loads(_b64(token.split(".", 1)[0]))
+        header = json.loads(b64decode(token.split(".", 1)[0]))
     except ValueError as e:
         raise Unauthorized("the token's header does not read") from e
     if not isinstance(header, dict) or header.get("alg") not in ALGORITHMS:
@@ -234,7 +234,8 @@ def verify_id_token(rt, provider, token, nonce=None, audience=None):
     return decoded.claims
 
 
-def _b64(segment):
+def b64decode(segment):
+    """A JWT segment's bytes (base64url without its padding)."""
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 

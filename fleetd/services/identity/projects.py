@@ -11,6 +11,7 @@ from fleetd.credentials import (
     API_PREFIX,
     DEFAULT_PROJECT,
     PROJECT_ROLES,
+    READ_ALL,
     hash_token,
     make_token,
     token_name_problem,
@@ -29,6 +30,7 @@ from fleetd.models import (
     User,
 )
 from fleetd.names import PROJECT_KEY
+from fleetd.services.identity.access import project_role
 from fleetd.services.notify.events import record_event
 from fleetd.services.pagination import paginate
 from fleetd.sql import Statement
@@ -36,13 +38,6 @@ from fleetd.sql import Statement
 _KEY = re.compile(PROJECT_KEY)
 _PROJECT = Statement(
     lambda v: Project.select(Project.key, Project.team).where(Project.key == v("key")).limit(1)
-)
-_MEMBER_ROLE = Statement(
-    lambda v: (
-        ProjectMember.select(ProjectMember.role)
-        .where((ProjectMember.project == v("project")) & (ProjectMember.user_id == v("user_id")))
-        .limit(1)
-    )
 )
 _SUBMITTING = ("admin", "member")
 
@@ -73,10 +68,10 @@ def project_for(principal, wanted):
                 {"project": key},
             )
         return project
-    row = _MEMBER_ROLE.first(project=key, user_id=principal.user_id)
-    if row is None or row.role not in _SUBMITTING:
+    role = project_role(principal, key)
+    if role not in _SUBMITTING:
         raise Forbidden(
-            f"you may not submit to project {key!r} ({row.role if row else 'not a member'})",
+            f"you may not submit to project {key!r} ({role or 'not a member'})",
             {"project": key},
         )
     return project
@@ -140,17 +135,17 @@ def get_project(principal, key):
 
 
 def _may_read(principal, key):
-    if principal.role in (ADMIN, Role.OPERATOR.value, Role.VIEWER.value):
+    if principal.role in READ_ALL:
         return True
     if principal.user_id is None:
         return principal.project == key
-    return _MEMBER_ROLE.first(project=key, user_id=principal.user_id) is not None
+    return project_role(principal, key) is not None
 
 
 def list_projects(principal, limit, cursor=None):
     """One page of projects by key: every one for admins, operators and viewers; a member's own."""
     query = Project.select()
-    if principal.role not in (ADMIN, Role.OPERATOR.value, Role.VIEWER.value):
+    if principal.role not in READ_ALL:
         if principal.user_id is None:
             query = query.where(Project.key == principal.project)
         else:
@@ -222,12 +217,8 @@ def may_manage(principal, key):
     """NotFound unless this principal may read the project (get_project), Forbidden unless it is an
     admin or an admin of this project."""
     get_project(principal, key)
-    if principal.role == ADMIN:
+    if principal.role == ADMIN or project_role(principal, key) == "admin":
         return
-    if principal.user_id is not None:
-        row = _MEMBER_ROLE.first(project=key, user_id=principal.user_id)
-        if row is not None and row.role == "admin":
-            return
     raise Forbidden(f"only an admin or an admin of project {key} may do this", {"project": key})
 
 

@@ -295,18 +295,15 @@ def refresh(rt, now, refresh_token):
     upstream = row.upstream_refresh
     granted = claims = None
     if provider is not None and upstream:
-        claims, upstream = exchange_refresh(
-            rt, provider, upstream
-        )  # ProviderUnavailable: try again later
+        # ProviderUnavailable passes through: the session works on until it expires.
+        claims, upstream = exchange_refresh(rt, provider, upstream)
         upstream = upstream or row.upstream_refresh
         granted = bind(get_bindings(), provider.name, claims)
-    with write_transaction():
-        row = AuthSession.get_by_id(row.id)
-        if row.ended_at is not None:
-            raise Unauthorized("the session ended meanwhile; sign in again")
-        if provider is not None and claims is not None and granted is None:
-            row.ended_at = now
-            row.save()
+    if claims is not None and granted is None:  # the provider's groups no longer bind it
+        with write_transaction():
+            AuthSession.update(ended_at=now, upstream_refresh=None).where(
+                AuthSession.id == row.id
+            ).execute()
             record_event(
                 now,
                 "user.signed_out",
@@ -315,17 +312,16 @@ def refresh(rt, now, refresh_token):
                 f"{user.login}'s session ended at refresh: no binding rule gives it access"
                 " any more",
             )
-            forbidden = Forbidden(
-                f"no binding rule gives {user.login} access to fleetd any more",
-                {"login": user.login},
-            )
-        else:
-            forbidden = None
-            if granted is not None:
-                _apply(user, provider, claims, granted, now)
-            token = _rotate(row, upstream, now)
-    if forbidden is not None:
-        raise forbidden
+        raise Forbidden(
+            f"no binding rule gives {user.login} access to fleetd any more", {"login": user.login}
+        )
+    with write_transaction():
+        row = AuthSession.get_by_id(row.id)
+        if row.ended_at is not None:
+            raise Unauthorized("the session ended meanwhile; sign in again")
+        if granted is not None:
+            _apply(user, provider, claims, granted, now)
+        token = _rotate(row, upstream, now)
     rt.identities.forget(user.id)
     return {
         "token": token,
