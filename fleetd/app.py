@@ -8,7 +8,7 @@ from flask import Flask, g, redirect, request, url_for
 from flask_smorest import Api
 
 from fleetd import __version__
-from fleetd.api import BLUEPRINTS, docs, graphql
+from fleetd.api import BLUEPRINTS, docs, graphql, scim
 from fleetd.api.agent import PROTOCOL_HEADER, PROTOCOL_VERSION
 from fleetd.api.parser import forbidden_text, null_means_null
 from fleetd.auth import enter_actor, leave_actors, resolve_token
@@ -95,6 +95,7 @@ def create_app(
 
     app.register_blueprint(docs.blp)
     app.register_blueprint(graphql.blp)
+    app.register_blueprint(scim.blp)
     app.add_url_rule("/", "root", _root)
     app.before_request(request_started)
     app.before_request(_start_timer)

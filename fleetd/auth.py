@@ -103,6 +103,7 @@ _API_TOKEN_AUTH = Statement(
             User.login,
             User.active,
             User.default_project,
+            User.role.alias("user_role"),
         )
         .join(User, peewee.JOIN.LEFT_OUTER, on=(User.id == ApiToken.user_id))
         .where(ApiToken.id == v("id"))
@@ -239,10 +240,12 @@ def api_token_principal(row, now):
     login = getattr(row, "login", None)
     if row.user_id is not None and (login is None or not row.active):
         raise Unauthorized("the token's user is deactivated")
+    # A user the binding rules give no role any more (a SCIM group it left) acts with none.
+    role = signin.NO_ROLE if getattr(row, "user_role", None) == signin.NO_ROLE else row.role
     return Principal(
         "api",
         row.id,
-        row.role,
+        role,
         name=row.name,
         team=row.team,
         rate=(row.limits or {}).get("requests_per_second"),

@@ -102,6 +102,9 @@ class Settings:
     # comma-separated (e.g. "ci-runner"); empty: none. Tokens run as system accounts only where the
     # operator says so here.
     tokens_allow_system_users: str = ""
+    # What happens to the running work of a user deactivated (or deleted) through SCIM: "keep" it
+    # running to its end, or "stop" its jobs and instances at once.
+    scim_deactivated_work: str = "keep"
     # GraphQL's cloudType: the node labels (k=v,k=v) each type selects; empty: any node
     secure_cloud_labels: str = ""
     community_cloud_labels: str = "cloud_type=community"
@@ -210,6 +213,10 @@ class Settings:
             self.db_pool_wait_seconds < 1
         ):  # whole seconds (the pool's own unit); 0 would wait for ever
             raise ValueError("db_pool_wait_seconds must be >= 1")
+        if self.scim_deactivated_work not in ("keep", "stop"):
+            raise ValueError(
+                f"scim_deactivated_work is keep or stop, got {self.scim_deactivated_work!r}"
+            )
         if self.instances_max_host_ports_per_owner_per_node < 0:
             raise ValueError("instances_max_host_ports_per_owner_per_node must be >= 0")
         for name in (

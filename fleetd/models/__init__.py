@@ -55,6 +55,9 @@ from fleetd.models.identity import (
     Project,
     ProjectMember,
     Role,
+    ScimGroup,
+    ScimGroupMember,
+    ScimUser,
     UiSession,
     User,
 )
@@ -96,6 +99,9 @@ __all__ = [
     "ProjectMember",
     "AuthSession",
     "AuthProvider",
+    "ScimUser",
+    "ScimGroup",
+    "ScimGroupMember",
     "DEFAULT_HEALTH_POLICY",
     "DEFAULT_TASK_MEMORY_BYTES",
     "DEFAULT_TASK_PATH",
@@ -198,3 +204,4 @@ MODELS += [
     AuthSession,
     AuthProvider,
 ]  # people and projects (migration 0031)
+MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration 0032)

@@ -180,3 +180,44 @@ class AuthProvider(BaseModel):
     scopes = JSONText(null=True)
     claims = JSONText(null=True)
     created_at = peewee.DateTimeField()
+
+
+class ScimUser(BaseModel):
+    """A user an identity provider made through SCIM (services.identity.scim): its resource as the
+    provider last wrote it. Its SCIM id is its user's id; `user_name_key` is its userName in lower
+    case (SCIM compares userNames case-insensitively)."""
+
+    user_id = peewee.CharField(primary_key=True, max_length=32)
+    user_name_key = peewee.CharField(max_length=255, unique=True)
+    doc = JSONText()
+    created_at = peewee.DateTimeField()
+    updated_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "scim_user"
+
+
+class ScimGroup(BaseModel):
+    """A group an identity provider made through SCIM: its members' groups feed the binding rules
+    (claim `scim_groups`)."""
+
+    id = peewee.CharField(primary_key=True, max_length=32)
+    display_name = peewee.CharField(max_length=255, index=True)
+    doc = JSONText()  # the resource as written, less its members (ScimGroupMember)
+    created_at = peewee.DateTimeField()
+    updated_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "scim_group"
+
+
+class ScimGroupMember(BaseModel):
+    """A member of a SCIM group: a SCIM user or another group, by id."""
+
+    group_id = peewee.CharField(max_length=32)
+    member_id = peewee.CharField(max_length=32, index=True)
+    kind = peewee.CharField(max_length=8)  # "User" or "Group"
+
+    class Meta:
+        table_name = "scim_group_member"
+        primary_key = peewee.CompositeKey("group_id", "member_id")

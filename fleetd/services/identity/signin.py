@@ -16,7 +16,17 @@ import secrets
 from fleetd.credentials import SESSION_PREFIX, hash_token, make_token
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
-from fleetd.models import AuthProvider, AuthSession, Project, ProjectMember, Setting, User, new_id
+from fleetd.models import (
+    AuthProvider,
+    AuthSession,
+    Project,
+    ProjectMember,
+    ScimGroup,
+    ScimGroupMember,
+    Setting,
+    User,
+    new_id,
+)
 from fleetd.names import LOGIN
 from fleetd.services.identity.oidc import claim_names, exchange_refresh
 from fleetd.services.notify.events import record_event
@@ -26,6 +36,9 @@ BINDINGS_KEY = "auth_bindings"
 SESSION_SECONDS = 3600  # a session token's life; the refresh token makes the next one
 REFRESH_SECONDS = 14 * 86400  # a refresh token's life: sign in again after two weeks without use
 REFRESH_PREFIX = "flr_"
+SCIM_GROUPS = "scim_groups"  # the claim binding rules read a user's SCIM groups from
+SCIM_PROVIDER = "scim"  # the provider a rule on scim_groups alone may name
+NO_ROLE = "none"  # a SCIM user no binding rule gives a role: it exists, with no access
 _LOGIN = re.compile(LOGIN)
 
 
@@ -42,7 +55,9 @@ def put_bindings(now, rules):
     or a rule naming an unknown provider."""
     providers = {p.name for p in AuthProvider.select(AuthProvider.name)}
     for n, rule in enumerate(rules):
-        if rule["provider"] not in providers:
+        if rule["provider"] not in providers and not (
+            rule["provider"] == SCIM_PROVIDER and rule["claim"] == SCIM_GROUPS
+        ):
             raise InvalidRequest(
                 f"rule {n}: no provider {rule['provider']!r}",
                 {"fields": {"json": {str(n): {"provider": ["no such provider"]}}}},
@@ -78,7 +93,8 @@ def bind(rules, provider, claims):
     role = team = None
     projects: dict[str, str] = {}
     for rule in rules:
-        if rule["provider"] != provider or not _matches(rule, claims):
+        scim = rule["claim"] == SCIM_GROUPS  # the user's SCIM groups, whatever it signs in with
+        if (rule["provider"] != provider and not scim) or not _matches(rule, claims):
             continue
         role = role or rule["role"]
         team = team or rule.get("team")
@@ -130,14 +146,22 @@ def _apply(user, provider, claims, granted, now):
     """Bring the user's fields and bound project memberships to what the claims and rules say
     (inside the caller's transaction). Memberships an admin gave (bound = false) are kept."""
     names = claim_names(provider)
-    user.display_name = _text(claims.get(names["display_name"]), 200) or user.login
-    user.email = _text(claims.get(names["email"]), 320)
+    if user.source != "scim":  # a SCIM user's name and email are the SCIM resource's
+        user.display_name = _text(claims.get(names["display_name"]), 200) or user.login
+        user.email = _text(claims.get(names["email"]), 320)
     groups = claims.get(names["groups"])
     user.groups = (
         [g for g in groups if isinstance(g, str)][:1000] if isinstance(groups, list) else []
     )
-    user.role, user.team = granted["role"], granted["team"]
     user.posix = _posix(provider, claims)
+    apply_grant(user, granted)
+
+
+def apply_grant(user, granted):
+    """Give the user the role, team and bound project memberships the rules give it (inside the
+    caller's transaction), or no role at all (`granted` None); saves it."""
+    granted = granted or {"role": NO_ROLE, "team": None, "projects": {}}
+    user.role, user.team = granted["role"], granted["team"]
     kept = {m.project: m for m in ProjectMember.select().where(ProjectMember.user_id == user.id)}
     for key, held in kept.items():
         if held.bound and key not in granted["projects"]:
@@ -161,9 +185,38 @@ def _apply(user, provider, claims, granted, now):
     user.save()
 
 
+def provider_of(user):
+    """The provider the user signed in with, or None."""
+    return AuthProvider.get_or_none_by_id(user.provider) if user.provider else None
+
+
+def scim_groups_of(user_id):
+    """The display names of the SCIM groups the user is a member of."""
+    query = (
+        ScimGroup.select(ScimGroup.display_name)
+        .join(ScimGroupMember, on=ScimGroupMember.group_id == ScimGroup.id)
+        .where(ScimGroupMember.member_id == user_id)
+    )
+    return sorted(row.display_name for row in query)
+
+
+def _with_scim_groups(provider, claims, login):
+    """The claims, with `scim_groups` when the user they name was made through SCIM (the binding
+    rules read the groups the provider keeps in fleetd through SCIM too)."""
+    user = User.get_or_none((User.provider == provider.name) & (User.subject == claims["sub"]))
+    if user is None:
+        user = User.get_or_none(
+            (User.login == login) & (User.source == "scim") & User.provider.is_null()
+        )
+    if user is None or user.source != "scim":
+        return claims
+    return {**claims, SCIM_GROUPS: scim_groups_of(user.id)}
+
+
 def _granted(provider, claims):
     """(login, what the rules give it); Forbidden when no rule gives it access."""
     login = _login_of(provider, claims)
+    claims = _with_scim_groups(provider, claims, login)
     granted = bind(get_bindings(), provider.name, claims)
     if granted is None:
         raise Forbidden(
@@ -180,29 +233,33 @@ def _bound_user(now, provider, claims, login, granted, source):
     user = User.get_or_none((User.provider == provider.name) & (User.subject == claims["sub"]))
     if user is None:
         taken = User.get_or_none(User.login == login)
-        if taken is not None:
+        if taken is not None and taken.source == "scim" and taken.provider is None:
+            # Provisioned through SCIM before its first sign-in: this is that user.
+            taken.provider, taken.subject, user = provider.name, claims["sub"], taken
+        elif taken is not None:
             raise Conflict(
                 f"the login {login} belongs to another user (source {taken.source}); an admin "
                 "must delete or rename it before it can sign in",
                 {"login": login},
             )
-        user = User.create(
-            id=new_id(),
-            login=login,
-            role=granted["role"],
-            source=source,
-            provider=provider.name,
-            subject=claims["sub"],
-            created_at=now,
-        )
-        record_event(
-            now,
-            "user.created",
-            "user",
-            user.id,
-            f"user {login} made at its first sign-in with {provider.name}",
-        )
-    elif not user.active:
+        else:
+            user = User.create(
+                id=new_id(),
+                login=login,
+                role=granted["role"],
+                source=source,
+                provider=provider.name,
+                subject=claims["sub"],
+                created_at=now,
+            )
+            record_event(
+                now,
+                "user.created",
+                "user",
+                user.id,
+                f"user {login} made at its first sign-in with {provider.name}",
+            )
+    if not user.active:
         raise Unauthorized(f"user {user.login} is deactivated")
     _apply(user, provider, claims, granted, now)
     return user
@@ -298,6 +355,8 @@ def refresh(rt, now, refresh_token):
         # ProviderUnavailable passes through: the session works on until it expires.
         claims, upstream = exchange_refresh(rt, provider, upstream)
         upstream = upstream or row.upstream_refresh
+        if user.source == "scim":
+            claims = {**claims, SCIM_GROUPS: scim_groups_of(user.id)}
         granted = bind(get_bindings(), provider.name, claims)
     if claims is not None and granted is None:  # the provider's groups no longer bind it
         with write_transaction():

@@ -48,7 +48,7 @@ def update_user(rt, now, login, changes):
             if field in changes and (field != "role" or role is not None):
                 setattr(user, field, changes[field])
         if changes.get("active") is False and user.active:
-            _deactivate(user, now, "deactivated by an admin")
+            deactivate(user, now, "deactivated by an admin")
         elif changes.get("active") is True and not user.active:
             user.active, user.deactivated_at = True, None
             record_event(now, "user.activated", "user", user.id, f"user {login} activated")
@@ -75,7 +75,7 @@ def _check_default_project(user, key):
         )
 
 
-def _deactivate(user, now, why):
+def deactivate(user, now, why):
     """Inside the caller's transaction: the user is inactive, its sessions end, its tokens are
     revoked."""
     user.active, user.deactivated_at = False, now
@@ -105,7 +105,7 @@ def delete_user(rt, now, login):
         if user is None:
             raise NotFound(f"user {login} not found")
         if user.active:
-            _deactivate(user, now, "deleted by an admin")
+            deactivate(user, now, "deleted by an admin")
         ProjectMember.delete().where(ProjectMember.user_id == user.id).execute()
         user.default_project = None
         user.save()
