@@ -777,6 +777,8 @@ class Agent:
             self.workers.cancel(list(reply.cancel), "cancelled by fleetd")
         if reply.delete_volumes:
             self._working().delete_volumes(list(reply.delete_volumes))
+        if reply.lookup_accounts:  # reported with the next heartbeat's capabilities
+            self._working().isolation.look_up(reply.lookup_accounts)
         if reply.validation and self.validator is not None:
             self.validator.want(reply.validation)  # the node validates: run the suite (once)
         if reply.status != self.node_status:

@@ -29,6 +29,8 @@ import stat
 import time
 
 from agent.task.errors import TaskError
+from fleetwire.assignment import system_uid_problem
+from fleetwire.heartbeat import MAX_ACCOUNTS
 
 log = logging.getLogger("agent.isolation")
 
@@ -38,6 +40,8 @@ MIN_TASK_UID = 1000  # a dynamic uid below this is a system account's range: ref
 MAX_HOST_UIDS = 4096  # host users listed to fleetd, so that its allocator skips their uids
 PASSABLE = 0o711  # a directory a task passes through and cannot list
 HOST_UIDS_SECONDS = 300.0  # how often the host's users are listed again
+ACCOUNTS_SECONDS = 600.0  # how often an account looked up is looked up again (it may have gone)
+ACCOUNTS_PER_CALL = 200  # lookups done at most per heartbeat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,7 @@ class RunAs:
     source: str  # unix_user, dynamic, root, fallback, or agent (this host cannot switch users)
     home: str | None = None
     host_groups: bool = False  # a host user's supplementary groups (initgroups), else none
+    groups: tuple[int, ...] = ()  # supplementary groups given by fleetd (run_as claims)
 
     def describe(self):
         """The `run_as` of the local API's worker record."""
@@ -81,6 +86,10 @@ class Isolation:
         )  # (monotonic time listed, uids)
         if self.reason:
             log.warning("isolation: none: %s", self.reason)
+        # login -> (monotonic time looked up, [uid, gid] or None): owners' own accounts as this
+        # host's user database (NSS: local users, LDAP, SSSD) resolves them, for fleetd's placement
+        # of an nss fleet's work
+        self._accounts: dict[str, tuple[float, list[int] | None]] = {}
 
     @property
     def enabled(self):
@@ -88,15 +97,38 @@ class Isolation:
         return self.mode == "uid"
 
     def capabilities(self):
-        """The node capabilities this module reports: isolation, why not, the host's users' uids."""
+        """The node capabilities this module reports: isolation, why not, the host's users' uids,
+        and the owners' accounts fleetd asked about (login: [uid, gid], or null where it does not
+        resolve)."""
         listed, uids = self._host_uids
         if listed is None or time.monotonic() - listed >= HOST_UIDS_SECONDS:
             uids = host_uids()
             self._host_uids = (time.monotonic(), uids)
-        caps = {"isolation": self.mode, "host_uids": uids}
+        caps: dict[str, object] = {"isolation": self.mode, "host_uids": uids}
         if self.reason:
             caps["isolation_reason"] = self.reason
+        if self._accounts:
+            self._look_up_again()
+            caps["accounts"] = {login: found for login, (_, found) in self._accounts.items()}
         return caps
+
+    def look_up(self, logins):
+        """Resolve these logins (fleetd asks for those with work queued for this node's nss fleet):
+        the next capabilities report them."""
+        now = time.monotonic()
+        for login in list(logins)[:ACCOUNTS_PER_CALL]:
+            if login in self._accounts or len(self._accounts) < MAX_ACCOUNTS:
+                self._accounts[login] = (now, account(login))
+
+    def _look_up_again(self):
+        now = time.monotonic()
+        stale = [
+            login
+            for login, (looked, _) in self._accounts.items()
+            if now - looked >= ACCOUNTS_SECONDS
+        ]
+        for login in stale[:ACCOUNTS_PER_CALL]:
+            self._accounts[login] = (now, account(login))
 
     def resolve(self, run_as):
         """The RunAs for an assignment's `run_as` (None: the fallback user); TaskError when it
@@ -115,9 +147,19 @@ class Isolation:
             return RunAs(0, 0, "root", "root", "/root")
         if source == "unix_user":
             return _host_user(run_as.get("user"), "unix_user")
+        if source == "nss":
+            found = _host_user(run_as.get("user"), "nss")
+            problem = system_uid_problem(found.user, found.uid)
+            if problem:
+                raise TaskError(problem)
+            return found
+        if source == "claims":
+            return _claimed(run_as)
         if source == "dynamic":
             return _dynamic(run_as.get("uid"), run_as.get("gid"))
-        raise TaskError(f"run_as.source {source!r} is not one of unix_user, dynamic, root")
+        raise TaskError(
+            f"run_as.source {source!r} is not one of unix_user, nss, claims, dynamic, root"
+        )
 
     def wrap(self, run_as, argv):
         """`argv` started as `run_as` with no_new_privs (unchanged where this host cannot switch
@@ -126,7 +168,12 @@ class Isolation:
             return list(argv)
         if run_as.uid == 0:
             return [self.setpriv, "--no-new-privs", "--", *argv]
-        groups = "--init-groups" if run_as.host_groups else "--clear-groups"
+        if run_as.host_groups:
+            groups = "--init-groups"
+        elif run_as.groups:
+            groups = "--groups=" + ",".join(str(g) for g in run_as.groups)
+        else:
+            groups = "--clear-groups"
         return [
             self.setpriv,
             f"--reuid={run_as.uid}",
@@ -179,7 +226,7 @@ class Isolation:
         denied")."""
         if not self.enabled or run_as.uid == 0:
             return
-        groups = {run_as.gid}
+        groups = {run_as.gid, *run_as.groups}
         if run_as.host_groups and run_as.user:
             try:
                 groups.update(os.getgrouplist(run_as.user, run_as.gid))
@@ -236,6 +283,30 @@ def _host_user(name, source):
             f"host user {name!r} has uid or gid 0: tasks never run as root through unix_user"
         )
     return RunAs(entry.pw_uid, entry.pw_gid, entry.pw_name, source, entry.pw_dir, host_groups=True)
+
+
+def account(login):
+    """[uid, gid] of the host user `login` as NSS resolves it, or None (unknown, or a system account
+    a task never runs as)."""
+    try:
+        entry = pwd.getpwnam(login)
+    except (KeyError, ValueError):
+        return None
+    if entry.pw_gid == 0 or system_uid_problem(entry.pw_name, entry.pw_uid):
+        return None
+    return [entry.pw_uid, entry.pw_gid]
+
+
+def _claimed(run_as):
+    """The RunAs of uid, gid and groups an identity provider's claims gave the owner (run_as
+    claims): an account of the directory this node need not know, never a system account's ids."""
+    uid, gid, groups = run_as.get("uid"), run_as.get("gid"), run_as.get("groups") or []
+    for name, number in [("uid", uid), ("gid", gid)] + [("groups", g) for g in groups]:
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31 - 1:
+            raise TaskError(f"run_as.{name} {number!r} is not a positive id")
+    if uid < MIN_TASK_UID:
+        raise TaskError(f"run_as.uid {uid} is a system account's (below {MIN_TASK_UID})")
+    return RunAs(uid, gid, run_as.get("user"), "claims", groups=tuple(groups))
 
 
 def _dynamic(uid, gid):

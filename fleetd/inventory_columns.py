@@ -36,6 +36,14 @@ WATCHED = {
     "fleet": {
         6: ("availability", "labels"),
         16: ("availability", "labels", "allow_root_tasks", "require_isolation", "allowed_images"),
+        34: (
+            "availability",
+            "labels",
+            "allow_root_tasks",
+            "require_isolation",
+            "allowed_images",
+            "task_identity",
+        ),
     },
 }
 

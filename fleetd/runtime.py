@@ -15,6 +15,7 @@ from fleetd.replicas import Leadership
 from fleetd.services.fleet_ops.metrics import Instruments
 from fleetd.services.identity.identities import Identities
 from fleetd.services.identity.oidc import OidcCache
+from fleetd.services.nodes.accounts import Accounts
 from fleetd.services.placement.engines import Engines
 from fleetd.services.placement.inventory import InventoryCache, call
 from fleetd.services.placement.loop import SchedulerLoop
@@ -61,6 +62,8 @@ class Runtime:
         default_factory=dict
     )  # job id -> task ids preempted for it
     oidc: OidcCache = dataclasses.field(default_factory=OidcCache)  # providers' discovery and keys
+    # fleets that run tasks as their owners' own accounts, and who waits (services.nodes.accounts)
+    accounts: Accounts = dataclasses.field(default_factory=Accounts)
     storage: dict = dataclasses.field(default_factory=dict)  # last measurement of the data dir
     # Who leads the replicas (fleetd.replicas); one process on SQLite always leads.
     leader: Leadership = dataclasses.field(default_factory=Leadership)
@@ -107,6 +110,7 @@ class Runtime:
             ),
             trusted_networks=settings.trusted_networks,
         )
+        rt.terms.accounts = rt.accounts.any
         if offload is not None:
             rt.offload = rt.inventory.offload = offload
             rt.inventory.throttle = True  # a view a few seconds old while reads would come faster

@@ -274,9 +274,10 @@ class JobSpec:
         """The retry rule in force: the spec's, else the default."""
         return self.retry or DEFAULT_RETRY
 
-    def task_request(self, owner: str = "") -> scheduler.TaskRequest:
+    def task_request(self, owner: str = "", account: str = "") -> scheduler.TaskRequest:
         """The engine's request (as `owner`'s, where the answer depends on who asks: the host ports
-        a new instance takes, MPS slices); ValueError when the engine cannot evaluate it."""
+        a new instance takes, MPS slices; `account`: the owner's login, where a fleet runs tasks as
+        their owners' own accounts); ValueError when the engine cannot evaluate it."""
         res = self.resources
         request = scheduler.TaskRequest(
             gpus=res.gpus,
@@ -300,6 +301,8 @@ class JobSpec:
         mps = self.isolation == "mps" and request.shared
         if ports or mps:
             request = dataclasses.replace(request, owner=owner, host_ports=ports, mps=mps)
+        if account:
+            request = dataclasses.replace(request, account=account)
         return request
 
 
@@ -470,7 +473,7 @@ def group_of(
         priority_class=priority_class,
         bid=bid,
         image=selector.image,
-        owner=request.owner,
+        owner=request.owner or request.account,
         host_ports=request.host_ports,
         mps=request.mps,
     )

@@ -6,6 +6,7 @@ passes it.
 
 import dataclasses
 import re
+from typing import Any
 
 from fleetwire.checks import is_int, is_number
 
@@ -220,7 +221,8 @@ class AssignedInstance:
         return float(below), float(for_seconds)
 
 
-RUN_AS_SOURCES = ("unix_user", "dynamic", "root")
+RUN_AS_SOURCES = ("unix_user", "nss", "claims", "dynamic", "root")
+MAX_RUN_AS_GROUPS = 64  # supplementary groups a claims run_as may name
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 FIRST_USER_UID = 1000  # below: the host's system accounts (daemon is 1, bin 2...)
 NOBODY_UID = 65534  # the overflow user, whose files are everyone's unmapped ones
@@ -433,5 +435,16 @@ class Assignment:
         allow_system_user = value.get("allow_system_user", False)
         if not isinstance(allow_system_user, bool):
             raise ValueError("run_as.allow_system_user must be true or false")
-        extra = {"allow_system_user": True} if allow_system_user else {}
+        extra: dict[str, Any] = {"allow_system_user": True} if allow_system_user else {}
+        groups = value.get("groups")
+        if groups is not None:
+            if (
+                not isinstance(groups, list)
+                or len(groups) > MAX_RUN_AS_GROUPS
+                or not all(is_int(g) and 0 < g < 2**31 - 1 for g in groups)
+            ):
+                raise ValueError(
+                    f"run_as.groups must be at most {MAX_RUN_AS_GROUPS} positive group ids"
+                )
+            extra["groups"] = list(groups)
         return {"source": value["source"], "user": user, **ids, **extra}

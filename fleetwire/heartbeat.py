@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 from fleetwire.checks import is_int
 
+MAX_ACCOUNTS = 10_000  # owners' accounts a node keeps looked up for fleetd (task_identity nss)
+
 
 class TaskReport(NamedTuple):
     """A task the node holds, as its heartbeat lists it."""
@@ -131,6 +133,9 @@ class HeartbeatReply:
     delete_volumes: tuple[str, ...] = ()  # volumes of deleted instances the node may remove
     lease_seconds: float | None = None  # job tasks stop this long after the last answered heartbeat
     validation: dict[str, Any] | None = None  # the suite to run while the node validates
+    # Logins whose host accounts the node resolves and reports (capabilities.accounts): owners with
+    # work queued for its fleet, which runs tasks as their own accounts (task_identity nss).
+    lookup_accounts: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,6 +150,8 @@ class HeartbeatReply:
             out["lease_seconds"] = self.lease_seconds
         if self.validation is not None:
             out["validation"] = self.validation
+        if self.lookup_accounts:
+            out["lookup_accounts"] = list(self.lookup_accounts)
         return out
 
     @classmethod
@@ -171,4 +178,5 @@ class HeartbeatReply:
             delete_volumes=_strings(data, "delete_volumes") or (),
             lease_seconds=lease,
             validation=_optional(data, "validation", dict),
+            lookup_accounts=_strings(data, "lookup_accounts") or (),
         )

@@ -81,6 +81,10 @@ class Fleet(BaseModel):
     task_pids_max = peewee.IntegerField(default=DEFAULT_TASK_PIDS_MAX)
     task_memory_default_bytes = peewee.BigIntegerField(default=DEFAULT_TASK_MEMORY_BYTES)
     task_path = peewee.TextField(default=DEFAULT_TASK_PATH)
+    # Whom its tasks run as (migration 0034): "dynamic", a uid fleetd allocates per owner; "nss",
+    # the owner's own account as each node's user database (NSS) resolves its login; "claims", the
+    # uid, gid and groups the identity provider's claims give the owner.
+    task_identity = peewee.CharField(max_length=8, default="dynamic")
 
     @property
     def effective_health_policy(self):

@@ -34,6 +34,7 @@ from fleetd.scheduler.model import (
     STAGE_GPU_COUNT,
     STAGE_GPU_MEMORY,
     STAGE_GPU_TYPE,
+    STAGE_IDENTITY,
     STAGE_IMAGE,
     STAGE_ISOLATION,
     STAGE_MEMORY,
@@ -294,6 +295,11 @@ class PlacementEngine:
     # ---- per-node checks and device choice -----------------------------------------------
 
     @staticmethod
+    def _identity_ok(node: _Node, request: TaskRequest) -> bool:
+        accounts = node.snap.accounts
+        return accounts is None or not request.account or request.account in accounts
+
+    @staticmethod
     def _selector_ok(node: _Node, request: TaskRequest) -> bool:
         sel = request.node_selector
         return not sel.restricts or sel.matches(node.snap)
@@ -361,6 +367,7 @@ class PlacementEngine:
             node.index in exclude
             or node.memory_free < request.memory_bytes
             or not self._selector_ok(node, request)
+            or not self._identity_ok(node, request)
         ):
             return None
         if not self._ports_ok(node, request):
@@ -620,6 +627,11 @@ class PlacementEngine:
             missing = sorted(k for k, v in sel.labels.items() if snap.labels.get(k) != v)
             return STAGE_SELECTOR, "node lacks label(s) " + ", ".join(
                 f"{k}={sel.labels[k]}" for k in missing
+            )
+        if not self._identity_ok(node, request):
+            return STAGE_IDENTITY, (
+                "the owner's account does not resolve on this node, or the node has not looked "
+                "it up yet (its fleet runs tasks as their owners' own accounts: task_identity nss)"
             )
         if shape.gpu_count:
             models = set(node.model.split("|")) if node.model else set()

@@ -83,6 +83,9 @@ class NodeSnapshot:
         default_factory=dict
     )  # owner -> host ports its instances hold here
     block_reason: str = ""  # why it takes no work, when not schedulable (else its status says)
+    # Where its fleet runs tasks as their owners' own accounts (task_identity nss): the owners whose
+    # account resolves on this node (None: any owner's work may run here).
+    accounts: frozenset[str] | None = None
 
     @property
     def containers_ready(self) -> bool:
@@ -165,6 +168,9 @@ class TaskRequest:
     host_ports: int = 0
     max_owner_ports: int | None = None
     mps: bool = False
+    # The login of the owner whose own account must resolve on a node whose `accounts` are known
+    # ("": no account to resolve, as a service account's work).
+    account: str = ""
 
     def __post_init__(self):
         if self.num_nodes < 1:
@@ -273,6 +279,7 @@ class FilterDetail:
 STAGE_STATUS = "status"
 STAGE_ISOLATION = "isolation"
 STAGE_SELECTOR = "selector"
+STAGE_IDENTITY = "identity"
 STAGE_CONTAINERS = "containers"
 STAGE_IMAGE = "image"
 STAGE_GPU_TYPE = "gpu_type"
@@ -289,6 +296,7 @@ STAGES = (
     STAGE_STATUS,
     STAGE_ISOLATION,
     STAGE_SELECTOR,
+    STAGE_IDENTITY,
     STAGE_CONTAINERS,
     STAGE_IMAGE,
     STAGE_GPU_TYPE,
@@ -305,7 +313,15 @@ STAGES = (
 # Stages whose reason a pending job's one-line reason quotes (one node's verdict), not only counts:
 # what an owner can act on, or must know to understand the wait.
 EXPLAINED_STAGES = frozenset(
-    {STAGE_ISOLATION, STAGE_CONTAINERS, STAGE_IMAGE, STAGE_PORTS, STAGE_MPS, STAGE_SLICE_MEMORY}
+    {
+        STAGE_ISOLATION,
+        STAGE_IDENTITY,
+        STAGE_CONTAINERS,
+        STAGE_IMAGE,
+        STAGE_PORTS,
+        STAGE_MPS,
+        STAGE_SLICE_MEMORY,
+    }
 )
 
 

@@ -2,9 +2,10 @@
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
+from fleetd.names import LOGIN
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
-from fleetwire.heartbeat import Heartbeat
+from fleetwire.heartbeat import MAX_ACCOUNTS, Heartbeat
 from fleetwire.registration import Registration
 
 MACHINE_ID = FullRegexp(
@@ -113,6 +114,20 @@ class CapabilitiesSchema(Schema):
         metadata={
             "description": (
                 "uids of the host's own users (>= 1000): fleetd never allocates them to task owners"
+            )
+        },
+    )
+
+    accounts = fields.Dict(
+        keys=fields.String(validate=FullRegexp(LOGIN, error="a login")),
+        values=fields.List(
+            Int(minimum=0, maximum=2**31 - 1), allow_none=True, validate=validate.Length(equal=2)
+        ),
+        validate=validate.Length(max=MAX_ACCOUNTS),
+        metadata={
+            "description": (
+                "owners' accounts fleetd asked the node to look up (lookup_accounts): login -> "
+                "[uid, gid] as the node's user database resolves it, or null where it does not"
             )
         },
     )
@@ -323,6 +338,16 @@ class HeartbeatReplySchema(Schema):
             "description": (
                 "while the node validates: {id, suite}, the checks its agent runs and posts to "
                 "/agent/validations/{id} (docs/validation.md); null otherwise"
+            )
+        },
+    )
+    lookup_accounts = fields.List(
+        fields.String(),
+        metadata={
+            "description": (
+                "logins whose host accounts the node looks up and reports in its capabilities "
+                "(`accounts`): owners with work queued for its fleet, which runs tasks as their "
+                "own accounts (task_identity nss)"
             )
         },
     )

@@ -166,6 +166,24 @@ TaskPath = lambda **kw: Text(  # noqa: E731
 )
 
 
+TASK_IDENTITIES = ("dynamic", "nss", "claims")
+
+
+def TaskIdentity(**kw):
+    return fields.String(
+        validate=validate.OneOf(TASK_IDENTITIES),
+        metadata={
+            "description": (
+                "whom tasks run as: dynamic (a uid fleetd allocates per user), nss (the user's "
+                "own account as each node resolves its login, with its groups; a node where it "
+                "does not resolve gets none of the user's work), claims (the uid, gid and groups "
+                "of the identity provider's claims)"
+            )
+        },
+        **kw,
+    )
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
@@ -179,6 +197,7 @@ class FleetCreateSchema(Schema):
     task_pids_max = TaskPidsMax(load_default=DEFAULT_TASK_PIDS_MAX)
     task_memory_default_bytes = TaskMemoryDefault(load_default=DEFAULT_TASK_MEMORY_BYTES)
     task_path = TaskPath(load_default=DEFAULT_TASK_PATH)
+    task_identity = TaskIdentity(load_default="dynamic")
 
 
 class FleetUpdateSchema(Schema):
@@ -193,6 +212,7 @@ class FleetUpdateSchema(Schema):
     task_pids_max = TaskPidsMax()
     task_memory_default_bytes = TaskMemoryDefault()
     task_path = TaskPath()
+    task_identity = TaskIdentity()
 
 
 class FleetSchema(Schema):
@@ -218,6 +238,7 @@ class FleetSchema(Schema):
     task_pids_max = fields.Integer()
     task_memory_default_bytes = fields.Integer()
     task_path = fields.String()
+    task_identity = fields.String()
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

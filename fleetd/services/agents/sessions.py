@@ -31,7 +31,7 @@ from fleetwire.registration import Registered
 _NODE_OF_MACHINE = Statement(
     lambda v: Node.select().where(Node.machine_id == v("machine_id")).limit(1)
 )
-CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids")
+CAPABILITY_KEYS = ("isolation", "isolation_reason", "containers", "host_uids", "accounts")
 AGENT_DRAINING = (
     "agent draining"  # the reason of a cordon the agent asked for (heartbeat draining: true)
 )
@@ -273,6 +273,7 @@ def heartbeat(rt, node, beat):
         # answer, widened with the interval just given.
         lease_seconds=rt.leases.ttl,
         validation=suite,
+        lookup_accounts=rt.accounts.lookups_for(node),
     )
 
 

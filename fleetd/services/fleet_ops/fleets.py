@@ -126,6 +126,7 @@ def create_fleet(
     task_pids_max=DEFAULT_TASK_PIDS_MAX,
     task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
     task_path=DEFAULT_TASK_PATH,
+    task_identity="dynamic",
 ):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see
     services.nodes.health_policy (None: defaults); the isolation rules and the task defaults: see
@@ -148,6 +149,7 @@ def create_fleet(
                 task_pids_max=task_pids_max,
                 task_memory_default_bytes=task_memory_default_bytes,
                 task_path=task_path,
+                task_identity=task_identity,
             )
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
@@ -172,6 +174,7 @@ def update_fleet(rt, name, changes):
             "task_pids_max",
             "task_memory_default_bytes",
             "task_path",
+            "task_identity",
         ):
             if field in changes:
                 setattr(fleet, field, changes[field])
@@ -183,6 +186,8 @@ def update_fleet(rt, name, changes):
                 None if given is None else _policy(dict(fleet.health_policy or {}, **given))
             )
         fleet.save()
+    if "task_identity" in changes:
+        rt.accounts.forget()
     rt.scheduler.kick(what=fleet_changed(name))
     return get_fleet(name)
 

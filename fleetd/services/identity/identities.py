@@ -20,7 +20,7 @@ from fleetd.db import write_transaction
 from fleetd.models import ApiToken, Node, OwnerUid, User
 from fleetwire.assignment import system_uid_problem
 
-UNIX_USER, ROOT, DYNAMIC = "unix_user", "root", "dynamic"
+UNIX_USER, ROOT, DYNAMIC, NSS, CLAIMS = "unix_user", "root", "dynamic", "nss", "claims"
 _ALLOCATION_TRIES = 5  # another replica may take the uid this one chose: choose again
 
 
@@ -67,34 +67,50 @@ class Identities:
     def __init__(self, uids, allowed_system_users=frozenset()):
         self.uids = uids  # the range owners' uids come from (settings.task_uids)
         self.allowed_system_users = allowed_system_users  # settings.allowed_system_users
-        self._tokens = {}  # token id -> (role or None, unix_user or None)
+        self._tokens = {}  # owner id -> (role or None, unix_user or None, posix or None)
         self._owner_uids = {}  # token id -> uid
         self._lock = threading.Lock()
 
-    def run_as(self, owner, allows_root, now):
-        """The run_as of a task of this owner (a token id) on a node of a fleet; `allows_root()`
-        says whether that fleet allows root tasks (asked only for an admin's work). UidsExhausted
-        when it needs a uid and none is left. A first need allocates (at `now`), in a transaction of
-        its own or of the caller's."""
-        role, unix_user = self._token(owner)
+    def run_as(self, owner, allows_root, now, identity=DYNAMIC, login=None):
+        """The run_as of a task of this owner (a user's or a service account's id) on a node of a
+        fleet; `allows_root()` says whether that fleet allows root tasks (asked only for an admin's
+        work); `identity`: the fleet's task_identity, with the owner's `login` (nss: its own
+        account, as the node resolves it; claims: the uid, gid and groups of its provider's
+        claims, where it has them). UidsExhausted when it needs a uid and none is left. A first
+        need allocates (at `now`), in a transaction of its own or of the caller's."""
+        role, unix_user, posix = self._token(owner)
         if unix_user:
             return run_as_unix_user(unix_user, unix_user in self.allowed_system_users)
         if role == ADMIN and allows_root():
             return dict(RUN_AS_ROOT)
+        if identity == NSS and login:
+            return {"source": NSS, "user": login, "uid": None, "gid": None}
+        if identity == CLAIMS and posix:
+            return {
+                "source": CLAIMS,
+                "user": login,
+                "uid": posix["uid"],
+                "gid": posix["gid"],
+                "groups": list(posix.get("groups") or ()),
+            }
         return run_as_uid(self.uid(owner, now))
 
     def _token(self, owner):
         found = self._tokens.get(owner)
         if found is None:
-            row = User.select(User.role, User.unix_user).where(User.id == owner).first()
-            if row is None:  # a service account (a token without a user)
+            user = (
+                User.select(User.role, User.unix_user, User.posix).where(User.id == owner).first()
+            )
+            if user is not None:
+                found = (user.role, user.unix_user, user.posix)
+            else:  # a service account (a token without a user)
                 row = (
                     ApiToken.select(ApiToken.role, ApiToken.unix_user)
                     .where(ApiToken.id == owner)
                     .first()
                 )
-            # A token deleted after its expiry: its work runs as its uid, never as root.
-            found = (row.role, row.unix_user) if row is not None else (None, None)
+                # A token deleted after its expiry: its work runs as its uid, never as root.
+                found = (row.role, row.unix_user, None) if row is not None else (None, None, None)
             with self._lock:
                 self._tokens[owner] = found
         return found

@@ -12,6 +12,7 @@ from fleetd.models import (
     JobState,
     NodeStatus,
 )
+from fleetd.services.nodes import accounts
 from fleetd.services.placement.inventory import (
     BLOCK_TEXT,
     NodeBlock,
@@ -179,6 +180,7 @@ class ClusterState:
                     containers=node.containers,
                     allowed_images=tuple(fleet.allowed_images) if fleet is not None else ("*",),
                     owner_ports=self.owner_ports.get(node.id, {}),
+                    accounts=accounts.resolved(node, fleet),
                     block_reason=block.text
                     if block is not None and block.code == "isolation_required"
                     else "",

@@ -332,9 +332,16 @@ def _run_as(rt, inventory, job, node_id, now):
     """Who the job's task runs as on this node (services.identity.identities): root only for an
     admin's work in a fleet that allows root tasks."""
     fleet = inventory.node_fleet.get(node_id)
+    row = inventory.fleets.get(fleet)
     # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root
     # is never granted on a view older than the fleet's rule (an admin just turned it off).
-    return rt.identities.run_as(job.owner_token_id, functools.partial(_allows_root, fleet), now)
+    return rt.identities.run_as(
+        job.owner_token_id,
+        functools.partial(_allows_root, fleet),
+        now,
+        row.task_identity if row is not None else "dynamic",
+        job.user,
+    )
 
 
 def _allows_root(fleet):

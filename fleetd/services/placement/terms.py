@@ -12,11 +12,12 @@ from fleetd.models import Job
 from fleetd.specs import Group, JobSpec, group_key, group_of
 
 
-def task_request(spec: JobSpec, owner: str = "") -> scheduler.TaskRequest:
-    """The engine's TaskRequest for a JobSpec of this owner (an API token id); InvalidRequest when
-    the engine cannot evaluate it."""
+def task_request(spec: JobSpec, owner: str = "", account: str = "") -> scheduler.TaskRequest:
+    """The engine's TaskRequest for a JobSpec of this owner (a user's or a service account's id;
+    `account`: its login, where some fleet runs tasks as their owners' own accounts);
+    InvalidRequest when the engine cannot evaluate it."""
     try:
-        request = spec.task_request(owner)
+        request = spec.task_request(owner, account)
         scheduler.shape_of(request)
     except ValueError as exc:
         raise InvalidRequest(f"resources: {exc}", {"fields": {"resources": [str(exc)]}}) from None
@@ -48,8 +49,8 @@ class JobTerms:
     workload: Workload  # what the job is to its users: itself, or a run of an instance
 
 
-def _terms(spec: JobSpec, team, priority_class, workload, owner) -> JobTerms:
-    request = task_request(spec, owner)
+def _terms(spec: JobSpec, team, priority_class, workload, owner, account="") -> JobTerms:
+    request = task_request(spec, owner, account)
     return JobTerms(
         request,
         team or "",
@@ -69,10 +70,10 @@ def workload_of(job_id, name, instance_id):
     )
 
 
-def group_key_of(spec: JobSpec, team, priority_class, owner="") -> str:
+def group_key_of(spec: JobSpec, team, priority_class, owner="", account="") -> str:
     """The group key of a job about to be stored; InvalidRequest when the engine cannot evaluate
     it."""
-    return group_key(group_of(task_request(spec, owner), team, priority_class, spec.bid))
+    return group_key(group_of(task_request(spec, owner, account), team, priority_class, spec.bid))
 
 
 class TermsCache:
@@ -82,6 +83,10 @@ class TermsCache:
 
     def __init__(self, size=50_000):
         self.size = size
+        # True while some fleet runs tasks as their owners' own accounts: a job's request then
+        # names its owner's login (services.nodes.accounts). Terms made before a fleet turned to
+        # that keep what they were.
+        self.accounts: typing.Callable[[], bool] = lambda: False
         self._terms = {}
         self._lock = threading.Lock()
 
@@ -99,18 +104,21 @@ class TermsCache:
                     Job.name,
                     Job.instance_id,
                     Job.owner_token_id,
+                    Job.user,
                 )
                 .where(Job.id.in_(missing[start : start + 500]))
                 .tuples()
                 .execute()
             )
-            for job_id, spec, team, priority_class, name, instance_id, owner in rows:
+            accounts = self.accounts()
+            for job_id, spec, team, priority_class, name, instance_id, owner, login in rows:
                 found[job_id] = _terms(
                     JobSpec.from_dict(spec),
                     team,
                     priority_class,
                     workload_of(job_id, name, instance_id),
                     owner,
+                    (login or "") if accounts else "",
                 )
         with self._lock:
             for job_id in missing:

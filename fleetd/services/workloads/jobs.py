@@ -24,21 +24,21 @@ def submit(rt, principal, spec, wait_for_capacity=True):
     """Submit a validated JobSpec: checked as the engine and the bid rules see it, queued (even when
     no enrolled node could ever hold it, unless `wait_for_capacity` is false: Conflict), then the
     scheduler is kicked. Returns the job with its tasks, as placed if the pass ran here."""
-    request = task_request(
-        spec, principal.owner_id
-    )  # the engine's own checks, before anything is stored
+    account = (principal.login or "") if rt.terms.accounts() else ""
+    # the engine's own checks, before anything is stored
+    request = task_request(spec, principal.owner_id, account)
     policy.check_bid(spec)
     never = reasons.capacity_reason(rt, request)
     if never and not wait_for_capacity:
         raise Conflict(f"{never}; not queued (wait_for_capacity=false)", {"reason": "no_capacity"})
-    job = submit_job(rt.settings, rt.clock.now(), principal, spec, never)
+    job = submit_job(rt.settings, rt.clock.now(), principal, spec, never, account)
     if rt.scheduler.kick(capacity=False):  # placed right here (no scheduler loop): show where
         job = get_job(principal, job.id)
     job.price_per_hour, job.cost_so_far = None, 0.0  # nothing ran yet: what with_costs() would find
     return job
 
 
-def submit_job(settings, now, principal, spec, waiting_reason=None):
+def submit_job(settings, now, principal, spec, waiting_reason=None, account=""):
     """Queue a validated JobSpec; returns the Job with its tasks (submit() kicks the scheduler).
     LimitExceeded, with nothing stored, past the owner's limits."""
     project = project_for(principal, spec.project)
@@ -76,7 +76,7 @@ def submit_job(settings, now, principal, spec, waiting_reason=None):
             priority_class=spec.priority_class,
             spec=spec.to_dict(),
             submitted_at=now,
-            group_key=group_key_of(spec, team, spec.priority_class, principal.owner_id),
+            group_key=group_key_of(spec, team, spec.priority_class, principal.owner_id, account),
         )
         job.task_list = [
             Task(id=new_id(), job=job_id, rank=rank, state=TaskState.PENDING.value, gpus=[])

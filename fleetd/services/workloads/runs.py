@@ -194,7 +194,13 @@ def new_run(rt, inst, now, waiting_reason=None, interrupted=False):
         submitted_at=now,
         instance_id=inst.id,
         pending_reason=waiting_reason or "waiting for the scheduler",
-        group_key=group_key_of(spec, inst.team, spec.priority_class, inst.owner_token_id),
+        group_key=group_key_of(
+            spec,
+            inst.team,
+            spec.priority_class,
+            inst.owner_token_id,
+            (inst.user or "") if rt.terms.accounts() else "",
+        ),
     )
     Task(id=new_id(), job=job.id, rank=0, state=TaskState.PENDING.value, gpus=[]).save(
         force_insert=True

@@ -169,6 +169,25 @@ def test_node_selector_restricts_fleet_and_labels():
     assert "fleet 'lab'" in detail["a"].reason and "zone=y" in detail["b"].reason
 
 
+def test_a_node_that_runs_tasks_as_their_owners_accounts_takes_only_those_it_resolved():
+    cluster = make_cluster(
+        make_node("a", fleet="lab", accounts=frozenset({"bob"})),
+        make_node("b", fleet="lab", accounts=frozenset({"alice"})),
+        make_node("c", fleet="lab", accounts=frozenset()),
+    )
+    assert PlacementEngine(cluster).place(TaskRequest(gpus=1, account="alice")).node_ids == ("b",)
+    nowhere = TaskRequest(gpus=1, account="carol")
+    result = PlacementEngine(cluster).place(nowhere, explain=True)
+    assert isinstance(result, Unschedulable)
+    assert {d.stage for d in result.filter_detail} == {"identity"}
+    assert "identity: 3 node(s): the owner's account does not resolve" in result.reason
+    # Work with no account to resolve (a service account's) may go anywhere.
+    assert PlacementEngine(cluster).place(TaskRequest(gpus=1)).node_ids
+    # A node whose fleet runs tasks otherwise (accounts None) takes anyone's.
+    open_cluster = make_cluster(make_node("d"))
+    assert PlacementEngine(open_cluster).place(nowhere).node_ids == ("d",)
+
+
 def test_gpu_types_filter_models():
     cluster = make_cluster(make_node("a", model="A100"), make_node("b", model="H100"))
     result = PlacementEngine(cluster).place(TaskRequest(gpus=1, gpu_types=("H100",)))

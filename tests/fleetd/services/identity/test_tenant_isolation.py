@@ -6,7 +6,7 @@ slice floor), and the run_as each task is delivered with."""
 import pytest
 
 from fleetd.db import database
-from fleetd.models import InventoryVersion, OwnerUid
+from fleetd.models import InventoryVersion, OwnerUid, User
 from tests.conftest import ApiClient
 from tests.support.gpus import gpus
 
@@ -645,3 +645,26 @@ def test_a_bad_uid_range_is_refused_at_start(make_settings):
     for bad in ("x", "65519-61184", "0-100", "61184"):
         with pytest.raises(ValueError, match="task_uid_range"):
             make_settings(task_uid_range=bad)
+
+
+def test_a_claims_fleet_runs_a_user_as_its_providers_uid_gid_and_groups(api):
+    """task_identity claims: the uid, gid and groups the identity provider's claims gave the user
+    (kept on the user at its sign-in); a user without them runs as its allocated uid."""
+    api.post("/api/v1/fleets", {"name": "lab", "task_identity": "claims"})
+    _, session = node(api, "lab", "host-1", gpu_count=2)
+    carol = client(api, "carol laptop", role="member", user="carol")
+    dave = client(api, "dave laptop", role="member", user="dave")
+    with database.connection_context():
+        User.update(posix={"uid": 5001, "gid": 5000, "groups": [5000, 7001]}).where(
+            User.login == "carol"
+        ).execute()
+    carol.submit(resources={"gpus": 1})
+    assert _run_as(api, session) == {
+        "source": "claims",
+        "user": "carol",
+        "uid": 5001,
+        "gid": 5000,
+        "groups": [5000, 7001],
+    }
+    dave.submit(resources={"gpus": 1})
+    assert _run_as(api, session)["source"] == "dynamic"
