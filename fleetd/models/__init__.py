@@ -7,6 +7,7 @@ Times are naive UTC; ids are opaque strings.
 - ``workloads``   jobs, tasks, output lines, instances, artifacts
 - ``accounting``  GPU types and prices, quotas, the usage ledger, storage, budgets
 - ``ops``         events, webhooks, metrics samples, the leader's lease, settings
+- ``sharing``     share links to jobs, owners' notification feeds
 """
 
 from fleetd.models.accounting import (
@@ -68,6 +69,7 @@ from fleetd.models.ops import (
     Webhook,
     WebhookDelivery,
 )
+from fleetd.models.sharing import Notification, Share
 from fleetd.models.workloads import (
     Artifact,
     ArtifactUpload,
@@ -144,6 +146,8 @@ __all__ = [
     "Setting",
     "Webhook",
     "WebhookDelivery",
+    "Notification",
+    "Share",
     "MODELS",
 ]
 
@@ -198,3 +202,4 @@ MODELS += [
     AuthSession,
     AuthProvider,
 ]  # people and projects (migration 0031)
+MODELS += [Share, Notification]  # share links and notification feeds (migration 0033)
