@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from fleetd.credentials import hash_token
+from fleetd.server import scrub_secrets
 from fleetd.services.workloads.shares import TAIL_BYTES, TAIL_LINES
 from tests.conftest import admin_client
 from tests.support.http import ApiClient
@@ -265,3 +266,16 @@ def test_the_gc_forgets_ended_links_and_the_links_of_deleted_jobs(admin, alice, 
         "/api/v1/admin/gc", {"older_than_seconds": 60, "delete_jobs": True, "dry_run": False}
     )
     assert admin.http.get(f"/api/share/{live}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '"GET /api/share/SECRET HTTP/1.1" 200',
+        '"GET /api/share/SECRET?x=1 HTTP/1.1" 404',
+        '"DELETE /api/v1/shares/SECRET HTTP/1.1" 204',
+    ],
+)
+def test_access_log_lines_hide_a_share_links_token(line):
+    scrubbed = scrub_secrets(line)
+    assert "SECRET" not in scrubbed and "/share" in scrubbed and "[redacted]" in scrubbed
