@@ -35,6 +35,8 @@ PUBLIC_ENDPOINTS = frozenset(
         "auth.AuthDeviceToken",
         "auth.AuthLogin",
         "auth.AuthRefresh",
+        # A job's share link: the token in the path is the credential (services/workloads/shares).
+        "shares.SharedJob",
     }
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"

@@ -234,18 +234,21 @@ class _Handler(WSGIHandler):
 
 _QUERY_PARAM = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
 SECRET_PARAMS = frozenset({"api_key"})
+# A share link's token is its path's last segment (GET /api/share/{token}, DELETE
+# /api/v1/shares/{token}): whoever reads the log could use it.
+_SHARE_PATH = re.compile(r"(/api/(?:v1/shares|share)/)[^?#\s\"]+")
 
 
 def scrub_secrets(text):
     """`text` (a request line, a URL) with the value of every api_key query parameter redacted,
-    however its name is percent-encoded (the app reads it decoded)."""
+    however its name is percent-encoded (the app reads it decoded), and a share link's token."""
 
     def redact(match):
         if urllib.parse.unquote_plus(match.group(2)).lower() in SECRET_PARAMS:
             return f"{match.group(1)}{match.group(2)}=[redacted]"
         return match.group(0)
 
-    return _QUERY_PARAM.sub(redact, text)
+    return _SHARE_PATH.sub(r"\1[redacted]", _QUERY_PARAM.sub(redact, text))
 
 
 _EARLY_ERRORS = {

@@ -53,6 +53,7 @@ class Settings:
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
     metrics_retention_seconds: int = 86400
+    notification_retention_seconds: int = 30 * 86400  # the gc forgets older notifications
     usage_flush_seconds: float = (
         60.0  # how often the usage ledger accounts running work (and budgets are checked)
     )

@@ -49,3 +49,7 @@ BLUEPRINTS += [host_ports.blp]
 from fleetd.api import auth, people  # noqa: E402 - people, projects and sign-in (issue 45)
 
 BLUEPRINTS += [people.blp, auth.blp]
+
+from fleetd.api import notifications, shares  # noqa: E402 - share links and notification feeds
+
+BLUEPRINTS += [shares.blp, notifications.blp]

@@ -15,6 +15,7 @@ from fleetd.cli import (
     instances,
     jobs,
     nodes,
+    notifications,
     people,
     rollouts,
     tokens,
@@ -62,6 +63,7 @@ def _add_commands():
         usage,
         validation,
         people,
+        notifications,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)

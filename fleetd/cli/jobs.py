@@ -1,4 +1,4 @@
-"""`fleetd job`: submit, list, show, logs, cancel, wait, why."""
+"""`fleetd job`: submit, list, show, logs, cancel, wait, why, share, unshare."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from fleetd.client import ClientError
 
 @click.group()
 def job():
-    """Jobs: submit, list, show, logs, cancel, wait."""
+    """Jobs: submit, list, show, logs, cancel, wait, share."""
 
 
 JOB_COLUMNS = [
@@ -393,7 +393,38 @@ def job_why(handle):
     emit(result, human)
 
 
-# The pending reasons of rules that hold a job whatever the nodes
+@client_command(job, "share")
+@click.argument("handle", metavar="JOB")
+@click.option(
+    "--expires-in",
+    type=Duration(),
+    help="The link stops working this long from now, e.g. 7d (default: when revoked).",
+)
+def job_share(handle, expires_in):
+    """Make a read-only link to a job (by id or name) that anyone may open without a token: its
+    state, result and the tail of its output. The link is shown this once."""
+    job_id = resolve_id("job", handle)
+    body = {} if expires_in is None else {"expires_in_seconds": expires_in}
+    data = current_client().post(f"/api/v1/jobs/{job_id}/share", body)
+
+    def human(d):
+        click.echo(d["url"])
+        if d.get("expires_at"):
+            click.echo(f"expires {d['expires_at']}", err=True)
+        click.echo(f"revoke it with: fleetd job unshare {d['token']}", err=True)
+
+    emit(data, human)
+
+
+@client_command(job, "unshare")
+@click.argument("link", metavar="TOKEN")
+def job_unshare(link):
+    """Revoke a job's share link, given its token or the whole link: it stops working at once."""
+    token = link.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    current_client().delete(f"/api/v1/shares/{token}")
+    emit({"revoked": True}, lambda d: click.echo("share link revoked"))
+
+
 # (fleetd/services/placement/scheduling.py).
 _RULE_RE = re.compile(r"at its quota|spot minimum|^set aside:")
 

@@ -7,6 +7,7 @@ Times are naive UTC; ids are opaque strings.
 - ``workloads``   jobs, tasks, output lines, instances, artifacts
 - ``accounting``  GPU types and prices, quotas, the usage ledger, storage, budgets
 - ``ops``         events, webhooks, metrics samples, the leader's lease, settings
+- ``sharing``     share links to jobs, owners' notification feeds
 """
 
 from fleetd.models.accounting import (
@@ -71,6 +72,7 @@ from fleetd.models.ops import (
     Webhook,
     WebhookDelivery,
 )
+from fleetd.models.sharing import Notification, Share
 from fleetd.models.workloads import (
     Artifact,
     ArtifactUpload,
@@ -150,6 +152,8 @@ __all__ = [
     "Setting",
     "Webhook",
     "WebhookDelivery",
+    "Notification",
+    "Share",
     "MODELS",
 ]
 
@@ -205,3 +209,4 @@ MODELS += [
     AuthProvider,
 ]  # people and projects (migration 0031)
 MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration 0032)
+MODELS += [Share, Notification]  # share links and notification feeds (migration 0033)

@@ -39,4 +39,8 @@ class GcResultSchema(Schema):
     )
     cluster_samples = fields.Integer()
     gpu_samples = fields.Integer()
+    notifications = fields.Integer(
+        metadata={"description": "notifications older than notification_retention_seconds"}
+    )
+    shares = fields.Integer(metadata={"description": "share links revoked or expired before it"})
     dry_run = fields.Boolean()

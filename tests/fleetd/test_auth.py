@@ -10,6 +10,7 @@ from tests.conftest import ApiClient, admin_client
 
 PUBLIC = "public"
 SIGN_IN = "sign-in"  # no bearer: the credential is in the body, so an empty body is a 400
+LINK = "link"  # no bearer: the credential is the path's token, so an unknown one is a 404
 ANY = {"admin", "submitter", "metrics", "node", "join"}
 A = {"admin"}
 AS = {"admin", "submitter"}
@@ -93,6 +94,11 @@ ROLE_TABLE = {
     ("GET", "/api/v1/jobs/{job_id}/result"): AS,
     ("GET", "/api/v1/jobs/{job_id}/logs"): AS,
     ("GET", "/api/v1/jobs/{job_id}/events"): AS,
+    ("POST", "/api/v1/jobs/{job_id}/share"): AS,
+    ("DELETE", "/api/v1/shares/{token}"): AS,
+    ("GET", "/api/share/{token}"): LINK,
+    ("GET", "/api/v1/me/notifications"): AS,
+    ("POST", "/api/v1/me/notifications/read"): AS,
     ("GET", "/api/v1/instances"): AS,
     ("POST", "/api/v1/instances"): AS,
     ("GET", "/api/v1/instances/{instance_id}"): AS,
@@ -193,6 +199,8 @@ def test_every_route_enforces_the_role_table_of_api_md(api):
                 assert status == 200, context
             elif allowed == SIGN_IN:
                 assert status == 400, context
+            elif allowed == LINK:
+                assert status == 404 and resp.get_json()["error"]["code"] == "not_found", context
             elif who in ("none", "revoked"):
                 assert status == 401 and resp.get_json()["error"]["code"] == "unauthorized", context
             elif who in allowed:

@@ -451,3 +451,43 @@ def test_0031_makes_a_user_of_each_token_name_and_a_project_of_each_team(tmp_pat
             "SELECT id, owner_token_id, name, project FROM instance ORDER BY id"
         ).fetchall() == [("i1", "t2", "nb-i1", "ml-research"), ("i2", "t2", "nb", "ml-research")]
     db.close()
+
+
+def test_0033_adds_share_links_and_feeds_to_a_live_database_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/feeds.db")
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0031_people_and_projects")
+        db.execute_sql(
+            "INSERT INTO job (id, name, owner, owner_token_id, state, pending_reason, attempt, "
+            "max_attempts, num_nodes, priority_class, spec, outcome_reason, submitted_at) "
+            "VALUES ('j1', 'train', 'alice', 't1', 'succeeded', '', 1, 1, 1, 'on-demand', '{}', "
+            "'', '2026-01-01 00:00:00')"
+        )
+    assert "0033_shares_and_notifications" in upgrade(db)
+    with db.connection_context():
+        assert db.execute_sql("SELECT COUNT(*) FROM share").fetchone() == (0,)
+        assert db.execute_sql("SELECT COUNT(*) FROM notification").fetchone() == (0,)
+        db.execute_sql(
+            "INSERT INTO share (id, token_hash, job_id, created_by, created_at) "
+            "VALUES ('s1', 'h', 'j1', 'user:alice', '2026-01-01 00:00:00')"
+        )
+        with pytest.raises(peewee.IntegrityError):  # one row per token
+            db.execute_sql(
+                "INSERT INTO share (id, token_hash, job_id, created_by, created_at) "
+                "VALUES ('s2', 'h', 'j1', 'user:alice', '2026-01-01 00:00:00')"
+            )
+        db.execute_sql(
+            "INSERT INTO notification (owner_id, at, kind, subject_kind, subject_id, subject_name, "
+            "text, read) VALUES ('t1', '2026-01-01 00:00:00', 'job.succeeded', 'job', 'j1', "
+            "'train', 'job train succeeded', 0)"
+        )
+        indexes = {row[1] for row in db.execute_sql("PRAGMA index_list(notification)")}
+        assert "notification_owner_id_id" in indexes
+        assert db.execute_sql("SELECT id, state FROM job").fetchall() == [("j1", "succeeded")]
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down(
+            "0033_shares_and_notifications"
+        )
+        tables = set(db.get_tables())
+        assert not {"share", "notification"} & tables and "job" in tables
+    assert "0033_shares_and_notifications" in upgrade(db)  # and up again (with what follows it)
+    db.close()

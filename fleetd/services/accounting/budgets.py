@@ -1,14 +1,16 @@
 """Team budgets per calendar month (UTC), in currency and/or GPU-hours, checked against the usage
-ledger after each of its passes: `budget.threshold` events (and their webhooks) at 50, 80 and
-100 %, each once per team and month; at 100 % the budget's `on_exceed`: notify, block (the team's
-new work waits, its pending reason naming the budget) or stop_spot (its spot work is stopped and
-its new spot work waits) until the budget is raised or the month ends."""
+ledger after each of its passes: `budget.threshold` events (and their webhooks, and a notification
+to each active user of the team) at 50, 80 and 100 %, each once per team and month; at 100 % the
+budget's `on_exceed`: notify, block (the team's new work waits, its pending reason naming the
+budget) or stop_spot (its spot work is stopped and its new spot work waits) until the budget is
+raised or the month ends."""
 
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Budget, BudgetNotice, Instance, InstanceState, Job, JobState
 from fleetd.services.accounting.budget_state import month_usage, percent_used
 from fleetd.services.accounting.periods import month_of
+from fleetd.services.notify import feed
 from fleetd.services.notify.events import record_event
 from fleetd.services.placement.parking import team_allowance
 from fleetd.services.workloads import instances
@@ -136,12 +138,13 @@ def check_budgets(rt):
             for threshold in THRESHOLDS:
                 if percent >= threshold and threshold not in sent:
                     BudgetNotice.create(team=team, month=month, threshold=threshold, at=now)
+                    said = f"team {team} used {percent:.1f} % of its budget for {month}"
                     record_event(
                         now,
                         "budget.threshold",
                         "team",
                         team,
-                        f"team {team} used {percent:.1f} % of its budget for {month}",
+                        said,
                         data={
                             "team": team,
                             "month": month,
@@ -154,6 +157,7 @@ def check_budgets(rt):
                             "on_exceed": budget.on_exceed,
                         },
                     )
+                    feed.budget_threshold(team, f"{said} (past {threshold} %)", now)
                     notices += 1
             exceeded = month if percent >= 100 else None
             if exceeded != budget.exceeded_month:

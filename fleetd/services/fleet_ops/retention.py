@@ -1,6 +1,7 @@
-"""Retention: what fleetd forgets, and when. One collection removes metric samples past their
-retention and, when asked, jobs (with their tasks, logs and events) and deleted instances that
-ended longer ago than a cutoff, then artifacts no remaining job refers to. Each kind of record is
+"""Retention: what fleetd forgets, and when. One collection removes metric samples and
+notifications past their retention, share links that ended (revoked or expired) before a cutoff
+and, when asked, jobs (with their tasks, logs, events and share links) and deleted instances that
+ended longer ago than the cutoff, then artifacts no remaining job refers to. Each kind of record is
 found by its own service; this module only puts the collection together, in one transaction."""
 
 import datetime as dt
@@ -8,7 +9,8 @@ import os
 
 from fleetd.db import write_transaction
 from fleetd.services.fleet_ops import metrics
-from fleetd.services.workloads import artifacts, instances, jobs
+from fleetd.services.notify import feed
+from fleetd.services.workloads import artifacts, instances, jobs, shares
 
 
 def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
@@ -17,8 +19,12 @@ def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
     cutoff = now - dt.timedelta(seconds=older_than_seconds)
     counts, orphans = {}, []
     with write_transaction():
-        samples = metrics.expired_samples(rt.settings, now)
-        for name, (model, condition) in samples.items():
+        expired = {
+            **metrics.expired_samples(rt.settings, now),
+            "notifications": feed.expired(rt.settings, now),
+            "shares": shares.ended_before(cutoff),
+        }
+        for name, (model, condition) in expired.items():
             counts[name] = model.select().where(condition).count()
         old_jobs = jobs.ended_before(cutoff) if delete_jobs else []
         counts.update(jobs.records_of(old_jobs))
@@ -28,7 +34,7 @@ def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
             orphans = artifacts.unreferenced(cutoff, keep_jobs_except=old_jobs)
         counts["artifacts"] = len(orphans)
         if not dry_run:
-            for model, condition in samples.values():
+            for model, condition in expired.values():
                 model.delete().where(condition).execute()
             jobs.delete_jobs(old_jobs)
             instances.delete_records(old_instances)

@@ -8,4 +8,5 @@
 - ``instances``  long-running reserved workloads: ports, a volume, stop and resume
 - ``instance_views``  an instance as users read it: its run, node, ports and costs
 - ``artifacts``  content-addressed files jobs refer to
+- ``shares``     read-only links to a job that need no token
 """

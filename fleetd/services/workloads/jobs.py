@@ -5,7 +5,7 @@ import dataclasses
 
 from fleetd.db import hand_back, released, write_transaction
 from fleetd.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from fleetd.models import Event, Job, JobState, LogLine, Node, Task, TaskState, new_id
+from fleetd.models import Event, Job, JobState, LogLine, Node, Share, Task, TaskState, new_id
 from fleetd.services.accounting.usage import with_costs
 from fleetd.services.identity import access, limits
 from fleetd.services.identity.projects import project_for
@@ -246,6 +246,12 @@ def job_logs_tail(principal, job_id, count, before=None):
     """The last `count` log lines of a job (before the line numbered `before`, if given), oldest
     first."""
     get_job(principal, job_id)
+    return logs_tail(job_id, count, before)
+
+
+def logs_tail(job_id, count, before=None):
+    """job_logs_tail without the reader's check: for a caller that checked its right itself (a share
+    link)."""
     query = LogLine.select().where(LogLine.job == job_id)
     if before is not None:
         query = query.where(LogLine.id < before)
@@ -328,12 +334,13 @@ def records_of(job_ids):
 
 
 def delete_jobs(job_ids):
-    """Delete these jobs with their tasks, log lines and events (inside the caller's
+    """Delete these jobs with their tasks, log lines, events and share links (inside the caller's
     transaction)."""
     for chunk in _chunks(job_ids):
         limits.release_stored(Job, chunk)
         Event.delete().where((Event.subject_type == "job") & Event.subject_id.in_(chunk)).execute()
         LogLine.delete().where(LogLine.job.in_(chunk)).execute()
+        Share.delete().where(Share.job_id.in_(chunk)).execute()
         Task.delete().where(Task.job.in_(chunk)).execute()
         Job.delete().where(Job.id.in_(chunk)).execute()
 

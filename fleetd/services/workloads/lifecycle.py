@@ -2,8 +2,8 @@
 it (checks the transition, saves, records an Event), and the stops that nodes owe the processes
 of tasks fleetd ended.
 
-The bottom layer of the services: it imports no other use case, so every other module may
-switch states through it.
+The bottom layer of the services: it imports no other use case (only events, the ledger and the
+notification feed), so every other module may switch states through it.
 """
 
 import contextlib
@@ -14,6 +14,7 @@ from fleetd.db import after_commit
 from fleetd.errors import Conflict
 from fleetd.models import InstanceState, JobState, NodeStatus, TaskState, transition_table
 from fleetd.services.accounting.ledger import record_run_end
+from fleetd.services.notify import feed
 from fleetd.services.notify.events import record_event
 
 # A running job that is cancelled is `cancelling` until the nodes that hold its tasks say their
@@ -49,7 +50,8 @@ TASK_TRANSITIONS = transition_table(
 
 
 def switch_job_state(job, to_state, reason, now):
-    """The one way a job changes state: checks the transition, saves, records an Event."""
+    """The one way a job changes state: checks the transition, saves, records an Event; a job that
+    ends notifies its owner (feed.job_ended)."""
     from_state = JobState(job.state)
     to_state = JobState(to_state)
     if to_state not in JOB_TRANSITIONS[from_state]:
@@ -65,6 +67,8 @@ def switch_job_state(job, to_state, reason, now):
         job.pending_reason = ""
     job.save()
     record_event(now, "job.state", "job", job.id, reason, from_state.value, to_state.value)
+    if to_state.is_terminal():
+        feed.job_ended(job, to_state, reason, now)
     return job
 
 

@@ -144,6 +144,8 @@ BASE_BODIES = {
     ("PATCH", "/api/v1/tokens/{token_id}"): {
         "limits": {"max_active_jobs": 10, "max_instances": None, "requests_per_second": 2}
     },
+    ("POST", "/api/v1/jobs/{job_id}/share"): {"expires_in_seconds": 3600},
+    ("POST", "/api/v1/me/notifications/read"): {"up_to": 1},
     ("POST", "/api/v1/fleets"): {
         "name": "gpu-z",
         "description": "d",
@@ -337,7 +339,7 @@ class World:
         self.session = registered["session_token"]
         self.node_id = registered["node_id"]
         self.api.heartbeat(self.session)
-        self.api.submit(name="seed", resources={"gpus": 1})
+        seed = self.api.submit(name="seed", resources={"gpus": 1})
         self.api.run_task("scheduling")
         self.assignment = self.api.start_task(self.session)
         instance = self.api.post(
@@ -359,6 +361,7 @@ class World:
         self.values = {
             "name": "gpu-a",
             "node_id": self.node_id,
+            "job_id": seed["id"],
             "task_id": self.assignment["task_id"],
             "rollout_id": rollout["id"],
             "serial": "1650924060001",
