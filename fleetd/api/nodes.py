@@ -3,7 +3,7 @@
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
-from fleetd.auth import ADMIN, SUBMITTER, require
+from fleetd.auth import ADMIN, OPERATOR, SUBMITTER, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import (
     BootstrapRunSchema,
@@ -54,7 +54,7 @@ class NodeById(MethodView):
         """One node with its GPUs."""
         return _live([nodes.get_node(node_id)])[0]
 
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(NodePatchSchema())
     @blp.response(200, NodeSchema)
     def patch(self, body, node_id):
@@ -71,7 +71,7 @@ class NodeById(MethodView):
 
 @blp.route("/<string:node_id>/cordon")
 class NodeCordon(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(NodeCordonSchema(), required=False)
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
@@ -90,7 +90,7 @@ class NodeCordon(MethodView):
 
 @blp.route("/<string:node_id>/uncordon")
 class NodeUncordon(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Allow placements on a cordoned node again."""
@@ -99,7 +99,7 @@ class NodeUncordon(MethodView):
 
 @blp.route("/<string:node_id>/drain")
 class NodeDrain(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(NodeDrainSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
@@ -119,7 +119,7 @@ class NodeDrain(MethodView):
 
 @blp.route("/<string:node_id>/undrain")
 class NodeUndrain(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """End a drain; the node takes work again (after a drain for repair, once it passes
@@ -129,7 +129,7 @@ class NodeUndrain(MethodView):
 
 @blp.route("/<string:node_id>/upgrade")
 class NodeUpgrade(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(NodeUpgradeSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
@@ -146,7 +146,7 @@ class NodeUpgrade(MethodView):
 
 @blp.route("/<string:node_id>/upgrade/end")
 class NodeUpgradeEnd(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(NodeUpgradeEndSchema())
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):

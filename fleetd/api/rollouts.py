@@ -4,7 +4,7 @@ aborts it (admin only)."""
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
-from fleetd.auth import ADMIN, require
+from fleetd.auth import ADMIN, OPERATOR, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.rollouts import (
     RolloutCreateSchema,
@@ -20,7 +20,7 @@ blp = Blueprint("rollouts", __name__, url_prefix="/api/v1/rollouts", description
 
 @blp.route("")
 class Rollouts(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(RolloutQuerySchema(), location="query")
     @blp.response(200, RolloutPageSchema)
     def get(self, query):
@@ -28,7 +28,7 @@ class Rollouts(MethodView):
         items, next_cursor = rollouts.list_rollouts(query["limit"], query["cursor"], query["fleet"])
         return {"items": items, "next_cursor": next_cursor}
 
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(RolloutCreateSchema())
     @blp.response(201, RolloutSchema)
     def post(self, body):
@@ -40,7 +40,7 @@ class Rollouts(MethodView):
 
 @blp.route("/<string:rollout_id>")
 class RolloutById(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.response(200, RolloutSchema)
     def get(self, rollout_id):
         """One rollout with its nodes in the order they are taken."""
@@ -49,7 +49,7 @@ class RolloutById(MethodView):
 
 @blp.route("/<string:rollout_id>/nodes/<string:node_id>")
 class RolloutNodeById(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.arguments(RolloutNodeReportSchema())
     @blp.response(200, RolloutSchema)
     def patch(self, body, rollout_id, node_id):
@@ -63,7 +63,7 @@ class RolloutNodeById(MethodView):
 
 def _action(name, doc):
     class RolloutAction(MethodView):
-        @require(ADMIN)
+        @require(ADMIN, OPERATOR)
         @blp.response(200, RolloutSchema)
         def post(self, rollout_id):
             return rollouts.request(current_runtime(), rollout_id, name)

@@ -1,4 +1,4 @@
-"""Usage reports, idle-held GPUs, team budgets and the storage price."""
+"""Usage reports, idle-held GPUs, team and project budgets and the storage price."""
 
 from flask import Response, request
 from flask.views import MethodView
@@ -13,12 +13,15 @@ from fleetd.schemas.usage import (
     BudgetUpdateSchema,
     IdleListSchema,
     IdleQuerySchema,
+    ProjectBudgetListSchema,
+    ProjectBudgetSchema,
+    ProjectBudgetUpdateSchema,
     StoragePriceSchema,
     StoragePriceUpdateSchema,
     UsageQuerySchema,
     UsageReportSchema,
 )
-from fleetd.services.accounting import budgets, usage
+from fleetd.services.accounting import budgets, project_budgets, usage
 
 blp = Blueprint(
     "usage", __name__, url_prefix="/api/v1", description="Usage, chargeback and budgets"
@@ -93,6 +96,38 @@ class Budgets(MethodView):
     def get(self):
         """Every team's monthly budget with this month's use."""
         return {"items": budgets.list_budgets(current_runtime())}
+
+
+@blp.route("/budgets/project")
+class ProjectBudgets(MethodView):
+    @require(ADMIN)
+    @blp.response(200, ProjectBudgetListSchema)
+    def get(self):
+        """Every project's monthly budget with this month's use."""
+        return {"items": project_budgets.list_budgets(current_runtime())}
+
+
+@blp.route("/budgets/project/<string:key>")
+class BudgetByProject(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, ProjectBudgetSchema)
+    def get(self, key):
+        """A project's monthly budget with this month's use (a member or viewer: its project's)."""
+        return project_budgets.get_budget(current_runtime(), current_principal(), key)
+
+    @require(ADMIN)
+    @blp.arguments(ProjectBudgetUpdateSchema())
+    @blp.response(200, ProjectBudgetSchema)
+    def put(self, body, key):
+        """Set a project's budget per calendar month (UTC) in currency and/or GPU-hours: its members
+        are told at 50, 80 and 100 % (its team's budget is what holds work back)."""
+        return project_budgets.set_budget(current_runtime(), current_principal(), key, **body)
+
+    @require(ADMIN)
+    @blp.response(204)
+    def delete(self, key):
+        """Remove a project's budget."""
+        project_budgets.delete_budget(current_runtime(), current_principal(), key)
 
 
 @blp.route("/budgets/<string:team>")

@@ -5,7 +5,7 @@ from flask.views import MethodView
 
 from fleetd.api.agent import PROTOCOL_PARAMETER
 from fleetd.api.parser import Blueprint
-from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
+from fleetd.auth import ADMIN, NODE, OPERATOR, SUBMITTER, current_principal, require
 from fleetd.runtime import current_runtime
 from fleetd.schemas.nodes import NodeSchema
 from fleetd.schemas.validation import ValidationReportSchema, ValidationSchema
@@ -26,7 +26,7 @@ class NodeValidation(MethodView):
 
 @blp.route("/nodes/<string:node_id>/validate")
 class NodeValidate(MethodView):
-    @require(ADMIN)
+    @require(ADMIN, OPERATOR)
     @blp.response(200, NodeSchema)
     def post(self, node_id):
         """Validate a node now: it takes no new work until its agent's checks pass, then returns to

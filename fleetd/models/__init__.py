@@ -15,6 +15,7 @@ from fleetd.models.accounting import (
     BudgetNotice,
     GpuType,
     PriceChange,
+    ProjectBudget,
     Quota,
     StorageRecord,
     UsageDay,
@@ -137,6 +138,7 @@ __all__ = [
     "BudgetNotice",
     "GpuType",
     "PriceChange",
+    "ProjectBudget",
     "Quota",
     "StorageRecord",
     "UsageDay",
@@ -210,3 +212,4 @@ MODELS += [
 ]  # people and projects (migration 0031)
 MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration 0032)
 MODELS += [Share, Notification]  # share links and notification feeds (migration 0033)
+MODELS += [ProjectBudget]  # budgets per project (migration 0037)

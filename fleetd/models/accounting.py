@@ -40,6 +40,7 @@ class UsageRecord(BaseModel):
     owner = peewee.CharField(max_length=200)
     owner_token_id = peewee.CharField(max_length=32)
     team = peewee.CharField(max_length=200, default="")
+    project = peewee.CharField(max_length=32, default="")  # its job's project (migration 0036)
     fleet = peewee.CharField(max_length=63, default="")
     node_id = peewee.CharField(max_length=32, default="")
     gpu_model = peewee.CharField(max_length=128, default="")
@@ -70,6 +71,7 @@ class UsageDay(BaseModel):
     day = peewee.DateField()
     kind = peewee.CharField(max_length=16)
     team = peewee.CharField(max_length=200, default="")
+    project = peewee.CharField(max_length=32, default="")  # migration 0036
     owner_token_id = peewee.CharField(max_length=32)
     owner = peewee.CharField(max_length=200)
     fleet = peewee.CharField(max_length=63, default="")
@@ -82,7 +84,11 @@ class UsageDay(BaseModel):
 
     class Meta:
         indexes = (
-            (("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model"), True),
+            (
+                ("day", "kind", "team", "project", "owner_token_id", "owner", "fleet", "gpu_model"),
+                True,
+            ),
+            (("project", "day"), False),
         )
 
 
@@ -161,6 +167,7 @@ class StorageRecord(BaseModel):
     owner = peewee.CharField(max_length=200)
     owner_token_id = peewee.CharField(max_length=32)
     team = peewee.CharField(max_length=200, default="")
+    project = peewee.CharField(max_length=32, default="")  # its instance's (migration 0036)
     fleet = peewee.CharField(max_length=63, default="")
     volume_bytes = peewee.BigIntegerField(default=0)
     started_at = peewee.DateTimeField()
@@ -209,3 +216,20 @@ class BudgetNotice(BaseModel):
 
     class Meta:
         primary_key = peewee.CompositeKey("team", "month", "threshold")
+
+
+class ProjectBudget(BaseModel):
+    """A project's budget per calendar month (UTC), in currency and/or GPU-hours: it notifies (at
+    50, 80 and 100 %) and holds nothing back; a team's budget is what holds work back
+    (fleetd.services.accounting.project_budgets)."""
+
+    project = peewee.CharField(primary_key=True, max_length=32)
+    limit_cost = peewee.FloatField(null=True)
+    limit_gpu_hours = peewee.FloatField(null=True)
+    notified_month = peewee.CharField(max_length=7, null=True)  # "YYYY-MM" of the last notice
+    notified_percent = peewee.IntegerField(default=0)  # the highest threshold told that month
+    updated_at = peewee.DateTimeField()
+    updated_by = peewee.CharField(max_length=200, default="")
+
+    class Meta:
+        table_name = "project_budget"

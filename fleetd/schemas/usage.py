@@ -131,6 +131,39 @@ class BudgetListSchema(Schema):
     items = fields.List(fields.Nested(BudgetSchema))
 
 
+class ProjectBudgetUpdateSchema(Schema):
+    limit_cost = fields.Float(
+        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
+    )
+    limit_gpu_hours = fields.Float(
+        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
+    )
+    on_exceed = fields.String(
+        validate=validate.OneOf(["notify"]),
+        load_default="notify",
+        metadata={"description": "notify: a project's budget tells; its team's holds work back"},
+    )
+
+
+class ProjectBudgetSchema(Schema):
+    project = fields.String()
+    period = fields.String()
+    month = fields.String()
+    limit_cost = fields.Float(allow_none=True)
+    limit_gpu_hours = fields.Float(allow_none=True)
+    on_exceed = fields.String()
+    used_cost = fields.Float()
+    used_gpu_hours = fields.Float()
+    used_percent = fields.Float()
+    exceeded = fields.Boolean()
+    updated_at = Time()
+    updated_by = fields.String()
+
+
+class ProjectBudgetListSchema(Schema):
+    items = fields.List(fields.Nested(ProjectBudgetSchema))
+
+
 class StoragePriceUpdateSchema(Schema):
     per_gb_month = fields.Float(
         required=True, allow_none=True, validate=validate.Range(min=0, max=MAX_MONEY)

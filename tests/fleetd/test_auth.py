@@ -11,9 +11,10 @@ from tests.conftest import ApiClient, admin_client
 PUBLIC = "public"
 SIGN_IN = "sign-in"  # no bearer: the credential is in the body, so an empty body is a 400
 LINK = "link"  # no bearer: the credential is the path's token, so an unknown one is a 404
-ANY = {"admin", "submitter", "metrics", "node", "join"}
+ANY = {"admin", "operator", "submitter", "metrics", "node", "join"}
 A = {"admin"}
-AS = {"admin", "submitter"}
+AS = {"admin", "submitter"}  # (an operator and a viewer read what a submitter reads)
+AO = {"admin", "operator"}  # node maintenance and rollouts
 
 # docs/api.md's role table for every route fleetd serves. A route missing here fails the test.
 ROLE_TABLE = {
@@ -30,7 +31,7 @@ ROLE_TABLE = {
     ("POST", "/api/v1/auth/device/token"): SIGN_IN,
     ("POST", "/api/v1/auth/login"): SIGN_IN,
     ("POST", "/api/v1/auth/refresh"): SIGN_IN,
-    ("POST", "/api/v1/auth/logout"): AS,
+    ("POST", "/api/v1/auth/logout"): AS | AO,
     ("GET", "/api/v1/users"): A,
     ("GET", "/api/v1/users/{login}"): AS,
     ("PATCH", "/api/v1/users/{login}"): A,
@@ -62,26 +63,26 @@ ROLE_TABLE = {
     ("GET", "/api/v1/nodes"): AS,
     ("GET", "/api/v1/nodes/{node_id}"): AS,
     ("DELETE", "/api/v1/nodes/{node_id}"): A,
-    ("POST", "/api/v1/nodes/{node_id}/cordon"): A,
-    ("POST", "/api/v1/nodes/{node_id}/uncordon"): A,
-    ("POST", "/api/v1/nodes/{node_id}/drain"): A,
-    ("POST", "/api/v1/nodes/{node_id}/undrain"): A,
+    ("POST", "/api/v1/nodes/{node_id}/cordon"): AO,
+    ("POST", "/api/v1/nodes/{node_id}/uncordon"): AO,
+    ("POST", "/api/v1/nodes/{node_id}/drain"): AO,
+    ("POST", "/api/v1/nodes/{node_id}/undrain"): AO,
     ("POST", "/api/v1/nodes/{node_id}/revoke"): A,
-    ("PATCH", "/api/v1/nodes/{node_id}"): A,
-    ("POST", "/api/v1/nodes/{node_id}/upgrade"): A,
-    ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): A,
+    ("PATCH", "/api/v1/nodes/{node_id}"): AO,
+    ("POST", "/api/v1/nodes/{node_id}/upgrade"): AO,
+    ("POST", "/api/v1/nodes/{node_id}/upgrade/end"): AO,
     ("GET", "/api/v1/nodes/{node_id}/validation"): AS,
-    ("POST", "/api/v1/nodes/{node_id}/validate"): A,
+    ("POST", "/api/v1/nodes/{node_id}/validate"): AO,
     ("POST", "/api/v1/agent/validations/{validation_id}"): {"node"},
     ("GET", "/api/v1/gpus/{serial}"): AS,
     ("POST", "/api/v1/gpus/{serial}/rma"): A,
-    ("GET", "/api/v1/rollouts"): A,
-    ("POST", "/api/v1/rollouts"): A,
-    ("GET", "/api/v1/rollouts/{rollout_id}"): A,
-    ("PATCH", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}"): A,
-    ("POST", "/api/v1/rollouts/{rollout_id}/pause"): A,
-    ("POST", "/api/v1/rollouts/{rollout_id}/resume"): A,
-    ("POST", "/api/v1/rollouts/{rollout_id}/abort"): A,
+    ("GET", "/api/v1/rollouts"): AO,
+    ("POST", "/api/v1/rollouts"): AO,
+    ("GET", "/api/v1/rollouts/{rollout_id}"): AO,
+    ("PATCH", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}"): AO,
+    ("POST", "/api/v1/rollouts/{rollout_id}/pause"): AO,
+    ("POST", "/api/v1/rollouts/{rollout_id}/resume"): AO,
+    ("POST", "/api/v1/rollouts/{rollout_id}/abort"): AO,
     ("GET", "/api/v1/nodes/{node_id}/events"): AS,
     ("POST", "/api/v1/nodes/{node_id}/events"): A,
     ("POST", "/api/v1/agent/register"): {"join"},
@@ -98,7 +99,7 @@ ROLE_TABLE = {
     ("DELETE", "/api/v1/shares/{token}"): AS,
     ("GET", "/api/share/{token}"): LINK,
     ("GET", "/api/v1/me/notifications"): AS,
-    ("POST", "/api/v1/me/notifications/read"): AS,
+    ("POST", "/api/v1/me/notifications/read"): AS | AO,
     ("GET", "/api/v1/instances"): AS,
     ("POST", "/api/v1/instances"): AS,
     ("GET", "/api/v1/instances/{instance_id}"): AS,
@@ -133,6 +134,10 @@ ROLE_TABLE = {
     ("GET", "/api/v1/usage"): AS,
     ("GET", "/api/v1/usage/idle"): A,
     ("GET", "/api/v1/budgets"): A,
+    ("GET", "/api/v1/budgets/project"): A,
+    ("GET", "/api/v1/budgets/project/{key}"): AS,
+    ("PUT", "/api/v1/budgets/project/{key}"): A,
+    ("DELETE", "/api/v1/budgets/project/{key}"): A,
     ("GET", "/api/v1/budgets/{team}"): AS,
     ("PUT", "/api/v1/budgets/{team}"): A,
     ("DELETE", "/api/v1/budgets/{team}"): A,
@@ -165,11 +170,13 @@ def test_openapi_describes_exactly_the_routes_of_the_role_table(api):
     assert set(openapi_routes(api)) == set(ROLE_TABLE)
 
 
-@pytest.mark.sweep  # every route as seven principals: full tier only (test.sh --fast skips it)
+@pytest.mark.sweep  # every route as eight principals: full tier only (test.sh --fast skips it)
 def test_every_route_enforces_the_role_table_of_api_md(api):
     api.create_fleet("gpu-a")
     join = api.create_join_token("gpu-a")
-    tokens = {role: api.create_token(role) for role in ("admin", "submitter", "metrics")}
+    tokens = {
+        role: api.create_token(role) for role in ("admin", "operator", "submitter", "metrics")
+    }
     revoked = api.create_token("admin", name="to-revoke")
     revoked_id = re.match(r"fla_([0-9a-f]+)\.", revoked).group(1)
     assert api.delete(f"/api/v1/tokens/{revoked_id}").status_code == 204
@@ -203,12 +210,14 @@ def test_every_route_enforces_the_role_table_of_api_md(api):
                 assert status == 404 and resp.get_json()["error"]["code"] == "not_found", context
             elif who in ("none", "revoked"):
                 assert status == 401 and resp.get_json()["error"]["code"] == "unauthorized", context
-            elif who in allowed:
+            elif who in allowed or (
+                who == "operator" and method == "GET" and "submitter" in allowed
+            ):
                 assert status not in (401, 403), context
             else:
                 assert status == 403 and resp.get_json()["error"]["code"] == "forbidden", context
             checked += 1
-    assert checked == len(ROLE_TABLE) * 7
+    assert checked == len(ROLE_TABLE) * 8
 
 
 def test_whoami_names_the_principal_and_role(api):

@@ -491,3 +491,52 @@ def test_0033_adds_share_links_and_feeds_to_a_live_database_and_goes_down_cleanl
         assert not {"share", "notification"} & tables and "job" in tables
     assert "0033_shares_and_notifications" in upgrade(db)  # and up again (with what follows it)
     db.close()
+
+
+def test_0036_names_the_project_of_past_usage_and_going_down_keeps_the_sums(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/usage.db")
+    day = (
+        "INSERT INTO usage_day (day, kind, team, owner_token_id, owner, fleet, gpu_model, "
+        "gpu_seconds, used_gpu_seconds, sampled_gpu_seconds, cost, runs) VALUES "
+    )
+    with db.connection_context():
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").up("0034_task_identity")
+        db.execute_sql(
+            "INSERT INTO project (key, name, display_name, team, description, created_at) "
+            "VALUES ('ml', 'ml', 'ml', 'ml', '', '2026-01-01 00:00:00')"
+        )
+        db.execute_sql(
+            "INSERT INTO job (id, name, owner, owner_token_id, state, pending_reason, attempt, "
+            "max_attempts, num_nodes, priority_class, spec, outcome_reason, submitted_at, project) "
+            "VALUES ('j1', 'train', 'alice', 't1', 'succeeded', '', 1, 1, 1, 'on-demand', '{}', "
+            "'', '2026-01-01 00:00:00', 'vision')"
+        )
+        db.execute_sql(
+            "INSERT INTO usage_record (id, kind, workload_id, workload_name, task_id, job_id, "
+            "rank, attempt, owner, owner_token_id, team, fleet, node_id, gpu_model, "
+            "priority_class, gpus, gpu_uuids, started_at, accounted_until, gpu_seconds, "
+            "used_gpu_seconds, sampled_gpu_seconds, cost) VALUES ('k1.1', 'job', 'j1', 'train', "
+            "'k1', 'j1', 0, 1, 'alice', 't1', 'ml', 'a', 'n1', 'H100', 'on-demand', 1, '[]', "
+            "'2026-01-01 00:00:00', '2026-01-01 01:00:00', 3600, 0, 0, 2)"
+        )
+        db.execute_sql(
+            day + "('2026-01-01', 'job', 'ml', 't1', 'alice', 'a', 'H100', 3600, 0, 0, 2, 1)"
+        )
+        db.execute_sql(day + "('2026-01-01', 'job', '', 't2', 'bot', 'a', 'H100', 60, 0, 0, 1, 1)")
+    assert "0036_usage_by_project" in upgrade(db)
+    with db.connection_context():
+        assert db.execute_sql("SELECT project FROM usage_record").fetchall() == [("vision",)]
+        assert db.execute_sql("SELECT team, project FROM usage_day ORDER BY team").fetchall() == [
+            ("", "default"),
+            ("ml", "ml"),
+        ]
+        # Two projects of one team on one day: two rows now, one again after going down.
+        db.execute_sql(
+            day.replace("team,", "team, project,")
+            + "('2026-01-01', 'job', 'ml', 'vision', 't1', 'alice', 'a', 'H100', 60, 0, 0, 3, 1)"
+        )
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0036_usage_by_project")
+        assert db.execute_sql(
+            "SELECT team, gpu_seconds, cost, runs FROM usage_day ORDER BY team"
+        ).fetchall() == [("", 60.0, 1.0, 1), ("ml", 3660.0, 5.0, 2)]
+    db.close()

@@ -135,7 +135,10 @@ def _price_pieces(record, book, start, end):
 
 _SUMS = ("gpu_seconds", "used_gpu_seconds", "sampled_gpu_seconds", "cost", "runs")
 _ROLLUPS = (  # (model, its key's columns): the ledger's sums that reports read
-    (UsageDay, ("day", "kind", "team", "owner_token_id", "owner", "fleet", "gpu_model")),
+    (
+        UsageDay,
+        ("day", "kind", "team", "project", "owner_token_id", "owner", "fleet", "gpu_model"),
+    ),
     (UsageWorkloadDay, ("day", "kind", "workload_id", "fleet")),
     (UsageWorkloadMonth, ("month", "kind", "workload_id")),
 )
@@ -189,6 +192,7 @@ class _Pass:
                 day,
                 kind,
                 record.team or "",
+                record.project or "",
                 record.owner_token_id,
                 record.owner,
                 record.fleet or "",
@@ -273,6 +277,7 @@ def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
         owner=job.owner,
         owner_token_id=job.owner_token_id,
         team=job.team or "",
+        project=job.project or "",
         fleet=node.fleet_id if node is not None else "",
         node_id=node_id or "",
         gpu_model=model.model if model is not None else "",

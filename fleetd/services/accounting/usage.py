@@ -30,7 +30,7 @@ from fleetd.services.accounting.ledger import PriceBook, record_price, runs_to_d
 from fleetd.services.accounting.periods import GB, STORAGE
 from fleetd.services.accounting.volumes import storage_cost
 
-GROUP_BY = ("team", "owner", "user", "fleet", "gpu_model", "day", "workload")
+GROUP_BY = ("team", "project", "owner", "user", "fleet", "gpu_model", "day", "workload")
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
 MAX_DAYS = 3660  # a report spans at most about ten years
 MAX_WORKLOAD_ROWS = 10_000  # rows of a report by workload: the costliest

@@ -100,6 +100,7 @@ def flush_volumes(run, batch):
                         owner=inst.owner,
                         owner_token_id=inst.owner_token_id,
                         team=inst.team or "",
+                        project=inst.project or "",
                         fleet=node.fleet_id if node is not None else "",
                         volume_bytes=volume,
                         started_at=first,

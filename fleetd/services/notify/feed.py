@@ -9,7 +9,7 @@ lookup."""
 import datetime as dt
 
 from fleetd.db import write_transaction
-from fleetd.models import JobState, Notification, User
+from fleetd.models import JobState, Notification, ProjectMember, User
 from fleetd.services.pagination import paginate
 from fleetd.sql import insert_row, insert_rows
 
@@ -50,6 +50,26 @@ def budget_threshold(team, text, now):
     insert_rows(
         Notification,
         [_row(now, owner, "budget.threshold", "team", team, team, text) for owner in owners],
+    )
+    return len(owners)
+
+
+def project_budget_threshold(project, text, now):
+    """Tell the active members of `project` that its budget crossed a threshold (inside the
+    transaction that records it; at most three times a project and month). Returns how many were
+    told."""
+    owners = [
+        u.id
+        for u in User.select(User.id)
+        .join(ProjectMember, on=ProjectMember.user_id == User.id)
+        .where((ProjectMember.project == project) & User.active)
+    ]
+    insert_rows(
+        Notification,
+        [
+            _row(now, owner, "budget.threshold", "project", project, project, text)
+            for owner in owners
+        ],
     )
     return len(owners)
 

@@ -155,6 +155,7 @@ def test_fleet_crud(api):
         "task_pids_max": 4096,
         "task_memory_default_bytes": 32 * 1024**3,
         "task_path": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "task_identity": "dynamic",
     }
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"

@@ -248,6 +248,7 @@ BASE_BODIES = {
         "limit_gpu_hours": 10.0,
         "on_exceed": "block",
     },
+    ("PUT", "/api/v1/budgets/project/{key}"): {"limit_cost": 50.0, "limit_gpu_hours": 5.0},
     ("PUT", "/api/v1/prices/storage"): {"per_gb_month": 0.1},
     ("POST", "/api/v1/admin/gc"): {
         "older_than_seconds": 3600,

@@ -11,7 +11,7 @@ import pytest
 
 from fleetd.auth import Principal
 from fleetd.db import database, fenced_by, write_transaction
-from fleetd.models import Instance, StorageRecord, UsageDay, UsageRecord
+from fleetd.models import Event, Instance, StorageRecord, UsageDay, UsageRecord
 from fleetd.replicas import Fenced
 from fleetd.services.accounting import ledger, periods, usage, usage_metrics, volumes
 from tests.conftest import T0, ApiClient, gpus
@@ -413,7 +413,7 @@ def test_reports_group_filter_and_show_a_submitter_only_its_own_and_csv_matches_
         {k: None if v is None else str(v) for k, v in row.items()} for row in as_json
     ]
     for bad in (
-        "group_by=project",
+        "group_by=nothing",
         "from=yesterday",
         "from=2026-02-01&to=2026-01-01",
         "from=0001-01-01",
@@ -678,3 +678,63 @@ def test_a_report_by_user_puts_every_token_of_a_user_in_one_row(app, api, node, 
     assert sorted(r["group"] for r in owners) == ["alice ci", "alice laptop", "bot"]
     mine = laptop.get("/api/v1/usage?group_by=user").get_json()["rows"]
     assert [(r["group"], r["runs"]) for r in mine] == [("alice", 2)]  # its user's, both tokens
+
+
+def test_a_report_by_project_counts_each_job_in_its_own_project(app, api, node, clock):
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    assert api.post("/api/v1/projects", {"key": "vision", "team": "ml"}).status_code == 201
+    resp = api.post("/api/v1/tokens", {"name": "alice laptop", "role": "member", "user": "alice"})
+    alice = ApiClient(api.app, resp.get_json()["token"])
+    member_of = api.put("/api/v1/projects/vision/members/alice", {"role": "member"})
+    assert member_of.status_code == 200, member_of.get_json()
+    job = alice.submit(resources={"gpus": 1}, project="vision")
+    assignment = api.start_task(session)
+    clock.advance(3600)
+    api.heartbeat(session)
+    api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+    run_for(api, alice, session, 1, 1800, clock)  # its default project's
+    api.run_task("usage")
+    rows = api.get("/api/v1/usage?group_by=project").get_json()["rows"]
+    assert [(r["group"], r["gpu_hours_allocated"], r["cost"]) for r in rows] == [
+        ("default", 0.5, 1.0),
+        ("vision", 1.0, 2.0),
+    ]
+    assert api.get(f"/api/v1/jobs/{job['id']}").get_json()["project"] == "vision"
+
+
+def test_a_project_budget_tells_its_members_once_per_threshold_and_holds_nothing_back(
+    app, api, node, clock
+):
+    _, session = node
+    api.call("PUT", f"/api/v1/gpu-types/{H100}", json={"price_per_hour": 2.0})
+    assert api.post("/api/v1/projects", {"key": "vision", "team": "ml"}).status_code == 201
+    resp = api.post("/api/v1/tokens", {"name": "alice laptop", "role": "member", "user": "alice"})
+    alice = ApiClient(api.app, resp.get_json()["token"])
+    api.put("/api/v1/projects/vision/members/alice", {"role": "member"})
+    refused = api.put("/api/v1/budgets/project/vision", {"limit_cost": 3.0, "on_exceed": "block"})
+    assert refused.status_code == 400
+    assert api.put("/api/v1/budgets/project/nowhere", {"limit_cost": 3.0}).status_code == 404
+    made = api.put("/api/v1/budgets/project/vision", {"limit_cost": 3.0})
+    assert made.status_code == 200 and made.get_json()["used_percent"] == 0
+    for _ in range(3):  # 1 of 3 (none), 2 of 3 (past 50 %), 3 of 3 (past 80 and 100 %)
+        job = alice.submit(resources={"gpus": 1}, project="vision")
+        assignment = api.start_task(session)
+        clock.advance(1800)
+        api.heartbeat(session)
+        api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
+        api.run_task("usage")
+        api.run_task("usage")  # nothing new: told once
+    assert alice.get(f"/api/v1/jobs/{job['id']}").get_json()["state"] == "succeeded"
+    view = alice.get("/api/v1/budgets/project/vision").get_json()
+    assert (view["used_cost"], view["exceeded"], view["on_exceed"]) == (3.0, True, "notify")
+    feed = alice.get("/api/v1/me/notifications").get_json()["items"]
+    told = [n["text"] for n in feed if n["kind"] == "budget.threshold"]
+    assert told == [
+        "project vision used 66.7 % of its budget for 2026-01 (past 50 %)",
+        "project vision used 100.0 % of its budget for 2026-01 (past 100 %)",
+    ]
+    with database.connection_context():
+        events = Event.select().where(Event.kind == "budget.threshold")
+        assert [(e.subject_type, e.subject_id) for e in events] == [("project", "vision")] * 3
+    assert api.delete("/api/v1/budgets/project/vision").status_code == 204
