@@ -112,8 +112,7 @@ class BudgetUpdateSchema(Schema):
     on_exceed = fields.String(validate=validate.OneOf(ON_EXCEED), load_default="notify")
 
 
-class BudgetSchema(Schema):
-    team = fields.String()
+class _BudgetFigures(Schema):
     period = fields.String()
     month = fields.String()
     limit_cost = fields.Float(allow_none=True)
@@ -127,17 +126,15 @@ class BudgetSchema(Schema):
     updated_by = fields.String()
 
 
+class BudgetSchema(_BudgetFigures):
+    team = fields.String()
+
+
 class BudgetListSchema(Schema):
     items = fields.List(fields.Nested(BudgetSchema))
 
 
-class ProjectBudgetUpdateSchema(Schema):
-    limit_cost = fields.Float(
-        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
-    )
-    limit_gpu_hours = fields.Float(
-        validate=validate.Range(min=0, max=MAX_MONEY), load_default=None, allow_none=True
-    )
+class ProjectBudgetUpdateSchema(BudgetUpdateSchema):
     on_exceed = fields.String(
         validate=validate.OneOf(["notify"]),
         load_default="notify",
@@ -145,19 +142,8 @@ class ProjectBudgetUpdateSchema(Schema):
     )
 
 
-class ProjectBudgetSchema(Schema):
+class ProjectBudgetSchema(_BudgetFigures):
     project = fields.String()
-    period = fields.String()
-    month = fields.String()
-    limit_cost = fields.Float(allow_none=True)
-    limit_gpu_hours = fields.Float(allow_none=True)
-    on_exceed = fields.String()
-    used_cost = fields.Float()
-    used_gpu_hours = fields.Float()
-    used_percent = fields.Float()
-    exceeded = fields.Boolean()
-    updated_at = Time()
-    updated_by = fields.String()
 
 
 class ProjectBudgetListSchema(Schema):

@@ -23,6 +23,23 @@ def month_usage(team, now):
     return (row[0], row[1] / 3600) if row else (0.0, 0.0)
 
 
+def figures(budget, cost, gpu_hours, now):
+    """What a budget's view shows of its limits and its month's use (a team's or a project's)."""
+    percent = percent_used(budget, cost, gpu_hours)
+    return {
+        "period": "month",
+        "month": month_of(now),
+        "limit_cost": budget.limit_cost,
+        "limit_gpu_hours": budget.limit_gpu_hours,
+        "used_cost": round(cost, 6),
+        "used_gpu_hours": round(gpu_hours, 6),
+        "used_percent": round(percent, 3),
+        "exceeded": percent >= 100,
+        "updated_at": budget.updated_at,
+        "updated_by": budget.updated_by,
+    }
+
+
 def percent_used(budget, cost, gpu_hours):
     """How much of the budget is used, in % (the larger of its limits' shares)."""
     shares = []

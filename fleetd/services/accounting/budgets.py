@@ -8,7 +8,7 @@ raised or the month ends."""
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Budget, BudgetNotice, Instance, InstanceState, Job, JobState
-from fleetd.services.accounting.budget_state import month_usage, percent_used
+from fleetd.services.accounting.budget_state import figures, month_usage, percent_used
 from fleetd.services.accounting.periods import month_of
 from fleetd.services.notify import feed
 from fleetd.services.notify.events import record_event
@@ -24,20 +24,10 @@ THRESHOLDS = (50, 80, 100)
 def budget_view(budget, now):
     """A budget as the API shows it, with the month's use so far."""
     cost, gpu_hours = month_usage(budget.team, now)
-    percent = percent_used(budget, cost, gpu_hours)
     return {
         "team": budget.team,
-        "period": "month",
-        "month": month_of(now),
-        "limit_cost": budget.limit_cost,
-        "limit_gpu_hours": budget.limit_gpu_hours,
         "on_exceed": budget.on_exceed,
-        "used_cost": round(cost, 6),
-        "used_gpu_hours": round(gpu_hours, 6),
-        "used_percent": round(percent, 3),
-        "exceeded": percent >= 100,
-        "updated_at": budget.updated_at,
-        "updated_by": budget.updated_by,
+        **figures(budget, cost, gpu_hours, now),
     }
 
 

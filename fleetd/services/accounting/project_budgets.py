@@ -10,7 +10,7 @@ from peewee import fn
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Project, ProjectBudget, UsageDay
-from fleetd.services.accounting.budget_state import percent_used
+from fleetd.services.accounting.budget_state import figures, percent_used
 from fleetd.services.accounting.periods import month_of, month_start
 from fleetd.services.identity import access
 from fleetd.services.notify import feed
@@ -35,20 +35,10 @@ def month_usage(project, now):
 
 def budget_view(budget, now):
     cost, gpu_hours = month_usage(budget.project, now)
-    percent = percent_used(budget, cost, gpu_hours)
     return {
         "project": budget.project,
-        "period": "month",
-        "month": month_of(now),
-        "limit_cost": budget.limit_cost,
-        "limit_gpu_hours": budget.limit_gpu_hours,
         "on_exceed": "notify",
-        "used_cost": round(cost, 6),
-        "used_gpu_hours": round(gpu_hours, 6),
-        "used_percent": round(percent, 3),
-        "exceeded": percent >= 100,
-        "updated_at": budget.updated_at,
-        "updated_by": budget.updated_by,
+        **figures(budget, cost, gpu_hours, now),
     }
 
 
