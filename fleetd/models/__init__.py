@@ -58,6 +58,7 @@ from fleetd.models.identity import (
     ScimGroup,
     ScimGroupMember,
     ScimUser,
+    SignInAttempt,
     UiSession,
     User,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "ScimUser",
     "ScimGroup",
     "ScimGroupMember",
+    "SignInAttempt",
     "DEFAULT_HEALTH_POLICY",
     "DEFAULT_TASK_MEMORY_BYTES",
     "DEFAULT_TASK_PATH",
@@ -205,3 +207,4 @@ MODELS += [
     AuthProvider,
 ]  # people and projects (migration 0031)
 MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration 0032)
+MODELS += [SignInAttempt]  # browser sign-in with a provider (migration 0035)
