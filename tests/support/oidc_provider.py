@@ -39,7 +39,7 @@ LAB_RULES = [
 ]
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -53,7 +53,7 @@ class OidcProvider(LoggedProcess):
         super().__init__()
         self.accounts_file = tmp_path / "oidc-accounts.json"
         self.accounts_file.write_text(json.dumps(accounts))
-        self.port = _free_port()
+        self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.redirect_uris = list(redirect_uris)  # fleetd's callbacks the client allows
 
@@ -85,11 +85,20 @@ class OidcProvider(LoggedProcess):
         accounts[login] = {**accounts.get(login, {}), **fields}
         self.accounts_file.write_text(json.dumps(accounts))
 
+    def lab_requests(self):
+        """[(method, path, body)] an admin sends to set the lab up: this provider as `lab`, the
+        project `vision`, LAB_RULES."""
+        return [
+            ("PUT", "/api/v1/auth/providers/lab", self.provider_body()),
+            ("POST", "/api/v1/projects", {"key": "vision", "team": "ml"}),
+            ("PUT", "/api/v1/auth/bindings", LAB_RULES),
+        ]
+
     def configure_lab(self, api):
-        """Through the admin `api`: this provider as `lab`, the project `vision`, LAB_RULES."""
-        assert api.put("/api/v1/auth/providers/lab", self.provider_body()).status_code == 200
-        assert api.post("/api/v1/projects", {"key": "vision", "team": "ml"}).status_code == 201
-        assert api.put("/api/v1/auth/bindings", LAB_RULES).status_code == 200
+        """lab_requests through the admin ApiClient `api`; returns it."""
+        for method, path, body in self.lab_requests():
+            resp = api.call(method, path, json=body)
+            assert resp.status_code in (200, 201), resp.get_json()
         return api
 
     def provider_body(self, **extra):
