@@ -49,13 +49,20 @@ class OidcProvider(LoggedProcess):
     """The provider on 127.0.0.1; `accounts` ({login: {name, email, groups, uid, gid}}) is a file it
     reads at every sign-in and refresh, so a test changes a person's groups with set_account()."""
 
-    def __init__(self, tmp_path, accounts, redirect_uris=(TEST_CLIENT_CALLBACK,)):
+    def __init__(
+        self,
+        tmp_path,
+        accounts,
+        redirect_uris=(TEST_CLIENT_CALLBACK,),
+        client_auth="client_secret_basic",
+    ):
         super().__init__()
         self.accounts_file = tmp_path / "oidc-accounts.json"
         self.accounts_file.write_text(json.dumps(accounts))
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.redirect_uris = list(redirect_uris)  # fleetd's callbacks the client allows
+        self.client_auth = client_auth  # how clients authenticate at the token endpoint
 
     def start(self):
         node = shutil.which("node")
@@ -70,6 +77,7 @@ class OidcProvider(LoggedProcess):
             "OIDC_CLIENT_SECRET": CLIENT_SECRET,
         }
         env["OIDC_REDIRECT_URIS"] = json.dumps(self.redirect_uris)
+        env["OIDC_CLIENT_AUTH"] = self.client_auth
         self._spawn(
             [node, str(SERVER)],
             env,

@@ -259,13 +259,20 @@ def _token_call(rt, provider, data):
     url = rt.oidc.discovery(provider).get("token_endpoint")
     if not url:
         raise ProviderUnavailable(f"provider {provider.name} publishes no token_endpoint")
-    return _post(url, provider, data)
+    return _post(rt, url, provider, data)
 
 
-def _post(url, provider, data):
-    auth = (provider.client_id, provider.client_secret) if provider.client_secret else None
-    if auth is None:
+def _post(rt, url, provider, data):
+    """POST a form to one of the provider's endpoints with the client's credentials as its
+    discovery document says it takes them: HTTP Basic (client_secret_basic, the default) unless it
+    lists client_secret_post and not basic; a client without a secret sends its client_id alone."""
+    auth = None
+    if not provider.client_secret:
         data = dict(data, client_id=provider.client_id)
+    elif _posts_secret(rt.oidc.discovery(provider)):
+        data = dict(data, client_id=provider.client_id, client_secret=provider.client_secret)
+    else:
+        auth = (provider.client_id, provider.client_secret)
     try:
         resp = requests.post(
             url, data=data, auth=auth, timeout=HTTP_TIMEOUT, headers={"Accept": "application/json"}
@@ -280,6 +287,11 @@ def _post(url, provider, data):
     return answer
 
 
+def _posts_secret(document):
+    methods = document.get("token_endpoint_auth_methods_supported") or ()
+    return "client_secret_post" in methods and "client_secret_basic" not in methods
+
+
 def start_device(rt, name):
     """Begin a device sign-in (RFC 8628) at the provider: {device_code, user_code, verification_uri,
     verification_uri_complete?, interval, expires_in}."""
@@ -290,7 +302,7 @@ def start_device(rt, name):
             f"provider {name} offers no device sign-in (no device_authorization_endpoint)",
             {"fields": {"json": {"provider": ["no device authorization endpoint"]}}},
         )
-    answer = _post(url, provider, {"scope": " ".join(provider.scopes or DEFAULT_SCOPES)})
+    answer = _post(rt, url, provider, {"scope": " ".join(provider.scopes or DEFAULT_SCOPES)})
     if "error" in answer:
         raise SignInError(
             "access_denied",

@@ -15,8 +15,13 @@ from fleetd.models import AuthSession, SignInAttempt, UiSession, User
 from fleetd.services.identity.browser import pkce_challenge
 from tests.conftest import admin_client
 from tests.support.http import UiClient
+from tests.support.oidc_provider import (  # noqa: F401 - lab_provider: a fixture
+    LAB_ACCOUNTS,
+    OidcProvider,
+    authorize,
+    lab_provider,
+)
 from tests.support.oidc_provider import TEST_CLIENT_CALLBACK as CALLBACK
-from tests.support.oidc_provider import authorize, lab_provider  # noqa: F401 - a fixture
 
 
 @pytest.fixture
@@ -162,3 +167,16 @@ def test_a_refused_sign_in_or_a_provider_that_is_down_gets_a_page_saying_so(admi
     assert resp.status_code == 503 and "unreachable" in resp.get_data(as_text=True)
     assert rows(AuthSession) == []
     assert browser.get("/api/v1/auth/login/nobody").status_code == 400
+
+
+def test_a_provider_that_takes_the_client_secret_in_the_body_signs_in_too(app, clock, tmp_path):
+    # Its discovery lists client_secret_post alone: fleetd sends the secret in the form.
+    posting = OidcProvider(tmp_path, LAB_ACCOUNTS, client_auth="client_secret_post").start()
+    try:
+        posting.configure_lab(admin_client(app, clock))
+        browser = UiClient(app)
+        back = browser.get(sign_in_at_provider(browser, "alice"))
+        assert back.status_code == 302, back.get_data(as_text=True)
+        assert 'id="user-login">alice<' in browser.text("/ui/jobs")
+    finally:
+        posting.kill()
