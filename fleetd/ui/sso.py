@@ -47,6 +47,21 @@ NEXT_PARAMETER = {
 }
 
 
+# What either route answers when the sign-in does not happen: a page for the person, not JSON.
+PAGE = {"type": "string", "description": "an HTML page that says why"}
+
+
+def _pages(*statuses):
+    """Document the HTML pages a route answers with these statuses."""
+
+    def decorator(view):
+        for status in statuses:
+            view = blp.alt_response(status, schema=PAGE, content_type="text/html")(view)
+        return view
+
+    return decorator
+
+
 def _redirect_uri(provider):
     """Where the provider sends the browser back: the public URL's (or this request's) callback."""
     return f"{public_url().rstrip('/')}{SIGN_IN_CALLBACK_PATH}{provider}"
@@ -77,6 +92,7 @@ def _refused(error):
 class BrowserSignIn(MethodView):
     @blp.doc(security=[])
     @blp.response(302, description="to the provider's authorization endpoint")
+    @_pages(400, 503)
     def get(self, provider):
         """Send the browser to the provider to sign in to the admin UI (the authorization code flow
         with PKCE, S256); the provider sends it back to GET /api/v1/auth/callback/{provider}."""
@@ -111,6 +127,7 @@ class BrowserSignIn(MethodView):
 class BrowserSignInCallback(MethodView):
     @blp.doc(security=[])
     @blp.response(302, description="signed in: to the admin UI")
+    @_pages(400, 401, 403, 409, 429, 503)
     def get(self, provider):
         """Where the provider sends the browser back (`code` and `state`, or `error`): signs it in
         to the admin UI as the person the ID token names, with the role the binding rules give.
