@@ -8,7 +8,6 @@ none), exchanges the code at the provider with the verifier, checks the ID token
 issuer, audience, expiry and its nonce) and signs the user in through the binding rules. The
 provider is only ever called outside a database transaction."""
 
-import base64
 import datetime as dt
 import hashlib
 import hmac
@@ -20,7 +19,12 @@ from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, ProviderUnavailable, SignInError
 from fleetd.models import SignInAttempt
 from fleetd.services.identity import signin
-from fleetd.services.identity.oidc import DEFAULT_SCOPES, exchange_code, sign_in_provider
+from fleetd.services.identity.oidc import (
+    DEFAULT_SCOPES,
+    b64encode,
+    exchange_code,
+    sign_in_provider,
+)
 
 ATTEMPT_SECONDS = 600  # how long the person has at the provider's pages
 MAX_PARAMETER = 4096  # the longest code or state taken from the provider's redirect
@@ -28,8 +32,7 @@ MAX_PARAMETER = 4096  # the longest code or state taken from the provider's redi
 
 def pkce_challenge(verifier):
     """The S256 code challenge of a PKCE code verifier (RFC 7636, section 4.2)."""
-    digest = hashlib.sha256(verifier.encode("ascii")).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+    return b64encode(hashlib.sha256(verifier.encode("ascii")).digest())
 
 
 def start(rt, now, name, redirect_uri, browser, next_path=None):

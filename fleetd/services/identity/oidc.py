@@ -251,6 +251,11 @@ def b64decode(segment):
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
+def b64encode(raw):
+    """Bytes as base64url without padding (a JWT segment, a PKCE code challenge)."""
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
 # ---------------------------------------------------------------- flows
 
 

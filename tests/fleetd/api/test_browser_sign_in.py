@@ -4,7 +4,9 @@ driven over HTTP with Flask's test client as the browser. A tampered, replayed o
 an ID token with another nonce, a person no rule binds and a provider that is down each get a page
 saying so and no session."""
 
+import base64
 import datetime as dt
+import hashlib
 import urllib.parse
 
 import pytest
@@ -67,13 +69,20 @@ def test_the_redirect_carries_pkce_s256_a_state_and_a_nonce_kept_for_this_browse
     assert set(query["scope"].split()) >= {"openid", "profile", "groups"}
     (attempt,) = rows(SignInAttempt)
     assert attempt.id == hash_token(query["state"]) and attempt.nonce == query["nonce"]
-    assert pkce_challenge(attempt.code_verifier) == query["code_challenge"]
+    digest = hashlib.sha256(attempt.code_verifier.encode()).digest()
+    assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == query["code_challenge"]
     assert len(attempt.code_verifier) >= 43 and attempt.next_path == "/ui/jobs"
     cookie = resp.headers["Set-Cookie"]
     assert "fleetd_signin=" in cookie and "HttpOnly" in cookie and "Path=/api/v1/auth/" in cookie
     # An open redirect is never kept: the landing page is a UI path or none.
     start(browser, "https://evil.example/ui/")
     assert {a.next_path for a in rows(SignInAttempt)} == {"/ui/jobs", None}
+
+
+def test_the_code_challenge_is_rfc_7636s_s256():
+    # RFC 7636, appendix B.
+    verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+    assert pkce_challenge(verifier) == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
 
 
 def test_a_browser_signs_in_to_the_ui_as_the_user_and_signing_out_ends_the_session(admin, provider):
