@@ -37,6 +37,9 @@ PUBLIC_ENDPOINTS = frozenset(
         "auth.AuthRefresh",
         # A job's share link: the token in the path is the credential (services/workloads/shares).
         "shares.SharedJob",
+        # Browser sign-in with a provider: the browser holds no token yet (fleetd.ui.sso).
+        "signin.BrowserSignIn",
+        "signin.BrowserSignInCallback",
     }
 )
 HEARTBEAT_ENDPOINT = "agent.AgentHeartbeat"
@@ -91,7 +94,7 @@ def create_app(
     api.ma_plugin.converter.add_attribute_function(null_means_null)
     for blueprint in BLUEPRINTS:
         api.register_blueprint(blueprint)
-    init_ui(app, settings)
+    init_ui(app, api, settings)
     app.register_error_handler(FleetdError, handle_error)
     app.register_error_handler(Exception, handle_error)
 

@@ -261,6 +261,19 @@ def session_principal(row, token, now):
     expired, or its user is deactivated."""
     if row is None or not matches(token, row.token_hash):
         raise Unauthorized("malformed or unknown token")
+    return _live_session_principal(row, now)
+
+
+def resolve_session_id(session_id, now):
+    """The Principal of the user's session with this id (authenticated once already: the admin
+    UI's session signed in with a provider)."""
+    row = _SESSION_AUTH.first(id=session_id)
+    if row is None:
+        raise Unauthorized("unknown session")
+    return _live_session_principal(row, now)
+
+
+def _live_session_principal(row, now):
     if row.ended_at is not None:
         raise Unauthorized("session ended")
     if row.expires_at <= now:

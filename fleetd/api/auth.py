@@ -5,7 +5,6 @@ from flask.views import MethodView
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, current_principal, require
 from fleetd.errors import InvalidRequest, Unauthorized
-from fleetd.models import AuthProvider
 from fleetd.runtime import current_runtime, request_address
 from fleetd.schemas.auth import (
     BindingSchema,
@@ -131,9 +130,7 @@ class AuthDeviceToken(MethodView):
 
 
 def _only_provider():
-    names = [
-        p.name for p in AuthProvider.select(AuthProvider.name).where(AuthProvider.kind == "oidc")
-    ]
+    names = oidc.sign_in_provider_names()
     if len(names) != 1:
         raise InvalidRequest(
             "name the `provider` the sign-in started with",

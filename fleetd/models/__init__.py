@@ -60,6 +60,7 @@ from fleetd.models.identity import (
     ScimGroup,
     ScimGroupMember,
     ScimUser,
+    SignInAttempt,
     UiSession,
     User,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "ScimUser",
     "ScimGroup",
     "ScimGroupMember",
+    "SignInAttempt",
     "DEFAULT_HEALTH_POLICY",
     "DEFAULT_TASK_MEMORY_BYTES",
     "DEFAULT_TASK_PATH",
@@ -212,4 +214,5 @@ MODELS += [
 ]  # people and projects (migration 0031)
 MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration 0032)
 MODELS += [Share, Notification]  # share links and notification feeds (migration 0033)
+MODELS += [SignInAttempt]  # browser sign-in with a provider (migration 0035)
 MODELS += [ProjectBudget]  # budgets per project (migration 0037)

@@ -75,12 +75,35 @@ class OwnerSpecBytes(BaseModel):
 
 
 class UiSession(BaseModel):
-    """A signed-in admin UI session; signing out deletes it, which ends the cookie at once."""
+    """A signed-in admin UI session; signing out deletes it, which ends the cookie at once. It
+    acts as the API token it signed in with (`token_id`) or as the user's session a sign-in with
+    an identity provider made (`auth_session_id`; migration 0035): exactly one of the two."""
 
     id = peewee.CharField(primary_key=True, max_length=64)
-    token_id = peewee.CharField(max_length=32, index=True)
+    token_id = peewee.CharField(max_length=32, index=True, null=True)
     created_at = peewee.DateTimeField()
     expires_at = peewee.DateTimeField(index=True)
+    auth_session_id = peewee.CharField(max_length=32, index=True, null=True)
+
+
+class SignInAttempt(BaseModel):
+    """A browser's sign-in with an identity provider under way (the authorization code flow with
+    PKCE; services.identity.browser): made when fleetd sends the browser to the provider, deleted
+    when the provider sends it back (whatever the outcome) or when it expires. `id` is the hash of
+    the `state` sent; `browser_hash` the hash of the cookie that binds it to the browser."""
+
+    id = peewee.CharField(primary_key=True, max_length=64)
+    provider = peewee.CharField(max_length=64)
+    nonce = peewee.CharField(max_length=64)
+    code_verifier = peewee.CharField(max_length=128)
+    browser_hash = peewee.CharField(max_length=64)
+    redirect_uri = peewee.CharField(max_length=1000)
+    next_path = peewee.CharField(max_length=1000, null=True)
+    created_at = peewee.DateTimeField()
+    expires_at = peewee.DateTimeField(index=True)
+
+    class Meta:
+        table_name = "sign_in_attempt"
 
 
 class OwnerUid(BaseModel):

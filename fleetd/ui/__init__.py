@@ -15,14 +15,17 @@ from fleetd.ui.pages import (  # noqa: F401 - register routes
     webhooks,
 )
 from fleetd.ui.security import configure_session
+from fleetd.ui.sso import blp as sso_blp
 
 ENDPOINT_PREFIX = "ui."
 
 
-def init_ui(app, settings):
-    """Mount the UI on an app: its blueprint, and the signed session cookie it signs in with."""
+def init_ui(app, api, settings):
+    """Mount the UI on an app: its blueprint, the signed session cookie it signs in with, and the
+    API routes a browser signs in through with an identity provider (on `api`, the app's Api)."""
     configure_session(app, settings.data_dir)
     app.register_blueprint(bp)
+    api.register_blueprint(sso_blp)
 
 
 def is_ui_endpoint(endpoint):

@@ -12,6 +12,7 @@ from fleetd.auth import enter_actor
 from fleetd.clock import isoformat
 from fleetd.errors import FleetdError
 from fleetd.runtime import current_runtime
+from fleetd.services.identity.users import find_user
 from fleetd.ui import roles
 from fleetd.ui.forms import FormError
 from fleetd.ui.security import CSRF_FIELD, SignInRequired, check_csrf, csrf_token, session_principal
@@ -41,7 +42,8 @@ def _load_session():
     g.ui_principal = None
     if request.endpoint == "ui.static":
         return None
-    g.ui_principal = session_principal(current_runtime().clock.now())
+    rt = current_runtime()
+    g.ui_principal = session_principal(rt, rt.clock.now())
     if g.ui_principal is not None:
         enter_actor(g.ui_principal)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
@@ -50,7 +52,7 @@ def _load_session():
 
 
 @bp.after_request
-def _headers(response):
+def security_headers(response):
     """No caching of pages that show fleet state or secrets; no framing; a strict CSP."""
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Frame-Options", "DENY")
@@ -76,6 +78,7 @@ def _context():
         "csrf_field": CSRF_FIELD,
         "roles": roles,
         "may": lambda allowed: principal is not None and principal.role in allowed,
+        "signed_in_user": lambda: find_user(principal.user_id) if principal else None,
     }
 
 

@@ -16,10 +16,13 @@ from fleetd.api import (
     usage,
     webhooks,
 )
+from fleetd.auth import allowed_roles
 
 
 def _roles(view, method):
-    return frozenset(getattr(view, method).required_roles)
+    # With what the roles imply (a member, an operator or a viewer what a submitter may), as the
+    # API checks them.
+    return frozenset(allowed_roles(getattr(view, method).required_roles, method.upper()))
 
 
 OVERVIEW = _roles(cluster.ClusterStatus, "get")

@@ -2,8 +2,10 @@
 
 The session cookie (signed, not encrypted) holds only a random session id, recorded
 server-side as a hash, and a CSRF token; the API token itself never leaves the sign-in
-request. Every request loads the session's row and its token's row again, so signing out,
-or a revoked or expired token, ends the session at once.
+request. A session acts as an API token or as a user's session that a sign-in with an
+identity provider made (fleetd.ui.sso). Every request loads the session's row and its
+token's or user's session's row again, so signing out, a revoked or expired token, an ended
+session or a deactivated user ends the session at once.
 """
 
 import datetime as dt
@@ -17,9 +19,10 @@ from flask import g, request, session
 from flask.sessions import SecureCookieSessionInterface
 from itsdangerous import URLSafeTimedSerializer
 
-from fleetd.auth import resolve_api_token_id
-from fleetd.errors import Forbidden, InvalidRequest, Unauthorized
-from fleetd.services.identity.tokens import end_ui_session, start_ui_session, ui_session_token
+from fleetd.auth import resolve_api_token_id, resolve_session_id
+from fleetd.errors import Forbidden, InvalidRequest, ProviderUnavailable, SignInError, Unauthorized
+from fleetd.services.identity import signin
+from fleetd.services.identity.tokens import end_ui_session, start_ui_session, ui_session_of
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ SECRET_FILE = "ui-secret"
 SESSION_LIFETIME = dt.timedelta(hours=12)
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
+SIGN_IN_CALLBACK_PATH = "/api/v1/auth/callback/"  # where a provider sends the browser back
 
 
 class SignInRequired(Exception):
@@ -78,6 +82,8 @@ class UiSessionInterface(SecureCookieSessionInterface):
 
     Only the UI has a session: the cookie's path is /ui, so no other request can carry one, and
     they get Flask's null session without the signing machinery (most requests are the API's).
+    The provider's redirect back after a browser sign-in (fleetd.ui.sso) gets a fresh one: the
+    browser sends it no cookie, and it sets the UI's.
     The signer is made once per secret key rather than per request.
     """
 
@@ -87,7 +93,7 @@ class UiSessionInterface(SecureCookieSessionInterface):
     )  # (secret key, serializer)
 
     def open_session(self, app, request):
-        if not request.path.startswith(app.config["SESSION_COOKIE_PATH"]):
+        if not request.path.startswith((app.config["SESSION_COOKIE_PATH"], SIGN_IN_CALLBACK_PATH)):
             return None  # Flask makes it a null session
         return super().open_session(app, request)
 
@@ -99,8 +105,13 @@ class UiSessionInterface(SecureCookieSessionInterface):
         return serializer
 
     def get_cookie_secure(self, app):
-        # X-Forwarded-Proto only ever makes the cookie stricter, so trusting it is harmless.
-        return request.is_secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+        return request_is_https()
+
+
+def request_is_https():
+    """Whether the browser reached us over HTTPS: its cookies are then Secure. X-Forwarded-Proto
+    only ever makes a cookie stricter, so trusting it is harmless."""
+    return request.is_secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
 def configure_session(app, data_dir):
@@ -135,37 +146,70 @@ def check_csrf():
 
 
 def sign_in(principal, now):
-    """Start a session for an API token's principal (recorded server-side; a fresh CSRF token
-    too)."""
-    if principal.kind != "api":
+    """Start a session for an API token's principal, or a user's session a sign-in with an
+    identity provider made (recorded server-side; a fresh CSRF token too)."""
+    if principal.kind == "api":
+        sid = start_ui_session(now, SESSION_LIFETIME, token_id=principal.id)
+    elif principal.kind == "session":
+        sid = start_ui_session(now, SESSION_LIFETIME, auth_session_id=principal.id)
+    else:
         raise InvalidRequest("sign in with an API token (fla_...), not a node or join token")
     session.clear()
     session.permanent = True
-    session["sid"] = start_ui_session(now, principal.id, SESSION_LIFETIME)
+    session["sid"] = sid
     session["csrf"] = secrets.token_urlsafe(32)
 
 
-def sign_out():
-    """End the session on the server, so that a copy of the cookie signs no one in either."""
+def sign_out(now, principal):
+    """End the session on the server, so that a copy of the cookie signs no one in either; a
+    user's session (a sign-in with a provider) ends with it, its refresh token too."""
     session_id = session.get("sid")
     if isinstance(session_id, str):
         end_ui_session(session_id)
     session.clear()
+    if principal is not None and principal.kind == "session":
+        signin.logout(now, principal)
 
 
-def session_principal(now):
-    """The principal of the signed-in API token, or None when the session ended or the token is
-    gone, revoked or expired."""
+def session_principal(rt, now):
+    """The principal the session acts as: its API token's, or its user's session's (renewed
+    through the provider when its hour is up); None when the session ended, or what it acts as is
+    gone, revoked, expired, deactivated or no longer bound to a role."""
     session_id = session.get("sid")
     if not session_id or not isinstance(session_id, str) or len(session_id) > 128:
         return None
-    token_id = ui_session_token(now, session_id)
-    if token_id is None:
+    held = ui_session_of(now, session_id)
+    if held is None:
         return None
+    token_id, auth_session_id = held
     try:
-        return resolve_api_token_id(token_id, now)
+        if token_id is not None:
+            return resolve_api_token_id(token_id, now)
+        return _user_session_principal(rt, now, auth_session_id)
     except Unauthorized:
         return None
+
+
+def _user_session_principal(rt, now, auth_session_id):
+    try:
+        return resolve_session_id(auth_session_id, now)
+    except Unauthorized:
+        pass  # expired (or ended: then renew refuses at once, without asking the provider)
+    try:
+        signin.renew(rt, now, auth_session_id)
+    except (Unauthorized, Forbidden, SignInError):
+        pass  # another request of this browser may have renewed it meanwhile: looked up below
+    except ProviderUnavailable as exc:
+        log.warning("admin UI: a user's session cannot be renewed: %s", exc.message)
+        return None
+    return resolve_session_id(auth_session_id, now)
+
+
+def safe_next(target):
+    """Only a path inside the UI: never an open redirect to another site."""
+    if target and target.startswith("/ui/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return None
 
 
 def ui_require(roles):

@@ -30,6 +30,8 @@ ROLE_TABLE = {
     ("POST", "/api/v1/auth/device"): SIGN_IN,
     ("POST", "/api/v1/auth/device/token"): SIGN_IN,
     ("POST", "/api/v1/auth/login"): SIGN_IN,
+    ("GET", "/api/v1/auth/login/{provider}"): SIGN_IN,  # a browser's: 400 page, no such provider
+    ("GET", "/api/v1/auth/callback/{provider}"): SIGN_IN,  # 400 page: no sign-in under way
     ("POST", "/api/v1/auth/refresh"): SIGN_IN,
     ("POST", "/api/v1/auth/logout"): AS | AO,
     ("GET", "/api/v1/users"): A,

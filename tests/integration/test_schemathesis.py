@@ -175,6 +175,13 @@ ALLOWED = [
     ),
     (
         "positive_data_acceptance",
+        r"GET /api/v1/auth/(login|callback)/\{provider\}",
+        r"no sign-in provider|matches none under way",
+        "a browser's sign-in names a provider that exists, and its callback a `state` one of this "
+        "browser's sign-ins holds: the server's state, not the document's (the 400 page says so)",
+    ),
+    (
+        "positive_data_acceptance",
         r"PUT /api/v1/auth/providers/\{name\}",
         r"required for kind (oidc|jwt)",
         "an oidc provider needs its client_id and a jwt issuer its audience: a rule across two "

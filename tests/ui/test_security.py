@@ -263,9 +263,12 @@ def test_submitter_sees_and_cancels_only_its_own_jobs(signed_in, api, app):
 
 def test_every_ui_page_admits_exactly_the_roles_of_its_api_route(app):
     from fleetd.api import admin, cluster, fleets, jobs, nodes, tokens
+    from fleetd.auth import allowed_roles
 
     def api_roles(view, method):
-        return frozenset(getattr(view, method).required_roles)
+        # What the API admits: the roles it names, with what they imply (a member, an operator or
+        # a viewer reads what a submitter reads).
+        return frozenset(allowed_roles(getattr(view, method).required_roles, method.upper()))
 
     expected = {
         "ui.overview": api_roles(cluster.ClusterStatus, "get"),
@@ -290,6 +293,8 @@ def test_every_ui_page_admits_exactly_the_roles_of_its_api_route(app):
     assert roles.NODE_ACTIONS["drain"] == api_roles(nodes.NodeDrain, "post")
     assert roles.JOB_CANCEL == api_roles(jobs.JobCancel, "post")
     assert roles.SIMULATE == api_roles(cluster.SimulateSchedule, "post")
+    # A user's roles open what the API opens to them: a member lists jobs, a viewer nodes.
+    assert "member" in roles.JOBS and "viewer" in roles.NODES and "viewer" not in roles.JOB_SUBMIT
 
 
 def test_api_still_needs_a_bearer_token_and_ignores_the_ui_session(admin_ui):

@@ -1,6 +1,7 @@
 """Identity providers: OpenID Connect providers users sign in with (the device authorization grant
-of RFC 8628 for the CLI, an ID token exchanged for a session for API clients), and what fleetd
-knows of them (their discovery document and signing keys, cached per process).
+of RFC 8628 for the CLI, an ID token exchanged for a session for API clients, the authorization
+code flow with PKCE for browsers: services.identity.browser), and what fleetd knows of them (their
+discovery document and signing keys, cached per process).
 
 An ID token is checked with joserfc against the provider's JWKS: its signature (an asymmetric
 algorithm the key allows; never `none` or a shared-secret one), issuer, audience, expiry and issue
@@ -177,13 +178,24 @@ def delete_provider(rt, now, name):
     rt.oidc.forget(name)
 
 
+def sign_in_provider_names():
+    """The names of the providers users sign in with (kind `oidc`), in order."""
+    query = (
+        AuthProvider.select(AuthProvider.name)
+        .where(AuthProvider.kind == "oidc")
+        .order_by(AuthProvider.name)
+    )
+    return [row.name for row in query]
+
+
 def claim_names(provider):
     """The claim each of fleetd's fields is read from (the provider's `claims`, else the
     defaults)."""
     return {**DEFAULT_CLAIMS, **(provider.claims or {})}
 
 
-def _sign_in_provider(name):
+def sign_in_provider(name):
+    """The `oidc` provider of this name; InvalidRequest when there is none."""
     row = AuthProvider.get_or_none_by_id(name)
     if row is None or row.kind != "oidc":
         raise InvalidRequest(
@@ -239,6 +251,11 @@ def b64decode(segment):
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
+def b64encode(raw):
+    """Bytes as base64url without padding (a JWT segment, a PKCE code challenge)."""
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
 # ---------------------------------------------------------------- flows
 
 
@@ -247,13 +264,20 @@ def _token_call(rt, provider, data):
     url = rt.oidc.discovery(provider).get("token_endpoint")
     if not url:
         raise ProviderUnavailable(f"provider {provider.name} publishes no token_endpoint")
-    return _post(url, provider, data)
+    return _post(rt, url, provider, data)
 
 
-def _post(url, provider, data):
-    auth = (provider.client_id, provider.client_secret) if provider.client_secret else None
-    if auth is None:
+def _post(rt, url, provider, data):
+    """POST a form to one of the provider's endpoints with the client's credentials as its
+    discovery document says it takes them: HTTP Basic (client_secret_basic, the default) unless it
+    lists client_secret_post and not basic; a client without a secret sends its client_id alone."""
+    auth = None
+    if not provider.client_secret:
         data = dict(data, client_id=provider.client_id)
+    elif _posts_secret(rt.oidc.discovery(provider)):
+        data = dict(data, client_id=provider.client_id, client_secret=provider.client_secret)
+    else:
+        auth = (provider.client_id, provider.client_secret)
     try:
         resp = requests.post(
             url, data=data, auth=auth, timeout=HTTP_TIMEOUT, headers={"Accept": "application/json"}
@@ -268,17 +292,22 @@ def _post(url, provider, data):
     return answer
 
 
+def _posts_secret(document):
+    methods = document.get("token_endpoint_auth_methods_supported") or ()
+    return "client_secret_post" in methods and "client_secret_basic" not in methods
+
+
 def start_device(rt, name):
     """Begin a device sign-in (RFC 8628) at the provider: {device_code, user_code, verification_uri,
     verification_uri_complete?, interval, expires_in}."""
-    provider = _sign_in_provider(name)
+    provider = sign_in_provider(name)
     url = rt.oidc.discovery(provider).get("device_authorization_endpoint")
     if not url:
         raise InvalidRequest(
             f"provider {name} offers no device sign-in (no device_authorization_endpoint)",
             {"fields": {"json": {"provider": ["no device authorization endpoint"]}}},
         )
-    answer = _post(url, provider, {"scope": " ".join(provider.scopes or DEFAULT_SCOPES)})
+    answer = _post(rt, url, provider, {"scope": " ".join(provider.scopes or DEFAULT_SCOPES)})
     if "error" in answer:
         raise SignInError(
             "access_denied",
@@ -301,7 +330,7 @@ def start_device(rt, name):
 def poll_device(rt, name, device_code):
     """The provider's verified ID token claims and refresh token once the user approved the device
     sign-in; SignInError while it waits (authorization_pending, slow_down) or when it ended."""
-    provider = _sign_in_provider(name)
+    provider = sign_in_provider(name)
     answer = _token_call(rt, provider, {"grant_type": DEVICE_GRANT, "device_code": device_code})
     return provider, _claims_of(rt, provider, answer)
 
@@ -320,7 +349,23 @@ def exchange_refresh(rt, provider, refresh_token):
     return _claims_of(rt, provider, answer)
 
 
-def _claims_of(rt, provider, answer):
+def exchange_code(rt, provider, code, redirect_uri, code_verifier, nonce):
+    """The verified ID token claims (its nonce the one sent) and the refresh token for an
+    authorization code the provider sent the browser back with (the code flow with PKCE)."""
+    answer = _token_call(
+        rt,
+        provider,
+        {
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": redirect_uri,
+            "code_verifier": code_verifier,
+        },
+    )
+    return _claims_of(rt, provider, answer, nonce)
+
+
+def _claims_of(rt, provider, answer, nonce=None):
     error = answer.get("error")
     if error in ("authorization_pending", "slow_down", "expired_token", "access_denied"):
         raise SignInError(
@@ -343,11 +388,11 @@ def _claims_of(rt, provider, answer):
         raise ProviderUnavailable(
             f"provider {provider.name} answered without an id_token (is `openid` a scope?)"
         )
-    claims = verify_id_token(rt, provider, id_token)
+    claims = verify_id_token(rt, provider, id_token, nonce)
     return claims, answer.get("refresh_token")
 
 
 def login_with_token(rt, name, id_token):
     """The verified claims of an ID token the client got from the provider itself."""
-    provider = _sign_in_provider(name)
+    provider = sign_in_provider(name)
     return provider, verify_id_token(rt, provider, id_token)

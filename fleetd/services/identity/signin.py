@@ -345,6 +345,21 @@ def refresh(rt, now, refresh_token):
     row = AuthSession.get_or_none(AuthSession.refresh_hash == hash_token(refresh_token or ""))
     if row is None or row.ended_at is not None or row.refresh_expires_at <= now:
         raise Unauthorized("unknown, used or expired refresh token; sign in again")
+    return _renewed(rt, now, row)
+
+
+def renew(rt, now, session_id):
+    """The next term of a session held by its id rather than its refresh token (the admin UI's,
+    whose browser holds neither token): as refresh, the provider is asked again and the binding
+    rules applied; its new tokens go to no one."""
+    row = AuthSession.get_or_none_by_id(session_id)
+    if row is None or row.ended_at is not None or row.refresh_expires_at <= now:
+        raise Unauthorized("the session ended; sign in again")
+    _renewed(rt, now, row)
+
+
+def _renewed(rt, now, row):
+    """refresh's work on the session's row: Unauthorized or Forbidden when it may not go on."""
     user = User.get_or_none_by_id(row.user_id)
     if user is None or not user.active:
         raise Unauthorized("the user is deactivated")

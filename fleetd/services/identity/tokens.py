@@ -241,22 +241,28 @@ def delete_expired_tokens(now, retention_seconds):
     return {"api_tokens": api, "join_tokens": join, "ui_sessions": sessions}
 
 
-def start_ui_session(now, token_id, lifetime):
-    """Record a new admin UI session of an API token; returns its secret id (kept only hashed)."""
+def start_ui_session(now, lifetime, token_id=None, auth_session_id=None):
+    """Record a new admin UI session of an API token or of a user's session (one of the two);
+    returns its secret id (kept only hashed)."""
     session_id = secrets.token_urlsafe(32)
     with write_transaction():
         UiSession.create(
-            id=hash_token(session_id), token_id=token_id, created_at=now, expires_at=now + lifetime
+            id=hash_token(session_id),
+            token_id=token_id,
+            auth_session_id=auth_session_id,
+            created_at=now,
+            expires_at=now + lifetime,
         )
     return session_id
 
 
-def ui_session_token(now, session_id):
-    """The API token id of a live UI session, or None when it ended, expired or never was."""
+def ui_session_of(now, session_id):
+    """(API token id, user's session id) of a live UI session, one of them None; None when it
+    ended, expired or never was."""
     row = UiSession.get_or_none_by_id(hash_token(session_id))
     if row is None or row.expires_at <= now:
         return None
-    return row.token_id
+    return row.token_id, row.auth_session_id
 
 
 def end_ui_session(session_id):

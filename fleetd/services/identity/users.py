@@ -20,6 +20,11 @@ def list_users(limit, cursor=None, active=None):
     return paginate(query, User.id, limit, cursor)
 
 
+def find_user(user_id):
+    """The user of this id, or None (also for None: a principal without a user)."""
+    return User.get_or_none_by_id(user_id) if user_id else None
+
+
 def get_user(principal, login):
     """The user of this login: admins read any, others only themselves (NotFound otherwise)."""
     user = User.get_or_none(User.login == login)

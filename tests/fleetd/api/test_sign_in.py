@@ -9,47 +9,15 @@ import pytest
 
 from tests.conftest import admin_client
 from tests.support.http import ApiClient
-from tests.support.oidc_provider import OidcProvider, approve_device
+from tests.support.oidc_provider import LAB_RULES as RULES
+from tests.support.oidc_provider import approve_device, lab_provider  # noqa: F401 - a fixture
 
 JOB = {"name": "train", "command": ["true"], "resources": {"gpus": 0}}
-# In order: per field, the first matching rule wins (an admin's role before a member's).
-RULES = [
-    {"provider": "lab", "claim": "groups", "contains": "ml-admins", "role": "admin"},
-    {
-        "provider": "lab",
-        "claim": "groups",
-        "contains": "ml-vision",
-        "role": "member",
-        "team": "ml",
-        "projects": [{"project": "vision", "role": "member"}],
-    },
-]
-
-
-@pytest.fixture
-def provider(tmp_path):
-    started = OidcProvider(
-        tmp_path,
-        {
-            "alice": {
-                "name": "Alice Liddell",
-                "email": "alice@lab.example",
-                "groups": ["ml-vision"],
-            },
-            "bob": {"name": "Bob", "groups": ["finance"]},
-        },
-    ).start()
-    yield started
-    started.kill()
 
 
 @pytest.fixture
 def admin(app, clock, provider):
-    api = admin_client(app, clock)
-    assert api.put("/api/v1/auth/providers/lab", provider.provider_body()).status_code == 200
-    assert api.post("/api/v1/projects", {"key": "vision", "team": "ml"}).status_code == 201
-    assert api.put("/api/v1/auth/bindings", RULES).status_code == 200
-    return api
+    return provider.configure_lab(admin_client(app, clock))
 
 
 def refresh(client, refresh_token):

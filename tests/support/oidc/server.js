@@ -2,7 +2,8 @@
 // Foundation) with the authorization code flow (PKCE) and the device authorization grant on. Its
 // accounts and their claims come from OIDC_ACCOUNTS (JSON: {login: {name, email, groups, uid,
 // gid}}), read again on every sign-in from the file OIDC_ACCOUNTS_FILE when that is set, so that a
-// test can change a user's groups between two refreshes. It listens on 127.0.0.1:PORT and prints
+// test can change a user's groups between two refreshes. OIDC_REDIRECT_URIS (JSON) are the clients'
+// redirect URIs, OIDC_CLIENT_AUTH their one token endpoint authentication method. It listens on 127.0.0.1:PORT and prints
 // "listening <issuer>" once it does. Test-only: never shipped.
 import fs from 'node:fs';
 import Provider from 'oidc-provider';
@@ -10,6 +11,8 @@ import Provider from 'oidc-provider';
 const port = Number(process.env.PORT);
 const issuer = `http://127.0.0.1:${port}`;
 const redirectUris = JSON.parse(process.env.OIDC_REDIRECT_URIS || '["http://127.0.0.1/cb"]');
+// How clients authenticate at the token endpoint: the only method discovery lists.
+const clientAuth = process.env.OIDC_CLIENT_AUTH || 'client_secret_basic';
 
 function accounts() {
   const file = process.env.OIDC_ACCOUNTS_FILE;
@@ -23,14 +26,16 @@ const configuration = {
     redirect_uris: redirectUris,
     grant_types: ['authorization_code', 'refresh_token', 'urn:ietf:params:oauth:grant-type:device_code'],
     response_types: ['code'],
-    token_endpoint_auth_method: 'client_secret_basic',
+    token_endpoint_auth_method: clientAuth,
   }, {
     client_id: 'other-app',  // tokens for another audience: fleetd must refuse them
     client_secret: 'other-secret',
     redirect_uris: redirectUris,
     grant_types: ['authorization_code', 'urn:ietf:params:oauth:grant-type:device_code'],
     response_types: ['code'],
+    token_endpoint_auth_method: clientAuth,
   }],
+  clientAuthMethods: [clientAuth],
   features: {
     devInteractions: { enabled: true },  // a login form that takes any login: the account is the login
     deviceFlow: { enabled: true },
