@@ -199,6 +199,15 @@ def resolve_token(token, now, allow_revoked_node=False, rt=None):
     return Principal("join", row.id, JOIN, fleet=row.fleet_id)
 
 
+_JWT_PROVIDER = Statement(
+    lambda v: (
+        AuthProvider.select()
+        .where((AuthProvider.kind == "jwt") & (AuthProvider.issuer == v("issuer")))
+        .limit(1)
+    )
+)
+
+
 def jwt_principal(rt, token, now):
     """The Principal of a workload's JWT (a CI system's identity token): its issuer must be a
     configured `jwt` provider, its signature, audience and times good, and a binding rule must give
@@ -208,11 +217,7 @@ def jwt_principal(rt, token, now):
     except ValueError:
         raise Unauthorized("malformed or unknown token") from None
     issuer = claims.get("iss") if isinstance(claims, dict) else None
-    provider = (
-        AuthProvider.get_or_none((AuthProvider.kind == "jwt") & (AuthProvider.issuer == issuer))
-        if isinstance(issuer, str)
-        else None
-    )
+    provider = _JWT_PROVIDER.first(issuer=issuer) if isinstance(issuer, str) else None
     if provider is None:
         raise Unauthorized("a JWT whose issuer is no configured jwt provider")
     verified = oidc.verify_id_token(rt, provider, token)

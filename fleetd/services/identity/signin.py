@@ -45,8 +45,13 @@ _LOGIN = re.compile(LOGIN)
 # ---------------------------------------------------------------- binding rules
 
 
+_BINDINGS = Statement(
+    lambda v: Setting.select(Setting.value).where(Setting.key == v("key")).limit(1)
+)
+
+
 def get_bindings():
-    row = Setting.get_or_none_by_id(BINDINGS_KEY)
+    row = _BINDINGS.first(key=BINDINGS_KEY)  # read at every use: a change holds at once
     return json.loads(row.value) if row is not None else []
 
 
@@ -213,10 +218,14 @@ def _with_scim_groups(provider, claims, login):
     return {**claims, SCIM_GROUPS: scim_groups_of(user.id)}
 
 
-def _granted(provider, claims):
-    """(login, what the rules give it); Forbidden when no rule gives it access."""
+def _granted(provider, claims, known=None):
+    """(login, what the rules give it); Forbidden when no rule gives it access. `known`: the user
+    of these claims when the caller read it already."""
     login = _login_of(provider, claims)
-    claims = _with_scim_groups(provider, claims, login)
+    if known is None:
+        claims = _with_scim_groups(provider, claims, login)
+    elif known.source == "scim":
+        claims = {**claims, SCIM_GROUPS: scim_groups_of(known.id)}
     granted = bind(get_bindings(), provider.name, claims)
     if granted is None:
         raise Forbidden(
@@ -295,6 +304,7 @@ _WORKLOAD_USER = Statement(
             User.active,
             User.default_project,
             User.groups,
+            User.source,
         )
         .where((User.provider == v("provider")) & (User.subject == v("subject")))
         .limit(1)
@@ -305,8 +315,8 @@ _WORKLOAD_USER = Statement(
 def workload_user(rt, now, provider, claims):
     """The user a workload's JWT (a `jwt` issuer's, e.g. a CI system's) acts as: made at its first
     use like a person's, and written again only when what the rules give it changed."""
-    login, granted = _granted(provider, claims)
     user = _WORKLOAD_USER.first(provider=provider.name, subject=claims["sub"])
+    login, granted = _granted(provider, claims, user)
     groups = claims.get(claim_names(provider)["groups"])
     if (
         user is not None
