@@ -11,10 +11,27 @@ from fleetd.models import ApiToken, AuthSession, Project, ProjectMember, User
 from fleetd.services.notify.events import record_event
 from fleetd.services.pagination import paginate
 
+# What a listed user shows: not its groups or limits (JSON a page would decode for nothing).
+_LISTED = (
+    User.id,
+    User.login,
+    User.display_name,
+    User.email,
+    User.active,
+    User.role,
+    User.team,
+    User.default_project,
+    User.posix,
+    User.unix_user,
+    User.source,
+    User.created_at,
+    User.deactivated_at,
+)
+
 
 def list_users(limit, cursor=None, active=None):
     """One page of users by id; `active`: only those that are (or are not)."""
-    query = User.select()
+    query = User.select(*_LISTED)
     if active is not None:
         query = query.where(User.active == active)
     return paginate(query, User.id, limit, cursor)

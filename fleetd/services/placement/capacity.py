@@ -30,14 +30,16 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     gpu = offload(gpu_summary, state, demand)
     # A cancelling job still holds its GPUs until its processes have stopped.
     active_query = (
-        Job.select()
+        Job.select(*_ACTIVE_COLUMNS)
         .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
         .order_by(Job.id)
+        .namedtuples()  # only what a row shows: no model instance per job
     )
     tasks_by_job: dict[str, list] = {}
     for task in state.tasks:
         tasks_by_job.setdefault(task.job_id, []).append(task)
     active = list(active_query)
+    retry_on = _retry_on([j.id for j in active if j.instance_id is None])
     runs = [j.instance_id for j in active if j.instance_id is not None]
     instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
     listed: dict[str, list[dict]] = {"jobs": [], "instances": []}
@@ -66,7 +68,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
                     "gpus": gpus,
                     "nodes": nodes,
                     **job_row_times(j, state.now),
-                    **retry_view(j),
+                    **retry_view(j, retry_on.get(j.id, ())),
                     **_people(j),
                 }
             )
@@ -99,6 +101,24 @@ def cluster_status(state, principal=None, storage=None, offload=call):
     }
 
 
+_ACTIVE_COLUMNS = (
+    Job.id,
+    Job.name,
+    Job.owner,
+    Job.owner_token_id,
+    Job.team,
+    Job.project,
+    Job.user,
+    Job.state,
+    Job.instance_id,
+    Job.attempt,
+    Job.max_attempts,
+    Job.submitted_at,
+    Job.started_at,
+    Job.ended_at,
+)
+
+
 def _people(job):
     """A row's project and user as keys; _name_people adds their names."""
     return {"project_key": job.project, "username": job.user}
@@ -108,14 +128,24 @@ def _name_people(rows):
     """Add `project`, `project_display_name` and `user_display_name` to rows (two queries)."""
     keys = {r["project_key"] for r in rows if r["project_key"]}
     logins = {r["username"] for r in rows if r["username"]}
-    projects = {p.key: p for p in Project.select().where(Project.key.in_(keys))} if keys else {}
+    projects = (
+        {
+            key: (name, shown)
+            for key, name, shown in Project.select(Project.key, Project.name, Project.display_name)
+            .where(Project.key.in_(keys))
+            .tuples()
+            .execute()
+        }
+        if keys
+        else {}
+    )
     users: dict[str, str] = {}
     if logins:
-        users = {u.login: u.display_name for u in User.select().where(User.login.in_(logins))}
+        query = User.select(User.login, User.display_name).where(User.login.in_(logins))
+        users = dict(query.tuples().execute())
     for row in rows:
-        project = projects.get(row["project_key"])
-        row["project"] = project.name if project is not None else None
-        row["project_display_name"] = project.display_name if project is not None else None
+        name, shown = projects.get(row["project_key"], (None, None))
+        row["project"], row["project_display_name"] = name, shown
         row["user_display_name"] = users.get(row["username"])
 
 
@@ -131,10 +161,28 @@ def job_row_times(job, now):
     }
 
 
-def retry_view(job):
+_RETRY_ON: dict[str, tuple[str, ...]] = {}  # job id -> its spec's retry.on (a spec never changes)
+_RETRY_ON_SIZE = 100_000
+
+
+def _retry_on(job_ids):
+    """{job id: its spec's retry.on}, decoding only the specs not read before."""
+    missing = [j for j in job_ids if j not in _RETRY_ON]
+    for start in range(0, len(missing), 500):
+        query = Job.select(Job.id, Job.spec).where(Job.id.in_(missing[start : start + 500]))
+        for job_id, spec in query.tuples().execute():
+            _RETRY_ON[job_id] = tuple(((spec or {}).get("retry") or {}).get("on") or ())
+    if len(_RETRY_ON) > _RETRY_ON_SIZE:  # oldest first out
+        for stale in list(_RETRY_ON)[: len(_RETRY_ON) - _RETRY_ON_SIZE]:
+            del _RETRY_ON[stale]
+    return {j: _RETRY_ON.get(j, ()) for j in job_ids}
+
+
+def retry_view(job, on=None):
     """How often a job was retried and whether one more retry is possible (its retry policy and
-    attempts left), with the reason when it is not."""
-    on = ((job.spec or {}).get("retry") or {}).get("on") or []
+    attempts left), with the reason when it is not. `on`: its spec's retry.on, when read."""
+    if on is None:
+        on = ((job.spec or {}).get("retry") or {}).get("on") or []
     if job.max_attempts <= 1 or not on:
         blocker = "its spec has no retry policy"
     elif job.attempt >= job.max_attempts:
