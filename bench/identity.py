@@ -30,7 +30,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,9 +43,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.control_plane import percentile  # noqa: E402
-from bench.replicas import Postgres, Replica  # noqa: E402
+from bench.replicas import Postgres, Replica, fleetd_init  # noqa: E402
 
 ISSUER = "https://ci.bench.example"
+
+
+def _insert(model, rows):
+    for start in range(0, len(rows), 500):
+        model.insert_many(rows[start : start + 500]).on_conflict_ignore().execute()
 
 
 def seed(db_url, users, projects, members):
@@ -68,8 +72,7 @@ def seed(db_url, users, projects, members):
             )
             for i in range(projects)
         ]
-        for start in range(0, len(rows), 500):
-            Project.insert_many(rows[start : start + 500]).execute()
+        _insert(Project, rows)
         rows = [
             dict(
                 id=f"u{i:031d}",
@@ -88,8 +91,7 @@ def seed(db_url, users, projects, members):
             )
             for i in range(users)
         ]
-        for start in range(0, len(rows), 500):
-            User.insert_many(rows[start : start + 500]).execute()
+        _insert(User, rows)
         rows = [
             dict(
                 project=f"p{p:04d}",
@@ -100,8 +102,7 @@ def seed(db_url, users, projects, members):
             for p in range(projects)
             for k in range(members)
         ]
-        for start in range(0, len(rows), 500):
-            ProjectMember.insert_many(rows[start : start + 500]).on_conflict_ignore().execute()
+        _insert(ProjectMember, rows)
     db.close()
 
 
@@ -194,15 +195,7 @@ def sqlite_phase(args):
         FLEETD_NODE_TTL_SECONDS="86400",
         FLEETD_TASK_LEASE_SECONDS="86400",
     )
-    init = subprocess.run(
-        [sys.executable, "-m", "fleetd", "init"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    admin = init.stdout.strip().splitlines()[-1]
+    admin = fleetd_init(env)
     t0 = time.perf_counter()
     seed(db_url, args.users, args.projects, args.members)
     seeded = time.perf_counter() - t0
@@ -319,15 +312,7 @@ def deactivation_phase(args):
     replicas = []
     try:
         env = dict(os.environ, FLEETD_DB_URL=pg.database(), FLEETD_DATA_DIR=tempfile.mkdtemp())
-        init = subprocess.run(
-            [sys.executable, "-m", "fleetd", "init"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
-        admin = init.stdout.strip().splitlines()[-1]
+        admin = fleetd_init(env)
         replicas = [Replica(env).start(), Replica(env).start()]
         a, b = replicas[0].url, replicas[1].url
         http = requests.Session()

@@ -143,6 +143,20 @@ class Replica:
             self.proc.wait(timeout=60)
 
 
+def fleetd_init(env):
+    """`fleetd init` over the database `env` names; returns the first admin token."""
+    init = subprocess.run(
+        [sys.executable, "-m", "fleetd", "init"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    return init.stdout.strip().splitlines()[-1]
+
+
 def until(condition, seconds, what):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -276,15 +290,7 @@ def main():
     replicas = []
     try:
         env = dict(os.environ, FLEETD_DB_URL=pg.database(), FLEETD_DATA_DIR=tempfile.mkdtemp())
-        init = subprocess.run(
-            [sys.executable, "-m", "fleetd", "init"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        admin = init.stdout.strip().splitlines()[-1]
+        admin = fleetd_init(env)
         replicas = [Replica(env).start(), Replica(env).start()]
         http = requests.Session()
         http.headers["Authorization"] = f"Bearer {admin}"

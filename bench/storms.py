@@ -247,22 +247,13 @@ class Replicated:
     (SIGKILL)."""
 
     def __init__(self, args, data_dir):
-        from bench.replicas import Postgres, Replica
+        from bench.replicas import Postgres, Replica, fleetd_init
 
         self.pg = Postgres()
         try:
             self.db_url = self.pg.database()
             env = dict(os.environ, FLEETD_DB_URL=self.db_url, FLEETD_DATA_DIR=data_dir)
-            init = subprocess.run(
-                [sys.executable, "-m", "fleetd", "init"],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-                cwd=ROOT,
-            )
-            self.admin = init.stdout.strip().splitlines()[-1]
+            self.admin = fleetd_init(env)
             self.replicas = [Replica(env).start(), Replica(env).start()]
         except BaseException:
             self.pg.stop()
