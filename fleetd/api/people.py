@@ -65,6 +65,7 @@ def whoami():
         "projects": roles,
         "default_project": p.default_project,
         "auth": {"api": "token", "session": "session", "jwt": "jwt"}.get(p.kind),
+        "tokens": users.own_tokens(p.user_id, current_runtime().clock.now()) if p.user_id else [],
         **limits.limits_of(current_runtime().settings, p),
     }
 

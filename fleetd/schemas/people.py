@@ -7,6 +7,16 @@ from fleetd.names import PROJECT_KEY
 from fleetd.schemas.common import Bool, FullRegexp, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.tokens import LimitsSchema, OwnerUseSchema, token_name
 
+
+class OwnTokenSchema(Schema):
+    id = fields.String()
+    name = fields.String()
+    role = fields.String()
+    created_at = Time()
+    expires_at = Time(allow_none=True)
+    last_used_at = Time(allow_none=True)
+
+
 _KEY = FullRegexp(
     PROJECT_KEY,
     error="a key is 2 to 32 characters: lower-case letters, digits and '-', a letter first",
@@ -178,4 +188,8 @@ class WhoamiSchema(Schema):
         OwnerUseSchema,
         allow_none=True,
         metadata={"description": "what it holds of what they count"},
+    )
+    tokens = fields.List(
+        fields.Nested(OwnTokenSchema),
+        metadata={"description": "a user's live API tokens (never their secrets); [] otherwise"},
     )

@@ -42,6 +42,27 @@ def find_user(user_id):
     return User.get_or_none_by_id(user_id) if user_id else None
 
 
+def own_tokens(user_id, now, limit=100):
+    """A user's live API tokens (its profile lists them), newest first."""
+    return list(
+        ApiToken.select(
+            ApiToken.id,
+            ApiToken.name,
+            ApiToken.role,
+            ApiToken.created_at,
+            ApiToken.expires_at,
+            ApiToken.last_used_at,
+        )
+        .where(
+            (ApiToken.user_id == user_id)
+            & ApiToken.revoked_at.is_null()
+            & (ApiToken.expires_at.is_null() | (ApiToken.expires_at > now))
+        )
+        .order_by(ApiToken.created_at.desc())
+        .limit(limit)
+    )
+
+
 def get_user(principal, login):
     """The user of this login: admins read any, others only themselves (NotFound otherwise)."""
     user = User.get_or_none(User.login == login)

@@ -44,6 +44,12 @@ def test_the_tokens_of_a_user_are_one_owner(admin):
         me["use"]["active_jobs"] == 0
     )  # the cancelled job, counted for the user whichever token asks
     assert ci.get("/api/v1/whoami").get_json() == me
+    # Its profile lists the user's live tokens, never their secrets.
+    assert sorted(t["name"] for t in me["tokens"]) == ["alice ci", "alice laptop"]
+    assert all(
+        set(t) == {"id", "name", "role", "created_at", "expires_at", "last_used_at"}
+        for t in me["tokens"]
+    )
     assert laptop.get("/api/v1/users/alice").get_json()["source"] == "token"
     assert laptop.get("/api/v1/users").status_code == 403
 
