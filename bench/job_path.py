@@ -12,7 +12,9 @@ statements per job.
 """
 
 import argparse
+import cProfile
 import pathlib
+import pstats
 import sys
 import tempfile
 import time
@@ -29,6 +31,13 @@ from fleetd.settings import Settings  # noqa: E402
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile the jobs (cProfile) and print the N costliest functions per job",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings.load(environ={}, data_dir=data_dir)
@@ -107,11 +116,36 @@ def main():
         for _ in range(args.jobs):
             one_job()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        if args.profile:
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [one_job() for _ in range(args.jobs)])
+            _print_profile(profile, args.jobs, args.profile)
     print(
         f"{args.jobs} jobs: fleetd CPU {1000 * cpu / args.jobs:.2f} ms/job, wall "
         f"{1000 * wall / args.jobs:.2f} ms/job, {len(statements)} SQL statements/job (besides "
         f"BEGIN/COMMIT)"
     )
+
+
+def _print_profile(profile, jobs, top):
+    """The costliest functions per job: by their own time, and fleetd's by time with callees."""
+    stats = pstats.Stats(profile).stats
+    rows = [
+        (tt / jobs * 1000, ct / jobs * 1000, calls / jobs, f"{pathlib.Path(f).name}:{line} {fn}")
+        for (f, line, fn), (_, calls, tt, ct, _) in stats.items()
+    ]
+    print(f"own time per job (ms), top {top}:")
+    for own, _, calls, name in sorted(rows, reverse=True)[:top]:
+        print(f"  {own:7.3f}  {calls:7.1f} calls  {name}")
+    print(f"fleetd's functions with callees per job (ms), top {top}:")
+    ours = [
+        (cum, calls, name)
+        for (f, line, fn), (_, calls, tt, cum, _) in stats.items()
+        if "/fleetd/" in f
+        for name in [f"{pathlib.Path(f).name}:{line} {fn}"]
+    ]
+    for cum, calls, name in sorted(ours, reverse=True)[:top]:
+        print(f"  {cum / jobs * 1000:7.3f}  {calls / jobs:7.1f} calls  {name}")
 
 
 if __name__ == "__main__":
