@@ -9,9 +9,13 @@ from fleetd.ui.pages import (  # noqa: F401 - register routes
     jobs,
     nodes,
     overview,
+    profile,
+    projects,
     session,
+    sign_in,
     tokens,
     usage,
+    users,
     webhooks,
 )
 from fleetd.ui.security import configure_session

@@ -13,7 +13,7 @@ from fleetd.clock import isoformat
 from fleetd.errors import FleetdError
 from fleetd.runtime import current_runtime
 from fleetd.services.identity.users import find_user
-from fleetd.ui import roles
+from fleetd.ui import roles, switcher
 from fleetd.ui.forms import FormError
 from fleetd.ui.security import CSRF_FIELD, SignInRequired, check_csrf, csrf_token, session_principal
 
@@ -79,6 +79,8 @@ def _context():
         "roles": roles,
         "may": lambda allowed: principal is not None and principal.role in allowed,
         "signed_in_user": lambda: find_user(principal.user_id) if principal else None,
+        "project_choices": lambda: switcher.choices(principal),
+        "current_project": lambda: switcher.chosen(principal),
     }
 
 

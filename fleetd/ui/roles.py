@@ -6,12 +6,14 @@ API: a page that shows what GET /api/v1/nodes shows admits exactly the roles tha
 
 from fleetd.api import (
     admin,
+    auth,
     cluster,
     fleets,
     instances,
     jobs,
     metrics,
     nodes,
+    people,
     tokens,
     usage,
     webhooks,
@@ -80,6 +82,27 @@ TASKS = _roles(admin.BackgroundTasks, "get")
 TASK_RUN = _roles(admin.BackgroundTaskRun, "post")
 GPU_TYPES = _roles(cluster.GpuTypes, "get")
 GPU_TYPE_SET = _roles(cluster.GpuTypeByModel, "put")
+PROFILE = _roles(people.Whoami, "get")
+USERS = _roles(people.Users, "get")
+USER = _roles(people.UserByLogin, "get")
+USER_UPDATE = _roles(people.UserByLogin, "patch")
+USER_DELETE = _roles(people.UserByLogin, "delete")
+PROJECTS = _roles(people.Projects, "get")
+PROJECT_CREATE = _roles(people.Projects, "post")
+PROJECT = _roles(people.ProjectByKey, "get") & _roles(people.Members, "get")
+PROJECT_UPDATE = _roles(people.ProjectByKey, "patch")
+PROJECT_DELETE = _roles(people.ProjectByKey, "delete")
+MEMBER_SET = _roles(people.Member, "put")
+MEMBER_REMOVE = _roles(people.Member, "delete")
+SERVICE_ACCOUNTS = _roles(people.ServiceAccounts, "get")
+SERVICE_ACCOUNT_CREATE = _roles(people.ServiceAccounts, "post")
+PROVIDERS = _roles(auth.Providers, "get")
+PROVIDER = _roles(auth.ProviderByName, "get")
+PROVIDER_SET = _roles(auth.ProviderByName, "put")
+PROVIDER_DELETE = _roles(auth.ProviderByName, "delete")
+BINDINGS = _roles(auth.Bindings, "get")
+BINDINGS_SET = _roles(auth.Bindings, "put")
+SIGN_IN_SETTINGS = PROVIDERS & BINDINGS
 
 # The navigation bar: (endpoint, label, roles that see the link).
 NAV = [
@@ -95,4 +118,7 @@ NAV = [
     ("ui.api_tokens", "API tokens", API_TOKENS),
     ("ui.maintenance", "Maintenance", TASKS),
     ("ui.gpu_types", "GPU types", GPU_TYPES),
+    ("ui.user_list", "Users", USERS),
+    ("ui.project_list", "Projects", PROJECTS),
+    ("ui.sign_in_settings", "Sign-in", SIGN_IN_SETTINGS),
 ]

@@ -82,7 +82,8 @@ def service_errors(error, field_of):
         ):  # where the API found it (the body); a form has no body
             named = named["json"]
         return to_fields(named, field_of)
-    for field in ("name", "team"):  # a taken name (409), a team the token may not name (403)
+    # A taken name (409), a team the token may not name or a project it may not submit to (403).
+    for field in ("name", "team", "project"):
         if field in details:
             return {field_of if isinstance(field_of, str) else field: [error.message]}
     return {GENERAL: [error.message]}

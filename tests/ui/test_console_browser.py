@@ -1,8 +1,9 @@
 """The console in Debian's headless Chromium (Playwright) against one real `fleetd serve` for the
 module: deploy an instance from its form and open its URL, submit a job from the form and from a
-YAML spec (an error beside the field), see a log line appear without reloading, and a submitter who
-sees neither another's instance nor the admin pages. Each test enrols its own node and cordons it at
-the end, so that tests sharing the server never get each other's work."""
+YAML spec (an error beside the field), see a log line appear without reloading, a submitter who
+sees neither another's instance nor the admin pages, and a project made and given a member. Each
+test enrols its own node and cordons it at the end, so that tests sharing the server never get each
+other's work."""
 
 import re
 import threading
@@ -313,3 +314,35 @@ def test_create_a_fleet_a_quota_and_a_webhook(page, http, server, admin):
     shot(page, "webhook")
     page.goto("/ui/fleets")
     shot(page, "fleets")
+
+
+def test_create_a_project_and_add_a_member_through_the_pages(page, http, admin):
+    http(
+        "POST",
+        "/api/v1/tokens",
+        expect=201,
+        json={"name": "carol-laptop", "role": "member", "user": "carol"},
+    )
+    sign_in(page, admin)
+    page.click("nav >> text=Projects")
+    page.wait_for_url(re.compile(r"/ui/projects$"))
+    page.get_by_label("Key", exact=True).fill("robotics")
+    page.get_by_label("Display name (optional)").fill("Robotics")
+    page.fill("#p-team", "robots")
+    page.click("#project-create")
+    page.wait_for_url(re.compile(r"/ui/projects/robotics$"))
+    assert "Project robotics created" in page.inner_text("main")
+    page.get_by_label("Login", exact=True).fill("carol")
+    page.select_option("#m-role", "admin")
+    page.click("#member-add")
+    page.wait_for_url(re.compile(r"/ui/projects/robotics$"))
+    assert "carol is admin of project robotics" in page.inner_text("main")
+    assert "admin" in page.inner_text('tr[data-member="carol"]')
+    shot(page, "project")
+    members = http("GET", "/api/v1/projects/robotics/members", expect=200).json()["items"]
+    assert [(m["login"], m["role"]) for m in members] == [("carol", "admin")]
+    # The header's switcher now offers it, and choosing it fills the job form's project.
+    with page.expect_navigation():
+        page.select_option("#switch-project", "robotics")  # no button press: it submits itself
+    page.goto("/ui/jobs/new")
+    assert page.input_value("#j-project") == "robotics"

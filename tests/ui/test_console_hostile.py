@@ -117,3 +117,59 @@ def test_the_admin_forms_refuse_odd_values_readably(admin_ui, api):
         "/ui/webhooks/%00",
     ):
         _no_server_error(admin_ui.get(path))
+
+
+def test_the_people_and_sign_in_forms_refuse_odd_values_readably(admin_ui, api):
+    api.post("/api/v1/tokens", {"name": "alice-token", "role": "member", "user": "alice"})
+    api.post("/api/v1/projects", {"key": "vision"})
+    admin_ui.get("/ui/projects")
+    before = {
+        "users": api.get("/api/v1/users").get_json()["items"],
+        "projects": api.get("/api/v1/projects").get_json()["items"],
+        "providers": api.get("/api/v1/auth/providers").get_json()["items"],
+    }
+    for value in ODD + ['{"a": [1,', "[" * 500]:
+        key = value.strip() or "x"
+        for path, form in (
+            ("/ui/users/alice", {"role": value, "default_project": value}),
+            ("/ui/users/alice/active", {"active": value}),
+            (f"/ui/users/{key}/delete", {}),
+            ("/ui/projects", {"key": value, "name": value, "team": value, "description": value}),
+            ("/ui/projects/vision/edit", {"name": value, "display_name": value, "team": value}),
+            (f"/ui/projects/{key}/delete", {"confirm": "yes"}),
+            ("/ui/projects/vision/members", {"login": value, "role": value}),
+            ("/ui/projects/vision/members", {"login": "alice", "role": value}),
+            (f"/ui/projects/vision/members/{key}/remove", {"confirm": "yes"}),
+            ("/ui/projects/vision/service-accounts", {"name": value, "expires_in_seconds": value}),
+            ("/ui/sign-in/providers", {"name": value, "kind": value, "issuer": value}),
+            (
+                "/ui/sign-in/providers",
+                {"name": "lab", "kind": "oidc", "issuer": value, "client_id": value},
+            ),
+            ("/ui/sign-in/providers", {"name": "lab", "editing": "yes", "scopes": value}),
+            ("/ui/sign-in/providers", {"name": "lab", "claim_login": value, "kind": "jwt"}),
+            (f"/ui/sign-in/providers/{key}/delete", {}),
+            (
+                "/ui/sign-in/bindings",
+                {f"rule_{f}": [value] for f in ("position", "provider", "claim", "test", "value")},
+            ),
+            ("/ui/sign-in/bindings", {"rule_claim": ["g"], "rule_projects": [value]}),
+            ("/ui/sign-in/bindings", {"rule_claim": ["g"], "rule_role": [value]}),
+            ("/ui/project", {"project": value, "next": value}),
+            ("/ui/jobs/new", {"mode": "fields", "name": "t", "command": "x", "project": value}),
+        ):
+            _no_server_error(admin_ui.post(path, form))
+    for path in (
+        "/ui/users?active=%00",
+        "/ui/users/%00",
+        "/ui/projects/%00",
+        "/ui/projects?cursor=x",
+    ):
+        _no_server_error(admin_ui.get(path))
+    _no_server_error(admin_ui.get("/ui/sign-in/providers/%00"))
+    assert api.get("/api/v1/users").get_json()["items"] == before["users"]
+    # Odd names are names (the edit form may keep one); no project came or went.
+    keys = [p["key"] for p in api.get("/api/v1/projects").get_json()["items"]]
+    assert keys == [p["key"] for p in before["projects"]]
+    assert api.get("/api/v1/auth/providers").get_json()["items"] == before["providers"]
+    assert api.get("/api/v1/auth/bindings").get_json() == []

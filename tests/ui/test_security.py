@@ -196,7 +196,7 @@ def test_sign_out_needs_the_csrf_token(admin_ui):
 # ---------------------------------------------------------------- roles
 
 
-ADMIN_PAGES = ["/ui/join-tokens", "/ui/api-tokens", "/ui/maintenance"]
+ADMIN_PAGES = ["/ui/join-tokens", "/ui/api-tokens", "/ui/maintenance", "/ui/users", "/ui/sign-in"]
 SUBMITTER_PAGES = ["/ui/nodes", "/ui/jobs", "/ui/gpu-types"]
 
 
@@ -262,7 +262,7 @@ def test_submitter_sees_and_cancels_only_its_own_jobs(signed_in, api, app):
 
 
 def test_every_ui_page_admits_exactly_the_roles_of_its_api_route(app):
-    from fleetd.api import admin, cluster, fleets, jobs, nodes, tokens
+    from fleetd.api import admin, auth, cluster, fleets, jobs, nodes, people, tokens
     from fleetd.auth import allowed_roles
 
     def api_roles(view, method):
@@ -287,6 +287,25 @@ def test_every_ui_page_admits_exactly_the_roles_of_its_api_route(app):
         "ui.maintenance_run": api_roles(admin.BackgroundTaskRun, "post"),
         "ui.gpu_types": api_roles(cluster.GpuTypes, "get"),
         "ui.gpu_type_set": api_roles(cluster.GpuTypeByModel, "put"),
+        "ui.profile": api_roles(people.Whoami, "get"),
+        "ui.user_list": api_roles(people.Users, "get"),
+        "ui.user_page": api_roles(people.Users, "get"),
+        "ui.user_update": api_roles(people.UserByLogin, "patch"),
+        "ui.user_active": api_roles(people.UserByLogin, "patch"),
+        "ui.user_delete": api_roles(people.UserByLogin, "delete"),
+        "ui.project_list": api_roles(people.Projects, "get"),
+        "ui.project_create": api_roles(people.Projects, "post"),
+        "ui.project_page": api_roles(people.ProjectByKey, "get"),
+        "ui.project_update": api_roles(people.ProjectByKey, "patch"),
+        "ui.project_delete": api_roles(people.ProjectByKey, "delete"),
+        "ui.member_set": api_roles(people.Member, "put"),
+        "ui.member_remove": api_roles(people.Member, "delete"),
+        "ui.service_account_create": api_roles(people.ServiceAccounts, "post"),
+        "ui.sign_in_settings": api_roles(auth.Providers, "get") & api_roles(auth.Bindings, "get"),
+        "ui.provider_page": api_roles(auth.ProviderByName, "get"),
+        "ui.provider_set": api_roles(auth.ProviderByName, "put"),
+        "ui.provider_delete": api_roles(auth.ProviderByName, "delete"),
+        "ui.bindings_set": api_roles(auth.Bindings, "put"),
     }
     for endpoint, allowed in expected.items():
         assert app.view_functions[endpoint].required_roles == allowed, endpoint

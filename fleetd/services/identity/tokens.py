@@ -183,6 +183,16 @@ def list_api_tokens(limit, cursor=None):
     return paginate(ApiToken.select(), ApiToken.id, limit, cursor)
 
 
+def list_user_tokens(user_id, limit):
+    """The API tokens a user owns, newest first (at most `limit`), without secrets."""
+    return list(
+        ApiToken.select()
+        .where(ApiToken.user_id == user_id)
+        .order_by(ApiToken.created_at.desc(), ApiToken.id)
+        .limit(limit)
+    )
+
+
 def list_token_events(token_id, limit, cursor=None, after=None):
     """A token's own events, oldest first (`token.renamed`: migration 0017 renamed it); NotFound for
     an id that is neither a token nor the subject of an event (one deleted after its retention)."""

@@ -59,6 +59,8 @@ def _common(form):
         body["resources"]["gpus"] = gpus
     if form.get("gpu_type", "").strip():
         body["resources"]["gpu_types"] = [form["gpu_type"].strip()]
+    if form.get("project", "").strip():  # else the submitter's default project
+        body["project"] = form["project"].strip()
     body["priority_class"] = form.get("priority_class") or "on-demand"
     bid = specforms.number(form.get("bid"))
     if bid is not None:

@@ -85,6 +85,12 @@
     }
     logState = null;
   });
+  // The header's project switcher: choosing a project switches at once (its button stays for pages
+  // read without scripts).
+  document.addEventListener("change", function (event) {
+    var select = event.target.closest && event.target.closest("select[data-autosubmit]");
+    if (select && select.form) select.form.requestSubmit();
+  });
   document.addEventListener("DOMContentLoaded", function () { localTimes(document); logsToBottom(); });
   document.addEventListener("htmx:afterSettle", function (event) { localTimes(event.target); });
   document.addEventListener("htmx:oobAfterSwap", function (event) { localTimes(event.target); });
