@@ -34,9 +34,9 @@ def down(migrator, db):
     db.execute_sql(f"DROP INDEX IF EXISTS {_name(NEW_KEY)}")
     # Rows that differed by project alone are one again: the first keeps their sums.
     key = ' AND '.join(f'o.{c} = usage_day.{c}' for c in OLD_KEY)
-    sums = ', '.join(f'{c} = (SELECT SUM(o.{c}) FROM usage_day o WHERE {key})'
+    sums = ', '.join(f'{c} = (SELECT SUM(o.{c}) FROM usage_day o WHERE {key})'  # nosec B608  # the migration's own names
                      for c in ('gpu_seconds', 'used_gpu_seconds', 'sampled_gpu_seconds', 'cost', 'runs'))
-    keep = f"SELECT MIN(id) FROM usage_day GROUP BY {', '.join(OLD_KEY)}"
+    keep = f"SELECT MIN(id) FROM usage_day GROUP BY {', '.join(OLD_KEY)}"  # nosec B608  # the migration's own names
     db.execute_sql(f"UPDATE usage_day SET {sums} WHERE id IN ({keep})")  # nosec B608  # the migration's own names
     db.execute_sql(f"DELETE FROM usage_day WHERE id NOT IN ({keep})")  # nosec B608  # the migration's own names
     db.execute_sql(f"CREATE UNIQUE INDEX {_name(OLD_KEY)} ON usage_day ({', '.join(OLD_KEY)})")
