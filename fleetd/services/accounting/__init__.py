@@ -7,4 +7,5 @@
 - ``usage_metrics`` usage as Prometheus metrics, by team and fleet
 - ``budgets``       team budgets per month and what exceeding them does
 - ``budget_state``  what budgets say now, read by the scheduler's rules
+- ``project_budgets`` project budgets per month: they notify
 """

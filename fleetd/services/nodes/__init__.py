@@ -10,4 +10,5 @@
 - ``holds``         GPU holds that outlived their task
 - ``validation``    the validation gate
 - ``upgrades``      a node's agent upgrade
+- ``accounts``      owners' own accounts on the nodes of nss fleets
 """
