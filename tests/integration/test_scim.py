@@ -2,11 +2,8 @@
 provider's provisioning does to fleetd's users: groups that feed the binding rules, deactivation
 that ends a user's tokens at once, and users fleetd did not get through SCIM left alone."""
 
-import httpx2
 import pytest
 import requests
-from scim2_client.engines.httpx2 import SyncSCIMClient
-from scim2_tester import Status, check_server
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +35,11 @@ def scim_token(server, admin):
 
 
 def test_scim2_tester_finds_the_server_compliant(server, scim_token):
+    # scim2-tester's client runs on httpx2, which needs Python 3.11 (setup.cfg installs it there).
+    httpx2 = pytest.importorskip("httpx2", reason="httpx2 needs Python 3.11")
+    from scim2_client.engines.httpx2 import SyncSCIMClient
+    from scim2_tester import Status, check_server
+
     with httpx2.Client(
         base_url=server.url + "/scim/v2",
         headers={"Authorization": f"Bearer {scim_token}"},
