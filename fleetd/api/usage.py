@@ -13,7 +13,6 @@ from fleetd.schemas.usage import (
     BudgetUpdateSchema,
     IdleListSchema,
     IdleQuerySchema,
-    ProjectBudgetListSchema,
     ProjectBudgetSchema,
     ProjectBudgetUpdateSchema,
     StoragePriceSchema,
@@ -94,17 +93,10 @@ class Budgets(MethodView):
     @require(ADMIN)
     @blp.response(200, BudgetListSchema)
     def get(self):
-        """Every team's monthly budget with this month's use."""
-        return {"items": budgets.list_budgets(current_runtime())}
-
-
-@blp.route("/budgets/project")
-class ProjectBudgets(MethodView):
-    @require(ADMIN)
-    @blp.response(200, ProjectBudgetListSchema)
-    def get(self):
-        """Every project's monthly budget with this month's use."""
-        return {"items": project_budgets.list_budgets(current_runtime())}
+        """Every team's monthly budget with this month's use (`items`), and every project's
+        (`projects`)."""
+        rt = current_runtime()
+        return {"items": budgets.list_budgets(rt), "projects": project_budgets.list_budgets(rt)}
 
 
 @blp.route("/budgets/project/<string:key>")

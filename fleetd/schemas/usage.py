@@ -132,6 +132,10 @@ class BudgetSchema(_BudgetFigures):
 
 class BudgetListSchema(Schema):
     items = fields.List(fields.Nested(BudgetSchema))
+    projects = fields.List(
+        fields.Nested(lambda: ProjectBudgetSchema()),
+        metadata={"description": "project budgets (they notify; a team's holds work back)"},
+    )
 
 
 class ProjectBudgetUpdateSchema(BudgetUpdateSchema):
@@ -144,10 +148,6 @@ class ProjectBudgetUpdateSchema(BudgetUpdateSchema):
 
 class ProjectBudgetSchema(_BudgetFigures):
     project = fields.String()
-
-
-class ProjectBudgetListSchema(Schema):
-    items = fields.List(fields.Nested(ProjectBudgetSchema))
 
 
 class StoragePriceUpdateSchema(Schema):

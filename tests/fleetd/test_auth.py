@@ -136,7 +136,6 @@ ROLE_TABLE = {
     ("GET", "/api/v1/usage"): AS,
     ("GET", "/api/v1/usage/idle"): A,
     ("GET", "/api/v1/budgets"): A,
-    ("GET", "/api/v1/budgets/project"): A,
     ("GET", "/api/v1/budgets/project/{key}"): AS,
     ("PUT", "/api/v1/budgets/project/{key}"): A,
     ("DELETE", "/api/v1/budgets/project/{key}"): A,

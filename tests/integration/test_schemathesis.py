@@ -154,7 +154,7 @@ ALLOWED = [
     ),
     (
         "positive_data_acceptance",
-        r"PUT /api/v1/budgets/\{team\}",
+        r"PUT /api/v1/budgets/(\{team\}|project/\{key\})",
         r"limit_cost or limit_gpu_hours is required",
         "a budget needs one of two limits (or both): a rule across two fields, which OpenAPI 3.0 "
         "describes one by one",

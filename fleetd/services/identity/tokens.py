@@ -162,8 +162,8 @@ def set_token_limits(token_id, limits):
     named stays. The next request of the token (and its next write) sees them."""
     with write_transaction():
         row = ApiToken.get_or_none(ApiToken.id == token_id)
-        if row is None:
-            raise NotFound(f"token {token_id} not found")
+        if row is None or row.revoked_at is not None:  # a revoked token is gone, but listed
+            raise NotFound(f"token {token_id} not found (or revoked)")
         row.limits = _own_limits(row.limits or {}, limits)
         row.save()
     return row

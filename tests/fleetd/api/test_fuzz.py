@@ -59,7 +59,7 @@ queries = st.dictionaries(
 )
 
 
-# A browser's sign-in answers its refusals with a page, not the error envelope.
+# A browser's sign-in answers its own refusals with a page, not the error envelope.
 BROWSER_ROUTES = ("/api/v1/auth/login/{provider}", "/api/v1/auth/callback/{provider}")
 
 
@@ -85,8 +85,8 @@ def _fuzz(api, session, join, method, path):
             query_string=query,
         )
         assert resp.status_code < 500, (method, url, body, resp.get_data(as_text=True))
-        if resp.status_code >= 400 and path in BROWSER_ROUTES:
-            assert resp.mimetype == "text/html", (url, resp.status_code)  # a page for a person
+        if resp.status_code >= 400 and path in BROWSER_ROUTES and resp.mimetype == "text/html":
+            pass  # a page for a person (a URL fleetd refuses before the view is the envelope)
         elif resp.status_code >= 400:
             assert set(resp.get_json()) == {"error"}
 
