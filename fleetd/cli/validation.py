@@ -342,6 +342,43 @@ def _show_gpu(data):
         )
 
 
+@client_command(gpu, "list")
+@click.option(
+    "--state",
+    type=click.Choice(["all", "rma", "flagged", "ok"]),
+    default="all",
+    show_default=True,
+    help="rma: marked for RMA; flagged: marked and seen again in a node; ok: neither.",
+)
+@click.option("--model", help="Only boards of this model.")
+def gpu_list(state, model):
+    """GPU boards fleetd has seen, by serial: where each is, its model and RMA mark."""
+    items = list(current_client().paginate("/api/v1/gpus", state=state, model=model))
+    emit(
+        items,
+        lambda rows: show_table(
+            rows,
+            [
+                ("SERIAL", "serial"),
+                ("MODEL", "model"),
+                ("NODE", lambda d: d["node_id"] and f"{d['node_id']} ({d.get('hostname')})"),
+                ("GPU", "index"),
+                ("RMA", lambda d: d["rma"] and d["rma"]["reason"]),
+                ("FLAGGED", lambda d: d["flagged"] or None),
+                ("LAST SEEN", "last_seen_at"),
+            ],
+        ),
+    )
+
+
+@client_command(gpu, "clear-rma")
+@click.argument("serial")
+def gpu_clear_rma(serial):
+    """Clear a GPU's RMA mark (a repaired or replaced board returns); its node stays as it is."""
+    data = current_client().delete(f"/api/v1/gpus/{serial}/rma")
+    emit(data, lambda d: click.echo(f"GPU {serial}: RMA mark cleared"))
+
+
 @client_command(gpu, "show")
 @click.argument("serial")
 @click.option(

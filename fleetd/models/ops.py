@@ -85,6 +85,9 @@ WEBHOOK_KINDS += (
     "node.validation",
 )  # a node's validation passed or failed (services.nodes.validation)
 WEBHOOK_KINDS += ("budget.threshold",)  # a team's month crossed 50, 80 or 100 % of its budget
+# A board marked for RMA, seen again after it, or its mark cleared; a node's labels set through
+# the API; a provisioning run recorded on a node.
+WEBHOOK_KINDS += ("gpu.rma", "gpu.flagged", "gpu.rma_cleared", "node.labels", "node.bootstrap")
 
 
 class Webhook(BaseModel):

@@ -3,8 +3,9 @@ of GPU records by serial."""
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate
 
-from fleetd.schemas.common import Bool, Int, Text, Time
+from fleetd.schemas.common import Bool, Int, PageQuerySchema, Text, Time, page_schema
 from fleetd.schemas.nodes import EventSchema
+from fleetd.services.nodes.gpus import GPU_STATES
 from fleetd.services.nodes.validation import BUILTIN_CHECKS, RESULT_STATUSES, STATES
 from fleetwire.tasks import ValidationReport
 
@@ -243,3 +244,22 @@ class GpuRecordSchema(Schema):
         }
     )
     history = fields.List(fields.Nested(EventSchema))
+
+
+class GpuListItemSchema(GpuRecordSchema):
+    class Meta:
+        exclude = ("history", "healthy", "health_reason")
+
+
+GpuPageSchema = page_schema(GpuListItemSchema, "GpuPage")
+
+
+class GpuQuerySchema(PageQuerySchema):
+    state = fields.String(
+        validate=validate.OneOf(GPU_STATES),
+        load_default="all",
+        metadata={
+            "description": "rma: marked for RMA; flagged: marked and seen again; ok: neither"
+        },
+    )
+    model = Text(max_length=128, load_default=None)

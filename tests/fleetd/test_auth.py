@@ -76,6 +76,8 @@ ROLE_TABLE = {
     ("GET", "/api/v1/nodes/{node_id}/validation"): AS,
     ("POST", "/api/v1/nodes/{node_id}/validate"): AO,
     ("POST", "/api/v1/agent/validations/{validation_id}"): {"node"},
+    ("GET", "/api/v1/gpus"): AS,
+    ("DELETE", "/api/v1/gpus/{serial}/rma"): AO,
     ("GET", "/api/v1/gpus/{serial}"): AS,
     ("POST", "/api/v1/gpus/{serial}/rma"): A,
     ("GET", "/api/v1/rollouts"): AO,

@@ -91,6 +91,10 @@ def test_the_gate_and_gpu_history_through_the_cli(run):
         and "serial SN-1 is marked for RMA: flaky link" in node["status_reason"]
     )  # the marked board is still in the node
     assert "fleetd: not_found" in run("gpu", "show", "nope", expect=1).stderr
+    marked = run("gpu", "list", "--state", "rma").stdout
+    assert "SN-1" in marked and "flaky link" in marked and "SN-0" not in marked
+    assert "RMA mark cleared" in run("gpu", "clear-rma", "SN-1").stdout
+    assert json.loads(run("gpu", "list", "--state", "rma", "--json").stdout) == []
 
     # Every key of the setting has its option; the API's own schema checks them before anything is
     # sent.

@@ -3,11 +3,11 @@ the RMA mark an operator sets (services.nodes.gpu_history records the history it
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
-from fleetd.errors import NotFound
+from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, GpuRecord, Node, NodeStatus
 from fleetd.services.nodes import gpu_history, nodes
 from fleetd.services.notify.events import current_actor, record_event
-from fleetd.services.pagination import last_rows
+from fleetd.services.pagination import last_rows, paginate
 
 # A node in one of these is drained for repair when one of its GPUs is marked for RMA.
 DRAINABLE = (NodeStatus.READY.value, NodeStatus.CORDONED.value, NodeStatus.FAILED_VALIDATION.value)
@@ -74,4 +74,61 @@ def mark_rma(rt, serial, reason, deadline_seconds):
                 deadline_seconds,
                 repair=True,
             )
+    return get_gpu(serial)
+
+
+GPU_STATES = ("all", "rma", "flagged", "ok")
+
+
+def list_gpus(limit, cursor=None, state="all", model=None):
+    """One page of boards by serial: `state` rma (marked for RMA), flagged (marked and seen again
+    in a node), ok (neither) or all; `model`: only boards of that model."""
+    query = GpuRecord.select()
+    if state == "rma":
+        query = query.where(GpuRecord.rma.is_null(False))
+    elif state == "flagged":
+        query = query.where(GpuRecord.flagged != "")
+    elif state == "ok":
+        query = query.where(GpuRecord.rma.is_null() & (GpuRecord.flagged == ""))
+    if model:
+        query = query.where(GpuRecord.model == model)
+    items, next_cursor = paginate(query, GpuRecord.serial, limit, cursor)
+    hostnames = {
+        n.id: n.hostname
+        for n in Node.select(Node.id, Node.hostname).where(
+            Node.id.in_([r.node_id for r in items if r.node_id])
+        )
+    }
+    for record in items:
+        record.hostname = hostnames.get(record.node_id)
+    return items, next_cursor
+
+
+def clear_rma(rt, serial):
+    """Take a board's RMA mark (and its flag) away: a repaired or replaced board returns. Its own
+    health is its agent's again (the RMA part of the stored health goes at once, the rest with the
+    next report); its node stays as the operator left it (undrained, it validates first). The
+    history keeps the mark and its clearing. NotFound for a serial never seen, Conflict for one
+    that is not marked."""
+    now = rt.clock.now()
+    with write_transaction():
+        record = GpuRecord.get_or_none(GpuRecord.serial == serial)
+        if record is None:
+            raise NotFound(f"no GPU with serial {serial!r} has been seen")
+        if record.rma is None and not record.flagged:
+            raise Conflict(f"GPU {serial} is not marked for RMA", {"serial": serial})
+        marked = record.rma or {}
+        record.rma, record.flagged = None, ""
+        record.save()
+        record_event(
+            now,
+            "gpu.rma_cleared",
+            "gpu",
+            serial,
+            f"RMA mark of {marked.get('at')} ({marked.get('reason')}) cleared",
+        )
+        why = gpu_history.rma_health({}, marked.get("reason"))[1]
+        for gpu in Gpu.select(Gpu.id, Gpu.health_reason).where(Gpu.serial == serial):
+            rest = (gpu.health_reason or "").removeprefix(why).removeprefix("; ")
+            Gpu.update(healthy=not rest, health_reason=rest).where(Gpu.id == gpu.id).execute()
     return get_gpu(serial)

@@ -309,7 +309,16 @@ def delete_node(rt, node_id):
         Gpu.delete().where(Gpu.node == node_id).execute()
         hosts.retire(node, now)  # the same host enrolling again gets this id back
         node.delete_instance()
-        record_event(now, "node.deleted", "node", node_id, "deleted by admin", node.status, None)
+        record_event(
+            now,
+            "node.deleted",
+            "node",
+            node_id,
+            "deleted by admin",
+            node.status,
+            None,
+            data={"hostname": node.hostname, "fleet": node.fleet_id},
+        )
     rt.liveness.forget(node_id)
 
 

@@ -3,7 +3,7 @@
 import contextlib
 import contextvars
 
-from fleetd.models import Event
+from fleetd.models import Event, Node
 from fleetd.services.notify import webhooks
 from fleetd.services.pagination import paginate
 from fleetd.sql import insert_row
@@ -100,6 +100,8 @@ def record_event(
     )
     notify = webhooks.webhook_kind(kind, from_status, to_status)
     if notify is not None:
+        if subject_type == "node":  # a receiver names the host, even of a node deleted since
+            data = {**_node_names(subject_id), **(data or {})}
         webhooks.enqueue(
             now,
             notify,
@@ -114,6 +116,12 @@ def record_event(
             ),
         )
     return actor
+
+
+def _node_names(node_id):
+    """{hostname, fleet} of a node, for the webhooks of its events ({} once it is gone)."""
+    node = Node.select(Node.hostname, Node.fleet).where(Node.id == node_id).first()
+    return {"hostname": node.hostname, "fleet": node.fleet_id} if node is not None else {}
 
 
 def list_events(subject_type, subject_id, limit, cursor=None, after=None):

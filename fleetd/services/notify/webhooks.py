@@ -67,6 +67,11 @@ _NOTIFYING = {
     "node.registered": lambda f, _t: "node.enrolled" if f is None else None,
     "node.deleted": lambda _f, _t: "node.deleted",
     "node.upgraded": lambda _f, _t: "node.upgraded",
+    "node.labels": lambda _f, _t: "node.labels",
+    "node.bootstrap": lambda _f, _t: "node.bootstrap",
+    "gpu.rma": lambda _f, _t: "gpu.rma",
+    "gpu.flagged": lambda _f, _t: "gpu.flagged",
+    "gpu.rma_cleared": lambda _f, _t: "gpu.rma_cleared",
     "rollout.node": lambda _f, to: "rollout.node" if to in ("done", "failed") else None,
     "rollout.state": lambda _f, to: (
         "rollout.state" if to in ("paused", "done", "aborted") else None

@@ -212,6 +212,10 @@ def test_node_lifecycle_webhooks_say_enrolled_drained_why_upgraded_revoked_and_d
         "upgrade done (to 0.2.0): 0.2.0; the node is cordoned again" == got[2][1]["data"]["reason"]
     )
     assert drained["drain_reason"] == "RMA pending"
+    # Every node webhook names the host and its fleet, the deleted node's too.
+    assert all((d["data"]["hostname"], d["data"]["fleet"]) == ("gpu-1", "gpu-a") for _, d in got), (
+        got
+    )
     # The upgrade's events name the upgrade, never an operator's undrain or cordon.
     reasons = [
         e["reason"]

@@ -263,6 +263,24 @@ def test_a_gpu_serial_keeps_its_history_across_hosts_and_an_rma_mark_flags_it_wh
     assert api.post("/api/v1/gpus/nope/rma", {"reason": "x"}).status_code == 404
     assert api.post("/api/v1/gpus/S0001/rma", {}).status_code == 400
 
+    # The fleet's boards as assets: by state and model; a repaired board's mark is cleared.
+    def listed(query=""):
+        return [g["serial"] for g in api.get(f"/api/v1/gpus{query}").get_json()["items"]]
+
+    assert listed() == ["B0000", "S0000", "S0001"]  # B0000: host-b's own board, seen once
+    assert listed("?state=rma") == listed("?state=flagged") == ["S0001"]
+    assert listed("?state=ok") == ["B0000", "S0000"]
+    assert listed(f"?model={_gpus(1)[0]['model']}") == ["B0000", "S0000", "S0001"]
+    assert listed("?model=A100") == []
+    assert api.get("/api/v1/gpus?state=broken").status_code == 400
+    cleared = api.delete("/api/v1/gpus/S0001/rma").get_json()
+    assert (cleared["rma"], cleared["flagged"], cleared["healthy"]) == (None, "", True)
+    assert cleared["history"][-1]["kind"] == "gpu.rma_cleared"
+    assert api.node(node_b)["gpus"][0]["health_reason"] == ""
+    assert listed("?state=ok") == ["B0000", "S0000", "S0001"]
+    assert api.delete("/api/v1/gpus/S0001/rma").status_code == 409  # not marked any more
+    assert api.delete("/api/v1/gpus/nope/rma").status_code == 404
+
 
 def test_marking_a_gpu_again_keeps_its_nodes_repair_drain_and_a_validating_node_fails_on_it(gated):
     api = gated
