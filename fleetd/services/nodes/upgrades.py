@@ -13,6 +13,7 @@ it back to where it was when it went silent (drained, for the upgrade's own drai
 """
 
 import datetime as dt
+import re
 
 from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
@@ -147,6 +148,23 @@ def _fail(node, record, detail, now):
     return f"{why}; the node stays {node.status}"
 
 
+# What _restore says of a cordoned node it put back: read again at the next upgrade's end, only the
+# operator's own reason is kept, so that reasons never nest.
+_RESTORED = re.compile(
+    r"^upgrade done \(.*?\)(?:: .*?)?; cordoned as before(?: \((?P<inner>.*)\))?$", re.S
+)
+
+
+def _operator_reason(reason):
+    """The operator's reason inside what earlier upgrades' ends said of a cordoned node."""
+    for _ in range(100):
+        match = _RESTORED.match(reason or "")
+        if match is None:
+            break
+        reason = match.group("inner") or ""
+    return reason
+
+
 def _restore(rt, node, record, detail, now):
     before = record["before"]
     done = f"upgrade done ({record['reason']})" + (f": {detail}" if detail else "")
@@ -167,7 +185,7 @@ def _restore(rt, node, record, detail, now):
             node,
             NodeStatus.CORDONED,
             f"{done}; cordoned as before"
-            + (f" ({before['reason']})" if before.get("reason") else ""),
+            + (f" ({reason})" if (reason := _operator_reason(before.get("reason"))) else ""),
             now,
         )
     else:

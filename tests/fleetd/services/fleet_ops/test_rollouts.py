@@ -229,6 +229,21 @@ def test_node_lifecycle_webhooks_say_enrolled_drained_why_upgraded_revoked_and_d
     ], reasons
 
 
+def test_reasons_never_nest_over_upgrades_of_a_cordoned_node(api):
+    api.create_fleet("gpu-a")
+    node_id, _ = api.ready_node(api.create_join_token("gpu-a"), "gpu-1")
+    api.post(f"/api/v1/nodes/{node_id}/cordon", {"reason": "fan noise"})
+    for version in ("0.2.0", "0.3.0", "0.4.0"):
+        api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": f"to {version}"})
+        ended = api.post(
+            f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "succeeded", "detail": version}
+        ).get_json()
+        assert ended["status"] == "cordoned"
+        assert ended["status_reason"] == (
+            f"upgrade done (to {version}): {version}; cordoned as before (cordon: fan noise)"
+        ), ended["status_reason"]
+
+
 def test_a_retried_upgrade_is_accepted_on_a_node_gone_lost_after_its_failed_upgrade(api, clock):
     # The agent of a failed upgrade is down: the node may be declared lost between the retry reading
     # it (drained) and beginning. fleetd accepts the retry on the record it holds; the node stays
