@@ -208,7 +208,8 @@ _RETURNS_TO = {
 def validate_node(rt, node_id):
     """An operator asks for a validation now: the node takes no new work until it passes, then
     returns to where it was (a ready node to ready, a cordoned or drained one stays so). Refused
-    (409) while tasks run on it, and for a pending, draining, lost or revoked node."""
+    (409) while tasks run on it, while an upgrade of it that failed is open, and for a pending,
+    draining, lost or revoked node."""
     now = rt.clock.now()
     with write_transaction():
         node = Node.get_or_none(Node.id == node_id)
@@ -224,6 +225,15 @@ def validate_node(rt, node_id):
                 f"node {node_id} is {node.status}: only a ready, cordoned, drained, validating or "
                 "failed_validation node can be validated",
                 {"status": node.status},
+            )
+        upgrade = node.upgrade or {}
+        if upgrade.get("failed"):  # an open failed upgrade: validating would hide it
+            raise Conflict(
+                f"node {node_id}'s upgrade ({upgrade.get('reason')}) failed and is still open: "
+                "upgrade it again (fleetd node upgrade), or fix its agent and end the upgrade "
+                '(POST /api/v1/nodes/{id}/upgrade/end {"outcome": "succeeded"}); a validation '
+                "now would put the node back in service with its agent as the upgrade left it",
+                {"status": node.status, "upgrade": upgrade},
             )
         running = (
             Task.select().where((Task.node == node_id) & Task.state.in_(ACTIVE_TASK_STATES)).count()

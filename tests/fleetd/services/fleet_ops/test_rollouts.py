@@ -441,6 +441,10 @@ def test_a_node_that_fails_its_validation_after_the_upgrade_pauses_the_rollout_a
         f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "failed", "detail": "validation failed"}
     )
     assert api.node(node_id)["status"] == "failed_validation"
+    # Validating it now would put it back in service with its upgrade still open: refused.
+    refused = api.post(f"/api/v1/nodes/{node_id}/validate")
+    assert refused.status_code == 409 and "upgrade" in refused.get_json()["error"]["message"]
+    assert api.node(node_id)["status"] == "failed_validation"
     paused = _report(
         api, rollout, invalid, "failed", detail="the driver says nothing of validation"
     )
