@@ -80,3 +80,8 @@ _action(
     "Abort a running or paused rollout: no further node begins; nodes that never began are "
     "skipped.",
 )
+_action(
+    "retry",
+    "Retry a paused rollout's failed nodes: they are pending again and the rollout runs on (its "
+    "driver, waiting while it is paused, takes them); 409 when none failed or it is not paused.",
+)

@@ -22,7 +22,7 @@ class _RolloutGroup(click.Group):
 
 @click.group(cls=_RolloutGroup)
 def rollout():
-    """Rollouts of a bundle over a fleet: start, status, pause, resume, abort."""
+    """Rollouts of a bundle over a fleet: start, status, pause, resume, abort, retry."""
 
 
 NODE_COLUMNS = [
@@ -120,6 +120,11 @@ rollout_resume = _request(
 )
 rollout_abort = _request(
     "abort", "Abort a rollout: no further node begins; a node being upgraded finishes."
+)
+rollout_retry = _request(
+    "retry",
+    "Retry a paused rollout's failed nodes: its driver (`fleetd rollout start`, waiting while "
+    "it is paused) takes them again. An ended rollout is started anew.",
 )
 
 COMMANDS = [rollout]

@@ -127,7 +127,7 @@ class RolloutDriver:
         for _ in range(int(self.max_wait / POLL_SECONDS) + 2):
             rollout = self.client.get(f"/api/v1/rollouts/{rollout_id}")
             window = rollout.get("window")
-            if rollout["state"] in ("done", "aborted"):
+            if rollout["state"] in ("done", "failed", "aborted"):
                 raise Aborted(rollout)
             if rollout["state"] == "paused":
                 why = (

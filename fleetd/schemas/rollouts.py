@@ -86,7 +86,11 @@ class RolloutSchema(Schema):
     fleet = fields.String()
     bundle_version = fields.String()
     bundle_sha256 = fields.String()
-    state = fields.String(metadata={"description": "running, paused, done or aborted"})
+    state = fields.String(
+        metadata={
+            "description": "running, paused; ended: done, failed (nothing left to try) or aborted"
+        }
+    )
     state_reason = fields.String()
     batch = fields.Raw(attribute="options.batch")
     canary = fields.Integer(attribute="options.canary")

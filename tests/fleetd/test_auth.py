@@ -87,6 +87,7 @@ ROLE_TABLE = {
     ("POST", "/api/v1/rollouts/{rollout_id}/pause"): AO,
     ("POST", "/api/v1/rollouts/{rollout_id}/resume"): AO,
     ("POST", "/api/v1/rollouts/{rollout_id}/abort"): AO,
+    ("POST", "/api/v1/rollouts/{rollout_id}/retry"): AO,
     ("GET", "/api/v1/nodes/{node_id}/events"): AS,
     ("POST", "/api/v1/nodes/{node_id}/events"): A,
     ("POST", "/api/v1/agent/register"): {"join"},

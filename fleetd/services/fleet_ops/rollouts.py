@@ -3,9 +3,10 @@
 fleetd holds the plan and the state; the CLI that runs `fleetd rollout start` drives it over SSH
 (docs/architecture.md, Rollouts) and reports each node here. The policy lives here, so that every
 driver obeys the same one: a failed canary, a node that failed its validation after the upgrade, or
-more failures than `max_failures` pause the rollout by themselves; a paused or aborted rollout, or
-one outside its window, lets no further node begin (its driver sees 409 and waits, or stops).
-Pause, resume and abort are requests any admin makes from anywhere.
+more failures than `max_failures` pause the rollout by themselves (or end it `failed` when no node
+is left to try: nothing would ever resume it); a paused or ended rollout, or one outside its
+window, lets no further node begin (its driver sees 409 and waits, or stops). Pause, resume, abort
+and retry (the failed nodes again) are requests an admin or an operator makes from anywhere.
 """
 
 import math
@@ -21,6 +22,7 @@ from fleetd.services.notify.events import current_actor, record_event
 from fleetd.services.pagination import paginate
 
 RUNNING, PAUSED, DONE, ABORTED = "running", "paused", "done", "aborted"
+ENDED_FAILED = "failed"  # a rollout fleetd would pause with no node left to try: it ends so
 ACTIVE = (RUNNING, PAUSED)
 PENDING, UPGRADING, NODE_DONE, FAILED, SKIPPED = "pending", "upgrading", "done", "failed", "skipped"
 NODE_STATES = (PENDING, UPGRADING, NODE_DONE, FAILED, SKIPPED)
@@ -231,6 +233,21 @@ def _settle(rollout, now):
         )
 
 
+def _stop(rollout, why, now):
+    """fleetd stops a running rollout after a failure (inside the caller's transaction): paused
+    while nodes are left to try (`resume` goes on, `retry` tries the failed ones again), ended
+    `failed` when none is (a driver, CI's, waits on an end)."""
+    left = (
+        RolloutNode.select()
+        .where((RolloutNode.rollout == rollout.id) & RolloutNode.state.in_([PENDING, UPGRADING]))
+        .exists()
+    )
+    if left:
+        _switch(rollout, PAUSED, f"paused by fleetd: {why}", now)
+    else:
+        _switch(rollout, ENDED_FAILED, f"failed: {why}; no node left to try", now)
+
+
 def _failed_validation(node_id):
     """The node's validation failed after its upgrade: it is failed_validation now, which no node
     is when its upgrade begins (services.nodes.upgrades.UPGRADABLE), so this upgrade put it there.
@@ -311,26 +328,18 @@ def report_node(rt, rollout_id, node_id, state, detail=""):
             allowed = int(rollout.options.get("max_failures") or 0)
             invalid = _failed_validation(node_id)
             if row.canary:
-                _switch(
-                    rollout,
-                    PAUSED,
-                    f"paused by fleetd: canary node {node_id} failed ({detail[:500]})",
-                    now,
-                )
+                _stop(rollout, f"canary node {node_id} failed ({detail[:500]})", now)
             elif invalid is not None:
-                _switch(
+                _stop(
                     rollout,
-                    PAUSED,
-                    f"paused by fleetd: node {node_id} failed its validation after the "
-                    f"upgrade ({invalid[:500]})",
+                    f"node {node_id} failed its validation after the upgrade ({invalid[:500]})",
                     now,
                 )
             elif failures > allowed:
-                _switch(
+                _stop(
                     rollout,
-                    PAUSED,
-                    f"paused by fleetd: {failures} node(s) failed, more than --max-failures "
-                    f"{allowed} (last: node {node_id}: {detail[:300]})",
+                    f"{failures} node(s) failed, more than --max-failures {allowed} (last: "
+                    f"node {node_id}: {detail[:300]})",
                     now,
                 )
         _settle(rollout, now)
@@ -346,6 +355,9 @@ def request(rt, rollout_id, action):
         "pause": ((RUNNING,), PAUSED),
         "resume": ((PAUSED,), RUNNING),
         "abort": (ACTIVE, ABORTED),
+        # A paused rollout's driver is still waiting: it takes the failed nodes again. An ended
+        # rollout has no driver left; `fleetd rollout start` again covers the nodes it missed.
+        "retry": ((PAUSED,), RUNNING),
     }
     if action not in moves:
         raise InvalidRequest(f"unknown action {action!r}")
@@ -357,7 +369,10 @@ def request(rt, rollout_id, action):
                 f"rollout {rollout_id} is {rollout.state}: it cannot be {target}",
                 {"state": rollout.state},
             )
-        _switch(rollout, target, f"{target} by {actor}", now)
+        if action == "retry":
+            _retry(rollout, actor, now)
+        else:
+            _switch(rollout, target, f"{target} by {actor}", now)
         if target == ABORTED:
             # Nodes that never began stay as they are; the record says why they were not upgraded.
             RolloutNode.update(
@@ -367,3 +382,20 @@ def request(rt, rollout_id, action):
             ).where((RolloutNode.rollout == rollout_id) & (RolloutNode.state == PENDING)).execute()
         _settle(rollout, now)
     return get_rollout(rollout_id)
+
+
+def _retry(rollout, actor, now):
+    """The paused rollout's failed nodes are pending again and it runs (inside the caller's
+    transaction); Conflict when none failed."""
+    failed = RolloutNode.select(RolloutNode.id).where(
+        (RolloutNode.rollout == rollout.id) & (RolloutNode.state == FAILED)
+    )
+    count = failed.count()
+    if not count:
+        raise Conflict(
+            f"rollout {rollout.id} has no failed node to retry", {"state": rollout.state}
+        )
+    RolloutNode.update(state=PENDING, detail=f"retried by {actor}", updated_at=now).where(
+        RolloutNode.id.in_(failed)
+    ).execute()
+    _switch(rollout, RUNNING, f"retry of {count} failed node(s) by {actor}", now)

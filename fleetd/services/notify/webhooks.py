@@ -74,7 +74,7 @@ _NOTIFYING = {
     "gpu.rma_cleared": lambda _f, _t: "gpu.rma_cleared",
     "rollout.node": lambda _f, to: "rollout.node" if to in ("done", "failed") else None,
     "rollout.state": lambda _f, to: (
-        "rollout.state" if to in ("paused", "done", "aborted") else None
+        "rollout.state" if to in ("paused", "done", "failed", "aborted") else None
     ),
 }
 

@@ -127,6 +127,35 @@ def test_a_failed_canary_pauses_the_rollout_before_other_nodes_resume_and_abort_
     assert _start(api)["state"] == "running"
 
 
+def test_a_rollout_with_no_node_left_to_try_ends_failed_and_a_paused_one_retries_its_failures(
+    api,
+):
+    api.create_fleet("gpu-a")
+    ids = _nodes(api, 3, api.create_join_token("gpu-a", max_uses=10))
+    rollout = _start(api, batch=1, canary=1, max_failures=0)
+    canary = next(n["node_id"] for n in rollout["nodes"] if n["canary"])
+    _report(api, rollout, canary, "upgrading")
+    paused = _report(api, rollout, canary, "failed", detail="agent did not start")
+    assert paused["state"] == "paused"
+    action = f"/api/v1/rollouts/{rollout['id']}/retry"
+    retried = api.post(action).get_json()
+    assert retried["state"] == "running" and "retry of 1 failed node(s)" in retried["state_reason"]
+    assert next(n for n in retried["nodes"] if n["canary"])["state"] == "pending"
+    assert api.post(action).status_code == 409  # running: nothing to retry
+    _report(api, rollout, canary, "upgrading")
+    _report(api, rollout, canary, "done")
+    others = [n for n in ids.values() if n != canary]
+    _report(api, rollout, others[0], "upgrading")
+    _report(api, rollout, others[0], "done")
+    _report(api, rollout, others[1], "upgrading")
+    # The last node fails over --max-failures 0: nothing is left to resume, so it ends failed.
+    ended = _report(api, rollout, others[1], "failed", detail="pip: no space left on device")
+    assert ended["state"] == "failed" and ended["state_reason"].startswith("failed: 1 node(s)")
+    assert "no node left to try" in ended["state_reason"]
+    assert api.post(action).status_code == 409  # ended: a new rollout takes the node
+    assert _start(api)["state"] == "running"  # an ended rollout leaves the fleet free
+
+
 def test_a_rollout_ends_done_when_its_last_node_is_through_and_bad_input_is_refused(api):
     api.create_fleet("gpu-a")
     ids = _nodes(api, 2, api.create_join_token("gpu-a", max_uses=10))

@@ -190,6 +190,8 @@ def test_webhook_kinds_of_events():
     assert webhook_kind("node.status", "ready", "cordoned") is None
     assert webhook_kind("job.state", "running", "failed") == "job.failed"
     assert webhook_kind("job.state", "running", "succeeded") is None
+    assert webhook_kind("rollout.state", "running", "failed") == "rollout.state"
+    assert webhook_kind("rollout.state", "paused", "running") is None
     for kind in ("gpu.rma", "gpu.flagged", "gpu.rma_cleared", "node.labels", "node.bootstrap"):
         assert webhook_kind(kind, None, None) == kind
     assert webhook_kind("instance.state", "running", "interrupted") == "instance.interrupted"
