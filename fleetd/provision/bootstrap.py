@@ -43,6 +43,33 @@ RETURNS_TO = {
 AGENT_LOG_LINES = 15
 
 
+# Where a node that a run waits on stops for good in this run: no wait past it.
+_STOPS = {
+    "failed_validation": "its validation failed: fix the host, then `fleetd node validate {id}`",
+    "revoked": "it was revoked: enrol the host again with a new join token",
+    "cordoned": "it was taken out of service (the fleet's health policy, or an operator)",
+    "draining": "it is being drained (the fleet's health policy, or an operator)",
+    "drained": "it was drained (the fleet's health policy, or an operator)",
+}
+
+
+def stopped_short_of(targets):
+    """stop(node) for _poll: why a node waited on to reach one of `targets` never will in this run
+    (a terminal status for it), else None."""
+
+    def stop(node):
+        status = node["status"]
+        if status in targets or status not in _STOPS:
+            return None
+        if status in ("cordoned", "draining", "drained") and tuple(targets) != ("ready",):
+            return None  # on its way to where the run takes it (an upgrade's drain)
+        why = node.get("status_reason") or "no reason given"
+        hint = _STOPS[status].format(id=node["id"])
+        return f"node {node['id']} is {status} ({why}), not {' or '.join(targets)}: {hint}"
+
+    return stop
+
+
 class HostFailed(Exception):
     """This host cannot be bootstrapped; the message is the reason shown in the final table."""
 
@@ -737,14 +764,18 @@ class Bootstrapper:
 
     # ------------------------------------------------------------------ fleetd side
 
-    def _poll(self, node_id, done, timeout, what):
-        """Poll the node until done(node) is truthy; returns the node. Bounded in time and count."""
+    def _poll(self, node_id, done, timeout, what, stop=None):
+        """Poll the node until done(node) is truthy; returns the node. Bounded in time and count.
+        `stop(node)`: why the node will not get there in this run (HostFailed at once), or None."""
         deadline = self.clock() + timeout
         node = None
         for _ in range(int(timeout / POLL_SECONDS) + 2):
             node = self._node(node_id)
             if node is not None and done(node):
                 return node
+            why = stop(node) if stop is not None and node is not None else None
+            if why:
+                raise HostFailed(why)
             if self.clock() >= deadline:
                 break
             self.sleep(POLL_SECONDS)
@@ -820,7 +851,11 @@ class Bootstrapper:
             )
         targets = RETURNS_TO.get(previous, ("ready",))
         return self._poll(
-            result.node_id, lambda n: n["status"] in targets, timeout, " or ".join(targets)
+            result.node_id,
+            lambda n: n["status"] in targets,
+            timeout,
+            " or ".join(targets),
+            stop=stopped_short_of(targets),
         )
 
     def _validate(self, result):

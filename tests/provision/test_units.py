@@ -170,8 +170,10 @@ class FakeClient:
     def __init__(self, states):
         self.states = list(states)
         self.posts = []
+        self.gets = 0
 
     def get(self, path):
+        self.gets += 1
         return self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
     def post(self, path, body=None):
@@ -219,6 +221,28 @@ def test_waiting_gives_up_with_the_node_status_and_reason():
         HostFailed, match=r"not ready after 5s: it is lost \(no heartbeat for 40s\)"
     ):
         b._wait_ready(result, None, False, "ready")
+
+
+@pytest.mark.parametrize(
+    "status, reason, said",
+    [
+        (
+            "failed_validation",
+            "pcie_link GPU 0",
+            r"failed_validation \(pcie_link GPU 0\).*validate",
+        ),
+        ("drained", "health policy: XID 79", r"drained \(health policy: XID 79\)"),
+        ("revoked", "revoked by admin", r"revoked.*new join token"),
+    ],
+)
+def test_waiting_for_ready_stops_at_once_where_the_node_will_not_get_there(status, reason, said):
+    client = FakeClient([node("validating", "t2"), dict(node(status, "t2"), status_reason=reason)])
+    b, result = bootstrapper(client)
+    b.clock = iter(range(0, 10_000)).__next__  # a minute of polls allowed: it stops at the second
+    b.options.wait_timeout = 60
+    with pytest.raises(HostFailed, match=said):
+        b._wait_ready(result, None, False, "ready")
+    assert client.gets == 2  # the poll that saw it, not a minute of them
 
 
 def test_bootstrap_options_take_one_url_or_several():
