@@ -435,9 +435,13 @@ class Bootstrapper:
                 f"{options.bundle.sha256[:12]})"
             )
         reason = f"fleetd bootstrap: {verb} the agent {what}"
-        if node["status"] not in UPGRADABLE:
-            # Lost (its agent died in the upgrade that failed): fleetd holds the record already.
+        if node["status"] not in UPGRADABLE and not (
+            node["status"] == "lost" and node.get("upgrade") is not None
+        ):
             return node
+        # Lost (its agent died in the upgrade that failed): fleetd keeps the record it holds and
+        # takes this run as the upgrade's retry (the failure is no longer open: the node may be
+        # validated as part of it).
         self.progress(
             result.host,
             "install",
