@@ -8,15 +8,15 @@ from fleetd.models import Budget, UsageDay
 from fleetd.services.accounting.periods import month_of, month_start
 
 
-def month_usage(team, now):
+def month_usage(team, now, column=UsageDay.team):
     """(cost, GPU-hours) of a team's month so far (UTC), from the ledger's day sums (storage cost
-    included)."""
+    included); `column` UsageDay.project: a project's, `team` naming it."""
     start = month_start(now).date()
     row = (
         UsageDay.select(
             fn.COALESCE(fn.SUM(UsageDay.cost), 0.0), fn.COALESCE(fn.SUM(UsageDay.gpu_seconds), 0.0)
         )
-        .where((UsageDay.team == team) & (UsageDay.day >= start))
+        .where((column == team) & (UsageDay.day >= start))
         .tuples()
         .first()
     )

@@ -5,13 +5,12 @@ project; webhooks with it) and a notification to each active member of the proje
 team's budget (services.accounting.budgets), so a lab budgets capacity to teams and watches its
 projects within them."""
 
-from peewee import fn
-
 from fleetd.db import write_transaction
 from fleetd.errors import InvalidRequest, NotFound
 from fleetd.models import Project, ProjectBudget, UsageDay
+from fleetd.services.accounting import budget_state
 from fleetd.services.accounting.budget_state import figures, percent_used
-from fleetd.services.accounting.periods import month_of, month_start
+from fleetd.services.accounting.periods import month_of
 from fleetd.services.identity import access
 from fleetd.services.notify import feed
 from fleetd.services.notify.events import record_event
@@ -21,16 +20,7 @@ THRESHOLDS = (50, 80, 100)
 
 def month_usage(project, now):
     """(cost, GPU-hours) of a project's month so far (UTC), from the ledger's day sums."""
-    start = month_start(now).date()
-    row = (
-        UsageDay.select(
-            fn.COALESCE(fn.SUM(UsageDay.cost), 0.0), fn.COALESCE(fn.SUM(UsageDay.gpu_seconds), 0.0)
-        )
-        .where((UsageDay.project == project) & (UsageDay.day >= start))
-        .tuples()
-        .first()
-    )
-    return (row[0], row[1] / 3600) if row else (0.0, 0.0)
+    return budget_state.month_usage(project, now, UsageDay.project)
 
 
 def budget_view(budget, now):
