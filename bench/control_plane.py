@@ -146,8 +146,9 @@ def main():
         if "cpu_seconds" in r:
             print(
                 f"  CPU per job: fleetd {r['fleetd_cpu_ms_per_job']:.1f} ms, agents "
-                f"{r['agents_cpu_ms_per_job']:.1f} ms, load generator ({r['submitters']} "
-                f"submitters) {r['load_generator_cpu_ms_per_job']:.1f} ms"
+                f"{r['agents_cpu_ms_per_job']:.1f} ms, their tasks' processes (root shell, "
+                f"setpriv, command) {r['tasks_cpu_ms_per_job']:.1f} ms, load generator "
+                f"({r['submitters']} submitters) {r['load_generator_cpu_ms_per_job']:.1f} ms"
             )
             if r["succeeded"] != r["ops"]:
                 print(f"  WARNING: only {r['succeeded']} of the {r['ops']} jobs succeeded")
@@ -236,10 +237,14 @@ def _parse(ts):
     return dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of a process and its reaped children, from /proc."""
+def cpu_seconds(pid, own=True, children=True):
+    """User + system CPU seconds of a process (`own`) and of its reaped children (`children`: for
+    an agent, the tasks' processes: the root shell, setpriv and the command), from /proc."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    ticks = (sum(int(x) for x in fields[11:13]) if own else 0) + (
+        sum(int(x) for x in fields[13:15]) if children else 0
+    )
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu_seconds():
@@ -310,7 +315,8 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
         ids, lock, failures = [], threading.Lock(), []
         cpu0 = {
             "fleetd": cpu_seconds(server_pid) if server_pid else 0.0,
-            "agents": sum(cpu_seconds(a.pid) for a in agents),
+            "agents": sum(cpu_seconds(a.pid, children=False) for a in agents),
+            "tasks": sum(cpu_seconds(a.pid, own=False) for a in agents),
             "load generator": _own_cpu_seconds(),
         }
         t0 = time.perf_counter()
@@ -368,7 +374,8 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
         elapsed = time.perf_counter() - t0
         cpu = {
             "fleetd": (cpu_seconds(server_pid) if server_pid else 0.0) - cpu0["fleetd"],
-            "agents": sum(cpu_seconds(a.pid) for a in agents) - cpu0["agents"],
+            "agents": sum(cpu_seconds(a.pid, children=False) for a in agents) - cpu0["agents"],
+            "tasks": sum(cpu_seconds(a.pid, own=False) for a in agents) - cpu0["tasks"],
             "load generator": _own_cpu_seconds() - cpu0["load generator"],
         }
         succeeded = set(ids) & _job_ids(http, url, "succeeded")
@@ -383,6 +390,7 @@ def run_jobs(url, admin, args, data_dir, server_pid=None):
             "cpu_seconds": cpu,
             "fleetd_cpu_ms_per_job": 1000 * cpu["fleetd"] / max(1, len(ids)),
             "agents_cpu_ms_per_job": 1000 * cpu["agents"] / max(1, len(ids)),
+            "tasks_cpu_ms_per_job": 1000 * cpu["tasks"] / max(1, len(ids)),
             "load_generator_cpu_ms_per_job": 1000 * cpu["load generator"] / max(1, len(ids)),
             "submitters": args.submitters,
         }

@@ -37,7 +37,7 @@ from fleetd.models import (
 )
 from fleetd.services.accounting.periods import GPU, STORAGE, split_days
 from fleetd.services.accounting.volumes import flush_volumes
-from fleetd.sql import Statement
+from fleetd.sql import Statement, insert_row
 
 BATCH = 500  # runs accounted per write transaction
 
@@ -101,21 +101,30 @@ def storage_price(when=None):
     return row.price if row is not None else None
 
 
-def record_run_end(task, now):
+def record_run_end(task, now, attempt=None):
     """A task that ran ends (inside the transaction that ends it): the ledger accounts the run to
-    `now` at its next pass. The task's node and GPUs are kept here, as a requeue clears them."""
+    `now` at its next pass. The task's node and GPUs are kept here, as a requeue clears them.
+    `attempt`: its job's attempt, when the caller read the job already."""
     if task.started_at is None:
         return
-    job = Job.select(Job.attempt).where(Job.id == task.job_id).first()
-    UsageMark.insert(
-        task_id=task.id,
-        epoch=task.epoch,
-        node_id=task.node_id or "",
-        gpus=task.gpus or [],
-        attempt=job.attempt if job is not None else 1,
-        started_at=task.started_at,
-        ended_at=now,
-    ).execute()
+    if attempt is None:
+        rows = _JOB_ATTEMPT.raw_tuples(id=task.job_id)
+        attempt = rows[0][0] if rows else 1
+    insert_row(
+        UsageMark,
+        {
+            "task_id": task.id,
+            "epoch": task.epoch,
+            "node_id": task.node_id or "",
+            "gpus": task.gpus or [],
+            "attempt": attempt,
+            "started_at": task.started_at,
+            "ended_at": now,
+        },
+    )
+
+
+_JOB_ATTEMPT = Statement(lambda v: Job.select(Job.attempt).where(Job.id == v("id")).limit(1))
 
 
 def run_price(record, book, when):

@@ -69,7 +69,11 @@ def acquire(rt, node_id, wait_seconds, limit=1):
             if taken:
                 for task in taken:
                     rt.leases.renew(task.id, task.epoch)
-                return [assignment(task, Job.get_by_id(task.job_id)) for task in taken]
+                jobs = {
+                    job.id: job for job in Job.select().where(Job.id.in_({t.job_id for t in taken}))
+                }
+                fleet = _TASK_DEFAULTS.first(node_id=node_id)  # one node: one fleet's defaults
+                return [assignment(task, jobs[task.job_id], fleet) for task in taken]
         return []
 
     def take():
@@ -153,11 +157,11 @@ _TASK_DEFAULTS = Statement(
 )
 
 
-def task_limits(spec, node_id):
-    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on this node: the spec's
-    own memory_bytes, else its fleet's task_memory_default_bytes; the spec's pids up to its fleet's
-    task_pids_max (which is also the default); its fleet's PATH."""
-    fleet = _TASK_DEFAULTS.first(node_id=node_id)
+def task_limits(spec, fleet):
+    """{memory_bytes, memory_default, pids, task_path} of a task of `spec` on a node of `fleet` (its
+    _TASK_DEFAULTS row, None when unknown): the spec's own memory_bytes, else the fleet's
+    task_memory_default_bytes; the spec's pids up to the fleet's task_pids_max (which is also the
+    default); the fleet's PATH."""
     pids_max = fleet.task_pids_max if fleet is not None else DEFAULT_TASK_PIDS_MAX
     default_memory = (
         fleet.task_memory_default_bytes if fleet is not None else DEFAULT_TASK_MEMORY_BYTES
@@ -171,8 +175,9 @@ def task_limits(spec, node_id):
     }
 
 
-def assignment(task, job):
-    """The Assignment (docs/api.md) for a task, built through its one definition (fleetwire)."""
+def assignment(task, job, fleet):
+    """The Assignment (docs/api.md) for a task, built through its one definition (fleetwire);
+    `fleet`: the _TASK_DEFAULTS row of its node's fleet."""
     spec = job.job_spec
     run = spec.instance
     instance = (
@@ -211,7 +216,7 @@ def assignment(task, job):
         max_runtime_seconds=spec.max_runtime_seconds,
         artifacts=[a.to_dict() for a in spec.artifacts],
         cpus=spec.resources.cpus or None,
-        **task_limits(spec, task.node_id),  # memory_bytes, memory_default, pids, task_path
+        **task_limits(spec, fleet),  # memory_bytes, memory_default, pids, task_path
         priority_class=spec.priority_class,
         bid=spec.bid,
         instance=instance,
@@ -270,13 +275,13 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
     rt.leases.renew(task_id, epoch)
 
 
-def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None):
+def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None, job=None):
     task.started_at = now if started_at is None else started_at
     task.pid = pid
     switch_task_state(
         rt, task, TaskState.RUNNING, f"started (pid {pid})" if pid else "started", now, save=save
     )
-    run_started(rt, task, ports, now)
+    run_started(rt, task, ports, now, job)
 
 
 def append_logs(rt, node_id, task_id, epoch, lines):
@@ -331,6 +336,7 @@ def _settle_finish(rt, node_id, task_id, finish, now):
     )
     pid, started_seconds_ago, ports = finish.pid, finish.started_seconds_ago, finish.ports
     task = leased_task(node_id, task_id, epoch)
+    job = Job.get_by_id(task.job_id)  # read once for the start, the ledger and the settling
     if pid is not None and task.state == TaskState.ASSIGNED.value:
         started_at = None
         if started_seconds_ago is not None:
@@ -338,7 +344,14 @@ def _settle_finish(rt, node_id, task_id, finish, now):
                 now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now
             )
         _mark_started(
-            rt, task, pid, now, started_at, save=False, ports=None if ports is None else list(ports)
+            rt,
+            task,
+            pid,
+            now,
+            started_at,
+            save=False,
+            ports=None if ports is None else list(ports),
+            job=job,
         )
     if finish.idle and not reason.startswith("idle"):
         reason = f"idle: {reason or 'GPU utilisation under its threshold'}"
@@ -357,6 +370,7 @@ def _settle_finish(rt, node_id, task_id, finish, now):
             exit_code=exit_code,
             reported=True,
             free_retry=lost and finish.agent_stopping and not hardware,
+            job=job,
         )
     return task
 

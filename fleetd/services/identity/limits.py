@@ -58,18 +58,30 @@ def hold_owner(settings, principal):
     locking = not isinstance(database.obj, peewee.SqliteDatabase)
     own = None
     if principal.kind == "api":
-        query = ApiToken.select(ApiToken.limits).where(ApiToken.id == principal.id)
-        row = (query.for_update() if locking and principal.user_id is None else query).first()
+        lock = locking and principal.user_id is None
+        row = (_TOKEN_LIMITS_LOCKED if lock else _TOKEN_LIMITS).first(id=principal.id)
         if row is None:
             raise NotFound(f"token {principal.id} not found")
         own = row.limits
     if principal.user_id is None:
         return effective(settings, own)
-    users = User.select(User.limits).where(User.id == principal.user_id)
-    user = (users.for_update() if locking else users).first()
+    user = (_USER_LIMITS_LOCKED if locking else _USER_LIMITS).first(id=principal.user_id)
     if user is None:
         raise NotFound(f"user {principal.login} not found")
     return effective(settings, own, user.limits)
+
+
+# Compiled once (fleetd.sql): every submit reads them.
+_TOKEN_LIMITS = Statement(
+    lambda v: ApiToken.select(ApiToken.limits).where(ApiToken.id == v("id")).limit(1)
+)
+_TOKEN_LIMITS_LOCKED = Statement(
+    lambda v: ApiToken.select(ApiToken.limits).where(ApiToken.id == v("id")).limit(1).for_update()
+)
+_USER_LIMITS = Statement(lambda v: User.select(User.limits).where(User.id == v("id")).limit(1))
+_USER_LIMITS_LOCKED = Statement(
+    lambda v: User.select(User.limits).where(User.id == v("id")).limit(1).for_update()
+)
 
 
 def stored_size(stored):
@@ -211,15 +223,17 @@ def check_new_artifact(limits, principal, sha256, size):
 
 def active_jobs(token_id):
     """The owner's jobs not yet ended (queued, running, cancelling), runs of instances aside."""
-    return (
-        Job.select(_COUNT)
-        .where(
-            (Job.owner_token_id == token_id)
-            & Job.state.in_(ACTIVE_JOB_STATES)
-            & Job.instance_id.is_null()
-        )
-        .scalar()
+    rows = _ACTIVE_JOBS.raw_tuples(token_id=token_id)
+    return int(rows[0][0]) if rows else 0
+
+
+_ACTIVE_JOBS = Statement(
+    lambda v: Job.select(_COUNT).where(
+        (Job.owner_token_id == v("token_id"))
+        & Job.state.in_(ACTIVE_JOB_STATES)
+        & Job.instance_id.is_null()
     )
+)
 
 
 def instances(token_id):

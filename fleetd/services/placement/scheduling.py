@@ -303,6 +303,7 @@ def _write(rt, plan, now, inventory):
         )
         jobs = {j.id: j for j in _jobs_by_id([job.id for job, _, _ in plan.placed])}
         tasks = _tasks_of(list(jobs))
+        roots: dict[str, bool] = {}  # fleet -> allows root tasks, read once in this transaction
         for job, _, result in plan.placed:
             fresh = jobs.get(job.id)
             ranks = [tasks.get((job.id, r.rank)) for r in result.ranks]
@@ -314,7 +315,9 @@ def _write(rt, plan, now, inventory):
             ):
                 continue  # cancelled, or its node left service, while the engine decided: next pass
             try:
-                run_as = [_run_as(rt, inventory, fresh, r.node_id, now) for r in result.ranks]
+                run_as = [
+                    _run_as(rt, inventory, fresh, r.node_id, now, roots) for r in result.ranks
+                ]
             except UidsExhausted as exc:
                 plan.waiting[job.id] = (
                     f"cannot run: no uid to run its tasks as ({exc}); an admin can widen "
@@ -328,24 +331,29 @@ def _write(rt, plan, now, inventory):
     return assigned, woken
 
 
-def _run_as(rt, inventory, job, node_id, now):
+def _run_as(rt, inventory, job, node_id, now, roots):
     """Who the job's task runs as on this node (services.identity.identities): root only for an
-    admin's work in a fleet that allows root tasks."""
+    admin's work in a fleet that allows root tasks (`roots`: what the write transaction read of
+    that rule, by fleet)."""
     fleet = inventory.node_fleet.get(node_id)
     row = inventory.fleets.get(fleet)
     # Read afresh, inside the write transaction: the pass's inventory may be a second old, and root
     # is never granted on a view older than the fleet's rule (an admin just turned it off).
     return rt.identities.run_as(
         job.owner_token_id,
-        functools.partial(_allows_root, fleet),
+        functools.partial(_allows_root, fleet, roots),
         now,
         row.task_identity if row is not None else "dynamic",
         job.user,
     )
 
 
-def _allows_root(fleet):
-    return bool(fleet and Fleet.select(Fleet.allow_root_tasks).where(Fleet.name == fleet).scalar())
+def _allows_root(fleet, roots):
+    if fleet not in roots:
+        roots[fleet] = bool(
+            fleet and Fleet.select(Fleet.allow_root_tasks).where(Fleet.name == fleet).scalar()
+        )
+    return roots[fleet]
 
 
 def _assign(rt, job, tasks, result, now, woken, run_as):

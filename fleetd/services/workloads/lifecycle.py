@@ -72,10 +72,11 @@ def switch_job_state(job, to_state, reason, now):
     return job
 
 
-def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True):
+def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True, attempt=None):
     """The one way a task changes state; its Event is listed with its job's events. `save=False`:
     the caller saves the row itself, with the next change it makes in the same transaction.
-    `tell_node=False`: the node itself reported the end (its process is gone; nothing to stop)."""
+    `tell_node=False`: the node itself reported the end (its process is gone; nothing to stop).
+    `attempt`: its job's attempt, when the caller read the job (the ledger's mark of its end)."""
     from_state = TaskState(task.state)
     to_state = TaskState(to_state)
     if to_state not in TASK_TRANSITIONS[from_state]:
@@ -87,7 +88,9 @@ def switch_task_state(rt, task, to_state, reason, now, save=True, tell_node=True
         # fleetd ended a task whose process a node may still run: that node is told at once.
         owe_stops(rt, [task])
     if to_state.is_terminal() and not from_state.is_terminal():
-        record_run_end(task, now)  # the usage ledger accounts the run (if it ran) at its next pass
+        record_run_end(
+            task, now, attempt
+        )  # the usage ledger accounts the run (if it ran) at its next pass
     task.state = to_state.value
     if to_state.is_terminal():
         task.ended_at = now

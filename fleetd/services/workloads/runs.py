@@ -60,6 +60,7 @@ def end_task(
     free_retry=False,
     preempted_by=None,
     resume=False,
+    job=None,
 ):
     """Record how a task ended and settle its job: success, retry of the whole job, or failure.
 
@@ -68,12 +69,14 @@ def end_task(
     (its agent stopped it while shutting down: not the job's failure, and no attempt spent).
     `preempted_by`: the Workload whose placement preempted it (an instance records it); `resume`:
     an instance it interrupts queues its next run at once (settings.instances_resume_preempted).
-    Runs inside the caller's transaction. Returns the job.
+    `job`: the task's job, when the caller read it in this transaction. Runs inside the caller's
+    transaction. Returns the job.
     """
     outcome = TaskState(outcome)
     task.exit_code = exit_code
-    switch_task_state(rt, task, outcome, reason, now, tell_node=not reported)
-    job = Job.get_by_id(task.job_id)
+    if job is None:
+        job = Job.get_by_id(task.job_id)
+    switch_task_state(rt, task, outcome, reason, now, tell_node=not reported, attempt=job.attempt)
     if JobState(job.state).is_terminal():
         return job
     if job.instance_id is not None:  # a run of an instance: it never retries; the instance decides
@@ -238,9 +241,11 @@ def run_placed(rt, job, task, now):
     switch_instance_state(rt, inst, InstanceState.STARTING, f"placed on node {task.node_id}", now)
 
 
-def run_started(rt, task, ports, now):
-    """The agent started a run's process (inside the caller's transaction): running."""
-    job = Job.get_by_id(task.job_id)
+def run_started(rt, task, ports, now, job=None):
+    """The agent started a run's process (inside the caller's transaction): running. `job`: the
+    task's job, when the caller read it in this transaction."""
+    if job is None:
+        job = Job.get_by_id(task.job_id)
     if job.instance_id is None:
         return
     inst = _of_run(job)
