@@ -310,7 +310,6 @@ class FileTail:
         # directory is then reused as it is; a restart may send a line twice, never skip one).
         self._saved_at = time.monotonic()
         self._lock = threading.Lock()  # one pump at a time (the thread, and a drain after it)
-        self._stop = threading.Event()
         self._job = None
 
     def _load(self):
@@ -331,15 +330,10 @@ class FileTail:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         return tuple(os.open(self.paths[stream], flags, 0o600) for stream in ("stdout", "stderr"))
 
-    def start(self, threads, interval, name):
-        """Read on one of `threads` every `interval` seconds until stop()."""
-        self._job = threads.run(self._run, interval, name=name)
-
-    def _run(self, interval):
-        for _ in range(UNTIL_STOPPED):
-            self.pump()
-            if self._stop.wait(interval):
-                return
+    def start(self, ticker):
+        """Read at every tick of `ticker` (an agent.watch.Ticker, shared by the tasks) until
+        stop()."""
+        self._job = (ticker, ticker.add(self.pump))
 
     def pump(self, eof=False):
         """Feed what is new in the files (as far as the shipper has room) and save the offsets once
@@ -416,9 +410,9 @@ class FileTail:
     def stop(self, drain, eof=False, deadline=None, abandon=lambda: False):
         """Stop reading on the thread; with `drain`, read the files to their end first, waiting for
         the shipper's room until `deadline` (monotonic) or `abandon()`."""
-        self._stop.set()
         if self._job is not None:
-            self._job.join(5.0)
+            ticker, ident = self._job
+            ticker.remove(ident)  # no pump of the ticker's from here on
         for _ in range(UNTIL_STOPPED if drain else 0):
             if self.pump(eof) or abandon() or time.monotonic() >= (deadline or 0):
                 break

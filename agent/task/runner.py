@@ -34,6 +34,7 @@ from agent.task.supervisor import kill_recorded
 from agent.task.task import Task
 from agent.task.volumes import Volumes
 from agent.threads import Pool
+from agent.watch import ExitWatcher, Ticker
 from fleetwire.assignment import Assignment
 
 log = logging.getLogger("agent.runner")
@@ -103,6 +104,8 @@ class Runner:
         self._idle_clients = []
         self._threads = []
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
+        self.exits = ExitWatcher("task-exits")  # the exits of tasks whose output goes to files
+        self.tails = Ticker(self.log_settings.interval_seconds, "task-tails")  # their output
         self.finishes = FinishReports()
 
     def _warn_if_unreachable(self, state_dir):
@@ -485,6 +488,8 @@ class Runner:
             idle, self._idle_clients = self._idle_clients, []
         for client in idle:
             client.close()
+        self.tails.close()
+        self.exits.close()
         return len(tasks)
 
     # Instances: their volumes, their figures.

@@ -33,6 +33,7 @@ from agent.procfs import (
 )
 from agent.task.errors import TaskError
 from agent.threads import UNTIL_STOPPED
+from agent.watch import Watch
 
 log = logging.getLogger("agent.runner")
 
@@ -113,8 +114,11 @@ class Supervisor:
     own checks, never the other way round.
     """
 
-    def __init__(self, label, threads, cgroups=None, on_reaped=None):
+    def __init__(self, label, threads, cgroups=None, on_reaped=None, exits=None):
         self.label = label
+        # An agent.watch.ExitWatcher: where the process writes into files, the exit is seen there
+        # rather than on a watcher thread of its own.
+        self.exits = exits
         self.on_reaped = on_reaped  # called (holding `lock`) once the leader's pid may be reused
         self.threads = (
             threads  # a threads.Pool for the watcher (and the exit waiter before Linux 5.3)
@@ -180,14 +184,17 @@ class Supervisor:
         )
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the session and group id
         self.started_monotonic = time.monotonic()
-        if output is not None:
-            self._unwatch = os.pipe2(os.O_CLOEXEC)
         # The watcher first: from here on nothing may leave the process unwatched.
         try:
             pidfd = os.pidfd_open(self.proc.pid)  # readable once the leader exits; reaps nothing
         except (AttributeError, OSError):  # Linux before 5.3: a thread waits for the exit instead
             pidfd = None
             self.threads.run(self._wait_exit, name=f"wait-{self.label}")
+        if output is not None and pidfd is not None and self.exits is not None:
+            self.watcher = self.exits.watch(pidfd, self._saw_exit)  # no pipe to read: no thread
+            return
+        if output is not None:
+            self._unwatch = os.pipe2(os.O_CLOEXEC)
         self.watcher = self.threads.run(self._watch, pidfd, on_output, name=f"watch-{self.label}")
 
     def adopt(self, pid, start_ticks, status_path):
@@ -214,6 +221,9 @@ class Supervisor:
         except OSError:
             ran = 0.0
         self.started_monotonic = time.monotonic() - ran
+        if pidfd is not None and self.exits is not None:
+            self.watcher = self.exits.watch(pidfd, self._saw_exit)
+            return True
         self._unwatch = os.pipe2(os.O_CLOEXEC)
         if pidfd is None:  # Linux before 5.3: looked at twice a second instead
             self.threads.run(self._poll_exit, start_ticks, name=f"wait-{self.label}")
@@ -223,6 +233,8 @@ class Supervisor:
     def release(self):
         """Stop watching a process that writes into files, leaving it running (the agent stops)."""
         self.released.set()
+        if isinstance(self.watcher, Watch):
+            self.watcher.cancel()
         with self._unwatch_lock:
             if self._unwatch is not None:
                 os.write(self._unwatch[1], b"x")

@@ -187,7 +187,11 @@ class Task:
 
     def _new_supervisor(self):
         return Supervisor(
-            self.label, self.runner.threads, self.runner.limits.cgroups, on_reaped=self._reaped
+            self.label,
+            self.runner.threads,
+            self.runner.limits.cgroups,
+            on_reaped=self._reaped,
+            exits=self.runner.exits,
         )
 
     def _reaped(self):
@@ -546,9 +550,7 @@ class Task:
     def _make_tail(self):
         self.shipper = self._new_shipper()
         self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
-        self.tail.start(
-            self.runner.threads, self.runner.log_settings.interval_seconds, f"tail-{self.label}"
-        )
+        self.tail.start(self.runner.tails)
         return self.tail
 
     def _take_back(self, record):
