@@ -234,15 +234,16 @@ class FleetClient:
             raise FleetdError(f"fleetd's answer to an acquire is not one: {exc}") from exc
         return list(work.assignments), list(work.cancel)
 
-    def task_start(self, task_id, epoch, pid=None, extra=None):
+    def task_start(self, task_id, epoch, pid=None, extra=None, started_seconds_ago=None):
         """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's
-        `ports`)."""
+        `ports`), since `started_seconds_ago` (by this host's monotonic clock)."""
         extra = extra or {}
         started = TaskStarted(
             epoch=epoch,
             pid=pid,
             restarts=extra.get("restarts") or 0,
             ports=None if extra.get("ports") is None else tuple(extra["ports"]),
+            started_seconds_ago=started_seconds_ago,
         )
         self._post(_task_path(task_id, "start"), started.to_wire(), self.session_token)
 

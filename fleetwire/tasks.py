@@ -106,11 +106,14 @@ class TaskStarted:
     restarts: int = (
         0  # an instance's run: restarts by its policy so far (each restart is reported again)
     )
+    started_seconds_ago: float | None = None  # how long before this report the process started
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch}
         if self.pid is not None:
             out["pid"] = self.pid
+        if self.started_seconds_ago is not None:
+            out["started_seconds_ago"] = round(self.started_seconds_ago, 6)
         if self.ports is not None:
             out["ports"] = [dict(p) for p in self.ports]
         if self.restarts:
@@ -125,7 +128,18 @@ class TaskStarted:
             raise ValueError("pid must be a positive integer or null")
         if not is_int(restarts) or restarts < 0:
             raise ValueError("restarts must be a non-negative integer")
-        return cls(epoch=_epoch(data), pid=pid, ports=_ports(data), restarts=restarts)
+        ago = data.get("started_seconds_ago")
+        if ago is not None and (
+            not isinstance(ago, (int, float)) or isinstance(ago, bool) or ago < 0
+        ):
+            raise ValueError("started_seconds_ago must be a non-negative number or null")
+        return cls(
+            epoch=_epoch(data),
+            pid=pid,
+            ports=_ports(data),
+            restarts=restarts,
+            started_seconds_ago=None if ago is None else float(ago),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

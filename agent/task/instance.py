@@ -94,6 +94,9 @@ class Backoff:
 class InstanceTask(Task):
     """A Task whose assignment has an `instance`; `wire` is the assignment as fleetd sent it."""
 
+    # An instance is long-lived and its URL is routed once it runs: its start is told at once.
+    START_REPORT_DELAY_SECONDS = 0.05
+
     def __init__(self, runner, assignment, wire, adopted=None):
         super().__init__(runner, assignment, wire, adopted)
         self.spec = assignment.instance

@@ -104,6 +104,7 @@ class Runner:
         self._idle_clients = []
         self._threads = []
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
+        self.start_says_when = True  # start reports carry started_seconds_ago (an older fleetd: no)
         self.exits = ExitWatcher("task-exits")  # the exits of tasks whose output goes to files
         self.tails = Ticker(self.log_settings.interval_seconds, "task-tails")  # their output
         self.finishes = FinishReports()

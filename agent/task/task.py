@@ -48,10 +48,6 @@ READER_JOIN_SECONDS = (
     5.0  # a process that escaped the group may hold the pipes; do not wait on it for ever
 )
 RENDEZVOUS_POLL_SECONDS = 30
-# The start is reported once the process has run this long: a task that ends sooner reports its
-# start with its finish, one call instead of two (short tasks are most of what fleetd hears under
-# load). Later than this, fleetd's started_at is late by the same amount at most.
-START_REPORT_DELAY_SECONDS = 0.05
 
 
 def wrapped_exit(code):
@@ -68,6 +64,13 @@ def _utc_now():
 
 class Task:
     """One assignment on this host, from preparation to the acknowledged finish report."""
+
+    # The start is reported once the process has run this long: a task that ends sooner reports
+    # its start with its finish, one call instead of two (short tasks are most of what fleetd hears
+    # under load; on a busy host a no-op task often takes over 50 ms from spawn to its exit being
+    # seen). Either report says how long ago the process started, so fleetd's started_at is not
+    # late by the delay; the job shows `running` that much later at most.
+    START_REPORT_DELAY_SECONDS = 0.25
 
     def __init__(self, runner, assignment, wire=None, adopted=None):
         self.runner = runner
@@ -627,7 +630,7 @@ class Task:
                 with process.lock:
                     process.terminate(self.runner.kill_grace_seconds)
         attempts = 0
-        next_report = process.started_monotonic + START_REPORT_DELAY_SECONDS
+        next_report = process.started_monotonic + self.START_REPORT_DELAY_SECONDS
         runtime_deadline = None
         if self.assignment.max_runtime_seconds is not None:
             runtime_deadline = process.started_monotonic + self.assignment.max_runtime_seconds
@@ -714,12 +717,16 @@ class Task:
 
     def _report_start(self, client, attempts):
         """One try at POST start -> (reported or not worth retrying, attempts so far)."""
+        ago = None
+        if self.runner.start_says_when and self.process.started_monotonic is not None:
+            ago = max(0.0, time.monotonic() - self.process.started_monotonic)
         try:
             client.task_start(
                 self.assignment.task_id,
                 self.assignment.epoch,
                 self.proc.pid,
                 extra=self._start_extra(),
+                started_seconds_ago=ago,
             )
             self._save(
                 start_reported=True
@@ -735,6 +742,14 @@ class Task:
                 return True, attempts  # an earlier attempt got through; its answer did not
             if is_fencing(exc):
                 raise Fenced(str(exc)) from None
+            if ago is not None and exc.status == 400:
+                log.info(
+                    "fleetd does not take started_seconds_ago in a start report (%s); reporting "
+                    "starts without it",
+                    exc,
+                )
+                self.runner.start_says_when = False
+                return self._report_start(client, attempts)
             log.error("task %s: fleetd refused the start report: %s", self.label, exc)
             return True, attempts
 

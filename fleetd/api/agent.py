@@ -112,6 +112,7 @@ class AgentTaskStart(MethodView):
             body.pid,
             None if body.ports is None else list(body.ports),
             body.restarts,
+            body.started_seconds_ago,
         )
 
 

@@ -523,6 +523,18 @@ class TaskStartSchema(Schema):
             )
         },
     )
+    started_seconds_ago = fields.Float(
+        validate=validate.Range(min=0, max=366 * 86400),
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "how long before this report the process started (the agent's own clock measures "
+                "the interval, so host clocks need not agree); fleetd records started_at as now "
+                "minus that, never earlier than the assignment"
+            )
+        },
+    )
 
     @post_load
     def _typed(self, data, **_kwargs):

@@ -39,6 +39,7 @@ class FakeFleetd:
         self.strict_finish = (
             False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         )
+        self.strict_start = False  # refuse (400) a start saying when, as an older fleetd would
         self.strict_acquire = (
             False  # refuse (400) an acquire asking for a batch, as an older fleetd would
         )
@@ -172,6 +173,8 @@ class FakeFleetd:
                 self.cond.notify_all()
             return 204, None
         if action == "start":
+            if self.strict_start and set(body) - {"epoch", "pid", "ports", "restarts"}:
+                return 400, {"error": {"code": "invalid_request", "message": "unknown field"}}
             with self.cond:
                 self.started[task_id] = body
                 self.cond.notify_all()

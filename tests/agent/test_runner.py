@@ -722,6 +722,27 @@ def test_a_start_not_reported_before_the_process_ended_rides_on_the_finish(make_
     assert fleetd.paths("POST").count("/api/v1/agent/tasks/t-late/start") >= 1  # tried while it ran
 
 
+def test_a_start_report_says_how_long_ago_the_process_started(make_runner, fleetd):
+    runner = make_runner()
+    runner.submit(assignment("t-when", [PY, "-c", "import threading; threading.Event().wait(2)"]))
+    started = fleetd.wait_for(lambda: fleetd.started.get("t-when"), message="start")
+    # Held a quarter second (a task ending sooner reports its start with its finish), and says so.
+    assert started["pid"] > 0 and 0.25 <= started["started_seconds_ago"] < 30
+    assert fleetd.wait_outcome("t-when")["outcome"] == "succeeded"
+
+
+def test_a_fleetd_that_does_not_take_when_in_a_start_gets_starts_without_it(make_runner, fleetd):
+    fleetd.strict_start = True
+    runner = make_runner()
+    for name in ("t-old-1", "t-old-2"):
+        runner.submit(assignment(name, [PY, "-c", "import threading; threading.Event().wait(1)"]))
+        started = fleetd.wait_for(lambda n=name: fleetd.started.get(n), message=f"{name} start")
+        assert started["pid"] > 0 and "started_seconds_ago" not in started
+        assert fleetd.wait_outcome(name)["outcome"] == "succeeded"
+    refused = [p for p in fleetd.paths("POST") if p.endswith("/start")]
+    assert refused.count("/api/v1/agent/tasks/t-old-2/start") == 1  # learnt once, not per task
+
+
 def test_a_fleetd_that_does_not_take_the_start_in_a_finish_gets_a_start_report_first(
     make_runner, fleetd
 ):

@@ -220,6 +220,7 @@ def test_fleetds_finish_schemas_name_exactly_the_wires_fields():
             pid=77,
             ports=({"port": 8000, "host_port": 41000, "protocol": "http"},),
             restarts=3,
+            started_seconds_ago=0.31,
         ),
         TaskRestarting(
             epoch=1, backoff_seconds=2.5, exit_code=1, signal=None, reason="exit code 1"

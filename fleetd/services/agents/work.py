@@ -237,9 +237,13 @@ def leased_task(node_id, task_id, epoch):
     return task
 
 
-def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
+def start_task(
+    rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0, started_seconds_ago=None
+):
     """The agent started the process of an assigned task (an instance's run: with the host ports
-    its node assigned to the declared ports; `restarts` > 0: a restart of its process)."""
+    its node assigned to the declared ports; `restarts` > 0: a restart of its process), which
+    started `started_seconds_ago` before now when the agent says so (never before its
+    assignment)."""
     now = rt.clock.now()
     with write_transaction():
         task = leased_task(node_id, task_id, epoch)
@@ -251,7 +255,7 @@ def start_task(rt, node_id, task_id, epoch, pid=None, ports=None, restarts=0):
             return  # a retried start whose first answer was lost: same node, same epoch
         if task.state != TaskState.ASSIGNED.value:
             raise Conflict(f"task {task_id} is {task.state}, not assigned", {"state": task.state})
-        _mark_started(rt, task, pid, now, ports=ports)
+        _mark_started(rt, task, pid, now, _started_at(task, now, started_seconds_ago), ports=ports)
     rt.leases.renew(task_id, epoch)
 
 
@@ -273,6 +277,14 @@ def restart_task(rt, node_id, task_id, epoch, last_exit):
             switch_task_state(rt, task, TaskState.RUNNING, "started", now)
         run_restarting(rt, task, dict(last_exit, at=isoformat(now)), now)
     rt.leases.renew(task_id, epoch)
+
+
+def _started_at(task, now, started_seconds_ago):
+    """When a task's process started, by its agent's report: `started_seconds_ago` before now, but
+    never before its assignment (the interval comes from another host); None: now."""
+    if started_seconds_ago is None:
+        return None
+    return max(now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now)
 
 
 def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None, job=None):
@@ -338,11 +350,7 @@ def _settle_finish(rt, node_id, task_id, finish, now):
     task = leased_task(node_id, task_id, epoch)
     job = Job.get_by_id(task.job_id)  # read once for the start, the ledger and the settling
     if pid is not None and task.state == TaskState.ASSIGNED.value:
-        started_at = None
-        if started_seconds_ago is not None:
-            started_at = max(
-                now - dt.timedelta(seconds=started_seconds_ago), task.assigned_at or now
-            )
+        started_at = _started_at(task, now, started_seconds_ago)
         _mark_started(
             rt,
             task,

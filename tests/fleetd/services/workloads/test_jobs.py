@@ -392,6 +392,17 @@ def test_a_finish_carrying_the_start_says_when_it_started_but_not_before_the_ass
     started = {j["id"]: api.job(j["id"])["tasks"][0]["started_at"] for j in jobs}
     assert started[first["job_id"]] == isoformat(clock.now() - dt.timedelta(seconds=2.5))
     assert started[second["job_id"]] == isoformat(assigned_at)
+    # A start report says so too (the agent holds it a moment), bounded the same way.
+    late = [api.submit(name=f"late{i}") for i in range(2)]
+    api.run_task("scheduling")
+    assigned_at = clock.now()
+    fourth, fifth = api.acquire(session), api.acquire(session)
+    clock.advance(5)
+    api.task_call(session, fourth, "start", pid=13, started_seconds_ago=0.25)
+    api.task_call(session, fifth, "start", pid=14, started_seconds_ago=3600)
+    started = {j["id"]: api.job(j["id"])["tasks"][0]["started_at"] for j in late}
+    assert started[fourth["job_id"]] == isoformat(clock.now() - dt.timedelta(seconds=0.25))
+    assert started[fifth["job_id"]] == isoformat(assigned_at)
     # Without the start it means nothing, and is refused naming the field.
     job = api.submit(name="j3")
     api.run_task("scheduling")
