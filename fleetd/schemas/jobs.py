@@ -508,6 +508,17 @@ PORT_MAPPINGS: dict[str, typing.Any] = dict(
 )
 
 
+def _started_seconds_ago(description):
+    """The field of a start (or a finish carrying it) that says how long ago the process
+    started."""
+    return fields.Float(
+        validate=validate.Range(min=0, max=366 * 86400),
+        load_default=None,
+        allow_none=True,
+        metadata={"description": description},
+    )
+
+
 class TaskStartSchema(Schema):
     epoch = Int(required=True)
     pid = Int(minimum=1, maximum=2**31, load_default=None, allow_none=True)
@@ -523,17 +534,10 @@ class TaskStartSchema(Schema):
             )
         },
     )
-    started_seconds_ago = fields.Float(
-        validate=validate.Range(min=0, max=366 * 86400),
-        load_default=None,
-        allow_none=True,
-        metadata={
-            "description": (
-                "how long before this report the process started (the agent's own clock measures "
-                "the interval, so host clocks need not agree); fleetd records started_at as now "
-                "minus that, never earlier than the assignment"
-            )
-        },
+    started_seconds_ago = _started_seconds_ago(
+        "how long before this report the process started (the agent's own clock measures the "
+        "interval, so host clocks need not agree); fleetd records started_at as now minus that, "
+        "never earlier than the assignment"
     )
 
     @post_load
@@ -693,16 +697,9 @@ class TaskFinishSchema(Schema):
         },
     )
     ports = fields.List(fields.Nested(PortMappingSchema), **PORT_MAPPINGS)
-    started_seconds_ago = fields.Float(
-        validate=validate.Range(min=0, max=366 * 86400),
-        load_default=None,
-        allow_none=True,
-        metadata={
-            "description": (
-                "with pid: how long before this report the process started (the agent's own clock "
-                "measures the interval, so host clocks need not agree)"
-            )
-        },
+    started_seconds_ago = _started_seconds_ago(
+        "with pid: how long before this report the process started (the agent's own clock "
+        "measures the interval, so host clocks need not agree)"
     )
 
     @validates_schema
