@@ -50,6 +50,94 @@ def insert_sql(table, columns):
     return f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
 
 
+def insert_nodes(database, count, fleet, prefix="sim"):
+    """`count` ready nodes of `fleet`, 8 H100s each, written straight into the tables (registering
+    through the API, about 200/s here, would take most of 10 minutes at 100k nodes): the columns a
+    registration fills, in the models' own formats. Returns their ids."""
+    now = Clock().now()
+    node_ids = [new_id() for _ in range(count)]
+    nf, gf = Node._meta.fields, Gpu._meta.fields
+    node_cols = [
+        "id",
+        "fleet",
+        "machine_id",
+        "hostname",
+        "address",
+        "labels",
+        "agent_version",
+        "status",
+        "status_reason",
+        "registered_at",
+        "last_heartbeat_at",
+        "cpu_count",
+        "memory_bytes",
+        "bundle_sha256",
+        "gpu_status",
+        "gpu_status_reason",
+    ]
+    gpu_cols = [
+        "node",
+        "uuid",
+        "index",
+        "vendor",
+        "model",
+        "memory_total_bytes",
+        "numa_node",
+        "healthy",
+        "health_reason",
+        "mig_mode",
+    ]
+    ts = nf["registered_at"].db_value(now)
+    labels = nf["labels"].db_value({})
+    healthy = gf["healthy"].db_value(True)
+    conn = database.connection()
+    with database.atomic():
+        conn.executemany(
+            insert_sql(Node._meta.table_name, [nf[c].column_name for c in node_cols]),
+            (
+                (
+                    nid,
+                    fleet,
+                    f"{prefix}-{i:06d}",
+                    f"{prefix}-{i:06d}",
+                    "127.0.0.1",
+                    labels,
+                    "bench-sim",
+                    "ready",
+                    "first heartbeat",
+                    ts,
+                    ts,
+                    128,
+                    2 << 40,
+                    "",
+                    "ok",
+                    "",
+                )
+                for i, nid in enumerate(node_ids)
+            ),
+        )
+        conn.executemany(
+            insert_sql(Gpu._meta.table_name, [gf[c].column_name for c in gpu_cols]),
+            (
+                (
+                    nid,
+                    f"GPU-{prefix}-{i:06d}-{k}",
+                    k,
+                    "nvidia",
+                    "NVIDIA H100 80GB HBM3",
+                    80 << 30,
+                    k // 4,
+                    healthy,
+                    "",
+                    "disabled",
+                )
+                for i, nid in enumerate(node_ids)
+                for k in range(8)
+            ),
+        )
+    return node_ids
+
+
 def run(n_nodes, backlog, passes, budget, unscoped=False):
     """Build the fleet and the backlog, then time passes; one JSON line per step."""
 
@@ -77,91 +165,8 @@ def run(n_nodes, backlog, passes, budget, unscoped=False):
         emit("app")
 
         t0 = time.perf_counter()
-        now = clock.now()
-        node_ids = [new_id() for _ in range(n_nodes)]
-        # Rows written straight into the tables (registering through the API, about 200/s here,
-        # would take most of 10 minutes at 100k nodes): the columns a registration fills, in the
-        # models' own formats.
-        nf, gf = Node._meta.fields, Gpu._meta.fields
-        node_cols = [
-            "id",
-            "fleet",
-            "machine_id",
-            "hostname",
-            "address",
-            "labels",
-            "agent_version",
-            "status",
-            "status_reason",
-            "registered_at",
-            "last_heartbeat_at",
-            "cpu_count",
-            "memory_bytes",
-            "bundle_sha256",
-            "gpu_status",
-            "gpu_status_reason",
-        ]
-        gpu_cols = [
-            "node",
-            "uuid",
-            "index",
-            "vendor",
-            "model",
-            "memory_total_bytes",
-            "numa_node",
-            "healthy",
-            "health_reason",
-            "mig_mode",
-        ]
-        ts = nf["registered_at"].db_value(now)
-        labels = nf["labels"].db_value({})
-        healthy = gf["healthy"].db_value(True)
         with database.connection_context():
-            conn = database.connection()
-            with database.atomic():
-                conn.executemany(
-                    insert_sql(Node._meta.table_name, [nf[c].column_name for c in node_cols]),
-                    (
-                        (
-                            nid,
-                            "sim",
-                            f"sim-{i:06d}",
-                            f"sim-{i:06d}",
-                            "127.0.0.1",
-                            labels,
-                            "bench-sim",
-                            "ready",
-                            "first heartbeat",
-                            ts,
-                            ts,
-                            128,
-                            2 << 40,
-                            "",
-                            "ok",
-                            "",
-                        )
-                        for i, nid in enumerate(node_ids)
-                    ),
-                )
-                conn.executemany(
-                    insert_sql(Gpu._meta.table_name, [gf[c].column_name for c in gpu_cols]),
-                    (
-                        (
-                            nid,
-                            f"GPU-sim-{i:06d}-{k}",
-                            k,
-                            "nvidia",
-                            "NVIDIA H100 80GB HBM3",
-                            80 << 30,
-                            k // 4,
-                            healthy,
-                            "",
-                            "disabled",
-                        )
-                        for i, nid in enumerate(node_ids)
-                        for k in range(8)
-                    ),
-                )
+            node_ids = insert_nodes(database, n_nodes, "sim")
         for nid in node_ids:
             rt.liveness.touch(nid)
         emit("nodes", seconds=round(time.perf_counter() - t0, 2))

@@ -326,8 +326,12 @@ def _price_per_hour(runs):
 def with_costs(rt, jobs):
     """The jobs, each with its `price_per_hour` and `cost_so_far` (workload_cost; the prices read
     once for all of them): what a view of a job shows."""
-    book = PriceBook.load() if jobs else None
+    book = None
     for job in jobs:
+        if job.started_at is None:  # never placed (started_at stays once set): no run to price
+            job.price_per_hour, job.cost_so_far = None, 0.0
+            continue
+        book = book or PriceBook.load()
         job.price_per_hour, job.cost_so_far = workload_cost(rt, job.id, book)
     return jobs
 
