@@ -109,7 +109,12 @@ class Job(BaseModel):
     task_list: "list[Task]"
 
     class Meta:
-        indexes = ((("state", "group_key"), False),)
+        indexes = (
+            (("state", "group_key"), False),
+            # Listings page in id order after their filters (migration 0040).
+            (("state", "instance_id", "id"), False),
+            (("instance_id", "id"), False),
+        )
 
     @property
     def job_spec(self):
