@@ -379,3 +379,28 @@ def test_a_registration_under_way_holds_up_no_other_registration_on_postgres(pg_
     nodes = pg_api.get("/api/v1/nodes").get_json()["items"]
     assert sorted(n["hostname"] for n in nodes) == ["fast", "slow"]
     assert all(len(n["gpus"]) == 2 for n in nodes)
+
+
+def test_a_kicked_pass_leaves_parked_groups_unread_on_postgres(pg_api, monkeypatch):
+    """The parked groups' condition is one row value IN a VALUES list, made as text with the
+    driver's placeholder: PostgreSQL reads it as SQLite does."""
+    from fleetd.db import database
+    from fleetd.services.placement import scheduling
+    from tests.fleetd.services.placement.test_scheduling_scale import _jobs_each_pass_reads
+
+    pg_api.create_fleet("gpu-a")
+    pg_api.ready_node(pg_api.create_join_token("gpu-a"), "n1", gpu_count=4)
+    pg_api.submit(name="hog", resources={"gpus": 3})
+    backlog = {pg_api.submit(name=f"b{i}", resources={"gpus": 2})["id"] for i in range(3)}
+    never = {
+        pg_api.submit(name=f"n{i}", resources={"gpus": 1, "gpu_types": ["NVIDIA B300"]})["id"]
+        for i in range(2)
+    }
+    assert pg_api.run_task("scheduling")["pending"] == 5  # parks both groups; all know why
+    rt = pg_api.app.extensions["fleetd"]
+    read = _jobs_each_pass_reads(rt, monkeypatch)
+    late = pg_api.submit(name="late", resources={"gpus": 2})
+    with pg_api.app.app_context(), database.connection_context():
+        assert scheduling.run_pass(rt, full=False)["pending"] == 6
+    assert read and late["id"] in read[0]
+    assert not any((backlog | never) & set(ids) for ids in read)

@@ -5,7 +5,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import operator
 import time
 import typing
 
@@ -395,7 +394,25 @@ def _jobs_by_id(job_ids):
     return out
 
 
-MAX_UNREAD_GROUPS = 200  # parked groups a kicked pass leaves out of its read (more: it reads all)
+# Parked groups a kicked pass leaves out of its read (more: it reads all); two values each, within
+# the bound parameters SQLite takes in one statement (32,766).
+MAX_UNREAD_GROUPS = 10_000
+
+
+def _told(parked):
+    """The condition that a queued job is of a parked group and says that group's reason: one row
+    value IN a VALUES list, its SQL made as text (peewee would walk an expression per group, which
+    for hundreds of groups took longer than the pass's read itself)."""
+    param = database.obj.param  # the driver's placeholder: ? (SQLite) or %s (PostgreSQL)
+    values = ", ".join([f"({param}, {param})"] * len(parked))
+    return peewee.Expression(
+        peewee.Tuple(Job.group_key, Job.pending_reason),
+        "IN",
+        peewee.SQL(
+            f"(VALUES {values})",
+            [v for key, reason in parked.items() for v in (group_key(key), reason)],
+        ),
+    )
 
 
 def _read_queue(parked, first_of_each=False):
@@ -408,13 +425,7 @@ def _read_queue(parked, first_of_each=False):
     always read."""
     if not parked or len(parked) > MAX_UNREAD_GROUPS:
         return list(map(Queued._make, _QUEUED.raw_tuples())), []
-    told = functools.reduce(
-        operator.or_,
-        [
-            (Job.group_key == group_key(key)) & (Job.pending_reason == reason)
-            for key, reason in parked.items()
-        ],
-    )
+    told = _told(parked)
     queued = Job.state == JobState.QUEUED.value
     # A group shares its priority class, so its first job in placement order is its lowest id.
     unread = raw_rows(
