@@ -110,7 +110,8 @@ class Job(BaseModel):
 
     class Meta:
         indexes = (
-            (("state", "group_key"), False),
+            # The queue by group with one job of each, read from the index (migration 0040).
+            (("state", "group_key", "id"), False),
             # Listings page in id order after their filters (migration 0040).
             (("state", "instance_id", "id"), False),
             (("instance_id", "id"), False),

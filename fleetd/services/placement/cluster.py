@@ -5,6 +5,8 @@ Every GPU of an enrolled (not revoked) node is exactly one of used (held by a ta
 snapshot and the capacity views are built from the same `ClusterState`, so they agree.
 """
 
+from peewee import SQL, fn
+
 from fleetd import scheduler, windows
 from fleetd.models import (
     Instance,
@@ -28,7 +30,20 @@ _INSTANCE_PORTS = Statement(
         Instance.node_id.is_null(False) & (Instance.state != "deleted")
     )
 )
-_QUEUED_IDS = Statement(lambda v: Job.select(Job.id).where(Job.state == JobState.QUEUED.value))
+# The queue by group: (group key, how many jobs, the first of them), from the (state, group_key, id)
+# index; the jobs stored before groups had keys, one by one.
+_QUEUED_GROUPS = Statement(
+    lambda v: (
+        Job.select(Job.group_key, fn.COUNT(SQL("*")), fn.MIN(Job.id))
+        .where((Job.state == JobState.QUEUED.value) & Job.group_key.is_null(False))
+        .group_by(Job.group_key)
+    )
+)
+_QUEUED_UNGROUPED = Statement(
+    lambda v: Job.select(Job.id).where(
+        (Job.state == JobState.QUEUED.value) & Job.group_key.is_null()
+    )
+)
 
 
 def current_state(rt):
@@ -302,12 +317,14 @@ class ClusterState:
 
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms
-        cache."""
-        ids = [row[0] for row in _QUEUED_IDS.raw_tuples()]
+        cache: the jobs of a group ask alike, so one job of each group is read, times its count
+        (a queue of 100,000 jobs in a few hundred groups reads a few hundred terms)."""
+        counts = {first: count for _, count, first in _QUEUED_GROUPS.raw_tuples()}
+        counts.update((row[0], 1) for row in _QUEUED_UNGROUPED.raw_tuples())
         demand: dict[str | None, float] = {}
-        for terms in self.terms.get_each(ids)[0].values():
+        for job_id, terms in self.terms.get_each(list(counts))[0].items():
             request = terms.request
-            gpus = float(request.gpus or 0) * request.num_nodes
+            gpus = float(request.gpus or 0) * request.num_nodes * counts[job_id]
             if not gpus:
                 continue
             types = request.gpu_types or (None,)

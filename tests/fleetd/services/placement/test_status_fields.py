@@ -144,3 +144,23 @@ def test_storage_is_measured_as_soon_as_the_background_tasks_start(make_app):
     assert (
         rt.tasks.records["metrics_sampler"].last_started_at is None
     )  # the others wait for their interval
+
+
+def test_queued_demand_counts_every_job_of_a_group_and_jobs_stored_without_a_group(api):
+    from fleetd.db import database
+    from fleetd.models import Job
+
+    api.create_fleet()
+    api.ready_node(api.create_join_token(), "a", gpu_count=2)
+    alike = [api.submit(name=f"alike{i}", resources={"gpus": 4}) for i in range(3)]
+    old = api.submit(name="old", resources={"gpus": 4, "gpu_types": [H100]})  # queued too
+    with api.app.app_context(), database.connection_context():
+        # One group for the three (read through one of them); a job from before group keys.
+        assert (
+            len({j.group_key for j in Job.select().where(Job.id.in_([a["id"] for a in alike]))})
+            == 1
+        )
+        Job.update(group_key=None).where(Job.id == old["id"]).execute()
+    gpu = _status(api)["gpu"]
+    rows = {row["id"]: row for row in gpu["series"]}
+    assert gpu["queued"] == 16 and rows["any"]["queued"] == 12 and rows[SERIES]["queued"] == 4
