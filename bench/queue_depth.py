@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,11 +110,19 @@ def build(data_dir, admin, nodes, jobs):
     steps["backlog_seconds"] = round(time.perf_counter() - t0, 1)
     for nid in node_ids:
         rt.liveness.touch(nid)
-    t0 = time.perf_counter()
-    with app.app_context(), database.connection_context():
-        outcome = scheduling.run_pass(rt)
-    steps["filling_pass_seconds"] = round(time.perf_counter() - t0, 1)
-    steps["filling_pass_assigned"] = outcome.get("assigned")
+    # Passes fill the fleet (each places a bounded number of jobs) until no queued job fits.
+    t0, assigned, passes = time.perf_counter(), 0, 0
+    for passes in range(1, 1001):
+        for nid in node_ids:
+            rt.liveness.touch(nid)
+        with app.app_context(), database.connection_context():
+            placed = scheduling.run_pass(rt).get("assigned", 0)
+        assigned += placed
+        print(json.dumps({"step": "filling", "pass": passes, "assigned": placed}), file=sys.stderr)
+        if not placed:
+            break
+    steps["filling_seconds"] = round(time.perf_counter() - t0, 1)
+    steps["filling_passes"], steps["filling_assigned"] = passes, assigned
     db.close()
     return owners, steps
 
@@ -212,13 +221,14 @@ def measure(url, admin, owners, jobs, rounds):
                 "resources": {"gpus": 1},
             },
         )
-        for _ in range(600):
+        deadline = time.monotonic() + 60
+        for _ in range(100_000):
             _, seen = timed(admin_http, "GET", f"{url}/api/v1/jobs/{job['id']}")
             if seen["tasks"][0].get("node_id"):
                 break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"probe {job['id']} was not placed in 60 s: {seen}")
             time.sleep(0.005)
-        else:
-            raise SystemExit(f"probe {job['id']} was not placed in time")
         probes.append(time.perf_counter() - t0)
         probe_passes.append(int(pass_histogram(url, admin)[0] - before))
         timed(admin_http, "POST", f"{url}/api/v1/jobs/{job['id']}/cancel")
@@ -254,10 +264,22 @@ def main():
     parser.add_argument("--nodes", type=int, default=10000)
     parser.add_argument("--jobs", type=int, default=100000)
     parser.add_argument("--rounds", type=int, default=400, help="submits and listings measured")
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="build into DIR and keep it; a DIR built before is copied and measured again as it "
+        "was (a build takes minutes)",
+    )
     args = parser.parse_args()
     results = {"nodes": args.nodes, "jobs": args.jobs, "targets": TARGETS}
     with tempfile.TemporaryDirectory() as data_dir:
         os.chmod(data_dir, 0o711)
+        kept = pathlib.Path(args.keep) if args.keep else None
+        if kept is not None and (kept / "bench-build.json").exists():
+            shutil.copytree(kept, data_dir, dirs_exist_ok=True)
+            admin, owners, steps = json.loads((kept / "bench-build.json").read_text())
+            results["build"] = steps
+            return _measure_built(args, results, data_dir, admin, owners)
         init = subprocess.run(
             [sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir],
             check=True,
@@ -283,7 +305,7 @@ def main():
                 str(args.jobs),
             ],
             check=True,
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
             timeout=3600,
             cwd=ROOT,
@@ -291,14 +313,22 @@ def main():
         owners, steps = json.loads(child.stdout.strip().splitlines()[-1])
         results["build"] = steps
         print(json.dumps({"step": "built", **steps}), flush=True)
-        os.environ.update(ENV)
-        proc, url, _ = start_fleetd(data_dir, os.path.join(data_dir, "fleetd.log"), init=False)
-        try:
-            time.sleep(5)  # the first passes after start-up read the whole backlog
-            results["http"] = measure(url, admin, owners, args.jobs, args.rounds)
-            results["fleetd_peak_rss_bytes"] = proc_status(proc.pid).get("VmHWM")
-        finally:
-            stop_processes([proc])
+        if kept is not None:
+            shutil.copytree(data_dir, kept, dirs_exist_ok=True)
+            (kept / "bench-build.json").write_text(json.dumps([admin, owners, steps]))
+        return _measure_built(args, results, data_dir, admin, owners)
+
+
+def _measure_built(args, results, data_dir, admin, owners):
+    """fleetd serve on a built data dir, measured; writes and prints the results."""
+    os.environ.update(ENV)
+    proc, url, _ = start_fleetd(data_dir, os.path.join(data_dir, "fleetd.log"), init=False)
+    try:
+        time.sleep(5)  # the first passes after start-up read the whole backlog
+        results["http"] = measure(url, admin, owners, args.jobs, args.rounds)
+        results["fleetd_peak_rss_bytes"] = proc_status(proc.pid).get("VmHWM")
+    finally:
+        stop_processes([proc])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "queue_depth.json").write_text(json.dumps(results, indent=2))
