@@ -97,6 +97,7 @@ class ClusterState:
         self._blocks: dict = {}  # node id -> NodeBlock or None, made when first asked
         self._closed: dict = {}  # fleet name -> NodeBlock while outside its window, else None
         self._held_by_node: dict[str, tuple] | None = None
+        self._spot: list | None = None  # spot_tasks(), made once
 
     def overdue_ids(self, node_ids=None):
         """Ids of the nodes (of these) whose heartbeats are overdue."""
@@ -288,10 +289,13 @@ class ClusterState:
                 rows.append(row)
         return rows
 
-    def running_tasks(self):
-        """Active tasks as the engine's RunningTask (for preemption plans)."""
+    def running_tasks(self, priority_class=None):
+        """Active tasks (of that priority class) as the engine's RunningTask (for preemption
+        plans)."""
         out = []
         for task in self.tasks:
+            if priority_class is not None and task.job.priority_class != priority_class:
+                continue
             req = task.job.request
             out.append(
                 scheduler.RunningTask(
@@ -314,6 +318,13 @@ class ClusterState:
                 )
             )
         return out
+
+    def spot_tasks(self):
+        """The active spot tasks as RunningTask, made once per state: the only tasks a preemption
+        plan may stop, asked for by every on-demand group that does not fit."""
+        if self._spot is None:
+            self._spot = self.running_tasks("spot")
+        return self._spot
 
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms

@@ -110,9 +110,12 @@ def preemption(state, candidates, request, policy, nominated):
         left = sum(1 for t in state.stopping + state.tasks if t.id in nominated)
         if left:
             return f"waiting for {left} preempted spot task(s) to stop", None
+    spot = state.spot_tasks()  # the engine plans with spot tasks alone: only they may be stopped
+    if not spot:
+        return None, None
     ids = None if candidates is None else {n.id for n in candidates}
-    running = [t for t in state.running_tasks() if ids is None or t.node_id in ids]
-    if not any(t.priority_class == "spot" for t in running):
+    running = [t for t in spot if ids is None or t.node_id in ids]
+    if not running:
         return None, None
     plan = scheduler.plan_preemption(state.snapshot(candidates), running, request, policy=policy)
     if not plan.schedulable or not plan.victim_jobs:

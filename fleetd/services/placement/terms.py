@@ -79,9 +79,14 @@ def group_key_of(spec: JobSpec, team, priority_class, owner="", account="") -> s
 class TermsCache:
     """JobTerms by job id. A job's spec, team and class never change after submit and job ids are
     never reused, so an entry never goes stale; the oldest entries go beyond `size`. One per
-    Runtime (rt.terms)."""
+    Runtime (rt.terms).
 
-    def __init__(self, size=50_000):
+    The size holds a queue of 100,000 jobs and the jobs of the tasks that run beside it, at about
+    1 KiB an entry: a cache smaller than what a pass reads (every queued job after a start, before
+    the groups are parked again) is emptied by each pass, which then parses every spec anew
+    (bench/queue_depth.py: passes of several seconds at 50,000)."""
+
+    def __init__(self, size=250_000):
         self.size = size
         # True while some fleet runs tasks as their owners' own accounts: a job's request then
         # names its owner's login (services.nodes.accounts). Terms made before a fleet turned to
