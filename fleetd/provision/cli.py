@@ -231,7 +231,7 @@ def preflight_flags(fn):
             "--install-dir",
             default="/opt/fleet-agent",
             show_default=True,
-            help="The agent's venv on the hosts.",
+            help="Where the agent's installs go on the hosts (versions/, the link current).",
         ),
         click.option(
             "--min-free-mb",

@@ -61,7 +61,7 @@ def test_three_hosts_get_ready_a_rerun_only_starts_a_stopped_agent_an_unreachabl
         assert row["gpus"] == len(node["gpus"])
         assert node["fleet"] == FLEET and node["hostname"] == host.hostname
         assert (
-            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())["version"]
             == bundle.version
         )
         config = tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())
@@ -181,7 +181,7 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
         row = upgraded[host.address]
         assert row["result"] == "upgraded" and row["node_id"] == node_ids[host.address], row
         assert (
-            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())["version"]
             == next_bundle.version
         )
         assert agent_pids(host) and agent_pids(host) != old_pids[host.name]
@@ -384,7 +384,7 @@ def test_rollouts_refuse_downgrades_install_rebuilds_keep_operator_states_and_ke
     assert f"{next_bundle.version} -> {next_bundle.version}" not in stderr
     assert f"waiting for node {ids[rolled.address]} to be ready" not in stderr
     assert (
-        json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"]
+        json.loads(rolled.path("/opt/fleet-agent/current/bundle.json").read_text())["bundle_sha256"]
         == rebuilt.sha256
     )
     statuses = to_statuses(lab, ids[rolled.address])
@@ -408,28 +408,32 @@ def test_rollouts_refuse_downgrades_install_rebuilds_keep_operator_states_and_ke
     assert "starting fleet-agent" not in stderr and "restarting fleet-agent" not in stderr
 
     # An upgrade whose agent does not start keeps the node out of service (drained, its reason
-    # naming the failed upgrade), and the error gives the cause from the agent's log.
-    # (Of another version: pip reinstalls nothing of the version that is installed.)
+    # naming the failed upgrade), the error gives the cause from the agent's log, and the host goes
+    # back to the install before, whose agent heartbeats again.
     broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
-    code, results, _ = lab.bootstrap(broken, rolled, extra=["--allow-downgrade"])
+    code, results, _ = lab.bootstrap(
+        broken, rolled, extra=["--allow-downgrade", "--wait-timeout", "20"]
+    )
     assert code == 1
     reason = results[rolled.address]["reason"]
     assert BROKEN_AGENT in reason and "the agent's log ends" in reason, reason
+    assert f"switched back to fleet-agent {rebuilt.version}, which runs again" in reason, reason
     assert f"node {ids[rolled.address]} stays out of service (upgrade failed" in reason, reason
     node = lab.api.node(ids[rolled.address])
-    assert node["status"] in ("drained", "lost"), node
-    assert (
-        node["status_reason"].startswith("upgrade failed (fleetd bootstrap: downgrading the agent")
-        or node["status"] == "lost"
+    assert node["status"] == "drained" and node["bundle_sha256"] == rebuilt.sha256, node
+    assert node["status_reason"].startswith(
+        "upgrade failed (fleetd bootstrap: downgrading the agent"
     ), node
     assert node["upgrade"]["returns_to"]["status"] == "cordoned", node
     statuses = to_statuses(lab, ids[rolled.address])
     assert "ready" not in statuses[statuses.index("cordoned") :], statuses
 
-    # Run again with a good bundle: the upgrade ends and the node is cordoned again, as the operator
-    # left it.
+    # Run again with the bundle it runs again: nothing to install, the failed upgrade ends and the
+    # node is cordoned again, as the operator left it.
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
-    assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
+    row = results[rolled.address]
+    assert code == 0 and row["result"] == "updated", (results, stderr)
+    assert row["reason"].startswith("ended the upgrade that failed before"), row
     node = lab.api.wait_status(ids[rolled.address], "cordoned")
     assert node["upgrade"] is None and node["drain"] is None, node
     statuses = to_statuses(lab, ids[rolled.address])
