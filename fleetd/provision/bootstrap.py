@@ -328,7 +328,9 @@ class Bootstrapper:
         ) as exc:  # one host's surprise must never sink the others; it is reported, not hidden
             result.result = "failed"
             result.reason = f"unexpected {type(exc).__name__}: {exc}"
-        if record and result.node_id:
+        # A run that changed nothing (`unchanged`) is no event of the node: reruns (a Terraform
+        # apply, a cron) would bury the runs that did something.
+        if record and result.node_id and result.result != "unchanged":
             self._record_run(result)
         self.progress(
             result.host, "done" if result.ok else "failed", result.reason or result.result
@@ -336,8 +338,9 @@ class Bootstrapper:
         return result
 
     def _record_run(self, result):
-        """The run as an event of its node: the host, the bundle's version and sha256, the outcome.
-        A fleetd that cannot take it costs a note in the result, never the run."""
+        """The run as an event of its node: the host, the bundle's version and sha256, the outcome
+        (fleetd names the host by the node's hostname). A fleetd that cannot take it costs a note in
+        the result, never the run."""
         bundle = self.options.bundle
         body = {
             "kind": "node.bootstrap",

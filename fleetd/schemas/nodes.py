@@ -270,7 +270,12 @@ class BootstrapRunSchema(Schema):
         required=True,
         min_length=1,
         max_length=255,
-        metadata={"description": "the host as bootstrap reached it (user@address:port)"},
+        metadata={
+            "description": (
+                "the host as the run reached it (user@address:port); the event names the node's "
+                "hostname, or this host's address when the node has none"
+            )
+        },
     )
     outcome = fields.String(
         required=True,

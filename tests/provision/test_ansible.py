@@ -172,6 +172,14 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_drain_
         ]
         assert {h.hostname: agent_pids(h) for h in lab.hosts} == before
         assert len(lab.api.join_tokens()) == 2
+        # The rerun changed nothing: it is no event of the nodes (the first run is, by hostname).
+        for host in lab.hosts:
+            runs = [
+                e["reason"]
+                for e in lab.api.events(nodes[host.hostname]["id"])
+                if e["kind"] == "node.bootstrap"
+            ]
+            assert len(runs) == 1 and runs[0].startswith(f"bootstrap on {host.hostname}: "), runs
 
         checked = playbook(lab, inventory, "preflight.yml", bundle, control_dir)
         assert checked.returncode == 0 and checked.stdout.count("preflight ok") == 2, (

@@ -369,19 +369,32 @@ def list_node_events(node_id, limit, cursor=None, after=None):
     return rows, next_cursor
 
 
+def host_address(host):
+    """The address in a host as a run reached it: `user@10.0.0.7:22` -> `10.0.0.7`, `[fd00::7]:22`
+    -> `fd00::7`."""
+    address = host.rpartition("@")[2]
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    name, sep, port = address.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else address
+
+
 def record_bootstrap_run(
     rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""
 ):
     """Record a provisioning run on a node as one of its events; its actor is whoever called (the
-    operator's token). Returns the Event."""
+    operator's token). The event names the host one way whichever tool ran and however it reached
+    the host: by the node's hostname, else by the address it was reached at. Returns the Event."""
     now = rt.clock.now()
     bundle = f"bundle {bundle_version or 'of unknown version'}" + (
         f", sha256 {bundle_sha256}" if bundle_sha256 else ""
     )
-    reason = f"bootstrap on {host}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
     with write_transaction():
-        if find_node(node_id) is None:
+        node = find_node(node_id)
+        if node is None:
             raise NotFound(f"node {node_id} not found")
+        name = node.hostname or host_address(host)
+        reason = f"bootstrap on {name}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
         record_event(now, "node.bootstrap", "node", node_id, reason)
         return (
             Event.select()
