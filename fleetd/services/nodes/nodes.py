@@ -7,7 +7,7 @@ from fleetd.db import Fenced, write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.services.nodes import hosts, validation
-from fleetd.services.notify.events import list_events, record_event
+from fleetd.services.notify.events import current_actor, list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
@@ -89,8 +89,10 @@ def _refuse_if_lost(node, action):
         )
 
 
-def cordon_node(rt, node_id, reason="cordoned by admin"):
-    """Stop new placements on a ready node."""
+def cordon_node(rt, node_id, reason=None):
+    """Stop new placements on a ready node. The operator's `reason` is kept in its own field
+    (`node.cordon`) for as long as the cordon holds, whatever fleetd says of the node meanwhile (an
+    upgrade, a validation); cordoning a cordoned node again gives it a new reason."""
     now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
@@ -104,8 +106,16 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
                 f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status}
             )
         operator_takes_over(node)
+        node.cordon = {"reason": reason or "", "at": now.isoformat(), "actor": current_actor()}
+        node.save()
         if node.status != NodeStatus.CORDONED.value:
-            switch_node_status(rt, node, NodeStatus.CORDONED, reason, now)
+            switch_node_status(
+                rt,
+                node,
+                NodeStatus.CORDONED,
+                f"cordon: {reason}" if reason else "cordoned by admin",
+                now,
+            )
     return get_node(node_id)
 
 
