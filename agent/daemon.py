@@ -74,8 +74,8 @@ def agent_version():
 
 def installed_bundle(prefix=None):
     """{agent_version, bundle_sha256} of this agent: the package version and the SHA-256 of the
-    offline bundle it was installed from (bundle.json beside the venv, written by the installer; ''
-    when the agent was not installed from a bundle). Sent in heartbeats so fleetd learns of in-place
+    offline bundle it was installed from (bundle.json in the venv, written by the installer; ''
+    when the agent was not installed from a bundle). Sent in heartbeats so fleetd learns of
     upgrades."""
     import json
 

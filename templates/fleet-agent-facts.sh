@@ -49,8 +49,8 @@ echo "nvidia_gpus=$gpus"
 
 json_field() {
     # json_field FILE KEY: one top-level string field of a JSON file (a list of strings comma-joined),
-    # with whichever Python runs.
-    for candidate in "$INSTALL_DIR/bin/python" "$PY"; do
+    # with whichever Python runs (the host's first: an install's own may be what is broken).
+    for candidate in "$PY" "$INSTALL_DIR/current/bin/python"; do
         if [ -x "$candidate" ] || command -v "$candidate" >/dev/null 2>&1; then
             "$candidate" -c 'import json, sys
 try:
@@ -63,13 +63,19 @@ except (OSError, ValueError, AttributeError):
     echo ""
 }
 
-if [ -r "$INSTALL_DIR/bundle.json" ] && [ -x "$INSTALL_DIR/bin/fleet-agent" ]; then
-    echo "installed_version=$(json_field "$INSTALL_DIR/bundle.json" version)"
-    echo "installed_sha256=$(json_field "$INSTALL_DIR/bundle.json" bundle_sha256)"
+# The install that runs: the one INSTALL_DIR/current names (fleet-agent-versions.sh), else one of
+# the older layout (a venv in INSTALL_DIR itself, upgraded in place), whose install_current is empty.
+current=$(readlink "$INSTALL_DIR/current" 2>/dev/null)
+installed=$INSTALL_DIR
+if [ -n "$current" ]; then installed=$INSTALL_DIR/current; fi
+if [ -r "$installed/bundle.json" ] && [ -x "$installed/bin/fleet-agent" ] && [ -s "$installed/bin/fleet-agent" ]; then
+    echo "installed_version=$(json_field "$installed/bundle.json" version)"
+    echo "installed_sha256=$(json_field "$installed/bundle.json" bundle_sha256)"
 else
     echo "installed_version="
     echo "installed_sha256="
 fi
+echo "install_current=$current"
 sha() { if [ -r "$1" ]; then sha256sum "$1" | cut -d ' ' -f 1; fi; }
 echo "config_sha256=$(sha "$CONFIG_DIR/agent.toml")"
 echo "unit_sha256=$(sha "$UNIT_PATH")"

@@ -76,16 +76,7 @@ class NodeCordon(MethodView):
     @blp.response(200, NodeSchema)
     def post(self, body, node_id):
         """Stop new placements on a node; `reason` (optional) says why."""
-        reason = body.get("reason")
-        return _live(
-            [
-                nodes.cordon_node(
-                    current_runtime(),
-                    node_id,
-                    f"cordon: {reason}" if reason else "cordoned by admin",
-                )
-            ]
-        )[0]
+        return _live([nodes.cordon_node(current_runtime(), node_id, body.get("reason"))])[0]
 
 
 @blp.route("/<string:node_id>/uncordon")

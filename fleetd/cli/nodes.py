@@ -39,6 +39,14 @@ def _show_node(data):
         NODE_COLUMNS[:4]
         + [
             ("REASON", "status_reason"),
+            (
+                "CORDON",
+                lambda x: (
+                    x.get("cordon")
+                    and f"{x['cordon']['reason'] or 'no reason given'} (by "
+                    f"{x['cordon']['actor']}, {x['cordon']['at']})"
+                ),
+            ),
             ("ADDRESS", "address"),
             ("AGENT", "agent_version"),
             ("BUNDLE", "bundle_sha256"),

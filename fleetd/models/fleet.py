@@ -179,6 +179,9 @@ class Node(BaseModel):
     drain_repair = peewee.BooleanField(
         default=False
     )  # drained for repair: undrain validates it first (0023)
+    # The operator's cordon, {reason, at, actor}, from `cordon` until the node is in service again:
+    # it outlives the reasons fleetd gives the node meanwhile (an upgrade, a validation) (0038)
+    cordon = JSONText(null=True)
 
     @property
     def isolation(self):

@@ -1,12 +1,13 @@
 """`fleetd bootstrap`: from "I can SSH to these machines" to "they are ready GPU nodes".
 
 Per host, in parallel, each host on its own (one host's failure never stops the others):
-connect with strict host-key checking, preflight, install the offline bundle into a venv,
-render config and unit from the shared templates, enrol with a single-use join token minted
-for that host, enable and start the service, and wait until fleetd reports the node `ready`.
-Running it again changes nothing on an enrolled host of the same bundle; another bundle is an
-in-place upgrade that fleetd wraps (POST /nodes/{id}/upgrade, then .../upgrade/end): the node is
-drained and put back in the state the operator left it in, or kept drained if the upgrade fails.
+connect with strict host-key checking, preflight, install the offline bundle into a venv of its
+own beside any other (installs.py), render config and unit from the shared templates, enrol with a
+single-use join token minted for that host, enable and start the service, and wait until fleetd
+reports the node `ready`. Running it again changes nothing on an enrolled host of the same bundle;
+another bundle is an upgrade that fleetd wraps (POST /nodes/{id}/upgrade, then .../upgrade/end):
+the node is drained and put back in the state the operator left it in, or kept drained if the
+upgrade fails, and a new agent that does not come up is switched back to the install before.
 `remove` drains, stops, uninstalls and deletes the node.
 """
 
@@ -19,7 +20,7 @@ import time
 import urllib.parse
 
 from fleetd.client import ClientError
-from fleetd.provision import rendering
+from fleetd.provision import installs, rendering
 from fleetd.provision.ssh import HostKeyRejected, Remote, SshError
 
 MIN_PYTHON = (3, 10)
@@ -74,6 +75,11 @@ class HostFailed(Exception):
     """This host cannot be bootstrapped; the message is the reason shown in the final table."""
 
 
+class InstallStepFailed(HostFailed):
+    """The install step failed (a full disk, pip): the agent that runs was not touched, so its log
+    says nothing of the cause, which the message gives."""
+
+
 @dataclasses.dataclass
 class BootstrapOptions:
     """What to install and how (everything but SSH, which is `SshOptions`)."""
@@ -95,6 +101,7 @@ class BootstrapOptions:
     wait_timeout: float = 180.0
     drain_deadline: int = 3600
     min_free_mb: int = 512
+    keep_versions: int = installs.KEEP_VERSIONS  # installs kept on a host (installs.py)
     command_timeout: float = 600.0
     allow_downgrade: bool = False
     force_remove: bool = (
@@ -321,7 +328,9 @@ class Bootstrapper:
         ) as exc:  # one host's surprise must never sink the others; it is reported, not hidden
             result.result = "failed"
             result.reason = f"unexpected {type(exc).__name__}: {exc}"
-        if record and result.node_id:
+        # A run that changed nothing (`unchanged`) is no event of the node: reruns (a Terraform
+        # apply, a cron) would bury the runs that did something.
+        if record and result.node_id and result.result != "unchanged":
             self._record_run(result)
         self.progress(
             result.host, "done" if result.ok else "failed", result.reason or result.result
@@ -329,8 +338,9 @@ class Bootstrapper:
         return result
 
     def _record_run(self, result):
-        """The run as an event of its node: the host, the bundle's version and sha256, the outcome.
-        A fleetd that cannot take it costs a note in the result, never the run."""
+        """The run as an event of its node: the host, the bundle's version and sha256, the outcome
+        (fleetd names the host by the node's hostname). A fleetd that cannot take it costs a note in
+        the result, never the run."""
         bundle = self.options.bundle
         body = {
             "kind": "node.bootstrap",
@@ -399,15 +409,21 @@ class Bootstrapper:
             )
             if upgrading:
                 node = self._begin_upgrade(node, facts, install, result)
+            switched = installs.Switched()
             try:
                 self._bootstrap_after_drain(
-                    remote, facts, node, install, upgrade, upgrading, result
+                    remote, facts, node, install, upgrade, upgrading, result, switched
                 )
             except (HostFailed, SshError, ClientError, rendering.TemplateError) as exc:
-                if not upgrading:
+                if not upgrading and not switched.pending:
                     raise
                 reason = str(exc) if not isinstance(exc, ClientError) else f"fleetd: {exc.message}"
-                reason += self._agent_log(remote)
+                if not isinstance(exc, InstallStepFailed):
+                    reason += self._agent_log(remote)
+                if switched.pending:
+                    reason += self._switch_back(remote, facts, switched, result)
+                if not upgrading:
+                    raise HostFailed(reason) from None
                 raise HostFailed(
                     f"{reason}; {self._fail_upgrade(node['id'], reason, result)}"
                 ) from None
@@ -494,7 +510,40 @@ class Bootstrapper:
             f"undrain it"
         )
 
-    def _bootstrap_after_drain(self, remote, facts, node, install, upgrade, upgrading, result):
+    def _switch_back(self, remote, facts, switched, result):
+        """The new agent did not come up: point current back at the install before it, restart the
+        agent there and wait for its heartbeat. Says what became of the host."""
+        old = f"fleet-agent {facts.get('installed_version') or '(the install before)'}"
+        self.progress(
+            result.host, "start", f"the new agent did not come up: switching back to {old}"
+        )
+        try:
+            why = installs.switch_back(remote, self.options.install_dir, switched)
+            if why:
+                return f"; switching back to {old} failed too ({why})"
+            before = self._node(result.node_id) if result.node_id else None
+            remote.run_script(
+                "set -e\nsystemctl daemon-reload\nsystemctl restart fleet-agent.service\n",
+                timeout=180,
+            )
+        except (SshError, ClientError, rendering.TemplateError) as exc:
+            return f"; switching back to {old} failed too ({getattr(exc, 'message', exc)})"
+        if before is not None:
+            last, sha = before.get("last_heartbeat_at"), facts.get("installed_sha256")
+            try:
+                self._poll(
+                    result.node_id,
+                    lambda n: n.get("last_heartbeat_at") != last and n.get("bundle_sha256") == sha,
+                    self.options.wait_timeout,
+                    f"heartbeating on {old}",
+                )
+            except (HostFailed, ClientError) as exc:
+                return f"; switched back to {old} and restarted it, but {exc}"
+        return f"; switched back to {old}, which runs again"
+
+    def _bootstrap_after_drain(
+        self, remote, facts, node, install, upgrade, upgrading, result, switched
+    ):
         options = self.options
         previous = node["status"] if node is not None else None
         if node is not None and node.get("upgrade"):
@@ -506,9 +555,9 @@ class Bootstrapper:
                 result.host,
                 "install",
                 f"installing fleet-agent {options.bundle.version}"
-                + (f" over {installed}" if installed else ""),
+                + (f" beside {installed}" if installed else ""),
             )
-            self._install(remote)
+            unit_rewritten = self._install(remote, switched)
             changed.append(
                 ("downgraded" if is_downgrade(installed, options.bundle.version) else "upgraded")
                 if upgrade
@@ -516,6 +565,13 @@ class Bootstrapper:
             )
         else:
             self.progress(result.host, "install", f"fleet-agent {installed} already installed")
+            unit_rewritten = False
+            if installed and not facts.get("install_current") and not options.upgrade_only:
+                # An install of the older layout gets the link the unit written below goes through.
+                try:
+                    installs.adopt(remote, options.install_dir)
+                except installs.InstallFailed as exc:
+                    raise InstallStepFailed(str(exc)) from None
         result.version = options.bundle.version
 
         if options.upgrade_only:
@@ -551,7 +607,9 @@ class Bootstrapper:
             else "starting fleet-agent",
         )
         before = self._node(result.node_id)
-        action = self._start(remote, facts, restart=restart, reload_units=unit_changed)
+        action = self._start(
+            remote, facts, restart=restart, reload_units=unit_changed or unit_rewritten
+        )
         if action:
             changed.append(action)
         else:
@@ -573,7 +631,11 @@ class Bootstrapper:
             )
         else:
             self.progress(result.host, "ready", f"waiting for node {result.node_id} to be ready")
-        node_now = self._wait_ready(result, before, upgrading, previous)
+        node_now = self._wait_ready(result, before, upgrading, previous, switched)
+        if upgrading and not install:
+            # The host was right already (an upgrade switched back to it, or fixed by hand): what
+            # this run changed is the node's, in fleetd.
+            changed.append("ended the upgrade that failed before")
         result.gpus = len(node_now.get("gpus") or [])
         if "enrolled" in changed:
             result.result = "enrolled"
@@ -593,6 +655,22 @@ class Bootstrapper:
             )
         elif previous == "cordoned":
             result.reason += "; node stays cordoned as an operator left it"
+        if switched.installed:
+            self._prune(remote, result)
+
+    def _prune(self, remote, result):
+        """The new agent answered: remove the installs beyond the last keep_versions. A failure is
+        a note in the result, never the run's."""
+        try:
+            removed, why = installs.prune(
+                remote, self.options.install_dir, self.options.keep_versions
+            )
+        except (SshError, rendering.TemplateError) as exc:
+            removed, why = [], str(exc)
+        if removed:
+            self.progress(result.host, "ready", f"removed older installs: {', '.join(removed)}")
+        if why:
+            result.reason += f"; older installs stay ({why})"
 
     def _node(self, node_id):
         try:
@@ -636,28 +714,23 @@ class Bootstrapper:
             return None
         return node
 
-    def _install(self, remote):
+    def _install(self, remote, switched):
+        """Install the bundle beside what runs and switch to it (installs.install); fills
+        `switched`. Returns whether the unit was rewritten for this layout."""
         options = self.options
-        _, tmp, _ = remote.run("mktemp -d", timeout=60)
-        tmp = tmp.strip()
         try:
-            bundle_remote = posixpath.join(tmp, options.bundle.path.name)
-            remote.put(options.bundle.path, bundle_remote)
-            _, out, _ = remote.run(f"sha256sum {shlex.quote(bundle_remote)}", timeout=120)
-            if out.split()[:1] != [options.bundle.sha256]:
-                raise HostFailed("the uploaded bundle does not match its SHA-256")
-            _, out, _ = remote.run_script(
-                rendering.script(rendering.INSTALL_SCRIPT),
-                [bundle_remote, options.python, options.install_dir],
-                timeout=options.command_timeout,
+            done, unit_rewritten = installs.install(
+                remote,
+                options.bundle,
+                options.python,
+                options.install_dir,
+                options.unit_path,
+                options.command_timeout,
             )
-            if f"installed={options.bundle.version}" not in out:
-                raise HostFailed(
-                    f"the install script did not confirm version {options.bundle.version}: "
-                    f"{out.strip()[-200:]}"
-                )
-        finally:
-            remote.run(f"rm -rf {shlex.quote(tmp)}", timeout=60, check=False)
+        except installs.InstallFailed as exc:
+            raise InstallStepFailed(str(exc)) from None
+        switched.previous, switched.installed = done.previous, done.installed
+        return unit_rewritten
 
     def _configure(self, remote, facts, values, changed):
         """Write config, CA and unit where they differ; returns whether the unit changed."""
@@ -710,7 +783,7 @@ class Bootstrapper:
                 "description": f"fleetd bootstrap {result.host}"[:200],
             },
         )
-        agent = posixpath.join(options.install_dir, "bin", "fleet-agent")
+        agent = posixpath.join(options.install_dir, "current", "bin", "fleet-agent")
         # The token travels on stdin into the environment of `fleet-agent join`: never in an
         # argument. --force: this host was found not to be validly enrolled, whatever credentials it
         # still has.
@@ -808,10 +881,11 @@ class Bootstrapper:
             "drained",
         )
 
-    def _wait_ready(self, result, before, upgrading, previous):
+    def _wait_ready(self, result, before, upgrading, previous, switched=None):
         """Wait for a fresh heartbeat after a (re)start, end the upgrade when there is one (fleetd
         puts the node back where it was, in one step), and wait for the node to be there: ready, or
         cordoned or drained when an operator had put it there."""
+        switched = switched if switched is not None else installs.Switched()
         timeout = self.options.wait_timeout
         if before is not None:
             last = before.get("last_heartbeat_at")
@@ -825,9 +899,9 @@ class Bootstrapper:
                 timeout,
                 "heartbeating after the restart",
             )
-        if upgrading and before is not None and self.options.bundle is not None:
+        if (upgrading or switched.pending) and before is not None and self.options.bundle:
             # Validate: the restarted agent runs the new bundle (it reports it at its first
-            # heartbeat).
+            # heartbeat). Until then a failure switches back to the install before.
             sha = self.options.bundle.sha256
             self._poll(
                 result.node_id,
@@ -835,6 +909,7 @@ class Bootstrapper:
                 timeout,
                 f"running bundle {sha[:12]} after the restart",
             )
+        switched.answered = True
         if upgrading and before is not None and self.options.validate:
             self._validate(result)
         if upgrading:

@@ -216,6 +216,36 @@ def ssh_flags(fn):
     return fn
 
 
+def preflight_flags(fn):
+    """What preflight checks on each host before anything changes there: the options `fleetd
+    bootstrap` and `fleetd rollout start` share (bootstrap.judge_preflight judges them)."""
+    options = [
+        click.option(
+            "--python",
+            "python",
+            default="python3",
+            show_default=True,
+            help="Python on the hosts (>= 3.10).",
+        ),
+        click.option(
+            "--install-dir",
+            default="/opt/fleet-agent",
+            show_default=True,
+            help="Where the agent's installs go on the hosts (versions/, the link current).",
+        ),
+        click.option(
+            "--min-free-mb",
+            type=click.IntRange(min=0),
+            default=512,
+            show_default=True,
+            help="Free disk space preflight requires for the install directory.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def ssh_options(user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo):
     """SshOptions from the values of the ssh_flags options."""
     return SshOptions(
@@ -293,13 +323,7 @@ HELP = {"help_option_names": ["-h", "--help"]}
     show_default=True,
     help="Hosts at a time.",
 )
-@click.option(
-    "--python",
-    "python",
-    default="python3",
-    show_default=True,
-    help="Python on the hosts (>= 3.10).",
-)
+@preflight_flags
 @click.option(
     "--bundle",
     "bundle_path",
@@ -338,19 +362,6 @@ HELP = {"help_option_names": ["-h", "--help"]}
     help="Drain deadline before an upgrade or a removal (running tasks are stopped after it).",
 )
 @click.option("--connect-timeout", type=_Duration(), default="15s", show_default=True)
-@click.option(
-    "--min-free-mb",
-    type=click.IntRange(min=0),
-    default=512,
-    show_default=True,
-    help="Free disk space preflight requires for the install directory.",
-)
-@click.option(
-    "--install-dir",
-    default="/opt/fleet-agent",
-    show_default=True,
-    help="The agent's venv on the hosts.",
-)
 @click.option(
     "--result-file",
     type=click.Path(dir_okay=False),
@@ -563,7 +574,9 @@ def bundle_show(path):
 
 
 @click.command("start", context_settings=HELP)
-@click.option("--fleet", "fleet_name", required=True, help="Fleet whose nodes are upgraded.")
+@click.option(
+    "--fleet", "fleet_name", help="Fleet whose nodes are upgraded (required unless --rollout)."
+)
 @click.option(
     "--bundle",
     "bundle_path",
@@ -617,18 +630,15 @@ def bundle_show(path):
     help="Admin API token (FLEETD_TOKEN; default: saved by login).",
 )
 @ssh_flags
+@preflight_flags
 @click.option(
-    "--python",
-    "python",
-    default="python3",
-    show_default=True,
-    help="Python on the hosts (>= 3.10).",
-)
-@click.option(
-    "--install-dir",
-    default="/opt/fleet-agent",
-    show_default=True,
-    help="The agent's venv on the hosts.",
+    "--server-url",
+    "server_urls",
+    multiple=True,
+    help=(
+        "Preflight checks that each host reaches fleetd at this URL (repeatable or "
+        "comma-separated) before its node is drained; the agents' config is left as it is."
+    ),
 )
 @click.option(
     "--wait-timeout",
@@ -654,6 +664,24 @@ def bundle_show(path):
 @click.option(
     "--allow-downgrade", is_flag=True, help="Roll out a bundle older than a node's agent."
 )
+@click.option(
+    "--rollout",
+    "rollout_id",
+    help=(
+        "Drive this rollout, which fleetd holds already, instead of starting one: one whose driver "
+        "stopped (--wait at a pause, then `rollout resume|retry`; a killed one). --bundle must be "
+        "its bundle."
+    ),
+)
+@click.option(
+    "--wait",
+    "for_ci",
+    is_flag=True,
+    help=(
+        "For CI: exit once the rollout ends or pauses, with a status per state: 0 done, 3 failed, "
+        "4 aborted, 5 paused (it stays paused in fleetd)."
+    ),
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the rollout as JSON at the end.")
 def rollout_start(
     fleet_name,
@@ -674,10 +702,14 @@ def rollout_start(
     sudo,
     python,
     install_dir,
+    min_free_mb,
+    server_urls,
     wait_timeout,
     drain_deadline,
     connect_timeout,
     allow_downgrade,
+    rollout_id,
+    for_ci,
     as_json,
 ):
     """Upgrade the agents of a fleet to a bundle over SSH: canaries first, then batch by batch.
@@ -685,8 +717,12 @@ def rollout_start(
     Each node is drained (to the deadline), upgraded, restarted, validated (its agent comes back on
     the new bundle) and returned to the state its operator left it in; a failed node stays drained.
     The rollout lives in fleetd: `fleetd rollout status|pause|resume|abort ID` work from any
-    machine, and this command obeys them between nodes. Exit status 0 when every node was upgraded.
+    machine, and this command obeys them between nodes, waiting while it is paused. Exit status 0
+    when every node was upgraded, else 1; with --wait, one per state the rollout ends or pauses in
+    (0 done, 3 failed, 4 aborted, 5 paused).
     """
+    if not fleet_name and not rollout_id:
+        raise click.UsageError("--fleet is required (or --rollout)")
     batch = batch.strip()
     if not re.fullmatch(r"[1-9]\d{0,5}|([1-9]\d?|100)%", batch):
         raise click.BadParameter(
@@ -698,23 +734,41 @@ def rollout_start(
         raise click.BadParameter(str(exc), param_hint="--window") from None
     client = _client(url, token)
     try:
+        checked_urls = rendering.server_urls(",".join(server_urls)) if server_urls else None
+    except rendering.TemplateError as exc:
+        raise click.BadParameter(
+            str(exc).removeprefix("fleet_agent_"), param_hint="--server-url"
+        ) from None
+    existing = None
+    try:
+        if rollout_id:
+            existing = client.get(f"/api/v1/rollouts/{rollout_id}")
+            fleet_name = existing["fleet"]
         fleet = client.get(f"/api/v1/fleets/{fleet_name}")
         bundle = read_bundle(bundle_path)
     except ClientError as exc:
-        raise click.ClickException(f"fleet {fleet_name}: {exc.message}") from None
+        what = f"rollout {rollout_id}" if rollout_id and existing is None else f"fleet {fleet_name}"
+        raise click.ClickException(f"{what}: {exc.message}") from None
     except BundleError as exc:
         raise click.ClickException(str(exc)) from None
+    if existing is not None and existing["bundle_sha256"] != bundle.sha256:
+        raise click.ClickException(
+            f"rollout {rollout_id} rolls out bundle {existing['bundle_sha256'][:12]} "
+            f"(fleet-agent {existing['bundle_version']}), not {bundle.path.name} "
+            f"({bundle.sha256[:12]}): give its bundle"
+        )
     options = bs.BootstrapOptions(
         fleet=fleet["name"],
-        server_url=client.url,
+        server_url=checked_urls or client.url,
         bundle=bundle,
         python=python,
         install_dir=install_dir,
+        min_free_mb=min_free_mb,
         wait_timeout=wait_timeout,
         drain_deadline=drain_deadline,
         allow_downgrade=allow_downgrade,
         upgrade_only=True,
-        check_server_url=False,
+        check_server_url=checked_urls is not None,
         validate=fleet.get("validation") is not None,
     )
     driver = rs.RolloutDriver(
@@ -723,17 +777,19 @@ def rollout_start(
         ssh_options(
             user, keys, port, jump, known_hosts, accept_new_host_keys, connect_timeout, sudo
         ),
+        stop_when_paused=for_ci,
     )
     try:
-        started = driver.start(
+        started = existing or driver.start(
             fleet["name"], int(batch) if batch.isdigit() else batch, canary, max_failures, window
         )
     except ClientError as exc:
         raise click.ClickException(f"rollout of fleet {fleet_name}: {exc.message}") from None
+    now_state = f" ({started['state']})" if existing else ""
     click.echo(
-        f"rollout {started['id']}: fleet {fleet_name} to fleet-agent {bundle.version} (bundle "
-        f"sha256 {bundle.sha256[:12]}), {sum(n['state'] == 'pending' for n in started['nodes'])} "
-        f"node(s)",
+        f"rollout {started['id']}{now_state}: fleet {fleet_name} to fleet-agent {bundle.version} "
+        f"(bundle sha256 {bundle.sha256[:12]}), "
+        f"{sum(n['state'] == 'pending' for n in started['nodes'])} node(s)",
         err=True,
     )
     hosts = ["rollout"] + [
@@ -752,6 +808,22 @@ def rollout_start(
         click.echo(json.dumps(final, indent=2))
     else:
         show_rollout(final)
+    if for_ci:
+        status = rs.EXIT_STATUS.get(final["state"], 1)
+        if status:
+            hint = (
+                f": `fleetd rollout resume|retry {final['id']}`, then `fleetd rollout start "
+                f"--rollout {final['id']} --bundle ...` drives it on; or `fleetd rollout abort "
+                f"{final['id']}`"
+                if final["state"] == "paused"
+                else ""
+            )
+            click.echo(
+                f"fleetd: rollout {final['id']} is {final['state']} ({final['state_reason']})"
+                + hint,
+                err=True,
+            )
+        sys.exit(status)
     upgraded = final["state"] == "done" and all(
         n["state"] in ("done", "skipped") for n in final["nodes"]
     )

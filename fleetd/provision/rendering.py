@@ -18,6 +18,7 @@ CONFIG_TEMPLATE = "agent.toml.j2"
 FACTS_SCRIPT = "fleet-agent-facts.sh"
 INSTALL_SCRIPT = "fleet-agent-install.sh"
 LOG_SCRIPT = "fleet-agent-log.sh"
+VERSIONS_SCRIPT = "fleet-agent-versions.sh"
 
 MANAGED_BY = "fleetd bootstrap, the fleet_agent Ansible role or the fleet-nodes Terraform module"
 
@@ -125,7 +126,8 @@ def render_config(values):
 
 
 def script(name):
-    """The text of a helper script that runs on hosts (facts, install, the agent's log)."""
+    """The text of a helper script that runs on hosts (facts, install, versions, the agent's
+    log)."""
     path = templates_dir() / name
     try:
         return path.read_text()

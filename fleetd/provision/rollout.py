@@ -9,7 +9,8 @@ as `fleetd bootstrap` does, so that fleetd itself never holds SSH keys to the ho
 agent heartbeats again running the new bundle), back to the state the operator left it in; a failure
 keeps it drained. Before each node it asks fleetd whether it may begin: a paused rollout (by fleetd
 after a failed canary or too many failures, or by an operator anywhere) is waited on, an aborted one
-stops the driver, and outside the rollout's window no node begins.
+stops the driver, and outside the rollout's window no node begins. A driver for CI
+(stop_when_paused, `rollout start --wait`) stops at a pause too, so that its caller sees an end.
 """
 
 import concurrent.futures
@@ -54,8 +55,13 @@ def parse_window(texts, timezone="UTC"):
         raise ValueError(str(exc)) from None
 
 
-class Aborted(Exception):
-    """The rollout was aborted (or finished) while the driver waited."""
+#: Exit status of `fleetd rollout start --wait` per state the rollout ends (or stops) in; 1 is any
+#: other error (click's own), 2 a usage error.
+EXIT_STATUS = {"done": 0, "failed": 3, "aborted": 4, "paused": 5}
+
+
+class Stopped(Exception):
+    """The rollout ended (or paused, for a driver that stops there) while the driver waited."""
 
 
 class RolloutDriver:
@@ -72,6 +78,7 @@ class RolloutDriver:
         sleep=time.sleep,
         now=lambda: dt.datetime.now(dt.timezone.utc),
         max_wait=7 * 86400,
+        stop_when_paused=False,
     ):
         self.client = client
         self.options = options
@@ -79,6 +86,7 @@ class RolloutDriver:
         self.progress = progress or (lambda host, step, message: None)
         self.clock, self.sleep, self.now = clock, sleep, now
         self.max_wait = max_wait
+        self.stop_when_paused = stop_when_paused
 
     def start(self, fleet, batch, canary, max_failures, window):
         """Create the rollout in fleetd; returns it."""
@@ -105,7 +113,7 @@ class RolloutDriver:
         ):  # each round begins one batch at least, or waits, bounded by max_wait
             try:
                 rollout = self._until_runnable(rollout_id)
-            except Aborted as exc:
+            except Stopped as exc:
                 return exc.args[0]
             pending = [n for n in rollout["nodes"] if n["state"] == "pending"]
             if not pending:
@@ -121,14 +129,17 @@ class RolloutDriver:
         raise bs.HostFailed("the rollout did not end")  # pragma: no cover - bounded above
 
     def _until_runnable(self, rollout_id):
-        """The rollout once it is running and inside its window; Aborted when it ended meanwhile."""
+        """The rollout once it is running and inside its window; Stopped when it ended meanwhile (or
+        paused, with stop_when_paused)."""
         deadline = self.clock() + self.max_wait
         said = None
         for _ in range(int(self.max_wait / POLL_SECONDS) + 2):
             rollout = self.client.get(f"/api/v1/rollouts/{rollout_id}")
             window = rollout.get("window")
-            if rollout["state"] in ("done", "failed", "aborted"):
-                raise Aborted(rollout)
+            if rollout["state"] in ("done", "failed", "aborted") or (
+                rollout["state"] == "paused" and self.stop_when_paused
+            ):
+                raise Stopped(rollout)
             if rollout["state"] == "paused":
                 why = (
                     f"paused: {rollout['state_reason']}; `fleetd rollout resume {rollout_id}` "
@@ -149,7 +160,7 @@ class RolloutDriver:
             if self.clock() >= deadline:
                 break
             self.sleep(POLL_SECONDS)
-        raise Aborted(self.client.get(f"/api/v1/rollouts/{rollout_id}"))
+        raise Stopped(self.client.get(f"/api/v1/rollouts/{rollout_id}"))
 
     def _report(self, rollout_id, node_id, state, detail=""):
         return self.client.patch(

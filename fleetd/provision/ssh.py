@@ -265,14 +265,19 @@ class Remote:
             raise SshError(f"`{_short(command)}` exited {code}: " + " | ".join(detail))
         return code, stdout, stderr
 
-    def run_script(self, text, args=(), privileged=True, stdin_extra=None, timeout=300.0):
+    def run_script(
+        self, text, args=(), privileged=True, stdin_extra=None, timeout=300.0, check=True
+    ):
         """Run a shell script sent on stdin (`sh -s -- ARGS`): nothing lands on disk, args are
         quoted."""
         command = "sh -s -- " + " ".join(shlex.quote(str(a)) for a in args)
         if privileged:
             command = self.privileged(command)
         return self.run(
-            command, stdin=text if stdin_extra is None else text + stdin_extra, timeout=timeout
+            command,
+            stdin=text if stdin_extra is None else text + stdin_extra,
+            timeout=timeout,
+            check=check,
         )
 
     def put(self, local_path, remote_path):

@@ -80,6 +80,17 @@ class NodeSchema(Schema):
     registered_at = Time()
     last_heartbeat_at = Time()
     drain = fields.Method("_drain")
+    cordon = fields.Method(
+        "_cordon",
+        metadata={
+            "description": (
+                "the operator's cordon while it holds, {reason, at, actor} (reason: the "
+                "operator's own words, '' when none was given), whatever fleetd says of the node "
+                "meanwhile in status_reason (an upgrade, a validation); null once the node is "
+                "ready again, or when no operator cordoned it"
+            )
+        },
+    )
     resources = fields.Method("_resources")
     gpus = fields.List(fields.Nested(GpuSchema), attribute="gpu_list")
     gpu_status = fields.String(
@@ -147,6 +158,12 @@ class NodeSchema(Schema):
     def _drain(self, node):
         drain = node.drain
         return None if drain is None else DrainSchema().dump(drain)
+
+    def _cordon(self, node):
+        cordon = node.cordon
+        if cordon is None:
+            return None
+        return {"reason": cordon["reason"], "at": cordon["at"], "actor": cordon["actor"]}
 
     def _resources(self, node):
         return {"cpu_count": node.cpu_count, "memory_bytes": node.memory_bytes}
@@ -270,7 +287,12 @@ class BootstrapRunSchema(Schema):
         required=True,
         min_length=1,
         max_length=255,
-        metadata={"description": "the host as bootstrap reached it (user@address:port)"},
+        metadata={
+            "description": (
+                "the host as the run reached it (user@address:port); the event names the node's "
+                "hostname, or this host's address when the node has none"
+            )
+        },
     )
     outcome = fields.String(
         required=True,

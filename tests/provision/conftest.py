@@ -101,6 +101,38 @@ class Lab:
         env.update(extra)
         return env
 
+    def ssh_args(self):
+        """How the CLI reaches the lab's hosts over SSH."""
+        return [
+            "--user",
+            "root",
+            "--key",
+            str(self.ssh.client_key),
+            "--known-hosts",
+            str(self.ssh.known_hosts),
+        ]
+
+    def rollout(self, bundle, *extra):
+        """`fleetd rollout start --json` of the lab's fleet to `bundle`, no canary; the
+        CompletedProcess."""
+        return self.fleetd_cli(
+            "rollout",
+            "start",
+            "--fleet",
+            FLEET,
+            "--bundle",
+            str(bundle.path),
+            "--canary",
+            "0",
+            *self.ssh_args(),
+            "--wait-timeout",
+            "60",
+            "--drain-deadline",
+            "60",
+            "--json",
+            *extra,
+        )
+
     def bootstrap_args(self, bundle, *hosts, extra=()):
         """Arguments of `fleetd bootstrap`; bundle None: no --bundle (the CLI builds one)."""
         return [
@@ -108,12 +140,7 @@ class Lab:
             *[h.address for h in hosts],
             "--fleet",
             FLEET,
-            "--user",
-            "root",
-            "--key",
-            str(self.ssh.client_key),
-            "--known-hosts",
-            str(self.ssh.known_hosts),
+            *self.ssh_args(),
             *(["--bundle", str(bundle.path)] if bundle is not None else []),
             "--devices-backend",
             "fake:/opt/fake-gpus/shape.json",
@@ -271,7 +298,8 @@ BROKEN_AGENT = "fleet-agent: this build is broken on purpose"
 
 
 def _break_agent(wheel):
-    """The fleetd wheel `wheel` (bytes) with an agent that exits at once, saying BROKEN_AGENT."""
+    """The fleetd wheel `wheel` (bytes) with an agent that exits at once when it is run, saying
+    BROKEN_AGENT (`fleet-agent --help`, the installer's check, still works: it breaks on start)."""
     import io
     import zipfile
 
@@ -283,7 +311,10 @@ def _break_agent(wheel):
         for info in old.infolist():
             data = old.read(info)
             if info.filename == "agent/__main__.py":
-                data = f"raise SystemExit({BROKEN_AGENT!r})\n".encode() + data
+                data = (
+                    "import sys\n"
+                    f"if sys.argv[1:2] == ['run']:\n    raise SystemExit({BROKEN_AGENT!r})\n"
+                ).encode() + data
             new.writestr(info, data)
     return out.getvalue()
 
@@ -292,7 +323,7 @@ def repack_bundle(source, directory, drop_pip=False, break_agent=False):
     """A copy of bundle `source` with the same version and another SHA-256 (a rebuilt bundle): a
     note added at its top; with drop_pip, its pip wheel left out (and out of its manifest), so that
     the controller accepts it and the install on the host fails; with break_agent, an agent that
-    installs and then exits at once (BROKEN_AGENT), so that its restart fails."""
+    installs and then exits at once when run (BROKEN_AGENT), so that its restart fails."""
     import hashlib
     import io
     import tarfile

@@ -172,6 +172,14 @@ def test_bootstrap_playbook_makes_two_ready_nodes_a_rerun_changes_nothing_drain_
         ]
         assert {h.hostname: agent_pids(h) for h in lab.hosts} == before
         assert len(lab.api.join_tokens()) == 2
+        # The rerun changed nothing: it is no event of the nodes (the first run is, by hostname).
+        for host in lab.hosts:
+            runs = [
+                e["reason"]
+                for e in lab.api.events(nodes[host.hostname]["id"])
+                if e["kind"] == "node.bootstrap"
+            ]
+            assert len(runs) == 1 and runs[0].startswith(f"bootstrap on {host.hostname}: "), runs
 
         checked = playbook(lab, inventory, "preflight.yml", bundle, control_dir)
         assert checked.returncode == 0 and checked.stdout.count("preflight ok") == 2, (
@@ -238,7 +246,9 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
         for host in lab.hosts:
             node_id = nodes[host.hostname]["id"]
             assert lab.api.node(node_id)["status"] == "ready"
-            version = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            version = json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())[
+                "version"
+            ]
             assert version == next_bundle.version
             assert agent_pids(host) and agent_pids(host) != before[host.hostname]
             events = [
@@ -418,8 +428,21 @@ def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node
             -4000:
         ]
         assert BROKEN_AGENT in out, out[-4000:]
-        node = lab.api.node(ids[first.hostname])
-        assert node["status"] in ("drained", "lost") and node["upgrade"]["failed"], node
+        # It went back to the install before, whose agent runs again.
+        assert f"switched back to fleet-agent {bundle.version}, which runs again" in out, out[
+            -4000:
+        ]
+        node = wait_until(
+            lambda: (lambda n: n if n["bundle_sha256"] == bundle.sha256 else None)(
+                lab.api.node(ids[first.hostname])
+            ),
+            60,
+            message="the agent before to heartbeat again",
+        )
+        assert node["status"] == "drained" and node["upgrade"]["failed"], node
+        assert os.listdir(first.path("/opt/fleet-agent/versions")) == [
+            f"{bundle.version}-{bundle.sha256[:12]}"
+        ]
         assert to_statuses(lab, ids[first.hostname])[2:4] == ["draining", "drained"]
         assert "ready" not in to_statuses(lab, ids[first.hostname])[2:]
         assert to_statuses(lab, ids[second.hostname]) == ["pending", "ready"]
@@ -454,10 +477,13 @@ def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node
             "cordoned",
         ]
         for host in lab.hosts:
-            installed = json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())
+            installed = json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())
             assert (installed["version"], installed["bundle_sha256"]) == (
                 next_bundle.version,
                 next_bundle.sha256,
+            )
+            assert os.readlink(host.path("/opt/fleet-agent/previous")) == (
+                f"versions/{bundle.version}-{bundle.sha256[:12]}"
             )
             # fleetd learns the new version from the heartbeats.
             wait_until(

@@ -61,7 +61,7 @@ def test_three_hosts_get_ready_a_rerun_only_starts_a_stopped_agent_an_unreachabl
         assert row["gpus"] == len(node["gpus"])
         assert node["fleet"] == FLEET and node["hostname"] == host.hostname
         assert (
-            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())["version"]
             == bundle.version
         )
         config = tomllib.loads(host.path("/etc/fleet-agent/agent.toml").read_text())
@@ -72,13 +72,21 @@ def test_three_hosts_get_ready_a_rerun_only_starts_a_stopped_agent_an_unreachabl
         assert len(agent_pids(host)) == 1
     tokens = lab.api.join_tokens()
     assert len(tokens) == 3 and all(t["max_uses"] == 1 and t["uses"] == 1 for t in tokens)
+    # Each run is on its node's record, the host named by its hostname (not as it was reached).
+    for host in hosts:
+        (run,) = [
+            e
+            for e in lab.api.events(results[host.address]["node_id"])
+            if e["kind"] == "node.bootstrap"
+        ]
+        assert run["reason"].startswith(f"bootstrap on {host.hostname}: enrolled;"), run
     # The tokens never reached the command lines or the logs of the hosts.
     assert "flj_" not in stderr
 
     watched = (
         "/etc/fleet-agent/agent.toml",
         "/etc/systemd/system/fleet-agent.service",
-        "/opt/fleet-agent/bundle.json",
+        "/opt/fleet-agent/current/bundle.json",
     )
     before = {h.name: (agent_pids(h), file_state(h, *watched)) for h in hosts}
     code, again, stderr = lab.bootstrap(bundle, *hosts)
@@ -87,6 +95,9 @@ def test_three_hosts_get_ready_a_rerun_only_starts_a_stopped_agent_an_unreachabl
         assert again[host.address]["result"] == "unchanged", again[host.address]
         assert again[host.address]["node_id"] == results[host.address]["node_id"]
         assert (agent_pids(host), file_state(host, *watched)) == before[host.name]
+        # A run that changed nothing adds no record.
+        node_id = results[host.address]["node_id"]
+        assert [e["kind"] for e in lab.api.events(node_id)].count("node.bootstrap") == 1
     assert len(lab.api.join_tokens()) == 3
     assert len(lab.api.nodes()) == 3
 
@@ -181,7 +192,7 @@ def test_a_new_bundle_upgrades_in_place_through_drain_and_undrain_and_remove_del
         row = upgraded[host.address]
         assert row["result"] == "upgraded" and row["node_id"] == node_ids[host.address], row
         assert (
-            json.loads(host.path("/opt/fleet-agent/bundle.json").read_text())["version"]
+            json.loads(host.path("/opt/fleet-agent/current/bundle.json").read_text())["version"]
             == next_bundle.version
         )
         assert agent_pids(host) and agent_pids(host) != old_pids[host.name]
@@ -384,7 +395,7 @@ def test_rollouts_refuse_downgrades_install_rebuilds_keep_operator_states_and_ke
     assert f"{next_bundle.version} -> {next_bundle.version}" not in stderr
     assert f"waiting for node {ids[rolled.address]} to be ready" not in stderr
     assert (
-        json.loads(rolled.path("/opt/fleet-agent/bundle.json").read_text())["bundle_sha256"]
+        json.loads(rolled.path("/opt/fleet-agent/current/bundle.json").read_text())["bundle_sha256"]
         == rebuilt.sha256
     )
     statuses = to_statuses(lab, ids[rolled.address])
@@ -408,28 +419,32 @@ def test_rollouts_refuse_downgrades_install_rebuilds_keep_operator_states_and_ke
     assert "starting fleet-agent" not in stderr and "restarting fleet-agent" not in stderr
 
     # An upgrade whose agent does not start keeps the node out of service (drained, its reason
-    # naming the failed upgrade), and the error gives the cause from the agent's log.
-    # (Of another version: pip reinstalls nothing of the version that is installed.)
+    # naming the failed upgrade), the error gives the cause from the agent's log, and the host goes
+    # back to the install before, whose agent heartbeats again.
     broken = repack_bundle(bundle, tmp_path / "broken", break_agent=True)
-    code, results, _ = lab.bootstrap(broken, rolled, extra=["--allow-downgrade"])
+    code, results, _ = lab.bootstrap(
+        broken, rolled, extra=["--allow-downgrade", "--wait-timeout", "20"]
+    )
     assert code == 1
     reason = results[rolled.address]["reason"]
     assert BROKEN_AGENT in reason and "the agent's log ends" in reason, reason
+    assert f"switched back to fleet-agent {rebuilt.version}, which runs again" in reason, reason
     assert f"node {ids[rolled.address]} stays out of service (upgrade failed" in reason, reason
     node = lab.api.node(ids[rolled.address])
-    assert node["status"] in ("drained", "lost"), node
-    assert (
-        node["status_reason"].startswith("upgrade failed (fleetd bootstrap: downgrading the agent")
-        or node["status"] == "lost"
+    assert node["status"] == "drained" and node["bundle_sha256"] == rebuilt.sha256, node
+    assert node["status_reason"].startswith(
+        "upgrade failed (fleetd bootstrap: downgrading the agent"
     ), node
     assert node["upgrade"]["returns_to"]["status"] == "cordoned", node
     statuses = to_statuses(lab, ids[rolled.address])
     assert "ready" not in statuses[statuses.index("cordoned") :], statuses
 
-    # Run again with a good bundle: the upgrade ends and the node is cordoned again, as the operator
-    # left it.
+    # Run again with the bundle it runs again: nothing to install, the failed upgrade ends and the
+    # node is cordoned again, as the operator left it.
     code, results, stderr = lab.bootstrap(rebuilt, rolled)
-    assert code == 0 and results[rolled.address]["result"] == "upgraded", (results, stderr)
+    row = results[rolled.address]
+    assert code == 0 and row["result"] == "updated", (results, stderr)
+    assert row["reason"].startswith("ended the upgrade that failed before"), row
     node = lab.api.wait_status(ids[rolled.address], "cordoned")
     assert node["upgrade"] is None and node["drain"] is None, node
     statuses = to_statuses(lab, ids[rolled.address])
@@ -507,8 +522,9 @@ def test_a_rerun_without_a_bundle_builds_the_same_bytes_and_changes_nothing(lab_
     row = again[host.address]
     assert row["result"] == "unchanged", row
     assert agent_pids(host) == pids
+    # A run that changed nothing is no event of the node.
     later = lab.api.events(node_id)[events:]
-    assert [e["kind"] for e in later] == ["node.bootstrap"], later
+    assert later == [], later
     assert lab.api.node(node_id)["status"] == "ready"
 
 

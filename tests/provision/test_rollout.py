@@ -49,7 +49,7 @@ def test_a_broken_canary_pauses_the_rollout_then_a_good_one_returns_nodes_to_the
     before = {
         h.hostname: (
             agent_pids(h),
-            h.path("/opt/fleet-agent/bundle.json").read_text(),
+            h.path("/opt/fleet-agent/current/bundle.json").read_text(),
             to_statuses(lab, ids[h.hostname]),
         )
         for h in (serving, repair, cordoned)
@@ -118,7 +118,7 @@ def test_a_broken_canary_pauses_the_rollout_then_a_good_one_returns_nodes_to_the
         for host in (serving, repair, cordoned):
             assert (
                 agent_pids(host),
-                host.path("/opt/fleet-agent/bundle.json").read_text(),
+                host.path("/opt/fleet-agent/current/bundle.json").read_text(),
                 to_statuses(lab, ids[host.hostname]),
             ) == before[host.hostname]
         assert lab.api.node(ids[serving.hostname])["status"] == "ready"
@@ -152,29 +152,8 @@ def test_a_broken_canary_pauses_the_rollout_then_a_good_one_returns_nodes_to_the
     # at a time; each is validated before it is back, and goes back where its operator left it.
     lab.api("PATCH", f"/api/v1/fleets/{FLEET}", expect=200, json={"validation": {}})
     good = repack_bundle(bundle, tmp_path / "good")
-    run = lab.fleetd_cli(
-        "rollout",
-        "start",
-        "--fleet",
-        FLEET,
-        "--bundle",
-        str(good.path),
-        "--canary",
-        "0",
-        "--batch",
-        "2",
-        "--user",
-        "root",
-        "--key",
-        str(lab.ssh.client_key),
-        "--known-hosts",
-        str(lab.ssh.known_hosts),
-        "--wait-timeout",
-        "60",
-        "--drain-deadline",
-        "60",
-        "--json",
-    )
+    # --wait, as CI drives it: exit status 0 for a rollout that ends done.
+    run = lab.rollout(good, "--batch", "2", "--wait")
     assert run.returncode == 0, run.stdout + run.stderr
     final = json.loads(run.stdout)
     assert final["state"] == "done" and final["state_reason"] == "4 done", final

@@ -64,7 +64,7 @@ def test_unit_is_a_notify_service_with_watchdog_restart_and_exit_3_kept_down():
         "WatchdogSec=60",
         "Restart=always",
         "RestartPreventExitStatus=3",
-        "ExecStart=/srv/agent/bin/fleet-agent run --config /etc/fa/agent.toml",
+        "ExecStart=/srv/agent/current/bin/fleet-agent run --config /etc/fa/agent.toml",
         "StateDirectory=fleet-agent",
         "Delegate=yes",
         "WantedBy=multi-user.target",
@@ -84,9 +84,10 @@ def test_unit_is_a_notify_service_with_watchdog_restart_and_exit_3_kept_down():
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     install = tmp_path / "install"
-    (install / "bin").mkdir(parents=True)
-    (install / "bin" / "fleet-agent").write_text("#!/bin/sh\n")
-    (install / "bin" / "fleet-agent").chmod(0o755)
+    (install / "versions" / "1.0-abc" / "bin").mkdir(parents=True)
+    (install / "versions" / "1.0-abc" / "bin" / "fleet-agent").write_text("#!/bin/sh\n")
+    (install / "versions" / "1.0-abc" / "bin" / "fleet-agent").chmod(0o755)
+    (install / "current").symlink_to("versions/1.0-abc")
     unit = tmp_path / "fleet-agent.service"
     unit.write_text(rendering.render_unit(values(install_dir=str(install))))
     result = subprocess.run(

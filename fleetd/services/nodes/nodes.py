@@ -7,7 +7,7 @@ from fleetd.db import Fenced, write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import Event, Gpu, Node, NodeStatus, Task, TaskState
 from fleetd.services.nodes import hosts, validation
-from fleetd.services.notify.events import list_events, record_event
+from fleetd.services.notify.events import current_actor, list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, LIVE_STATUSES
@@ -89,8 +89,10 @@ def _refuse_if_lost(node, action):
         )
 
 
-def cordon_node(rt, node_id, reason="cordoned by admin"):
-    """Stop new placements on a ready node."""
+def cordon_node(rt, node_id, reason=None):
+    """Stop new placements on a ready node. The operator's `reason` is kept in its own field
+    (`node.cordon`) for as long as the cordon holds, whatever fleetd says of the node meanwhile (an
+    upgrade, a validation); cordoning a cordoned node again gives it a new reason."""
     now = rt.clock.now()
     with write_transaction():
         node = _locked_node(node_id)
@@ -104,8 +106,16 @@ def cordon_node(rt, node_id, reason="cordoned by admin"):
                 f"node {node_id} cannot go from {node.status} to cordoned", {"status": node.status}
             )
         operator_takes_over(node)
+        node.cordon = {"reason": reason or "", "at": now.isoformat(), "actor": current_actor()}
+        node.save()
         if node.status != NodeStatus.CORDONED.value:
-            switch_node_status(rt, node, NodeStatus.CORDONED, reason, now)
+            switch_node_status(
+                rt,
+                node,
+                NodeStatus.CORDONED,
+                f"cordon: {reason}" if reason else "cordoned by admin",
+                now,
+            )
     return get_node(node_id)
 
 
@@ -369,19 +379,32 @@ def list_node_events(node_id, limit, cursor=None, after=None):
     return rows, next_cursor
 
 
+def host_address(host):
+    """The address in a host as a run reached it: `user@10.0.0.7:22` -> `10.0.0.7`, `[fd00::7]:22`
+    -> `fd00::7`."""
+    address = host.rpartition("@")[2]
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    name, sep, port = address.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else address
+
+
 def record_bootstrap_run(
     rt, node_id, host, outcome, bundle_version="", bundle_sha256="", detail=""
 ):
     """Record a provisioning run on a node as one of its events; its actor is whoever called (the
-    operator's token). Returns the Event."""
+    operator's token). The event names the host one way whichever tool ran and however it reached
+    the host: by the node's hostname, else by the address it was reached at. Returns the Event."""
     now = rt.clock.now()
     bundle = f"bundle {bundle_version or 'of unknown version'}" + (
         f", sha256 {bundle_sha256}" if bundle_sha256 else ""
     )
-    reason = f"bootstrap on {host}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
     with write_transaction():
-        if find_node(node_id) is None:
+        node = find_node(node_id)
+        if node is None:
             raise NotFound(f"node {node_id} not found")
+        name = node.hostname or host_address(host)
+        reason = f"bootstrap on {name}: {outcome}; {bundle}" + (f"; {detail}" if detail else "")
         record_event(now, "node.bootstrap", "node", node_id, reason)
         return (
             Event.select()

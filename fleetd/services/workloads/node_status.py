@@ -96,6 +96,8 @@ def switch_node_status(rt, node, to_status, reason, now, actor=None):
     node.status = to_status.value
     node.status_reason = reason
     node.status_before_lost = from_status.value if to_status is NodeStatus.LOST else None
+    if to_status is NodeStatus.READY:
+        node.cordon = None  # back in service: no operator's cordon holds any more
     node.save()
     # node.drained webhooks say why the node was drained, not only how the drain ended.
     data = {"drain_reason": node.drain_reason} if to_status is NodeStatus.DRAINED else None

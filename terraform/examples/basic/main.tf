@@ -1,22 +1,17 @@
 # Enrol two GPU hosts into the fleet "training":
 #   fleetd bundle build -o dist
-#   export TF_VAR_admin_token=fla_...        # an admin token, kept out of files and command lines
+#   export FLEETD_TOKEN=fla_...              # an admin token, kept out of files, command lines
+#   export TF_HTTP_PASSWORD=$FLEETD_TOKEN    # and the state (the drift check reads fleetd with it)
 #   terraform init && terraform apply
 # `terraform destroy` drains the nodes, uninstalls the agent and deletes the nodes.
-
-variable "admin_token" {
-  description = "fleetd admin token (set TF_VAR_admin_token)."
-  type        = string
-  sensitive   = true
-}
+# `terraform plan -detailed-exitcode` exits 2 while a host's node is lost, revoked or deleted.
 
 module "gpu_nodes" {
   source = "../../modules/fleet-nodes"
 
-  fleetd_url  = "https://fleetd.internal:8443"
-  admin_token = var.admin_token
-  fleet       = "training"
-  bundle      = "${path.root}/dist/fleet-agent-bundle-0.1.0.tar.gz"
+  fleetd_url = "https://fleetd.internal:8443"
+  fleet      = "training"
+  bundle     = "${path.root}/dist/fleet-agent-bundle-0.1.0.tar.gz"
 
   hosts = [
     { address = "10.0.0.11", ssh_user = "ops", labels = { rack = "r12" } },

@@ -11,6 +11,14 @@ locals {
     var.use_sudo ? ["--sudo"] : [],
   )
 
+  # The admin token for the fleetd commands, when it is given here; none: they take FLEETD_TOKEN from
+  # Terraform's own environment, and the token is stored nowhere in the state.
+  token_env = var.admin_token == null ? {} : { FLEETD_TOKEN = var.admin_token }
+
+  # `fleetd bootstrap --remove` of a host (the host is the provisioner's command).
+  remove = concat(var.fleetd_command, ["bootstrap", "--remove", "--url", var.fleetd_url,
+  "--drain-deadline", var.drain_deadline, "--json"], var.force_remove ? ["--force"] : [], local.ssh_args)
+
   # `fleetd bootstrap` of each host, but for --result-file (each resource names its own file).
   bootstrap = { for address, h in local.hosts : address => concat(
     var.fleetd_command,
@@ -36,12 +44,13 @@ resource "terraform_data" "this" {
     fleetd_url = var.fleetd_url
   }
 
-  # What the destroy-time provisioner needs: it may refer to nothing but self.
+  # What the destroy-time provisioner needs: it may refer to nothing but self. admin_token is null
+  # when the token comes from the environment (then the state holds none).
   input = {
-    remove = concat(var.fleetd_command, ["bootstrap", "--remove", "--url", var.fleetd_url,
-    "--drain-deadline", var.drain_deadline, "--json"], var.force_remove ? ["--force"] : [], local.ssh_args)
+    remove      = local.remove
     admin_token = var.admin_token
     results_dir = local.results_dir
+    result_file = "${local.results_dir}/${each.key}.json"
   }
 
   lifecycle {
@@ -51,29 +60,36 @@ resource "terraform_data" "this" {
     }
   }
 
+  # A result file this host's resource left behind: that resource was tainted (its bootstrap failed)
+  # and Terraform runs no destroy-time provisioner for a tainted resource. Its replacement removes
+  # the host first, as destroying it would have (drain, uninstall, delete its node), and its file.
   provisioner "local-exec" {
-    interpreter = concat(local.bootstrap[each.key], ["--result-file", "${local.results_dir}/${self.id}.json"])
+    interpreter = concat(["sh", "-c", "[ ! -e \"$0\" ] || { \"$@\" && rm -f -- \"$0\"; }",
+    "${local.results_dir}/${each.key}.json"], local.remove)
+    command     = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
+    environment = local.token_env
+  }
+
+  provisioner "local-exec" {
+    interpreter = concat(local.bootstrap[each.key], ["--result-file", "${local.results_dir}/${each.key}.json"])
     command     = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
     # The token travels in the environment, never on a command line.
-    environment = {
-      FLEETD_TOKEN = var.admin_token
-    }
+    environment = local.token_env
   }
 
   provisioner "local-exec" {
     when        = destroy
     interpreter = self.input.remove
     command     = self.triggers_replace.host
-    environment = {
-      FLEETD_TOKEN = self.input.admin_token
-    }
+    environment = self.input.admin_token == null ? {} : { FLEETD_TOKEN = self.input.admin_token }
   }
 
-  # Once the host is removed, its bootstrap result goes too (it runs only if the removal succeeded).
+  # Once the host is removed, its bootstrap result goes too (it runs only if the removal succeeded;
+  # the file named by the resource id is where older versions of this module kept it).
   provisioner "local-exec" {
     when        = destroy
-    interpreter = ["rm", "-f", "--"]
-    command     = "${self.input.results_dir}/${self.id}.json"
+    interpreter = ["rm", "-f", "--", "${self.input.results_dir}/${self.id}.json"]
+    command     = try(self.input.result_file, "${self.input.results_dir}/${self.id}.json")
   }
 }
 
@@ -90,18 +106,20 @@ resource "terraform_data" "labels" {
   }
 
   provisioner "local-exec" {
-    interpreter = concat(local.bootstrap[each.key],
-    ["--result-file", "${local.results_dir}/${terraform_data.this[each.key].id}.json"])
-    command = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
-    environment = {
-      FLEETD_TOKEN = var.admin_token
-    }
+    interpreter = concat(local.bootstrap[each.key], ["--result-file", "${local.results_dir}/${each.key}.json"])
+    command     = "${each.value.ssh_user}@${each.value.address}:${each.value.port}"
+    environment = local.token_env
   }
 }
 
 locals {
-  # Each host's bootstrap result (null before its first apply, or once its file is gone).
-  results  = { for address, host in terraform_data.this : address => try(jsondecode(file("${local.results_dir}/${host.id}.json"))[0], null) }
+  # Each host's bootstrap result (null before its first apply, or once its file is gone; older
+  # versions of this module named the file by the resource id).
+  results = { for address, host in terraform_data.this : address => try(
+    jsondecode(file("${local.results_dir}/${address}.json"))[0],
+    jsondecode(file("${local.results_dir}/${host.id}.json"))[0],
+    null
+  ) }
   node_ids = { for address, result in local.results : address => try(result.node_id, null) }
   # Node statuses that mean the host no longer serves the fleet: its agent is gone (lost), its
   # credentials were revoked, or fleetd no longer has the node (absent).
@@ -113,12 +131,16 @@ locals {
 # `terraform plan` needs no provider to download. The read is a top-level data source, read
 # while planning: one scoped inside the check block would be planned as a read again at apply,
 # which `terraform plan -detailed-exitcode` counts as a change (exit 2) even for a clean fleet.
+# An apply that enrols or replaces hosts reads it once they are done (depends_on), so that the new
+# nodes are in it.
 data "terraform_remote_state" "fleet" {
-  count   = var.check_drift ? 1 : 0
-  backend = "http"
+  count      = var.check_drift ? 1 : 0
+  depends_on = [terraform_data.this]
+  backend    = "http"
   config = {
     address  = "${trimsuffix(var.fleetd_url, "/")}/api/v1/fleets/${urlencode(var.fleet)}/terraform-state"
     username = "terraform"
+    # null: the http backend takes TF_HTTP_PASSWORD from the environment, and the state holds none.
     password = var.admin_token
   }
 }
@@ -126,20 +148,31 @@ data "terraform_remote_state" "fleet" {
 locals {
   # What fleetd says of each node ({} without the drift check: every node then reads as it was).
   fleet_nodes = try(data.terraform_remote_state.fleet[0].outputs.nodes, {})
+  # One line per host whose node no longer serves the fleet.
+  drifted = [
+    for address, id in local.node_ids :
+    "host ${address}: node ${id} is ${try(local.fleet_nodes[id].status, "absent")}${try(" (${local.fleet_nodes[id].reason})", "")}"
+    if id != null && var.check_drift && contains(local.gone, try(local.fleet_nodes[id].status, "absent"))
+  ]
 }
 
-# A failed assertion is a warning: the plan still runs, and says which hosts to look at.
+# The warning that says which hosts to look at (a failed assertion is a warning: the plan runs on).
 check "fleet_nodes" {
   assert {
-    condition = alltrue([
-      for address, id in local.node_ids :
-      !contains(local.gone, try(local.fleet_nodes[id].status, "absent")) if id != null && var.check_drift
-    ])
+    condition = length(local.drifted) == 0
     # Re-enrol such a host with `terraform apply -replace` on its terraform_data.this["<address>"].
-    error_message = join("; ", [
-      for address, id in local.node_ids :
-      "host ${address}: node ${id} is ${try(local.fleet_nodes[id].status, "absent")}${try(" (${local.fleet_nodes[id].reason})", "")}"
-      if id != null && var.check_drift && contains(local.gone, try(local.fleet_nodes[id].status, "absent"))
-    ])
+    error_message = join("; ", local.drifted)
   }
+}
+
+# Drift as a planned change, so that `terraform plan -detailed-exitcode` exits 2 on a drifted fleet
+# (a check's warning alone leaves it 0): while any host's node is gone, this marker is replaced at
+# every plan (its trigger holds the time of the plan) and names the hosts; on a clean fleet its
+# trigger stays as it is. Applying it does nothing.
+resource "terraform_data" "drift" {
+  triggers_replace = (
+    length(local.drifted) > 0
+    ? { hosts = local.drifted, planned_at = plantimestamp() }
+    : { hosts = [], planned_at = "" }
+  )
 }

@@ -41,8 +41,9 @@ variable "server_url" {
 }
 
 variable "admin_token" {
-  description = "Admin API token of fleetd (mints one single-use join token per host, drains and deletes nodes). Stored in the state for destroy: protect the state."
+  description = "Admin API token of fleetd (mints one single-use join token per host, drains and deletes nodes). Given here, it is stored in the state for destroy: protect the state. null (the default): taken from the environment, FLEETD_TOKEN for the fleetd commands and TF_HTTP_PASSWORD for the drift check, and stored nowhere in the state."
   type        = string
+  default     = null
   sensitive   = true
 }
 
@@ -105,7 +106,7 @@ variable "force_remove" {
 }
 
 variable "check_drift" {
-  description = "At plan time, read what fleetd says of each host's node and warn about nodes that are lost, revoked or gone (needs fleetd reachable when planning)."
+  description = "At plan time, read what fleetd says of each host's node, warn about nodes that are lost, revoked or gone, and plan a change for them (terraform_data.drift) so that plan -detailed-exitcode exits 2 (needs fleetd reachable when planning)."
   type        = bool
   default     = true
 }

@@ -423,6 +423,28 @@ def test_the_driver_begins_no_node_outside_the_window_or_while_paused_and_stops_
     }
 
 
+def test_a_driver_for_ci_stops_at_a_pause_instead_of_waiting_on_it(api):
+    from fleetd.provision.bootstrap import BootstrapOptions
+    from fleetd.provision.rollout import RolloutDriver
+
+    api.create_fleet("gpu-a")
+    _nodes(api, 2, api.create_join_token("gpu-a", max_uses=10))
+    options = BootstrapOptions(
+        fleet="gpu-a", bundle=types.SimpleNamespace(version="0.2.0", sha256=SHA)
+    )
+
+    def never(_seconds):
+        raise AssertionError("a driver that stops when paused never waits on a pause")
+
+    driver = RolloutDriver(
+        InProcess(api), options, ssh_options=None, sleep=never, stop_when_paused=True
+    )
+    rollout = driver.start("gpu-a", 1, 1, 0, None)
+    api.post(f"/api/v1/rollouts/{rollout['id']}/pause")
+    final = driver.run(rollout["id"])
+    assert final["state"] == "paused" and {n["state"] for n in final["nodes"]} == {"pending"}
+
+
 def test_a_node_that_fails_its_validation_after_the_upgrade_pauses_the_rollout_at_once(api):
     # Not a canary, and well under --max-failures: fleetd reads the failed validation from the node
     # itself (failed_validation), whatever the driver's report says, and pauses at once.

@@ -317,3 +317,45 @@ def test_a_gpu_that_fell_off_the_bus_is_still_expected_at_the_next_validation(ga
     api.heartbeat(session, gpus=_gpus(1))  # one GPU is gone: the health policy drains the node
     assert api.post(f"/api/v1/nodes/{node_id}/validate").get_json()["status"] == "validating"
     assert api.heartbeat(session)["validation"]["suite"]["expected_gpus"] == 2
+
+
+def test_the_operators_cordon_reason_stays_in_its_own_field_through_upgrades_and_validations(api):
+    api.create_fleet("gpu-a")
+    node_id, session = api.ready_node(api.create_join_token(), "host-e")
+    assert api.node(node_id)["cordon"] is None
+    cordoned = api.post(f"/api/v1/nodes/{node_id}/cordon", {"reason": "fan noise"}).get_json()
+    assert cordoned["status_reason"] == "cordon: fan noise"
+    cordon = cordoned["cordon"]
+    assert (cordon["reason"], cordon["actor"]) == ("fan noise", "token:admin"), cordon
+    # fleetd's own reasons replace one another in status_reason; the operator's stays beside them.
+    api.post(f"/api/v1/nodes/{node_id}/upgrade", {"reason": "to 0.2.0"})
+    upgraded = api.post(f"/api/v1/nodes/{node_id}/upgrade/end", {"outcome": "succeeded"})
+    assert upgraded.get_json()["status_reason"].startswith("upgrade done (to 0.2.0)")
+    assert api.post(f"/api/v1/nodes/{node_id}/validate").get_json()["cordon"] == cordon
+    validation = api.heartbeat(session)["validation"]
+    _report(api, session, validation["id"], [dict(PASS, name="gpus_present")])
+    node = api.node(node_id)
+    assert node["status"] == "cordoned" and node["status_reason"].startswith("validation ")
+    assert node["cordon"] == cordon, node
+    # Back in service, no cordon holds; a cordon without words says none were given.
+    assert api.post(f"/api/v1/nodes/{node_id}/uncordon").get_json()["cordon"] is None
+    bare = api.post(f"/api/v1/nodes/{node_id}/cordon").get_json()
+    assert bare["status_reason"] == "cordoned by admin" and bare["cordon"]["reason"] == ""
+    api.post(f"/api/v1/nodes/{node_id}/drain", {"reason": "RMA pending", "deadline_seconds": 60})
+    assert api.post(f"/api/v1/nodes/{node_id}/undrain").get_json()["cordon"] is None
+
+
+def test_an_rma_drain_keeps_its_reason_in_the_drain_through_a_validation_that_passes(api):
+    api.create_fleet("gpu-a")
+    node_id, session = _enrol(api, "host-f", prefix="R")
+    api.heartbeat(session)
+    api.post("/api/v1/gpus/R0001/rma", {"reason": "XID 79 twice", "deadline_seconds": 0})
+    api.heartbeat(session)
+    assert api.node(node_id)["status"] == "drained"
+    api.delete("/api/v1/gpus/R0001/rma")  # the board is back from repair
+    api.post(f"/api/v1/nodes/{node_id}/validate")
+    validation = api.heartbeat(session)["validation"]
+    _report(api, session, validation["id"], [dict(PASS, name="gpus_present")])
+    node = api.node(node_id)
+    assert node["status"] == "drained" and node["status_reason"].startswith("validation ")
+    assert "marked for RMA: XID 79 twice" in node["drain"]["reason"], node["drain"]

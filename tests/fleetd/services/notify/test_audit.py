@@ -1,5 +1,7 @@
 """The audit trail: every Event says who caused it (token:<name>, node:<id> or fleetd)."""
 
+import pytest
+
 from tests.conftest import ApiClient, admin_client
 
 
@@ -144,10 +146,30 @@ def test_a_bootstrap_run_is_recorded_on_its_node_by_the_operators_token(api, app
         f"node/{node_id}",
         "token:rollout",
     )
+    # The host is named by the node's hostname, however the run reached it.
     assert event["reason"] == (
-        f"bootstrap on root@10.0.0.7:22: upgraded; bundle 0.1.1, sha256 {sha}; upgraded, restarted"
+        f"bootstrap on host-a: upgraded; bundle 0.1.1, sha256 {sha}; upgraded, restarted"
     )
     assert _events(api, f"/api/v1/nodes/{node_id}/events")[-1] == event
+    for reached in ("10.0.0.7", "host-a", "[fd00::7]:2222"):
+        again = ops.post(f"/api/v1/nodes/{node_id}/events", {**run, "host": reached})
+        assert again.get_json()["reason"].startswith("bootstrap on host-a: upgraded;"), reached
+
+
+@pytest.mark.parametrize(
+    "host, address",
+    [
+        ("root@10.0.0.7:22", "10.0.0.7"),
+        ("10.0.0.7", "10.0.0.7"),
+        ("ops@gpu-01", "gpu-01"),
+        ("[fd00::7]:2222", "fd00::7"),
+        ("fd00::7", "fd00::7"),
+    ],
+)
+def test_a_host_without_a_hostname_is_named_by_its_address(host, address):
+    from fleetd.services.nodes.nodes import host_address
+
+    assert host_address(host) == address
 
 
 def test_recording_a_bootstrap_run_is_for_admins_and_checks_what_it_records(api, app):

@@ -1,0 +1,1 @@
+../../../../templates/fleet-agent-versions.sh
