@@ -173,7 +173,7 @@ def pass_figures(before, after):
     }
 
 
-def settle(url, admin, limit=600):
+def settle(url, admin, limit=300):
     """After a start the passes read the whole backlog until its groups are parked again: wait
     until a second goes by with passes averaging under 100 ms (or `limit` seconds); returns how
     long that took and the passes meanwhile."""

@@ -60,6 +60,7 @@ NOT_WATCHED = {
         "gpu_status": "a summary of the GPU rows, which are watched",
         "gpu_status_reason": "text",
         "status_reason": "text",
+        "cordon": "the operator's own reason: text, which status already says in effect",
         "status_before_lost": "read when a lost node returns, which changes status",
         "registered_at": "a time",
         "last_heartbeat_at": "every heartbeat writes it; silence is tracked in memory",

@@ -108,20 +108,9 @@ def record_run_end(task, now, attempt=None):
     if task.started_at is None:
         return
     if attempt is None:
-        rows = _JOB_ATTEMPT.raw_tuples(id=task.job_id)
-        attempt = rows[0][0] if rows else 1
-    insert_row(
-        UsageMark,
-        {
-            "task_id": task.id,
-            "epoch": task.epoch,
-            "node_id": task.node_id or "",
-            "gpus": task.gpus or [],
-            "attempt": attempt,
-            "started_at": task.started_at,
-            "ended_at": now,
-        },
-    )
+        attempt = (_JOB_ATTEMPT.raw_tuples(id=task.job_id) or [(1,)])[0][0]
+    mark = dict(task_id=task.id, epoch=task.epoch, node_id=task.node_id or "", gpus=task.gpus or [])
+    insert_row(UsageMark, dict(mark, attempt=attempt, started_at=task.started_at, ended_at=now))
 
 
 _JOB_ATTEMPT = Statement(lambda v: Job.select(Job.attempt).where(Job.id == v("id")).limit(1))

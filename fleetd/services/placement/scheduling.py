@@ -394,24 +394,20 @@ def _jobs_by_id(job_ids):
     return out
 
 
-# Parked groups a kicked pass leaves out of its read (more: it reads all); two values each, within
-# the bound parameters SQLite takes in one statement (32,766).
+# Parked groups a kicked pass leaves out of its read (more: it reads all); two parameters each.
 MAX_UNREAD_GROUPS = 10_000
 
 
 def _told(parked):
-    """The condition that a queued job is of a parked group and says that group's reason: one row
-    value IN a VALUES list, its SQL made as text (peewee would walk an expression per group, which
-    for hundreds of groups took longer than the pass's read itself)."""
+    """A queued job is of a parked group and says its reason: one row value IN a VALUES list made
+    as text (peewee's walk of an expression per group cost more than the read)."""
     param = database.obj.param  # the driver's placeholder: ? (SQLite) or %s (PostgreSQL)
     values = ", ".join([f"({param}, {param})"] * len(parked))
+    pairs = [v for key, reason in parked.items() for v in (group_key(key), reason)]
     return peewee.Expression(
         peewee.Tuple(Job.group_key, Job.pending_reason),
         "IN",
-        peewee.SQL(
-            f"(VALUES {values})",
-            [v for key, reason in parked.items() for v in (group_key(key), reason)],
-        ),
+        peewee.SQL(f"(VALUES {values})", pairs),
     )
 
 
