@@ -443,14 +443,19 @@ def test_a_run_that_fleetd_will_not_record_is_noted_in_its_row_and_still_stands(
     b, _ = bootstrapper(client)
 
     def work(spec, result):
-        result.node_id, result.result, result.reason = "n1", "unchanged", "already installed"
+        result.node_id, result.result, result.reason = "n1", "updated", "labels changed"
 
     result = b._guarded(work, "h", record=True)
-    assert (result.result, result.node_id) == ("unchanged", "n1")
+    assert (result.result, result.node_id) == ("updated", "n1")
     assert result.reason.startswith(
-        "already installed; this run was not recorded on node n1 (node n1 is ready"
+        "labels changed; this run was not recorded on node n1 (node n1 is ready"
     )
     assert client.posts == ["events"]
-    assert (
-        b._guarded(work, "h", record=False).reason == "already installed"
-    )  # removals record nothing
+    assert b._guarded(work, "h", record=False).reason == "labels changed"  # removals record nothing
+
+    def nothing(spec, result):
+        result.node_id, result.result, result.reason = "n1", "unchanged", "already installed"
+
+    client.posts.clear()
+    result = b._guarded(nothing, "h", record=True)  # a rerun that changed nothing is no event
+    assert result.reason == "already installed" and client.posts == []
