@@ -38,7 +38,14 @@ import requests
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.scale import ROOT, percentiles, proc_status, start_fleetd, stop_processes  # noqa: E402
+from bench.scale import (  # noqa: E402
+    ROOT,
+    init_data_dir,
+    percentiles,
+    proc_status,
+    start_fleetd,
+    stop_processes,
+)
 from bench.scale_inprocess import insert_nodes  # noqa: E402
 
 MISSING_GPU_TYPE = "NVIDIA B300"  # no node has it: a third of the backlog fits nowhere
@@ -299,15 +306,7 @@ def main():
             admin, owners, steps = json.loads((kept / "bench-build.json").read_text())
             results["build"] = steps
             return _measure_built(args, results, data_dir, admin, owners)
-        init = subprocess.run(
-            [sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        admin = init.stdout.strip().splitlines()[-1]
+        admin = init_data_dir(data_dir)
         # The build runs in a child process, so that this one (the load generator) stays small.
         child = subprocess.run(
             [

@@ -171,20 +171,23 @@ class Api:
             self.conn.close()
 
 
+def init_data_dir(data_dir):
+    """`fleetd init` of a data dir; returns the first admin token."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
 def start_fleetd(data_dir, log_path, bind="127.0.0.1:0", init=True):
     """`fleetd init` (unless `init` is false: a restart) and `fleetd serve` on `bind`; returns
     (process, url, admin token or None)."""
-    admin = None
-    if init:
-        done = subprocess.run(
-            [sys.executable, "-m", "fleetd", "init", "--data-dir", data_dir],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        admin = done.stdout.strip().splitlines()[-1]
+    admin = init_data_dir(data_dir) if init else None
     logfile = open(log_path, "a")
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetd", "serve", "--bind", bind, "--data-dir", data_dir],

@@ -13,6 +13,15 @@ def _child(seconds):
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
+def _end(procs, watcher):
+    """Kill and reap whatever of `procs` still runs; end the watcher's thread."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    watcher.close()
+
+
 def test_the_watcher_sees_each_process_exit_and_reaps_none():
     watcher = ExitWatcher("test-exits")
     procs = [_child(0.05 * i) for i in range(6)]
@@ -25,10 +34,7 @@ def test_the_watcher_sees_each_process_exit_and_reaps_none():
         for proc in procs:  # still zombies: the watcher only saw them exit
             assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG) is not None
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        watcher.close()
+        _end(procs, watcher)
 
 
 def test_a_cancelled_watch_leaves_the_process_running_and_says_nothing():
@@ -44,10 +50,7 @@ def test_a_cancelled_watch_leaves_the_process_running_and_says_nothing():
         proc.wait()
         assert not told.wait(0.2)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        watcher.close()
+        _end([proc], watcher)
 
 
 def test_a_process_that_exited_before_its_watch_is_seen_at_once():
