@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from fleetwire.checks import is_int, is_number
+from fleetwire.output import MAX_OUTPUT_CAP_BYTES, MIN_OUTPUT_CAP_BYTES
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -276,6 +277,7 @@ class Assignment:
         None  # {source, user, uid, gid}: whom the task runs as (None: fleetd did not say)
     )
     attempt: int = 1  # the job's attempt this task belongs to (its retries count them)
+    output_cap_bytes: int | None = None  # the most output the task keeps (None: the default)
 
     @classmethod
     def from_wire(cls, data):
@@ -392,6 +394,7 @@ class Assignment:
             bid=numbers["bid"],
             cpus=numbers["cpus"],
             memory_bytes=memory_bytes or None,
+            output_cap_bytes=cls._output_cap(data.get("output_cap_bytes")),
         )
 
     def to_wire(self):
@@ -399,6 +402,17 @@ class Assignment:
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["instance"] = self.instance.to_wire() if self.instance is not None else None
         return out
+
+    @staticmethod
+    def _output_cap(value):
+        if value is None:
+            return None
+        if not is_int(value) or not MIN_OUTPUT_CAP_BYTES <= value <= MAX_OUTPUT_CAP_BYTES:
+            raise ValueError(
+                f"output_cap_bytes must be an integer from {MIN_OUTPUT_CAP_BYTES} to "
+                f"{MAX_OUTPUT_CAP_BYTES}"
+            )
+        return value
 
     @staticmethod
     def _attempt(value):

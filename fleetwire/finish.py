@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from fleetwire.checks import is_int
+from fleetwire.output import OutputSummary
 
 OUTCOMES = ("succeeded", "failed", "cancelled")
 
@@ -32,6 +33,7 @@ class TaskFinish:
     ports: tuple[dict[str, int], ...] | None = (
         None  # with pid: an instance's host ports at its start
     )
+    output: OutputSummary | None = None  # the task's whole output (None: it wrote none)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch, "outcome": self.outcome}
@@ -48,6 +50,8 @@ class TaskFinish:
                 out["started_seconds_ago"] = round(self.started_seconds_ago, 6)
             if self.ports is not None:
                 out["ports"] = [dict(p) for p in self.ports]
+        if self.output is not None:
+            out["output"] = self.output.to_wire()
         return out
 
     @classmethod
@@ -94,6 +98,7 @@ class TaskFinish:
             pid=pid,
             started_seconds_ago=None if ago is None else float(ago),
             ports=None if ports is None else tuple(dict(p) for p in ports),
+            output=None if data.get("output") is None else OutputSummary.from_wire(data["output"]),
             **flags,
         )
 
