@@ -88,6 +88,8 @@ NOT_WATCHED = {
             "placement reserves only the memory_bytes a spec asks for"
         ),
         "task_path": "sent with each assignment as the task's PATH",
+        "output_cap_bytes": "sent with each assignment as the task's output cap",
+        "output_retention_days": "read by the retention collection",
     },
 }
 

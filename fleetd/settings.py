@@ -50,6 +50,9 @@ class Settings:
     scheduler_policy: str = ""  # empty: the engine's default policy
     fleet_policies: str = ""  # per fleet, for jobs that select it: "gpu-a=packing,gpu-b=fgd"
     artifact_max_bytes: int = 1024**3
+    output_dir: str = ""  # the output store; empty: <data_dir>/output
+    output_tail_lines: int = 1000  # the newest lines of each task's output kept as text
+    output_search_seconds: float = 5.0  # a search (q) answers what it found by then, and a cursor
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
     metrics_retention_seconds: int = 86400

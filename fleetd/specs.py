@@ -216,6 +216,7 @@ class JobSpec:
     retry: Retry | None = None
     artifacts: tuple[ArtifactRef, ...] = ()
     instance: RunOfInstance | None = None
+    output_cap_bytes: int | None = None  # None: its fleet's output_cap_bytes
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -242,6 +243,7 @@ class JobSpec:
                 ArtifactRef(a["sha256"], a["path"]) for a in data.get("artifacts") or ()
             ),
             instance=RunOfInstance.from_dict(instance) if instance is not None else None,
+            output_cap_bytes=data.get("output_cap_bytes"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,6 +269,8 @@ class JobSpec:
             out["project"] = self.project
         if self.instance is not None:
             out["instance"] = self.instance.to_dict()
+        if self.output_cap_bytes is not None:  # stored specs without it stay as they were
+            out["output_cap_bytes"] = self.output_cap_bytes
         return out
 
     @property

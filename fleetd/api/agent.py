@@ -1,10 +1,12 @@
 """The agent protocol (X-Fleet-Protocol: 1): the node's session (register, heartbeat, deregister)
 and its work (acquire, start, restart, rendezvous, logs, finish); the messages are fleetwire's."""
 
+from flask import request
 from flask.views import MethodView
 
 from fleetd.api.parser import Blueprint
 from fleetd.auth import JOIN, NODE, current_principal, require
+from fleetd.errors import InvalidRequest, PayloadTooLarge
 from fleetd.runtime import current_runtime
 from fleetd.schemas.agent import (
     HeartbeatReplySchema,
@@ -15,6 +17,7 @@ from fleetd.schemas.agent import (
 from fleetd.schemas.jobs import (
     AcquireReplySchema,
     AcquireSchema,
+    ChunkQuerySchema,
     LogBatchSchema,
     RendezvousPublishSchema,
     RendezvousQuerySchema,
@@ -27,6 +30,8 @@ from fleetd.schemas.jobs import (
 )
 from fleetd.services.agents import rendezvous, work
 from fleetd.services.agents import sessions as agents
+from fleetd.services.workloads import output
+from fleetwire.output import MAX_CHUNK_UPLOAD_BYTES, ChunkMeta
 from fleetwire.tasks import AcquireReply
 
 blp = Blueprint(
@@ -171,8 +176,34 @@ class AgentTaskLogs(MethodView):
     @blp.response(204)
     def post(self, body, task_id):
         """A batch of output lines; 413 over the request size limit."""
-        work.append_logs(
-            current_runtime(), current_principal().node_id, task_id, body.epoch, list(body.lines)
+        work.append_logs(current_runtime(), current_principal().node_id, task_id, body)
+
+
+def _chunk_meta(first_line, query):
+    try:
+        return ChunkMeta.from_query(first_line, query)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+@blp.route("/tasks/<string:task_id>/output/<int:first_line>", parameters=[PROTOCOL_PARAMETER])
+class AgentTaskOutputChunk(MethodView):
+    @require(NODE)
+    @blp.arguments(ChunkQuerySchema(), location="query")
+    @blp.doc(requestBody={"content": {"application/gzip": {"schema": {"type": "string"}}}})
+    @blp.response(204)
+    def put(self, meta, task_id, first_line):
+        """A chunk of the task's output (gzip of frames) for the output store; one stored before is
+        not written again."""
+        request.max_content_length = MAX_CHUNK_UPLOAD_BYTES
+        if (request.content_length or 0) > MAX_CHUNK_UPLOAD_BYTES:
+            raise PayloadTooLarge(f"a chunk is at most {MAX_CHUNK_UPLOAD_BYTES} bytes")
+        output.store_chunk(
+            current_runtime(),
+            current_principal().node_id,
+            task_id,
+            _chunk_meta(first_line, meta),
+            request.get_data(cache=False),
         )
 
 

@@ -3,6 +3,7 @@
 from flask import Response
 from flask.views import MethodView
 
+from fleetd.api.output import gzip_asked, text_stream
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, SUBMITTER, current_principal, require
 from fleetd.models import InstanceState
@@ -17,7 +18,13 @@ from fleetd.schemas.instances import (
     InstanceWaitSchema,
     ResumeSchema,
 )
-from fleetd.schemas.jobs import EventQuerySchema, LogPageSchema, LogQuerySchema
+from fleetd.schemas.jobs import (
+    EventQuerySchema,
+    LogPageSchema,
+    LogQuerySchema,
+    OutputInfoSchema,
+    OutputQuerySchema,
+)
 from fleetd.schemas.nodes import EventPageSchema
 from fleetd.services.workloads import connections, instance_views, instances
 
@@ -137,14 +144,34 @@ class InstanceLogs(MethodView):
     @blp.arguments(LogQuerySchema(), location="query")
     @blp.response(200, LogPageSchema)
     def get(self, query, instance_id):
-        """Log lines of every run, in order; pass the last `seq` as `after` to follow."""
-        items, _ = instance_views.instance_logs(
-            current_principal(), instance_id, query["limit"], query["after"]
+        """Lines of every run's output in order of arrival; pass the last `seq` (or `next_cursor`)
+        as `after` to follow."""
+        items, next_cursor = instance_views.instance_logs(
+            current_runtime(), current_principal(), instance_id, **query
         )
-        return {
-            "items": items,
-            "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None,
-        }
+        return {"items": items, "next_cursor": next_cursor}
+
+
+@blp.route("/instances/<string:instance_id>/output")
+class InstanceOutput(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(OutputQuerySchema(), location="query")
+    @blp.response(200, content_type="text/plain")
+    def get(self, query, instance_id):
+        """The whole output of every run as text (gzip with `gzip=true` or Accept-Encoding)."""
+        pieces = instance_views.instance_output(
+            current_runtime(), current_principal(), instance_id, **gzip_asked(query)
+        )
+        return text_stream(pieces, query)
+
+
+@blp.route("/instances/<string:instance_id>/output/info")
+class InstanceOutputInfo(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, OutputInfoSchema)
+    def get(self, instance_id):
+        """How much output the runs have, how much is stored, which lines nodes still hold."""
+        return instance_views.instance_output_info(current_principal(), instance_id)
 
 
 @blp.route("/instances/<string:instance_id>/events")

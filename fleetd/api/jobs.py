@@ -3,6 +3,7 @@
 from flask import request, send_file
 from flask.views import MethodView
 
+from fleetd.api.output import gzip_asked, text_stream
 from fleetd.api.parser import Blueprint
 from fleetd.auth import ADMIN, NODE, SUBMITTER, current_principal, require
 from fleetd.errors import InvalidRequest, PayloadTooLarge
@@ -18,6 +19,8 @@ from fleetd.schemas.jobs import (
     JobWaitSchema,
     LogPageSchema,
     LogQuerySchema,
+    OutputInfoSchema,
+    OutputQuerySchema,
     SubmitQuerySchema,
 )
 from fleetd.schemas.nodes import EventPageSchema
@@ -90,14 +93,33 @@ class JobLogs(MethodView):
     @blp.arguments(LogQuerySchema(), location="query")
     @blp.response(200, LogPageSchema)
     def get(self, query, job_id):
-        """Log lines in order; pass the last `seq` as `after` to follow."""
-        items, _ = jobs.job_logs(
-            current_principal(), job_id, query["limit"], query["after"], query["rank"]
+        """Lines of the job's output in order of arrival (the whole output, from fleetd's tail and
+        its output store); pass the last `seq` (or `next_cursor`) as `after` to follow."""
+        items, next_cursor = jobs.job_logs(current_runtime(), current_principal(), job_id, **query)
+        return {"items": items, "next_cursor": next_cursor}
+
+
+@blp.route("/jobs/<string:job_id>/output")
+class JobOutput(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.arguments(OutputQuerySchema(), location="query")
+    @blp.response(200, content_type="text/plain")
+    def get(self, query, job_id):
+        """The job's whole output as text, from the output store (and fleetd's tail for what a node
+        has not uploaded yet); gzip with `gzip=true` or Accept-Encoding: gzip."""
+        return text_stream(
+            jobs.job_output(current_runtime(), current_principal(), job_id, **gzip_asked(query)),
+            query,
         )
-        return {
-            "items": items,
-            "next_cursor": str(items[-1].id) if len(items) == query["limit"] else None,
-        }
+
+
+@blp.route("/jobs/<string:job_id>/output/info")
+class JobOutputInfo(MethodView):
+    @require(ADMIN, SUBMITTER)
+    @blp.response(200, OutputInfoSchema)
+    def get(self, job_id):
+        """How much output the job has, how much is stored, and which lines nodes still hold."""
+        return jobs.job_output_info(current_principal(), job_id)
 
 
 @blp.route("/jobs/<string:job_id>/events")

@@ -27,6 +27,8 @@ from fleetd.models.accounting import (
 from fleetd.models.base import BaseModel, JSONText, new_id, transition_table
 from fleetd.models.fleet import (
     DEFAULT_HEALTH_POLICY,
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_OUTPUT_RETENTION_DAYS,
     DEFAULT_TASK_MEMORY_BYTES,
     DEFAULT_TASK_PATH,
     DEFAULT_TASK_PIDS_MAX,
@@ -83,7 +85,10 @@ from fleetd.models.workloads import (
     Job,
     JobState,
     LogLine,
+    OutputChunk,
+    OutputSegment,
     Task,
+    TaskOutput,
     TaskState,
 )
 
@@ -110,6 +115,8 @@ __all__ = [
     "DEFAULT_HEALTH_POLICY",
     "DEFAULT_TASK_MEMORY_BYTES",
     "DEFAULT_TASK_PATH",
+    "DEFAULT_OUTPUT_CAP_BYTES",
+    "DEFAULT_OUTPUT_RETENTION_DAYS",
     "DEFAULT_TASK_PIDS_MAX",
     "MAX_TASK_MEMORY_BYTES",
     "MIN_TASK_MEMORY_BYTES",
@@ -134,6 +141,9 @@ __all__ = [
     "Job",
     "JobState",
     "LogLine",
+    "OutputChunk",
+    "OutputSegment",
+    "TaskOutput",
     "Task",
     "TaskState",
     "Budget",
@@ -216,3 +226,4 @@ MODELS += [ScimUser, ScimGroup, ScimGroupMember]  # SCIM provisioning (migration
 MODELS += [Share, Notification]  # share links and notification feeds (migration 0033)
 MODELS += [SignInAttempt]  # browser sign-in with a provider (migration 0035)
 MODELS += [ProjectBudget]  # budgets per project (migration 0037)
+MODELS += [TaskOutput, OutputSegment, OutputChunk]  # output in files and the store (migration 0041)

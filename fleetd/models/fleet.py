@@ -6,6 +6,7 @@ import enum
 import peewee
 
 from fleetd.models.base import BaseModel, JSONText
+from fleetwire.output import DEFAULT_OUTPUT_CAP_BYTES  # per task, re-exported for fleets
 
 
 class NodeStatus(str, enum.Enum):
@@ -46,6 +47,7 @@ NODE_ACTIONS = {
 # task that sets no memory_bytes is bounded at 32 GiB, under any GPU host's memory, so that its
 # runaway meets its own OOM kill and not the host's; a PATH of the system's directories only.
 DEFAULT_TASK_PIDS_MAX = 4096
+DEFAULT_OUTPUT_RETENTION_DAYS = 30
 DEFAULT_TASK_MEMORY_BYTES = 32 * 1024**3
 MIN_TASK_MEMORY_BYTES = (
     64 * 1024**2
@@ -85,6 +87,10 @@ class Fleet(BaseModel):
     # the owner's own account as each node's user database (NSS) resolves its login; "claims", the
     # uid, gid and groups the identity provider's claims give the owner.
     task_identity = peewee.CharField(max_length=8, default="dynamic")
+    # Output (migration 0041): the most output a task keeps unless its job says otherwise, and how
+    # long a job's output outlives its end
+    output_cap_bytes = peewee.BigIntegerField(default=DEFAULT_OUTPUT_CAP_BYTES)
+    output_retention_days = peewee.IntegerField(default=DEFAULT_OUTPUT_RETENTION_DAYS)
 
     @property
     def effective_health_policy(self):

@@ -221,7 +221,10 @@ class Task(BaseModel):
 
 
 class LogLine(BaseModel):
-    """A line of a task's output; `id` is the job-wide sequence number."""
+    """The text of a line of a task's output that fleetd keeps (the first lines and the newest of
+    each output; the whole is in the output store). `id` is the line's `seq`: given by its
+    OutputSegment (services/workloads/output.py); `line` its number in its output. Rows written
+    before migration 0041 have no `line`, and their `id` (below OUTPUT_SEQ_BASE) was their seq."""
 
     id = peewee.AutoField()
     job = peewee.ForeignKeyField(Job, backref="log_lines", on_delete="CASCADE", column_name="job")
@@ -230,9 +233,73 @@ class LogLine(BaseModel):
     at = peewee.DateTimeField()
     stream = peewee.CharField(max_length=16)
     text = peewee.TextField()
+    line = peewee.BigIntegerField(null=True)
 
     class Meta:
         indexes = ((("job", "id"), False),)
+
+
+class TaskOutput(BaseModel):
+    """A task's output in one run on one node (its task and epoch): how many lines and bytes it
+    has, how many of its first lines the output store holds (`stored_lines`, in OutputChunks), and
+    whether its cap cut it. `ended`: its finish was reported, so `lines` is the whole."""
+
+    id = peewee.AutoField()
+    job = peewee.ForeignKeyField(Job, backref="outputs", on_delete="CASCADE", column_name="job")
+    rank = peewee.IntegerField()
+    attempt = peewee.IntegerField()
+    task_id = peewee.CharField(max_length=32)
+    epoch = peewee.IntegerField()
+    node_id = peewee.CharField(max_length=32)
+    lines = peewee.BigIntegerField(default=0)
+    bytes = peewee.BigIntegerField(default=0)
+    stored_lines = peewee.BigIntegerField(default=0)
+    stored_bytes = peewee.BigIntegerField(default=0)
+    truncated = peewee.BooleanField(default=False)
+    cap_bytes = peewee.BigIntegerField()
+    ended = peewee.BooleanField(default=False)
+    first_at = peewee.DateTimeField(null=True)
+    last_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("task_id", "epoch"), True), (("job", "rank", "attempt"), False))
+
+
+class OutputSegment(BaseModel):
+    """Lines of an output in the order fleetd learnt of them: lines `first_line` to `first_line +
+    count - 1` have the seqs OUTPUT_SEQ_BASE + (id << 20) onwards, so a job's (or an instance's)
+    lines are numbered in order of arrival across its ranks without a row per line."""
+
+    id = peewee.AutoField()
+    job = peewee.ForeignKeyField(Job, on_delete="CASCADE", column_name="job")
+    output = peewee.ForeignKeyField(TaskOutput, on_delete="CASCADE", column_name="output")
+    first_line = peewee.BigIntegerField()
+    count = peewee.IntegerField()
+    first_at = peewee.DateTimeField()
+    last_at = peewee.DateTimeField()
+
+    class Meta:
+        indexes = ((("job", "id"), False), (("output", "first_line"), False))
+
+
+class OutputChunk(BaseModel):
+    """A stored chunk of an output (fleetwire.output): `lines` lines from `first_line`, `bytes`
+    of frames, `stored_bytes` compressed in the output store under `key`."""
+
+    id = peewee.AutoField()
+    output = peewee.ForeignKeyField(
+        TaskOutput, backref="chunks", on_delete="CASCADE", column_name="output"
+    )
+    first_line = peewee.BigIntegerField()
+    lines = peewee.IntegerField()
+    bytes = peewee.BigIntegerField()
+    stored_bytes = peewee.BigIntegerField()
+    first_at = peewee.DateTimeField()
+    last_at = peewee.DateTimeField()
+    key = peewee.CharField(max_length=200)
+
+    class Meta:
+        indexes = ((("output", "first_line"), True),)
 
 
 class Artifact(BaseModel):

@@ -7,6 +7,8 @@ from marshmallow import Schema, fields, validate
 
 from fleetd import windows
 from fleetd.models import (
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_OUTPUT_RETENTION_DAYS,
     DEFAULT_TASK_MEMORY_BYTES,
     DEFAULT_TASK_PATH,
     DEFAULT_TASK_PIDS_MAX,
@@ -14,6 +16,7 @@ from fleetd.models import (
     MIN_TASK_MEMORY_BYTES,
 )
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
+from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
 from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
 
@@ -128,6 +131,17 @@ AllowedImages = lambda **kw: fields.List(  # noqa: E731
     **kw,
 )
 
+OutputRetentionDays = lambda **kw: Int(  # noqa: E731
+    minimum=1,
+    maximum=3650,
+    metadata={
+        "description": (
+            "days a job's output is kept after the job ended (default "
+            f"{DEFAULT_OUTPUT_RETENTION_DAYS}); the retention collection removes it then"
+        )
+    },
+    **kw,
+)
 TaskPidsMax = lambda **kw: Int(  # noqa: E731
     minimum=MIN_TASK_PIDS,
     maximum=MAX_TASK_PIDS,
@@ -198,6 +212,8 @@ class FleetCreateSchema(Schema):
     task_memory_default_bytes = TaskMemoryDefault(load_default=DEFAULT_TASK_MEMORY_BYTES)
     task_path = TaskPath(load_default=DEFAULT_TASK_PATH)
     task_identity = TaskIdentity(load_default="dynamic")
+    output_cap_bytes = OutputCapBytes(load_default=DEFAULT_OUTPUT_CAP_BYTES)
+    output_retention_days = OutputRetentionDays(load_default=DEFAULT_OUTPUT_RETENTION_DAYS)
 
 
 class FleetUpdateSchema(Schema):
@@ -213,6 +229,8 @@ class FleetUpdateSchema(Schema):
     task_memory_default_bytes = TaskMemoryDefault()
     task_path = TaskPath()
     task_identity = TaskIdentity()
+    output_cap_bytes = OutputCapBytes()
+    output_retention_days = OutputRetentionDays()
 
 
 class FleetSchema(Schema):
@@ -239,6 +257,8 @@ class FleetSchema(Schema):
     task_memory_default_bytes = fields.Integer()
     task_path = fields.String()
     task_identity = fields.String()
+    output_cap_bytes = fields.Integer()
+    output_retention_days = fields.Integer()
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

@@ -1,5 +1,6 @@
 """Schemas of jobs (JobSpec, JobStatus) and the worker side of the agent protocol."""
 
+import datetime as dt
 import math
 import typing
 
@@ -22,10 +23,32 @@ from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
 from fleetwire.finish import TaskFinish
+from fleetwire.output import (
+    CHUNK_RAW_BYTES,
+    MAX_LINE_BYTES,
+    MAX_OUTPUT_CAP_BYTES,
+    MIN_OUTPUT_CAP_BYTES,
+    NOTICES,
+    OutputBatch,
+)
 from fleetwire.tasks import Acquire, LogBatch, RendezvousPublish, TaskRestarting, TaskStarted
 
 ENV_NAME = FullRegexp(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", error="an environment variable name")
 SHA256 = FullRegexp(r"^[0-9a-f]{64}$", error="64 lowercase hex characters")
+
+
+OutputCapBytes = lambda **kw: Int(  # noqa: E731
+    minimum=MIN_OUTPUT_CAP_BYTES,
+    maximum=MAX_OUTPUT_CAP_BYTES,
+    strict=False,
+    metadata={
+        "description": (
+            "the most output (bytes) each task keeps; past it the rest is discarded with a marked "
+            "line (default: its fleet's output_cap_bytes)"
+        )
+    },
+    **kw,
+)
 
 
 def _at_most_256(env):
@@ -215,6 +238,7 @@ class JobSpecSchema(Schema):
     labels = Labels(load_default=dict)
     node_selector = fields.Nested(NodeSelectorSchema, load_default=lambda: _NODE_SELECTOR.load({}))
     max_runtime_seconds = Int(minimum=1, maximum=365 * 86400, load_default=None, allow_none=True)
+    output_cap_bytes = OutputCapBytes(load_default=None, allow_none=True)
     retry = fields.Nested(RetrySchema, load_default=None, allow_none=True)
     artifacts = fields.List(
         fields.Nested(ArtifactRefSchema), validate=validate.Length(max=100), load_default=list
@@ -372,6 +396,10 @@ class LogLineSchema(Schema):
     at = Time()
     rank = fields.Integer()
     attempt = fields.Integer()
+    line = fields.Integer(
+        allow_none=True,
+        metadata={"description": "its number in its task's output, from 0 (null: kept before)"},
+    )
     stream = fields.String()
     text = fields.String()
 
@@ -379,10 +407,90 @@ class LogLineSchema(Schema):
 LogPageSchema = page_schema(LogLineSchema, "LogPage")
 
 
+class Instant(fields.Field):
+    """An RFC 3339 time, as a naive UTC datetime."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, str) or len(value) > 40 or "\x00" in value:
+            raise ValidationError("an RFC 3339 time")
+        try:
+            parsed = dt.datetime.fromisoformat(
+                value.strip().replace("Z", "+00:00").replace("z", "+00:00")
+            )
+        except ValueError:
+            raise ValidationError("an RFC 3339 time") from None
+        if parsed.tzinfo is not None:
+            parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return parsed
+
+
+OUTPUT_STREAMS = ("stdout", "stderr", "system")
+
+
 class LogQuerySchema(Schema):
     limit = Int(minimum=1, maximum=10000, load_default=1000, strict=False)
-    after = Int(load_default=None, strict=False)
-    rank = Int(maximum=1023, load_default=None, strict=False)
+    after = Int(minimum=0, maximum=2**62, load_default=None, strict=False)
+    rank = Int(minimum=0, maximum=1023, load_default=None, strict=False)
+    stream = fields.String(validate=validate.OneOf(OUTPUT_STREAMS), load_default=None)
+    since = Instant(
+        load_default=None, metadata={"description": "lines seen at or after (RFC 3339)"}
+    )
+    until = Instant(load_default=None, metadata={"description": "lines seen at or before"})
+    q = fields.String(
+        validate=validate.Length(min=1, max=1000),
+        load_default=None,
+        metadata={
+            "description": "lines that contain this (a regex with q_regex), over the whole output"
+        },
+    )
+    q_regex = fields.Boolean(
+        truthy={"true"},
+        falsy={"false"},
+        load_default=False,
+        metadata={"description": "q is a regex (RE2 syntax: linear time, no backreferences)"},
+    )
+
+
+class OutputQuerySchema(Schema):
+    rank = Int(minimum=0, maximum=1023, load_default=None, strict=False)
+    attempt = Int(minimum=1, maximum=10000, load_default=None, strict=False)
+    stream = fields.String(validate=validate.OneOf(OUTPUT_STREAMS), load_default=None)
+    gzip = fields.Boolean(
+        truthy={"true"},
+        falsy={"false"},
+        load_default=False,
+        metadata={"description": "the text gzip-compressed (a .gz file)"},
+    )
+
+
+class PendingRangeSchema(Schema):
+    rank = fields.Integer()
+    attempt = fields.Integer()
+    first_line = fields.Integer()
+    lines = fields.Integer()
+    node_id = fields.String()
+
+
+class OutputPartSchema(Schema):
+    rank = fields.Integer()
+    attempt = fields.Integer()
+    node_id = fields.String()
+    lines = fields.Integer()
+    bytes = fields.Integer()
+    stored_lines = fields.Integer()
+    stored_bytes = fields.Integer()
+    truncated = fields.Boolean()
+    ended = fields.Boolean()
+
+
+class OutputInfoSchema(Schema):
+    bytes = fields.Integer()
+    lines = fields.Integer()
+    stored_bytes = fields.Integer()
+    pending_ranges = fields.List(fields.Nested(PendingRangeSchema))
+    truncated = fields.Boolean()
+    cap_bytes = fields.Integer(allow_none=True)
+    outputs = fields.List(fields.Nested(OutputPartSchema))
 
 
 class EventQuerySchema(PageQuerySchema):
@@ -432,6 +540,7 @@ class AssignmentSchema(Schema):
     gpus = fields.List(fields.Nested(AssignmentGpuSchema))
     isolation = fields.String()
     max_runtime_seconds = fields.Integer(allow_none=True)
+    output_cap_bytes = fields.Integer(allow_none=True)
     artifacts = fields.List(fields.Nested(ArtifactRefSchema))
     cpus = fields.Float(
         allow_none=True, metadata={"description": "host CPUs to enforce (cgroup), if any"}
@@ -638,15 +747,60 @@ class LogLineField(fields.Field):
         return list(value)
 
 
+class ChunkQuerySchema(Schema):
+    """The query of a chunk upload (fleetwire ChunkMeta without its first line, which is in the
+    path)."""
+
+    epoch = Int(minimum=0, required=True, strict=False)
+    lines = Int(minimum=1, maximum=CHUNK_RAW_BYTES + MAX_LINE_BYTES, required=True, strict=False)
+    bytes = Int(
+        minimum=1, maximum=CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64, required=True, strict=False
+    )
+    first_at = Int(minimum=0, maximum=2**48, required=True, strict=False)
+    last_at = Int(minimum=0, maximum=2**48, required=True, strict=False)
+
+
+class OutputSummarySchema(Schema):
+    lines = Int(minimum=0, maximum=2**62, required=True)
+    bytes = Int(minimum=0, maximum=2**62, required=True)
+    truncated = Bool(load_default=False)
+
+
+_MS = {"minimum": 0, "maximum": 2**48, "load_default": None}
+
+
 class LogBatchSchema(Schema):
+    """An OutputBatch (fleetwire.output: the next `count` lines from `first_line`, with the texts
+    of some as [line, at_ms, stream, text]), or, from an agent before it, [stream, text(, rank)]
+    lines without numbers."""
+
     epoch = Int(required=True)
-    lines = fields.List(LogLineField(), required=True, validate=validate.Length(max=5000))
+    first_line = Int(minimum=0, maximum=2**62, load_default=None)
+    count = Int(minimum=0, maximum=2**40, load_default=None)
+    first_at = Int(**_MS)
+    last_at = Int(**_MS)
+    bytes = Int(minimum=0, maximum=2**62, load_default=None)
+    notice = fields.String(validate=validate.OneOf(NOTICES), load_default=None)
+    lines = fields.List(
+        fields.Raw(
+            metadata={
+                "type": "array",
+                "description": "[line, at_ms, stream, text]; from an older agent [stream, text]",
+            }
+        ),
+        required=True,
+        validate=validate.Length(max=5000),
+    )
 
     @post_load
     def _typed(self, data, **_kwargs):
-        """The checked body as the wire's LogBatch (fleetwire.tasks)."""
+        """The checked body as the wire's OutputBatch or LogBatch."""
         try:
-            return LogBatch.from_wire(data)
+            if data["first_line"] is None:
+                for line in data["lines"]:
+                    LogLineField().deserialize(line)
+                return LogBatch.from_wire(data)
+            return OutputBatch.from_wire({k: v for k, v in data.items() if v is not None})
         except ValueError as exc:
             raise ValidationError(str(exc)) from exc
 
@@ -700,6 +854,12 @@ class TaskFinishSchema(Schema):
     started_seconds_ago = _started_seconds_ago(
         "with pid: how long before this report the process started (the agent's own clock "
         "measures the interval, so host clocks need not agree)"
+    )
+    output = fields.Nested(
+        OutputSummarySchema,
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "the task's whole output: lines, bytes, truncated by its cap"},
     )
 
     @validates_schema

@@ -13,18 +13,19 @@ from fleetd.models import (
     Fleet,
     Job,
     JobState,
-    LogLine,
     Node,
     Task,
     TaskState,
 )
 from fleetd.services.placement import parking
+from fleetd.services.workloads import output
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, switch_task_state
 from fleetd.services.workloads.runs import end_task, run_restarting, run_started
 from fleetd.sql import Statement
 from fleetwire import MAX_ASSIGNMENTS
 from fleetwire.assignment import AssignedInstance, Assignment
 from fleetwire.finish import FinishResult
+from fleetwire.output import DEFAULT_OUTPUT_CAP_BYTES, OutputBatch
 
 _NEXT_ASSIGNED = Statement(
     lambda v: (
@@ -149,7 +150,12 @@ def must_stop(row, node_id, epoch, superseded=True):
 # The task defaults of the fleet of a task's node (one indexed read per assignment handed out).
 _TASK_DEFAULTS = Statement(
     lambda v: (
-        Fleet.select(Fleet.task_pids_max, Fleet.task_memory_default_bytes, Fleet.task_path)
+        Fleet.select(
+            Fleet.task_pids_max,
+            Fleet.task_memory_default_bytes,
+            Fleet.task_path,
+            Fleet.output_cap_bytes,
+        )
         .join(Node, on=(Node.fleet == Fleet.name))
         .where(Node.id == v("node_id"))
         .limit(1)
@@ -173,6 +179,14 @@ def task_limits(spec, fleet):
         "pids": min(spec.resources.pids or pids_max, pids_max),
         "task_path": fleet.task_path if fleet is not None else DEFAULT_TASK_PATH,
     }
+
+
+def output_cap(spec, fleet):
+    """The most output a task of `spec` keeps on a node of `fleet`: the job's cap, else the
+    fleet's."""
+    if spec.output_cap_bytes is not None:
+        return spec.output_cap_bytes
+    return fleet.output_cap_bytes if fleet is not None else DEFAULT_OUTPUT_CAP_BYTES
 
 
 def assignment(task, job, fleet):
@@ -221,6 +235,7 @@ def assignment(task, job, fleet):
         bid=spec.bid,
         instance=instance,
         run_as=task.run_as,  # decided when the scheduler placed it (services.identity.identities)
+        output_cap_bytes=output_cap(spec, fleet),
     ).to_wire()
 
 
@@ -296,25 +311,12 @@ def _mark_started(rt, task, pid, now, started_at=None, save=True, ports=None, jo
     run_started(rt, task, ports, now, job)
 
 
-def append_logs(rt, node_id, task_id, epoch, lines):
-    """Store a batch of log lines of a task, in order."""
-    now = rt.clock.now()
-    with write_transaction():
-        task = leased_task(node_id, task_id, epoch)
-        job = Job.get_by_id(task.job_id)
-        rows = [
-            {
-                "job": task.job_id,
-                "rank": line[2] if len(line) > 2 else task.rank,
-                "attempt": job.attempt,
-                "at": now,
-                "stream": line[0],
-                "text": line[1],
-            }
-            for line in lines
-        ]
-        if rows:
-            LogLine.insert_many(rows).execute()
+def append_logs(rt, node_id, task_id, batch):
+    """A task's output lines: an OutputBatch, or a LogBatch of an agent from before it."""
+    if isinstance(batch, OutputBatch):
+        output.append_output(rt, node_id, task_id, batch)
+    else:
+        output.append_lines(rt, node_id, task_id, batch.epoch, batch.lines)
 
 
 def finish_task(rt, node_id, task_id, finish):
@@ -349,6 +351,8 @@ def _settle_finish(rt, node_id, task_id, finish, now):
     pid, started_seconds_ago, ports = finish.pid, finish.started_seconds_ago, finish.ports
     task = leased_task(node_id, task_id, epoch)
     job = Job.get_by_id(task.job_id)  # read once for the start, the ledger and the settling
+    if finish.output is not None:
+        output.note_finish(task, job, node_id, finish.output, now)
     if pid is not None and task.state == TaskState.ASSIGNED.value:
         started_at = _started_at(task, now, started_seconds_ago)
         _mark_started(

@@ -10,6 +10,8 @@ from fleetd.db import write_transaction
 from fleetd.errors import Conflict, NotFound
 from fleetd.models import (
     DEFAULT_HEALTH_POLICY,
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_OUTPUT_RETENTION_DAYS,
     DEFAULT_TASK_MEMORY_BYTES,
     DEFAULT_TASK_PATH,
     DEFAULT_TASK_PIDS_MAX,
@@ -127,6 +129,8 @@ def create_fleet(
     task_memory_default_bytes=DEFAULT_TASK_MEMORY_BYTES,
     task_path=DEFAULT_TASK_PATH,
     task_identity="dynamic",
+    output_cap_bytes=DEFAULT_OUTPUT_CAP_BYTES,
+    output_retention_days=DEFAULT_OUTPUT_RETENTION_DAYS,
 ):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see
     services.nodes.health_policy (None: defaults); the isolation rules and the task defaults: see
@@ -150,6 +154,8 @@ def create_fleet(
                 task_memory_default_bytes=task_memory_default_bytes,
                 task_path=task_path,
                 task_identity=task_identity,
+                output_cap_bytes=output_cap_bytes,
+                output_retention_days=output_retention_days,
             )
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
@@ -175,6 +181,8 @@ def update_fleet(rt, name, changes):
             "task_memory_default_bytes",
             "task_path",
             "task_identity",
+            "output_cap_bytes",
+            "output_retention_days",
         ):
             if field in changes:
                 setattr(fleet, field, changes[field])

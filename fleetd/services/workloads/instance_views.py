@@ -7,7 +7,8 @@ import ipaddress
 from fleetd.models import Event, InstanceState, Job, JobState, LogLine, Node, Task
 from fleetd.services.accounting.usage import storage_costs
 from fleetd.services.notify.events import list_events
-from fleetd.services.pagination import last_rows, paginate
+from fleetd.services.pagination import last_rows
+from fleetd.services.workloads import output_read
 from fleetd.services.workloads.instances import find_instance
 
 
@@ -158,14 +159,29 @@ def connection_url(host, port, protocol):
     return f"http://{shown}:{port}/" if protocol == "http" else f"tcp://{shown}:{port}"
 
 
-def instance_logs(principal, instance_id, limit, after=None):
-    """Log lines of every run of an instance, in order; `after` is the last seq seen."""
+def _runs(instance_id):
+    return [run.id for run in Job.select(Job.id).where(Job.instance_id == instance_id)]
+
+
+def instance_logs(rt, principal, instance_id, limit, after=None, **filters):
+    """Lines of every run of an instance in order of arrival, and the cursor to go on from
+    (`filters`: as for a job's)."""
     find_instance(principal, instance_id, deleted=True)
-    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
-    query = LogLine.select().where(LogLine.job.in_(runs))
-    if after is not None:
-        query = query.where(LogLine.id > after)
-    return paginate(query, LogLine.id, limit)
+    flt = output_read.Filter(**filters)
+    return output_read.page(rt, _runs(instance_id), after, limit, flt)
+
+
+def instance_output(rt, principal, instance_id, rank=None, attempt=None, stream=None, gzip=False):
+    """The whole output of an instance's runs as pieces of text (gzip when asked)."""
+    find_instance(principal, instance_id, deleted=True)
+    pieces = output_read.whole(rt, _runs(instance_id), rank, attempt, stream)
+    return output_read.gzipped(rt, pieces) if gzip else pieces
+
+
+def instance_output_info(principal, instance_id):
+    """How much output an instance's runs have, how much is stored, what nodes still hold."""
+    find_instance(principal, instance_id, deleted=True)
+    return output_read.info(_runs(instance_id), None)
 
 
 def instance_logs_tail(principal, instance_id, count, before=None):

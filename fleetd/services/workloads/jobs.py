@@ -13,6 +13,7 @@ from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.placement import policy, reasons
 from fleetd.services.placement.terms import group_key_of, task_request
+from fleetd.services.workloads import output_read
 from fleetd.services.workloads.artifacts import readable_artifacts
 from fleetd.services.workloads.lifecycle import owe_stops
 from fleetd.services.workloads.runs import TASKS_OF_JOB, stop_job
@@ -231,15 +232,25 @@ def job_result(principal, job_id):
     }
 
 
-def job_logs(principal, job_id, limit, after=None, rank=None):
-    """Log lines of a job in order; `after` is the last seq seen."""
+def job_logs(rt, principal, job_id, limit, after=None, **filters):
+    """Lines of a job's output in order of arrival, and the cursor to go on from; `after` is the
+    last seq seen; `filters`: those of output_read.Filter (rank, stream, since, until, q,
+    q_regex)."""
     get_job(principal, job_id)
-    query = LogLine.select().where(LogLine.job == job_id)
-    if rank is not None:
-        query = query.where(LogLine.rank == rank)
-    if after is not None:
-        query = query.where(LogLine.id > after)
-    return paginate(query, LogLine.id, limit)
+    return output_read.page(rt, [job_id], after, limit, output_read.Filter(**filters))
+
+
+def job_output(rt, principal, job_id, rank=None, attempt=None, stream=None, gzip=False):
+    """The whole output of a job as pieces of text (gzip when asked)."""
+    get_job(principal, job_id)
+    pieces = output_read.whole(rt, [job_id], rank, attempt, stream)
+    return output_read.gzipped(rt, pieces) if gzip else pieces
+
+
+def job_output_info(principal, job_id):
+    """How much output a job has, how much is stored, and which lines nodes still hold."""
+    job = get_job(principal, job_id)
+    return output_read.info([job_id], job.job_spec.output_cap_bytes)
 
 
 def job_logs_tail(principal, job_id, count, before=None):

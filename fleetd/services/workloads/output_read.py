@@ -1,0 +1,450 @@
+"""Reading a job's (or an instance's) output: pages in order of arrival (`after`), filtered by
+rank, stream, time and a substring or bounded regex over the whole output; the whole as text;
+and what is stored and what a node still holds (services/workloads/output.py writes it).
+
+A line's text comes from the database while fleetd keeps it (an output's first and newest lines),
+else from its stored chunk; a run of lines neither has yet (the node has not uploaded them) reads
+as one line of the `system` stream that says so. Chunks are read and searched on the Runtime's
+offload (a thread pool under `fleetd serve`), never on the event loop.
+"""
+
+import dataclasses
+import datetime as dt
+import zlib
+
+import re2
+
+from fleetd.errors import InvalidRequest
+from fleetd.models import LogLine, OutputChunk, OutputSegment, TaskOutput
+from fleetd.services.workloads.output import (
+    OUTPUT_SEQ_BASE,
+    SEGMENT_BITS,
+    chunk_path,
+    seq_of,
+)
+from fleetwire.output import CHUNK_RAW_BYTES, MAX_LINE_BYTES, decompress_chunk, iter_frames
+
+MAX_QUERY_CHARS = 1000
+SEGMENTS_PER_READ = 64
+MAX_SCAN_LINES = 5_000_000  # the most lines one page looks at, whatever its filters
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_RE2_OPTIONS.max_mem = 16 << 20
+
+
+@dataclasses.dataclass
+class Filter:
+    """What a page keeps: a rank, a stream, a time range and a match (substring or regex)."""
+
+    rank: int | None = None
+    stream: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    q: str | None = None
+    q_regex: bool = False
+
+    def __post_init__(self):
+        self.matcher = self.chunk_matcher = None
+        if self.q:
+            if len(self.q) > MAX_QUERY_CHARS:
+                raise InvalidRequest(f"q is at most {MAX_QUERY_CHARS} characters")
+            if self.q_regex:
+                try:
+                    self.matcher = re2.compile(self.q.encode(), options=_RE2_OPTIONS).search
+                    lines = re2.compile(b"(?m)" + self.q.encode(), options=_RE2_OPTIONS).search
+                    self.chunk_matcher = lines  # a whole chunk: ^ and $ at each line
+                except re2.error as exc:
+                    raise InvalidRequest(f"q is not a regex fleetd takes: {_text(exc)}") from None
+            else:
+                needle = self.q.encode()
+                self.matcher = self.chunk_matcher = lambda data: needle in data
+        self.since_ms = _ms(self.since) if self.since else None
+        self.until_ms = _ms(self.until) if self.until else None
+
+    def keeps(self, at_ms, stream, text_bytes):
+        if self.stream is not None and stream != self.stream:
+            return False
+        if self.since_ms is not None and at_ms < self.since_ms:
+            return False
+        if self.until_ms is not None and at_ms > self.until_ms:
+            return False
+        return self.matcher is None or bool(self.matcher(text_bytes))
+
+
+def _text(exc):
+    arg = exc.args[0] if exc.args else exc
+    return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+
+
+def _ms(when):
+    return int(when.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+
+def _at(ms):
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).replace(tzinfo=None)
+
+
+def read_chunk(settings, key):
+    """A stored chunk's lines as [(at_ms, stream, bytes)] (on the offload: it inflates)."""
+    with open(chunk_path(settings, key), "rb") as fh:
+        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    lines = []
+    for at_ms, stream, data in iter_frames(raw):
+        lines.extend((at_ms, stream, line) for line in data.split(b"\n")[:-1])
+    return lines
+
+
+def _chunk_matches(settings, key, match):
+    """Whether a stored chunk holds a match anywhere (frame headers aside, a cheap first test)."""
+    with open(chunk_path(settings, key), "rb") as fh:
+        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    return bool(match(raw))
+
+
+class _Reader:
+    """Texts of an output's lines for one request: database rows, stored chunks (read once)."""
+
+    def __init__(self, rt, flt):
+        self.rt, self.flt = rt, flt
+        self.chunks = {}  # chunk id -> lines
+        self.skip = set()  # chunk ids whose bytes hold no match
+
+    def chunk_of(self, output_id, line):
+        return (
+            OutputChunk.select()
+            .where(
+                (OutputChunk.output == output_id)
+                & (OutputChunk.first_line <= line)
+                & (OutputChunk.first_line + OutputChunk.lines > line)
+            )
+            .first()
+        )
+
+    def chunk_lines(self, chunk):
+        if chunk.id not in self.chunks:
+            try:
+                self.chunks[chunk.id] = self.rt.offload(read_chunk, self.rt.settings, chunk.key)
+            except (OSError, ValueError):
+                self.chunks[chunk.id] = None  # lost from the store: read as pending
+        return self.chunks[chunk.id]
+
+    def chunk_may_match(self, chunk):
+        if self.flt.matcher is None or chunk.id in self.chunks:
+            return True
+        if chunk.id in self.skip:
+            return False
+        try:
+            found = self.rt.offload(
+                _chunk_matches, self.rt.settings, chunk.key, self.flt.chunk_matcher
+            )
+        except (OSError, ValueError):
+            return True
+        if not found:
+            self.skip.add(chunk.id)
+        return found
+
+
+def page(rt, job_ids, after, limit, flt):
+    """Up to `limit` lines of these jobs' outputs after the seq `after`, in order of arrival, as
+    dicts ({id: seq, at, rank, attempt, line, stream, text}); and the cursor to go on from (None
+    when nothing was left to look at)."""
+    reader = _Reader(rt, flt)
+    deadline = rt.clock.monotonic() + rt.settings.output_search_seconds
+    items, after = _legacy(job_ids, after, limit, flt), after if after is not None else -1
+    if len(items) >= limit:
+        return items[:limit], str(items[limit - 1]["id"])
+    after = max(after, OUTPUT_SEQ_BASE - 1)
+    scanned = 0
+    for _ in range(MAX_SCAN_LINES):
+        segments = _segments(job_ids, after, flt)
+        if not segments:
+            return items, None
+        for segment in segments:
+            cursor, scanned = _read_segment(reader, segment, after, limit, items, scanned)
+            after = cursor
+            if len(items) >= limit or scanned >= MAX_SCAN_LINES:
+                return items, str(after)
+            if flt.matcher is not None and rt.clock.monotonic() > deadline:
+                return items, str(after)
+    return items, str(after)
+
+
+def _legacy(job_ids, after, limit, flt):
+    """Lines kept before migration 0041 (their ids are their seqs, under OUTPUT_SEQ_BASE)."""
+    if after is not None and after >= OUTPUT_SEQ_BASE - 1:
+        return []
+    query = LogLine.select().where(
+        LogLine.job.in_(job_ids) & (LogLine.id < OUTPUT_SEQ_BASE) & (LogLine.id > (after or 0))
+    )
+    if flt.rank is not None:
+        query = query.where(LogLine.rank == flt.rank)
+    if flt.stream is not None:
+        query = query.where(LogLine.stream == flt.stream)
+    if flt.since is not None:
+        query = query.where(LogLine.at >= flt.since)
+    if flt.until is not None:
+        query = query.where(LogLine.at <= flt.until)
+    items = []
+    for row in query.order_by(LogLine.id).limit(MAX_SCAN_LINES // 100).iterator():
+        if flt.matcher is None or flt.matcher(row.text.encode("utf-8", "replace")):
+            items.append(_row(row))
+            if len(items) >= limit:
+                break
+    return items
+
+
+def _row(row):
+    return {
+        "id": row.id,
+        "at": row.at,
+        "rank": row.rank,
+        "attempt": row.attempt,
+        "line": row.line,
+        "stream": row.stream,
+        "text": row.text,
+    }
+
+
+def _segments(job_ids, after, flt):
+    query = (
+        OutputSegment.select(OutputSegment, TaskOutput)
+        .join(TaskOutput)
+        .where(
+            OutputSegment.job.in_(job_ids)
+            & (OutputSegment.id >= (after - OUTPUT_SEQ_BASE + 1) >> SEGMENT_BITS)
+        )
+    )
+    if flt.rank is not None:
+        query = query.where(TaskOutput.rank == flt.rank)
+    if flt.since is not None:
+        query = query.where(OutputSegment.last_at >= flt.since)
+    if flt.until is not None:
+        query = query.where(OutputSegment.first_at <= flt.until)
+    segments = list(query.order_by(OutputSegment.id).limit(SEGMENTS_PER_READ))
+    return [s for s in segments if seq_of(s.id, s.first_line, s.first_line + s.count) > after + 1]
+
+
+def _read_segment(reader, segment, after, limit, items, scanned):
+    """Append the kept lines of `segment` after `after`; returns (the last seq looked at, lines
+    scanned so far)."""
+    output = segment.output
+    first = segment.first_line
+    line = max(first, first + (after + 1 - seq_of(segment.id, first, first)))
+    end = first + segment.count
+    rows = {
+        row.line: row
+        for row in LogLine.select().where(
+            (LogLine.id >= seq_of(segment.id, first, line))
+            & (LogLine.id < seq_of(segment.id, first, end))
+        )
+    }
+    missing_from = None
+    last = after
+    for _ in range(segment.count + 1):
+        if line >= end or len(items) >= limit or scanned >= MAX_SCAN_LINES:
+            break
+        row = rows.get(line)
+        if row is not None:
+            missing_from = _pending(segment, missing_from, line, items, reader.flt)
+            if reader.flt.keeps(_ms(row.at), row.stream, row.text.encode("utf-8", "replace")):
+                items.append(_row(row))
+            last, line, scanned = row.id, line + 1, scanned + 1
+            continue
+        chunk = reader.chunk_of(output.id, line)
+        if chunk is not None and not reader.chunk_may_match(chunk):
+            stop = min(end, chunk.first_line + chunk.lines)
+            scanned += stop - line
+            line, last = stop, seq_of(segment.id, first, stop - 1)
+            continue
+        lines = reader.chunk_lines(chunk) if chunk is not None else None
+        if lines is None:
+            missing_from = line if missing_from is None else missing_from
+            last, line, scanned = seq_of(segment.id, first, line), line + 1, scanned + 1
+            continue
+        missing_from = _pending(segment, missing_from, line, items, reader.flt)
+        stop = min(end, chunk.first_line + chunk.lines)
+        for number in range(line, stop):
+            at_ms, stream, data = lines[number - chunk.first_line]
+            if reader.flt.keeps(at_ms, stream, data):
+                items.append(
+                    {
+                        "id": seq_of(segment.id, first, number),
+                        "at": _at(at_ms),
+                        "rank": output.rank,
+                        "attempt": output.attempt,
+                        "line": number,
+                        "stream": stream,
+                        "text": data.decode("utf-8", "replace").replace("\0", "\ufffd"),
+                    }
+                )
+            last, scanned = seq_of(segment.id, first, number), scanned + 1
+            if len(items) >= limit:
+                break
+        line = last - seq_of(segment.id, first, first) + first + 1
+    _pending(segment, missing_from, line, items, reader.flt)
+    return last, scanned
+
+
+def _pending(segment, missing_from, line, items, flt):
+    """A `system` line for lines [missing_from, line) that nothing holds here yet; None."""
+    if missing_from is None or missing_from >= line:
+        return None
+    if flt.matcher is None and flt.stream in (None, "system"):
+        output = segment.output
+        items.append(
+            {
+                "id": seq_of(segment.id, segment.first_line, line - 1),
+                "at": segment.last_at,
+                "rank": output.rank,
+                "attempt": output.attempt,
+                "line": missing_from,
+                "stream": "system",
+                "text": (
+                    f"[fleetd] lines {missing_from}-{line - 1} of rank {output.rank} are on node "
+                    f"{output.node_id}, not in the output store yet"
+                ),
+            }
+        )
+    return None
+
+
+def outputs(job_ids, rank=None, attempt=None):
+    query = TaskOutput.select().where(TaskOutput.job.in_(job_ids))
+    if rank is not None:
+        query = query.where(TaskOutput.rank == rank)
+    if attempt is not None:
+        query = query.where(TaskOutput.attempt == attempt)
+    return list(query.order_by(TaskOutput.attempt, TaskOutput.rank, TaskOutput.id))
+
+
+def info(job_ids, cap_bytes):
+    """{bytes, lines, stored_bytes, pending_ranges, truncated, cap_bytes, outputs}."""
+    found = outputs(job_ids)
+    return {
+        "bytes": sum(o.bytes for o in found),
+        "lines": sum(o.lines for o in found),
+        "stored_bytes": sum(o.stored_bytes for o in found),
+        "pending_ranges": [
+            {
+                "rank": o.rank,
+                "attempt": o.attempt,
+                "first_line": o.stored_lines,
+                "lines": o.lines - o.stored_lines,
+                "node_id": o.node_id,
+            }
+            for o in found
+            if o.stored_lines < o.lines
+        ],
+        "truncated": any(o.truncated for o in found),
+        "cap_bytes": max((o.cap_bytes for o in found), default=cap_bytes),
+        "outputs": [
+            {
+                "rank": o.rank,
+                "attempt": o.attempt,
+                "node_id": o.node_id,
+                "lines": o.lines,
+                "bytes": o.bytes,
+                "stored_lines": o.stored_lines,
+                "stored_bytes": o.stored_bytes,
+                "truncated": o.truncated,
+                "ended": o.ended,
+            }
+            for o in found
+        ],
+    }
+
+
+def _chunk_text(settings, key, skip, stream):
+    """A stored chunk's lines as text (its first `skip` lines left out; one stream's only)."""
+    with open(chunk_path(settings, key), "rb") as fh:
+        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    parts = []
+    for _at_ms, name, data in iter_frames(raw):
+        count = data.count(b"\n")
+        if skip >= count:
+            skip -= count
+            continue
+        if skip:
+            data = data.split(b"\n", skip)[-1]
+            skip = 0
+        if stream is None or name == stream:
+            parts.append(data)
+    return b"".join(parts)
+
+
+def whole(rt, job_ids, rank=None, attempt=None, stream=None):
+    """The whole output of these jobs as pieces of text: each output in line order, from the
+    store, and from the database where the store lacks lines (or a line saying they are pending);
+    a header line before each output when there are several."""
+    found = outputs(job_ids, rank, attempt)
+    for output in found:
+        if len(found) > 1:
+            yield f"==> rank {output.rank}, attempt {output.attempt} <==\n".encode()
+        position = 0
+        chunks = list(
+            OutputChunk.select()
+            .where(OutputChunk.output == output.id)
+            .order_by(OutputChunk.first_line)
+        )
+        for chunk in chunks:
+            end = chunk.first_line + chunk.lines
+            if end <= position:
+                continue
+            if chunk.first_line > position:
+                yield from _gap(output, position, chunk.first_line, stream)
+            try:
+                yield rt.offload(
+                    _chunk_text,
+                    rt.settings,
+                    chunk.key,
+                    max(0, position - chunk.first_line),
+                    stream,
+                )
+            except (OSError, ValueError) as exc:
+                yield f"[fleetd] lines {chunk.first_line}-{end - 1}: unreadable ({exc})\n".encode()
+            position = end
+        if position < output.lines:
+            yield from _gap(output, position, output.lines, stream)
+
+
+def _gap(output, first, end, stream):
+    """Lines [first, end) of an output that no stored chunk holds: the texts the database keeps,
+    and a line for each run of the others."""
+    rows = (
+        LogLine.select(LogLine.line, LogLine.stream, LogLine.text)
+        .where(
+            (LogLine.job == output.job_id)
+            & (LogLine.rank == output.rank)
+            & (LogLine.attempt == output.attempt)
+            & (LogLine.line >= first)
+            & (LogLine.line < end)
+        )
+        .order_by(LogLine.line)
+    )
+    position, parts = first, []
+    for row in rows.iterator():
+        if row.line > position:
+            parts.append(_missing(output, position, row.line))
+        if stream is None or row.stream == stream:
+            parts.append(row.text.encode("utf-8", "replace") + b"\n")
+        position = row.line + 1
+    if position < end:
+        parts.append(_missing(output, position, end))
+    yield b"".join(parts)
+
+
+def _missing(output, first, end):
+    return (
+        f"[fleetd] lines {first}-{end - 1} are on node {output.node_id}, not in the output "
+        "store yet\n"
+    ).encode()
+
+
+def gzipped(rt, pieces):
+    """The pieces as one gzip stream (compressed piece by piece, on the offload)."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    for piece in pieces:
+        out = rt.offload(packer.compress, piece)
+        if out:
+            yield out
+    yield packer.flush()
