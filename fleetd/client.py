@@ -172,30 +172,7 @@ class Client:
 
     def request(self, method, path, json=None, params=None, expect_json=True):
         """One call; returns the decoded JSON body (None for 204)."""
-        if self._url_error is not None:
-            raise self._url_error
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        try:
-            resp = self.session.request(
-                method,
-                self.url + path,
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=self.timeout,
-            )
-        except requests.exceptions.SSLError as exc:
-            raise ClientError(self._tls_problem(exc)) from None
-        except requests.ConnectionError:
-            raise ClientError(
-                f"cannot connect to fleetd at {self.url} (is it running? check --url/FLEETD_URL)"
-            ) from None
-        except requests.Timeout:
-            raise ClientError(
-                f"fleetd at {self.url} did not answer within {self.timeout:.0f}s"
-            ) from None
-        except requests.RequestException as exc:
-            raise ClientError(f"request to {self.url} failed: {exc}") from None
+        resp = self._send(method, path, json=json, params=params)
         if resp.status_code == 204 or not expect_json:
             if resp.status_code >= 400:
                 raise self._error(resp)
@@ -209,6 +186,50 @@ class Client:
                 f"{self.url} answered {resp.status_code} with a body that is not JSON; is it "
                 f"fleetd?"
             ) from None
+
+    def download(self, path, out, **params):
+        """GET `path` and write its body to the binary file `out` as it comes (compressed on the
+        wire, written as it is meant); returns the bytes written."""
+        params = {k: v for k, v in params.items() if v is not None}
+        resp = self._send("GET", path, params=params, stream=True)
+        with resp:
+            if resp.status_code >= 400:
+                raise self._error(resp)
+            written = 0
+            try:
+                for piece in resp.iter_content(chunk_size=1 << 20):
+                    out.write(piece)
+                    written += len(piece)
+            except requests.RequestException as exc:
+                raise ClientError(f"the download from {self.url} broke off: {exc}") from None
+        return written
+
+    def _send(self, method, path, json=None, params=None, stream=False):
+        if self._url_error is not None:
+            raise self._url_error
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            return self.session.request(
+                method,
+                self.url + path,
+                json=json,
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
+                stream=stream,
+            )
+        except requests.exceptions.SSLError as exc:
+            raise ClientError(self._tls_problem(exc)) from None
+        except requests.ConnectionError:
+            raise ClientError(
+                f"cannot connect to fleetd at {self.url} (is it running? check --url/FLEETD_URL)"
+            ) from None
+        except requests.Timeout:
+            raise ClientError(
+                f"fleetd at {self.url} did not answer within {self.timeout:.0f}s"
+            ) from None
+        except requests.RequestException as exc:
+            raise ClientError(f"request to {self.url} failed: {exc}") from None
 
     def _tls_problem(self, exc):
         """Why a TLS handshake failed, in words: most often an https:// URL of a plain-HTTP

@@ -180,13 +180,15 @@ class AgentTaskLogs(MethodView):
 
 
 def _chunk_meta(first_line, query):
+    if not first_line.isdigit() or len(first_line) > 18:
+        raise InvalidRequest("first_line must be a line number (0 or more)")
     try:
-        return ChunkMeta.from_query(first_line, query)
+        return ChunkMeta.from_query(int(first_line), query)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
 
 
-@blp.route("/tasks/<string:task_id>/output/<int:first_line>", parameters=[PROTOCOL_PARAMETER])
+@blp.route("/tasks/<string:task_id>/output/<string:first_line>", parameters=[PROTOCOL_PARAMETER])
 class AgentTaskOutputChunk(MethodView):
     @require(NODE)
     @blp.arguments(ChunkQuerySchema(), location="query")

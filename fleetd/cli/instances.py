@@ -22,7 +22,15 @@ from fleetd.cli.output import (
     wants_json,
 )
 from fleetd.cli.params import Duration, GpuCount, Size, load_spec, parse_duration, parse_labels
-from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
+from fleetd.cli.remote import (
+    client_command,
+    current_client,
+    download_output,
+    log_filter_options,
+    log_filters,
+    read_log_pages,
+    resolve_id,
+)
 from fleetd.client import ClientError
 
 
@@ -665,8 +673,10 @@ def instance_connect(handle, port, wait_running, timeout):
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep printing new lines until the instance stops."
 )
-def instance_logs(handle, follow):
-    """Print an instance's output in order, by id or name (stderr lines go to stderr)."""
+@log_filter_options
+def instance_logs(handle, follow, **filters):
+    """Print an instance's output in order, by id or name (stderr lines go to stderr); filter by
+    time, text and stream."""
     instance_id = resolve_id("instance", handle)
     if wants_json():
 
@@ -675,15 +685,28 @@ def instance_logs(handle, follow):
     else:
         show = log_printer(False)
     path = f"/api/v1/instances/{instance_id}"
-    after = read_log_pages(path + "/logs", None, show)
+    query = log_filters(**filters)
+    after = read_log_pages(path + "/logs", None, show, **query)
     if not follow:
         return
     client = current_client()
     for _ in range(100_000_000):  # bounded: a follow of years would still end
         data = _read_instance(client, instance_id, 2)
-        after = read_log_pages(path + "/logs", after, show)
+        after = read_log_pages(path + "/logs", after, show, **query)
         if _at_rest(data):
             return
+
+
+@client_command(instance, "output")
+@click.argument("handle", metavar="INSTANCE")
+@click.option("-o", "--output", "out_path", help="Write it to this file (default: stdout).")
+@click.option("--stream", type=click.Choice(["stdout", "stderr", "system"]), help="One stream.")
+def instance_output(handle, out_path, stream):
+    """Download the whole output of an instance's runs as text, by id or name."""
+    instance_id = resolve_id("instance", handle)
+    written = download_output(f"/api/v1/instances/{instance_id}/output", out_path, stream=stream)
+    if out_path not in (None, "-"):
+        click.echo(f"wrote {written} bytes to {out_path}", err=True)
 
 
 @client_command(instance, "events")

@@ -10,7 +10,15 @@ import click
 
 from fleetd.cli.output import emit, log_printer, money, show_record, show_table, wants_json
 from fleetd.cli.params import Duration, GpuCount, Size, load_spec, parse_labels
-from fleetd.cli.remote import client_command, current_client, read_log_pages, resolve_id
+from fleetd.cli.remote import (
+    client_command,
+    current_client,
+    download_output,
+    log_filter_options,
+    log_filters,
+    read_log_pages,
+    resolve_id,
+)
 from fleetd.client import ClientError
 
 
@@ -235,8 +243,10 @@ def job_show(handle):
 @click.option(
     "--rank", type=click.IntRange(min=0), help="Only this rank's lines (default: every rank)."
 )
-def job_logs(handle, follow, rank):
-    """Print a job's output in order, by id or name (stderr lines go to stderr)."""
+@log_filter_options
+def job_logs(handle, follow, rank, **filters):
+    """Print a job's output in order, by id or name (stderr lines go to stderr): the whole of it,
+    from fleetd's output store; filter by time, text and stream."""
     job_id = resolve_id("job", handle)
     if wants_json():
 
@@ -244,25 +254,43 @@ def job_logs(handle, follow, rank):
             click.echo(json.dumps(line, sort_keys=True))
     else:
         show = log_printer(False)
+    query = log_filters(**filters)
     if follow:
-        _follow_logs(job_id, rank, show)
+        _follow_logs(job_id, rank, show, query)
     else:
-        _read_logs(job_id, rank, None, show)
+        _read_logs(job_id, rank, None, show, query)
 
 
-def _read_logs(job_id, rank, after, show):
+@client_command(job, "output")
+@click.argument("handle", metavar="JOB")
+@click.option("-o", "--output", "out_path", help="Write it to this file (default: stdout).")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's output.")
+@click.option("--attempt", type=click.IntRange(min=1), help="Only this attempt's output.")
+@click.option("--stream", type=click.Choice(["stdout", "stderr", "system"]), help="One stream.")
+def job_output(handle, out_path, rank, attempt, stream):
+    """Download a job's whole output as text, by id or name (several ranks: each under a
+    header line)."""
+    job_id = resolve_id("job", handle)
+    written = download_output(
+        f"/api/v1/jobs/{job_id}/output", out_path, rank=rank, attempt=attempt, stream=stream
+    )
+    if out_path not in (None, "-"):
+        click.echo(f"wrote {written} bytes to {out_path}", err=True)
+
+
+def _read_logs(job_id, rank, after, show, query=None):
     """Print every line of a job's log after `after`; returns the seq of the last one."""
-    return read_log_pages(f"/api/v1/jobs/{job_id}/logs", after, show, rank=rank)
+    return read_log_pages(f"/api/v1/jobs/{job_id}/logs", after, show, rank=rank, **(query or {}))
 
 
-def _follow_logs(job_id, rank, show):
+def _follow_logs(job_id, rank, show, query=None):
     """Print a job's lines as they come until it has ended; returns the ended job."""
     client, after = current_client(), None
     for _ in range(100_000_000):  # bounded: a follow of years would still end
-        after = _read_logs(job_id, rank, after, show)
+        after = _read_logs(job_id, rank, after, show, query)
         data = client.get(f"/api/v1/jobs/{job_id}", wait_seconds=2)
         if data["state"] in JOB_ENDED:
-            _read_logs(job_id, rank, after, show)  # the lines stored before it ended
+            _read_logs(job_id, rank, after, show, query)  # the lines stored before it ended
             return data
     return data
 

@@ -1,12 +1,16 @@
 """The plumbing of the commands that call fleetd's REST API: their --url/--token/--json options, the
 client of the running command, the ids that names stand for, and reading a log page by page."""
 
+import datetime as dt
 import functools
+import os
 import re
+import sys
 
 import click
 
 from fleetd.cli.output import cell, describe_error, fail
+from fleetd.cli.params import parse_duration
 from fleetd.client import DEFAULT_URL, Client, ClientError, fresh_session, load_config
 
 
@@ -151,4 +155,67 @@ def read_log_pages(path, after, show, **params):
             after = line["seq"]
         if not page["next_cursor"]:
             break
+        after = int(page["next_cursor"])  # past lines a filter left out, too
     return after
+
+
+def log_filter_options(command):
+    """The options of a logs command that filter its lines."""
+    for option in reversed(
+        (
+            click.option("--since", help="Lines seen since: a duration (10m, 2h) or a time."),
+            click.option("--until", help="Lines seen until: a duration ago or a time."),
+            click.option("--grep", help="Lines that contain this text, in the whole output."),
+            click.option("--regex", is_flag=True, help="--grep is a regex (RE2 syntax)."),
+            click.option(
+                "--stream", type=click.Choice(["stdout", "stderr", "system"]), help="One stream."
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def log_filters(since, until, grep, regex, stream):
+    """The query of a logs call for the CLI's filter options (`since`/`until`: a duration before
+    now, like 10m, or an RFC 3339 time)."""
+    return {
+        "since": _moment(since, "--since"),
+        "until": _moment(until, "--until"),
+        "q": grep,
+        "q_regex": "true" if grep and regex else None,
+        "stream": stream,
+    }
+
+
+def _moment(value, option):
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except click.BadParameter:
+        text = value.strip().replace("Z", "+00:00")
+        try:
+            when = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r} is neither a duration (10m, 2h) nor an RFC 3339 time", param_hint=option
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        return when.isoformat()
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)).isoformat()
+
+
+def download_output(path, out_path, **params):
+    """Write a whole output (GET `path`) to `out_path`, or to stdout for '-'; returns the bytes."""
+    client = current_client()
+    if out_path in (None, "-"):
+        written = client.download(path, sys.stdout.buffer, **params)
+        sys.stdout.buffer.flush()
+        return written
+    tmp = out_path + ".part"
+    with open(tmp, "wb") as fh:
+        written = client.download(path, fh, **params)
+    os.replace(tmp, out_path)
+    return written

@@ -8,6 +8,7 @@ import pytest
 from fleetwire.assignment import AssignedInstance, Assignment
 from fleetwire.finish import FinishResult, TaskFinish
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply, TaskReport
+from fleetwire.output import OutputBatch
 from fleetwire.registration import Registered, Registration, Resources
 from fleetwire.tasks import (
     Acquire,
@@ -248,10 +249,13 @@ def test_fleetds_work_schemas_name_exactly_the_wires_fields():
         (jobs.TaskRestartSchema, TaskRestarting),
         (jobs.RendezvousPublishSchema, RendezvousPublish),
         (jobs.RendezvousSchema, Rendezvous),
-        (jobs.LogBatchSchema, LogBatch),
         (ValidationReportSchema, ValidationReport),
     ):
         assert set(schema().fields) == {f.name for f in dataclasses.fields(message)}, schema
+    # The logs route takes an OutputBatch, or the LogBatch of an agent from before it.
+    assert set(jobs.LogBatchSchema().fields) == {
+        f.name for f in dataclasses.fields(OutputBatch)
+    } | {f.name for f in dataclasses.fields(LogBatch)}
     assert set(jobs.AcquireReplySchema().fields) == {
         "assignment",
         "assignments",

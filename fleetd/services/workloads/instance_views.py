@@ -4,7 +4,7 @@ logs and events of an instance."""
 
 import ipaddress
 
-from fleetd.models import Event, InstanceState, Job, JobState, LogLine, Node, Task
+from fleetd.models import Event, InstanceState, Job, JobState, Node, Task
 from fleetd.services.accounting.usage import storage_costs
 from fleetd.services.notify.events import list_events
 from fleetd.services.pagination import last_rows
@@ -184,15 +184,11 @@ def instance_output_info(principal, instance_id):
     return output_read.info(_runs(instance_id), None)
 
 
-def instance_logs_tail(principal, instance_id, count, before=None):
-    """The last `count` log lines of an instance's runs (before the line numbered `before`, if
-    given), oldest first."""
+def instance_logs_tail(rt, principal, instance_id, count, before=None):
+    """The last `count` lines of an instance's runs' output (before the seq `before`, if given),
+    oldest first."""
     find_instance(principal, instance_id, deleted=True)
-    runs = Job.select(Job.id).where(Job.instance_id == instance_id)
-    query = LogLine.select().where(LogLine.job.in_(runs))
-    if before is not None:
-        query = query.where(LogLine.id < before)
-    return last_rows(query, LogLine.id, count)
+    return output_read.page_before(rt, _runs(instance_id), before, count)
 
 
 def instance_events(principal, instance_id, limit, cursor=None, after=None):

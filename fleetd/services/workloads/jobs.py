@@ -253,11 +253,11 @@ def job_output_info(principal, job_id):
     return output_read.info([job_id], job.job_spec.output_cap_bytes)
 
 
-def job_logs_tail(principal, job_id, count, before=None):
-    """The last `count` log lines of a job (before the line numbered `before`, if given), oldest
-    first."""
+def job_logs_tail(rt, principal, job_id, count, before=None):
+    """The last `count` lines of a job's output (before the seq `before`, if given), oldest
+    first: from the output store where fleetd no longer keeps them as text."""
     get_job(principal, job_id)
-    return logs_tail(job_id, count, before)
+    return output_read.page_before(rt, [job_id], before, count)
 
 
 def logs_tail(job_id, count, before=None):

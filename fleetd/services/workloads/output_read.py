@@ -10,6 +10,7 @@ offload (a thread pool under `fleetd serve`), never on the event loop.
 
 import dataclasses
 import datetime as dt
+import typing
 import zlib
 
 import re2
@@ -30,6 +31,18 @@ MAX_SCAN_LINES = 5_000_000  # the most lines one page looks at, whatever its fil
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
 _RE2_OPTIONS.max_mem = 16 << 20
+
+
+class Line(typing.NamedTuple):
+    """A line of output as a page gives it (`id` is its seq)."""
+
+    id: int
+    at: dt.datetime
+    rank: int
+    attempt: int
+    line: int | None
+    stream: str
+    text: str
 
 
 @dataclasses.dataclass
@@ -152,7 +165,7 @@ def page(rt, job_ids, after, limit, flt):
     deadline = rt.clock.monotonic() + rt.settings.output_search_seconds
     items, after = _legacy(job_ids, after, limit, flt), after if after is not None else -1
     if len(items) >= limit:
-        return items[:limit], str(items[limit - 1]["id"])
+        return items[:limit], str(items[limit - 1].id)
     after = max(after, OUTPUT_SEQ_BASE - 1)
     scanned = 0
     for _ in range(MAX_SCAN_LINES):
@@ -167,6 +180,34 @@ def page(rt, job_ids, after, limit, flt):
             if flt.matcher is not None and rt.clock.monotonic() > deadline:
                 return items, str(after)
     return items, str(after)
+
+
+def page_before(rt, job_ids, before, count):
+    """Up to `count` lines before the seq `before` (None: the newest), oldest first: what a log
+    view shows first, and each "load earlier" of it."""
+    query = OutputSegment.select().where(OutputSegment.job.in_(job_ids))
+    if before is not None:
+        query = query.where(OutputSegment.id <= max(0, before - OUTPUT_SEQ_BASE) >> SEGMENT_BITS)
+    needed, start = count, None
+    for segment in query.order_by(OutputSegment.id.desc()).limit(count).iterator():
+        low = seq_of(segment.id, segment.first_line, segment.first_line)
+        high = low + segment.count if before is None else min(low + segment.count, before)
+        if high <= low:
+            continue
+        start = max(low, high - needed)
+        needed -= high - start
+        if needed <= 0:
+            break
+    items = []
+    if needed > 0:  # lines kept before numbers existed
+        query = LogLine.select().where(LogLine.job.in_(job_ids) & (LogLine.id < OUTPUT_SEQ_BASE))
+        if before is not None:
+            query = query.where(LogLine.id < before)
+        items = [_row(r) for r in reversed(list(query.order_by(LogLine.id.desc()).limit(needed)))]
+    if start is not None:
+        newer, _cursor = page(rt, job_ids, start - 1, count, Filter())
+        items += [item for item in newer if before is None or item.id < before]
+    return items
 
 
 def _legacy(job_ids, after, limit, flt):
@@ -194,15 +235,7 @@ def _legacy(job_ids, after, limit, flt):
 
 
 def _row(row):
-    return {
-        "id": row.id,
-        "at": row.at,
-        "rank": row.rank,
-        "attempt": row.attempt,
-        "line": row.line,
-        "stream": row.stream,
-        "text": row.text,
-    }
+    return Line(row.id, row.at, row.rank, row.attempt, row.line, row.stream, row.text)
 
 
 def _segments(job_ids, after, flt):
@@ -267,15 +300,15 @@ def _read_segment(reader, segment, after, limit, items, scanned):
             at_ms, stream, data = lines[number - chunk.first_line]
             if reader.flt.keeps(at_ms, stream, data):
                 items.append(
-                    {
-                        "id": seq_of(segment.id, first, number),
-                        "at": _at(at_ms),
-                        "rank": output.rank,
-                        "attempt": output.attempt,
-                        "line": number,
-                        "stream": stream,
-                        "text": data.decode("utf-8", "replace").replace("\0", "\ufffd"),
-                    }
+                    Line(
+                        seq_of(segment.id, first, number),
+                        _at(at_ms),
+                        output.rank,
+                        output.attempt,
+                        number,
+                        stream,
+                        data.decode("utf-8", "replace").replace("\0", "\ufffd"),
+                    )
                 )
             last, scanned = seq_of(segment.id, first, number), scanned + 1
             if len(items) >= limit:
@@ -292,18 +325,16 @@ def _pending(segment, missing_from, line, items, flt):
     if flt.matcher is None and flt.stream in (None, "system"):
         output = segment.output
         items.append(
-            {
-                "id": seq_of(segment.id, segment.first_line, line - 1),
-                "at": segment.last_at,
-                "rank": output.rank,
-                "attempt": output.attempt,
-                "line": missing_from,
-                "stream": "system",
-                "text": (
-                    f"[fleetd] lines {missing_from}-{line - 1} of rank {output.rank} are on node "
-                    f"{output.node_id}, not in the output store yet"
-                ),
-            }
+            Line(
+                seq_of(segment.id, segment.first_line, line - 1),
+                segment.last_at,
+                output.rank,
+                output.attempt,
+                missing_from,
+                "system",
+                f"[fleetd] lines {missing_from}-{line - 1} of rank {output.rank} are on node "
+                f"{output.node_id}, not in the output store yet",
+            )
         )
     return None
 

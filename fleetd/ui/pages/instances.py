@@ -178,8 +178,15 @@ def _full_page(rt, view, context, form=None, errors=None, status=200):
         events = instance_views.instance_events_tail(principal, instance_id, EVENTS_SHOWN)
     lines = []
     if principal.role in roles.INSTANCE_LOGS:
-        lines = instance_views.instance_logs_tail(principal, instance_id, logs.SHOWN)
-    log = logs.box(lines, _log_url(instance_id), context["live"], INSTANCE_QUIET)
+        lines = instance_views.instance_logs_tail(rt, principal, instance_id, logs.SHOWN)
+    log = logs.box(
+        lines,
+        _log_url(instance_id),
+        context["live"],
+        INSTANCE_QUIET,
+        url_for("ui.instance_log_search", instance_id=instance_id),
+        url_for("ui.instance_output", instance_id=instance_id),
+    )
     return render_template(
         "instance.html",
         events=list(reversed(events)),
@@ -199,22 +206,44 @@ def _log_url(instance_id):
     return lambda **args: url_for("ui.instance_log", instance_id=instance_id, **args)
 
 
+@bp.route("/instances/<string:instance_id>/log/search")
+@ui_require(roles.INSTANCE_LOGS)
+def instance_log_search(instance_id):
+    """Lines of the whole output of the instance's runs that hold `q`."""
+    principal, rt = g.ui_principal, current_runtime()
+    return logs.found(
+        lambda n, q, regex: instance_views.instance_logs(
+            rt, principal, instance_id, n, q=q, q_regex=regex
+        )
+    )
+
+
+@bp.route("/instances/<string:instance_id>/output")
+@ui_require(roles.INSTANCE_LOGS)
+def instance_output(instance_id):
+    """The whole output of the instance's runs as a text file."""
+    pieces = instance_views.instance_output(current_runtime(), g.ui_principal, instance_id)
+    return logs.whole(pieces, f"{instance_id}.log")
+
+
 @bp.route("/instances/<string:instance_id>/log")
 @ui_require(roles.INSTANCE_LOGS)
 def instance_log(instance_id):
     """Log lines after `after` (the page polls this while the instance is live), or with `before`
     the lines before that one ("Load earlier lines")."""
-    principal = g.ui_principal
+    principal, rt = g.ui_principal, current_runtime()
     inst = instances.find_instance(principal, instance_id, deleted=True)
     if request.args.get("before"):
         return logs.earlier(
             lambda before, n: instance_views.instance_logs_tail(
-                principal, instance_id, n, before=before
+                rt, principal, instance_id, n, before=before
             ),
             _log_url(instance_id),
         )
     return logs.newer(
-        lambda after, n: instance_views.instance_logs(principal, instance_id, n, after=after)[0],
+        lambda after, n: instance_views.instance_logs(rt, principal, instance_id, n, after=after)[
+            0
+        ],
         _log_url(instance_id),
         inst.state in LIVE_STATES,
         INSTANCE_QUIET,

@@ -113,7 +113,7 @@ def job_page(job_id):
         events = jobs.job_events_tail(principal, job_id, EVENTS_SHOWN)
     lines = []
     if principal.role in roles.JOB_LOGS:
-        lines = jobs.job_logs_tail(principal, job_id, logs.SHOWN)
+        lines = jobs.job_logs_tail(rt, principal, job_id, logs.SHOWN)
     simulation = None
     if job.state == JobState.QUEUED.value and principal.role in roles.SIMULATE:
         simulation = policy.simulate(rt, principal, job.job_spec)
@@ -124,7 +124,14 @@ def job_page(job_id):
         spec=masked_spec_text(job.spec),
         hostnames=_hostnames(job),
         events=list(reversed(events)),
-        log=logs.box(lines, _log_url(job_id), not terminal, JOB_DONE),
+        log=logs.box(
+            lines,
+            _log_url(job_id),
+            not terminal,
+            JOB_DONE,
+            url_for("ui.job_log_search", job_id=job_id),
+            url_for("ui.job_output", job_id=job_id),
+        ),
         terminal=terminal,
         simulation=simulation,
         now=rt.clock.now(),
@@ -137,11 +144,11 @@ def job_page(job_id):
 def job_log(job_id):
     """Log lines after `after` (the page polls this), or with `before` the lines before that one
     ("Load earlier lines")."""
-    principal = g.ui_principal
+    principal, rt = g.ui_principal, current_runtime()
     job = jobs.get_job(principal, job_id)
     if request.args.get("before"):
         return logs.earlier(
-            lambda before, n: jobs.job_logs_tail(principal, job_id, n, before=before),
+            lambda before, n: jobs.job_logs_tail(rt, principal, job_id, n, before=before),
             _log_url(job_id),
         )
     # The job's state and tasks come along, so that they change in place too.
@@ -149,12 +156,30 @@ def job_log(job_id):
         "_job_tasks.html", job=job, hostnames=_hostnames(job), oob=True
     )
     return logs.newer(
-        lambda after, n: jobs.job_logs(principal, job_id, n, after=after)[0],
+        lambda after, n: jobs.job_logs(rt, principal, job_id, n, after=after)[0],
         _log_url(job_id),
         not JobState(job.state).is_terminal(),
         JOB_DONE,
         Markup(live),  # nosec B704  # rendered by Jinja
     )
+
+
+@bp.route("/jobs/<string:job_id>/log/search")
+@ui_require(roles.JOB_LOGS)
+def job_log_search(job_id):
+    """Lines of the job's whole output that hold `q`."""
+    principal, rt = g.ui_principal, current_runtime()
+    return logs.found(
+        lambda n, q, regex: jobs.job_logs(rt, principal, job_id, n, q=q, q_regex=regex)
+    )
+
+
+@bp.route("/jobs/<string:job_id>/output")
+@ui_require(roles.JOB_LOGS)
+def job_output(job_id):
+    """The job's whole output as a text file."""
+    pieces = jobs.job_output(current_runtime(), g.ui_principal, job_id)
+    return logs.whole(pieces, f"{job_id}.log")
 
 
 @bp.route("/jobs/<string:job_id>/cancel", methods=["POST"])

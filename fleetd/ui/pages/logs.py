@@ -1,7 +1,7 @@
 """Log boxes of job and instance pages: the newest lines shown first, new ones appended as they come
 (the page polls), earlier ones loaded on request ("Load earlier lines")."""
 
-from flask import render_template, request
+from flask import Response, render_template, request, stream_with_context
 
 from fleetd.errors import InvalidRequest
 
@@ -21,7 +21,10 @@ def seq_arg(name):
         raise InvalidRequest(f"{name} must be a log line number") from None
 
 
-def box(lines, url_for_log, polling, done_text):
+FOUND_SHOWN = 200  # lines a search shows
+
+
+def box(lines, url_for_log, polling, done_text, search_url=None, download_url=None):
     """What _log_box.html needs: the newest `lines` (oldest first), where to poll for newer ones and
     where to ask for earlier ones (when the box may not hold the start of the log).
     `url_for_log(**args)` makes the log route's address."""
@@ -33,6 +36,8 @@ def box(lines, url_for_log, polling, done_text):
         "done_text": done_text,
         "poll_url": url_for_log(after=last) if last is not None else url_for_log(),
         "earlier_url": url_for_log(before=first) if len(lines) >= SHOWN else None,
+        "search_url": search_url,
+        "download_url": download_url,
     }
 
 
@@ -67,3 +72,23 @@ def earlier(fetch_before, url_for_log):
         lines=lines,
         earlier_url=url_for_log(before=lines[0].id) if more else None,
     )
+
+
+def found(search):
+    """A search's answer: up to FOUND_SHOWN lines of the whole output that hold `q` (a regex with
+    `regex=true`). `search(limit, q, q_regex)` gives (lines, cursor)."""
+    q = (request.args.get("q") or "").strip()
+    if not q or len(q) > 1000:
+        return render_template("_log_found.html", error="Search for 1 to 1000 characters.")
+    try:
+        lines, cursor = search(FOUND_SHOWN, q, request.args.get("regex") == "true")
+    except InvalidRequest as exc:
+        return render_template("_log_found.html", error=exc.message)
+    return render_template("_log_found.html", lines=lines, more=cursor is not None)
+
+
+def whole(pieces, name):
+    """A whole output as a download named `name`."""
+    response = Response(stream_with_context(pieces), mimetype="text/plain")
+    response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

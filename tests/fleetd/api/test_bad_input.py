@@ -156,6 +156,8 @@ def test_fleet_crud(api):
         "task_memory_default_bytes": 32 * 1024**3,
         "task_path": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "task_identity": "dynamic",
+        "output_cap_bytes": 1 << 30,
+        "output_retention_days": 30,
     }
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"
