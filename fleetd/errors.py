@@ -75,6 +75,16 @@ class Timeout(FleetdError):
     http_status, code = 504, "timeout"
 
 
+class StoreUnavailable(FleetdError):
+    """The output store cannot take a write now (its disk is full, its mount gone): the writer
+    keeps what it has and tries again after Retry-After."""
+
+    http_status, code = 503, "unavailable"
+
+    def __init__(self, message, retry_after=30):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
 _HTTP_CODES = {
     400: "invalid_request",
     401: "unauthorized",

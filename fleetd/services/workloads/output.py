@@ -15,13 +15,14 @@ retried elsewhere is still stored.
 """
 
 import datetime as dt
+import logging
 import os
 import tempfile
 
 import peewee
 
 from fleetd.db import write_transaction
-from fleetd.errors import Conflict, InvalidRequest, NotFound
+from fleetd.errors import Conflict, InvalidRequest, NotFound, StoreUnavailable
 from fleetd.models import (
     DEFAULT_OUTPUT_CAP_BYTES,
     DEFAULT_OUTPUT_RETENTION_DAYS,
@@ -44,6 +45,8 @@ from fleetwire.output import (
     decompress_chunk,
     iter_frames,
 )
+
+log = logging.getLogger("fleetd.output")
 
 OUTPUT_SEQ_BASE = 1 << 32
 SEGMENT_BITS = 20
@@ -293,7 +296,13 @@ def store_chunk(rt, node_id, task_id, meta, blob):
             return
     rt.offload(_check_chunk, blob, meta)
     key = f"{output.job_id}/{output.rank}-{output.attempt}-{output.id}/{meta.first_line:012d}.gz"
-    rt.offload(_write_file, chunk_path(rt.settings, key), blob)
+    try:
+        rt.offload(_write_file, chunk_path(rt.settings, key), blob)
+    except OSError as exc:
+        log.error("the output store cannot take a chunk of %s: %s", key, exc)
+        raise StoreUnavailable(
+            f"the output store cannot take this chunk now ({exc.strerror}): keep it and retry"
+        ) from None
     first_at, last_at = _time(meta.first_at), _time(meta.last_at)
     with write_transaction():
         output = TaskOutput.get_by_id(output.id)

@@ -244,3 +244,20 @@ def test_retention_removes_stored_output_past_its_fleets_days(api, clock, tmp_pa
     assert not any(files for _d, _s, files in os.walk(store))
     info = api.get(f"/api/v1/jobs/{job_id}/output/info").get_json()
     assert info["stored_bytes"] == 0
+
+
+def test_a_store_that_cannot_take_a_chunk_answers_503_and_stores_it_when_it_can(
+    make_app, clock, tmp_path
+):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    api = admin_client(make_app(output_dir=str(blocked / "output")), clock)
+    api.create_fleet("gpu-a")
+    session = _node(api)
+    job_id, assignment = _running(api, session)
+    resp = _upload(api, session, assignment, 0, _chunk(0, 2), 2, expect=503)
+    assert resp.headers["Retry-After"] and resp.get_json()["error"]["code"] == "unavailable"
+    assert api.get(f"/api/v1/jobs/{job_id}/output/info").get_json()["stored_bytes"] == 0
+    blocked.unlink()
+    _upload(api, session, assignment, 0, _chunk(0, 2), 2)
+    assert api.get(f"/api/v1/jobs/{job_id}/output").get_data().decode().splitlines() == _lines(0, 2)
