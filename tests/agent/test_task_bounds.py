@@ -15,7 +15,7 @@ import pytest
 
 from agent.client import FleetClient
 from agent.task.container import ContainerRuntime
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.support import wait_until, wire
@@ -40,7 +40,7 @@ def make_runner(state_dir, fleetd):
         "127.0.0.1",
         kill_grace_seconds=1.0,
         backoff_max_seconds=0.2,
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
     )
 
 
