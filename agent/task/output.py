@@ -8,8 +8,7 @@ without a newline gets one), numbers them from 0 across the streams and appends 
 stream and read (fleetwire.output) to the open chunk, ``output/<first line>.frames``. A chunk is
 sealed at CHUNK_RAW_BYTES, past an age and at the end; the shipper (agent/task/shipping.py)
 compresses it into ``<first line>.gz``, uploads it and only then deletes it. The keeper also
-keeps the texts that the next OutputBatch carries: the first HEAD_LINES lines and the newest ones,
-bounded in count and bytes whatever the backlog.
+keeps the texts that the next OutputBatch carries (agent/task/texts.py).
 
 ``output-state.json`` says how far everything got: the raw files' consumed offsets, the next line,
 the open chunk and its size, the sealed chunks not yet uploaded, the acknowledged batch position.
@@ -22,23 +21,21 @@ on at the start); a line written in the instant between the check and the trunca
 with logrotate's copytruncate.
 """
 
-import collections
 import dataclasses
 import errno
-import gzip
 import json
 import logging
 import os
 import threading
 import time
 
+from agent.task.chunks import Chunk, chunk_path, compress_chunk, unlink, write_all
+from agent.task.texts import TailTexts, line_text
 from fleetwire.output import (
     CHUNK_RAW_BYTES,
     DEFAULT_OUTPUT_CAP_BYTES,
-    HEAD_LINES,
     MAX_BATCH_LINES,
     MAX_LINE_BYTES,
-    ChunkMeta,
     OutputBatch,
     OutputSummary,
     encode_frame,
@@ -53,9 +50,6 @@ STATE_NAME = "output-state.json"
 # read (which goes on from the last one) needs measuring.
 READ_BYTES = MAX_LINE_BYTES
 MAX_OUTPUT_FILE_BYTES = 64 << 20  # a wholly consumed output file over this is emptied
-TEXT_BYTES = 16 * 1024  # a longer line's text in a batch is cut to this and marked
-TRUNCATED_MARK = " [truncated by fleet-agent]"
-COMPRESS_LEVEL = 6
 FINISH_RETRY_SECONDS = 30.0  # the end waits this long at most for a full disk to take the rest
 
 
@@ -69,37 +63,6 @@ class OutputSettings:
     tick_bytes: int = 16 << 20  # most read from one file at one tick
     chunk_age_seconds: float = 120.0  # an open chunk older than this is sealed
     backoff_max_seconds: float = 60.0
-
-
-@dataclasses.dataclass
-class Chunk:
-    """Lines [first_line, first_line + lines), `bytes` of frames, seen at first_at..last_at (ms)."""
-
-    first_line: int
-    lines: int = 0
-    bytes: int = 0
-    first_at: int = 0
-    last_at: int = 0
-
-    def meta(self, epoch):
-        """The ChunkMeta of its upload."""
-        return ChunkMeta(
-            epoch, self.first_line, self.lines, self.bytes, self.first_at, self.last_at
-        )
-
-    @classmethod
-    def from_state(cls, data):
-        return cls(*(int(data[k]) for k in ("first_line", "lines", "bytes", "first_at", "last_at")))
-
-
-def line_text(raw):
-    """A line's text for fleetd: utf-8 with replacements, no NUL, cut past TEXT_BYTES."""
-    cut = len(raw) > TEXT_BYTES
-    raw = raw[:TEXT_BYTES]
-    if not cut and raw.endswith(b"\r"):
-        raw = raw[:-1]
-    text = raw.decode("utf-8", "replace").replace("\0", "\ufffd")  # fleetd stores no NUL
-    return text + TRUNCATED_MARK if cut else text
 
 
 def cut_lines(block, final):
@@ -159,10 +122,7 @@ class OutputKeeper:
         self.notice = None  # what the next batch says
         self.ended = False  # read to the end after the process ended
         self._partial = {stream: b"" for stream in self.paths}
-        self._head: list[tuple[int, int, str, str]] = []  # of lines < HEAD_LINES, not acked
-        # The newest lines' (line, at_ms, stream, text).
-        self._recent: collections.deque[tuple[int, int, str, str]] = collections.deque()
-        self._recent_bytes = 0
+        self._texts = TailTexts(self.settings.batch_lines, self.settings.batch_bytes)
         self._since_snapshot_at = None  # at_ms of the first line after the last batch taken
         self._fd = None  # the open chunk's, once opened in this agent
         self._full_disk = 0  # ticks in a row that a full disk stopped
@@ -190,8 +150,7 @@ class OutputKeeper:
             ):
                 self._seal()
                 changed = True
-            if changed:
-                self._save()
+            if changed and self._save():  # a raw file is emptied only once the state says so
                 self._empty_consumed()
             return changed, at_end
 
@@ -281,7 +240,7 @@ class OutputKeeper:
                 self._fd = self._open_chunk(self.open, truncate=True)
             elif self._fd is None:
                 self._fd = self._open_chunk(self.open, truncate=False)
-            _write_all(self._fd, blob, self.open.bytes)
+            write_all(self._fd, blob, self.open.bytes)
         except OSError as exc:
             self._disk_problem(exc)
             return False
@@ -294,7 +253,7 @@ class OutputKeeper:
             self._since_snapshot_at = at_ms
         for stream, data in frames:
             count = data.count(b"\n")
-            self._keep_texts(stream, data, self.next_line, count, at_ms)
+            self._texts.add(stream, data, self.next_line, count, at_ms)
             self.open.lines += count
             self.next_line += count
             self.total_bytes += len(data)
@@ -323,37 +282,10 @@ class OutputKeeper:
                 what,
             )
 
-    def _keep_texts(self, stream, data, first, count, at_ms):
-        """The texts the next batch may carry: lines < HEAD_LINES, and the newest ones."""
-        pos = 0
-        for line in range(first, min(first + count, HEAD_LINES)):
-            end = data.find(b"\n", pos)
-            self._head.append((line, at_ms, stream, line_text(data[pos:end])))
-            pos = end + 1
-        newest: list[tuple[int, int, str, str]] = []
-        budget, end = self.settings.batch_bytes, len(data) - 1
-        for line in range(first + count - 1, max(first - 1, HEAD_LINES - 1), -1):
-            if len(newest) >= self.settings.batch_lines or budget <= 0:
-                break
-            start = data.rfind(b"\n", 0, end) + 1
-            text = line_text(data[start : min(end, start + TEXT_BYTES + 1)])
-            budget -= len(text) + 32
-            newest.append((line, at_ms, stream, text))
-            end = start - 1
-        for item in reversed(newest):
-            self._recent.append(item)
-            self._recent_bytes += len(item[3]) + 32
-        for _ in range(len(self._recent)):
-            if len(self._recent) <= self.settings.batch_lines and (
-                self._recent_bytes <= self.settings.batch_bytes or len(self._recent) <= 1
-            ):
-                break
-            self._recent_bytes -= len(self._recent.popleft()[3]) + 32
-
     # Chunks.
 
     def _chunk_path(self, chunk, suffix):
-        return os.path.join(self.out_dir, f"{chunk.first_line:012d}{suffix}")
+        return chunk_path(self.out_dir, chunk, suffix)
 
     def _seal(self):
         if self._fd is not None:
@@ -362,7 +294,7 @@ class OutputKeeper:
         if self.open is not None and self.open.lines:
             self.sealed.append(self.open)
         elif self.open is not None:  # made by a write the full disk refused
-            _unlink(self._chunk_path(self.open, ".frames"))
+            unlink(self._chunk_path(self.open, ".frames"))
         self.open = None
 
     def next_chunk(self):
@@ -371,39 +303,16 @@ class OutputKeeper:
             return self.sealed[0] if self.sealed else None
 
     def chunk_blob(self, chunk):
-        """The gzip bytes of a sealed chunk, compressed into ``<first line>.gz`` the first time
-        (written aside, synced, renamed; then the frames go). OSError (a full disk) to retry."""
-        gz = self._chunk_path(chunk, ".gz")
-        try:
-            with open(gz, "rb") as fh:
-                return fh.read()
-        except FileNotFoundError:
-            pass
-        frames = self._chunk_path(chunk, ".frames")
-        with open(frames, "rb") as fh:
-            raw = fh.read(chunk.bytes)
-        blob = gzip.compress(raw, COMPRESS_LEVEL, mtime=0)
-        tmp = gz + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, gz)
-        except OSError:
-            _unlink(tmp)
-            raise
-        _unlink(frames)
-        return blob
+        """The gzip bytes of a sealed chunk (compressed the first time); OSError to retry."""
+        return compress_chunk(self.out_dir, chunk)
 
     def uploaded(self, chunk):
         """fleetd stored the chunk (or it is given up): it goes from the node."""
         with self.lock:
             if chunk in self.sealed:
                 self.sealed.remove(chunk)
-            _unlink(self._chunk_path(chunk, ".gz"))
-            _unlink(self._chunk_path(chunk, ".frames"))
+            unlink(self._chunk_path(chunk, ".gz"))
+            unlink(self._chunk_path(chunk, ".frames"))
             self._save()
 
     # Batches.
@@ -414,18 +323,6 @@ class OutputKeeper:
         with self.lock:
             if self.next_line <= self.acked_line:
                 return None
-            head = [t for t in self._head if t[0] >= self.acked_line][:max_texts]
-            room = min(max_texts, self.settings.batch_lines) - len(head)
-            budget = self.settings.batch_bytes - sum(len(t[3]) + 32 for t in head)
-            newest: list[tuple[int, int, str, str]] = []
-            for item in reversed(self._recent):
-                if item[0] < self.acked_line or room <= 0 or (budget <= 0 and newest):
-                    break
-                if item[0] < HEAD_LINES:
-                    continue
-                newest.append(item)
-                room -= 1
-                budget -= len(item[3]) + 32
             self._since_snapshot_at = None
             return OutputBatch(
                 epoch=self.epoch,
@@ -434,7 +331,7 @@ class OutputKeeper:
                 first_at=self.unacked_first_at or self.last_at,
                 last_at=self.last_at,
                 bytes=self.total_bytes - self.acked_bytes,
-                lines=tuple(head + newest[::-1]),
+                lines=self._texts.pick(self.acked_line, max_texts),
                 notice=self.notice,
             )
 
@@ -448,11 +345,7 @@ class OutputKeeper:
             self.unacked_first_at = self._since_snapshot_at if self.next_line > end else None
             if batch.notice == self.notice:
                 self.notice = None
-            self._head = [t for t in self._head if t[0] >= end]
-            for _ in range(len(self._recent)):
-                if not self._recent or self._recent[0][0] >= end:
-                    break
-                self._recent_bytes -= len(self._recent.popleft()[3]) + 32
+            self._texts.drop_before(end)
             self._save()
 
     def unacked(self):
@@ -503,12 +396,12 @@ class OutputKeeper:
             except OSError:
                 names = []
             for name in names:
-                _unlink(os.path.join(self.out_dir, name))
+                unlink(os.path.join(self.out_dir, name))
             try:
                 os.rmdir(self.out_dir)
             except OSError:
                 pass
-            _unlink(self.state_path)
+            unlink(self.state_path)
 
     # The state file.
 
@@ -579,25 +472,3 @@ class OutputKeeper:
                 continue
             self.offsets[stream] = 0
             self._save()
-
-
-def _write_all(fd, data, size):
-    """Write all of `data` at the end of a file `size` long; on an error the file is cut back to
-    `size`, so that no half frame is left behind."""
-    view, written = memoryview(data), 0
-    try:
-        for _ in range(len(data) + 1):
-            if written >= len(data):
-                return
-            written += os.write(fd, view[written:])
-    except OSError:
-        os.ftruncate(fd, size)
-        os.lseek(fd, 0, os.SEEK_END)
-        raise
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -15,9 +15,10 @@ from agent.procfs import read_boot_id, read_proc, read_stat, uptime_ticks, wait_
 from agent.task.assignment import inside
 from agent.task.errors import TaskError
 from agent.task.journal import append_state, read_state
-from agent.task.output import TEXT_BYTES, TRUNCATED_MARK, OutputSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
+from agent.task.texts import TEXT_BYTES, TRUNCATED_MARK
 from agent.workers import Workers
 from fleetwire.assignment import Assignment
 from fleetwire.heartbeat import TaskReport
