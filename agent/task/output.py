@@ -369,7 +369,8 @@ class OutputKeeper:
         with self.lock:
             self._seal()
             self.ended = True
-            self._save()
+            if self.next_line:  # a silent task leaves no file (its directory may be reused)
+                self._save()
         return self.summary()
 
     def summary(self):

@@ -83,8 +83,10 @@ class OutputShipper:
     # Feeding.
 
     def start(self, ticker):
-        """Read the output at every tick of `ticker` (an agent.watch.Ticker shared by the tasks)."""
+        """Read the output at every tick of `ticker` (an agent.watch.Ticker shared by the tasks);
+        what a resumed state left unshipped goes at once."""
         self._job = (ticker, ticker.add(self.tick))
+        self.kick()
 
     def tick(self):
         """One look at the files; what is new goes out."""

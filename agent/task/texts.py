@@ -5,7 +5,7 @@ the newest texts."""
 
 import collections
 
-from fleetwire.output import HEAD_LINES
+from fleetwire.output import HEAD_LINES, MAX_BATCH_LINES
 
 TEXT_BYTES = 16 * 1024  # a longer line's text is cut to this and marked
 TRUNCATED_MARK = " [truncated by fleet-agent]"
@@ -33,7 +33,7 @@ class TailTexts:
     keeper's lock guards it)."""
 
     def __init__(self, max_lines, max_bytes):
-        self.max_lines = max_lines
+        self.max_lines = min(max_lines, MAX_BATCH_LINES)  # fleetd takes no more
         self.max_bytes = max_bytes
         self._head: list[Text] = []  # lines < HEAD_LINES
         self._recent: collections.deque[Text] = collections.deque()  # the newest lines

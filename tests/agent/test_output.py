@@ -20,7 +20,7 @@ from fleetwire.output import (
 )
 from tests.agent.conftest import wait_until
 from tests.agent.test_runner import assignment, make_runner  # noqa: F401 (fixtures)
-from tests.support.workloads import WAIT_FOR_GATE
+from tests.support.workloads import GATE_WAIT, WAIT_FOR_GATE
 
 PY = sys.executable
 
@@ -110,6 +110,14 @@ def test_an_agent_restart_resumes_with_no_line_skipped_or_numbered_twice(tmp_pat
         b"late",
     ]
     assert chunk.lines == 18 and chunk.bytes == len(gzip.decompress(blob))
+
+
+def test_a_silent_task_leaves_no_file_so_that_its_directory_may_be_reused(tmp_path):
+    keeper = OutputKeeper(str(tmp_path), 1)
+    _write(tmp_path / "stdout.log", b"")
+    assert keeper.pump() == (False, True)
+    assert keeper.finish() is None and not keeper.pending()
+    assert sorted(os.listdir(tmp_path)) == ["stdout.log"]
 
 
 def test_a_chunk_is_sealed_past_its_age(tmp_path):
@@ -296,3 +304,32 @@ def test_lines_written_while_the_process_waits_arrive_in_a_batch_before_its_end(
     assert "t-live" not in fleetd.finished
     gate.open()
     fleetd.wait_finished("t-live")
+
+
+def test_a_job_task_taken_back_after_an_agent_restart_has_each_line_once(
+    make_runner, fleetd, gate, tmp_path
+):
+    runner = make_runner("node")
+    code = (
+        "import sys\n" + GATE_WAIT + "for i in range(50):\n    print(f'before {i}', flush=True)\n"
+        "gate_wait(sys.argv[1])\nfor i in range(50):\n    print(f'after {i}', flush=True)\n"
+    )
+    task = runner.submit(assignment("t-back", [PY, "-c", code, gate.path]))
+    fleetd.wait_for(
+        lambda: len(fleetd.logs.get("t-back", {})) >= 50 and fleetd.started.get("t-back"),
+        message="the first lines",
+    )
+    # The agent goes and leaves the process running, as a crashed one does (nothing reported).
+    task._detached = True
+    task.process.wake.set()
+    wait_until(lambda: runner.get("t-back") is None, message="the task to be let go")
+    gate.open()
+    stdout = tmp_path / "node" / "tasks" / "t-back.1" / "stdout.log"
+    wait_until(lambda: "after 49\n" in stdout.read_text(), message="lines written meanwhile")
+
+    again = make_runner("node")
+    assert again.recover() == []
+    assert fleetd.wait_finished("t-back")["output"]["lines"] == 100
+    expected = [f"before {i}" for i in range(50)] + [f"after {i}" for i in range(50)]
+    assert fleetd.texts("t-back") == expected
+    assert [n for n, *_ in fleetd.chunk_lines("t-back")] == list(range(100))
