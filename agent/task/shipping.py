@@ -43,11 +43,6 @@ class Outputs:
         with self._lock:
             self._shippers.discard(shipper)
 
-    def busy(self):
-        """How many outputs are still being shipped without their task."""
-        with self._lock:
-            return len(self._shippers)
-
     def stop_all(self):
         """The agent stops: nothing more is sent; the files stay for the next start."""
         with self._lock:
@@ -164,11 +159,6 @@ class OutputShipper:
             self._on_done = fn
         self.runner.outputs.add(self)
         self._maybe_done()
-
-    def busy(self):
-        """True while a batch or an upload loop runs."""
-        with self._cond:
-            return self._batching or self._uploading
 
     def _maybe_done(self):
         with self._cond:

@@ -375,6 +375,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 400,
                 {"error": {"code": "protocol_mismatch", "message": "X-Fleet-Protocol: 1"}},
             )
+        elif method == "PUT" and kind != "application/gzip":
+            status, payload = (
+                415,
+                {"error": {"code": "unsupported_media_type", "message": "application/gzip"}},
+            )
         else:
             status, payload = self.server.fake.handle(
                 method, parsed.path, urllib.parse.parse_qs(parsed.query), body, len(raw), raw
