@@ -28,7 +28,6 @@ from fleetwire.registration import Registered
 from fleetwire.tasks import (
     Acquire,
     AcquireReply,
-    LogBatch,
     Rendezvous,
     RendezvousPublish,
     TaskRestarting,
@@ -289,11 +288,23 @@ class FleetClient:
             raise FleetdError(f"fleetd's rendezvous is not one: {exc}") from exc
         return point.addr, point.port
 
-    def task_logs(self, task_id, epoch, lines):
-        """POST /agent/tasks/{id}/logs: one batch of [stream, text] lines; TooLarge (413) over the
-        limit."""
-        self._post(
-            _task_path(task_id, "logs"), LogBatch(epoch, tuple(lines)).to_wire(), self.session_token
+    def task_output_batch(self, task_id, batch):
+        """POST /agent/tasks/{id}/logs with an OutputBatch (fleetwire.output): the next lines of
+        the task's output; TooLarge (413) over fleetd's limit, Conflict (409) when this node may
+        no longer write this output."""
+        self._post(_task_path(task_id, "logs"), batch.to_wire(), self.session_token)
+
+    def put_output_chunk(self, task_id, meta, blob):
+        """PUT /agent/tasks/{id}/output/{first_line}?<ChunkMeta> with a chunk's gzip bytes; fleetd
+        answers 204 once it stored it (again: idempotent)."""
+        path = _task_path(task_id, f"output/{int(meta.first_line)}")
+        self._request(
+            "PUT",
+            path,
+            self.session_token,
+            params=meta.to_query(),
+            body=bytes(blob),
+            content_type="application/gzip",
         )
 
     def task_finish_body(self, task_id, body):

@@ -60,10 +60,11 @@ class Config:
     tasks_report_retry_seconds: float = (
         7 * 86400.0
     )  # how long a finish report is retried through an outage
-    tasks_log_batch_lines: int = 1000  # most lines in one POST .../logs
-    tasks_log_batch_bytes: int = 256 * 1024  # most text in one POST .../logs
-    tasks_log_interval_seconds: float = 0.25  # a line waits at most this long for its batch
-    tasks_log_buffer_bytes: int = 8 * 1024 * 1024  # per task; over it the oldest lines are dropped
+    tasks_log_batch_lines: int = 1000  # most line texts in one POST .../logs
+    tasks_log_batch_bytes: int = 256 * 1024  # about the most text in one POST .../logs
+    tasks_log_interval_seconds: float = 0.25  # output files read, a batch sent, this often
+    tasks_log_buffer_bytes: int = 8 * 1024 * 1024  # most read from one output file at one tick
+    tasks_output_chunk_age_seconds: float = 120.0  # an output chunk older than this is uploaded
     limits_poll_seconds: float = 0.25  # VRAM watchdog period; at most 0.5
     limits_memory_tolerance_bytes: int = (
         32 * 1024 * 1024
@@ -147,10 +148,12 @@ class Config:
             or self.tasks_rendezvous_timeout_seconds <= 0
             or self.tasks_report_retry_seconds <= 0
             or self.tasks_log_interval_seconds <= 0
+            or self.tasks_output_chunk_age_seconds <= 0
         ):
             raise ConfigError(
                 "tasks.kill_grace_seconds must be >= 0; tasks.rendezvous_timeout_seconds, "
-                "tasks.report_retry_seconds and tasks.log_interval_seconds must be positive"
+                "tasks.report_retry_seconds, tasks.log_interval_seconds and "
+                "tasks.output_chunk_age_seconds must be positive"
             )
         if (
             self.tasks_log_batch_lines < 1

@@ -25,7 +25,7 @@ import shutil
 import stat
 import threading
 
-from agent.task.logs import OUTPUT_FILES
+from agent.task.output import OUTPUT_FILES
 
 log = logging.getLogger(__name__)
 

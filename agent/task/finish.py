@@ -26,6 +26,7 @@ def report_finish(
     started_monotonic=None,
     agent_stopping=False,
     extra=None,
+    output=None,
 ):
     """POST finish, retried through a fleetd outage; True once fleetd has it or will never take it.
 
@@ -34,7 +35,8 @@ def report_finish(
     `agent_stopping` adds `agent_stopping: true` (it did so because it shuts down: no attempt used);
     `pid` reports the start with the finish (the process ended before its start was reported), and
     `started_monotonic` (time.monotonic() at the spawn) how long ago that was; `extra` are more
-    fields (an instance's `idle`, and its `ports` with a `pid`).
+    fields (an instance's `idle`, and its `ports` with a `pid`); `output` the task's
+    OutputSummary (None: it wrote nothing).
     A fleetd that does not know these fields (400) gets a start report, then the finish without
     them.
     """
@@ -62,6 +64,7 @@ def report_finish(
                 agent_stopping=agent_stopping and lost,
                 idle=bool(extra.get("idle")),
                 ports=tuple(extra["ports"]) if pid is not None and "ports" in extra else None,
+                output=output,
             )
             runner.finishes.send(client, task_id, body)
             log.info(
@@ -93,6 +96,15 @@ def report_finish(
         except FleetdError as exc:
             if is_fencing(exc):
                 raise Fenced(str(exc)) from None
+            if output is not None and exc.status == 400:
+                log.info(
+                    "task %s: fleetd does not take 'output' in a finish report (%s); reporting "
+                    "without it",
+                    label,
+                    exc,
+                )
+                output = None
+                continue
             if pid is not None and exc.status == 400:
                 log.info(
                     "task %s: fleetd does not take the start in a finish report (%s); reporting it "

@@ -9,7 +9,7 @@ On top of a Task (agent/task/task.py):
 - the command, or the image through the container runtime (agent/task/container.py), under a shell
   that writes the exit status into the task directory: a process found again after an agent
   restart is no child of the agent, whose exit status the agent could not wait for;
-- the output in files of the task directory, shipped from there (agent/task/logs.py FileTail), so
+- the output in files of the task directory, kept and shipped from there (agent/task/output.py), so
   that the process never writes into a pipe whose reader is gone;
 - the restart policy (`always`, `on-failure`, `never`), 1 s before a restart, doubling to 60 s,
   back to 1 s after a run of 60 s; a stop never restarts; each exit that is restarted is reported
@@ -288,7 +288,7 @@ class InstanceTask(Task):
         self._prepare_instance()
         self._cwd = cwd
         self._env = self._instance_env(addr, port)
-        self._make_tail()
+        self._make_output()
         self._save(
             assignment=self.wire,
             instance=self.spec.id,
@@ -414,8 +414,8 @@ class InstanceTask(Task):
             os.unlink(self.status_path)
         except FileNotFoundError:
             pass
-        assert self.tail is not None  # made before the first run (_spawn, _take_back)
-        stdout, stderr = self.tail.open_output()
+        assert self.output is not None  # made before the first run (_spawn, _take_back)
+        stdout, stderr = self.output.keeper.open_output()
         try:
             pid, start_ticks = self._launch(
                 argv,
@@ -596,8 +596,9 @@ class InstanceTask(Task):
 
     def _system(self, text):
         log.info("task %s: %s", self.label, text)
-        if self.shipper is not None:
-            self.shipper.add("system", text)
+        if self.output is not None:
+            self.output.keeper.note(text)
+            self.output.kick()
 
     def _save(self, **changes):
         if self.idle:
@@ -647,15 +648,8 @@ class InstanceTask(Task):
         self.monitor.stop()
         if self.container:
             self.settle_env_file()  # else it waits for the next agent start
-        if self.tail is not None and self.shipper is not None:  # made together (_make_tail)
-            self.tail.stop(
-                drain=True,
-                deadline=time.monotonic() + LEAVE_LOGS_SECONDS,
-                abandon=lambda: bool(self._fenced),
-            )
-            self.shipper.close()
-            self.shipper.join(LEAVE_LOGS_SECONDS)
-            self.tail.save()
+        if self.output is not None:
+            self.output.leave(LEAVE_LOGS_SECONDS)
 
     # The end.
 

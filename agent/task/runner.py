@@ -12,6 +12,7 @@ the tasks and leaves the instances running (unless the node was revoked). The ru
 the instances' volumes and host ports.
 """
 
+import functools
 import logging
 import os
 import shutil
@@ -27,9 +28,10 @@ from agent.task.dirs import SPARE_DIR, STATE_FILE, TaskDirs
 from agent.task.errors import Fenced
 from agent.task.finish import FinishReports, report_finish
 from agent.task.instance import InstanceTask
-from agent.task.journal import read_state
+from agent.task.journal import append_state, read_state
 from agent.task.limits import Limits, LimitSettings
-from agent.task.logs import LogSettings
+from agent.task.output import OutputKeeper, OutputSettings
+from agent.task.shipping import Outputs, OutputShipper
 from agent.task.supervisor import kill_recorded
 from agent.task.task import Task
 from agent.task.volumes import Volumes
@@ -59,7 +61,7 @@ class Runner:
         rendezvous_timeout_seconds=600.0,
         report_retry_seconds=DEFAULT_REPORT_RETRY_SECONDS,
         backoff_max_seconds=60.0,
-        log_settings=None,
+        output_settings=None,
         limits=None,
         ports=None,
         containers=None,
@@ -95,7 +97,9 @@ class Runner:
         self.rendezvous_timeout_seconds = rendezvous_timeout_seconds
         self.report_retry_seconds = report_retry_seconds
         self.backoff_max_seconds = backoff_max_seconds
-        self.log_settings = log_settings or LogSettings(backoff_max_seconds=backoff_max_seconds)
+        self.output_settings = output_settings or OutputSettings(
+            backoff_max_seconds=backoff_max_seconds
+        )
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self._tasks = {}  # task_id -> Task
@@ -106,7 +110,8 @@ class Runner:
         self.threads = Pool("task")  # supervisors, pipe readers and log shippers of tasks
         self.start_says_when = True  # start reports carry started_seconds_ago (an older fleetd: no)
         self.exits = ExitWatcher("task-exits")  # the exits of tasks whose output goes to files
-        self.tails = Ticker(self.log_settings.interval_seconds, "task-tails")  # their output
+        self.tails = Ticker(self.output_settings.interval_seconds, "task-tails")  # their output
+        self.outputs = Outputs()  # shipping on after their task was left
         self.finishes = FinishReports()
 
     def _warn_if_unreachable(self, state_dir):
@@ -131,11 +136,12 @@ class Runner:
         cls, config, state_dir, workers, client_factory, address, limits=None, isolation=None
     ):
         """A Runner with the [tasks] settings of the agent config."""
-        settings = LogSettings(
+        settings = OutputSettings(
             batch_lines=config.tasks_log_batch_lines,
             batch_bytes=config.tasks_log_batch_bytes,
             interval_seconds=config.tasks_log_interval_seconds,
-            buffer_bytes=config.tasks_log_buffer_bytes,
+            tick_bytes=config.tasks_log_buffer_bytes,
+            chunk_age_seconds=config.tasks_output_chunk_age_seconds,
             backoff_max_seconds=config.backoff_max_seconds,
         )
         low, high = config.ports_bounds
@@ -148,7 +154,7 @@ class Runner:
             rendezvous_timeout_seconds=config.tasks_rendezvous_timeout_seconds,
             report_retry_seconds=config.tasks_report_retry_seconds,
             backoff_max_seconds=config.backoff_max_seconds,
-            log_settings=settings,
+            output_settings=settings,
             limits=limits,
             ports=PortAllocator(state_dir, low, high),
             containers=ContainerRuntime.detect(config.containers_command),
@@ -310,7 +316,9 @@ class Runner:
                 log.warning("task directory %s has no usable state file; removing it", path)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            if not self._take_back(record):
+            if record.get("finish_reported"):
+                self._resume_output(path, record)
+            elif not self._take_back(record):
                 found.append(self._kill_and_report(path, record, task_id, epoch))
         return found
 
@@ -410,14 +418,44 @@ class Runner:
             lost,
             stopping,
             extra,
+            record,
         )
         return task_id, epoch, pids
 
+    def _output_of(self, path, record):
+        """An OutputShipper for the output a task left in its directory `path` (its journal
+        `record`), resumed from its state file."""
+        task_id, epoch = record["task_id"], int(record["epoch"])
+        cap = (record.get("assignment") or {}).get("output_cap_bytes")
+        label = f"{task_id}/{epoch}"
+        settings = self.output_settings
+        keeper = OutputKeeper(path, epoch, cap if isinstance(cap, int) else None, settings, label)
+        return OutputShipper(keeper, self, task_id, settings, label=label)
+
+    def _resume_output(self, path, record):
+        """A task fleetd has the finish of, whose output was not all shipped before a restart:
+        shipped now, then its directory goes."""
+        shipper = self._output_of(path, record)
+        shipper.finish()
+        log.info("task %s/%s: shipping the rest of its output", record["task_id"], record["epoch"])
+        shipper.when_done(functools.partial(self.dirs.remove, path, reuse=False))
+
     def _report_orphan(
-        self, path, task_id, epoch, result, lost=False, agent_stopping=False, extra=None
+        self,
+        path,
+        task_id,
+        epoch,
+        result,
+        lost=False,
+        agent_stopping=False,
+        extra=None,
+        record=None,
     ):
         client = self.checkout_client()
         label = f"{task_id}/{epoch}"
+        # What the task wrote is read to its end and reported with the finish, shipped after it.
+        output = self._output_of(path, record) if path and record else None
+        summary = output.finish() if output is not None else None
         try:
             done = report_finish(
                 client,
@@ -429,6 +467,7 @@ class Runner:
                 lost=lost,
                 agent_stopping=agent_stopping,
                 extra=extra,
+                output=summary,
             )
         except Fenced as exc:
             log.warning(
@@ -439,8 +478,19 @@ class Runner:
             done = True
         finally:
             self.checkin_client(client)
-        if done and path:
+        if not (done and path):
+            if output is not None:
+                output.stop()
+            return
+        if output is None:
             self.dirs.remove(path, reuse=False)
+            return
+        if output.keeper.pending():
+            try:  # a restart before the output is shipped ships it, and reports nothing again
+                append_state(os.path.join(path, STATE_FILE), dict(record, finish_reported=True))
+            except OSError as exc:
+                log.warning("task %s: cannot record its finish report: %s", label, exc)
+        output.when_done(functools.partial(self.dirs.remove, path, reuse=False))
 
     def background(self, name, target, *args):
         """Run target(*args) on a thread that shutdown() waits for (bounded)."""
@@ -470,8 +520,8 @@ class Runner:
         tasks = [task for task in tasks if task not in left]
         for task in tasks:
             task.cancel(reason, outcome="failed", lost=lost, agent_stopping=lost)
-            if task.shipper is not None:
-                task.shipper.nudge()
+            if task.output is not None:
+                task.output.nudge()
         timeout = self.kill_grace_seconds + 15 if timeout is None else timeout
         deadline = time.monotonic() + timeout
         if left:
@@ -489,6 +539,7 @@ class Runner:
             idle, self._idle_clients = self._idle_clients, []
         for client in idle:
             client.close()
+        self.outputs.stop_all()  # the next start ships the rest
         self.tails.close()
         self.exits.close()
         return len(tasks)

@@ -7,7 +7,8 @@
    waits until all ranks of the attempt have arrived (a start barrier: no rank runs ahead of an
    unplaced peer);
 4. the command as a supervised process (agent/task/supervisor.py) with the spec's env plus the
-   injected variables, its output shipped to fleetd (agent/task/logs.py);
+   injected variables, its output kept in files and shipped to fleetd in the background
+   (agent/task/output.py, agent/task/shipping.py);
 5. cancellation (SIGTERM to its processes, SIGKILL after a grace), max_runtime_seconds;
 6. the outcome reported with ``finish`` (agent/task/finish.py), retried through a fleetd outage.
 
@@ -36,7 +37,8 @@ from agent.task.errors import (
 )
 from agent.task.finish import report_finish
 from agent.task.journal import append_state
-from agent.task.logs import FileTail, LogShipper
+from agent.task.output import OutputKeeper
+from agent.task.shipping import OutputShipper
 from agent.task.supervisor import Supervisor, check_executable, describe_exit, read_exit_status
 from agent.threads import UNTIL_STOPPED, PoolWork
 from agent.workers import Worker
@@ -84,7 +86,7 @@ class Task:
         self.state_path = os.path.join(self.dir, STATE_FILE)
         self.status_path = os.path.join(self.dir, STATUS_FILE)
         self.workdir = os.path.join(self.dir, WORK_DIR)
-        self.tail = None  # reads the output files into the shipper
+        self.output = None  # an OutputShipper: its output kept in files, shipped to fleetd
         self._ended = None  # the outcome of a process that ended while the agent was not running
         self._vanished = False  # ... which recorded no exit status: the task is lost
         self.process = self._new_supervisor()
@@ -100,7 +102,6 @@ class Task:
         self._start_reported = False
         self._keep_state = False
         self.record = {}
-        self.shipper = None
         self._start_with_finish = False  # the process ended before its start was reported
         self.task_limits = None  # what agent.task.limits set up (env, cgroup), once prepared
         self.run_as = None  # whom the task runs as (agent.isolation.RunAs), once resolved
@@ -179,8 +180,6 @@ class Task:
                 self._keep_state = keep_state
                 with self.process.lock:
                     self.process.kill()
-        if self.shipper is not None:
-            self.shipper.abort()
         self.process.wake.set()
 
     def detach(self):
@@ -266,8 +265,8 @@ class Task:
             log.error(
                 "task %s: cannot record its outcome in %s: %s", self.label, self.state_path, exc
             )
-        self._finish_logs()
-        return report_finish(
+        output = self._finish_output()
+        reported = report_finish(
             client,
             self.runner,
             self.assignment.task_id,
@@ -279,7 +278,14 @@ class Task:
             pid=self._reported_pid() if self._start_with_finish else None,
             started_monotonic=self.process.started_monotonic,
             extra=self._finish_extra(),
+            output=output,
         )
+        if reported and self.output is not None and self.output.keeper.pending():
+            try:  # a restart before the output is shipped ships it, and reports nothing again
+                self._save(finish_reported=True)
+            except OSError as exc:
+                log.warning("task %s: cannot record its finish report: %s", self.label, exc)
+        return reported
 
     def _reported_pid(self):
         """The leader's pid for a start report carried by the finish."""
@@ -302,15 +308,19 @@ class Task:
             # A task directory is reused only when the kernel vouches that none of the task's
             # processes is left (its cgroup is gone): one left could write into the next task's.
             contained = self._release_limits()
-        if self.tail is not None:
-            self.tail.stop(drain=False)
-        if self.shipper is not None:
-            self.shipper.abort()
+        if self.output is not None and keep_dir:
+            self.output.stop()  # the next start ships the rest
+        elif self.output is not None:
+            self.output.finish()  # what fleetd still takes of a task it fenced off is shipped too
         if self.runner.workers.get(self.assignment.task_id) is self.worker:
             self.runner.workers.remove(self.assignment.task_id)
         self.runner.forget(self)
         if not keep_dir:
-            self.runner.dirs.remove(self.dir, reuse=contained)
+            remove = functools.partial(self.runner.dirs.remove, self.dir, reuse=contained)
+            if self.output is None:
+                remove()
+            else:  # once its output is shipped or given up, after the finish report
+                self.output.when_done(remove)
 
     def _check(self):
         """Raise Fenced or Stopped when the task must not go on preparing."""
@@ -527,10 +537,8 @@ class Task:
         # uid.
         command = self.runner.isolation.wrap(self.run_as, self.assignment.command)
         argv = self.runner.limits.command(self.task_limits, command, self.status_path)
-        tail = self._make_tail()
-        stdout, stderr = (
-            tail.open_output()
-        )  # files, not pipes: the task outlives an agent that dies
+        # Files, not pipes: the task outlives an agent that dies.
+        stdout, stderr = self._make_output().keeper.open_output()
         try:
             pid, start_ticks = self._launch(argv, cwd, env, output=(stdout, stderr))
         finally:
@@ -550,11 +558,18 @@ class Task:
             cwd=cwd,
         )
 
-    def _make_tail(self):
-        self.shipper = self._new_shipper()
-        self.tail = FileTail(self.dir, self.shipper, self.runner.log_settings.buffer_bytes // 2)
-        self.tail.start(self.runner.tails)
-        return self.tail
+    def _make_output(self):
+        """The task's OutputKeeper (resumed from its state file after a restart) and shipper,
+        read at every tick of the runner's ticker."""
+        settings = self.runner.output_settings
+        keeper = OutputKeeper(
+            self.dir, self.epoch, self.assignment.output_cap_bytes, settings, self.label
+        )
+        self.output = OutputShipper(
+            keeper, self.runner, self.assignment.task_id, settings, self.fence, self.label
+        )
+        self.output.start(self.runner.tails)
+        return self.output
 
     def _take_back(self, record):
         """Supervise again the task a journal record describes (the agent restarted while it ran),
@@ -564,7 +579,7 @@ class Task:
         self._prepare_limits()  # the same cgroup: its name is the task's
         self._prepare_taken_back(record)
         self._start_reported = bool(record.get("start_reported"))
-        self._make_tail()
+        self._make_output()
         self.worker.state = "running"
         self.worker.started_at = record.get("started_at") or ""
         with self._lock, self.process.lock:
@@ -589,17 +604,6 @@ class Task:
 
     def _taken_back(self, record, alive):
         """The process of a task taken back is watched again (`alive`), or it had ended."""
-
-    def _new_shipper(self):
-        return LogShipper(
-            self.runner,
-            self.assignment.task_id,
-            self.assignment.epoch,
-            self.runner.log_settings,
-            self.fence,
-            self.runner.closing.is_set,
-            self.label,
-        )
 
     def _launch(self, argv, cwd, env, on_output=None, output=None, what=None):
         """Start the process (unless stopped meanwhile) -> (pid, start ticks); TaskError when it
@@ -769,29 +773,18 @@ class Task:
             log.warning("task %s: releasing its limits: %s", self.label, exc)
             return False
 
-    def _finish_logs(self):
-        """Read the output files to their end and let the shipper deliver every line before the
-        finish report."""
-        if self.tail is not None:
-            self.tail.stop(
-                drain=True,
-                eof=True,
-                deadline=time.monotonic() + self.runner.report_retry_seconds,
-                abandon=lambda: bool(self._fenced) or self.runner.closing.is_set(),
-            )
-        if self.shipper is None:
-            return
+    def _finish_output(self):
+        """Read the output files to their end and seal the last chunk: the OutputSummary for the
+        finish report (None: no output). Batches and uploads go on in the background: the report
+        does not wait for them."""
+        if self.output is None:
+            return None
         if self.process.watcher is not None:
             self.process.watcher.join(READER_JOIN_SECONDS)
-        self.shipper.close()
-        deadline = time.monotonic() + self.runner.report_retry_seconds
-        for _ in range(1_000_000):
-            if self.shipper.join(1.0) or time.monotonic() >= deadline:
-                break
-            if self._fenced:
-                raise Fenced(self._fenced)
+        summary = self.output.finish()
         if self._fenced:
             raise Fenced(self._fenced)
+        return summary
 
     def _save(self, **changes):
         self.record.update(changes)

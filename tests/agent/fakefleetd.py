@@ -1,7 +1,9 @@
 """A small stand-in for fleetd's agent-protocol routes, on a real loopback socket.
 
 It records every call and can be told to misbehave: answer 503 (an outage), 409 for a task
-(fencing), 413 over a body size, hold log requests (a slow fleetd), serve wrong artifact bytes.
+(fencing), 413 over a body size, hold output batches or chunk uploads (a slow fleetd), serve wrong
+artifact bytes. A task's output arrives as OutputBatches (POST .../logs) and chunks (PUT
+.../output/{first_line}); `texts()` puts the lines of both together, as fleetd serves them.
 The real server is exercised by the end-to-end tests; this one lets the runner and the daemon's
 work loop be tested on their own, with exact control over fleetd's answers.
 """
@@ -13,7 +15,20 @@ import threading
 import time
 import urllib.parse
 
+from fleetwire.output import (
+    CHUNK_RAW_BYTES,
+    MAX_LINE_BYTES,
+    ChunkMeta,
+    OutputBatch,
+    decompress_chunk,
+    iter_lines,
+)
 from tests.support import wait_until
+
+
+def line_text(raw):
+    """A whole line's text as fleetd shows it (utf-8 with replacements, no NUL, no CR)."""
+    return raw.removesuffix(b"\r").decode("utf-8", "replace").replace("\0", "\ufffd")
 
 
 class FakeFleetd:
@@ -22,8 +37,13 @@ class FakeFleetd:
     def __init__(self):
         self.cond = threading.Condition()
         self.calls = []  # (method, path, body) in arrival order
-        self.logs = {}  # task_id -> [[stream, text], ...] in delivery order
-        self.log_batches = {}  # task_id -> [number of lines per accepted batch]
+        self.logs = {}  # task_id -> {line number: [stream, text]} from batches and chunks
+        self.batches = {}  # task_id -> [OutputBatch, ...] accepted, in order
+        self.log_batches = {}  # task_id -> [number of texts per accepted batch]
+        self.chunks = {}  # task_id -> {first_line: (ChunkMeta, [(at_ms, stream, bytes), ...])}
+        self.chunk_puts = {}  # task_id -> [first_line of each accepted upload, in order]
+        self.hold_chunks = threading.Event()  # while clear, chunk uploads wait (bounded) for it
+        self.hold_chunks.set()
         self.finished = {}  # task_id -> finish body
         # task_id -> start body (the last one: an instance's restarts report theirs)
         self.started = {}
@@ -50,7 +70,7 @@ class FakeFleetd:
         self.fenced = set()  # task ids answered 409
         self.down = (
             set()
-        )  # routes answered 503: "finish", "logs", "start", "acquire", "heartbeat", "all"
+        )  # routes answered 503: "finish", "logs", "output", "start", "acquire", "heartbeat", "all"
         self.lease_seconds = (
             None  # told in heartbeat replies when set (the agent stops job tasks past it)
         )
@@ -74,6 +94,7 @@ class FakeFleetd:
 
     def stop(self):
         self.hold_logs.set()
+        self.hold_chunks.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -102,20 +123,46 @@ class FakeFleetd:
 
     def wait_outcome(self, task_id, timeout=30.0):
         """The finish body without the start it may carry (`pid`, `started_seconds_ago`: a process
-        that ended within the agent's start-report delay)."""
+        that ended within the agent's start-report delay) and without its output summary."""
         return {
             k: v
             for k, v in self.wait_finished(task_id, timeout).items()
-            if k not in ("pid", "started_seconds_ago")
+            if k not in ("pid", "started_seconds_ago", "output")
         }
 
-    def texts(self, task_id, stream=None):
+    def texts(self, task_id, stream=None, timeout=30.0):
+        """The texts of the task's lines known here, in line order. Once its finish said how many
+        lines it wrote, waits (bounded) until the chunks brought every one of them."""
         with self.cond:
-            return [
-                line[1]
-                for line in self.logs.get(task_id, [])
-                if stream is None or line[0] == stream
-            ]
+            summary = (self.finished.get(task_id) or {}).get("output")
+            if summary:
+                self.wait_for(
+                    lambda: (
+                        len(self.logs.get(task_id, {})) >= summary["lines"]
+                        and self.all_chunked(task_id, summary["lines"])
+                    ),
+                    timeout,
+                    f"the {summary['lines']} lines of {task_id}",
+                )
+            lines = self.logs.get(task_id, {})
+            return [lines[n][1] for n in sorted(lines) if stream is None or lines[n][0] == stream]
+
+    def all_chunked(self, task_id, count):
+        """True when the uploaded chunks hold lines [0, count) (under the lock)."""
+        covered = 0
+        for first, (meta, _lines) in sorted(self.chunks.get(task_id, {}).items()):
+            if first != covered:
+                return False
+            covered += meta.lines
+        return covered >= count
+
+    def chunk_lines(self, task_id):
+        """[(line number, at_ms, stream, bytes)] of every line of the uploaded chunks."""
+        with self.cond:
+            out = []
+            for first, (_meta, lines) in sorted(self.chunks.get(task_id, {}).items()):
+                out.extend((first + i, *line) for i, line in enumerate(lines))
+            return out
 
     def paths(self, method=None):
         with self.cond:
@@ -123,7 +170,7 @@ class FakeFleetd:
 
     # Handling, under the lock unless it waits.
 
-    def handle(self, method, path, query, body, raw_size):
+    def handle(self, method, path, query, body, raw_size, raw=b""):
         with self.cond:
             self.calls.append((method, path, body))
             self.cond.notify_all()
@@ -131,6 +178,9 @@ class FakeFleetd:
             for _ in range(600):
                 if self.hold_finish.wait(0.1):
                     break
+        match = re.match(r"^/api/v1/agent/tasks/(?P<id>[^/]+)/output/(?P<first>\d+)$", path)
+        if match and method == "PUT":
+            return self._chunk(urllib.parse.unquote(match["id"]), int(match["first"]), query, raw)
         match = re.match(r"^/api/v1/agent/tasks/(?P<id>[^/]+)/(?P<action>\w+)$", path)
         if match:
             return self._task(
@@ -167,9 +217,16 @@ class FakeFleetd:
                 return 413, {
                     "error": {"code": "payload_too_large", "message": "log batch too large"}
                 }
+            try:
+                batch = OutputBatch.from_wire(body)
+            except ValueError as exc:
+                return 400, {"error": {"code": "invalid_request", "message": str(exc)}}
             with self.cond:
-                self.logs.setdefault(task_id, []).extend(body["lines"])
-                self.log_batches.setdefault(task_id, []).append(len(body["lines"]))
+                self.batches.setdefault(task_id, []).append(batch)
+                self.log_batches.setdefault(task_id, []).append(len(batch.lines))
+                known = self.logs.setdefault(task_id, {})
+                for line, _at, stream, text in batch.lines:
+                    known.setdefault(line, [stream, text])
                 self.cond.notify_all()
             return 204, None
         if action == "start":
@@ -212,6 +269,32 @@ class FakeFleetd:
                 }
             return 200, found
         return 404, {"error": {"code": "not_found", "message": "no such task route"}}
+
+    def _chunk(self, task_id, first_line, query, raw):
+        """PUT .../output/{first_line}: a chunk of gzip frames, stored once (idempotent)."""
+        for _ in range(600):
+            if self.hold_chunks.wait(0.1):
+                break
+        if self._is_down("output"):
+            return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        if task_id in self.fenced:
+            return 409, {"error": {"code": "conflict", "message": "not this node's output"}}
+        try:
+            meta = ChunkMeta.from_query(first_line, {k: v[0] for k, v in query.items()})
+            frames = decompress_chunk(raw, CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+            lines = list(iter_lines(frames))
+        except ValueError as exc:
+            return 400, {"error": {"code": "invalid_request", "message": str(exc)}}
+        if len(lines) != meta.lines or len(frames) != meta.bytes:
+            return 400, {"error": {"code": "invalid_request", "message": "meta does not match"}}
+        with self.cond:
+            self.chunks.setdefault(task_id, {})[first_line] = (meta, lines)
+            self.chunk_puts.setdefault(task_id, []).append(first_line)
+            known = self.logs.setdefault(task_id, {})
+            for i, (_at, stream, data) in enumerate(lines):
+                known[first_line + i] = [stream, line_text(data)]
+            self.cond.notify_all()
+        return 204, None
 
     def _finishes(self, body):
         """Each report answered as a call of its own would be (fleetd's reply shape)."""
@@ -278,19 +361,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self._handle("POST")
 
+    def do_PUT(self):  # noqa: N802
+        self._handle("PUT")
+
     def _handle(self, method):
         parsed = urllib.parse.urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        kind = self.headers.get("Content-Type") or ""
+        body = json.loads(raw) if raw and kind.startswith("application/json") else None
         if parsed.path.startswith("/api/v1/agent/") and self.headers.get("X-Fleet-Protocol") != "1":
             status, payload = (
                 400,
                 {"error": {"code": "protocol_mismatch", "message": "X-Fleet-Protocol: 1"}},
             )
+        elif method == "PUT" and kind != "application/gzip":
+            status, payload = (
+                415,
+                {"error": {"code": "unsupported_media_type", "message": "application/gzip"}},
+            )
         else:
             status, payload = self.server.fake.handle(
-                method, parsed.path, urllib.parse.parse_qs(parsed.query), body, len(raw)
+                method, parsed.path, urllib.parse.parse_qs(parsed.query), body, len(raw), raw
             )
         if isinstance(payload, bytes):
             data, kind = payload, "application/octet-stream"

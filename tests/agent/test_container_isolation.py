@@ -29,7 +29,7 @@ from agent.task.container import (
     env_file_text,
     write_env_file,
 )
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
@@ -93,7 +93,7 @@ def make_runner(state_dir, fleetd, runtime, ports=None):
         backoff_max_seconds=0.2,
         ports=ports,
         containers=runtime,
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
     )
 
 

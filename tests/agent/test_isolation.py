@@ -18,7 +18,7 @@ from agent.client import FleetClient
 from agent.isolation import Isolation
 from agent.procfs import ProcessMapper, TaskKey, proc_uid
 from agent.state import write_private
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
@@ -55,7 +55,7 @@ def runner(state_dir, fleetd):
         "127.0.0.1",
         kill_grace_seconds=1.0,
         backoff_max_seconds=0.2,
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
     )
     yield made
     made.shutdown("test over", timeout=15)
@@ -252,14 +252,14 @@ def test_another_tenants_process_that_copies_a_tasks_markers_is_not_the_tasks():
 RUN_ONE = """
 import sys
 from agent.client import FleetClient
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.support import wait_until, wire
 
 url, state, code = sys.argv[1:4]  # run with -c: sys.argv[0] is "-c"
 runner = Runner(state, Workers(), lambda: FleetClient(url, "fln_test", timeout=10), "127.0.0.1",
-                log_settings=LogSettings(interval_seconds=0.05))
+                output_settings=OutputSettings(interval_seconds=0.05))
 runner.submit(wire.assignment("t-carol", ["/usr/bin/python3", "-c", code],
                               run_as={"source": "unix_user", "user": "carol"}))
 wait_until(lambda: not runner.tasks(), timeout=30, message="the task's end")

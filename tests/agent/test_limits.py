@@ -28,8 +28,8 @@ from agent.procfs import (
 )
 from agent.task.assignment import task_env
 from agent.task.limits import MIB, Limits, LimitSettings
-from agent.task.logs import LogSettings
 from agent.task.mps import mps_client_env, mps_daemon_command
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Worker, Workers
 from fleetwire.assignment import Assignment
@@ -97,7 +97,7 @@ def host(tmp_path, fleetd, fake_nvml):
             "127.0.0.1",
             kill_grace_seconds=1.0,
             backoff_max_seconds=0.2,
-            log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+            output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
             limits=limits,
         )
         made.append((runner, limits, devices))

@@ -23,7 +23,7 @@ from agent.client import FleetClient
 from agent.devices import DeviceManager
 from agent.isolation import Isolation
 from agent.task.limits import Limits, LimitSettings
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.validation import Suite
 from agent.validator import Validator
@@ -95,7 +95,7 @@ def gpu_host(tmp_path):
         "127.0.0.1",
         kill_grace_seconds=2.0,
         backoff_max_seconds=0.2,
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
         limits=limits,
     )
     stop = threading.Event()

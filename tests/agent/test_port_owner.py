@@ -13,7 +13,7 @@ import pytest
 from agent.client import FleetClient
 from agent.ports import PORT_NOT_LISTENING, PORT_OK, PORT_TAKEN, PortAllocator, port_states
 from agent.procfs import socket_inodes, tcp_listeners
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.agent.conftest import wait_until
@@ -124,7 +124,7 @@ def node(fleetd):
         kill_grace_seconds=1.0,
         backoff_max_seconds=0.2,
         ports=PortAllocator(state_dir, low, high),
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
     )
     runner.low = low
     yield runner

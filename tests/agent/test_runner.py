@@ -15,12 +15,14 @@ from agent.procfs import read_boot_id, read_proc, read_stat, uptime_ticks, wait_
 from agent.task.assignment import inside
 from agent.task.errors import TaskError
 from agent.task.journal import append_state, read_state
-from agent.task.logs import TRUNCATED_MARK, LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.task.supervisor import check_executable
+from agent.task.texts import TEXT_BYTES, TRUNCATED_MARK
 from agent.workers import Workers
 from fleetwire.assignment import Assignment
 from fleetwire.heartbeat import TaskReport
+from fleetwire.output import MAX_LINE_BYTES
 from tests.agent.conftest import wait_until
 from tests.support import wire
 from tests.support.workloads import GATE_WAIT, STUBBORN, WAIT_FOR_GATE, hold
@@ -36,7 +38,7 @@ def make_runner(tmp_path, fleetd):
     the end."""
     made = []
 
-    def make(name="node", log_settings=None, **kwargs):
+    def make(name="node", output_settings=None, **kwargs):
         kwargs.setdefault("kill_grace_seconds", 1.0)
         runner = Runner(
             str(tmp_path / name),
@@ -44,8 +46,8 @@ def make_runner(tmp_path, fleetd):
             lambda: FleetClient(fleetd.url, "fln_test", timeout=10),
             "127.0.0.1",
             backoff_max_seconds=0.2,
-            log_settings=log_settings
-            or LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+            output_settings=output_settings
+            or OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
             **kwargs,
         )
         made.append(runner)
@@ -170,11 +172,11 @@ def test_failing_command_is_failed_with_its_exit_code_and_a_missing_program_cann
     assert "t-missing" not in fleetd.started
 
 
-def test_logs_arrive_complete_and_in_order_in_bounded_batches_before_the_finish(
-    make_runner, fleetd
-):
+def test_output_arrives_complete_and_in_order_in_chunks_and_bounded_batches(make_runner, fleetd):
     runner = make_runner(
-        log_settings=LogSettings(batch_lines=100, interval_seconds=0.05, backoff_max_seconds=0.2)
+        output_settings=OutputSettings(
+            batch_lines=100, interval_seconds=0.05, backoff_max_seconds=0.2
+        )
     )
     code = (
         "import sys\n"
@@ -185,87 +187,98 @@ def test_logs_arrive_complete_and_in_order_in_bounded_batches_before_the_finish(
         "print('no newline at the end', end='')\n"
     )
     runner.submit(assignment("t-logs", [PY, "-c", code]))
-    fleetd.wait_finished("t-logs")
+    finish = fleetd.wait_finished("t-logs")
+    assert finish["output"]["lines"] == 3101 and finish["output"]["truncated"] is False
     assert fleetd.texts("t-logs", "stdout") == [f"out {i}" for i in range(3000)] + [
         "no newline at the end"
     ]
     assert fleetd.texts("t-logs", "stderr") == [f"err {i}" for i in range(0, 3000, 30)]
-    assert max(fleetd.log_batches["t-logs"]) <= 100
-    paths = fleetd.paths("POST")
-    assert paths.index("/api/v1/agent/tasks/t-logs/finish") > max(
-        i for i, p in enumerate(paths) if p == "/api/v1/agent/tasks/t-logs/logs"
+    expected_bytes = (
+        sum(len(f"out {i}\n") for i in range(3000))
+        + sum(len(f"err {i}\n") for i in range(0, 3000, 30))
+        + len("no newline at the end\n")
     )
+    assert finish["output"]["bytes"] == expected_bytes
+    # The lines are numbered from 0 across both streams, each once.
+    assert [n for n, *_ in fleetd.chunk_lines("t-logs")] == list(range(3101))
+    # Batches follow each other with no gap, each with at most batch_lines texts.
+    batches = fleetd.wait_for(
+        lambda: (b := fleetd.batches.get("t-logs")) and sum(x.count for x in b) == 3101 and b,
+        message="the batches of every line",
+    )
+    assert [b.first_line for b in batches] == [
+        sum(x.count for x in batches[:k]) for k in range(len(batches))
+    ]
+    assert max(len(b.lines) for b in batches) <= 100
 
 
-def test_long_lines_arrive_in_pieces_and_line_ends_and_nuls_are_normalised(make_runner, fleetd):
-    runner = make_runner(log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2))
+def test_long_lines_are_cut_and_line_ends_and_nuls_are_normalised(make_runner, fleetd):
+    runner = make_runner()
     code = (
         "import sys\n"
-        "sys.stdout.write('y' * 40000 + '\\n')\n"
+        f"sys.stdout.write('y' * {2 * MAX_LINE_BYTES + 5} + '\\n')\n"
         "sys.stdout.write('a\\r\\nb\\0c\\n')\n"
-        "sys.stderr.write('e' * 16384 + 'tail')\n"
+        "sys.stderr.write('e' * 100 + 'tail')\n"
     )
     runner.submit(assignment("t-long", [PY, "-c", code]))
     assert fleetd.wait_finished("t-long")["outcome"] == "succeeded"
     assert fleetd.texts("t-long", "stdout") == [
-        "y" * 16384,
-        "y" * 16384,
-        "y" * (40000 - 2 * 16384),
+        "y" * MAX_LINE_BYTES,
+        "y" * MAX_LINE_BYTES,
+        "y" * 5,
         "a",
         "b\ufffdc",
     ]
-    assert fleetd.texts("t-long", "stderr") == ["e" * 16384, "tail"]
+    assert fleetd.texts("t-long", "stderr") == ["e" * 100 + "tail"]
+    # A batch carries a long line's text cut and marked.
+    batches = fleetd.wait_for(lambda: fleetd.batches.get("t-long"), message="a batch")
+    first = next(line for b in batches for line in b.lines if line[0] == 0)
+    assert first[3] == "y" * TEXT_BYTES + TRUNCATED_MARK
 
 
-def test_a_batch_over_fleetds_limit_is_split_and_a_huge_line_truncated(make_runner, fleetd):
+def test_a_batch_over_fleetds_limit_is_sent_again_with_fewer_texts(make_runner, fleetd):
     fleetd.max_log_body = 4096
     runner = make_runner(
-        log_settings=LogSettings(batch_lines=1000, interval_seconds=0.2, backoff_max_seconds=0.2)
+        output_settings=OutputSettings(
+            batch_lines=1000, interval_seconds=0.2, backoff_max_seconds=0.2
+        )
     )
-    code = (
-        "for i in range(300):\n"
-        "    print(f'{i:04d} ' + 'x' * 95)\n"
-        "print('H' * 10000)\n"
-        "print('last')\n"
-    )
+    code = "for i in range(300):\n    print(f'{i:04d} ' + 'x' * 95)\nprint('last')\n"
     runner.submit(assignment("t-413", [PY, "-c", code]))
     assert fleetd.wait_finished("t-413")["outcome"] == "succeeded"
-    texts = fleetd.texts("t-413")
-    assert texts[:300] == [f"{i:04d} " + "x" * 95 for i in range(300)]
-    assert (
-        texts[300].startswith("HHHH")
-        and texts[300].endswith(TRUNCATED_MARK)
-        and len(texts[300]) < 4096
+    assert fleetd.texts("t-413") == [f"{i:04d} " + "x" * 95 for i in range(300)] + ["last"]
+    batches = fleetd.wait_for(
+        lambda: (b := fleetd.batches.get("t-413")) and sum(x.count for x in b) == 301 and b,
+        message="batches of every line",
     )
-    assert texts[301:] == ["last"]
-    assert len(fleetd.log_batches["t-413"]) > 2  # split, not sent whole
+    assert all(len(b.lines) < 40 for b in batches)  # fewer texts, every line counted
+    refused = [p for m, p, _ in fleetd.calls if p.endswith("t-413/logs")]
+    assert len(refused) > len(batches)  # some were answered 413 and sent again
 
 
-def test_a_slow_fleetd_never_blocks_the_task_and_every_line_arrives_in_order(make_runner, fleetd):
+def test_a_slow_fleetd_never_blocks_the_task_nor_its_finish_and_every_line_arrives(
+    make_runner, fleetd
+):
     fleetd.hold_logs.clear()
-    settings = LogSettings(
+    settings = OutputSettings(
         batch_lines=200,
         batch_bytes=16 * 1024,
         interval_seconds=0.05,
-        buffer_bytes=64 * 1024,
+        tick_bytes=64 * 1024,
         backoff_max_seconds=0.2,
     )
-    runner = make_runner(log_settings=settings)
+    runner = make_runner(output_settings=settings)
     runner.submit(
         assignment(
             "t-slow", [PY, "-c", "for i in range(20000): print(f'line {i:05d} ' + 'y' * 80)"]
         )
     )
-    # The process ends while fleetd still holds the first log request.
-    wait_until(
-        lambda: (w := runner.workers.get("t-slow")) is not None and w.state == "finishing",
-        timeout=60,
-        message="the task to exit while fleetd is slow",
-    )
-    assert "t-slow" not in fleetd.finished
+    # The finish comes while fleetd still holds the first batch.
+    finish = fleetd.wait_finished("t-slow", timeout=60)
+    assert finish["outcome"] == "succeeded" and finish["output"]["lines"] == 20000
+    assert not fleetd.batches.get("t-slow")
     fleetd.hold_logs.set()
-    assert fleetd.wait_finished("t-slow", timeout=60)["outcome"] == "succeeded"
-    # The output waits in the task's files, not in the agent's memory: nothing is dropped.
+    # The output waited in the task's files, not in the agent's memory: nothing is dropped.
     assert fleetd.texts("t-slow") == [f"line {i:05d} " + "y" * 80 for i in range(20000)]
 
 
@@ -398,7 +411,7 @@ def test_409_on_a_log_batch_kills_a_running_task(make_runner, fleetd, gate):
     )
     runner.submit(assignment("t-fence", [PY, "-c", code, gate.path]))
     fleetd.wait_for(lambda: len(fleetd.logs.get("t-fence", [])) >= 3, message="some logs")
-    pid = fleetd.started["t-fence"]["pid"]
+    pid = fleetd.wait_for(lambda: fleetd.started.get("t-fence"), message="the start")["pid"]
     fleetd.fenced.add("t-fence")
     gate.open()
     assert wait_gone([pid], 30)

@@ -15,7 +15,7 @@ import pytest
 
 from agent.client import FleetClient
 from agent.task.container import ContainerRuntime
-from agent.task.logs import LogSettings
+from agent.task.output import OutputSettings
 from agent.task.runner import Runner
 from agent.workers import Workers
 from tests.support import wait_until, wire
@@ -40,7 +40,7 @@ def make_runner(state_dir, fleetd):
         "127.0.0.1",
         kill_grace_seconds=1.0,
         backoff_max_seconds=0.2,
-        log_settings=LogSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
+        output_settings=OutputSettings(interval_seconds=0.05, backoff_max_seconds=0.2),
     )
 
 
@@ -126,17 +126,19 @@ def test_a_container_gets_its_tasks_pid_limit_and_memory_bound_from_its_runtime(
     assert soft == hard <= 300  # the container's RLIMIT_NPROC is never the host's hard limit
 
 
-def test_the_output_offsets_file_is_the_agents_alone(runner, fleetd, gate):
+def test_the_output_state_and_chunks_are_the_agents_alone(runner, fleetd, gate):
     runner.submit(
         wire.assignment(
             "t-out", [PY, "-c", "print('one', flush=True)\n" + WAIT_FOR_GATE, gate.path]
         )
     )
-    offsets = os.path.join(runner.tasks_dir, "t-out.1", "output-offsets.json")
-    wait_until(lambda: os.path.exists(offsets), timeout=30, message="the offsets file")
-    info = os.stat(offsets)
-    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 0
-    assert json.load(open(offsets))["stdout"] == len("one\n")
+    task_dir = os.path.join(runner.tasks_dir, "t-out.1")
+    state = os.path.join(task_dir, "output-state.json")
+    wait_until(lambda: os.path.exists(state), timeout=30, message="the output state file")
+    for path, mode in ((state, 0o600), (os.path.join(task_dir, "output"), 0o700)):
+        info = os.stat(path)
+        assert stat.S_IMODE(info.st_mode) == mode and info.st_uid == 0, path
+    assert json.load(open(state))["offsets"]["stdout"] == len("one\n")
     gate.open()
     assert fleetd.wait_outcome("t-out")["outcome"] == "succeeded"
 

@@ -134,7 +134,7 @@ def test_running_tasks_keep_running_through_a_fleetd_outage_and_the_finish_arriv
     agent.wait_for_line(r"fleetd unreachable \(attempt 2\)")
     assert alive(pid)
     gate.open()
-    agent.wait_for_line(r"task t-out/1: logs not delivered yet")
+    agent.wait_for_line(r"task t-out/1: a batch of output not delivered yet")
     wait_until(lambda: not alive(pid), message="the task to end during the outage")
     fleetd.down.clear()
     assert fleetd.wait_finished("t-out")["outcome"] == "succeeded"
