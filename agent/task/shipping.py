@@ -121,8 +121,24 @@ class OutputShipper:
         summary = self.keeper.finish()
         with self._cond:
             self._ended = True
+            self._cond.notify_all()  # a batch loop between two batches sends the last one now
         self.kick()
         return summary
+
+    def flush_batch(self, seconds):
+        """Wait (at most `seconds`) until fleetd has every line counted and the texts of the
+        newest: a finish reported after this leaves no line of a short output unread at fleetd
+        (a long one's middle comes in its chunks). True when it got there."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            for _ in range(UNTIL_STOPPED):
+                if not self.keeper.unacked():
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopped or self.refused is not None:
+                    return False
+                self._cond.wait(min(remaining, 0.05))
+        return False
 
     def leave(self, seconds):
         """The agent stops and the process runs on (an instance's): read what is there, let the
@@ -227,8 +243,12 @@ class OutputShipper:
                 self._refuse(exc)
                 return
             self.keeper.acked(batch)
+            with self._cond:
+                self._cond.notify_all()  # a finish waiting for its last batch goes on
+                ended = self._ended
             failures, since, max_texts = 0, None, self.settings.batch_lines
-            self._wait(self.settings.interval_seconds)  # at most one batch a tick
+            if not ended:
+                self._wait(self.settings.interval_seconds)  # at most one batch a tick
 
     def _uploads(self, client):
         failures, since = 0, None

@@ -50,6 +50,10 @@ READER_JOIN_SECONDS = (
     5.0  # a process that escaped the group may hold the pipes; do not wait on it for ever
 )
 RENDEZVOUS_POLL_SECONDS = 30
+# The finish report waits this long for the last batch of output (the count of every line and the
+# newest texts), so that the output of a short task is all readable when its end is: a long one's
+# middle follows in its chunks, after the report.
+FINAL_BATCH_SECONDS = 2.0
 
 
 def wrapped_exit(code):
@@ -782,6 +786,8 @@ class Task:
         if self.process.watcher is not None:
             self.process.watcher.join(READER_JOIN_SECONDS)
         summary = self.output.finish()
+        if summary is not None:
+            self.output.flush_batch(FINAL_BATCH_SECONDS)
         if self._fenced:
             raise Fenced(self._fenced)
         return summary
