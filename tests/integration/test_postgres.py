@@ -404,3 +404,27 @@ def test_a_kicked_pass_leaves_parked_groups_unread_on_postgres(pg_api, monkeypat
         assert scheduling.run_pass(rt, full=False)["pending"] == 6
     assert read and late["id"] in read[0]
     assert not any((backlog | never) & set(ids) for ids in read)
+
+
+def test_output_batches_chunks_pages_and_search_on_postgres(pg_api):
+    from tests.fleetd.services.workloads.test_output import (
+        _all,
+        _batch,
+        _chunk,
+        _lines,
+        _node,
+        _running,
+        _upload,
+    )
+
+    pg_api.create_fleet("gpu-a")
+    session = _node(pg_api)
+    job_id, assignment = _running(pg_api, session)
+    _batch(pg_api, session, assignment, 0, 100)
+    _batch(pg_api, session, assignment, 100, 3000, _lines(3000, 100))
+    _upload(pg_api, session, assignment, 0, _chunk(0, 3100), 3100)
+    logs = f"/api/v1/jobs/{job_id}/logs"
+    assert [i["text"] for i in _all(pg_api, logs)] == _lines(0, 3100)
+    assert [i["line"] for i in _all(pg_api, logs, q="line 2999$", q_regex="true")] == [2999]
+    whole = pg_api.get(f"/api/v1/jobs/{job_id}/output").get_data().decode().splitlines()
+    assert whole == _lines(0, 3100)

@@ -170,14 +170,17 @@ def _seq_for(segments, line):
     return None
 
 
-def append_output(rt, node_id, task_id, batch):
+def append_output(rt, node_id, task_id, batch, trim=True):
     """The next lines of a task's output (a fleetwire OutputBatch): numbered in the job's order,
-    the texts it carries kept, older ones past the tail forgotten (the store has them)."""
+    the texts it carries kept, older ones past the tail forgotten (the store has them; not with
+    `trim` false: an agent that uploads no chunks)."""
     now = rt.clock.now()
     first_at, last_at = _time(batch.first_at), _time(batch.last_at)
     with write_transaction():
         output = writable_output(node_id, task_id, batch.epoch)
-        start, end = max(batch.first_line, output.lines), batch.first_line + batch.count
+        # Lines fleetd has are skipped (a batch sent again); lines before first_line it lacks
+        # (a batch lost with an agent's state) get their seqs too: the chunks hold them.
+        start, end = output.lines, batch.first_line + batch.count
         if end > start:
             segments = _extend(output, start, end - start, first_at, last_at)
             rows = []
@@ -198,12 +201,14 @@ def append_output(rt, node_id, task_id, batch):
                 )
             if rows:
                 LogLine.insert_many(rows).execute()
+            if batch.first_line >= output.lines:  # a batch sent again is not counted twice
+                output.bytes += batch.bytes
             output.lines = end
-            output.bytes += batch.bytes
             output.first_at = output.first_at or first_at
             output.last_at = last_at
             output.save()
-            _forget_middle(rt, output)
+            if trim:
+                _forget_middle(rt, output)
         if batch.notice is not None:
             kind, reason = NOTICE_EVENTS[batch.notice]
             record_event(
@@ -230,6 +235,7 @@ def append_lines(rt, node_id, task_id, epoch, lines):
             node_id,
             task_id,
             OutputBatch(epoch, first, len(texts), now_ms, now_ms, size, texts),
+            trim=False,
         )
 
 
