@@ -4,7 +4,8 @@ hosts: each job prints --lines lines of about 100 bytes (2,000,000: 200 MB) as f
 
 Measured, the client's clock beside fleetd's timestamps (the load generator is this process):
   - end reported: the job's `ended_at` (fleetd) after the command wrote its last line (the
-    command prints its own clock last, to stderr; agents and fleetd share this host's clock);
+    command prints its own clock last, to stderr; agents and fleetd share this host's clock;
+    the line is searched for once the output is stored);
   - stored: how long after the end until `output/info` has no pending range;
   - database growth: fleetd.db and its WAL, before and after;
   - every line back: the whole output downloaded (`GET .../output`), each line checked, MB/s;
@@ -257,8 +258,8 @@ def run(http, url, data_dir, args):
     poller.join(timeout=60)
     if any(job["state"] != "succeeded" for job in ended):
         raise SystemExit(f"not all succeeded: {[job['state'] for job in ended]}")
-    end_lags = [_parse(job["ended_at"]) - last_line_at(http, url, job["id"]) for job in ended]
     stored = [wait_stored(http, url, job_id, 600) for job_id in ids]
+    end_lags = [_parse(job["ended_at"]) - last_line_at(http, url, job["id"]) for job in ended]
     db1 = _db_bytes(data_dir)
     seconds, size = download(http, url, ids[0], args.lines)
     needle = f"{args.lines * 2 // 3:010d} "

@@ -8,8 +8,10 @@ as one line of the `system` stream that says so. Chunks are read and searched on
 offload (a thread pool under `fleetd serve`), never on the event loop.
 """
 
+import bisect
 import dataclasses
 import datetime as dt
+import logging
 import typing
 import zlib
 
@@ -25,9 +27,12 @@ from fleetd.services.workloads.output import (
 )
 from fleetwire.output import CHUNK_RAW_BYTES, MAX_LINE_BYTES, decompress_chunk, iter_frames
 
+log = logging.getLogger("fleetd.output")
+
 MAX_QUERY_CHARS = 1000
 SEGMENTS_PER_READ = 64
-MAX_SCAN_LINES = 5_000_000  # the most lines one page looks at, whatever its filters
+LEGACY_SCAN_ROWS = 50_000  # rows from before numbered lines one page looks at, at most
+MAX_SEGMENT_READS = 100_000  # reads of SEGMENTS_PER_READ segments one page makes at most
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
 _RE2_OPTIONS.max_mem = 16 << 20
@@ -71,6 +76,7 @@ class Filter:
             else:
                 needle = self.q.encode()
                 self.matcher = self.chunk_matcher = lambda data: needle in data
+        self.active = bool(self.q or self.stream or self.since or self.until)
         self.since_ms = _ms(self.since) if self.since else None
         self.until_ms = _ms(self.until) if self.until else None
 
@@ -97,87 +103,97 @@ def _at(ms):
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).replace(tzinfo=None)
 
 
-def read_chunk(settings, key):
-    """A stored chunk's lines as [(at_ms, stream, bytes)] (on the offload: it inflates)."""
-    with open(chunk_path(settings, key), "rb") as fh:
-        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
-    lines = []
-    for at_ms, stream, data in iter_frames(raw):
-        lines.extend((at_ms, stream, line) for line in data.split(b"\n")[:-1])
-    return lines
-
-
-def _chunk_matches(settings, key, match):
-    """Whether a stored chunk holds a match anywhere (frame headers aside, a cheap first test)."""
-    with open(chunk_path(settings, key), "rb") as fh:
-        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
-    return bool(match(raw))
-
-
 class _Reader:
-    """Texts of an output's lines for one request: database rows, stored chunks (read once)."""
+    """An output's stored chunks for one request (listed once per output), read on the offload;
+    and the request's time for a filtered page."""
 
     def __init__(self, rt, flt):
         self.rt, self.flt = rt, flt
-        self.chunks = {}  # chunk id -> lines
-        self.skip = set()  # chunk ids whose bytes hold no match
+        self.deadline = rt.clock.monotonic() + rt.settings.output_search_seconds
+        self.listed = {}  # output id -> [OutputChunk] by first line
+        self.starts = {}  # output id -> their first lines
 
-    def chunk_of(self, output_id, line):
-        return (
-            OutputChunk.select()
-            .where(
-                (OutputChunk.output == output_id)
-                & (OutputChunk.first_line <= line)
-                & (OutputChunk.first_line + OutputChunk.lines > line)
+    def out_of_time(self):
+        return self.flt.active and self.rt.clock.monotonic() > self.deadline
+
+    def chunk_at(self, output_id, line):
+        """(the stored chunk that holds `line`, or None; the first line of the next one, or
+        None)."""
+        if output_id not in self.listed:
+            self.listed[output_id] = list(
+                OutputChunk.select()
+                .where(OutputChunk.output == output_id)
+                .order_by(OutputChunk.first_line)
             )
-            .first()
-        )
+            self.starts[output_id] = [chunk.first_line for chunk in self.listed[output_id]]
+        chunks, starts = self.listed[output_id], self.starts[output_id]
+        index = bisect.bisect_right(starts, line) - 1
+        if index >= 0 and line < chunks[index].first_line + chunks[index].lines:
+            after = index + 1
+            return chunks[index], starts[after] if after < len(starts) else None
+        after = index + 1
+        return None, starts[after] if after < len(starts) else None
 
-    def chunk_lines(self, chunk):
-        if chunk.id not in self.chunks:
-            try:
-                self.chunks[chunk.id] = self.rt.offload(read_chunk, self.rt.settings, chunk.key)
-            except (OSError, ValueError):
-                self.chunks[chunk.id] = None  # lost from the store: read as pending
-        return self.chunks[chunk.id]
-
-    def chunk_may_match(self, chunk):
-        if self.flt.matcher is None or chunk.id in self.chunks:
-            return True
-        if chunk.id in self.skip:
-            return False
+    def hits(self, chunk, start, stop, limit):
+        """([(line, at_ms, stream, text)] of lines [start, stop) of `chunk` the filter keeps, at
+        most `limit`; the last line looked at), or None when the chunk cannot be read."""
+        flt = self.flt
+        if (flt.since is not None and chunk.last_at < flt.since) or (
+            flt.until is not None and chunk.first_at > flt.until
+        ):
+            return [], stop - 1
         try:
-            found = self.rt.offload(
-                _chunk_matches, self.rt.settings, chunk.key, self.flt.chunk_matcher
+            return self.rt.offload(
+                _chunk_hits, self.rt.settings, chunk.key, chunk.first_line, start, stop, flt, limit
             )
-        except (OSError, ValueError):
-            return True
-        if not found:
-            self.skip.add(chunk.id)
-        return found
+        except (OSError, ValueError) as exc:
+            log.warning("stored output chunk %s cannot be read: %s", chunk.key, exc)
+            return None
+
+
+def _chunk_hits(settings, key, first_line, start, stop, flt, limit):
+    """_Reader.hits on the offload: inflate the chunk, test it whole first when searching."""
+    with open(chunk_path(settings, key), "rb") as fh:
+        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    if flt.chunk_matcher is not None and not flt.chunk_matcher(raw):
+        return [], stop - 1
+    found, number = [], first_line
+    for at_ms, stream, data in iter_frames(raw):
+        count = data.count(b"\n")
+        if number + count <= start:
+            number += count
+            continue
+        for text in data.split(b"\n")[:-1]:
+            if number >= stop:
+                return found, stop - 1
+            if number >= start and flt.keeps(at_ms, stream, text):
+                found.append((number, at_ms, stream, _decode(text)))
+                if len(found) >= limit:
+                    return found, number
+            number += 1
+    return found, stop - 1
+
+
+def _decode(data):
+    return data.decode("utf-8", "replace").replace("\0", "\ufffd")
 
 
 def page(rt, job_ids, after, limit, flt):
     """Up to `limit` lines of these jobs' outputs after the seq `after`, in order of arrival, as
-    dicts ({id: seq, at, rank, attempt, line, stream, text}); and the cursor to go on from (None
-    when nothing was left to look at)."""
+    Lines; and the cursor to go on from (None when nothing was left to look at). A filtered page
+    looks for at most output_search_seconds."""
     reader = _Reader(rt, flt)
-    deadline = rt.clock.monotonic() + rt.settings.output_search_seconds
     items, after = _legacy(job_ids, after, limit, flt), after if after is not None else -1
     if len(items) >= limit:
         return items[:limit], str(items[limit - 1].id)
     after = max(after, OUTPUT_SEQ_BASE - 1)
-    scanned = 0
-    for _ in range(MAX_SCAN_LINES):
+    for _ in range(MAX_SEGMENT_READS):
         segments = _segments(job_ids, after, flt)
         if not segments:
             return items, None
         for segment in segments:
-            cursor, scanned = _read_segment(reader, segment, after, limit, items, scanned)
-            after = cursor
-            if len(items) >= limit or scanned >= MAX_SCAN_LINES:
-                return items, str(after)
-            if flt.matcher is not None and rt.clock.monotonic() > deadline:
+            after = _read_segment(reader, segment, after, limit, items)
+            if len(items) >= limit or reader.out_of_time():
                 return items, str(after)
     return items, str(after)
 
@@ -226,7 +242,7 @@ def _legacy(job_ids, after, limit, flt):
     if flt.until is not None:
         query = query.where(LogLine.at <= flt.until)
     items = []
-    for row in query.order_by(LogLine.id).limit(MAX_SCAN_LINES // 100).iterator():
+    for row in query.order_by(LogLine.id).limit(LEGACY_SCAN_ROWS).iterator():
         if flt.matcher is None or flt.matcher(row.text.encode("utf-8", "replace")):
             items.append(_row(row))
             if len(items) >= limit:
@@ -257,86 +273,75 @@ def _segments(job_ids, after, flt):
     return [s for s in segments if seq_of(s.id, s.first_line, s.first_line + s.count) > after + 1]
 
 
-def _read_segment(reader, segment, after, limit, items, scanned):
-    """Append the kept lines of `segment` after `after`; returns (the last seq looked at, lines
-    scanned so far)."""
-    output = segment.output
-    first = segment.first_line
-    line = max(first, first + (after + 1 - seq_of(segment.id, first, first)))
-    end = first + segment.count
+def _read_segment(reader, segment, after, limit, items):
+    """Append the lines of `segment` after the seq `after` that the filter keeps (stored chunks
+    first, then the texts fleetd keeps, else a line saying they are pending); returns the seq of
+    the last line looked at."""
+    output, first, flt = segment.output, segment.first_line, reader.flt
+    base = seq_of(segment.id, first, first)
+    line, end = max(first, first + after + 1 - base), first + segment.count
     rows = {
         row.line: row
         for row in LogLine.select().where(
-            (LogLine.id >= seq_of(segment.id, first, line))
-            & (LogLine.id < seq_of(segment.id, first, end))
+            (LogLine.id >= base + line - first) & (LogLine.id < base + segment.count)
         )
     }
-    missing_from = None
+    row_lines = sorted(rows)
     last = after
     for _ in range(segment.count + 1):
-        if line >= end or len(items) >= limit or scanned >= MAX_SCAN_LINES:
+        if line >= end or len(items) >= limit or reader.out_of_time():
             break
-        row = rows.get(line)
-        if row is not None:
-            missing_from = _pending(segment, missing_from, line, items, reader.flt)
-            if reader.flt.keeps(_ms(row.at), row.stream, row.text.encode("utf-8", "replace")):
-                items.append(_row(row))
-            last, line, scanned = row.id, line + 1, scanned + 1
-            continue
-        chunk = reader.chunk_of(output.id, line)
-        if chunk is not None and not reader.chunk_may_match(chunk):
+        chunk, next_start = reader.chunk_at(output.id, line)
+        if chunk is not None:
             stop = min(end, chunk.first_line + chunk.lines)
-            scanned += stop - line
-            line, last = stop, seq_of(segment.id, first, stop - 1)
-            continue
-        lines = reader.chunk_lines(chunk) if chunk is not None else None
-        if lines is None:
-            missing_from = line if missing_from is None else missing_from
-            last, line, scanned = seq_of(segment.id, first, line), line + 1, scanned + 1
-            continue
-        missing_from = _pending(segment, missing_from, line, items, reader.flt)
-        stop = min(end, chunk.first_line + chunk.lines)
-        for number in range(line, stop):
-            at_ms, stream, data = lines[number - chunk.first_line]
-            if reader.flt.keeps(at_ms, stream, data):
-                items.append(
-                    Line(
-                        seq_of(segment.id, first, number),
-                        _at(at_ms),
-                        output.rank,
-                        output.attempt,
-                        number,
-                        stream,
-                        data.decode("utf-8", "replace").replace("\0", "\ufffd"),
+            got = reader.hits(chunk, line, stop, limit - len(items))
+            if got is not None:
+                for number, at_ms, stream, text in got[0]:
+                    items.append(
+                        Line(
+                            base + number - first,
+                            _at(at_ms),
+                            output.rank,
+                            output.attempt,
+                            number,
+                            stream,
+                            text,
+                        )
                     )
-                )
-            last, scanned = seq_of(segment.id, first, number), scanned + 1
-            if len(items) >= limit:
-                break
-        line = last - seq_of(segment.id, first, first) + first + 1
-    _pending(segment, missing_from, line, items, reader.flt)
-    return last, scanned
+                last, line = base + got[1] - first, got[1] + 1
+                continue
+            next_start = stop  # unreadable: its lines read as the texts kept, or pending
+        gap_end = end if next_start is None else min(end, next_start)
+        index = bisect.bisect_left(row_lines, line)
+        row_line = row_lines[index] if index < len(row_lines) else end
+        if row_line > line:  # lines [line, row_line) are neither stored nor kept
+            upto = min(row_line, gap_end)
+            _pending(segment, line, upto, items, flt)
+            last, line = base + upto - 1 - first, upto
+            continue
+        row = rows[line]
+        if flt.keeps(_ms(row.at), row.stream, row.text.encode("utf-8", "replace")):
+            items.append(_row(row))
+        last, line = row.id, line + 1
+    return last
 
 
-def _pending(segment, missing_from, line, items, flt):
-    """A `system` line for lines [missing_from, line) that nothing holds here yet; None."""
-    if missing_from is None or missing_from >= line:
-        return None
+def _pending(segment, first, end, items, flt):
+    """A `system` line for lines [first, end) of `segment` that nothing holds here yet."""
     if flt.matcher is None and flt.stream in (None, "system"):
         output = segment.output
         items.append(
             Line(
-                seq_of(segment.id, segment.first_line, line - 1),
+                seq_of(segment.id, segment.first_line, end - 1),
                 segment.last_at,
                 output.rank,
                 output.attempt,
-                missing_from,
+                first,
                 "system",
-                f"[fleetd] lines {missing_from}-{line - 1} of rank {output.rank} are on node "
+                f"[fleetd] lines {first}-{end - 1} of rank {output.rank} are on node "
                 f"{output.node_id}, not in the output store yet",
             )
         )
-    return None
 
 
 def outputs(job_ids, rank=None, attempt=None):
