@@ -218,7 +218,10 @@ class OutputShipper:
         for _ in range(UNTIL_STOPPED):
             if not self._going():
                 return
-            batch = self.keeper.batch(max_texts)
+            with self._cond:
+                ended = self._ended
+            live = max_texts if ended else min(max_texts, self.settings.live_batch_lines)
+            batch = self.keeper.batch(live)
             if batch is None:
                 with self._cond:
                     if not self.keeper.unacked():
