@@ -260,6 +260,7 @@ class TaskOutput(BaseModel):
     ended = peewee.BooleanField(default=False)
     first_at = peewee.DateTimeField(null=True)
     last_at = peewee.DateTimeField(null=True)
+    job_id: str  # the column's value, as peewee's accessor gives it
 
     class Meta:
         indexes = ((("task_id", "epoch"), True), (("job", "rank", "attempt"), False))

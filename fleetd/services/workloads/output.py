@@ -350,15 +350,14 @@ def _stored(output, meta):
 def _stored_prefix(output):
     """How many first lines of `output` its stored chunks hold without a gap."""
     end = 0
-    for first_line, lines in (
+    for chunk in (
         OutputChunk.select(OutputChunk.first_line, OutputChunk.lines)
         .where(OutputChunk.output == output.id)
         .order_by(OutputChunk.first_line)
-        .tuples()
     ):
-        if first_line > end:
+        if chunk.first_line > end:
             break
-        end = max(end, first_line + lines)
+        end = max(end, chunk.first_line + chunk.lines)
     return end
 
 
@@ -388,7 +387,10 @@ def _time(ms):
 def expired_outputs(now):
     """Ids of the outputs whose job ended longer ago than its fleet's output_retention_days (the
     fleet of the node that ran it; the default where that node is gone)."""
-    days = dict(Fleet.select(Fleet.name, Fleet.output_retention_days).tuples())
+    days = {
+        f.name: f.output_retention_days
+        for f in Fleet.select(Fleet.name, Fleet.output_retention_days)
+    }
     shortest = min([DEFAULT_OUTPUT_RETENTION_DAYS, *days.values()])
     rows = (
         TaskOutput.select(TaskOutput.id, Job.ended_at, Node.fleet)
@@ -411,11 +413,11 @@ def outputs_of(job_ids):
 
 def stored_chunks(output_ids):
     """(key, stored bytes) of the stored chunks of these outputs."""
-    found = []
+    found: list[tuple[str, int]] = []
     for start in range(0, len(output_ids), 500):
         part = output_ids[start : start + 500]
         query = OutputChunk.select(OutputChunk.key, OutputChunk.stored_bytes)
-        found.extend(query.where(OutputChunk.output.in_(part)).tuples())
+        found.extend((c.key, c.stored_bytes) for c in query.where(OutputChunk.output.in_(part)))
     return found
 
 

@@ -157,7 +157,8 @@ def _chunk_hits(settings, key, first_line, start, stop, flt, limit):
         raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
     if flt.chunk_matcher is not None and not flt.chunk_matcher(raw):
         return [], stop - 1
-    found, number = [], first_line
+    found: list[tuple[int, int, str, str]] = []
+    number = first_line
     for at_ms, stream, data in iter_frames(raw):
         count = data.count(b"\n")
         if number + count <= start:
@@ -216,10 +217,10 @@ def page_before(rt, job_ids, before, count):
             break
     items = []
     if needed > 0:  # lines kept before numbers existed
-        query = LogLine.select().where(LogLine.job.in_(job_ids) & (LogLine.id < OUTPUT_SEQ_BASE))
+        kept = LogLine.select().where(LogLine.job.in_(job_ids) & (LogLine.id < OUTPUT_SEQ_BASE))
         if before is not None:
-            query = query.where(LogLine.id < before)
-        items = [_row(r) for r in reversed(list(query.order_by(LogLine.id.desc()).limit(needed)))]
+            kept = kept.where(LogLine.id < before)
+        items = [_row(r) for r in reversed(list(kept.order_by(LogLine.id.desc()).limit(needed)))]
     if start is not None:
         newer, _cursor = page(rt, job_ids, start - 1, count, Filter())
         items += [item for item in newer if before is None or item.id < before]
@@ -280,12 +281,12 @@ def _read_segment(reader, segment, after, limit, items):
     output, first, flt = segment.output, segment.first_line, reader.flt
     base = seq_of(segment.id, first, first)
     line, end = max(first, first + after + 1 - base), first + segment.count
-    rows = {
-        row.line: row
-        for row in LogLine.select().where(
-            (LogLine.id >= base + line - first) & (LogLine.id < base + segment.count)
-        )
-    }
+    rows: dict[int, LogLine] = {}
+    for row in LogLine.select().where(
+        (LogLine.id >= base + line - first) & (LogLine.id < base + segment.count)
+    ):
+        if row.line is not None:
+            rows[row.line] = row
     row_lines = sorted(rows)
     last = after
     for _ in range(segment.count + 1):
