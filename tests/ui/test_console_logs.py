@@ -63,3 +63,30 @@ def test_an_instance_log_box_follows_new_lines_while_it_runs(admin_ui, api):
     api.task_call(session, assignment, "finish", outcome="cancelled")
     quiet = admin_ui.text(poll)
     assert _hx_get(quiet, "log-poller") is None and "it runs no process now" in quiet
+
+
+def test_a_job_log_box_searches_the_whole_output_pages_back_into_the_store_and_downloads_it(
+    admin_ui, api
+):
+    from tests.fleetd.services.workloads.test_output import _batch, _chunk, _lines, _upload
+
+    _, session = enrol(api)
+    job = api.submit(name="chatty", command=["python", "train.py"], resources={"gpus": 1})
+    assignment = api.start_task(session)
+    # 5,000 lines; fleetd keeps the text of the first 100 and the newest: the middle is stored.
+    _batch(api, session, assignment, 0, 5000, _lines(4000, 1000))
+    _upload(api, session, assignment, 0, _chunk(0, 5000, "stdout"), 5000)
+    page = admin_ui.text(f"/ui/jobs/{job['id']}")
+    assert 'role="search"' in page and f"/ui/jobs/{job['id']}/output" in page
+    earlier = admin_ui.text(_hx_get(page, "log-earlier"))
+    shown = re.findall(r'<span class="rank">\d+</span>(stdout line \d+)', earlier)
+    assert shown == [f"stdout line {i}" for i in range(4800 - logs.SHOWN, 4800)]  # from the store
+    found = admin_ui.text(f"/ui/jobs/{job['id']}/log/search?q=line 2345")
+    assert "1 line found" in found and "stdout line 2345" in found
+    found = admin_ui.text(f"/ui/jobs/{job['id']}/log/search?q=line 23[0-9]{{2}}$&regex=true")
+    assert "100 lines found" in found
+    bad = admin_ui.text(f"/ui/jobs/{job['id']}/log/search?q=(x&regex=true")
+    assert 'role="alert"' in bad and "regex" in bad
+    whole = admin_ui.get(f"/ui/jobs/{job['id']}/output")
+    assert whole.status_code == 200 and "attachment" in whole.headers["Content-Disposition"]
+    assert whole.get_data().decode().splitlines() == _lines(0, 5000)
