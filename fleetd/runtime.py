@@ -21,6 +21,7 @@ from fleetd.services.placement.inventory import InventoryCache, call
 from fleetd.services.placement.loop import SchedulerLoop
 from fleetd.services.placement.parking import ParkedGroups
 from fleetd.services.placement.terms import TermsCache
+from fleetd.services.workloads import output_store
 from fleetd.services.workloads.lifecycle import NodeStops
 
 
@@ -70,6 +71,7 @@ class Runtime:
     # Runs CPU-heavy pure work (a pass's decisions) off the request loop: `fleetd serve` gives
     # gevent's thread pool; elsewhere it is a plain call.
     offload: Callable = call
+    output_store: Any = None  # where stored output lives (services/workloads/output_store.py)
     instruments: Instruments | None = None  # the app's Prometheus instruments
     tasks: TaskRunner | None = None  # the background tasks (`fleetd serve` starts them)
     scheduler: SchedulerLoop | None = None  # passes after kicks (`fleetd serve` starts its thread)
@@ -111,6 +113,7 @@ class Runtime:
             trusted_networks=settings.trusted_networks,
         )
         rt.terms.accounts = rt.accounts.any
+        rt.output_store = output_store.make_store(settings)
         if offload is not None:
             rt.offload = rt.inventory.offload = offload
             rt.inventory.throttle = True  # a view a few seconds old while reads would come faster

@@ -50,7 +50,10 @@ class Settings:
     scheduler_policy: str = ""  # empty: the engine's default policy
     fleet_policies: str = ""  # per fleet, for jobs that select it: "gpu-a=packing,gpu-b=fgd"
     artifact_max_bytes: int = 1024**3
-    output_dir: str = ""  # the output store; empty: <data_dir>/output
+    output_dir: str = ""  # the output store's directory; empty: <data_dir>/output
+    output_store: str = ""  # empty: that directory; s3://BUCKET/PREFIX: a bucket instead
+    output_s3_endpoint: str = ""  # an S3-compatible server's URL (empty: AWS's)
+    output_s3_region: str = ""  # the bucket's region (empty: boto3's own default)
     output_tail_lines: int = 1000  # the newest lines of each task's output kept as text
     output_search_seconds: float = 5.0  # a search (q) answers what it found by then, and a cursor
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait

@@ -6,12 +6,16 @@ ended longer ago than the cutoff, then artifacts no remaining job refers to. Eac
 found by its own service; this module only puts the collection together, in one transaction."""
 
 import datetime as dt
+import logging
 import os
 
 from fleetd.db import write_transaction
 from fleetd.services.fleet_ops import metrics
 from fleetd.services.notify import feed
 from fleetd.services.workloads import artifacts, instances, jobs, output, shares
+from fleetd.services.workloads.output_store import StoreError
+
+log = logging.getLogger("fleetd.retention")
 
 
 def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
@@ -47,7 +51,10 @@ def collect_garbage(rt, older_than_seconds, delete_jobs=False, dry_run=False):
             instances.delete_records(old_instances)
             artifacts.delete_records(orphans)
     if not dry_run:
-        output.remove_chunk_files(rt.settings, [key for key, _size in chunks])
+        try:
+            rt.output_store.delete([key for key, _size in chunks])
+        except StoreError as exc:  # their rows are gone: what is left is only unreachable bytes
+            log.warning("the output store kept some expired chunks: %s", exc)
         for sha in orphans:  # files go after the rows are gone for good
             try:
                 os.unlink(artifacts.artifact_path(rt.settings, sha))

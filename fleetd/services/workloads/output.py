@@ -1,7 +1,7 @@
-"""A task's output as fleetd keeps it (docs/api.md, Output): the whole in the output store, a
-directory of the agents' compressed chunks; a bounded tail of text in the database (the first
-HEAD_LINES lines of each output and its newest tail_lines); and the order in which its lines
-arrived, as OutputSegments.
+"""A task's output as fleetd keeps it (docs/api.md, Output): the whole in the output store
+(output_store.py: a directory or a bucket) as the agents' compressed chunks; a bounded tail of
+text in the database (the first HEAD_LINES lines of each output and its newest tail_lines); and
+the order in which its lines arrived, as OutputSegments.
 
 Each line has a `seq`, unique and rising in order of arrival within a job and within an
 instance's runs: a segment numbered `id` gives its lines OUTPUT_SEQ_BASE + (id << 20) onwards
@@ -16,8 +16,6 @@ retried elsewhere is still stored.
 
 import datetime as dt
 import logging
-import os
-import tempfile
 
 import peewee
 
@@ -37,6 +35,7 @@ from fleetd.models import (
     TaskState,
 )
 from fleetd.services.notify.events import record_event
+from fleetd.services.workloads.output_store import StoreError
 from fleetwire.output import (
     CHUNK_RAW_BYTES,
     HEAD_LINES,
@@ -62,15 +61,6 @@ NOTICE_EVENTS = {
         "its output reached its cap of {cap} bytes: the rest was discarded",
     ),
 }
-
-
-def output_dir(settings):
-    """The output store: a directory (a shared mount for replicas)."""
-    return settings.output_dir or os.path.join(os.path.abspath(settings.data_dir), "output")
-
-
-def chunk_path(settings, key):
-    return os.path.join(output_dir(settings), key)
 
 
 def seq_of(segment_id, first_line, line):
@@ -303,11 +293,11 @@ def store_chunk(rt, node_id, task_id, meta, blob):
     rt.offload(_check_chunk, blob, meta)
     key = f"{output.job_id}/{output.rank}-{output.attempt}-{output.id}/{meta.first_line:012d}.gz"
     try:
-        rt.offload(_write_file, chunk_path(rt.settings, key), blob)
-    except OSError as exc:
-        log.error("the output store cannot take a chunk of %s: %s", key, exc)
+        rt.offload(rt.output_store.put, key, blob)
+    except StoreError as exc:
+        log.error("the output store (%s) cannot take %s: %s", rt.output_store.describe(), key, exc)
         raise StoreUnavailable(
-            f"the output store cannot take this chunk now ({exc.strerror}): keep it and retry"
+            f"the output store cannot take this chunk now ({exc}): keep it and retry"
         ) from None
     first_at, last_at = _time(meta.first_at), _time(meta.last_at)
     with write_transaction():
@@ -361,24 +351,6 @@ def _stored_prefix(output):
     return end
 
 
-def _write_file(path, blob):
-    """Write `blob` at `path` whole or not at all (a temporary file, synced, renamed)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".chunk-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _time(ms):
     """A time the agent gave in milliseconds since the epoch, as fleetd stores times (naive UTC)."""
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).replace(tzinfo=None)
@@ -423,7 +395,7 @@ def stored_chunks(output_ids):
 
 def delete_outputs(output_ids):
     """Forget these outputs: their chunks' rows, segments, kept lines (inside the caller's
-    transaction; the files go after it commits: remove_chunk_files)."""
+    transaction; the stored chunks go after it commits: stored_chunks gives their keys)."""
     for start in range(0, len(output_ids), 500):
         part = output_ids[start : start + 500]
         for output in TaskOutput.select().where(TaskOutput.id.in_(part)):
@@ -436,18 +408,3 @@ def delete_outputs(output_ids):
         OutputChunk.delete().where(OutputChunk.output.in_(part)).execute()
         OutputSegment.delete().where(OutputSegment.output.in_(part)).execute()
         TaskOutput.delete().where(TaskOutput.id.in_(part)).execute()
-
-
-def remove_chunk_files(settings, keys):
-    """Remove stored chunk files (and the directories they leave empty)."""
-    for key in keys:
-        path = chunk_path(settings, key)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        for directory in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break

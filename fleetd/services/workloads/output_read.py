@@ -22,9 +22,9 @@ from fleetd.models import LogLine, OutputChunk, OutputSegment, TaskOutput
 from fleetd.services.workloads.output import (
     OUTPUT_SEQ_BASE,
     SEGMENT_BITS,
-    chunk_path,
     seq_of,
 )
+from fleetd.services.workloads.output_store import StoreError
 from fleetwire.output import CHUNK_RAW_BYTES, MAX_LINE_BYTES, decompress_chunk, iter_frames
 
 log = logging.getLogger("fleetd.output")
@@ -144,17 +144,23 @@ class _Reader:
             return [], stop - 1
         try:
             return self.rt.offload(
-                _chunk_hits, self.rt.settings, chunk.key, chunk.first_line, start, stop, flt, limit
+                _chunk_hits,
+                self.rt.output_store,
+                chunk.key,
+                chunk.first_line,
+                start,
+                stop,
+                flt,
+                limit,
             )
-        except (OSError, ValueError) as exc:
+        except (StoreError, ValueError) as exc:
             log.warning("stored output chunk %s cannot be read: %s", chunk.key, exc)
             return None
 
 
-def _chunk_hits(settings, key, first_line, start, stop, flt, limit):
+def _chunk_hits(store, key, first_line, start, stop, flt, limit):
     """_Reader.hits on the offload: inflate the chunk, test it whole first when searching."""
-    with open(chunk_path(settings, key), "rb") as fh:
-        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    raw = decompress_chunk(store.get(key), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
     if flt.chunk_matcher is not None and not flt.chunk_matcher(raw):
         return [], stop - 1
     found: list[tuple[int, int, str, str]] = []
@@ -391,10 +397,9 @@ def info(job_ids, cap_bytes):
     }
 
 
-def _chunk_text(settings, key, skip, stream):
+def _chunk_text(store, key, skip, stream):
     """A stored chunk's lines as text (its first `skip` lines left out; one stream's only)."""
-    with open(chunk_path(settings, key), "rb") as fh:
-        raw = decompress_chunk(fh.read(), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
+    raw = decompress_chunk(store.get(key), CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64)
     parts = []
     for _at_ms, name, data in iter_frames(raw):
         count = data.count(b"\n")
@@ -432,12 +437,12 @@ def whole(rt, job_ids, rank=None, attempt=None, stream=None):
             try:
                 yield rt.offload(
                     _chunk_text,
-                    rt.settings,
+                    rt.output_store,
                     chunk.key,
                     max(0, position - chunk.first_line),
                     stream,
                 )
-            except (OSError, ValueError) as exc:
+            except (StoreError, ValueError) as exc:
                 yield f"[fleetd] lines {chunk.first_line}-{end - 1}: unreadable ({exc})\n".encode()
             position = end
         if position < output.lines:

@@ -2,22 +2,60 @@
 of text, chunks in the output store, pages over the whole, search, download, info, retention."""
 
 import gzip
+import itertools
 import os
 import time
 
+import boto3
 import pytest
+from moto.server import ThreadedMotoServer
 
+from fleetd.services.workloads.output_store import DirectoryStore, make_store
 from fleetwire.output import encode_frame
 from tests.conftest import admin_client
 
 T_MS = int(time.time() * 1000)
 
 
-@pytest.fixture
-def api(make_app, clock, tmp_path):
-    client = admin_client(make_app(output_tail_lines=50), clock)
+@pytest.fixture(scope="module")
+def s3_server():
+    """An S3-compatible server (moto's) on 127.0.0.1, for the stores kept in a bucket."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+BUCKETS = itertools.count()
+
+
+@pytest.fixture(params=["directory", "bucket"])
+def api(request, make_app, clock, monkeypatch):
+    store = {}
+    if request.param == "bucket":
+        endpoint = request.getfixturevalue("s3_server")
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", "fleetd-test"),
+            ("AWS_SECRET_ACCESS_KEY", "fleetd-test-secret"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
+            monkeypatch.setenv(name, value)
+        bucket = f"fleetd-output-{next(BUCKETS)}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        store = {"output_store": f"s3://{bucket}/tests", "output_s3_endpoint": endpoint}
+    client = admin_client(make_app(output_tail_lines=50, **store), clock)
     client.create_fleet("gpu-a")
     return client
+
+
+def _stored_keys(api):
+    """The keys the app's output store holds (a directory's files, a bucket's objects)."""
+    store = api.app.extensions["fleetd"].output_store
+    if isinstance(store, DirectoryStore):
+        return [name for _d, _s, files in os.walk(store.root) for name in files]
+    listed = store.client.list_objects_v2(Bucket=store.bucket)
+    return [item["Key"] for item in listed.get("Contents", [])]
 
 
 def _node(api, name="n1"):
@@ -234,14 +272,13 @@ def test_retention_removes_stored_output_past_its_fleets_days(api, clock, tmp_pa
     _batch(api, session, assignment, 0, 2)
     _upload(api, session, assignment, 0, _chunk(0, 2), 2)
     api.task_call(session, assignment, "finish", outcome="succeeded", exit_code=0)
-    store = os.path.join(api.app.extensions["fleetd"].settings.data_dir, "output")
-    assert any(files for _d, _s, files in os.walk(store))
+    assert _stored_keys(api)
     clock.advance(29 * 86400)
     assert api.run_task("gc")["output_bytes"] == 0
     clock.advance(2 * 86400)
     result = api.run_task("gc")
     assert result["outputs"] == 1 and result["output_bytes"] > 0
-    assert not any(files for _d, _s, files in os.walk(store))
+    assert _stored_keys(api) == []
     info = api.get(f"/api/v1/jobs/{job_id}/output/info").get_json()
     assert info["stored_bytes"] == 0
 
@@ -261,3 +298,21 @@ def test_a_store_that_cannot_take_a_chunk_answers_503_and_stores_it_when_it_can(
     blocked.unlink()
     _upload(api, session, assignment, 0, _chunk(0, 2), 2)
     assert api.get(f"/api/v1/jobs/{job_id}/output").get_data().decode().splitlines() == _lines(0, 2)
+
+
+def test_a_bucket_that_refuses_answers_503_and_a_store_setting_must_name_a_bucket(
+    make_app, make_settings, clock, monkeypatch, s3_server
+):
+    for name, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    missing = {"output_store": "s3://no-such-bucket/x", "output_s3_endpoint": s3_server}
+    api = admin_client(make_app(**missing), clock)
+    api.create_fleet("gpu-a")
+    session = _node(api)
+    job_id, assignment = _running(api, session)
+    resp = _upload(api, session, assignment, 0, _chunk(0, 2), 2, expect=503)
+    assert "NoSuchBucket" in resp.get_json()["error"]["message"]
+    for bad in ("gs://bucket/x", "s3:///x", "s3://bucket/x?versionId=1"):
+        with pytest.raises(ValueError, match="s3://BUCKET/PREFIX"):
+            make_store(make_settings(output_store=bad))
