@@ -218,9 +218,9 @@ class FleetClient:
         return self.acquire_work(wait_seconds, max_assignments)[0]
 
     def acquire_work(self, wait_seconds=30, max_assignments=None):
-        """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now);
-        both empty when nothing came in time. A fleetd that predates `cancel` never sends stops here
-        (the heartbeat's `cancel` carries them)."""
+        """POST /agent/acquire, a long poll -> (Assignments delivered, ids of tasks to stop now, ids
+        of tasks whose output a reader waits for); all empty when nothing came in time. A fleetd
+        that predates `cancel` never sends stops here (the heartbeat's `cancel` carries them)."""
         reply = self._post(
             "/api/v1/agent/acquire",
             Acquire(wait_seconds, max_assignments).to_wire(),
@@ -231,7 +231,7 @@ class FleetClient:
             work = AcquireReply.from_wire(reply)
         except ValueError as exc:
             raise FleetdError(f"fleetd's answer to an acquire is not one: {exc}") from exc
-        return list(work.assignments), list(work.cancel)
+        return list(work.assignments), list(work.cancel), list(work.flush_output)
 
     def task_start(self, task_id, epoch, pid=None, extra=None, started_seconds_ago=None):
         """POST /agent/tasks/{id}/start: the task's process runs (`extra`: an instance's

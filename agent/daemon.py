@@ -528,7 +528,7 @@ class Agent:
                     + 30,
                 )
                 try:
-                    assignments, cancel = client.acquire_work(
+                    assignments, cancel, flush = client.acquire_work(
                         ACQUIRE_WAIT_SECONDS, max_assignments=batch
                     )
                 except FleetdError as exc:
@@ -555,6 +555,8 @@ class Agent:
                 failures = 0
                 if cancel:  # before the assignments: a stop never concerns a task of this reply
                     runner.cancel(cancel, "cancelled by fleetd")
+                if flush:
+                    runner.flush_output(flush)
                 for assignment in assignments:
                     if self.stop.is_set():
                         # The runner hands it back, as any that comes from now on.

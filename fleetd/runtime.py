@@ -23,6 +23,7 @@ from fleetd.services.placement.parking import ParkedGroups
 from fleetd.services.placement.terms import TermsCache
 from fleetd.services.workloads import output_store
 from fleetd.services.workloads.lifecycle import NodeStops
+from fleetd.services.workloads.output_store import FlushRequests
 
 
 @dataclasses.dataclass
@@ -72,6 +73,8 @@ class Runtime:
     # gevent's thread pool; elsewhere it is a plain call.
     offload: Callable = call
     output_store: Any = None  # where stored output lives (services/workloads/output_store.py)
+    # outputs whose open chunk a reader waits for, until their node's acquire takes them
+    flushes: FlushRequests = dataclasses.field(default_factory=FlushRequests)
     instruments: Instruments | None = None  # the app's Prometheus instruments
     tasks: TaskRunner | None = None  # the background tasks (`fleetd serve` starts them)
     scheduler: SchedulerLoop | None = None  # passes after kicks (`fleetd serve` starts its thread)

@@ -56,6 +56,7 @@ class Settings:
     output_s3_region: str = ""  # the bucket's region (empty: boto3's own default)
     output_tail_lines: int = 1000  # the newest lines of each task's output kept as text
     output_search_seconds: float = 5.0  # a search (q) answers what it found by then, and a cursor
+    output_flush_seconds: float = 5.0  # a download waits this long for running tasks' newest lines
     long_poll_max_seconds: float = 30.0  # cap on acquire, job wait and rendezvous wait
     metrics_sample_seconds: float = 60.0
     metrics_retention_seconds: int = 86400

@@ -69,6 +69,8 @@ class AcquireReply:
     assignments: tuple[dict[str, Any], ...] = ()
     cancel: tuple[str, ...] = ()  # tasks whose processes the node must stop now
     batched: bool = False  # the acquire asked for several: the answer carries `assignments`
+    # tasks whose output a reader waits for: seal the open chunk and upload it now
+    flush_output: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -77,21 +79,27 @@ class AcquireReply:
         }
         if self.batched:
             out["assignments"] = list(self.assignments)
+        if self.flush_output:  # sent only then: an older agent never sees it
+            out["flush_output"] = list(self.flush_output)
         return out
 
     @classmethod
     def from_wire(cls, data: Any) -> AcquireReply:
         data = _object(data or {}, "an acquire's answer")
-        cancel = data.get("cancel") or []
+        cancel, flush = data.get("cancel") or [], data.get("flush_output") or []
         if not isinstance(cancel, list):
             raise ValueError("cancel must be a list of task ids")
+        if not isinstance(flush, list):
+            raise ValueError("flush_output must be a list of task ids")
+        stops = tuple(c for c in cancel if isinstance(c, str))
+        flushes = tuple(f for f in flush if isinstance(f, str))
         if "assignments" in data:
             found = data["assignments"] or []
             if not isinstance(found, list):
                 raise ValueError("assignments must be a list")
-            return cls(tuple(found), tuple(c for c in cancel if isinstance(c, str)), batched=True)
+            return cls(tuple(found), stops, batched=True, flush_output=flushes)
         one = data.get("assignment")
-        return cls(() if not one else (one,), tuple(c for c in cancel if isinstance(c, str)))
+        return cls(() if not one else (one,), stops, flush_output=flushes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -291,6 +291,15 @@ class OutputKeeper:
     def _chunk_path(self, chunk, suffix):
         return chunk_path(self.out_dir, chunk, suffix)
 
+    def seal_now(self):
+        """Seal the open chunk now (a reader waits for it); False when none holds a line."""
+        with self.lock:
+            if self.open is None or not self.open.lines:
+                return False
+            self._seal()
+            self._save()
+            return True
+
     def _seal(self):
         if self._fd is not None:
             os.close(self._fd)

@@ -238,6 +238,14 @@ class Runner:
                 log.warning("stopping task %s: %s", task.label, reason)
                 task.cancel(reason)
 
+    def flush_output(self, task_ids):
+        """A reader waits for these tasks' output: seal each one's open chunk and upload it now.
+        Ids of tasks not running here are ignored."""
+        for task_id in task_ids:
+            task = self.get(task_id)
+            if task is not None and task.output is not None:
+                task.output.flush_now()
+
     def fence_jobs(self, reason, grace):
         """Stop every job task (not the instances): their lease ran out while fleetd was
         unreachable. Each is reported `lost` once fleetd answers again (fleetd has declared it lost

@@ -125,6 +125,12 @@ class OutputShipper:
         self.kick()
         return summary
 
+    def flush_now(self):
+        """A reader waits: read what is new, seal the open chunk however small, ship both."""
+        self.keeper.pump()
+        self.keeper.seal_now()
+        self.kick()
+
     def flush_batch(self, seconds):
         """Wait (at most `seconds`) until fleetd has every line counted and the texts of the
         newest: a finish reported after this leaves no line of a short output unread at fleetd

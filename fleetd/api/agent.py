@@ -98,7 +98,10 @@ class AgentAcquire(MethodView):
             current_runtime(), current_principal().node_id, body.wait_seconds, batch or 1
         )
         return AcquireReply(
-            tuple(found["assignments"]), tuple(found["cancel"]), batched=batch is not None
+            tuple(found["assignments"]),
+            tuple(found["cancel"]),
+            batched=batch is not None,
+            flush_output=tuple(found.get("flush_output", ())),
         ).to_wire()
 
 

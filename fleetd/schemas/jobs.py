@@ -594,6 +594,15 @@ class AcquireReplySchema(Schema):
             )
         },
     )
+    flush_output = fields.List(
+        fields.String(),
+        metadata={
+            "description": (
+                "ids of tasks whose output a reader waits for: seal the open chunk and upload it "
+                "now (sent only when there are some)"
+            )
+        },
+    )
 
 
 class PortMappingSchema(Schema):

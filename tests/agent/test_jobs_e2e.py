@@ -88,8 +88,26 @@ def wait_job(
     return wait_until(check, timeout=timeout, interval=0.05, message=message)
 
 
+def wait_stored(http, job_id):
+    """Once a job ended, its nodes upload the output they hold: wait (bounded) until fleetd has
+    it all."""
+    return wait_until(
+        lambda: (
+            not http("GET", f"/api/v1/jobs/{job_id}/output/info", expect=200).json()[
+                "pending_ranges"
+            ]
+        ),
+        timeout=30,
+        message="the job's output stored",
+    )
+
+
 def job_logs(http, job_id, rank=None):
-    """Every log line of a job, following the cursor (bounded)."""
+    """Every log line of a job, following the cursor (bounded), once an ended job's output is
+    stored."""
+    job = http("GET", f"/api/v1/jobs/{job_id}", expect=200).json()
+    if job["state"] in TERMINAL:
+        wait_stored(http, job_id)
     lines, after = [], None
     for _ in range(1000):
         query = (
@@ -145,6 +163,34 @@ def test_a_single_node_job_succeeds_with_complete_ordered_logs_and_its_exit_code
     assert stdout[0].startswith("gpus GPU-") and stdout[0].endswith(" 1")
     assert [line["text"] for line in lines if line["stream"] == "stderr"] == ["to stderr"]
     assert [line["seq"] for line in lines] == sorted(line["seq"] for line in lines)
+
+
+def test_the_whole_output_of_a_running_job_comes_from_its_node_on_demand(fleet, gate):
+    http, _agents = fleet(1)
+    code = (
+        "import sys\n" + GATE_WAIT + "for i in range(3000):\n"
+        "    print(f'early {i}')\n"
+        "sys.stdout.flush()\n"
+        "gate_wait(sys.argv[1], 120)\n"
+        "print('late')\n"
+    )
+    job = submit(http, [PY, "-c", code, gate.path], name="chatty")
+    wait_until(
+        lambda: (
+            http("GET", f"/api/v1/jobs/{job['id']}/output/info", expect=200).json()["lines"] >= 3000
+        ),
+        timeout=30,
+        message="fleetd to count the early lines",
+    )
+    # Fleetd keeps the first 100 lines and the newest 1000 as text; the middle is in the node's
+    # open chunk, which the download asks the node for.
+    whole = http("GET", f"/api/v1/jobs/{job['id']}/output", expect=200).text.splitlines()
+    assert whole == [f"early {i}" for i in range(3000)]
+    info = http("GET", f"/api/v1/jobs/{job['id']}/output/info", expect=200).json()
+    assert info["pending_ranges"] == [] and info["outputs"][0]["ended"] is False
+    gate.open()
+    assert wait_job(http, job["id"])["state"] == "succeeded"
+    assert [line["text"] for line in job_logs(http, job["id"])][-2:] == ["early 2999", "late"]
 
 
 def test_a_failing_command_fails_the_job_with_its_exit_code(fleet):

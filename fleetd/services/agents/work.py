@@ -56,7 +56,8 @@ def acquire(rt, node_id, wait_seconds, limit=1):
     """Work for this node: {"assignments": up to `limit` undelivered assignments, oldest first,
     each delivered once; "cancel": ids of tasks whose processes the node must stop now (cancel,
     preemption, a drain's deadline), each told once}. Waits up to `wait_seconds` for either;
-    a stop owed to the node wakes the wait at once."""
+    a stop owed to the node wakes the wait at once, as does a reader that waits for a task's
+    output ("flush_output": seal the open chunk and upload it now)."""
 
     def take_assignments():
         # Read first: most checks find nothing, and a read takes no write lock.
@@ -80,7 +81,10 @@ def acquire(rt, node_id, wait_seconds, limit=1):
     def take():
         cancel = _take_stops(rt.stops, node_id)
         found = take_assignments()
-        return {"assignments": found, "cancel": cancel} if found or cancel else None
+        flush = rt.flushes.take(node_id)
+        if not (found or cancel or flush):
+            return None
+        return {"assignments": found, "cancel": cancel, "flush_output": flush}
 
     wait_seconds = min(wait_seconds, rt.settings.long_poll_max_seconds)
     found = released(take)

@@ -12,6 +12,7 @@ import bisect
 import dataclasses
 import datetime as dt
 import logging
+import time
 import typing
 import zlib
 
@@ -30,6 +31,7 @@ from fleetwire.output import CHUNK_RAW_BYTES, MAX_LINE_BYTES, decompress_chunk, 
 log = logging.getLogger("fleetd.output")
 
 MAX_QUERY_CHARS = 1000
+FLUSH_POLL_SECONDS = 0.1
 SEGMENTS_PER_READ = 64
 LEGACY_SCAN_ROWS = 50_000  # rows from before numbered lines one page looks at, at most
 MAX_SEGMENT_READS = 100_000  # reads of SEGMENTS_PER_READ segments one page makes at most
@@ -414,11 +416,33 @@ def _chunk_text(store, key, skip, stream):
     return b"".join(parts)
 
 
+def _flushed(rt, found):
+    """`found` outputs again once the nodes of those still running have sealed and uploaded
+    what they hold (asked through their acquire; waited for at most output_flush_seconds)."""
+    running = {o.id: o.lines for o in found if not o.ended and o.stored_lines < o.lines}
+    if not running:
+        return found
+    for output in found:
+        if output.id in running:
+            rt.flushes.want(output.node_id, output.task_id)
+            rt.notifier.notify(("node", output.node_id), local=True)
+    deadline = rt.clock.monotonic() + rt.settings.output_flush_seconds
+    for _ in range(int(rt.settings.output_flush_seconds / FLUSH_POLL_SECONDS) + 1):
+        fresh = {o.id: o for o in TaskOutput.select().where(TaskOutput.id.in_(list(running)))}
+        if all(o.stored_lines >= running[i] for i, o in fresh.items()):
+            break
+        if rt.clock.monotonic() >= deadline:
+            break
+        time.sleep(FLUSH_POLL_SECONDS)
+    return [TaskOutput.get_by_id(o.id) if o.id in running else o for o in found]
+
+
 def whole(rt, job_ids, rank=None, attempt=None, stream=None):
     """The whole output of these jobs as pieces of text: each output in line order, from the
     store, and from the database where the store lacks lines (or a line saying they are pending);
-    a header line before each output when there are several."""
-    found = outputs(job_ids, rank, attempt)
+    a header line before each output when there are several. A task that still runs is asked
+    for what it holds first."""
+    found = _flushed(rt, outputs(job_ids, rank, attempt))
     for output in found:
         if len(found) > 1:
             yield f"==> rank {output.rank}, attempt {output.attempt} <==\n".encode()

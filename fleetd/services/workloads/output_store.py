@@ -6,11 +6,31 @@ line.gz`). Every call blocks: callers run them on the Runtime's offload."""
 
 import os
 import tempfile
+import threading
 import urllib.parse
 
 import boto3
 import botocore.config
 import botocore.exceptions
+
+
+class FlushRequests:
+    """Task outputs a reader waits for, by node: the node's next acquire takes them and seals
+    and uploads each one's open chunk (one per Runtime; a node waiting on another replica is not
+    asked, and the reader serves what is stored when its wait ends)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._wanted: dict[str, set[str]] = {}
+
+    def want(self, node_id, task_id):
+        with self._lock:
+            self._wanted.setdefault(node_id, set()).add(task_id)
+
+    def take(self, node_id):
+        """The task ids wanted of this node (each handed out once)."""
+        with self._lock:
+            return sorted(self._wanted.pop(node_id, ()))
 
 
 class StoreError(Exception):
