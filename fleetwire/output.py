@@ -38,6 +38,7 @@ MAX_CHUNK_UPLOAD_BYTES = 8 << 20  # the most one compressed chunk may be on uplo
 MAX_LINE_BYTES = 1 << 20  # a longer line is cut into pieces of this size
 MAX_BATCH_LINES = 1000  # the most line texts one OutputBatch carries
 HEAD_LINES = 100  # the first lines of an output are always sent with their text
+MAX_AT_MS = 253402300799999  # a time in milliseconds since the epoch: at most 9999-12-31
 
 
 def encode_frame(at_ms: int, stream: str, data: bytes) -> bytes:
@@ -89,10 +90,10 @@ def decompress_chunk(blob: bytes, limit: int) -> bytes:
     return raw
 
 
-def _count(data: dict[str, Any], name: str, minimum: int = 0) -> int:
+def _count(data: dict[str, Any], name: str, minimum: int = 0, maximum: int = 2**62) -> int:
     value = data.get(name)
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}")
+    if not is_int(value) or not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an integer from {minimum} to {maximum}")
     return value
 
 
@@ -131,7 +132,8 @@ class OutputBatch:
             raise ValueError("an output batch must be an object")
         epoch, first_line = _count(data, "epoch"), _count(data, "first_line")
         count, size = _count(data, "count"), _count(data, "bytes")
-        first_at, last_at = _count(data, "first_at"), _count(data, "last_at")
+        first_at = _count(data, "first_at", maximum=MAX_AT_MS)
+        last_at = _count(data, "last_at", maximum=MAX_AT_MS)
         if last_at < first_at:
             raise ValueError("last_at must not be before first_at")
         lines, raw = [], data.get("lines")
@@ -145,6 +147,7 @@ class OutputBatch:
                 or not is_int(item[0])
                 or not before < item[0] < first_line + count
                 or not is_int(item[1])
+                or not 0 <= item[1] <= MAX_AT_MS
                 or item[2] not in STREAM_CODES
                 or not isinstance(item[3], str)
             ):
@@ -188,8 +191,8 @@ class ChunkMeta:
                 values[name] = int(data.get(name, ""))
             except (TypeError, ValueError):
                 raise ValueError(f"{name} must be an integer") from None
-            if values[name] < 0:
-                raise ValueError(f"{name} must not be negative")
+            if not 0 <= values[name] <= (MAX_AT_MS if name.endswith("_at") else 2**62):
+                raise ValueError(f"{name} is out of range")
         if values["lines"] < 1 or values["bytes"] > CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64:
             raise ValueError("a chunk holds at least one line and at most its size")
         return cls(first_line=first_line, **values)

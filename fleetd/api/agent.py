@@ -195,7 +195,15 @@ def _chunk_meta(first_line, query):
 class AgentTaskOutputChunk(MethodView):
     @require(NODE)
     @blp.arguments(ChunkQuerySchema(), location="query")
-    @blp.doc(requestBody={"content": {"application/gzip": {"schema": {"type": "string"}}}})
+    @blp.doc(
+        requestBody={
+            "required": True,
+            "description": "the chunk's gzip bytes (sent as application/gzip)",
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    )
     @blp.response(204)
     def put(self, meta, task_id, first_line):
         """A chunk of the task's output (gzip of frames) for the output store; one stored before is

@@ -3,7 +3,8 @@ how much of it the output store holds, its cap), `output_segment` (lines in thei
 each line's seq is computed from its segment, so no row per line is needed) and `output_chunk`
 (the stored chunks); `log_line.line` numbers the lines fleetd still keeps as text; fleets get
 `output_cap_bytes` and `output_retention_days`. Lines written before keep their rows and their
-seqs (below 2**32, where the new ones start). Plain ADD/DROP COLUMN: the SQLite migrator's table
+seqs (below 2**32, where the new ones start; on PostgreSQL `log_line.id` becomes a BIGINT for
+them, which rewrites that table once). Plain ADD/DROP COLUMN: the SQLite migrator's table
 rebuild would drop the fleet table's inventory triggers (see 0016)."""
 from peewee import *
 
@@ -71,6 +72,9 @@ def up(migrator, db):
 
     db.create_tables([TaskOutput, OutputSegment, OutputChunk])
     db.execute_sql('ALTER TABLE log_line ADD COLUMN line BIGINT')
+    if isinstance(db, PostgresqlDatabase):  # seqs start at 2**32 (SQLite's INTEGER is 64-bit)
+        db.execute_sql('ALTER TABLE log_line ALTER COLUMN id TYPE BIGINT')
+        db.execute_sql('ALTER SEQUENCE log_line_id_seq AS BIGINT')
     db.execute_sql(f'ALTER TABLE fleet ADD COLUMN output_cap_bytes BIGINT NOT NULL DEFAULT {1 << 30}')
     db.execute_sql('ALTER TABLE fleet ADD COLUMN output_retention_days INTEGER NOT NULL DEFAULT 30')
 
@@ -79,5 +83,8 @@ def down(migrator, db):
     db.execute_sql('ALTER TABLE fleet DROP COLUMN output_retention_days')
     db.execute_sql('ALTER TABLE fleet DROP COLUMN output_cap_bytes')
     db.execute_sql('ALTER TABLE log_line DROP COLUMN line')
+    if isinstance(db, PostgresqlDatabase):  # the lines numbered past 2**31 go first
+        db.execute_sql(f'DELETE FROM log_line WHERE id > {2**31 - 1}')
+        db.execute_sql('ALTER TABLE log_line ALTER COLUMN id TYPE INTEGER')
     for table in ('output_chunk', 'output_segment', 'task_output'):
         db.execute_sql(f'DROP TABLE {table}')

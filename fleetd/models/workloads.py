@@ -226,7 +226,7 @@ class LogLine(BaseModel):
     OutputSegment (services/workloads/output.py); `line` its number in its output. Rows written
     before migration 0041 have no `line`, and their `id` (below OUTPUT_SEQ_BASE) was their seq."""
 
-    id = peewee.AutoField()
+    id = peewee.BigAutoField()
     job = peewee.ForeignKeyField(Job, backref="log_lines", on_delete="CASCADE", column_name="job")
     rank = peewee.IntegerField()
     attempt = peewee.IntegerField()

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import math
+import re
 import typing
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
@@ -19,12 +20,14 @@ from fleetd.schemas.common import (
     Time,
     page_schema,
 )
+from fleetd.services.workloads.output_read import MAX_QUERY_CHARS
 from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
 from fleetwire.finish import TaskFinish
 from fleetwire.output import (
     CHUNK_RAW_BYTES,
+    MAX_AT_MS,
     MAX_LINE_BYTES,
     MAX_OUTPUT_CAP_BYTES,
     MIN_OUTPUT_CAP_BYTES,
@@ -407,21 +410,41 @@ class LogLineSchema(Schema):
 LogPageSchema = page_schema(LogLineSchema, "LogPage")
 
 
+RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
 class Instant(fields.Field):
-    """An RFC 3339 time, as a naive UTC datetime."""
+    """An RFC 3339 time (a leap second read as the second before it), as a naive UTC datetime."""
+
+    def __init__(self, **kwargs):
+        metadata = {"type": "string", "format": "date-time", **kwargs.pop("metadata", {})}
+        super().__init__(metadata=metadata, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
-        if not isinstance(value, str) or len(value) > 40 or "\x00" in value:
+        match = RFC3339.fullmatch(value.strip()) if isinstance(value, str) else None
+        if match is None or len(value) > 64:
             raise ValidationError("an RFC 3339 time")
+        year, month, day, hour, minute, second, fraction, zone = match.groups()
         try:
-            parsed = dt.datetime.fromisoformat(
-                value.strip().replace("Z", "+00:00").replace("z", "+00:00")
+            offset = dt.timedelta(0)
+            if zone not in ("Z", "z"):
+                sign = -1 if zone[0] == "-" else 1
+                offset = sign * dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+            when = dt.datetime(
+                int(year),
+                int(month),
+                int(day),
+                int(hour),
+                int(minute),
+                min(int(second), 59),
+                int((fraction or ".0")[1:7].ljust(6, "0")),
+                tzinfo=dt.timezone(offset),
             )
-        except ValueError:
+            return when.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        except (ValueError, OverflowError):
             raise ValidationError("an RFC 3339 time") from None
-        if parsed.tzinfo is not None:
-            parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return parsed
 
 
 OUTPUT_STREAMS = ("stdout", "stderr", "system")
@@ -437,7 +460,7 @@ class LogQuerySchema(Schema):
     )
     until = Instant(load_default=None, metadata={"description": "lines seen at or before"})
     q = fields.String(
-        validate=validate.Length(min=1, max=1000),
+        validate=validate.Length(min=1, max=MAX_QUERY_CHARS),
         load_default=None,
         metadata={
             "description": "lines that contain this (a regex with q_regex), over the whole output"
@@ -765,8 +788,8 @@ class ChunkQuerySchema(Schema):
     bytes = Int(
         minimum=1, maximum=CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64, required=True, strict=False
     )
-    first_at = Int(minimum=0, maximum=2**48, required=True, strict=False)
-    last_at = Int(minimum=0, maximum=2**48, required=True, strict=False)
+    first_at = Int(minimum=0, maximum=MAX_AT_MS, required=True, strict=False)
+    last_at = Int(minimum=0, maximum=MAX_AT_MS, required=True, strict=False)
 
 
 class OutputSummarySchema(Schema):
@@ -775,7 +798,7 @@ class OutputSummarySchema(Schema):
     truncated = Bool(load_default=False)
 
 
-_MS = {"minimum": 0, "maximum": 2**48, "load_default": None}
+_MS = {"minimum": 0, "maximum": MAX_AT_MS}
 
 
 class LogBatchSchema(Schema):
@@ -784,17 +807,28 @@ class LogBatchSchema(Schema):
     lines without numbers."""
 
     epoch = Int(required=True)
-    first_line = Int(minimum=0, maximum=2**62, load_default=None)
-    count = Int(minimum=0, maximum=2**40, load_default=None)
+    first_line = Int(minimum=0, maximum=2**62)
+    count = Int(minimum=0, maximum=2**40)
     first_at = Int(**_MS)
     last_at = Int(**_MS)
-    bytes = Int(minimum=0, maximum=2**62, load_default=None)
-    notice = fields.String(validate=validate.OneOf(NOTICES), load_default=None)
+    bytes = Int(minimum=0, maximum=2**62)
+    notice = fields.String(validate=validate.OneOf(NOTICES))
     lines = fields.List(
         fields.Raw(
             metadata={
                 "type": "array",
-                "description": "[line, at_ms, stream, text]; from an older agent [stream, text]",
+                "minItems": 2,
+                "maxItems": 4,
+                "items": {
+                    "oneOf": [
+                        {"type": "string", "maxLength": 65536},
+                        {"type": "integer", "minimum": 0, "maximum": MAX_AT_MS},
+                    ]
+                },
+                "description": (
+                    "[line, at_ms, stream, text]; from an agent before numbered lines, [stream, "
+                    "text] or [stream, text, rank]"
+                ),
             }
         ),
         required=True,
@@ -805,11 +839,11 @@ class LogBatchSchema(Schema):
     def _typed(self, data, **_kwargs):
         """The checked body as the wire's OutputBatch or LogBatch."""
         try:
-            if data["first_line"] is None:
+            if "first_line" not in data:
                 for line in data["lines"]:
                     LogLineField().deserialize(line)
                 return LogBatch.from_wire(data)
-            return OutputBatch.from_wire({k: v for k, v in data.items() if v is not None})
+            return OutputBatch.from_wire(data)
         except ValueError as exc:
             raise ValidationError(str(exc)) from exc
 

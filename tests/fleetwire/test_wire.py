@@ -260,4 +260,5 @@ def test_fleetds_work_schemas_name_exactly_the_wires_fields():
         "assignment",
         "assignments",
         "cancel",
+        "flush_output",
     }  # batched: which is sent

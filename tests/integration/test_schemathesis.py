@@ -91,9 +91,35 @@ ALLOWED = [
     (
         "positive_data_acceptance",
         r"POST /api/v1/agent/tasks/\{task_id\}/logs",
-        r"stream must be stdout|text must be a string|rank must be an integer",
-        "a log line is a tuple [stream, text, rank?]; OpenAPI 3.0 has no tuples (prefixItems came "
-        "with 3.1), so the document allows strings or ranks in any position",
+        r"stream must be stdout|text must be a string|rank must be an integer|\[stream, text\] or "
+        r"\[stream, text, rank\]|lines must be",
+        "a line is a tuple ([line, at_ms, stream, text], or from an older agent [stream, text, "
+        "rank?]); OpenAPI 3.0 has no tuples (prefixItems came with 3.1), so the document allows "
+        "strings or integers in any position; and a batch's lines must lie within its first_line "
+        "and count, a rule across fields",
+    ),
+    (
+        "positive_data_acceptance",
+        r"POST /api/v1/agent/tasks/\{task_id\}/logs",
+        r"last_at must not be before first_at",
+        "a batch's times are a range: a rule across two fields, which OpenAPI 3.0 describes one by "
+        "one",
+    ),
+    (
+        "positive_data_acceptance",
+        r"PUT /api/v1/agent/tasks/\{task_id\}/output/\{first_line\}",
+        r"the chunk is not one|the chunk holds|first_line must be a line number",
+        "a chunk is gzip of frames that must hold the lines and bytes its query says: what bytes "
+        "are inside a body is more than a document can state; the path's first_line is a number "
+        "in a string segment",
+    ),
+    (
+        "positive_data_acceptance",
+        r"GET /api/v1/(jobs/\{job_id\}|instances/\{instance_id\})/logs",
+        r"an RFC 3339 time|is not a regex fleetd takes",
+        "since and until are RFC 3339 times, which the document gives as a date-time format that "
+        "the generator's strings do not always keep (a February 30); q with q_regex must be a "
+        "regex in RE2's syntax, a grammar no schema states",
     ),
     (
         "positive_data_acceptance",

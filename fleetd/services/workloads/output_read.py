@@ -30,7 +30,7 @@ from fleetwire.output import CHUNK_RAW_BYTES, MAX_LINE_BYTES, decompress_chunk, 
 
 log = logging.getLogger("fleetd.output")
 
-MAX_QUERY_CHARS = 1000
+MAX_QUERY_CHARS = 300  # a q longer than this is refused (its URL must stay under 8 KiB)
 FLUSH_POLL_SECONDS = 0.1
 SEGMENTS_PER_READ = 64
 LEGACY_SCAN_ROWS = 50_000  # rows from before numbered lines one page looks at, at most

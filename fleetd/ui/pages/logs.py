@@ -78,8 +78,8 @@ def found(search):
     """A search's answer: up to FOUND_SHOWN lines of the whole output that hold `q` (a regex with
     `regex=true`). `search(limit, q, q_regex)` gives (lines, cursor)."""
     q = (request.args.get("q") or "").strip()
-    if not q or len(q) > 1000:
-        return render_template("_log_found.html", error="Search for 1 to 1000 characters.")
+    if not q or len(q) > 300:
+        return render_template("_log_found.html", error="Search for 1 to 300 characters.")
     try:
         lines, cursor = search(FOUND_SHOWN, q, request.args.get("regex") == "true")
     except InvalidRequest as exc:
