@@ -84,7 +84,7 @@ def down(migrator, db):
     db.execute_sql('ALTER TABLE fleet DROP COLUMN output_cap_bytes')
     db.execute_sql('ALTER TABLE log_line DROP COLUMN line')
     if isinstance(db, PostgresqlDatabase):  # the lines numbered past 2**31 go first
-        db.execute_sql(f'DELETE FROM log_line WHERE id > {2**31 - 1}')
+        db.execute_sql('DELETE FROM log_line WHERE id > 2147483647')
         db.execute_sql('ALTER TABLE log_line ALTER COLUMN id TYPE INTEGER')
     for table in ('output_chunk', 'output_segment', 'task_output'):
         db.execute_sql(f'DROP TABLE {table}')

@@ -783,7 +783,7 @@ class ChunkQuerySchema(Schema):
     """The query of a chunk upload (fleetwire ChunkMeta without its first line, which is in the
     path)."""
 
-    epoch = Int(minimum=0, required=True, strict=False)
+    epoch = Int(minimum=0, maximum=2**62, required=True, strict=False)
     lines = Int(minimum=1, maximum=CHUNK_RAW_BYTES + MAX_LINE_BYTES, required=True, strict=False)
     bytes = Int(
         minimum=1, maximum=CHUNK_RAW_BYTES + MAX_LINE_BYTES + 64, required=True, strict=False
@@ -806,9 +806,9 @@ class LogBatchSchema(Schema):
     of some as [line, at_ms, stream, text]), or, from an agent before it, [stream, text(, rank)]
     lines without numbers."""
 
-    epoch = Int(required=True)
+    epoch = Int(minimum=0, maximum=2**62, required=True)
     first_line = Int(minimum=0, maximum=2**62)
-    count = Int(minimum=0, maximum=2**40)
+    count = Int(minimum=0, maximum=2**62)
     first_at = Int(**_MS)
     last_at = Int(**_MS)
     bytes = Int(minimum=0, maximum=2**62)

@@ -101,9 +101,11 @@ ALLOWED = [
     (
         "positive_data_acceptance",
         r"POST /api/v1/agent/tasks/\{task_id\}/logs",
-        r"last_at must not be before first_at",
-        "a batch's times are a range: a rule across two fields, which OpenAPI 3.0 describes one by "
-        "one",
+        r"last_at must not be before first_at|(count|first_at|last_at|bytes) must be an integer "
+        r"from",
+        "a batch's times are a range, and a numbered batch (one with first_line) brings count, "
+        "first_at, last_at and bytes with it, while an older agent's batch has none of them: rules "
+        "across fields, which OpenAPI 3.0 describes one by one",
     ),
     (
         "positive_data_acceptance",
