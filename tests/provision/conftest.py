@@ -1,10 +1,13 @@
 """Provisioning fixtures: SSH test hosts, fleetd listening where the hosts reach it, a built
 bundle."""
 
+import contextlib
+import datetime as dt
 import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -90,6 +93,39 @@ class Lab:
     def hosts(self):
         return self.ssh.hosts
 
+    def admin_token(self, name, user=None):
+        """A new admin API token named `name` (a tool's own, or with `user` a person's); returns
+        {id, name, token}."""
+        body = {"name": name, "role": "admin", **({"user": user} if user else {})}
+        return self.api("POST", "/api/v1/tokens", expect=201, json=body).json()
+
+    def session_token(self, login):
+        """The token of a signed-in session of the user `login` (an admin, made with a token of
+        their own), as `fleetd login --provider` saves one. Written into fleetd's database, where a
+        sign-in at an identity provider would put it."""
+        self.admin_token(f"{login}-laptop", user=login)
+        from fleetd.credentials import SESSION_PREFIX, hash_token, make_token
+
+        session_id, token = make_token(SESSION_PREFIX)
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        with contextlib.closing(sqlite3.connect(self.fleetd.data_dir / "fleetd.db")) as db, db:
+            (user_id,) = db.execute("SELECT id FROM user WHERE login = ?", (login,)).fetchone()
+            db.execute(
+                "INSERT INTO auth_session (id, user_id, provider, token_hash, refresh_hash, "
+                "created_at, expires_at, refresh_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    user_id,
+                    "lab",
+                    hash_token(token),
+                    hash_token(f"flr_{session_id}"),
+                    str(now),
+                    str(now + dt.timedelta(hours=1)),
+                    str(now + dt.timedelta(days=14)),
+                ),
+            )
+        return token
+
     def env(self, **extra):
         """Environment for `fleetd bootstrap`: the admin token travels here, never in arguments."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETD_", "FLEET_AGENT_"))}
@@ -165,10 +201,10 @@ class Lab:
             cwd=cwd,
         )
 
-    def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None):
+    def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None, env=None):
         """`fleetd bootstrap --json` on hosts; returns (exit code, {address: result}, stderr)."""
         result = self.fleetd_cli(
-            *self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd
+            *self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd, env=env
         )
         try:
             rows = json.loads(result.stdout)
