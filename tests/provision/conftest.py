@@ -1,13 +1,10 @@
 """Provisioning fixtures: SSH test hosts, fleetd listening where the hosts reach it, a built
 bundle."""
 
-import contextlib
-import datetime as dt
 import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -18,6 +15,7 @@ import pytest
 from tests.provision.hosts import SshLab
 from tests.support import wait_until
 from tests.support.http import Http
+from tests.support.oidc_provider import OidcProvider, approve_device
 from tests.support.server import FleetdProcess, fleetd_cmd, fleetd_init
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -93,38 +91,46 @@ class Lab:
     def hosts(self):
         return self.ssh.hosts
 
-    def admin_token(self, name, user=None):
-        """A new admin API token named `name` (a tool's own, or with `user` a person's); returns
-        {id, name, token}."""
-        body = {"name": name, "role": "admin", **({"user": user} if user else {})}
+    def admin_token(self, name):
+        """A new admin API token named `name` (a tool's own); returns {id, name, token}."""
+        body = {"name": name, "role": "admin"}
         return self.api("POST", "/api/v1/tokens", expect=201, json=body).json()
 
-    def session_token(self, login):
-        """The token of a signed-in session of the user `login` (an admin, made with a token of
-        their own), as `fleetd login --provider` saves one. Written into fleetd's database, where a
-        sign-in at an identity provider would put it."""
-        self.admin_token(f"{login}-laptop", user=login)
-        from fleetd.credentials import SESSION_PREFIX, hash_token, make_token
-
-        session_id, token = make_token(SESSION_PREFIX)
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        with contextlib.closing(sqlite3.connect(self.fleetd.data_dir / "fleetd.db")) as db, db:
-            (user_id,) = db.execute("SELECT id FROM user WHERE login = ?", (login,)).fetchone()
-            db.execute(
-                "INSERT INTO auth_session (id, user_id, provider, token_hash, refresh_hash, "
-                "created_at, expires_at, refresh_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session_id,
-                    user_id,
-                    "lab",
-                    hash_token(token),
-                    hash_token(f"flr_{session_id}"),
-                    str(now),
-                    str(now + dt.timedelta(hours=1)),
-                    str(now + dt.timedelta(days=14)),
-                ),
+    def sign_in(self, login):
+        """Sign `login` in as an admin the way an operator does: `fleetd login --provider lab` at a
+        real OpenID provider (started for this, and stopped once the session is saved), the
+        device code approved at the provider's own pages. The session is saved in the lab's HOME
+        (as every CLI call here reads it); returns its token."""
+        provider = OidcProvider(self.ssh.root, {login: {"name": login, "groups": ["ops"]}})
+        provider.start()
+        try:
+            self.api("PUT", "/api/v1/auth/providers/lab", expect=200, json=provider.provider_body())
+            rule = {"provider": "lab", "claim": "groups", "contains": "ops", "role": "admin"}
+            self.api("PUT", "/api/v1/auth/bindings", expect=200, json=[rule])
+            env = {k: v for k, v in self.env().items() if k != "FLEETD_TOKEN"}
+            proc = subprocess.Popen(
+                fleetd_cmd("login", "--provider", "lab"),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
-        return token
+            try:
+                shown = proc.stdout.readline()
+                where = re.search(r"Open (\S+) and enter the code", shown)
+                assert where, shown
+                approve_device(where.group(1), login)
+                out, _ = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+            assert proc.returncode == 0 and f"as user:{login} (admin)" in out, shown + out
+        finally:
+            provider.kill()
+        config = self.ssh.root / "home" / ".config" / "fleetd" / "config.toml"
+        return re.search(r'^token = "([^"]+)"', config.read_text(), re.M).group(1)
 
     def env(self, **extra):
         """Environment for `fleetd bootstrap`: the admin token travels here, never in arguments."""

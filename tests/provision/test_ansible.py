@@ -292,7 +292,7 @@ def test_bootstrap_playbook_over_an_install_switches_back_when_the_new_agent_doe
     # The playbooks act with a token of their own, or with an operator's signed-in session; the
     # records say which.
     ansible = lab.admin_token("ansible")
-    session = lab.session_token("alice")
+    session = lab.sign_in("alice")
     try:
         first = playbook(
             lab, inventory, "bootstrap.yml", bundle, control_dir, token=ansible["token"]

@@ -1,6 +1,5 @@
 """`fleetd bootstrap` against real SSH test hosts (network namespaces with their own sshd)."""
 
-import datetime as dt
 import json
 import socket
 import subprocess
@@ -597,16 +596,8 @@ def test_bootstrap_records_name_the_tools_own_token_or_the_operators_saved_sessi
     node_id = results[host.address]["node_id"]
     lab.api.wait_status(node_id, "ready")
 
-    # The operator's own session, as `fleetd login --provider` saved it: no FLEETD_TOKEN.
-    session = lab.session_token("alice")
-    ends = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
-    config = lab.ssh.root / "home" / ".config" / "fleetd" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(
-        f'url = "{lab.fleetd.url}"\ntoken = "{session}"\nrefresh_token = "flr_unused"\n'
-        f'expires_at = "{ends.strftime("%Y-%m-%dT%H:%M:%SZ")}"\n'
-    )
-    config.chmod(0o600)
+    # The operator's own session, saved by `fleetd login --provider`: no FLEETD_TOKEN.
+    session = lab.sign_in("alice")
     signed_in = {k: v for k, v in lab.env().items() if k != "FLEETD_TOKEN"}
     # What a tool that takes FLEETD_TOKEN (Ansible, Terraform's drift check) is given for it.
     current = lab.fleetd_cli("token", "current", env=signed_in)
