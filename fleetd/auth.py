@@ -84,6 +84,22 @@ class Principal:
         token)."""
         return self.id if self.kind == "api" else None
 
+    @property
+    def via(self):
+        """How it authenticated, for events' actor_via: token:<name> for an API token (a user's own
+        token too), session for a user's session, jwt for a workload's JWT; None for a node or join
+        token."""
+        if self.kind == "api":
+            return f"token:{self.name}"
+        return self.kind if self.kind in ("session", "jwt") else None
+
+    @property
+    def described(self):
+        """The label with how it authenticated when the label does not say it, as records that keep
+        one text name their maker: `user:alice (session)`, `user:alice (token:ansible)`."""
+        via = self.via
+        return f"{self.label} ({via})" if via and via != self.label else self.label
+
 
 # Every request reads one of these: only the columns the check needs, so that no JSON or
 # timestamp it does not look at is decoded.
@@ -482,7 +498,7 @@ def enter_actor(principal):
     """Events written while this request is served name its principal as their actor: the services
     read it from fleetd.services.notify.events, never from the request (called once the request is
     authenticated; leave_actors, at its teardown, ends it)."""
-    entered = events.enter_request(principal.label, principal.token_id)
+    entered = events.enter_request(principal.label, principal.token_id, principal.via)
     g.setdefault("fleetd_actors", []).append(entered)
 
 

@@ -127,9 +127,9 @@ def save_config(url, token, path=None, refresh_token=None, expires_at=None):
     return path
 
 
-def fresh_session(saved, now=None):
-    """The saved config, with its session refreshed first (and saved) when it ends within a minute;
-    a config without a refresh token (an API token) as it is."""
+def fresh_session(saved, now=None, ahead=REFRESH_AHEAD_SECONDS):
+    """The saved config, with its session refreshed first (and saved) when it ends within `ahead`
+    seconds (a minute); a config without a refresh token (an API token) as it is."""
     import datetime as dt
 
     if not saved.get("refresh_token") or not saved.get("expires_at"):
@@ -139,7 +139,7 @@ def fresh_session(saved, now=None):
         ends = dt.datetime.fromisoformat(saved["expires_at"].replace("Z", "+00:00"))
     except ValueError:
         return saved
-    if (ends - now).total_seconds() > REFRESH_AHEAD_SECONDS:
+    if (ends - now).total_seconds() > ahead:
         return saved
     session = Client(saved.get("url") or DEFAULT_URL).post(
         "/api/v1/auth/refresh", {"refresh_token": saved["refresh_token"]}
@@ -156,6 +156,20 @@ def fresh_session(saved, now=None):
         "refresh_token": session["refresh_token"],
         "expires_at": session["expires_at"],
     }
+
+
+def credentials(url=None, token=None, ahead=REFRESH_AHEAD_SECONDS):
+    """(url, token) for a command: those given (--url/--token, FLEETD_URL/FLEETD_TOKEN), else what
+    `fleetd login` saved, its session refreshed first (and saved) when it ends within `ahead`
+    seconds. token None when there is none; ClientError when the saved config cannot be read or
+    its session refreshed."""
+    saved = {}
+    if not url or not token:
+        saved = load_config()
+        # The saved session is for the saved URL: refreshed only when it is the one to call.
+        if not token and saved.get("url") == (url or saved.get("url")):
+            saved = fresh_session(saved, ahead=ahead)
+    return url or saved.get("url") or DEFAULT_URL, token or saved.get("token")
 
 
 class Client:

@@ -85,8 +85,9 @@ class FleetJoinTokens(MethodView):
     @blp.response(201, JoinTokenCreatedSchema)
     def post(self, body, name):
         """Mint a join token; the secret and the join command are in this response only."""
+        maker = current_principal().described[:200]
         row, token = fleets.create_join_token(
-            current_runtime().clock.now(), name, created_by=current_principal().label, **body
+            current_runtime().clock.now(), name, created_by=maker, **body
         )
         row.token = token
         row.join_command = fleets.join_command(public_url(), token)

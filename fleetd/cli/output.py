@@ -119,13 +119,20 @@ def show_record(record, fields):
         click.echo(f"{header.ljust(width)}  {cell(value)}")
 
 
+def event_actor(event):
+    """Who caused an event, with the credential when the actor does not say it: `user:alice
+    (session)`, `user:alice (token:ansible)`."""
+    actor, via = event.get("actor"), event.get("actor_via")
+    return f"{actor} ({via})" if via and via != actor else actor
+
+
 # The columns of a node's or an instance's events.
 EVENT_COLUMNS = [
     ("AT", "at"),
     ("KIND", "kind"),
     ("FROM", "from_status"),
     ("TO", "to_status"),
-    ("ACTOR", "actor"),
+    ("ACTOR", event_actor),
     ("REASON", "reason"),
 ]
 _TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?Z$")

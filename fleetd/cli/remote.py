@@ -11,7 +11,7 @@ import click
 
 from fleetd.cli.output import cell, describe_error, fail
 from fleetd.cli.params import parse_duration
-from fleetd.client import DEFAULT_URL, Client, ClientError, fresh_session, load_config
+from fleetd.client import Client, ClientError, credentials
 
 
 def client_command(group, name, **kwargs):
@@ -39,20 +39,11 @@ def client_command(group, name, **kwargs):
         @click.pass_context
         @functools.wraps(fn)
         def wrapper(ctx, url, token, as_json, **params):
-            saved = {}
-            if not url or not token:
-                try:
-                    saved = load_config()
-                    if not token and saved.get("url") == (url or saved.get("url")):
-                        saved = fresh_session(saved)
-                except ClientError as exc:
-                    fail(exc.message)
-            ctx.obj = {
-                "client": Client(
-                    url or saved.get("url") or DEFAULT_URL, token or saved.get("token")
-                ),
-                "json": as_json,
-            }
+            try:
+                url, token = credentials(url, token)
+            except ClientError as exc:
+                fail(exc.message)
+            ctx.obj = {"client": Client(url, token), "json": as_json}
             try:
                 return ctx.invoke(fn, **params)
             except ClientError as exc:

@@ -2,9 +2,10 @@
 
 import click
 
-from fleetd.cli.output import emit, show_table
+from fleetd.cli.output import describe_error, emit, fail, show_table
 from fleetd.cli.params import Duration, Size
 from fleetd.cli.remote import client_command, current_client
+from fleetd.client import ClientError, fresh_session, load_config
 
 
 @click.group()
@@ -172,6 +173,29 @@ def token_revoke(token_id):
     """Revoke an API token; it stops working at once."""
     current_client().delete(f"/api/v1/tokens/{token_id}")
     emit({"id": token_id, "revoked": True}, lambda d: click.echo(f"revoked token {token_id}"))
+
+
+@token.command("current")
+@click.option(
+    "--valid-for",
+    type=Duration(),
+    default="30m",
+    show_default=True,
+    help="Refresh a saved session first unless it lasts this much longer (a session lasts 1h).",
+)
+def token_current(valid_for):
+    """Print the token `fleetd login` saved, for a tool that takes FLEETD_TOKEN (Ansible,
+    Terraform) to act with your own session: `FLEETD_TOKEN=$(fleetd token current)`. fleetd
+    records what the tool does as yours, made with your session."""
+    try:
+        saved = load_config()
+        if saved.get("token"):
+            saved = fresh_session(saved, ahead=valid_for)
+    except ClientError as exc:
+        fail(describe_error(exc))
+    if not saved.get("token"):
+        fail("no saved token: sign in first (`fleetd login --provider NAME`, or `fleetd login`)")
+    click.echo(saved["token"])
 
 
 COMMANDS = [token]

@@ -21,6 +21,9 @@ class Event(BaseModel):
     actor_token_id = peewee.CharField(
         max_length=32, null=True
     )  # the API token's id when a token caused it (0017)
+    # How the actor authenticated: token:<name> (an API token), session (a user's signed-in
+    # session) or jwt; null for nodes, join tokens and fleetd (0042).
+    actor_via = peewee.CharField(max_length=255, null=True)
 
     class Meta:
         indexes = ((("subject_type", "subject_id", "id"), False),)

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from fleetd.cli.rollouts import show_rollout
-from fleetd.client import DEFAULT_URL, Client, ClientError, load_config
+from fleetd.client import Client, ClientError, credentials
 from fleetd.provision import bootstrap as bs
 from fleetd.provision import rendering
 from fleetd.provision import rollout as rs
@@ -148,19 +148,25 @@ def _show_results(results):
     (Console() if sys.stdout.isatty() else Console(width=240)).print(table)
 
 
+# A provisioning run on the operator's saved session refreshes it first unless it lasts this much
+# longer (a session lasts an hour): a run longer than the session needs a token of its own.
+RUN_SESSION_SECONDS = 1800
+
+
 def _client(url, token):
-    saved = {}
-    if not url or not token:
-        try:
-            saved = load_config()
-        except ClientError as exc:
-            raise click.ClickException(exc.message) from None
-    token = token or saved.get("token")
+    """The client of a provisioning run: the token given (the tool's own, or an operator's), else
+    the operator's saved `fleetd login` (a session is refreshed first when it ends within the
+    next RUN_SESSION_SECONDS). fleetd records every change of the run with
+    whoever this is."""
+    try:
+        url, token = credentials(url, token, ahead=RUN_SESSION_SECONDS)
+    except ClientError as exc:
+        raise click.ClickException(exc.message) from None
     if not token:
         raise click.ClickException(
             "an admin token is needed: --token, FLEETD_TOKEN or `fleetd login`"
         )
-    return Client(url or saved.get("url") or DEFAULT_URL, token)
+    return Client(url, token)
 
 
 def ssh_flags(fn):

@@ -279,6 +279,15 @@ class JoinTokenSchema(Schema):
     max_uses = fields.Integer(allow_none=True)
     uses = fields.Integer()
     revoked = fields.Boolean()
+    created_by = fields.String(
+        metadata={
+            "description": (
+                "who made it, as events name actors, with how it authenticated: token:ansible, "
+                "user:alice (session), user:alice (token:laptop); the registrations it admits "
+                "name it"
+            )
+        }
+    )
 
 
 class JoinTokenCreatedSchema(JoinTokenSchema):

@@ -269,6 +269,16 @@ class EventSchema(Schema):
             )
         },
     )
+    actor_via = fields.String(
+        allow_none=True,
+        metadata={
+            "description": (
+                "how the actor authenticated: token:<name> (an API token; a user's own token too, "
+                "whose actor is user:<login>), session (a user's signed-in session) or jwt; null "
+                "when a node, a join token or fleetd did, and for events older than migration 0042"
+            )
+        },
+    )
 
 
 EventPageSchema = page_schema(EventSchema, "EventPage")

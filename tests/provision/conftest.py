@@ -15,6 +15,7 @@ import pytest
 from tests.provision.hosts import SshLab
 from tests.support import wait_until
 from tests.support.http import Http
+from tests.support.oidc_provider import OidcProvider, approve_device
 from tests.support.server import FleetdProcess, fleetd_cmd, fleetd_init
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -89,6 +90,47 @@ class Lab:
     @property
     def hosts(self):
         return self.ssh.hosts
+
+    def admin_token(self, name):
+        """A new admin API token named `name` (a tool's own); returns {id, name, token}."""
+        body = {"name": name, "role": "admin"}
+        return self.api("POST", "/api/v1/tokens", expect=201, json=body).json()
+
+    def sign_in(self, login):
+        """Sign `login` in as an admin the way an operator does: `fleetd login --provider lab` at a
+        real OpenID provider (started for this, and stopped once the session is saved), the
+        device code approved at the provider's own pages. The session is saved in the lab's HOME
+        (as every CLI call here reads it); returns its token."""
+        provider = OidcProvider(self.ssh.root, {login: {"name": login, "groups": ["ops"]}})
+        provider.start()
+        try:
+            self.api("PUT", "/api/v1/auth/providers/lab", expect=200, json=provider.provider_body())
+            rule = {"provider": "lab", "claim": "groups", "contains": "ops", "role": "admin"}
+            self.api("PUT", "/api/v1/auth/bindings", expect=200, json=[rule])
+            env = {k: v for k, v in self.env().items() if k != "FLEETD_TOKEN"}
+            proc = subprocess.Popen(
+                fleetd_cmd("login", "--provider", "lab"),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            try:
+                shown = proc.stdout.readline()
+                where = re.search(r"Open (\S+) and enter the code", shown)
+                assert where, shown
+                approve_device(where.group(1), login)
+                out, _ = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+            assert proc.returncode == 0 and f"as user:{login} (admin)" in out, shown + out
+        finally:
+            provider.kill()
+        config = self.ssh.root / "home" / ".config" / "fleetd" / "config.toml"
+        return re.search(r'^token = "([^"]+)"', config.read_text(), re.M).group(1)
 
     def env(self, **extra):
         """Environment for `fleetd bootstrap`: the admin token travels here, never in arguments."""
@@ -165,10 +207,10 @@ class Lab:
             cwd=cwd,
         )
 
-    def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None):
+    def bootstrap(self, bundle, *hosts, extra=(), timeout=300, cwd=None, env=None):
         """`fleetd bootstrap --json` on hosts; returns (exit code, {address: result}, stderr)."""
         result = self.fleetd_cli(
-            *self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd
+            *self.bootstrap_args(bundle, *hosts, extra=extra), timeout=timeout, cwd=cwd, env=env
         )
         try:
             rows = json.loads(result.stdout)

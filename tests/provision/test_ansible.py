@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from tests.provision.conftest import BROKEN_AGENT, FLEET, REPO, python_for_tools
+from tests.provision.conftest import BROKEN_AGENT, FLEET, REPO, python_for_tools, repack_bundle
 from tests.provision.test_bootstrap import agent_pids, closed_port_on, shape_uuids
 from tests.support import wait_until
 
@@ -45,8 +45,12 @@ def write_inventory(lab, path):
     return path
 
 
-def playbook(lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REPO, extra=()):
+def playbook(
+    lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REPO, extra=(), token=None
+):
+    """Run a playbook with FLEETD_TOKEN the lab's admin token, or `token`."""
     env = lab.env(
+        FLEETD_TOKEN=token or lab.api.token,
         ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"),
         ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir,
         ANSIBLE_LOCAL_TEMP=os.path.join(control_dir, "tmp"),
@@ -89,6 +93,7 @@ def playbook(lab, inventory, name, bundle, control_dir, bundle_arg=None, cwd=REP
     assert (
         "flj_" not in result.stdout + result.stderr
         and lab.api.token not in result.stdout + result.stderr
+        and (token or lab.api.token) not in result.stdout + result.stderr
     )
     return result
 
@@ -268,6 +273,90 @@ def test_upgrade_playbook_rolls_two_hosts_one_at_a_time_through_drain_and_undrai
         shutil.rmtree(control_dir, ignore_errors=True)
 
 
+def bootstrap_runs(lab, node_id):
+    """The node.bootstrap records of a node: (outcome and what follows, actor, actor_via)."""
+    return [
+        (e["reason"].partition(": ")[2], e["actor"], e["actor_via"])
+        for e in lab.api.events(node_id)
+        if e["kind"] == "node.bootstrap"
+    ]
+
+
+def test_bootstrap_playbook_over_an_install_switches_back_when_the_new_agent_does_not_start(
+    lab_factory, bundle, next_bundle, tmp_path
+):
+    lab = lab_factory(["l4_x4"])
+    (host,) = lab.hosts
+    inventory = write_inventory(lab, tmp_path / "inventory.ini")
+    control_dir = tempfile.mkdtemp(prefix="acp", dir="/tmp")
+    # The playbooks act with a token of their own, or with an operator's signed-in session; the
+    # records say which.
+    ansible = lab.admin_token("ansible")
+    session = lab.sign_in("alice")
+    try:
+        first = playbook(
+            lab, inventory, "bootstrap.yml", bundle, control_dir, token=ansible["token"]
+        )
+        assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+        (node,) = lab.api.nodes()
+        node_id = node["id"]
+        lab.api.wait_status(node_id, "ready")
+        pids = agent_pids(host)
+        old = f"versions/{bundle.version}-{bundle.sha256[:12]}"
+        assert os.readlink(host.path("/opt/fleet-agent/current")) == old
+
+        # bootstrap.yml again with a bundle whose agent does not start: installed beside the one
+        # that runs, switched to, and switched back when it does not come up.
+        broken = repack_bundle(next_bundle, tmp_path / "broken", break_agent=True)
+        failed = playbook(
+            lab,
+            inventory,
+            "bootstrap.yml",
+            broken,
+            control_dir,
+            extra=("-e", "fleet_agent_wait_timeout=20"),
+            token=session,
+        )
+        assert failed.returncode != 0
+        out = " ".join(failed.stdout.split())  # the YAML callback folds long messages
+        assert f"bootstrap of {host.hostname} failed at" in out, out[-4000:]
+        assert BROKEN_AGENT in out, out[-4000:]
+        assert f"switched back to fleet-agent {bundle.version}, which runs again" in out, out[
+            -4000:
+        ]
+        assert recap(failed.stdout)[host.hostname]["failed"] == 1
+
+        # The host is on the old version, its agent running and heard by fleetd again; the new
+        # install is gone.
+        assert os.readlink(host.path("/opt/fleet-agent/current")) == old
+        assert os.listdir(host.path("/opt/fleet-agent/versions")) == [old.split("/")[1]]
+        node = wait_until(
+            lambda: (lambda n: n if n["bundle_sha256"] == bundle.sha256 else None)(
+                lab.api.node(node_id)
+            ),
+            60,
+            message="the agent before to heartbeat again",
+        )
+        lab.api.wait_status(node_id, "ready")
+        assert agent_pids(host) and agent_pids(host) != pids
+
+        # Both runs are on the node's record, each by whoever ran it: the enrolment by the
+        # playbooks' own token, the failed upgrade by alice's session; the registration names the
+        # token that let the host in.
+        runs = bootstrap_runs(lab, node_id)
+        assert [(actor, via) for _, actor, via in runs] == [
+            ("token:ansible", "token:ansible"),
+            ("user:alice", "session"),
+        ], runs
+        assert runs[0][0].startswith(f"enrolled; bundle {bundle.version}"), runs
+        assert runs[1][0].startswith(f"failed; bundle {broken.version}"), runs
+        assert BROKEN_AGENT in runs[1][0] and "switched back" in runs[1][0], runs
+        (registered,) = [e for e in lab.api.events(node_id) if e["kind"] == "node.registered"]
+        assert registered["reason"].endswith(" made by token:ansible"), registered
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
 def test_the_role_gives_the_agents_a_list_of_fleetd_urls(lab_factory, bundle, tmp_path):
     lab = lab_factory(["l4_x4"])
     host = lab.hosts[0]
@@ -388,8 +477,6 @@ def to_statuses(lab, node_id):
 def test_upgrade_playbook_keeps_a_failed_node_out_of_service_and_a_cordoned_node_never_ready(
     lab_factory, bundle, next_bundle, tmp_path
 ):
-    from tests.provision.conftest import repack_bundle
-
     lab, ids, inventory, control_dir = enrolled_by_the_cli(lab_factory, bundle, tmp_path)
     first, second = lab.hosts
     try:

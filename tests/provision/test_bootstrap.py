@@ -580,3 +580,48 @@ def test_labels_reach_fleetd_from_a_rerun_and_from_node_label_which_wins_per_key
     assert lab.api("PATCH", "/api/v1/nodes/nope", json={"labels": {"a": "b"}}).status_code == 404
     result = lab.fleetd_cli("node", "label", node_id)
     assert result.returncode != 0 and "give KEY=VALUE to set, or --remove KEY" in result.stderr
+
+
+def test_bootstrap_records_name_the_tools_own_token_or_the_operators_saved_session(
+    lab_factory, bundle
+):
+    lab = lab_factory(["l4_x4"])
+    (host,) = lab.hosts
+    # A token made for the tool, in FLEETD_TOKEN (as the Terraform module passes it on).
+    tool = lab.admin_token("provisioner")
+    code, results, stderr = lab.bootstrap(
+        bundle, host, extra=["--label", "rack=r1"], env=lab.env(FLEETD_TOKEN=tool["token"])
+    )
+    assert code == 0, (results, stderr)
+    node_id = results[host.address]["node_id"]
+    lab.api.wait_status(node_id, "ready")
+
+    # The operator's own session, saved by `fleetd login --provider`: no FLEETD_TOKEN.
+    session = lab.sign_in("alice")
+    signed_in = {k: v for k, v in lab.env().items() if k != "FLEETD_TOKEN"}
+    # What a tool that takes FLEETD_TOKEN (Ansible, Terraform's drift check) is given for it.
+    current = lab.fleetd_cli("token", "current", env=signed_in)
+    assert current.returncode == 0 and current.stdout.strip() == session, current.stderr
+    code, again, stderr = lab.bootstrap(bundle, host, extra=["--label", "rack=r2"], env=signed_in)
+    assert code == 0 and again[host.address]["result"] == "updated", (again, stderr)
+
+    runs = [
+        (
+            e["reason"].partition(": ")[2].partition(";")[0],
+            e["actor"],
+            e["actor_token_id"],
+            e["actor_via"],
+        )
+        for e in lab.api.events(node_id)
+        if e["kind"] == "node.bootstrap"
+    ]
+    assert runs == [
+        ("enrolled", "token:provisioner", tool["id"], "token:provisioner"),
+        ("updated", "user:alice", None, "session"),
+    ], runs
+    (registered,) = [e for e in lab.api.events(node_id) if e["kind"] == "node.registered"]
+    assert registered["reason"].endswith(" made by token:provisioner"), registered
+    # `fleetd node events` shows both, with the credential where the actor does not say it.
+    shown = lab.fleetd_cli("node", "events", node_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "token:provisioner" in shown.stdout and "user:alice (session)" in shown.stdout

@@ -78,6 +78,11 @@ def register_node(rt, join_token_id, reg):
         )  # checked when the request was authenticated
         if token is None:
             raise Unauthorized("join token expired, revoked or used up")
+        # The node is the actor of its registration; who let it in is whoever made the join token
+        # (a provisioning tool's own token, or an operator's token or session).
+        admitted = f" with join token {token.id}" + (
+            f" made by {token.created_by}" if token.created_by else ""
+        )
         node = _NODE_OF_MACHINE.first(machine_id=reg.machine_id)
         if node is not None:
             _check_takeover(rt, node, token.fleet_id)
@@ -106,14 +111,16 @@ def register_node(rt, join_token_id, reg):
                 "node.registered",
                 "node",
                 node.id,
-                f"registered in fleet {token.fleet_id}{again}",
+                f"registered in fleet {token.fleet_id}{again}{admitted}",
                 None,
                 NodeStatus.PENDING.value,
                 actor=f"node:{node.id}",
             )
         else:
             moved = node.fleet_id != token.fleet_id
-            reason = f"re-registered by {fields['hostname']}; previous session invalidated"
+            reason = (
+                f"re-registered by {fields['hostname']}{admitted}; previous session invalidated"
+            )
             if moved:
                 reason += f"; moved from fleet {node.fleet_id} to {token.fleet_id}"
             for name, value in fields.items():

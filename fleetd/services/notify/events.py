@@ -28,17 +28,19 @@ def acting_as(actor):
         _ACTOR.reset(token)
 
 
-# Who the request being served acts for: (its principal's label, its API token's id or None), set by
-# the API layer once it authenticated the request (enter_request) and reset when the request ends.
-_REQUEST: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
-    "fleetd_request_actor", default=None
+# Who the request being served acts for: (its principal's label, its API token's id or None, how it
+# authenticated or None), set by the API layer once it authenticated the request (enter_request) and
+# reset when the request ends.
+_REQUEST: contextvars.ContextVar[tuple[str, str | None, str | None] | None] = (
+    contextvars.ContextVar("fleetd_request_actor", default=None)
 )
 
 
-def enter_request(label, token_id=None):
+def enter_request(label, token_id=None, via=None):
     """The API layer: the request being served acts for `label` (the id of its API token, when it
-    has one); returns what leave_request takes when the request ends."""
-    return _REQUEST.set((label, token_id))
+    has one; `via`: how it authenticated, token:<name> or session); returns what leave_request takes
+    when the request ends."""
+    return _REQUEST.set((label, token_id, via))
 
 
 def leave_request(entered):
@@ -66,6 +68,16 @@ def actor_token_id(actor):
     return None
 
 
+def actor_via(actor):
+    """How `actor` authenticated, when it is this request's own principal (its label): token:<name>
+    for an API token (a user's own token too: its actor is user:<login>), session for a user's
+    signed-in session, jwt for a workload's JWT. None for nodes, fleetd and outside requests."""
+    request = _REQUEST.get()
+    if request is not None and request[0] == actor:
+        return request[2]
+    return None
+
+
 def record_event(
     now,
     kind,
@@ -84,6 +96,7 @@ def record_event(
     `data` added to what they carry. Returns the actor."""
     actor = (actor or current_actor())[:ACTOR_MAX]
     token_id = actor_token_id(actor)
+    via = actor_via(actor)
     insert_row(
         Event,
         {
@@ -96,6 +109,7 @@ def record_event(
             "reason": reason,
             "actor": actor,
             "actor_token_id": token_id,
+            "actor_via": via,
         },
     )
     notify = webhooks.webhook_kind(kind, from_status, to_status)
@@ -113,6 +127,7 @@ def record_event(
                 reason=reason,
                 actor=actor,
                 actor_token_id=token_id,
+                actor_via=via,
             ),
         )
     return actor

@@ -37,7 +37,9 @@ def test_cordon_by_a_named_token_records_that_token(api, app):
         "reason",
         "actor",
         "actor_token_id",
+        "actor_via",
     }
+    assert [e["actor_via"] for e in cordon] == ["token:night-ops"]
     # registration and the first heartbeat were the node's own doing
     first = [
         e for e in events if e["kind"] == "node.registered" or e["reason"] == "first heartbeat"
@@ -170,6 +172,75 @@ def test_a_host_without_a_hostname_is_named_by_its_address(host, address):
     from fleetd.services.nodes.nodes import host_address
 
     assert host_address(host) == address
+
+
+def _session_of(app, clock, login):
+    """The token of a signed-in session of the user `login` (as `fleetd login --provider` gets
+    one)."""
+    import datetime as dt
+
+    from fleetd.credentials import SESSION_PREFIX, hash_token, make_token
+    from fleetd.db import database
+    from fleetd.models import AuthSession, User
+
+    with app.app_context(), database.connection_context():
+        user = User.get(User.login == login)
+        session_id, token = make_token(SESSION_PREFIX)
+        AuthSession.create(
+            id=session_id,
+            user_id=user.id,
+            provider="lab",
+            token_hash=hash_token(token),
+            refresh_hash=hash_token(f"flr_{session_id}"),
+            created_at=clock.now(),
+            expires_at=clock.now() + dt.timedelta(hours=1),
+            refresh_expires_at=clock.now() + dt.timedelta(days=14),
+        )
+    return token
+
+
+def test_a_bootstrap_run_says_whether_a_tools_own_token_or_an_operators_session_made_it(
+    api, app, clock
+):
+    api.create_fleet()
+    resp = api.post("/api/v1/tokens", {"name": "ansible", "role": "admin"})
+    ansible = resp.get_json()
+    resp = api.post("/api/v1/tokens", {"name": "laptop", "role": "admin", "user": "alice"})
+    laptop = resp.get_json()
+    session = _session_of(app, clock, "alice")
+    run = {"kind": "node.bootstrap", "host": "root@10.0.0.7:22", "outcome": "upgraded"}
+    seen = {}
+    for name, token in (
+        ("ansible", ansible["token"]),
+        ("laptop", laptop["token"]),
+        ("session", session),
+    ):
+        tool = ApiClient(app, token)
+        # The tool mints the join token the host enrols with: the registration names its maker.
+        join = tool.post("/api/v1/fleets/gpu-a/join-tokens", {"max_uses": 1}).get_json()
+        node_id, _ = api.ready_node(join["token"], f"host-{name}")
+        recorded = tool.post(f"/api/v1/nodes/{node_id}/events", run)
+        assert recorded.status_code == 201, recorded.get_json()
+        events = _events(api, f"/api/v1/nodes/{node_id}/events")
+        assert events[-1] == recorded.get_json()
+        (registered,) = [e["reason"] for e in events if e["kind"] == "node.registered"]
+        assert registered.startswith(f"registered in fleet gpu-a with join token {join['id']} ")
+        seen[name] = (
+            events[-1]["actor"],
+            events[-1]["actor_token_id"],
+            events[-1]["actor_via"],
+            registered.partition(" made by ")[2],
+        )
+    assert seen == {
+        "ansible": ("token:ansible", ansible["id"], "token:ansible", "token:ansible"),
+        "laptop": ("user:alice", laptop["id"], "token:laptop", "user:alice (token:laptop)"),
+        "session": ("user:alice", None, "session", "user:alice (session)"),
+    }
+    # Who made each join token is on its record too.
+    makers = {
+        t["created_by"] for t in api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"]
+    }
+    assert makers == {"token:ansible", "user:alice (token:laptop)", "user:alice (session)"}
 
 
 def test_recording_a_bootstrap_run_is_for_admins_and_checks_what_it_records(api, app):
