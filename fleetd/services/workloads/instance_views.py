@@ -8,7 +8,7 @@ from fleetd.models import Event, InstanceState, Job, JobState, Node, Task
 from fleetd.services.accounting.usage import storage_costs
 from fleetd.services.notify.events import list_events
 from fleetd.services.pagination import last_rows
-from fleetd.services.workloads import output_read
+from fleetd.services.workloads import output_read, output_whole
 from fleetd.services.workloads.instances import find_instance
 
 
@@ -174,14 +174,14 @@ def instance_logs(rt, principal, instance_id, limit, after=None, **filters):
 def instance_output(rt, principal, instance_id, rank=None, attempt=None, stream=None, gzip=False):
     """The whole output of an instance's runs as pieces of text (gzip when asked)."""
     find_instance(principal, instance_id, deleted=True)
-    pieces = output_read.whole(rt, _runs(instance_id), rank, attempt, stream)
-    return output_read.gzipped(rt, pieces) if gzip else pieces
+    pieces = output_whole.whole(rt, _runs(instance_id), rank, attempt, stream)
+    return output_whole.gzipped(rt, pieces) if gzip else pieces
 
 
 def instance_output_info(principal, instance_id):
     """How much output an instance's runs have, how much is stored, what nodes still hold."""
     find_instance(principal, instance_id, deleted=True)
-    return output_read.info(_runs(instance_id), None)
+    return output_whole.info(_runs(instance_id), None)
 
 
 def instance_logs_tail(rt, principal, instance_id, count, before=None):

@@ -13,7 +13,7 @@ from fleetd.services.notify.events import list_events, record_event
 from fleetd.services.pagination import attach, last_rows, paginate
 from fleetd.services.placement import policy, reasons
 from fleetd.services.placement.terms import group_key_of, task_request
-from fleetd.services.workloads import output_read
+from fleetd.services.workloads import output_read, output_whole
 from fleetd.services.workloads.artifacts import readable_artifacts
 from fleetd.services.workloads.lifecycle import owe_stops
 from fleetd.services.workloads.runs import TASKS_OF_JOB, stop_job
@@ -243,14 +243,14 @@ def job_logs(rt, principal, job_id, limit, after=None, **filters):
 def job_output(rt, principal, job_id, rank=None, attempt=None, stream=None, gzip=False):
     """The whole output of a job as pieces of text (gzip when asked)."""
     get_job(principal, job_id)
-    pieces = output_read.whole(rt, [job_id], rank, attempt, stream)
-    return output_read.gzipped(rt, pieces) if gzip else pieces
+    pieces = output_whole.whole(rt, [job_id], rank, attempt, stream)
+    return output_whole.gzipped(rt, pieces) if gzip else pieces
 
 
 def job_output_info(principal, job_id):
     """How much output a job has, how much is stored, and which lines nodes still hold."""
     job = get_job(principal, job_id)
-    return output_read.info([job_id], job.job_spec.output_cap_bytes)
+    return output_whole.info([job_id], job.job_spec.output_cap_bytes)
 
 
 def job_logs_tail(rt, principal, job_id, count, before=None):
