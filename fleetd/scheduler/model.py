@@ -19,6 +19,10 @@ MIN_SLICE_MEMORY_BYTES = (
     256 * 1024**2
 )  # a GPU whose memory share for a slice would be smaller is no fit
 READY = "ready"  # a node's containers when its runtime can run images
+# How two GPUs of a node reach each other (their best path), best first; a pair with itself is
+# SELF_LINK. An aligned set of GPUs is one whose weakest pair is as good as the node allows.
+LINK_CLASSES = ("nvlink", "nvswitch", "pcie_switch", "host_bridge", "numa", "system")
+SELF_LINK = "self"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,6 +90,10 @@ class NodeSnapshot:
     # Where its fleet runs tasks as their owners' own accounts (task_identity nss): the owners whose
     # account resolves on this node (None: any owner's work may run here).
     accounts: frozenset[str] | None = None
+    # Its GPUs' links: links[i][j] is the LINK_CLASSES class of the pair gpus[i], gpus[j] (in the
+    # order of `gpus`; SELF_LINK on the diagonal); None when its agent reported none (an older
+    # agent), and placement then groups GPUs by numa_node only.
+    links: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def containers_ready(self) -> bool:
