@@ -39,6 +39,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+from agent import fake_topology
+
 # Constants, with the values pynvml uses.
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
@@ -52,6 +54,18 @@ NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_DEVICE_MIG_DISABLE = 0x0
 NVML_DEVICE_MIG_ENABLE = 0x1
+NVML_TOPOLOGY_INTERNAL = fake_topology.NVML_TOPOLOGY_INTERNAL
+NVML_TOPOLOGY_SINGLE = fake_topology.NVML_TOPOLOGY_SINGLE
+NVML_TOPOLOGY_MULTIPLE = fake_topology.NVML_TOPOLOGY_MULTIPLE
+NVML_TOPOLOGY_HOSTBRIDGE = fake_topology.NVML_TOPOLOGY_HOSTBRIDGE
+NVML_TOPOLOGY_NODE = fake_topology.NVML_TOPOLOGY_NODE
+NVML_TOPOLOGY_CPU = NVML_TOPOLOGY_NODE
+NVML_TOPOLOGY_SYSTEM = fake_topology.NVML_TOPOLOGY_SYSTEM
+NVML_NVLINK_MAX_LINKS = 36
+NVML_NVLINK_DEVICE_TYPE_GPU = fake_topology.NVML_NVLINK_DEVICE_TYPE_GPU
+NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
+NVML_NVLINK_DEVICE_TYPE_SWITCH = fake_topology.NVML_NVLINK_DEVICE_TYPE_SWITCH
+NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 nvmlClocksEventReasonGpuIdle = 0x1
 nvmlClocksEventReasonApplicationsClocksSetting = 0x2
@@ -314,10 +328,14 @@ def nvmlDeviceGetIndex(handle):
     return handle.index
 
 
+def _pci_info(bus_id):
+    return SimpleNamespace(busId=bus_id, busIdLegacy=bus_id[4:])
+
+
 def nvmlDeviceGetPciInfo(handle):
     gpu = _call(handle, "nvmlDeviceGetPciInfo")
     bus_id = gpu.get("pci_bus_id", f"00000000:{handle.index:02X}:00.0")
-    return SimpleNamespace(busId=bus_id, busIdLegacy=bus_id[4:])
+    return _pci_info(bus_id)
 
 
 def nvmlDeviceGetPciInfo_v3(handle):
@@ -570,6 +588,68 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
     if gpu.get("mig_mode") != "enabled" or not 0 <= index < len(migs):
         raise NVMLError(NVML_ERROR_NOT_FOUND)
     return _Handle(index, gpu, mig=migs[index])
+
+
+# Topology and NVLink.
+
+
+def nvmlDeviceGetTopologyCommonAncestor(device1, device2):
+    """NVML's level of the closest common ancestor of two GPUs' PCIe paths (NVML_TOPOLOGY_*)."""
+    _call(device1, "nvmlDeviceGetTopologyCommonAncestor")
+    _call(device2, "nvmlDeviceGetTopologyCommonAncestor")
+    with _lock:
+        level = fake_topology.common_ancestor(_loaded_shape(), device1.index, device2.index)
+    if level is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return level
+
+
+def _nvlink(handle, function, link):
+    """(remote bus id, remote type), or None for an inactive link; raises as NVML does for a GPU
+    without NVLink (NotSupported) or a link it does not have (InvalidArgument)."""
+    _call(handle, function)
+    with _lock:
+        links = fake_topology.nvlinks(_loaded_shape(), handle.index)
+    if links is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= link < len(links):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return links[link]
+
+
+def nvmlDeviceGetNvLinkState(device, link):
+    """NVML_FEATURE_ENABLED for an active link, else NVML_FEATURE_DISABLED."""
+    active = _nvlink(device, "nvmlDeviceGetNvLinkState", link) is not None
+    return NVML_FEATURE_ENABLED if active else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(device, link):
+    """The PCI info of what the link reaches (a GPU, or an NVSwitch on a bus of no GPU)."""
+    remote = _nvlink(device, "nvmlDeviceGetNvLinkRemotePciInfo", link)
+    if remote is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _pci_info(remote[0])
+
+
+def nvmlDeviceGetNvLinkRemoteDeviceType(handle, link):
+    """NVML_NVLINK_DEVICE_TYPE_GPU or _SWITCH."""
+    remote = _nvlink(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
+    if remote is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return remote[1]
+
+
+def fake_pci_devices():
+    """Not pynvml: the host's PCIe as the shape describes it, which the real agent reads from sysfs.
+    {"gpus": {bus id: (path, numa node)}, "nics": [{name, kind, pci_bus_id, numa_node, pcie}]}."""
+    with _lock:
+        shape = _loaded_shape()
+        gpus = {}
+        for index, gpu in enumerate(shape.get("gpus", [])):
+            path = fake_topology.pcie_path(shape, index)
+            if path is not None and gpu.get("pci_bus_id"):
+                gpus[gpu["pci_bus_id"]] = (path, gpu.get("numa_node"))
+        return {"gpus": gpus, "nics": fake_topology.nics(shape)}
 
 
 # Events.
