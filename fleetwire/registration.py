@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from fleetwire.checks import is_int
+from fleetwire.topology import Topology
 
 
 def _text(data: dict[str, Any], name: str, required: bool = True) -> str:
@@ -69,6 +70,9 @@ class Registration:
         default_factory=dict
     )  # the agent's own (its config file)
     capabilities: dict[str, Any] | None = None  # as in heartbeats
+    # How its GPUs and NICs connect (None: the agent could not read it, or is older); it changes
+    # only with the hardware, so heartbeats do not carry it: a registration again updates it.
+    topology: Topology | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out = {
@@ -82,6 +86,8 @@ class Registration:
         }
         if self.capabilities is not None:
             out["capabilities"] = self.capabilities
+        if self.topology is not None:
+            out["topology"] = self.topology.to_wire()
         return out
 
     @classmethod
@@ -97,6 +103,7 @@ class Registration:
         capabilities = data.get("capabilities")
         if capabilities is not None and not isinstance(capabilities, dict):
             raise ValueError("capabilities must be an object or null")
+        topology = data.get("topology")
         return cls(
             hostname=_text(data, "hostname"),
             machine_id=_text(data, "machine_id"),
@@ -106,6 +113,9 @@ class Registration:
             gpus=tuple(gpus),
             labels=dict(labels),
             capabilities=capabilities,
+            topology=None
+            if topology is None
+            else Topology.from_wire(topology, [str(gpu.get("uuid")) for gpu in gpus]),
         )
 
 

@@ -209,6 +209,17 @@ class RegisterSchema(Schema):
         allow_none=True,
         metadata={"description": "what the host can run (as in heartbeats)"},
     )
+    topology = fields.Dict(
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "how the GPUs and NICs connect: {gpus: [uuid], links: [[class]], nvlink_count: "
+                "[[int]], nics: [{name, kind, pci_bus_id, links}]}, checked by "
+                "fleetwire.topology (docs/api.md, Topology)"
+            )
+        },
+    )
 
     @post_load
     def _typed(self, data, **kwargs):
