@@ -41,6 +41,7 @@ from agent.validator import Validator
 from agent.workers import Workers
 from fleetwire.heartbeat import Heartbeat
 from fleetwire.registration import Registration, Resources
+from fleetwire.topology import Topology
 
 log = logging.getLogger("agent.daemon")
 
@@ -175,7 +176,20 @@ def register_body(config, inventory, machine_id, labels):
         labels=dict(labels),
         resources=Resources(**host_resources(runtime_name(config))),
         gpus=tuple(inventory.wire_gpus()),
+        topology=wire_topology(inventory),
     )
+
+
+def wire_topology(inventory):
+    """The inventory's topology as the wire carries it, or None (said in the log) when the wire
+    would refuse it: registration never fails for its topology."""
+    if inventory.topology is None:
+        return None
+    try:
+        return Topology.from_wire(inventory.topology, [g.gpu.uuid for g in inventory.devices])
+    except ValueError as exc:
+        log.warning("GPU topology left out of the registration: %s", exc)
+        return None
 
 
 def make_client(config, server_url, session_token=None):

@@ -18,6 +18,7 @@ import threading
 import time
 
 from agent.nvml import DeviceError, Nvml, NvmlUnavailable, load_backend, start_xid_thread
+from agent.topology import read_topology
 
 log = logging.getLogger("agent.devices")
 
@@ -131,6 +132,9 @@ class Inventory:
     cuda_version: str | None = None
     reason: str = ""  # why there are no GPUs (no driver), empty otherwise
     discovered_at: str = ""
+    # {gpus, links, nvlink_count, nics} as registration reports it (agent.topology), read once per
+    # discovery; None when it could not be read
+    topology: dict | None = None
 
     def wire_gpus(self):
         """The `gpus` list for register and heartbeat."""
@@ -149,6 +153,7 @@ class Inventory:
             "reason": self.reason,
             "discovered_at": self.discovered_at,
             "gpus": [d.to_dict() for d in self.devices],
+            "topology": self.topology,
         }
 
     def metrics(self):
@@ -240,9 +245,11 @@ class DeviceManager:
     re-initialises NVML so that a driver installed or a GPU replaced since start is seen.
     """
 
-    def __init__(self, backend_spec="nvml", watch_xids=True):
+    def __init__(self, backend_spec="nvml", watch_xids=True, sysfs_root="/sys"):
         self.backend_spec = backend_spec
         self.watch_xids = watch_xids
+        self.sysfs_root = sysfs_root  # where NICs and PCIe paths are read (tests: a tree of theirs)
+        self._topology = None  # of this NVML session (read at discovery: it changes with hardware)
         self._lock = threading.RLock()
         self._nvml = None
         self._reason = ""
@@ -269,6 +276,7 @@ class DeviceManager:
         with self._lock:
             self._close_session()
             self._static.clear()
+            self._topology = None
             try:
                 nvml = Nvml(load_backend(self.backend_spec))
                 nvml.open()
@@ -280,6 +288,10 @@ class DeviceManager:
                 self._reason = ""
             self.discovered_monotonic = time.monotonic()
             inventory = self._snapshot()
+            if self._nvml is not None:
+                self._topology = inventory.topology = read_topology(
+                    self._nvml, inventory.devices, self.sysfs_root
+                )
             if self._nvml is not None and self.watch_xids:
                 self._start_xid_watch(self._nvml)
             return inventory
@@ -430,6 +442,7 @@ class DeviceManager:
             devices=devices,
             reason=self._reason,
             discovered_at=_now(),
+            topology=self._topology,
             **system,
         )
         previous = self._inventory

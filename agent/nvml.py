@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import threading
+import typing
 
 log = logging.getLogger("agent.nvml")
 
@@ -78,6 +79,27 @@ CLOCK_EVENT_REASONS = (
     ("hw_power_brake_slowdown", 0x80),
     ("display_clock_setting", 0x100),
 )
+
+
+# NVML's levels of the closest common ancestor of two GPUs (nvmlGpuTopologyLevel_t), by constant
+# name, and the link class each is (two GPUs of one board, INTERNAL, sit behind its own switch).
+COMMON_ANCESTOR_CLASSES = (
+    ("NVML_TOPOLOGY_INTERNAL", "pcie_switch"),
+    ("NVML_TOPOLOGY_SINGLE", "pcie_switch"),
+    ("NVML_TOPOLOGY_MULTIPLE", "pcie_switch"),
+    ("NVML_TOPOLOGY_HOSTBRIDGE", "host_bridge"),
+    ("NVML_TOPOLOGY_NODE", "numa"),
+    ("NVML_TOPOLOGY_SYSTEM", "system"),
+)
+
+
+class NvLink(typing.NamedTuple):
+    """An active NVLink of a GPU: what it reaches (a PCI bus id) and whether NVML says that is an
+    NVSwitch (None: this NVML cannot say)."""
+
+    link: int
+    remote_bus_id: str
+    to_switch: bool | None
 
 
 class Nvml:
@@ -343,6 +365,51 @@ class Nvml:
                 self.nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
             ),
         }
+
+    def common_ancestor(self, handle1, handle2):
+        """The link class of the PCIe path between two GPUs (COMMON_ANCESTOR_CLASSES), or an Unread
+        saying why NVML did not tell."""
+        level = self._reading("nvmlDeviceGetTopologyCommonAncestor", handle1, handle2)
+        if isinstance(level, Unread):
+            return level
+        for name, link_class in COMMON_ANCESTOR_CLASSES:
+            if getattr(self.nv, name, None) == level:
+                return link_class
+        return Unread(f"unknown topology level {level}", False)
+
+    def nvlinks(self, handle):
+        """The GPU's active NVLinks ([NvLink]; [] for a GPU without NVLink, where NVML answers
+        NotSupported), or an Unread when no link could be read for another reason."""
+        nv = self.nv
+        out = []
+        failed = None
+        read_any = False
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 0)):
+            state = self._reading("nvmlDeviceGetNvLinkState", handle, link)
+            if isinstance(state, Unread):
+                if link == 0 and state.not_supported:
+                    return []
+                failed = failed or state  # a link number beyond the GPU's own links, or worse
+                continue
+            read_any = True
+            if state != nv.NVML_FEATURE_ENABLED:
+                continue
+            pci = self._reading("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            if isinstance(pci, Unread):
+                failed = failed or pci
+                continue
+            kind = self._reading("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+            switch = getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", None)
+            to_switch = None if isinstance(kind, Unread) or switch is None else kind == switch
+            out.append(NvLink(link, _text(pci.busId), to_switch))
+        if not read_any and failed is not None and not failed.not_supported:
+            return failed
+        return out
+
+    def fake_pci_devices(self):
+        """The fake backend's PCIe devices, where a real host has sysfs (agent.fake_nvml); None
+        with the real library."""
+        return self.nv.fake_pci_devices() if self.is_fake else None
 
     def watch_xids(self, handles, on_event, stop, timeout_ms=250):
         """Block until `stop` is set, calling on_event(index, xid) for each critical XID event.
