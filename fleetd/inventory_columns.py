@@ -32,6 +32,17 @@ WATCHED = {
             "container_runtime",
             "capabilities",
         ),
+        43: (
+            "fleet",
+            "hostname",
+            "status",
+            "labels",
+            "cpu_count",
+            "memory_bytes",
+            "container_runtime",
+            "capabilities",
+            "topology",
+        ),
     },
     "fleet": {
         6: ("availability", "labels"),

@@ -188,6 +188,9 @@ class Node(BaseModel):
     # The operator's cordon, {reason, at, actor}, from `cordon` until the node is in service again:
     # it outlives the reasons fleetd gives the node meanwhile (an upgrade, a validation) (0038)
     cordon = JSONText(null=True)
+    # Its GPUs' topology as its agent reported it at registration, {gpus, links, nvlink_count,
+    # nics} (fleetwire.topology); None: none reported (an older agent, or one that could not) (0043)
+    topology = JSONText(null=True)
 
     @property
     def isolation(self):

@@ -14,6 +14,9 @@ from fleetd.schemas.common import (
     page_schema,
 )
 
+NETWORK_LABEL_PREFIX = "topology.fleetd/"  # a node's place in the network, by its labels
+NETWORK_LEVELS = ("block", "leaf", "spine")
+
 
 class GpuSchema(Schema):
     uuid = fields.String()
@@ -117,6 +120,27 @@ class NodeSchema(Schema):
             )
         },
     )
+    topology = fields.Raw(
+        allow_none=True,
+        metadata={
+            "description": (
+                "its GPUs' topology as its agent reported it at registration: {gpus: [uuid], "
+                "links: [[class]] (the best path of each GPU pair, in the order of gpus: nvlink, "
+                "nvswitch, pcie_switch, host_bridge, numa, system; self on the diagonal), "
+                "nvlink_count: [[int]] (the NVLinks of each pair, 0 without), nics: [{name, kind, "
+                "pci_bus_id, links: [class to each GPU]}]}; null when it reported none"
+            )
+        },
+    )
+    network = fields.Method(
+        "_network",
+        metadata={
+            "description": (
+                "its place in the network, {block?, leaf?, spine?}, from its labels "
+                "topology.fleetd/block, topology.fleetd/leaf and topology.fleetd/spine"
+            )
+        },
+    )
 
     upgrade = fields.Method(
         "_upgrade",
@@ -128,6 +152,14 @@ class NodeSchema(Schema):
             )
         },
     )
+
+    def _network(self, node):
+        labels = node.labels or {}
+        return {
+            level: labels[f"{NETWORK_LABEL_PREFIX}{level}"]
+            for level in NETWORK_LEVELS
+            if f"{NETWORK_LABEL_PREFIX}{level}" in labels
+        }
 
     def _upgrade(self, node):
         record = node.upgrade

@@ -540,3 +540,30 @@ def test_0036_names_the_project_of_past_usage_and_going_down_keeps_the_sums(tmp_
             "SELECT team, gpu_seconds, cost, runs FROM usage_day ORDER BY team"
         ).fetchall() == [("", 60.0, 1.0, 1), ("ml", 3660.0, 5.0, 2)]
     db.close()
+
+
+def test_0043_keeps_a_nodes_topology_watched_by_the_inventory_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/topology.db")
+    assert "0043_node_topology" in upgrade(db)
+    bind(db)
+
+    def version():
+        return db.execute_sql("SELECT version FROM inventory_version").fetchone()[0]
+
+    with database.connection_context():
+        Fleet.create(name="f", created_at=T0)
+        Node.create(
+            id="n", fleet="f", machine_id="m", hostname="h", status="ready", registered_at=T0
+        )
+        assert Node.get_by_id("n").topology is None
+        before = version()
+        Node.update(topology={"gpus": []}).where(Node.id == "n").execute()
+        assert version() == before + 1  # placement reads it: the scheduler reads the node again
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0043_node_topology")
+        columns = {column.name for column in db.get_columns("node")}
+        assert "topology" not in columns and "capabilities" in columns
+        before = version()
+        db.execute_sql("UPDATE node SET status = 'cordoned' WHERE id = 'n'")
+        assert version() == before + 1  # the trigger still watches what it watched before
+    assert upgrade(db) == ["0043_node_topology"]
+    db.close()

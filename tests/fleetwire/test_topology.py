@@ -8,26 +8,10 @@ import pytest
 
 from fleetwire.registration import Registration, Resources
 from fleetwire.topology import Topology
-from tests.support.gpus import gpus
+from tests.support.gpus import gpus, topology_x3
 
 UUIDS = [gpu["uuid"] for gpu in gpus(3)]
-GOOD = {
-    "gpus": UUIDS,
-    "links": [
-        ["self", "nvlink", "system"],
-        ["nvlink", "self", "system"],
-        ["system", "system", "self"],
-    ],
-    "nvlink_count": [[0, 12, 0], [12, 0, 0], [0, 0, 0]],
-    "nics": [
-        {
-            "name": "mlx5_0",
-            "kind": "infiniband",
-            "pci_bus_id": "0000:19:00.0",
-            "links": ["pcie_switch", "numa", "system"],
-        }
-    ],
-}
+GOOD = topology_x3()  # GPU 2, GPU 0, GPU 1; GPUs 0 and 1 NVLinked
 
 
 def changed(path, value, *more):
@@ -49,10 +33,10 @@ def test_a_topology_reads_back_equal_from_its_wire_form():
 
 def test_the_link_matrix_follows_the_gpus_in_any_order():
     topology = Topology.from_wire(GOOD)
-    assert topology.links_for([UUIDS[2], UUIDS[0], UUIDS[1]]) == (
-        ("self", "system", "system"),
-        ("system", "self", "nvlink"),
-        ("system", "nvlink", "self"),
+    assert topology.links_for(UUIDS) == (
+        ("self", "nvlink", "system"),
+        ("nvlink", "self", "system"),
+        ("system", "system", "self"),
     )
     assert topology.links_for(UUIDS[:2]) is None
     assert topology.links_for([UUIDS[0], UUIDS[1], "GPU-other"]) is None

@@ -69,6 +69,33 @@ def test_duplicate_instance_names_are_renamed_by_the_upgrade_on_postgres(postgre
         check_duplicate_names_are_renamed_by_the_upgrade(db)
 
 
+def test_0043_adds_a_watched_topology_column_and_goes_down_cleanly_on_postgres(postgres_url):
+    from playhouse.migrations import Runner
+
+    from fleetd.db import MIGRATIONS_DIR, upgrade
+
+    with own_database(postgres_url, "fleetd_0043") as db:
+        upgrade(db)
+        with db.connection_context():
+            version = "SELECT version FROM inventory_version"
+            db.execute_sql(
+                "INSERT INTO fleet (name, description, labels, created_at) "
+                "VALUES ('f', '', '{}', now())"
+            )
+            db.execute_sql(
+                "INSERT INTO node (id, fleet, machine_id, hostname, address, labels, "
+                "agent_version, bundle_sha256, gpu_status_reason, status, status_reason, "
+                "registered_at, cpu_count, memory_bytes, drain_repair) VALUES ('n', 'f', "
+                "'m', 'h', '', '{}', '', '', '', 'ready', '', now(), 0, 0, false)"
+            )
+            before = db.execute_sql(version).fetchone()[0]
+            db.execute_sql("""UPDATE node SET topology = '{"gpus": []}' WHERE id = 'n'""")
+            assert db.execute_sql(version).fetchone()[0] == before + 1
+            Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0043_node_topology")
+            assert "topology" not in {column.name for column in db.get_columns("node")}
+        assert upgrade(db) == ["0043_node_topology"]
+
+
 def test_0017_keeps_artifact_names_per_owner_and_renames_ambiguous_token_names_on_postgres(
     postgres_url,
 ):

@@ -20,3 +20,26 @@ def gpus(count, model=GPU_H100["model"]):
         dict(GPU_H100, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", index=i, model=model)
         for i in range(count)
     ]
+
+
+def topology_x3():
+    """The topology an agent reports for gpus(3), listed in another order than their indexes (GPU 2,
+    0, 1): GPUs 0 and 1 NVLinked with 12 links, GPU 2 across the sockets, an HCA beside GPU 0."""
+    uuids = [gpu["uuid"] for gpu in gpus(3)]
+    return {
+        "gpus": [uuids[2], uuids[0], uuids[1]],
+        "links": [
+            ["self", "system", "system"],
+            ["system", "self", "nvlink"],
+            ["system", "nvlink", "self"],
+        ],
+        "nvlink_count": [[0, 0, 0], [0, 0, 12], [0, 12, 0]],
+        "nics": [
+            {
+                "name": "mlx5_0",
+                "kind": "infiniband",
+                "pci_bus_id": "0000:19:00.0",
+                "links": ["system", "pcie_switch", "host_bridge"],
+            }
+        ],
+    }

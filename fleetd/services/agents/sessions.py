@@ -62,6 +62,7 @@ def register_node(rt, join_token_id, reg):
         memory_bytes=reg.resources.memory_bytes,
         container_runtime=capabilities.get("container_runtime", reg.resources.container_runtime),
         capabilities=stored_capabilities(capabilities),
+        topology=reg.topology.to_wire() if reg.topology is not None else None,
         gpu_status="ok" if reg.gpus else "cpu_only",
         gpu_status_reason="" if reg.gpus else "no GPU reported at registration",
         session_id=session_id,

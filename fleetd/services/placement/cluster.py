@@ -20,6 +20,7 @@ from fleetd.services.placement.inventory import (
     NodeBlock,
     load_holds,
     load_inventory,
+    node_links,
     series_id,
 )
 from fleetd.services.placement.terms import TermsCache
@@ -200,6 +201,7 @@ class ClusterState:
                     block_reason=block.text
                     if block is not None and block.code == "isolation_required"
                     else "",
+                    links=node_links(self.inventory, node),
                 )
             )
         return scheduler.ClusterSnapshot(nodes=tuple(out))

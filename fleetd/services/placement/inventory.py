@@ -21,6 +21,7 @@ from fleetd.models import (
 from fleetd.services.placement.terms import JobTerms
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.sql import Statement
+from fleetwire.topology import Topology
 
 BLOCK_TEXT = {
     "pending": "node enrolled, waiting for its first heartbeat",
@@ -198,6 +199,9 @@ class Inventory(typing.NamedTuple):
     # reasons.never_fits answers about this inventory by request shape: a deep queue of alike
     # submits costs one look at the nodes, not one per submit (any thread may add one)
     answers: dict | None = None
+    # node id -> its GPUs' link matrix (node_links), made when a snapshot first asks for it and
+    # kept by the inventories patched from this one for the nodes that did not change
+    links: dict | None = None
 
 
 _INVENTORY_VERSION = Statement(
@@ -281,7 +285,12 @@ def _patched(previous, version, fleets, changed, node_rows, gpu_rows):
     models.update({node_id: frozenset(g.model for g in rows) for node_id, rows in fresh.items()})
     nodes = sorted(by_id.values(), key=_node_id)  # the order a full read gives (ORDER BY id)
     history = previous.history[-(HISTORY - 1) :] + ((previous.version, changed),)
-    return _assemble(version, fleets, nodes, gpus, models)._replace(history=history)
+    links = {
+        node_id: matrix
+        for node_id, matrix in dict(previous.links or {}).items()
+        if node_id in by_id and node_id not in changed
+    }
+    return _assemble(version, fleets, nodes, gpus, models)._replace(history=history, links=links)
 
 
 def changed_since(inventory, version):
@@ -316,7 +325,32 @@ def _assemble(version, fleets, nodes, gpus, models):
         frozenset().union(*models.values()),
         {node.id: node for node in nodes},
         answers={},
+        links={},
     )
+
+
+def node_links(inventory, node):
+    """The link matrix of the node's GPUs in the order of its GPU rows (what NodeSnapshot.links
+    holds), or None when it has no topology or the topology is not of its GPUs; made once per
+    change of the node, not at every pass."""
+    cache = inventory.links
+    if cache is not None and node.id in cache:
+        return cache[node.id]
+    matrix = topology_links(node.topology, [gpu.uuid for gpu in inventory.gpus.get(node.id, ())])
+    if cache is not None:
+        cache[node.id] = matrix
+    return matrix
+
+
+def topology_links(topology, uuids):
+    """A stored topology's link matrix in the order of `uuids`, or None (none stored, not valid, or
+    not exactly these GPUs: one was replaced or lost since the registration)."""
+    if not topology or not uuids:
+        return None
+    try:
+        return Topology.from_wire(topology).links_for(uuids)
+    except ValueError:
+        return None
 
 
 def _holds(inventory, version):
