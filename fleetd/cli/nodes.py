@@ -5,6 +5,7 @@ import click
 from fleetd.cli.output import EVENT_COLUMNS, byte_size, emit, number, show_record, show_table
 from fleetd.cli.params import Duration
 from fleetd.cli.remote import client_command, current_client, resolve_id
+from fleetd.cli.topology import show_topology
 from fleetd.cli.validation import node_validate, node_validation, show_validation
 from fleetd.client import ClientError
 
@@ -51,6 +52,10 @@ def _show_node(data):
             ("AGENT", "agent_version"),
             ("BUNDLE", "bundle_sha256"),
             ("LABELS", "labels"),
+            (
+                "NETWORK",
+                lambda x: ", ".join(f"{k} {v}" for k, v in (x.get("network") or {}).items()),
+            ),
             ("REGISTERED", "registered_at"),
             ("LAST HEARTBEAT", "last_heartbeat_at"),
             ("CPUS", lambda x: x["resources"]["cpu_count"]),
@@ -99,6 +104,9 @@ def _show_node(data):
                     ("USED BY / REASON", lambda g: allocation[g["uuid"]]["detail"]),
                 ],
             )
+    if data.get("topology"):
+        click.echo("")
+        show_topology(data["topology"], data["gpus"])
     if data.get("validation"):
         click.echo("")
         show_validation(data["validation"], only_failed=data["validation"]["state"] == "passed")
