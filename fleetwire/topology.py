@@ -10,6 +10,7 @@ checks everything and names what is wrong (ValueError).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ MAX_GPUS = 64  # as a registration's gpus
 MAX_NICS = 64
 MAX_NVLINKS = 64  # NVML_NVLINK_MAX_LINKS is 36 today
 MAX_NAME = 64
+# A NIC's name as the kernel gives it (mlx5_0, ens1f0np0) and a PCI address as sysfs spells it.
+NIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$")
+PCI_BUS_ID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +52,13 @@ class Nic:
     def from_wire(cls, data: Any, gpus: int, where: str) -> Nic:
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be an object")
-        for name in ("name", "pci_bus_id"):
-            value = data.get(name)
-            if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
-                raise ValueError(f"{where}.{name} must be a string of 1 to {MAX_NAME} characters")
+        name, bus_id = data.get("name"), data.get("pci_bus_id")
+        if not isinstance(name, str) or not NIC_NAME.match(name):
+            raise ValueError(
+                f"{where}.name must be a string of 1 to {MAX_NAME} letters, digits and ._:@-"
+            )
+        if not isinstance(bus_id, str) or not PCI_BUS_ID.match(bus_id):
+            raise ValueError(f"{where}.pci_bus_id must be a PCI address such as 0000:19:00.0")
         if data.get("kind") not in NIC_KINDS:
             raise ValueError(f"{where}.kind must be one of {', '.join(NIC_KINDS)}")
         links = data.get("links")
@@ -62,7 +69,7 @@ class Nic:
                 raise ValueError(
                     f"{where}.links: {link!r} is not a NIC's class ({', '.join(NIC_CLASSES)})"
                 )
-        return cls(data["name"], data["kind"], data["pci_bus_id"], tuple(links))
+        return cls(name, data["kind"], bus_id, tuple(links))
 
 
 def _matrix(data: dict[str, Any], name: str, n: int) -> list[list[Any]]:

@@ -67,6 +67,8 @@ def test_the_link_matrix_follows_the_gpus_in_any_order():
         (changed(["nics", 0, "links", 0], "nvlink"), "'nvlink' is not a NIC's class"),
         (changed(["nics", 0, "kind"], "wifi"), "nics[0].kind must be one of"),
         (changed(["nics", 0, "name"], ""), "nics[0].name must be a string"),
+        (changed(["nics", 0, "name"], "mlx5\x000"), "nics[0].name must be a string"),
+        (changed(["nics", 0, "pci_bus_id"], "19:00.0"), "nics[0].pci_bus_id must be a PCI address"),
     ],
 )
 def test_a_malformed_topology_is_refused_by_name(data, says):

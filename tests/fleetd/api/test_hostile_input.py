@@ -268,6 +268,19 @@ BASE_BODIES = {
         "labels": {"k": "v"},
         "resources": {"cpu_count": 8, "memory_bytes": 1024},
         "gpus": [GPU_REPORT],
+        "topology": {
+            "gpus": [GPU_REPORT["uuid"]],
+            "links": [["self"]],
+            "nvlink_count": [[0]],
+            "nics": [
+                {
+                    "name": "mlx5_0",
+                    "kind": "infiniband",
+                    "pci_bus_id": "0000:19:00.0",
+                    "links": ["pcie_switch"],
+                }
+            ],
+        },
     },
     ("POST", "/api/v1/agent/heartbeat"): {
         "gpus": gpus(2),
