@@ -6,7 +6,7 @@ so the next one sees it. `schedule()` is the one-shot form the jobs service call
 pass; `explain()` says, per node, which filter stage rejects a request and why.
 
 Nodes with identical free resources (same GPU model, free CPU and free GPU shares and, where
-their links are known, the same links matrix and the same best GPU sets free: see
+their links are known, best free GPU sets that miss aligned by as much for every size: see
 `scheduler/topology.py`) form one class; a policy scores a class once per task shape and the
 score is remembered, so a decision costs one dictionary look-up per class rather than a policy
 call per node. Among equally good nodes the least busy wins, then the one earliest in the
@@ -130,10 +130,9 @@ class _Node:
         "placed",
         "owner_ports",
         "topo",
-        "topo_id",
     )
 
-    def __init__(self, index: int, snap: NodeSnapshot, topo: Topology | None = None, topo_id=-1):
+    def __init__(self, index: int, snap: NodeSnapshot, topo: Topology | None = None):
         self.index = index
         self.snap = snap
         self.placed = 0  # tasks this engine reserved here (net of releases)
@@ -146,7 +145,6 @@ class _Node:
         self.key: tuple | None = None  # make_key's, once made
         self.cid = -1
         self.topo = topo  # its links, None when unknown
-        self.topo_id = topo_id
 
     def free_mask(self) -> int:
         """Its idle GPUs as a bit mask over the order of its links."""
@@ -164,7 +162,7 @@ class _Node:
             self.model,
             self.cpu_free,
             tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)),
-            None if self.topo is None else (self.topo_id, self.topo.signature(self.free_mask())),
+            None if self.topo is None else self.topo.gaps(self.free_mask()),
         )
         return self.key
 
@@ -257,7 +255,7 @@ class PlacementEngine:
         if tid is None:
             tid = self._topologies[links] = len(self._topology_list)
             self._topology_list.append(Topology(links))
-        return _Node(index, snap, self._topology_list[tid], tid)
+        return _Node(index, snap, self._topology_list[tid])
 
     def _renumber_classes(self):
         self._class_ids, self._class_keys, self._members, self._memo = {}, [], {}, {}
@@ -300,8 +298,9 @@ class PlacementEngine:
 
     # ---- scoring -----------------------------------------------------------------------
 
-    def _class_fits(self, key: tuple, shape: Shape) -> bool:
-        model, cpu_free, gpus, topo = key
+    @classmethod
+    def _class_fits(cls, key: tuple, shape: Shape) -> bool:
+        model, cpu_free, gpus, gaps = key
         if cpu_free < shape.cpu_milli:
             return False
         if shape.gpu_count == 0:
@@ -312,15 +311,14 @@ class PlacementEngine:
             return any(g >= shape.gpu_milli for g in gpus)
         if sum(1 for g in gpus if g >= MILLI) < shape.gpu_count:
             return False
-        return not shape.aligned or self._gap(topo, shape.gpu_count) == 0
+        return not shape.aligned or cls._gap(gaps, shape.gpu_count) == 0
 
-    def _gap(self, topo: tuple | None, count: int) -> int:
+    @staticmethod
+    def _gap(gaps: tuple | None, count: int) -> int:
         """Ranks by which a class's best free set of `count` GPUs misses aligned (0 if unknown)."""
-        if topo is None or count < 2:
+        if gaps is None or count < 2 or count - 2 >= len(gaps):
             return 0
-        tid, signature = topo
-        best = self._topology_list[tid].best_full
-        return signature[count - 2] - best[count]
+        return gaps[count - 2]
 
     def _scores(self, shape: Shape) -> list[tuple]:
         """(score, -(first node's rank), class id, slice) for every class the shape fits."""

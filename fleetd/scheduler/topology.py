@@ -80,6 +80,7 @@ class Topology:
         self._weakest: dict[int, int] = {}
         self._best: dict[int, tuple[int, ...]] = {}
         self._value: dict[int, float] = {}
+        self._gaps: dict[int, tuple[int, ...]] = {}
         self._pick: dict[tuple[int, int], int] = {}
         # best_full[k]: the aligned rank for k GPUs (index 0 and 1: -1, a lone GPU has no pair).
         self.best_full = self.best_ranks(self.full)
@@ -149,9 +150,17 @@ class Topology:
             return WORST_RANK + 1
         return best[k] - self.best_full[k]
 
-    def signature(self, mask: int) -> tuple[int, ...]:
-        """What a free mask offers, for grouping nodes: the best rank for each k >= 2."""
-        return self.best_ranks(mask)[2:]
+    def gaps(self, mask: int) -> tuple[int, ...]:
+        """What a free mask offers, for grouping nodes: for each k >= 2 it has free GPUs for, how
+        many ranks its best k-set misses aligned by. Nodes of different links with equal gaps
+        score alike; each picks its own GPUs."""
+        found = self._gaps.get(mask)
+        if found is None:
+            best = self.best_ranks(mask)
+            found = self._gaps[mask] = tuple(
+                best[k] - self.best_full[k] for k in range(2, len(best))
+            )
+        return found
 
     def _aligned_counts(self, mask: int) -> list[int]:
         """For each k: how many k-subsets of the mask are aligned."""
