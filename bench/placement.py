@@ -240,7 +240,7 @@ def cluster_frag_ratio(engine: PlacementEngine, metric: FragmentationModel) -> f
     """Fragmented / idle GPU share over all nodes, in percent."""
     frag = idle = 0.0
     for node in engine.nodes:
-        model, cpu_free, gpus = node.key
+        model, cpu_free, gpus = node.key[:3]
         idle += sum(gpus)
         frag += metric.amount(model, cpu_free, gpus)
     return 100.0 * frag / idle if idle else 0.0

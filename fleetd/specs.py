@@ -23,7 +23,7 @@ RETRY_ON = ("node_lost", "preempted", "failed")
 DEFAULT_MOUNT = "/workspace"
 # Bump when the fields below change meaning: keys stored before then stop matching, so their jobs
 # are read by every pass (as jobs without a key are) until they leave the queue.
-GROUP_KEY_VERSION = 2  # 2: owner, host_ports, mps and image
+GROUP_KEY_VERSION = 3  # 2: owner, host_ports, mps and image; 3: topology
 
 
 def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
@@ -45,6 +45,14 @@ class Resources:
     pids: int | None = (
         None  # the most processes and threads (None: the fleet's task_pids_max); not reserved
     )
+    # "required" or "preferred" (an aligned GPU set, scheduler/topology.py); None: not given, which
+    # is preferred
+    topology: str | None = None
+
+    @property
+    def topology_mode(self) -> str:
+        """The topology mode in force (preferred when none was given)."""
+        return self.topology or scheduler.TOPOLOGY_PREFERRED
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Resources:
@@ -57,10 +65,11 @@ class Resources:
             cpus=data.get("cpus") or 0,
             memory_bytes=data.get("memory_bytes") or 0,
             pids=data.get("pids"),
+            topology=data.get("topology"),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "gpus": self.gpus,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "gpu_compute_percent": self.gpu_compute_percent,
@@ -70,6 +79,8 @@ class Resources:
         }
         if self.pids is not None:  # optional (docs/api.md): specs stored before it read as before
             out["pids"] = self.pids
+        if self.topology is not None:  # optional, as pids
+            out["topology"] = self.topology
         return out
 
 
@@ -295,6 +306,7 @@ class JobSpec:
             priority_class=self.priority_class,
             bid=self.bid,
             name=self.name,
+            topology=res.topology_mode,
         )
         # A resumed run's ports are already held on the node that keeps its volume.
         ports = (
@@ -371,6 +383,7 @@ class InstanceSpec:
                 "cpus": res.cpus,
                 "memory_bytes": res.memory_bytes,
                 **({"pids": res.pids} if res.pids is not None else {}),
+                **({"topology": res.topology} if res.topology is not None else {}),
                 # optional, as pids: specs stored before it read as before
                 **(
                     {"gpu_memory_bytes": res.gpu_memory_bytes}
@@ -414,6 +427,7 @@ class InstanceSpec:
                 memory_bytes=res.memory_bytes,
                 pids=res.pids,
                 gpu_memory_bytes=res.gpu_memory_bytes,
+                topology=res.topology,
             ),
             priority_class=self.priority_class,
             bid=self.bid,
@@ -454,6 +468,7 @@ class Group(NamedTuple):
     owner: str  # "" unless the answer depends on who asks
     host_ports: int
     mps: bool
+    topology: str
 
 
 def group_of(
@@ -480,6 +495,7 @@ def group_of(
         owner=request.owner or request.account,
         host_ports=request.host_ports,
         mps=request.mps,
+        topology=request.topology,
     )
 
 

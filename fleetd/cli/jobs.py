@@ -367,17 +367,24 @@ def job_why(handle):
     client = current_client()
     data = client.get(f"/api/v1/jobs/{job_id}")
     if data["state"] != "queued":
-        emit(
-            {"job": data, "simulation": None},
-            lambda d: click.echo(
+
+        def placed(d):
+            click.echo(
                 f"job {job_id} is {data['state']}: it waits for nothing"
                 + (
                     ""
                     if data["state"] in JOB_ENDED
                     else f" (`fleetd job show {job_id}` says where it runs)"
                 )
-            ),
-        )
+            )
+            for task in data.get("tasks") or ():
+                if task.get("link_class"):  # which GPUs it got and how they are linked
+                    click.echo(
+                        f"rank {task['rank']} on {task['node_id']}: GPUs "
+                        f"{', '.join(task['gpus'])}, weakest link {task['link_class']}"
+                    )
+
+        emit({"job": data, "simulation": None}, placed)
         return
     explanation = client.post("/api/v1/cluster/simulate-schedule", data["spec"])
     result = {"job": data, "simulation": explanation}
@@ -412,6 +419,9 @@ def job_why(handle):
                     + ", ".join(p["node_id"] for p in explanation["placement"])
                     + " (the scheduler places it within moments)"
                 )
+                for p in explanation["placement"]:
+                    if p.get("link_note"):  # which GPU set it would get, and why
+                        click.echo(f"rank {p['rank']} on {p['node_id']}: {p['link_note']}")
         if not explanation["schedulable"] and explanation["filter_detail"]:
             show_table(
                 explanation["filter_detail"],

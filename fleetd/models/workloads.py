@@ -215,6 +215,9 @@ class Task(BaseModel):
     rendezvous_addr = peewee.CharField(max_length=255, null=True)
     rendezvous_port = peewee.IntegerField(null=True)
     run_as = JSONText(null=True)  # {source, user, uid, gid} as delivered in its assignment
+    # Its GPUs' weakest link (scheduler.RankPlacement.link_class; migration 0044): None where its
+    # node's links are unknown or it holds no GPU.
+    link_class = peewee.CharField(max_length=16, null=True)
 
     class Meta:
         indexes = ((("job", "rank"), True),)

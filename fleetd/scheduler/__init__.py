@@ -13,10 +13,15 @@ from fleetd.scheduler.engine import (
     shape_of,
 )
 from fleetd.scheduler.model import (
+    LINK_CLASSES,
     MILLI,
     MIN_SLICE_MEMORY_BYTES,
     READY,
+    SELF_LINK,
     STAGES,
+    TOPOLOGY_MODES,
+    TOPOLOGY_PREFERRED,
+    TOPOLOGY_REQUIRED,
     ClusterSnapshot,
     FilterDetail,
     GpuAllocation,
@@ -46,12 +51,17 @@ from fleetd.scheduler.preemption import freed, plan_preemption
 
 __all__ = [
     "DEFAULT_POLICY",
+    "LINK_CLASSES",
     "MILLI",
     "MIN_SLICE_MEMORY_BYTES",
     "READY",
     "PLACEMENT_GROUP",
     "POLICIES",
+    "SELF_LINK",
     "STAGES",
+    "TOPOLOGY_MODES",
+    "TOPOLOGY_PREFERRED",
+    "TOPOLOGY_REQUIRED",
     "ClusterSnapshot",
     "FilterDetail",
     "FragmentationModel",

@@ -5,15 +5,24 @@ task groups one after another; every placement it returns is reserved in that ac
 so the next one sees it. `schedule()` is the one-shot form the jobs service calls on each
 pass; `explain()` says, per node, which filter stage rejects a request and why.
 
-Nodes with identical free resources (same GPU model, free CPU and free GPU shares) form
-one class; a policy scores a class once per task shape and the score is remembered, so a
-decision costs one dictionary look-up per class rather than a policy call per node. Among
-equally good nodes the least busy wins, then the one earliest in the snapshot: a class keeps
-its members in that order, so the choice is its first member. Busy counts the tasks a node
-runs, plus the ones placed on it in this pass in steps of `PLACEMENT_GROUP`: tasks that take
-no GPU or CPU leave a node's class unchanged, and without this they would all land on one
-host; with it they go round the nodes a few at a time, and a node's agent gets each few in
-one acquire rather than one call per task.
+Nodes with identical free resources (same GPU model, free CPU and free GPU shares and, where
+their links are known, best free GPU sets that miss aligned by as much for every size: see
+`scheduler/topology.py`) form one class; a policy scores a class once per task shape and the
+score is remembered, so a decision costs one dictionary look-up per class rather than a policy
+call per node. Among equally good nodes the least busy wins, then the one earliest in the
+snapshot: a class keeps its members in that order, so the choice is its first member. Busy
+counts the tasks a node runs, plus the ones placed on it in this pass in steps of
+`PLACEMENT_GROUP`: tasks that take no GPU or CPU leave a node's class unchanged, and without
+this they would all land on one host; with it they go round the nodes a few at a time, and a
+node's agent gets each few in one acquire rather than one call per task.
+
+Whole GPUs on a node whose links are known go to the set whose weakest link is best and which
+leaves the most aligned sets free (`Topology.pick`). A class whose best free set for the task is
+worse than the node's aligned class scores `UNALIGNED_PENALTY` less per rank of the gap, more
+than any policy's score range: a node with an aligned set free always wins over one without
+(the policy then decides among the aligned ones), and a task that requires an aligned set does
+not fit such a class at all. A node whose links are unknown is scored and given GPUs as before
+(by NUMA node).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from fleetd.scheduler.model import (
     STAGE_SELECTOR,
     STAGE_SLICE_MEMORY,
     STAGE_STATUS,
+    STAGE_TOPOLOGY,
+    TOPOLOGY_REQUIRED,
     ClusterSnapshot,
     FilterDetail,
     GpuAllocation,
@@ -56,10 +67,12 @@ from fleetd.scheduler.model import (
     image_allowed,
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
+from fleetd.scheduler.topology import Topology, describe, valid_links
 
 PLACEMENT_GROUP = (
     4  # tasks one pass places on a node before an equally good, equally busy one gets its turn
 )
+UNALIGNED_PENALTY = 1000.0  # score per rank a node's best free GPU set is worse than aligned
 
 
 class _Gpu:
@@ -116,9 +129,10 @@ class _Node:
         "cid",
         "placed",
         "owner_ports",
+        "topo",
     )
 
-    def __init__(self, index: int, snap: NodeSnapshot):
+    def __init__(self, index: int, snap: NodeSnapshot, topo: Topology | None = None):
         self.index = index
         self.snap = snap
         self.placed = 0  # tasks this engine reserved here (net of releases)
@@ -128,8 +142,17 @@ class _Node:
         self.model = "|".join(models)
         self.gpus = [_Gpu(g) for g in snap.gpus]
         self.owner_ports = dict(snap.owner_ports) if snap.owner_ports else {}
-        self.key: tuple[str, int, tuple[int, ...]] | None = None  # make_key's, once made
+        self.key: tuple | None = None  # make_key's, once made
         self.cid = -1
+        self.topo = topo  # its links, None when unknown
+
+    def free_mask(self) -> int:
+        """Its idle GPUs as a bit mask over the order of its links."""
+        mask = 0
+        for i, g in enumerate(self.gpus):
+            if g.idle:
+                mask |= 1 << i
+        return mask
 
     def usable_gpus(self):
         return [g for g in self.gpus if g.usable]
@@ -139,6 +162,7 @@ class _Node:
             self.model,
             self.cpu_free,
             tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)),
+            None if self.topo is None else self.topo.gaps(self.free_mask()),
         )
         return self.key
 
@@ -171,6 +195,9 @@ def shape_of(request: TaskRequest) -> Shape:
         gpu_count=request.gpu_count,
         shared=request.shared,
         gpu_types=frozenset(request.gpu_types),
+        aligned=request.topology == TOPOLOGY_REQUIRED
+        and not request.shared
+        and request.gpu_count >= 2,
     )
 
 
@@ -186,7 +213,9 @@ class PlacementEngine:
     ):
         self.policy = policy if isinstance(policy, Policy) else make_policy(policy, profile)
         self.rng = random.Random(seed)
-        self.nodes = [_Node(i, n) for i, n in enumerate(snapshot.nodes)]
+        self._topologies: dict[tuple, int] = {}  # links matrix -> topology id
+        self._topology_list: list[Topology] = []  # topology id -> its aligned sets, memoised
+        self.nodes = [self._node(i, n) for i, n in enumerate(snapshot.nodes)]
         self.by_id = {n.snap.id: n for n in self.nodes}
         if len(self.by_id) != len(self.nodes):
             raise ValueError("node ids in a snapshot must be unique")
@@ -210,11 +239,23 @@ class PlacementEngine:
             old = self.by_id[snap.id]
             if old.snap.schedulable:
                 self._leave(old)
-            node = self.nodes[old.index] = self.by_id[snap.id] = _Node(old.index, snap)
+            node = self.nodes[old.index] = self.by_id[snap.id] = self._node(old.index, snap)
             if snap.schedulable:
                 self._enter(node)
         if len(self._class_keys) > 4 * len(self._members) + 1024:
             self._renumber_classes()  # states no node is in any more are forgotten
+
+    def _node(self, index: int, snap: NodeSnapshot) -> _Node:
+        """Its accounting, with the topology of its links (one per distinct matrix, kept)."""
+        if not valid_links(snap.links, len(snap.gpus)):
+            return _Node(index, snap)
+        links = snap.links
+        assert links is not None
+        tid = self._topologies.get(links)
+        if tid is None:
+            tid = self._topologies[links] = len(self._topology_list)
+            self._topology_list.append(Topology(links))
+        return _Node(index, snap, self._topology_list[tid])
 
     def _renumber_classes(self):
         self._class_ids, self._class_keys, self._members, self._memo = {}, [], {}, {}
@@ -257,9 +298,9 @@ class PlacementEngine:
 
     # ---- scoring -----------------------------------------------------------------------
 
-    @staticmethod
-    def _class_fits(key: tuple, shape: Shape) -> bool:
-        model, cpu_free, gpus = key
+    @classmethod
+    def _class_fits(cls, key: tuple, shape: Shape) -> bool:
+        model, cpu_free, gpus, gaps = key
         if cpu_free < shape.cpu_milli:
             return False
         if shape.gpu_count == 0:
@@ -268,7 +309,16 @@ class PlacementEngine:
             return False
         if shape.shared:
             return any(g >= shape.gpu_milli for g in gpus)
-        return sum(1 for g in gpus if g >= MILLI) >= shape.gpu_count
+        if sum(1 for g in gpus if g >= MILLI) < shape.gpu_count:
+            return False
+        return not shape.aligned or cls._gap(gaps, shape.gpu_count) == 0
+
+    @staticmethod
+    def _gap(gaps: tuple | None, count: int) -> int:
+        """Ranks by which a class's best free set of `count` GPUs misses aligned (0 if unknown)."""
+        if gaps is None or count < 2 or count - 2 >= len(gaps):
+            return 0
+        return gaps[count - 2]
 
     def _scores(self, shape: Shape) -> list[tuple]:
         """(score, -(first node's rank), class id, slice) for every class the shape fits."""
@@ -286,6 +336,10 @@ class PlacementEngine:
                     if self._class_fits(key, shape)
                     else None
                 )
+                if res is not None and not shape.shared and key[3] is not None:
+                    gap = self._gap(key[3], shape.gpu_count)
+                    if gap:
+                        res = (res[0] - UNALIGNED_PENALTY * gap, res[1])
                 memo[cid] = res
             if res is not None:
                 busy, index = members[0].rank
@@ -333,6 +387,12 @@ class PlacementEngine:
         idle = [g for g in node.gpus if g.idle]
         if len(idle) < shape.gpu_count:
             return None
+        if node.topo is not None:
+            free = node.free_mask()
+            if shape.aligned and node.topo.gap(free, shape.gpu_count):
+                return None
+            chosen = node.topo.pick(free, shape.gpu_count)
+            return [(g, MILLI, g.memory_total) for i, g in enumerate(node.gpus) if chosen >> i & 1]
         return [(g, MILLI, g.memory_total) for g in self._numa_pick(idle, shape.gpu_count)]
 
     @staticmethod
@@ -509,6 +569,7 @@ class PlacementEngine:
                     self._unreserve(r)
                 return self._unschedulable(request, rank, explain)
             node, devices, score = choice
+            link_class, link_note = self._link_of(node, devices, shape)
             reservations.append(self._reserve(node, request, devices))
             used.add(node.index)
             total += score
@@ -530,9 +591,25 @@ class PlacementEngine:
                     owner=request.owner,
                     host_ports=request.host_ports,
                     mps=request.mps and request.shared,
+                    link_class=link_class,
+                    link_note=link_note,
                 )
             )
         return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    @staticmethod
+    def _link_of(node: _Node, devices: list, shape: Shape) -> tuple[str | None, str]:
+        """(link class, why these GPUs) of one rank's devices, before they are reserved."""
+        if node.topo is None or not devices:
+            return None, ""
+        index = {id(g): i for i, g in enumerate(node.gpus)}
+        chosen = 0
+        for g, _, _ in devices:
+            chosen |= 1 << index[id(g)]
+        if shape.shared:
+            return node.topo.weakest_class(chosen), ""
+        note = describe(node.topo, chosen, node.free_mask(), shape.gpu_count, shape.aligned)
+        return node.topo.weakest_class(chosen), note
 
     def simulate(self, request: TaskRequest, explain: bool = True) -> PlacementResult:
         """Like `place`, but reserves nothing."""
@@ -694,6 +771,15 @@ class PlacementEngine:
                 idle = sum(1 for g in node.gpus if g.idle)
                 if idle < shape.gpu_count:
                     return STAGE_GPU, f"{idle} GPU(s) free, job needs {shape.gpu_count} whole"
+                topo, k = node.topo, shape.gpu_count
+                if shape.aligned and topo is not None and topo.gap(node.free_mask(), k):
+                    best = topo.class_of_rank(topo.best_full[k])
+                    free = topo.class_of_rank(topo.best_ranks(node.free_mask())[k])
+                    return STAGE_TOPOLOGY, (
+                        f"{idle} GPU(s) free, but no {k} of them are linked by {best} (this "
+                        f"node's best for {k} GPUs; the free ones reach {free}): the job requires "
+                        "an aligned set (topology required)"
+                    )
         return None
 
     def _unschedulable(self, request: TaskRequest, placed: int, explain: bool) -> Unschedulable:

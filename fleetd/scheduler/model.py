@@ -23,6 +23,9 @@ READY = "ready"  # a node's containers when its runtime can run images
 # SELF_LINK. An aligned set of GPUs is one whose weakest pair is as good as the node allows.
 LINK_CLASSES = ("nvlink", "nvswitch", "pcie_switch", "host_bridge", "numa", "system")
 SELF_LINK = "self"
+TOPOLOGY_PREFERRED = "preferred"
+TOPOLOGY_REQUIRED = "required"
+TOPOLOGY_MODES = (TOPOLOGY_PREFERRED, TOPOLOGY_REQUIRED)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -179,6 +182,10 @@ class TaskRequest:
     # The login of the owner whose own account must resolve on a node whose `accounts` are known
     # ("": no account to resolve, as a service account's work).
     account: str = ""
+    # "preferred": whole GPUs go to an aligned set (scheduler/topology.py) where a fitting node has
+    # one free, else to the best set free; "required": only to an aligned set, else the task waits.
+    # Either way a node whose links are unknown (links None) is taken as today.
+    topology: str = TOPOLOGY_PREFERRED
 
     def __post_init__(self):
         if self.num_nodes < 1:
@@ -193,6 +200,8 @@ class TaskRequest:
             raise ValueError("cpus and memory_bytes must be >= 0")
         if self.shared and self.gpus > 1:
             raise ValueError("gpu_memory_bytes and gpu_compute_percent apply to one shared GPU")
+        if self.topology not in TOPOLOGY_MODES:
+            raise ValueError(f"topology must be one of {', '.join(TOPOLOGY_MODES)}")
 
     @property
     def shared(self) -> bool:
@@ -256,6 +265,10 @@ class RankPlacement:
     owner: str = ""  # as the request's, so that a release gives back what the placement took
     host_ports: int = 0
     mps: bool = False
+    # The weakest link among its GPUs (a LINK_CLASSES class; SELF_LINK for one GPU or a slice);
+    # None when it has no GPU or its node's links are unknown. `link_note` says why these GPUs.
+    link_class: str | None = None
+    link_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -295,6 +308,7 @@ STAGE_GPU_COUNT = "gpu_count"
 STAGE_CPU = "cpu"
 STAGE_MEMORY = "memory"
 STAGE_GPU = "gpu"
+STAGE_TOPOLOGY = "topology"
 STAGE_GPU_MEMORY = "gpu_memory"
 STAGE_PORTS = "ports"
 STAGE_MPS = "mps"
@@ -313,6 +327,7 @@ STAGES = (
     STAGE_MEMORY,
     STAGE_PORTS,
     STAGE_GPU,
+    STAGE_TOPOLOGY,
     STAGE_SLICE_MEMORY,
     STAGE_MPS,
     STAGE_GPU_MEMORY,
@@ -329,6 +344,7 @@ EXPLAINED_STAGES = frozenset(
         STAGE_PORTS,
         STAGE_MPS,
         STAGE_SLICE_MEMORY,
+        STAGE_TOPOLOGY,
     }
 )
 

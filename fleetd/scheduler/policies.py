@@ -33,6 +33,8 @@ class Shape:
     gpu_count: int
     shared: bool
     gpu_types: frozenset = frozenset()
+    # An aligned GPU set is required (whole GPUs, two or more; scheduler/topology.py).
+    aligned: bool = False
 
     @property
     def total_gpu_milli(self) -> int:

@@ -15,6 +15,7 @@ from fleetd.schemas.jobs import (
     GpuCount,
     NodeSelectorSchema,
     Pids,
+    TopologyMode,
     _at_most_256,
     _slice_memory,
     reserved_name_error,
@@ -77,6 +78,7 @@ class InstanceResourcesSchema(Schema):
     cpus = fields.Float(validate=validate.Range(min=0, max=100_000), load_default=0)
     memory_bytes = Int(load_default=0)
     pids = Pids()
+    topology = TopologyMode()
 
 
 class PortSchema(Schema):

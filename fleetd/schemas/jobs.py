@@ -9,7 +9,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate, va
 
 from fleetd.models import JobState
 from fleetd.names import PROJECT_KEY, name_problem
-from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES
+from fleetd.scheduler import MIN_SLICE_MEMORY_BYTES, TOPOLOGY_MODES
 from fleetd.schemas.common import (
     Bool,
     FullRegexp,
@@ -120,6 +120,22 @@ def _slice_memory(value):
         )
 
 
+def TopologyMode():
+    """Whether a rank's whole GPUs must be an aligned set (`resources.topology`), for jobs and
+    instances alike."""
+    return fields.String(
+        validate=validate.OneOf(TOPOLOGY_MODES),
+        load_default=None,
+        metadata={
+            "description": (
+                "whole GPUs of a rank on an aligned set (the best links its node has for that "
+                "many GPUs): required waits for one, preferred (the default) takes the best set "
+                "free where no node has one"
+            )
+        },
+    )
+
+
 def Pids():
     """A task's pid limit (`resources.pids`), for jobs and instances alike."""
     return Int(
@@ -177,6 +193,7 @@ class ResourcesSchema(Schema):
         },
     )
     pids = Pids()
+    topology = TopologyMode()
 
 
 class NodeSelectorSchema(Schema):
@@ -264,20 +281,28 @@ def _placed(task):
     return task.state != "pending"
 
 
+def _once_placed(attr, description):
+    """A task's field, shown once it is placed (null while it waits)."""
+    return fields.Function(
+        lambda t: getattr(t, attr) if _placed(t) else None,
+        metadata={"description": description},
+    )
+
+
 class TaskStatusSchema(Schema):
     id = fields.String()
     rank = fields.Integer()
     node_id = fields.Function(lambda t: t.node_id if _placed(t) else None)
     state = fields.String()
     gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus] if _placed(t) else [])
-    run_as = fields.Function(
-        lambda t: t.run_as if _placed(t) else None,
-        metadata={
-            "description": (
-                "who its process runs as on its node: {source: unix_user | dynamic | root, user, "
-                "uid, gid}"
-            )
-        },
+    run_as = _once_placed(
+        "run_as",
+        "who its process runs as on its node: {source: unix_user | dynamic | root, user, uid, gid}",
+    )
+    link_class = _once_placed(
+        "link_class",
+        "its GPUs' weakest link: nvlink, nvswitch, pcie_switch, host_bridge, numa, system, or "
+        "self for one GPU; null where its node's links are unknown",
     )
     exit_code = fields.Integer(allow_none=True)
     reason = fields.String()

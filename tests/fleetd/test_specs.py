@@ -87,13 +87,28 @@ def test_a_group_key_is_a_fixed_function_of_named_fields():
     spec = JobSpec.from_dict(TRAIN)
     key = group_key(group_of(spec.task_request(), "ml", "spot", 1.5))
     # A stored key must not change with the code: this value changes only with GROUP_KEY_VERSION.
-    assert key == "b2c3a7e40b43f044c980"
+    assert key == "20ad09d574aef39c024d"
     assert (
         group_key_of(dataclasses.replace(spec, name="other", command=("x",)), "ml", "spot") == key
     )
     assert group_key_of(spec, "other-team", "spot") != key
     assert group_key_of(dataclasses.replace(spec, bid=2.0), "ml", "spot") != key
     assert group_of(spec.task_request(), "ml", "spot", 1.5).fleet == "a"
+
+
+def test_topology_survives_storage_reaches_the_engine_and_splits_groups():
+    spec = JobSpecSchema().load(dict(TRAIN, resources={"gpus": 2, "topology": "required"}))
+    assert spec.resources.topology == "required"
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+    assert spec.task_request().topology == scheduler.TOPOLOGY_REQUIRED
+    plain = JobSpecSchema().load(TRAIN)
+    assert "topology" not in plain.to_dict()["resources"]  # specs stored before read as before
+    assert plain.task_request().topology == scheduler.TOPOLOGY_PREFERRED
+    assert group_key_of(spec, "ml", "spot") != group_key_of(plain, "ml", "spot")
+    body = {"name": "nb", "command": ["x"], "resources": {"gpus": 2, "topology": "required"}}
+    instance = InstanceSpecSchema().load(body)
+    assert InstanceSpec.from_dict(instance.to_dict()) == instance
+    assert instance.run(None).task_request().topology == scheduler.TOPOLOGY_REQUIRED
 
 
 def test_a_request_the_engine_cannot_evaluate_is_refused_not_stored_without_a_key():

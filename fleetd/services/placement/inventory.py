@@ -74,11 +74,20 @@ class Hold(typing.NamedTuple):
     gpus: list
     job: JobTerms
     run_as: str | None = None  # as stored (JSON text): only the allocation view reads it
+    link_class: str | None = None  # its GPUs' weakest link: only the allocation view reads it
 
 
 def _hold_columns():
     return Task.select(
-        Task.id, Task.job, Task.rank, Task.node, Task.epoch, Task.state, Task.gpus, Task.run_as
+        Task.id,
+        Task.job,
+        Task.rank,
+        Task.node,
+        Task.epoch,
+        Task.state,
+        Task.gpus,
+        Task.run_as,
+        Task.link_class,
     )
 
 
@@ -175,8 +184,9 @@ def load_holds(terms_cache, ended=None):
             _parsed_gpus(gpus),
             terms[job_id],
             run_as,
+            link_class,
         )
-        for task_id, job_id, rank, node_id, epoch, state, gpus, run_as in rows
+        for task_id, job_id, rank, node_id, epoch, state, gpus, run_as, link_class in rows
         if job_id in terms
     ]
 

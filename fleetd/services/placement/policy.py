@@ -169,6 +169,8 @@ def simulate(rt, principal, spec):
                 "rank": r.rank,
                 "node_id": r.node_id,
                 "policy": result.policy,
+                "link_class": r.link_class,
+                "link_note": r.link_note,
                 "gpus": [
                     {
                         "uuid": g.uuid,

@@ -15,6 +15,7 @@ from fleetd.db import database, write_transaction
 from fleetd.models import Fleet, Job, JobState, Node, NodeStatus, TaskState
 from fleetd.services.identity.identities import UidsExhausted
 from fleetd.services.notify.events import FLEETD, acting_as
+from fleetd.services.placement.assigned import place_task
 from fleetd.services.placement.cluster import ClusterState
 from fleetd.services.placement.inventory import raw_rows
 from fleetd.services.placement.parking import ALLOWANCE, CAPACITY
@@ -28,15 +29,6 @@ from fleetd.sql import Statement
 log = logging.getLogger(__name__)
 
 PRIORITY_ORDER = {"on-demand": 0, "spot": 1}
-
-
-def _allocation(gpu):
-    """A GpuAllocation as stored on the task and sent in the Assignment."""
-    out = {"uuid": gpu.uuid, "exclusive": gpu.exclusive, "compute_milli": gpu.compute_milli}
-    if not gpu.exclusive:
-        out["memory_limit_bytes"] = gpu.memory_limit_bytes
-        out["compute_percent"] = gpu.compute_milli / 10
-    return out
 
 
 def run_pass(rt, full=True):
@@ -358,13 +350,12 @@ def _allows_root(fleet, roots):
 def _assign(rt, job, tasks, result, now, woken, run_as):
     rt.nominations.pop(job.id, None)
     for task, rank, identity in zip(tasks, result.ranks, run_as):
-        task.node = rank.node_id
+        reason = place_task(task, rank)
         task.run_as = identity
-        task.gpus = [_allocation(g) for g in rank.gpus]
         task.epoch += 1
         task.assigned_at = now
         task.delivered_at = None
-        switch_task_state(rt, task, TaskState.ASSIGNED, f"placed on node {rank.node_id}", now)
+        switch_task_state(rt, task, TaskState.ASSIGNED, reason, now)
         rt.leases.renew(task.id, task.epoch)
         woken.add(rank.node_id)
     if rt.instruments is not None and job.attempt == 1:

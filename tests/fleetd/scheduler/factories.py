@@ -35,3 +35,20 @@ def make_node(
 def make_cluster(*nodes):
     """A snapshot of the given nodes, in that order."""
     return ClusterSnapshot(tuple(nodes))
+
+
+def link_matrix(count, link):
+    """A node's links: `link(i, j)` for each pair, `self` on the diagonal."""
+    return tuple(
+        tuple("self" if i == j else link(i, j) for j in range(count)) for i in range(count)
+    )
+
+
+# The four host shapes of issue 50 (the fake NVML fixtures of the same names report these).
+H100_NVSWITCH_X8 = link_matrix(8, lambda i, j: "nvswitch")
+L40S_PCIE_X8 = link_matrix(  # two sockets, each with two PCIe switches of two GPUs
+    8,
+    lambda i, j: "pcie_switch" if i // 2 == j // 2 else "numa" if i // 4 == j // 4 else "system",
+)
+A100_NVLINK_PAIRS_X4 = link_matrix(4, lambda i, j: "nvlink" if i // 2 == j // 2 else "system")
+CONSUMER_X2 = link_matrix(2, lambda i, j: "system")

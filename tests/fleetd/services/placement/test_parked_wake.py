@@ -213,6 +213,7 @@ def _group(**fields):
         owner="",
         host_ports=0,
         mps=False,
+        topology="preferred",
     )
     return Group(**dict(base, **fields))
 

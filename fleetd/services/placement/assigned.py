@@ -1,0 +1,23 @@
+"""What a task row keeps of the engine's placement of its rank: its GPUs as stored (and sent in
+the Assignment), its GPUs' weakest link, and the reason its assignment event gives."""
+
+from fleetd import scheduler
+
+
+def stored_allocation(gpu: scheduler.GpuAllocation) -> dict:
+    """A GpuAllocation as stored on the task and sent in the Assignment."""
+    out = {"uuid": gpu.uuid, "exclusive": gpu.exclusive, "compute_milli": gpu.compute_milli}
+    if not gpu.exclusive:
+        out["memory_limit_bytes"] = gpu.memory_limit_bytes
+        out["compute_percent"] = gpu.compute_milli / 10
+    return out
+
+
+def place_task(task, rank: scheduler.RankPlacement) -> str:
+    """Write the rank's node, GPUs and link class on its task; the reason for its event (with why
+    these GPUs, where its node's links are known)."""
+    task.node = rank.node_id
+    task.gpus = [stored_allocation(g) for g in rank.gpus]
+    task.link_class = rank.link_class
+    reason = f"placed on node {rank.node_id}"
+    return f"{reason}; {rank.link_note}" if rank.link_note else reason
