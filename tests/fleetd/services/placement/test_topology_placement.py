@@ -1,42 +1,38 @@
 """Aligned GPU sets through the API: resources.topology, link_class in simulate-schedule, the
-allocation view and job status (issue 50).
+allocation view and job status (issue 50). The node registers the topology of an A100 PCIe box
+with NVLink bridges between GPUs 0-1 and 2-3, as its agent reports it; GPUs are taken out by
+the node's own health reports. Real API, the agent's side played by hand."""
 
-Nodes get their links at registration from the topology-discovery side of issue 50 (another
-branch); until it is merged these tests give a 4-GPU node the links of an A100 PCIe box with
-NVLink pairs 0-1 and 2-3 where the scheduler reads the cluster (ClusterState.snapshot), which is
-the boundary between the two halves. After the merge, registering with a topology replaces it.
-"""
-
-import dataclasses
-
-import pytest
-
-from fleetd.scheduler import ClusterSnapshot
-from fleetd.services.placement.cluster import ClusterState
 from tests.fleetd.scheduler.factories import A100_NVLINK_PAIRS_X4
+from tests.support.gpus import gpus
+
+GPUS = gpus(4, model="NVIDIA A100-PCIE-40GB")
+TOPOLOGY = {
+    "gpus": [g["uuid"] for g in GPUS],
+    "links": [list(row) for row in A100_NVLINK_PAIRS_X4],
+    "nvlink_count": [[12 if c == "nvlink" else 0 for c in row] for row in A100_NVLINK_PAIRS_X4],
+    "nics": [],
+}
 
 
-@pytest.fixture
-def nvlink_pairs(monkeypatch):
-    """Every 4-GPU node reads as an A100 box with NVLink pairs 0-1 and 2-3; the GPUs at the
-    indices the returned dict gives for a node id read as held by work outside fleetd."""
-    real = ClusterState.snapshot
-    held: dict[str, tuple[int, ...]] = {}
-
-    def with_links(self, nodes=None):
-        out = []
-        for n in real(self, nodes).nodes:
-            if len(n.gpus) == 4:
-                gpus = tuple(
-                    dataclasses.replace(g, exclusive=True) if i in held.get(n.id, ()) else g
-                    for i, g in enumerate(n.gpus)
-                )
-                n = dataclasses.replace(n, gpus=gpus, links=A100_NVLINK_PAIRS_X4)
-            out.append(n)
-        return ClusterSnapshot(tuple(out))
-
-    monkeypatch.setattr(ClusterState, "snapshot", with_links)
-    return held
+def _pairs_node(api, unhealthy=()):
+    """A ready A100 node with NVLink pairs; the GPUs at the indices `unhealthy` reported faulty
+    (the fleet's health policy leaves the node in service)."""
+    api.create_fleet()
+    api.patch("/api/v1/fleets/gpu-a", {"health_policy": {"cordon_on_gpu_fault": False}})
+    reg = api.register(
+        api.create_join_token(),
+        machine_id="a100",
+        hostname="a100",
+        topology=TOPOLOGY,
+        gpus=GPUS,
+    )
+    reports = [
+        dict(g, healthy=False, health_reason="XID 79") if i in unhealthy else g
+        for i, g in enumerate(GPUS)
+    ]
+    api.heartbeat(reg["session_token"], gpus=reports)
+    return reg["node_id"]
 
 
 def _simulate(api, body, expect=200):
@@ -45,9 +41,8 @@ def _simulate(api, body, expect=200):
     return resp.get_json()
 
 
-def test_simulate_allocation_and_job_status_show_the_link_class(api, nvlink_pairs):
-    api.create_fleet()
-    node_id, _ = api.ready_node(api.create_join_token(), "a100", gpu_count=4)
+def test_simulate_allocation_and_job_status_show_the_link_class(api):
+    node_id = _pairs_node(api)
     spec = {"name": "pair", "command": ["true"], "resources": {"gpus": 2}}
     sim = _simulate(api, spec)
     [rank] = sim["placement"]
@@ -65,12 +60,8 @@ def test_simulate_allocation_and_job_status_show_the_link_class(api, nvlink_pair
     assert node_id == alloc["node_id"]
 
 
-def test_required_waits_for_an_aligned_set_and_says_why_preferred_takes_what_is_free(
-    api, nvlink_pairs
-):
-    api.create_fleet()
-    node_id, _ = api.ready_node(api.create_join_token(), "a100", gpu_count=4)
-    nvlink_pairs[node_id] = (0, 2)  # GPUs 1 and 3 free: on no common NVLink
+def test_required_waits_for_an_aligned_set_and_says_why_preferred_takes_what_is_free(api):
+    _pairs_node(api, unhealthy=(0, 2))  # GPUs 1 and 3 usable: on no common NVLink
     required = {"name": "r", "command": ["true"], "resources": {"gpus": 2, "topology": "required"}}
     sim = _simulate(api, required)
     assert not sim["schedulable"]
