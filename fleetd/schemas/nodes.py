@@ -13,9 +13,7 @@ from fleetd.schemas.common import (
     check_labels,
     page_schema,
 )
-
-NETWORK_LABEL_PREFIX = "topology.fleetd/"  # a node's place in the network, by its labels
-NETWORK_LEVELS = ("block", "leaf", "spine")
+from fleetd.topology_view import network_of
 
 
 class GpuSchema(Schema):
@@ -154,12 +152,7 @@ class NodeSchema(Schema):
     )
 
     def _network(self, node):
-        labels = node.labels or {}
-        return {
-            level: labels[f"{NETWORK_LABEL_PREFIX}{level}"]
-            for level in NETWORK_LEVELS
-            if f"{NETWORK_LABEL_PREFIX}{level}" in labels
-        }
+        return network_of(node.labels)
 
     def _upgrade(self, node):
         record = node.upgrade

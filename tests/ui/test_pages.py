@@ -157,6 +157,36 @@ def test_node_page_shows_unhealthy_gpus_and_live_readings(admin_ui, api):
     assert "1 unhealthy" in listing and "GPU 1: XID 79" in listing
 
 
+def test_node_page_draws_the_gpu_topology_and_the_nodes_place_in_the_network(admin_ui, api):
+    from tests.support.gpus import topology_x3
+
+    api.create_fleet("gpu-a")
+    labels = {"topology.fleetd/block": "b07", "topology.fleetd/leaf": "leaf-3"}
+    reg = api.register(
+        api.create_join_token("gpu-a"), gpu_count=3, topology=topology_x3(), labels=labels
+    )
+    page = admin_ui.text(f"/ui/nodes/{reg['node_id']}")
+    table = re.search(r'<table id="node-topology".*?</table>', page, re.S).group(0)
+    rows = [re.findall(r"<t[hd][^>]*>([^<]*)</t[hd]>", row) for row in table.split("<tr>")[1:]]
+    # The agent listed GPU 2 first; the matrix names GPUs by their index, NVLinks by their count.
+    assert rows == [
+        ["", "GPU2", "GPU0", "GPU1", "NIC0"],
+        ["GPU2", "X", "SYS", "SYS", "SYS"],
+        ["GPU0", "SYS", "X", "NV12", "PIX"],
+        ["GPU1", "SYS", "NV12", "X", "PHB"],
+    ]
+    assert "mlx5_0" in page and 'block <span class="mono">b07</span>' in page
+    bare = api.register(api.create_join_token("gpu-a"), machine_id="m2", hostname="h2")
+    assert 'id="topology-h"' not in admin_ui.text(f"/ui/nodes/{bare['node_id']}")
+    # A two-GPU job on it gets the NVLinked pair, and its page says how they are linked.
+    api.heartbeat(reg["session_token"])
+    job = api.submit(name="pair", resources={"gpus": 2})  # the other node never heartbeat
+    tasks = re.search(
+        r'<table id="tasks">.*?</table>', admin_ui.text(f"/ui/jobs/{job['id']}"), re.S
+    )
+    assert "linked by nvlink" in tasks.group(0)
+
+
 def test_drain_from_the_node_page_asks_for_confirmation_then_drains(admin_ui, api):
     node_id, _ = enrol(api)
     page = admin_ui.text(f"/ui/nodes/{node_id}")

@@ -9,6 +9,7 @@ from fleetd.schemas.nodes import NodeDrainSchema
 from fleetd.services.fleet_ops import fleets
 from fleetd.services.nodes import nodes, validation
 from fleetd.services.placement import capacity, cluster
+from fleetd.topology_view import LEGEND, network_of, topology_rows
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
 from fleetd.ui.forms import FormError, load_form
@@ -141,11 +142,18 @@ def _node_page(node_id, form=None, errors=None, status=200):
         if ok and g.ui_principal.role in roles.NODE_ACTIONS[name]
     ]
     gpus, tasks = _gpu_rows(rt, node)
+    topology = None
+    if node.topology:
+        shown = [{"uuid": row["gpu"].uuid, "index": row["gpu"].index} for row in gpus]
+        topology = {"rows": topology_rows(node.topology, shown), "nics": node.topology["nics"]}
     return render_template(
         "node.html",
         node=node,
         gpus=gpus,
         tasks=tasks,
+        topology=topology,
+        topology_legend=LEGEND,
+        network=network_of(node.labels),
         events=list(reversed(events)),
         actions=actions,
         drain=node.drain,
