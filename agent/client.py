@@ -515,7 +515,7 @@ def error_for(status, code, message, details=None, retry_after=None):
         return TooLarge(text, status, code)
     if not isinstance(status, int) or status == 429 or status >= 500:
         return Unreachable(text, status, code, retry_after)
-    return FleetdError(text, status, code)
+    return FleetdError(text, status, code, details=details)
 
 
 def _error_of(resp):
@@ -525,7 +525,7 @@ def _error_of(resp):
         resp.status,
         code,
         message,
-        _details(resp) if resp.status == 409 else None,
+        _details(resp) if resp.status in (400, 409) else None,  # 400: the fields refused
         float(retry_after) if retry_after and retry_after.isdigit() else None,
     )
 

@@ -192,6 +192,11 @@ def wire_topology(inventory):
         return None
 
 
+def refused_topology(exc):
+    """True when fleetd refused a request for its `topology` (one older than the field)."""
+    return exc.status in (400, 422) and "topology" in f"{exc} {exc.details}"
+
+
 def make_client(config, server_url, session_token=None):
     """A FleetClient with the configured TLS trust; `server_url`: a URL, a list, or a shared
     ServerUrls."""
@@ -243,7 +248,13 @@ def enrol(config, join_token, force=False, devices=None):
     body = register_body(config, inventory, machine_id, config.labels)
     client = make_client(config, urls)
     try:
-        reply = client.register(join_token, body)
+        try:
+            reply = client.register(join_token, body)
+        except FleetdError as exc:
+            if body.topology is None or not refused_topology(exc):
+                raise
+            log.warning("fleetd refused the GPU topology (an older fleetd?): %s; without it", exc)
+            reply = client.register(join_token, dataclasses.replace(body, topology=None))
     finally:
         client.close()
     node = {
@@ -297,6 +308,7 @@ class Agent:
         self.config = config
         self.state = State(config.state_dir)
         self.deregister_on_stop = deregister_on_stop
+        self.topology_refused = False  # fleetd refused heartbeats with the GPU topology
         self.stop = stop or threading.Event()
         self.rng = rng or random.Random()
         self.devices = DeviceManager(config.devices_backend)
@@ -623,6 +635,10 @@ class Agent:
                     self.workers.stop_all("session rejected by fleetd")
                     return EXIT_REVOKED
                 except FleetdError as exc:
+                    if beat.topology is not None and refused_topology(exc):
+                        log.warning("fleetd refused the GPU topology (%s); not sending it", exc)
+                        self.topology_refused = True
+                        continue
                     if info != sent_info and exc.status == 422:
                         # A fleetd older than these fields refuses them: go on without.
                         log.warning(
@@ -685,8 +701,8 @@ class Agent:
         return EXIT_OK
 
     def _heartbeat_body(self, send_gpus, capabilities):
-        """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus when
-        `send_gpus`, capabilities when given."""
+        """One Heartbeat (fleetwire.heartbeat): tasks, metrics, volumes, instances, gpus and their
+        topology when `send_gpus`, capabilities when given."""
         runner = self._working()
         inventory = self.devices.inventory
         metrics = inventory.metrics()
@@ -719,6 +735,7 @@ class Agent:
             draining=self.draining,
             instances=tuple(runner.instances_report() or ()),
             gpus=tuple(inventory.wire_gpus()) if send_gpus else None,
+            topology=wire_topology(inventory) if send_gpus and not self.topology_refused else None,
             capabilities=capabilities,
         )
 

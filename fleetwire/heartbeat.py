@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from fleetwire.checks import is_int
+from fleetwire.topology import Topology
 
 MAX_ACCOUNTS = 10_000  # owners' accounts a node keeps looked up for fleetd (task_identity nss)
 
@@ -68,6 +69,9 @@ class Heartbeat:
     agent_version: str | None = None
     bundle_sha256: str | None = None
     labels: dict[str, str] | None = None  # the agent's own labels (its config file)
+    # Its GPUs' topology, with gpus only: an agent enrolled before it reported one (or whose
+    # hardware changed) keeps its node's topology current without enrolling again.
+    topology: Topology | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The request body: absent fields left out."""
@@ -89,6 +93,8 @@ class Heartbeat:
             out["instances"] = list(self.instances)
         if self.gpus is not None:
             out["gpus"] = list(self.gpus)
+        if self.topology is not None:
+            out["topology"] = self.topology.to_wire()
         return out
 
     @classmethod
@@ -107,17 +113,23 @@ class Heartbeat:
             ):
                 raise ValueError("tasks must be [{id, epoch, state}]")
             tasks.append(TaskReport(item["id"], item["epoch"], item["state"]))
+        gpus, topology = _objects(data, "gpus"), data.get("topology")
+        if topology is not None and gpus is None:
+            raise ValueError("topology comes with gpus: the uuids it links are theirs")
         return cls(
             tasks=tuple(tasks),
             metrics=_optional(data, "metrics", dict),
             volumes=_strings(data, "volumes"),
             instances=_objects(data, "instances") or (),
-            gpus=_objects(data, "gpus"),
+            gpus=gpus,
             capabilities=_optional(data, "capabilities", dict),
             draining=_optional(data, "draining", bool),
             agent_version=_optional(data, "agent_version", str),
             bundle_sha256=_optional(data, "bundle_sha256", str),
             labels=_optional(data, "labels", dict),
+            topology=None
+            if topology is None
+            else Topology.from_wire(topology, [str(gpu.get("uuid")) for gpu in gpus or ()]),
         )
 
 

@@ -195,6 +195,21 @@ class InstanceSampleSchema(Schema):
     )
 
 
+def topology_field(when=""):
+    """A registration's or a heartbeat's `topology`."""
+    return fields.Dict(
+        load_default=None,
+        allow_none=True,
+        metadata={
+            "description": (
+                "how the GPUs and NICs connect: {gpus: [uuid], links: [[class]], nvlink_count: "
+                "[[int]], nics: [{name, kind, pci_bus_id, links}]}, checked by "
+                f"fleetwire.topology (docs/api.md, Topology){when}"
+            )
+        },
+    )
+
+
 class RegisterSchema(Schema):
     hostname = Text(required=True, min_length=1, max_length=255)
     machine_id = fields.String(required=True, validate=MACHINE_ID)
@@ -209,17 +224,7 @@ class RegisterSchema(Schema):
         allow_none=True,
         metadata={"description": "what the host can run (as in heartbeats)"},
     )
-    topology = fields.Dict(
-        load_default=None,
-        allow_none=True,
-        metadata={
-            "description": (
-                "how the GPUs and NICs connect: {gpus: [uuid], links: [[class]], nvlink_count: "
-                "[[int]], nics: [{name, kind, pci_bus_id, links}]}, checked by "
-                "fleetwire.topology (docs/api.md, Topology)"
-            )
-        },
-    )
+    topology = topology_field()
 
     @post_load
     def _typed(self, data, **kwargs):
@@ -248,6 +253,9 @@ class TaskReportSchema(Schema):
 
 class HeartbeatSchema(Schema):
     gpus = GpuList(load_default=None, allow_none=True)
+    topology = topology_field(
+        "; with gpus only, when they are sent: the node's topology is replaced by it"
+    )
     metrics = fields.Dict(load_default=None, allow_none=True)
     tasks = fields.List(
         fields.Nested(TaskReportSchema), validate=validate.Length(max=1024), load_default=list

@@ -52,6 +52,7 @@ class FakeFleetd:
         self.artifacts = {}  # sha256 -> bytes served
         self.assignments = []  # queued for acquire
         self.heartbeats = []  # heartbeat bodies
+        self.refused_heartbeats = []  # heartbeat bodies refused (refuse_topology)
         self.cancel = set()  # task ids listed in the heartbeat's cancel
         self.revoked = False  # the heartbeat says the node was revoked
         # Instance ids the heartbeat's reply asks the node to delete the volumes of.
@@ -60,6 +61,8 @@ class FakeFleetd:
             False  # refuse (400) a finish with fields fleetd may not know, like `lost`
         )
         self.strict_start = False  # refuse (400) a start saying when, as an older fleetd would
+        # refuse (400) a heartbeat with a GPU topology, as a fleetd older than the field would
+        self.refuse_topology = False
         self.strict_acquire = (
             False  # refuse (400) an acquire asking for a batch, as an older fleetd would
         )
@@ -334,6 +337,17 @@ class FakeFleetd:
     def _heartbeat(self, body):
         if self._is_down("heartbeat"):
             return 503, {"error": {"code": "unavailable", "message": "down for the test"}}
+        if self.refuse_topology and "topology" in body:
+            with self.cond:
+                self.refused_heartbeats.append(body)
+            fields = {"json": {"topology": ["Unknown field."]}}
+            return 400, {
+                "error": {
+                    "code": "invalid_request",
+                    "message": "the request did not validate",
+                    "details": {"fields": fields},
+                }
+            }
         with self.cond:
             self.heartbeats.append(body)
             reported = {t["id"] for t in body.get("tasks", [])}

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from fleetwire.heartbeat import Heartbeat
 from fleetwire.registration import Registration, Resources
 from fleetwire.topology import Topology
 from tests.support.gpus import gpus, topology_x3
@@ -99,3 +100,13 @@ def test_a_registration_whose_topology_names_other_gpus_than_it_reports_is_refus
     wire = _registration(Topology.from_wire(GOOD), gpu_count=4).to_wire()
     with pytest.raises(ValueError, match="uuids of the GPUs reported"):
         Registration.from_wire(wire)
+
+
+def test_a_heartbeat_carries_a_topology_only_with_the_gpus_it_links():
+    beat = Heartbeat(gpus=tuple(gpus(3)), topology=Topology.from_wire(GOOD, UUIDS))
+    assert Heartbeat.from_wire(beat.to_wire()) == beat
+    assert "topology" not in Heartbeat(gpus=tuple(gpus(3))).to_wire()
+    with pytest.raises(ValueError, match="topology comes with gpus"):
+        Heartbeat.from_wire({"tasks": [], "topology": GOOD})
+    with pytest.raises(ValueError, match="uuids of the GPUs reported"):
+        Heartbeat.from_wire({"tasks": [], "gpus": gpus(2), "topology": GOOD})

@@ -361,6 +361,11 @@ def step_gpus(step):
     if step.beat.gpus is None:
         return False
     step.gpu_change = replace_gpus(step.node, list(step.beat.gpus), step.now)
+    topology = step.beat.topology
+    if topology is not None and topology.to_wire() != step.node.topology:
+        step.node.topology = topology.to_wire()  # an agent enrolled before it reported one
+        step.node.save()
+        return True
     return bool(step.gpu_change)
 
 

@@ -83,3 +83,19 @@ def test_a_node_whose_gpus_changed_since_its_registration_has_no_links(api, app)
     with app.app_context():
         (node,) = current_state(rt).snapshot().nodes
     assert node.links is None
+
+
+def test_a_heartbeat_with_its_gpus_brings_a_topology_the_registration_lacked(api, app):
+    api.create_fleet("gpu-a")
+    reg = api.register(api.create_join_token(), gpu_count=3)  # an agent from before topology
+    assert api.node(reg["node_id"])["topology"] is None
+    api.heartbeat(reg["session_token"], gpus=gpus(3), topology=TOPOLOGY)
+    assert api.node(reg["node_id"])["topology"] == TOPOLOGY
+    with app.app_context():
+        (node,) = current_state(app.extensions["fleetd"]).snapshot().nodes
+    assert node.links is not None  # placement sees it at once
+    # A topology without the GPUs it links is refused, and the node keeps what it had.
+    body = api.heartbeat(reg["session_token"], topology=topology_x3(), expect=400)
+    assert "topology comes with gpus" in str(body)
+    api.heartbeat(reg["session_token"], gpus=gpus(3))  # without one: the topology stays
+    assert api.node(reg["node_id"])["topology"] == TOPOLOGY
