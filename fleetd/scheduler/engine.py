@@ -23,6 +23,11 @@ than any policy's score range: a node with an aligned set free always wins over 
 (the policy then decides among the aligned ones), and a task that requires an aligned set does
 not fit such a class at all. A node whose links are unknown is scored and given GPUs as before
 (by NUMA node).
+
+A gang (num_nodes > 1) on an engine where some node has a known network place is placed as a
+whole: every node that can take a rank is listed best first (the order rank after rank would take
+them), and `scheduler/network.py` picks the fewest blocks, then leaves, among them; `same_block`
+required makes it wait when no block holds it. Without any known place, gangs go rank by rank.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from fleetd.scheduler.model import (
     STAGE_ISOLATION,
     STAGE_MEMORY,
     STAGE_MPS,
+    STAGE_NETWORK,
     STAGE_PORTS,
     STAGE_SELECTOR,
     STAGE_SLICE_MEMORY,
@@ -66,6 +72,7 @@ from fleetd.scheduler.model import (
     WorkloadProfile,
     image_allowed,
 )
+from fleetd.scheduler.network import GangPick, NetworkMiss, block_key, choose_nodes, miss_reason
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 from fleetd.scheduler.topology import Topology, describe, valid_links
 
@@ -216,6 +223,8 @@ class PlacementEngine:
         self._topologies: dict[tuple, int] = {}  # links matrix -> topology id
         self._topology_list: list[Topology] = []  # topology id -> its aligned sets, memoised
         self.nodes = [self._node(i, n) for i, n in enumerate(snapshot.nodes)]
+        # nodes whose network place is known: gangs go through scheduler/network.py while any is
+        self._placed_nodes = sum(1 for n in snapshot.nodes if n.network is not None)
         self.by_id = {n.snap.id: n for n in self.nodes}
         if len(self.by_id) != len(self.nodes):
             raise ValueError("node ids in a snapshot must be unique")
@@ -239,6 +248,7 @@ class PlacementEngine:
             old = self.by_id[snap.id]
             if old.snap.schedulable:
                 self._leave(old)
+            self._placed_nodes += (snap.network is not None) - (old.snap.network is not None)
             node = self.nodes[old.index] = self.by_id[snap.id] = self._node(old.index, snap)
             if snap.schedulable:
                 self._enter(node)
@@ -558,6 +568,8 @@ class PlacementEngine:
     def place(self, request: TaskRequest, explain: bool = False) -> PlacementResult:
         """Place every rank of `request` (all or none) and reserve what it takes."""
         shape = shape_of(request)
+        if request.num_nodes > 1 and self._placed_nodes and not self.policy.randomized:
+            return self._place_gang(request, shape, explain)
         reservations: list[_Reservation] = []
         ranks: list[RankPlacement] = []
         used: set[int] = set()
@@ -573,29 +585,94 @@ class PlacementEngine:
             reservations.append(self._reserve(node, request, devices))
             used.add(node.index)
             total += score
-            ranks.append(
-                RankPlacement(
-                    rank=rank,
-                    node_id=node.snap.id,
-                    gpus=tuple(
-                        GpuAllocation(
-                            uuid=g.uuid,
-                            memory_limit_bytes=mem,
-                            compute_milli=milli,
-                            exclusive=not shape.shared,
-                        )
-                        for g, milli, mem in devices
-                    ),
-                    cpu_milli=request.cpu_milli,
-                    memory_bytes=request.memory_bytes,
-                    owner=request.owner,
-                    host_ports=request.host_ports,
-                    mps=request.mps and request.shared,
-                    link_class=link_class,
-                    link_note=link_note,
+            ranks.append(self._rank(rank, node, devices, request, shape, link_class, link_note))
+        return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    @staticmethod
+    def _rank(rank, node, devices, request, shape, link_class, link_note, note=""):
+        place = node.snap.network
+        return RankPlacement(
+            rank=rank,
+            node_id=node.snap.id,
+            gpus=tuple(
+                GpuAllocation(
+                    uuid=g.uuid,
+                    memory_limit_bytes=mem,
+                    compute_milli=milli,
+                    exclusive=not shape.shared,
                 )
+                for g, milli, mem in devices
+            ),
+            cpu_milli=request.cpu_milli,
+            memory_bytes=request.memory_bytes,
+            owner=request.owner,
+            host_ports=request.host_ports,
+            mps=request.mps and request.shared,
+            link_class=link_class,
+            link_note=link_note,
+            block=place.block if place is not None else None,
+            leaf=place.leaf if place is not None else None,
+            network_note=note,
+        )
+
+    # ---- gangs across the network --------------------------------------------------------
+
+    def _candidates(self, request: TaskRequest, shape: Shape) -> list[tuple]:
+        """(score, rank, node, devices) of every node that can take one rank, best first."""
+        out = []
+        for score, _, cid, slice_of in self._scores(shape):
+            for node in self._members[cid]:
+                devices = self._node_ok(node, request, shape, slice_of, ())
+                if devices is not None:
+                    out.append((-score, node.rank, node, devices, score))
+        out.sort(key=lambda c: (c[0], c[1]))
+        return [(c[4], c[1], c[2], c[3]) for c in out]
+
+    def _place_gang(self, request: TaskRequest, shape: Shape, explain: bool) -> PlacementResult:
+        """Every rank of a gang at once, on the fewest network blocks and leaves that hold it."""
+        cands = self._candidates(request, shape)
+        k = request.num_nodes
+        pick = choose_nodes(
+            [(c[2].snap.id, c[2].snap.network) for c in cands],
+            k,
+            request.same_block == TOPOLOGY_REQUIRED,
+        )
+        if pick is None:
+            return self._unschedulable(request, len(cands), explain)
+        if isinstance(pick, NetworkMiss):
+            return self._network_miss(request, cands, pick, explain)
+        assert isinstance(pick, GangPick)
+        ranks: list[RankPlacement] = []
+        total = 0.0
+        for rank, at in enumerate(pick.picks):
+            score, _, node, devices = cands[at]
+            link_class, link_note = self._link_of(node, devices, shape)
+            self._reserve(node, request, devices)
+            total += score
+            ranks.append(
+                self._rank(rank, node, devices, request, shape, link_class, link_note, pick.note)
             )
         return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    def _network_miss(self, request, cands, miss: NetworkMiss, explain: bool) -> Unschedulable:
+        """A gang that requires one block none holds: why, and the verdict for every node."""
+        k = request.num_nodes
+        reason = miss_reason(miss, k)
+        detail: tuple[FilterDetail, ...] = ()
+        if explain:
+            fits = {c[2].snap.id: c[2].snap.network for c in cands}
+            detail = tuple(d for d in self.explain(request) if d.node_id not in fits)
+            for node_id, place in fits.items():
+                block = block_key(place, node_id)
+                if place is None or not (place.block or place.leaf):
+                    why = "node fits one rank, but has no known network place (a block of its own)"
+                else:
+                    why = (
+                        f"node fits one rank, but its block {block} has {miss.counts.get(block, 0)}"
+                        f" such node(s); the gang requires one block of {k}"
+                    )
+                detail += (FilterDetail(node_id, STAGE_NETWORK, why),)
+        return Unschedulable(reason=reason, filter_detail=detail, placed_ranks=0)
 
     @staticmethod
     def _link_of(node: _Node, devices: list, shape: Shape) -> tuple[str | None, str]:
