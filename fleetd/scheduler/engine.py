@@ -72,7 +72,13 @@ from fleetd.scheduler.model import (
     WorkloadProfile,
     image_allowed,
 )
-from fleetd.scheduler.network import GangPick, NetworkMiss, block_key, choose_nodes, miss_reason
+from fleetd.scheduler.network import (
+    GangPick,
+    NetworkMiss,
+    choose_nodes,
+    miss_reason,
+    network_key,
+)
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 from fleetd.scheduler.topology import Topology, describe, valid_links
 
@@ -225,6 +231,7 @@ class PlacementEngine:
         self.nodes = [self._node(i, n) for i, n in enumerate(snapshot.nodes)]
         # nodes whose network place is known: gangs go through scheduler/network.py while any is
         self._placed_nodes = sum(1 for n in snapshot.nodes if n.network is not None)
+        self._nets: dict[int, tuple] = {}  # node index -> its network_key, made when first asked
         self.by_id = {n.snap.id: n for n in self.nodes}
         if len(self.by_id) != len(self.nodes):
             raise ValueError("node ids in a snapshot must be unique")
@@ -249,6 +256,7 @@ class PlacementEngine:
             if old.snap.schedulable:
                 self._leave(old)
             self._placed_nodes += (snap.network is not None) - (old.snap.network is not None)
+            self._nets.pop(old.index, None)
             node = self.nodes[old.index] = self.by_id[snap.id] = self._node(old.index, snap)
             if snap.schedulable:
                 self._enter(node)
@@ -618,24 +626,62 @@ class PlacementEngine:
     # ---- gangs across the network --------------------------------------------------------
 
     def _candidates(self, request: TaskRequest, shape: Shape) -> list[tuple]:
-        """(score, rank, node, devices) of every node that can take one rank, best first."""
-        out = []
+        """(score, slice, node) of every node that can take one rank, best first (score, then the
+        least busy, then snapshot order). A class that fits gives whole GPUs to each of its nodes,
+        so their devices are chosen only for the nodes a gang takes; a slice's are checked here."""
+        by_score: dict[float, list[tuple]] = {}
         for score, _, cid, slice_of in self._scores(shape):
-            for node in self._members[cid]:
-                devices = self._node_ok(node, request, shape, slice_of, ())
-                if devices is not None:
-                    out.append((-score, node.rank, node, devices, score))
-        out.sort(key=lambda c: (c[0], c[1]))
-        return [(c[4], c[1], c[2], c[3]) for c in out]
+            by_score.setdefault(score, []).append((cid, slice_of))
+        # Nothing to check per node when the request asks for no host memory, selector, account or
+        # ports (whole GPUs: its class fitting is enough)
+        every = not (
+            shape.shared
+            or request.memory_bytes
+            or request.node_selector.restricts
+            or request.account
+            or request.host_ports
+        )
+        out: list[tuple] = []
+        for score in sorted(by_score, reverse=True):
+            group = [
+                (score, slice_of, node)
+                for cid, slice_of in by_score[score]
+                for node in self._members[cid]
+                if every
+                or (
+                    self._rank_ok(node, request)
+                    and (
+                        not shape.shared
+                        or self._devices(node, request, shape, slice_of) is not None
+                    )
+                )
+            ]
+            if len(by_score[score]) > 1:  # equal scores: the least busy, then the earliest first
+                group.sort(key=lambda c: c[2].rank)
+            out += group
+        return out
+
+    def _net(self, node: _Node) -> tuple:
+        net = self._nets.get(node.index)
+        if net is None:
+            net = self._nets[node.index] = network_key(node.snap.network, node.snap.id)
+        return net
+
+    def _rank_ok(self, node: _Node, request: TaskRequest) -> bool:
+        """The per-node checks of `_node_ok` short of choosing devices."""
+        return (
+            node.memory_free >= request.memory_bytes
+            and self._selector_ok(node, request)
+            and self._identity_ok(node, request)
+            and self._ports_ok(node, request)
+        )
 
     def _place_gang(self, request: TaskRequest, shape: Shape, explain: bool) -> PlacementResult:
         """Every rank of a gang at once, on the fewest network blocks and leaves that hold it."""
         cands = self._candidates(request, shape)
         k = request.num_nodes
         pick = choose_nodes(
-            [(c[2].snap.id, c[2].snap.network) for c in cands],
-            k,
-            request.same_block == TOPOLOGY_REQUIRED,
+            [self._net(node) for _, _, node in cands], k, request.same_block == TOPOLOGY_REQUIRED
         )
         if pick is None:
             return self._unschedulable(request, len(cands), explain)
@@ -645,7 +691,9 @@ class PlacementEngine:
         ranks: list[RankPlacement] = []
         total = 0.0
         for rank, at in enumerate(pick.picks):
-            score, _, node, devices = cands[at]
+            score, slice_of, node = cands[at]
+            devices = self._devices(node, request, shape, slice_of)
+            assert devices is not None  # its class fits, and no rank was placed on it yet
             link_class, link_note = self._link_of(node, devices, shape)
             self._reserve(node, request, devices)
             total += score
@@ -660,10 +708,10 @@ class PlacementEngine:
         reason = miss_reason(miss, k)
         detail: tuple[FilterDetail, ...] = ()
         if explain:
-            fits = {c[2].snap.id: c[2].snap.network for c in cands}
+            fits = {node.snap.id: node.snap.network for _, _, node in cands}
             detail = tuple(d for d in self.explain(request) if d.node_id not in fits)
             for node_id, place in fits.items():
-                block = block_key(place, node_id)
+                block = network_key(place, node_id)[0]
                 if place is None or not (place.block or place.leaf):
                     why = "node fits one rank, but has no known network place (a block of its own)"
                 else:

@@ -48,14 +48,14 @@ class NetworkMiss:
     counts: dict[str, int]  # block -> candidates in it (known blocks only)
 
 
-def block_key(place: NetworkPlace | None, node_id: str) -> str:
-    """The block a node counts in (see the module's docstring)."""
+def network_key(place: NetworkPlace | None, node_id: str) -> tuple[str, str | None, str | None]:
+    """(the block a node counts in, its leaf, its spine), as `choose_nodes` takes them (see the
+    module's docstring for the block of a node without a known place)."""
     if place is not None:
-        if place.block:
-            return place.block
-        if place.leaf:
-            return place.leaf
-    return _UNKNOWN + node_id
+        block = place.block or place.leaf
+        if block:
+            return block, place.leaf, place.spine
+    return _UNKNOWN + node_id, None, None
 
 
 def _known(block: str) -> bool:
@@ -92,24 +92,22 @@ def _needed(sizes: list[int], k: int) -> int:
 
 
 def choose_nodes(
-    candidates: Sequence[tuple[str, NetworkPlace | None]], k: int, required: bool
+    nets: Sequence[tuple[str, str | None, str | None]], k: int, required: bool
 ) -> GangPick | NetworkMiss | None:
-    """The k candidates (node id, place), best first, a gang takes; NetworkMiss when it requires
-    one block and none holds it; None when fewer than k candidates there are."""
-    if len(candidates) < k:
+    """The k candidates a gang takes, given each one's `network_key`, best first; NetworkMiss when
+    it requires one block and none holds it; None when there are fewer than k candidates."""
+    if len(nets) < k:
         return None
     blocks: dict[str, list[int]] = {}
-    leaves: dict[str, dict[str | None, list[int]]] = {}
-    spines: dict[str, str | None] = {}
-    for i, (node_id, place) in enumerate(candidates):
-        block = block_key(place, node_id)
-        blocks.setdefault(block, []).append(i)
-        leaf = place.leaf if place is not None else None
-        leaves.setdefault(block, {}).setdefault(leaf, []).append(i)
-        if block not in spines:
-            spines[block] = place.spine if place is not None else None
+    for i, net in enumerate(nets):
+        members = blocks.get(net[0])
+        if members is None:
+            blocks[net[0]] = [i]
+        else:
+            members.append(i)
     holding = [b for b, members in blocks.items() if len(members) >= k]
     if holding:
+        leaves = {b: _leaves(blocks[b], nets) for b in holding}
         best = min(
             holding,
             key=lambda b: (
@@ -119,7 +117,7 @@ def choose_nodes(
             ),
         )
         inside = _in_block(leaves[best], k)
-        return GangPick(tuple(sorted(inside)), (best,), _note_one(best, inside, candidates, k))
+        return GangPick(tuple(sorted(inside)), (best,), _note_one(best, inside, nets, k))
     if required:
         known = {b: len(m) for b, m in blocks.items() if _known(b)}
         top = max(known, key=lambda b: (known[b], -blocks[b][0]), default=None)
@@ -128,7 +126,7 @@ def choose_nodes(
     fewest = _needed([len(blocks[b]) for b in names], k)
     by_spine: dict[str, list[str]] = {}
     for b in names:
-        spine = spines[b]
+        spine = nets[blocks[b][0]][2]
         if spine is not None:
             by_spine.setdefault(spine, []).append(b)
     within = [s for s, bs in by_spine.items() if _needed([len(blocks[b]) for b in bs], k) == fewest]
@@ -144,7 +142,10 @@ def choose_nodes(
     for g, count in chosen:
         block = names[g]
         spanned.append(block)
-        picks += blocks[block] if count == len(blocks[block]) else _in_block(leaves[block], count)
+        if count == len(blocks[block]):
+            picks += blocks[block]
+        else:
+            picks += _in_block(_leaves(blocks[block], nets), count)
     known_blocks = [b for b in spanned if _known(b)]
     unknown = len(spanned) - len(known_blocks)
     note = (
@@ -155,6 +156,14 @@ def choose_nodes(
     return GangPick(tuple(sorted(picks)), tuple(known_blocks), note)
 
 
+def _leaves(members: list[int], nets) -> dict[str | None, list[int]]:
+    """A block's candidates by leaf (None: those without one), best first in each."""
+    out: dict[str | None, list[int]] = {}
+    for i in members:
+        out.setdefault(nets[i][1], []).append(i)
+    return out
+
+
 def _in_block(leaves: dict[str | None, list[int]], k: int) -> list[int]:
     names = list(leaves)
     return [
@@ -162,10 +171,10 @@ def _in_block(leaves: dict[str | None, list[int]], k: int) -> list[int]:
     ]
 
 
-def _note_one(block: str, picks: list[int], candidates, k: int) -> str:
+def _note_one(block: str, picks: list[int], nets, k: int) -> str:
     if not _known(block):
         return ""
-    used = sorted({candidates[i][1].leaf for i in picks if candidates[i][1].leaf})  # type: ignore[union-attr]
+    used = sorted({nets[i][1] for i in picks if nets[i][1]})
     fewest = f" on {len(used)} leaf switch(es) ({', '.join(used)})" if used else ""
     return f"all {k} ranks in block {block}{fewest}: the fewest blocks and leaves that hold them"
 

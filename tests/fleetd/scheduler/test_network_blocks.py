@@ -11,7 +11,7 @@ from fleetd.scheduler import (
     Unschedulable,
 )
 from fleetd.scheduler.model import STAGE_NETWORK
-from fleetd.scheduler.network import choose_nodes
+from fleetd.scheduler.network import choose_nodes, network_key
 from tests.fleetd.scheduler.factories import make_cluster, make_gpu, make_node
 
 
@@ -159,11 +159,11 @@ def test_too_few_nodes_for_a_gang_keeps_the_gang_reason():
 
 def test_choose_nodes_takes_the_smallest_leaf_that_holds_the_rest():
     places = [NetworkPlace("b", "big")] * 5 + [NetworkPlace("b", "small")] * 2
-    cands = [(f"n{i}", p) for i, p in enumerate(places)]
-    pick = choose_nodes(cands, 2, required=True)
-    assert {cands[i][1].leaf for i in pick.picks} == {"small"}
-    pick = choose_nodes(cands, 6, required=True)
-    assert len(pick.picks) == 6 and sum(cands[i][1].leaf == "big" for i in pick.picks) == 5
+    nets = [network_key(p, f"n{i}") for i, p in enumerate(places)]
+    pick = choose_nodes(nets, 2, required=True)
+    assert {nets[i][1] for i in pick.picks} == {"small"}
+    pick = choose_nodes(nets, 6, required=True)
+    assert len(pick.picks) == 6 and sum(nets[i][1] == "big" for i in pick.picks) == 5
 
 
 def test_mixed_gpu_fill_inside_blocks_still_needs_whole_free_nodes():
