@@ -706,10 +706,10 @@ class PlacementEngine:
         """A gang that requires one block none holds: why, and the verdict for every node."""
         k = request.num_nodes
         reason = miss_reason(miss, k)
-        detail: tuple[FilterDetail, ...] = ()
+        detail: list[FilterDetail] = []
         if explain:
             fits = {node.snap.id: node.snap.network for _, _, node in cands}
-            detail = tuple(d for d in self.explain(request) if d.node_id not in fits)
+            detail = [d for d in self.explain(request) if d.node_id not in fits]
             for node_id, place in fits.items():
                 block = network_key(place, node_id)[0]
                 if place is None or not (place.block or place.leaf):
@@ -719,8 +719,8 @@ class PlacementEngine:
                         f"node fits one rank, but its block {block} has {miss.counts.get(block, 0)}"
                         f" such node(s); the gang requires one block of {k}"
                     )
-                detail += (FilterDetail(node_id, STAGE_NETWORK, why),)
-        return Unschedulable(reason=reason, filter_detail=detail, placed_ranks=0)
+                detail.append(FilterDetail(node_id, STAGE_NETWORK, why))
+        return Unschedulable(reason=reason, filter_detail=tuple(detail), placed_ranks=0)
 
     @staticmethod
     def _link_of(node: _Node, devices: list, shape: Shape) -> tuple[str | None, str]:
