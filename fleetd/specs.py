@@ -23,7 +23,7 @@ RETRY_ON = ("node_lost", "preempted", "failed")
 DEFAULT_MOUNT = "/workspace"
 # Bump when the fields below change meaning: keys stored before then stop matching, so their jobs
 # are read by every pass (as jobs without a key are) until they leave the queue.
-GROUP_KEY_VERSION = 3  # 2: owner, host_ports, mps and image; 3: topology
+GROUP_KEY_VERSION = 4  # 2: owner, host_ports, mps and image; 3: topology; 4: same_block
 
 
 def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
@@ -228,6 +228,9 @@ class JobSpec:
     artifacts: tuple[ArtifactRef, ...] = ()
     instance: RunOfInstance | None = None
     output_cap_bytes: int | None = None  # None: its fleet's output_cap_bytes
+    # `network.same_block`: "required" or "preferred" for a gang (scheduler/network.py); None: not
+    # given, which is preferred
+    same_block: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -255,6 +258,7 @@ class JobSpec:
             ),
             instance=RunOfInstance.from_dict(instance) if instance is not None else None,
             output_cap_bytes=data.get("output_cap_bytes"),
+            same_block=(data.get("network") or {}).get("same_block"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -282,6 +286,8 @@ class JobSpec:
             out["instance"] = self.instance.to_dict()
         if self.output_cap_bytes is not None:  # stored specs without it stay as they were
             out["output_cap_bytes"] = self.output_cap_bytes
+        if self.same_block is not None:  # optional, as output_cap_bytes
+            out["network"] = {"same_block": self.same_block}
         return out
 
     @property
@@ -307,6 +313,7 @@ class JobSpec:
             bid=self.bid,
             name=self.name,
             topology=res.topology_mode,
+            same_block=self.same_block or scheduler.TOPOLOGY_PREFERRED,
         )
         # A resumed run's ports are already held on the node that keeps its volume.
         ports = (
@@ -469,6 +476,7 @@ class Group(NamedTuple):
     host_ports: int
     mps: bool
     topology: str
+    same_block: str
 
 
 def group_of(
@@ -496,6 +504,7 @@ def group_of(
         host_ports=request.host_ports,
         mps=request.mps,
         topology=request.topology,
+        same_block=request.same_block,
     )
 
 

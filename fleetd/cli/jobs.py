@@ -383,6 +383,8 @@ def job_why(handle):
                         f"rank {task['rank']} on {task['node_id']}: GPUs "
                         f"{', '.join(task['gpus'])}, weakest link {task['link_class']}"
                     )
+                if " in block " in (task.get("reason") or ""):  # a gang's block, leaf and why
+                    click.echo(f"rank {task['rank']}: {task['reason']}")
 
         emit({"job": data, "simulation": None}, placed)
         return
@@ -422,6 +424,14 @@ def job_why(handle):
                 for p in explanation["placement"]:
                     if p.get("link_note"):  # which GPU set it would get, and why
                         click.echo(f"rank {p['rank']} on {p['node_id']}: {p['link_note']}")
+                    if p.get("block"):  # which block and leaf a gang's rank would get
+                        click.echo(
+                            f"rank {p['rank']} on {p['node_id']}: block {p['block']}"
+                            + (f", leaf {p['leaf']}" if p.get("leaf") else "")
+                        )
+                notes = {p.get("network_note") for p in explanation["placement"]} - {None, ""}
+                for note in sorted(notes):  # why the gang would go to those blocks
+                    click.echo(note)
         if not explanation["schedulable"] and explanation["filter_detail"]:
             show_table(
                 explanation["filter_detail"],

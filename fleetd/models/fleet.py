@@ -91,6 +91,9 @@ class Fleet(BaseModel):
     # long a job's output outlives its end
     output_cap_bytes = peewee.BigIntegerField(default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = peewee.IntegerField(default=DEFAULT_OUTPUT_RETENTION_DAYS)
+    # Where its nodes sit in the network (migration 0045): a topology file in Slurm's tree or block
+    # form (fleetd.scheduler.network_file), as given; None: labels alone place its nodes
+    network_topology = peewee.TextField(null=True)
 
     @property
     def effective_health_policy(self):

@@ -23,6 +23,11 @@ than any policy's score range: a node with an aligned set free always wins over 
 (the policy then decides among the aligned ones), and a task that requires an aligned set does
 not fit such a class at all. A node whose links are unknown is scored and given GPUs as before
 (by NUMA node).
+
+A gang (num_nodes > 1) on an engine where some node has a known network place is placed as a
+whole: every node that can take a rank is listed best first (the order rank after rank would take
+them), and `scheduler/network.py` picks the fewest blocks, then leaves, among them; `same_block`
+required makes it wait when no block holds it. Without any known place, gangs go rank by rank.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from fleetd.scheduler.model import (
     STAGE_ISOLATION,
     STAGE_MEMORY,
     STAGE_MPS,
+    STAGE_NETWORK,
     STAGE_PORTS,
     STAGE_SELECTOR,
     STAGE_SLICE_MEMORY,
@@ -65,6 +71,13 @@ from fleetd.scheduler.model import (
     Unschedulable,
     WorkloadProfile,
     image_allowed,
+)
+from fleetd.scheduler.network import (
+    GangPick,
+    NetworkMiss,
+    choose_nodes,
+    miss_reason,
+    network_key,
 )
 from fleetd.scheduler.policies import Policy, Shape, make_policy
 from fleetd.scheduler.topology import Topology, describe, valid_links
@@ -216,6 +229,9 @@ class PlacementEngine:
         self._topologies: dict[tuple, int] = {}  # links matrix -> topology id
         self._topology_list: list[Topology] = []  # topology id -> its aligned sets, memoised
         self.nodes = [self._node(i, n) for i, n in enumerate(snapshot.nodes)]
+        # nodes whose network place is known: gangs go through scheduler/network.py while any is
+        self._placed_nodes = sum(1 for n in snapshot.nodes if n.network is not None)
+        self._nets: dict[int, tuple] = {}  # node index -> its network_key, made when first asked
         self.by_id = {n.snap.id: n for n in self.nodes}
         if len(self.by_id) != len(self.nodes):
             raise ValueError("node ids in a snapshot must be unique")
@@ -239,6 +255,8 @@ class PlacementEngine:
             old = self.by_id[snap.id]
             if old.snap.schedulable:
                 self._leave(old)
+            self._placed_nodes += (snap.network is not None) - (old.snap.network is not None)
+            self._nets.pop(old.index, None)
             node = self.nodes[old.index] = self.by_id[snap.id] = self._node(old.index, snap)
             if snap.schedulable:
                 self._enter(node)
@@ -558,6 +576,8 @@ class PlacementEngine:
     def place(self, request: TaskRequest, explain: bool = False) -> PlacementResult:
         """Place every rank of `request` (all or none) and reserve what it takes."""
         shape = shape_of(request)
+        if request.num_nodes > 1 and self._placed_nodes and not self.policy.randomized:
+            return self._place_gang(request, shape, explain)
         reservations: list[_Reservation] = []
         ranks: list[RankPlacement] = []
         used: set[int] = set()
@@ -573,29 +593,134 @@ class PlacementEngine:
             reservations.append(self._reserve(node, request, devices))
             used.add(node.index)
             total += score
-            ranks.append(
-                RankPlacement(
-                    rank=rank,
-                    node_id=node.snap.id,
-                    gpus=tuple(
-                        GpuAllocation(
-                            uuid=g.uuid,
-                            memory_limit_bytes=mem,
-                            compute_milli=milli,
-                            exclusive=not shape.shared,
-                        )
-                        for g, milli, mem in devices
-                    ),
-                    cpu_milli=request.cpu_milli,
-                    memory_bytes=request.memory_bytes,
-                    owner=request.owner,
-                    host_ports=request.host_ports,
-                    mps=request.mps and request.shared,
-                    link_class=link_class,
-                    link_note=link_note,
+            ranks.append(self._rank(rank, node, devices, request, shape, link_class, link_note))
+        return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    @staticmethod
+    def _rank(rank, node, devices, request, shape, link_class, link_note, note=""):
+        place = node.snap.network
+        return RankPlacement(
+            rank=rank,
+            node_id=node.snap.id,
+            gpus=tuple(
+                GpuAllocation(
+                    uuid=g.uuid,
+                    memory_limit_bytes=mem,
+                    compute_milli=milli,
+                    exclusive=not shape.shared,
                 )
+                for g, milli, mem in devices
+            ),
+            cpu_milli=request.cpu_milli,
+            memory_bytes=request.memory_bytes,
+            owner=request.owner,
+            host_ports=request.host_ports,
+            mps=request.mps and request.shared,
+            link_class=link_class,
+            link_note=link_note,
+            block=place.block if place is not None else None,
+            leaf=place.leaf if place is not None else None,
+            network_note=note,
+        )
+
+    # ---- gangs across the network --------------------------------------------------------
+
+    def _candidates(self, request: TaskRequest, shape: Shape) -> list[tuple]:
+        """(score, slice, node) of every node that can take one rank, best first (score, then the
+        least busy, then snapshot order). A class that fits gives whole GPUs to each of its nodes,
+        so their devices are chosen only for the nodes a gang takes; a slice's are checked here."""
+        by_score: dict[float, list[tuple]] = {}
+        for score, _, cid, slice_of in self._scores(shape):
+            by_score.setdefault(score, []).append((cid, slice_of))
+        # Nothing to check per node when the request asks for no host memory, selector, account or
+        # ports (whole GPUs: its class fitting is enough)
+        every = not (
+            shape.shared
+            or request.memory_bytes
+            or request.node_selector.restricts
+            or request.account
+            or request.host_ports
+        )
+        out: list[tuple] = []
+        for score in sorted(by_score, reverse=True):
+            group = [
+                (score, slice_of, node)
+                for cid, slice_of in by_score[score]
+                for node in self._members[cid]
+                if every
+                or (
+                    self._rank_ok(node, request)
+                    and (
+                        not shape.shared
+                        or self._devices(node, request, shape, slice_of) is not None
+                    )
+                )
+            ]
+            if len(by_score[score]) > 1:  # equal scores: the least busy, then the earliest first
+                group.sort(key=lambda c: c[2].rank)
+            out += group
+        return out
+
+    def _net(self, node: _Node) -> tuple:
+        net = self._nets.get(node.index)
+        if net is None:
+            net = self._nets[node.index] = network_key(node.snap.network, node.snap.id)
+        return net
+
+    def _rank_ok(self, node: _Node, request: TaskRequest) -> bool:
+        """The per-node checks of `_node_ok` short of choosing devices."""
+        return (
+            node.memory_free >= request.memory_bytes
+            and self._selector_ok(node, request)
+            and self._identity_ok(node, request)
+            and self._ports_ok(node, request)
+        )
+
+    def _place_gang(self, request: TaskRequest, shape: Shape, explain: bool) -> PlacementResult:
+        """Every rank of a gang at once, on the fewest network blocks and leaves that hold it."""
+        cands = self._candidates(request, shape)
+        k = request.num_nodes
+        pick = choose_nodes(
+            [self._net(node) for _, _, node in cands], k, request.same_block == TOPOLOGY_REQUIRED
+        )
+        if pick is None:
+            return self._unschedulable(request, len(cands), explain)
+        if isinstance(pick, NetworkMiss):
+            return self._network_miss(request, cands, pick, explain)
+        assert isinstance(pick, GangPick)
+        ranks: list[RankPlacement] = []
+        total = 0.0
+        for rank, at in enumerate(pick.picks):
+            score, slice_of, node = cands[at]
+            devices = self._devices(node, request, shape, slice_of)
+            assert devices is not None  # its class fits, and no rank was placed on it yet
+            link_class, link_note = self._link_of(node, devices, shape)
+            self._reserve(node, request, devices)
+            total += score
+            ranks.append(
+                self._rank(rank, node, devices, request, shape, link_class, link_note, pick.note)
             )
         return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
+
+    def _network_miss(self, request, cands, miss: NetworkMiss, explain: bool) -> Unschedulable:
+        """A gang that requires one block none holds: why, and the verdict for every node."""
+        k = request.num_nodes
+        reason = miss_reason(miss, k)
+        detail: list[FilterDetail] = []
+        if explain:
+            fits = {node.snap.id: node.snap.network for _, _, node in cands}
+            detail = [d for d in self.explain(request) if d.node_id not in fits]
+            for node_id, place in fits.items():
+                block = network_key(place, node_id)[0]
+                if place is None or not (place.block or place.leaf):
+                    why = "node fits one rank, but has no known network place (a block of its own)"
+                else:
+                    why = (
+                        f"node fits one rank, but its block {block} has {miss.counts.get(block, 0)}"
+                        f" such node(s); the gang requires one block of {k}"
+                    )
+                detail.append(FilterDetail(node_id, STAGE_NETWORK, why))
+        return Unschedulable(reason=reason, filter_detail=tuple(detail), placed_ranks=0)
 
     @staticmethod
     def _link_of(node: _Node, devices: list, shape: Shape) -> tuple[str | None, str]:

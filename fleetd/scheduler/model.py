@@ -26,6 +26,8 @@ SELF_LINK = "self"
 TOPOLOGY_PREFERRED = "preferred"
 TOPOLOGY_REQUIRED = "required"
 TOPOLOGY_MODES = (TOPOLOGY_PREFERRED, TOPOLOGY_REQUIRED)
+# A node's place in the network across nodes, from its labels (or its fleet's topology file)
+NETWORK_LABELS = ("topology.fleetd/block", "topology.fleetd/leaf", "topology.fleetd/spine")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -67,6 +69,33 @@ class GpuSnapshot:
 
 
 @dataclass(frozen=True)
+class NetworkPlace:
+    """Where a node sits in the network across nodes: its block (nodes that talk fastest to each
+    other, as one NVL72 rack or the nodes under one leaf switch's group), its leaf switch and its
+    spine; each None when not known. A gang prefers the fewest blocks, then the fewest leaves."""
+
+    block: str | None = None
+    leaf: str | None = None
+    spine: str | None = None
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str]) -> NetworkPlace | None:
+        """The place the `topology.fleetd/block|leaf|spine` labels give, or None without any."""
+        block, leaf, spine = (labels.get(key) or None for key in NETWORK_LABELS)
+        if block is None and leaf is None and spine is None:
+            return None
+        return cls(block, leaf, spine)
+
+    def to_dict(self) -> dict[str, str]:
+        """The node view's `network`: the parts that are known."""
+        return {
+            k: v
+            for k, v in (("block", self.block), ("leaf", self.leaf), ("spine", self.spine))
+            if v is not None
+        }
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     """One host: where it belongs, whether it may take work, and what is still free on it."""
 
@@ -97,6 +126,9 @@ class NodeSnapshot:
     # order of `gpus`; SELF_LINK on the diagonal); None when its agent reported none (an older
     # agent), and placement then groups GPUs by numa_node only.
     links: tuple[tuple[str, ...], ...] | None = None
+    # Its place in the network (labels, else its fleet's topology file); None when not known: a
+    # gang then counts it as a block of its own.
+    network: NetworkPlace | None = None
 
     @property
     def containers_ready(self) -> bool:
@@ -186,6 +218,9 @@ class TaskRequest:
     # one free, else to the best set free; "required": only to an aligned set, else the task waits.
     # Either way a node whose links are unknown (links None) is taken as today.
     topology: str = TOPOLOGY_PREFERRED
+    # For a gang (num_nodes > 1): "preferred", its ranks go to the fewest network blocks, then the
+    # fewest leaves (scheduler/network.py); "required", to one block, else the gang waits.
+    same_block: str = TOPOLOGY_PREFERRED
 
     def __post_init__(self):
         if self.num_nodes < 1:
@@ -202,6 +237,8 @@ class TaskRequest:
             raise ValueError("gpu_memory_bytes and gpu_compute_percent apply to one shared GPU")
         if self.topology not in TOPOLOGY_MODES:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGY_MODES)}")
+        if self.same_block not in TOPOLOGY_MODES:
+            raise ValueError(f"same_block must be one of {', '.join(TOPOLOGY_MODES)}")
 
     @property
     def shared(self) -> bool:
@@ -269,6 +306,11 @@ class RankPlacement:
     # None when it has no GPU or its node's links are unknown. `link_note` says why these GPUs.
     link_class: str | None = None
     link_note: str = ""
+    # For a gang's rank on a node with a known place: the node's block and leaf, and why the gang
+    # went there (scheduler/network.py)
+    block: str | None = None
+    leaf: str | None = None
+    network_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -314,6 +356,7 @@ STAGE_PORTS = "ports"
 STAGE_MPS = "mps"
 STAGE_SLICE_MEMORY = "slice_memory"
 STAGE_GANG = "gang"
+STAGE_NETWORK = "network"
 STAGES = (
     STAGE_STATUS,
     STAGE_ISOLATION,
@@ -332,6 +375,7 @@ STAGES = (
     STAGE_MPS,
     STAGE_GPU_MEMORY,
     STAGE_GANG,
+    STAGE_NETWORK,
 )
 # Stages whose reason a pending job's one-line reason quotes (one node's verdict), not only counts:
 # what an owner can act on, or must know to understand the wait.
@@ -345,6 +389,7 @@ EXPLAINED_STAGES = frozenset(
         STAGE_MPS,
         STAGE_SLICE_MEMORY,
         STAGE_TOPOLOGY,
+        STAGE_NETWORK,
     }
 )
 

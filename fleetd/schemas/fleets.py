@@ -3,7 +3,7 @@
 import re
 import zoneinfo
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd import windows
 from fleetd.models import (
@@ -15,6 +15,7 @@ from fleetd.models import (
     MAX_TASK_MEMORY_BYTES,
     MIN_TASK_MEMORY_BYTES,
 )
+from fleetd.scheduler.network_file import TopologyFileError, parse_topology
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
@@ -180,6 +181,34 @@ TaskPath = lambda **kw: Text(  # noqa: E731
 )
 
 
+MAX_NETWORK_TOPOLOGY = 4 * 1024 * 1024  # characters: a host per line at 100,000 hosts fits
+
+
+def _readable_topology(text):
+    """A topology file the parser reads, else the line that is wrong (400)."""
+    if text is None:
+        return
+    try:
+        parse_topology(text)
+    except TopologyFileError as exc:
+        raise ValidationError(f"topology file {exc}") from None
+
+
+NetworkTopology = lambda **kw: fields.String(  # noqa: E731 - one definition for create and update
+    allow_none=True,
+    validate=[validate.Length(max=MAX_NETWORK_TOPOLOGY), _readable_topology],
+    metadata={
+        "description": (
+            "where the fleet's nodes sit in the network: a topology file in Slurm's tree form "
+            "(SwitchName=... Switches=... / Nodes=...) or block form (BlockName=... Nodes=...), "
+            "hostnames with bracket ranges (gpu[001-016]); a node's topology.fleetd/block, leaf "
+            "or spine labels win over it; null: labels alone (docs/api.md, Network blocks)"
+        )
+    },
+    **kw,
+)
+
+
 TASK_IDENTITIES = ("dynamic", "nss", "claims")
 
 
@@ -214,6 +243,7 @@ class FleetCreateSchema(Schema):
     task_identity = TaskIdentity(load_default="dynamic")
     output_cap_bytes = OutputCapBytes(load_default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = OutputRetentionDays(load_default=DEFAULT_OUTPUT_RETENTION_DAYS)
+    network_topology = NetworkTopology(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
@@ -231,6 +261,7 @@ class FleetUpdateSchema(Schema):
     task_identity = TaskIdentity()
     output_cap_bytes = OutputCapBytes()
     output_retention_days = OutputRetentionDays()
+    network_topology = NetworkTopology()
 
 
 class FleetSchema(Schema):
@@ -259,6 +290,7 @@ class FleetSchema(Schema):
     task_identity = fields.String()
     output_cap_bytes = fields.Integer()
     output_retention_days = fields.Integer()
+    network_topology = fields.String(allow_none=True)
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

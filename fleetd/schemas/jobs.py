@@ -215,6 +215,19 @@ _RESOURCES = ResourcesSchema()  # instances made once: making a schema costs mor
 _NODE_SELECTOR = NodeSelectorSchema()
 
 
+class NetworkSchema(Schema):
+    same_block = fields.String(
+        validate=validate.OneOf(TOPOLOGY_MODES),
+        load_default=None,
+        metadata={
+            "description": (
+                "for a gang (num_nodes > 1): required, all its nodes in one network block or it "
+                "waits; preferred (the default), the fewest blocks, then the fewest leaf switches"
+            )
+        },
+    )
+
+
 class JobSpecSchema(Schema):
     name = Text(
         required=True,
@@ -239,6 +252,11 @@ class JobSpecSchema(Schema):
     workdir = Text(max_length=1024, load_default=None, allow_none=True, validate=[_relative_path])
     num_nodes = Int(minimum=1, maximum=1024, load_default=1)
     resources = fields.Nested(ResourcesSchema, load_default=lambda: _RESOURCES.load({}))
+    network = fields.Nested(
+        NetworkSchema,
+        load_default=None,
+        metadata={"description": "where a gang's nodes sit in the network (docs/api.md)"},
+    )
     isolation = fields.String(
         validate=validate.OneOf(["exclusive", "shared", "mps"]), load_default=None, allow_none=True
     )

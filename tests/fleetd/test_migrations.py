@@ -565,5 +565,31 @@ def test_0043_keeps_a_nodes_topology_watched_by_the_inventory_and_goes_down_clea
         before = version()
         db.execute_sql("UPDATE node SET status = 'cordoned' WHERE id = 'n'")
         assert version() == before + 1  # the trigger still watches what it watched before
-    assert upgrade(db) == ["0043_node_topology"]
+    # going down from 0043 takes the later migrations down too; they come back up after it
+    assert upgrade(db)[0] == "0043_node_topology"
+    db.close()
+
+
+def test_0045_keeps_a_fleets_network_topology_watched_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/network.db")
+    assert "0045_fleet_network_topology" in upgrade(db)
+    bind(db)
+
+    def version():
+        return db.execute_sql("SELECT version FROM inventory_version").fetchone()[0]
+
+    with database.connection_context():
+        Fleet.create(name="f", created_at=T0)
+        assert Fleet.get_by_id("f").network_topology is None
+        before = version()
+        Fleet.update(network_topology="BlockName=b Nodes=n1").where(Fleet.name == "f").execute()
+        assert version() == before + 1  # placement reads it: the scheduler reads the fleets again
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down(
+            "0045_fleet_network_topology"
+        )
+        assert "network_topology" not in {c.name for c in db.get_columns("fleet")}
+        before = version()
+        db.execute_sql("UPDATE fleet SET labels = '{}' WHERE name = 'f'")
+        assert version() == before + 1  # the trigger still watches what it watched before
+    assert upgrade(db) == ["0045_fleet_network_topology"]
     db.close()

@@ -4,6 +4,7 @@ computed from named fields, stable across processes and code changes."""
 import dataclasses
 
 import pytest
+from marshmallow import ValidationError
 
 from fleetd import scheduler
 from fleetd.errors import InvalidRequest
@@ -87,7 +88,7 @@ def test_a_group_key_is_a_fixed_function_of_named_fields():
     spec = JobSpec.from_dict(TRAIN)
     key = group_key(group_of(spec.task_request(), "ml", "spot", 1.5))
     # A stored key must not change with the code: this value changes only with GROUP_KEY_VERSION.
-    assert key == "20ad09d574aef39c024d"
+    assert key == "e31cc8c69d6942711bb2"
     assert (
         group_key_of(dataclasses.replace(spec, name="other", command=("x",)), "ml", "spot") == key
     )
@@ -109,6 +110,21 @@ def test_topology_survives_storage_reaches_the_engine_and_splits_groups():
     instance = InstanceSpecSchema().load(body)
     assert InstanceSpec.from_dict(instance.to_dict()) == instance
     assert instance.run(None).task_request().topology == scheduler.TOPOLOGY_REQUIRED
+
+
+def test_same_block_survives_storage_reaches_the_engine_and_splits_groups():
+    body = dict(TRAIN, num_nodes=4, network={"same_block": "required"})
+    spec = JobSpecSchema().load(body)
+    assert spec.same_block == "required"
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict()["network"] == {"same_block": "required"}
+    assert spec.task_request().same_block == scheduler.TOPOLOGY_REQUIRED
+    plain = JobSpecSchema().load(dict(TRAIN, num_nodes=4))
+    assert "network" not in plain.to_dict()  # specs stored before read as before
+    assert plain.task_request().same_block == scheduler.TOPOLOGY_PREFERRED
+    assert group_key_of(spec, "ml", "spot") != group_key_of(plain, "ml", "spot")
+    with pytest.raises(ValidationError):
+        JobSpecSchema().load(dict(body, network={"same_block": "always"}))
 
 
 def test_a_request_the_engine_cannot_evaluate_is_refused_not_stored_without_a_key():

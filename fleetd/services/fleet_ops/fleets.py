@@ -131,6 +131,7 @@ def create_fleet(
     task_identity="dynamic",
     output_cap_bytes=DEFAULT_OUTPUT_CAP_BYTES,
     output_retention_days=DEFAULT_OUTPUT_RETENTION_DAYS,
+    network_topology=None,
 ):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see
     services.nodes.health_policy (None: defaults); the isolation rules and the task defaults: see
@@ -156,6 +157,7 @@ def create_fleet(
                 task_identity=task_identity,
                 output_cap_bytes=output_cap_bytes,
                 output_retention_days=output_retention_days,
+                network_topology=network_topology,
             )
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
@@ -163,8 +165,9 @@ def create_fleet(
 
 
 def update_fleet(rt, name, changes):
-    """Change a fleet's description, labels, availability windows or isolation rules (a window
-    that opened, or labels that now match, may let queued work fit: the scheduler is kicked)."""
+    """Change a fleet's description, labels, availability windows, isolation rules or network
+    topology (a window that opened, or labels that now match, may let queued work fit: the
+    scheduler is kicked)."""
     with write_transaction():
         fleet = Fleet.get_or_none(Fleet.name == name)
         if fleet is None:
@@ -183,6 +186,7 @@ def update_fleet(rt, name, changes):
             "task_identity",
             "output_cap_bytes",
             "output_retention_days",
+            "network_topology",
         ):
             if field in changes:
                 setattr(fleet, field, changes[field])

@@ -15,9 +15,15 @@ def stored_allocation(gpu: scheduler.GpuAllocation) -> dict:
 
 def place_task(task, rank: scheduler.RankPlacement) -> str:
     """Write the rank's node, GPUs and link class on its task; the reason for its event (with why
-    these GPUs, where its node's links are known)."""
+    these GPUs, where its node's links are known, and, for a gang's rank on a node with a known
+    network place, its block and leaf and why the gang went there)."""
     task.node = rank.node_id
     task.gpus = [stored_allocation(g) for g in rank.gpus]
     task.link_class = rank.link_class
     reason = f"placed on node {rank.node_id}"
-    return f"{reason}; {rank.link_note}" if rank.link_note else reason
+    if rank.block is not None:
+        reason += f" in block {rank.block}" + (f", leaf {rank.leaf}" if rank.leaf else "")
+    for note in (rank.link_note, rank.network_note):
+        if note:
+            reason += f"; {note}"
+    return reason

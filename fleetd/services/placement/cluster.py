@@ -23,6 +23,7 @@ from fleetd.services.placement.inventory import (
     node_links,
     series_id,
 )
+from fleetd.services.placement.network import node_place
 from fleetd.services.placement.terms import TermsCache
 from fleetd.sql import Statement
 
@@ -202,6 +203,7 @@ class ClusterState:
                     if block is not None and block.code == "isolation_required"
                     else "",
                     links=node_links(self.inventory, node),
+                    network=node_place(self.inventory, node),
                 )
             )
         return scheduler.ClusterSnapshot(nodes=tuple(out))

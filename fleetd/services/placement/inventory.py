@@ -18,6 +18,7 @@ from fleetd.models import (
     NodeStatus,
     Task,
 )
+from fleetd.services.placement.network import carried_places
 from fleetd.services.placement.terms import JobTerms
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.sql import Statement
@@ -212,6 +213,10 @@ class Inventory(typing.NamedTuple):
     # node id -> its GPUs' link matrix (node_links), made when a snapshot first asks for it and
     # kept by the inventories patched from this one for the nodes that did not change
     links: dict | None = None
+    # node id -> its NetworkPlace, and fleet name -> (its topology file, the file parsed): made when
+    # first asked for, kept as links are (services.placement.network)
+    places: dict | None = None
+    network_files: dict | None = None
 
 
 _INVENTORY_VERSION = Statement(
@@ -300,7 +305,10 @@ def _patched(previous, version, fleets, changed, node_rows, gpu_rows):
         for node_id, matrix in dict(previous.links or {}).items()
         if node_id in by_id and node_id not in changed
     }
-    return _assemble(version, fleets, nodes, gpus, models)._replace(history=history, links=links)
+    files, places = carried_places(previous, fleets, by_id, changed)
+    return _assemble(version, fleets, nodes, gpus, models)._replace(
+        history=history, links=links, places=places, network_files=files
+    )
 
 
 def changed_since(inventory, version):
@@ -336,6 +344,8 @@ def _assemble(version, fleets, nodes, gpus, models):
         {node.id: node for node in nodes},
         answers={},
         links={},
+        places={},
+        network_files={},
     )
 
 

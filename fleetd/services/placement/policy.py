@@ -171,6 +171,9 @@ def simulate(rt, principal, spec):
                 "policy": result.policy,
                 "link_class": r.link_class,
                 "link_note": r.link_note,
+                "block": r.block,
+                "leaf": r.leaf,
+                "network_note": r.network_note,
                 "gpus": [
                     {
                         "uuid": g.uuid,

@@ -158,6 +158,7 @@ def test_fleet_crud(api):
         "task_identity": "dynamic",
         "output_cap_bytes": 1 << 30,
         "output_retention_days": 30,
+        "network_topology": None,
     }
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"

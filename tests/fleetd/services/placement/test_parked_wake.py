@@ -214,6 +214,7 @@ def _group(**fields):
         host_ports=0,
         mps=False,
         topology="preferred",
+        same_block="preferred",
     )
     return Group(**dict(base, **fields))
 
