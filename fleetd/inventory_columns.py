@@ -55,6 +55,15 @@ WATCHED = {
             "allowed_images",
             "task_identity",
         ),
+        45: (
+            "availability",
+            "labels",
+            "allow_root_tasks",
+            "require_isolation",
+            "allowed_images",
+            "task_identity",
+            "mig",
+        ),
     },
 }
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable
+from typing import Any
+
+from fleetwire.checks import is_int
 
 COMPUTE_SLICES = 7  # compute slices of a whole MIG-capable GPU
 MEMORY_SLOTS = 8  # memory slots of a whole MIG-capable GPU
@@ -177,3 +180,87 @@ def layout_fits(model: str, profiles: Iterable[str], memory_total_bytes: int | N
         in_use.append((start, profile.size))
         compute += profile.compute
     return True
+
+
+MAX_MIG_DEVICES = 7  # a GPU holds at most 7 GPU instances (one per compute slice)
+MIG_UUID = re.compile(r"^MIG-[A-Za-z0-9/-]{1,124}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of a GPU as the agent reports it (a GPU report's `mig_devices`): its uuid,
+    memory, profile and placement. `profile` is None for a slice fleetd does not place (a `+me`
+    variant, or a GPU instance the agent could not read); then start and size may be None too."""
+
+    uuid: str
+    memory_total_bytes: int | None = None
+    profile: str | None = None
+    start: int | None = None
+    size: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str = "mig_device") -> MigDevice:
+        """Read and check one MIG device; ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object")
+        uuid, memory, profile = (
+            data.get("uuid"),
+            data.get("memory_total_bytes"),
+            data.get("profile"),
+        )
+        start, size = data.get("start"), data.get("size")
+        if not isinstance(uuid, str) or not MIG_UUID.match(uuid):
+            raise ValueError(f"{where}.uuid must be MIG-<uuid> (at most 128 characters)")
+        if memory is not None and (not is_int(memory) or memory < 0):
+            raise ValueError(f"{where}.memory_total_bytes must be a non-negative integer or null")
+        if profile is not None and (
+            not isinstance(profile, str) or not PROFILE_NAME.match(profile)
+        ):
+            raise ValueError(f"{where}.profile must be a profile name such as 1g.10gb, or null")
+        if (start is None) != (size is None):
+            raise ValueError(f"{where}.start and size must both be given or both be null")
+        if start is not None and not (
+            is_int(start)
+            and is_int(size)
+            and 0 <= start
+            and 1 <= size
+            and start + size <= MEMORY_SLOTS
+        ):
+            raise ValueError(
+                f"{where}.start and size must lie within the {MEMORY_SLOTS} memory slots"
+            )
+        if profile is not None and start is None:
+            raise ValueError(f"{where} with a profile must give its start and size")
+        return cls(uuid, memory, profile, start, size)
+
+
+def mig_devices_from_wire(data: Any, where: str = "mig_devices") -> tuple[MigDevice, ...]:
+    """A GPU report's list of MIG devices, checked: at most 7, distinct uuids, no two sharing a
+    memory slot."""
+    if not isinstance(data, list) or len(data) > MAX_MIG_DEVICES:
+        raise ValueError(f"{where} must be a list of at most {MAX_MIG_DEVICES} objects")
+    devices = tuple(MigDevice.from_wire(item, f"{where}[{i}]") for i, item in enumerate(data))
+    if len({d.uuid for d in devices}) != len(devices):
+        raise ValueError(f"{where} uuids must be unique")
+    used = 0
+    for device in devices:
+        if device.start is not None and device.size is not None:
+            mask = slot_mask(device.start, device.size)
+            if used & mask:
+                raise ValueError(f"{where}: {device.uuid} overlaps another MIG device's slots")
+            used |= mask
+    return devices
+
+
+def profile_at(
+    model: str, compute: int, size: int, memory_total_bytes: int | None = None
+) -> str | None:
+    """The name of the profile of this GPU model that takes `compute` compute slices and `size`
+    memory slots (what NVML says of a GPU instance), or None when the model has none such."""
+    for profile in profiles_of(model, memory_total_bytes).values():
+        if (profile.compute, profile.size) == (compute, size):
+            return profile.name
+    return None

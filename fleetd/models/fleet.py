@@ -91,6 +91,9 @@ class Fleet(BaseModel):
     # long a job's output outlives its end
     output_cap_bytes = peewee.BigIntegerField(default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = peewee.IntegerField(default=DEFAULT_OUTPUT_RETENTION_DAYS)
+    # MIG (migration 0045): {mode: off | fixed | dynamic, layout?: {gpu model: [profile...]}};
+    # None: fixed without a layout, each GPU's slices as found (fleetd.mig_settings)
+    mig = JSONText(null=True)
 
     @property
     def effective_health_policy(self):
@@ -246,6 +249,9 @@ class Gpu(BaseModel):
     )  # the board's serial number (0024)
     board_part_number = peewee.CharField(max_length=64, null=True)
     vbios = peewee.CharField(max_length=64, null=True)
+    # With MIG enabled, its MIG devices as reported: [{uuid, memory_total_bytes, profile, start,
+    # size}] (fleetwire.mig.MigDevice); None without (migration 0045)
+    mig_devices = JSONText(null=True)
 
     class Meta:
         indexes = ((("node", "uuid"), True),)

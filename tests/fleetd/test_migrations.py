@@ -565,5 +565,29 @@ def test_0043_keeps_a_nodes_topology_watched_by_the_inventory_and_goes_down_clea
         before = version()
         db.execute_sql("UPDATE node SET status = 'cordoned' WHERE id = 'n'")
         assert version() == before + 1  # the trigger still watches what it watched before
-    assert upgrade(db) == ["0043_node_topology"]
+    assert upgrade(db)[0] == "0043_node_topology"  # and the later ones it took down with it
+    db.close()
+
+
+def test_0045_adds_mig_columns_the_inventory_watches_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/mig.db")
+    assert "0045_mig" in upgrade(db)
+    bind(db)
+
+    def version():
+        return db.execute_sql("SELECT version FROM inventory_version").fetchone()[0]
+
+    with database.connection_context():
+        Fleet.create(name="f", created_at=T0)
+        assert Fleet.get_by_id("f").mig is None
+        before = version()
+        Fleet.update(mig={"mode": "off"}).where(Fleet.name == "f").execute()
+        assert version() == before + 1  # placement reads it: the scheduler reads the fleets again
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0045_mig")
+        assert "mig" not in {column.name for column in db.get_columns("fleet")}
+        assert "mig_devices" not in {column.name for column in db.get_columns("gpu")}
+        before = version()
+        db.execute_sql("UPDATE fleet SET labels = '{}' WHERE name = 'f'")
+        assert version() == before + 1  # the trigger still watches what it watched before
+    assert upgrade(db) == ["0045_mig"]
     db.close()
