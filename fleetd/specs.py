@@ -23,7 +23,7 @@ RETRY_ON = ("node_lost", "preempted", "failed")
 DEFAULT_MOUNT = "/workspace"
 # Bump when the fields below change meaning: keys stored before then stop matching, so their jobs
 # are read by every pass (as jobs without a key are) until they leave the queue.
-GROUP_KEY_VERSION = 3  # 2: owner, host_ports, mps and image; 3: topology
+GROUP_KEY_VERSION = 4  # 2: owner, host_ports, mps and image; 3: topology; 4: mig
 
 
 def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
@@ -48,6 +48,7 @@ class Resources:
     # "required" or "preferred" (an aligned GPU set, scheduler/topology.py); None: not given, which
     # is preferred
     topology: str | None = None
+    mig: str | None = None  # a MIG profile (fleetwire.mig): gpus is then its MIG devices
 
     @property
     def topology_mode(self) -> str:
@@ -66,6 +67,7 @@ class Resources:
             memory_bytes=data.get("memory_bytes") or 0,
             pids=data.get("pids"),
             topology=data.get("topology"),
+            mig=data.get("mig"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,6 +83,8 @@ class Resources:
             out["pids"] = self.pids
         if self.topology is not None:  # optional, as pids
             out["topology"] = self.topology
+        if self.mig is not None:
+            out["mig"] = self.mig
         return out
 
 
@@ -307,6 +311,7 @@ class JobSpec:
             bid=self.bid,
             name=self.name,
             topology=res.topology_mode,
+            mig=res.mig,
         )
         # A resumed run's ports are already held on the node that keeps its volume.
         ports = (
@@ -384,6 +389,7 @@ class InstanceSpec:
                 "memory_bytes": res.memory_bytes,
                 **({"pids": res.pids} if res.pids is not None else {}),
                 **({"topology": res.topology} if res.topology is not None else {}),
+                **({"mig": res.mig} if res.mig is not None else {}),
                 # optional, as pids: specs stored before it read as before
                 **(
                     {"gpu_memory_bytes": res.gpu_memory_bytes}
@@ -428,6 +434,7 @@ class InstanceSpec:
                 pids=res.pids,
                 gpu_memory_bytes=res.gpu_memory_bytes,
                 topology=res.topology,
+                mig=res.mig,
             ),
             priority_class=self.priority_class,
             bid=self.bid,
@@ -469,6 +476,7 @@ class Group(NamedTuple):
     host_ports: int
     mps: bool
     topology: str
+    mig: str | None = None  # a MIG profile (group key version 4)
 
 
 def group_of(
@@ -496,6 +504,7 @@ def group_of(
         host_ports=request.host_ports,
         mps=request.mps,
         topology=request.topology,
+        mig=request.mig,
     )
 
 

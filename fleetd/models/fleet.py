@@ -92,7 +92,7 @@ class Fleet(BaseModel):
     output_cap_bytes = peewee.BigIntegerField(default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = peewee.IntegerField(default=DEFAULT_OUTPUT_RETENTION_DAYS)
     # MIG (migration 0045): {mode: off | fixed | dynamic, layout?: {gpu model: [profile...]}};
-    # None: fixed without a layout, each GPU's slices as found (fleetd.mig_settings)
+    # None: fixed without a layout, each GPU's slices as found (services/placement/mig.py)
     mig = JSONText(null=True)
 
     @property

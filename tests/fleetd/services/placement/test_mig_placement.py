@@ -23,3 +23,49 @@ def test_mig_devices_that_overlap_are_refused_in_the_error_envelope(api):
     body = api.register(api.create_join_token(), gpus=[bad], expect=400)
     assert body["error"]["code"] == "invalid_request"
     assert "overlaps" in str(body["error"])
+
+
+def _mig_node(api, gpus, fleet_mig=None):
+    api.create_fleet()
+    if fleet_mig is not None:
+        resp = api.patch("/api/v1/fleets/gpu-a", {"mig": fleet_mig})
+        assert resp.status_code == 200, resp.get_json()
+    reg = api.register(api.create_join_token(), gpus=gpus)
+    api.heartbeat(reg["session_token"], gpus=gpus)
+    return reg["node_id"]
+
+
+def test_a_mig_job_runs_on_mig_devices_shown_in_its_status_and_the_allocation(api):
+    _mig_node(api, [mig_gpu(0, SEVEN)])
+    job = api.submit(name="nb", resources={"mig": "1g.10gb", "gpus": 2})
+    assert job["state"] == "running"
+    [task] = api.job(job["id"])["tasks"]
+    assert task["mig_devices"] == [
+        "MIG-00000000-0000-4000-8000-000000000000",
+        "MIG-00000000-0000-4000-8000-000000000001",
+    ]
+    [alloc] = api.get("/api/v1/cluster/allocation").get_json()["allocations"]
+    assert alloc["mig_devices"] == task["mig_devices"]
+    second = api.submit(name="nb2", resources={"mig": "1g.10gb"})
+    [other] = api.job(second["id"])["tasks"]
+    assert set(other["mig_devices"]).isdisjoint(task["mig_devices"])
+
+
+def test_a_gpu_in_mig_mode_takes_no_whole_gpu_job(api):
+    _mig_node(api, [mig_gpu(0, SEVEN)])
+    job = api.submit(name="whole", resources={"gpus": 1})
+    assert job["state"] == "queued"
+
+
+def test_an_unknown_mig_profile_is_refused_in_the_error_envelope(api):
+    resp = api.post(
+        "/api/v1/jobs", {"name": "x", "command": ["true"], "resources": {"mig": "9g.1gb"}}
+    )
+    assert resp.status_code == 400
+    assert "mig" in str(resp.get_json()["error"])
+
+
+def test_mig_with_a_fraction_of_a_gpu_is_refused(api):
+    body = {"name": "x", "command": ["true"], "resources": {"mig": "1g.10gb", "gpus": 0.5}}
+    resp = api.post("/api/v1/jobs", body)
+    assert resp.status_code == 400, resp.get_json()
