@@ -596,6 +596,12 @@ class AssignmentGpuSchema(Schema):
     uuid = fields.String()
     memory_limit_bytes = fields.Integer()
     compute_percent = fields.Float()
+    mig_device = fields.String(
+        metadata={
+            "description": "the MIG device (MIG-...) of this GPU the task runs on, whole: its "
+            "CUDA_VISIBLE_DEVICES names it, and no software limit applies"
+        }
+    )
 
 
 class AssignmentSchema(Schema):

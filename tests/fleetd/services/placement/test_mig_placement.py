@@ -1,6 +1,7 @@
 """MIG as a resource through the API (issue 50): a node's MIG devices as its agent reports them,
 stored with its GPUs and shown on the node. Real API, the agent's side played by hand."""
 
+from fleetwire.assignment import Assignment
 from tests.support.gpus import mig_gpu
 
 SEVEN = [("1g.10gb", slot, 1) for slot in range(7)]
@@ -69,3 +70,34 @@ def test_mig_with_a_fraction_of_a_gpu_is_refused(api):
     body = {"name": "x", "command": ["true"], "resources": {"mig": "1g.10gb", "gpus": 0.5}}
     resp = api.post("/api/v1/jobs", body)
     assert resp.status_code == 400, resp.get_json()
+
+
+def test_the_assignment_carries_each_mig_device_with_its_gpu_and_no_software_limit(api):
+    api.create_fleet()
+    gpus = [mig_gpu(0, SEVEN)]
+    reg = api.register(api.create_join_token(), gpus=gpus)
+    api.heartbeat(reg["session_token"], gpus=gpus)
+    job = api.submit(name="nb", resources={"mig": "1g.10gb", "gpus": 2})
+    assignment = api.acquire(reg["session_token"])
+    Assignment.from_wire(assignment)  # what the agent accepts
+    [task] = api.job(job["id"])["tasks"]
+    assert assignment["gpus"] == [
+        {"uuid": gpus[0]["uuid"], "mig_device": device} for device in task["mig_devices"]
+    ]
+    assert assignment["isolation"] == "exclusive"
+
+
+def test_an_agent_that_reports_no_mig_profiles_never_gets_mig_work(api):
+    """An agent older than MIG placement reports a GPU in MIG mode without its devices' profiles
+    (or without mig_devices at all): it would run the task on the whole GPU, so nothing is placed
+    there until it reports them."""
+    api.create_fleet()
+    old = mig_gpu(0, SEVEN)
+    old["mig_devices"] = [{"uuid": d["uuid"], "memory_total_bytes": 1} for d in old["mig_devices"]]
+    older = dict(mig_gpu(1, SEVEN))
+    del older["mig_devices"]
+    reg = api.register(api.create_join_token(), gpus=[old, older])
+    api.heartbeat(reg["session_token"], gpus=[old, older])
+    job = api.submit(name="nb", resources={"mig": "1g.10gb"})
+    assert job["state"] == "queued"
+    assert api.job(job["id"])["tasks"][0]["mig_devices"] == []
