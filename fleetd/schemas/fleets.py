@@ -3,7 +3,7 @@
 import re
 import zoneinfo
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from fleetd import windows
 from fleetd.models import (
@@ -18,6 +18,7 @@ from fleetd.models import (
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
+from fleetd.services.placement.mig import mig_setting, mig_setting_error
 from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
@@ -198,6 +199,30 @@ def TaskIdentity(**kw):
     )
 
 
+def _mig_valid(value):
+    error = mig_setting_error(value)
+    if error is not None:
+        raise ValidationError(error)
+
+
+def FleetMig(**kw):
+    """A fleet's MIG setting (`mig`), for create and update alike."""
+    return fields.Dict(
+        allow_none=True,
+        validate=_mig_valid,
+        metadata={
+            "description": (
+                "{mode: off | fixed, layout?: {<gpu model>: [profile, ...]}}: off, its GPUs in MIG "
+                "mode take no work; fixed, MIG work runs on the MIG devices they have, and with a "
+                "layout the validation gate fails a node whose MIG GPUs of a model listed have "
+                "other devices. null: fixed without a layout. dynamic is refused: not available "
+                "yet"
+            )
+        },
+        **kw,
+    )
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
@@ -214,6 +239,7 @@ class FleetCreateSchema(Schema):
     task_identity = TaskIdentity(load_default="dynamic")
     output_cap_bytes = OutputCapBytes(load_default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = OutputRetentionDays(load_default=DEFAULT_OUTPUT_RETENTION_DAYS)
+    mig = FleetMig(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
@@ -231,6 +257,7 @@ class FleetUpdateSchema(Schema):
     task_identity = TaskIdentity()
     output_cap_bytes = OutputCapBytes()
     output_retention_days = OutputRetentionDays()
+    mig = FleetMig()
 
 
 class FleetSchema(Schema):
@@ -259,6 +286,9 @@ class FleetSchema(Schema):
     task_identity = fields.String()
     output_cap_bytes = fields.Integer()
     output_retention_days = fields.Integer()
+    mig = fields.Function(
+        mig_setting, metadata={"description": "the MIG setting in force: {mode, layout?}"}
+    )
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")
