@@ -133,6 +133,12 @@ def profile_of(model: str, name: str, memory_total_bytes: int | None = None) -> 
     return profiles_of(model, memory_total_bytes).get(name)
 
 
+def gpu_fraction(name: str) -> float:
+    """The share of a GPU a MIG device of this profile counts as in quotas and the usage ledger:
+    its compute slices over the GPU's 7 (1g.10gb: 1/7; 7g.80gb: 1)."""
+    return int(name.split("g.", 1)[0]) / COMPUTE_SLICES
+
+
 def slot_mask(start: int, size: int) -> int:
     """The memory slots [start, start + size) as a bit mask."""
     return ((1 << size) - 1) << start
