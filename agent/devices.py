@@ -19,6 +19,7 @@ import time
 
 from agent.nvml import DeviceError, Nvml, NvmlUnavailable, load_backend, start_xid_thread
 from agent.topology import read_topology
+from fleetwire.mig import MIG_UUID, MigDevice, profile_at
 
 log = logging.getLogger("agent.devices")
 
@@ -84,11 +85,13 @@ class Gpu:
     vbios: str | None = None
     xids: tuple = ()  # critical XIDs seen since the agent started
     ecc_uncorrected: int | None = None  # uncorrectable ECC errors since the driver loaded
+    mig_devices: tuple[MigDevice, ...] = ()  # with MIG enabled: its slices, profile and placement
 
     def to_wire(self):
         """The dict sent to fleetd: exactly the keys the server accepts."""
         out = dataclasses.asdict(self)
         out["xids"] = list(self.xids)
+        out["mig_devices"] = [device.to_wire() for device in self.mig_devices]
         return out
 
 
@@ -172,6 +175,26 @@ class Inventory:
         if self.reason:
             out["devices_reason"] = self.reason
         return out
+
+
+def mig_devices(ident, readings):
+    """The MIG devices of a GPU (its identity: name and memory) as the wire carries them, from
+    Nvml.properties' readings: the profile named from the compute slices and memory slots its GPU
+    instance takes (None when the model has no such profile, or NVML did not say). A device whose
+    uuid could not be read is left out: nothing could be given to a task on it."""
+    out = []
+    for reading in readings:
+        uuid = reading.get("uuid")
+        if not uuid or not MIG_UUID.match(uuid):
+            continue
+        start, size, compute = reading.get("start"), reading.get("size"), reading.get("compute")
+        profile = (
+            profile_at(ident["name"], compute, size, ident["memory_total_bytes"])
+            if compute is not None and size is not None
+            else None
+        )
+        out.append(MigDevice(uuid, reading.get("memory_total_bytes"), profile, start, size))
+    return tuple(out)
 
 
 def _critical_xids(health, temperature_c, xids):
@@ -486,6 +509,7 @@ class DeviceManager:
             vbios=static["vbios"],
             xids=tuple(xids),
             ecc_uncorrected=health["ecc_uncorrected_volatile"],
+            mig_devices=mig_devices(ident, static["mig_devices"]),
         )
         return Device(
             gpu=gpu,

@@ -14,7 +14,9 @@ A shape file looks like::
 Per GPU, optional keys: ``memory_used_bytes``, ``utilization_percent``,
 ``memory_utilization_percent``, ``temperature_c``,
 ``slowdown_temperature_c``, ``power_draw_w``, ``power_limit_w``, ``mig_mode``
-("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes}]),
+("enabled"/"disabled"/null for not supported), ``mig_devices`` ([{uuid, memory_total_bytes,
+profile?, start?, size?}]: a device with a profile and its placement in memory slots answers the GPU
+instance calls; one without answers them NotFound),
 ``ecc_uncorrected_volatile``, ``retired_pages_pending``, ``remapped_rows`` ({correctable,
 uncorrectable, pending, failure}), ``serial``, ``board_part_number``, ``vbios``,
 ``persistence_mode`` (bool), ``ecc_mode`` and ``ecc_mode_pending`` ("enabled"/"disabled"), ``pcie``
@@ -54,6 +56,12 @@ NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_DEVICE_MIG_DISABLE = 0x0
 NVML_DEVICE_MIG_ENABLE = 0x1
+NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0x0
+NVML_GPU_INSTANCE_PROFILE_2_SLICE = 0x1
+NVML_GPU_INSTANCE_PROFILE_3_SLICE = 0x2
+NVML_GPU_INSTANCE_PROFILE_4_SLICE = 0x3
+NVML_GPU_INSTANCE_PROFILE_7_SLICE = 0x4
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 = 0x9  # one compute slice with two memory slots
 NVML_TOPOLOGY_INTERNAL = fake_topology.NVML_TOPOLOGY_INTERNAL
 NVML_TOPOLOGY_SINGLE = fake_topology.NVML_TOPOLOGY_SINGLE
 NVML_TOPOLOGY_MULTIPLE = fake_topology.NVML_TOPOLOGY_MULTIPLE
@@ -588,6 +596,53 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
     if gpu.get("mig_mode") != "enabled" or not 0 <= index < len(migs):
         raise NVMLError(NVML_ERROR_NOT_FOUND)
     return _Handle(index, gpu, mig=migs[index])
+
+
+def _gpu_instance_profile(compute, size):
+    """NVML's GPU instance profile id of a plain profile of `compute` slices and `size` slots."""
+    if compute == 1 and size == 2:
+        return NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2
+    return {
+        1: NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+        2: NVML_GPU_INSTANCE_PROFILE_2_SLICE,
+        3: NVML_GPU_INSTANCE_PROFILE_3_SLICE,
+        4: NVML_GPU_INSTANCE_PROFILE_4_SLICE,
+        7: NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+    }[compute]
+
+
+class _GpuInstance:
+    """A GPU instance handle: the GPU and the MIG device dict it is."""
+
+    def __init__(self, gpu, mig):
+        self.gpu = gpu
+        self.mig = mig
+
+
+def nvmlDeviceGetGpuInstanceId(device):
+    """The GPU instance id of a MIG device: its position in the GPU's mig_devices, from 1."""
+    _call(device, "nvmlDeviceGetGpuInstanceId")
+    if not device.mig or "start" not in device.mig:
+        raise NVMLError(NVML_ERROR_NOT_FOUND if device.mig else NVML_ERROR_INVALID_ARGUMENT)
+    return device.gpu["mig_devices"].index(device.mig) + 1
+
+
+def nvmlDeviceGetGpuInstanceById(device, gpu_instance_id):
+    gpu = _call(device, "nvmlDeviceGetGpuInstanceById")
+    migs = gpu.get("mig_devices") or []
+    if gpu.get("mig_mode") != "enabled" or not 1 <= gpu_instance_id <= len(migs):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return _GpuInstance(gpu, migs[gpu_instance_id - 1])
+
+
+def nvmlGpuInstanceGetInfo(gpu_instance):
+    """{id, profileId, placement: {start, size}} as pynvml's c_nvmlGpuInstanceInfo_t reads."""
+    mig = gpu_instance.mig
+    return SimpleNamespace(
+        id=gpu_instance.gpu["mig_devices"].index(mig) + 1,
+        profileId=_gpu_instance_profile(int(mig["profile"].split("g.")[0]), mig["size"]),
+        placement=SimpleNamespace(start=mig["start"], size=mig["size"]),
+    )
 
 
 # Topology and NVLink.

@@ -50,6 +50,18 @@ def load_backend(spec):
     raise ValueError(f"unknown devices.backend {spec!r}: use 'nvml' or 'fake:<path to shape json>'")
 
 
+# The GPU instance profiles fleetd places (NVML_GPU_INSTANCE_PROFILE_<name>) and their compute
+# slices; 1_SLICE_REV2 is the one-slice profile with two memory slots (1g.10gb on an A100 40GB).
+_GPU_INSTANCE_SLICES = (
+    ("1_SLICE", 1),
+    ("2_SLICE", 2),
+    ("3_SLICE", 3),
+    ("4_SLICE", 4),
+    ("7_SLICE", 7),
+    ("1_SLICE_REV2", 1),
+)
+
+
 def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -297,9 +309,31 @@ class Nvml:
                     "uuid": _text(uuid) if uuid is not None else None,
                     "memory_total_bytes": int(memory.total) if memory is not None else None,
                     "memory_used_bytes": int(memory.used) if memory is not None else None,
+                    **self._gpu_instance(handle, mig),
                 }
             )
         return out
+
+    def _gpu_instance(self, handle, mig):
+        """{compute, start, size} of a MIG device's GPU instance: its compute slices (None for a
+        profile fleetd does not place: +me, +gfx, no-me) and its placement in the GPU's memory
+        slots; {} when NVML does not say (an older library or driver, too few privileges)."""
+        gi_id = self._optional("nvmlDeviceGetGpuInstanceId", mig)
+        gi = (
+            None if gi_id is None else self._optional("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+        )
+        info = None if gi is None else self._optional("nvmlGpuInstanceGetInfo", gi)
+        if info is None:
+            return {}
+        slices = {
+            getattr(self.nv, f"NVML_GPU_INSTANCE_PROFILE_{name}", None): count
+            for name, count in _GPU_INSTANCE_SLICES
+        }
+        return {
+            "compute": slices.get(info.profileId),
+            "start": int(info.placement.start),
+            "size": int(info.placement.size),
+        }
 
     def live(self, handle):
         """Live optional readings: memory used, utilization (SM and memory), temperature, power draw

@@ -64,6 +64,16 @@ WATCHED = {
             "task_identity",
             "network_topology",
         ),
+        46: (
+            "availability",
+            "labels",
+            "allow_root_tasks",
+            "require_isolation",
+            "allowed_images",
+            "task_identity",
+            "network_topology",
+            "mig",
+        ),
     },
 }
 

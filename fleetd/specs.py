@@ -23,7 +23,7 @@ RETRY_ON = ("node_lost", "preempted", "failed")
 DEFAULT_MOUNT = "/workspace"
 # Bump when the fields below change meaning: keys stored before then stop matching, so their jobs
 # are read by every pass (as jobs without a key are) until they leave the queue.
-GROUP_KEY_VERSION = 4  # 2: owner, host_ports, mps and image; 3: topology; 4: same_block
+GROUP_KEY_VERSION = 5  # 2: owner, host_ports, mps and image; 3: topology; 4: same_block; 5: mig
 
 
 def _plain(mapping: Mapping[str, str] | None) -> dict[str, str]:
@@ -48,6 +48,7 @@ class Resources:
     # "required" or "preferred" (an aligned GPU set, scheduler/topology.py); None: not given, which
     # is preferred
     topology: str | None = None
+    mig: str | None = None  # a MIG profile (fleetwire.mig): gpus is then its MIG devices
 
     @property
     def topology_mode(self) -> str:
@@ -66,6 +67,7 @@ class Resources:
             memory_bytes=data.get("memory_bytes") or 0,
             pids=data.get("pids"),
             topology=data.get("topology"),
+            mig=data.get("mig"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,6 +83,8 @@ class Resources:
             out["pids"] = self.pids
         if self.topology is not None:  # optional, as pids
             out["topology"] = self.topology
+        if self.mig is not None:
+            out["mig"] = self.mig
         return out
 
 
@@ -314,6 +318,7 @@ class JobSpec:
             name=self.name,
             topology=res.topology_mode,
             same_block=self.same_block or scheduler.TOPOLOGY_PREFERRED,
+            mig=res.mig,
         )
         # A resumed run's ports are already held on the node that keeps its volume.
         ports = (
@@ -391,6 +396,7 @@ class InstanceSpec:
                 "memory_bytes": res.memory_bytes,
                 **({"pids": res.pids} if res.pids is not None else {}),
                 **({"topology": res.topology} if res.topology is not None else {}),
+                **({"mig": res.mig} if res.mig is not None else {}),
                 # optional, as pids: specs stored before it read as before
                 **(
                     {"gpu_memory_bytes": res.gpu_memory_bytes}
@@ -435,6 +441,7 @@ class InstanceSpec:
                 pids=res.pids,
                 gpu_memory_bytes=res.gpu_memory_bytes,
                 topology=res.topology,
+                mig=res.mig,
             ),
             priority_class=self.priority_class,
             bid=self.bid,
@@ -477,6 +484,7 @@ class Group(NamedTuple):
     mps: bool
     topology: str
     same_block: str
+    mig: str | None = None  # a MIG profile (group key version 5)
 
 
 def group_of(
@@ -505,6 +513,7 @@ def group_of(
         mps=request.mps,
         topology=request.topology,
         same_block=request.same_block,
+        mig=request.mig,
     )
 
 

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from fleetwire.checks import is_int, is_number
+from fleetwire.mig import MIG_UUID
 from fleetwire.output import MAX_OUTPUT_CAP_BYTES, MIN_OUTPUT_CAP_BYTES
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -241,6 +242,16 @@ def system_uid_problem(user, uid):
     return None
 
 
+def _mig_uuid(value):
+    return isinstance(value, str) and MIG_UUID.fullmatch(value) is not None
+
+
+def visible_device(grant: dict) -> str:
+    """The device a task is given for one of its GPU grants, as CUDA_VISIBLE_DEVICES names it: its
+    MIG device (MIG-...) where it holds one, else the whole GPU's uuid."""
+    return grant.get("mig_device") or grant["uuid"]
+
+
 @dataclasses.dataclass
 class Assignment:
     """An Assignment (docs/api.md "Assignment"), validated."""
@@ -325,9 +336,10 @@ class Assignment:
             isinstance(g, dict)
             and isinstance(g.get("uuid"), str)
             and GPU_UUID_RE.fullmatch(g["uuid"])
+            and (g.get("mig_device") is None or _mig_uuid(g["mig_device"]))
             for g in gpus
         ):
-            raise ValueError("gpus must be a list of {uuid, ...}")
+            raise ValueError("gpus must be a list of {uuid, mig_device?: MIG-..., ...}")
         max_runtime = data.get("max_runtime_seconds")
         if max_runtime is not None and (
             isinstance(max_runtime, bool)

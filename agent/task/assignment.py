@@ -5,6 +5,7 @@ import os
 import socket
 
 from agent.task.errors import TaskError
+from fleetwire.assignment import visible_device
 
 # What a task inherits from the agent's own environment; nothing else (no FLEET_AGENT_* secrets).
 # Not PATH: the agent's own may name directories of root's (a pyenv's shims) that a task's uid
@@ -50,14 +51,15 @@ def task_env(assignment, master_addr, master_port, environ=None, extra=None):
     fleet (`task_path`; never the agent's own); the injected variables go over both, so a spec
     cannot widen its GPUs or fake its rank. `extra` are the limits'
     variables (MPS); NVIDIA_VISIBLE_DEVICES carries the same UUIDs for nested containers
-    ("none" without GPUs).
+    ("none" without GPUs). A GPU held as a MIG device is named by its MIG uuid (MIG-...): the task
+    sees that slice, never its whole GPU.
     """
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in PASSTHROUGH_ENV if k in environ}
     env["PATH"] = assignment.task_path or DEFAULT_PATH
     env["PYTHONUNBUFFERED"] = "1"  # Python tasks' output reaches the log as it is printed
     env.update(assignment.env)
-    uuids = [g["uuid"] for g in assignment.gpus]
+    uuids = [visible_device(g) for g in assignment.gpus]
     injected = {
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),
         "NVIDIA_VISIBLE_DEVICES": ",".join(uuids) or "none",

@@ -45,6 +45,7 @@ from agent.task.monitor import CLOCK_TICKS, InstanceMonitor
 from agent.task.supervisor import check_executable, read_exit_status
 from agent.task.task import Task
 from agent.task.volumes import tree_bytes
+from fleetwire.assignment import visible_device
 
 log = logging.getLogger("agent.runner")
 
@@ -366,7 +367,7 @@ class InstanceTask(Task):
                 runtime.check_image(self.spec.image)
             except ContainerError as exc:
                 raise TaskError(str(exc)) from None
-            uuids, cdi = [g["uuid"] for g in self.assignment.gpus], cdi_has_nvidia()
+            uuids, cdi = [visible_device(g) for g in self.assignment.gpus], cdi_has_nvidia()
             if uuids and not runtime.gpu_flags(uuids, cdi):
                 self._system(
                     "[fleet-agent] no CDI spec for nvidia.com/gpu on this host: the container does "

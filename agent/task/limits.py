@@ -13,7 +13,9 @@ unsets a variable, a nested container). Here everything is decided on the host, 
   watchdog enforces; ``mps`` tasks additionally run as clients of an MPS control daemon per GPU
   (started and supervised here when ``limits.mps_enabled``), with
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` set, so that the
-  driver itself enforces the compute share and the memory limit.
+  driver itself enforces the compute share and the memory limit. A task on a MIG device sees only
+  that device (``CUDA_VISIBLE_DEVICES=MIG-...``); the GPU's hardware isolates its memory and
+  compute, so no software limit is set or watched for it (its processes show on the parent GPU).
 * **Watchdog.** Every ``limits.poll_seconds`` (0.25 s, at most 0.5 s) NVML's per-process memory
   is read, each host PID is mapped to its task (:class:`ProcessMapper`) and summed per task per
   GPU. A task over ``memory_limit_bytes + limits.memory_tolerance_bytes`` on a GPU is stopped
@@ -160,6 +162,16 @@ class Limits:
         gpus = [dict(g) for g in assignment.gpus]
         env, enforcement = {}, {}
         for grant in gpus:
+            if grant.get("mig_device"):
+                # A MIG device: the GPU's hardware isolates its memory and compute; no software
+                # limit is set or watched (watchdog.hardware_limits).
+                grant.pop("memory_limit_bytes", None)
+                grant.pop("compute_percent", None)
+                enforcement[grant["uuid"]] = {
+                    "memory_enforcement": f"MIG hardware isolation ({grant['mig_device']})",
+                    "compute_enforcement": f"MIG hardware isolation ({grant['mig_device']})",
+                }
+                continue
             for key in ("memory_limit_bytes", "compute_percent"):
                 # A limit that is present must be one: 0 (a fraction too small to hold any memory)
                 # is an error, never "no limit".
@@ -182,6 +194,11 @@ class Limits:
                 ),
             }
         if isolation == "mps":
+            if any(g.get("mig_device") for g in gpus):
+                raise LimitError(
+                    "mps isolation is not available on a MIG device: the GPU's hardware already "
+                    "isolates it"
+                )
             if len(gpus) != 1:
                 raise LimitError(
                     f"mps isolation needs exactly one GPU per task (got {len(gpus)}): "

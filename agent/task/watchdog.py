@@ -50,6 +50,12 @@ def grant_number(grant, key):
     return value
 
 
+def hardware_limits(grant):
+    """(None, None) for a grant of a MIG device (the GPU's hardware isolates it: no memory limit or
+    compute share to watch, whatever the grant says), else None."""
+    return (None, None) if grant.get("mig_device") else None
+
+
 class Watchdog:
     """Polls the GPUs' processes and stops the tasks over their limits."""
 
@@ -201,8 +207,12 @@ class Watchdog:
             slot = usage.get(
                 uuid, {"used_memory_bytes": 0, "sm_util_percent": None, "processes": []}
             )
-            limit = grant_number(grant, "memory_limit_bytes")
-            share = grant_number(grant, "compute_percent")
+            # A MIG device is isolated by the hardware: its processes show on its parent GPU, whose
+            # memory it does not share, and no software limit applies (hardware_limits).
+            limit, share = hardware_limits(grant) or (
+                grant_number(grant, "memory_limit_bytes"),
+                grant_number(grant, "compute_percent"),
+            )
             used = slot["used_memory_bytes"]
             key = (worker.task_id, worker.epoch, uuid)
             over = limit is not None and used > limit + tolerance

@@ -94,6 +94,9 @@ class Fleet(BaseModel):
     # Where its nodes sit in the network (migration 0045): a topology file in Slurm's tree or block
     # form (fleetd.scheduler.network_file), as given; None: labels alone place its nodes
     network_topology = peewee.TextField(null=True)
+    # MIG (migration 0046): {mode: off | fixed | dynamic, layout?: {gpu model: [profile...]}};
+    # None: fixed without a layout, each GPU's slices as found (services/placement/mig.py)
+    mig = JSONText(null=True)
 
     @property
     def effective_health_policy(self):
@@ -249,6 +252,9 @@ class Gpu(BaseModel):
     )  # the board's serial number (0024)
     board_part_number = peewee.CharField(max_length=64, null=True)
     vbios = peewee.CharField(max_length=64, null=True)
+    # With MIG enabled, its MIG devices as reported: [{uuid, memory_total_bytes, profile, start,
+    # size}] (fleetwire.mig.MigDevice); None without (migration 0046)
+    mig_devices = JSONText(null=True)
 
     class Meta:
         indexes = ((("node", "uuid"), True),)

@@ -28,6 +28,13 @@ A gang (num_nodes > 1) on an engine where some node has a known network place is
 whole: every node that can take a rank is listed best first (the order rank after rank would take
 them), and `scheduler/network.py` picks the fewest blocks, then leaves, among them; `same_block`
 required makes it wait when no block holds it. Without any known place, gangs go rank by rank.
+
+A GPU in MIG mode (`GpuSnapshot.mig_devices` not None) is never given whole nor as a software
+slice: it takes only requests for a MIG profile (`TaskRequest.mig`), each rank `gpus` free MIG
+devices of that profile, from the GPUs with the fewest free devices first (so that emptier GPUs
+stay whole for later). A node's class also holds its free MIG devices per profile, so nodes with
+different slices free are never taken as interchangeable; policies score a MIG request as the
+CPU-only task it is to them.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from fleetd.scheduler.model import (
     STAGE_IMAGE,
     STAGE_ISOLATION,
     STAGE_MEMORY,
+    STAGE_MIG,
     STAGE_MPS,
     STAGE_NETWORK,
     STAGE_PORTS,
@@ -100,6 +108,8 @@ class _Gpu:
         "holders",
         "mps_owner",
         "mps_holders",
+        "mig_free",
+        "mig_profile",
     )
 
     def __init__(self, snap):
@@ -117,6 +127,17 @@ class _Gpu:
         # MPS serves one uid per GPU at a time: slices of other owners' MPS work do not share it.
         self.mps_owner = snap.mps_owner
         self.mps_holders = 1 if snap.mps_owner is not None else 0  # outside holders count as one
+        # In MIG mode: profile -> its free MIG devices' uuids, and uuid -> profile of all of them;
+        # the GPU itself then takes no other work.
+        self.mig_free: dict[str, list[str]] | None = None
+        self.mig_profile: dict[str, str] = {}
+        if snap.mig_devices is not None:
+            self.usable = False
+            self.mig_free = {}
+            for device in snap.mig_devices:
+                self.mig_profile[device.uuid] = device.profile
+                if device.free and snap.healthy:
+                    self.mig_free.setdefault(device.profile, []).append(device.uuid)
 
     def takes_mps_of(self, owner: str) -> bool:
         return self.mps_owner is None or self.mps_owner == owner
@@ -170,12 +191,22 @@ class _Node:
     def usable_gpus(self):
         return [g for g in self.gpus if g.usable]
 
+    def mig_counts(self) -> tuple[tuple[str, int], ...]:
+        """Its free MIG devices per profile, by profile name."""
+        counts: dict[str, int] = {}
+        for g in self.gpus:
+            for profile, free in (g.mig_free or {}).items():
+                if free:
+                    counts[profile] = counts.get(profile, 0) + len(free)
+        return tuple(sorted(counts.items()))
+
     def make_key(self):
         self.key = (
             self.model,
             self.cpu_free,
             tuple(sorted((g.key for g in self.gpus if g.usable), reverse=True)),
             None if self.topo is None else self.topo.gaps(self.free_mask()),
+            self.mig_counts(),
         )
         return self.key
 
@@ -198,10 +229,30 @@ class _Reservation:
     owner: str = ""
     host_ports: int = 0
     mps: bool = False
+    mig: bool = False  # gpus are (gpu, MIG device uuid) instead
+
+
+def _mig_free(gpu, uuid: str, sign: int) -> None:
+    """Take (sign 1) or give back (-1) one MIG device of a GPU."""
+    free = gpu.mig_free.setdefault(gpu.mig_profile[uuid], [])
+    if sign > 0:
+        free.remove(uuid)
+    else:
+        free.append(uuid)
 
 
 def shape_of(request: TaskRequest) -> Shape:
     """The scoring view of one rank of a request."""
+    if request.mig is not None:
+        return Shape(
+            cpu_milli=request.cpu_milli,
+            gpu_milli=0,
+            gpu_count=0,
+            shared=False,
+            gpu_types=frozenset(request.gpu_types),
+            mig=request.mig,
+            mig_count=int(request.gpus),
+        )
     return Shape(
         cpu_milli=request.cpu_milli,
         gpu_milli=request.gpu_milli if request.gpu_count else 0,
@@ -318,9 +369,13 @@ class PlacementEngine:
 
     @classmethod
     def _class_fits(cls, key: tuple, shape: Shape) -> bool:
-        model, cpu_free, gpus, gaps = key
+        model, cpu_free, gpus, gaps, mig = key
         if cpu_free < shape.cpu_milli:
             return False
+        if shape.mig is not None:
+            if shape.gpu_types and not set(model.split("|")) <= shape.gpu_types:
+                return False
+            return dict(mig).get(shape.mig, 0) >= shape.mig_count
         if shape.gpu_count == 0:
             return True
         if shape.gpu_types and not set(model.split("|")) <= shape.gpu_types:
@@ -377,7 +432,10 @@ class PlacementEngine:
         return not sel.restricts or sel.matches(node.snap)
 
     def _devices(self, node: _Node, request: TaskRequest, shape: Shape, slice_of: int | None):
-        """GPUs for one rank on this node as [(gpu, milli, memory)], or None if none fit."""
+        """GPUs for one rank on this node as [(gpu, milli, memory)] (for a MIG profile [(gpu, MIG
+        device uuid)]), or None if none fit."""
+        if shape.mig is not None:
+            return self._mig_pick(node, shape.mig, shape.mig_count)
         if shape.gpu_count == 0:
             return []
         if shape.shared:
@@ -412,6 +470,20 @@ class PlacementEngine:
             chosen = node.topo.pick(free, shape.gpu_count)
             return [(g, MILLI, g.memory_total) for i, g in enumerate(node.gpus) if chosen >> i & 1]
         return [(g, MILLI, g.memory_total) for g in self._numa_pick(idle, shape.gpu_count)]
+
+    @staticmethod
+    def _mig_pick(node: _Node, profile: str, count: int) -> list | None:
+        """`count` free MIG devices of the profile, from the GPUs with the fewest free MIG devices
+        (of any profile) first, then in GPU order."""
+        gpus = [(g, g.mig_free) for g in node.gpus if g.mig_free and g.mig_free.get(profile)]
+        gpus.sort(key=lambda pair: sum(len(free) for free in pair[1].values()))
+        chosen: list = []
+        for g, free in gpus:
+            for uuid in free[profile][: count - len(chosen)]:
+                chosen.append((g, uuid))
+            if len(chosen) == count:
+                return chosen
+        return None
 
     @staticmethod
     def _numa_pick(idle: list, count: int) -> list:
@@ -515,10 +587,15 @@ class PlacementEngine:
         node.cpu_free -= request.cpu_milli
         node.memory_free -= request.memory_bytes
         node.placed += 1
-        for gpu, milli, memory in devices:
-            gpu.milli_free -= milli
-            gpu.memory_free -= memory
-            gpu.holders += 1
+        mig = request.mig is not None
+        if mig:
+            for gpu, uuid in devices:
+                _mig_free(gpu, uuid, 1)
+        else:
+            for gpu, milli, memory in devices:
+                gpu.milli_free -= milli
+                gpu.memory_free -= memory
+                gpu.holders += 1
         r = _Reservation(
             node,
             request.cpu_milli,
@@ -527,6 +604,7 @@ class PlacementEngine:
             request.owner,
             request.host_ports,
             request.mps and request.shared,
+            mig,
         )
         self._hold(r, 1)
         if node.snap.schedulable:
@@ -554,10 +632,14 @@ class PlacementEngine:
         node.cpu_free += r.cpu
         node.memory_free += r.memory
         node.placed -= 1
-        for gpu, milli, memory in r.gpus:
-            gpu.milli_free += milli
-            gpu.memory_free += memory
-            gpu.holders -= 1
+        if r.mig:
+            for gpu, uuid in r.gpus:
+                _mig_free(gpu, uuid, -1)
+        else:
+            for gpu, milli, memory in r.gpus:
+                gpu.milli_free += milli
+                gpu.memory_free += memory
+                gpu.holders -= 1
         self._hold(r, -1)
         if node.snap.schedulable:
             self._enter(node)
@@ -596,21 +678,12 @@ class PlacementEngine:
             ranks.append(self._rank(rank, node, devices, request, shape, link_class, link_note))
         return Placement(ranks=tuple(ranks), policy=self.policy.name, score=total)
 
-    @staticmethod
-    def _rank(rank, node, devices, request, shape, link_class, link_note, note=""):
+    def _rank(self, rank, node, devices, request, shape, link_class, link_note, note=""):
         place = node.snap.network
         return RankPlacement(
             rank=rank,
             node_id=node.snap.id,
-            gpus=tuple(
-                GpuAllocation(
-                    uuid=g.uuid,
-                    memory_limit_bytes=mem,
-                    compute_milli=milli,
-                    exclusive=not shape.shared,
-                )
-                for g, milli, mem in devices
-            ),
+            gpus=self._allocations(devices, shape),
             cpu_milli=request.cpu_milli,
             memory_bytes=request.memory_bytes,
             owner=request.owner,
@@ -723,9 +796,24 @@ class PlacementEngine:
         return Unschedulable(reason=reason, filter_detail=tuple(detail), placed_ranks=0)
 
     @staticmethod
+    def _allocations(devices: list, shape: Shape) -> tuple[GpuAllocation, ...]:
+        """One rank's devices as the placement gives them (a MIG device whole: no limits)."""
+        if shape.mig is not None:
+            return tuple(GpuAllocation(g.uuid, 0, 0, True, mig_device=uuid) for g, uuid in devices)
+        return tuple(
+            GpuAllocation(
+                uuid=g.uuid,
+                memory_limit_bytes=mem,
+                compute_milli=milli,
+                exclusive=not shape.shared,
+            )
+            for g, milli, mem in devices
+        )
+
+    @staticmethod
     def _link_of(node: _Node, devices: list, shape: Shape) -> tuple[str | None, str]:
         """(link class, why these GPUs) of one rank's devices, before they are reserved."""
-        if node.topo is None or not devices:
+        if node.topo is None or not devices or shape.mig is not None:
             return None, ""
         index = {id(g): i for i, g in enumerate(node.gpus)}
         chosen = 0
@@ -748,7 +836,13 @@ class PlacementEngine:
         for rank in placement.ranks:
             node = self.by_id[rank.node_id]
             uuids = {g.uuid: g for g in node.gpus}
-            devices = [(uuids[a.uuid], a.compute_milli, a.memory_limit_bytes) for a in rank.gpus]
+            mig = any(a.mig_device for a in rank.gpus)
+            devices = [
+                (uuids[a.uuid], a.mig_device)
+                if mig
+                else (uuids[a.uuid], a.compute_milli, a.memory_limit_bytes)
+                for a in rank.gpus
+            ]
             self._unreserve(
                 _Reservation(
                     node,
@@ -758,6 +852,7 @@ class PlacementEngine:
                     rank.owner,
                     rank.host_ports,
                     rank.mps,
+                    mig,
                 )
             )
 
@@ -771,6 +866,12 @@ class PlacementEngine:
                     compute_free_milli=g.milli_free,
                     memory_free_bytes=g.memory_free,
                     mps_owner=g.mps_owner,
+                    mig_devices=None
+                    if g0.mig_devices is None
+                    else tuple(
+                        replace(d, free=d.uuid in (g.mig_free or {}).get(d.profile, ()))
+                        for d in g0.mig_devices
+                    ),
                 )
                 for g0, g in zip(node.snap.gpus, node.gpus)
             )
@@ -835,6 +936,10 @@ class PlacementEngine:
                 "the owner's account does not resolve on this node, or the node has not looked "
                 "it up yet (its fleet runs tasks as their owners' own accounts: task_identity nss)"
             )
+        if shape.mig is not None:
+            verdict = self._mig_verdict(node, shape)
+            if verdict is not None:
+                return verdict
         if shape.gpu_count:
             models = set(node.model.split("|")) if node.model else set()
             if shape.gpu_types and not (models and models <= shape.gpu_types):
@@ -905,6 +1010,28 @@ class PlacementEngine:
                         f"node's best for {k} GPUs; the free ones reach {free}): the job requires "
                         "an aligned set (topology required)"
                     )
+        return None
+
+    @staticmethod
+    def _mig_verdict(node: _Node, shape: Shape):
+        """Why the node takes no rank of a MIG request (gpu type or too few free devices)."""
+        models = set(node.model.split("|")) if node.model else set()
+        if shape.gpu_types and not (models and models <= shape.gpu_types):
+            have = node.model or "no GPUs"
+            return (
+                STAGE_GPU_TYPE,
+                f"node has {have}, job accepts {', '.join(sorted(shape.gpu_types))}",
+            )
+        free = dict(node.mig_counts()).get(shape.mig or "", 0)
+        if free < shape.mig_count:
+            if not any(g.mig_free is not None for g in node.gpus):
+                return (
+                    STAGE_MIG,
+                    f"node has no GPU in MIG mode taking work, job asks for {shape.mig}",
+                )
+            return STAGE_MIG, (
+                f"{free} free MIG device(s) of profile {shape.mig}, job needs {shape.mig_count}"
+            )
         return None
 
     def _unschedulable(self, request: TaskRequest, placed: int, explain: bool) -> Unschedulable:

@@ -37,6 +37,16 @@ def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """A MIG device of a GPU: its uuid (MIG-...), its profile (fleetwire.mig) and whether a task
+    holds it."""
+
+    uuid: str
+    profile: str
+    free: bool = True
+
+
+@dataclass(frozen=True)
 class GpuSnapshot:
     """One GPU as the scheduler accounts for it (reservations, not measured use)."""
 
@@ -51,6 +61,9 @@ class GpuSnapshot:
     mps_owner: str | None = (
         None  # the owner whose MPS slices share it (MPS serves one uid per GPU at a time)
     )
+    # In MIG mode: the MIG devices that may take MIG work (none where its fleet's MIG mode is off);
+    # such a GPU is never given whole nor as a software slice. None: not in MIG mode.
+    mig_devices: tuple[MigSlice, ...] | None = None
 
     @property
     def free_memory(self) -> int:
@@ -221,6 +234,9 @@ class TaskRequest:
     # For a gang (num_nodes > 1): "preferred", its ranks go to the fewest network blocks, then the
     # fewest leaves (scheduler/network.py); "required", to one block, else the gang waits.
     same_block: str = TOPOLOGY_PREFERRED
+    # A MIG profile (fleetwire.mig, as "1g.10gb"): each rank takes `gpus` MIG devices of it, whole
+    # (hardware isolation: no software memory or compute limit), and never a GPU outside MIG mode.
+    mig: str | None = None
 
     def __post_init__(self):
         if self.num_nodes < 1:
@@ -239,10 +255,24 @@ class TaskRequest:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGY_MODES)}")
         if self.same_block not in TOPOLOGY_MODES:
             raise ValueError(f"same_block must be one of {', '.join(TOPOLOGY_MODES)}")
+        if self.mig is not None and self.gpus == 0:  # one MIG device unless it says how many
+            object.__setattr__(self, "gpus", 1)
+        if self.mig is not None and (
+            self.gpus < 1
+            or self.gpus != int(self.gpus)
+            or self.gpu_memory_bytes is not None
+            or self.gpu_compute_percent is not None
+        ):
+            raise ValueError(
+                "mig takes whole MIG devices: gpus is their number (1 or more), without "
+                "gpu_memory_bytes or gpu_compute_percent"
+            )
 
     @property
     def shared(self) -> bool:
         """True when each rank takes a slice of one GPU rather than whole GPUs."""
+        if self.mig is not None:
+            return False
         if 0 < self.gpus < 1:
             return True
         return self.gpus >= 1 and (
@@ -288,6 +318,8 @@ class GpuAllocation:
     memory_limit_bytes: int
     compute_milli: int
     exclusive: bool
+    # The MIG device of GPU `uuid` the rank holds (whole: no software limit applies), else None.
+    mig_device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +389,7 @@ STAGE_MPS = "mps"
 STAGE_SLICE_MEMORY = "slice_memory"
 STAGE_GANG = "gang"
 STAGE_NETWORK = "network"
+STAGE_MIG = "mig"
 STAGES = (
     STAGE_STATUS,
     STAGE_ISOLATION,
@@ -374,6 +407,7 @@ STAGES = (
     STAGE_SLICE_MEMORY,
     STAGE_MPS,
     STAGE_GPU_MEMORY,
+    STAGE_MIG,
     STAGE_GANG,
     STAGE_NETWORK,
 )
@@ -390,6 +424,7 @@ EXPLAINED_STAGES = frozenset(
         STAGE_SLICE_MEMORY,
         STAGE_TOPOLOGY,
         STAGE_NETWORK,
+        STAGE_MIG,
     }
 )
 

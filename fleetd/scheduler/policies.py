@@ -35,6 +35,10 @@ class Shape:
     gpu_types: frozenset = frozenset()
     # An aligned GPU set is required (whole GPUs, two or more; scheduler/topology.py).
     aligned: bool = False
+    # MIG devices of a profile, `mig_count` of them: the engine checks them itself; for policies
+    # the shape is CPU-only (gpu_count 0), as a MIG device leaves no share of a GPU to score.
+    mig: str | None = None
+    mig_count: int = 0
 
     @property
     def total_gpu_milli(self) -> int:

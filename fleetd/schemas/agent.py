@@ -6,6 +6,7 @@ from fleetd.names import LOGIN
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
 from fleetwire.heartbeat import MAX_ACCOUNTS, Heartbeat
+from fleetwire.mig import MAX_MIG_DEVICES, mig_devices_from_wire
 from fleetwire.registration import Registration
 
 MACHINE_ID = FullRegexp(
@@ -49,6 +50,31 @@ class GpuReportSchema(Schema):
             "description": "uncorrectable ECC errors since the driver loaded (null: not supported)"
         },
     )
+    mig_devices = fields.List(
+        fields.Dict(),
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(max=MAX_MIG_DEVICES), lambda value: _mig_devices(value)],
+        metadata={
+            "description": (
+                "with MIG enabled, its MIG devices: [{uuid, memory_total_bytes, profile, start, "
+                "size}] (fleetwire.mig.MigDevice)"
+            )
+        },
+    )
+
+    @post_load
+    def _no_mig_is_null(self, data, **kwargs):
+        """No MIG device reads as null, as a GPU row stores it."""
+        data["mig_devices"] = data.get("mig_devices") or None
+        return data
+
+
+def _mig_devices(value):
+    try:
+        mig_devices_from_wire(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from exc
 
 
 def _unique_uuids(gpus):

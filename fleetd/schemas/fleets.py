@@ -19,6 +19,7 @@ from fleetd.scheduler.network_file import TopologyFileError, parse_topology
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
+from fleetd.services.placement.mig import mig_setting, mig_setting_error
 from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
@@ -227,6 +228,30 @@ def TaskIdentity(**kw):
     )
 
 
+def _mig_valid(value):
+    error = mig_setting_error(value)
+    if error is not None:
+        raise ValidationError(error)
+
+
+def FleetMig(**kw):
+    """A fleet's MIG setting (`mig`), for create and update alike."""
+    return fields.Dict(
+        allow_none=True,
+        validate=_mig_valid,
+        metadata={
+            "description": (
+                "{mode: off | fixed, layout?: {<gpu model>: [profile, ...]}}: off, its GPUs in MIG "
+                "mode take no work; fixed, MIG work runs on the MIG devices they have, and with a "
+                "layout the validation gate fails a node whose MIG GPUs of a model listed have "
+                "other devices. null: fixed without a layout. dynamic is refused: not available "
+                "yet"
+            )
+        },
+        **kw,
+    )
+
+
 class FleetCreateSchema(Schema):
     name = fields.String(required=True, validate=FLEET_NAME)
     description = Text(max_length=2000, load_default="")
@@ -244,6 +269,7 @@ class FleetCreateSchema(Schema):
     output_cap_bytes = OutputCapBytes(load_default=DEFAULT_OUTPUT_CAP_BYTES)
     output_retention_days = OutputRetentionDays(load_default=DEFAULT_OUTPUT_RETENTION_DAYS)
     network_topology = NetworkTopology(load_default=None)
+    mig = FleetMig(load_default=None)
 
 
 class FleetUpdateSchema(Schema):
@@ -262,6 +288,7 @@ class FleetUpdateSchema(Schema):
     output_cap_bytes = OutputCapBytes()
     output_retention_days = OutputRetentionDays()
     network_topology = NetworkTopology()
+    mig = FleetMig()
 
 
 class FleetSchema(Schema):
@@ -291,6 +318,9 @@ class FleetSchema(Schema):
     output_cap_bytes = fields.Integer()
     output_retention_days = fields.Integer()
     network_topology = fields.String(allow_none=True)
+    mig = fields.Function(
+        mig_setting, metadata={"description": "the MIG setting in force: {mode, layout?}"}
+    )
 
 
 FleetPageSchema = page_schema(FleetSchema, "FleetPage")

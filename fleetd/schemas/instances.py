@@ -13,6 +13,7 @@ from fleetd.schemas.jobs import (
     ENV_NAME,
     MIN_GPU_FRACTION,
     GpuCount,
+    MigProfile,
     NodeSelectorSchema,
     Pids,
     TopologyMode,
@@ -79,6 +80,7 @@ class InstanceResourcesSchema(Schema):
     memory_bytes = Int(load_default=0)
     pids = Pids()
     topology = TopologyMode()
+    mig = MigProfile()
 
 
 class PortSchema(Schema):

@@ -25,6 +25,7 @@ from fleetd.specs import RETRY_ON, JobSpec
 from fleetwire import MAX_ASSIGNMENTS, MAX_FINISHES
 from fleetwire.assignment import MAX_TASK_PIDS, MIN_TASK_PIDS
 from fleetwire.finish import TaskFinish
+from fleetwire.mig import PROFILE_NAMES
 from fleetwire.output import (
     CHUNK_RAW_BYTES,
     MAX_AT_MS,
@@ -136,6 +137,21 @@ def TopologyMode():
     )
 
 
+def MigProfile():
+    """A MIG profile to run on (`resources.mig`), for jobs and instances alike."""
+    return fields.String(
+        validate=validate.OneOf(sorted(PROFILE_NAMES)),
+        load_default=None,
+        metadata={
+            "description": (
+                "a MIG profile such as 1g.10gb: each rank gets `gpus` MIG devices of it (1 by "
+                "default), whole, with hardware isolation; not with a fraction of a GPU, "
+                "gpu_memory_bytes or gpu_compute_percent"
+            )
+        },
+    )
+
+
 def Pids():
     """A task's pid limit (`resources.pids`), for jobs and instances alike."""
     return Int(
@@ -194,6 +210,7 @@ class ResourcesSchema(Schema):
     )
     pids = Pids()
     topology = TopologyMode()
+    mig = MigProfile()
 
 
 class NodeSelectorSchema(Schema):
@@ -313,6 +330,12 @@ class TaskStatusSchema(Schema):
     node_id = fields.Function(lambda t: t.node_id if _placed(t) else None)
     state = fields.String()
     gpus = fields.Function(lambda t: [g["uuid"] for g in t.gpus] if _placed(t) else [])
+    mig_devices = fields.Function(
+        lambda t: [g["mig_device"] for g in t.gpus if g.get("mig_device")] if _placed(t) else [],
+        metadata={
+            "description": "the MIG devices (MIG-...) it holds, for a job with resources.mig"
+        },
+    )
     run_as = _once_placed(
         "run_as",
         "who its process runs as on its node: {source: unix_user | dynamic | root, user, uid, gid}",
@@ -591,6 +614,12 @@ class AssignmentGpuSchema(Schema):
     uuid = fields.String()
     memory_limit_bytes = fields.Integer()
     compute_percent = fields.Float()
+    mig_device = fields.String(
+        metadata={
+            "description": "the MIG device (MIG-...) of this GPU the task runs on, whole: its "
+            "CUDA_VISIBLE_DEVICES names it, and no software limit applies"
+        }
+    )
 
 
 class AssignmentSchema(Schema):

@@ -32,6 +32,13 @@ class GpuSchema(Schema):
     )
     board_part_number = fields.String(allow_none=True)
     vbios = fields.String(allow_none=True)
+    mig_devices = fields.List(
+        fields.Dict(),
+        allow_none=True,
+        metadata={
+            "description": "with MIG enabled: [{uuid, memory_total_bytes, profile, start, size}]"
+        },
+    )
 
 
 class DrainSchema(Schema):

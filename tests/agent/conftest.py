@@ -26,7 +26,7 @@ from tests.support.workloads import Gate
 
 SHAPES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
 TEST_CGROUPS = "fleet-agent-tests"  # below the cgroup v2 mount: one parent per test agent below it
-SCENARIOS = ("h100_x8", "a100_mig_x2", "l4_x4", "gpu_lost", "no_driver")
+SCENARIOS = ("h100_x8", "a100_mig_x2", "h100_mig_x2", "l4_x4", "gpu_lost", "no_driver")
 
 
 def shape_path(name):

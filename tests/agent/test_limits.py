@@ -76,11 +76,12 @@ ESCAPE = (
 
 @pytest.fixture
 def host(tmp_path, fleetd, fake_nvml):
-    """A fake 4xL4 host: devices, workers, limits (no watchdog thread: tests poll) and a runner."""
+    """A fake 4xL4 host (or another fake NVML `shape`): devices, workers, limits (no watchdog
+    thread: tests poll) and a runner."""
     made = []
 
-    def make(cgroup_parent="", **settings):
-        path = fake_nvml.use("l4_x4")
+    def make(cgroup_parent="", shape="l4_x4", **settings):
+        path = fake_nvml.use(shape)
         devices = DeviceManager(f"fake:{path}", watch_xids=True)
         devices.discover()
         workers = Workers()

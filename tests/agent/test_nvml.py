@@ -7,6 +7,7 @@ import pytest
 from agent import fake_nvml as fake_module
 from agent.devices import DeviceManager
 from agent.nvml import Nvml, NvmlUnavailable, load_backend
+from fleetwire.mig import mig_devices_from_wire
 from tests.agent.conftest import SCENARIOS, rewrite_shape, shape_path, wait_until
 
 GiB = 2**30
@@ -39,6 +40,7 @@ def test_every_shape_yields_wire_entries_with_exactly_the_server_keys(fake_nvml,
         "vbios",
         "xids",
         "ecc_uncorrected",
+        "mig_devices",
     }
     for gpu in inventory.wire_gpus():
         assert set(gpu) == keys
@@ -69,6 +71,42 @@ def test_mig_host_reports_mig_mode_and_instances_and_null_for_unsupported_utiliz
     # NVMLError (NotSupported) on an optional reading degrades to None, the GPU stays healthy.
     assert all(d.utilization_percent is None and d.gpu.healthy for d in inventory.devices)
     assert inventory.devices[0].gpu.max_tflops == 311.9
+
+
+def test_mig_devices_go_on_the_wire_with_their_profile_and_placement(fake_nvml):
+    inventory = discover(fake_nvml.use("a100_mig_x2"))
+    first, second = inventory.wire_gpus()
+    assert [(d["profile"], d["start"], d["size"]) for d in first["mig_devices"]] == [
+        ("2g.10gb", 0, 2),
+        ("2g.10gb", 2, 2),
+        ("2g.10gb", 4, 2),
+    ]
+    assert second["mig_devices"] == [
+        {
+            "uuid": "MIG-7c1d2e3f-0000-4000-8000-000000000100",
+            "memory_total_bytes": 42144366592,
+            "profile": "7g.40gb",
+            "start": 0,
+            "size": 8,
+        }
+    ]
+    assert mig_devices_from_wire(first["mig_devices"])  # what fleetd's check accepts
+
+
+def test_an_h100_mig_host_names_its_profiles_from_the_h100_table(fake_nvml):
+    inventory = discover(fake_nvml.use("h100_mig_x2"))
+    first, second = inventory.wire_gpus()
+    assert [d["profile"] for d in first["mig_devices"]] == ["1g.10gb"] * 7
+    assert [d["start"] for d in first["mig_devices"]] == list(range(7))
+    assert [(d["profile"], d["start"]) for d in second["mig_devices"]] == [("3g.40gb", 4)]
+
+
+def test_a_mig_device_whose_gpu_instance_cannot_be_read_has_no_profile(fake_nvml):
+    path = fake_nvml.use("a100_mig_x2")
+    rewrite_shape(path, lambda shape: shape["gpus"][1]["mig_devices"][0].pop("start"))
+    second = discover(path).wire_gpus()[1]
+    assert second["mig_devices"][0]["profile"] is None
+    assert second["mig_devices"][0]["start"] is None
 
 
 def test_l4_host_without_mig_support_reports_null_mig_mode(fake_nvml):

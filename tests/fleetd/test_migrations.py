@@ -591,5 +591,30 @@ def test_0045_keeps_a_fleets_network_topology_watched_and_goes_down_cleanly(tmp_
         before = version()
         db.execute_sql("UPDATE fleet SET labels = '{}' WHERE name = 'f'")
         assert version() == before + 1  # the trigger still watches what it watched before
-    assert upgrade(db) == ["0045_fleet_network_topology"]
+    # going down from 0045 takes the later migrations down too; they come back up after it
+    assert upgrade(db)[0] == "0045_fleet_network_topology"
+    db.close()
+
+
+def test_0046_adds_mig_columns_the_inventory_watches_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/mig.db")
+    assert "0046_mig" in upgrade(db)
+    bind(db)
+
+    def version():
+        return db.execute_sql("SELECT version FROM inventory_version").fetchone()[0]
+
+    with database.connection_context():
+        Fleet.create(name="f", created_at=T0)
+        assert Fleet.get_by_id("f").mig is None
+        before = version()
+        Fleet.update(mig={"mode": "off"}).where(Fleet.name == "f").execute()
+        assert version() == before + 1  # placement reads it: the scheduler reads the fleets again
+        Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0046_mig")
+        assert "mig" not in {column.name for column in db.get_columns("fleet")}
+        assert "mig_devices" not in {column.name for column in db.get_columns("gpu")}
+        before = version()
+        db.execute_sql("UPDATE fleet SET labels = '{}' WHERE name = 'f'")
+        assert version() == before + 1  # the trigger still watches what it watched before
+    assert upgrade(db) == ["0046_mig"]
     db.close()

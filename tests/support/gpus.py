@@ -43,3 +43,25 @@ def topology_x3():
             }
         ],
     }
+
+
+def mig_gpu(index, profiles, model="NVIDIA A100-SXM4-80GB", mig_mode="enabled"):
+    """A MIG-enabled GPU report whose slices are `profiles` [(profile, start, size)...], with MIG
+    device uuids MIG-<index>-<slot>."""
+    return dict(
+        GPU_H100,
+        uuid=f"GPU-{index:08d}-0000-0000-0000-00000000a100",
+        index=index,
+        model=model,
+        mig_mode=mig_mode,
+        mig_devices=[
+            {
+                "uuid": f"MIG-{index:08d}-0000-4000-8000-{start:012d}",
+                "memory_total_bytes": 10 * 1024**3 * size,
+                "profile": profile,
+                "start": start,
+                "size": size,
+            }
+            for profile, start, size in profiles
+        ],
+    )

@@ -38,6 +38,7 @@ from fleetd.models import (
 from fleetd.services.accounting.periods import GPU, STORAGE, split_days
 from fleetd.services.accounting.volumes import flush_volumes
 from fleetd.sql import Statement, insert_row
+from fleetwire.mig import gpu_fraction
 
 BATCH = 500  # runs accounted per write transaction
 
@@ -260,6 +261,9 @@ def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):
     spec = job.spec or {}
     uuids = [g["uuid"] for g in gpus or [] if isinstance(g, dict) and g.get("uuid")]
     requested = (spec.get("resources") or {}).get("gpus") or 0
+    mig = (spec.get("resources") or {}).get("mig")
+    if mig and uuids:  # each MIG device is its profile's share of a GPU, never a whole one
+        requested = len(uuids) * gpu_fraction(mig)
     model = Gpu.select(Gpu.model).where(Gpu.uuid == uuids[0]).first() if uuids else None
     node = Node.select(Node.fleet).where(Node.id == node_id).first() if node_id else None
     instance = job.instance_id

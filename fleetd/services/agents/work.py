@@ -226,7 +226,11 @@ def assignment(task, job, fleet):
         env=dict(spec.env),
         workdir=spec.workdir or "",
         gpus=[
-            {k: v for k, v in g.items() if k in ("uuid", "memory_limit_bytes", "compute_percent")}
+            {
+                k: v
+                for k, v in g.items()
+                if k in ("uuid", "memory_limit_bytes", "compute_percent", "mig_device")
+            }
             for g in task.gpus
         ],
         isolation=spec.isolation

@@ -36,12 +36,13 @@ _COLUMN_OF = {
     column: Statement(
         lambda v, c=column: Fleet.select(getattr(Fleet, c)).where(Fleet.name == v("name"))
     )
-    for column in ("health_policy", "validation")
+    for column in ("health_policy", "validation", "mig")
 }
 
 
 def fleet_column(name, column):
-    """One setting of a fleet, `health_policy` or `validation` (None without a fleet or a value)."""
+    """One setting of a fleet, `health_policy`, `validation` or `mig` (None without a fleet or a
+    value)."""
     row = _COLUMN_OF[column].first(name=name) if name else None
     return getattr(row, column) if row is not None else None
 
@@ -132,6 +133,7 @@ def create_fleet(
     output_cap_bytes=DEFAULT_OUTPUT_CAP_BYTES,
     output_retention_days=DEFAULT_OUTPUT_RETENTION_DAYS,
     network_topology=None,
+    mig=None,
 ):
     """Create a fleet; Conflict if the name is taken. `health_policy`: see
     services.nodes.health_policy (None: defaults); the isolation rules and the task defaults: see
@@ -158,6 +160,7 @@ def create_fleet(
                 output_cap_bytes=output_cap_bytes,
                 output_retention_days=output_retention_days,
                 network_topology=network_topology,
+                mig=mig,
             )
     except peewee.IntegrityError:
         raise Conflict(f"fleet {name!r} already exists") from None
@@ -187,6 +190,7 @@ def update_fleet(rt, name, changes):
             "output_cap_bytes",
             "output_retention_days",
             "network_topology",
+            "mig",
         ):
             if field in changes:
                 setattr(fleet, field, changes[field])

@@ -21,6 +21,7 @@ GPU_FIELDS = (
     "serial",
     "board_part_number",
     "vbios",
+    "mig_devices",
 )
 
 

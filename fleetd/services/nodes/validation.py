@@ -19,6 +19,7 @@ from fleetd.errors import Conflict, NotFound
 from fleetd.models import Gpu, Node, NodeStatus, Task, Validation, new_id
 from fleetd.services.fleet_ops.fleets import fleet_column
 from fleetd.services.nodes import gpu_history
+from fleetd.services.nodes.mig_layout import mig_layout_checks
 from fleetd.services.notify.events import current_actor, record_event
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
@@ -310,7 +311,12 @@ def record_result(rt, node_id, validation_id, checks, system):
 
 
 def _server_checks(node_id):
-    """Checks fleetd adds to the agent's: no GPU of the node is marked for RMA."""
+    """Checks fleetd adds to the agent's: no GPU of the node is marked for RMA, and its MIG GPUs
+    have the fleet's MIG layout where it has one (services.nodes.mig_layout)."""
+    return _rma_checks(node_id) + mig_layout_checks(node_id)
+
+
+def _rma_checks(node_id):
     marked = gpu_history.rma_marked_on(node_id)
     if not marked:
         return [

@@ -7,6 +7,8 @@ from fleetd import scheduler
 def stored_allocation(gpu: scheduler.GpuAllocation) -> dict:
     """A GpuAllocation as stored on the task and sent in the Assignment."""
     out = {"uuid": gpu.uuid, "exclusive": gpu.exclusive, "compute_milli": gpu.compute_milli}
+    if gpu.mig_device is not None:  # whole, with hardware isolation: no limit to enforce
+        out["mig_device"] = gpu.mig_device
     if not gpu.exclusive:
         out["memory_limit_bytes"] = gpu.memory_limit_bytes
         out["compute_percent"] = gpu.compute_milli / 10

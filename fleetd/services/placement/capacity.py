@@ -387,6 +387,7 @@ def cluster_allocation(state, node_id=None):
             "workload": t.job.workload.as_dict(),
             "run_as": Task.run_as.python_value(t.run_as),
             "gpus": [{k: v for k, v in g.items()} for g in t.gpus],
+            "mig_devices": [g["mig_device"] for g in t.gpus if g.get("mig_device")],
             "link_class": t.link_class,
         }
         for t in state.tasks

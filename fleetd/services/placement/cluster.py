@@ -23,6 +23,7 @@ from fleetd.services.placement.inventory import (
     node_links,
     series_id,
 )
+from fleetd.services.placement.mig import mig_slices
 from fleetd.services.placement.network import node_place
 from fleetd.services.placement.terms import TermsCache
 from fleetd.sql import Statement
@@ -166,6 +167,7 @@ class ClusterState:
         for node in self.nodes if nodes is None else nodes:
             block = self.block(node)
             gpus = []
+            fleet = self.fleets.get(node.fleet_id)
             for gpu in self.gpus.get(node.id, ()):
                 h = held.get((node.id, gpu.uuid), (0, 0, False, ()))
                 gpus.append(
@@ -179,10 +181,10 @@ class ClusterState:
                         healthy=gpu.healthy,
                         exclusive=h[2],
                         mps_owner=self.mps_owners.get((node.id, gpu.uuid)),
+                        mig_devices=mig_slices(gpu.mig, fleet, node.id, held),
                     )
                 )
             cpu_used, mem_used, tasks = node_use.get(node.id, (0, 0, 0))
-            fleet = self.fleets.get(node.fleet_id)
             out.append(
                 scheduler.NodeSnapshot(
                     id=node.id,
@@ -244,7 +246,9 @@ class ClusterState:
             use[1] += req.memory_bytes
             use[2] += 1
             for alloc in task.gpus:
-                h = held.setdefault((task.node_id, alloc["uuid"]), [0, 0, False, []])
+                # A MIG device is held by its own uuid; its GPU, in MIG mode, takes no other work.
+                where = alloc.get("mig_device") or alloc["uuid"]
+                h = held.setdefault((task.node_id, where), [0, 0, False, []])
                 h[0] += alloc.get("compute_milli", scheduler.MILLI)
                 h[1] += alloc.get("memory_limit_bytes") or 0
                 h[2] = h[2] or alloc.get("exclusive", False)
@@ -312,6 +316,7 @@ class ClusterState:
                             memory_limit_bytes=g.get("memory_limit_bytes") or 0,
                             compute_milli=g.get("compute_milli", scheduler.MILLI),
                             exclusive=g.get("exclusive", False),
+                            mig_device=g.get("mig_device"),
                         )
                         for g in task.gpus
                     ),

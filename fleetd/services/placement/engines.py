@@ -18,6 +18,7 @@ import dataclasses
 
 from fleetd import scheduler, windows
 from fleetd.services.placement.inventory import changed_since
+from fleetd.services.placement.mig import mig_setting
 
 READY = "ready"
 
@@ -130,7 +131,9 @@ class Engines:
             # A fleet's rules change no node's row: its nodes are looked at while it has any (and,
             # being special then, once more after they are lifted).
             restricted = row is not None and (
-                row.require_isolation or list(row.allowed_images) != ["*"]
+                row.require_isolation
+                or list(row.allowed_images) != ["*"]
+                or mig_setting(row)["mode"] == "off"
             )
             if restricted or (availability and not windows.is_open(availability, state.now)):
                 special.update(n.id for n in nodes if n.id in ids)
@@ -152,6 +155,7 @@ class Engines:
                 node.container_runtime,
                 node.capabilities,
                 tuple(fleet.allowed_images) if fleet is not None else None,
+                mig_setting(fleet)["mode"],  # off: its GPUs' MIG devices take no work
                 tuple(state.inventory.gpus.get(node_id, ())),
             )
         block = state.block(node)

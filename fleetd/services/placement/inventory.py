@@ -8,6 +8,7 @@ import threading
 import time
 import typing
 
+from fleetd import scheduler
 from fleetd.db import database, writing
 from fleetd.models import (
     Fleet,
@@ -109,6 +110,8 @@ def _gpu_columns():
         Gpu.numa_node,
         Gpu.healthy,
         Gpu.health_reason,
+        Gpu.mig_mode,
+        Gpu.mig_devices,
     )
 
 
@@ -126,6 +129,9 @@ class GpuRow(typing.NamedTuple):
     numa_node: int | None
     healthy: bool
     health_reason: str
+    # In MIG mode, its MIG devices that have a profile (all free: tasks' holds are not in the
+    # inventory); None outside MIG mode
+    mig: tuple[scheduler.MigSlice, ...] | None = None
 
 
 _ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 shapes at most
@@ -275,9 +281,20 @@ def raw_rows(query):
 def _gpu_rows(rows):
     gpus: dict[str, list[GpuRow]] = {}
     for row in rows:
-        gpu = GpuRow(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7] or "")
+        gpu = GpuRow(
+            row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7] or "", _mig(row)
+        )
         gpus.setdefault(gpu.node_id, []).append(gpu)
     return gpus
+
+
+def _mig(row):
+    """A GPU row's MIG devices that fleetd can place (those with a profile), or None outside MIG
+    mode."""
+    if row[8] != "enabled":
+        return None
+    devices = Gpu.mig_devices.python_value(row[9]) or []
+    return tuple(scheduler.MigSlice(d["uuid"], d["profile"]) for d in devices if d.get("profile"))
 
 
 def _inventory(version, fleets, node_rows, gpu_rows):

@@ -21,7 +21,7 @@ def never_fits(inventory, request):
         selector.node_id,
         selector.container,
         selector.image,
-        request.gpu_count,
+        0 if request.mig else request.gpu_count,
         frozenset(request.gpu_types),
         request.cpu_milli,
         request.memory_bytes,
@@ -38,7 +38,9 @@ def never_fits(inventory, request):
 
 
 def _never_fits(inventory, request):
-    selector, need = request.node_selector, request.gpu_count
+    # MIG devices come and go with a GPU's layout: a MIG request is never ruled out here; the
+    # engine's "mig" stage says why it waits.
+    selector, need = request.node_selector, 0 if request.mig else request.gpu_count
     types = set(request.gpu_types)
     # Nodes its fleet (or its one node) holds; of those, with its labels; of those, able to run it
     # (a container runtime and an allowed image); of those, of its GPU types: which filter left

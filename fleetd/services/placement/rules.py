@@ -10,13 +10,17 @@ from fleetd.services.accounting.budget_state import blocked_teams
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.services.workloads.runs import end_task
 from fleetd.sql import Statement
+from fleetwire.mig import gpu_fraction
 
 _QUOTAS = Statement(lambda v: Quota.select())
 _GPU_TYPES = Statement(lambda v: GpuType.select())
 
 
 def gpus_of(request):
-    """GPUs a request holds in all, fractions included (what quotas count)."""
+    """GPUs a request holds in all, fractions included (what quotas count); a MIG device counts as
+    its profile's compute slices over 7."""
+    if request.mig is not None:
+        return request.num_nodes * request.gpu_count * gpu_fraction(request.mig)
     if request.shared:
         return request.num_nodes * request.gpu_milli / scheduler.MILLI
     return float(request.num_nodes * request.gpu_count)

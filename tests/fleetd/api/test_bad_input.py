@@ -159,6 +159,7 @@ def test_fleet_crud(api):
         "output_cap_bytes": 1 << 30,
         "output_retention_days": 30,
         "network_topology": None,
+        "mig": {"mode": "fixed"},
     }
     patched = api.patch("/api/v1/fleets/gpu-a", {"labels": {"zone": "eu-2"}}).get_json()
     assert patched["labels"] == {"zone": "eu-2"} and patched["description"] == "rack 1"
