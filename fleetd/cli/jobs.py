@@ -60,6 +60,20 @@ JOB_COLUMNS = [
     help="Host CPUs per node, reserved and enforced (default: no limit).",
 )
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Nodes (ranks) of a gang job.")
+@click.option(
+    "--mig",
+    help="A MIG profile, e.g. 1g.10gb: each rank takes --gpus slices of it (default 1).",
+)
+@click.option(
+    "--topology",
+    type=click.Choice(["preferred", "required"]),
+    help="Whether each rank's GPUs must be the best-linked set its node has (default: preferred).",
+)
+@click.option(
+    "--same-block",
+    type=click.Choice(["preferred", "required"]),
+    help="Whether a gang's nodes must share one network block (default: preferred).",
+)
 @click.option("--env", "env", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--fleet", "fleet_name", help="Run only on nodes of this fleet.")
 @click.option("--project", help="Its project's key (default: your default project).")
@@ -96,6 +110,9 @@ def job_submit(
     gpu_types,
     cpus,
     num_nodes,
+    mig,
+    topology,
+    same_block,
     env,
     fleet_name,
     project,
@@ -115,9 +132,17 @@ def job_submit(
     if name:
         spec["name"] = name
     resources = spec.setdefault("resources", {})
-    for key, value in (("gpus", gpus), ("gpu_memory_bytes", gpu_memory_bytes), ("cpus", cpus)):
+    for key, value in (
+        ("gpus", gpus),
+        ("gpu_memory_bytes", gpu_memory_bytes),
+        ("cpus", cpus),
+        ("mig", mig),
+        ("topology", topology),
+    ):
         if value is not None:
             resources[key] = value
+    if same_block:
+        spec.setdefault("network", {})["same_block"] = same_block
     if gpu_types:
         resources["gpu_types"] = list(gpu_types)
     if num_nodes:
