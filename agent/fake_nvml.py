@@ -33,6 +33,7 @@ the next ``nvmlInit``, as with the real library). Tests in the same process can 
 ``add_process``, ``inject_xid`` and ``update_gpu``.
 """
 
+import ctypes
 import json
 import os
 import queue
@@ -42,6 +43,7 @@ import time
 from types import SimpleNamespace
 
 from agent import fake_topology
+from fleetwire.mig import profile_at
 
 # Constants, with the values pynvml uses.
 NVML_FEATURE_DISABLED = 0
@@ -62,6 +64,12 @@ NVML_GPU_INSTANCE_PROFILE_3_SLICE = 0x2
 NVML_GPU_INSTANCE_PROFILE_4_SLICE = 0x3
 NVML_GPU_INSTANCE_PROFILE_7_SLICE = 0x4
 NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 = 0x9  # one compute slice with two memory slots
+NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0x0
+NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 0x1
+NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 0x2
+NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 0x3
+NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 0x4
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
 NVML_TOPOLOGY_INTERNAL = fake_topology.NVML_TOPOLOGY_INTERNAL
 NVML_TOPOLOGY_SINGLE = fake_topology.NVML_TOPOLOGY_SINGLE
 NVML_TOPOLOGY_MULTIPLE = fake_topology.NVML_TOPOLOGY_MULTIPLE
@@ -108,6 +116,8 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
 
 _ERROR_NAMES = {
@@ -123,6 +133,8 @@ _ERROR_NAMES = {
     NVML_ERROR_FUNCTION_NOT_FOUND: ("FunctionNotFound", "Function Not Found"),
     NVML_ERROR_GPU_IS_LOST: ("GpuIsLost", "GPU is lost"),
     NVML_ERROR_RESET_REQUIRED: ("ResetRequired", "GPU requires restart"),
+    NVML_ERROR_IN_USE: ("InUse", "In use by another client"),
+    NVML_ERROR_INSUFFICIENT_RESOURCES: ("InsufficientResources", "Insufficient resources"),
     NVML_ERROR_UNKNOWN: ("Unknown", "Unknown Error"),
 }
 
@@ -250,6 +262,11 @@ def _call(handle, function):
     if error:
         raise NVMLError(_ERROR_CODES[error])
     return gpu
+
+
+def _call_gpu(gpu, function):
+    """As _call, for a handle of a GPU instance or compute instance (of the GPU dict `gpu`)."""
+    return _call(_Handle(gpu.get("index", 0), gpu), function)
 
 
 def _optional(gpu, key):
@@ -598,17 +615,35 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
     return _Handle(index, gpu, mig=migs[index])
 
 
+# NVML_GPU_INSTANCE_PROFILE_* index -> (the profile's id on an A100 or H100, as nvidia-smi's
+# "Profile ID" shows it, compute slices, memory slots): an id is not its index.
+_GI_PROFILES = {
+    NVML_GPU_INSTANCE_PROFILE_1_SLICE: (19, 1, 1),
+    NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (15, 1, 2),
+    NVML_GPU_INSTANCE_PROFILE_2_SLICE: (14, 2, 2),
+    NVML_GPU_INSTANCE_PROFILE_3_SLICE: (9, 3, 4),
+    NVML_GPU_INSTANCE_PROFILE_4_SLICE: (5, 4, 4),
+    NVML_GPU_INSTANCE_PROFILE_7_SLICE: (0, 7, 8),
+}
+
+
 def _gpu_instance_profile(compute, size):
-    """NVML's GPU instance profile id of a plain profile of `compute` slices and `size` slots."""
-    if compute == 1 and size == 2:
-        return NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2
-    return {
-        1: NVML_GPU_INSTANCE_PROFILE_1_SLICE,
-        2: NVML_GPU_INSTANCE_PROFILE_2_SLICE,
-        3: NVML_GPU_INSTANCE_PROFILE_3_SLICE,
-        4: NVML_GPU_INSTANCE_PROFILE_4_SLICE,
-        7: NVML_GPU_INSTANCE_PROFILE_7_SLICE,
-    }[compute]
+    """The profile id of a plain GPU instance profile of `compute` slices and `size` slots."""
+    for profile_id, slices, slots in _GI_PROFILES.values():
+        if (slices, slots) == (compute, size):
+            return profile_id
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetGpuInstanceProfileInfo(device, profile, version=2):
+    """{id, sliceCount, memorySizeMB} of a GPU instance profile (an NVML_GPU_INSTANCE_PROFILE_*
+    index) on a GPU in MIG mode."""
+    gpu = _call(device, "nvmlDeviceGetGpuInstanceProfileInfo")
+    if gpu.get("mig_mode") != "enabled" or profile not in _GI_PROFILES:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    profile_id, slices, slots = _GI_PROFILES[profile]
+    memory_mb = gpu["memory_total_bytes"] // 8 * slots // 2**20
+    return SimpleNamespace(id=profile_id, sliceCount=slices, memorySizeMB=memory_mb)
 
 
 class _GpuInstance:
@@ -637,12 +672,93 @@ def nvmlDeviceGetGpuInstanceById(device, gpu_instance_id):
 
 def nvmlGpuInstanceGetInfo(gpu_instance):
     """{id, profileId, placement: {start, size}} as pynvml's c_nvmlGpuInstanceInfo_t reads."""
-    mig = gpu_instance.mig
+    mig, gpu = gpu_instance.mig, gpu_instance.gpu
+    made = gpu.get("mig_devices", []) + gpu.get("_pending_instances", [])  # with compute or not
     return SimpleNamespace(
-        id=gpu_instance.gpu["mig_devices"].index(mig) + 1,
+        id=made.index(mig) + 1,
         profileId=_gpu_instance_profile(int(mig["profile"].split("g.")[0]), mig["size"]),
         placement=SimpleNamespace(start=mig["start"], size=mig["size"]),
     )
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):  # noqa: N801 - pynvml's name
+    """A placement, as pynvml's ctypes structure of the same name."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+def nvmlDeviceCreateGpuInstanceWithPlacement(device, profileId, placement):  # noqa: N803
+    """A GPU instance of the profile `profileId` at `placement` (pynvml passes it by pointer);
+    NVML_ERROR_INSUFFICIENT_RESOURCES where it overlaps one that exists. It holds no MIG device
+    until a compute instance is made in it."""
+    gpu = _call(device, "nvmlDeviceCreateGpuInstanceWithPlacement")
+    place = getattr(placement, "_obj", placement)
+    start, size = int(place.start), int(place.size)
+    profile = next((p for p in _GI_PROFILES.values() if p[0] == profileId), None)
+    if gpu.get("mig_mode") != "enabled" or profile is None or profile[2] != size:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    with _lock:
+        taken = gpu.setdefault("mig_devices", []) + gpu.setdefault("_pending_instances", [])
+        if (
+            start < 0
+            or start + size > 8
+            or any(start < m["start"] + m["size"] and m["start"] < start + size for m in taken)
+        ):
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        name = profile_at(gpu["name"], profile[1], size, gpu["memory_total_bytes"])
+        instance = {"profile": name, "start": start, "size": size, "compute": profile[1]}
+        gpu["_pending_instances"].append(instance)
+    return _GpuInstance(gpu, instance)
+
+
+def nvmlGpuInstanceGetComputeInstanceProfileInfo(device, profile, engProfile, version=2):  # noqa: N803
+    """{id, sliceCount} of a compute instance profile of a GPU instance (`device` in pynvml)."""
+    _call_gpu(device.gpu, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+    slices = {0x0: 1, 0x1: 2, 0x2: 3, 0x3: 4, 0x4: 7}.get(profile)
+    if slices is None or slices > device.mig.get("compute", 0):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return SimpleNamespace(id=profile, sliceCount=slices)
+
+
+def nvmlGpuInstanceCreateComputeInstance(gpuInstance, profileId):  # noqa: N803
+    """A compute instance over the whole GPU instance: the MIG device appears (a new uuid)."""
+    gpu_instance = gpuInstance
+    gpu = _call_gpu(gpu_instance.gpu, "nvmlGpuInstanceCreateComputeInstance")
+    mig = gpu_instance.mig
+    with _lock:
+        if mig not in gpu.get("_pending_instances", []):
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)  # it has one already
+        gpu["_pending_instances"].remove(mig)
+        slots = mig["size"]
+        mig.update(
+            uuid=f"MIG-{gpu['uuid'][4:12]}-{mig['start']:04x}-4000-8000-{len(gpu['mig_devices']):012x}",
+            memory_total_bytes=gpu["memory_total_bytes"] // 8 * slots,
+        )
+        gpu["mig_devices"].append(mig)
+    return SimpleNamespace(gpu_instance=gpu_instance)
+
+
+def nvmlComputeInstanceDestroy(computeInstance):  # noqa: N803
+    """The compute instance goes, and its MIG device with it; its GPU instance stays."""
+    gpu_instance = computeInstance.gpu_instance
+    gpu = _call_gpu(gpu_instance.gpu, "nvmlComputeInstanceDestroy")
+    with _lock:
+        if gpu_instance.mig not in gpu.get("mig_devices", []):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu["mig_devices"].remove(gpu_instance.mig)
+        gpu.setdefault("_pending_instances", []).append(gpu_instance.mig)
+
+
+def nvmlGpuInstanceDestroy(gpuInstance):  # noqa: N803
+    """A GPU instance without a compute instance goes (NVML refuses one that still has one)."""
+    gpu_instance = gpuInstance
+    gpu = _call_gpu(gpu_instance.gpu, "nvmlGpuInstanceDestroy")
+    with _lock:
+        if gpu_instance.mig in gpu.get("mig_devices", []):
+            raise NVMLError(NVML_ERROR_IN_USE)
+        if gpu_instance.mig not in gpu.get("_pending_instances", []):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu["_pending_instances"].remove(gpu_instance.mig)
 
 
 # Topology and NVLink.

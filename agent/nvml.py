@@ -325,12 +325,21 @@ class Nvml:
         info = None if gi is None else self._optional("nvmlGpuInstanceGetInfo", gi)
         if info is None:
             return {}
-        slices = {
-            getattr(self.nv, f"NVML_GPU_INSTANCE_PROFILE_{name}", None): count
-            for name, count in _GPU_INSTANCE_SLICES
-        }
+        # info.profileId is the profile's id on this GPU (nvidia-smi's "Profile ID": 19 for an
+        # A100's 1g.5gb), not the NVML_GPU_INSTANCE_PROFILE_* index the table names: the GPU says
+        # which id each index has.
+        slices = {}
+        for name, count in _GPU_INSTANCE_SLICES:
+            index = getattr(self.nv, f"NVML_GPU_INSTANCE_PROFILE_{name}", None)
+            profile = (
+                None
+                if index is None
+                else self._optional("nvmlDeviceGetGpuInstanceProfileInfo", handle, index)
+            )
+            if profile is not None:
+                slices[int(profile.id)] = count
         return {
-            "compute": slices.get(info.profileId),
+            "compute": slices.get(int(info.profileId)),
             "start": int(info.placement.start),
             "size": int(info.placement.size),
         }
@@ -515,3 +524,64 @@ def start_xid_thread(nvml, handles, on_event):
     )
     thread.start()
     return thread, stop
+
+
+# Creating and destroying one GPU instance on a GPU whose MIG mode is already enabled (used by
+# scripts/gpu_mig_check.py). Nothing here enables or disables MIG mode: that takes a GPU reset.
+
+
+class CreatedInstance(typing.NamedTuple):
+    """A GPU instance create_gpu_instance made: NVML's handles of it and of its one compute
+    instance, and its id (nvidia-smi's GPU instance ID)."""
+
+    gpu_instance: typing.Any
+    compute_instance: typing.Any
+    id: int
+
+
+def create_gpu_instance(nvml, handle, profile, start, size):
+    """Create a GPU instance of NVML's GPU instance profile `profile` (the name after
+    NVML_GPU_INSTANCE_PROFILE_: "1_SLICE", "1_SLICE_REV2", ...) at the memory slots [start, start +
+    size), with one compute instance taking all its compute slices (engines shared). Raises
+    DeviceError with NVML's reason; a GPU instance whose compute instance could not be made is
+    destroyed before that."""
+    import ctypes  # pynvml takes the placement by pointer, as NVML does
+
+    nv = nvml.nv
+    profile_index = getattr(nv, f"NVML_GPU_INSTANCE_PROFILE_{profile}", None)
+    if profile_index is None:
+        raise DeviceError(f"this NVML library has no GPU instance profile {profile}")
+    info = nvml._required("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_index)
+    placement = nv.c_nvmlGpuInstancePlacement_t(start, size)
+    gpu_instance = nvml._required(
+        "nvmlDeviceCreateGpuInstanceWithPlacement", handle, info.id, ctypes.byref(placement)
+    )
+    try:
+        gi_id = int(nvml._required("nvmlGpuInstanceGetInfo", gpu_instance).id)
+        ci_index = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{info.sliceCount}_SLICE", None)
+        if ci_index is None:
+            raise DeviceError(f"this NVML library has no {info.sliceCount}-slice compute profile")
+        ci_info = nvml._required(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gpu_instance,
+            ci_index,
+            nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        )
+        compute_instance = nvml._required(
+            "nvmlGpuInstanceCreateComputeInstance", gpu_instance, ci_info.id
+        )
+    except BaseException:
+        try:
+            nvml._required("nvmlGpuInstanceDestroy", gpu_instance)
+        except DeviceError as exc:
+            log.warning("could not destroy the GPU instance just created: %s", exc)
+        raise
+    return CreatedInstance(gpu_instance, compute_instance, gi_id)
+
+
+def destroy_gpu_instance(nvml, instance):
+    """Destroy a GPU instance create_gpu_instance made: its compute instance first, then the GPU
+    instance. Raises DeviceError with NVML's reason."""
+    if instance.compute_instance is not None:
+        nvml._required("nvmlComputeInstanceDestroy", instance.compute_instance)
+    nvml._required("nvmlGpuInstanceDestroy", instance.gpu_instance)

@@ -290,3 +290,26 @@ def test_real_nvml_reports_what_nvidia_smi_reports():
         [d.gpu.uuid, d.gpu.model, str(d.gpu.memory_total_bytes // 2**20)] for d in inventory.devices
     ]
     assert got == expected
+
+
+def test_a_gpu_instance_made_and_destroyed_through_nvml_comes_and_goes_with_its_profile(fake_nvml):
+    from agent.nvml import DeviceError, create_gpu_instance, destroy_gpu_instance
+
+    nvml = Nvml(load_backend(f"fake:{fake_nvml.use('a100_mig_x2')}"))
+    nvml.open()
+    try:
+        handle = nvml.handle(0)  # three 2g.10gb at 0, 2 and 4: slots 6 and 7 free
+        made = create_gpu_instance(nvml, handle, "1_SLICE", 6, 1)
+        devices = nvml.properties(handle)["mig_devices"]
+        # Named by what the GPU says its profile id is (19), not by NVML's profile index (0).
+        assert [(d["compute"], d["start"], d["size"]) for d in devices][-1] == (1, 6, 1)
+        with pytest.raises(DeviceError):  # slot 6 is taken now: NVML refuses an overlap
+            create_gpu_instance(nvml, handle, "1_SLICE", 6, 1)
+        destroy_gpu_instance(nvml, made)
+        assert [(d["start"], d["size"]) for d in nvml.properties(handle)["mig_devices"]] == [
+            (0, 2),
+            (2, 2),
+            (4, 2),
+        ]
+    finally:
+        nvml.close()
