@@ -111,7 +111,7 @@ class StrictParser(FlaskParser):
     def load_json(self, req, schema):
         """The request's JSON body, or `missing` when it has none (or is not JSON)."""
         body = req.get_data(cache=True)
-        if not body.strip():
+        if not body:  # whitespace alone is not JSON: refused as any other text is
             return core.missing
         if not is_json_request(req):
             raise InvalidRequest(

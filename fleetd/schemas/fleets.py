@@ -3,7 +3,7 @@
 import re
 import zoneinfo
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from fleetd import windows
 from fleetd.models import (
@@ -19,8 +19,9 @@ from fleetd.scheduler.network_file import TopologyFileError, parse_topology
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
-from fleetd.services.placement.mig import mig_setting, mig_setting_error
+from fleetd.services.placement.mig import MAX_LAYOUT_MODELS, mig_setting, mig_setting_error
 from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
+from fleetwire.mig import PROFILE_NAME
 
 TIME_ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 
@@ -228,28 +229,49 @@ def TaskIdentity(**kw):
     )
 
 
-def _mig_valid(value):
-    error = mig_setting_error(value)
-    if error is not None:
-        raise ValidationError(error)
+class FleetMigSchema(Schema):
+    """A fleet's MIG setting (`mig`); what a document cannot say (a layout's profiles are the
+    model's, fit on one GPU together, and go with mode fixed) is checked after
+    (services/placement/mig.py)."""
+
+    mode = fields.String(
+        required=True,
+        validate=validate.OneOf(
+            ("off", "fixed"),
+            error="mig.mode must be off or fixed (dynamic MIG is not available yet)",
+        ),
+        metadata={
+            "description": (
+                "off: its GPUs in MIG mode take no work; fixed: MIG work runs on the MIG devices "
+                "they have (dynamic, repartitioning idle GPUs, is not available yet)"
+            )
+        },
+    )
+    layout = fields.Dict(
+        keys=fields.String(validate=validate.Length(min=1, max=255)),
+        values=fields.List(
+            fields.String(validate=FullRegexp(PROFILE_NAME.pattern, error="a MIG profile name")),
+            validate=validate.Length(min=1, max=7, error="a GPU holds 1 to 7 MIG devices"),
+        ),
+        validate=validate.Length(min=1, max=MAX_LAYOUT_MODELS),
+        metadata={
+            "description": (
+                "per GPU model as nodes report it, the profiles each of its GPUs must have: the "
+                "validation gate fails a node whose MIG GPUs of a listed model have other devices"
+            )
+        },
+    )
+
+    @validates_schema
+    def _whole(self, data, **_kwargs):
+        error = mig_setting_error(data)
+        if error is not None:
+            raise ValidationError(error)
 
 
 def FleetMig(**kw):
-    """A fleet's MIG setting (`mig`), for create and update alike."""
-    return fields.Dict(
-        allow_none=True,
-        validate=_mig_valid,
-        metadata={
-            "description": (
-                "{mode: off | fixed, layout?: {<gpu model>: [profile, ...]}}: off, its GPUs in MIG "
-                "mode take no work; fixed, MIG work runs on the MIG devices they have, and with a "
-                "layout the validation gate fails a node whose MIG GPUs of a model listed have "
-                "other devices. null: fixed without a layout. dynamic is refused: not available "
-                "yet"
-            )
-        },
-        **kw,
-    )
+    """A fleet's MIG setting (`mig`), for create and update alike; null: fixed without a layout."""
+    return fields.Nested(FleetMigSchema, allow_none=True, **kw)
 
 
 class FleetCreateSchema(Schema):

@@ -143,6 +143,16 @@ ALLOWED = [
     ),
     (
         "positive_data_acceptance",
+        r"(POST|PATCH) /api/v1/fleets(/\{name\})?",
+        r"mig\.layout|topology file",
+        "a MIG layout names GPU models fleetd has profile tables for, and profiles of that model "
+        "that fit on one GPU together, with mode fixed: NVIDIA's tables and a rule across fields, "
+        "not a document's (tests/fleetd/services/placement/test_fleet_mig.py); a network topology "
+        "file follows Slurm's topology.conf grammar, which no schema states (a wrong line is a 400 "
+        "naming it: tests/fleetd/scheduler/test_network_file.py)",
+    ),
+    (
+        "positive_data_acceptance",
         r"GET /api/v1/instances/\{instance_id\}/connection",
         r"declares several ports",
         "`port` may be left out only when the instance declares one port: which ports it declares "

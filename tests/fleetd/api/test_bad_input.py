@@ -397,6 +397,13 @@ def test_a_body_that_is_not_json_is_refused_even_where_the_body_is_optional(api)
     )
     _error(resp, 400, "invalid_request")
     assert api.call("POST", "/api/v1/admin/gc").status_code == 200  # no body at all: the defaults
+    # Whitespace alone is no JSON document either, and creates nothing.
+    api.create_fleet("gpu-a")
+    resp = api.call(
+        "POST", "/api/v1/fleets/gpu-a/join-tokens", data=b"\t", content_type="application/json"
+    )
+    assert _error(resp, 400, "invalid_request")["message"].startswith("the body is not valid JSON")
+    assert api.get("/api/v1/fleets/gpu-a/join-tokens").get_json()["items"] == []
 
 
 def test_a_nullable_nested_object_is_that_shape_or_null_in_the_document(api):
