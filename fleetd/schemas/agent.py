@@ -6,12 +6,44 @@ from fleetd.names import LOGIN
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
 from fleetd.schemas.nodes import DrainSchema
 from fleetwire.heartbeat import MAX_ACCOUNTS, Heartbeat
-from fleetwire.mig import MAX_MIG_DEVICES, mig_devices_from_wire
+from fleetwire.mig import (
+    MAX_MIG_DEVICES,
+    MEMORY_SLOTS,
+    MIG_UUID,
+    PROFILE_NAME,
+    mig_devices_from_wire,
+)
 from fleetwire.registration import Registration
+from fleetwire.topology import (
+    LINK_CLASSES,
+    MAX_NICS,
+    MAX_NVLINKS,
+    NIC_CLASSES,
+    NIC_KINDS,
+    NIC_NAME,
+    PCI_BUS_ID,
+    SELF_LINK,
+)
+from fleetwire.topology import (
+    MAX_GPUS as MAX_TOPOLOGY_GPUS,
+)
 
 MACHINE_ID = FullRegexp(
     r"^[A-Za-z0-9._:-]{1,128}$", error="letters, digits and ._:- only, at most 128"
 )
+
+
+class MigDeviceSchema(Schema):
+    """A MIG device as a GPU report lists it (fleetwire.mig.MigDevice checks it again, with the
+    rules across its fields and the list: start with size, slots not shared, uuids unique)."""
+
+    uuid = fields.String(required=True, validate=FullRegexp(MIG_UUID.pattern, error="MIG-<uuid>"))
+    memory_total_bytes = Int(allow_none=True, load_default=None)
+    profile = fields.String(
+        allow_none=True, load_default=None, validate=FullRegexp(PROFILE_NAME.pattern)
+    )
+    start = Int(allow_none=True, load_default=None, maximum=MEMORY_SLOTS - 1)
+    size = Int(allow_none=True, load_default=None, minimum=1, maximum=MEMORY_SLOTS)
 
 
 class GpuReportSchema(Schema):
@@ -51,7 +83,7 @@ class GpuReportSchema(Schema):
         },
     )
     mig_devices = fields.List(
-        fields.Dict(),
+        fields.Nested(MigDeviceSchema),
         load_default=None,
         allow_none=True,
         validate=[validate.Length(max=MAX_MIG_DEVICES), lambda value: _mig_devices(value)],
@@ -221,16 +253,60 @@ class InstanceSampleSchema(Schema):
     )
 
 
+class NicSchema(Schema):
+    name = fields.String(required=True, validate=FullRegexp(NIC_NAME.pattern))
+    kind = fields.String(required=True, validate=validate.OneOf(NIC_KINDS))
+    pci_bus_id = fields.String(required=True, validate=FullRegexp(PCI_BUS_ID.pattern))
+    links = fields.List(
+        fields.String(validate=validate.OneOf(NIC_CLASSES)),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_TOPOLOGY_GPUS),
+        metadata={"description": "its class to each GPU, in the order of the topology's gpus"},
+    )
+
+
+def _square(item, **kw):
+    return fields.List(
+        fields.List(item, validate=validate.Length(min=1, max=MAX_TOPOLOGY_GPUS)),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_TOPOLOGY_GPUS),
+        **kw,
+    )
+
+
+class TopologySchema(Schema):
+    """How a host's GPUs and NICs connect (docs/api.md, Topology). fleetwire.topology checks what
+    a document cannot state: the matrices square and symmetric over `gpus`, self on the diagonal
+    only, NVLinks counted exactly where a pair's class has them, the GPUs those reported."""
+
+    gpus = fields.List(
+        fields.String(validate=validate.Length(min=1, max=128)),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_TOPOLOGY_GPUS),
+    )
+    links = _square(
+        fields.String(validate=validate.OneOf((SELF_LINK, *LINK_CLASSES))),
+        metadata={"description": "links[i][j]: the best path between gpus[i] and gpus[j]"},
+    )
+    nvlink_count = _square(
+        Int(maximum=MAX_NVLINKS),
+        metadata={"description": "the NVLinks between each pair (to the NVSwitches for nvswitch)"},
+    )
+    nics = fields.List(
+        fields.Nested(NicSchema), load_default=list, validate=validate.Length(max=MAX_NICS)
+    )
+
+
 def topology_field(when=""):
     """A registration's or a heartbeat's `topology`."""
-    return fields.Dict(
+    return fields.Nested(
+        TopologySchema,
         load_default=None,
         allow_none=True,
         metadata={
             "description": (
-                "how the GPUs and NICs connect: {gpus: [uuid], links: [[class]], nvlink_count: "
-                "[[int]], nics: [{name, kind, pci_bus_id, links}]}, checked by "
-                f"fleetwire.topology (docs/api.md, Topology){when}"
+                "how the GPUs and NICs connect, checked by fleetwire.topology (docs/api.md, "
+                f"Topology){when}"
             )
         },
     )

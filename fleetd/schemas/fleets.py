@@ -248,16 +248,16 @@ class FleetMigSchema(Schema):
         },
     )
     layout = fields.Dict(
-        keys=fields.String(validate=validate.Length(min=1, max=255)),
+        keys=fields.String(),
         values=fields.List(
             fields.String(validate=FullRegexp(PROFILE_NAME.pattern, error="a MIG profile name")),
             validate=validate.Length(min=1, max=7, error="a GPU holds 1 to 7 MIG devices"),
         ),
-        validate=validate.Length(min=1, max=MAX_LAYOUT_MODELS),
         metadata={
             "description": (
-                "per GPU model as nodes report it, the profiles each of its GPUs must have: the "
-                "validation gate fails a node whose MIG GPUs of a listed model have other devices"
+                f"per GPU model as nodes report it (1 to {MAX_LAYOUT_MODELS} models), the "
+                "profiles each of its GPUs must have: the validation gate fails a node whose MIG "
+                "GPUs of a listed model have other devices"
             )
         },
     )

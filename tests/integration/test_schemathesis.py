@@ -67,7 +67,7 @@ ALLOWED = [
     (
         "positive_data_acceptance",
         r".*",
-        r"invalid label key|an environment variable name",
+        r"invalid label key|an environment variable name|a login",
         "the keys of a map (labels, env) follow a pattern; OpenAPI 3.0 cannot constrain keys "
         "(propertyNames came with 3.1), and a wrong key is refused 400 naming it",
     ),
@@ -150,6 +150,16 @@ ALLOWED = [
         "not a document's (tests/fleetd/services/placement/test_fleet_mig.py); a network topology "
         "file follows Slurm's topology.conf grammar, which no schema states (a wrong line is a 400 "
         "naming it: tests/fleetd/scheduler/test_network_file.py)",
+    ),
+    (
+        "positive_data_acceptance",
+        r"POST /api/v1/agent/(register|heartbeat)",
+        r"topology|mig_devices",
+        "a GPU topology is square and symmetric over the GPUs the same body reports, self on its "
+        "diagonal only, NVLinks counted exactly where a pair's class has them, and comes with "
+        "those gpus; a GPU's MIG devices have distinct uuids and share no memory slot, start with "
+        "size: rules across fields and items that OpenAPI 3.0 cannot state "
+        "(tests/fleetwire/test_topology.py, tests/fleetwire/test_mig.py)",
     ),
     (
         "positive_data_acceptance",
