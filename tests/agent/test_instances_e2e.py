@@ -64,12 +64,22 @@ def fleet(server_factory, admin, agent_factory):
 
 
 def wait_state(http, instance_id, state, timeout=60):
+    # A plain GET each look: a long poll answers with the state after the next change, so one sent
+    # while a crash loop is restarting (1 s, then 2 s) would skip past it.
     def check():
-        found = http("GET", f"/api/v1/instances/{instance_id}?wait_seconds=2", expect=200).json()
+        found = http("GET", f"/api/v1/instances/{instance_id}", expect=200).json()
         return found if found["state"] == state else None
 
+    def seen():
+        events = http("GET", f"/api/v1/instances/{instance_id}/events", expect=200).json()
+        return [(e["to_status"], e.get("reason")) for e in events["items"]]
+
     return wait_until(
-        check, timeout=timeout, interval=0.05, message=f"instance {instance_id} {state}"
+        check,
+        timeout=timeout,
+        interval=0.05,
+        message=f"instance {instance_id} {state}",
+        details=seen,
     )
 
 
