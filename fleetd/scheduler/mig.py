@@ -53,6 +53,8 @@ class MigGpu:
     blocked: bool = False  # a repartition failed here: the operator clears it first
     pending: bool = False  # a target was given and is not applied yet
     changed_at: float | None = None  # seconds (the caller's clock) of its last planned change
+    settle_seconds: float | None = None  # its fleet's settle time (None: the plan's)
+    fixed: bool = False  # not ours to change (a fleet with fixed MIG): its free slices count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +68,13 @@ class Placed:
 
 def repartitionable(gpu: MigGpu, now: float, settle_seconds: float) -> bool:
     """True when the planner may change this GPU's layout now."""
+    settle = settle_seconds if gpu.settle_seconds is None else gpu.settle_seconds
     return (
-        not gpu.blocked
+        not gpu.fixed
+        and not gpu.blocked
         and not gpu.pending
         and not any(s.busy or s.profile is None for s in gpu.slices)
-        and (gpu.changed_at is None or now - gpu.changed_at >= settle_seconds)
+        and (gpu.changed_at is None or now - gpu.changed_at >= settle)
         and bool(profiles_of(gpu.model, gpu.memory_total_bytes))
     )
 

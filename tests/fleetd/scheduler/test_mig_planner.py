@@ -74,11 +74,23 @@ def test_a_gpu_changed_within_the_settle_time_waits():
     assert later == {"g0": (Placed("7g.80gb", 0, 8),)}
 
 
-def test_blocked_pending_and_unknown_slices_are_left_alone():
+def test_a_gpu_settles_for_its_own_fleets_time():
+    gpu = sevens("g0", changed_at=NOW - 10, settle_seconds=5)
+    assert list(plan_layouts([gpu], {"7g.80gb": 1}, NOW, SETTLE)) == ["g0"]
+
+
+def test_blocked_pending_fixed_and_unknown_slices_are_left_alone():
     unknown = MigGpu("u", A100, slices=(SliceState(None),))
-    for gpu in (sevens("b", blocked=True), sevens("p", pending=True), unknown):
+    fixed = sevens("f", fixed=True)
+    for gpu in (sevens("b", blocked=True), sevens("p", pending=True), fixed, unknown):
         assert not repartitionable(gpu, NOW, SETTLE)
         assert plan_layouts([gpu], {"7g.80gb": 1}, NOW, SETTLE) == {}
+
+
+def test_free_slices_of_a_fixed_gpu_count_against_the_demand():
+    gpus = [sevens("f", fixed=True), MigGpu("empty", A100)]
+    assert plan_layouts(gpus, {"1g.10gb": 7}, NOW, SETTLE) == {}
+    assert list(plan_layouts(gpus, {"1g.10gb": 8}, NOW, SETTLE)) == ["empty"]
 
 
 def test_a_gpu_without_mig_profiles_gets_nothing():
