@@ -321,6 +321,7 @@ class GpuRecord(BaseModel):
     hostname: str | None
     healthy: bool | None
     health_reason: str | None
+    mig_blocked: str | None
     history: list
 
 
