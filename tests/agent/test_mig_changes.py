@@ -5,7 +5,8 @@ applied once and its result kept until sent."""
 import pytest
 
 from agent.devices import DeviceManager
-from agent.mig import MigChanges
+from agent.mig import MigChanges, held_mig_devices
+from agent.workers import Worker, Workers
 from fleetwire.mig import MigInstance, MigLayout
 
 
@@ -86,3 +87,10 @@ def test_a_layout_the_gpu_has_already_changes_nothing(devices):
     [event] = changes.events()
     assert event.ok and "already" in event.detail
     assert _gpu0(devices).mig_devices == was
+
+
+def test_the_devices_tasks_hold_are_those_of_the_workers_grants():
+    workers = Workers()
+    workers.add(Worker("t1", 1, gpus=[{"uuid": "GPU-a", "mig_device": "MIG-1"}, {"uuid": "GPU-b"}]))
+    workers.add(Worker("t2", 1, gpus=[{"uuid": "GPU-c", "mig_device": "MIG-2"}]))
+    assert held_mig_devices(workers, None) == {"MIG-1", "MIG-2"}

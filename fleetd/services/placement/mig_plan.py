@@ -104,7 +104,7 @@ def plan_mig(rt):
         if not any(s["mode"] == "dynamic" for s in settings.values()):
             return {"planned": 0, "expired": expired}
         fleet_of = {node.id: node.fleet_id for node in _NODE_FLEETS.rows()}
-        state = ClusterState(rt.terms, now)
+        state = ClusterState(rt.terms, now, inventory=rt.inventory.get())
         demand = state.queued_mig_demand()
         rows, gpus = {}, []
         for row in _MIG_GPUS.rows():
