@@ -47,10 +47,12 @@ from fleetd.scheduler import (  # noqa: E402
     TaskRequest,
 )
 from fleetd.scheduler.mig import MigGpu, SliceState, plan_layouts  # noqa: E402
+from fleetd.services.placement.mig import slice_profiles  # noqa: E402
 from fleetwire.mig import FAMILIES  # noqa: E402
 
 MODEL = "NVIDIA A100-SXM4-80GB"
 TABLE = FAMILIES["A100-80GB"]
+PROFILES = slice_profiles(MODEL)
 GIB = 1024**3
 GPUS_PER_NODE = 8
 # (kind, share of jobs): "whole" or a profile
@@ -185,8 +187,7 @@ def run(config: str, jobs: list[Job], args) -> dict:
             planned = [
                 MigGpu(
                     g.uuid,
-                    MODEL,
-                    80 * GIB,
+                    PROFILES,
                     slices=tuple(
                         SliceState(p, s, z, busy=u in g.holders)
                         for u, (p, s, z) in g.devices.items()

@@ -1,7 +1,9 @@
 """Dynamic MIG planning (issue 50): which idle GPUs in MIG mode to repartition, and to what.
 
 Pure: GPU states and the queue's demand for slices in, target layouts out; no database, no I/O,
-no clock (the caller passes `now`). The service (fleetd/services/placement/mig_plan.py) feeds it
+no clock (the caller passes `now`), and, like the rest of the scheduler, only the standard library:
+each GPU comes with its model's profile table (the caller reads fleetwire.mig's). The service
+(fleetd/services/placement/mig_plan.py) feeds it
 the GPUs in MIG mode of the nodes of fleets whose `mig.mode` is dynamic, and the agent applies
 what it returns (agent/mig.py).
 
@@ -10,8 +12,8 @@ as properties):
 - only a GPU whose every slice is idle (no task holds one), that is not blocked (an earlier
   repartition failed there), has no change pending, and was not repartitioned in the last
   `settle_seconds` may get a target; a busy slice is never touched;
-- every target is a layout the GPU's profile table allows (fleetwire.mig: each instance at one of
-  its profile's starts, no two sharing a memory slot, at most 7 compute slices);
+- every target is a layout the GPU's profile table allows (each instance at one of its profile's
+  starts, no two sharing a memory slot, at most 7 compute slices);
 - a GPU is repartitioned only when its new layout serves strictly more of the queued demand that
   the rest of the fleet leaves unmet than its present layout does (hysteresis: with no unmet
   demand nothing changes, and planning again after a plan is applied changes nothing);
@@ -28,7 +30,23 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from fleetwire.mig import COMPUTE_SLICES, Profile, place, profiles_of, valid_placement
+COMPUTE_SLICES = 7  # of a whole MIG-capable GPU
+MEMORY_SLOTS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceProfile:
+    """One MIG profile of a GPU's table: `compute` slices and `size` memory slots from one of its
+    `starts` (NVIDIA's placements; fleetwire.mig.Profile holds the same)."""
+
+    name: str
+    compute: int
+    size: int
+    starts: tuple[int, ...]
+
+    def mask(self, start: int) -> int:
+        """The memory slots an instance at `start` takes, as a bit mask."""
+        return ((1 << self.size) - 1) << start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +65,7 @@ class MigGpu:
     """A GPU in MIG mode as the planner sees it."""
 
     uuid: str
-    model: str
-    memory_total_bytes: int | None = None
+    profiles: tuple[SliceProfile, ...]  # its model's table; (): a model without MIG
     slices: tuple[SliceState, ...] = ()
     blocked: bool = False  # a repartition failed here: the operator clears it first
     pending: bool = False  # a target was given and is not applied yet
@@ -75,8 +92,13 @@ def repartitionable(gpu: MigGpu, now: float, settle_seconds: float) -> bool:
         and not gpu.pending
         and not any(s.busy or s.profile is None for s in gpu.slices)
         and (gpu.changed_at is None or now - gpu.changed_at >= settle)
-        and bool(profiles_of(gpu.model, gpu.memory_total_bytes))
+        and bool(gpu.profiles)
     )
+
+
+def table(gpu: MigGpu) -> dict[str, SliceProfile]:
+    """A GPU's profiles by name."""
+    return {p.name: p for p in gpu.profiles}
 
 
 def _served(counts: Mapping[str, int], unmet: Mapping[str, int]) -> int:
@@ -84,55 +106,50 @@ def _served(counts: Mapping[str, int], unmet: Mapping[str, int]) -> int:
     return sum(min(n, unmet.get(p, 0)) for p, n in counts.items())
 
 
-def pack(table: Mapping[str, Profile], unmet: Mapping[str, int]) -> tuple[Placed, ...]:
+def pack(profiles: Mapping[str, SliceProfile], unmet: Mapping[str, int]) -> tuple[Placed, ...]:
     """A layout for one GPU that serves as much of `unmet` as fits: the wanted instances largest
     first (as mig-parted orders them), each at its lowest free start; what room is left goes to
     the smallest wanted profile that still fits. () when this GPU's table offers none of them."""
     wanted = sorted(
-        (table[name] for name, count in unmet.items() if name in table for _ in range(count)),
+        (profiles[name] for name, count in unmet.items() if name in profiles for _ in range(count)),
         key=lambda p: (-p.size, -p.compute, p.name),
     )
-    in_use: list[tuple[int, int]] = []
+    used, compute = 0, 0
     out: list[Placed] = []
-    compute = 0
 
-    def add(profile: Profile) -> bool:
-        nonlocal compute
-        start = place(profile, in_use, compute)
-        if start is None:
+    def add(profile: SliceProfile) -> bool:
+        nonlocal used, compute
+        if len(out) >= COMPUTE_SLICES or compute + profile.compute > COMPUTE_SLICES:
             return False
-        in_use.append((start, profile.size))
-        out.append(Placed(profile.name, start, profile.size))
-        compute += profile.compute
-        return True
+        for start in profile.starts:
+            if start + profile.size <= MEMORY_SLOTS and not used & profile.mask(start):
+                used |= profile.mask(start)
+                compute += profile.compute
+                out.append(Placed(profile.name, start, profile.size))
+                return True
+        return False
 
     for profile in wanted:
-        if len(out) >= COMPUTE_SLICES:
-            break
         add(profile)
     if out:
         smallest = sorted({p.name: p for p in wanted}.values(), key=lambda p: (p.size, p.compute))
         for profile in smallest:
-            while len(out) < COMPUTE_SLICES and add(profile):
+            while add(profile):
                 pass
     return tuple(sorted(out, key=lambda p: p.start))
 
 
-def layout_valid(
-    model: str, layout: Iterable[Placed], memory_total_bytes: int | None = None
-) -> bool:
-    """True when every instance is a placement its profile allows on this model, no two share a
+def layout_valid(profiles: Mapping[str, SliceProfile], layout: Iterable[Placed]) -> bool:
+    """True when every instance is a placement its profile allows in this table, no two share a
     memory slot and their compute slices add up to at most 7."""
-    table = profiles_of(model, memory_total_bytes)
     used, compute, count = 0, 0, 0
     for placed in layout:
-        profile = table.get(placed.profile)
-        if profile is None or not valid_placement(profile, placed.start, placed.size):
+        profile = profiles.get(placed.profile)
+        if profile is None or placed.size != profile.size or placed.start not in profile.starts:
             return False
-        mask = ((1 << placed.size) - 1) << placed.start
-        if used & mask:
+        if used & profile.mask(placed.start):
             return False
-        used |= mask
+        used |= profile.mask(placed.start)
         compute += profile.compute
         count += 1
     return compute <= COMPUTE_SLICES and count <= COMPUTE_SLICES
@@ -172,7 +189,7 @@ def plan_layouts(
             break
         kept = present(gpu)
         full = max_changes is not None and len(targets) >= max_changes
-        layout = () if full else pack(profiles_of(gpu.model, gpu.memory_total_bytes), +unmet)
+        layout = () if full else pack(table(gpu), +unmet)
         new = Counter(p.profile for p in layout)
         if layout and _served(new, unmet) > _served(kept, unmet):
             targets[gpu.uuid] = layout

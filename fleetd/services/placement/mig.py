@@ -8,7 +8,10 @@ repartition an idle GPU to the profiles the queue needs (services/placement/mig_
 within `settle_seconds`. None (not set) is fixed without a layout.
 """
 
+import functools
+
 from fleetd import scheduler
+from fleetd.scheduler.mig import SliceProfile
 from fleetwire.mig import layout_fits, profiles_of, valid_placement
 
 MIG_MODES = ("off", "fixed", "dynamic")
@@ -115,6 +118,15 @@ def table_mismatches(gpus):
         if wrong:
             out.append((gpu, f"MIG devices not in its profile table: {', '.join(wrong)}"))
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def slice_profiles(model, memory_total_bytes=None):
+    """A GPU model's MIG profile table as the dynamic MIG planner takes it (fleetwire.mig's)."""
+    return tuple(
+        SliceProfile(p.name, p.compute, p.size, p.starts)
+        for p in profiles_of(model, memory_total_bytes).values()
+    )
 
 
 def mig_setting(fleet) -> dict:

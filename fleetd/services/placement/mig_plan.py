@@ -21,7 +21,12 @@ from fleetd.models import Fleet, Gpu, Node, NodeStatus, new_id
 from fleetd.scheduler.mig import MigGpu, SliceState, plan_layouts
 from fleetd.services.notify.events import FLEETD, acting_as, record_event
 from fleetd.services.placement.cluster import ClusterState
-from fleetd.services.placement.mig import DEFAULT_MIG, mig_setting, settle_seconds
+from fleetd.services.placement.mig import (
+    DEFAULT_MIG,
+    mig_setting,
+    settle_seconds,
+    slice_profiles,
+)
 from fleetd.sql import Statement
 from fleetwire.mig import MigInstance, MigLayout
 
@@ -73,8 +78,7 @@ def _planner_gpu(row, setting, held):
     dynamic = setting["mode"] == "dynamic"
     return MigGpu(
         uuid=str(row.id),
-        model=row.model,
-        memory_total_bytes=row.memory_total_bytes,
+        profiles=slice_profiles(row.model, row.memory_total_bytes),
         slices=tuple(
             SliceState(
                 d.get("profile"),

@@ -9,16 +9,27 @@ from hypothesis import strategies as st
 from fleetd.scheduler.mig import (
     MigGpu,
     Placed,
+    SliceProfile,
     SliceState,
     layout_valid,
     pack,
     plan_layouts,
     repartitionable,
+    table,
 )
-from fleetwire.mig import FAMILIES, profiles_of
+from fleetwire.mig import FAMILIES, layout_fits, profiles_of
 
-A100 = "NVIDIA A100-SXM4-80GB"
-H100 = "NVIDIA H100 80GB HBM3"
+
+def profiles(model):
+    """A model's table as the planner takes it (fleetwire.mig's, as the service passes it)."""
+    return tuple(
+        SliceProfile(p.name, p.compute, p.size, p.starts) for p in profiles_of(model).values()
+    )
+
+
+A100 = profiles("NVIDIA A100-SXM4-80GB")
+A100_40 = profiles("NVIDIA A100-SXM4-40GB")
+H100 = profiles("NVIDIA H100 80GB HBM3")
 NOW = 10_000.0
 SETTLE = 300.0
 
@@ -94,7 +105,7 @@ def test_free_slices_of_a_fixed_gpu_count_against_the_demand():
 
 
 def test_a_gpu_without_mig_profiles_gets_nothing():
-    gpu = MigGpu("l4", "NVIDIA L4")
+    gpu = MigGpu("l4", ())
     assert plan_layouts([gpu], {"1g.10gb": 1}, NOW, SETTLE) == {}
 
 
@@ -104,26 +115,34 @@ def test_at_most_max_changes_gpus_change_in_one_plan():
 
 
 def test_a_family_gets_only_its_own_profiles():
-    targets = plan_layouts(
-        [MigGpu("a40", "NVIDIA A100-SXM4-40GB"), MigGpu("h", H100)], {"1g.5gb": 2}, NOW, SETTLE
-    )
+    targets = plan_layouts([MigGpu("a40", A100_40), MigGpu("h", H100)], {"1g.5gb": 2}, NOW, SETTLE)
     assert list(targets) == ["a40"]
 
 
 def test_pack_fills_the_room_left_with_the_smallest_wanted_profile():
-    layout = pack(profiles_of(A100), {"3g.40gb": 1, "1g.10gb": 1})
+    table_ = {p.name: p for p in A100}
+    layout = pack(table_, {"3g.40gb": 1, "1g.10gb": 1})
     assert [p.profile for p in layout] == ["3g.40gb"] + ["1g.10gb"] * 3
-    assert layout_valid(A100, layout)
+    assert layout_valid(table_, layout)
 
 
 def test_layout_valid_refuses_overlaps_and_wrong_starts():
-    assert not layout_valid(A100, layout_of(("3g.40gb", 0), ("1g.10gb", 2)))
-    assert not layout_valid(A100, (Placed("3g.40gb", 2, 4),))
-    assert not layout_valid(A100, (Placed("1g.5gb", 0, 1),))  # an A100 40GB profile
+    table_ = {p.name: p for p in A100}
+    assert not layout_valid(table_, layout_of(("3g.40gb", 0), ("1g.10gb", 2)))
+    assert not layout_valid(table_, (Placed("3g.40gb", 2, 4),))
+    assert not layout_valid(table_, (Placed("1g.5gb", 0, 1),))  # an A100 40GB profile
+
+
+def test_the_planners_layouts_fit_fleetwires_own_check():
+    """The planner's placement and fleetwire.mig's (which the API and the agent use) agree."""
+    for profile in A100:
+        layout = pack({p.name: p for p in A100}, {profile.name: 7})
+        assert layout_fits("NVIDIA A100-SXM4-80GB", [p.profile for p in layout])
 
 
 # Properties: any fleet of A100 / H100 GPUs in any state, any demand.
 PROFILES = sorted(FAMILIES["A100-80GB"])
+MODELS = {A100: "NVIDIA A100-SXM4-80GB", H100: "NVIDIA H100 80GB HBM3"}
 
 
 @st.composite
@@ -132,7 +151,7 @@ def gpus_and_demand(draw):
     for i in range(draw(st.integers(0, 6))):
         model = draw(st.sampled_from([A100, H100]))
         names = draw(st.lists(st.sampled_from(PROFILES), max_size=7))
-        layout = pack(profiles_of(model), Counter(names))
+        layout = pack({p.name: p for p in model}, Counter(names))
         slices = tuple(
             SliceState(p.profile, p.start, p.size, busy=draw(st.booleans())) for p in layout
         )
@@ -158,7 +177,8 @@ def test_every_target_fits_the_table_and_touches_no_busy_gpu(case, max_changes):
     by_id = {g.uuid: g for g in gpus}
     for uuid, layout in targets.items():
         gpu = by_id[uuid]
-        assert layout and layout_valid(gpu.model, layout)
+        assert layout and layout_valid(table(gpu), layout)
+        assert layout_fits(MODELS[gpu.profiles], [p.profile for p in layout])
         assert not any(s.busy for s in gpu.slices)
         assert not gpu.blocked and not gpu.pending
         assert gpu.changed_at is None or NOW - gpu.changed_at >= SETTLE
@@ -170,12 +190,12 @@ def test_every_target_fits_the_table_and_touches_no_busy_gpu(case, max_changes):
 @given(gpus_and_demand())
 def test_planning_again_after_a_plan_is_applied_changes_nothing(case):
     gpus, demand = case
-    gpus = [MigGpu(g.uuid, g.model, slices=g.slices, blocked=g.blocked) for g in gpus]
+    gpus = [MigGpu(g.uuid, g.profiles, slices=g.slices, blocked=g.blocked) for g in gpus]
     targets = plan_layouts(gpus, demand, NOW, 0)
     applied = [
         MigGpu(
             g.uuid,
-            g.model,
+            g.profiles,
             slices=tuple(SliceState(p.profile, p.start, p.size) for p in targets[g.uuid]),
             blocked=g.blocked,
         )
