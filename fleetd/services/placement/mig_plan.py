@@ -15,10 +15,12 @@ handed to their nodes on the heartbeat answer, and what the agents make of them.
 """
 
 import datetime as dt
+import typing
+from collections import Counter
 
 from fleetd.db import write_transaction
 from fleetd.models import Fleet, Gpu, Node, NodeStatus, new_id
-from fleetd.scheduler.mig import MigGpu, SliceState, plan_layouts
+from fleetd.scheduler.mig import MigGpu, Placed, SliceState, plan_layouts
 from fleetd.services.notify.events import FLEETD, acting_as, record_event
 from fleetd.services.placement.cluster import ClusterState
 from fleetd.services.placement.mig import (
@@ -74,12 +76,15 @@ def _seconds(when):
 
 
 def _planner_gpu(row, setting, held):
-    """A Gpu row as the planner sees it; `setting` is its fleet's MIG setting."""
+    """A Gpu row as the planner sees it; `setting` is its fleet's MIG setting. A GPU with a target
+    pending has the target's slices (idle): those are what it will offer."""
     dynamic = setting["mode"] == "dynamic"
-    return MigGpu(
-        uuid=str(row.id),
-        profiles=slice_profiles(row.model, row.memory_total_bytes),
-        slices=tuple(
+    if row.mig_target is not None:
+        slices = tuple(
+            SliceState(i["profile"], i["start"], i["size"]) for i in row.mig_target["instances"]
+        )
+    else:
+        slices = tuple(
             SliceState(
                 d.get("profile"),
                 d.get("start"),
@@ -87,7 +92,11 @@ def _planner_gpu(row, setting, held):
                 busy=(row.node_id, d.get("uuid")) in held,
             )
             for d in row.mig_devices or ()
-        ),
+        )
+    return MigGpu(
+        uuid=str(row.id),
+        profiles=slice_profiles(row.model, row.memory_total_bytes),
+        slices=slices,
         blocked=bool(row.mig_blocked),
         pending=row.mig_target is not None,
         changed_at=None if row.mig_changed_at is None else _seconds(row.mig_changed_at),
@@ -96,9 +105,33 @@ def _planner_gpu(row, setting, held):
     )
 
 
+def _offered(gpus, targets):
+    """{profile: idle slices} the GPUs offer once `targets` are applied (blocked GPUs: none)."""
+    out: Counter[str] = Counter()
+    for gpu in gpus:
+        if gpu.uuid in targets:
+            out.update(p.profile for p in targets[gpu.uuid])
+        elif not gpu.blocked:
+            out.update(s.profile for s in gpu.slices if not s.busy and s.profile is not None)
+    return out
+
+
+def _serve(offered, pinned, anywhere):
+    """Take `offered` slices off the fleet's own demand first, then off the jobs naming no fleet
+    (in place)."""
+    for profile, count in offered.items():
+        own = min(count, pinned.get(profile, 0))
+        pinned[profile] = pinned.get(profile, 0) - own
+        anywhere[profile] = max(0, anywhere.get(profile, 0) - (count - own))
+
+
 def plan_mig(rt):
     """One planning run: targets for idle GPUs of dynamic fleets where the queue wants other
-    slices, and a block for targets no agent answered in time. Returns {planned, expired}."""
+    slices, and a block for targets no agent answered in time. Returns {planned, expired}.
+
+    A job that names a fleet counts only there. The slices fixed fleets offer are taken off the
+    demand first; then each dynamic fleet, by name, is planned for its own jobs and those naming
+    no fleet that are still unmet, and what it will offer is taken off them."""
     if not rt.leader.leading():
         return {"planned": 0, "expired": 0, "skipped": "this replica does not lead"}
     with rt.pass_lock, acting_as(FLEETD):
@@ -110,13 +143,29 @@ def plan_mig(rt):
         fleet_of = {node.id: node.fleet_id for node in _NODE_FLEETS.rows()}
         state = ClusterState(rt.terms, now, inventory=rt.inventory.get())
         demand = state.queued_mig_demand()
-        rows, gpus = {}, []
+        rows: dict[str, typing.Any] = {}
+        by_fleet: dict[str, list[MigGpu]] = {}
         for row in _MIG_GPUS.rows():
-            setting = settings.get(fleet_of.get(row.node_id) or "") or DEFAULT_MIG
+            fleet = fleet_of.get(row.node_id) or ""
+            setting = settings.get(fleet) or DEFAULT_MIG
             if setting["mode"] != "off":  # the slices of a fleet with MIG off take no work
                 rows[str(row.id)] = row
-                gpus.append(_planner_gpu(row, setting, state.held))
-        targets = plan_layouts(gpus, demand, _seconds(now), 0, MAX_CHANGES) if demand else {}
+                by_fleet.setdefault(fleet, []).append(_planner_gpu(row, setting, state.held))
+        anywhere = dict(demand.get(None, {}))
+        dynamic = sorted(f for f in by_fleet if (settings.get(f) or {}).get("mode") == "dynamic")
+        for fleet in sorted(set(by_fleet) - set(dynamic)):
+            _serve(_offered(by_fleet[fleet], {}), dict(demand.get(fleet, {})), anywhere)
+        targets: dict[str, tuple[Placed, ...]] = {}
+        for fleet in dynamic:
+            pinned = dict(demand.get(fleet, {}))
+            wanted = Counter(pinned) + Counter(anywhere)
+            if not wanted:
+                continue
+            planned = plan_layouts(
+                by_fleet[fleet], wanted, _seconds(now), 0, MAX_CHANGES - len(targets)
+            )
+            targets.update(planned)
+            _serve(_offered(by_fleet[fleet], planned), pinned, anywhere)
         if targets:
             with write_transaction():
                 for key, layout in targets.items():

@@ -146,3 +146,47 @@ def test_a_fixed_fleet_is_never_repartitioned(api):
     node_id, session = _node(api, [mig_gpu(0, SEVEN)], {"mode": "fixed"})
     api.submit(name="big", resources={"mig": "7g.80gb"})
     assert api.run_task("mig_planning")["planned"] == 0
+
+
+def test_a_pending_target_counts_as_the_slices_it_will_offer(api):
+    gpus = [mig_gpu(0, SEVEN), mig_gpu(1, SEVEN)]
+    node_id, session = _node(api, gpus)
+    api.submit(name="big", resources={"mig": "7g.80gb"})
+    assert api.run_task("mig_planning")["planned"] == 1
+    # The agent has not answered yet: the same demand repartitions no second GPU.
+    assert api.run_task("mig_planning")["planned"] == 0
+    api.submit(name="big-2", resources={"mig": "7g.80gb"})
+    assert api.run_task("mig_planning")["planned"] == 1
+
+
+def test_a_job_naming_a_fleet_repartitions_only_that_fleets_gpus(api):
+    api.create_fleet("dyn-a", mig={"mode": "dynamic"})
+    api.create_fleet("dyn-b", mig={"mode": "dynamic"})
+    nodes = {}
+    for fleet in ("dyn-a", "dyn-b"):
+        gpus = [mig_gpu(0, SEVEN)]
+        reg = api.register(
+            api.create_join_token(fleet), machine_id=fleet, hostname=fleet, gpus=gpus
+        )
+        api.heartbeat(reg["session_token"], gpus=gpus)
+        nodes[fleet] = reg
+    api.submit(name="big", resources={"mig": "7g.80gb"}, node_selector={"fleet": "dyn-b"})
+    assert api.run_task("mig_planning")["planned"] == 1
+    assert "mig_layouts" not in api.heartbeat(nodes["dyn-a"]["session_token"])
+    assert len(api.heartbeat(nodes["dyn-b"]["session_token"])["mig_layouts"]) == 1
+
+
+def test_a_job_naming_no_fleet_repartitions_one_gpu_across_dynamic_fleets(api):
+    sessions = {}
+    for fleet in ("dyn-a", "dyn-b"):
+        api.create_fleet(fleet, mig={"mode": "dynamic"})
+        gpus = [mig_gpu(0, SEVEN)]
+        reg = api.register(
+            api.create_join_token(fleet), machine_id=fleet, hostname=fleet, gpus=gpus
+        )
+        api.heartbeat(reg["session_token"], gpus=gpus)
+        sessions[fleet] = reg["session_token"]
+    api.submit(name="big", resources={"mig": "7g.80gb"})
+    assert api.run_task("mig_planning")["planned"] == 1
+    told = [len(api.heartbeat(s).get("mig_layouts", [])) for s in sessions.values()]
+    assert sorted(told) == [0, 1]
