@@ -4,7 +4,7 @@ across fields)."""
 
 from marshmallow import Schema, fields, validate
 
-from fleetd.schemas.common import FullRegexp, Int, Text
+from fleetd.schemas.common import Bool, FullRegexp, Int, Text
 from fleetwire.mig import (
     MAX_MIG_DEVICES,
     MAX_MIG_EVENTS,
@@ -37,9 +37,9 @@ class MigEventSchema(Schema):
 
     gpu_uuid = Text(required=True, min_length=1, max_length=128)
     plan = fields.String(required=True, validate=_PLAN)
-    ok = fields.Boolean(required=True, metadata={"description": "the GPU now has the layout"})
+    ok = Bool(required=True, metadata={"description": "the GPU now has the layout"})
     detail = Text(max_length=1000, load_default="", metadata={"description": "what went wrong"})
-    busy = fields.Boolean(
+    busy = Bool(
         load_default=False,
         metadata={
             "description": (

@@ -190,3 +190,11 @@ def test_a_job_naming_no_fleet_repartitions_one_gpu_across_dynamic_fleets(api):
     assert api.run_task("mig_planning")["planned"] == 1
     told = [len(api.heartbeat(s).get("mig_layouts", [])) for s in sessions.values()]
     assert sorted(told) == [0, 1]
+
+
+def test_a_result_with_a_number_for_ok_is_refused_in_the_error_envelope(api):
+    gpus = [mig_gpu(0, SEVEN)]
+    _node_id, session = _node(api, gpus)
+    event = {"gpu_uuid": gpus[0]["uuid"], "plan": "p1", "ok": True, "busy": 0}
+    body = api.heartbeat(session, expect=400, mig_events=[event])
+    assert body["error"]["code"] == "invalid_request" and "true or false" in str(body)
