@@ -32,6 +32,7 @@ from agent.isolation import Isolation
 from agent.keeper import start_keeper, stop_keeper, write_lease
 from agent.lease import LeaseClock
 from agent.localapi import LocalApi
+from agent.mig import MigChanges, held_mig_devices
 from agent.procfs import read_memory_total
 from agent.state import State
 from agent.task.container import ContainerRuntime
@@ -317,6 +318,8 @@ class Agent:
             LimitSettings.from_config(config), self.devices, self.workers, config.state_dir
         )
         self.runner: Runner | None = None  # created once enrolled
+        # Dynamic MIG: the layouts fleetd asks for, applied, and their results until sent.
+        self.mig = MigChanges(self.devices, lambda: held_mig_devices(self.workers, self.runner))
         self.validator: Validator | None = (
             None  # runs the validations fleetd asks for, once enrolled
         )
@@ -680,6 +683,7 @@ class Agent:
                     log.info("heartbeat restored after %d failed attempt(s)", failures)
                 failures = 0
                 self.lease.renewed(sent_at, reply.lease_seconds)
+                self.mig.sent(beat.mig_events)
                 self._tell_keeper()
                 sent_version, sent_capabilities, sent_info = version, capabilities, info
                 self.fleetd_error = ""
@@ -737,6 +741,7 @@ class Agent:
             gpus=tuple(inventory.wire_gpus()) if send_gpus else None,
             topology=wire_topology(inventory) if send_gpus and not self.topology_refused else None,
             capabilities=capabilities,
+            mig_events=self.mig.events(),
         )
 
     def _capabilities(self):
@@ -812,6 +817,8 @@ class Agent:
             self._working().delete_volumes(list(reply.delete_volumes))
         if reply.lookup_accounts:  # reported with the next heartbeat's capabilities
             self._working().isolation.look_up(reply.lookup_accounts)
+        if reply.mig_layouts:  # applied now; the results and new devices go with the next heartbeat
+            self.mig.follow(reply.mig_layouts)
         if reply.validation and self.validator is not None:
             self.validator.want(reply.validation)  # the node validates: run the suite (once)
         if reply.status != self.node_status:

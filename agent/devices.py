@@ -407,6 +407,24 @@ class DeviceManager:
                     out[index] = str(exc)
             return inventory, out
 
+    def change_mig(self, uuid, change):
+        """`change(nvml, handle)` on GPU `uuid` under the NVML session's lock (dynamic MIG:
+        agent/mig.py), then its MIG devices read anew: the next heartbeat reports what it left.
+        Returns what `change` returns; DeviceError where there is no such GPU or no NVML."""
+        with self._lock:
+            nvml, inventory = self._nvml, self._inventory
+            if nvml is None:
+                raise DeviceError(self._reason or "NVML is not available")
+            devices = inventory.devices if inventory else ()
+            index = next((d.gpu.index for d in devices if d.gpu.uuid == uuid), None)
+            if index is None:
+                raise DeviceError(f"no GPU {uuid} on this node")
+            try:
+                return change(nvml, nvml.handle(index))
+            finally:
+                self._static.pop(uuid, None)  # its MIG devices are static readings: read again
+                self._snapshot()
+
     def close(self):
         """Stop the XID watcher and shut NVML down."""
         with self._lock:

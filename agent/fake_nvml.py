@@ -738,6 +738,22 @@ def nvmlGpuInstanceCreateComputeInstance(gpuInstance, profileId):  # noqa: N803
     return SimpleNamespace(gpu_instance=gpu_instance)
 
 
+def nvmlDeviceGetComputeInstanceId(device):
+    """The compute instance id of a MIG device: 0, its GPU instance's only one."""
+    _call(device, "nvmlDeviceGetComputeInstanceId")
+    if not device.mig or "start" not in device.mig:
+        raise NVMLError(NVML_ERROR_NOT_FOUND if device.mig else NVML_ERROR_INVALID_ARGUMENT)
+    return 0
+
+
+def nvmlGpuInstanceGetComputeInstanceById(gpuInstance, computeInstanceId):  # noqa: N803
+    """The compute instance of a GPU instance (each has one, id 0, while its MIG device exists)."""
+    gpu = _call_gpu(gpuInstance.gpu, "nvmlGpuInstanceGetComputeInstanceById")
+    if computeInstanceId != 0 or gpuInstance.mig not in gpu.get("mig_devices", []):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return SimpleNamespace(gpu_instance=gpuInstance)
+
+
 def nvmlComputeInstanceDestroy(computeInstance):  # noqa: N803
     """The compute instance goes, and its MIG device with it; its GPU instance stays."""
     gpu_instance = computeInstance.gpu_instance

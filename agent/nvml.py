@@ -585,3 +585,20 @@ def destroy_gpu_instance(nvml, instance):
     if instance.compute_instance is not None:
         nvml._required("nvmlComputeInstanceDestroy", instance.compute_instance)
     nvml._required("nvmlGpuInstanceDestroy", instance.gpu_instance)
+
+
+def existing_gpu_instances(nvml, handle):
+    """The GPU instances of a GPU in MIG mode that hold a MIG device, as CreatedInstance (with
+    their compute instance), for destroy_gpu_instance: each found through its MIG device (GPU
+    instance id, then compute instance id). Raises DeviceError with NVML's reason."""
+    found = []
+    for i in range(nvml._required("nvmlDeviceGetMaxMigDeviceCount", handle)):
+        mig = nvml._optional("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if mig is None:
+            continue
+        gi_id = int(nvml._required("nvmlDeviceGetGpuInstanceId", mig))
+        ci_id = int(nvml._required("nvmlDeviceGetComputeInstanceId", mig))
+        gpu_instance = nvml._required("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+        compute = nvml._required("nvmlGpuInstanceGetComputeInstanceById", gpu_instance, ci_id)
+        found.append(CreatedInstance(gpu_instance, compute, gi_id))
+    return found

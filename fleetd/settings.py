@@ -39,6 +39,7 @@ class Settings:
     drain_check_seconds: float = 5.0
     task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
+    mig_plan_seconds: float = 15.0  # dynamic MIG: how often idle GPUs are planned from the queue
     lease_sweep_seconds: float = 5.0
     gpu_hold_check_seconds: float = (
         60.0  # the check that frees GPUs held by tasks that are not active

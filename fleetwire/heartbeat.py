@@ -11,6 +11,13 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from fleetwire.checks import is_int
+from fleetwire.mig import (
+    MAX_MIG_EVENTS,
+    MAX_MIG_LAYOUTS,
+    MigEvent,
+    MigLayout,
+    mig_list_from_wire,
+)
 from fleetwire.topology import Topology
 
 MAX_ACCOUNTS = 10_000  # owners' accounts a node keeps looked up for fleetd (task_identity nss)
@@ -72,6 +79,8 @@ class Heartbeat:
     # Its GPUs' topology, with gpus only: an agent enrolled before it reported one (or whose
     # hardware changed) keeps its node's topology current without enrolling again.
     topology: Topology | None = None
+    # What came of the MIG target layouts fleetd asked for (dynamic MIG), sent until answered.
+    mig_events: tuple[MigEvent, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """The request body: absent fields left out."""
@@ -95,6 +104,8 @@ class Heartbeat:
             out["gpus"] = list(self.gpus)
         if self.topology is not None:
             out["topology"] = self.topology.to_wire()
+        if self.mig_events:
+            out["mig_events"] = [event.to_wire() for event in self.mig_events]
         return out
 
     @classmethod
@@ -130,6 +141,9 @@ class Heartbeat:
             topology=None
             if topology is None
             else Topology.from_wire(topology, [str(gpu.get("uuid")) for gpu in gpus or ()]),
+            mig_events=mig_list_from_wire(
+                data.get("mig_events"), "mig_events", MigEvent, MAX_MIG_EVENTS
+            ),
         )
 
 
@@ -148,6 +162,8 @@ class HeartbeatReply:
     # Logins whose host accounts the node resolves and reports (capabilities.accounts): owners with
     # work queued for its fleet, which runs tasks as their own accounts (task_identity nss).
     lookup_accounts: tuple[str, ...] = ()
+    # Dynamic MIG: target layouts for the node's GPUs whose slices are all idle (agent/mig.py).
+    mig_layouts: tuple[MigLayout, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -164,6 +180,8 @@ class HeartbeatReply:
             out["validation"] = self.validation
         if self.lookup_accounts:
             out["lookup_accounts"] = list(self.lookup_accounts)
+        if self.mig_layouts:
+            out["mig_layouts"] = [layout.to_wire() for layout in self.mig_layouts]
         return out
 
     @classmethod
@@ -191,4 +209,7 @@ class HeartbeatReply:
             lease_seconds=lease,
             validation=_optional(data, "validation", dict),
             lookup_accounts=_strings(data, "lookup_accounts") or (),
+            mig_layouts=mig_list_from_wire(
+                data.get("mig_layouts"), "mig_layouts", MigLayout, MAX_MIG_LAYOUTS
+            ),
         )

@@ -270,3 +270,120 @@ def profile_at(
         if (profile.compute, profile.size) == (compute, size):
             return profile.name
     return None
+
+
+# Dynamic MIG (fleet `mig.mode: dynamic`): fleetd tells a node the target layout of a GPU whose
+# slices are all idle (a heartbeat answer's `mig_layouts`), the agent applies it and says how it
+# went (the next heartbeat's `mig_events`), then reports the GPU's MIG devices anew.
+
+MAX_MIG_LAYOUTS = 64  # GPUs of one node told a layout in one answer
+MAX_MIG_EVENTS = 64  # results one heartbeat carries
+PLAN_ID = re.compile(r"^[A-Za-z0-9:._-]{1,64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class MigInstance:
+    """One GPU instance of a target layout: a profile at memory slots [start, start + size)."""
+
+    profile: str
+    start: int
+    size: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"profile": self.profile, "start": self.start, "size": self.size}
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str) -> MigInstance:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object")
+        profile, start, size = data.get("profile"), data.get("start"), data.get("size")
+        if not isinstance(profile, str) or not PROFILE_NAME.match(profile):
+            raise ValueError(f"{where}.profile must be a profile name such as 1g.10gb")
+        if not (is_int(start) and is_int(size) and 0 <= start and 1 <= size):
+            raise ValueError(f"{where}.start and size must be integers")
+        if start + size > MEMORY_SLOTS:
+            raise ValueError(f"{where} must lie within the {MEMORY_SLOTS} memory slots")
+        return cls(profile, start, size)
+
+
+@dataclasses.dataclass(frozen=True)
+class MigLayout:
+    """A GPU's target layout: destroy its (idle) MIG devices, then make these instances, each with
+    one compute instance over all its slices. `plan` names this target; results carry it back."""
+
+    gpu_uuid: str
+    plan: str
+    instances: tuple[MigInstance, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "gpu_uuid": self.gpu_uuid,
+            "plan": self.plan,
+            "instances": [i.to_wire() for i in self.instances],
+        }
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str = "mig_layout") -> MigLayout:
+        """Read and check one target layout; ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object")
+        gpu_uuid, plan, instances = data.get("gpu_uuid"), data.get("plan"), data.get("instances")
+        if not isinstance(gpu_uuid, str) or not 1 <= len(gpu_uuid) <= 128:
+            raise ValueError(f"{where}.gpu_uuid must be a GPU uuid")
+        if not isinstance(plan, str) or not PLAN_ID.match(plan):
+            raise ValueError(f"{where}.plan must be a plan id")
+        if not isinstance(instances, list) or not 1 <= len(instances) <= MAX_MIG_DEVICES:
+            raise ValueError(f"{where}.instances must list 1 to {MAX_MIG_DEVICES} instances")
+        parsed = tuple(
+            MigInstance.from_wire(item, f"{where}.instances[{i}]")
+            for i, item in enumerate(instances)
+        )
+        used = 0
+        for instance in parsed:
+            mask = slot_mask(instance.start, instance.size)
+            if used & mask:
+                raise ValueError(f"{where}: two instances share a memory slot")
+            used |= mask
+        return cls(gpu_uuid, plan, parsed)
+
+
+@dataclasses.dataclass(frozen=True)
+class MigEvent:
+    """What came of a target layout on one GPU. `ok`: it now has the layout. Not ok: `busy` says
+    the agent left the GPU as it was because a task it runs held a slice (nothing was destroyed);
+    otherwise the GPU may be left part-way (fleetd blocks it)."""
+
+    gpu_uuid: str
+    plan: str
+    ok: bool
+    detail: str = ""
+    busy: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str = "mig_event") -> MigEvent:
+        """Read and check one result; ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object")
+        gpu_uuid, plan, ok = data.get("gpu_uuid"), data.get("plan"), data.get("ok")
+        detail, busy = data.get("detail", ""), data.get("busy", False)
+        if not isinstance(gpu_uuid, str) or not 1 <= len(gpu_uuid) <= 128:
+            raise ValueError(f"{where}.gpu_uuid must be a GPU uuid")
+        if not isinstance(plan, str) or not PLAN_ID.match(plan):
+            raise ValueError(f"{where}.plan must be a plan id")
+        if not isinstance(ok, bool) or not isinstance(busy, bool):
+            raise ValueError(f"{where}.ok and busy must be true or false")
+        if not isinstance(detail, str):
+            raise ValueError(f"{where}.detail must be text")
+        return cls(gpu_uuid, plan, ok, detail[:1000], busy)
+
+
+def mig_list_from_wire(data: Any, name: str, kind: Any, most: int) -> tuple[Any, ...]:
+    """A list of MigLayout or MigEvent as the wire carries it (absent: none)."""
+    if data is None:
+        return ()
+    if not isinstance(data, list) or len(data) > most:
+        raise ValueError(f"{name} must be a list of at most {most} objects")
+    return tuple(kind.from_wire(item, f"{name}[{i}]") for i, item in enumerate(data))

@@ -58,3 +58,13 @@ class GpuRma(MethodView):
         """Clear a GPU's RMA mark (and flag): a repaired or replaced board returns to work; its
         node stays as the operator left it, and the history keeps the mark and its clearing."""
         return gpus.clear_rma(current_runtime(), serial)
+
+
+@blp.route("/<string:serial>/mig-block")
+class GpuMigBlock(MethodView):
+    @require(ADMIN, OPERATOR)
+    @blp.response(200, GpuRecordSchema)
+    def delete(self, serial):
+        """Clear a GPU's dynamic MIG block (a repartition failed there): it takes work again and
+        may be repartitioned after its fleet's settle time."""
+        return gpus.clear_mig_block(current_runtime(), serial)

@@ -329,6 +329,7 @@ def _show_gpu(data):
                 ),
             ),
             ("FLAGGED", lambda d: d["flagged"] or None),
+            ("MIG BLOCKED", lambda d: d.get("mig_blocked") or None),
             ("FIRST SEEN", "first_seen_at"),
             ("LAST SEEN", "last_seen_at"),
         ],
@@ -345,10 +346,13 @@ def _show_gpu(data):
 @client_command(gpu, "list")
 @click.option(
     "--state",
-    type=click.Choice(["all", "rma", "flagged", "ok"]),
+    type=click.Choice(["all", "rma", "flagged", "ok", "mig_blocked"]),
     default="all",
     show_default=True,
-    help="rma: marked for RMA; flagged: marked and seen again in a node; ok: neither.",
+    help=(
+        "rma: marked for RMA; flagged: marked and seen again in a node; ok: neither; "
+        "mig_blocked: a dynamic MIG repartition failed on it."
+    ),
 )
 @click.option("--model", help="Only boards of this model.")
 def gpu_list(state, model):
@@ -365,6 +369,7 @@ def gpu_list(state, model):
                 ("GPU", "index"),
                 ("RMA", lambda d: d["rma"] and d["rma"]["reason"]),
                 ("FLAGGED", lambda d: d["flagged"] or None),
+                ("MIG BLOCKED", lambda d: d.get("mig_blocked") or None),
                 ("LAST SEEN", "last_seen_at"),
             ],
         ),
@@ -377,6 +382,14 @@ def gpu_clear_rma(serial):
     """Clear a GPU's RMA mark (a repaired or replaced board returns); its node stays as it is."""
     data = current_client().delete(f"/api/v1/gpus/{serial}/rma")
     emit(data, lambda d: click.echo(f"GPU {serial}: RMA mark cleared"))
+
+
+@client_command(gpu, "clear-mig-block")
+@click.argument("serial")
+def gpu_clear_mig_block(serial):
+    """Clear a GPU's dynamic MIG block (a repartition failed there): it takes work again."""
+    data = current_client().delete(f"/api/v1/gpus/{serial}/mig-block")
+    emit(data, lambda d: click.echo(f"GPU {serial}: MIG block cleared"))
 
 
 @client_command(gpu, "show")

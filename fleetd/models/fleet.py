@@ -255,6 +255,13 @@ class Gpu(BaseModel):
     # With MIG enabled, its MIG devices as reported: [{uuid, memory_total_bytes, profile, start,
     # size}] (fleetwire.mig.MigDevice); None without (migration 0046)
     mig_devices = JSONText(null=True)
+    # Dynamic MIG (migration 0047): the layout asked of its agent and not seen yet ({plan,
+    # instances}), when fleetd last planned a change, and why its last repartition failed ('' when
+    # it did not; a blocked GPU takes no work until an operator clears it). Kept across the row's
+    # replacement by a new inventory (services.nodes.inventory).
+    mig_target = JSONText(null=True)
+    mig_changed_at = peewee.DateTimeField(null=True)
+    mig_blocked = peewee.TextField(default="")
 
     class Meta:
         indexes = ((("node", "uuid"), True),)
@@ -314,6 +321,7 @@ class GpuRecord(BaseModel):
     hostname: str | None
     healthy: bool | None
     health_reason: str | None
+    mig_blocked: str | None
     history: list
 
 

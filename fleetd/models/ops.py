@@ -91,6 +91,8 @@ WEBHOOK_KINDS += ("budget.threshold",)  # a team's month crossed 50, 80 or 100 %
 # A board marked for RMA, seen again after it, or its mark cleared; a node's labels set through
 # the API; a provisioning run recorded on a node.
 WEBHOOK_KINDS += ("gpu.rma", "gpu.flagged", "gpu.rma_cleared", "node.labels", "node.bootstrap")
+# Dynamic MIG: a GPU repartitioned, or a repartition that failed and blocked the GPU.
+WEBHOOK_KINDS += ("gpu.mig_changed", "gpu.mig_failed")
 
 
 class Webhook(BaseModel):

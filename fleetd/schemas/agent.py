@@ -4,6 +4,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, validate
 
 from fleetd.names import LOGIN
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text
+from fleetd.schemas.mig_wire import MigEvents, MigLayoutSchema
 from fleetd.schemas.nodes import DrainSchema
 from fleetwire.heartbeat import MAX_ACCOUNTS, Heartbeat
 from fleetwire.mig import (
@@ -419,6 +420,15 @@ class HeartbeatSchema(Schema):
             )
         },
     )
+    mig_events = MigEvents(
+        load_default=list,
+        metadata={
+            "description": (
+                "dynamic MIG: what came of the target layouts fleetd sent (mig_layouts), sent "
+                "until a heartbeat carrying them is answered"
+            )
+        },
+    )
     labels = Labels(
         load_default=None,
         allow_none=True,
@@ -459,6 +469,15 @@ class HeartbeatReplySchema(Schema):
             "description": (
                 "while the node validates: {id, suite}, the checks its agent runs and posts to "
                 "/agent/validations/{id} (docs/validation.md); null otherwise"
+            )
+        },
+    )
+    mig_layouts = fields.List(
+        fields.Nested(MigLayoutSchema),
+        metadata={
+            "description": (
+                "dynamic MIG: target layouts for the node's GPUs whose slices are all idle; the "
+                "agent applies each and reports it in mig_events"
             )
         },
     )

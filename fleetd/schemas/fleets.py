@@ -19,7 +19,15 @@ from fleetd.scheduler.network_file import TopologyFileError, parse_topology
 from fleetd.schemas.common import Bool, FullRegexp, Int, Labels, Text, Time, page_schema
 from fleetd.schemas.jobs import OutputCapBytes
 from fleetd.schemas.validation import ValidationSetting, ValidationSettingSchema
-from fleetd.services.placement.mig import MAX_LAYOUT_MODELS, mig_setting, mig_setting_error
+from fleetd.services.placement.mig import (
+    DEFAULT_SETTLE_SECONDS,
+    MAX_LAYOUT_MODELS,
+    MAX_SETTLE_SECONDS,
+    MIG_MODES,
+    MIN_SETTLE_SECONDS,
+    mig_setting,
+    mig_setting_error,
+)
 from fleetwire.assignment import MAX_TASK_PATH, MAX_TASK_PIDS, MIN_TASK_PIDS, TASK_PATH_RE
 from fleetwire.mig import PROFILE_NAME
 
@@ -236,14 +244,22 @@ class FleetMigSchema(Schema):
 
     mode = fields.String(
         required=True,
-        validate=validate.OneOf(
-            ("off", "fixed"),
-            error="mig.mode must be off or fixed (dynamic MIG is not available yet)",
-        ),
+        validate=validate.OneOf(MIG_MODES, error="mig.mode must be off, fixed or dynamic"),
         metadata={
             "description": (
                 "off: its GPUs in MIG mode take no work; fixed: MIG work runs on the MIG devices "
-                "they have (dynamic, repartitioning idle GPUs, is not available yet)"
+                "they have; dynamic: as fixed, and fleetd repartitions a GPU whose slices are all "
+                "idle to the profiles the queue needs (MIG mode itself is never switched)"
+            )
+        },
+    )
+    settle_seconds = Int(
+        minimum=MIN_SETTLE_SECONDS,
+        maximum=MAX_SETTLE_SECONDS,
+        metadata={
+            "description": (
+                "dynamic only: a GPU is not repartitioned again within this many seconds of its "
+                f"last change (default {DEFAULT_SETTLE_SECONDS})"
             )
         },
     )

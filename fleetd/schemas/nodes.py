@@ -39,6 +39,23 @@ class GpuSchema(Schema):
             "description": "with MIG enabled: [{uuid, memory_total_bytes, profile, start, size}]"
         },
     )
+    mig_target = fields.Dict(
+        allow_none=True,
+        metadata={
+            "description": (
+                "dynamic MIG: the layout its agent was asked to make and has not answered yet, "
+                "{plan, instances: [{profile, start, size}]}; it takes no MIG work meanwhile"
+            )
+        },
+    )
+    mig_blocked = fields.String(
+        metadata={
+            "description": (
+                "dynamic MIG: why its last repartition failed ('' when it did not); a blocked GPU "
+                "takes no work until DELETE /gpus/{serial}/mig-block"
+            )
+        }
+    )
 
 
 class DrainSchema(Schema):

@@ -243,6 +243,15 @@ class GpuRecordSchema(Schema):
             "description": "why it is flagged (a board marked for RMA that came back); '' when not"
         }
     )
+    mig_blocked = fields.String(
+        allow_none=True,
+        metadata={
+            "description": (
+                "why a dynamic MIG repartition failed on it: it takes no work until cleared "
+                "(DELETE /gpus/{serial}/mig-block); '' when not blocked, null when in no node"
+            )
+        },
+    )
     history = fields.List(fields.Nested(EventSchema))
 
 
@@ -259,7 +268,10 @@ class GpuQuerySchema(PageQuerySchema):
         validate=validate.OneOf(GPU_STATES),
         load_default="all",
         metadata={
-            "description": "rma: marked for RMA; flagged: marked and seen again; ok: neither"
+            "description": (
+                "rma: marked for RMA; flagged: marked and seen again; ok: neither; mig_blocked: a "
+                "dynamic MIG repartition failed on it"
+            )
         },
     )
     model = Text(max_length=128, load_default=None)

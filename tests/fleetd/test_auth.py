@@ -78,6 +78,7 @@ ROLE_TABLE = {
     ("POST", "/api/v1/agent/validations/{validation_id}"): {"node"},
     ("GET", "/api/v1/gpus"): AS,
     ("DELETE", "/api/v1/gpus/{serial}/rma"): AO,
+    ("DELETE", "/api/v1/gpus/{serial}/mig-block"): AO,
     ("GET", "/api/v1/gpus/{serial}"): AS,
     ("POST", "/api/v1/gpus/{serial}/rma"): A,
     ("GET", "/api/v1/rollouts"): AO,

@@ -616,5 +616,18 @@ def test_0046_adds_mig_columns_the_inventory_watches_and_goes_down_cleanly(tmp_p
         before = version()
         db.execute_sql("UPDATE fleet SET labels = '{}' WHERE name = 'f'")
         assert version() == before + 1  # the trigger still watches what it watched before
-    assert upgrade(db) == ["0046_mig"]
+    assert upgrade(db)[0] == "0046_mig"
+    db.close()
+
+
+def test_0047_adds_dynamic_mig_columns_to_gpus_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/dynamic.db")
+    assert "0047_dynamic_mig" in upgrade(db)
+    columns = {column.name for column in db.get_columns("gpu")}
+    assert {"mig_target", "mig_changed_at", "mig_blocked"} <= columns
+    Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0047_dynamic_mig")
+    columns = {column.name for column in db.get_columns("gpu")}
+    assert not {"mig_target", "mig_changed_at", "mig_blocked"} & columns
+    assert "mig_devices" in columns
+    assert upgrade(db) == ["0047_dynamic_mig"]
     db.close()

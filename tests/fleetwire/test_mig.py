@@ -3,10 +3,14 @@ guide lists them, and where a profile goes beside the slices in use."""
 
 import pytest
 
+from fleetwire.heartbeat import Heartbeat, HeartbeatReply
 from fleetwire.mig import (
     FAMILIES,
     PROFILE_NAME,
     PROFILE_NAMES,
+    MigEvent,
+    MigInstance,
+    MigLayout,
     family_of,
     layout_fits,
     place,
@@ -132,3 +136,66 @@ def test_a_placement_is_valid_only_at_a_listed_start_and_size():
 )
 def test_a_layout_fits_one_gpu_only_when_nvidia_allows_it(profiles, fits):
     assert layout_fits(H100, profiles) is fits
+
+
+# Dynamic MIG on the wire: target layouts and their results.
+
+
+def test_a_target_layout_and_a_result_read_back_from_their_json():
+    layout = MigLayout(
+        "GPU-1",
+        "0190aa55bbcc01234567",
+        (MigInstance("3g.40gb", 0, 4), MigInstance("3g.40gb", 4, 4)),
+    )
+    assert MigLayout.from_wire(layout.to_wire()) == layout
+    event = MigEvent("GPU-1", layout.plan, False, "NVML said no", busy=False)
+    assert MigEvent.from_wire(event.to_wire()) == event
+    reply = HeartbeatReply("ready", 10, mig_layouts=(layout,))
+    assert HeartbeatReply.from_wire(reply.to_wire()).mig_layouts == (layout,)
+    beat = Heartbeat(mig_events=(event,))
+    assert Heartbeat.from_wire(beat.to_wire()).mig_events == (event,)
+    assert "mig_layouts" not in HeartbeatReply("ready", 10).to_wire()  # older agents see nothing
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"gpu_uuid": "G", "plan": "p", "instances": []}, "1 to 7 instances"),
+        ({"gpu_uuid": "G", "plan": "p q", "instances": [{}]}, "plan id"),
+        (
+            {
+                "gpu_uuid": "G",
+                "plan": "p",
+                "instances": [
+                    {"profile": "3g.40gb", "start": 0, "size": 4},
+                    {"profile": "1g.10gb", "start": 3, "size": 1},
+                ],
+            },
+            "share a memory slot",
+        ),
+        (
+            {
+                "gpu_uuid": "G",
+                "plan": "p",
+                "instances": [{"profile": "7g.80gb", "start": 1, "size": 8}],
+            },
+            "within the 8 memory slots",
+        ),
+        (
+            {
+                "gpu_uuid": "G",
+                "plan": "p",
+                "instances": [{"profile": "big", "start": 0, "size": 1}],
+            },
+            "profile name",
+        ),
+    ],
+)
+def test_a_target_layout_that_cannot_be_is_refused_naming_why(data, says):
+    with pytest.raises(ValueError, match=says):
+        MigLayout.from_wire(data)
+
+
+def test_a_result_must_say_ok_as_a_boolean():
+    with pytest.raises(ValueError, match="true or false"):
+        MigEvent.from_wire({"gpu_uuid": "G", "plan": "p", "ok": "yes"})

@@ -151,10 +151,11 @@ ALLOWED = [
     (
         "positive_data_acceptance",
         r"(POST|PATCH) /api/v1/fleets(/\{name\})?",
-        r"mig\.layout|topology file",
+        r"mig\.layout|mig\.settle_seconds|topology file",
         "a MIG layout names GPU models fleetd has profile tables for, and profiles of that model "
-        "that fit on one GPU together, with mode fixed: NVIDIA's tables and a rule across fields, "
-        "not a document's (tests/fleetd/services/placement/test_fleet_mig.py); a network topology "
+        "that fit on one GPU together, with mode fixed; settle_seconds goes with mode dynamic: "
+        "NVIDIA's tables and rules across fields, not a document's "
+        "(tests/fleetd/services/placement/test_fleet_mig.py); a network topology "
         "file follows Slurm's topology.conf grammar, which no schema states (a wrong line is a 400 "
         "naming it: tests/fleetd/scheduler/test_network_file.py)",
     ),

@@ -157,6 +157,28 @@ def test_node_page_shows_unhealthy_gpus_and_live_readings(admin_ui, api):
     assert "1 unhealthy" in listing and "GPU 1: XID 79" in listing
 
 
+def test_node_page_shows_a_pending_mig_repartition_and_a_mig_block(admin_ui, api):
+    from tests.support.gpus import mig_gpu
+
+    api.create_fleet("gpu-a", mig={"mode": "dynamic"})
+    seven = [("1g.10gb", slot, 1) for slot in range(7)]
+    reported = [mig_gpu(0, seven), mig_gpu(1, seven)]
+    reg = api.register(api.create_join_token("gpu-a"), gpus=reported)
+    api.heartbeat(reg["session_token"], gpus=reported)
+    api.submit(name="big", resources={"mig": "7g.80gb"})
+    api.submit(name="big-2", resources={"mig": "7g.80gb"})
+    api.run_task("mig_planning")
+    layouts = api.heartbeat(reg["session_token"])["mig_layouts"]
+    assert len(layouts) == 2
+    assert admin_ui.text(f"/ui/nodes/{reg['node_id']}").count("MIG repartition pending") == 2
+    failed = dict(layouts[0], ok=False, detail="Insufficient Resources")
+    del failed["instances"]
+    api.heartbeat(reg["session_token"], mig_events=[failed])
+    page = admin_ui.text(f"/ui/nodes/{reg['node_id']}")
+    assert "MIG blocked" in page and "Insufficient Resources" in page
+    assert page.count("MIG repartition pending") == 1
+
+
 def test_node_page_draws_the_gpu_topology_and_the_nodes_place_in_the_network(admin_ui, api):
     from tests.support.gpus import topology_x3
 

@@ -22,6 +22,7 @@ from fleetd.services.nodes.nodes import (
     switch_node_status,
 )
 from fleetd.services.notify.events import acting_as, record_event
+from fleetd.services.placement import mig_plan
 from fleetd.services.placement.parking import node_changed
 from fleetd.services.workloads import instances
 from fleetd.sql import Statement
@@ -282,6 +283,7 @@ def heartbeat(rt, node, beat):
         lease_seconds=rt.leases.ttl,
         validation=suite,
         lookup_accounts=rt.accounts.lookups_for(node),
+        mig_layouts=mig_plan.layouts_for(node.id),
     )
 
 
@@ -317,6 +319,7 @@ def needs_write(step):
         step.new_agent()
         or step.new_labels()
         or step.beat.gpus is not None
+        or bool(step.beat.mig_events)
         or step.runtime != node.container_runtime
         or step.gpu_status is not None
         or step.capabilities != node.capabilities
@@ -354,6 +357,11 @@ def step_agent_version(step):
 def step_agent_labels(step):
     """The agent's config file changed (a rerun of provisioning with other labels)."""
     return bool(step.new_labels() and apply_agent_labels(step.node, step.beat.labels))
+
+
+def step_mig_events(step):
+    """Dynamic MIG results: before step_gpus, whose new rows keep what this step wrote."""
+    return mig_plan.apply_mig_events(step.node, step.beat.mig_events, step.now)
 
 
 def step_gpus(step):
@@ -424,6 +432,7 @@ STEPS = (
     step_gpu_status,
     step_agent_version,
     step_agent_labels,
+    step_mig_events,
     step_gpus,
     step_capabilities,
     step_first_or_returning,

@@ -1,5 +1,6 @@
-"""GPU boards by serial number: what the API shows of one (identity, where it is, its history) and
-the RMA mark an operator sets (services.nodes.gpu_history records the history itself)."""
+"""GPU boards by serial number: what the API shows of one (identity, where it is, its history),
+the RMA mark an operator sets, and the dynamic MIG block an operator clears
+(services.nodes.gpu_history records the history itself; services.placement.mig_plan blocks)."""
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
@@ -25,7 +26,7 @@ def get_gpu(serial, history=200):
         raise NotFound(f"no GPU with serial {serial!r} has been seen")
     record.hostname = gpu_history.node_hostname(record.node_id)
     row = (
-        Gpu.select(Gpu.healthy, Gpu.health_reason)
+        Gpu.select(Gpu.healthy, Gpu.health_reason, Gpu.mig_blocked)
         .where((Gpu.node == record.node_id) & (Gpu.serial == serial))
         .first()
         if record.node_id
@@ -33,6 +34,7 @@ def get_gpu(serial, history=200):
     )
     record.healthy = row.healthy if row is not None else None
     record.health_reason = row.health_reason if row is not None else None
+    record.mig_blocked = row.mig_blocked if row is not None else None
     record.history = last_rows(
         Event.select().where((Event.subject_type == "gpu") & (Event.subject_id == serial)),
         Event.id,
@@ -77,13 +79,18 @@ def mark_rma(rt, serial, reason, deadline_seconds):
     return get_gpu(serial)
 
 
-GPU_STATES = ("all", "rma", "flagged", "ok")
+GPU_STATES = ("all", "rma", "flagged", "ok", "mig_blocked")
 
 
 def list_gpus(limit, cursor=None, state="all", model=None):
     """One page of boards by serial: `state` rma (marked for RMA), flagged (marked and seen again
-    in a node), ok (neither) or all; `model`: only boards of that model."""
+    in a node), ok (neither), mig_blocked (a dynamic MIG repartition failed on it) or all; `model`:
+    only boards of that model."""
     query = GpuRecord.select()
+    if state == "mig_blocked":
+        query = query.where(
+            GpuRecord.serial.in_(Gpu.select(Gpu.serial).where(Gpu.mig_blocked != ""))
+        )
     if state == "rma":
         query = query.where(GpuRecord.rma.is_null(False))
     elif state == "flagged":
@@ -99,9 +106,36 @@ def list_gpus(limit, cursor=None, state="all", model=None):
             Node.id.in_([r.node_id for r in items if r.node_id])
         )
     }
+    blocked = {
+        g.serial: g.mig_blocked
+        for g in Gpu.select(Gpu.serial, Gpu.mig_blocked).where(
+            Gpu.serial.in_([r.serial for r in items])
+        )
+    }
     for record in items:
         record.hostname = hostnames.get(record.node_id)
+        record.mig_blocked = blocked.get(record.serial)
     return items, next_cursor
+
+
+def clear_mig_block(rt, serial):
+    """Let a GPU that a failed dynamic MIG repartition blocked take work and be planned again
+    (after its fleet's settle time). NotFound for a serial never seen or not in a node now,
+    Conflict for a GPU that is not blocked. Returns the record."""
+    now = rt.clock.now()
+    with write_transaction():
+        if GpuRecord.get_or_none(GpuRecord.serial == serial) is None:
+            raise NotFound(f"no GPU with serial {serial!r} has been seen")
+        gpu = Gpu.get_or_none(Gpu.serial == serial)
+        if gpu is None:
+            raise NotFound(f"GPU {serial} is in no node now")
+        if not gpu.mig_blocked:
+            raise Conflict(f"GPU {serial} is not blocked by dynamic MIG", {"serial": serial})
+        Gpu.update(mig_blocked="", mig_changed_at=now).where(Gpu.id == gpu.id).execute()
+        record_event(
+            now, "gpu.mig_unblocked", "gpu", serial, f"MIG block cleared ({gpu.mig_blocked})"
+        )
+    return get_gpu(serial)
 
 
 def clear_rma(rt, serial):

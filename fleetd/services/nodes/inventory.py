@@ -25,6 +25,11 @@ GPU_FIELDS = (
 )
 
 
+# What fleetd keeps of a GPU across its agent's reports (dynamic MIG: migration 0047): a row
+# replaced by a new report keeps them.
+KEPT_FIELDS = ("mig_target", "mig_changed_at", "mig_blocked")
+_NOT_KEPT = {"mig_target": None, "mig_changed_at": None, "mig_blocked": ""}  # a GPU new to fleetd
+
 # uuids of GPUs the node no longer reports
 GpuChange = collections.namedtuple("GpuChange", "gone")
 
@@ -80,7 +85,9 @@ def set_gpu_status(node, status, reason, now):
 def replace_gpus(node, gpus, now):
     """Store a node's reported GPU inventory; records an Event when it changed. Returns a GpuChange
     (always truthy) if so, else False."""
-    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in _GPUS_OF.rows(node=node.id)}
+    rows = _GPUS_OF.rows(node=node.id)
+    current = {g.uuid: {f: getattr(g, f) for f in GPU_FIELDS} for g in rows}
+    kept = {g.uuid: {f: getattr(g, f) for f in KEPT_FIELDS} for g in rows}
     marked = gpu_history.rma_overrides(gpus)
     if marked:  # a board marked for RMA takes no work, whatever its agent says of it
         gpus = [
@@ -101,7 +108,13 @@ def replace_gpus(node, gpus, now):
     if current == reported:
         return False
     _DELETE_GPUS_OF.execute(node=node.id)
-    insert_rows(Gpu, [dict(fields, node=node.id, uuid=uuid) for uuid, fields in reported.items()])
+    insert_rows(
+        Gpu,
+        [
+            dict(fields, node=node.id, uuid=uuid, **kept.get(uuid, _NOT_KEPT))
+            for uuid, fields in reported.items()
+        ],
+    )
     unhealthy = sorted(u for u, f in reported.items() if not f["healthy"])
     reason = f"GPU inventory: {len(reported)} GPU(s) (was {len(current)})"
     if unhealthy:

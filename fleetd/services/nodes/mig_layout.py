@@ -1,17 +1,21 @@
 """The validation gate's MIG layout check (issue 50), run by fleetd on the inventory the node's
 agent reported: in a fleet whose `mig` is fixed with a layout, each GPU in MIG mode of a model the
-layout names has exactly the layout's profiles (services/placement/mig.py)."""
+layout names has exactly the layout's profiles; in a dynamic fleet, whose layouts change, each GPU
+in MIG mode has only profiles of its model's table at placements the table allows
+(services/placement/mig.py)."""
 
 from fleetd.models import Gpu, Node
 from fleetd.services.fleet_ops.fleets import fleet_column
-from fleetd.services.placement.mig import layout_mismatches
+from fleetd.services.placement.mig import layout_mismatches, table_mismatches
 from fleetd.sql import Statement
 
 CHECK = "mig_layout"
 
 _GPUS_OF = Statement(
     lambda v: (
-        Gpu.select(Gpu.index, Gpu.uuid, Gpu.model, Gpu.mig_mode, Gpu.mig_devices)
+        Gpu.select(
+            Gpu.index, Gpu.uuid, Gpu.model, Gpu.memory_total_bytes, Gpu.mig_mode, Gpu.mig_devices
+        )
         .where(Gpu.node == v("node"))
         .order_by(Gpu.index)
     )
@@ -24,6 +28,8 @@ def mig_layout_checks(node_id):
     it; else one pass; [] where the node's fleet has no layout."""
     node = _FLEET_OF.first(node=node_id)
     setting = fleet_column(node.fleet_id, "mig") if node is not None else None
+    if (setting or {}).get("mode") == "dynamic":
+        return _table_checks(node_id)
     if not (setting or {}).get("layout"):
         return []
     failed = [
@@ -47,5 +53,30 @@ def mig_layout_checks(node_id):
             "status": "passed",
             "passed": True,
             "detail": "every MIG GPU of a model in the fleet's layout has the layout's devices",
+        }
+    ]
+
+
+def _table_checks(node_id):
+    """A dynamic fleet's check: one failure per GPU whose MIG devices the profile table does not
+    allow; else one pass."""
+    failed = [
+        {
+            "name": CHECK,
+            "gpu": gpu.index,
+            "uuid": gpu.uuid,
+            "status": "failed",
+            "passed": False,
+            "detail": f"GPU {gpu.index} ({gpu.uuid}, {gpu.model}): {why}",
+        }
+        for gpu, why in table_mismatches(_GPUS_OF.rows(node=node_id))
+    ]
+    return failed or [
+        {
+            "name": CHECK,
+            "gpu": None,
+            "status": "passed",
+            "passed": True,
+            "detail": "every MIG GPU has only profiles of its model at placements its table allows",
         }
     ]

@@ -72,6 +72,8 @@ _NOTIFYING = {
     "gpu.rma": lambda _f, _t: "gpu.rma",
     "gpu.flagged": lambda _f, _t: "gpu.flagged",
     "gpu.rma_cleared": lambda _f, _t: "gpu.rma_cleared",
+    "gpu.mig_changed": lambda _f, _t: "gpu.mig_changed",
+    "gpu.mig_failed": lambda _f, _t: "gpu.mig_failed",
     "rollout.node": lambda _f, to: "rollout.node" if to in ("done", "failed") else None,
     "rollout.state": lambda _f, to: (
         "rollout.state" if to in ("paused", "done", "failed", "aborted") else None

@@ -335,6 +335,21 @@ class ClusterState:
             self._spot = self.running_tasks("spot")
         return self._spot
 
+    def queued_mig_demand(self):
+        """{fleet or None: {MIG profile: MIG devices asked for by queued jobs}} (None: jobs that
+        name no fleet), which dynamic MIG plans from; read as queued_demand reads: one job per
+        group, times its count."""
+        counts = {first: count for _, count, first in _QUEUED_GROUPS.raw_tuples()}
+        counts.update((row[0], 1) for row in _QUEUED_UNGROUPED.raw_tuples())
+        demand: dict[str | None, dict[str, int]] = {}
+        for job_id, terms in self.terms.get_each(list(counts))[0].items():
+            request = terms.request
+            if request.mig is not None:
+                slices = int(request.gpus or 1) * request.num_nodes * counts[job_id]
+                of_fleet = demand.setdefault(request.node_selector.fleet, {})
+                of_fleet[request.mig] = of_fleet.get(request.mig, 0) + slices
+        return demand
+
     def queued_demand(self):
         """{series or None: GPUs asked for by queued jobs} (None: any series), from the terms
         cache: the jobs of a group ask alike, so one job of each group is read, times its count

@@ -112,6 +112,8 @@ def _gpu_columns():
         Gpu.health_reason,
         Gpu.mig_mode,
         Gpu.mig_devices,
+        Gpu.mig_target,
+        Gpu.mig_blocked,
     )
 
 
@@ -290,9 +292,12 @@ def _gpu_rows(rows):
 
 def _mig(row):
     """A GPU row's MIG devices that fleetd can place (those with a profile), or None outside MIG
-    mode."""
+    mode; none while a dynamic MIG change is pending there (its slices are about to go) or after
+    one failed (blocked until an operator clears it)."""
     if row[8] != "enabled":
         return None
+    if row[10] is not None or row[11]:
+        return ()
     devices = Gpu.mig_devices.python_value(row[9]) or []
     return tuple(scheduler.MigSlice(d["uuid"], d["profile"]) for d in devices if d.get("profile"))
 

@@ -4,30 +4,46 @@
 MIG work nor whole-GPU work: a GPU in MIG mode cannot run it); "fixed", they take MIG work on the
 MIG devices they have, and where a `layout` names a GPU model's profiles, the validation gate
 fails a node whose GPUs of that model have other devices; "dynamic", as fixed, and the agent may
-repartition an idle GPU to the profiles the queue needs. None (not set) is fixed without a layout.
+repartition an idle GPU to the profiles the queue needs (services/placement/mig_plan.py), not again
+within `settle_seconds`. None (not set) is fixed without a layout.
 """
 
+import functools
+
 from fleetd import scheduler
-from fleetwire.mig import layout_fits, profiles_of
+from fleetd.scheduler.mig import SliceProfile
+from fleetwire.mig import layout_fits, profiles_of, valid_placement
 
 MIG_MODES = ("off", "fixed", "dynamic")
 DEFAULT_MIG = {"mode": "fixed"}
 MAX_LAYOUT_MODELS = 32
-DYNAMIC_REFUSED = "dynamic MIG is not available yet: use fixed (the slices as found) or off"
+DEFAULT_SETTLE_SECONDS = 300
+MIN_SETTLE_SECONDS, MAX_SETTLE_SECONDS = 0, 86_400
 
 
 def mig_setting_error(value) -> str | None:
-    """Why a fleet's `mig` setting is refused, or None. A mode that does nothing is refused:
-    dynamic (repartitioning idle GPUs) is not built. A layout names, per GPU model as nodes report
-    it (`gpus[].model`, its memory spelled: "NVIDIA A100-SXM4-80GB"), profiles of that model that
-    fit on one GPU together; it goes with mode fixed only."""
-    if not isinstance(value, dict) or set(value) - {"mode", "layout"}:
-        return "mig must be {mode: off | fixed, layout?: {<gpu model>: [profile, ...]}}"
+    """Why a fleet's `mig` setting is refused, or None. A layout names, per GPU model as nodes
+    report it (`gpus[].model`, its memory spelled: "NVIDIA A100-SXM4-80GB"), profiles of that model
+    that fit on one GPU together; it goes with mode fixed only. `settle_seconds` goes with mode
+    dynamic only."""
+    if not isinstance(value, dict) or set(value) - {"mode", "layout", "settle_seconds"}:
+        return (
+            "mig must be {mode: off | fixed | dynamic, layout?: {<gpu model>: [profile, ...]}, "
+            "settle_seconds?}"
+        )
     mode, layout = value.get("mode"), value.get("layout")
     if mode not in MIG_MODES:
         return f"mig.mode must be one of {', '.join(MIG_MODES)}"
-    if mode == "dynamic":
-        return DYNAMIC_REFUSED
+    settle = value.get("settle_seconds")
+    if settle is not None:
+        if mode != "dynamic":
+            return "mig.settle_seconds goes with mode dynamic only"
+        if (
+            not isinstance(settle, int)
+            or isinstance(settle, bool)
+            or not MIN_SETTLE_SECONDS <= settle <= MAX_SETTLE_SECONDS
+        ):
+            return f"mig.settle_seconds must be an integer from 0 to {MAX_SETTLE_SECONDS}"
     if layout is None:
         return None
     if mode != "fixed":
@@ -73,6 +89,44 @@ def layout_mismatches(setting, gpus):
         if found != sorted(want):
             out.append((gpu, sorted(want), found))
     return out
+
+
+def settle_seconds(setting) -> int:
+    """A dynamic fleet's settle time: no repartition of a GPU within it of the last."""
+    value = (setting or {}).get("settle_seconds")
+    return DEFAULT_SETTLE_SECONDS if value is None else int(value)
+
+
+def table_mismatches(gpus):
+    """[(gpu, what is wrong)] for each GPU in MIG mode (rows as layout_mismatches takes) whose MIG
+    devices are not all profiles of its model at placements the profile table allows (a dynamic
+    fleet's check: its layouts change, its table does not)."""
+    out = []
+    for gpu in gpus:
+        if gpu.mig_mode != "enabled":
+            continue
+        table = profiles_of(gpu.model, gpu.memory_total_bytes)
+        if not table:
+            out.append((gpu, f"fleetd knows no MIG profiles of {gpu.model}"))
+            continue
+        wrong = [
+            f"{d.get('profile') or 'unknown'}@{d.get('start')}"
+            for d in gpu.mig_devices or ()
+            if d.get("profile") not in table
+            or not valid_placement(table[d["profile"]], d.get("start"), d.get("size"))
+        ]
+        if wrong:
+            out.append((gpu, f"MIG devices not in its profile table: {', '.join(wrong)}"))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def slice_profiles(model, memory_total_bytes=None):
+    """A GPU model's MIG profile table as the dynamic MIG planner takes it (fleetwire.mig's)."""
+    return tuple(
+        SliceProfile(p.name, p.compute, p.size, p.starts)
+        for p in profiles_of(model, memory_total_bytes).values()
+    )
 
 
 def mig_setting(fleet) -> dict:

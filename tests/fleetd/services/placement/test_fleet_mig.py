@@ -1,4 +1,5 @@
-"""A fleet's MIG setting through the API (issue 50): {mode: off | fixed, layout?}, validated (400
+"""A fleet's MIG setting through the API (issue 50): {mode: off | fixed | dynamic, layout?,
+settle_seconds?}, validated (400
 in the error envelope), what placement does with it, and the validation gate's layout check.
 Real API, the agent's side played by hand."""
 
@@ -20,13 +21,18 @@ def test_a_fleet_shows_its_mig_setting_in_force_and_takes_a_fixed_layout(api):
     assert api.patch("/api/v1/fleets/gpu-a", {"mig": None}).get_json()["mig"] == {"mode": "fixed"}
     made = api.create_fleet("gpu-b", mig={"mode": "off"})
     assert made["mig"] == {"mode": "off"}
+    dynamic = {"mode": "dynamic", "settle_seconds": 60}
+    assert api.create_fleet("gpu-c", mig=dynamic)["mig"] == dynamic
 
 
 @pytest.mark.parametrize(
     ("mig", "says"),
     [
-        ({"mode": "dynamic"}, "dynamic MIG is not available yet"),
-        ({"mode": "sometimes"}, "mig.mode must be off or fixed"),
+        ({"mode": "sometimes"}, "mig.mode must be off, fixed or dynamic"),
+        ({"mode": "dynamic", "settle_seconds": -1}, "settle_seconds"),
+        ({"mode": "dynamic", "settle_seconds": "5"}, "settle_seconds"),
+        ({"mode": "fixed", "settle_seconds": 60}, "with mode dynamic only"),
+        ({"mode": "dynamic", "layout": {A100: ["7g.80gb"]}}, "with mode fixed only"),
         ({}, "Missing data for required field"),
         ({"mode": "fixed", "extra": 1}, "Unknown field"),
         ({"mode": "fixed", "layout": {A100: ["1g.5gb"]}}, "1g.5gb not a profile of this model"),
@@ -101,3 +107,21 @@ def test_the_gate_passes_mig_gpus_with_the_layout_and_ignores_other_models(api):
     assert node["status"] == "ready", validation
     [check] = [c for c in validation["checks"] if c["name"] == "mig_layout"]
     assert check["passed"] and check["gpu"] is None
+
+
+def test_the_gate_of_a_dynamic_fleet_checks_the_profile_table_not_a_layout(api):
+    api.create_fleet("gpu-a", validation={}, mig={"mode": "dynamic"})
+    mixed = mig_gpu(1, [("3g.40gb", 0, 4), ("1g.10gb", 4, 1)])
+    node, validation = _validate(api, [mig_gpu(0, SEVEN), mixed])
+    assert node["status"] == "ready", validation
+    [check] = [c for c in validation["checks"] if c["name"] == "mig_layout"]
+    assert check["passed"]
+
+
+def test_the_gate_of_a_dynamic_fleet_fails_a_placement_the_table_does_not_allow(api):
+    api.create_fleet("gpu-a", validation={}, mig={"mode": "dynamic"})
+    wrong = mig_gpu(0, [("3g.40gb", 2, 4)])  # a 3g starts at slot 0 or 4 only
+    node, validation = _validate(api, [wrong])
+    assert node["status"] == "failed_validation"
+    [failed] = [c for c in validation["checks"] if not c["passed"]]
+    assert failed["name"] == "mig_layout" and "3g.40gb@2" in failed["detail"]
