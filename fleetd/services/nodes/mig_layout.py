@@ -24,42 +24,36 @@ _FLEET_OF = Statement(lambda v: Node.select(Node.fleet).where(Node.id == v("node
 
 
 def mig_layout_checks(node_id):
-    """The check's results: one failure per GPU whose MIG devices differ from the layout, naming
-    it; else one pass; [] where the node's fleet has no layout."""
+    """The check's results: one failure per GPU whose MIG devices differ from the layout (in a
+    dynamic fleet: that its model's profile table does not allow), naming it; else one pass; []
+    where the node's fleet has no layout."""
     node = _FLEET_OF.first(node=node_id)
     setting = fleet_column(node.fleet_id, "mig") if node is not None else None
     if (setting or {}).get("mode") == "dynamic":
-        return _table_checks(node_id)
+        return _results(
+            (
+                (gpu, f"GPU {gpu.index} ({gpu.uuid}, {gpu.model}): {why}")
+                for gpu, why in table_mismatches(_GPUS_OF.rows(node=node_id))
+            ),
+            "every MIG GPU has only profiles of its model at placements its table allows",
+        )
     if not (setting or {}).get("layout"):
         return []
-    failed = [
-        {
-            "name": CHECK,
-            "gpu": gpu.index,
-            "uuid": gpu.uuid,
-            "status": "failed",
-            "passed": False,
-            "detail": (
+    return _results(
+        (
+            (
+                gpu,
                 f"GPU {gpu.index} ({gpu.uuid}, {gpu.model}) has MIG devices "
-                f"[{', '.join(found) or 'none'}], the fleet's layout wants [{', '.join(want)}]"
-            ),
-        }
-        for gpu, want, found in layout_mismatches(setting, _GPUS_OF.rows(node=node_id))
-    ]
-    return failed or [
-        {
-            "name": CHECK,
-            "gpu": None,
-            "status": "passed",
-            "passed": True,
-            "detail": "every MIG GPU of a model in the fleet's layout has the layout's devices",
-        }
-    ]
+                f"[{', '.join(found) or 'none'}], the fleet's layout wants [{', '.join(want)}]",
+            )
+            for gpu, want, found in layout_mismatches(setting, _GPUS_OF.rows(node=node_id))
+        ),
+        "every MIG GPU of a model in the fleet's layout has the layout's devices",
+    )
 
 
-def _table_checks(node_id):
-    """A dynamic fleet's check: one failure per GPU whose MIG devices the profile table does not
-    allow; else one pass."""
+def _results(failures, passed_detail):
+    """One failed result per (gpu, detail) of `failures`; else one passed result."""
     failed = [
         {
             "name": CHECK,
@@ -67,16 +61,10 @@ def _table_checks(node_id):
             "uuid": gpu.uuid,
             "status": "failed",
             "passed": False,
-            "detail": f"GPU {gpu.index} ({gpu.uuid}, {gpu.model}): {why}",
+            "detail": detail,
         }
-        for gpu, why in table_mismatches(_GPUS_OF.rows(node=node_id))
+        for gpu, detail in failures
     ]
     return failed or [
-        {
-            "name": CHECK,
-            "gpu": None,
-            "status": "passed",
-            "passed": True,
-            "detail": "every MIG GPU has only profiles of its model at placements its table allows",
-        }
+        {"name": CHECK, "gpu": None, "status": "passed", "passed": True, "detail": passed_detail}
     ]
