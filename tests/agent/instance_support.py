@@ -126,11 +126,7 @@ def start_instance_agent(http, server_url, agent_factory, fleet="lab", env=None,
     agent.join(join["token"], server_url, check=True)
     agent.start()
     node_id = agent.node()["node_id"]
-    wait_until(
-        lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
-        timeout=60,
-        message="the node ready",
-    )
+    http.wait_node_ready(node_id)
     return agent
 
 

@@ -48,11 +48,7 @@ def fleet(server_factory, admin, agent_factory):
         agent.join(join["token"], server.url, check=True)
         agent.start()
         node_id = agent.node()["node_id"]
-        wait_until(
-            lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
-            timeout=60,
-            message="the node ready",
-        )
+        http.wait_node_ready(node_id)
         made.append(agent)
         return http, agent
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.agent.conftest import Http, shape_path, wait_until
+from tests.agent.conftest import Http, shape_path
 from tests.agent.test_jobs_e2e import FAST, job_logs, wait_job
 
 pytestmark = pytest.mark.integration
@@ -31,11 +31,7 @@ def test_an_idle_gpu_is_repartitioned_and_a_queued_1g_job_runs_on_the_new_slice(
     agent.join(join["token"], server.url)
     agent.start()
     node_id = agent.node()["node_id"]
-    wait_until(
-        lambda: http("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
-        timeout=60,
-        message="the node ready",
-    )
+    http.wait_node_ready(node_id)
     job = http(
         "POST",
         "/api/v1/jobs",

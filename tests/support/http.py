@@ -7,6 +7,7 @@ import re
 import requests
 
 from tests.support.gpus import gpus
+from tests.support.polling import wait_until
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -220,6 +221,14 @@ class Http:
         if expect is not None:
             assert resp.status_code == expect, f"{method} {path}: {resp.status_code} {resp.text}"
         return resp
+
+    def wait_node_ready(self, node_id, timeout=60):
+        """Wait until the node reads `ready` (AssertionError after `timeout` seconds)."""
+        wait_until(
+            lambda: self("GET", f"/api/v1/nodes/{node_id}", expect=200).json()["status"] == "ready",
+            timeout=timeout,
+            message="the node ready",
+        )
 
     def create_root_fleet(self, name="lab", **body):
         """A fleet whose admins' work runs as root on its nodes (`allow_root_tasks`): for tests of
