@@ -8,6 +8,8 @@ import time
 from fleetd.db import after_commit
 from fleetwire.heartbeat import TaskReport
 
+ENDED = frozenset(("succeeded", "failed", "cancelled", "lost", "preempted"))  # as nodes report
+
 
 @dataclasses.dataclass
 class Seen:
@@ -81,7 +83,9 @@ class LivenessTracker:
         return self.ttl * self.scale()
 
     def touch(self, node_id, tasks=(), metrics=None):
-        """Record a heartbeat (or registration) of a node, now."""
+        """Record a heartbeat (or registration) of a node, now; returns whether a task its previous
+        heartbeat listed as not finished is no longer listed so (its process is gone: what it
+        held is free, if fleetd had ended it already)."""
         seen = Seen(self.clock.monotonic(), self.clock.now(), list(tasks), metrics)
         with self._lock:
             previous = self._seen.get(node_id)
@@ -92,6 +96,10 @@ class LivenessTracker:
                 self._reporting[node_id] = seen.tasks
             else:
                 self._reporting.pop(node_id, None)
+        if previous is None or not previous.tasks:
+            return False
+        running = {t.id for t in seen.tasks if t.state not in ENDED}
+        return any(t.id not in running for t in previous.tasks if t.state not in ENDED)
 
     def forget(self, node_id):
         """Drop a node (deleted, deregistered or declared lost)."""
@@ -143,7 +151,7 @@ class LivenessTracker:
         out = {}
         for node_id, tasks in reporting:
             for task in tasks:
-                if task.state not in ("succeeded", "failed", "cancelled", "lost", "preempted"):
+                if task.state not in ENDED:
                     out[task.id] = (node_id, task.epoch)
         return out
 

@@ -20,6 +20,7 @@ from fleetd.services.placement.engines import Engines
 from fleetd.services.placement.inventory import InventoryCache, call
 from fleetd.services.placement.loop import SchedulerLoop
 from fleetd.services.placement.parking import ParkedGroups
+from fleetd.services.placement.reservations import Reservations
 from fleetd.services.placement.terms import TermsCache
 from fleetd.services.workloads import output_store
 from fleetd.services.workloads.lifecycle import NodeStops
@@ -57,6 +58,8 @@ class Runtime:
     engines: Engines = dataclasses.field(
         default_factory=Engines
     )  # placement engines kept between passes
+    # what tasks hold, summed, kept between reads (services/placement/reservations.py)
+    reservations: Reservations = dataclasses.field(default_factory=Reservations)
     pass_lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock
     )  # passes never overlap

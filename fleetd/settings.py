@@ -39,6 +39,8 @@ class Settings:
     drain_check_seconds: float = 5.0
     task_lease_seconds: float = 40.0  # a task whose node stops renewing it this long is lost
     scheduler_interval_seconds: float = 5.0  # periodic pass, besides the passes events trigger
+    # ... which asks a parked group again once it has been parked this long (events wake the rest)
+    scheduler_parked_recheck_seconds: float = 30.0
     mig_plan_seconds: float = 15.0  # dynamic MIG: how often idle GPUs are planned from the queue
     lease_sweep_seconds: float = 5.0
     gpu_hold_check_seconds: float = (

@@ -8,5 +8,7 @@ DESCRIPTION = "Places queued jobs and refreshes their pending reasons"
 
 
 def run(rt):
-    """One pass; returns how many jobs were placed and how many still wait."""
-    return run_pass(rt)
+    """One pass; returns how many jobs were placed and how many still wait. Groups parked since
+    the last event that could wake them are asked again only after a while: at 100,000 queued
+    jobs, asking each every few seconds is most of what a pass costs."""
+    return run_pass(rt, recheck_after=rt.settings.scheduler_parked_recheck_seconds)

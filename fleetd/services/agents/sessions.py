@@ -23,7 +23,7 @@ from fleetd.services.nodes.nodes import (
 )
 from fleetd.services.notify.events import acting_as, record_event
 from fleetd.services.placement import mig_plan
-from fleetd.services.placement.parking import node_changed
+from fleetd.services.placement.parking import freed_on, node_changed
 from fleetd.services.workloads import instances
 from fleetd.sql import Statement
 from fleetwire.heartbeat import Heartbeat, HeartbeatReply
@@ -291,7 +291,10 @@ def renew(rt, node, beat):
     """What every heartbeat does, in memory or without a transaction of its own: liveness, the
     leases of the tasks it lists (returns those it must stop), its instances' figures, its
     volumes."""
-    rt.liveness.touch(node.id, beat.tasks, beat.metrics)
+    if rt.liveness.touch(node.id, beat.tasks, beat.metrics) and rt.scheduler is not None:
+        # A process the node listed is gone: a task fleetd ended before (cancelled, preempted)
+        # held its GPUs until now, and work parked for this node's capacity may fit.
+        rt.scheduler.kick(what=freed_on(rt, node.id))
     cancel = reconcile_reported_tasks(rt, node, beat.tasks)
     if beat.instances:
         rt.samples.put(list(beat.instances))

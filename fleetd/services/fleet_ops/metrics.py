@@ -15,7 +15,7 @@ from fleetd.db import write_transaction
 from fleetd.models import ClusterSample, GpuSample, InstanceState, Job, JobState
 from fleetd.services.accounting.ledger import SAMPLES_LOCK
 from fleetd.services.accounting.usage_metrics import UsageCollector
-from fleetd.services.placement.capacity import cluster_status, gpu_summary
+from fleetd.services.placement.capacity import gpu_summary, node_counts
 from fleetd.services.placement.cluster import current_state
 from fleetd.services.workloads import instances
 from fleetd.services.workloads.artifacts import store_dir
@@ -103,9 +103,10 @@ class _StateCollector:
     def collect(self):
         rt = self.rt
         state = current_state(rt)
-        status = cluster_status(state, offload=rt.offload)
+        # The counts only: cluster status's listing of every active job is not read for a scrape.
+        gpu = rt.offload(gpu_summary, state, state.queued_demand())
         nodes = GaugeMetricFamily("fleetd_nodes", "Nodes by status.", labels=["status"])
-        for name, count in sorted(status["nodes"].items()):
+        for name, count in sorted(node_counts(state).items()):
             nodes.add_metric([name], count)
         yield nodes
         gpus = GaugeMetricFamily(
@@ -113,12 +114,12 @@ class _StateCollector:
             "GPUs by series and state (total = used + free + blocked).",
             labels=["series", "state"],
         )
-        for series in status["gpu"]["series"]:
+        for series in gpu["series"]:
             for key in ("total", "used", "free", "blocked"):
                 gpus.add_metric([series["id"], key], series[key])
         yield gpus
         queued = GaugeMetricFamily("fleetd_gpus_queued", "GPUs asked for by queued jobs.")
-        queued.add_metric([], status["gpu"]["queued"])
+        queued.add_metric([], gpu["queued"])
         yield queued
         jobs = GaugeMetricFamily(
             "fleetd_jobs", "Jobs by state (runs of instances not included).", labels=["state"]

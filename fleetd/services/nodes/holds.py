@@ -18,7 +18,7 @@ import logging
 
 from fleetd.db import write_transaction
 from fleetd.models import Job, JobState, Task, TaskState
-from fleetd.services.placement.inventory import load_holds
+from fleetd.services.placement.task_holds import load_holds
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES, switch_task_state
 
 log = logging.getLogger(__name__)

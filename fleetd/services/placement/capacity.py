@@ -97,7 +97,7 @@ def cluster_status(state, principal=None, storage=None, offload=call):
         "active_instances": listed["instances"],
         "other_active_instances": others["instances"],
         "profiles": profiles(state),
-        "nodes": _node_counts(state),
+        "nodes": node_counts(state),
     }
 
 
@@ -319,7 +319,8 @@ def blocked_sentence(notes, labels):
     return "; ".join(parts) + ("." if parts else "")
 
 
-def _node_counts(state):
+def node_counts(state):
+    """{node status: how many nodes}."""
     counts: dict[str, int] = {}
     for node in state.nodes:
         counts[node.status] = counts.get(node.status, 0) + 1

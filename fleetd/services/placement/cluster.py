@@ -18,13 +18,14 @@ from fleetd.services.nodes import accounts
 from fleetd.services.placement.inventory import (
     BLOCK_TEXT,
     NodeBlock,
-    load_holds,
     load_inventory,
     node_links,
     series_id,
 )
 from fleetd.services.placement.mig import mig_slices
 from fleetd.services.placement.network import node_place
+from fleetd.services.placement.reservations import compute
+from fleetd.services.placement.task_holds import load_holds
 from fleetd.services.placement.terms import TermsCache
 from fleetd.sql import Statement
 
@@ -58,6 +59,7 @@ def current_state(rt):
         rt.liveness.overdue_view(),
         rt.liveness.reported_running(),
         rt.inventory.get(),
+        rt.reservations,
     )
 
 
@@ -65,11 +67,17 @@ class ClusterState:
     """Nodes, GPUs, fleets and active tasks, loaded once (inside a transaction when it matters)."""
 
     def __init__(
-        self, terms: TermsCache, now, silent=lambda node_id: False, reported=None, inventory=None
+        self,
+        terms: TermsCache,
+        now,
+        silent=lambda node_id: False,
+        reported=None,
+        inventory=None,
+        reservations=None,
     ):
         """`terms`: the runtime's job terms; `reported`: {task id: (node id, epoch)} that nodes last
         said are still running; `inventory`: fleets, nodes and GPUs when the caller has them (else
-        read now)."""
+        read now); `reservations`: the runtime's sums of what tasks hold (else summed now)."""
         self.terms = terms
         self.now = now
         self.inventory = inventory = inventory or load_inventory()
@@ -90,7 +98,9 @@ class ClusterState:
             ]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu
         # milli, memory]
-        self.held, self.node_use = self._reservations()
+        self.held, self.node_use = (reservations.of if reservations is not None else compute)(
+            self.tasks + self.stopping
+        )
         self._silent = silent
         # node id -> {owner: host ports its instances hold there}; see load_owner_ports
         self.owner_ports: dict = {}
@@ -232,28 +242,6 @@ class ClusterState:
                 per_node = out.setdefault(node_id, {})
                 per_node[owner] = per_node.get(owner, 0) + declared
         self.owner_ports = out
-
-    def _reservations(self):
-        """What active and still-stopping tasks hold, per GPU and per node (with their count)."""
-        held: dict[
-            tuple[str, str], list
-        ] = {}  # (node id, uuid) -> [milli, memory, exclusive, task ids]
-        node_use: dict[str, list[int]] = {}  # node id -> [cpu milli, memory bytes, tasks]
-        for task in self.tasks + self.stopping:
-            req = task.job.request
-            use = node_use.setdefault(task.node_id, [0, 0, 0])
-            use[0] += req.cpu_milli
-            use[1] += req.memory_bytes
-            use[2] += 1
-            for alloc in task.gpus:
-                # A MIG device is held by its own uuid; its GPU, in MIG mode, takes no other work.
-                where = alloc.get("mig_device") or alloc["uuid"]
-                h = held.setdefault((task.node_id, where), [0, 0, False, []])
-                h[0] += alloc.get("compute_milli", scheduler.MILLI)
-                h[1] += alloc.get("memory_limit_bytes") or 0
-                h[2] = h[2] or alloc.get("exclusive", False)
-                h[3].append(task.id)
-        return held, node_use
 
     # ------------------------------------------------------------ capacity views
 

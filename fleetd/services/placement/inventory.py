@@ -1,5 +1,5 @@
 """The inventory the scheduler reads: nodes, GPUs and fleets as of one version, patched node by node
-from the changes since the last read, and the GPU holds of active tasks."""
+from the changes since the last read (the GPU holds of active tasks: task_holds.py)."""
 
 import dataclasses
 import functools
@@ -17,11 +17,8 @@ from fleetd.models import (
     InventoryVersion,
     Node,
     NodeStatus,
-    Task,
 )
 from fleetd.services.placement.network import carried_places
-from fleetd.services.placement.terms import JobTerms
-from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.sql import Statement
 from fleetwire.topology import Topology
 
@@ -60,40 +57,6 @@ class NodeBlock:
     next_open_at: object = None
 
 
-class Hold(typing.NamedTuple):
-    """A task that holds capacity (active, or ended here but still reported running by its node).
-
-    A tuple, not a model: a scheduling pass reads every active task, and with a deep backlog
-    that is thousands of rows per pass.
-    """
-
-    id: str
-    job_id: str
-    rank: int
-    node_id: str
-    epoch: int
-    state: str
-    gpus: list
-    job: JobTerms
-    run_as: str | None = None  # as stored (JSON text): only the allocation view reads it
-    link_class: str | None = None  # its GPUs' weakest link: only the allocation view reads it
-
-
-def _hold_columns():
-    return Task.select(
-        Task.id,
-        Task.job,
-        Task.rank,
-        Task.node,
-        Task.epoch,
-        Task.state,
-        Task.gpus,
-        Task.run_as,
-        Task.link_class,
-    )
-
-
-_ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
 _FLEETS = Statement(lambda v: Fleet.select())
 _NODES = Statement(
     lambda v: Node.select().where(Node.status != NodeStatus.REVOKED.value).order_by(Node.id)
@@ -134,70 +97,6 @@ class GpuRow(typing.NamedTuple):
     # In MIG mode, its MIG devices that have a profile (all free: tasks' holds are not in the
     # inventory); None outside MIG mode
     mig: tuple[scheduler.MigSlice, ...] | None = None
-
-
-_ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 shapes at most
-
-
-def _ended_holds_statement(count):
-    return Statement(
-        lambda v: _hold_columns().where(
-            Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)
-        )
-    )
-
-
-_ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
-
-
-# A task's GPUs as stored (JSON text) -> as parsed: a pass reads every active task's, and those of
-# one task do not change while it holds them, so each is parsed once rather than at every pass (at
-# 10,000 nodes, tens of thousands of JSON documents a pass). Shared and never changed by readers;
-# emptied when full.
-_GPUS_PARSED: dict[str, list] = {}
-_GPUS_PARSED_MAX = 200_000
-
-
-def _parsed_gpus(raw):
-    if not isinstance(raw, str):
-        return Task.gpus.python_value(raw) or []
-    found = _GPUS_PARSED.get(raw)
-    if found is None:
-        if len(_GPUS_PARSED) >= _GPUS_PARSED_MAX:
-            _GPUS_PARSED.clear()
-        found = _GPUS_PARSED[raw] = Task.gpus.python_value(raw) or []
-    return found
-
-
-def load_holds(terms_cache, ended=None):
-    """Hold rows of the active tasks, or of those of the task ids in `ended` that are no longer
-    active: narrow queries compiled once, job terms from `terms_cache` (rt.terms)."""
-    if ended is None:
-        rows = _ACTIVE_HOLDS.raw_tuples()
-    else:
-        rows = []
-        for start in range(0, len(ended), _ENDED_CHUNK):
-            chunk = ended[start : start + _ENDED_CHUNK]
-            rows += _ENDED_HOLDS[len(chunk)].raw_tuples(
-                **{f"id{i}": task_id for i, task_id in enumerate(chunk)}
-            )
-    terms = terms_cache.get_many(list({row[1] for row in rows}))
-    return [
-        Hold(
-            task_id,
-            job_id,
-            rank,
-            node_id,
-            epoch,
-            state,
-            _parsed_gpus(gpus),
-            terms[job_id],
-            run_as,
-            link_class,
-        )
-        for task_id, job_id, rank, node_id, epoch, state, gpus, run_as, link_class in rows
-        if job_id in terms
-    ]
 
 
 class Inventory(typing.NamedTuple):

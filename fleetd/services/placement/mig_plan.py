@@ -141,7 +141,9 @@ def plan_mig(rt):
         if not any(s["mode"] == "dynamic" for s in settings.values()):
             return {"planned": 0, "expired": expired}
         fleet_of = {node.id: node.fleet_id for node in _NODE_FLEETS.rows()}
-        state = ClusterState(rt.terms, now, inventory=rt.inventory.get())
+        state = ClusterState(
+            rt.terms, now, inventory=rt.inventory.get(), reservations=rt.reservations
+        )
         demand = state.queued_mig_demand()
         rows: dict[str, typing.Any] = {}
         by_fleet: dict[str, list[MigGpu]] = {}

@@ -12,6 +12,7 @@ window opening) is seen by the periodic pass, which looks at every group.
 """
 
 import collections
+import datetime as dt
 import json
 import math
 import threading
@@ -147,6 +148,7 @@ class ParkedGroups:
         self._groups = {}  # key -> (reason, kind)
         self._by_place = {}  # (fleet or None, GPU type or None) -> {key}
         self._by_team = {}  # team -> {key}
+        self._parked_at: dict = {}  # key -> when (fleetd's clock) it was last found not to fit
         self._view = (
             None,
             0,
@@ -182,6 +184,7 @@ class ParkedGroups:
 
     def _drop(self, key):
         reason, kind = self._groups.pop(key)
+        self._parked_at.pop(key, None)
         index = self._by_team if kind == ALLOWANCE else self._by_place
         for where in [key.team] if kind == ALLOWANCE else _place_keys(key):
             keys = index.get(where)
@@ -190,10 +193,11 @@ class ParkedGroups:
                 if not keys:
                     del index[where]
 
-    def _add(self, key, reason, kind):
+    def _add(self, key, reason, kind, at=None):
         if key in self._groups:
             self._drop(key)
         self._groups[key] = (reason, kind)
+        self._parked_at[key] = at
         if kind == ALLOWANCE:
             self._by_team.setdefault(key.team, set()).add(key)
         else:
@@ -216,16 +220,31 @@ class ParkedGroups:
                 return since
             return self._view[1] if version is not None and self._view[0] == version else None
 
+    def due(self, age, now, opened=lambda at, fleet: False):
+        """The parked groups a periodic pass asks again at `now`: those found not to fit `age`
+        seconds ago or more (what no event announces: a budget's new month, spot work an
+        on-demand group could preempt), those for which `opened(at, fleet)` says an availability
+        window opened since (of that fleet; any fleet for None), and those parked at a time not
+        known."""
+        before = now - dt.timedelta(seconds=age)
+        with self._lock:
+            return {
+                key
+                for key, at in self._parked_at.items()
+                if at is None or at <= before or opened(at, key.fleet)
+            }
+
     def parked(self):
         """{key: reason} of the groups parked now (a copy, for the compute phase)."""
         with self._lock:
             return {key: reason for key, (reason, _) in self._groups.items()}
 
-    def update(self, parked, since, looked=()):
+    def update(self, parked, since, looked=(), now=None):
         """Record what a pass that began at `since` (stamps()) found: `parked` {key: (reason,
         kind)} of the groups that did not fit, `looked` the groups it asked (those that fit are
-        parked no more). A group an event since could have let fit is not parked; nor is any
-        when more events came since than are remembered, or when `since` is None (not known)."""
+        parked no more), `now` when it read the cluster. A group an event since could have let
+        fit is not parked; nor is any when more events came since than are remembered, or when
+        `since` is None (not known)."""
         with self._lock:
             for key in looked:
                 if key in self._groups:
@@ -237,13 +256,14 @@ class ParkedGroups:
                 return  # the log no longer reaches back to the pass's start: wake rather than guess
             for key, (reason, kind) in parked.items():
                 if not any(wakes(event, key, kind) for event in missed):
-                    self._add(key, reason, kind)
+                    self._add(key, reason, kind, now)
 
     def clear(self):
         with self._lock:
             self._groups.clear()
             self._by_place.clear()
             self._by_team.clear()
+            self._parked_at.clear()
 
 
 def ended_on(rt, node_id, job_id):
@@ -260,6 +280,16 @@ def ended_on(rt, node_id, job_id):
     return node_capacity(
         node.id, node.fleet_id, node.labels or {}, models, gpus, team=team, ended=True
     )
+
+
+def freed_on(rt, node_id):
+    """The Capacity of what a process that stopped on node `node_id` held (no team's allowance
+    changes: its task had ended in fleetd before)."""
+    known = rt.inventory.node_of(node_id)
+    if known is None:
+        return node_capacity()
+    node, models, gpus = known
+    return node_capacity(node.id, node.fleet_id, node.labels or {}, models, gpus)
 
 
 def node_changed(node):

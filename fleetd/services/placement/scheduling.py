@@ -6,9 +6,6 @@ import dataclasses
 import functools
 import logging
 import time
-import typing
-
-import peewee
 
 from fleetd import scheduler
 from fleetd.db import database, write_transaction
@@ -17,28 +14,27 @@ from fleetd.services.identity.identities import UidsExhausted
 from fleetd.services.notify.events import FLEETD, acting_as
 from fleetd.services.placement.assigned import place_task
 from fleetd.services.placement.cluster import ClusterState
-from fleetd.services.placement.inventory import raw_rows
 from fleetd.services.placement.parking import ALLOWANCE, CAPACITY
+from fleetd.services.placement.queue_read import opened_since, read_queue, unread_requests
 from fleetd.services.placement.reasons import never_fits, nowhere, pinned_reason
 from fleetd.services.placement.rules import Rules, preempt, preemption
-from fleetd.services.placement.terms import group_key
 from fleetd.services.workloads.lifecycle import switch_job_state, switch_task_state
 from fleetd.services.workloads.runs import TASKS_OF_JOB, run_placed
 from fleetd.sql import Statement
 
 log = logging.getLogger(__name__)
 
-PRIORITY_ORDER = {"on-demand": 0, "spot": 1}
 
-
-def run_pass(rt, full=True):
+def run_pass(rt, full=True, recheck_after=0.0):
     """One scheduling pass over the queued jobs; returns {"assigned": jobs, "pending": jobs}.
 
     Three phases, so that the costly one never holds the database or the event loop:
     1. read the queue and the cluster (short, on the loop);
     2. decide in the pure engine (rt.offload: a worker thread under `fleetd serve`), one
        feasibility answer per group of equivalent jobs; a kicked pass skips parked groups, a
-       `full` one asks each through its first job (their other jobs stay unread either way);
+       `full` one asks each through its first job (their other jobs stay unread either way),
+       or, with `recheck_after` seconds, only those parked that long (and every one when a
+       fleet's availability window opened or closed: the periodic pass);
     3. write the assignments in one short transaction, each checked against what changed in
        the meantime (a job cancelled, a node cordoned): those wait for the next pass.
     Passes never overlap; nodes that got work are woken after the commit.
@@ -51,7 +47,7 @@ def run_pass(rt, full=True):
     ):  # placements and preemptions are fleetd's, even when a request kicked
         started = time.perf_counter()
         try:
-            return _run_pass(rt, full)
+            return _run_pass(rt, full, recheck_after=recheck_after)
         finally:
             if rt.instruments is not None:
                 rt.instruments.scheduling_pass.observe(time.perf_counter() - started)
@@ -80,27 +76,39 @@ class _Plan:
             self.waiting[job.id] = reason
 
 
-def _run_pass(rt, full, read_all=False):
+def _run_pass(rt, full, read_all=False, recheck_after=0.0):
     now = rt.clock.now()
     stamps = rt.parked.stamps()
     parked = None if read_all else rt.parked.parked()
+    # The parked groups this pass asks again (True: every one) and those it skips.
+    asked: bool | set = bool(full)
+    skipped = None if full else parked
+    if full and parked and recheck_after > 0:
+        due = rt.parked.due(recheck_after, now, opened_since(rt.inventory.get(), now))
+        skipped = {key: reason for key, reason in parked.items() if key not in due}
+        asked = due
     with database.atomic():  # one consistent read
-        # A full pass looks at every group, parked ones through their first job (see _read_queue).
-        queued, unread = _read_queue(parked, first_of_each=full)
+        # A full pass looks at every group, parked ones through their first job (see queue_read.read_queue).
+        queued, unread = read_queue(parked, first_of=asked)
         if not queued and not unread:
             rt.parked.clear()
             return {"assigned": 0, "pending": 0}
         queued, terms, aside = _evaluable(rt.terms, queued)
-        followed = {
-            first for _, _, first in unread
-        }  # read (in a full pass) for a group with unread jobs
-        unread = _unread_requests(rt.terms, unread)
+        # Read (in a full pass) for a group with unread jobs: a job of a group not asked is not
+        # read, so is never among those placed.
+        followed = {first for _, _, first in unread}
+        unread = unread_requests(rt.terms, unread)
         # The worker thread takes no locks: liveness is handed over frozen.
         inventory = rt.inventory.get()
         stale_for = rt.inventory.stale_for  # read at once: another caller's get() resets it
         since = rt.parked.view_since(inventory.version, stamps, stale_for > 0)
         state = ClusterState(
-            rt.terms, now, rt.liveness.overdue_view(), rt.liveness.reported_running(), inventory
+            rt.terms,
+            now,
+            rt.liveness.overdue_view(),
+            rt.liveness.reported_running(),
+            inventory,
+            rt.reservations,
         )
         if any(t.request.host_ports for t in terms.values()) or any(
             r.host_ports for r, _ in unread
@@ -115,7 +123,7 @@ def _run_pass(rt, full, read_all=False):
         terms,
         state,
         rules,
-        None if full else parked,
+        skipped,
         dict(rt.nominations),
         rt.engines,
         unread,
@@ -123,11 +131,11 @@ def _run_pass(rt, full, read_all=False):
     if any(job.id in followed for job, _, _ in plan.placed):
         # A parked group fits after all (what no event announced, a window opening): its other
         # jobs were not read, so decide again over every queued job, in placement order.
-        return _run_pass(rt, full, read_all=True)
+        return _run_pass(rt, full, read_all=True, recheck_after=recheck_after)
     plan.waiting.update(aside)
     for job_id, reason in plan.errors.items():
         log.error("scheduling: job %s set aside: %s", job_id, reason)
-    rt.parked.update(plan.parked, since, plan.looked)
+    rt.parked.update(plan.parked, since, plan.looked, now)
     assigned, woken = _write(rt, plan, now, inventory)
     for node_id in woken:
         rt.notifier.notify(("node", node_id))
@@ -234,7 +242,6 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                 reason = (
                     pinned_reason(request.node_selector.node_id, result.filter_detail) or reason
                 )
-            plan.parked[key] = (reason, CAPACITY)
             if job.priority_class == "on-demand" and result.filter_detail:
                 why, victims = preemption(
                     state, candidates, request, engine.policy, nominations.get(job.id)
@@ -242,6 +249,9 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
                 reason = why or reason
                 if victims is not None:
                     plan.preempt.append((job, victims))
+            # Parked with the reason its jobs are told (a preemption's, when one was planned):
+            # a pass that skips the group tells a job that joins it the same.
+            plan.parked[key] = (reason, CAPACITY)
         plan.wait(job, reason)
         blocked[key] = reason
     return plan
@@ -385,58 +395,6 @@ def _jobs_by_id(job_ids):
     return out
 
 
-# Parked groups a kicked pass leaves out of its read (more: it reads all); two parameters each.
-MAX_UNREAD_GROUPS = 10_000
-
-
-def _told(parked):
-    """A queued job is of a parked group and says its reason: one row value IN a VALUES list made
-    as text (peewee's walk of an expression per group cost more than the read)."""
-    param = database.obj.param  # the driver's placeholder: ? (SQLite) or %s (PostgreSQL)
-    values = ", ".join([f"({param}, {param})"] * len(parked))
-    pairs = [v for key, reason in parked.items() for v in (group_key(key), reason)]
-    return peewee.Expression(
-        peewee.Tuple(Job.group_key, Job.pending_reason),
-        "IN",
-        peewee.SQL(f"(VALUES {values})", pairs),
-    )
-
-
-def _read_queue(parked, first_of_each=False):
-    """(the queued jobs to read, in placement order, [(group key, jobs, one job id)] of those left
-    unread). A pass that skips parked groups (`parked`: {group: reason}) does not read their jobs
-    that already say why they wait: a parked backlog of thousands costs it one count per group,
-    not a row per job. With `first_of_each` (a pass that looks at every group) the first of those
-    jobs of each parked group is read too, and is no longer counted among the unread: the group
-    is asked once, as always, through it. Jobs with no group key (stored before it existed) are
-    always read."""
-    if not parked or len(parked) > MAX_UNREAD_GROUPS:
-        return list(map(Queued._make, _QUEUED.raw_tuples())), []
-    told = _told(parked)
-    queued = Job.state == JobState.QUEUED.value
-    # A group shares its priority class, so its first job in placement order is its lowest id.
-    unread = raw_rows(
-        Job.select(Job.group_key, peewee.fn.COUNT(Job.id), peewee.fn.MIN(Job.id))
-        .where(queued & Job.group_key.is_null(False) & told)
-        .group_by(Job.group_key)
-    )
-    read = Job.group_key.is_null() | ~told
-    if first_of_each and unread:
-        read |= Job.id.in_([first for _, _, first in unread])
-        unread = [(key, count - 1, first) for key, count, first in unread if count > 1]
-    columns = (Job.id, Job.team, Job.priority_class, Job.pending_reason)
-    rows = raw_rows(Job.select(*columns).where(queued & read).order_by(*_PLACEMENT_ORDER))
-    return list(map(Queued._make, rows)), unread
-
-
-def _unread_requests(terms_cache, unread):
-    """[(request, jobs)] of the unread groups, from one job of each (its terms are cached)."""
-    terms, _failed = terms_cache.get_each(
-        [some for _, _, some in unread]
-    )  # a failed one is read next time
-    return [(terms[some].request, count) for _, count, some in unread if some in terms]
-
-
 def _evaluable(terms_cache, queued):
     """(jobs, {id: JobTerms}, {id: reason}) : the queued jobs the engine can evaluate, their terms,
     and why each of the others is set aside (it stays queued; the rest go on)."""
@@ -465,23 +423,6 @@ def _tasks_of(job_ids):
     }
 
 
-class Queued(typing.NamedTuple):
-    """What a pass reads of a queued job (its spec is in the terms cache)."""
-
-    id: str
-    team: str
-    priority_class: str
-    pending_reason: str
-
-
-_PLACEMENT_ORDER = (peewee.Case(Job.priority_class, list(PRIORITY_ORDER.items()), 9), Job.id)
-_QUEUED = Statement(
-    lambda v: (
-        Job.select(Job.id, Job.team, Job.priority_class, Job.pending_reason)
-        .where(Job.state == JobState.QUEUED.value)
-        .order_by(*_PLACEMENT_ORDER)
-    )
-)
 _RECORD_REASON = Statement(
     lambda v: Job.update(pending_reason=v("reason")).where(
         (Job.id == v("id"))

@@ -193,6 +193,46 @@ def test_a_task_of_the_team_ending_wakes_its_group_held_at_its_quota(api, fleets
     assert api.job(first)["state"] == "succeeded" and api.job(second)["state"] == "running"
 
 
+def test_the_periodic_pass_asks_a_parked_group_again_only_once_it_has_waited_a_while(
+    api, fleets, monkeypatch, clock
+):
+    join_a, _ = fleets
+    _ready(api, join_a, "h100", 2)
+    api.submit(name="holds", resources={"gpus": 2})
+    big = api.submit(name="big", resources={"gpus": 1, "cpus": 0.5})["id"]
+    assert api.job(big)["state"] == "queued" and _parked_keys(api)
+    watch = Watch(api, monkeypatch, [big])
+    api.run_task("scheduling")  # parked just now: not asked again
+    assert watch.untouched()
+    clock.advance(31)  # past scheduler_parked_recheck_seconds: asked again, and parked again
+    api.run_task("scheduling")
+    assert any(request.cpu_milli == 500 for request in watch.asked)
+    assert api.job(big)["state"] == "queued" and _parked_keys(api)
+    asked = len(watch.asked)
+    api.run_task("scheduling")
+    assert len(watch.asked) == asked
+
+
+def test_due_names_groups_parked_long_enough_or_whose_fleet_opened_a_window_since():
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 1, 1, 12)
+    old, new, other = _group(fleet="gpu-a"), _group(fleet="gpu-b"), _group(fleet=None)
+    parked = parking.ParkedGroups()
+    parked.update({old: ("no room", parking.CAPACITY)}, parked.stamps(), now=t0)
+    later = t0 + dt.timedelta(seconds=20)
+    parked.update(
+        {new: ("no room", parking.CAPACITY), other: ("no room", parking.CAPACITY)},
+        parked.stamps(),
+        now=later,
+    )
+    at = t0 + dt.timedelta(seconds=35)
+    assert parked.due(30, at) == {old}
+    assert parked.due(30, at, lambda since, fleet: fleet == "gpu-b") == {old, new}
+    parked.update({}, parked.stamps(), looked={old})
+    assert parked.due(30, at) == set()
+
+
 def _group(**fields):
     base = dict(
         gpus=1,

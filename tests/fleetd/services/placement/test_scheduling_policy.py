@@ -178,7 +178,7 @@ def test_fleet_outside_its_window_takes_no_work_and_says_when_it_opens(api, join
     assert bad.status_code == 400
 
 
-def test_on_demand_preempts_the_lowest_bid_spot_job_once_it_has_stopped(api, join):
+def test_on_demand_preempts_the_lowest_bid_spot_job_once_it_has_stopped(api, join, clock):
     _, session = _node(api, join, "n1", 2)
     cheap = api.submit(name="cheap", priority_class="spot", bid=1.0, resources={"gpus": 1})
     dear = api.submit(name="dear", priority_class="spot", bid=5.0, resources={"gpus": 1})
@@ -200,6 +200,7 @@ def test_on_demand_preempts_the_lowest_bid_spot_job_once_it_has_stopped(api, joi
     reply = api.heartbeat(session, tasks=running)
     victim = a if a["job_id"] == cheap["id"] else b
     assert reply["cancel"] == [victim["task_id"]]
+    clock.advance(31)  # the periodic pass asks the parked group again after a while
     api.run_task("scheduling")
     assert (
         api.get(f"/api/v1/jobs/{urgent['id']}").get_json()["pending_reason"]

@@ -49,12 +49,13 @@ def _jobs_each_pass_reads(rt, monkeypatch):
 
 
 def test_equivalent_jobs_that_do_not_fit_now_cost_one_engine_answer_per_pass(
-    api, fleet, monkeypatch
+    api, fleet, monkeypatch, clock
 ):
     api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="hog", resources={"gpus": 2})
     jobs = [api.submit(name=f"j{i}", resources={"gpus": 1}) for i in range(20)]
     calls = _count_engine_calls(monkeypatch)
+    clock.advance(31)  # the periodic pass asks a group parked that long again
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 20}
     assert len(calls) == 1
     reasons = {api.get(f"/api/v1/jobs/{j['id']}").get_json()["pending_reason"] for j in jobs}
@@ -97,13 +98,16 @@ def test_a_parked_group_is_skipped_until_capacity_changes_and_then_placed(api, f
     assert api.get(f"/api/v1/jobs/{big['id']}").get_json()["state"] == "running"
 
 
-def test_the_periodic_pass_looks_at_parked_groups_too(api, fleet, monkeypatch):
+def test_the_periodic_pass_looks_at_parked_groups_too(api, fleet, monkeypatch, clock):
     api.ready_node(fleet, "n1", gpu_count=2)
     api.submit(name="hog", resources={"gpus": 2})
     api.submit(resources={"gpus": 1})
     calls = _count_engine_calls(monkeypatch)
     api.run_task("scheduling")
-    assert len(calls) == 1  # events may be missed (a window opening): the periodic pass is the net
+    assert calls == []  # parked just now
+    clock.advance(31)
+    api.run_task("scheduling")
+    assert len(calls) == 1  # events may be missed: the periodic pass is the net, after a while
 
 
 def test_a_pass_is_bounded_and_the_rest_waits_for_the_next(make_app, clock):
@@ -192,7 +196,7 @@ def test_the_heartbeat_interval_widens_with_the_fleet_and_the_ttl_with_it():
 
 
 def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(
-    api, fleet, monkeypatch
+    api, fleet, monkeypatch, clock
 ):
     from fleetd.db import database
 
@@ -216,10 +220,11 @@ def test_a_kicked_pass_leaves_the_jobs_of_a_parked_group_that_know_why_unread(
     reasons = {api.job(job_id)["pending_reason"] for job_id in backlog | {late["id"]}}
     assert reasons == {"no node can take the task now (gpu_count: 1 node(s))"}
     read.clear()
+    clock.advance(31)
     assert api.run_task("scheduling") == {
         "assigned": 0,
         "pending": 6,
-    }  # the periodic pass asks the group again
+    }  # the periodic pass asks the group again, once it has been parked a while
     assert read == [[min(backlog)]]  # through its first job; the other five are not read
     # A job that never fits learns why at its submit: the parked group's reason is the same, so no
     # pass reads it again.
@@ -268,6 +273,7 @@ def test_the_periodic_pass_asks_a_parked_group_through_its_first_job_and_places_
         "pending": 5,
     }  # parked: the fleet's window is closed
     read = _jobs_each_pass_reads(rt, monkeypatch)
+    clock.advance(31)
     assert api.run_task("scheduling") == {"assigned": 0, "pending": 5}
     assert read == [
         [min(jobs)]
