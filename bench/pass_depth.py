@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from fleetd.app import create_app  # noqa: E402
 from fleetd.clock import Clock  # noqa: E402
-from fleetd.db import database, open_database  # noqa: E402
+from fleetd.db import database, open_database, upgrade  # noqa: E402
 from fleetd.models import Node  # noqa: E402
 from fleetd.services.placement import capacity, cluster, scheduling  # noqa: E402
 from fleetd.services.placement.reservations import compute  # noqa: E402
@@ -51,6 +51,7 @@ def main():
             sqlite_synchronous="OFF",
         )
         db = open_database(settings.database_url, settings.sqlite_synchronous)
+        upgrade(db)  # a build kept by an earlier checkout
         app = create_app(settings, clock=Clock(), db=db)
         rt = app.extensions["fleetd"]
         rt.scheduler.kick = lambda *a, **k: False

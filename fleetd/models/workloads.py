@@ -110,8 +110,9 @@ class Job(BaseModel):
 
     class Meta:
         indexes = (
-            # The queue by group with one job of each, read from the index (migration 0040).
-            (("state", "group_key", "id"), False),
+            # The queue by group with one job of each, and which of a group's jobs were told its
+            # reason, read from the index (migrations 0040, 0048).
+            (("state", "group_key", "pending_reason", "id"), False),
             # Listings page in id order after their filters (migration 0040).
             (("state", "instance_id", "id"), False),
             (("instance_id", "id"), False),

@@ -629,5 +629,33 @@ def test_0047_adds_dynamic_mig_columns_to_gpus_and_goes_down_cleanly(tmp_path):
     columns = {column.name for column in db.get_columns("gpu")}
     assert not {"mig_target", "mig_changed_at", "mig_blocked"} & columns
     assert "mig_devices" in columns
-    assert upgrade(db) == ["0047_dynamic_mig"]
+    assert upgrade(db)[0] == "0047_dynamic_mig"
+    db.close()
+
+
+def test_0048_counts_a_groups_told_jobs_from_an_index_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/told.db")
+    assert "0048_job_queue_told" in upgrade(db)
+
+    def indexes():
+        return {index.name: index.columns for index in db.get_indexes("job")}
+
+    assert indexes()["job_state_group_key_pending_reason_id"] == [
+        "state",
+        "group_key",
+        "pending_reason",
+        "id",
+    ]
+    assert "job_state_group_key_id" not in indexes()
+    plan = db.execute_sql(
+        "EXPLAIN QUERY PLAN SELECT group_key, COUNT(id), MIN(id) FROM job WHERE state = ? "
+        "AND group_key IS NOT NULL AND (group_key, pending_reason) IN (VALUES (?, ?)) "
+        "GROUP BY group_key",
+        ("queued", "k", "why"),
+    ).fetchall()
+    assert any("COVERING INDEX job_state_group_key_pending_reason_id" in row[-1] for row in plan)
+    Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0048_job_queue_told")
+    assert "job_state_group_key_pending_reason_id" not in indexes()
+    assert indexes()["job_state_group_key_id"] == ["state", "group_key", "id"]
+    assert upgrade(db) == ["0048_job_queue_told"]
     db.close()

@@ -98,9 +98,10 @@ class ClusterState:
             ]
         # (node id, uuid) -> [compute milli, memory bytes, exclusive, [task ids]]; node id -> [cpu
         # milli, memory]
-        self.held, self.node_use = (reservations.of if reservations is not None else compute)(
-            self.tasks + self.stopping
-        )
+        # (team, priority class) -> GPUs its active jobs hold (what quotas count)
+        self.held, self.node_use, self.usage = (
+            reservations.of if reservations is not None else compute
+        )(self.tasks + self.stopping)
         self._silent = silent
         # node id -> {owner: host ports its instances hold there}; see load_owner_ports
         self.owner_ports: dict = {}

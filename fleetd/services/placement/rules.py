@@ -7,23 +7,13 @@ from fleetd import scheduler
 from fleetd.clock import utcnow
 from fleetd.models import GpuType, Quota, Task, TaskState
 from fleetd.services.accounting.budget_state import blocked_teams
+from fleetd.services.placement.reservations import gpus_of
 from fleetd.services.workloads.lifecycle import ACTIVE_TASK_STATES
 from fleetd.services.workloads.runs import end_task
 from fleetd.sql import Statement
-from fleetwire.mig import gpu_fraction
 
 _QUOTAS = Statement(lambda v: Quota.select())
 _GPU_TYPES = Statement(lambda v: GpuType.select())
-
-
-def gpus_of(request):
-    """GPUs a request holds in all, fractions included (what quotas count); a MIG device counts as
-    its profile's compute slices over 7."""
-    if request.mig is not None:
-        return request.num_nodes * request.gpu_count * gpu_fraction(request.mig)
-    if request.shared:
-        return request.num_nodes * request.gpu_milli / scheduler.MILLI
-    return float(request.num_nodes * request.gpu_count)
 
 
 class Rules:
@@ -42,14 +32,7 @@ class Rules:
     def load(cls, state, now=None):
         quotas = {(q.team, q.priority_class): q.max_gpus for q in _QUOTAS.rows()}
         prices = {t.model: t for t in _GPU_TYPES.rows()}
-        usage: dict[tuple[str, str], float] = {}  # (team, priority class) -> GPUs held
-        seen = set()
-        for task in state.tasks:
-            if task.job_id in seen:
-                continue
-            seen.add(task.job_id)
-            key = (task.job.team, task.job.priority_class)
-            usage[key] = usage.get(key, 0) + gpus_of(task.job.request)
+        usage = dict(state.usage)  # (team, priority class) -> GPUs held; charged as jobs are placed
         return cls(
             quotas, prices, usage, set(state.inventory.all_models), blocked_teams(now or utcnow())
         )

@@ -88,7 +88,7 @@ def _run_pass(rt, full, read_all=False, recheck_after=0.0):
         skipped = {key: reason for key, reason in parked.items() if key not in due}
         asked = due
     with database.atomic():  # one consistent read
-        # A full pass looks at every group, parked ones through their first job (see queue_read.read_queue).
+        # A full pass looks at every group, parked ones through their first job (queue_read).
         queued, unread = read_queue(parked, first_of=asked)
         if not queued and not unread:
             rt.parked.clear()
