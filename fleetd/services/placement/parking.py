@@ -17,6 +17,7 @@ import json
 import math
 import threading
 import typing
+import zlib
 
 from fleetd.models import Gpu
 
@@ -128,6 +129,11 @@ def wakes(event, key, kind):
     return not (key.gpus and event.gpus is not None and math.ceil(key.gpus) > event.gpus)
 
 
+def _spread(key):
+    """A fraction in [0, 1) fixed for a group: where in the window its periodic look falls."""
+    return zlib.crc32(repr(key).encode()) / 2**32
+
+
 def _place_keys(key):
     """Where a group parked for capacity is indexed: (its fleet or None, each GPU type it accepts,
     or None when it accepts any or needs no GPU)."""
@@ -225,13 +231,15 @@ class ParkedGroups:
         seconds ago or more (what no event announces: a budget's new month, spot work an
         on-demand group could preempt), those for which `opened(at, fleet)` says an availability
         window opened since (of that fleet; any fleet for None), and those parked at a time not
-        known."""
-        before = now - dt.timedelta(seconds=age)
+        known. Groups parked by one pass fall due over the half of `age` before it, each at its
+        own offset, so that one periodic pass does not ask them all again at once."""
         with self._lock:
             return {
                 key
                 for key, at in self._parked_at.items()
-                if at is None or at <= before or opened(at, key.fleet)
+                if at is None
+                or at <= now - dt.timedelta(seconds=age * (1 - _spread(key) / 2))
+                or opened(at, key.fleet)
             }
 
     def parked(self):

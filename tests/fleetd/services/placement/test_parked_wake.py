@@ -407,3 +407,16 @@ def test_a_pass_knows_from_which_event_on_its_inventory_may_miss_a_change():
     assert parked.view_since(8, 9, stale=True) is None
     parked.update({_group(): ("no room", parking.CAPACITY)}, None)
     assert parked.parked() == {}
+
+
+def test_groups_parked_by_one_pass_fall_due_over_the_half_before_the_recheck_age():
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 1, 1, 12)
+    keys = [_group(cpus=float(n)) for n in range(40)]
+    parked = parking.ParkedGroups()
+    parked.update({key: ("no room", parking.CAPACITY) for key in keys}, parked.stamps(), now=t0)
+    assert parked.due(30, t0 + dt.timedelta(seconds=14)) == set()
+    some = parked.due(30, t0 + dt.timedelta(seconds=22))
+    assert 0 < len(some) < len(keys)
+    assert parked.due(30, t0 + dt.timedelta(seconds=30)) == set(keys)
