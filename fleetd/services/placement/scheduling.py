@@ -33,8 +33,8 @@ def run_pass(rt, full=True, recheck_after=0.0):
     2. decide in the pure engine (rt.offload: a worker thread under `fleetd serve`), one
        feasibility answer per group of equivalent jobs; a kicked pass skips parked groups, a
        `full` one asks each through its first job (their other jobs stay unread either way),
-       or, with `recheck_after` seconds, only those parked that long (and every one when a
-       fleet's availability window opened or closed: the periodic pass);
+       or, with `recheck_after` seconds, only those parked about that long and those whose
+       fleet's availability window opened since they were parked (the periodic pass);
     3. write the assignments in one short transaction, each checked against what changed in
        the meantime (a job cancelled, a node cordoned): those wait for the next pass.
     Passes never overlap; nodes that got work are woken after the commit.
