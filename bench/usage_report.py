@@ -76,6 +76,7 @@ def generate(runs, teams, owners, seed):
             "owner": f"user-{owner}",
             "owner_token_id": f"tok{owner:05d}",
             "team": f"team-{owner % teams}",
+            "project": "",
             "fleet": FLEETS[fleet],
             "node_id": f"n{i % 125:04d}",
             "gpu_model": MODELS[fleet % len(MODELS)],
@@ -96,7 +97,8 @@ def generate(runs, teams, owners, seed):
 
 def fill(runs, teams, owners, seed, batch=2000, sums_every=50_000):
     """Write the ledger rows, and their sums (per day; per workload and day; per workload and
-    month) through the ledger's own code (_Pass.add, write_days), as its passes would."""
+    month, and per workload, month and fleet) through the ledger's own code (_Pass.add,
+    write_days), as its passes would."""
     rows, run = [], ledger._Pass(MONTH + dt.timedelta(days=31))
     columns = None
     for i, row in enumerate(generate(runs, teams, owners, seed), 1):
@@ -183,6 +185,7 @@ def main():
                     "usage_day",
                     "usage_workload_day",
                     "usage_workload_month",
+                    "usage_workload_fleet_month",
                 )
             }
             print(
@@ -214,7 +217,8 @@ def main():
                 (MONTH + dt.timedelta(days=30)).date(),
                 (MONTH + dt.timedelta(days=14)).date(),
             )
-            cases += [("workload", admin, {"end": half})]  # not a whole month: the day sums
+            # part of the month: month rows inside it, day rows of those that straddle its edge
+            cases += [("workload", admin, {"end": half})]
             for group_by, who, extra in cases:
                 extra = {"end": whole, **extra}
                 took, report = timed(

@@ -22,6 +22,7 @@ from fleetd.models.accounting import (
     UsageMark,
     UsageRecord,
     UsageWorkloadDay,
+    UsageWorkloadFleetMonth,
     UsageWorkloadMonth,
 )
 from fleetd.models.base import BaseModel, JSONText, new_id, transition_table
@@ -158,6 +159,7 @@ __all__ = [
     "UsageRecord",
     "UsageWorkloadDay",
     "UsageWorkloadMonth",
+    "UsageWorkloadFleetMonth",
     "WEBHOOK_KINDS",
     "ClusterSample",
     "Event",
@@ -208,6 +210,7 @@ MODELS += [
     UsageDay,
     UsageWorkloadDay,
     UsageWorkloadMonth,
+    UsageWorkloadFleetMonth,
     UsageMark,
     StorageRecord,
     PriceChange,

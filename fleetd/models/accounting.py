@@ -125,21 +125,66 @@ class UsageWorkloadDay(_UsageWorkloadSums):
         )
 
 
-class UsageWorkloadMonth(_UsageWorkloadSums):
-    """A workload's sums per UTC month (`month`: its first day), all fleets together: a month's
-    report by workload reads its costliest rows straight from the (month, ..., cost) indexes."""
+class _UsageWorkloadMonthSums(_UsageWorkloadSums):
+    """A workload's sums over one UTC month (`month`: its first day), with the first and last day
+    of that month that it has day rows on: a report over part of the month reads the month row of
+    a workload whose days all fall in the range, and adds up the day rows of one that straddles
+    the range's edge (fleetd.services.accounting.usage_workloads). The ledger and migration 0049
+    set both days on every row; null only in a row written by neither."""
+
+    month = peewee.DateField()
+    first_day = peewee.DateField(null=True)
+    last_day = peewee.DateField(null=True)
+
+
+class UsageWorkloadMonth(_UsageWorkloadMonthSums):
+    """A workload's sums per UTC month, all fleets together: a month's report by workload reads its
+    costliest rows straight from the (month, ..., cost) indexes."""
 
     id = peewee.AutoField()
-    month = peewee.DateField()
 
     class Meta:
         indexes = (
             (("month", "kind", "workload_id"), True),
-            (("month", "cost"), False),
+            (("month", "cost", "first_day", "last_day"), False),
             (("month", "team", "cost"), False),
             (("month", "owner_token_id", "cost"), False),
             (("month", "owner", "cost"), False),
         )
+
+
+class UsageWorkloadFleetMonth(_UsageWorkloadMonthSums):
+    """A workload's sums per UTC month and fleet (migration 0049): a report by workload over one
+    fleet reads these as the others read UsageWorkloadMonth."""
+
+    id = peewee.AutoField()
+    fleet = peewee.CharField(max_length=63, default="")
+
+    class Meta:
+        table_name = "usage_workload_fleet_month"
+        indexes = (
+            (("month", "fleet", "kind", "workload_id"), True),
+            (("month", "fleet", "cost", "first_day", "last_day"), False),
+        )
+
+
+# The workloads with day rows on more than one day of a month: those that may straddle the edge of
+# a range inside it (migration 0049).
+UsageWorkloadMonth.add_index(
+    UsageWorkloadMonth.month,
+    UsageWorkloadMonth.first_day,
+    UsageWorkloadMonth.last_day,
+    where=peewee.SQL("first_day < last_day"),
+    name="usage_workload_month_spans",
+)
+UsageWorkloadFleetMonth.add_index(
+    UsageWorkloadFleetMonth.month,
+    UsageWorkloadFleetMonth.fleet,
+    UsageWorkloadFleetMonth.first_day,
+    UsageWorkloadFleetMonth.last_day,
+    where=peewee.SQL("first_day < last_day"),
+    name="usage_workload_fleet_month_spans",
+)
 
 
 class UsageMark(BaseModel):

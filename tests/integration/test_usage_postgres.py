@@ -2,12 +2,16 @@
 deposed leader's pass commits nothing, the new leader's carries on from where the ledger stood, and
 the run ends up accounted exactly once, to the second."""
 
+import datetime as dt
+from types import SimpleNamespace
+
 import pytest
 
 from fleetd.db import database
 from fleetd.models import UsageRecord
 from fleetd.replicas import Leadership
 from fleetd.services.identity.tokens import issue_first_admin_token
+from tests.fleetd.services.accounting.test_usage_workloads import check_reports
 from tests.integration.test_replicas import replica_db  # noqa: F401 - the fixture
 from tests.support import wait_until
 from tests.support.http import ApiClient
@@ -72,3 +76,23 @@ def test_a_failover_in_the_middle_of_a_run_loses_and_doubles_nothing(replica_db,
     assert month == day and [(r["gpu_hours_allocated"], r["cost"], r["runs"]) for r in month] == [
         (0.666667, 2.0, 1)
     ]
+
+
+@pytest.mark.parametrize(
+    "few", [30, -1, 10**6], ids=["chosen", "month rows", "day rows but whole months"]
+)
+def test_reports_by_workload_read_from_month_rows_match_the_day_rows(
+    replica_db,  # noqa: F811
+    make_app,
+    monkeypatch,
+    few,
+):
+    """The SQL of a report over part of a month (month rows in cost order, the straddling
+    workloads' day rows joined day by day) on PostgreSQL: the same rows as grouping day rows, to
+    the precision of its `real` columns."""
+    app = make_app(db_url=replica_db)
+    with app.app_context(), database.connection_context():
+        now = dt.datetime(2026, 3, 24, 18)
+        check_reports(
+            SimpleNamespace(clock=SimpleNamespace(now=lambda: now)), monkeypatch, few, 1e-6
+        )

@@ -1,23 +1,21 @@
 """The usage ledger: what each run of a workload held, used and cost, priced piecewise.
 
-Runs are accounted off the request path by the `usage` background task (leader only, fenced):
-each pass moves every open run's row from its `accounted_until` to now (or to the run's end) in
-write transactions of at most BATCH runs, adding allocated GPU-seconds, utilisation-weighted
-GPU-seconds (from the GPU samples stored in that interval), and cost at the prices in force
-(PriceChange, integrated piecewise) to the run's row and to the sums reports read (per day:
-UsageDay; per workload and day, and per workload and month: UsageWorkloadDay, UsageWorkloadMonth). A
-pass that fails or is fenced commits nothing of its batch; the next one starts again from
-`accounted_until`, so a restart or a failover loses and doubles nothing, and a price set later
-never rewrites what was accounted. The only write on the request path is a UsageMark as a task
-ends (a requeue clears the task's own times). Instance volumes accrue storage cost per GB-month
-(the storage price, months in UTC) from their instance's first start (its node made the volume, and
-it fitted) to their deletion. Between passes, runs_to_date shows a workload's rows as the next pass
-will leave them.
+Runs are accounted off the request path by the `usage` background task (leader only, fenced): each
+pass moves every open run's row from its `accounted_until` to now (or to the run's end) in write
+transactions of at most BATCH runs, adding allocated GPU-seconds, utilisation-weighted GPU-seconds
+(from the GPU samples stored in that interval), and cost at the prices in force (PriceChange,
+integrated piecewise) to the run's row and to the sums reports read
+(fleetd.services.accounting.rollups: per day; per workload and day; per workload and month, all
+fleets together and per fleet). A pass that fails or is fenced commits nothing of its batch; the
+next one starts again from `accounted_until`, so a restart or a failover loses and doubles nothing,
+and a price set later never rewrites what was accounted. The only write on the request path is a
+UsageMark as a task ends (a requeue clears the task's own times). Instance volumes accrue storage
+cost per GB-month (the storage price, months in UTC) from their instance's first start (its node
+made the volume, and it fitted) to their deletion. Between passes, runs_to_date shows a workload's
+rows as the next pass will leave them.
 """
 
 import threading
-
-import peewee
 
 from fleetd.db import write_transaction
 from fleetd.models import (
@@ -29,12 +27,10 @@ from fleetd.models import (
     PriceChange,
     Task,
     TaskState,
-    UsageDay,
     UsageMark,
     UsageRecord,
-    UsageWorkloadDay,
-    UsageWorkloadMonth,
 )
+from fleetd.services.accounting import rollups
 from fleetd.services.accounting.periods import GPU, STORAGE, split_days
 from fleetd.services.accounting.volumes import flush_volumes
 from fleetd.sql import Statement, insert_row
@@ -132,17 +128,6 @@ def _price_pieces(record, book, start, end):
     return book.pieces(GPU, record.gpu_model, start, end)
 
 
-_SUMS = ("gpu_seconds", "used_gpu_seconds", "sampled_gpu_seconds", "cost", "runs")
-_ROLLUPS = (  # (model, its key's columns): the ledger's sums that reports read
-    (
-        UsageDay,
-        ("day", "kind", "team", "project", "owner_token_id", "owner", "fleet", "gpu_model"),
-    ),
-    (UsageWorkloadDay, ("day", "kind", "workload_id", "fleet")),
-    (UsageWorkloadMonth, ("month", "kind", "workload_id")),
-)
-
-
 class _Pass:
     """One pass's state: the price book, the GPU samples read, and the sums to add to the rollups
     (per day; per workload and day; per workload and month)."""
@@ -150,10 +135,7 @@ class _Pass:
     def __init__(self, now, book=None):
         self.now = now
         self.book = book or PriceBook.load()
-        # model -> {key: [5 sums, attributes]}
-        self.sums: dict[type[peewee.Model], dict[tuple, list]] = {
-            model: {} for model, _ in _ROLLUPS
-        }
+        self.sums = rollups.empty()
         self.samples = {}  # uuid -> [(at, utilisation)]
 
     def load_samples(self, uuids, since):
@@ -176,34 +158,8 @@ class _Pass:
                 self.samples.setdefault(uuid, []).append((at, util))
 
     def add(self, at, kind, record, allocated=0.0, used=0.0, sampled=0.0, cost=0.0, runs=0):
-        """Add to the rollups' sums of `at`'s day and month: a run's (`record` a UsageRecord, `kind`
-        its own) or an instance volume's (a StorageRecord, kind "storage", counted on the
-        instance)."""
-        day = at.date()
-        workload = ("instance", record.id) if kind == STORAGE else (record.kind, record.workload_id)
-        attributes = {
-            "team": record.team or "",
-            "owner_token_id": record.owner_token_id,
-            "owner": record.owner,
-        }
-        keys = {
-            UsageDay: (
-                day,
-                kind,
-                record.team or "",
-                record.project or "",
-                record.owner_token_id,
-                record.owner,
-                record.fleet or "",
-                getattr(record, "gpu_model", "") or "",
-            ),
-            UsageWorkloadDay: (day, *workload, record.fleet or ""),
-            UsageWorkloadMonth: (day.replace(day=1), *workload),
-        }
-        for model, key in keys.items():
-            entry = self.sums[model].setdefault(key, [0.0, 0.0, 0.0, 0.0, 0, attributes])
-            for i, value in enumerate((allocated, used, sampled, cost, runs)):
-                entry[i] += value
+        """Add to the rollups' sums of `at`'s day and month (rollups.add)."""
+        rollups.add(self.sums, at, kind, record, (allocated, used, sampled, cost, runs))
 
     def accrue(self, record, start, end):
         """Add [start, end) of a run to its row and to the day sums."""
@@ -232,23 +188,7 @@ class _Pass:
     def write_days(self):
         """Add this batch's sums to the rollups (inside the batch's transaction), the same
         transaction that moves the ledger's rows."""
-        for model, columns in _ROLLUPS:
-            sums = self.sums[model]
-            rows = [
-                {
-                    **dict(zip(columns, key)),
-                    **(s[5] if model is not UsageDay else {}),
-                    **dict(zip(_SUMS, s[:5])),
-                }
-                for key, s in sums.items()
-            ]
-            fields = [getattr(model, name) for name in _SUMS]
-            for i in range(0, len(rows), 100):
-                model.insert_many(rows[i : i + 100]).on_conflict(
-                    conflict_target=[getattr(model, name) for name in columns],
-                    update={field: field + peewee.EXCLUDED[field.column_name] for field in fields},
-                ).execute()
-            sums.clear()
+        rollups.write(self.sums)
 
 
 def record_for_run(task_id, epoch, started_at, node_id, gpus, attempt=None):

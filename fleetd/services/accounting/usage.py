@@ -9,7 +9,7 @@ import csv
 import datetime as dt
 import io
 
-from peewee import ModelSelect, fn
+from peewee import fn
 
 from fleetd.clock import isoformat
 from fleetd.db import write_transaction
@@ -22,18 +22,16 @@ from fleetd.models import (
     Task,
     TaskState,
     UsageDay,
-    UsageWorkloadDay,
-    UsageWorkloadMonth,
     User,
 )
 from fleetd.services.accounting.ledger import PriceBook, record_price, runs_to_date, storage_price
 from fleetd.services.accounting.periods import GB, STORAGE
+from fleetd.services.accounting.usage_workloads import narrowed, workload_rows
 from fleetd.services.accounting.volumes import storage_cost
 
 GROUP_BY = ("team", "project", "owner", "user", "fleet", "gpu_model", "day", "workload")
 COLUMNS = ("group", "gpu_hours_allocated", "gpu_hours_used", "efficiency", "cost", "runs")
 MAX_DAYS = 3660  # a report spans at most about ten years
-MAX_WORKLOAD_ROWS = 10_000  # rows of a report by workload: the costliest
 
 
 def _figures(allocated, used, sampled, cost, runs):
@@ -77,14 +75,16 @@ def usage_report(
         )
     first, last = report_days(rt.clock.now(), start, end)
     own = None if principal.role == "admin" else principal.owner_id
+    # by workload, the totals count every workload, not only the rows listed
+    by = "kind" if group_by == "workload" else group_by
+    rows = _by_dimension(by, first, last, own, team, owner, fleet)
+    totals = [0.0, 0.0, 0.0, 0.0, 0]
+    for _, sums in rows:
+        for i, value in enumerate(sums):
+            totals[i] += value or 0
     if group_by == "workload":
-        rows, totals = _by_workload(first, last, rt.clock.now().date(), own, team, owner, fleet)
-    else:
-        rows = _by_dimension(group_by, first, last, own, team, owner, fleet)
-        totals = [0.0, 0.0, 0.0, 0.0, 0]
-        for _, sums in rows:
-            for i, value in enumerate(sums):
-                totals[i] += value
+        today = rt.clock.now().date()
+        rows = workload_rows(first, last, today, totals[4], own, team, owner, fleet)
     return {
         "from": first.isoformat(),
         "to": last.isoformat(),
@@ -106,9 +106,9 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
         fn.SUM(UsageDay.cost),
         fn.SUM(UsageDay.runs),
     ).where((UsageDay.day >= first) & (UsageDay.day <= last))
-    narrowed = _narrowed(UsageDay, True, own, team, owner, fleet)
-    if narrowed is not True:
-        query = query.where(narrowed)
+    where = narrowed(UsageDay, True, own, team, owner, fleet)
+    if where is not True:
+        query = query.where(where)
     rows = list(query.group_by(column).order_by(column).tuples().execute())
     logins: dict[str, str] = {}
     if group_by == "user" and rows:
@@ -131,84 +131,6 @@ def _by_dimension(group_by, first, last, own, team, owner, fleet):
     return out
 
 
-def _narrowed(model, where, own, team, owner, fleet):
-    """`where` and the filters a report was given (`own`: the submitter's token id)."""
-    for name, value in (
-        ("owner_token_id", own),
-        ("team", team),
-        ("owner", owner),
-        ("fleet", fleet),
-    ):
-        if value is not None:
-            field = getattr(model, name)
-            where = field == value if where is True else where & (field == value)
-    return where
-
-
-def _by_workload(first, last, today, own, team, owner, fleet):
-    """(rows, totals) by workload: the MAX_WORKLOAD_ROWS costliest, totals over all of them. A whole
-    month (to today in this month) without a fleet is read from the month sums in cost order; any
-    other range groups the day sums."""
-    sums = [
-        fn.SUM(field)
-        for field in (
-            UsageWorkloadDay.gpu_seconds,
-            UsageWorkloadDay.used_gpu_seconds,
-            UsageWorkloadDay.sampled_gpu_seconds,
-            UsageWorkloadDay.cost,
-            UsageWorkloadDay.runs,
-        )
-    ]
-    query: ModelSelect[UsageWorkloadDay] | ModelSelect[UsageWorkloadMonth]
-    query = (
-        UsageWorkloadDay.select(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id, *sums)
-        .where((UsageWorkloadDay.day >= first) & (UsageWorkloadDay.day <= last))
-        .group_by(UsageWorkloadDay.kind, UsageWorkloadDay.workload_id)
-        .order_by(sums[3].desc())
-    )
-    if fleet is None and _whole_month(first, last, today):
-        query = (
-            UsageWorkloadMonth.select(
-                UsageWorkloadMonth.kind,
-                UsageWorkloadMonth.workload_id,
-                UsageWorkloadMonth.gpu_seconds,
-                UsageWorkloadMonth.used_gpu_seconds,
-                UsageWorkloadMonth.sampled_gpu_seconds,
-                UsageWorkloadMonth.cost,
-                UsageWorkloadMonth.runs,
-            )
-            .where(UsageWorkloadMonth.month == first)
-            .order_by(UsageWorkloadMonth.cost.desc())
-        )
-    model = query.model
-    narrowed = _narrowed(model, True, own, team, owner, fleet)
-    if narrowed is not True:
-        query = query.where(narrowed)
-    # plain tuples from the cursor: the columns need no conversion, and peewee's costs more than the
-    # query
-    rows = [
-        (f"{kind}/{workload}", [value or 0 for value in figures])
-        for kind, workload, *figures in model._meta.database.execute(
-            query.limit(MAX_WORKLOAD_ROWS)
-        ).fetchall()
-    ]
-    rows.sort(key=lambda item: (-item[1][3], item[0]))
-    totals = [0.0, 0.0, 0.0, 0.0, 0]
-    for _, figures in _by_dimension("kind", first, last, own, team, owner, fleet):
-        for i, value in enumerate(figures):
-            totals[i] += value or 0
-    return rows, totals
-
-
-def _whole_month(first, last, today):
-    """Whether [first, last] holds exactly one calendar month of the ledger (which holds nothing
-    after today)."""
-    if first.day != 1:
-        return False
-    month_end = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
-    return min(last, today) >= min(month_end, today) and (last <= month_end or today <= month_end)
-
-
 def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
     """GPU-hours allocated and used and cost per UTC day and team (for a stacked chart of
     GPU-hours by team over time): [{day, team, gpu_hours_allocated, gpu_hours_used, efficiency,
@@ -224,11 +146,11 @@ def usage_by_day_and_team(rt, principal, start=None, end=None, team=None):
         fn.SUM(UsageDay.cost),
         fn.SUM(UsageDay.runs),
     ).where((UsageDay.day >= first) & (UsageDay.day <= last))
-    narrowed = _narrowed(
+    where = narrowed(
         UsageDay, True, None if principal.role == "admin" else principal.owner_id, team, None, None
     )
-    if narrowed is not True:
-        query = query.where(narrowed)
+    if where is not True:
+        query = query.where(where)
     rows = (
         query.group_by(UsageDay.day, UsageDay.team)
         .order_by(UsageDay.day, UsageDay.team)
