@@ -1,7 +1,7 @@
 """Declare silent nodes lost, and persist last-heartbeat times in one batch."""
 
 from fleetd.services.fleet_ops.replication import write_down_heard
-from fleetd.services.nodes.nodes import live_nodes_last_heard, mark_node_lost
+from fleetd.services.nodes.nodes import mark_node_lost, overdue_live_nodes
 
 NAME = "liveness_sweep"
 DESCRIPTION = "Marks nodes lost after TTL + grace without a heartbeat; saves last-heartbeat times"
@@ -17,9 +17,7 @@ def run(rt):
         now = rt.clock.now()
         overdue = tracker.overdue_view()  # one look at the clock and the TTL for every node
         limit = tracker.limit()
-        for node_id, seen_at in live_nodes_last_heard():
-            if not overdue(node_id):
-                continue
+        for node_id, seen_at in overdue_live_nodes(rt, overdue):
             if (
                 rt.leader.shared
                 and seen_at is not None
