@@ -54,7 +54,7 @@ def up(migrator, db):
     columns = ', '.join(SUMS)
     for month in months:
         db.execute_sql(
-            'INSERT INTO usage_workload_fleet_month (month, fleet, kind, workload_id, team, '
+            'INSERT INTO usage_workload_fleet_month (month, fleet, kind, workload_id, team, '  # nosec B608  # the migration's own columns and the parameter marker
             f'owner_token_id, owner, first_day, last_day, {columns}) '
             f'SELECT {p}, fleet, kind, workload_id, MIN(team), MIN(owner_token_id), MIN(owner), '
             f'MIN(day), MAX(day), {", ".join(f"SUM({c})" for c in SUMS)} '
@@ -72,7 +72,7 @@ def up(migrator, db):
             'SELECT DISTINCT month FROM usage_workload_month WHERE first_day IS NULL').fetchall():
         month = _date(month)
         db.execute_sql(
-            f'UPDATE usage_workload_month SET first_day = {p}, last_day = {p} '
+            f'UPDATE usage_workload_month SET first_day = {p}, last_day = {p} '  # nosec B608  # {p} is the parameter marker
             f'WHERE month = {p} AND first_day IS NULL',
             (day(month), day(_next(month) - datetime.timedelta(days=1)), day(month)))
     for sql in (

@@ -8,7 +8,6 @@ from fleetd import scheduler
 from fleetd.services.placement.reservations import Reservations, compute
 from fleetd.services.placement.task_holds import Hold
 
-
 _JOBS: dict = {}  # job id -> its terms: a job's team and request are the same in every rank
 
 
