@@ -105,12 +105,10 @@ class Reservations:
             if not gone and not new:
                 return self._held, self._node_use, self._usage
             if len(gone) + len(new) > len(current) // 2 + 100:
+                # Mostly new (the first read, or after a long pause): every sum afresh.
                 self._tasks, self._gpus, self._nodes, self._jobs, self._teams = {}, {}, {}, {}, {}
-                held, node_use, usage = compute(current.values())
-                for key, hold in current.items():
-                    self._add(key, hold)
-                self._held, self._node_use, self._usage = held, node_use, usage
-                return held, node_use, usage
+                self._held, self._node_use, self._usage = {}, {}, {}
+                gone, new = [], list(current)
             touched_gpus, touched_nodes, touched_teams = set(), set(), set()
             for key in gone:
                 node_id, gpus, job_id, team = known.pop(key)
@@ -132,40 +130,9 @@ class Reservations:
                 touched_gpus.update(gpus)
                 if team is not None:
                     touched_teams.add(team)
-            held, node_use = dict(self._held), dict(self._node_use)
-            for where in touched_gpus:
-                holders = self._gpus.get(where)
-                if not holders:
-                    self._gpus.pop(where, None)
-                    held.pop(where, None)
-                    continue
-                shares = holders.values()
-                held[where] = [
-                    sum(s[0] for s in shares),
-                    sum(s[1] for s in shares),
-                    any(s[2] for s in shares),
-                    [s[3] for s in shares],
-                ]
-            for node_id in touched_nodes:
-                holders = self._nodes.get(node_id)
-                if not holders:
-                    self._nodes.pop(node_id, None)
-                    node_use.pop(node_id, None)
-                    continue
-                shares = holders.values()
-                node_use[node_id] = [
-                    sum(s[0] for s in shares),
-                    sum(s[1] for s in shares),
-                    len(holders),
-                ]
-            usage = dict(self._usage)
-            for team in touched_teams:
-                jobs = self._teams.get(team)
-                if jobs:
-                    usage[team] = sum(jobs.values())
-                else:
-                    self._teams.pop(team, None)
-                    usage.pop(team, None)
+            held = _resummed(self._held, self._gpus, touched_gpus, _gpu_total)
+            node_use = _resummed(self._node_use, self._nodes, touched_nodes, _node_total)
+            usage = _resummed(self._usage, self._teams, touched_teams, _team_total)
             self._held, self._node_use, self._usage = held, node_use, usage
             return held, node_use, usage
 
@@ -182,3 +149,36 @@ class Reservations:
             self._teams.setdefault(team, {})[hold.job_id] = gpus_of(hold.job.request)
         self._tasks[key] = (hold.node_id, wheres, hold.job_id, team)
         return self._tasks[key]
+
+
+def _resummed(sums, holders, touched, total):
+    """A copy of `sums` whose touched keys are summed again from their holders (`total` of the
+    holders' shares); a key no one holds any more leaves both."""
+    out = dict(sums)
+    for key in touched:
+        shares = holders.get(key)
+        if shares:
+            out[key] = total(shares)
+        else:
+            holders.pop(key, None)
+            out.pop(key, None)
+    return out
+
+
+def _gpu_total(shares):
+    values = shares.values()
+    return [
+        sum(s[0] for s in values),
+        sum(s[1] for s in values),
+        any(s[2] for s in values),
+        [s[3] for s in values],
+    ]
+
+
+def _node_total(shares):
+    values = shares.values()
+    return [sum(s[0] for s in values), sum(s[1] for s in values), len(shares)]
+
+
+def _team_total(shares):
+    return sum(shares.values())
