@@ -51,6 +51,11 @@ def main():
         metavar="N",
         help="also profile the jobs (cProfile) and print the N costliest functions per job",
     )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="also print the SQL statements of one measured round",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings.load(environ={}, data_dir=data_dir)
@@ -160,6 +165,9 @@ def main():
             one_job()
         finally:
             type(db).execute_sql = execute_sql
+        if args.statements:
+            for sql in statements:
+                print(" ".join(str(sql).split())[:240])
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(rounds):
             one_job()

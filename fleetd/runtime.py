@@ -75,6 +75,10 @@ class Runtime:
     # Runs CPU-heavy pure work (a pass's decisions) off the request loop: `fleetd serve` gives
     # gevent's thread pool; elsewhere it is a plain call.
     offload: Callable = call
+    # Gives the event loop away between the pieces of long background work (a sweep that finds
+    # thousands of nodes lost, a long write-down of heartbeat times): `fleetd serve` gives
+    # gevent.sleep; elsewhere None (nothing to give away to).
+    pause: Callable | None = None
     output_store: Any = None  # where stored output lives (services/workloads/output_store.py)
     # outputs whose open chunk a reader waits for, until their node's acquire takes them
     flushes: FlushRequests = dataclasses.field(default_factory=FlushRequests)
@@ -124,7 +128,7 @@ class Runtime:
             rt.offload = rt.inventory.offload = offload
             rt.inventory.throttle = True  # a view a few seconds old while reads would come faster
         if pause is not None:
-            rt.inventory.pause = pause
+            rt.pause = rt.inventory.pause = pause
         if after_full_read is not None:
             rt.inventory.after_full_read = rt.engines.after_build = after_full_read
         if app is not None:

@@ -24,6 +24,12 @@ def run(rt):
                 and (now - seen_at).total_seconds() <= limit
             ):
                 continue  # it heartbeats to another replica
+            if lost and rt.pause is not None:
+                # A rack's switch failing loses thousands at once, a transaction each: the
+                # heartbeats of the rest are answered between them. One heard meanwhile is kept.
+                rt.pause()
+                if not tracker.is_overdue(node_id):
+                    continue
             if mark_node_lost(rt, now, node_id, tracker.silent_for(node_id), rt.leader.fence):
                 tracker.forget(node_id)
                 lost += 1

@@ -70,6 +70,10 @@ def replicate(rt, db, settings, spawn, wait_readable):
     return stop
 
 
+# Heartbeat times written down in one transaction (a few milliseconds of the event loop's time).
+HEARD_CHUNK = 2000
+
+
 def sync(rt):
     """Write down what this replica heard (last heartbeats, lease renewals) for the leader to read,
     then renew or take the leader lease. One round; `fleetd serve` runs it every few seconds.
@@ -88,17 +92,24 @@ def write_down_heard(rt):
     """Write down the heartbeat times (and, with replicas, the lease renewals) this replica heard
     since the last time; when the write fails they are kept for the next one, never dropped (the
     leader reads them to tell live nodes from lost ones). Returns how many heartbeat times were
-    written (0 when the write failed)."""
-    heard = rt.liveness.take_unflushed()
+    written (0 when the first write failed). At 100,000 nodes that is tens of thousands of rows:
+    they are written HEARD_CHUNK to a transaction, with the event loop given away between
+    (rt.pause), so heartbeats are answered meanwhile."""
+    heard = list(rt.liveness.take_unflushed().items())
     renewals = rt.leases.take_unflushed() if rt.leader.shared else {}
+    saved = 0
     try:
-        saved = record_heartbeat_times(heard)
+        for start in range(0, len(heard), HEARD_CHUNK):
+            if start and rt.pause is not None:
+                rt.pause()
+            record_heartbeat_times(dict(heard[start : start + HEARD_CHUNK]))
+            saved = min(len(heard), start + HEARD_CHUNK)
         record_lease_renewals(renewals)
     except Exception:  # noqa: BLE001 - any database error: the next round writes them
         log.exception(
             "replication: what this replica heard was not written down; the next round tries again"
         )
-        rt.liveness.unflushed_again(heard)
+        rt.liveness.unflushed_again(dict(heard[saved:]))
         rt.leases.unflushed_again(renewals)
-        return 0
+        return saved
     return saved

@@ -1,5 +1,6 @@
 """Node states: liveness with an injected clock, drain, cordon, revoke, delete, restarts."""
 
+import peewee
 import pytest
 
 from tests.conftest import ApiClient, admin_client, gpus
@@ -94,6 +95,66 @@ def test_sweeper_saves_last_heartbeat_times_in_a_batch(make_app, clock):
     assert api.run_task("liveness_sweep")["heartbeats_saved"] == 0
     restarted = ApiClient(make_app(), api.token)
     assert restarted.node(node_id)["last_heartbeat_at"] == "2026-01-01T12:00:05.000Z"
+
+
+def _enrol_many(api, count):
+    """`count` nodes of fleet gpu-a that have sent their first heartbeat: [(node_id, session)]."""
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    nodes = []
+    for i in range(count):
+        reg = api.register(join, machine_id=f"machine-{i}", hostname=f"gpu-host-{i}")
+        api.heartbeat(reg["session_token"])
+        nodes.append((reg["node_id"], reg["session_token"]))
+    return nodes
+
+
+def test_a_sweep_that_loses_many_nodes_lets_heartbeats_in_between(make_app, clock):
+    app = make_app(failover_grace_seconds=0)
+    api = admin_client(app, clock)
+    nodes = [node_id for node_id, _ in _enrol_many(api, 3)]
+    rt = app.extensions["fleetd"]
+    paused = []
+
+    def pause():  # as the event loop would: the other nodes' heartbeats arrive meanwhile
+        paused.append(1)
+        for node_id in nodes:
+            if rt.liveness.get(node_id) is not None:  # a node found lost is forgotten
+                rt.liveness.touch(node_id)
+
+    rt.pause = pause
+    clock.advance(41)
+    assert api.run_task("liveness_sweep")["lost"] == 1
+    assert paused == [1, 1]  # before each node after the first one lost
+    assert sorted(api.node(node_id)["status"] for node_id in nodes) == ["lost", "ready", "ready"]
+
+
+def test_heartbeat_times_are_written_down_in_chunks_and_kept_when_one_fails(
+    make_app, clock, monkeypatch
+):
+    from fleetd.services.fleet_ops import replication
+
+    api = admin_client(make_app(), clock)
+    nodes = _enrol_many(api, 3)
+    assert api.run_task("liveness_sweep")["heartbeats_saved"] == 3
+    clock.advance(5)
+    for _, session in nodes:
+        api.heartbeat(session)
+    monkeypatch.setattr(replication, "HEARD_CHUNK", 1)
+    write, calls = replication.record_heartbeat_times, []
+
+    def second_write_fails(times):
+        calls.append(times)
+        if len(calls) == 2:
+            raise peewee.OperationalError("database is locked")
+        return write(times)
+
+    monkeypatch.setattr(replication, "record_heartbeat_times", second_write_fails)
+    assert api.run_task("liveness_sweep")["heartbeats_saved"] == 1  # the first chunk landed
+    assert api.run_task("liveness_sweep")["heartbeats_saved"] == 2  # the rest, kept, next round
+    restarted = ApiClient(make_app(), api.token)
+    for node_id, _ in nodes:
+        assert restarted.node(node_id)["last_heartbeat_at"] == "2026-01-01T12:00:05.000Z"
 
 
 def _enrol(api):
