@@ -210,6 +210,33 @@ def make_client(config, server_url, session_token=None):
     )
 
 
+ADMISSION_WAIT_SECONDS = 600.0  # how long a registration waits its turn in a storm of hosts
+
+
+def register_when_admitted(client, join_token, body, wait_seconds=ADMISSION_WAIT_SECONDS):
+    """client.register(), asked again while fleetd answers 429 or 503 (a storm of hosts: fleetd
+    admits so many registrations a second and says when to come back), after its Retry-After
+    with up to a second of jitter added, for at most `wait_seconds`. Anything else, a fleetd that
+    cannot be reached among them, fails at once."""
+    deadline = time.monotonic() + wait_seconds
+    rng = random.SystemRandom()
+    for attempt in range(1, 100_000):  # bounded by the deadline well before
+        try:
+            return client.register(join_token, body)
+        except Unreachable as exc:
+            if exc.status not in (429, 503):
+                raise
+            delay = max(exc.retry_after or 0.0, 1.0) + rng.uniform(0.0, 1.0)
+            if time.monotonic() + delay > deadline:
+                raise
+            if attempt == 1 or attempt % 10 == 0:
+                log.info(
+                    "fleetd is busy admitting hosts (%s); registering again in %.1fs", exc, delay
+                )
+            time.sleep(delay)
+    raise FleetdError("registration: fleetd never admitted this host")
+
+
 def enrol(config, join_token, force=False, devices=None):
     """Register with a join token and store the credentials; a no-op when already enrolled.
 
@@ -250,12 +277,14 @@ def enrol(config, join_token, force=False, devices=None):
     client = make_client(config, urls)
     try:
         try:
-            reply = client.register(join_token, body)
+            reply = register_when_admitted(client, join_token, body)
         except FleetdError as exc:
             if body.topology is None or not refused_topology(exc):
                 raise
             log.warning("fleetd refused the GPU topology (an older fleetd?): %s; without it", exc)
-            reply = client.register(join_token, dataclasses.replace(body, topology=None))
+            reply = register_when_admitted(
+                client, join_token, dataclasses.replace(body, topology=None)
+            )
     finally:
         client.close()
     node = {

@@ -57,6 +57,7 @@ class Connection:
         self.host, self.port, self.timeout = host, port, timeout
         self.sock = None
         self.buf = b""
+        self.retry_after = None  # the last reply's Retry-After in seconds, when it had one
 
     def close(self):
         if self.sock is not None:
@@ -108,6 +109,12 @@ class Connection:
                 break
             self._recv()
         body, self.buf = self.buf[:length], self.buf[length:]
+        at = head.find(b"\nretry-after:")
+        self.retry_after = None
+        if at >= 0:
+            line_end = head.find(b"\r", at + 1)
+            value = head[at + 13 : line_end if line_end > 0 else len(head)].strip()
+            self.retry_after = float(value) if value.isdigit() else None
         if b"\nconnection: close" in head:
             self.close()
         return status, body
@@ -224,6 +231,7 @@ class Fleet:
     def register_all(self):
         """Register every node, `register_concurrency` at a time; returns the figures."""
         latencies, failures, nxt = [], {}, iter(range(self.args.nodes))
+        deferred = {}  # registrations fleetd answered with Retry-After, by status
         join = self.args.join.encode()
         started = time.monotonic()
         deadline = started + self.args.register_timeout
@@ -233,13 +241,19 @@ class Fleet:
             conn = Connection(*self.servers[at % len(self.servers)], 60)
             for i in nxt:
                 body = self.body(i)
-                for attempt in range(5):
+                attempt = 0
+                for _ in range(1_000_000):  # bounded by the deadline
                     if time.monotonic() > deadline:
                         failures["deadline"] = failures.get("deadline", 0) + 1
                         return
                     t0 = time.monotonic()
                     try:
                         status, reply = conn.post(b"/api/v1/agent/register", join, body)
+                        if status in (429, 503) and conn.retry_after is not None:
+                            # fleetd admits so many a second: back then, as fleet-agent join does
+                            deferred[status] = deferred.get(status, 0) + 1
+                            gevent.sleep(conn.retry_after + random.uniform(0.0, 1.0))
+                            continue
                         if status != 201:
                             raise HttpError(status, reply)
                     except (OSError, HttpError) as exc:
@@ -253,6 +267,9 @@ class Fleet:
                             at += 1
                             conn.close()
                             conn = Connection(*self.servers[at % len(self.servers)], 60)
+                        attempt += 1
+                        if attempt == 5:
+                            break
                         gevent.sleep(min(8, 0.5 * 2**attempt))
                         continue
                     now = time.monotonic()
@@ -278,6 +295,7 @@ class Fleet:
             "concurrency": self.args.register_concurrency,
             "latency": percentiles(latencies),
             "failures": failures,
+            "told_to_come_back": deferred,
             "interval_s": sorted({x for x in self.interval if x is not None}),
         }
 

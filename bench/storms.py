@@ -350,6 +350,7 @@ def run(args, data_dir):
                 "seconds": registered["seconds"],
                 "per_s": registered["per_s"],
                 "failures": registered["failures"],
+                "told_to_come_back": registered.get("told_to_come_back") or {},
             }
 
         results["registration"] = storm_phase("registration storm", urls, admin, registration)

@@ -394,9 +394,9 @@ class RequestRates:
         self._buckets = {}  # token id -> [requests left, monotonic time of the last refill]
         self._lock = threading.Lock()
 
-    def take(self, token_id, rate, now):
+    def take(self, token_id, rate, now, what="requests for this token"):
         """Spend one request of this token at `rate` per second (None: the default; 0: unlimited);
-        raise RateLimited when its bucket is empty."""
+        raise RateLimited (saying too many `what`) when its bucket is empty."""
         rate = self.default_rate if rate is None else rate
         if not rate:
             return
@@ -412,7 +412,7 @@ class RequestRates:
             if left < 1.0:
                 bucket[0] = left
                 raise RateLimited(
-                    f"too many requests for this token (limit {rate:g}/s); retry later",
+                    f"too many {what} (limit {rate:g}/s); retry later",
                     retry_after=(1.0 - left) / rate,
                 )
             bucket[0] = left - 1.0

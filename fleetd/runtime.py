@@ -42,6 +42,8 @@ class Runtime:
     identities: Identities  # who tasks run as
     samples: RuntimeSamples  # what nodes last reported of their instance runs
     rates: RequestRates  # each API token's request rate
+    # registrations this process admits per second (one bucket: a storm of hosts waits its turn)
+    registrations: RequestRates = dataclasses.field(default_factory=lambda: RequestRates(0.0, 1.0))
     trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
     stops: NodeStops = dataclasses.field(
         default_factory=NodeStops
@@ -121,6 +123,7 @@ class Runtime:
                 settings.limits_requests_per_second, settings.limits_request_burst_seconds
             ),
             trusted_networks=settings.trusted_networks,
+            registrations=RequestRates(settings.max_registrations_per_second, 1.0),
         )
         rt.terms.accounts = rt.accounts.any
         rt.output_store = output_store.make_store(settings)

@@ -23,6 +23,9 @@ class Settings:
     max_heartbeats_per_second: float = (
         200.0  # the interval widens (TTL with it) to keep all nodes under this; 0: off
     )
+    # Registrations this process admits per second; past it 429 with Retry-After, and the agent
+    # comes back then (a storm of thousands of hosts must not starve the jobs' requests); 0: off
+    max_registrations_per_second: float = 100.0
     node_ttl_seconds: float = 30.0
     node_grace_seconds: float = 10.0
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
@@ -238,6 +241,7 @@ class Settings:
             "limits_max_artifact_bytes",
             "limits_requests_per_second",
             "limits_request_burst_seconds",
+            "max_registrations_per_second",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

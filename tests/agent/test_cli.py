@@ -2,6 +2,7 @@
 
 import json
 
+import requests
 from click.testing import CliRunner
 
 from agent.cli import cli
@@ -61,3 +62,51 @@ def test_join_without_server_url_or_with_unreachable_fleetd_fails_clearly(tmp_pa
     )
     assert result.exit_code == 1 and "enrolment failed: fleetd unreachable" in result.output
     assert "flj_x.y" not in result.output
+
+
+def test_join_in_a_storm_of_hosts_comes_back_when_fleetd_says(
+    tmp_path, fake_nvml, server_factory, admin
+):
+    # fleetd admits a registration every 2 s; another host just took this turn
+    server = server_factory(FLEETD_MAX_REGISTRATIONS_PER_SECOND="0.5")
+    headers = {"Authorization": f"Bearer {admin}"}
+    assert requests.post(
+        f"{server.url}/api/v1/fleets", json={"name": "gpu-a"}, headers=headers, timeout=10
+    ).ok
+    join = requests.post(
+        f"{server.url}/api/v1/fleets/gpu-a/join-tokens",
+        json={"max_uses": 2},
+        headers=headers,
+        timeout=10,
+    ).json()["token"]
+    other = {
+        "hostname": "other",
+        "machine_id": "other-1",
+        "agent_version": "0.1.0",
+        "address": "127.0.0.1",
+        "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
+        "gpus": [],
+    }
+    agent_headers = {"Authorization": f"Bearer {join}", "X-Fleet-Protocol": "1"}
+    first = requests.post(
+        f"{server.url}/api/v1/agent/register", json=other, headers=agent_headers, timeout=10
+    )
+    assert first.status_code == 201, first.text
+    refused = requests.post(
+        f"{server.url}/api/v1/agent/register",
+        json=dict(other, machine_id="other-2"),
+        headers=agent_headers,
+        timeout=10,
+    )
+    assert refused.status_code == 429 and refused.headers["Retry-After"] in ("1", "2")
+    assert refused.json()["error"]["code"] == "rate_limited"
+    config = config_file(tmp_path, fake_nvml.use("l4_x4"))
+    result = CliRunner().invoke(
+        cli, ["join", "--server", server.url, "--token", join, "--config", config]
+    )
+    assert result.exit_code == 0, result.output
+    assert "enrolled as node" in result.output
+    assert "fleetd is busy admitting hosts (fleetd answered 429 rate_limited" in result.output
+    nodes = requests.get(f"{server.url}/api/v1/nodes", headers=headers, timeout=10).json()
+    assert sorted(n["hostname"] for n in nodes["items"])[0] == "other"
+    assert len(nodes["items"]) == 2

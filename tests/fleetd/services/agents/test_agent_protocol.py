@@ -106,6 +106,33 @@ def test_expired_revoked_and_used_up_join_tokens_are_refused(api, fleet, clock):
         assert body["error"]["message"] == message
 
 
+def test_registrations_past_the_rate_get_429_with_retry_after_and_nothing_stored(make_app, clock):
+    api = admin_client(make_app(max_registrations_per_second=2), clock)
+    api.create_fleet("gpu-a")
+    join = api.create_join_token("gpu-a")
+    for i in range(2):  # a second's worth passes at once
+        api.register(join, machine_id=f"m-{i}", hostname=f"h-{i}")
+    refused = api.register(join, machine_id="m-2", hostname="h-2", expect=429)
+    assert refused["error"]["code"] == "rate_limited"
+    message = refused["error"]["message"]
+    assert "too many registrations at once on this fleetd (limit 2/s)" in message
+    body = {
+        "hostname": "h-9",
+        "machine_id": "m-9",
+        "address": "10.0.0.9",
+        "agent_version": "0.1.0",
+        "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
+        "gpus": gpus(1),
+    }
+    resp = api.post("/api/v1/agent/register", body, token=join, agent=True)
+    assert resp.status_code == 429 and resp.headers["Retry-After"] == "1"
+    assert [n["hostname"] for n in api.get("/api/v1/nodes").get_json()["items"]] == ["h-0", "h-1"]
+    clock.advance(0.5)  # one more turn
+    api.register(join, machine_id="m-2", hostname="h-2")
+    api.register(join, machine_id="m-3", hostname="h-3", expect=429)
+    assert len(api.get("/api/v1/nodes").get_json()["items"]) == 3
+
+
 def test_same_machine_registering_again_gets_its_node_back_and_old_session_stops(api, fleet, clock):
     join = api.create_join_token(fleet)
     first = api.register(join, machine_id="m-1", hostname="old-name")
