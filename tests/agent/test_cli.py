@@ -6,6 +6,7 @@ import requests
 from click.testing import CliRunner
 
 from agent.cli import cli
+from tests.support.http import register_body
 
 
 def config_file(tmp_path, backend):
@@ -79,14 +80,7 @@ def test_join_in_a_storm_of_hosts_comes_back_when_fleetd_says(
         headers=headers,
         timeout=10,
     ).json()["token"]
-    other = {
-        "hostname": "other",
-        "machine_id": "other-1",
-        "agent_version": "0.1.0",
-        "address": "127.0.0.1",
-        "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
-        "gpus": [],
-    }
+    other = register_body("other-1", "other")
     agent_headers = {"Authorization": f"Bearer {join}", "X-Fleet-Protocol": "1"}
     first = requests.post(
         f"{server.url}/api/v1/agent/register", json=other, headers=agent_headers, timeout=10

@@ -12,6 +12,20 @@ from tests.support.polling import wait_until
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
+def register_body(machine_id="machine-1", hostname="gpu-host-1", gpu_count=2, **extra):
+    """The body of an agent's registration of a host with `gpu_count` H100s."""
+    body = {
+        "hostname": hostname,
+        "machine_id": machine_id,
+        "agent_version": "0.1.0",
+        "address": "10.0.0.1",
+        "resources": {"cpu_count": 64, "memory_bytes": 512 * 1024**3},
+        "gpus": gpus(gpu_count),
+    }
+    body.update(extra)
+    return body
+
+
 class ApiClient:
     """The Flask test client with a bearer token and the agent protocol header made easy."""
 
@@ -82,15 +96,7 @@ class ApiClient:
         expect=201,
         **extra,
     ):
-        body = {
-            "hostname": hostname,
-            "machine_id": machine_id,
-            "agent_version": "0.1.0",
-            "address": "10.0.0.1",
-            "resources": {"cpu_count": 64, "memory_bytes": 512 * 1024**3},
-            "gpus": gpus(gpu_count),
-        }
-        body.update(extra)
+        body = register_body(machine_id, hostname, gpu_count, **extra)
         resp = self.post("/api/v1/agent/register", body, token=join_token, agent=True)
         assert resp.status_code == expect, resp.get_json()
         return resp.get_json()

@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import ApiClient, admin_client, gpus
 from tests.support.concurrency import all_at_once
+from tests.support.http import register_body
 
 
 @pytest.fixture
@@ -116,14 +117,7 @@ def test_registrations_past_the_rate_get_429_with_retry_after_and_nothing_stored
     assert refused["error"]["code"] == "rate_limited"
     message = refused["error"]["message"]
     assert "too many registrations at once on this fleetd (limit 2/s)" in message
-    body = {
-        "hostname": "h-9",
-        "machine_id": "m-9",
-        "address": "10.0.0.9",
-        "agent_version": "0.1.0",
-        "resources": {"cpu_count": 8, "memory_bytes": 1 << 34},
-        "gpus": gpus(1),
-    }
+    body = register_body("m-9", "h-9")
     resp = api.post("/api/v1/agent/register", body, token=join, agent=True)
     assert resp.status_code == 429 and resp.headers["Retry-After"] == "1"
     assert [n["hostname"] for n in api.get("/api/v1/nodes").get_json()["items"]] == ["h-0", "h-1"]
