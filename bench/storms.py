@@ -472,6 +472,7 @@ def main():
         timeout=10,
     ).stdout.strip()
     with tempfile.TemporaryDirectory() as data_dir:
+        os.chmod(data_dir, 0o711)  # the agents' tasks run as other uids: it must be passable
         results.update(run(args, data_dir))
     print_report(results, args)
     out = pathlib.Path(args.json)
