@@ -15,7 +15,7 @@ import threading
 
 import peewee
 
-from fleetd.db import database
+from fleetd.db import database, execute_many
 
 
 class _Slot:
@@ -123,13 +123,9 @@ class Statement:
 
     def execute_many(self, rows):
         """Run an INSERT, UPDATE or DELETE once per dict of values in `rows`, in one call to the
-        driver."""
+        driver (db.execute_many: one round trip to PostgreSQL for up to 100 of them)."""
         _model, sql, params, _columns = self._get()
-        cursor = database.cursor()
-        cursor.executemany(
-            sql, [self._bind(params, values) for values in rows]
-        )  # psycopg2's returns None
-        return cursor.rowcount
+        execute_many(sql, [self._bind(params, values) for values in rows])
 
 
 FETCH_CHUNK = 2000  # rows fetched between two pauses: a few milliseconds of SQLite's work

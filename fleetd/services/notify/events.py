@@ -114,22 +114,21 @@ def record_event(
     )
     notify = webhooks.webhook_kind(kind, from_status, to_status)
     if notify is not None:
-        if subject_type == "node":  # a receiver names the host, even of a node deleted since
-            data = {**_node_names(subject_id), **(data or {})}
-        webhooks.enqueue(
-            now,
-            notify,
-            f"{subject_type}/{subject_id}",
-            dict(
-                data or {},
+
+        def carried():  # built only when a webhook receives it (a node's names cost a read)
+            # a receiver names the host, even of a node deleted since
+            names = _node_names(subject_id) if subject_type == "node" else {}
+            return dict(
+                {**names, **(data or {})},
                 from_status=from_status,
                 to_status=to_status,
                 reason=reason,
                 actor=actor,
                 actor_token_id=token_id,
                 actor_via=via,
-            ),
-        )
+            )
+
+        webhooks.enqueue(now, notify, f"{subject_type}/{subject_id}", carried)
     return actor
 
 

@@ -89,8 +89,11 @@ def webhook_kind(kind, from_status, to_status):
 
 def enqueue(now, kind, subject, data):
     """Queue a delivery of this notification to every webhook that receives `kind` (inside the
-    transaction of the event: the delivery exists exactly when the event does)."""
+    transaction of the event: the delivery exists exactly when the event does). `data`: what it
+    carries, or a function that makes it, called only when some webhook receives `kind`."""
     hooks = [h.id for h in Webhook.select(Webhook.id, Webhook.events) if kind in (h.events or ())]
+    if hooks and callable(data):
+        data = data()
     rows = []
     for hook_id in hooks:
         delivery_id = new_id()
