@@ -77,6 +77,7 @@ class Probe:
         # (submitted at, wall; submit -> running s or None; submit -> ended s, client)
         self.samples = []
         self.errors = {}
+        self.first_errors = {}  # the first message of each kind of error
         self.anomalies = []  # jobs that did not end succeeded with exactly one task
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -108,6 +109,7 @@ class Probe:
             except (OSError, RuntimeError, ValueError) as exc:  # fleetd down, restarting: try again
                 kind = type(exc).__name__
                 self.errors[kind] = self.errors.get(kind, 0) + 1
+                self.first_errors.setdefault(kind, str(exc)[:300])
                 api.close()
                 if (
                     isinstance(exc, OSError) and len(self.urls) > 1
@@ -166,6 +168,7 @@ def storm_phase(name, urls, admin, run_storm, after=20.0):
         "storm": detail,
         "windows": probe.windows(storm_end),
         "probe_errors": probe.errors,
+        "probe_first_errors": probe.first_errors,
         "probe_anomalies": probe.anomalies[:20],
         "probe_anomaly_count": len(probe.anomalies),
     }

@@ -12,6 +12,7 @@ from fleetd.background import TaskRunner
 from fleetd.clock import Clock
 from fleetd.liveness import LeaseTracker, LivenessTracker, Notifier, RuntimeSamples
 from fleetd.replicas import Leadership
+from fleetd.services.agents.admission import Registrations
 from fleetd.services.fleet_ops.metrics import Instruments
 from fleetd.services.identity.identities import Identities
 from fleetd.services.identity.oidc import OidcCache
@@ -42,8 +43,8 @@ class Runtime:
     identities: Identities  # who tasks run as
     samples: RuntimeSamples  # what nodes last reported of their instance runs
     rates: RequestRates  # each API token's request rate
-    # registrations this process admits per second (one bucket: a storm of hosts waits its turn)
-    registrations: RequestRates = dataclasses.field(default_factory=lambda: RequestRates(0.0, 1.0))
+    # the registrations this process admits (a storm of hosts waits its turn)
+    registrations: Registrations = dataclasses.field(default_factory=Registrations)
     trusted_networks: tuple = ()  # proxies whose X-Forwarded-For names the client
     stops: NodeStops = dataclasses.field(
         default_factory=NodeStops
@@ -123,7 +124,9 @@ class Runtime:
                 settings.limits_requests_per_second, settings.limits_request_burst_seconds
             ),
             trusted_networks=settings.trusted_networks,
-            registrations=RequestRates(settings.max_registrations_per_second, 1.0),
+            registrations=Registrations(
+                settings.max_registrations_per_second, settings.max_registrations_in_flight
+            ),
         )
         rt.terms.accounts = rt.accounts.any
         rt.output_store = output_store.make_store(settings)

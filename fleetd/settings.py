@@ -26,6 +26,7 @@ class Settings:
     # Registrations this process admits per second; past it 429 with Retry-After, and the agent
     # comes back then (a storm of thousands of hosts must not starve the jobs' requests); 0: off
     max_registrations_per_second: float = 100.0
+    max_registrations_in_flight: int = 8  # ... and being served at once (0: no bound)
     node_ttl_seconds: float = 30.0
     node_grace_seconds: float = 10.0
     failover_grace_seconds: float = -1.0  # negative: 2 x node_ttl_seconds
@@ -242,6 +243,7 @@ class Settings:
             "limits_requests_per_second",
             "limits_request_burst_seconds",
             "max_registrations_per_second",
+            "max_registrations_in_flight",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -49,11 +49,14 @@ def stored_capabilities(reported):
 def register_node(rt, join_token_id, reg):
     """Admit a host with a join token (`reg`: a fleetwire Registration); the same machine_id gets
     its old node and a new session. Returns the fleetwire Registered (the session token shown
-    once). Past `max_registrations_per_second` on this process: RateLimited (429 with Retry-After),
-    before any database work, so that a storm of hosts leaves room for the jobs' requests."""
-    rt.registrations.take(
-        "register", None, rt.clock.monotonic(), "registrations at once on this fleetd"
-    )
+    once). Past what this process admits (admission.Registrations): RateLimited (429 with
+    Retry-After), before any database work, so that a storm of hosts leaves room for the jobs'
+    requests."""
+    with rt.registrations.admitted(rt.clock.monotonic()):
+        return _register_node(rt, join_token_id, reg)
+
+
+def _register_node(rt, join_token_id, reg):
     now = rt.clock.now()
     session_id, session_token = make_token(NODE_PREFIX)
     capabilities = reg.capabilities or {}
