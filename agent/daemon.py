@@ -422,7 +422,11 @@ class Agent:
             interval = watchdog_interval()
             if interval:
                 self._spawn("watchdog", self._watchdog, interval)
-            sd_notify("READY=1\nSTATUS=devices discovered; connecting to fleetd")
+            # MAINPID too: systemd knows it already; stand-in service managers (the one containers
+            # run, docker-systemctl-replacement) wait seconds for it after READY=1
+            sd_notify(
+                f"READY=1\nMAINPID={os.getpid()}\nSTATUS=devices discovered; connecting to fleetd"
+            )
             if self._wait_for_enrolment():
                 self._start_work()
                 self.exit_code = self._heartbeat_loop()

@@ -253,7 +253,7 @@ def test_sd_notify_ready_and_watchdog_under_systemd_type_notify(tmp_path, agent_
             seen.update(sock.recv(4096).decode().splitlines())
             if "READY=1" in seen and "WATCHDOG=1" in seen:
                 break
-        assert {"READY=1", "WATCHDOG=1"} <= seen
+        assert {"READY=1", "WATCHDOG=1", f"MAINPID={agent.proc.pid}"} <= seen
         agent.signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == 0
 
