@@ -79,6 +79,9 @@ def make_settings(tmp_path):
         overrides.setdefault(
             "limits_requests_per_second", 0
         )  # a FakeClock never refills a token's bucket
+        # nor the registrations' (tests that fire registrations at once set their own bounds)
+        overrides.setdefault("max_registrations_per_second", 0)
+        overrides.setdefault("max_registrations_in_flight", 0)
         overrides.setdefault("webhooks_allow_targets", LOOPBACK_RECEIVERS)
         return Settings.load(environ={}, **overrides)
 

@@ -297,6 +297,9 @@ SERVER_ENV = {
     # 401.
     "FLEETD_AUTH_FAILURE_LIMIT": "1000000000",
     "FLEETD_AUTH_FAILURE_GLOBAL_LIMIT": "1000000000",
+    # Registrations past a rate get 429 (tests/fleetd/services/agents/test_agent_protocol.py); the
+    # fuzzer registers hosts faster than any storm, and its valid ones must be accepted.
+    "FLEETD_MAX_REGISTRATIONS_PER_SECOND": "0",
     # acquire, job wait and rendezvous wait are long polls of up to 30 s; fuzzed cases must not
     # wait.
     "FLEETD_LONG_POLL_MAX_SECONDS": "0.2",

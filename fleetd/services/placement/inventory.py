@@ -318,6 +318,7 @@ class InventoryCache:
     # until the last one is this many of its own durations old (at least MIN_AGE seconds). Work
     # placed on the older view is safe: the pass's write phase checks each node still takes work.
     MIN_AGE = 1.0
+    TRUSTED_AGE = 30.0  # seconds a read answers may_hold_mig()
     AGE_FACTOR = 3
 
     def __init__(self, offload=call, throttle=False, monotonic=time.monotonic):
@@ -338,6 +339,20 @@ class InventoryCache:
         # objects, and every request arriving meanwhile would otherwise start the same read (and
         # hold its own copy). Callers that arrive during a read wait for it and take what it read.
         self._reading = threading.Lock()
+
+    def may_hold_mig(self, node_id):
+        """False when the inventory last read (no read here), less than TRUSTED_AGE seconds ago,
+        has every GPU of this node outside MIG mode: no target layout can be pending for it (the
+        planner reads the inventory, and plans only GPUs in MIG mode). True when it does not know
+        the node, or has no recent read (a replica that does not lead reads it seldom)."""
+        current = self._current
+        if (
+            current is None
+            or node_id not in current.gpus
+            or self._monotonic() - self._loaded_at > self.TRUSTED_AGE
+        ):
+            return True
+        return any(gpu.mig is not None for gpu in current.gpus[node_id])
 
     def get(self):
         """The inventory at the database's version (call inside the pass's read transaction) or a

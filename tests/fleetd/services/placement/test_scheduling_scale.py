@@ -734,3 +734,20 @@ def test_a_submit_that_will_not_wait_for_capacity_is_refused_and_stores_nothing(
     )
     assert ok.status_code == 201 and ok.get_json()["state"] == "running"
     assert api.submit(resources={"gpus": 16})["state"] == "queued"  # by default it waits
+
+
+def test_a_recent_inventory_read_spares_a_heartbeat_the_mig_read_of_a_node_without_mig(api, fleet):
+    from fleetd.db import database
+    from fleetd.services.placement.inventory import InventoryCache
+
+    now = [100.0]
+    cache = InventoryCache(monotonic=lambda: now[0])
+    assert cache.may_hold_mig("n1")  # nothing read yet: the heartbeat reads
+    node_id, _session = api.ready_node(fleet, "n1")
+    assert cache.may_hold_mig(node_id)
+    with database.connection_context():
+        cache.get()
+    assert not cache.may_hold_mig(node_id)  # its H100s are not in MIG mode
+    assert cache.may_hold_mig("another")  # a node the read did not know
+    now[0] += cache.TRUSTED_AGE + 1
+    assert cache.may_hold_mig(node_id)  # too old to answer for the node
