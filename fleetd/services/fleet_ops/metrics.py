@@ -19,6 +19,7 @@ from fleetd.services.placement.capacity import gpu_summary, node_counts
 from fleetd.services.placement.cluster import current_state
 from fleetd.services.workloads import instances
 from fleetd.services.workloads.artifacts import store_dir
+from fleetd.sql import insert_rows
 
 MAX_HISTORY_MINUTES = 24 * 60
 GPU_FIELDS = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
@@ -245,7 +246,7 @@ def record_sample(rt, with_gpus=True):
                 for node_id, uuid, values in readings
             ]
             if rows:
-                GpuSample.insert_many(rows).execute()
+                insert_rows(GpuSample, rows)  # compiled: one row's SQL, not every row's
     return {"cluster": 1, "gpus": len(rows)}
 
 

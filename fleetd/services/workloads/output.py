@@ -36,6 +36,7 @@ from fleetd.models import (
 )
 from fleetd.services.notify.events import record_event
 from fleetd.services.workloads.output_store import StoreError
+from fleetd.sql import insert_rows
 from fleetwire.output import (
     CHUNK_RAW_BYTES,
     HEAD_LINES,
@@ -190,7 +191,7 @@ def append_output(rt, node_id, task_id, batch, trim=True):
                     }
                 )
             if rows:
-                LogLine.insert_many(rows).execute()
+                insert_rows(LogLine, rows)  # compiled: insert_many made SQL for every row
             if batch.first_line >= output.lines:  # a batch sent again is not counted twice
                 output.bytes += batch.bytes
             output.lines = end
