@@ -194,7 +194,7 @@ class Task(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=32)
     job = peewee.ForeignKeyField(Job, backref="tasks", on_delete="CASCADE", column_name="job")
     rank = peewee.IntegerField()
-    state = peewee.CharField(max_length=16, index=True)
+    state = peewee.CharField(max_length=16)  # indexed with id and epoch (Meta)
     node = peewee.ForeignKeyField(
         Node, null=True, backref="tasks", on_delete="SET NULL", column_name="node"
     )
@@ -221,7 +221,8 @@ class Task(BaseModel):
     link_class = peewee.CharField(max_length=16, null=True)
 
     class Meta:
-        indexes = ((("job", "rank"), True),)
+        # (state, id, epoch): which tasks are active, from the index alone (placement.task_holds).
+        indexes = ((("job", "rank"), True), (("state", "id", "epoch"), False))
 
 
 class LogLine(BaseModel):

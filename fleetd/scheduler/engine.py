@@ -314,6 +314,20 @@ class PlacementEngine:
         if len(self._class_keys) > 4 * len(self._members) + 1024:
             self._renumber_classes()  # states no node is in any more are forgotten
 
+    def extend(self, nodes: Iterable[NodeSnapshot]) -> None:
+        """Take these snapshots as nodes after the last, in this order: an engine kept between
+        passes takes nodes that joined (their ids sort after every node it has) and then decides
+        as one built afresh from the whole snapshot would."""
+        for snap in nodes:
+            if snap.id in self.by_id:
+                raise ValueError(f"node {snap.id} is in the engine already")
+            node = self._node(len(self.nodes), snap)
+            self.nodes.append(node)
+            self.by_id[snap.id] = node
+            self._placed_nodes += snap.network is not None
+            if snap.schedulable:
+                self._enter(node)
+
     def _node(self, index: int, snap: NodeSnapshot) -> _Node:
         """Its accounting, with the topology of its links (one per distinct matrix, kept)."""
         if not valid_links(snap.links, len(snap.gpus)):

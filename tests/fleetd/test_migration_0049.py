@@ -118,5 +118,5 @@ def test_0049_spans_the_month_sums_and_sums_them_per_fleet_from_the_day_rows(tmp
             ("month", "owner", "cost"),
         }
         assert db.execute_sql("SELECT COUNT(*) FROM usage_workload_month").fetchone() == (4,)
-    assert upgrade(db) == ["0049_usage_workload_spans"]
+    assert upgrade(db)[0] == "0049_usage_workload_spans"
     db.close()

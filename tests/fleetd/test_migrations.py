@@ -659,3 +659,24 @@ def test_0048_counts_a_groups_told_jobs_from_an_index_and_goes_down_cleanly(tmp_
     assert indexes()["job_state_group_key_id"] == ["state", "group_key", "id"]
     assert upgrade(db)[0] == "0048_job_queue_told"
     db.close()
+
+
+def test_0050_tells_the_active_tasks_from_an_index_and_goes_down_cleanly(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/holds.db")
+    assert "0050_task_state_id_epoch" in upgrade(db)
+
+    def indexes():
+        return {index.name: index.columns for index in db.get_indexes("task")}
+
+    assert indexes()["task_state_id_epoch"] == ["state", "id", "epoch"]
+    assert "task_state" not in indexes()
+    plan = db.execute_sql(
+        "EXPLAIN QUERY PLAN SELECT id, epoch, state FROM task WHERE state IN (?, ?)",
+        ("assigned", "running"),
+    ).fetchall()
+    assert any("COVERING INDEX task_state_id_epoch" in row[-1] for row in plan)
+    Runner(db, MIGRATIONS_DIR, table_name="schema_migration").down("0050_task_state_id_epoch")
+    assert "task_state_id_epoch" not in indexes()
+    assert indexes()["task_state"] == ["state"]
+    assert upgrade(db)[0] == "0050_task_state_id_epoch"
+    db.close()

@@ -205,49 +205,74 @@ def _number(value):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def record_sample(rt, with_gpus=True):
-    """Store one cluster sample (and per-GPU samples); returns the counts written. The samples are
-    stamped and written holding the ledger's SAMPLES_LOCK (see there), after the figures are
-    gathered."""
-    state = current_state(rt)
-    gpu = rt.offload(gpu_summary, state, state.queued_demand())
+# Per-GPU rows written in one transaction; the event loop is given away between two.
+SAMPLE_ROWS_PER_TRANSACTION = 2000
+
+
+def _sample_figures(rt, state):
+    """(GPU summary, [(node id, uuid, readings)], mean utilisation or None): off the event loop, as
+    at 100,000 nodes that is 800,000 GPUs."""
+    gpu = gpu_summary(state, state.queued_demand())
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [
         v["utilization_percent"]
         for _, _, v in readings
         if _number(v.get("utilization_percent")) is not None
     ]
+    return gpu, readings, (sum(utils) / len(utils) if utils else None)
+
+
+def _gpu_rows(readings, now):
+    return [
+        dict(
+            at=now,
+            node_id=node_id,
+            uuid=uuid[:128],
+            **{f: _number(values.get(f)) for f in GPU_FIELDS},
+        )
+        for node_id, uuid, values in readings
+    ]
+
+
+def record_sample(rt, with_gpus=True):
+    """Store one cluster sample (and per-GPU samples); returns the counts written. The samples are
+    stamped and written holding the ledger's SAMPLES_LOCK (see there), after the figures are
+    gathered.
+
+    The figures and rows are made off the event loop (rt.offload), and the per-GPU rows are
+    written SAMPLE_ROWS_PER_TRANSACTION at a time with the loop given away between (rt.pause):
+    heartbeats are answered meanwhile. A sample cut short by a crash keeps the rows written.
+    """
+    state = current_state(rt)
+    gpu, readings, util = rt.offload(_sample_figures, rt, state)
     running = (
         Job.select()
         .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
         .count()
     )
     waiting = Job.select().where(Job.state == JobState.QUEUED.value).count()
-    with SAMPLES_LOCK, write_transaction():
+    written = 0
+    with SAMPLES_LOCK:
         now = rt.clock.now()
-        ClusterSample.create(
-            at=now,
-            jobs_running=running,
-            jobs_waiting=waiting,
-            gpus_total=gpu["total"],
-            gpus_used=gpu["used"],
-            gpus_blocked=gpu["blocked"],
-            gpu_util_percent=sum(utils) / len(utils) if utils else None,
-        )
-        rows = []
-        if with_gpus:
-            rows = [
-                dict(
-                    at=now,
-                    node_id=node_id,
-                    uuid=uuid[:128],
-                    **{f: _number(values.get(f)) for f in GPU_FIELDS},
-                )
-                for node_id, uuid, values in readings
-            ]
-            if rows:
-                insert_rows(GpuSample, rows)  # compiled: one row's SQL, not every row's
-    return {"cluster": 1, "gpus": len(rows)}
+        with write_transaction():
+            ClusterSample.create(
+                at=now,
+                jobs_running=running,
+                jobs_waiting=waiting,
+                gpus_total=gpu["total"],
+                gpus_used=gpu["used"],
+                gpus_blocked=gpu["blocked"],
+                gpu_util_percent=util,
+            )
+        rows = rt.offload(_gpu_rows, readings, now) if with_gpus and readings else []
+        for start in range(0, len(rows), SAMPLE_ROWS_PER_TRANSACTION):
+            if start and rt.pause is not None:
+                rt.pause()
+            chunk = rows[start : start + SAMPLE_ROWS_PER_TRANSACTION]
+            with write_transaction():
+                insert_rows(GpuSample, chunk)  # compiled: one row's SQL, not every row's
+            written += len(chunk)
+    return {"cluster": 1, "gpus": written}
 
 
 def history(rt, minutes, gpus=True):

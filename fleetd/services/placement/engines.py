@@ -8,9 +8,12 @@ node, the view it was built from: the node's row and GPUs as placement reads the
 no work, what its tasks hold. A pass rebuilds only the nodes whose view differs now: nodes whose
 tasks started or ended, that stopped or resumed taking work, that the last pass reserved on, and,
 when the inventory was read again, those whose row or GPUs changed (the ones the database's
-triggers noted; every candidate when the inventory was read in full). Views are compared, never
-trusted: whatever wrote the change (this replica or another), a kept engine decides as one built
-afresh would. Kubernetes' scheduler keeps its node snapshot the same way, by generation.
+triggers noted; every candidate when the inventory was read in full). Nodes that joined are added
+at the end (node ids sort by creation time): a registration storm no longer rebuilds every engine
+at every pass, which held the interpreter lock for seconds at 100,000 nodes. An engine is built
+afresh only when a node left or one joined among the others. Views are compared, never trusted:
+whatever wrote the change (this replica or another), a kept engine decides as one built afresh
+would. Kubernetes' scheduler keeps its node snapshot the same way, by generation.
 """
 
 import collections
@@ -46,6 +49,7 @@ class Engines:
         self.built = 0  # engines built afresh (for tests and the benchmark)
         self.after_build = None  # fleetd serve: fn() called once an engine built afresh is kept
         self.refreshed = 0  # nodes brought up to date in a kept engine
+        self.extended = 0  # nodes that joined, added to a kept engine
 
     def engine(self, state, requests, policy=None, profile=None):
         """(engine, candidate nodes or None for all) for these requests, as `state` sees the
@@ -56,8 +60,11 @@ class Engines:
         nodes = None
         if kept is not None and kept.version != inventory.version:
             nodes = _candidates(inventory, wants)
-            if tuple(n.id for n in (inventory.nodes if nodes is None else nodes)) != kept.ids:
-                kept = None  # nodes joined or left: built afresh, in inventory order
+            ids = tuple(n.id for n in (inventory.nodes if nodes is None else nodes))
+            if ids != kept.ids and ids[: len(kept.ids)] == kept.ids:
+                self._extend(state, kept, ids)  # nodes joined (ids sort by time): at the end
+            if ids != kept.ids:
+                kept = None  # nodes left, or joined among the others: built afresh, in order
             else:
                 # The triggers noted which nodes changed: only those (and the usual suspects) are
                 # looked at; with no such note, every candidate is.
@@ -88,6 +95,19 @@ class Engines:
         engine = scheduler.PlacementEngine(state.snapshot(rows))
         views = {node_id: self._view(state, node_id, static) for node_id in ids}
         return _Kept(state.inventory.version, ids, nodes is None, engine, views, special)
+
+    def _extend(self, state, kept, ids):
+        """Add to a kept engine the nodes of `ids` after those it has (nodes that joined: their
+        ids, which sort by creation time, come after the others')."""
+        new = ids[len(kept.ids) :]
+        static, special = self._views_now(state, set(new))
+        rows = state.inventory.by_id
+        kept.engine.extend(state.snapshot([rows[node_id] for node_id in new]).nodes)
+        for node_id in new:
+            kept.views[node_id] = self._view(state, node_id, static)
+        kept.ids = ids
+        kept.special |= special
+        self.extended += len(new)
 
     def _bring_up_to_date(self, state, kept, everything, also=frozenset()):
         static, special = self._views_now(state, kept.views.keys())

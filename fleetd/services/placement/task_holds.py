@@ -1,7 +1,6 @@
 """What active tasks hold, as placement reads it: one narrow query of the active tasks (and of
 ended ones their nodes still report running), each row made a Hold once."""
 
-import json
 import typing
 
 from fleetd.models import Task
@@ -44,19 +43,28 @@ def _hold_columns():
 
 
 _ACTIVE_HOLDS = Statement(lambda v: _hold_columns().where(Task.state.in_(ACTIVE_TASK_STATES)))
+# Which tasks are active, in which epoch and state: from the index of (state, id, epoch) alone.
+_ACTIVE_KEYS = Statement(
+    lambda v: Task.select(Task.id, Task.epoch, Task.state).where(Task.state.in_(ACTIVE_TASK_STATES))
+)
 
-_ENDED_CHUNK = 32  # task ids per statement that reads ended tasks by id: 32 shapes at most
+_BY_ID_CHUNK = 32  # task ids per statement that reads tasks by id: 32 shapes at most
+# Past this many rows not seen before (the first read after a start), one read of every active
+# row costs less than reading them by id.
+_READ_ALL_PAST = 2000
 
 
-def _ended_holds_statement(count):
-    return Statement(
-        lambda v: _hold_columns().where(
-            Task.id.in_([v(f"id{i}") for i in range(count)]) & Task.state.not_in(ACTIVE_TASK_STATES)
-        )
-    )
+def _by_ids_statement(count, active):
+    def build(v):
+        where = Task.id.in_([v(f"id{i}") for i in range(count)])
+        state = Task.state.in_ if active else Task.state.not_in
+        return _hold_columns().where(where & state(ACTIVE_TASK_STATES))
+
+    return Statement(build)
 
 
-_ENDED_HOLDS = {n: _ended_holds_statement(n) for n in range(1, _ENDED_CHUNK + 1)}
+_ENDED_HOLDS = {n: _by_ids_statement(n, active=False) for n in range(1, _BY_ID_CHUNK + 1)}
+_ACTIVE_BY_ID = {n: _by_ids_statement(n, active=True) for n in range(1, _BY_ID_CHUNK + 1)}
 
 
 # A task's GPUs as stored (JSON text) -> as parsed: a pass reads every active task's, and those of
@@ -78,44 +86,50 @@ def _parsed_gpus(raw):
     return found
 
 
-# The active tasks' Holds of the last read, by their row as read: a row that reads the same again
-# (most of them: a task's row changes only when its state does) is the same Hold, made once. Its
-# job's terms never change. Replaced at every read of the active tasks, so it holds no more.
+# The active tasks' Holds of the last read, by (id, epoch, state). A task's row is written whole
+# when it is placed, which moves its epoch on, and changes while active only in its state and in
+# columns a Hold does not keep (delivered_at, renewed_at, pid...): a key read again is the same
+# Hold, made once. Its job's terms never change. Replaced at every read, so it holds no more.
 _ACTIVE: dict[tuple, Hold] = {}
 
 
 def load_holds(terms_cache, ended=None):
     """Hold rows of the active tasks, or of those of the task ids in `ended` that are no longer
-    active: narrow queries compiled once, job terms from `terms_cache` (rt.terms)."""
+    active: narrow queries compiled once, job terms from `terms_cache` (rt.terms).
+
+    The active tasks are read as keys from an index; only the rows of keys not seen at the last
+    read are read whole. Under PostgreSQL's read committed each statement sees its own moment: a
+    row read whole is kept by its own key, whatever the index said of it a moment before.
+    """
     global _ACTIVE
-    if ended is None:
-        rows = [_row_key(row) for row in _ACTIVE_HOLDS.raw_tuples()]
-        known = _ACTIVE
-        missing = [row for row in rows if row not in known]
-        made = dict(zip(missing, _hold_rows(terms_cache, missing, keep_order=True)))
-        fresh = {}
-        for row in rows:
-            hold = known.get(row) or made.get(row)
-            if hold is not None:
-                fresh[row] = hold
-        _ACTIVE = fresh
-        return list(fresh.values())
-    else:
+    if ended is not None:
         rows = []
-        for start in range(0, len(ended), _ENDED_CHUNK):
-            chunk = ended[start : start + _ENDED_CHUNK]
+        for start in range(0, len(ended), _BY_ID_CHUNK):
+            chunk = ended[start : start + _BY_ID_CHUNK]
             rows += _ENDED_HOLDS[len(chunk)].raw_tuples(
                 **{f"id{i}": task_id for i, task_id in enumerate(chunk)}
             )
-    return _hold_rows(terms_cache, rows)
-
-
-def _row_key(row):
-    """A hold row as a hashable key (a driver may give the GPUs' JSON parsed)."""
-    gpus = row[6]
-    if gpus is None or isinstance(gpus, str):
-        return tuple(row)
-    return (*row[:6], json.dumps(gpus, sort_keys=True), *row[7:])
+        return _hold_rows(terms_cache, rows)
+    known = _ACTIVE
+    keys = [tuple(key) for key in _ACTIVE_KEYS.raw_tuples()]
+    missing = [key[0] for key in keys if key not in known]
+    if len(missing) > _READ_ALL_PAST:
+        rows = _ACTIVE_HOLDS.raw_tuples()
+    else:
+        rows = []
+        for start in range(0, len(missing), _BY_ID_CHUNK):
+            chunk = missing[start : start + _BY_ID_CHUNK]
+            rows += _ACTIVE_BY_ID[len(chunk)].raw_tuples(
+                **{f"id{i}": task_id for i, task_id in enumerate(chunk)}
+            )
+    made = {hold.id: hold for hold in _hold_rows(terms_cache, rows)}
+    fresh = {}
+    for key in keys:
+        hold = known.get(key) or made.get(key[0])
+        if hold is not None:
+            fresh[(hold.id, hold.epoch, hold.state)] = hold
+    _ACTIVE = fresh
+    return list(fresh.values())
 
 
 def _hold_rows(terms_cache, rows, keep_order=False):

@@ -126,3 +126,30 @@ def test_gc_dry_run_counts_and_real_run_removes_old_jobs_and_orphan_artifacts(ap
     assert api.get(f"/api/v1/jobs/{old['id']}").status_code == 404
     assert api.get(f"/api/v1/jobs/{recent['id']}").status_code == 200
     assert api.get(f"/api/v1/artifacts/{sha}").status_code == 404
+
+
+def test_a_sample_of_many_gpus_is_written_in_chunks_with_the_loop_given_away_between(
+    api, monkeypatch
+):
+    from fleetd.models import GpuSample
+    from fleetd.services.fleet_ops import metrics
+
+    api.create_fleet("gpu-a")
+    for name in ("n1", "n2"):
+        _, session, reported = _enrol(api, name, 4)
+        api.heartbeat(session, metrics=_readings(reported, 50))
+    rt = api.app.extensions["fleetd"]
+    monkeypatch.setattr(metrics, "SAMPLE_ROWS_PER_TRANSACTION", 3)
+    written = []
+
+    def pause():  # as the event loop would; what came before it is committed
+        with api.app.app_context():
+            written.append(GpuSample.select().count())
+
+    rt.pause = pause
+    assert api.run_task("metrics_sampler") == {"cluster": 1, "gpus": 8}
+    assert written == [3, 6]  # 3 + 3 + 2 rows, a pause before each chunk after the first
+    day = api.get("/api/v1/metrics/history?minutes=60").get_json()
+    assert len(day["gpus"]) == 8 and all(
+        g["samples"][0]["utilization_percent"] == 50 for g in day["gpus"]
+    )

@@ -214,8 +214,10 @@ def test_passes_bring_a_kept_engine_up_to_date_node_by_node(api, clock):
     assert len(seen) >= 5
 
 
-def test_an_engine_is_built_afresh_when_nodes_join_and_kept_per_candidate_set(api, clock):
+def test_nodes_that_join_are_added_to_a_kept_engine_and_one_that_leaves_rebuilds_it(api, clock):
     rt = api.app.extensions["fleetd"]
+    seen = []
+    _checked(rt, seen)
     fleet = _Fleet(api, clock)
     fleet.do("register", 0)
     fleet.do("submit", 0)
@@ -223,10 +225,32 @@ def test_an_engine_is_built_afresh_when_nodes_join_and_kept_per_candidate_set(ap
     built = rt.engines.built
     fleet.do("submit", 0)
     fleet.do("submit_other", 0)
-    assert rt.engines.built == built
-    fleet.do("register", 1)  # a node joined: engines over its fleet are built again
+    assert rt.engines.built == built and rt.engines.extended == 0
+    fleet.do("register", 1)  # a node of gpu-b joined: added at the end of gpu-b's engine
+    fleet.do("register", 3)
+    fleet.do("submit_other", 0)
+    assert rt.engines.built == built and rt.engines.extended == 2
+    fleet.do("revoke", 1)  # a node left: engines over its fleet are built again
     fleet.do("submit_other", 0)
     assert rt.engines.built > built
+    assert seen  # each engine a pass decided with held what a fresh one would
+
+
+def test_a_node_that_joins_among_the_others_rebuilds_the_engine(api, clock, monkeypatch):
+    from fleetd.services.agents import sessions
+
+    rt = api.app.extensions["fleetd"]
+    seen = []
+    _checked(rt, seen)
+    fleet = _Fleet(api, clock)
+    fleet.do("register", 0)
+    fleet.do("submit", 0)
+    built = rt.engines.built
+    # Another replica's clock is behind: the node's id sorts before those the engine has.
+    monkeypatch.setattr(sessions, "new_id", lambda: "000000000000" + uuid.uuid4().hex[:8])
+    fleet.do("register", 2)
+    fleet.do("submit", 0)
+    assert rt.engines.built == built + 1 and rt.engines.extended == 0
 
 
 def _summary_of_rows(rows):
