@@ -214,13 +214,19 @@ def test_passes_bring_a_kept_engine_up_to_date_node_by_node(api, clock):
     assert len(seen) >= 5
 
 
-def test_nodes_that_join_are_added_to_a_kept_engine_and_one_that_leaves_rebuilds_it(api, clock):
+def _one_node_checked(api, clock):
+    """(runtime, engines seen, fleet) with one node and a job for it; every engine checked."""
     rt = api.app.extensions["fleetd"]
     seen = []
     _checked(rt, seen)
     fleet = _Fleet(api, clock)
     fleet.do("register", 0)
     fleet.do("submit", 0)
+    return rt, seen, fleet
+
+
+def test_nodes_that_join_are_added_to_a_kept_engine_and_one_that_leaves_rebuilds_it(api, clock):
+    rt, seen, fleet = _one_node_checked(api, clock)
     fleet.do("submit_other", 0)  # another candidate set (fleet gpu-b): its own engine
     built = rt.engines.built
     fleet.do("submit", 0)
@@ -239,18 +245,13 @@ def test_nodes_that_join_are_added_to_a_kept_engine_and_one_that_leaves_rebuilds
 def test_a_node_that_joins_among_the_others_rebuilds_the_engine(api, clock, monkeypatch):
     from fleetd.services.agents import sessions
 
-    rt = api.app.extensions["fleetd"]
-    seen = []
-    _checked(rt, seen)
-    fleet = _Fleet(api, clock)
-    fleet.do("register", 0)
-    fleet.do("submit", 0)
+    rt, seen, fleet = _one_node_checked(api, clock)
     built = rt.engines.built
     # Another replica's clock is behind: the node's id sorts before those the engine has.
     monkeypatch.setattr(sessions, "new_id", lambda: "000000000000" + uuid.uuid4().hex[:8])
     fleet.do("register", 2)
     fleet.do("submit", 0)
-    assert rt.engines.built == built + 1 and rt.engines.extended == 0
+    assert rt.engines.built == built + 1 and rt.engines.extended == 0 and seen
 
 
 def _summary_of_rows(rows):
