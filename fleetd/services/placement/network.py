@@ -42,17 +42,26 @@ def node_place(inventory, node) -> NetworkPlace | None:
 
 def carried_places(previous, fleets, by_id, changed):
     """(parsed files, node places) of the inventory `previous` that still hold in one patched from
-    it: those of fleets whose file is as it was, and of their nodes that did not change."""
+    it: those of fleets whose file is as it was, and of their nodes that did not change.
+
+    Another thread may be filling `previous`'s caches meanwhile (a pass's engine build makes every
+    node's place): each is copied in one step (dict(), which runs no Python code, so no other
+    thread runs in between) before it is iterated. Iterated as it was, a place added meanwhile
+    failed the reload ("dictionary changed size during iteration"), and with it the submit that
+    asked for the inventory.
+    """
+    previous_files = dict(previous.network_files or {})
+    previous_places = dict(previous.places or {})
     same = {
         name
         for name, fleet in fleets.items()
         if name in previous.fleets
         and previous.fleets[name].network_topology == fleet.network_topology
     }
-    files = {name: hit for name, hit in (previous.network_files or {}).items() if name in same}
+    files = {name: hit for name, hit in previous_files.items() if name in same}
     places = {
         node_id: place
-        for node_id, place in (previous.places or {}).items()
+        for node_id, place in previous_places.items()
         if node_id in by_id and node_id not in changed and by_id[node_id].fleet_id in same
     }
     return files, places

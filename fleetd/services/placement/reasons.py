@@ -30,11 +30,15 @@ def never_fits(inventory, request):
     answers = inventory.answers
     if answers is None:
         return _never_fits(inventory, request)
-    if key not in answers:  # a lost race between threads computes an answer twice
-        if len(answers) >= 4096:  # shapes are few; bound them all the same
-            answers.clear()
-        answers[key] = _never_fits(inventory, request)
-    return answers[key]
+    try:
+        return answers[key]
+    except KeyError:  # a lost race between threads computes an answer twice
+        pass
+    found = _never_fits(inventory, request)
+    if len(answers) >= 4096:  # shapes are few; bound them all the same
+        answers.clear()
+    answers[key] = found  # another thread may clear them before this returns: `found` is kept
+    return found
 
 
 def _never_fits(inventory, request):
