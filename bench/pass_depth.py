@@ -24,7 +24,7 @@ from fleetd.app import create_app  # noqa: E402
 from fleetd.clock import Clock  # noqa: E402
 from fleetd.db import database, open_database, upgrade  # noqa: E402
 from fleetd.models import Node  # noqa: E402
-from fleetd.services.placement import capacity, cluster, scheduling  # noqa: E402
+from fleetd.services.placement import capacity, cluster, scheduling, status  # noqa: E402
 from fleetd.services.placement.reservations import compute  # noqa: E402
 from fleetd.services.placement.task_holds import load_holds  # noqa: E402
 from fleetd.settings import Settings  # noqa: E402
@@ -67,7 +67,7 @@ def main():
             state = cluster.current_state(rt)
             out["its read of the active tasks"] = best_of(lambda: load_holds(rt.terms))
             out["their holds summed from nothing"] = best_of(lambda: compute(state.tasks))
-            out["cluster status"] = best_of(lambda: capacity.cluster_status(state))
+            out["cluster status"] = best_of(lambda: status.cluster_status(state))
             out["its GPU summary"] = best_of(
                 lambda: capacity.gpu_summary(state, state.queued_demand())
             )

@@ -10,6 +10,7 @@ from fleetd.schemas.cluster import (
     SIMULATE_BODY,
     AllocationQuerySchema,
     ClusterAllocationSchema,
+    ClusterStatusQuerySchema,
     ClusterStatusSchema,
     GpuTypePageSchema,
     GpuTypeQuerySchema,
@@ -23,7 +24,7 @@ from fleetd.schemas.cluster import (
     SimulationSchema,
 )
 from fleetd.services.fleet_ops import metrics
-from fleetd.services.placement import capacity, policy
+from fleetd.services.placement import capacity, policy, status
 from fleetd.services.placement.cluster import current_state
 
 blp = Blueprint(
@@ -39,13 +40,16 @@ def _state():
 @blp.route("/cluster/status")
 class ClusterStatus(MethodView):
     @require(ADMIN, SUBMITTER, METRICS)
+    @blp.arguments(ClusterStatusQuerySchema(), location="query")
     @blp.response(200, ClusterStatusSchema)
-    def get(self):
-        """GPUs used, free and blocked (total = used + free + blocked), queued demand, active
-        jobs."""
+    def get(self, query):
+        """GPUs used, free and blocked (total = used + free + blocked), queued demand, running
+        jobs and instances (`active_limit` of each listed, all counted)."""
         principal = current_principal()
         storage = metrics.storage_view(current_runtime()) if principal.role == ADMIN else {}
-        return capacity.cluster_status(_state(), principal, storage, current_runtime().offload)
+        return status.cluster_status(
+            _state(), principal, storage, current_runtime().offload, query["active_limit"]
+        )
 
 
 @blp.route("/cluster/allocation")

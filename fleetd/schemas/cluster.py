@@ -5,6 +5,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 from fleetd.schemas.common import Int, Text, page_schema
 from fleetd.schemas.instances import InstanceSpecSchema
 from fleetd.schemas.jobs import JobSpecSchema
+from fleetd.services.placement.status import ACTIVE_LIMIT, ACTIVE_LIMIT_MAX
 
 
 class BlockedNoteSchema(Schema):
@@ -80,6 +81,21 @@ class OthersSchema(Schema):
     )
 
 
+class ClusterStatusQuerySchema(Schema):
+    active_limit = Int(
+        minimum=0,
+        maximum=ACTIVE_LIMIT_MAX,
+        load_default=ACTIVE_LIMIT,
+        strict=False,  # query strings are text
+        metadata={
+            "description": (
+                "running jobs, and running instances, listed at most (each; id order); "
+                "active_jobs_total and active_instances_total count them all"
+            )
+        },
+    )
+
+
 class ClusterStatusSchema(Schema):
     gpu = fields.Nested(GpuCapacitySchema)
     storage = fields.Dict()
@@ -96,6 +112,9 @@ class ClusterStatusSchema(Schema):
                 "project_display_name, username, user_display_name}"
             )
         },
+    )
+    active_jobs_total = fields.Integer(
+        metadata={"description": "running jobs there were to list (active_jobs holds active_limit)"}
     )
     other_active_jobs = fields.Nested(
         OthersSchema,
@@ -114,6 +133,9 @@ class ClusterStatusSchema(Schema):
                 "their own)"
             )
         },
+    )
+    active_instances_total = fields.Integer(
+        metadata={"description": "running instances there were to list"}
     )
     other_active_instances = fields.Nested(
         OthersSchema,

@@ -1,210 +1,17 @@
-"""The capacity views operators read: cluster status, GPU summary and allocation, GPU types and
-their prices, display names of GPU models. They read a ClusterState (placement.cluster)."""
+"""The capacity views operators read: the GPU summary of cluster status (placement.status lists
+what runs), the allocation view, GPU types and their prices, display names of GPU models. They
+read a ClusterState (placement.cluster)."""
+
+import copy
 
 from fleetd import scheduler
 from fleetd.clock import isoformat
-from fleetd.credentials import READ_ALL
 from fleetd.errors import NotFound
 from fleetd.models import (
     GpuType,
-    Instance,
-    Job,
-    JobState,
-    Project,
     Task,
-    User,
 )
-from fleetd.services.placement.inventory import BLOCK_TEXT, GpuRow, call, series_id
-
-
-def cluster_status(state, principal=None, storage=None, offload=call):
-    """GET /api/v1/cluster/status: total = used + free + blocked, overall and per series.
-
-    Running jobs (`active_jobs`) and instances whose run holds capacity (`active_instances`,
-    named as instances: never by their internal runs) are listed in full to admins (and to fleetd
-    itself: no principal); anyone else sees its own, and the others only as counts (their names,
-    owners and teams are not theirs to read, as GET /jobs/{id} says). `offload` runs the per-GPU
-    part (rt.offload: off the event loop; at 10,000 nodes that is 80,000 GPUs).
-    """
-    demand = state.queued_demand()
-    gpu = offload(gpu_summary, state, demand)
-    # A cancelling job still holds its GPUs until its processes have stopped.
-    active_query = (
-        Job.select(*_ACTIVE_COLUMNS)
-        .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))
-        .order_by(Job.id)
-        .namedtuples()  # only what a row shows: no model instance per job
-    )
-    tasks_by_job: dict[str, list] = {}
-    for task in state.tasks:
-        tasks_by_job.setdefault(task.job_id, []).append(task)
-    active = list(active_query)
-    retry_on = _retry_on([j.id for j in active if j.instance_id is None])
-    runs = [j.instance_id for j in active if j.instance_id is not None]
-    instances = {i.id: i for i in Instance.select().where(Instance.id.in_(runs))} if runs else {}
-    listed: dict[str, list[dict]] = {"jobs": [], "instances": []}
-    others = {"jobs": {"count": 0, "gpus": 0}, "instances": {"count": 0, "gpus": 0}}
-    for j in active:
-        kind = "jobs" if j.instance_id is None else "instances"
-        gpus = sum(_gpus_held(t.gpus) for t in tasks_by_job.get(j.id, []))
-        if (
-            principal is not None
-            and principal.role not in READ_ALL
-            and j.owner_token_id != principal.owner_id
-        ):
-            others[kind]["count"] += 1
-            others[kind]["gpus"] += gpus
-            continue
-        nodes = sorted({t.node_id for t in tasks_by_job.get(j.id, [])})
-        if j.instance_id is None:  # kind "jobs"
-            listed[kind].append(
-                {
-                    "id": j.id,
-                    "name": j.name,
-                    "owner": j.owner,
-                    "team": j.team,
-                    "state": j.state,
-                    "started_at": isoformat(j.started_at),
-                    "gpus": gpus,
-                    "nodes": nodes,
-                    **job_row_times(j, state.now),
-                    **retry_view(j, retry_on.get(j.id, ())),
-                    **_people(j),
-                }
-            )
-            continue
-        inst = instances.get(j.instance_id)
-        listed[kind].append(
-            {
-                "id": j.instance_id,
-                "name": j.name,
-                "owner": j.owner,
-                "team": j.team,
-                "state": inst.state if inst is not None else "deleted",
-                "started_at": isoformat(inst.started_at if inst is not None else j.started_at),
-                "gpus": gpus,
-                "nodes": nodes,
-                **_people(j),
-            }
-        )
-    _name_people(listed["jobs"] + listed["instances"])
-    return {
-        "gpu": gpu,
-        "storage": storage or {},
-        "active_count": len(active),
-        "active_jobs": listed["jobs"],
-        "other_active_jobs": others["jobs"],
-        "active_instances": listed["instances"],
-        "other_active_instances": others["instances"],
-        "profiles": profiles(state),
-        "nodes": node_counts(state),
-    }
-
-
-_ACTIVE_COLUMNS = (
-    Job.id,
-    Job.name,
-    Job.owner,
-    Job.owner_token_id,
-    Job.team,
-    Job.project,
-    Job.user,
-    Job.state,
-    Job.instance_id,
-    Job.attempt,
-    Job.max_attempts,
-    Job.submitted_at,
-    Job.started_at,
-    Job.ended_at,
-)
-
-
-def _people(job):
-    """A row's project and user as keys; _name_people adds their names."""
-    return {"project_key": job.project, "username": job.user}
-
-
-def _name_people(rows):
-    """Add `project`, `project_display_name` and `user_display_name` to rows (two queries)."""
-    keys = {r["project_key"] for r in rows if r["project_key"]}
-    logins = {r["username"] for r in rows if r["username"]}
-    projects = (
-        {
-            key: (name, shown)
-            for key, name, shown in Project.select(Project.key, Project.name, Project.display_name)
-            .where(Project.key.in_(keys))
-            .tuples()
-            .execute()
-        }
-        if keys
-        else {}
-    )
-    users: dict[str, str] = {}
-    if logins:
-        query = User.select(User.login, User.display_name).where(User.login.in_(logins))
-        users = dict(query.tuples().execute())
-    for row in rows:
-        name, shown = projects.get(row["project_key"], (None, None))
-        row["project"], row["project_display_name"] = name, shown
-        row["user_display_name"] = users.get(row["username"])
-
-
-def job_row_times(job, now):
-    """When a job was submitted, started and ended, and how long it has run (or ran) in seconds."""
-    end = job.ended_at or now
-    return {
-        "submitted_at": isoformat(job.submitted_at),
-        "ended_at": isoformat(job.ended_at),
-        "duration_seconds": round(max(0.0, (end - job.started_at).total_seconds()), 3)
-        if job.started_at
-        else None,
-    }
-
-
-_RETRY_ON: dict[str, tuple[str, ...]] = {}  # job id -> its spec's retry.on (a spec never changes)
-_RETRY_ON_SIZE = 100_000
-
-
-def _retry_on(job_ids):
-    """{job id: its spec's retry.on}, decoding only the specs not read before."""
-    missing = [j for j in job_ids if j not in _RETRY_ON]
-    for start in range(0, len(missing), 500):
-        query = Job.select(Job.id, Job.spec).where(Job.id.in_(missing[start : start + 500]))
-        for job_id, spec in query.tuples().execute():
-            _RETRY_ON[job_id] = tuple(((spec or {}).get("retry") or {}).get("on") or ())
-    if len(_RETRY_ON) > _RETRY_ON_SIZE:  # oldest first out
-        for stale in list(_RETRY_ON)[: len(_RETRY_ON) - _RETRY_ON_SIZE]:
-            del _RETRY_ON[stale]
-    return {j: _RETRY_ON.get(j, ()) for j in job_ids}
-
-
-def retry_view(job, on=None):
-    """How often a job was retried and whether one more retry is possible (its retry policy and
-    attempts left), with the reason when it is not. `on`: its spec's retry.on, when read."""
-    if on is None:
-        on = ((job.spec or {}).get("retry") or {}).get("on") or []
-    if job.max_attempts <= 1 or not on:
-        blocker = "its spec has no retry policy"
-    elif job.attempt >= job.max_attempts:
-        blocker = f"no attempts left ({job.attempt} of {job.max_attempts} used)"
-    else:
-        blocker = ""
-    return {
-        "retry_count": max(0, job.attempt - 1),
-        "can_retry": not blocker,
-        "retry_blocker": blocker,
-        "retry_on": list(on),
-    }
-
-
-def _gpus_held(allocations):
-    """GPUs a task holds: whole ones count 1, a shared slice its fraction (0.25 for a quarter)."""
-    return sum(
-        1
-        if g.get("exclusive", True)
-        else round(g.get("compute_milli", scheduler.MILLI) / scheduler.MILLI, 3)
-        for g in allocations
-    )
+from fleetd.services.placement.inventory import BLOCK_TEXT, GpuRow, series_id
 
 
 def gpu_summary(state, demand):
@@ -319,8 +126,26 @@ def blocked_sentence(notes, labels):
     return "; ".join(parts) + ("." if parts else "")
 
 
+def _of_inventory(state, name, make):
+    """make(state), made once per inventory (kept with its answers): what depends on the nodes'
+    rows and GPUs alone. A copy is returned, so a caller may change it."""
+    answers = state.inventory.answers
+    if answers is None:
+        return make(state)
+    key = ("capacity", name)
+    try:
+        found = answers[key]
+    except KeyError:  # another thread may have cleared them: made again
+        found = answers[key] = make(state)
+    return copy.deepcopy(found)
+
+
 def node_counts(state):
     """{node status: how many nodes}."""
+    return _of_inventory(state, "node_counts", _node_counts)
+
+
+def _node_counts(state):
     counts: dict[str, int] = {}
     for node in state.nodes:
         counts[node.status] = counts.get(node.status, 0) + 1
@@ -330,6 +155,10 @@ def node_counts(state):
 def profiles(state):
     """Shapes that exist: for each series and GPUs-per-node, how many nodes have it, with a `label`
     to show (seed 003's profile summary)."""
+    return _of_inventory(state, "profiles", _profiles)
+
+
+def _profiles(state):
     shapes: dict[tuple[str, int], int] = {}  # (series, GPUs per node) -> nodes
     models: dict[str, str] = {}  # series -> a model of it
     for node in state.nodes:

@@ -7,7 +7,7 @@ from flask import g, redirect, render_template, request, url_for
 
 from fleetd.runtime import current_runtime
 from fleetd.services.fleet_ops import metrics
-from fleetd.services.placement import capacity
+from fleetd.services.placement import status as status_view
 from fleetd.services.placement.cluster import current_state
 from fleetd.ui import roles
 from fleetd.ui.blueprint import bp
@@ -15,6 +15,7 @@ from fleetd.ui.charts import line_chart
 from fleetd.ui.security import ui_require
 
 HISTORY_MINUTES = 24 * 60
+OVERVIEW_ROWS = 50  # running jobs (and instances) the page lists; it says how many more there are
 
 
 def _allocated_percent(sample):
@@ -64,7 +65,9 @@ def overview():
     rt = current_runtime()
     principal = g.ui_principal
     storage = metrics.storage_view(rt) if principal.role in roles.STORAGE else {}
-    status = capacity.cluster_status(current_state(rt), principal, storage, rt.offload)
+    status = status_view.cluster_status(
+        current_state(rt), principal, storage, rt.offload, limit=OVERVIEW_ROWS
+    )
     labels = {s["id"]: s["label"] for s in status["gpu"]["series"]}
     context = {"status": status, "gpu": status["gpu"], "labels": labels, "storage": storage}
     if request.args.get("partial") == "capacity":

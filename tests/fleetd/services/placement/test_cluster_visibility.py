@@ -84,3 +84,31 @@ def test_the_allocation_view_can_be_asked_for_one_node(api):
     )
     assert all(a["node_id"] == n2 for a in one["allocations"])
     assert api.get("/api/v1/cluster/allocation?node_id=unknown").get_json()["gpus"] == []
+
+
+def test_the_listing_holds_active_limit_of_each_kind_and_counts_them_all(api):
+    api.create_fleet()
+    reg = api.register(api.create_join_token(), gpu_count=4)
+    api.heartbeat(reg["session_token"])
+    alice, bob = api.create_token("submitter", "alice"), api.create_token("submitter", "bob")
+    ids = [_running(api, alice, f"a{i}")["id"] for i in range(3)] + [_running(api, bob, "b")["id"]]
+
+    cut = api.get("/api/v1/cluster/status?active_limit=2").get_json()
+    assert [j["id"] for j in cut["active_jobs"]] == sorted(ids)[:2]  # id order: the first ones
+    assert cut["active_jobs_total"] == 4 and cut["active_count"] == 4
+    assert cut["active_instances"] == [] and cut["active_instances_total"] == 0
+    assert cut["gpu"]["used"] == 4  # the summary counts every job, listed or not
+    counts = api.get("/api/v1/cluster/status?active_limit=0").get_json()
+    assert counts["active_jobs"] == [] and counts["active_jobs_total"] == 4
+    whole = api.get("/api/v1/cluster/status").get_json()
+    assert len(whole["active_jobs"]) == whole["active_jobs_total"] == 4
+
+    as_alice = ApiClient(api.app, alice).get("/api/v1/cluster/status?active_limit=1").get_json()
+    assert [j["id"] for j in as_alice["active_jobs"]] == [sorted(ids[:3])[0]]
+    assert as_alice["active_jobs_total"] == 3  # her own, listed or not
+    assert as_alice["other_active_jobs"] == {"count": 1, "gpus": 1}
+
+    for bad in ("-1", "100001", "ten", "1.5"):
+        resp = api.get(f"/api/v1/cluster/status?active_limit={bad}")
+        assert resp.status_code == 400, bad
+        assert resp.get_json()["error"]["code"] == "invalid_request"
