@@ -178,9 +178,23 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
     if not todo:
         return plan
     profile = _profile(state, keys, terms, unread)
-    engine, candidates = engines.engine(
-        state, [terms[j.id].request for j in todo], settings.scheduler_policy or None, profile
-    )
+    # The engine and its candidate nodes, got when a job first needs them: a pass whose jobs
+    # all wait for a quota or could never fit (a deep backlog asking for a GPU no node has)
+    # builds none, which at 100,000 nodes took seconds of the interpreter lock.
+    got: list = []
+    todo_requests = [terms[j.id].request for j in todo]
+
+    def engine_for(policy):
+        if not got:
+            try:
+                got.extend(
+                    engines.engine(state, todo_requests, settings.scheduler_policy or None, profile)
+                )
+            except Exception as exc:  # the pass fails, as it would have before any job
+                raise _NoEngine() from exc
+        got[0].use_policy(policy, profile)
+        return got[0]
+
     by_fleet = settings.policy_by_fleet
     deadline = time.perf_counter() + settings.scheduler_max_pass_seconds
     blocked: dict[str, str] = {}  # group key -> reason, for this pass
@@ -197,9 +211,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             break
         request = terms[job.id].request
         plan.looked.add(key)
-        engine.use_policy(
-            by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None, profile
-        )
+        policy = by_fleet.get(request.node_selector.fleet) or settings.scheduler_policy or None
         held_back = None
         try:
             held_back = rules.team_limit(request, job.team, job.priority_class)
@@ -216,7 +228,14 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             # visits every node it may use (all of them, for a job that names no fleet), and the
             # answer is known already (computed once per inventory and request shape).
             never = never_fits(state.inventory, request) if reason is None else None
-            result = None if reason is not None or never else engine.place(request, explain=True)
+            result = (
+                None
+                if reason is not None or never
+                else engine_for(policy).place(request, explain=True)
+            )
+        except _NoEngine as exc:
+            assert exc.__cause__ is not None
+            raise exc.__cause__ from None
         except Exception as exc:  # a job the engine cannot evaluate must not stop the others
             reason = _set_aside_reason(exc)
             if job.pending_reason != reason:
@@ -235,6 +254,7 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
             plan.placed.append((job, request, result))
             continue
         if result is not None:  # it does not fit (not a quota or a bid): preemption may help
+            engine, candidates = got
             reason = result.reason
             if candidates is not None and not result.filter_detail:
                 reason += nowhere(request)
@@ -255,6 +275,10 @@ def _decide(settings, queued, terms, state, rules, parked, nominations, engines,
         plan.wait(job, reason)
         blocked[key] = reason
     return plan
+
+
+class _NoEngine(Exception):
+    """The pass's engine could not be got: raised past the per-job handling."""
 
 
 def _profile(state, keys, terms, unread=()):
