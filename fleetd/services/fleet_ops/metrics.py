@@ -167,7 +167,7 @@ def _dcgm_families(rt, state):
     for node in state.nodes:
         seen = rt.liveness.get(node.id)
         readings = ((seen.metrics or {}).get("gpus") or {}) if seen is not None else {}
-        if not isinstance(readings, dict):
+        if not readings or not isinstance(readings, dict):  # none: its GPUs are not looked at
             continue
         for gpu in state.gpus.get(node.id, ()):
             values = readings.get(gpu.uuid)
