@@ -44,7 +44,7 @@ def main():
     loops = [
         p
         for p in recording["profiles"]
-        if any(s and "gevent/hub.py" in frames[s[0]].get("file", "") for s in p["samples"][:200])
+        if any(s and "gevent/hub.py" in frames[s[0]].get("file", "") for s in p["samples"])
     ]
     if not loops:
         raise SystemExit("no thread of this recording runs a gevent hub")

@@ -209,10 +209,10 @@ def _number(value):
 SAMPLE_ROWS_PER_TRANSACTION = 2000
 
 
-def _sample_figures(rt, state):
+def _sample_figures(rt, state, demand):
     """(GPU summary, [(node id, uuid, readings)], mean utilisation or None): off the event loop, as
-    at 100,000 nodes that is 800,000 GPUs."""
-    gpu = gpu_summary(state, state.queued_demand())
+    at 100,000 nodes that is 800,000 GPUs. Pure: no database (`demand` was read before)."""
+    gpu = gpu_summary(state, demand)
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [
         v["utilization_percent"]
@@ -244,7 +244,7 @@ def record_sample(rt, with_gpus=True):
     heartbeats are answered meanwhile. A sample cut short by a crash keeps the rows written.
     """
     state = current_state(rt)
-    gpu, readings, util = rt.offload(_sample_figures, rt, state)
+    gpu, readings, util = rt.offload(_sample_figures, rt, state, state.queued_demand())
     running = (
         Job.select()
         .where(Job.state.in_([JobState.RUNNING.value, JobState.CANCELLING.value]))

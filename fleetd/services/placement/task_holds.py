@@ -1,5 +1,6 @@
-"""What active tasks hold, as placement reads it: one narrow query of the active tasks (and of
-ended ones their nodes still report running), each row made a Hold once."""
+"""What active tasks hold, as placement reads it: the active tasks' keys from an index, the rows not
+seen before (and those of ended tasks their nodes still report running) by narrow queries, each row
+made a Hold once."""
 
 import typing
 
@@ -132,12 +133,9 @@ def load_holds(terms_cache, ended=None):
     return list(fresh.values())
 
 
-def _hold_rows(terms_cache, rows, keep_order=False):
-    """The Holds of these rows; a row whose job's terms cannot be read is left out (None in its
-    place, with `keep_order`)."""
+def _hold_rows(terms_cache, rows):
+    """The Holds of these rows; a row whose job's terms cannot be read is left out."""
     terms = terms_cache.get_many(list({row[1] for row in rows}))
-    if keep_order:
-        return [_hold(row, terms) if row[1] in terms else None for row in rows]
     return [_hold(row, terms) for row in rows if row[1] in terms]
 
 
