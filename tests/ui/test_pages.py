@@ -525,12 +525,12 @@ def test_gpu_types_prices_are_set_and_validated(admin_ui, api, signed_in):
 
 
 def test_unexpected_errors_are_a_readable_page_without_a_traceback(admin_ui, monkeypatch):
-    from fleetd.services.placement import capacity
+    from fleetd.services.placement import status
 
     def boom(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(capacity, "cluster_status", boom)
+    monkeypatch.setattr(status, "cluster_status", boom)
     resp = admin_ui.get("/ui/")
     body = resp.get_data(as_text=True)
     assert resp.status_code == 500 and "something went wrong on the server" in body

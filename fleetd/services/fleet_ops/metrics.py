@@ -210,8 +210,10 @@ SAMPLE_ROWS_PER_TRANSACTION = 2000
 
 
 def _sample_figures(rt, state, demand):
-    """(GPU summary, [(node id, uuid, readings)], mean utilisation or None): off the event loop, as
-    at 100,000 nodes that is 800,000 GPUs. Pure: no database (`demand` was read before)."""
+    """(GPU summary, [(node id, uuid, readings)] to store, mean utilisation or None): off the event
+    loop, as at 100,000 nodes that is 800,000 GPUs. Pure: no database (`demand` was read
+    before). The mean is over every GPU; the readings stored are those of every GPU a task holds
+    and of at most `metrics_idle_gpu_samples_max` others, taken in turn from sample to sample."""
     gpu = gpu_summary(state, demand)
     readings = list(_gpu_readings(rt, state.nodes))
     utils = [
@@ -219,7 +221,24 @@ def _sample_figures(rt, state, demand):
         for _, _, v in readings
         if _number(v.get("utilization_percent")) is not None
     ]
-    return gpu, readings, (sum(utils) / len(utils) if utils else None)
+    # The GPUs tasks hold, whole or in part (a MIG slice's is its GPU's uuid).
+    held = {(t.node_id, g.get("uuid")) for t in state.tasks + state.stopping for g in t.gpus}
+    stored = [r for r in readings if (r[0], r[1]) in held]
+    idle = [r for r in readings if (r[0], r[1]) not in held]
+    bound = rt.settings.metrics_idle_gpu_samples_max
+    if len(idle) > bound:
+        start = _IDLE_TURN[0] % len(idle)
+        turn = (idle + idle)[start : start + bound]
+        _IDLE_TURN[0] = start + bound
+        stored += turn
+    else:
+        stored += idle
+    return gpu, stored, (sum(utils) / len(utils) if utils else None)
+
+
+# Where the next sample's turn of idle GPUs starts, among them in node and GPU order (the sampler
+# runs on the leader alone, one sample at a time).
+_IDLE_TURN = [0]
 
 
 def _gpu_rows(readings, now):

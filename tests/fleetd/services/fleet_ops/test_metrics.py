@@ -153,3 +153,32 @@ def test_a_sample_of_many_gpus_is_written_in_chunks_with_the_loop_given_away_bet
     assert len(day["gpus"]) == 8 and all(
         g["samples"][0]["utilization_percent"] == 50 for g in day["gpus"]
     )
+
+
+def test_held_gpus_are_sampled_every_time_and_idle_ones_in_turn_past_the_bound(make_app, clock):
+    from fleetd.models import ClusterSample, GpuSample
+    from tests.conftest import admin_client
+
+    app = make_app(metrics_idle_gpu_samples_max=3)
+    api = admin_client(app, clock)
+    api.create_fleet("gpu-a")
+    sessions = {}
+    for name in ("n1", "n2"):
+        _, session, reported = _enrol(api, name, 4)
+        sessions[name] = (session, reported)
+    for session, reported in sessions.values():
+        api.heartbeat(session, metrics=_readings(reported, 40))
+    job = api.submit(resources={"gpus": 1})
+    [held] = [g for t in api.job(job["id"])["tasks"] for g in t["gpus"]]  # one GPU's uuid
+    seen = []
+    for _ in range(3):
+        assert api.run_task("metrics_sampler")["gpus"] == 4  # the held one and 3 idle ones
+        clock.advance(60)
+    with app.app_context():
+        for at in sorted({s.at for s in GpuSample.select()}):
+            seen.append({s.uuid for s in GpuSample.select().where(GpuSample.at == at)})
+        utils = [s.gpu_util_percent for s in ClusterSample.select()]
+    assert len(seen) == 3 and all(held in sample for sample in seen)
+    every = {g["uuid"] for _, reported in sessions.values() for g in reported}
+    assert set().union(*seen) == every  # 7 idle GPUs, 3 a sample: each in its turn
+    assert utils == [40.0, 40.0, 40.0]  # the cluster's mean is over every GPU
